@@ -1,0 +1,357 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//go:build ignore
+
+/* The mptcp-operator datapath: TC programs that place each MPTCP subflow of a
+ * selected pod on one of the node's paths (NICs) and mirror the placement of
+ * subflows that remote peers open.
+ *
+ *   pod_egress  (TC ingress of a pod's host-side veth: what the pod sends)
+ *       known subflow           -> mark with its path
+ *       new MP_CAPABLE SYN      -> spread: next path of the rule (round robin)
+ *       new MP_JOIN SYN         -> spread: a path not yet used by the connection
+ *   pod_ingress (TC egress of the host-side veth: what the pod receives)
+ *       MP_CAPABLE SYN-ACK to an initiator -> derive the peer's token from its
+ *                                  key, so the connection is known before the
+ *                                  pod can send its first MP_JOIN
+ *   nic_ingress (TC ingress of a path's NIC)
+ *       anything for a selected pod -> mark with the NIC's path (reverse-path
+ *                                  filtering with src_valid_mark sees the
+ *                                  path's table)
+ *       SYN opening a subflow   -> record the arrival path, so the pod's
+ *                                  replies leave by the same NIC
+ *
+ * The mark is the only thing written: packets are never modified here, and
+ * everything that is not selected TCP passes untouched. */
+
+#include "common.h"
+#include "parse.h"
+#include "sha256.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+/* Which bits of skb->mark are ours, set by the agent before load. Other bits
+ * belong to kube-proxy, the CNI and others and are preserved. */
+volatile const __u32 mark_mask = 0x00f00000;
+volatile const __u32 mark_shift = 20;
+
+/* Keeps enum stat_id in BTF so bpf2go emits it for the agent. */
+const enum stat_id *unused_stat_id __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, struct subflow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} subflows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct conn_key);
+	__type(value, struct conn);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} conns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct endpoint_key);
+	__type(value, struct endpoint);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} endpoints SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, struct rule);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32); /* ifindex */
+	__type(value, struct nic);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nics SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_PATHS + 1);
+	__type(key, __u32);
+	__type(value, struct path_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} path_counters SEC(".maps");
+
+static __always_inline void count(__u32 id)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &id);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline void count_path(__u32 path, __u32 len, bool tx)
+{
+	struct path_stats *ps = bpf_map_lookup_elem(&path_counters, &path);
+
+	if (!ps)
+		return;
+	if (tx) {
+		ps->tx_packets++;
+		ps->tx_bytes += len;
+	} else {
+		ps->rx_packets++;
+		ps->rx_bytes += len;
+	}
+}
+
+static __always_inline void set_path_mark(struct __sk_buff *skb, __u32 path)
+{
+	__u32 value = ((path + 1) << mark_shift) & mark_mask;
+
+	skb->mark = (skb->mark & ~mark_mask) | value;
+	count(STAT_MARKED);
+}
+
+static __always_inline struct endpoint *lookup_endpoint(__u8 family, const __u8 addr[16])
+{
+	struct endpoint_key k = {.family = family};
+
+	__builtin_memcpy(k.addr, addr, 16);
+	return bpf_map_lookup_elem(&endpoints, &k);
+}
+
+/* A SYN without ACK opens a subflow; SYN-ACKs and everything later do not. */
+static __always_inline bool is_opening_syn(const struct packet *pkt)
+{
+	return (pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+}
+
+static __always_inline int load_join_token(struct __sk_buff *skb, const struct packet *pkt, __u32 *token)
+{
+	__be32 raw;
+
+	/* MP_JOIN on a SYN: kind, length 12, subtype|B, address id, receiver's
+	 * token (RFC 8684 section 3.2, figure 5). */
+	if (pkt->mptcp_len != 12)
+		return -1;
+	if (bpf_skb_load_bytes(skb, pkt->mptcp_off + 4, &raw, sizeof(raw)))
+		return -1;
+	*token = bpf_ntohl(raw);
+	return 0;
+}
+
+/* place_subflow chooses the rule slot for a new subflow the pod opens. */
+static __always_inline int place_subflow(struct __sk_buff *skb, const struct packet *pkt,
+					 __u32 rule_id, struct rule *r, struct subflow *sf)
+{
+	__u32 npaths = r->npaths;
+	__u32 slot;
+
+	if (npaths == 0 || npaths > MAX_PATHS) {
+		count(STAT_NO_PATH);
+		return -1;
+	}
+
+	if (pkt->mptcp_subtype == MPTCP_SUB_JOIN) {
+		struct conn_key ck = {.family = pkt->family};
+		struct conn *c;
+		__u32 token;
+
+		count(STAT_JOIN_SYN);
+		if (load_join_token(skb, pkt, &token))
+			return -1;
+		sf->token = token;
+		__builtin_memcpy(ck.local, pkt->saddr, 16);
+		ck.token = token;
+		c = bpf_map_lookup_elem(&conns, &ck);
+		if (c) {
+			/* Each join takes the next slot after the initial
+			 * subflow's, so the first npaths subflows of a
+			 * connection land on distinct paths. */
+			__u32 n = __sync_fetch_and_add(&c->joins, 1) + 1;
+
+			slot = (c->first_slot + n) % npaths;
+			count(STAT_JOIN_TOKEN_KNOWN);
+		} else {
+			slot = __sync_fetch_and_add(&r->rr, 1) % npaths;
+			count(STAT_JOIN_TOKEN_UNKNOWN);
+		}
+	} else {
+		count(STAT_MPTCP_SYN);
+		slot = __sync_fetch_and_add(&r->rr, 1) % npaths;
+	}
+
+	/* The compiler knows slot < npaths and would drop a plain mask; the
+	 * verifier does not know it, so hide slot from the compiler first. */
+	asm volatile("" : "+r"(slot));
+	slot &= MAX_PATHS;
+	sf->slot = slot;
+	sf->path = r->paths[slot];
+	sf->role = ROLE_INITIATOR;
+	sf->created_ns = bpf_ktime_get_ns();
+	count(STAT_SUBFLOW_PLACED);
+	return 0;
+}
+
+static __always_inline void flow_key_from(struct flow_key *k, const struct packet *pkt, bool reverse)
+{
+	k->family = pkt->family;
+	if (reverse) {
+		__builtin_memcpy(k->saddr, pkt->daddr, 16);
+		__builtin_memcpy(k->daddr, pkt->saddr, 16);
+		k->sport = pkt->dport;
+		k->dport = pkt->sport;
+	} else {
+		__builtin_memcpy(k->saddr, pkt->saddr, 16);
+		__builtin_memcpy(k->daddr, pkt->daddr, 16);
+		k->sport = pkt->sport;
+		k->dport = pkt->dport;
+	}
+}
+
+static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *pkt)
+{
+	int ret;
+
+	count(STAT_PACKETS);
+	ret = parse_packet(skb, pkt);
+	if (ret == PARSE_NOT_TCP)
+		count(STAT_NOT_TCP);
+	else if (ret == PARSE_MALFORMED)
+		count(STAT_MALFORMED);
+	return ret;
+}
+
+SEC("tc")
+int pod_egress(struct __sk_buff *skb)
+{
+	struct packet pkt = {};
+	struct flow_key fk = {};
+	struct subflow *sf, nsf = {};
+	struct endpoint *ep;
+	struct rule *r;
+	__u32 rule_id;
+
+	if (parse_counted(skb, &pkt) != PARSE_OK)
+		return TCX_NEXT;
+
+	flow_key_from(&fk, &pkt, false);
+	sf = bpf_map_lookup_elem(&subflows, &fk);
+	if (sf) {
+		set_path_mark(skb, sf->path);
+		count_path(sf->path, pkt.len, true);
+		return TCX_NEXT;
+	}
+
+	if (!is_opening_syn(&pkt))
+		return TCX_NEXT;
+	if (pkt.mptcp_subtype != MPTCP_SUB_CAPABLE && pkt.mptcp_subtype != MPTCP_SUB_JOIN)
+		return TCX_NEXT;
+	ep = lookup_endpoint(pkt.family, pkt.saddr);
+	if (!ep)
+		return TCX_NEXT;
+	rule_id = ep->rule;
+	r = bpf_map_lookup_elem(&rules, &rule_id);
+	if (!r)
+		return TCX_NEXT;
+	if (place_subflow(skb, &pkt, rule_id, r, &nsf))
+		return TCX_NEXT;
+
+	bpf_map_update_elem(&subflows, &fk, &nsf, BPF_ANY);
+	set_path_mark(skb, nsf.path);
+	count_path(nsf.path, pkt.len, true);
+	return TCX_NEXT;
+}
+
+SEC("tc")
+int pod_ingress(struct __sk_buff *skb)
+{
+	struct packet pkt = {};
+	struct flow_key fk = {};
+	struct conn_key ck = {};
+	struct conn c = {};
+	struct subflow *sf;
+	struct endpoint *ep;
+	__be32 key[2];
+
+	if (parse_counted(skb, &pkt) != PARSE_OK)
+		return TCX_NEXT;
+
+	/* Only the SYN-ACK of a connection the pod opened carries what we
+	 * need: the peer's key, from which its token follows. */
+	if ((pkt.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != (TCP_FLAG_SYN | TCP_FLAG_ACK))
+		return TCX_NEXT;
+	if (pkt.mptcp_subtype != MPTCP_SUB_CAPABLE || pkt.mptcp_len < 12)
+		return TCX_NEXT;
+
+	flow_key_from(&fk, &pkt, true);
+	sf = bpf_map_lookup_elem(&subflows, &fk);
+	if (!sf || sf->role != ROLE_INITIATOR)
+		return TCX_NEXT;
+	ep = lookup_endpoint(pkt.family, pkt.daddr);
+	if (!ep)
+		return TCX_NEXT;
+
+	/* MP_CAPABLE on a SYN-ACK: kind, length 12, version|subtype, flags,
+	 * then the sender's key (RFC 8684 section 3.1, figure 4). The key is
+	 * used here and nowhere else: only the token is kept. */
+	if (bpf_skb_load_bytes(skb, pkt.mptcp_off + 4, key, sizeof(key)))
+		return TCX_NEXT;
+
+	ck.family = pkt.family;
+	__builtin_memcpy(ck.local, pkt.daddr, 16);
+	ck.token = mptcp_token(bpf_ntohl(key[0]), bpf_ntohl(key[1]));
+	c.rule = ep->rule;
+	c.first_slot = sf->slot;
+	/* A retransmitted SYN-ACK must not reset the join counter. */
+	bpf_map_update_elem(&conns, &ck, &c, BPF_NOEXIST);
+	count(STAT_TOKEN_LEARNT);
+	return TCX_NEXT;
+}
+
+SEC("tc")
+int nic_ingress(struct __sk_buff *skb)
+{
+	struct packet pkt = {};
+	struct flow_key fk = {};
+	struct subflow nsf = {};
+	__u32 ifindex = skb->ingress_ifindex;
+	struct nic *n;
+
+	n = bpf_map_lookup_elem(&nics, &ifindex);
+	if (!n)
+		return TCX_NEXT;
+	if (parse_counted(skb, &pkt) != PARSE_OK)
+		return TCX_NEXT;
+	if (!lookup_endpoint(pkt.family, pkt.daddr))
+		return TCX_NEXT;
+
+	set_path_mark(skb, n->path);
+	count_path(n->path, pkt.len, false);
+
+	if (!is_opening_syn(&pkt))
+		return TCX_NEXT;
+	if (pkt.mptcp_subtype != MPTCP_SUB_CAPABLE && pkt.mptcp_subtype != MPTCP_SUB_JOIN)
+		return TCX_NEXT;
+
+	/* The peer's node chose this path; the pod's replies follow it. */
+	flow_key_from(&fk, &pkt, true);
+	nsf.path = n->path;
+	nsf.role = ROLE_RESPONDER;
+	nsf.created_ns = bpf_ktime_get_ns();
+	bpf_map_update_elem(&subflows, &fk, &nsf, BPF_ANY);
+	count(STAT_SUBFLOW_MIRRORED);
+	return TCX_NEXT;
+}

@@ -1,0 +1,132 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+const linkPinSubdir = "links"
+
+// Hook names the place a program runs, used in pin names and status.
+type Hook string
+
+const (
+	// HookPodEgress is the TC ingress of a pod's host-side veth: what the pod sends.
+	HookPodEgress Hook = "pod-egress"
+	// HookPodIngress is the TC egress of a pod's host-side veth: what the pod receives.
+	HookPodIngress Hook = "pod-ingress"
+	// HookNICIngress is the TC ingress of a path's NIC.
+	HookNICIngress Hook = "nic-ingress"
+)
+
+// Attachment is one program attached to one interface through a TCX link.
+type Attachment struct {
+	Interface string
+	Hook      Hook
+}
+
+func (d *Datapath) hookProgram(h Hook) (*ebpf.Program, ebpf.AttachType) {
+	switch h {
+	case HookPodEgress:
+		return d.objs.PodEgress, ebpf.AttachTCXIngress
+	case HookPodIngress:
+		return d.objs.PodIngress, ebpf.AttachTCXEgress
+	default:
+		return d.objs.NicIngress, ebpf.AttachTCXIngress
+	}
+}
+
+func (d *Datapath) linkPin(a Attachment) string {
+	return filepath.Join(d.pinDir, linkPinSubdir, a.Interface+"."+string(a.Hook))
+}
+
+// Attach attaches the hook's program to the interface with a TCX link and
+// pins the link. A link pinned by an earlier agent is adopted and switched to
+// this datapath's program atomically, so traffic never runs unsteered. TCX
+// links sit beside other tools' programs; nothing else on the hook is touched.
+func (d *Datapath) Attach(a Attachment) error {
+	iface, err := net.InterfaceByName(a.Interface)
+	if err != nil {
+		return fmt.Errorf("interface %q: %w", a.Interface, err)
+	}
+	prog, attachType := d.hookProgram(a.Hook)
+	pin := d.linkPin(a)
+
+	if d.pinDir != "" {
+		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+			defer l.Close()
+			info, ierr := l.Info()
+			if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == iface.Index {
+				if err := l.Update(prog); err != nil {
+					return fmt.Errorf("updating pinned link %s: %w", pin, err)
+				}
+				return nil
+			}
+			// The interface was re-created since: the old link is dead.
+			_ = l.Unpin()
+		}
+	}
+
+	l, err := link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: attachType})
+	if err != nil {
+		return fmt.Errorf("attaching %s to %s: %w", a.Hook, a.Interface, err)
+	}
+	defer l.Close()
+	if d.pinDir == "" {
+		return errors.New("attach needs a pin directory: an unpinned link would detach when the agent exits")
+	}
+	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
+		return err
+	}
+	if err := l.Pin(pin); err != nil {
+		return fmt.Errorf("pinning link %s: %w", pin, err)
+	}
+	return nil
+}
+
+// Detach removes the hook's program from the interface, if attached by us.
+func (d *Datapath) Detach(a Attachment) error {
+	pin := d.linkPin(a)
+	l, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("loading pinned link %s: %w", pin, err)
+	}
+	defer l.Close()
+	if err := l.Unpin(); err != nil {
+		return err
+	}
+	// The interface may already be gone, taking the link with it.
+	if err := l.Detach(); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("detaching %s from %s: %w", a.Hook, a.Interface, err)
+	}
+	return nil
+}
+
+// Attachments lists the links pinned by this datapath.
+func (d *Datapath) Attachments() ([]Attachment, error) {
+	entries, err := os.ReadDir(filepath.Join(d.pinDir, linkPinSubdir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []Attachment
+	for _, e := range entries {
+		iface, hook, ok := strings.Cut(e.Name(), ".")
+		if ok {
+			out = append(out, Attachment{Interface: iface, Hook: Hook(hook)})
+		}
+	}
+	return out, nil
+}

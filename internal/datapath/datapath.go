@@ -1,0 +1,218 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+)
+
+// MaxPaths is how many paths one node can steer over: the mark field numbers
+// them 1..15 (0 means "not steered"), so it needs four bits of the mark.
+const MaxPaths = 15
+
+// DefaultMarkMask is the part of skb->mark the datapath owns unless told
+// otherwise. It avoids the bits kube-proxy (0x4000, 0x8000) and Cilium (0x0f00
+// and the upper half word for identities is only used with its own routing)
+// use by default; Calico's default 0xffff0000 overlaps it, so set
+// markMask when running next to Calico (docs/datapath.md).
+const DefaultMarkMask uint32 = 0x00f00000
+
+// Options configure a load. Zero values mean the defaults.
+type Options struct {
+	// PinDir is a directory on bpffs where maps and links are pinned, so a
+	// restarted agent finds the same state and live subflows keep their path.
+	PinDir string
+	// MarkMask is the contiguous run of skb->mark bits that carries the path.
+	MarkMask uint32
+}
+
+// Datapath is the loaded set of programs and maps of one node.
+type Datapath struct {
+	objs      datapathObjects
+	pinDir    string
+	markMask  uint32
+	markShift uint32
+}
+
+// Load loads the BPF objects, reusing maps pinned under opts.PinDir.
+func Load(opts Options) (*Datapath, error) {
+	mask := opts.MarkMask
+	if mask == 0 {
+		mask = DefaultMarkMask
+	}
+	shift, err := markShift(mask)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := loadDatapath()
+	if err != nil {
+		return nil, fmt.Errorf("reading BPF objects: %w", err)
+	}
+	if err := spec.Variables["mark_mask"].Set(mask); err != nil {
+		return nil, fmt.Errorf("setting mark_mask: %w", err)
+	}
+	if err := spec.Variables["mark_shift"].Set(shift); err != nil {
+		return nil, fmt.Errorf("setting mark_shift: %w", err)
+	}
+
+	var copts ebpf.CollectionOptions
+	if opts.PinDir != "" {
+		if err := os.MkdirAll(opts.PinDir, 0o700); err != nil {
+			return nil, fmt.Errorf("creating pin directory: %w", err)
+		}
+		copts.Maps.PinPath = opts.PinDir
+	} else {
+		// Without a pin directory (tests, benchmarks) every map is private.
+		for _, m := range spec.Maps {
+			m.Pinning = ebpf.PinNone
+		}
+	}
+	dp := &Datapath{pinDir: opts.PinDir, markMask: mask, markShift: shift}
+	if err := spec.LoadAndAssign(&dp.objs, &copts); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("loading BPF objects: %+v", ve)
+		}
+		return nil, fmt.Errorf("loading BPF objects: %w", err)
+	}
+	return dp, nil
+}
+
+// markShift checks that mask is one contiguous run of at least four bits and
+// returns the position of its lowest bit.
+func markShift(mask uint32) (uint32, error) {
+	shift := uint32(bits.TrailingZeros32(mask))
+	run := mask >> shift
+	if run&(run+1) != 0 {
+		return 0, fmt.Errorf("mark mask %#x is not one contiguous run of bits", mask)
+	}
+	if bits.OnesCount32(mask) < 4 {
+		return 0, fmt.Errorf("mark mask %#x has fewer than 4 bits: %d paths need 4", mask, MaxPaths)
+	}
+	return shift, nil
+}
+
+// Mark returns the mark value (within MarkMask) that the datapath gives
+// packets placed on path.
+func (d *Datapath) Mark(path uint32) uint32 {
+	return ((path + 1) << d.markShift) & d.markMask
+}
+
+// MarkMask returns the mark bits the datapath owns.
+func (d *Datapath) MarkMask() uint32 { return d.markMask }
+
+// Close releases the file descriptors. Pinned maps and links stay, so the
+// datapath keeps working without the agent.
+func (d *Datapath) Close() error {
+	return d.objs.Close()
+}
+
+// Unpin removes every pinned object of this datapath; with Close and the
+// links detached, nothing of it remains in the kernel.
+func (d *Datapath) Unpin() error {
+	if d.pinDir == "" {
+		return nil
+	}
+	for _, m := range []*ebpf.Map{d.objs.Subflows, d.objs.Conns, d.objs.Endpoints, d.objs.Rules, d.objs.Nics, d.objs.Stats, d.objs.PathCounters} {
+		if err := m.Unpin(); err != nil {
+			return err
+		}
+	}
+	return os.RemoveAll(filepath.Join(d.pinDir, linkPinSubdir))
+}
+
+// Rule is what the spread actor needs to know about one compiled rule.
+type Rule struct {
+	// Paths are path indexes in placement order: a connection's initial
+	// subflow takes the next one round robin, its joins the following ones.
+	Paths []uint32
+}
+
+// SetRule writes rule id.
+func (d *Datapath) SetRule(id uint32, r Rule) error {
+	if len(r.Paths) == 0 || len(r.Paths) > MaxPaths {
+		return fmt.Errorf("rule %d: %d paths, want 1 to %d", id, len(r.Paths), MaxPaths)
+	}
+	var v datapathRule
+	// Keep the round-robin cursor of a rule that already exists, so a
+	// rewrite does not skew the spread.
+	_ = d.objs.Rules.Lookup(id, &v)
+	v.Npaths = uint32(len(r.Paths))
+	v.Paths = [MaxPaths + 1]uint8{}
+	for i, p := range r.Paths {
+		if p >= MaxPaths {
+			return fmt.Errorf("rule %d: path index %d out of range", id, p)
+		}
+		v.Paths[i] = uint8(p)
+	}
+	return d.objs.Rules.Put(id, &v)
+}
+
+func endpointKey(addr netip.Addr) datapathEndpointKey {
+	k := datapathEndpointKey{Family: family(addr)}
+	copy(k.Addr[:], addr.AsSlice())
+	return k
+}
+
+func family(addr netip.Addr) uint8 {
+	if addr.Is4() {
+		return 2 // AF_INET
+	}
+	return 10 // AF_INET6
+}
+
+// SetEndpoint selects a local pod address for rule id.
+func (d *Datapath) SetEndpoint(addr netip.Addr, rule uint32) error {
+	k := endpointKey(addr.Unmap())
+	return d.objs.Endpoints.Put(&k, &datapathEndpoint{Rule: rule})
+}
+
+// DeleteEndpoint stops selecting addr. Subflows already placed keep their
+// path until they end.
+func (d *Datapath) DeleteEndpoint(addr netip.Addr) error {
+	k := endpointKey(addr.Unmap())
+	if err := d.objs.Endpoints.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	return nil
+}
+
+// Endpoints lists the selected addresses and their rules.
+func (d *Datapath) Endpoints() (map[netip.Addr]uint32, error) {
+	out := map[netip.Addr]uint32{}
+	var k datapathEndpointKey
+	var v datapathEndpoint
+	it := d.objs.Endpoints.Iterate()
+	for it.Next(&k, &v) {
+		out[addrFrom(k.Family, k.Addr)] = v.Rule
+	}
+	return out, it.Err()
+}
+
+func addrFrom(fam uint8, b [16]uint8) netip.Addr {
+	if fam == 2 {
+		return netip.AddrFrom4([4]byte(b[:4]))
+	}
+	return netip.AddrFrom16(b)
+}
+
+// SetNIC declares the interface with ifindex as path's NIC on this node.
+func (d *Datapath) SetNIC(ifindex int, path uint32) error {
+	if path >= MaxPaths {
+		return fmt.Errorf("path index %d out of range", path)
+	}
+	return d.objs.Nics.Put(uint32(ifindex), &datapathNic{Path: path})
+}
+
+// DeleteNIC forgets the interface with ifindex.
+func (d *Datapath) DeleteNIC(ifindex int) error {
+	if err := d.objs.Nics.Delete(uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	return nil
+}

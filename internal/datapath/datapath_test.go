@@ -1,0 +1,310 @@
+package datapath
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+)
+
+// skbContext is struct __sk_buff (192 bytes on this kernel): the test sets
+// the fields BPF_PROG_TEST_RUN accepts (mark, ingress_ifindex) and reads the
+// mark back. The kernel insists on the whole struct for the output.
+type skbContext struct {
+	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto uint32
+	Priority, IngressIfindex, Ifindex                                           uint32
+	_                                                                           [192 - 11*4]byte
+}
+
+const tcxNext = ^uint32(0) // TCX_NEXT (-1)
+
+var (
+	clientPod = netip.MustParseAddr("10.244.1.11")
+	serverPod = netip.MustParseAddr("10.244.2.11")
+)
+
+func loadForTest(t *testing.T) *Datapath {
+	t.Helper()
+	testutil.RequireRoot(t)
+	dp, err := Load(Options{})
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	return dp
+}
+
+// run runs prog on frame and returns the mark it leaves; it also checks the
+// program let the packet continue and did not change a byte of it.
+func run(t *testing.T, prog *ebpf.Program, frame []byte, in skbContext) uint32 {
+	t.Helper()
+	out := skbContext{}
+	data := make([]byte, len(frame)+256)
+	ret, err := prog.Run(&ebpf.RunOptions{Data: frame, DataOut: data, Context: in, ContextOut: &out})
+	if err != nil {
+		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
+	}
+	if ret != tcxNext {
+		t.Fatalf("program returned %d, want TCX_NEXT", int32(ret))
+	}
+	if string(data[:len(frame)]) != string(frame) {
+		t.Fatalf("program changed the packet")
+	}
+	return out.Mark
+}
+
+func tokenOf(key uint64) uint32 {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], key)
+	h := sha256.Sum256(b[:])
+	return binary.BigEndian.Uint32(h[:4])
+}
+
+func syn(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, opts []byte) []byte {
+	return testpkt.Frame{Src: src, Dst: dst, TCP: &testpkt.TCP{SrcPort: sport, DstPort: dport, Seq: 1, Flags: testpkt.SYN, Options: opts}}.Bytes()
+}
+
+func synAck(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, opts []byte) []byte {
+	return testpkt.Frame{Src: src, Dst: dst, TCP: &testpkt.TCP{SrcPort: sport, DstPort: dport, Seq: 7, Ack: 2, Flags: testpkt.SYN | testpkt.ACK, Options: opts}}.Bytes()
+}
+
+func (d *Datapath) pathOfMark(t *testing.T, mark uint32) uint32 {
+	t.Helper()
+	v := (mark & d.markMask) >> d.markShift
+	if v == 0 {
+		t.Fatalf("mark %#x carries no path", mark)
+	}
+	return v - 1
+}
+
+func TestObjectsPassVerifier(t *testing.T) {
+	dp := loadForTest(t)
+	for name, p := range map[string]*ebpf.Program{"pod_egress": dp.objs.PodEgress, "pod_ingress": dp.objs.PodIngress, "nic_ingress": dp.objs.NicIngress} {
+		if p == nil {
+			t.Errorf("program %s not loaded", name)
+		}
+	}
+}
+
+func TestMarkShiftRejectsBadMasks(t *testing.T) {
+	tests := map[string]struct {
+		mask    uint32 // mark mask given by the admin
+		wantErr bool   // whether Load must refuse it
+	}{
+		"default":        {mask: DefaultMarkMask},
+		"wide":           {mask: 0xff000000},
+		"split run":      {mask: 0x00f0f000, wantErr: true},
+		"three bits":     {mask: 0x00700000, wantErr: true},
+		"lowest nibble":  {mask: 0x0000000f},
+		"single bit set": {mask: 0x00000100, wantErr: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := markShift(tc.mask)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("markShift(%#x) error = %v, want error %v", tc.mask, err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// A connection's joins land on paths its other subflows do not use, and the
+// datapath knows the token from the SYN-ACK, before the first join exists.
+func TestSpreadPlacesSubflowsOfOneConnectionOnDistinctPaths(t *testing.T) {
+	for _, npaths := range []int{2, 4} {
+		t.Run(map[int]string{2: "2 paths", 4: "4 paths"}[npaths], func(t *testing.T) {
+			dp := loadForTest(t)
+			paths := make([]uint32, npaths)
+			for i := range paths {
+				paths[i] = uint32(i)
+			}
+			if err := dp.SetRule(0, Rule{Paths: paths}); err != nil {
+				t.Fatal(err)
+			}
+			if err := dp.SetEndpoint(clientPod, 0); err != nil {
+				t.Fatal(err)
+			}
+
+			// Two concurrent connections between the same pods and ports
+			// differ only by their tokens.
+			keys := []uint64{0x0102030405060708, 0x1122334455667788}
+			for c, key := range keys {
+				cport := uint16(40000 + c*100)
+				used := map[uint32]bool{}
+				mark := run(t, dp.objs.PodEgress, syn(clientPod, cport, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+				used[dp.pathOfMark(t, mark)] = true
+
+				run(t, dp.objs.PodIngress, synAck(serverPod, 5201, clientPod, cport, testpkt.MPCapableSYNACK(key)), skbContext{})
+
+				for j := 1; j < npaths; j++ {
+					// Joins from the same address to the same server port:
+					// only the kernel-chosen source port differs.
+					frame := syn(clientPod, cport+uint16(j), serverPod, 5201, testpkt.MPJoinSYN(tokenOf(key), 99, 0, false))
+					p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{}))
+					if used[p] {
+						t.Fatalf("connection %d: join %d placed on path %d, already used by %v", c, j, p, used)
+					}
+					used[p] = true
+				}
+			}
+			stats, err := dp.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := stats[StatJoinTokenKnown], uint64(len(keys)*(npaths-1)); got != want {
+				t.Errorf("joins with known token = %d, want %d", got, want)
+			}
+			if stats[StatJoinTokenUnknown] != 0 {
+				t.Errorf("joins with unknown token = %d, want 0", stats[StatJoinTokenUnknown])
+			}
+			if got := stats[StatTokenLearnt]; got != uint64(len(keys)) {
+				t.Errorf("tokens learnt = %d, want %d", got, len(keys))
+			}
+		})
+	}
+}
+
+// Once placed, every later packet of a subflow carries the same path.
+func TestPlacedSubflowKeepsItsPath(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	first := run(t, dp.objs.PodEgress, syn(clientPod, 40001, serverPod, 80, testpkt.MPCapableSYN()), skbContext{})
+	data := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40001, DstPort: 80, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: []byte("hello")}}.Bytes()
+	for i := 0; i < 5; i++ {
+		// Open other connections in between: the round-robin cursor moves.
+		run(t, dp.objs.PodEgress, syn(clientPod, uint16(41000+i), serverPod, 80, testpkt.MPCapableSYN()), skbContext{})
+		if got := run(t, dp.objs.PodEgress, data, skbContext{}); got != first {
+			t.Fatalf("data packet mark %#x, want the SYN's %#x", got, first)
+		}
+	}
+}
+
+// A join whose token the datapath never saw is still placed, and counted, so
+// the gap is visible.
+func TestJoinWithUnknownTokenIsCounted(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	run(t, dp.objs.PodEgress, syn(clientPod, 40001, serverPod, 80, testpkt.MPJoinSYN(0xdeadbeef, 1, 1, false)), skbContext{})
+	stats, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats[StatJoinTokenUnknown] != 1 || stats[StatSubflowPlaced] != 1 {
+		t.Fatalf("unknown-token joins = %d, placed = %d; want 1 and 1", stats[StatJoinTokenUnknown], stats[StatSubflowPlaced])
+	}
+}
+
+// The responder's node sends a subflow's replies out of the NIC its SYN
+// arrived on, and marks arriving packets so strict rp_filter accepts them.
+func TestResponderMirrorsArrivalNIC(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(serverPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	const nic2Ifindex = 7
+	if err := dp.SetNIC(nic2Ifindex, 1); err != nil {
+		t.Fatal(err)
+	}
+	join := syn(clientPod, 45000, serverPod, 5201, testpkt.MPJoinSYN(0x01020304, 5, 2, false))
+	if p := dp.pathOfMark(t, run(t, dp.objs.NicIngress, join, skbContext{IngressIfindex: nic2Ifindex})); p != 1 {
+		t.Fatalf("arriving join marked with path %d, want 1", p)
+	}
+	reply := synAck(serverPod, 5201, clientPod, 45000, nil)
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, reply, skbContext{})); p != 1 {
+		t.Fatalf("reply marked with path %d, want the arrival path 1", p)
+	}
+	sfs, err := dp.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sfs) != 1 || sfs[0].Role != RoleResponder || sfs[0].Local != netip.AddrPortFrom(serverPod, 5201) {
+		t.Fatalf("subflow table = %+v, want one responder entry for %v", sfs, serverPod)
+	}
+	// Packets on a NIC the datapath does not know are left alone.
+	if m := run(t, dp.objs.NicIngress, join, skbContext{IngressIfindex: 99, Mark: 0x5}); m != 0x5 {
+		t.Fatalf("packet on an unknown NIC got mark %#x", m)
+	}
+}
+
+// Mark bits outside the mask belong to others (kube-proxy, CNIs) and survive.
+func TestMarkPreservesForeignBits(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{3}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	foreign := uint32(0x4000 | 0x0f00 | 0x80000000)
+	got := run(t, dp.objs.PodEgress, syn(clientPod, 40001, serverPod, 80, testpkt.MPCapableSYN()), skbContext{Mark: foreign | dp.markMask})
+	if got&^dp.markMask != foreign {
+		t.Fatalf("foreign mark bits %#x became %#x", foreign, got&^dp.markMask)
+	}
+	if got&dp.markMask != dp.Mark(3) {
+		t.Fatalf("path bits %#x, want %#x", got&dp.markMask, dp.Mark(3))
+	}
+}
+
+// Packets that are not selected MPTCP SYNs of a selected pod pass with their
+// mark untouched.
+func TestUnselectedTrafficIsLeftAlone(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	other := netip.MustParseAddr("10.244.1.99")
+	tests := map[string][]byte{
+		"plain TCP SYN":            syn(clientPod, 40001, serverPod, 80, testpkt.MSS(1460)),
+		"MPTCP SYN of another pod": syn(other, 40001, serverPod, 80, testpkt.MPCapableSYN()),
+		"UDP":                      testpkt.Frame{Src: clientPod, Dst: serverPod, Protocol: 17, Payload: make([]byte, 16)}.Bytes(),
+		"truncated TCP header":     syn(clientPod, 40001, serverPod, 80, testpkt.MPCapableSYN())[:14+20+10],
+		"option overrunning header": testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 1, DstPort: 2, Flags: testpkt.SYN,
+			Options: []byte{30, 40, 0, 0}}}.Bytes(),
+		"IPv6 plain TCP": syn(netip.MustParseAddr("fd00::1"), 1, netip.MustParseAddr("fd00::2"), 2, nil),
+	}
+	for name, frame := range tests {
+		t.Run(name, func(t *testing.T) {
+			if m := run(t, dp.objs.PodEgress, frame, skbContext{Mark: 0x4000}); m != 0x4000 {
+				t.Fatalf("mark became %#x", m)
+			}
+		})
+	}
+}
+
+// IPv6 with an extension header and a VLAN tag is parsed like IPv4.
+func TestSpreadParsesIPv6WithExtensionHeaderAndVLAN(t *testing.T) {
+	dp := loadForTest(t)
+	pod6 := netip.MustParseAddr("fd00:244:1::11")
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(pod6, 0); err != nil {
+		t.Fatal(err)
+	}
+	frame := testpkt.Frame{VLANs: []uint16{100}, IPv6HopByHop: true, Src: pod6, Dst: netip.MustParseAddr("fd00:244:2::11"),
+		TCP: &testpkt.TCP{SrcPort: 40001, DstPort: 80, Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{})); p != 1 {
+		t.Fatalf("placed on path %d, want 1", p)
+	}
+}
