@@ -1,0 +1,302 @@
+// Package mptcpnl speaks the kernel's MPTCP path-manager generic netlink
+// family ("mptcp_pm", include/uapi/linux/mptcp_pm.h): limits, endpoints,
+// subflow creation for a userspace path manager, and the event stream that
+// tells it when connections are established. A Conn is bound to the network
+// namespace it was opened in, so the agent holds one per pod.
+package mptcpnl
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/mdlayher/genetlink"
+	"github.com/mdlayher/netlink"
+)
+
+const (
+	familyName     = "mptcp_pm"
+	eventGroupName = "mptcp_pm_events"
+)
+
+// Commands (enum mptcp_pm_command).
+const (
+	cmdAddAddr       = 1
+	cmdFlushAddrs    = 4
+	cmdSetLimits     = 5
+	cmdGetLimits     = 6
+	cmdSubflowCreate = 10
+)
+
+// Top-level attributes (enum mptcp_pm_attrs).
+const (
+	attrAddr        = 1
+	attrRcvAddAddrs = 2
+	attrSubflows    = 3
+	attrToken       = 4
+	attrAddrRemote  = 6
+)
+
+// Address attributes (enum mptcp_pm_addr_attrs).
+const (
+	addrAttrFamily = 1
+	addrAttrID     = 2
+	addrAttrAddr4  = 3
+	addrAttrAddr6  = 4
+	addrAttrPort   = 5 // host byte order
+	addrAttrFlags  = 6
+)
+
+// Endpoint flags (MPTCP_PM_ADDR_FLAG_*).
+const (
+	FlagSignal  = 1 << 0
+	FlagSubflow = 1 << 1
+	FlagBackup  = 1 << 2
+)
+
+// EventType is enum mptcp_event_type.
+type EventType uint8
+
+// Event types the agent acts on.
+const (
+	EventCreated        EventType = 1
+	EventEstablished    EventType = 2
+	EventClosed         EventType = 3
+	EventSubEstablished EventType = 10
+	EventSubClosed      EventType = 11
+)
+
+// Event attributes (enum mptcp_event_attr).
+const (
+	evAttrToken      = 1
+	evAttrFamily     = 2
+	evAttrLocID      = 3
+	evAttrRemID      = 4
+	evAttrSaddr4     = 5
+	evAttrSaddr6     = 6
+	evAttrDaddr4     = 7
+	evAttrDaddr6     = 8
+	evAttrSport      = 9  // network byte order
+	evAttrDport      = 10 // network byte order
+	evAttrBackup     = 11
+	evAttrError      = 12
+	evAttrServerSide = 18
+)
+
+// Conn is a generic netlink connection to one namespace's MPTCP path manager.
+type Conn struct {
+	c      *genetlink.Conn
+	family genetlink.Family
+}
+
+// Dial opens a connection in the network namespace with file descriptor
+// netnsFD (0: the caller's namespace).
+func Dial(netnsFD int) (*Conn, error) {
+	c, err := genetlink.Dial(&netlink.Config{NetNS: netnsFD})
+	if err != nil {
+		return nil, fmt.Errorf("generic netlink: %w", err)
+	}
+	f, err := c.GetFamily(familyName)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("MPTCP path manager family %q: %w (is MPTCP enabled in this kernel?)", familyName, err)
+	}
+	return &Conn{c: c, family: f}, nil
+}
+
+// Close closes the connection.
+func (c *Conn) Close() error { return c.c.Close() }
+
+func (c *Conn) do(cmd uint8, flags netlink.HeaderFlags, encode func(*netlink.AttributeEncoder)) ([]genetlink.Message, error) {
+	ae := netlink.NewAttributeEncoder()
+	if encode != nil {
+		encode(ae)
+	}
+	data, err := ae.Encode()
+	if err != nil {
+		return nil, err
+	}
+	msg := genetlink.Message{Header: genetlink.Header{Command: cmd, Version: c.family.Version}, Data: data}
+	return c.c.Execute(msg, c.family.ID, netlink.Request|flags)
+}
+
+// Limits are the per-namespace MPTCP limits.
+type Limits struct {
+	Subflows        uint32 // extra subflows per connection
+	AddAddrAccepted uint32 // ADD_ADDRs accepted per connection
+}
+
+// SetLimits sets the namespace's limits.
+func (c *Conn) SetLimits(l Limits) error {
+	_, err := c.do(cmdSetLimits, netlink.Acknowledge, func(ae *netlink.AttributeEncoder) {
+		ae.Uint32(attrRcvAddAddrs, l.AddAddrAccepted)
+		ae.Uint32(attrSubflows, l.Subflows)
+	})
+	return err
+}
+
+// GetLimits reads the namespace's limits.
+func (c *Conn) GetLimits() (Limits, error) {
+	msgs, err := c.do(cmdGetLimits, 0, nil)
+	if err != nil {
+		return Limits{}, err
+	}
+	var l Limits
+	for _, m := range msgs {
+		ad, err := netlink.NewAttributeDecoder(m.Data)
+		if err != nil {
+			return l, err
+		}
+		for ad.Next() {
+			switch ad.Type() {
+			case attrRcvAddAddrs:
+				l.AddAddrAccepted = ad.Uint32()
+			case attrSubflows:
+				l.Subflows = ad.Uint32()
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return l, err
+		}
+	}
+	return l, nil
+}
+
+// Endpoint is a local address the in-kernel path manager may use.
+type Endpoint struct {
+	Addr  netip.Addr
+	ID    uint8
+	Port  uint16
+	Flags uint32
+}
+
+// AddEndpoint adds an endpoint to the in-kernel path manager.
+func (c *Conn) AddEndpoint(e Endpoint) error {
+	_, err := c.do(cmdAddAddr, netlink.Acknowledge, func(ae *netlink.AttributeEncoder) {
+		ae.Nested(attrAddr, func(nae *netlink.AttributeEncoder) error {
+			encodeAddr(nae, e.Addr, e.ID, e.Port)
+			nae.Uint32(addrAttrFlags, e.Flags)
+			return nil
+		})
+	})
+	return err
+}
+
+// FlushEndpoints removes every endpoint of the namespace.
+func (c *Conn) FlushEndpoints() error {
+	_, err := c.do(cmdFlushAddrs, netlink.Acknowledge, nil)
+	return err
+}
+
+func encodeAddr(ae *netlink.AttributeEncoder, addr netip.Addr, id uint8, port uint16) {
+	addr = addr.Unmap()
+	if addr.Is4() {
+		ae.Uint16(addrAttrFamily, 2)
+		a := addr.As4()
+		ae.Bytes(addrAttrAddr4, a[:])
+	} else {
+		ae.Uint16(addrAttrFamily, 10)
+		a := addr.As16()
+		ae.Bytes(addrAttrAddr6, a[:])
+	}
+	ae.Uint8(addrAttrID, id)
+	if port != 0 {
+		ae.Uint16(addrAttrPort, port)
+	}
+}
+
+// CreateSubflow asks a userspace-managed connection (by token) to open a
+// join from local (with its address id) to remote. The kernel picks the
+// source port.
+func (c *Conn) CreateSubflow(token uint32, local netip.Addr, localID uint8, remote netip.AddrPort) error {
+	_, err := c.do(cmdSubflowCreate, netlink.Acknowledge, func(ae *netlink.AttributeEncoder) {
+		ae.Uint32(attrToken, token)
+		ae.Nested(attrAddr, func(nae *netlink.AttributeEncoder) error {
+			encodeAddr(nae, local, localID, 0)
+			return nil
+		})
+		ae.Nested(attrAddrRemote, func(nae *netlink.AttributeEncoder) error {
+			encodeAddr(nae, remote.Addr(), 0, remote.Port())
+			return nil
+		})
+	})
+	return err
+}
+
+// Event is one MPTCP path-manager event.
+type Event struct {
+	Type       EventType
+	Token      uint32
+	Local      netip.AddrPort
+	Remote     netip.AddrPort
+	LocalID    uint8
+	RemoteID   uint8
+	Backup     bool
+	ServerSide bool
+	Error      uint8
+}
+
+// SubscribeEvents joins the event multicast group; Receive then returns events.
+func (c *Conn) SubscribeEvents() error {
+	for _, g := range c.family.Groups {
+		if g.Name == eventGroupName {
+			return c.c.JoinGroup(g.ID)
+		}
+	}
+	return errors.New("MPTCP path manager has no event group")
+}
+
+// Receive blocks until events arrive.
+func (c *Conn) Receive() ([]Event, error) {
+	msgs, _, err := c.c.Receive()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Event, 0, len(msgs))
+	for _, m := range msgs {
+		ev, err := decodeEvent(m)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, ev)
+	}
+	return out, nil
+}
+
+func decodeEvent(m genetlink.Message) (Event, error) {
+	ev := Event{Type: EventType(m.Header.Command)}
+	ad, err := netlink.NewAttributeDecoder(m.Data)
+	if err != nil {
+		return ev, err
+	}
+	var saddr, daddr netip.Addr
+	var sport, dport uint16
+	for ad.Next() {
+		switch ad.Type() {
+		case evAttrToken:
+			ev.Token = ad.Uint32()
+		case evAttrLocID:
+			ev.LocalID = ad.Uint8()
+		case evAttrRemID:
+			ev.RemoteID = ad.Uint8()
+		case evAttrSaddr4, evAttrSaddr6:
+			saddr, _ = netip.AddrFromSlice(ad.Bytes())
+		case evAttrDaddr4, evAttrDaddr6:
+			daddr, _ = netip.AddrFromSlice(ad.Bytes())
+		case evAttrSport:
+			sport = binary.BigEndian.Uint16(ad.Bytes())
+		case evAttrDport:
+			dport = binary.BigEndian.Uint16(ad.Bytes())
+		case evAttrBackup:
+			ev.Backup = ad.Uint8() != 0
+		case evAttrError:
+			ev.Error = ad.Uint8()
+		case evAttrServerSide:
+			ev.ServerSide = ad.Uint8() != 0
+		}
+	}
+	ev.Local = netip.AddrPortFrom(saddr, sport)
+	ev.Remote = netip.AddrPortFrom(daddr, dport)
+	return ev, ad.Err()
+}
