@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,8 +44,22 @@ func (d *Datapath) hookProgram(h Hook) (*ebpf.Program, ebpf.AttachType) {
 	}
 }
 
+// linkPin is links/<hook>/<interface>. bpffs refuses names with a dot, which
+// interface names may have (eth0.100), so dots are escaped.
 func (d *Datapath) linkPin(a Attachment) string {
-	return filepath.Join(d.pinDir, linkPinSubdir, a.Interface+"."+string(a.Hook))
+	return filepath.Join(d.pinDir, linkPinSubdir, string(a.Hook), escapePinName(a.Interface))
+}
+
+func escapePinName(s string) string {
+	return strings.ReplaceAll(url.PathEscape(s), ".", "%2E")
+}
+
+func unescapePinName(s string) string {
+	out, err := url.PathUnescape(s)
+	if err != nil {
+		return s
+	}
+	return out
 }
 
 // Attach attaches the hook's program to the interface with a TCX link and
@@ -114,18 +129,17 @@ func (d *Datapath) Detach(a Attachment) error {
 
 // Attachments lists the links pinned by this datapath.
 func (d *Datapath) Attachments() ([]Attachment, error) {
-	entries, err := os.ReadDir(filepath.Join(d.pinDir, linkPinSubdir))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
 	var out []Attachment
-	for _, e := range entries {
-		iface, hook, ok := strings.Cut(e.Name(), ".")
-		if ok {
-			out = append(out, Attachment{Interface: iface, Hook: Hook(hook)})
+	for _, hook := range []Hook{HookPodEgress, HookPodIngress, HookNICIngress} {
+		entries, err := os.ReadDir(filepath.Join(d.pinDir, linkPinSubdir, string(hook)))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			out = append(out, Attachment{Interface: unescapePinName(e.Name()), Hook: hook})
 		}
 	}
 	return out, nil

@@ -1,0 +1,99 @@
+// Command agent is the mptcp-operator node agent. It runs in a node's network
+// namespace, loads the datapath and keeps the node in line with its
+// configuration: `agent -config node.yaml` runs until SIGTERM (leaving the
+// datapath pinned and steering), SIGHUP re-reads the file, and
+// `agent -config node.yaml -uninstall` removes everything the agent created.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+)
+
+func main() {
+	configPath := flag.String("config", "", "node configuration file (YAML)")
+	uninstall := flag.Bool("uninstall", false, "remove every program, map, pin, rule, table and setting the agent created, then exit")
+	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
+	flag.Parse()
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(os.Stderr, "bad -log-level: %v\n", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if *configPath == "" {
+		fmt.Fprintln(os.Stderr, "agent: -config is required")
+		os.Exit(2)
+	}
+	if err := run(log, *configPath, *uninstall); err != nil {
+		log.Error("agent stopped", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(log *slog.Logger, configPath string, uninstall bool) error {
+	cfg, err := agent.LoadConfig(configPath)
+	if err != nil {
+		return err
+	}
+	log = log.With("node", cfg.Node)
+	a, err := agent.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	if uninstall {
+		if err := a.Uninstall(); err != nil {
+			return fmt.Errorf("uninstall: %w", err)
+		}
+		log.Info("uninstalled")
+		return nil
+	}
+	defer a.Close()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+
+	status := agent.Status{}
+	reconcile := func(next *agent.Config) {
+		status.Reconciles++
+		if err := a.Reconcile(ctx, next); err != nil {
+			status.Error = err.Error()
+			log.Error("reconcile failed; the last good configuration stays in force", "err", err)
+		} else {
+			status.Error = ""
+			status.Applied = next
+			log.Info("reconciled", "paths", len(next.Paths), "pods", len(next.Pods))
+		}
+		if err := a.WriteStatus(status); err != nil {
+			log.Error("writing status", "err", err)
+		}
+	}
+	reconcile(cfg)
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("stopping; the datapath stays pinned and keeps steering")
+			return nil
+		case <-hup:
+			next, err := agent.LoadConfig(configPath)
+			if err != nil {
+				status.Reconciles++
+				status.Error = err.Error()
+				log.Error("configuration rejected; the last good one stays in force", "err", err)
+				_ = a.WriteStatus(status)
+				continue
+			}
+			reconcile(next)
+		}
+	}
+}

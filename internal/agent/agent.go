@@ -1,0 +1,308 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+)
+
+// Agent enforces one node's configuration.
+type Agent struct {
+	log      *slog.Logger
+	cfg      *Config
+	dp       *datapath.Datapath
+	creators map[string]*subflowCreator // by pod name
+}
+
+// New loads (or re-adopts, from pins) the datapath for cfg.
+func New(cfg *Config, log *slog.Logger) (*Agent, error) {
+	if err := ensureBPFFS(); err != nil {
+		return nil, err
+	}
+	dp, err := datapath.Load(datapath.Options{PinDir: cfg.PinDir, MarkMask: cfg.MarkMask})
+	if err != nil {
+		return nil, err
+	}
+	return &Agent{log: log, cfg: cfg, dp: dp, creators: map[string]*subflowCreator{}}, nil
+}
+
+// Close stops the agent's goroutines and releases file descriptors. What is
+// pinned stays: the datapath keeps steering while no agent runs.
+func (a *Agent) Close() error {
+	for name, c := range a.creators {
+		c.stop()
+		delete(a.creators, name)
+	}
+	return a.dp.Close()
+}
+
+// Datapath exposes the loaded datapath (stats, tables).
+func (a *Agent) Datapath() *datapath.Datapath { return a.dp }
+
+// Reconcile makes the node match cfg. On error the parts that succeeded stay
+// applied; the caller reports the error and keeps running.
+func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration, keeping the last one in force: %w", err)
+	}
+	var errs []error
+	paths := map[string]Path{}
+	for _, p := range cfg.Paths {
+		paths[p.Name] = p
+	}
+
+	// Routing first: a mark without its rule would send packets nowhere.
+	plan, err := planRouting(cfg, a.dp.Mark)
+	if err != nil {
+		return err
+	}
+	if err := plan.apply(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := a.saveAndSetSysctls(cfg); err != nil {
+		errs = append(errs, err)
+	}
+
+	wantAttach := map[datapath.Attachment]bool{}
+	for _, p := range cfg.Paths {
+		iface, err := net.InterfaceByName(p.Interface)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("path %q: %w", p.Name, err))
+			continue
+		}
+		if err := a.dp.SetNIC(iface.Index, p.Index); err != nil {
+			errs = append(errs, err)
+		}
+		wantAttach[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICIngress}] = true
+	}
+
+	rules := map[string]uint32{}
+	ruleByName := map[string]Rule{}
+	for i, r := range cfg.Rules {
+		idx := make([]uint32, 0, len(r.Paths))
+		for _, name := range r.Paths {
+			idx = append(idx, paths[name].Index)
+		}
+		if err := a.dp.SetRule(uint32(i), datapath.Rule{Paths: idx}); err != nil {
+			errs = append(errs, err)
+		}
+		rules[r.Name] = uint32(i)
+		ruleByName[r.Name] = r
+	}
+
+	wantEndpoints := map[string]bool{}
+	wantCreators := map[string]bool{}
+	for _, pod := range cfg.Pods {
+		rule := ruleByName[pod.Rule]
+		if err := configurePodMPTCP(pod, rule); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
+			continue
+		}
+		if rule.Subflows == SubflowsUserspace && rule.joins() > 0 {
+			wantCreators[pod.Name] = true
+			if a.creators[pod.Name] == nil {
+				c, err := startSubflowCreator(ctx, pod, rule, a.log)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("pod %s: path manager: %w", pod.Name, err))
+				} else {
+					a.creators[pod.Name] = c
+				}
+			}
+		}
+		for _, ip := range pod.IPs {
+			if err := a.dp.SetEndpoint(ip, rules[pod.Rule]); err != nil {
+				errs = append(errs, err)
+			}
+			wantEndpoints[ip.String()] = true
+		}
+		wantAttach[datapath.Attachment{Interface: pod.HostInterface, Hook: datapath.HookPodEgress}] = true
+		wantAttach[datapath.Attachment{Interface: pod.HostInterface, Hook: datapath.HookPodIngress}] = true
+	}
+
+	for att := range wantAttach {
+		if err := a.dp.Attach(att); err != nil {
+			errs = append(errs, err)
+		}
+	}
+
+	// Then collect what no configuration wants any more.
+	for name, c := range a.creators {
+		if !wantCreators[name] {
+			c.stop()
+			delete(a.creators, name)
+		}
+	}
+	eps, err := a.dp.Endpoints()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for addr := range eps {
+		if !wantEndpoints[addr.String()] {
+			if err := a.dp.DeleteEndpoint(addr); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	atts, err := a.dp.Attachments()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, att := range atts {
+		if !wantAttach[att] {
+			if err := a.dp.Detach(att); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	a.cfg = cfg
+	return errors.Join(errs...)
+}
+
+// sysctlState records the values the agent changed, so uninstall can put
+// them back.
+type sysctlState struct {
+	Original map[string]string `json:"original"`
+}
+
+func (a *Agent) statePath() string { return filepath.Join(a.cfg.StateDir, "sysctl.json") }
+
+// saveAndSetSysctls enables src_valid_mark on every path NIC: with strict
+// reverse-path filtering, the check for a packet arriving on NIC k then uses
+// the mark its NIC gave it, finds path k's table and accepts the packet.
+func (a *Agent) saveAndSetSysctls(cfg *Config) error {
+	st := sysctlState{Original: map[string]string{}}
+	if b, err := os.ReadFile(a.statePath()); err == nil {
+		_ = json.Unmarshal(b, &st)
+	}
+	var errs []error
+	for _, p := range cfg.Paths {
+		key := "net.ipv4.conf." + p.Interface + ".src_valid_mark"
+		if _, saved := st.Original[key]; !saved {
+			v, err := netnsutil.ReadSysctl("", key)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			st.Original[key] = v
+		}
+		if err := netnsutil.WriteSysctl("", key, "1"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return err
+	}
+	b, _ := json.Marshal(st)
+	if err := os.WriteFile(a.statePath(), b, 0o600); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Uninstall removes everything the agent created on this node: links, maps,
+// pins, rules, tables, sysctls and the pods' MPTCP settings.
+func (a *Agent) Uninstall() error {
+	for name, c := range a.creators {
+		c.stop()
+		delete(a.creators, name)
+	}
+	var errs []error
+	atts, err := a.dp.Attachments()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, att := range atts {
+		if err := a.dp.Detach(att); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := removeRouting(a.cfg); err != nil {
+		errs = append(errs, err)
+	}
+	for _, pod := range a.cfg.Pods {
+		if _, err := os.Stat(pod.NetNS); err == nil {
+			if err := resetPodMPTCP(pod); err != nil {
+				errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
+			}
+		}
+	}
+	if b, err := os.ReadFile(a.statePath()); err == nil {
+		var st sysctlState
+		if json.Unmarshal(b, &st) == nil {
+			keys := make([]string, 0, len(st.Original))
+			for k := range st.Original {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				// The interface may be gone; nothing to restore then.
+				_ = netnsutil.WriteSysctl("", k, st.Original[k])
+			}
+		}
+	}
+	if err := os.RemoveAll(a.cfg.StateDir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := a.dp.Unpin(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := a.dp.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.Remove(a.cfg.PinDir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// ensureBPFFS mounts bpffs at /sys/fs/bpf if nothing is mounted there, as
+// Cilium's agent does: pins need it.
+func ensureBPFFS() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/bpf", &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := os.MkdirAll("/sys/fs/bpf", 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mounting bpffs at /sys/fs/bpf: %w", err)
+	}
+	return nil
+}
+
+// Status is what the agent last did, written to <StateDir>/status.json for
+// tools and tests until the API's MPTCPNodeState status takes over.
+type Status struct {
+	Reconciles int    `json:"reconciles"`
+	Error      string `json:"error,omitempty"`
+	// Applied is the configuration in force (the last good one).
+	Applied *Config `json:"applied,omitempty"`
+}
+
+// WriteStatus records the outcome of a reconcile.
+func (a *Agent) WriteStatus(st Status) error {
+	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(a.cfg.StateDir, ".status.json")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(a.cfg.StateDir, "status.json"))
+}

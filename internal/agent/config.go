@@ -1,0 +1,216 @@
+// Package agent turns a node's configuration into an enforced datapath:
+// BPF programs on the pods' host-side veths and the paths' NICs, one routing
+// table and fwmark rule per path, and MPTCP settings inside pod namespaces.
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// SubflowMode says who creates a connection's extra subflows.
+type SubflowMode string
+
+const (
+	// SubflowsUserspace: the agent is the path manager of the pod's
+	// namespace and opens joins itself from the pod's address (default).
+	SubflowsUserspace SubflowMode = "userspace"
+	// SubflowsSignal: server pods announce one extra port per extra path;
+	// clients' in-kernel path managers join them.
+	SubflowsSignal SubflowMode = "signal"
+	// SubflowsNone leaves the pod's MPTCP settings alone (VM guests and
+	// workloads that manage their own subflows).
+	SubflowsNone SubflowMode = "none"
+)
+
+// Config is a node's configuration. In the walking skeleton it comes from a
+// local file; later it is compiled from the API into MPTCPNodeState.
+type Config struct {
+	// Node is this node's name, used in logs and pin paths.
+	Node string `json:"node"`
+	// PinDir on bpffs holds the pinned maps and links.
+	PinDir string `json:"pinDir"`
+	// StateDir holds what uninstall needs to restore (original sysctls).
+	StateDir string `json:"stateDir"`
+	// MarkMask is the part of skb->mark that carries the path (default 0x00f00000).
+	MarkMask uint32 `json:"markMask,omitempty"`
+	// TableBase is the routing table of path index 0; path i uses TableBase+i.
+	TableBase int `json:"tableBase,omitempty"`
+	// RulePriority is the ip rule priority of path index 0's fwmark rule;
+	// the rule sending local pod CIDRs to the main table sits just before.
+	RulePriority int `json:"rulePriority,omitempty"`
+	// PodCIDRs are this node's pod address ranges: traffic to them is never
+	// steered out of a NIC.
+	PodCIDRs []netip.Prefix `json:"podCIDRs"`
+	Paths    []Path         `json:"paths"`
+	Rules    []Rule         `json:"rules"`
+	Pods     []Pod          `json:"pods"`
+}
+
+// Path is one of the node's paths: a NIC and the next hop beyond it.
+type Path struct {
+	Name string `json:"name"`
+	// Index numbers the path cluster-wide (0..14): it selects the mark and
+	// the routing table, so both nodes of a subflow agree on it.
+	Index     uint32     `json:"index"`
+	Interface string     `json:"interface"`
+	Gateway   netip.Addr `json:"gateway"`
+}
+
+// Rule is a compiled policy: which paths a selected pod's subflows spread over.
+type Rule struct {
+	Name  string   `json:"name"`
+	Paths []string `json:"paths"`
+	// Subflows says how the pods' extra subflows are created.
+	Subflows SubflowMode `json:"subflows,omitempty"`
+	// MaxSubflows caps a connection's subflows (initial included); 0 means
+	// one per path.
+	MaxSubflows int `json:"maxSubflows,omitempty"`
+	// SignalPorts are the extra ports server pods announce in signal mode,
+	// one per path after the first.
+	SignalPorts []uint16 `json:"signalPorts,omitempty"`
+}
+
+// Pod is a local pod selected by a rule.
+type Pod struct {
+	Name string `json:"name"`
+	// NetNS is the path of the pod's network namespace.
+	NetNS string `json:"netns"`
+	// HostInterface is the pod's host-side veth.
+	HostInterface string       `json:"hostInterface"`
+	IPs           []netip.Addr `json:"ips"`
+	Rule          string       `json:"rule"`
+}
+
+// Defaults for fields left empty.
+const (
+	DefaultTableBase    = 3100
+	DefaultRulePriority = 3100
+	DefaultPinRoot      = "/sys/fs/bpf/mptcp-operator"
+	DefaultStateRoot    = "/run/mptcp-operator"
+)
+
+// LoadConfig reads and checks a configuration file.
+func LoadConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var c Config
+	if err := yaml.UnmarshalStrict(b, &c); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	c.setDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &c, nil
+}
+
+func (c *Config) setDefaults() {
+	if c.TableBase == 0 {
+		c.TableBase = DefaultTableBase
+	}
+	if c.RulePriority == 0 {
+		c.RulePriority = DefaultRulePriority
+	}
+	if c.PinDir == "" {
+		c.PinDir = DefaultPinRoot + "/" + c.Node
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateRoot + "/" + c.Node
+	}
+	if c.MarkMask == 0 {
+		c.MarkMask = datapath.DefaultMarkMask
+	}
+	for i := range c.Rules {
+		if c.Rules[i].Subflows == "" {
+			c.Rules[i].Subflows = SubflowsUserspace
+		}
+	}
+}
+
+// Validate reports every problem of the configuration at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Node == "" {
+		errs = append(errs, errors.New("node: must be set"))
+	}
+	paths := map[string]Path{}
+	indexes := map[uint32]string{}
+	ifaces := map[string]string{}
+	for i, p := range c.Paths {
+		switch {
+		case p.Name == "":
+			errs = append(errs, fmt.Errorf("paths[%d].name: must be set", i))
+		case paths[p.Name].Name != "":
+			errs = append(errs, fmt.Errorf("paths[%d].name: %q appears twice", i, p.Name))
+		}
+		if p.Index >= datapath.MaxPaths {
+			errs = append(errs, fmt.Errorf("paths[%d].index: %d is out of range 0..%d", i, p.Index, datapath.MaxPaths-1))
+		}
+		if other, ok := indexes[p.Index]; ok {
+			errs = append(errs, fmt.Errorf("paths[%d].index: %d is also path %q's", i, p.Index, other))
+		}
+		if p.Interface == "" {
+			errs = append(errs, fmt.Errorf("paths[%d].interface: must be set", i))
+		} else if other, ok := ifaces[p.Interface]; ok {
+			errs = append(errs, fmt.Errorf("paths[%d].interface: %q is also path %q's", i, p.Interface, other))
+		}
+		paths[p.Name], indexes[p.Index], ifaces[p.Interface] = p, p.Name, p.Name
+	}
+	rules := map[string]bool{}
+	for i, r := range c.Rules {
+		if r.Name == "" || rules[r.Name] {
+			errs = append(errs, fmt.Errorf("rules[%d].name: must be set and unique", i))
+		}
+		rules[r.Name] = true
+		if len(r.Paths) == 0 {
+			errs = append(errs, fmt.Errorf("rules[%d].paths: at least one path is needed", i))
+		}
+		for j, name := range r.Paths {
+			if _, ok := paths[name]; !ok {
+				errs = append(errs, fmt.Errorf("rules[%d].paths[%d]: no path named %q on this node", i, j, name))
+			}
+		}
+		switch r.Subflows {
+		case SubflowsUserspace, SubflowsNone:
+		case SubflowsSignal:
+			if len(r.SignalPorts) < len(r.Paths)-1 {
+				errs = append(errs, fmt.Errorf("rules[%d].signalPorts: signal mode needs %d ports, one per path after the first", i, len(r.Paths)-1))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("rules[%d].subflows: %q is not one of userspace, signal, none", i, r.Subflows))
+		}
+		if r.MaxSubflows < 0 || r.MaxSubflows > 8 {
+			errs = append(errs, fmt.Errorf("rules[%d].maxSubflows: %d is out of range 0..8 (the kernel's limit)", i, r.MaxSubflows))
+		}
+	}
+	for i, p := range c.Pods {
+		if !rules[p.Rule] {
+			errs = append(errs, fmt.Errorf("pods[%d].rule: no rule named %q", i, p.Rule))
+		}
+		if p.HostInterface == "" {
+			errs = append(errs, fmt.Errorf("pods[%d].hostInterface: must be set", i))
+		}
+		if len(p.IPs) == 0 {
+			errs = append(errs, fmt.Errorf("pods[%d].ips: at least one address is needed", i))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// joins is how many extra subflows a connection under r gets.
+func (r Rule) joins() int {
+	n := len(r.Paths)
+	if r.MaxSubflows > 0 && r.MaxSubflows < n {
+		n = r.MaxSubflows
+	}
+	return n - 1
+}

@@ -1,0 +1,5 @@
+package agent
+
+import "golang.org/x/sys/unix"
+
+func closeFD(fd int) { _ = unix.Close(fd) }
