@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-//go:build ignore
+// go:build ignore
 
 /* The mptcp-operator datapath: TC programs that place each MPTCP subflow of a
  * selected pod on one of the node's paths (NICs) and mirror the placement of
@@ -153,8 +153,8 @@ static __always_inline int load_join_token(struct __sk_buff *skb, const struct p
 }
 
 /* place_subflow chooses the rule slot for a new subflow the pod opens. */
-static __always_inline int place_subflow(struct __sk_buff *skb, const struct packet *pkt,
-					 __u32 rule_id, struct rule *r, struct subflow *sf)
+static __always_inline int place_subflow(struct __sk_buff *skb, const struct packet *pkt, __u32 rule_id,
+					 struct rule *r, struct subflow *sf)
 {
 	__u32 npaths = r->npaths;
 	__u32 slot;

@@ -19,24 +19,24 @@
 /* Upper bound of paths per node: a 4-bit mark field numbers them 1..15. */
 #define MAX_PATHS 15
 
-#define AF_INET 2
+#define AF_INET	 2
 #define AF_INET6 10
 
 /* Drop/skip reasons and events, counted per CPU and read by the agent. Keep in
  * sync with internal/datapath/stats.go (checked by a test against BTF). */
 enum stat_id {
-	STAT_PACKETS = 0,       /* packets seen by any program */
-	STAT_NOT_TCP,           /* not TCP (or not IP): passed untouched */
-	STAT_MALFORMED,         /* truncated or malformed headers: passed untouched */
-	STAT_MPTCP_SYN,         /* SYN carrying MP_CAPABLE */
-	STAT_JOIN_SYN,          /* SYN carrying MP_JOIN */
-	STAT_JOIN_TOKEN_KNOWN,  /* MP_JOIN whose token the datapath already knew */
-	STAT_JOIN_TOKEN_UNKNOWN,/* MP_JOIN for a connection not (yet) known */
-	STAT_TOKEN_LEARNT,      /* tokens derived from a SYN-ACK key */
-	STAT_SUBFLOW_PLACED,    /* new subflows placed on a path (initiator side) */
-	STAT_SUBFLOW_MIRRORED,  /* new subflows recorded at arrival (responder side) */
-	STAT_MARKED,            /* packets given a path mark */
-	STAT_NO_PATH,           /* selected traffic but no usable path configured */
+	STAT_PACKETS = 0,	 /* packets seen by any program */
+	STAT_NOT_TCP,		 /* not TCP (or not IP): passed untouched */
+	STAT_MALFORMED,		 /* truncated or malformed headers: passed untouched */
+	STAT_MPTCP_SYN,		 /* SYN carrying MP_CAPABLE */
+	STAT_JOIN_SYN,		 /* SYN carrying MP_JOIN */
+	STAT_JOIN_TOKEN_KNOWN,	 /* MP_JOIN whose token the datapath already knew */
+	STAT_JOIN_TOKEN_UNKNOWN, /* MP_JOIN for a connection not (yet) known */
+	STAT_TOKEN_LEARNT,	 /* tokens derived from a SYN-ACK key */
+	STAT_SUBFLOW_PLACED,	 /* new subflows placed on a path (initiator side) */
+	STAT_SUBFLOW_MIRRORED,	 /* new subflows recorded at arrival (responder side) */
+	STAT_MARKED,		 /* packets given a path mark */
+	STAT_NO_PATH,		 /* selected traffic but no usable path configured */
 	STAT_MAX,
 };
 
@@ -76,7 +76,7 @@ struct conn_key {
 struct conn {
 	__u32 rule;
 	__u32 first_slot; /* slot in the rule's path list used by the initial subflow */
-	__u32 joins;      /* joins placed so far; incremented atomically */
+	__u32 joins;	  /* joins placed so far; incremented atomically */
 	__u32 pad;
 };
 

@@ -8,40 +8,40 @@
 
 #include "common.h"
 
-#define ETH_HLEN 14
-#define ETH_P_IP 0x0800
-#define ETH_P_IPV6 0x86DD
-#define ETH_P_8021Q 0x8100
-#define ETH_P_8021AD 0x88A8
-#define IPPROTO_TCP 6
-#define MAX_VLAN_TAGS 2
+#define ETH_HLEN	     14
+#define ETH_P_IP	     0x0800
+#define ETH_P_IPV6	     0x86DD
+#define ETH_P_8021Q	     0x8100
+#define ETH_P_8021AD	     0x88A8
+#define IPPROTO_TCP	     6
+#define MAX_VLAN_TAGS	     2
 #define MAX_IPV6_EXT_HEADERS 4
-#define TCP_MAX_OPTIONS_LEN 40
+#define TCP_MAX_OPTIONS_LEN  40
 
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
 
-#define TCPOPT_EOL 0
-#define TCPOPT_NOP 1
+#define TCPOPT_EOL   0
+#define TCPOPT_NOP   1
 #define TCPOPT_MPTCP 30
 
 /* MPTCP option subtypes, RFC 8684 section 3 (IANA "MPTCP Option Subtypes"). */
-#define MPTCP_SUB_CAPABLE 0
-#define MPTCP_SUB_JOIN 1
-#define MPTCP_SUB_DSS 2
-#define MPTCP_SUB_ADD_ADDR 3
+#define MPTCP_SUB_CAPABLE     0
+#define MPTCP_SUB_JOIN	      1
+#define MPTCP_SUB_DSS	      2
+#define MPTCP_SUB_ADD_ADDR    3
 #define MPTCP_SUB_REMOVE_ADDR 4
-#define MPTCP_SUB_PRIO 5
-#define MPTCP_SUB_FAIL 6
-#define MPTCP_SUB_FASTCLOSE 7
-#define MPTCP_SUB_TCPRST 8
-#define MPTCP_SUB_NONE 0xff
+#define MPTCP_SUB_PRIO	      5
+#define MPTCP_SUB_FAIL	      6
+#define MPTCP_SUB_FASTCLOSE   7
+#define MPTCP_SUB_TCPRST      8
+#define MPTCP_SUB_NONE	      0xff
 
 enum parse_result {
 	PARSE_OK = 0,
-	PARSE_NOT_TCP = 1,  /* not IP, not TCP, or a non-first fragment */
+	PARSE_NOT_TCP = 1, /* not IP, not TCP, or a non-first fragment */
 	PARSE_MALFORMED = 2,
 };
 
@@ -49,10 +49,10 @@ struct packet {
 	__u8 family;
 	__u8 tcp_flags;
 	__u8 mptcp_subtype; /* first MPTCP option's subtype, MPTCP_SUB_NONE if none */
-	__u8 mptcp_len;     /* its length field */
-	__u16 l4_off;       /* offset of the TCP header from the start of the frame */
+	__u8 mptcp_len;	    /* its length field */
+	__u16 l4_off;	    /* offset of the TCP header from the start of the frame */
 	__u16 mptcp_off;    /* offset of the first MPTCP option from the start of the frame */
-	__u32 len;          /* skb->len */
+	__u32 len;	    /* skb->len */
 	__be16 sport;
 	__be16 dport;
 	__u8 saddr[16];
@@ -104,13 +104,13 @@ struct tcp_hdr {
 	__be16 urg_ptr;
 };
 
-#define IP_MF 0x2000
-#define IP_OFFSET 0x1FFF
-#define NEXTHDR_HOP 0
-#define NEXTHDR_ROUTING 43
+#define IP_MF		 0x2000
+#define IP_OFFSET	 0x1FFF
+#define NEXTHDR_HOP	 0
+#define NEXTHDR_ROUTING	 43
 #define NEXTHDR_FRAGMENT 44
-#define NEXTHDR_AUTH 51
-#define NEXTHDR_DEST 60
+#define NEXTHDR_AUTH	 51
+#define NEXTHDR_DEST	 60
 
 static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, __u32 *off, __u8 *proto)
 {
@@ -201,7 +201,7 @@ struct option_scan {
 	__u8 opts[TCP_MAX_OPTIONS_LEN];
 	__u32 optlen;
 	__u32 pos;
-	__u32 mptcp_pos;   /* offset of the first MPTCP option within opts */
+	__u32 mptcp_pos; /* offset of the first MPTCP option within opts */
 	__u8 mptcp_len;
 	__u8 mptcp_subtype;
 	__u8 malformed;

@@ -147,7 +147,7 @@ func (a *Agent) WaitReconciles(ctx context.Context, n int) (agent.Status, error)
 		}
 		select {
 		case <-ctx.Done():
-			return st, fmt.Errorf("agent on node %d did not reconcile (%v); stderr:\n%s", a.Node.Index, ctx.Err(), a.Proc.ErrOutput())
+			return st, fmt.Errorf("agent on node %d did not reconcile (%w); stderr:\n%s", a.Node.Index, ctx.Err(), a.Proc.ErrOutput())
 		case <-a.Proc.Done():
 			return st, fmt.Errorf("agent on node %d exited; stderr:\n%s", a.Node.Index, a.Proc.ErrOutput())
 		case <-time.After(50 * time.Millisecond):

@@ -8,9 +8,10 @@ import (
 	"os/exec"
 	"path/filepath"
 
+	"testing"
+
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"testing"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/internal/testutil"

@@ -76,7 +76,7 @@ func Load(opts Options) (*Datapath, error) {
 	if err := spec.LoadAndAssign(&dp.objs, &copts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("loading BPF objects: %+v", ve)
+			return nil, fmt.Errorf("loading BPF objects: %+w: %w", ve, err)
 		}
 		return nil, fmt.Errorf("loading BPF objects: %w", err)
 	}

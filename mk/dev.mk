@@ -1,0 +1,58 @@
+# Build, datapath generation, lint, tests, demo and benchmarks.
+
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(CACHE_DIR)/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
+CLANG_FORMAT ?= clang-format
+BPF_SOURCES := $(wildcard bpf/*.c bpf/include/*.h)
+# Tests that build real networks, load BPF and run a real API server: the
+# whole suite runs as root; see docs/testing.md.
+TEST_TIMEOUT ?= 60m
+
+##@ Build
+
+.PHONY: build
+build: ## Build the agent, the traffic tool and the demo into bin/.
+	$(GO) build -o $(BIN)/agent ./cmd/agent
+	$(GO) build -o $(BIN)/traffic ./hack/traffic
+	$(GO) build -o $(BIN)/demo ./hack/demo
+
+.PHONY: generate-bpf
+generate-bpf: ## Regenerate the BPF objects and Go bindings (bpf2go; needs clang).
+	$(GO) generate ./internal/datapath/...
+
+# `make generate` (mk/api.mk) also regenerates the datapath.
+generate: generate-bpf
+
+.PHONY: verify
+verify: generate manifests ## Fail if anything generated is stale (CI runs this).
+	@git diff --exit-code || { echo "generated files are stale: run 'make generate manifests' and commit" >&2; exit 1; }
+
+##@ Quality
+
+$(GOLANGCI_LINT):
+	@mkdir -p $(dir $@)
+	GOBIN=$(dir $@) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(dir $@)/golangci-lint $@
+
+.PHONY: lint
+lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint and clang-format on the BPF C code.
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GOLANGCI_LINT) run ./...
+	$(CLANG_FORMAT) --dry-run --Werror $(BPF_SOURCES)
+
+##@ Test
+
+.PHONY: test
+test: envtest-assets ## Run every test (needs root: network namespaces, BPF, a real API server).
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) $(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
+
+##@ Demo and benchmarks
+
+.PHONY: demo
+demo: ## Bring up 2 nodes x 2 NICs, compare single-path TCP, MPTCP and the agent; print the table, write CSV and chart.
+	$(GO) run ./hack/demo -out $(CURDIR)/_output/demo
+
+.PHONY: bench
+bench: ## Run the benchmarks and rewrite their sections of docs/benchmarks.md.
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime=1x -timeout 30m ./bench/datapath/...
