@@ -1,0 +1,154 @@
+// Command demo runs the walking skeleton end to end on one machine: a test
+// bed of 2 nodes x 2 NICs (network namespaces, links shaped to 200 Mbit/s),
+// then, side by side in one run, single-path TCP, MPTCP left to kernel
+// routing, MPTCP with hand-written policy routing, and MPTCP steered by the
+// agent. It prints per-NIC and total throughput, saves the sampled NIC
+// counters as CSV, draws them as an SVG chart, and tears everything down.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+)
+
+func main() {
+	out := flag.String("out", "_output/demo", "directory for the CSV and the chart")
+	duration := flag.Duration("duration", 10*time.Second, "length of each transfer")
+	rate := flag.String("rate", "200mbit", "rate of each NIC's link, each direction")
+	conns := flag.Int("conns", 1, "concurrent connections per transfer")
+	flag.Parse()
+	if err := run(*out, *duration, *rate, *conns); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(outDir string, duration time.Duration, rate string, conns int) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root: it creates network namespaces and loads BPF programs (run: sudo make demo)")
+	}
+	for _, tool := range append(testbed.BedTools, "go") {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("needs %s on PATH (see .ci/run for the packages)", tool)
+		}
+	}
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return err
+	}
+	binDir, err := os.MkdirTemp("", "mptcp-demo-bin-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(binDir)
+	fmt.Println("building the agent and the traffic tool ...")
+	agentBin, err := framework.BuildAgent(binDir)
+	if err != nil {
+		return err
+	}
+	trafficBin := filepath.Join(binDir, "traffic")
+	if out, err := exec.Command("go", "build", "-o", trafficBin, "github.com/mptcp-operator/mptcp-operator/hack/traffic").CombinedOutput(); err != nil {
+		return fmt.Errorf("building hack/traffic: %w\n%s", err, out)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := testbed.SweepStale(); err != nil {
+		fmt.Println("warning: sweeping stale beds:", err)
+	}
+	fmt.Printf("bringing up the test bed: 2 nodes x 2 NICs, each link %s per direction ...\n", rate)
+	bed, err := testbed.Up(ctx, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: rate})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fmt.Println("tearing the test bed down ...")
+		if err := bed.Down(); err != nil {
+			fmt.Fprintln(os.Stderr, "demo: teardown:", err)
+		}
+	}()
+
+	sampler, err := bed.StartSampler(250 * time.Millisecond)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	results, cerr := framework.Compare(ctx, bed, framework.CompareOptions{
+		TrafficBin: trafficBin, AgentBin: agentBin,
+		Duration: duration, Warmup: 2 * time.Second, Conns: conns,
+		Log: func(format string, args ...any) { fmt.Printf(format+"\n", args...) },
+	})
+	samples, serr := sampler.Stop()
+	if cerr != nil {
+		return cerr
+	}
+	if serr != nil {
+		return serr
+	}
+
+	printTable(os.Stdout, results, rate)
+
+	csvPath := filepath.Join(outDir, "nic-counters.csv")
+	f, err := os.Create(csvPath)
+	if err != nil {
+		return err
+	}
+	if err := sampler.WriteCSV(f); err != nil {
+		f.Close()
+		return err
+	}
+	f.Close()
+	var phases []phase
+	for _, r := range results {
+		phases = append(phases, phase{Name: r.Scenario, Start: r.Start, End: r.End})
+	}
+	svgPath := filepath.Join(outDir, "throughput.svg")
+	g, err := os.Create(svgPath)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	title := fmt.Sprintf("Transmit rate of node 1's NICs (links %s each), one transfer per scenario", rate)
+	if err := writeSVG(g, title, rates(samples, 1, start), phases, start); err != nil {
+		return err
+	}
+	fmt.Printf("\nNIC counters: %s\nchart:        %s\n", csvPath, svgPath)
+	return nil
+}
+
+func printTable(w *os.File, results []framework.Measurement, rate string) {
+	fmt.Fprintf(w, "\nThroughput from a pod on node 1 to a pod on node 2, 2 NICs of %s each:\n\n", rate)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	header := []string{"scenario", "nic1 Mbit/s", "nic2 Mbit/s", "total goodput Mbit/s", "vs single path", ""}
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	var single float64
+	for _, r := range results {
+		if r.Scenario == framework.ScenarioSinglePath {
+			single = r.GoodputBps
+		}
+	}
+	for _, r := range results {
+		cells := []string{r.Scenario}
+		for _, v := range r.NICMbps {
+			cells = append(cells, fmt.Sprintf("%.1f", v))
+		}
+		ratio := "-"
+		if single > 0 {
+			ratio = fmt.Sprintf("%.2fx", r.GoodputBps/single)
+		}
+		cells = append(cells, fmt.Sprintf("%.1f", r.GoodputBps/1e6), ratio, "")
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	tw.Flush()
+}
