@@ -6,19 +6,19 @@
  * subflows that remote peers open.
  *
  *   pod_egress  (TC ingress of a pod's host-side veth: what the pod sends)
- *       known subflow           -> mark with its path
- *       new MP_CAPABLE SYN      -> spread: next path of the rule (round robin)
- *       new MP_JOIN SYN         -> spread: a path not yet used by the connection
- *   pod_ingress (TC egress of the host-side veth: what the pod receives)
- *       MP_CAPABLE SYN-ACK to an initiator -> derive the peer's token from its
- *                                  key, so the connection is known before the
- *                                  pod can send its first MP_JOIN
+ *       known subflow            -> mark with its path
+ *       new MP_CAPABLE SYN       -> spread: the rule's next path, round robin
+ *       MP_CAPABLE ACK (keys)    -> learn the connection's two tokens
+ *       new MP_JOIN SYN          -> spread: a path no subflow of the
+ *                                   connection uses yet
  *   nic_ingress (TC ingress of a path's NIC)
  *       anything for a selected pod -> mark with the NIC's path (reverse-path
- *                                  filtering with src_valid_mark sees the
- *                                  path's table)
- *       SYN opening a subflow   -> record the arrival path, so the pod's
- *                                  replies leave by the same NIC
+ *                                   filtering with src_valid_mark then sees
+ *                                   the path's table)
+ *       SYN opening a subflow    -> record the arrival path, so the pod's
+ *                                   replies leave by the same NIC, and count
+ *                                   the path as used by the connection
+ *       MP_CAPABLE ACK (keys)    -> learn the connection's two tokens
  *
  * The mark is the only thing written: packets are never modified here, and
  * everything that is not selected TCP passes untouched. */
@@ -47,11 +47,19 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 32768);
+	__type(key, struct conn_key);
+	__type(value, struct conn_alias);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} conn_aliases SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
 	__type(key, struct conn_key);
 	__type(value, struct conn);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} conns SEC(".maps");
+} conn_states SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -152,9 +160,88 @@ static __always_inline int load_join_token(struct __sk_buff *skb, const struct p
 	return 0;
 }
 
-/* place_subflow chooses the rule slot for a new subflow the pod opens. */
-static __always_inline int place_subflow(struct __sk_buff *skb, const struct packet *pkt, __u32 rule_id,
-					 struct rule *r, struct subflow *sf)
+static __always_inline struct conn *lookup_conn(__u8 family, const __u8 local[16], __u32 token)
+{
+	struct conn_key k = {.family = family, .token = token};
+	struct conn_alias *alias;
+
+	__builtin_memcpy(k.local, local, 16);
+	alias = bpf_map_lookup_elem(&conn_aliases, &k);
+	if (!alias)
+		return NULL;
+	k.token = alias->canonical;
+	return bpf_map_lookup_elem(&conn_states, &k);
+}
+
+/* learn_connection records a connection from its MP_CAPABLE ACK, which in v1
+ * carries the sender's (initiator's) and the receiver's (responder's) keys
+ * (RFC 8684 section 3.1, figure 4). It runs on both nodes: on the initiator's
+ * as the ACK leaves the pod, on the responder's as it arrives. Either way it
+ * runs before the ACK reaches the other pod and before the local pod can open
+ * a join, so every join's token is known when the join arrives. The keys are
+ * used here and dropped: only tokens are kept. */
+static __always_inline void learn_connection(struct __sk_buff *skb, const struct packet *pkt,
+					     const __u8 local[16], __u32 path)
+{
+	struct conn_key k = {.family = pkt->family};
+	struct conn_alias alias = {};
+	struct conn c = {};
+	__be32 keys[4];
+	__u32 initiator_token, responder_token;
+
+	/* ACK: length 20; with data: 22, or 24 with a checksum. */
+	if (pkt->mptcp_len < 20)
+		return;
+	if (bpf_skb_load_bytes(skb, pkt->mptcp_off + 4, keys, sizeof(keys)))
+		return;
+	responder_token = mptcp_token(bpf_ntohl(keys[2]), bpf_ntohl(keys[3]));
+	__builtin_memcpy(k.local, local, 16);
+	k.token = responder_token;
+	/* The ACK is repeated on data until acknowledged: learn once. */
+	if (bpf_map_lookup_elem(&conn_aliases, &k))
+		return;
+	initiator_token = mptcp_token(bpf_ntohl(keys[0]), bpf_ntohl(keys[1]));
+
+	c.used = 1U << (path & MAX_PATHS);
+	bpf_map_update_elem(&conn_states, &k, &c, BPF_NOEXIST);
+	alias.canonical = responder_token;
+	bpf_map_update_elem(&conn_aliases, &k, &alias, BPF_NOEXIST);
+	k.token = initiator_token;
+	bpf_map_update_elem(&conn_aliases, &k, &alias, BPF_NOEXIST);
+	count(STAT_TOKEN_LEARNT);
+}
+
+/* claim_path takes, for a join, the first path of the rule (starting at a
+ * per-connection cursor) that no subflow of the connection uses yet. Bits are
+ * claimed with an atomic OR, so two joins placed at once on two CPUs, or a
+ * join placed here while the peer's node mirrors one of its own, never both
+ * get the same free path. */
+static __always_inline __u32 claim_path(struct rule *r, struct conn *c, __u32 npaths)
+{
+	__u32 start = __sync_fetch_and_add(&c->joins, 1);
+
+	for (__u32 i = 0; i < MAX_PATHS; i++) {
+		__u32 slot, path, bit;
+
+		if (i >= npaths)
+			break;
+		slot = (start + i) % npaths;
+		asm volatile("" : "+r"(slot));
+		path = r->paths[slot & MAX_PATHS] & MAX_PATHS;
+		bit = 1U << path;
+		if (!(__sync_fetch_and_or(&c->used, bit) & bit))
+			return path;
+	}
+	/* More subflows than paths: share, round robin. */
+	count(STAT_PATHS_EXHAUSTED);
+	start %= npaths;
+	asm volatile("" : "+r"(start));
+	return r->paths[start & MAX_PATHS] & MAX_PATHS;
+}
+
+/* place_subflow chooses the path of a new subflow the pod opens. */
+static __always_inline int place_subflow(struct __sk_buff *skb, const struct packet *pkt, struct rule *r,
+					 struct subflow *sf)
 {
 	__u32 npaths = r->npaths;
 	__u32 slot;
@@ -165,7 +252,6 @@ static __always_inline int place_subflow(struct __sk_buff *skb, const struct pac
 	}
 
 	if (pkt->mptcp_subtype == MPTCP_SUB_JOIN) {
-		struct conn_key ck = {.family = pkt->family};
 		struct conn *c;
 		__u32 token;
 
@@ -173,32 +259,22 @@ static __always_inline int place_subflow(struct __sk_buff *skb, const struct pac
 		if (load_join_token(skb, pkt, &token))
 			return -1;
 		sf->token = token;
-		__builtin_memcpy(ck.local, pkt->saddr, 16);
-		ck.token = token;
-		c = bpf_map_lookup_elem(&conns, &ck);
+		c = lookup_conn(pkt->family, pkt->saddr, token);
 		if (c) {
-			/* Each join takes the next slot after the initial
-			 * subflow's, so the first npaths subflows of a
-			 * connection land on distinct paths. */
-			__u32 n = __sync_fetch_and_add(&c->joins, 1) + 1;
-
-			slot = (c->first_slot + n) % npaths;
+			sf->path = claim_path(r, c, npaths);
 			count(STAT_JOIN_TOKEN_KNOWN);
-		} else {
-			slot = __sync_fetch_and_add(&r->rr, 1) % npaths;
-			count(STAT_JOIN_TOKEN_UNKNOWN);
+			goto placed;
 		}
+		count(STAT_JOIN_TOKEN_UNKNOWN);
 	} else {
 		count(STAT_MPTCP_SYN);
-		slot = __sync_fetch_and_add(&r->rr, 1) % npaths;
 	}
-
+	slot = __sync_fetch_and_add(&r->rr, 1) % npaths;
 	/* The compiler knows slot < npaths and would drop a plain mask; the
 	 * verifier does not know it, so hide slot from the compiler first. */
 	asm volatile("" : "+r"(slot));
-	slot &= MAX_PATHS;
-	sf->slot = slot;
-	sf->path = r->paths[slot];
+	sf->path = r->paths[slot & MAX_PATHS];
+placed:
 	sf->role = ROLE_INITIATOR;
 	sf->created_ns = bpf_ktime_get_ns();
 	count(STAT_SUBFLOW_PLACED);
@@ -234,6 +310,13 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 	return ret;
 }
 
+/* An MP_CAPABLE on a segment that is not a SYN is the handshake's third ACK
+ * (or the first data, repeating it): the one that carries both keys. */
+static __always_inline bool is_capable_ack(const struct packet *pkt)
+{
+	return pkt->mptcp_subtype == MPTCP_SUB_CAPABLE && !(pkt->tcp_flags & TCP_FLAG_SYN);
+}
+
 SEC("tc")
 int pod_egress(struct __sk_buff *skb)
 {
@@ -250,6 +333,8 @@ int pod_egress(struct __sk_buff *skb)
 	flow_key_from(&fk, &pkt, false);
 	sf = bpf_map_lookup_elem(&subflows, &fk);
 	if (sf) {
+		if (is_capable_ack(&pkt) && sf->role == ROLE_INITIATOR)
+			learn_connection(skb, &pkt, pkt.saddr, sf->path);
 		set_path_mark(skb, sf->path);
 		count_path(sf->path, pkt.len, true);
 		return TCX_NEXT;
@@ -266,58 +351,12 @@ int pod_egress(struct __sk_buff *skb)
 	r = bpf_map_lookup_elem(&rules, &rule_id);
 	if (!r)
 		return TCX_NEXT;
-	if (place_subflow(skb, &pkt, rule_id, r, &nsf))
+	if (place_subflow(skb, &pkt, r, &nsf))
 		return TCX_NEXT;
 
 	bpf_map_update_elem(&subflows, &fk, &nsf, BPF_ANY);
 	set_path_mark(skb, nsf.path);
 	count_path(nsf.path, pkt.len, true);
-	return TCX_NEXT;
-}
-
-SEC("tc")
-int pod_ingress(struct __sk_buff *skb)
-{
-	struct packet pkt = {};
-	struct flow_key fk = {};
-	struct conn_key ck = {};
-	struct conn c = {};
-	struct subflow *sf;
-	struct endpoint *ep;
-	__be32 key[2];
-
-	if (parse_counted(skb, &pkt) != PARSE_OK)
-		return TCX_NEXT;
-
-	/* Only the SYN-ACK of a connection the pod opened carries what we
-	 * need: the peer's key, from which its token follows. */
-	if ((pkt.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != (TCP_FLAG_SYN | TCP_FLAG_ACK))
-		return TCX_NEXT;
-	if (pkt.mptcp_subtype != MPTCP_SUB_CAPABLE || pkt.mptcp_len < 12)
-		return TCX_NEXT;
-
-	flow_key_from(&fk, &pkt, true);
-	sf = bpf_map_lookup_elem(&subflows, &fk);
-	if (!sf || sf->role != ROLE_INITIATOR)
-		return TCX_NEXT;
-	ep = lookup_endpoint(pkt.family, pkt.daddr);
-	if (!ep)
-		return TCX_NEXT;
-
-	/* MP_CAPABLE on a SYN-ACK: kind, length 12, version|subtype, flags,
-	 * then the sender's key (RFC 8684 section 3.1, figure 4). The key is
-	 * used here and nowhere else: only the token is kept. */
-	if (bpf_skb_load_bytes(skb, pkt.mptcp_off + 4, key, sizeof(key)))
-		return TCX_NEXT;
-
-	ck.family = pkt.family;
-	__builtin_memcpy(ck.local, pkt.daddr, 16);
-	ck.token = mptcp_token(bpf_ntohl(key[0]), bpf_ntohl(key[1]));
-	c.rule = ep->rule;
-	c.first_slot = sf->slot;
-	/* A retransmitted SYN-ACK must not reset the join counter. */
-	bpf_map_update_elem(&conns, &ck, &c, BPF_NOEXIST);
-	count(STAT_TOKEN_LEARNT);
 	return TCX_NEXT;
 }
 
@@ -341,12 +380,33 @@ int nic_ingress(struct __sk_buff *skb)
 	set_path_mark(skb, n->path);
 	count_path(n->path, pkt.len, false);
 
+	if (is_capable_ack(&pkt)) {
+		struct subflow *sf;
+
+		flow_key_from(&fk, &pkt, true);
+		sf = bpf_map_lookup_elem(&subflows, &fk);
+		if (sf && sf->role == ROLE_RESPONDER)
+			learn_connection(skb, &pkt, pkt.daddr, sf->path);
+		return TCX_NEXT;
+	}
 	if (!is_opening_syn(&pkt))
 		return TCX_NEXT;
 	if (pkt.mptcp_subtype != MPTCP_SUB_CAPABLE && pkt.mptcp_subtype != MPTCP_SUB_JOIN)
 		return TCX_NEXT;
 
-	/* The peer's node chose this path; the pod's replies follow it. */
+	/* The peer's node chose this path; the pod's replies follow it, and
+	 * the pod's own joins avoid it. */
+	if (pkt.mptcp_subtype == MPTCP_SUB_JOIN) {
+		struct conn *c;
+		__u32 token;
+
+		if (!load_join_token(skb, &pkt, &token)) {
+			nsf.token = token;
+			c = lookup_conn(pkt.family, pkt.daddr, token);
+			if (c)
+				__sync_fetch_and_or(&c->used, 1U << (n->path & MAX_PATHS));
+		}
+	}
 	flow_key_from(&fk, &pkt, true);
 	nsf.path = n->path;
 	nsf.role = ROLE_RESPONDER;

@@ -32,11 +32,12 @@ enum stat_id {
 	STAT_JOIN_SYN,		 /* SYN carrying MP_JOIN */
 	STAT_JOIN_TOKEN_KNOWN,	 /* MP_JOIN whose token the datapath already knew */
 	STAT_JOIN_TOKEN_UNKNOWN, /* MP_JOIN for a connection not (yet) known */
-	STAT_TOKEN_LEARNT,	 /* tokens derived from a SYN-ACK key */
+	STAT_TOKEN_LEARNT,	 /* connections learnt from the keys of an MP_CAPABLE ACK */
 	STAT_SUBFLOW_PLACED,	 /* new subflows placed on a path (initiator side) */
 	STAT_SUBFLOW_MIRRORED,	 /* new subflows recorded at arrival (responder side) */
 	STAT_MARKED,		 /* packets given a path mark */
 	STAT_NO_PATH,		 /* selected traffic but no usable path configured */
+	STAT_PATHS_EXHAUSTED,	 /* a join found every path of its rule in use and shares one */
 	STAT_MAX,
 };
 
@@ -60,12 +61,15 @@ struct subflow {
 	__u32 path;  /* path index, 0-based */
 	__u32 role;  /* enum subflow_role */
 	__u32 token; /* MP_JOIN token (receiver's), 0 for the initial subflow */
-	__u32 slot;  /* initiator: position in the rule's path list */
+	__u32 pad;
 	__u64 created_ns;
 };
 
-/* A connection as known on the initiator's node, keyed by the local pod's
- * address and the peer's token (the one the pod's joins carry). */
+/* A connection is known on both nodes by both of its tokens: joins the
+ * initiator opens carry the responder's token, joins the responder opens carry
+ * the initiator's. Both map, through conn_aliases, to one conn_states entry
+ * keyed by the responder's token. The local pod's address is part of the key
+ * so that tokens of different pods never collide. */
 struct conn_key {
 	__u8 local[16];
 	__u32 token;
@@ -73,11 +77,14 @@ struct conn_key {
 	__u8 pad[3];
 };
 
-struct conn {
-	__u32 rule;
-	__u32 first_slot; /* slot in the rule's path list used by the initial subflow */
-	__u32 joins;	  /* joins placed so far; incremented atomically */
+struct conn_alias {
+	__u32 canonical; /* the responder's token: the conn_states key */
 	__u32 pad;
+};
+
+struct conn {
+	__u32 used;  /* bit p set: a subflow of the connection is on path p; atomic */
+	__u32 joins; /* joins this node placed; atomic */
 };
 
 /* A local pod address that a rule selects. */

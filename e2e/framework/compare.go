@@ -35,7 +35,7 @@ type Measurement struct {
 
 // CompareOptions size the comparison.
 type CompareOptions struct {
-	TrafficBin, AgentBin string
+	Binaries
 	// Duration of each transfer; the goodput window is Duration-Warmup-1s.
 	Duration, Warmup time.Duration
 	// Conns is the number of concurrent connections per transfer.
@@ -98,7 +98,7 @@ func Compare(ctx context.Context, bed *testbed.Bed, o CompareOptions) ([]Measure
 	}
 
 	// The agent: nobody writes routes; it configures the pods itself.
-	agents, err := StartAgents(ctx, bed, o.AgentBin, agent.Rule{})
+	agents, err := StartAgents(ctx, bed, o.Agent, agent.Rule{})
 	defer func() {
 		for _, a := range agents {
 			if uerr := a.Uninstall(context.Background()); uerr != nil {
@@ -123,7 +123,7 @@ func Transfer(ctx context.Context, bed *testbed.Bed, o CompareOptions, client, s
 	if window <= 0 {
 		return Measurement{}, fmt.Errorf("duration %v leaves no goodput window after warmup %v", o.Duration, o.Warmup)
 	}
-	srv, err := bed.StartTrafficServer(ctx, o.TrafficBin, server, port, mptcp, "-warmup", o.Warmup.String(), "-window", window.String())
+	srv, err := bed.StartTrafficServer(ctx, o.Traffic, server, port, mptcp, "-warmup", o.Warmup.String(), "-window", window.String())
 	if err != nil {
 		return Measurement{}, err
 	}
@@ -159,7 +159,7 @@ func Transfer(ctx context.Context, bed *testbed.Bed, o CompareOptions, client, s
 		}
 		resc <- r
 	}()
-	sent, err := bed.Send(ctx, o.TrafficBin, client, netip.AddrPortFrom(server.Addr, uint16(port)), mptcp,
+	sent, err := bed.Send(ctx, o.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), mptcp,
 		"-conns", fmt.Sprint(o.Conns), "-duration", o.Duration.String())
 	m.End = time.Now()
 	if err != nil {

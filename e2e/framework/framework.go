@@ -19,6 +19,7 @@ import (
 
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
 // PathName names the path of NIC k: fabric-a, fabric-b, ...
@@ -75,14 +76,21 @@ type Agent struct {
 	bed        *testbed.Bed
 }
 
-// BuildAgent builds cmd/agent into dir.
-func BuildAgent(dir string) (string, error) {
-	bin := filepath.Join(dir, "agent")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/mptcp-operator/mptcp-operator/cmd/agent").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("building cmd/agent: %w\n%s", err, out)
+// Binaries are the programs the bed runs.
+type Binaries struct {
+	Agent, Traffic string
+}
+
+// BuildBinaries builds cmd/agent and hack/traffic into dir.
+func BuildBinaries(dir string) (Binaries, error) {
+	b := Binaries{Agent: filepath.Join(dir, "agent"), Traffic: filepath.Join(dir, "traffic")}
+	for bin, pkg := range map[string]string{b.Agent: "cmd/agent", b.Traffic: "hack/traffic"} {
+		out, err := exec.Command("go", "build", "-o", bin, "github.com/mptcp-operator/mptcp-operator/"+pkg).CombinedOutput()
+		if err != nil {
+			return b, fmt.Errorf("building %s: %w\n%s", pkg, err, out)
+		}
 	}
-	return bin, nil
+	return b, nil
 }
 
 // StartAgent writes cfg and starts bin in node's namespace, then waits until
@@ -178,10 +186,16 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 
 // StartAgents starts one agent per node with the same rule.
 func StartAgents(ctx context.Context, b *testbed.Bed, bin string, rule agent.Rule) ([]*Agent, error) {
+	return StartAgentsWith(ctx, b, bin, func(*testbed.Node) agent.Rule { return rule })
+}
+
+// StartAgentsWith starts one agent per node, each node's pods selected by
+// the rule ruleFor gives.
+func StartAgentsWith(ctx context.Context, b *testbed.Bed, bin string, ruleFor func(*testbed.Node) agent.Rule) ([]*Agent, error) {
 	var agents []*Agent
 	var errs []error
 	for _, n := range b.Nodes {
-		a, err := StartAgent(ctx, b, bin, n, AgentConfig(b, n, rule))
+		a, err := StartAgent(ctx, b, bin, n, AgentConfig(b, n, ruleFor(n)))
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -189,4 +203,14 @@ func StartAgents(ctx context.Context, b *testbed.Bed, bin string, rule agent.Rul
 		agents = append(agents, a)
 	}
 	return agents, errors.Join(errs...)
+}
+
+// DatapathStats reads the counters of the agent's pinned datapath.
+func (a *Agent) DatapathStats() (map[datapath.Stat]uint64, error) {
+	dp, err := datapath.Load(datapath.Options{PinDir: a.Config.PinDir, MarkMask: a.Config.MarkMask})
+	if err != nil {
+		return nil, err
+	}
+	defer dp.Close()
+	return dp.Stats()
 }

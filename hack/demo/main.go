@@ -53,13 +53,9 @@ func run(outDir string, duration time.Duration, rate string, conns int) error {
 	}
 	defer os.RemoveAll(binDir)
 	fmt.Println("building the agent and the traffic tool ...")
-	agentBin, err := framework.BuildAgent(binDir)
+	bins, err := framework.BuildBinaries(binDir)
 	if err != nil {
 		return err
-	}
-	trafficBin := filepath.Join(binDir, "traffic")
-	if out, err := exec.Command("go", "build", "-o", trafficBin, "github.com/mptcp-operator/mptcp-operator/hack/traffic").CombinedOutput(); err != nil {
-		return fmt.Errorf("building hack/traffic: %w\n%s", err, out)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -85,7 +81,7 @@ func run(outDir string, duration time.Duration, rate string, conns int) error {
 	}
 	start := time.Now()
 	results, cerr := framework.Compare(ctx, bed, framework.CompareOptions{
-		TrafficBin: trafficBin, AgentBin: agentBin,
+		Binaries: bins,
 		Duration: duration, Warmup: 2 * time.Second, Conns: conns,
 		Log: func(format string, args ...any) { fmt.Printf(format+"\n", args...) },
 	})

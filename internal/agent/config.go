@@ -72,8 +72,10 @@ type Rule struct {
 	// MaxSubflows caps a connection's subflows (initial included); 0 means
 	// one per path.
 	MaxSubflows int `json:"maxSubflows,omitempty"`
-	// SignalPorts are the extra ports server pods announce in signal mode,
-	// one per path after the first.
+	// SignalPorts are, in signal mode, the extra ports the rule's pods
+	// announce, one per path after the first: the rule is for servers. A
+	// signal-mode rule without ports is for clients: its pods only join the
+	// ports their peers announce.
 	SignalPorts []uint16 `json:"signalPorts,omitempty"`
 }
 
@@ -182,8 +184,8 @@ func (c *Config) Validate() error {
 		switch r.Subflows {
 		case SubflowsUserspace, SubflowsNone:
 		case SubflowsSignal:
-			if len(r.SignalPorts) < len(r.Paths)-1 {
-				errs = append(errs, fmt.Errorf("rules[%d].signalPorts: signal mode needs %d ports, one per path after the first", i, len(r.Paths)-1))
+			if len(r.SignalPorts) != 0 && len(r.SignalPorts) < r.joins() {
+				errs = append(errs, fmt.Errorf("rules[%d].signalPorts: %d ports announce too few paths: a server needs %d, one per extra subflow", i, len(r.SignalPorts), r.joins()))
 			}
 		default:
 			errs = append(errs, fmt.Errorf("rules[%d].subflows: %q is not one of userspace, signal, none", i, r.Subflows))

@@ -14,8 +14,12 @@ import (
 const maxKernelSubflows = 8
 
 // configurePodMPTCP makes subflows possible inside a pod's namespace as its
-// rule asks. Every pod, client or server, accepts up to the kernel's limit of
-// joins, because the peer's node decides how many it opens.
+// rule asks. In userspace mode every pod accepts up to the kernel's limit of
+// joins, because the peer's node decides how many it opens. In signal mode a
+// server rule's pods announce one port per extra path, and every pod joins
+// what its peers announce, up to one subflow per path in total. Pods that both
+// announce and accept would open joins from both ends of one connection at
+// once (docs/subflows.md): give servers and clients separate rules.
 func configurePodMPTCP(pod Pod, rule Rule) error {
 	if rule.Subflows == SubflowsNone {
 		return nil
@@ -36,10 +40,11 @@ func configurePodMPTCP(pod Pod, rule Rule) error {
 		}
 		limits := mptcpnl.Limits{Subflows: maxKernelSubflows}
 		if rule.Subflows == SubflowsSignal {
+			limits.Subflows = uint32(rule.joins())
 			limits.AddAddrAccepted = uint32(rule.joins())
 			// One signal endpoint per extra path: the kernel listens on
 			// the port and announces it to every peer.
-			for i := 0; i < rule.joins(); i++ {
+			for i := 0; i < rule.joins() && i < len(rule.SignalPorts); i++ {
 				for _, ip := range pod.IPs {
 					ep := mptcpnl.Endpoint{Addr: ip, ID: uint8(i + 1), Port: rule.SignalPorts[i], Flags: mptcpnl.FlagSignal}
 					if err := c.AddEndpoint(ep); err != nil {

@@ -21,8 +21,6 @@ type Hook string
 const (
 	// HookPodEgress is the TC ingress of a pod's host-side veth: what the pod sends.
 	HookPodEgress Hook = "pod-egress"
-	// HookPodIngress is the TC egress of a pod's host-side veth: what the pod receives.
-	HookPodIngress Hook = "pod-ingress"
 	// HookNICIngress is the TC ingress of a path's NIC.
 	HookNICIngress Hook = "nic-ingress"
 )
@@ -37,8 +35,6 @@ func (d *Datapath) hookProgram(h Hook) (*ebpf.Program, ebpf.AttachType) {
 	switch h {
 	case HookPodEgress:
 		return d.objs.PodEgress, ebpf.AttachTCXIngress
-	case HookPodIngress:
-		return d.objs.PodIngress, ebpf.AttachTCXEgress
 	default:
 		return d.objs.NicIngress, ebpf.AttachTCXIngress
 	}
@@ -130,7 +126,7 @@ func (d *Datapath) Detach(a Attachment) error {
 // Attachments lists the links pinned by this datapath.
 func (d *Datapath) Attachments() ([]Attachment, error) {
 	var out []Attachment
-	for _, hook := range []Hook{HookPodEgress, HookPodIngress, HookNICIngress} {
+	for _, hook := range []Hook{HookPodEgress, HookNICIngress} {
 		entries, err := os.ReadDir(filepath.Join(d.pinDir, linkPinSubdir, string(hook)))
 		if errors.Is(err, os.ErrNotExist) {
 			continue

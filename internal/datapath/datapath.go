@@ -118,7 +118,7 @@ func (d *Datapath) Unpin() error {
 	if d.pinDir == "" {
 		return nil
 	}
-	for _, m := range []*ebpf.Map{d.objs.Subflows, d.objs.Conns, d.objs.Endpoints, d.objs.Rules, d.objs.Nics, d.objs.Stats, d.objs.PathCounters} {
+	for _, m := range []*ebpf.Map{d.objs.Subflows, d.objs.ConnAliases, d.objs.ConnStates, d.objs.Endpoints, d.objs.Rules, d.objs.Nics, d.objs.Stats, d.objs.PathCounters} {
 		if err := m.Unpin(); err != nil {
 			return err
 		}

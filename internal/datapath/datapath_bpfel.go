@@ -14,10 +14,14 @@ import (
 )
 
 type datapathConn struct {
+	_     structs.HostLayout
+	Used  uint32
+	Joins uint32
+}
+
+type datapathConnAlias struct {
 	_         structs.HostLayout
-	Rule      uint32
-	FirstSlot uint32
-	Joins     uint32
+	Canonical uint32
 	Pad       uint32
 }
 
@@ -90,7 +94,8 @@ const (
 	datapathStatIdSTAT_SUBFLOW_MIRRORED   datapathStatId = 9
 	datapathStatIdSTAT_MARKED             datapathStatId = 10
 	datapathStatIdSTAT_NO_PATH            datapathStatId = 11
-	datapathStatIdSTAT_MAX                datapathStatId = 12
+	datapathStatIdSTAT_PATHS_EXHAUSTED    datapathStatId = 12
+	datapathStatIdSTAT_MAX                datapathStatId = 13
 )
 
 type datapathSubflow struct {
@@ -98,7 +103,7 @@ type datapathSubflow struct {
 	Path      uint32
 	Role      uint32
 	Token     uint32
-	Slot      uint32
+	Pad       uint32
 	CreatedNs uint64
 }
 
@@ -106,7 +111,8 @@ type datapathSubflow struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	datapathMapConns        = "conns"
+	datapathMapConnAliases  = "conn_aliases"
+	datapathMapConnStates   = "conn_states"
 	datapathMapEndpoints    = "endpoints"
 	datapathMapNics         = "nics"
 	datapathMapPathCounters = "path_counters"
@@ -115,7 +121,6 @@ const (
 	datapathMapSubflows     = "subflows"
 	datapathProgNicIngress  = "nic_ingress"
 	datapathProgPodEgress   = "pod_egress"
-	datapathProgPodIngress  = "pod_ingress"
 	datapathVarMarkMask     = "mark_mask"
 	datapathVarMarkShift    = "mark_shift"
 	datapathVarUnusedStatId = "unused_stat_id"
@@ -165,14 +170,14 @@ type datapathSpecs struct {
 type datapathProgramSpecs struct {
 	NicIngress *ebpf.ProgramSpec `ebpf:"nic_ingress"`
 	PodEgress  *ebpf.ProgramSpec `ebpf:"pod_egress"`
-	PodIngress *ebpf.ProgramSpec `ebpf:"pod_ingress"`
 }
 
 // datapathMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathMapSpecs struct {
-	Conns        *ebpf.MapSpec `ebpf:"conns"`
+	ConnAliases  *ebpf.MapSpec `ebpf:"conn_aliases"`
+	ConnStates   *ebpf.MapSpec `ebpf:"conn_states"`
 	Endpoints    *ebpf.MapSpec `ebpf:"endpoints"`
 	Nics         *ebpf.MapSpec `ebpf:"nics"`
 	PathCounters *ebpf.MapSpec `ebpf:"path_counters"`
@@ -210,7 +215,8 @@ func (o *datapathObjects) Close() error {
 //
 // It can be passed to loadDatapathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathMaps struct {
-	Conns        *ebpf.Map `ebpf:"conns"`
+	ConnAliases  *ebpf.Map `ebpf:"conn_aliases"`
+	ConnStates   *ebpf.Map `ebpf:"conn_states"`
 	Endpoints    *ebpf.Map `ebpf:"endpoints"`
 	Nics         *ebpf.Map `ebpf:"nics"`
 	PathCounters *ebpf.Map `ebpf:"path_counters"`
@@ -221,7 +227,8 @@ type datapathMaps struct {
 
 func (m *datapathMaps) Close() error {
 	return _DatapathClose(
-		m.Conns,
+		m.ConnAliases,
+		m.ConnStates,
 		m.Endpoints,
 		m.Nics,
 		m.PathCounters,
@@ -246,14 +253,12 @@ type datapathVariables struct {
 type datapathPrograms struct {
 	NicIngress *ebpf.Program `ebpf:"nic_ingress"`
 	PodEgress  *ebpf.Program `ebpf:"pod_egress"`
-	PodIngress *ebpf.Program `ebpf:"pod_ingress"`
 }
 
 func (p *datapathPrograms) Close() error {
 	return _DatapathClose(
 		p.NicIngress,
 		p.PodEgress,
-		p.PodIngress,
 	)
 }
 

@@ -73,6 +73,13 @@ func synAck(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, opts []b
 	return testpkt.Frame{Src: src, Dst: dst, TCP: &testpkt.TCP{SrcPort: sport, DstPort: dport, Seq: 7, Ack: 2, Flags: testpkt.SYN | testpkt.ACK, Options: opts}}.Bytes()
 }
 
+// capableACK is the third ACK of an MP_CAPABLE handshake, carrying the
+// initiator's and the responder's keys.
+func capableACK(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, initiatorKey, responderKey uint64) []byte {
+	return testpkt.Frame{Src: src, Dst: dst, TCP: &testpkt.TCP{SrcPort: sport, DstPort: dport, Seq: 2, Ack: 8, Flags: testpkt.ACK,
+		Options: testpkt.MPCapableACK(initiatorKey, responderKey)}}.Bytes()
+}
+
 func (d *Datapath) pathOfMark(t *testing.T, mark uint32) uint32 {
 	t.Helper()
 	v := (mark & d.markMask) >> d.markShift
@@ -84,7 +91,7 @@ func (d *Datapath) pathOfMark(t *testing.T, mark uint32) uint32 {
 
 func TestObjectsPassVerifier(t *testing.T) {
 	dp := loadForTest(t)
-	for name, p := range map[string]*ebpf.Program{"pod_egress": dp.objs.PodEgress, "pod_ingress": dp.objs.PodIngress, "nic_ingress": dp.objs.NicIngress} {
+	for name, p := range map[string]*ebpf.Program{"pod_egress": dp.objs.PodEgress, "nic_ingress": dp.objs.NicIngress} {
 		if p == nil {
 			t.Errorf("program %s not loaded", name)
 		}
@@ -114,7 +121,7 @@ func TestMarkShiftRejectsBadMasks(t *testing.T) {
 }
 
 // A connection's joins land on paths its other subflows do not use, and the
-// datapath knows the token from the SYN-ACK, before the first join exists.
+// datapath knows the token from the third ACK, before the first join exists.
 func TestSpreadPlacesSubflowsOfOneConnectionOnDistinctPaths(t *testing.T) {
 	for _, npaths := range []int{2, 4} {
 		t.Run(map[int]string{2: "2 paths", 4: "4 paths"}[npaths], func(t *testing.T) {
@@ -133,13 +140,14 @@ func TestSpreadPlacesSubflowsOfOneConnectionOnDistinctPaths(t *testing.T) {
 			// Two concurrent connections between the same pods and ports
 			// differ only by their tokens.
 			keys := []uint64{0x0102030405060708, 0x1122334455667788}
+			const clientKey = 0x0a0b0c0d0e0f1011
 			for c, key := range keys {
 				cport := uint16(40000 + c*100)
 				used := map[uint32]bool{}
 				mark := run(t, dp.objs.PodEgress, syn(clientPod, cport, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
 				used[dp.pathOfMark(t, mark)] = true
 
-				run(t, dp.objs.PodIngress, synAck(serverPod, 5201, clientPod, cport, testpkt.MPCapableSYNACK(key)), skbContext{})
+				run(t, dp.objs.PodEgress, capableACK(clientPod, cport, serverPod, 5201, clientKey+uint64(c), key), skbContext{})
 
 				for j := 1; j < npaths; j++ {
 					// Joins from the same address to the same server port:
@@ -239,6 +247,7 @@ func TestResponderMirrorsArrivalNIC(t *testing.T) {
 		t.Fatalf("subflow table = %+v, want one responder entry for %v", sfs, serverPod)
 	}
 	// Packets on a NIC the datapath does not know are left alone.
+	join = syn(clientPod, 45001, serverPod, 5201, testpkt.MPJoinSYN(0x01020304, 5, 2, false))
 	if m := run(t, dp.objs.NicIngress, join, skbContext{IngressIfindex: 99, Mark: 0x5}); m != 0x5 {
 		t.Fatalf("packet on an unknown NIC got mark %#x", m)
 	}
@@ -306,5 +315,66 @@ func TestSpreadParsesIPv6WithExtensionHeaderAndVLAN(t *testing.T) {
 		TCP: &testpkt.TCP{SrcPort: 40001, DstPort: 80, Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()
 	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{})); p != 1 {
 		t.Fatalf("placed on path %d, want 1", p)
+	}
+}
+
+// The responder's node learns the connection too: joins its pod opens avoid
+// the paths the peer's node already chose for the connection's subflows.
+func TestResponderJoinsAvoidPathsThePeerChose(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(serverPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	nicOfPath := map[uint32]uint32{0: 11, 1: 12, 2: 13}
+	for p, ifindex := range nicOfPath {
+		if err := dp.SetNIC(int(ifindex), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const clientKey, serverKey = 0x1111222233334444, 0x5555666677778888
+	// The client's node put the initial subflow on path 0 and a join on path 1.
+	run(t, dp.objs.NicIngress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{IngressIfindex: nicOfPath[0]})
+	run(t, dp.objs.NicIngress, capableACK(clientPod, 40000, serverPod, 5201, clientKey, serverKey), skbContext{IngressIfindex: nicOfPath[0]})
+	run(t, dp.objs.NicIngress, syn(clientPod, 40001, serverPod, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)), skbContext{IngressIfindex: nicOfPath[1]})
+
+	// The server's own join toward an address the client announced carries
+	// the client's token.
+	frame := syn(serverPod, 50000, clientPod, 6001, testpkt.MPJoinSYN(tokenOf(clientKey), 2, 1, false))
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{})); p != 2 {
+		t.Fatalf("server's join placed on path %d, want 2, the one path the connection does not use", p)
+	}
+	conns, err := dp.Connections()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(conns) != 1 || conns[0].Token != tokenOf(serverKey) || conns[0].UsedPaths != 0b111 {
+		t.Fatalf("connections = %+v, want one keyed by the server's token using paths 0, 1 and 2", conns)
+	}
+}
+
+// Joins beyond the number of paths share paths, and say so.
+func TestJoinsBeyondPathsShareAndAreCounted(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	const clientKey, serverKey = 1, 2
+	run(t, dp.objs.PodEgress, syn(clientPod, 40000, serverPod, 80, testpkt.MPCapableSYN()), skbContext{})
+	run(t, dp.objs.PodEgress, capableACK(clientPod, 40000, serverPod, 80, clientKey, serverKey), skbContext{})
+	for i := 0; i < 3; i++ {
+		run(t, dp.objs.PodEgress, syn(clientPod, uint16(40001+i), serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)), skbContext{})
+	}
+	stats, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats[StatPathsExhausted] != 2 {
+		t.Fatalf("joins sharing a path = %d, want 2 (three joins, one free path)", stats[StatPathsExhausted])
 	}
 }

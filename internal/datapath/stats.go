@@ -21,6 +21,7 @@ const (
 	StatSubflowMirrored  = datapathStatIdSTAT_SUBFLOW_MIRRORED
 	StatMarked           = datapathStatIdSTAT_MARKED
 	StatNoPath           = datapathStatIdSTAT_NO_PATH
+	StatPathsExhausted   = datapathStatIdSTAT_PATHS_EXHAUSTED
 	numStats             = int(datapathStatIdSTAT_MAX)
 )
 
@@ -100,12 +101,15 @@ func (d *Datapath) Subflows() ([]Subflow, error) {
 	return out, it.Err()
 }
 
-// Connection is a connection known on the initiator's side by its token.
+// Connection is a connection as this node knows it, keyed by the local pod
+// and the responder's token.
 type Connection struct {
-	Local     netip.Addr
-	Token     uint32
-	FirstSlot uint32
-	Joins     uint32
+	Local netip.Addr
+	Token uint32
+	// UsedPaths has bit p set when a subflow of the connection is on path p.
+	UsedPaths uint32
+	// Joins is how many joins this node placed.
+	Joins uint32
 }
 
 // Connections lists the connection table.
@@ -113,9 +117,9 @@ func (d *Datapath) Connections() ([]Connection, error) {
 	var out []Connection
 	var k datapathConnKey
 	var v datapathConn
-	it := d.objs.Conns.Iterate()
+	it := d.objs.ConnStates.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, Connection{Local: addrFrom(k.Family, k.Local), Token: k.Token, FirstSlot: v.FirstSlot, Joins: v.Joins})
+		out = append(out, Connection{Local: addrFrom(k.Family, k.Local), Token: k.Token, UsedPaths: v.Used, Joins: v.Joins})
 	}
 	return out, it.Err()
 }

@@ -1,0 +1,40 @@
+// Package e2e runs the whole system on the test bed: real namespaces, real
+// MPTCP connections, the real agent binary, placements checked from packet
+// captures decoded by tshark.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
+)
+
+// bins are built once for the whole package.
+var bins framework.Binaries
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "mptcp-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if bins, err = framework.BuildBinaries(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+func background(t *testing.T) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,300 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// flow is one traffic client: a pod sending conns connections to a server.
+type flow struct {
+	client, server *testbed.Pod
+	port           int
+	conns          int
+}
+
+// runFlows starts a server per flow, runs all clients at once for d, checks
+// every stream arrived with its hash, and returns the number of connections.
+func runFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) int {
+	t.Helper()
+	ctx := background(t)
+	servers := make([]*testbed.TrafficServer, len(flows))
+	for i, f := range flows {
+		s, err := bed.StartTrafficServer(ctx, bins.Traffic, f.server, f.port, true, "-warmup", "0s", "-window", d.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		servers[i] = s
+	}
+	type result struct {
+		sent []testbed.SenderReport
+		err  error
+	}
+	results := make(chan result, len(flows))
+	for _, f := range flows {
+		go func() {
+			sent, err := bed.Send(ctx, bins.Traffic, f.client, netip.AddrPortFrom(f.server.Addr, uint16(f.port)), true,
+				"-conns", fmt.Sprint(f.conns), "-duration", d.String())
+			results <- result{sent, err}
+		}()
+	}
+	total := 0
+	for range flows {
+		r := <-results
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		total += len(r.sent)
+		// Every server reports its connections; match this client's.
+		var got []testbed.ServerReport
+		for _, s := range servers {
+			reps, err := s.Reports()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, reps...)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if _, err := testbed.MatchReports(r.sent, got); err == nil {
+				break
+			} else if time.Now().After(deadline) {
+				t.Fatalf("data check: %v", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			got = got[:0]
+			for _, s := range servers {
+				reps, _ := s.Reports()
+				got = append(got, reps...)
+			}
+		}
+	}
+	for _, s := range servers {
+		_ = s.Proc.Stop(2 * time.Second)
+	}
+	return total
+}
+
+// crossTraffic is several concurrent connections in both directions between
+// node 1 and node 2: two clients on node 1 to a server on node 2, and one
+// client on node 2 to a server on node 1.
+func crossTraffic(bed *testbed.Bed) []flow {
+	return []flow{
+		{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: 2},
+		{client: bed.Pod(1, 2), server: bed.Pod(2, 1), port: 5202, conns: 2},
+		{client: bed.Pod(2, 2), server: bed.Pod(1, 1), port: 5203, conns: 1},
+	}
+}
+
+// clientServerTraffic is several concurrent connections from the clients on
+// node 1 to the servers on node 2.
+func clientServerTraffic(bed *testbed.Bed) []flow {
+	return []flow{
+		{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: 2},
+		{client: bed.Pod(1, 2), server: bed.Pod(2, 2), port: 5202, conns: 2},
+	}
+}
+
+// signalPorts are the ports servers announce for paths 2..k.
+func signalPorts(k int) []uint16 {
+	var ports []uint16
+	for i := 2; i <= k; i++ {
+		ports = append(ports, uint16(6000+i))
+	}
+	return ports
+}
+
+func reversePathDrops(t *testing.T, bed *testbed.Bed, node *testbed.Node) int {
+	t.Helper()
+	out, err := bed.Command(node.NetNS, "nstat", "-az", "TcpExtIPReversePathFilter").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nstat: %v: %s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "TcpExtIPReversePathFilter" {
+			var n int
+			fmt.Sscan(f[1], &n)
+			return n
+		}
+	}
+	t.Fatalf("nstat printed no TcpExtIPReversePathFilter:\n%s", out)
+	return 0
+}
+
+// The walking skeleton's promise: with nobody writing routes, every subflow
+// of every connection between pods on two nodes crosses exactly one NIC of
+// each node, the same NIC in both directions, and the subflows of one
+// connection use distinct NICs. Checked from captures decoded by tshark.
+func TestSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
+	tests := map[string]struct {
+		nics int              // NICs per node (K)
+		mode agent.SubflowMode // who opens the joins
+	}{
+		// Joins from the same address to the same server port, told apart
+		// only by kernel-chosen source ports: as a userspace path manager
+		// or a VM guest opens them.
+		"K=2, agent as userspace path manager": {nics: 2, mode: agent.SubflowsUserspace},
+		"K=4, agent as userspace path manager": {nics: 4, mode: agent.SubflowsUserspace},
+		// Joins to ports the servers announce, opened by the clients'
+		// in-kernel path managers.
+		"K=2, server-announced ports": {nics: 2, mode: agent.SubflowsSignal},
+		"K=4, server-announced ports": {nics: 4, mode: agent.SubflowsSignal},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			testbed.RequireTools(t, testbed.CaptureTools...)
+			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: tc.nics, PodsPerNode: 2, LinkRate: "100mbit"})
+			flows := crossTraffic(bed)
+			ruleFor := func(*testbed.Node) agent.Rule { return agent.Rule{Subflows: tc.mode} }
+			if tc.mode == agent.SubflowsSignal {
+				// Servers on node 2 announce; clients on node 1 join.
+				flows = clientServerTraffic(bed)
+				ruleFor = func(n *testbed.Node) agent.Rule {
+					if n.Index == 2 {
+						return agent.Rule{Subflows: tc.mode, SignalPorts: signalPorts(tc.nics)}
+					}
+					return agent.Rule{Subflows: tc.mode}
+				}
+			}
+			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, ruleFor)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			caps, err := bed.StartCaptures("tcp")
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns := runFlows(t, bed, flows, 2*time.Second)
+			analysis, err := caps.Analyze()
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			if len(analysis.Connections) != conns {
+				t.Fatalf("captures show %d MPTCP connections, the clients opened %d", len(analysis.Connections), conns)
+			}
+			for _, c := range analysis.Connections {
+				if len(c.Subflows) != tc.nics {
+					t.Errorf("connection %08x has %d subflows, want one per NIC (%d): %v", c.Token, len(c.Subflows), tc.nics, c.Subflows)
+				}
+				if c.Subflows[0].Kind != testbed.KindMPCapable {
+					t.Errorf("connection %08x: first subflow %v is not the MP_CAPABLE one", c.Token, c.Subflows[0])
+				}
+				first := c.Subflows[0]
+				for _, s := range c.Subflows[1:] {
+					if s.Kind != testbed.KindMPJoin {
+						t.Errorf("connection %08x: subflow %v is not a join", c.Token, s)
+					}
+					if tc.mode == agent.SubflowsUserspace && (s.Src.Addr() != first.Src.Addr() || s.Dst != first.Dst) {
+						t.Errorf("connection %08x: join %v does not go from the initial subflow's address to its server port %v", c.Token, s, first.Dst)
+					}
+				}
+			}
+			if err := analysis.CheckPlacement(1, 2); err != nil {
+				t.Fatalf("placement:\n%v", err)
+			}
+
+			// The datapath knew every join's token before the join arrived.
+			for _, a := range agents {
+				stats, err := a.DatapathStats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if stats[datapath.StatJoinTokenUnknown] != 0 {
+					t.Errorf("node %d: %d joins with a token the datapath did not know yet", a.Node.Index, stats[datapath.StatJoinTokenUnknown])
+				}
+			}
+			for _, n := range bed.Nodes {
+				if drops := reversePathDrops(t, bed, n); drops != 0 {
+					t.Errorf("node %d: strict rp_filter dropped %d packets", n.Index, drops)
+				}
+			}
+		})
+	}
+}
+
+// Without the agent and its state, the same traffic with the same subflows
+// is no longer spread: the steering is the agent's doing.
+func TestWithoutTheAgentSubflowsAreNotSpread(t *testing.T) {
+	testbed.RequireTools(t, testbed.CaptureTools...)
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
+	agents, err := framework.StartAgents(background(t), bed, bins.Agent, agent.Rule{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range agents {
+		if err := a.Uninstall(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		assertNothingLeft(t, bed, a)
+	}
+	// Subflows still exist, opened by the kernel's path managers: servers
+	// announce a port, clients join it. Only the agent's steering is gone.
+	for _, p := range bed.Node(2).Pods {
+		if err := bed.ConfigureSignalPorts(p, []int{6002}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range bed.Node(1).Pods {
+		if err := bed.ConfigureClientLimits(p, 1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	caps, err := bed.StartCaptures("tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runFlows(t, bed, clientServerTraffic(bed), 2*time.Second)
+	analysis, err := caps.Analyze()
+	if err != nil {
+		t.Fatal(err)
+	}
+	joins := 0
+	for _, c := range analysis.Connections {
+		joins += len(c.Subflows) - 1
+	}
+	if joins == 0 {
+		t.Fatal("no joins at all: the check below would prove nothing")
+	}
+	if err := analysis.CheckPlacement(1, 2); err == nil {
+		t.Fatal("subflows are spread over distinct NICs without the agent; the steering test could not fail")
+	}
+	for _, s := range analysis.Subflows {
+		if k, ok := s.PlacedOn(1); !ok || k != 1 {
+			t.Errorf("without the agent, subflow %v should use nic1 only", s)
+		}
+	}
+}
+
+// assertNothingLeft checks that uninstall removed the agent's rules, tables,
+// pins and state.
+func assertNothingLeft(t *testing.T, bed *testbed.Bed, a *framework.Agent) {
+	t.Helper()
+	out, err := bed.Command(a.Node.NetNS, "ip", "rule", "show").CombinedOutput()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "3099:") || strings.Contains(line, "fwmark") {
+			t.Errorf("node %d: rule left after uninstall: %s", a.Node.Index, line)
+		}
+	}
+	out, _ = bed.Command(a.Node.NetNS, "ip", "route", "show", "table", "all", "proto", "0x4d").CombinedOutput()
+	if strings.TrimSpace(string(out)) != "" {
+		t.Errorf("node %d: routes left after uninstall:\n%s", a.Node.Index, out)
+	}
+	if out, err := exec.Command("find", a.Config.PinDir, a.Config.StateDir).CombinedOutput(); err == nil {
+		t.Errorf("node %d: pins or state left after uninstall:\n%s", a.Node.Index, out)
+	}
+}

@@ -1,0 +1,72 @@
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+)
+
+// HandRoute installs the hand-routed multipath baseline that the agent is compared with. For server-announced MPTCP
+// ports (ports[k-2] is the port of path k, see ConfigureSignalPorts), every node gets, for every path k >= 2:
+//
+//	ip route add default via 10.(100+k).i.1 dev nic<k> table 100+k
+//	ip rule add ipproto tcp dport P_k lookup 100+k
+//	ip rule add ipproto tcp sport P_k lookup 100+k
+//
+// so a subflow to or from port P_k leaves both nodes on NIC k, and everything else stays on NIC 1.
+//
+// One more rule per node keeps the nodes' own pods reachable from these tables: "to <pod CIDR> lookup main" ahead
+// of the port rules. Without it the port rules also catch the traffic toward local pods, which has no route in
+// table 100+k but the default one, and strict rp_filter drops the pods' own packets (its reverse lookup swaps the
+// ports, so a packet from a pod to port P_k is checked against "sport P_k", i.e. table 100+k, which points at
+// nic<k> instead of the pod's veth). See docs/testbed.md.
+func (b *Bed) HandRoute(ports []int) error {
+	if len(ports) < b.Config.NICs-1 {
+		return fmt.Errorf("hand routing %d NICs needs %d ports, got %d", b.Config.NICs, b.Config.NICs-1, len(ports))
+	}
+	ctx := context.Background()
+	for _, n := range b.Nodes {
+		cmds := []string{fmt.Sprintf("rule add pref 1000 to %s lookup main", n.PodCIDR)}
+		for _, c := range n.NICs[1:] {
+			table := strconv.Itoa(100 + c.Index)
+			port := ports[c.Index-2]
+			cmds = append(cmds,
+				fmt.Sprintf("route add default via %s dev %s table %s", c.Gateway, c.Name, table),
+				fmt.Sprintf("rule add pref %d ipproto tcp dport %d lookup %s", 1000+2*c.Index, port, table),
+				fmt.Sprintf("rule add pref %d ipproto tcp sport %d lookup %s", 1001+2*c.Index, port, table),
+			)
+		}
+		if err := ipBatch(ctx, n.NetNS, cmds...); err != nil {
+			return err
+		}
+	}
+	b.mu.Lock()
+	b.handRoute = true
+	b.mu.Unlock()
+	return nil
+}
+
+// HandRouted reports whether HandRoute is installed.
+func (b *Bed) HandRouted() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.handRoute
+}
+
+// ConfigureSignalPorts makes the server pod announce its own address with each of ports (an in-kernel "signal"
+// endpoint with a port; the kernel listens on those ports for joins) and accept that many joins.
+func (b *Bed) ConfigureSignalPorts(server *Pod, ports []int) error {
+	cmds := []string{"mptcp endpoint flush"}
+	for _, p := range ports {
+		cmds = append(cmds, fmt.Sprintf("mptcp endpoint add %s dev eth0 port %d signal", server.Addr, p))
+	}
+	cmds = append(cmds, fmt.Sprintf("mptcp limits set subflows %d add_addr_accepted 0", max(len(ports), 2)))
+	return ipBatch(context.Background(), server.NetNS, cmds...)
+}
+
+// ConfigureClientLimits sets a client pod's in-kernel path manager limits: the number of extra subflows it may
+// open and how many announced addresses (ADD_ADDR) it accepts and joins.
+func (b *Bed) ConfigureClientLimits(pod *Pod, subflows, addAddrAccepted int) error {
+	return ipBatch(context.Background(), pod.NetNS,
+		fmt.Sprintf("mptcp limits set subflows %d add_addr_accepted %d", subflows, addAddrAccepted))
+}

@@ -1,0 +1,430 @@
+package testbed
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Captures are packet captures running on every wire of a bed.
+type Captures struct {
+	// Files lists one capture per (node, NIC), in node then NIC order.
+	Files []CaptureFile
+	procs []*Process
+}
+
+// CaptureFile is the capture of one NIC's wire.
+type CaptureFile struct {
+	Node, NIC int
+	Path      string
+	// NodeMAC is the MAC address of nic<k> in the node: frames from it go out of the node, all others come in.
+	NodeMAC string
+}
+
+// StartCaptures starts dumpcap in every wire namespace on the node-side interface "n", which sees both directions
+// of that NIC, with a 128-byte snap length (headers and TCP options, no payload) and the capture filter (pcap
+// syntax, e.g. "tcp"; "" captures everything). It returns once every dumpcap is capturing.
+func (b *Bed) StartCaptures(filter string) (*Captures, error) {
+	c := &Captures{}
+	for _, n := range b.Nodes {
+		h, err := nsHandle(n.NetNS)
+		if err != nil {
+			return nil, err
+		}
+		for _, nic := range n.NICs {
+			l, err := h.LinkByName(nic.Name)
+			if err != nil {
+				h.Close()
+				return nil, err
+			}
+			f := CaptureFile{
+				Node: n.Index, NIC: nic.Index, NodeMAC: l.Attrs().HardwareAddr.String(),
+				Path: filepath.Join(b.Dir, fmt.Sprintf("capture-%s-node%d-nic%d.pcapng", b.Name, n.Index, nic.Index)),
+			}
+			args := []string{"dumpcap", "-q", "-i", nic.WireNodeSide, "-s", "128", "-w", f.Path}
+			if filter != "" {
+				args = append(args, "-f", filter)
+			}
+			p, err := b.Start(nic.WireNS, args...)
+			if err != nil {
+				h.Close()
+				c.Stop()
+				return nil, err
+			}
+			c.Files = append(c.Files, f)
+			c.procs = append(c.procs, p)
+		}
+		h.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	for _, p := range c.procs {
+		// dumpcap prints the file name once the interface is open and the filter installed.
+		if err := p.WaitOutput(ctx, "File: "); err != nil {
+			c.Stop()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// Stop stops every dumpcap (SIGINT, so each finishes its file) and returns the files.
+func (c *Captures) Stop() ([]CaptureFile, error) {
+	for _, p := range c.procs {
+		p.Signal(syscall.SIGINT)
+	}
+	var errs []error
+	for _, p := range c.procs {
+		select {
+		case <-p.Done():
+		case <-time.After(5 * time.Second):
+			errs = append(errs, p.Stop(time.Second))
+		}
+	}
+	return c.Files, errors.Join(errs...)
+}
+
+// Direction is the way a packet crossed a NIC, seen from the node: "out" leaves the node, "in" enters it.
+type Direction string
+
+const (
+	Out Direction = "out"
+	In  Direction = "in"
+)
+
+// Sighting says that packets of a subflow crossed NIC k of a node in one direction.
+type Sighting struct {
+	Node, NIC int
+	Dir       Direction
+	Packets   int
+}
+
+// Subflow kinds, from the options of the subflow's first SYN.
+const (
+	KindMPCapable = "MP_CAPABLE" // the first subflow of an MPTCP connection
+	KindMPJoin    = "MP_JOIN"    // an additional subflow
+	KindTCP       = "TCP"        // no MPTCP option on the SYN
+	KindUnknown   = "unknown"    // the SYN was not captured
+)
+
+// Subflow is one TCP subflow (one 4-tuple) as the captures saw it.
+type Subflow struct {
+	// Src is the initiator (sender of the SYN), Dst the responder.
+	Src, Dst netip.AddrPort
+	Kind     string
+	// JoinToken is the token carried by an MP_JOIN SYN: the responder's token (RFC 8684 3.2).
+	JoinToken uint32
+	// Conn identifies the MPTCP connection: the token of the responder of its MP_CAPABLE subflow (derived by tshark
+	// from the key in the SYN/ACK, mptcp.expected_token), the token every join toward that responder carries. 0
+	// when unknown.
+	Conn uint32
+	// Seen lists where packets were seen, sorted by node, NIC, direction.
+	Seen []Sighting
+}
+
+// String renders a subflow for test messages.
+func (s *Subflow) String() string {
+	return fmt.Sprintf("%s %s->%s conn %08x seen %v", s.Kind, s.Src, s.Dst, s.Conn, s.Seen)
+}
+
+// NICs returns the NIC indexes of node on which the subflow was seen in direction dir.
+func (s *Subflow) NICs(node int, dir Direction) []int {
+	var out []int
+	for _, x := range s.Seen {
+		if x.Node == node && x.Dir == dir {
+			out = append(out, x.NIC)
+		}
+	}
+	return out
+}
+
+// PlacedOn returns the one NIC of node that carried the subflow in both directions, or false if it was seen on
+// none, on several, or in one direction only.
+func (s *Subflow) PlacedOn(node int) (int, bool) {
+	out, in := s.NICs(node, Out), s.NICs(node, In)
+	if len(out) == 1 && len(in) == 1 && out[0] == in[0] {
+		return out[0], true
+	}
+	return 0, false
+}
+
+// Connection is an MPTCP connection and its subflows.
+type Connection struct {
+	Token    uint32
+	Subflows []*Subflow
+}
+
+// Analysis is what the captures show.
+type Analysis struct {
+	Subflows    []*Subflow
+	Connections []*Connection
+}
+
+// Analyze stops the captures if they still run and decodes them with Analyze.
+func (c *Captures) Analyze() (*Analysis, error) {
+	files, err := c.Stop()
+	if err != nil {
+		return nil, err
+	}
+	return Analyze(files)
+}
+
+// Analyze decodes captures with tshark, which understands every MPTCP option (RFC 8684). For each node, its NICs'
+// captures are merged (mergecap -I none keeps one interface per file, so frame.interface_id tells the NIC) and
+// decoded with MPTCP analysis on ("mptcp.analyze_mptcp", the tshark 4.0 preference name), which links each join
+// to its connection (mptcp.stream) and derives tokens from keys (mptcp.expected_token). Keys themselves are never
+// extracted. Subflows seen on several nodes are merged by 4-tuple, connections by token.
+func Analyze(files []CaptureFile) (*Analysis, error) {
+	byNode := map[int][]CaptureFile{}
+	var nodes []int
+	for _, f := range files {
+		if _, ok := byNode[f.Node]; !ok {
+			nodes = append(nodes, f.Node)
+		}
+		byNode[f.Node] = append(byNode[f.Node], f)
+	}
+	slices.Sort(nodes)
+	a := &analyzer{subflows: map[[2]netip.AddrPort]*subflowAcc{}}
+	for _, node := range nodes {
+		if err := a.node(node, byNode[node]); err != nil {
+			return nil, err
+		}
+	}
+	return a.result(), nil
+}
+
+type subflowAcc struct {
+	sf    *Subflow
+	seen  map[Sighting]int // Packets zero in the key
+	synOK bool
+}
+
+type analyzer struct {
+	subflows map[[2]netip.AddrPort]*subflowAcc
+}
+
+// tsharkFields are the fields Analyze reads, in order.
+var tsharkFields = []string{
+	"frame.interface_id", "eth.src", "ip.src", "tcp.srcport", "ip.dst", "tcp.dstport",
+	"tcp.flags.syn", "tcp.flags.ack", "mptcp.stream", "tcp.options.mptcp.subtype",
+	"tcp.options.mptcp.recvtok", "mptcp.expected_token",
+}
+
+func (a *analyzer) node(node int, files []CaptureFile) error {
+	slices.SortFunc(files, func(x, y CaptureFile) int { return x.NIC - y.NIC })
+	input := files[0].Path
+	if len(files) > 1 {
+		input = strings.TrimSuffix(files[0].Path, ".pcapng") + "-merged.pcapng"
+		args := []string{"-I", "none", "-w", input}
+		for _, f := range files {
+			args = append(args, f.Path)
+		}
+		if out, err := exec.Command("mergecap", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("mergecap: %w: %s", err, out)
+		}
+	}
+	args := []string{"-n", "-r", input, "-o", "mptcp.analyze_mptcp:TRUE", "-Y", "tcp && ip", "-T", "fields",
+		"-E", "separator=|", "-E", "occurrence=a", "-E", "aggregator=,"}
+	for _, f := range tsharkFields {
+		args = append(args, "-e", f)
+	}
+	cmd := exec.Command("tshark", args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("tshark on %s: %w: %s", input, err, stderr.String())
+	}
+
+	type pkt struct {
+		nic             int
+		out             bool
+		src, dst        netip.AddrPort
+		syn, ack        bool
+		stream          string
+		subtypes        []string
+		recvtok, exptok uint32
+	}
+	var pkts []pkt
+	streamToken := map[string]uint32{} // mptcp.stream -> token of its MP_CAPABLE responder
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Split(sc.Text(), "|")
+		if len(f) != len(tsharkFields) {
+			continue
+		}
+		iface, err := strconv.Atoi(f[0])
+		if err != nil || iface >= len(files) {
+			return fmt.Errorf("tshark: bad interface id %q", f[0])
+		}
+		src, err1 := addrPort(f[2], f[3])
+		dst, err2 := addrPort(f[4], f[5])
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		p := pkt{
+			nic: files[iface].NIC, out: strings.EqualFold(f[1], files[iface].NodeMAC), src: src, dst: dst,
+			syn: f[6] == "1" || f[6] == "True", ack: f[7] == "1" || f[7] == "True", stream: f[8],
+			recvtok: firstUint32(f[10]), exptok: firstUint32(f[11]),
+		}
+		if f[9] != "" {
+			p.subtypes = strings.Split(f[9], ",")
+		}
+		// The SYN/ACK of an MP_CAPABLE handshake carries the responder's key; tshark turns it into its token.
+		if p.syn && p.ack && slices.Contains(p.subtypes, "0") && p.stream != "" && p.exptok != 0 {
+			streamToken[p.stream] = p.exptok
+		}
+		pkts = append(pkts, p)
+	}
+	for _, p := range pkts {
+		// The key is (initiator, responder); a SYN/ACK travels from the responder.
+		key := [2]netip.AddrPort{p.src, p.dst}
+		if _, ok := a.subflows[key]; !ok {
+			if _, ok := a.subflows[[2]netip.AddrPort{p.dst, p.src}]; ok || (p.syn && p.ack) {
+				key = [2]netip.AddrPort{p.dst, p.src}
+			}
+		}
+		acc := a.subflows[key]
+		if acc == nil {
+			acc = &subflowAcc{sf: &Subflow{Src: key[0], Dst: key[1], Kind: KindUnknown}, seen: map[Sighting]int{}}
+			a.subflows[key] = acc
+		}
+		dir := In
+		if p.out {
+			dir = Out
+		}
+		acc.seen[Sighting{Node: node, NIC: p.nic, Dir: dir}]++
+		if p.syn && !p.ack && !acc.synOK {
+			acc.synOK = true
+			switch {
+			case slices.Contains(p.subtypes, "0"):
+				acc.sf.Kind = KindMPCapable
+			case slices.Contains(p.subtypes, "1"):
+				acc.sf.Kind = KindMPJoin
+				acc.sf.JoinToken = p.recvtok
+			default:
+				acc.sf.Kind = KindTCP
+			}
+		}
+		if acc.sf.Conn == 0 && p.stream != "" {
+			acc.sf.Conn = streamToken[p.stream]
+		}
+	}
+	return nil
+}
+
+func (a *analyzer) result() *Analysis {
+	res := &Analysis{}
+	conns := map[uint32]*Connection{}
+	for _, acc := range a.subflows {
+		sf := acc.sf
+		if sf.Conn == 0 && sf.Kind == KindMPJoin {
+			sf.Conn = sf.JoinToken // the SYN/ACK with the key was not captured; the join still names its peer
+		}
+		for s, n := range acc.seen {
+			s.Packets = n
+			sf.Seen = append(sf.Seen, s)
+		}
+		slices.SortFunc(sf.Seen, func(x, y Sighting) int {
+			if x.Node != y.Node {
+				return x.Node - y.Node
+			}
+			if x.NIC != y.NIC {
+				return x.NIC - y.NIC
+			}
+			return strings.Compare(string(x.Dir), string(y.Dir))
+		})
+		res.Subflows = append(res.Subflows, sf)
+		if sf.Conn != 0 {
+			c := conns[sf.Conn]
+			if c == nil {
+				c = &Connection{Token: sf.Conn}
+				conns[sf.Conn] = c
+				res.Connections = append(res.Connections, c)
+			}
+			c.Subflows = append(c.Subflows, sf)
+		}
+	}
+	cmpSub := func(x, y *Subflow) int {
+		if x.Kind != y.Kind {
+			return kindRank(x.Kind) - kindRank(y.Kind)
+		}
+		if c := x.Src.Compare(y.Src); c != 0 {
+			return c
+		}
+		return x.Dst.Compare(y.Dst)
+	}
+	slices.SortFunc(res.Subflows, cmpSub)
+	for _, c := range res.Connections {
+		slices.SortFunc(c.Subflows, cmpSub)
+	}
+	slices.SortFunc(res.Connections, func(x, y *Connection) int { return cmpSub(x.Subflows[0], y.Subflows[0]) })
+	return res
+}
+
+func addrPort(ip, port string) (netip.AddrPort, error) {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	return netip.AddrPortFrom(a, uint16(p)), nil
+}
+
+func firstUint32(s string) uint32 {
+	s, _, _ = strings.Cut(s, ",")
+	if s == "" {
+		return 0
+	}
+	v, err := strconv.ParseUint(s, 0, 32)
+	if err != nil {
+		return 0
+	}
+	return uint32(v)
+}
+
+// kindRank orders subflows: a connection's first subflow, then its joins.
+func kindRank(kind string) int {
+	return slices.Index([]string{KindMPCapable, KindMPJoin, KindTCP, KindUnknown}, kind)
+}
+
+// CheckPlacement checks what the e2e tests ask of subflow placement, for the connections between two nodes: every
+// subflow of every connection was seen in both directions on exactly one NIC of each node, the same NIC index on
+// both, and the subflows of one connection use distinct NIC indexes. It returns every violation, joined.
+func (a *Analysis) CheckPlacement(nodeA, nodeB int) error {
+	var errs []error
+	for _, c := range a.Connections {
+		used := map[int]*Subflow{}
+		for _, s := range c.Subflows {
+			ka, okA := s.PlacedOn(nodeA)
+			kb, okB := s.PlacedOn(nodeB)
+			switch {
+			case !okA || !okB:
+				errs = append(errs, fmt.Errorf("connection %08x: subflow %v is not on exactly one NIC in both directions of nodes %d and %d", c.Token, s, nodeA, nodeB))
+				continue
+			case ka != kb:
+				errs = append(errs, fmt.Errorf("connection %08x: subflow %v uses nic%d on node %d but nic%d on node %d", c.Token, s, ka, nodeA, kb, nodeB))
+				continue
+			}
+			if other := used[ka]; other != nil {
+				errs = append(errs, fmt.Errorf("connection %08x: subflows %v and %v share nic%d", c.Token, other, s, ka))
+			}
+			used[ka] = s
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,96 @@
+package testbed
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestCapturesShowSubflowPlacement checks the capture decoder on the hand-routed baseline, where the placement is
+// known: each MPTCP connection's first subflow (to port 5201) crosses NIC 1 of both nodes, its join (to the
+// announced port 5202) NIC 2, in both directions.
+func TestCapturesShowSubflowPlacement(t *testing.T) {
+	RequireTools(t, CaptureTools...)
+	b := NewForTest(t, Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
+	bin := BuildTraffic(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client, server := b.Pod(1, 1), b.Pod(2, 1)
+	ports := []int{5202}
+	Must(t, b.HandRoute(ports))
+	Must(t, b.ConfigureSignalPorts(server, ports))
+	Must(t, b.ConfigureClientLimits(client, 2, 1))
+	srv, err := b.StartTrafficServer(ctx, bin, server, 5201, true)
+	Must(t, err)
+
+	caps, err := b.StartCaptures("tcp")
+	Must(t, err)
+	const conns = 3
+	sent, err := b.Send(ctx, bin, client, srv.Addr, true, "-conns", "3", "-bytes", "4000000")
+	Must(t, err)
+	got, err := srv.WaitReports(ctx, conns)
+	Must(t, err)
+	_, err = MatchReports(sent, got)
+	Must(t, err)
+	a, err := caps.Analyze()
+	Must(t, err)
+
+	if len(a.Connections) != conns {
+		t.Fatalf("captures show %d MPTCP connections, want %d: %v", len(a.Connections), conns, a.Subflows)
+	}
+	for _, c := range a.Connections {
+		t.Logf("connection %08x", c.Token)
+		for _, s := range c.Subflows {
+			t.Logf("  %v", s)
+		}
+		if len(c.Subflows) != 2 || c.Subflows[0].Kind != KindMPCapable || c.Subflows[1].Kind != KindMPJoin {
+			t.Errorf("connection %08x: want one MP_CAPABLE and one MP_JOIN subflow, got %v", c.Token, c.Subflows)
+			continue
+		}
+		join := c.Subflows[1]
+		if join.JoinToken != c.Token || join.Dst.Port() != 5202 {
+			t.Errorf("join %v: token %08x, want the connection's %08x, to port 5202", join, join.JoinToken, c.Token)
+		}
+		for i, want := range []int{1, 2} {
+			for _, node := range []int{1, 2} {
+				if k, ok := c.Subflows[i].PlacedOn(node); !ok || k != want {
+					t.Errorf("subflow %v: on node %d want nic%d in both directions", c.Subflows[i], node, want)
+				}
+			}
+		}
+	}
+	if err := a.CheckPlacement(1, 2); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestCheckPlacementRejectsSharedNIC feeds CheckPlacement a connection whose two subflows share NIC 1, and one whose
+// subflow takes different NICs on the two nodes.
+func TestCheckPlacementRejectsSharedNIC(t *testing.T) {
+	both := func(k1, k2 int) []Sighting {
+		return []Sighting{{1, k1, In, 1}, {1, k1, Out, 1}, {2, k2, In, 1}, {2, k2, Out, 1}}
+	}
+	for name, tc := range map[string]struct {
+		// subflows of one connection, by their sightings
+		seen [][]Sighting
+		// whether CheckPlacement must accept it
+		ok bool
+	}{
+		"distinct NICs":          {seen: [][]Sighting{both(1, 1), both(2, 2)}, ok: true},
+		"shared NIC":             {seen: [][]Sighting{both(1, 1), both(1, 1)}},
+		"asymmetric":             {seen: [][]Sighting{both(1, 2)}},
+		"one direction only":     {seen: [][]Sighting{{{1, 1, Out, 1}, {2, 1, In, 1}, {2, 1, Out, 1}}}},
+		"two NICs one direction": {seen: [][]Sighting{append(both(1, 1), Sighting{1, 2, Out, 1})}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := &Connection{Token: 1}
+			for _, s := range tc.seen {
+				c.Subflows = append(c.Subflows, &Subflow{Kind: KindMPJoin, Conn: 1, Seen: s})
+			}
+			err := (&Analysis{Connections: []*Connection{c}}).CheckPlacement(1, 2)
+			if (err == nil) != tc.ok {
+				t.Errorf("CheckPlacement = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}

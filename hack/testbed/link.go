@@ -1,0 +1,191 @@
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os/exec"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// setupWire turns the wire namespace of one NIC into a transparent cable: a bridge joins the node side "n" and the
+// fabric side "f"; a token bucket on the egress of each side caps one direction each; a clsact qdisc on both sides
+// is where SetLoss attaches its drop filter.
+func (b *Bed) setupWire(ctx context.Context, c NIC) error {
+	if err := ipBatch(ctx, c.WireNS,
+		"link add br0 type bridge stp_state 0 forward_delay 0",
+		fmt.Sprintf("link set dev %s master br0", c.WireNodeSide),
+		fmt.Sprintf("link set dev %s master br0", c.WireFabricSide),
+		fmt.Sprintf("link set dev %s up", c.WireNodeSide),
+		fmt.Sprintf("link set dev %s up", c.WireFabricSide),
+		"link set br0 up",
+	); err != nil {
+		return err
+	}
+	var cmds []string
+	for _, dev := range []string{c.WireNodeSide, c.WireFabricSide} {
+		if b.Config.LinkRate != "" {
+			tbf, err := tbfArgs(b.Config.LinkRate)
+			if err != nil {
+				return err
+			}
+			cmds = append(cmds, fmt.Sprintf("qdisc add dev %s root %s", dev, tbf))
+		}
+		cmds = append(cmds, fmt.Sprintf("qdisc add dev %s clsact", dev))
+	}
+	return tcBatch(ctx, c.WireNS, cmds...)
+}
+
+// tbfArgs chooses the token bucket for a rate. The bucket holds at least 64 KiB (one GSO super-packet, which TBF
+// would otherwise have to split) or 2 ms at the rate, whichever is larger; the queue holds 20 ms, enough for a
+// single TCP flow to keep the link busy at the bed's sub-millisecond RTTs (measured: see docs/testbed.md).
+func tbfArgs(rate string) (string, error) {
+	bps, err := ParseRate(rate)
+	if err != nil {
+		return "", err
+	}
+	burst := max(uint64(64<<10), uint64(bps/8*0.002))
+	return fmt.Sprintf("tbf rate %s burst %d latency 20ms", rate, burst), nil
+}
+
+// ParseRate parses a tc rate ("200mbit", "1gbit", "500kbit", "1000000bit") into bits per second.
+func ParseRate(rate string) (float64, error) {
+	s := strings.ToLower(strings.TrimSpace(rate))
+	for _, u := range []struct {
+		suffix string
+		mult   float64
+	}{{"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}, {"bit", 1}} {
+		if num, ok := strings.CutSuffix(s, u.suffix); ok {
+			v, err := strconv.ParseFloat(num, 64)
+			if err != nil || v <= 0 {
+				return 0, fmt.Errorf("bad rate %q", rate)
+			}
+			return v * u.mult, nil
+		}
+	}
+	return 0, fmt.Errorf("bad rate %q (want e.g. 200mbit)", rate)
+}
+
+func tcBatch(ctx context.Context, ns string, cmds ...string) error {
+	if len(cmds) == 0 {
+		return nil
+	}
+	cmd := exec.CommandContext(ctx, "tc", "-n", ns, "-batch", "-")
+	cmd.Stdin = strings.NewReader(strings.Join(cmds, "\n") + "\n")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("tc -n %s -batch [%s]: %w: %s", ns, strings.Join(cmds, "; "), err, out)
+	}
+	return nil
+}
+
+// lossFilter is the state of one link's loss emulation.
+type lossFilter struct{ percent float64 }
+
+// SetLoss makes NIC k of node i drop percent of the packets (0..100) in each direction, independently at random,
+// while its carrier stays up: a gray failure. 0 removes the loss.
+//
+// netem is not built into the bed's kernel (nor gact), so the drop is a tiny BPF program on the clsact ingress of
+// both wire ends: it draws bpf_get_prandom_u32() and returns TC_ACT_SHOT below a threshold. The filter is replaced
+// atomically on every change.
+func (b *Bed) SetLoss(i, k int, percent float64) error {
+	if percent < 0 || percent > 100 || math.IsNaN(percent) {
+		return fmt.Errorf("loss %v%% out of range", percent)
+	}
+	c := b.Node(i).NIC(k)
+	h, err := nsHandle(c.WireNS)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+
+	var prog *ebpf.Program
+	if percent > 0 {
+		prog, err = lossProgram(percent)
+		if err != nil {
+			return err
+		}
+		defer prog.Close() // the filter holds its own reference
+	}
+	for _, dev := range []string{c.WireNodeSide, c.WireFabricSide} {
+		l, err := h.LinkByName(dev)
+		if err != nil {
+			return fmt.Errorf("%s in %s: %w", dev, c.WireNS, err)
+		}
+		f := &netlink.BpfFilter{
+			FilterAttrs: netlink.FilterAttrs{
+				LinkIndex: l.Attrs().Index,
+				Parent:    netlink.HANDLE_MIN_INGRESS,
+				Handle:    1,
+				Protocol:  unix.ETH_P_ALL,
+				Priority:  1,
+			},
+			Name:         fmt.Sprintf("testbed-loss-%g", percent),
+			DirectAction: true,
+		}
+		if prog == nil {
+			if err := h.FilterDel(f); err != nil && !isNotFound(err) {
+				return fmt.Errorf("remove loss filter on %s/%s: %w", c.WireNS, dev, err)
+			}
+			continue
+		}
+		f.Fd = prog.FD()
+		if err := h.FilterReplace(f); err != nil {
+			return fmt.Errorf("loss filter on %s/%s: %w", c.WireNS, dev, err)
+		}
+	}
+	b.mu.Lock()
+	b.loss[[2]int{i, k}] = &lossFilter{percent: percent}
+	b.mu.Unlock()
+	return nil
+}
+
+// Loss returns the loss SetLoss last set on NIC k of node i.
+func (b *Bed) Loss(i, k int) float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if l := b.loss[[2]int{i, k}]; l != nil {
+		return l.percent
+	}
+	return 0
+}
+
+func isNotFound(err error) bool {
+	return err == unix.ENOENT || strings.Contains(err.Error(), "no such file") || strings.Contains(err.Error(), "not found")
+}
+
+// lossProgram builds: if (bpf_get_prandom_u32() < threshold) return TC_ACT_SHOT; return TC_ACT_OK;
+func lossProgram(percent float64) (*ebpf.Program, error) {
+	threshold := int64(math.Round(percent / 100 * (1 << 32)))
+	return ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name: "testbed_loss",
+		Type: ebpf.SchedCLS,
+		Instructions: asm.Instructions{
+			asm.FnGetPrandomU32.Call(),
+			asm.LoadImm(asm.R1, threshold, asm.DWord),
+			asm.JLT.Reg(asm.R0, asm.R1, "drop"),
+			asm.Mov.Imm(asm.R0, 0), // TC_ACT_OK
+			asm.Return(),
+			asm.Mov.Imm(asm.R0, 2).WithSymbol("drop"), // TC_ACT_SHOT
+			asm.Return(),
+		},
+		License: "GPL",
+	})
+}
+
+// nsHandle opens a netlink handle inside namespace ns without moving the calling thread.
+func nsHandle(ns string) (*netlink.Handle, error) {
+	nsh, err := netns.GetFromName(ns)
+	if err != nil {
+		return nil, fmt.Errorf("open netns %s: %w", ns, err)
+	}
+	defer nsh.Close()
+	return netlink.NewHandleAt(nsh)
+}

@@ -1,0 +1,381 @@
+// Command traffic moves hashed, deterministic byte streams between test-bed pods over MPTCP or plain TCP.
+//
+//	traffic serve -listen 10.244.2.11:5201 -mptcp -report server.jsonl
+//	traffic send  -to 10.244.2.11:5201 -mptcp -conns 2 -duration 10s -seed 7 -json
+//
+//	traffic echo  -listen 10.244.2.11:7
+//	traffic probe -to 10.244.2.11:7 -count 500 -interval 2ms
+//
+// The server reads every connection to its end and writes one JSON line per connection: the bytes received, their
+// SHA-256 and the goodput measured over a stated window (skip -warmup after the connection's first byte, then count
+// what arrives during -window). The sender prints one JSON line per connection with the SHA-256 of what it sent, so
+// a test can check the data end to end. echo and probe are a UDP round trip counter (the machines have no ping):
+// probe prints how many of its numbered datagrams came back.
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: traffic serve|send|echo|probe [flags]")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serve(os.Args[2:])
+	case "send":
+		err = send(os.Args[2:])
+	case "echo":
+		err = echo(os.Args[2:])
+	case "probe":
+		err = probe(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q (want serve or send)", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "traffic:", err)
+		os.Exit(1)
+	}
+}
+
+// ServerReport is one line of the server's report, written when a connection closes.
+type ServerReport struct {
+	Local  string `json:"local"`
+	Remote string `json:"remote"`
+	// MPTCP reports whether the connection really runs MPTCP (false if it fell back to TCP).
+	MPTCP  bool   `json:"mptcp"`
+	Bytes  int64  `json:"bytes"`
+	SHA256 string `json:"sha256"`
+	// GoodputBps is the payload rate in bits/s over [WindowStart, WindowStart+WindowSeconds] after the first byte.
+	GoodputBps float64 `json:"goodput_bps"`
+	// WindowStart and WindowSeconds state the window actually measured; WindowSeconds is shorter than asked when
+	// the connection ended early (then WindowShort is true).
+	WindowStart   float64 `json:"window_start_s"`
+	WindowSeconds float64 `json:"window_s"`
+	WindowShort   bool    `json:"window_short,omitempty"`
+	// DurationSeconds runs from the first byte to the end of the stream.
+	DurationSeconds float64 `json:"duration_s"`
+	Error           string  `json:"error,omitempty"`
+}
+
+// SenderReport is one line of the sender's output.
+type SenderReport struct {
+	Conn   int    `json:"conn"`
+	Local  string `json:"local"`
+	Remote string `json:"remote"`
+	MPTCP  bool   `json:"mptcp"`
+	Bytes  int64  `json:"bytes"`
+	SHA256 string `json:"sha256"`
+	// Seconds is the time from connect to close.
+	Seconds float64 `json:"s"`
+	Error   string  `json:"error,omitempty"`
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	listen := fs.String("listen", ":5201", "address to listen on")
+	mptcp := fs.Bool("mptcp", false, "listen with MPTCP (otherwise plain TCP, even though Go >= 1.24 defaults to MPTCP)")
+	report := fs.String("report", "", "file to append JSON lines to (default stdout)")
+	warmup := fs.Duration("warmup", time.Second, "time after a connection's first byte that goodput ignores")
+	window := fs.Duration("window", 5*time.Second, "length of the goodput window")
+	fs.Parse(args)
+
+	out := os.Stdout
+	if *report != "" {
+		f, err := os.OpenFile(*report, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		out = f
+	}
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(*mptcp)
+	ln, err := lc.Listen(context.Background(), "tcp", *listen)
+	if err != nil {
+		return err
+	}
+	// Tests wait for this line before they start senders.
+	fmt.Fprintf(os.Stderr, "listening on %s mptcp=%v\n", ln.Addr(), *mptcp)
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	go func() { <-sigs; ln.Close() }()
+
+	var mu sync.Mutex // one writer at a time, so lines never interleave
+	var wg sync.WaitGroup
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := receive(c.(*net.TCPConn), *warmup, *window)
+			line, _ := json.Marshal(r)
+			mu.Lock()
+			out.Write(append(line, '\n'))
+			mu.Unlock()
+		}()
+	}
+	// Connections that are still open are cut when the process ends; their lines would be partial anyway.
+	return nil
+}
+
+func receive(c *net.TCPConn, warmup, window time.Duration) ServerReport {
+	defer c.Close()
+	r := ServerReport{Local: c.LocalAddr().String(), Remote: c.RemoteAddr().String()}
+	r.MPTCP, _ = c.MultipathTCP()
+	h := sha256.New()
+	buf := make([]byte, 256<<10)
+	var first time.Time
+	var startBytes, endBytes int64 = -1, -1
+	for {
+		n, err := c.Read(buf)
+		now := time.Now()
+		if n > 0 {
+			if first.IsZero() {
+				first = now
+			}
+			// Bytes counted at the first read that ends past a boundary; with 256 KiB reads at a few hundred
+			// Mbit/s the error is well below a percent of a multi-second window.
+			if startBytes < 0 && now.Sub(first) >= warmup {
+				startBytes = r.Bytes
+			}
+			h.Write(buf[:n])
+			r.Bytes += int64(n)
+			if endBytes < 0 && now.Sub(first) >= warmup+window {
+				endBytes = r.Bytes
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				r.Error = err.Error()
+			}
+			break
+		}
+	}
+	end := time.Now()
+	r.SHA256 = hex.EncodeToString(h.Sum(nil))
+	if first.IsZero() {
+		return r
+	}
+	r.DurationSeconds = end.Sub(first).Seconds()
+	r.WindowStart = warmup.Seconds()
+	winEnd := first.Add(warmup + window)
+	if endBytes < 0 { // the stream ended inside the window
+		endBytes = r.Bytes
+		winEnd = end
+		r.WindowShort = true
+	}
+	if startBytes < 0 { // the stream ended inside the warm-up: measure it all
+		startBytes = 0
+		r.WindowStart = 0
+		r.WindowShort = true
+	}
+	r.WindowSeconds = winEnd.Sub(first).Seconds() - r.WindowStart
+	if r.WindowSeconds > 0 {
+		r.GoodputBps = float64(endBytes-startBytes) * 8 / r.WindowSeconds
+	}
+	return r
+}
+
+func send(args []string) error {
+	fs := flag.NewFlagSet("send", flag.ExitOnError)
+	to := fs.String("to", "", "server address")
+	conns := fs.Int("conns", 1, "number of concurrent connections")
+	duration := fs.Duration("duration", 10*time.Second, "how long each connection sends (ignored with -bytes)")
+	nbytes := fs.Int64("bytes", 0, "send exactly this many bytes per connection instead of for -duration")
+	mptcp := fs.Bool("mptcp", false, "dial with MPTCP")
+	seed := fs.Uint64("seed", 1, "seed of the byte streams; connection i uses (seed, i)")
+	asJSON := fs.Bool("json", false, "print one JSON line per connection (default: short text)")
+	fs.Parse(args)
+	if *to == "" {
+		return errors.New("-to is required")
+	}
+
+	reports := make([]SenderReport, *conns)
+	var wg sync.WaitGroup
+	for i := range *conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reports[i] = sendOne(*to, *mptcp, *seed, i, *duration, *nbytes)
+		}()
+	}
+	wg.Wait()
+	failed := false
+	for _, r := range reports {
+		if r.Error != "" {
+			failed = true
+		}
+		if *asJSON {
+			line, _ := json.Marshal(r)
+			fmt.Println(string(line))
+		} else {
+			fmt.Printf("conn %d %s -> %s mptcp=%v bytes=%d %.1f Mbit/s sha256=%s %s\n", r.Conn, r.Local, r.Remote,
+				r.MPTCP, r.Bytes, float64(r.Bytes)*8/r.Seconds/1e6, r.SHA256, r.Error)
+		}
+	}
+	if failed {
+		return errors.New("some connections failed")
+	}
+	return nil
+}
+
+// stream returns the deterministic byte stream of connection i: ChaCha8 keyed by the seed and the index.
+func stream(seed uint64, i int) io.Reader {
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[0:], seed)
+	binary.LittleEndian.PutUint64(key[8:], uint64(i))
+	return rand.NewChaCha8(key)
+}
+
+func sendOne(to string, mptcp bool, seed uint64, i int, duration time.Duration, nbytes int64) SenderReport {
+	r := SenderReport{Conn: i, Remote: to}
+	var d net.Dialer
+	d.SetMultipathTCP(mptcp)
+	start := time.Now()
+	c, err := d.Dial("tcp", to)
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	tc := c.(*net.TCPConn)
+	r.Local = c.LocalAddr().String()
+	r.MPTCP, _ = tc.MultipathTCP()
+	h := sha256.New()
+	src := stream(seed, i)
+	buf := make([]byte, 128<<10)
+	deadline := start.Add(duration)
+	for {
+		n := len(buf)
+		if nbytes > 0 {
+			if left := nbytes - r.Bytes; left < int64(n) {
+				n = int(left)
+			}
+			if n == 0 {
+				break
+			}
+		} else if time.Now().After(deadline) {
+			break
+		}
+		src.Read(buf[:n])
+		if nbytes == 0 {
+			// A write must not outlive the duration by much when the path is slow or lossy.
+			c.SetWriteDeadline(deadline.Add(2 * time.Second))
+		}
+		w, err := c.Write(buf[:n])
+		h.Write(buf[:w])
+		r.Bytes += int64(w)
+		if err != nil {
+			r.Error = err.Error()
+			break
+		}
+	}
+	// Half-close and wait for the server's close, so that the server has read everything when we report.
+	tc.CloseWrite()
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	io.Copy(io.Discard, c)
+	c.Close()
+	r.Seconds = time.Since(start).Seconds()
+	r.SHA256 = hex.EncodeToString(h.Sum(nil))
+	return r
+}
+
+// echo answers every UDP datagram with itself.
+func echo(args []string) error {
+	fs := flag.NewFlagSet("echo", flag.ExitOnError)
+	listen := fs.String("listen", ":7", "UDP address to listen on")
+	fs.Parse(args)
+	c, err := net.ListenPacket("udp", *listen)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "listening on %s\n", c.LocalAddr())
+	buf := make([]byte, 2048)
+	for {
+		n, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return err
+		}
+		c.WriteTo(buf[:n], from)
+	}
+}
+
+// ProbeReport is the output of probe.
+type ProbeReport struct {
+	Sent     int `json:"sent"`
+	Received int `json:"received"`
+}
+
+// probe sends numbered UDP datagrams to an echo server and counts the distinct ones that come back in time.
+func probe(args []string) error {
+	fs := flag.NewFlagSet("probe", flag.ExitOnError)
+	to := fs.String("to", "", "echo server address")
+	count := fs.Int("count", 100, "datagrams to send")
+	interval := fs.Duration("interval", 2*time.Millisecond, "time between datagrams")
+	wait := fs.Duration("wait", time.Second, "how long to wait for replies after the last datagram")
+	fs.Parse(args)
+	c, err := net.Dial("udp", *to)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	seen := make([]bool, *count)
+	var mu sync.Mutex
+	received := 0
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				continue // e.g. ECONNREFUSED from an ICMP error before the echo server started
+			}
+			if n >= 4 {
+				i := int(binary.BigEndian.Uint32(buf))
+				mu.Lock()
+				if i < len(seen) && !seen[i] {
+					seen[i] = true
+					received++
+				}
+				mu.Unlock()
+			}
+		}
+	}()
+	msg := make([]byte, 64)
+	for i := range *count {
+		binary.BigEndian.PutUint32(msg, uint32(i))
+		c.Write(msg)
+		time.Sleep(*interval)
+	}
+	time.Sleep(*wait)
+	mu.Lock()
+	r := ProbeReport{Sent: *count, Received: received}
+	mu.Unlock()
+	line, _ := json.Marshal(r)
+	fmt.Println(string(line))
+	return nil
+}
