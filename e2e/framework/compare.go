@@ -175,8 +175,10 @@ func Transfer(ctx context.Context, bed *testbed.Bed, o CompareOptions, client, s
 	if err != nil {
 		return m, err
 	}
-	for _, r := range byRemote {
-		m.GoodputBps += r.GoodputBps
+	// The report file may hold earlier transfers' connections: count only
+	// this transfer's.
+	for _, snt := range sent {
+		m.GoodputBps += byRemote[snt.Local].GoodputBps
 	}
 	r := <-resc
 	if r.err != nil {

@@ -15,29 +15,31 @@ import (
 
 // ServerReport is one line of "traffic serve -report" (hack/traffic), one per closed connection.
 type ServerReport struct {
-	Local           string  `json:"local"`
-	Remote          string  `json:"remote"`
-	MPTCP           bool    `json:"mptcp"`
-	Bytes           int64   `json:"bytes"`
-	SHA256          string  `json:"sha256"`
-	GoodputBps      float64 `json:"goodput_bps"`
-	WindowStart     float64 `json:"window_start_s"`
-	WindowSeconds   float64 `json:"window_s"`
-	WindowShort     bool    `json:"window_short"`
-	DurationSeconds float64 `json:"duration_s"`
-	Error           string  `json:"error"`
+	Local           string   `json:"local"`
+	Remote          string   `json:"remote"`
+	MPTCP           bool     `json:"mptcp"`
+	Bytes           int64    `json:"bytes"`
+	SHA256          string   `json:"sha256"`
+	Blocks          []string `json:"blocks,omitempty"`
+	GoodputBps      float64  `json:"goodput_bps"`
+	WindowStart     float64  `json:"window_start_s"`
+	WindowSeconds   float64  `json:"window_s"`
+	WindowShort     bool     `json:"window_short"`
+	DurationSeconds float64  `json:"duration_s"`
+	Error           string   `json:"error"`
 }
 
 // SenderReport is one line of "traffic send -json".
 type SenderReport struct {
-	Conn    int     `json:"conn"`
-	Local   string  `json:"local"`
-	Remote  string  `json:"remote"`
-	MPTCP   bool    `json:"mptcp"`
-	Bytes   int64   `json:"bytes"`
-	SHA256  string  `json:"sha256"`
-	Seconds float64 `json:"s"`
-	Error   string  `json:"error"`
+	Conn    int      `json:"conn"`
+	Local   string   `json:"local"`
+	Remote  string   `json:"remote"`
+	MPTCP   bool     `json:"mptcp"`
+	Bytes   int64    `json:"bytes"`
+	SHA256  string   `json:"sha256"`
+	Blocks  []string `json:"blocks,omitempty"`
+	Seconds float64  `json:"s"`
+	Error   string   `json:"error"`
 }
 
 // TrafficServer is a running "traffic serve" in a pod.
@@ -138,8 +140,8 @@ func MatchReports(sent []SenderReport, got []ServerReport) (map[string]ServerRep
 			return byRemote, fmt.Errorf("connection %d from %s: no server report", s.Conn, s.Local)
 		}
 		if r.Bytes != s.Bytes || r.SHA256 != s.SHA256 {
-			return byRemote, fmt.Errorf("connection %d from %s: sent %d bytes sha256 %s, received %d bytes sha256 %s",
-				s.Conn, s.Local, s.Bytes, s.SHA256, r.Bytes, r.SHA256)
+			return byRemote, fmt.Errorf("connection %d from %s: sent %d bytes sha256 %s, received %d bytes sha256 %s; %s",
+				s.Conn, s.Local, s.Bytes, s.SHA256, r.Bytes, r.SHA256, firstDifference(s.Blocks, r.Blocks))
 		}
 	}
 	return byRemote, nil
@@ -175,4 +177,15 @@ func (b *Bed) Probe(ctx context.Context, bin string, pod *Pod, to netip.AddrPort
 		return 0, fmt.Errorf("traffic probe output %q: %w", out, err)
 	}
 	return r.Received, nil
+}
+
+// firstDifference says at which 1 MiB block two streams' block hashes first
+// differ.
+func firstDifference(sent, got []string) string {
+	for i := range min(len(sent), len(got)) {
+		if sent[i] != got[i] {
+			return fmt.Sprintf("the streams first differ in the MiB at offset %d", int64(i)<<20)
+		}
+	}
+	return fmt.Sprintf("the streams agree on their first %d MiB", min(len(sent), len(got)))
 }

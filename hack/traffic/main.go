@@ -22,6 +22,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -64,6 +65,8 @@ type ServerReport struct {
 	MPTCP  bool   `json:"mptcp"`
 	Bytes  int64  `json:"bytes"`
 	SHA256 string `json:"sha256"`
+	// Blocks are the first 8 hex digits of the SHA-256 of each 1 MiB block.
+	Blocks []string `json:"blocks,omitempty"`
 	// GoodputBps is the payload rate in bits/s over [WindowStart, WindowStart+WindowSeconds] after the first byte.
 	GoodputBps float64 `json:"goodput_bps"`
 	// WindowStart and WindowSeconds state the window actually measured; WindowSeconds is shorter than asked when
@@ -84,6 +87,8 @@ type SenderReport struct {
 	MPTCP  bool   `json:"mptcp"`
 	Bytes  int64  `json:"bytes"`
 	SHA256 string `json:"sha256"`
+	// Blocks are the first 8 hex digits of the SHA-256 of each 1 MiB block.
+	Blocks []string `json:"blocks,omitempty"`
 	// Seconds is the time from connect to close.
 	Seconds float64 `json:"s"`
 	Error   string  `json:"error,omitempty"`
@@ -141,11 +146,53 @@ func serve(args []string) error {
 	return nil
 }
 
+// blockHasher hashes a stream as a whole and in 1 MiB blocks, so that when
+// two ends disagree the report says where the stream first differs.
+type blockHasher struct {
+	whole  hash.Hash
+	block  hash.Hash
+	filled int
+	blocks []string
+}
+
+const hashBlock = 1 << 20
+
+func newBlockHasher() *blockHasher {
+	return &blockHasher{whole: sha256.New(), block: sha256.New()}
+}
+
+func (b *blockHasher) Write(p []byte) {
+	b.whole.Write(p)
+	for len(p) > 0 {
+		n := min(len(p), hashBlock-b.filled)
+		b.block.Write(p[:n])
+		b.filled += n
+		p = p[n:]
+		if b.filled == hashBlock {
+			b.flush()
+		}
+	}
+}
+
+func (b *blockHasher) flush() {
+	b.blocks = append(b.blocks, hex.EncodeToString(b.block.Sum(nil))[:8])
+	b.block.Reset()
+	b.filled = 0
+}
+
+// sums returns the whole stream's SHA-256 and the blocks' short hashes.
+func (b *blockHasher) sums() (string, []string) {
+	if b.filled > 0 {
+		b.flush()
+	}
+	return hex.EncodeToString(b.whole.Sum(nil)), b.blocks
+}
+
 func receive(c *net.TCPConn, warmup, window time.Duration) ServerReport {
 	defer c.Close()
 	r := ServerReport{Local: c.LocalAddr().String(), Remote: c.RemoteAddr().String()}
 	r.MPTCP, _ = c.MultipathTCP()
-	h := sha256.New()
+	h := newBlockHasher()
 	buf := make([]byte, 256<<10)
 	var first time.Time
 	var startBytes, endBytes int64 = -1, -1
@@ -175,7 +222,7 @@ func receive(c *net.TCPConn, warmup, window time.Duration) ServerReport {
 		}
 	}
 	end := time.Now()
-	r.SHA256 = hex.EncodeToString(h.Sum(nil))
+	r.SHA256, r.Blocks = h.sums()
 	if first.IsZero() {
 		return r
 	}
@@ -263,7 +310,7 @@ func sendOne(to string, mptcp bool, seed uint64, i int, duration time.Duration, 
 	tc := c.(*net.TCPConn)
 	r.Local = c.LocalAddr().String()
 	r.MPTCP, _ = tc.MultipathTCP()
-	h := sha256.New()
+	h := newBlockHasher()
 	src := stream(seed, i)
 	buf := make([]byte, 128<<10)
 	deadline := start.Add(duration)
@@ -298,7 +345,7 @@ func sendOne(to string, mptcp bool, seed uint64, i int, duration time.Duration, 
 	io.Copy(io.Discard, c)
 	c.Close()
 	r.Seconds = time.Since(start).Seconds()
-	r.SHA256 = hex.EncodeToString(h.Sum(nil))
+	r.SHA256, r.Blocks = h.sums()
 	return r
 }
 
