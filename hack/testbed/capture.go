@@ -78,8 +78,15 @@ func (b *Bed) StartCaptures(filter string) (*Captures, error) {
 	return c, nil
 }
 
+// ringFlush is how long libpcap may hold captured packets in a memory-mapped
+// ring block before handing them to dumpcap (TPACKET_V3's block timeout).
+// Packets still in a block when dumpcap is stopped are lost, so Stop waits
+// this long first.
+const ringFlush = 1200 * time.Millisecond
+
 // Stop stops every dumpcap (SIGINT, so each finishes its file) and returns the files.
 func (c *Captures) Stop() ([]CaptureFile, error) {
+	time.Sleep(ringFlush)
 	for _, p := range c.procs {
 		p.Signal(syscall.SIGINT)
 	}
