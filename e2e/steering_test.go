@@ -137,7 +137,7 @@ func reversePathDrops(t *testing.T, bed *testbed.Bed, node *testbed.Node) int {
 // connection use distinct NICs. Checked from captures decoded by tshark.
 func TestSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
 	tests := map[string]struct {
-		nics int              // NICs per node (K)
+		nics int               // NICs per node (K)
 		mode agent.SubflowMode // who opens the joins
 	}{
 		// Joins from the same address to the same server port, told apart

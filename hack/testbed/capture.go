@@ -58,7 +58,7 @@ func (b *Bed) StartCaptures(filter string) (*Captures, error) {
 			p, err := b.Start(nic.WireNS, args...)
 			if err != nil {
 				h.Close()
-				c.Stop()
+				_, _ = c.Stop()
 				return nil, err
 			}
 			c.Files = append(c.Files, f)
@@ -71,7 +71,7 @@ func (b *Bed) StartCaptures(filter string) (*Captures, error) {
 	for _, p := range c.procs {
 		// dumpcap prints the file name once the interface is open and the filter installed.
 		if err := p.WaitOutput(ctx, "File: "); err != nil {
-			c.Stop()
+			_, _ = c.Stop()
 			return nil, err
 		}
 	}
@@ -88,7 +88,7 @@ const ringFlush = 1200 * time.Millisecond
 func (c *Captures) Stop() ([]CaptureFile, error) {
 	time.Sleep(ringFlush)
 	for _, p := range c.procs {
-		p.Signal(syscall.SIGINT)
+		_ = p.Signal(syscall.SIGINT)
 	}
 	var errs []error
 	for _, p := range c.procs {

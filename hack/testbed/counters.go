@@ -128,9 +128,9 @@ func (s *Sampler) Rows() []Sample {
 // WriteCSV writes the samples as CSV: seconds since the sampler started, node, nic, rx_bytes, tx_bytes.
 func (s *Sampler) WriteCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
-	cw.Write([]string{"t_s", "node", "nic", "rx_bytes", "tx_bytes"})
+	_ = cw.Write([]string{"t_s", "node", "nic", "rx_bytes", "tx_bytes"})
 	for _, r := range s.Rows() {
-		cw.Write([]string{
+		_ = cw.Write([]string{
 			strconv.FormatFloat(r.Time.Sub(s.start).Seconds(), 'f', 3, 64),
 			strconv.Itoa(r.Node), strconv.Itoa(r.NIC),
 			strconv.FormatUint(r.RxBytes, 10), strconv.FormatUint(r.TxBytes, 10),

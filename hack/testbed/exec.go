@@ -141,13 +141,13 @@ func (p *Process) Signal(sig syscall.Signal) error {
 
 // Stop sends SIGTERM, waits up to grace, then SIGKILL. Exits caused by those signals are not errors.
 func (p *Process) Stop(grace time.Duration) error {
-	p.Signal(syscall.SIGTERM)
+	_ = p.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
 		return nil
 	case <-time.After(grace):
 	}
-	p.Signal(syscall.SIGKILL)
+	_ = p.Signal(syscall.SIGKILL)
 	select {
 	case <-p.done:
 		return nil
@@ -181,7 +181,7 @@ func (p *Process) WaitOutput(ctx context.Context, s string) error {
 			if strings.Contains(p.Output(), s) || strings.Contains(p.ErrOutput(), s) {
 				return nil
 			}
-			return fmt.Errorf("%s exited (%v) before printing %q; stderr: %s", p.Args[0], p.err, s, p.ErrOutput())
+			return fmt.Errorf("%s exited (%w) before printing %q; stderr: %s", p.Args[0], p.err, s, p.ErrOutput())
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for %q from %s: %w; stderr: %s", s, p.Args[0], ctx.Err(), p.ErrOutput())
 		case <-t.C:

@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os/exec"
@@ -158,7 +159,7 @@ func (b *Bed) Loss(i, k int) float64 {
 }
 
 func isNotFound(err error) bool {
-	return err == unix.ENOENT || strings.Contains(err.Error(), "no such file") || strings.Contains(err.Error(), "not found")
+	return errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file") || strings.Contains(err.Error(), "not found")
 }
 
 // lossProgram builds: if (bpf_get_prandom_u32() < threshold) return TC_ACT_SHOT; return TC_ACT_OK;

@@ -28,7 +28,7 @@ const (
 func (b *Bed) PinDir(node *Node) string {
 	d := filepath.Join(PinRoot, b.Name, fmt.Sprintf("node%d", node.Index))
 	if err := ensureBPFFS(); err == nil {
-		os.MkdirAll(d, 0o700)
+		_ = os.MkdirAll(d, 0o700)
 	}
 	return d
 }
@@ -173,7 +173,7 @@ func killInNetns(namespaces []string) {
 		return
 	}
 	for _, pid := range pids {
-		syscall.Kill(pid, syscall.SIGTERM)
+		_ = syscall.Kill(pid, syscall.SIGTERM)
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	for time.Now().Before(deadline) {
@@ -189,6 +189,6 @@ func killInNetns(namespaces []string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	for _, pid := range pids {
-		syscall.Kill(pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }

@@ -101,7 +101,7 @@ func serve(args []string) error {
 	report := fs.String("report", "", "file to append JSON lines to (default stdout)")
 	warmup := fs.Duration("warmup", time.Second, "time after a connection's first byte that goodput ignores")
 	window := fs.Duration("window", 5*time.Second, "length of the goodput window")
-	fs.Parse(args)
+	_ = fs.Parse(args)
 
 	out := os.Stdout
 	if *report != "" {
@@ -138,7 +138,7 @@ func serve(args []string) error {
 			r := receive(c.(*net.TCPConn), *warmup, *window)
 			line, _ := json.Marshal(r)
 			mu.Lock()
-			out.Write(append(line, '\n'))
+			_, _ = out.Write(append(line, '\n'))
 			mu.Unlock()
 		}()
 	}
@@ -255,7 +255,7 @@ func send(args []string) error {
 	mptcp := fs.Bool("mptcp", false, "dial with MPTCP")
 	seed := fs.Uint64("seed", 1, "seed of the byte streams; connection i uses (seed, i)")
 	asJSON := fs.Bool("json", false, "print one JSON line per connection (default: short text)")
-	fs.Parse(args)
+	_ = fs.Parse(args)
 	if *to == "" {
 		return errors.New("-to is required")
 	}
@@ -326,10 +326,10 @@ func sendOne(to string, mptcp bool, seed uint64, i int, duration time.Duration, 
 		} else if time.Now().After(deadline) {
 			break
 		}
-		src.Read(buf[:n])
+		_, _ = src.Read(buf[:n])
 		if nbytes == 0 {
 			// A write must not outlive the duration by much when the path is slow or lossy.
-			c.SetWriteDeadline(deadline.Add(2 * time.Second))
+			_ = c.SetWriteDeadline(deadline.Add(2 * time.Second))
 		}
 		w, err := c.Write(buf[:n])
 		h.Write(buf[:w])
@@ -340,9 +340,9 @@ func sendOne(to string, mptcp bool, seed uint64, i int, duration time.Duration, 
 		}
 	}
 	// Half-close and wait for the server's close, so that the server has read everything when we report.
-	tc.CloseWrite()
-	c.SetReadDeadline(time.Now().Add(30 * time.Second))
-	io.Copy(io.Discard, c)
+	_ = tc.CloseWrite()
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, _ = io.Copy(io.Discard, c)
 	c.Close()
 	r.Seconds = time.Since(start).Seconds()
 	r.SHA256, r.Blocks = h.sums()
@@ -353,7 +353,7 @@ func sendOne(to string, mptcp bool, seed uint64, i int, duration time.Duration, 
 func echo(args []string) error {
 	fs := flag.NewFlagSet("echo", flag.ExitOnError)
 	listen := fs.String("listen", ":7", "UDP address to listen on")
-	fs.Parse(args)
+	_ = fs.Parse(args)
 	c, err := net.ListenPacket("udp", *listen)
 	if err != nil {
 		return err
@@ -365,7 +365,7 @@ func echo(args []string) error {
 		if err != nil {
 			return err
 		}
-		c.WriteTo(buf[:n], from)
+		_, _ = c.WriteTo(buf[:n], from)
 	}
 }
 
@@ -382,7 +382,7 @@ func probe(args []string) error {
 	count := fs.Int("count", 100, "datagrams to send")
 	interval := fs.Duration("interval", 2*time.Millisecond, "time between datagrams")
 	wait := fs.Duration("wait", time.Second, "how long to wait for replies after the last datagram")
-	fs.Parse(args)
+	_ = fs.Parse(args)
 	c, err := net.Dial("udp", *to)
 	if err != nil {
 		return err
@@ -415,7 +415,7 @@ func probe(args []string) error {
 	msg := make([]byte, 64)
 	for i := range *count {
 		binary.BigEndian.PutUint32(msg, uint32(i))
-		c.Write(msg)
+		_, _ = c.Write(msg)
 		time.Sleep(*interval)
 	}
 	time.Sleep(*wait)

@@ -31,13 +31,14 @@ type Attachment struct {
 	Hook      Hook
 }
 
-func (d *Datapath) hookProgram(h Hook) (*ebpf.Program, ebpf.AttachType) {
-	switch h {
-	case HookPodEgress:
+// hookProgram returns the program for a hook and where it attaches. Both
+// hooks are TC ingress for now; the attach type stays per hook because the
+// next actors (backup, rate) act on packets into pods, at TC egress.
+func (d *Datapath) hookProgram(h Hook) (*ebpf.Program, ebpf.AttachType) { //nolint:unparam // see above
+	if h == HookPodEgress {
 		return d.objs.PodEgress, ebpf.AttachTCXIngress
-	default:
-		return d.objs.NicIngress, ebpf.AttachTCXIngress
 	}
+	return d.objs.NicIngress, ebpf.AttachTCXIngress
 }
 
 // linkPin is links/<hook>/<interface>. bpffs refuses names with a dot, which
