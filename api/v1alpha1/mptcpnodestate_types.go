@@ -1,0 +1,273 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The node state repeats parts of the policy and path types without their CEL
+// rules: the controller is its only writer and copies already validated
+// values, and CEL rules inside per-pod lists would exceed the API server's
+// cost budget.
+
+// NodeInterface is an InterfaceSelector as copied into a node state: exactly
+// one field is set.
+type NodeInterface struct {
+	// +optional
+	Name string `json:"name,omitempty"`
+	// +optional
+	Pattern string `json:"pattern,omitempty"`
+	// +optional
+	AltName string `json:"altName,omitempty"`
+}
+
+// CompiledTraffic is a policy's TrafficMatch as copied into a node state.
+type CompiledTraffic struct {
+	// +optional
+	// +listType=atomic
+	CIDRs []string `json:"cidrs,omitempty"`
+	// +optional
+	// +listType=atomic
+	Ports []PortRange `json:"ports,omitempty"`
+	// +optional
+	Family IPFamily `json:"family,omitempty"`
+}
+
+// NodePath is a path resolved for one node.
+type NodePath struct {
+	// name of the MPTCPPath.
+	Name string `json:"name"`
+
+	// index is the path's cluster-wide index (MPTCPPath status.index), the
+	// same on every node so that marks agree.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=63
+	Index int32 `json:"index"`
+
+	// interface is how the agent finds the path's interface on this node.
+	// The controller cannot see a node's interfaces; the agent reports the
+	// one it found (or none) in status.paths.
+	Interface NodeInterface `json:"interface"`
+
+	// role is the path's default role.
+	Role PathRole `json:"role"`
+
+	// weight is the path's default share of subflow placements.
+	Weight int32 `json:"weight"`
+
+	// capacity in bits per second.
+	Capacity resource.Quantity `json:"capacity"`
+}
+
+// RulePath is one path of a compiled rule, in order of preference.
+type RulePath struct {
+	// name of the path; always one of spec.paths on the same node.
+	Name string `json:"name"`
+	// weight is the path's share of subflow placements in this rule.
+	Weight int32 `json:"weight"`
+}
+
+// CompiledRateLimits are a rule's rate limits, quantities in bits per second.
+type CompiledRateLimits struct {
+	Mode RateMode `json:"mode"`
+	// +optional
+	PerConnection *resource.Quantity `json:"perConnection,omitempty"`
+	// +optional
+	PerPod *resource.Quantity `json:"perPod,omitempty"`
+	// +optional
+	// +listType=atomic
+	PerPath []CompiledPathRate `json:"perPath,omitempty"`
+}
+
+// CompiledPathRate caps a rule's traffic on one path.
+type CompiledPathRate struct {
+	Path string            `json:"path"`
+	Rate resource.Quantity `json:"rate"`
+}
+
+// CompiledRule is one policy as it applies to one pod.
+type CompiledRule struct {
+	// policy is the MPTCPPolicy's name.
+	Policy string `json:"policy"`
+	// policyGeneration is the policy's metadata.generation compiled here;
+	// the agent reports it back in status.appliedPolicies.
+	PolicyGeneration int64 `json:"policyGeneration"`
+	// priority of the policy, for display: rules are already in order.
+	Priority int32 `json:"priority"`
+
+	// traffic is the selector chain; unset matches all of the pod's traffic.
+	// +optional
+	Traffic *CompiledTraffic `json:"traffic,omitempty"`
+
+	// paths allowed, in order of preference, with weights. Paths of the
+	// policy that do not exist on this node are left out (see status of the
+	// policy, condition Degraded).
+	// +optional
+	// +listType=atomic
+	Paths []RulePath `json:"paths,omitempty"`
+	// spreadMode of placement over paths.
+	SpreadMode SpreadMode `json:"spreadMode"`
+	// backupPaths in order.
+	// +optional
+	// +listType=atomic
+	BackupPaths []string `json:"backupPaths,omitempty"`
+	// blockedPaths on which joins are refused.
+	// +optional
+	// +listType=atomic
+	BlockedPaths []string `json:"blockedPaths,omitempty"`
+	// maxSubflows per connection, the first included.
+	MaxSubflows int32 `json:"maxSubflows"`
+	// rateLimits, if any.
+	// +optional
+	RateLimits *CompiledRateLimits `json:"rateLimits,omitempty"`
+	// subflowCreation is who creates extra subflows in the pod.
+	SubflowCreation SubflowCreation `json:"subflowCreation"`
+	// signalPorts announced in signal mode.
+	// +optional
+	// +listType=atomic
+	SignalPorts []int32 `json:"signalPorts,omitempty"`
+	// headerRewriting is true only when the admin opted in.
+	HeaderRewriting bool `json:"headerRewriting"`
+	// tenantPreferred is true when the pod's mptcp.io/preferred-paths
+	// annotation reordered paths.
+	// +optional
+	TenantPreferred bool `json:"tenantPreferred,omitempty"`
+}
+
+// NodePod is a pod running on the node and the rules that govern it.
+type NodePod struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+	// ips of the pod (status.podIPs); empty until the pod has an address.
+	// +optional
+	// +listType=atomic
+	IPs []string `json:"ips,omitempty"`
+	// rules in order of precedence (priority, then policy name): for each
+	// connection the agent applies the first rule whose traffic matches.
+	// +listType=atomic
+	Rules []CompiledRule `json:"rules"`
+}
+
+// MPTCPNodeStateSpec is written by the controller only. It holds nothing
+// about other nodes, so its size does not grow with the cluster.
+type MPTCPNodeStateSpec struct {
+	// podCIDRs of the node (node.spec.podCIDRs).
+	// +optional
+	// +listType=atomic
+	PodCIDRs []string `json:"podCIDRs,omitempty"`
+	// paths selected for this node, sorted by name.
+	// +optional
+	// +listType=atomic
+	Paths []NodePath `json:"paths,omitempty"`
+	// pods on this node governed by at least one policy, sorted by
+	// namespace/name.
+	// +optional
+	// +listType=atomic
+	Pods []NodePod `json:"pods,omitempty"`
+}
+
+// LinkState is the carrier state of a path's interface on this node.
+// +kubebuilder:validation:Enum=Up;Down;NotFound;Ambiguous
+type LinkState string
+
+const (
+	LinkUp        LinkState = "Up"
+	LinkDown      LinkState = "Down"
+	LinkNotFound  LinkState = "NotFound"
+	LinkAmbiguous LinkState = "Ambiguous"
+)
+
+// Liveness is what probes to peers over a path say.
+// +kubebuilder:validation:Enum=Alive;Failing;Unknown
+type Liveness string
+
+const (
+	LivenessAlive   Liveness = "Alive"
+	LivenessFailing Liveness = "Failing"
+	LivenessUnknown Liveness = "Unknown"
+)
+
+// PathState is the agent's view of one of the node's paths.
+type PathState struct {
+	Name string `json:"name"`
+	// interface is the kernel name of the interface found, if any.
+	// +optional
+	Interface string    `json:"interface,omitempty"`
+	Link      LinkState `json:"link"`
+	// +optional
+	Liveness Liveness `json:"liveness,omitempty"`
+	// addresses of the node on this path; the controller publishes them to
+	// peers through the Node annotation mptcp.io/paths.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=4
+	Addresses []string `json:"addresses,omitempty"`
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// AppliedPolicy is a policy generation the agent enforces.
+type AppliedPolicy struct {
+	Name       string `json:"name"`
+	Generation int64  `json:"generation"`
+}
+
+// MPTCPNodeStateStatus is written by the node's agent only.
+type MPTCPNodeStateStatus struct {
+	// observedGeneration is the spec generation the agent last acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// paths: link and liveness per path.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Paths []PathState `json:"paths,omitempty"`
+	// appliedPolicies: the generation of each policy in force on the node.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	AppliedPolicies []AppliedPolicy `json:"appliedPolicies,omitempty"`
+	// errors that kept part of the spec from being applied (the agent keeps
+	// the last good state meanwhile).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	Errors []string `json:"errors,omitempty"`
+	// conditions: Ready, Progressing, Degraded.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// MPTCPNodeState is the compiled, node-local result for one node; its name is
+// the node's name. The controller writes spec, the node's agent writes status.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=mnode,categories=mptcp
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Degraded",type=string,JSONPath=`.status.conditions[?(@.type=="Degraded")].status`
+// +kubebuilder:printcolumn:name="Generation",type=integer,JSONPath=`.metadata.generation`,priority=1
+// +kubebuilder:printcolumn:name="Observed",type=integer,JSONPath=`.status.observedGeneration`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type MPTCPNodeState struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec MPTCPNodeStateSpec `json:"spec,omitempty"`
+	// +optional
+	Status MPTCPNodeStateStatus `json:"status,omitempty"`
+}
+
+// MPTCPNodeStateList is a list of MPTCPNodeState.
+//
+// +kubebuilder:object:root=true
+type MPTCPNodeStateList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []MPTCPNodeState `json:"items"`
+}

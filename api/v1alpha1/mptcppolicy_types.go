@@ -1,0 +1,334 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// IPFamily restricts a policy's traffic to one address family.
+// +kubebuilder:validation:Enum=IPv4;IPv6;Any
+type IPFamily string
+
+const (
+	IPFamilyIPv4 IPFamily = "IPv4"
+	IPFamilyIPv6 IPFamily = "IPv6"
+	IPFamilyAny  IPFamily = "Any"
+)
+
+// PortRange is a destination TCP port or an inclusive range of them.
+type PortRange struct {
+	// port is the first (or only) port.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port"`
+
+	// endPort, when set, makes the match the range [port, endPort].
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	EndPort int32 `json:"endPort,omitempty"`
+}
+
+// TrafficMatch is the selector chain: which of the selected pods' TCP traffic
+// the policy applies to. Every set field must match; unset fields match all.
+// +kubebuilder:validation:XValidation:rule="!has(self.cidrs) || !has(self.family) || self.family == 'Any' || self.cidrs.all(c, cidr(c).ip().family() == (self.family == 'IPv4' ? 4 : 6))",message="every entry of cidrs must be of the address family given in family"
+type TrafficMatch struct {
+	// cidrs are the remote networks, e.g. "10.20.0.0/16" or "fd00::/8".
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=43
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="each entry of cidrs must be a CIDR such as 10.0.0.0/8"
+	CIDRs []string `json:"cidrs,omitempty"`
+
+	// ports are remote TCP ports.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:XValidation:rule="!has(self.endPort) || self.endPort >= self.port",message="endPort must not be below port"
+	Ports []PortRange `json:"ports,omitempty"`
+
+	// family restricts the match to one address family.
+	// +optional
+	// +kubebuilder:default=Any
+	Family IPFamily `json:"family,omitempty"`
+}
+
+// SpreadMode says how a connection's new subflows are placed on the spread
+// paths.
+// +kubebuilder:validation:Enum=weighted;roundRobin;preferredFirst
+type SpreadMode string
+
+const (
+	SpreadWeighted       SpreadMode = "weighted"
+	SpreadRoundRobin     SpreadMode = "roundRobin"
+	SpreadPreferredFirst SpreadMode = "preferredFirst"
+)
+
+// WeightedPath names a path and its share of subflow placements.
+type WeightedPath struct {
+	// name of an MPTCPPath.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// weight is the path's share of placements; when unset, the path's own
+	// spec.weight.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	Weight int32 `json:"weight,omitempty"`
+}
+
+// Spread is the main actor: the paths that carry the pods' subflows.
+type Spread struct {
+	// paths in order of preference.
+	// +required
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=16
+	Paths []WeightedPath `json:"paths"`
+
+	// mode of placement.
+	// +optional
+	// +kubebuilder:default=weighted
+	Mode SpreadMode `json:"mode,omitempty"`
+}
+
+// RateMode is how a rate limit is enforced. window lowers the advertised
+// receive window (caps a connection or a pod, never a path: the MPTCP v1
+// window is shared by all subflows, RFC 8684 3.3.4); police drops above a
+// token bucket; shape queues in HTB on the NIC.
+// +kubebuilder:validation:Enum=window;police;shape
+type RateMode string
+
+const (
+	RateModeWindow RateMode = "window"
+	RateModePolice RateMode = "police"
+	RateModeShape  RateMode = "shape"
+)
+
+// PathRate caps the policy's traffic on one path.
+type PathRate struct {
+	// path is the name of one of the policy's paths.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Path string `json:"path"`
+
+	// rate in bits per second.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="rate must be positive"
+	Rate resource.Quantity `json:"rate"`
+}
+
+// RateLimits are the rate actor's caps, all in bits per second.
+// +kubebuilder:validation:XValidation:rule="!(self.mode == 'window' && has(self.perPath))",message="perPath cannot use mode window: a receive window caps a connection, not a path"
+// +kubebuilder:validation:XValidation:rule="has(self.perConnection) || has(self.perPod) || has(self.perPath)",message="rateLimits must set at least one of perConnection, perPod or perPath"
+type RateLimits struct {
+	// mode of enforcement.
+	// +required
+	Mode RateMode `json:"mode"`
+
+	// perConnection caps each MPTCP connection (all its subflows).
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="perConnection must be positive"
+	PerConnection *resource.Quantity `json:"perConnection,omitempty"`
+
+	// perPod caps each selected pod.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="perPod must be positive"
+	PerPod *resource.Quantity `json:"perPod,omitempty"`
+
+	// perPath caps the policy's traffic on a path, per node.
+	// +optional
+	// +listType=map
+	// +listMapKey=path
+	// +kubebuilder:validation:MaxItems=16
+	PerPath []PathRate `json:"perPath,omitempty"`
+}
+
+// SubflowCreation is who creates a managed pod's extra subflows.
+//   - userspace: the agent is the pod's userspace path manager and creates the
+//     joins itself (works toward unmanaged servers, and re-creates subflows
+//     after a failure).
+//   - signal: server pods announce extra ports (signal endpoints); clients
+//     join them. K paths need K-1 ports that the tenant can no longer bind.
+//   - guest: the workload's own path manager creates subflows (VM guests,
+//     unmanaged stacks); the host only places them.
+//
+// +kubebuilder:validation:Enum=userspace;signal;guest
+type SubflowCreation string
+
+const (
+	SubflowCreationUserspace SubflowCreation = "userspace"
+	SubflowCreationSignal    SubflowCreation = "signal"
+	SubflowCreationGuest     SubflowCreation = "guest"
+)
+
+// PodMPTCP is what the agent configures inside a selected pod's network
+// namespace before its workload starts.
+// +kubebuilder:validation:XValidation:rule="(has(self.subflowCreation) && self.subflowCreation == 'signal') == has(self.signalPorts)",message="signalPorts must be set when subflowCreation is signal, and only then"
+type PodMPTCP struct {
+	// subflowCreation says who creates extra subflows.
+	// +optional
+	// +kubebuilder:default=userspace
+	SubflowCreation SubflowCreation `json:"subflowCreation,omitempty"`
+
+	// signalPorts are the ports a server pod announces in signal mode.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=7
+	// +kubebuilder:validation:items:Minimum=1
+	// +kubebuilder:validation:items:Maximum=65535
+	SignalPorts []int32 `json:"signalPorts,omitempty"`
+}
+
+// Permission is an explicit admin choice.
+// +kubebuilder:validation:Enum=Allowed;Forbidden
+type Permission string
+
+const (
+	Allowed   Permission = "Allowed"
+	Forbidden Permission = "Forbidden"
+)
+
+// MPTCPPolicySpec says which pods and which traffic (the selector chain) get
+// which actions (the actor chain).
+// +kubebuilder:validation:XValidation:rule="!has(self.blockedPaths) || self.spread.paths.all(p, !(p.name in self.blockedPaths))",message="blockedPaths must not name a path of spread.paths"
+// +kubebuilder:validation:XValidation:rule="!has(self.blockedPaths) || !has(self.backupPaths) || self.backupPaths.all(p, !(p in self.blockedPaths))",message="blockedPaths must not name a path of backupPaths"
+// +kubebuilder:validation:XValidation:rule="!has(self.backupPaths) || self.spread.paths.all(p, !(p.name in self.backupPaths))",message="backupPaths must not name a path of spread.paths"
+// +kubebuilder:validation:XValidation:rule="!has(self.rateLimits) || !has(self.rateLimits.perPath) || self.rateLimits.perPath.all(r, self.spread.paths.exists(p, p.name == r.path) || (has(self.backupPaths) && r.path in self.backupPaths))",message="rateLimits.perPath must name paths of spread.paths or backupPaths"
+// +kubebuilder:validation:XValidation:rule="self.headerRewriting == 'Allowed' || !has(self.backupPaths)",message="backupPaths rewrite MP_JOIN and MP_PRIO options and need headerRewriting: Allowed"
+// +kubebuilder:validation:XValidation:rule="self.headerRewriting == 'Allowed' || !has(self.rateLimits) || self.rateLimits.mode != 'window'",message="rateLimits.mode window rewrites the TCP window and needs headerRewriting: Allowed"
+type MPTCPPolicySpec struct {
+	// priority decides between policies selecting the same pod: higher
+	// first, then by name.
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=-1000
+	// +kubebuilder:validation:Maximum=1000
+	Priority int32 `json:"priority"`
+
+	// namespaceSelector selects the namespaces whose pods the policy covers.
+	// It is required so that covering every namespace is written out as {}.
+	// +required
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector"`
+
+	// podSelector selects pods within those namespaces; unset selects all.
+	// +optional
+	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
+
+	// traffic restricts the policy to some of the pods' traffic.
+	// +optional
+	Traffic *TrafficMatch `json:"traffic,omitempty"`
+
+	// spread places subflows over named paths.
+	// +required
+	Spread Spread `json:"spread"`
+
+	// backupPaths carry subflows only when no spread path is alive.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=63
+	BackupPaths []string `json:"backupPaths,omitempty"`
+
+	// blockedPaths are refused: a join on them is answered with MP_TCPRST
+	// "administratively prohibited".
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=63
+	BlockedPaths []string `json:"blockedPaths,omitempty"`
+
+	// maxSubflows caps a connection's subflows, the first included; joins
+	// beyond it are refused.
+	// +optional
+	// +kubebuilder:default=4
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=8
+	MaxSubflows int32 `json:"maxSubflows,omitempty"`
+
+	// rateLimits caps connections, pods or paths.
+	// +optional
+	RateLimits *RateLimits `json:"rateLimits,omitempty"`
+
+	// tenantPreferences says whether pods may reorder the spread paths with
+	// the mptcp.io/preferred-paths annotation (narrowing only).
+	// +optional
+	// +kubebuilder:default=Forbidden
+	TenantPreferences Permission `json:"tenantPreferences,omitempty"`
+
+	// podMPTCP is the MPTCP configuration inside selected pods.
+	// +optional
+	// +kubebuilder:default={subflowCreation: userspace}
+	PodMPTCP PodMPTCP `json:"podMPTCP,omitempty"`
+
+	// headerRewriting is the admin's explicit opt-in to rewriting tenant
+	// packet headers at all (backup B bit, MP_PRIO, receive window).
+	// +optional
+	// +kubebuilder:default=Forbidden
+	HeaderRewriting Permission `json:"headerRewriting,omitempty"`
+}
+
+// MPTCPPolicyStatus is aggregated by the controller from node states.
+type MPTCPPolicyStatus struct {
+	// observedGeneration is the generation this status was computed from.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// matchedPods is how many pods the policy governs (after priorities).
+	// +optional
+	MatchedPods int32 `json:"matchedPods"`
+
+	// nodes is how many nodes run pods governed by the policy.
+	// +optional
+	Nodes int32 `json:"nodes"`
+
+	// nodesReady is how many of them report this generation applied.
+	// +optional
+	NodesReady int32 `json:"nodesReady"`
+
+	// conditions: Ready, Progressing, Degraded.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// MPTCPPolicy gives the selected tenants' pods a multipath treatment.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=mpol,categories=mptcp
+// +kubebuilder:printcolumn:name="Priority",type=integer,JSONPath=`.spec.priority`
+// +kubebuilder:printcolumn:name="Pods",type=integer,JSONPath=`.status.matchedPods`
+// +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodes`
+// +kubebuilder:printcolumn:name="Nodes-Ready",type=integer,JSONPath=`.status.nodesReady`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type MPTCPPolicy struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec MPTCPPolicySpec `json:"spec"`
+	// +optional
+	Status MPTCPPolicyStatus `json:"status,omitempty"`
+}
+
+// MPTCPPolicyList is a list of MPTCPPolicy.
+//
+// +kubebuilder:object:root=true
+type MPTCPPolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []MPTCPPolicy `json:"items"`
+}

@@ -1,0 +1,386 @@
+package v1alpha1_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+)
+
+// validPolicy is the base most policy cases change in one place.
+const validPolicySpec = `
+  namespaceSelector: {}
+  spread:
+    paths:
+      - name: fabric-a
+`
+
+// TestInvalidManifestsAreRejected sends manifests the schema and its CEL rules
+// must refuse to a real API server, and checks that the error names the
+// offending field, so an admin knows what to fix.
+func TestInvalidManifestsAreRejected(t *testing.T) {
+	env := testenv.Start(t)
+
+	cases := map[string]struct {
+		manifest string // YAML of one object
+		field    string // field path the API server's message must name
+		message  string // part of the message that explains the rule
+	}{
+		"path without interface": {
+			manifest: `
+kind: MPTCPPath
+metadata: {name: p}
+spec: {interface: {}, capacity: 1G}`,
+			field: "spec.interface", message: "exactly one of name, pattern or altName",
+		},
+		"path with interface name and pattern": {
+			manifest: `
+kind: MPTCPPath
+metadata: {name: p}
+spec: {interface: {name: nic1, pattern: "nic*"}, capacity: 1G}`,
+			field: "spec.interface", message: "exactly one of name, pattern or altName",
+		},
+		"path interface name longer than IFNAMSIZ": {
+			manifest: `
+kind: MPTCPPath
+metadata: {name: p}
+spec: {interface: {name: nic0123456789abc}, capacity: 1G}`,
+			field: "spec.interface.name", message: "15",
+		},
+		"path interface name with a slash": {
+			manifest: `
+kind: MPTCPPath
+metadata: {name: p}
+spec: {interface: {name: "a/b"}, capacity: 1G}`,
+			field: "spec.interface.name", message: "should match",
+		},
+		"path with zero capacity": {
+			manifest: `
+kind: MPTCPPath
+metadata: {name: p}
+spec: {interface: {name: nic1}, capacity: "0"}`,
+			field: "spec.capacity", message: "capacity must be positive",
+		},
+		"path without capacity": {
+			manifest: `
+kind: MPTCPPath
+metadata: {name: p}
+spec: {interface: {name: nic1}}`,
+			field: "spec.capacity", message: "Required value",
+		},
+		"path with unknown role": {
+			manifest: `
+kind: MPTCPPath
+metadata: {name: p}
+spec: {interface: {name: nic1}, capacity: 1G, defaultRole: primary}`,
+			field: "spec.defaultRole", message: "Unsupported value",
+		},
+		"path with weight zero": {
+			manifest: `
+kind: MPTCPPath
+metadata: {name: p}
+spec: {interface: {name: nic1}, capacity: 1G, weight: 0}`,
+			field: "spec.weight", message: "greater than or equal to 1",
+		},
+		"path named with a dot": {
+			manifest: `
+kind: MPTCPPath
+metadata: {name: fabric.a}
+spec: {interface: {name: nic1}, capacity: 1G}`,
+			field: "metadata.name", message: "must be a DNS label",
+		},
+		"policy without namespaceSelector": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec: {spread: {paths: [{name: fabric-a}]}}`,
+			field: "spec.namespaceSelector", message: "Required value",
+		},
+		"policy spreading over no path": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec: {namespaceSelector: {}, spread: {paths: []}}`,
+			field: "spec.spread.paths", message: "at least 1 items",
+		},
+		"policy spreading twice over one path": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec: {namespaceSelector: {}, spread: {paths: [{name: fabric-a}, {name: fabric-a}]}}`,
+			field: "spec.spread.paths[1]", message: "Duplicate value",
+		},
+		"policy with weight above 100": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec: {namespaceSelector: {}, spread: {paths: [{name: fabric-a, weight: 101}]}}`,
+			field: "spec.spread.paths[0].weight", message: "less than or equal to 100",
+		},
+		"policy with unknown spread mode": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec: {namespaceSelector: {}, spread: {mode: random, paths: [{name: fabric-a}]}}`,
+			field: "spec.spread.mode", message: "Unsupported value",
+		},
+		"policy with nine subflows": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  maxSubflows: 9`,
+			field: "spec.maxSubflows", message: "less than or equal to 8",
+		},
+		"policy with priority out of range": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  priority: 5000`,
+			field: "spec.priority", message: "less than or equal to 1000",
+		},
+		"policy with a malformed CIDR": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  traffic: {cidrs: ["10.0.0.0/33"]}`,
+			field: "spec.traffic.cidrs[0]", message: "must be a CIDR",
+		},
+		"policy with CIDR of the other family": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  traffic: {family: IPv6, cidrs: ["10.0.0.0/8"]}`,
+			field: "spec.traffic", message: "address family given in family",
+		},
+		"policy with unknown family": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  traffic: {family: IPv5}`,
+			field: "spec.traffic.family", message: "Unsupported value",
+		},
+		"policy with port zero": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  traffic: {ports: [{port: 0}]}`,
+			field: "spec.traffic.ports[0].port", message: "greater than or equal to 1",
+		},
+		"policy with a port range ending below its start": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  traffic: {ports: [{port: 8080, endPort: 80}]}`,
+			field: "spec.traffic.ports[0]", message: "endPort must not be below port",
+		},
+		"policy blocking a path it spreads over": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  blockedPaths: [fabric-a]`,
+			field: "spec", message: "blockedPaths must not name a path of spread.paths",
+		},
+		"policy with a backup path it also spreads over": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  headerRewriting: Allowed
+  backupPaths: [fabric-a]`,
+			field: "spec", message: "backupPaths must not name a path of spread.paths",
+		},
+		"policy blocking its backup path": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  headerRewriting: Allowed
+  backupPaths: [lte]
+  blockedPaths: [lte]`,
+			field: "spec", message: "blockedPaths must not name a path of backupPaths",
+		},
+		"policy with backup paths but no header rewriting opt-in": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  backupPaths: [lte]`,
+			field: "spec", message: "need headerRewriting: Allowed",
+		},
+		"policy with window rate limit but no header rewriting opt-in": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: window, perConnection: 100M}`,
+			field: "spec", message: "rateLimits.mode window rewrites the TCP window",
+		},
+		"policy capping a path with the receive window": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  headerRewriting: Allowed
+  rateLimits: {mode: window, perPath: [{path: fabric-a, rate: 1G}]}`,
+			field: "spec.rateLimits", message: "perPath cannot use mode window",
+		},
+		"policy capping a path it does not use": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: police, perPath: [{path: fabric-z, rate: 1G}]}`,
+			field: "spec", message: "rateLimits.perPath must name paths of spread.paths or backupPaths",
+		},
+		"policy with a negative pod rate": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: police, perPod: "-1M"}`,
+			field: "spec.rateLimits.perPod", message: "perPod must be positive",
+		},
+		"policy with rate limits that limit nothing": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: police}`,
+			field: "spec.rateLimits", message: "at least one of perConnection, perPod or perPath",
+		},
+		"policy in signal mode without ports": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  podMPTCP: {subflowCreation: signal}`,
+			field: "spec.podMPTCP", message: "signalPorts must be set when subflowCreation is signal",
+		},
+		"policy with signal ports in userspace mode": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  podMPTCP: {subflowCreation: userspace, signalPorts: [4000]}`,
+			field: "spec.podMPTCP", message: "signalPorts must be set when subflowCreation is signal",
+		},
+		"policy with an unknown tenant preference permission": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  tenantPreferences: Sometimes`,
+			field: "spec.tenantPreferences", message: "Unsupported value",
+		},
+		"node state with a path index of zero": {
+			manifest: `
+kind: MPTCPNodeState
+metadata: {name: node-1}
+spec:
+  paths:
+    - {name: fabric-a, index: 0, interface: {name: nic1}, role: active, weight: 1, capacity: 1G}`,
+			field: "spec.paths[0].index", message: "greater than or equal to 1",
+		},
+	}
+
+	ctx := context.Background()
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			obj := decode(t, "apiVersion: mptcp.io/v1alpha1\n"+strings.TrimPrefix(tc.manifest, "\n"))
+			err := env.Client.Create(ctx, obj)
+			if err == nil {
+				_ = env.Client.Delete(ctx, obj)
+				t.Fatalf("the API server accepted an invalid %s", obj.GetKind())
+			}
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("want an Invalid error, got %v", err)
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, tc.field) || !strings.Contains(msg, tc.message) {
+				t.Fatalf("error does not name field %q with %q:\n%s", tc.field, tc.message, msg)
+			}
+		})
+	}
+}
+
+// TestExamplesAreAccepted applies every manifest of examples/ to a real API
+// server: the examples are documentation, so they must stay valid.
+func TestExamplesAreAccepted(t *testing.T) {
+	env := testenv.Start(t)
+	files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "examples", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples found: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := utilyaml.NewYAMLReader(bufioReader(data))
+			n := 0
+			for {
+				doc, err := r.Read()
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.TrimSpace(stripComments(string(doc))) == "" {
+					continue
+				}
+				obj := decode(t, string(doc))
+				if err := env.Client.Create(context.Background(), obj); err != nil {
+					t.Errorf("%s %s rejected: %v", obj.GetKind(), obj.GetName(), err)
+				}
+				n++
+			}
+			if n == 0 {
+				t.Fatalf("%s holds no object", f)
+			}
+		})
+	}
+}
+
+func decode(t *testing.T, manifest string) *unstructured.Unstructured {
+	t.Helper()
+	obj := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal([]byte(manifest), &obj.Object); err != nil {
+		t.Fatalf("bad test manifest: %v\n%s", err, manifest)
+	}
+	return obj
+}
+
+func stripComments(s string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			b.WriteString(l)
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
+func bufioReader(b []byte) *bufio.Reader { return bufio.NewReader(bytes.NewReader(b)) }

@@ -1,0 +1,390 @@
+// Package compile turns the cluster's paths, policies, namespaces and one
+// node's pods into that node's MPTCPNodeState spec. It is pure: the same
+// inputs give a byte-identical spec, whatever the order the inputs come in,
+// so the controller can compare before it writes and write nothing when
+// nothing changed.
+package compile
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+)
+
+// Input is everything one node's spec depends on.
+type Input struct {
+	// Node is the node compiled for.
+	Node *corev1.Node
+	// Paths and Policies are all of the cluster's.
+	Paths    []mptcpv1alpha1.MPTCPPath
+	Policies []mptcpv1alpha1.MPTCPPolicy
+	// NamespaceLabels maps each namespace of Pods to its labels.
+	NamespaceLabels map[string]map[string]string
+	// Pods are the pods bound to Node.
+	Pods []corev1.Pod
+}
+
+// Refusal is a tenant preference that was not honoured, to be reported as a
+// Warning event on the pod.
+type Refusal struct {
+	Pod    *corev1.Pod
+	Policy string
+	// Reason is a CamelCase event reason.
+	Reason string
+	// Message explains the refusal to the tenant.
+	Message string
+}
+
+// Refusal reasons.
+const (
+	ReasonPreferencesForbidden = "PreferredPathsForbidden"
+	ReasonPreferencesOutside   = "PreferredPathsOutsidePolicy"
+	ReasonPreferencesInvalid   = "PreferredPathsInvalid"
+)
+
+// Result is a node's compiled spec and what it could not honour.
+type Result struct {
+	Spec mptcpv1alpha1.MPTCPNodeStateSpec
+	// Refusals, sorted by pod then policy.
+	Refusals []Refusal
+	// MissingPaths maps a policy to the paths it names that this node does
+	// not have (not selected, or not yet indexed), sorted.
+	MissingPaths map[string][]string
+}
+
+// Node compiles one node's spec.
+func Node(in Input) Result {
+	res := Result{MissingPaths: map[string][]string{}}
+	if in.Node == nil {
+		return res
+	}
+	res.Spec.PodCIDRs = slices.Clone(in.Node.Spec.PodCIDRs)
+	if len(res.Spec.PodCIDRs) == 0 && in.Node.Spec.PodCIDR != "" {
+		res.Spec.PodCIDRs = []string{in.Node.Spec.PodCIDR}
+	}
+
+	nodePaths := resolvePaths(in.Node, in.Paths)
+	byName := map[string]*mptcpv1alpha1.NodePath{}
+	for i := range nodePaths {
+		byName[nodePaths[i].Name] = &nodePaths[i]
+	}
+	res.Spec.Paths = nodePaths
+
+	policies := activePolicies(in.Policies)
+	pods := slices.Clone(in.Pods)
+	slices.SortFunc(pods, func(a, b corev1.Pod) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	for i := range pods {
+		pod := &pods[i]
+		if !podEligible(pod, in.Node.Name) {
+			continue
+		}
+		nsLabels := labels.Set(in.NamespaceLabels[pod.Namespace])
+		var rules []mptcpv1alpha1.CompiledRule
+		for j := range policies {
+			pol := &policies[j]
+			if !selects(pol, nsLabels, pod) {
+				continue
+			}
+			rule, missing := compileRule(pol, byName)
+			if len(missing) > 0 {
+				res.MissingPaths[pol.Name] = mergeSorted(res.MissingPaths[pol.Name], missing)
+			}
+			if r := applyPreferences(pod, pol, &rule); r != nil {
+				res.Refusals = append(res.Refusals, *r)
+			}
+			rules = append(rules, rule)
+		}
+		if len(rules) == 0 {
+			continue
+		}
+		res.Spec.Pods = append(res.Spec.Pods, mptcpv1alpha1.NodePod{
+			Namespace: pod.Namespace,
+			Name:      pod.Name,
+			UID:       string(pod.UID),
+			IPs:       podIPs(pod),
+			Rules:     rules,
+		})
+	}
+	return res
+}
+
+// resolvePaths returns the paths that select node and have an index, sorted
+// by name. A path without an index yet is left out rather than given a mark
+// that might change.
+func resolvePaths(node *corev1.Node, paths []mptcpv1alpha1.MPTCPPath) []mptcpv1alpha1.NodePath {
+	var out []mptcpv1alpha1.NodePath
+	for i := range paths {
+		p := &paths[i]
+		if p.DeletionTimestamp != nil || p.Status.Index < 1 || !PathSelectsNode(p, node) {
+			continue
+		}
+		role := p.Spec.DefaultRole
+		if role == "" {
+			role = mptcpv1alpha1.PathRoleActive
+		}
+		weight := p.Spec.Weight
+		if weight == 0 {
+			weight = 1
+		}
+		out = append(out, mptcpv1alpha1.NodePath{
+			Name:  p.Name,
+			Index: p.Status.Index,
+			Interface: mptcpv1alpha1.NodeInterface{
+				Name: p.Spec.Interface.Name, Pattern: p.Spec.Interface.Pattern, AltName: p.Spec.Interface.AltName,
+			},
+			Role:     role,
+			Weight:   weight,
+			Capacity: p.Spec.Capacity.DeepCopy(),
+		})
+	}
+	slices.SortFunc(out, func(a, b mptcpv1alpha1.NodePath) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// PathSelectsNode reports whether a path's nodeSelector selects node. An
+// invalid selector selects nothing: the API server validated it, so this only
+// guards against a selector this code cannot parse.
+func PathSelectsNode(p *mptcpv1alpha1.MPTCPPath, node *corev1.Node) bool {
+	if p.Spec.NodeSelector == nil {
+		return true
+	}
+	sel, err := metav1.LabelSelectorAsSelector(p.Spec.NodeSelector)
+	if err != nil {
+		return false
+	}
+	return sel.Matches(labels.Set(node.Labels))
+}
+
+// activePolicies drops policies being deleted and orders the rest by
+// precedence: higher priority first, then name, so overlaps resolve the same
+// way on every node and in every run.
+func activePolicies(in []mptcpv1alpha1.MPTCPPolicy) []mptcpv1alpha1.MPTCPPolicy {
+	out := make([]mptcpv1alpha1.MPTCPPolicy, 0, len(in))
+	for _, p := range in {
+		if p.DeletionTimestamp == nil {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b mptcpv1alpha1.MPTCPPolicy) int {
+		return cmp.Or(cmp.Compare(b.Spec.Priority, a.Spec.Priority), cmp.Compare(a.Name, b.Name))
+	})
+	return out
+}
+
+// podEligible: only pods bound to this node whose traffic the agent can
+// steer. Host-network pods share the node's namespace, finished pods have no
+// traffic left.
+func podEligible(pod *corev1.Pod, node string) bool {
+	if pod.Spec.NodeName != node || pod.Spec.HostNetwork {
+		return false
+	}
+	return pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
+}
+
+func selects(pol *mptcpv1alpha1.MPTCPPolicy, nsLabels labels.Set, pod *corev1.Pod) bool {
+	// A policy without a namespaceSelector selects nothing: the schema
+	// requires one, so covering every namespace is always a written choice.
+	if pol.Spec.NamespaceSelector == nil {
+		return false
+	}
+	nsSel, err := metav1.LabelSelectorAsSelector(pol.Spec.NamespaceSelector)
+	if err != nil || !nsSel.Matches(nsLabels) {
+		return false
+	}
+	if pol.Spec.PodSelector == nil {
+		return true
+	}
+	podSel, err := metav1.LabelSelectorAsSelector(pol.Spec.PodSelector)
+	return err == nil && podSel.Matches(labels.Set(pod.Labels))
+}
+
+// compileRule copies a policy's actions, keeping only paths this node has,
+// and returns the names it had to leave out.
+func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1alpha1.NodePath) (mptcpv1alpha1.CompiledRule, []string) {
+	s := &pol.Spec
+	var missing []string
+	keep := func(name string) bool {
+		if _, ok := nodePaths[name]; ok {
+			return true
+		}
+		missing = append(missing, name)
+		return false
+	}
+
+	rule := mptcpv1alpha1.CompiledRule{
+		Policy:           pol.Name,
+		PolicyGeneration: pol.Generation,
+		Priority:         s.Priority,
+		SpreadMode:       cmp.Or(s.Spread.Mode, mptcpv1alpha1.SpreadWeighted),
+		MaxSubflows:      cmp.Or(s.MaxSubflows, 4),
+		SubflowCreation:  cmp.Or(s.PodMPTCP.SubflowCreation, mptcpv1alpha1.SubflowCreationUserspace),
+		SignalPorts:      slices.Clone(s.PodMPTCP.SignalPorts),
+		HeaderRewriting:  s.HeaderRewriting == mptcpv1alpha1.Allowed,
+	}
+	if t := s.Traffic; t != nil {
+		rule.Traffic = &mptcpv1alpha1.CompiledTraffic{
+			CIDRs:  slices.Clone(t.CIDRs),
+			Ports:  slices.Clone(t.Ports),
+			Family: t.Family,
+		}
+	}
+	for _, wp := range s.Spread.Paths {
+		if !keep(wp.Name) {
+			continue
+		}
+		w := wp.Weight
+		if w == 0 {
+			w = nodePaths[wp.Name].Weight
+		}
+		rule.Paths = append(rule.Paths, mptcpv1alpha1.RulePath{Name: wp.Name, Weight: w})
+	}
+	for _, name := range s.BackupPaths {
+		if keep(name) {
+			rule.BackupPaths = append(rule.BackupPaths, name)
+		}
+	}
+	// A blocked path the node does not have needs no blocking there, and is
+	// not reported missing: the admin never asked for it to carry traffic.
+	for _, name := range s.BlockedPaths {
+		if _, ok := nodePaths[name]; ok {
+			rule.BlockedPaths = append(rule.BlockedPaths, name)
+		}
+	}
+	if rl := s.RateLimits; rl != nil {
+		c := &mptcpv1alpha1.CompiledRateLimits{Mode: rl.Mode}
+		if rl.PerConnection != nil {
+			q := rl.PerConnection.DeepCopy()
+			c.PerConnection = &q
+		}
+		if rl.PerPod != nil {
+			q := rl.PerPod.DeepCopy()
+			c.PerPod = &q
+		}
+		for _, pr := range rl.PerPath {
+			if _, ok := nodePaths[pr.Path]; ok {
+				c.PerPath = append(c.PerPath, mptcpv1alpha1.CompiledPathRate{Path: pr.Path, Rate: pr.Rate.DeepCopy()})
+			}
+		}
+		rule.RateLimits = c
+	}
+	slices.Sort(missing)
+	return rule, slices.Compact(missing)
+}
+
+// applyPreferences honours the pod's mptcp.io/preferred-paths annotation in
+// rule, or says why not. A preference can only reorder the policy's own
+// spread paths: it cannot add a path, raise a rate, or name anything outside
+// the pod itself, so a tenant narrows choices and never widens them.
+func applyPreferences(pod *corev1.Pod, pol *mptcpv1alpha1.MPTCPPolicy, rule *mptcpv1alpha1.CompiledRule) *Refusal {
+	value, ok := pod.Annotations[mptcpv1alpha1.AnnotationPreferredPaths]
+	if !ok {
+		return nil
+	}
+	refuse := func(reason, msg string) *Refusal {
+		return &Refusal{Pod: pod, Policy: pol.Name, Reason: reason, Message: msg}
+	}
+	if pol.Spec.TenantPreferences != mptcpv1alpha1.Allowed {
+		return refuse(ReasonPreferencesForbidden,
+			"policy "+pol.Name+" does not allow tenant path preferences; annotation "+
+				mptcpv1alpha1.AnnotationPreferredPaths+" ignored")
+	}
+	names, problem := ParsePreferredPaths(value)
+	if problem != "" {
+		return refuse(ReasonPreferencesInvalid, "annotation "+mptcpv1alpha1.AnnotationPreferredPaths+" ignored: "+problem)
+	}
+	allowed := map[string]bool{}
+	for _, wp := range pol.Spec.Spread.Paths {
+		allowed[wp.Name] = true
+	}
+	for _, n := range names {
+		if !allowed[n] {
+			return refuse(ReasonPreferencesOutside, "path "+n+" is not one of policy "+pol.Name+
+				"'s spread paths; annotation "+mptcpv1alpha1.AnnotationPreferredPaths+" ignored")
+		}
+	}
+	// Preferred paths first, in the tenant's order; the others keep the
+	// policy's order after them, so a preference never removes a fallback.
+	rank := map[string]int{}
+	for i, n := range names {
+		rank[n] = i
+	}
+	slices.SortStableFunc(rule.Paths, func(a, b mptcpv1alpha1.RulePath) int {
+		ra, oka := rank[a.Name]
+		rb, okb := rank[b.Name]
+		switch {
+		case oka && okb:
+			return cmp.Compare(ra, rb)
+		case oka:
+			return -1
+		case okb:
+			return 1
+		}
+		return 0
+	})
+	rule.TenantPreferred = true
+	return nil
+}
+
+// MaxPreferredPaths bounds the annotation, as policies bound their spread.
+const MaxPreferredPaths = 16
+
+// ParsePreferredPaths parses "fabric-b, fabric-a" into path names. Anything
+// that is not a plain list of distinct path names (for instance a
+// "namespace/pod" reference or a selector) is refused as a whole: the
+// annotation speaks only for the pod that carries it.
+func ParsePreferredPaths(value string) ([]string, string) {
+	if strings.TrimSpace(value) == "" {
+		return nil, "it is empty"
+	}
+	parts := strings.Split(value, ",")
+	if len(parts) > MaxPreferredPaths {
+		return nil, "it names more than 16 paths"
+	}
+	seen := map[string]bool{}
+	names := make([]string, 0, len(parts))
+	for _, p := range parts {
+		n := strings.TrimSpace(p)
+		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
+			return nil, quote(n) + " is not a path name: " + errs[0]
+		}
+		if seen[n] {
+			return nil, "path " + n + " is named twice"
+		}
+		seen[n] = true
+		names = append(names, n)
+	}
+	return names, ""
+}
+
+func quote(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "..."
+	}
+	return `"` + s + `"`
+}
+
+func podIPs(pod *corev1.Pod) []string {
+	var ips []string
+	for _, ip := range pod.Status.PodIPs {
+		ips = append(ips, ip.IP)
+	}
+	if len(ips) == 0 && pod.Status.PodIP != "" {
+		ips = []string{pod.Status.PodIP}
+	}
+	return ips
+}
+
+func mergeSorted(a, b []string) []string {
+	out := append(slices.Clone(a), b...)
+	slices.Sort(out)
+	return slices.Compact(out)
+}

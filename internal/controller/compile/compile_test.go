@@ -1,0 +1,171 @@
+package compile
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+)
+
+func testInput() Input {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"mp": "yes"}},
+		Spec: corev1.NodeSpec{PodCIDRs: []string{"10.1.1.0/24", "fd00:1::/64"}}}
+	path := func(name string, idx int32) mptcpv1alpha1.MPTCPPath {
+		return mptcpv1alpha1.MPTCPPath{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: mptcpv1alpha1.MPTCPPathSpec{
+				NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"mp": "yes"}},
+				Interface:    mptcpv1alpha1.InterfaceSelector{Name: "nic-" + name},
+				Capacity:     resource.MustParse("10G"),
+				DefaultRole:  mptcpv1alpha1.PathRoleActive,
+				Weight:       1,
+			},
+			Status: mptcpv1alpha1.MPTCPPathStatus{Index: idx},
+		}
+	}
+	policy := func(name string, prio int32, paths ...string) mptcpv1alpha1.MPTCPPolicy {
+		p := mptcpv1alpha1.MPTCPPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Generation: 3},
+			Spec: mptcpv1alpha1.MPTCPPolicySpec{
+				Priority:          prio,
+				NamespaceSelector: &metav1.LabelSelector{},
+				TenantPreferences: mptcpv1alpha1.Allowed,
+			},
+		}
+		for _, n := range paths {
+			p.Spec.Spread.Paths = append(p.Spec.Spread.Paths, mptcpv1alpha1.WeightedPath{Name: n})
+		}
+		return p
+	}
+	pod := func(ns, name, ip string, ann map[string]string) corev1.Pod {
+		return corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + name), Annotations: ann},
+			Spec:       corev1.PodSpec{NodeName: "n1"},
+			Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: ip}}},
+		}
+	}
+	return Input{
+		Node:            node,
+		Paths:           []mptcpv1alpha1.MPTCPPath{path("a", 1), path("b", 2), path("c", 3), path("unindexed", 0)},
+		Policies:        []mptcpv1alpha1.MPTCPPolicy{policy("p1", 0, "a", "b"), policy("p2", 5, "c"), policy("p3", 0, "b", "unindexed")},
+		NamespaceLabels: map[string]map[string]string{"t1": nil, "t2": nil},
+		Pods: []corev1.Pod{
+			pod("t1", "x", "10.1.1.1", nil),
+			pod("t2", "y", "10.1.1.2", map[string]string{mptcpv1alpha1.AnnotationPreferredPaths: "b"}),
+			pod("t1", "z", "10.1.1.3", map[string]string{mptcpv1alpha1.AnnotationPreferredPaths: "t2/y"}),
+		},
+	}
+}
+
+// TestNodeIsDeterministic: the controller decides "no write" by comparing
+// serialized specs, so the order of the inputs (cache order) must never show.
+func TestNodeIsDeterministic(t *testing.T) {
+	in := testInput()
+	want, err := json.Marshal(Node(in).Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 50 {
+		shuffled := in
+		shuffled.Paths = slices.Clone(in.Paths)
+		shuffled.Policies = slices.Clone(in.Policies)
+		shuffled.Pods = slices.Clone(in.Pods)
+		r.Shuffle(len(shuffled.Paths), func(i, j int) { shuffled.Paths[i], shuffled.Paths[j] = shuffled.Paths[j], shuffled.Paths[i] })
+		r.Shuffle(len(shuffled.Policies), func(i, j int) {
+			shuffled.Policies[i], shuffled.Policies[j] = shuffled.Policies[j], shuffled.Policies[i]
+		})
+		r.Shuffle(len(shuffled.Pods), func(i, j int) { shuffled.Pods[i], shuffled.Pods[j] = shuffled.Pods[j], shuffled.Pods[i] })
+		got, _ := json.Marshal(Node(shuffled).Spec)
+		if string(got) != string(want) {
+			t.Fatalf("spec depends on input order:\n got %s\nwant %s", got, want)
+		}
+	}
+}
+
+func TestNode(t *testing.T) {
+	res := Node(testInput())
+	var paths []string
+	for _, p := range res.Spec.Paths {
+		paths = append(paths, p.Name)
+	}
+	if !slices.Equal(paths, []string{"a", "b", "c"}) {
+		t.Errorf("node paths %v: a path without an index must be left out", paths)
+	}
+	got := map[string]string{}
+	for _, p := range res.Spec.Pods {
+		var rules []string
+		for _, r := range p.Rules {
+			var names []string
+			for _, rp := range r.Paths {
+				names = append(names, rp.Name)
+			}
+			rules = append(rules, r.Policy+"("+strings.Join(names, ",")+")")
+		}
+		got[p.Namespace+"/"+p.Name] = strings.Join(rules, " ")
+	}
+	want := map[string]string{
+		"t1/x": "p2(c) p1(a,b) p3(b)",
+		"t2/y": "p2(c) p1(b,a) p3(b)", // preference "b" reorders p1; p2 does not contain b: refused there
+		"t1/z": "p2(c) p1(a,b) p3(b)", // "t2/y" is not a path name: refused everywhere
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: rules %q, want %q", k, got[k], v)
+		}
+	}
+	if m := res.MissingPaths["p3"]; !slices.Equal(m, []string{"unindexed"}) {
+		t.Errorf("missing paths of p3: %v", m)
+	}
+	var refusals []string
+	for _, r := range res.Refusals {
+		refusals = append(refusals, r.Pod.Name+"/"+r.Policy+"/"+r.Reason)
+	}
+	wantRefusals := []string{ // pods in namespace/name order, policies in precedence order
+		"z/p2/" + ReasonPreferencesInvalid, "z/p1/" + ReasonPreferencesInvalid, "z/p3/" + ReasonPreferencesInvalid,
+		"y/p2/" + ReasonPreferencesOutside,
+	}
+	if !slices.Equal(refusals, wantRefusals) {
+		t.Errorf("refusals %v, want %v", refusals, wantRefusals)
+	}
+}
+
+func TestParsePreferredPaths(t *testing.T) {
+	cases := map[string]struct {
+		value string   // annotation value
+		want  []string // parsed names; nil when refused
+	}{
+		"one path":                     {value: "fabric-a", want: []string{"fabric-a"}},
+		"two paths with spaces":        {value: " fabric-b , fabric-a", want: []string{"fabric-b", "fabric-a"}},
+		"empty":                        {value: " "},
+		"empty element":                {value: "fabric-a,,fabric-b"},
+		"a namespace/pod reference":    {value: "other-ns/db"},
+		"a selector":                   {value: "app=db:fabric-a"},
+		"upper case":                   {value: "Fabric-A"},
+		"a path twice":                 {value: "fabric-a,fabric-a"},
+		"more paths than any policy":   {value: strings.Repeat("p,", 16) + "p"},
+		"a path name that is too long": {value: strings.Repeat("x", 64)},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got, problem := ParsePreferredPaths(tc.value)
+			if tc.want == nil {
+				if problem == "" {
+					t.Fatalf("%q accepted as %v", tc.value, got)
+				}
+				return
+			}
+			if problem != "" || !slices.Equal(got, tc.want) {
+				t.Fatalf("got %v (%s), want %v", got, problem, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,426 @@
+package controller_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+)
+
+var (
+	multipath = map[string]string{"multipath": "true"}
+	enabled   = map[string]string{"tenant": "enabled"}
+	web       = map[string]string{"app": "web"}
+)
+
+// twoFabrics is the common cluster: nodes n1 and n2, each with nic1 on
+// fabric-a and nic2 on fabric-b, and the tenant namespace tenant-a.
+func twoFabrics(f *fixture) {
+	f.node("n1", multipath, "10.1.1.0/24")
+	f.node("n2", multipath, "10.1.2.0/24")
+	f.path("fabric-a", "nic1", multipath, mptcpv1alpha1.PathRoleActive)
+	f.path("fabric-b", "nic2", multipath, mptcpv1alpha1.PathRoleActive)
+	f.namespace("tenant-a", enabled)
+}
+
+func allowPreferences(s *mptcpv1alpha1.MPTCPPolicySpec) {
+	s.TenantPreferences = mptcpv1alpha1.Allowed
+}
+
+// step is one change to the cluster and what the node states must then say.
+type step struct {
+	do    func(f *fixture)               // change made, as an admin, a tenant, kubelet or an agent would
+	want  map[string][]string            // node -> pod summaries (see fixture.summary); nil slice: no node state
+	check func(t *testing.T, f *fixture) // further assertions: events, status
+}
+
+// TestCompile runs the controller against a real API server and checks what
+// it compiles into node states as the cluster changes.
+func TestCompile(t *testing.T) {
+	env := testenv.Start(t)
+	// With only the generated RBAC: a missing marker fails these cases.
+	testenv.StartManagerWith(t, env, env.AsController(t))
+
+	cases := map[string]struct {
+		setup func(f *fixture) // cluster before the first step
+		steps []step           // in order
+	}{
+		"a policy spreads a pod over both fabrics with weights": {
+			setup: twoFabrics,
+			steps: []step{{
+				do: func(f *fixture) {
+					f.policy("spread", 0, enabled, nil, []string{"fabric-a=2", "fabric-b"}, nil)
+					f.pod("tenant-a", "web", "n1", "10.1.1.10", web, nil)
+				},
+				want: map[string][]string{
+					"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/2,fabric-b/1]"},
+					"n2": {},
+				},
+				check: func(t *testing.T, f *fixture) {
+					pol := &mptcpv1alpha1.MPTCPPolicy{ObjectMeta: metav1.ObjectMeta{Name: f.n("spread")}}
+					conds := func() []metav1.Condition { return pol.Status.Conditions }
+					f.condition(pol, conds, mptcpv1alpha1.ConditionProgressing, metav1.ConditionTrue, "waiting for "+f.n("n1"))
+					f.condition(pol, conds, mptcpv1alpha1.ConditionReady, metav1.ConditionFalse, "applied on 0 of 1 nodes")
+					if pol.Status.MatchedPods != 1 || pol.Status.Nodes != 1 || pol.Status.NodesReady != 0 {
+						t.Fatalf("status before the agent applied: %+v", pol.Status)
+					}
+					f.applyAll("n1")
+					f.condition(pol, conds, mptcpv1alpha1.ConditionReady, metav1.ConditionTrue, "applied on all 1 nodes")
+				},
+			}},
+		},
+		"overlapping policies are ordered by priority then name": {
+			setup: twoFabrics,
+			steps: []step{{
+				do: func(f *fixture) {
+					f.policy("beta", 0, enabled, nil, []string{"fabric-a"}, nil)
+					f.policy("alpha", 0, enabled, nil, []string{"fabric-b"}, nil)
+					f.policy("high", 10, enabled, web, []string{"fabric-b", "fabric-a"}, nil)
+					f.pod("tenant-a", "web", "n1", "10.1.1.10", web, nil)
+					f.pod("tenant-a", "db", "n1", "10.1.1.11", nil, nil)
+				},
+				want: map[string][]string{"n1": {
+					"tenant-a/db 10.1.1.11: alpha[fabric-b/1]; beta[fabric-a/1]",
+					"tenant-a/web 10.1.1.10: high[fabric-b/1,fabric-a/1]; alpha[fabric-b/1]; beta[fabric-a/1]",
+				}},
+			}, {
+				do: func(f *fixture) {
+					var p mptcpv1alpha1.MPTCPPolicy
+					f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n("beta")}, &p), "get beta")
+					p.Spec.Priority = 20
+					f.must(f.c.Update(f.ctx, &p), "raise beta")
+				},
+				want: map[string][]string{"n1": {
+					"tenant-a/db 10.1.1.11: beta[fabric-a/1]; alpha[fabric-b/1]",
+					"tenant-a/web 10.1.1.10: beta[fabric-a/1]; high[fabric-b/1,fabric-a/1]; alpha[fabric-b/1]",
+				}},
+			}},
+		},
+		"namespace label changes add and remove its pods": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				f.namespace("tenant-b", nil)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a"}, nil)
+				f.pod("tenant-b", "web", "n1", "10.1.1.20", nil, nil)
+			},
+			steps: []step{
+				{want: map[string][]string{"n1": {}}},
+				{
+					do:   func(f *fixture) { f.labelNamespace("tenant-b", enabled) },
+					want: map[string][]string{"n1": {"tenant-b/web 10.1.1.20: spread[fabric-a/1]"}},
+				},
+				{
+					do:   func(f *fixture) { f.labelNamespace("tenant-b", map[string]string{"tenant": "disabled"}) },
+					want: map[string][]string{"n1": {}},
+				},
+			},
+		},
+		"pods created, moved to another node and deleted": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a", "fabric-b"}, nil)
+			},
+			steps: []step{
+				{
+					do: func(f *fixture) { f.pod("tenant-a", "web", "n1", "10.1.1.10", web, nil) },
+					want: map[string][]string{
+						"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/1,fabric-b/1]"},
+						"n2": {},
+					},
+				},
+				{
+					do: func(f *fixture) {
+						f.deletePod("tenant-a", "web")
+						f.pod("tenant-a", "web", "n2", "10.1.2.10", web, nil)
+					},
+					want: map[string][]string{
+						"n1": {},
+						"n2": {"tenant-a/web 10.1.2.10: spread[fabric-a/1,fabric-b/1]"},
+					},
+				},
+				{
+					do:   func(f *fixture) { f.deletePod("tenant-a", "web") },
+					want: map[string][]string{"n1": {}, "n2": {}},
+				},
+			},
+		},
+		"a deleted node's state is deleted": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a"}, nil)
+				f.pod("tenant-a", "web", "n2", "10.1.2.10", nil, nil)
+			},
+			steps: []step{
+				{want: map[string][]string{"n1": {}, "n2": {"tenant-a/web 10.1.2.10: spread[fabric-a/1]"}}},
+				{
+					do:   func(f *fixture) { f.deleteNode("n2") },
+					want: map[string][]string{"n1": {}, "n2": nil},
+				},
+			},
+		},
+		"a path missing on a node is left out and reported": {
+			setup: func(f *fixture) {
+				f.node("n1", map[string]string{"multipath": "true", "fabric-b": "yes"}, "10.1.1.0/24")
+				f.node("n2", multipath, "10.1.2.0/24")
+				f.path("fabric-a", "nic1", multipath, mptcpv1alpha1.PathRoleActive)
+				f.path("fabric-b", "nic2", map[string]string{"fabric-b": "yes"}, mptcpv1alpha1.PathRoleActive)
+				f.namespace("tenant-a", enabled)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a", "fabric-b"}, nil)
+				f.pod("tenant-a", "web", "n2", "10.1.2.10", nil, nil)
+			},
+			steps: []step{{
+				want: map[string][]string{"n1": {}, "n2": {"tenant-a/web 10.1.2.10: spread[fabric-a/1]"}},
+				check: func(t *testing.T, f *fixture) {
+					pol := &mptcpv1alpha1.MPTCPPolicy{ObjectMeta: metav1.ObjectMeta{Name: f.n("spread")}}
+					f.condition(pol, func() []metav1.Condition { return pol.Status.Conditions },
+						mptcpv1alpha1.ConditionDegraded, metav1.ConditionTrue, "paths "+f.n("fabric-b")+" do not exist on nodes "+f.n("n2"))
+				},
+			}, {
+				// The agent on n2 finds no nic1.
+				do: func(f *fixture) {
+					f.report("n2", mptcpv1alpha1.PathState{Name: "fabric-a", Link: mptcpv1alpha1.LinkNotFound, Message: "no interface named nic1"})
+				},
+				check: func(t *testing.T, f *fixture) {
+					path := &mptcpv1alpha1.MPTCPPath{ObjectMeta: metav1.ObjectMeta{Name: f.n("fabric-a")}}
+					f.condition(path, func() []metav1.Condition { return path.Status.Conditions },
+						mptcpv1alpha1.ConditionDegraded, metav1.ConditionTrue, "no matching interface on 1 nodes: "+f.n("n2"))
+					if got := path.Status.NodesWithoutInterface; len(got) != 1 || got[0] != f.n("n2") {
+						t.Fatalf("nodesWithoutInterface = %v", got)
+					}
+					pol := &mptcpv1alpha1.MPTCPPolicy{ObjectMeta: metav1.ObjectMeta{Name: f.n("spread")}}
+					f.condition(pol, func() []metav1.Condition { return pol.Status.Conditions },
+						mptcpv1alpha1.ConditionDegraded, metav1.ConditionTrue, "no matching interface for "+f.n("n2")+"/"+f.n("fabric-a"))
+				},
+			}},
+		},
+		"node labels and path deletion change which paths a node has": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a", "fabric-b"}, nil)
+				f.pod("tenant-a", "web", "n1", "10.1.1.10", nil, nil)
+			},
+			steps: []step{
+				{want: map[string][]string{"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/1,fabric-b/1]"}}},
+				{
+					// n1 leaves the multipath nodes: no path selects it any more.
+					do: func(f *fixture) {
+						var n corev1.Node
+						f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n("n1")}, &n), "get node")
+						n.Labels = f.caseLabels(nil)
+						f.must(f.c.Update(f.ctx, &n), "relabel node")
+					},
+					want: map[string][]string{"n1": {"tenant-a/web 10.1.1.10: spread[]"}},
+				},
+				{
+					do: func(f *fixture) {
+						var n corev1.Node
+						f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n("n1")}, &n), "get node")
+						n.Labels = f.caseLabels(multipath)
+						f.must(f.c.Update(f.ctx, &n), "relabel node")
+						f.must(f.c.Delete(f.ctx, &mptcpv1alpha1.MPTCPPath{ObjectMeta: metav1.ObjectMeta{Name: f.n("fabric-b")}}), "delete path")
+					},
+					want: map[string][]string{"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/1]"}},
+					check: func(t *testing.T, f *fixture) {
+						var s mptcpv1alpha1.MPTCPNodeState
+						f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n("n1")}, &s), "get node state")
+						if len(s.Spec.Paths) != 1 || s.Spec.Paths[0].Name != f.n("fabric-a") {
+							t.Fatalf("node paths after deleting fabric-b: %+v", s.Spec.Paths)
+						}
+						pol := &mptcpv1alpha1.MPTCPPolicy{ObjectMeta: metav1.ObjectMeta{Name: f.n("spread")}}
+						f.condition(pol, func() []metav1.Condition { return pol.Status.Conditions },
+							mptcpv1alpha1.ConditionDegraded, metav1.ConditionTrue, "paths "+f.n("fabric-b")+" do not exist")
+					},
+				},
+			},
+		},
+		"a tenant preference is honoured where the policy allows it": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a=2", "fabric-b"}, allowPreferences)
+				f.pod("tenant-a", "web", "n1", "10.1.1.10", nil, nil)
+			},
+			steps: []step{
+				{want: map[string][]string{"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/2,fabric-b/1]"}}},
+				{
+					do: func(f *fixture) {
+						f.annotatePod("tenant-a", "web", map[string]string{mptcpv1alpha1.AnnotationPreferredPaths: " " + f.n("fabric-b") + " "})
+					},
+					want:  map[string][]string{"n1": {"tenant-a/web 10.1.1.10: spread[fabric-b/1,fabric-a/2]+pref"}},
+					check: func(t *testing.T, f *fixture) { f.expectNoEvent("tenant-a", "web") },
+				},
+			},
+		},
+		"a tenant preference is refused where the policy forbids it": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a", "fabric-b"}, nil)
+				f.pod("tenant-a", "web", "n1", "10.1.1.10", nil, nil)
+			},
+			steps: []step{{
+				do: func(f *fixture) {
+					f.annotatePod("tenant-a", "web", map[string]string{mptcpv1alpha1.AnnotationPreferredPaths: f.n("fabric-b")})
+				},
+				want:  map[string][]string{"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/1,fabric-b/1]"}},
+				check: func(t *testing.T, f *fixture) { f.expectEvent("tenant-a", "web", compile.ReasonPreferencesForbidden) },
+			}},
+		},
+		"a tenant preference for a path outside the policy is refused": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				f.path("fabric-c", "nic3", multipath, mptcpv1alpha1.PathRoleActive)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a", "fabric-b"}, allowPreferences)
+				f.pod("tenant-a", "web", "n1", "10.1.1.10", nil, nil)
+			},
+			steps: []step{{
+				do: func(f *fixture) {
+					f.annotatePod("tenant-a", "web", map[string]string{mptcpv1alpha1.AnnotationPreferredPaths: f.n("fabric-c") + "," + f.n("fabric-a")})
+				},
+				want:  map[string][]string{"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/1,fabric-b/1]"}},
+				check: func(t *testing.T, f *fixture) { f.expectEvent("tenant-a", "web", compile.ReasonPreferencesOutside) },
+			}},
+		},
+		"a tenant annotation cannot reach another namespace's pods": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				f.namespace("tenant-b", enabled)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a", "fabric-b"}, allowPreferences)
+				f.pod("tenant-a", "web", "n1", "10.1.1.10", nil, nil)
+				f.pod("tenant-b", "db", "n1", "10.1.1.20", nil, nil)
+			},
+			steps: []step{{
+				do: func(f *fixture) {
+					f.annotatePod("tenant-a", "web", map[string]string{
+						mptcpv1alpha1.AnnotationPreferredPaths: f.n("tenant-b") + "/db=" + f.n("fabric-b"),
+					})
+				},
+				want: map[string][]string{"n1": {
+					"tenant-a/web 10.1.1.10: spread[fabric-a/1,fabric-b/1]",
+					"tenant-b/db 10.1.1.20: spread[fabric-a/1,fabric-b/1]",
+				}},
+				check: func(t *testing.T, f *fixture) {
+					f.expectEvent("tenant-a", "web", compile.ReasonPreferencesInvalid)
+					f.expectNoEvent("tenant-b", "db")
+				},
+			}, {
+				// tenant-b's own preference still works, and only for its pod.
+				do: func(f *fixture) {
+					f.annotatePod("tenant-b", "db", map[string]string{mptcpv1alpha1.AnnotationPreferredPaths: f.n("fabric-b")})
+				},
+				want: map[string][]string{"n1": {
+					"tenant-a/web 10.1.1.10: spread[fabric-a/1,fabric-b/1]",
+					"tenant-b/db 10.1.1.20: spread[fabric-b/1,fabric-a/1]+pref",
+				}},
+				check: func(t *testing.T, f *fixture) {
+					f.expectEvent("tenant-a", "web", compile.ReasonPreferencesInvalid)
+					f.expectNoEvent("tenant-b", "db")
+				},
+			}},
+		},
+		"backup and blocked paths are compiled, blocked only where the node has them": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				f.path("lte", "wwan0", multipath, mptcpv1alpha1.PathRoleBackup)
+				f.policy("storage", 0, enabled, nil, []string{"fabric-a"}, func(s *mptcpv1alpha1.MPTCPPolicySpec) {
+					s.HeaderRewriting = mptcpv1alpha1.Allowed
+					s.BackupPaths = []string{f.n("lte")}
+					s.BlockedPaths = []string{f.n("fabric-b"), f.n("not-here")}
+				})
+				f.pod("tenant-a", "db", "n1", "10.1.1.10", nil, nil)
+			},
+			steps: []step{{
+				want: map[string][]string{"n1": {"tenant-a/db 10.1.1.10: storage[fabric-a/1|backup:lte|blocked:fabric-b]"}},
+			}},
+		},
+		"an agent's per-path addresses are published on its Node": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+			},
+			steps: []step{{
+				want: map[string][]string{"n1": {}},
+				do: func(f *fixture) {
+					f.report("n1",
+						mptcpv1alpha1.PathState{Name: "fabric-b", Link: mptcpv1alpha1.LinkUp, Interface: "nic2", Addresses: []string{"192.0.2.11"}},
+						mptcpv1alpha1.PathState{Name: "fabric-a", Link: mptcpv1alpha1.LinkUp, Interface: "nic1", Addresses: []string{"198.51.100.11"}})
+				},
+				check: func(t *testing.T, f *fixture) {
+					want := mptcpv1alpha1.PeerInfo{PodCIDRs: []string{"10.1.1.0/24"}, Paths: map[string][]string{
+						f.n("fabric-a"): {"198.51.100.11"}, f.n("fabric-b"): {"192.0.2.11"},
+					}}
+					wantJSON, _ := json.Marshal(want)
+					f.eventually("peer annotation", func() error {
+						var n corev1.Node
+						if err := f.c.Get(f.ctx, types.NamespacedName{Name: f.n("n1")}, &n); err != nil {
+							return err
+						}
+						if got := n.Annotations[mptcpv1alpha1.AnnotationNodePaths]; got != string(wantJSON) {
+							return fmt.Errorf("annotation %q, want %q", got, wantJSON)
+						}
+						return nil
+					})
+				},
+			}},
+		},
+	}
+
+	id := 0
+	for name, tc := range cases {
+		id++
+		f := newFixture(t, env, id)
+		t.Run(name, func(t *testing.T) {
+			f.t = t
+			tc.setup(f)
+			for i, s := range tc.steps {
+				if s.do != nil {
+					s.do(f)
+				}
+				if s.want != nil {
+					f.expectNodes(s.want)
+				}
+				if s.check != nil {
+					s.check(t, f)
+				}
+				if t.Failed() {
+					t.Fatalf("step %d failed", i)
+				}
+			}
+		})
+		cleanup(t, f)
+	}
+}
+
+// cleanup removes a case's cluster-scoped objects so that the next case
+// starts with free path indexes; namespaces stay (nothing deletes them in a
+// control plane without kube-controller-manager) but no later policy
+// selects them.
+func cleanup(t *testing.T, f *fixture) {
+	f.t = t
+	var paths mptcpv1alpha1.MPTCPPathList
+	var pols mptcpv1alpha1.MPTCPPolicyList
+	var nodes corev1.NodeList
+	f.must(f.c.List(f.ctx, &paths), "list paths")
+	f.must(f.c.List(f.ctx, &pols), "list policies")
+	f.must(f.c.List(f.ctx, &nodes), "list nodes")
+	for i := range paths.Items {
+		if strings.HasPrefix(paths.Items[i].Name, f.prefix) {
+			_ = f.c.Delete(f.ctx, &paths.Items[i])
+		}
+	}
+	for i := range pols.Items {
+		if strings.HasPrefix(pols.Items[i].Name, f.prefix) {
+			_ = f.c.Delete(f.ctx, &pols.Items[i])
+		}
+	}
+	for i := range nodes.Items {
+		if strings.HasPrefix(nodes.Items[i].Name, f.prefix) {
+			_ = f.c.Delete(f.ctx, &nodes.Items[i])
+		}
+	}
+}

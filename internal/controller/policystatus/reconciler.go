@@ -1,0 +1,251 @@
+// Package policystatus aggregates each MPTCPPolicy's status from the node
+// states: how many pods it governs, on how many nodes, how many of those
+// enforce its current generation, and what keeps it from being whole.
+package policystatus
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+)
+
+// ControllerName names this controller in logs, metrics and events.
+const ControllerName = "mptcp-policystatus"
+
+// conflictRetry is when to look again after a write lost a race.
+const conflictRetry = 200 * time.Millisecond
+
+// maxNamed bounds how many node or path names a condition message lists.
+const maxNamed = 5
+
+// Reconciler writes MPTCPPolicy status.
+type Reconciler struct {
+	client.Client
+}
+
+// +kubebuilder:rbac:groups=mptcp.io,resources=mptcppolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=mptcp.io,resources=mptcppolicies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=mptcp.io,resources=mptcpnodestates,verbs=get;list;watch
+
+// Reconcile aggregates one policy.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var pol mptcpv1alpha1.MPTCPPolicy
+	if err := r.Get(ctx, types.NamespacedName{Name: req.Name}, &pol); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	var states mptcpv1alpha1.MPTCPNodeStateList
+	if err := r.List(ctx, &states); err != nil {
+		return ctrl.Result{}, err
+	}
+	status := Aggregate(&pol, states.Items)
+	if equality.Semantic.DeepEqual(status, pol.Status) {
+		return ctrl.Result{}, nil
+	}
+	pol.Status = status
+	if err := r.Status().Update(ctx, &pol); err != nil {
+		if apierrors.IsConflict(err) {
+			// Our cache was behind; the newer object's event is on its
+			// way, and the retry is only a safety net.
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, nil
+}
+
+// Aggregate computes a policy's status from all node states. A node counts
+// when its spec holds a pod governed by the policy (first rule), and is ready
+// when its agent reports the policy's current generation applied and no
+// error.
+func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeState) mptcpv1alpha1.MPTCPPolicyStatus {
+	st := *pol.Status.DeepCopy()
+	st.ObservedGeneration = pol.Generation
+	st.MatchedPods, st.Nodes, st.NodesReady = 0, 0, 0
+
+	wanted := map[string]bool{}
+	for _, wp := range pol.Spec.Spread.Paths {
+		wanted[wp.Name] = true
+	}
+	for _, b := range pol.Spec.BackupPaths {
+		wanted[b] = true
+	}
+
+	var pending, missingOn, noIface []string
+	missingPaths := map[string]bool{}
+	slices.SortFunc(states, func(a, b mptcpv1alpha1.MPTCPNodeState) int { return strings.Compare(a.Name, b.Name) })
+	for i := range states {
+		s := &states[i]
+		pods := 0
+		for _, p := range s.Spec.Pods {
+			if len(p.Rules) > 0 && p.Rules[0].Policy == pol.Name {
+				pods++
+			}
+		}
+		if pods == 0 {
+			continue
+		}
+		st.MatchedPods += int32(pods)
+		st.Nodes++
+		if applied(s, pol) {
+			st.NodesReady++
+		} else {
+			pending = append(pending, s.Name)
+		}
+		have := map[string]bool{}
+		for _, p := range s.Spec.Paths {
+			have[p.Name] = true
+		}
+		lacks := false
+		for name := range wanted {
+			if !have[name] {
+				missingPaths[name] = true
+				lacks = true
+			}
+		}
+		if lacks {
+			missingOn = append(missingOn, s.Name)
+		}
+		for _, ps := range s.Status.Paths {
+			if wanted[ps.Name] && (ps.Link == mptcpv1alpha1.LinkNotFound || ps.Link == mptcpv1alpha1.LinkAmbiguous) {
+				noIface = append(noIface, s.Name+"/"+ps.Name)
+			}
+		}
+	}
+
+	gen := pol.Generation
+	ready := metav1.Condition{Type: mptcpv1alpha1.ConditionReady, ObservedGeneration: gen}
+	progressing := metav1.Condition{Type: mptcpv1alpha1.ConditionProgressing, ObservedGeneration: gen}
+	switch {
+	case st.Nodes == 0:
+		ready.Status, ready.Reason, ready.Message = metav1.ConditionTrue, "NoPods", "the policy governs no pod"
+		progressing.Status, progressing.Reason, progressing.Message = metav1.ConditionFalse, "NoPods", "nothing to roll out"
+	case st.NodesReady == st.Nodes:
+		ready.Status, ready.Reason = metav1.ConditionTrue, "Applied"
+		ready.Message = fmt.Sprintf("generation %d applied on all %d nodes", gen, st.Nodes)
+		progressing.Status, progressing.Reason, progressing.Message = metav1.ConditionFalse, "Applied", "rollout complete"
+	default:
+		ready.Status, ready.Reason = metav1.ConditionFalse, "Pending"
+		ready.Message = fmt.Sprintf("generation %d applied on %d of %d nodes", gen, st.NodesReady, st.Nodes)
+		progressing.Status, progressing.Reason = metav1.ConditionTrue, "RollingOut"
+		progressing.Message = "waiting for " + list(pending)
+	}
+
+	degraded := metav1.Condition{Type: mptcpv1alpha1.ConditionDegraded, ObservedGeneration: gen,
+		Status: metav1.ConditionFalse, Reason: "AsExpected", Message: "every node has every path of the policy"}
+	var problems []string
+	if len(missingOn) > 0 {
+		names := make([]string, 0, len(missingPaths))
+		for n := range missingPaths {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		problems = append(problems, fmt.Sprintf("paths %s do not exist on nodes %s", list(names), list(missingOn)))
+		degraded.Reason = "PathNotOnNode"
+	}
+	if len(noIface) > 0 {
+		problems = append(problems, "no matching interface for "+list(noIface))
+		degraded.Reason = "InterfaceNotFound"
+	}
+	if len(problems) > 0 {
+		degraded.Status = metav1.ConditionTrue
+		degraded.Message = strings.Join(problems, "; ")
+	}
+	meta.SetStatusCondition(&st.Conditions, ready)
+	meta.SetStatusCondition(&st.Conditions, progressing)
+	meta.SetStatusCondition(&st.Conditions, degraded)
+	return st
+}
+
+func applied(s *mptcpv1alpha1.MPTCPNodeState, pol *mptcpv1alpha1.MPTCPPolicy) bool {
+	if len(s.Status.Errors) > 0 {
+		return false
+	}
+	for _, a := range s.Status.AppliedPolicies {
+		if a.Name == pol.Name {
+			return a.Generation == pol.Generation
+		}
+	}
+	return false
+}
+
+func list(names []string) string {
+	if len(names) <= maxNamed {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:maxNamed], ", "), len(names)-maxNamed)
+}
+
+// Coalesce is how long a policy's recount waits after a node state changes,
+// so that a rollout touching every node costs one status write per policy,
+// not one per node.
+const Coalesce = 500 * time.Millisecond
+
+// SetupWithManager watches policies and node states. A node state event is
+// mapped to the policies named in its old and new versions, so a policy
+// that leaves a node is recounted too.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(ControllerName).
+		For(&mptcpv1alpha1.MPTCPPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&mptcpv1alpha1.MPTCPNodeState{}, handler.Funcs{
+			CreateFunc: func(_ context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				enqueueLater(q, e.Object)
+			},
+			UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				enqueueLater(q, e.ObjectOld, e.ObjectNew)
+			},
+			DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				enqueueLater(q, e.Object)
+			},
+		}).
+		Complete(r)
+}
+
+// enqueueLater adds the policies named by node states after Coalesce; the
+// queue keeps one pending entry per policy, however many events arrive.
+func enqueueLater(q workqueue.TypedRateLimitingInterface[reconcile.Request], objs ...client.Object) {
+	for _, o := range objs {
+		for _, req := range namedPolicies(context.Background(), o) {
+			q.AddAfter(req, Coalesce)
+		}
+	}
+}
+
+func namedPolicies(_ context.Context, o client.Object) []reconcile.Request {
+	s := o.(*mptcpv1alpha1.MPTCPNodeState)
+	seen := map[string]bool{}
+	var reqs []reconcile.Request
+	add := func(n string) {
+		if !seen[n] {
+			seen[n] = true
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: n}})
+		}
+	}
+	for _, p := range s.Spec.Pods {
+		for _, r := range p.Rules {
+			add(r.Policy)
+		}
+	}
+	for _, a := range s.Status.AppliedPolicies {
+		add(a.Name)
+	}
+	return reqs
+}
