@@ -10,6 +10,10 @@ TEST_TIMEOUT ?= 60m
 
 ##@ Build
 
+.PHONY: deps
+deps: ## Install the pinned Debian packages the build, tests and demo need (when missing).
+	hack/install-deps.sh
+
 .PHONY: build
 build: ## Build the agent, the traffic tool and the demo into bin/.
 	$(GO) build -o $(BIN)/agent ./cmd/agent
@@ -44,13 +48,13 @@ lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint and clang-format on the B
 ##@ Test
 
 .PHONY: test
-test: envtest-assets ## Run every test (needs root: network namespaces, BPF, a real API server).
+test: deps envtest-assets ## Run every test (needs root: network namespaces, BPF, a real API server).
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) $(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
 
 ##@ Demo and benchmarks
 
 .PHONY: demo
-demo: ## Bring up 2 nodes x 2 NICs, compare single-path TCP, MPTCP and the agent; print the table, write CSV and chart.
+demo: deps ## Bring up 2 nodes x 2 NICs, compare single-path TCP, MPTCP and the agent; print the table, write CSV and chart.
 	$(GO) run ./hack/demo -out $(CURDIR)/_output/demo
 
 .PHONY: bench

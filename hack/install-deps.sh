@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages the project needs, at pinned versions, when
+# they are not installed yet: the BPF toolchain (its output is committed and
+# diffed), the control plane's etcd, and the tools the test bed drives.
+# `make test` and `make demo` call it, so the two README commands work on a
+# new machine; it does nothing when everything is already there.
+set -euo pipefail
+
+packages=(
+	clang=1:14.0-55.7~deb12u1
+	llvm=1:14.0-55.7~deb12u1
+	clang-format=1:14.0-55.7~deb12u1
+	libbpf-dev=1:1.1.2-0+deb12u1
+	bpftool=7.1.0+6.1.192-2
+	etcd-server=3.4.23-4+b4
+	iproute2=6.1.0-3
+	iperf3=3.12-1+deb12u2
+	mptcpize=0.12-1
+	tshark=4.0.17-0+deb12u3
+	wireshark-common=4.0.17-0+deb12u3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	name=${p%%=*} want=${p#*=}
+	have=$(dpkg-query -W -f='${Version}' "$name" 2>/dev/null || true)
+	[[ "$have" == "$want" ]] || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+	exit 0
+fi
+if [[ $(id -u) != 0 ]]; then
+	echo "missing packages (${missing[*]}): run as root, or install them with apt-get" >&2
+	exit 1
+fi
+echo "installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The Debian etcd package may start a system etcd; tests start their own.
+systemctl stop etcd 2>/dev/null || true
