@@ -14,9 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
@@ -124,27 +122,28 @@ func run(outDir string, duration time.Duration, rate string, conns int) error {
 }
 
 func printTable(w *os.File, results []framework.Measurement, rate string) {
-	fmt.Fprintf(w, "\nThroughput from a pod on node 1 to a pod on node 2, 2 NICs of %s each:\n\n", rate)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	header := []string{"scenario", "nic1 Mbit/s", "nic2 Mbit/s", "total goodput Mbit/s", "vs single path", ""}
-	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	fmt.Fprintf(w, "\nThroughput from a pod on node 1 to a pod on node 2, %d NICs of %s each:\n\n", len(results[0].NICMbps), rate)
 	var single float64
 	for _, r := range results {
 		if r.Scenario == framework.ScenarioSinglePath {
 			single = r.GoodputBps
 		}
 	}
+	header := fmt.Sprintf("%-30s", "scenario")
+	for k := range results[0].NICMbps {
+		header += fmt.Sprintf("  %12s", fmt.Sprintf("nic%d Mbit/s", k+1))
+	}
+	fmt.Fprintf(w, "%s  %14s  %14s\n", header, "goodput Mbit/s", "vs single path")
 	for _, r := range results {
-		cells := []string{r.Scenario}
+		line := fmt.Sprintf("%-30s", r.Scenario)
 		for _, v := range r.NICMbps {
-			cells = append(cells, fmt.Sprintf("%.1f", v))
+			line += fmt.Sprintf("  %12.1f", v)
 		}
 		ratio := "-"
 		if single > 0 {
 			ratio = fmt.Sprintf("%.2fx", r.GoodputBps/single)
 		}
-		cells = append(cells, fmt.Sprintf("%.1f", r.GoodputBps/1e6), ratio, "")
-		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+		fmt.Fprintf(w, "%s  %14.1f  %14s\n", line, r.GoodputBps/1e6, ratio)
 	}
-	tw.Flush()
+	fmt.Fprintln(w, "\nPer-NIC columns: node 1's transmit rate over the goodput window. Goodput: what the server received.")
 }
