@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
 )
 
 // BedTools are the programs a bed needs on the machine.
@@ -16,14 +18,11 @@ var BedTools = []string{"ip", "tc", "sysctl", "sh", "mountpoint"}
 // CaptureTools are the programs StartCaptures and Analyze need.
 var CaptureTools = []string{"dumpcap", "tshark", "mergecap"}
 
-// Unavailable tells a test that the machine cannot run it: t.Fatal when CI=true (a CI machine must be able to), and
-// t.Skip with the reason otherwise.
+// Unavailable tells a test that the machine cannot run it: t.Fatal when
+// CI=true (a CI machine must be able to), and t.Skip with the reason otherwise.
 func Unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI=true and the test bed cannot run: "+format, args...)
-	}
-	t.Skipf("skipping, the test bed cannot run here: "+format, args...)
+	testutil.Unavailable(t, "the test bed cannot run here: "+format, args...)
 }
 
 // RequireRoot and RequireTools call Unavailable unless the process is root and the tools are on PATH.

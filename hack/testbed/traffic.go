@@ -11,36 +11,16 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/hack/traffic/report"
 )
 
-// ServerReport is one line of "traffic serve -report" (hack/traffic), one per closed connection.
-type ServerReport struct {
-	Local           string   `json:"local"`
-	Remote          string   `json:"remote"`
-	MPTCP           bool     `json:"mptcp"`
-	Bytes           int64    `json:"bytes"`
-	SHA256          string   `json:"sha256"`
-	Blocks          []string `json:"blocks,omitempty"`
-	GoodputBps      float64  `json:"goodput_bps"`
-	WindowStart     float64  `json:"window_start_s"`
-	WindowSeconds   float64  `json:"window_s"`
-	WindowShort     bool     `json:"window_short"`
-	DurationSeconds float64  `json:"duration_s"`
-	Error           string   `json:"error"`
-}
-
-// SenderReport is one line of "traffic send -json".
-type SenderReport struct {
-	Conn    int      `json:"conn"`
-	Local   string   `json:"local"`
-	Remote  string   `json:"remote"`
-	MPTCP   bool     `json:"mptcp"`
-	Bytes   int64    `json:"bytes"`
-	SHA256  string   `json:"sha256"`
-	Blocks  []string `json:"blocks,omitempty"`
-	Seconds float64  `json:"s"`
-	Error   string   `json:"error"`
-}
+// ServerReport is one line of "traffic serve -report" (hack/traffic), one per
+// closed connection; SenderReport one line of "traffic send -json".
+type (
+	ServerReport = report.Server
+	SenderReport = report.Sender
+)
 
 // TrafficServer is a running "traffic serve" in a pod.
 type TrafficServer struct {

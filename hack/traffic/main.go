@@ -31,6 +31,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/hack/traffic/report"
 )
 
 func main() {
@@ -57,42 +59,12 @@ func main() {
 	}
 }
 
-// ServerReport is one line of the server's report, written when a connection closes.
-type ServerReport struct {
-	Local  string `json:"local"`
-	Remote string `json:"remote"`
-	// MPTCP reports whether the connection really runs MPTCP (false if it fell back to TCP).
-	MPTCP  bool   `json:"mptcp"`
-	Bytes  int64  `json:"bytes"`
-	SHA256 string `json:"sha256"`
-	// Blocks are the first 8 hex digits of the SHA-256 of each 1 MiB block.
-	Blocks []string `json:"blocks,omitempty"`
-	// GoodputBps is the payload rate in bits/s over [WindowStart, WindowStart+WindowSeconds] after the first byte.
-	GoodputBps float64 `json:"goodput_bps"`
-	// WindowStart and WindowSeconds state the window actually measured; WindowSeconds is shorter than asked when
-	// the connection ended early (then WindowShort is true).
-	WindowStart   float64 `json:"window_start_s"`
-	WindowSeconds float64 `json:"window_s"`
-	WindowShort   bool    `json:"window_short,omitempty"`
-	// DurationSeconds runs from the first byte to the end of the stream.
-	DurationSeconds float64 `json:"duration_s"`
-	Error           string  `json:"error,omitempty"`
-}
-
-// SenderReport is one line of the sender's output.
-type SenderReport struct {
-	Conn   int    `json:"conn"`
-	Local  string `json:"local"`
-	Remote string `json:"remote"`
-	MPTCP  bool   `json:"mptcp"`
-	Bytes  int64  `json:"bytes"`
-	SHA256 string `json:"sha256"`
-	// Blocks are the first 8 hex digits of the SHA-256 of each 1 MiB block.
-	Blocks []string `json:"blocks,omitempty"`
-	// Seconds is the time from connect to close.
-	Seconds float64 `json:"s"`
-	Error   string  `json:"error,omitempty"`
-}
+// ServerReport and SenderReport are the tool's output lines, shared with the
+// test bed that reads them.
+type (
+	ServerReport = report.Server
+	SenderReport = report.Sender
+)
 
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ExitOnError)
