@@ -36,6 +36,8 @@ volatile const __u32 mark_shift = 20;
 
 /* Keeps enum stat_id in BTF so bpf2go emits it for the agent. */
 const enum stat_id *unused_stat_id __attribute__((unused));
+/* Keeps enum mptcp_subtype in BTF, so a test checks Go's subtypes against it. */
+const enum mptcp_subtype *unused_mptcp_subtype __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -87,11 +89,22 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, STAT_MAX);
+	__uint(max_entries, STATS_CAPACITY);
 	__type(key, __u32);
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } stats SEC(".maps");
+
+/* Record actor: packets per MPTCP option subtype, indexed by the subtype
+ * (0..15), for every TCP packet a program parses (all of a pod's veth, the
+ * packets for local pods and the host on a NIC), selected or not. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MPTCP_SUBTYPES);
+	__type(key, __u32);
+	__type(value, struct mptcp_subtype_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mptcp_options SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -124,6 +137,48 @@ static __always_inline void count_path(__u32 path, __u32 len, bool tx)
 	}
 }
 
+/* record_mptcp_options counts, per subtype, the packets that carry a valid
+ * option of that subtype and those that carry one with an undefined length.
+ * A global function: the verifier checks it once, on its own, instead of
+ * once for every state of every calling program that reaches it. */
+__noinline int record_mptcp_options(__u32 seen, __u32 invalid)
+{
+	if (invalid)
+		count(STAT_MPTCP_OPT_INVALID);
+	for (__u32 i = 0; i < MPTCP_SUBTYPES; i++) {
+		struct mptcp_subtype_stats *st;
+		__u32 bit = 1U << i;
+
+		if (!((seen | invalid) & bit))
+			continue;
+		st = bpf_map_lookup_elem(&mptcp_options, &i);
+		if (!st)
+			continue;
+		if (seen & bit)
+			st->packets++;
+		if (invalid & bit)
+			st->invalid++;
+	}
+	return 0;
+}
+
+/* handshake_subtype says whether the packet opens or joins a connection:
+ * MP_CAPABLE (3.1), MP_JOIN (3.2) or neither. */
+static __always_inline __u32 handshake_subtype(const struct packet *pkt)
+{
+	if (has_mptcp(pkt, MPTCP_SUB_CAPABLE))
+		return MPTCP_SUB_CAPABLE;
+	if (has_mptcp(pkt, MPTCP_SUB_JOIN))
+		return MPTCP_SUB_JOIN;
+	return MPTCP_SUB_NONE;
+}
+
+/* mptcp_offset is where the option of subtype starts in the frame. */
+static __always_inline __u32 mptcp_offset(const struct packet *pkt, __u32 subtype)
+{
+	return (__u32)pkt->l4_off + pkt->mptcp_off[subtype];
+}
+
 static __always_inline void set_path_mark(struct __sk_buff *skb, __u32 path)
 {
 	__u32 value = ((path + 1) << mark_shift) & mark_mask;
@@ -146,15 +201,22 @@ static __always_inline bool is_opening_syn(const struct packet *pkt)
 	return (pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
 }
 
+/* An MP_CAPABLE on a segment that is not a SYN is the handshake's third ACK
+ * (or the first data, repeating it): the one that carries both keys. */
+static __always_inline bool is_capable_ack(const struct packet *pkt)
+{
+	return has_mptcp(pkt, MPTCP_SUB_CAPABLE) && !(pkt->tcp_flags & TCP_FLAG_SYN);
+}
+
 static __always_inline int load_join_token(struct __sk_buff *skb, const struct packet *pkt, __u32 *token)
 {
 	__be32 raw;
 
 	/* MP_JOIN on a SYN: kind, length 12, subtype|B, address id, receiver's
 	 * token (RFC 8684 section 3.2, figure 5). */
-	if (pkt->mptcp_len != 12)
+	if (!has_mptcp(pkt, MPTCP_SUB_JOIN) || !is_opening_syn(pkt))
 		return -1;
-	if (bpf_skb_load_bytes(skb, pkt->mptcp_off + 4, &raw, sizeof(raw)))
+	if (bpf_skb_load_bytes(skb, mptcp_offset(pkt, MPTCP_SUB_JOIN) + 4, &raw, sizeof(raw)))
 		return -1;
 	*token = bpf_ntohl(raw);
 	return 0;
@@ -189,10 +251,11 @@ static __always_inline void learn_connection(struct __sk_buff *skb, const struct
 	__be32 keys[4];
 	__u32 initiator_token, responder_token;
 
-	/* ACK: length 20; with data: 22, or 24 with a checksum. */
-	if (pkt->mptcp_len < 20)
+	/* Not on a SYN, the parser accepted only the forms with both keys:
+	 * ACK, length 20; with data: 22, or 24 with a checksum. */
+	if (!is_capable_ack(pkt))
 		return;
-	if (bpf_skb_load_bytes(skb, pkt->mptcp_off + 4, keys, sizeof(keys)))
+	if (bpf_skb_load_bytes(skb, mptcp_offset(pkt, MPTCP_SUB_CAPABLE) + 4, keys, sizeof(keys)))
 		return;
 	responder_token = mptcp_token(bpf_ntohl(keys[2]), bpf_ntohl(keys[3]));
 	__builtin_memcpy(k.local, local, 16);
@@ -251,7 +314,7 @@ static __always_inline int place_subflow(struct __sk_buff *skb, const struct pac
 		return -1;
 	}
 
-	if (pkt->mptcp_subtype == MPTCP_SUB_JOIN) {
+	if (handshake_subtype(pkt) == MPTCP_SUB_JOIN) {
 		struct conn *c;
 		__u32 token;
 
@@ -307,14 +370,9 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 		count(STAT_NOT_TCP);
 	else if (ret == PARSE_MALFORMED)
 		count(STAT_MALFORMED);
+	else if (pkt->mptcp_seen | pkt->mptcp_invalid)
+		record_mptcp_options(pkt->mptcp_seen, pkt->mptcp_invalid);
 	return ret;
-}
-
-/* An MP_CAPABLE on a segment that is not a SYN is the handshake's third ACK
- * (or the first data, repeating it): the one that carries both keys. */
-static __always_inline bool is_capable_ack(const struct packet *pkt)
-{
-	return pkt->mptcp_subtype == MPTCP_SUB_CAPABLE && !(pkt->tcp_flags & TCP_FLAG_SYN);
 }
 
 SEC("tc")
@@ -342,7 +400,7 @@ int pod_egress(struct __sk_buff *skb)
 
 	if (!is_opening_syn(&pkt))
 		return TCX_NEXT;
-	if (pkt.mptcp_subtype != MPTCP_SUB_CAPABLE && pkt.mptcp_subtype != MPTCP_SUB_JOIN)
+	if (handshake_subtype(&pkt) == MPTCP_SUB_NONE)
 		return TCX_NEXT;
 	ep = lookup_endpoint(pkt.family, pkt.saddr);
 	if (!ep)
@@ -391,12 +449,12 @@ int nic_ingress(struct __sk_buff *skb)
 	}
 	if (!is_opening_syn(&pkt))
 		return TCX_NEXT;
-	if (pkt.mptcp_subtype != MPTCP_SUB_CAPABLE && pkt.mptcp_subtype != MPTCP_SUB_JOIN)
+	if (handshake_subtype(&pkt) == MPTCP_SUB_NONE)
 		return TCX_NEXT;
 
 	/* The peer's node chose this path; the pod's replies follow it, and
 	 * the pod's own joins avoid it. */
-	if (pkt.mptcp_subtype == MPTCP_SUB_JOIN) {
+	if (handshake_subtype(&pkt) == MPTCP_SUB_JOIN) {
 		struct conn *c;
 		__u32 token;
 

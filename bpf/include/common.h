@@ -38,8 +38,15 @@ enum stat_id {
 	STAT_MARKED,		 /* packets given a path mark */
 	STAT_NO_PATH,		 /* selected traffic but no usable path configured */
 	STAT_PATHS_EXHAUSTED,	 /* a join found every path of its rule in use and shares one */
+	STAT_MPTCP_OPT_INVALID,	 /* packets with an MPTCP option of undefined length: option ignored */
 	STAT_MAX,
 };
+
+/* Entries of the stats map: fixed, with room to spare, so that a counter
+ * added by a later release does not change the layout of the pinned map a
+ * running datapath uses (a pinned map whose size differs cannot be reused). */
+#define STATS_CAPACITY 64
+_Static_assert(STAT_MAX <= STATS_CAPACITY, "enum stat_id outgrew the stats map");
 
 /* A subflow's 4-tuple as the local pod sends it: saddr/sport are the pod's.
  * IPv4 addresses use the first 4 bytes, the rest is zero. */
@@ -112,6 +119,13 @@ struct rule {
 struct nic {
 	__u32 path;
 	__u32 flags;
+};
+
+/* Record actor: per MPTCP option subtype (RFC 8684 section 3), indexed by
+ * the subtype. */
+struct mptcp_subtype_stats {
+	__u64 packets; /* packets carrying a valid option of this subtype */
+	__u64 invalid; /* packets carrying one whose length RFC 8684 does not define */
 };
 
 struct path_stats {

@@ -27,17 +27,57 @@
 #define TCPOPT_NOP   1
 #define TCPOPT_MPTCP 30
 
-/* MPTCP option subtypes, RFC 8684 section 3 (IANA "MPTCP Option Subtypes"). */
-#define MPTCP_SUB_CAPABLE     0
-#define MPTCP_SUB_JOIN	      1
-#define MPTCP_SUB_DSS	      2
-#define MPTCP_SUB_ADD_ADDR    3
-#define MPTCP_SUB_REMOVE_ADDR 4
-#define MPTCP_SUB_PRIO	      5
-#define MPTCP_SUB_FAIL	      6
-#define MPTCP_SUB_FASTCLOSE   7
-#define MPTCP_SUB_TCPRST      8
-#define MPTCP_SUB_NONE	      0xff
+/* MPTCP option subtypes, RFC 8684 section 3 (IANA "MPTCP Option Subtypes").
+ * The subtype is the high nibble of the option's third byte, so there are
+ * 16 possible values; 0x9..0xe are unassigned and 0xf is MP_EXPERIMENTAL. */
+enum mptcp_subtype {
+	MPTCP_SUB_CAPABLE = 0x0,
+	MPTCP_SUB_JOIN = 0x1,
+	MPTCP_SUB_DSS = 0x2,
+	MPTCP_SUB_ADD_ADDR = 0x3,
+	MPTCP_SUB_REMOVE_ADDR = 0x4,
+	MPTCP_SUB_PRIO = 0x5,
+	MPTCP_SUB_FAIL = 0x6,
+	MPTCP_SUB_FASTCLOSE = 0x7,
+	MPTCP_SUB_TCPRST = 0x8,
+	MPTCP_SUB_EXPERIMENTAL = 0xf,
+};
+#define MPTCP_SUBTYPES 16
+#define MPTCP_SUB_NONE 0xff
+
+/* Option lengths per subtype (RFC 8684 section 3). Kind, length and the
+ * subtype byte are common to all: an MPTCP option has at least 3 bytes. */
+#define MPTCP_LEN_MIN			3
+#define MPTCP_LEN_CAPABLE_SYN		4  /* 3.1: v1 SYN, no key */
+#define MPTCP_LEN_CAPABLE_KEY		12 /* 3.1: SYN-ACK (or a v0 SYN), one key */
+#define MPTCP_LEN_CAPABLE_ACK		20 /* 3.1: third ACK, both keys */
+#define MPTCP_LEN_CAPABLE_ACK_DATA	22 /* 3.1: with data-level length */
+#define MPTCP_LEN_CAPABLE_ACK_DATA_CSUM 24 /* 3.1: and checksum */
+#define MPTCP_LEN_JOIN_SYN		12 /* 3.2: token and nonce */
+#define MPTCP_LEN_JOIN_SYNACK		16 /* 3.2: truncated HMAC and nonce */
+#define MPTCP_LEN_JOIN_ACK		24 /* 3.2: full HMAC */
+#define MPTCP_LEN_DSS_BASE		4  /* 3.3: kind, length, subtype, flags */
+#define MPTCP_LEN_ADD_ADDR_BASE		4  /* 3.4.1: kind, length, subtype|E, address id */
+#define MPTCP_LEN_ADD_ADDR_V4		4
+#define MPTCP_LEN_ADD_ADDR_V6		16
+#define MPTCP_LEN_ADD_ADDR_PORT		2
+#define MPTCP_LEN_ADD_ADDR_HMAC		8  /* absent when E (echo) is set */
+#define MPTCP_LEN_REMOVE_ADDR_MIN	4  /* 3.4.2: at least one address id */
+#define MPTCP_LEN_PRIO			3  /* 3.3.8: v1 form */
+#define MPTCP_LEN_PRIO_V0		4  /* RFC 6824 form with an address id */
+#define MPTCP_LEN_FAIL			12 /* 3.7: 64-bit DSN */
+#define MPTCP_LEN_FASTCLOSE		12 /* 3.5: receiver's key */
+#define MPTCP_LEN_TCPRST		4  /* 3.6: flags and reason */
+
+/* DSS flags, the fourth byte (RFC 8684 section 3.3, figure 9). */
+#define MPTCP_DSS_DATA_ACK     0x01 /* A: Data ACK present */
+#define MPTCP_DSS_DATA_ACK8    0x02 /* a: Data ACK is 8 octets */
+#define MPTCP_DSS_MAPPING      0x04 /* M: DSN, SSN, data-level length (and checksum) present */
+#define MPTCP_DSS_DSN8	       0x08 /* m: DSN is 8 octets */
+#define MPTCP_DSS_DATA_FIN     0x10 /* F: DATA_FIN */
+#define MPTCP_DSS_MAPPING_LEN  6    /* SSN (4) and data-level length (2) */
+#define MPTCP_DSS_CHECKSUM_LEN 2
+#define MPTCP_ADD_ADDR_ECHO    0x01 /* E, low bit of the subtype byte (3.4.1) */
 
 enum parse_result {
 	PARSE_OK = 0,
@@ -45,19 +85,32 @@ enum parse_result {
 	PARSE_MALFORMED = 2,
 };
 
+/* What the parser found. MPTCP options are located by subtype: a packet may
+ * carry several (e.g. DSS with ADD_ADDR, or MP_PRIO on a DSS ACK), and every
+ * option of the TCP header is walked. Only the first valid occurrence of each
+ * subtype is located; actors read its fields with bpf_skb_load_bytes at
+ * l4_off + mptcp_off[subtype]. Its length is not kept: it was checked against
+ * the subtype and the segment (mptcp_option_valid), and is one load away. */
 struct packet {
 	__u8 family;
 	__u8 tcp_flags;
-	__u8 mptcp_subtype; /* first MPTCP option's subtype, MPTCP_SUB_NONE if none */
-	__u8 mptcp_len;	    /* its length field */
-	__u16 l4_off;	    /* offset of the TCP header from the start of the frame */
-	__u16 mptcp_off;    /* offset of the first MPTCP option from the start of the frame */
-	__u32 len;	    /* skb->len */
+	__u16 l4_off;	     /* offset of the TCP header from the start of the frame */
+	__u16 mptcp_seen;    /* bit s: a valid option of subtype s is present */
+	__u16 mptcp_invalid; /* bit s: an option of subtype s had a length RFC 8684 does not define */
+	__u32 len;	     /* skb->len */
 	__be16 sport;
 	__be16 dport;
 	__u8 saddr[16];
 	__u8 daddr[16];
+	/* Per known subtype (0..MPTCP_SUB_TCPRST): offset of the option from
+	 * the start of the TCP header (0: absent, options start at 20). */
+	__u8 mptcp_off[MPTCP_SUB_TCPRST + 1];
 };
+
+static __always_inline bool has_mptcp(const struct packet *pkt, __u32 subtype)
+{
+	return pkt->mptcp_seen & (1U << subtype);
+}
 
 struct vlan_tag {
 	__be16 tci;
@@ -199,63 +252,166 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 
 struct option_scan {
 	__u8 opts[TCP_MAX_OPTIONS_LEN];
-	__u32 optlen;
-	__u32 pos;
-	__u32 mptcp_pos; /* offset of the first MPTCP option within opts */
-	__u8 mptcp_len;
-	__u8 mptcp_subtype;
+	__u8 off[MPTCP_SUB_TCPRST + 1]; /* from the start of opts, +1 (0: absent) */
+	__u16 seen;
+	__u16 invalid;
+	__u8 optlen;
+	__u8 pos;
+	__u8 tcp_flags;
 	__u8 malformed;
-	__u8 pad;
 };
+
+/* dss_len is the length a DSS option with these flags has, without the
+ * optional checksum (RFC 8684 section 3.3, figure 9). */
+static __always_inline __u32 dss_len(__u8 flags)
+{
+	__u32 len = MPTCP_LEN_DSS_BASE;
+
+	if (flags & MPTCP_DSS_DATA_ACK)
+		len += (flags & MPTCP_DSS_DATA_ACK8) ? 8 : 4;
+	if (flags & MPTCP_DSS_MAPPING)
+		len += ((flags & MPTCP_DSS_DSN8) ? 8 : 4) + MPTCP_DSS_MAPPING_LEN;
+	return len;
+}
+
+/* add_addr_valid: an IPv4 or IPv6 address, optionally a port, and a
+ * truncated HMAC unless the option is the echo (E=1) of one received
+ * (RFC 8684 section 3.4.1, figure 12). The address family is known only
+ * from the length. */
+static __always_inline bool add_addr_valid(__u32 len, __u8 sub_byte)
+{
+	__u32 base = MPTCP_LEN_ADD_ADDR_BASE;
+
+	if (!(sub_byte & MPTCP_ADD_ADDR_ECHO))
+		base += MPTCP_LEN_ADD_ADDR_HMAC;
+	return len == base + MPTCP_LEN_ADD_ADDR_V4 ||
+	       len == base + MPTCP_LEN_ADD_ADDR_V4 + MPTCP_LEN_ADD_ADDR_PORT ||
+	       len == base + MPTCP_LEN_ADD_ADDR_V6 ||
+	       len == base + MPTCP_LEN_ADD_ADDR_V6 + MPTCP_LEN_ADD_ADDR_PORT;
+}
+
+/* mptcp_option_valid checks an option's length against what RFC 8684 defines
+ * for its subtype and, for the handshake options, for the segment that
+ * carries it, as the kernel's own parser does. An option that fails is
+ * ignored (the receiver ignores it too), not a reason to stop marking the
+ * packet. Unassigned and experimental subtypes are accepted as they are. */
+static __always_inline bool mptcp_option_valid(__u32 subtype, __u32 len, __u8 sub_byte, __u8 flags_byte,
+					       __u8 tcp_flags)
+{
+	bool syn = tcp_flags & TCP_FLAG_SYN, ack = tcp_flags & TCP_FLAG_ACK;
+
+	switch (subtype) {
+	case MPTCP_SUB_CAPABLE: /* 3.1 */
+		if (syn && !ack)
+			return len == MPTCP_LEN_CAPABLE_SYN || len == MPTCP_LEN_CAPABLE_KEY;
+		if (syn)
+			return len == MPTCP_LEN_CAPABLE_KEY;
+		return len == MPTCP_LEN_CAPABLE_ACK || len == MPTCP_LEN_CAPABLE_ACK_DATA ||
+		       len == MPTCP_LEN_CAPABLE_ACK_DATA_CSUM;
+	case MPTCP_SUB_JOIN: /* 3.2 */
+		if (syn && !ack)
+			return len == MPTCP_LEN_JOIN_SYN;
+		if (syn)
+			return len == MPTCP_LEN_JOIN_SYNACK;
+		return len == MPTCP_LEN_JOIN_ACK;
+	case MPTCP_SUB_DSS: /* 3.3 */
+		if (len < MPTCP_LEN_DSS_BASE)
+			return false;
+		if (len == dss_len(flags_byte))
+			return true;
+		return (flags_byte & MPTCP_DSS_MAPPING) &&
+		       len == dss_len(flags_byte) + MPTCP_DSS_CHECKSUM_LEN;
+	case MPTCP_SUB_ADD_ADDR: /* 3.4.1 */
+		return add_addr_valid(len, sub_byte);
+	case MPTCP_SUB_REMOVE_ADDR: /* 3.4.2 */
+		return len >= MPTCP_LEN_REMOVE_ADDR_MIN;
+	case MPTCP_SUB_PRIO: /* 3.3.8 */
+		return len == MPTCP_LEN_PRIO || len == MPTCP_LEN_PRIO_V0;
+	case MPTCP_SUB_FAIL: /* 3.7 */
+		return len == MPTCP_LEN_FAIL;
+	case MPTCP_SUB_FASTCLOSE: /* 3.5 */
+		return len == MPTCP_LEN_FASTCLOSE;
+	case MPTCP_SUB_TCPRST: /* 3.6 */
+		return len == MPTCP_LEN_TCPRST;
+	default:
+		return true;
+	}
+}
+
+/* opt_byte reads opts[i]; the bound is already known to the caller, the
+ * check keeps the verifier convinced without unrolling. */
+static __always_inline __u8 opt_byte(const struct option_scan *s, __u32 i)
+{
+	if (i >= TCP_MAX_OPTIONS_LEN)
+		return 0;
+	return s->opts[i];
+}
 
 /* scan_option is one step of the option walk, run under bpf_loop so the
  * verifier checks the step once instead of every path through 40 unrolled
- * iterations. Returns 1 to stop. */
+ * iterations. Every option is visited, so every MPTCP option is found, not
+ * only the first. Returns 1 to stop. */
 static long scan_option(__u32 index, void *ctx)
 {
 	struct option_scan *s = ctx;
-	__u32 pos = s->pos;
-	__u8 kind, len;
+	__u32 pos = s->pos, len, subtype;
+	__u8 kind, sub_byte;
 
-	if (pos >= s->optlen || pos >= TCP_MAX_OPTIONS_LEN - 1)
+	if (pos >= s->optlen || pos >= TCP_MAX_OPTIONS_LEN)
 		return 1;
-	kind = s->opts[pos];
+	kind = opt_byte(s, pos);
 	if (kind == TCPOPT_EOL)
 		return 1;
 	if (kind == TCPOPT_NOP) {
 		s->pos = pos + 1;
 		return 0;
 	}
-	len = s->opts[pos + 1];
+	if (pos + 1 >= s->optlen) {
+		s->malformed = 1;
+		return 1;
+	}
+	len = opt_byte(s, pos + 1);
 	if (len < 2 || pos + len > s->optlen) {
 		s->malformed = 1;
 		return 1;
 	}
-	if (kind == TCPOPT_MPTCP && s->mptcp_subtype == MPTCP_SUB_NONE) {
-		if (len < 3 || pos + 2 >= TCP_MAX_OPTIONS_LEN) {
-			s->malformed = 1;
-			return 1;
-		}
-		s->mptcp_subtype = s->opts[pos + 2] >> 4;
-		s->mptcp_len = len;
-		s->mptcp_pos = pos;
-	}
 	s->pos = pos + len;
+	if (kind != TCPOPT_MPTCP)
+		return 0;
+
+	if (len < MPTCP_LEN_MIN) {
+		/* No subtype byte at all: not attributable to a subtype. */
+		s->malformed = 1;
+		return 1;
+	}
+	sub_byte = opt_byte(s, pos + 2);
+	subtype = sub_byte >> 4;
+	if (!mptcp_option_valid(subtype, len, sub_byte, len > 3 ? opt_byte(s, pos + 3) : 0, s->tcp_flags)) {
+		s->invalid |= 1U << subtype;
+		return 0;
+	}
+	if (s->seen & (1U << subtype))
+		return 0;
+	s->seen |= 1U << subtype;
+	if (subtype <= MPTCP_SUB_TCPRST)
+		s->off[subtype] = pos + 1;
 	return 0;
 }
 
-/* parse_packet fills pkt for a TCP packet and finds its first MPTCP option.
- * It never writes to the packet. */
-static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *pkt)
+/* parse_packet fills pkt for a TCP packet and locates its MPTCP options.
+ * It never writes to the packet. Not inlined, on purpose: its frame (the
+ * option buffer, the headers) is gone before the caller goes on to
+ * mptcp_token, so the two never add up against the 512-byte limit on the
+ * combined stack of a call chain (TestObjectsPassVerifier logs the depths). */
+static __noinline int parse_packet(struct __sk_buff *skb, struct packet *pkt)
 {
-	struct option_scan scan = {.mptcp_subtype = MPTCP_SUB_NONE};
+	struct option_scan scan = {};
 	struct tcp_hdr tcp;
 	__u32 off = 0, optlen;
 	__u8 proto = 0;
 	int ret;
 
 	pkt->len = skb->len;
-	pkt->mptcp_subtype = MPTCP_SUB_NONE;
 	ret = parse_l3(skb, pkt, &off, &proto);
 	if (ret != PARSE_OK)
 		return ret;
@@ -282,16 +438,19 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *pk
 	if (bpf_skb_load_bytes(skb, off + sizeof(tcp), scan.opts, optlen))
 		return PARSE_MALFORMED;
 	scan.optlen = optlen;
+	scan.tcp_flags = tcp.flags;
 
 	/* Each step consumes at least one byte, so 40 steps cover the whole
 	 * option space. */
 	bpf_loop(TCP_MAX_OPTIONS_LEN, scan_option, &scan, 0);
 	if (scan.malformed)
 		return PARSE_MALFORMED;
-	if (scan.mptcp_subtype != MPTCP_SUB_NONE) {
-		pkt->mptcp_subtype = scan.mptcp_subtype;
-		pkt->mptcp_len = scan.mptcp_len;
-		pkt->mptcp_off = off + sizeof(tcp) + scan.mptcp_pos;
+	pkt->mptcp_seen = scan.seen;
+	pkt->mptcp_invalid = scan.invalid;
+#pragma unroll
+	for (int i = 0; i <= MPTCP_SUB_TCPRST; i++) {
+		/* Offsets from the TCP header: 20 bytes of header, then opts. */
+		pkt->mptcp_off[i] = scan.off[i] ? scan.off[i] - 1 + sizeof(tcp) : 0;
 	}
 	return PARSE_OK;
 }

@@ -118,7 +118,7 @@ func (d *Datapath) Unpin() error {
 	if d.pinDir == "" {
 		return nil
 	}
-	for _, m := range []*ebpf.Map{d.objs.Subflows, d.objs.ConnAliases, d.objs.ConnStates, d.objs.Endpoints, d.objs.Rules, d.objs.Nics, d.objs.Stats, d.objs.PathCounters} {
+	for _, m := range []*ebpf.Map{d.objs.Subflows, d.objs.ConnAliases, d.objs.ConnStates, d.objs.Endpoints, d.objs.Rules, d.objs.Nics, d.objs.Stats, d.objs.MptcpOptions, d.objs.PathCounters} {
 		if err := m.Unpin(); err != nil {
 			return err
 		}
@@ -216,3 +216,52 @@ func (d *Datapath) DeleteNIC(ifindex int) error {
 	}
 	return nil
 }
+
+// Program returns the loaded program that runs at hook h, for running it on
+// crafted packets (BPF_PROG_TEST_RUN) in tests and benchmarks. The agent
+// attaches programs with Attach instead.
+func (d *Datapath) Program(h Hook) *ebpf.Program {
+	p, _ := d.hookProgram(h)
+	return p
+}
+
+// ForgetSubflow removes the subflow with this 4-tuple, as the local pod
+// sends it, from the subflow table: its next packets are no longer marked,
+// and an opening SYN with the same 4-tuple is placed anew.
+func (d *Datapath) ForgetSubflow(local, remote netip.AddrPort) error {
+	if local.Addr().Unmap().Is4() != remote.Addr().Unmap().Is4() {
+		return fmt.Errorf("subflow %v -> %v mixes address families", local, remote)
+	}
+	k := datapathFlowKey{Family: family(local.Addr().Unmap()), Sport: htons(local.Port()), Dport: htons(remote.Port())}
+	copy(k.Saddr[:], local.Addr().Unmap().AsSlice())
+	copy(k.Daddr[:], remote.Addr().Unmap().AsSlice())
+	if err := d.objs.Subflows.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	return nil
+}
+
+// ForgetConnection removes the connection of the local pod known by any of
+// tokens (either side's), so that its next MP_CAPABLE ACK is learnt again.
+func (d *Datapath) ForgetConnection(local netip.Addr, tokens ...uint32) error {
+	local = local.Unmap()
+	for _, tok := range tokens {
+		k := datapathConnKey{Family: family(local), Token: tok}
+		copy(k.Local[:], local.AsSlice())
+		var alias datapathConnAlias
+		if err := d.objs.ConnAliases.Lookup(&k, &alias); err == nil {
+			ck := k
+			ck.Token = alias.Canonical
+			if err := d.objs.ConnStates.Delete(&ck); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return err
+			}
+		}
+		if err := d.objs.ConnAliases.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// htons stores a port in network byte order.
+func htons(p uint16) uint16 { return p>>8 | p<<8 }

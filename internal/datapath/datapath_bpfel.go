@@ -56,6 +56,27 @@ type datapathFlowKey struct {
 	Pad    [3]uint8
 }
 
+type datapathMptcpSubtype uint32
+
+const (
+	datapathMptcpSubtypeMPTCP_SUB_CAPABLE      datapathMptcpSubtype = 0
+	datapathMptcpSubtypeMPTCP_SUB_JOIN         datapathMptcpSubtype = 1
+	datapathMptcpSubtypeMPTCP_SUB_DSS          datapathMptcpSubtype = 2
+	datapathMptcpSubtypeMPTCP_SUB_ADD_ADDR     datapathMptcpSubtype = 3
+	datapathMptcpSubtypeMPTCP_SUB_REMOVE_ADDR  datapathMptcpSubtype = 4
+	datapathMptcpSubtypeMPTCP_SUB_PRIO         datapathMptcpSubtype = 5
+	datapathMptcpSubtypeMPTCP_SUB_FAIL         datapathMptcpSubtype = 6
+	datapathMptcpSubtypeMPTCP_SUB_FASTCLOSE    datapathMptcpSubtype = 7
+	datapathMptcpSubtypeMPTCP_SUB_TCPRST       datapathMptcpSubtype = 8
+	datapathMptcpSubtypeMPTCP_SUB_EXPERIMENTAL datapathMptcpSubtype = 15
+)
+
+type datapathMptcpSubtypeStats struct {
+	_       structs.HostLayout
+	Packets uint64
+	Invalid uint64
+}
+
 type datapathNic struct {
 	_     structs.HostLayout
 	Path  uint32
@@ -95,7 +116,8 @@ const (
 	datapathStatIdSTAT_MARKED             datapathStatId = 10
 	datapathStatIdSTAT_NO_PATH            datapathStatId = 11
 	datapathStatIdSTAT_PATHS_EXHAUSTED    datapathStatId = 12
-	datapathStatIdSTAT_MAX                datapathStatId = 13
+	datapathStatIdSTAT_MPTCP_OPT_INVALID  datapathStatId = 13
+	datapathStatIdSTAT_MAX                datapathStatId = 14
 )
 
 type datapathSubflow struct {
@@ -111,19 +133,21 @@ type datapathSubflow struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	datapathMapConnAliases  = "conn_aliases"
-	datapathMapConnStates   = "conn_states"
-	datapathMapEndpoints    = "endpoints"
-	datapathMapNics         = "nics"
-	datapathMapPathCounters = "path_counters"
-	datapathMapRules        = "rules"
-	datapathMapStats        = "stats"
-	datapathMapSubflows     = "subflows"
-	datapathProgNicIngress  = "nic_ingress"
-	datapathProgPodEgress   = "pod_egress"
-	datapathVarMarkMask     = "mark_mask"
-	datapathVarMarkShift    = "mark_shift"
-	datapathVarUnusedStatId = "unused_stat_id"
+	datapathMapConnAliases        = "conn_aliases"
+	datapathMapConnStates         = "conn_states"
+	datapathMapEndpoints          = "endpoints"
+	datapathMapMptcpOptions       = "mptcp_options"
+	datapathMapNics               = "nics"
+	datapathMapPathCounters       = "path_counters"
+	datapathMapRules              = "rules"
+	datapathMapStats              = "stats"
+	datapathMapSubflows           = "subflows"
+	datapathProgNicIngress        = "nic_ingress"
+	datapathProgPodEgress         = "pod_egress"
+	datapathVarMarkMask           = "mark_mask"
+	datapathVarMarkShift          = "mark_shift"
+	datapathVarUnusedMptcpSubtype = "unused_mptcp_subtype"
+	datapathVarUnusedStatId       = "unused_stat_id"
 )
 
 // loadDatapath returns the embedded CollectionSpec for datapath.
@@ -179,6 +203,7 @@ type datapathMapSpecs struct {
 	ConnAliases  *ebpf.MapSpec `ebpf:"conn_aliases"`
 	ConnStates   *ebpf.MapSpec `ebpf:"conn_states"`
 	Endpoints    *ebpf.MapSpec `ebpf:"endpoints"`
+	MptcpOptions *ebpf.MapSpec `ebpf:"mptcp_options"`
 	Nics         *ebpf.MapSpec `ebpf:"nics"`
 	PathCounters *ebpf.MapSpec `ebpf:"path_counters"`
 	Rules        *ebpf.MapSpec `ebpf:"rules"`
@@ -190,9 +215,10 @@ type datapathMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathVariableSpecs struct {
-	MarkMask     *ebpf.VariableSpec `ebpf:"mark_mask"`
-	MarkShift    *ebpf.VariableSpec `ebpf:"mark_shift"`
-	UnusedStatId *ebpf.VariableSpec `ebpf:"unused_stat_id"`
+	MarkMask           *ebpf.VariableSpec `ebpf:"mark_mask"`
+	MarkShift          *ebpf.VariableSpec `ebpf:"mark_shift"`
+	UnusedMptcpSubtype *ebpf.VariableSpec `ebpf:"unused_mptcp_subtype"`
+	UnusedStatId       *ebpf.VariableSpec `ebpf:"unused_stat_id"`
 }
 
 // datapathObjects contains all objects after they have been loaded into the kernel.
@@ -218,6 +244,7 @@ type datapathMaps struct {
 	ConnAliases  *ebpf.Map `ebpf:"conn_aliases"`
 	ConnStates   *ebpf.Map `ebpf:"conn_states"`
 	Endpoints    *ebpf.Map `ebpf:"endpoints"`
+	MptcpOptions *ebpf.Map `ebpf:"mptcp_options"`
 	Nics         *ebpf.Map `ebpf:"nics"`
 	PathCounters *ebpf.Map `ebpf:"path_counters"`
 	Rules        *ebpf.Map `ebpf:"rules"`
@@ -230,6 +257,7 @@ func (m *datapathMaps) Close() error {
 		m.ConnAliases,
 		m.ConnStates,
 		m.Endpoints,
+		m.MptcpOptions,
 		m.Nics,
 		m.PathCounters,
 		m.Rules,
@@ -242,9 +270,10 @@ func (m *datapathMaps) Close() error {
 //
 // It can be passed to loadDatapathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathVariables struct {
-	MarkMask     *ebpf.Variable `ebpf:"mark_mask"`
-	MarkShift    *ebpf.Variable `ebpf:"mark_shift"`
-	UnusedStatId *ebpf.Variable `ebpf:"unused_stat_id"`
+	MarkMask           *ebpf.Variable `ebpf:"mark_mask"`
+	MarkShift          *ebpf.Variable `ebpf:"mark_shift"`
+	UnusedMptcpSubtype *ebpf.Variable `ebpf:"unused_mptcp_subtype"`
+	UnusedStatId       *ebpf.Variable `ebpf:"unused_stat_id"`
 }
 
 // datapathPrograms contains all programs after they have been loaded into the kernel.

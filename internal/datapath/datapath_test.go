@@ -3,7 +3,9 @@ package datapath
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -28,7 +30,7 @@ var (
 	serverPod = netip.MustParseAddr("10.244.2.11")
 )
 
-func loadForTest(t *testing.T) *Datapath {
+func loadForTest(t testing.TB) *Datapath {
 	t.Helper()
 	testutil.RequireRoot(t)
 	dp, err := Load(Options{})
@@ -89,11 +91,51 @@ func (d *Datapath) pathOfMark(t *testing.T, mark uint32) uint32 {
 	return v - 1
 }
 
+// Every program of every BPF object passes this kernel's verifier on its own;
+// a rejection prints the verifier's whole log.
 func TestObjectsPassVerifier(t *testing.T) {
-	dp := loadForTest(t)
-	for name, p := range map[string]*ebpf.Program{"pod_egress": dp.objs.PodEgress, "nic_ingress": dp.objs.NicIngress} {
-		if p == nil {
-			t.Errorf("program %s not loaded", name)
+	testutil.RequireRoot(t)
+	objects := map[string]func() (*ebpf.CollectionSpec, error){
+		"datapath": loadDatapath,
+	}
+	for obj, load := range objects {
+		spec, err := load()
+		if err != nil {
+			t.Fatalf("%s: reading the object: %v", obj, err)
+		}
+		if len(spec.Programs) == 0 {
+			t.Fatalf("%s: no programs", obj)
+		}
+		for name := range spec.Programs {
+			t.Run(obj+"/"+name, func(t *testing.T) {
+				one := spec.Copy()
+				for other := range one.Programs {
+					if other != name {
+						delete(one.Programs, other)
+					}
+				}
+				for _, m := range one.Maps {
+					m.Pinning = ebpf.PinNone
+				}
+				// Statistics only on success (instructions processed,
+				// stack depth per function); the full log on a rejection.
+				coll, err := ebpf.NewCollectionWithOptions(one, ebpf.CollectionOptions{
+					Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats},
+				})
+				if err != nil {
+					var ve *ebpf.VerifierError
+					if errors.As(err, &ve) {
+						t.Fatalf("verifier rejected %s:\n%+v", name, ve)
+					}
+					t.Fatalf("loading %s: %v", name, err)
+				}
+				defer coll.Close()
+				for _, line := range strings.Split(coll.Programs[name].VerifierLog, "\n") {
+					if strings.Contains(line, "processed") || strings.Contains(line, "stack depth") {
+						t.Logf("%s: %s", name, line)
+					}
+				}
+			})
 		}
 	}
 }
@@ -376,5 +418,42 @@ func TestJoinsBeyondPathsShareAndAreCounted(t *testing.T) {
 	}
 	if stats[StatPathsExhausted] != 2 {
 		t.Fatalf("joins sharing a path = %d, want 2 (three joins, one free path)", stats[StatPathsExhausted])
+	}
+}
+
+// A forgotten subflow is no longer marked; a forgotten connection is learnt
+// again from its next MP_CAPABLE ACK.
+func TestForgetSubflowAndConnection(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	const clientKey, serverKey = 3, 4
+	run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 80, testpkt.MPCapableSYN()), skbContext{})
+	ack := capableACK(clientPod, 40000, serverPod, 80, clientKey, serverKey)
+	run(t, dp.Program(HookPodEgress), ack, skbContext{})
+
+	if err := dp.ForgetConnection(clientPod, tokenOf(serverKey), tokenOf(clientKey)); err != nil {
+		t.Fatal(err)
+	}
+	if conns, err := dp.Connections(); err != nil || len(conns) != 0 {
+		t.Fatalf("connections after ForgetConnection: %+v, %v", conns, err)
+	}
+	run(t, dp.Program(HookPodEgress), ack, skbContext{})
+	if conns, err := dp.Connections(); err != nil || len(conns) != 1 || conns[0].Token != tokenOf(serverKey) {
+		t.Fatalf("connections after the next ACK: %+v, %v; want it learnt again", conns, err)
+	}
+
+	if err := dp.ForgetSubflow(netip.AddrPortFrom(clientPod, 40000), netip.AddrPortFrom(serverPod, 80)); err != nil {
+		t.Fatal(err)
+	}
+	if m := run(t, dp.Program(HookPodEgress), ack, skbContext{Mark: 0x4000}); m != 0x4000 {
+		t.Fatalf("packet of a forgotten subflow marked %#x", m)
+	}
+	if sfs, err := dp.Subflows(); err != nil || len(sfs) != 0 {
+		t.Fatalf("subflows after ForgetSubflow: %+v, %v", sfs, err)
 	}
 }

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"fmt"
 	"net/netip"
 )
 
@@ -22,6 +23,7 @@ const (
 	StatMarked           = datapathStatIdSTAT_MARKED
 	StatNoPath           = datapathStatIdSTAT_NO_PATH
 	StatPathsExhausted   = datapathStatIdSTAT_PATHS_EXHAUSTED
+	StatMPTCPOptInvalid  = datapathStatIdSTAT_MPTCP_OPT_INVALID
 	numStats             = int(datapathStatIdSTAT_MAX)
 )
 
@@ -38,6 +40,70 @@ func (d *Datapath) Stats() (map[Stat]uint64, error) {
 			sum += v
 		}
 		out[Stat(i)] = sum
+	}
+	return out, nil
+}
+
+// MPTCPSubtype is an MPTCP option subtype (RFC 8684 section 3, the IANA
+// "MPTCP Option Subtypes" registry): the high nibble of the option's third
+// byte.
+type MPTCPSubtype uint8
+
+// The subtypes RFC 8684 defines, and the experimental one.
+const (
+	MPCapable      MPTCPSubtype = 0x0 // 3.1
+	MPJoin         MPTCPSubtype = 0x1 // 3.2
+	DSS            MPTCPSubtype = 0x2 // 3.3
+	AddAddr        MPTCPSubtype = 0x3 // 3.4.1
+	RemoveAddr     MPTCPSubtype = 0x4 // 3.4.2
+	MPPrio         MPTCPSubtype = 0x5 // 3.3.8
+	MPFail         MPTCPSubtype = 0x6 // 3.7
+	MPFastclose    MPTCPSubtype = 0x7 // 3.5
+	MPTCPRst       MPTCPSubtype = 0x8 // 3.6
+	MPExperimental MPTCPSubtype = 0xf
+	// NumMPTCPSubtypes is how many values the 4-bit field can take.
+	NumMPTCPSubtypes = 16
+)
+
+var subtypeNames = map[MPTCPSubtype]string{
+	MPCapable: "MP_CAPABLE", MPJoin: "MP_JOIN", DSS: "DSS", AddAddr: "ADD_ADDR", RemoveAddr: "REMOVE_ADDR",
+	MPPrio: "MP_PRIO", MPFail: "MP_FAIL", MPFastclose: "MP_FASTCLOSE", MPTCPRst: "MP_TCPRST", MPExperimental: "MP_EXPERIMENTAL",
+}
+
+func (s MPTCPSubtype) String() string {
+	if n, ok := subtypeNames[s]; ok {
+		return n
+	}
+	return fmt.Sprintf("subtype-%#x", uint8(s))
+}
+
+// SubtypeCounters count, for one MPTCP subtype, the packets the datapath
+// parsed that carried it.
+type SubtypeCounters struct {
+	// Packets carried a valid option of the subtype (counted once per
+	// packet even when the packet repeats the subtype).
+	Packets uint64
+	// Invalid carried one whose length RFC 8684 does not define for the
+	// subtype (and the segment): the datapath ignored the option, as the
+	// receiver does.
+	Invalid uint64
+}
+
+// MPTCPOptionStats returns the record actor's per-subtype counters, summed
+// over CPUs and indexed by subtype. They cover every TCP packet the
+// programs parse, selected pods or not: pod_egress on the veths it is
+// attached to, nic_ingress on the path NICs.
+func (d *Datapath) MPTCPOptionStats() ([NumMPTCPSubtypes]SubtypeCounters, error) {
+	var out [NumMPTCPSubtypes]SubtypeCounters
+	for i := range out {
+		var perCPU []datapathMptcpSubtypeStats
+		if err := d.objs.MptcpOptions.Lookup(uint32(i), &perCPU); err != nil {
+			return out, fmt.Errorf("reading MPTCP option counters of %v: %w", MPTCPSubtype(i), err)
+		}
+		for _, v := range perCPU {
+			out[i].Packets += v.Packets
+			out[i].Invalid += v.Invalid
+		}
 	}
 	return out, nil
 }

@@ -40,6 +40,9 @@ type Frame struct {
 	IPv4Options []byte
 	// IPv6HopByHop adds a hop-by-hop extension header of 8 bytes.
 	IPv6HopByHop bool
+	// IPv6DestOpts adds destination-options headers of 8 bytes each, after
+	// the hop-by-hop header.
+	IPv6DestOpts int
 }
 
 // Bytes encodes the frame.
@@ -60,7 +63,7 @@ func (f Frame) Bytes() []byte {
 		l3 = ipv4(f.Src, f.Dst, proto, pad4(f.IPv4Options), l4)
 	} else {
 		ethType = 0x86dd
-		l3 = ipv6(f.Src, f.Dst, proto, f.IPv6HopByHop, l4)
+		l3 = ipv6(f.Src, f.Dst, proto, f.IPv6HopByHop, f.IPv6DestOpts, l4)
 	}
 
 	b := make([]byte, 0, 14+4*len(f.VLANs)+len(l3))
@@ -98,12 +101,17 @@ func ipv4(src, dst netip.Addr, proto uint8, opts, payload []byte) []byte {
 	return append(h, payload...)
 }
 
-func ipv6(src, dst netip.Addr, proto uint8, hopByHop bool, payload []byte) []byte {
+func ipv6(src, dst netip.Addr, proto uint8, hopByHop bool, destOpts int, payload []byte) []byte {
 	next := proto
 	var ext []byte
+	// Built from the inside out: each header of 8 bytes holds the next
+	// header's number, length 0 and a PadN option.
+	for range destOpts {
+		ext = append([]byte{next, 0, 1, 4, 0, 0, 0, 0}, ext...)
+		next = 60
+	}
 	if hopByHop {
-		// Hop-by-hop header of 8 bytes: next header, length 0, PadN.
-		ext = []byte{proto, 0, 1, 4, 0, 0, 0, 0}
+		ext = append([]byte{next, 0, 1, 4, 0, 0, 0, 0}, ext...)
 		next = 0
 	}
 	h := make([]byte, 40, 40+len(ext)+len(payload))
@@ -189,9 +197,174 @@ func MPJoinSYN(token, nonce uint32, addrID uint8, backup bool) []byte {
 	if backup {
 		flags |= 1
 	}
-	b := []byte{30, 12, flags, addrID}
+	b := []byte{KindMPTCP, 12, flags, addrID}
 	b = binary.BigEndian.AppendUint32(b, token)
 	return binary.BigEndian.AppendUint32(b, nonce)
+}
+
+// MPTCP option kind and the subtype numbers (RFC 8684 section 3), placed in
+// the high nibble of the option's third byte.
+const (
+	KindMPTCP       = 30
+	SubCapable      = 0x0
+	SubJoin         = 0x1
+	SubDSS          = 0x2
+	SubAddAddr      = 0x3
+	SubRemoveAddr   = 0x4
+	SubPrio         = 0x5
+	SubFail         = 0x6
+	SubFastclose    = 0x7
+	SubTCPRst       = 0x8
+	SubExperimental = 0xf
+)
+
+// MPCapableACKData is MP_CAPABLE v1 on the first data segment (section 3.1):
+// both keys and the data-level length, length 22, or 24 with a checksum
+// when checksums were negotiated.
+func MPCapableACKData(senderKey, receiverKey uint64, dataLen uint16, checksum *uint16) []byte {
+	b := MPCapableACK(senderKey, receiverKey)
+	b = binary.BigEndian.AppendUint16(b, dataLen)
+	if checksum != nil {
+		b[3] |= 0x80 // A: checksums required, as negotiated
+		b = binary.BigEndian.AppendUint16(b, *checksum)
+	}
+	b[1] = byte(len(b))
+	return b
+}
+
+// MPJoinSYNACK is MP_JOIN on a SYN-ACK (section 3.2, figure 6): the
+// truncated HMAC and the sender's nonce, length 16.
+func MPJoinSYNACK(truncatedHMAC uint64, nonce uint32, addrID uint8, backup bool) []byte {
+	flags := byte(SubJoin << 4)
+	if backup {
+		flags |= 1
+	}
+	b := []byte{KindMPTCP, 16, flags, addrID}
+	b = binary.BigEndian.AppendUint64(b, truncatedHMAC)
+	return binary.BigEndian.AppendUint32(b, nonce)
+}
+
+// MPJoinACK is MP_JOIN on the third ACK (section 3.2, figure 7): the full
+// 160-bit HMAC, length 24.
+func MPJoinACK(hmac [20]byte) []byte {
+	return append([]byte{KindMPTCP, 24, SubJoin << 4, 0}, hmac[:]...)
+}
+
+// DSS is a Data Sequence Signal option (section 3.3, figure 9). Nil fields
+// are absent.
+type DSS struct {
+	DataACK  *uint64 // Data ACK (flag A)
+	DataACK8 bool    // send it in 8 octets (flag a)
+	// Mapping (flag M): data sequence number, subflow sequence number and
+	// data-level length, and the checksum when one was negotiated.
+	Mapping *DSSMapping
+	DataFIN bool // flag F
+}
+
+// DSSMapping is the mapping part of a DSS option.
+type DSSMapping struct {
+	DSN      uint64
+	DSN8     bool // send the DSN in 8 octets (flag m)
+	SSN      uint32
+	Length   uint16
+	Checksum *uint16
+}
+
+// Bytes encodes the option.
+func (d DSS) Bytes() []byte {
+	var flags byte
+	b := []byte{KindMPTCP, 0, SubDSS << 4, 0}
+	if d.DataACK != nil {
+		flags |= 0x01
+		if d.DataACK8 {
+			flags |= 0x02
+			b = binary.BigEndian.AppendUint64(b, *d.DataACK)
+		} else {
+			b = binary.BigEndian.AppendUint32(b, uint32(*d.DataACK))
+		}
+	}
+	if m := d.Mapping; m != nil {
+		flags |= 0x04
+		if m.DSN8 {
+			flags |= 0x08
+			b = binary.BigEndian.AppendUint64(b, m.DSN)
+		} else {
+			b = binary.BigEndian.AppendUint32(b, uint32(m.DSN))
+		}
+		b = binary.BigEndian.AppendUint32(b, m.SSN)
+		b = binary.BigEndian.AppendUint16(b, m.Length)
+		if m.Checksum != nil {
+			b = binary.BigEndian.AppendUint16(b, *m.Checksum)
+		}
+	}
+	if d.DataFIN {
+		flags |= 0x10
+	}
+	b[1] = byte(len(b))
+	b[3] = flags
+	return b
+}
+
+// AddAddr is ADD_ADDR (section 3.4.1, figure 12): an address (IPv4 or IPv6,
+// told apart by the length), an optional port (0: none) and, unless echo is
+// set, the truncated HMAC.
+func AddAddr(addrID uint8, addr netip.Addr, port uint16, echo bool, truncatedHMAC uint64) []byte {
+	sub := byte(SubAddAddr << 4)
+	if echo {
+		sub |= 0x01
+	}
+	b := []byte{KindMPTCP, 0, sub, addrID}
+	b = append(b, addr.AsSlice()...)
+	if port != 0 {
+		b = binary.BigEndian.AppendUint16(b, port)
+	}
+	if !echo {
+		b = binary.BigEndian.AppendUint64(b, truncatedHMAC)
+	}
+	b[1] = byte(len(b))
+	return b
+}
+
+// RemoveAddr is REMOVE_ADDR (section 3.4.2, figure 13) for one or more
+// address ids.
+func RemoveAddr(addrIDs ...uint8) []byte {
+	b := []byte{KindMPTCP, byte(3 + len(addrIDs)), SubRemoveAddr << 4}
+	return append(b, addrIDs...)
+}
+
+// MPPrio is MP_PRIO in its v1 form, length 3 (section 3.3.8, figure 11).
+func MPPrio(backup bool) []byte {
+	sub := byte(SubPrio << 4)
+	if backup {
+		sub |= 0x01
+	}
+	return []byte{KindMPTCP, 3, sub}
+}
+
+// MPFail is MP_FAIL (section 3.7, figure 16) with the 64-bit data sequence
+// number of the failed data.
+func MPFail(dsn uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{KindMPTCP, 12, SubFail << 4, 0}, dsn)
+}
+
+// MPFastclose is MP_FASTCLOSE (section 3.5, figure 14) with the receiver's
+// key.
+func MPFastclose(receiverKey uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{KindMPTCP, 12, SubFastclose << 4, 0}, receiverKey)
+}
+
+// TCPRst reasons and flags (section 3.6, figure 15).
+const (
+	TCPRstTransient           = 0x01 // T flag
+	TCPRstReasonUnspecified   = 0x00
+	TCPRstReasonProhibited    = 0x05 // administratively prohibited
+	TCPRstReasonResourceLimit = 0x03
+)
+
+// MPTCPRst is MP_TCPRST (section 3.6, figure 15): the U, V, W, T flags in
+// the low nibble of the subtype byte, and a reason code.
+func MPTCPRst(flags, reason uint8) []byte {
+	return []byte{KindMPTCP, 4, SubTCPRst<<4 | flags&0x0f, reason}
 }
 
 // MSS is the TCP maximum segment size option.
@@ -207,4 +380,13 @@ func Join(opts ...[]byte) []byte {
 		b = append(b, o...)
 	}
 	return b
+}
+
+// SACKPermitted is the TCP SACK-permitted option.
+func SACKPermitted() []byte { return []byte{4, 2} }
+
+// Timestamps is the TCP timestamps option.
+func Timestamps(val, echo uint32) []byte {
+	b := binary.BigEndian.AppendUint32([]byte{8, 10}, val)
+	return binary.BigEndian.AppendUint32(b, echo)
 }

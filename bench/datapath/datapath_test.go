@@ -1,0 +1,272 @@
+// Package datapath measures what the datapath costs per packet: the TC
+// programs run in the kernel on crafted packets through BPF_PROG_TEST_RUN,
+// and the kernel's own clock says how long one run takes, next to an empty TC
+// program measured the same way in the same run.
+//
+//	make bench    (go test -count=5 -run '^$' -bench . -benchtime=1x ./bench/datapath/)
+//
+// With BENCH_REPORT=<file> the minimum, median and ratio to the empty program
+// of every case are written to that file's "Datapath: nanoseconds per packet"
+// section.
+package datapath
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+)
+
+// repeat is how many times the kernel runs a program per syscall for the
+// cases whose every run takes the same path.
+const repeat = 1_000_000
+
+// placements is how many single runs measure a placement: each run changes
+// the maps, so each needs the state reset before it.
+const placements = 20_000
+
+var (
+	clientPod = netip.MustParseAddr("10.244.1.11")
+	serverPod = netip.MustParseAddr("10.244.2.11")
+)
+
+const (
+	clientKey uint64 = 0x0a0b0c0d0e0f1011
+	serverKey uint64 = 0x0102030405060708
+)
+
+// results collects ns/packet per case over every run of the process, for
+// the report.
+var results = struct {
+	sync.Mutex
+	ns map[string][]float64
+}{ns: map[string][]float64{}}
+
+func record(name string, ns float64) {
+	results.Lock()
+	defer results.Unlock()
+	results.ns[name] = append(results.ns[name], ns)
+}
+
+// emptyProgram is the baseline: a TC program that returns TCX_NEXT and does
+// nothing else, built here so it needs no clang.
+func emptyProgram(b *testing.B) *ebpf.Program {
+	b.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:         "empty",
+		Type:         ebpf.SchedCLS,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { prog.Close() })
+	return prog
+}
+
+func tokenOf(key uint64) uint32 {
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], key)
+	h := sha256.Sum256(k[:])
+	return binary.BigEndian.Uint32(h[:4])
+}
+
+func frame(src, dst netip.Addr, sport, dport uint16, flags uint8, opts, payload []byte) []byte {
+	return testpkt.Frame{Src: src, Dst: dst, TCP: &testpkt.TCP{SrcPort: sport, DstPort: dport, Seq: 1, Ack: 1, Flags: flags,
+		Options: opts, Payload: payload}}.Bytes()
+}
+
+var (
+	udp       = testpkt.Frame{Src: clientPod, Dst: serverPod, Protocol: 17, Payload: make([]byte, 64)}.Bytes()
+	plainTCP  = frame(clientPod, serverPod, 33000, 80, testpkt.ACK, testpkt.Join(testpkt.NOP(), testpkt.NOP(), testpkt.Timestamps(1, 2)), make([]byte, 1000))
+	capSYN    = frame(clientPod, serverPod, 40000, 5201, testpkt.SYN, testpkt.MPCapableSYN(), nil)
+	capACK    = frame(clientPod, serverPod, 40000, 5201, testpkt.ACK, testpkt.MPCapableACK(clientKey, serverKey), nil)
+	dssData   = frame(clientPod, serverPod, 40000, 5201, testpkt.ACK|testpkt.PSH, dssOption(), make([]byte, 1000))
+	joinSYN   = frame(clientPod, serverPod, 40001, 5201, testpkt.SYN, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false), nil)
+	joinLocal = netip.AddrPortFrom(clientPod, 40001)
+	joinPeer  = netip.AddrPortFrom(serverPod, 5201)
+)
+
+// dssOption is what a data segment of an established connection carries: a
+// timestamp, and a DSS with a 64-bit Data ACK and a 64-bit mapping.
+func dssOption() []byte {
+	ack := uint64(1 << 33)
+	return testpkt.Join(testpkt.NOP(), testpkt.NOP(), testpkt.Timestamps(1, 2), testpkt.DSS{DataACK: &ack, DataACK8: true,
+		Mapping: &testpkt.DSSMapping{DSN: 1 << 34, DSN8: true, SSN: 1, Length: 1000}}.Bytes())
+}
+
+// setup loads the datapath with one rule over four paths selecting the
+// client pod, places the connection's initial subflow and learns its tokens.
+func setup(b *testing.B) *datapath.Datapath {
+	b.Helper()
+	testutil.RequireRoot(b)
+	dp, err := datapath.Load(datapath.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { dp.Close() })
+	if err := dp.SetRule(0, datapath.Rule{Paths: []uint32{0, 1, 2, 3}}); err != nil {
+		b.Fatal(err)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		b.Fatal(err)
+	}
+	prog := dp.Program(datapath.HookPodEgress)
+	for _, f := range [][]byte{capSYN, capACK} {
+		if _, err := prog.Run(&ebpf.RunOptions{Data: f}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return dp
+}
+
+// repeated measures prog on f with the kernel repeating it; every run takes
+// the same path, so the kernel's average is the cost of one packet.
+func repeated(b *testing.B, prog *ebpf.Program, f []byte) float64 {
+	b.Helper()
+	_, per, err := prog.Benchmark(f, repeat, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return float64(per.Nanoseconds())
+}
+
+// single measures prog on f one run per syscall, calling reset before each
+// run, and returns the mean of the kernel's per-run times.
+func single(b *testing.B, prog *ebpf.Program, f []byte, reset func() error) float64 {
+	b.Helper()
+	var total time.Duration
+	for range placements {
+		if reset != nil {
+			if err := reset(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		_, d, err := prog.Benchmark(f, 1, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += d
+	}
+	return float64(total.Nanoseconds()) / placements
+}
+
+// benchCase is one measured packet.
+type benchCase struct {
+	name    string
+	measure func(b *testing.B, dp *datapath.Datapath, empty *ebpf.Program) float64
+	// check says whether the last run took the intended path.
+	check func(dp *datapath.Datapath) error
+}
+
+var cases = []benchCase{
+	{name: "empty program", measure: func(b *testing.B, _ *datapath.Datapath, empty *ebpf.Program) float64 {
+		return repeated(b, empty, plainTCP)
+	}},
+	{name: "non-TCP (UDP)", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
+		return repeated(b, dp.Program(datapath.HookPodEgress), udp)
+	}},
+	{name: "plain TCP", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
+		return repeated(b, dp.Program(datapath.HookPodEgress), plainTCP)
+	}},
+	{name: "MPTCP data (DSS) of a placed subflow", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
+		return repeated(b, dp.Program(datapath.HookPodEgress), dssData)
+	}, check: func(dp *datapath.Datapath) error {
+		st, err := dp.Stats()
+		if err != nil {
+			return err
+		}
+		if st[datapath.StatMarked] < repeat {
+			return fmt.Errorf("%d packets marked, want every DSS packet of the placed subflow", st[datapath.StatMarked])
+		}
+		return nil
+	}},
+	{name: "empty program, one run per syscall", measure: func(b *testing.B, _ *datapath.Datapath, empty *ebpf.Program) float64 {
+		return single(b, empty, joinSYN, nil)
+	}},
+	{name: "MP_JOIN SYN placement, one run per syscall", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
+		prog := dp.Program(datapath.HookPodEgress)
+		// Each placement inserts the join's subflow and claims a path of
+		// the connection: undo both, and learn the connection again
+		// (unmeasured), so every measured run places a join with a known
+		// token on a free path.
+		return single(b, prog, joinSYN, func() error {
+			if err := dp.ForgetSubflow(joinLocal, joinPeer); err != nil {
+				return err
+			}
+			if err := dp.ForgetConnection(clientPod, tokenOf(serverKey), tokenOf(clientKey)); err != nil {
+				return err
+			}
+			_, err := prog.Run(&ebpf.RunOptions{Data: capACK})
+			return err
+		})
+	}, check: func(dp *datapath.Datapath) error {
+		st, err := dp.Stats()
+		if err != nil {
+			return err
+		}
+		if st[datapath.StatJoinTokenUnknown] != 0 || st[datapath.StatPathsExhausted] != 0 || st[datapath.StatJoinTokenKnown] < placements {
+			return fmt.Errorf("joins: known token %d, unknown %d, sharing a path %d: not the placement path measured",
+				st[datapath.StatJoinTokenKnown], st[datapath.StatJoinTokenUnknown], st[datapath.StatPathsExhausted])
+		}
+		return nil
+	}},
+}
+
+// BenchmarkPodEgress reports ns/pkt for each case; the runs of one process
+// are collected for the report.
+func BenchmarkPodEgress(b *testing.B) {
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			dp := setup(b)
+			empty := emptyProgram(b)
+			var sum float64
+			var n int
+			for b.Loop() {
+				ns := c.measure(b, dp, empty)
+				record(c.name, ns)
+				sum += ns
+				n++
+			}
+			if c.check != nil {
+				if err := c.check(dp); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(sum/float64(n), "ns/pkt")
+		})
+	}
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if path := os.Getenv("BENCH_REPORT"); path != "" && code == 0 && len(results.ns) > 0 {
+		if err := writeReport(path); err != nil {
+			fmt.Fprintln(os.Stderr, "writing the report:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func minMedian(v []float64) (lo, med float64) {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[0], s[len(s)/2]
+	}
+	return s[0], (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
