@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +24,14 @@ type flow struct {
 // runFlows starts a server per flow, runs all clients at once for d, checks
 // every stream arrived with its hash, and returns the number of connections.
 func runFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) int {
+	t.Helper()
+	return startFlows(t, bed, flows, d)()
+}
+
+// startFlows starts what runFlows runs and returns at once; the function it
+// returns waits for the clients, checks the data and returns the number of
+// connections.
+func startFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) (wait func() int) {
 	t.Helper()
 	ctx := background(t)
 	servers := make([]*testbed.TrafficServer, len(flows))
@@ -47,41 +54,44 @@ func runFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) int
 			results <- result{sent, err}
 		}()
 	}
-	total := 0
-	for range flows {
-		r := <-results
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
-		total += len(r.sent)
-		// Every server reports its connections; match this client's.
-		var got []testbed.ServerReport
-		for _, s := range servers {
-			reps, err := s.Reports()
-			if err != nil {
-				t.Fatal(err)
+	return func() int {
+		t.Helper()
+		total := 0
+		for range flows {
+			r := <-results
+			if r.err != nil {
+				t.Fatal(r.err)
 			}
-			got = append(got, reps...)
-		}
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			if _, err := testbed.MatchReports(r.sent, got); err == nil {
-				break
-			} else if time.Now().After(deadline) {
-				t.Fatalf("data check: %v", err)
-			}
-			time.Sleep(100 * time.Millisecond)
-			got = got[:0]
+			total += len(r.sent)
+			// Every server reports its connections; match this client's.
+			var got []testbed.ServerReport
 			for _, s := range servers {
-				reps, _ := s.Reports()
+				reps, err := s.Reports()
+				if err != nil {
+					t.Fatal(err)
+				}
 				got = append(got, reps...)
 			}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				if _, err := testbed.MatchReports(r.sent, got); err == nil {
+					break
+				} else if time.Now().After(deadline) {
+					t.Fatalf("data check: %v", err)
+				}
+				time.Sleep(100 * time.Millisecond)
+				got = got[:0]
+				for _, s := range servers {
+					reps, _ := s.Reports()
+					got = append(got, reps...)
+				}
+			}
 		}
+		for _, s := range servers {
+			_ = s.Proc.Stop(2 * time.Second)
+		}
+		return total
 	}
-	for _, s := range servers {
-		_ = s.Proc.Stop(2 * time.Second)
-	}
-	return total
 }
 
 // crossTraffic is several concurrent connections in both directions between
@@ -166,7 +176,8 @@ func TestSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
 					return agent.Rule{Subflows: tc.mode}
 				}
 			}
-			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, ruleFor)
+			// The agents hold only the capabilities they declare.
+			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, ruleFor, declaredCaps)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -229,7 +240,7 @@ func TestSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
 func TestWithoutTheAgentSubflowsAreNotSpread(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
-	agents, err := framework.StartAgents(background(t), bed, bins.Agent, agent.Rule{})
+	agents, err := framework.StartAgents(background(t), bed, bins.Agent, agent.Rule{}, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +248,7 @@ func TestWithoutTheAgentSubflowsAreNotSpread(t *testing.T) {
 		if err := a.Uninstall(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		assertNothingLeft(t, bed, a)
+		assertNothingLeft(t, a)
 	}
 	// Subflows still exist, opened by the kernel's path managers: servers
 	// announce a port, clients join it. Only the agent's steering is gone.
@@ -279,22 +290,9 @@ func TestWithoutTheAgentSubflowsAreNotSpread(t *testing.T) {
 
 // assertNothingLeft checks that uninstall removed the agent's rules, tables,
 // pins and state.
-func assertNothingLeft(t *testing.T, bed *testbed.Bed, a *framework.Agent) {
+func assertNothingLeft(t *testing.T, a *framework.Agent) {
 	t.Helper()
-	out, err := bed.Command(a.Node.NetNS, "ip", "rule", "show").CombinedOutput()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.HasPrefix(line, "3099:") || strings.Contains(line, "fwmark") {
-			t.Errorf("node %d: rule left after uninstall: %s", a.Node.Index, line)
-		}
-	}
-	out, _ = bed.Command(a.Node.NetNS, "ip", "route", "show", "table", "all", "proto", "0x4d").CombinedOutput()
-	if strings.TrimSpace(string(out)) != "" {
-		t.Errorf("node %d: routes left after uninstall:\n%s", a.Node.Index, out)
-	}
-	if out, err := exec.Command("find", a.Config.PinDir, a.Config.StateDir).CombinedOutput(); err == nil {
-		t.Errorf("node %d: pins or state left after uninstall:\n%s", a.Node.Index, out)
+	if err := a.Leftovers(); err != nil {
+		t.Error(err)
 	}
 }

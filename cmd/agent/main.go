@@ -3,6 +3,7 @@
 // configuration: `agent -config node.yaml` runs until SIGTERM (leaving the
 // datapath pinned and steering), SIGHUP re-reads the file, and
 // `agent -config node.yaml -uninstall` removes everything the agent created.
+// It serves Prometheus metrics, /healthz and /readyz on -metrics-addr.
 package main
 
 import (
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 )
@@ -21,6 +23,7 @@ func main() {
 	configPath := flag.String("config", "", "node configuration file (YAML)")
 	uninstall := flag.Bool("uninstall", false, "remove every program, map, pin, rule, table and setting the agent created, then exit")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
+	metricsAddr := flag.String("metrics-addr", agent.DefaultMetricsAddr, "address serving /metrics, /healthz and /readyz (port 0 picks a free port, recorded in status.json); 0 disables them")
 	flag.Parse()
 
 	var level slog.Level
@@ -33,13 +36,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "agent: -config is required")
 		os.Exit(2)
 	}
-	if err := run(log, *configPath, *uninstall); err != nil {
+	if err := run(log, *configPath, *metricsAddr, *uninstall); err != nil {
 		log.Error("agent stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, configPath string, uninstall bool) error {
+func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error {
 	cfg, err := agent.LoadConfig(configPath)
 	if err != nil {
 		return err
@@ -63,10 +66,27 @@ func run(log *slog.Logger, configPath string, uninstall bool) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 
-	status := agent.Status{}
+	status := agent.Status{PID: os.Getpid()}
+	metrics := agent.NewMetrics(a)
+	if metricsAddr != "0" && metricsAddr != "" {
+		// Served before the first reconcile: /healthz answers while the
+		// node is being set up, /readyz once it is enforced.
+		addr, wait, err := agent.Serve(ctx, metricsAddr, metrics.Handler(), log)
+		if err != nil {
+			return err
+		}
+		// Stop serving before the datapath is closed (deferred earlier).
+		defer wait()
+		defer stop()
+		status.MetricsAddress = addr.String()
+		log.Info("serving metrics and probes", "addr", status.MetricsAddress)
+	}
 	reconcile := func(next *agent.Config) {
 		status.Reconciles++
-		if err := a.Reconcile(ctx, next); err != nil {
+		start := time.Now()
+		err := a.Reconcile(ctx, next)
+		metrics.ObserveReconcile(start, err)
+		if err != nil {
 			status.Error = err.Error()
 			log.Error("reconcile failed; the last good configuration stays in force", "err", err)
 		} else {
@@ -89,6 +109,7 @@ func run(log *slog.Logger, configPath string, uninstall bool) error {
 			if err != nil {
 				status.Reconciles++
 				status.Error = err.Error()
+				metrics.ObserveRejected()
 				log.Error("configuration rejected; the last good one stays in force", "err", err)
 				_ = a.WriteStatus(status)
 				continue

@@ -13,13 +13,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/yaml"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
-	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
 // PathName names the path of NIC k: fabric-a, fabric-b, ...
@@ -72,8 +72,42 @@ type Agent struct {
 	ConfigPath string
 	Config     *agent.Config
 	Proc       *testbed.Process
-	bin        string
-	bed        *testbed.Bed
+	// MetricsAddr is where the running agent serves /metrics, /healthz and
+	// /readyz, inside the node namespace (a port the agent picked).
+	MetricsAddr string
+	// Capabilities, when set, are the only ones the agent runs with
+	// (setpriv; capability names as in capabilities(7), without "CAP_").
+	Capabilities []string
+	bin          string
+	bed          *testbed.Bed
+}
+
+// AgentCapabilities are the capabilities the agent declares
+// (docs/agent.md): BPF objects, TC links and routing, entering pod
+// namespaces, and the verifier's pointer arithmetic.
+var AgentCapabilities = []string{"bpf", "net_admin", "sys_admin", "perfmon"}
+
+// AgentOption changes how StartAgent runs the agent.
+type AgentOption func(*Agent)
+
+// WithCapabilities runs the agent (and its -uninstall) as root holding only
+// caps: they are its bounding, inheritable, permitted, effective and ambient
+// sets, so neither the agent nor anything it executes can hold more.
+func WithCapabilities(caps ...string) AgentOption {
+	return func(a *Agent) { a.Capabilities = caps }
+}
+
+// command is the agent's command line with args.
+func (a *Agent) command(args ...string) []string {
+	cmd := append([]string{a.bin}, args...)
+	if a.Capabilities == nil {
+		return cmd
+	}
+	set := "-all"
+	for _, c := range a.Capabilities {
+		set += ",+" + strings.ToLower(c)
+	}
+	return append([]string{"setpriv", "--inh-caps=" + set, "--ambient-caps=" + set, "--bounding-set=" + set, "--"}, cmd...)
 }
 
 // Binaries are the programs the bed runs.
@@ -95,8 +129,11 @@ func BuildBinaries(dir string) (Binaries, error) {
 
 // StartAgent writes cfg and starts bin in node's namespace, then waits until
 // the agent reports its first reconcile.
-func StartAgent(ctx context.Context, b *testbed.Bed, bin string, node *testbed.Node, cfg *agent.Config) (*Agent, error) {
+func StartAgent(ctx context.Context, b *testbed.Bed, bin string, node *testbed.Node, cfg *agent.Config, opts ...AgentOption) (*Agent, error) {
 	a := &Agent{Node: node, Config: cfg, bin: bin, bed: b, ConfigPath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d.yaml", node.Index))}
+	for _, o := range opts {
+		o(a)
+	}
 	if err := a.WriteConfig(cfg); err != nil {
 		return nil, err
 	}
@@ -118,13 +155,17 @@ func (a *Agent) WriteConfig(cfg *agent.Config) error {
 
 // Start (re)starts the agent process and waits for its first reconcile.
 func (a *Agent) Start(ctx context.Context) error {
-	_ = os.Remove(a.statusPath())
-	p, err := a.bed.Start(a.Node.NetNS, a.bin, "-config", a.ConfigPath)
+	// The status of a previous process stays: the agent reads what it
+	// applied. WaitReconciles tells the processes apart by PID.
+	// Port 0: each node namespace has its own loopback, and the agent
+	// records the port it got in its status.
+	p, err := a.bed.Start(a.Node.NetNS, a.command("-config", a.ConfigPath, "-metrics-addr", "127.0.0.1:0")...)
 	if err != nil {
 		return err
 	}
 	a.Proc = p
-	_, err = a.WaitReconciles(ctx, 1)
+	st, err := a.WaitReconciles(ctx, 1)
+	a.MetricsAddr = st.MetricsAddress
 	return err
 }
 
@@ -147,7 +188,7 @@ func (a *Agent) WaitReconciles(ctx context.Context, n int) (agent.Status, error)
 	defer cancel()
 	for {
 		st, err := a.Status()
-		if err == nil && st.Reconciles >= n {
+		if err == nil && st.PID == a.Proc.PID && st.Reconciles >= n {
 			if st.Error != "" {
 				return st, fmt.Errorf("agent on node %d: %s", a.Node.Index, st.Error)
 			}
@@ -177,7 +218,7 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 	if err := a.Stop(); err != nil {
 		return err
 	}
-	cmd := a.bed.CommandContext(ctx, a.Node.NetNS, a.bin, "-config", a.ConfigPath, "-uninstall")
+	cmd := a.bed.CommandContext(ctx, a.Node.NetNS, a.command("-config", a.ConfigPath, "-uninstall")...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("agent -uninstall on node %d: %w\n%s", a.Node.Index, err, out)
 	}
@@ -185,17 +226,17 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 }
 
 // StartAgents starts one agent per node with the same rule.
-func StartAgents(ctx context.Context, b *testbed.Bed, bin string, rule agent.Rule) ([]*Agent, error) {
-	return StartAgentsWith(ctx, b, bin, func(*testbed.Node) agent.Rule { return rule })
+func StartAgents(ctx context.Context, b *testbed.Bed, bin string, rule agent.Rule, opts ...AgentOption) ([]*Agent, error) {
+	return StartAgentsWith(ctx, b, bin, func(*testbed.Node) agent.Rule { return rule }, opts...)
 }
 
 // StartAgentsWith starts one agent per node, each node's pods selected by
 // the rule ruleFor gives.
-func StartAgentsWith(ctx context.Context, b *testbed.Bed, bin string, ruleFor func(*testbed.Node) agent.Rule) ([]*Agent, error) {
+func StartAgentsWith(ctx context.Context, b *testbed.Bed, bin string, ruleFor func(*testbed.Node) agent.Rule, opts ...AgentOption) ([]*Agent, error) {
 	var agents []*Agent
 	var errs []error
 	for _, n := range b.Nodes {
-		a, err := StartAgent(ctx, b, bin, n, AgentConfig(b, n, ruleFor(n)))
+		a, err := StartAgent(ctx, b, bin, n, AgentConfig(b, n, ruleFor(n)), opts...)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -203,14 +244,4 @@ func StartAgentsWith(ctx context.Context, b *testbed.Bed, bin string, ruleFor fu
 		agents = append(agents, a)
 	}
 	return agents, errors.Join(errs...)
-}
-
-// DatapathStats reads the counters of the agent's pinned datapath.
-func (a *Agent) DatapathStats() (map[datapath.Stat]uint64, error) {
-	dp, err := datapath.Load(datapath.Options{PinDir: a.Config.PinDir, MarkMask: a.Config.MarkMask})
-	if err != nil {
-		return nil, err
-	}
-	defer dp.Close()
-	return dp.Stats()
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -23,6 +24,15 @@ type Agent struct {
 	cfg      *Config
 	dp       *datapath.Datapath
 	creators map[string]*subflowCreator // by pod name
+	// previous is the last configuration reconciled (at start: the one a
+	// previous process applied, from status.json), so that pods it
+	// selected and the next one does not get their settings back.
+	previous *Config
+
+	// What scrapes read while a reconcile runs: the names of the paths
+	// in force by index, and how many path managers run.
+	paths        atomic.Pointer[map[uint32]string]
+	pathManagers atomic.Int64
 }
 
 // New loads (or re-adopts, from pins) the datapath for cfg.
@@ -34,17 +44,38 @@ func New(cfg *Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Agent{log: log, cfg: cfg, dp: dp, creators: map[string]*subflowCreator{}}, nil
+	a := &Agent{log: log, cfg: cfg, dp: dp, creators: map[string]*subflowCreator{}}
+	if st, err := readStatus(cfg.StateDir); err == nil {
+		a.previous = st.Applied
+	}
+	a.setPaths(cfg)
+	return a, nil
 }
+
+func (a *Agent) setPaths(cfg *Config) {
+	names := make(map[uint32]string, len(cfg.Paths))
+	for _, p := range cfg.Paths {
+		names[p.Index] = p.Name
+	}
+	a.paths.Store(&names)
+}
+
+// pathNames returns the configured paths' names by index.
+func (a *Agent) pathNames() map[uint32]string { return *a.paths.Load() }
 
 // Close stops the agent's goroutines and releases file descriptors. What is
 // pinned stays: the datapath keeps steering while no agent runs.
 func (a *Agent) Close() error {
+	a.stopCreators()
+	return a.dp.Close()
+}
+
+func (a *Agent) stopCreators() {
 	for name, c := range a.creators {
 		c.stop()
 		delete(a.creators, name)
 	}
-	return a.dp.Close()
+	a.pathManagers.Store(0)
 }
 
 // Datapath exposes the loaded datapath (stats, tables).
@@ -142,6 +173,9 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 			delete(a.creators, name)
 		}
 	}
+	if err := a.releasePods(cfg); err != nil {
+		errs = append(errs, err)
+	}
 	eps, err := a.dp.Endpoints()
 	if err != nil {
 		errs = append(errs, err)
@@ -164,7 +198,39 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 			}
 		}
 	}
-	a.cfg = cfg
+	a.pathManagers.Store(int64(len(a.creators)))
+	a.cfg, a.previous = cfg, cfg
+	a.setPaths(cfg)
+	return errors.Join(errs...)
+}
+
+// releasePods gives the pods that the previous configuration selected and
+// cfg does not the kernel's path manager and default limits back, as
+// uninstall does. A pod whose namespace is gone (deleted) needs nothing.
+func (a *Agent) releasePods(cfg *Config) error {
+	if a.previous == nil {
+		return nil
+	}
+	keep := map[string]bool{}
+	for _, p := range cfg.Pods {
+		keep[p.Name] = true
+	}
+	modes := map[string]SubflowMode{}
+	for _, r := range a.previous.Rules {
+		modes[r.Name] = r.Subflows
+	}
+	var errs []error
+	for _, pod := range a.previous.Pods {
+		if keep[pod.Name] || modes[pod.Rule] == SubflowsNone {
+			continue
+		}
+		if _, err := os.Stat(pod.NetNS); err != nil {
+			continue
+		}
+		if err := resetPodMPTCP(pod); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s (no longer selected): %w", pod.Name, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -212,10 +278,7 @@ func (a *Agent) saveAndSetSysctls(cfg *Config) error {
 // Uninstall removes everything the agent created on this node: links, maps,
 // pins, rules, tables, sysctls and the pods' MPTCP settings.
 func (a *Agent) Uninstall() error {
-	for name, c := range a.creators {
-		c.stop()
-		delete(a.creators, name)
-	}
+	a.stopCreators()
 	var errs []error
 	atts, err := a.dp.Attachments()
 	if err != nil {
@@ -284,10 +347,25 @@ func ensureBPFFS() error {
 // Status is what the agent last did, written to <StateDir>/status.json for
 // tools and tests until the API's MPTCPNodeState status takes over.
 type Status struct {
+	// PID is the agent process that wrote the status; Reconciles counts
+	// that process's reconciles.
+	PID        int    `json:"pid"`
 	Reconciles int    `json:"reconciles"`
 	Error      string `json:"error,omitempty"`
 	// Applied is the configuration in force (the last good one).
 	Applied *Config `json:"applied,omitempty"`
+	// MetricsAddress is where /metrics, /healthz and /readyz are served
+	// (the address actually bound, when the flag asked for port 0).
+	MetricsAddress string `json:"metricsAddress,omitempty"`
+}
+
+func readStatus(stateDir string) (Status, error) {
+	var st Status
+	b, err := os.ReadFile(filepath.Join(stateDir, "status.json"))
+	if err != nil {
+		return st, err
+	}
+	return st, json.Unmarshal(b, &st)
 }
 
 // WriteStatus records the outcome of a reconcile.

@@ -1,0 +1,533 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// declaredCaps runs an agent with exactly the capabilities it declares
+// (docs/agent.md), as DESIGN.md asks of the test bed.
+var declaredCaps = framework.WithCapabilities(framework.AgentCapabilities...)
+
+func scrape(t *testing.T, a *framework.Agent) framework.Scrape {
+	t.Helper()
+	s, err := a.Scrape()
+	if err != nil {
+		t.Fatalf("node %d: %v", a.Node.Index, err)
+	}
+	return s
+}
+
+func metric(t *testing.T, s framework.Scrape, name string, labels ...string) float64 {
+	t.Helper()
+	v, ok := s.Value(name, labels...)
+	if !ok {
+		t.Fatalf("no series %s%v", name, labels)
+	}
+	return v
+}
+
+func nicBytes(t *testing.T, bed *testbed.Bed, node *testbed.Node) (rx, tx []uint64) {
+	t.Helper()
+	for _, nic := range node.NICs {
+		r, x, err := bed.NICCounters(node, nic.Index)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rx, tx = append(rx, r), append(tx, x)
+	}
+	return rx, tx
+}
+
+// What Prometheus scrapes from the agent is what the NICs carried: over a
+// transfer from node 1 to node 2 spread over both NICs, each path's tx bytes
+// on node 1 and rx bytes on node 2 are within 5 % of the NIC's own counters.
+// The scrape happens inside the node namespace, as Prometheus would reach
+// an agent on host networking.
+func TestScrapedPathBytesMatchNICCounters(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	agents, err := framework.StartAgents(background(t), bed, bins.Agent, agent.Rule{}, declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range agents {
+		for _, probe := range []string{"/healthz", "/readyz"} {
+			if code, body, err := a.Get(probe); err != nil || code != http.StatusOK {
+				t.Fatalf("node %d: %s answered %d %q (%v)", a.Node.Index, probe, code, body, err)
+			}
+		}
+	}
+	sender, receiver := agents[0], agents[1]
+	before := []framework.Scrape{scrape(t, sender), scrape(t, receiver)}
+	_, txBefore := nicBytes(t, bed, bed.Node(1))
+	rxBefore, _ := nicBytes(t, bed, bed.Node(2))
+
+	runFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: 1}}, 3*time.Second)
+
+	after := []framework.Scrape{scrape(t, sender), scrape(t, receiver)}
+	_, txAfter := nicBytes(t, bed, bed.Node(1))
+	rxAfter, _ := nicBytes(t, bed, bed.Node(2))
+
+	for k := 1; k <= 2; k++ {
+		path := framework.PathName(k)
+		for _, c := range []struct {
+			node          int
+			metric        string
+			nicDelta      uint64
+			before, after framework.Scrape
+		}{
+			{1, "mptcp_agent_path_tx_bytes_total", txAfter[k-1] - txBefore[k-1], before[0], after[0]},
+			{2, "mptcp_agent_path_rx_bytes_total", rxAfter[k-1] - rxBefore[k-1], before[1], after[1]},
+		} {
+			scraped := metric(t, c.after, c.metric, "path", path) - metric(t, c.before, c.metric, "path", path)
+			nic := float64(c.nicDelta)
+			t.Logf("node %d %s: scraped %.0f bytes, nic%d counted %.0f (%+.2f %%)", c.node, c.metric, scraped, k, nic, 100*(scraped-nic)/nic)
+			// 3 s at 100 Mbit/s is 37 MB; a path that carried under 5 MB
+			// was not used, and agreement on it would prove nothing.
+			if nic < 5e6 {
+				t.Errorf("node %d nic%d carried only %.0f bytes: the transfer did not use both paths", c.node, k, nic)
+			}
+			if math.Abs(scraped-nic) > 0.05*nic {
+				t.Errorf("node %d path %s: %s grew by %.0f, nic%d by %.0f: more than 5 %% apart", c.node, path, c.metric, scraped, k, nic)
+			}
+		}
+		if n := metric(t, after[0], "mptcp_agent_subflows", "path", path, "role", "initiator"); n < 1 {
+			t.Errorf("node 1: no subflow placed on %s in mptcp_agent_subflows", path)
+		}
+		if n := metric(t, after[1], "mptcp_agent_subflows", "path", path, "role", "responder"); n < 1 {
+			t.Errorf("node 2: no subflow mirrored on %s in mptcp_agent_subflows", path)
+		}
+	}
+	events := func(s framework.Scrape, stat datapath.Stat) float64 {
+		return metric(t, s, "mptcp_agent_datapath_events_total", "event", agent.EventName(stat))
+	}
+	if n := events(after[0], datapath.StatSubflowPlaced) - events(before[0], datapath.StatSubflowPlaced); n < 2 {
+		t.Errorf("node 1 placed %v subflows, want the connection's 2", n)
+	}
+	if n := events(after[1], datapath.StatSubflowMirrored) - events(before[1], datapath.StatSubflowMirrored); n < 2 {
+		t.Errorf("node 2 mirrored %v subflows, want the connection's 2", n)
+	}
+	for i, s := range after {
+		if n := metric(t, s, "mptcp_agent_reconcile_duration_seconds"); n < 1 {
+			t.Errorf("node %d: %v reconciles observed", i+1, n)
+		}
+		if n := metric(t, s, "mptcp_agent_reconcile_errors_total"); n != 0 {
+			t.Errorf("node %d: %v reconcile errors", i+1, n)
+		}
+		if n := metric(t, s, "mptcp_agent_endpoints"); n != 1 {
+			t.Errorf("node %d: %v endpoints, want its one pod", i+1, n)
+		}
+	}
+}
+
+// The agent can die at any moment (OOM kill, node pressure, a bug). With
+// SIGKILL, nothing of its cleanup runs; the pinned datapath keeps steering
+// alone, and the next agent adopts it. Checked: the connections of a running
+// transfer see no reset and deliver every byte, both NICs keep carrying data
+// while no agent runs, no subflow changes path (subflow tables before and
+// after, and the captures), and a pod added to the configuration while the
+// agent was down is steered once it is back.
+func TestAgentKilledMidTransferRestartsWithoutDisturbingConnections(t *testing.T) {
+	testbed.RequireTools(t, testbed.CaptureTools...)
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
+	ctx := background(t)
+	// Node 1 first selects only pod 1; pod 2 joins while the agent is down.
+	full := framework.AgentConfig(bed, bed.Node(1), agent.Rule{})
+	first := *full
+	first.Pods = full.Pods[:1]
+	a1, err := framework.StartAgent(ctx, bed, bins.Agent, bed.Node(1), &first, declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := framework.StartAgent(ctx, bed, bins.Agent, bed.Node(2), framework.AgentConfig(bed, bed.Node(2), agent.Rule{}), declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps, err := bed.StartCaptures("tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const conns = 2
+	old := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: conns}}, 7*time.Second)
+	// Wait until every subflow of the transfer is placed: two per connection.
+	client := bed.Pod(1, 1).Addr
+	var placed []datapath.Subflow
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		sfs, err := a1.Subflows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		placed = slices.DeleteFunc(sfs, func(s datapath.Subflow) bool { return s.Local.Addr() != client })
+		if len(placed) == 2*conns {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 1 placed %d subflows of pod 1, want %d: %v", len(placed), 2*conns, placed)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	before := map[*framework.Agent][]datapath.Subflow{}
+	for _, a := range []*framework.Agent{a1, a2} {
+		if before[a], err = a.Subflows(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	for _, a := range []*framework.Agent{a1, a2} {
+		if err := a.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a1.WriteConfig(full); err != nil {
+		t.Fatal(err)
+	}
+	// No agent runs on either node: both NICs of node 1 keep sending.
+	_, tx0 := nicBytes(t, bed, bed.Node(1))
+	time.Sleep(time.Second)
+	_, tx1 := nicBytes(t, bed, bed.Node(1))
+	for k := range tx0 {
+		t.Logf("nic%d of node 1 sent %d bytes in the second without agents", k+1, tx1[k]-tx0[k])
+		// 100 Mbit/s is 12.5 MB a second; shared by nothing else.
+		if tx1[k]-tx0[k] < 2e6 {
+			t.Errorf("nic%d of node 1 sent only %d bytes in the second without agents", k+1, tx1[k]-tx0[k])
+		}
+	}
+	for _, a := range []*framework.Agent{a2, a1} {
+		if err := a.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The restarted agents adopted the tables: every subflow is where it was.
+	for _, a := range []*framework.Agent{a1, a2} {
+		after, err := a.Subflows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range before[a] {
+			i := slices.IndexFunc(after, func(s datapath.Subflow) bool { return s.Local == b.Local && s.Remote == b.Remote })
+			if i < 0 {
+				t.Errorf("node %d: subflow %v->%v is gone from the table after the restart", a.Node.Index, b.Local, b.Remote)
+			} else if after[i].Path != b.Path || after[i].Role != b.Role {
+				t.Errorf("node %d: subflow %v->%v moved from path %d (role %d) to path %d (role %d)", a.Node.Index, b.Local, b.Remote, b.Path, b.Role, after[i].Path, after[i].Role)
+			}
+		}
+	}
+	// The pod added while the agent was down is steered: its connection
+	// gets a subflow per NIC (checked with the others below).
+	fresh := runFlows(t, bed, []flow{{client: bed.Pod(1, 2), server: bed.Pod(2, 2), port: 5202, conns: 1}}, 2*time.Second)
+	total := old() + fresh
+
+	analysis, err := caps.Analyze()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(analysis.Connections) != total {
+		t.Fatalf("captures show %d MPTCP connections, the clients opened %d", len(analysis.Connections), total)
+	}
+	for _, c := range analysis.Connections {
+		if len(c.Subflows) != 2 {
+			t.Errorf("connection %08x has %d subflows, want one per NIC: %v", c.Token, len(c.Subflows), c.Subflows)
+		}
+	}
+	if err := analysis.CheckPlacement(1, 2); err != nil {
+		t.Fatalf("placement:\n%v", err)
+	}
+	resets, err := framework.Resets(caps.Files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resets) != 0 {
+		t.Errorf("%d resets in the captures:\n%s", len(resets), strings.Join(resets, "\n"))
+	}
+}
+
+// A pod the configuration no longer selects (SIGHUP) leaves nothing behind:
+// no endpoint, no program on its veth (pinned link, or any TCX program the
+// kernel lists), no path manager, and its MPTCP settings are the
+// kernel's again; the remaining pod is still steered. Then uninstall leaves
+// no rule, table, pin or state.
+func TestPodRemovedFromConfigLeavesNothingBehind(t *testing.T) {
+	testbed.RequireTools(t, testbed.CaptureTools...)
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
+	ctx := background(t)
+	agents, err := framework.StartAgents(ctx, bed, bins.Agent, agent.Rule{}, declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := agents[0]
+	kept, removed := bed.Pod(1, 1), bed.Pod(1, 2)
+	s := scrape(t, a)
+	if n := metric(t, s, "mptcp_agent_path_managers"); n != 2 {
+		t.Fatalf("%v path managers before the change, want 2", n)
+	}
+
+	cfg := *a.Config
+	cfg.Pods = slices.DeleteFunc(slices.Clone(cfg.Pods), func(p agent.Pod) bool { return p.Name == removed.Name })
+	if err := a.WriteConfig(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.WaitReconciles(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+
+	eps, err := a.Endpoints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := eps[removed.Addr.String()]; ok {
+		t.Errorf("endpoint of the removed pod %s is still in the map: %v", removed, eps)
+	}
+	if _, ok := eps[kept.Addr.String()]; !ok {
+		t.Errorf("endpoint of the kept pod %s is gone: %v", kept, eps)
+	}
+	atts, err := a.Attachments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, att := range atts {
+		if att.Interface == removed.HostIf {
+			t.Errorf("link left on the removed pod's veth: %v", att)
+		}
+	}
+	// The kernel's list of TCX programs on each veth, pinned or not; the
+	// kept pod's shows what a leftover would look like.
+	for _, c := range []struct {
+		pod  *testbed.Pod
+		want bool
+	}{{kept, true}, {removed, false}} {
+		progs, err := framework.TCXIngressPrograms(a.Node, c.pod.HostIf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slices.Contains(progs, "pod_egress"); got != c.want {
+			t.Errorf("%s: pod_egress attached to %s is %v, want %v (TCX programs: %v)", c.pod, c.pod.HostIf, got, c.want, progs)
+		}
+	}
+	s = scrape(t, a)
+	if n := metric(t, s, "mptcp_agent_path_managers"); n != 1 {
+		t.Errorf("%v path managers after the change, want 1", n)
+	}
+	if n := metric(t, s, "mptcp_agent_endpoints"); n != 1 {
+		t.Errorf("%v endpoints after the change, want 1", n)
+	}
+	out, err := bed.Command(removed.NetNS, "sysctl", "-n", "net.mptcp.path_manager").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "kernel" {
+		t.Errorf("removed pod's path manager is %q (%v), want the kernel's back", out, err)
+	}
+
+	// The kept pod's connections are spread; the removed pod's have no
+	// joins (nobody opens them any more, and nothing steers them).
+	caps, err := bed.StartCaptures("tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runFlows(t, bed, clientServerTraffic(bed), 2*time.Second)
+	analysis, err := caps.Analyze()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range analysis.Connections {
+		want := 2
+		if c.Subflows[0].Src.Addr() == removed.Addr {
+			want = 1
+		}
+		if len(c.Subflows) != want {
+			t.Errorf("connection %08x from %v has %d subflows, want %d", c.Token, c.Subflows[0].Src, len(c.Subflows), want)
+		}
+		if want == 2 {
+			if err := (&testbed.Analysis{Subflows: c.Subflows, Connections: []*testbed.Connection{c}}).CheckPlacement(1, 2); err != nil {
+				t.Errorf("kept pod's connection:\n%v", err)
+			}
+		}
+	}
+
+	for _, a := range agents {
+		if err := a.Uninstall(ctx); err != nil {
+			t.Fatal(err)
+		}
+		assertNothingLeft(t, a)
+	}
+}
+
+// A pod removed from the configuration while no agent runs is released by
+// the next agent, which learns what its predecessor applied from
+// status.json: no endpoint, no program on its veth, no path manager, the
+// kernel's path manager back in the pod.
+func TestPodRemovedWhileTheAgentIsDownIsReleasedAfterRestart(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 2, PodsPerNode: 2})
+	ctx := background(t)
+	node := bed.Node(1)
+	a, err := framework.StartAgent(ctx, bed, bins.Agent, node, framework.AgentConfig(bed, node, agent.Rule{}), declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := bed.Pod(1, 2)
+	if err := a.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := *a.Config
+	cfg.Pods = cfg.Pods[:1]
+	if err := a.WriteConfig(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	eps, err := a.Endpoints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := eps[removed.Addr.String()]; ok || len(eps) != 1 {
+		t.Errorf("endpoints after the restart: %v, want only pod 1's", eps)
+	}
+	progs, err := framework.TCXIngressPrograms(node, removed.HostIf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(progs) != 0 {
+		t.Errorf("programs left on %s: %v", removed.HostIf, progs)
+	}
+	if n := metric(t, scrape(t, a), "mptcp_agent_path_managers"); n != 1 {
+		t.Errorf("%v path managers, want pod 1's only", n)
+	}
+	out, err := bed.Command(removed.NetNS, "sysctl", "-n", "net.mptcp.path_manager").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "kernel" {
+		t.Errorf("removed pod's path manager is %q (%v), want the kernel's back", out, err)
+	}
+}
+
+// A bad configuration is reported, in status.json and in
+// mptcp_agent_reconcile_errors_total, and changes nothing: the agent stays
+// ready and the last good configuration keeps steering traffic.
+func TestBadConfigIsReportedAndTheLastGoodOneStaysEnforced(t *testing.T) {
+	testbed.RequireTools(t, testbed.CaptureTools...)
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	ctx := background(t)
+	agents, err := framework.StartAgents(ctx, bed, bins.Agent, agent.Rule{}, declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := agents[0]
+	good := a.Config
+	unknownPath := *good
+	unknownPath.Rules = []agent.Rule{{Name: framework.RuleName, Paths: []string{"fabric-a", "fabric-z"}}}
+
+	bad := map[string]struct {
+		write   func() error // writes the bad file
+		wantErr string       // in status.json's error
+	}{
+		"rule naming a path the node lacks": {
+			write:   func() error { return a.WriteConfig(&unknownPath) },
+			wantErr: `no path named "fabric-z"`,
+		},
+		"not YAML": {
+			write:   func() error { return os.WriteFile(a.ConfigPath, []byte("paths: [ {name: fabric-a"), 0o600) },
+			wantErr: "yaml",
+		},
+	}
+	reconciles := 1
+	for name, tc := range bad {
+		if err := tc.write(); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		reconciles++
+		st, err := a.WaitReconciles(ctx, reconciles)
+		if err == nil {
+			t.Fatalf("%s: the agent accepted it", name)
+		}
+		if !strings.Contains(st.Error, tc.wantErr) {
+			t.Errorf("%s: status error %q does not mention %q", name, st.Error, tc.wantErr)
+		}
+		if st.Applied == nil || len(st.Applied.Pods) != len(good.Pods) || st.Applied.Rules[0].Paths[1] != "fabric-b" {
+			t.Errorf("%s: status no longer shows the good configuration as applied: %+v", name, st.Applied)
+		}
+	}
+	s := scrape(t, a)
+	if n := metric(t, s, "mptcp_agent_reconcile_errors_total"); n != float64(len(bad)) {
+		t.Errorf("mptcp_agent_reconcile_errors_total = %v, want %d", n, len(bad))
+	}
+	if code, _, err := a.Get("/readyz"); err != nil || code != http.StatusOK {
+		t.Errorf("/readyz answered %d (%v) after bad configurations; the good one is still enforced", code, err)
+	}
+
+	caps, err := bed.StartCaptures("tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := runFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: 2}}, 2*time.Second)
+	analysis, err := caps.Analyze()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(analysis.Connections) != conns {
+		t.Fatalf("captures show %d MPTCP connections, the client opened %d", len(analysis.Connections), conns)
+	}
+	for _, c := range analysis.Connections {
+		if len(c.Subflows) != 2 {
+			t.Errorf("connection %08x has %d subflows, want one per NIC", c.Token, len(c.Subflows))
+		}
+	}
+	if err := analysis.CheckPlacement(1, 2); err != nil {
+		t.Fatalf("placement after bad configurations:\n%v", err)
+	}
+}
+
+// The agent runs with exactly the capabilities it declares, nothing more:
+// the kernel's view of the running process says so, and it reconciles
+// (ready) and uninstalls that way. The steering tests run it the same way.
+func TestAgentHoldsOnlyItsDeclaredCapabilities(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1})
+	ctx := background(t)
+	agents, err := framework.StartAgents(ctx, bed, bins.Agent, agent.Rule{}, declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// CAP_NET_ADMIN 12, CAP_SYS_ADMIN 21, CAP_PERFMON 38, CAP_BPF 39.
+	const want = 1<<12 | 1<<21 | 1<<38 | 1<<39
+	for _, a := range agents {
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.Proc.PID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			var set string
+			var mask uint64
+			if _, err := fmt.Sscanf(line, "%s %x", &set, &mask); err != nil || !strings.HasPrefix(set, "Cap") {
+				continue
+			}
+			if mask != want {
+				t.Errorf("node %d: %s %016x, want %016x", a.Node.Index, set, mask, uint64(want))
+			}
+		}
+		if code, body, err := a.Get("/readyz"); err != nil || code != http.StatusOK {
+			t.Errorf("node %d: /readyz answered %d %q (%v)", a.Node.Index, code, body, err)
+		}
+	}
+	for _, a := range agents {
+		if err := a.Uninstall(ctx); err != nil {
+			t.Fatal(err)
+		}
+		assertNothingLeft(t, a)
+	}
+}

@@ -1,0 +1,295 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// DefaultMetricsAddr is where the agent serves /metrics, /healthz and
+// /readyz unless told otherwise. The agent runs with host networking, so the
+// port is taken on every node: 9402 sits in the range Prometheus exporters
+// use and is not one the kubelet, kube-proxy, Cilium, Calico or the node
+// exporter take.
+const DefaultMetricsAddr = ":9402"
+
+const metricsNamespace = "mptcp_agent"
+
+// eventNames are the Prometheus label values of the datapath's counters
+// (enum stat_id in bpf/include/common.h). A counter missing here is still
+// exported, as stat_<n>.
+var eventNames = map[datapath.Stat]string{
+	datapath.StatPackets:          "packets",
+	datapath.StatNotTCP:           "not_tcp",
+	datapath.StatMalformed:        "malformed",
+	datapath.StatMPTCPSyn:         "mptcp_syn",
+	datapath.StatJoinSyn:          "join_syn",
+	datapath.StatJoinTokenKnown:   "join_token_known",
+	datapath.StatJoinTokenUnknown: "join_token_unknown",
+	datapath.StatTokenLearnt:      "token_learnt",
+	datapath.StatSubflowPlaced:    "subflow_placed",
+	datapath.StatSubflowMirrored:  "subflow_mirrored",
+	datapath.StatMarked:           "marked",
+	datapath.StatNoPath:           "no_path",
+	datapath.StatPathsExhausted:   "paths_exhausted",
+	datapath.StatMPTCPOptInvalid:  "mptcp_option_invalid",
+}
+
+// EventName is the label value of a datapath counter in
+// mptcp_agent_datapath_events_total.
+func EventName(s datapath.Stat) string {
+	if n, ok := eventNames[s]; ok {
+		return n
+	}
+	return fmt.Sprintf("stat_%d", uint32(s))
+}
+
+var roleNames = map[datapath.Role]string{
+	datapath.RoleInitiator: "initiator",
+	datapath.RoleResponder: "responder",
+}
+
+func roleName(r datapath.Role) string {
+	if n, ok := roleNames[r]; ok {
+		return n
+	}
+	return fmt.Sprintf("role_%d", uint32(r))
+}
+
+// Metrics are the agent's Prometheus metrics and probes. The datapath's
+// counters and tables are read when Prometheus scrapes, never on a timer, so
+// a scrape shows the maps as they are and an idle agent does no work.
+type Metrics struct {
+	registry          *prometheus.Registry
+	reconcileDuration prometheus.Histogram
+	reconcileErrors   prometheus.Counter
+	ready             atomic.Bool
+}
+
+// NewMetrics registers the agent's metrics, the datapath collector of a,
+// and the Go runtime and process collectors.
+func NewMetrics(a *Agent) *Metrics {
+	m := &Metrics{
+		registry: prometheus.NewRegistry(),
+		reconcileDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace,
+			Name:      "reconcile_duration_seconds",
+			Help:      "Time taken by each reconcile of the node's configuration, failed ones included.",
+			// A reconcile takes milliseconds to load nothing and up to
+			// seconds when it loads programs and configures many pods.
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
+		}),
+		reconcileErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricsNamespace,
+			Name:      "reconcile_errors_total",
+			Help:      "Reconciles that failed or configurations that were rejected; the last good configuration stayed in force.",
+		}),
+	}
+	m.registry.MustRegister(
+		m.reconcileDuration,
+		m.reconcileErrors,
+		newDatapathCollector(a),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// ObserveReconcile records one reconcile that started at start and ended
+// with err. The first successful reconcile makes the agent ready.
+func (m *Metrics) ObserveReconcile(start time.Time, err error) {
+	m.reconcileDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		m.reconcileErrors.Inc()
+		return
+	}
+	m.ready.Store(true)
+}
+
+// ObserveRejected records a configuration refused before any reconcile
+// (unreadable or invalid file).
+func (m *Metrics) ObserveRejected() { m.reconcileErrors.Inc() }
+
+// Gatherer gives the registry, for tests.
+func (m *Metrics) Gatherer() prometheus.Gatherer { return m.registry }
+
+// Handler serves /metrics, /healthz (the process answers) and /readyz (a
+// reconcile has succeeded since the process started: the node is enforced).
+// Readiness stays once reached: a later bad configuration leaves the last
+// good one in force and is reported in status and in
+// mptcp_agent_reconcile_errors_total, not by taking the agent out of a
+// rollout's count.
+func (m *Metrics) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{
+		// A map that cannot be read must not hide every other metric.
+		ErrorHandling: promhttp.ContinueOnError,
+		Registry:      m.registry,
+	}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !m.ready.Load() {
+			http.Error(w, "no reconcile has succeeded yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+// Serve listens on addr and serves h until ctx ends. It returns the address
+// actually bound (addr may ask for port 0) and a function that waits for the
+// server to stop.
+func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (net.Addr, func(), error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("metrics: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	return ln.Addr(), func() { <-done }, nil
+}
+
+// datapathCollector reads the datapath's maps at scrape time.
+type datapathCollector struct {
+	a                                *Agent
+	txBytes, txPackets               *prometheus.Desc
+	rxBytes, rxPackets               *prometheus.Desc
+	events, subflows, connections    *prometheus.Desc
+	endpoints, attachments, pathMgrs *prometheus.Desc
+}
+
+func newDatapathCollector(a *Agent) *datapathCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, "", name), help, labels, nil)
+	}
+	return &datapathCollector{
+		a:           a,
+		txBytes:     d("path_tx_bytes_total", "Bytes the datapath steered out of the path's NIC (pod_egress), Ethernet header included.", "path"),
+		txPackets:   d("path_tx_packets_total", "Packets (GSO super-packets count once) the datapath steered out of the path's NIC.", "path"),
+		rxBytes:     d("path_rx_bytes_total", "Bytes for selected pods that arrived on the path's NIC (nic_ingress), Ethernet header included.", "path"),
+		rxPackets:   d("path_rx_packets_total", "Packets for selected pods that arrived on the path's NIC.", "path"),
+		events:      d("datapath_events_total", "The datapath's counters (enum stat_id in bpf/include/common.h), summed over CPUs.", "event"),
+		subflows:    d("subflows", "Entries of the datapath's subflow table by path and by this node's role (initiator: a local pod opened it; responder: a peer did). The table is an LRU: closed subflows stay until evicted.", "path", "role"),
+		connections: d("connections", "Entries of the datapath's connection table (an LRU keyed by local pod and token)."),
+		endpoints:   d("endpoints", "Pod addresses the datapath selects."),
+		attachments: d("attachments", "TCX links the agent has pinned, by hook.", "hook"),
+		pathMgrs:    d("path_managers", "Userspace path managers running, one per pod whose rule has the agent open joins."),
+	}
+}
+
+func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs} {
+		ch <- d
+	}
+}
+
+func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
+	dp := c.a.dp
+	names := c.a.pathNames()
+	pathLabel := func(index uint32) string {
+		if n, ok := names[index]; ok {
+			return n
+		}
+		return fmt.Sprintf("index-%d", index)
+	}
+
+	if ps, err := dp.PathStats(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.txBytes, fmt.Errorf("reading path counters: %w", err))
+	} else {
+		// Only the configured paths: the others' counters are zero or
+		// belong to a path that was removed.
+		for index, name := range names {
+			if int(index) >= len(ps) {
+				continue
+			}
+			p := ps[index]
+			ch <- prometheus.MustNewConstMetric(c.txBytes, prometheus.CounterValue, float64(p.TxBytes), name)
+			ch <- prometheus.MustNewConstMetric(c.txPackets, prometheus.CounterValue, float64(p.TxPackets), name)
+			ch <- prometheus.MustNewConstMetric(c.rxBytes, prometheus.CounterValue, float64(p.RxBytes), name)
+			ch <- prometheus.MustNewConstMetric(c.rxPackets, prometheus.CounterValue, float64(p.RxPackets), name)
+		}
+	}
+
+	if stats, err := dp.Stats(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.events, fmt.Errorf("reading datapath counters: %w", err))
+	} else {
+		for s, v := range stats {
+			ch <- prometheus.MustNewConstMetric(c.events, prometheus.CounterValue, float64(v), EventName(s))
+		}
+	}
+
+	if sfs, err := dp.Subflows(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.subflows, fmt.Errorf("reading the subflow table: %w", err))
+	} else {
+		type key struct {
+			path string
+			role string
+		}
+		counts := map[key]int{}
+		// Every configured path shows both roles, zero included, so a
+		// path that carries nothing is visible as such.
+		for index := range names {
+			for _, r := range []datapath.Role{datapath.RoleInitiator, datapath.RoleResponder} {
+				counts[key{pathLabel(index), roleName(r)}] = 0
+			}
+		}
+		for _, sf := range sfs {
+			counts[key{pathLabel(sf.Path), roleName(sf.Role)}]++
+		}
+		for k, n := range counts {
+			ch <- prometheus.MustNewConstMetric(c.subflows, prometheus.GaugeValue, float64(n), k.path, k.role)
+		}
+	}
+
+	if conns, err := dp.Connections(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.connections, fmt.Errorf("reading the connection table: %w", err))
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.connections, prometheus.GaugeValue, float64(len(conns)))
+	}
+
+	if eps, err := dp.Endpoints(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.endpoints, fmt.Errorf("reading endpoints: %w", err))
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.endpoints, prometheus.GaugeValue, float64(len(eps)))
+	}
+
+	if atts, err := dp.Attachments(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.attachments, fmt.Errorf("reading attachments: %w", err))
+	} else {
+		byHook := map[datapath.Hook]int{datapath.HookPodEgress: 0, datapath.HookNICIngress: 0}
+		for _, att := range atts {
+			byHook[att.Hook]++
+		}
+		for h, n := range byHook {
+			ch <- prometheus.MustNewConstMetric(c.attachments, prometheus.GaugeValue, float64(n), string(h))
+		}
+	}
+
+	ch <- prometheus.MustNewConstMetric(c.pathMgrs, prometheus.GaugeValue, float64(c.a.pathManagers.Load()))
+}

@@ -1,0 +1,121 @@
+package agent
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	privileged "github.com/mptcp-operator/mptcp-operator/internal/testutil"
+)
+
+func probe(t *testing.T, srv *httptest.Server, path string) int {
+	t.Helper()
+	resp, err := http.Get(srv.URL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+// The agent is healthy as soon as it answers, ready once a reconcile has
+// succeeded, and stays ready when a later configuration is refused: that
+// one is reported as an error while the last good one stays in force.
+func TestReadinessFollowsTheFirstSuccessfulReconcile(t *testing.T) {
+	a := &Agent{creators: map[string]*subflowCreator{}}
+	a.setPaths(&Config{})
+	m := NewMetrics(a)
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+
+	steps := []struct {
+		do         func()
+		wantReady  int
+		wantErrors float64
+	}{
+		{do: func() {}, wantReady: http.StatusServiceUnavailable},
+		{do: func() { m.ObserveReconcile(time.Now(), errors.New("interface nic1 not found")) }, wantReady: http.StatusServiceUnavailable, wantErrors: 1},
+		{do: func() { m.ObserveReconcile(time.Now(), nil) }, wantReady: http.StatusOK, wantErrors: 1},
+		{do: m.ObserveRejected, wantReady: http.StatusOK, wantErrors: 2},
+	}
+	for i, s := range steps {
+		s.do()
+		if got := probe(t, srv, "/healthz"); got != http.StatusOK {
+			t.Errorf("step %d: /healthz answered %d", i, got)
+		}
+		if got := probe(t, srv, "/readyz"); got != s.wantReady {
+			t.Errorf("step %d: /readyz answered %d, want %d", i, got, s.wantReady)
+		}
+		if got := testutil.ToFloat64(m.reconcileErrors); got != s.wantErrors {
+			t.Errorf("step %d: mptcp_agent_reconcile_errors_total = %v, want %v", i, got, s.wantErrors)
+		}
+	}
+	if n := testutil.CollectAndCount(m.reconcileDuration); n != 1 {
+		t.Errorf("reconcile duration histogram has %d series, want 1", n)
+	}
+}
+
+// Every counter of the datapath has a name of its own in
+// mptcp_agent_datapath_events_total: a counter added to bpf/ without a name
+// here fails this test rather than appearing as stat_<n>.
+func TestEveryDatapathCounterIsExportedByName(t *testing.T) {
+	privileged.RequireRoot(t)
+	dp, err := datapath.Load(datapath.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
+	a.setPaths(&Config{Paths: []Path{{Name: "fabric-a", Index: 0}, {Name: "fabric-b", Index: 1}}})
+	m := NewMetrics(a)
+
+	stats, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	families, err := m.Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := map[string][]string{} // metric name -> label values
+	for _, f := range families {
+		for _, metric := range f.GetMetric() {
+			var labels []string
+			for _, l := range metric.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			series[f.GetName()] = append(series[f.GetName()], strings.Join(labels, ","))
+		}
+	}
+	if got := len(series["mptcp_agent_datapath_events_total"]); got != len(stats) {
+		t.Errorf("mptcp_agent_datapath_events_total has %d series, the datapath %d counters", got, len(stats))
+	}
+	for s := range stats {
+		if strings.HasPrefix(EventName(s), "stat_") {
+			t.Errorf("datapath counter %d has no event name", uint32(s))
+		}
+	}
+	for _, name := range []string{"mptcp_agent_path_tx_bytes_total", "mptcp_agent_path_tx_packets_total", "mptcp_agent_path_rx_bytes_total", "mptcp_agent_path_rx_packets_total"} {
+		got := strings.Join(series[name], " ")
+		if !strings.Contains(got, "path=fabric-a") || !strings.Contains(got, "path=fabric-b") || len(series[name]) != 2 {
+			t.Errorf("%s: series %v, want one per configured path", name, series[name])
+		}
+	}
+	if got := len(series["mptcp_agent_subflows"]); got != 4 {
+		t.Errorf("mptcp_agent_subflows has %d series, want 2 paths x 2 roles: %v", got, series["mptcp_agent_subflows"])
+	}
+	for _, name := range []string{"mptcp_agent_connections", "mptcp_agent_endpoints", "mptcp_agent_path_managers", "mptcp_agent_reconcile_errors_total", "go_goroutines", "process_open_fds"} {
+		if len(series[name]) == 0 {
+			t.Errorf("%s is missing", name)
+		}
+	}
+}
