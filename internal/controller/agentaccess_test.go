@@ -3,20 +3,23 @@ package controller_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -24,34 +27,57 @@ import (
 )
 
 const (
-	agentUser     = "system:serviceaccount:mptcp-system:mptcp-agent"
-	nodeNameExtra = "authentication.kubernetes.io/node-name"
+	agentNamespace = "mptcp-system"
+	agentAccount   = "mptcp-agent"
+	agentUser      = "system:serviceaccount:" + agentNamespace + ":" + agentAccount
+	nodeNameExtra  = "authentication.kubernetes.io/node-name"
+	agentPolicy    = "mptcp-agent-own-node-state"
 )
 
 // TestAgentWritesOnlyItsOwnNodeState applies config/agent (RBAC and the
-// admission policy) to a real API server and acts as the agent of node n1,
-// with the node name a pod-bound service-account token carries.
+// admission policy) to a real API server and acts as the agents of nodes n1
+// and n2 with real service-account tokens: each bound by the TokenRequest API
+// to an agent pod on its node, exactly as kubelet obtains the token of a
+// projected volume. The clients carry nothing but the token (no impersonation,
+// no client certificate), so the node name the policy checks comes from the
+// API server's own authentication of the token.
 func TestAgentWritesOnlyItsOwnNodeState(t *testing.T) {
-	env := testenv.Start(t)
+	env := testenv.Start(t, testenv.ServiceAccountTokens())
 	ctx := context.Background()
-	env.Namespace(t, "mptcp-system", nil)
+	env.Namespace(t, agentNamespace, nil)
 	applyDir(t, env.Client, filepath.Join(testenv.RepoRoot(), "config", "agent"))
+	nodes := map[string]*corev1.Node{}
 	for _, n := range []string{"n1", "n2"} {
-		if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}
+		if err := env.Client.Create(ctx, node); err != nil {
 			t.Fatal(err)
 		}
+		nodes[n] = node
 		if err := env.Client.Create(ctx, &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	agentOf := func(node string) client.Client {
-		cfg := rest.CopyConfig(env.Config)
-		cfg.Impersonate = rest.ImpersonationConfig{
-			UserName: agentUser,
-			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:mptcp-system", "system:authenticated"},
+
+	// The agents' pods need not run: a pod-bound token needs only the pod
+	// object (its uid) and, for the node claims, its spec.nodeName.
+	agentPod := func(node string) *corev1.Pod {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: "mptcp-agent-" + node},
+			Spec: corev1.PodSpec{
+				NodeName:           node,
+				ServiceAccountName: agentAccount,
+				Containers:         []corev1.Container{{Name: "agent", Image: "registry.invalid/mptcp-agent"}},
+			},
 		}
-		if node != "" {
-			cfg.Impersonate.Extra = map[string][]string{nodeNameExtra: {node}}
+		if err := env.Client.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	clientFor := func(token string) client.Client {
+		cfg := env.AsToken(token)
+		if cfg.CertData != nil || cfg.KeyData != nil || cfg.CertFile != "" || cfg.Username != "" || cfg.Impersonate.UserName != "" {
+			t.Fatal("token credentials carry more than the token")
 		}
 		c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
 		if err != nil {
@@ -59,87 +85,188 @@ func TestAgentWritesOnlyItsOwnNodeState(t *testing.T) {
 		}
 		return c
 	}
+	agents := map[string]client.Client{}
+	for _, n := range []string{"n1", "n2"} {
+		pod := agentPod(n)
+		token := env.PodToken(t, pod)
+
+		// The API server signed the token with the test's key and put the
+		// pod and its node into the claims...
+		claims := env.TokenClaims(t, token)
+		if claims.Subject != agentUser {
+			t.Fatalf("token subject %q, want %q", claims.Subject, agentUser)
+		}
+		if p := claims.Kubernetes.Pod; p == nil || p.Name != pod.Name || p.UID != string(pod.UID) {
+			t.Fatalf("token of %s names pod %+v, want %s %s", n, p, pod.Name, pod.UID)
+		}
+		if nd := claims.Kubernetes.Node; nd == nil || nd.Name != n || nd.UID != string(nodes[n].UID) {
+			t.Fatalf("token of %s names node %+v, want %s %s", n, nd, n, nodes[n].UID)
+		}
+		agents[n] = clientFor(token)
+
+		// ...and authenticates it as the agent with the node name in the
+		// user's extra, which is what the admission policy reads.
+		review := &authenticationv1.SelfSubjectReview{}
+		if err := agents[n].Create(ctx, review); err != nil {
+			t.Fatalf("self subject review with the token of %s: %v", n, err)
+		}
+		user := review.Status.UserInfo
+		if user.Username != agentUser || !slices.Equal(user.Extra[nodeNameExtra], authenticationv1.ExtraValue{n}) {
+			t.Fatalf("the token of %s authenticates as %s with extra %v", n, user.Username, user.Extra)
+		}
+	}
+	// A token of the same service account bound to no pod carries no node.
+	unbound := env.UnboundToken(t, agentNamespace, agentAccount)
+	if nd := env.TokenClaims(t, unbound).Kubernetes.Node; nd != nil {
+		t.Fatalf("an unbound token names node %+v", nd)
+	}
+	noNode := clientFor(unbound)
+
 	reportOn := func(c client.Client, node string) error {
 		var s mptcpv1alpha1.MPTCPNodeState
 		if err := env.Client.Get(ctx, types.NamespacedName{Name: node}, &s); err != nil {
 			return err
 		}
 		s.Status.Errors = []string{"reported at " + time.Now().Format(time.RFC3339Nano)}
-		return c.Status().Update(ctx, &s)
+		if err := c.Status().Update(ctx, &s); err != nil {
+			return err
+		}
+		// Accepted: the report must be what is stored.
+		var stored mptcpv1alpha1.MPTCPNodeState
+		if err := env.Client.Get(ctx, types.NamespacedName{Name: node}, &stored); err != nil {
+			return err
+		}
+		if !slices.Equal(stored.Status.Errors, s.Status.Errors) {
+			return fmt.Errorf("stored status %v, not the report %v", stored.Status.Errors, s.Status.Errors)
+		}
+		return nil
+	}
+	updateSpec := func(c client.Client, node string) error {
+		var s mptcpv1alpha1.MPTCPNodeState
+		if err := env.Client.Get(ctx, types.NamespacedName{Name: node}, &s); err != nil {
+			return err
+		}
+		s.Spec.PodCIDRs = []string{"10.9.9.0/24"}
+		return c.Update(ctx, &s)
 	}
 
 	// The admission policy takes effect a moment after it is created.
 	deadline := time.Now().Add(20 * time.Second)
-	for reportOn(agentOf("n1"), "n2") == nil {
+	for reportOn(agents["n1"], "n2") == nil {
 		if time.Now().After(deadline) {
 			t.Fatal("the admission policy never denied a write to another node's state")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 
+	// The policy's refusal names the policy and says why.
+	refusedBy := func(node string) []string {
+		return []string{
+			"ValidatingAdmissionPolicy '" + agentPolicy + "'",
+			"the agent may write only the MPTCPNodeState of its own node, not " + node,
+		}
+	}
 	cases := map[string]struct {
 		write   func() error // what the agent attempts
 		allowed bool         // whether the API server must accept it
-		message string       // part of the refusal's message
+		message []string     // parts of the refusal's message
 	}{
 		"status of its own node state": {
-			write:   func() error { return reportOn(agentOf("n1"), "n1") },
+			write:   func() error { return reportOn(agents["n1"], "n1") },
+			allowed: true,
+		},
+		"status of its own node state, other agent": {
+			write:   func() error { return reportOn(agents["n2"], "n2") },
 			allowed: true,
 		},
 		"status of another node's state": {
-			write:   func() error { return reportOn(agentOf("n1"), "n2") },
-			message: "only the MPTCPNodeState of its own node, not n2",
+			write:   func() error { return reportOn(agents["n1"], "n2") },
+			message: refusedBy("n2"),
 		},
-		"status without a node name in its token": {
-			write:   func() error { return reportOn(agentOf(""), "n1") },
-			message: "only the MPTCPNodeState of its own node",
+		"status of another node's state, other agent": {
+			write:   func() error { return reportOn(agents["n2"], "n1") },
+			message: refusedBy("n1"),
+		},
+		"status with a token bound to no pod": {
+			write:   func() error { return reportOn(noNode, "n1") },
+			message: refusedBy("n1"),
 		},
 		"spec of its own node state": {
+			write:   func() error { return updateSpec(agents["n1"], "n1") },
+			message: []string{`cannot update resource "mptcpnodestates"`},
+		},
+		"spec of another node's state": {
+			write:   func() error { return updateSpec(agents["n1"], "n2") },
+			message: []string{`cannot update resource "mptcpnodestates"`},
+		},
+		"spec patch of its own node state": {
 			write: func() error {
-				var s mptcpv1alpha1.MPTCPNodeState
-				if err := env.Client.Get(ctx, types.NamespacedName{Name: "n1"}, &s); err != nil {
-					return err
-				}
-				s.Spec.PodCIDRs = []string{"10.9.9.0/24"}
-				return agentOf("n1").Update(ctx, &s)
+				s := &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+				patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"podCIDRs":["10.9.9.0/24"]}}`))
+				return agents["n1"].Patch(ctx, s, patch)
 			},
-			message: "cannot update resource \"mptcpnodestates\"",
+			message: []string{`cannot patch resource "mptcpnodestates"`},
 		},
 		"creating a node state": {
 			write: func() error {
-				return agentOf("n3").Create(ctx, &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: "n3"}})
+				return agents["n1"].Create(ctx, &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: "n3"}})
 			},
-			message: "cannot create resource \"mptcpnodestates\"",
+			message: []string{`cannot create resource "mptcpnodestates"`},
 		},
 		"deleting its own node state": {
 			write: func() error {
-				return agentOf("n1").Delete(ctx, &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+				return agents["n1"].Delete(ctx, &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 			},
-			message: "cannot delete resource \"mptcpnodestates\"",
+			message: []string{`cannot delete resource "mptcpnodestates"`},
 		},
 		"annotating its Node": {
 			write: func() error {
 				n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
 				patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"mptcp.io/paths":"{}"}}}`))
-				return agentOf("n1").Patch(ctx, n, patch)
+				return agents["n1"].Patch(ctx, n, patch)
 			},
-			message: "cannot patch resource \"nodes\"",
+			message: []string{`cannot patch resource "nodes"`},
 		},
 	}
-	for name, tc := range cases {
+	names := slices.Sorted(maps.Keys(cases))
+	for _, name := range names {
+		tc := cases[name]
 		t.Run(name, func(t *testing.T) {
 			err := tc.write()
 			switch {
 			case tc.allowed && err != nil:
 				t.Fatalf("refused: %v", err)
-			case !tc.allowed && err == nil:
+			case tc.allowed:
+				return
+			case err == nil:
 				t.Fatal("allowed")
-			case !tc.allowed && !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err):
+			case !apierrors.IsForbidden(err):
 				t.Fatalf("want Forbidden, got %v", err)
-			case !tc.allowed && !strings.Contains(err.Error(), tc.message):
-				t.Fatalf("message %q does not say %q", err, tc.message)
+			}
+			for _, m := range tc.message {
+				if !strings.Contains(err.Error(), m) {
+					t.Errorf("message %q does not say %q", err, m)
+				}
 			}
 		})
+	}
+
+	// The token is bound to the pod: once the pod is gone, it no longer
+	// authenticates anyone.
+	gone := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: "mptcp-agent-n1"}}
+	if err := env.Client.Delete(ctx, gone, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		err := reportOn(agents["n1"], "n1")
+		if apierrors.IsUnauthorized(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the token of a deleted pod still works: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rsa"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -33,7 +34,13 @@ type Env struct {
 	Client client.Client
 	Scheme *runtime.Scheme
 	env    *envtest.Environment
+	// tokenKey verifies service-account tokens; set by ServiceAccountTokens.
+	tokenKey *rsa.PublicKey
+	issuer   string
 }
+
+// Option changes the control plane before Start starts it.
+type Option func(tb testing.TB, env *Env, e *envtest.Environment)
 
 // RepoRoot is the module's root directory, found from this file's location so
 // that tests in any package find config/crd/bases.
@@ -72,14 +79,18 @@ func Assets(tb testing.TB) string {
 }
 
 // Start starts kube-apiserver and etcd with the CRDs of config/crd/bases and
-// stops them when tb ends.
-func Start(tb testing.TB) *Env {
+// the given options, and stops them when tb ends.
+func Start(tb testing.TB, opts ...Option) *Env {
 	tb.Helper()
 	assets := Assets(tb)
 	e := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
+	}
+	env := &Env{env: e}
+	for _, o := range opts {
+		o(tb, env, e)
 	}
 	cfg, err := e.Start()
 	if err != nil {
@@ -99,7 +110,8 @@ func Start(tb testing.TB) *Env {
 	if err != nil {
 		tb.Fatalf("client: %v", err)
 	}
-	return &Env{Config: cfg, Client: c, Scheme: s, env: e}
+	env.Config, env.Client, env.Scheme = cfg, c, s
+	return env
 }
 
 // Namespace creates a namespace with labels and returns its name.
