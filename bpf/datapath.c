@@ -21,7 +21,10 @@
  *       MP_CAPABLE ACK (keys)    -> learn the connection's two tokens
  *
  * The mark is the only thing written: packets are never modified here, and
- * everything that is not selected TCP passes untouched. */
+ * everything that is not selected TCP passes untouched. In observe-only mode
+ * (SETTING_OBSERVE_ONLY in the settings map, switched at run time) not even
+ * the mark is: the programs record subflows, connections and counters as
+ * they would otherwise, and count STAT_OBSERVED where they would mark. */
 
 #include "common.h"
 #include "parse.h"
@@ -114,6 +117,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } path_counters SEC(".maps");
 
+/* One entry: struct settings_value, rewritten by the agent (observe-only). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct settings_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} settings SEC(".maps");
+
 static __always_inline void count(__u32 id)
 {
 	__u64 *v = bpf_map_lookup_elem(&stats, &id);
@@ -179,10 +191,25 @@ static __always_inline __u32 mptcp_offset(const struct packet *pkt, __u32 subtyp
 	return (__u32)pkt->l4_off + pkt->mptcp_off[subtype];
 }
 
+/* observe_only reads the switch. Each program marks a packet at most once,
+ * so this is at most one lookup per run, and only for packets it would mark
+ * (the verifier inlines the lookup of an array map: a few instructions). */
+static __always_inline bool observe_only(void)
+{
+	__u32 zero = 0;
+	struct settings_value *s = bpf_map_lookup_elem(&settings, &zero);
+
+	return s && (s->flags & SETTING_OBSERVE_ONLY);
+}
+
 static __always_inline void set_path_mark(struct __sk_buff *skb, __u32 path)
 {
 	__u32 value = ((path + 1) << mark_shift) & mark_mask;
 
+	if (observe_only()) {
+		count(STAT_OBSERVED);
+		return;
+	}
 	skb->mark = (skb->mark & ~mark_mask) | value;
 	count(STAT_MARKED);
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"os"
@@ -529,5 +530,175 @@ func TestAgentHoldsOnlyItsDeclaredCapabilities(t *testing.T) {
 			t.Fatal(err)
 		}
 		assertNothingLeft(t, a)
+	}
+}
+
+// Observe-only: the agents run, record and count, and change no packet.
+// Traffic between pods on two nodes stays where the kernel routes it (every
+// subflow on nic1 of both nodes, in both directions, from captures) while
+// the subflow tables show what would have happened: node 1 placed the
+// connections' subflows on both paths, node 2 mirrored their arrival on
+// nic1. Switching observe-only off with SIGHUP spreads the next connections
+// at once, over the same TCX links (same link IDs: nothing re-attached).
+func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
+	testbed.RequireTools(t, testbed.CaptureTools...)
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	ctx := background(t)
+	var agents []*framework.Agent
+	for _, n := range bed.Nodes {
+		cfg := framework.AgentConfig(bed, n, agent.Rule{})
+		cfg.ObserveOnly = true
+		a, err := framework.StartAgent(ctx, bed, bins.Agent, n, cfg, declaredCaps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents = append(agents, a)
+	}
+	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
+	traffic := []flow{{client: client, server: server, port: 5201, conns: 2}}
+
+	caps, err := bed.StartCaptures("tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := runFlows(t, bed, traffic, 2*time.Second)
+	analysis, err := caps.Analyze()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(analysis.Connections) != conns {
+		t.Fatalf("captures show %d MPTCP connections, the client opened %d", len(analysis.Connections), conns)
+	}
+	subflows := 0
+	for _, c := range analysis.Connections {
+		if len(c.Subflows) != 2 {
+			t.Errorf("connection %08x has %d subflows, want 2 (the agent still opens joins)", c.Token, len(c.Subflows))
+		}
+		subflows += len(c.Subflows)
+	}
+	for _, s := range analysis.Subflows {
+		for _, node := range []int{1, 2} {
+			if k, ok := s.PlacedOn(node); !ok || k != 1 {
+				t.Errorf("observe-only: subflow %v left nic1 of node %d", s, node)
+			}
+		}
+	}
+	// What would have happened is recorded.
+	initiated, err := agents[0].Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	initiated = slices.DeleteFunc(initiated, func(s datapath.Subflow) bool {
+		return s.Local.Addr() != client.Addr || s.Role != datapath.RoleInitiator
+	})
+	wouldUse := map[uint32]int{}
+	for _, s := range initiated {
+		wouldUse[s.Path]++
+	}
+	if len(initiated) != subflows || wouldUse[0] != conns || wouldUse[1] != conns {
+		t.Errorf("node 1 recorded %d placements (by path %v), want the %d subflows, one per connection on each path: %v", len(initiated), wouldUse, subflows, initiated)
+	}
+	mirrored, err := agents[1].Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mirrored = slices.DeleteFunc(mirrored, func(s datapath.Subflow) bool { return s.Local.Addr() != server.Addr })
+	for _, s := range mirrored {
+		if s.Role != datapath.RoleResponder || s.Path != 0 {
+			t.Errorf("node 2 recorded %v on path %d as role %d, want the arrival NIC nic1 (path 0), responder", s.Local, s.Path, s.Role)
+		}
+	}
+	if len(mirrored) != subflows {
+		t.Errorf("node 2 recorded %d subflows, want %d", len(mirrored), subflows)
+	}
+	events := func(s framework.Scrape, stat datapath.Stat) float64 {
+		return metric(t, s, "mptcp_agent_datapath_events_total", "event", agent.EventName(stat))
+	}
+	for _, a := range agents {
+		s := scrape(t, a)
+		if v := metric(t, s, "mptcp_agent_observe_only"); v != 1 {
+			t.Errorf("node %d: mptcp_agent_observe_only = %v, want 1", a.Node.Index, v)
+		}
+		if n := events(s, datapath.StatMarked); n != 0 {
+			t.Errorf("node %d: %v packets marked in observe-only mode", a.Node.Index, n)
+		}
+		if n := events(s, datapath.StatObserved); n < 100 {
+			t.Errorf("node %d: %v packets observed, want every packet of the transfer", a.Node.Index, n)
+		}
+	}
+
+	// Off, with SIGHUP: the same links, and the next connections spread.
+	links := map[string][]uint32{}
+	linksOf := func(a *framework.Agent) map[string][]uint32 {
+		out := map[string][]uint32{}
+		ifaces := []string{}
+		for _, p := range a.Config.Paths {
+			ifaces = append(ifaces, p.Interface)
+		}
+		for _, p := range a.Config.Pods {
+			ifaces = append(ifaces, p.HostInterface)
+		}
+		for _, ifname := range ifaces {
+			ids, err := framework.TCXIngressLinks(a.Node, ifname)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, id := range ids {
+				out[fmt.Sprintf("node%d/%s", a.Node.Index, ifname)] = append(out[fmt.Sprintf("node%d/%s", a.Node.Index, ifname)], uint32(id))
+			}
+		}
+		return out
+	}
+	for _, a := range agents {
+		maps.Copy(links, linksOf(a))
+		cfg := *a.Config
+		cfg.ObserveOnly = false
+		if err := a.WriteConfig(&cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.WaitReconciles(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := map[string][]uint32{}
+	for _, a := range agents {
+		maps.Copy(after, linksOf(a))
+	}
+	if len(links) != 6 || !maps.EqualFunc(links, after, slices.Equal[[]uint32]) {
+		t.Errorf("TCX links before switching observe-only off %v, after %v: want one per NIC and pod veth, unchanged", links, after)
+	}
+
+	caps, err = bed.StartCaptures("tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	traffic[0].port = 5202
+	conns = runFlows(t, bed, traffic, 2*time.Second)
+	analysis, err = caps.Analyze()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(analysis.Connections) != conns {
+		t.Fatalf("captures show %d MPTCP connections after the switch, the client opened %d", len(analysis.Connections), conns)
+	}
+	for _, c := range analysis.Connections {
+		if len(c.Subflows) != 2 {
+			t.Errorf("connection %08x has %d subflows, want one per NIC", c.Token, len(c.Subflows))
+		}
+	}
+	if err := analysis.CheckPlacement(1, 2); err != nil {
+		t.Fatalf("placement after observe-only was switched off:\n%v", err)
+	}
+	for _, a := range agents {
+		s := scrape(t, a)
+		if v := metric(t, s, "mptcp_agent_observe_only"); v != 0 {
+			t.Errorf("node %d: mptcp_agent_observe_only = %v after the switch, want 0", a.Node.Index, v)
+		}
+		if n := events(s, datapath.StatMarked); n < 100 {
+			t.Errorf("node %d: %v packets marked after the switch", a.Node.Index, n)
+		}
 	}
 }

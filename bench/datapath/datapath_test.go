@@ -194,6 +194,22 @@ var cases = []benchCase{
 		}
 		return nil
 	}},
+	{name: "MPTCP data (DSS) of a placed subflow, observe-only", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
+		if err := dp.SetObserveOnly(true); err != nil {
+			b.Fatal(err)
+		}
+		return repeated(b, dp.Program(datapath.HookPodEgress), dssData)
+	}, check: func(dp *datapath.Datapath) error {
+		st, err := dp.Stats()
+		if err != nil {
+			return err
+		}
+		// setup's SYN and ACK were marked, before the switch.
+		if st[datapath.StatObserved] < repeat || st[datapath.StatMarked] != 2 {
+			return fmt.Errorf("%d packets observed, %d marked; want every DSS packet observed and only setup's 2 marked", st[datapath.StatObserved], st[datapath.StatMarked])
+		}
+		return nil
+	}},
 	{name: "empty program, one run per syscall", measure: func(b *testing.B, _ *datapath.Datapath, empty *ebpf.Program) float64 {
 		return single(b, empty, joinSYN, nil)
 	}},

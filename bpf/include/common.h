@@ -39,6 +39,7 @@ enum stat_id {
 	STAT_NO_PATH,		 /* selected traffic but no usable path configured */
 	STAT_PATHS_EXHAUSTED,	 /* a join found every path of its rule in use and shares one */
 	STAT_MPTCP_OPT_INVALID,	 /* packets with an MPTCP option of undefined length: option ignored */
+	STAT_OBSERVED,		 /* observe-only: packets that would have been given a path mark */
 	STAT_MAX,
 };
 
@@ -47,6 +48,17 @@ enum stat_id {
  * running datapath uses (a pinned map whose size differs cannot be reused). */
 #define STATS_CAPACITY 64
 _Static_assert(STAT_MAX <= STATS_CAPACITY, "enum stat_id outgrew the stats map");
+
+/* Runtime switches, in the one entry of the settings map. The agent rewrites
+ * the entry; programs read it when they are about to act on a packet. The
+ * value keeps spare room: a pinned map whose value size differs cannot be
+ * reused, so a switch added later takes a bit or a reserved word. */
+#define SETTING_OBSERVE_ONLY (1U << 0) /* record everything, write no mark */
+
+struct settings_value {
+	__u32 flags; /* SETTING_* */
+	__u32 reserved[15];
+};
 
 /* A subflow's 4-tuple as the local pod sends it: saddr/sport are the pod's.
  * IPv4 addresses use the first 4 bytes, the rest is zero. */

@@ -254,3 +254,28 @@ func TCXIngressPrograms(node *testbed.Node, ifname string) ([]string, error) {
 	})
 	return names, err
 }
+
+// TCXIngressLinks lists the IDs of the TCX links on the TC ingress of
+// ifname in node's namespace, from the kernel's list (BPF_PROG_QUERY). A
+// link that is updated with another program keeps its ID; a detach and
+// attach makes a new one, so equal lists mean nothing was re-attached.
+func TCXIngressLinks(node *testbed.Node, ifname string) ([]link.ID, error) {
+	var ids []link.ID
+	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
+		iface, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		res, err := link.QueryPrograms(link.QueryOptions{Target: iface.Index, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		for _, p := range res.Programs {
+			if id, ok := p.LinkID(); ok {
+				ids = append(ids, id)
+			}
+		}
+		return nil
+	})
+	return ids, err
+}

@@ -93,6 +93,14 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 		paths[p.Name] = p
 	}
 
+	// The switch first: a node set up in observe-only mode never marks a
+	// packet, not even between the first attach and the end of this
+	// reconcile. Switching it off marks again at once, with the programs
+	// in place.
+	if err := a.dp.SetObserveOnly(cfg.ObserveOnly); err != nil {
+		return fmt.Errorf("observe-only: %w", err)
+	}
+
 	// Routing first: a mark without its rule would send packets nowhere.
 	plan, err := planRouting(cfg, a.dp.Mark)
 	if err != nil {

@@ -45,6 +45,11 @@ type Config struct {
 	// RulePriority is the ip rule priority of path index 0's fwmark rule;
 	// the rule sending local pod CIDRs to the main table sits just before.
 	RulePriority int `json:"rulePriority,omitempty"`
+	// ObserveOnly, when true, has the datapath record everything (subflows
+	// with the path it would choose, connections, counters) without writing
+	// a single mark: nothing is steered. Switched at run time, without a
+	// re-attach; applied on every reconcile.
+	ObserveOnly bool `json:"observeOnly,omitempty"`
 	// PodCIDRs are this node's pod address ranges: traffic to them is never
 	// steered out of a NIC.
 	PodCIDRs []netip.Prefix `json:"podCIDRs"`

@@ -44,6 +44,7 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatNoPath:           "no_path",
 	datapath.StatPathsExhausted:   "paths_exhausted",
 	datapath.StatMPTCPOptInvalid:  "mptcp_option_invalid",
+	datapath.StatObserved:         "observed",
 }
 
 // EventName is the label value of a datapath counter in
@@ -175,6 +176,8 @@ func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (
 	return ln.Addr(), func() { <-done }, nil
 }
 
+const observeOnlyHelp = "1 while the datapath is in observe-only mode (it records subflows, connections and counters and writes no mark: nothing is steered), 0 otherwise."
+
 // datapathCollector reads the datapath's maps at scrape time.
 type datapathCollector struct {
 	a                                *Agent
@@ -182,6 +185,7 @@ type datapathCollector struct {
 	rxBytes, rxPackets               *prometheus.Desc
 	events, subflows, connections    *prometheus.Desc
 	endpoints, attachments, pathMgrs *prometheus.Desc
+	observeOnly                      *prometheus.Desc
 }
 
 func newDatapathCollector(a *Agent) *datapathCollector {
@@ -200,11 +204,12 @@ func newDatapathCollector(a *Agent) *datapathCollector {
 		endpoints:   d("endpoints", "Pod addresses the datapath selects."),
 		attachments: d("attachments", "TCX links the agent has pinned, by hook.", "hook"),
 		pathMgrs:    d("path_managers", "Userspace path managers running, one per pod whose rule has the agent open joins."),
+		observeOnly: d("observe_only", observeOnlyHelp),
 	}
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs} {
+	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.observeOnly} {
 		ch <- d
 	}
 }
@@ -292,4 +297,14 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 
 	ch <- prometheus.MustNewConstMetric(c.pathMgrs, prometheus.GaugeValue, float64(c.a.pathManagers.Load()))
+
+	if on, err := dp.ObserveOnly(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.observeOnly, fmt.Errorf("reading the observe-only switch: %w", err))
+	} else {
+		v := 0.0
+		if on {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.observeOnly, prometheus.GaugeValue, v)
+	}
 }

@@ -113,9 +113,36 @@ func TestEveryDatapathCounterIsExportedByName(t *testing.T) {
 	if got := len(series["mptcp_agent_subflows"]); got != 4 {
 		t.Errorf("mptcp_agent_subflows has %d series, want 2 paths x 2 roles: %v", got, series["mptcp_agent_subflows"])
 	}
-	for _, name := range []string{"mptcp_agent_connections", "mptcp_agent_endpoints", "mptcp_agent_path_managers", "mptcp_agent_reconcile_errors_total", "go_goroutines", "process_open_fds"} {
+	for _, name := range []string{"mptcp_agent_connections", "mptcp_agent_endpoints", "mptcp_agent_path_managers", "mptcp_agent_observe_only", "mptcp_agent_reconcile_errors_total", "go_goroutines", "process_open_fds"} {
 		if len(series[name]) == 0 {
 			t.Errorf("%s is missing", name)
+		}
+	}
+}
+
+// mptcp_agent_observe_only follows the datapath's switch, read at scrape
+// time.
+func TestObserveOnlyGaugeFollowsTheDatapath(t *testing.T) {
+	privileged.RequireRoot(t)
+	dp, err := datapath.Load(datapath.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
+	a.setPaths(&Config{})
+	m := NewMetrics(a)
+	for _, on := range []bool{false, true, false} {
+		if err := dp.SetObserveOnly(on); err != nil {
+			t.Fatal(err)
+		}
+		want := "0"
+		if on {
+			want = "1"
+		}
+		exp := "# HELP mptcp_agent_observe_only " + observeOnlyHelp + "\n# TYPE mptcp_agent_observe_only gauge\nmptcp_agent_observe_only " + want + "\n"
+		if err := testutil.GatherAndCompare(m.Gatherer(), strings.NewReader(exp), "mptcp_agent_observe_only"); err != nil {
+			t.Errorf("observe-only %v: %v", on, err)
 		}
 	}
 }

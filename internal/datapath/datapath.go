@@ -118,12 +118,47 @@ func (d *Datapath) Unpin() error {
 	if d.pinDir == "" {
 		return nil
 	}
-	for _, m := range []*ebpf.Map{d.objs.Subflows, d.objs.ConnAliases, d.objs.ConnStates, d.objs.Endpoints, d.objs.Rules, d.objs.Nics, d.objs.Stats, d.objs.MptcpOptions, d.objs.PathCounters} {
+	for _, m := range []*ebpf.Map{d.objs.Subflows, d.objs.ConnAliases, d.objs.ConnStates, d.objs.Endpoints, d.objs.Rules, d.objs.Nics, d.objs.Stats, d.objs.MptcpOptions, d.objs.PathCounters, d.objs.Settings} {
 		if err := m.Unpin(); err != nil {
 			return err
 		}
 	}
 	return os.RemoveAll(filepath.Join(d.pinDir, linkPinSubdir))
+}
+
+// settingObserveOnly is SETTING_OBSERVE_ONLY of bpf/include/common.h.
+const settingObserveOnly = 1 << 0
+
+// SetObserveOnly switches observe-only mode on or off at run time, without a
+// reload or a re-attach: the programs read the switch on every packet they
+// would mark. On, they keep recording what they record (subflows with the
+// path they would choose, connections, counters) but never write skb->mark,
+// and count StatObserved where they would count StatMarked. The switch lives
+// in a pinned map, so it survives the agent like the rest of the state.
+func (d *Datapath) SetObserveOnly(on bool) error {
+	var v datapathSettingsValue
+	// Keep the other switches of the entry as they are.
+	if err := d.objs.Settings.Lookup(uint32(0), &v); err != nil {
+		return fmt.Errorf("reading settings: %w", err)
+	}
+	if on {
+		v.Flags |= settingObserveOnly
+	} else {
+		v.Flags &^= settingObserveOnly
+	}
+	if err := d.objs.Settings.Put(uint32(0), &v); err != nil {
+		return fmt.Errorf("writing settings: %w", err)
+	}
+	return nil
+}
+
+// ObserveOnly says whether the datapath is in observe-only mode.
+func (d *Datapath) ObserveOnly() (bool, error) {
+	var v datapathSettingsValue
+	if err := d.objs.Settings.Lookup(uint32(0), &v); err != nil {
+		return false, fmt.Errorf("reading settings: %w", err)
+	}
+	return v.Flags&settingObserveOnly != 0, nil
 }
 
 // Rule is what the spread actor needs to know about one compiled rule.

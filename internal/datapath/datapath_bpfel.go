@@ -100,6 +100,12 @@ type datapathRule struct {
 	Paths  [16]uint8
 }
 
+type datapathSettingsValue struct {
+	_        structs.HostLayout
+	Flags    uint32
+	Reserved [15]uint32
+}
+
 type datapathStatId uint32
 
 const (
@@ -117,7 +123,8 @@ const (
 	datapathStatIdSTAT_NO_PATH            datapathStatId = 11
 	datapathStatIdSTAT_PATHS_EXHAUSTED    datapathStatId = 12
 	datapathStatIdSTAT_MPTCP_OPT_INVALID  datapathStatId = 13
-	datapathStatIdSTAT_MAX                datapathStatId = 14
+	datapathStatIdSTAT_OBSERVED           datapathStatId = 14
+	datapathStatIdSTAT_MAX                datapathStatId = 15
 )
 
 type datapathSubflow struct {
@@ -140,6 +147,7 @@ const (
 	datapathMapNics               = "nics"
 	datapathMapPathCounters       = "path_counters"
 	datapathMapRules              = "rules"
+	datapathMapSettings           = "settings"
 	datapathMapStats              = "stats"
 	datapathMapSubflows           = "subflows"
 	datapathProgNicIngress        = "nic_ingress"
@@ -207,6 +215,7 @@ type datapathMapSpecs struct {
 	Nics         *ebpf.MapSpec `ebpf:"nics"`
 	PathCounters *ebpf.MapSpec `ebpf:"path_counters"`
 	Rules        *ebpf.MapSpec `ebpf:"rules"`
+	Settings     *ebpf.MapSpec `ebpf:"settings"`
 	Stats        *ebpf.MapSpec `ebpf:"stats"`
 	Subflows     *ebpf.MapSpec `ebpf:"subflows"`
 }
@@ -248,6 +257,7 @@ type datapathMaps struct {
 	Nics         *ebpf.Map `ebpf:"nics"`
 	PathCounters *ebpf.Map `ebpf:"path_counters"`
 	Rules        *ebpf.Map `ebpf:"rules"`
+	Settings     *ebpf.Map `ebpf:"settings"`
 	Stats        *ebpf.Map `ebpf:"stats"`
 	Subflows     *ebpf.Map `ebpf:"subflows"`
 }
@@ -261,6 +271,7 @@ func (m *datapathMaps) Close() error {
 		m.Nics,
 		m.PathCounters,
 		m.Rules,
+		m.Settings,
 		m.Stats,
 		m.Subflows,
 	)

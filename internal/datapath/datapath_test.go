@@ -457,3 +457,119 @@ func TestForgetSubflowAndConnection(t *testing.T) {
 		t.Fatalf("subflows after ForgetSubflow: %+v, %v", sfs, err)
 	}
 }
+
+// In observe-only mode the programs record what they would do and change
+// nothing: a placing SYN, a placed subflow's data and a NIC arrival keep
+// their mark (bits inside the mask included) and every byte (run checks
+// the bytes), while the subflow table, the connection table and the
+// counters show the placement. Switching it off marks again at once, with
+// the same programs: no reload, no re-attach.
+func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
+	dp := loadForTest(t)
+	if on, err := dp.ObserveOnly(); err != nil || on {
+		t.Fatalf("ObserveOnly() of a fresh datapath = %v, %v; want off", on, err)
+	}
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, pod := range []netip.Addr{clientPod, serverPod} {
+		if err := dp.SetEndpoint(pod, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const nic2Ifindex = 7
+	if err := dp.SetNIC(nic2Ifindex, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetObserveOnly(true); err != nil {
+		t.Fatal(err)
+	}
+	if on, err := dp.ObserveOnly(); err != nil || !on {
+		t.Fatalf("ObserveOnly() after SetObserveOnly(true) = %v, %v", on, err)
+	}
+
+	// Foreign bits and bits inside our mask: all must survive.
+	const before = 0x4000 | 0x00300000
+	podEgress, nicIngress := dp.Program(HookPodEgress), dp.Program(HookNICIngress)
+	const clientKey, serverKey = 0x1111, 0x2222
+	data := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: []byte("hello")}}.Bytes()
+	arrival := syn(netip.MustParseAddr("10.244.3.11"), 45000, serverPod, 5201, testpkt.MPCapableSYN())
+	packets := []struct {
+		name  string
+		prog  *ebpf.Program
+		frame []byte
+		in    skbContext
+	}{
+		{"placing MP_CAPABLE SYN", podEgress, syn(clientPod, 40000, serverPod, 80, testpkt.MPCapableSYN()), skbContext{Mark: before}},
+		{"MP_CAPABLE ACK (learns the connection)", podEgress, capableACK(clientPod, 40000, serverPod, 80, clientKey, serverKey), skbContext{Mark: before}},
+		{"placing MP_JOIN SYN", podEgress, syn(clientPod, 40001, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)), skbContext{Mark: before}},
+		{"data of the placed subflow", podEgress, data, skbContext{Mark: before}},
+		{"SYN arriving on a NIC", nicIngress, arrival, skbContext{Mark: before, IngressIfindex: nic2Ifindex}},
+	}
+	for _, p := range packets {
+		if m := run(t, p.prog, p.frame, p.in); m != before {
+			t.Errorf("observe-only: %s: mark %#x became %#x", p.name, uint32(before), m)
+		}
+	}
+
+	stats, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[Stat]uint64{
+		// Every packet above is one the datapath would have marked.
+		StatObserved: uint64(len(packets)), StatMarked: 0,
+		StatSubflowPlaced: 2, StatSubflowMirrored: 1, StatTokenLearnt: 1, StatJoinTokenKnown: 1,
+	}
+	for s, n := range want {
+		if stats[s] != n {
+			t.Errorf("observe-only: counter %d = %d, want %d", s, stats[s], n)
+		}
+	}
+	sfs, err := dp.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := map[netip.AddrPort]Subflow{}
+	for _, sf := range sfs {
+		paths[sf.Local] = sf
+	}
+	initial, join := paths[netip.AddrPortFrom(clientPod, 40000)], paths[netip.AddrPortFrom(clientPod, 40001)]
+	mirrored := paths[netip.AddrPortFrom(serverPod, 5201)]
+	if len(sfs) != 3 || initial.Role != RoleInitiator || join.Role != RoleInitiator || initial.Path == join.Path ||
+		mirrored.Role != RoleResponder || mirrored.Path != 1 {
+		t.Fatalf("observe-only: subflow table %+v; want the initial subflow and its join on distinct paths, and the arrival on path 1", sfs)
+	}
+	if conns, err := dp.Connections(); err != nil || len(conns) != 1 || conns[0].UsedPaths != 0b11 {
+		t.Fatalf("observe-only: connections %+v (%v); want one using both paths", conns, err)
+	}
+	ps, err := dp.PathStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps[initial.Path].TxPackets != 3 || ps[join.Path].TxPackets != 1 || ps[1].RxPackets != 1 {
+		t.Errorf("observe-only: path counters %+v; want what the packets would have carried", ps[:2])
+	}
+
+	// Off again: the same programs mark, from the recorded paths.
+	if err := dp.SetObserveOnly(false); err != nil {
+		t.Fatal(err)
+	}
+	if on, err := dp.ObserveOnly(); err != nil || on {
+		t.Fatalf("ObserveOnly() after SetObserveOnly(false) = %v, %v", on, err)
+	}
+	m := run(t, podEgress, data, skbContext{Mark: before})
+	if m != (before&^dp.markMask)|dp.Mark(initial.Path) {
+		t.Errorf("after observe-only: data mark %#x, want path %d's with foreign bits kept", m, initial.Path)
+	}
+	if m := run(t, nicIngress, arrival, skbContext{Mark: before, IngressIfindex: nic2Ifindex}); dp.pathOfMark(t, m) != 1 {
+		t.Errorf("after observe-only: arrival marked %#x, want path 1", m)
+	}
+	stats, err = dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats[StatMarked] != 2 || stats[StatObserved] != uint64(len(packets)) {
+		t.Errorf("after observe-only: marked %d, observed %d; want 2 and %d", stats[StatMarked], stats[StatObserved], len(packets))
+	}
+}

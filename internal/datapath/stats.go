@@ -24,7 +24,10 @@ const (
 	StatNoPath           = datapathStatIdSTAT_NO_PATH
 	StatPathsExhausted   = datapathStatIdSTAT_PATHS_EXHAUSTED
 	StatMPTCPOptInvalid  = datapathStatIdSTAT_MPTCP_OPT_INVALID
-	numStats             = int(datapathStatIdSTAT_MAX)
+	// StatObserved counts, in observe-only mode, the packets that would
+	// have been given a path mark (StatMarked otherwise).
+	StatObserved = datapathStatIdSTAT_OBSERVED
+	numStats     = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.
