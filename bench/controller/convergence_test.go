@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -22,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 )
@@ -358,32 +358,7 @@ func writeReport(path string, sc scale, results []result) error {
 	b.WriteString("\nA node state holds only its own node's paths and pods, so its size depends on pods per node and rules " +
 		"per pod, not on the number of nodes; peers' per-path addresses travel on Node annotations instead.\n")
 
-	old, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	text := string(old)
-	if text == "" {
-		text = "# Benchmarks\n\n"
-	}
-	re := regexp.MustCompile(`(?ms)^` + regexp.QuoteMeta(section) + `\n.*?(^## |\z)`)
-	if loc := re.FindStringSubmatchIndex(text); loc != nil {
-		rest := text[loc[2]:]
-		if loc[2] == loc[3] {
-			rest = ""
-		}
-		text = text[:loc[0]] + b.String() + sepIfNeeded(rest) + rest
-	} else {
-		text = strings.TrimRight(text, "\n") + "\n\n" + b.String()
-	}
-	return os.WriteFile(path, []byte(text), 0o644)
-}
-
-func sepIfNeeded(rest string) string {
-	if rest == "" {
-		return ""
-	}
-	return "\n"
+	return benchdoc.ReplaceSection(path, section, b.String())
 }
 
 func byResource(w testenv.Writes) string {

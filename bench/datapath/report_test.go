@@ -4,10 +4,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"regexp"
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
 )
 
 const section = "## Datapath: nanoseconds per packet"
@@ -50,29 +51,7 @@ func writeReport(path string) error {
 	b.WriteString("\nOne run per syscall adds the kernel's per-run timing and a cold start to every packet, so placements " +
 		"are compared with the empty program measured that way, not with the repeated one.\n")
 
-	old, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	text := string(old)
-	if text == "" {
-		text = "# Benchmarks\n\n"
-	}
-	re := regexp.MustCompile(`(?ms)^` + regexp.QuoteMeta(section) + `\n.*?(^## |\z)`)
-	if loc := re.FindStringSubmatchIndex(text); loc != nil {
-		rest := text[loc[2]:]
-		if loc[2] == loc[3] {
-			rest = ""
-		}
-		sep := ""
-		if rest != "" {
-			sep = "\n"
-		}
-		text = text[:loc[0]] + b.String() + sep + rest
-	} else {
-		text = strings.TrimRight(text, "\n") + "\n\n" + b.String()
-	}
-	return os.WriteFile(path, []byte(text), 0o644)
+	return benchdoc.ReplaceSection(path, section, b.String())
 }
 
 func cpuModel() string {

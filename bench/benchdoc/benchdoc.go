@@ -1,0 +1,38 @@
+// Package benchdoc writes benchmark results into docs/benchmarks.md, one
+// "## " section per benchmark, so that each benchmark rewrites its own
+// section and leaves the others' alone.
+package benchdoc
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"regexp"
+	"strings"
+)
+
+// ReplaceSection replaces the section that starts with the line heading
+// (e.g. "## Controller convergence") with body, which must start with that
+// heading; a missing section is appended and a missing file created.
+func ReplaceSection(path, heading, body string) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	text := string(old)
+	if text == "" {
+		text = "# Benchmarks\n\n"
+	}
+	re := regexp.MustCompile(`(?ms)^` + regexp.QuoteMeta(heading) + `\n.*?(^## |\z)`)
+	if loc := re.FindStringSubmatchIndex(text); loc != nil {
+		rest := text[loc[2]:]
+		sep := "\n"
+		if loc[2] == loc[3] {
+			rest, sep = "", ""
+		}
+		text = text[:loc[0]] + body + sep + rest
+	} else {
+		text = strings.TrimRight(text, "\n") + "\n\n" + body
+	}
+	return os.WriteFile(path, []byte(text), 0o644)
+}
