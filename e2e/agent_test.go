@@ -236,17 +236,7 @@ func TestAgentKilledMidTransferRestartsWithoutDisturbingConnections(t *testing.T
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(analysis.Connections) != total {
-		t.Fatalf("captures show %d MPTCP connections, the clients opened %d", len(analysis.Connections), total)
-	}
-	for _, c := range analysis.Connections {
-		if len(c.Subflows) != 2 {
-			t.Errorf("connection %08x has %d subflows, want one per NIC: %v", c.Token, len(c.Subflows), c.Subflows)
-		}
-	}
-	if err := analysis.CheckPlacement(1, 2); err != nil {
-		t.Fatalf("placement:\n%v", err)
-	}
+	requireSpread(t, analysis, total, 2, "across the restart")
 	resets, err := framework.Resets(caps.Files)
 	if err != nil {
 		t.Fatal(err)
@@ -481,17 +471,7 @@ func TestBadConfigIsReportedAndTheLastGoodOneStaysEnforced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(analysis.Connections) != conns {
-		t.Fatalf("captures show %d MPTCP connections, the client opened %d", len(analysis.Connections), conns)
-	}
-	for _, c := range analysis.Connections {
-		if len(c.Subflows) != 2 {
-			t.Errorf("connection %08x has %d subflows, want one per NIC", c.Token, len(c.Subflows))
-		}
-	}
-	if err := analysis.CheckPlacement(1, 2); err != nil {
-		t.Fatalf("placement after bad configurations:\n%v", err)
-	}
+	requireSpread(t, analysis, conns, 2, "after bad configurations")
 }
 
 // The agent runs with exactly the capabilities it declares, nothing more:
@@ -681,17 +661,7 @@ func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(analysis.Connections) != conns {
-		t.Fatalf("captures show %d MPTCP connections after the switch, the client opened %d", len(analysis.Connections), conns)
-	}
-	for _, c := range analysis.Connections {
-		if len(c.Subflows) != 2 {
-			t.Errorf("connection %08x has %d subflows, want one per NIC", c.Token, len(c.Subflows))
-		}
-	}
-	if err := analysis.CheckPlacement(1, 2); err != nil {
-		t.Fatalf("placement after observe-only was switched off:\n%v", err)
-	}
+	requireSpread(t, analysis, conns, 2, "after observe-only was switched off")
 	for _, a := range agents {
 		s := scrape(t, a)
 		if v := metric(t, s, "mptcp_agent_observe_only"); v != 0 {
@@ -700,5 +670,23 @@ func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 		if n := events(s, datapath.StatMarked); n < 100 {
 			t.Errorf("node %d: %v packets marked after the switch", a.Node.Index, n)
 		}
+	}
+}
+
+// requireSpread fails the test unless the captures show conns MPTCP
+// connections of nics subflows each, every subflow on one NIC of each node in
+// both directions and the subflows of a connection on distinct NICs.
+func requireSpread(t *testing.T, analysis *testbed.Analysis, conns, nics int, when string) {
+	t.Helper()
+	if len(analysis.Connections) != conns {
+		t.Fatalf("%s: captures show %d MPTCP connections, the clients opened %d", when, len(analysis.Connections), conns)
+	}
+	for _, c := range analysis.Connections {
+		if len(c.Subflows) != nics {
+			t.Errorf("%s: connection %08x has %d subflows, want one per NIC (%d): %v", when, c.Token, len(c.Subflows), nics, c.Subflows)
+		}
+	}
+	if err := analysis.CheckPlacement(1, 2); err != nil {
+		t.Fatalf("%s: placement:\n%v", when, err)
 	}
 }
