@@ -325,15 +325,7 @@ func TestPodRemovedFromConfigLeavesNothingBehind(t *testing.T) {
 
 	// The kept pod's connections are spread; the removed pod's have no
 	// joins (nobody opens them any more, and nothing steers them).
-	caps, err := bed.StartCaptures("tcp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	runFlows(t, bed, clientServerTraffic(bed), 2*time.Second)
-	analysis, err := caps.Analyze()
-	if err != nil {
-		t.Fatal(err)
-	}
+	analysis, _ := captureFlows(t, bed, clientServerTraffic(bed))
 	for _, c := range analysis.Connections {
 		want := 2
 		if c.Subflows[0].Src.Addr() == removed.Addr {
@@ -462,15 +454,7 @@ func TestBadConfigIsReportedAndTheLastGoodOneStaysEnforced(t *testing.T) {
 		t.Errorf("/readyz answered %d (%v) after bad configurations; the good one is still enforced", code, err)
 	}
 
-	caps, err := bed.StartCaptures("tcp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conns := runFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: 2}}, 2*time.Second)
-	analysis, err := caps.Analyze()
-	if err != nil {
-		t.Fatal(err)
-	}
+	analysis, conns := captureFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: 2}})
 	requireSpread(t, analysis, conns, 2, "after bad configurations")
 }
 
@@ -537,15 +521,7 @@ func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
 	traffic := []flow{{client: client, server: server, port: 5201, conns: 2}}
 
-	caps, err := bed.StartCaptures("tcp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conns := runFlows(t, bed, traffic, 2*time.Second)
-	analysis, err := caps.Analyze()
-	if err != nil {
-		t.Fatal(err)
-	}
+	analysis, conns := captureFlows(t, bed, traffic)
 	if len(analysis.Connections) != conns {
 		t.Fatalf("captures show %d MPTCP connections, the client opened %d", len(analysis.Connections), conns)
 	}
@@ -651,16 +627,8 @@ func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 		t.Errorf("TCX links before switching observe-only off %v, after %v: want one per NIC and pod veth, unchanged", links, after)
 	}
 
-	caps, err = bed.StartCaptures("tcp")
-	if err != nil {
-		t.Fatal(err)
-	}
 	traffic[0].port = 5202
-	conns = runFlows(t, bed, traffic, 2*time.Second)
-	analysis, err = caps.Analyze()
-	if err != nil {
-		t.Fatal(err)
-	}
+	analysis, conns = captureFlows(t, bed, traffic)
 	requireSpread(t, analysis, conns, 2, "after observe-only was switched off")
 	for _, a := range agents {
 		s := scrape(t, a)

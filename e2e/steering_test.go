@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -33,6 +34,25 @@ func runFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) int
 // connections.
 func startFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) (wait func() int) {
 	t.Helper()
+	w := launchFlows(t, bed, flows, d)
+	return func() int {
+		t.Helper()
+		n, err := w()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+}
+
+// errTraffic marks a failure of the traffic itself (a connection that failed
+// or a stream that arrived changed), as opposed to a failure to set it up.
+var errTraffic = errors.New("traffic failed")
+
+// launchFlows is startFlows returning the traffic's failures as errors
+// wrapping errTraffic.
+func launchFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) (wait func() (int, error)) {
+	t.Helper()
 	ctx := background(t)
 	servers := make([]*testbed.TrafficServer, len(flows))
 	for i, f := range flows {
@@ -54,13 +74,24 @@ func startFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) (
 			results <- result{sent, err}
 		}()
 	}
-	return func() int {
-		t.Helper()
+	stop := func() {
+		for _, s := range servers {
+			_ = s.Proc.Stop(2 * time.Second)
+		}
+	}
+	return func() (int, error) {
 		total := 0
+		var failed []string
 		for range flows {
 			r := <-results
 			if r.err != nil {
-				t.Fatal(r.err)
+				for _, c := range r.sent {
+					if c.Error != "" {
+						failed = append(failed, fmt.Sprintf("connection %d from %s to %s after %d bytes: %s", c.Conn, c.Local, c.Remote, c.Bytes, c.Error))
+					}
+				}
+				failed = append(failed, r.err.Error())
+				continue
 			}
 			total += len(r.sent)
 			// Every server reports its connections; match this client's.
@@ -68,7 +99,8 @@ func startFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) (
 			for _, s := range servers {
 				reps, err := s.Reports()
 				if err != nil {
-					t.Fatal(err)
+					stop()
+					return 0, err
 				}
 				got = append(got, reps...)
 			}
@@ -77,7 +109,8 @@ func startFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) (
 				if _, err := testbed.MatchReports(r.sent, got); err == nil {
 					break
 				} else if time.Now().After(deadline) {
-					t.Fatalf("data check: %v", err)
+					failed = append(failed, "data check: "+err.Error())
+					break
 				}
 				time.Sleep(100 * time.Millisecond)
 				got = got[:0]
@@ -87,10 +120,47 @@ func startFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) (
 				}
 			}
 		}
-		for _, s := range servers {
-			_ = s.Proc.Stop(2 * time.Second)
+		stop()
+		if failed != nil {
+			return total, fmt.Errorf("%w:\n%s", errTraffic, strings.Join(failed, "\n"))
 		}
-		return total
+		return total, nil
+	}
+}
+
+// capturedTransfer is how long captured transfers last: long enough for
+// every subflow to carry data both ways, short enough to decode quickly.
+const capturedTransfer = 2 * time.Second
+
+// captureFlows runs flows with captures on every wire and returns what
+// tshark makes of them, with the number of connections. On this kernel a
+// transfer under heavy load (several dumpcaps on two cores) has been seen to
+// stall for seconds, and a stalled MPTCP connection once delivered a changed
+// stream, also without the agent (see docs/testing.md). Such a traffic
+// failure is logged and the transfer tried again, at most three times in all;
+// the placement checks apply to the attempt whose traffic was whole.
+func captureFlows(t *testing.T, bed *testbed.Bed, flows []flow) (*testbed.Analysis, int) {
+	t.Helper()
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		caps, err := bed.StartCaptures("tcp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns, err := launchFlows(t, bed, flows, capturedTransfer)()
+		if err != nil {
+			_, _ = caps.Stop()
+			if !errors.Is(err, errTraffic) || attempt == attempts {
+				t.Fatalf("attempt %d of %d: %v", attempt, attempts, err)
+			}
+			t.Logf("attempt %d of %d, trying again: %v", attempt, attempts, err)
+			continue
+		}
+		analysis, err := caps.Analyze()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return analysis, conns
 	}
 }
 
@@ -182,15 +252,7 @@ func TestSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			caps, err := bed.StartCaptures("tcp")
-			if err != nil {
-				t.Fatal(err)
-			}
-			conns := runFlows(t, bed, flows, 2*time.Second)
-			analysis, err := caps.Analyze()
-			if err != nil {
-				t.Fatal(err)
-			}
+			analysis, conns := captureFlows(t, bed, flows)
 
 			if len(analysis.Connections) != conns {
 				t.Fatalf("captures show %d MPTCP connections, the clients opened %d", len(analysis.Connections), conns)
@@ -262,15 +324,7 @@ func TestWithoutTheAgentSubflowsAreNotSpread(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	caps, err := bed.StartCaptures("tcp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	runFlows(t, bed, clientServerTraffic(bed), 2*time.Second)
-	analysis, err := caps.Analyze()
-	if err != nil {
-		t.Fatal(err)
-	}
+	analysis, _ := captureFlows(t, bed, clientServerTraffic(bed))
 	joins := 0
 	for _, c := range analysis.Connections {
 		joins += len(c.Subflows) - 1

@@ -120,8 +120,15 @@ func MatchReports(sent []SenderReport, got []ServerReport) (map[string]ServerRep
 			return byRemote, fmt.Errorf("connection %d from %s: no server report", s.Conn, s.Local)
 		}
 		if r.Bytes != s.Bytes || r.SHA256 != s.SHA256 {
-			return byRemote, fmt.Errorf("connection %d from %s: sent %d bytes sha256 %s, received %d bytes sha256 %s; %s",
-				s.Conn, s.Local, s.Bytes, s.SHA256, r.Bytes, r.SHA256, firstDifference(s.Blocks, r.Blocks))
+			var all []string
+			for _, x := range sent {
+				all = append(all, fmt.Sprintf("sent %d %s %d %.8s", x.Conn, x.Local, x.Bytes, x.SHA256))
+			}
+			for _, x := range got {
+				all = append(all, fmt.Sprintf("got %s->%s %d %.8s", x.Remote, x.Local, x.Bytes, x.SHA256))
+			}
+			return byRemote, fmt.Errorf("connection %d from %s: sent %d bytes sha256 %s, received %d bytes sha256 %s; %s; all reports: %v",
+				s.Conn, s.Local, s.Bytes, s.SHA256, r.Bytes, r.SHA256, firstDifference(s.Blocks, r.Blocks), all)
 		}
 	}
 	return byRemote, nil
