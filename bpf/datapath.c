@@ -11,6 +11,9 @@
  *       MP_CAPABLE ACK (keys)    -> learn the connection's two tokens
  *       new MP_JOIN SYN          -> spread: a path no subflow of the
  *                                   connection uses yet
+ *   pod_ingress (TC egress of a pod's host-side veth: what the pod receives)
+ *       known subflow            -> the actors that act on packets into the
+ *                                   pod (none yet: counted only)
  *   nic_ingress (TC ingress of a path's NIC)
  *       anything for a selected pod -> mark with the NIC's path (reverse-path
  *                                   filtering with src_valid_mark then sees
@@ -330,8 +333,8 @@ static __always_inline __u32 claim_path(struct rule *r, struct conn *c, __u32 np
 }
 
 /* place_subflow chooses the path of a new subflow the pod opens. */
-static __always_inline int place_subflow(struct __sk_buff *skb, const struct packet *pkt, struct rule *r,
-					 struct subflow *sf)
+static __always_inline int place_subflow(struct __sk_buff *skb, const struct packet *pkt, __u32 rule_id,
+					 struct rule *r, struct subflow *sf)
 {
 	__u32 npaths = r->npaths;
 	__u32 slot;
@@ -366,6 +369,7 @@ static __always_inline int place_subflow(struct __sk_buff *skb, const struct pac
 	sf->path = r->paths[slot & MAX_PATHS];
 placed:
 	sf->role = ROLE_INITIATOR;
+	sf->rule = rule_id;
 	sf->created_ns = bpf_ktime_get_ns();
 	count(STAT_SUBFLOW_PLACED);
 	return 0;
@@ -436,12 +440,32 @@ int pod_egress(struct __sk_buff *skb)
 	r = bpf_map_lookup_elem(&rules, &rule_id);
 	if (!r)
 		return TCX_NEXT;
-	if (place_subflow(skb, &pkt, r, &nsf))
+	if (place_subflow(skb, &pkt, rule_id, r, &nsf))
 		return TCX_NEXT;
 
 	bpf_map_update_elem(&subflows, &fk, &nsf, BPF_ANY);
 	set_path_mark(skb, nsf.path);
 	count_path(nsf.path, pkt.len, true);
+	return TCX_NEXT;
+}
+
+/* pod_ingress sees what a selected pod receives, after routing chose the pod
+ * (TC egress of its host-side veth). Actors that act on the way into the pod
+ * hook in here: they find the subflow (keyed as the pod sends it) and its
+ * rule. */
+SEC("tc")
+int pod_ingress(struct __sk_buff *skb)
+{
+	struct packet pkt = {};
+	struct flow_key fk = {};
+	struct subflow *sf;
+
+	if (parse_counted(skb, &pkt) != PARSE_OK)
+		return TCX_NEXT;
+	flow_key_from(&fk, &pkt, true);
+	sf = bpf_map_lookup_elem(&subflows, &fk);
+	if (!sf)
+		return TCX_NEXT;
 	return TCX_NEXT;
 }
 
@@ -452,6 +476,7 @@ int nic_ingress(struct __sk_buff *skb)
 	struct flow_key fk = {};
 	struct subflow nsf = {};
 	__u32 ifindex = skb->ingress_ifindex;
+	struct endpoint *ep;
 	struct nic *n;
 
 	n = bpf_map_lookup_elem(&nics, &ifindex);
@@ -459,7 +484,8 @@ int nic_ingress(struct __sk_buff *skb)
 		return TCX_NEXT;
 	if (parse_counted(skb, &pkt) != PARSE_OK)
 		return TCX_NEXT;
-	if (!lookup_endpoint(pkt.family, pkt.daddr))
+	ep = lookup_endpoint(pkt.family, pkt.daddr);
+	if (!ep)
 		return TCX_NEXT;
 
 	set_path_mark(skb, n->path);
@@ -495,6 +521,7 @@ int nic_ingress(struct __sk_buff *skb)
 	flow_key_from(&fk, &pkt, true);
 	nsf.path = n->path;
 	nsf.role = ROLE_RESPONDER;
+	nsf.rule = ep->rule;
 	nsf.created_ns = bpf_ktime_get_ns();
 	bpf_map_update_elem(&subflows, &fk, &nsf, BPF_ANY);
 	count(STAT_SUBFLOW_MIRRORED);

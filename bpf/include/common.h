@@ -80,7 +80,7 @@ struct subflow {
 	__u32 path;  /* path index, 0-based */
 	__u32 role;  /* enum subflow_role */
 	__u32 token; /* MP_JOIN token (receiver's), 0 for the initial subflow */
-	__u32 pad;
+	__u32 rule;  /* the rule that selected it: actors read their data there */
 	__u64 created_ns;
 };
 

@@ -166,6 +166,7 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 			wantEndpoints[ip.String()] = true
 		}
 		wantAttach[datapath.Attachment{Interface: pod.HostInterface, Hook: datapath.HookPodEgress}] = true
+		wantAttach[datapath.Attachment{Interface: pod.HostInterface, Hook: datapath.HookPodIngress}] = true
 	}
 
 	for att := range wantAttach {

@@ -287,7 +287,10 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	if atts, err := dp.Attachments(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.attachments, fmt.Errorf("reading attachments: %w", err))
 	} else {
-		byHook := map[datapath.Hook]int{datapath.HookPodEgress: 0, datapath.HookNICIngress: 0}
+		byHook := map[datapath.Hook]int{}
+		for _, h := range datapath.Hooks {
+			byHook[h] = 0
+		}
 		for _, att := range atts {
 			byHook[att.Hook]++
 		}

@@ -21,9 +21,16 @@ type Hook string
 const (
 	// HookPodEgress is the TC ingress of a pod's host-side veth: what the pod sends.
 	HookPodEgress Hook = "pod-egress"
+	// HookPodIngress is the TC egress of a pod's host-side veth: what the
+	// pod receives. Actors that steer the pod's own sending (backup) or the
+	// peer's (window) rewrite packets here, on their way into the pod.
+	HookPodIngress Hook = "pod-ingress"
 	// HookNICIngress is the TC ingress of a path's NIC.
 	HookNICIngress Hook = "nic-ingress"
 )
+
+// Hooks lists every hook, in the order the agent attaches them.
+var Hooks = []Hook{HookPodEgress, HookPodIngress, HookNICIngress}
 
 // Attachment is one program attached to one interface through a TCX link.
 type Attachment struct {
@@ -31,14 +38,16 @@ type Attachment struct {
 	Hook      Hook
 }
 
-// hookProgram returns the program for a hook and where it attaches. Both
-// hooks are TC ingress for now; the attach type stays per hook because the
-// next actors (backup, rate) act on packets into pods, at TC egress.
-func (d *Datapath) hookProgram(h Hook) (*ebpf.Program, ebpf.AttachType) { //nolint:unparam // see above
-	if h == HookPodEgress {
+// hookProgram returns the program for a hook and where it attaches.
+func (d *Datapath) hookProgram(h Hook) (*ebpf.Program, ebpf.AttachType) {
+	switch h {
+	case HookPodEgress:
 		return d.objs.PodEgress, ebpf.AttachTCXIngress
+	case HookPodIngress:
+		return d.objs.PodIngress, ebpf.AttachTCXEgress
+	default:
+		return d.objs.NicIngress, ebpf.AttachTCXIngress
 	}
-	return d.objs.NicIngress, ebpf.AttachTCXIngress
 }
 
 // linkPin is links/<hook>/<interface>. bpffs refuses names with a dot, which
@@ -127,7 +136,7 @@ func (d *Datapath) Detach(a Attachment) error {
 // Attachments lists the links pinned by this datapath.
 func (d *Datapath) Attachments() ([]Attachment, error) {
 	var out []Attachment
-	for _, hook := range []Hook{HookPodEgress, HookNICIngress} {
+	for _, hook := range Hooks {
 		entries, err := os.ReadDir(filepath.Join(d.pinDir, linkPinSubdir, string(hook)))
 		if errors.Is(err, os.ErrNotExist) {
 			continue

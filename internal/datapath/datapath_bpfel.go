@@ -132,7 +132,7 @@ type datapathSubflow struct {
 	Path      uint32
 	Role      uint32
 	Token     uint32
-	Pad       uint32
+	Rule      uint32
 	CreatedNs uint64
 }
 
@@ -152,6 +152,7 @@ const (
 	datapathMapSubflows           = "subflows"
 	datapathProgNicIngress        = "nic_ingress"
 	datapathProgPodEgress         = "pod_egress"
+	datapathProgPodIngress        = "pod_ingress"
 	datapathVarMarkMask           = "mark_mask"
 	datapathVarMarkShift          = "mark_shift"
 	datapathVarUnusedMptcpSubtype = "unused_mptcp_subtype"
@@ -202,6 +203,7 @@ type datapathSpecs struct {
 type datapathProgramSpecs struct {
 	NicIngress *ebpf.ProgramSpec `ebpf:"nic_ingress"`
 	PodEgress  *ebpf.ProgramSpec `ebpf:"pod_egress"`
+	PodIngress *ebpf.ProgramSpec `ebpf:"pod_ingress"`
 }
 
 // datapathMapSpecs contains maps before they are loaded into the kernel.
@@ -293,12 +295,14 @@ type datapathVariables struct {
 type datapathPrograms struct {
 	NicIngress *ebpf.Program `ebpf:"nic_ingress"`
 	PodEgress  *ebpf.Program `ebpf:"pod_egress"`
+	PodIngress *ebpf.Program `ebpf:"pod_ingress"`
 }
 
 func (p *datapathPrograms) Close() error {
 	return _DatapathClose(
 		p.NicIngress,
 		p.PodEgress,
+		p.PodIngress,
 	)
 }
 
