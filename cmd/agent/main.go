@@ -81,7 +81,7 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 		status.MetricsAddress = addr.String()
 		log.Info("serving metrics and probes", "addr", status.MetricsAddress)
 	}
-	reconcile := func(next *agent.Config) {
+	reconcile := func(next *agent.Config) error {
 		status.Reconciles++
 		start := time.Now()
 		err := a.Reconcile(ctx, next)
@@ -97,8 +97,13 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 		if err := a.WriteStatus(status); err != nil {
 			log.Error("writing status", "err", err)
 		}
+		return err
 	}
-	reconcile(cfg)
+	// A map migration started by New is committed only once the new
+	// programs run a whole reconciled node; otherwise it is rolled back.
+	if err := a.FinishMigration(reconcile(cfg)); err != nil {
+		return err
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -114,7 +119,7 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 				_ = a.WriteStatus(status)
 				continue
 			}
-			reconcile(next)
+			_ = reconcile(next)
 		}
 	}
 }

@@ -40,7 +40,9 @@ func New(cfg *Config, log *slog.Logger) (*Agent, error) {
 	if err := ensureBPFFS(); err != nil {
 		return nil, err
 	}
-	dp, err := datapath.Load(datapath.Options{PinDir: cfg.PinDir, MarkMask: cfg.MarkMask})
+	// Migrate: pinned maps an earlier release laid out differently are
+	// converted now and settled by FinishMigration after the first reconcile.
+	dp, err := datapath.Load(datapath.Options{PinDir: cfg.PinDir, MarkMask: cfg.MarkMask, Migrate: true, Log: log})
 	if err != nil {
 		return nil, err
 	}
