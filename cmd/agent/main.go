@@ -3,7 +3,8 @@
 // configuration: `agent -config node.yaml` runs until SIGTERM (leaving the
 // datapath pinned and steering), SIGHUP re-reads the file, and
 // `agent -config node.yaml -uninstall` removes everything the agent created.
-// It serves Prometheus metrics, /healthz and /readyz on -metrics-addr.
+// It serves Prometheus metrics, /healthz and /readyz on -metrics-addr, and
+// per-connection detail to root on the unix socket <stateDir>/agent.sock.
 package main
 
 import (
@@ -81,6 +82,14 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 		status.MetricsAddress = addr.String()
 		log.Info("serving metrics and probes", "addr", status.MetricsAddress)
 	}
+	// The local API: per-connection detail for root on this node.
+	sock, waitAPI, err := a.ServeLocalAPI(ctx)
+	if err != nil {
+		return err
+	}
+	defer waitAPI()
+	defer stop()
+	status.LocalAPISocket = sock
 	reconcile := func(next *agent.Config) error {
 		status.Reconciles++
 		start := time.Now()
