@@ -90,11 +90,18 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 	defer waitAPI()
 	defer stop()
 	status.LocalAPISocket = sock
-	reconcile := func(next *agent.Config) error {
+	// settle, when set, runs after the reconcile and before the status is
+	// written, so that a status showing the reconcile shows its outcome.
+	reconcile := func(next *agent.Config, settle func(error) error) error {
 		status.Reconciles++
 		start := time.Now()
 		err := a.Reconcile(ctx, next)
 		metrics.ObserveReconcile(start, err)
+		if settle != nil {
+			if serr := settle(err); serr != nil {
+				err = serr
+			}
+		}
 		if err != nil {
 			status.Error = err.Error()
 			log.Error("reconcile failed; the last good configuration stays in force", "err", err)
@@ -110,8 +117,13 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 	}
 	// A map migration started by New is committed only once the new
 	// programs run a whole reconciled node; otherwise it is rolled back.
-	if err := a.FinishMigration(reconcile(cfg)); err != nil {
-		return err
+	var fatal error
+	_ = reconcile(cfg, func(err error) error {
+		fatal = a.FinishMigration(err)
+		return fatal
+	})
+	if fatal != nil {
+		return fatal
 	}
 	for {
 		select {
@@ -128,7 +140,7 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 				_ = a.WriteStatus(status)
 				continue
 			}
-			_ = reconcile(next)
+			_ = reconcile(next, nil)
 		}
 	}
 }
