@@ -16,7 +16,7 @@ import (
 func BuildRelease(dir, commit string) (string, error) {
 	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
 	if err != nil {
-		return "", fmt.Errorf("%w: not in a git checkout: %v", ErrNoHistory, err)
+		return "", fmt.Errorf("%w: not in a git checkout: %w", ErrNoHistory, err)
 	}
 	repo := strings.TrimSpace(string(top))
 	if err := exec.Command("git", "-C", repo, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -45,7 +46,8 @@ func asNobody(t *testing.T, sock, path string) (int, string) {
 	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
 		"curl", "-sS", "--max-time", "5", "-w", "\nHTTP %{http_code}", "--unix-socket", sock, "http://agent"+path)
 	out, err := cmd.CombinedOutput()
-	if ee, ok := err.(*exec.ExitError); ok {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
 		return ee.ExitCode(), string(out)
 	} else if err != nil {
 		t.Fatal(err)

@@ -98,7 +98,7 @@ func Load(opts Options) (*Datapath, error) {
 	}
 	if err := spec.LoadAndAssign(&dp.objs, &copts); err != nil {
 		if dp.migration != nil {
-			dp.migration.closeMaps(true)
+			dp.migration.closeMaps()
 		}
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {

@@ -86,12 +86,10 @@ func (m *migration) names() []string {
 	return out
 }
 
-func (m *migration) closeMaps(newToo bool) {
+func (m *migration) closeMaps() {
 	for _, mm := range m.maps {
 		_ = mm.old.Close()
-		if newToo {
-			_ = mm.new.Close()
-		}
+		_ = mm.new.Close()
 	}
 	for _, s := range m.switched {
 		_ = s.oldProg.Close()
@@ -166,13 +164,13 @@ func prepareMigration(spec *ebpf.CollectionSpec, pinDir string, log *slog.Logger
 			continue // new map: the load creates and pins it
 		}
 		if err != nil {
-			mig.closeMaps(true)
+			mig.closeMaps()
 			return nil, fmt.Errorf("pinned map %s: %w", name, err)
 		}
 		mm := &migratedMap{name: name, old: old, newLayout: specLayout(spec.Maps[name])}
 		if mm.oldLayout, err = kernelLayout(old); err != nil {
 			_ = old.Close()
-			mig.closeMaps(true)
+			mig.closeMaps()
 			return nil, fmt.Errorf("pinned map %s: %w", name, err)
 		}
 		if mm.oldLayout.String() == mm.newLayout.String() {
@@ -190,12 +188,12 @@ func prepareMigration(spec *ebpf.CollectionSpec, pinDir string, log *slog.Logger
 		ms.Pinning = ebpf.PinNone
 		if mm.new, err = ebpf.NewMap(ms); err != nil {
 			_ = old.Close()
-			mig.closeMaps(true)
+			mig.closeMaps()
 			return nil, fmt.Errorf("creating map %s for migration: %w", name, err)
 		}
 		mig.maps = append(mig.maps, mm)
 		if err := mm.copyEntries(); err != nil {
-			mig.closeMaps(true)
+			mig.closeMaps()
 			return nil, fmt.Errorf("migrating map %s (%s -> %s): %w", name, mm.oldLayout, mm.newLayout, err)
 		}
 		log.Info("map migrated to a new layout", "map", name, "entries", mm.copied, "dropped", mm.dropped,
@@ -470,7 +468,7 @@ func (d *Datapath) CommitMigration() error {
 	if err := writeLayoutMarker(d.pinDir, mig.hash); err != nil {
 		return err
 	}
-	mig.closeMaps(true)
+	mig.closeMaps()
 	d.migration = nil
 	return nil
 }
@@ -531,7 +529,7 @@ func (d *Datapath) RollbackMigration() error {
 			}
 		}
 	}
-	mig.closeMaps(true)
+	mig.closeMaps()
 	d.migration = nil
 	return errors.Join(errs...)
 }

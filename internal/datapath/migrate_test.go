@@ -90,7 +90,7 @@ func checkNewEntry(t *testing.T, id uint32, v []byte) {
 		{"role (narrowed)", uint64(v[16]), 2},
 		{"flags (new)", uint64(v[17]), 0},
 		{"rule (new)", uint64(u32(20)), 0},
-		{"delta (signed, widened)", u64(24), uint64(^uint64(4))}, // -5
+		{"delta (signed, widened)", u64(24), ^uint64(4)}, // -5
 		{"hops[0].b", u64(32), 8},
 		{"hops[0].a", uint64(u32(40)), 7},
 		{"hops[0].c (new)", uint64(u32(44)), 0},
@@ -184,7 +184,7 @@ func TestMigrationConvertsPinnedMapsByTheirKernelBTF(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer mig.closeMaps(true)
+	defer mig.closeMaps()
 	if got := mig.names(); len(got) != 2 || got[0] != "path_counters" || got[1] != "subflows" {
 		t.Fatalf("migrated maps %v, want [path_counters subflows]", got)
 	}
