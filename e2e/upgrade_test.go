@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
@@ -235,6 +238,146 @@ func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	requireSpread(t, analysis, total, 2, "across the upgrade")
+	resets, err := framework.Resets(caps.Files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resets) != 0 {
+		t.Errorf("%d resets in the captures:\n%s", len(resets), strings.Join(resets, "\n"))
+	}
+}
+
+// linkPrograms maps every link pinned under pinDir to the id of the
+// program it runs.
+func linkPrograms(t *testing.T, pinDir string) map[string]ebpf.ProgramID {
+	t.Helper()
+	out := map[string]ebpf.ProgramID{}
+	pins, err := filepath.Glob(filepath.Join(pinDir, "links", "*", "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pin := range pins {
+		l, err := link.LoadPinnedLink(pin, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := l.Info()
+		_ = l.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(pinDir, pin)
+		out[rel] = info.Program
+	}
+	return out
+}
+
+// An upgrade whose first reconcile fails rolls back under traffic: the new
+// agent exits with the reason, every pinned link runs the previous
+// release's program again, links it added are gone, the old subflow table
+// is still the pinned one and no marker was written; the transfer goes on
+// without a reset and every subflow keeps its path. The next start, with a
+// configuration that reconciles, migrates and commits.
+func TestUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
+	testbed.RequireTools(t, testbed.CaptureTools...)
+	oldBin, err := framework.BuildRelease(t.TempDir(), previousRelease)
+	if errors.Is(err, framework.ErrNoHistory) {
+		testbed.Unavailable(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	ctx := background(t)
+	good := framework.AgentConfig(bed, bed.Node(1), agent.Rule{})
+	a1, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(1), good, declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(2), framework.AgentConfig(bed, bed.Node(2), agent.Rule{}), declaredCaps); err != nil {
+		t.Fatal(err)
+	}
+	caps, err := bed.StartCaptures("tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const conns = 2
+	wait := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: conns}}, 6*time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	var before []datapath.Subflow
+	for len(before) < 2*conns {
+		if before, err = a1.Subflows(); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 1 placed %d subflows, want %d", len(before), 2*conns)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	oldLinks := linkPrograms(t, a1.Config.PinDir)
+	oldMap := pinnedMapID(t, filepath.Join(a1.Config.PinDir, "subflows"))
+
+	// A pod whose namespace and veth do not exist: the reconcile fails.
+	bad := *good
+	bad.Pods = append(slices.Clone(good.Pods), agent.Pod{
+		Name: "ghost", NetNS: "/var/run/netns/no-such-ns", HostInterface: "ghost0",
+		IPs: []netip.Addr{netip.MustParseAddr("10.99.99.99")}, Rule: good.Rules[0].Name,
+	})
+	if err := a1.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a1.WriteConfig(&bad); err != nil {
+		t.Fatal(err)
+	}
+	a1.UseBinary(bins.Agent)
+	if err := a1.Start(ctx); err == nil {
+		t.Fatal("the new agent reported a successful first reconcile with a pod that does not exist")
+	}
+	select {
+	case <-a1.Proc.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the new agent did not exit after its migration was rolled back")
+	}
+	if logs := a1.Proc.ErrOutput(); !strings.Contains(logs, "migration rolled back") {
+		t.Errorf("the new agent did not say it rolled the migration back:\n%s", logs)
+	}
+	if got := linkPrograms(t, a1.Config.PinDir); !maps.Equal(got, oldLinks) {
+		t.Errorf("pinned links and their programs after the rollback %v, want the previous release's %v", got, oldLinks)
+	}
+	if id := pinnedMapID(t, filepath.Join(a1.Config.PinDir, "subflows")); id != oldMap {
+		t.Errorf("subflows pin is map %d after the rollback, want the previous release's %d", id, oldMap)
+	}
+	if m, err := datapath.LayoutMarker(a1.Config.PinDir); err != nil || m != "" {
+		t.Errorf("layout marker %q (%v) after the rollback, want none", m, err)
+	}
+	after, err := a1.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range before {
+		i := slices.IndexFunc(after, func(s datapath.Subflow) bool { return s.Local == b.Local && s.Remote == b.Remote })
+		if i < 0 || after[i].Path != b.Path || after[i].Role != b.Role {
+			t.Errorf("subflow %v->%v (path %d) is not where it was after the rollback", b.Local, b.Remote, b.Path)
+		}
+	}
+
+	// Fixed configuration: the same binary migrates and commits.
+	if err := a1.WriteConfig(good); err != nil {
+		t.Fatal(err)
+	}
+	if err := a1.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := datapath.LayoutHash()
+	if m, _ := datapath.LayoutMarker(a1.Config.PinDir); m != want {
+		t.Errorf("layout marker %q after the good start, want %q", m, want)
+	}
+	total := wait()
+	analysis, err := caps.Analyze()
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireSpread(t, analysis, total, 2, "across the rolled back upgrade")
 	resets, err := framework.Resets(caps.Files)
 	if err != nil {
 		t.Fatal(err)
