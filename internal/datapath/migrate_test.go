@@ -415,3 +415,36 @@ func TestMigrationRollsBackThenCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Maps pinned by this very binary before markers existed read back from
+// the kernel with the layout the spec has: nothing is migrated, and the
+// marker is written so the next start decides at once.
+func TestSameLayoutWithoutMarkerMigratesNothing(t *testing.T) {
+	dir := migrationPinDir(t)
+	dp, err := Load(Options{PinDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = dp.Close()
+	if m, _ := LayoutMarker(dir); m != "" {
+		t.Fatalf("a load without Migrate wrote the marker %q", m)
+	}
+	dp, err = Load(Options{PinDir: dir, Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if dp.MigrationPending() {
+		t.Errorf("maps of the same layout were migrated: %v", dp.MigratedMaps())
+	}
+	want, _ := LayoutHash()
+	if m, _ := LayoutMarker(dir); m != want {
+		t.Errorf("layout marker %q, want %q", m, want)
+	}
+	if err := dp.Unpin(); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("Unpin left %v", entries)
+	}
+}
