@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -223,6 +224,13 @@ func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 		if s.Path != names[b.Path] || s.Role != wantRole || s.Created.IsZero() || time.Since(s.Created) > time.Minute {
 			t.Errorf("local API of node 1: subflow %v->%v is %+v, want path %q, role %s, created in the last minute", b.Local, b.Remote, s, names[b.Path], wantRole)
 		}
+	}
+	// Another user cannot reach it (the socket is root's, 0600).
+	sock := filepath.Join(a1.Config.StateDir, agent.LocalAPISocket)
+	nobody := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+		"curl", "-sS", "--max-time", "5", "--unix-socket", sock, "http://agent/v1/subflows")
+	if out, err := nobody.CombinedOutput(); err == nil || strings.Contains(string(out), "10.") {
+		t.Errorf("user nobody read node 1's local API (%v): %s", err, out)
 	}
 	var apiConns []agent.ConnectionInfo
 	localAPI(t, a1, "/v1/connections", &apiConns)
