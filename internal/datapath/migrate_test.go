@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -249,6 +250,17 @@ func TestMigrationConvertsPinnedMapsByTheirKernelBTF(t *testing.T) {
 // dir and attaches pod-egress to veth-a, as the previous agent left a node.
 func loadOldRelease(t *testing.T, dir string) (oldMapID ebpf.MapID, oldProgID ebpf.ProgramID) {
 	t.Helper()
+	return loadOldLayout(t, dir, func(m *btf.Member) {
+		if m.Name == "rule" {
+			m.Name = "pad"
+		}
+	})
+}
+
+// loadOldLayout is loadOldRelease with struct subflow's members changed by
+// edit (sizes must stay: the programs run on the map).
+func loadOldLayout(t *testing.T, dir string, edit func(*btf.Member)) (oldMapID ebpf.MapID, oldProgID ebpf.ProgramID) {
+	t.Helper()
 	spec, err := loadDatapath()
 	if err != nil {
 		t.Fatal(err)
@@ -257,9 +269,7 @@ func loadOldRelease(t *testing.T, dir string) (oldMapID ebpf.MapID, oldProgID eb
 	oldStruct := *btf.UnderlyingType(cur.Value).(*btf.Struct)
 	oldStruct.Members = append([]btf.Member(nil), oldStruct.Members...)
 	for i := range oldStruct.Members {
-		if oldStruct.Members[i].Name == "rule" {
-			oldStruct.Members[i].Name = "pad"
-		}
+		edit(&oldStruct.Members[i])
 	}
 	oms := cur.Copy()
 	oms.Value = &oldStruct
@@ -446,5 +456,42 @@ func TestSameLayoutWithoutMarkerMigratesNothing(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("Unpin left %v", entries)
+	}
+}
+
+// A pinned map that cannot be converted (a field changed kind) fails the
+// load with the map and the field named, before anything changed: the
+// link keeps the old program, the pin the old map, no marker is written.
+func TestFailedConversionChangesNothing(t *testing.T) {
+	ns := throwawayNetns(t)
+	dir := migrationPinDir(t)
+	linkPin := filepath.Join(dir, linkPinSubdir, string(HookPodEgress), "veth-a")
+	err := netnsutil.Do(ns, func() error {
+		oldMap, oldProg := loadOldLayout(t, dir, func(m *btf.Member) {
+			if m.Name == "role" {
+				m.Type = &btf.Array{Type: btfU8, Index: btfU32, Nelems: 4}
+			}
+		})
+		dp, err := Load(Options{PinDir: dir, Migrate: true})
+		if err == nil {
+			_ = dp.Close()
+			t.Fatal("a role that became an array was converted")
+		}
+		if !strings.Contains(err.Error(), "subflows") || !strings.Contains(err.Error(), ".role") {
+			t.Errorf("error %q does not name the map and the field", err)
+		}
+		if p := linkProgram(t, linkPin); p != oldProg {
+			t.Errorf("pinned link runs program %d after the failed load, want the old %d", p, oldProg)
+		}
+		if id := pinnedMapID(t, filepath.Join(dir, "subflows")); id != oldMap {
+			t.Errorf("subflows pin is map %d after the failed load, want the old %d", id, oldMap)
+		}
+		if m, _ := LayoutMarker(dir); m != "" {
+			t.Errorf("a failed load wrote the marker %q", m)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
