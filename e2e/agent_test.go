@@ -236,7 +236,7 @@ func TestAgentKilledMidTransferRestartsWithoutDisturbingConnections(t *testing.T
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireSpread(t, analysis, total, 2, "across the restart")
+	requireSpread(t, analysis, total, "across the restart")
 	resets, err := framework.Resets(caps.Files)
 	if err != nil {
 		t.Fatal(err)
@@ -455,7 +455,7 @@ func TestBadConfigIsReportedAndTheLastGoodOneStaysEnforced(t *testing.T) {
 	}
 
 	analysis, conns := captureFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: 2}})
-	requireSpread(t, analysis, conns, 2, "after bad configurations")
+	requireSpread(t, analysis, conns, "after bad configurations")
 }
 
 // The agent runs with exactly the capabilities it declares, nothing more:
@@ -629,7 +629,7 @@ func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 
 	traffic[0].port = 5202
 	analysis, conns = captureFlows(t, bed, traffic)
-	requireSpread(t, analysis, conns, 2, "after observe-only was switched off")
+	requireSpread(t, analysis, conns, "after observe-only was switched off")
 	for _, a := range agents {
 		s := scrape(t, a)
 		if v := metric(t, s, "mptcp_agent_observe_only"); v != 0 {
@@ -642,10 +642,12 @@ func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 }
 
 // requireSpread fails the test unless the captures show conns MPTCP
-// connections of nics subflows each, every subflow on one NIC of each node in
-// both directions and the subflows of a connection on distinct NICs.
-func requireSpread(t *testing.T, analysis *testbed.Analysis, conns, nics int, when string) {
+// connections of one subflow per NIC each (the test bed gives every node two),
+// every subflow on one NIC of each node in both directions and the subflows of
+// a connection on distinct NICs.
+func requireSpread(t *testing.T, analysis *testbed.Analysis, conns int, when string) {
 	t.Helper()
+	const nics = 2
 	if len(analysis.Connections) != conns {
 		t.Fatalf("%s: captures show %d MPTCP connections, the clients opened %d", when, len(analysis.Connections), conns)
 	}

@@ -245,7 +245,7 @@ func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireSpread(t, analysis, total, 2, "across the upgrade")
+	requireSpread(t, analysis, total, "across the upgrade")
 	resets, err := framework.Resets(caps.Files)
 	if err != nil {
 		t.Fatal(err)
@@ -385,7 +385,7 @@ func TestUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireSpread(t, analysis, total, 2, "across the rolled back upgrade")
+	requireSpread(t, analysis, total, "across the rolled back upgrade")
 	resets, err := framework.Resets(caps.Files)
 	if err != nil {
 		t.Fatal(err)
