@@ -27,7 +27,25 @@ const (
 	// StatObserved counts, in observe-only mode, the packets that would
 	// have been given a path mark (StatMarked otherwise).
 	StatObserved = datapathStatIdSTAT_OBSERVED
-	numStats     = int(datapathStatIdSTAT_MAX)
+	// StatNoRuleMatch: an opening SYN of a selected pod that none of its
+	// rules selects (left unplaced).
+	StatNoRuleMatch = datapathStatIdSTAT_NO_RULE_MATCH
+	// StatPathDownSkipped: a placement passed over a path marked down.
+	StatPathDownSkipped = datapathStatIdSTAT_PATH_DOWN_SKIPPED
+	// StatAllPathsDown: a subflow left unplaced because every path of its
+	// rule is down.
+	StatAllPathsDown = datapathStatIdSTAT_ALL_PATHS_DOWN
+	// StatSubflowInsert and StatConnInsert count entries created in the
+	// subflow and connection tables (LRU evictions are derived from them).
+	StatSubflowInsert = datapathStatIdSTAT_SUBFLOW_INSERT
+	StatConnInsert    = datapathStatIdSTAT_CONN_INSERT
+	// StatMapUpdateFailed: a table update the kernel refused.
+	StatMapUpdateFailed = datapathStatIdSTAT_MAP_UPDATE_FAILED
+	// StatSubflowForgotten and StatConnForgotten count the agent's own
+	// deletions (ForgetSubflow, ForgetConnection).
+	StatSubflowForgotten = datapathStatIdSTAT_SUBFLOW_FORGOTTEN
+	StatConnForgotten    = datapathStatIdSTAT_CONN_FORGOTTEN
+	numStats             = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.
@@ -150,7 +168,16 @@ type Subflow struct {
 	Path          uint32
 	Role          Role
 	Token         uint32
+	// Rule selected the subflow; NoRule when none did (a mirrored one).
+	Rule uint32
+	// Conn is its connection's token (Connection.Token), 0 until known.
+	Conn uint32
+	// Bytes and packets the pod sent (Tx) and received (Rx) on it.
+	Counters TrafficCounters
 }
+
+// NoRule is the Rule of a subflow no rule selected.
+const NoRule = ruleNone
 
 // Subflows lists the subflow table.
 func (d *Datapath) Subflows() ([]Subflow, error) {
@@ -165,6 +192,10 @@ func (d *Datapath) Subflows() ([]Subflow, error) {
 			Path:   v.Path,
 			Role:   Role(v.Role),
 			Token:  v.Token,
+			Rule:   v.Rule,
+			Conn:   v.Conn,
+			Counters: TrafficCounters{TxPackets: v.TxPackets, TxBytes: v.TxBytes,
+				RxPackets: v.RxPackets, RxBytes: v.RxBytes},
 		})
 	}
 	return out, it.Err()
@@ -179,6 +210,8 @@ type Connection struct {
 	UsedPaths uint32
 	// Joins is how many joins this node placed.
 	Joins uint32
+	// Rule is the rule of its initial subflow, which its joins follow.
+	Rule uint32
 }
 
 // Connections lists the connection table.
@@ -188,7 +221,7 @@ func (d *Datapath) Connections() ([]Connection, error) {
 	var v datapathConn
 	it := d.objs.ConnStates.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, Connection{Local: addrFrom(k.Family, k.Local), Token: k.Token, UsedPaths: v.Used, Joins: v.Joins})
+		out = append(out, Connection{Local: addrFrom(k.Family, k.Local), Token: k.Token, UsedPaths: v.Used, Joins: v.Joins, Rule: v.Rule})
 	}
 	return out, it.Err()
 }
