@@ -118,9 +118,18 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 		iface, err := net.InterfaceByName(p.Interface)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("path %q: %w", p.Name, err))
+			// No NIC: spread must not place new subflows on the path.
+			if err := a.dp.SetPathDown(p.Index, true); err != nil {
+				errs = append(errs, err)
+			}
 			continue
 		}
 		if err := a.dp.SetNIC(iface.Index, p.Index); err != nil {
+			errs = append(errs, err)
+		}
+		// A NIC without carrier (not RUNNING) is down for placement, as
+		// seen at this reconcile; liveness probes will set it too.
+		if err := a.dp.SetPathDown(p.Index, iface.Flags&net.FlagRunning == 0); err != nil {
 			errs = append(errs, err)
 		}
 		wantAttach[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICIngress}] = true

@@ -323,3 +323,70 @@ func TestRuleValidation(t *testing.T) {
 		t.Fatalf("endpoints after refused writes: %v, %v; want none", eps, err)
 	}
 }
+
+// The server's node selects a subflow arriving at a NIC by the same service
+// port as the client's node (the SYN's destination port, here the local
+// one) and the remote address (the SYN's source); a subflow no rule selects
+// is still mirrored.
+func TestResponderSelectsByTheSameServicePort(t *testing.T) {
+	dp := loadForTest(t)
+	setRules(t, dp, map[uint32]Rule{
+		4: {Paths: []uint32{0, 1}, Ports: []PortRange{{5201, 5201}}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}},
+	})
+	if err := dp.SetEndpointRules(serverPod, 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetNIC(7, 1); err != nil {
+		t.Fatal(err)
+	}
+	atNIC := skbContext{IngressIfindex: 7}
+	run(t, dp.objs.NicIngress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), atNIC)
+	run(t, dp.objs.NicIngress, syn(clientPod, 40001, serverPod, 80, testpkt.MPCapableSYN()), atNIC)
+	run(t, dp.objs.NicIngress, syn(otherNet, 40002, serverPod, 5201, testpkt.MPCapableSYN()), atNIC)
+	sfs, err := dp.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint16]uint32{40000: 4, 40001: NoRule, 40002: NoRule}
+	if len(sfs) != len(want) {
+		t.Fatalf("subflows %+v, want %d mirrored", sfs, len(want))
+	}
+	for _, sf := range sfs {
+		if sf.Remote.Port() != 40000 && sf.Remote.Port() != 40001 && sf.Remote.Port() != 40002 {
+			t.Fatalf("unexpected subflow %+v", sf)
+		}
+		if got := sf.Rule; got != want[sf.Remote.Port()] || sf.Path != 1 || sf.Role != RoleResponder {
+			t.Errorf("subflow from port %d: rule %d path %d role %d, want rule %d on path 1 as responder", sf.Remote.Port(), got, sf.Path, sf.Role, want[sf.Remote.Port()])
+		}
+	}
+}
+
+// Joins never take a path marked down: they take the connection's other
+// free paths, then share the usable ones.
+func TestJoinsAvoidDownPaths(t *testing.T) {
+	dp := loadForTest(t)
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1, 2}, Spread: SpreadPreferred}})
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	const clientKey, serverKey = 0x31, 0x32
+	if got := placeSYN(t, dp, clientPod, 40000, serverPod, 80); got != 0 {
+		t.Fatalf("initial subflow on %d, want 0", got)
+	}
+	run(t, dp.objs.PodEgress, capableACK(clientPod, 40000, serverPod, 80, clientKey, serverKey), skbContext{})
+	if err := dp.SetPathDown(1, true); err != nil {
+		t.Fatal(err)
+	}
+	for j := 0; j < 4; j++ {
+		frame := syn(clientPod, 40001+uint16(j), serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false))
+		got := dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{}))
+		// The first join takes the only free usable path; later ones
+		// share a usable one.
+		if j == 0 && got != 2 || got == 1 {
+			t.Fatalf("join %d on path %d; path 1 is down, 0 taken", j, got)
+		}
+	}
+	if n := stat(t, dp, StatPathsExhausted); n != 3 {
+		t.Fatalf("StatPathsExhausted = %d, want 3", n)
+	}
+}
