@@ -2,6 +2,8 @@ package agent
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -79,5 +81,39 @@ func TestConfigRejectsBadSelectors(t *testing.T) {
 	c.Pods[0].Rules, c.Pods[0].Rule = nil, "rest"
 	if err := c.Validate(); err != nil {
 		t.Fatalf("pod with rule shorthand: %v", err)
+	}
+}
+
+// The YAML form of docs/agent.md loads into the same rule.
+func TestConfigFileWithSelectors(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node.yaml")
+	yaml := `
+node: n1
+paths:
+  - {name: a, index: 0, interface: eth1}
+  - {name: b, index: 1, interface: eth2}
+rules:
+  - name: web
+    paths: [a, b]
+    spreadMode: weighted
+    weights: {a: 3}
+    traffic:
+      cidrs: [10.244.0.0/16]
+      ports: [{first: 5201}, {first: 8000, last: 8999}]
+      family: IPv4
+pods:
+  - {name: p, hostInterface: veth1, ips: [10.244.1.2], rules: [web]}
+`
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := c.Rules[0]
+	if r.Traffic == nil || len(r.Traffic.CIDRs) != 1 || r.Traffic.CIDRs[0] != netip.MustParsePrefix("10.244.0.0/16") ||
+		len(r.Traffic.Ports) != 2 || r.Traffic.Ports[1] != (PortRange{First: 8000, Last: 8999}) || r.Weights["a"] != 3 {
+		t.Fatalf("loaded rule %+v, traffic %+v", r, r.Traffic)
 	}
 }
