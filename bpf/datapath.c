@@ -35,6 +35,9 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
+/* EEXIST from the kernel's errno.h, which BPF programs cannot include. */
+#define EEXIST_ERRNO 17
+
 /* Which bits of skb->mark are ours, set by the agent before load. Other bits
  * belong to kube-proxy, the CNI and others and are preserved. */
 volatile const __u32 mark_mask = 0x00f00000;
@@ -359,6 +362,7 @@ static __always_inline void learn_connection(struct __sk_buff *skb, const struct
 {
 	struct conn_key k = {.family = pkt->family};
 	struct conn_alias alias = {}, *known;
+	long err;
 	struct conn c = {};
 	__be32 keys[4];
 	__u32 initiator_token, responder_token;
@@ -382,10 +386,12 @@ static __always_inline void learn_connection(struct __sk_buff *skb, const struct
 
 	c.used = 1U << (sf->path & MAX_PATHS);
 	c.rule = sf->rule;
-	if (bpf_map_update_elem(&conn_states, &k, &c, BPF_NOEXIST))
-		count(STAT_MAP_UPDATE_FAILED);
-	else
+	/* An existing entry (its aliases were evicted first) is kept. */
+	err = bpf_map_update_elem(&conn_states, &k, &c, BPF_NOEXIST);
+	if (!err)
 		count(STAT_CONN_INSERT);
+	else if (err != -EEXIST_ERRNO)
+		count(STAT_MAP_UPDATE_FAILED);
 	sf->conn = responder_token;
 	alias.canonical = responder_token;
 	bpf_map_update_elem(&conn_aliases, &k, &alias, BPF_NOEXIST);
