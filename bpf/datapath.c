@@ -35,6 +35,9 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
+/* EEXIST from the kernel's errno.h, which BPF programs cannot include. */
+#define EEXIST_ERRNO 17
+
 /* Which bits of skb->mark are ours, set by the agent before load. Other bits
  * belong to kube-proxy, the CNI and others and are preserved. */
 volatile const __u32 mark_mask = 0x00f00000;
@@ -44,6 +47,8 @@ volatile const __u32 mark_shift = 20;
 const enum stat_id *unused_stat_id __attribute__((unused));
 /* Keeps enum mptcp_subtype in BTF, so a test checks Go's subtypes against it. */
 const enum mptcp_subtype *unused_mptcp_subtype __attribute__((unused));
+/* Keeps enum spread_mode in BTF, checked against Go's SpreadMode. */
+const enum spread_mode *unused_spread_mode __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -84,6 +89,35 @@ struct {
 	__type(value, struct rule);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rules SEC(".maps");
+
+/* Selector: remote CIDRs per rule (struct cidr_key). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 16384);
+	__type(key, struct cidr_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rule_cidrs SEC(".maps");
+
+/* Per path index: struct path_state, set by the agent (link down). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_PATHS + 1);
+	__type(key, __u32);
+	__type(value, struct path_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} path_states SEC(".maps");
+
+/* Record actor: per selected pod address; the agent creates the entry with
+ * the endpoint, so a miss here means "not a selected pod". */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct endpoint_key);
+	__type(value, struct pod_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pod_counters SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -225,6 +259,36 @@ static __always_inline struct endpoint *lookup_endpoint(__u8 family, const __u8 
 	return bpf_map_lookup_elem(&endpoints, &k);
 }
 
+/* count_pod adds a packet to a selected pod's counters (tx: sent by it). */
+static __always_inline void count_pod(__u8 family, const __u8 addr[16], __u32 len, bool tx)
+{
+	struct endpoint_key k = {.family = family};
+	struct pod_stats *ps;
+
+	__builtin_memcpy(k.addr, addr, 16);
+	ps = bpf_map_lookup_elem(&pod_counters, &k);
+	if (!ps)
+		return;
+	if (tx) {
+		ps->tx_packets++;
+		ps->tx_bytes += len;
+	} else {
+		ps->rx_packets++;
+		ps->rx_bytes += len;
+	}
+}
+
+static __always_inline void count_subflow(struct subflow *sf, __u32 len, bool tx)
+{
+	if (tx) {
+		__sync_fetch_and_add(&sf->tx_packets, 1);
+		__sync_fetch_and_add(&sf->tx_bytes, len);
+	} else {
+		__sync_fetch_and_add(&sf->rx_packets, 1);
+		__sync_fetch_and_add(&sf->rx_bytes, len);
+	}
+}
+
 /* A SYN without ACK opens a subflow; SYN-ACKs and everything later do not. */
 static __always_inline bool is_opening_syn(const struct packet *pkt)
 {
@@ -252,7 +316,27 @@ static __always_inline int load_join_token(struct __sk_buff *skb, const struct p
 	return 0;
 }
 
-static __always_inline struct conn *lookup_conn(__u8 family, const __u8 local[16], __u32 token)
+/* lookup_conn_key fills *k with the conn_states key of the connection known
+ * by either token; false if the token is unknown. */
+static __always_inline bool lookup_conn_key(__u8 family, const __u8 local[16], __u32 token,
+					    struct conn_key *k)
+{
+	struct conn_alias *alias;
+
+	k->family = family;
+	k->token = token;
+	__builtin_memcpy(k->local, local, 16);
+	alias = bpf_map_lookup_elem(&conn_aliases, k);
+	if (!alias)
+		return false;
+	k->token = alias->canonical;
+	return true;
+}
+
+/* lookup_conn finds a connection by either token; *canonical is its
+ * conn_states token. */
+static __always_inline struct conn *lookup_conn(__u8 family, const __u8 local[16], __u32 token,
+						__u32 *canonical)
 {
 	struct conn_key k = {.family = family, .token = token};
 	struct conn_alias *alias;
@@ -262,6 +346,7 @@ static __always_inline struct conn *lookup_conn(__u8 family, const __u8 local[16
 	if (!alias)
 		return NULL;
 	k.token = alias->canonical;
+	*canonical = alias->canonical;
 	return bpf_map_lookup_elem(&conn_states, &k);
 }
 
@@ -273,10 +358,11 @@ static __always_inline struct conn *lookup_conn(__u8 family, const __u8 local[16
  * a join, so every join's token is known when the join arrives. The keys are
  * used here and dropped: only tokens are kept. */
 static __always_inline void learn_connection(struct __sk_buff *skb, const struct packet *pkt,
-					     const __u8 local[16], __u32 path)
+					     const __u8 local[16], struct subflow *sf)
 {
 	struct conn_key k = {.family = pkt->family};
-	struct conn_alias alias = {};
+	struct conn_alias alias = {}, *known;
+	long err;
 	struct conn c = {};
 	__be32 keys[4];
 	__u32 initiator_token, responder_token;
@@ -291,12 +377,22 @@ static __always_inline void learn_connection(struct __sk_buff *skb, const struct
 	__builtin_memcpy(k.local, local, 16);
 	k.token = responder_token;
 	/* The ACK is repeated on data until acknowledged: learn once. */
-	if (bpf_map_lookup_elem(&conn_aliases, &k))
+	known = bpf_map_lookup_elem(&conn_aliases, &k);
+	if (known) {
+		sf->conn = known->canonical;
 		return;
+	}
 	initiator_token = mptcp_token(bpf_ntohl(keys[0]), bpf_ntohl(keys[1]));
 
-	c.used = 1U << (path & MAX_PATHS);
-	bpf_map_update_elem(&conn_states, &k, &c, BPF_NOEXIST);
+	c.used = 1U << (sf->path & MAX_PATHS);
+	c.rule = sf->rule;
+	/* An existing entry (its aliases were evicted first) is kept. */
+	err = bpf_map_update_elem(&conn_states, &k, &c, BPF_NOEXIST);
+	if (!err)
+		count(STAT_CONN_INSERT);
+	else if (err != -EEXIST_ERRNO)
+		count(STAT_MAP_UPDATE_FAILED);
+	sf->conn = responder_token;
 	alias.canonical = responder_token;
 	bpf_map_update_elem(&conn_aliases, &k, &alias, BPF_NOEXIST);
 	k.token = initiator_token;
@@ -304,75 +400,312 @@ static __always_inline void learn_connection(struct __sk_buff *skb, const struct
 	count(STAT_TOKEN_LEARNT);
 }
 
-/* claim_path takes, for a join, the first path of the rule (starting at a
- * per-connection cursor) that no subflow of the connection uses yet. Bits are
- * claimed with an atomic OR, so two joins placed at once on two CPUs, or a
- * join placed here while the peer's node mirrors one of its own, never both
- * get the same free path. */
-static __always_inline __u32 claim_path(struct rule *r, struct conn *c, __u32 npaths)
+static __always_inline bool path_usable(__u32 path)
 {
-	__u32 start = __sync_fetch_and_add(&c->joins, 1);
+	struct path_state *ps = bpf_map_lookup_elem(&path_states, &path);
 
+	return !ps || !(ps->flags & PATH_DOWN);
+}
+
+/* rule_path is the path in slot of r's list; the mask keeps the verifier
+ * sure of the bounds, the asm keeps the compiler from dropping it. */
+static __always_inline __u32 rule_path(const struct rule *r, __u32 slot)
+{
+	asm volatile("" : "+r"(slot));
+	return r->paths[slot & MAX_PATHS] & MAX_PATHS;
+}
+
+/* Placement and selection are global functions: the verifier checks each
+ * once, on its own, instead of once per state of every caller (their
+ * bounded loops would otherwise multiply the callers' states past the
+ * verifier's limit). They take scalars and pointers to memory and look their
+ * maps up themselves. Return values: a path index, or PLACE_NO_PATH (the
+ * rule has no paths) or PLACE_ALL_DOWN (every path of the rule is down). */
+#define PLACE_NO_PATH  -1
+#define PLACE_ALL_DOWN -2
+
+/* claim_path takes, for a join of the connection ck (its conn_states key),
+ * the first usable path of rule_id (from a per-connection cursor; from the
+ * top of the list in preferred mode) that no subflow of the connection uses
+ * yet. Bits are claimed with an atomic OR, so two joins placed at once on
+ * two CPUs, or a join placed here while the peer's node mirrors one of its
+ * own, never both get the same free path. */
+__noinline int claim_path(__u32 rule_id, const struct conn_key *ck)
+{
+	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
+	struct conn *c;
+	__u32 npaths, start, first;
+	bool any = false;
+
+	if (!r || !ck)
+		return PLACE_NO_PATH;
+	npaths = r->npaths;
+	if (npaths == 0 || npaths > MAX_PATHS)
+		return PLACE_NO_PATH;
+	c = bpf_map_lookup_elem(&conn_states, ck);
+	if (!c)
+		return PLACE_NO_PATH;
+	start = __sync_fetch_and_add(&c->joins, 1);
+	first = r->spread == SPREAD_PREFERRED ? 0 : start;
 	for (__u32 i = 0; i < MAX_PATHS; i++) {
-		__u32 slot, path, bit;
+		__u32 path, bit;
 
 		if (i >= npaths)
 			break;
-		slot = (start + i) % npaths;
-		asm volatile("" : "+r"(slot));
-		path = r->paths[slot & MAX_PATHS] & MAX_PATHS;
+		path = rule_path(r, (first + i) % npaths);
+		if (!path_usable(path)) {
+			count(STAT_PATH_DOWN_SKIPPED);
+			continue;
+		}
+		any = true;
 		bit = 1U << path;
 		if (!(__sync_fetch_and_or(&c->used, bit) & bit))
 			return path;
 	}
-	/* More subflows than paths: share, round robin. */
+	if (!any)
+		return PLACE_ALL_DOWN;
+	/* More subflows than usable paths: share, round robin. */
 	count(STAT_PATHS_EXHAUSTED);
-	start %= npaths;
-	asm volatile("" : "+r"(start));
-	return r->paths[start & MAX_PATHS] & MAX_PATHS;
+	for (__u32 i = 0; i < MAX_PATHS; i++) {
+		__u32 path;
+
+		if (i >= npaths)
+			break;
+		path = rule_path(r, (start + i) % npaths);
+		if (path_usable(path))
+			return path;
+	}
+	return PLACE_ALL_DOWN;
 }
 
-/* place_subflow chooses the path of a new subflow the pod opens. */
-static __always_inline int place_subflow(struct __sk_buff *skb, const struct packet *pkt, __u32 rule_id,
-					 struct rule *r, struct subflow *sf)
+/* slot_weight is the weight of slot of rule_id's path list, 0 if the path is
+ * down. A global function so its result is opaque to the caller's verifier
+ * state: the weighted pass then does not fork per combination of usable
+ * paths (2^15 states). */
+__noinline __u32 slot_weight(__u32 rule_id, __u32 slot)
 {
-	__u32 npaths = r->npaths;
-	__u32 slot;
+	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
 
-	if (npaths == 0 || npaths > MAX_PATHS) {
-		count(STAT_NO_PATH);
-		return -1;
+	if (!r || slot > MAX_PATHS)
+		return 0;
+	if (!path_usable(rule_path(r, slot)))
+		return 0;
+	return r->weights[slot & MAX_PATHS];
+}
+
+/* pick_initial chooses the path of a connection's first subflow by rule_id's
+ * spread mode, passing over paths that are down. */
+__noinline int pick_initial(__u32 rule_id)
+{
+	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
+	__u32 npaths, start, total = 0;
+
+	if (!r)
+		return PLACE_NO_PATH;
+	npaths = r->npaths;
+	if (npaths == 0 || npaths > MAX_PATHS)
+		return PLACE_NO_PATH;
+	if (r->spread == SPREAD_PREFERRED) {
+		for (__u32 i = 0; i < MAX_PATHS; i++) {
+			__u32 path;
+
+			if (i >= npaths)
+				break;
+			path = rule_path(r, i);
+			if (path_usable(path))
+				return path;
+			count(STAT_PATH_DOWN_SKIPPED);
+		}
+		return PLACE_ALL_DOWN;
 	}
+	if (r->spread == SPREAD_WEIGHTED) {
+		/* Deterministic: the cursor modulo the usable weights' sum
+		 * walks the cumulative weights, so over any sum-long run each
+		 * usable path gets exactly its share. */
+		for (__u32 i = 0; i < MAX_PATHS; i++) {
+			__u32 w;
+
+			if (i >= npaths)
+				break;
+			w = slot_weight(rule_id, i);
+			if (!w)
+				count(STAT_PATH_DOWN_SKIPPED);
+			total += w;
+		}
+		if (total == 0)
+			return PLACE_ALL_DOWN;
+		start = __sync_fetch_and_add(&r->rr, 1) % total;
+		for (__u32 i = 0; i < MAX_PATHS; i++) {
+			__u32 w;
+
+			if (i >= npaths)
+				break;
+			w = slot_weight(rule_id, i);
+			if (start < w)
+				return rule_path(r, i);
+			start -= w;
+		}
+		/* A path went down between the two passes: the first usable. */
+		for (__u32 i = 0; i < MAX_PATHS; i++) {
+			if (i >= npaths)
+				break;
+			if (slot_weight(rule_id, i))
+				return rule_path(r, i);
+		}
+		return PLACE_ALL_DOWN;
+	}
+	start = __sync_fetch_and_add(&r->rr, 1);
+	for (__u32 i = 0; i < MAX_PATHS; i++) {
+		__u32 path;
+
+		if (i >= npaths)
+			break;
+		path = rule_path(r, (start + i) % npaths);
+		if (path_usable(path))
+			return path;
+		count(STAT_PATH_DOWN_SKIPPED);
+	}
+	return PLACE_ALL_DOWN;
+}
+
+static __always_inline bool port_selected(const struct rule *r, __u16 port)
+{
+	__u32 n = r->nports;
+
+	if (n == 0)
+		return true;
+	for (__u32 i = 0; i < MAX_RULE_PORTS; i++) {
+		if (i >= n)
+			break;
+		if (port >= r->ports[i].first && port <= r->ports[i].last)
+			return true;
+	}
+	return false;
+}
+
+static __always_inline bool cidr_selected(__u32 rule_id, __u8 family, const __u8 *remote)
+{
+	struct cidr_key k = {
+	    .prefixlen = CIDR_KEY_FIXED_BITS + 128,
+	    .rule = bpf_htonl(rule_id),
+	    .family = family,
+	};
+
+	__builtin_memcpy(k.addr, remote, 16);
+	return bpf_map_lookup_elem(&rule_cidrs, &k) != NULL;
+}
+
+/* select_rule runs a pod's selector chain on an opening SYN: the first rule
+ * (highest priority) whose family, remote CIDRs, service port and SYN kind
+ * all match, or RULE_NONE. The service port is the destination port of the
+ * opening SYN on both sides (the server's port), so the client's node and
+ * the server's node select alike. */
+__noinline __u32 select_rule(const struct endpoint *ep, const struct packet *pkt, __u32 local_is_src,
+			     __u32 kind)
+{
+	const __u8 *remote;
+	__u32 n;
+	__u16 port;
+
+	if (!ep || !pkt)
+		return RULE_NONE;
+	remote = local_is_src ? pkt->daddr : pkt->saddr;
+	port = bpf_ntohs(pkt->dport);
+	n = ep->nrules;
+	for (__u32 i = 0; i < MAX_POD_RULES; i++) {
+		struct rule *r;
+		__u32 id, match;
+
+		if (i >= n)
+			break;
+		id = ep->rules[i];
+		r = bpf_map_lookup_elem(&rules, &id);
+		if (!r)
+			continue;
+		if (r->family && r->family != pkt->family)
+			continue;
+		match = r->match ? r->match : (MATCH_INITIAL | MATCH_JOIN);
+		if (!(match & kind))
+			continue;
+		if (!port_selected(r, port))
+			continue;
+		if ((r->flags & RULE_CIDRS) && !cidr_selected(id, pkt->family, remote))
+			continue;
+		return id;
+	}
+	return RULE_NONE;
+}
+
+/* place_subflow chooses the path of a new subflow the pod opens: a join of
+ * a known connection follows its connection's rule; anything else goes
+ * through the pod's selector chain. */
+static __always_inline int place_subflow(struct __sk_buff *skb, const struct packet *pkt,
+					 const struct endpoint *ep, struct subflow *sf)
+{
+	struct conn_key ck = {};
+	__u32 rule_id, kind = MATCH_INITIAL;
+	bool join = false;
+	int path;
 
 	if (handshake_subtype(pkt) == MPTCP_SUB_JOIN) {
-		struct conn *c;
 		__u32 token;
 
 		count(STAT_JOIN_SYN);
 		if (load_join_token(skb, pkt, &token))
 			return -1;
 		sf->token = token;
-		c = lookup_conn(pkt->family, pkt->saddr, token);
-		if (c) {
-			sf->path = claim_path(r, c, npaths);
-			count(STAT_JOIN_TOKEN_KNOWN);
-			goto placed;
+		if (lookup_conn_key(pkt->family, pkt->saddr, token, &ck)) {
+			struct conn *c = bpf_map_lookup_elem(&conn_states, &ck);
+
+			if (c) {
+				count(STAT_JOIN_TOKEN_KNOWN);
+				sf->conn = ck.token;
+				rule_id = c->rule;
+				join = true;
+				goto selected;
+			}
 		}
 		count(STAT_JOIN_TOKEN_UNKNOWN);
+		kind = MATCH_JOIN;
 	} else {
 		count(STAT_MPTCP_SYN);
 	}
-	slot = __sync_fetch_and_add(&r->rr, 1) % npaths;
-	/* The compiler knows slot < npaths and would drop a plain mask; the
-	 * verifier does not know it, so hide slot from the compiler first. */
-	asm volatile("" : "+r"(slot));
-	sf->path = r->paths[slot & MAX_PATHS];
-placed:
+	rule_id = select_rule(ep, pkt, 1, kind);
+	if (rule_id == RULE_NONE) {
+		count(STAT_NO_RULE_MATCH);
+		return -1;
+	}
+selected:
+	path = join ? claim_path(rule_id, &ck) : pick_initial(rule_id);
+	if (path == PLACE_NO_PATH) {
+		count(STAT_NO_PATH);
+		return -1;
+	}
+	if (path < 0) {
+		count(STAT_ALL_PATHS_DOWN);
+		return -1;
+	}
+	sf->path = path & MAX_PATHS;
 	sf->role = ROLE_INITIATOR;
 	sf->rule = rule_id;
 	sf->created_ns = bpf_ktime_get_ns();
 	count(STAT_SUBFLOW_PLACED);
 	return 0;
+}
+
+/* insert_subflow writes a new subflow; an existing entry with the key (a
+ * stale one, or the SYN's retransmission) is replaced and not counted, so
+ * STAT_SUBFLOW_INSERT counts entries created. */
+static __always_inline void insert_subflow(const struct flow_key *fk, const struct subflow *sf)
+{
+	long err = bpf_map_update_elem(&subflows, fk, sf, BPF_NOEXIST);
+
+	if (!err) {
+		count(STAT_SUBFLOW_INSERT);
+		return;
+	}
+	if (bpf_map_update_elem(&subflows, fk, sf, BPF_ANY))
+		count(STAT_MAP_UPDATE_FAILED);
 }
 
 static __always_inline void flow_key_from(struct flow_key *k, const struct packet *pkt, bool reverse)
@@ -413,17 +746,17 @@ int pod_egress(struct __sk_buff *skb)
 	struct flow_key fk = {};
 	struct subflow *sf, nsf = {};
 	struct endpoint *ep;
-	struct rule *r;
-	__u32 rule_id;
 
 	if (parse_counted(skb, &pkt) != PARSE_OK)
 		return TCX_NEXT;
+	count_pod(pkt.family, pkt.saddr, pkt.len, true);
 
 	flow_key_from(&fk, &pkt, false);
 	sf = bpf_map_lookup_elem(&subflows, &fk);
 	if (sf) {
+		count_subflow(sf, pkt.len, true);
 		if (is_capable_ack(&pkt) && sf->role == ROLE_INITIATOR)
-			learn_connection(skb, &pkt, pkt.saddr, sf->path);
+			learn_connection(skb, &pkt, pkt.saddr, sf);
 		set_path_mark(skb, sf->path);
 		count_path(sf->path, pkt.len, true);
 		return TCX_NEXT;
@@ -436,14 +769,12 @@ int pod_egress(struct __sk_buff *skb)
 	ep = lookup_endpoint(pkt.family, pkt.saddr);
 	if (!ep)
 		return TCX_NEXT;
-	rule_id = ep->rule;
-	r = bpf_map_lookup_elem(&rules, &rule_id);
-	if (!r)
-		return TCX_NEXT;
-	if (place_subflow(skb, &pkt, rule_id, r, &nsf))
+	if (place_subflow(skb, &pkt, ep, &nsf))
 		return TCX_NEXT;
 
-	bpf_map_update_elem(&subflows, &fk, &nsf, BPF_ANY);
+	nsf.tx_packets = 1;
+	nsf.tx_bytes = pkt.len;
+	insert_subflow(&fk, &nsf);
 	set_path_mark(skb, nsf.path);
 	count_path(nsf.path, pkt.len, true);
 	return TCX_NEXT;
@@ -462,10 +793,12 @@ int pod_ingress(struct __sk_buff *skb)
 
 	if (parse_counted(skb, &pkt) != PARSE_OK)
 		return TCX_NEXT;
+	count_pod(pkt.family, pkt.daddr, pkt.len, false);
 	flow_key_from(&fk, &pkt, true);
 	sf = bpf_map_lookup_elem(&subflows, &fk);
 	if (!sf)
 		return TCX_NEXT;
+	count_subflow(sf, pkt.len, false);
 	return TCX_NEXT;
 }
 
@@ -497,7 +830,7 @@ int nic_ingress(struct __sk_buff *skb)
 		flow_key_from(&fk, &pkt, true);
 		sf = bpf_map_lookup_elem(&subflows, &fk);
 		if (sf && sf->role == ROLE_RESPONDER)
-			learn_connection(skb, &pkt, pkt.daddr, sf->path);
+			learn_connection(skb, &pkt, pkt.daddr, sf);
 		return TCX_NEXT;
 	}
 	if (!is_opening_syn(&pkt))
@@ -506,24 +839,34 @@ int nic_ingress(struct __sk_buff *skb)
 		return TCX_NEXT;
 
 	/* The peer's node chose this path; the pod's replies follow it, and
-	 * the pod's own joins avoid it. */
+	 * the pod's own joins avoid it. A join of a known connection takes
+	 * its connection's rule; anything else runs the pod's selector chain
+	 * (remote = the SYN's source, service port = its destination). The
+	 * subflow is mirrored whether a rule selects it or not. */
+	nsf.rule = RULE_NONE;
 	if (handshake_subtype(&pkt) == MPTCP_SUB_JOIN) {
 		struct conn *c;
-		__u32 token;
+		__u32 token, canonical = 0;
 
 		if (!load_join_token(skb, &pkt, &token)) {
 			nsf.token = token;
-			c = lookup_conn(pkt.family, pkt.daddr, token);
-			if (c)
+			c = lookup_conn(pkt.family, pkt.daddr, token, &canonical);
+			if (c) {
 				__sync_fetch_and_or(&c->used, 1U << (n->path & MAX_PATHS));
+				nsf.conn = canonical;
+				nsf.rule = c->rule;
+			} else {
+				nsf.rule = select_rule(ep, &pkt, 0, MATCH_JOIN);
+			}
 		}
+	} else {
+		nsf.rule = select_rule(ep, &pkt, 0, MATCH_INITIAL);
 	}
 	flow_key_from(&fk, &pkt, true);
 	nsf.path = n->path;
 	nsf.role = ROLE_RESPONDER;
-	nsf.rule = ep->rule;
 	nsf.created_ns = bpf_ktime_get_ns();
-	bpf_map_update_elem(&subflows, &fk, &nsf, BPF_ANY);
+	insert_subflow(&fk, &nsf);
 	count(STAT_SUBFLOW_MIRRORED);
 	return TCX_NEXT;
 }

@@ -98,7 +98,68 @@ var (
 	joinSYN   = frame(clientPod, serverPod, 40001, 5201, testpkt.SYN, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false), nil)
 	joinLocal = netip.AddrPortFrom(clientPod, 40001)
 	joinPeer  = netip.AddrPortFrom(serverPod, 5201)
+	// chainSYN opens a connection that only the last rule of the chain
+	// selects; chainDSS is data of the connection it opens.
+	chainSYN   = frame(clientPod, serverPod, 40100, 5201, testpkt.SYN, testpkt.MPCapableSYN(), nil)
+	chainDSS   = frame(clientPod, serverPod, 40100, 5201, testpkt.ACK|testpkt.PSH, dssOption(), make([]byte, 1000))
+	chainLocal = netip.AddrPortFrom(clientPod, 40100)
 )
+
+// chainRules is the selector chain of the chain cases: three rules that
+// leave the SYN (wrong family, ports, CIDR: each one checked in turn), then
+// a weighted rule that selects it by CIDR and port.
+var chainRules = []datapath.Rule{
+	{Paths: []uint32{4}, Family: datapath.FamilyIPv6},
+	{Paths: []uint32{4}, Ports: []datapath.PortRange{{First: 1, Last: 1024}, {First: 8000, Last: 9000}}},
+	{Paths: []uint32{4}, CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("172.16.0.0/12")}},
+	{Paths: []uint32{0, 1, 2, 3}, Weights: []uint32{4, 3, 2, 1}, Spread: datapath.SpreadWeighted,
+		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Ports: []datapath.PortRange{{First: 5000, Last: 5999}}},
+}
+
+// fullChainActors configure, for the full-chain cases, the actors of the
+// rule the chain selects (rule id chainRuleBase+len(chainRules)-1): the
+// selector chain and spread are set by setupChain, the record actor's pod
+// counters exist with every endpoint. The rate and backup actors add their
+// configuration here when they land, so the full chain measures them all.
+var fullChainActors []func(b *testing.B, dp *datapath.Datapath, rule uint32)
+
+const chainRuleBase = 10
+
+// setupChain installs chainRules as the client pod's selector chain and
+// runs fullChainActors on the rule that selects the chain's SYN.
+func setupChain(b *testing.B, dp *datapath.Datapath) {
+	b.Helper()
+	ids := make([]uint32, len(chainRules))
+	for i, r := range chainRules {
+		ids[i] = chainRuleBase + uint32(i)
+		if err := dp.SetRule(ids[i], r); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := dp.SetEndpointRules(clientPod, ids...); err != nil {
+		b.Fatal(err)
+	}
+	for _, configure := range fullChainActors {
+		configure(b, dp, ids[len(ids)-1])
+	}
+}
+
+// chainPlaced checks that the chain's subflow was placed by its last rule.
+func chainPlaced(dp *datapath.Datapath) error {
+	sfs, err := dp.Subflows()
+	if err != nil {
+		return err
+	}
+	for _, sf := range sfs {
+		if sf.Local == chainLocal {
+			if want := chainRuleBase + uint32(len(chainRules)) - 1; sf.Rule != want {
+				return fmt.Errorf("chain subflow placed by rule %d, want %d", sf.Rule, want)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("chain subflow not placed")
+}
 
 // dssOption is what a data segment of an established connection carries: a
 // timestamp, and a DSS with a 64-bit Data ACK and a 64-bit mapping.
@@ -237,6 +298,43 @@ var cases = []benchCase{
 		if st[datapath.StatJoinTokenUnknown] != 0 || st[datapath.StatPathsExhausted] != 0 || st[datapath.StatJoinTokenKnown] < placements {
 			return fmt.Errorf("joins: known token %d, unknown %d, sharing a path %d: not the placement path measured",
 				st[datapath.StatJoinTokenKnown], st[datapath.StatJoinTokenUnknown], st[datapath.StatPathsExhausted])
+		}
+		return nil
+	}},
+	{name: "MP_CAPABLE SYN through a 4-rule selector chain, weighted spread, one run per syscall", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
+		setupChain(b, dp)
+		// Each run inserts the subflow: forget it (unmeasured) so every
+		// measured run selects and places anew.
+		return single(b, dp.Program(datapath.HookPodEgress), chainSYN, func() error {
+			return dp.ForgetSubflow(chainLocal, joinPeer)
+		})
+	}, check: func(dp *datapath.Datapath) error {
+		st, err := dp.Stats()
+		if err != nil {
+			return err
+		}
+		if st[datapath.StatNoRuleMatch] != 0 || st[datapath.StatSubflowPlaced] < placements {
+			return fmt.Errorf("chain SYNs: %d placed, %d selected by no rule", st[datapath.StatSubflowPlaced], st[datapath.StatNoRuleMatch])
+		}
+		return chainPlaced(dp)
+	}},
+	{name: "full chain: MPTCP data (DSS) of a subflow the chain placed (spread + record)", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
+		setupChain(b, dp)
+		prog := dp.Program(datapath.HookPodEgress)
+		if _, err := prog.Run(&ebpf.RunOptions{Data: chainSYN}); err != nil {
+			b.Fatal(err)
+		}
+		return repeated(b, prog, chainDSS)
+	}, check: func(dp *datapath.Datapath) error {
+		if err := chainPlaced(dp); err != nil {
+			return err
+		}
+		pods, err := dp.PodStats()
+		if err != nil {
+			return err
+		}
+		if pods[clientPod].TxPackets < repeat {
+			return fmt.Errorf("pod counters %+v: the record actor did not count every packet", pods[clientPod])
 		}
 		return nil
 	}},

@@ -40,6 +40,15 @@ enum stat_id {
 	STAT_PATHS_EXHAUSTED,	 /* a join found every path of its rule in use and shares one */
 	STAT_MPTCP_OPT_INVALID,	 /* packets with an MPTCP option of undefined length: option ignored */
 	STAT_OBSERVED,		 /* observe-only: packets that would have been given a path mark */
+	STAT_NO_RULE_MATCH,	 /* opening SYN of a selected pod that none of its rules selects */
+	STAT_PATH_DOWN_SKIPPED,	 /* a placement passed over a path marked down */
+	STAT_ALL_PATHS_DOWN,	 /* selected traffic whose rule has no usable path: left unplaced */
+	STAT_SUBFLOW_INSERT, /* new entries written to subflows (LRU evictions = inserts - live - forgotten)
+			      */
+	STAT_CONN_INSERT,    /* new entries written to conn_states */
+	STAT_MAP_UPDATE_FAILED, /* a subflows/conn_states update the kernel refused */
+	STAT_SUBFLOW_FORGOTTEN, /* subflows deleted by the agent (written from user space, CPU 0) */
+	STAT_CONN_FORGOTTEN,	/* connections deleted by the agent (written from user space, CPU 0) */
 	STAT_MAX,
 };
 
@@ -76,12 +85,26 @@ enum subflow_role {
 	ROLE_RESPONDER = 2, /* a remote peer opened it; this node mirrors its arrival NIC */
 };
 
+/* No rule selected the subflow (a responder-side subflow is mirrored all the
+ * same, so the pod's replies leave by the NIC the peer chose). */
+#define RULE_NONE 0xffffffffU
+
 struct subflow {
 	__u32 path;  /* path index, 0-based */
 	__u32 role;  /* enum subflow_role */
 	__u32 token; /* MP_JOIN token (receiver's), 0 for the initial subflow */
 	__u32 rule;  /* the rule that selected it: actors read their data there */
 	__u64 created_ns;
+	/* Record actor. conn is the connection's conn_states token once known
+	 * (0 before), so user space sums a connection's bytes over its
+	 * subflows. Counted at the pod's veth with atomic adds: a subflow's
+	 * packets mostly stay on one CPU, so the cache line rarely moves. */
+	__u32 conn;
+	__u32 pad;
+	__u64 tx_packets; /* sent by the pod */
+	__u64 tx_bytes;
+	__u64 rx_packets; /* received by the pod */
+	__u64 rx_bytes;
 };
 
 /* A connection is known on both nodes by both of its tokens: joins the
@@ -104,27 +127,97 @@ struct conn_alias {
 struct conn {
 	__u32 used;  /* bit p set: a subflow of the connection is on path p; atomic */
 	__u32 joins; /* joins this node placed; atomic */
+	__u32 rule;  /* the rule of its initial subflow: joins follow it, never re-select */
+	__u32 pad;
 };
 
-/* A local pod address that a rule selects. */
+/* A local pod address that rules select. */
 struct endpoint_key {
 	__u8 addr[16];
 	__u8 family;
 	__u8 pad[3];
 };
 
+/* Rules per pod: the pod's selector chain, tried in order. */
+#define MAX_POD_RULES 8
+
 struct endpoint {
-	__u32 rule;
+	__u32 nrules;
 	__u32 flags;
+	__u32 rules[MAX_POD_RULES]; /* rule ids, highest priority first */
 };
 
-/* The spread actor's data: an ordered list of path indexes. */
+/* Rule ids index the rules array map; other actors key their own maps by the
+ * same id. */
+#define MAX_RULES 256
+
+/* Port ranges a rule's selector holds (an empty list selects every port). */
+#define MAX_RULE_PORTS 8
+
+struct port_range {
+	__u16 first; /* host byte order, inclusive */
+	__u16 last;
+};
+
+/* rule.match: which opening SYNs the rule selects. Joins of a connection the
+ * datapath knows never reach selection: they follow their connection. */
+#define MATCH_INITIAL (1U << 0) /* MP_CAPABLE SYN: a new connection */
+#define MATCH_JOIN    (1U << 1) /* MP_JOIN SYN of a connection not (yet) known */
+
+/* rule.flags */
+#define RULE_CIDRS (1U << 0) /* remote address must be in rule_cidrs under this rule id */
+
+enum spread_mode {
+	SPREAD_ROUND_ROBIN = 0, /* initial subflows take the paths in turn */
+	SPREAD_WEIGHTED = 1,	/* initial subflows in proportion to weights */
+	SPREAD_PREFERRED = 2,	/* the first usable path of the list */
+};
+
+/* A rule: its selector (family, remote CIDRs, service ports, SYN kinds) and
+ * its spread actor's data (an ordered path list, weights, the mode). */
 struct rule {
 	__u32 npaths;
-	__u32 flags;
-	__u32 rr; /* round-robin cursor for initial subflows; atomic */
+	__u32 flags; /* RULE_* */
+	__u32 rr;    /* cursor for initial subflows; atomic */
 	__u32 pad;
 	__u8 paths[MAX_PATHS + 1];
+	/* Selector. */
+	__u8 family; /* AF_INET, AF_INET6, or 0 for both */
+	__u8 match;  /* MATCH_*; 0 means MATCH_INITIAL | MATCH_JOIN */
+	__u8 spread; /* enum spread_mode */
+	__u8 nports;
+	__u32 reserved;
+	struct port_range ports[MAX_RULE_PORTS];
+	__u8 weights[MAX_PATHS + 1]; /* SPREAD_WEIGHTED: per slot of paths, 1..255 */
+};
+
+/* Key of rule_cidrs, an LPM trie: the rule id and the family (always matched
+ * in full), then the remote address (IPv4 in the first 4 bytes), so
+ * prefixlen is 40 + the CIDR's prefix length. */
+#define CIDR_KEY_FIXED_BITS 40
+struct cidr_key {
+	__u32 prefixlen;
+	__u32 rule;  /* big endian: the trie compares bytes in order */
+	__u8 family; /* AF_INET or AF_INET6: an IPv6 ::/0 never selects IPv4 */
+	__u8 addr[16];
+	__u8 pad[3];
+};
+
+/* path_state: per path index, set by the agent. */
+#define PATH_DOWN (1U << 0) /* link down: never place a subflow here */
+
+struct path_state {
+	__u32 flags;
+	__u32 pad;
+};
+
+/* Record actor: traffic of a selected pod at its veth, keyed by the pod's
+ * endpoint_key. */
+struct pod_stats {
+	__u64 tx_packets; /* sent by the pod */
+	__u64 tx_bytes;
+	__u64 rx_packets; /* received by the pod */
+	__u64 rx_bytes;
 };
 
 /* A NIC of this node, keyed by ifindex in nic_paths. */

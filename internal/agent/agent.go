@@ -127,9 +127,18 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 		iface, err := net.InterfaceByName(p.Interface)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("path %q: %w", p.Name, err))
+			// No NIC: spread must not place new subflows on the path.
+			if err := a.dp.SetPathDown(p.Index, true); err != nil {
+				errs = append(errs, err)
+			}
 			continue
 		}
 		if err := a.dp.SetNIC(iface.Index, p.Index); err != nil {
+			errs = append(errs, err)
+		}
+		// A NIC without carrier (not RUNNING) is down for placement, as
+		// seen at this reconcile; liveness probes will set it too.
+		if err := a.dp.SetPathDown(p.Index, iface.Flags&net.FlagRunning == 0); err != nil {
 			errs = append(errs, err)
 		}
 		wantAttach[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICIngress}] = true
@@ -138,12 +147,12 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 	rules := map[string]uint32{}
 	ruleByName := map[string]Rule{}
 	for i, r := range cfg.Rules {
-		idx := make([]uint32, 0, len(r.Paths))
-		for _, name := range r.Paths {
-			idx = append(idx, paths[name].Index)
+		dr, err := r.datapathRule(paths)
+		if err == nil {
+			err = a.dp.SetRule(uint32(i), dr)
 		}
-		if err := a.dp.SetRule(uint32(i), datapath.Rule{Paths: idx}); err != nil {
-			errs = append(errs, err)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rule %q: %w", r.Name, err))
 		}
 		rules[r.Name] = uint32(i)
 		ruleByName[r.Name] = r
@@ -152,7 +161,13 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 	wantEndpoints := map[string]bool{}
 	wantCreators := map[string]bool{}
 	for _, pod := range cfg.Pods {
-		rule := ruleByName[pod.Rule]
+		// The pod's MPTCP settings and subflow creation follow its first
+		// (highest priority) rule; the datapath selects per subflow.
+		rule := ruleByName[pod.ruleNames()[0]]
+		ids := make([]uint32, 0, len(pod.ruleNames()))
+		for _, name := range pod.ruleNames() {
+			ids = append(ids, rules[name])
+		}
 		if err := configurePodMPTCP(pod, rule); err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
 			continue
@@ -169,7 +184,7 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 			}
 		}
 		for _, ip := range pod.IPs {
-			if err := a.dp.SetEndpoint(ip, rules[pod.Rule]); err != nil {
+			if err := a.dp.SetEndpointRules(ip, ids...); err != nil {
 				errs = append(errs, err)
 			}
 			wantEndpoints[ip.String()] = true
@@ -239,7 +254,7 @@ func (a *Agent) releasePods(cfg *Config) error {
 	}
 	var errs []error
 	for _, pod := range a.previous.Pods {
-		if keep[pod.Name] || modes[pod.Rule] == SubflowsNone {
+		if keep[pod.Name] || len(pod.ruleNames()) == 0 || modes[pod.ruleNames()[0]] == SubflowsNone {
 			continue
 		}
 		if _, err := os.Stat(pod.NetNS); err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 
 	"sigs.k8s.io/yaml"
 
@@ -82,6 +83,86 @@ type Rule struct {
 	// signal-mode rule without ports is for clients: its pods only join the
 	// ports their peers announce.
 	SignalPorts []uint16 `json:"signalPorts,omitempty"`
+	// Traffic selects which of a pod's subflows the rule places; unset
+	// selects all of them (docs/datapath.md, "Selectors").
+	Traffic *Traffic `json:"traffic,omitempty"`
+	// SpreadMode is roundRobin (default), weighted or preferred.
+	SpreadMode string `json:"spreadMode,omitempty"`
+	// Weights per path name, for weighted spread: the path's share of
+	// subflow placements. A path left out weighs 1.
+	Weights map[string]uint32 `json:"weights,omitempty"`
+}
+
+// Traffic is a rule's selector: remote CIDRs, service ports (the server's
+// port, whichever side the pod is on) and address family (IPv4, IPv6).
+type Traffic struct {
+	CIDRs  []netip.Prefix `json:"cidrs,omitempty"`
+	Ports  []PortRange    `json:"ports,omitempty"`
+	Family string         `json:"family,omitempty"`
+}
+
+// PortRange is first..last, inclusive; last defaults to first.
+type PortRange struct {
+	First uint16 `json:"first"`
+	Last  uint16 `json:"last,omitempty"`
+}
+
+var spreadModes = map[string]datapath.SpreadMode{
+	"":           datapath.SpreadRoundRobin,
+	"roundRobin": datapath.SpreadRoundRobin,
+	"weighted":   datapath.SpreadWeighted,
+	"preferred":  datapath.SpreadPreferred,
+}
+
+// datapathRule compiles r over the node's paths; Validate reports its
+// errors, so on a valid configuration it does not fail.
+func (r Rule) datapathRule(paths map[string]Path) (datapath.Rule, error) {
+	var out datapath.Rule
+	mode, ok := spreadModes[r.SpreadMode]
+	if !ok {
+		return out, fmt.Errorf("spreadMode: %q is not one of roundRobin, weighted, preferred", r.SpreadMode)
+	}
+	out.Spread = mode
+	for _, name := range r.Paths {
+		out.Paths = append(out.Paths, paths[name].Index)
+		if mode == datapath.SpreadWeighted {
+			w, ok := r.Weights[name]
+			if !ok {
+				w = 1
+			}
+			out.Weights = append(out.Weights, w)
+		}
+	}
+	for name := range r.Weights {
+		if mode != datapath.SpreadWeighted {
+			return out, errors.New("weights: only for spreadMode weighted")
+		}
+		if !slices.Contains(r.Paths, name) {
+			return out, fmt.Errorf("weights: %q is not one of the rule's paths", name)
+		}
+	}
+	if t := r.Traffic; t != nil {
+		out.CIDRs = t.CIDRs
+		for _, pr := range t.Ports {
+			if pr.Last == 0 {
+				pr.Last = pr.First
+			}
+			out.Ports = append(out.Ports, datapath.PortRange{First: pr.First, Last: pr.Last})
+		}
+		switch t.Family {
+		case "":
+		case "IPv4":
+			out.Family = datapath.FamilyIPv4
+		case "IPv6":
+			out.Family = datapath.FamilyIPv6
+		default:
+			return out, fmt.Errorf("traffic.family: %q is not IPv4 or IPv6", t.Family)
+		}
+	}
+	if err := out.Validate(); err != nil {
+		return out, err
+	}
+	return out, nil
 }
 
 // Pod is a local pod selected by a rule.
@@ -92,7 +173,22 @@ type Pod struct {
 	// HostInterface is the pod's host-side veth.
 	HostInterface string       `json:"hostInterface"`
 	IPs           []netip.Addr `json:"ips"`
-	Rule          string       `json:"rule"`
+	// Rules are the pod's rules, highest priority first: each new subflow
+	// takes the first whose traffic selects it. Rule is a shorthand for
+	// one rule.
+	Rules []string `json:"rules,omitempty"`
+	Rule  string   `json:"rule,omitempty"`
+}
+
+// ruleNames is the pod's rule chain, the shorthand included.
+func (p Pod) ruleNames() []string {
+	if len(p.Rules) > 0 {
+		return p.Rules
+	}
+	if p.Rule != "" {
+		return []string{p.Rule}
+	}
+	return nil
 }
 
 // Defaults for fields left empty.
@@ -198,10 +294,25 @@ func (c *Config) Validate() error {
 		if r.MaxSubflows < 0 || r.MaxSubflows > 8 {
 			errs = append(errs, fmt.Errorf("rules[%d].maxSubflows: %d is out of range 0..8 (the kernel's limit)", i, r.MaxSubflows))
 		}
+		if _, err := r.datapathRule(paths); err != nil {
+			errs = append(errs, fmt.Errorf("rules[%d]: %w", i, err))
+		}
+	}
+	if len(c.Rules) > datapath.MaxRules {
+		errs = append(errs, fmt.Errorf("rules: %d rules, at most %d", len(c.Rules), datapath.MaxRules))
 	}
 	for i, p := range c.Pods {
-		if !rules[p.Rule] {
-			errs = append(errs, fmt.Errorf("pods[%d].rule: no rule named %q", i, p.Rule))
+		if p.Rule != "" && len(p.Rules) > 0 {
+			errs = append(errs, fmt.Errorf("pods[%d]: set rule or rules, not both", i))
+		}
+		names := p.ruleNames()
+		if len(names) == 0 || len(names) > datapath.MaxPodRules {
+			errs = append(errs, fmt.Errorf("pods[%d].rules: %d rules, want 1 to %d", i, len(names), datapath.MaxPodRules))
+		}
+		for _, name := range names {
+			if !rules[name] {
+				errs = append(errs, fmt.Errorf("pods[%d].rules: no rule named %q", i, name))
+			}
 		}
 		if p.HostInterface == "" {
 			errs = append(errs, fmt.Errorf("pods[%d].hostInterface: must be set", i))

@@ -45,6 +45,14 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatPathsExhausted:   "paths_exhausted",
 	datapath.StatMPTCPOptInvalid:  "mptcp_option_invalid",
 	datapath.StatObserved:         "observed",
+	datapath.StatNoRuleMatch:      "no_rule_match",
+	datapath.StatPathDownSkipped:  "path_down_skipped",
+	datapath.StatAllPathsDown:     "all_paths_down",
+	datapath.StatSubflowInsert:    "subflow_insert",
+	datapath.StatConnInsert:       "connection_insert",
+	datapath.StatMapUpdateFailed:  "map_update_failed",
+	datapath.StatSubflowForgotten: "subflow_forgotten",
+	datapath.StatConnForgotten:    "connection_forgotten",
 }
 
 // EventName is the label value of a datapath counter in
@@ -101,6 +109,7 @@ func NewMetrics(a *Agent) *Metrics {
 		m.reconcileDuration,
 		m.reconcileErrors,
 		newDatapathCollector(a),
+		newRecordCollector(a),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

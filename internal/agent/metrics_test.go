@@ -2,17 +2,21 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 	privileged "github.com/mptcp-operator/mptcp-operator/internal/testutil"
 )
 
@@ -144,5 +148,56 @@ func TestObserveOnlyGaugeFollowsTheDatapath(t *testing.T) {
 		if err := testutil.GatherAndCompare(m.Gatherer(), strings.NewReader(exp), "mptcp_agent_observe_only"); err != nil {
 			t.Errorf("observe-only %v: %v", on, err)
 		}
+	}
+}
+
+// The record actor's counters reach Prometheus: per pod address, per
+// connection (by token), and the LRU tables' fill.
+func TestRecordCountersAreExported(t *testing.T) {
+	privileged.RequireRoot(t)
+	dp, err := datapath.Load(datapath.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
+	a.setPaths(&Config{Paths: []Path{{Name: "fabric-a", Index: 0}}})
+	if err := dp.SetRule(0, datapath.Rule{Paths: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	pod := netip.MustParseAddr("10.244.1.11")
+	if err := dp.SetEndpoint(pod, 0); err != nil {
+		t.Fatal(err)
+	}
+	syn := testpkt.Frame{Src: pod, Dst: netip.MustParseAddr("10.244.2.11"), TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 1, Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()
+	ack := testpkt.Frame{Src: pod, Dst: netip.MustParseAddr("10.244.2.11"), TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 2, Ack: 8, Flags: testpkt.ACK, Options: testpkt.MPCapableACK(1, 2)}}.Bytes()
+	for _, f := range [][]byte{syn, ack} {
+		if _, err := dp.Program(datapath.HookPodEgress).Run(&ebpf.RunOptions{Data: f}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := NewMetrics(a)
+	want := fmt.Sprintf(`
+# HELP mptcp_agent_pod_tx_packets_total TCP packets a selected pod address sent (GSO super-packets count once).
+# TYPE mptcp_agent_pod_tx_packets_total counter
+mptcp_agent_pod_tx_packets_total{address="10.244.1.11"} 2
+# HELP mptcp_agent_pod_tx_bytes_total Bytes of TCP a selected pod address sent, counted at its host-side veth (Ethernet header included).
+# TYPE mptcp_agent_pod_tx_bytes_total counter
+mptcp_agent_pod_tx_bytes_total{address="10.244.1.11"} %d
+# HELP mptcp_agent_table_entries Live entries of a datapath LRU table.
+# TYPE mptcp_agent_table_entries gauge
+mptcp_agent_table_entries{table="connections"} 1
+mptcp_agent_table_entries{table="subflows"} 1
+# HELP mptcp_agent_table_evictions_total Entries a datapath LRU table evicted to fit new ones: entries created minus those the agent deleted minus those live.
+# TYPE mptcp_agent_table_evictions_total counter
+mptcp_agent_table_evictions_total{table="connections"} 0
+mptcp_agent_table_evictions_total{table="subflows"} 0
+`, len(syn)+len(ack))
+	if err := testutil.GatherAndCompare(m.Gatherer(), strings.NewReader(want),
+		"mptcp_agent_pod_tx_packets_total", "mptcp_agent_pod_tx_bytes_total", "mptcp_agent_table_entries", "mptcp_agent_table_evictions_total"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := testutil.GatherAndCount(m.Gatherer(), "mptcp_agent_connection_tx_bytes_total"); err != nil || n != 1 {
+		t.Fatalf("connection series %d, %v; want 1", n, err)
 	}
 }

@@ -216,74 +216,6 @@ func (d *Datapath) ObserveOnly() (bool, error) {
 	return v.Flags&settingObserveOnly != 0, nil
 }
 
-// Rule is what the spread actor needs to know about one compiled rule.
-type Rule struct {
-	// Paths are path indexes in placement order: a connection's initial
-	// subflow takes the next one round robin, its joins the following ones.
-	Paths []uint32
-}
-
-// SetRule writes rule id.
-func (d *Datapath) SetRule(id uint32, r Rule) error {
-	if len(r.Paths) == 0 || len(r.Paths) > MaxPaths {
-		return fmt.Errorf("rule %d: %d paths, want 1 to %d", id, len(r.Paths), MaxPaths)
-	}
-	var v datapathRule
-	// Keep the round-robin cursor of a rule that already exists, so a
-	// rewrite does not skew the spread.
-	_ = d.objs.Rules.Lookup(id, &v)
-	v.Npaths = uint32(len(r.Paths))
-	v.Paths = [MaxPaths + 1]uint8{}
-	for i, p := range r.Paths {
-		if p >= MaxPaths {
-			return fmt.Errorf("rule %d: path index %d out of range", id, p)
-		}
-		v.Paths[i] = uint8(p)
-	}
-	return d.objs.Rules.Put(id, &v)
-}
-
-func endpointKey(addr netip.Addr) datapathEndpointKey {
-	k := datapathEndpointKey{Family: family(addr)}
-	copy(k.Addr[:], addr.AsSlice())
-	return k
-}
-
-func family(addr netip.Addr) uint8 {
-	if addr.Is4() {
-		return 2 // AF_INET
-	}
-	return 10 // AF_INET6
-}
-
-// SetEndpoint selects a local pod address for rule id.
-func (d *Datapath) SetEndpoint(addr netip.Addr, rule uint32) error {
-	k := endpointKey(addr.Unmap())
-	return d.objs.Endpoints.Put(&k, &datapathEndpoint{Rule: rule})
-}
-
-// DeleteEndpoint stops selecting addr. Subflows already placed keep their
-// path until they end.
-func (d *Datapath) DeleteEndpoint(addr netip.Addr) error {
-	k := endpointKey(addr.Unmap())
-	if err := d.objs.Endpoints.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return err
-	}
-	return nil
-}
-
-// Endpoints lists the selected addresses and their rules.
-func (d *Datapath) Endpoints() (map[netip.Addr]uint32, error) {
-	out := map[netip.Addr]uint32{}
-	var k datapathEndpointKey
-	var v datapathEndpoint
-	it := d.objs.Endpoints.Iterate()
-	for it.Next(&k, &v) {
-		out[addrFrom(k.Family, k.Addr)] = v.Rule
-	}
-	return out, it.Err()
-}
-
 func addrFrom(fam uint8, b [16]uint8) netip.Addr {
 	if fam == 2 {
 		return netip.AddrFrom4([4]byte(b[:4]))
@@ -325,10 +257,13 @@ func (d *Datapath) ForgetSubflow(local, remote netip.AddrPort) error {
 	k := datapathFlowKey{Family: family(local.Addr().Unmap()), Sport: htons(local.Port()), Dport: htons(remote.Port())}
 	copy(k.Saddr[:], local.Addr().Unmap().AsSlice())
 	copy(k.Daddr[:], remote.Addr().Unmap().AsSlice())
-	if err := d.objs.Subflows.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := d.objs.Subflows.Delete(&k); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
 		return err
 	}
-	return nil
+	return d.countForgotten(StatSubflowForgotten, 1)
 }
 
 // ForgetConnection removes the connection of the local pod known by any of
@@ -342,7 +277,11 @@ func (d *Datapath) ForgetConnection(local netip.Addr, tokens ...uint32) error {
 		if err := d.objs.ConnAliases.Lookup(&k, &alias); err == nil {
 			ck := k
 			ck.Token = alias.Canonical
-			if err := d.objs.ConnStates.Delete(&ck); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			if err := d.objs.ConnStates.Delete(&ck); err == nil {
+				if err := d.countForgotten(StatConnForgotten, 1); err != nil {
+					return err
+				}
+			} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return err
 			}
 		}

@@ -13,10 +13,21 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type datapathCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Rule      uint32
+	Family    uint8
+	Addr      [16]uint8
+	Pad       [3]uint8
+}
+
 type datapathConn struct {
 	_     structs.HostLayout
 	Used  uint32
 	Joins uint32
+	Rule  uint32
+	Pad   uint32
 }
 
 type datapathConnAlias struct {
@@ -34,9 +45,10 @@ type datapathConnKey struct {
 }
 
 type datapathEndpoint struct {
-	_     structs.HostLayout
-	Rule  uint32
-	Flags uint32
+	_      structs.HostLayout
+	Nrules uint32
+	Flags  uint32
+	Rules  [8]uint32
 }
 
 type datapathEndpointKey struct {
@@ -83,6 +95,12 @@ type datapathNic struct {
 	Flags uint32
 }
 
+type datapathPathState struct {
+	_     structs.HostLayout
+	Flags uint32
+	Pad   uint32
+}
+
 type datapathPathStats struct {
 	_         structs.HostLayout
 	TxPackets uint64
@@ -91,13 +109,34 @@ type datapathPathStats struct {
 	RxBytes   uint64
 }
 
+type datapathPodStats struct {
+	_         structs.HostLayout
+	TxPackets uint64
+	TxBytes   uint64
+	RxPackets uint64
+	RxBytes   uint64
+}
+
+type datapathPortRange struct {
+	_     structs.HostLayout
+	First uint16
+	Last  uint16
+}
+
 type datapathRule struct {
-	_      structs.HostLayout
-	Npaths uint32
-	Flags  uint32
-	Rr     uint32
-	Pad    uint32
-	Paths  [16]uint8
+	_        structs.HostLayout
+	Npaths   uint32
+	Flags    uint32
+	Rr       uint32
+	Pad      uint32
+	Paths    [16]uint8
+	Family   uint8
+	Match    uint8
+	Spread   uint8
+	Nports   uint8
+	Reserved uint32
+	Ports    [8]datapathPortRange
+	Weights  [16]uint8
 }
 
 type datapathSettingsValue struct {
@@ -105,6 +144,14 @@ type datapathSettingsValue struct {
 	Flags    uint32
 	Reserved [15]uint32
 }
+
+type datapathSpreadMode uint32
+
+const (
+	datapathSpreadModeSPREAD_ROUND_ROBIN datapathSpreadMode = 0
+	datapathSpreadModeSPREAD_WEIGHTED    datapathSpreadMode = 1
+	datapathSpreadModeSPREAD_PREFERRED   datapathSpreadMode = 2
+)
 
 type datapathStatId uint32
 
@@ -124,7 +171,15 @@ const (
 	datapathStatIdSTAT_PATHS_EXHAUSTED    datapathStatId = 12
 	datapathStatIdSTAT_MPTCP_OPT_INVALID  datapathStatId = 13
 	datapathStatIdSTAT_OBSERVED           datapathStatId = 14
-	datapathStatIdSTAT_MAX                datapathStatId = 15
+	datapathStatIdSTAT_NO_RULE_MATCH      datapathStatId = 15
+	datapathStatIdSTAT_PATH_DOWN_SKIPPED  datapathStatId = 16
+	datapathStatIdSTAT_ALL_PATHS_DOWN     datapathStatId = 17
+	datapathStatIdSTAT_SUBFLOW_INSERT     datapathStatId = 18
+	datapathStatIdSTAT_CONN_INSERT        datapathStatId = 19
+	datapathStatIdSTAT_MAP_UPDATE_FAILED  datapathStatId = 20
+	datapathStatIdSTAT_SUBFLOW_FORGOTTEN  datapathStatId = 21
+	datapathStatIdSTAT_CONN_FORGOTTEN     datapathStatId = 22
+	datapathStatIdSTAT_MAX                datapathStatId = 23
 )
 
 type datapathSubflow struct {
@@ -134,6 +189,12 @@ type datapathSubflow struct {
 	Token     uint32
 	Rule      uint32
 	CreatedNs uint64
+	Conn      uint32
+	Pad       uint32
+	TxPackets uint64
+	TxBytes   uint64
+	RxPackets uint64
+	RxBytes   uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -146,6 +207,9 @@ const (
 	datapathMapMptcpOptions       = "mptcp_options"
 	datapathMapNics               = "nics"
 	datapathMapPathCounters       = "path_counters"
+	datapathMapPathStates         = "path_states"
+	datapathMapPodCounters        = "pod_counters"
+	datapathMapRuleCidrs          = "rule_cidrs"
 	datapathMapRules              = "rules"
 	datapathMapSettings           = "settings"
 	datapathMapStats              = "stats"
@@ -156,6 +220,7 @@ const (
 	datapathVarMarkMask           = "mark_mask"
 	datapathVarMarkShift          = "mark_shift"
 	datapathVarUnusedMptcpSubtype = "unused_mptcp_subtype"
+	datapathVarUnusedSpreadMode   = "unused_spread_mode"
 	datapathVarUnusedStatId       = "unused_stat_id"
 )
 
@@ -216,6 +281,9 @@ type datapathMapSpecs struct {
 	MptcpOptions *ebpf.MapSpec `ebpf:"mptcp_options"`
 	Nics         *ebpf.MapSpec `ebpf:"nics"`
 	PathCounters *ebpf.MapSpec `ebpf:"path_counters"`
+	PathStates   *ebpf.MapSpec `ebpf:"path_states"`
+	PodCounters  *ebpf.MapSpec `ebpf:"pod_counters"`
+	RuleCidrs    *ebpf.MapSpec `ebpf:"rule_cidrs"`
 	Rules        *ebpf.MapSpec `ebpf:"rules"`
 	Settings     *ebpf.MapSpec `ebpf:"settings"`
 	Stats        *ebpf.MapSpec `ebpf:"stats"`
@@ -229,6 +297,7 @@ type datapathVariableSpecs struct {
 	MarkMask           *ebpf.VariableSpec `ebpf:"mark_mask"`
 	MarkShift          *ebpf.VariableSpec `ebpf:"mark_shift"`
 	UnusedMptcpSubtype *ebpf.VariableSpec `ebpf:"unused_mptcp_subtype"`
+	UnusedSpreadMode   *ebpf.VariableSpec `ebpf:"unused_spread_mode"`
 	UnusedStatId       *ebpf.VariableSpec `ebpf:"unused_stat_id"`
 }
 
@@ -258,6 +327,9 @@ type datapathMaps struct {
 	MptcpOptions *ebpf.Map `ebpf:"mptcp_options"`
 	Nics         *ebpf.Map `ebpf:"nics"`
 	PathCounters *ebpf.Map `ebpf:"path_counters"`
+	PathStates   *ebpf.Map `ebpf:"path_states"`
+	PodCounters  *ebpf.Map `ebpf:"pod_counters"`
+	RuleCidrs    *ebpf.Map `ebpf:"rule_cidrs"`
 	Rules        *ebpf.Map `ebpf:"rules"`
 	Settings     *ebpf.Map `ebpf:"settings"`
 	Stats        *ebpf.Map `ebpf:"stats"`
@@ -272,6 +344,9 @@ func (m *datapathMaps) Close() error {
 		m.MptcpOptions,
 		m.Nics,
 		m.PathCounters,
+		m.PathStates,
+		m.PodCounters,
+		m.RuleCidrs,
 		m.Rules,
 		m.Settings,
 		m.Stats,
@@ -286,6 +361,7 @@ type datapathVariables struct {
 	MarkMask           *ebpf.Variable `ebpf:"mark_mask"`
 	MarkShift          *ebpf.Variable `ebpf:"mark_shift"`
 	UnusedMptcpSubtype *ebpf.Variable `ebpf:"unused_mptcp_subtype"`
+	UnusedSpreadMode   *ebpf.Variable `ebpf:"unused_spread_mode"`
 	UnusedStatId       *ebpf.Variable `ebpf:"unused_stat_id"`
 }
 

@@ -27,7 +27,25 @@ const (
 	// StatObserved counts, in observe-only mode, the packets that would
 	// have been given a path mark (StatMarked otherwise).
 	StatObserved = datapathStatIdSTAT_OBSERVED
-	numStats     = int(datapathStatIdSTAT_MAX)
+	// StatNoRuleMatch: an opening SYN of a selected pod that none of its
+	// rules selects (left unplaced).
+	StatNoRuleMatch = datapathStatIdSTAT_NO_RULE_MATCH
+	// StatPathDownSkipped: a placement passed over a path marked down.
+	StatPathDownSkipped = datapathStatIdSTAT_PATH_DOWN_SKIPPED
+	// StatAllPathsDown: a subflow left unplaced because every path of its
+	// rule is down.
+	StatAllPathsDown = datapathStatIdSTAT_ALL_PATHS_DOWN
+	// StatSubflowInsert and StatConnInsert count entries created in the
+	// subflow and connection tables (LRU evictions are derived from them).
+	StatSubflowInsert = datapathStatIdSTAT_SUBFLOW_INSERT
+	StatConnInsert    = datapathStatIdSTAT_CONN_INSERT
+	// StatMapUpdateFailed: a table update the kernel refused.
+	StatMapUpdateFailed = datapathStatIdSTAT_MAP_UPDATE_FAILED
+	// StatSubflowForgotten and StatConnForgotten count the agent's own
+	// deletions (ForgetSubflow, ForgetConnection).
+	StatSubflowForgotten = datapathStatIdSTAT_SUBFLOW_FORGOTTEN
+	StatConnForgotten    = datapathStatIdSTAT_CONN_FORGOTTEN
+	numStats             = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.
@@ -150,12 +168,19 @@ type Subflow struct {
 	Path          uint32
 	Role          Role
 	Token         uint32
-	// Rule is the index of the rule that selected the subflow.
+	// Rule selected the subflow; NoRule when none did (a mirrored one).
 	Rule uint32
 	// CreatedNs is when the subflow was placed or mirrored, on the
 	// kernel's monotonic clock (bpf_ktime_get_ns).
 	CreatedNs uint64
+	// Conn is its connection's token (Connection.Token), 0 until known.
+	Conn uint32
+	// Bytes and packets the pod sent (Tx) and received (Rx) on it.
+	Counters TrafficCounters
 }
+
+// NoRule is the Rule of a subflow no rule selected.
+const NoRule = ruleNone
 
 // Subflows lists the subflow table.
 func (d *Datapath) Subflows() ([]Subflow, error) {
@@ -171,7 +196,10 @@ func (d *Datapath) Subflows() ([]Subflow, error) {
 			Role:      Role(v.Role),
 			Token:     v.Token,
 			Rule:      v.Rule,
+			Conn:      v.Conn,
 			CreatedNs: v.CreatedNs,
+			Counters: TrafficCounters{TxPackets: v.TxPackets, TxBytes: v.TxBytes,
+				RxPackets: v.RxPackets, RxBytes: v.RxBytes},
 		})
 	}
 	return out, it.Err()
@@ -186,6 +214,8 @@ type Connection struct {
 	UsedPaths uint32
 	// Joins is how many joins this node placed.
 	Joins uint32
+	// Rule is the rule of its initial subflow, which its joins follow.
+	Rule uint32
 }
 
 // Connections lists the connection table.
@@ -195,7 +225,7 @@ func (d *Datapath) Connections() ([]Connection, error) {
 	var v datapathConn
 	it := d.objs.ConnStates.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, Connection{Local: addrFrom(k.Family, k.Local), Token: k.Token, UsedPaths: v.Used, Joins: v.Joins})
+		out = append(out, Connection{Local: addrFrom(k.Family, k.Local), Token: k.Token, UsedPaths: v.Used, Joins: v.Joins, Rule: v.Rule})
 	}
 	return out, it.Err()
 }

@@ -1,0 +1,81 @@
+package agent
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// recordCollector exports the datapath's record actor at scrape time: per
+// pod address and per connection traffic, and the fill and evictions of the
+// LRU tables.
+//
+// Per-connection series come and go with the connection table (an LRU of at
+// most 16384 entries): their number is bounded by the table, not by time,
+// but a scraper keeping history sees one series per connection ever seen.
+type recordCollector struct {
+	a                                              *Agent
+	podTxBytes, podTxPackets, podRxBytes, podRxPkt *prometheus.Desc
+	connTxBytes, connRxBytes                       *prometheus.Desc
+	tableEntries, tableCapacity, tableEvictions    *prometheus.Desc
+}
+
+func newRecordCollector(a *Agent) *recordCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, "", name), help, labels, nil)
+	}
+	return &recordCollector{
+		a:              a,
+		podTxBytes:     d("pod_tx_bytes_total", "Bytes of TCP a selected pod address sent, counted at its host-side veth (Ethernet header included).", "address"),
+		podTxPackets:   d("pod_tx_packets_total", "TCP packets a selected pod address sent (GSO super-packets count once).", "address"),
+		podRxBytes:     d("pod_rx_bytes_total", "Bytes of TCP a selected pod address received, counted at its host-side veth.", "address"),
+		podRxPkt:       d("pod_rx_packets_total", "TCP packets a selected pod address received.", "address"),
+		connTxBytes:    d("connection_tx_bytes_total", "Bytes the local pod sent on an MPTCP connection, summed over its subflows still in the subflow table.", "address", "token"),
+		connRxBytes:    d("connection_rx_bytes_total", "Bytes the local pod received on an MPTCP connection, summed over its subflows still in the subflow table.", "address", "token"),
+		tableEntries:   d("table_entries", "Live entries of a datapath LRU table.", "table"),
+		tableCapacity:  d("table_capacity", "Capacity of a datapath LRU table.", "table"),
+		tableEvictions: d("table_evictions_total", "Entries a datapath LRU table evicted to fit new ones: entries created minus those the agent deleted minus those live.", "table"),
+	}
+}
+
+func (c *recordCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.podTxBytes, c.podTxPackets, c.podRxBytes, c.podRxPkt, c.connTxBytes, c.connRxBytes, c.tableEntries, c.tableCapacity, c.tableEvictions} {
+		ch <- d
+	}
+}
+
+func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
+	dp := c.a.dp
+	if pods, err := dp.PodStats(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.podTxBytes, err)
+	} else {
+		for addr, p := range pods {
+			a := addr.String()
+			ch <- prometheus.MustNewConstMetric(c.podTxBytes, prometheus.CounterValue, float64(p.TxBytes), a)
+			ch <- prometheus.MustNewConstMetric(c.podTxPackets, prometheus.CounterValue, float64(p.TxPackets), a)
+			ch <- prometheus.MustNewConstMetric(c.podRxBytes, prometheus.CounterValue, float64(p.RxBytes), a)
+			ch <- prometheus.MustNewConstMetric(c.podRxPkt, prometheus.CounterValue, float64(p.RxPackets), a)
+		}
+	}
+	if conns, err := dp.ConnectionStats(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.connTxBytes, err)
+	} else {
+		for k, v := range conns {
+			a, tok := k.Local.String(), fmt.Sprintf("%08x", k.Token)
+			ch <- prometheus.MustNewConstMetric(c.connTxBytes, prometheus.CounterValue, float64(v.TxBytes), a, tok)
+			ch <- prometheus.MustNewConstMetric(c.connRxBytes, prometheus.CounterValue, float64(v.RxBytes), a, tok)
+		}
+	}
+	sf, conn, err := dp.Occupancy()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.tableEntries, err)
+		return
+	}
+	for table, o := range map[string]datapath.TableOccupancy{"subflows": sf, "connections": conn} {
+		ch <- prometheus.MustNewConstMetric(c.tableEntries, prometheus.GaugeValue, float64(o.Entries), table)
+		ch <- prometheus.MustNewConstMetric(c.tableCapacity, prometheus.GaugeValue, float64(o.Capacity), table)
+		ch <- prometheus.MustNewConstMetric(c.tableEvictions, prometheus.CounterValue, float64(o.Evictions), table)
+	}
+}

@@ -1,0 +1,137 @@
+package datapath
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+)
+
+// The record actor counts, exactly, every TCP packet of a selected pod (per
+// pod), and each subflow's packets (per subflow, summed per connection),
+// both ways; unselected pods have no counters.
+func TestRecordCountersAreExact(t *testing.T) {
+	dp := loadForTest(t)
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1}}})
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	const clientKey, serverKey = 0xaaaa, 0xbbbb
+	var tx, rx [][]byte
+	tx = append(tx, syn(clientPod, 40000, serverPod, 80, testpkt.MPCapableSYN()))
+	rx = append(rx, synAck(serverPod, 80, clientPod, 40000, testpkt.MPCapableSYNACK(serverKey)))
+	tx = append(tx, capableACK(clientPod, 40000, serverPod, 80, clientKey, serverKey))
+	data := func(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, n int) []byte {
+		return testpkt.Frame{Src: src, Dst: dst, TCP: &testpkt.TCP{SrcPort: sport, DstPort: dport, Seq: 9, Ack: 9, Flags: testpkt.ACK, Payload: make([]byte, n)}}.Bytes()
+	}
+	tx = append(tx, data(clientPod, 40000, serverPod, 80, 100), data(clientPod, 40000, serverPod, 80, 300))
+	rx = append(rx, data(serverPod, 80, clientPod, 40000, 1000))
+	// A join of the connection, and its traffic.
+	tx = append(tx, syn(clientPod, 40001, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)))
+	tx = append(tx, data(clientPod, 40001, serverPod, 80, 50))
+	rx = append(rx, data(serverPod, 80, clientPod, 40001, 70))
+	// Plain TCP of the pod: counted for the pod, in no subflow.
+	tx = append(tx, data(clientPod, 50000, serverPod, 22, 10))
+	// An unselected pod: counted nowhere.
+	tx = append(tx, data(serverPod, 1, otherNet, 2, 10))
+
+	var want TrafficCounters
+	for _, f := range tx[:len(tx)-1] {
+		want.TxPackets++
+		want.TxBytes += uint64(len(f))
+	}
+	for _, f := range rx {
+		want.RxPackets++
+		want.RxBytes += uint64(len(f))
+	}
+	for _, f := range tx {
+		run(t, dp.objs.PodEgress, f, skbContext{})
+	}
+	for _, f := range rx {
+		run(t, dp.objs.PodIngress, f, skbContext{})
+	}
+
+	pods, err := dp.PodStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods) != 1 || pods[clientPod] != want {
+		t.Fatalf("pod counters %+v, want only %v: %+v", pods, clientPod, want)
+	}
+
+	sfs, err := dp.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byPort := map[uint16]TrafficCounters{}
+	for _, sf := range sfs {
+		if sf.Conn != tokenOf(serverKey) {
+			t.Errorf("subflow %v: connection %#x, want %#x", sf.Local, sf.Conn, tokenOf(serverKey))
+		}
+		byPort[sf.Local.Port()] = sf.Counters
+	}
+	wantInitial := TrafficCounters{
+		TxPackets: 4, TxBytes: uint64(len(tx[0]) + len(tx[1]) + len(tx[2]) + len(tx[3])),
+		RxPackets: 2, RxBytes: uint64(len(rx[0]) + len(rx[1])),
+	}
+	wantJoin := TrafficCounters{TxPackets: 2, TxBytes: uint64(len(tx[4]) + len(tx[5])), RxPackets: 1, RxBytes: uint64(len(rx[2]))}
+	if len(byPort) != 2 || byPort[40000] != wantInitial || byPort[40001] != wantJoin {
+		t.Fatalf("subflow counters %+v, want 40000: %+v, 40001: %+v", byPort, wantInitial, wantJoin)
+	}
+
+	conns, err := dp.ConnectionStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantConn := wantInitial
+	wantConn.Add(wantJoin)
+	if got := conns[ConnKey{Local: clientPod, Token: tokenOf(serverKey)}]; len(conns) != 1 || got != wantConn {
+		t.Fatalf("connection counters %+v, want %+v", conns, wantConn)
+	}
+}
+
+// Occupancy counts the live entries of the LRU tables; evictions are the
+// entries created minus the live ones minus those the agent deleted.
+func TestOccupancyAndEvictions(t *testing.T) {
+	dp := loadForTest(t)
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1}}})
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		placeSYN(t, dp, clientPod, uint16(40000+i), serverPod, 80)
+	}
+	// A retransmitted SYN replaces its entry: no new entry.
+	placeSYN(t, dp, clientPod, 40000, serverPod, 80)
+	run(t, dp.objs.PodEgress, capableACK(clientPod, 40000, serverPod, 80, 1, 2), skbContext{})
+	if err := dp.ForgetSubflow(netip.AddrPortFrom(clientPod, 40001), netip.AddrPortFrom(serverPod, 80)); err != nil {
+		t.Fatal(err)
+	}
+	sf, conn, err := dp.Occupancy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sf.Entries != 4 || sf.Capacity != 65536 || sf.Evictions != 0 {
+		t.Errorf("subflow table %+v, want 4 of 65536, no evictions", sf)
+	}
+	if conn.Entries != 1 || conn.Capacity != 16384 || conn.Evictions != 0 {
+		t.Errorf("connection table %+v, want 1 of 16384, no evictions", conn)
+	}
+	// An entry that vanishes without the agent (as an LRU eviction does)
+	// shows as an eviction.
+	var k datapathFlowKey
+	var v datapathSubflow
+	it := dp.objs.Subflows.Iterate()
+	if !it.Next(&k, &v) {
+		t.Fatal(it.Err())
+	}
+	if err := dp.objs.Subflows.Delete(&k); err != nil {
+		t.Fatal(err)
+	}
+	if sf, _, err = dp.Occupancy(); err != nil || sf.Entries != 3 || sf.Evictions != 1 {
+		t.Fatalf("after an unannounced removal: %+v, %v; want 3 entries, 1 eviction", sf, err)
+	}
+	if got := stat(t, dp, StatSubflowInsert); got != 5 {
+		t.Fatalf("StatSubflowInsert = %d, want 5", got)
+	}
+}

@@ -1,0 +1,372 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/cilium/ebpf"
+)
+
+// Limits of the datapath's maps (bpf/include/common.h).
+const (
+	// MaxRules is how many rule ids the rules map holds (ids 0..MaxRules-1).
+	MaxRules = 256
+	// MaxPodRules is how many rules one pod's selector chain can hold.
+	MaxPodRules = 8
+	// MaxRulePorts is how many port ranges one rule's selector can hold.
+	MaxRulePorts = 8
+	// MaxWeight is the largest weight of a path (a byte in the map).
+	MaxWeight = 255
+	// ruleNone is RULE_NONE: a mirrored subflow no rule selected.
+	ruleNone = ^uint32(0)
+	// cidrKeyFixedBits is CIDR_KEY_FIXED_BITS: the rule id and family
+	// before the address in an LPM key.
+	cidrKeyFixedBits = 40
+)
+
+// SpreadMode is how a rule places a connection's initial subflow over its
+// paths (enum spread_mode).
+type SpreadMode uint8
+
+const (
+	// SpreadRoundRobin gives initial subflows the rule's paths in turn.
+	SpreadRoundRobin SpreadMode = SpreadMode(datapathSpreadModeSPREAD_ROUND_ROBIN)
+	// SpreadWeighted gives each path its weight's share of initial
+	// subflows, exactly over every run of sum(weights) placements.
+	SpreadWeighted SpreadMode = SpreadMode(datapathSpreadModeSPREAD_WEIGHTED)
+	// SpreadPreferred puts initial subflows on the first usable path of the
+	// list, and joins on the next usable ones in order.
+	SpreadPreferred SpreadMode = SpreadMode(datapathSpreadModeSPREAD_PREFERRED)
+)
+
+func (m SpreadMode) String() string {
+	switch m {
+	case SpreadRoundRobin:
+		return "roundRobin"
+	case SpreadWeighted:
+		return "weighted"
+	case SpreadPreferred:
+		return "preferred"
+	}
+	return fmt.Sprintf("spread-%d", uint8(m))
+}
+
+// Family restricts a rule to one IP family; FamilyAny selects both.
+type Family uint8
+
+const (
+	FamilyAny  Family = 0
+	FamilyIPv4 Family = 2  // AF_INET
+	FamilyIPv6 Family = 10 // AF_INET6
+)
+
+// Match says which opening SYNs a rule selects. Joins of a connection the
+// datapath knows never go through selection: they follow their connection's
+// rule.
+type Match uint8
+
+const (
+	// MatchInitial selects the MP_CAPABLE SYN that opens a connection.
+	MatchInitial Match = 1 << 0
+	// MatchJoin selects an MP_JOIN SYN whose connection is not known (its
+	// handshake was not seen, e.g. it started before the agent).
+	MatchJoin Match = 1 << 1
+	// MatchAll is the default (the zero value means the same).
+	MatchAll = MatchInitial | MatchJoin
+)
+
+// PortRange is an inclusive range of service ports.
+type PortRange struct{ First, Last uint16 }
+
+// Rule is one compiled rule: a selector and the spread actor's data. The
+// service port a selector compares is the destination port of the SYN that
+// opens the subflow, on both nodes: the server's port.
+type Rule struct {
+	// Paths are path indexes in order of preference.
+	Paths []uint32
+	// Weights, for SpreadWeighted, one per path (1..MaxWeight). Empty
+	// means every path weighs 1.
+	Weights []uint32
+	// Spread is the placement of initial subflows.
+	Spread SpreadMode
+	// Family, CIDRs (of the remote address), Ports and Match select the
+	// traffic; zero values select everything.
+	Family Family
+	CIDRs  []netip.Prefix
+	Ports  []PortRange
+	Match  Match
+}
+
+// Validate says what is wrong with r, if anything.
+func (r Rule) Validate() error {
+	if len(r.Paths) == 0 || len(r.Paths) > MaxPaths {
+		return fmt.Errorf("%d paths, want 1 to %d", len(r.Paths), MaxPaths)
+	}
+	for i, p := range r.Paths {
+		if p >= MaxPaths {
+			return fmt.Errorf("path index %d out of range 0..%d", p, MaxPaths-1)
+		}
+		if slices.Contains(r.Paths[:i], p) {
+			return fmt.Errorf("path index %d listed twice", p)
+		}
+	}
+	switch r.Spread {
+	case SpreadRoundRobin, SpreadPreferred:
+		if len(r.Weights) != 0 {
+			return fmt.Errorf("weights given for spread mode %v, which ignores them", r.Spread)
+		}
+	case SpreadWeighted:
+		if len(r.Weights) != 0 && len(r.Weights) != len(r.Paths) {
+			return fmt.Errorf("%d weights for %d paths", len(r.Weights), len(r.Paths))
+		}
+		for i, w := range r.Weights {
+			if w == 0 || w > MaxWeight {
+				return fmt.Errorf("weight %d of path %d out of range 1..%d", w, r.Paths[i], MaxWeight)
+			}
+		}
+	default:
+		return fmt.Errorf("unknown spread mode %d", r.Spread)
+	}
+	switch r.Family {
+	case FamilyAny, FamilyIPv4, FamilyIPv6:
+	default:
+		return fmt.Errorf("unknown address family %d", r.Family)
+	}
+	if r.Match&^MatchAll != 0 {
+		return fmt.Errorf("unknown match bits %#x", uint8(r.Match&^MatchAll))
+	}
+	if len(r.Ports) > MaxRulePorts {
+		return fmt.Errorf("%d port ranges, at most %d", len(r.Ports), MaxRulePorts)
+	}
+	for _, pr := range r.Ports {
+		if pr.First == 0 || pr.First > pr.Last {
+			return fmt.Errorf("port range %d-%d is empty or starts at 0", pr.First, pr.Last)
+		}
+	}
+	for _, c := range r.CIDRs {
+		if !c.IsValid() {
+			return fmt.Errorf("invalid CIDR %v", c)
+		}
+		if c.Addr().Is4In6() {
+			return fmt.Errorf("CIDR %v: write IPv4 CIDRs in IPv4 form", c)
+		}
+		if r.Family == FamilyIPv4 && !c.Addr().Is4() || r.Family == FamilyIPv6 && c.Addr().Is4() {
+			return fmt.Errorf("CIDR %v does not belong to the rule's family", c)
+		}
+	}
+	return nil
+}
+
+func cidrKey(id uint32, c netip.Prefix) datapathCidrKey {
+	c = c.Masked()
+	k := datapathCidrKey{
+		Prefixlen: uint32(cidrKeyFixedBits + c.Bits()),
+		Rule:      id>>24 | id>>8&0xff00 | id<<8&0xff0000 | id<<24, // big endian
+		Family:    family(c.Addr()),
+	}
+	copy(k.Addr[:], c.Addr().AsSlice())
+	return k
+}
+
+// SetRule writes rule id. It is a rewrite of map entries, taking effect for
+// the next new subflow; subflows already placed keep their path. The CIDRs
+// are written before the rule and stale ones removed after it, so a rewrite
+// never selects less than both the old and the new rule have in common.
+func (d *Datapath) SetRule(id uint32, r Rule) error {
+	if id >= MaxRules {
+		return fmt.Errorf("rule %d: id out of range 0..%d", id, MaxRules-1)
+	}
+	if err := r.Validate(); err != nil {
+		return fmt.Errorf("rule %d: %w", id, err)
+	}
+	want := map[datapathCidrKey]bool{}
+	for _, c := range r.CIDRs {
+		k := cidrKey(id, c)
+		want[k] = true
+		if err := d.objs.RuleCidrs.Put(&k, uint32(1)); err != nil {
+			return fmt.Errorf("rule %d: writing CIDR %v: %w", id, c, err)
+		}
+	}
+	var v datapathRule
+	// Keep the cursor of a rule that already exists, so a rewrite does
+	// not skew the spread.
+	if err := d.objs.Rules.Lookup(id, &v); err != nil {
+		return fmt.Errorf("rule %d: reading: %w", id, err)
+	}
+	rr := v.Rr
+	v = datapathRule{Rr: rr, Npaths: uint32(len(r.Paths)), Family: uint8(r.Family), Match: uint8(r.Match), Spread: uint8(r.Spread), Nports: uint8(len(r.Ports))}
+	for i, p := range r.Paths {
+		v.Paths[i] = uint8(p)
+		v.Weights[i] = 1
+		if i < len(r.Weights) {
+			v.Weights[i] = uint8(r.Weights[i])
+		}
+	}
+	for i, pr := range r.Ports {
+		v.Ports[i] = datapathPortRange{First: pr.First, Last: pr.Last}
+	}
+	if len(r.CIDRs) > 0 {
+		v.Flags |= ruleCIDRs
+	}
+	if err := d.objs.Rules.Put(id, &v); err != nil {
+		return fmt.Errorf("rule %d: writing: %w", id, err)
+	}
+	return d.pruneCIDRs(id, want)
+}
+
+// ruleCIDRs is RULE_CIDRS.
+const ruleCIDRs = 1 << 0
+
+// pruneCIDRs deletes rule id's CIDRs that are not in keep.
+func (d *Datapath) pruneCIDRs(id uint32, keep map[datapathCidrKey]bool) error {
+	var stale []datapathCidrKey
+	var k datapathCidrKey
+	var v uint32
+	it := d.objs.RuleCidrs.Iterate()
+	for it.Next(&k, &v) {
+		if cidrKey(id, netip.Prefix{}).Rule == k.Rule && !keep[k] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("rule %d: listing CIDRs: %w", id, err)
+	}
+	for _, k := range stale {
+		if err := d.objs.RuleCidrs.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("rule %d: deleting a stale CIDR: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// DeleteRule empties rule id: it selects nothing from now on (an empty
+// path list), and its CIDRs are removed. Subflows and connections already
+// placed by it keep their paths; joins of its connections are no longer
+// placed.
+func (d *Datapath) DeleteRule(id uint32) error {
+	if id >= MaxRules {
+		return fmt.Errorf("rule %d: id out of range 0..%d", id, MaxRules-1)
+	}
+	if err := d.objs.Rules.Put(id, &datapathRule{}); err != nil {
+		return fmt.Errorf("rule %d: clearing: %w", id, err)
+	}
+	return d.pruneCIDRs(id, nil)
+}
+
+func endpointKey(addr netip.Addr) datapathEndpointKey {
+	k := datapathEndpointKey{Family: family(addr)}
+	copy(k.Addr[:], addr.AsSlice())
+	return k
+}
+
+func family(addr netip.Addr) uint8 {
+	if addr.Is4() {
+		return 2 // AF_INET
+	}
+	return 10 // AF_INET6
+}
+
+// SetEndpoint selects a local pod address for one rule (a shorthand for
+// SetEndpointRules with one rule).
+func (d *Datapath) SetEndpoint(addr netip.Addr, rule uint32) error {
+	return d.SetEndpointRules(addr, rule)
+}
+
+// SetEndpointRules gives a local pod address its selector chain: rule ids,
+// highest priority first. Each new subflow takes the first rule that
+// selects it. The pod's counters are created with it (and kept on rewrite).
+func (d *Datapath) SetEndpointRules(addr netip.Addr, rules ...uint32) error {
+	addr = addr.Unmap()
+	if !addr.IsValid() {
+		return errors.New("endpoint: invalid address")
+	}
+	if len(rules) == 0 || len(rules) > MaxPodRules {
+		return fmt.Errorf("endpoint %v: %d rules, want 1 to %d", addr, len(rules), MaxPodRules)
+	}
+	v := datapathEndpoint{Nrules: uint32(len(rules))}
+	for i, id := range rules {
+		if id >= MaxRules {
+			return fmt.Errorf("endpoint %v: rule id %d out of range 0..%d", addr, id, MaxRules-1)
+		}
+		v.Rules[i] = id
+	}
+	k := endpointKey(addr)
+	zero := make([]datapathPodStats, ebpf.MustPossibleCPU())
+	if err := d.objs.PodCounters.Update(&k, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return fmt.Errorf("endpoint %v: creating its counters: %w", addr, err)
+	}
+	if err := d.objs.Endpoints.Put(&k, &v); err != nil {
+		return fmt.Errorf("endpoint %v: writing: %w", addr, err)
+	}
+	return nil
+}
+
+// DeleteEndpoint stops selecting addr and drops its counters. Subflows
+// already placed keep their path until they end.
+func (d *Datapath) DeleteEndpoint(addr netip.Addr) error {
+	k := endpointKey(addr.Unmap())
+	if err := d.objs.Endpoints.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	if err := d.objs.PodCounters.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	return nil
+}
+
+// EndpointRules lists the selected addresses and their rule chains.
+func (d *Datapath) EndpointRules() (map[netip.Addr][]uint32, error) {
+	out := map[netip.Addr][]uint32{}
+	var k datapathEndpointKey
+	var v datapathEndpoint
+	it := d.objs.Endpoints.Iterate()
+	for it.Next(&k, &v) {
+		n := min(int(v.Nrules), MaxPodRules)
+		out[addrFrom(k.Family, k.Addr)] = slices.Clone(v.Rules[:n])
+	}
+	return out, it.Err()
+}
+
+// Endpoints lists the selected addresses and their first (highest
+// priority) rule.
+func (d *Datapath) Endpoints() (map[netip.Addr]uint32, error) {
+	chains, err := d.EndpointRules()
+	out := make(map[netip.Addr]uint32, len(chains))
+	for a, rules := range chains {
+		if len(rules) > 0 {
+			out[a] = rules[0]
+		}
+	}
+	return out, err
+}
+
+// pathDown is PATH_DOWN.
+const pathDown = 1 << 0
+
+// SetPathDown marks path down (no new subflow is placed on it, joins move
+// to other paths) or up again. Subflows already on it keep it: moving them
+// would break them; MPTCP moves their data to other subflows.
+func (d *Datapath) SetPathDown(path uint32, down bool) error {
+	if path >= MaxPaths {
+		return fmt.Errorf("path index %d out of range 0..%d", path, MaxPaths-1)
+	}
+	var v datapathPathState
+	if down {
+		v.Flags = pathDown
+	}
+	if err := d.objs.PathStates.Put(path, &v); err != nil {
+		return fmt.Errorf("path %d: writing its state: %w", path, err)
+	}
+	return nil
+}
+
+// PathDown says whether path is marked down.
+func (d *Datapath) PathDown(path uint32) (bool, error) {
+	var v datapathPathState
+	if err := d.objs.PathStates.Lookup(path, &v); err != nil {
+		return false, fmt.Errorf("path %d: reading its state: %w", path, err)
+	}
+	return v.Flags&pathDown != 0, nil
+}
