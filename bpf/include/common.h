@@ -40,6 +40,12 @@ enum stat_id {
 	STAT_PATHS_EXHAUSTED,	 /* a join found every path of its rule in use and shares one */
 	STAT_MPTCP_OPT_INVALID,	 /* packets with an MPTCP option of undefined length: option ignored */
 	STAT_OBSERVED,		 /* observe-only: packets that would have been given a path mark */
+	STAT_RATE_DROP_CONN,	 /* police: dropped, the connection's bucket was empty */
+	STAT_RATE_DROP_POD,	 /* police: dropped, the pod's bucket was empty */
+	STAT_RATE_DROP_PATH,	 /* police: dropped, the path's bucket was empty */
+	STAT_RATE_WND_LOWERED,	 /* window: an ACK's receive window lowered to the cap */
+	STAT_RATE_NO_WSCALE,	 /* window: handshake not seen, scale unknown, ACK left alone */
+	STAT_RATE_SHAPED,	 /* shape: packets given an HTB class at a NIC */
 	STAT_MAX,
 };
 

@@ -118,7 +118,8 @@ func (d *Datapath) Unpin() error {
 	if d.pinDir == "" {
 		return nil
 	}
-	for _, m := range []*ebpf.Map{d.objs.Subflows, d.objs.ConnAliases, d.objs.ConnStates, d.objs.Endpoints, d.objs.Rules, d.objs.Nics, d.objs.Stats, d.objs.MptcpOptions, d.objs.PathCounters, d.objs.Settings} {
+	for _, m := range []*ebpf.Map{d.objs.Subflows, d.objs.ConnAliases, d.objs.ConnStates, d.objs.Endpoints, d.objs.Rules, d.objs.Nics, d.objs.Stats, d.objs.MptcpOptions, d.objs.PathCounters, d.objs.Settings,
+		d.objs.RateRules, d.objs.RateSubflows, d.objs.RateBuckets, d.objs.RateWindows, d.objs.RateClasses} {
 		if err := m.Unpin(); err != nil {
 			return err
 		}

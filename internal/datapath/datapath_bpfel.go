@@ -91,6 +91,56 @@ type datapathPathStats struct {
 	RxBytes   uint64
 }
 
+type datapathRateBucket struct {
+	_     structs.HostLayout
+	TatNs uint64
+}
+
+type datapathRateCfg struct {
+	_          structs.HostLayout
+	Mode       uint32
+	Flags      uint32
+	ConnBps    uint64
+	PodBps     uint64
+	BurstBytes uint64
+	PathBps    [16]uint64
+}
+
+type datapathRateKey struct {
+	_      structs.HostLayout
+	Addr   [16]uint8
+	Id     uint32
+	Rule   uint32
+	Family uint8
+	Kind   uint8
+	Dir    uint8
+	Pad    uint8
+}
+
+type datapathRateMode uint32
+
+const (
+	datapathRateModeRATE_MODE_NONE   datapathRateMode = 0
+	datapathRateModeRATE_MODE_WINDOW datapathRateMode = 1
+	datapathRateModeRATE_MODE_POLICE datapathRateMode = 2
+	datapathRateModeRATE_MODE_SHAPE  datapathRateMode = 3
+)
+
+type datapathRateSubflow struct {
+	_         structs.HostLayout
+	Flags     uint32
+	PodShift  uint32
+	ConnToken uint32
+	Pad       uint32
+}
+
+type datapathRateWindow struct {
+	_      structs.HostLayout
+	Edge   uint32
+	Valid  uint32
+	LastNs uint64
+}
+
 type datapathRule struct {
 	_      structs.HostLayout
 	Npaths uint32
@@ -124,7 +174,13 @@ const (
 	datapathStatIdSTAT_PATHS_EXHAUSTED    datapathStatId = 12
 	datapathStatIdSTAT_MPTCP_OPT_INVALID  datapathStatId = 13
 	datapathStatIdSTAT_OBSERVED           datapathStatId = 14
-	datapathStatIdSTAT_MAX                datapathStatId = 15
+	datapathStatIdSTAT_RATE_DROP_CONN     datapathStatId = 15
+	datapathStatIdSTAT_RATE_DROP_POD      datapathStatId = 16
+	datapathStatIdSTAT_RATE_DROP_PATH     datapathStatId = 17
+	datapathStatIdSTAT_RATE_WND_LOWERED   datapathStatId = 18
+	datapathStatIdSTAT_RATE_NO_WSCALE     datapathStatId = 19
+	datapathStatIdSTAT_RATE_SHAPED        datapathStatId = 20
+	datapathStatIdSTAT_MAX                datapathStatId = 21
 )
 
 type datapathSubflow struct {
@@ -146,16 +202,23 @@ const (
 	datapathMapMptcpOptions       = "mptcp_options"
 	datapathMapNics               = "nics"
 	datapathMapPathCounters       = "path_counters"
+	datapathMapRateBuckets        = "rate_buckets"
+	datapathMapRateClasses        = "rate_classes"
+	datapathMapRateRules          = "rate_rules"
+	datapathMapRateSubflows       = "rate_subflows"
+	datapathMapRateWindows        = "rate_windows"
 	datapathMapRules              = "rules"
 	datapathMapSettings           = "settings"
 	datapathMapStats              = "stats"
 	datapathMapSubflows           = "subflows"
+	datapathProgNicEgress         = "nic_egress"
 	datapathProgNicIngress        = "nic_ingress"
 	datapathProgPodEgress         = "pod_egress"
 	datapathProgPodIngress        = "pod_ingress"
 	datapathVarMarkMask           = "mark_mask"
 	datapathVarMarkShift          = "mark_shift"
 	datapathVarUnusedMptcpSubtype = "unused_mptcp_subtype"
+	datapathVarUnusedRateMode     = "unused_rate_mode"
 	datapathVarUnusedStatId       = "unused_stat_id"
 )
 
@@ -201,6 +264,7 @@ type datapathSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathProgramSpecs struct {
+	NicEgress  *ebpf.ProgramSpec `ebpf:"nic_egress"`
 	NicIngress *ebpf.ProgramSpec `ebpf:"nic_ingress"`
 	PodEgress  *ebpf.ProgramSpec `ebpf:"pod_egress"`
 	PodIngress *ebpf.ProgramSpec `ebpf:"pod_ingress"`
@@ -216,6 +280,11 @@ type datapathMapSpecs struct {
 	MptcpOptions *ebpf.MapSpec `ebpf:"mptcp_options"`
 	Nics         *ebpf.MapSpec `ebpf:"nics"`
 	PathCounters *ebpf.MapSpec `ebpf:"path_counters"`
+	RateBuckets  *ebpf.MapSpec `ebpf:"rate_buckets"`
+	RateClasses  *ebpf.MapSpec `ebpf:"rate_classes"`
+	RateRules    *ebpf.MapSpec `ebpf:"rate_rules"`
+	RateSubflows *ebpf.MapSpec `ebpf:"rate_subflows"`
+	RateWindows  *ebpf.MapSpec `ebpf:"rate_windows"`
 	Rules        *ebpf.MapSpec `ebpf:"rules"`
 	Settings     *ebpf.MapSpec `ebpf:"settings"`
 	Stats        *ebpf.MapSpec `ebpf:"stats"`
@@ -229,6 +298,7 @@ type datapathVariableSpecs struct {
 	MarkMask           *ebpf.VariableSpec `ebpf:"mark_mask"`
 	MarkShift          *ebpf.VariableSpec `ebpf:"mark_shift"`
 	UnusedMptcpSubtype *ebpf.VariableSpec `ebpf:"unused_mptcp_subtype"`
+	UnusedRateMode     *ebpf.VariableSpec `ebpf:"unused_rate_mode"`
 	UnusedStatId       *ebpf.VariableSpec `ebpf:"unused_stat_id"`
 }
 
@@ -258,6 +328,11 @@ type datapathMaps struct {
 	MptcpOptions *ebpf.Map `ebpf:"mptcp_options"`
 	Nics         *ebpf.Map `ebpf:"nics"`
 	PathCounters *ebpf.Map `ebpf:"path_counters"`
+	RateBuckets  *ebpf.Map `ebpf:"rate_buckets"`
+	RateClasses  *ebpf.Map `ebpf:"rate_classes"`
+	RateRules    *ebpf.Map `ebpf:"rate_rules"`
+	RateSubflows *ebpf.Map `ebpf:"rate_subflows"`
+	RateWindows  *ebpf.Map `ebpf:"rate_windows"`
 	Rules        *ebpf.Map `ebpf:"rules"`
 	Settings     *ebpf.Map `ebpf:"settings"`
 	Stats        *ebpf.Map `ebpf:"stats"`
@@ -272,6 +347,11 @@ func (m *datapathMaps) Close() error {
 		m.MptcpOptions,
 		m.Nics,
 		m.PathCounters,
+		m.RateBuckets,
+		m.RateClasses,
+		m.RateRules,
+		m.RateSubflows,
+		m.RateWindows,
 		m.Rules,
 		m.Settings,
 		m.Stats,
@@ -286,6 +366,7 @@ type datapathVariables struct {
 	MarkMask           *ebpf.Variable `ebpf:"mark_mask"`
 	MarkShift          *ebpf.Variable `ebpf:"mark_shift"`
 	UnusedMptcpSubtype *ebpf.Variable `ebpf:"unused_mptcp_subtype"`
+	UnusedRateMode     *ebpf.Variable `ebpf:"unused_rate_mode"`
 	UnusedStatId       *ebpf.Variable `ebpf:"unused_stat_id"`
 }
 
@@ -293,6 +374,7 @@ type datapathVariables struct {
 //
 // It can be passed to loadDatapathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathPrograms struct {
+	NicEgress  *ebpf.Program `ebpf:"nic_egress"`
 	NicIngress *ebpf.Program `ebpf:"nic_ingress"`
 	PodEgress  *ebpf.Program `ebpf:"pod_egress"`
 	PodIngress *ebpf.Program `ebpf:"pod_ingress"`
@@ -300,6 +382,7 @@ type datapathPrograms struct {
 
 func (p *datapathPrograms) Close() error {
 	return _DatapathClose(
+		p.NicEgress,
 		p.NicIngress,
 		p.PodEgress,
 		p.PodIngress,

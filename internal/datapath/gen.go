@@ -4,4 +4,4 @@ package datapath
 
 // The objects are generated from bpf/ and committed, so building the agent
 // needs no clang. `make generate-bpf` regenerates them; CI checks they match.
-//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target bpfel -type flow_key -type subflow -type conn_key -type conn_alias -type conn -type endpoint_key -type endpoint -type rule -type nic -type path_stats -type mptcp_subtype_stats -type mptcp_subtype -type stat_id -type settings_value datapath ../../bpf/datapath.c -- -I../../bpf/include -I/usr/include/x86_64-linux-gnu
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target bpfel -type flow_key -type subflow -type conn_key -type conn_alias -type conn -type endpoint_key -type endpoint -type rule -type nic -type path_stats -type mptcp_subtype_stats -type mptcp_subtype -type stat_id -type settings_value -type rate_cfg -type rate_key -type rate_bucket -type rate_window -type rate_subflow -type rate_mode datapath ../../bpf/datapath.c -- -I../../bpf/include -I/usr/include/x86_64-linux-gnu

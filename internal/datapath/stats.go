@@ -27,6 +27,15 @@ const (
 	// StatObserved counts, in observe-only mode, the packets that would
 	// have been given a path mark (StatMarked otherwise).
 	StatObserved = datapathStatIdSTAT_OBSERVED
+	// Rate actor (rate.go): police drops by the bucket that refused the
+	// packet, window rewrites, ACKs left alone for want of the handshake,
+	// packets classified for shaping.
+	StatRateDropConn      = datapathStatIdSTAT_RATE_DROP_CONN
+	StatRateDropPod       = datapathStatIdSTAT_RATE_DROP_POD
+	StatRateDropPath      = datapathStatIdSTAT_RATE_DROP_PATH
+	StatRateWindowLowered = datapathStatIdSTAT_RATE_WND_LOWERED
+	StatRateWscaleUnknown = datapathStatIdSTAT_RATE_NO_WSCALE
+	StatRateShaped        = datapathStatIdSTAT_RATE_SHAPED
 	numStats     = int(datapathStatIdSTAT_MAX)
 )
 
