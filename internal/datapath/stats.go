@@ -30,13 +30,13 @@ const (
 	// Rate actor (rate.go): police drops by the bucket that refused the
 	// packet, window rewrites, ACKs left alone for want of the handshake,
 	// packets classified for shaping.
-	StatRateDropConn      = datapathStatIdSTAT_RATE_DROP_CONN
-	StatRateDropPod       = datapathStatIdSTAT_RATE_DROP_POD
-	StatRateDropPath      = datapathStatIdSTAT_RATE_DROP_PATH
-	StatRateWindowLowered = datapathStatIdSTAT_RATE_WND_LOWERED
-	StatRateWscaleUnknown = datapathStatIdSTAT_RATE_NO_WSCALE
-	StatRateShaped        = datapathStatIdSTAT_RATE_SHAPED
-	numStats     = int(datapathStatIdSTAT_MAX)
+	StatRateDropConn   = datapathStatIdSTAT_RATE_DROP_CONN
+	StatRateDropPod    = datapathStatIdSTAT_RATE_DROP_POD
+	StatRateDropPath   = datapathStatIdSTAT_RATE_DROP_PATH
+	StatRateWndLowered = datapathStatIdSTAT_RATE_WND_LOWERED
+	StatRateNoWscale   = datapathStatIdSTAT_RATE_NO_WSCALE
+	StatRateShaped     = datapathStatIdSTAT_RATE_SHAPED
+	numStats           = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.
