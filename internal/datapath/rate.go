@@ -190,23 +190,6 @@ const (
 	rateKindPath = 4
 )
 
-// SetShapeClass sends rule's traffic on path, leaving the path's NIC, to
-// the HTB class classid (major:minor as TC_H_MAKE); with pod valid, only that
-// pod's. Pod classes win over the path's.
-func (d *Datapath) SetShapeClass(rule, path uint32, pod netip.Addr, classid uint32) error {
-	k := shapeKey(rule, path, pod)
-	return d.objs.RateClasses.Put(&k, classid)
-}
-
-// DeleteShapeClass undoes SetShapeClass.
-func (d *Datapath) DeleteShapeClass(rule, path uint32, pod netip.Addr) error {
-	k := shapeKey(rule, path, pod)
-	if err := d.objs.RateClasses.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return err
-	}
-	return nil
-}
-
 func shapeKey(rule, path uint32, pod netip.Addr) datapathRateKey {
 	k := datapathRateKey{Rule: rule, Id: path, Kind: rateKindPath}
 	if pod.IsValid() {
@@ -216,4 +199,44 @@ func shapeKey(rule, path uint32, pod netip.Addr) datapathRateKey {
 		copy(k.Addr[:], pod.AsSlice())
 	}
 	return k
+}
+
+// ShapeClass sends a rule's traffic leaving a path's NIC (or, with Pod
+// valid, only that pod's) to the HTB class ClassID (TC_H_MAKE(major, minor)).
+type ShapeClass struct {
+	Rule, Path uint32
+	Pod        netip.Addr
+	ClassID    uint32
+}
+
+// SyncShapeClasses makes the classification table hold exactly want:
+// entries are written first, then those not wanted are deleted, so a packet
+// classified before the sync keeps a class throughout.
+func (d *Datapath) SyncShapeClasses(want []ShapeClass) error {
+	keep := map[datapathRateKey]bool{}
+	for _, c := range want {
+		k := shapeKey(c.Rule, c.Path, c.Pod)
+		if err := d.objs.RateClasses.Put(&k, c.ClassID); err != nil {
+			return fmt.Errorf("shape class %+v: %w", c, err)
+		}
+		keep[k] = true
+	}
+	var stale []datapathRateKey
+	var k datapathRateKey
+	var v uint32
+	it := d.objs.RateClasses.Iterate()
+	for it.Next(&k, &v) {
+		if !keep[k] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, k := range stale {
+		if err := d.objs.RateClasses.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
 }
