@@ -160,6 +160,22 @@ static __always_inline bool rate_gcra_allow(const struct rate_key *k, __u64 bps,
 	return true;
 }
 
+/* The shortest Ethernet frame: a smaller packet may come padded to it, and
+ * the padding is not payload. */
+#define ETH_ZLEN 60
+
+/* rate_has_payload says whether a TCP segment carries data. */
+static __always_inline bool rate_has_payload(struct __sk_buff *skb, const struct packet *pkt)
+{
+	__u32 hdr_end;
+	__u8 doff;
+
+	if (bpf_skb_load_bytes(skb, (__u32)pkt->l4_off + TCP_DOFF_OFF, &doff, 1))
+		return false;
+	hdr_end = (__u32)pkt->l4_off + (doff >> 4) * 4;
+	return pkt->len > hdr_end && pkt->len > ETH_ZLEN;
+}
+
 /* rate_police returns TC_ACT_SHOT when a bucket of the packet's connection,
  * pod or path is out of tokens, counting which. */
 static __always_inline int rate_police(const struct packet *pkt, const struct rate_cfg *cfg,
@@ -330,6 +346,11 @@ __noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, __u32 r
 	if (dir == RATE_DIR_EGRESS && !(cfg->flags & RATE_POLICE_EGRESS))
 		return TCX_NEXT;
 	if (dir == RATE_DIR_INGRESS && !(cfg->flags & RATE_POLICE_INGRESS))
+		return TCX_NEXT;
+	/* Only segments with data are charged and dropped: dropping an ACK
+	 * (a DATA_ACK, a window update, a handshake's third ACK) saves no
+	 * bandwidth and stalls the connection. */
+	if (!rate_has_payload(skb, pkt))
 		return TCX_NEXT;
 	now = bpf_ktime_get_ns();
 	return rate_police(pkt, cfg, &k, path, now);
