@@ -5,13 +5,14 @@
 
 #include "rate.h"
 
-#define NSEC_PER_SEC	 1000000000ULL
-#define TCPOPT_WSCALE	 3
-#define TCPOLEN_WSCALE	 3
-#define TCP_WINDOW_OFF	 14 /* offset of the window field in the TCP header */
-#define TCP_CHECK_OFF	 16
-#define TCP_DOFF_OFF	 12
-#define RATE_CAS_RETRIES 4
+#define NSEC_PER_SEC	  1000000000ULL
+#define TCPOPT_WSCALE	  3
+#define TCPOLEN_WSCALE	  3
+#define TCP_WINDOW_OFF	  14 /* offset of the window field in the TCP header */
+#define TCP_CHECK_OFF	  16
+#define TCP_DOFF_OFF	  12
+#define RATE_CAS_RETRIES  4
+#define RATE_WINDOW_FLOOR 1460 /* bytes: one full-sized segment on Ethernet */
 
 /* rate_wscale_option returns the shift of the window-scale option (RFC 7323
  * 2.2) of the TCP header at l4_off, or -1 without one. Only SYNs carry it, so
@@ -270,26 +271,43 @@ __noinline int rate_window_act(struct __sk_buff *skb, const struct packet *pkt, 
 		if (!w)
 			return 0;
 	} else {
-		dt = now - w->last_ns;
+		__u64 last = w->last_ns;
+		__u32 edge = w->edge;
+
+		dt = now - last;
 		if (dt > NSEC_PER_SEC)
 			dt = NSEC_PER_SEC;
 		adv = Bps * dt / NSEC_PER_SEC;
-		if ((__s32)(w->edge + (__u32)adv - da) > (__s32)cfg->burst_bytes) {
+		if ((__s32)(edge + (__u32)adv - da) > (__s32)cfg->burst_bytes) {
 			/* Idle or slow: the grant never exceeds one burst. */
 			w->edge = da + (__u32)cfg->burst_bytes;
 			w->last_ns = now;
 		} else if (adv) {
-			w->edge += (__u32)adv;
-			/* Keep the remainder of the elapsed time, not lose it. */
-			w->last_ns += adv * NSEC_PER_SEC / Bps;
+			/* ACKs of the connection's subflows run on several CPUs:
+			 * whoever moves last_ns over the elapsed time adds its
+			 * grant, so no interval is granted twice. The remainder
+			 * of the time is kept, not lost. */
+			if (__sync_val_compare_and_swap(&w->last_ns, last, last + adv * NSEC_PER_SEC / Bps) ==
+			    last)
+				__sync_fetch_and_add(&w->edge, (__u32)adv);
 		}
 	}
-	/* The edge never moves back: a DATA_ACK past it closes the window. */
+	/* The edge never lags behind the DATA_ACK: what the floor below let
+	 * the peer send past it is not repaid (repaying it starved the
+	 * connection on the test bed). */
 	if ((__s32)(w->edge - da) < 0)
 		w->edge = da;
 	allowed = w->edge - da;
+	/* A zero window stops the ACKs that would open it again: the pod's
+	 * kernel believes it offered its own window and sends no update, and
+	 * the peer waits for its persist timer (200 ms and more). One segment
+	 * keeps the ACK clock running; the peer's delayed ACK of a lone
+	 * segment then brings the edge's accrued grant. */
+	if (allowed < RATE_WINDOW_FLOOR)
+		allowed = RATE_WINDOW_FLOOR;
 
-	field = allowed >> shift;
+	/* Rounded up, so the floor survives the scale. */
+	field = (allowed + (1U << shift) - 1) >> shift;
 	if (field >= bpf_ntohs(old_win))
 		return 0; /* never raise the window */
 	if (observe_only()) {

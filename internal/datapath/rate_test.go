@@ -117,7 +117,7 @@ func TestRateWindowRespectsScaleAndNeverRaises(t *testing.T) {
 				}
 
 				win := func(b []byte) uint { return uint(b[tcpOffset(b)+14])<<8 | uint(b[tcpOffset(b)+15]) }
-				want1 := uint(burst) >> sc.want
+				want1 := (uint(burst) + 1<<sc.want - 1) >> sc.want
 				if want1 > 0xffff {
 					// Above what the field holds: the pod's 0xffff is lower.
 					if string(out1) != string(in1) {
@@ -126,14 +126,26 @@ func TestRateWindowRespectsScaleAndNeverRaises(t *testing.T) {
 				} else if got := win(out1); got != want1 {
 					t.Errorf("first ACK: window field %d, want burst %d >> scale %d = %d", got, burst, sc.want, want1)
 				}
-				lo := uint(burst-60000) >> sc.want
-				hi := (uint(burst-60000) + uint(rateBps/8*elapsed.Seconds()) + 1) >> sc.want
+				// Rounded up to the scale's unit, so that a small grant
+				// is not written as a zero window.
+				ceil := func(b uint) uint { return (b + 1<<sc.want - 1) >> sc.want }
+				lo := ceil(uint(burst - 60000))
+				hi := ceil(uint(burst-60000) + uint(rateBps/8*elapsed.Seconds()) + 1)
 				if got := win(out2); got < lo || got > hi {
 					t.Errorf("second ACK: window field %d, want %d..%d (%d bytes past the DATA_ACK, scale %d, %v elapsed)",
 						got, lo, hi, burst-60000, sc.want, elapsed)
 				}
 
-				decoded := tsharkDecode(t, append(frames, out1, out2),
+				// Fourth ACK: the DATA_ACK passed the edge. The window is
+				// one segment, not zero: a zero window would stop the ACKs
+				// that open it again.
+				in4 := dssACK(fam.client, fam.server, da0+100000, 0xffff)
+				_, out4 := runOut(t, egress, in4)
+				if got, want := win(out4), ceil(1460); got != want {
+					t.Errorf("ACK past the edge: window field %d, want one segment, %d", got, want)
+				}
+
+				decoded := tsharkDecode(t, append(frames, out1, out2, out4),
 					[]string{"ip.checksum.status", "tcp.checksum.status", "tcp.window_size_value", "tcp.window_size_scalefactor"})
 				for i, d := range decoded[2:] {
 					if fam.name == "IPv4" && d["ip.checksum.status"] != tsharkGood {
@@ -153,7 +165,7 @@ func TestRateWindowRespectsScaleAndNeverRaises(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if wantN := map[bool]uint64{true: 1, false: 2}[want1 > 0xffff]; st[StatRateWndLowered] != wantN {
+				if wantN := map[bool]uint64{true: 2, false: 3}[want1 > 0xffff]; st[StatRateWndLowered] != wantN {
 					t.Errorf("StatRateWndLowered = %d, want %d", st[StatRateWndLowered], wantN)
 				}
 			})
