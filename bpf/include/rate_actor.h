@@ -14,14 +14,53 @@
 #define RATE_CAS_RETRIES  4
 #define RATE_WINDOW_FLOOR 1460 /* bytes: one full-sized segment on Ethernet */
 
+struct rate_wscale_scan {
+	__u8 opts[TCP_MAX_OPTIONS_LEN];
+	__u32 optlen;
+	__u32 pos;
+	int shift;
+};
+
+/* rate_wscale_step is one step of the option walk, under bpf_loop (as
+ * parse.h's scan_option) so the verifier checks one step, not 40 unrolled
+ * ones. Returns 1 to stop. */
+static long rate_wscale_step(__u32 index, void *ctx)
+{
+	struct rate_wscale_scan *s = ctx;
+	__u32 pos = s->pos;
+	__u8 kind, len;
+
+	if (pos >= s->optlen || pos >= TCP_MAX_OPTIONS_LEN - 1)
+		return 1;
+	kind = s->opts[pos];
+	if (kind == TCPOPT_EOL)
+		return 1;
+	if (kind == TCPOPT_NOP) {
+		s->pos = pos + 1;
+		return 0;
+	}
+	len = s->opts[pos + 1];
+	if (len < 2 || pos + len > s->optlen)
+		return 1;
+	if (kind == TCPOPT_WSCALE && len == TCPOLEN_WSCALE && pos + 2 < TCP_MAX_OPTIONS_LEN) {
+		__u8 shift = s->opts[pos + 2];
+
+		s->shift = shift > RATE_WSCALE_MAX ? RATE_WSCALE_MAX : shift;
+		return 1;
+	}
+	s->pos = pos + len;
+	return 0;
+}
+
 /* rate_wscale_option returns the shift of the window-scale option (RFC 7323
- * 2.2) of the TCP header at l4_off, or -1 without one. Only SYNs carry it, so
- * only SYNs pay for this walk. A global function, verified once. */
+ * 2.2) of the TCP header at l4_off, or -1 without one; a shift above 14 is
+ * taken as 14, as RFC 7323 2.3 says. Only SYNs carry it, so only SYNs pay
+ * for this walk. A global function, verified once. */
 __noinline int rate_wscale_option(struct __sk_buff *skb, __u32 l4_off)
 {
-	__u8 opts[TCP_MAX_OPTIONS_LEN] = {};
+	struct rate_wscale_scan scan = {.shift = -1};
+	__u32 optlen;
 	__u8 doff;
-	__u32 optlen, i = 0;
 
 	if (!skb || l4_off > 0xffff)
 		return -1;
@@ -31,28 +70,11 @@ __noinline int rate_wscale_option(struct __sk_buff *skb, __u32 l4_off)
 	if (optlen <= 20 || optlen > 20 + TCP_MAX_OPTIONS_LEN)
 		return -1;
 	optlen -= 20;
-	if (bpf_skb_load_bytes(skb, l4_off + 20, opts, optlen))
+	if (bpf_skb_load_bytes(skb, l4_off + 20, scan.opts, optlen))
 		return -1;
-	for (int n = 0; n < TCP_MAX_OPTIONS_LEN; n++) {
-		__u8 kind, len;
-
-		if (i >= optlen || i >= TCP_MAX_OPTIONS_LEN - 1)
-			break;
-		kind = opts[i];
-		if (kind == TCPOPT_EOL)
-			break;
-		if (kind == TCPOPT_NOP) {
-			i++;
-			continue;
-		}
-		len = opts[i + 1];
-		if (len < 2 || i + len > optlen)
-			break;
-		if (kind == TCPOPT_WSCALE && len == TCPOLEN_WSCALE && i + 2 < TCP_MAX_OPTIONS_LEN)
-			return opts[i + 2] > RATE_WSCALE_MAX ? RATE_WSCALE_MAX : opts[i + 2];
-		i += len;
-	}
-	return -1;
+	scan.optlen = optlen;
+	bpf_loop(TCP_MAX_OPTIONS_LEN, rate_wscale_step, &scan, 0);
+	return scan.shift;
 }
 
 /* rate_learn_syn records, from a SYN or SYN-ACK, whether its sender offered
