@@ -179,6 +179,7 @@ func TestShapeCapsWhatThePodSends(t *testing.T) {
 	}
 	// The agent's qdiscs go with the rule, and nothing else is touched.
 	cfg := agents[0].Config
+	shaped := cfg.Rules[0].Rate
 	cfg.Rules[0].Rate = nil
 	if err := agents[0].WriteConfig(cfg); err != nil {
 		t.Fatal(err)
@@ -189,14 +190,51 @@ func TestShapeCapsWhatThePodSends(t *testing.T) {
 	if _, err := agents[0].WaitReconciles(background(t), 2); err != nil {
 		t.Fatal(err)
 	}
-	for _, nic := range bed.Node(1).NICs {
-		out, err := bed.Command(bed.Node(1).NetNS, "tc", "qdisc", "show", "dev", nic.Name, "root").Output()
+	node := bed.Node(1)
+	rootQdisc := func(nic string) string {
+		out, err := bed.Command(node.NetNS, "tc", "qdisc", "show", "dev", nic, "root").Output()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.Contains(string(out), "htb") {
-			t.Errorf("%s still has an HTB root after the rule stopped shaping: %s", nic.Name, out)
+		return string(out)
+	}
+	for _, nic := range node.NICs {
+		if q := rootQdisc(nic.Name); strings.Contains(q, "htb") {
+			t.Errorf("%s still has an HTB root after the rule stopped shaping: %s", nic.Name, q)
 		}
+	}
+
+	// A root qdisc someone else put on a NIC (an HTB too, told apart by its
+	// handle) is left alone: the agent reports it and shapes the other
+	// NIC; uninstall removes only its own.
+	nic1, nic2 := node.NIC(1).Name, node.NIC(2).Name
+	if out, err := bed.Command(node.NetNS, "tc", "qdisc", "replace", "dev", nic2, "root", "handle", "1:", "htb").CombinedOutput(); err != nil {
+		t.Fatalf("adding a foreign qdisc: %v: %s", err, out)
+	}
+	cfg.Rules[0].Rate = shaped
+	if err := agents[0].WriteConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := agents[0].Proc.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agents[0].WaitReconciles(background(t), 3); err == nil || !strings.Contains(err.Error(), "did not create") {
+		t.Errorf("reconcile with a foreign root qdisc on %s: error %v, want one naming it", nic2, err)
+	}
+	if q := rootQdisc(nic1); !strings.Contains(q, "htb 6d70:") {
+		t.Errorf("%s: root %q, want the agent's HTB", nic1, q)
+	}
+	if q := rootQdisc(nic2); !strings.Contains(q, "htb 1:") {
+		t.Errorf("%s: root %q, want the foreign HTB untouched", nic2, q)
+	}
+	if err := agents[0].Uninstall(background(t)); err != nil {
+		t.Fatal(err)
+	}
+	if q := rootQdisc(nic1); strings.Contains(q, "htb") {
+		t.Errorf("%s: root %q after uninstall, want the kernel's default", nic1, q)
+	}
+	if q := rootQdisc(nic2); !strings.Contains(q, "htb 1:") {
+		t.Errorf("%s: root %q after uninstall, want the foreign HTB untouched", nic2, q)
 	}
 }
 
