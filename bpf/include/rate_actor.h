@@ -204,31 +204,33 @@ static __always_inline bool rate_has_payload(struct __sk_buff *skb, const struct
 static __always_inline int rate_police(const struct packet *pkt, const struct rate_cfg *cfg,
 				       struct rate_key *k, __u32 path, __u64 now)
 {
-	__u32 len = pkt->len;
+	__u32 len = pkt->len, reason;
 
 	if (!rate_gcra_allow(k, cfg->conn_bps, cfg->burst_bytes, len, now)) {
-		count(STAT_RATE_DROP_CONN);
+		reason = STAT_RATE_DROP_CONN;
 		goto drop;
 	}
 	k->kind = RATE_KEY_POD;
 	k->id = 0;
 	if (!rate_gcra_allow(k, cfg->pod_bps, cfg->burst_bytes, len, now)) {
-		count(STAT_RATE_DROP_POD);
+		reason = STAT_RATE_DROP_POD;
 		goto drop;
 	}
 	k->kind = RATE_KEY_PATH;
 	k->id = path;
 	__builtin_memset(k->addr, 0, 16);
 	if (!rate_gcra_allow(k, cfg->path_bps[path & MAX_PATHS], cfg->burst_bytes, len, now)) {
-		count(STAT_RATE_DROP_PATH);
+		reason = STAT_RATE_DROP_PATH;
 		goto drop;
 	}
 	return TCX_NEXT;
 drop:
+	/* Observe-only: nothing is dropped, so no drop is counted. */
 	if (observe_only()) {
 		count(STAT_OBSERVED);
 		return TCX_NEXT;
 	}
+	count(reason);
 	return TC_ACT_SHOT;
 }
 

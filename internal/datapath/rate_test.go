@@ -353,3 +353,27 @@ func TestSetRateRuleValidates(t *testing.T) {
 		t.Fatalf("after ClearRateRule: rate rules %v (%v), want none", ids, err)
 	}
 }
+
+// In observe-only mode police drops nothing: it counts StatObserved where
+// it would have dropped, and no drop counter moves.
+func TestRatePoliceObserveOnlyDropsNothing(t *testing.T) {
+	dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerConnection: 8_000_000, Directions: Egress, BurstBytes: 64 << 10})
+	if err := dp.SetObserveOnly(true); err != nil {
+		t.Fatal(err)
+	}
+	run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+	frame := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: make([]byte, 1400)}}.Bytes()
+	for i := 0; i < 200; i++ {
+		run(t, dp.Program(HookPodEgress), frame, skbContext{}) // fails on a drop or a change
+	}
+	st, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 201 packets that would have been marked, and of the 200 of 1454
+	// bytes against a 64 KiB burst at 1 MB/s at least 150 that would have
+	// been dropped.
+	if st[StatRateDropConn] != 0 || st[StatObserved] < 201+150 {
+		t.Errorf("observe-only: drops %d, observed %d; want 0 and at least %d", st[StatRateDropConn], st[StatObserved], 201+150)
+	}
+}
