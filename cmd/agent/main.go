@@ -3,7 +3,8 @@
 // configuration: `agent -config node.yaml` runs until SIGTERM (leaving the
 // datapath pinned and steering), SIGHUP re-reads the file, and
 // `agent -config node.yaml -uninstall` removes everything the agent created.
-// It serves Prometheus metrics, /healthz and /readyz on -metrics-addr.
+// It serves Prometheus metrics, /healthz and /readyz on -metrics-addr, and
+// per-connection detail to root on the unix socket <stateDir>/agent.sock.
 package main
 
 import (
@@ -81,11 +82,26 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 		status.MetricsAddress = addr.String()
 		log.Info("serving metrics and probes", "addr", status.MetricsAddress)
 	}
-	reconcile := func(next *agent.Config) {
+	// The local API: per-connection detail for root on this node.
+	sock, waitAPI, err := a.ServeLocalAPI(ctx)
+	if err != nil {
+		return err
+	}
+	defer waitAPI()
+	defer stop()
+	status.LocalAPISocket = sock
+	// settle, when set, runs after the reconcile and before the status is
+	// written, so that a status showing the reconcile shows its outcome.
+	reconcile := func(next *agent.Config, settle func(error) error) error {
 		status.Reconciles++
 		start := time.Now()
 		err := a.Reconcile(ctx, next)
 		metrics.ObserveReconcile(start, err)
+		if settle != nil {
+			if serr := settle(err); serr != nil {
+				err = serr
+			}
+		}
 		if err != nil {
 			status.Error = err.Error()
 			log.Error("reconcile failed; the last good configuration stays in force", "err", err)
@@ -97,8 +113,18 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 		if err := a.WriteStatus(status); err != nil {
 			log.Error("writing status", "err", err)
 		}
+		return err
 	}
-	reconcile(cfg)
+	// A map migration started by New is committed only once the new
+	// programs run a whole reconciled node; otherwise it is rolled back.
+	var fatal error
+	_ = reconcile(cfg, func(err error) error {
+		fatal = a.FinishMigration(err)
+		return fatal
+	})
+	if fatal != nil {
+		return fatal
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -114,7 +140,7 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 				_ = a.WriteStatus(status)
 				continue
 			}
-			reconcile(next)
+			_ = reconcile(next, nil)
 		}
 	}
 }

@@ -245,3 +245,7 @@ func StartAgentsWith(ctx context.Context, b *testbed.Bed, bin string, ruleFor fu
 	}
 	return agents, errors.Join(errs...)
 }
+
+// UseBinary makes the next Start run bin: an upgrade replaces the agent's
+// binary between a Stop and a Start.
+func (a *Agent) UseBinary(bin string) { a.bin = bin }

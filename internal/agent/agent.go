@@ -31,7 +31,9 @@ type Agent struct {
 
 	// What scrapes read while a reconcile runs: the names of the paths
 	// in force by index, and how many path managers run.
-	paths        atomic.Pointer[map[uint32]string]
+	paths atomic.Pointer[map[uint32]string]
+	// ruleNames are the rules in force by index, for the local API.
+	ruleNames    atomic.Pointer[[]string]
 	pathManagers atomic.Int64
 }
 
@@ -40,7 +42,9 @@ func New(cfg *Config, log *slog.Logger) (*Agent, error) {
 	if err := ensureBPFFS(); err != nil {
 		return nil, err
 	}
-	dp, err := datapath.Load(datapath.Options{PinDir: cfg.PinDir, MarkMask: cfg.MarkMask})
+	// Migrate: pinned maps an earlier release laid out differently are
+	// converted now and settled by FinishMigration after the first reconcile.
+	dp, err := datapath.Load(datapath.Options{PinDir: cfg.PinDir, MarkMask: cfg.MarkMask, Migrate: true, Log: log})
 	if err != nil {
 		return nil, err
 	}
@@ -58,6 +62,11 @@ func (a *Agent) setPaths(cfg *Config) {
 		names[p.Index] = p.Name
 	}
 	a.paths.Store(&names)
+	rules := make([]string, len(cfg.Rules))
+	for i, r := range cfg.Rules {
+		rules[i] = r.Name
+	}
+	a.ruleNames.Store(&rules)
 }
 
 // pathNames returns the configured paths' names by index.
@@ -376,6 +385,8 @@ type Status struct {
 	// MetricsAddress is where /metrics, /healthz and /readyz are served
 	// (the address actually bound, when the flag asked for port 0).
 	MetricsAddress string `json:"metricsAddress,omitempty"`
+	// LocalAPISocket is the unix socket of the local API (root only).
+	LocalAPISocket string `json:"localAPISocket,omitempty"`
 }
 
 func readStatus(stateDir string) (Status, error) {

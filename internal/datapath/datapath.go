@@ -3,10 +3,12 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 )
@@ -29,6 +31,14 @@ type Options struct {
 	PinDir string
 	// MarkMask is the contiguous run of skb->mark bits that carries the path.
 	MarkMask uint32
+	// Migrate converts pinned maps whose layout differs from this binary's
+	// and switches the pinned links to the new programs (migrate.go); the
+	// caller then settles it with CommitMigration or RollbackMigration.
+	// Without it (tools and tests reading a running agent's maps) pinned
+	// maps are reused as they are.
+	Migrate bool
+	// Log receives what a migration does; nil discards it.
+	Log *slog.Logger
 }
 
 // Datapath is the loaded set of programs and maps of one node.
@@ -37,6 +47,9 @@ type Datapath struct {
 	pinDir    string
 	markMask  uint32
 	markShift uint32
+	// mapNames are the maps pinned under pinDir, for Unpin.
+	mapNames  []string
+	migration *migration
 }
 
 // Load loads the BPF objects, reusing maps pinned under opts.PinDir.
@@ -72,15 +85,52 @@ func Load(opts Options) (*Datapath, error) {
 			m.Pinning = ebpf.PinNone
 		}
 	}
-	dp := &Datapath{pinDir: opts.PinDir, markMask: mask, markShift: shift}
+	dp := &Datapath{pinDir: opts.PinDir, markMask: mask, markShift: shift, mapNames: pinnedMapNames(spec)}
+	if opts.PinDir != "" && opts.Migrate {
+		log := opts.Log
+		if log == nil {
+			log = slog.New(slog.DiscardHandler)
+		}
+		if dp.migration, err = prepareMigration(spec, opts.PinDir, log); err != nil {
+			return nil, err
+		}
+		copts.MapReplacements = dp.migration.replacements()
+	}
 	if err := spec.LoadAndAssign(&dp.objs, &copts); err != nil {
+		if dp.migration != nil {
+			dp.migration.closeMaps()
+		}
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return nil, fmt.Errorf("loading BPF objects: %+w: %w", ve, err)
 		}
 		return nil, fmt.Errorf("loading BPF objects: %w", err)
 	}
+	if err := dp.startMigration(); err != nil {
+		_ = dp.objs.Close()
+		return nil, err
+	}
 	return dp, nil
+}
+
+// startMigration switches the pinned links to the programs just loaded and
+// catches up, when maps were migrated; otherwise it records the layout.
+func (d *Datapath) startMigration() error {
+	if d.migration == nil {
+		return nil
+	}
+	if !d.MigrationPending() {
+		hash := d.migration.hash
+		d.migration = nil
+		return writeLayoutMarker(d.pinDir, hash)
+	}
+	if err := d.switchLinks(); err != nil {
+		return errors.Join(err, d.RollbackMigration())
+	}
+	if err := d.catchUp(); err != nil {
+		return errors.Join(err, d.RollbackMigration())
+	}
+	return nil
 }
 
 // markShift checks that mask is one contiguous run of at least four bits and
@@ -118,11 +168,15 @@ func (d *Datapath) Unpin() error {
 	if d.pinDir == "" {
 		return nil
 	}
-	for _, m := range []*ebpf.Map{d.objs.Subflows, d.objs.ConnAliases, d.objs.ConnStates, d.objs.Endpoints, d.objs.Rules, d.objs.Nics, d.objs.Stats, d.objs.MptcpOptions, d.objs.PathCounters, d.objs.Settings,
-		d.objs.RateRules, d.objs.RateSubflows, d.objs.RateBuckets, d.objs.RateWindows, d.objs.RateClasses} {
-		if err := m.Unpin(); err != nil {
+	// By path, not with Map.Unpin: a migrated map was renamed onto its pin,
+	// which the Map does not know.
+	for _, n := range append(slices.Clone(d.mapNames), layoutMarkerPin) {
+		if err := os.Remove(filepath.Join(d.pinDir, n)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
+	}
+	if err := os.RemoveAll(filepath.Join(d.pinDir, stagingSubdir)); err != nil {
+		return err
 	}
 	return os.RemoveAll(filepath.Join(d.pinDir, linkPinSubdir))
 }

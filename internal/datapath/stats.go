@@ -159,6 +159,11 @@ type Subflow struct {
 	Path          uint32
 	Role          Role
 	Token         uint32
+	// Rule is the index of the rule that selected the subflow.
+	Rule uint32
+	// CreatedNs is when the subflow was placed or mirrored, on the
+	// kernel's monotonic clock (bpf_ktime_get_ns).
+	CreatedNs uint64
 }
 
 // Subflows lists the subflow table.
@@ -169,11 +174,13 @@ func (d *Datapath) Subflows() ([]Subflow, error) {
 	it := d.objs.Subflows.Iterate()
 	for it.Next(&k, &v) {
 		out = append(out, Subflow{
-			Local:  netip.AddrPortFrom(addrFrom(k.Family, k.Saddr), ntohs(k.Sport)),
-			Remote: netip.AddrPortFrom(addrFrom(k.Family, k.Daddr), ntohs(k.Dport)),
-			Path:   v.Path,
-			Role:   Role(v.Role),
-			Token:  v.Token,
+			Local:     netip.AddrPortFrom(addrFrom(k.Family, k.Saddr), ntohs(k.Sport)),
+			Remote:    netip.AddrPortFrom(addrFrom(k.Family, k.Daddr), ntohs(k.Dport)),
+			Path:      v.Path,
+			Role:      Role(v.Role),
+			Token:     v.Token,
+			Rule:      v.Rule,
+			CreatedNs: v.CreatedNs,
 		})
 	}
 	return out, it.Err()

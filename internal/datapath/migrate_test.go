@@ -1,0 +1,497 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+)
+
+var (
+	btfU8  = &btf.Int{Name: "__u8", Size: 1}
+	btfU16 = &btf.Int{Name: "__u16", Size: 2}
+	btfU32 = &btf.Int{Name: "__u32", Size: 4}
+	btfU64 = &btf.Int{Name: "__u64", Size: 8}
+	btfS32 = &btf.Int{Name: "__s32", Size: 4, Encoding: btf.Signed}
+	btfS64 = &btf.Int{Name: "__s64", Size: 8, Encoding: btf.Signed}
+)
+
+func member(name string, t btf.Type, byteOff uint32) btf.Member {
+	return btf.Member{Name: name, Type: t, Offset: btf.Bits(byteOff * 8)}
+}
+
+// Two layouts of one value, as two releases would declare them: fields
+// reordered, one widened (path), one narrowed that still fits (role), a
+// signed one widened (delta), a pad gone, a rule added, a nested struct
+// gaining and reordering fields inside a growing array.
+var (
+	oldInner = &btf.Struct{Name: "hop", Size: 8, Members: []btf.Member{member("a", btfU32, 0), member("b", btfU32, 4)}}
+	oldValue = &btf.Struct{Name: "subflow", Size: 40, Members: []btf.Member{
+		member("path", btfU16, 0), member("pad0", btfU16, 2), member("role", btfU32, 4), member("token", btfU32, 8),
+		member("delta", btfS32, 12), member("created_ns", btfU64, 16), member("hops", &btf.Array{Type: oldInner, Index: btfU32, Nelems: 2}, 24),
+	}}
+	newInner = &btf.Struct{Name: "hop", Size: 16, Members: []btf.Member{member("b", btfU64, 0), member("a", btfU32, 8), member("c", btfU32, 12)}}
+	newValue = &btf.Struct{Name: "subflow", Size: 96, Members: []btf.Member{
+		member("created_ns", btfU64, 0), member("token", btfU32, 8), member("path", btfU32, 12), member("role", btfU8, 16),
+		member("flags", btfU8, 17), member("rule", btfU32, 20), member("delta", btfS64, 24),
+		member("hops", &btf.Array{Type: newInner, Index: btfU32, Nelems: 4}, 32),
+	}}
+	// The key gains a field too.
+	oldKey = &btf.Struct{Name: "k", Size: 4, Members: []btf.Member{member("id", btfU32, 0)}}
+	newKey = &btf.Struct{Name: "k", Size: 8, Members: []btf.Member{member("id", btfU32, 0), member("zone", btfU32, 4)}}
+)
+
+func le32(b []byte, off int, v uint32) { binary.LittleEndian.PutUint32(b[off:], v) }
+func le64(b []byte, off int, v uint64) { binary.LittleEndian.PutUint64(b[off:], v) }
+
+func oldEntry(id uint32) []byte {
+	v := make([]byte, 40)
+	binary.LittleEndian.PutUint16(v[0:], uint16(id%15))
+	binary.LittleEndian.PutUint16(v[2:], 0xdead) // pad0: dropped
+	le32(v, 4, 2)
+	le32(v, 8, 0xabcd0000+id)
+	le32(v, 12, 0xfffffffb) // -5
+	le64(v, 16, 1_000_000+uint64(id))
+	le32(v, 24, 7)
+	le32(v, 28, 8)
+	le32(v, 32, 9)
+	le32(v, 36, 10)
+	return v
+}
+
+func TestConvertValueMatchesFieldsByName(t *testing.T) {
+	dst := make([]byte, 96)
+	if err := convertValue(dst, newValue, oldEntry(3), oldValue); err != nil {
+		t.Fatal(err)
+	}
+	checkNewEntry(t, 3, dst)
+}
+
+func checkNewEntry(t *testing.T, id uint32, v []byte) {
+	t.Helper()
+	u32 := func(off int) uint32 { return binary.LittleEndian.Uint32(v[off:]) }
+	u64 := func(off int) uint64 { return binary.LittleEndian.Uint64(v[off:]) }
+	checks := []struct {
+		field     string
+		got, want uint64
+	}{
+		{"created_ns", u64(0), 1_000_000 + uint64(id)},
+		{"token", uint64(u32(8)), uint64(0xabcd0000 + id)},
+		{"path (widened)", uint64(u32(12)), uint64(id % 15)},
+		{"role (narrowed)", uint64(v[16]), 2},
+		{"flags (new)", uint64(v[17]), 0},
+		{"rule (new)", uint64(u32(20)), 0},
+		{"delta (signed, widened)", u64(24), ^uint64(4)}, // -5
+		{"hops[0].b", u64(32), 8},
+		{"hops[0].a", uint64(u32(40)), 7},
+		{"hops[0].c (new)", uint64(u32(44)), 0},
+		{"hops[1].b", u64(48), 10},
+		{"hops[1].a", uint64(u32(56)), 9},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("entry %d: %s = %#x, want %#x", id, c.field, c.got, c.want)
+		}
+	}
+	for i := 64; i < 96; i++ {
+		if v[i] != 0 {
+			t.Fatalf("entry %d: new array elements hops[2..3] are not zero: % x", id, v[64:])
+		}
+	}
+}
+
+func TestConvertValueRefusesWhatItCannotCarry(t *testing.T) {
+	narrow := &btf.Struct{Size: 1, Members: []btf.Member{member("role", btfU8, 0)}}
+	src := make([]byte, 40)
+	le32(src, 4, 300)
+	if err := convertValue(make([]byte, 1), narrow, src, oldValue); err == nil {
+		t.Error("role 300 narrowed to a byte without an error")
+	}
+	kind := &btf.Struct{Size: 4, Members: []btf.Member{member("hops", btfU32, 0)}}
+	if err := convertValue(make([]byte, 4), kind, src, oldValue); err == nil {
+		t.Error("an array turned into an integer without an error")
+	}
+}
+
+// migrationPinDir is a fresh directory on bpffs, removed with the test.
+func migrationPinDir(t *testing.T) string {
+	t.Helper()
+	testutil.RequireRoot(t)
+	dir := bpffsPinDir(t)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// A pinned map made with the old BTF is migrated to the new layout: the
+// comparison reads the old BTF back from the kernel, every entry is
+// converted, and counters of a per-CPU map the old programs keep counting
+// after the copy are caught up by their growth.
+func TestMigrationConvertsPinnedMapsByTheirKernelBTF(t *testing.T) {
+	dir := migrationPinDir(t)
+	oldSpec := &ebpf.MapSpec{Name: "subflows", Type: ebpf.Hash, KeySize: 4, ValueSize: 40, MaxEntries: 64, Key: oldKey, Value: oldValue, Pinning: ebpf.PinByName}
+	oldCounters := &btf.Struct{Size: 16, Members: []btf.Member{member("packets", btfU64, 0), member("bytes", btfU64, 8)}}
+	newCounters := &btf.Struct{Size: 24, Members: []btf.Member{member("bytes", btfU64, 0), member("drops", btfU64, 8), member("packets", btfU64, 16)}}
+	oldCountSpec := &ebpf.MapSpec{Name: "path_counters", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 16, MaxEntries: 4, Key: btfU32, Value: oldCounters, Pinning: ebpf.PinByName}
+	old, err := ebpf.NewMapWithOptions(oldSpec, ebpf.MapOptions{PinPath: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	oldCount, err := ebpf.NewMapWithOptions(oldCountSpec, ebpf.MapOptions{PinPath: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oldCount.Close()
+	for id := uint32(1); id <= 20; id++ {
+		if err := old.Put(id, oldEntry(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counters := func(packets, bytes uint64) [][]byte {
+		out := make([][]byte, ncpu)
+		for i := range out {
+			out[i] = make([]byte, 16)
+			le64(out[i], 0, packets+uint64(i))
+			le64(out[i], 8, bytes)
+		}
+		return out
+	}
+	if err := oldCount.Put(uint32(1), counters(100, 5000)); err != nil {
+		t.Fatal(err)
+	}
+
+	newSpec := &ebpf.CollectionSpec{Maps: map[string]*ebpf.MapSpec{
+		"subflows":      {Name: "subflows", Type: ebpf.Hash, KeySize: 8, ValueSize: 96, MaxEntries: 128, Key: newKey, Value: newValue, Pinning: ebpf.PinByName},
+		"path_counters": {Name: "path_counters", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 24, MaxEntries: 4, Key: btfU32, Value: newCounters, Pinning: ebpf.PinByName},
+		"unchanged":     {Name: "unchanged", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1, Key: btfU32, Value: btfU32, Pinning: ebpf.PinByName},
+	}}
+	mig, err := prepareMigration(newSpec, dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mig.closeMaps()
+	if got := mig.names(); len(got) != 2 || got[0] != "path_counters" || got[1] != "subflows" {
+		t.Fatalf("migrated maps %v, want [path_counters subflows]", got)
+	}
+	sub, cnt := mig.maps[1], mig.maps[0]
+	if sub.copied != 20 {
+		t.Errorf("copied %d subflow entries, want 20", sub.copied)
+	}
+	for id := uint32(1); id <= 20; id++ {
+		k := make([]byte, 8)
+		le32(k, 0, id)
+		var v []byte
+		if err := sub.new.Lookup(k, &v); err != nil {
+			t.Fatalf("entry %d missing after migration: %v", id, err)
+		}
+		checkNewEntry(t, id, v)
+	}
+
+	// Between the copy and the switch the old programs keep counting and
+	// place one more subflow; the new ones have started counting too.
+	if err := oldCount.Put(uint32(1), counters(130, 9000)); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Put(uint32(21), oldEntry(21)); err != nil {
+		t.Fatal(err)
+	}
+	var cur [][]byte
+	if err := cnt.new.Lookup(uint32(1), &cur); err != nil {
+		t.Fatal(err)
+	}
+	for i := range cur {
+		le64(cur[i], 16, binary.LittleEndian.Uint64(cur[i][16:])+2) // packets counted by the new programs
+	}
+	if err := cnt.new.Put(uint32(1), cur); err != nil {
+		t.Fatal(err)
+	}
+	for _, mm := range mig.maps {
+		if err := mm.catchUp(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cnt.new.Lookup(uint32(1), &cur); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range cur {
+		packets, bytes, drops := binary.LittleEndian.Uint64(v[16:]), binary.LittleEndian.Uint64(v[0:]), binary.LittleEndian.Uint64(v[8:])
+		if want := uint64(130 + i + 2); packets != want || bytes != 9000 || drops != 0 {
+			t.Errorf("cpu %d: packets %d bytes %d drops %d after catch-up, want %d, 9000, 0", i, packets, bytes, drops, want)
+		}
+	}
+	k := make([]byte, 8)
+	le32(k, 0, 21)
+	var v []byte
+	if err := sub.new.Lookup(k, &v); err != nil {
+		t.Fatalf("subflow placed between copy and switch was not caught up: %v", err)
+	}
+	checkNewEntry(t, 21, v)
+}
+
+// loadOldRelease loads this binary's programs against a "subflows" map of
+// the previous release's layout (struct subflow had a pad where the rule
+// is now: same size, so the old programs run on it), pins everything under
+// dir and attaches pod-egress to veth-a, as the previous agent left a node.
+func loadOldRelease(t *testing.T, dir string) (oldMapID ebpf.MapID, oldProgID ebpf.ProgramID) {
+	t.Helper()
+	return loadOldLayout(t, dir, func(m *btf.Member) {
+		if m.Name == "rule" {
+			m.Name = "pad"
+		}
+	})
+}
+
+// loadOldLayout is loadOldRelease with struct subflow's members changed by
+// edit (sizes must stay: the programs run on the map).
+func loadOldLayout(t *testing.T, dir string, edit func(*btf.Member)) (oldMapID ebpf.MapID, oldProgID ebpf.ProgramID) {
+	t.Helper()
+	spec, err := loadDatapath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := spec.Maps["subflows"]
+	oldStruct := *btf.UnderlyingType(cur.Value).(*btf.Struct)
+	oldStruct.Members = append([]btf.Member(nil), oldStruct.Members...)
+	for i := range oldStruct.Members {
+		edit(&oldStruct.Members[i])
+	}
+	oms := cur.Copy()
+	oms.Value = &oldStruct
+	old, err := ebpf.NewMapWithOptions(oms, ebpf.MapOptions{PinPath: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	_ = spec.Variables["mark_mask"].Set(DefaultMarkMask)
+	_ = spec.Variables["mark_shift"].Set(uint32(20))
+	dp := &Datapath{pinDir: dir, markMask: DefaultMarkMask, markShift: 20, mapNames: pinnedMapNames(spec)}
+	if err := spec.LoadAndAssign(&dp.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}, MapReplacements: map[string]*ebpf.Map{"subflows": old}}); err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if err := dp.Attach(Attachment{Interface: "veth-a", Hook: HookPodEgress}); err != nil {
+		t.Fatal(err)
+	}
+	k := datapathFlowKey{Family: 2, Sport: htons(40000), Dport: htons(5201)}
+	copy(k.Saddr[:], clientPod.AsSlice())
+	copy(k.Daddr[:], serverPod.AsSlice())
+	if err := old.Put(&k, &datapathSubflow{Path: 1, Role: 1, Token: 0x1234, CreatedNs: 42}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := old.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldMapID, _ = info.ID()
+	pi, err := dp.objs.PodEgress.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldProgID, _ = pi.ID()
+	return oldMapID, oldProgID
+}
+
+func pinnedMapID(t *testing.T, path string) ebpf.MapID {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	info, err := m.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
+}
+
+func linkProgram(t *testing.T, pin string) ebpf.ProgramID {
+	t.Helper()
+	l, err := link.LoadPinnedLink(pin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Program
+}
+
+// An upgrade over a node the previous release set up: the load migrates
+// the subflow table (the marker is absent, the BTF differs), moves the
+// pinned link to the new program at once and keeps the old pin until the
+// commit. A rollback puts the old program back and leaves the old pin and
+// its entry as they were; a second load then commits: the pin is the new
+// map, with the entry, and the marker records the layout.
+func TestMigrationRollsBackThenCommits(t *testing.T) {
+	ns := throwawayNetns(t)
+	dir := migrationPinDir(t)
+	linkPin := filepath.Join(dir, linkPinSubdir, string(HookPodEgress), "veth-a")
+	err := netnsutil.Do(ns, func() error {
+		oldMap, oldProg := loadOldRelease(t, dir)
+		if m, err := LayoutMarker(dir); err != nil || m != "" {
+			t.Fatalf("layout marker %q (%v) before any migration-aware load, want none", m, err)
+		}
+
+		dp, err := Load(Options{PinDir: dir, Migrate: true})
+		if err != nil {
+			return err
+		}
+		if got := dp.MigratedMaps(); len(got) != 1 || got[0] != "subflows" {
+			t.Fatalf("migrated %v, want [subflows]", got)
+		}
+		newProgInfo, _ := dp.objs.PodEgress.Info()
+		newProg, _ := newProgInfo.ID()
+		if p := linkProgram(t, linkPin); p != newProg {
+			t.Errorf("pinned link runs program %d after the load, want the new one %d", p, newProg)
+		}
+		if id := pinnedMapID(t, filepath.Join(dir, "subflows")); id != oldMap {
+			t.Errorf("subflows pin replaced before the commit: map %d, want the old %d", id, oldMap)
+		}
+		sfs, err := dp.Subflows()
+		if err != nil || len(sfs) != 1 || sfs[0].Path != 1 || sfs[0].Token != 0x1234 {
+			t.Errorf("new subflow table %v (%v), want the one entry on path 1", sfs, err)
+		}
+		if err := dp.RollbackMigration(); err != nil {
+			return err
+		}
+		_ = dp.Close()
+		if p := linkProgram(t, linkPin); p != oldProg {
+			t.Errorf("pinned link runs program %d after the rollback, want the old one %d", p, oldProg)
+		}
+		if id := pinnedMapID(t, filepath.Join(dir, "subflows")); id != oldMap {
+			t.Errorf("subflows pin is map %d after the rollback, want the old %d", id, oldMap)
+		}
+		if m, _ := LayoutMarker(dir); m != "" {
+			t.Errorf("rollback wrote the layout marker %q", m)
+		}
+
+		dp, err = Load(Options{PinDir: dir, Migrate: true})
+		if err != nil {
+			return err
+		}
+		defer dp.Close()
+		if !dp.MigrationPending() {
+			t.Fatal("second load after the rollback migrated nothing")
+		}
+		if err := dp.CommitMigration(); err != nil {
+			return err
+		}
+		if id := pinnedMapID(t, filepath.Join(dir, "subflows")); id == oldMap {
+			t.Error("subflows pin still the old map after the commit")
+		}
+		want, _ := LayoutHash()
+		if m, _ := LayoutMarker(dir); m != want {
+			t.Errorf("layout marker %q after the commit, want %q", m, want)
+		}
+		if _, err := os.Stat(filepath.Join(dir, stagingSubdir)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("staging directory left behind: %v", err)
+		}
+		// The next start sees the marker and migrates nothing.
+		dp2, err := Load(Options{PinDir: dir, Migrate: true})
+		if err != nil {
+			return err
+		}
+		defer dp2.Close()
+		if dp2.MigrationPending() {
+			t.Errorf("a restart of the same binary migrated %v again", dp2.MigratedMaps())
+		}
+		sfs, err = dp2.Subflows()
+		if err != nil || len(sfs) != 1 || sfs[0].Path != 1 || sfs[0].Role != RoleInitiator || sfs[0].Token != 0x1234 {
+			t.Errorf("pinned subflow table after the commit %v (%v), want the one entry on path 1", sfs, err)
+		}
+		return dp2.Unpin()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Maps pinned by this very binary before markers existed read back from
+// the kernel with the layout the spec has: nothing is migrated, and the
+// marker is written so the next start decides at once.
+func TestSameLayoutWithoutMarkerMigratesNothing(t *testing.T) {
+	dir := migrationPinDir(t)
+	dp, err := Load(Options{PinDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = dp.Close()
+	if m, _ := LayoutMarker(dir); m != "" {
+		t.Fatalf("a load without Migrate wrote the marker %q", m)
+	}
+	dp, err = Load(Options{PinDir: dir, Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if dp.MigrationPending() {
+		t.Errorf("maps of the same layout were migrated: %v", dp.MigratedMaps())
+	}
+	want, _ := LayoutHash()
+	if m, _ := LayoutMarker(dir); m != want {
+		t.Errorf("layout marker %q, want %q", m, want)
+	}
+	if err := dp.Unpin(); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("Unpin left %v", entries)
+	}
+}
+
+// A pinned map that cannot be converted (a field changed kind) fails the
+// load with the map and the field named, before anything changed: the
+// link keeps the old program, the pin the old map, no marker is written.
+func TestFailedConversionChangesNothing(t *testing.T) {
+	ns := throwawayNetns(t)
+	dir := migrationPinDir(t)
+	linkPin := filepath.Join(dir, linkPinSubdir, string(HookPodEgress), "veth-a")
+	err := netnsutil.Do(ns, func() error {
+		oldMap, oldProg := loadOldLayout(t, dir, func(m *btf.Member) {
+			if m.Name == "role" {
+				m.Type = &btf.Array{Type: btfU8, Index: btfU32, Nelems: 4}
+			}
+		})
+		dp, err := Load(Options{PinDir: dir, Migrate: true})
+		if err == nil {
+			_ = dp.Close()
+			t.Fatal("a role that became an array was converted")
+		}
+		if !strings.Contains(err.Error(), "subflows") || !strings.Contains(err.Error(), ".role") {
+			t.Errorf("error %q does not name the map and the field", err)
+		}
+		if p := linkProgram(t, linkPin); p != oldProg {
+			t.Errorf("pinned link runs program %d after the failed load, want the old %d", p, oldProg)
+		}
+		if id := pinnedMapID(t, filepath.Join(dir, "subflows")); id != oldMap {
+			t.Errorf("subflows pin is map %d after the failed load, want the old %d", id, oldMap)
+		}
+		if m, _ := LayoutMarker(dir); m != "" {
+			t.Errorf("a failed load wrote the marker %q", m)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
