@@ -12,8 +12,9 @@
  *       new MP_JOIN SYN          -> spread: a path no subflow of the
  *                                   connection uses yet
  *   pod_ingress (TC egress of a pod's host-side veth: what the pod receives)
- *       known subflow            -> the actors that act on packets into the
- *                                   pod (none yet: counted only)
+ *       known subflow            -> rate: police what the pod receives
+ *   nic_egress  (TC egress of a path's NIC)
+ *       a selected pod's packet  -> shape: the HTB class of its pod or path
  *   nic_ingress (TC ingress of a path's NIC)
  *       anything for a selected pod -> mark with the NIC's path (reverse-path
  *                                   filtering with src_valid_mark then sees
@@ -23,7 +24,10 @@
  *                                   the path as used by the connection
  *       MP_CAPABLE ACK (keys)    -> learn the connection's two tokens
  *
- * The mark is the only thing written: packets are never modified here, and
+ * The rate actor (rate_actor.h) runs on known subflows at both pod hooks:
+ * window lowers the receive window of the pod's ACKs, police drops.
+ *
+ * Otherwise the mark is the only thing written: packets are not modified, and
  * everything that is not selected TCP passes untouched. In observe-only mode
  * (SETTING_OBSERVE_ONLY in the settings map, switched at run time) not even
  * the mark is: the programs record subflows, connections and counters as
@@ -32,6 +36,7 @@
 #include "common.h"
 #include "parse.h"
 #include "sha256.h"
+#include "rate.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -49,6 +54,8 @@ const enum stat_id *unused_stat_id __attribute__((unused));
 const enum mptcp_subtype *unused_mptcp_subtype __attribute__((unused));
 /* Keeps enum spread_mode in BTF, checked against Go's SpreadMode. */
 const enum spread_mode *unused_spread_mode __attribute__((unused));
+/* Keeps enum rate_mode in BTF, so Go takes the modes from it. */
+const enum rate_mode *unused_rate_mode __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -739,6 +746,8 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 	return ret;
 }
 
+#include "rate_actor.h"
+
 SEC("tc")
 int pod_egress(struct __sk_buff *skb)
 {
@@ -757,6 +766,8 @@ int pod_egress(struct __sk_buff *skb)
 		count_subflow(sf, pkt.len, true);
 		if (is_capable_ack(&pkt) && sf->role == ROLE_INITIATOR)
 			learn_connection(skb, &pkt, pkt.saddr, sf);
+		if (rate_act(skb, &pkt, &fk, sf, RATE_DIR_EGRESS) == TC_ACT_SHOT)
+			return TC_ACT_SHOT;
 		set_path_mark(skb, sf->path);
 		count_path(sf->path, pkt.len, true);
 		return TCX_NEXT;
@@ -775,6 +786,7 @@ int pod_egress(struct __sk_buff *skb)
 	nsf.tx_packets = 1;
 	nsf.tx_bytes = pkt.len;
 	insert_subflow(&fk, &nsf);
+	rate_act(skb, &pkt, &fk, &nsf, RATE_DIR_EGRESS);
 	set_path_mark(skb, nsf.path);
 	count_path(nsf.path, pkt.len, true);
 	return TCX_NEXT;
@@ -799,7 +811,7 @@ int pod_ingress(struct __sk_buff *skb)
 	if (!sf)
 		return TCX_NEXT;
 	count_subflow(sf, pkt.len, false);
-	return TCX_NEXT;
+	return rate_act(skb, &pkt, &fk, sf, RATE_DIR_INGRESS);
 }
 
 SEC("tc")
@@ -868,5 +880,33 @@ int nic_ingress(struct __sk_buff *skb)
 	nsf.created_ns = bpf_ktime_get_ns();
 	insert_subflow(&fk, &nsf);
 	count(STAT_SUBFLOW_MIRRORED);
+	return TCX_NEXT;
+}
+
+/* nic_egress runs on the TC egress of each path's NIC: the shape actor
+ * classifies a selected pod's packets into the agent's HTB class there,
+ * because forwarding from the pod's veth resets skb->priority. */
+SEC("tc")
+int nic_egress(struct __sk_buff *skb)
+{
+	struct packet pkt = {};
+	__u32 ifindex = skb->ifindex;
+	struct flow_key fk = {};
+	struct subflow *sf;
+	struct nic *n;
+
+	n = bpf_map_lookup_elem(&nics, &ifindex);
+	if (!n)
+		return TCX_NEXT;
+	/* Not counted: pod_egress counted these packets already. */
+	if (parse_packet(skb, &pkt) != PARSE_OK)
+		return TCX_NEXT;
+	/* The subflow, not the pod's endpoint, says which of the pod's rules
+	 * selected this traffic: a pod may have several. */
+	flow_key_from(&fk, &pkt, false);
+	sf = bpf_map_lookup_elem(&subflows, &fk);
+	if (!sf)
+		return TCX_NEXT;
+	rate_classify(skb, &pkt, sf->rule, n->path);
 	return TCX_NEXT;
 }

@@ -49,6 +49,12 @@ enum stat_id {
 	STAT_MAP_UPDATE_FAILED, /* a subflows/conn_states update the kernel refused */
 	STAT_SUBFLOW_FORGOTTEN, /* subflows deleted by the agent (written from user space, CPU 0) */
 	STAT_CONN_FORGOTTEN,	/* connections deleted by the agent (written from user space, CPU 0) */
+	STAT_RATE_DROP_CONN,	/* police: dropped, the connection's bucket was empty */
+	STAT_RATE_DROP_POD,	/* police: dropped, the pod's bucket was empty */
+	STAT_RATE_DROP_PATH,	/* police: dropped, the path's bucket was empty */
+	STAT_RATE_WND_LOWERED,	/* window: an ACK's receive window lowered to the cap */
+	STAT_RATE_NO_WSCALE,	/* window: handshake not seen, scale unknown, ACK left alone */
+	STAT_RATE_SHAPED,	/* shape: packets given an HTB class at a NIC */
 	STAT_MAX,
 };
 

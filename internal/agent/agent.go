@@ -158,6 +158,13 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 		ruleByName[r.Name] = r
 	}
 
+	if err := a.applyRates(cfg, paths); err != nil {
+		errs = append(errs, err)
+	}
+	if err := a.applyShaping(cfg, paths, wantAttach); err != nil {
+		errs = append(errs, err)
+	}
+
 	wantEndpoints := map[string]bool{}
 	wantCreators := map[string]bool{}
 	for _, pod := range cfg.Pods {
@@ -323,6 +330,9 @@ func (a *Agent) Uninstall() error {
 		}
 	}
 	if err := removeRouting(a.cfg); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeShaping(a.cfg); err != nil {
 		errs = append(errs, err)
 	}
 	for _, pod := range a.cfg.Pods {

@@ -91,6 +91,12 @@ type Rule struct {
 	// Weights per path name, for weighted spread: the path's share of
 	// subflow placements. A path left out weighs 1.
 	Weights map[string]uint32 `json:"weights,omitempty"`
+	// HeaderRewriting is the admin's opt-in to rewriting the headers of
+	// the rule's pods' packets (CompiledRule.headerRewriting); the window
+	// rate mode needs it.
+	HeaderRewriting bool `json:"headerRewriting,omitempty"`
+	// Rate caps the rule's connections, pods or paths (rate.go).
+	Rate *RateLimits `json:"rate,omitempty"`
 }
 
 // Traffic is a rule's selector: remote CIDRs, service ports (the server's
@@ -290,6 +296,11 @@ func (c *Config) Validate() error {
 			}
 		default:
 			errs = append(errs, fmt.Errorf("rules[%d].subflows: %q is not one of userspace, signal, none", i, r.Subflows))
+		}
+		if r.Rate != nil {
+			if err := r.Rate.validate(r, paths); err != nil {
+				errs = append(errs, fmt.Errorf("rules[%d].rate: %w", i, err))
+			}
 		}
 		if r.MaxSubflows < 0 || r.MaxSubflows > 8 {
 			errs = append(errs, fmt.Errorf("rules[%d].maxSubflows: %d is out of range 0..8 (the kernel's limit)", i, r.MaxSubflows))

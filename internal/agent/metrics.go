@@ -53,6 +53,12 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatMapUpdateFailed:  "map_update_failed",
 	datapath.StatSubflowForgotten: "subflow_forgotten",
 	datapath.StatConnForgotten:    "connection_forgotten",
+	datapath.StatRateDropConn:     "rate_police_drop_connection",
+	datapath.StatRateDropPod:      "rate_police_drop_pod",
+	datapath.StatRateDropPath:     "rate_police_drop_path",
+	datapath.StatRateWndLowered:   "rate_window_lowered",
+	datapath.StatRateNoWscale:     "rate_window_scale_unknown",
+	datapath.StatRateShaped:       "rate_shape_classified",
 }
 
 // EventName is the label value of a datapath counter in

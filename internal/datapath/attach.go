@@ -27,10 +27,13 @@ const (
 	HookPodIngress Hook = "pod-ingress"
 	// HookNICIngress is the TC ingress of a path's NIC.
 	HookNICIngress Hook = "nic-ingress"
+	// HookNICEgress is the TC egress of a path's NIC, where the shape actor
+	// classifies packets into the agent's HTB classes.
+	HookNICEgress Hook = "nic-egress"
 )
 
 // Hooks lists every hook, in the order the agent attaches them.
-var Hooks = []Hook{HookPodEgress, HookPodIngress, HookNICIngress}
+var Hooks = []Hook{HookPodEgress, HookPodIngress, HookNICIngress, HookNICEgress}
 
 // Attachment is one program attached to one interface through a TCX link.
 type Attachment struct {
@@ -45,6 +48,8 @@ func (d *Datapath) hookProgram(h Hook) (*ebpf.Program, ebpf.AttachType) {
 		return d.objs.PodEgress, ebpf.AttachTCXIngress
 	case HookPodIngress:
 		return d.objs.PodIngress, ebpf.AttachTCXEgress
+	case HookNICEgress:
+		return d.objs.NicEgress, ebpf.AttachTCXEgress
 	default:
 		return d.objs.NicIngress, ebpf.AttachTCXIngress
 	}

@@ -123,6 +123,56 @@ type datapathPortRange struct {
 	Last  uint16
 }
 
+type datapathRateBucket struct {
+	_     structs.HostLayout
+	TatNs uint64
+}
+
+type datapathRateCfg struct {
+	_          structs.HostLayout
+	Mode       uint32
+	Flags      uint32
+	ConnBps    uint64
+	PodBps     uint64
+	BurstBytes uint64
+	PathBps    [16]uint64
+}
+
+type datapathRateKey struct {
+	_      structs.HostLayout
+	Addr   [16]uint8
+	Id     uint32
+	Rule   uint32
+	Family uint8
+	Kind   uint8
+	Dir    uint8
+	Pad    uint8
+}
+
+type datapathRateMode uint32
+
+const (
+	datapathRateModeRATE_MODE_NONE   datapathRateMode = 0
+	datapathRateModeRATE_MODE_WINDOW datapathRateMode = 1
+	datapathRateModeRATE_MODE_POLICE datapathRateMode = 2
+	datapathRateModeRATE_MODE_SHAPE  datapathRateMode = 3
+)
+
+type datapathRateSubflow struct {
+	_         structs.HostLayout
+	Flags     uint32
+	PodShift  uint32
+	ConnToken uint32
+	Pad       uint32
+}
+
+type datapathRateWindow struct {
+	_      structs.HostLayout
+	Edge   uint32
+	Valid  uint32
+	LastNs uint64
+}
+
 type datapathRule struct {
 	_        structs.HostLayout
 	Npaths   uint32
@@ -179,7 +229,13 @@ const (
 	datapathStatIdSTAT_MAP_UPDATE_FAILED  datapathStatId = 20
 	datapathStatIdSTAT_SUBFLOW_FORGOTTEN  datapathStatId = 21
 	datapathStatIdSTAT_CONN_FORGOTTEN     datapathStatId = 22
-	datapathStatIdSTAT_MAX                datapathStatId = 23
+	datapathStatIdSTAT_RATE_DROP_CONN     datapathStatId = 23
+	datapathStatIdSTAT_RATE_DROP_POD      datapathStatId = 24
+	datapathStatIdSTAT_RATE_DROP_PATH     datapathStatId = 25
+	datapathStatIdSTAT_RATE_WND_LOWERED   datapathStatId = 26
+	datapathStatIdSTAT_RATE_NO_WSCALE     datapathStatId = 27
+	datapathStatIdSTAT_RATE_SHAPED        datapathStatId = 28
+	datapathStatIdSTAT_MAX                datapathStatId = 29
 )
 
 type datapathSubflow struct {
@@ -209,17 +265,24 @@ const (
 	datapathMapPathCounters       = "path_counters"
 	datapathMapPathStates         = "path_states"
 	datapathMapPodCounters        = "pod_counters"
+	datapathMapRateBuckets        = "rate_buckets"
+	datapathMapRateClasses        = "rate_classes"
+	datapathMapRateRules          = "rate_rules"
+	datapathMapRateSubflows       = "rate_subflows"
+	datapathMapRateWindows        = "rate_windows"
 	datapathMapRuleCidrs          = "rule_cidrs"
 	datapathMapRules              = "rules"
 	datapathMapSettings           = "settings"
 	datapathMapStats              = "stats"
 	datapathMapSubflows           = "subflows"
+	datapathProgNicEgress         = "nic_egress"
 	datapathProgNicIngress        = "nic_ingress"
 	datapathProgPodEgress         = "pod_egress"
 	datapathProgPodIngress        = "pod_ingress"
 	datapathVarMarkMask           = "mark_mask"
 	datapathVarMarkShift          = "mark_shift"
 	datapathVarUnusedMptcpSubtype = "unused_mptcp_subtype"
+	datapathVarUnusedRateMode     = "unused_rate_mode"
 	datapathVarUnusedSpreadMode   = "unused_spread_mode"
 	datapathVarUnusedStatId       = "unused_stat_id"
 )
@@ -266,6 +329,7 @@ type datapathSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathProgramSpecs struct {
+	NicEgress  *ebpf.ProgramSpec `ebpf:"nic_egress"`
 	NicIngress *ebpf.ProgramSpec `ebpf:"nic_ingress"`
 	PodEgress  *ebpf.ProgramSpec `ebpf:"pod_egress"`
 	PodIngress *ebpf.ProgramSpec `ebpf:"pod_ingress"`
@@ -283,6 +347,11 @@ type datapathMapSpecs struct {
 	PathCounters *ebpf.MapSpec `ebpf:"path_counters"`
 	PathStates   *ebpf.MapSpec `ebpf:"path_states"`
 	PodCounters  *ebpf.MapSpec `ebpf:"pod_counters"`
+	RateBuckets  *ebpf.MapSpec `ebpf:"rate_buckets"`
+	RateClasses  *ebpf.MapSpec `ebpf:"rate_classes"`
+	RateRules    *ebpf.MapSpec `ebpf:"rate_rules"`
+	RateSubflows *ebpf.MapSpec `ebpf:"rate_subflows"`
+	RateWindows  *ebpf.MapSpec `ebpf:"rate_windows"`
 	RuleCidrs    *ebpf.MapSpec `ebpf:"rule_cidrs"`
 	Rules        *ebpf.MapSpec `ebpf:"rules"`
 	Settings     *ebpf.MapSpec `ebpf:"settings"`
@@ -297,6 +366,7 @@ type datapathVariableSpecs struct {
 	MarkMask           *ebpf.VariableSpec `ebpf:"mark_mask"`
 	MarkShift          *ebpf.VariableSpec `ebpf:"mark_shift"`
 	UnusedMptcpSubtype *ebpf.VariableSpec `ebpf:"unused_mptcp_subtype"`
+	UnusedRateMode     *ebpf.VariableSpec `ebpf:"unused_rate_mode"`
 	UnusedSpreadMode   *ebpf.VariableSpec `ebpf:"unused_spread_mode"`
 	UnusedStatId       *ebpf.VariableSpec `ebpf:"unused_stat_id"`
 }
@@ -329,6 +399,11 @@ type datapathMaps struct {
 	PathCounters *ebpf.Map `ebpf:"path_counters"`
 	PathStates   *ebpf.Map `ebpf:"path_states"`
 	PodCounters  *ebpf.Map `ebpf:"pod_counters"`
+	RateBuckets  *ebpf.Map `ebpf:"rate_buckets"`
+	RateClasses  *ebpf.Map `ebpf:"rate_classes"`
+	RateRules    *ebpf.Map `ebpf:"rate_rules"`
+	RateSubflows *ebpf.Map `ebpf:"rate_subflows"`
+	RateWindows  *ebpf.Map `ebpf:"rate_windows"`
 	RuleCidrs    *ebpf.Map `ebpf:"rule_cidrs"`
 	Rules        *ebpf.Map `ebpf:"rules"`
 	Settings     *ebpf.Map `ebpf:"settings"`
@@ -346,6 +421,11 @@ func (m *datapathMaps) Close() error {
 		m.PathCounters,
 		m.PathStates,
 		m.PodCounters,
+		m.RateBuckets,
+		m.RateClasses,
+		m.RateRules,
+		m.RateSubflows,
+		m.RateWindows,
 		m.RuleCidrs,
 		m.Rules,
 		m.Settings,
@@ -361,6 +441,7 @@ type datapathVariables struct {
 	MarkMask           *ebpf.Variable `ebpf:"mark_mask"`
 	MarkShift          *ebpf.Variable `ebpf:"mark_shift"`
 	UnusedMptcpSubtype *ebpf.Variable `ebpf:"unused_mptcp_subtype"`
+	UnusedRateMode     *ebpf.Variable `ebpf:"unused_rate_mode"`
 	UnusedSpreadMode   *ebpf.Variable `ebpf:"unused_spread_mode"`
 	UnusedStatId       *ebpf.Variable `ebpf:"unused_stat_id"`
 }
@@ -369,6 +450,7 @@ type datapathVariables struct {
 //
 // It can be passed to loadDatapathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathPrograms struct {
+	NicEgress  *ebpf.Program `ebpf:"nic_egress"`
 	NicIngress *ebpf.Program `ebpf:"nic_ingress"`
 	PodEgress  *ebpf.Program `ebpf:"pod_egress"`
 	PodIngress *ebpf.Program `ebpf:"pod_ingress"`
@@ -376,6 +458,7 @@ type datapathPrograms struct {
 
 func (p *datapathPrograms) Close() error {
 	return _DatapathClose(
+		p.NicEgress,
 		p.NicIngress,
 		p.PodEgress,
 		p.PodIngress,

@@ -37,6 +37,8 @@ func TestGoStructsMatchCLayout(t *testing.T) {
 		"path_stats": datapathPathStats{}, "mptcp_subtype_stats": datapathMptcpSubtypeStats{},
 		"settings_value": datapathSettingsValue{}, "cidr_key": datapathCidrKey{},
 		"path_state": datapathPathState{}, "pod_stats": datapathPodStats{}, "port_range": datapathPortRange{},
+		"rate_cfg": datapathRateCfg{}, "rate_key": datapathRateKey{}, "rate_bucket": datapathRateBucket{},
+		"rate_window": datapathRateWindow{}, "rate_subflow": datapathRateSubflow{},
 	}
 	for cName, goVal := range goTypes {
 		t.Run(cName, func(t *testing.T) {

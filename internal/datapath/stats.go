@@ -45,7 +45,16 @@ const (
 	// deletions (ForgetSubflow, ForgetConnection).
 	StatSubflowForgotten = datapathStatIdSTAT_SUBFLOW_FORGOTTEN
 	StatConnForgotten    = datapathStatIdSTAT_CONN_FORGOTTEN
-	numStats             = int(datapathStatIdSTAT_MAX)
+	// Rate actor (rate.go): police drops by the bucket that refused the
+	// packet, window rewrites, ACKs left alone for want of the handshake,
+	// packets classified for shaping.
+	StatRateDropConn   = datapathStatIdSTAT_RATE_DROP_CONN
+	StatRateDropPod    = datapathStatIdSTAT_RATE_DROP_POD
+	StatRateDropPath   = datapathStatIdSTAT_RATE_DROP_PATH
+	StatRateWndLowered = datapathStatIdSTAT_RATE_WND_LOWERED
+	StatRateNoWscale   = datapathStatIdSTAT_RATE_NO_WSCALE
+	StatRateShaped     = datapathStatIdSTAT_RATE_SHAPED
+	numStats           = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.

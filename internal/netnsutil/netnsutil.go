@@ -24,26 +24,37 @@ func Do(path string, fn func() error) error {
 
 	errc := make(chan error, 1)
 	go func() {
+		// fn may end the goroutine without returning (t.Fatal calls
+		// runtime.Goexit): report that instead of leaving the caller
+		// waiting forever. The thread stays locked, so the runtime ends it
+		// rather than reuse it in the other namespace.
+		reported := false
+		defer func() {
+			if !reported {
+				errc <- fmt.Errorf("function run in network namespace %s exited without returning", path)
+			}
+		}()
+		report := func(err error) { reported = true; errc <- err }
 		runtime.LockOSThread()
 		orig, err := netns.Get()
 		if err != nil {
-			errc <- fmt.Errorf("reading current network namespace: %w", err)
+			report(fmt.Errorf("reading current network namespace: %w", err))
 			return
 		}
 		defer orig.Close()
 		if err := netns.Set(target); err != nil {
 			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering network namespace %s: %w", path, err)
+			report(fmt.Errorf("entering network namespace %s: %w", path, err))
 			return
 		}
 		ferr := fn()
 		if err := netns.Set(orig); err != nil {
 			// Leave the thread locked: the runtime ends it with the goroutine.
-			errc <- fmt.Errorf("returning from network namespace %s: %w", path, err)
+			report(fmt.Errorf("returning from network namespace %s: %w", path, err))
 			return
 		}
 		runtime.UnlockOSThread()
-		errc <- ferr
+		report(ferr)
 	}()
 	return <-errc
 }

@@ -390,3 +390,6 @@ func Timestamps(val, echo uint32) []byte {
 	b := binary.BigEndian.AppendUint32([]byte{8, 10}, val)
 	return binary.BigEndian.AppendUint32(b, echo)
 }
+
+// WScale is the TCP window-scale option (RFC 7323 section 2.2).
+func WScale(shift uint8) []byte { return []byte{3, 3, shift} }

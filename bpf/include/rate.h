@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The rate actor: caps a connection, a pod or a path (DESIGN.md, Datapath).
+ *
+ *   window  lowers the receive window the pod advertises on its ACKs, so the
+ *           peer sends no faster than the cap (pod_egress; caps what the pod
+ *           receives). The window is written with the subflow's negotiated
+ *           scale and is never raised.
+ *   police  drops what exceeds a token bucket (GCRA, lock-free), per
+ *           connection, pod and path, on what the pod sends (pod_egress) or
+ *           receives (pod_ingress).
+ *   shape   classifies what leaves a path's NIC into the agent's HTB class
+ *           (nic_egress): the queue, not this program, holds the rate.
+ *
+ * Configuration is per rule in rate_rules, keyed by the rule id, separate
+ * from struct rule so the other actors' layout does not change. */
+#pragma once
+
+#include "common.h"
+#include "parse.h"
+
+enum rate_mode {
+	RATE_MODE_NONE = 0,
+	RATE_MODE_WINDOW = 1,
+	RATE_MODE_POLICE = 2,
+	RATE_MODE_SHAPE = 3,
+};
+
+/* struct rate_cfg flags. */
+#define RATE_HEADERS_MAY_BE_REWRITTEN (1U << 0) /* admin opt-in: window may rewrite */
+#define RATE_POLICE_EGRESS	      (1U << 1) /* police what the pod sends */
+#define RATE_POLICE_INGRESS	      (1U << 2) /* police what the pod receives */
+
+struct rate_cfg {
+	__u32 mode;		       /* enum rate_mode */
+	__u32 flags;		       /* RATE_* */
+	__u64 conn_bps;		       /* bits per second per connection, 0: no cap */
+	__u64 pod_bps;		       /* per pod of the rule */
+	__u64 burst_bytes;	       /* police: bucket depth; window: largest window granted at once */
+	__u64 path_bps[MAX_PATHS + 1]; /* per path index */
+};
+
+/* What a bucket, a window edge or a shape class is kept for. */
+enum rate_key_kind {
+	RATE_KEY_CONN = 1, /* id: the connection's canonical (responder's) token */
+	RATE_KEY_FLOW = 2, /* id: ports of a subflow whose connection is not known */
+	RATE_KEY_POD = 3,  /* addr: the pod */
+	RATE_KEY_PATH = 4, /* id: the path index; addr zero */
+};
+
+#define RATE_DIR_EGRESS	 1 /* what the pod sends */
+#define RATE_DIR_INGRESS 2 /* what the pod receives */
+
+struct rate_key {
+	__u8 addr[16];
+	__u32 id;
+	__u32 rule;
+	__u8 family;
+	__u8 kind; /* enum rate_key_kind */
+	__u8 dir;  /* RATE_DIR_* */
+	__u8 pad;
+};
+
+/* A GCRA bucket: the theoretical arrival time of the next byte. A packet of
+ * len bytes is allowed while tat - now stays within the burst; tat moves by
+ * the packet's cost. One 64-bit compare-and-swap, no lock. */
+struct rate_bucket {
+	__u64 tat_ns;
+};
+
+/* A connection's paced window edge (window mode), in the low 32 bits of the
+ * data sequence space of what the pod receives. */
+struct rate_window {
+	__u32 edge;
+	__u32 valid;
+	__u64 last_ns;
+};
+
+/* Per subflow, keyed as in subflows: what the rate actor learnt from the
+ * handshake. */
+#define RATE_SF_POD_SYN	 (1U << 0) /* the pod's SYN or SYN-ACK was seen */
+#define RATE_SF_PEER_SYN (1U << 1) /* the peer's SYN or SYN-ACK was seen */
+#define RATE_SF_POD_WS	 (1U << 2) /* the pod offered window scaling */
+#define RATE_SF_PEER_WS	 (1U << 3) /* the peer offered window scaling */
+#define RATE_SF_TOKEN	 (1U << 4) /* conn_token is known */
+
+struct rate_subflow {
+	__u32 flags;	  /* RATE_SF_* */
+	__u32 pod_shift;  /* the shift the pod announced: its windows are scaled by it */
+	__u32 conn_token; /* the connection's canonical token */
+	__u32 pad;
+};
+
+/* The scale of windows the pod sends (RFC 7323 2.2-2.3): the pod's own
+ * shift, in force only if both ends offered the option; 0 otherwise. */
+#define RATE_WSCALE_MAX 14
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32); /* rule id */
+	__type(value, struct rate_cfg);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rate_rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, struct rate_subflow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rate_subflows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 32768);
+	__type(key, struct rate_key);
+	__type(value, struct rate_bucket);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rate_buckets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct rate_key);
+	__type(value, struct rate_window);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rate_windows SEC(".maps");
+
+/* shape: the HTB class (TC_H_MAKE(major, minor)) for a pod's traffic on a
+ * path (RATE_KEY_POD, id = path) or a rule's traffic on a path
+ * (RATE_KEY_PATH); written by the agent, which owns the qdiscs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct rate_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rate_classes SEC(".maps");

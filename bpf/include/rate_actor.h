@@ -1,0 +1,428 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The rate actor's logic (maps and types in rate.h). Included by datapath.c
+ * after its helpers (count, observe_only, flow_key_from, lookup_conn). */
+#pragma once
+
+#include "rate.h"
+
+#define NSEC_PER_SEC	  1000000000ULL
+#define TCPOPT_WSCALE	  3
+#define TCPOLEN_WSCALE	  3
+#define TCP_WINDOW_OFF	  14 /* offset of the window field in the TCP header */
+#define TCP_CHECK_OFF	  16
+#define TCP_DOFF_OFF	  12
+#define RATE_CAS_RETRIES  4
+#define RATE_WINDOW_FLOOR 1460 /* bytes: one full-sized segment on Ethernet */
+
+struct rate_wscale_scan {
+	__u8 opts[TCP_MAX_OPTIONS_LEN];
+	__u32 optlen;
+	__u32 pos;
+	int shift;
+};
+
+/* rate_wscale_step is one step of the option walk, under bpf_loop (as
+ * parse.h's scan_option) so the verifier checks one step, not 40 unrolled
+ * ones. Returns 1 to stop. */
+static long rate_wscale_step(__u32 index, void *ctx)
+{
+	struct rate_wscale_scan *s = ctx;
+	__u32 pos = s->pos;
+	__u8 kind, len;
+
+	if (pos >= s->optlen || pos >= TCP_MAX_OPTIONS_LEN - 1)
+		return 1;
+	kind = s->opts[pos];
+	if (kind == TCPOPT_EOL)
+		return 1;
+	if (kind == TCPOPT_NOP) {
+		s->pos = pos + 1;
+		return 0;
+	}
+	len = s->opts[pos + 1];
+	if (len < 2 || pos + len > s->optlen)
+		return 1;
+	if (kind == TCPOPT_WSCALE && len == TCPOLEN_WSCALE && pos + 2 < TCP_MAX_OPTIONS_LEN) {
+		__u8 shift = s->opts[pos + 2];
+
+		s->shift = shift > RATE_WSCALE_MAX ? RATE_WSCALE_MAX : shift;
+		return 1;
+	}
+	s->pos = pos + len;
+	return 0;
+}
+
+/* rate_wscale_option returns the shift of the window-scale option (RFC 7323
+ * 2.2) of the TCP header at l4_off, or -1 without one; a shift above 14 is
+ * taken as 14, as RFC 7323 2.3 says. Only SYNs carry it, so only SYNs pay
+ * for this walk. A global function, verified once. */
+__noinline int rate_wscale_option(struct __sk_buff *skb, __u32 l4_off)
+{
+	struct rate_wscale_scan scan = {.shift = -1};
+	__u32 optlen;
+	__u8 doff;
+
+	if (!skb || l4_off > 0xffff)
+		return -1;
+	if (bpf_skb_load_bytes(skb, l4_off + TCP_DOFF_OFF, &doff, 1))
+		return -1;
+	optlen = (doff >> 4) * 4;
+	if (optlen <= 20 || optlen > 20 + TCP_MAX_OPTIONS_LEN)
+		return -1;
+	optlen -= 20;
+	if (bpf_skb_load_bytes(skb, l4_off + 20, scan.opts, optlen))
+		return -1;
+	scan.optlen = optlen;
+	bpf_loop(TCP_MAX_OPTIONS_LEN, rate_wscale_step, &scan, 0);
+	return scan.shift;
+}
+
+/* rate_learn_syn records, from a SYN or SYN-ACK, whether its sender offered
+ * window scaling and, for the pod's, with which shift. */
+static __always_inline void rate_learn_syn(struct __sk_buff *skb, const struct packet *pkt,
+					   const struct flow_key *fk, __u32 dir)
+{
+	struct rate_subflow fresh = {}, *rs;
+	int shift = rate_wscale_option(skb, pkt->l4_off);
+
+	bpf_map_update_elem(&rate_subflows, fk, &fresh, BPF_NOEXIST);
+	rs = bpf_map_lookup_elem(&rate_subflows, fk);
+	if (!rs)
+		return;
+	if (dir == RATE_DIR_EGRESS) {
+		rs->flags |= RATE_SF_POD_SYN;
+		if (shift >= 0) {
+			rs->flags |= RATE_SF_POD_WS;
+			rs->pod_shift = shift;
+		}
+	} else {
+		rs->flags |= RATE_SF_PEER_SYN;
+		if (shift >= 0)
+			rs->flags |= RATE_SF_PEER_WS;
+	}
+}
+
+/* rate_learn_token keeps the connection's canonical token (the responder's,
+ * as conn_states uses) from the MP_CAPABLE ACK's second key, so the initial
+ * subflow and the joins share one per-connection bucket and window. */
+static __always_inline void rate_learn_token(struct __sk_buff *skb, const struct packet *pkt,
+					     struct rate_subflow *rs)
+{
+	__be32 key[2];
+
+	if (bpf_skb_load_bytes(skb, (__u32)pkt->l4_off + pkt->mptcp_off[MPTCP_SUB_CAPABLE] + 12, key,
+			       sizeof(key)))
+		return;
+	rs->conn_token = mptcp_token(bpf_ntohl(key[0]), bpf_ntohl(key[1]));
+	rs->flags |= RATE_SF_TOKEN;
+}
+
+/* rate_conn_key names the connection a packet belongs to: its canonical
+ * token when known (learnt, or a join's token through conn_aliases), else
+ * the subflow's ports. */
+static __always_inline void rate_conn_key(struct rate_key *k, const struct flow_key *fk,
+					  struct rate_subflow *rs, __u32 join_token)
+{
+	__builtin_memcpy(k->addr, fk->saddr, 16);
+	k->family = fk->family;
+	if (rs && (rs->flags & RATE_SF_TOKEN)) {
+		k->kind = RATE_KEY_CONN;
+		k->id = rs->conn_token;
+		return;
+	}
+	if (join_token) {
+		struct conn_key ck = {.family = fk->family, .token = join_token};
+		struct conn_alias *alias;
+
+		__builtin_memcpy(ck.local, fk->saddr, 16);
+		alias = bpf_map_lookup_elem(&conn_aliases, &ck);
+		if (alias) {
+			k->kind = RATE_KEY_CONN;
+			k->id = alias->canonical;
+			if (rs) {
+				rs->conn_token = alias->canonical;
+				rs->flags |= RATE_SF_TOKEN;
+			}
+			return;
+		}
+	}
+	k->kind = RATE_KEY_FLOW;
+	k->id = ((__u32)bpf_ntohs(fk->sport) << 16) | bpf_ntohs(fk->dport);
+}
+
+/* rate_gcra_allow charges len bytes to the bucket at k (rate bps, depth
+ * burst bytes) and says whether they fit. Generic cell rate algorithm: tat is
+ * when the bucket would be empty again; a packet fits while the backlog
+ * before it is at most the burst. Lock-free: one compare-and-swap, retried a
+ * few times under contention, then let through (never a false drop). */
+static __always_inline bool rate_gcra_allow(const struct rate_key *k, __u64 bps, __u64 burst, __u32 len,
+					    __u64 now)
+{
+	struct rate_bucket fresh = {.tat_ns = now}, *b;
+	__u64 cost, tau;
+
+	if (bps == 0)
+		return true;
+	b = bpf_map_lookup_elem(&rate_buckets, k);
+	if (!b) {
+		bpf_map_update_elem(&rate_buckets, k, &fresh, BPF_NOEXIST);
+		b = bpf_map_lookup_elem(&rate_buckets, k);
+		if (!b)
+			return true;
+	}
+	cost = (__u64)len * 8 * NSEC_PER_SEC / bps;
+	tau = burst * 8 * NSEC_PER_SEC / bps;
+	for (int i = 0; i < RATE_CAS_RETRIES; i++) {
+		__u64 old = b->tat_ns, base = old > now ? old : now;
+
+		if (base - now > tau)
+			return false;
+		if (__sync_val_compare_and_swap(&b->tat_ns, old, base + cost) == old)
+			return true;
+	}
+	return true;
+}
+
+/* The shortest Ethernet frame: a smaller packet may come padded to it, and
+ * the padding is not payload. */
+#define ETH_ZLEN 60
+
+/* rate_has_payload says whether a TCP segment carries data. */
+static __always_inline bool rate_has_payload(struct __sk_buff *skb, const struct packet *pkt)
+{
+	__u32 hdr_end;
+	__u8 doff;
+
+	if (bpf_skb_load_bytes(skb, (__u32)pkt->l4_off + TCP_DOFF_OFF, &doff, 1))
+		return false;
+	hdr_end = (__u32)pkt->l4_off + (doff >> 4) * 4;
+	return pkt->len > hdr_end && pkt->len > ETH_ZLEN;
+}
+
+/* rate_police returns TC_ACT_SHOT when a bucket of the packet's connection,
+ * pod or path is out of tokens, counting which. */
+static __always_inline int rate_police(const struct packet *pkt, const struct rate_cfg *cfg,
+				       struct rate_key *k, __u32 path, __u64 now)
+{
+	__u32 len = pkt->len, reason;
+
+	if (!rate_gcra_allow(k, cfg->conn_bps, cfg->burst_bytes, len, now)) {
+		reason = STAT_RATE_DROP_CONN;
+		goto drop;
+	}
+	k->kind = RATE_KEY_POD;
+	k->id = 0;
+	if (!rate_gcra_allow(k, cfg->pod_bps, cfg->burst_bytes, len, now)) {
+		reason = STAT_RATE_DROP_POD;
+		goto drop;
+	}
+	k->kind = RATE_KEY_PATH;
+	k->id = path;
+	__builtin_memset(k->addr, 0, 16);
+	if (!rate_gcra_allow(k, cfg->path_bps[path & MAX_PATHS], cfg->burst_bytes, len, now)) {
+		reason = STAT_RATE_DROP_PATH;
+		goto drop;
+	}
+	return TCX_NEXT;
+drop:
+	/* Observe-only: nothing is dropped, so no drop is counted. */
+	if (observe_only()) {
+		count(STAT_OBSERVED);
+		return TCX_NEXT;
+	}
+	count(reason);
+	return TC_ACT_SHOT;
+}
+
+/* rate_window_act lowers the window of an ACK the pod sends so that the
+ * connection's right edge (DATA_ACK + window, RFC 8684 3.3.5: the window is
+ * connection-level and relative to the DATA_ACK) advances no faster than the
+ * cap: edge += rate x elapsed, kept within burst of the DATA_ACK. The field
+ * is written as edge - DATA_ACK shifted by the pod's negotiated scale, only
+ * when that is smaller than what the pod wrote. A global function (its own
+ * stack frame, verified once); rs may be NULL. */
+__noinline int rate_window_act(struct __sk_buff *skb, const struct packet *pkt, const struct rate_cfg *cfg,
+			       const struct rate_subflow *rs, const struct rate_key *k)
+{
+	__u32 off, l4, shift = 0, da, allowed;
+	struct rate_window fresh = {}, *w;
+	__u8 dss[8];
+	__be16 old_win, new_win;
+	__u64 field, Bps, dt, adv, now;
+
+	if (!skb || !pkt || !cfg || !k)
+		return 0;
+	off = (__u32)pkt->l4_off + pkt->mptcp_off[MPTCP_SUB_DSS];
+	l4 = pkt->l4_off;
+	Bps = cfg->conn_bps / 8;
+	if (!(cfg->flags & RATE_HEADERS_MAY_BE_REWRITTEN) || Bps == 0)
+		return 0;
+	if ((pkt->tcp_flags & (TCP_FLAG_ACK | TCP_FLAG_SYN | TCP_FLAG_RST)) != TCP_FLAG_ACK)
+		return 0;
+	if (!has_mptcp(pkt, MPTCP_SUB_DSS))
+		return 0;
+	if (!rs ||
+	    (rs->flags & (RATE_SF_POD_SYN | RATE_SF_PEER_SYN)) != (RATE_SF_POD_SYN | RATE_SF_PEER_SYN)) {
+		count(STAT_RATE_NO_WSCALE);
+		return 0;
+	}
+	if ((rs->flags & (RATE_SF_POD_WS | RATE_SF_PEER_WS)) == (RATE_SF_POD_WS | RATE_SF_PEER_WS))
+		shift = rs->pod_shift & 0xf;
+	if (bpf_skb_load_bytes(skb, off, dss, sizeof(dss)))
+		return 0;
+	if (!(dss[3] & MPTCP_DSS_DATA_ACK))
+		return 0;
+	if (dss[3] & MPTCP_DSS_DATA_ACK8) {
+		/* The low 32 bits of an 8-octet DATA_ACK follow the high ones. */
+		if (bpf_skb_load_bytes(skb, off + 8, &da, sizeof(da)))
+			return 0;
+	} else {
+		__builtin_memcpy(&da, &dss[4], sizeof(da));
+	}
+	da = bpf_ntohl(da);
+	if (bpf_skb_load_bytes(skb, l4 + TCP_WINDOW_OFF, &old_win, sizeof(old_win)))
+		return 0;
+
+	now = bpf_ktime_get_ns();
+	w = bpf_map_lookup_elem(&rate_windows, k);
+	if (!w) {
+		fresh.edge = da + (__u32)cfg->burst_bytes;
+		fresh.valid = 1;
+		fresh.last_ns = now;
+		bpf_map_update_elem(&rate_windows, k, &fresh, BPF_NOEXIST);
+		now = bpf_ktime_get_ns();
+		w = bpf_map_lookup_elem(&rate_windows, k);
+		if (!w)
+			return 0;
+	} else {
+		__u64 last = w->last_ns;
+		__u32 edge = w->edge;
+
+		dt = now - last;
+		if (dt > NSEC_PER_SEC)
+			dt = NSEC_PER_SEC;
+		adv = Bps * dt / NSEC_PER_SEC;
+		if ((__s32)(edge + (__u32)adv - da) > (__s32)cfg->burst_bytes) {
+			/* Idle or slow: the grant never exceeds one burst. */
+			w->edge = da + (__u32)cfg->burst_bytes;
+			w->last_ns = now;
+		} else if (adv) {
+			/* ACKs of the connection's subflows run on several CPUs:
+			 * whoever moves last_ns over the elapsed time adds its
+			 * grant, so no interval is granted twice. The remainder
+			 * of the time is kept, not lost. */
+			if (__sync_val_compare_and_swap(&w->last_ns, last, last + adv * NSEC_PER_SEC / Bps) ==
+			    last)
+				__sync_fetch_and_add(&w->edge, (__u32)adv);
+		}
+	}
+	/* The edge never lags behind the DATA_ACK: what the floor below let
+	 * the peer send past it is not repaid (repaying it starved the
+	 * connection on the test bed). */
+	if ((__s32)(w->edge - da) < 0)
+		w->edge = da;
+	allowed = w->edge - da;
+	/* A zero window stops the ACKs that would open it again: the pod's
+	 * kernel believes it offered its own window and sends no update, and
+	 * the peer waits for its persist timer (200 ms and more). One segment
+	 * keeps the ACK clock running; the peer's delayed ACK of a lone
+	 * segment then brings the edge's accrued grant. */
+	if (allowed < RATE_WINDOW_FLOOR)
+		allowed = RATE_WINDOW_FLOOR;
+
+	/* Rounded up, so the floor survives the scale. */
+	field = (allowed + (1U << shift) - 1) >> shift;
+	if (field >= bpf_ntohs(old_win))
+		return 0; /* never raise the window */
+	if (observe_only()) {
+		count(STAT_OBSERVED);
+		return 0;
+	}
+	new_win = bpf_htons((__u16)field);
+	if (bpf_l4_csum_replace(skb, l4 + TCP_CHECK_OFF, old_win, new_win, sizeof(new_win)))
+		return 0;
+	if (bpf_skb_store_bytes(skb, l4 + TCP_WINDOW_OFF, &new_win, sizeof(new_win), 0))
+		return 0;
+	count(STAT_RATE_WND_LOWERED);
+	return 0;
+}
+
+/* rate_act runs the rate actor on a packet of the known subflow sf (its rule,
+ * path and MP_JOIN token; fk its key, as the pod sends) going in direction dir
+ * (RATE_DIR_*). Returns TC_ACT_SHOT to drop, TCX_NEXT otherwise. A global
+ * function: verified once, and its stack is its own. The caller's flow key is
+ * passed rather than rebuilt: pod_egress's frame, this one and the
+ * window-scale walk under it must fit the 512-byte stack together. */
+__noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk,
+			const struct subflow *sf, __u32 dir)
+{
+	struct rate_key k = {};
+	struct rate_subflow *rs;
+	struct rate_cfg *cfg;
+	__u32 rule, path;
+	__u64 now;
+
+	if (!skb || !pkt || !fk || !sf)
+		return TCX_NEXT;
+	rule = sf->rule;
+	path = sf->path;
+	cfg = bpf_map_lookup_elem(&rate_rules, &rule);
+	if (!cfg || (cfg->mode != RATE_MODE_WINDOW && cfg->mode != RATE_MODE_POLICE))
+		return TCX_NEXT;
+	if (pkt->tcp_flags & TCP_FLAG_SYN) {
+		rate_learn_syn(skb, pkt, fk, dir);
+		return TCX_NEXT;
+	}
+	rs = bpf_map_lookup_elem(&rate_subflows, fk);
+	if (rs && !(rs->flags & RATE_SF_TOKEN) && has_mptcp(pkt, MPTCP_SUB_CAPABLE))
+		rate_learn_token(skb, pkt, rs);
+
+	k.rule = rule;
+	k.dir = dir;
+	rate_conn_key(&k, fk, rs, sf->token);
+	if (cfg->mode == RATE_MODE_WINDOW) {
+		if (dir == RATE_DIR_EGRESS)
+			rate_window_act(skb, pkt, cfg, rs, &k);
+		return TCX_NEXT;
+	}
+	if (dir == RATE_DIR_EGRESS && !(cfg->flags & RATE_POLICE_EGRESS))
+		return TCX_NEXT;
+	if (dir == RATE_DIR_INGRESS && !(cfg->flags & RATE_POLICE_INGRESS))
+		return TCX_NEXT;
+	/* Only segments with data are charged and dropped: dropping an ACK
+	 * (a DATA_ACK, a window update, a handshake's third ACK) saves no
+	 * bandwidth and stalls the connection. */
+	if (!rate_has_payload(skb, pkt))
+		return TCX_NEXT;
+	now = bpf_ktime_get_ns();
+	return rate_police(pkt, cfg, &k, path, now);
+}
+
+/* rate_classify gives a packet leaving a path's NIC the HTB class the agent
+ * made for its pod on that path, or for its rule on that path. */
+static __always_inline void rate_classify(struct __sk_buff *skb, const struct packet *pkt, __u32 rule,
+					  __u32 path)
+{
+	struct rate_key k = {.rule = rule, .family = pkt->family, .kind = RATE_KEY_POD, .id = path};
+	struct rate_cfg *cfg = bpf_map_lookup_elem(&rate_rules, &rule);
+	__u32 *classid;
+
+	if (!cfg || cfg->mode != RATE_MODE_SHAPE)
+		return;
+	__builtin_memcpy(k.addr, pkt->saddr, 16);
+	classid = bpf_map_lookup_elem(&rate_classes, &k);
+	if (!classid) {
+		__builtin_memset(k.addr, 0, 16);
+		k.family = 0;
+		k.kind = RATE_KEY_PATH;
+		classid = bpf_map_lookup_elem(&rate_classes, &k);
+	}
+	if (!classid)
+		return;
+	if (observe_only()) {
+		count(STAT_OBSERVED);
+		return;
+	}
+	skb->priority = *classid;
+	count(STAT_RATE_SHAPED);
+}

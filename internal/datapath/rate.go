@@ -1,0 +1,247 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+)
+
+// RateMode is how the rate actor enforces a rule's caps (bpf/include/rate.h).
+type RateMode uint32
+
+// The modes; the values are enum rate_mode of bpf/include/rate.h.
+const (
+	// RateWindow lowers the receive window of the ACKs a pod sends, so the
+	// peer sends the pod no faster than the cap (per connection).
+	RateWindow = RateMode(datapathRateModeRATE_MODE_WINDOW)
+	// RatePolice drops what exceeds a token bucket, per connection, pod
+	// and path, in the directions asked for.
+	RatePolice = RateMode(datapathRateModeRATE_MODE_POLICE)
+	// RateShape classifies a pod's packets at the path NIC's egress into an
+	// HTB class the agent owns; HTB holds the rate.
+	RateShape = RateMode(datapathRateModeRATE_MODE_SHAPE)
+)
+
+func (m RateMode) String() string {
+	switch m {
+	case RateWindow:
+		return "window"
+	case RatePolice:
+		return "police"
+	case RateShape:
+		return "shape"
+	}
+	return fmt.Sprintf("RateMode(%d)", uint32(m))
+}
+
+// Direction says which traffic of a pod police caps.
+type Direction uint32
+
+// Directions, as the flags of struct rate_cfg.
+const (
+	// Egress is what the pod sends (pod_egress).
+	Egress Direction = 1 << 1
+	// Ingress is what the pod receives (pod_ingress).
+	Ingress Direction = 1 << 2
+)
+
+// rateHeadersMayBeRewritten is RATE_HEADERS_MAY_BE_REWRITTEN of rate.h.
+const rateHeadersMayBeRewritten = 1 << 0
+
+// minBurstBytes is the smallest bucket (and window grant) the datapath
+// accepts: below a few 64 KiB GSO segments, a police bucket drops whole TSO
+// bursts and TCP collapses far below the cap (docs/datapath.md, Rate).
+const minBurstBytes = 64 << 10
+
+// RateConfig is one rule's rate caps, in bits per second (0: no cap).
+type RateConfig struct {
+	Mode          RateMode
+	PerConnection uint64
+	PerPod        uint64
+	// PerPath caps the rule's traffic on a path index, on this node.
+	PerPath map[uint32]uint64
+	// Directions police caps; at least one for police.
+	Directions Direction
+	// HeadersMayBeRewritten is the admin's opt-in to header rewriting; the
+	// window mode refuses to run without it.
+	HeadersMayBeRewritten bool
+	// BurstBytes is the bucket depth (police) or the largest window granted
+	// at once (window). 0 chooses DefaultBurst.
+	BurstBytes uint64
+}
+
+// DefaultBurst is the burst used when none is given: 200 ms at the largest
+// cap, and never less than minBurstBytes. Measured on the test bed
+// (docs/datapath.md, Rate): police needs it because each drop is a whole
+// GSO segment and TCP's smallest window outruns the cap at sub-millisecond
+// RTTs (100 KiB held 0.22 of a 40 Mbit/s cap, 1 MiB 0.93); window needs it
+// because a window that ran out waits for the peer's delayed ACK (40 ms)
+// and the grant accrued meanwhile must fit (20 ms held 0.38 of the cap).
+func DefaultBurst(c RateConfig) uint64 {
+	largest := max(c.PerConnection, c.PerPod)
+	for _, r := range c.PerPath {
+		largest = max(largest, r)
+	}
+	return max(largest/8/5, minBurstBytes)
+}
+
+// Validate says what is wrong with c, if anything.
+func (c RateConfig) Validate() error {
+	switch c.Mode {
+	case RateWindow, RatePolice, RateShape:
+	default:
+		return fmt.Errorf("unknown rate mode %d", uint32(c.Mode))
+	}
+	if c.PerConnection == 0 && c.PerPod == 0 && len(c.PerPath) == 0 {
+		return fmt.Errorf("%v: no cap set: want perConnection, perPod or perPath", c.Mode)
+	}
+	for p, r := range c.PerPath {
+		if p >= MaxPaths {
+			return fmt.Errorf("%v: path index %d out of range", c.Mode, p)
+		}
+		if r == 0 {
+			return fmt.Errorf("%v: path %d: rate must be positive", c.Mode, p)
+		}
+	}
+	if c.BurstBytes != 0 && c.BurstBytes < minBurstBytes {
+		return fmt.Errorf("%v: burst %d bytes is below the %d-byte floor", c.Mode, c.BurstBytes, minBurstBytes)
+	}
+	if c.BurstBytes > 1<<30 {
+		return fmt.Errorf("%v: burst %d bytes is above 1 GiB", c.Mode, c.BurstBytes)
+	}
+	switch c.Mode {
+	case RateWindow:
+		if !c.HeadersMayBeRewritten {
+			return errors.New("window: rewrites the TCP window, needs headers may be rewritten (admin opt-in)")
+		}
+		if c.PerConnection == 0 || c.PerPod != 0 || len(c.PerPath) != 0 {
+			return errors.New("window: caps connections only (perConnection); a window is per connection, not per pod or path")
+		}
+	case RatePolice:
+		if c.Directions&(Egress|Ingress) == 0 || c.Directions&^(Egress|Ingress) != 0 {
+			return fmt.Errorf("police: directions %#x: want egress, ingress or both", uint32(c.Directions))
+		}
+	case RateShape:
+		if c.PerConnection != 0 {
+			return errors.New("shape: HTB classes are per pod and per path; perConnection needs window or police")
+		}
+	}
+	return nil
+}
+
+// SetRateRule writes rule id's rate caps. Buckets and window edges of live
+// connections keep their state; a new rate applies from the next packet.
+func (d *Datapath) SetRateRule(id uint32, c RateConfig) error {
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("rule %d: %w", id, err)
+	}
+	v := datapathRateCfg{Mode: uint32(c.Mode), ConnBps: c.PerConnection, PodBps: c.PerPod, BurstBytes: c.BurstBytes}
+	if v.BurstBytes == 0 {
+		v.BurstBytes = DefaultBurst(c)
+	}
+	if c.Mode == RatePolice {
+		v.Flags |= uint32(c.Directions)
+	}
+	if c.HeadersMayBeRewritten {
+		v.Flags |= rateHeadersMayBeRewritten
+	}
+	for p, r := range c.PerPath {
+		v.PathBps[p] = r
+	}
+	return d.objs.RateRules.Put(id, &v)
+}
+
+// ClearRateRule removes rule id's rate caps; its traffic flows uncapped from
+// the next packet.
+func (d *Datapath) ClearRateRule(id uint32) error {
+	if err := d.objs.RateRules.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	return nil
+}
+
+// RateRules lists the rules with rate caps.
+func (d *Datapath) RateRules() ([]uint32, error) {
+	var out []uint32
+	var k uint32
+	var v datapathRateCfg
+	it := d.objs.RateRules.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, k)
+	}
+	return out, it.Err()
+}
+
+// PoliceDrops are the packets police dropped, by the bucket that refused
+// them.
+type PoliceDrops struct {
+	Connection, Pod, Path uint64
+}
+
+// PoliceDrops reads the police drop counters, summed over CPUs.
+func (d *Datapath) PoliceDrops() (PoliceDrops, error) {
+	st, err := d.Stats()
+	if err != nil {
+		return PoliceDrops{}, err
+	}
+	return PoliceDrops{Connection: st[StatRateDropConn], Pod: st[StatRateDropPod], Path: st[StatRateDropPath]}, nil
+}
+
+// rateKindPod and rateKindPath are enum rate_key_kind of rate.h.
+const (
+	rateKindPod  = 3
+	rateKindPath = 4
+)
+
+func shapeKey(rule, path uint32, pod netip.Addr) datapathRateKey {
+	k := datapathRateKey{Rule: rule, Id: path, Kind: rateKindPath}
+	if pod.IsValid() {
+		pod = pod.Unmap()
+		k.Kind = rateKindPod
+		k.Family = family(pod)
+		copy(k.Addr[:], pod.AsSlice())
+	}
+	return k
+}
+
+// ShapeClass sends a rule's traffic leaving a path's NIC (or, with Pod
+// valid, only that pod's) to the HTB class ClassID (TC_H_MAKE(major, minor)).
+type ShapeClass struct {
+	Rule, Path uint32
+	Pod        netip.Addr
+	ClassID    uint32
+}
+
+// SyncShapeClasses makes the classification table hold exactly want:
+// entries are written first, then those not wanted are deleted, so a packet
+// classified before the sync keeps a class throughout.
+func (d *Datapath) SyncShapeClasses(want []ShapeClass) error {
+	keep := map[datapathRateKey]bool{}
+	for _, c := range want {
+		k := shapeKey(c.Rule, c.Path, c.Pod)
+		if err := d.objs.RateClasses.Put(&k, c.ClassID); err != nil {
+			return fmt.Errorf("shape class %+v: %w", c, err)
+		}
+		keep[k] = true
+	}
+	var stale []datapathRateKey
+	var k datapathRateKey
+	var v uint32
+	it := d.objs.RateClasses.Iterate()
+	for it.Next(&k, &v) {
+		if !keep[k] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, k := range stale {
+		if err := d.objs.RateClasses.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
+}

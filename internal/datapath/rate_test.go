@@ -1,0 +1,379 @@
+package datapath
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+)
+
+const tcActShot = 2 // TC_ACT_SHOT
+
+// runOut runs prog on frame and returns its verdict and the frame as the
+// program left it.
+func runOut(t *testing.T, prog *ebpf.Program, frame []byte) (uint32, []byte) {
+	t.Helper()
+	data := make([]byte, len(frame)+256)
+	ret, err := prog.Run(&ebpf.RunOptions{Data: frame, DataOut: data, Context: skbContext{}, ContextOut: &skbContext{}})
+	if err != nil {
+		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
+	}
+	return ret, data[:len(frame)]
+}
+
+// rateBed is a datapath with rule 0 on path 0 selecting client, and rule 0's
+// rate caps set to cfg.
+func rateBed(t *testing.T, client netip.Addr, cfg RateConfig) *Datapath {
+	t.Helper()
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(client, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetRateRule(0, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return dp
+}
+
+// dssACK is an ACK the client pod sends, with a DSS DATA_ACK and a window.
+func dssACK(client, server netip.Addr, dataACK uint64, window uint16) []byte {
+	return testpkt.Frame{Src: client, Dst: server, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK,
+		Window: window, Options: testpkt.DSS{DataACK: u64(dataACK)}.Bytes()}}.Bytes()
+}
+
+func withWScale(opts []byte, shift int) []byte {
+	if shift < 0 {
+		return opts
+	}
+	return testpkt.Join(opts, testpkt.NOP(), testpkt.WScale(uint8(shift)))
+}
+
+// handshake runs the subflow's SYN (pod -> peer) and SYN-ACK (peer -> pod)
+// through the pod's hooks, each offering window scaling when its shift is
+// not negative, and returns both frames.
+func handshake(t *testing.T, dp *Datapath, client, server netip.Addr, podShift, peerShift int) [][]byte {
+	t.Helper()
+	s := syn(client, 40000, server, 5201, withWScale(testpkt.MPCapableSYN(), podShift))
+	sa := synAck(server, 5201, client, 40000, withWScale(testpkt.MPCapableSYNACK(0x77), peerShift))
+	run(t, dp.Program(HookPodEgress), s, skbContext{})
+	run(t, dp.Program(HookPodIngress), sa, skbContext{})
+	return [][]byte{s, sa}
+}
+
+// The window actor writes the pod's ACKs' window with the scale the
+// handshake negotiated (the pod's shift when both ends offered scaling, none
+// otherwise), from a paced edge over the DATA_ACK, and never raises a window.
+// tshark, given the handshake, agrees on the scale, and finds every
+// rewritten packet's IP and TCP checksums good.
+func TestRateWindowRespectsScaleAndNeverRaises(t *testing.T) {
+	const rateBps, burst = 800_000, 64 << 10 // 100 kB/s: the edge moves 100 bytes a millisecond
+	families := []struct {
+		name           string
+		client, server netip.Addr
+	}{{"IPv4", clientPod, serverPod}, {"IPv6", clientPod6, serverPod6}}
+	scales := []struct {
+		name                string
+		podShift, peerShift int  // -1: the option is not offered
+		want                uint // the scale in force
+	}{
+		{"both scale, pod shift 7", 7, 9, 7},
+		{"both scale, pod shift 2", 2, 14, 2},
+		{"peer does not scale", 7, -1, 0},
+		{"pod does not scale", -1, 8, 0},
+		{"pod shift 15, taken as 14 (RFC 7323 2.3)", 15, 7, 14},
+	}
+	for _, fam := range families {
+		for _, sc := range scales {
+			t.Run(fam.name+"/"+sc.name, func(t *testing.T) {
+				dp := rateBed(t, fam.client, RateConfig{Mode: RateWindow, PerConnection: rateBps, HeadersMayBeRewritten: true, BurstBytes: burst})
+				frames := handshake(t, dp, fam.client, fam.server, sc.podShift, sc.peerShift)
+				egress := dp.Program(HookPodEgress)
+
+				start := time.Now()
+				// First ACK: the grant is one burst over the DATA_ACK.
+				const da0 = 1_000_000
+				in1 := dssACK(fam.client, fam.server, da0, 0xffff)
+				ret, out1 := runOut(t, egress, in1)
+				// Second ACK: the DATA_ACK moved 60000 bytes at once; the
+				// edge moved only rate x elapsed.
+				in2 := dssACK(fam.client, fam.server, da0+60000, 0xffff)
+				ret2, out2 := runOut(t, egress, in2)
+				elapsed := time.Since(start)
+				if ret != tcxNext || ret2 != tcxNext {
+					t.Fatalf("verdicts %d, %d; want TCX_NEXT", int32(ret), int32(ret2))
+				}
+
+				win := func(b []byte) uint { return uint(b[tcpOffset(b)+14])<<8 | uint(b[tcpOffset(b)+15]) }
+				want1 := (uint(burst) + 1<<sc.want - 1) >> sc.want
+				if want1 > 0xffff {
+					// Above what the field holds: the pod's 0xffff is lower.
+					if string(out1) != string(in1) {
+						t.Errorf("first ACK changed to window %d, want untouched (a cap above the pod's window)", win(out1))
+					}
+				} else if got := win(out1); got != want1 {
+					t.Errorf("first ACK: window field %d, want burst %d >> scale %d = %d", got, burst, sc.want, want1)
+				}
+				// Rounded up to the scale's unit, so that a small grant
+				// is not written as a zero window.
+				ceil := func(b uint) uint { return (b + 1<<sc.want - 1) >> sc.want }
+				lo := ceil(uint(burst - 60000))
+				hi := ceil(uint(burst-60000) + uint(rateBps/8*elapsed.Seconds()) + 1)
+				// Third ACK: its own window is below the cap's, so it must
+				// pass byte for byte (a window field of 0 cannot be built:
+				// testpkt writes 0 as 65535).
+				if lo >= 2 {
+					in3 := dssACK(fam.client, fam.server, da0+60000, uint16(lo-1))
+					if _, out3 := runOut(t, egress, in3); string(out3) != string(in3) {
+						t.Errorf("an ACK whose window (%d) is below the cap's (%d) was changed", lo-1, lo)
+					}
+				}
+				if got := win(out2); got < lo || got > hi {
+					t.Errorf("second ACK: window field %d, want %d..%d (%d bytes past the DATA_ACK, scale %d, %v elapsed)",
+						got, lo, hi, burst-60000, sc.want, elapsed)
+				}
+
+				// Fourth ACK: the DATA_ACK passed the edge. The window is
+				// one segment, not zero: a zero window would stop the ACKs
+				// that open it again.
+				in4 := dssACK(fam.client, fam.server, da0+100000, 0xffff)
+				_, out4 := runOut(t, egress, in4)
+				if got, want := win(out4), ceil(1460); got != want {
+					t.Errorf("ACK past the edge: window field %d, want one segment, %d", got, want)
+				}
+
+				decoded := tsharkDecode(t, append(frames, out1, out2, out4),
+					[]string{"ip.checksum.status", "tcp.checksum.status", "tcp.window_size_value", "tcp.window_size_scalefactor"})
+				for i, d := range decoded[2:] {
+					if fam.name == "IPv4" && d["ip.checksum.status"] != tsharkGood {
+						t.Errorf("rewritten ACK %d: tshark: IP checksum status %q", i+1, d["ip.checksum.status"])
+					}
+					if d["tcp.checksum.status"] != tsharkGood {
+						t.Errorf("rewritten ACK %d: tshark: TCP checksum status %q", i+1, d["tcp.checksum.status"])
+					}
+					if want := strconv.Itoa(1 << sc.want); sc.want > 0 && d["tcp.window_size_scalefactor"] != want {
+						t.Errorf("ACK %d: tshark's scale factor %q, want %s", i+1, d["tcp.window_size_scalefactor"], want)
+					}
+				}
+				if got := decoded[3]["tcp.window_size_value"]; got != fmt.Sprint(win(out2)) {
+					t.Errorf("tshark reads window %s, the test read %d", got, win(out2))
+				}
+				st, err := dp.Stats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if wantN := map[bool]uint64{true: 2, false: 3}[want1 > 0xffff]; st[StatRateWndLowered] != wantN {
+					t.Errorf("StatRateWndLowered = %d, want %d", st[StatRateWndLowered], wantN)
+				}
+			})
+		}
+	}
+}
+
+// tcpOffset is where the TCP header starts in a frame built by testpkt
+// (no VLAN, no IP options or extension headers).
+func tcpOffset(frame []byte) int {
+	if frame[12] == 0x86 && frame[13] == 0xdd {
+		return 14 + 40
+	}
+	return 14 + int(frame[14]&0x0f)*4
+}
+
+// Packets the window actor must leave byte for byte: a selected pod's ACK
+// without a DSS (TCP fallback), an ACK of a subflow whose handshake the
+// actor never saw (scale unknown, counted), a pod that no rule selects, a
+// truncated frame, and everything in observe-only mode.
+func TestRateWindowLeavesOtherPacketsUnchanged(t *testing.T) {
+	cfg := RateConfig{Mode: RateWindow, PerConnection: 800_000, HeadersMayBeRewritten: true, BurstBytes: 64 << 10}
+	other := netip.MustParseAddr("10.244.1.99")
+
+	t.Run("no DSS, unselected pod, truncated", func(t *testing.T) {
+		dp := rateBed(t, clientPod, cfg)
+		handshake(t, dp, clientPod, serverPod, 7, 7)
+		plain := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK}}.Bytes()
+		full := dssACK(clientPod, serverPod, 5, 0xffff)
+		for name, frame := range map[string][]byte{
+			"ACK without DSS":         plain,
+			"unselected pod's ACK":    dssACK(other, serverPod, 5, 0xffff),
+			"truncated in the option": full[:len(full)-3],
+		} {
+			t.Run(name, func(t *testing.T) {
+				run(t, dp.Program(HookPodEgress), frame, skbContext{}) // run fails on any change
+			})
+		}
+	})
+	t.Run("handshake not seen", func(t *testing.T) {
+		dp := loadForTest(t)
+		if err := dp.SetRule(0, Rule{Paths: []uint32{0}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := dp.SetEndpoint(clientPod, 0); err != nil {
+			t.Fatal(err)
+		}
+		// The subflow is placed before the cap exists: the actor never saw
+		// its SYN, so it does not know the scale and must not guess.
+		run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, withWScale(testpkt.MPCapableSYN(), 7)), skbContext{})
+		if err := dp.SetRateRule(0, cfg); err != nil {
+			t.Fatal(err)
+		}
+		run(t, dp.Program(HookPodEgress), dssACK(clientPod, serverPod, 5, 0xffff), skbContext{})
+		st, err := dp.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st[StatRateNoWscale] != 1 || st[StatRateWndLowered] != 0 {
+			t.Errorf("no-wscale %d, lowered %d; want 1 and 0", st[StatRateNoWscale], st[StatRateWndLowered])
+		}
+	})
+	t.Run("observe-only", func(t *testing.T) {
+		dp := rateBed(t, clientPod, cfg)
+		handshake(t, dp, clientPod, serverPod, 7, 7)
+		if err := dp.SetObserveOnly(true); err != nil {
+			t.Fatal(err)
+		}
+		run(t, dp.Program(HookPodEgress), dssACK(clientPod, serverPod, 5, 0xffff), skbContext{})
+	})
+}
+
+// police drops what exceeds the bucket (burst, then the rate), in the
+// direction it was asked to police and only there, and counts each drop
+// under the bucket that refused it. Passed packets are unchanged.
+func TestRatePoliceDropsBeyondBucketAndCountsReason(t *testing.T) {
+	const rateBps, burst = 8_000_000, 64 << 10 // 1 MB/s
+	cases := []struct {
+		name     string
+		cfg      RateConfig
+		hook     Hook // where the policed traffic passes
+		other    Hook // the other direction, never policed here
+		stat     Stat
+		policeIn bool
+	}{
+		{"connection, egress", RateConfig{Mode: RatePolice, PerConnection: rateBps, Directions: Egress}, HookPodEgress, HookPodIngress, StatRateDropConn, false},
+		{"pod, ingress", RateConfig{Mode: RatePolice, PerPod: rateBps, Directions: Ingress}, HookPodIngress, HookPodEgress, StatRateDropPod, true},
+		{"path, egress", RateConfig{Mode: RatePolice, PerPath: map[uint32]uint64{0: rateBps}, Directions: Egress}, HookPodEgress, HookPodIngress, StatRateDropPath, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.cfg.BurstBytes = burst
+			dp := rateBed(t, clientPod, c.cfg)
+			run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+			payload := make([]byte, 1400)
+			out := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: payload}}.Bytes()
+			in := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: 40000, Seq: 8, Ack: 2, Flags: testpkt.ACK, Payload: payload}}.Bytes()
+			frames := map[Hook][]byte{HookPodEgress: out, HookPodIngress: in}
+
+			const n = 200
+			var passed, dropped int
+			start := time.Now()
+			for i := 0; i < n; i++ {
+				frame := frames[c.hook]
+				ret, got := runOut(t, dp.Program(c.hook), frame)
+				switch ret {
+				case tcxNext:
+					passed++
+					if string(got) != string(frame) {
+						t.Fatalf("packet %d passed changed", i)
+					}
+				case tcActShot:
+					dropped++
+				default:
+					t.Fatalf("verdict %d", int32(ret))
+				}
+			}
+			elapsed := time.Since(start)
+			size := len(frames[c.hook])
+			minPass := burst / size
+			maxPass := (burst+int(rateBps/8*elapsed.Seconds()))/size + 2
+			if passed < minPass || passed > maxPass {
+				t.Errorf("%d of %d packets of %d bytes passed in %v, want %d..%d (a %d-byte burst and 1 MB/s)",
+					passed, n, size, elapsed, minPass, maxPass, burst)
+			}
+			// The other direction is not policed at all.
+			for i := 0; i < n; i++ {
+				if ret, _ := runOut(t, dp.Program(c.other), frames[c.other]); ret != tcxNext {
+					t.Fatalf("the unpoliced direction (%s) dropped packet %d", c.other, i)
+				}
+			}
+			drops, err := dp.PoliceDrops()
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := dp.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st[c.stat] != uint64(dropped) {
+				t.Errorf("counter %d = %d, want the %d drops", c.stat, st[c.stat], dropped)
+			}
+			if drops.Connection+drops.Pod+drops.Path != uint64(dropped) {
+				t.Errorf("PoliceDrops %+v, want %d drops in all", drops, dropped)
+			}
+		})
+	}
+}
+
+// SetRateRule refuses what the datapath cannot enforce, with the reason.
+func TestSetRateRuleValidates(t *testing.T) {
+	bad := map[string]RateConfig{
+		"unknown mode":                 {Mode: 9, PerConnection: 1},
+		"no cap":                       {Mode: RatePolice, Directions: Egress},
+		"zero path rate":               {Mode: RatePolice, PerPath: map[uint32]uint64{1: 0}, Directions: Egress},
+		"path out of range":            {Mode: RatePolice, PerPath: map[uint32]uint64{MaxPaths: 1}, Directions: Egress},
+		"police without direction":     {Mode: RatePolice, PerPod: 1},
+		"window without opt-in":        {Mode: RateWindow, PerConnection: 1},
+		"window per pod":               {Mode: RateWindow, PerPod: 1, HeadersMayBeRewritten: true},
+		"shape per connection":         {Mode: RateShape, PerConnection: 1},
+		"burst below the floor":        {Mode: RatePolice, PerPod: 1, Directions: Egress, BurstBytes: 1000},
+		"burst beyond a gibibyte":      {Mode: RatePolice, PerPod: 1, Directions: Egress, BurstBytes: 2 << 30},
+		"directions with unknown bits": {Mode: RatePolice, PerPod: 1, Directions: 1 << 5},
+	}
+	dp := loadForTest(t)
+	for name, c := range bad {
+		if err := dp.SetRateRule(1, c); err == nil {
+			t.Errorf("%s: SetRateRule accepted %+v", name, c)
+		}
+	}
+	if ids, err := dp.RateRules(); err != nil || len(ids) != 0 {
+		t.Fatalf("after refusals: rate rules %v (%v), want none", ids, err)
+	}
+	if err := dp.SetRateRule(1, RateConfig{Mode: RateShape, PerPod: 5_000_000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.ClearRateRule(1); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := dp.RateRules(); err != nil || len(ids) != 0 {
+		t.Fatalf("after ClearRateRule: rate rules %v (%v), want none", ids, err)
+	}
+}
+
+// In observe-only mode police drops nothing: it counts StatObserved where
+// it would have dropped, and no drop counter moves.
+func TestRatePoliceObserveOnlyDropsNothing(t *testing.T) {
+	dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerConnection: 8_000_000, Directions: Egress, BurstBytes: 64 << 10})
+	if err := dp.SetObserveOnly(true); err != nil {
+		t.Fatal(err)
+	}
+	run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+	frame := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: make([]byte, 1400)}}.Bytes()
+	for i := 0; i < 200; i++ {
+		run(t, dp.Program(HookPodEgress), frame, skbContext{}) // fails on a drop or a change
+	}
+	st, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 201 packets that would have been marked, and of the 200 of 1454
+	// bytes against a 64 KiB burst at 1 MB/s at least 150 that would have
+	// been dropped.
+	if st[StatRateDropConn] != 0 || st[StatObserved] < 201+150 {
+		t.Errorf("observe-only: drops %d, observed %d; want 0 and at least %d", st[StatRateDropConn], st[StatObserved], 201+150)
+	}
+}
