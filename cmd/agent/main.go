@@ -27,7 +27,12 @@ func main() {
 	uninstall := flag.Bool("uninstall", false, "remove every program, map, pin, rule, table and setting the agent created, then exit")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	metricsAddr := flag.String("metrics-addr", agent.DefaultMetricsAddr, "address serving /metrics, /healthz and /readyz (port 0 picks a free port, recorded in status.json); 0 disables them")
-	kubeconfig := flag.String("kubeconfig", "", "kube mode: kubeconfig of the API server (\"in-cluster\" for the pod's service account)")
+	// controller-runtime registers -kubeconfig itself (pkg/client/config);
+	// the agent reads that flag rather than defining a second one.
+	if flag.Lookup("kubeconfig") == nil {
+		flag.String("kubeconfig", "", "")
+	}
+	flag.Lookup("kubeconfig").Usage = "kube mode: kubeconfig of the API server (\"in-cluster\" for the pod's service account)"
 	node := flag.String("node", "", "kube mode: this node's name (its MPTCPNodeState)")
 	flag.Parse()
 
@@ -37,12 +42,13 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if *kubeconfig != "" || *node != "" {
-		if *kubeconfig == "" || *node == "" {
+	kubeconfig := flag.Lookup("kubeconfig").Value.String()
+	if kubeconfig != "" || *node != "" {
+		if kubeconfig == "" || *node == "" {
 			fmt.Fprintln(os.Stderr, "agent: kube mode needs both -kubeconfig and -node")
 			os.Exit(2)
 		}
-		if err := runKube(log, *kubeconfig, *node, *configPath, *metricsAddr, *uninstall); err != nil {
+		if err := runKube(log, kubeconfig, *node, *configPath, *metricsAddr, *uninstall); err != nil {
 			log.Error("agent stopped", "err", err)
 			os.Exit(1)
 		}
