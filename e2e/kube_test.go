@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -45,7 +46,7 @@ const appsNS = "apps"
 func startKubeBed(t *testing.T, cfg testbed.Config) *kubeBed {
 	t.Helper()
 	testbed.RequireTools(t, testbed.CaptureTools...)
-	env := testenv.Start(t)
+	env := testenv.Start(t, testenv.ServiceAccountTokens())
 	bed := testbed.NewForTest(t, cfg)
 	ctx := background(t)
 	testenv.StartManager(t, env)
@@ -54,14 +55,33 @@ func startKubeBed(t *testing.T, cfg testbed.Config) *kubeBed {
 		t.Fatal(err)
 	}
 	applyFile(t, env.Client, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))
-	kubeconfig := env.Kubeconfig(t)
-	stop, err := framework.ForwardAPIServer(bed, kubeconfig)
-	if err != nil {
-		t.Fatal(err)
+	// The agents hold what config/agent grants them and nothing else:
+	// each runs with a token bound to an agent pod on its node.
+	env.Namespace(t, "mptcp-system", nil)
+	for _, f := range []string{"service_account.yaml", "role.yaml", "role_binding.yaml", "admission_policy.yaml"} {
+		applyFile(t, env.Client, filepath.Join(testenv.RepoRoot(), "config", "agent", f))
 	}
-	t.Cleanup(stop)
 	kb := &kubeBed{bed: bed, env: env}
 	for _, n := range bed.Nodes {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "mptcp-system", Name: "mptcp-agent-" + framework.NodeName(n)},
+			Spec: corev1.PodSpec{NodeName: framework.NodeName(n), ServiceAccountName: "mptcp-agent",
+				Containers: []corev1.Container{{Name: "agent", Image: "registry.invalid/mptcp-agent"}}},
+		}
+		if err := env.Client.Create(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+		if err := framework.WriteKubeconfig(kubeconfig, env.AsToken(env.PodToken(t, pod))); err != nil {
+			t.Fatal(err)
+		}
+		if n.Index == 1 {
+			stop, err := framework.ForwardAPIServer(bed, kubeconfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(stop)
+		}
 		// The controller creates the node's state; the agent's first
 		// reconcile needs it.
 		kb.waitState(t, n, "created", func(*mptcpv1alpha1.MPTCPNodeState) bool { return true })
@@ -139,6 +159,22 @@ func (kb *kubeBed) policy(t *testing.T) *mptcpv1alpha1.MPTCPPolicy {
 		t.Fatal(err)
 	}
 	return &p
+}
+
+// events are the reasons of the agent's events about node's state.
+func (kb *kubeBed) events(t *testing.T, n *testbed.Node) []string {
+	t.Helper()
+	var list eventsv1.EventList
+	if err := kb.env.Client.List(context.Background(), &list); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "MPTCPNodeState" && e.Regarding.Name == framework.NodeName(n) && e.ReportingController == "mptcp-agent" {
+			out = append(out, e.Reason)
+		}
+	}
+	return out
 }
 
 // podGate is the mptcp.io/ready condition of a bed pod.
@@ -226,6 +262,14 @@ func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 	}
 	analysis, conns = captureFlows(t, bed, crossTraffic(bed))
 	requireSpread(t, analysis, conns, 2, "while the new spec is refused")
+	// Each node state has an event for the applied change and one for the
+	// refusal, written by its agent.
+	for _, n := range bed.Nodes {
+		reasons := kb.events(t, n)
+		if !slices.Contains(reasons, kube.ReasonApplied) || !slices.Contains(reasons, kube.ReasonInterfaceMissing) {
+			t.Errorf("node %d: events %v, want %s and %s", n.Index, reasons, kube.ReasonApplied, kube.ReasonInterfaceMissing)
+		}
+	}
 
 	// Fixed: the path goes, the policy's new generation applies.
 	if err := c.Delete(ctx, missing); err != nil {

@@ -13,7 +13,9 @@ import (
 	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
@@ -191,4 +193,16 @@ func listenIn(nsPath, addr string) (net.Listener, error) {
 		runtime.Goexit()
 	}
 	return ln, lnErr
+}
+
+// WriteKubeconfig writes cfg's server, CA and bearer token as a kubeconfig at
+// path: the agents run with their service account's bound token only, as
+// kubelet would hand it to them.
+func WriteKubeconfig(path string, cfg *rest.Config) error {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["api"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["agent"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
+	kc.Contexts["agent"] = &clientcmdapi.Context{Cluster: "api", AuthInfo: "agent"}
+	kc.CurrentContext = "agent"
+	return clientcmd.WriteToFile(*kc, path)
 }
