@@ -84,8 +84,11 @@ func LocatePod(ips []netip.Addr) (LocatedPod, error) {
 		return LocatedPod{}, errors.New("no address")
 	}
 	routes, err := netlink.RouteGet(ips[0].AsSlice())
-	if err != nil || len(routes) == 0 {
-		return LocatedPod{}, fmt.Errorf("no route to the pod's address %s: %v", ips[0], err)
+	if err != nil {
+		return LocatedPod{}, fmt.Errorf("route to the pod's address %s: %w", ips[0], err)
+	}
+	if len(routes) == 0 {
+		return LocatedPod{}, fmt.Errorf("no route to the pod's address %s", ips[0])
 	}
 	link, err := netlink.LinkByIndex(routes[0].LinkIndex)
 	if err != nil {

@@ -173,7 +173,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonNotYetApplied,
 			Message: "no configuration could be enforced yet: see the Degraded condition", ObservedGeneration: gen})
 	}
-	if waiting := waitingPods(&state, tr); len(waiting) > 0 {
+	if waiting := waitingPods(&state); len(waiting) > 0 {
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionProgressing, Status: metav1.ConditionTrue, Reason: ReasonWaitingForPods,
 			Message: "pods without an address yet: " + strings.Join(waiting, ", "), ObservedGeneration: gen})
 	} else {
@@ -206,7 +206,7 @@ func capErrors(errs []string) []string {
 }
 
 // waitingPods are the spec's governed pods that have no address yet.
-func waitingPods(state *mptcpv1alpha1.MPTCPNodeState, tr *agent.Translation) []string {
+func waitingPods(state *mptcpv1alpha1.MPTCPNodeState) []string {
 	var out []string
 	for _, p := range state.Spec.Pods {
 		if len(p.Rules) > 0 && len(p.IPs) == 0 {
