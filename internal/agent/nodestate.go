@@ -137,6 +137,12 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 			fail("pod %s: %v", id, err)
 			continue
 		}
+		// A veth NIC (the test bed's, a VM's) has a peer namespace too:
+		// an address that leads out of a path is no local pod's.
+		if i := slices.IndexFunc(cfg.Paths, func(p Path) bool { return p.Interface == loc.HostInterface }); i >= 0 {
+			fail("pod %s: its address %s leads out of path %s (%s), not to a local pod", id, ips[0], cfg.Paths[i].Name, loc.HostInterface)
+			continue
+		}
 		name := pod.Namespace + "." + pod.Name
 		cfg.Pods = append(cfg.Pods, Pod{Name: name, NetNS: loc.NetNS, HostInterface: loc.HostInterface, IPs: ips, Rule: rule.Name})
 		t.PodNames[name] = PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
