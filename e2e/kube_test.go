@@ -323,6 +323,31 @@ func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 			t.Errorf("connection %08x has %d subflows without a policy: %v", conn.Token, len(conn.Subflows), conn.Subflows)
 		}
 	}
+
+	// A policy withdrawn while node 1's agent is down: the next agent
+	// clears the gates its predecessor set.
+	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	gen = kb.policy(t).Generation
+	n1 := bed.Node(1)
+	kb.waitState(t, n1, "re-applied", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
+	if g := kb.podGate(t, n1.Pods[0]); g != corev1.ConditionTrue {
+		t.Fatalf("pod %s: gate %q with the policy back", n1.Pods[0].Name, g)
+	}
+	if err := kb.agents[0].Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, kb.policy(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := kb.agents[0].Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kb.waitState(t, n1, "released after the restart", settled(metav1.ConditionFalse))
+	for _, p := range n1.Pods {
+		if g := kb.podGate(t, p); g != corev1.ConditionFalse {
+			t.Errorf("pod %s: gate %q after the restarted agent found the policy gone, want False", p.Name, g)
+		}
+	}
 }
 
 func applyObject(t *testing.T, c client.Client, into client.Object, manifest string) {

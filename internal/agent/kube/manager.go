@@ -74,17 +74,18 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		o.Resync = 30 * time.Second
 	}
 	r := &Reconciler{
-		Client:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorder("mptcp-agent"),
-		Agent:    o.Agent,
-		Base:     o.Base,
-		Node:     o.Node,
-		Log:      o.Log,
-		Metrics:  o.Metrics,
-		Resync:   o.Resync,
-		Links:    agent.Links,
-		Locate:   agent.LocatePod,
-		status:   o.Status,
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("mptcp-agent"),
+		Agent:     o.Agent,
+		Base:      o.Base,
+		Node:      o.Node,
+		Log:       o.Log,
+		Metrics:   o.Metrics,
+		Resync:    o.Resync,
+		Links:     agent.Links,
+		Locate:    agent.LocatePod,
+		status:    o.Status,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err

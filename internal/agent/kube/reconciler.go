@@ -51,9 +51,11 @@ const (
 
 // Reconciler enforces one node's MPTCPNodeState.
 type Reconciler struct {
-	Client   client.Client
-	Recorder events.EventRecorder
-	Agent    *agent.Agent
+	Client client.Client
+	// APIReader reads what the cache does not hold (the node's pods, once).
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	Agent     *agent.Agent
 	// Base holds the node-local settings (pin dir, tables...).
 	Base    agent.Config
 	Node    string
@@ -70,8 +72,12 @@ type Reconciler struct {
 	applied *agent.Config
 	// appliedPolicies are the policies of the configuration in force.
 	appliedPolicies []mptcpv1alpha1.AppliedPolicy
-	// gated are the pods whose gate condition this process set True.
-	gated map[agent.PodRef]bool
+	// gated are the pods whose gate condition is True: those this process
+	// set, and those a previous process left (adopted once, at the first
+	// successful apply), so that a pod that left the configuration while
+	// no agent ran gets its gate cleared too.
+	gated   map[agent.PodRef]bool
+	adopted bool
 }
 
 // SetupWithManager watches the node's own state only; the manager's cache is
@@ -220,6 +226,13 @@ func waitingPods(state *mptcpv1alpha1.MPTCPNodeState) []string {
 // and clears it on pods this process gated that the configuration no longer
 // holds. A pod's condition is written only when it changes.
 func (r *Reconciler) gatePods(ctx context.Context, tr *agent.Translation) {
+	if !r.adopted {
+		if err := r.adoptGates(ctx); err != nil {
+			r.Log.Error("reading the pod gates a previous agent set", "err", err)
+		} else {
+			r.adopted = true
+		}
+	}
 	now := map[agent.PodRef]bool{}
 	for _, ref := range tr.PodNames {
 		now[ref] = true
@@ -239,12 +252,31 @@ func (r *Reconciler) gatePods(ctx context.Context, tr *agent.Translation) {
 			continue
 		}
 		err := r.setGate(ctx, ref, corev1.ConditionFalse, "NotConfigured", "no MPTCP policy governs the pod on this node any more")
-		if err != nil && !apierrors.IsNotFound(err) {
+		// Gone, or replaced by a new pod of the same name (the uid
+		// precondition fails): nothing left to clear.
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			r.Log.Error("pod gate", "pod", ref.Namespace+"/"+ref.Name, "err", err)
 			continue
 		}
 		delete(r.gated, ref)
 	}
+}
+
+// adoptGates lists the node's pods once (a field selector on spec.nodeName,
+// not a watch) and counts those whose gate is True as gated.
+func (r *Reconciler) adoptGates(ctx context.Context) error {
+	var pods corev1.PodList
+	if err := r.APIReader.List(ctx, &pods, client.MatchingFields{"spec.nodeName": r.Node}); err != nil {
+		return err
+	}
+	for _, p := range pods.Items {
+		for _, c := range p.Status.Conditions {
+			if c.Type == PodReadyCondition && c.Status == corev1.ConditionTrue {
+				r.gated[agent.PodRef{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)}] = true
+			}
+		}
+	}
+	return nil
 }
 
 func cmpRef(a, b agent.PodRef) int {
