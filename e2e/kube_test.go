@@ -348,6 +348,23 @@ func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 			t.Errorf("pod %s: gate %q after the restarted agent found the policy gone, want False", p.Name, g)
 		}
 	}
+
+	// Uninstall in kube mode knows the pods from what was last applied,
+	// though its -config file names none.
+	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	gen = kb.policy(t).Generation
+	n2 := bed.Node(2)
+	kb.waitState(t, n2, "re-applied", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
+	if err := kb.agents[1].Uninstall(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertNothingLeft(t, kb.agents[1])
+	for _, p := range n2.Pods {
+		out, err := bed.Command(p.NetNS, "sysctl", "-n", "net.mptcp.path_manager").CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "kernel" {
+			t.Errorf("pod %s: path manager %q (%v) after uninstall, want the kernel's back", p.Name, out, err)
+		}
+	}
 }
 
 func applyObject(t *testing.T, c client.Client, into client.Object, manifest string) {

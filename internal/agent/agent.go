@@ -301,7 +301,13 @@ func (a *Agent) Uninstall() error {
 	if err := removeRouting(a.cfg); err != nil {
 		errs = append(errs, err)
 	}
-	for _, pod := range a.cfg.Pods {
+	// In kube mode a.cfg holds the node-local settings only: the pods are
+	// those of the configuration last applied (status.json).
+	pods := a.cfg.Pods
+	if a.previous != nil {
+		pods = append(slices.Clone(pods), a.previous.Pods...)
+	}
+	for _, pod := range pods {
 		if _, err := os.Stat(pod.NetNS); err == nil {
 			if err := resetPodMPTCP(pod); err != nil {
 				errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
