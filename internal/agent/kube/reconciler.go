@@ -22,7 +22,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
@@ -87,7 +89,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.status.PID = currentPID()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("mptcp-agent").
-		For(&mptcpv1alpha1.MPTCPNodeState{}).
+		// Its own status writes change no generation: no reconcile for
+		// them. The periodic requeue still re-reads the links.
+		For(&mptcpv1alpha1.MPTCPNodeState{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Complete(r)
 }
 
