@@ -80,6 +80,9 @@ type Reconciler struct {
 	// no agent ran gets its gate cleared too.
 	gated   map[agent.PodRef]bool
 	adopted bool
+	// seeded: appliedPolicies and inherited were taken over from the status
+	// a previous agent wrote (inherited: it reported Ready).
+	seeded, inherited bool
 }
 
 // SetupWithManager watches the node's own state only; the manager's cache is
@@ -109,6 +112,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
+	}
+	if !r.seeded {
+		// A restarted agent: the datapath pinned by its predecessor
+		// still enforces what that one reported, until this one applies.
+		r.seeded = true
+		r.appliedPolicies = state.Status.AppliedPolicies
+		r.inherited = meta.IsStatusConditionTrue(state.Status.Conditions, ConditionReady)
 	}
 	links, err := r.Links()
 	if err != nil {
@@ -173,8 +183,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected,
 			Message: "the spec is enforced", ObservedGeneration: gen})
 	}
-	if r.applied != nil {
-		msg := fmt.Sprintf("%d paths, %d pods enforced", len(r.applied.Paths), len(r.applied.Pods))
+	if r.applied != nil || r.inherited {
+		msg := "the configuration a previous agent applied stays enforced (pinned datapath)"
+		if r.applied != nil {
+			msg = fmt.Sprintf("%d paths, %d pods enforced", len(r.applied.Paths), len(r.applied.Pods))
+		}
 		if degradedReason != "" {
 			msg += " (an earlier generation: this one was not applied)"
 		}
