@@ -332,10 +332,17 @@ func (a *Agent) Uninstall() error {
 	if err := removeRouting(a.cfg); err != nil {
 		errs = append(errs, err)
 	}
-	if err := removeShaping(a.cfg); err != nil {
+	// In kube mode a.cfg holds the node-local settings only: the paths and
+	// pods are those of the configuration last applied (status.json).
+	last := a.cfg
+	if a.previous != nil {
+		last = &Config{Paths: append(slices.Clone(a.cfg.Paths), a.previous.Paths...),
+			Pods: append(slices.Clone(a.cfg.Pods), a.previous.Pods...)}
+	}
+	if err := removeShaping(last); err != nil {
 		errs = append(errs, err)
 	}
-	for _, pod := range a.cfg.Pods {
+	for _, pod := range last.Pods {
 		if _, err := os.Stat(pod.NetNS); err == nil {
 			if err := resetPodMPTCP(pod); err != nil {
 				errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))

@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 
@@ -56,13 +57,17 @@ func planShaping(cfg *Config, paths map[string]Path) ([]shapeClass, error) {
 			continue
 		}
 		for j, pod := range cfg.Pods {
-			if pod.Rule != r.Name {
+			k := slices.Index(pod.ruleNames(), r.Name)
+			if k < 0 {
 				continue
 			}
+			// One class per pod and rule: a pod may have several
+			// shaping rules (at most datapath.MaxPodRules).
+			minor := shapeMinorPod + uint16(j*datapath.MaxPodRules+k)
 			for _, name := range r.Paths {
 				p := paths[name]
 				for _, ip := range pod.IPs {
-					out = append(out, shapeClass{iface: p.Interface, minor: shapeMinorPod + uint16(j), bps: c.PerPod,
+					out = append(out, shapeClass{iface: p.Interface, minor: minor, bps: c.PerPod,
 						entry: datapath.ShapeClass{Rule: rule, Path: p.Index, Pod: ip}})
 				}
 			}
