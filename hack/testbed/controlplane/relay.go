@@ -33,8 +33,11 @@ type Relay struct {
 // (a name under /var/run/netns). Stop closes it.
 func (cp *ControlPlane) RelayInto(ns string) (*Relay, error) {
 	u, err := url.Parse(cp.Env.Config.Host)
-	if err != nil || u.Host == "" {
-		return nil, fmt.Errorf("API server address %q: %v", cp.Env.Config.Host, err)
+	if err != nil {
+		return nil, fmt.Errorf("API server address: %w", err)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("API server address %q has no host", cp.Env.Config.Host)
 	}
 	ln, err := listenIn(ns, u.Host)
 	if err != nil {

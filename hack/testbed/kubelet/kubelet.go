@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"sync"
 	"time"
 
@@ -149,8 +148,7 @@ func Start(ctx context.Context, o Options) (*Kubelet, error) {
 	syncCtx, scancel := context.WithTimeout(ctx, 30*time.Second)
 	defer scancel()
 	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
-		k.Stop()
-		return nil, errors.New("kubelet: pod cache did not sync")
+		return nil, errors.Join(errors.New("kubelet: pod cache did not sync"), k.Stop())
 	}
 	return k, nil
 }
@@ -219,14 +217,4 @@ func stopProcs(procs []*testbed.Process, grace time.Duration) error {
 		errs = append(errs, p.Stop(grace))
 	}
 	return errors.Join(errs...)
-}
-
-// sortedNodes lists the Node names in bed order, for messages.
-func (k *Kubelet) sortedNodes() []string {
-	var out []string
-	for name := range k.nodes {
-		out = append(out, name)
-	}
-	sort.Strings(out)
-	return out
 }
