@@ -96,7 +96,7 @@ func (r *apiRun) startAgents(ctx context.Context, bin string) error {
 	}
 	r.log("starting one agent per node (kube mode) ...")
 	var err error
-	r.agents, err = r.cp.StartAgents(ctx, r.bed, bin, r.k.NodeName)
+	r.agents, err = r.cp.StartAgents(ctx, r.bed, bin, r.k.NodeName, nil)
 	return err
 }
 

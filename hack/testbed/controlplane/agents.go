@@ -35,11 +35,12 @@ type Agent struct {
 }
 
 // StartAgents starts bin in every bed node's namespace as
-// `bin -kubeconfig FILE -node NAME -metrics-addr 127.0.0.1:0 [extra...]`,
+// `bin -kubeconfig FILE -node NAME -metrics-addr 127.0.0.1:0 [extra(node)...]`,
 // each with a relay to the API server in its namespace. nodeName gives the
-// Node name of a bed node (the kubelet stand-in's). An agent that exits
+// Node name of a bed node (the kubelet stand-in's); extra (may be nil) adds
+// per-node flags, e.g. where the agent pins. An agent that exits
 // within its first second is an error, with its stderr.
-func (cp *ControlPlane) StartAgents(ctx context.Context, bed *testbed.Bed, bin string, nodeName func(*testbed.Node) string, extra ...string) ([]*Agent, error) {
+func (cp *ControlPlane) StartAgents(ctx context.Context, bed *testbed.Bed, bin string, nodeName func(*testbed.Node) string, extra func(*testbed.Node) []string) ([]*Agent, error) {
 	if err := AgentKubeMode(bin); err != nil {
 		return nil, err
 	}
@@ -48,7 +49,10 @@ func (cp *ControlPlane) StartAgents(ctx context.Context, bed *testbed.Bed, bin s
 		if _, err := cp.RelayInto(n.NetNS); err != nil {
 			return agents, err
 		}
-		args := append([]string{bin, "-kubeconfig", cp.Kubeconfig, "-node", nodeName(n), "-metrics-addr", "127.0.0.1:0"}, extra...)
+		args := []string{bin, "-kubeconfig", cp.Kubeconfig, "-node", nodeName(n), "-metrics-addr", "127.0.0.1:0"}
+		if extra != nil {
+			args = append(args, extra(n)...)
+		}
 		p, err := bed.Start(n.NetNS, args...)
 		if err != nil {
 			return agents, err
