@@ -356,3 +356,23 @@ func TestPodWithoutCommandFails(t *testing.T) {
 		return p.Status.Phase == corev1.PodFailed && strings.Contains(p.Status.Message, "no command"), nil
 	})
 }
+
+// Stopping the stand-in stops every workload it started, by PID.
+func TestStopStopsWorkloads(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	key := types.NamespacedName{Namespace: "apps", Name: "orphan"}
+	if err := f.env.Client.Create(ctx, f.probePod("orphan", f.k.NodeName(f.bed.Node(1)))); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the workload to start", 30*time.Second, func() (bool, error) { return f.k.Processes(key) != nil, nil })
+	proc := f.k.Processes(key)[0]
+	if err := f.k.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-proc.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("workload pid %d outlived the stand-in", proc.PID)
+	}
+}
