@@ -183,11 +183,8 @@ func (r *apiRun) transfer(ctx context.Context, bins framework.Binaries, duration
 	window := duration - warmup - time.Second
 	report := filepath.Join(r.logs, "serve.jsonl")
 	_ = os.Remove(report)
-	podIP := corev1.EnvVar{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}}
-	server := r.pod("server", r.bed.Node(2), []corev1.EnvVar{podIP},
-		bins.Traffic, "serve", "-listen", fmt.Sprintf("$(POD_IP):%d", apiPort), "-mptcp", "-report", report,
-		"-warmup", warmup.String(), "-window", window.String())
-	if err := r.cp.Client.Create(ctx, server); err != nil {
+	server, err := r.createServer(ctx, bins, report, warmup, window)
+	if err != nil {
 		return m, err
 	}
 	srvProc, err := r.waitStarted(ctx, "server", 60*time.Second)
@@ -259,6 +256,36 @@ func (r *apiRun) transfer(ctx context.Context, bins framework.Binaries, duration
 		m.NICMbps = append(m.NICMbps, float64(res.b[i]-res.a[i])*8/window.Seconds()/1e6)
 	}
 	return m, nil
+}
+
+// createServer creates the server Pod on node 2.
+func (r *apiRun) createServer(ctx context.Context, bins framework.Binaries, report string, warmup, window time.Duration) (*corev1.Pod, error) {
+	podIP := corev1.EnvVar{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}}
+	server := r.pod("server", r.bed.Node(2), []corev1.EnvVar{podIP},
+		bins.Traffic, "serve", "-listen", fmt.Sprintf("$(POD_IP):%d", apiPort), "-mptcp", "-report", report,
+		"-warmup", warmup.String(), "-window", window.String())
+	return server, r.cp.Client.Create(ctx, server)
+}
+
+// showHeld creates the server Pod without agents and shows the kubelet
+// stand-in holding it: Running with its address, workload not started
+// until the agent's readiness gate is True.
+func (r *apiRun) showHeld(ctx context.Context, bins framework.Binaries) error {
+	server, err := r.createServer(ctx, bins, filepath.Join(r.logs, "serve.jsonl"), time.Second, time.Second)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for server.Status.PodIP == "" && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		if err := r.cp.Client.Get(ctx, client.ObjectKeyFromObject(server), server); err != nil {
+			return err
+		}
+	}
+	started := r.k.Processes(client.ObjectKeyFromObject(server)) != nil
+	r.log("pod %s/%s on %s: phase %s, IP %s, conditions %s, workload started: %v (held until %s is True)",
+		server.Namespace, server.Name, server.Spec.NodeName, server.Status.Phase, server.Status.PodIP, conditions(server), started, readyGate)
+	return nil
 }
 
 func txCounters(bed *testbed.Bed, node *testbed.Node) ([]uint64, error) {

@@ -185,7 +185,10 @@ func runAPIScenario(ctx context.Context, bed *testbed.Bed, o framework.CompareOp
 	}()
 	if err := api.startAgents(ctx, o.Agent); err != nil {
 		if errors.Is(err, controlplane.ErrNoKubeMode) {
-			// Show what the controller compiled all the same.
+			// Show the rest of the flow all the same.
+			if herr := api.showHeld(ctx, o.Binaries); herr != nil {
+				o.Log("creating the server pod: %v", herr)
+			}
 			api.describeNodeStates(ctx)
 			return framework.Measurement{}, err.Error(), nil
 		}
