@@ -31,22 +31,9 @@ import (
 // kubelet stand-in registers them, compiles examples/ into node states that
 // name the bed's NICs: the examples are valid for the bed.
 func TestControllerCompilesExamplesForBed(t *testing.T) {
-	assets := testenv.Assets(t)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1})
 	ctx := context.Background()
-	bin, err := controlplane.BuildController(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp, err := controlplane.Start(ctx, controlplane.Options{Assets: assets, Dir: t.TempDir(), Controller: bin})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cp.Stop(); err != nil {
-			t.Errorf("stop control plane: %v", err)
-		}
-	})
+	cp := controlplane.StartForTest(t)
 	k, err := kubelet.Start(ctx, kubelet.Options{Bed: bed, Config: cp.Env.Config})
 	if err != nil {
 		t.Fatal(err)
