@@ -3,6 +3,9 @@
 // configuration: `agent -config node.yaml` runs until SIGTERM (leaving the
 // datapath pinned and steering), SIGHUP re-reads the file, and
 // `agent -config node.yaml -uninstall` removes everything the agent created.
+// With -kubeconfig and -node it enforces the node's MPTCPNodeState from the
+// API instead (kube mode, docs/agent.md); -config then only supplies the
+// node-local settings (pin and state directories, tables, mark mask).
 // It serves Prometheus metrics, /healthz and /readyz on -metrics-addr.
 package main
 
@@ -24,6 +27,13 @@ func main() {
 	uninstall := flag.Bool("uninstall", false, "remove every program, map, pin, rule, table and setting the agent created, then exit")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	metricsAddr := flag.String("metrics-addr", agent.DefaultMetricsAddr, "address serving /metrics, /healthz and /readyz (port 0 picks a free port, recorded in status.json); 0 disables them")
+	// controller-runtime registers -kubeconfig itself (pkg/client/config);
+	// the agent reads that flag rather than defining a second one.
+	if flag.Lookup("kubeconfig") == nil {
+		flag.String("kubeconfig", "", "")
+	}
+	flag.Lookup("kubeconfig").Usage = "kube mode: kubeconfig of the API server (\"in-cluster\" for the pod's service account)"
+	node := flag.String("node", "", "kube mode: this node's name (its MPTCPNodeState)")
 	flag.Parse()
 
 	var level slog.Level
@@ -32,8 +42,20 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	kubeconfig := flag.Lookup("kubeconfig").Value.String()
+	if kubeconfig != "" || *node != "" {
+		if kubeconfig == "" || *node == "" {
+			fmt.Fprintln(os.Stderr, "agent: kube mode needs both -kubeconfig and -node")
+			os.Exit(2)
+		}
+		if err := runKube(log, kubeconfig, *node, *configPath, *metricsAddr, *uninstall); err != nil {
+			log.Error("agent stopped", "err", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *configPath == "" {
-		fmt.Fprintln(os.Stderr, "agent: -config is required")
+		fmt.Fprintln(os.Stderr, "agent: -config (or -kubeconfig and -node) is required")
 		os.Exit(2)
 	}
 	if err := run(log, *configPath, *metricsAddr, *uninstall); err != nil {

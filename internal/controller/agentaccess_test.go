@@ -58,33 +58,8 @@ func TestAgentWritesOnlyItsOwnNodeState(t *testing.T) {
 		}
 	}
 
-	// The agents' pods need not run: a pod-bound token needs only the pod
-	// object (its uid) and, for the node claims, its spec.nodeName.
-	agentPod := func(node string) *corev1.Pod {
-		p := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: "mptcp-agent-" + node},
-			Spec: corev1.PodSpec{
-				NodeName:           node,
-				ServiceAccountName: agentAccount,
-				Containers:         []corev1.Container{{Name: "agent", Image: "registry.invalid/mptcp-agent"}},
-			},
-		}
-		if err := env.Client.Create(ctx, p); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	clientFor := func(token string) client.Client {
-		cfg := env.AsToken(token)
-		if cfg.CertData != nil || cfg.KeyData != nil || cfg.CertFile != "" || cfg.Username != "" || cfg.Impersonate.UserName != "" {
-			t.Fatal("token credentials carry more than the token")
-		}
-		c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	agentPod := func(node string) *corev1.Pod { return createAgentPod(t, env, node) }
+	clientFor := func(token string) client.Client { return tokenClient(t, env, token) }
 	agents := map[string]client.Client{}
 	for _, n := range []string{"n1", "n2"} {
 		pod := agentPod(n)
@@ -268,6 +243,39 @@ func TestAgentWritesOnlyItsOwnNodeState(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// createAgentPod creates the agent's pod on node. It need not run: a
+// pod-bound token needs only the pod object (its uid) and, for the node
+// claims, its spec.nodeName.
+func createAgentPod(t *testing.T, env *testenv.Env, node string) *corev1.Pod {
+	t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: "mptcp-agent-" + node},
+		Spec: corev1.PodSpec{
+			NodeName:           node,
+			ServiceAccountName: agentAccount,
+			Containers:         []corev1.Container{{Name: "agent", Image: "registry.invalid/mptcp-agent"}},
+		},
+	}
+	if err := env.Client.Create(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// tokenClient is a client whose credentials are the bearer token alone.
+func tokenClient(t *testing.T, env *testenv.Env, token string) client.Client {
+	t.Helper()
+	cfg := env.AsToken(token)
+	if cfg.CertData != nil || cfg.KeyData != nil || cfg.CertFile != "" || cfg.Username != "" || cfg.Impersonate.UserName != "" {
+		t.Fatal("token credentials carry more than the token")
+	}
+	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // applyDir creates every object of the YAML files in dir except the

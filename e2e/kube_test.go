@@ -1,0 +1,336 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/kube"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+)
+
+// kubeBed is a test bed registered with a real API server, the real
+// controller running, and one agent per bed node in kube mode.
+type kubeBed struct {
+	bed    *testbed.Bed
+	env    *testenv.Env
+	agents []*framework.Agent
+}
+
+const appsNS = "apps"
+
+// startKubeBed starts the control plane and the controller, registers the
+// bed's nodes (labelled mptcp.io/multipath=true) and pods (namespace apps,
+// labelled mptcp.io/tenant=enabled as examples/policy-spread.yaml selects),
+// applies the example paths, and starts the agents with only their declared
+// capabilities.
+func startKubeBed(t *testing.T, cfg testbed.Config) *kubeBed {
+	t.Helper()
+	testbed.RequireTools(t, testbed.CaptureTools...)
+	env := testenv.Start(t, testenv.ServiceAccountTokens())
+	bed := testbed.NewForTest(t, cfg)
+	ctx := background(t)
+	testenv.StartManager(t, env)
+	env.Namespace(t, appsNS, map[string]string{"mptcp.io/tenant": "enabled"})
+	if err := framework.RegisterBed(ctx, env.Client, bed, appsNS, map[string]string{"mptcp.io/multipath": "true"}); err != nil {
+		t.Fatal(err)
+	}
+	applyFile(t, env.Client, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))
+	// The agents hold what config/agent grants them and nothing else:
+	// each runs with a token bound to an agent pod on its node.
+	env.Namespace(t, "mptcp-system", nil)
+	for _, f := range []string{"service_account.yaml", "role.yaml", "role_binding.yaml", "admission_policy.yaml"} {
+		applyFile(t, env.Client, filepath.Join(testenv.RepoRoot(), "config", "agent", f))
+	}
+	kb := &kubeBed{bed: bed, env: env}
+	for _, n := range bed.Nodes {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "mptcp-system", Name: "mptcp-agent-" + framework.NodeName(n)},
+			Spec: corev1.PodSpec{NodeName: framework.NodeName(n), ServiceAccountName: "mptcp-agent",
+				Containers: []corev1.Container{{Name: "agent", Image: "registry.invalid/mptcp-agent"}}},
+		}
+		if err := env.Client.Create(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+		if err := framework.WriteKubeconfig(kubeconfig, env.AsToken(env.PodToken(t, pod))); err != nil {
+			t.Fatal(err)
+		}
+		if n.Index == 1 {
+			stop, err := framework.ForwardAPIServer(bed, kubeconfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(stop)
+		}
+		// The controller creates the node's state; the agent's first
+		// reconcile needs it.
+		kb.waitState(t, n, "created", func(*mptcpv1alpha1.MPTCPNodeState) bool { return true })
+		a, err := framework.StartKubeAgent(ctx, bed, bins.Agent, n, kubeconfig, declaredCaps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := a.Uninstall(context.Background()); err != nil {
+				t.Error(err)
+			}
+		})
+		kb.agents = append(kb.agents, a)
+	}
+	return kb
+}
+
+// applyFile creates every object of a YAML file.
+func applyFile(t *testing.T, c client.Client, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	for {
+		obj := &unstructured.Unstructured{}
+		if err := dec.Decode(&obj.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			t.Fatalf("%s: %v", path, err)
+		}
+		if len(obj.Object) == 0 {
+			continue
+		}
+		if err := c.Create(context.Background(), obj); err != nil {
+			t.Fatalf("%s: create %s %s: %v", path, obj.GetKind(), obj.GetName(), err)
+		}
+	}
+}
+
+// waitState waits until node's MPTCPNodeState satisfies ok.
+func (kb *kubeBed) waitState(t *testing.T, n *testbed.Node, what string, ok func(*mptcpv1alpha1.MPTCPNodeState) bool) *mptcpv1alpha1.MPTCPNodeState {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var s mptcpv1alpha1.MPTCPNodeState
+	for {
+		err := kb.env.Client.Get(context.Background(), types.NamespacedName{Name: framework.NodeName(n)}, &s)
+		if err == nil && ok(&s) {
+			return &s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %d: state never %s (last: %v, spec %+v, status %+v)", n.Index, what, err, s.Spec, s.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// settled: the agent acted on the current generation with the given
+// Degraded status, and applied the given policy generations.
+func settled(degraded metav1.ConditionStatus, applied ...mptcpv1alpha1.AppliedPolicy) func(*mptcpv1alpha1.MPTCPNodeState) bool {
+	return func(s *mptcpv1alpha1.MPTCPNodeState) bool {
+		d := meta.FindStatusCondition(s.Status.Conditions, kube.ConditionDegraded)
+		return s.Status.ObservedGeneration == s.Generation && d != nil && d.Status == degraded && d.ObservedGeneration == s.Generation &&
+			slices.Equal(s.Status.AppliedPolicies, applied)
+	}
+}
+
+func (kb *kubeBed) policy(t *testing.T) *mptcpv1alpha1.MPTCPPolicy {
+	t.Helper()
+	var p mptcpv1alpha1.MPTCPPolicy
+	if err := kb.env.Client.Get(context.Background(), types.NamespacedName{Name: "spread-fabrics"}, &p); err != nil {
+		t.Fatal(err)
+	}
+	return &p
+}
+
+// events are the reasons of the agent's events about node's state.
+func (kb *kubeBed) events(t *testing.T, n *testbed.Node) []string {
+	t.Helper()
+	var list eventsv1.EventList
+	if err := kb.env.Client.List(context.Background(), &list); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "MPTCPNodeState" && e.Regarding.Name == framework.NodeName(n) && e.ReportingController == "mptcp-agent" {
+			out = append(out, e.Reason)
+		}
+	}
+	return out
+}
+
+// podGate is the mptcp.io/ready condition of a bed pod.
+func (kb *kubeBed) podGate(t *testing.T, p *testbed.Pod) corev1.ConditionStatus {
+	t.Helper()
+	var pod corev1.Pod
+	if err := kb.env.Client.Get(context.Background(), types.NamespacedName{Namespace: appsNS, Name: p.Name}, &pod); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == kube.PodReadyCondition {
+			return c.Status
+		}
+	}
+	return ""
+}
+
+// Applying an MPTCPPath per NIC and an MPTCPPolicy through the API spreads
+// the pods' subflows over distinct NICs in both directions, with no route
+// written by hand; the status shows the paths, the applied policy
+// generation and the pod gate. A spec the agent cannot enforce (a path whose
+// interface does not exist on the node) is reported Degraded with the reason
+// while the previous configuration keeps steering; deleting the policy then
+// returns the pods to plain routing without resetting a running connection.
+func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
+	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
+	bed, c, ctx := kb.bed, kb.env.Client, background(t)
+
+	// Before any policy: the agents report Ready with nothing applied,
+	// and the paths they found.
+	for _, n := range bed.Nodes {
+		s := kb.waitState(t, n, "reported", settled(metav1.ConditionFalse))
+		if len(s.Status.Paths) != 2 {
+			t.Fatalf("node %d: status paths %+v, want fabric-a and fabric-b", n.Index, s.Status.Paths)
+		}
+		for k, p := range s.Status.Paths {
+			nic := n.NICs[k]
+			if p.Name != framework.PathName(k+1) || p.Interface != nic.Name || p.Link != mptcpv1alpha1.LinkUp ||
+				!slices.Equal(p.Addresses, []string{nic.Addr.Addr().String()}) {
+				t.Errorf("node %d: path status %+v, want %s on %s, Up, %s", n.Index, p, framework.PathName(k+1), nic.Name, nic.Addr.Addr())
+			}
+		}
+	}
+
+	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	gen := kb.policy(t).Generation
+	for _, n := range bed.Nodes {
+		s := kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
+		if !meta.IsStatusConditionTrue(s.Status.Conditions, kube.ConditionReady) {
+			t.Errorf("node %d: not Ready: %+v", n.Index, s.Status.Conditions)
+		}
+		for _, p := range n.Pods {
+			if g := kb.podGate(t, p); g != corev1.ConditionTrue {
+				t.Errorf("pod %s: gate %q, want True", p.Name, g)
+			}
+		}
+	}
+	analysis, conns := captureFlows(t, bed, crossTraffic(bed))
+	requireSpread(t, analysis, conns, 2, "policy applied through the API")
+
+	// A path whose interface no node has: the controller passes it on
+	// (it cannot see interfaces), the agents refuse the new spec.
+	missing := &mptcpv1alpha1.MPTCPPath{}
+	applyObject(t, c, missing, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPath","metadata":{"name":"fabric-z"},
+		"spec":{"nodeSelector":{"matchLabels":{"mptcp.io/multipath":"true"}},"interface":{"name":"nic9"},"capacity":"1G","defaultRole":"active"}}`)
+	pol := kb.policy(t)
+	pol.Spec.Spread.Paths = append(pol.Spec.Spread.Paths, mptcpv1alpha1.WeightedPath{Name: "fabric-z", Weight: 1})
+	if err := c.Update(ctx, pol); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range bed.Nodes {
+		// Applied stays the previous generation: it is what is enforced.
+		s := kb.waitState(t, n, "degraded", settled(metav1.ConditionTrue, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
+		d := meta.FindStatusCondition(s.Status.Conditions, kube.ConditionDegraded)
+		if d.Reason != kube.ReasonInterfaceMissing || !strings.Contains(d.Message, "path fabric-z: no interface nic9 on this node") {
+			t.Errorf("node %d: Degraded %s: %s", n.Index, d.Reason, d.Message)
+		}
+		if !meta.IsStatusConditionTrue(s.Status.Conditions, kube.ConditionReady) {
+			t.Errorf("node %d: Ready dropped while the last good configuration is enforced: %+v", n.Index, s.Status.Conditions)
+		}
+		i := slices.IndexFunc(s.Status.Paths, func(p mptcpv1alpha1.PathState) bool { return p.Name == "fabric-z" })
+		if i < 0 || s.Status.Paths[i].Link != mptcpv1alpha1.LinkNotFound {
+			t.Errorf("node %d: status paths %+v lack fabric-z NotFound", n.Index, s.Status.Paths)
+		}
+	}
+	analysis, conns = captureFlows(t, bed, crossTraffic(bed))
+	requireSpread(t, analysis, conns, 2, "while the new spec is refused")
+	// Each node state has an event for the applied change and one for the
+	// refusal, written by its agent.
+	for _, n := range bed.Nodes {
+		reasons := kb.events(t, n)
+		if !slices.Contains(reasons, kube.ReasonApplied) || !slices.Contains(reasons, kube.ReasonInterfaceMissing) {
+			t.Errorf("node %d: events %v, want %s and %s", n.Index, reasons, kube.ReasonApplied, kube.ReasonInterfaceMissing)
+		}
+	}
+
+	// Fixed: the path goes, the policy's new generation applies.
+	if err := c.Delete(ctx, missing); err != nil {
+		t.Fatal(err)
+	}
+	gen = kb.policy(t).Generation
+	for _, n := range bed.Nodes {
+		kb.waitState(t, n, "recovered", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
+	}
+
+	// Withdrawn mid-transfer: the connections keep going, unreset.
+	caps, err := bed.StartCaptures("tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait := startFlows(t, bed, crossTraffic(bed), 4*time.Second)
+	time.Sleep(time.Second)
+	if err := c.Delete(ctx, kb.policy(t)); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range bed.Nodes {
+		kb.waitState(t, n, "released", settled(metav1.ConditionFalse))
+	}
+	wait() // every stream arrived with its hash
+	files, err := caps.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resets, err := framework.Resets(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resets) != 0 {
+		t.Errorf("withdrawing the policy reset connections: %v", resets)
+	}
+	for _, n := range bed.Nodes {
+		for _, p := range n.Pods {
+			if g := kb.podGate(t, p); g != corev1.ConditionFalse {
+				t.Errorf("pod %s: gate %q after the policy went, want False", p.Name, g)
+			}
+		}
+		out, err := bed.Command(n.Pods[0].NetNS, "sysctl", "-n", "net.mptcp.path_manager").CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "kernel" {
+			t.Errorf("node %d: pod's path manager is %q (%v), want the kernel's back", n.Index, out, err)
+		}
+	}
+	// New connections now take plain routing: one subflow each.
+	analysis, _ = captureFlows(t, bed, crossTraffic(bed))
+	for _, conn := range analysis.Connections {
+		if len(conn.Subflows) != 1 {
+			t.Errorf("connection %08x has %d subflows without a policy: %v", conn.Token, len(conn.Subflows), conn.Subflows)
+		}
+	}
+}
+
+func applyObject(t *testing.T, c client.Client, into client.Object, manifest string) {
+	t.Helper()
+	if err := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(manifest), 4096).Decode(into); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(context.Background(), into); err != nil {
+		t.Fatal(fmt.Errorf("create %s: %w", into.GetName(), err))
+	}
+}

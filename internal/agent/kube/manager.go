@@ -1,0 +1,93 @@
+package kube
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+)
+
+func currentPID() int { return os.Getpid() }
+
+// CacheOptions restrict the agent's cache to its own node's MPTCPNodeState:
+// the list and the watch carry a field selector on the name, so the API
+// server sends nothing about other nodes. Pods are not cached at all: the
+// spec already lists the node's governed pods with their addresses, and the
+// pod gate is written with patches.
+func CacheOptions(node string) cache.Options {
+	return cache.Options{
+		ByObject: map[client.Object]cache.ByObject{
+			&mptcpv1alpha1.MPTCPNodeState{}: {Field: fields.OneTermEqualSelector("metadata.name", node)},
+		},
+	}
+}
+
+// Options configure Run.
+type Options struct {
+	Node    string
+	Base    agent.Config
+	Agent   *agent.Agent
+	Metrics *agent.Metrics
+	Log     *slog.Logger
+	// Status is what the agent writes to its status file (PID, metrics
+	// address); Run keeps it up to date.
+	Status agent.Status
+	Resync time.Duration
+}
+
+// Run enforces the node's MPTCPNodeState until ctx ends.
+func Run(ctx context.Context, cfg *rest.Config, o Options) error {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := mptcpv1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	ctrl.SetLogger(logr.FromSlogHandler(o.Log.Handler()))
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme: scheme,
+		Cache:  CacheOptions(o.Node),
+		// The agent serves its own metrics and probes (agent.Serve).
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		// One writer per node state: every node runs its own agent.
+		LeaderElection: false,
+	})
+	if err != nil {
+		return err
+	}
+	if o.Resync == 0 {
+		o.Resync = 30 * time.Second
+	}
+	r := &Reconciler{
+		Client:   mgr.GetClient(),
+		Recorder: mgr.GetEventRecorder("mptcp-agent"),
+		Agent:    o.Agent,
+		Base:     o.Base,
+		Node:     o.Node,
+		Log:      o.Log,
+		Metrics:  o.Metrics,
+		Resync:   o.Resync,
+		Links:    agent.Links,
+		Locate:   agent.LocatePod,
+		status:   o.Status,
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	return mgr.Start(ctx)
+}

@@ -1,0 +1,271 @@
+// Package kube runs the agent against the API: it watches the node's own
+// MPTCPNodeState, enforces it through agent.Agent, and reports back in the
+// state's status, in events and in the pod gate condition of local pods.
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+)
+
+// Condition types of an MPTCPNodeState, and the pod gate.
+const (
+	ConditionReady       = "Ready"
+	ConditionProgressing = "Progressing"
+	ConditionDegraded    = "Degraded"
+	// PodReadyCondition is set on each local pod the agent configured.
+	PodReadyCondition corev1.PodConditionType = "mptcp.io/ready"
+)
+
+// Reasons of the conditions: each says what a user can do about it.
+const (
+	ReasonApplied          = "Applied"          // the spec is enforced
+	ReasonNotYetApplied    = "NotYetApplied"    // nothing was enforced yet
+	ReasonAsExpected       = "AsExpected"       // not degraded
+	ReasonInterfaceMissing = "InterfaceMissing" // a path's interface is absent or ambiguous on the node: fix the MPTCPPath's interface selector
+	ReasonInvalidSpec      = "InvalidSpec"      // the spec cannot be enforced (bad index, rule without usable path...): see status.errors
+	ReasonApplyFailed      = "ApplyFailed"      // the kernel refused part of the configuration: see status.errors and the agent's log
+	ReasonWaitingForPods   = "WaitingForPods"   // some pods have no address yet or cannot be found on the node
+	ReasonSettled          = "Settled"          // nothing pending
+)
+
+// Reconciler enforces one node's MPTCPNodeState.
+type Reconciler struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+	Agent    *agent.Agent
+	// Base holds the node-local settings (pin dir, tables...).
+	Base    agent.Config
+	Node    string
+	Log     *slog.Logger
+	Metrics *agent.Metrics
+	// Resync re-reads the node's links this often, so that a link that
+	// appears, goes down or comes back shows in status without a spec change.
+	Resync time.Duration
+	// Links and Locate read the node (agent.Links and agent.LocatePod).
+	Links  func() ([]agent.NodeLink, error)
+	Locate func([]netip.Addr) (agent.LocatedPod, error)
+
+	status  agent.Status
+	applied *agent.Config
+	// appliedPolicies are the policies of the configuration in force.
+	appliedPolicies []mptcpv1alpha1.AppliedPolicy
+	// gated are the pods whose gate condition this process set True.
+	gated map[agent.PodRef]bool
+}
+
+// SetupWithManager watches the node's own state only; the manager's cache is
+// restricted to it (see CacheOptions).
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.gated = map[agent.PodRef]bool{}
+	r.status.PID = currentPID()
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("mptcp-agent").
+		For(&mptcpv1alpha1.MPTCPNodeState{}).
+		Complete(r)
+}
+
+// Reconcile enforces the state and reports.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if req.Name != r.Node {
+		return ctrl.Result{}, nil
+	}
+	var state mptcpv1alpha1.MPTCPNodeState
+	if err := r.Client.Get(ctx, req.NamespacedName, &state); err != nil {
+		if apierrors.IsNotFound(err) {
+			// No state (yet, or deleted): whatever is in force stays,
+			// as when the API is unreachable.
+			r.Log.Info("no MPTCPNodeState for this node; the configuration in force stays")
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	links, err := r.Links()
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	tr := agent.FromNodeState(r.Base, &state, links, r.Locate)
+	next := state.DeepCopy()
+	st := &next.Status
+	st.Paths = tr.Paths
+	r.status.Reconciles++
+
+	var degradedReason string
+	switch {
+	case len(tr.Errors) > 0:
+		degradedReason = ReasonInvalidSpec
+		for _, p := range tr.Paths {
+			if p.Link == mptcpv1alpha1.LinkNotFound || p.Link == mptcpv1alpha1.LinkAmbiguous {
+				degradedReason = ReasonInterfaceMissing
+			}
+		}
+		r.Metrics.ObserveRejected()
+		r.status.Error = strings.Join(tr.Errors, "; ")
+		r.Log.Error("node state rejected; the last good configuration stays in force", "generation", state.Generation, "errors", tr.Errors)
+	default:
+		start := time.Now()
+		err := r.Agent.Reconcile(ctx, tr.Config)
+		r.Metrics.ObserveReconcile(start, err)
+		if err != nil {
+			degradedReason = ReasonApplyFailed
+			tr.Errors = []string{err.Error()}
+			r.status.Error = err.Error()
+			r.Log.Error("reconcile failed; the last good configuration stays in force", "err", err)
+			break
+		}
+		changed := !reflect.DeepEqual(r.applied, tr.Config)
+		r.applied, r.appliedPolicies = tr.Config, tr.Applied
+		r.status.Error, r.status.Applied = "", tr.Config
+		if changed {
+			r.Recorder.Eventf(&state, nil, corev1.EventTypeNormal, ReasonApplied, "Apply",
+				"generation %d: %d paths, %d rules, %d pods enforced", state.Generation, len(tr.Config.Paths), len(tr.Config.Rules), len(tr.Config.Pods))
+			r.Log.Info("reconciled", "generation", state.Generation, "paths", len(tr.Config.Paths), "pods", len(tr.Config.Pods))
+		}
+		r.gatePods(ctx, tr)
+	}
+	if err := r.Agent.WriteStatus(r.status); err != nil {
+		r.Log.Error("writing status file", "err", err)
+	}
+
+	st.ObservedGeneration = state.Generation
+	st.AppliedPolicies = r.appliedPolicies
+	st.Errors = capErrors(tr.Errors)
+	gen := state.Generation
+	if degradedReason != "" {
+		// One warning per distinct problem, not one per resync.
+		if prev := meta.FindStatusCondition(state.Status.Conditions, ConditionDegraded); prev == nil || prev.Status != metav1.ConditionTrue ||
+			!strings.HasPrefix(prev.Message, conditionMessage(tr.Errors)) {
+			r.Recorder.Eventf(&state, nil, corev1.EventTypeWarning, degradedReason, "Apply", "%s", conditionMessage(tr.Errors))
+		}
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionTrue, Reason: degradedReason,
+			Message: conditionMessage(tr.Errors) + "; the last good configuration stays in force", ObservedGeneration: gen})
+	} else {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected,
+			Message: "the spec is enforced", ObservedGeneration: gen})
+	}
+	if r.applied != nil {
+		msg := fmt.Sprintf("%d paths, %d pods enforced", len(r.applied.Paths), len(r.applied.Pods))
+		if degradedReason != "" {
+			msg += " (an earlier generation: this one was not applied)"
+		}
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonApplied, Message: msg, ObservedGeneration: gen})
+	} else {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonNotYetApplied,
+			Message: "no configuration could be enforced yet: see the Degraded condition", ObservedGeneration: gen})
+	}
+	if waiting := waitingPods(&state, tr); len(waiting) > 0 {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionProgressing, Status: metav1.ConditionTrue, Reason: ReasonWaitingForPods,
+			Message: "pods without an address yet: " + strings.Join(waiting, ", "), ObservedGeneration: gen})
+	} else {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionProgressing, Status: metav1.ConditionFalse, Reason: ReasonSettled,
+			Message: "nothing pending", ObservedGeneration: gen})
+	}
+	if !reflect.DeepEqual(state.Status, next.Status) {
+		if err := r.Client.Status().Patch(ctx, next, client.MergeFrom(&state)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("status of %s: %w", state.Name, err)
+		}
+	}
+	return ctrl.Result{RequeueAfter: r.Resync}, nil
+}
+
+func conditionMessage(errs []string) string {
+	const max = 1024
+	m := strings.Join(errs, "; ")
+	if len(m) > max {
+		m = m[:max] + "..."
+	}
+	return m
+}
+
+// capErrors keeps the first errors the API accepts (status.errors holds 32).
+func capErrors(errs []string) []string {
+	if len(errs) > 32 {
+		errs = append(errs[:31:31], fmt.Sprintf("and %d more", len(errs)-31))
+	}
+	return errs
+}
+
+// waitingPods are the spec's governed pods that have no address yet.
+func waitingPods(state *mptcpv1alpha1.MPTCPNodeState, tr *agent.Translation) []string {
+	var out []string
+	for _, p := range state.Spec.Pods {
+		if len(p.Rules) > 0 && len(p.IPs) == 0 {
+			out = append(out, p.Namespace+"/"+p.Name)
+		}
+	}
+	return out
+}
+
+// gatePods sets the pod gate of every pod of the configuration just enforced,
+// and clears it on pods this process gated that the configuration no longer
+// holds. A pod's condition is written only when it changes.
+func (r *Reconciler) gatePods(ctx context.Context, tr *agent.Translation) {
+	now := map[agent.PodRef]bool{}
+	for _, ref := range tr.PodNames {
+		now[ref] = true
+	}
+	for _, ref := range slices.SortedFunc(maps.Keys(now), cmpRef) {
+		if r.gated[ref] {
+			continue
+		}
+		if err := r.setGate(ctx, ref, corev1.ConditionTrue, "Configured", "MPTCP settings and datapath entries are in place"); err != nil {
+			r.Log.Error("pod gate", "pod", ref.Namespace+"/"+ref.Name, "err", err)
+			continue
+		}
+		r.gated[ref] = true
+	}
+	for _, ref := range slices.SortedFunc(maps.Keys(r.gated), cmpRef) {
+		if now[ref] {
+			continue
+		}
+		err := r.setGate(ctx, ref, corev1.ConditionFalse, "NotConfigured", "no MPTCP policy governs the pod on this node any more")
+		if err != nil && !apierrors.IsNotFound(err) {
+			r.Log.Error("pod gate", "pod", ref.Namespace+"/"+ref.Name, "err", err)
+			continue
+		}
+		delete(r.gated, ref)
+	}
+}
+
+func cmpRef(a, b agent.PodRef) int {
+	return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+}
+
+// setGate patches one pod condition with a strategic merge patch: conditions
+// merge by type, so the kubelet's own conditions stay untouched. The uid
+// precondition keeps a patch from reaching a new pod of the same name.
+func (r *Reconciler) setGate(ctx context.Context, ref agent.PodRef, status corev1.ConditionStatus, reason, message string) error {
+	patch := map[string]any{
+		"metadata": map[string]any{"uid": ref.UID},
+		"status": map[string]any{"conditions": []corev1.PodCondition{{
+			Type: PodReadyCondition, Status: status, Reason: reason, Message: message,
+			LastTransitionTime: metav1.Now(),
+		}}},
+	}
+	b, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name}}
+	return r.Client.Status().Patch(ctx, pod, client.RawPatch(types.StrategicMergePatchType, b))
+}

@@ -1,0 +1,281 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// NodeLink is what the agent knows of one of its node's interfaces when it
+// resolves the paths of an MPTCPNodeState (see Links for how it is read).
+type NodeLink struct {
+	Name     string
+	AltNames []string
+	Up       bool
+	// Addresses of the node on the link (no link-local ones).
+	Addresses []netip.Prefix
+	// Gateway is the next hop beyond the link; see Links for its source.
+	Gateway netip.Addr
+}
+
+// LocatedPod is where a pod's address leads on this node: its host-side
+// interface and its network namespace (see LocatePod).
+type LocatedPod struct {
+	HostInterface string
+	NetNS         string
+}
+
+// Translation is an MPTCPNodeState turned into the agent's Config, with what
+// the agent found (or failed to find) for each path and pod. Errors are the
+// problems that keep the spec from being enforced as a whole: with any, the
+// caller keeps the last good configuration in force.
+type Translation struct {
+	Config   *Config
+	Paths    []mptcpv1alpha1.PathState
+	Applied  []mptcpv1alpha1.AppliedPolicy
+	Errors   []string
+	PodNames map[string]PodRef // Config pod name -> the API pod
+}
+
+// PodRef names a pod of the API.
+type PodRef struct{ Namespace, Name, UID string }
+
+// FromNodeState translates state into a configuration on top of base (which
+// supplies the node-local settings: pin and state directories, tables, mark
+// mask, observe-only). links are the node's interfaces; locate finds a pod by
+// its addresses.
+func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []NodeLink, locate func([]netip.Addr) (LocatedPod, error)) *Translation {
+	cfg := base
+	cfg.Node = state.Name
+	cfg.Paths, cfg.Rules, cfg.Pods, cfg.PodCIDRs = nil, nil, nil, nil
+	t := &Translation{Config: &cfg, PodNames: map[string]PodRef{}}
+	fail := func(format string, args ...any) { t.Errors = append(t.Errors, fmt.Sprintf(format, args...)) }
+
+	for _, s := range state.Spec.PodCIDRs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			fail("podCIDRs: %q is not a prefix", s)
+			continue
+		}
+		cfg.PodCIDRs = append(cfg.PodCIDRs, p.Masked())
+	}
+
+	resolved := map[string]bool{}
+	for _, np := range state.Spec.Paths {
+		ps := mptcpv1alpha1.PathState{Name: np.Name}
+		link, state, msg := resolveInterface(np.Interface, links)
+		ps.Link, ps.Message = state, msg
+		if link != nil {
+			ps.Interface = link.Name
+			for _, a := range link.Addresses {
+				if len(ps.Addresses) < 4 {
+					ps.Addresses = append(ps.Addresses, a.Addr().String())
+				}
+			}
+		}
+		switch {
+		case link == nil:
+			fail("path %s: %s", np.Name, msg)
+		case np.Index < 1 || np.Index > datapath.MaxPaths:
+			// The datapath numbers paths 0..MaxPaths-1; the API from 1.
+			ps.Message = fmt.Sprintf("index %d is beyond the %d paths the datapath supports", np.Index, datapath.MaxPaths)
+			fail("path %s: %s", np.Name, ps.Message)
+		case !link.Gateway.IsValid():
+			ps.Message = fmt.Sprintf("no next hop found on %s: neither a default route through it nor an IPv4 subnet on it", link.Name)
+			fail("path %s: %s", np.Name, ps.Message)
+		default:
+			cfg.Paths = append(cfg.Paths, Path{Name: np.Name, Index: uint32(np.Index - 1), Interface: link.Name, Gateway: link.Gateway})
+			resolved[np.Name] = true
+		}
+		t.Paths = append(t.Paths, ps)
+	}
+
+	applied := map[string]int64{}
+	rules := map[string]Rule{}
+	for _, pod := range state.Spec.Pods {
+		id := pod.Namespace + "/" + pod.Name
+		if len(pod.Rules) == 0 {
+			continue
+		}
+		var ips []netip.Addr
+		for _, s := range pod.IPs {
+			a, err := netip.ParseAddr(s)
+			if err != nil {
+				fail("pod %s: ip %q is not an address", id, s)
+				continue
+			}
+			ips = append(ips, a)
+		}
+		if len(ips) == 0 {
+			// Not an error: the pod has no address yet; it is
+			// configured once the controller copies one.
+			continue
+		}
+		// The datapath applies one rule per pod today: the first, which
+		// is the one of highest precedence. Traffic selectors that would
+		// let later rules apply to other connections are dp-select's.
+		cr := pod.Rules[0]
+		rule, err := RuleFromCompiled(cr, resolved)
+		if err != nil {
+			fail("pod %s, policy %s: %v", id, cr.Policy, err)
+			continue
+		}
+		// Pods whose rules compiled alike share one Rule; a policy that
+		// compiles differently for some pods (tenant preferences) gets
+		// one Rule per variant.
+		rule.Name = ruleName(cr.Policy, rule, rules)
+		rules[rule.Name] = rule
+		loc, err := locate(ips)
+		if err != nil {
+			fail("pod %s: %v", id, err)
+			continue
+		}
+		name := pod.Namespace + "." + pod.Name
+		cfg.Pods = append(cfg.Pods, Pod{Name: name, NetNS: loc.NetNS, HostInterface: loc.HostInterface, IPs: ips, Rule: rule.Name})
+		t.PodNames[name] = PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
+		applied[cr.Policy] = max(applied[cr.Policy], cr.PolicyGeneration)
+	}
+	for _, name := range slices.Sorted(maps.Keys(rules)) {
+		cfg.Rules = append(cfg.Rules, rules[name])
+	}
+	for _, name := range slices.Sorted(maps.Keys(applied)) {
+		t.Applied = append(t.Applied, mptcpv1alpha1.AppliedPolicy{Name: name, Generation: applied[name]})
+	}
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		for _, e := range strings.Split(err.Error(), "\n") {
+			fail("%s", e)
+		}
+	}
+	return t
+}
+
+// ruleName is policy's name, or policy-2, -3... when another variant of the
+// same policy already has it.
+func ruleName(policy string, r Rule, rules map[string]Rule) string {
+	for i := 1; ; i++ {
+		name := policy
+		if i > 1 {
+			name = fmt.Sprintf("%s-%d", policy, i)
+		}
+		other, ok := rules[name]
+		if !ok {
+			return name
+		}
+		other.Name = r.Name
+		if rulesEqual(other, r) {
+			return name
+		}
+	}
+}
+
+func rulesEqual(a, b Rule) bool {
+	return a.Name == b.Name && slices.Equal(a.Paths, b.Paths) && a.Subflows == b.Subflows &&
+		a.MaxSubflows == b.MaxSubflows && slices.Equal(a.SignalPorts, b.SignalPorts)
+}
+
+// RuleFromCompiled is the one place where a compiled rule's fields become the
+// agent's Rule. paths are the node's paths the agent resolved: a rule path
+// left out by the controller never reaches here, one the agent could not
+// resolve is dropped with the path's own error reported.
+//
+// Mapped today: paths (in order), subflowCreation, maxSubflows, signalPorts.
+// Not mapped yet, because the agent's Rule has no field for them on this
+// branch: backupPaths and blockedPaths (dp-backup), rateLimits (dp-rate),
+// traffic selectors, spreadMode and per-path weights (dp-select). The lead
+// maps them here at merge, next to the fields they add to Rule.
+func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]bool) (Rule, error) {
+	r := Rule{Name: cr.Policy, MaxSubflows: int(cr.MaxSubflows)}
+	for _, p := range cr.Paths {
+		if paths[p.Name] {
+			r.Paths = append(r.Paths, p.Name)
+		}
+	}
+	if len(r.Paths) == 0 {
+		return r, errors.New("none of its paths is usable on this node")
+	}
+	switch cr.SubflowCreation {
+	case mptcpv1alpha1.SubflowCreationUserspace, "":
+		r.Subflows = SubflowsUserspace
+	case mptcpv1alpha1.SubflowCreationSignal:
+		r.Subflows = SubflowsSignal
+	case mptcpv1alpha1.SubflowCreationGuest:
+		// The guest's own stack opens its subflows: the agent leaves
+		// the pod's MPTCP settings alone.
+		r.Subflows = SubflowsNone
+	default:
+		return r, fmt.Errorf("subflowCreation %q is not one this agent knows", cr.SubflowCreation)
+	}
+	for _, p := range cr.SignalPorts {
+		if p < 1 || p > 65535 {
+			return r, fmt.Errorf("signal port %d is out of range", p)
+		}
+		r.SignalPorts = append(r.SignalPorts, uint16(p))
+	}
+	return r, nil
+}
+
+// resolveInterface finds the one link sel names: by exact name, by alternative
+// name, or by a shell pattern over names and alternative names.
+func resolveInterface(sel mptcpv1alpha1.NodeInterface, links []NodeLink) (*NodeLink, mptcpv1alpha1.LinkState, string) {
+	var match func(NodeLink) bool
+	var what string
+	switch {
+	case sel.Name != "":
+		what = "interface " + sel.Name
+		match = func(l NodeLink) bool { return l.Name == sel.Name }
+	case sel.AltName != "":
+		what = "interface with altname " + sel.AltName
+		match = func(l NodeLink) bool { return slices.Contains(l.AltNames, sel.AltName) }
+	case sel.Pattern != "":
+		if _, err := filepath.Match(sel.Pattern, ""); err != nil {
+			return nil, mptcpv1alpha1.LinkNotFound, fmt.Sprintf("pattern %q is malformed", sel.Pattern)
+		}
+		what = "interface matching " + sel.Pattern
+		match = func(l NodeLink) bool {
+			if ok, _ := filepath.Match(sel.Pattern, l.Name); ok {
+				return true
+			}
+			return slices.ContainsFunc(l.AltNames, func(a string) bool { ok, _ := filepath.Match(sel.Pattern, a); return ok })
+		}
+	default:
+		return nil, mptcpv1alpha1.LinkNotFound, "the path names no interface"
+	}
+	var found []NodeLink
+	for _, l := range links {
+		if match(l) {
+			found = append(found, l)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, mptcpv1alpha1.LinkNotFound, fmt.Sprintf("no %s on this node", what)
+	case 1:
+		l := found[0]
+		if !l.Up {
+			return &l, mptcpv1alpha1.LinkDown, ""
+		}
+		return &l, mptcpv1alpha1.LinkUp, ""
+	default:
+		names := make([]string, len(found))
+		for i, l := range found {
+			names[i] = l.Name
+		}
+		return nil, mptcpv1alpha1.LinkAmbiguous, fmt.Sprintf("%d interfaces match (%s): name exactly one", len(found), strings.Join(names, ", "))
+	}
+}
+
+// NodeDefaults is the base configuration of a node in kube mode when no file
+// supplies its node-local settings.
+func NodeDefaults(node string) Config {
+	c := Config{Node: node}
+	c.setDefaults()
+	return c
+}

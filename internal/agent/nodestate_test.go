@@ -1,0 +1,174 @@
+package agent
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+)
+
+var testLinks = []NodeLink{
+	{Name: "lo", Up: true},
+	{Name: "nic1", AltNames: []string{"enp1s0"}, Up: true, Addresses: []netip.Prefix{netip.MustParsePrefix("10.101.1.2/24")}, Gateway: netip.MustParseAddr("10.101.1.1")},
+	{Name: "nic2", AltNames: []string{"enp2s0"}, Up: true, Addresses: []netip.Prefix{netip.MustParsePrefix("10.102.1.2/24")}, Gateway: netip.MustParseAddr("10.102.1.1")},
+	{Name: "nic3", Up: false, Gateway: netip.MustParseAddr("10.103.1.1")},
+}
+
+func locateAll(ips []netip.Addr) (LocatedPod, error) {
+	if ips[0] == netip.MustParseAddr("10.244.1.99") {
+		return LocatedPod{}, errors.New("no route")
+	}
+	return LocatedPod{HostInterface: "veth-" + ips[0].String(), NetNS: "/var/run/netns/" + ips[0].String()}, nil
+}
+
+func nodeState(paths []mptcpv1alpha1.NodePath, pods ...mptcpv1alpha1.NodePod) *mptcpv1alpha1.MPTCPNodeState {
+	return &mptcpv1alpha1.MPTCPNodeState{
+		ObjectMeta: metav1.ObjectMeta{Name: "n1", Generation: 3},
+		Spec:       mptcpv1alpha1.MPTCPNodeStateSpec{PodCIDRs: []string{"10.244.1.0/24"}, Paths: paths, Pods: pods},
+	}
+}
+
+func twoPaths() []mptcpv1alpha1.NodePath {
+	return []mptcpv1alpha1.NodePath{
+		{Name: "fabric-a", Index: 1, Interface: mptcpv1alpha1.NodeInterface{Name: "nic1"}},
+		{Name: "fabric-b", Index: 2, Interface: mptcpv1alpha1.NodeInterface{AltName: "enp2s0"}},
+	}
+}
+
+func podWith(name, ip string, rules ...mptcpv1alpha1.CompiledRule) mptcpv1alpha1.NodePod {
+	p := mptcpv1alpha1.NodePod{Namespace: "apps", Name: name, UID: "uid-" + name, Rules: rules}
+	if ip != "" {
+		p.IPs = []string{ip}
+	}
+	return p
+}
+
+func spread(gen int64) mptcpv1alpha1.CompiledRule {
+	return mptcpv1alpha1.CompiledRule{Policy: "spread", PolicyGeneration: gen, MaxSubflows: 2,
+		SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace,
+		Paths:           []mptcpv1alpha1.RulePath{{Name: "fabric-a", Weight: 1}, {Name: "fabric-b", Weight: 1}}}
+}
+
+func TestNodeStateTranslatesToAnEnforceableConfig(t *testing.T) {
+	base := NodeDefaults("ignored")
+	base.PinDir, base.TableBase = "/sys/fs/bpf/test", 4000
+	tr := FromNodeState(base, nodeState(twoPaths(),
+		podWith("web", "10.244.1.10", spread(7)),
+		podWith("pending", "", spread(7)),
+	), testLinks, locateAll)
+	if len(tr.Errors) != 0 {
+		t.Fatalf("errors: %v", tr.Errors)
+	}
+	c := tr.Config
+	if c.Node != "n1" || c.PinDir != "/sys/fs/bpf/test" || c.TableBase != 4000 {
+		t.Errorf("node-local settings not kept: %+v", c)
+	}
+	want := []Path{
+		{Name: "fabric-a", Index: 0, Interface: "nic1", Gateway: netip.MustParseAddr("10.101.1.1")},
+		{Name: "fabric-b", Index: 1, Interface: "nic2", Gateway: netip.MustParseAddr("10.102.1.1")},
+	}
+	if !slices.Equal(c.Paths, want) {
+		t.Errorf("paths %+v, want %+v", c.Paths, want)
+	}
+	if len(c.Rules) != 1 || c.Rules[0].Name != "spread" || !slices.Equal(c.Rules[0].Paths, []string{"fabric-a", "fabric-b"}) ||
+		c.Rules[0].MaxSubflows != 2 || c.Rules[0].Subflows != SubflowsUserspace {
+		t.Errorf("rules %+v", c.Rules)
+	}
+	// The pod without an address waits; it is no error.
+	if len(c.Pods) != 1 || c.Pods[0].HostInterface != "veth-10.244.1.10" || c.Pods[0].Rule != "spread" {
+		t.Errorf("pods %+v", c.Pods)
+	}
+	if ref := tr.PodNames[c.Pods[0].Name]; ref != (PodRef{Namespace: "apps", Name: "web", UID: "uid-web"}) {
+		t.Errorf("pod ref %+v", ref)
+	}
+	if !slices.Equal(tr.Applied, []mptcpv1alpha1.AppliedPolicy{{Name: "spread", Generation: 7}}) {
+		t.Errorf("applied %+v", tr.Applied)
+	}
+	if tr.Paths[0].Link != mptcpv1alpha1.LinkUp || tr.Paths[0].Interface != "nic1" || !slices.Equal(tr.Paths[0].Addresses, []string{"10.101.1.2"}) {
+		t.Errorf("path state %+v", tr.Paths[0])
+	}
+}
+
+func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
+	paths := append(twoPaths(),
+		mptcpv1alpha1.NodePath{Name: "missing", Index: 3, Interface: mptcpv1alpha1.NodeInterface{Name: "eth9"}},
+		mptcpv1alpha1.NodePath{Name: "ambiguous", Index: 4, Interface: mptcpv1alpha1.NodeInterface{Pattern: "nic*"}},
+		mptcpv1alpha1.NodePath{Name: "down", Index: 5, Interface: mptcpv1alpha1.NodeInterface{Name: "nic3"}},
+		mptcpv1alpha1.NodePath{Name: "far", Index: 40, Interface: mptcpv1alpha1.NodeInterface{Pattern: "enp1*"}},
+	)
+	tr := FromNodeState(NodeDefaults("n1"), nodeState(paths, podWith("lost", "10.244.1.99", spread(1))), testLinks, locateAll)
+	states := map[string]mptcpv1alpha1.PathState{}
+	for _, p := range tr.Paths {
+		states[p.Name] = p
+	}
+	for name, want := range map[string]mptcpv1alpha1.LinkState{
+		"fabric-a": mptcpv1alpha1.LinkUp, "missing": mptcpv1alpha1.LinkNotFound,
+		"ambiguous": mptcpv1alpha1.LinkAmbiguous, "down": mptcpv1alpha1.LinkDown, "far": mptcpv1alpha1.LinkUp,
+	} {
+		if states[name].Link != want {
+			t.Errorf("path %s: link %q, want %q (%s)", name, states[name].Link, want, states[name].Message)
+		}
+	}
+	errs := strings.Join(tr.Errors, "\n")
+	for _, want := range []string{
+		"path missing: no interface eth9 on this node",
+		"path ambiguous: 3 interfaces match (nic1, nic2, nic3)",
+		"path far: index 40 is beyond the 15 paths",
+		"pod apps/lost: no route",
+	} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("errors do not say %q:\n%s", want, errs)
+		}
+	}
+}
+
+func TestCompiledRuleMapping(t *testing.T) {
+	usable := map[string]bool{"fabric-a": true, "fabric-b": true}
+	signal := spread(1)
+	signal.SubflowCreation, signal.SignalPorts = mptcpv1alpha1.SubflowCreationSignal, []int32{5201}
+	r, err := RuleFromCompiled(signal, usable)
+	if err != nil || r.Subflows != SubflowsSignal || !slices.Equal(r.SignalPorts, []uint16{5201}) {
+		t.Errorf("signal rule %+v, %v", r, err)
+	}
+	guest := spread(1)
+	guest.SubflowCreation = mptcpv1alpha1.SubflowCreationGuest
+	if r, err := RuleFromCompiled(guest, usable); err != nil || r.Subflows != SubflowsNone {
+		t.Errorf("guest rule %+v, %v", r, err)
+	}
+	if _, err := RuleFromCompiled(spread(1), map[string]bool{"other": true}); err == nil {
+		t.Error("a rule with no usable path was accepted")
+	}
+	bad := spread(1)
+	bad.SubflowCreation = "telepathy"
+	if _, err := RuleFromCompiled(bad, usable); err == nil || !strings.Contains(err.Error(), "telepathy") {
+		t.Errorf("unknown subflowCreation: %v", err)
+	}
+	bad = spread(1)
+	bad.SignalPorts = []int32{70000}
+	if _, err := RuleFromCompiled(bad, usable); err == nil {
+		t.Error("port 70000 accepted")
+	}
+}
+
+func TestPolicyVariantsGetTheirOwnRules(t *testing.T) {
+	reordered := spread(2)
+	reordered.Paths = []mptcpv1alpha1.RulePath{{Name: "fabric-b", Weight: 1}, {Name: "fabric-a", Weight: 1}}
+	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(),
+		podWith("a", "10.244.1.10", spread(2)), podWith("b", "10.244.1.11", reordered), podWith("c", "10.244.1.12", spread(2)),
+	), testLinks, locateAll)
+	if len(tr.Errors) != 0 {
+		t.Fatal(tr.Errors)
+	}
+	rules := map[string]string{}
+	for _, p := range tr.Config.Pods {
+		rules[p.Name] = p.Rule
+	}
+	if rules["apps.a"] != "spread" || rules["apps.c"] != "spread" || rules["apps.b"] != "spread-2" || len(tr.Config.Rules) != 2 {
+		t.Errorf("pods' rules %v, rules %+v", rules, tr.Config.Rules)
+	}
+}
