@@ -16,12 +16,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/controlplane"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/kubelet"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 )
 
@@ -95,8 +97,27 @@ func (r *apiRun) startAgents(ctx context.Context, bin string) error {
 		return err
 	}
 	r.log("starting one agent per node (kube mode) ...")
+	// The API gives paths, rules and pods; a file gives each agent the
+	// node-local settings: pins and state inside the bed, so that Down
+	// removes them.
+	configs := map[*testbed.Node]string{}
+	for _, n := range r.bed.Nodes {
+		cfg := framework.AgentConfig(r.bed, n, agent.Rule{})
+		cfg.Node = r.k.NodeName(n)
+		cfg.Paths, cfg.Rules, cfg.Pods, cfg.PodCIDRs = nil, nil, nil, nil
+		raw, err := yaml.Marshal(cfg)
+		if err != nil {
+			return err
+		}
+		configs[n] = filepath.Join(r.logs, "agent-"+cfg.Node+".yaml")
+		if err := os.WriteFile(configs[n], raw, 0o600); err != nil {
+			return err
+		}
+	}
 	var err error
-	r.agents, err = r.cp.StartAgents(ctx, r.bed, bin, r.k.NodeName, nil)
+	r.agents, err = r.cp.StartAgents(ctx, r.bed, bin, r.k.NodeName, func(n *testbed.Node) []string {
+		return []string{"-config", configs[n]}
+	})
 	return err
 }
 
