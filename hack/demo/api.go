@@ -12,10 +12,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -54,6 +56,10 @@ type apiRun struct {
 // controller binary), the kubelet stand-in for every bed node, one agent per
 // node in kube mode, and applies examples/. Close stops everything.
 func startAPI(ctx context.Context, bed *testbed.Bed, bins framework.Binaries, assets, logs string, log func(string, ...any)) (r *apiRun, err error) {
+	// Only this run's logs: bed prefixes differ between runs.
+	if err := os.RemoveAll(logs); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(logs, 0o755); err != nil {
 		return nil, err
 	}
@@ -76,7 +82,10 @@ func startAPI(ctx context.Context, bed *testbed.Bed, bins framework.Binaries, as
 		return r, err
 	}
 	log("registering the bed's nodes with the kubelet stand-in ...")
-	r.k, err = kubelet.Start(ctx, kubelet.Options{Bed: bed, Config: r.cp.Env.Config, Log: slog.New(slog.NewTextHandler(klog, nil))})
+	klogger := slog.New(slog.NewTextHandler(klog, nil))
+	// controller-runtime's own logs (the stand-in's caches) go there too.
+	ctrllog.SetLogger(logr.FromSlogHandler(klogger.Handler()))
+	r.k, err = kubelet.Start(ctx, kubelet.Options{Bed: bed, Config: r.cp.Env.Config, Log: klogger})
 	if err != nil {
 		return r, err
 	}
