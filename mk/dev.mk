@@ -54,8 +54,8 @@ test: deps envtest-assets ## Run every test (needs root: network namespaces, BPF
 ##@ Demo and benchmarks
 
 .PHONY: demo
-demo: deps ## Bring up 2 nodes x 2 NICs, compare single-path TCP, MPTCP and the agent; print the table, write CSV and chart.
-	$(GO) run ./hack/demo -out $(CURDIR)/_output/demo
+demo: deps envtest-assets ## Bring up 2 nodes x 2 NICs, compare single-path TCP, MPTCP and the agent through a local API server; print the table, write CSV and chart.
+	$(GO) run ./hack/demo -out $(CURDIR)/_output/demo -assets $(ENVTEST_ASSETS)
 
 .PHONY: bench
 bench: ## Run the benchmarks and rewrite their sections of docs/benchmarks.md.

@@ -42,6 +42,9 @@ type CompareOptions struct {
 	Conns int
 	// Log receives progress lines (may be nil).
 	Log func(format string, args ...any)
+	// SkipAgent stops before the agent scenario, for a caller that runs it
+	// another way (the demo runs it through the API server).
+	SkipAgent bool
 }
 
 // Compare runs every scenario on bed, one after the other, from pod 1 of
@@ -97,6 +100,9 @@ func Compare(ctx context.Context, bed *testbed.Bed, o CompareOptions) ([]Measure
 		return out, err
 	}
 
+	if o.SkipAgent {
+		return out, nil
+	}
 	// The agent: nobody writes routes; it configures the pods itself.
 	agents, err := StartAgents(ctx, bed, o.Agent, agent.Rule{})
 	defer func() {

@@ -2,12 +2,15 @@
 // bed of 2 nodes x 2 NICs (network namespaces, links shaped to 200 Mbit/s),
 // then, side by side in one run, single-path TCP, MPTCP left to kernel
 // routing, MPTCP with hand-written policy routing, and MPTCP steered by the
-// agent. It prints per-NIC and total throughput, saves the sampled NIC
+// agent as a cluster runs it: a local API server with the controller, the
+// policies of examples/, one agent per node reading its node's state, and
+// pods whose workloads a kubelet stand-in starts from their specs. It prints per-NIC and total throughput, saves the sampled NIC
 // counters as CSV, draws them as an SVG chart, and tears everything down.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -19,6 +22,7 @@ import (
 
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed/controlplane"
 )
 
 func main() {
@@ -26,16 +30,20 @@ func main() {
 	duration := flag.Duration("duration", 10*time.Second, "length of each transfer")
 	rate := flag.String("rate", "200mbit", "rate of each NIC's link, each direction")
 	conns := flag.Int("conns", 1, "concurrent connections per transfer")
+	assets := flag.String("assets", os.Getenv("KUBEBUILDER_ASSETS"), "directory with kube-apiserver and etcd (make -s print-envtest-assets)")
 	flag.Parse()
-	if err := run(*out, *duration, *rate, *conns); err != nil {
+	if err := run(*out, *duration, *rate, *conns, *assets); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(outDir string, duration time.Duration, rate string, conns int) error {
+func run(outDir string, duration time.Duration, rate string, conns int, assets string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root: it creates network namespaces and loads BPF programs (run: sudo make demo)")
+	}
+	if assets == "" {
+		return fmt.Errorf("needs kube-apiserver and etcd: run it with make demo, which builds them, or pass -assets $(make -s print-envtest-assets)")
 	}
 	for _, tool := range append(testbed.BedTools, "go") {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -78,20 +86,33 @@ func run(outDir string, duration time.Duration, rate string, conns int) error {
 		return err
 	}
 	start := time.Now()
-	results, cerr := framework.Compare(ctx, bed, framework.CompareOptions{
+	logf := func(format string, args ...any) { fmt.Printf(format+"\n", args...) }
+	o := framework.CompareOptions{
 		Binaries: bins,
 		Duration: duration, Warmup: 2 * time.Second, Conns: conns,
-		Log: func(format string, args ...any) { fmt.Printf(format+"\n", args...) },
-	})
+		Log: logf, SkipAgent: true,
+	}
+	results, err := framework.Compare(ctx, bed, o)
+	notRun := ""
+	if err == nil {
+		var m framework.Measurement
+		m, notRun, err = runAPIScenario(ctx, bed, o, assets, filepath.Join(outDir, "logs"))
+		if notRun == "" && err == nil {
+			results = append(results, m)
+		}
+	}
 	samples, serr := sampler.Stop()
-	if cerr != nil {
-		return cerr
+	if err != nil {
+		return err
 	}
 	if serr != nil {
 		return serr
 	}
 
 	printTable(os.Stdout, results, rate)
+	if notRun != "" {
+		fmt.Printf("\n%s: NOT RUN: %s\n", ScenarioAPI, notRun)
+	}
 
 	csvPath := filepath.Join(outDir, "nic-counters.csv")
 	f, err := os.Create(csvPath)
@@ -146,4 +167,37 @@ func printTable(w *os.File, results []framework.Measurement, rate string) {
 		fmt.Fprintf(w, "%s  %14.1f  %14s\n", line, r.GoodputBps/1e6, ratio)
 	}
 	fmt.Fprintln(w, "\nPer-NIC columns: node 1's transmit rate over the goodput window. Goodput: what the server received.")
+}
+
+// runAPIScenario runs the agent scenario through the API. It returns a
+// reason instead of an error when the agent binary has no kube mode yet, so
+// that the other scenarios' results are still shown.
+func runAPIScenario(ctx context.Context, bed *testbed.Bed, o framework.CompareOptions, assets, logs string) (framework.Measurement, string, error) {
+	o.Log("running %q for %v", ScenarioAPI, o.Duration)
+	api, err := startAPI(ctx, bed, o.Binaries, assets, logs, o.Log)
+	if err != nil {
+		return framework.Measurement{}, "", fmt.Errorf("%s: %w", ScenarioAPI, err)
+	}
+	defer func() {
+		if err := api.Close(); err != nil {
+			o.Log("stopping the control plane: %v", err)
+		}
+	}()
+	if err := api.startAgents(ctx, o.Agent); err != nil {
+		if errors.Is(err, controlplane.ErrNoKubeMode) {
+			// Show the rest of the flow all the same.
+			if herr := api.showHeld(ctx, o.Binaries); herr != nil {
+				o.Log("creating the server pod: %v", herr)
+			}
+			api.describeNodeStates(ctx)
+			return framework.Measurement{}, err.Error(), nil
+		}
+		return framework.Measurement{}, "", fmt.Errorf("%s: %w (logs in %s)", ScenarioAPI, err, logs)
+	}
+	m, err := api.transfer(ctx, o.Binaries, o.Duration, o.Warmup, o.Conns)
+	api.describeNodeStates(ctx)
+	if err != nil {
+		return m, "", fmt.Errorf("%s: %w (logs in %s)", ScenarioAPI, err, logs)
+	}
+	return m, "", nil
 }

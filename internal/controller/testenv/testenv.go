@@ -8,6 +8,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rsa"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -83,24 +85,47 @@ func Assets(tb testing.TB) string {
 func Start(tb testing.TB, opts ...Option) *Env {
 	tb.Helper()
 	assets := Assets(tb)
-	e := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-	}
-	env := &Env{env: e}
+	env := newEnv(assets)
 	for _, o := range opts {
-		o(tb, env, e)
+		o(tb, env, env.env)
 	}
-	cfg, err := e.Start()
-	if err != nil {
+	if err := env.start(); err != nil {
 		tb.Fatalf("start control plane from %s: %v", assets, err)
 	}
 	tb.Cleanup(func() {
-		if err := e.Stop(); err != nil {
+		if err := env.Stop(); err != nil {
 			tb.Logf("stop control plane: %v", err)
 		}
 	})
+	return env
+}
+
+// Launch is Start for programs that are not tests (the demo, the test bed's
+// control plane): no options, errors returned, and the caller calls Stop.
+func Launch(assets string) (*Env, error) {
+	if assets == "" {
+		return nil, errors.New("no kube-apiserver and etcd: set KUBEBUILDER_ASSETS (make envtest-assets; make -s print-envtest-assets)")
+	}
+	env := newEnv(assets)
+	if err := env.start(); err != nil {
+		return nil, fmt.Errorf("start control plane from %s: %w", assets, err)
+	}
+	return env, nil
+}
+
+func newEnv(assets string) *Env {
+	return &Env{env: &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+	}}
+}
+
+func (env *Env) start() error {
+	cfg, err := env.env.Start()
+	if err != nil {
+		return err
+	}
 	// Tests create many objects quickly; the default client-side rate limit
 	// would measure the limiter, not the controller.
 	cfg.QPS = 500
@@ -108,11 +133,15 @@ func Start(tb testing.TB, opts ...Option) *Env {
 	s := Scheme()
 	c, err := client.New(cfg, client.Options{Scheme: s})
 	if err != nil {
-		tb.Fatalf("client: %v", err)
+		_ = env.env.Stop()
+		return fmt.Errorf("client: %w", err)
 	}
 	env.Config, env.Client, env.Scheme = cfg, c, s
-	return env
+	return nil
 }
+
+// Stop stops kube-apiserver and etcd.
+func (env *Env) Stop() error { return env.env.Stop() }
 
 // Namespace creates a namespace with labels and returns its name.
 func (e *Env) Namespace(tb testing.TB, name string, labels map[string]string) string {
@@ -283,17 +312,23 @@ func (e *Env) AsController(tb testing.TB) *rest.Config {
 // returns its path, for running real binaries against the control plane.
 func (e *Env) Kubeconfig(tb testing.TB) string {
 	tb.Helper()
-	u, err := e.env.AddUser(envtest.User{Name: "binary", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		tb.Fatalf("add user: %v", err)
-	}
-	raw, err := u.KubeConfig()
-	if err != nil {
-		tb.Fatalf("kubeconfig: %v", err)
-	}
 	path := filepath.Join(tb.TempDir(), "kubeconfig")
-	if err := os.WriteFile(path, raw, 0o600); err != nil {
+	if err := e.WriteKubeconfig(path, "binary"); err != nil {
 		tb.Fatal(err)
 	}
 	return path
+}
+
+// WriteKubeconfig writes to path a kubeconfig of a new user named user in
+// group system:masters.
+func (e *Env) WriteKubeconfig(path, user string) error {
+	u, err := e.env.AddUser(envtest.User{Name: user, Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return fmt.Errorf("add user: %w", err)
+	}
+	raw, err := u.KubeConfig()
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	return os.WriteFile(path, raw, 0o600)
 }

@@ -1,0 +1,90 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+)
+
+var docSep = regexp.MustCompile(`(?m)^---\s*$`)
+
+// ApplyFiles creates the objects of multi-document YAML files, in order, and
+// updates those that exist (what `kubectl apply` does for a fresh cluster).
+func (cp *ControlPlane) ApplyFiles(ctx context.Context, files ...string) error {
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		for i, doc := range docSep.Split(string(raw), -1) {
+			if len(bytes.TrimSpace(stripComments([]byte(doc)))) == 0 {
+				continue
+			}
+			u := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+				return fmt.Errorf("%s, document %d: %w", f, i+1, err)
+			}
+			if err := cp.apply(ctx, u); err != nil {
+				return fmt.Errorf("%s, document %d (%s %s): %w", f, i+1, u.GetKind(), u.GetName(), err)
+			}
+		}
+	}
+	return nil
+}
+
+func (cp *ControlPlane) apply(ctx context.Context, u *unstructured.Unstructured) error {
+	err := cp.Client.Create(ctx, u)
+	if !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	cur := &unstructured.Unstructured{}
+	cur.SetGroupVersionKind(u.GroupVersionKind())
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(u), cur); err != nil {
+		return err
+	}
+	u.SetResourceVersion(cur.GetResourceVersion())
+	return cp.Client.Update(ctx, u)
+}
+
+func stripComments(doc []byte) []byte {
+	var out [][]byte
+	for _, line := range bytes.Split(doc, []byte("\n")) {
+		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
+			out = append(out, line)
+		}
+	}
+	return bytes.Join(out, []byte("\n"))
+}
+
+// ApplyKustomization applies the resources a kustomization.yaml in dir lists
+// (plain resource files only: no patches or generators, which config/agent
+// does not use).
+func (cp *ControlPlane) ApplyKustomization(ctx context.Context, dir string) error {
+	raw, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		return err
+	}
+	var k struct {
+		Resources []string `json:"resources"`
+	}
+	if err := yaml.Unmarshal(raw, &k); err != nil {
+		return fmt.Errorf("%s/kustomization.yaml: %w", dir, err)
+	}
+	if len(k.Resources) == 0 {
+		return errors.New(dir + "/kustomization.yaml lists no resources")
+	}
+	var files []string
+	for _, r := range k.Resources {
+		files = append(files, filepath.Join(dir, r))
+	}
+	return cp.ApplyFiles(ctx, files...)
+}
