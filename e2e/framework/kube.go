@@ -3,14 +3,9 @@ package framework
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/url"
 	"path/filepath"
-	"runtime"
-	"sync"
 
-	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -84,16 +79,16 @@ func StartKubeAgent(ctx context.Context, b *testbed.Bed, bin string, node *testb
 // ForwardAPIServer makes the API server of kubeconfig reachable at the same
 // address from inside every node namespace of the bed, whose loopback is not
 // the host's, so the kubeconfig (and its certificate's 127.0.0.1) stays valid
-// as it is. stop ends every forward.
+// as it is (testbed.Relay). stop ends every relay.
 func ForwardAPIServer(b *testbed.Bed, kubeconfig string) (stop func(), err error) {
 	cfg, err := clientcmd.LoadFromFile(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
-	var stops []func()
+	var relays []*testbed.Relay
 	stop = func() {
-		for _, s := range stops {
-			s()
+		for _, r := range relays {
+			r.Close()
 		}
 	}
 	for _, n := range b.Nodes {
@@ -103,96 +98,15 @@ func ForwardAPIServer(b *testbed.Bed, kubeconfig string) (stop func(), err error
 				stop()
 				return nil, err
 			}
-			s, err := ForwardIntoNetNS("/var/run/netns/"+n.NetNS, u.Host)
+			r, err := testbed.StartRelay(n.NetNS, u.Host)
 			if err != nil {
 				stop()
-				return nil, fmt.Errorf("forwarding %s into %s: %w", u.Host, n.NetNS, err)
+				return nil, fmt.Errorf("relaying %s into %s: %w", u.Host, n.NetNS, err)
 			}
-			stops = append(stops, s)
+			relays = append(relays, r)
 		}
 	}
 	return stop, nil
-}
-
-// ForwardIntoNetNS listens on addr inside the network namespace at nsPath and
-// forwards each connection to addr as the test process sees it (the host's
-// loopback). It returns a function that stops listening and closes every
-// forwarded connection.
-func ForwardIntoNetNS(nsPath, addr string) (stop func(), err error) {
-	ln, err := listenIn(nsPath, addr)
-	if err != nil {
-		return nil, err
-	}
-	var mu sync.Mutex
-	conns := map[net.Conn]bool{}
-	track := func(c net.Conn, add bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		if add {
-			conns[c] = true
-		} else {
-			delete(conns, c)
-		}
-	}
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", addr)
-			if err != nil {
-				_ = in.Close()
-				continue
-			}
-			track(in, true)
-			track(out, true)
-			pipe := func(dst, src net.Conn) {
-				_, _ = io.Copy(dst, src)
-				_ = dst.Close()
-				_ = src.Close()
-				track(dst, false)
-				track(src, false)
-			}
-			go pipe(out, in)
-			go pipe(in, out)
-		}
-	}()
-	return func() {
-		_ = ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for c := range conns {
-			_ = c.Close()
-		}
-	}, nil
-}
-
-// listenIn opens a listener inside another network namespace: a socket
-// belongs to the namespace of the thread that creates it, so the thread
-// switches there for the call only and back.
-func listenIn(nsPath, addr string) (net.Listener, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return nil, err
-	}
-	defer orig.Close()
-	target, err := netns.GetFromPath(nsPath)
-	if err != nil {
-		return nil, err
-	}
-	defer target.Close()
-	if err := netns.Set(target); err != nil {
-		return nil, err
-	}
-	ln, lnErr := net.Listen("tcp", addr)
-	if err := netns.Set(orig); err != nil {
-		// The thread is in the wrong namespace: never hand it back.
-		runtime.Goexit()
-	}
-	return ln, lnErr
 }
 
 // WriteKubeconfig writes cfg's server, CA and bearer token as a kubeconfig at

@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 )
 
@@ -47,7 +48,7 @@ type ControlPlane struct {
 
 	controller *exec.Cmd
 	exited     chan struct{}
-	relays     []*Relay
+	relays     []*testbed.Relay
 }
 
 // Namespace of the operator's components (config/agent).
