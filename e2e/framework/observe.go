@@ -42,11 +42,11 @@ func (a *Agent) DatapathStats() (map[datapath.Stat]uint64, error) {
 	return out, err
 }
 
-// Subflows reads the subflow table of the agent's pinned datapath.
+// Subflows reads the subflow table of the agent's pinned datapath, in this
+// release's layout whichever release pinned it (an upgrade test reads the
+// previous release's).
 func (a *Agent) Subflows() ([]datapath.Subflow, error) {
-	var out []datapath.Subflow
-	err := a.withDatapath(func(dp *datapath.Datapath) (err error) { out, err = dp.Subflows(); return })
-	return out, err
+	return datapath.PinnedSubflows(a.Config.PinDir)
 }
 
 // Endpoints reads the selected pod addresses of the agent's pinned datapath.

@@ -289,3 +289,38 @@ func (mm *migratedMap) copyEntries() error {
 	}
 	return it.Err()
 }
+
+// PinnedSubflows reads the subflow table pinned under pinDir by whichever
+// release pinned it, converted to this release's layout as a migration would
+// convert it, and without touching the pins. It lets tests and tools inspect
+// a node across an upgrade, when this binary's programs could not be loaded
+// against the pinned maps.
+func PinnedSubflows(pinDir string) ([]Subflow, error) {
+	spec, err := loadDatapath()
+	if err != nil {
+		return nil, err
+	}
+	const name = "subflows"
+	old, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), nil)
+	if err != nil {
+		return nil, err
+	}
+	defer old.Close()
+	mm := &migratedMap{name: name, old: old, newLayout: specLayout(spec.Maps[name])}
+	if mm.oldLayout, err = kernelLayout(old); err != nil {
+		return nil, fmt.Errorf("pinned map %s: %w", name, err)
+	}
+	if mm.oldLayout.String() == mm.newLayout.String() {
+		return subflowsIn(old)
+	}
+	ms := spec.Maps[name].Copy()
+	ms.Pinning = ebpf.PinNone
+	if mm.new, err = ebpf.NewMap(ms); err != nil {
+		return nil, err
+	}
+	defer mm.new.Close()
+	if err := mm.copyEntries(); err != nil {
+		return nil, fmt.Errorf("converting map %s (%s -> %s): %w", name, mm.oldLayout, mm.newLayout, err)
+	}
+	return subflowsIn(mm.new)
+}

@@ -351,6 +351,10 @@ func TestMigrationRollsBackThenCommits(t *testing.T) {
 		if m, err := LayoutMarker(dir); err != nil || m != "" {
 			t.Fatalf("layout marker %q (%v) before any migration-aware load, want none", m, err)
 		}
+		// Readable in this release's layout without loading against it.
+		if sfs, err := PinnedSubflows(dir); err != nil || len(sfs) != 1 || sfs[0].Path != 1 || sfs[0].Token != 0x1234 {
+			t.Errorf("PinnedSubflows of the previous release's table: %v (%v), want the one entry on path 1", sfs, err)
+		}
 
 		dp, err := Load(Options{PinDir: dir, Migrate: true})
 		if err != nil {

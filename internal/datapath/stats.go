@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"fmt"
+	"github.com/cilium/ebpf"
 	"net/netip"
 )
 
@@ -193,10 +194,15 @@ const NoRule = ruleNone
 
 // Subflows lists the subflow table.
 func (d *Datapath) Subflows() ([]Subflow, error) {
+	return subflowsIn(d.objs.Subflows)
+}
+
+// subflowsIn lists a subflow table laid out as this release's.
+func subflowsIn(m *ebpf.Map) ([]Subflow, error) {
 	var out []Subflow
 	var k datapathFlowKey
 	var v datapathSubflow
-	it := d.objs.Subflows.Iterate()
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		out = append(out, Subflow{
 			Local:     netip.AddrPortFrom(addrFrom(k.Family, k.Saddr), ntohs(k.Sport)),
