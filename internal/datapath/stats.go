@@ -2,8 +2,9 @@ package datapath
 
 import (
 	"fmt"
-	"github.com/cilium/ebpf"
 	"net/netip"
+
+	"github.com/cilium/ebpf"
 )
 
 // Stat names a datapath counter.
