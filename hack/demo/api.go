@@ -74,17 +74,19 @@ func startAPI(ctx context.Context, bed *testbed.Bed, bins framework.Binaries, as
 			err = errors.Join(err, r.Close())
 		}
 	}()
-	if r.cp, err = controlplane.Start(ctx, controlplane.Options{Assets: assets, Dir: logs, Controller: controller}); err != nil {
-		return r, err
-	}
 	klog, err := os.Create(filepath.Join(logs, "kubelet.log"))
 	if err != nil {
 		return r, err
 	}
-	log("registering the bed's nodes with the kubelet stand-in ...")
 	klogger := slog.New(slog.NewTextHandler(klog, nil))
-	// controller-runtime's own logs (the stand-in's caches) go there too.
+	// controller-runtime's own logs (the control plane's, the stand-in's
+	// caches) go there too: set before the first of them logs, as
+	// controller-runtime takes only its first logger.
 	ctrllog.SetLogger(logr.FromSlogHandler(klogger.Handler()))
+	if r.cp, err = controlplane.Start(ctx, controlplane.Options{Assets: assets, Dir: logs, Controller: controller}); err != nil {
+		return r, err
+	}
+	log("registering the bed's nodes with the kubelet stand-in ...")
 	r.k, err = kubelet.Start(ctx, kubelet.Options{Bed: bed, Config: r.cp.Env.Config, Log: klogger})
 	if err != nil {
 		return r, err
