@@ -6,8 +6,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"testing"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 )
@@ -20,6 +24,9 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	// The control plane's libraries log through controller-runtime: errors
+	// only, to stderr (without a logger it prints a stack trace instead).
+	ctrllog.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
 	dir, err := os.MkdirTemp("", "mptcp-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
