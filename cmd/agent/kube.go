@@ -53,24 +53,13 @@ func runKube(log *slog.Logger, kubeconfig, node, configPath, metricsAddr string,
 	defer stop()
 	status := agent.Status{PID: os.Getpid()}
 	metrics := agent.NewMetrics(a)
-	if metricsAddr != "0" && metricsAddr != "" {
-		addr, wait, err := agent.Serve(ctx, metricsAddr, metrics.Handler(), log)
-		if err != nil {
-			return err
-		}
-		defer wait()
-		defer stop()
-		status.MetricsAddress = addr.String()
-		log.Info("serving metrics and probes", "addr", status.MetricsAddress)
-	}
-	// The local API: per-connection detail for root on this node.
-	sock, waitAPI, err := a.ServeLocalAPI(ctx)
+	wait, err := serveEndpoints(ctx, a, metrics, metricsAddr, &status, log)
+	// Stop serving before the datapath is closed (deferred earlier).
+	defer wait()
+	defer stop()
 	if err != nil {
 		return err
 	}
-	defer waitAPI()
-	defer stop()
-	status.LocalAPISocket = sock
 	if err := a.WriteStatus(status); err != nil {
 		log.Error("writing status", "err", err)
 	}

@@ -91,27 +91,13 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 
 	status := agent.Status{PID: os.Getpid()}
 	metrics := agent.NewMetrics(a)
-	if metricsAddr != "0" && metricsAddr != "" {
-		// Served before the first reconcile: /healthz answers while the
-		// node is being set up, /readyz once it is enforced.
-		addr, wait, err := agent.Serve(ctx, metricsAddr, metrics.Handler(), log)
-		if err != nil {
-			return err
-		}
-		// Stop serving before the datapath is closed (deferred earlier).
-		defer wait()
-		defer stop()
-		status.MetricsAddress = addr.String()
-		log.Info("serving metrics and probes", "addr", status.MetricsAddress)
-	}
-	// The local API: per-connection detail for root on this node.
-	sock, waitAPI, err := a.ServeLocalAPI(ctx)
+	wait, err := serveEndpoints(ctx, a, metrics, metricsAddr, &status, log)
+	// Stop serving before the datapath is closed (deferred earlier).
+	defer wait()
+	defer stop()
 	if err != nil {
 		return err
 	}
-	defer waitAPI()
-	defer stop()
-	status.LocalAPISocket = sock
 	// settle, when set, runs after the reconcile and before the status is
 	// written, so that a status showing the reconcile shows its outcome.
 	reconcile := func(next *agent.Config, settle func(error) error) error {
