@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -225,6 +226,20 @@ func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 		s := kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
 		if !meta.IsStatusConditionTrue(s.Status.Conditions, kube.ConditionReady) {
 			t.Errorf("node %d: not Ready: %+v", n.Index, s.Status.Conditions)
+		}
+		// Every pod's veth carries both pod programs, every NIC
+		// nic-ingress; no rule shapes, so no nic-egress.
+		var vpods, nics []string
+		for _, p := range n.Pods {
+			vpods = append(vpods, p.HostIf)
+		}
+		for _, nic := range n.NICs {
+			nics = append(nics, nic.Name)
+		}
+		slices.Sort(vpods)
+		want := []mptcpv1alpha1.AttachedProgram{{Hook: "pod-egress", Interfaces: vpods}, {Hook: "pod-ingress", Interfaces: vpods}, {Hook: "nic-ingress", Interfaces: nics}}
+		if !reflect.DeepEqual(s.Status.Attached, want) {
+			t.Errorf("node %d: status attached %+v, want %+v", n.Index, s.Status.Attached, want)
 		}
 		for _, p := range n.Pods {
 			if g := kb.podGate(t, p); g != corev1.ConditionTrue {

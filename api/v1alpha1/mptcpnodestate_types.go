@@ -213,6 +213,19 @@ type AppliedPolicy struct {
 	Generation int64  `json:"generation"`
 }
 
+// AttachedProgram is one of the datapath's programs and the interfaces it is
+// attached to on the node.
+type AttachedProgram struct {
+	// hook names the program and where it runs: pod-egress and pod-ingress
+	// on pods' host-side interfaces, nic-ingress and nic-egress on path
+	// interfaces (docs/datapath.md).
+	Hook string `json:"hook"`
+	// interfaces it is attached to, sorted.
+	// +optional
+	// +listType=atomic
+	Interfaces []string `json:"interfaces,omitempty"`
+}
+
 // MPTCPNodeStateStatus is written by the node's agent only.
 type MPTCPNodeStateStatus struct {
 	// observedGeneration is the spec generation the agent last acted on.
@@ -228,6 +241,12 @@ type MPTCPNodeStateStatus struct {
 	// +listType=map
 	// +listMapKey=name
 	AppliedPolicies []AppliedPolicy `json:"appliedPolicies,omitempty"`
+	// attached: the datapath's programs and the interfaces they are
+	// attached to, as the agent found them after its last reconcile.
+	// +optional
+	// +listType=map
+	// +listMapKey=hook
+	Attached []AttachedProgram `json:"attached,omitempty"`
 	// errors that kept part of the spec from being applied (the agent keeps
 	// the last good state meanwhile).
 	// +optional

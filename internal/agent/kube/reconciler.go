@@ -28,6 +28,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
 // Condition types of an MPTCPNodeState, and the pod gate.
@@ -185,6 +186,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 	st.ObservedGeneration = state.Generation
 	st.AppliedPolicies = r.appliedPolicies
+	if attached, err := r.attached(); err != nil {
+		r.Log.Error("listing the datapath's attachments", "err", err)
+	} else {
+		st.Attached = attached
+	}
 	st.Errors = capErrors(tr.Errors)
 	gen := state.Generation
 	if degradedReason != "" {
@@ -333,4 +339,27 @@ func (r *Reconciler) setGate(ctx context.Context, ref agent.PodRef, status corev
 	}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name}}
 	return r.Client.Status().Patch(ctx, pod, client.RawPatch(types.StrategicMergePatchType, b))
+}
+
+// attached groups the datapath's pinned attachments by program, the order of
+// datapath.Hooks, interfaces sorted.
+func (r *Reconciler) attached() ([]mptcpv1alpha1.AttachedProgram, error) {
+	atts, err := r.Agent.Datapath().Attachments()
+	if err != nil {
+		return nil, err
+	}
+	var out []mptcpv1alpha1.AttachedProgram
+	for _, h := range datapath.Hooks {
+		ap := mptcpv1alpha1.AttachedProgram{Hook: string(h)}
+		for _, a := range atts {
+			if a.Hook == h {
+				ap.Interfaces = append(ap.Interfaces, a.Interface)
+			}
+		}
+		if len(ap.Interfaces) > 0 {
+			slices.Sort(ap.Interfaces)
+			out = append(out, ap)
+		}
+	}
+	return out, nil
 }
