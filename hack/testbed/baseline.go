@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
+	"time"
 )
 
 // HandRoute installs the hand-routed multipath baseline that the agent is compared with. For server-announced MPTCP
@@ -61,7 +63,17 @@ func (b *Bed) ConfigureSignalPorts(server *Pod, ports []int) error {
 		cmds = append(cmds, fmt.Sprintf("mptcp endpoint add %s dev eth0 port %d signal", server.Addr, p))
 	}
 	cmds = append(cmds, fmt.Sprintf("mptcp limits set subflows %d add_addr_accepted 0", max(len(ports), 2)))
-	return ipBatch(context.Background(), server.NetNS, cmds...)
+	// The kernel closes a flushed endpoint's listening socket a moment
+	// later: re-adding the same port right after can fail with EADDRINUSE
+	// (-98), so that error is retried for a few seconds.
+	var err error
+	for range 20 {
+		if err = ipBatch(context.Background(), server.NetNS, cmds...); err == nil || !strings.Contains(err.Error(), "error: -98") {
+			return err
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return err
 }
 
 // ConfigureClientLimits sets a client pod's in-kernel path manager limits: the number of extra subflows it may
