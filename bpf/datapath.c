@@ -422,6 +422,16 @@ static __always_inline __u32 rule_path(const struct rule *r, __u32 slot)
 	return r->paths[slot & MAX_PATHS] & MAX_PATHS;
 }
 
+/* rule_nactive is how many of r's paths, from the top, are active: the rest
+ * are backup paths, which take a connection's first subflow only when every
+ * active path is down and its joins only after the active paths. */
+static __always_inline __u32 rule_nactive(const struct rule *r)
+{
+	__u32 n = r->npaths, b = r->nbackup;
+
+	return b < n ? n - b : n;
+}
+
 /* Placement and selection are global functions: the verifier checks each
  * once, on its own, instead of once per state of every caller (their
  * bounded loops would otherwise multiply the callers' states past the
@@ -441,7 +451,7 @@ __noinline int claim_path(__u32 rule_id, const struct conn_key *ck)
 {
 	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
 	struct conn *c;
-	__u32 npaths, start, first;
+	__u32 npaths, nact, start, first;
 	bool any = false;
 
 	if (!r || !ck)
@@ -452,6 +462,9 @@ __noinline int claim_path(__u32 rule_id, const struct conn_key *ck)
 	c = bpf_map_lookup_elem(&conn_states, ck);
 	if (!c)
 		return PLACE_NO_PATH;
+	nact = rule_nactive(r);
+	if (nact == 0)
+		return PLACE_NO_PATH;
 	start = __sync_fetch_and_add(&c->joins, 1);
 	first = r->spread == SPREAD_PREFERRED ? 0 : start;
 	for (__u32 i = 0; i < MAX_PATHS; i++) {
@@ -459,7 +472,9 @@ __noinline int claim_path(__u32 rule_id, const struct conn_key *ck)
 
 		if (i >= npaths)
 			break;
-		path = rule_path(r, (first + i) % npaths);
+		/* The active paths from the cursor, then the backup paths in
+		 * order. */
+		path = rule_path(r, i < nact ? (first + i) % nact : i);
 		if (!path_usable(path)) {
 			count(STAT_PATH_DOWN_SKIPPED);
 			continue;
@@ -500,16 +515,16 @@ __noinline __u32 slot_weight(__u32 rule_id, __u32 slot)
 	return r->weights[slot & MAX_PATHS];
 }
 
-/* pick_initial chooses the path of a connection's first subflow by rule_id's
- * spread mode, passing over paths that are down. */
-__noinline int pick_initial(__u32 rule_id)
+/* pick_active chooses among rule_id's active paths by its spread mode,
+ * passing over paths that are down. */
+__noinline int pick_active(__u32 rule_id)
 {
 	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
 	__u32 npaths, start, total = 0;
 
 	if (!r)
 		return PLACE_NO_PATH;
-	npaths = r->npaths;
+	npaths = rule_nactive(r);
 	if (npaths == 0 || npaths > MAX_PATHS)
 		return PLACE_NO_PATH;
 	if (r->spread == SPREAD_PREFERRED) {
@@ -571,6 +586,33 @@ __noinline int pick_initial(__u32 rule_id)
 		if (path_usable(path))
 			return path;
 		count(STAT_PATH_DOWN_SKIPPED);
+	}
+	return PLACE_ALL_DOWN;
+}
+
+/* pick_initial chooses the path of a connection's first subflow: an active
+ * path by the rule's spread mode, or the first usable backup path when no
+ * active one is up. */
+__noinline int pick_initial(__u32 rule_id)
+{
+	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
+	__u32 nact;
+	int path;
+
+	if (!r)
+		return PLACE_NO_PATH;
+	path = pick_active(rule_id);
+	if (path != PLACE_ALL_DOWN || r->nbackup == 0)
+		return path;
+	nact = rule_nactive(r);
+	for (__u32 i = 0; i < MAX_PATHS; i++) {
+		if (i >= r->npaths)
+			break;
+		if (i < nact)
+			continue;
+		path = rule_path(r, i);
+		if (path_usable(path))
+			return path;
 	}
 	return PLACE_ALL_DOWN;
 }
@@ -747,6 +789,7 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 }
 
 #include "rate_actor.h"
+#include "backup.h"
 
 SEC("tc")
 int pod_egress(struct __sk_buff *skb)
@@ -811,6 +854,7 @@ int pod_ingress(struct __sk_buff *skb)
 	if (!sf)
 		return TCX_NEXT;
 	count_subflow(sf, pkt.len, false);
+	backup_act(skb, &pkt, sf);
 	return rate_act(skb, &pkt, &fk, sf, RATE_DIR_INGRESS);
 }
 

@@ -55,6 +55,7 @@ enum stat_id {
 	STAT_RATE_WND_LOWERED,	/* window: an ACK's receive window lowered to the cap */
 	STAT_RATE_NO_WSCALE,	/* window: handshake not seen, scale unknown, ACK left alone */
 	STAT_RATE_SHAPED,	/* shape: packets given an HTB class at a NIC */
+	STAT_BACKUP_FLAGGED,	/* backup: MP_JOIN B bit set on a join into a pod */
 	STAT_MAX,
 };
 
@@ -171,7 +172,8 @@ struct port_range {
 #define MATCH_JOIN    (1U << 1) /* MP_JOIN SYN of a connection not (yet) known */
 
 /* rule.flags */
-#define RULE_CIDRS (1U << 0) /* remote address must be in rule_cidrs under this rule id */
+#define RULE_CIDRS	     (1U << 0) /* remote address must be in rule_cidrs under this rule id */
+#define RULE_REWRITE_HEADERS (1U << 1) /* the admin allowed rewriting the pods' headers (backup) */
 
 enum spread_mode {
 	SPREAD_ROUND_ROBIN = 0, /* initial subflows take the paths in turn */
@@ -183,9 +185,9 @@ enum spread_mode {
  * its spread actor's data (an ordered path list, weights, the mode). */
 struct rule {
 	__u32 npaths;
-	__u32 flags; /* RULE_* */
-	__u32 rr;    /* cursor for initial subflows; atomic */
-	__u32 pad;
+	__u32 flags;   /* RULE_* */
+	__u32 rr;      /* cursor for initial subflows; atomic */
+	__u32 nbackup; /* the last nbackup of paths are backup paths (backup actor) */
 	__u8 paths[MAX_PATHS + 1];
 	/* Selector. */
 	__u8 family; /* AF_INET, AF_INET6, or 0 for both */

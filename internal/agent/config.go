@@ -91,9 +91,14 @@ type Rule struct {
 	// Weights per path name, for weighted spread: the path's share of
 	// subflow placements. A path left out weighs 1.
 	Weights map[string]uint32 `json:"weights,omitempty"`
+	// BackupPaths carry a connection's joins after the active paths, and
+	// its first subflow only when no active path is up; joins on them are
+	// flagged backup on their way into the pod (docs/datapath.md, "Backup
+	// actor"), which needs HeaderRewriting.
+	BackupPaths []string `json:"backupPaths,omitempty"`
 	// HeaderRewriting is the admin's opt-in to rewriting the headers of
 	// the rule's pods' packets (CompiledRule.headerRewriting); the window
-	// rate mode needs it.
+	// rate mode and backup paths need it.
 	HeaderRewriting bool `json:"headerRewriting,omitempty"`
 	// Rate caps the rule's connections, pods or paths (rate.go).
 	Rate *RateLimits `json:"rate,omitempty"`
@@ -129,6 +134,10 @@ func (r Rule) datapathRule(paths map[string]Path) (datapath.Rule, error) {
 		return out, fmt.Errorf("spreadMode: %q is not one of roundRobin, weighted, preferred", r.SpreadMode)
 	}
 	out.Spread = mode
+	out.RewriteHeaders = r.HeaderRewriting
+	for _, name := range r.BackupPaths {
+		out.Backup = append(out.Backup, paths[name].Index)
+	}
 	for _, name := range r.Paths {
 		out.Paths = append(out.Paths, paths[name].Index)
 		if mode == datapath.SpreadWeighted {
@@ -288,6 +297,17 @@ func (c *Config) Validate() error {
 				errs = append(errs, fmt.Errorf("rules[%d].paths[%d]: no path named %q on this node", i, j, name))
 			}
 		}
+		for j, name := range r.BackupPaths {
+			if _, ok := paths[name]; !ok {
+				errs = append(errs, fmt.Errorf("rules[%d].backupPaths[%d]: no path named %q on this node", i, j, name))
+			}
+			if slices.Contains(r.Paths, name) {
+				errs = append(errs, fmt.Errorf("rules[%d].backupPaths[%d]: %q is also one of the rule's paths", i, j, name))
+			}
+		}
+		if len(r.BackupPaths) > 0 && !r.HeaderRewriting {
+			errs = append(errs, fmt.Errorf("rules[%d].backupPaths: flagging joins backup rewrites MP_JOIN options: set headerRewriting", i))
+		}
 		switch r.Subflows {
 		case SubflowsUserspace, SubflowsNone:
 		case SubflowsSignal:
@@ -337,7 +357,7 @@ func (c *Config) Validate() error {
 
 // joins is how many extra subflows a connection under r gets.
 func (r Rule) joins() int {
-	n := len(r.Paths)
+	n := len(r.Paths) + len(r.BackupPaths)
 	if r.MaxSubflows > 0 && r.MaxSubflows < n {
 		n = r.MaxSubflows
 	}

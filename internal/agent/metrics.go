@@ -59,6 +59,7 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatRateWndLowered:   "rate_window_lowered",
 	datapath.StatRateNoWscale:     "rate_window_scale_unknown",
 	datapath.StatRateShaped:       "rate_shape_classified",
+	datapath.StatBackupFlagged:    "backup_join_flagged",
 }
 
 // EventName is the label value of a datapath counter in

@@ -64,7 +64,7 @@ func planShaping(cfg *Config, paths map[string]Path) ([]shapeClass, error) {
 			// One class per pod and rule: a pod may have several
 			// shaping rules (at most datapath.MaxPodRules).
 			minor := shapeMinorPod + uint16(j*datapath.MaxPodRules+k)
-			for _, name := range r.Paths {
+			for _, name := range append(slices.Clone(r.Paths), r.BackupPaths...) {
 				p := paths[name]
 				for _, ip := range pod.IPs {
 					out = append(out, shapeClass{iface: p.Interface, minor: minor, bps: c.PerPod,

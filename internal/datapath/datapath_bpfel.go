@@ -178,7 +178,7 @@ type datapathRule struct {
 	Npaths   uint32
 	Flags    uint32
 	Rr       uint32
-	Pad      uint32
+	Nbackup  uint32
 	Paths    [16]uint8
 	Family   uint8
 	Match    uint8
@@ -235,7 +235,8 @@ const (
 	datapathStatIdSTAT_RATE_WND_LOWERED   datapathStatId = 26
 	datapathStatIdSTAT_RATE_NO_WSCALE     datapathStatId = 27
 	datapathStatIdSTAT_RATE_SHAPED        datapathStatId = 28
-	datapathStatIdSTAT_MAX                datapathStatId = 29
+	datapathStatIdSTAT_BACKUP_FLAGGED     datapathStatId = 29
+	datapathStatIdSTAT_MAX                datapathStatId = 30
 )
 
 type datapathSubflow struct {

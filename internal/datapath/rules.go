@@ -91,6 +91,14 @@ type Rule struct {
 	Weights []uint32
 	// Spread is the placement of initial subflows.
 	Spread SpreadMode
+	// Backup are backup path indexes: after the active Paths, they take a
+	// connection's joins (flagged backup on their way into the pod, which
+	// needs RewriteHeaders) and its first subflow only when no active
+	// path is up.
+	Backup []uint32
+	// RewriteHeaders is the admin's opt-in to rewriting the pods' packet
+	// headers (the backup actor's B bit).
+	RewriteHeaders bool
 	// Family, CIDRs (of the remote address), Ports and Match select the
 	// traffic; zero values select everything.
 	Family Family
@@ -104,13 +112,20 @@ func (r Rule) Validate() error {
 	if len(r.Paths) == 0 || len(r.Paths) > MaxPaths {
 		return fmt.Errorf("%d paths, want 1 to %d", len(r.Paths), MaxPaths)
 	}
-	for i, p := range r.Paths {
+	all := append(slices.Clone(r.Paths), r.Backup...)
+	if len(all) > MaxPaths {
+		return fmt.Errorf("%d paths and %d backup paths, at most %d in all", len(r.Paths), len(r.Backup), MaxPaths)
+	}
+	for i, p := range all {
 		if p >= MaxPaths {
 			return fmt.Errorf("path index %d out of range 0..%d", p, MaxPaths-1)
 		}
-		if slices.Contains(r.Paths[:i], p) {
-			return fmt.Errorf("path index %d listed twice", p)
+		if slices.Contains(all[:i], p) {
+			return fmt.Errorf("path index %d listed twice (paths and backup paths are disjoint)", p)
 		}
+	}
+	if len(r.Backup) > 0 && !r.RewriteHeaders {
+		return errors.New("backup paths flag joins by rewriting MP_JOIN, which needs the header-rewriting opt-in")
 	}
 	switch r.Spread {
 	case SpreadRoundRobin, SpreadPreferred:
@@ -196,13 +211,17 @@ func (d *Datapath) SetRule(id uint32, r Rule) error {
 		return fmt.Errorf("rule %d: reading: %w", id, err)
 	}
 	rr := v.Rr
-	v = datapathRule{Rr: rr, Npaths: uint32(len(r.Paths)), Family: uint8(r.Family), Match: uint8(r.Match), Spread: uint8(r.Spread), Nports: uint8(len(r.Ports))}
-	for i, p := range r.Paths {
+	v = datapathRule{Rr: rr, Npaths: uint32(len(r.Paths) + len(r.Backup)), Nbackup: uint32(len(r.Backup)),
+		Family: uint8(r.Family), Match: uint8(r.Match), Spread: uint8(r.Spread), Nports: uint8(len(r.Ports))}
+	for i, p := range append(slices.Clone(r.Paths), r.Backup...) {
 		v.Paths[i] = uint8(p)
 		v.Weights[i] = 1
 		if i < len(r.Weights) {
 			v.Weights[i] = uint8(r.Weights[i])
 		}
+	}
+	if r.RewriteHeaders {
+		v.Flags |= ruleRewriteHeaders
 	}
 	for i, pr := range r.Ports {
 		v.Ports[i] = datapathPortRange{First: pr.First, Last: pr.Last}
@@ -216,8 +235,11 @@ func (d *Datapath) SetRule(id uint32, r Rule) error {
 	return d.pruneCIDRs(id, want)
 }
 
-// ruleCIDRs is RULE_CIDRS.
-const ruleCIDRs = 1 << 0
+// ruleCIDRs and ruleRewriteHeaders are RULE_CIDRS and RULE_REWRITE_HEADERS.
+const (
+	ruleCIDRs          = 1 << 0
+	ruleRewriteHeaders = 1 << 1
+)
 
 // pruneCIDRs deletes rule id's CIDRs that are not in keep.
 func (d *Datapath) pruneCIDRs(id uint32, keep map[datapathCidrKey]bool) error {

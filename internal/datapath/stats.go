@@ -56,6 +56,9 @@ const (
 	StatRateWndLowered = datapathStatIdSTAT_RATE_WND_LOWERED
 	StatRateNoWscale   = datapathStatIdSTAT_RATE_NO_WSCALE
 	StatRateShaped     = datapathStatIdSTAT_RATE_SHAPED
+	// StatBackupFlagged: the backup actor set the MP_JOIN B bit on a
+	// join going into a pod.
+	StatBackupFlagged = datapathStatIdSTAT_BACKUP_FLAGGED
 	numStats           = int(datapathStatIdSTAT_MAX)
 )
 

@@ -1,0 +1,208 @@
+package datapath
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+)
+
+// joinB is the MP_JOIN B bit of a frame built by testpkt (the join the
+// only MPTCP option, after no other), read by hand; tshark reads it too.
+func joinB(t *testing.T, frame []byte) bool {
+	t.Helper()
+	opts := frame[tcpOffset(frame)+20:]
+	for i := 0; i+2 < len(opts); {
+		switch opts[i] {
+		case 0:
+			t.Fatal("no MP_JOIN in the frame")
+		case 1:
+			i++
+			continue
+		}
+		if opts[i] == 30 && opts[i+2]>>4 == 1 {
+			return opts[i+2]&1 == 1
+		}
+		i += int(opts[i+1])
+	}
+	t.Fatal("no MP_JOIN in the frame")
+	return false
+}
+
+// backupBed: rule 0 spreads local over active paths 0 and 1 with path 2 as
+// its backup path, headers may be rewritten.
+func backupBed(t *testing.T, local netip.Addr) *Datapath {
+	t.Helper()
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}, Backup: []uint32{2}, RewriteHeaders: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(local, 0); err != nil {
+		t.Fatal(err)
+	}
+	return dp
+}
+
+// A connection the pod opens: its first subflow only ever takes an active
+// path, its joins take the active paths first and then the backup path, and
+// the SYN-ACK answering the join on the backup path is the one packet that
+// gets the B bit on its way into the pod: not the SYN-ACK of the join on an
+// active path, not the MP_CAPABLE SYN-ACK, not data. tshark reads the B bit
+// and finds the rewritten packet's checksums good, IPv4 and IPv6.
+func TestBackupFlagsTheJoinSYNACKIntoThePodOnBackupPathsOnly(t *testing.T) {
+	for _, fam := range []struct {
+		name           string
+		client, server netip.Addr
+	}{
+		{"IPv4", clientPod, serverPod},
+		{"IPv6", netip.MustParseAddr("fd00:244:1::11"), netip.MustParseAddr("fd00:244:2::11")},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			dp := backupBed(t, fam.client)
+			egress, ingress := dp.Program(HookPodEgress), dp.Program(HookPodIngress)
+			const clientKey, serverKey = 0x0a0b0c0d0e0f1011, 0x0102030405060708
+			// Several connections: round robin never starts one on
+			// the backup path.
+			for c := uint16(0); c < 4; c++ {
+				p := dp.pathOfMark(t, run(t, egress, syn(fam.client, 41000+c, fam.server, 5201, testpkt.MPCapableSYN()), skbContext{}))
+				if p == 2 {
+					t.Fatalf("connection %d started on the backup path", c)
+				}
+			}
+			first := dp.pathOfMark(t, run(t, egress, syn(fam.client, 40000, fam.server, 5201, testpkt.MPCapableSYN()), skbContext{}))
+			capSynAck := synAck(fam.server, 5201, fam.client, 40000, testpkt.MPCapableSYNACK(serverKey))
+			if _, out := runOut(t, ingress, capSynAck); string(out) != string(capSynAck) {
+				t.Error("the MP_CAPABLE SYN-ACK was changed")
+			}
+			run(t, egress, capableACK(fam.client, 40000, fam.server, 5201, clientKey, serverKey), skbContext{})
+
+			var rewritten [][]byte
+			for j, want := range []uint32{1 - first, 2} {
+				sport := uint16(40001 + j)
+				joinSyn := syn(fam.client, sport, fam.server, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 7, uint8(j+1), false))
+				if p := dp.pathOfMark(t, run(t, egress, joinSyn, skbContext{})); p != want {
+					t.Fatalf("join %d placed on path %d, want %d (active paths before the backup one)", j+1, p, want)
+				}
+				sa := synAck(fam.server, 5201, fam.client, sport, testpkt.MPJoinSYNACK(0x1122334455667788, 9, 0, false))
+				_, out := runOut(t, ingress, sa)
+				if want != 2 {
+					if string(out) != string(sa) {
+						t.Errorf("the SYN-ACK of the join on active path %d was changed", want)
+					}
+					continue
+				}
+				if !joinB(t, out) {
+					t.Fatal("the SYN-ACK of the join on the backup path has no B bit")
+				}
+				// Only the B bit changed (and the checksum, bytes 16-17 of TCP).
+				diff := 0
+				for i := range sa {
+					if sa[i] != out[i] {
+						diff++
+					}
+				}
+				if diff < 1 || diff > 3 {
+					t.Errorf("%d bytes changed, want the option byte and the checksum", diff)
+				}
+				rewritten = append(rewritten, out)
+				// Data into the pod on that subflow is left alone.
+				data := testpkt.Frame{Src: fam.server, Dst: fam.client, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: sport, Seq: 8, Ack: 2,
+					Flags: testpkt.ACK, Options: testpkt.DSS{DataACK: u64(1)}.Bytes(), Payload: make([]byte, 100)}}.Bytes()
+				if _, out := runOut(t, ingress, data); string(out) != string(data) {
+					t.Error("data into the pod on the backup subflow was changed")
+				}
+			}
+			decoded := tsharkDecode(t, rewritten, []string{"ip.checksum.status", "tcp.checksum.status", "tcp.options.mptcp.backup.flag"})
+			for _, d := range decoded {
+				if fam.name == "IPv4" && d["ip.checksum.status"] != tsharkGood {
+					t.Errorf("tshark: IP checksum status %q", d["ip.checksum.status"])
+				}
+				if d["tcp.checksum.status"] != tsharkGood {
+					t.Errorf("tshark: TCP checksum status %q", d["tcp.checksum.status"])
+				}
+				if d["tcp.options.mptcp.backup.flag"] != "1" {
+					t.Errorf("tshark: backup flag %q, want 1", d["tcp.options.mptcp.backup.flag"])
+				}
+			}
+			if n := stat(t, dp, StatBackupFlagged); n != 1 {
+				t.Errorf("StatBackupFlagged = %d, want 1", n)
+			}
+		})
+	}
+}
+
+// A join the peer opens, arriving on the NIC of the backup path: its SYN gets
+// the B bit on its way into the pod; one arriving on an active path's NIC
+// does not. In observe-only mode nothing is rewritten and the would-be
+// rewrite is counted.
+func TestBackupFlagsTheRemoteJoinSYNOnTheBackupPathsNIC(t *testing.T) {
+	dp := backupBed(t, serverPod)
+	const nicActive, nicBackup = 6, 7
+	if err := dp.SetNIC(nicActive, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetNIC(nicBackup, 2); err != nil {
+		t.Fatal(err)
+	}
+	ingress := dp.Program(HookPodIngress)
+	arrive := func(sport uint16, ifindex uint32) ([]byte, []byte) {
+		join := syn(clientPod, sport, serverPod, 5201, testpkt.MPJoinSYN(0x01020304, 5, 2, false))
+		run(t, dp.objs.NicIngress, join, skbContext{IngressIfindex: ifindex})
+		_, out := runOut(t, ingress, join)
+		return join, out
+	}
+	if in, out := arrive(45000, nicActive); string(in) != string(out) {
+		t.Error("a join arriving on an active path was changed")
+	}
+	_, out := arrive(45001, nicBackup)
+	if !joinB(t, out) {
+		t.Fatal("a join arriving on the backup path has no B bit on its way into the pod")
+	}
+	d := tsharkDecode(t, [][]byte{out}, []string{"tcp.checksum.status", "tcp.options.mptcp.backup.flag"})[0]
+	if d["tcp.checksum.status"] != tsharkGood || d["tcp.options.mptcp.backup.flag"] != "1" {
+		t.Errorf("tshark: %v, want a good checksum and backup flag 1", d)
+	}
+
+	if err := dp.SetObserveOnly(true); err != nil {
+		t.Fatal(err)
+	}
+	observed := stat(t, dp, StatObserved)
+	if in, out := arrive(45002, nicBackup); string(in) != string(out) {
+		t.Error("observe-only: the join was changed")
+	}
+	if stat(t, dp, StatObserved) <= observed {
+		t.Error("observe-only: the rewrite it would have made was not counted")
+	}
+	if n := stat(t, dp, StatBackupFlagged); n != 1 {
+		t.Errorf("StatBackupFlagged = %d, want 1 (none in observe-only mode)", n)
+	}
+}
+
+// The first subflow takes a backup path only when every active path is down.
+func TestBackupPathTakesTheFirstSubflowOnlyWhenActivePathsAreDown(t *testing.T) {
+	dp := backupBed(t, clientPod)
+	for _, p := range []uint32{0, 1} {
+		if err := dp.SetPathDown(p, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := dp.pathOfMark(t, run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})); p != 2 {
+		t.Fatalf("with both active paths down the connection started on path %d, want the backup path 2", p)
+	}
+}
+
+// A rule refuses backup paths without the header-rewriting opt-in, and a
+// path both active and backup.
+func TestBackupRuleValidation(t *testing.T) {
+	for name, r := range map[string]Rule{
+		"no opt-in":         {Paths: []uint32{0}, Backup: []uint32{1}},
+		"active and backup": {Paths: []uint32{0, 1}, Backup: []uint32{1}, RewriteHeaders: true},
+	} {
+		if err := r.Validate(); err == nil {
+			t.Errorf("%s: %+v accepted", name, r)
+		} else if name == "no opt-in" && !strings.Contains(err.Error(), "header-rewriting") {
+			t.Errorf("%s: error %q does not name the opt-in", name, err)
+		}
+	}
+}
