@@ -59,7 +59,7 @@ const (
 	// StatBackupFlagged: the backup actor set the MP_JOIN B bit on a
 	// join going into a pod.
 	StatBackupFlagged = datapathStatIdSTAT_BACKUP_FLAGGED
-	numStats           = int(datapathStatIdSTAT_MAX)
+	numStats          = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.
