@@ -1,0 +1,98 @@
+package e2e
+
+import (
+	"net/netip"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// ssMPTCPFlags matches the subflow flags ss prints for an MPTCP subflow
+// (iproute2: "tcp-ulp-mptcp flags:Jjecv ..."; B: the peer asked for backup,
+// i.e. the kernel treats the subflow as backup for its own sending).
+var ssMPTCPFlags = regexp.MustCompile(`tcp-ulp-mptcp flags:(\S+)`)
+
+// A rule with fabric-b as a backup path, on both nodes: the client pod's
+// join lands on fabric-b and, flagged by its node's agent on the way in, the
+// pod's kernel holds that subflow as backup (ss shows B). While fabric-a is
+// up the backup subflow carries under 5 % of what the pod sends; the
+// connection stays MPTCP and every byte arrives.
+func TestBackupSubflowIsBackupInThePodAndCarriesAlmostNothing(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	rule := agent.Rule{Paths: []string{framework.PathName(1)}, BackupPaths: []string{framework.PathName(2)}, HeaderRewriting: true}
+	agents, err := framework.StartAgents(background(t), bed, bins.Agent, rule, declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := background(t)
+	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
+	const port = 5401
+	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Proc.Stop(2 * time.Second) }()
+
+	_, tx0 := nicBytes(t, bed, bed.Node(1))
+	type result struct {
+		sent []testbed.SenderReport
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, port), true, "-conns", "1", "-duration", "6s")
+		done <- result{sent, err}
+	}()
+	// Mid-transfer, the client pod's kernel: two subflows, the one on the
+	// backup path flagged B.
+	time.Sleep(3 * time.Second)
+	out, err := bed.Command(client.NetNS, "ss", "-tniH", "state", "established").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ss in the client pod: %v: %s", err, out)
+	}
+	var flags []string
+	for _, m := range ssMPTCPFlags.FindAllStringSubmatch(string(out), -1) {
+		flags = append(flags, m[1])
+	}
+	backups := 0
+	for _, f := range flags {
+		if strings.Contains(f, "B") {
+			backups++
+		}
+	}
+	if len(flags) != 2 || backups != 1 {
+		t.Errorf("client pod's subflows have flags %v, want two subflows, one with B (backup):\n%s", flags, out)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	_, tx1 := nicBytes(t, bed, bed.Node(1))
+	got, err := srv.WaitReports(ctx, len(r.sent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testbed.MatchReports(r.sent, got); err != nil {
+		t.Fatal(err)
+	}
+	if !got[0].MPTCP {
+		t.Fatalf("the connection fell back to TCP: %+v", got[0])
+	}
+	active, backup := float64(tx1[0]-tx0[0]), float64(tx1[1]-tx0[1])
+	t.Logf("node 1 sent %.1f MB on the active path, %.3f MB on the backup path (%.2f%%)", active/1e6, backup/1e6, 100*backup/(active+backup))
+	if backup/(active+backup) >= 0.05 {
+		t.Errorf("the backup path carried %.2f%% of the bytes, want under 5%%", 100*backup/(active+backup))
+	}
+	var flagged float64
+	s := scrape(t, agents[0])
+	flagged, _ = s.Value("mptcp_agent_datapath_events_total", "event", agent.EventName(datapath.StatBackupFlagged))
+	if flagged < 1 {
+		t.Errorf("node 1's agent counted %v joins flagged backup, want at least 1", flagged)
+	}
+}
