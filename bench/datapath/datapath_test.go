@@ -113,15 +113,24 @@ var chainRules = []datapath.Rule{
 	{Paths: []uint32{4}, Ports: []datapath.PortRange{{First: 1, Last: 1024}, {First: 8000, Last: 9000}}},
 	{Paths: []uint32{4}, CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("172.16.0.0/12")}},
 	{Paths: []uint32{0, 1, 2, 3}, Weights: []uint32{4, 3, 2, 1}, Spread: datapath.SpreadWeighted,
-		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Ports: []datapath.PortRange{{First: 5000, Last: 5999}}},
+		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Ports: []datapath.PortRange{{First: 5000, Last: 5999}},
+		Backup: []uint32{5}, RewriteHeaders: true},
 }
 
 // fullChainActors configure, for the full-chain cases, the actors of the
 // rule the chain selects (rule id chainRuleBase+len(chainRules)-1): the
-// selector chain and spread are set by setupChain, the record actor's pod
-// counters exist with every endpoint. The rate and backup actors add their
-// configuration here when they land, so the full chain measures them all.
-var fullChainActors []func(b *testing.B, dp *datapath.Datapath, rule uint32)
+// selector chain, spread and backup paths are chainRules', the record
+// actor's pod counters exist with every endpoint, and police caps each
+// connection at 1 Tbit/s with a 1 GiB bucket: every data packet is charged
+// to its bucket and none is dropped (the check says so).
+var fullChainActors = []func(b *testing.B, dp *datapath.Datapath, rule uint32){
+	func(b *testing.B, dp *datapath.Datapath, rule uint32) {
+		c := datapath.RateConfig{Mode: datapath.RatePolice, PerConnection: 1e12, Directions: datapath.Egress | datapath.Ingress, BurstBytes: 1 << 30}
+		if err := dp.SetRateRule(rule, c); err != nil {
+			b.Fatal(err)
+		}
+	},
+}
 
 const chainRuleBase = 10
 
@@ -318,7 +327,7 @@ var cases = []benchCase{
 		}
 		return chainPlaced(dp)
 	}},
-	{name: "full chain: MPTCP data (DSS) of a subflow the chain placed (spread + record)", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
+	{name: "full chain: MPTCP data (DSS) of a subflow the chain placed (spread + police + backup + record)", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
 		setupChain(b, dp)
 		prog := dp.Program(datapath.HookPodEgress)
 		if _, err := prog.Run(&ebpf.RunOptions{Data: chainSYN}); err != nil {
@@ -335,6 +344,13 @@ var cases = []benchCase{
 		}
 		if pods[clientPod].TxPackets < repeat {
 			return fmt.Errorf("pod counters %+v: the record actor did not count every packet", pods[clientPod])
+		}
+		st, err := dp.Stats()
+		if err != nil {
+			return err
+		}
+		if st[datapath.StatRateDropConn] != 0 {
+			return fmt.Errorf("police dropped %d packets: the case measured drops, not the chain", st[datapath.StatRateDropConn])
 		}
 		return nil
 	}},
