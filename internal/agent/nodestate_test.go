@@ -178,8 +178,9 @@ func TestPolicyVariantsGetTheirOwnRules(t *testing.T) {
 // Every actor field of a compiled rule reaches the agent's Rule: selectors,
 // spread mode and weights, header rewriting and rate limits.
 func TestCompiledRuleActorsMapping(t *testing.T) {
-	usable := map[string]bool{"fabric-a": true, "fabric-b": true}
+	usable := map[string]bool{"fabric-a": true, "fabric-b": true, "lte": true}
 	cr := spread(1)
+	cr.BackupPaths = []string{"lte", "gone"}
 	cr.SpreadMode = mptcpv1alpha1.SpreadWeighted
 	cr.Paths = []mptcpv1alpha1.RulePath{{Name: "fabric-a", Weight: 3}, {Name: "fabric-b", Weight: 1}, {Name: "gone", Weight: 5}}
 	cr.Traffic = &mptcpv1alpha1.CompiledTraffic{CIDRs: []string{"10.244.0.0/16"}, Ports: []mptcpv1alpha1.PortRange{{Port: 5201}, {Port: 8000, EndPort: 8999}}, Family: mptcpv1alpha1.IPFamilyIPv4}
@@ -190,6 +191,9 @@ func TestCompiledRuleActorsMapping(t *testing.T) {
 	r, err := RuleFromCompiled(cr, usable)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !slices.Equal(r.BackupPaths, []string{"lte"}) {
+		t.Errorf("backup paths %v, want the one on this node, lte", r.BackupPaths)
 	}
 	if r.SpreadMode != "weighted" || r.Weights["fabric-a"] != 3 || r.Weights["fabric-b"] != 1 || len(r.Weights) != 2 {
 		t.Errorf("spread %q weights %v, want weighted fabric-a 3, fabric-b 1", r.SpreadMode, r.Weights)
