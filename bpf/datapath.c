@@ -855,6 +855,7 @@ int pod_ingress(struct __sk_buff *skb)
 		return TCX_NEXT;
 	count_subflow(sf, pkt.len, false);
 	backup_act(skb, &pkt, sf);
+	backup_prio_act(skb, &pkt, sf);
 	return rate_act(skb, &pkt, &fk, sf, RATE_DIR_INGRESS);
 }
 

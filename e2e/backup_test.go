@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,23 +53,7 @@ func TestBackupSubflowIsBackupInThePodAndCarriesAlmostNothing(t *testing.T) {
 	// Mid-transfer, the client pod's kernel: two subflows, the one on the
 	// backup path flagged B.
 	time.Sleep(3 * time.Second)
-	out, err := bed.Command(client.NetNS, "ss", "-tniH", "state", "established").CombinedOutput()
-	if err != nil {
-		t.Fatalf("ss in the client pod: %v: %s", err, out)
-	}
-	var flags []string
-	for _, m := range ssMPTCPFlags.FindAllStringSubmatch(string(out), -1) {
-		flags = append(flags, m[1])
-	}
-	backups := 0
-	for _, f := range flags {
-		if strings.Contains(f, "B") {
-			backups++
-		}
-	}
-	if len(flags) != 2 || backups != 1 {
-		t.Errorf("client pod's subflows have flags %v, want two subflows, one with B (backup):\n%s", flags, out)
-	}
+	requireOneBackupSubflow(t, bed, client)
 	r := <-done
 	if r.err != nil {
 		t.Fatal(r.err)
@@ -94,5 +79,103 @@ func TestBackupSubflowIsBackupInThePodAndCarriesAlmostNothing(t *testing.T) {
 	flagged, _ = s.Value("mptcp_agent_datapath_events_total", "event", agent.EventName(datapath.StatBackupFlagged))
 	if flagged < 1 {
 		t.Errorf("node 1's agent counted %v joins flagged backup, want at least 1", flagged)
+	}
+}
+
+// requireOneBackupSubflow fails the test unless pod's kernel has two
+// established MPTCP subflows, exactly one of them held as backup (B).
+func requireOneBackupSubflow(t *testing.T, bed *testbed.Bed, pod *testbed.Pod) {
+	t.Helper()
+	out, err := bed.Command(pod.NetNS, "ss", "-tniH", "state", "established").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ss in %s: %v: %s", pod.Name, err, out)
+	}
+	var flags []string
+	backups := 0
+	for _, m := range ssMPTCPFlags.FindAllStringSubmatch(string(out), -1) {
+		flags = append(flags, m[1])
+		if strings.Contains(m[1], "B") {
+			backups++
+		}
+	}
+	if len(flags) != 2 || backups != 1 {
+		t.Errorf("%s's subflows have flags %v, want two subflows, one with B (backup):\n%s", pod.Name, flags, out)
+	}
+}
+
+// A path that becomes a backup path while a connection runs on it: the
+// agent's reload makes the rule say so, the next pure ACK into the pod
+// carries an MP_PRIO, and the pod's kernel moves its sending off that
+// subflow (ss shows B; under 5 % of what the pod sends after the change
+// goes that way). The connection stays MPTCP and every byte arrives.
+func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	agents, err := framework.StartAgents(background(t), bed, bins.Agent, agent.Rule{HeaderRewriting: true}, declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := background(t)
+	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
+	const port = 5402
+	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Proc.Stop(2 * time.Second) }()
+	type result struct {
+		sent []testbed.SenderReport
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, port), true, "-conns", "1", "-duration", "10s")
+		done <- result{sent, err}
+	}()
+	time.Sleep(2 * time.Second)
+	_, tx0 := nicBytes(t, bed, bed.Node(1))
+	time.Sleep(time.Second)
+	_, tx1 := nicBytes(t, bed, bed.Node(1))
+	if d := tx1[1] - tx0[1]; d < 1e6 {
+		t.Fatalf("before the change fabric-b carried %d bytes in a second: the subflow is not spread, the test proves nothing", d)
+	}
+
+	cfg := agents[0].Config
+	cfg.Rules[0].Paths, cfg.Rules[0].BackupPaths = []string{framework.PathName(1)}, []string{framework.PathName(2)}
+	if err := agents[0].WriteConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := agents[0].Proc.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agents[0].WaitReconciles(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	_, tx2 := nicBytes(t, bed, bed.Node(1))
+	time.Sleep(4 * time.Second)
+	_, tx3 := nicBytes(t, bed, bed.Node(1))
+	requireOneBackupSubflow(t, bed, client)
+	active, backup := float64(tx3[0]-tx2[0]), float64(tx3[1]-tx2[1])
+	t.Logf("after the change node 1 sent %.1f MB on fabric-a, %.3f MB on fabric-b (%.2f%%)", active/1e6, backup/1e6, 100*backup/(active+backup))
+	if backup/(active+backup) >= 0.05 {
+		t.Errorf("the path made backup carried %.2f%% of the bytes after the change, want under 5%%", 100*backup/(active+backup))
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	got, err := srv.WaitReports(ctx, len(r.sent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testbed.MatchReports(r.sent, got); err != nil {
+		t.Fatal(err)
+	}
+	if !got[0].MPTCP {
+		t.Fatalf("the connection fell back to TCP: %+v", got[0])
+	}
+	sent, _ := scrape(t, agents[0]).Value("mptcp_agent_datapath_events_total", "event", agent.EventName(datapath.StatBackupPrioSent))
+	if sent < 1 {
+		t.Errorf("node 1's agent counted %v MP_PRIO sent, want at least 1", sent)
 	}
 }

@@ -46,7 +46,7 @@ static __always_inline bool join_into_pod(const struct packet *pkt, const struct
  * and the checksum updated from that word with the kernel's helper (right
  * under checksum offload too). A global function: verified once, its own
  * stack frame. */
-__noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, const struct subflow *sf)
+__noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struct subflow *sf)
 {
 	__u32 rule_id, l4, byte, word;
 	__be16 old, new;
@@ -72,8 +72,11 @@ __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, const
 	else
 		w[0] |= MPTCP_JOIN_BACKUP;
 	__builtin_memcpy(&new, w, sizeof(new));
-	if (new == old)
-		return 0; /* the sender asked for backup itself */
+	if (new == old) {
+		/* The sender asked for backup itself. */
+		sf->flags |= SUBFLOW_BACKUP;
+		return 0;
+	}
 	if (observe_only()) {
 		count(STAT_OBSERVED);
 		return 0;
@@ -82,6 +85,106 @@ __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, const
 		return 0;
 	if (bpf_skb_store_bytes(skb, l4 + word, w, sizeof(w), 0))
 		return 0;
+	sf->flags |= SUBFLOW_BACKUP;
 	count(STAT_BACKUP_FLAGGED);
+	return 0;
+}
+
+#define MPTCP_LEN_PRIO_V1 3 /* kind, length, subtype|B: RFC 8684 3.3.8, no address id */
+#define TCP_HDR_MAX	  60
+#define TCP_DOFF_WORD	  12 /* data offset and flags: the 16-bit word of the header holding doff */
+#define IPV4_TOT_LEN_OFF  2
+#define IPV4_CSUM_OFF	  10
+#define IPV6_PLEN_OFF	  4
+
+/* backup_prio_act tells the pod, with an MP_PRIO on a pure ACK going into it,
+ * that the subflow's path became a backup path of its rule after the join
+ * (B=1) or stopped being one (B=0), once per change. A pure ACK (no data,
+ * no SYN, FIN or RST, so never GSO) carries in-window sequence numbers and
+ * the peer's own timestamp, so the pod's kernel accepts it. The option is
+ * added at the tail of the TCP header, which is the tail of the packet: the
+ * packet grows by 4 bytes (the option and a NOP), and the data offset, the
+ * IP length and both checksums follow, each through the kernel's helpers. An
+ * ACK whose options leave no room passes as it is and is counted; the next
+ * one tries again. A global function: verified once, its own stack frame. */
+__noinline int backup_prio_act(struct __sk_buff *skb, const struct packet *pkt, struct subflow *sf)
+{
+	__u32 rule_id, l4, l3, hdr_len, tcp_len, want;
+	__u8 opt[4], w[2], doff;
+	__be16 old_w, new_w, old_len, new_len;
+	__s64 diff;
+	struct rule *r;
+
+	if (!skb || !pkt || !sf)
+		return 0;
+	if ((pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_ACK)) != TCP_FLAG_ACK)
+		return 0;
+	rule_id = sf->rule;
+	r = bpf_map_lookup_elem(&rules, &rule_id);
+	if (!r || !(r->flags & RULE_REWRITE_HEADERS))
+		return 0;
+	want = backup_path(r, sf->path) ? 1 : 0;
+	if (want == (sf->flags & SUBFLOW_BACKUP ? 1U : 0U))
+		return 0;
+	l4 = pkt->l4_off;
+	l3 = pkt->l3_off;
+	if (bpf_skb_load_bytes(skb, l4 + TCP_DOFF_WORD, w, sizeof(w)))
+		return 0;
+	doff = w[0] >> 4;
+	hdr_len = (__u32)doff * 4;
+	if (pkt->len != l4 + hdr_len || skb->gso_segs > 1)
+		return 0; /* carries data (or trailing bytes): not a pure ACK */
+	if (hdr_len + sizeof(opt) > TCP_HDR_MAX) {
+		count(STAT_BACKUP_PRIO_NO_ROOM);
+		return 0;
+	}
+	if (observe_only()) {
+		count(STAT_OBSERVED);
+		return 0;
+	}
+	tcp_len = hdr_len; /* pure ACK: the TCP length is the header's */
+	opt[0] = TCPOPT_MPTCP;
+	opt[1] = MPTCP_LEN_PRIO_V1;
+	opt[2] = (MPTCP_SUB_PRIO << 4) | (__u8)want;
+	opt[3] = TCPOPT_NOP;
+	if (bpf_skb_change_tail(skb, pkt->len + sizeof(opt), 0))
+		return 0;
+	if (bpf_skb_store_bytes(skb, l4 + hdr_len, opt, sizeof(opt), 0))
+		return 0;
+	/* The checksum: the option's bytes, the data offset, the length in
+	 * the pseudo-header. */
+	diff = bpf_csum_diff(NULL, 0, (__be32 *)opt, sizeof(opt), 0);
+	if (diff < 0 || bpf_l4_csum_replace(skb, l4 + TCP_CSUM_OFF, 0, (__u32)diff, 0))
+		return 0;
+	__builtin_memcpy(&old_w, w, sizeof(old_w));
+	w[0] = (__u8)((doff + 1) << 4) | (w[0] & 0x0f);
+	__builtin_memcpy(&new_w, w, sizeof(new_w));
+	if (bpf_l4_csum_replace(skb, l4 + TCP_CSUM_OFF, old_w, new_w, sizeof(new_w)) ||
+	    bpf_skb_store_bytes(skb, l4 + TCP_DOFF_WORD, w, sizeof(w), 0))
+		return 0;
+	if (bpf_l4_csum_replace(skb, l4 + TCP_CSUM_OFF, bpf_htons(tcp_len), bpf_htons(tcp_len + sizeof(opt)),
+				BPF_F_PSEUDO_HDR | sizeof(__be16)))
+		return 0;
+	/* The IP length: IPv4's total length (and its header checksum), or
+	 * IPv6's payload length (extension headers included). */
+	if (pkt->family == AF_INET) {
+		if (bpf_skb_load_bytes(skb, l3 + IPV4_TOT_LEN_OFF, &old_len, sizeof(old_len)))
+			return 0;
+		new_len = bpf_htons(bpf_ntohs(old_len) + sizeof(opt));
+		if (bpf_l3_csum_replace(skb, l3 + IPV4_CSUM_OFF, old_len, new_len, sizeof(new_len)) ||
+		    bpf_skb_store_bytes(skb, l3 + IPV4_TOT_LEN_OFF, &new_len, sizeof(new_len), 0))
+			return 0;
+	} else {
+		if (bpf_skb_load_bytes(skb, l3 + IPV6_PLEN_OFF, &old_len, sizeof(old_len)))
+			return 0;
+		new_len = bpf_htons(bpf_ntohs(old_len) + sizeof(opt));
+		if (bpf_skb_store_bytes(skb, l3 + IPV6_PLEN_OFF, &new_len, sizeof(new_len), 0))
+			return 0;
+	}
+	if (want)
+		sf->flags |= SUBFLOW_BACKUP;
+	else
+		sf->flags &= ~SUBFLOW_BACKUP;
+	count(STAT_BACKUP_PRIO_SENT);
 	return 0;
 }

@@ -46,16 +46,18 @@ enum stat_id {
 	STAT_SUBFLOW_INSERT, /* new entries written to subflows (LRU evictions = inserts - live - forgotten)
 			      */
 	STAT_CONN_INSERT,    /* new entries written to conn_states */
-	STAT_MAP_UPDATE_FAILED, /* a subflows/conn_states update the kernel refused */
-	STAT_SUBFLOW_FORGOTTEN, /* subflows deleted by the agent (written from user space, CPU 0) */
-	STAT_CONN_FORGOTTEN,	/* connections deleted by the agent (written from user space, CPU 0) */
-	STAT_RATE_DROP_CONN,	/* police: dropped, the connection's bucket was empty */
-	STAT_RATE_DROP_POD,	/* police: dropped, the pod's bucket was empty */
-	STAT_RATE_DROP_PATH,	/* police: dropped, the path's bucket was empty */
-	STAT_RATE_WND_LOWERED,	/* window: an ACK's receive window lowered to the cap */
-	STAT_RATE_NO_WSCALE,	/* window: handshake not seen, scale unknown, ACK left alone */
-	STAT_RATE_SHAPED,	/* shape: packets given an HTB class at a NIC */
-	STAT_BACKUP_FLAGGED,	/* backup: MP_JOIN B bit set on a join into a pod */
+	STAT_MAP_UPDATE_FAILED,	  /* a subflows/conn_states update the kernel refused */
+	STAT_SUBFLOW_FORGOTTEN,	  /* subflows deleted by the agent (written from user space, CPU 0) */
+	STAT_CONN_FORGOTTEN,	  /* connections deleted by the agent (written from user space, CPU 0) */
+	STAT_RATE_DROP_CONN,	  /* police: dropped, the connection's bucket was empty */
+	STAT_RATE_DROP_POD,	  /* police: dropped, the pod's bucket was empty */
+	STAT_RATE_DROP_PATH,	  /* police: dropped, the path's bucket was empty */
+	STAT_RATE_WND_LOWERED,	  /* window: an ACK's receive window lowered to the cap */
+	STAT_RATE_NO_WSCALE,	  /* window: handshake not seen, scale unknown, ACK left alone */
+	STAT_RATE_SHAPED,	  /* shape: packets given an HTB class at a NIC */
+	STAT_BACKUP_FLAGGED,	  /* backup: MP_JOIN B bit set on a join into a pod */
+	STAT_BACKUP_PRIO_SENT,	  /* backup: MP_PRIO added to a pure ACK into a pod (path role changed) */
+	STAT_BACKUP_PRIO_NO_ROOM, /* backup: MP_PRIO due but the ACK\'s options were full */
 	STAT_MAX,
 };
 
@@ -96,6 +98,10 @@ enum subflow_role {
  * same, so the pod's replies leave by the NIC the peer chose). */
 #define RULE_NONE 0xffffffffU
 
+/* The pod's kernel holds the subflow as backup: its join came in flagged B,
+ * or an MP_PRIO said so since (backup actor). */
+#define SUBFLOW_BACKUP (1U << 0)
+
 struct subflow {
 	__u32 path;  /* path index, 0-based */
 	__u32 role;  /* enum subflow_role */
@@ -107,7 +113,7 @@ struct subflow {
 	 * subflows. Counted at the pod's veth with atomic adds: a subflow's
 	 * packets mostly stay on one CPU, so the cache line rarely moves. */
 	__u32 conn;
-	__u32 pad;
+	__u32 flags;	  /* SUBFLOW_*, set by actors */
 	__u64 tx_packets; /* sent by the pod */
 	__u64 tx_bytes;
 	__u64 rx_packets; /* received by the pod */

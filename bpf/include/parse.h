@@ -105,6 +105,7 @@ struct packet {
 	/* Per known subtype (0..MPTCP_SUB_TCPRST): offset of the option from
 	 * the start of the TCP header (0: absent, options start at 20). */
 	__u8 mptcp_off[MPTCP_SUB_TCPRST + 1];
+	__u16 l3_off; /* offset of the IP header from the start of the frame */
 };
 
 static __always_inline bool has_mptcp(const struct packet *pkt, __u32 subtype)
@@ -186,6 +187,7 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 		o += sizeof(tag);
 	}
 
+	pkt->l3_off = o;
 	if (h_proto == bpf_htons(ETH_P_IP)) {
 		struct ipv4_hdr ip;
 		__u32 ihl;

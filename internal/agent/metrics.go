@@ -60,6 +60,8 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatRateNoWscale:     "rate_window_scale_unknown",
 	datapath.StatRateShaped:       "rate_shape_classified",
 	datapath.StatBackupFlagged:    "backup_join_flagged",
+	datapath.StatBackupPrioSent:   "backup_prio_sent",
+	datapath.StatBackupPrioNoRoom: "backup_prio_no_room",
 }
 
 // EventName is the label value of a datapath counter in

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -204,5 +205,117 @@ func TestBackupRuleValidation(t *testing.T) {
 		} else if name == "no opt-in" && !strings.Contains(err.Error(), "header-rewriting") {
 			t.Errorf("%s: error %q does not name the opt-in", name, err)
 		}
+	}
+}
+
+// pureACK is an ACK from server to client with timestamps and a DSS
+// DATA_ACK and no data, as a peer acknowledges what the pod sent.
+func pureACK(server, client netip.Addr, dport uint16, extra ...[]byte) []byte {
+	opts := testpkt.Join(append([][]byte{testpkt.NOP(), testpkt.NOP(), testpkt.Timestamps(100, 200), testpkt.DSS{DataACK: u64(5000)}.Bytes()}, extra...)...)
+	return testpkt.Frame{Src: server, Dst: client, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: dport, Seq: 8, Ack: 2, Flags: testpkt.ACK, Options: opts}}.Bytes()
+}
+
+// A subflow whose path becomes a backup path after its join hears so from
+// an MP_PRIO (v1, length 3, B=1) added to the next pure ACK going into the
+// pod, and hears the reverse (B=0) once the path is active again: once per
+// change, never on a packet with data, and not when the ACK's options are
+// full (counted). The grown packet's lengths and checksums are right, as
+// tshark decodes them, IPv4 and IPv6.
+func TestBackupMPPrioTellsThePodOfARoleChangeOnPureACKsOnly(t *testing.T) {
+	for _, fam := range []struct {
+		name           string
+		client, server netip.Addr
+	}{
+		{"IPv4", clientPod, serverPod},
+		{"IPv6", netip.MustParseAddr("fd00:244:1::11"), netip.MustParseAddr("fd00:244:2::11")},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			dp := backupBed(t, fam.client)
+			egress, ingress := dp.Program(HookPodEgress), dp.Program(HookPodIngress)
+			const serverKey = 0x0102030405060708
+			first := dp.pathOfMark(t, run(t, egress, syn(fam.client, 40000, fam.server, 5201, testpkt.MPCapableSYN()), skbContext{}))
+			run(t, egress, capableACK(fam.client, 40000, fam.server, 5201, 0x0a0b0c0d0e0f1011, serverKey), skbContext{})
+			const sport = 40001
+			join := syn(fam.client, sport, fam.server, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false))
+			active := dp.pathOfMark(t, run(t, egress, join, skbContext{}))
+			if active != 1-first {
+				t.Fatalf("join placed on path %d, want the other active path %d", active, 1-first)
+			}
+			sa := synAck(fam.server, 5201, fam.client, sport, testpkt.MPJoinSYNACK(0x1122334455667788, 9, 0, false))
+			if _, out := runOut(t, ingress, sa); string(out) != string(sa) {
+				t.Fatal("the join on an active path was flagged")
+			}
+			ack := pureACK(fam.server, fam.client, sport)
+			if _, out := runOut(t, ingress, ack); string(out) != string(ack) {
+				t.Fatal("a pure ACK on an unchanged active subflow was changed")
+			}
+
+			// The join's path becomes a backup path.
+			if err := dp.SetRule(0, Rule{Paths: []uint32{first}, Backup: []uint32{active, 2}, RewriteHeaders: true}); err != nil {
+				t.Fatal(err)
+			}
+			data := testpkt.Frame{Src: fam.server, Dst: fam.client, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: sport, Seq: 8, Ack: 2,
+				Flags: testpkt.ACK, Options: testpkt.DSS{DataACK: u64(1)}.Bytes(), Payload: make([]byte, 100)}}.Bytes()
+			if _, out := runOut(t, ingress, data); string(out) != string(data) {
+				t.Error("a packet with data got changed")
+			}
+			// NOPs fill the options to 40 bytes: no room for MP_PRIO.
+			base := len(ack) - tcpOffset(ack) - 20
+			nops := make([]byte, 40-base)
+			for i := range nops {
+				nops[i] = 1
+			}
+			full := pureACK(fam.server, fam.client, sport, nops)
+			if got := len(full) - tcpOffset(full) - 20; got != 40 {
+				t.Fatalf("test frame has %d bytes of options, want 40", got)
+			}
+			if _, out := runOut(t, ingress, full); string(out) != string(full) {
+				t.Error("an ACK with full options was changed")
+			}
+			if n := stat(t, dp, StatBackupPrioNoRoom); n != 1 {
+				t.Errorf("StatBackupPrioNoRoom = %d, want 1", n)
+			}
+			_, toBackup := runOut(t, ingress, ack)
+			if _, again := runOut(t, ingress, ack); string(again) != string(ack) {
+				t.Error("MP_PRIO sent twice for one change")
+			}
+
+			// Active again.
+			if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}, Backup: []uint32{2}, RewriteHeaders: true}); err != nil {
+				t.Fatal(err)
+			}
+			_, toActive := runOut(t, ingress, ack)
+
+			for i, c := range []struct {
+				out []byte
+				b   string
+			}{{toBackup, "1"}, {toActive, "0"}} {
+				if len(c.out) != len(ack)+4 {
+					t.Fatalf("MP_PRIO %d: %d bytes, want the ACK's %d + 4", i+1, len(c.out), len(ack))
+				}
+				hdr := len(ack) - tcpOffset(ack)
+				opt := c.out[tcpOffset(c.out)+hdr : tcpOffset(c.out)+hdr+4]
+				if want := []byte{30, 3, 0x50 | map[string]byte{"1": 1, "0": 0}[c.b], 1}; string(opt) != string(want) {
+					t.Errorf("MP_PRIO %d: option bytes % x, want % x (kind 30, length 3, subtype 5, B, then a NOP)", i+1, opt, want)
+				}
+			}
+			decoded := tsharkDecode(t, [][]byte{toBackup, toActive}, []string{"ip.checksum.status", "tcp.checksum.status",
+				"tcp.hdr_len", "tcp.options.mptcp.subtype", "tcp.options.mptcp.backup.flag", "tcp.len"})
+			for i, d := range decoded {
+				if fam.name == "IPv4" && d["ip.checksum.status"] != tsharkGood {
+					t.Errorf("MP_PRIO %d: tshark: IP checksum status %q", i+1, d["ip.checksum.status"])
+				}
+				if want := fmt.Sprint(len(ack) - tcpOffset(ack) + 4); d["tcp.checksum.status"] != tsharkGood || d["tcp.hdr_len"] != want || d["tcp.len"] != "0" {
+					t.Errorf("MP_PRIO %d: tshark: %v, want a good checksum, a %s-byte header and no data", i+1, d, want)
+				}
+				if d["tcp.options.mptcp.subtype"] != "2,5" || d["tcp.options.mptcp.backup.flag"] != []string{"1", "0"}[i] {
+					t.Errorf("MP_PRIO %d: tshark: subtypes %q backup %q, want DSS and MP_PRIO with B=%s", i+1,
+						d["tcp.options.mptcp.subtype"], d["tcp.options.mptcp.backup.flag"], []string{"1", "0"}[i])
+				}
+			}
+			if n := stat(t, dp, StatBackupPrioSent); n != 2 {
+				t.Errorf("StatBackupPrioSent = %d, want 2", n)
+			}
+		})
 	}
 }

@@ -206,37 +206,39 @@ const (
 type datapathStatId uint32
 
 const (
-	datapathStatIdSTAT_PACKETS            datapathStatId = 0
-	datapathStatIdSTAT_NOT_TCP            datapathStatId = 1
-	datapathStatIdSTAT_MALFORMED          datapathStatId = 2
-	datapathStatIdSTAT_MPTCP_SYN          datapathStatId = 3
-	datapathStatIdSTAT_JOIN_SYN           datapathStatId = 4
-	datapathStatIdSTAT_JOIN_TOKEN_KNOWN   datapathStatId = 5
-	datapathStatIdSTAT_JOIN_TOKEN_UNKNOWN datapathStatId = 6
-	datapathStatIdSTAT_TOKEN_LEARNT       datapathStatId = 7
-	datapathStatIdSTAT_SUBFLOW_PLACED     datapathStatId = 8
-	datapathStatIdSTAT_SUBFLOW_MIRRORED   datapathStatId = 9
-	datapathStatIdSTAT_MARKED             datapathStatId = 10
-	datapathStatIdSTAT_NO_PATH            datapathStatId = 11
-	datapathStatIdSTAT_PATHS_EXHAUSTED    datapathStatId = 12
-	datapathStatIdSTAT_MPTCP_OPT_INVALID  datapathStatId = 13
-	datapathStatIdSTAT_OBSERVED           datapathStatId = 14
-	datapathStatIdSTAT_NO_RULE_MATCH      datapathStatId = 15
-	datapathStatIdSTAT_PATH_DOWN_SKIPPED  datapathStatId = 16
-	datapathStatIdSTAT_ALL_PATHS_DOWN     datapathStatId = 17
-	datapathStatIdSTAT_SUBFLOW_INSERT     datapathStatId = 18
-	datapathStatIdSTAT_CONN_INSERT        datapathStatId = 19
-	datapathStatIdSTAT_MAP_UPDATE_FAILED  datapathStatId = 20
-	datapathStatIdSTAT_SUBFLOW_FORGOTTEN  datapathStatId = 21
-	datapathStatIdSTAT_CONN_FORGOTTEN     datapathStatId = 22
-	datapathStatIdSTAT_RATE_DROP_CONN     datapathStatId = 23
-	datapathStatIdSTAT_RATE_DROP_POD      datapathStatId = 24
-	datapathStatIdSTAT_RATE_DROP_PATH     datapathStatId = 25
-	datapathStatIdSTAT_RATE_WND_LOWERED   datapathStatId = 26
-	datapathStatIdSTAT_RATE_NO_WSCALE     datapathStatId = 27
-	datapathStatIdSTAT_RATE_SHAPED        datapathStatId = 28
-	datapathStatIdSTAT_BACKUP_FLAGGED     datapathStatId = 29
-	datapathStatIdSTAT_MAX                datapathStatId = 30
+	datapathStatIdSTAT_PACKETS             datapathStatId = 0
+	datapathStatIdSTAT_NOT_TCP             datapathStatId = 1
+	datapathStatIdSTAT_MALFORMED           datapathStatId = 2
+	datapathStatIdSTAT_MPTCP_SYN           datapathStatId = 3
+	datapathStatIdSTAT_JOIN_SYN            datapathStatId = 4
+	datapathStatIdSTAT_JOIN_TOKEN_KNOWN    datapathStatId = 5
+	datapathStatIdSTAT_JOIN_TOKEN_UNKNOWN  datapathStatId = 6
+	datapathStatIdSTAT_TOKEN_LEARNT        datapathStatId = 7
+	datapathStatIdSTAT_SUBFLOW_PLACED      datapathStatId = 8
+	datapathStatIdSTAT_SUBFLOW_MIRRORED    datapathStatId = 9
+	datapathStatIdSTAT_MARKED              datapathStatId = 10
+	datapathStatIdSTAT_NO_PATH             datapathStatId = 11
+	datapathStatIdSTAT_PATHS_EXHAUSTED     datapathStatId = 12
+	datapathStatIdSTAT_MPTCP_OPT_INVALID   datapathStatId = 13
+	datapathStatIdSTAT_OBSERVED            datapathStatId = 14
+	datapathStatIdSTAT_NO_RULE_MATCH       datapathStatId = 15
+	datapathStatIdSTAT_PATH_DOWN_SKIPPED   datapathStatId = 16
+	datapathStatIdSTAT_ALL_PATHS_DOWN      datapathStatId = 17
+	datapathStatIdSTAT_SUBFLOW_INSERT      datapathStatId = 18
+	datapathStatIdSTAT_CONN_INSERT         datapathStatId = 19
+	datapathStatIdSTAT_MAP_UPDATE_FAILED   datapathStatId = 20
+	datapathStatIdSTAT_SUBFLOW_FORGOTTEN   datapathStatId = 21
+	datapathStatIdSTAT_CONN_FORGOTTEN      datapathStatId = 22
+	datapathStatIdSTAT_RATE_DROP_CONN      datapathStatId = 23
+	datapathStatIdSTAT_RATE_DROP_POD       datapathStatId = 24
+	datapathStatIdSTAT_RATE_DROP_PATH      datapathStatId = 25
+	datapathStatIdSTAT_RATE_WND_LOWERED    datapathStatId = 26
+	datapathStatIdSTAT_RATE_NO_WSCALE      datapathStatId = 27
+	datapathStatIdSTAT_RATE_SHAPED         datapathStatId = 28
+	datapathStatIdSTAT_BACKUP_FLAGGED      datapathStatId = 29
+	datapathStatIdSTAT_BACKUP_PRIO_SENT    datapathStatId = 30
+	datapathStatIdSTAT_BACKUP_PRIO_NO_ROOM datapathStatId = 31
+	datapathStatIdSTAT_MAX                 datapathStatId = 32
 )
 
 type datapathSubflow struct {
@@ -247,7 +249,7 @@ type datapathSubflow struct {
 	Rule      uint32
 	CreatedNs uint64
 	Conn      uint32
-	Pad       uint32
+	Flags     uint32
 	TxPackets uint64
 	TxBytes   uint64
 	RxPackets uint64

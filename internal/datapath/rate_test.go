@@ -18,12 +18,13 @@ const tcActShot = 2 // TC_ACT_SHOT
 // program left it.
 func runOut(t *testing.T, prog *ebpf.Program, frame []byte) (uint32, []byte) {
 	t.Helper()
-	data := make([]byte, len(frame)+256)
-	ret, err := prog.Run(&ebpf.RunOptions{Data: frame, DataOut: data, Context: skbContext{}, ContextOut: &skbContext{}})
+	opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Context: skbContext{}, ContextOut: &skbContext{}}
+	ret, err := prog.Run(opts)
 	if err != nil {
 		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
 	}
-	return ret, data[:len(frame)]
+	// The packet as the program left it: a program may grow it.
+	return ret, opts.DataOut
 }
 
 // rateBed is a datapath with rule 0 on path 0 selecting client, and rule 0's

@@ -59,7 +59,12 @@ const (
 	// StatBackupFlagged: the backup actor set the MP_JOIN B bit on a
 	// join going into a pod.
 	StatBackupFlagged = datapathStatIdSTAT_BACKUP_FLAGGED
-	numStats          = int(datapathStatIdSTAT_MAX)
+	// StatBackupPrioSent: an MP_PRIO added to a pure ACK going into a pod
+	// whose subflow's path changed role; StatBackupPrioNoRoom: one was due
+	// but the ACK's options left no room.
+	StatBackupPrioSent   = datapathStatIdSTAT_BACKUP_PRIO_SENT
+	StatBackupPrioNoRoom = datapathStatIdSTAT_BACKUP_PRIO_NO_ROOM
+	numStats             = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.
