@@ -856,6 +856,7 @@ int pod_ingress(struct __sk_buff *skb)
 	count_subflow(sf, pkt.len, false);
 	backup_act(skb, &pkt, sf);
 	backup_prio_act(skb, &pkt, sf);
+	block_add_addr(skb, &pkt, sf);
 	return rate_act(skb, &pkt, &fk, sf, RATE_DIR_INGRESS);
 }
 

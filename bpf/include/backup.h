@@ -188,3 +188,54 @@ __noinline int backup_prio_act(struct __sk_buff *skb, const struct packet *pkt, 
 	count(STAT_BACKUP_PRIO_SENT);
 	return 0;
 }
+
+/* block_add_addr turns an ADD_ADDR going into the pod into NOPs when the
+ * subflow's rule allows its connections no join (max_subflows 1): the
+ * announcement would only make the pod open joins the policy refuses. The
+ * option block keeps its length (every byte of the option becomes a NOP, 1),
+ * so nothing else moves; the checksum follows from the difference over the
+ * whole option block, which starts 4-byte aligned in the TCP header. Only
+ * with the header-rewriting opt-in. A global function: verified once. */
+__noinline int block_add_addr(struct __sk_buff *skb, const struct packet *pkt, const struct subflow *sf)
+{
+	__u8 old[TCP_MAX_OPTIONS_LEN], new[TCP_MAX_OPTIONS_LEN], w[2];
+	__u32 rule_id, l4, optlen, start, len;
+	struct rule *r;
+	__s64 diff;
+
+	if (!skb || !pkt || !sf || !has_mptcp(pkt, MPTCP_SUB_ADD_ADDR))
+		return 0;
+	rule_id = sf->rule;
+	r = bpf_map_lookup_elem(&rules, &rule_id);
+	if (!r || !(r->flags & RULE_REWRITE_HEADERS) || r->max_subflows != 1)
+		return 0;
+	l4 = pkt->l4_off;
+	if (bpf_skb_load_bytes(skb, l4 + TCP_DOFF_WORD, w, sizeof(w)))
+		return 0;
+	optlen = (__u32)(w[0] >> 4) * 4;
+	if (optlen <= 20 || optlen > TCP_HDR_MAX)
+		return 0;
+	optlen -= 20;
+	if (bpf_skb_load_bytes(skb, l4 + 20, old, optlen))
+		return 0;
+	start = pkt->mptcp_off[MPTCP_SUB_ADD_ADDR] - 20; /* within the option block */
+	if (start >= TCP_MAX_OPTIONS_LEN - 1)
+		return 0;
+	len = old[start + 1];
+	if (observe_only()) {
+		count(STAT_OBSERVED);
+		return 0;
+	}
+	__builtin_memcpy(new, old, sizeof(new));
+	for (__u32 i = 0; i < TCP_MAX_OPTIONS_LEN; i++) {
+		if (i >= start && i < start + len)
+			new[i] = TCPOPT_NOP;
+	}
+	diff = bpf_csum_diff((__be32 *)old, optlen, (__be32 *)new, optlen, 0);
+	if (diff < 0 || bpf_l4_csum_replace(skb, l4 + TCP_CSUM_OFF, 0, (__u32)diff, 0))
+		return 0;
+	if (bpf_skb_store_bytes(skb, l4 + 20, new, optlen, 0))
+		return 0;
+	count(STAT_ADD_ADDR_BLOCKED);
+	return 0;
+}

@@ -58,6 +58,7 @@ enum stat_id {
 	STAT_BACKUP_FLAGGED,	  /* backup: MP_JOIN B bit set on a join into a pod */
 	STAT_BACKUP_PRIO_SENT,	  /* backup: MP_PRIO added to a pure ACK into a pod (path role changed) */
 	STAT_BACKUP_PRIO_NO_ROOM, /* backup: MP_PRIO due but the ACK\'s options were full */
+	STAT_ADD_ADDR_BLOCKED,	  /* block: an ADD_ADDR into a pod whose rule allows no join, made NOPs */
 	STAT_MAX,
 };
 
@@ -200,7 +201,7 @@ struct rule {
 	__u8 match;  /* MATCH_*; 0 means MATCH_INITIAL | MATCH_JOIN */
 	__u8 spread; /* enum spread_mode */
 	__u8 nports;
-	__u32 reserved;
+	__u32 max_subflows; /* block: a connection's subflows, the first included; 0: no limit */
 	struct port_range ports[MAX_RULE_PORTS];
 	__u8 weights[MAX_PATHS + 1]; /* SPREAD_WEIGHTED: per slot of paths, 1..255 */
 };

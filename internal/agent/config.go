@@ -135,6 +135,7 @@ func (r Rule) datapathRule(paths map[string]Path) (datapath.Rule, error) {
 	}
 	out.Spread = mode
 	out.RewriteHeaders = r.HeaderRewriting
+	out.MaxSubflows = uint32(max(r.MaxSubflows, 0))
 	for _, name := range r.BackupPaths {
 		out.Backup = append(out.Backup, paths[name].Index)
 	}

@@ -62,6 +62,7 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatBackupFlagged:    "backup_join_flagged",
 	datapath.StatBackupPrioSent:   "backup_prio_sent",
 	datapath.StatBackupPrioNoRoom: "backup_prio_no_room",
+	datapath.StatAddAddrBlocked:   "add_addr_blocked",
 }
 
 // EventName is the label value of a datapath counter in

@@ -319,3 +319,71 @@ func TestBackupMPPrioTellsThePodOfARoleChangeOnPureACKsOnly(t *testing.T) {
 		})
 	}
 }
+
+// A rule that allows its connections no join (maxSubflows 1) turns an
+// ADD_ADDR going into its pod into NOPs: the option block keeps its length,
+// nothing else changes, the checksum stays right (tshark), and tshark no
+// longer finds an ADD_ADDR. Under a rule that allows joins, or without the
+// header-rewriting opt-in, the packet passes byte for byte.
+func TestBlockTurnsADDADDRIntoNOPsWhenNoJoinIsAllowed(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		addAddr []byte
+	}{
+		{"IPv4 address with port", testpkt.AddAddr(3, netip.MustParseAddr("10.244.2.12"), 5301, false, 0x1122334455667788)},
+		{"IPv6 address, echo", testpkt.AddAddr(4, netip.MustParseAddr("fd00:244:2::12"), 0, true, 0)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dp := loadForTest(t)
+			rule := Rule{Paths: []uint32{0, 1}, MaxSubflows: 1, RewriteHeaders: true}
+			if err := dp.SetRule(0, rule); err != nil {
+				t.Fatal(err)
+			}
+			if err := dp.SetEndpoint(clientPod, 0); err != nil {
+				t.Fatal(err)
+			}
+			run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+			ack := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: 40000, Seq: 8, Ack: 2, Flags: testpkt.ACK,
+				Options: testpkt.Join(testpkt.DSS{DataACK: u64(1)}.Bytes(), c.addAddr)}}.Bytes()
+			ingress := dp.Program(HookPodIngress)
+			_, out := runOut(t, ingress, ack)
+			if len(out) != len(ack) {
+				t.Fatalf("%d bytes out, %d in: the option block must keep its length", len(out), len(ack))
+			}
+			// The ADD_ADDR's bytes are NOPs; every other byte but the
+			// checksum is as it was.
+			opts := tcpOffset(ack) + 20
+			dssLen := len(testpkt.DSS{DataACK: u64(1)}.Bytes())
+			for i := range ack {
+				switch {
+				case i == tcpOffset(ack)+16 || i == tcpOffset(ack)+17:
+				case i >= opts+dssLen && i < opts+dssLen+len(c.addAddr):
+					if out[i] != 1 {
+						t.Fatalf("byte %d of the ADD_ADDR is %#x, want a NOP", i-opts-dssLen, out[i])
+					}
+				case out[i] != ack[i]:
+					t.Fatalf("byte %d changed (%#x -> %#x), outside the ADD_ADDR", i, ack[i], out[i])
+				}
+			}
+			d := tsharkDecode(t, [][]byte{out}, []string{"tcp.checksum.status", "tcp.options.mptcp.subtype", "tcp.hdr_len"})[0]
+			if d["tcp.checksum.status"] != tsharkGood || d["tcp.options.mptcp.subtype"] != "2" || d["tcp.hdr_len"] != fmt.Sprint(len(ack)-tcpOffset(ack)) {
+				t.Errorf("tshark: %v, want a good checksum, the DSS alone, the same header length", d)
+			}
+			if n := stat(t, dp, StatAddAddrBlocked); n != 1 {
+				t.Errorf("StatAddAddrBlocked = %d, want 1", n)
+			}
+
+			for _, other := range []Rule{
+				{Paths: []uint32{0, 1}, MaxSubflows: 2, RewriteHeaders: true},
+				{Paths: []uint32{0, 1}, MaxSubflows: 1},
+			} {
+				if err := dp.SetRule(0, other); err != nil {
+					t.Fatal(err)
+				}
+				if _, out := runOut(t, ingress, ack); string(out) != string(ack) {
+					t.Errorf("rule %+v: the ADD_ADDR was changed", other)
+				}
+			}
+		})
+	}
+}

@@ -174,19 +174,19 @@ type datapathRateWindow struct {
 }
 
 type datapathRule struct {
-	_        structs.HostLayout
-	Npaths   uint32
-	Flags    uint32
-	Rr       uint32
-	Nbackup  uint32
-	Paths    [16]uint8
-	Family   uint8
-	Match    uint8
-	Spread   uint8
-	Nports   uint8
-	Reserved uint32
-	Ports    [8]datapathPortRange
-	Weights  [16]uint8
+	_           structs.HostLayout
+	Npaths      uint32
+	Flags       uint32
+	Rr          uint32
+	Nbackup     uint32
+	Paths       [16]uint8
+	Family      uint8
+	Match       uint8
+	Spread      uint8
+	Nports      uint8
+	MaxSubflows uint32
+	Ports       [8]datapathPortRange
+	Weights     [16]uint8
 }
 
 type datapathSettingsValue struct {
@@ -238,7 +238,8 @@ const (
 	datapathStatIdSTAT_BACKUP_FLAGGED      datapathStatId = 29
 	datapathStatIdSTAT_BACKUP_PRIO_SENT    datapathStatId = 30
 	datapathStatIdSTAT_BACKUP_PRIO_NO_ROOM datapathStatId = 31
-	datapathStatIdSTAT_MAX                 datapathStatId = 32
+	datapathStatIdSTAT_ADD_ADDR_BLOCKED    datapathStatId = 32
+	datapathStatIdSTAT_MAX                 datapathStatId = 33
 )
 
 type datapathSubflow struct {

@@ -11,6 +11,8 @@ import (
 
 // Limits of the datapath's maps (bpf/include/common.h).
 const (
+	// MaxSubflows is the kernel's cap on a connection's subflows.
+	MaxSubflows = 8
 	// MaxRules is how many rule ids the rules map holds (ids 0..MaxRules-1).
 	MaxRules = 256
 	// MaxPodRules is how many rules one pod's selector chain can hold.
@@ -97,8 +99,12 @@ type Rule struct {
 	// path is up.
 	Backup []uint32
 	// RewriteHeaders is the admin's opt-in to rewriting the pods' packet
-	// headers (the backup actor's B bit).
+	// headers (the backup actor's B bit and MP_PRIO, the block actor's
+	// ADD_ADDR NOPs).
 	RewriteHeaders bool
+	// MaxSubflows caps a connection's subflows, the first included (0: no
+	// cap). At 1, ADD_ADDRs going into the rule's pods become NOPs.
+	MaxSubflows uint32
 	// Family, CIDRs (of the remote address), Ports and Match select the
 	// traffic; zero values select everything.
 	Family Family
@@ -123,6 +129,9 @@ func (r Rule) Validate() error {
 		if slices.Contains(all[:i], p) {
 			return fmt.Errorf("path index %d listed twice (paths and backup paths are disjoint)", p)
 		}
+	}
+	if r.MaxSubflows > MaxSubflows {
+		return fmt.Errorf("max subflows %d, at most %d (the kernel's limit)", r.MaxSubflows, MaxSubflows)
 	}
 	if len(r.Backup) > 0 && !r.RewriteHeaders {
 		return errors.New("backup paths flag joins by rewriting MP_JOIN, which needs the header-rewriting opt-in")
@@ -211,7 +220,7 @@ func (d *Datapath) SetRule(id uint32, r Rule) error {
 		return fmt.Errorf("rule %d: reading: %w", id, err)
 	}
 	rr := v.Rr
-	v = datapathRule{Rr: rr, Npaths: uint32(len(r.Paths) + len(r.Backup)), Nbackup: uint32(len(r.Backup)),
+	v = datapathRule{Rr: rr, Npaths: uint32(len(r.Paths) + len(r.Backup)), Nbackup: uint32(len(r.Backup)), MaxSubflows: r.MaxSubflows,
 		Family: uint8(r.Family), Match: uint8(r.Match), Spread: uint8(r.Spread), Nports: uint8(len(r.Ports))}
 	for i, p := range append(slices.Clone(r.Paths), r.Backup...) {
 		v.Paths[i] = uint8(p)

@@ -64,7 +64,10 @@ const (
 	// but the ACK's options left no room.
 	StatBackupPrioSent   = datapathStatIdSTAT_BACKUP_PRIO_SENT
 	StatBackupPrioNoRoom = datapathStatIdSTAT_BACKUP_PRIO_NO_ROOM
-	numStats             = int(datapathStatIdSTAT_MAX)
+	// StatAddAddrBlocked: an ADD_ADDR going into a pod whose rule allows
+	// no join was turned into NOPs.
+	StatAddAddrBlocked = datapathStatIdSTAT_ADD_ADDR_BLOCKED
+	numStats           = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.
