@@ -393,6 +393,7 @@ static __always_inline void learn_connection(struct __sk_buff *skb, const struct
 
 	c.used = 1U << (sf->path & MAX_PATHS);
 	c.rule = sf->rule;
+	c.subflows = 1;
 	/* An existing entry (its aliases were evicted first) is kept. */
 	err = bpf_map_update_elem(&conn_states, &k, &c, BPF_NOEXIST);
 	if (!err)
@@ -790,6 +791,7 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 
 #include "rate_actor.h"
 #include "backup.h"
+#include "block.h"
 
 SEC("tc")
 int pod_egress(struct __sk_buff *skb)
@@ -902,14 +904,30 @@ int nic_ingress(struct __sk_buff *skb)
 	 * (remote = the SYN's source, service port = its destination). The
 	 * subflow is mirrored whether a rule selects it or not. */
 	nsf.rule = RULE_NONE;
+	flow_key_from(&fk, &pkt, true);
 	if (handshake_subtype(&pkt) == MPTCP_SUB_JOIN) {
+		/* A retransmitted SYN of a join already let in is neither
+		 * counted again nor refused. */
+		bool known = bpf_map_lookup_elem(&subflows, &fk) != NULL;
 		struct conn *c;
 		__u32 token, canonical = 0;
 
 		if (!load_join_token(skb, &pkt, &token)) {
 			nsf.token = token;
 			c = lookup_conn(pkt.family, pkt.daddr, token, &canonical);
+			if (c && !known && join_beyond_max(c)) {
+				/* Refused: the peer hears why at once, and no
+				 * subflow is mirrored. */
+				if (observe_only()) {
+					count(STAT_OBSERVED);
+				} else if (refuse_join(skb, &pkt) == 0) {
+					count(STAT_JOIN_REFUSED);
+					return bpf_redirect(skb->ifindex, 0);
+				}
+			}
 			if (c) {
+				if (!known)
+					__sync_fetch_and_add(&c->subflows, 1);
 				__sync_fetch_and_or(&c->used, 1U << (n->path & MAX_PATHS));
 				nsf.conn = canonical;
 				nsf.rule = c->rule;
@@ -920,7 +938,6 @@ int nic_ingress(struct __sk_buff *skb)
 	} else {
 		nsf.rule = select_rule(ep, &pkt, 0, MATCH_INITIAL);
 	}
-	flow_key_from(&fk, &pkt, true);
 	nsf.path = n->path;
 	nsf.role = ROLE_RESPONDER;
 	nsf.created_ns = bpf_ktime_get_ns();

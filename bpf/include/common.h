@@ -59,6 +59,7 @@ enum stat_id {
 	STAT_BACKUP_PRIO_SENT,	  /* backup: MP_PRIO added to a pure ACK into a pod (path role changed) */
 	STAT_BACKUP_PRIO_NO_ROOM, /* backup: MP_PRIO due but the ACK\'s options were full */
 	STAT_ADD_ADDR_BLOCKED,	  /* block: an ADD_ADDR into a pod whose rule allows no join, made NOPs */
+	STAT_JOIN_REFUSED, /* block: a peer\'s join beyond the rule\'s maximum, answered with MP_TCPRST */
 	STAT_MAX,
 };
 
@@ -139,10 +140,10 @@ struct conn_alias {
 };
 
 struct conn {
-	__u32 used;  /* bit p set: a subflow of the connection is on path p; atomic */
-	__u32 joins; /* joins this node placed; atomic */
-	__u32 rule;  /* the rule of its initial subflow: joins follow it, never re-select */
-	__u32 pad;
+	__u32 used;	/* bit p set: a subflow of the connection is on path p; atomic */
+	__u32 joins;	/* joins this node placed; atomic */
+	__u32 rule;	/* the rule of its initial subflow: joins follow it, never re-select */
+	__u32 subflows; /* the initial subflow and the peer's joins this node let in; atomic (block) */
 };
 
 /* A local pod address that rules select. */

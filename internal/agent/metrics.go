@@ -63,6 +63,7 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatBackupPrioSent:   "backup_prio_sent",
 	datapath.StatBackupPrioNoRoom: "backup_prio_no_room",
 	datapath.StatAddAddrBlocked:   "add_addr_blocked",
+	datapath.StatJoinRefused:      "join_refused",
 }
 
 // EventName is the label value of a datapath counter in

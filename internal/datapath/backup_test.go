@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 )
 
@@ -382,6 +384,102 @@ func TestBlockTurnsADDADDRIntoNOPsWhenNoJoinIsAllowed(t *testing.T) {
 				}
 				if _, out := runOut(t, ingress, ack); string(out) != string(ack) {
 					t.Errorf("rule %+v: the ADD_ADDR was changed", other)
+				}
+			}
+		})
+	}
+}
+
+// A peer's join beyond its rule's maximum (2 subflows: the first and one
+// join) arriving at a NIC is answered there: the SYN becomes a reset with
+// MP_TCPRST reason 3 ("administratively prohibited"), addresses, ports and
+// MACs swapped, ACK the SYN's sequence + 1, valid checksums (tshark), sent
+// back out of the NIC it came in on (TC_ACT_REDIRECT), counted, and not
+// mirrored. The join within the maximum passes. IPv4 and IPv6.
+func TestBlockAnswersAJoinBeyondTheMaximumWithMPTCPRST(t *testing.T) {
+	const tcActRedirect = 7
+	for _, fam := range []struct {
+		name           string
+		client, server netip.Addr
+	}{
+		{"IPv4", clientPod, serverPod},
+		{"IPv6", netip.MustParseAddr("fd00:244:1::11"), netip.MustParseAddr("fd00:244:2::11")},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			dp := loadForTest(t)
+			if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}, MaxSubflows: 2}); err != nil {
+				t.Fatal(err)
+			}
+			if err := dp.SetEndpoint(fam.server, 0); err != nil {
+				t.Fatal(err)
+			}
+			const nic1, nic2 = 6, 7
+			for i, ifindex := range []int{nic1, nic2} {
+				if err := dp.SetNIC(ifindex, uint32(i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			const clientKey, serverKey = 0x0a0b0c0d0e0f1011, 0x0102030405060708
+			nicIn := func(frame []byte, ifindex uint32) (uint32, []byte) {
+				opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256),
+					Context: skbContext{IngressIfindex: ifindex}, ContextOut: &skbContext{}}
+				ret, err := dp.objs.NicIngress.Run(opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ret, opts.DataOut
+			}
+			// The connection, as the server's node sees it arrive.
+			nicIn(syn(fam.client, 40000, fam.server, 5201, testpkt.MPCapableSYN()), nic1)
+			nicIn(capableACK(fam.client, 40000, fam.server, 5201, clientKey, serverKey), nic1)
+			join := func(sport uint16) []byte {
+				return testpkt.Frame{Src: fam.client, Dst: fam.server, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 5201, Seq: 1000, Flags: testpkt.SYN,
+					Options: testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false)}}.Bytes()
+			}
+			// The join within the maximum passes, and so does its
+			// retransmitted SYN: it is not counted twice.
+			for range 2 {
+				if ret, out := nicIn(join(40001), nic2); ret != tcxNext || string(out) != string(join(40001)) {
+					t.Fatalf("the join within the maximum: verdict %d, changed %v; want it passed unchanged", int32(ret), string(out) != string(join(40001)))
+				}
+			}
+			ret, rst := nicIn(join(40002), nic2)
+			if ret != tcActRedirect {
+				t.Fatalf("the join beyond the maximum: verdict %d, want TC_ACT_REDIRECT back out", int32(ret))
+			}
+			in := join(40002)
+			if string(rst[0:6]) != string(in[6:12]) || string(rst[6:12]) != string(in[0:6]) {
+				t.Error("MACs not swapped")
+			}
+			d := tsharkDecode(t, [][]byte{rst}, []string{"ip.checksum.status", "tcp.checksum.status", "ip.src", "ipv6.src", "tcp.srcport", "tcp.dstport",
+				"tcp.flags.reset", "tcp.flags.ack", "tcp.ack_raw", "tcp.seq_raw", "tcp.len", "tcp.options.mptcp.subtype", "tcp.options.mptcp.rst_reason"})[0]
+			src := d["ip.src"]
+			if fam.name == "IPv6" {
+				src = d["ipv6.src"]
+			}
+			if fam.name == "IPv4" && d["ip.checksum.status"] != tsharkGood {
+				t.Errorf("tshark: IP checksum status %q", d["ip.checksum.status"])
+			}
+			want := map[string]string{"tcp.checksum.status": tsharkGood, "tcp.srcport": "5201", "tcp.dstport": "40002", "tcp.flags.reset": "1",
+				"tcp.flags.ack": "1", "tcp.ack_raw": "1001", "tcp.seq_raw": "0", "tcp.len": "0", "tcp.options.mptcp.subtype": "8", "tcp.options.mptcp.rst_reason": "0x03"}
+			for k, v := range want {
+				if d[k] != v {
+					t.Errorf("tshark: %s = %q, want %q", k, d[k], v)
+				}
+			}
+			if src != fam.server.String() {
+				t.Errorf("tshark: reset from %s, want the server pod %s", src, fam.server)
+			}
+			if n := stat(t, dp, StatJoinRefused); n != 1 {
+				t.Errorf("StatJoinRefused = %d, want 1", n)
+			}
+			sfs, err := dp.Subflows()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, sf := range sfs {
+				if sf.Remote.Port() == 40002 {
+					t.Error("the refused join was mirrored")
 				}
 			}
 		})

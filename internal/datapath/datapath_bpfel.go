@@ -23,11 +23,11 @@ type datapathCidrKey struct {
 }
 
 type datapathConn struct {
-	_     structs.HostLayout
-	Used  uint32
-	Joins uint32
-	Rule  uint32
-	Pad   uint32
+	_        structs.HostLayout
+	Used     uint32
+	Joins    uint32
+	Rule     uint32
+	Subflows uint32
 }
 
 type datapathConnAlias struct {
@@ -239,7 +239,8 @@ const (
 	datapathStatIdSTAT_BACKUP_PRIO_SENT    datapathStatId = 30
 	datapathStatIdSTAT_BACKUP_PRIO_NO_ROOM datapathStatId = 31
 	datapathStatIdSTAT_ADD_ADDR_BLOCKED    datapathStatId = 32
-	datapathStatIdSTAT_MAX                 datapathStatId = 33
+	datapathStatIdSTAT_JOIN_REFUSED        datapathStatId = 33
+	datapathStatIdSTAT_MAX                 datapathStatId = 34
 )
 
 type datapathSubflow struct {

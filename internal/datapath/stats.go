@@ -67,7 +67,10 @@ const (
 	// StatAddAddrBlocked: an ADD_ADDR going into a pod whose rule allows
 	// no join was turned into NOPs.
 	StatAddAddrBlocked = datapathStatIdSTAT_ADD_ADDR_BLOCKED
-	numStats           = int(datapathStatIdSTAT_MAX)
+	// StatJoinRefused: a peer's join beyond its rule's maximum, answered
+	// with a reset carrying MP_TCPRST "administratively prohibited".
+	StatJoinRefused = datapathStatIdSTAT_JOIN_REFUSED
+	numStats        = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.

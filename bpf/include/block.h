@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The block actor's join reset. A join the rule does not allow is answered
+ * at once with a TCP reset carrying MP_TCPRST "administratively prohibited"
+ * (RFC 8684 3.6): a silently dropped SYN would be retried for minutes. The
+ * join's SYN becomes the reset in place and goes back out of the NIC it came
+ * in on. Included by datapath.c after its helpers and backup.h. */
+#pragma once
+
+#include "parse.h"
+
+#define MPTCP_RST_EPROHIBIT 0x03 /* MP_TCPRST reason: administratively prohibited */
+#define MPTCP_LEN_TCPRST_V1 4
+#define RST_TCP_LEN	    24 /* TCP header and MP_TCPRST */
+#define TCP_FLAGS_RST_ACK   0x14
+#define RST_TTL		    64
+
+struct rst_tcp {
+	__be16 source;
+	__be16 dest;
+	__be32 seq;
+	__be32 ack_seq;
+	__u8 doff_res;
+	__u8 flags;
+	__be16 window;
+	__be16 check;
+	__be16 urg_ptr;
+	__u8 opt[MPTCP_LEN_TCPRST_V1];
+};
+
+struct pseudo4 {
+	__be32 saddr;
+	__be32 daddr;
+	__u8 zero;
+	__u8 proto;
+	__be16 len;
+};
+
+struct pseudo6 {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be32 len;
+	__u8 zero[3];
+	__u8 next;
+};
+
+/* join_beyond_max says whether a peer's join would take connection c past
+ * its rule's maximum. */
+static __always_inline bool join_beyond_max(const struct conn *c)
+{
+	__u32 rule_id = c->rule;
+	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
+
+	return r && r->max_subflows && c->subflows >= r->max_subflows;
+}
+
+static __always_inline __u16 csum_fold32(__u64 sum)
+{
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* refuse_join turns the join SYN in skb into the reset that refuses it:
+ * addresses, ports and MACs swapped, SEQ 0 and ACK the SYN's sequence + 1 (RFC
+ * 9293 3.10.7.1: the answer to a segment without ACK), RST|ACK, MP_TCPRST with
+ * the reason, nothing else; the IP length, TTL and both checksums computed
+ * anew, and the skb's checksum state reset so nothing downstream trusts a
+ * stale one. Only a plain IPv4 header (no options) or an IPv6 header without
+ * extension headers is handled; anything else returns -1 and the join is let
+ * through (and counted as any join). A global function: verified once. */
+__noinline int refuse_join(struct __sk_buff *skb, const struct packet *pkt)
+{
+	struct rst_tcp t = {};
+	__u8 macs[12], swapped[12];
+	__u32 l3, l4, seq;
+	__be32 raw_seq;
+	__s64 sum;
+
+	if (!skb || !pkt)
+		return -1;
+	l3 = pkt->l3_off;
+	l4 = pkt->l4_off;
+	if (pkt->family == AF_INET ? l4 - l3 != 20 : l4 - l3 != 40)
+		return -1;
+	if (bpf_skb_load_bytes(skb, l4 + 4, &raw_seq, sizeof(raw_seq)))
+		return -1;
+	seq = bpf_ntohl(raw_seq);
+	t.source = pkt->dport;
+	t.dest = pkt->sport;
+	t.ack_seq = bpf_htonl(seq + 1);
+	t.doff_res = (RST_TCP_LEN / 4) << 4;
+	t.flags = TCP_FLAGS_RST_ACK;
+	t.opt[0] = TCPOPT_MPTCP;
+	t.opt[1] = MPTCP_LEN_TCPRST_V1;
+	t.opt[2] = MPTCP_SUB_TCPRST << 4;
+	t.opt[3] = MPTCP_RST_EPROHIBIT;
+
+	if (pkt->family == AF_INET) {
+		struct pseudo4 ph = {.proto = IPPROTO_TCP, .len = bpf_htons(RST_TCP_LEN)};
+		struct ipv4_hdr ip;
+
+		if (bpf_skb_load_bytes(skb, l3, &ip, sizeof(ip)))
+			return -1;
+		__builtin_memcpy(&ph.saddr, pkt->daddr, 4);
+		__builtin_memcpy(&ph.daddr, pkt->saddr, 4);
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+		if (sum < 0)
+			return -1;
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&t, sizeof(t), (__u32)sum);
+		if (sum < 0)
+			return -1;
+		t.check = csum_fold32((__u64)sum);
+		ip.saddr = ph.saddr;
+		ip.daddr = ph.daddr;
+		ip.tot_len = bpf_htons(20 + RST_TCP_LEN);
+		ip.ttl = RST_TTL;
+		ip.check = 0;
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ip, sizeof(ip), 0);
+		if (sum < 0)
+			return -1;
+		ip.check = csum_fold32((__u64)sum);
+		if (bpf_skb_change_tail(skb, l4 + RST_TCP_LEN, 0) ||
+		    bpf_skb_store_bytes(skb, l3, &ip, sizeof(ip), 0))
+			return -1;
+	} else {
+		struct pseudo6 ph = {.len = bpf_htonl(RST_TCP_LEN), .next = IPPROTO_TCP};
+		struct ipv6_hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, l3, &ip6, sizeof(ip6)))
+			return -1;
+		__builtin_memcpy(ph.saddr, pkt->daddr, 16);
+		__builtin_memcpy(ph.daddr, pkt->saddr, 16);
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+		if (sum < 0)
+			return -1;
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&t, sizeof(t), (__u32)sum);
+		if (sum < 0)
+			return -1;
+		t.check = csum_fold32((__u64)sum);
+		__builtin_memcpy(ip6.saddr, ph.saddr, 16);
+		__builtin_memcpy(ip6.daddr, ph.daddr, 16);
+		ip6.payload_len = bpf_htons(RST_TCP_LEN);
+		ip6.hop_limit = RST_TTL;
+		if (bpf_skb_change_tail(skb, l4 + RST_TCP_LEN, 0) ||
+		    bpf_skb_store_bytes(skb, l3, &ip6, sizeof(ip6), 0))
+			return -1;
+	}
+	if (bpf_skb_store_bytes(skb, l4, &t, sizeof(t), 0))
+		return -1;
+	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)))
+		return -1;
+	__builtin_memcpy(swapped, macs + 6, 6);
+	__builtin_memcpy(swapped + 6, macs, 6);
+	if (bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0))
+		return -1;
+	bpf_csum_level(skb, BPF_CSUM_LEVEL_RESET);
+	return 0;
+}
