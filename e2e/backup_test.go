@@ -3,6 +3,7 @@ package e2e
 import (
 	"net/netip"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,5 +178,88 @@ func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 	sent, _ := scrape(t, agents[0]).Value("mptcp_agent_datapath_events_total", "event", agent.EventName(datapath.StatBackupPrioSent))
 	if sent < 1 {
 		t.Errorf("node 1's agent counted %v MP_PRIO sent, want at least 1", sent)
+	}
+}
+
+// nstatValue reads one of the kernel's counters in pod's namespace.
+func nstatValue(t *testing.T, bed *testbed.Bed, pod *testbed.Pod, name string) float64 {
+	t.Helper()
+	out, err := bed.Command(pod.NetNS, "nstat", "-asz", name).Output()
+	if err != nil {
+		t.Fatalf("nstat in %s: %v", pod.Name, err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == name {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			return v
+		}
+	}
+	return 0
+}
+
+// A peer that opens more joins than the server pod's rule allows
+// (maxSubflows 2: the first subflow and one join): the server pod's kernel
+// announces two extra ports and would accept both joins, the client's kernel
+// joins both, and the server's node answers the second at its NIC with a
+// reset carrying MP_TCPRST. The server pod never sees that join, the client's
+// kernel takes the reset (the join's attempt fails), the connection goes on
+// with two subflows and every byte arrives.
+func TestJoinBeyondTheMaximumIsRefusedWithMPTCPRST(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
+	// The pods' MPTCP settings are the kernel path manager's, set here;
+	// the agents only steer and refuse.
+	agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(n *testbed.Node) agent.Rule {
+		r := agent.Rule{Subflows: agent.SubflowsNone}
+		if n.Index == 2 {
+			r.MaxSubflows = 2
+		}
+		return r
+	}, declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bed.ConfigureSignalPorts(server, []int{5311, 5312}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bed.ConfigureClientLimits(client, 2, 2); err != nil {
+		t.Fatal(err)
+	}
+	joinsRx0 := nstatValue(t, bed, server, "MPTcpExtMPJoinSynRx")
+	// A reset in SYN-SENT ends the join's attempt (tcpAttemptFails): the
+	// kernel accepted it. (MPTcpExtMPRstRx counts MP_TCPRST on
+	// established subflows only.)
+	fails0 := nstatValue(t, bed, client, "TcpAttemptFails")
+
+	ctx := background(t)
+	const port = 5403
+	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Proc.Stop(2 * time.Second) }()
+	sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, port), true, "-conns", "1", "-duration", "4s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := srv.WaitReports(ctx, len(sent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testbed.MatchReports(sent, got); err != nil {
+		t.Fatal(err)
+	}
+	if !got[0].MPTCP {
+		t.Fatalf("the connection fell back to TCP: %+v", got[0])
+	}
+	if n := nstatValue(t, bed, server, "MPTcpExtMPJoinSynRx") - joinsRx0; n != 1 {
+		t.Errorf("the server pod received %v join SYNs, want 1: the second must be refused before it", n)
+	}
+	if n := nstatValue(t, bed, client, "TcpAttemptFails") - fails0; n != 1 {
+		t.Errorf("the client pod's kernel saw %v connection attempts fail, want the refused join's", n)
+	}
+	refused, _ := scrape(t, agents[1]).Value("mptcp_agent_datapath_events_total", "event", agent.EventName(datapath.StatJoinRefused))
+	if refused < 1 {
+		t.Errorf("node 2's agent counted %v refused joins, want at least 1", refused)
 	}
 }
