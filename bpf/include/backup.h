@@ -12,6 +12,22 @@
 #define MPTCP_JOIN_BACKUP 0x01 /* B, the low bit of MP_JOIN's subtype byte (RFC 8684 3.2) */
 #define TCP_CSUM_OFF	  16
 
+/* ip_len_matches says whether the IP header's length (IPv4 total length,
+ * IPv6 payload length after the fixed header) ends the packet exactly where
+ * the skb does. Rewriters act only then: a packet whose lengths disagree is
+ * malformed and passes untouched (after the IP layer they always agree). */
+static __always_inline bool ip_len_matches(struct __sk_buff *skb, const struct packet *pkt)
+{
+	__u32 l3 = pkt->l3_off;
+	__be16 len;
+
+	if (bpf_skb_load_bytes(skb, l3 + (pkt->family == AF_INET ? 2 : 4), &len, sizeof(len)))
+		return false;
+	if (pkt->family == AF_INET)
+		return l3 + bpf_ntohs(len) == skb->len;
+	return l3 + 40 + bpf_ntohs(len) == skb->len;
+}
+
 /* backup_path says whether path is one of the backup paths of rule r. */
 static __always_inline bool backup_path(const struct rule *r, __u32 path)
 {
@@ -57,7 +73,8 @@ __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struc
 		return 0;
 	rule_id = sf->rule;
 	r = bpf_map_lookup_elem(&rules, &rule_id);
-	if (!r || !(r->flags & RULE_REWRITE_HEADERS) || !backup_path(r, sf->path))
+	if (!r || !(r->flags & RULE_REWRITE_HEADERS) || !backup_path(r, sf->path) ||
+	    !ip_len_matches(skb, pkt))
 		return 0;
 	l4 = pkt->l4_off;
 	byte = pkt->mptcp_off[MPTCP_SUB_JOIN] + 2; /* from the TCP header */
@@ -132,7 +149,7 @@ __noinline int backup_prio_act(struct __sk_buff *skb, const struct packet *pkt, 
 		return 0;
 	doff = w[0] >> 4;
 	hdr_len = (__u32)doff * 4;
-	if (pkt->len != l4 + hdr_len || skb->gso_segs > 1)
+	if (pkt->len != l4 + hdr_len || skb->gso_segs > 1 || !ip_len_matches(skb, pkt))
 		return 0; /* carries data (or trailing bytes): not a pure ACK */
 	if (hdr_len + sizeof(opt) > TCP_HDR_MAX) {
 		count(STAT_BACKUP_PRIO_NO_ROOM);
@@ -207,7 +224,7 @@ __noinline int block_add_addr(struct __sk_buff *skb, const struct packet *pkt, c
 		return 0;
 	rule_id = sf->rule;
 	r = bpf_map_lookup_elem(&rules, &rule_id);
-	if (!r || !(r->flags & RULE_REWRITE_HEADERS) || r->max_subflows != 1)
+	if (!r || !(r->flags & RULE_REWRITE_HEADERS) || r->max_subflows != 1 || !ip_len_matches(skb, pkt))
 		return 0;
 	l4 = pkt->l4_off;
 	if (bpf_skb_load_bytes(skb, l4 + TCP_DOFF_WORD, w, sizeof(w)))
