@@ -122,7 +122,7 @@ func FuzzPodIngressRewrites(f *testing.F) {
 			t.Skip("BPF_PROG_TEST_RUN refuses frames this short")
 		}
 		resetDatapathState(t, dp)
-		if _, out := runIngress(t, dp, frame); string(out) != string(frame) {
+		if out := runIngress(t, dp, frame); string(out) != string(frame) {
 			t.Fatalf("no subflow is known, yet the packet changed: %x", frame)
 		}
 		s, ok := findTCP(frame)
@@ -141,7 +141,7 @@ func FuzzPodIngressRewrites(f *testing.F) {
 		if err := dp.objs.Subflows.Put(&k, &datapathSubflow{Path: 2, Role: uint32(role), Rule: 0}); err != nil {
 			t.Fatal(err)
 		}
-		_, out := runIngress(t, dp, frame)
+		out := runIngress(t, dp, frame)
 		if string(out) == string(frame) {
 			return
 		}
@@ -163,7 +163,7 @@ func FuzzPodIngressRewrites(f *testing.F) {
 
 // runIngress runs pod_ingress on frame and requires TCX_NEXT without error;
 // it returns the packet as the program left it.
-func runIngress(t *testing.T, dp *Datapath, frame []byte) (uint32, []byte) {
+func runIngress(t *testing.T, dp *Datapath, frame []byte) []byte {
 	t.Helper()
 	opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Context: skbContext{}, ContextOut: &skbContext{}}
 	ret, err := dp.objs.PodIngress.Run(opts)
@@ -173,5 +173,5 @@ func runIngress(t *testing.T, dp *Datapath, frame []byte) (uint32, []byte) {
 	if ret != tcxNext {
 		t.Fatalf("program returned %d, want TCX_NEXT", int32(ret))
 	}
-	return ret, opts.DataOut
+	return opts.DataOut
 }
