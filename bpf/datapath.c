@@ -915,7 +915,8 @@ int nic_ingress(struct __sk_buff *skb)
 		if (!load_join_token(skb, &pkt, &token)) {
 			nsf.token = token;
 			c = lookup_conn(pkt.family, pkt.daddr, token, &canonical);
-			if (c && !known && join_beyond_max(c)) {
+			nsf.rule = c ? c->rule : select_rule(ep, &pkt, 0, MATCH_JOIN);
+			if (!known && join_refused(nsf.rule, c, n->path)) {
 				/* Refused: the peer hears why at once, and no
 				 * subflow is mirrored. */
 				if (observe_only()) {
@@ -930,9 +931,6 @@ int nic_ingress(struct __sk_buff *skb)
 					__sync_fetch_and_add(&c->subflows, 1);
 				__sync_fetch_and_or(&c->used, 1U << (n->path & MAX_PATHS));
 				nsf.conn = canonical;
-				nsf.rule = c->rule;
-			} else {
-				nsf.rule = select_rule(ep, &pkt, 0, MATCH_JOIN);
 			}
 		}
 	} else {

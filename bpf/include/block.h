@@ -43,14 +43,18 @@ struct pseudo6 {
 	__u8 next;
 };
 
-/* join_beyond_max says whether a peer's join would take connection c past
- * its rule's maximum. */
-static __always_inline bool join_beyond_max(const struct conn *c)
+/* join_refused says whether rule rule_id refuses a peer's join arriving on
+ * path: the path is one of its blocked paths, or the join would take its
+ * connection c (NULL: not known) past the rule's maximum. */
+static __always_inline bool join_refused(__u32 rule_id, const struct conn *c, __u32 path)
 {
-	__u32 rule_id = c->rule;
 	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
 
-	return r && r->max_subflows && c->subflows >= r->max_subflows;
+	if (!r)
+		return false;
+	if (r->blocked & (1U << (path & MAX_PATHS)))
+		return true;
+	return c && r->max_subflows && c->subflows >= r->max_subflows;
 }
 
 static __always_inline __u16 csum_fold32(__u64 sum)

@@ -205,6 +205,7 @@ struct rule {
 	__u32 max_subflows; /* block: a connection's subflows, the first included; 0: no limit */
 	struct port_range ports[MAX_RULE_PORTS];
 	__u8 weights[MAX_PATHS + 1]; /* SPREAD_WEIGHTED: per slot of paths, 1..255 */
+	__u32 blocked;		     /* block: bit p set, a peer's join arriving on path p is refused */
 };
 
 /* Key of rule_cidrs, an LPM trie: the rule id and the family (always matched

@@ -96,6 +96,10 @@ type Rule struct {
 	// flagged backup on their way into the pod (docs/datapath.md, "Backup
 	// actor"), which needs HeaderRewriting.
 	BackupPaths []string `json:"backupPaths,omitempty"`
+	// BlockedPaths are paths a peer's join may not arrive on: the agent's
+	// datapath answers it with MP_TCPRST (docs/datapath.md, "Block
+	// actor"). Never among Paths or BackupPaths.
+	BlockedPaths []string `json:"blockedPaths,omitempty"`
 	// HeaderRewriting is the admin's opt-in to rewriting the headers of
 	// the rule's pods' packets (CompiledRule.headerRewriting); the window
 	// rate mode and backup paths need it.
@@ -138,6 +142,9 @@ func (r Rule) datapathRule(paths map[string]Path) (datapath.Rule, error) {
 	out.MaxSubflows = uint32(max(r.MaxSubflows, 0))
 	for _, name := range r.BackupPaths {
 		out.Backup = append(out.Backup, paths[name].Index)
+	}
+	for _, name := range r.BlockedPaths {
+		out.Blocked = append(out.Blocked, paths[name].Index)
 	}
 	for _, name := range r.Paths {
 		out.Paths = append(out.Paths, paths[name].Index)
@@ -304,6 +311,14 @@ func (c *Config) Validate() error {
 			}
 			if slices.Contains(r.Paths, name) {
 				errs = append(errs, fmt.Errorf("rules[%d].backupPaths[%d]: %q is also one of the rule's paths", i, j, name))
+			}
+		}
+		for j, name := range r.BlockedPaths {
+			if _, ok := paths[name]; !ok {
+				errs = append(errs, fmt.Errorf("rules[%d].blockedPaths[%d]: no path named %q on this node", i, j, name))
+			}
+			if slices.Contains(r.Paths, name) || slices.Contains(r.BackupPaths, name) {
+				errs = append(errs, fmt.Errorf("rules[%d].blockedPaths[%d]: %q is also one of the rule's paths or backup paths", i, j, name))
 			}
 		}
 		if len(r.BackupPaths) > 0 && !r.HeaderRewriting {

@@ -227,6 +227,11 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]bool) (Rul
 			r.BackupPaths = append(r.BackupPaths, name)
 		}
 	}
+	for _, name := range cr.BlockedPaths {
+		if paths[name] {
+			r.BlockedPaths = append(r.BlockedPaths, name)
+		}
+	}
 	switch cr.SpreadMode {
 	case mptcpv1alpha1.SpreadRoundRobin, "":
 		r.SpreadMode = "roundRobin"

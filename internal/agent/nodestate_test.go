@@ -181,6 +181,8 @@ func TestCompiledRuleActorsMapping(t *testing.T) {
 	usable := map[string]bool{"fabric-a": true, "fabric-b": true, "lte": true}
 	cr := spread(1)
 	cr.BackupPaths = []string{"lte", "gone"}
+	cr.BlockedPaths = []string{"fabric-c", "gone"}
+	usable["fabric-c"] = true
 	cr.SpreadMode = mptcpv1alpha1.SpreadWeighted
 	cr.Paths = []mptcpv1alpha1.RulePath{{Name: "fabric-a", Weight: 3}, {Name: "fabric-b", Weight: 1}, {Name: "gone", Weight: 5}}
 	cr.Traffic = &mptcpv1alpha1.CompiledTraffic{CIDRs: []string{"10.244.0.0/16"}, Ports: []mptcpv1alpha1.PortRange{{Port: 5201}, {Port: 8000, EndPort: 8999}}, Family: mptcpv1alpha1.IPFamilyIPv4}
@@ -191,6 +193,9 @@ func TestCompiledRuleActorsMapping(t *testing.T) {
 	r, err := RuleFromCompiled(cr, usable)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !slices.Equal(r.BlockedPaths, []string{"fabric-c"}) {
+		t.Errorf("blocked paths %v, want the one on this node, fabric-c", r.BlockedPaths)
 	}
 	if !slices.Equal(r.BackupPaths, []string{"lte"}) {
 		t.Errorf("backup paths %v, want the one on this node, lte", r.BackupPaths)

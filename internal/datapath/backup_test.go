@@ -391,12 +391,12 @@ func TestBlockTurnsADDADDRIntoNOPsWhenNoJoinIsAllowed(t *testing.T) {
 }
 
 // A peer's join beyond its rule's maximum (2 subflows: the first and one
-// join) arriving at a NIC is answered there: the SYN becomes a reset with
+// join), or arriving on a blocked path, is answered at the NIC: the SYN becomes a reset with
 // MP_TCPRST reason 3 ("administratively prohibited"), addresses, ports and
 // MACs swapped, ACK the SYN's sequence + 1, valid checksums (tshark), sent
 // back out of the NIC it came in on (TC_ACT_REDIRECT), counted, and not
 // mirrored. The join within the maximum passes. IPv4 and IPv6.
-func TestBlockAnswersAJoinBeyondTheMaximumWithMPTCPRST(t *testing.T) {
+func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 	const tcActRedirect = 7
 	for _, fam := range []struct {
 		name           string
@@ -481,6 +481,31 @@ func TestBlockAnswersAJoinBeyondTheMaximumWithMPTCPRST(t *testing.T) {
 				if sf.Remote.Port() == 40002 {
 					t.Error("the refused join was mirrored")
 				}
+			}
+
+			// Without a maximum but with path 2 blocked: a join arriving
+			// on path 2's NIC is refused the same way, one on path 1's
+			// is let in.
+			const nic3 = 8
+			if err := dp.SetNIC(nic3, 2); err != nil {
+				t.Fatal(err)
+			}
+			if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}, Blocked: []uint32{2}}); err != nil {
+				t.Fatal(err)
+			}
+			if ret, _ := nicIn(join(40003), nic2); ret != tcxNext {
+				t.Errorf("a join on an allowed path: verdict %d, want TCX_NEXT", int32(ret))
+			}
+			ret, rst = nicIn(join(40004), nic3)
+			if ret != tcActRedirect {
+				t.Fatalf("a join on the blocked path: verdict %d, want TC_ACT_REDIRECT", int32(ret))
+			}
+			d = tsharkDecode(t, [][]byte{rst}, []string{"tcp.checksum.status", "tcp.flags.reset", "tcp.options.mptcp.rst_reason"})[0]
+			if d["tcp.checksum.status"] != tsharkGood || d["tcp.flags.reset"] != "1" || d["tcp.options.mptcp.rst_reason"] != "0x03" {
+				t.Errorf("tshark on the blocked path's reset: %v", d)
+			}
+			if n := stat(t, dp, StatJoinRefused); n != 2 {
+				t.Errorf("StatJoinRefused = %d, want 2", n)
 			}
 		})
 	}

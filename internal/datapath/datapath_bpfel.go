@@ -187,6 +187,7 @@ type datapathRule struct {
 	MaxSubflows uint32
 	Ports       [8]datapathPortRange
 	Weights     [16]uint8
+	Blocked     uint32
 }
 
 type datapathSettingsValue struct {

@@ -103,8 +103,12 @@ type Rule struct {
 	// ADD_ADDR NOPs).
 	RewriteHeaders bool
 	// MaxSubflows caps a connection's subflows, the first included (0: no
-	// cap). At 1, ADD_ADDRs going into the rule's pods become NOPs.
+	// cap): a peer's join beyond it is answered with MP_TCPRST. At 1,
+	// ADD_ADDRs going into the rule's pods become NOPs.
 	MaxSubflows uint32
+	// Blocked are path indexes a peer's join may not arrive on: it is
+	// answered with MP_TCPRST. Disjoint from Paths and Backup.
+	Blocked []uint32
 	// Family, CIDRs (of the remote address), Ports and Match select the
 	// traffic; zero values select everything.
 	Family Family
@@ -128,6 +132,14 @@ func (r Rule) Validate() error {
 		}
 		if slices.Contains(all[:i], p) {
 			return fmt.Errorf("path index %d listed twice (paths and backup paths are disjoint)", p)
+		}
+	}
+	for _, p := range r.Blocked {
+		if p >= MaxPaths {
+			return fmt.Errorf("blocked path index %d out of range 0..%d", p, MaxPaths-1)
+		}
+		if slices.Contains(all, p) {
+			return fmt.Errorf("path index %d is both blocked and one of the rule's paths", p)
 		}
 	}
 	if r.MaxSubflows > MaxSubflows {
@@ -231,6 +243,9 @@ func (d *Datapath) SetRule(id uint32, r Rule) error {
 	}
 	if r.RewriteHeaders {
 		v.Flags |= ruleRewriteHeaders
+	}
+	for _, p := range r.Blocked {
+		v.Blocked |= 1 << p
 	}
 	for i, pr := range r.Ports {
 		v.Ports[i] = datapathPortRange{First: pr.First, Last: pr.Last}
