@@ -278,50 +278,7 @@ func TestPodRemovedFromConfigLeavesNothingBehind(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	eps, err := a.Endpoints()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := eps[removed.Addr.String()]; ok {
-		t.Errorf("endpoint of the removed pod %s is still in the map: %v", removed, eps)
-	}
-	if _, ok := eps[kept.Addr.String()]; !ok {
-		t.Errorf("endpoint of the kept pod %s is gone: %v", kept, eps)
-	}
-	atts, err := a.Attachments()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, att := range atts {
-		if att.Interface == removed.HostIf {
-			t.Errorf("link left on the removed pod's veth: %v", att)
-		}
-	}
-	// The kernel's list of TCX programs on each veth, pinned or not; the
-	// kept pod's shows what a leftover would look like.
-	for _, c := range []struct {
-		pod  *testbed.Pod
-		want bool
-	}{{kept, true}, {removed, false}} {
-		progs, err := framework.TCXIngressPrograms(a.Node, c.pod.HostIf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := slices.Contains(progs, "pod_egress"); got != c.want {
-			t.Errorf("%s: pod_egress attached to %s is %v, want %v (TCX programs: %v)", c.pod, c.pod.HostIf, got, c.want, progs)
-		}
-	}
-	s = scrape(t, a)
-	if n := metric(t, s, "mptcp_agent_path_managers"); n != 1 {
-		t.Errorf("%v path managers after the change, want 1", n)
-	}
-	if n := metric(t, s, "mptcp_agent_endpoints"); n != 1 {
-		t.Errorf("%v endpoints after the change, want 1", n)
-	}
-	out, err := bed.Command(removed.NetNS, "sysctl", "-n", "net.mptcp.path_manager").CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "kernel" {
-		t.Errorf("removed pod's path manager is %q (%v), want the kernel's back", out, err)
-	}
+	assertPodReleased(t, bed, a, kept, removed)
 
 	// The kept pod's connections are spread; the removed pod's have no
 	// joins (nobody opens them any more, and nothing steers them).
@@ -658,5 +615,57 @@ func requireSpread(t *testing.T, analysis *testbed.Analysis, conns int, when str
 	}
 	if err := analysis.CheckPlacement(1, 2); err != nil {
 		t.Fatalf("%s: placement:\n%v", when, err)
+	}
+}
+
+// assertPodReleased checks that agent a released pod removed and kept pod
+// kept, its node's only other pod: no endpoint, no program on its veth
+// (pinned link, or any TCX program the kernel lists), no path manager, and
+// the kernel's path manager back in the pod.
+func assertPodReleased(t *testing.T, bed *testbed.Bed, a *framework.Agent, kept, removed *testbed.Pod) {
+	t.Helper()
+	eps, err := a.Endpoints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := eps[removed.Addr.String()]; ok {
+		t.Errorf("endpoint of the removed pod %s is still in the map: %v", removed, eps)
+	}
+	if _, ok := eps[kept.Addr.String()]; !ok {
+		t.Errorf("endpoint of the kept pod %s is gone: %v", kept, eps)
+	}
+	atts, err := a.Attachments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, att := range atts {
+		if att.Interface == removed.HostIf {
+			t.Errorf("link left on the removed pod's veth: %v", att)
+		}
+	}
+	// The kernel's list of TCX programs on each veth, pinned or not; the
+	// kept pod's shows what a leftover would look like.
+	for _, c := range []struct {
+		pod  *testbed.Pod
+		want bool
+	}{{kept, true}, {removed, false}} {
+		progs, err := framework.TCXIngressPrograms(a.Node, c.pod.HostIf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slices.Contains(progs, "pod_egress"); got != c.want {
+			t.Errorf("%s: pod_egress attached to %s is %v, want %v (TCX programs: %v)", c.pod, c.pod.HostIf, got, c.want, progs)
+		}
+	}
+	s := scrape(t, a)
+	if n := metric(t, s, "mptcp_agent_path_managers"); n != 1 {
+		t.Errorf("%v path managers after the change, want 1", n)
+	}
+	if n := metric(t, s, "mptcp_agent_endpoints"); n != 1 {
+		t.Errorf("%v endpoints after the change, want 1", n)
+	}
+	out, err := bed.Command(removed.NetNS, "sysctl", "-n", "net.mptcp.path_manager").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "kernel" {
+		t.Errorf("removed pod's path manager is %q (%v), want the kernel's back", out, err)
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/kube"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
 // kubeBed is a test bed registered with a real API server, the real
@@ -390,4 +391,191 @@ func applyObject(t *testing.T, c client.Client, into client.Object, manifest str
 	if err := c.Create(context.Background(), into); err != nil {
 		t.Fatal(fmt.Errorf("create %s: %w", into.GetName(), err))
 	}
+}
+
+// Both agents are SIGKILLed mid-transfer and the policy changes while they
+// are down (maxSubflows 4 to 1). Nothing of the running transfer notices:
+// no reset, every byte arrives with its hash, both NICs keep carrying it
+// while no agent runs, and the restarted agents adopt the pinned subflow
+// tables with every subflow where it was. The restarted agents then apply
+// the new generation: a connection opened afterwards gets one subflow.
+func TestAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
+	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	bed, c, ctx := kb.bed, kb.env.Client, background(t)
+	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	gen := kb.policy(t).Generation
+	for _, n := range bed.Nodes {
+		kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
+	}
+	caps, err := bed.StartCaptures("tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const conns, oldPort, newPort = 2, 5201, 5202
+	old := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: oldPort, conns: conns}}, 7*time.Second)
+	a1 := kb.agents[0]
+	client := bed.Pod(1, 1).Addr
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		sfs, err := a1.Subflows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(slices.DeleteFunc(sfs, func(s datapath.Subflow) bool { return s.Local.Addr() != client })); n == 2*conns {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("node 1 placed %d subflows of pod 1, want %d", n, 2*conns)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	before := map[*framework.Agent][]datapath.Subflow{}
+	for _, a := range kb.agents {
+		if before[a], err = a.Subflows(); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	pol := kb.policy(t)
+	pol.Spec.MaxSubflows = 1
+	if err := c.Update(ctx, pol); err != nil {
+		t.Fatal(err)
+	}
+	_, tx0 := nicBytes(t, bed, bed.Node(1))
+	time.Sleep(time.Second)
+	_, tx1 := nicBytes(t, bed, bed.Node(1))
+	for k := range tx0 {
+		// 100 Mbit/s is 12.5 MB a second; the transfer has it alone.
+		if sent := tx1[k] - tx0[k]; sent < 2e6 {
+			t.Errorf("nic%d of node 1 sent only %d bytes in the second without agents", k+1, sent)
+		}
+	}
+	for _, a := range kb.agents {
+		if err := a.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gen = kb.policy(t).Generation
+	for _, n := range bed.Nodes {
+		kb.waitState(t, n, "applying the changed policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
+	}
+	for _, a := range kb.agents {
+		after, err := a.Subflows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range before[a] {
+			i := slices.IndexFunc(after, func(s datapath.Subflow) bool { return s.Local == b.Local && s.Remote == b.Remote })
+			switch {
+			case i < 0:
+				t.Errorf("node %d: subflow %v->%v is gone from the table after the restart", a.Node.Index, b.Local, b.Remote)
+			case after[i].Path != b.Path || after[i].Role != b.Role:
+				t.Errorf("node %d: subflow %v->%v moved from path %d (role %d) to path %d (role %d)", a.Node.Index, b.Local, b.Remote, b.Path, b.Role, after[i].Path, after[i].Role)
+			}
+		}
+	}
+	fresh := runFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: newPort, conns: 1}}, 2*time.Second)
+	if got := old(); got != conns || fresh != 1 {
+		t.Fatalf("%d old and %d new connections completed, want %d and 1", got, fresh, conns)
+	}
+
+	analysis, err := caps.Analyze()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := analysis.CheckPlacement(1, 2); err != nil {
+		t.Errorf("placement across the restart:\n%v", err)
+	}
+	var oldSeen, newSeen int
+	for _, conn := range analysis.Connections {
+		switch port := serverPort(conn); port {
+		case oldPort:
+			oldSeen++
+			if len(conn.Subflows) != 2 {
+				t.Errorf("connection %08x opened before the restart has %d subflows, want its 2 kept: %v", conn.Token, len(conn.Subflows), conn.Subflows)
+			}
+		case newPort:
+			newSeen++
+			if len(conn.Subflows) != 1 {
+				t.Errorf("connection %08x opened under maxSubflows 1 has %d subflows: %v", conn.Token, len(conn.Subflows), conn.Subflows)
+			}
+		default:
+			t.Errorf("connection %08x to unexpected port %d", conn.Token, port)
+		}
+	}
+	if oldSeen != conns || newSeen != 1 {
+		t.Errorf("captures show %d connections before and %d after the restart, want %d and 1", oldSeen, newSeen, conns)
+	}
+	resets, err := framework.Resets(caps.Files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resets) != 0 {
+		t.Errorf("%d resets in the captures:\n%s", len(resets), strings.Join(resets, "\n"))
+	}
+}
+
+// serverPort is the port the client of conn connected to: the responder's
+// port of its MP_CAPABLE subflow (joins go to the announced signal ports).
+func serverPort(conn *testbed.Connection) uint16 {
+	for _, s := range conn.Subflows {
+		if s.Kind == testbed.KindMPCapable {
+			return s.Dst.Port()
+		}
+	}
+	return 0
+}
+
+// A pod deleted through the API leaves nothing behind on its node once its
+// object is gone: the controller drops it from the node's state, and the agent takes its
+// endpoint, its programs and its path manager away while the node's other
+// pod stays steered.
+func TestPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
+	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
+	bed, c, ctx := kb.bed, kb.env.Client, background(t)
+	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	applied := mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: kb.policy(t).Generation}
+	for _, n := range bed.Nodes {
+		kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, applied))
+	}
+	n1, a := bed.Node(1), kb.agents[0]
+	kept, removed := n1.Pods[0], n1.Pods[1]
+	if eps, err := a.Endpoints(); err != nil || len(eps) != 2 {
+		t.Fatalf("node 1 endpoints before the deletion: %v (%v), want both pods", eps, err)
+	}
+
+	// Deleted as a kubelet completes it: graceful deletion first (the pod
+	// terminates and stays steered while its connections drain), then
+	// removal with grace 0 once its containers stopped.
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: appsNS, Name: removed.Name}}
+	if err := c.Delete(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	has := func(s *mptcpv1alpha1.MPTCPNodeState, name string) bool {
+		return slices.ContainsFunc(s.Spec.Pods, func(p mptcpv1alpha1.NodePod) bool { return p.Name == name })
+	}
+	// The controller reacts within a second when it drops a pod (the
+	// wait below); two seconds of the pod still there means it kept it.
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		s := kb.waitState(t, n1, "read", func(*mptcpv1alpha1.MPTCPNodeState) bool { return true })
+		if !has(s, removed.Name) {
+			t.Fatalf("node 1 state dropped pod %s while it was terminating", removed.Name)
+		}
+	}
+	if eps, err := a.Endpoints(); err != nil || len(eps) != 2 {
+		t.Errorf("node 1 endpoints while the pod terminates: %v (%v), want both pods", eps, err)
+	}
+	if err := c.Delete(ctx, pod, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	kb.waitState(t, n1, "without the deleted pod", func(s *mptcpv1alpha1.MPTCPNodeState) bool {
+		return !has(s, removed.Name) && has(s, kept.Name) && settled(metav1.ConditionFalse, applied)(s)
+	})
+	assertPodReleased(t, bed, a, kept, removed)
+
+	// The kept pod's connections are still spread.
+	analysis, conns := captureFlows(t, bed, []flow{{client: kept, server: bed.Pod(2, 1), port: 5201, conns: 2}})
+	requireSpread(t, analysis, conns, "after the other pod's deletion")
 }

@@ -128,7 +128,7 @@ func MatchReports(sent []SenderReport, got []ServerReport) (map[string]ServerRep
 				all = append(all, fmt.Sprintf("got %s->%s %d %.8s", x.Remote, x.Local, x.Bytes, x.SHA256))
 			}
 			return byRemote, fmt.Errorf("connection %d from %s: sent %d bytes sha256 %s, received %d bytes sha256 %s; %s; all reports: %v",
-				s.Conn, s.Local, s.Bytes, s.SHA256, r.Bytes, r.SHA256, firstDifference(s.Blocks, r.Blocks), all)
+				s.Conn, s.Local, s.Bytes, s.SHA256, r.Bytes, r.SHA256, blockDifferences(s.Blocks, r.Blocks), all)
 		}
 	}
 	return byRemote, nil
@@ -166,13 +166,19 @@ func (b *Bed) Probe(ctx context.Context, bin string, pod *Pod, to netip.AddrPort
 	return r.Received, nil
 }
 
-// firstDifference says at which 1 MiB block two streams' block hashes first
-// differ.
-func firstDifference(sent, got []string) string {
-	for i := range min(len(sent), len(got)) {
+// blockDifferences says which 1 MiB blocks of two streams differ: a few
+// scattered blocks point at corrupted segments, every block from one on at
+// a lost or shifted range.
+func blockDifferences(sent, got []string) string {
+	var differ []int
+	n := min(len(sent), len(got))
+	for i := range n {
 		if sent[i] != got[i] {
-			return fmt.Sprintf("the streams first differ in the MiB at offset %d", int64(i)<<20)
+			differ = append(differ, i)
 		}
 	}
-	return fmt.Sprintf("the streams agree on their first %d MiB", min(len(sent), len(got)))
+	if len(differ) == 0 {
+		return fmt.Sprintf("the streams agree on their first %d MiB", n)
+	}
+	return fmt.Sprintf("%d of %d MiB blocks differ, the first at offset %d, blocks %v", len(differ), n, int64(differ[0])<<20, differ)
 }
