@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Packet parsing: Ethernet (with up to two VLAN tags), IPv4 with options,
  * IPv6 with a bounded chain of extension headers, TCP and its option list.
- * Every load goes through bpf_skb_load_bytes, so non-linear skbs and short
- * packets are handled the same way: a failed load means "malformed", and the
- * caller passes the packet on untouched. */
+ * Headers are read in place when they lie in the skb's linear data (direct
+ * packet access, no helper call), and copied out with bpf_skb_load_bytes
+ * otherwise, so non-linear skbs and short packets are handled the same way:
+ * a header that cannot be read means "malformed", and the caller passes the
+ * packet on untouched. */
 #pragma once
 
 #include "common.h"
@@ -105,7 +107,8 @@ struct packet {
 	/* Per known subtype (0..MPTCP_SUB_TCPRST): offset of the option from
 	 * the start of the TCP header (0: absent, options start at 20). */
 	__u8 mptcp_off[MPTCP_SUB_TCPRST + 1];
-	__u16 l3_off; /* offset of the IP header from the start of the frame */
+	__u8 tcp_hlen; /* the TCP header's length, options included */
+	__u16 l3_off;  /* offset of the IP header from the start of the frame */
 };
 
 static __always_inline bool has_mptcp(const struct packet *pkt, __u32 subtype)
@@ -158,6 +161,32 @@ struct tcp_hdr {
 	__be16 urg_ptr;
 };
 
+/* MAX_HDR_OFF bounds a header's offset so that the verifier accepts
+ * data + off (it refuses packet offsets it cannot bound below 64 KiB). */
+#define MAX_HDR_OFF 0x7fff
+
+/* header_at returns len bytes at off: a pointer into the packet when they
+ * are in the linear data, else buf filled by bpf_skb_load_bytes; NULL when
+ * the packet is shorter. The pointer is valid until the packet is changed. */
+static __always_inline const void *header_at(struct __sk_buff *skb, __u32 off, __u32 len, void *buf)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	void *p;
+
+	if (off <= MAX_HDR_OFF) {
+		p = data + off;
+		/* Keep "p + len" derived from p, so that the check below gives
+		 * p its range. */
+		asm volatile("" : "+r"(p));
+		if (p + len <= data_end)
+			return p;
+	}
+	if (bpf_skb_load_bytes(skb, off, buf, len))
+		return NULL;
+	return buf;
+}
+
 #define IP_MF		 0x2000
 #define IP_OFFSET	 0x1FFF
 #define NEXTHDR_HOP	 0
@@ -168,81 +197,92 @@ struct tcp_hdr {
 
 static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, __u32 *off, __u8 *proto)
 {
-	__be16 h_proto;
+	const __be16 *h_proto_p;
+	__be16 h_proto, buf16;
 	__u32 o = 12;
 
-	if (bpf_skb_load_bytes(skb, o, &h_proto, sizeof(h_proto)))
+	h_proto_p = header_at(skb, o, sizeof(h_proto), &buf16);
+	if (!h_proto_p)
 		return PARSE_MALFORMED;
+	h_proto = *h_proto_p;
 	o = ETH_HLEN;
 
 #pragma unroll
 	for (int i = 0; i < MAX_VLAN_TAGS; i++) {
-		struct vlan_tag tag;
+		const struct vlan_tag *tag;
+		struct vlan_tag tag_buf;
 
 		if (h_proto != bpf_htons(ETH_P_8021Q) && h_proto != bpf_htons(ETH_P_8021AD))
 			break;
-		if (bpf_skb_load_bytes(skb, o, &tag, sizeof(tag)))
+		tag = header_at(skb, o, sizeof(*tag), &tag_buf);
+		if (!tag)
 			return PARSE_MALFORMED;
-		h_proto = tag.encap_proto;
-		o += sizeof(tag);
+		h_proto = tag->encap_proto;
+		o += sizeof(*tag);
 	}
 
 	pkt->l3_off = o;
 	if (h_proto == bpf_htons(ETH_P_IP)) {
-		struct ipv4_hdr ip;
+		const struct ipv4_hdr *ip;
+		struct ipv4_hdr ip_buf;
 		__u32 ihl;
 
-		if (bpf_skb_load_bytes(skb, o, &ip, sizeof(ip)))
+		ip = header_at(skb, o, sizeof(*ip), &ip_buf);
+		if (!ip)
 			return PARSE_MALFORMED;
-		ihl = (ip.ver_ihl & 0x0f) * 4;
-		if ((ip.ver_ihl >> 4) != 4 || ihl < sizeof(ip))
+		ihl = (ip->ver_ihl & 0x0f) * 4;
+		if ((ip->ver_ihl >> 4) != 4 || ihl < sizeof(*ip))
 			return PARSE_MALFORMED;
 		/* Only first fragments carry the TCP header, and a fragmented
 		 * SYN is not worth steering: leave all fragments alone. */
-		if (ip.frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
 			return PARSE_NOT_TCP;
 		pkt->family = AF_INET;
-		__builtin_memcpy(pkt->saddr, &ip.saddr, 4);
-		__builtin_memcpy(pkt->daddr, &ip.daddr, 4);
-		*proto = ip.protocol;
+		__builtin_memcpy(pkt->saddr, &ip->saddr, 4);
+		__builtin_memcpy(pkt->daddr, &ip->daddr, 4);
+		*proto = ip->protocol;
 		*off = o + ihl;
 		return PARSE_OK;
 	}
 
 	if (h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6_hdr ip6;
+		const struct ipv6_hdr *ip6;
+		struct ipv6_hdr ip6_buf;
 		__u8 next;
 
-		if (bpf_skb_load_bytes(skb, o, &ip6, sizeof(ip6)))
+		ip6 = header_at(skb, o, sizeof(*ip6), &ip6_buf);
+		if (!ip6)
 			return PARSE_MALFORMED;
-		if ((bpf_ntohl(ip6.ver_tc_flow) >> 28) != 6)
+		if ((bpf_ntohl(ip6->ver_tc_flow) >> 28) != 6)
 			return PARSE_MALFORMED;
 		pkt->family = AF_INET6;
-		__builtin_memcpy(pkt->saddr, ip6.saddr, 16);
-		__builtin_memcpy(pkt->daddr, ip6.daddr, 16);
-		next = ip6.nexthdr;
-		o += sizeof(ip6);
+		__builtin_memcpy(pkt->saddr, ip6->saddr, 16);
+		__builtin_memcpy(pkt->daddr, ip6->daddr, 16);
+		next = ip6->nexthdr;
+		o += sizeof(*ip6);
 
 #pragma unroll
 		for (int i = 0; i < MAX_IPV6_EXT_HEADERS; i++) {
-			struct ipv6_ext ext;
+			const struct ipv6_ext *ext;
+			struct ipv6_ext ext_buf;
 
 			if (next != NEXTHDR_HOP && next != NEXTHDR_ROUTING && next != NEXTHDR_DEST &&
 			    next != NEXTHDR_FRAGMENT && next != NEXTHDR_AUTH)
 				break;
-			if (bpf_skb_load_bytes(skb, o, &ext, sizeof(ext)))
+			ext = header_at(skb, o, sizeof(*ext), &ext_buf);
+			if (!ext)
 				return PARSE_MALFORMED;
 			if (next == NEXTHDR_FRAGMENT) {
 				/* Offset (13 bits) and M flag: any fragment is skipped. */
-				if (ext.frag_off & bpf_htons(0xfff9))
+				if (ext->frag_off & bpf_htons(0xfff9))
 					return PARSE_NOT_TCP;
 				o += 8;
 			} else if (next == NEXTHDR_AUTH) {
-				o += ((__u32)ext.hdrlen + 2) * 4;
+				o += ((__u32)ext->hdrlen + 2) * 4;
 			} else {
-				o += ((__u32)ext.hdrlen + 1) * 8;
+				o += ((__u32)ext->hdrlen + 1) * 8;
 			}
-			next = ext.nexthdr;
+			next = ext->nexthdr;
 		}
 		*proto = next;
 		*off = o;
@@ -400,6 +440,58 @@ static long scan_option(__u32 index, void *ctx)
 	return 0;
 }
 
+/* NOP, NOP, timestamps: the options of nearly every segment Linux sends
+ * once the handshake is over (RFC 7323 appendix A's layout). */
+#define TCPOPT_TS_ALIGNED  0x0101080a
+#define TCPOLEN_TS_ALIGNED 12
+
+/* scan_common_options reads in place, without copying the options or
+ * walking them, the two layouts of nearly every established segment: NOP
+ * NOP timestamps alone, or followed by one MPTCP option that ends the
+ * options (a DSS on data and DATA_ACKs). It fills scan as scan_option's walk
+ * would and returns true, or returns false and leaves the packet to the
+ * walk (any other layout, options beyond the linear data). */
+static __always_inline bool scan_common_options(struct __sk_buff *skb, __u32 opt_off, __u32 optlen,
+						struct option_scan *scan)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u8 sub_byte, flags_byte;
+	__u32 len, subtype;
+	__u8 *p;
+
+	if (optlen < TCPOLEN_TS_ALIGNED || opt_off > MAX_HDR_OFF)
+		return false;
+	p = data + opt_off;
+	asm volatile("" : "+r"(p));
+	if ((void *)(p + TCPOLEN_TS_ALIGNED) > data_end)
+		return false;
+	if (*(__be32 *)p != bpf_htonl(TCPOPT_TS_ALIGNED))
+		return false;
+	if (optlen == TCPOLEN_TS_ALIGNED)
+		return true;
+	/* The MPTCP option's kind, length, subtype and first flags byte. */
+	if ((void *)(p + TCPOLEN_TS_ALIGNED + 4) > data_end)
+		return false;
+	len = p[TCPOLEN_TS_ALIGNED + 1];
+	if (p[TCPOLEN_TS_ALIGNED] != TCPOPT_MPTCP || len < 4 || TCPOLEN_TS_ALIGNED + len != optlen)
+		return false;
+	/* All of it in the packet, as the walk's copy would require. */
+	if ((void *)(p + optlen) > data_end)
+		return false;
+	sub_byte = p[TCPOLEN_TS_ALIGNED + 2];
+	flags_byte = p[TCPOLEN_TS_ALIGNED + 3];
+	subtype = sub_byte >> 4;
+	if (!mptcp_option_valid(subtype, len, sub_byte, flags_byte, scan->tcp_flags)) {
+		scan->invalid = 1U << subtype;
+		return true;
+	}
+	scan->seen = 1U << subtype;
+	if (subtype <= MPTCP_SUB_TCPRST)
+		scan->off[subtype] = TCPOLEN_TS_ALIGNED + 1;
+	return true;
+}
+
 /* parse_packet fills pkt for a TCP packet and locates its MPTCP options.
  * It never writes to the packet. Not inlined, on purpose: its frame (the
  * option buffer, the headers) is gone before the caller goes on to
@@ -408,7 +500,8 @@ static long scan_option(__u32 index, void *ctx)
 static __noinline int parse_packet(struct __sk_buff *skb, struct packet *pkt)
 {
 	struct option_scan scan = {};
-	struct tcp_hdr tcp;
+	const struct tcp_hdr *tcp;
+	struct tcp_hdr tcp_buf;
 	__u32 off = 0, optlen;
 	__u8 proto = 0;
 	int ret;
@@ -419,40 +512,43 @@ static __noinline int parse_packet(struct __sk_buff *skb, struct packet *pkt)
 		return ret;
 	if (proto != IPPROTO_TCP)
 		return PARSE_NOT_TCP;
-	if (off > 0xffff - TCP_MAX_OPTIONS_LEN - sizeof(tcp))
+	if (off > 0xffff - TCP_MAX_OPTIONS_LEN - sizeof(*tcp))
 		return PARSE_MALFORMED;
-	if (bpf_skb_load_bytes(skb, off, &tcp, sizeof(tcp)))
+	tcp = header_at(skb, off, sizeof(*tcp), &tcp_buf);
+	if (!tcp)
 		return PARSE_MALFORMED;
 
 	pkt->l4_off = off;
-	pkt->sport = tcp.source;
-	pkt->dport = tcp.dest;
-	pkt->tcp_flags = tcp.flags;
+	pkt->sport = tcp->source;
+	pkt->dport = tcp->dest;
+	pkt->tcp_flags = tcp->flags;
+	scan.tcp_flags = tcp->flags;
 
-	optlen = (tcp.doff_res >> 4) * 4;
-	if (optlen < sizeof(tcp))
+	optlen = (tcp->doff_res >> 4) * 4;
+	if (optlen < sizeof(*tcp))
 		return PARSE_MALFORMED;
-	optlen -= sizeof(tcp);
+	pkt->tcp_hlen = optlen;
+	optlen -= sizeof(*tcp);
 	if (optlen == 0)
 		return PARSE_OK;
 	if (optlen > TCP_MAX_OPTIONS_LEN)
 		return PARSE_MALFORMED;
-	if (bpf_skb_load_bytes(skb, off + sizeof(tcp), scan.opts, optlen))
-		return PARSE_MALFORMED;
-	scan.optlen = optlen;
-	scan.tcp_flags = tcp.flags;
-
-	/* Each step consumes at least one byte, so 40 steps cover the whole
-	 * option space. */
-	bpf_loop(TCP_MAX_OPTIONS_LEN, scan_option, &scan, 0);
-	if (scan.malformed)
-		return PARSE_MALFORMED;
+	if (!scan_common_options(skb, off + sizeof(*tcp), optlen, &scan)) {
+		if (bpf_skb_load_bytes(skb, off + sizeof(*tcp), scan.opts, optlen))
+			return PARSE_MALFORMED;
+		scan.optlen = optlen;
+		/* Each step consumes at least one byte, so 40 steps cover
+		 * the whole option space. */
+		bpf_loop(TCP_MAX_OPTIONS_LEN, scan_option, &scan, 0);
+		if (scan.malformed)
+			return PARSE_MALFORMED;
+	}
 	pkt->mptcp_seen = scan.seen;
 	pkt->mptcp_invalid = scan.invalid;
 #pragma unroll
 	for (int i = 0; i <= MPTCP_SUB_TCPRST; i++) {
 		/* Offsets from the TCP header: 20 bytes of header, then opts. */
-		pkt->mptcp_off[i] = scan.off[i] ? scan.off[i] - 1 + sizeof(tcp) : 0;
+		pkt->mptcp_off[i] = scan.off[i] ? scan.off[i] - 1 + sizeof(*tcp) : 0;
 	}
 	return PARSE_OK;
 }

@@ -188,14 +188,10 @@ static __always_inline bool rate_gcra_allow(const struct rate_key *k, __u64 bps,
 #define ETH_ZLEN 60
 
 /* rate_has_payload says whether a TCP segment carries data. */
-static __always_inline bool rate_has_payload(struct __sk_buff *skb, const struct packet *pkt)
+static __always_inline bool rate_has_payload(const struct packet *pkt)
 {
-	__u32 hdr_end;
-	__u8 doff;
+	__u32 hdr_end = (__u32)pkt->l4_off + pkt->tcp_hlen;
 
-	if (bpf_skb_load_bytes(skb, (__u32)pkt->l4_off + TCP_DOFF_OFF, &doff, 1))
-		return false;
-	hdr_end = (__u32)pkt->l4_off + (doff >> 4) * 4;
 	return pkt->len > hdr_end && pkt->len > ETH_ZLEN;
 }
 
@@ -392,7 +388,7 @@ __noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, const s
 	/* Only segments with data are charged and dropped: dropping an ACK
 	 * (a DATA_ACK, a window update, a handshake's third ACK) saves no
 	 * bandwidth and stalls the connection. */
-	if (!rate_has_payload(skb, pkt))
+	if (!rate_has_payload(pkt))
 		return TCX_NEXT;
 	now = bpf_ktime_get_ns();
 	return rate_police(pkt, cfg, &k, path, now);

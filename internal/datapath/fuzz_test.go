@@ -178,19 +178,27 @@ func ipAddresses(frame []byte) (src, dst netip.Addr, ok bool) {
 	return src, dst, false
 }
 
-// resetDatapathState forgets every endpoint, subflow and connection, so that
-// each fuzz input starts from nothing selected and nothing placed.
+// resetDatapathState forgets every endpoint (and its counters), subflow and
+// connection, so that each fuzz input starts from nothing selected and
+// nothing placed.
 func resetDatapathState(t *testing.T, dp *Datapath) {
 	t.Helper()
-	for _, m := range []*ebpf.Map{dp.objs.Endpoints, dp.objs.Subflows, dp.objs.ConnAliases, dp.objs.ConnStates} {
+	for _, m := range []*ebpf.Map{dp.objs.Endpoints, dp.objs.PodCounters, dp.objs.Subflows, dp.objs.ConnAliases, dp.objs.ConnStates} {
+		// Keys only (NextKey): a per-CPU map's values need a per-CPU
+		// slice to be read, and none is needed to delete.
 		var keys [][]byte
-		var k, v []byte
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			keys = append(keys, append([]byte(nil), k...))
-		}
-		if err := it.Err(); err != nil {
-			t.Fatal(err)
+		var prev any // nil: the first key
+		for {
+			k := make([]byte, m.KeySize())
+			err := m.NextKey(prev, &k)
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys = append(keys, k)
+			prev = k
 		}
 		for _, k := range keys {
 			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) && !errors.Is(err, syscall.ENOENT) {

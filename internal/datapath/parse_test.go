@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"bytes"
 	"net/netip"
 	"testing"
 
@@ -430,4 +431,72 @@ func TestNICIngressCountsMPTCPSubtypes(t *testing.T) {
 	if st := optionStats(t, dp); st[AddAddr].Packets != 1 {
 		t.Fatalf("ADD_ADDR counted %d times on nic_ingress, want 1", st[AddAddr].Packets)
 	}
+}
+
+// The parser reads NOP, NOP, timestamps (followed by at most one MPTCP
+// option that ends the options) in place instead of walking the options:
+// every subtype behind the timestamps is found as the walk finds it, an
+// option of undefined length behind them is ignored and counted, and
+// options cut short by the end of the packet make it malformed.
+func TestParserReadsTheTimestampLayoutAsTheWalkDoes(t *testing.T) {
+	dp := loadForTest(t)
+	prefix := testpkt.Join(testpkt.NOP(), testpkt.NOP(), testpkt.Timestamps(1, 2))
+	for name, c := range optionCases {
+		if bytes.HasPrefix(c.opts, prefix[:4]) || len(prefix)+len(c.opts) > 40 {
+			continue // already the layout, or no room for the timestamps
+		}
+		c.opts = testpkt.Join(prefix, c.opts)
+		for vname, v := range frameVariants {
+			t.Run(name+"/"+vname, func(t *testing.T) {
+				before := optionStats(t, dp)
+				if m := run(t, dp.objs.PodEgress, c.frame(v), skbContext{Mark: 0x4000}); m != 0x4000 {
+					t.Fatalf("mark of an unselected pod's packet became %#x", m)
+				}
+				after := optionStats(t, dp)
+				for s := range after {
+					want := before[s].Packets
+					if MPTCPSubtype(s) == c.subtype {
+						want++
+					}
+					if after[s].Packets != want || after[s].Invalid != before[s].Invalid {
+						t.Errorf("%v: packets %d -> %d, invalid %d -> %d; want one more packet only for %v",
+							MPTCPSubtype(s), before[s].Packets, after[s].Packets, before[s].Invalid, after[s].Invalid, c.subtype)
+					}
+				}
+			})
+		}
+	}
+
+	t.Run("undefined length", func(t *testing.T) {
+		// A DSS without flags is 4 bytes; this one claims 8.
+		bad := []byte{testpkt.KindMPTCP, 8, testpkt.SubDSS << 4, 0, 0, 0, 0, 0}
+		frame := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 1, DstPort: 2, Flags: testpkt.ACK,
+			Options: testpkt.Join(prefix, bad)}}.Bytes()
+		before := optionStats(t, dp)
+		run(t, dp.objs.PodEgress, frame, skbContext{})
+		after := optionStats(t, dp)
+		if after[DSS].Invalid != before[DSS].Invalid+1 || after[DSS].Packets != before[DSS].Packets {
+			t.Errorf("DSS of undefined length behind timestamps: %+v -> %+v, want counted invalid only", before[DSS], after[DSS])
+		}
+	})
+
+	t.Run("cut short", func(t *testing.T) {
+		full := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 1, DstPort: 2, Flags: testpkt.ACK,
+			Options: testpkt.Join(prefix, testpkt.DSS{DataACK: u64(1)}.Bytes())}}.Bytes()
+		for _, cut := range []int{2, 9, 14} { // inside the DSS, its header, the timestamps
+			frame := full[:len(full)-cut]
+			before, err := dp.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			run(t, dp.objs.PodEgress, frame, skbContext{})
+			after, err := dp.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after[StatMalformed] != before[StatMalformed]+1 {
+				t.Errorf("options cut %d bytes short: malformed %d -> %d, want one more", cut, before[StatMalformed], after[StatMalformed])
+			}
+		}
+	})
 }
