@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -163,23 +164,7 @@ func TestAgentKilledMidTransferRestartsWithoutDisturbingConnections(t *testing.T
 	const conns = 2
 	old := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: conns}}, 7*time.Second)
 	// Wait until every subflow of the transfer is placed: two per connection.
-	client := bed.Pod(1, 1).Addr
-	var placed []datapath.Subflow
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		sfs, err := a1.Subflows()
-		if err != nil {
-			t.Fatal(err)
-		}
-		placed = slices.DeleteFunc(sfs, func(s datapath.Subflow) bool { return s.Local.Addr() != client })
-		if len(placed) == 2*conns {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node 1 placed %d subflows of pod 1, want %d: %v", len(placed), 2*conns, placed)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitPlaced(t, a1, bed.Pod(1, 1).Addr, 2*conns)
 	before := map[*framework.Agent][]datapath.Subflow{}
 	for _, a := range []*framework.Agent{a1, a2} {
 		if before[a], err = a.Subflows(); err != nil {
@@ -214,18 +199,7 @@ func TestAgentKilledMidTransferRestartsWithoutDisturbingConnections(t *testing.T
 
 	// The restarted agents adopted the tables: every subflow is where it was.
 	for _, a := range []*framework.Agent{a1, a2} {
-		after, err := a.Subflows()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, b := range before[a] {
-			i := slices.IndexFunc(after, func(s datapath.Subflow) bool { return s.Local == b.Local && s.Remote == b.Remote })
-			if i < 0 {
-				t.Errorf("node %d: subflow %v->%v is gone from the table after the restart", a.Node.Index, b.Local, b.Remote)
-			} else if after[i].Path != b.Path || after[i].Role != b.Role {
-				t.Errorf("node %d: subflow %v->%v moved from path %d (role %d) to path %d (role %d)", a.Node.Index, b.Local, b.Remote, b.Path, b.Role, after[i].Path, after[i].Role)
-			}
-		}
+		requireSubflowsKept(t, a, before[a])
 	}
 	// The pod added while the agent was down is steered: its connection
 	// gets a subflow per NIC (checked with the others below).
@@ -667,5 +641,45 @@ func assertPodReleased(t *testing.T, bed *testbed.Bed, a *framework.Agent, kept,
 	out, err := bed.Command(removed.NetNS, "sysctl", "-n", "net.mptcp.path_manager").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "kernel" {
 		t.Errorf("removed pod's path manager is %q (%v), want the kernel's back", out, err)
+	}
+}
+
+// waitPlaced waits until agent a's subflow table holds want subflows of the
+// pod at client, and returns them.
+func waitPlaced(t *testing.T, a *framework.Agent, client netip.Addr, want int) []datapath.Subflow {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		sfs, err := a.Subflows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		placed := slices.DeleteFunc(sfs, func(s datapath.Subflow) bool { return s.Local.Addr() != client })
+		if len(placed) == want {
+			return placed
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %d placed %d subflows of %v, want %d: %v", a.Node.Index, len(placed), client, want, placed)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// requireSubflowsKept checks that every subflow of before is still in agent
+// a's table, on the same path with the same role.
+func requireSubflowsKept(t *testing.T, a *framework.Agent, before []datapath.Subflow) {
+	t.Helper()
+	after, err := a.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range before {
+		i := slices.IndexFunc(after, func(s datapath.Subflow) bool { return s.Local == b.Local && s.Remote == b.Remote })
+		switch {
+		case i < 0:
+			t.Errorf("node %d: subflow %v->%v is gone from the table", a.Node.Index, b.Local, b.Remote)
+		case after[i].Path != b.Path || after[i].Role != b.Role:
+			t.Errorf("node %d: subflow %v->%v moved from path %d (role %d) to path %d (role %d)", a.Node.Index, b.Local, b.Remote, b.Path, b.Role, after[i].Path, after[i].Role)
+		}
 	}
 }

@@ -413,21 +413,7 @@ func TestAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
 	}
 	const conns, oldPort, newPort = 2, 5201, 5202
 	old := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: oldPort, conns: conns}}, 7*time.Second)
-	a1 := kb.agents[0]
-	client := bed.Pod(1, 1).Addr
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		sfs, err := a1.Subflows()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n := len(slices.DeleteFunc(sfs, func(s datapath.Subflow) bool { return s.Local.Addr() != client })); n == 2*conns {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("node 1 placed %d subflows of pod 1, want %d", n, 2*conns)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitPlaced(t, kb.agents[0], bed.Pod(1, 1).Addr, 2*conns)
 	before := map[*framework.Agent][]datapath.Subflow{}
 	for _, a := range kb.agents {
 		if before[a], err = a.Subflows(); err != nil {
@@ -462,19 +448,7 @@ func TestAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
 		kb.waitState(t, n, "applying the changed policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
 	}
 	for _, a := range kb.agents {
-		after, err := a.Subflows()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, b := range before[a] {
-			i := slices.IndexFunc(after, func(s datapath.Subflow) bool { return s.Local == b.Local && s.Remote == b.Remote })
-			switch {
-			case i < 0:
-				t.Errorf("node %d: subflow %v->%v is gone from the table after the restart", a.Node.Index, b.Local, b.Remote)
-			case after[i].Path != b.Path || after[i].Role != b.Role:
-				t.Errorf("node %d: subflow %v->%v moved from path %d (role %d) to path %d (role %d)", a.Node.Index, b.Local, b.Remote, b.Path, b.Role, after[i].Path, after[i].Role)
-			}
-		}
+		requireSubflowsKept(t, a, before[a])
 	}
 	fresh := runFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: newPort, conns: 1}}, 2*time.Second)
 	if got := old(); got != conns || fresh != 1 {

@@ -125,19 +125,7 @@ func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 	const conns = 2
 	old := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: conns}}, 8*time.Second)
 	client := bed.Pod(1, 1).Addr
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		sfs, err := a1.Subflows()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n := len(slices.DeleteFunc(sfs, func(s datapath.Subflow) bool { return s.Local.Addr() != client })); n == 2*conns {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the %s agent on node 1 placed %d subflows of pod 1, want %d", previousRelease, n, 2*conns)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitPlaced(t, a1, client, 2*conns)
 	before := map[*framework.Agent][]datapath.Subflow{}
 	for _, a := range agents {
 		if before[a], err = a.Subflows(); err != nil {

@@ -136,6 +136,38 @@ func (c optionCase) frameFrom(v frameVariant, sport uint16) []byte {
 		Payload: make([]byte, c.payload)}).Bytes()
 }
 
+// countEveryVariant runs case c in every frame variant through pod_egress
+// (no pod selected) and checks each is counted as c's subtype only, its mark
+// untouched.
+func countEveryVariant(t *testing.T, dp *Datapath, name string, c optionCase) {
+	t.Helper()
+	for vname, v := range frameVariants {
+		t.Run(name+"/"+vname, func(t *testing.T) {
+			before := optionStats(t, dp)
+			if m := run(t, dp.objs.PodEgress, c.frame(v), skbContext{Mark: 0x4000}); m != 0x4000 {
+				t.Fatalf("mark of an unselected pod's packet became %#x", m)
+			}
+			requireCountedOnlyAs(t, before, optionStats(t, dp), c.subtype)
+		})
+	}
+}
+
+// requireCountedOnlyAs checks that between before and after one packet was
+// counted, as a valid option of subtype only.
+func requireCountedOnlyAs(t *testing.T, before, after [NumMPTCPSubtypes]SubtypeCounters, subtype MPTCPSubtype) {
+	t.Helper()
+	for s := range after {
+		want := before[s].Packets
+		if MPTCPSubtype(s) == subtype {
+			want++
+		}
+		if after[s].Packets != want || after[s].Invalid != before[s].Invalid {
+			t.Errorf("%v: packets %d -> %d, invalid %d -> %d; want one more packet only for %v",
+				MPTCPSubtype(s), before[s].Packets, after[s].Packets, before[s].Invalid, after[s].Invalid, subtype)
+		}
+	}
+}
+
 func optionStats(t *testing.T, dp *Datapath) [NumMPTCPSubtypes]SubtypeCounters {
 	t.Helper()
 	st, err := dp.MPTCPOptionStats()
@@ -151,25 +183,7 @@ func optionStats(t *testing.T, dp *Datapath) [NumMPTCPSubtypes]SubtypeCounters {
 func TestParserCountsEveryMPTCPSubtype(t *testing.T) {
 	dp := loadForTest(t)
 	for name, c := range optionCases {
-		for vname, v := range frameVariants {
-			t.Run(name+"/"+vname, func(t *testing.T) {
-				before := optionStats(t, dp)
-				if m := run(t, dp.objs.PodEgress, c.frame(v), skbContext{Mark: 0x4000}); m != 0x4000 {
-					t.Fatalf("mark of an unselected pod's packet became %#x", m)
-				}
-				after := optionStats(t, dp)
-				for s := range after {
-					want := before[s].Packets
-					if MPTCPSubtype(s) == c.subtype {
-						want++
-					}
-					if after[s].Packets != want || after[s].Invalid != before[s].Invalid {
-						t.Errorf("%v: packets %d -> %d, invalid %d -> %d; want one more packet only for %v",
-							MPTCPSubtype(s), before[s].Packets, after[s].Packets, before[s].Invalid, after[s].Invalid, c.subtype)
-					}
-				}
-			})
-		}
+		countEveryVariant(t, dp, name, c)
 	}
 }
 
@@ -446,25 +460,7 @@ func TestParserReadsTheTimestampLayoutAsTheWalkDoes(t *testing.T) {
 			continue // already the layout, or no room for the timestamps
 		}
 		c.opts = testpkt.Join(prefix, c.opts)
-		for vname, v := range frameVariants {
-			t.Run(name+"/"+vname, func(t *testing.T) {
-				before := optionStats(t, dp)
-				if m := run(t, dp.objs.PodEgress, c.frame(v), skbContext{Mark: 0x4000}); m != 0x4000 {
-					t.Fatalf("mark of an unselected pod's packet became %#x", m)
-				}
-				after := optionStats(t, dp)
-				for s := range after {
-					want := before[s].Packets
-					if MPTCPSubtype(s) == c.subtype {
-						want++
-					}
-					if after[s].Packets != want || after[s].Invalid != before[s].Invalid {
-						t.Errorf("%v: packets %d -> %d, invalid %d -> %d; want one more packet only for %v",
-							MPTCPSubtype(s), before[s].Packets, after[s].Packets, before[s].Invalid, after[s].Invalid, c.subtype)
-					}
-				}
-			})
-		}
+		countEveryVariant(t, dp, name, c)
 	}
 
 	t.Run("undefined length", func(t *testing.T) {
