@@ -645,8 +645,8 @@ func assertPodReleased(t *testing.T, bed *testbed.Bed, a *framework.Agent, kept,
 }
 
 // waitPlaced waits until agent a's subflow table holds want subflows of the
-// pod at client, and returns them.
-func waitPlaced(t *testing.T, a *framework.Agent, client netip.Addr, want int) []datapath.Subflow {
+// pod at client.
+func waitPlaced(t *testing.T, a *framework.Agent, client netip.Addr, want int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -656,7 +656,7 @@ func waitPlaced(t *testing.T, a *framework.Agent, client netip.Addr, want int) [
 		}
 		placed := slices.DeleteFunc(sfs, func(s datapath.Subflow) bool { return s.Local.Addr() != client })
 		if len(placed) == want {
-			return placed
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("node %d placed %d subflows of %v, want %d: %v", a.Node.Index, len(placed), client, want, placed)
