@@ -256,6 +256,16 @@ func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 	missing := &mptcpv1alpha1.MPTCPPath{}
 	applyObject(t, c, missing, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPath","metadata":{"name":"fabric-z"},
 		"spec":{"nodeSelector":{"matchLabels":{"mptcp.io/multipath":"true"}},"interface":{"name":"nic9"},"capacity":"1G","defaultRole":"active"}}`)
+	// Until the path controller numbers it, the policy's new generation
+	// compiles without it (and would apply): wait for its index first.
+	for deadline := time.Now().Add(10 * time.Second); missing.Status.Index < 1; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("path fabric-z never got an index: %+v", missing.Status)
+		}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(missing), missing); err != nil {
+			t.Fatal(err)
+		}
+	}
 	pol := kb.policy(t)
 	pol.Spec.Spread.Paths = append(pol.Spec.Spread.Paths, mptcpv1alpha1.WeightedPath{Name: "fabric-z", Weight: 1})
 	if err := c.Update(ctx, pol); err != nil {
