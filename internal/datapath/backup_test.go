@@ -52,15 +52,24 @@ func backupBed(t *testing.T, local netip.Addr) *Datapath {
 // the SYN-ACK answering the join on the backup path is the one packet that
 // gets the B bit on its way into the pod: not the SYN-ACK of the join on an
 // active path, not the MP_CAPABLE SYN-ACK, not data. tshark reads the B bit
-// and finds the rewritten packet's checksums good, IPv4 and IPv6.
+// and finds the rewritten packet's checksums good, IPv4 and IPv6, with the
+// B bit's byte first or second in its 16-bit word of the TCP header (a NOP
+// before the MP_JOIN moves it).
 func TestBackupFlagsTheJoinSYNACKIntoThePodOnBackupPathsOnly(t *testing.T) {
-	for _, fam := range []struct {
+	type family struct {
 		name           string
 		client, server netip.Addr
-	}{
+	}
+	for _, fam := range []family{
 		{"IPv4", clientPod, serverPod},
 		{"IPv6", netip.MustParseAddr("fd00:244:1::11"), netip.MustParseAddr("fd00:244:2::11")},
+		{"IPv4, B bit at an odd offset", clientPod, serverPod},
+		{"IPv6, B bit at an odd offset", netip.MustParseAddr("fd00:244:1::11"), netip.MustParseAddr("fd00:244:2::11")},
 	} {
+		var lead []byte
+		if strings.HasSuffix(fam.name, "odd offset") {
+			lead = testpkt.NOP()
+		}
 		t.Run(fam.name, func(t *testing.T) {
 			dp := backupBed(t, fam.client)
 			egress, ingress := dp.Program(HookPodEgress), dp.Program(HookPodIngress)
@@ -87,7 +96,7 @@ func TestBackupFlagsTheJoinSYNACKIntoThePodOnBackupPathsOnly(t *testing.T) {
 				if p := dp.pathOfMark(t, run(t, egress, joinSyn, skbContext{})); p != want {
 					t.Fatalf("join %d placed on path %d, want %d (active paths before the backup one)", j+1, p, want)
 				}
-				sa := synAck(fam.server, 5201, fam.client, sport, testpkt.MPJoinSYNACK(0x1122334455667788, 9, 0, false))
+				sa := synAck(fam.server, 5201, fam.client, sport, testpkt.Join(lead, testpkt.MPJoinSYNACK(0x1122334455667788, 9, 0, false)))
 				_, out := runOut(t, ingress, sa)
 				if want != 2 {
 					if string(out) != string(sa) {
