@@ -306,12 +306,18 @@ func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 		kb.waitState(t, n, "recovered", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
 	}
 
-	// Withdrawn mid-transfer: the connections keep going, unreset.
+	// Withdrawn mid-transfer: the connections keep going, unreset. The
+	// captures end while the senders still send: a connection's teardown
+	// may end with a bare RST answering a late segment for a subflow its
+	// peer already closed (seen after the withdrawal moved a subflow to
+	// another NIC), which is no reset of a running connection.
 	caps, err := bed.StartCaptures("tcp")
 	if err != nil {
 		t.Fatal(err)
 	}
-	wait := startFlows(t, bed, crossTraffic(bed), 4*time.Second)
+	const transfer, captured = 6 * time.Second, 4500 * time.Millisecond
+	start := time.Now()
+	wait := startFlows(t, bed, crossTraffic(bed), transfer)
 	time.Sleep(time.Second)
 	if err := c.Delete(ctx, kb.policy(t)); err != nil {
 		t.Fatal(err)
@@ -319,11 +325,15 @@ func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 	for _, n := range bed.Nodes {
 		kb.waitState(t, n, "released", settled(metav1.ConditionFalse))
 	}
-	wait() // every stream arrived with its hash
-	files, err := caps.Stop()
+	if time.Since(start) > captured-time.Second {
+		t.Fatalf("the agents took %v to release the pods: too little of the transfer is left to watch", time.Since(start))
+	}
+	time.Sleep(time.Until(start.Add(captured)))
+	files, err := caps.Stop() // about a second more: the capture rings' flush
 	if err != nil {
 		t.Fatal(err)
 	}
+	wait() // every stream arrived with its hash
 	resets, err := framework.Resets(files)
 	if err != nil {
 		t.Fatal(err)

@@ -204,13 +204,15 @@ func (a *Agent) Leftovers() error {
 }
 
 // Resets lists the TCP resets in captures (one line per packet: capture,
-// addresses, ports), decoded by tshark. A reset is how a subflow or a whole
+// time, addresses, ports, flags, raw sequence number, length, MPTCP
+// subtypes and MP_TCPRST reason), decoded by tshark. A reset is how a subflow or a whole
 // connection dies; a transfer that survives an agent restart has none.
 func Resets(files []testbed.CaptureFile) ([]string, error) {
 	var out []string
 	for _, f := range files {
 		b, err := exec.Command("tshark", "-r", f.Path, "-Y", "tcp.flags.reset == 1",
-			"-T", "fields", "-E", "separator=/s", "-e", "ip.src", "-e", "tcp.srcport", "-e", "ip.dst", "-e", "tcp.dstport").Output()
+			"-T", "fields", "-E", "separator=/s", "-e", "frame.time_epoch", "-e", "ip.src", "-e", "tcp.srcport", "-e", "ip.dst", "-e", "tcp.dstport",
+			"-e", "tcp.flags.str", "-e", "tcp.seq_raw", "-e", "tcp.len", "-e", "tcp.options.mptcp.subtype", "-e", "tcp.options.mptcp.rst_reason").Output()
 		if err != nil {
 			return out, fmt.Errorf("tshark -r %s: %w", f.Path, err)
 		}
