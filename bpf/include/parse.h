@@ -389,6 +389,26 @@ static __always_inline __u8 opt_byte(const struct option_scan *s, __u32 i)
 	return s->opts[i];
 }
 
+/* note_mptcp_option records the MPTCP option at pos of the options (length
+ * len, its subtype byte and the byte after it, 0 if none): counted invalid
+ * when its length does not fit its subtype, else located, first occurrence
+ * of its subtype only. */
+static __always_inline void note_mptcp_option(struct option_scan *s, __u32 pos, __u32 len, __u8 sub_byte,
+					      __u8 flags_byte)
+{
+	__u32 subtype = sub_byte >> 4;
+
+	if (!mptcp_option_valid(subtype, len, sub_byte, flags_byte, s->tcp_flags)) {
+		s->invalid |= 1U << subtype;
+		return;
+	}
+	if (s->seen & (1U << subtype))
+		return;
+	s->seen |= 1U << subtype;
+	if (subtype <= MPTCP_SUB_TCPRST)
+		s->off[subtype] = pos + 1;
+}
+
 /* scan_option is one step of the option walk, run under bpf_loop so the
  * verifier checks the step once instead of every path through 40 unrolled
  * iterations. Every option is visited, so every MPTCP option is found, not
@@ -396,8 +416,8 @@ static __always_inline __u8 opt_byte(const struct option_scan *s, __u32 i)
 static long scan_option(__u32 index, void *ctx)
 {
 	struct option_scan *s = ctx;
-	__u32 pos = s->pos, len, subtype;
-	__u8 kind, sub_byte;
+	__u32 pos = s->pos, len;
+	__u8 kind;
 
 	if (pos >= s->optlen || pos >= TCP_MAX_OPTIONS_LEN)
 		return 1;
@@ -426,17 +446,7 @@ static long scan_option(__u32 index, void *ctx)
 		s->malformed = 1;
 		return 1;
 	}
-	sub_byte = opt_byte(s, pos + 2);
-	subtype = sub_byte >> 4;
-	if (!mptcp_option_valid(subtype, len, sub_byte, len > 3 ? opt_byte(s, pos + 3) : 0, s->tcp_flags)) {
-		s->invalid |= 1U << subtype;
-		return 0;
-	}
-	if (s->seen & (1U << subtype))
-		return 0;
-	s->seen |= 1U << subtype;
-	if (subtype <= MPTCP_SUB_TCPRST)
-		s->off[subtype] = pos + 1;
+	note_mptcp_option(s, pos, len, opt_byte(s, pos + 2), len > 3 ? opt_byte(s, pos + 3) : 0);
 	return 0;
 }
 
@@ -456,8 +466,7 @@ static __always_inline bool scan_common_options(struct __sk_buff *skb, __u32 opt
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	__u8 sub_byte, flags_byte;
-	__u32 len, subtype;
+	__u32 len;
 	__u8 *p;
 
 	if (optlen < TCPOLEN_TS_ALIGNED || opt_off > MAX_HDR_OFF)
@@ -479,16 +488,8 @@ static __always_inline bool scan_common_options(struct __sk_buff *skb, __u32 opt
 	/* All of it in the packet, as the walk's copy would require. */
 	if ((void *)(p + optlen) > data_end)
 		return false;
-	sub_byte = p[TCPOLEN_TS_ALIGNED + 2];
-	flags_byte = p[TCPOLEN_TS_ALIGNED + 3];
-	subtype = sub_byte >> 4;
-	if (!mptcp_option_valid(subtype, len, sub_byte, flags_byte, scan->tcp_flags)) {
-		scan->invalid = 1U << subtype;
-		return true;
-	}
-	scan->seen = 1U << subtype;
-	if (subtype <= MPTCP_SUB_TCPRST)
-		scan->off[subtype] = TCPOLEN_TS_ALIGNED + 1;
+	note_mptcp_option(scan, TCPOLEN_TS_ALIGNED, len, p[TCPOLEN_TS_ALIGNED + 2],
+			  p[TCPOLEN_TS_ALIGNED + 3]);
 	return true;
 }
 

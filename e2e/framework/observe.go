@@ -205,8 +205,9 @@ func (a *Agent) Leftovers() error {
 
 // Resets lists the TCP resets in captures (one line per packet: capture,
 // time, addresses, ports, flags, raw sequence number, length, MPTCP
-// subtypes and MP_TCPRST reason), decoded by tshark. A reset is how a subflow or a whole
-// connection dies; a transfer that survives an agent restart has none.
+// subtypes and MP_TCPRST reason), decoded by tshark. A reset is how a
+// subflow or a whole connection dies; a transfer that survives an agent
+// restart has none.
 func Resets(files []testbed.CaptureFile) ([]string, error) {
 	var out []string
 	for _, f := range files {
