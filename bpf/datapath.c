@@ -19,6 +19,8 @@
  *       anything for a selected pod -> mark with the NIC's path (reverse-path
  *                                   filtering with src_valid_mark then sees
  *                                   the path's table)
+ *       a known subflow of a pod no longer selected -> the same mark, nothing
+ *                                   else (its peer may still send it here)
  *       SYN opening a subflow    -> record the arrival path, so the pod's
  *                                   replies leave by the same NIC, and count
  *                                   the path as used by the connection
@@ -862,6 +864,24 @@ int pod_ingress(struct __sk_buff *skb)
 	return rate_act(skb, &pkt, &fk, sf, RATE_DIR_INGRESS);
 }
 
+/* mark_released_subflow lets a packet of a known subflow of a pod that no
+ * rule selects any more (released) through reverse-path filtering. The pod's
+ * own node sends such subflows by plain routing at once, but the peer's node
+ * may keep sending them over the NIC it placed them on: it releases its pod a
+ * little later, or its pod stays selected. Strict rp_filter would drop them
+ * (plain routing expects another NIC) and stall the connection; the mark
+ * selects the arrival NIC's table for the check. Nothing else is done for a
+ * released pod: no counters, no new subflows. */
+static __always_inline void mark_released_subflow(struct __sk_buff *skb, const struct packet *pkt,
+						  const struct nic *n)
+{
+	struct flow_key fk = {};
+
+	flow_key_from(&fk, pkt, true);
+	if (bpf_map_lookup_elem(&subflows, &fk))
+		set_path_mark(skb, n->path);
+}
+
 SEC("tc")
 int nic_ingress(struct __sk_buff *skb)
 {
@@ -878,8 +898,10 @@ int nic_ingress(struct __sk_buff *skb)
 	if (parse_counted(skb, &pkt) != PARSE_OK)
 		return TCX_NEXT;
 	ep = lookup_endpoint(pkt.family, pkt.daddr);
-	if (!ep)
+	if (!ep) {
+		mark_released_subflow(skb, &pkt, n);
 		return TCX_NEXT;
+	}
 
 	set_path_mark(skb, n->path);
 	count_path(n->path, pkt.len, false);

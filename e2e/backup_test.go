@@ -181,12 +181,12 @@ func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 	}
 }
 
-// nstatValue reads one of the kernel's counters in pod's namespace.
-func nstatValue(t *testing.T, bed *testbed.Bed, pod *testbed.Pod, name string) float64 {
+// nstatValue reads one of the kernel's counters in the network namespace ns.
+func nstatValue(t *testing.T, bed *testbed.Bed, ns, name string) float64 {
 	t.Helper()
-	out, err := bed.Command(pod.NetNS, "nstat", "-asz", name).Output()
+	out, err := bed.Command(ns, "nstat", "-asz", name).Output()
 	if err != nil {
-		t.Fatalf("nstat in %s: %v", pod.Name, err)
+		t.Fatalf("nstat in %s: %v", ns, err)
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		if f := strings.Fields(line); len(f) >= 2 && f[0] == name {
@@ -225,11 +225,11 @@ func TestJoinBeyondTheMaximumIsRefusedWithMPTCPRST(t *testing.T) {
 	if err := bed.ConfigureClientLimits(client, 2, 2); err != nil {
 		t.Fatal(err)
 	}
-	joinsRx0 := nstatValue(t, bed, server, "MPTcpExtMPJoinSynRx")
+	joinsRx0 := nstatValue(t, bed, server.NetNS, "MPTcpExtMPJoinSynRx")
 	// A reset in SYN-SENT ends the join's attempt (tcpAttemptFails): the
 	// kernel accepted it. (MPTcpExtMPRstRx counts MP_TCPRST on
 	// established subflows only.)
-	fails0 := nstatValue(t, bed, client, "TcpAttemptFails")
+	fails0 := nstatValue(t, bed, client.NetNS, "TcpAttemptFails")
 
 	ctx := background(t)
 	const port = 5403
@@ -252,10 +252,10 @@ func TestJoinBeyondTheMaximumIsRefusedWithMPTCPRST(t *testing.T) {
 	if !got[0].MPTCP {
 		t.Fatalf("the connection fell back to TCP: %+v", got[0])
 	}
-	if n := nstatValue(t, bed, server, "MPTcpExtMPJoinSynRx") - joinsRx0; n != 1 {
+	if n := nstatValue(t, bed, server.NetNS, "MPTcpExtMPJoinSynRx") - joinsRx0; n != 1 {
 		t.Errorf("the server pod received %v join SYNs, want 1: the second must be refused before it", n)
 	}
-	if n := nstatValue(t, bed, client, "TcpAttemptFails") - fails0; n != 1 {
+	if n := nstatValue(t, bed, client.NetNS, "TcpAttemptFails") - fails0; n != 1 {
 		t.Errorf("the client pod's kernel saw %v connection attempts fail, want the refused join's", n)
 	}
 	refused, _ := scrape(t, agents[1]).Value("mptcp_agent_datapath_events_total", "event", agent.EventName(datapath.StatJoinRefused))

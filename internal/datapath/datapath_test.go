@@ -295,6 +295,53 @@ func TestResponderMirrorsArrivalNIC(t *testing.T) {
 	}
 }
 
+// A pod released from every rule keeps its subflows' packets acceptable on
+// whatever path NIC they arrive: its peer's node may still send them there.
+// A packet of no known subflow of an unselected address stays unmarked.
+func TestReleasedPodsSubflowsStayAcceptedOnTheirNIC(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(serverPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	const nic2Ifindex = 7
+	if err := dp.SetNIC(nic2Ifindex, 1); err != nil {
+		t.Fatal(err)
+	}
+	join := syn(clientPod, 45000, serverPod, 5201, testpkt.MPJoinSYN(0x01020304, 5, 2, false))
+	run(t, dp.objs.NicIngress, join, skbContext{IngressIfindex: nic2Ifindex})
+	if err := dp.DeleteEndpoint(serverPod); err != nil {
+		t.Fatal(err)
+	}
+	before, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	data := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 45000, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: []byte("late")}}.Bytes()
+	if p := dp.pathOfMark(t, run(t, dp.objs.NicIngress, data, skbContext{IngressIfindex: nic2Ifindex})); p != 1 {
+		t.Fatalf("released pod's subflow packet marked with path %d, want the arrival path 1", p)
+	}
+	other := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 45001, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: []byte("late")}}.Bytes()
+	if m := run(t, dp.objs.NicIngress, other, skbContext{IngressIfindex: nic2Ifindex, Mark: 0x5}); m != 0x5 {
+		t.Fatalf("packet of no known subflow of a released pod got mark %#x", m)
+	}
+	// A new subflow of the released pod is not mirrored.
+	run(t, dp.objs.NicIngress, syn(clientPod, 45002, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{IngressIfindex: nic2Ifindex})
+	after, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := after[StatSubflowMirrored] - before[StatSubflowMirrored]; n != 0 {
+		t.Errorf("%d subflows of the released pod mirrored, want none", n)
+	}
+	if n := after[StatMarked] - before[StatMarked]; n != 1 {
+		t.Errorf("%d packets marked after the release, want 1", n)
+	}
+}
+
 // Mark bits outside the mask belong to others (kube-proxy, CNIs) and survive.
 func TestMarkPreservesForeignBits(t *testing.T) {
 	dp := loadForTest(t)
