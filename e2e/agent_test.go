@@ -235,6 +235,7 @@ func TestPodRemovedFromConfigLeavesNothingBehind(t *testing.T) {
 	}
 	a := agents[0]
 	kept, removed := bed.Pod(1, 1), bed.Pod(1, 2)
+	connectFrom(t, bed, a, removed)
 	s := scrape(t, a)
 	if n := metric(t, s, "mptcp_agent_path_managers"); n != 2 {
 		t.Fatalf("%v path managers before the change, want 2", n)
@@ -593,9 +594,10 @@ func requireSpread(t *testing.T, analysis *testbed.Analysis, conns int, when str
 }
 
 // assertPodReleased checks that agent a released pod removed and kept pod
-// kept, its node's only other pod: no endpoint, no program on its veth
-// (pinned link, or any TCX program the kernel lists), no path manager, and
-// the kernel's path manager back in the pod.
+// kept, its node's only other pod: no endpoint, no subflow or connection of
+// its closed connections, no program on its veth (pinned link, or any TCX
+// program the kernel lists), no path manager, and the kernel's path manager
+// back in the pod.
 func assertPodReleased(t *testing.T, bed *testbed.Bed, a *framework.Agent, kept, removed *testbed.Pod) {
 	t.Helper()
 	eps, err := a.Endpoints()
@@ -631,6 +633,26 @@ func assertPodReleased(t *testing.T, bed *testbed.Bed, a *framework.Agent, kept,
 			t.Errorf("%s: pod_egress attached to %s is %v, want %v (TCX programs: %v)", c.pod, c.pod.HostIf, got, c.want, progs)
 		}
 	}
+	// Nothing the datapath learnt of the removed pod's (closed)
+	// connections stays behind.
+	sfs, err := a.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sf := range sfs {
+		if sf.Local.Addr() == removed.Addr {
+			t.Errorf("subflow of the removed pod left in the table: %+v", sf)
+		}
+	}
+	conns, err := a.Connections()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range conns {
+		if c.Local == removed.Addr {
+			t.Errorf("connection of the removed pod left in the table: %+v", c)
+		}
+	}
 	s := scrape(t, a)
 	if n := metric(t, s, "mptcp_agent_path_managers"); n != 1 {
 		t.Errorf("%v path managers after the change, want 1", n)
@@ -641,6 +663,26 @@ func assertPodReleased(t *testing.T, bed *testbed.Bed, a *framework.Agent, kept,
 	out, err := bed.Command(removed.NetNS, "sysctl", "-n", "net.mptcp.path_manager").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "kernel" {
 		t.Errorf("removed pod's path manager is %q (%v), want the kernel's back", out, err)
+	}
+}
+
+// connectFrom runs a short transfer from pod to a server on node 2 and
+// waits until agent a holds the pod's subflows and connection, so that a
+// test of what the pod's removal leaves behind has something to look for.
+func connectFrom(t *testing.T, bed *testbed.Bed, a *framework.Agent, pod *testbed.Pod) {
+	t.Helper()
+	runFlows(t, bed, []flow{{client: pod, server: bed.Pod(2, 1), port: 5209, conns: 1}}, time.Second)
+	sfs, err := a.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns, err := a.Connections()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(sfs, func(s datapath.Subflow) bool { return s.Local.Addr() == pod.Addr }) ||
+		!slices.ContainsFunc(conns, func(c datapath.Connection) bool { return c.Local == pod.Addr }) {
+		t.Fatalf("after a transfer from %s: no subflow or connection of it in the tables (%d subflows, %d connections)", pod, len(sfs), len(conns))
 	}
 }
 

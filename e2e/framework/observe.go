@@ -49,6 +49,13 @@ func (a *Agent) Subflows() ([]datapath.Subflow, error) {
 	return datapath.PinnedSubflows(a.Config.PinDir)
 }
 
+// Connections reads the connection table of the agent's pinned datapath.
+func (a *Agent) Connections() ([]datapath.Connection, error) {
+	var out []datapath.Connection
+	err := a.withDatapath(func(dp *datapath.Datapath) (err error) { out, err = dp.Connections(); return })
+	return out, err
+}
+
 // Endpoints reads the selected pod addresses of the agent's pinned datapath.
 func (a *Agent) Endpoints() (map[string]uint32, error) {
 	out := map[string]uint32{}

@@ -227,6 +227,9 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 			}
 		}
 	}
+	if err := a.sweepReleased(cfg); err != nil {
+		errs = append(errs, err)
+	}
 	atts, err := a.dp.Attachments()
 	if err != nil {
 		errs = append(errs, err)

@@ -254,9 +254,7 @@ func (d *Datapath) ForgetSubflow(local, remote netip.AddrPort) error {
 	if local.Addr().Unmap().Is4() != remote.Addr().Unmap().Is4() {
 		return fmt.Errorf("subflow %v -> %v mixes address families", local, remote)
 	}
-	k := datapathFlowKey{Family: family(local.Addr().Unmap()), Sport: htons(local.Port()), Dport: htons(remote.Port())}
-	copy(k.Saddr[:], local.Addr().Unmap().AsSlice())
-	copy(k.Daddr[:], remote.Addr().Unmap().AsSlice())
+	k := flowKey(local, remote)
 	if err := d.objs.Subflows.Delete(&k); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil

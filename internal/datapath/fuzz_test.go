@@ -2,9 +2,7 @@ package datapath
 
 import (
 	"encoding/binary"
-	"errors"
 	"net/netip"
-	"syscall"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -183,27 +181,18 @@ func ipAddresses(frame []byte) (src, dst netip.Addr, ok bool) {
 // nothing placed.
 func resetDatapathState(t *testing.T, dp *Datapath) {
 	t.Helper()
-	for _, m := range []*ebpf.Map{dp.objs.Endpoints, dp.objs.PodCounters, dp.objs.Subflows, dp.objs.ConnAliases, dp.objs.ConnStates} {
-		// Keys only (NextKey): a per-CPU map's values need a per-CPU
-		// slice to be read, and none is needed to delete.
-		var keys [][]byte
-		var prev any // nil: the first key
-		for {
-			k := make([]byte, m.KeySize())
-			err := m.NextKey(prev, &k)
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			keys = append(keys, k)
-			prev = k
+	all := func(datapathEndpointKey) bool { return true }
+	for _, m := range []*ebpf.Map{dp.objs.Endpoints, dp.objs.PodCounters} {
+		if _, err := deleteKeysWhere(m, all); err != nil {
+			t.Fatal(err)
 		}
-		for _, k := range keys {
-			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) && !errors.Is(err, syscall.ENOENT) {
-				t.Fatal(err)
-			}
+	}
+	if _, err := deleteKeysWhere(dp.objs.Subflows, func(datapathFlowKey) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*ebpf.Map{dp.objs.ConnAliases, dp.objs.ConnStates} {
+		if _, err := deleteKeysWhere(m, func(datapathConnKey) bool { return true }); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -1,0 +1,146 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+)
+
+// A pod the agent stops selecting (its policy went, its labels changed, it
+// was deleted) takes plain routing at once, but its open subflows may still
+// arrive on the NICs they were placed on: the peer's node releases its own
+// pod a moment later, or keeps it selected. The datapath lets their packets
+// through reverse-path filtering while it has a record of them, so the agent
+// keeps the records of a released pod's open subflows and forgets the rest
+// (connections, rate state, closed subflows) at once; each reconcile forgets
+// the subflows whose sockets closed since. A pod whose network namespace is
+// gone has no open subflow. The addresses still to sweep are kept in the
+// state directory, so a restarted agent finishes the job.
+
+// releasedPods maps a released pod address to its network namespace path.
+type releasedPods map[netip.Addr]string
+
+func (a *Agent) releasedPath() string { return filepath.Join(a.cfg.StateDir, "released.json") }
+
+func (a *Agent) readReleased() releasedPods {
+	out := releasedPods{}
+	if b, err := os.ReadFile(a.releasedPath()); err == nil {
+		// A damaged file loses only the sweep of old records: the LRU
+		// evicts them in time.
+		_ = json.Unmarshal(b, &out)
+	}
+	return out
+}
+
+// sweepReleased records the addresses of the pods that the previous
+// configuration selected and cfg does not, and forgets what the datapath
+// holds of each released address but its open subflows. Call it after the
+// endpoints cfg does not select are deleted.
+func (a *Agent) sweepReleased(cfg *Config) error {
+	released := a.readReleased()
+	before := len(released)
+	if a.previous != nil {
+		for _, pod := range a.previous.Pods {
+			for _, ip := range pod.IPs {
+				released[ip.Unmap()] = pod.NetNS
+			}
+		}
+	}
+	for _, pod := range cfg.Pods {
+		for _, ip := range pod.IPs {
+			delete(released, ip.Unmap())
+		}
+	}
+	var errs []error
+	for addr, ns := range released {
+		open, err := openTCPSockets(ns)
+		if err != nil {
+			// Keep every record until the sockets can be read.
+			errs = append(errs, fmt.Errorf("released pod %v: %w", addr, err))
+			continue
+		}
+		left, err := a.dp.ForgetLocal(addr, func(sf datapath.Subflow) bool { return open[socketKey{sf.Local, sf.Remote}] })
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if left == 0 {
+			delete(released, addr)
+		}
+	}
+	if len(released) == 0 && before == 0 {
+		return errors.Join(errs...)
+	}
+	if err := a.writeReleased(released); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (a *Agent) writeReleased(r releasedPods) error {
+	if len(r) == 0 {
+		if err := os.Remove(a.releasedPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
+		return err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(a.releasedPath(), b, 0o600)
+}
+
+// socketKey is a TCP socket's two ends, as its namespace sees them.
+type socketKey struct{ local, remote netip.AddrPort }
+
+// openTCPSockets lists the TCP sockets of the network namespace at nsPath
+// that can still receive a peer's packets: every state but TIME_WAIT and
+// CLOSE. A namespace that no longer exists has none.
+func openTCPSockets(nsPath string) (map[socketKey]bool, error) {
+	open := map[socketKey]bool{}
+	if _, err := os.Stat(nsPath); errors.Is(err, os.ErrNotExist) {
+		return open, nil
+	}
+	fd, err := netnsutil.Open(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	ns := netns.NsHandle(fd)
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_INET_DIAG)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in %s: %w", nsPath, err)
+	}
+	defer h.Close()
+	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		socks, err := h.SocketDiagTCP(fam)
+		if err != nil {
+			return nil, fmt.Errorf("listing TCP sockets in %s: %w", nsPath, err)
+		}
+		for _, s := range socks {
+			if s.State == netlink.TCP_TIME_WAIT || s.State == netlink.TCP_CLOSE {
+				continue
+			}
+			local, ok1 := netip.AddrFromSlice(s.ID.Source)
+			remote, ok2 := netip.AddrFromSlice(s.ID.Destination)
+			if ok1 && ok2 {
+				open[socketKey{netip.AddrPortFrom(local.Unmap(), s.ID.SourcePort), netip.AddrPortFrom(remote.Unmap(), s.ID.DestinationPort)}] = true
+			}
+		}
+	}
+	return open, nil
+}

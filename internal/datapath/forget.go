@@ -1,0 +1,116 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+)
+
+// ForgetLocal removes what the datapath learnt about the local pod address
+// addr once no rule selects it (call DeleteEndpoint first): its connections,
+// its rate buckets, windows and subflow rate state, and its subflows except
+// those keep wants. A kept subflow still lets its packets through
+// reverse-path filtering on the NIC they arrive on (its peer may still send
+// them there); the caller keeps the ones whose sockets are open. It returns
+// how many subflows of addr remain.
+func (d *Datapath) ForgetLocal(addr netip.Addr, keep func(Subflow) bool) (remaining int, err error) {
+	addr = addr.Unmap()
+	if !addr.IsValid() {
+		return 0, errors.New("forget: invalid address")
+	}
+	fam, raw := family(addr), [16]byte{}
+	copy(raw[:], addr.AsSlice())
+	local := func(f uint8, a [16]uint8) bool { return f == fam && a == raw }
+
+	sfs, err := d.Subflows()
+	if err != nil {
+		return 0, fmt.Errorf("forget %v: listing subflows: %w", addr, err)
+	}
+	var forgotten uint64
+	for _, sf := range sfs {
+		if sf.Local.Addr() != addr {
+			continue
+		}
+		if keep(sf) {
+			remaining++
+			continue
+		}
+		k := flowKey(sf.Local, sf.Remote)
+		if err := d.objs.Subflows.Delete(&k); err == nil {
+			forgotten++
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return remaining, fmt.Errorf("forget %v: subflow %v: %w", addr, sf.Remote, err)
+		}
+	}
+	if err := d.countForgotten(StatSubflowForgotten, forgotten); err != nil {
+		return remaining, err
+	}
+	if _, err := deleteKeysWhere(d.objs.RateSubflows, func(k datapathFlowKey) bool { return local(k.Family, k.Saddr) }); err != nil {
+		return remaining, fmt.Errorf("forget %v: subflow rate state: %w", addr, err)
+	}
+	if _, err := deleteKeysWhere(d.objs.ConnAliases, func(k datapathConnKey) bool { return local(k.Family, k.Local) }); err != nil {
+		return remaining, fmt.Errorf("forget %v: connection aliases: %w", addr, err)
+	}
+	conns, err := deleteKeysWhere(d.objs.ConnStates, func(k datapathConnKey) bool { return local(k.Family, k.Local) })
+	if err != nil {
+		return remaining, fmt.Errorf("forget %v: connections: %w", addr, err)
+	}
+	if err := d.countForgotten(StatConnForgotten, uint64(conns)); err != nil {
+		return remaining, err
+	}
+	// Path buckets and windows have no address; every other kind is the
+	// pod's own.
+	for _, m := range []*ebpf.Map{d.objs.RateBuckets, d.objs.RateWindows} {
+		if _, err := deleteKeysWhere(m, func(k datapathRateKey) bool { return local(k.Family, k.Addr) }); err != nil {
+			return remaining, fmt.Errorf("forget %v: rate state: %w", addr, err)
+		}
+	}
+	return remaining, nil
+}
+
+// flowKey is the subflows map's key of a subflow as the local pod sends it.
+func flowKey(local, remote netip.AddrPort) datapathFlowKey {
+	k := datapathFlowKey{Family: family(local.Addr().Unmap()), Sport: htons(local.Port()), Dport: htons(remote.Port())}
+	copy(k.Saddr[:], local.Addr().Unmap().AsSlice())
+	copy(k.Daddr[:], remote.Addr().Unmap().AsSlice())
+	return k
+}
+
+// deleteKeysWhere deletes the entries of m whose key match accepts and
+// returns how many it deleted. Keys alone are read (per-CPU values would
+// need a slice per entry), all of them before the first delete: deleting
+// the key a walk stands on restarts the walk from the first key.
+func deleteKeysWhere[K any](m *ebpf.Map, match func(K) bool) (int, error) {
+	var doomed []K
+	var prev *K // nil: the first key
+	for range m.MaxEntries() + 1 {
+		var next K
+		var err error
+		if prev == nil {
+			err = m.NextKey(nil, &next)
+		} else {
+			err = m.NextKey(prev, &next)
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+		if match(next) {
+			doomed = append(doomed, next)
+		}
+		prev = &next
+	}
+	deleted := 0
+	for i := range doomed {
+		if err := m.Delete(&doomed[i]); err == nil {
+			deleted++
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return deleted, err
+		}
+	}
+	return deleted, nil
+}
