@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -62,20 +63,33 @@ func (a *Agent) sweepReleased(cfg *Config) error {
 		}
 	}
 	var errs []error
+	open := map[socketKey]bool{}
+	var sweep []netip.Addr
+	read := map[string]error{} // a pod's addresses share its namespace
 	for addr, ns := range released {
-		open, err := openTCPSockets(ns)
+		err, done := read[ns]
+		if !done {
+			var socks map[socketKey]bool
+			socks, err = openTCPSockets(ns)
+			maps.Copy(open, socks)
+			read[ns] = err
+		}
 		if err != nil {
-			// Keep every record until the sockets can be read.
+			// Keep every record of the pod until its sockets can be read.
 			errs = append(errs, fmt.Errorf("released pod %v: %w", addr, err))
 			continue
 		}
-		left, err := a.dp.ForgetLocal(addr, func(sf datapath.Subflow) bool { return open[socketKey{sf.Local, sf.Remote}] })
+		sweep = append(sweep, addr)
+	}
+	if len(sweep) > 0 {
+		left, err := a.dp.ForgetLocal(sweep, func(sf datapath.Subflow) bool { return open[socketKey{sf.Local, sf.Remote}] })
 		if err != nil {
 			errs = append(errs, err)
-			continue
 		}
-		if left == 0 {
-			delete(released, addr)
+		for addr, n := range left {
+			if n == 0 {
+				delete(released, addr)
+			}
 		}
 	}
 	if len(released) == 0 && before == 0 {

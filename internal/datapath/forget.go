@@ -8,63 +8,75 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// ForgetLocal removes what the datapath learnt about the local pod address
-// addr once no rule selects it (call DeleteEndpoint first): its connections,
-// its rate buckets, windows and subflow rate state, and its subflows except
-// those keep wants. A kept subflow still lets its packets through
-// reverse-path filtering on the NIC they arrive on (its peer may still send
-// them there); the caller keeps the ones whose sockets are open. It returns
-// how many subflows of addr remain.
-func (d *Datapath) ForgetLocal(addr netip.Addr, keep func(Subflow) bool) (remaining int, err error) {
-	addr = addr.Unmap()
-	if !addr.IsValid() {
-		return 0, errors.New("forget: invalid address")
+// ForgetLocal removes what the datapath learnt about the local pod
+// addresses addrs once no rule selects them (call DeleteEndpoint first):
+// their connections, their rate buckets, windows and subflow rate state, and
+// their subflows except those keep wants. A kept subflow still lets its
+// packets through reverse-path filtering on the NIC they arrive on (its peer
+// may still send them there); the caller keeps the ones whose sockets are
+// open. It returns how many subflows of each address remain. Each map is
+// walked once, however many addresses there are.
+func (d *Datapath) ForgetLocal(addrs []netip.Addr, keep func(Subflow) bool) (remaining map[netip.Addr]int, err error) {
+	type rawAddr struct {
+		family uint8
+		addr   [16]byte
 	}
-	fam, raw := family(addr), [16]byte{}
-	copy(raw[:], addr.AsSlice())
-	local := func(f uint8, a [16]uint8) bool { return f == fam && a == raw }
+	forget := map[rawAddr]bool{}
+	remaining = map[netip.Addr]int{}
+	for _, a := range addrs {
+		a = a.Unmap()
+		if !a.IsValid() {
+			return nil, errors.New("forget: invalid address")
+		}
+		var r rawAddr
+		r.family = family(a)
+		copy(r.addr[:], a.AsSlice())
+		forget[r] = true
+		remaining[a] = 0
+	}
+	local := func(f uint8, a [16]uint8) bool { return forget[rawAddr{f, a}] }
 
 	sfs, err := d.Subflows()
 	if err != nil {
-		return 0, fmt.Errorf("forget %v: listing subflows: %w", addr, err)
+		return nil, fmt.Errorf("forget: listing subflows: %w", err)
 	}
 	var forgotten uint64
 	for _, sf := range sfs {
-		if sf.Local.Addr() != addr {
+		if _, ok := remaining[sf.Local.Addr()]; !ok {
 			continue
 		}
 		if keep(sf) {
-			remaining++
+			remaining[sf.Local.Addr()]++
 			continue
 		}
 		k := flowKey(sf.Local, sf.Remote)
 		if err := d.objs.Subflows.Delete(&k); err == nil {
 			forgotten++
 		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return remaining, fmt.Errorf("forget %v: subflow %v: %w", addr, sf.Remote, err)
+			return nil, fmt.Errorf("forget: subflow %v -> %v: %w", sf.Local, sf.Remote, err)
 		}
 	}
 	if err := d.countForgotten(StatSubflowForgotten, forgotten); err != nil {
-		return remaining, err
+		return nil, err
 	}
 	if _, err := deleteKeysWhere(d.objs.RateSubflows, func(k datapathFlowKey) bool { return local(k.Family, k.Saddr) }); err != nil {
-		return remaining, fmt.Errorf("forget %v: subflow rate state: %w", addr, err)
+		return nil, fmt.Errorf("forget: subflow rate state: %w", err)
 	}
 	if _, err := deleteKeysWhere(d.objs.ConnAliases, func(k datapathConnKey) bool { return local(k.Family, k.Local) }); err != nil {
-		return remaining, fmt.Errorf("forget %v: connection aliases: %w", addr, err)
+		return nil, fmt.Errorf("forget: connection aliases: %w", err)
 	}
 	conns, err := deleteKeysWhere(d.objs.ConnStates, func(k datapathConnKey) bool { return local(k.Family, k.Local) })
 	if err != nil {
-		return remaining, fmt.Errorf("forget %v: connections: %w", addr, err)
+		return nil, fmt.Errorf("forget: connections: %w", err)
 	}
 	if err := d.countForgotten(StatConnForgotten, uint64(conns)); err != nil {
-		return remaining, err
+		return nil, err
 	}
 	// Path buckets and windows have no address; every other kind is the
 	// pod's own.
 	for _, m := range []*ebpf.Map{d.objs.RateBuckets, d.objs.RateWindows} {
 		if _, err := deleteKeysWhere(m, func(k datapathRateKey) bool { return local(k.Family, k.Addr) }); err != nil {
-			return remaining, fmt.Errorf("forget %v: rate state: %w", addr, err)
+			return nil, fmt.Errorf("forget: rate state: %w", err)
 		}
 	}
 	return remaining, nil

@@ -67,20 +67,20 @@ func TestForgetLocalRemovesOnlyThePodsState(t *testing.T) {
 		t.Fatal(err)
 	}
 	keep := netip.AddrPortFrom(clientPod, 40000)
-	remaining, err := dp.ForgetLocal(clientPod, func(sf Subflow) bool { return sf.Local == keep })
+	remaining, err := dp.ForgetLocal([]netip.Addr{clientPod}, func(sf Subflow) bool { return sf.Local == keep })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s, c, b := entries(clientPod); remaining != 1 || s != 1 || c != 0 || b != 0 {
-		t.Errorf("released pod after: %d subflows (reported %d), %d connections, %d buckets; want 1, 0, 0", s, remaining, c, b)
+	if s, c, b := entries(clientPod); remaining[clientPod] != 1 || s != 1 || c != 0 || b != 0 {
+		t.Errorf("released pod after: %d subflows (reported %v), %d connections, %d buckets; want 1, 0, 0", s, remaining, c, b)
 	}
 	if s, c, b := entries(other); s != 2 || c != 2 || b == 0 {
 		t.Errorf("other pod after: %d subflows, %d connections, %d buckets; want 2, 2 and some", s, c, b)
 	}
 
 	// Once its last socket closes, the rest goes.
-	if remaining, err := dp.ForgetLocal(clientPod, func(Subflow) bool { return false }); err != nil || remaining != 0 {
-		t.Fatalf("ForgetLocal keeping nothing: %d remaining, %v", remaining, err)
+	if remaining, err := dp.ForgetLocal([]netip.Addr{clientPod}, func(Subflow) bool { return false }); err != nil || remaining[clientPod] != 0 {
+		t.Fatalf("ForgetLocal keeping nothing: %v remaining, %v", remaining, err)
 	}
 	if s, _, _ := entries(clientPod); s != 0 {
 		t.Errorf("%d subflows of the released pod left", s)
