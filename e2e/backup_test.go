@@ -132,12 +132,16 @@ func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 		sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, port), true, "-conns", "1", "-duration", "10s")
 		done <- result{sent, err}
 	}()
-	time.Sleep(2 * time.Second)
+	// Both subflows placed (a loaded machine may take longer than usual
+	// to open the join), then a second for the scheduler to use both.
+	waitPlaced(t, agents[0], client.Addr, 2)
+	time.Sleep(time.Second)
 	_, tx0 := nicBytes(t, bed, bed.Node(1))
 	time.Sleep(time.Second)
 	_, tx1 := nicBytes(t, bed, bed.Node(1))
 	if d := tx1[1] - tx0[1]; d < 1e6 {
-		t.Fatalf("before the change fabric-b carried %d bytes in a second: the subflow is not spread, the test proves nothing", d)
+		sfs, _ := agents[0].Subflows()
+		t.Fatalf("before the change fabric-b carried %d bytes in a second: the subflow is not spread, the test proves nothing (subflows: %+v)", d, sfs)
 	}
 
 	cfg := agents[0].Config

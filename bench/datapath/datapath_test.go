@@ -101,6 +101,7 @@ var (
 	// chainSYN opens a connection that only the last rule of the chain
 	// selects; chainDSS is data of the connection it opens.
 	chainSYN   = frame(clientPod, serverPod, 40100, 5201, testpkt.SYN, testpkt.MPCapableSYN(), nil)
+	chainACK   = frame(clientPod, serverPod, 40100, 5201, testpkt.ACK, testpkt.MPCapableACK(clientKey+1, serverKey+1), nil)
 	chainDSS   = frame(clientPod, serverPod, 40100, 5201, testpkt.ACK|testpkt.PSH, dssOption(), make([]byte, 1000))
 	chainLocal = netip.AddrPortFrom(clientPod, 40100)
 )
@@ -330,13 +331,24 @@ var cases = []benchCase{
 	{name: "full chain: MPTCP data (DSS) of a subflow the chain placed (spread + police + backup + record)", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
 		setupChain(b, dp)
 		prog := dp.Program(datapath.HookPodEgress)
-		if _, err := prog.Run(&ebpf.RunOptions{Data: chainSYN}); err != nil {
-			b.Fatal(err)
+		// The handshake's third ACK: the connection is known, as it is
+		// for every data packet after it.
+		for _, f := range [][]byte{chainSYN, chainACK} {
+			if _, err := prog.Run(&ebpf.RunOptions{Data: f}); err != nil {
+				b.Fatal(err)
+			}
 		}
 		return repeated(b, prog, chainDSS)
 	}, check: func(dp *datapath.Datapath) error {
 		if err := chainPlaced(dp); err != nil {
 			return err
+		}
+		conns, err := dp.Connections()
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(conns, func(c datapath.Connection) bool { return c.Token == tokenOf(serverKey+1) }) {
+			return fmt.Errorf("the chain's connection was not learnt: %+v", conns)
 		}
 		pods, err := dp.PodStats()
 		if err != nil {

@@ -51,15 +51,21 @@ func writeReport(path string) error {
 	b.WriteString("\nOne run per syscall adds the kernel's per-run timing and a cold start to every packet, so placements " +
 		"are compared with the empty program measured that way, not with the repeated one.\n")
 	b.WriteString("\nTarget (issue 3): the full chain under 100 ns per packet. Not met on this machine, where the empty " +
-		"program alone takes 26 to 30 ns. Reading the fixed headers in place (direct packet access) instead of " +
-		"copying each with bpf_skb_load_bytes, reading the common option layout (NOP, NOP, timestamps, one DSS) in " +
-		"place instead of copying and walking it, and keeping the TCP header length from the parse took the medians " +
-		"from 94 to about 41 ns (non-TCP), 263 to about 101 (plain TCP), 366 to about 231 (DSS data) and 515 to " +
-		"about 340 (full chain), measured on 2026-11-22 before and after. What is left on a placed subflow's data: " +
-		"the per-subtype option counters, two hash lookups (the pod's counters, its subflow) and the subflow's atomic " +
-		"counters, the rate actor's rule lookup, and police's buckets (about 110 ns of the chain: a second subflow " +
-		"lookup, the clock, a compare-and-swap). Ways left to try: the pod's counters kept in its subflow entry, the " +
-		"connection's bucket found from the subflow without a second lookup, per-CPU subflow counters.\n")
+		"program alone takes 26 to 30 ns. What brought it down so far (medians, this machine): reading the fixed " +
+		"headers in place (direct packet access) instead of copying each with bpf_skb_load_bytes, reading the common " +
+		"option layout (NOP, NOP, timestamps, one MPTCP option) in place instead of copying and walking it, and " +
+		"keeping the TCP header length from the parse took 94 to about 41 ns (non-TCP), 263 to about 101 (plain TCP), " +
+		"366 to about 231 (DSS data) and 515 to about 340 (full chain) on 2026-11-22. On 2026-11-23 the in-place read " +
+		"learnt the padding Linux puts after a DSS with a mapping and no checksum (two NOPs; the benchmark's packets " +
+		"end with EOLs, read the same way): such packets, most of a transfer's data, had still been walked. With the " +
+		"per-subtype counters visiting only up to the highest subtype present, and police taking a known " +
+		"connection's bucket key from the subflow entry instead of a second subflow lookup, DSS data went from about " +
+		"219 to about 157 ns and the full chain (now with the connection learnt from its third ACK, as for any data " +
+		"packet after the handshake) from about 333 to about 239. A profile of the full chain (perf, cpu-clock) puts " +
+		"what is left in four hash lookups (the pod's counters, its subflow, the rate rule, the connection's bucket: " +
+		"about a third of the time), the clock police reads (read_tsc, about a tenth), the program's own code with " +
+		"the subflow's atomic counters, and BPF_PROG_TEST_RUN's per-run work. Ways left to try: the rate rules in an " +
+		"array (indexed, no hash), the pod's counters kept in its subflow entry.\n")
 
 	return benchdoc.ReplaceSection(path, section, b.String())
 }

@@ -458,16 +458,18 @@ static long scan_option(__u32 index, void *ctx)
 /* scan_common_options reads in place, without copying the options or
  * walking them, the two layouts of nearly every established segment: NOP
  * NOP timestamps alone, or followed by one MPTCP option that ends the
- * options (a DSS on data and DATA_ACKs). It fills scan as scan_option's walk
- * would and returns true, or returns false and leaves the packet to the
- * walk (any other layout, options beyond the linear data). */
+ * options, maybe padded to the 4-byte boundary with NOPs or EOLs (a DSS on
+ * data and DATA_ACKs: Linux follows a mapping without checksum with two
+ * NOPs). It fills scan as scan_option's walk would and returns true, or
+ * returns false and leaves the packet to the walk (any other layout,
+ * options beyond the linear data). */
 static __always_inline bool scan_common_options(struct __sk_buff *skb, __u32 opt_off, __u32 optlen,
 						struct option_scan *scan)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	__u32 len;
-	__u8 *p;
+	__u32 len, pad;
+	__u8 *p, *last;
 
 	if (optlen < TCPOLEN_TS_ALIGNED || opt_off > MAX_HDR_OFF)
 		return false;
@@ -483,10 +485,21 @@ static __always_inline bool scan_common_options(struct __sk_buff *skb, __u32 opt
 	if ((void *)(p + TCPOLEN_TS_ALIGNED + 4) > data_end)
 		return false;
 	len = p[TCPOLEN_TS_ALIGNED + 1];
-	if (p[TCPOLEN_TS_ALIGNED] != TCPOPT_MPTCP || len < 4 || TCPOLEN_TS_ALIGNED + len != optlen)
+	if (p[TCPOLEN_TS_ALIGNED] != TCPOPT_MPTCP || len < 4 || TCPOLEN_TS_ALIGNED + len > optlen)
 		return false;
-	/* All of it in the packet, as the walk's copy would require. */
-	if ((void *)(p + optlen) > data_end)
+	pad = optlen - TCPOLEN_TS_ALIGNED - len;
+	if (pad > 3)
+		return false;
+	/* All of it in the packet, as the walk's copy would require; the
+	 * padding is in the last 4 bytes (optlen is a multiple of 4). */
+	/* optlen >= 16 here; the mask bounds the offset for the verifier and
+	 * keeps clang from folding the -4 into the accesses (the verifier
+	 * wants non-negative offsets from the pointer it checked). */
+	last = p + ((optlen - 4) & 0x3f);
+	if ((void *)(last + 4) > data_end)
+		return false;
+	if ((pad >= 1 && last[3] > TCPOPT_NOP) || (pad >= 2 && last[2] > TCPOPT_NOP) ||
+	    (pad >= 3 && last[1] > TCPOPT_NOP))
 		return false;
 	note_mptcp_option(scan, TCPOLEN_TS_ALIGNED, len, p[TCPOLEN_TS_ALIGNED + 2],
 			  p[TCPOLEN_TS_ALIGNED + 3]);

@@ -463,6 +463,18 @@ func TestParserReadsTheTimestampLayoutAsTheWalkDoes(t *testing.T) {
 		countEveryVariant(t, dp, name, c)
 	}
 
+	// Linux ends a DSS with a mapping and no checksum (26 bytes) with two
+	// NOPs; padding that is neither NOP nor EOL leaves the packet to the
+	// walk, which counts the same.
+	mapping := testpkt.DSS{DataACK: u64(1 << 33), DataACK8: true, Mapping: &testpkt.DSSMapping{DSN: 1 << 34, DSN8: true, SSN: 1, Length: 1000}}.Bytes()
+	for name, pad := range map[string][]byte{"NOP": {1, 1}, "EOL": {0, 0}, "NOP then EOL": {1, 0}, "not padding": {0x55, 2}} {
+		c := optionCase{subtype: DSS, flags: testpkt.ACK | testpkt.PSH, payload: 1000, opts: testpkt.Join(prefix, mapping, pad)}
+		if len(c.opts) != 40 {
+			t.Fatalf("options of %d bytes, want the 40 Linux sends", len(c.opts))
+		}
+		countEveryVariant(t, dp, "DSS mapping, padded: "+name, c)
+	}
+
 	t.Run("undefined length", func(t *testing.T) {
 		// A DSS without flags is 4 bytes; this one claims 8.
 		bad := []byte{testpkt.KindMPTCP, 8, testpkt.SubDSS << 4, 0, 0, 0, 0, 0}
