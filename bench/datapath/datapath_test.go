@@ -103,6 +103,8 @@ var (
 	chainSYN   = frame(clientPod, serverPod, 40100, 5201, testpkt.SYN, testpkt.MPCapableSYN(), nil)
 	chainACK   = frame(clientPod, serverPod, 40100, 5201, testpkt.ACK, testpkt.MPCapableACK(clientKey+1, serverKey+1), nil)
 	chainDSS   = frame(clientPod, serverPod, 40100, 5201, testpkt.ACK|testpkt.PSH, dssOption(), make([]byte, 1000))
+	// chainDSSIn is the peer's data on the same subflow, into the pod.
+	chainDSSIn = frame(serverPod, clientPod, 5201, 40100, testpkt.ACK|testpkt.PSH, dssOption(), make([]byte, 1000))
 	chainLocal = netip.AddrPortFrom(clientPod, 40100)
 )
 
@@ -329,43 +331,64 @@ var cases = []benchCase{
 		return chainPlaced(dp)
 	}},
 	{name: "full chain: MPTCP data (DSS) of a subflow the chain placed (spread + police + backup + record)", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
-		setupChain(b, dp)
-		prog := dp.Program(datapath.HookPodEgress)
-		// The handshake's third ACK: the connection is known, as it is
-		// for every data packet after it.
-		for _, f := range [][]byte{chainSYN, chainACK} {
-			if _, err := prog.Run(&ebpf.RunOptions{Data: f}); err != nil {
-				b.Fatal(err)
-			}
-		}
-		return repeated(b, prog, chainDSS)
+		return repeated(b, openChainConnection(b, dp), chainDSS)
 	}, check: func(dp *datapath.Datapath) error {
-		if err := chainPlaced(dp); err != nil {
-			return err
-		}
-		conns, err := dp.Connections()
-		if err != nil {
-			return err
-		}
-		if !slices.ContainsFunc(conns, func(c datapath.Connection) bool { return c.Token == tokenOf(serverKey+1) }) {
-			return fmt.Errorf("the chain's connection was not learnt: %+v", conns)
-		}
-		pods, err := dp.PodStats()
-		if err != nil {
-			return err
-		}
-		if pods[clientPod].TxPackets < repeat {
-			return fmt.Errorf("pod counters %+v: the record actor did not count every packet", pods[clientPod])
-		}
-		st, err := dp.Stats()
-		if err != nil {
-			return err
-		}
-		if st[datapath.StatRateDropConn] != 0 {
-			return fmt.Errorf("police dropped %d packets: the case measured drops, not the chain", st[datapath.StatRateDropConn])
-		}
-		return nil
+		return chainCounted(dp, func(p datapath.TrafficCounters) uint64 { return p.TxPackets })
 	}},
+	{name: "full chain into the pod: MPTCP data (DSS) on the same subflow (police + backup + block + record)", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
+		openChainConnection(b, dp)
+		return repeated(b, dp.Program(datapath.HookPodIngress), chainDSSIn)
+	}, check: func(dp *datapath.Datapath) error {
+		return chainCounted(dp, func(p datapath.TrafficCounters) uint64 { return p.RxPackets })
+	}},
+}
+
+// openChainConnection sets up the selector chain and runs its connection's
+// SYN and third ACK through pod_egress: the subflow is placed and the
+// connection known, as for every data packet after the handshake. It
+// returns pod_egress.
+func openChainConnection(b *testing.B, dp *datapath.Datapath) *ebpf.Program {
+	b.Helper()
+	setupChain(b, dp)
+	prog := dp.Program(datapath.HookPodEgress)
+	for _, f := range [][]byte{chainSYN, chainACK} {
+		if _, err := prog.Run(&ebpf.RunOptions{Data: f}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return prog
+}
+
+// chainCounted checks a full-chain case took the path it claims: the chain
+// placed the subflow, the connection was learnt, the record actor counted
+// every packet (packets reads the direction's pod counter) and police
+// dropped none.
+func chainCounted(dp *datapath.Datapath, packets func(datapath.TrafficCounters) uint64) error {
+	if err := chainPlaced(dp); err != nil {
+		return err
+	}
+	conns, err := dp.Connections()
+	if err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(conns, func(c datapath.Connection) bool { return c.Token == tokenOf(serverKey+1) }) {
+		return fmt.Errorf("the chain's connection was not learnt: %+v", conns)
+	}
+	pods, err := dp.PodStats()
+	if err != nil {
+		return err
+	}
+	if packets(pods[clientPod]) < repeat {
+		return fmt.Errorf("pod counters %+v: the record actor did not count every packet", pods[clientPod])
+	}
+	st, err := dp.Stats()
+	if err != nil {
+		return err
+	}
+	if st[datapath.StatRateDropConn] != 0 {
+		return fmt.Errorf("police dropped %d packets: the case measured drops, not the chain", st[datapath.StatRateDropConn])
+	}
+	return nil
 }
 
 // BenchmarkPodEgress reports ns/pkt for each case; the runs of one process
