@@ -666,6 +666,102 @@ func assertPodReleased(t *testing.T, bed *testbed.Bed, a *framework.Agent, kept,
 	}
 }
 
+// A pod released on its own node while its peer stays selected, under
+// traffic: the peer's node goes on sending the subflows over the NICs it
+// placed them on for as long as they live, and the released pod's node
+// still accepts them (strict rp_filter drops nothing) while it sends by
+// plain routing. The streams arrive whole, nothing is reset, the released
+// pod's open subflows stay in the table; once the connections end, a
+// reconcile forgets them.
+func TestPodReleasedWhileItsPeerStaysSelectedKeepsItsConnections(t *testing.T) {
+	testbed.RequireTools(t, testbed.CaptureTools...)
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
+	ctx := background(t)
+	agents, err := framework.StartAgents(ctx, bed, bins.Agent, agent.Rule{}, declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, client, server := agents[0], bed.Pod(1, 1), bed.Pod(2, 1)
+	node1 := bed.Node(1)
+	drops0 := nstatValue(t, bed, node1.NetNS, "TcpExtIPReversePathFilter")
+	caps, err := bed.StartCaptures("tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const transfer, captured = 6 * time.Second, 4500 * time.Millisecond
+	start := time.Now()
+	wait := startFlows(t, bed, []flow{{client: client, server: server, port: 5211, conns: 2}}, transfer)
+	waitPlaced(t, a, client.Addr, 4) // two connections of two subflows, one per NIC
+	before, err := a.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := *a.Config
+	cfg.Pods = slices.DeleteFunc(slices.Clone(cfg.Pods), func(p agent.Pod) bool { return p.Name == client.Name })
+	if err := a.WriteConfig(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.WaitReconciles(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	eps, err := a.Endpoints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := eps[client.Addr.String()]; ok || len(eps) != 1 {
+		t.Fatalf("node 1 endpoints after the release: %v, want the other pod's only", eps)
+	}
+	// Every subflow is open: the release keeps all their records.
+	requireSubflowsKept(t, a, slices.DeleteFunc(before, func(s datapath.Subflow) bool { return s.Local.Addr() != client.Addr }))
+	if time.Since(start) > captured-time.Second {
+		t.Fatalf("the release took until %v into the transfer: too little of it is left to watch", time.Since(start))
+	}
+
+	time.Sleep(time.Until(start.Add(captured)))
+	files, err := caps.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait() // every stream arrived with its hash
+	if d := nstatValue(t, bed, node1.NetNS, "TcpExtIPReversePathFilter") - drops0; d != 0 {
+		t.Errorf("node 1: strict rp_filter dropped %v packets of the released pod's subflows", d)
+	}
+	resets, err := framework.Resets(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resets) != 0 {
+		t.Errorf("%d resets in the captures:\n%s", len(resets), strings.Join(resets, "\n"))
+	}
+
+	// The connections are over: a reconcile (here a reload; otherwise the
+	// next periodic sweep) forgets their subflows.
+	for reconciles, deadline := 3, time.Now().Add(10*time.Second); ; reconciles++ {
+		if err := a.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.WaitReconciles(ctx, reconciles); err != nil {
+			t.Fatal(err)
+		}
+		sfs, err := a.Subflows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		left := slices.DeleteFunc(sfs, func(s datapath.Subflow) bool { return s.Local.Addr() != client.Addr })
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("subflows of the released pod still in the table after its connections ended: %+v", left)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 // connectFrom runs a short transfer from pod to a server on node 2 and
 // waits until agent a holds the pod's subflows and connection, so that a
 // test of what the pod's removal leaves behind has something to look for.

@@ -133,11 +133,20 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 	if fatal != nil {
 		return fatal
 	}
+	// Released pods' subflows close at any time, not only when the
+	// configuration changes: sweep their records as often as kube mode
+	// resyncs.
+	sweep := time.NewTicker(agent.SweepInterval)
+	defer sweep.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			log.Info("stopping; the datapath stays pinned and keeps steering")
 			return nil
+		case <-sweep.C:
+			if err := a.SweepReleased(); err != nil {
+				log.Error("sweeping released pods' records", "err", err)
+			}
 		case <-hup:
 			next, err := agent.LoadConfig(configPath)
 			if err != nil {

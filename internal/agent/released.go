@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -27,6 +28,14 @@ import (
 // the subflows whose sockets closed since. A pod whose network namespace is
 // gone has no open subflow. The addresses still to sweep are kept in the
 // state directory, so a restarted agent finishes the job.
+
+// SweepInterval is how often an agent without other reason to reconcile
+// sweeps the released pods' records (kube mode resyncs as often).
+const SweepInterval = 30 * time.Second
+
+// SweepReleased forgets the records of released pods' subflows that closed
+// since the last reconcile.
+func (a *Agent) SweepReleased() error { return a.sweepReleased(a.cfg) }
 
 // releasedPods maps a released pod address to its network namespace path.
 type releasedPods map[netip.Addr]string
