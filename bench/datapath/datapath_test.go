@@ -100,9 +100,9 @@ var (
 	joinPeer  = netip.AddrPortFrom(serverPod, 5201)
 	// chainSYN opens a connection that only the last rule of the chain
 	// selects; chainDSS is data of the connection it opens.
-	chainSYN   = frame(clientPod, serverPod, 40100, 5201, testpkt.SYN, testpkt.MPCapableSYN(), nil)
-	chainACK   = frame(clientPod, serverPod, 40100, 5201, testpkt.ACK, testpkt.MPCapableACK(clientKey+1, serverKey+1), nil)
-	chainDSS   = frame(clientPod, serverPod, 40100, 5201, testpkt.ACK|testpkt.PSH, dssOption(), make([]byte, 1000))
+	chainSYN = frame(clientPod, serverPod, 40100, 5201, testpkt.SYN, testpkt.MPCapableSYN(), nil)
+	chainACK = frame(clientPod, serverPod, 40100, 5201, testpkt.ACK, testpkt.MPCapableACK(clientKey+1, serverKey+1), nil)
+	chainDSS = frame(clientPod, serverPod, 40100, 5201, testpkt.ACK|testpkt.PSH, dssOption(), make([]byte, 1000))
 	// chainDSSIn is the peer's data on the same subflow, into the pod.
 	chainDSSIn = frame(serverPod, clientPod, 5201, 40100, testpkt.ACK|testpkt.PSH, dssOption(), make([]byte, 1000))
 	chainLocal = netip.AddrPortFrom(clientPod, 40100)
