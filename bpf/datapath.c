@@ -448,6 +448,15 @@ static __always_inline __u32 rule_nactive(const struct rule *r)
 #define PLACE_NO_PATH  -1
 #define PLACE_ALL_DOWN -2
 
+/* conn_full says whether connection c already has rule r's maximum of
+ * subflows: its initial subflow, the peer's joins this node let in and the
+ * joins it placed for its pod (a join counts once placed or let in, whether
+ * or not its handshake completes). */
+static __always_inline bool conn_full(const struct rule *r, const struct conn *c)
+{
+	return r && c && r->max_subflows && c->subflows + c->joins >= r->max_subflows;
+}
+
 /* claim_path takes, for a join of the connection ck (its conn_states key),
  * the first usable path of rule_id (from a per-connection cursor; from the
  * top of the list in preferred mode) that no subflow of the connection uses
@@ -694,7 +703,10 @@ __noinline __u32 select_rule(const struct endpoint *ep, const struct packet *pkt
 
 /* place_subflow chooses the path of a new subflow the pod opens: a join of
  * a known connection follows its connection's rule; anything else goes
- * through the pod's selector chain. */
+ * through the pod's selector chain. Returns 0 when placed, PLACE_REFUSED for
+ * a join past its connection's maximum, -1 when nothing is placed. */
+#define PLACE_REFUSED 1
+
 static __always_inline int place_subflow(struct __sk_buff *skb, const struct packet *pkt,
 					 const struct endpoint *ep, struct subflow *sf)
 {
@@ -717,6 +729,8 @@ static __always_inline int place_subflow(struct __sk_buff *skb, const struct pac
 				count(STAT_JOIN_TOKEN_KNOWN);
 				sf->conn = ck.token;
 				rule_id = c->rule;
+				if (conn_full(bpf_map_lookup_elem(&rules, &rule_id), c))
+					return PLACE_REFUSED;
 				join = true;
 				goto selected;
 			}
@@ -806,6 +820,7 @@ int pod_egress(struct __sk_buff *skb)
 	struct flow_key fk = {};
 	struct subflow *sf, nsf = {};
 	struct endpoint *ep;
+	int ret;
 
 	if (parse_counted(skb, &pkt) != PARSE_OK)
 		return TCX_NEXT;
@@ -831,7 +846,21 @@ int pod_egress(struct __sk_buff *skb)
 	ep = lookup_endpoint(pkt.family, pkt.saddr);
 	if (!ep)
 		return TCX_NEXT;
-	if (place_subflow(skb, &pkt, ep, &nsf))
+	ret = place_subflow(skb, &pkt, ep, &nsf);
+	if (ret == PLACE_REFUSED) {
+		/* A join of the pod's beyond its rule's maximum: the pod's
+		 * path manager is set to stay within it, so this is a pod
+		 * that opens joins itself. It hears why at once, as a peer
+		 * would (block.h), and no subflow is placed. */
+		if (observe_only()) {
+			count(STAT_OBSERVED);
+		} else if (refuse_join(skb, &pkt) == 0) {
+			count(STAT_JOIN_REFUSED);
+			return bpf_redirect(skb->ifindex, 0);
+		}
+		return TCX_NEXT;
+	}
+	if (ret)
 		return TCX_NEXT;
 
 	nsf.tx_packets = 1;

@@ -201,21 +201,33 @@ func nstatValue(t *testing.T, bed *testbed.Bed, ns, name string) float64 {
 	return 0
 }
 
-// A peer that opens more joins than the server pod's rule allows
-// (maxSubflows 2: the first subflow and one join): the server pod's kernel
-// announces two extra ports and would accept both joins, the client's kernel
-// joins both, and the server's node answers the second at its NIC with a
-// reset carrying MP_TCPRST. The server pod never sees that join, the client's
-// kernel takes the reset (the join's attempt fails), the connection goes on
-// with two subflows and every byte arrives.
+// A connection that opens more joins than a rule allows (maxSubflows 2:
+// the first subflow and one join): the server pod's kernel announces two
+// extra ports and would accept both joins, the client's kernel joins both,
+// and the node whose rule sets the maximum answers the second with a reset
+// carrying MP_TCPRST: the server's node at its NIC (a peer's join), or the
+// client's node at the client's veth (its own pod's join; its path manager
+// would normally stay within the rule, here the test sets it). The server
+// pod never sees that join, the client's kernel takes the reset (the join's
+// attempt fails), the connection goes on with two subflows and every byte
+// arrives.
 func TestJoinBeyondTheMaximumIsRefusedWithMPTCPRST(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		maxOnNode int
+	}{{"by the server's node at its NIC", 2}, {"by the client's node at its veth", 1}} {
+		t.Run(c.name, func(t *testing.T) { joinRefusedBy(t, c.maxOnNode) })
+	}
+}
+
+func joinRefusedBy(t *testing.T, maxOnNode int) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
 	// The pods' MPTCP settings are the kernel path manager's, set here;
 	// the agents only steer and refuse.
 	agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(n *testbed.Node) agent.Rule {
 		r := agent.Rule{Subflows: agent.SubflowsNone}
-		if n.Index == 2 {
+		if n.Index == maxOnNode {
 			r.MaxSubflows = 2
 		}
 		return r
@@ -262,8 +274,8 @@ func TestJoinBeyondTheMaximumIsRefusedWithMPTCPRST(t *testing.T) {
 	if n := nstatValue(t, bed, client.NetNS, "TcpAttemptFails") - fails0; n != 1 {
 		t.Errorf("the client pod's kernel saw %v connection attempts fail, want the refused join's", n)
 	}
-	refused, _ := scrape(t, agents[1]).Value("mptcp_agent_datapath_events_total", "event", agent.EventName(datapath.StatJoinRefused))
+	refused, _ := scrape(t, agents[maxOnNode-1]).Value("mptcp_agent_datapath_events_total", "event", agent.EventName(datapath.StatJoinRefused))
 	if refused < 1 {
-		t.Errorf("node 2's agent counted %v refused joins, want at least 1", refused)
+		t.Errorf("node %d's agent counted %v refused joins, want at least 1", maxOnNode, refused)
 	}
 }

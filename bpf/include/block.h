@@ -54,7 +54,7 @@ static __always_inline bool join_refused(__u32 rule_id, const struct conn *c, __
 		return false;
 	if (r->blocked & (1U << (path & MAX_PATHS)))
 		return true;
-	return c && r->max_subflows && c->subflows >= r->max_subflows;
+	return conn_full(r, c);
 }
 
 static __always_inline __u16 csum_fold32(__u64 sum)

@@ -519,3 +519,66 @@ func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 		})
 	}
 }
+
+// A join the pod opens beyond its rule's maximum (2 subflows) is answered at
+// its veth the way a peer's is at the NIC: the SYN becomes a reset with
+// MP_TCPRST reason 3, from the peer to the pod, valid checksums (tshark),
+// sent back into the pod (TC_ACT_REDIRECT), counted, and not placed. The
+// join within the maximum, and its retransmitted SYN, pass.
+func TestBlockAnswersThePodsJoinBeyondTheMaximum(t *testing.T) {
+	const tcActRedirect = 7
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}, MaxSubflows: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	egress := dp.objs.PodEgress
+	const clientKey, serverKey = 0x0a0b0c0d0e0f1011, 0x0102030405060708
+	run(t, egress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+	run(t, egress, capableACK(clientPod, 40000, serverPod, 5201, clientKey, serverKey), skbContext{})
+	join := func(sport uint16) []byte {
+		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 5201, Seq: 1000, Flags: testpkt.SYN,
+			Options: testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false)}}.Bytes()
+	}
+	for range 2 {
+		if ret, out := runOut(t, egress, join(40001)); ret != tcxNext || string(out) != string(join(40001)) {
+			t.Fatalf("the join within the maximum: verdict %d, changed %v; want it passed unchanged", int32(ret), string(out) != string(join(40001)))
+		}
+	}
+	ret, rst := runOut(t, egress, join(40002))
+	if ret != tcActRedirect {
+		t.Fatalf("the join beyond the maximum: verdict %d, want TC_ACT_REDIRECT back into the pod", int32(ret))
+	}
+	d := tsharkDecode(t, [][]byte{rst}, []string{"ip.checksum.status", "tcp.checksum.status", "ip.src", "ip.dst", "tcp.srcport", "tcp.dstport",
+		"tcp.flags.reset", "tcp.flags.ack", "tcp.ack_raw", "tcp.options.mptcp.subtype", "tcp.options.mptcp.rst_reason"})[0]
+	want := map[string]string{"ip.checksum.status": tsharkGood, "tcp.checksum.status": tsharkGood, "ip.src": serverPod.String(), "ip.dst": clientPod.String(),
+		"tcp.srcport": "5201", "tcp.dstport": "40002", "tcp.flags.reset": "1", "tcp.flags.ack": "1", "tcp.ack_raw": "1001",
+		"tcp.options.mptcp.subtype": "8", "tcp.options.mptcp.rst_reason": "0x03"}
+	for k, v := range want {
+		if d[k] != v {
+			t.Errorf("tshark: %s = %q, want %q", k, d[k], v)
+		}
+	}
+	if n := stat(t, dp, StatJoinRefused); n != 1 {
+		t.Errorf("StatJoinRefused = %d, want 1", n)
+	}
+	sfs, err := dp.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sf := range sfs {
+		if sf.Local.Port() == 40002 {
+			t.Errorf("the refused join was placed: %+v", sf)
+		}
+	}
+
+	// Observe-only: the join is counted as observed and passes unchanged.
+	if err := dp.SetObserveOnly(true); err != nil {
+		t.Fatal(err)
+	}
+	if ret, out := runOut(t, egress, join(40003)); ret != tcxNext || string(out) != string(join(40003)) {
+		t.Errorf("observe-only: verdict %d, changed %v; want the join passed unchanged", int32(ret), string(out) != string(join(40003)))
+	}
+}
