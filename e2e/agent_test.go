@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"math"
@@ -241,17 +242,7 @@ func TestPodRemovedFromConfigLeavesNothingBehind(t *testing.T) {
 		t.Fatalf("%v path managers before the change, want 2", n)
 	}
 
-	cfg := *a.Config
-	cfg.Pods = slices.DeleteFunc(slices.Clone(cfg.Pods), func(p agent.Pod) bool { return p.Name == removed.Name })
-	if err := a.WriteConfig(&cfg); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Reload(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.WaitReconciles(ctx, 2); err != nil {
-		t.Fatal(err)
-	}
+	removeFromConfig(ctx, t, a, removed)
 
 	assertPodReleased(t, bed, a, kept, removed)
 
@@ -697,17 +688,7 @@ func TestPodReleasedWhileItsPeerStaysSelectedKeepsItsConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg := *a.Config
-	cfg.Pods = slices.DeleteFunc(slices.Clone(cfg.Pods), func(p agent.Pod) bool { return p.Name == client.Name })
-	if err := a.WriteConfig(&cfg); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Reload(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.WaitReconciles(ctx, 2); err != nil {
-		t.Fatal(err)
-	}
+	removeFromConfig(ctx, t, a, client)
 	eps, err := a.Endpoints()
 	if err != nil {
 		t.Fatal(err)
@@ -759,6 +740,23 @@ func TestPodReleasedWhileItsPeerStaysSelectedKeepsItsConnections(t *testing.T) {
 			t.Fatalf("subflows of the released pod still in the table after its connections ended: %+v", left)
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// removeFromConfig drops pod from file-mode agent a's configuration and
+// waits for the reload's reconcile (the agent's second).
+func removeFromConfig(ctx context.Context, t *testing.T, a *framework.Agent, pod *testbed.Pod) {
+	t.Helper()
+	cfg := *a.Config
+	cfg.Pods = slices.DeleteFunc(slices.Clone(cfg.Pods), func(p agent.Pod) bool { return p.Name == pod.Name })
+	if err := a.WriteConfig(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.WaitReconciles(ctx, 2); err != nil {
+		t.Fatal(err)
 	}
 }
 

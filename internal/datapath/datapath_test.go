@@ -259,9 +259,14 @@ func TestJoinWithUnknownTokenIsCounted(t *testing.T) {
 	}
 }
 
-// The responder's node sends a subflow's replies out of the NIC its SYN
-// arrived on, and marks arriving packets so strict rp_filter accepts them.
-func TestResponderMirrorsArrivalNIC(t *testing.T) {
+// nic2Ifindex is the NIC of path 1 in mirroredJoinBed.
+const nic2Ifindex = 7
+
+// mirroredJoinBed selects the server pod (rule 0 over paths 0 and 1), and
+// has a peer's join from the client pod (port 45000 to 5201) arrive on
+// path 1's NIC, checking the datapath marks it with path 1.
+func mirroredJoinBed(t *testing.T) *Datapath {
+	t.Helper()
 	dp := loadForTest(t)
 	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
 		t.Fatal(err)
@@ -269,7 +274,6 @@ func TestResponderMirrorsArrivalNIC(t *testing.T) {
 	if err := dp.SetEndpoint(serverPod, 0); err != nil {
 		t.Fatal(err)
 	}
-	const nic2Ifindex = 7
 	if err := dp.SetNIC(nic2Ifindex, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -277,6 +281,13 @@ func TestResponderMirrorsArrivalNIC(t *testing.T) {
 	if p := dp.pathOfMark(t, run(t, dp.objs.NicIngress, join, skbContext{IngressIfindex: nic2Ifindex})); p != 1 {
 		t.Fatalf("arriving join marked with path %d, want 1", p)
 	}
+	return dp
+}
+
+// The responder's node sends a subflow's replies out of the NIC its SYN
+// arrived on, and marks arriving packets so strict rp_filter accepts them.
+func TestResponderMirrorsArrivalNIC(t *testing.T) {
+	dp := mirroredJoinBed(t)
 	reply := synAck(serverPod, 5201, clientPod, 45000, nil)
 	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, reply, skbContext{})); p != 1 {
 		t.Fatalf("reply marked with path %d, want the arrival path 1", p)
@@ -289,7 +300,7 @@ func TestResponderMirrorsArrivalNIC(t *testing.T) {
 		t.Fatalf("subflow table = %+v, want one responder entry for %v", sfs, serverPod)
 	}
 	// Packets on a NIC the datapath does not know are left alone.
-	join = syn(clientPod, 45001, serverPod, 5201, testpkt.MPJoinSYN(0x01020304, 5, 2, false))
+	join := syn(clientPod, 45001, serverPod, 5201, testpkt.MPJoinSYN(0x01020304, 5, 2, false))
 	if m := run(t, dp.objs.NicIngress, join, skbContext{IngressIfindex: 99, Mark: 0x5}); m != 0x5 {
 		t.Fatalf("packet on an unknown NIC got mark %#x", m)
 	}
@@ -299,19 +310,7 @@ func TestResponderMirrorsArrivalNIC(t *testing.T) {
 // whatever path NIC they arrive: its peer's node may still send them there.
 // A packet of no known subflow of an unselected address stays unmarked.
 func TestReleasedPodsSubflowsStayAcceptedOnTheirNIC(t *testing.T) {
-	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := dp.SetEndpoint(serverPod, 0); err != nil {
-		t.Fatal(err)
-	}
-	const nic2Ifindex = 7
-	if err := dp.SetNIC(nic2Ifindex, 1); err != nil {
-		t.Fatal(err)
-	}
-	join := syn(clientPod, 45000, serverPod, 5201, testpkt.MPJoinSYN(0x01020304, 5, 2, false))
-	run(t, dp.objs.NicIngress, join, skbContext{IngressIfindex: nic2Ifindex})
+	dp := mirroredJoinBed(t)
 	if err := dp.DeleteEndpoint(serverPod); err != nil {
 		t.Fatal(err)
 	}
