@@ -530,15 +530,7 @@ func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 	}
 	for _, a := range agents {
 		maps.Copy(links, linksOf(a))
-		cfg := *a.Config
-		cfg.ObserveOnly = false
-		if err := a.WriteConfig(&cfg); err != nil {
-			t.Fatal(err)
-		}
-		if err := a.Reload(); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := a.WaitReconciles(ctx, 2); err != nil {
+		if err := a.Reconfigure(ctx, func(cfg *agent.Config) { cfg.ObserveOnly = false }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -744,18 +736,12 @@ func TestPodReleasedWhileItsPeerStaysSelectedKeepsItsConnections(t *testing.T) {
 }
 
 // removeFromConfig drops pod from file-mode agent a's configuration and
-// waits for the reload's reconcile (the agent's second).
+// waits for the reload's reconcile.
 func removeFromConfig(ctx context.Context, t *testing.T, a *framework.Agent, pod *testbed.Pod) {
 	t.Helper()
-	cfg := *a.Config
-	cfg.Pods = slices.DeleteFunc(slices.Clone(cfg.Pods), func(p agent.Pod) bool { return p.Name == pod.Name })
-	if err := a.WriteConfig(&cfg); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Reload(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.WaitReconciles(ctx, 2); err != nil {
+	if err := a.Reconfigure(ctx, func(cfg *agent.Config) {
+		cfg.Pods = slices.DeleteFunc(slices.Clone(cfg.Pods), func(p agent.Pod) bool { return p.Name == pod.Name })
+	}); err != nil {
 		t.Fatal(err)
 	}
 }

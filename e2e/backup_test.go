@@ -5,7 +5,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -144,15 +143,9 @@ func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 		t.Fatalf("before the change fabric-b carried %d bytes in a second: the subflow is not spread, the test proves nothing (subflows: %+v)", d, sfs)
 	}
 
-	cfg := agents[0].Config
-	cfg.Rules[0].Paths, cfg.Rules[0].BackupPaths = []string{framework.PathName(1)}, []string{framework.PathName(2)}
-	if err := agents[0].WriteConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
-	if err := agents[0].Proc.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := agents[0].WaitReconciles(ctx, 2); err != nil {
+	if err := agents[0].Reconfigure(ctx, func(cfg *agent.Config) {
+		cfg.Rules[0].Paths, cfg.Rules[0].BackupPaths = []string{framework.PathName(1)}, []string{framework.PathName(2)}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)

@@ -155,6 +155,25 @@ func (a *Agent) WriteConfig(cfg *agent.Config) error {
 	return os.WriteFile(a.ConfigPath, y, 0o600)
 }
 
+// Reconfigure writes the agent's configuration as change leaves a copy of
+// it, reloads the agent (SIGHUP) and waits for the reconcile that follows.
+func (a *Agent) Reconfigure(ctx context.Context, change func(*agent.Config)) error {
+	st, err := a.Status()
+	if err != nil {
+		return err
+	}
+	cfg := *a.Config
+	change(&cfg)
+	if err := a.WriteConfig(&cfg); err != nil {
+		return err
+	}
+	if err := a.Reload(); err != nil {
+		return err
+	}
+	_, err = a.WaitReconciles(ctx, st.Reconciles+1)
+	return err
+}
+
 // Start (re)starts the agent process and waits for its first reconcile.
 func (a *Agent) Start(ctx context.Context) error {
 	// The status of a previous process stays: the agent reads what it
