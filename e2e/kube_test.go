@@ -566,7 +566,7 @@ func withdrawUnderTraffic(t *testing.T, kb *kubeBed) {
 		rpDrops[n.Index] = nstatValue(t, bed, n.NetNS, "TcpExtIPReversePathFilter")
 	}
 	start := time.Now()
-	wait := startFlows(t, bed, crossTraffic(bed), transfer)
+	wait := launchFlows(t, bed, crossTraffic(bed), transfer)
 	time.Sleep(time.Second)
 	if err := c.Delete(ctx, kb.policy(t)); err != nil {
 		t.Fatal(err)
@@ -582,12 +582,13 @@ func withdrawUnderTraffic(t *testing.T, kb *kubeBed) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wait() // every stream arrived with its hash
 	// The nodes release their pods at different moments; in between, a
 	// subflow's packets may arrive on a NIC plain routing would not use.
-	for _, n := range bed.Nodes {
+	// Checked before the streams: a drop explains a stalled one.
+	for i, n := range bed.Nodes {
 		if d := nstatValue(t, bed, n.NetNS, "TcpExtIPReversePathFilter") - rpDrops[n.Index]; d != 0 {
-			t.Errorf("node %d: strict rp_filter dropped %v packets while the pods were released", n.Index, d)
+			sfs, _ := kb.agents[i].Subflows()
+			t.Errorf("node %d: strict rp_filter dropped %v packets while the pods were released; subflow table: %+v", n.Index, d, sfs)
 		}
 	}
 	resets, err := framework.Resets(files)
@@ -596,5 +597,15 @@ func withdrawUnderTraffic(t *testing.T, kb *kubeBed) {
 	}
 	if len(resets) != 0 {
 		t.Errorf("withdrawing the policy reset connections: %v", resets)
+	}
+	if _, err := wait(); err != nil { // every stream arrived with its hash
+		for _, n := range bed.Nodes {
+			for _, p := range n.Pods {
+				out, _ := bed.Command(p.NetNS, "ss", "-tinoM").CombinedOutput()
+				st, _ := bed.Command(p.NetNS, "nstat", "-az", "MPTcp*", "Tcp*Retrans*", "TcpExtTCPTimeouts").CombinedOutput()
+				t.Logf("DIAG %s:\n%s\n%s", p.Name, out, st)
+			}
+		}
+		t.Fatal(err)
 	}
 }
