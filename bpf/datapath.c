@@ -852,13 +852,7 @@ int pod_egress(struct __sk_buff *skb)
 		 * path manager is set to stay within it, so this is a pod
 		 * that opens joins itself. It hears why at once, as a peer
 		 * would (block.h), and no subflow is placed. */
-		if (observe_only()) {
-			count(STAT_OBSERVED);
-		} else if (refuse_join(skb, &pkt) == 0) {
-			count(STAT_JOIN_REFUSED);
-			return bpf_redirect(skb->ifindex, 0);
-		}
-		return TCX_NEXT;
+		return answer_refused_join(skb, &pkt);
 	}
 	if (ret)
 		return TCX_NEXT;
@@ -974,12 +968,10 @@ int nic_ingress(struct __sk_buff *skb)
 			if (!known && join_refused(nsf.rule, c, n->path)) {
 				/* Refused: the peer hears why at once, and no
 				 * subflow is mirrored. */
-				if (observe_only()) {
-					count(STAT_OBSERVED);
-				} else if (refuse_join(skb, &pkt) == 0) {
-					count(STAT_JOIN_REFUSED);
-					return bpf_redirect(skb->ifindex, 0);
-				}
+				int verdict = answer_refused_join(skb, &pkt);
+
+				if (verdict != TCX_NEXT)
+					return verdict;
 			}
 			if (c) {
 				if (!known)

@@ -161,3 +161,20 @@ __noinline int refuse_join(struct __sk_buff *skb, const struct packet *pkt)
 	bpf_csum_level(skb, BPF_CSUM_LEVEL_RESET);
 	return 0;
 }
+
+/* answer_refused_join sends the reset that refuses the join in skb back out
+ * of the interface it came in on (a peer's join: its NIC; the pod's own: its
+ * veth, into the pod) and returns that verdict. It returns TCX_NEXT, and
+ * the caller lets the join pass, in observe-only mode or when the reset
+ * cannot be built (see refuse_join). */
+static __always_inline int answer_refused_join(struct __sk_buff *skb, const struct packet *pkt)
+{
+	if (observe_only()) {
+		count(STAT_OBSERVED);
+		return TCX_NEXT;
+	}
+	if (refuse_join(skb, pkt))
+		return TCX_NEXT;
+	count(STAT_JOIN_REFUSED);
+	return bpf_redirect(skb->ifindex, 0);
+}

@@ -491,10 +491,10 @@ static __always_inline bool scan_common_options(struct __sk_buff *skb, __u32 opt
 	if (pad > 3)
 		return false;
 	/* All of it in the packet, as the walk's copy would require; the
-	 * padding is in the last 4 bytes (optlen is a multiple of 4). */
-	/* optlen >= 16 here; the mask bounds the offset for the verifier and
-	 * keeps clang from folding the -4 into the accesses (the verifier
-	 * wants non-negative offsets from the pointer it checked). */
+	 * padding is in the last 4 bytes (optlen is a multiple of 4, at least
+	 * 16 here). The mask bounds the offset for the verifier and keeps
+	 * clang from folding the -4 into the accesses (the verifier wants
+	 * non-negative offsets from the pointer it checked). */
 	last = p + ((optlen - 4) & 0x3f);
 	if ((void *)(last + 4) > data_end)
 		return false;

@@ -118,13 +118,18 @@ static __always_inline void rate_learn_token(struct __sk_buff *skb, const struct
 }
 
 /* rate_conn_key names the connection a packet belongs to: its canonical
- * token when known (learnt, or a join's token through conn_aliases), else
- * the subflow's ports. */
-static __always_inline void rate_conn_key(struct rate_key *k, const struct flow_key *fk,
+ * token when known (conn: the subflow entry's, 0 until learnt; or learnt
+ * here, or a join's token through conn_aliases), else the subflow's ports. */
+static __always_inline void rate_conn_key(struct rate_key *k, const struct flow_key *fk, __u32 conn,
 					  struct rate_subflow *rs, __u32 join_token)
 {
 	__builtin_memcpy(k->addr, fk->saddr, 16);
 	k->family = fk->family;
+	if (conn) {
+		k->kind = RATE_KEY_CONN;
+		k->id = conn;
+		return;
+	}
 	if (rs && (rs->flags & RATE_SF_TOKEN)) {
 		k->kind = RATE_KEY_CONN;
 		k->id = rs->conn_token;
@@ -353,7 +358,7 @@ __noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, const s
 			const struct subflow *sf, __u32 dir)
 {
 	struct rate_key k = {};
-	struct rate_subflow *rs;
+	struct rate_subflow *rs = NULL;
 	struct rate_cfg *cfg;
 	__u32 rule, path;
 	__u64 now;
@@ -369,29 +374,23 @@ __noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, const s
 		rate_learn_syn(skb, pkt, fk, dir);
 		return TCX_NEXT;
 	}
+	/* Police needs rate_subflows only to name the connection, which the
+	 * subflow entry knows once learnt: one hash lookup less per packet.
+	 * The window actor always needs it (the pod's window scale). */
+	if (cfg->mode == RATE_MODE_WINDOW || !sf->conn) {
+		rs = bpf_map_lookup_elem(&rate_subflows, fk);
+		if (rs && !(rs->flags & RATE_SF_TOKEN) && has_mptcp(pkt, MPTCP_SUB_CAPABLE))
+			rate_learn_token(skb, pkt, rs);
+	}
+
 	k.rule = rule;
 	k.dir = dir;
-	if (cfg->mode == RATE_MODE_POLICE && sf->conn) {
-		/* The subflow knows its connection's canonical token: police
-		 * needs nothing of rate_subflows (the window actor does: the
-		 * pod's window scale). One hash lookup less per packet. */
-		__builtin_memcpy(k.addr, fk->saddr, 16);
-		k.family = fk->family;
-		k.kind = RATE_KEY_CONN;
-		k.id = sf->conn;
-		goto police;
-	}
-	rs = bpf_map_lookup_elem(&rate_subflows, fk);
-	if (rs && !(rs->flags & RATE_SF_TOKEN) && has_mptcp(pkt, MPTCP_SUB_CAPABLE))
-		rate_learn_token(skb, pkt, rs);
-
-	rate_conn_key(&k, fk, rs, sf->token);
+	rate_conn_key(&k, fk, sf->conn, rs, sf->token);
 	if (cfg->mode == RATE_MODE_WINDOW) {
 		if (dir == RATE_DIR_EGRESS)
 			rate_window_act(skb, pkt, cfg, rs, &k);
 		return TCX_NEXT;
 	}
-police:
 	if (dir == RATE_DIR_EGRESS && !(cfg->flags & RATE_POLICE_EGRESS))
 		return TCX_NEXT;
 	if (dir == RATE_DIR_INGRESS && !(cfg->flags & RATE_POLICE_INGRESS))

@@ -189,8 +189,10 @@ func (d *Datapath) PoliceDrops() (PoliceDrops, error) {
 	return PoliceDrops{Connection: st[StatRateDropConn], Pod: st[StatRateDropPod], Path: st[StatRateDropPath]}, nil
 }
 
-// rateKindPod and rateKindPath are enum rate_key_kind of rate.h.
+// rateKindConn, rateKindPod and rateKindPath are enum rate_key_kind of
+// rate.h.
 const (
+	rateKindConn = 1
 	rateKindPod  = 3
 	rateKindPath = 4
 )

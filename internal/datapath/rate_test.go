@@ -320,6 +320,51 @@ func TestRatePoliceDropsBeyondBucketAndCountsReason(t *testing.T) {
 	}
 }
 
+// A per-connection police cap charges every subflow of a learnt connection
+// to one bucket: once the initial subflow's data has emptied it, a join's
+// data is dropped too (a bucket per subflow would let it through), and the
+// bucket is the connection's, keyed by its canonical token.
+func TestRatePoliceChargesAConnectionsSubflowsToOneBucket(t *testing.T) {
+	const burst = 64 << 10
+	dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerConnection: 8_000_000, Directions: Egress, BurstBytes: burst})
+	egress := dp.Program(HookPodEgress)
+	const clientKey, serverKey = 0x0a0b0c0d0e0f1011, 0x0102030405060708
+	run(t, egress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+	run(t, egress, capableACK(clientPod, 40000, serverPod, 5201, clientKey, serverKey), skbContext{})
+	run(t, egress, syn(clientPod, 40001, serverPod, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false)), skbContext{})
+	data := func(sport uint16) []byte {
+		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK,
+			Payload: make([]byte, 1400)}}.Bytes()
+	}
+	passed := 0
+	for i := 0; i < 200; i++ {
+		ret, _ := runOut(t, egress, data(40000))
+		if ret == tcActShot {
+			break
+		}
+		passed++
+	}
+	if passed == 0 || passed == 200 {
+		t.Fatalf("%d of 200 packets of the initial subflow passed: the bucket never emptied or never let anything in", passed)
+	}
+	if ret, _ := runOut(t, egress, data(40001)); ret != tcActShot {
+		t.Errorf("the join's data passed (verdict %d) after the connection's bucket emptied: charged to a bucket of its own", int32(ret))
+	}
+	var k datapathRateKey
+	var v datapathRateBucket
+	conn := false
+	it := dp.objs.RateBuckets.Iterate()
+	for it.Next(&k, &v) {
+		conn = conn || (k.Kind == rateKindConn && k.Id == tokenOf(serverKey))
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !conn {
+		t.Error("no bucket keyed by the connection's canonical token")
+	}
+}
+
 // SetRateRule refuses what the datapath cannot enforce, with the reason.
 func TestSetRateRuleValidates(t *testing.T) {
 	bad := map[string]RateConfig{
