@@ -70,14 +70,18 @@ static __always_inline __u16 csum_fold32(__u64 sum)
  * 9293 3.10.7.1: the answer to a segment without ACK), RST|ACK, MP_TCPRST with
  * the reason, nothing else; the IP length, TTL and both checksums computed
  * anew, and the skb's checksum state reset so nothing downstream trusts a
- * stale one. Only a plain IPv4 header (no options) or an IPv6 header without
- * extension headers is handled; anything else returns -1 and the join is let
- * through (and counted as any join). A global function: verified once. */
+ * stale one. The reset carries a bare IP header: IPv4 options and IPv6
+ * extension headers of the SYN (a route, a hop-by-hop option meant for the
+ * SYN's path) do not belong on the answer, so they are cut out first. That
+ * needs the kernel to know the frame's IP header (bpf_skb_adjust_room): a
+ * frame with options behind a VLAN tag in the payload, or one the kernel will
+ * not shrink, returns -1 and the join is let through (and counted as any
+ * join). A global function: verified once. */
 __noinline int refuse_join(struct __sk_buff *skb, const struct packet *pkt)
 {
 	struct rst_tcp t = {};
 	__u8 macs[12], swapped[12];
-	__u32 l3, l4, seq;
+	__u32 l3, l4, seq, base;
 	__be32 raw_seq;
 	__s64 sum;
 
@@ -85,11 +89,18 @@ __noinline int refuse_join(struct __sk_buff *skb, const struct packet *pkt)
 		return -1;
 	l3 = pkt->l3_off;
 	l4 = pkt->l4_off;
-	if (pkt->family == AF_INET ? l4 - l3 != 20 : l4 - l3 != 40)
+	base = pkt->family == AF_INET ? 20 : 40;
+	if (l4 < l3 + base || l4 - l3 > 0xffff)
 		return -1;
 	if (bpf_skb_load_bytes(skb, l4 + 4, &raw_seq, sizeof(raw_seq)))
 		return -1;
 	seq = bpf_ntohl(raw_seq);
+	if (l4 != l3 + base) {
+		/* Removes what lies between the fixed IP header and TCP. */
+		if (bpf_skb_adjust_room(skb, -(__s32)(l4 - l3 - base), BPF_ADJ_ROOM_NET, 0))
+			return -1;
+		l4 = l3 + base;
+	}
 	t.source = pkt->dport;
 	t.dest = pkt->sport;
 	t.ack_seq = bpf_htonl(seq + 1);
@@ -115,6 +126,7 @@ __noinline int refuse_join(struct __sk_buff *skb, const struct packet *pkt)
 		if (sum < 0)
 			return -1;
 		t.check = csum_fold32((__u64)sum);
+		ip.ver_ihl = 0x45; /* version 4, no options */
 		ip.saddr = ph.saddr;
 		ip.daddr = ph.daddr;
 		ip.tot_len = bpf_htons(20 + RST_TCP_LEN);
@@ -144,6 +156,7 @@ __noinline int refuse_join(struct __sk_buff *skb, const struct packet *pkt)
 		t.check = csum_fold32((__u64)sum);
 		__builtin_memcpy(ip6.saddr, ph.saddr, 16);
 		__builtin_memcpy(ip6.daddr, ph.daddr, 16);
+		ip6.nexthdr = IPPROTO_TCP; /* no extension header */
 		ip6.payload_len = bpf_htons(RST_TCP_LEN);
 		ip6.hop_limit = RST_TTL;
 		if (bpf_skb_change_tail(skb, l4 + RST_TCP_LEN, 0) ||

@@ -404,15 +404,26 @@ func TestBlockTurnsADDADDRIntoNOPsWhenNoJoinIsAllowed(t *testing.T) {
 // MP_TCPRST reason 3 ("administratively prohibited"), addresses, ports and
 // MACs swapped, ACK the SYN's sequence + 1, valid checksums (tshark), sent
 // back out of the NIC it came in on (TC_ACT_REDIRECT), counted, and not
-// mirrored. The join within the maximum passes. IPv4 and IPv6.
+// mirrored. The join within the maximum passes. IPv4 and IPv6, each also
+// with IP options or extension headers, which the reset goes without; a join
+// with options behind a VLAN tag in the frame cannot be cut and passes.
 func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 	const tcActRedirect = 7
+	v6Client, v6Server := netip.MustParseAddr("fd00:244:1::11"), netip.MustParseAddr("fd00:244:2::11")
 	for _, fam := range []struct {
 		name           string
 		client, server netip.Addr
+		// The SYN's IP options or extension headers: the reset goes
+		// without them.
+		ipv4Options  []byte
+		hopByHop     bool
+		destOptsHdrs int
 	}{
-		{"IPv4", clientPod, serverPod},
-		{"IPv6", netip.MustParseAddr("fd00:244:1::11"), netip.MustParseAddr("fd00:244:2::11")},
+		{name: "IPv4", client: clientPod, server: serverPod},
+		{name: "IPv6", client: v6Client, server: v6Server},
+		// Record route (RFC 791 3.1): 4 empty slots.
+		{name: "IPv4 with options", client: clientPod, server: serverPod, ipv4Options: []byte{7, 19, 4}},
+		{name: "IPv6 with extension headers", client: v6Client, server: v6Server, hopByHop: true, destOptsHdrs: 1},
 	} {
 		t.Run(fam.name, func(t *testing.T) {
 			dp := loadForTest(t)
@@ -442,8 +453,12 @@ func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 			nicIn(syn(fam.client, 40000, fam.server, 5201, testpkt.MPCapableSYN()), nic1)
 			nicIn(capableACK(fam.client, 40000, fam.server, 5201, clientKey, serverKey), nic1)
 			join := func(sport uint16) []byte {
-				return testpkt.Frame{Src: fam.client, Dst: fam.server, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 5201, Seq: 1000, Flags: testpkt.SYN,
-					Options: testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false)}}.Bytes()
+				opts := fam.ipv4Options
+				if opts != nil {
+					opts = append(append([]byte{}, opts...), make([]byte, 16)...) // the route's slots
+				}
+				return testpkt.Frame{Src: fam.client, Dst: fam.server, IPv4Options: opts, IPv6HopByHop: fam.hopByHop, IPv6DestOpts: fam.destOptsHdrs,
+					TCP: &testpkt.TCP{SrcPort: sport, DstPort: 5201, Seq: 1000, Flags: testpkt.SYN, Options: testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false)}}.Bytes()
 			}
 			// The join within the maximum passes, and so does its
 			// retransmitted SYN: it is not counted twice.
@@ -461,13 +476,28 @@ func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 				t.Error("MACs not swapped")
 			}
 			d := tsharkDecode(t, [][]byte{rst}, []string{"ip.checksum.status", "tcp.checksum.status", "ip.src", "ipv6.src", "tcp.srcport", "tcp.dstport",
-				"tcp.flags.reset", "tcp.flags.ack", "tcp.ack_raw", "tcp.seq_raw", "tcp.len", "tcp.options.mptcp.subtype", "tcp.options.mptcp.rst_reason"})[0]
+				"tcp.flags.reset", "tcp.flags.ack", "tcp.ack_raw", "tcp.seq_raw", "tcp.len", "tcp.options.mptcp.subtype", "tcp.options.mptcp.rst_reason",
+				"ip.hdr_len", "ipv6.nxt", "ipv6.plen", "ip.len"})[0]
 			src := d["ip.src"]
-			if fam.name == "IPv6" {
+			if fam.server.Is6() {
 				src = d["ipv6.src"]
+				if d["ipv6.nxt"] != "6" || d["ipv6.plen"] != "24" {
+					t.Errorf("tshark: IPv6 next header %q, payload length %q; want 6 (TCP, no extension header) and 24", d["ipv6.nxt"], d["ipv6.plen"])
+				}
+			} else {
+				if d["ip.checksum.status"] != tsharkGood {
+					t.Errorf("tshark: IP checksum status %q", d["ip.checksum.status"])
+				}
+				if d["ip.hdr_len"] != "20" || d["ip.len"] != "44" {
+					t.Errorf("tshark: IP header length %q, total length %q; want 20 (no options) and 44", d["ip.hdr_len"], d["ip.len"])
+				}
 			}
-			if fam.name == "IPv4" && d["ip.checksum.status"] != tsharkGood {
-				t.Errorf("tshark: IP checksum status %q", d["ip.checksum.status"])
+			ipLen := 20
+			if fam.server.Is6() {
+				ipLen = 40
+			}
+			if want := 14 + ipLen + 24; len(rst) != want {
+				t.Errorf("the reset is %d bytes, want %d (Ethernet, a bare IP header, TCP with MP_TCPRST)", len(rst), want)
 			}
 			want := map[string]string{"tcp.checksum.status": tsharkGood, "tcp.srcport": "5201", "tcp.dstport": "40002", "tcp.flags.reset": "1",
 				"tcp.flags.ack": "1", "tcp.ack_raw": "1001", "tcp.seq_raw": "0", "tcp.len": "0", "tcp.options.mptcp.subtype": "8", "tcp.options.mptcp.rst_reason": "0x03"}
@@ -481,6 +511,19 @@ func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 			}
 			if n := stat(t, dp, StatJoinRefused); n != 1 {
 				t.Errorf("StatJoinRefused = %d, want 1", n)
+			}
+			if fam.ipv4Options != nil {
+				// Options behind a VLAN tag in the frame: the kernel
+				// cannot cut them (it does not know the IP header), so
+				// the join passes byte for byte and is not counted.
+				tagged := testpkt.Frame{VLANs: []uint16{100}, Src: fam.client, Dst: fam.server, IPv4Options: append(append([]byte{}, fam.ipv4Options...), make([]byte, 16)...),
+					TCP: &testpkt.TCP{SrcPort: 40005, DstPort: 5201, Seq: 1000, Flags: testpkt.SYN, Options: testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false)}}.Bytes()
+				if ret, out := nicIn(tagged, nic2); ret != tcxNext || string(out) != string(tagged) {
+					t.Errorf("a VLAN-tagged join with IP options: verdict %d, changed %v; want it passed unchanged", int32(ret), string(out) != string(tagged))
+				}
+				if n := stat(t, dp, StatJoinRefused); n != 1 {
+					t.Errorf("StatJoinRefused = %d after the VLAN-tagged join, want 1", n)
+				}
 			}
 			sfs, err := dp.Subflows()
 			if err != nil {
