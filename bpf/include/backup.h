@@ -102,7 +102,7 @@ __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struc
 		return 0;
 	if (bpf_skb_store_bytes(skb, l4 + word, w, sizeof(w), 0))
 		return 0;
-	sf->flags |= SUBFLOW_BACKUP;
+	sf->flags |= SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US;
 	count(STAT_BACKUP_FLAGGED);
 	return 0;
 }
@@ -114,9 +114,24 @@ __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struc
 #define IPV4_CSUM_OFF	  10
 #define IPV6_PLEN_OFF	  4
 
+/* backup_want is the B the pod should hold for sf under rule r: with the
+ * header-rewriting opt-in, whether its path is a backup path of r; without
+ * it (withdrawn since, or the rule gone), not backup if this datapath made it
+ * so, and otherwise whatever the pod holds (nothing to take back). */
+static __always_inline __u32 backup_want(const struct rule *r, const struct subflow *sf)
+{
+	if (r && (r->flags & RULE_REWRITE_HEADERS))
+		return backup_path(r, sf->path) ? 1 : 0;
+	if (sf->flags & SUBFLOW_BACKUP_BY_US)
+		return 0;
+	return sf->flags & SUBFLOW_BACKUP ? 1 : 0;
+}
+
 /* backup_prio_act tells the pod, with an MP_PRIO on a pure ACK going into it,
  * that the subflow's path became a backup path of its rule after the join
- * (B=1) or stopped being one (B=0), once per change. A pure ACK (no data,
+ * (B=1) or stopped being one (B=0), once per change; and, when the rule's
+ * header-rewriting opt-in is withdrawn, undoes a backup this datapath made
+ * (B=0), so that no rewrite outlives the admin's consent. A pure ACK (no data,
  * no SYN, FIN or RST, so never GSO) carries in-window sequence numbers and
  * the peer's own timestamp, so the pod's kernel accepts it. The option is
  * added at the tail of the TCP header, which is the tail of the packet: the
@@ -138,9 +153,7 @@ __noinline int backup_prio_act(struct __sk_buff *skb, const struct packet *pkt, 
 		return 0;
 	rule_id = sf->rule;
 	r = bpf_map_lookup_elem(&rules, &rule_id);
-	if (!r || !(r->flags & RULE_REWRITE_HEADERS))
-		return 0;
-	want = backup_path(r, sf->path) ? 1 : 0;
+	want = backup_want(r, sf);
 	if (want == (sf->flags & SUBFLOW_BACKUP ? 1U : 0U))
 		return 0;
 	l4 = pkt->l4_off;
@@ -199,9 +212,9 @@ __noinline int backup_prio_act(struct __sk_buff *skb, const struct packet *pkt, 
 			return 0;
 	}
 	if (want)
-		sf->flags |= SUBFLOW_BACKUP;
+		sf->flags |= SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US;
 	else
-		sf->flags &= ~SUBFLOW_BACKUP;
+		sf->flags &= ~(SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US);
 	count(STAT_BACKUP_PRIO_SENT);
 	return 0;
 }

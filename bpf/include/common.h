@@ -103,6 +103,10 @@ enum subflow_role {
 /* The pod's kernel holds the subflow as backup: its join came in flagged B,
  * or an MP_PRIO said so since (backup actor). */
 #define SUBFLOW_BACKUP (1U << 0)
+/* ... and it holds it because of this datapath: the backup actor set the B
+ * bit of its join or sent the MP_PRIO that made it backup. Without the
+ * header-rewriting opt-in the actor takes back only what it did. */
+#define SUBFLOW_BACKUP_BY_US (1U << 1)
 
 struct subflow {
 	__u32 path;  /* path index, 0-based */

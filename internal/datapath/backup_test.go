@@ -331,6 +331,69 @@ func TestBackupMPPrioTellsThePodOfARoleChangeOnPureACKsOnly(t *testing.T) {
 	}
 }
 
+// When the admin withdraws a rule's header-rewriting opt-in (and so its
+// backup paths), the backup actor takes back what it did and nothing else: a
+// subflow the datapath made backup (here by an MP_PRIO) hears B=0 on its next
+// pure ACK, once; a subflow whose peer flagged its own join backup keeps it.
+func TestBackupWithdrawnOptInUndoesOnlyWhatTheDatapathDid(t *testing.T) {
+	dp := backupBed(t, clientPod)
+	egress, ingress := dp.Program(HookPodEgress), dp.Program(HookPodIngress)
+	const serverKey = 0x0102030405060708
+	first := dp.pathOfMark(t, run(t, egress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{}))
+	run(t, egress, capableACK(clientPod, 40000, serverPod, 5201, 0x0a0b0c0d0e0f1011, serverKey), skbContext{})
+	joinOn := func(sport uint16, peerFlagsBackup bool) uint32 {
+		path := dp.pathOfMark(t, run(t, egress, syn(clientPod, sport, serverPod, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false)), skbContext{}))
+		sa := synAck(serverPod, 5201, clientPod, sport, testpkt.MPJoinSYNACK(0x1122334455667788, 9, 0, peerFlagsBackup))
+		if _, out := runOut(t, ingress, sa); string(out) != string(sa) {
+			t.Fatalf("join %d on path %d: its SYN-ACK was changed", sport, path)
+		}
+		return path
+	}
+	// The first join takes the other active path, the second the backup
+	// path, and its peer flagged it backup itself.
+	if path := joinOn(40001, false); path != 1-first {
+		t.Fatalf("join placed on path %d, want the other active path %d", path, 1-first)
+	}
+	if path := joinOn(40002, true); path != 2 {
+		t.Fatalf("second join placed on path %d, want the backup path 2", path)
+	}
+	ours, peers := pureACK(serverPod, clientPod, 40001), pureACK(serverPod, clientPod, 40002)
+
+	// The first join's path becomes a backup path: the datapath tells the
+	// pod so.
+	if err := dp.SetRule(0, Rule{Paths: []uint32{first}, Backup: []uint32{1 - first, 2}, RewriteHeaders: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, out := runOut(t, ingress, ours); len(out) != len(ours)+4 || out[len(out)-2] != 0x51 {
+		t.Fatalf("no MP_PRIO B=1 on the first join's ACK after its path became backup: % x", out[len(out)-4:])
+	}
+	if _, out := runOut(t, ingress, peers); string(out) != string(peers) {
+		t.Fatal("the subflow its peer made backup got an MP_PRIO")
+	}
+
+	// The opt-in is withdrawn, with the backup paths.
+	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	_, undone := runOut(t, ingress, ours)
+	if len(undone) != len(ours)+4 {
+		t.Fatalf("no MP_PRIO on the first join's ACK after the opt-in was withdrawn (%d bytes, want %d)", len(undone), len(ours)+4)
+	}
+	d := tsharkDecode(t, [][]byte{undone}, []string{"tcp.checksum.status", "tcp.options.mptcp.subtype", "tcp.options.mptcp.backup.flag"})[0]
+	if d["tcp.checksum.status"] != tsharkGood || d["tcp.options.mptcp.subtype"] != "2,5" || d["tcp.options.mptcp.backup.flag"] != "0" {
+		t.Errorf("tshark on the undoing ACK: %v, want a good checksum and MP_PRIO with B=0 after the DSS", d)
+	}
+	if _, again := runOut(t, ingress, ours); string(again) != string(ours) {
+		t.Error("the undoing MP_PRIO was sent twice")
+	}
+	if _, out := runOut(t, ingress, peers); string(out) != string(peers) {
+		t.Error("the subflow its peer made backup got an MP_PRIO after the opt-in was withdrawn")
+	}
+	if n := stat(t, dp, StatBackupPrioSent); n != 2 {
+		t.Errorf("StatBackupPrioSent = %d, want 2 (B=1, then B=0)", n)
+	}
+}
+
 // A rule that allows its connections no join (maxSubflows 1) turns an
 // ADD_ADDR going into its pod into NOPs: the option block keeps its length,
 // nothing else changes, the checksum stays right (tshark), and tshark no
