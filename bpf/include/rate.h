@@ -29,6 +29,10 @@ enum rate_mode {
 #define RATE_HEADERS_MAY_BE_REWRITTEN (1U << 0) /* admin opt-in: window may rewrite */
 #define RATE_POLICE_EGRESS	      (1U << 1) /* police what the pod sends */
 #define RATE_POLICE_INGRESS	      (1U << 2) /* police what the pod receives */
+/* Every police bucket of the rule is deep enough (RATE_COARSE_CLOCK_MIN_NS)
+ * that the coarse clock, one scheduler tick behind at most, is as good as the
+ * precise one and much cheaper to read. Set by user space. */
+#define RATE_COARSE_CLOCK (1U << 3)
 
 struct rate_cfg {
 	__u32 mode;		       /* enum rate_mode */
@@ -94,8 +98,10 @@ struct rate_subflow {
  * shift, in force only if both ends offered the option; 0 otherwise. */
 #define RATE_WSCALE_MAX 14
 
+/* Indexed by rule id, as rules: an array lookup the verifier inlines, on
+ * every packet of a selected subflow. Mode RATE_MODE_NONE: no cap. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 256);
 	__type(key, __u32); /* rule id */
 	__type(value, struct rate_cfg);

@@ -400,7 +400,7 @@ __noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, const s
 	 * bandwidth and stalls the connection. */
 	if (!rate_has_payload(pkt))
 		return TCX_NEXT;
-	now = bpf_ktime_get_ns();
+	now = cfg->flags & RATE_COARSE_CLOCK ? bpf_ktime_get_coarse_ns() : bpf_ktime_get_ns();
 	return rate_police(pkt, cfg, &k, path, now);
 }
 

@@ -499,3 +499,60 @@ func TestFailedConversionChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// rate_rules was a hash keyed by rule id and is an array indexed by it: the
+// migration carries each rule's caps to its index, and drops an id beyond
+// the array (none could be set: rules are an array of the same size).
+func TestMigrationMovesRateRulesFromAHashIntoAnArray(t *testing.T) {
+	dir := migrationPinDir(t)
+	spec, err := loadDatapath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := spec.Maps["rate_rules"]
+	if cur.Type != ebpf.Array {
+		t.Fatalf("rate_rules is a %v, this test expects the array", cur.Type)
+	}
+	oldSpec := cur.Copy()
+	oldSpec.Type = ebpf.Hash
+	oldSpec.MaxEntries = 512
+	old, err := ebpf.NewMapWithOptions(oldSpec, ebpf.MapOptions{PinPath: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	police := datapathRateCfg{Mode: uint32(RatePolice), Flags: uint32(Egress), ConnBps: 40_000_000, BurstBytes: 1_000_000}
+	police.PathBps[2] = 7
+	if err := old.Put(uint32(3), &police); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Put(uint32(300), &police); err != nil {
+		t.Fatal(err)
+	}
+	mig, err := prepareMigration(&ebpf.CollectionSpec{Maps: map[string]*ebpf.MapSpec{"rate_rules": cur}}, dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mig.closeMaps()
+	if got := mig.names(); len(got) != 1 || got[0] != "rate_rules" {
+		t.Fatalf("migrated maps %v, want [rate_rules]", got)
+	}
+	var got datapathRateCfg
+	if err := mig.maps[0].new.Lookup(uint32(3), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got != police {
+		t.Errorf("rule 3 after migration %+v, want %+v", got, police)
+	}
+	var ids []uint32
+	var k uint32
+	var v datapathRateCfg
+	for it := mig.maps[0].new.Iterate(); it.Next(&k, &v); {
+		if v.Mode != uint32(datapathRateModeRATE_MODE_NONE) {
+			ids = append(ids, k)
+		}
+	}
+	if len(ids) != 1 || ids[0] != 3 {
+		t.Errorf("rules with caps after migration %v, want [3]", ids)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
@@ -47,8 +48,38 @@ const (
 	Ingress Direction = 1 << 2
 )
 
-// rateHeadersMayBeRewritten is RATE_HEADERS_MAY_BE_REWRITTEN of rate.h.
-const rateHeadersMayBeRewritten = 1 << 0
+// Flags of struct rate_cfg besides the directions (rate.h).
+const (
+	rateHeadersMayBeRewritten = 1 << 0 // RATE_HEADERS_MAY_BE_REWRITTEN
+	rateCoarseClock           = 1 << 3 // RATE_COARSE_CLOCK
+)
+
+// coarseClockMinDepth is the shallowest police bucket, in time at its rate,
+// that may be timed with the kernel's coarse clock (bpf_ktime_get_coarse_ns,
+// updated once per scheduler tick: 4 ms at HZ=250, 10 ms at HZ=100). A clock
+// a tick behind makes a bucket look up to a tick fuller than it is, so it
+// lets through up to a tick less of a burst; the rate it holds is the same.
+// Reading it costs a fraction of the precise clock (docs/benchmarks.md), and
+// police reads a clock on every packet with data. The default depth is
+// 200 ms (DefaultBurst).
+const coarseClockMinDepth = 100 * time.Millisecond
+
+// coarseClockFits says whether every bucket of c is at least
+// coarseClockMinDepth deep at its rate.
+func coarseClockFits(c RateConfig, burst uint64) bool {
+	fits := func(bps uint64) bool {
+		return bps == 0 || float64(burst)*8/float64(bps) >= coarseClockMinDepth.Seconds()
+	}
+	if !fits(c.PerConnection) || !fits(c.PerPod) {
+		return false
+	}
+	for _, r := range c.PerPath {
+		if !fits(r) {
+			return false
+		}
+	}
+	return true
+}
 
 // minBurstBytes is the smallest bucket (and window grant) the datapath
 // accepts: below a few 64 KiB GSO segments, a police bucket drops whole TSO
@@ -143,6 +174,9 @@ func (d *Datapath) SetRateRule(id uint32, c RateConfig) error {
 	}
 	if c.Mode == RatePolice {
 		v.Flags |= uint32(c.Directions)
+		if coarseClockFits(c, v.BurstBytes) {
+			v.Flags |= rateCoarseClock
+		}
 	}
 	if c.HeadersMayBeRewritten {
 		v.Flags |= rateHeadersMayBeRewritten
@@ -156,10 +190,10 @@ func (d *Datapath) SetRateRule(id uint32, c RateConfig) error {
 // ClearRateRule removes rule id's rate caps; its traffic flows uncapped from
 // the next packet.
 func (d *Datapath) ClearRateRule(id uint32) error {
-	if err := d.objs.RateRules.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return err
+	if id >= d.objs.RateRules.MaxEntries() {
+		return nil // never set: SetRateRule refuses such ids
 	}
-	return nil
+	return d.objs.RateRules.Put(id, &datapathRateCfg{Mode: uint32(datapathRateModeRATE_MODE_NONE)})
 }
 
 // RateRules lists the rules with rate caps.
@@ -169,7 +203,9 @@ func (d *Datapath) RateRules() ([]uint32, error) {
 	var v datapathRateCfg
 	it := d.objs.RateRules.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, k)
+		if v.Mode != uint32(datapathRateModeRATE_MODE_NONE) {
+			out = append(out, k)
+		}
 	}
 	return out, it.Err()
 }

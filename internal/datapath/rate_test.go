@@ -247,7 +247,10 @@ func TestRateWindowLeavesOtherPacketsUnchanged(t *testing.T) {
 // direction it was asked to police and only there, and counts each drop
 // under the bucket that refused it. Passed packets are unchanged.
 func TestRatePoliceDropsBeyondBucketAndCountsReason(t *testing.T) {
-	const rateBps, burst = 8_000_000, 64 << 10 // 1 MB/s
+	const rateBps = 8_000_000 // 1 MB/s
+	// 64 KiB is 65 ms at the rate: timed with the precise clock; 256 KiB
+	// (262 ms) with the coarse one (coarseClockMinDepth).
+	const burst, deepBurst = 64 << 10, 256 << 10
 	cases := []struct {
 		name     string
 		cfg      RateConfig
@@ -256,14 +259,22 @@ func TestRatePoliceDropsBeyondBucketAndCountsReason(t *testing.T) {
 		stat     Stat
 		policeIn bool
 	}{
-		{"connection, egress", RateConfig{Mode: RatePolice, PerConnection: rateBps, Directions: Egress}, HookPodEgress, HookPodIngress, StatRateDropConn, false},
-		{"pod, ingress", RateConfig{Mode: RatePolice, PerPod: rateBps, Directions: Ingress}, HookPodIngress, HookPodEgress, StatRateDropPod, true},
-		{"path, egress", RateConfig{Mode: RatePolice, PerPath: map[uint32]uint64{0: rateBps}, Directions: Egress}, HookPodEgress, HookPodIngress, StatRateDropPath, false},
+		{"connection, egress", RateConfig{Mode: RatePolice, PerConnection: rateBps, Directions: Egress, BurstBytes: burst}, HookPodEgress, HookPodIngress, StatRateDropConn, false},
+		{"pod, ingress", RateConfig{Mode: RatePolice, PerPod: rateBps, Directions: Ingress, BurstBytes: burst}, HookPodIngress, HookPodEgress, StatRateDropPod, true},
+		{"path, egress", RateConfig{Mode: RatePolice, PerPath: map[uint32]uint64{0: rateBps}, Directions: Egress, BurstBytes: burst}, HookPodEgress, HookPodIngress, StatRateDropPath, false},
+		{"connection, egress, coarse clock", RateConfig{Mode: RatePolice, PerConnection: rateBps, Directions: Egress, BurstBytes: deepBurst}, HookPodEgress, HookPodIngress, StatRateDropConn, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			c.cfg.BurstBytes = burst
+			burst := int(c.cfg.BurstBytes)
 			dp := rateBed(t, clientPod, c.cfg)
+			var cfg datapathRateCfg
+			if err := dp.objs.RateRules.Lookup(uint32(0), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			if coarse := cfg.Flags&rateCoarseClock != 0; coarse != (burst == deepBurst) {
+				t.Fatalf("rule flags %#x: coarse clock %v for a %d-byte bucket at 1 MB/s", cfg.Flags, coarse, burst)
+			}
 			run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
 			payload := make([]byte, 1400)
 			out := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: payload}}.Bytes()
@@ -291,7 +302,9 @@ func TestRatePoliceDropsBeyondBucketAndCountsReason(t *testing.T) {
 			elapsed := time.Since(start)
 			size := len(frames[c.hook])
 			minPass := burst / size
-			maxPass := (burst+int(rateBps/8*elapsed.Seconds()))/size + 2
+			// The coarse clock may have moved by a tick (4 ms at HZ=250)
+			// more than elapsed.
+			maxPass := (burst+int(rateBps/8*(elapsed+10*time.Millisecond).Seconds()))/size + 2
 			if passed < minPass || passed > maxPass {
 				t.Errorf("%d of %d packets of %d bytes passed in %v, want %d..%d (a %d-byte burst and 1 MB/s)",
 					passed, n, size, elapsed, minPass, maxPass, burst)
@@ -317,6 +330,27 @@ func TestRatePoliceDropsBeyondBucketAndCountsReason(t *testing.T) {
 				t.Errorf("PoliceDrops %+v, want %d drops in all", drops, dropped)
 			}
 		})
+	}
+}
+
+// The coarse clock times a rule's buckets only when every one of them is at
+// least coarseClockMinDepth deep at its rate.
+func TestRatePoliceTakesTheCoarseClockForDeepBucketsOnly(t *testing.T) {
+	for _, c := range []struct {
+		cfg   RateConfig
+		burst uint64
+		want  bool
+	}{
+		{RateConfig{PerConnection: 40_000_000}, 1_000_000, true},                                           // 200 ms
+		{RateConfig{PerConnection: 40_000_000}, 400_000, false},                                            // 80 ms
+		{RateConfig{PerConnection: 40_000_000, PerPod: 400_000_000}, 1_000_000, false},                     // the pod's 20 ms
+		{RateConfig{PerPod: 8_000_000, PerPath: map[uint32]uint64{1: 8_000_000}}, 100_000, true},           // 100 ms each
+		{RateConfig{PerPod: 8_000_000, PerPath: map[uint32]uint64{1: 80_000_000, 2: 1}}, 100_000, false},   // path 1: 10 ms
+		{RateConfig{PerConnection: 40_000_000}, DefaultBurst(RateConfig{PerConnection: 40_000_000}), true}, // the default
+	} {
+		if got := coarseClockFits(c.cfg, c.burst); got != c.want {
+			t.Errorf("coarseClockFits(%+v, %d) = %v, want %v", c.cfg, c.burst, got, c.want)
+		}
 	}
 }
 
