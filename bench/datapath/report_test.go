@@ -67,7 +67,9 @@ func writeReport(path string) error {
 		"BPF_PROG_TEST_RUN's per-run work. Later on 2026-11-23 the rate rules moved into an array indexed by rule " +
 		"(an array lookup the verifier inlines) and police reads the coarse clock for buckets at least 100 ms deep " +
 		"(all of them by default; internal/datapath/rate.go, coarseClockMinDepth): the full chain went from about " +
-		"241 to about 208 ns, the chain into the pod from about 257 to about 246. Measured by taking each piece out " +
+		"241 to about 208 ns in back-to-back runs on a quiet machine, and from 284 and 261 to 247 and 245 (medians " +
+		"of 5) in runs of the two builds taken in turn an hour later, when this VM was noisier; the table's run " +
+		"may catch either mood, which the ratio to the empty program only partly corrects. Measured by taking each piece out " +
 		"in turn, what a DSS data packet still pays on top of the empty program: the pod's counters (a per-CPU hash " +
 		"lookup by address) about 30 ns, the subflow lookup (a 40-byte key) about 25, the parse about 25; the " +
 		"subflow's atomic counters nothing measurable. Police adds the connection's bucket (a hash lookup) and its " +
