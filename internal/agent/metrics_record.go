@@ -20,6 +20,7 @@ type recordCollector struct {
 	podTxBytes, podTxPackets, podRxBytes, podRxPkt *prometheus.Desc
 	connTxBytes, connRxBytes                       *prometheus.Desc
 	tableEntries, tableCapacity, tableEvictions    *prometheus.Desc
+	mptcpOptions, mptcpOptionsInvalid              *prometheus.Desc
 }
 
 func newRecordCollector(a *Agent) *recordCollector {
@@ -37,11 +38,16 @@ func newRecordCollector(a *Agent) *recordCollector {
 		tableEntries:   d("table_entries", "Live entries of a datapath LRU table.", "table"),
 		tableCapacity:  d("table_capacity", "Capacity of a datapath LRU table.", "table"),
 		tableEvictions: d("table_evictions_total", "Entries a datapath LRU table evicted to fit new ones: entries created minus those the agent deleted minus those live.", "table"),
+		mptcpOptions: d("mptcp_options_total", "TCP packets the datapath parsed that carried a valid MPTCP option of the subtype (RFC 8684 names), once per packet and subtype: "+
+			"everything the selected pods' veths and the path NICs carry, selected or not.", "subtype"),
+		mptcpOptionsInvalid: d("mptcp_options_invalid_total", "TCP packets that carried an MPTCP option of the subtype with a length RFC 8684 does not define for it: "+
+			"the datapath ignored the option, as the receiver does.", "subtype"),
 	}
 }
 
 func (c *recordCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.podTxBytes, c.podTxPackets, c.podRxBytes, c.podRxPkt, c.connTxBytes, c.connRxBytes, c.tableEntries, c.tableCapacity, c.tableEvictions} {
+	for _, d := range []*prometheus.Desc{c.podTxBytes, c.podTxPackets, c.podRxBytes, c.podRxPkt, c.connTxBytes, c.connRxBytes, c.tableEntries, c.tableCapacity, c.tableEvictions,
+		c.mptcpOptions, c.mptcpOptionsInvalid} {
 		ch <- d
 	}
 }
@@ -68,6 +74,7 @@ func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.connRxBytes, prometheus.CounterValue, float64(v.RxBytes), a, tok)
 		}
 	}
+	c.collectOptions(ch)
 	sf, conn, err := dp.Occupancy()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.tableEntries, err)
@@ -77,5 +84,24 @@ func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.tableEntries, prometheus.GaugeValue, float64(o.Entries), table)
 		ch <- prometheus.MustNewConstMetric(c.tableCapacity, prometheus.GaugeValue, float64(o.Capacity), table)
 		ch <- prometheus.MustNewConstMetric(c.tableEvictions, prometheus.CounterValue, float64(o.Evictions), table)
+	}
+}
+
+// collectOptions exports the per-subtype counters: every subtype RFC 8684
+// names, and any other value of the 4-bit field once a packet carried it
+// (so an unassigned subtype on the wire shows, without 12 series of zeros).
+func (c *recordCollector) collectOptions(ch chan<- prometheus.Metric) {
+	opts, err := c.a.dp.MPTCPOptionStats()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.mptcpOptions, err)
+		return
+	}
+	for i, o := range opts {
+		st := datapath.MPTCPSubtype(i)
+		if !st.Named() && o.Packets == 0 && o.Invalid == 0 {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.mptcpOptions, prometheus.CounterValue, float64(o.Packets), st.String())
+		ch <- prometheus.MustNewConstMetric(c.mptcpOptionsInvalid, prometheus.CounterValue, float64(o.Invalid), st.String())
 	}
 }

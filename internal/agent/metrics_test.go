@@ -200,4 +200,24 @@ mptcp_agent_table_evictions_total{table="subflows"} 0
 	if n, err := testutil.GatherAndCount(m.Gatherer(), "mptcp_agent_connection_tx_bytes_total"); err != nil || n != 1 {
 		t.Fatalf("connection series %d, %v; want 1", n, err)
 	}
+
+	// Per MPTCP subtype: the SYN and the ACK each carried an MP_CAPABLE;
+	// every named subtype has its series, an unassigned one only once seen.
+	unassigned := testpkt.Frame{Src: pod, Dst: netip.MustParseAddr("10.244.2.11"), TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 2, Ack: 8, Flags: testpkt.ACK,
+		Options: []byte{30, 4, 0x90, 0}}}.Bytes()
+	if _, err := dp.Program(datapath.HookPodEgress).Run(&ebpf.RunOptions{Data: unassigned}); err != nil {
+		t.Fatal(err)
+	}
+	var options strings.Builder
+	options.WriteString(`
+# HELP mptcp_agent_mptcp_options_total TCP packets the datapath parsed that carried a valid MPTCP option of the subtype (RFC 8684 names), once per packet and subtype: everything the selected pods' veths and the path NICs carry, selected or not.
+# TYPE mptcp_agent_mptcp_options_total counter
+`)
+	for _, st := range []string{"ADD_ADDR", "DSS", "MP_CAPABLE", "MP_EXPERIMENTAL", "MP_FAIL", "MP_FASTCLOSE", "MP_JOIN", "MP_PRIO", "MP_TCPRST", "REMOVE_ADDR", "subtype-0x9"} {
+		n := map[string]int{"MP_CAPABLE": 2, "subtype-0x9": 1}[st]
+		fmt.Fprintf(&options, "mptcp_agent_mptcp_options_total{subtype=%q} %d\n", st, n)
+	}
+	if err := testutil.GatherAndCompare(m.Gatherer(), strings.NewReader(options.String()), "mptcp_agent_mptcp_options_total"); err != nil {
+		t.Error(err)
+	}
 }

@@ -116,6 +116,12 @@ var subtypeNames = map[MPTCPSubtype]string{
 	MPPrio: "MP_PRIO", MPFail: "MP_FAIL", MPFastclose: "MP_FASTCLOSE", MPTCPRst: "MP_TCPRST", MPExperimental: "MP_EXPERIMENTAL",
 }
 
+// Named says whether RFC 8684 (or the IANA registry) names the subtype.
+func (s MPTCPSubtype) Named() bool {
+	_, ok := subtypeNames[s]
+	return ok
+}
+
 func (s MPTCPSubtype) String() string {
 	if n, ok := subtypeNames[s]; ok {
 		return n
