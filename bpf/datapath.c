@@ -118,15 +118,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } path_states SEC(".maps");
 
-/* Record actor: per selected pod address; the agent creates the entry with
- * the endpoint, so a miss here means "not a selected pod". */
+/* Record actor: per selected pod, at its endpoint's slot (1..MAX_PODS). An
+ * array, so that a packet of a known subflow, which carries the slot, counts
+ * its pod without a hash lookup. Replaced pod_counters, a per-CPU hash by
+ * address, whose pin an upgrade removes. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, struct endpoint_key);
-	__type(value, struct pod_stats);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_PODS + 1);
+	__type(key, __u32);
+	__type(value, struct pod_record);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pod_counters SEC(".maps");
+} pod_records SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -272,16 +274,30 @@ static __always_inline struct endpoint *lookup_endpoint(__u8 family, const __u8 
 	return bpf_map_lookup_elem(&endpoints, &k);
 }
 
-/* count_pod adds a packet to a selected pod's counters (tx: sent by it). */
-static __always_inline void count_pod(__u8 family, const __u8 addr[16], __u32 len, bool tx)
+static __always_inline bool same_addr(const __u8 a[16], const __u8 b[16])
 {
-	struct endpoint_key k = {.family = family};
+	__u64 a0, a1, b0, b1;
+
+	__builtin_memcpy(&a0, a, 8);
+	__builtin_memcpy(&a1, a + 8, 8);
+	__builtin_memcpy(&b0, b, 8);
+	__builtin_memcpy(&b1, b + 8, 8);
+	return a0 == b0 && a1 == b1;
+}
+
+/* count_pod adds a packet to the counters at slot (tx: sent by the pod),
+ * if the slot still belongs to the packet's pod address. */
+static __always_inline void count_pod(__u32 slot, __u8 family, const __u8 addr[16], __u32 len, bool tx)
+{
+	struct pod_record *pr;
 	struct pod_stats *ps;
 
-	__builtin_memcpy(k.addr, addr, 16);
-	ps = bpf_map_lookup_elem(&pod_counters, &k);
-	if (!ps)
+	if (!slot)
 		return;
+	pr = bpf_map_lookup_elem(&pod_records, &slot);
+	if (!pr || pr->owner.family != family || !same_addr(pr->owner.addr, addr))
+		return;
+	ps = &pr->stats;
 	if (tx) {
 		ps->tx_packets++;
 		ps->tx_bytes += len;
@@ -289,6 +305,22 @@ static __always_inline void count_pod(__u8 family, const __u8 addr[16], __u32 le
 		ps->rx_packets++;
 		ps->rx_bytes += len;
 	}
+}
+
+/* subflow_pod_slot is the slot of sf's local pod (addr): kept in the entry
+ * once known; an entry made before slots existed learns it from the pod's
+ * endpoint on its next packet. 0 for a pod no longer selected. */
+static __always_inline __u32 subflow_pod_slot(struct subflow *sf, __u8 family, const __u8 addr[16])
+{
+	struct endpoint *ep;
+
+	if (sf->pod_slot)
+		return sf->pod_slot;
+	ep = lookup_endpoint(family, addr);
+	if (!ep)
+		return 0;
+	sf->pod_slot = ep->pod_slot;
+	return ep->pod_slot;
 }
 
 static __always_inline void count_subflow(struct subflow *sf, __u32 len, bool tx)
@@ -824,11 +856,11 @@ int pod_egress(struct __sk_buff *skb)
 
 	if (parse_counted(skb, &pkt) != PARSE_OK)
 		return TCX_NEXT;
-	count_pod(pkt.family, pkt.saddr, pkt.len, true);
 
 	flow_key_from(&fk, &pkt, false);
 	sf = bpf_map_lookup_elem(&subflows, &fk);
 	if (sf) {
+		count_pod(subflow_pod_slot(sf, pkt.family, pkt.saddr), pkt.family, pkt.saddr, pkt.len, true);
 		count_subflow(sf, pkt.len, true);
 		if (is_capable_ack(&pkt) && sf->role == ROLE_INITIATOR)
 			learn_connection(skb, &pkt, pkt.saddr, sf);
@@ -839,13 +871,15 @@ int pod_egress(struct __sk_buff *skb)
 		return TCX_NEXT;
 	}
 
+	ep = lookup_endpoint(pkt.family, pkt.saddr);
+	if (!ep)
+		return TCX_NEXT;
+	count_pod(ep->pod_slot, pkt.family, pkt.saddr, pkt.len, true);
 	if (!is_opening_syn(&pkt))
 		return TCX_NEXT;
 	if (handshake_subtype(&pkt) == MPTCP_SUB_NONE)
 		return TCX_NEXT;
-	ep = lookup_endpoint(pkt.family, pkt.saddr);
-	if (!ep)
-		return TCX_NEXT;
+	nsf.pod_slot = ep->pod_slot;
 	ret = place_subflow(skb, &pkt, ep, &nsf);
 	if (ret == PLACE_REFUSED) {
 		/* A join of the pod's beyond its rule's maximum: the pod's
@@ -879,11 +913,16 @@ int pod_ingress(struct __sk_buff *skb)
 
 	if (parse_counted(skb, &pkt) != PARSE_OK)
 		return TCX_NEXT;
-	count_pod(pkt.family, pkt.daddr, pkt.len, false);
 	flow_key_from(&fk, &pkt, true);
 	sf = bpf_map_lookup_elem(&subflows, &fk);
-	if (!sf)
+	if (!sf) {
+		struct endpoint *ep = lookup_endpoint(pkt.family, pkt.daddr);
+
+		if (ep)
+			count_pod(ep->pod_slot, pkt.family, pkt.daddr, pkt.len, false);
 		return TCX_NEXT;
+	}
+	count_pod(subflow_pod_slot(sf, pkt.family, pkt.daddr), pkt.family, pkt.daddr, pkt.len, false);
 	count_subflow(sf, pkt.len, false);
 	backup_act(skb, &pkt, sf);
 	backup_prio_act(skb, &pkt, sf);
@@ -984,6 +1023,7 @@ int nic_ingress(struct __sk_buff *skb)
 		nsf.rule = select_rule(ep, &pkt, 0, MATCH_INITIAL);
 	}
 	nsf.path = n->path;
+	nsf.pod_slot = ep->pod_slot;
 	nsf.role = ROLE_RESPONDER;
 	nsf.created_ns = bpf_ktime_get_ns();
 	insert_subflow(&fk, &nsf);

@@ -124,6 +124,10 @@ struct subflow {
 	__u64 tx_bytes;
 	__u64 rx_packets; /* received by the pod */
 	__u64 rx_bytes;
+	/* The local pod's slot in pod_records (its endpoint's), so that its
+	 * counters need no lookup by address; 0 until known. */
+	__u32 pod_slot;
+	__u32 pad;
 };
 
 /* A connection is known on both nodes by both of its tokens: joins the
@@ -164,6 +168,7 @@ struct endpoint {
 	__u32 nrules;
 	__u32 flags;
 	__u32 rules[MAX_POD_RULES]; /* rule ids, highest priority first */
+	__u32 pod_slot;		    /* the pod's index in pod_records, 0: none (yet) */
 };
 
 /* Rule ids index the rules array map; other actors key their own maps by the
@@ -240,6 +245,19 @@ struct pod_stats {
 	__u64 rx_packets; /* received by the pod */
 	__u64 rx_bytes;
 };
+
+/* Record actor: one selected pod's counters, at the slot the agent gave it
+ * (struct endpoint's pod_slot). owner is the address the slot was given to,
+ * so that a subflow still carrying the slot of a pod released since (its
+ * connection still open) counts nothing if the slot went to another pod. */
+struct pod_record {
+	struct endpoint_key owner;
+	__u32 pad;
+	struct pod_stats stats;
+};
+
+/* Slots of pod_records: one per endpoint, 0 meaning none. */
+#define MAX_PODS 4096
 
 /* A NIC of this node, keyed by ifindex in nic_paths. */
 struct nic {

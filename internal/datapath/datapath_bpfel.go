@@ -45,10 +45,11 @@ type datapathConnKey struct {
 }
 
 type datapathEndpoint struct {
-	_      structs.HostLayout
-	Nrules uint32
-	Flags  uint32
-	Rules  [8]uint32
+	_       structs.HostLayout
+	Nrules  uint32
+	Flags   uint32
+	Rules   [8]uint32
+	PodSlot uint32
 }
 
 type datapathEndpointKey struct {
@@ -107,6 +108,13 @@ type datapathPathStats struct {
 	TxBytes   uint64
 	RxPackets uint64
 	RxBytes   uint64
+}
+
+type datapathPodRecord struct {
+	_     structs.HostLayout
+	Owner datapathEndpointKey
+	Pad   uint32
+	Stats datapathPodStats
 }
 
 type datapathPodStats struct {
@@ -257,6 +265,8 @@ type datapathSubflow struct {
 	TxBytes   uint64
 	RxPackets uint64
 	RxBytes   uint64
+	PodSlot   uint32
+	Pad       uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -270,7 +280,7 @@ const (
 	datapathMapNics               = "nics"
 	datapathMapPathCounters       = "path_counters"
 	datapathMapPathStates         = "path_states"
-	datapathMapPodCounters        = "pod_counters"
+	datapathMapPodRecords         = "pod_records"
 	datapathMapRateBuckets        = "rate_buckets"
 	datapathMapRateClasses        = "rate_classes"
 	datapathMapRateRules          = "rate_rules"
@@ -352,7 +362,7 @@ type datapathMapSpecs struct {
 	Nics         *ebpf.MapSpec `ebpf:"nics"`
 	PathCounters *ebpf.MapSpec `ebpf:"path_counters"`
 	PathStates   *ebpf.MapSpec `ebpf:"path_states"`
-	PodCounters  *ebpf.MapSpec `ebpf:"pod_counters"`
+	PodRecords   *ebpf.MapSpec `ebpf:"pod_records"`
 	RateBuckets  *ebpf.MapSpec `ebpf:"rate_buckets"`
 	RateClasses  *ebpf.MapSpec `ebpf:"rate_classes"`
 	RateRules    *ebpf.MapSpec `ebpf:"rate_rules"`
@@ -404,7 +414,7 @@ type datapathMaps struct {
 	Nics         *ebpf.Map `ebpf:"nics"`
 	PathCounters *ebpf.Map `ebpf:"path_counters"`
 	PathStates   *ebpf.Map `ebpf:"path_states"`
-	PodCounters  *ebpf.Map `ebpf:"pod_counters"`
+	PodRecords   *ebpf.Map `ebpf:"pod_records"`
 	RateBuckets  *ebpf.Map `ebpf:"rate_buckets"`
 	RateClasses  *ebpf.Map `ebpf:"rate_classes"`
 	RateRules    *ebpf.Map `ebpf:"rate_rules"`
@@ -426,7 +436,7 @@ func (m *datapathMaps) Close() error {
 		m.Nics,
 		m.PathCounters,
 		m.PathStates,
-		m.PodCounters,
+		m.PodRecords,
 		m.RateBuckets,
 		m.RateClasses,
 		m.RateRules,

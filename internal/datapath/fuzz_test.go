@@ -182,10 +182,17 @@ func ipAddresses(frame []byte) (src, dst netip.Addr, ok bool) {
 func resetDatapathState(t *testing.T, dp *Datapath) {
 	t.Helper()
 	all := func(datapathEndpointKey) bool { return true }
-	for _, m := range []*ebpf.Map{dp.objs.Endpoints, dp.objs.PodCounters} {
-		if _, err := deleteKeysWhere(m, all); err != nil {
+	eps, err := dp.Endpoints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for addr := range eps {
+		if err := dp.DeleteEndpoint(addr); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if _, err := deleteKeysWhere(dp.objs.Endpoints, all); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := deleteKeysWhere(dp.objs.Subflows, func(datapathFlowKey) bool { return true }); err != nil {
 		t.Fatal(err)

@@ -36,7 +36,7 @@ func TestGoStructsMatchCLayout(t *testing.T) {
 		"endpoint": datapathEndpoint{}, "rule": datapathRule{}, "nic": datapathNic{},
 		"path_stats": datapathPathStats{}, "mptcp_subtype_stats": datapathMptcpSubtypeStats{},
 		"settings_value": datapathSettingsValue{}, "cidr_key": datapathCidrKey{},
-		"path_state": datapathPathState{}, "pod_stats": datapathPodStats{}, "port_range": datapathPortRange{},
+		"path_state": datapathPathState{}, "pod_stats": datapathPodStats{}, "pod_record": datapathPodRecord{}, "port_range": datapathPortRange{},
 		"rate_cfg": datapathRateCfg{}, "rate_key": datapathRateKey{}, "rate_bucket": datapathRateBucket{},
 		"rate_window": datapathRateWindow{}, "rate_subflow": datapathRateSubflow{},
 	}

@@ -348,6 +348,16 @@ func TestMigrationRollsBackThenCommits(t *testing.T) {
 	linkPin := filepath.Join(dir, linkPinSubdir, string(HookPodEgress), "veth-a")
 	err := netnsutil.Do(ns, func() error {
 		oldMap, oldProg := loadOldRelease(t, dir)
+		// A map of the previous release this one does not have (as
+		// pod_counters, the per-address pod counters pod_records
+		// replaced): kept through the rollback, unpinned at the commit.
+		gone := filepath.Join(dir, "pod_counters")
+		podCounters, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{Name: "pod_counters", Type: ebpf.PerCPUHash, KeySize: 20, ValueSize: 32, MaxEntries: 4096,
+			Pinning: ebpf.PinByName}, ebpf.MapOptions{PinPath: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = podCounters.Close()
 		if m, err := LayoutMarker(dir); err != nil || m != "" {
 			t.Fatalf("layout marker %q (%v) before any migration-aware load, want none", m, err)
 		}
@@ -388,6 +398,9 @@ func TestMigrationRollsBackThenCommits(t *testing.T) {
 		if m, _ := LayoutMarker(dir); m != "" {
 			t.Errorf("rollback wrote the layout marker %q", m)
 		}
+		if _, err := os.Stat(gone); err != nil {
+			t.Errorf("the previous release's pod_counters pin after the rollback: %v, want it kept", err)
+		}
 
 		dp, err = Load(Options{PinDir: dir, Migrate: true})
 		if err != nil {
@@ -409,6 +422,9 @@ func TestMigrationRollsBackThenCommits(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(dir, stagingSubdir)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("staging directory left behind: %v", err)
+		}
+		if _, err := os.Stat(gone); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the previous release's pod_counters pin after the commit: %v, want it removed", err)
 		}
 		// The next start sees the marker and migrates nothing.
 		dp2, err := Load(Options{PinDir: dir, Migrate: true})

@@ -26,15 +26,18 @@ func (c *TrafficCounters) Add(o TrafficCounters) {
 // not.
 func (d *Datapath) PodStats() (map[netip.Addr]TrafficCounters, error) {
 	out := map[netip.Addr]TrafficCounters{}
-	var k datapathEndpointKey
-	var perCPU []datapathPodStats
-	it := d.objs.PodCounters.Iterate()
-	for it.Next(&k, &perCPU) {
+	var slot uint32
+	var perCPU []datapathPodRecord
+	it := d.objs.PodRecords.Iterate()
+	for it.Next(&slot, &perCPU) {
+		if len(perCPU) == 0 || perCPU[0].Owner.Family == 0 {
+			continue // a free slot
+		}
 		var c TrafficCounters
 		for _, v := range perCPU {
-			c.Add(TrafficCounters{TxPackets: v.TxPackets, TxBytes: v.TxBytes, RxPackets: v.RxPackets, RxBytes: v.RxBytes})
+			c.Add(TrafficCounters{TxPackets: v.Stats.TxPackets, TxBytes: v.Stats.TxBytes, RxPackets: v.Stats.RxPackets, RxBytes: v.Stats.RxBytes})
 		}
-		out[addrFrom(k.Family, k.Addr)] = c
+		out[addrFrom(perCPU[0].Owner.Family, perCPU[0].Owner.Addr)] = c
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("reading pod counters: %w", err)

@@ -135,3 +135,93 @@ func TestOccupancyAndEvictions(t *testing.T) {
 		t.Fatalf("StatSubflowInsert = %d, want 5", got)
 	}
 }
+
+// A pod's counters live at the slot its endpoint got. A slot freed when its
+// pod is released and given to the next pod starts at zero, and a subflow of
+// the released pod that is still open (it keeps the slot in its entry) adds
+// nothing to the new owner's counters. A subflow entry without a slot (made
+// before slots existed) learns it from the endpoint and counts.
+func TestRecordPodSlotsAreNeverShared(t *testing.T) {
+	dp := loadForTest(t)
+	if got := dp.objs.PodRecords.MaxEntries(); got != MaxPods+1 {
+		t.Fatalf("pod_records has %d entries, want MaxPods+1 = %d (slot 0 is none)", got, MaxPods+1)
+	}
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1}}})
+	other := netip.MustParseAddr("10.244.1.12")
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	data := func(src netip.Addr, sport uint16) []byte {
+		return testpkt.Frame{Src: src, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 80, Seq: 9, Ack: 9, Flags: testpkt.ACK, Payload: make([]byte, 100)}}.Bytes()
+	}
+	run(t, dp.objs.PodEgress, syn(clientPod, 40000, serverPod, 80, testpkt.MPCapableSYN()), skbContext{})
+	run(t, dp.objs.PodEgress, data(clientPod, 40000), skbContext{})
+
+	// Released, and its slot taken by the next pod.
+	if err := dp.DeleteEndpoint(clientPod); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(other, 0); err != nil {
+		t.Fatal(err)
+	}
+	var a, b datapathEndpoint
+	if err := dp.objs.Endpoints.Lookup(endpointKey(other), &b); err != nil {
+		t.Fatal(err)
+	}
+	if b.PodSlot != 1 {
+		t.Fatalf("the next pod got slot %d, want the freed slot 1", b.PodSlot)
+	}
+	run(t, dp.objs.PodEgress, data(clientPod, 40000), skbContext{}) // the released pod's open subflow
+	pods, err := dp.PodStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods) != 1 || pods[other] != (TrafficCounters{}) {
+		t.Fatalf("pod counters %+v, want only %v at zero", pods, other)
+	}
+
+	// Both selected: two slots; a rewrite of an endpoint keeps its slot.
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpointRules(other, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.objs.Endpoints.Lookup(endpointKey(clientPod), &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.objs.Endpoints.Lookup(endpointKey(other), &b); err != nil {
+		t.Fatal(err)
+	}
+	if a.PodSlot == 0 || a.PodSlot == b.PodSlot || b.PodSlot != 1 {
+		t.Fatalf("slots %d and %d, want two distinct ones and the rewritten endpoint's kept (1)", a.PodSlot, b.PodSlot)
+	}
+
+	// An entry without a slot, as an upgrade leaves the subflows it
+	// carries over, learns the pod's on its next packet.
+	k := datapathFlowKey{Family: 2, Sport: htons(40000), Dport: htons(80)}
+	copy(k.Saddr[:], clientPod.AsSlice())
+	copy(k.Daddr[:], serverPod.AsSlice())
+	var sf datapathSubflow
+	if err := dp.objs.Subflows.Lookup(&k, &sf); err != nil {
+		t.Fatal(err)
+	}
+	sf.PodSlot = 0
+	if err := dp.objs.Subflows.Put(&k, &sf); err != nil {
+		t.Fatal(err)
+	}
+	frame := data(clientPod, 40000)
+	run(t, dp.objs.PodEgress, frame, skbContext{})
+	if err := dp.objs.Subflows.Lookup(&k, &sf); err != nil {
+		t.Fatal(err)
+	}
+	if sf.PodSlot != a.PodSlot {
+		t.Errorf("the subflow entry's slot is %d after a packet, want the endpoint's %d", sf.PodSlot, a.PodSlot)
+	}
+	if pods, err = dp.PodStats(); err != nil {
+		t.Fatal(err)
+	}
+	if want := (TrafficCounters{TxPackets: 1, TxBytes: uint64(len(frame))}); pods[clientPod] != want {
+		t.Errorf("%v counters %+v, want %+v", clientPod, pods[clientPod], want)
+	}
+}

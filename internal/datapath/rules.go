@@ -17,6 +17,9 @@ const (
 	MaxRules = 256
 	// MaxPodRules is how many rules one pod's selector chain can hold.
 	MaxPodRules = 8
+	// MaxPods is how many pod addresses the datapath can select (and count)
+	// at once: MAX_PODS, the slots of pod_records.
+	MaxPods = 4096
 	// MaxRulePorts is how many port ranges one rule's selector can hold.
 	MaxRulePorts = 8
 	// MaxWeight is the largest weight of a path (a byte in the map).
@@ -339,25 +342,82 @@ func (d *Datapath) SetEndpointRules(addr netip.Addr, rules ...uint32) error {
 		v.Rules[i] = id
 	}
 	k := endpointKey(addr)
-	zero := make([]datapathPodStats, ebpf.MustPossibleCPU())
-	if err := d.objs.PodCounters.Update(&k, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
-		return fmt.Errorf("endpoint %v: creating its counters: %w", addr, err)
+	slot, err := d.podSlot(k)
+	if err != nil {
+		return fmt.Errorf("endpoint %v: %w", addr, err)
 	}
+	v.PodSlot = slot
 	if err := d.objs.Endpoints.Put(&k, &v); err != nil {
 		return fmt.Errorf("endpoint %v: writing: %w", addr, err)
 	}
 	return nil
 }
 
+// podSlot returns the pod_records slot of the endpoint at k: the one it
+// has, or a free one, given to it with zeroed counters (the pod's counters
+// start with its selection, as a new series).
+func (d *Datapath) podSlot(k datapathEndpointKey) (uint32, error) {
+	var cur datapathEndpoint
+	if err := d.objs.Endpoints.Lookup(&k, &cur); err == nil && cur.PodSlot != 0 && d.podSlotOwner(cur.PodSlot) == k {
+		return cur.PodSlot, nil
+	}
+	used := map[uint32]bool{}
+	var ek datapathEndpointKey
+	var ev datapathEndpoint
+	it := d.objs.Endpoints.Iterate()
+	for it.Next(&ek, &ev) {
+		if ek != k {
+			used[ev.PodSlot] = true
+		}
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("reading endpoints: %w", err)
+	}
+	for slot := uint32(1); slot <= MaxPods; slot++ {
+		if used[slot] {
+			continue
+		}
+		fresh := make([]datapathPodRecord, ebpf.MustPossibleCPU())
+		for i := range fresh {
+			fresh[i].Owner = k
+		}
+		if err := d.objs.PodRecords.Put(slot, fresh); err != nil {
+			return 0, fmt.Errorf("creating its counters: %w", err)
+		}
+		return slot, nil
+	}
+	return 0, fmt.Errorf("no counter slot left: %d pods selected", MaxPods)
+}
+
+// podSlotOwner is the endpoint a slot was given to (zero: none).
+func (d *Datapath) podSlotOwner(slot uint32) datapathEndpointKey {
+	var perCPU []datapathPodRecord
+	if err := d.objs.PodRecords.Lookup(slot, &perCPU); err != nil || len(perCPU) == 0 {
+		return datapathEndpointKey{}
+	}
+	return perCPU[0].Owner
+}
+
 // DeleteEndpoint stops selecting addr and drops its counters. Subflows
-// already placed keep their path until they end.
+// already placed keep their path until they end; those still open stop
+// counting for the pod (their slot has no owner, or another one, since).
 func (d *Datapath) DeleteEndpoint(addr netip.Addr) error {
 	k := endpointKey(addr.Unmap())
+	var cur datapathEndpoint
+	err := d.objs.Endpoints.Lookup(&k, &cur)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
 	if err := d.objs.Endpoints.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return err
 	}
-	if err := d.objs.PodCounters.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return err
+	if cur.PodSlot != 0 && d.podSlotOwner(cur.PodSlot) == k {
+		if err := d.objs.PodRecords.Put(cur.PodSlot, make([]datapathPodRecord, ebpf.MustPossibleCPU())); err != nil {
+			return fmt.Errorf("endpoint %v: clearing its counters: %w", addr, err)
+		}
 	}
 	return nil
 }
