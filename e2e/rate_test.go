@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -58,8 +59,30 @@ func senderCounters(t *testing.T, bed *testbed.Bed, pod *testbed.Pod) (out, retr
 }
 
 // transfer sends from pod (1,1) to pod (2,1) for 8 s over one MPTCP
-// connection, and measures the server's goodput over [1.5 s, 7.5 s].
-func transfer(t *testing.T, bed *testbed.Bed, port int) rateRound {
+// connection, and measures the server's goodput over [1.5 s, 7.5 s]. cc is
+// the sender's congestion control, "" for its namespace's default (which
+// the bed's namespaces take from the machine: bbr here). A transfer whose
+// connection failed or whose stream arrived changed is logged and run
+// again, three attempts at most, as runFlows does (docs/testing.md, the
+// kernel flake; police's drops make it likelier).
+func transfer(t *testing.T, bed *testbed.Bed, port int, cc string) rateRound {
+	t.Helper()
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		r, err := transferOnce(t, bed, port, cc)
+		if err == nil {
+			return r
+		}
+		if attempt == attempts {
+			t.Fatalf("attempt %d of %d: %v", attempt, attempts, err)
+		}
+		t.Logf("attempt %d of %d, trying again: %v", attempt, attempts, err)
+	}
+}
+
+// transferOnce is one attempt of transfer; it returns the traffic's own
+// failures (a failed connection, a changed stream) as errors.
+func transferOnce(t *testing.T, bed *testbed.Bed, port int, cc string) (rateRound, error) {
 	t.Helper()
 	ctx := background(t)
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
@@ -69,10 +92,14 @@ func transfer(t *testing.T, bed *testbed.Bed, port int) rateRound {
 	}
 	defer func() { _ = srv.Proc.Stop(2 * time.Second) }()
 	out0, re0 := senderCounters(t, bed, client)
-	sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true, "-conns", "1", "-duration", "8s")
+	args := []string{"-conns", "1", "-duration", "8s"}
+	if cc != "" {
+		args = append(args, "-cc", cc)
+	}
+	sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true, args...)
 	if err != nil {
 		got, _ := srv.Reports()
-		t.Fatalf("%v; sender reports %+v; server reports %+v", err, sent, got)
+		return rateRound{}, fmt.Errorf("%w; sender reports %+v; server reports %+v", err, sent, got)
 	}
 	out1, re1 := senderCounters(t, bed, client)
 	got, err := srv.WaitReports(ctx, len(sent))
@@ -80,7 +107,7 @@ func transfer(t *testing.T, bed *testbed.Bed, port int) rateRound {
 		t.Fatal(err)
 	}
 	if _, err := testbed.MatchReports(sent, got); err != nil {
-		t.Fatal(err)
+		return rateRound{}, err
 	}
 	if !got[0].MPTCP {
 		t.Fatalf("the connection fell back to TCP: %+v", got[0])
@@ -89,22 +116,23 @@ func transfer(t *testing.T, bed *testbed.Bed, port int) rateRound {
 	if out1 > out0 {
 		r.retrans = (re1 - re0) / (out1 - out0)
 	}
-	return r
+	return r, nil
 }
 
 // capHolds runs rounds transfers and checks the median goodput is within
 // [lo, hi] of rateCap and the median retransmission ratio below maxRetrans.
 func capHolds(t *testing.T, bed *testbed.Bed, rateCap, lo, hi, maxRetrans float64) {
 	t.Helper()
-	capHoldsOver(t, bed, 3, rateCap, lo, hi, maxRetrans)
+	capHoldsOver(t, bed, 3, "", rateCap, lo, hi, maxRetrans)
 }
 
-// capHoldsOver is capHolds with the number of rounds.
-func capHoldsOver(t *testing.T, bed *testbed.Bed, rounds int, rateCap, lo, hi, maxRetrans float64) {
+// capHoldsOver is capHolds with the number of rounds and the sender's
+// congestion control.
+func capHoldsOver(t *testing.T, bed *testbed.Bed, rounds int, cc string, rateCap, lo, hi, maxRetrans float64) {
 	t.Helper()
 	var goodput, retrans []float64
 	for i := 0; i < rounds; i++ {
-		r := transfer(t, bed, 5300+i)
+		r := transfer(t, bed, 5300+i, cc)
 		t.Logf("round %d: goodput %.1f Mbit/s (%.3f of the cap), retransmitted %.2f%% of segments", i+1, r.goodput/1e6, r.goodput/rateCap, 100*r.retrans)
 		goodput, retrans = append(goodput, r.goodput), append(retrans, r.retrans)
 	}
@@ -147,26 +175,60 @@ func stats(t *testing.T, a *framework.Agent) map[string]float64 {
 
 // police on the sending pod's node caps what the pod sends, per connection
 // (both subflows share the bucket), with the default bucket of 200 ms at the
-// cap (1 MB). The goodput bound is 0.75..1.0, not the 0.9 shape and window
-// meet: at the bed's sub-millisecond RTT a drop costs a whole GSO segment
-// (up to 64 KiB) and even TCP's smallest window outruns 40 Mbit/s, so the
-// connection lives in loss recovery and each retransmission timeout idles
-// it. Measured medians of three rounds: 0.93, 0.85, 0.86 (2 MiB bucket) on a
-// quiet machine, 0.78 under a concurrent test run (rounds 0.63..0.88); a
-// 100 KiB bucket held 0.22, 512 KiB 0.65. Five rounds here, for a steadier
-// median. Retransmissions measured 34..41 % of segments: the ceiling is 50 %.
-// shape is the mode for low loss. A burst passing on top of the cap adds at
-// most 1 MB / 6 s, 0.033 of the cap.
+// cap (1 MB). The sender's congestion control decides how close to the cap
+// it gets, so each case pins it:
+//
+//   - cubic (Linux's default): 0.9..1.0 of the cap, retransmissions under
+//     20 % of segments. Measured medians 0.945 (rounds 0.935..0.970), 14 %.
+//   - bbr (this machine's default, which the bed's namespaces inherit):
+//     0.75..1.0, under 50 %. BBR paces at the highest delivery rate it saw
+//     (the bucket's bursts are at line rate) and treats loss as no signal,
+//     so at this sub-millisecond RTT a subflow keeps overrunning the
+//     bucket, loses most of a window, and sits out a retransmission
+//     timeout (~205 ms), often both subflows at once. Measured medians
+//     0.78..0.93, 34..41 % of segments retransmitted. The upper bound is
+//     the point here: the cap holds against a sender that ignores loss.
+//
+// Five rounds a case, for a steadier median. A burst passing on top of the
+// cap adds at most 1 MB / 6 s, 0.033 of the cap.
 func TestPoliceCapsWhatThePodSends(t *testing.T) {
+	for _, c := range []struct {
+		cc         string
+		lo         float64
+		maxRetrans float64
+	}{
+		{cc: "cubic", lo: 0.9, maxRetrans: 0.2},
+		{cc: "bbr", lo: 0.75, maxRetrans: 0.5},
+	} {
+		t.Run(c.cc, func(t *testing.T) {
+			bed, agents := rateBed(t, func(node int) agent.Rule {
+				if node != 1 {
+					return agent.Rule{}
+				}
+				return agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "egress"}}
+			})
+			capHoldsOver(t, bed, 5, c.cc, rateCap, c.lo, 1.0, c.maxRetrans)
+			if s := stats(t, agents[0]); s["rate_police_drop_connection"] == 0 {
+				t.Errorf("no police drop counted on the sender's node: %v", s)
+			}
+		})
+	}
+}
+
+// police on the receiving pod's node caps what the pod receives (pod_ingress,
+// after the link: here packets arrive one segment each, not in GSO batches).
+// A cubic sender on the other node: measured median 0.928 of the cap (rounds
+// 0.900..0.955), 14 % of segments retransmitted; bounds 0.9..1.0 and 20 %.
+func TestPoliceCapsWhatThePodReceives(t *testing.T) {
 	bed, agents := rateBed(t, func(node int) agent.Rule {
-		if node != 1 {
+		if node != 2 {
 			return agent.Rule{}
 		}
-		return agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "egress"}}
+		return agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "ingress"}}
 	})
-	capHoldsOver(t, bed, 5, rateCap, 0.75, 1.0, 0.5)
-	if s := stats(t, agents[0]); s["rate_police_drop_connection"] == 0 {
-		t.Errorf("no police drop counted on the sender's node: %v", s)
+	capHoldsOver(t, bed, 5, "cubic", rateCap, 0.9, 1.0, 0.2)
+	if s := stats(t, agents[1]); s["rate_police_drop_connection"] == 0 {
+		t.Errorf("no police drop counted on the receiver's node: %v", s)
 	}
 }
 

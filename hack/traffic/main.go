@@ -32,6 +32,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mptcp-operator/mptcp-operator/hack/traffic/report"
 )
 
@@ -227,6 +229,7 @@ func send(args []string) error {
 	mptcp := fs.Bool("mptcp", false, "dial with MPTCP")
 	seed := fs.Uint64("seed", 1, "seed of the byte streams; connection i uses (seed, i)")
 	asJSON := fs.Bool("json", false, "print one JSON line per connection (default: short text)")
+	cc := fs.String("cc", "", "TCP congestion control of the connections (with MPTCP: of every subflow); default: the namespace's")
 	_ = fs.Parse(args)
 	if *to == "" {
 		return errors.New("-to is required")
@@ -238,7 +241,7 @@ func send(args []string) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			reports[i] = sendOne(*to, *mptcp, *seed, i, *duration, *nbytes)
+			reports[i] = sendOne(*to, *mptcp, *cc, *seed, i, *duration, *nbytes)
 		}()
 	}
 	wg.Wait()
@@ -269,10 +272,26 @@ func stream(seed uint64, i int) io.Reader {
 	return rand.NewChaCha8(key)
 }
 
-func sendOne(to string, mptcp bool, seed uint64, i int, duration time.Duration, nbytes int64) SenderReport {
+func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration time.Duration, nbytes int64) SenderReport {
 	r := SenderReport{Conn: i, Remote: to}
 	var d net.Dialer
 	d.SetMultipathTCP(mptcp)
+	if cc != "" {
+		// Before connect, so that every subflow starts with it (an
+		// MPTCP socket hands TCP_CONGESTION to its subflows).
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc)
+			}); err != nil {
+				return err
+			}
+			if serr != nil {
+				return fmt.Errorf("congestion control %q: %w", cc, serr)
+			}
+			return nil
+		}
+	}
 	start := time.Now()
 	c, err := d.Dial("tcp", to)
 	if err != nil {
