@@ -102,7 +102,9 @@ type Spread struct {
 // RateMode is how a rate limit is enforced. window lowers the advertised
 // receive window (caps a connection or a pod, never a path: the MPTCP v1
 // window is shared by all subflows, RFC 8684 3.3.4); police drops above a
-// token bucket; shape queues in HTB on the NIC.
+// token bucket (a loss-based sender such as cubic gets 0.9 of the cap or more,
+// one that ignores loss such as bbr less, with many retransmissions); shape
+// queues in HTB on the NIC.
 // +kubebuilder:validation:Enum=window;police;shape
 type RateMode string
 
