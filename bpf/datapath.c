@@ -286,17 +286,18 @@ static __always_inline bool same_addr(const __u8 a[16], const __u8 b[16])
 }
 
 /* count_pod adds a packet to the counters at slot (tx: sent by the pod),
- * if the slot still belongs to the packet's pod address. */
-static __always_inline void count_pod(__u32 slot, __u8 family, const __u8 addr[16], __u32 len, bool tx)
+ * if the slot still belongs to the packet's pod address; says whether it
+ * did. */
+static __always_inline bool count_pod(__u32 slot, __u8 family, const __u8 addr[16], __u32 len, bool tx)
 {
 	struct pod_record *pr;
 	struct pod_stats *ps;
 
 	if (!slot)
-		return;
+		return false;
 	pr = bpf_map_lookup_elem(&pod_records, &slot);
 	if (!pr || pr->owner.family != family || !same_addr(pr->owner.addr, addr))
-		return;
+		return false;
 	ps = &pr->stats;
 	if (tx) {
 		ps->tx_packets++;
@@ -305,22 +306,26 @@ static __always_inline void count_pod(__u32 slot, __u8 family, const __u8 addr[1
 		ps->rx_packets++;
 		ps->rx_bytes += len;
 	}
+	return true;
 }
 
-/* subflow_pod_slot is the slot of sf's local pod (addr): kept in the entry
- * once known; an entry made before slots existed learns it from the pod's
- * endpoint on its next packet. 0 for a pod no longer selected. */
-static __always_inline __u32 subflow_pod_slot(struct subflow *sf, __u8 family, const __u8 addr[16])
+/* count_subflow_pod counts a packet of subflow sf for its local pod (addr)
+ * at the slot the entry keeps. An entry without one (made before slots
+ * existed), or whose slot is not its pod's any more (the pod was released
+ * and selected again since, with another slot), takes the endpoint's. A
+ * pod no longer selected counts nothing. */
+static __always_inline void count_subflow_pod(struct subflow *sf, __u8 family, const __u8 addr[16], __u32 len,
+					      bool tx)
 {
 	struct endpoint *ep;
 
-	if (sf->pod_slot)
-		return sf->pod_slot;
+	if (count_pod(sf->pod_slot, family, addr, len, tx))
+		return;
 	ep = lookup_endpoint(family, addr);
-	if (!ep)
-		return 0;
+	if (!ep || ep->pod_slot == sf->pod_slot)
+		return;
 	sf->pod_slot = ep->pod_slot;
-	return ep->pod_slot;
+	count_pod(ep->pod_slot, family, addr, len, tx);
 }
 
 static __always_inline void count_subflow(struct subflow *sf, __u32 len, bool tx)
@@ -860,7 +865,7 @@ int pod_egress(struct __sk_buff *skb)
 	flow_key_from(&fk, &pkt, false);
 	sf = bpf_map_lookup_elem(&subflows, &fk);
 	if (sf) {
-		count_pod(subflow_pod_slot(sf, pkt.family, pkt.saddr), pkt.family, pkt.saddr, pkt.len, true);
+		count_subflow_pod(sf, pkt.family, pkt.saddr, pkt.len, true);
 		count_subflow(sf, pkt.len, true);
 		if (is_capable_ack(&pkt) && sf->role == ROLE_INITIATOR)
 			learn_connection(skb, &pkt, pkt.saddr, sf);
@@ -922,7 +927,7 @@ int pod_ingress(struct __sk_buff *skb)
 			count_pod(ep->pod_slot, pkt.family, pkt.daddr, pkt.len, false);
 		return TCX_NEXT;
 	}
-	count_pod(subflow_pod_slot(sf, pkt.family, pkt.daddr), pkt.family, pkt.daddr, pkt.len, false);
+	count_subflow_pod(sf, pkt.family, pkt.daddr, pkt.len, false);
 	count_subflow(sf, pkt.len, false);
 	backup_act(skb, &pkt, sf);
 	backup_prio_act(skb, &pkt, sf);

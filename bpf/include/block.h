@@ -65,42 +65,20 @@ static __always_inline __u16 csum_fold32(__u64 sum)
 	return (__u16)~sum;
 }
 
-/* refuse_join turns the join SYN in skb into the reset that refuses it:
- * addresses, ports and MACs swapped, SEQ 0 and ACK the SYN's sequence + 1 (RFC
- * 9293 3.10.7.1: the answer to a segment without ACK), RST|ACK, MP_TCPRST with
- * the reason, nothing else; the IP length, TTL and both checksums computed
- * anew, and the skb's checksum state reset so nothing downstream trusts a
- * stale one. The reset carries a bare IP header: IPv4 options and IPv6
- * extension headers of the SYN (a route, a hop-by-hop option meant for the
- * SYN's path) do not belong on the answer, so they are cut out first. That
- * needs the kernel to know the frame's IP header (bpf_skb_adjust_room): a
- * frame with options behind a VLAN tag in the payload, or one the kernel will
- * not shrink, returns -1 and the join is let through (and counted as any
- * join). A global function: verified once. */
-__noinline int refuse_join(struct __sk_buff *skb, const struct packet *pkt)
+/* What build_reset and refuse_join return when a helper failed after the
+ * packet was changed: it is neither the SYN nor the reset any more. */
+#define REFUSE_BROKEN (-2)
+
+/* build_reset writes the reset over the join SYN whose TCP header is at l4,
+ * right behind a bare IP header at l3. Returns 0, -1 when a helper failed
+ * before anything was changed, or REFUSE_BROKEN. */
+static __always_inline int build_reset(struct __sk_buff *skb, const struct packet *pkt, __u32 l3, __u32 l4,
+				       __u32 seq)
 {
 	struct rst_tcp t = {};
 	__u8 macs[12], swapped[12];
-	__u32 l3, l4, seq, base;
-	__be32 raw_seq;
 	__s64 sum;
 
-	if (!skb || !pkt)
-		return -1;
-	l3 = pkt->l3_off;
-	l4 = pkt->l4_off;
-	base = pkt->family == AF_INET ? 20 : 40;
-	if (l4 < l3 + base || l4 - l3 > 0xffff)
-		return -1;
-	if (bpf_skb_load_bytes(skb, l4 + 4, &raw_seq, sizeof(raw_seq)))
-		return -1;
-	seq = bpf_ntohl(raw_seq);
-	if (l4 != l3 + base) {
-		/* Removes what lies between the fixed IP header and TCP. */
-		if (bpf_skb_adjust_room(skb, -(__s32)(l4 - l3 - base), BPF_ADJ_ROOM_NET, 0))
-			return -1;
-		l4 = l3 + base;
-	}
 	t.source = pkt->dport;
 	t.dest = pkt->sport;
 	t.ack_seq = bpf_htonl(seq + 1);
@@ -138,7 +116,7 @@ __noinline int refuse_join(struct __sk_buff *skb, const struct packet *pkt)
 		ip.check = csum_fold32((__u64)sum);
 		if (bpf_skb_change_tail(skb, l4 + RST_TCP_LEN, 0) ||
 		    bpf_skb_store_bytes(skb, l3, &ip, sizeof(ip), 0))
-			return -1;
+			return REFUSE_BROKEN;
 	} else {
 		struct pseudo6 ph = {.len = bpf_htonl(RST_TCP_LEN), .next = IPPROTO_TCP};
 		struct ipv6_hdr ip6;
@@ -161,32 +139,88 @@ __noinline int refuse_join(struct __sk_buff *skb, const struct packet *pkt)
 		ip6.hop_limit = RST_TTL;
 		if (bpf_skb_change_tail(skb, l4 + RST_TCP_LEN, 0) ||
 		    bpf_skb_store_bytes(skb, l3, &ip6, sizeof(ip6), 0))
-			return -1;
+			return REFUSE_BROKEN;
 	}
 	if (bpf_skb_store_bytes(skb, l4, &t, sizeof(t), 0))
-		return -1;
+		return REFUSE_BROKEN;
 	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)))
-		return -1;
+		return REFUSE_BROKEN;
 	__builtin_memcpy(swapped, macs + 6, 6);
 	__builtin_memcpy(swapped + 6, macs, 6);
 	if (bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0))
-		return -1;
+		return REFUSE_BROKEN;
 	bpf_csum_level(skb, BPF_CSUM_LEVEL_RESET);
 	return 0;
+}
+
+/* refuse_join turns the join SYN in skb into the reset that refuses it:
+ * addresses, ports and MACs swapped, SEQ 0 and ACK the SYN's sequence + 1 (RFC
+ * 9293 3.10.7.1: the answer to a segment without ACK), RST|ACK, MP_TCPRST with
+ * the reason, nothing else; the IP length, TTL and both checksums computed
+ * anew, and the skb's checksum state reset so nothing downstream trusts a
+ * stale one. The reset carries a bare IP header: IPv4 options and IPv6
+ * extension headers of the SYN (a route, a hop-by-hop option meant for the
+ * SYN's path) do not belong on the answer, so they are cut out first. That
+ * needs the kernel to know the frame's IP header (bpf_skb_adjust_room): a
+ * frame with options behind a VLAN tag in the payload, or one the kernel will
+ * not shrink, returns -1 and the join is let through (and counted as any
+ * join). A helper failing once the packet was changed (the cut, or the
+ * reset's first write) returns REFUSE_BROKEN: the packet is neither the SYN
+ * nor the reset any more, and is dropped. A global function: verified once. */
+__noinline int refuse_join(struct __sk_buff *skb, const struct packet *pkt)
+{
+	__u32 l3, l4, seq, base;
+	bool cut = false;
+	__be32 raw_seq;
+	int ret;
+
+	if (!skb || !pkt)
+		return -1;
+	l3 = pkt->l3_off;
+	l4 = pkt->l4_off;
+	base = pkt->family == AF_INET ? 20 : 40;
+	if (l4 < l3 + base || l4 - l3 > 0xffff)
+		return -1;
+	if (bpf_skb_load_bytes(skb, l4 + 4, &raw_seq, sizeof(raw_seq)))
+		return -1;
+	seq = bpf_ntohl(raw_seq);
+	if (l4 != l3 + base) {
+		/* Removes what lies between the fixed IP header and TCP. */
+		if (bpf_skb_adjust_room(skb, -(__s32)(l4 - l3 - base), BPF_ADJ_ROOM_NET, 0))
+			return -1;
+		l4 = l3 + base;
+		cut = true;
+	}
+	ret = build_reset(skb, pkt, l3, l4, seq);
+	/* After a cut the SYN's IP header no longer describes it: it must
+	 * not go on either. */
+	if (ret && cut)
+		return REFUSE_BROKEN;
+	return ret;
 }
 
 /* answer_refused_join sends the reset that refuses the join in skb back out
  * of the interface it came in on (a peer's join: its NIC; the pod's own: its
  * veth, into the pod) and returns that verdict. It returns TCX_NEXT, and
  * the caller lets the join pass, in observe-only mode or when the reset
- * cannot be built (see refuse_join). */
+ * cannot be built (see refuse_join); TC_ACT_SHOT when the packet was cut and
+ * could not be finished. */
 static __always_inline int answer_refused_join(struct __sk_buff *skb, const struct packet *pkt)
 {
+	int ret;
+
 	if (observe_only()) {
 		count(STAT_OBSERVED);
 		return TCX_NEXT;
 	}
-	if (refuse_join(skb, pkt))
+	ret = refuse_join(skb, pkt);
+	if (ret == REFUSE_BROKEN) {
+		/* Refused all the same, without the answer: the peer's SYN
+		 * retransmission gets it. */
+		count(STAT_JOIN_REFUSED);
+		return TC_ACT_SHOT;
+	}
+	if (ret)
 		return TCX_NEXT;
 	count(STAT_JOIN_REFUSED);
 	return bpf_redirect(skb->ifindex, 0);

@@ -264,6 +264,23 @@ func send(args []string) error {
 	return nil
 }
 
+// congestionControl reads a connection's TCP_CONGESTION (an MPTCP
+// socket answers for its first subflow).
+func congestionControl(c *net.TCPConn) (string, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return "", err
+	}
+	var name string
+	var gerr error
+	if err := rc.Control(func(fd uintptr) {
+		name, gerr = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION)
+	}); err != nil {
+		return "", err
+	}
+	return name, gerr
+}
+
 // stream returns the deterministic byte stream of connection i: ChaCha8 keyed by the seed and the index.
 func stream(seed uint64, i int) io.Reader {
 	var key [32]byte
@@ -301,6 +318,16 @@ func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration time
 	tc := c.(*net.TCPConn)
 	r.Local = c.LocalAddr().String()
 	r.MPTCP, _ = tc.MultipathTCP()
+	if cc != "" {
+		// An MPTCP socket keeps the name before connect and its subflows
+		// apply it without loading a module: read back what the first
+		// subflow runs.
+		if got, err := congestionControl(tc); err != nil || got != cc {
+			_ = c.Close()
+			r.Error = fmt.Sprintf("congestion control %q asked, the connection runs %q (%v)", cc, got, err)
+			return r
+		}
+	}
 	h := newBlockHasher()
 	src := stream(seed, i)
 	buf := make([]byte, 128<<10)

@@ -26,18 +26,27 @@ func (c *TrafficCounters) Add(o TrafficCounters) {
 // not.
 func (d *Datapath) PodStats() (map[netip.Addr]TrafficCounters, error) {
 	out := map[netip.Addr]TrafficCounters{}
-	var slot uint32
-	var perCPU []datapathPodRecord
-	it := d.objs.PodRecords.Iterate()
-	for it.Next(&slot, &perCPU) {
-		if len(perCPU) == 0 || perCPU[0].Owner.Family == 0 {
-			continue // a free slot
+	var k datapathEndpointKey
+	var ep datapathEndpoint
+	// Through the endpoints: a pod's counters are at the slot its
+	// endpoint names, whatever other slot a failed write left behind.
+	it := d.objs.Endpoints.Iterate()
+	for it.Next(&k, &ep) {
+		var perCPU []datapathPodRecord
+		if ep.PodSlot == 0 {
+			continue // written before slots: it gets one at the next reconcile
+		}
+		if err := d.objs.PodRecords.Lookup(ep.PodSlot, &perCPU); err != nil {
+			return nil, fmt.Errorf("reading pod counters at slot %d: %w", ep.PodSlot, err)
+		}
+		if len(perCPU) == 0 || perCPU[0].Owner != k {
+			continue
 		}
 		var c TrafficCounters
 		for _, v := range perCPU {
 			c.Add(TrafficCounters{TxPackets: v.Stats.TxPackets, TxBytes: v.Stats.TxBytes, RxPackets: v.Stats.RxPackets, RxBytes: v.Stats.RxBytes})
 		}
-		out[addrFrom(perCPU[0].Owner.Family, perCPU[0].Owner.Addr)] = c
+		out[addrFrom(k.Family, k.Addr)] = c
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("reading pod counters: %w", err)

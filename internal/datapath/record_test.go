@@ -139,8 +139,9 @@ func TestOccupancyAndEvictions(t *testing.T) {
 // A pod's counters live at the slot its endpoint got. A slot freed when its
 // pod is released and given to the next pod starts at zero, and a subflow of
 // the released pod that is still open (it keeps the slot in its entry) adds
-// nothing to the new owner's counters. A subflow entry without a slot (made
-// before slots existed) learns it from the endpoint and counts.
+// nothing to the new owner's counters; selected again, with another slot,
+// the pod counts that subflow at its new slot. A subflow entry without a slot
+// (made before slots existed) learns it from the endpoint and counts.
 func TestRecordPodSlotsAreNeverShared(t *testing.T) {
 	dp := loadForTest(t)
 	if got := dp.objs.PodRecords.MaxEntries(); got != MaxPods+1 {
@@ -197,31 +198,37 @@ func TestRecordPodSlotsAreNeverShared(t *testing.T) {
 		t.Fatalf("slots %d and %d, want two distinct ones and the rewritten endpoint's kept (1)", a.PodSlot, b.PodSlot)
 	}
 
-	// An entry without a slot, as an upgrade leaves the subflows it
-	// carries over, learns the pod's on its next packet.
+	// The released pod's subflow, still open, kept slot 1, which is the
+	// other pod's now: selected again, with another slot, the pod counts
+	// that subflow's packets at its new slot, and the entry follows.
 	k := datapathFlowKey{Family: 2, Sport: htons(40000), Dport: htons(80)}
 	copy(k.Saddr[:], clientPod.AsSlice())
 	copy(k.Daddr[:], serverPod.AsSlice())
 	var sf datapathSubflow
-	if err := dp.objs.Subflows.Lookup(&k, &sf); err != nil {
-		t.Fatal(err)
+	frame := data(clientPod, 40000)
+	slotAfter := func(packets uint64) {
+		t.Helper()
+		run(t, dp.objs.PodEgress, frame, skbContext{})
+		if err := dp.objs.Subflows.Lookup(&k, &sf); err != nil {
+			t.Fatal(err)
+		}
+		if sf.PodSlot != a.PodSlot {
+			t.Errorf("the subflow entry's slot is %d after a packet, want the endpoint's %d", sf.PodSlot, a.PodSlot)
+		}
+		if pods, err = dp.PodStats(); err != nil {
+			t.Fatal(err)
+		}
+		if want := (TrafficCounters{TxPackets: packets, TxBytes: packets * uint64(len(frame))}); pods[clientPod] != want || pods[other] != (TrafficCounters{}) {
+			t.Errorf("counters %+v, want %v at %+v and %v at zero", pods, clientPod, want, other)
+		}
 	}
+	slotAfter(1)
+
+	// An entry without a slot, as an upgrade leaves the subflows it
+	// carries over, learns the pod's on its next packet.
 	sf.PodSlot = 0
 	if err := dp.objs.Subflows.Put(&k, &sf); err != nil {
 		t.Fatal(err)
 	}
-	frame := data(clientPod, 40000)
-	run(t, dp.objs.PodEgress, frame, skbContext{})
-	if err := dp.objs.Subflows.Lookup(&k, &sf); err != nil {
-		t.Fatal(err)
-	}
-	if sf.PodSlot != a.PodSlot {
-		t.Errorf("the subflow entry's slot is %d after a packet, want the endpoint's %d", sf.PodSlot, a.PodSlot)
-	}
-	if pods, err = dp.PodStats(); err != nil {
-		t.Fatal(err)
-	}
-	if want := (TrafficCounters{TxPackets: 1, TxBytes: uint64(len(frame))}); pods[clientPod] != want {
-		t.Errorf("%v counters %+v, want %+v", clientPod, pods[clientPod], want)
-	}
+	slotAfter(2)
 }

@@ -348,14 +348,25 @@ func (d *Datapath) SetEndpointRules(addr netip.Addr, rules ...uint32) error {
 	}
 	v.PodSlot = slot
 	if err := d.objs.Endpoints.Put(&k, &v); err != nil {
+		d.releasePodSlot(slot, k)
 		return fmt.Errorf("endpoint %v: writing: %w", addr, err)
 	}
 	return nil
 }
 
+// releasePodSlot clears slot if k owns it, so that no packet counts there.
+func (d *Datapath) releasePodSlot(slot uint32, k datapathEndpointKey) error {
+	if slot == 0 || d.podSlotOwner(slot) != k {
+		return nil
+	}
+	return d.objs.PodRecords.Put(slot, make([]datapathPodRecord, ebpf.MustPossibleCPU()))
+}
+
 // podSlot returns the pod_records slot of the endpoint at k: the one it
 // has, or a free one, given to it with zeroed counters (the pod's counters
-// start with its selection, as a new series).
+// start with its selection, as a new series). A slot is free when no other
+// endpoint names it; one only a failed write left owned is taken back. The
+// agent's reconcile is the only writer of endpoints, one at a time.
 func (d *Datapath) podSlot(k datapathEndpointKey) (uint32, error) {
 	var cur datapathEndpoint
 	if err := d.objs.Endpoints.Lookup(&k, &cur); err == nil && cur.PodSlot != 0 && d.podSlotOwner(cur.PodSlot) == k {
@@ -414,10 +425,8 @@ func (d *Datapath) DeleteEndpoint(addr netip.Addr) error {
 	if err := d.objs.Endpoints.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return err
 	}
-	if cur.PodSlot != 0 && d.podSlotOwner(cur.PodSlot) == k {
-		if err := d.objs.PodRecords.Put(cur.PodSlot, make([]datapathPodRecord, ebpf.MustPossibleCPU())); err != nil {
-			return fmt.Errorf("endpoint %v: clearing its counters: %w", addr, err)
-		}
+	if err := d.releasePodSlot(cur.PodSlot, k); err != nil {
+		return fmt.Errorf("endpoint %v: clearing its counters: %w", addr, err)
 	}
 	return nil
 }
