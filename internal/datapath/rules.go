@@ -348,8 +348,7 @@ func (d *Datapath) SetEndpointRules(addr netip.Addr, rules ...uint32) error {
 	}
 	v.PodSlot = slot
 	if err := d.objs.Endpoints.Put(&k, &v); err != nil {
-		d.releasePodSlot(slot, k)
-		return fmt.Errorf("endpoint %v: writing: %w", addr, err)
+		return errors.Join(fmt.Errorf("endpoint %v: writing: %w", addr, err), d.releasePodSlot(slot, k))
 	}
 	return nil
 }
