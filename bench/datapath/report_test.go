@@ -75,7 +75,9 @@ func writeReport(path string) error {
 		"subflow's atomic counters nothing measurable. Police adds the connection's bucket (a hash lookup) and its " +
 		"compare-and-swap. Then the pod's counters moved into a per-CPU array at a slot the endpoint and the subflow " +
 		"entry carry (pod_records): in back-to-back runs DSS data went from about 140 to about 121 ns, the full chain " +
-		"from about 208..245 to about 184, the chain into the pod from about 240 to about 214. What is left of the " +
+		"from about 208..245 to about 184, the chain into the pod from about 240 to about 214. Until then this " +
+		"benchmark's police rule (1 Tbit/s, 1 GiB) was too shallow for the coarse clock; at 40 Gbit/s it reads the " +
+		"coarse clock as a rule with the default depth does, which is the table above. What is left of the " +
 		"full chain, beyond the empty program: the parse, two hash lookups (the subflow, the connection's bucket), " +
 		"the bucket's compare-and-swap and the coarse clock, and the per-subtype and per-path counters (array " +
 		"lookups). A next step would be the connection's bucket at an index the subflow entry carries, as the pod's " +
