@@ -29,9 +29,10 @@ enum rate_mode {
 #define RATE_HEADERS_MAY_BE_REWRITTEN (1U << 0) /* admin opt-in: window may rewrite */
 #define RATE_POLICE_EGRESS	      (1U << 1) /* police what the pod sends */
 #define RATE_POLICE_INGRESS	      (1U << 2) /* police what the pod receives */
-/* Every police bucket of the rule is deep enough (RATE_COARSE_CLOCK_MIN_NS)
- * that the coarse clock, one scheduler tick behind at most, is as good as the
- * precise one and much cheaper to read. Set by user space. */
+/* Every police bucket of the rule is deep enough (coarseClockMinDepth in
+ * internal/datapath/rate.go) that the coarse clock, one scheduler tick behind
+ * at most, is as good as the precise one and cheaper to read. Set by user
+ * space. */
 #define RATE_COARSE_CLOCK (1U << 3)
 
 struct rate_cfg {

@@ -358,7 +358,17 @@ func (d *Datapath) releasePodSlot(slot uint32, k datapathEndpointKey) error {
 	if slot == 0 || d.podSlotOwner(slot) != k {
 		return nil
 	}
-	return d.objs.PodRecords.Put(slot, make([]datapathPodRecord, ebpf.MustPossibleCPU()))
+	return d.givePodSlot(slot, datapathEndpointKey{})
+}
+
+// givePodSlot makes owner (zero: nobody) the owner of slot, with counters
+// at zero on every CPU.
+func (d *Datapath) givePodSlot(slot uint32, owner datapathEndpointKey) error {
+	fresh := make([]datapathPodRecord, ebpf.MustPossibleCPU())
+	for i := range fresh {
+		fresh[i].Owner = owner
+	}
+	return d.objs.PodRecords.Put(slot, fresh)
 }
 
 // podSlot returns the pod_records slot of the endpoint at k: the one it
@@ -387,11 +397,7 @@ func (d *Datapath) podSlot(k datapathEndpointKey) (uint32, error) {
 		if used[slot] {
 			continue
 		}
-		fresh := make([]datapathPodRecord, ebpf.MustPossibleCPU())
-		for i := range fresh {
-			fresh[i].Owner = k
-		}
-		if err := d.objs.PodRecords.Put(slot, fresh); err != nil {
+		if err := d.givePodSlot(slot, k); err != nil {
 			return 0, fmt.Errorf("creating its counters: %w", err)
 		}
 		return slot, nil
