@@ -197,6 +197,15 @@ static __always_inline void count_path(__u32 path, __u32 len, bool tx)
 	}
 }
 
+/* count_subtype counts a packet carrying a valid option of subtype. */
+static __always_inline void count_subtype(__u32 subtype)
+{
+	struct mptcp_subtype_stats *st = bpf_map_lookup_elem(&mptcp_options, &subtype);
+
+	if (st)
+		st->packets++;
+}
+
 /* record_mptcp_options counts, per subtype, the packets that carry a valid
  * option of that subtype and those that carry one with an undefined length.
  * A global function: the verifier checks it once, on its own, instead of
@@ -240,7 +249,7 @@ static __always_inline __u32 handshake_subtype(const struct packet *pkt)
 /* mptcp_offset is where the option of subtype starts in the frame. */
 static __always_inline __u32 mptcp_offset(const struct packet *pkt, __u32 subtype)
 {
-	return (__u32)pkt->l4_off + pkt->mptcp_off[subtype];
+	return (__u32)pkt->l4_off + pkt->mptcp.off[subtype];
 }
 
 /* observe_only reads the switch. Each program marks a packet at most once,
@@ -274,15 +283,13 @@ static __always_inline struct endpoint *lookup_endpoint(__u8 family, const __u8 
 	return bpf_map_lookup_elem(&endpoints, &k);
 }
 
+/* same_addr compares two addresses word by word: every address the
+ * programs hold (struct packet, map keys and values) is 4-byte aligned. */
 static __always_inline bool same_addr(const __u8 a[16], const __u8 b[16])
 {
-	__u64 a0, a1, b0, b1;
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
 
-	__builtin_memcpy(&a0, a, 8);
-	__builtin_memcpy(&a1, a + 8, 8);
-	__builtin_memcpy(&b0, b, 8);
-	__builtin_memcpy(&b1, b + 8, 8);
-	return a0 == b0 && a1 == b1;
+	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
 }
 
 /* count_pod adds a packet to the counters at slot (tx: sent by the pod),
@@ -406,11 +413,14 @@ static __always_inline struct conn *lookup_conn(__u8 family, const __u8 local[16
  * as the ACK leaves the pod, on the responder's as it arrives. Either way it
  * runs before the ACK reaches the other pod and before the local pod can open
  * a join, so every join's token is known when the join arrives. The keys are
- * used here and dropped: only tokens are kept. */
-static __always_inline void learn_connection(struct __sk_buff *skb, const struct packet *pkt,
-					     const __u8 local[16], struct subflow *sf)
+ * used here and dropped: only tokens are kept. The local pod is the
+ * packet's source (local_is_src) or destination. A global function: once per
+ * connection, verified once, and its frame (keys, SHA-256) is not the
+ * caller's. */
+__noinline int learn_connection(struct __sk_buff *skb, const struct packet *pkt, __u32 local_is_src,
+				struct subflow *sf)
 {
-	struct conn_key k = {.family = pkt->family};
+	struct conn_key k = {};
 	struct conn_alias alias = {}, *known;
 	long err;
 	struct conn c = {};
@@ -419,18 +429,19 @@ static __always_inline void learn_connection(struct __sk_buff *skb, const struct
 
 	/* Not on a SYN, the parser accepted only the forms with both keys:
 	 * ACK, length 20; with data: 22, or 24 with a checksum. */
-	if (!is_capable_ack(pkt))
-		return;
+	if (!skb || !pkt || !sf || !is_capable_ack(pkt))
+		return 0;
 	if (bpf_skb_load_bytes(skb, mptcp_offset(pkt, MPTCP_SUB_CAPABLE) + 4, keys, sizeof(keys)))
-		return;
+		return 0;
 	responder_token = mptcp_token(bpf_ntohl(keys[2]), bpf_ntohl(keys[3]));
-	__builtin_memcpy(k.local, local, 16);
+	k.family = pkt->family;
+	__builtin_memcpy(k.local, local_is_src ? pkt->saddr : pkt->daddr, 16);
 	k.token = responder_token;
 	/* The ACK is repeated on data until acknowledged: learn once. */
 	known = bpf_map_lookup_elem(&conn_aliases, &k);
 	if (known) {
 		sf->conn = known->canonical;
-		return;
+		return 0;
 	}
 	initiator_token = mptcp_token(bpf_ntohl(keys[0]), bpf_ntohl(keys[1]));
 
@@ -449,6 +460,7 @@ static __always_inline void learn_connection(struct __sk_buff *skb, const struct
 	k.token = initiator_token;
 	bpf_map_update_elem(&conn_aliases, &k, &alias, BPF_NOEXIST);
 	count(STAT_TOKEN_LEARNT);
+	return 0;
 }
 
 static __always_inline bool path_usable(__u32 path)
@@ -815,9 +827,13 @@ static __always_inline void insert_subflow(const struct flow_key *fk, const stru
 		count(STAT_MAP_UPDATE_FAILED);
 }
 
+/* flow_key_from writes every byte of k (no zeroing needed first). */
 static __always_inline void flow_key_from(struct flow_key *k, const struct packet *pkt, bool reverse)
 {
 	k->family = pkt->family;
+	k->pad[0] = 0;
+	k->pad[1] = 0;
+	k->pad[2] = 0;
 	if (reverse) {
 		__builtin_memcpy(k->saddr, pkt->daddr, 16);
 		__builtin_memcpy(k->daddr, pkt->saddr, 16);
@@ -841,8 +857,10 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 		count(STAT_NOT_TCP);
 	else if (ret == PARSE_MALFORMED)
 		count(STAT_MALFORMED);
-	else if (pkt->mptcp_seen | pkt->mptcp_invalid)
-		record_mptcp_options(pkt->mptcp_seen, pkt->mptcp_invalid);
+	else if (pkt->mptcp.seen == (1U << MPTCP_SUB_DSS) && !pkt->mptcp.invalid)
+		count_subtype(MPTCP_SUB_DSS); /* most packets of a connection: no call */
+	else if (pkt->mptcp.seen | pkt->mptcp.invalid)
+		record_mptcp_options(pkt->mptcp.seen, pkt->mptcp.invalid);
 	return ret;
 }
 
@@ -850,58 +868,71 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 #include "backup.h"
 #include "block.h"
 
+/* pod_egress_unknown is pod_egress for a packet of no known subflow: it
+ * counts a selected pod's packet and places the subflow an opening SYN
+ * starts. Inline, but its locals (the new subflow) are zeroed only here, not
+ * on the fast path. */
+static __always_inline int pod_egress_unknown(struct __sk_buff *skb, const struct packet *pkt,
+					      const struct flow_key *fk)
+{
+	struct subflow nsf = {};
+	struct endpoint *ep;
+	int ret;
+
+	ep = lookup_endpoint(pkt->family, pkt->saddr);
+	if (!ep)
+		return TCX_NEXT;
+	count_pod(ep->pod_slot, pkt->family, pkt->saddr, pkt->len, true);
+	if (!is_opening_syn(pkt))
+		return TCX_NEXT;
+	if (handshake_subtype(pkt) == MPTCP_SUB_NONE)
+		return TCX_NEXT;
+	nsf.pod_slot = ep->pod_slot;
+	ret = place_subflow(skb, pkt, ep, &nsf);
+	if (ret == PLACE_REFUSED) {
+		/* A join of the pod's beyond its rule's maximum: the pod's
+		 * path manager is set to stay within it, so this is a pod
+		 * that opens joins itself. It hears why at once, as a peer
+		 * would (block.h), and no subflow is placed. */
+		return answer_refused_join(skb, pkt);
+	}
+	if (ret)
+		return TCX_NEXT;
+
+	nsf.tx_packets = 1;
+	nsf.tx_bytes = pkt->len;
+	insert_subflow(fk, &nsf);
+	rate_act(skb, pkt, fk, &nsf, RATE_DIR_EGRESS);
+	set_path_mark(skb, nsf.path);
+	count_path(nsf.path, pkt->len, true);
+	return TCX_NEXT;
+}
+
+/* pod_egress sees what a pod sends (TC ingress of its host-side veth). A
+ * packet of a known subflow, most of them, takes the path below; anything
+ * else goes to pod_egress_unknown. */
 SEC("tc")
 int pod_egress(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
-	struct flow_key fk = {};
-	struct subflow *sf, nsf = {};
-	struct endpoint *ep;
-	int ret;
+	struct flow_key fk;
+	struct subflow *sf;
 
 	if (parse_counted(skb, &pkt) != PARSE_OK)
 		return TCX_NEXT;
 
 	flow_key_from(&fk, &pkt, false);
 	sf = bpf_map_lookup_elem(&subflows, &fk);
-	if (sf) {
-		count_subflow_pod(sf, pkt.family, pkt.saddr, pkt.len, true);
-		count_subflow(sf, pkt.len, true);
-		if (is_capable_ack(&pkt) && sf->role == ROLE_INITIATOR)
-			learn_connection(skb, &pkt, pkt.saddr, sf);
-		if (rate_act(skb, &pkt, &fk, sf, RATE_DIR_EGRESS) == TC_ACT_SHOT)
-			return TC_ACT_SHOT;
-		set_path_mark(skb, sf->path);
-		count_path(sf->path, pkt.len, true);
-		return TCX_NEXT;
-	}
-
-	ep = lookup_endpoint(pkt.family, pkt.saddr);
-	if (!ep)
-		return TCX_NEXT;
-	count_pod(ep->pod_slot, pkt.family, pkt.saddr, pkt.len, true);
-	if (!is_opening_syn(&pkt))
-		return TCX_NEXT;
-	if (handshake_subtype(&pkt) == MPTCP_SUB_NONE)
-		return TCX_NEXT;
-	nsf.pod_slot = ep->pod_slot;
-	ret = place_subflow(skb, &pkt, ep, &nsf);
-	if (ret == PLACE_REFUSED) {
-		/* A join of the pod's beyond its rule's maximum: the pod's
-		 * path manager is set to stay within it, so this is a pod
-		 * that opens joins itself. It hears why at once, as a peer
-		 * would (block.h), and no subflow is placed. */
-		return answer_refused_join(skb, &pkt);
-	}
-	if (ret)
-		return TCX_NEXT;
-
-	nsf.tx_packets = 1;
-	nsf.tx_bytes = pkt.len;
-	insert_subflow(&fk, &nsf);
-	rate_act(skb, &pkt, &fk, &nsf, RATE_DIR_EGRESS);
-	set_path_mark(skb, nsf.path);
-	count_path(nsf.path, pkt.len, true);
+	if (!sf)
+		return pod_egress_unknown(skb, &pkt, &fk);
+	count_subflow_pod(sf, pkt.family, pkt.saddr, pkt.len, true);
+	count_subflow(sf, pkt.len, true);
+	if (is_capable_ack(&pkt) && sf->role == ROLE_INITIATOR)
+		learn_connection(skb, &pkt, 1, sf);
+	if (rate_packet(skb, &pkt, &fk, sf, RATE_DIR_EGRESS) == TC_ACT_SHOT)
+		return TC_ACT_SHOT;
+	set_path_mark(skb, sf->path);
+	count_path(sf->path, pkt.len, true);
 	return TCX_NEXT;
 }
 
@@ -932,7 +963,7 @@ int pod_ingress(struct __sk_buff *skb)
 	backup_act(skb, &pkt, sf);
 	backup_prio_act(skb, &pkt, sf);
 	block_add_addr(skb, &pkt, sf);
-	return rate_act(skb, &pkt, &fk, sf, RATE_DIR_INGRESS);
+	return rate_packet(skb, &pkt, &fk, sf, RATE_DIR_INGRESS);
 }
 
 /* mark_released_subflow lets a packet of a known subflow of a pod that no
@@ -983,7 +1014,7 @@ int nic_ingress(struct __sk_buff *skb)
 		flow_key_from(&fk, &pkt, true);
 		sf = bpf_map_lookup_elem(&subflows, &fk);
 		if (sf && sf->role == ROLE_RESPONDER)
-			learn_connection(skb, &pkt, pkt.daddr, sf);
+			learn_connection(skb, &pkt, 0, sf);
 		return TCX_NEXT;
 	}
 	if (!is_opening_syn(&pkt))

@@ -77,7 +77,7 @@ __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struc
 	    !ip_len_matches(skb, pkt))
 		return 0;
 	l4 = pkt->l4_off;
-	byte = pkt->mptcp_off[MPTCP_SUB_JOIN] + 2; /* from the TCP header */
+	byte = pkt->mptcp.off[MPTCP_SUB_JOIN] + 2; /* from the TCP header */
 	word = byte & ~1U;
 	if (bpf_skb_load_bytes(skb, l4 + word, w, sizeof(w)))
 		return 0;
@@ -248,7 +248,7 @@ __noinline int block_add_addr(struct __sk_buff *skb, const struct packet *pkt, c
 	optlen -= 20;
 	if (bpf_skb_load_bytes(skb, l4 + 20, old, optlen))
 		return 0;
-	start = pkt->mptcp_off[MPTCP_SUB_ADD_ADDR] - 20; /* within the option block */
+	start = pkt->mptcp.off[MPTCP_SUB_ADD_ADDR] - 20; /* within the option block */
 	if (start >= TCP_MAX_OPTIONS_LEN - 1)
 		return 0;
 	len = old[start + 1];

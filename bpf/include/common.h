@@ -89,7 +89,7 @@ struct flow_key {
 	__be16 dport;
 	__u8 family;
 	__u8 pad[3];
-};
+} __attribute__((aligned(8))); /* addresses are copied and compared by word */
 
 enum subflow_role {
 	ROLE_INITIATOR = 1, /* the local pod opened it; this node chose the path */
@@ -140,7 +140,7 @@ struct conn_key {
 	__u32 token;
 	__u8 family;
 	__u8 pad[3];
-};
+} __attribute__((aligned(8)));
 
 struct conn_alias {
 	__u32 canonical; /* the responder's token: the conn_states key */
@@ -159,7 +159,7 @@ struct endpoint_key {
 	__u8 addr[16];
 	__u8 family;
 	__u8 pad[3];
-};
+} __attribute__((aligned(4))); /* 20 bytes: word-aligned, not 8 */
 
 /* Rules per pod: the pod's selector chain, tried in order. */
 #define MAX_POD_RULES 8

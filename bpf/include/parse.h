@@ -19,6 +19,7 @@
 #define MAX_VLAN_TAGS	     2
 #define MAX_IPV6_EXT_HEADERS 4
 #define TCP_MAX_OPTIONS_LEN  40
+#define TCP_HDR_LEN	     20 /* without options */
 
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
@@ -85,35 +86,45 @@ enum parse_result {
 	PARSE_OK = 0,
 	PARSE_NOT_TCP = 1, /* not IP, not TCP, or a non-first fragment */
 	PARSE_MALFORMED = 2,
+	/* Internal to this file: the in-place read of the common layout
+	 * declines, the full parser decides. Never returned by parse_packet. */
+	PARSE_SLOW = 3,
 };
 
-/* What the parser found. MPTCP options are located by subtype: a packet may
- * carry several (e.g. DSS with ADD_ADDR, or MP_PRIO on a DSS ACK), and every
- * option of the TCP header is walked. Only the first valid occurrence of each
- * subtype is located; actors read its fields with bpf_skb_load_bytes at
- * l4_off + mptcp_off[subtype]. Its length is not kept: it was checked against
- * the subtype and the segment (mptcp_option_valid), and is one load away. */
+/* The MPTCP options of a segment, located by subtype: a packet may carry
+ * several (e.g. DSS with ADD_ADDR, or MP_PRIO on a DSS ACK), and every option
+ * of the TCP header is considered. Only the first valid occurrence of each
+ * subtype is located; actors read its fields at l4_off + off[subtype]. Its
+ * length is not kept: it was checked against the subtype and the segment
+ * (mptcp_option_valid), and is one load away. */
+struct mptcp_found {
+	__u16 seen;    /* bit s: a valid option of subtype s is present */
+	__u16 invalid; /* bit s: an option of subtype s had a length RFC 8684 does not define */
+	/* Per subtype: offset of the option from the start of the TCP header
+	 * (0: absent, options start at 20). */
+	__u8 off[MPTCP_SUBTYPES];
+};
+
+/* What the parser found. Addresses come first and the struct is 8-byte
+ * aligned, so that they are compared and copied a word at a time. */
 struct packet {
-	__u8 family;
-	__u8 tcp_flags;
-	__u16 l4_off;	     /* offset of the TCP header from the start of the frame */
-	__u16 mptcp_seen;    /* bit s: a valid option of subtype s is present */
-	__u16 mptcp_invalid; /* bit s: an option of subtype s had a length RFC 8684 does not define */
-	__u32 len;	     /* skb->len */
-	__be16 sport;
-	__be16 dport;
 	__u8 saddr[16];
 	__u8 daddr[16];
-	/* Per known subtype (0..MPTCP_SUB_TCPRST): offset of the option from
-	 * the start of the TCP header (0: absent, options start at 20). */
-	__u8 mptcp_off[MPTCP_SUB_TCPRST + 1];
+	__be16 sport;
+	__be16 dport;
+	__u32 len;    /* skb->len */
+	__u16 l3_off; /* offset of the IP header from the start of the frame */
+	__u16 l4_off; /* offset of the TCP header from the start of the frame */
+	__u8 family;  /* AF_INET or AF_INET6 */
+	__u8 tcp_flags;
 	__u8 tcp_hlen; /* the TCP header's length, options included */
-	__u16 l3_off;  /* offset of the IP header from the start of the frame */
-};
+	__u8 pad;
+	struct mptcp_found mptcp;
+} __attribute__((aligned(8)));
 
 static __always_inline bool has_mptcp(const struct packet *pkt, __u32 subtype)
 {
-	return pkt->mptcp_seen & (1U << subtype);
+	return pkt->mptcp.seen & (1U << subtype);
 }
 
 struct vlan_tag {
@@ -195,6 +206,14 @@ static __always_inline const void *header_at(struct __sk_buff *skb, __u32 off, _
 #define NEXTHDR_AUTH	 51
 #define NEXTHDR_DEST	 60
 
+/* is_ipv6_ext_header says whether next is an extension header the parser
+ * steps over (anything else ends the chain: TCP, or another protocol). */
+static __always_inline bool is_ipv6_ext_header(__u8 next)
+{
+	return next == NEXTHDR_HOP || next == NEXTHDR_ROUTING || next == NEXTHDR_DEST ||
+	       next == NEXTHDR_FRAGMENT || next == NEXTHDR_AUTH;
+}
+
 static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, __u32 *off, __u8 *proto)
 {
 	const __be16 *h_proto_p;
@@ -266,8 +285,7 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 			const struct ipv6_ext *ext;
 			struct ipv6_ext ext_buf;
 
-			if (next != NEXTHDR_HOP && next != NEXTHDR_ROUTING && next != NEXTHDR_DEST &&
-			    next != NEXTHDR_FRAGMENT && next != NEXTHDR_AUTH)
+			if (!is_ipv6_ext_header(next))
 				break;
 			ext = header_at(skb, o, sizeof(*ext), &ext_buf);
 			if (!ext)
@@ -294,9 +312,7 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 
 struct option_scan {
 	__u8 opts[TCP_MAX_OPTIONS_LEN];
-	__u8 off[MPTCP_SUB_TCPRST + 1]; /* from the start of opts, +1 (0: absent) */
-	__u16 seen;
-	__u16 invalid;
+	struct mptcp_found found;
 	__u8 optlen;
 	__u8 pos;
 	__u8 tcp_flags;
@@ -389,24 +405,23 @@ static __always_inline __u8 opt_byte(const struct option_scan *s, __u32 i)
 	return s->opts[i];
 }
 
-/* note_mptcp_option records the MPTCP option at pos of the options (length
- * len, its subtype byte and the byte after it, 0 if none): counted invalid
- * when its length does not fit its subtype, else located, first occurrence
- * of its subtype only. */
-static __always_inline void note_mptcp_option(struct option_scan *s, __u32 pos, __u32 len, __u8 sub_byte,
-					      __u8 flags_byte)
+/* note_mptcp_option records in f the MPTCP option at off from the start of
+ * the TCP header (length len, its subtype byte and the byte after it, 0 if
+ * none): counted invalid when its length does not fit its subtype, else
+ * located, first occurrence of its subtype only. */
+static __always_inline void note_mptcp_option(struct mptcp_found *f, __u8 tcp_flags, __u32 off, __u32 len,
+					      __u8 sub_byte, __u8 flags_byte)
 {
 	__u32 subtype = sub_byte >> 4;
 
-	if (!mptcp_option_valid(subtype, len, sub_byte, flags_byte, s->tcp_flags)) {
-		s->invalid |= 1U << subtype;
+	if (!mptcp_option_valid(subtype, len, sub_byte, flags_byte, tcp_flags)) {
+		f->invalid |= 1U << subtype;
 		return;
 	}
-	if (s->seen & (1U << subtype))
+	if (f->seen & (1U << subtype))
 		return;
-	s->seen |= 1U << subtype;
-	if (subtype <= MPTCP_SUB_TCPRST)
-		s->off[subtype] = pos + 1;
+	f->seen |= 1U << subtype;
+	f->off[subtype & (MPTCP_SUBTYPES - 1)] = off;
 }
 
 /* scan_option is one step of the option walk, run under bpf_loop so the
@@ -446,8 +461,36 @@ static long scan_option(__u32 index, void *ctx)
 		s->malformed = 1;
 		return 1;
 	}
-	note_mptcp_option(s, pos, len, opt_byte(s, pos + 2), len > 3 ? opt_byte(s, pos + 3) : 0);
+	note_mptcp_option(&s->found, s->tcp_flags, TCP_HDR_LEN + pos, len, opt_byte(s, pos + 2),
+			  len > 3 ? opt_byte(s, pos + 3) : 0);
 	return 0;
+}
+
+/* walk_tcp_options copies the options of the TCP header pkt describes and
+ * walks them, for any layout read_common_options declines. A global
+ * function: verified once, and the 40-byte copy lives in its own frame. */
+__noinline int walk_tcp_options(struct __sk_buff *skb, struct packet *pkt)
+{
+	struct option_scan scan = {};
+	__u32 optlen;
+
+	if (!skb || !pkt)
+		return PARSE_MALFORMED;
+	optlen = pkt->tcp_hlen;
+	if (optlen <= TCP_HDR_LEN || optlen > TCP_HDR_LEN + TCP_MAX_OPTIONS_LEN)
+		return PARSE_MALFORMED;
+	optlen -= TCP_HDR_LEN;
+	if (bpf_skb_load_bytes(skb, (__u32)pkt->l4_off + TCP_HDR_LEN, scan.opts, optlen))
+		return PARSE_MALFORMED;
+	scan.optlen = optlen;
+	scan.tcp_flags = pkt->tcp_flags;
+	/* Each step consumes at least one byte, so 40 steps cover the whole
+	 * option space. */
+	bpf_loop(TCP_MAX_OPTIONS_LEN, scan_option, &scan, 0);
+	if (scan.malformed)
+		return PARSE_MALFORMED;
+	pkt->mptcp = scan.found;
+	return PARSE_OK;
 }
 
 /* NOP, NOP, timestamps: the options of nearly every segment Linux sends
@@ -455,23 +498,23 @@ static long scan_option(__u32 index, void *ctx)
 #define TCPOPT_TS_ALIGNED  0x0101080a
 #define TCPOLEN_TS_ALIGNED 12
 
-/* scan_common_options reads in place, without copying the options or
+/* read_common_options reads in place, without copying the options or
  * walking them, the two layouts of nearly every established segment: NOP
  * NOP timestamps alone, or followed by one MPTCP option that ends the
  * options, maybe padded to the 4-byte boundary with NOPs or EOLs (a DSS on
  * data and DATA_ACKs: Linux follows a mapping without checksum with two
- * NOPs). It fills scan as scan_option's walk would and returns true, or
+ * NOPs). It fills pkt->mptcp as walk_tcp_options would and returns true, or
  * returns false and leaves the packet to the walk (any other layout,
  * options beyond the linear data). */
-static __always_inline bool scan_common_options(struct __sk_buff *skb, __u32 opt_off, __u32 optlen,
-						struct option_scan *scan)
+static __always_inline bool read_common_options(struct __sk_buff *skb, struct packet *pkt)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
+	__u32 opt_off = (__u32)pkt->l4_off + TCP_HDR_LEN, optlen = pkt->tcp_hlen - TCP_HDR_LEN;
 	__u32 len, pad;
 	__u8 *p, *last;
 
-	if (optlen < TCPOLEN_TS_ALIGNED || opt_off > MAX_HDR_OFF)
+	if (optlen < TCPOLEN_TS_ALIGNED || optlen > TCP_MAX_OPTIONS_LEN || opt_off > MAX_HDR_OFF)
 		return false;
 	p = data + opt_off;
 	asm volatile("" : "+r"(p));
@@ -501,26 +544,48 @@ static __always_inline bool scan_common_options(struct __sk_buff *skb, __u32 opt
 	if ((pad >= 1 && last[3] > TCPOPT_NOP) || (pad >= 2 && last[2] > TCPOPT_NOP) ||
 	    (pad >= 3 && last[1] > TCPOPT_NOP))
 		return false;
-	note_mptcp_option(scan, TCPOLEN_TS_ALIGNED, len, p[TCPOLEN_TS_ALIGNED + 2],
-			  p[TCPOLEN_TS_ALIGNED + 3]);
+	note_mptcp_option(&pkt->mptcp, pkt->tcp_flags, TCP_HDR_LEN + TCPOLEN_TS_ALIGNED, len,
+			  p[TCPOLEN_TS_ALIGNED + 2], p[TCPOLEN_TS_ALIGNED + 3]);
 	return true;
 }
 
-/* parse_packet fills pkt for a TCP packet and locates its MPTCP options.
- * It never writes to the packet. Not inlined, on purpose: its frame (the
- * option buffer, the headers) is gone before the caller goes on to
- * mptcp_token, so the two never add up against the 512-byte limit on the
- * combined stack of a call chain (TestObjectsPassVerifier logs the depths). */
-static __noinline int parse_packet(struct __sk_buff *skb, struct packet *pkt)
+/* read_tcp_header fills pkt from the TCP header at off. */
+static __always_inline int read_tcp_header(struct packet *pkt, const struct tcp_hdr *tcp, __u32 off)
 {
-	struct option_scan scan = {};
+	__u32 hlen = (tcp->doff_res >> 4) * 4;
+
+	if (hlen < TCP_HDR_LEN)
+		return PARSE_MALFORMED;
+	pkt->l4_off = off;
+	pkt->sport = tcp->source;
+	pkt->dport = tcp->dest;
+	pkt->tcp_flags = tcp->flags;
+	pkt->tcp_hlen = hlen;
+	return PARSE_OK;
+}
+
+/* read_options locates the MPTCP options of the TCP header pkt describes:
+ * in place for the common layout, else by the walk. */
+static __always_inline int read_options(struct __sk_buff *skb, struct packet *pkt)
+{
+	if (pkt->tcp_hlen == TCP_HDR_LEN || read_common_options(skb, pkt))
+		return PARSE_OK;
+	return walk_tcp_options(skb, pkt);
+}
+
+/* parse_packet_slow is the full parser: VLAN tags, IPv4 options, IPv6
+ * extension headers, headers beyond the linear data. A global function:
+ * verified once, its header copies in its own frame. */
+__noinline int parse_packet_slow(struct __sk_buff *skb, struct packet *pkt)
+{
 	const struct tcp_hdr *tcp;
 	struct tcp_hdr tcp_buf;
-	__u32 off = 0, optlen;
+	__u32 off = 0;
 	__u8 proto = 0;
 	int ret;
 
-	pkt->len = skb->len;
+	if (!skb || !pkt)
+		return PARSE_MALFORMED;
 	ret = parse_l3(skb, pkt, &off, &proto);
 	if (ret != PARSE_OK)
 		return ret;
@@ -531,38 +596,81 @@ static __noinline int parse_packet(struct __sk_buff *skb, struct packet *pkt)
 	tcp = header_at(skb, off, sizeof(*tcp), &tcp_buf);
 	if (!tcp)
 		return PARSE_MALFORMED;
+	ret = read_tcp_header(pkt, tcp, off);
+	if (ret != PARSE_OK)
+		return ret;
+	return read_options(skb, pkt);
+}
 
-	pkt->l4_off = off;
-	pkt->sport = tcp->source;
-	pkt->dport = tcp->dest;
-	pkt->tcp_flags = tcp->flags;
-	scan.tcp_flags = tcp->flags;
+/* parse_headers_fast reads in place the headers of nearly every packet:
+ * Ethernet without a VLAN tag, then IPv4 without options or IPv6 without
+ * extension headers, then TCP, all in the linear data. It decides what the
+ * full parser would for those, and returns PARSE_SLOW for anything else,
+ * which the full parser then reads from the start. */
+static __always_inline int parse_headers_fast(struct __sk_buff *skb, struct packet *pkt)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	const struct tcp_hdr *tcp;
+	__u32 l4_off;
+	__be16 proto;
 
-	optlen = (tcp->doff_res >> 4) * 4;
-	if (optlen < sizeof(*tcp))
-		return PARSE_MALFORMED;
-	pkt->tcp_hlen = optlen;
-	optlen -= sizeof(*tcp);
-	if (optlen == 0)
-		return PARSE_OK;
-	if (optlen > TCP_MAX_OPTIONS_LEN)
-		return PARSE_MALFORMED;
-	if (!scan_common_options(skb, off + sizeof(*tcp), optlen, &scan)) {
-		if (bpf_skb_load_bytes(skb, off + sizeof(*tcp), scan.opts, optlen))
-			return PARSE_MALFORMED;
-		scan.optlen = optlen;
-		/* Each step consumes at least one byte, so 40 steps cover
-		 * the whole option space. */
-		bpf_loop(TCP_MAX_OPTIONS_LEN, scan_option, &scan, 0);
-		if (scan.malformed)
-			return PARSE_MALFORMED;
+	if (data + ETH_HLEN > data_end)
+		return PARSE_SLOW;
+	proto = *(__be16 *)(data + 12);
+	if (proto == bpf_htons(ETH_P_IP)) {
+		const struct ipv4_hdr *ip = data + ETH_HLEN;
+
+		if ((void *)(ip + 1) > data_end || ip->ver_ihl != 0x45)
+			return PARSE_SLOW; /* options, or not version 4 */
+		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+			return PARSE_NOT_TCP;
+		if (ip->protocol != IPPROTO_TCP)
+			return PARSE_NOT_TCP;
+		tcp = (const void *)(ip + 1);
+		if ((void *)(tcp + 1) > data_end)
+			return PARSE_SLOW;
+		l4_off = ETH_HLEN + sizeof(*ip);
+		pkt->family = AF_INET;
+		__builtin_memcpy(pkt->saddr, &ip->saddr, 4);
+		__builtin_memcpy(pkt->daddr, &ip->daddr, 4);
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		const struct ipv6_hdr *ip6 = data + ETH_HLEN;
+
+		if ((void *)(ip6 + 1) > data_end || (*(__u8 *)ip6 >> 4) != 6)
+			return PARSE_SLOW;
+		if (ip6->nexthdr != IPPROTO_TCP)
+			return is_ipv6_ext_header(ip6->nexthdr) ? PARSE_SLOW : PARSE_NOT_TCP;
+		tcp = (const void *)(ip6 + 1);
+		if ((void *)(tcp + 1) > data_end)
+			return PARSE_SLOW;
+		l4_off = ETH_HLEN + sizeof(*ip6);
+		pkt->family = AF_INET6;
+		__builtin_memcpy(pkt->saddr, ip6->saddr, 16);
+		__builtin_memcpy(pkt->daddr, ip6->daddr, 16);
+	} else if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+		return PARSE_SLOW;
+	} else {
+		return PARSE_NOT_TCP;
 	}
-	pkt->mptcp_seen = scan.seen;
-	pkt->mptcp_invalid = scan.invalid;
-#pragma unroll
-	for (int i = 0; i <= MPTCP_SUB_TCPRST; i++) {
-		/* Offsets from the TCP header: 20 bytes of header, then opts. */
-		pkt->mptcp_off[i] = scan.off[i] ? scan.off[i] - 1 + sizeof(*tcp) : 0;
-	}
+	pkt->l3_off = ETH_HLEN;
+	if (read_tcp_header(pkt, tcp, l4_off) != PARSE_OK)
+		return PARSE_SLOW;
 	return PARSE_OK;
+}
+
+/* parse_packet fills pkt (zeroed by the caller) for a TCP packet and
+ * locates its MPTCP options. It never writes to the packet. The common
+ * layout is read inline; anything else goes to the full parser. */
+static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *pkt)
+{
+	int ret;
+
+	pkt->len = skb->len;
+	ret = parse_headers_fast(skb, pkt);
+	if (ret == PARSE_SLOW)
+		return parse_packet_slow(skb, pkt);
+	if (ret != PARSE_OK)
+		return ret;
+	return read_options(skb, pkt);
 }

@@ -35,6 +35,19 @@ enum rate_mode {
  * space. */
 #define RATE_COARSE_CLOCK (1U << 3)
 
+/* A police bucket's GCRA constants, derived by user space from its rate and
+ * the rule's burst so that charging a packet needs no division: a byte costs
+ * byte_cost / 2^shift ns (rounded up; user space picks the finest shift that
+ * keeps byte_cost below 2^32, so that times a 32-bit length it fits 64
+ * bits), and the bucket is tau_ns deep. A zero byte_cost means "derive them
+ * on the packet": a rule written before these fields existed. */
+struct rate_gcra {
+	__u64 byte_cost;
+	__u64 tau_ns;
+	__u32 shift;
+	__u32 pad;
+};
+
 struct rate_cfg {
 	__u32 mode;		       /* enum rate_mode */
 	__u32 flags;		       /* RATE_* */
@@ -42,6 +55,10 @@ struct rate_cfg {
 	__u64 pod_bps;		       /* per pod of the rule */
 	__u64 burst_bytes;	       /* police: bucket depth; window: largest window granted at once */
 	__u64 path_bps[MAX_PATHS + 1]; /* per path index */
+	/* police: the buckets' constants, per connection, pod and path */
+	struct rate_gcra conn_gcra;
+	struct rate_gcra pod_gcra;
+	struct rate_gcra path_gcra[MAX_PATHS + 1];
 };
 
 /* What a bucket, a window edge or a shape class is kept for. */

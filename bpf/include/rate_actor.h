@@ -110,7 +110,7 @@ static __always_inline void rate_learn_token(struct __sk_buff *skb, const struct
 {
 	__be32 key[2];
 
-	if (bpf_skb_load_bytes(skb, (__u32)pkt->l4_off + pkt->mptcp_off[MPTCP_SUB_CAPABLE] + 12, key,
+	if (bpf_skb_load_bytes(skb, (__u32)pkt->l4_off + pkt->mptcp.off[MPTCP_SUB_CAPABLE] + 12, key,
 			       sizeof(key)))
 		return;
 	rs->conn_token = mptcp_token(bpf_ntohl(key[0]), bpf_ntohl(key[1]));
@@ -155,13 +155,14 @@ static __always_inline void rate_conn_key(struct rate_key *k, const struct flow_
 	k->id = ((__u32)bpf_ntohs(fk->sport) << 16) | bpf_ntohs(fk->dport);
 }
 
-/* rate_gcra_allow charges len bytes to the bucket at k (rate bps, depth
- * burst bytes) and says whether they fit. Generic cell rate algorithm: tat is
- * when the bucket would be empty again; a packet fits while the backlog
- * before it is at most the burst. Lock-free: one compare-and-swap, retried a
- * few times under contention, then let through (never a false drop). */
-static __always_inline bool rate_gcra_allow(const struct rate_key *k, __u64 bps, __u64 burst, __u32 len,
-					    __u64 now)
+/* rate_gcra_allow charges len bytes to the bucket at k (rate bps, constants
+ * g, depth burst bytes) and says whether they fit. Generic cell rate
+ * algorithm: tat is when the bucket would be empty again; a packet fits
+ * while the backlog before it is at most the bucket's depth. Lock-free: one
+ * compare-and-swap, retried a few times under contention, then let through
+ * (never a false drop). */
+static __always_inline bool rate_gcra_allow(const struct rate_key *k, __u64 bps, const struct rate_gcra *g,
+					    __u64 burst, __u32 len, __u64 now)
 {
 	struct rate_bucket fresh = {.tat_ns = now}, *b;
 	__u64 cost, tau;
@@ -175,8 +176,15 @@ static __always_inline bool rate_gcra_allow(const struct rate_key *k, __u64 bps,
 		if (!b)
 			return true;
 	}
-	cost = (__u64)len * 8 * NSEC_PER_SEC / bps;
-	tau = burst * 8 * NSEC_PER_SEC / bps;
+	if (g->byte_cost) {
+		__u32 shift = g->shift & 63;
+
+		cost = ((__u64)len * g->byte_cost + (1ULL << shift) - 1) >> shift;
+		tau = g->tau_ns;
+	} else {
+		cost = (__u64)len * 8 * NSEC_PER_SEC / bps;
+		tau = burst * 8 * NSEC_PER_SEC / bps;
+	}
 	for (int i = 0; i < RATE_CAS_RETRIES; i++) {
 		__u64 old = b->tat_ns, base = old > now ? old : now;
 
@@ -200,6 +208,24 @@ static __always_inline bool rate_has_payload(const struct packet *pkt)
 	return pkt->len > hdr_end && pkt->len > ETH_ZLEN;
 }
 
+/* rate_police_due says whether police charges pkt, going in direction dir:
+ * the rule polices that direction, and the segment carries data. Only
+ * segments with data are charged and dropped: dropping an ACK (a DATA_ACK, a
+ * window update, a handshake's third ACK) saves no bandwidth and stalls the
+ * connection. */
+static __always_inline bool rate_police_due(const struct rate_cfg *cfg, const struct packet *pkt, __u32 dir)
+{
+	__u32 want = dir == RATE_DIR_EGRESS ? RATE_POLICE_EGRESS : RATE_POLICE_INGRESS;
+
+	return (cfg->flags & want) && rate_has_payload(pkt);
+}
+
+/* rate_clock reads the clock police times its buckets with. */
+static __always_inline __u64 rate_clock(const struct rate_cfg *cfg)
+{
+	return cfg->flags & RATE_COARSE_CLOCK ? bpf_ktime_get_coarse_ns() : bpf_ktime_get_ns();
+}
+
 /* rate_police returns TC_ACT_SHOT when a bucket of the packet's connection,
  * pod or path is out of tokens, counting which. */
 static __always_inline int rate_police(const struct packet *pkt, const struct rate_cfg *cfg,
@@ -207,20 +233,21 @@ static __always_inline int rate_police(const struct packet *pkt, const struct ra
 {
 	__u32 len = pkt->len, reason;
 
-	if (!rate_gcra_allow(k, cfg->conn_bps, cfg->burst_bytes, len, now)) {
+	if (!rate_gcra_allow(k, cfg->conn_bps, &cfg->conn_gcra, cfg->burst_bytes, len, now)) {
 		reason = STAT_RATE_DROP_CONN;
 		goto drop;
 	}
 	k->kind = RATE_KEY_POD;
 	k->id = 0;
-	if (!rate_gcra_allow(k, cfg->pod_bps, cfg->burst_bytes, len, now)) {
+	if (!rate_gcra_allow(k, cfg->pod_bps, &cfg->pod_gcra, cfg->burst_bytes, len, now)) {
 		reason = STAT_RATE_DROP_POD;
 		goto drop;
 	}
 	k->kind = RATE_KEY_PATH;
 	k->id = path;
 	__builtin_memset(k->addr, 0, 16);
-	if (!rate_gcra_allow(k, cfg->path_bps[path & MAX_PATHS], cfg->burst_bytes, len, now)) {
+	if (!rate_gcra_allow(k, cfg->path_bps[path & MAX_PATHS], &cfg->path_gcra[path & MAX_PATHS],
+			     cfg->burst_bytes, len, now)) {
 		reason = STAT_RATE_DROP_PATH;
 		goto drop;
 	}
@@ -253,7 +280,7 @@ __noinline int rate_window_act(struct __sk_buff *skb, const struct packet *pkt, 
 
 	if (!skb || !pkt || !cfg || !k)
 		return 0;
-	off = (__u32)pkt->l4_off + pkt->mptcp_off[MPTCP_SUB_DSS];
+	off = (__u32)pkt->l4_off + pkt->mptcp.off[MPTCP_SUB_DSS];
 	l4 = pkt->l4_off;
 	Bps = cfg->conn_bps / 8;
 	if (!(cfg->flags & RATE_HEADERS_MAY_BE_REWRITTEN) || Bps == 0)
@@ -361,7 +388,6 @@ __noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, const s
 	struct rate_subflow *rs = NULL;
 	struct rate_cfg *cfg;
 	__u32 rule, path;
-	__u64 now;
 
 	if (!skb || !pkt || !fk || !sf)
 		return TCX_NEXT;
@@ -391,17 +417,32 @@ __noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, const s
 			rate_window_act(skb, pkt, cfg, rs, &k);
 		return TCX_NEXT;
 	}
-	if (dir == RATE_DIR_EGRESS && !(cfg->flags & RATE_POLICE_EGRESS))
+	if (!rate_police_due(cfg, pkt, dir))
 		return TCX_NEXT;
-	if (dir == RATE_DIR_INGRESS && !(cfg->flags & RATE_POLICE_INGRESS))
+	return rate_police(pkt, cfg, &k, path, rate_clock(cfg));
+}
+
+/* rate_packet runs the rate actor on a packet of the known subflow sf (see
+ * rate_act). Policing the data of a learnt connection, nearly every packet a
+ * police rule sees, is done here, inline; handshakes, the window mode and
+ * connections not learnt yet go to rate_act. */
+static __always_inline int rate_packet(struct __sk_buff *skb, const struct packet *pkt,
+				       const struct flow_key *fk, const struct subflow *sf, __u32 dir)
+{
+	__u32 rule = sf->rule;
+	struct rate_cfg *cfg = bpf_map_lookup_elem(&rate_rules, &rule);
+	struct rate_key k = {};
+
+	if (!cfg || (cfg->mode != RATE_MODE_WINDOW && cfg->mode != RATE_MODE_POLICE))
 		return TCX_NEXT;
-	/* Only segments with data are charged and dropped: dropping an ACK
-	 * (a DATA_ACK, a window update, a handshake's third ACK) saves no
-	 * bandwidth and stalls the connection. */
-	if (!rate_has_payload(pkt))
+	if (cfg->mode != RATE_MODE_POLICE || !sf->conn || (pkt->tcp_flags & TCP_FLAG_SYN))
+		return rate_act(skb, pkt, fk, sf, dir);
+	if (!rate_police_due(cfg, pkt, dir))
 		return TCX_NEXT;
-	now = cfg->flags & RATE_COARSE_CLOCK ? bpf_ktime_get_coarse_ns() : bpf_ktime_get_ns();
-	return rate_police(pkt, cfg, &k, path, now);
+	k.rule = rule;
+	k.dir = dir;
+	rate_conn_key(&k, fk, sf->conn, NULL, 0);
+	return rate_police(pkt, cfg, &k, sf->path, rate_clock(cfg));
 }
 
 /* rate_classify gives a packet leaving a path's NIC the HTB class the agent

@@ -144,6 +144,17 @@ type datapathRateCfg struct {
 	PodBps     uint64
 	BurstBytes uint64
 	PathBps    [16]uint64
+	ConnGcra   datapathRateGcra
+	PodGcra    datapathRateGcra
+	PathGcra   [16]datapathRateGcra
+}
+
+type datapathRateGcra struct {
+	_        structs.HostLayout
+	ByteCost uint64
+	TauNs    uint64
+	Shift    uint32
+	Pad      uint32
 }
 
 type datapathRateKey struct {

@@ -37,7 +37,7 @@ func TestGoStructsMatchCLayout(t *testing.T) {
 		"path_stats": datapathPathStats{}, "mptcp_subtype_stats": datapathMptcpSubtypeStats{},
 		"settings_value": datapathSettingsValue{}, "cidr_key": datapathCidrKey{},
 		"path_state": datapathPathState{}, "pod_stats": datapathPodStats{}, "pod_record": datapathPodRecord{}, "port_range": datapathPortRange{},
-		"rate_cfg": datapathRateCfg{}, "rate_key": datapathRateKey{}, "rate_bucket": datapathRateBucket{},
+		"rate_cfg": datapathRateCfg{}, "rate_gcra": datapathRateGcra{}, "rate_key": datapathRateKey{}, "rate_bucket": datapathRateBucket{},
 		"rate_window": datapathRateWindow{}, "rate_subflow": datapathRateSubflow{},
 	}
 	for cName, goVal := range goTypes {

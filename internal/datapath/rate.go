@@ -3,6 +3,8 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 	"net/netip"
 	"time"
 
@@ -184,7 +186,59 @@ func (d *Datapath) SetRateRule(id uint32, c RateConfig) error {
 	for p, r := range c.PerPath {
 		v.PathBps[p] = r
 	}
+	v.ConnGcra = gcra(v.ConnBps, v.BurstBytes)
+	v.PodGcra = gcra(v.PodBps, v.BurstBytes)
+	for p := range v.PathBps {
+		v.PathGcra[p] = gcra(v.PathBps[p], v.BurstBytes)
+	}
 	return d.objs.RateRules.Put(id, &v)
+}
+
+// gcra derives a police bucket's constants (struct rate_gcra) from its rate
+// in bits per second and its depth in bytes, so that the datapath charges a
+// packet with a multiplication and a shift instead of two divisions. A byte's
+// cost in nanoseconds is kept as byteCost/2^shift with the finest shift (up
+// to 32) that keeps byteCost below 2^32, so that times a packet's 32-bit
+// length it fits 64 bits: about 9 significant digits at any rate. It is
+// rounded up, so rounding never lets more through than the rate. Below
+// 2 bit/s no shift fits and the constants stay zero: the datapath divides.
+func gcra(bps, burst uint64) datapathRateGcra {
+	if bps == 0 {
+		return datapathRateGcra{}
+	}
+	tau := mulDiv(burst*8, uint64(time.Second), bps)
+	for shift := uint32(32); ; shift-- {
+		if cost := mulDivCeil(8*uint64(time.Second), 1<<shift, bps); cost < 1<<32 {
+			return datapathRateGcra{ByteCost: cost, Shift: shift, TauNs: tau}
+		}
+		if shift == 0 {
+			return datapathRateGcra{}
+		}
+	}
+}
+
+// mulDiv is a*b/c without overflowing 64 bits on the way, saturated at the
+// largest uint64.
+func mulDiv(a, b, c uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	if hi >= c {
+		return math.MaxUint64
+	}
+	q, _ := bits.Div64(hi, lo, c)
+	return q
+}
+
+// mulDivCeil is a*b/c rounded up, saturated as mulDiv.
+func mulDivCeil(a, b, c uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	if hi >= c {
+		return math.MaxUint64
+	}
+	q, r := bits.Div64(hi, lo, c)
+	if r != 0 && q < math.MaxUint64 {
+		q++
+	}
+	return q
 }
 
 // ClearRateRule removes rule id's rate caps; its traffic flows uncapped from

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"strconv"
 	"testing"
@@ -258,11 +259,16 @@ func TestRatePoliceDropsBeyondBucketAndCountsReason(t *testing.T) {
 		other    Hook // the other direction, never policed here
 		stat     Stat
 		policeIn bool
+		// derive zeroes the rule's precomputed bucket constants, as in
+		// a rule written before they existed: the datapath then
+		// derives them on each packet, and must charge the same.
+		derive bool
 	}{
-		{"connection, egress", RateConfig{Mode: RatePolice, PerConnection: rateBps, Directions: Egress, BurstBytes: burst}, HookPodEgress, HookPodIngress, StatRateDropConn, false},
-		{"pod, ingress", RateConfig{Mode: RatePolice, PerPod: rateBps, Directions: Ingress, BurstBytes: burst}, HookPodIngress, HookPodEgress, StatRateDropPod, true},
-		{"path, egress", RateConfig{Mode: RatePolice, PerPath: map[uint32]uint64{0: rateBps}, Directions: Egress, BurstBytes: burst}, HookPodEgress, HookPodIngress, StatRateDropPath, false},
-		{"connection, egress, coarse clock", RateConfig{Mode: RatePolice, PerConnection: rateBps, Directions: Egress, BurstBytes: deepBurst}, HookPodEgress, HookPodIngress, StatRateDropConn, false},
+		{"connection, egress", RateConfig{Mode: RatePolice, PerConnection: rateBps, Directions: Egress, BurstBytes: burst}, HookPodEgress, HookPodIngress, StatRateDropConn, false, false},
+		{"pod, ingress", RateConfig{Mode: RatePolice, PerPod: rateBps, Directions: Ingress, BurstBytes: burst}, HookPodIngress, HookPodEgress, StatRateDropPod, true, false},
+		{"path, egress", RateConfig{Mode: RatePolice, PerPath: map[uint32]uint64{0: rateBps}, Directions: Egress, BurstBytes: burst}, HookPodEgress, HookPodIngress, StatRateDropPath, false, false},
+		{"connection, egress, coarse clock", RateConfig{Mode: RatePolice, PerConnection: rateBps, Directions: Egress, BurstBytes: deepBurst}, HookPodEgress, HookPodIngress, StatRateDropConn, false, false},
+		{"connection, egress, costs derived per packet", RateConfig{Mode: RatePolice, PerConnection: rateBps, Directions: Egress, BurstBytes: burst}, HookPodEgress, HookPodIngress, StatRateDropConn, false, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -274,6 +280,15 @@ func TestRatePoliceDropsBeyondBucketAndCountsReason(t *testing.T) {
 			}
 			if coarse := cfg.Flags&rateCoarseClock != 0; coarse != (burst == deepBurst) {
 				t.Fatalf("rule flags %#x: coarse clock %v for a %d-byte bucket at 1 MB/s", cfg.Flags, coarse, burst)
+			}
+			if c.derive {
+				if cfg.ConnGcra.ByteCost == 0 {
+					t.Fatal("SetRateRule left the connection bucket's constants zero at 8 Mbit/s")
+				}
+				cfg.ConnGcra, cfg.PodGcra, cfg.PathGcra = datapathRateGcra{}, datapathRateGcra{}, [16]datapathRateGcra{}
+				if err := dp.objs.RateRules.Put(uint32(0), &cfg); err != nil {
+					t.Fatal(err)
+				}
 			}
 			run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
 			payload := make([]byte, 1400)
@@ -330,6 +345,39 @@ func TestRatePoliceDropsBeyondBucketAndCountsReason(t *testing.T) {
 				t.Errorf("PoliceDrops %+v, want %d drops in all", drops, dropped)
 			}
 		})
+	}
+}
+
+// A bucket's precomputed constants charge a packet its exact cost at the
+// rate, rounded up by less than a nanosecond plus a billionth (never down,
+// so rounding never lets more through than the cap), at every rate but the
+// absurdly slow, which the datapath derives per packet.
+func TestRateBucketConstants(t *testing.T) {
+	for _, bps := range []uint64{2, 1000, 122_071, 1_000_000, 8_000_000, 40_000_000, 1e9, 10e9, 40e9, 400e9, 1e12, math.MaxUint64} {
+		g := gcra(bps, 1<<20)
+		if g.ByteCost == 0 {
+			t.Errorf("%d bit/s: no constants", bps)
+			continue
+		}
+		if g.ByteCost >= 1<<32 || g.Shift > 32 {
+			t.Errorf("%d bit/s: cost %d, shift %d: a 32-bit length times the cost could overflow", bps, g.ByteCost, g.Shift)
+		}
+		if want := mulDiv(1<<20*8, uint64(time.Second), bps); g.TauNs != want {
+			t.Errorf("%d bit/s: tau %d ns, want %d", bps, g.TauNs, want)
+		}
+		for _, n := range []uint64{1, 60, 1500, 9000, 65535, 1 << 19, 1<<32 - 1} {
+			cost := (n*g.ByteCost + 1<<g.Shift - 1) >> g.Shift
+			exact := float64(n) * 8e9 / float64(bps)
+			if float64(cost) < math.Floor(exact) || float64(cost) > exact*(1+1e-9)+1 {
+				t.Errorf("%d bit/s, %d bytes: charged %d ns, exact cost %.3f ns", bps, n, cost, exact)
+			}
+		}
+	}
+	if g := gcra(1, 1<<20); g != (datapathRateGcra{}) {
+		t.Errorf("1 bit/s: constants %+v, want none (no shift fits)", g)
+	}
+	if g := gcra(0, 1<<20); g != (datapathRateGcra{}) {
+		t.Errorf("no rate: constants %+v", g)
 	}
 }
 
