@@ -38,6 +38,7 @@
 #include "common.h"
 #include "parse.h"
 #include "sha256.h"
+#include "table.h"
 #include "rate.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -58,14 +59,66 @@ const enum mptcp_subtype *unused_mptcp_subtype __attribute__((unused));
 const enum spread_mode *unused_spread_mode __attribute__((unused));
 /* Keeps enum rate_mode in BTF, so Go takes the modes from it. */
 const enum rate_mode *unused_rate_mode __attribute__((unused));
+/* The tables table_ctl changes (struct table_op's table). */
+enum table_id {
+	TABLE_ID_SUBFLOWS = 1,
+	TABLE_ID_POLICE = 2,
+};
+
+/* Keep the tables' enums in BTF for Go (table.go). */
+const enum table_result *unused_table_result __attribute__((unused));
+const enum table_op_code *unused_table_op_code __attribute__((unused));
+const enum table_id *unused_table_id __attribute__((unused));
+
+/* The subflow table (table.h): every subflow of a local pod the datapath
+ * placed or mirrored, by its 4-tuple as the pod sends it. 2^14 buckets of
+ * four: 65536 subflows. */
+#define SUBFLOW_TABLE_BITS 14
+#define FLOW_KEY_WORDS	   (sizeof(struct flow_key) / 8)
+#define SUBFLOW_WORDS	   (sizeof(struct subflow) / 8)
+
+struct subflow_entry {
+	struct flow_key key;
+	struct subflow value;
+};
+
+struct subflow_bucket {
+	struct table_head head;
+	struct subflow_entry e[TABLE_WAYS];
+};
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct flow_key);
-	__type(value, struct subflow);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << SUBFLOW_TABLE_BITS);
+	__type(key, __u32);
+	__type(value, struct subflow_bucket);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } subflows SEC(".maps");
+
+/* The tables' hash seed (table_seed), kept beside the pinned tables so that
+ * every load that shares them hashes alike. Programs never read it: user
+ * space sets table_seed from it before loading. */
+struct table_seed_value {
+	__u64 seed[TABLE_SEED_WORDS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct table_seed_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} table_seeds SEC(".maps");
+
+_Static_assert(sizeof(struct flow_key) % 8 == 0 && FLOW_KEY_WORDS <= TABLE_KEY_WORDS_MAX,
+	       "flow_key: whole words");
+_Static_assert(sizeof(struct subflow) % 8 == 0 && SUBFLOW_WORDS <= TABLE_VALUE_WORDS_MAX,
+	       "subflow: whole words");
+
+static __always_inline struct subflow *subflow_lookup(const struct flow_key *k)
+{
+	return table_lookup(&subflows, SUBFLOW_TABLE_BITS, (const __u64 *)k, FLOW_KEY_WORDS, SUBFLOW_WORDS);
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -506,18 +559,47 @@ static __always_inline bool conn_full(const struct rule *r, const struct conn *c
 	return r && c && r->max_subflows && c->subflows + c->joins >= r->max_subflows;
 }
 
+/* below is 1 when a < b, else 0, without a branch (see word_is_zero). */
+static __always_inline __u32 below(__u32 a, __u32 b)
+{
+	__u64 d = (__u64)a - b;
+
+	asm volatile("" : "+r"(d));
+	return d >> 63;
+}
+
+/* path_up is 1 when path may take subflows, else 0, without a branch. */
+static __always_inline __u32 path_up(__u32 path)
+{
+	struct path_state *ps = bpf_map_lookup_elem(&path_states, &path);
+
+	return ps ? 1 - (ps->flags & PATH_DOWN) : 1;
+}
+
+static __always_inline void count_n(__u32 id, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &id);
+
+	if (v)
+		*v += n;
+}
+
 /* claim_path takes, for a join of the connection ck (its conn_states key),
  * the first usable path of rule_id (from a per-connection cursor; from the
  * top of the list in preferred mode) that no subflow of the connection uses
  * yet. Bits are claimed with an atomic OR, so two joins placed at once on
  * two CPUs, or a join placed here while the peer's node mirrors one of its
- * own, never both get the same free path. */
+ * own, never both get the same free path.
+ *
+ * The loop decides with arithmetic, not branches, whether a slot is in the
+ * list, active and up: each branch would teach the verifier a new range of
+ * npaths or nact, and the states of later iterations would no longer match
+ * (this function alone once took most of the program's verification). */
 __noinline int claim_path(__u32 rule_id, const struct conn_key *ck)
 {
 	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
 	struct conn *c;
-	__u32 npaths, nact, start, first;
-	bool any = false;
+	__u32 npaths, nact, start, first, any = 0, skipped = 0;
 
 	if (!r || !ck)
 		return PLACE_NO_PATH;
@@ -533,22 +615,21 @@ __noinline int claim_path(__u32 rule_id, const struct conn_key *ck)
 	start = __sync_fetch_and_add(&c->joins, 1);
 	first = r->spread == SPREAD_PREFERRED ? 0 : start;
 	for (__u32 i = 0; i < MAX_PATHS; i++) {
-		__u32 path, bit;
-
-		if (i >= npaths)
-			break;
 		/* The active paths from the cursor, then the backup paths in
 		 * order. */
-		path = rule_path(r, i < nact ? (first + i) % nact : i);
-		if (!path_usable(path)) {
-			count(STAT_PATH_DOWN_SKIPPED);
-			continue;
-		}
-		any = true;
-		bit = 1U << path;
-		if (!(__sync_fetch_and_or(&c->used, bit) & bit))
+		__u32 active = below(i, nact), listed = below(i, npaths);
+		__u32 slot = i + active * ((first + i) % nact - i);
+		__u32 path = rule_path(r, slot), up = listed & path_up(path);
+		__u32 bit = up << path;
+
+		any |= up;
+		skipped += listed & (up ^ 1);
+		if (bit && !(__sync_fetch_and_or(&c->used, bit) & bit)) {
+			count_n(STAT_PATH_DOWN_SKIPPED, skipped);
 			return path;
+		}
 	}
+	count_n(STAT_PATH_DOWN_SKIPPED, skipped);
 	if (!any)
 		return PLACE_ALL_DOWN;
 	/* More subflows than usable paths: share, round robin. */
@@ -814,17 +895,30 @@ selected:
 
 /* insert_subflow writes a new subflow; an existing entry with the key (a
  * stale one, or the SYN's retransmission) is replaced and not counted, so
- * STAT_SUBFLOW_INSERT counts entries created. */
-static __always_inline void insert_subflow(const struct flow_key *fk, const struct subflow *sf)
+ * STAT_SUBFLOW_INSERT counts entries created. A global function: once per
+ * subflow, verified once, and its frame is not the packet path's. */
+__noinline int insert_subflow(const struct flow_key *fk, const struct subflow *sf)
 {
-	long err = bpf_map_update_elem(&subflows, fk, sf, BPF_NOEXIST);
+	int result;
 
-	if (!err) {
+	if (!fk || !sf)
+		return 0;
+	table_insert(&subflows, SUBFLOW_TABLE_BITS, (const __u64 *)fk, FLOW_KEY_WORDS, (const __u64 *)sf,
+		     SUBFLOW_WORDS, true, &result);
+	switch (result) {
+	case TABLE_EVICTED:
+		count(STAT_SUBFLOW_EVICTED);
 		count(STAT_SUBFLOW_INSERT);
-		return;
-	}
-	if (bpf_map_update_elem(&subflows, fk, sf, BPF_ANY))
+		break;
+	case TABLE_INSERTED:
+		count(STAT_SUBFLOW_INSERT);
+		break;
+	case TABLE_REPLACED:
+		break;
+	default:
 		count(STAT_MAP_UPDATE_FAILED);
+	}
+	return 0;
 }
 
 /* flow_key_from writes every byte of k (no zeroing needed first). */
@@ -868,63 +962,76 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 #include "backup.h"
 #include "block.h"
 
+/* What pod_egress_unknown did, besides counting: placed and stored a new
+ * subflow, or refused a join (the caller answers it), or nothing. */
+enum unknown_flow {
+	UNKNOWN_COUNTED = 0,
+	UNKNOWN_PLACED = 1,
+	UNKNOWN_REFUSED = 2,
+};
+
 /* pod_egress_unknown is pod_egress for a packet of no known subflow: it
- * counts a selected pod's packet and places the subflow an opening SYN
- * starts. Inline, but its locals (the new subflow) are zeroed only here, not
- * on the fast path. */
-static __always_inline int pod_egress_unknown(struct __sk_buff *skb, const struct packet *pkt,
-					      const struct flow_key *fk)
+ * places the subflow an opening SYN of a selected pod starts, and counts the
+ * pod's other packets. Returns an enum unknown_flow. A global function:
+ * verified once, and its frame (the new subflow) is not the fast path's. */
+__noinline int pod_egress_unknown(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
 	struct subflow nsf = {};
 	struct endpoint *ep;
 	int ret;
 
+	if (!skb || !pkt || !fk)
+		return UNKNOWN_COUNTED;
 	ep = lookup_endpoint(pkt->family, pkt->saddr);
 	if (!ep)
-		return TCX_NEXT;
-	count_pod(ep->pod_slot, pkt->family, pkt->saddr, pkt->len, true);
-	if (!is_opening_syn(pkt))
-		return TCX_NEXT;
-	if (handshake_subtype(pkt) == MPTCP_SUB_NONE)
-		return TCX_NEXT;
-	nsf.pod_slot = ep->pod_slot;
-	ret = place_subflow(skb, pkt, ep, &nsf);
-	if (ret == PLACE_REFUSED) {
-		/* A join of the pod's beyond its rule's maximum: the pod's
-		 * path manager is set to stay within it, so this is a pod
-		 * that opens joins itself. It hears why at once, as a peer
-		 * would (block.h), and no subflow is placed. */
-		return answer_refused_join(skb, pkt);
+		return UNKNOWN_COUNTED;
+	if (is_opening_syn(pkt) && handshake_subtype(pkt) != MPTCP_SUB_NONE) {
+		nsf.pod_slot = ep->pod_slot;
+		ret = place_subflow(skb, pkt, ep, &nsf);
+		if (ret == 0) {
+			insert_subflow(fk, &nsf);
+			return UNKNOWN_PLACED;
+		}
+		if (ret == PLACE_REFUSED) {
+			count_pod(ep->pod_slot, pkt->family, pkt->saddr, pkt->len, true);
+			return UNKNOWN_REFUSED;
+		}
 	}
-	if (ret)
-		return TCX_NEXT;
-
-	nsf.tx_packets = 1;
-	nsf.tx_bytes = pkt->len;
-	insert_subflow(fk, &nsf);
-	rate_act(skb, pkt, fk, &nsf, RATE_DIR_EGRESS);
-	set_path_mark(skb, nsf.path);
-	count_path(nsf.path, pkt->len, true);
-	return TCX_NEXT;
+	count_pod(ep->pod_slot, pkt->family, pkt->saddr, pkt->len, true);
+	return UNKNOWN_COUNTED;
 }
 
 /* pod_egress sees what a pod sends (TC ingress of its host-side veth). A
  * packet of a known subflow, most of them, takes the path below; anything
- * else goes to pod_egress_unknown. */
+ * else goes to pod_egress_unknown first, and the SYN of a subflow it places
+ * then goes on as its subflow's first packet. */
 SEC("tc")
 int pod_egress(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
 	struct flow_key fk;
 	struct subflow *sf;
+	int ret;
 
 	if (parse_counted(skb, &pkt) != PARSE_OK)
 		return TCX_NEXT;
 
 	flow_key_from(&fk, &pkt, false);
-	sf = bpf_map_lookup_elem(&subflows, &fk);
-	if (!sf)
-		return pod_egress_unknown(skb, &pkt, &fk);
+	sf = subflow_lookup(&fk);
+	if (!sf) {
+		ret = pod_egress_unknown(skb, &pkt, &fk);
+		/* A join of the pod's beyond its rule's maximum: the pod's
+		 * path manager is set to stay within it, so this is a pod
+		 * that opens joins itself. It hears why at once, as a peer
+		 * would (block.h), and no subflow is placed. */
+		if (ret == UNKNOWN_REFUSED)
+			return answer_refused_join(skb, &pkt);
+		if (ret != UNKNOWN_PLACED)
+			return TCX_NEXT;
+		sf = subflow_lookup(&fk);
+		if (!sf)
+			return TCX_NEXT; /* not stored: counted as a failed update */
+	}
 	count_subflow_pod(sf, pkt.family, pkt.saddr, pkt.len, true);
 	count_subflow(sf, pkt.len, true);
 	if (is_capable_ack(&pkt) && sf->role == ROLE_INITIATOR)
@@ -950,7 +1057,7 @@ int pod_ingress(struct __sk_buff *skb)
 	if (parse_counted(skb, &pkt) != PARSE_OK)
 		return TCX_NEXT;
 	flow_key_from(&fk, &pkt, true);
-	sf = bpf_map_lookup_elem(&subflows, &fk);
+	sf = subflow_lookup(&fk);
 	if (!sf) {
 		struct endpoint *ep = lookup_endpoint(pkt.family, pkt.daddr);
 
@@ -980,7 +1087,7 @@ static __always_inline void mark_released_subflow(struct __sk_buff *skb, const s
 	struct flow_key fk = {};
 
 	flow_key_from(&fk, pkt, true);
-	if (bpf_map_lookup_elem(&subflows, &fk))
+	if (subflow_lookup(&fk))
 		set_path_mark(skb, n->path);
 }
 
@@ -1012,7 +1119,7 @@ int nic_ingress(struct __sk_buff *skb)
 		struct subflow *sf;
 
 		flow_key_from(&fk, &pkt, true);
-		sf = bpf_map_lookup_elem(&subflows, &fk);
+		sf = subflow_lookup(&fk);
 		if (sf && sf->role == ROLE_RESPONDER)
 			learn_connection(skb, &pkt, 0, sf);
 		return TCX_NEXT;
@@ -1032,7 +1139,7 @@ int nic_ingress(struct __sk_buff *skb)
 	if (handshake_subtype(&pkt) == MPTCP_SUB_JOIN) {
 		/* A retransmitted SYN of a join already let in is neither
 		 * counted again nor refused. */
-		bool known = bpf_map_lookup_elem(&subflows, &fk) != NULL;
+		bool known = subflow_lookup(&fk) != NULL;
 		struct conn *c;
 		__u32 token, canonical = 0;
 
@@ -1088,9 +1195,48 @@ int nic_egress(struct __sk_buff *skb)
 	/* The subflow, not the pod's endpoint, says which of the pod's rules
 	 * selected this traffic: a pod may have several. */
 	flow_key_from(&fk, &pkt, false);
-	sf = bpf_map_lookup_elem(&subflows, &fk);
+	sf = subflow_lookup(&fk);
 	if (!sf)
 		return TCX_NEXT;
 	rate_classify(skb, &pkt, sf->rule, n->path);
 	return TCX_NEXT;
+}
+
+/* table_run carries out op on one table (its map, size and word counts). */
+static __always_inline int table_run(void *map, __u32 bits, __u32 code, const __u64 *key, __u32 key_words,
+				     const __u64 *value, __u32 value_words)
+{
+	int result = -1;
+
+	if (code == TABLE_OP_DELETE)
+		return table_delete(map, bits, key, key_words, value_words);
+	if (code == TABLE_OP_INSERT || code == TABLE_OP_INSERT_NEW)
+		table_insert(map, bits, key, key_words, value, value_words, code == TABLE_OP_INSERT, &result);
+	return result;
+}
+
+/* table_ctl is how user space changes the tables (table.h): the agent
+ * forgetting subflows and a migration filling a new table run it with a
+ * struct table_op as context (BPF_PROG_RUN). Nothing else writes them. */
+SEC("syscall")
+int table_ctl(struct table_op *op)
+{
+	__u64 key[TABLE_KEY_WORDS_MAX], value[TABLE_VALUE_WORDS_MAX];
+	__u32 code = op->op, table = op->table;
+	int result = -1;
+
+#pragma unroll
+	for (int i = 0; i < TABLE_KEY_WORDS_MAX; i++)
+		key[i] = op->key[i];
+#pragma unroll
+	for (int i = 0; i < TABLE_VALUE_WORDS_MAX; i++)
+		value[i] = op->value[i];
+	if (table == TABLE_ID_SUBFLOWS)
+		result =
+		    table_run(&subflows, SUBFLOW_TABLE_BITS, code, key, FLOW_KEY_WORDS, value, SUBFLOW_WORDS);
+	else if (table == TABLE_ID_POLICE)
+		result = table_run(&rate_buckets, POLICE_TABLE_BITS, code, key, RATE_KEY_WORDS, value,
+				   RATE_BUCKET_WORDS);
+	op->result = result;
+	return 0;
 }

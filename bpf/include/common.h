@@ -25,28 +25,27 @@
 /* Drop/skip reasons and events, counted per CPU and read by the agent. Keep in
  * sync with internal/datapath/stats.go (checked by a test against BTF). */
 enum stat_id {
-	STAT_PACKETS = 0,	 /* packets seen by any program */
-	STAT_NOT_TCP,		 /* not TCP (or not IP): passed untouched */
-	STAT_MALFORMED,		 /* truncated or malformed headers: passed untouched */
-	STAT_MPTCP_SYN,		 /* SYN carrying MP_CAPABLE */
-	STAT_JOIN_SYN,		 /* SYN carrying MP_JOIN */
-	STAT_JOIN_TOKEN_KNOWN,	 /* MP_JOIN whose token the datapath already knew */
-	STAT_JOIN_TOKEN_UNKNOWN, /* MP_JOIN for a connection not (yet) known */
-	STAT_TOKEN_LEARNT,	 /* connections learnt from the keys of an MP_CAPABLE ACK */
-	STAT_SUBFLOW_PLACED,	 /* new subflows placed on a path (initiator side) */
-	STAT_SUBFLOW_MIRRORED,	 /* new subflows recorded at arrival (responder side) */
-	STAT_MARKED,		 /* packets given a path mark */
-	STAT_NO_PATH,		 /* selected traffic but no usable path configured */
-	STAT_PATHS_EXHAUSTED,	 /* a join found every path of its rule in use and shares one */
-	STAT_MPTCP_OPT_INVALID,	 /* packets with an MPTCP option of undefined length: option ignored */
-	STAT_OBSERVED,		 /* observe-only: packets that would have been given a path mark */
-	STAT_NO_RULE_MATCH,	 /* opening SYN of a selected pod that none of its rules selects */
-	STAT_PATH_DOWN_SKIPPED,	 /* a placement passed over a path marked down */
-	STAT_ALL_PATHS_DOWN,	 /* selected traffic whose rule has no usable path: left unplaced */
-	STAT_SUBFLOW_INSERT, /* new entries written to subflows (LRU evictions = inserts - live - forgotten)
-			      */
-	STAT_CONN_INSERT,    /* new entries written to conn_states */
-	STAT_MAP_UPDATE_FAILED,	  /* a subflows/conn_states update the kernel refused */
+	STAT_PACKETS = 0,	  /* packets seen by any program */
+	STAT_NOT_TCP,		  /* not TCP (or not IP): passed untouched */
+	STAT_MALFORMED,		  /* truncated or malformed headers: passed untouched */
+	STAT_MPTCP_SYN,		  /* SYN carrying MP_CAPABLE */
+	STAT_JOIN_SYN,		  /* SYN carrying MP_JOIN */
+	STAT_JOIN_TOKEN_KNOWN,	  /* MP_JOIN whose token the datapath already knew */
+	STAT_JOIN_TOKEN_UNKNOWN,  /* MP_JOIN for a connection not (yet) known */
+	STAT_TOKEN_LEARNT,	  /* connections learnt from the keys of an MP_CAPABLE ACK */
+	STAT_SUBFLOW_PLACED,	  /* new subflows placed on a path (initiator side) */
+	STAT_SUBFLOW_MIRRORED,	  /* new subflows recorded at arrival (responder side) */
+	STAT_MARKED,		  /* packets given a path mark */
+	STAT_NO_PATH,		  /* selected traffic but no usable path configured */
+	STAT_PATHS_EXHAUSTED,	  /* a join found every path of its rule in use and shares one */
+	STAT_MPTCP_OPT_INVALID,	  /* packets with an MPTCP option of undefined length: option ignored */
+	STAT_OBSERVED,		  /* observe-only: packets that would have been given a path mark */
+	STAT_NO_RULE_MATCH,	  /* opening SYN of a selected pod that none of its rules selects */
+	STAT_PATH_DOWN_SKIPPED,	  /* a placement passed over a path marked down */
+	STAT_ALL_PATHS_DOWN,	  /* selected traffic whose rule has no usable path: left unplaced */
+	STAT_SUBFLOW_INSERT,	  /* new entries written to subflows, evictions included */
+	STAT_CONN_INSERT,	  /* new entries written to conn_states */
+	STAT_MAP_UPDATE_FAILED,	  /* a subflows/conn_states update that was not stored */
 	STAT_SUBFLOW_FORGOTTEN,	  /* subflows deleted by the agent (written from user space, CPU 0) */
 	STAT_CONN_FORGOTTEN,	  /* connections deleted by the agent (written from user space, CPU 0) */
 	STAT_RATE_DROP_CONN,	  /* police: dropped, the connection's bucket was empty */
@@ -59,7 +58,9 @@ enum stat_id {
 	STAT_BACKUP_PRIO_SENT,	  /* backup: MP_PRIO added to a pure ACK into a pod (path role changed) */
 	STAT_BACKUP_PRIO_NO_ROOM, /* backup: MP_PRIO due but the ACK\'s options were full */
 	STAT_ADD_ADDR_BLOCKED,	  /* block: an ADD_ADDR into a pod whose rule allows no join, made NOPs */
-	STAT_JOIN_REFUSED, /* block: a peer\'s join beyond the rule\'s maximum, answered with MP_TCPRST */
+	STAT_JOIN_REFUSED,    /* block: a peer\'s join beyond the rule\'s maximum, answered with MP_TCPRST */
+	STAT_SUBFLOW_EVICTED, /* subflows evicted from a full bucket of the subflow table */
+	STAT_POLICE_EVICTED,  /* police buckets evicted from a full bucket of their table */
 	STAT_MAX,
 };
 

@@ -26,9 +26,12 @@
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
 
-#define TCPOPT_EOL   0
-#define TCPOPT_NOP   1
-#define TCPOPT_MPTCP 30
+#define TCPOPT_EOL     0
+#define TCPOPT_NOP     1
+#define TCPOPT_WSCALE  3 /* window scale, RFC 7323 2.2 */
+#define TCPOLEN_WSCALE 3
+#define TCP_WSCALE_MAX 14 /* a larger shift is taken as 14, RFC 7323 2.3 */
+#define TCPOPT_MPTCP   30
 
 /* MPTCP option subtypes, RFC 8684 section 3 (IANA "MPTCP Option Subtypes").
  * The subtype is the high nibble of the option's third byte, so there are
@@ -118,7 +121,10 @@ struct packet {
 	__u8 family;  /* AF_INET or AF_INET6 */
 	__u8 tcp_flags;
 	__u8 tcp_hlen; /* the TCP header's length, options included */
-	__u8 pad;
+	/* The window-scale option's shift + 1 (at most TCP_WSCALE_MAX + 1),
+	 * 0 without one. Only SYNs may carry it, and a SYN's options are
+	 * never the common layout, so the walk finds it. */
+	__u8 wscale;
 	struct mptcp_found mptcp;
 } __attribute__((aligned(8)));
 
@@ -313,6 +319,7 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 struct option_scan {
 	__u8 opts[TCP_MAX_OPTIONS_LEN];
 	struct mptcp_found found;
+	__u8 wscale; /* as struct packet's */
 	__u8 optlen;
 	__u8 pos;
 	__u8 tcp_flags;
@@ -453,6 +460,12 @@ static long scan_option(__u32 index, void *ctx)
 		return 1;
 	}
 	s->pos = pos + len;
+	if (kind == TCPOPT_WSCALE && len == TCPOLEN_WSCALE && !s->wscale) {
+		__u8 shift = opt_byte(s, pos + 2);
+
+		s->wscale = (shift > TCP_WSCALE_MAX ? TCP_WSCALE_MAX : shift) + 1;
+		return 0;
+	}
 	if (kind != TCPOPT_MPTCP)
 		return 0;
 
@@ -490,6 +503,7 @@ __noinline int walk_tcp_options(struct __sk_buff *skb, struct packet *pkt)
 	if (scan.malformed)
 		return PARSE_MALFORMED;
 	pkt->mptcp = scan.found;
+	pkt->wscale = scan.wscale;
 	return PARSE_OK;
 }
 

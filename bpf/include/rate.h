@@ -17,6 +17,7 @@
 
 #include "common.h"
 #include "parse.h"
+#include "table.h"
 
 enum rate_mode {
 	RATE_MODE_NONE = 0,
@@ -80,7 +81,8 @@ struct rate_key {
 	__u8 kind; /* enum rate_key_kind */
 	__u8 dir;  /* RATE_DIR_* */
 	__u8 pad;
-};
+	__u32 pad2; /* whole 64-bit words: the police table's key */
+} __attribute__((aligned(8)));
 
 /* A GCRA bucket: the theoretical arrival time of the next byte. A packet of
  * len bytes is allowed while tat - now stays within the burst; tat moves by
@@ -112,10 +114,6 @@ struct rate_subflow {
 	__u32 pad;
 };
 
-/* The scale of windows the pod sends (RFC 7323 2.2-2.3): the pod's own
- * shift, in force only if both ends offered the option; 0 otherwise. */
-#define RATE_WSCALE_MAX 14
-
 /* Indexed by rule id, as rules: an array lookup the verifier inlines, on
  * every packet of a selected subflow. Mode RATE_MODE_NONE: no cap. */
 struct {
@@ -134,13 +132,33 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rate_subflows SEC(".maps");
 
+/* Police buckets, a table (table.h) looked up on every policed packet:
+ * 2^13 buckets of four, 32768 police buckets. */
+#define POLICE_TABLE_BITS 13
+#define RATE_KEY_WORDS	  (sizeof(struct rate_key) / 8)
+#define RATE_BUCKET_WORDS (sizeof(struct rate_bucket) / 8)
+
+struct police_entry {
+	struct rate_key key;
+	struct rate_bucket value;
+};
+
+struct police_bucket {
+	struct table_head head;
+	struct police_entry e[TABLE_WAYS];
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 32768);
-	__type(key, struct rate_key);
-	__type(value, struct rate_bucket);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << POLICE_TABLE_BITS);
+	__type(key, __u32);
+	__type(value, struct police_bucket);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rate_buckets SEC(".maps");
+
+_Static_assert(sizeof(struct rate_key) % 8 == 0 && RATE_KEY_WORDS <= TABLE_KEY_WORDS_MAX,
+	       "rate_key: whole words");
+_Static_assert(sizeof(struct rate_bucket) % 8 == 0, "rate_bucket: whole words");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

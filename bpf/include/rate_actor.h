@@ -6,84 +6,18 @@
 #include "rate.h"
 
 #define NSEC_PER_SEC	  1000000000ULL
-#define TCPOPT_WSCALE	  3
-#define TCPOLEN_WSCALE	  3
 #define TCP_WINDOW_OFF	  14 /* offset of the window field in the TCP header */
 #define TCP_CHECK_OFF	  16
 #define TCP_DOFF_OFF	  12
 #define RATE_CAS_RETRIES  4
 #define RATE_WINDOW_FLOOR 1460 /* bytes: one full-sized segment on Ethernet */
 
-struct rate_wscale_scan {
-	__u8 opts[TCP_MAX_OPTIONS_LEN];
-	__u32 optlen;
-	__u32 pos;
-	int shift;
-};
-
-/* rate_wscale_step is one step of the option walk, under bpf_loop (as
- * parse.h's scan_option) so the verifier checks one step, not 40 unrolled
- * ones. Returns 1 to stop. */
-static long rate_wscale_step(__u32 index, void *ctx)
-{
-	struct rate_wscale_scan *s = ctx;
-	__u32 pos = s->pos;
-	__u8 kind, len;
-
-	if (pos >= s->optlen || pos >= TCP_MAX_OPTIONS_LEN - 1)
-		return 1;
-	kind = s->opts[pos];
-	if (kind == TCPOPT_EOL)
-		return 1;
-	if (kind == TCPOPT_NOP) {
-		s->pos = pos + 1;
-		return 0;
-	}
-	len = s->opts[pos + 1];
-	if (len < 2 || pos + len > s->optlen)
-		return 1;
-	if (kind == TCPOPT_WSCALE && len == TCPOLEN_WSCALE && pos + 2 < TCP_MAX_OPTIONS_LEN) {
-		__u8 shift = s->opts[pos + 2];
-
-		s->shift = shift > RATE_WSCALE_MAX ? RATE_WSCALE_MAX : shift;
-		return 1;
-	}
-	s->pos = pos + len;
-	return 0;
-}
-
-/* rate_wscale_option returns the shift of the window-scale option (RFC 7323
- * 2.2) of the TCP header at l4_off, or -1 without one; a shift above 14 is
- * taken as 14, as RFC 7323 2.3 says. Only SYNs carry it, so only SYNs pay
- * for this walk. A global function, verified once. */
-__noinline int rate_wscale_option(struct __sk_buff *skb, __u32 l4_off)
-{
-	struct rate_wscale_scan scan = {.shift = -1};
-	__u32 optlen;
-	__u8 doff;
-
-	if (!skb || l4_off > 0xffff)
-		return -1;
-	if (bpf_skb_load_bytes(skb, l4_off + TCP_DOFF_OFF, &doff, 1))
-		return -1;
-	optlen = (doff >> 4) * 4;
-	if (optlen <= 20 || optlen > 20 + TCP_MAX_OPTIONS_LEN)
-		return -1;
-	optlen -= 20;
-	if (bpf_skb_load_bytes(skb, l4_off + 20, scan.opts, optlen))
-		return -1;
-	scan.optlen = optlen;
-	bpf_loop(TCP_MAX_OPTIONS_LEN, rate_wscale_step, &scan, 0);
-	return scan.shift;
-}
-
 /* rate_learn_syn records, from a SYN or SYN-ACK, whether its sender offered
  * window scaling and, for the pod's, with which shift. */
-static __always_inline void rate_learn_syn(struct __sk_buff *skb, const struct packet *pkt,
-					   const struct flow_key *fk, __u32 dir)
+static __always_inline void rate_learn_syn(const struct packet *pkt, const struct flow_key *fk, __u32 dir)
 {
 	struct rate_subflow fresh = {}, *rs;
-	int shift = rate_wscale_option(skb, pkt->l4_off);
+	int shift = pkt->wscale ? pkt->wscale - 1 : -1;
 
 	bpf_map_update_elem(&rate_subflows, fk, &fresh, BPF_NOEXIST);
 	rs = bpf_map_lookup_elem(&rate_subflows, fk);
@@ -155,6 +89,42 @@ static __always_inline void rate_conn_key(struct rate_key *k, const struct flow_
 	k->id = ((__u32)bpf_ntohs(fk->sport) << 16) | bpf_ntohs(fk->dport);
 }
 
+/* police_bucket_new stores a new full bucket at k (its theoretical arrival
+ * time now); two CPUs may create it at once, the second keeps the first's.
+ * A global function: once per bucket, verified once, its frame its own. */
+__noinline int police_bucket_new(const struct rate_key *k, __u64 now)
+{
+	struct rate_bucket fresh = {.tat_ns = now};
+	int result;
+
+	if (!k)
+		return 0;
+	table_insert(&rate_buckets, POLICE_TABLE_BITS, (const __u64 *)k, RATE_KEY_WORDS,
+		     (const __u64 *)&fresh, RATE_BUCKET_WORDS, false, &result);
+	if (result == TABLE_EVICTED)
+		count(STAT_POLICE_EVICTED);
+	return 0;
+}
+
+static __always_inline struct rate_bucket *police_lookup(const struct rate_key *k)
+{
+	return table_lookup(&rate_buckets, POLICE_TABLE_BITS, (const __u64 *)k, RATE_KEY_WORDS,
+			    RATE_BUCKET_WORDS);
+}
+
+/* police_bucket returns the bucket at k, a new full one if there is none,
+ * or NULL when the table could not store it (the packet then passes: never
+ * a false drop). */
+static __always_inline struct rate_bucket *police_bucket(const struct rate_key *k, __u64 now)
+{
+	struct rate_bucket *b = police_lookup(k);
+
+	if (b)
+		return b;
+	police_bucket_new(k, now);
+	return police_lookup(k);
+}
+
 /* rate_gcra_allow charges len bytes to the bucket at k (rate bps, constants
  * g, depth burst bytes) and says whether they fit. Generic cell rate
  * algorithm: tat is when the bucket would be empty again; a packet fits
@@ -164,18 +134,14 @@ static __always_inline void rate_conn_key(struct rate_key *k, const struct flow_
 static __always_inline bool rate_gcra_allow(const struct rate_key *k, __u64 bps, const struct rate_gcra *g,
 					    __u64 burst, __u32 len, __u64 now)
 {
-	struct rate_bucket fresh = {.tat_ns = now}, *b;
+	struct rate_bucket *b;
 	__u64 cost, tau;
 
 	if (bps == 0)
 		return true;
-	b = bpf_map_lookup_elem(&rate_buckets, k);
-	if (!b) {
-		bpf_map_update_elem(&rate_buckets, k, &fresh, BPF_NOEXIST);
-		b = bpf_map_lookup_elem(&rate_buckets, k);
-		if (!b)
-			return true;
-	}
+	b = police_bucket(k, now);
+	if (!b)
+		return true;
 	if (g->byte_cost) {
 		__u32 shift = g->shift & 63;
 
@@ -397,7 +363,7 @@ __noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, const s
 	if (!cfg || (cfg->mode != RATE_MODE_WINDOW && cfg->mode != RATE_MODE_POLICE))
 		return TCX_NEXT;
 	if (pkt->tcp_flags & TCP_FLAG_SYN) {
-		rate_learn_syn(skb, pkt, fk, dir);
+		rate_learn_syn(pkt, fk, dir);
 		return TCX_NEXT;
 	}
 	/* Police needs rate_subflows only to name the connection, which the

@@ -49,6 +49,8 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatPathDownSkipped:  "path_down_skipped",
 	datapath.StatAllPathsDown:     "all_paths_down",
 	datapath.StatSubflowInsert:    "subflow_insert",
+	datapath.StatSubflowEvicted:   "subflow_evicted",
+	datapath.StatPoliceEvicted:    "police_bucket_evicted",
 	datapath.StatConnInsert:       "connection_insert",
 	datapath.StatMapUpdateFailed:  "map_update_failed",
 	datapath.StatSubflowForgotten: "subflow_forgotten",

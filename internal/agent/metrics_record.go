@@ -35,9 +35,9 @@ func newRecordCollector(a *Agent) *recordCollector {
 		podRxPkt:       d("pod_rx_packets_total", "TCP packets a selected pod address received.", "address"),
 		connTxBytes:    d("connection_tx_bytes_total", "Bytes the local pod sent on an MPTCP connection, summed over its subflows still in the subflow table.", "address", "token"),
 		connRxBytes:    d("connection_rx_bytes_total", "Bytes the local pod received on an MPTCP connection, summed over its subflows still in the subflow table.", "address", "token"),
-		tableEntries:   d("table_entries", "Live entries of a datapath LRU table.", "table"),
-		tableCapacity:  d("table_capacity", "Capacity of a datapath LRU table.", "table"),
-		tableEvictions: d("table_evictions_total", "Entries a datapath LRU table evicted to fit new ones: entries created minus those the agent deleted minus those live.", "table"),
+		tableEntries:   d("table_entries", "Live entries of a datapath table (subflows, connections, police_buckets).", "table"),
+		tableCapacity:  d("table_capacity", "Capacity of a datapath table.", "table"),
+		tableEvictions: d("table_evictions_total", "Entries a datapath table evicted to fit new ones (counted by the datapath; for the connection LRU, entries created minus those the agent deleted minus those live).", "table"),
 		mptcpOptions: d("mptcp_options_total", "TCP packets the datapath parsed that carried a valid MPTCP option of the subtype (RFC 8684 names), once per packet and subtype: "+
 			"everything the selected pods' veths and the path NICs carry, selected or not.", "subtype"),
 		mptcpOptionsInvalid: d("mptcp_options_invalid_total", "TCP packets that carried an MPTCP option of the subtype with a length RFC 8684 does not define for it: "+
@@ -75,12 +75,12 @@ func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	c.collectOptions(ch)
-	sf, conn, err := dp.Occupancy()
+	tables, err := dp.Occupancy()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.tableEntries, err)
 		return
 	}
-	for table, o := range map[string]datapath.TableOccupancy{"subflows": sf, "connections": conn} {
+	for table, o := range tables {
 		ch <- prometheus.MustNewConstMetric(c.tableEntries, prometheus.GaugeValue, float64(o.Entries), table)
 		ch <- prometheus.MustNewConstMetric(c.tableCapacity, prometheus.GaugeValue, float64(o.Capacity), table)
 		ch <- prometheus.MustNewConstMetric(c.tableEvictions, prometheus.CounterValue, float64(o.Evictions), table)

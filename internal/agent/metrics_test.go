@@ -184,13 +184,15 @@ mptcp_agent_pod_tx_packets_total{address="10.244.1.11"} 2
 # HELP mptcp_agent_pod_tx_bytes_total Bytes of TCP a selected pod address sent, counted at its host-side veth (Ethernet header included).
 # TYPE mptcp_agent_pod_tx_bytes_total counter
 mptcp_agent_pod_tx_bytes_total{address="10.244.1.11"} %d
-# HELP mptcp_agent_table_entries Live entries of a datapath LRU table.
+# HELP mptcp_agent_table_entries Live entries of a datapath table (subflows, connections, police_buckets).
 # TYPE mptcp_agent_table_entries gauge
 mptcp_agent_table_entries{table="connections"} 1
+mptcp_agent_table_entries{table="police_buckets"} 0
 mptcp_agent_table_entries{table="subflows"} 1
-# HELP mptcp_agent_table_evictions_total Entries a datapath LRU table evicted to fit new ones: entries created minus those the agent deleted minus those live.
+# HELP mptcp_agent_table_evictions_total Entries a datapath table evicted to fit new ones (counted by the datapath; for the connection LRU, entries created minus those the agent deleted minus those live).
 # TYPE mptcp_agent_table_evictions_total counter
 mptcp_agent_table_evictions_total{table="connections"} 0
+mptcp_agent_table_evictions_total{table="police_buckets"} 0
 mptcp_agent_table_evictions_total{table="subflows"} 0
 `, len(syn)+len(ack))
 	if err := testutil.GatherAndCompare(m.Gatherer(), strings.NewReader(want),

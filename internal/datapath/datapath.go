@@ -66,6 +66,13 @@ func Load(opts Options) (*Datapath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading BPF objects: %w", err)
 	}
+	seed, err := tableSeed(opts.PinDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := spec.Variables["table_seed"].Set(seed.Seed); err != nil {
+		return nil, fmt.Errorf("setting table_seed: %w", err)
+	}
 	if err := spec.Variables["mark_mask"].Set(mask); err != nil {
 		return nil, fmt.Errorf("setting mark_mask: %w", err)
 	}
@@ -106,6 +113,10 @@ func Load(opts Options) (*Datapath, error) {
 		}
 		return nil, fmt.Errorf("loading BPF objects: %w", err)
 	}
+	if err := dp.objs.TableSeeds.Put(uint32(0), &seed); err != nil {
+		_ = dp.objs.Close()
+		return nil, fmt.Errorf("keeping the table seed: %w", err)
+	}
 	if err := dp.startMigration(); err != nil {
 		_ = dp.objs.Close()
 		return nil, err
@@ -123,6 +134,9 @@ func (d *Datapath) startMigration() error {
 		hash := d.migration.hash
 		d.migration = nil
 		return writeLayoutMarker(d.pinDir, hash)
+	}
+	if err := d.fillTables(); err != nil {
+		return errors.Join(err, d.RollbackMigration())
 	}
 	if err := d.switchLinks(); err != nil {
 		return errors.Join(err, d.RollbackMigration())
@@ -254,14 +268,11 @@ func (d *Datapath) ForgetSubflow(local, remote netip.AddrPort) error {
 	if local.Addr().Unmap().Is4() != remote.Addr().Unmap().Is4() {
 		return fmt.Errorf("subflow %v -> %v mixes address families", local, remote)
 	}
-	k := flowKey(local, remote)
-	if err := d.objs.Subflows.Delete(&k); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
+	n, err := d.deleteTable(tableSubflows, flowKey(local, remote))
+	if err != nil || n == 0 {
 		return err
 	}
-	return d.countForgotten(StatSubflowForgotten, 1)
+	return d.countForgotten(StatSubflowForgotten, uint64(n))
 }
 
 // ForgetConnection removes the connection of the local pod known by any of

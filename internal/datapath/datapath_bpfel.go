@@ -125,6 +125,18 @@ type datapathPodStats struct {
 	RxBytes   uint64
 }
 
+type datapathPoliceBucket struct {
+	_    structs.HostLayout
+	Head datapathTableHead
+	E    [4]datapathPoliceEntry
+}
+
+type datapathPoliceEntry struct {
+	_     structs.HostLayout
+	Key   datapathRateKey
+	Value datapathRateBucket
+}
+
 type datapathPortRange struct {
 	_     structs.HostLayout
 	First uint16
@@ -166,6 +178,7 @@ type datapathRateKey struct {
 	Kind   uint8
 	Dir    uint8
 	Pad    uint8
+	Pad2   uint32
 }
 
 type datapathRateMode uint32
@@ -260,7 +273,9 @@ const (
 	datapathStatIdSTAT_BACKUP_PRIO_NO_ROOM datapathStatId = 31
 	datapathStatIdSTAT_ADD_ADDR_BLOCKED    datapathStatId = 32
 	datapathStatIdSTAT_JOIN_REFUSED        datapathStatId = 33
-	datapathStatIdSTAT_MAX                 datapathStatId = 34
+	datapathStatIdSTAT_SUBFLOW_EVICTED     datapathStatId = 34
+	datapathStatIdSTAT_POLICE_EVICTED      datapathStatId = 35
+	datapathStatIdSTAT_MAX                 datapathStatId = 36
 )
 
 type datapathSubflow struct {
@@ -278,6 +293,66 @@ type datapathSubflow struct {
 	RxBytes   uint64
 	PodSlot   uint32
 	Pad       uint32
+}
+
+type datapathSubflowBucket struct {
+	_    structs.HostLayout
+	Head datapathTableHead
+	E    [4]datapathSubflowEntry
+}
+
+type datapathSubflowEntry struct {
+	_     structs.HostLayout
+	Key   datapathFlowKey
+	Value datapathSubflow
+}
+
+type datapathTableHead struct {
+	_    structs.HostLayout
+	Tag  [4]uint32
+	Used uint32
+	Hand uint32
+	Pad  [2]uint32
+}
+
+type datapathTableId uint32
+
+const (
+	datapathTableIdTABLE_ID_SUBFLOWS datapathTableId = 1
+	datapathTableIdTABLE_ID_POLICE   datapathTableId = 2
+)
+
+type datapathTableOp struct {
+	_      structs.HostLayout
+	Op     uint32
+	Table  uint32
+	Result int32
+	Pad    uint32
+	Key    [5]uint64
+	Value  [10]uint64
+}
+
+type datapathTableOpCode uint32
+
+const (
+	datapathTableOpCodeTABLE_OP_INSERT     datapathTableOpCode = 1
+	datapathTableOpCodeTABLE_OP_INSERT_NEW datapathTableOpCode = 2
+	datapathTableOpCodeTABLE_OP_DELETE     datapathTableOpCode = 3
+)
+
+type datapathTableResult uint32
+
+const (
+	datapathTableResultTABLE_FAILED   datapathTableResult = 0
+	datapathTableResultTABLE_INSERTED datapathTableResult = 1
+	datapathTableResultTABLE_REPLACED datapathTableResult = 2
+	datapathTableResultTABLE_EVICTED  datapathTableResult = 3
+	datapathTableResultTABLE_EXISTS   datapathTableResult = 4
+)
+
+type datapathTableSeedValue struct {
+	_    structs.HostLayout
+	Seed [6]uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -302,16 +377,22 @@ const (
 	datapathMapSettings           = "settings"
 	datapathMapStats              = "stats"
 	datapathMapSubflows           = "subflows"
+	datapathMapTableSeeds         = "table_seeds"
 	datapathProgNicEgress         = "nic_egress"
 	datapathProgNicIngress        = "nic_ingress"
 	datapathProgPodEgress         = "pod_egress"
 	datapathProgPodIngress        = "pod_ingress"
+	datapathProgTableCtl          = "table_ctl"
 	datapathVarMarkMask           = "mark_mask"
 	datapathVarMarkShift          = "mark_shift"
+	datapathVarTableSeed          = "table_seed"
 	datapathVarUnusedMptcpSubtype = "unused_mptcp_subtype"
 	datapathVarUnusedRateMode     = "unused_rate_mode"
 	datapathVarUnusedSpreadMode   = "unused_spread_mode"
 	datapathVarUnusedStatId       = "unused_stat_id"
+	datapathVarUnusedTableId      = "unused_table_id"
+	datapathVarUnusedTableOpCode  = "unused_table_op_code"
+	datapathVarUnusedTableResult  = "unused_table_result"
 )
 
 // loadDatapath returns the embedded CollectionSpec for datapath.
@@ -360,6 +441,7 @@ type datapathProgramSpecs struct {
 	NicIngress *ebpf.ProgramSpec `ebpf:"nic_ingress"`
 	PodEgress  *ebpf.ProgramSpec `ebpf:"pod_egress"`
 	PodIngress *ebpf.ProgramSpec `ebpf:"pod_ingress"`
+	TableCtl   *ebpf.ProgramSpec `ebpf:"table_ctl"`
 }
 
 // datapathMapSpecs contains maps before they are loaded into the kernel.
@@ -384,6 +466,7 @@ type datapathMapSpecs struct {
 	Settings     *ebpf.MapSpec `ebpf:"settings"`
 	Stats        *ebpf.MapSpec `ebpf:"stats"`
 	Subflows     *ebpf.MapSpec `ebpf:"subflows"`
+	TableSeeds   *ebpf.MapSpec `ebpf:"table_seeds"`
 }
 
 // datapathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -392,10 +475,14 @@ type datapathMapSpecs struct {
 type datapathVariableSpecs struct {
 	MarkMask           *ebpf.VariableSpec `ebpf:"mark_mask"`
 	MarkShift          *ebpf.VariableSpec `ebpf:"mark_shift"`
+	TableSeed          *ebpf.VariableSpec `ebpf:"table_seed"`
 	UnusedMptcpSubtype *ebpf.VariableSpec `ebpf:"unused_mptcp_subtype"`
 	UnusedRateMode     *ebpf.VariableSpec `ebpf:"unused_rate_mode"`
 	UnusedSpreadMode   *ebpf.VariableSpec `ebpf:"unused_spread_mode"`
 	UnusedStatId       *ebpf.VariableSpec `ebpf:"unused_stat_id"`
+	UnusedTableId      *ebpf.VariableSpec `ebpf:"unused_table_id"`
+	UnusedTableOpCode  *ebpf.VariableSpec `ebpf:"unused_table_op_code"`
+	UnusedTableResult  *ebpf.VariableSpec `ebpf:"unused_table_result"`
 }
 
 // datapathObjects contains all objects after they have been loaded into the kernel.
@@ -436,6 +523,7 @@ type datapathMaps struct {
 	Settings     *ebpf.Map `ebpf:"settings"`
 	Stats        *ebpf.Map `ebpf:"stats"`
 	Subflows     *ebpf.Map `ebpf:"subflows"`
+	TableSeeds   *ebpf.Map `ebpf:"table_seeds"`
 }
 
 func (m *datapathMaps) Close() error {
@@ -458,6 +546,7 @@ func (m *datapathMaps) Close() error {
 		m.Settings,
 		m.Stats,
 		m.Subflows,
+		m.TableSeeds,
 	)
 }
 
@@ -467,10 +556,14 @@ func (m *datapathMaps) Close() error {
 type datapathVariables struct {
 	MarkMask           *ebpf.Variable `ebpf:"mark_mask"`
 	MarkShift          *ebpf.Variable `ebpf:"mark_shift"`
+	TableSeed          *ebpf.Variable `ebpf:"table_seed"`
 	UnusedMptcpSubtype *ebpf.Variable `ebpf:"unused_mptcp_subtype"`
 	UnusedRateMode     *ebpf.Variable `ebpf:"unused_rate_mode"`
 	UnusedSpreadMode   *ebpf.Variable `ebpf:"unused_spread_mode"`
 	UnusedStatId       *ebpf.Variable `ebpf:"unused_stat_id"`
+	UnusedTableId      *ebpf.Variable `ebpf:"unused_table_id"`
+	UnusedTableOpCode  *ebpf.Variable `ebpf:"unused_table_op_code"`
+	UnusedTableResult  *ebpf.Variable `ebpf:"unused_table_result"`
 }
 
 // datapathPrograms contains all programs after they have been loaded into the kernel.
@@ -481,6 +574,7 @@ type datapathPrograms struct {
 	NicIngress *ebpf.Program `ebpf:"nic_ingress"`
 	PodEgress  *ebpf.Program `ebpf:"pod_egress"`
 	PodIngress *ebpf.Program `ebpf:"pod_ingress"`
+	TableCtl   *ebpf.Program `ebpf:"table_ctl"`
 }
 
 func (p *datapathPrograms) Close() error {
@@ -489,6 +583,7 @@ func (p *datapathPrograms) Close() error {
 		p.NicIngress,
 		p.PodEgress,
 		p.PodIngress,
+		p.TableCtl,
 	)
 }
 

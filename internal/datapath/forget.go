@@ -49,12 +49,11 @@ func (d *Datapath) ForgetLocal(addrs []netip.Addr, keep func(Subflow) bool) (rem
 			remaining[sf.Local.Addr()]++
 			continue
 		}
-		k := flowKey(sf.Local, sf.Remote)
-		if err := d.objs.Subflows.Delete(&k); err == nil {
-			forgotten++
-		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		n, err := d.deleteTable(tableSubflows, flowKey(sf.Local, sf.Remote))
+		if err != nil {
 			return nil, fmt.Errorf("forget: subflow %v -> %v: %w", sf.Local, sf.Remote, err)
 		}
+		forgotten += uint64(n)
 	}
 	if err := d.countForgotten(StatSubflowForgotten, forgotten); err != nil {
 		return nil, err
@@ -74,15 +73,25 @@ func (d *Datapath) ForgetLocal(addrs []netip.Addr, keep func(Subflow) bool) (rem
 	}
 	// Path buckets and windows have no address; every other kind is the
 	// pod's own.
-	for _, m := range []*ebpf.Map{d.objs.RateBuckets, d.objs.RateWindows} {
-		if _, err := deleteKeysWhere(m, func(k datapathRateKey) bool { return local(k.Family, k.Addr) }); err != nil {
-			return nil, fmt.Errorf("forget: rate state: %w", err)
+	if _, err := deleteKeysWhere(d.objs.RateWindows, func(k datapathRateKey) bool { return local(k.Family, k.Addr) }); err != nil {
+		return nil, fmt.Errorf("forget: rate windows: %w", err)
+	}
+	buckets, err := d.policeKeys()
+	if err != nil {
+		return nil, fmt.Errorf("forget: listing police buckets: %w", err)
+	}
+	for _, k := range buckets {
+		if !local(k.Family, k.Addr) {
+			continue
+		}
+		if _, err := d.deleteTable(tablePolice, k); err != nil {
+			return nil, fmt.Errorf("forget: police bucket: %w", err)
 		}
 	}
 	return remaining, nil
 }
 
-// flowKey is the subflows map's key of a subflow as the local pod sends it.
+// flowKey is the subflow table's key of a subflow as the local pod sends it.
 func flowKey(local, remote netip.AddrPort) datapathFlowKey {
 	k := datapathFlowKey{Family: family(local.Addr().Unmap()), Sport: htons(local.Port()), Dport: htons(remote.Port())}
 	copy(k.Saddr[:], local.Addr().Unmap().AsSlice())

@@ -44,16 +44,14 @@ func TestForgetLocalRemovesOnlyThePodsState(t *testing.T) {
 				conns++
 			}
 		}
-		var k datapathRateKey
-		var v datapathRateBucket
-		it := dp.objs.RateBuckets.Iterate()
-		for it.Next(&k, &v) {
+		keys, err := dp.policeKeys()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
 			if addrFrom(k.Family, k.Addr) == pod {
 				buckets++
 			}
-		}
-		if err := it.Err(); err != nil {
-			t.Fatal(err)
 		}
 		return subflows, conns, buckets
 	}

@@ -138,9 +138,7 @@ func FuzzPodIngressRewrites(f *testing.F) {
 		if frame[len(frame)-1]&1 == 1 {
 			role = RoleResponder
 		}
-		if err := dp.objs.Subflows.Put(&k, &datapathSubflow{Path: 2, Role: uint32(role), Rule: 0}); err != nil {
-			t.Fatal(err)
-		}
+		putSubflow(t, dp, k, datapathSubflow{Path: 2, Role: uint32(role), Rule: 0})
 		out := runIngress(t, dp, frame)
 		if string(out) == string(frame) {
 			return

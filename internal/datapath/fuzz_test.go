@@ -194,8 +194,14 @@ func resetDatapathState(t *testing.T, dp *Datapath) {
 	if _, err := deleteKeysWhere(dp.objs.Endpoints, all); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := deleteKeysWhere(dp.objs.Subflows, func(datapathFlowKey) bool { return true }); err != nil {
+	sfs, err := dp.Subflows()
+	if err != nil {
 		t.Fatal(err)
+	}
+	for _, sf := range sfs {
+		if err := dp.ForgetSubflow(sf.Local, sf.Remote); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, m := range []*ebpf.Map{dp.objs.ConnAliases, dp.objs.ConnStates} {
 		if _, err := deleteKeysWhere(m, func(datapathConnKey) bool { return true }); err != nil {

@@ -37,6 +37,8 @@ func TestGoStructsMatchCLayout(t *testing.T) {
 		"path_stats": datapathPathStats{}, "mptcp_subtype_stats": datapathMptcpSubtypeStats{},
 		"settings_value": datapathSettingsValue{}, "cidr_key": datapathCidrKey{},
 		"path_state": datapathPathState{}, "pod_stats": datapathPodStats{}, "pod_record": datapathPodRecord{}, "port_range": datapathPortRange{},
+		"table_head": datapathTableHead{}, "subflow_entry": datapathSubflowEntry{}, "subflow_bucket": datapathSubflowBucket{},
+		"police_entry": datapathPoliceEntry{}, "police_bucket": datapathPoliceBucket{}, "table_op": datapathTableOp{}, "table_seed_value": datapathTableSeedValue{},
 		"rate_cfg": datapathRateCfg{}, "rate_gcra": datapathRateGcra{}, "rate_key": datapathRateKey{}, "rate_bucket": datapathRateBucket{},
 		"rate_window": datapathRateWindow{}, "rate_subflow": datapathRateSubflow{},
 	}

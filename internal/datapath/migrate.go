@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,6 +51,10 @@ type migratedMap struct {
 	base             map[string][][]byte
 	copied, dropped  int
 	caughtUp, deltas int
+	// table: the new map is a table (migrate_table.go), filled through
+	// table_ctl after the programs load, from tableEntries.
+	table        bool
+	tableEntries []rawEntry
 }
 
 type switchedLink struct {
@@ -190,6 +195,22 @@ func prepareMigration(spec *ebpf.CollectionSpec, pinDir string, log *slog.Logger
 			return nil, fmt.Errorf("creating map %s for migration: %w", name, err)
 		}
 		mig.maps = append(mig.maps, mm)
+		if _, mm.table, err = tableShapeOf(mm.newLayout.Value); err != nil {
+			mig.closeMaps()
+			return nil, fmt.Errorf("map %s: %w", name, err)
+		}
+		if mm.table {
+			// Converted now, so a field that cannot be carried fails
+			// the load before anything changed; stored once the
+			// programs load (Datapath.fillTables).
+			if mm.tableEntries, err = mm.readForTable(); err != nil {
+				mig.closeMaps()
+				return nil, fmt.Errorf("migrating map %s (%s -> %s): %w", name, mm.oldLayout, mm.newLayout, err)
+			}
+			log.Info("map to be migrated into a table", "map", name, "entries", len(mm.tableEntries),
+				"from", mm.oldLayout.String(), "to", mm.newLayout.String())
+			continue
+		}
 		if err := mm.copyEntries(); err != nil {
 			mig.closeMaps()
 			return nil, fmt.Errorf("migrating map %s (%s -> %s): %w", name, mm.oldLayout, mm.newLayout, err)
@@ -313,14 +334,21 @@ func PinnedSubflows(pinDir string) ([]Subflow, error) {
 	if mm.oldLayout.String() == mm.newLayout.String() {
 		return subflowsIn(old)
 	}
-	ms := spec.Maps[name].Copy()
-	ms.Pinning = ebpf.PinNone
-	if mm.new, err = ebpf.NewMap(ms); err != nil {
-		return nil, err
-	}
-	defer mm.new.Close()
-	if err := mm.copyEntries(); err != nil {
+	entries, err := mm.readForTable()
+	if err != nil {
 		return nil, fmt.Errorf("converting map %s (%s -> %s): %w", name, mm.oldLayout, mm.newLayout, err)
 	}
-	return subflowsIn(mm.new)
+	out := make([]Subflow, 0, len(entries))
+	for _, e := range entries {
+		var k datapathFlowKey
+		var v datapathSubflow
+		if _, err := binary.Decode(e.key, nativeEndian, &k); err != nil {
+			return nil, err
+		}
+		if _, err := binary.Decode(e.value, nativeEndian, &v); err != nil {
+			return nil, err
+		}
+		out = append(out, subflowOf(k, v))
+	}
+	return out, nil
 }

@@ -68,15 +68,19 @@ const catchUpDelay = 20 * time.Millisecond
 
 // catchUp carries into the new maps what the old programs wrote after the
 // copy: for per-CPU maps (counters) the growth of every integer field,
-// added to what the new programs counted since; for hash maps the entries
-// they added (a subflow placed in the meantime keeps its path). Updates the
-// old programs made to entries that already existed are not carried (a
-// connection's used-path bits, a rule's round-robin cursor).
+// added to what the new programs counted since; for hash maps and tables
+// the entries they added (a subflow placed in the meantime keeps its path).
+// Updates the old programs made to entries that already existed are not
+// carried (a connection's used-path bits, a rule's round-robin cursor).
 func (d *Datapath) catchUp() error {
 	time.Sleep(catchUpDelay)
 	var errs []error
 	for _, mm := range d.migration.maps {
-		if err := mm.catchUp(); err != nil {
+		catchUp := mm.catchUp
+		if mm.table {
+			catchUp = func() error { return d.catchUpTable(mm) }
+		}
+		if err := catchUp(); err != nil {
 			errs = append(errs, fmt.Errorf("catching up map %s: %w", mm.name, err))
 		}
 	}

@@ -4,8 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -14,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
 )
 
@@ -244,10 +248,12 @@ func TestMigrationConvertsPinnedMapsByTheirKernelBTF(t *testing.T) {
 	checkNewEntry(t, 21, v)
 }
 
-// loadOldRelease loads this binary's programs against a "subflows" map of
-// the previous release's layout (struct subflow had a pad where the rule
-// is now: same size, so the old programs run on it), pins everything under
-// dir and attaches pod-egress to veth-a, as the previous agent left a node.
+// loadOldRelease sets dir up as the previous release left a node: its
+// subflow table, an LRU hash of struct subflow by flow_key whose struct had
+// a pad where the rule is now, pinned with one entry; the other maps
+// pinned; pod-egress attached to veth-a through a pinned link. This binary's
+// programs stand in for the old ones on the link (their own subflow table,
+// unpinned, is not the one at the pin).
 func loadOldRelease(t *testing.T, dir string) (oldMapID ebpf.MapID, oldProgID ebpf.ProgramID) {
 	t.Helper()
 	return loadOldLayout(t, dir, func(m *btf.Member) {
@@ -257,40 +263,61 @@ func loadOldRelease(t *testing.T, dir string) (oldMapID ebpf.MapID, oldProgID eb
 	})
 }
 
-// loadOldLayout is loadOldRelease with struct subflow's members changed by
-// edit (sizes must stay: the programs run on the map).
-func loadOldLayout(t *testing.T, dir string, edit func(*btf.Member)) (oldMapID ebpf.MapID, oldProgID ebpf.ProgramID) {
+// oldSubflowTable is the previous release's subflow table, pinned under
+// dir, with struct subflow's members changed by edit (sizes must stay).
+func oldSubflowTable(t *testing.T, dir string, edit func(*btf.Member)) *ebpf.Map {
 	t.Helper()
 	spec, err := loadDatapath()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur := spec.Maps["subflows"]
-	oldStruct := *btf.UnderlyingType(cur.Value).(*btf.Struct)
-	oldStruct.Members = append([]btf.Member(nil), oldStruct.Members...)
-	for i := range oldStruct.Members {
-		edit(&oldStruct.Members[i])
+	var key, value *btf.Struct
+	if err := spec.Types.TypeByName("flow_key", &key); err != nil {
+		t.Fatal(err)
 	}
-	oms := cur.Copy()
-	oms.Value = &oldStruct
-	old, err := ebpf.NewMapWithOptions(oms, ebpf.MapOptions{PinPath: dir})
+	if err := spec.Types.TypeByName("subflow", &value); err != nil {
+		t.Fatal(err)
+	}
+	oldValue := *value
+	oldValue.Members = append([]btf.Member(nil), value.Members...)
+	for i := range oldValue.Members {
+		edit(&oldValue.Members[i])
+	}
+	old, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{Name: "subflows", Type: ebpf.LRUHash, KeySize: key.Size, ValueSize: value.Size,
+		MaxEntries: 65536, Key: key, Value: &oldValue, Pinning: ebpf.PinByName}, ebpf.MapOptions{PinPath: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer old.Close()
+	t.Cleanup(func() { old.Close() })
+	return old
+}
+
+// oldSubflowKey is the 4-tuple of the entry loadOldLayout leaves.
+func oldSubflowKey(sport uint16) datapathFlowKey {
+	return flowKey(netip.AddrPortFrom(clientPod, sport), netip.AddrPortFrom(serverPod, 5201))
+}
+
+// loadOldLayout is loadOldRelease with struct subflow's members changed by
+// edit.
+func loadOldLayout(t *testing.T, dir string, edit func(*btf.Member)) (oldMapID ebpf.MapID, oldProgID ebpf.ProgramID) {
+	t.Helper()
+	old := oldSubflowTable(t, dir, edit)
+	spec, err := loadDatapath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Maps["subflows"].Pinning = ebpf.PinNone
 	_ = spec.Variables["mark_mask"].Set(DefaultMarkMask)
 	_ = spec.Variables["mark_shift"].Set(uint32(20))
 	dp := &Datapath{pinDir: dir, markMask: DefaultMarkMask, markShift: 20, mapNames: pinnedMapNames(spec)}
-	if err := spec.LoadAndAssign(&dp.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}, MapReplacements: map[string]*ebpf.Map{"subflows": old}}); err != nil {
+	if err := spec.LoadAndAssign(&dp.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}); err != nil {
 		t.Fatal(err)
 	}
 	defer dp.Close()
 	if err := dp.Attach(Attachment{Interface: "veth-a", Hook: HookPodEgress}); err != nil {
 		t.Fatal(err)
 	}
-	k := datapathFlowKey{Family: 2, Sport: htons(40000), Dport: htons(5201)}
-	copy(k.Saddr[:], clientPod.AsSlice())
-	copy(k.Daddr[:], serverPod.AsSlice())
+	k := oldSubflowKey(40000)
 	if err := old.Put(&k, &datapathSubflow{Path: 1, Role: 1, Token: 0x1234, CreatedNs: 42}); err != nil {
 		t.Fatal(err)
 	}
@@ -385,6 +412,11 @@ func TestMigrationRollsBackThenCommits(t *testing.T) {
 		if err != nil || len(sfs) != 1 || sfs[0].Path != 1 || sfs[0].Token != 0x1234 {
 			t.Errorf("new subflow table %v (%v), want the one entry on path 1", sfs, err)
 		}
+		// The new programs find it where table_ctl stored it.
+		frame := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Flags: testpkt.ACK}}.Bytes()
+		if mark := run(t, dp.objs.PodEgress, frame, skbContext{}); mark&dp.markMask == 0 || dp.pathOfMark(t, mark) != 1 {
+			t.Errorf("a packet of the migrated subflow got mark %#x, want path 1", mark)
+		}
 		if err := dp.RollbackMigration(); err != nil {
 			return err
 		}
@@ -442,6 +474,107 @@ func TestMigrationRollsBackThenCommits(t *testing.T) {
 		return dp2.Unpin()
 	})
 	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A subflow the old programs place between the copy and the switch is
+// carried into the new table by the catch-up, and one the new programs
+// stored in the meantime is kept as they stored it.
+func TestMigrationIntoTheTableCatchesUpWhatTheOldProgramsAdded(t *testing.T) {
+	ns := throwawayNetns(t)
+	dir := migrationPinDir(t)
+	err := netnsutil.Do(ns, func() error {
+		loadOldRelease(t, dir)
+		old, err := ebpf.LoadPinnedMap(filepath.Join(dir, "subflows"), nil)
+		if err != nil {
+			return err
+		}
+		defer old.Close()
+		dp, err := Load(Options{PinDir: dir, Migrate: true})
+		if err != nil {
+			return err
+		}
+		defer dp.Close()
+		late, mine := oldSubflowKey(40001), oldSubflowKey(40002)
+		if err := old.Put(&late, &datapathSubflow{Path: 2, Role: 2, Token: 0x77}); err != nil {
+			return err
+		}
+		if err := old.Put(&mine, &datapathSubflow{Path: 3, Role: 1}); err != nil {
+			return err
+		}
+		putSubflow(t, dp, mine, datapathSubflow{Path: 4, Role: 1})
+		if err := dp.catchUp(); err != nil {
+			return err
+		}
+		if got := lookupSubflow(t, dp, late); got.Path != 2 || got.Role != 2 || got.Token != 0x77 {
+			t.Errorf("subflow added after the copy: %+v, want path 2, responder, token 0x77", got)
+		}
+		if got := lookupSubflow(t, dp, mine); got.Path != 4 {
+			t.Errorf("subflow the new programs stored: path %d after the catch-up, want their 4", got.Path)
+		}
+		if sfs, err := dp.Subflows(); err != nil || len(sfs) != 3 {
+			t.Errorf("%d subflows after the catch-up (%v), want 3", len(sfs), err)
+		}
+		return dp.RollbackMigration()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The previous release's police buckets, an LRU hash keyed by a 28-byte
+// struct rate_key, move into the police table with their keys widened (the
+// new pad2 zero) and their theoretical arrival times kept.
+func TestMigrationMovesPoliceBucketsIntoTheTable(t *testing.T) {
+	dir := migrationPinDir(t)
+	spec, err := loadDatapath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var key *btf.Struct
+	if err := spec.Types.TypeByName("rate_key", &key); err != nil {
+		t.Fatal(err)
+	}
+	oldKey := *key
+	oldKey.Size = 28
+	oldKey.Members = slices.DeleteFunc(slices.Clone(key.Members), func(m btf.Member) bool { return m.Name == "pad2" })
+	var bucket *btf.Struct
+	if err := spec.Types.TypeByName("rate_bucket", &bucket); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{Name: "rate_buckets", Type: ebpf.LRUHash, KeySize: 28, ValueSize: 8, MaxEntries: 32768,
+		Key: &oldKey, Value: bucket, Pinning: ebpf.PinByName}, ebpf.MapOptions{PinPath: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	want := map[datapathRateKey]uint64{}
+	for i := range uint32(50) {
+		k := datapathRateKey{Id: 0xabc00 + i, Rule: 3, Family: 2, Kind: rateKindConn, Dir: 1}
+		copy(k.Addr[:], clientPod.AsSlice())
+		raw := rawBytes(k)[:28]
+		if err := old.Put(raw, uint64(1000+i)); err != nil {
+			t.Fatal(err)
+		}
+		want[k] = uint64(1000 + i)
+	}
+	dp, err := Load(Options{PinDir: dir, Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if got := dp.MigratedMaps(); !slices.Contains(got, "rate_buckets") {
+		t.Fatalf("migrated %v, want rate_buckets among them", got)
+	}
+	got := map[datapathRateKey]uint64{}
+	if err := readTable(dp.objs.RateBuckets, policeWays, func(e *datapathPoliceEntry) { got[e.Key] = e.Value.TatNs }); err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("police table after migration: %d buckets, want the %d carried over with their times", len(got), len(want))
+	}
+	if err := dp.RollbackMigration(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -432,17 +433,11 @@ func TestRatePoliceChargesAConnectionsSubflowsToOneBucket(t *testing.T) {
 	if ret, _ := runOut(t, egress, data(40001)); ret != tcActShot {
 		t.Errorf("the join's data passed (verdict %d) after the connection's bucket emptied: charged to a bucket of its own", int32(ret))
 	}
-	var k datapathRateKey
-	var v datapathRateBucket
-	conn := false
-	it := dp.objs.RateBuckets.Iterate()
-	for it.Next(&k, &v) {
-		conn = conn || (k.Kind == rateKindConn && k.Id == tokenOf(serverKey))
-	}
-	if err := it.Err(); err != nil {
+	keys, err := dp.policeKeys()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if !conn {
+	if !slices.ContainsFunc(keys, func(k datapathRateKey) bool { return k.Kind == rateKindConn && k.Id == tokenOf(serverKey) }) {
 		t.Error("no bucket keyed by the connection's canonical token")
 	}
 }

@@ -80,35 +80,47 @@ func (d *Datapath) ConnectionStats() (map[ConnKey]TrafficCounters, error) {
 	return out, nil
 }
 
-// TableOccupancy is one LRU table's fill and its evictions.
+// TableOccupancy is one table's fill and its evictions.
 type TableOccupancy struct {
-	// Entries live now, and the table's capacity.
+	// Entries live now, of Capacity.
 	Entries, Capacity int
-	// Evictions the kernel's LRU made to fit new entries: entries the
-	// programs created, minus those the agent deleted, minus those still
-	// live. Exact while nothing else deletes entries; a pinned table
-	// carries its counts across agent restarts, since the counters live in
-	// the (pinned) stats map.
+	// Evictions is how many entries were pushed out to make room, since
+	// the table was created. It carries its counts across agent restarts,
+	// since the counters live in the (pinned) stats map.
 	Evictions uint64
 }
 
-// Occupancy returns the fill and evictions of the subflow and connection
-// tables.
-func (d *Datapath) Occupancy() (subflows, conns TableOccupancy, err error) {
+// Occupancy returns the fill and evictions of the datapath's tables, by
+// name: "subflows", "connections" (an LRU map, whose evictions are derived
+// from its inserts, deletions and fill) and "police_buckets".
+func (d *Datapath) Occupancy() (map[string]TableOccupancy, error) {
 	st, err := d.Stats()
 	if err != nil {
-		return subflows, conns, err
+		return nil, err
 	}
-	if subflows, err = occupancy(d.objs.Subflows, st[StatSubflowInsert], st[StatSubflowForgotten]); err != nil {
-		return subflows, conns, fmt.Errorf("subflow table: %w", err)
+	out := map[string]TableOccupancy{}
+	var live int
+	if err := readTable(d.objs.Subflows, subflowWays, func(*datapathSubflowEntry) { live++ }); err != nil {
+		return nil, fmt.Errorf("subflow table: %w", err)
 	}
-	if conns, err = occupancy(d.objs.ConnStates, st[StatConnInsert], st[StatConnForgotten]); err != nil {
-		return subflows, conns, fmt.Errorf("connection table: %w", err)
+	out["subflows"] = TableOccupancy{Entries: live, Capacity: tableCapacity(d.objs.Subflows), Evictions: st[StatSubflowEvicted]}
+	live = 0
+	if err := readTable(d.objs.RateBuckets, policeWays, func(*datapathPoliceEntry) { live++ }); err != nil {
+		return nil, fmt.Errorf("police buckets: %w", err)
 	}
-	return subflows, conns, nil
+	out["police_buckets"] = TableOccupancy{Entries: live, Capacity: tableCapacity(d.objs.RateBuckets), Evictions: st[StatPoliceEvicted]}
+	conns, err := lruOccupancy(d.objs.ConnStates, st[StatConnInsert], st[StatConnForgotten])
+	if err != nil {
+		return nil, fmt.Errorf("connection table: %w", err)
+	}
+	out["connections"] = conns
+	return out, nil
 }
 
-func occupancy(m *ebpf.Map, inserts, forgotten uint64) (TableOccupancy, error) {
+// tableCapacity is how many entries a table map holds.
+func tableCapacity(m *ebpf.Map) int { return int(m.MaxEntries()) * tableWays }
+
+func lruOccupancy(m *ebpf.Map, inserts, forgotten uint64) (TableOccupancy, error) {
 	o := TableOccupancy{Capacity: int(m.MaxEntries())}
 	key := make([]byte, m.KeySize())
 	it := m.Iterate()

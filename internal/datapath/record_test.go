@@ -90,8 +90,9 @@ func TestRecordCountersAreExact(t *testing.T) {
 	}
 }
 
-// Occupancy counts the live entries of the LRU tables; evictions are the
-// entries created minus the live ones minus those the agent deleted.
+// Occupancy counts the live entries of the tables; the connection table's
+// evictions are the entries created minus the live ones minus those the
+// agent deleted, the subflow table counts its own.
 func TestOccupancyAndEvictions(t *testing.T) {
 	dp := loadForTest(t)
 	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1}}})
@@ -107,29 +108,26 @@ func TestOccupancyAndEvictions(t *testing.T) {
 	if err := dp.ForgetSubflow(netip.AddrPortFrom(clientPod, 40001), netip.AddrPortFrom(serverPod, 80)); err != nil {
 		t.Fatal(err)
 	}
-	sf, conn, err := dp.Occupancy()
+	tables, err := dp.Occupancy()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sf.Entries != 4 || sf.Capacity != 65536 || sf.Evictions != 0 {
+	if sf := tables["subflows"]; sf.Entries != 4 || sf.Capacity != 65536 || sf.Evictions != 0 {
 		t.Errorf("subflow table %+v, want 4 of 65536, no evictions", sf)
 	}
-	if conn.Entries != 1 || conn.Capacity != 16384 || conn.Evictions != 0 {
+	if conn := tables["connections"]; conn.Entries != 1 || conn.Capacity != 16384 || conn.Evictions != 0 {
 		t.Errorf("connection table %+v, want 1 of 16384, no evictions", conn)
 	}
-	// An entry that vanishes without the agent (as an LRU eviction does)
-	// shows as an eviction.
-	var k datapathFlowKey
-	var v datapathSubflow
-	it := dp.objs.Subflows.Iterate()
-	if !it.Next(&k, &v) {
-		t.Fatal(it.Err())
+	if pb := tables["police_buckets"]; pb.Entries != 0 || pb.Capacity != 32768 || pb.Evictions != 0 {
+		t.Errorf("police buckets %+v, want none of 32768", pb)
 	}
-	if err := dp.objs.Subflows.Delete(&k); err != nil {
+	// A connection entry that vanishes without the agent (as an LRU
+	// eviction does) shows as an eviction.
+	if _, err := deleteKeysWhere(dp.objs.ConnStates, func(datapathConnKey) bool { return true }); err != nil {
 		t.Fatal(err)
 	}
-	if sf, _, err = dp.Occupancy(); err != nil || sf.Entries != 3 || sf.Evictions != 1 {
-		t.Fatalf("after an unannounced removal: %+v, %v; want 3 entries, 1 eviction", sf, err)
+	if tables, err = dp.Occupancy(); err != nil || tables["connections"].Entries != 0 || tables["connections"].Evictions != 1 {
+		t.Fatalf("after an unannounced removal: %+v, %v; want no connection, 1 eviction", tables["connections"], err)
 	}
 	if got := stat(t, dp, StatSubflowInsert); got != 5 {
 		t.Fatalf("StatSubflowInsert = %d, want 5", got)
@@ -209,9 +207,7 @@ func TestRecordPodSlotsAreNeverShared(t *testing.T) {
 	slotAfter := func(packets uint64) {
 		t.Helper()
 		run(t, dp.objs.PodEgress, frame, skbContext{})
-		if err := dp.objs.Subflows.Lookup(&k, &sf); err != nil {
-			t.Fatal(err)
-		}
+		sf = lookupSubflow(t, dp, k)
 		if sf.PodSlot != a.PodSlot {
 			t.Errorf("the subflow entry's slot is %d after a packet, want the endpoint's %d", sf.PodSlot, a.PodSlot)
 		}
@@ -227,8 +223,6 @@ func TestRecordPodSlotsAreNeverShared(t *testing.T) {
 	// An entry without a slot, as an upgrade leaves the subflows it
 	// carries over, learns the pod's on its next packet.
 	sf.PodSlot = 0
-	if err := dp.objs.Subflows.Put(&k, &sf); err != nil {
-		t.Fatal(err)
-	}
+	putSubflow(t, dp, k, sf)
 	slotAfter(2)
 }

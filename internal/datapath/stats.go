@@ -38,10 +38,15 @@ const (
 	// rule is down.
 	StatAllPathsDown = datapathStatIdSTAT_ALL_PATHS_DOWN
 	// StatSubflowInsert and StatConnInsert count entries created in the
-	// subflow and connection tables (LRU evictions are derived from them).
+	// subflow and connection tables (the connection table's LRU
+	// evictions are derived from them).
 	StatSubflowInsert = datapathStatIdSTAT_SUBFLOW_INSERT
 	StatConnInsert    = datapathStatIdSTAT_CONN_INSERT
-	// StatMapUpdateFailed: a table update the kernel refused.
+	// StatSubflowEvicted and StatPoliceEvicted count entries of the
+	// subflow table and of the police buckets evicted from a full bucket.
+	StatSubflowEvicted = datapathStatIdSTAT_SUBFLOW_EVICTED
+	StatPoliceEvicted  = datapathStatIdSTAT_POLICE_EVICTED
+	// StatMapUpdateFailed: a table update that was not stored.
 	StatMapUpdateFailed = datapathStatIdSTAT_MAP_UPDATE_FAILED
 	// StatSubflowForgotten and StatConnForgotten count the agent's own
 	// deletions (ForgetSubflow, ForgetConnection).
@@ -220,25 +225,30 @@ func (d *Datapath) Subflows() ([]Subflow, error) {
 
 // subflowsIn lists a subflow table laid out as this release's.
 func subflowsIn(m *ebpf.Map) ([]Subflow, error) {
-	var out []Subflow
-	var k datapathFlowKey
-	var v datapathSubflow
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, Subflow{
-			Local:     netip.AddrPortFrom(addrFrom(k.Family, k.Saddr), ntohs(k.Sport)),
-			Remote:    netip.AddrPortFrom(addrFrom(k.Family, k.Daddr), ntohs(k.Dport)),
-			Path:      v.Path,
-			Role:      Role(v.Role),
-			Token:     v.Token,
-			Rule:      v.Rule,
-			Conn:      v.Conn,
-			CreatedNs: v.CreatedNs,
-			Counters: TrafficCounters{TxPackets: v.TxPackets, TxBytes: v.TxBytes,
-				RxPackets: v.RxPackets, RxBytes: v.RxBytes},
-		})
+	entries, err := subflowEntries(m)
+	if err != nil {
+		return nil, err
 	}
-	return out, it.Err()
+	out := make([]Subflow, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, subflowOf(e.Key, e.Value))
+	}
+	return out, nil
+}
+
+func subflowOf(k datapathFlowKey, v datapathSubflow) Subflow {
+	return Subflow{
+		Local:     netip.AddrPortFrom(addrFrom(k.Family, k.Saddr), ntohs(k.Sport)),
+		Remote:    netip.AddrPortFrom(addrFrom(k.Family, k.Daddr), ntohs(k.Dport)),
+		Path:      v.Path,
+		Role:      Role(v.Role),
+		Token:     v.Token,
+		Rule:      v.Rule,
+		Conn:      v.Conn,
+		CreatedNs: v.CreatedNs,
+		Counters: TrafficCounters{TxPackets: v.TxPackets, TxBytes: v.TxBytes,
+			RxPackets: v.RxPackets, RxBytes: v.RxBytes},
+	}
 }
 
 // Connection is a connection as this node knows it, keyed by the local pod
