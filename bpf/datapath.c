@@ -399,6 +399,14 @@ static __always_inline void count_subflow(struct subflow *sf, __u32 len, bool tx
 	}
 }
 
+/* A pure ACK: the ACK flag alone (no SYN, FIN or RST) and no payload. */
+static __always_inline bool is_pure_ack(const struct packet *pkt)
+{
+	return (pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_ACK)) ==
+		   TCP_FLAG_ACK &&
+	       pkt->len == (__u32)pkt->l4_off + pkt->tcp_hlen;
+}
+
 /* A SYN without ACK opens a subflow; SYN-ACKs and everything later do not. */
 static __always_inline bool is_opening_syn(const struct packet *pkt)
 {
@@ -1067,9 +1075,14 @@ int pod_ingress(struct __sk_buff *skb)
 	}
 	count_subflow_pod(sf, pkt.family, pkt.daddr, pkt.len, false);
 	count_subflow(sf, pkt.len, false);
-	backup_act(skb, &pkt, sf);
-	backup_prio_act(skb, &pkt, sf);
-	block_add_addr(skb, &pkt, sf);
+	/* Each actor is called only for the packets it may change (it checks
+	 * again): most packets, data, are none of them. */
+	if (has_mptcp(&pkt, MPTCP_SUB_JOIN))
+		backup_act(skb, &pkt, sf);
+	if (is_pure_ack(&pkt))
+		backup_prio_act(skb, &pkt, sf);
+	if (has_mptcp(&pkt, MPTCP_SUB_ADD_ADDR))
+		block_add_addr(skb, &pkt, sf);
 	return rate_packet(skb, &pkt, &fk, sf, RATE_DIR_INGRESS);
 }
 

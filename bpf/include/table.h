@@ -249,6 +249,19 @@ static __always_inline void table_publish(struct table_head *b, __u32 w, __u32 t
 	__sync_val_compare_and_swap(&b->tag[w & (TABLE_WAYS - 1)], TABLE_TAG_BUSY, tag);
 }
 
+/* table_store writes key and value into way w of b, which the caller
+ * claimed, marks it used and publishes it under tag; returns the value. */
+static __always_inline void *table_store(struct table_head *b, __u32 w, __u32 tag, const __u64 *key,
+					 __u32 key_words, const __u64 *value, __u32 value_words)
+{
+	__u64 *e = table_entry(b, w, key_words + value_words);
+
+	table_fill(e, key, key_words, value, value_words);
+	table_mark_used(b, w);
+	table_publish(b, w, tag);
+	return e + key_words;
+}
+
 /* table_victim chooses the way to evict from the full bucket b: the first
  * live way not looked up since the bucket's last eviction, else the hand's.
  * Every way then starts over as unused. */
@@ -296,33 +309,23 @@ static __always_inline void *table_insert(void *map, __u32 bits, const __u64 *ke
 		}
 		if (!table_claim(b, w, tag))
 			return NULL;
-		table_fill(e, key, key_words, value, value_words);
-		table_publish(b, w, tag);
 		*result = TABLE_REPLACED;
-		return e + key_words;
+		return table_store(b, w, tag, key, key_words, value, value_words);
 	}
 #pragma unroll
 	for (int w = 0; w < TABLE_WAYS; w++) {
 		if (b->tag[w] != TABLE_TAG_EMPTY || !table_claim(b, w, TABLE_TAG_EMPTY))
 			continue;
-		e = table_entry(b, w, entry_words);
-		table_fill(e, key, key_words, value, value_words);
-		table_mark_used(b, w);
-		table_publish(b, w, tag);
 		*result = TABLE_INSERTED;
-		return e + key_words;
+		return table_store(b, w, tag, key, key_words, value, value_words);
 	}
 	for (int i = 0; i < TABLE_INSERT_ATTEMPTS; i++) {
 		victim = table_victim(b) & (TABLE_WAYS - 1);
 		old = b->tag[victim];
 		if (!(old & TABLE_TAG_LIVE) || !table_claim(b, victim, old))
 			continue;
-		e = table_entry(b, victim, entry_words);
-		table_fill(e, key, key_words, value, value_words);
-		table_mark_used(b, victim);
-		table_publish(b, victim, tag);
 		*result = TABLE_EVICTED;
-		return e + key_words;
+		return table_store(b, victim, tag, key, key_words, value, value_words);
 	}
 	return NULL;
 }
