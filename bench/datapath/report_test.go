@@ -50,39 +50,17 @@ func writeReport(path string) error {
 	}
 	b.WriteString("\nOne run per syscall adds the kernel's per-run timing and a cold start to every packet, so placements " +
 		"are compared with the empty program measured that way, not with the repeated one.\n")
-	b.WriteString("\nTarget (issue 3): the full chain under 100 ns per packet. Not met on this machine, where the empty " +
-		"program alone takes 26 to 30 ns. What brought it down so far (medians, this machine): reading the fixed " +
-		"headers in place (direct packet access) instead of copying each with bpf_skb_load_bytes, reading the common " +
-		"option layout (NOP, NOP, timestamps, one MPTCP option) in place instead of copying and walking it, and " +
-		"keeping the TCP header length from the parse took 94 to about 41 ns (non-TCP), 263 to about 101 (plain TCP), " +
-		"366 to about 231 (DSS data) and 515 to about 340 (full chain) on 2026-11-22. On 2026-11-23 the in-place read " +
-		"learnt the padding Linux puts after a DSS with a mapping and no checksum (two NOPs; the benchmark's packets " +
-		"end with EOLs, read the same way): such packets, most of a transfer's data, had still been walked. With the " +
-		"per-subtype counters visiting only up to the highest subtype present, and police taking a known " +
-		"connection's bucket key from the subflow entry instead of a second subflow lookup, DSS data went from about " +
-		"219 to about 157 ns and the full chain (now with the connection learnt from its third ACK, as for any data " +
-		"packet after the handshake) from about 333 to about 239. A profile of the full chain (perf, cpu-clock) then put " +
-		"what was left in four hash lookups (the pod's counters, its subflow, the rate rule, the connection's bucket: " +
-		"about a third of the time), the clock police reads (read_tsc, about a tenth), the program's own code, and " +
-		"BPF_PROG_TEST_RUN's per-run work. Later on 2026-11-23 the rate rules moved into an array indexed by rule " +
-		"(an array lookup the verifier inlines) and police reads the coarse clock for buckets at least 100 ms deep " +
-		"(all of them by default; internal/datapath/rate.go, coarseClockMinDepth): the full chain went from about " +
-		"241 to about 208 ns in back-to-back runs on a quiet machine, and from 284 and 261 to 247 and 245 (medians " +
-		"of 5) in runs of the two builds taken in turn an hour later, when this VM was noisier; the table's run " +
-		"may catch either mood, which the ratio to the empty program only partly corrects. Measured by taking each piece out " +
-		"in turn, what a DSS data packet still pays on top of the empty program: the pod's counters (a per-CPU hash " +
-		"lookup by address) about 30 ns, the subflow lookup (a 40-byte key) about 25, the parse about 25; the " +
-		"subflow's atomic counters nothing measurable. Police adds the connection's bucket (a hash lookup) and its " +
-		"compare-and-swap. Then the pod's counters moved into a per-CPU array at a slot the endpoint and the subflow " +
-		"entry carry (pod_records): in back-to-back runs DSS data went from about 140 to about 121 ns, the full chain " +
-		"from about 208..245 to about 184, the chain into the pod from about 240 to about 214. Until then this " +
-		"benchmark's police rule (1 Tbit/s, 1 GiB) was too shallow for the coarse clock; at 40 Gbit/s it reads the " +
-		"coarse clock as a rule with the default depth does, which is the table above. What is left of the " +
-		"full chain, beyond the empty program: the parse, two hash lookups (the subflow, the connection's bucket), " +
-		"the bucket's compare-and-swap and the coarse clock, and the per-subtype and per-path counters (array " +
-		"lookups). A next step would be the connection's bucket at an index the subflow entry carries, as the pod's " +
-		"counters are; the 100 ns target needs that and more on this machine. The same chain into the pod (police " +
-		"on what it receives, the backup and block actors' checks) costs a little more.\n")
+	b.WriteString("\nTarget (issue 3): the full chain under 100 ns per packet, the empty program's own 30 to 40 ns on " +
+		"these VMs included. On these VMs every kernel function return is mitigated (SRSO safe RET, retpolines), so " +
+		"calls, not instructions, set the cost: a BPF hash map's lookup (hash, bucket walk, memcmp, each a call) " +
+		"cost about 40 ns, a BPF-to-BPF call several. What the full chain pays now, beyond the empty program: the " +
+		"parse of the common layout, inline; one lookup in the subflow table and one in the police table, inline " +
+		"(docs/datapath.md, tables looked up inline); the pod's and path's counters (array lookups) and the " +
+		"subflow's atomic counters; the police bucket's charge (a multiplication by a constant user space derived, " +
+		"a compare-and-swap, the coarse clock). No call but the clock's. The chain into the pod calls no actor for " +
+		"a data packet (each one's trigger is tested inline first). The benchmark sends one flow, so its buckets " +
+		"stay in the cache, as the hash maps' did before; many flows add cache misses to both. The section below " +
+		"compares this build with the one before these changes, run in turn.\n")
 
 	return benchdoc.ReplaceSection(path, section, b.String())
 }
