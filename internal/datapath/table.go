@@ -135,23 +135,6 @@ func rawBytes(v any) []byte {
 	return b
 }
 
-// insertTable stores key with value in table id; replace says whether an
-// existing entry of the key is rewritten or kept.
-func (d *Datapath) insertTable(id tableID, key, value any, replace bool) (tableResult, error) {
-	op := datapathTableOpCodeTABLE_OP_INSERT_NEW
-	if replace {
-		op = datapathTableOpCodeTABLE_OP_INSERT
-	}
-	r, err := d.tableOp(id, op, rawBytes(key), rawBytes(value))
-	if err != nil {
-		return 0, err
-	}
-	if tableResult(r) == datapathTableResultTABLE_FAILED {
-		return 0, errors.New("table insert failed: its bucket is being written")
-	}
-	return tableResult(r), nil
-}
-
 // deleteTable frees key's entries in table id and says how many there were.
 func (d *Datapath) deleteTable(id tableID, key any) (int, error) {
 	n, err := d.tableOp(id, datapathTableOpCodeTABLE_OP_DELETE, rawBytes(key), nil)

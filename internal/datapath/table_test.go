@@ -14,11 +14,22 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 )
 
+// insertSubflow stores a subflow entry through table_ctl; replace says
+// whether an existing entry of the key is rewritten or kept.
+func insertSubflow(dp *Datapath, k datapathFlowKey, v datapathSubflow, replace bool) (tableResult, error) {
+	op := datapathTableOpCodeTABLE_OP_INSERT_NEW
+	if replace {
+		op = datapathTableOpCodeTABLE_OP_INSERT
+	}
+	r, err := dp.tableOp(tableSubflows, op, rawBytes(k), rawBytes(v))
+	return tableResult(r), err
+}
+
 // putSubflow stores a subflow entry through table_ctl, as user space may.
 func putSubflow(t *testing.T, dp *Datapath, k datapathFlowKey, v datapathSubflow) {
 	t.Helper()
-	if _, err := dp.insertTable(tableSubflows, k, v, true); err != nil {
-		t.Fatal(err)
+	if r, err := insertSubflow(dp, k, v, true); err != nil || r == datapathTableResultTABLE_FAILED {
+		t.Fatalf("storing a subflow: %v, %v", r, err)
 	}
 }
 
@@ -369,16 +380,16 @@ func TestTableCtlRefusesUnknownRequests(t *testing.T) {
 	if b := new(bytes.Buffer); binary.Write(b, binary.NativeEndian, words) != nil || !bytes.Equal(b.Bytes(), rawBytes(k)) {
 		t.Errorf("key words %x do not hold the key's bytes %x", b.Bytes(), rawBytes(k))
 	}
-	if r, err := dp.insertTable(tableSubflows, k, datapathSubflow{Path: 1}, false); err != nil || r != datapathTableResultTABLE_INSERTED {
+	if r, err := insertSubflow(dp, k, datapathSubflow{Path: 1}, false); err != nil || r != datapathTableResultTABLE_INSERTED {
 		t.Fatalf("insert: %v, %v", r, err)
 	}
-	if r, err := dp.insertTable(tableSubflows, k, datapathSubflow{Path: 2}, false); err != nil || r != datapathTableResultTABLE_EXISTS {
+	if r, err := insertSubflow(dp, k, datapathSubflow{Path: 2}, false); err != nil || r != datapathTableResultTABLE_EXISTS {
 		t.Fatalf("insert of an existing key without replace: %v, %v", r, err)
 	}
 	if got := lookupSubflow(t, dp, k); got.Path != 1 {
 		t.Errorf("path %d after an insert without replace, want 1 kept", got.Path)
 	}
-	if r, err := dp.insertTable(tableSubflows, k, datapathSubflow{Path: 2}, true); err != nil || r != datapathTableResultTABLE_REPLACED {
+	if r, err := insertSubflow(dp, k, datapathSubflow{Path: 2}, true); err != nil || r != datapathTableResultTABLE_REPLACED {
 		t.Fatalf("insert with replace: %v, %v", r, err)
 	}
 	if got := lookupSubflow(t, dp, k); got.Path != 2 {
