@@ -227,12 +227,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } settings SEC(".maps");
 
-static __always_inline void count(__u32 id)
+static __always_inline void count_n(__u32 id, __u64 n)
 {
 	__u64 *v = bpf_map_lookup_elem(&stats, &id);
 
 	if (v)
-		*v += 1;
+		*v += n;
+}
+
+static __always_inline void count(__u32 id)
+{
+	count_n(id, 1);
 }
 
 static __always_inline void count_path(__u32 path, __u32 len, bool tx)
@@ -524,11 +529,18 @@ __noinline int learn_connection(struct __sk_buff *skb, const struct packet *pkt,
 	return 0;
 }
 
-static __always_inline bool path_usable(__u32 path)
+/* path_up is 1 when path may take subflows, else 0, without a branch (see
+ * claim_path). */
+static __always_inline __u32 path_up(__u32 path)
 {
 	struct path_state *ps = bpf_map_lookup_elem(&path_states, &path);
 
-	return !ps || !(ps->flags & PATH_DOWN);
+	return ps ? 1 - (ps->flags & PATH_DOWN) : 1;
+}
+
+static __always_inline bool path_usable(__u32 path)
+{
+	return path_up(path);
 }
 
 /* rule_path is the path in slot of r's list; the mask keeps the verifier
@@ -574,22 +586,6 @@ static __always_inline __u32 below(__u32 a, __u32 b)
 
 	asm volatile("" : "+r"(d));
 	return d >> 63;
-}
-
-/* path_up is 1 when path may take subflows, else 0, without a branch. */
-static __always_inline __u32 path_up(__u32 path)
-{
-	struct path_state *ps = bpf_map_lookup_elem(&path_states, &path);
-
-	return ps ? 1 - (ps->flags & PATH_DOWN) : 1;
-}
-
-static __always_inline void count_n(__u32 id, __u64 n)
-{
-	__u64 *v = bpf_map_lookup_elem(&stats, &id);
-
-	if (v)
-		*v += n;
 }
 
 /* claim_path takes, for a join of the connection ck (its conn_states key),
@@ -986,7 +982,7 @@ __noinline int pod_egress_unknown(struct __sk_buff *skb, const struct packet *pk
 {
 	struct subflow nsf = {};
 	struct endpoint *ep;
-	int ret;
+	int placed = -1;
 
 	if (!skb || !pkt || !fk)
 		return UNKNOWN_COUNTED;
@@ -995,18 +991,15 @@ __noinline int pod_egress_unknown(struct __sk_buff *skb, const struct packet *pk
 		return UNKNOWN_COUNTED;
 	if (is_opening_syn(pkt) && handshake_subtype(pkt) != MPTCP_SUB_NONE) {
 		nsf.pod_slot = ep->pod_slot;
-		ret = place_subflow(skb, pkt, ep, &nsf);
-		if (ret == 0) {
+		placed = place_subflow(skb, pkt, ep, &nsf);
+		if (placed == 0) {
+			/* Counted as the subflow's first packet by the caller. */
 			insert_subflow(fk, &nsf);
 			return UNKNOWN_PLACED;
 		}
-		if (ret == PLACE_REFUSED) {
-			count_pod(ep->pod_slot, pkt->family, pkt->saddr, pkt->len, true);
-			return UNKNOWN_REFUSED;
-		}
 	}
 	count_pod(ep->pod_slot, pkt->family, pkt->saddr, pkt->len, true);
-	return UNKNOWN_COUNTED;
+	return placed == PLACE_REFUSED ? UNKNOWN_REFUSED : UNKNOWN_COUNTED;
 }
 
 /* pod_egress sees what a pod sends (TC ingress of its host-side veth). A
@@ -1230,7 +1223,8 @@ static __always_inline int table_run(void *map, __u32 bits, __u32 code, const __
 
 /* table_ctl is how user space changes the tables (table.h): the agent
  * forgetting subflows and a migration filling a new table run it with a
- * struct table_op as context (BPF_PROG_RUN). Nothing else writes them. */
+ * struct table_op as context (BPF_PROG_RUN). User space writes the tables
+ * through nothing else. */
 SEC("syscall")
 int table_ctl(struct table_op *op)
 {

@@ -89,7 +89,7 @@ enum parse_result {
 	PARSE_OK = 0,
 	PARSE_NOT_TCP = 1, /* not IP, not TCP, or a non-first fragment */
 	PARSE_MALFORMED = 2,
-	/* Internal to this file: the in-place read of the common layout
+	/* Internal to this file: the inline read of the common headers
 	 * declines, the full parser decides. Never returned by parse_packet. */
 	PARSE_SLOW = 3,
 };

@@ -8,7 +8,6 @@
 #define NSEC_PER_SEC	  1000000000ULL
 #define TCP_WINDOW_OFF	  14 /* offset of the window field in the TCP header */
 #define TCP_CHECK_OFF	  16
-#define TCP_DOFF_OFF	  12
 #define RATE_CAS_RETRIES  4
 #define RATE_WINDOW_FLOOR 1460 /* bytes: one full-sized segment on Ethernet */
 
