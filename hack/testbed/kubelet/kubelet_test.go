@@ -60,7 +60,7 @@ func (f *fixture) probePod(name, node string, gates ...string) *corev1.Pod {
 			Containers: []corev1.Container{{
 				Name: "probe", Image: "none",
 				Command: []string{"sh", "-c"},
-				Args:    []string{fmt.Sprintf("env > %[1]s.env.tmp && mv %[1]s.env.tmp %[1]s.env; readlink /proc/self/ns/net > %[1]s.ns; exec sleep 600", out)},
+				Args:    []string{fmt.Sprintf("env > %[1]s.env.tmp && mv %[1]s.env.tmp %[1]s.env; readlink /proc/self/ns/net > %[1]s.ns.tmp && mv %[1]s.ns.tmp %[1]s.ns; exec sleep 600", out)},
 				Env: []corev1.EnvVar{
 					{Name: "GREETING", Value: "hello"},
 					{Name: "ECHO", Value: "$(GREETING) world"},
