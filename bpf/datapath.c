@@ -274,8 +274,9 @@ __noinline int record_mptcp_options(__u32 seen, __u32 invalid)
 
 	if (invalid)
 		count(STAT_MPTCP_OPT_INVALID);
-	/* Up to the highest subtype present: a data packet carries a DSS
-	 * (subtype 2) alone, three turns instead of sixteen. */
+	/* Up to the highest subtype present, not all sixteen. (A lone DSS,
+	 * most packets, is counted inline by parse_counted and never gets
+	 * here.) */
 	for (__u32 i = 0; i < MPTCP_SUBTYPES && (bits >> i); i++) {
 		struct mptcp_subtype_stats *st;
 		__u32 bit = 1U << i;

@@ -396,16 +396,15 @@ static __always_inline int rate_packet(struct __sk_buff *skb, const struct packe
 {
 	__u32 rule = sf->rule;
 	struct rate_cfg *cfg = bpf_map_lookup_elem(&rate_rules, &rule);
-	struct rate_key k = {};
+	struct rate_key k;
 
 	if (!cfg || (cfg->mode != RATE_MODE_WINDOW && cfg->mode != RATE_MODE_POLICE))
-		return TCX_NEXT;
+		return TCX_NEXT; /* most subflows: no key built */
 	if (cfg->mode != RATE_MODE_POLICE || !sf->conn || (pkt->tcp_flags & TCP_FLAG_SYN))
 		return rate_act(skb, pkt, fk, sf, dir);
 	if (!rate_police_due(cfg, pkt, dir))
 		return TCX_NEXT;
-	k.rule = rule;
-	k.dir = dir;
+	k = (struct rate_key){.rule = rule, .dir = dir};
 	rate_conn_key(&k, fk, sf->conn, NULL, 0);
 	return rate_police(pkt, cfg, &k, sf->path, rate_clock(cfg));
 }

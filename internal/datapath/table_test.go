@@ -3,6 +3,7 @@ package datapath
 import (
 	"bytes"
 	"encoding/binary"
+	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -63,7 +64,7 @@ func bucketOf(t *testing.T, dp *Datapath, k datapathFlowKey) uint32 {
 	for i := 0; i < len(raw)/8; i++ {
 		h += binary.NativeEndian.Uint64(raw[8*i:]) * (seed.Seed[i+1] | 1)
 	}
-	return uint32(h >> (64 - 14)) // SUBFLOW_TABLE_BITS
+	return uint32(h >> (64 - (bits.Len32(dp.objs.Subflows.MaxEntries()) - 1))) // SUBFLOW_TABLE_BITS
 }
 
 // rawBucket reads bucket idx of the subflow table.
