@@ -38,7 +38,9 @@ func TestBackupSubflowIsBackupInThePodAndCarriesAlmostNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = srv.Proc.Stop(2 * time.Second) }()
+	defer func() { _ = srv.Stop() }()
+	w := bed.Watch(t, datapathEvidence(bed))
+	defer w.Close()
 
 	_, tx0 := nicBytes(t, bed, bed.Node(1))
 	type result struct {
@@ -55,20 +57,8 @@ func TestBackupSubflowIsBackupInThePodAndCarriesAlmostNothing(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	requireOneBackupSubflow(t, bed, client)
 	r := <-done
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
 	_, tx1 := nicBytes(t, bed, bed.Node(1))
-	got, err := srv.WaitReports(ctx, len(r.sent))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := testbed.MatchReports(r.sent, got); err != nil {
-		t.Fatal(err)
-	}
-	if !got[0].MPTCP {
-		t.Fatalf("the connection fell back to TCP: %+v", got[0])
-	}
+	finishTransfer(t, w, srv, r.sent, r.err)
 	active, backup := float64(tx1[0]-tx0[0]), float64(tx1[1]-tx0[1])
 	t.Logf("node 1 sent %.1f MB on the active path, %.3f MB on the backup path (%.2f%%)", active/1e6, backup/1e6, 100*backup/(active+backup))
 	if backup/(active+backup) >= 0.05 {
@@ -121,7 +111,9 @@ func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = srv.Proc.Stop(2 * time.Second) }()
+	defer func() { _ = srv.Stop() }()
+	w := bed.Watch(t, datapathEvidence(bed))
+	defer w.Close()
 	type result struct {
 		sent []testbed.SenderReport
 		err  error
@@ -159,19 +151,7 @@ func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 		t.Errorf("the path made backup carried %.2f%% of the bytes after the change, want under 5%%", 100*backup/(active+backup))
 	}
 	r := <-done
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	got, err := srv.WaitReports(ctx, len(r.sent))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := testbed.MatchReports(r.sent, got); err != nil {
-		t.Fatal(err)
-	}
-	if !got[0].MPTCP {
-		t.Fatalf("the connection fell back to TCP: %+v", got[0])
-	}
+	finishTransfer(t, w, srv, r.sent, r.err)
 	sent, _ := scrape(t, agents[0]).Value("mptcp_agent_datapath_events_total", "event", agent.EventName(datapath.StatBackupPrioSent))
 	if sent < 1 {
 		t.Errorf("node 1's agent counted %v MP_PRIO sent, want at least 1", sent)
@@ -246,21 +226,11 @@ func joinRefusedBy(t *testing.T, maxOnNode int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = srv.Proc.Stop(2 * time.Second) }()
+	defer func() { _ = srv.Stop() }()
+	w := bed.Watch(t, datapathEvidence(bed))
+	defer w.Close()
 	sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, port), true, "-conns", "1", "-duration", "4s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := srv.WaitReports(ctx, len(sent))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := testbed.MatchReports(sent, got); err != nil {
-		t.Fatal(err)
-	}
-	if !got[0].MPTCP {
-		t.Fatalf("the connection fell back to TCP: %+v", got[0])
-	}
+	finishTransfer(t, w, srv, sent, err)
 	if n := nstatValue(t, bed, server.NetNS, "MPTcpExtMPJoinSynRx") - joinsRx0; n != 1 {
 		t.Errorf("the server pod received %v join SYNs, want 1: the second must be refused before it", n)
 	}

@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -61,62 +59,32 @@ func senderCounters(t *testing.T, bed *testbed.Bed, pod *testbed.Pod) (out, retr
 // transfer sends from pod (1,1) to pod (2,1) for 8 s over one MPTCP
 // connection, and measures the server's goodput over [1.5 s, 7.5 s]. cc is
 // the sender's congestion control, "" for its namespace's default (which
-// the bed's namespaces take from the machine: bbr here). A transfer whose
-// connection failed or whose stream arrived changed is logged and run
-// again, three attempts at most, as runFlows does (docs/testing.md, the
-// kernel flake; police's drops make it likelier).
+// the bed's namespaces take from the machine: bbr here). The wires are
+// captured while it runs; a failed transfer fails the test with that
+// evidence (testbed.Watch) and is never tried again.
 func transfer(t *testing.T, bed *testbed.Bed, port int, cc string) rateRound {
 	t.Helper()
-	const attempts = 3
-	for attempt := 1; ; attempt++ {
-		r, err := transferOnce(t, bed, port, cc)
-		if err == nil {
-			return r
-		}
-		if attempt == attempts {
-			t.Fatalf("attempt %d of %d: %v", attempt, attempts, err)
-		}
-		t.Logf("attempt %d of %d, trying again: %v", attempt, attempts, err)
-	}
-}
-
-// transferOnce is one attempt of transfer; it returns the traffic's own
-// failures (a failed connection, a changed stream) as errors.
-func transferOnce(t *testing.T, bed *testbed.Bed, port int, cc string) (rateRound, error) {
-	t.Helper()
 	ctx := background(t)
+	w := bed.Watch(t, datapathEvidence(bed))
+	defer w.Close()
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
 	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true, "-warmup", "1500ms", "-window", "6s")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = srv.Proc.Stop(2 * time.Second) }()
 	out0, re0 := senderCounters(t, bed, client)
-	args := []string{"-conns", "1", "-duration", "8s"}
+	args := []string{"-conns", "1", "-duration", "8s", "-seed", strconv.Itoa(port)}
 	if cc != "" {
 		args = append(args, "-cc", cc)
 	}
-	sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true, args...)
-	if err != nil {
-		got, _ := srv.Reports()
-		return rateRound{}, fmt.Errorf("%w; sender reports %+v; server reports %+v", err, sent, got)
-	}
+	sent, sendErr := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true, args...)
 	out1, re1 := senderCounters(t, bed, client)
-	got, err := srv.WaitReports(ctx, len(sent))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := testbed.MatchReports(sent, got); err != nil {
-		return rateRound{}, err
-	}
-	if !got[0].MPTCP {
-		t.Fatalf("the connection fell back to TCP: %+v", got[0])
-	}
-	r := rateRound{goodput: got[0].GoodputBps}
+	rep := finishTransfer(t, w, srv, sent, sendErr)[sent[0].Local]
+	r := rateRound{goodput: rep.GoodputBps}
 	if out1 > out0 {
 		r.retrans = (re1 - re0) / (out1 - out0)
 	}
-	return r, nil
+	return r
 }
 
 // capHolds runs rounds transfers and checks the median goodput is within

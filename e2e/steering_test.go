@@ -22,25 +22,13 @@ type flow struct {
 	conns          int
 }
 
-// runFlows starts a server per flow, runs all clients at once for d, checks
-// every stream arrived with its hash, and returns the number of connections
-// of the attempt that succeeded. A traffic failure is logged and the
-// transfer tried again, as captureFlows does (the kernel flake
-// docs/testing.md describes), at most three times in all. Tests that assert
-// a running transfer survives something use startFlows, which never retries.
+// runFlows starts a server per flow, runs all clients at once for d,
+// checks every stream arrived as it was sent, and returns the number of
+// connections. Every wire is captured while it runs, and a failure keeps
+// that evidence (testbed.Watch); nothing is tried again.
 func runFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) int {
 	t.Helper()
-	const attempts = 3
-	for attempt := 1; ; attempt++ {
-		n, err := launchFlows(t, bed, flows, d)()
-		if err == nil {
-			return n
-		}
-		if !errors.Is(err, errTraffic) || attempt == attempts {
-			t.Fatalf("attempt %d of %d: %v", attempt, attempts, err)
-		}
-		t.Logf("attempt %d of %d, trying again: %v", attempt, attempts, err)
-	}
+	return startFlows(t, bed, flows, d)()
 }
 
 // startFlows starts what runFlows runs and returns at once; the function it
@@ -48,23 +36,22 @@ func runFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) int
 // connections.
 func startFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) (wait func() int) {
 	t.Helper()
-	w := launchFlows(t, bed, flows, d)
+	w := bed.Watch(t, datapathEvidence(bed))
+	run := launchFlows(t, bed, flows, d)
 	return func() int {
 		t.Helper()
-		n, err := w()
+		n, err := run()
 		if err != nil {
-			t.Fatal(err)
+			w.Fail(err)
 		}
+		w.Close()
 		return n
 	}
 }
 
-// errTraffic marks a failure of the traffic itself (a connection that failed
-// or a stream that arrived changed), as opposed to a failure to set it up.
-var errTraffic = errors.New("traffic failed")
-
-// launchFlows is startFlows returning the traffic's failures as errors
-// wrapping errTraffic.
+// launchFlows starts a server per flow and the clients, and returns a
+// function that waits for the clients, stops the servers and checks every
+// stream: a traffic failure is a *testbed.TrafficError.
 func launchFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) (wait func() (int, error)) {
 	t.Helper()
 	ctx := background(t)
@@ -83,62 +70,43 @@ func launchFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) 
 	results := make(chan result, len(flows))
 	for _, f := range flows {
 		go func() {
+			// Each flow sends streams of its own (seeded by its port), so
+			// that no two connections of a transfer carry the same bytes.
 			sent, err := bed.Send(ctx, bins.Traffic, f.client, netip.AddrPortFrom(f.server.Addr, uint16(f.port)), true,
-				"-conns", fmt.Sprint(f.conns), "-duration", d.String())
+				"-conns", fmt.Sprint(f.conns), "-duration", d.String(), "-seed", fmt.Sprint(f.port))
 			results <- result{sent, err}
 		}()
 	}
-	stop := func() {
-		for _, s := range servers {
-			_ = s.Proc.Stop(2 * time.Second)
-		}
-	}
 	return func() (int, error) {
-		total := 0
-		var failed []string
+		var sent []testbed.SenderReport
+		var failed []error
 		for range flows {
 			r := <-results
-			if r.err != nil {
-				for _, c := range r.sent {
-					if c.Error != "" {
-						failed = append(failed, fmt.Sprintf("connection %d from %s to %s after %d bytes: %s", c.Conn, c.Local, c.Remote, c.Bytes, c.Error))
-					}
-				}
-				failed = append(failed, r.err.Error())
-				continue
-			}
-			total += len(r.sent)
-			// Every server reports its connections; match this client's.
-			var got []testbed.ServerReport
-			for _, s := range servers {
-				reps, err := s.Reports()
-				if err != nil {
-					stop()
-					return 0, err
-				}
-				got = append(got, reps...)
-			}
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				if _, err := testbed.MatchReports(r.sent, got); err == nil {
-					break
-				} else if time.Now().After(deadline) {
-					failed = append(failed, "data check: "+err.Error())
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-				got = got[:0]
-				for _, s := range servers {
-					reps, _ := s.Reports()
-					got = append(got, reps...)
-				}
+			sent = append(sent, r.sent...)
+			if r.err != nil && len(r.sent) == 0 {
+				// The sender printed nothing: no connection to classify.
+				failed = append(failed, r.err)
 			}
 		}
-		stop()
-		if failed != nil {
-			return total, fmt.Errorf("%w:\n%s", errTraffic, strings.Join(failed, "\n"))
+		// Every sender has seen its server close each connection, and a
+		// server reports a connection before it closes it: the reports
+		// are complete. Stopping the servers reports any connection
+		// still open as stopped.
+		var got []testbed.ServerReport
+		for _, s := range servers {
+			if err := s.Stop(); err != nil {
+				failed = append(failed, err)
+			}
+			reps, err := s.Reports()
+			if err != nil {
+				failed = append(failed, err)
+			}
+			got = append(got, reps...)
 		}
-		return total, nil
+		if _, err := testbed.MatchReports(sent, got); err != nil {
+			failed = append(failed, err)
+		}
+		return len(sent), errors.Join(failed...)
 	}
 }
 
@@ -147,35 +115,25 @@ func launchFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) 
 const capturedTransfer = 2 * time.Second
 
 // captureFlows runs flows with captures on every wire and returns what
-// tshark makes of them, with the number of connections. On this kernel a
-// transfer under heavy load (several dumpcaps on two cores) has been seen to
-// stall for seconds, and a stalled MPTCP connection once delivered a changed
-// stream, also without the agent (see docs/testing.md). Such a traffic
-// failure is logged and the transfer tried again, at most three times in all;
-// the placement checks apply to the attempt whose traffic was whole.
+// tshark makes of them, with the number of connections. A traffic failure
+// fails the test with the captures kept as evidence.
 func captureFlows(t *testing.T, bed *testbed.Bed, flows []flow) (*testbed.Analysis, int) {
 	t.Helper()
-	const attempts = 3
-	for attempt := 1; ; attempt++ {
-		caps, err := bed.StartCaptures("tcp")
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns, err := launchFlows(t, bed, flows, capturedTransfer)()
-		if err != nil {
-			_, _ = caps.Stop()
-			if !errors.Is(err, errTraffic) || attempt == attempts {
-				t.Fatalf("attempt %d of %d: %v", attempt, attempts, err)
-			}
-			t.Logf("attempt %d of %d, trying again: %v", attempt, attempts, err)
-			continue
-		}
-		analysis, err := caps.Analyze()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return analysis, conns
+	w := bed.Watch(t, datapathEvidence(bed))
+	conns, err := launchFlows(t, bed, flows, capturedTransfer)()
+	if err != nil {
+		w.Fail(err)
 	}
+	files, err := w.Captures()
+	if err != nil {
+		t.Fatal(err)
+	}
+	analysis, err := testbed.Analyze(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	return analysis, conns
 }
 
 // crossTraffic is several concurrent connections in both directions between

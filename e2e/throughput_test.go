@@ -20,12 +20,16 @@ func TestAgentThroughputMatchesHandRoutedBaseline(t *testing.T) {
 	const rounds = 3
 	goodput := map[string][]float64{}
 	for round := 1; round <= rounds; round++ {
+		// Every scenario runs under the same captures, so their cost
+		// does not tilt the comparison.
+		w := bed.Watch(t, datapathEvidence(bed))
 		results, err := framework.Compare(background(t), bed, framework.CompareOptions{
 			Binaries: bins, Duration: 8 * time.Second, Warmup: 2 * time.Second, Conns: 1,
 		})
 		if err != nil {
-			t.Fatal(err)
+			w.Fail(err)
 		}
+		w.Close()
 		for _, r := range results {
 			t.Logf("round %d: %-30s goodput %6.1f Mbit/s, per NIC %.1f Mbit/s", round, r.Scenario, r.GoodputBps/1e6, r.NICMbps)
 			goodput[r.Scenario] = append(goodput[r.Scenario], r.GoodputBps)

@@ -47,9 +47,25 @@ lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint and clang-format on the B
 
 ##@ Test
 
+# Where tests keep the evidence of failed transfers (go test -artifacts)
+# and record the stalls they tried again; hack/test-summary.sh reports both.
+TEST_OUTPUT := $(CURDIR)/_output/test
+
 .PHONY: test
-test: deps envtest-assets ## Run every test (needs root: network namespaces, BPF, a real API server).
-	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) $(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
+test: deps envtest-assets ## Run every test (needs root: network namespaces, BPF, a real API server); then list retries and kept evidence.
+	@rm -rf $(TEST_OUTPUT) && mkdir -p $(TEST_OUTPUT)
+	rc=0; MPTCP_RETRY_LOG=$(TEST_OUTPUT)/retries.tsv KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) \
+		$(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) -artifacts -outputdir $(TEST_OUTPUT) ./... || rc=$$?; \
+	hack/test-summary.sh $(TEST_OUTPUT); exit $$rc
+
+# The data-integrity reproducer (docs/testing.md, "Data integrity"):
+# INTEGRITY_ROUNDS transfers per scenario, each checked byte by byte.
+INTEGRITY_ROUNDS ?= 20
+
+.PHONY: repro-integrity
+repro-integrity: deps ## Run the data-integrity reproducer in a loop (INTEGRITY_ROUNDS transfers per scenario; root).
+	@mkdir -p $(TEST_OUTPUT)
+	$(GO) test -count=1 -timeout 120m -v -run '^TestStreamsArriveWhole$$' -artifacts -outputdir $(TEST_OUTPUT) ./e2e/ -integrity.rounds=$(INTEGRITY_ROUNDS)
 
 ##@ Demo and benchmarks
 

@@ -133,7 +133,7 @@ func Transfer(ctx context.Context, bed *testbed.Bed, o CompareOptions, client, s
 	if err != nil {
 		return Measurement{}, err
 	}
-	defer func() { _ = srv.Proc.Stop(2 * time.Second) }()
+	defer func() { _ = srv.Stop() }()
 
 	node := client.Node
 	type snapshot struct{ tx []uint64 }
@@ -165,15 +165,18 @@ func Transfer(ctx context.Context, bed *testbed.Bed, o CompareOptions, client, s
 		}
 		resc <- r
 	}()
-	sent, err := bed.Send(ctx, o.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), mptcp,
-		"-conns", fmt.Sprint(o.Conns), "-duration", o.Duration.String())
+	sent, sendErr := bed.Send(ctx, o.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), mptcp,
+		"-conns", fmt.Sprint(o.Conns), "-duration", o.Duration.String(), "-seed", fmt.Sprint(port))
 	m.End = time.Now()
-	if err != nil {
+	if len(sent) == 0 {
+		return m, fmt.Errorf("the sender reported no connection: %w", sendErr)
+	}
+	// The sender has seen the server close every connection, and the
+	// server reports a connection before it closes it.
+	if err := srv.Stop(); err != nil {
 		return m, err
 	}
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	got, err := srv.WaitReports(wctx, len(sent))
+	got, err := srv.Reports()
 	if err != nil {
 		return m, err
 	}
@@ -181,8 +184,6 @@ func Transfer(ctx context.Context, bed *testbed.Bed, o CompareOptions, client, s
 	if err != nil {
 		return m, err
 	}
-	// The report file may hold earlier transfers' connections: count only
-	// this transfer's.
 	for _, snt := range sent {
 		m.GoodputBps += byRemote[snt.Local].GoodputBps
 	}

@@ -34,6 +34,9 @@ type Config struct {
 	PodsPerNode int
 	// LinkRate caps each direction of every NIC's link, in tc syntax ("200mbit"); empty leaves links unshaped.
 	LinkRate string
+	// LinkQueue is how long a packet may wait in a shaped link's queue before the link drops it (tail drop);
+	// DefaultLinkQueue when 0.
+	LinkQueue time.Duration
 }
 
 // Bed is a running test bed. Its exported fields describe the topology; it is torn down by Down.
@@ -52,6 +55,15 @@ type Bed struct {
 	loss      map[[2]int]*lossFilter
 	handRoute bool // HandRoute is installed (RemoveHandRoute clears it)
 	down      bool
+	seq       int // for file names that must never repeat within a bed
+}
+
+// nextSeq returns a number no earlier call returned.
+func (b *Bed) nextSeq() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.seq++
+	return b.seq
 }
 
 // Node is a namespace standing for a Kubernetes node.

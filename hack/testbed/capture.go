@@ -19,8 +19,10 @@ import (
 // Captures are packet captures running on every wire of a bed.
 type Captures struct {
 	// Files lists one capture per (node, NIC), in node then NIC order.
-	Files []CaptureFile
-	procs []*Process
+	Files   []CaptureFile
+	procs   []*Process
+	stopped bool
+	stopErr error
 }
 
 // CaptureFile is the capture of one NIC's wire.
@@ -36,6 +38,7 @@ type CaptureFile struct {
 // syntax, e.g. "tcp"; "" captures everything). It returns once every dumpcap is capturing.
 func (b *Bed) StartCaptures(filter string) (*Captures, error) {
 	c := &Captures{}
+	seq := b.nextSeq()
 	for _, n := range b.Nodes {
 		h, err := nsHandle(n.NetNS)
 		if err != nil {
@@ -49,7 +52,7 @@ func (b *Bed) StartCaptures(filter string) (*Captures, error) {
 			}
 			f := CaptureFile{
 				Node: n.Index, NIC: nic.Index, NodeMAC: l.Attrs().HardwareAddr.String(),
-				Path: filepath.Join(b.Dir, fmt.Sprintf("capture-%s-node%d-nic%d.pcapng", b.Name, n.Index, nic.Index)),
+				Path: filepath.Join(b.Dir, fmt.Sprintf("capture-%s-%d-node%d-nic%d.pcapng", b.Name, seq, n.Index, nic.Index)),
 			}
 			args := []string{"dumpcap", "-q", "-i", nic.WireNodeSide, "-s", "128", "-w", f.Path}
 			if filter != "" {
@@ -84,8 +87,13 @@ func (b *Bed) StartCaptures(filter string) (*Captures, error) {
 // this long first.
 const ringFlush = 1200 * time.Millisecond
 
-// Stop stops every dumpcap (SIGINT, so each finishes its file) and returns the files.
+// Stop stops every dumpcap (SIGINT, so each finishes its file) and returns the files. Stopping again returns
+// the same.
 func (c *Captures) Stop() ([]CaptureFile, error) {
+	if c.stopped {
+		return c.Files, c.stopErr
+	}
+	c.stopped = true
 	time.Sleep(ringFlush)
 	for _, p := range c.procs {
 		_ = p.Signal(syscall.SIGINT)
@@ -98,7 +106,8 @@ func (c *Captures) Stop() ([]CaptureFile, error) {
 			errs = append(errs, p.Stop(time.Second))
 		}
 	}
-	return c.Files, errors.Join(errs...)
+	c.stopErr = errors.Join(errs...)
+	return c.Files, c.stopErr
 }
 
 // Direction is the way a packet crossed a NIC, seen from the node: "out" leaves the node, "in" enters it.

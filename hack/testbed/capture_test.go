@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -21,31 +22,21 @@ func TestCapturesShowSubflowPlacement(t *testing.T) {
 	Must(t, b.ConfigureSignalPorts(server, ports))
 	Must(t, b.ConfigureClientLimits(client, 2, 1))
 	const conns = 3
-	// A stream that arrives changed is the kernel flake docs/testing.md
-	// describes, not what this test checks: logged and tried again, as
-	// the e2e tests' transfers are, three attempts at most.
-	var a *Analysis
-	for attempt := 1; a == nil; attempt++ {
-		srv, err := b.StartTrafficServer(ctx, bin, server, 5201, true)
-		Must(t, err)
-		caps, err := b.StartCaptures("tcp")
-		Must(t, err)
-		sent, err := b.Send(ctx, bin, client, srv.Addr, true, "-conns", "3", "-bytes", "4000000")
-		Must(t, err)
-		got, err := srv.WaitReports(ctx, conns)
-		Must(t, err)
-		Must(t, srv.Proc.Stop(2*time.Second))
-		if _, err := MatchReports(sent, got); err != nil {
-			_, _ = caps.Stop()
-			if attempt == 3 {
-				t.Fatalf("attempt %d of 3: %v", attempt, err)
-			}
-			t.Logf("attempt %d of 3, trying again: %v", attempt, err)
-			continue
-		}
-		a, err = caps.Analyze()
-		Must(t, err)
+	srv, err := b.StartTrafficServer(ctx, bin, server, 5201, true)
+	Must(t, err)
+	w := b.Watch(t)
+	sent, sendErr := b.Send(ctx, bin, client, srv.Addr, true, "-conns", "3", "-bytes", "4000000")
+	Must(t, srv.Stop())
+	got, err := srv.Reports()
+	Must(t, err)
+	if _, err := MatchReports(sent, got); err != nil || sendErr != nil {
+		w.Fail(errors.Join(err, sendErr))
 	}
+	files, err := w.Captures()
+	Must(t, err)
+	a, err := Analyze(files)
+	Must(t, err)
+	w.Close()
 
 	if len(a.Connections) != conns {
 		t.Fatalf("captures show %d MPTCP connections, want %d: %v", len(a.Connections), conns, a.Subflows)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -138,4 +139,20 @@ func (s *Sampler) WriteCSV(w io.Writer) error {
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+// KernelCounter reads one of the kernel's SNMP counters (as nstat names
+// them: TcpRetransSegs, MPTcpExtDataCsumErr, TcpExtIPReversePathFilter) in
+// namespace ns.
+func (b *Bed) KernelCounter(ns, name string) (float64, error) {
+	out, err := b.Command(ns, "nstat", "-asz", name).Output()
+	if err != nil {
+		return 0, fmt.Errorf("nstat %s in %s: %w", name, ns, err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == name {
+			return strconv.ParseFloat(f[1], 64)
+		}
+	}
+	return 0, fmt.Errorf("nstat in %s printed no %s:\n%s", ns, name, out)
 }

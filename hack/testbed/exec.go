@@ -188,3 +188,25 @@ func (p *Process) WaitOutput(ctx context.Context, s string) error {
 		}
 	}
 }
+
+// StartCPULoad starts n busy loops (one per core keeps a 2-core machine
+// saturated) in the first node's namespace and returns a function that
+// stops them; Down stops them too. Tests use it to reproduce what traffic
+// does on a loaded machine.
+func (b *Bed) StartCPULoad(n int) (stop func(), err error) {
+	var procs []*Process
+	stop = func() {
+		for _, p := range procs {
+			_ = p.Stop(time.Second)
+		}
+	}
+	for range n {
+		p, err := b.Start(b.Nodes[0].NetNS, "sh", "-c", "while :; do :; done")
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		procs = append(procs, p)
+	}
+	return stop, nil
+}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -33,7 +34,7 @@ func (b *Bed) setupWire(ctx context.Context, c NIC) error {
 	var cmds []string
 	for _, dev := range []string{c.WireNodeSide, c.WireFabricSide} {
 		if b.Config.LinkRate != "" {
-			tbf, err := tbfArgs(b.Config.LinkRate)
+			tbf, err := tbfArgs(b.Config.LinkRate, b.Config.LinkQueue)
 			if err != nil {
 				return err
 			}
@@ -44,16 +45,23 @@ func (b *Bed) setupWire(ctx context.Context, c NIC) error {
 	return tcBatch(ctx, c.WireNS, cmds...)
 }
 
+// DefaultLinkQueue is how long a packet may wait in a link's queue: enough for a single TCP flow to keep the link
+// busy at the bed's sub-millisecond RTTs (measured: see docs/testbed.md).
+const DefaultLinkQueue = 20 * time.Millisecond
+
 // tbfArgs chooses the token bucket for a rate. The bucket holds at least 64 KiB (one GSO super-packet, which TBF
-// would otherwise have to split) or 2 ms at the rate, whichever is larger; the queue holds 20 ms, enough for a
-// single TCP flow to keep the link busy at the bed's sub-millisecond RTTs (measured: see docs/testbed.md).
-func tbfArgs(rate string) (string, error) {
+// would otherwise have to split) or 2 ms at the rate, whichever is larger; the queue holds packets for queue
+// (DefaultLinkQueue when 0), and TBF drops what would wait longer.
+func tbfArgs(rate string, queue time.Duration) (string, error) {
 	bps, err := ParseRate(rate)
 	if err != nil {
 		return "", err
 	}
+	if queue == 0 {
+		queue = DefaultLinkQueue
+	}
 	burst := max(uint64(64<<10), uint64(bps/8*0.002))
-	return fmt.Sprintf("tbf rate %s burst %d latency 20ms", rate, burst), nil
+	return fmt.Sprintf("tbf rate %s burst %d latency %dus", rate, burst, queue.Microseconds()), nil
 }
 
 // ParseRate parses a tc rate ("200mbit", "1gbit", "500kbit", "1000000bit") into bits per second.
@@ -86,6 +94,14 @@ func tcBatch(ctx context.Context, ns string, cmds ...string) error {
 	}
 	return nil
 }
+
+// Priorities of the bed's filters on a wire's clsact ingress: the
+// corruption filter runs first and passes every packet on (TC_ACT_UNSPEC),
+// then the loss filter decides.
+const (
+	corruptPriority = 1
+	lossPriority    = 2
+)
 
 // lossFilter is the state of one link's loss emulation.
 type lossFilter struct{ percent float64 }
@@ -126,7 +142,7 @@ func (b *Bed) SetLoss(i, k int, percent float64) error {
 				Parent:    netlink.HANDLE_MIN_INGRESS,
 				Handle:    1,
 				Protocol:  unix.ETH_P_ALL,
-				Priority:  1,
+				Priority:  lossPriority,
 			},
 			Name:         fmt.Sprintf("testbed-loss-%g", percent),
 			DirectAction: true,

@@ -167,3 +167,17 @@ func TestSetLossDropsPackets(t *testing.T) {
 		t.Errorf("after removing the loss, %d of 50 round trips", got)
 	}
 }
+
+func TestLongestStallCountsIntervalsBelowTheThreshold(t *testing.T) {
+	// 8 Mbit/s = 50 kB per 50 ms; threshold 10 % = 5 kB.
+	r := ServerReport{SampleSeconds: 0.05, Samples: []int64{50e3, 0, 50e3, 4e3, 0, 1e3, 50e3, 0, 0}}
+	if got := LongestStall(r, 0.8e6, 0); got != 150*time.Millisecond {
+		t.Errorf("longest stall %v, want 150ms (the three intervals below 5 kB; the last, partial one ignored)", got)
+	}
+	if got := LongestStall(r, 0.8e6, 200*time.Millisecond); got != 100*time.Millisecond {
+		t.Errorf("skipping the first 200 ms: %v, want 100ms", got)
+	}
+	if got := LongestStall(ServerReport{}, 1, 0); got != 0 {
+		t.Errorf("no samples: %v", got)
+	}
+}

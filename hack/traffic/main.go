@@ -14,6 +14,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -24,7 +25,6 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/signal"
@@ -72,14 +72,16 @@ func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ExitOnError)
 	listen := fs.String("listen", ":5201", "address to listen on")
 	mptcp := fs.Bool("mptcp", false, "listen with MPTCP (otherwise plain TCP, even though Go >= 1.24 defaults to MPTCP)")
-	report := fs.String("report", "", "file to append JSON lines to (default stdout)")
+	report := fs.String("report", "", "file to write JSON lines to, created or truncated (default stdout)")
 	warmup := fs.Duration("warmup", time.Second, "time after a connection's first byte that goodput ignores")
 	window := fs.Duration("window", 5*time.Second, "length of the goodput window")
+	drain := fs.Duration("drain", 3*time.Second, "on SIGTERM, how long open connections may go on before they are reported as stopped")
+	sample := fs.Duration("sample", 0, "report the bytes received in every interval of this length from the first byte (0: no samples)")
 	_ = fs.Parse(args)
 
 	out := os.Stdout
 	if *report != "" {
-		f, err := os.OpenFile(*report, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		f, err := os.OpenFile(*report, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 		if err != nil {
 			return err
 		}
@@ -95,29 +97,66 @@ func serve(args []string) error {
 	// Tests wait for this line before they start senders.
 	fmt.Fprintf(os.Stderr, "listening on %s mptcp=%v\n", ln.Addr(), *mptcp)
 
+	srv := &server{out: out, warmup: *warmup, window: *window, sample: *sample, open: map[*net.TCPConn]bool{}}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	go func() { <-sigs; ln.Close() }()
-
-	var mu sync.Mutex // one writer at a time, so lines never interleave
-	var wg sync.WaitGroup
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			break
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := receive(c.(*net.TCPConn), *warmup, *window)
-			line, _ := json.Marshal(r)
-			mu.Lock()
-			_, _ = out.Write(append(line, '\n'))
-			mu.Unlock()
-		}()
+		srv.handle(c.(*net.TCPConn))
 	}
-	// Connections that are still open are cut when the process ends; their lines would be partial anyway.
+	srv.drain(*drain)
 	return nil
+}
+
+// server reads connections and reports each one, once, before it closes
+// it: a sender that saw the server's close can count on the report.
+type server struct {
+	out                    io.Writer
+	warmup, window, sample time.Duration
+
+	mu   sync.Mutex // guards out and open
+	open map[*net.TCPConn]bool
+	wg   sync.WaitGroup
+}
+
+func (s *server) handle(c *net.TCPConn) {
+	s.mu.Lock()
+	s.open[c] = true
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		r := receive(c, s.warmup, s.window, s.sample)
+		line, _ := json.Marshal(r)
+		s.mu.Lock()
+		_, _ = s.out.Write(append(line, '\n'))
+		delete(s.open, c)
+		s.mu.Unlock()
+		_ = c.Close()
+	}()
+}
+
+// drain waits up to grace for the connections in flight, then ends the
+// reads of those still open: each is reported with what had arrived,
+// marked stopped, instead of being cut without a line.
+func (s *server) drain(grace time.Duration) {
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-time.After(grace):
+	}
+	s.mu.Lock()
+	for c := range s.open {
+		_ = c.SetReadDeadline(time.Now())
+	}
+	s.mu.Unlock()
+	<-done
 }
 
 // blockHasher hashes a stream as a whole and in 1 MiB blocks, so that when
@@ -162,11 +201,12 @@ func (b *blockHasher) sums() (string, []string) {
 	return hex.EncodeToString(b.whole.Sum(nil)), b.blocks
 }
 
-func receive(c *net.TCPConn, warmup, window time.Duration) ServerReport {
-	defer c.Close()
-	r := ServerReport{Local: c.LocalAddr().String(), Remote: c.RemoteAddr().String()}
+// receive reads c to its end; the caller reports and closes it.
+func receive(c *net.TCPConn, warmup, window, sample time.Duration) ServerReport {
+	r := ServerReport{Local: c.LocalAddr().String(), Remote: c.RemoteAddr().String(), SampleSeconds: sample.Seconds()}
 	r.MPTCP, _ = c.MultipathTCP()
 	h := newBlockHasher()
+	v := newVerifier()
 	buf := make([]byte, 256<<10)
 	var first time.Time
 	var startBytes, endBytes int64 = -1, -1
@@ -183,13 +223,27 @@ func receive(c *net.TCPConn, warmup, window time.Duration) ServerReport {
 				startBytes = r.Bytes
 			}
 			h.Write(buf[:n])
+			v.Write(buf[:n])
 			r.Bytes += int64(n)
+			if sample > 0 {
+				bin := int(now.Sub(first) / sample)
+				for len(r.Samples) <= bin {
+					r.Samples = append(r.Samples, 0)
+				}
+				r.Samples[bin] += int64(n)
+			}
 			if endBytes < 0 && now.Sub(first) >= warmup+window {
 				endBytes = r.Bytes
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
+			switch {
+			case errors.Is(err, io.EOF):
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				// Only drain sets a deadline.
+				r.Stopped = true
+				r.Error = "the server stopped while the connection was open"
+			default:
 				r.Error = err.Error()
 			}
 			break
@@ -197,6 +251,7 @@ func receive(c *net.TCPConn, warmup, window time.Duration) ServerReport {
 	}
 	end := time.Now()
 	r.SHA256, r.Blocks = h.sums()
+	r.Verification = v.result()
 	if first.IsZero() {
 		return r
 	}
@@ -281,16 +336,8 @@ func congestionControl(c *net.TCPConn) (string, error) {
 	return name, gerr
 }
 
-// stream returns the deterministic byte stream of connection i: ChaCha8 keyed by the seed and the index.
-func stream(seed uint64, i int) io.Reader {
-	var key [32]byte
-	binary.LittleEndian.PutUint64(key[0:], seed)
-	binary.LittleEndian.PutUint64(key[8:], uint64(i))
-	return rand.NewChaCha8(key)
-}
-
 func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration time.Duration, nbytes int64) SenderReport {
-	r := SenderReport{Conn: i, Remote: to}
+	r := SenderReport{Conn: i, Seed: seed, Remote: to}
 	var d net.Dialer
 	d.SetMultipathTCP(mptcp)
 	if cc != "" {
@@ -329,7 +376,7 @@ func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration time
 		}
 	}
 	h := newBlockHasher()
-	src := stream(seed, i)
+	src := io.MultiReader(bytes.NewReader(preamble(seed, i)), stream(seed, i))
 	buf := make([]byte, 128<<10)
 	deadline := start.Add(duration)
 	for {
@@ -344,7 +391,7 @@ func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration time
 		} else if time.Now().After(deadline) {
 			break
 		}
-		_, _ = src.Read(buf[:n])
+		_, _ = io.ReadFull(src, buf[:n])
 		if nbytes == 0 {
 			// A write must not outlive the duration by much when the path is slow or lossy.
 			_ = c.SetWriteDeadline(deadline.Add(2 * time.Second))

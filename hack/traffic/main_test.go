@@ -2,8 +2,12 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
+	"net"
+	"sync"
 	"testing"
+	"time"
 )
 
 // The sender's streams must be reproducible from (seed, connection) alone, and differ between connections, so
@@ -25,4 +29,102 @@ func TestStreamIsDeterministicPerConnection(t *testing.T) {
 	if bytes.Equal(read(7, 0), read(8, 0)) {
 		t.Error("two seeds gave the same stream")
 	}
+}
+
+// loopbackServer listens on loopback and hands every connection to s, as
+// serve does; stop closes the listener and returns once no more
+// connections can be handed over (serve drains only then).
+func loopbackServer(t *testing.T, s *server) (addr net.Addr, stop func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.handle(c.(*net.TCPConn))
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { ln.Close(); <-done }) }
+	t.Cleanup(stop)
+	return ln.Addr(), stop
+}
+
+// lines returns the report lines s has written so far.
+func lines(t *testing.T, s *server, out *bytes.Buffer) []ServerReport {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var reps []ServerReport
+	for _, l := range bytes.Split(bytes.TrimSpace(out.Bytes()), []byte("\n")) {
+		if len(l) == 0 {
+			continue
+		}
+		var r ServerReport
+		if err := json.Unmarshal(l, &r); err != nil {
+			t.Fatal(err)
+		}
+		reps = append(reps, r)
+	}
+	return reps
+}
+
+// A sender reports once the server has closed the connection; by then the
+// server's line must be written, so a test reading both never waits or
+// pairs a sender with nothing.
+func TestServerReportsBeforeItCloses(t *testing.T) {
+	var out bytes.Buffer
+	s := &server{out: &out, window: time.Second, open: map[*net.TCPConn]bool{}}
+	addr, _ := loopbackServer(t, s)
+	for i := range 20 {
+		r := sendOne(addr.String(), false, "", 5, i, 0, 100_000)
+		if r.Error != "" {
+			t.Fatal(r.Error)
+		}
+		got := lines(t, s, &out)
+		if len(got) != i+1 {
+			t.Fatalf("after connection %d closed, the server had written %d lines", i, len(got))
+		}
+		if last := got[i]; last.Remote != r.Local || last.SHA256 != r.SHA256 || !last.Verification.Verified || len(last.Verification.Ranges) != 0 {
+			t.Fatalf("server line %+v does not match sender %+v", last, r)
+		}
+	}
+}
+
+// A server stopped while a connection is open reports what arrived,
+// marked stopped, instead of dropping the connection without a line.
+func TestServerStoppedReportsOpenConnections(t *testing.T) {
+	var out bytes.Buffer
+	s := &server{out: &out, window: time.Second, open: map[*net.TCPConn]bool{}}
+	addr, stop := loopbackServer(t, s)
+	c, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(preamble(1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	for len(lines(t, s, &out)) == 0 && s.openCount() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	s.drain(100 * time.Millisecond)
+	got := lines(t, s, &out)
+	if len(got) != 1 || !got[0].Stopped || got[0].Bytes != preambleLen {
+		t.Fatalf("after drain: %+v, want one line, stopped, with the %d bytes sent", got, preambleLen)
+	}
+}
+
+func (s *server) openCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.open)
 }

@@ -1,0 +1,109 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// datapathEvidence is a watch's collector of what every agent's datapath
+// on the bed knew when a transfer failed: its counters (drops by reason,
+// police and window events, joins refused), its subflows and its
+// connections, read from the maps the agent pinned, whichever mode it runs
+// in.
+func datapathEvidence(bed *testbed.Bed) testbed.Collector {
+	return func(dir string) error {
+		var errs []error
+		for _, n := range bed.Nodes {
+			for _, pinDir := range pinnedDatapaths(bed.PinDir(n)) {
+				name := fmt.Sprintf("node%d-datapath-%s.json", n.Index, strings.ReplaceAll(strings.TrimPrefix(pinDir, bed.PinDir(n)), "/", "_"))
+				errs = append(errs, dumpDatapath(pinDir, filepath.Join(dir, name)))
+			}
+		}
+		return errors.Join(errs...)
+	}
+}
+
+// pinnedDatapaths finds the pin directories under root that hold a
+// datapath (its table seed is the pin every datapath has).
+func pinnedDatapaths(root string) []string {
+	var dirs []string
+	_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && d.Name() == "table_seeds" {
+			dirs = append(dirs, filepath.Dir(path))
+		}
+		return nil
+	})
+	return dirs
+}
+
+func dumpDatapath(pinDir, file string) error {
+	dp, err := datapath.Load(datapath.Options{PinDir: pinDir})
+	if err != nil {
+		return fmt.Errorf("opening the datapath pinned in %s: %w", pinDir, err)
+	}
+	defer dp.Close()
+	var dump struct {
+		Stats       map[string]uint64
+		Subflows    []datapath.Subflow
+		Connections []datapath.Connection
+		Errors      []string
+	}
+	stats, err := dp.Stats()
+	dump.Stats = map[string]uint64{}
+	for s, v := range stats {
+		dump.Stats[agent.EventName(s)] = v
+	}
+	note := func(err error) {
+		if err != nil {
+			dump.Errors = append(dump.Errors, err.Error())
+		}
+	}
+	note(err)
+	dump.Subflows, err = datapath.PinnedSubflows(pinDir)
+	note(err)
+	dump.Connections, err = dp.Connections()
+	note(err)
+	b, err := json.MarshalIndent(dump, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, b, 0o644)
+}
+
+// finishTransfer stops srv and checks what arrived against what the
+// sender reported (sendErr is the sender's own failure, if any). Any
+// traffic failure fails the test with w's evidence. It returns the
+// server's reports by the sender's address.
+func finishTransfer(t *testing.T, w *testbed.Watch, srv *testbed.TrafficServer, sent []testbed.SenderReport, sendErr error) map[string]testbed.ServerReport {
+	t.Helper()
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := srv.Reports()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sent) == 0 {
+		w.Fail(fmt.Errorf("the sender reported no connection: %w", sendErr))
+	}
+	byRemote, err := testbed.MatchReports(sent, got)
+	if err != nil {
+		w.Fail(err)
+	}
+	for _, s := range sent {
+		if r := byRemote[s.Local]; !r.MPTCP {
+			t.Fatalf("connection %d fell back to TCP: %+v", s.Conn, r)
+		}
+	}
+	return byRemote
+}
