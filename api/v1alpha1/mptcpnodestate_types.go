@@ -126,6 +126,9 @@ type CompiledRule struct {
 	// +optional
 	// +listType=atomic
 	SignalPorts []int32 `json:"signalPorts,omitempty"`
+	// dataChecksums turns on DSS checksums in the pod (podMPTCP.dataChecksums).
+	// +optional
+	DataChecksums bool `json:"dataChecksums,omitempty"`
 	// headerRewriting is true only when the admin opted in.
 	HeaderRewriting bool `json:"headerRewriting"`
 	// tenantPreferred is true when the pod's mptcp.io/preferred-paths

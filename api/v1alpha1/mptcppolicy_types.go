@@ -175,6 +175,7 @@ const (
 // PodMPTCP is what the agent configures inside a selected pod's network
 // namespace before its workload starts.
 // +kubebuilder:validation:XValidation:rule="(has(self.subflowCreation) && self.subflowCreation == 'signal') == has(self.signalPorts)",message="signalPorts must be set when subflowCreation is signal, and only then"
+// +kubebuilder:validation:XValidation:rule="!(has(self.dataChecksums) && self.dataChecksums && has(self.subflowCreation) && self.subflowCreation == 'guest')",message="dataChecksums is set in the pod's own kernel; with subflowCreation guest the workload's stack decides"
 type PodMPTCP struct {
 	// subflowCreation says who creates extra subflows.
 	// +optional
@@ -189,6 +190,20 @@ type PodMPTCP struct {
 	// +kubebuilder:validation:items:Minimum=1
 	// +kubebuilder:validation:items:Maximum=65535
 	SignalPorts []int32 `json:"signalPorts,omitempty"`
+	// dataChecksums turns on MPTCP's DSS checksums in the selected pods
+	// (RFC 8684 3.3.1; the pods' net.mptcp.checksum_enabled): every
+	// mapping of data is checked end to end, so bytes changed on the way
+	// (by a middlebox, a NIC or a datapath program; checksum offload
+	// leaves TCP's own checksum unchecked between virtual interfaces) are
+	// caught instead of delivered. A connection uses checksums when either
+	// end asks. On a connection with another subflow the kernel resets the
+	// subflow that carried the change and sends the data again over
+	// another; with a single subflow Linux 6.18 detects the change but
+	// then stalls or delivers it (docs/testing.md, "DSS checksums"). The
+	// cost is measured in docs/benchmarks.md. The agent exports each pod's
+	// checksum errors and fallbacks as metrics.
+	// +optional
+	DataChecksums bool `json:"dataChecksums,omitempty"`
 }
 
 // Permission is an explicit admin choice.

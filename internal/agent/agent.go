@@ -33,7 +33,9 @@ type Agent struct {
 	// in force by index, and how many path managers run.
 	paths atomic.Pointer[map[uint32]string]
 	// ruleNames are the rules in force by index, for the local API.
-	ruleNames    atomic.Pointer[[]string]
+	ruleNames atomic.Pointer[[]string]
+	// pods are the pods in force, for their MPTCP counters.
+	pods         atomic.Pointer[[]Pod]
 	pathManagers atomic.Int64
 }
 
@@ -67,6 +69,8 @@ func (a *Agent) setPaths(cfg *Config) {
 		rules[i] = r.Name
 	}
 	a.ruleNames.Store(&rules)
+	pods := slices.Clone(cfg.Pods)
+	a.pods.Store(&pods)
 }
 
 // pathNames returns the configured paths' names by index.

@@ -123,6 +123,7 @@ func NewMetrics(a *Agent) *Metrics {
 		m.reconcileErrors,
 		newDatapathCollector(a),
 		newRecordCollector(a),
+		newPodMPTCPCollector(a),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -34,6 +34,9 @@ func configurePodMPTCP(pod Pod, rule Rule) error {
 	if err := netnsutil.WriteSysctl(pod.NetNS, "net.mptcp.path_manager", pm); err != nil {
 		return err
 	}
+	if err := netnsutil.WriteSysctl(pod.NetNS, "net.mptcp.checksum_enabled", boolSysctl(rule.DataChecksums)); err != nil {
+		return err
+	}
 	return withPodPM(pod, func(c *mptcpnl.Conn) error {
 		if err := c.FlushEndpoints(); err != nil {
 			return fmt.Errorf("flushing endpoints: %w", err)
@@ -57,9 +60,19 @@ func configurePodMPTCP(pod Pod, rule Rule) error {
 	})
 }
 
+func boolSysctl(on bool) string {
+	if on {
+		return "1"
+	}
+	return "0"
+}
+
 // resetPodMPTCP undoes configurePodMPTCP, for uninstall.
 func resetPodMPTCP(pod Pod) error {
 	if err := netnsutil.WriteSysctl(pod.NetNS, "net.mptcp.path_manager", "kernel"); err != nil {
+		return err
+	}
+	if err := netnsutil.WriteSysctl(pod.NetNS, "net.mptcp.checksum_enabled", "0"); err != nil {
 		return err
 	}
 	return withPodPM(pod, func(c *mptcpnl.Conn) error {

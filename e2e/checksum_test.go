@@ -1,0 +1,97 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+)
+
+// A policy with podMPTCP.dataChecksums (examples/policy-checksums.yaml)
+// turns DSS checksums on in its pods. Then a wire that changes a byte of a
+// segment without fixing its checksum (nothing below MPTCP checks it
+// between namespaces) no longer changes the stream: the receiving pod's
+// kernel catches it, resets the subflow that carried it and the data
+// arrives over the other; the receiving node's agent counts the error for
+// that pod. Withdrawing the policy turns checksums off again.
+func TestDataChecksumsCatchWhatAWireChanged(t *testing.T) {
+	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
+	bed, c := kb.bed, kb.env.Client
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: appsNS}}
+	if err := c.Patch(background(t), ns, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"mptcp.io/integrity":"checked"}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-checksums.yaml"))
+	var pol mptcpv1alpha1.MPTCPPolicy
+	if err := c.Get(background(t), client.ObjectKey{Name: "spread-checked"}, &pol); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range bed.Nodes {
+		kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-checked", Generation: pol.Generation}))
+	}
+	client1, server := bed.Pod(1, 1), bed.Pod(2, 1)
+	for _, p := range []*testbed.Pod{client1, server} {
+		if v := podSysctl(t, p, "net.mptcp.checksum_enabled"); v != "1" {
+			t.Fatalf("%s: net.mptcp.checksum_enabled = %s under the policy, want 1", p, v)
+		}
+	}
+
+	// Late enough that the agent has opened the join: with one subflow
+	// the kernel could only stall (docs/testing.md, "DSS checksums").
+	if err := bed.CorruptSegment(1, 1, 500); err != nil {
+		t.Fatal(err)
+	}
+	ctx := background(t)
+	w := bed.Watch(t, datapathEvidence(bed))
+	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, 5601, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent, sendErr := bed.Send(ctx, bins.Traffic, client1, netip.AddrPortFrom(server.Addr, 5601), true, "-bytes", "40000000")
+	finishTransfer(t, w, srv, sent, sendErr)
+	w.Close()
+
+	metric := "mptcp_agent_pod_mptcp_data_checksum_errors_total"
+	podLabel := appsNS + "." + server.Name
+	if v, ok := scrape(t, kb.agents[1]).Value(metric, "pod", podLabel); !ok || v < 1 {
+		t.Errorf("node 2's agent reports %s{pod=%q} = %v (present %v), want the changed segment's error", metric, podLabel, v, ok)
+	}
+	if v, _ := bed.KernelCounter(server.NetNS, "MPTcpExtMPRstTx"); v < 1 {
+		t.Errorf("the receiving pod reset %v subflows, want the one that carried the change", v)
+	}
+
+	if err := c.Delete(ctx, &pol); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, p := range []*testbed.Pod{client1, server} {
+		for podSysctl(t, p, "net.mptcp.checksum_enabled") != "0" {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: checksums still on 30 s after the policy was deleted", p)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
+// podSysctl reads a sysctl in a bed pod's network namespace.
+func podSysctl(t *testing.T, p *testbed.Pod, key string) string {
+	t.Helper()
+	v, err := netnsutil.ReadSysctl("/var/run/netns/"+p.NetNS, key)
+	if err != nil {
+		t.Fatal(fmt.Errorf("%s: %w", p, err))
+	}
+	return strings.TrimSpace(v)
+}
