@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 )
@@ -35,4 +36,27 @@ func ReplaceSection(path, heading, body string) error {
 		text = strings.TrimRight(text, "\n") + "\n\n" + body
 	}
 	return os.WriteFile(path, []byte(text), 0o644)
+}
+
+// CPUModel is the machine's CPU as /proc/cpuinfo names it.
+func CPUModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "unknown CPU"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
+}
+
+// KernelRelease is the running kernel's release (uname -r).
+func KernelRelease() string {
+	out, err := exec.Command("uname", "-r").Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
 }

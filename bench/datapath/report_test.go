@@ -2,8 +2,6 @@ package datapath
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"runtime"
 	"strings"
 	"time"
@@ -36,7 +34,7 @@ func writeReport(path string) error {
 		"runs of the benchmark; the ratio divides medians by the median of the empty TC program (`return TCX_NEXT`, "+
 		"built with cilium/ebpf/asm) measured the same way in the same `go test` process. With repetitions the kernel reports whole nanoseconds. Packets: IPv4; UDP of 64 "+
 		"bytes; TCP ACKs with timestamps and 1000 bytes of data; the DSS carries a 64-bit Data ACK and mapping.\n\n",
-		time.Now().UTC().Format("2006-01-02"), cpuModel(), runtime.NumCPU(), kernelRelease(), runtime.Version(), repeat, placements,
+		time.Now().UTC().Format("2006-01-02"), benchdoc.CPUModel(), runtime.NumCPU(), benchdoc.KernelRelease(), runtime.Version(), repeat, placements,
 		len(results.ns[cases[0].name]))
 	b.WriteString("| packet | runs | min ns/pkt | median ns/pkt | median / empty program |\n|---|---|---|---|---|\n")
 	for _, c := range cases {
@@ -65,23 +63,3 @@ func writeReport(path string) error {
 	return benchdoc.ReplaceSection(path, section, b.String())
 }
 
-func cpuModel() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return "unknown CPU"
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown CPU"
-}
-
-func kernelRelease() string {
-	out, err := exec.Command("uname", "-r").Output()
-	if err != nil {
-		return "unknown"
-	}
-	return strings.TrimSpace(string(out))
-}

@@ -201,18 +201,9 @@ func (c *Captures) Analyze() (*Analysis, error) {
 // to its connection (mptcp.stream) and derives tokens from keys (mptcp.expected_token). Keys themselves are never
 // extracted. Subflows seen on several nodes are merged by 4-tuple, connections by token.
 func Analyze(files []CaptureFile) (*Analysis, error) {
-	byNode := map[int][]CaptureFile{}
-	var nodes []int
-	for _, f := range files {
-		if _, ok := byNode[f.Node]; !ok {
-			nodes = append(nodes, f.Node)
-		}
-		byNode[f.Node] = append(byNode[f.Node], f)
-	}
-	slices.Sort(nodes)
 	a := &analyzer{subflows: map[[2]netip.AddrPort]*subflowAcc{}}
-	for _, node := range nodes {
-		if err := a.node(node, byNode[node]); err != nil {
+	for _, node := range byNode(files) {
+		if err := a.node(node[0].Node, node); err != nil {
 			return nil, err
 		}
 	}
@@ -236,18 +227,46 @@ var tsharkFields = []string{
 	"tcp.options.mptcp.recvtok", "mptcp.expected_token",
 }
 
-func (a *analyzer) node(node int, files []CaptureFile) error {
+// mergeNode merges one node's captures, sorted by NIC, into one file whose frame.interface_id is the index of the
+// NIC's capture in files (mergecap -I none keeps one interface per input file), and returns its path.
+func mergeNode(files []CaptureFile) (string, error) {
 	slices.SortFunc(files, func(x, y CaptureFile) int { return x.NIC - y.NIC })
-	input := files[0].Path
-	if len(files) > 1 {
-		input = strings.TrimSuffix(files[0].Path, ".pcapng") + "-merged.pcapng"
-		args := []string{"-I", "none", "-w", input}
-		for _, f := range files {
-			args = append(args, f.Path)
+	if len(files) == 1 {
+		return files[0].Path, nil
+	}
+	merged := strings.TrimSuffix(files[0].Path, ".pcapng") + "-merged.pcapng"
+	args := []string{"-I", "none", "-w", merged}
+	for _, f := range files {
+		args = append(args, f.Path)
+	}
+	if out, err := exec.Command("mergecap", args...).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("mergecap: %w: %s", err, out)
+	}
+	return merged, nil
+}
+
+// byNode groups captures by node, in node order.
+func byNode(files []CaptureFile) [][]CaptureFile {
+	m := map[int][]CaptureFile{}
+	var nodes []int
+	for _, f := range files {
+		if _, ok := m[f.Node]; !ok {
+			nodes = append(nodes, f.Node)
 		}
-		if out, err := exec.Command("mergecap", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("mergecap: %w: %s", err, out)
-		}
+		m[f.Node] = append(m[f.Node], f)
+	}
+	slices.Sort(nodes)
+	out := make([][]CaptureFile, 0, len(nodes))
+	for _, n := range nodes {
+		out = append(out, m[n])
+	}
+	return out
+}
+
+func (a *analyzer) node(node int, files []CaptureFile) error {
+	input, err := mergeNode(files)
+	if err != nil {
+		return err
 	}
 	args := []string{"-n", "-r", input, "-o", "mptcp.analyze_mptcp:TRUE", "-Y", "tcp && ip", "-T", "fields",
 		"-E", "separator=|", "-E", "occurrence=a", "-E", "aggregator=,"}

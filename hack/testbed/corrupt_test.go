@@ -63,6 +63,17 @@ func TestChangedSegmentFailsAsAChangedStreamWithEvidence(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(dir, "failure.txt")); !strings.Contains(string(b), "changed") {
 		t.Errorf("failure.txt says %q", b)
 	}
+	// The packet that carried the changed byte, as both ends' wires saw it.
+	carriers, err := os.ReadFile(filepath.Join(dir, "changed-packets.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("changed-packets.txt:\n%s", carriers)
+	for _, want := range []string{"node1 nic1 out", "node2 nic1 in"} {
+		if !strings.Contains(string(carriers), want) {
+			t.Errorf("changed-packets.txt names no packet seen at %s", want)
+		}
+	}
 }
 
 // checksumCounters logs the MPTCP counters of a DSS checksum failure in
@@ -85,7 +96,7 @@ func checksumCounters(t *testing.T, b *Bed) float64 {
 func enableChecksums(t *testing.T, b *Bed) {
 	t.Helper()
 	for _, p := range []*Pod{b.Pod(1, 1), b.Pod(2, 1)} {
-		Must(t, b.sysctl(context.Background(), p.NetNS, "net.mptcp.checksum_enabled=1"))
+		Must(t, b.Sysctl(p.NetNS, "net.mptcp.checksum_enabled", "1"))
 	}
 }
 

@@ -45,6 +45,13 @@ func (b *Bed) sysctl(ctx context.Context, ns string, kv ...string) error {
 	return run(ctx, "ip", args...)
 }
 
+// Sysctl sets key to value in namespace ns.
+func (b *Bed) Sysctl(ns, key, value string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return b.sysctl(ctx, ns, key+"="+value)
+}
+
 // bpffsAlias is a second mount point of the machine's bpffs outside /sys. "ip netns exec" replaces /sys with a
 // sysfs of the target namespace, which hides /sys/fs/bpf; Command binds the alias back onto /sys/fs/bpf inside the
 // command's private mount namespace, so that programs in a node namespace see the same pins as the test.

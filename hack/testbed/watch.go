@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -128,9 +129,12 @@ func (w *Watch) save(err error) string {
 		w.closed = true
 		files, serr := w.caps.Stop()
 		note("stopping captures", serr)
-		for _, f := range files {
-			note("moving "+f.Path, os.Rename(f.Path, filepath.Join(dir, filepath.Base(f.Path))))
+		for i, f := range files {
+			moved := filepath.Join(dir, filepath.Base(f.Path))
+			note("moving "+f.Path, os.Rename(f.Path, moved))
+			files[i].Path = moved
 		}
+		note("changed-packets.txt", writeCarriers(dir, files, err))
 	}
 	if len(problems) > 0 {
 		w.t.Logf("evidence in %s is incomplete: %s", dir, strings.Join(problems, "; "))
@@ -184,4 +188,36 @@ func recordRetry(t testing.TB, reason, dir string) {
 	}
 	defer f.Close()
 	_, _ = fmt.Fprintf(f, "%s\t%s\t%s\n", t.Name(), reason, dir)
+}
+
+// writeCarriers writes, for every changed stream of err, the captured
+// packets that carried its changed ranges (DecodeChangedRanges) into
+// dir/changed-packets.txt.
+func writeCarriers(dir string, files []CaptureFile, err error) error {
+	var te *TrafficError
+	if !errors.As(err, &te) {
+		return nil
+	}
+	var b strings.Builder
+	for _, f := range te.Failures {
+		if f.Kind != StreamChanged || f.Got == nil || f.Got.Verification == nil || len(f.Got.Verification.Ranges) == 0 {
+			continue
+		}
+		initial, perr := netip.ParseAddrPort(f.Sent.Local)
+		if perr != nil {
+			return perr
+		}
+		pkts, derr := DecodeChangedRanges(files, initial, f.Got.Verification.Ranges)
+		if derr != nil {
+			return derr
+		}
+		fmt.Fprintf(&b, "connection %d from %s, changed ranges %v: %d captured packets carried them\n", f.Sent.Conn, f.Sent.Local, f.Got.Verification.Ranges, len(pkts))
+		for _, p := range pkts {
+			fmt.Fprintf(&b, "  %v\n", p)
+		}
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	return os.WriteFile(filepath.Join(dir, "changed-packets.txt"), []byte(b.String()), 0o644)
 }

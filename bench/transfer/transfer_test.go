@@ -1,0 +1,248 @@
+// Package transfer measures what a user of the rate and checksum options
+// sees in a transfer: how long a capped connection stalls under each rate
+// mode, and what DSS checksums cost in goodput. With BENCH_REPORT=<file> the
+// results rewrite their sections of that file (docs/benchmarks.md).
+//
+//	BENCH_REPORT=docs/benchmarks.md go test -run '^$' -bench . -benchtime 5x ./bench/transfer/
+package transfer
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
+	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+)
+
+// The caps of the e2e rate tests (e2e/rate_test.go): a fifth of two
+// 200 Mbit/s links for police and shape, a quarter for window.
+const (
+	rateCap   = 40_000_000
+	windowCap = 100_000_000
+	linkRate  = "200mbit"
+	transfer  = 8 * time.Second
+	sample    = 50 * time.Millisecond
+	// skip is the connection's start, left out of the stall search.
+	skip = time.Second
+)
+
+var bins framework.Binaries
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "mptcp-bench-transfer-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if bins, err = framework.BuildBinaries(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func quantity(bps int64) *resource.Quantity { return resource.NewQuantity(bps, resource.DecimalSI) }
+
+// rateCase is a rate mode as the e2e rate tests configure it.
+type rateCase struct {
+	name string
+	// node whose agent gets the rule; the other's selects the pod with no cap.
+	node int
+	rule agent.Rule
+	cap  float64
+	cc   string
+}
+
+var rateCases = []rateCase{
+	{name: "police, sender's node, cubic", node: 1, cap: rateCap, cc: "cubic",
+		rule: agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "egress"}}},
+	{name: "police, sender's node, bbr", node: 1, cap: rateCap, cc: "bbr",
+		rule: agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "egress"}}},
+	{name: "police, receiver's node, cubic", node: 2, cap: rateCap, cc: "cubic",
+		rule: agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "ingress"}}},
+	{name: "shape, sender's node (2 x 20 Mbit/s)", node: 1, cap: rateCap,
+		rule: agent.Rule{Rate: &agent.RateLimits{Mode: "shape", PerPath: []agent.PathRate{
+			{Path: framework.PathName(1), Rate: *quantity(rateCap / 2)}, {Path: framework.PathName(2), Rate: *quantity(rateCap / 2)}}}}},
+	{name: "window, receiver's node", node: 2, cap: windowCap,
+		rule: agent.Rule{HeaderRewriting: true, Rate: &agent.RateLimits{Mode: "window", PerConnection: quantity(windowCap)}}},
+}
+
+// stallResult is one case's rounds.
+type stallResult struct {
+	name    string
+	cap     float64
+	stalls  []time.Duration
+	goodput []float64
+}
+
+var stallResults []stallResult
+
+// BenchmarkRateModeStalls runs b.N transfers of 8 s for each rate mode at
+// the caps the e2e tests use, one MPTCP connection over two paths, and
+// reports the longest stretch (50 ms samples, after the first second) in
+// which the connection received less than 10 % of its cap, and its
+// goodput.
+func BenchmarkRateModeStalls(b *testing.B) {
+	for _, c := range rateCases {
+		b.Run(c.name, func(b *testing.B) {
+			bed := testbed.NewForTest(b, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: linkRate})
+			if _, err := framework.StartAgentsWith(b.Context(), bed, bins.Agent, func(n *testbed.Node) agent.Rule {
+				if n.Index == c.node {
+					return c.rule
+				}
+				return agent.Rule{}
+			}); err != nil {
+				b.Fatal(err)
+			}
+			r := stallResult{name: c.name, cap: c.cap}
+			port := 5700
+			for b.Loop() {
+				port++
+				rep := run(b, bed, port, c.cc, nil)
+				r.stalls = append(r.stalls, testbed.LongestStall(rep, c.cap/10, skip))
+				r.goodput = append(r.goodput, rep.GoodputBps)
+			}
+			b.ReportMetric(float64(slices.Max(r.stalls).Milliseconds()), "max-stall-ms")
+			stallResults = append(stallResults, r)
+		})
+	}
+	if path := os.Getenv("BENCH_REPORT"); path != "" {
+		if err := benchdoc.ReplaceSection(path, stallSection, stallReport()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDSSChecksumCost alternates transfers with DSS checksums off and
+// on in both pods over unshaped links (so that the CPU, not a link, sets
+// the pace) and reports the goodput of each; the ratio is the cost.
+func BenchmarkDSSChecksumCost(b *testing.B) {
+	bed := testbed.NewForTest(b, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1})
+	if _, err := framework.StartAgents(b.Context(), bed, bins.Agent, agent.Rule{}); err != nil {
+		b.Fatal(err)
+	}
+	var off, on []float64
+	port := 5800
+	for b.Loop() {
+		for _, checksums := range []bool{false, true} {
+			port++
+			rep := run(b, bed, port, "", func() {
+				for _, p := range []*testbed.Pod{bed.Pod(1, 1), bed.Pod(2, 1)} {
+					if err := bed.Sysctl(p.NetNS, "net.mptcp.checksum_enabled", map[bool]string{false: "0", true: "1"}[checksums]); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			if checksums {
+				on = append(on, rep.GoodputBps)
+			} else {
+				off = append(off, rep.GoodputBps)
+			}
+		}
+	}
+	_, offMed, _ := minMedMax(off)
+	_, onMed, _ := minMedMax(on)
+	b.ReportMetric(onMed/offMed, "on/off")
+	if path := os.Getenv("BENCH_REPORT"); path != "" {
+		if err := benchdoc.ReplaceSection(path, checksumSection, checksumReport(off, on)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// run sends one 8 s MPTCP transfer from pod (1,1) to pod (2,1), after
+// setup (when set), and returns the server's report; a transfer that does
+// not arrive whole ends the benchmark.
+func run(b *testing.B, bed *testbed.Bed, port int, cc string, setup func()) testbed.ServerReport {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
+	defer cancel()
+	if setup != nil {
+		setup()
+	}
+	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
+	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true, "-warmup", "1500ms", "-window", "6s", "-sample", sample.String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	args := []string{"-conns", "1", "-duration", transfer.String(), "-seed", fmt.Sprint(port)}
+	if cc != "" {
+		args = append(args, "-cc", cc)
+	}
+	sent, sendErr := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true, args...)
+	if err := srv.Stop(); err != nil {
+		b.Fatal(err)
+	}
+	got, err := srv.Reports()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if len(sent) != 1 {
+		b.Fatalf("sender: %v", sendErr)
+	}
+	byRemote, err := testbed.MatchReports(sent, got)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return byRemote[sent[0].Local]
+}
+
+func minMedMax[T float64 | time.Duration](v []T) (lo, med, hi T) {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[0], s[len(s)/2], s[len(s)-1]
+}
+
+const (
+	stallSection    = "## Rate modes: longest stall"
+	checksumSection = "## DSS checksums: cost"
+)
+
+func machine() string {
+	return fmt.Sprintf("on %s: %s, %d CPUs, Linux %s", time.Now().UTC().Format("2006-01-02"), benchdoc.CPUModel(), runtime.NumCPU(), benchdoc.KernelRelease())
+}
+
+func stallReport() string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "%s\n\n", stallSection)
+	fmt.Fprintf(&s, "`BENCH_REPORT=docs/benchmarks.md go test -run '^$' -bench BenchmarkRateModeStalls -benchtime %dx ./bench/transfer/`, %s. "+
+		"Two nodes, two %s links, one MPTCP connection of %v from a pod on node 1 to a pod on node 2, capped as the e2e rate tests cap it; "+
+		"the server samples what it receives every %v, and a stall is the longest stretch after the first second in which the connection "+
+		"received less than 10 %% of its cap (the issue's definition). The machine was otherwise idle but for this benchmark.\n\n",
+		len(stallResults[0].stalls), machine(), linkRate, transfer, sample)
+	s.WriteString("| mode | cap | rounds | longest stall min / median / max | goodput min / median / max (Mbit/s) |\n|---|---|---|---|---|\n")
+	for _, r := range stallResults {
+		slo, smed, shi := minMedMax(r.stalls)
+		glo, gmed, ghi := minMedMax(r.goodput)
+		fmt.Fprintf(&s, "| %s | %.0f Mbit/s | %d | %v / %v / %v | %.1f / %.1f / %.1f |\n", r.name, r.cap/1e6, len(r.stalls), slo, smed, shi, glo/1e6, gmed/1e6, ghi/1e6)
+	}
+	return s.String()
+}
+
+func checksumReport(off, on []float64) string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "%s\n\n", checksumSection)
+	fmt.Fprintf(&s, "`BENCH_REPORT=docs/benchmarks.md go test -run '^$' -bench BenchmarkDSSChecksumCost -benchtime %dx ./bench/transfer/`, %s. "+
+		"Two nodes, two unshaped links (the CPU sets the pace), the agent spreading one MPTCP connection of %v over both; transfers "+
+		"with `net.mptcp.checksum_enabled` off and on in both pods alternate in the same run.\n\n", len(off), machine(), transfer)
+	olo, omed, ohi := minMedMax(off)
+	nlo, nmed, nhi := minMedMax(on)
+	s.WriteString("| checksums | rounds | goodput min / median / max (Mbit/s) |\n|---|---|---|\n")
+	fmt.Fprintf(&s, "| off | %d | %.0f / %.0f / %.0f |\n", len(off), olo/1e6, omed/1e6, ohi/1e6)
+	fmt.Fprintf(&s, "| on | %d | %.0f / %.0f / %.0f |\n", len(on), nlo/1e6, nmed/1e6, nhi/1e6)
+	fmt.Fprintf(&s, "\nMedian with checksums / median without: %.2f.\n", nmed/omed)
+	return s.String()
+}
