@@ -62,4 +62,3 @@ func writeReport(path string) error {
 
 	return benchdoc.ReplaceSection(path, section, b.String())
 }
-
