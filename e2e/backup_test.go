@@ -3,7 +3,6 @@ package e2e
 import (
 	"net/netip"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -161,17 +160,11 @@ func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 // nstatValue reads one of the kernel's counters in the network namespace ns.
 func nstatValue(t *testing.T, bed *testbed.Bed, ns, name string) float64 {
 	t.Helper()
-	out, err := bed.Command(ns, "nstat", "-asz", name).Output()
+	v, err := bed.KernelCounter(ns, name)
 	if err != nil {
-		t.Fatalf("nstat in %s: %v", ns, err)
+		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == name {
-			v, _ := strconv.ParseFloat(f[1], 64)
-			return v
-		}
-	}
-	return 0
+	return v
 }
 
 // A connection that opens more joins than a rule allows (maxSubflows 2:

@@ -36,24 +36,7 @@ type rateRound struct {
 // network namespace, so only this test's traffic).
 func senderCounters(t *testing.T, bed *testbed.Bed, pod *testbed.Pod) (out, retrans float64) {
 	t.Helper()
-	b, err := bed.Command(pod.NetNS, "nstat", "-asz", "TcpOutSegs", "TcpRetransSegs").Output()
-	if err != nil {
-		t.Fatalf("nstat in %s: %v", pod, err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseFloat(f[1], 64)
-		switch f[0] {
-		case "TcpOutSegs":
-			out = v
-		case "TcpRetransSegs":
-			retrans = v
-		}
-	}
-	return out, retrans
+	return nstatValue(t, bed, pod.NetNS, "TcpOutSegs"), nstatValue(t, bed, pod.NetNS, "TcpRetransSegs")
 }
 
 // transfer sends from pod (1,1) to pod (2,1) for 8 s over one MPTCP

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
@@ -167,20 +166,7 @@ func signalPorts(k int) []uint16 {
 
 func reversePathDrops(t *testing.T, bed *testbed.Bed, node *testbed.Node) int {
 	t.Helper()
-	out, err := bed.Command(node.NetNS, "nstat", "-az", "TcpExtIPReversePathFilter").CombinedOutput()
-	if err != nil {
-		t.Fatalf("nstat: %v: %s", err, out)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 2 && f[0] == "TcpExtIPReversePathFilter" {
-			var n int
-			fmt.Sscan(f[1], &n)
-			return n
-		}
-	}
-	t.Fatalf("nstat printed no TcpExtIPReversePathFilter:\n%s", out)
-	return 0
+	return int(nstatValue(t, bed, node.NetNS, "TcpExtIPReversePathFilter"))
 }
 
 // The walking skeleton's promise: with nobody writing routes, every subflow
