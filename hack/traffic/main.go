@@ -14,7 +14,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -35,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/traffic/report"
+	"github.com/mptcp-operator/mptcp-operator/hack/traffic/stream"
 )
 
 func main() {
@@ -376,7 +376,7 @@ func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration time
 		}
 	}
 	h := newBlockHasher()
-	src := io.MultiReader(bytes.NewReader(preamble(seed, i)), stream(seed, i))
+	src := stream.Whole(seed, i)
 	buf := make([]byte, 128<<10)
 	deadline := start.Add(duration)
 	for {
