@@ -54,11 +54,15 @@ type properties []property
 
 func (p *properties) UnmarshalJSON(b []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return fmt.Errorf("properties: want an object, got %v (%v)", tok, err)
+	tok, err := dec.Token()
+	if err != nil {
+		return fmt.Errorf("properties: %w", err)
+	}
+	if tok != json.Delim('{') {
+		return fmt.Errorf("properties: want an object, got %v", tok)
 	}
 	for dec.More() {
-		tok, err := dec.Token()
+		tok, err = dec.Token()
 		if err != nil {
 			return err
 		}
