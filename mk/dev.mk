@@ -43,8 +43,8 @@ lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint and clang-format on the B
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
-	# The tools module's own programs (imagebuild, valuesdoc); ./... there
-	# holds none of the pinned tools' packages.
+# The tools module's own programs (imagebuild, valuesdoc); ./... there holds
+# none of the pinned tools' packages.
 	cd hack/tools && $(GO) vet ./... && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 	$(CLANG_FORMAT) --dry-run --Werror $(BPF_SOURCES)
 
