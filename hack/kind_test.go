@@ -34,7 +34,10 @@ type kindConfig struct {
 func dryRun(t *testing.T, env []string, args ...string) ([][]string, string, error) {
 	t.Helper()
 	cmd := exec.Command("bash", append([]string{filepath.Join(testenv.RepoRoot(), "hack", "kind.sh"), "--dry-run"}, args...)...)
-	cmd.Env = append(os.Environ(), env...)
+	// The tools by their plain names, whatever the caller's environment
+	// says (make test exports HELM as the pinned binary's path).
+	cmd.Env = append(os.Environ(), "KIND=kind", "DOCKER=docker", "KUBECTL=kubectl", "HELM=helm")
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()
 	var cmds [][]string
 	for _, line := range strings.Split(string(out), "\n") {
