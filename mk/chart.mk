@@ -52,7 +52,7 @@ helm-lint: $(HELM) ## helm lint --strict the chart with its defaults and with ev
 	$(HELM) lint --strict $(CHART) -f $(CHART)/ci/everything-values.yaml
 
 .PHONY: test-chart
-test-chart: $(HELM) envtest-assets ## Render the chart and check it (schema, capabilities, CRDs, typed decoding, a real API server's dry run).
+test-chart: $(HELM) envtest-assets ## Render the chart and check it (schema, capabilities, CRDs, typed decoding) and apply it to a real API server.
 	HELM=$(HELM) KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) $(GO) test -count=1 ./charts/
 
 .PHONY: print-helm

@@ -39,7 +39,7 @@ $(GOLANGCI_LINT):
 	mv $(dir $@)/golangci-lint $@
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint and clang-format on the BPF C code.
+lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (product and tools module), clang-format on the BPF C code, helm lint of the chart.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
