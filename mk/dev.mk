@@ -39,10 +39,13 @@ $(GOLANGCI_LINT):
 	mv $(dir $@)/golangci-lint $@
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint and clang-format on the BPF C code.
+lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (product and tools module), clang-format on the BPF C code, helm lint of the chart.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
+# The tools module's own programs (imagebuild, valuesdoc); ./... there holds
+# none of the pinned tools' packages.
+	cd hack/tools && $(GO) vet ./... && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 	$(CLANG_FORMAT) --dry-run --Werror $(BPF_SOURCES)
 
 ##@ Test

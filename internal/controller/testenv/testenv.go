@@ -273,8 +273,8 @@ func parseLabels(s string) map[string]string {
 	return out
 }
 
-// ControllerUser is the controller's service account as config/default
-// deploys it.
+// ControllerUser is the controller's service account as the chart
+// (charts/mptcp-operator) deploys it with its default values.
 const ControllerUser = "system:serviceaccount:mptcp-system:mptcp-controller"
 
 // AsController returns credentials of the controller's service account bound
