@@ -102,8 +102,58 @@ func integrityScenarios() []integrityScenario {
 					testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, j), 3, 3))
 				}
 			}},
+		{name: "kernel only, 4 paths, 4 connections, copying wires", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: clientServerTraffic,
+			setup: kernelFourPaths(false)},
+		// Many short connections: the changes seen so far all fell in a
+		// connection's first 100 kB, while its joins start to carry data
+		// out of order. With and without DSS checksums.
+		{name: "kernel only, 4 paths, short connections, copying wires", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: shortConnections,
+			setup: kernelFourPaths(false)},
+		{name: "kernel only, 4 paths, short connections, copying wires, DSS checksums", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: shortConnections,
+			setup: kernelFourPaths(true)},
 		{name: "agent userspace PM, 4 paths, cross traffic", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: crossTraffic,
 			rule: func(int) *agent.Rule { return &agent.Rule{Subflows: agent.SubflowsUserspace} }},
+		// The same with every wire copying what crosses it, as a physical
+		// link does: the receiving pod no longer reads pages the sending
+		// kernel shares with it.
+		{name: "agent userspace PM, 4 paths, cross traffic, copying wires", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: crossTraffic,
+			setup: func(t *testing.T, bed *testbed.Bed) { testbed.Must(t, bed.CopyOnWires()) },
+			rule:  func(int) *agent.Rule { return &agent.Rule{Subflows: agent.SubflowsUserspace} }},
+		{name: "agent userspace PM, 4 paths, cross traffic, copying wires, DSS checksums", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: crossTraffic,
+			setup: func(t *testing.T, bed *testbed.Bed) { testbed.Must(t, bed.CopyOnWires()) },
+			rule:  func(int) *agent.Rule { return &agent.Rule{Subflows: agent.SubflowsUserspace, DataChecksums: true} }},
+	}
+}
+
+// kernelFourPaths hand-routes a port per extra path of a fourPaths bed,
+// has node 2's pods announce them and node 1's accept them, and makes
+// every wire copy what crosses it; checksums turns DSS checksums on in
+// every pod.
+func kernelFourPaths(checksums bool) func(t *testing.T, bed *testbed.Bed) {
+	return func(t *testing.T, bed *testbed.Bed) {
+		ports := []int{40002, 40003, 40004}
+		testbed.Must(t, bed.HandRoute(ports))
+		for j := 1; j <= 2; j++ {
+			testbed.Must(t, bed.ConfigureSignalPorts(bed.Pod(2, j), ports))
+			testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, j), 3, 3))
+		}
+		testbed.Must(t, bed.CopyOnWires())
+		if checksums {
+			for _, n := range bed.Nodes {
+				for _, p := range n.Pods {
+					testbed.Must(t, bed.Sysctl(p.NetNS, "net.mptcp.checksum_enabled", "1"))
+				}
+			}
+		}
+	}
+}
+
+// shortConnections are 8 connections of 1 MB from each pod of node 1 to
+// its peer on node 2.
+func shortConnections(bed *testbed.Bed) []flow {
+	return []flow{
+		{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: 8, bytes: 1 << 20},
+		{client: bed.Pod(1, 2), server: bed.Pod(2, 2), port: 5202, conns: 8, bytes: 1 << 20},
 	}
 }
 

@@ -20,6 +20,7 @@ type flow struct {
 	port           int
 	conns          int
 	cc             string // the senders' congestion control; the namespace's when empty
+	bytes          int64  // what each connection sends; for the transfer's duration when 0
 }
 
 // runFlows starts a server per flow, runs all clients at once for d,
@@ -90,6 +91,9 @@ func launchFlowsReporting(t *testing.T, bed *testbed.Bed, flows []flow, d time.D
 			// Each flow sends streams of its own (seeded by its port), so
 			// that no two connections of a transfer carry the same bytes.
 			args := []string{"-conns", fmt.Sprint(f.conns), "-duration", d.String(), "-seed", fmt.Sprint(f.port)}
+			if f.bytes > 0 {
+				args = append(args, "-bytes", fmt.Sprint(f.bytes))
+			}
 			if f.cc != "" {
 				args = append(args, "-cc", f.cc)
 			}
