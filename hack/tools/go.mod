@@ -48,6 +48,8 @@ tool (
 	sigs.k8s.io/controller-tools/cmd/controller-gen
 )
 
+require github.com/google/go-containerregistry v0.22.1
+
 require (
 	github.com/google/go-containerregistry v0.22.1
 	golang.org/x/mod v0.39.0
