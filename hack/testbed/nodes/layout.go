@@ -98,6 +98,12 @@ func (l layout) tunable(key string) string {
 func (l layout) mountScript() string {
 	var b strings.Builder
 	b.WriteString("set -e\n")
+	// "/" shared, as on a systemd host: containerd looks for the mount that
+	// holds a hostPath literally, without following symlinks, so the
+	// HostToContainer propagation of /var/run/netns (/var/run -> /run) is
+	// checked against "/", which must be shared or a slave. The namespace's
+	// "/" joins no peer group of the machine's: nothing propagates back.
+	b.WriteString("mount --make-shared /\n")
 	bind := func(src, dst string, shared bool) {
 		fmt.Fprintf(&b, "mount --bind %s %s\n", shellQuote(src), shellQuote(dst))
 		if shared {

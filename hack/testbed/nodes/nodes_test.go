@@ -37,10 +37,7 @@ import (
 func TestRealNodesRunPodsThatTalkMPTCP(t *testing.T) {
 	testbed.RequireRoot(t)
 	nodes.RequireTools(t)
-	images, err := nodes.BuildTestImages(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	images := testImages(t)
 	var bed *testbed.Bed
 	var fp []nodeFootprint
 	// Registered first, so it runs last: after the nodes, the bed and the
@@ -140,12 +137,14 @@ func TestRealNodesRunPodsThatTalkMPTCP(t *testing.T) {
 // without the operator.
 func startCluster(t *testing.T) *controlplane.ControlPlane {
 	t.Helper()
+	start := time.Now()
 	cp, err := controlplane.Start(context.Background(), controlplane.Options{
 		Assets: testenv.Assets(t), Dir: t.TempDir(), Cluster: true, NoOperator: true,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("API server, kube-controller-manager and kube-scheduler up in %s", time.Since(start).Round(100*time.Millisecond))
 	t.Cleanup(func() {
 		if err := cp.Stop(); err != nil {
 			t.Errorf("stop control plane: %v", err)
@@ -299,10 +298,7 @@ func procEnv(pid int) map[string]string {
 func TestSweepRemovesRealNodesOfACrashedRun(t *testing.T) {
 	testbed.RequireRoot(t)
 	nodes.RequireTools(t)
-	images, err := nodes.BuildTestImages(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	images := testImages(t)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 1})
 	cp := startCluster(t)
 	ctx := context.Background()
