@@ -12,7 +12,10 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -38,13 +41,13 @@ func TestClusterRunsDaemonSetsAndDeployments(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	labels := map[string]string{"app": "hostnet"}
+	dsLabels := map[string]string{"app": "hostnet"}
 	ds := &appsv1.DaemonSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "traffic", Name: "hostnet"},
 		Spec: appsv1.DaemonSetSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Selector: &metav1.LabelSelector{MatchLabels: dsLabels},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				ObjectMeta: metav1.ObjectMeta{Labels: dsLabels},
 				Spec: corev1.PodSpec{
 					HostNetwork: true,
 					Containers: []corev1.Container{{
@@ -137,11 +140,7 @@ func TestClusterRunsDaemonSetsAndDeployments(t *testing.T) {
 // waitRunning waits until want pods match the label selector and run.
 func waitRunning(t *testing.T, c client.Client, selector string, want int) []corev1.Pod {
 	t.Helper()
-	sel, err := metav1.ParseToLabelSelector(selector)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls, err := metav1.LabelSelectorAsSelector(sel)
+	ls, err := labels.Parse(selector)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,4 +196,96 @@ func sameNetNS(a, b string) bool {
 		return false
 	}
 	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
+}
+
+// A readiness gate does not hold a workload on a real kubelet; an init
+// container running `traffic await` does: it asks the API server, as the
+// pod's service account, for its own pod's condition, and the workload
+// starts only once the condition (the agent's mptcp.io/ready) is True. This
+// is how make demo holds its pods until the agent has configured them.
+func TestInitContainerHoldsWorkloadUntilPodCondition(t *testing.T) {
+	testbed.RequireRoot(t)
+	nodes.RequireTools(t)
+	images := testImages(t)
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 1})
+	cp := startCluster(t)
+	c := nodes.StartForTest(t, bed, cp, images, nodes.TestPauseImage)
+	ctx := context.Background()
+	const gate = "mptcp.io/ready"
+	objs := []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "traffic"}},
+		&rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "traffic", Name: "read-own-pod"},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}}},
+		},
+		&rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "traffic", Name: "read-own-pod"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "read-own-pod"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "traffic", Name: "default"}},
+		},
+	}
+	for _, o := range objs {
+		if err := cp.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	field := func(name, path string) corev1.EnvVar {
+		return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
+	}
+	pod := trafficPod("held", c.Node(1).Name, "serve", "-listen", "0.0.0.0:5201")
+	pod.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: gate}}
+	pod.Spec.InitContainers = []corev1.Container{{
+		Name: "await", Image: nodes.TestTrafficImage, ImagePullPolicy: corev1.PullNever,
+		Args: []string{"await", "-condition", gate},
+		Env:  []corev1.EnvVar{field("POD_NAME", "metadata.name"), field("POD_NAMESPACE", "metadata.namespace")},
+	}}
+	if err := cp.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+
+	// Held: an address, the init container waiting, no workload.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+			t.Fatal(err)
+		}
+		if pod.Status.PodIP != "" && len(pod.Status.InitContainerStatuses) == 1 && pod.Status.InitContainerStatuses[0].State.Running != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the init container does not run: %+v", pod.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second)
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+		t.Fatal(err)
+	}
+	if s := pod.Status.InitContainerStatuses; len(s) != 1 || s[0].State.Running == nil || workloadStarted(pod) {
+		log, _ := c.Node(1).ContainerLog(pod, "await", "")
+		t.Fatalf("3 s without the condition: want the init container still waiting and no workload, got %+v\nawait log:\n%s", pod.Status, log)
+	}
+
+	// The agent's gate, as the agent writes it: a condition merged into the
+	// pod's status.
+	patch := []byte(`{"status":{"conditions":[{"type":"` + gate + `","status":"True"}]}}`)
+	if err := cp.Client.Status().Patch(ctx, pod, client.RawPatch(types.StrategicMergePatchType, patch)); err != nil {
+		t.Fatal(err)
+	}
+	set := time.Now()
+	waitRunning(t, cp.Client, "", 1)
+	log, _ := c.Node(1).ContainerLog(pod, "await", "")
+	if !strings.Contains(log, "condition "+gate+" is True") {
+		t.Fatalf("await did not see the condition:\n%s", log)
+	}
+	t.Logf("workload started %s after the condition was set", time.Since(set).Round(100*time.Millisecond))
+}
+
+func workloadStarted(pod *corev1.Pod) bool {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.State.Running != nil || cs.State.Terminated != nil {
+			return true
+		}
+	}
+	return false
 }
