@@ -3,8 +3,9 @@
 // then, side by side in one run, single-path TCP, MPTCP left to kernel
 // routing, MPTCP with hand-written policy routing, and MPTCP steered by the
 // agent as a cluster runs it: a local API server with the controller, the
-// policies of examples/, one agent per node reading its node's state, and
-// pods whose workloads a kubelet stand-in starts from their specs. It prints per-NIC and total throughput, saves the sampled NIC
+// policies of examples/, a real kubelet and containerd on every node, one
+// agent per node reading its node's state, and pods run from the traffic
+// image. It prints per-NIC and total throughput, saves the sampled NIC
 // counters as CSV, draws them as an SVG chart, and tears everything down.
 package main
 
@@ -23,6 +24,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/controlplane"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed/nodes"
 )
 
 func main() {
@@ -30,7 +32,7 @@ func main() {
 	duration := flag.Duration("duration", 10*time.Second, "length of each transfer")
 	rate := flag.String("rate", "200mbit", "rate of each NIC's link, each direction")
 	conns := flag.Int("conns", 1, "concurrent connections per transfer")
-	assets := flag.String("assets", os.Getenv("KUBEBUILDER_ASSETS"), "directory with kube-apiserver and etcd (make -s print-envtest-assets)")
+	assets := flag.String("assets", os.Getenv("KUBEBUILDER_ASSETS"), "directory with kube-apiserver, etcd, kubelet, kube-controller-manager and kube-scheduler (make -s print-envtest-assets)")
 	flag.Parse()
 	if err := run(*out, *duration, *rate, *conns, *assets); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
@@ -45,7 +47,7 @@ func run(outDir string, duration time.Duration, rate string, conns int, assets s
 	if assets == "" {
 		return fmt.Errorf("needs kube-apiserver and etcd: run it with make demo, which builds them, or pass -assets $(make -s print-envtest-assets)")
 	}
-	for _, tool := range append(testbed.BedTools, "go") {
+	for _, tool := range append(append(testbed.BedTools, nodes.Tools...), "go") {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("needs %s on PATH (see .ci/run for the packages)", tool)
 		}
@@ -186,7 +188,7 @@ func runAPIScenario(ctx context.Context, bed *testbed.Bed, o framework.CompareOp
 	if err := api.startAgents(ctx, o.Agent); err != nil {
 		if errors.Is(err, controlplane.ErrNoKubeMode) {
 			// Show the rest of the flow all the same.
-			if herr := api.showHeld(ctx, o.Binaries); herr != nil {
+			if herr := api.showHeld(ctx); herr != nil {
 				o.Log("creating the server pod: %v", herr)
 			}
 			api.describeNodeStates(ctx)
@@ -194,7 +196,7 @@ func runAPIScenario(ctx context.Context, bed *testbed.Bed, o framework.CompareOp
 		}
 		return framework.Measurement{}, "", fmt.Errorf("%s: %w (logs in %s)", ScenarioAPI, err, logs)
 	}
-	m, err := api.transfer(ctx, o.Binaries, o.Duration, o.Warmup, o.Conns)
+	m, err := api.transfer(ctx, o.Duration, o.Warmup, o.Conns)
 	api.describeNodeStates(ctx)
 	if err != nil {
 		return m, "", fmt.Errorf("%s: %w (logs in %s)", ScenarioAPI, err, logs)
