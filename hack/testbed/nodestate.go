@@ -74,20 +74,35 @@ func MakeCgroup(path string) error {
 	}
 	parts := strings.Split(strings.Trim(path, "/"), "/")
 	for _, h := range hs {
-		parent := h
-		for _, part := range parts {
-			dir := filepath.Join(parent, part)
-			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-				return err
+		// Another bed's Sweep may remove the shared parent (CgroupParent) when
+		// it finds it empty, between two of these mkdirs: start over then.
+		var err error
+		for range 3 {
+			if err = makeCgroupIn(h, parts); !errors.Is(err, fs.ErrNotExist) {
+				break
 			}
-			if err := inheritCpuset(parent, dir); err != nil {
-				return err
-			}
-			if err := enableControllers(dir); err != nil {
-				return err
-			}
-			parent = dir
 		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func makeCgroupIn(hierarchy string, parts []string) error {
+	parent := hierarchy
+	for _, part := range parts {
+		dir := filepath.Join(parent, part)
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		if err := inheritCpuset(parent, dir); err != nil {
+			return err
+		}
+		if err := enableControllers(dir); err != nil {
+			return err
+		}
+		parent = dir
 	}
 	return nil
 }
