@@ -1,7 +1,9 @@
 package nodes
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -76,7 +78,15 @@ func (l layout) create() error {
 		dirs = append(dirs, l.private(d), d)
 	}
 	for _, d := range dirs {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+		// Another bed's Sweep may remove the shared NodeStateRoot when it
+		// finds it empty, while this MkdirAll walks down: try again then.
+		var err error
+		for range 3 {
+			if err = os.MkdirAll(d, 0o755); !errors.Is(err, fs.ErrNotExist) {
+				break
+			}
+		}
+		if err != nil {
 			return err
 		}
 	}

@@ -97,6 +97,13 @@ func TestClusterRunsDaemonSetsAndDeployments(t *testing.T) {
 		if !sameNetNS(fmt.Sprintf("/proc/%d/ns/net", pid), "/var/run/netns/"+n.Bed.NetNS) {
 			t.Errorf("hostNetwork pod %s is not in its node's network namespace %s", pod.Name, n.Bed.NetNS)
 		}
+		// The kubernetes Service address answers in the node's own
+		// namespace too: an agent pod's in-cluster client works.
+		bp, err := c.AttachPod(context.Background(), &pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertPodReachesAPIServer(t, n, &pod, bp)
 		probe := fmt.Sprintf("/proc/%d/root/sys/fs/bpf/probe-%s", pid, pod.Name)
 		if err := os.Mkdir(probe, 0o700); err != nil {
 			t.Fatalf("mkdir in pod %s's /sys/fs/bpf: %v", pod.Name, err)
