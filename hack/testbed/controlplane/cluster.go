@@ -1,9 +1,11 @@
 package controlplane
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -11,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
@@ -58,16 +62,27 @@ var clusterControllers = []string{
 // configureCluster sets the API server up for real nodes before it starts:
 // its own serving certificate that also names ServiceIP, the Node authorizer
 // and the NodeRestriction admission plugin (kubelets may only touch their own
-// Node and the pods bound to it), and the ServiceAccount admission plugin
-// back on (envtest turns it off), so that pods get a projected
-// service-account token.
-func configureCluster(dir string, pki **servingPKI) func(*envtest.Environment) error {
+// Node and the pods bound to it), the ServiceAccount admission plugin back on
+// (envtest turns it off), so that pods get a projected service-account
+// token, a client certificate toward kubelets, and its "cluster" egress (to
+// kubelets, pods) through cp's egress proxy, which dials from inside the bed
+// (egress.go). Webhooks and aggregated APIs are dialed at their endpoints'
+// addresses (aggregator routing): there is no kube-proxy to turn a Service's
+// address into them.
+func (cp *ControlPlane) configureCluster(dir string) func(*envtest.Environment) error {
 	return func(e *envtest.Environment) error {
 		p, err := writeServingPKI(filepath.Join(dir, "apiserver"), []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(ServiceIP)})
 		if err != nil {
 			return err
 		}
-		*pki = p
+		cp.pki = p
+		if cp.egress, err = startEgressProxy(); err != nil {
+			return err
+		}
+		egressConfig, err := cp.egress.writeConfig(filepath.Dir(p.CertFile))
+		if err != nil {
+			return err
+		}
 		api := e.ControlPlane.GetAPIServer()
 		// envtest keeps a serving certificate it finds in its directory, and
 		// then trusts the CA it is told.
@@ -78,8 +93,50 @@ func configureCluster(dir string, pki **servingPKI) func(*envtest.Environment) e
 			Set("enable-admission-plugins", "NodeRestriction").
 			Disable("disable-admission-plugins").
 			Set("service-account-key-file", p.SAPubFile).
-			Set("service-account-signing-key-file", p.SAKeyFile)
+			Set("service-account-signing-key-file", p.SAKeyFile).
+			Set("kubelet-client-certificate", p.KubeletClientCertFile).
+			Set("kubelet-client-key", p.KubeletClientKeyFile).
+			Set("kubelet-preferred-address-types", "InternalIP").
+			Set("egress-selector-config-file", egressConfig).
+			Set("enable-aggregator-routing", "true")
 		return nil
+	}
+}
+
+// allowKubeletAccess lets the API server's kubelet client use kubelets' API
+// (logs, exec, port-forward), as kubeadm binds it, and writes the CA bundle
+// kubelets authenticate clients with: the API server's client CA (users of
+// WriteUserKubeconfig) and the kubelet-client CA.
+func (cp *ControlPlane) allowKubeletAccess(ctx context.Context, dir string) error {
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-apiserver-kubelet-api-admin"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:kubelet-api-admin"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: KubeletClientUser}},
+	}
+	if err := cp.Client.Create(ctx, binding); err != nil {
+		return err
+	}
+	clientCA, err := os.ReadFile(cp.Env.ClientCAFile())
+	if err != nil {
+		return fmt.Errorf("the API server's client CA: %w", err)
+	}
+	cp.kubeletClientCAs = filepath.Join(dir, "apiserver", "kubelet-client-cas.crt")
+	return os.WriteFile(cp.kubeletClientCAs, append(append(clientCA, '\n'), cp.pki.KubeletClientCA...), 0o600)
+}
+
+// KubeletClientCAFile is the CA bundle a kubelet trusts client certificates
+// of (its configuration's authentication.x509.clientCAFile): the API
+// server's own client certificate toward kubelets, and every user of
+// WriteUserKubeconfig. Cluster mode only.
+func (cp *ControlPlane) KubeletClientCAFile() string { return cp.kubeletClientCAs }
+
+// RouteToNode has the API server reach prefixes (a node's addresses, its pod
+// CIDR) from inside network namespace ns (a name under /var/run/netns), for
+// kubectl logs, exec and port-forward and for pods serving webhooks.
+// Cluster mode only.
+func (cp *ControlPlane) RouteToNode(ns string, prefixes ...netip.Prefix) {
+	if cp.egress != nil {
+		cp.egress.addRoute(ns, prefixes...)
 	}
 }
 

@@ -60,8 +60,11 @@ type ControlPlane struct {
 	// components are kube-controller-manager and kube-scheduler (Cluster).
 	components []*component
 	pki        *servingPKI
-	relays     []*testbed.Relay
-	apiRelays  map[string]*testbed.Relay // by namespace (RelayInto)
+	egress     *egressProxy
+	// kubeletClientCAs is the CA bundle kubelets trust (Cluster).
+	kubeletClientCAs string
+	relays           []*testbed.Relay
+	apiRelays        map[string]*testbed.Relay // by namespace (RelayInto)
 }
 
 // Namespace of the operator's components (config/agent).
@@ -71,16 +74,17 @@ const Namespace = "mptcp-system"
 // controllers and scheduler), applies config/agent and starts the controller
 // unless NoOperator is set. On error everything started is stopped.
 func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
-	var pki *servingPKI
+	cp = &ControlPlane{Kubeconfig: filepath.Join(o.Dir, "kubeconfig")}
 	var configure func(*envtest.Environment) error
 	if o.Cluster {
-		configure = configureCluster(o.Dir, &pki)
+		configure = cp.configureCluster(o.Dir)
 	}
 	env, err := testenv.LaunchWith(o.Assets, configure)
 	if err != nil {
+		cp.egress.close()
 		return nil, err
 	}
-	cp = &ControlPlane{Env: env, Client: env.Client, Kubeconfig: filepath.Join(o.Dir, "kubeconfig"), pki: pki}
+	cp.Env, cp.Client = env, env.Client
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, cp.Stop())
@@ -91,6 +95,9 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 		return cp, err
 	}
 	if o.Cluster {
+		if err := cp.allowKubeletAccess(ctx, o.Dir); err != nil {
+			return cp, err
+		}
 		if err := cp.startClusterComponents(o); err != nil {
 			return cp, err
 		}
@@ -155,6 +162,8 @@ func (cp *ControlPlane) Stop() error {
 		errs = append(errs, cp.Env.Stop())
 		cp.Env = nil
 	}
+	cp.egress.close()
+	cp.egress = nil
 	return errors.Join(errs...)
 }
 
