@@ -23,8 +23,8 @@ const cniBinDir = "/usr/lib/cni"
 //     runc cannot lower a sandbox's oom_score_adj to -998; containerd clamps it
 //     to its own instead of failing the sandbox;
 //   - no TCP service, and the streaming server (exec, attach, port-forward) on
-//     the node's loopback with a free port: the API server, on the machine's
-//     loopback, cannot reach a node's addresses anyway (docs/testbed.md);
+//     the node's loopback with a free port: the kubelet, in the same
+//     namespace, proxies the API server's streams to it;
 //   - runc with cgroupfs, as the kubelet's cgroupDriver.
 //
 // The opt plugin's directory is moved into the node's state: its default,
@@ -104,8 +104,9 @@ func cniConfig(cidr netip.Prefix, gateway, first, last netip.Addr) ([]byte, erro
 //   - image garbage collection off (threshold 100 %): imported images cannot
 //     be pulled again, and the machine's disk is shared with other jobs;
 //     eviction only at 1 % free for the same reason;
-//   - no read-only port; authentication of its API by client certificate or
-//     token review, authorization by SubjectAccessReview, as kubeadm sets it;
+//   - no read-only port; authentication of its API by client certificate
+//     (clientCAFile: the API server's kubelet client among them) or token
+//     review, authorization by SubjectAccessReview, as kubeadm sets it;
 //   - no cluster DNS (none runs): pods get the machine's resolv.conf.
 func kubeletConfig(cgroupRoot, clientCAFile string) ([]byte, error) {
 	conf := map[string]any{

@@ -11,41 +11,64 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/nodes"
 )
 
-// nodeFootprint is what a real node leaves on the machine while it runs,
-// recorded to be checked after teardown.
+// nodeFootprint is what a real node runs on the machine, recorded to be
+// checked after teardown: processes by PID and start time (a PID may be
+// given to another process meanwhile).
 type nodeFootprint struct {
-	pids    []int  // containerd, kubelet and the pods' processes
-	mountNS string // "mnt:[N]"
+	procs []procID // containerd, kubelet, shims, the pods' processes
 }
 
-// footprint records the processes and mount namespace of every node.
+type procID struct {
+	pid   int
+	start string // field 22 of /proc/PID/stat, in clock ticks since boot
+}
+
+// footprint records the processes of every node: its containerd and
+// kubelet, what its cgroups hold (the pods) and what its mount namespace
+// holds (the shims), while the nodes run.
 func footprint(c *nodes.Cluster) []nodeFootprint {
 	var out []nodeFootprint
 	for _, n := range c.Nodes {
-		f := nodeFootprint{pids: append([]int{n.Containerd.PID, n.Kubelet.PID}, testbed.CgroupPIDs(n.Cgroup)...)}
-		f.mountNS, _ = os.Readlink(n.MountNS())
+		pids := append([]int{n.Containerd.PID, n.Kubelet.PID}, testbed.CgroupPIDs(n.Cgroup)...)
+		if ns, err := os.Readlink(n.MountNS()); err == nil {
+			pids = append(pids, nodes.PIDsInMountNS(ns)...)
+		}
+		var f nodeFootprint
+		for _, pid := range pids {
+			if st := startTime(pid); st != "" {
+				f.procs = append(f.procs, procID{pid, st})
+			}
+		}
 		out = append(out, f)
 	}
 	return out
 }
 
+func startTime(pid int) string {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return ""
+	}
+	// pid (comm) state ...: comm may hold spaces, the fields follow the last ')'.
+	i := strings.LastIndexByte(string(stat), ')')
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 20 || f[0] == "Z" {
+		return ""
+	}
+	return f[19] // field 22 overall: starttime
+}
+
 // assertNothingLeft checks, once the nodes, the bed and the control plane are
-// gone, that the machine holds nothing of them: no process they ran, no
-// process in a node's mount namespace (so the namespace and every mount in
-// it are gone), no cgroup, state directory, pin directory or namespace of the
-// bed, and no mount naming the bed in the machine's mount table.
+// gone, that the machine holds nothing of them: no process they ran (so no
+// mount namespace of a node either: only they were in it), no cgroup, state
+// directory, pin directory or namespace of the bed, and no mount naming the
+// bed in the machine's mount table.
 func assertNothingLeft(t *testing.T, bed *testbed.Bed, before []nodeFootprint) {
 	t.Helper()
 	for _, f := range before {
-		for _, pid := range f.pids {
-			if _, err := os.Stat(filepath.Join("/proc", itoa(pid))); err == nil && !zombie(pid) {
-				t.Errorf("process %d still runs", pid)
-			}
-		}
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			if l, err := os.Readlink(filepath.Join("/proc", e.Name(), "ns", "mnt")); err == nil && l == f.mountNS {
-				t.Errorf("process %s is still in a node's mount namespace %s", e.Name(), l)
+		for _, p := range f.procs {
+			if startTime(p.pid) == p.start {
+				t.Errorf("process %d still runs", p.pid)
 			}
 		}
 	}
@@ -76,14 +99,3 @@ func assertNothingLeft(t *testing.T, bed *testbed.Bed, before []nodeFootprint) {
 		}
 	}
 }
-
-func zombie(pid int) bool {
-	stat, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "stat"))
-	if err != nil {
-		return true
-	}
-	i := strings.LastIndexByte(string(stat), ')')
-	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
-}
-
-func itoa(i int) string { return strconv.Itoa(i) }

@@ -90,6 +90,11 @@ type Node struct {
 
 	layout  layout
 	mountNS string // the node's mount namespace, as readlink /proc/PID/ns/mnt shows it
+	// mountNSRef holds the node's mount namespace open until Stop has
+	// checked that no process is left in it: while it is held, its number
+	// cannot be given to another namespace, so that matching processes by
+	// it never finds (and stops) anyone else's.
+	mountNSRef *os.File
 }
 
 // Socket is the machine's path of the node's containerd socket.
@@ -184,7 +189,7 @@ func (c *Cluster) prepare(ctx context.Context, n *Node) error {
 	if err != nil {
 		return err
 	}
-	kubelet, err := kubeletConfig(n.Cgroup, cp.Env.ClientCAFile())
+	kubelet, err := kubeletConfig(n.Cgroup, cp.KubeletClientCAFile())
 	if err != nil {
 		return err
 	}
@@ -205,6 +210,13 @@ func (c *Cluster) prepare(ctx context.Context, n *Node) error {
 	if _, err := cp.RelayInto(n.Bed.NetNS); err != nil {
 		return err
 	}
+	// The API server reaches the kubelet (logs, exec) and the node's pods
+	// (webhooks) from inside the node.
+	routes := []netip.Prefix{n.Bed.PodCIDR}
+	for _, nic := range n.Bed.NICs {
+		routes = append(routes, netip.PrefixFrom(nic.Addr.Addr(), 32))
+	}
+	cp.RouteToNode(n.Bed.NetNS, routes...)
 	_, err = cp.RelayServiceInto(n.Bed.NetNS)
 	return err
 }
@@ -259,6 +271,9 @@ func (c *Cluster) startContainerd(ctx context.Context, n *Node) error {
 	}
 	// The chain unshare -> nsenter -> sh -> containerd execs, one PID: now
 	// that containerd answers, its mount namespace is the node's.
+	if n.mountNSRef, err = os.Open(n.MountNS()); err != nil {
+		return err
+	}
 	ns, err := os.Readlink(n.MountNS())
 	if err != nil {
 		return err
@@ -376,11 +391,14 @@ func (c *Cluster) stopNode(n *Node) error {
 	if n.Containerd != nil {
 		errs = append(errs, n.Containerd.Stop(5*time.Second))
 	}
-	if n.mountNS != "" {
-		testbed.StopPIDs(pidsInMountNS(n.mountNS))
-		if left := pidsInMountNS(n.mountNS); len(left) > 0 {
+	if n.mountNSRef != nil {
+		testbed.StopPIDs(PIDsInMountNS(n.mountNS))
+		if left := PIDsInMountNS(n.mountNS); len(left) > 0 {
 			errs = append(errs, fmt.Errorf("node %s: processes %v still in its mount namespace", n.Name, left))
 		}
+		// The namespace, and every mount in it, goes with this last reference.
+		n.mountNSRef.Close()
+		n.mountNSRef = nil
 	}
 	errs = append(errs, testbed.RemoveCgroup(n.Cgroup))
 	if err := os.RemoveAll(n.Dir); err != nil {
@@ -395,8 +413,10 @@ func (c *Cluster) stopNode(n *Node) error {
 	return errors.Join(errs...)
 }
 
-// pidsInMountNS lists the processes whose mount namespace is ns ("mnt:[N]").
-func pidsInMountNS(ns string) []int {
+// PIDsInMountNS lists the processes whose mount namespace is ns ("mnt:[N]").
+// Only meaningful while something holds that namespace: a freed namespace's
+// number is given to the next one.
+func PIDsInMountNS(ns string) []int {
 	entries, _ := os.ReadDir("/proc")
 	var pids []int
 	for _, e := range entries {

@@ -18,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
@@ -108,6 +109,7 @@ func TestRealNodesRunPodsThatTalkMPTCP(t *testing.T) {
 	client1 = waitPod(t, cp, c, client1, corev1.PodSucceeded)
 	fp = footprint(c)
 	sent := decodeLines[testbed.SenderReport](t, c.Node(1), client1)
+	assertLogsThroughAPIServer(t, cp, c.Node(1), client1)
 	var got []testbed.ServerReport
 	deadline := time.Now().Add(20 * time.Second)
 	for len(got) == 0 && time.Now().Before(deadline) {
@@ -321,12 +323,40 @@ func TestSweepRemovesRealNodesOfACrashedRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	fp := footprint(c)
-	if len(fp[0].pids) < 4 {
-		t.Fatalf("want containerd, kubelet, the pod's sandbox and container running, got PIDs %v", fp[0].pids)
+	if len(fp[0].procs) < 5 {
+		t.Fatalf("want containerd, kubelet, a shim, the pod's sandbox and container running, got %v", fp[0].procs)
 	}
 
 	if err := testbed.Sweep(bed.Name); err != nil {
 		t.Fatalf("sweep: %v", err)
 	}
 	assertNothingLeft(t, bed, fp)
+	// Unlike a crashed run, this process still holds the node's mount
+	// namespace open (Node.mountNSRef); Stop after a sweep finds nothing to
+	// stop and lets it go.
+	if err := c.Stop(); err != nil {
+		t.Fatalf("stop after sweep: %v", err)
+	}
+}
+
+// assertLogsThroughAPIServer reads a container's log as kubectl logs does,
+// from the API server, which reaches the kubelet through its egress proxy
+// from inside the node, and compares it with the kubelet's file.
+func assertLogsThroughAPIServer(t *testing.T, cp *controlplane.ControlPlane, n *nodes.Node, pod *corev1.Pod) {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(cp.Env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := cs.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "traffic"}).DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("logs of pod %s through the API server: %v", pod.Name, err)
+	}
+	file, err := n.ContainerLog(pod, "traffic", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(raw) != file {
+		t.Fatalf("logs of pod %s through the API server:\n%s\nin the kubelet's file:\n%s", pod.Name, raw, file)
+	}
 }

@@ -30,8 +30,9 @@ func (c *Cluster) NodeOf(pod *corev1.Pod) *Node {
 
 // ContainerLog returns what a container of the pod wrote to stream ("stdout",
 // "stderr", or "" for both), across its restarts, read from the files the
-// kubelet keeps under the node's /var/log/pods. (kubectl logs needs the API
-// server to reach the kubelet, which it cannot here: docs/testbed.md.)
+// kubelet keeps under the node's /var/log/pods: what kubectl logs shows,
+// without a round trip through the API server, and still there after the
+// pod is deleted until the node stops.
 func (n *Node) ContainerLog(pod *corev1.Pod, container, stream string) (string, error) {
 	dir := n.layout.private(filepath.Join("/var/log/pods", fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID), container))
 	files, err := filepath.Glob(filepath.Join(dir, "*.log"))
