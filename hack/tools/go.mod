@@ -51,7 +51,6 @@ tool (
 require github.com/google/go-containerregistry v0.22.1
 
 require (
-	github.com/google/go-containerregistry v0.22.1
 	golang.org/x/mod v0.39.0
 	sigs.k8s.io/yaml v1.6.0
 )

@@ -10,6 +10,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/nodes"
+	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -26,21 +27,22 @@ func TestMain(m *testing.M) {
 var (
 	imagesOnce sync.Once
 	imagesDir  string
-	images     []nodes.Image
+	images     nodes.Images
 	imagesErr  error
 )
 
-// testImages builds the pause and traffic images once for the package's
-// tests.
-func testImages(t *testing.T) []nodes.Image {
+// testImages builds the project's images (make images' builder, IMAGEBUILD)
+// once for the package's tests.
+func testImages(t *testing.T) nodes.Images {
 	t.Helper()
+	builder := testutil.BuiltTool(t, "IMAGEBUILD", "imagebuild")
 	imagesOnce.Do(func() {
 		if imagesDir, imagesErr = os.MkdirTemp("", "nodes-images-"); imagesErr == nil {
-			images, imagesErr = nodes.BuildTestImages(imagesDir)
+			images, imagesErr = nodes.BuildImages(builder, imagesDir)
 		}
 	})
 	if imagesErr != nil {
-		t.Fatalf("building the test images: %v", imagesErr)
+		t.Fatalf("building the images: %v", imagesErr)
 	}
 	return images
 }

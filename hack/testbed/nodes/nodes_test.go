@@ -54,7 +54,7 @@ func TestRealNodesRunPodsThatTalkMPTCP(t *testing.T) {
 	start := time.Now()
 	c, err := nodes.Start(ctx, nodes.Options{
 		Bed: bed, ControlPlane: cp, Assets: testenv.Assets(t),
-		Images: images, SandboxImage: nodes.TestPauseImage,
+		Images: images.All(), SandboxImage: images[nodes.PauseImage].Ref,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +162,7 @@ func trafficPod(name, node string, args ...string) *corev1.Pod {
 			NodeName:      node,
 			RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{
-				Name: "traffic", Image: nodes.TestTrafficImage, ImagePullPolicy: corev1.PullNever, Args: args,
+				Name: "traffic", Image: images[nodes.TrafficImage].Ref, ImagePullPolicy: corev1.PullNever, Args: args,
 			}},
 		},
 	}
@@ -306,7 +306,7 @@ func TestSweepRemovesRealNodesOfACrashedRun(t *testing.T) {
 	ctx := context.Background()
 	c, err := nodes.Start(ctx, nodes.Options{
 		Bed: bed, ControlPlane: cp, Assets: testenv.Assets(t),
-		Images: images, SandboxImage: nodes.TestPauseImage,
+		Images: images.All(), SandboxImage: images[nodes.PauseImage].Ref,
 	})
 	if err != nil {
 		t.Fatal(err)

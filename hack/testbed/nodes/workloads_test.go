@@ -35,7 +35,7 @@ func TestClusterRunsDaemonSetsAndDeployments(t *testing.T) {
 	images := testImages(t)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 1})
 	cp := startCluster(t)
-	c := nodes.StartForTest(t, bed, cp, images, nodes.TestPauseImage)
+	c := nodes.StartForTest(t, bed, cp, images)
 	ctx := context.Background()
 	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "traffic"}}); err != nil {
 		t.Fatal(err)
@@ -51,7 +51,7 @@ func TestClusterRunsDaemonSetsAndDeployments(t *testing.T) {
 				Spec: corev1.PodSpec{
 					HostNetwork: true,
 					Containers: []corev1.Container{{
-						Name: "traffic", Image: nodes.TestTrafficImage, ImagePullPolicy: corev1.PullNever,
+						Name: "traffic", Image: images[nodes.TrafficImage].Ref, ImagePullPolicy: corev1.PullNever,
 						Args: []string{"serve", "-listen", "127.0.0.1:7000"},
 						VolumeMounts: []corev1.VolumeMount{
 							{Name: "bpffs", MountPath: "/sys/fs/bpf"},
@@ -77,7 +77,7 @@ func TestClusterRunsDaemonSetsAndDeployments(t *testing.T) {
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "servers"}},
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "traffic", Image: nodes.TestTrafficImage, ImagePullPolicy: corev1.PullNever,
+					Name: "traffic", Image: images[nodes.TrafficImage].Ref, ImagePullPolicy: corev1.PullNever,
 					Args: []string{"serve", "-listen", "0.0.0.0:5201"},
 				}}},
 			},
@@ -216,7 +216,7 @@ func TestInitContainerHoldsWorkloadUntilPodCondition(t *testing.T) {
 	images := testImages(t)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 1})
 	cp := startCluster(t)
-	c := nodes.StartForTest(t, bed, cp, images, nodes.TestPauseImage)
+	c := nodes.StartForTest(t, bed, cp, images)
 	ctx := context.Background()
 	const gate = "mptcp.io/ready"
 	objs := []client.Object{
@@ -242,7 +242,7 @@ func TestInitContainerHoldsWorkloadUntilPodCondition(t *testing.T) {
 	pod := trafficPod("held", c.Node(1).Name, "serve", "-listen", "0.0.0.0:5201")
 	pod.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: gate}}
 	pod.Spec.InitContainers = []corev1.Container{{
-		Name: "await", Image: nodes.TestTrafficImage, ImagePullPolicy: corev1.PullNever,
+		Name: "await", Image: images[nodes.TrafficImage].Ref, ImagePullPolicy: corev1.PullNever,
 		Args: []string{"await", "-condition", gate},
 		Env:  []corev1.EnvVar{field("POD_NAME", "metadata.name"), field("POD_NAMESPACE", "metadata.namespace")},
 	}}
