@@ -16,5 +16,5 @@ $(NODE_ASSETS):
 	hack/envtest-assets.sh $(KUBE_VERSION) $(ENVTEST_ASSETS) $(notdir $@)
 
 .PHONY: test-nodes
-test-nodes: deps envtest-assets node-assets ## Run the real-node tests (root): kubelets, containerd and pods on the test bed.
-	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) $(GO) test -count=1 -v ./hack/testbed/nodes/
+test-nodes: deps envtest-assets node-assets $(IMAGEBUILD) ## Run the real-node tests (root): kubelets, containerd and pods on the test bed.
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) IMAGEBUILD=$(IMAGEBUILD) $(GO) test -count=1 -v ./hack/testbed/nodes/

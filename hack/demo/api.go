@@ -45,20 +45,20 @@ const (
 
 // apiRun is the control plane, real nodes and agents of the scenario.
 type apiRun struct {
-	bed       *testbed.Bed
-	cp        *controlplane.ControlPlane
-	nodes     *nodes.Cluster
-	agents    []*controlplane.Agent
-	imagesDir string
-	logs      string
-	log       func(format string, args ...any)
+	bed    *testbed.Bed
+	cp     *controlplane.ControlPlane
+	nodes  *nodes.Cluster
+	images nodes.Images
+	agents []*controlplane.Agent
+	logs   string
+	log    func(format string, args ...any)
 }
 
 // startAPI brings up the control plane (API server, kube-controller-manager,
 // kube-scheduler, config/agent, the controller binary), a kubelet and a
-// containerd on every bed node, and applies examples/. Close stops
-// everything.
-func startAPI(ctx context.Context, bed *testbed.Bed, bins framework.Binaries, assets, logs string, log func(string, ...any)) (r *apiRun, err error) {
+// containerd on every bed node with the images of imagesDir (make images),
+// and applies examples/. Close stops everything.
+func startAPI(ctx context.Context, bed *testbed.Bed, bins framework.Binaries, assets, imagesDir, logs string, log func(string, ...any)) (r *apiRun, err error) {
 	// Only this run's logs: bed prefixes differ between runs.
 	if err := os.RemoveAll(logs); err != nil {
 		return nil, err
@@ -70,20 +70,16 @@ func startAPI(ctx context.Context, bed *testbed.Bed, bins framework.Binaries, as
 	if err != nil {
 		return nil, err
 	}
-	r = &apiRun{bed: bed, logs: logs, log: log}
+	images, err := nodes.ReadImages(imagesDir)
+	if err != nil {
+		return nil, err
+	}
+	r = &apiRun{bed: bed, images: images, logs: logs, log: log}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, r.Close())
 		}
 	}()
-	log("building the pause and traffic images ...")
-	if r.imagesDir, err = os.MkdirTemp("", "mptcp-demo-images-"); err != nil {
-		return r, err
-	}
-	images, err := nodes.BuildTestImages(r.imagesDir)
-	if err != nil {
-		return r, err
-	}
 	log("starting the control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, CRDs, config/agent, the controller ...")
 	cplog, err := os.Create(filepath.Join(logs, "control-plane.log"))
 	if err != nil {
@@ -97,7 +93,7 @@ func startAPI(ctx context.Context, bed *testbed.Bed, bins framework.Binaries, as
 		return r, err
 	}
 	log("starting a containerd and a kubelet on every node ...")
-	r.nodes, err = nodes.Start(ctx, nodes.Options{Bed: bed, ControlPlane: r.cp, Assets: assets, Images: images, SandboxImage: nodes.TestPauseImage})
+	r.nodes, err = nodes.Start(ctx, nodes.Options{Bed: bed, ControlPlane: r.cp, Assets: assets, Images: images.All(), SandboxImage: images[nodes.PauseImage].Ref})
 	if err != nil {
 		return r, err
 	}
@@ -199,9 +195,6 @@ func (r *apiRun) Close() error {
 	if r.cp != nil {
 		errs = append(errs, r.cp.Stop())
 	}
-	if r.imagesDir != "" {
-		errs = append(errs, os.RemoveAll(r.imagesDir))
-	}
 	return errors.Join(errs...)
 }
 
@@ -220,12 +213,12 @@ func (r *apiRun) pod(name string, node *testbed.Node, env []corev1.EnvVar, args 
 			RestartPolicy:  corev1.RestartPolicyNever,
 			ReadinessGates: []corev1.PodReadinessGate{{ConditionType: readyGate}},
 			InitContainers: []corev1.Container{{
-				Name: "await-agent", Image: nodes.TestTrafficImage, ImagePullPolicy: corev1.PullNever,
+				Name: "await-agent", Image: r.images[nodes.TrafficImage].Ref, ImagePullPolicy: corev1.PullNever,
 				Args: []string{"await", "-condition", readyGate},
 				Env:  []corev1.EnvVar{field("POD_NAME", "metadata.name"), field("POD_NAMESPACE", "metadata.namespace")},
 			}},
 			Containers: []corev1.Container{{
-				Name: "traffic", Image: nodes.TestTrafficImage, ImagePullPolicy: corev1.PullNever,
+				Name: "traffic", Image: r.images[nodes.TrafficImage].Ref, ImagePullPolicy: corev1.PullNever,
 				Args: args, Env: env,
 			}},
 		},

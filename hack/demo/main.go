@@ -33,14 +33,15 @@ func main() {
 	rate := flag.String("rate", "200mbit", "rate of each NIC's link, each direction")
 	conns := flag.Int("conns", 1, "concurrent connections per transfer")
 	assets := flag.String("assets", os.Getenv("KUBEBUILDER_ASSETS"), "directory with kube-apiserver, etcd, kubelet, kube-controller-manager and kube-scheduler (make -s print-envtest-assets)")
+	images := flag.String("images", "_output/images", "directory with the image archives and images.json of make images")
 	flag.Parse()
-	if err := run(*out, *duration, *rate, *conns, *assets); err != nil {
+	if err := run(*out, *duration, *rate, *conns, *assets, *images); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(outDir string, duration time.Duration, rate string, conns int, assets string) error {
+func run(outDir string, duration time.Duration, rate string, conns int, assets, images string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root: it creates network namespaces and loads BPF programs (run: sudo make demo)")
 	}
@@ -98,7 +99,7 @@ func run(outDir string, duration time.Duration, rate string, conns int, assets s
 	notRun := ""
 	if err == nil {
 		var m framework.Measurement
-		m, notRun, err = runAPIScenario(ctx, bed, o, assets, filepath.Join(outDir, "logs"))
+		m, notRun, err = runAPIScenario(ctx, bed, o, assets, images, filepath.Join(outDir, "logs"))
 		if notRun == "" && err == nil {
 			results = append(results, m)
 		}
@@ -174,9 +175,9 @@ func printTable(w *os.File, results []framework.Measurement, rate string) {
 // runAPIScenario runs the agent scenario through the API. It returns a
 // reason instead of an error when the agent binary has no kube mode yet, so
 // that the other scenarios' results are still shown.
-func runAPIScenario(ctx context.Context, bed *testbed.Bed, o framework.CompareOptions, assets, logs string) (framework.Measurement, string, error) {
+func runAPIScenario(ctx context.Context, bed *testbed.Bed, o framework.CompareOptions, assets, images, logs string) (framework.Measurement, string, error) {
 	o.Log("running %q for %v", ScenarioAPI, o.Duration)
-	api, err := startAPI(ctx, bed, o.Binaries, assets, logs, o.Log)
+	api, err := startAPI(ctx, bed, o.Binaries, assets, images, logs, o.Log)
 	if err != nil {
 		return framework.Measurement{}, "", fmt.Errorf("%s: %w", ScenarioAPI, err)
 	}
