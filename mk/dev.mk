@@ -55,7 +55,7 @@ lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (product and tools module
 TEST_OUTPUT := $(CURDIR)/_output/test
 
 .PHONY: test
-test: deps envtest-assets ## Run every test (needs root: network namespaces, BPF, a real API server); then list retries and kept evidence.
+test: deps envtest-assets node-assets ## Run every test (needs root: network namespaces, BPF, a real API server); then list retries and kept evidence.
 	@rm -rf $(TEST_OUTPUT) && mkdir -p $(TEST_OUTPUT)
 	rc=0; MPTCP_RETRY_LOG=$(TEST_OUTPUT)/retries.tsv KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) \
 		$(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) -artifacts -outputdir $(TEST_OUTPUT) ./... || rc=$$?; \
@@ -73,8 +73,8 @@ repro-integrity: deps ## Run the data-integrity reproducer in a loop (INTEGRITY_
 ##@ Demo and benchmarks
 
 .PHONY: demo
-demo: deps envtest-assets ## Bring up 2 nodes x 2 NICs, compare single-path TCP, MPTCP and the agent through a local API server; print the table, write CSV and chart.
-	$(GO) run ./hack/demo -out $(CURDIR)/_output/demo -assets $(ENVTEST_ASSETS)
+demo: deps envtest-assets node-assets images ## Bring up 2 nodes x 2 NICs, compare single-path TCP, MPTCP and the agent through a local API server and real kubelets; print the table, write CSV and chart.
+	$(GO) run ./hack/demo -out $(CURDIR)/_output/demo -assets $(ENVTEST_ASSETS) -images $(IMAGES_DIR)
 
 .PHONY: bench
 bench: ## Run the benchmarks and rewrite their sections of docs/benchmarks.md.
