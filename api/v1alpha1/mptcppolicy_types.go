@@ -175,7 +175,6 @@ const (
 // PodMPTCP is what the agent configures inside a selected pod's network
 // namespace before its workload starts.
 // +kubebuilder:validation:XValidation:rule="(has(self.subflowCreation) && self.subflowCreation == 'signal') == has(self.signalPorts)",message="signalPorts must be set when subflowCreation is signal, and only then"
-// +kubebuilder:validation:XValidation:rule="!(has(self.dataChecksums) && self.dataChecksums && has(self.subflowCreation) && self.subflowCreation == 'guest')",message="dataChecksums is set in the pod's own kernel; with subflowCreation guest the workload's stack decides"
 type PodMPTCP struct {
 	// subflowCreation says who creates extra subflows.
 	// +optional
@@ -190,20 +189,23 @@ type PodMPTCP struct {
 	// +kubebuilder:validation:items:Minimum=1
 	// +kubebuilder:validation:items:Maximum=65535
 	SignalPorts []int32 `json:"signalPorts,omitempty"`
-	// dataChecksums turns on MPTCP's DSS checksums in the selected pods
-	// (RFC 8684 3.3.1; the pods' net.mptcp.checksum_enabled): every
-	// mapping of data is checked end to end, so bytes changed on the way
-	// (by a middlebox, a NIC or a datapath program; checksum offload
-	// leaves TCP's own checksum unchecked between virtual interfaces) are
-	// caught instead of delivered. A connection uses checksums when either
-	// end asks. On a connection with another subflow the kernel resets the
-	// subflow that carried the change and sends the data again over
-	// another; with a single subflow Linux 6.18 detects the change but
-	// then stalls or delivers it (docs/testing.md, "DSS checksums"). The
-	// cost is measured in docs/benchmarks.md. The agent exports each pod's
-	// checksum errors and fallbacks as metrics.
+	// dataChecksums keeps MPTCP's DSS checksums on in the selected pods
+	// (RFC 8684 3.3.1; the pods' net.mptcp.checksum_enabled), the default:
+	// every mapping of data is checked end to end, so bytes changed on the
+	// way are caught instead of delivered. Linux 6.18 itself places data at
+	// the wrong offset, now and then, on connections whose subflows deliver
+	// out of order (docs/testing.md, "Data integrity"); checksums catch
+	// that, and so a middlebox, a NIC or a datapath program that changes
+	// bytes. A connection uses checksums when either end asks. On a caught
+	// change the kernel resets the subflow that carried it and sends the
+	// data again over another, or, while the connection has one subflow,
+	// falls back to plain TCP. The cost is measured in docs/benchmarks.md
+	// ("DSS checksums: cost"). false turns them off. With subflowCreation
+	// guest the workload's own stack decides and this is not applied. The
+	// agent exports each pod's checksum errors and fallbacks as metrics.
 	// +optional
-	DataChecksums bool `json:"dataChecksums,omitempty"`
+	// +kubebuilder:default=true
+	DataChecksums *bool `json:"dataChecksums,omitempty"`
 }
 
 // Permission is an explicit admin choice.
@@ -284,7 +286,7 @@ type MPTCPPolicySpec struct {
 
 	// podMPTCP is the MPTCP configuration inside selected pods.
 	// +optional
-	// +kubebuilder:default={subflowCreation: userspace}
+	// +kubebuilder:default={subflowCreation: userspace, dataChecksums: true}
 	PodMPTCP PodMPTCP `json:"podMPTCP,omitempty"`
 
 	// headerRewriting is the admin's explicit opt-in to rewriting tenant

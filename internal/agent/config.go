@@ -83,10 +83,10 @@ type Rule struct {
 	// signal-mode rule without ports is for clients: its pods only join the
 	// ports their peers announce.
 	SignalPorts []uint16 `json:"signalPorts,omitempty"`
-	// DataChecksums turns on DSS checksums in the rule's pods
-	// (net.mptcp.checksum_enabled), unless the pods' stacks are their own
-	// (Subflows none).
-	DataChecksums bool `json:"dataChecksums,omitempty"`
+	// DataChecksums keeps DSS checksums on in the rule's pods
+	// (net.mptcp.checksum_enabled) unless false, as the API does; the pods'
+	// own stacks decide when Subflows is none.
+	DataChecksums *bool `json:"dataChecksums,omitempty"`
 	// Traffic selects which of a pod's subflows the rule places; unset
 	// selects all of them (docs/datapath.md, "Selectors").
 	Traffic *Traffic `json:"traffic,omitempty"`

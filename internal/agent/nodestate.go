@@ -254,7 +254,7 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]bool) (Rul
 	default:
 		return r, fmt.Errorf("subflowCreation %q is not one this agent knows", cr.SubflowCreation)
 	}
-	r.DataChecksums = cr.DataChecksums
+	r.DataChecksums = &cr.DataChecksums
 	for _, p := range cr.SignalPorts {
 		if p < 1 || p > 65535 {
 			return r, fmt.Errorf("signal port %d is out of range", p)

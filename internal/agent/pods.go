@@ -34,7 +34,7 @@ func configurePodMPTCP(pod Pod, rule Rule) error {
 	if err := netnsutil.WriteSysctl(pod.NetNS, "net.mptcp.path_manager", pm); err != nil {
 		return err
 	}
-	if err := netnsutil.WriteSysctl(pod.NetNS, "net.mptcp.checksum_enabled", boolSysctl(rule.DataChecksums)); err != nil {
+	if err := netnsutil.WriteSysctl(pod.NetNS, "net.mptcp.checksum_enabled", boolSysctl(rule.DataChecksums == nil || *rule.DataChecksums)); err != nil {
 		return err
 	}
 	return withPodPM(pod, func(c *mptcpnl.Conn) error {

@@ -228,7 +228,7 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 		MaxSubflows:      cmp.Or(s.MaxSubflows, 4),
 		SubflowCreation:  cmp.Or(s.PodMPTCP.SubflowCreation, mptcpv1alpha1.SubflowCreationUserspace),
 		SignalPorts:      slices.Clone(s.PodMPTCP.SignalPorts),
-		DataChecksums:    s.PodMPTCP.DataChecksums,
+		DataChecksums:    s.PodMPTCP.DataChecksums == nil || *s.PodMPTCP.DataChecksums,
 		HeaderRewriting:  s.HeaderRewriting == mptcpv1alpha1.Allowed,
 	}
 	if t := s.Traffic; t != nil {
