@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -192,6 +193,25 @@ func TestAgentRunsOnTheHostNetworkOfTheSelectedNodes(t *testing.T) {
 	}
 	_, ok := envValue(c, "KUBERNETES_SERVICE_HOST")
 	must(t, !ok, "KUBERNETES_SERVICE_HOST is set by default; the default is the in-cluster Service")
+}
+
+// A stopping agent uninstalls only when its DaemonSet is deleted: it is
+// told which DaemonSet it runs under (this one, in the release's namespace),
+// and may read that one and nothing else of its namespace.
+func TestAgentWatchesItsOwnDaemonSetAndNothingElse(t *testing.T) {
+	r := render(t, "--namespace", "net-ops")
+	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
+	c := container(t, ds.Spec.Template.Spec, "agent")
+	owner, ok := flagValue(c.Args, "-daemonset")
+	must(t, ok && owner == ds.Namespace+"/"+ds.Name, "-daemonset=%q, want %s/%s", owner, ds.Namespace, ds.Name)
+
+	role := get[*rbacv1.Role](t, r, "Role", "mptcp-agent")
+	want := []rbacv1.PolicyRule{{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{ds.Name}, Verbs: []string{"get", "list", "watch"}}}
+	must(t, role.Namespace == "net-ops" && reflect.DeepEqual(role.Rules, want), "Role %s/%s grants %+v, want %+v", role.Namespace, role.Name, role.Rules, want)
+	b := get[*rbacv1.RoleBinding](t, r, "RoleBinding", "mptcp-agent")
+	must(t, b.RoleRef.Kind == "Role" && b.RoleRef.Name == role.Name && len(b.Subjects) == 1 &&
+		b.Subjects[0].Name == ds.Spec.Template.Spec.ServiceAccountName && b.Subjects[0].Namespace == "net-ops",
+		"RoleBinding %+v does not bind the Role to the agent's service account", b)
 }
 
 func TestControllerIsANonRootLeaderElectedDeploymentWithABudget(t *testing.T) {
