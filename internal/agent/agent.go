@@ -450,6 +450,12 @@ func (a *Agent) Uninstall() error {
 	if err := os.Remove(a.cfg.PinDir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
+	// The default pin root holds every node's pin directory on a shared
+	// bpffs; the agent made it, and removes it once no node's is left
+	// (any error means it is not empty, or not the agent's to remove).
+	if filepath.Dir(filepath.Clean(a.cfg.PinDir)) == DefaultPinRoot {
+		_ = os.Remove(DefaultPinRoot)
+	}
 	return errors.Join(errs...)
 }
 
