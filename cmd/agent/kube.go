@@ -49,6 +49,11 @@ func runKube(log *slog.Logger, o kubeOptions) error {
 		base = *cfg
 	}
 	log = log.With("node", o.node)
+	lock, err := agent.LockNode(base.StateDir, log)
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock()
 	a, err := agent.New(&base, log)
 	if err != nil {
 		return err

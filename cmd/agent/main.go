@@ -80,6 +80,11 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 		return err
 	}
 	log = log.With("node", cfg.Node)
+	lock, err := agent.LockNode(cfg.StateDir, log)
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock()
 	a, err := agent.New(cfg, log)
 	if err != nil {
 		return err
