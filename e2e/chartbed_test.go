@@ -41,9 +41,9 @@ type chartBed struct {
 
 // startChartBed brings up a bed, a control plane with the cluster's
 // controllers and scheduler but no operator, and real nodes with the
-// images of this tree (make images' builder) imported; everything stops
-// when the test ends.
-func startChartBed(t *testing.T, cfg testbed.Config) *chartBed {
+// images of this tree (make images' builder) imported, and those of other
+// (an earlier release's); everything stops when the test ends.
+func startChartBed(t *testing.T, cfg testbed.Config, other ...nodes.Image) *chartBed {
 	t.Helper()
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	nodes.RequireTools(t)
@@ -59,7 +59,14 @@ func startChartBed(t *testing.T, cfg testbed.Config) *chartBed {
 			t.Errorf("stopping the control plane: %v", err)
 		}
 	})
-	cl := nodes.StartForTest(t, bed, cp, images)
+	imports := nodes.Images{}
+	for name, im := range images {
+		imports[name] = im
+	}
+	for i, im := range other {
+		imports[fmt.Sprintf("other-%d", i)] = im
+	}
+	cl := nodes.StartForTest(t, bed, cp, imports)
 	return &chartBed{bed: bed, cp: cp, c: cp.Client, nodes: cl, images: images,
 		helm: release.Helm{Binary: helm, Kubeconfig: cp.Kubeconfig, Timeout: 3 * time.Minute}}
 }
