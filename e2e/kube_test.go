@@ -15,8 +15,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -57,7 +57,16 @@ func startKubeBed(t *testing.T, cfg testbed.Config, opts ...podOption) *kubeBed 
 	cb.workloadPods(t, appsNS, tenantLabels, perNode, opts...)
 	cb.install(t, release.Chart(), cb.images)
 	applyFile(t, cb.c, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))
-	return &kubeBed{chartBed: cb, agents: cb.agents()}
+	kb := &kubeBed{chartBed: cb, agents: cb.agents()}
+	// The agents run already: wait until every node's state has the
+	// examples' paths of its NICs (fabric-a, fabric-b), so that what the
+	// test sees next is about them.
+	for _, n := range cb.bed.Nodes {
+		kb.waitState(t, n, "given the example paths", func(s *mptcpv1alpha1.MPTCPNodeState) bool {
+			return len(s.Spec.Paths) == len(n.NICs)
+		})
+	}
+	return kb
 }
 
 // applyFile creates every object of a YAML file.
@@ -464,18 +473,18 @@ func drainFor(d time.Duration) podOption {
 		grace := int64(d.Seconds()) + 5
 		p.Spec.TerminationGracePeriodSeconds = &grace
 		p.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{
-			Command: []string{"/traffic", "probe", "-to", "127.0.0.1:9", "-count", "1", "-wait", d.String()},
+			Command: []string{"/usr/local/bin/traffic", "probe", "-to", "127.0.0.1:9", "-count", "1", "-wait", d.String()},
 		}}}
 	}
 }
 
 // A pod deleted through the API leaves nothing behind on its node: while it
 // terminates (its preStop hook drains for 4 s) it stays in its node's state
-// and steered; once the kubelet has stopped it (its veth and network
-// namespace go with its sandbox) and removed its object, the controller
-// drops it from the node's state, and the agent takes its endpoint, its
-// pinned links, its subflows and connections and its path manager away
-// while the node's other pod stays steered.
+// and steered; once the kubelet has stopped it (a terminal phase; its veth
+// and network namespace go with its sandbox, then its object), the
+// controller drops it from the node's state, and the agent takes its
+// endpoint, its pinned links, its subflows and connections and its path
+// manager away while the node's other pod stays steered.
 func TestPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"}, drainFor(4*time.Second))
 	bed, c, ctx := kb.bed, kb.c, background(t)
@@ -518,8 +527,13 @@ func TestPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
 	kb.waitState(t, n1, "without the deleted pod", func(s *mptcpv1alpha1.MPTCPNodeState) bool {
 		return !has(s, removed.Name) && has(s, kept.Name) && settled(metav1.ConditionFalse, applied)(s)
 	})
-	if err := c.Get(ctx, client.ObjectKeyFromObject(pod), pod); !apierrors.IsNotFound(err) {
-		t.Errorf("the node's state dropped pod %s while its object exists (%v)", pod.Name, err)
+	// Dropped once the pod finished: the kubelet gives it a terminal
+	// phase when its containers stopped, then removes its object.
+	if err := c.Get(ctx, client.ObjectKeyFromObject(pod), pod); err == nil &&
+		pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		t.Errorf("the node's state dropped pod %s while it still runs (phase %s)", pod.Name, pod.Status.Phase)
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
 	}
 	assertPodReleased(t, bed, a, kept, removed, true)
 
