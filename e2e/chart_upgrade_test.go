@@ -228,7 +228,7 @@ func TestHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime(t *testing.T) {
 	if err := cb.cp.ApplyFiles(ctx, filepath.Join(examples, "paths.yaml"), filepath.Join(examples, "policy-spread.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	kb := &kubeBed{chartBed: cb, agents: cb.agents()}
+	kb := &kubeBed{chartBed: cb, env: cb.cp.Env, agents: cb.agents()}
 	pol := kb.policy(t)
 	applied := mptcpv1alpha1.AppliedPolicy{Name: pol.Name, Generation: pol.Generation}
 	for _, n := range bed.Nodes {

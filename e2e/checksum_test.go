@@ -28,7 +28,7 @@ import (
 // to false turns checksums off in the running pods.
 func TestDataChecksumsCatchWhatAWireChanged(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
-	bed, c := kb.bed, kb.c
+	bed, c := kb.bed, kb.env.Client
 	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	pol := kb.policy(t)
 	for _, n := range bed.Nodes {

@@ -38,6 +38,7 @@ import (
 // pods: bed.Pod(i, j)), and the chart's agents as the machine sees them.
 type kubeBed struct {
 	*chartBed
+	env    *testenv.Env
 	agents []*framework.Agent
 }
 
@@ -57,13 +58,16 @@ func startKubeBed(t *testing.T, cfg testbed.Config, opts ...podOption) *kubeBed 
 	cb.workloadPods(t, appsNS, tenantLabels, perNode, opts...)
 	cb.install(t, release.Chart(), cb.images)
 	applyFile(t, cb.c, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))
-	kb := &kubeBed{chartBed: cb, agents: cb.agents()}
+	kb := &kubeBed{chartBed: cb, env: cb.cp.Env, agents: cb.agents()}
 	// The agents run already: wait until every node's state has the
-	// examples' paths of its NICs (fabric-a, fabric-b), so that what the
-	// test sees next is about them.
+	// examples' paths (fabric-a on nic1, fabric-b on nic2), so that what
+	// the test sees next is about them.
 	for _, n := range cb.bed.Nodes {
 		kb.waitState(t, n, "given the example paths", func(s *mptcpv1alpha1.MPTCPNodeState) bool {
-			return len(s.Spec.Paths) == len(n.NICs)
+			has := func(name string) bool {
+				return slices.ContainsFunc(s.Spec.Paths, func(p mptcpv1alpha1.NodePath) bool { return p.Name == name })
+			}
+			return has("fabric-a") && has("fabric-b")
 		})
 	}
 	return kb
@@ -101,7 +105,7 @@ func (kb *kubeBed) waitState(t *testing.T, n *testbed.Node, what string, ok func
 	deadline := time.Now().Add(30 * time.Second)
 	var s mptcpv1alpha1.MPTCPNodeState
 	for {
-		err := kb.c.Get(context.Background(), types.NamespacedName{Name: framework.NodeName(n)}, &s)
+		err := kb.env.Client.Get(context.Background(), types.NamespacedName{Name: framework.NodeName(n)}, &s)
 		if err == nil && ok(&s) {
 			return &s
 		}
@@ -125,7 +129,7 @@ func settled(degraded metav1.ConditionStatus, applied ...mptcpv1alpha1.AppliedPo
 func (kb *kubeBed) policy(t *testing.T) *mptcpv1alpha1.MPTCPPolicy {
 	t.Helper()
 	var p mptcpv1alpha1.MPTCPPolicy
-	if err := kb.c.Get(context.Background(), types.NamespacedName{Name: "spread-fabrics"}, &p); err != nil {
+	if err := kb.env.Client.Get(context.Background(), types.NamespacedName{Name: "spread-fabrics"}, &p); err != nil {
 		t.Fatal(err)
 	}
 	return &p
@@ -135,7 +139,7 @@ func (kb *kubeBed) policy(t *testing.T) *mptcpv1alpha1.MPTCPPolicy {
 func (kb *kubeBed) events(t *testing.T, n *testbed.Node) []string {
 	t.Helper()
 	var list eventsv1.EventList
-	if err := kb.c.List(context.Background(), &list); err != nil {
+	if err := kb.env.Client.List(context.Background(), &list); err != nil {
 		t.Fatal(err)
 	}
 	var out []string
@@ -151,7 +155,7 @@ func (kb *kubeBed) events(t *testing.T, n *testbed.Node) []string {
 func (kb *kubeBed) podGate(t *testing.T, p *testbed.Pod) corev1.ConditionStatus {
 	t.Helper()
 	var pod corev1.Pod
-	if err := kb.c.Get(context.Background(), types.NamespacedName{Namespace: appsNS, Name: p.Name}, &pod); err != nil {
+	if err := kb.env.Client.Get(context.Background(), types.NamespacedName{Namespace: appsNS, Name: p.Name}, &pod); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range pod.Status.Conditions {
@@ -171,7 +175,7 @@ func (kb *kubeBed) podGate(t *testing.T, p *testbed.Pod) corev1.ConditionStatus 
 // returns the pods to plain routing without resetting a running connection.
 func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
-	bed, c, ctx := kb.bed, kb.c, background(t)
+	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 
 	// Before any policy: the agents report Ready with nothing applied,
 	// and the paths they found.
@@ -363,7 +367,7 @@ func applyObject(t *testing.T, c client.Client, into client.Object, manifest str
 // one subflow.
 func TestAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
-	bed, c, ctx := kb.bed, kb.c, background(t)
+	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	gen := kb.policy(t).Generation
 	for _, n := range bed.Nodes {
@@ -487,7 +491,7 @@ func drainFor(d time.Duration) podOption {
 // manager away while the node's other pod stays steered.
 func TestPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"}, drainFor(4*time.Second))
-	bed, c, ctx := kb.bed, kb.c, background(t)
+	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	applied := mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: kb.policy(t).Generation}
 	for _, n := range bed.Nodes {
@@ -549,7 +553,7 @@ func TestPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
 // sends over the NICs it placed the subflows on).
 func withdrawUnderTraffic(t *testing.T, kb *kubeBed) {
 	t.Helper()
-	bed, c, ctx := kb.bed, kb.c, background(t)
+	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 	// The captures end while the senders still send: a connection's
 	// teardown may end with a bare RST answering a late segment for a subflow its
 	// peer already closed (seen after the withdrawal moved a subflow to
