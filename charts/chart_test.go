@@ -232,6 +232,12 @@ func TestControllerIsANonRootLeaderElectedDeploymentWithABudget(t *testing.T) {
 	must(t, c.Resources.Requests.Memory().Value() > 0 && c.Resources.Limits.Memory().Value() > 0, "no memory request and limit: %+v", c.Resources)
 	must(t, r.has("PodDisruptionBudget", "mptcp-controller"), "no PodDisruptionBudget for the controller")
 	must(t, r.has("Role", "mptcp-controller-leader-election") && r.has("RoleBinding", "mptcp-controller-leader-election"), "no leader-election Role and RoleBinding")
+	// Leader election's event ("became leader") goes through the core
+	// group's events: refused without it, as a chart install showed.
+	le := get[*rbacv1.Role](t, r, "Role", "mptcp-controller-leader-election")
+	must(t, slices.ContainsFunc(le.Rules, func(p rbacv1.PolicyRule) bool {
+		return slices.Equal(p.APIGroups, []string{""}) && slices.Equal(p.Resources, []string{"events"}) && slices.Contains(p.Verbs, "create")
+	}), "the leader-election Role does not let the controller create core events: %+v", le.Rules)
 }
 
 // The ClusterRole's rules are controller-gen's, from the reconcilers' RBAC
