@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -330,9 +329,6 @@ func (cb *chartBed) attach(t *testing.T, pod *corev1.Pod) *testbed.Pod {
 	}
 	bp, err := cb.nodes.AttachPod(ctx, pod)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := netip.ParseAddr(pod.Status.PodIP); err != nil {
 		t.Fatal(err)
 	}
 	if err := cb.bed.AddPod(bp); err != nil {
