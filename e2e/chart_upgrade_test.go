@@ -285,8 +285,9 @@ func TestHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime(t *testing.T) {
 		t.Errorf("the agents' rollout:\n%v", err)
 	}
 	for k := range tx0 {
-		// 50 Mbit/s is 6.25 MB a second; the transfer has it alone.
-		if sent, least := tx1[k]-tx0[k], uint64(upgraded.Seconds()*3e6); sent < least {
+		// 50 Mbit/s is 6.25 MB a second, which the transfer has alone; a
+		// quarter of it means the NIC kept carrying its subflows.
+		if sent, least := tx1[k]-tx0[k], uint64(upgraded.Seconds()*1.5e6); sent < least {
 			t.Errorf("nic%d of node 1 sent %d bytes in the %v of the upgrade, want at least %d", k+1, sent, upgraded, least)
 		}
 	}
