@@ -250,13 +250,18 @@ func TestCRDsAndControllerRulesAreControllerGensOutput(t *testing.T) {
 	}
 }
 
-// The admission policies match the agent's user name, which follows the
-// release's namespace and the service account's name.
+// The admission policies match the agent's and the controller's user names,
+// which follow the release's namespace and the service accounts' names.
 func TestAgentIdentityFollowsNamespaceAndServiceAccount(t *testing.T) {
 	// helmTemplate's --namespace comes first; the later one wins.
-	r := render(t, "--namespace", "net-ops", "--set", "agent.serviceAccount.name=multipath-agent")
-	const user = "system:serviceaccount:net-ops:multipath-agent"
-	for _, name := range []string{"mptcp-agent-own-node-state", "mptcp-agent-own-node-pod-gate"} {
+	r := render(t, "--namespace", "net-ops", "--set", "agent.serviceAccount.name=multipath-agent",
+		"--set", "controller.serviceAccount.name=multipath-controller")
+	for name, user := range map[string]string{
+		"mptcp-agent-own-node-state":       "system:serviceaccount:net-ops:multipath-agent",
+		"mptcp-agent-own-node-pod-gate":    "system:serviceaccount:net-ops:multipath-agent",
+		"mptcp-agent-own-node-events":      "system:serviceaccount:net-ops:multipath-agent",
+		"mptcp-controller-node-annotation": "system:serviceaccount:net-ops:multipath-controller",
+	} {
 		p := get[*admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "ValidatingAdmissionPolicy", name)
 		if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, "'"+user+"'") {
 			t.Errorf("%s matches %+v, want the user %s", name, p.Spec.MatchConditions, user)
