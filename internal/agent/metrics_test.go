@@ -154,28 +154,9 @@ func TestObserveOnlyGaugeFollowsTheDatapath(t *testing.T) {
 // The record actor's counters reach Prometheus: per pod address and the LRU
 // tables' fill; per connection only through the local API.
 func TestRecordCountersAreExported(t *testing.T) {
-	privileged.RequireRoot(t)
-	dp, err := datapath.Load(datapath.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dp.Close()
-	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
-	a.setPaths(&Config{Paths: []Path{{Name: "fabric-a", Index: 0}}})
-	if err := dp.SetRule(0, datapath.Rule{Paths: []uint32{0}}); err != nil {
-		t.Fatal(err)
-	}
-	pod := netip.MustParseAddr("10.244.1.11")
-	if err := dp.SetEndpoint(pod, 0); err != nil {
-		t.Fatal(err)
-	}
-	syn := testpkt.Frame{Src: pod, Dst: netip.MustParseAddr("10.244.2.11"), TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 1, Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()
-	ack := testpkt.Frame{Src: pod, Dst: netip.MustParseAddr("10.244.2.11"), TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 2, Ack: 8, Flags: testpkt.ACK, Options: testpkt.MPCapableACK(1, 2)}}.Bytes()
-	for _, f := range [][]byte{syn, ack} {
-		if _, err := dp.Program(datapath.HookPodEgress).Run(&ebpf.RunOptions{Data: f}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a, pod, sent := agentWithAConnection(t)
+	dp := a.dp
+	syn, ack := sent[0], sent[1]
 	m := NewMetrics(a)
 	want := fmt.Sprintf(`
 # HELP mptcp_agent_pod_tx_packets_total TCP packets a selected pod address sent (GSO super-packets count once).
@@ -261,4 +242,35 @@ func assertNoTokenInMetrics(t *testing.T, m *Metrics, token uint32) {
 	if series < 50 {
 		t.Fatalf("only %d series gathered: the check saw too little to mean anything", series)
 	}
+}
+
+// agentWithAConnection loads the datapath into an agent with one path, one
+// selected pod address and one MPTCP connection of that pod in its tables
+// (an MP_CAPABLE SYN and the ACK that carries the keys, run through
+// pod_egress), and returns the pod's address and the frames it sent.
+func agentWithAConnection(t *testing.T) (*Agent, netip.Addr, [][]byte) {
+	t.Helper()
+	privileged.RequireRoot(t)
+	dp, err := datapath.Load(datapath.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
+	a.setPaths(&Config{Paths: []Path{{Name: "fabric-a", Index: 0}}})
+	if err := dp.SetRule(0, datapath.Rule{Paths: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	pod := netip.MustParseAddr("10.244.1.11")
+	if err := dp.SetEndpoint(pod, 0); err != nil {
+		t.Fatal(err)
+	}
+	syn := testpkt.Frame{Src: pod, Dst: netip.MustParseAddr("10.244.2.11"), TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 1, Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()
+	ack := testpkt.Frame{Src: pod, Dst: netip.MustParseAddr("10.244.2.11"), TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 2, Ack: 8, Flags: testpkt.ACK, Options: testpkt.MPCapableACK(1, 2)}}.Bytes()
+	for _, f := range [][]byte{syn, ack} {
+		if _, err := dp.Program(datapath.HookPodEgress).Run(&ebpf.RunOptions{Data: f}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, pod, [][]byte{syn, ack}
 }

@@ -154,6 +154,8 @@ func TestControllerChangesOnlyItsAnnotationOnNodes(t *testing.T) {
 				t.Fatal("allowed")
 			case !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), tc.message):
 				t.Fatalf("want Forbidden saying %q, got %v", tc.message, err)
+			case strings.Contains(tc.message, "annotation") && !strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+controllerNodePolicy+"'"):
+				t.Fatalf("the refusal does not name the policy %s: %v", controllerNodePolicy, err)
 			}
 		})
 	}
