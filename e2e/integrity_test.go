@@ -160,7 +160,7 @@ var fourPaths = testbed.Config{Nodes: 2, NICs: 4, PodsPerNode: 2, LinkRate: "100
 // agent as the pods' path manager, where this kernel changes streams
 // unless DSS checksums, on by default, catch it. Every stream is compared
 // byte by byte with what was sent; a changed byte fails the scenario, as
-// does a stall (the sender's write deadline passing), each with its
+// does a stall (a write that makes no progress for 5 s), each with its
 // evidence kept. The longest stretch below 10 % of the expected rate is
 // reported per scenario, and connections that fell back to TCP are
 // counted (a caught change on a connection with one subflow does that).

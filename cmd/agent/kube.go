@@ -110,7 +110,7 @@ func enforce(log *slog.Logger, a *agent.Agent, restCfg *rest.Config, base agent.
 	defer stop()
 	status := agent.Status{PID: os.Getpid()}
 	metrics := agent.NewMetrics(a)
-	wait, err := serveEndpoints(ctx, a, metrics, o.metricsAddr, &status, log)
+	wait, err := serveEndpoints(ctx, a, metrics, o.metricsAddr, restCfg, &status, log)
 	defer wait()
 	defer stop()
 	if err != nil {

@@ -31,8 +31,9 @@ type Input struct {
 	Pods []corev1.Pod
 }
 
-// Refusal is a tenant preference that was not honoured, to be reported as a
-// Warning event on the pod.
+// Refusal is something about a pod that did not go as its tenant asked (a
+// preference not honoured, a policy chosen through its labels held to its
+// namespace's caps), to be reported as a Warning event on the pod.
 type Refusal struct {
 	Pod    *corev1.Pod
 	Policy string
@@ -106,6 +107,8 @@ func Node(in Input) Result {
 		if len(rules) == 0 {
 			continue
 		}
+		rules, notices := boundByNamespace(pod, rules, policies)
+		res.Refusals = append(res.Refusals, notices...)
 		res.Spec.Pods = append(res.Spec.Pods, mptcpv1alpha1.NodePod{
 			Namespace: pod.Namespace,
 			Name:      pod.Name,
