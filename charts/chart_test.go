@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -194,6 +195,25 @@ func TestAgentRunsOnTheHostNetworkOfTheSelectedNodes(t *testing.T) {
 	must(t, !ok, "KUBERNETES_SERVICE_HOST is set by default; the default is the in-cluster Service")
 }
 
+// A stopping agent uninstalls only when its DaemonSet is deleted: it is
+// told which DaemonSet it runs under (this one, in the release's namespace),
+// and may read that one and nothing else of its namespace.
+func TestAgentWatchesItsOwnDaemonSetAndNothingElse(t *testing.T) {
+	r := render(t, "--namespace", "net-ops")
+	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
+	c := container(t, ds.Spec.Template.Spec, "agent")
+	owner, ok := flagValue(c.Args, "-daemonset")
+	must(t, ok && owner == ds.Namespace+"/"+ds.Name, "-daemonset=%q, want %s/%s", owner, ds.Namespace, ds.Name)
+
+	role := get[*rbacv1.Role](t, r, "Role", "mptcp-agent")
+	want := []rbacv1.PolicyRule{{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{ds.Name}, Verbs: []string{"get", "list", "watch"}}}
+	must(t, role.Namespace == "net-ops" && reflect.DeepEqual(role.Rules, want), "Role %s/%s grants %+v, want %+v", role.Namespace, role.Name, role.Rules, want)
+	b := get[*rbacv1.RoleBinding](t, r, "RoleBinding", "mptcp-agent")
+	must(t, b.RoleRef.Kind == "Role" && b.RoleRef.Name == role.Name && len(b.Subjects) == 1 &&
+		b.Subjects[0].Name == ds.Spec.Template.Spec.ServiceAccountName && b.Subjects[0].Namespace == "net-ops",
+		"RoleBinding %+v does not bind the Role to the agent's service account", b)
+}
+
 // Where the agents serve metrics, and whether /metrics needs credentials
 // (internal/agent/metricsauth): each value renders the flags, probes, RBAC,
 // Service port and ServiceMonitor endpoint that go with it.
@@ -276,6 +296,12 @@ func TestControllerIsANonRootLeaderElectedDeploymentWithABudget(t *testing.T) {
 	must(t, c.Resources.Requests.Memory().Value() > 0 && c.Resources.Limits.Memory().Value() > 0, "no memory request and limit: %+v", c.Resources)
 	must(t, r.has("PodDisruptionBudget", "mptcp-controller"), "no PodDisruptionBudget for the controller")
 	must(t, r.has("Role", "mptcp-controller-leader-election") && r.has("RoleBinding", "mptcp-controller-leader-election"), "no leader-election Role and RoleBinding")
+	// Leader election's event ("became leader") goes through the core
+	// group's events: refused without it, as a chart install showed.
+	le := get[*rbacv1.Role](t, r, "Role", "mptcp-controller-leader-election")
+	must(t, slices.ContainsFunc(le.Rules, func(p rbacv1.PolicyRule) bool {
+		return slices.Equal(p.APIGroups, []string{""}) && slices.Equal(p.Resources, []string{"events"}) && slices.Contains(p.Verbs, "create")
+	}), "the leader-election Role does not let the controller create core events: %+v", le.Rules)
 }
 
 // The ClusterRole's rules are controller-gen's, from the reconcilers' RBAC

@@ -244,7 +244,7 @@ func TestPodRemovedFromConfigLeavesNothingBehind(t *testing.T) {
 
 	removeFromConfig(ctx, t, a, removed)
 
-	assertPodReleased(t, bed, a, kept, removed)
+	assertPodReleased(t, bed, a, kept, removed, false)
 
 	// The kept pod's connections are spread; the removed pod's have no
 	// joins (nobody opens them any more, and nothing steers them).
@@ -580,8 +580,9 @@ func requireSpread(t *testing.T, analysis *testbed.Analysis, conns int, when str
 // kept, its node's only other pod: no endpoint, no subflow or connection of
 // its closed connections, no program on its veth (pinned link, or any TCX
 // program the kernel lists), no path manager, and the kernel's path manager
-// back in the pod.
-func assertPodReleased(t *testing.T, bed *testbed.Bed, a *framework.Agent, kept, removed *testbed.Pod) {
+// back in the pod. A deleted pod (its sandbox gone) has no veth left to
+// hold a program, and no namespace of its own to set anything in.
+func assertPodReleased(t *testing.T, bed *testbed.Bed, a *framework.Agent, kept, removed *testbed.Pod, deleted bool) {
 	t.Helper()
 	eps, err := a.Endpoints()
 	if err != nil {
@@ -609,6 +610,12 @@ func assertPodReleased(t *testing.T, bed *testbed.Bed, a *framework.Agent, kept,
 		want bool
 	}{{kept, true}, {removed, false}} {
 		progs, err := framework.TCXIngressPrograms(a.Node, c.pod.HostIf)
+		if deleted && c.pod == removed {
+			if err == nil {
+				t.Errorf("the deleted pod's veth %s is still there (TCX programs: %v)", c.pod.HostIf, progs)
+			}
+			continue
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -642,6 +649,9 @@ func assertPodReleased(t *testing.T, bed *testbed.Bed, a *framework.Agent, kept,
 	}
 	if n := metric(t, s, "mptcp_agent_endpoints"); n != 1 {
 		t.Errorf("%v endpoints after the change, want 1", n)
+	}
+	if deleted {
+		return
 	}
 	out, err := bed.Command(removed.NetNS, "sysctl", "-n", "net.mptcp.path_manager").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "kernel" {

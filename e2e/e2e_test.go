@@ -37,6 +37,12 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// The images, when a test built them (testImages).
+	defer func() {
+		if imagesDir != "" {
+			os.RemoveAll(imagesDir)
+		}
+	}()
 	return m.Run()
 }
 

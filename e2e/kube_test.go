@@ -10,11 +10,13 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -25,78 +27,48 @@ import (
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed/release"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/kube"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
-// kubeBed is a test bed registered with a real API server, the real
-// controller running, and one agent per bed node in kube mode.
+// kubeBed is a test bed of real nodes with the operator installed by its
+// chart (chartBed), workload pods in namespace apps on every node (bed
+// pods: bed.Pod(i, j)), and the chart's agents as the machine sees them.
 type kubeBed struct {
-	bed    *testbed.Bed
+	*chartBed
 	env    *testenv.Env
 	agents []*framework.Agent
 }
 
 const appsNS = "apps"
 
-// startKubeBed starts the control plane and the controller, registers the
-// bed's nodes (labelled mptcp.io/multipath=true) and pods (namespace apps,
-// labelled mptcp.io/tenant=enabled as examples/policy-spread.yaml selects),
-// applies the example paths, and starts the agents with only their declared
-// capabilities.
-func startKubeBed(t *testing.T, cfg testbed.Config) *kubeBed {
+// startKubeBed starts a bed of cfg.Nodes real nodes, creates cfg.PodsPerNode
+// pods of the traffic image per node in namespace apps (labelled
+// mptcp.io/tenant=enabled as examples/policy-spread.yaml selects; opts
+// change their spec), installs the chart and applies the example paths.
+// The agents run as the chart runs them: with only their declared
+// capabilities and the chart's RBAC and admission policies.
+func startKubeBed(t *testing.T, cfg testbed.Config, opts ...podOption) *kubeBed {
 	t.Helper()
-	testbed.RequireTools(t, testbed.CaptureTools...)
-	env := testenv.Start(t, testenv.ServiceAccountTokens())
-	bed := testbed.NewForTest(t, cfg)
-	ctx := background(t)
-	testenv.StartManager(t, env)
-	env.Namespace(t, appsNS, map[string]string{"mptcp.io/tenant": "enabled"})
-	if err := framework.RegisterBed(ctx, env.Client, bed, appsNS, map[string]string{"mptcp.io/multipath": "true"}); err != nil {
-		t.Fatal(err)
-	}
-	applyFile(t, env.Client, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))
-	// The agents hold what config/agent grants them and nothing else:
-	// each runs with a token bound to an agent pod on its node.
-	env.Namespace(t, "mptcp-system", nil)
-	for _, f := range []string{"service_account.yaml", "role.yaml", "role_binding.yaml", "admission_policy.yaml"} {
-		applyFile(t, env.Client, filepath.Join(testenv.RepoRoot(), "config", "agent", f))
-	}
-	kb := &kubeBed{bed: bed, env: env}
-	for _, n := range bed.Nodes {
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "mptcp-system", Name: "mptcp-agent-" + framework.NodeName(n)},
-			Spec: corev1.PodSpec{NodeName: framework.NodeName(n), ServiceAccountName: "mptcp-agent",
-				Containers: []corev1.Container{{Name: "agent", Image: "registry.invalid/mptcp-agent"}}},
-		}
-		if err := env.Client.Create(ctx, pod); err != nil {
-			t.Fatal(err)
-		}
-		kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-		if err := framework.WriteKubeconfig(kubeconfig, env.AsToken(env.PodToken(t, pod))); err != nil {
-			t.Fatal(err)
-		}
-		if n.Index == 1 {
-			stop, err := framework.ForwardAPIServer(bed, kubeconfig)
-			if err != nil {
-				t.Fatal(err)
+	perNode := cfg.PodsPerNode
+	cfg.PodsPerNode = 0
+	cb := startChartBed(t, cfg)
+	cb.workloadPods(t, appsNS, tenantLabels, perNode, opts...)
+	cb.install(t, release.Chart(), cb.images)
+	applyFile(t, cb.c, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))
+	kb := &kubeBed{chartBed: cb, env: cb.cp.Env, agents: cb.agents()}
+	// The agents run already: wait until every node's state has the
+	// examples' paths (fabric-a on nic1, fabric-b on nic2), so that what
+	// the test sees next is about them.
+	for _, n := range cb.bed.Nodes {
+		kb.waitState(t, n, "given the example paths", func(s *mptcpv1alpha1.MPTCPNodeState) bool {
+			has := func(name string) bool {
+				return slices.ContainsFunc(s.Spec.Paths, func(p mptcpv1alpha1.NodePath) bool { return p.Name == name })
 			}
-			t.Cleanup(stop)
-		}
-		// The controller creates the node's state; the agent's first
-		// reconcile needs it.
-		kb.waitState(t, n, "created", func(*mptcpv1alpha1.MPTCPNodeState) bool { return true })
-		a, err := framework.StartKubeAgent(ctx, bed, bins.Agent, n, kubeconfig, declaredCaps)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := a.Uninstall(context.Background()); err != nil {
-				t.Error(err)
-			}
+			return has("fabric-a") && has("fabric-b")
 		})
-		kb.agents = append(kb.agents, a)
 	}
 	return kb
 }
@@ -327,8 +299,9 @@ func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 		}
 	}
 
-	// A policy withdrawn while node 1's agent is down: the next agent
-	// clears the gates its predecessor set.
+	// A policy withdrawn while node 1's agent is down (frozen, then
+	// killed, then restarted by the kubelet): the next agent clears the
+	// gates its predecessor set.
 	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	gen = kb.policy(t).Generation
 	n1 := bed.Node(1)
@@ -336,15 +309,14 @@ func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 	if g := kb.podGate(t, n1.Pods[0]); g != corev1.ConditionTrue {
 		t.Fatalf("pod %s: gate %q with the policy back", n1.Pods[0].Name, g)
 	}
-	if err := kb.agents[0].Stop(); err != nil {
-		t.Fatal(err)
-	}
+	restarts := kb.restarts(t, n1)
+	kb.signalAgent(t, n1, syscall.SIGSTOP)
 	if err := c.Delete(ctx, kb.policy(t)); err != nil {
 		t.Fatal(err)
 	}
-	if err := kb.agents[0].Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	kb.waitState(t, bed.Node(2), "released by its running agent", settled(metav1.ConditionFalse))
+	kb.signalAgent(t, n1, syscall.SIGKILL)
+	kb.waitAgentRestarted(t, n1, restarts)
 	kb.waitState(t, n1, "released after the restart", settled(metav1.ConditionFalse))
 	for _, p := range n1.Pods {
 		if g := kb.podGate(t, p); g != corev1.ConditionFalse {
@@ -352,20 +324,24 @@ func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 		}
 	}
 
-	// Uninstall in kube mode knows the pods from what was last applied,
-	// though its -config file names none.
+	// helm uninstall with the policy in force: the agents stopping
+	// because their DaemonSet is gone remove everything and give the
+	// pods the path manager they had.
 	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	gen = kb.policy(t).Generation
-	n2 := bed.Node(2)
-	kb.waitState(t, n2, "re-applied", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
-	if err := kb.agents[1].Uninstall(ctx); err != nil {
-		t.Fatal(err)
+	for _, n := range bed.Nodes {
+		kb.waitState(t, n, "re-applied", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
 	}
-	assertNothingLeft(t, kb.agents[1])
-	for _, p := range n2.Pods {
-		out, err := bed.Command(p.NetNS, "sysctl", "-n", "net.mptcp.path_manager").CombinedOutput()
-		if err != nil || strings.TrimSpace(string(out)) != "kernel" {
-			t.Errorf("pod %s: path manager %q (%v) after uninstall, want the kernel's back", p.Name, out, err)
+	kb.uninstall(t)
+	for _, a := range kb.agents {
+		assertNothingLeft(t, a)
+	}
+	for _, n := range bed.Nodes {
+		for _, p := range n.Pods {
+			out, err := bed.Command(p.NetNS, "sysctl", "-n", "net.mptcp.path_manager").CombinedOutput()
+			if err != nil || strings.TrimSpace(string(out)) != "kernel" {
+				t.Errorf("pod %s: path manager %q (%v) after helm uninstall, want the kernel's back", p.Name, out, err)
+			}
 		}
 	}
 }
@@ -380,12 +356,15 @@ func applyObject(t *testing.T, c client.Client, into client.Object, manifest str
 	}
 }
 
-// Both agents are SIGKILLed mid-transfer and the policy changes while they
-// are down (maxSubflows 4 to 1). Nothing of the running transfer notices:
-// no reset, every byte arrives with its hash, both NICs keep carrying it
-// while no agent runs, and the restarted agents adopt the pinned subflow
-// tables with every subflow where it was. The restarted agents then apply
-// the new generation: a connection opened afterwards gets one subflow.
+// Both agents go down mid-transfer and the policy changes while they are
+// down (maxSubflows 4 to 1): they are frozen (SIGSTOP), so that nothing of
+// them acts while the change is made, then SIGKILLed, as a crash or an OOM
+// kill ends them, and the kubelet restarts them. Nothing of the running
+// transfer notices: no reset, every byte arrives with its hash, both NICs
+// keep carrying it while no agent runs, and the restarted agents adopt the
+// pinned subflow tables with every subflow where it was. The restarted
+// agents then apply the new generation: a connection opened afterwards gets
+// one subflow.
 func TestAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	bed, c, ctx := kb.bed, kb.env.Client, background(t)
@@ -402,11 +381,12 @@ func TestAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
 	old := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: oldPort, conns: conns}}, 7*time.Second)
 	waitPlaced(t, kb.agents[0], bed.Pod(1, 1).Addr, 2*conns)
 	before := map[*framework.Agent][]datapath.Subflow{}
-	for _, a := range kb.agents {
+	restarts := map[*testbed.Node]int32{}
+	for i, a := range kb.agents {
+		n := bed.Nodes[i]
+		restarts[n] = kb.restarts(t, n)
+		kb.signalAgent(t, n, syscall.SIGSTOP)
 		if before[a], err = a.Subflows(); err != nil {
-			t.Fatal(err)
-		}
-		if err := a.Kill(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -425,10 +405,11 @@ func TestAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
 			t.Errorf("nic%d of node 1 sent only %d bytes in the second without agents", k+1, sent)
 		}
 	}
-	for _, a := range kb.agents {
-		if err := a.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
+	for _, n := range bed.Nodes {
+		kb.signalAgent(t, n, syscall.SIGKILL)
+	}
+	for _, n := range bed.Nodes {
+		kb.waitAgentRestarted(t, n, restarts[n])
 	}
 	gen = kb.policy(t).Generation
 	for _, n := range bed.Nodes {
@@ -488,12 +469,28 @@ func serverPort(conn *testbed.Connection) uint16 {
 	return conn.Subflows[0].Dst.Port()
 }
 
-// A pod deleted through the API leaves nothing behind on its node once its
-// object is gone: the controller drops it from the node's state, and the
-// agent takes its endpoint, its programs and its path manager away while
-// the node's other pod stays steered.
+// drainFor gives a pod a preStop hook that keeps it terminating for d, as
+// an application draining its connections does. The image has no shell and
+// no sleep: the hook is a probe to nowhere that waits d for its answer.
+func drainFor(d time.Duration) podOption {
+	return func(p *corev1.Pod) {
+		grace := int64(d.Seconds()) + 5
+		p.Spec.TerminationGracePeriodSeconds = &grace
+		p.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{
+			Command: []string{"/usr/local/bin/traffic", "probe", "-to", "127.0.0.1:9", "-count", "1", "-wait", d.String()},
+		}}}
+	}
+}
+
+// A pod deleted through the API leaves nothing behind on its node: while it
+// terminates (its preStop hook drains for 4 s) it stays in its node's state
+// and steered; once the kubelet has stopped it (a terminal phase; its veth
+// and network namespace go with its sandbox, then its object), the
+// controller drops it from the node's state, and the agent takes its
+// endpoint, its pinned links, its subflows and connections and its path
+// manager away while the node's other pod stays steered.
 func TestPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
-	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
+	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"}, drainFor(4*time.Second))
 	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	applied := mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: kb.policy(t).Generation}
@@ -507,9 +504,9 @@ func TestPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
 	}
 	connectFrom(t, bed, a, removed)
 
-	// Deleted as a kubelet completes it: graceful deletion first (the pod
-	// terminates and stays steered while its connections drain), then
-	// removal with grace 0 once its containers stopped.
+	// Graceful deletion: the pod terminates and stays steered while its
+	// connections drain; the kubelet removes its object once its
+	// containers stopped.
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: appsNS, Name: removed.Name}}
 	if err := c.Delete(ctx, pod); err != nil {
 		t.Fatal(err)
@@ -531,13 +528,18 @@ func TestPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
 	if eps, err := a.Endpoints(); err != nil || len(eps) != 2 {
 		t.Errorf("node 1 endpoints while the pod terminates: %v (%v), want both pods", eps, err)
 	}
-	if err := c.Delete(ctx, pod, client.GracePeriodSeconds(0)); err != nil {
-		t.Fatal(err)
-	}
 	kb.waitState(t, n1, "without the deleted pod", func(s *mptcpv1alpha1.MPTCPNodeState) bool {
 		return !has(s, removed.Name) && has(s, kept.Name) && settled(metav1.ConditionFalse, applied)(s)
 	})
-	assertPodReleased(t, bed, a, kept, removed)
+	// Dropped once the pod finished: the kubelet gives it a terminal
+	// phase when its containers stopped, then removes its object.
+	if err := c.Get(ctx, client.ObjectKeyFromObject(pod), pod); err == nil &&
+		pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		t.Errorf("the node's state dropped pod %s while it still runs (phase %s)", pod.Name, pod.Status.Phase)
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	assertPodReleased(t, bed, a, kept, removed, true)
 
 	// The kept pod's connections are still spread.
 	analysis, conns := captureFlows(t, bed, []flow{{client: kept, server: bed.Pod(2, 1), port: 5201, conns: 2}})

@@ -15,7 +15,7 @@ CHART := charts/mptcp-operator
 VALUESDOC_KEY := $(shell cat hack/tools/valuesdoc/*.go hack/tools/go.sum 2>/dev/null | sha256sum | cut -c1-12)
 VALUESDOC := $(CACHE_DIR)/tools/valuesdoc-$(VALUESDOC_KEY)
 # config/agent/<file>: the chart's template it is rendered from.
-AGENT_DEV_MANIFESTS := service_account:serviceaccount role:clusterrole role_binding:clusterrolebinding admission_policy:admission-policies
+AGENT_DEV_MANIFESTS := service_account:serviceaccount role:clusterrole role_binding:clusterrolebinding own_daemonset_role:role own_daemonset_role_binding:rolebinding admission_policy:admission-policies
 # config/controller/<file>: the same for the controller (its RBAC is controller-gen's, config/rbac).
 CONTROLLER_DEV_MANIFESTS := admission_policy:admission-policies
 

@@ -74,8 +74,8 @@ repro-integrity: deps ## Run the data-integrity reproducer in a loop (INTEGRITY_
 ##@ Demo and benchmarks
 
 .PHONY: demo
-demo: deps envtest-assets node-assets images ## Bring up 2 nodes x 2 NICs, compare single-path TCP, MPTCP and the agent through a local API server and real kubelets; print the table, write CSV and chart.
-	$(GO) run ./hack/demo -out $(CURDIR)/_output/demo -assets $(ENVTEST_ASSETS) -images $(IMAGES_DIR)
+demo: deps envtest-assets node-assets images $(HELM) ## Bring up 2 nodes x 2 NICs, compare single-path TCP, MPTCP and the agent installed with the Helm chart on real kubelets; print the table, write CSV and chart.
+	$(GO) run ./hack/demo -out $(CURDIR)/_output/demo -assets $(ENVTEST_ASSETS) -images $(IMAGES_DIR) -helm $(HELM)
 
 .PHONY: bench
 bench: ## Run the benchmarks and rewrite their sections of docs/benchmarks.md.

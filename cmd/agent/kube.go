@@ -2,69 +2,141 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/kube"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/removal"
 )
+
+// kubeOptions are kube mode's flags.
+type kubeOptions struct {
+	kubeconfig, node, configPath, metricsAddr string
+	// daemonSet is NAMESPACE/NAME of the DaemonSet the agent runs under.
+	daemonSet string
+	uninstall bool
+}
+
+// removalTimeout bounds how long a stopping agent waits to learn whether
+// its DaemonSet is gone: well inside the chart's termination grace period
+// (30 s), with the uninstall itself taking under a second.
+const removalTimeout = 10 * time.Second
 
 // runKube enforces the node's MPTCPNodeState. A -config file, if given,
 // supplies the node-local settings; what it says of paths, rules and pods is
 // replaced by the API's.
-func runKube(log *slog.Logger, kubeconfig, node, configPath, metricsAddr string, uninstall bool) error {
-	base := agent.NodeDefaults(node)
-	if configPath != "" {
-		cfg, err := agent.LoadConfig(configPath)
+func runKube(log *slog.Logger, o kubeOptions) error {
+	base := agent.NodeDefaults(o.node)
+	if o.configPath != "" {
+		cfg, err := agent.LoadConfig(o.configPath)
 		if err != nil {
 			return err
 		}
-		if cfg.Node != node {
-			return fmt.Errorf("%s is node %q's configuration, not %q's", configPath, cfg.Node, node)
+		if cfg.Node != o.node {
+			return fmt.Errorf("%s is node %q's configuration, not %q's", o.configPath, cfg.Node, o.node)
 		}
 		base = *cfg
 	}
-	log = log.With("node", node)
+	log = log.With("node", o.node)
+	lock, err := agent.LockNode(base.StateDir, log)
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock()
 	a, err := agent.New(&base, log)
 	if err != nil {
 		return err
 	}
-	if uninstall {
+	if o.uninstall {
 		// What the last run applied is in the state directory; uninstall
 		// needs no API.
-		if err := a.Uninstall(); err != nil {
-			return fmt.Errorf("uninstall: %w", err)
-		}
-		log.Info("uninstalled")
-		return nil
+		return uninstall(a, log)
 	}
-	defer a.Close()
-	restCfg, err := restConfig(kubeconfig)
+	restCfg, err := restConfig(o.kubeconfig)
 	if err != nil {
+		a.Close()
 		return err
 	}
+	var owner *removal.Watch
+	if o.daemonSet != "" {
+		ns, name, ok := strings.Cut(o.daemonSet, "/")
+		if !ok || ns == "" || name == "" {
+			a.Close()
+			return fmt.Errorf("-daemonset %q: want NAMESPACE/NAME", o.daemonSet)
+		}
+		cs, err := kubernetes.NewForConfig(restCfg)
+		if err != nil {
+			a.Close()
+			return err
+		}
+		owner = removal.Start(cs, ns, name)
+		defer owner.Stop()
+	}
+	// stopped: by a signal, which is how the kubelet ends the container
+	// whatever the reason; err: the manager's, which a signal may come
+	// with too.
+	stopped, err := enforce(log, a, restCfg, base, o)
+	if !stopped || owner == nil {
+		log.Info("stopping; the datapath stays pinned and keeps steering")
+		return joinClose(err, a)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), removalTimeout)
+	defer cancel()
+	removed, why := owner.Removed(ctx)
+	if !removed {
+		log.Info("stopping; the datapath stays pinned and keeps steering", "why", why)
+		return joinClose(err, a)
+	}
+	log.Info("the agent is being removed from the node: uninstalling", "why", why)
+	return errors.Join(err, uninstall(a, log))
+}
+
+// enforce runs the agent until SIGTERM or SIGINT (stopped) or an error that
+// ends it. It serves the metrics, probes and local API meanwhile, and stops
+// serving before it returns, so that the datapath may be closed or removed.
+func enforce(log *slog.Logger, a *agent.Agent, restCfg *rest.Config, base agent.Config, o kubeOptions) (stopped bool, err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	status := agent.Status{PID: os.Getpid()}
 	metrics := agent.NewMetrics(a)
-	wait, err := serveEndpoints(ctx, a, metrics, metricsAddr, restCfg, &status, log)
-	// Stop serving before the datapath is closed (deferred earlier).
+	wait, err := serveEndpoints(ctx, a, metrics, o.metricsAddr, restCfg, &status, log)
 	defer wait()
 	defer stop()
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := a.WriteStatus(status); err != nil {
 		log.Error("writing status", "err", err)
 	}
-	err = kube.Run(ctx, restCfg, kube.Options{Node: node, Base: base, Agent: a, Metrics: metrics, Log: log, Status: status})
-	log.Info("stopping; the datapath stays pinned and keeps steering")
+	err = kube.Run(ctx, restCfg, kube.Options{Node: o.node, Base: base, Agent: a, Metrics: metrics, Log: log, Status: status})
+	return ctx.Err() != nil, err
+}
+
+// uninstall removes everything the agent created on the node (the same code
+// as -uninstall).
+func uninstall(a *agent.Agent, log *slog.Logger) error {
+	if err := a.Uninstall(); err != nil {
+		return fmt.Errorf("uninstall: %w", err)
+	}
+	log.Info("uninstalled")
+	return nil
+}
+
+func joinClose(err error, a *agent.Agent) error {
+	if cerr := a.Close(); err == nil {
+		err = cerr
+	}
 	return err
 }
 

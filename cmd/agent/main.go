@@ -6,6 +6,9 @@
 // With -kubeconfig and -node it enforces the node's MPTCPNodeState from the
 // API instead (kube mode, docs/agent.md); -config then only supplies the
 // node-local settings (pin and state directories, tables, mark mask).
+// With -daemonset (the chart passes its own), a stopping agent whose
+// DaemonSet was deleted (helm uninstall) removes everything, as -uninstall
+// does; one that is only replaced (an upgrade) keeps its datapath steering.
 // It serves Prometheus metrics, /healthz and /readyz on -metrics-addr, and
 // per-connection detail to root on the unix socket <stateDir>/agent.sock.
 // In a container, -proc-sys names where the host's /proc/sys/net is mounted
@@ -40,6 +43,7 @@ func main() {
 	}
 	flag.Lookup("kubeconfig").Usage = "kube mode: kubeconfig of the API server (\"in-cluster\" for the pod's service account)"
 	node := flag.String("node", "", "kube mode: this node's name (its MPTCPNodeState)")
+	daemonSet := flag.String("daemonset", "", "kube mode: NAMESPACE/NAME of the DaemonSet the agent runs under; when it is deleted, a stopping agent uninstalls")
 	flag.StringVar(&netnsutil.ProcSys, "proc-sys", netnsutil.ProcSys, "directory whose net/ is a writable /proc/sys/net (in a container: a mount of the host's, e.g. /host/proc/sys)")
 	flag.Parse()
 
@@ -55,7 +59,8 @@ func main() {
 			fmt.Fprintln(os.Stderr, "agent: kube mode needs both -kubeconfig and -node")
 			os.Exit(2)
 		}
-		if err := runKube(log, kubeconfig, *node, *configPath, *metricsAddr, *uninstall); err != nil {
+		if err := runKube(log, kubeOptions{kubeconfig: kubeconfig, node: *node, configPath: *configPath, metricsAddr: *metricsAddr,
+			daemonSet: *daemonSet, uninstall: *uninstall}); err != nil {
 			log.Error("agent stopped", "err", err)
 			os.Exit(1)
 		}
@@ -81,6 +86,11 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 		return err
 	}
 	log = log.With("node", cfg.Node)
+	lock, err := agent.LockNode(cfg.StateDir, log)
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock()
 	a, err := agent.New(cfg, log)
 	if err != nil {
 		return err

@@ -78,10 +78,8 @@ type Agent struct {
 	// Capabilities, when set, are the only ones the agent runs with
 	// (setpriv; capability names as in capabilities(7), without "CAP_").
 	Capabilities []string
-	// kubeArgs, when set, run the agent in kube mode (StartKubeAgent).
-	kubeArgs []string
-	bin      string
-	bed      *testbed.Bed
+	bin          string
+	bed          *testbed.Bed
 }
 
 // AgentCapabilities are the capabilities the agent declares
@@ -179,7 +177,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	// applied. WaitReconciles tells the processes apart by PID.
 	// Port 0: each node namespace has its own loopback, and the agent
 	// records the port it got in its status.
-	p, err := a.bed.Start(a.Node.NetNS, a.command(append([]string{"-config", a.ConfigPath, "-metrics-addr", "127.0.0.1:0"}, a.kubeArgs...)...)...)
+	p, err := a.bed.Start(a.Node.NetNS, a.command("-config", a.ConfigPath, "-metrics-addr", "127.0.0.1:0")...)
 	if err != nil {
 		return err
 	}

@@ -238,13 +238,19 @@ func Resets(files []testbed.CaptureFile) ([]string, error) {
 // pinned or not: the kernel's own list (BPF_PROG_QUERY), not the agent's
 // pins. (bpftool 7.1, as packaged here, does not list TCX yet.)
 func TCXIngressPrograms(node *testbed.Node, ifname string) ([]string, error) {
+	return tcxProgramNames(node, ifname, ebpf.AttachTCXIngress)
+}
+
+// tcxProgramNames names the programs on hook (TCX ingress or egress) of
+// ifname in node's namespace, from the kernel's list.
+func tcxProgramNames(node *testbed.Node, ifname string, hook ebpf.AttachType) ([]string, error) {
 	var names []string
 	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
 		iface, err := net.InterfaceByName(ifname)
 		if err != nil {
 			return err
 		}
-		res, err := link.QueryPrograms(link.QueryOptions{Target: iface.Index, Attach: ebpf.AttachTCXIngress})
+		res, err := link.QueryPrograms(link.QueryOptions{Target: iface.Index, Attach: hook})
 		if err != nil {
 			return err
 		}

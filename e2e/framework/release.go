@@ -41,3 +41,36 @@ func BuildRelease(dir, commit string) (string, error) {
 
 // ErrNoHistory says the git history a test needs is missing.
 var ErrNoHistory = fmt.Errorf("git history unavailable")
+
+// BuildChartRelease builds the Helm chart and the images of commit, as that
+// commit's `make images` would have: the source is a clone of the
+// repository the tests run in at that commit (sharing its objects: nothing
+// is checked out, added or registered in the repository itself), built with
+// builder (this tree's image builder, IMAGEBUILD) into dir/images with tag,
+// so that the release's images do not replace this tree's (tagged with the
+// chart's appVersion, which may be the same) on a node. It returns the
+// release's chart directory and its images directory (images.json).
+func BuildChartRelease(dir, commit, builder, tag string) (chart, images string, err error) {
+	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		return "", "", fmt.Errorf("%w: not in a git checkout: %w", ErrNoHistory, err)
+	}
+	repo := strings.TrimSpace(string(top))
+	if err := exec.Command("git", "-C", repo, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
+		return "", "", fmt.Errorf("%w: commit %s is not in %s (shallow clone?)", ErrNoHistory, commit, repo)
+	}
+	src := filepath.Join(dir, "src-"+commit)
+	for _, args := range [][]string{
+		{"clone", "--quiet", "--shared", "--no-checkout", repo, src},
+		{"-C", src, "checkout", "--quiet", "--detach", commit},
+	} {
+		if out, err := exec.Command("git", args...).CombinedOutput(); err != nil {
+			return "", "", fmt.Errorf("git %s: %w\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	images = filepath.Join(dir, "images-"+commit)
+	if out, err := exec.Command(builder, "-repo", src, "-out", images, "-tag", tag).CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("building the images of %s: %w\n%s", commit, err, out)
+	}
+	return filepath.Join(src, "charts", "mptcp-operator"), images, nil
+}

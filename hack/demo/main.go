@@ -2,16 +2,15 @@
 // bed of 2 nodes x 2 NICs (network namespaces, links shaped to 200 Mbit/s),
 // then, side by side in one run, single-path TCP, MPTCP left to kernel
 // routing, MPTCP with hand-written policy routing, and MPTCP steered by the
-// agent as a cluster runs it: a local API server with the controller, the
-// policies of examples/, a real kubelet and containerd on every node, one
-// agent per node reading its node's state, and pods run from the traffic
-// image. It prints per-NIC and total throughput, saves the sampled NIC
+// agent as a cluster runs it: a local control plane, a real kubelet and
+// containerd on every node, the operator installed with its Helm chart (the
+// controller and an agent per node run as the chart's pods), the policies
+// of examples/, and pods run from the traffic image. It prints per-NIC and total throughput, saves the sampled NIC
 // counters as CSV, draws them as an SVG chart, and tears everything down.
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -23,7 +22,6 @@ import (
 
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed/controlplane"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/nodes"
 )
 
@@ -34,19 +32,23 @@ func main() {
 	conns := flag.Int("conns", 1, "concurrent connections per transfer")
 	assets := flag.String("assets", os.Getenv("KUBEBUILDER_ASSETS"), "directory with kube-apiserver, etcd, kubelet, kube-controller-manager and kube-scheduler (make -s print-envtest-assets)")
 	images := flag.String("images", "_output/images", "directory with the image archives and images.json of make images")
+	helm := flag.String("helm", os.Getenv("HELM"), "the helm binary (make -s print-helm)")
 	flag.Parse()
-	if err := run(*out, *duration, *rate, *conns, *assets, *images); err != nil {
+	if err := run(*out, *duration, *rate, *conns, *assets, *images, *helm); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(outDir string, duration time.Duration, rate string, conns int, assets, images string) error {
+func run(outDir string, duration time.Duration, rate string, conns int, assets, images, helm string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root: it creates network namespaces and loads BPF programs (run: sudo make demo)")
 	}
 	if assets == "" {
 		return fmt.Errorf("needs kube-apiserver and etcd: run it with make demo, which builds them, or pass -assets $(make -s print-envtest-assets)")
+	}
+	if helm == "" {
+		return fmt.Errorf("needs helm: run it with make demo, which builds it, or pass -helm $(make -s print-helm)")
 	}
 	for _, tool := range append(append(testbed.BedTools, nodes.Tools...), "go") {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -96,11 +98,9 @@ func run(outDir string, duration time.Duration, rate string, conns int, assets, 
 		Log: logf, SkipAgent: true,
 	}
 	results, err := framework.Compare(ctx, bed, o)
-	notRun := ""
 	if err == nil {
 		var m framework.Measurement
-		m, notRun, err = runAPIScenario(ctx, bed, o, assets, images, filepath.Join(outDir, "logs"))
-		if notRun == "" && err == nil {
+		if m, err = runAPIScenario(ctx, bed, o, helm, assets, images, filepath.Join(outDir, "logs")); err == nil {
 			results = append(results, m)
 		}
 	}
@@ -113,9 +113,6 @@ func run(outDir string, duration time.Duration, rate string, conns int, assets, 
 	}
 
 	printTable(os.Stdout, results, rate)
-	if notRun != "" {
-		fmt.Printf("\n%s: NOT RUN: %s\n", ScenarioAPI, notRun)
-	}
 
 	csvPath := filepath.Join(outDir, "nic-counters.csv")
 	f, err := os.Create(csvPath)
@@ -172,35 +169,23 @@ func printTable(w *os.File, results []framework.Measurement, rate string) {
 	fmt.Fprintln(w, "\nPer-NIC columns: node 1's transmit rate over the goodput window. Goodput: what the server received.")
 }
 
-// runAPIScenario runs the agent scenario through the API. It returns a
-// reason instead of an error when the agent binary has no kube mode yet, so
-// that the other scenarios' results are still shown.
-func runAPIScenario(ctx context.Context, bed *testbed.Bed, o framework.CompareOptions, assets, images, logs string) (framework.Measurement, string, error) {
+// runAPIScenario runs the agent scenario through the API, with the
+// operator installed by its chart.
+func runAPIScenario(ctx context.Context, bed *testbed.Bed, o framework.CompareOptions, helm, assets, images, logs string) (framework.Measurement, error) {
 	o.Log("running %q for %v", ScenarioAPI, o.Duration)
-	api, err := startAPI(ctx, bed, o.Binaries, assets, images, logs, o.Log)
+	api, err := startAPI(ctx, bed, helm, assets, images, logs, o.Log)
 	if err != nil {
-		return framework.Measurement{}, "", fmt.Errorf("%s: %w", ScenarioAPI, err)
+		return framework.Measurement{}, fmt.Errorf("%s: %w (logs in %s)", ScenarioAPI, err, logs)
 	}
 	defer func() {
 		if err := api.Close(); err != nil {
-			o.Log("stopping the control plane: %v", err)
+			o.Log("stopping the cluster: %v", err)
 		}
 	}()
-	if err := api.startAgents(ctx, o.Agent); err != nil {
-		if errors.Is(err, controlplane.ErrNoKubeMode) {
-			// Show the rest of the flow all the same.
-			if herr := api.showHeld(ctx); herr != nil {
-				o.Log("creating the server pod: %v", herr)
-			}
-			api.describeNodeStates(ctx)
-			return framework.Measurement{}, err.Error(), nil
-		}
-		return framework.Measurement{}, "", fmt.Errorf("%s: %w (logs in %s)", ScenarioAPI, err, logs)
-	}
 	m, err := api.transfer(ctx, o.Duration, o.Warmup, o.Conns)
 	api.describeNodeStates(ctx)
 	if err != nil {
-		return m, "", fmt.Errorf("%s: %w (logs in %s)", ScenarioAPI, err, logs)
+		return m, fmt.Errorf("%s: %w (logs in %s)", ScenarioAPI, err, logs)
 	}
-	return m, "", nil
+	return m, nil
 }

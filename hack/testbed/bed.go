@@ -130,6 +130,18 @@ func (b *Bed) Node(i int) *Node { return b.Nodes[i-1] }
 // Pod returns pod j of node i (1-based).
 func (b *Bed) Pod(i, j int) *Pod { return b.Nodes[i-1].Pods[j-1] }
 
+// AddPod makes a pod that something else created (a real node's, attached
+// with nodes.Cluster.AttachPod) one of its node's pods: Pod(i, j) finds it
+// after the bed's own, and a watch's evidence covers it. Its namespace's
+// name must start with the bed's prefix, so that Down removes it.
+func (b *Bed) AddPod(p *Pod) error {
+	if p.Node == nil || !strings.HasPrefix(p.NetNS, b.Name+"-") {
+		return fmt.Errorf("pod %s (namespace %q) is not of bed %s", p.Name, p.NetNS, b.Name)
+	}
+	p.Node.Pods = append(p.Node.Pods, p)
+	return nil
+}
+
 // NIC returns NIC k (1-based) of the node.
 func (n *Node) NIC(k int) NIC { return n.NICs[k-1] }
 

@@ -28,6 +28,9 @@ type Agent struct {
 	// previous process applied, from status.json), so that pods it
 	// selected and the next one does not get their settings back.
 	previous *Config
+	// baselines are the pods' MPTCP settings from before the agent
+	// changed them, which releasing or uninstalling restores.
+	baselines podBaselines
 
 	// What scrapes read while a reconcile runs: the names of the paths
 	// in force by index, and how many path managers run.
@@ -50,7 +53,7 @@ func New(cfg *Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{log: log, cfg: cfg, dp: dp, creators: map[string]*subflowCreator{}}
+	a := &Agent{log: log, cfg: cfg, dp: dp, creators: map[string]*subflowCreator{}, baselines: newPodBaselines(cfg.StateDir)}
 	if st, err := readStatus(cfg.StateDir); err == nil {
 		a.previous = st.Applied
 	}
@@ -179,6 +182,10 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 		for _, name := range pod.ruleNames() {
 			ids = append(ids, rules[name])
 		}
+		if err := a.recordBaseline(pod, rule); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
+			continue
+		}
 		if err := configurePodMPTCP(pod, rule); err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
 			continue
@@ -251,8 +258,56 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 	return errors.Join(errs...)
 }
 
+// recordBaseline keeps what pod's namespace holds before the agent first
+// changes it (podbaseline.go). A pod that the previous configuration
+// already configured and that has no baseline was configured by a release
+// that kept none: its namespace now holds that release's settings, which
+// are no baseline; it gets the kernel's defaults back when released.
+func (a *Agent) recordBaseline(pod Pod, rule Rule) error {
+	if rule.Subflows == SubflowsNone || a.baselines.has(pod) || a.configuredBefore(pod) {
+		return nil
+	}
+	return a.baselines.record(pod)
+}
+
+// configuredBefore says whether the previous configuration had pod (the
+// same namespace) with a rule that configures its MPTCP settings.
+func (a *Agent) configuredBefore(pod Pod) bool {
+	if a.previous == nil {
+		return false
+	}
+	for _, p := range a.previous.Pods {
+		if p.Name == pod.Name && p.NetNS == pod.NetNS {
+			return len(p.ruleNames()) > 0 && a.previous.subflowMode(p.ruleNames()[0]) != SubflowsNone
+		}
+	}
+	return false
+}
+
+// subflowMode is the subflow creation of rule name (SubflowsNone when cfg
+// has no such rule).
+func (cfg *Config) subflowMode(name string) SubflowMode {
+	for _, r := range cfg.Rules {
+		if r.Name == name {
+			return r.Subflows
+		}
+	}
+	return SubflowsNone
+}
+
+// releasePodMPTCP undoes configurePodMPTCP: the pod's baseline back, or,
+// for a pod configured by a release that kept none, the kernel's path
+// manager and default limits.
+func (a *Agent) releasePodMPTCP(pod Pod) error {
+	restored, err := a.baselines.restore(pod)
+	if restored || err != nil {
+		return err
+	}
+	return resetPodMPTCP(pod)
+}
+
 // releasePods gives the pods that the previous configuration selected and
-// cfg does not the kernel's path manager and default limits back, as
+// cfg does not their MPTCP settings from before (releasePodMPTCP), as
 // uninstall does. A pod whose namespace is gone (deleted) needs nothing.
 func (a *Agent) releasePods(cfg *Config) error {
 	if a.previous == nil {
@@ -272,9 +327,10 @@ func (a *Agent) releasePods(cfg *Config) error {
 			continue
 		}
 		if _, err := os.Stat(pod.NetNS); err != nil {
+			errs = append(errs, a.baselines.forget(pod.Name))
 			continue
 		}
-		if err := resetPodMPTCP(pod); err != nil {
+		if err := a.releasePodMPTCP(pod); err != nil {
 			errs = append(errs, fmt.Errorf("pod %s (no longer selected): %w", pod.Name, err))
 		}
 	}
@@ -344,16 +400,28 @@ func (a *Agent) Uninstall() error {
 	last := a.cfg
 	if a.previous != nil {
 		last = &Config{Paths: append(slices.Clone(a.cfg.Paths), a.previous.Paths...),
-			Pods: append(slices.Clone(a.cfg.Pods), a.previous.Pods...)}
+			Rules: append(slices.Clone(a.cfg.Rules), a.previous.Rules...),
+			Pods:  append(slices.Clone(a.cfg.Pods), a.previous.Pods...)}
 	}
 	if err := removeShaping(last); err != nil {
 		errs = append(errs, err)
 	}
+	released := map[string]bool{}
 	for _, pod := range last.Pods {
-		if _, err := os.Stat(pod.NetNS); err == nil {
-			if err := resetPodMPTCP(pod); err != nil {
-				errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
-			}
+		if released[pod.Name] {
+			continue
+		}
+		released[pod.Name] = true
+		if _, err := os.Stat(pod.NetNS); err != nil {
+			continue
+		}
+		// A pod whose rule never configured its namespace (subflows
+		// none) keeps what it has.
+		if !a.baselines.has(pod) && (len(pod.ruleNames()) == 0 || last.subflowMode(pod.ruleNames()[0]) == SubflowsNone) {
+			continue
+		}
+		if err := a.releasePodMPTCP(pod); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
 		}
 	}
 	if b, err := os.ReadFile(a.statePath()); err == nil {
@@ -381,6 +449,12 @@ func (a *Agent) Uninstall() error {
 	}
 	if err := os.Remove(a.cfg.PinDir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
+	}
+	// The default pin root holds every node's pin directory on a shared
+	// bpffs; the agent made it, and removes it once no node's is left
+	// (any error means it is not empty, or not the agent's to remove).
+	if filepath.Dir(filepath.Clean(a.cfg.PinDir)) == DefaultPinRoot {
+		_ = os.Remove(DefaultPinRoot)
 	}
 	return errors.Join(errs...)
 }

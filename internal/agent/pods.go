@@ -67,7 +67,10 @@ func boolSysctl(on bool) string {
 	return "0"
 }
 
-// resetPodMPTCP undoes configurePodMPTCP, for uninstall.
+// resetPodMPTCP gives a pod the kernel's path manager, no endpoint, DSS
+// checksums off and the kernel's default limits: what releasePodMPTCP
+// writes for a pod that has no baseline (one configured by a release that
+// kept none).
 func resetPodMPTCP(pod Pod) error {
 	if err := netnsutil.WriteSysctl(pod.NetNS, "net.mptcp.path_manager", "kernel"); err != nil {
 		return err

@@ -23,6 +23,7 @@ const (
 // Commands (enum mptcp_pm_command).
 const (
 	cmdAddAddr       = 1
+	cmdGetAddr       = 3
 	cmdFlushAddrs    = 4
 	cmdSetLimits     = 5
 	cmdGetLimits     = 6
@@ -46,6 +47,7 @@ const (
 	addrAttrAddr6  = 4
 	addrAttrPort   = 5 // host byte order
 	addrAttrFlags  = 6
+	addrAttrIfIdx  = 7
 )
 
 // Endpoint flags (MPTCP_PM_ADDR_FLAG_*).
@@ -165,10 +167,13 @@ func (c *Conn) GetLimits() (Limits, error) {
 
 // Endpoint is a local address the in-kernel path manager may use.
 type Endpoint struct {
-	Addr  netip.Addr
-	ID    uint8
-	Port  uint16
-	Flags uint32
+	Addr  netip.Addr `json:"addr"`
+	ID    uint8      `json:"id"`
+	Port  uint16     `json:"port,omitempty"`
+	Flags uint32     `json:"flags,omitempty"`
+	// IfIndex ties the endpoint to an interface (ip mptcp endpoint ...
+	// dev); 0: none.
+	IfIndex int32 `json:"ifIndex,omitempty"`
 }
 
 // AddEndpoint adds an endpoint to the in-kernel path manager.
@@ -177,10 +182,56 @@ func (c *Conn) AddEndpoint(e Endpoint) error {
 		ae.Nested(attrAddr, func(nae *netlink.AttributeEncoder) error {
 			encodeAddr(nae, e.Addr, e.ID, e.Port)
 			nae.Uint32(addrAttrFlags, e.Flags)
+			if e.IfIndex != 0 {
+				nae.Int32(addrAttrIfIdx, e.IfIndex)
+			}
 			return nil
 		})
 	})
 	return err
+}
+
+// Endpoints lists the namespace's endpoints (ip mptcp endpoint show).
+func (c *Conn) Endpoints() ([]Endpoint, error) {
+	msgs, err := c.do(cmdGetAddr, netlink.Dump, nil)
+	if err != nil {
+		return nil, err
+	}
+	var out []Endpoint
+	for _, m := range msgs {
+		ad, err := netlink.NewAttributeDecoder(m.Data)
+		if err != nil {
+			return out, err
+		}
+		for ad.Next() {
+			if ad.Type() != attrAddr {
+				continue
+			}
+			var e Endpoint
+			ad.Nested(func(nad *netlink.AttributeDecoder) error {
+				for nad.Next() {
+					switch nad.Type() {
+					case addrAttrID:
+						e.ID = nad.Uint8()
+					case addrAttrAddr4, addrAttrAddr6:
+						e.Addr, _ = netip.AddrFromSlice(nad.Bytes())
+					case addrAttrPort:
+						e.Port = nad.Uint16()
+					case addrAttrFlags:
+						e.Flags = nad.Uint32()
+					case addrAttrIfIdx:
+						e.IfIndex = nad.Int32()
+					}
+				}
+				return nil
+			})
+			out = append(out, e)
+		}
+		if err := ad.Err(); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
 }
 
 // FlushEndpoints removes every endpoint of the namespace.

@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"io"
 	"net"
+	"net/netip"
 	"os/exec"
+	"slices"
 	"testing"
 	"time"
 
@@ -69,6 +71,36 @@ func TestLimitsRoundTrip(t *testing.T) {
 	}
 	if got != want {
 		t.Fatalf("limits = %+v, want %+v", got, want)
+	}
+}
+
+// Endpoints read back as they were added, port, flags and interface
+// included, and a flush leaves none.
+func TestEndpointsRoundTrip(t *testing.T) {
+	clientNS, _ := pair(t)
+	c := dialIn(t, clientNS)
+	want := []Endpoint{
+		{Addr: netip.MustParseAddr("192.0.2.1"), ID: 1, Flags: FlagSubflow},
+		{Addr: netip.MustParseAddr("192.0.2.1"), ID: 2, Port: 6002, Flags: FlagSignal},
+		{Addr: netip.MustParseAddr("192.0.2.3"), ID: 3, Flags: FlagSubflow | FlagBackup, IfIndex: 1},
+	}
+	for _, e := range want {
+		if err := c.AddEndpoint(e); err != nil {
+			t.Fatalf("adding %+v: %v", e, err)
+		}
+	}
+	got, err := c.Endpoints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("endpoints = %+v, want %+v", got, want)
+	}
+	if err := c.FlushEndpoints(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Endpoints(); err != nil || len(got) != 0 {
+		t.Fatalf("after the flush: %+v (%v), want none", got, err)
 	}
 }
 

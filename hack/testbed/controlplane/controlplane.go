@@ -40,9 +40,11 @@ type Options struct {
 	// valid for the kubernetes Service address, plus kube-controller-manager
 	// and kube-scheduler from Assets (`make node-assets`). See cluster.go.
 	Cluster bool
-	// NoOperator starts the cluster only: no mptcp-system namespace, no
-	// config/agent resources, no controller process, for a test that
-	// installs the operator itself (the Helm chart).
+	// NoOperator starts the cluster only: no CRDs, no mptcp-system
+	// namespace, no config/agent resources, no controller process, for a
+	// test that installs the operator itself (the Helm chart, whose crds/
+	// helm applies: CRDs already there, from another source, would
+	// conflict with them, as an earlier release's do).
 	NoOperator bool
 }
 
@@ -75,9 +77,14 @@ const Namespace = "mptcp-system"
 // unless NoOperator is set. On error everything started is stopped.
 func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	cp = &ControlPlane{Kubeconfig: filepath.Join(o.Dir, "kubeconfig")}
-	var configure func(*envtest.Environment) error
-	if o.Cluster {
-		configure = cp.configureCluster(o.Dir)
+	configure := func(e *envtest.Environment) error {
+		if o.NoOperator {
+			e.CRDDirectoryPaths, e.ErrorIfCRDPathMissing = nil, false
+		}
+		if o.Cluster {
+			return cp.configureCluster(o.Dir)(e)
+		}
+		return nil
 	}
 	env, err := testenv.LaunchWith(o.Assets, configure)
 	if err != nil {

@@ -123,6 +123,12 @@ func (l layout) mountScript() string {
 	for _, d := range hostDirs {
 		bind(l.private(d), d, true)
 	}
+	// The machine's bpffs is private, and so is its copy here: containerd
+	// checks a HostToContainer mount of /sys/fs/bpf (the chart's agent)
+	// against the first mount at that path, the copy under the node's
+	// bind, which must be shared or a slave. Shared here, it joins a peer
+	// group of this namespace only.
+	b.WriteString("mount --make-shared /sys/fs/bpf\n")
 	bind(l.pins, "/sys/fs/bpf", true)
 	for k := range kernelTunables {
 		bind(l.tunable(k), "/proc/sys/"+k, false)

@@ -26,7 +26,8 @@ import (
 // What a chart install needs from the cluster: a DaemonSet's pods on every
 // node (the daemonset controller), in the node's network namespace
 // (hostNetwork), whose hostPath volumes are the node's own standard paths:
-// /sys/fs/bpf is the bed's pin directory of that node, and /var/run/netns,
+// /sys/fs/bpf (HostToContainer, as the chart mounts it) is the bed's pin
+// directory of that node, and /var/run/netns,
 // mounted HostToContainer, shows the network namespaces CNI makes for pods
 // created afterwards; and a Deployment's pods placed by kube-scheduler.
 func TestClusterRunsDaemonSetsAndDeployments(t *testing.T) {
@@ -54,7 +55,7 @@ func TestClusterRunsDaemonSetsAndDeployments(t *testing.T) {
 						Name: "traffic", Image: images[nodes.TrafficImage].Ref, ImagePullPolicy: corev1.PullNever,
 						Args: []string{"serve", "-listen", "127.0.0.1:7000"},
 						VolumeMounts: []corev1.VolumeMount{
-							{Name: "bpffs", MountPath: "/sys/fs/bpf"},
+							{Name: "bpffs", MountPath: "/sys/fs/bpf", MountPropagation: ptr.To(corev1.MountPropagationHostToContainer)},
 							{Name: "netns", MountPath: "/var/run/netns", MountPropagation: ptr.To(corev1.MountPropagationHostToContainer)},
 						},
 					}},
