@@ -146,16 +146,19 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 256);
+	__uint(max_entries, MAX_RULES);
 	__type(key, __u32);
 	__type(value, struct rule);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rules SEC(".maps");
 
 /* Selector: remote CIDRs per rule (struct cidr_key). */
+#define RULE_CIDRS_CAPACITY 16384
+_Static_assert(RULE_CIDRS_CAPACITY >= LIMIT_RULES * LIMIT_RULE_CIDRS,
+	       "rule_cidrs cannot hold every rule's CIDRs");
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 16384);
+	__uint(max_entries, RULE_CIDRS_CAPACITY);
 	__type(key, struct cidr_key);
 	__type(value, __u32);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -324,7 +327,8 @@ static __always_inline bool observe_only(void)
 
 static __always_inline void set_path_mark(struct __sk_buff *skb, __u32 path)
 {
-	__u32 value = ((path + 1) << mark_shift) & mark_mask;
+	/* The path's index is the mark's value: 0 is "not steered". */
+	__u32 value = (path << mark_shift) & mark_mask;
 
 	if (observe_only()) {
 		count(STAT_OBSERVED);
@@ -512,7 +516,7 @@ __noinline int learn_connection(struct __sk_buff *skb, const struct packet *pkt,
 	}
 	initiator_token = mptcp_token(bpf_ntohl(keys[0]), bpf_ntohl(keys[1]));
 
-	c.used = 1U << (sf->path & MAX_PATHS);
+	c.used = 1U << (sf->path_index & MAX_PATHS);
 	c.rule = sf->rule;
 	c.subflows = 1;
 	/* An existing entry (its aliases were evicted first) is kept. */
@@ -890,7 +894,7 @@ selected:
 		count(STAT_ALL_PATHS_DOWN);
 		return -1;
 	}
-	sf->path = path & MAX_PATHS;
+	sf->path_index = path & MAX_PATHS;
 	sf->role = ROLE_INITIATOR;
 	sf->rule = rule_id;
 	sf->created_ns = bpf_ktime_get_ns();
@@ -1040,8 +1044,8 @@ int pod_egress(struct __sk_buff *skb)
 		learn_connection(skb, &pkt, 1, sf);
 	if (rate_packet(skb, &pkt, &fk, sf, RATE_DIR_EGRESS) == TC_ACT_SHOT)
 		return TC_ACT_SHOT;
-	set_path_mark(skb, sf->path);
-	count_path(sf->path, pkt.len, true);
+	set_path_mark(skb, sf->path_index);
+	count_path(sf->path_index, pkt.len, true);
 	return TCX_NEXT;
 }
 
@@ -1172,7 +1176,7 @@ int nic_ingress(struct __sk_buff *skb)
 	} else {
 		nsf.rule = select_rule(ep, &pkt, 0, MATCH_INITIAL);
 	}
-	nsf.path = n->path;
+	nsf.path_index = n->path;
 	nsf.pod_slot = ep->pod_slot;
 	nsf.role = ROLE_RESPONDER;
 	nsf.created_ns = bpf_ktime_get_ns();

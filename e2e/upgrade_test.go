@@ -30,6 +30,17 @@ import (
 // subflow table has a different layout from this binary's.
 const previousRelease = "091c18c"
 
+// releaseConfig is cfg as the previous release reads it: its datapath
+// numbered paths from 0 (the API's index minus one).
+func releaseConfig(cfg *agent.Config) *agent.Config {
+	c := *cfg
+	c.Paths = slices.Clone(cfg.Paths)
+	for i := range c.Paths {
+		c.Paths[i].Index--
+	}
+	return &c
+}
+
 // pinnedMapID is the kernel id of the map pinned at path.
 func pinnedMapID(t *testing.T, path string) ebpf.MapID {
 	t.Helper()
@@ -97,15 +108,17 @@ func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 	full := framework.AgentConfig(bed, bed.Node(1), agent.Rule{})
 	first := *full
 	first.Pods = full.Pods[:1]
-	a1, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(1), &first, declaredCaps)
+	a1, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(1), releaseConfig(&first), declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a2, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(2), framework.AgentConfig(bed, bed.Node(2), agent.Rule{}), declaredCaps)
+	second := framework.AgentConfig(bed, bed.Node(2), agent.Rule{})
+	a2, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(2), releaseConfig(second), declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
 	agents := []*framework.Agent{a1, a2}
+	upgraded := map[*framework.Agent]*agent.Config{a1: full, a2: second}
 	newLayout, err := datapath.LayoutHash()
 	if err != nil {
 		t.Fatal(err)
@@ -140,10 +153,9 @@ func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 		if err := a.Stop(); err != nil {
 			t.Fatal(err)
 		}
-		if a == a1 {
-			if err := a.WriteConfig(full); err != nil {
-				t.Fatal(err)
-			}
+		// Node 1 gains a pod while its agent is down.
+		if err := a.WriteConfig(upgraded[a]); err != nil {
+			t.Fatal(err)
 		}
 		a.UseBinary(bins.Agent)
 		if err := a.Start(ctx); err != nil {
@@ -286,11 +298,11 @@ func TestUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	ctx := background(t)
 	good := framework.AgentConfig(bed, bed.Node(1), agent.Rule{})
-	a1, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(1), good, declaredCaps)
+	a1, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(1), releaseConfig(good), declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(2), framework.AgentConfig(bed, bed.Node(2), agent.Rule{}), declaredCaps); err != nil {
+	if _, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(2), releaseConfig(framework.AgentConfig(bed, bed.Node(2), agent.Rule{})), declaredCaps); err != nil {
 		t.Fatal(err)
 	}
 	caps, err := bed.StartCaptures("tcp")

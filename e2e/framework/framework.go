@@ -40,7 +40,7 @@ func AgentConfig(b *testbed.Bed, node *testbed.Node, rule agent.Rule) *agent.Con
 	for _, nic := range node.NICs {
 		cfg.Paths = append(cfg.Paths, agent.Path{
 			Name:      PathName(nic.Index),
-			Index:     uint32(nic.Index - 1),
+			Index:     uint32(nic.Index),
 			Interface: nic.Name,
 			Gateway:   nic.Gateway,
 		})

@@ -41,10 +41,11 @@ type Config struct {
 	StateDir string `json:"stateDir"`
 	// MarkMask is the part of skb->mark that carries the path (default 0x00f00000).
 	MarkMask uint32 `json:"markMask,omitempty"`
-	// TableBase is the routing table of path index 0; path i uses TableBase+i.
+	// TableBase is the routing tables' base: path i uses TableBase+i.
 	TableBase int `json:"tableBase,omitempty"`
-	// RulePriority is the ip rule priority of path index 0's fwmark rule;
-	// the rule sending local pod CIDRs to the main table sits just before.
+	// RulePriority is the ip rule priorities' base: path i's fwmark rule has
+	// RulePriority+i; the rule sending local pod CIDRs to the main table
+	// sits at RulePriority-1, before them all.
 	RulePriority int `json:"rulePriority,omitempty"`
 	// ObserveOnly, when true, has the datapath record everything (subflows
 	// with the path it would choose, connections, counters) without writing
@@ -62,8 +63,9 @@ type Config struct {
 // Path is one of the node's paths: a NIC and the next hop beyond it.
 type Path struct {
 	Name string `json:"name"`
-	// Index numbers the path cluster-wide (0..14): it selects the mark and
-	// the routing table, so both nodes of a subflow agree on it.
+	// Index numbers the path cluster-wide (1..15, MPTCPPath status.index):
+	// it is the mark's value and the routing table's offset, so both nodes
+	// of a subflow agree on it.
 	Index     uint32     `json:"index"`
 	Interface string     `json:"interface"`
 	Gateway   netip.Addr `json:"gateway"`
@@ -282,8 +284,8 @@ func (c *Config) Validate() error {
 		case paths[p.Name].Name != "":
 			errs = append(errs, fmt.Errorf("paths[%d].name: %q appears twice", i, p.Name))
 		}
-		if p.Index >= datapath.MaxPaths {
-			errs = append(errs, fmt.Errorf("paths[%d].index: %d is out of range 0..%d", i, p.Index, datapath.MaxPaths-1))
+		if !datapath.ValidPath(p.Index) {
+			errs = append(errs, fmt.Errorf("paths[%d].index: %d is out of range 1..%d", i, p.Index, datapath.MaxPaths))
 		}
 		if other, ok := indexes[p.Index]; ok {
 			errs = append(errs, fmt.Errorf("paths[%d].index: %d is also path %q's", i, p.Index, other))

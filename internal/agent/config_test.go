@@ -14,8 +14,8 @@ func selectorConfig() *Config {
 	c := &Config{
 		Node: "n1",
 		Paths: []Path{
-			{Name: "a", Index: 0, Interface: "eth1"},
-			{Name: "b", Index: 1, Interface: "eth2"},
+			{Name: "a", Index: 1, Interface: "eth1"},
+			{Name: "b", Index: 2, Interface: "eth2"},
 		},
 		Rules: []Rule{
 			{Name: "web", Paths: []string{"a", "b"}, SpreadMode: "weighted", Weights: map[string]uint32{"a": 3},
@@ -90,8 +90,8 @@ func TestConfigFileWithSelectors(t *testing.T) {
 	yaml := `
 node: n1
 paths:
-  - {name: a, index: 0, interface: eth1}
-  - {name: b, index: 1, interface: eth2}
+  - {name: a, index: 1, interface: eth1}
+  - {name: b, index: 2, interface: eth2}
 rules:
   - name: web
     paths: [a, b]

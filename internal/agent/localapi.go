@@ -146,7 +146,7 @@ func (a *Agent) connectionInfos() ([]ConnectionInfo, error) {
 	out := make([]ConnectionInfo, 0, len(conns))
 	for _, c := range conns {
 		info := ConnectionInfo{Local: c.Local.String(), Token: fmt.Sprintf("%08x", c.Token), Joins: c.Joins, Paths: []string{}}
-		for p := uint32(0); p < datapath.MaxPaths; p++ {
+		for p := uint32(1); datapath.ValidPath(p); p++ {
 			if c.UsedPaths&(1<<p) != 0 {
 				name := paths[p]
 				if name == "" {

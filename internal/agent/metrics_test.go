@@ -79,7 +79,7 @@ func TestEveryDatapathCounterIsExportedByName(t *testing.T) {
 	}
 	defer dp.Close()
 	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
-	a.setPaths(&Config{Paths: []Path{{Name: "fabric-a", Index: 0}, {Name: "fabric-b", Index: 1}}})
+	a.setPaths(&Config{Paths: []Path{{Name: "fabric-a", Index: 1}, {Name: "fabric-b", Index: 2}}})
 	m := NewMetrics(a)
 
 	stats, err := dp.Stats()
@@ -161,8 +161,8 @@ func TestRecordCountersAreExported(t *testing.T) {
 	}
 	defer dp.Close()
 	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
-	a.setPaths(&Config{Paths: []Path{{Name: "fabric-a", Index: 0}}})
-	if err := dp.SetRule(0, datapath.Rule{Paths: []uint32{0}}); err != nil {
+	a.setPaths(&Config{Paths: []Path{{Name: "fabric-a", Index: 1}}})
+	if err := dp.SetRule(0, datapath.Rule{Paths: []uint32{1}}); err != nil {
 		t.Fatal(err)
 	}
 	pod := netip.MustParseAddr("10.244.1.11")

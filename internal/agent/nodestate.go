@@ -37,13 +37,16 @@ type LocatedPod struct {
 // Translation is an MPTCPNodeState turned into the agent's Config, with what
 // the agent found (or failed to find) for each path and pod. Errors are the
 // problems that keep the spec from being enforced as a whole: with any, the
-// caller keeps the last good configuration in force.
+// caller keeps the last good configuration in force. PathProblems are paths
+// the node cannot carry (no interface, an ambiguous one, one another path
+// has): each is left out and reported on its path, the rest is enforced.
 type Translation struct {
-	Config   *Config
-	Paths    []mptcpv1alpha1.PathState
-	Applied  []mptcpv1alpha1.AppliedPolicy
-	Errors   []string
-	PodNames map[string]PodRef // Config pod name -> the API pod
+	Config       *Config
+	Paths        []mptcpv1alpha1.PathState
+	Applied      []mptcpv1alpha1.AppliedPolicy
+	Errors       []string
+	PathProblems []string
+	PodNames     map[string]PodRef // Config pod name -> the API pod
 }
 
 // PodRef names a pod of the API.
@@ -70,7 +73,14 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 	}
 
 	resolved := map[string]bool{}
-	for _, np := range state.Spec.Paths {
+	owners := map[string]string{} // interface -> the path that has it
+	leaveOut := func(name, msg string) { t.PathProblems = append(t.PathProblems, fmt.Sprintf("path %s: %s", name, msg)) }
+	// Lower indexes first: the older path keeps an interface two paths'
+	// selectors find (the controller gives the lowest free index to the
+	// oldest path).
+	nodePaths := slices.Clone(state.Spec.Paths)
+	slices.SortStableFunc(nodePaths, func(a, b mptcpv1alpha1.NodePath) int { return int(a.Index) - int(b.Index) })
+	for _, np := range nodePaths {
 		ps := mptcpv1alpha1.PathState{Name: np.Name}
 		link, state, msg := resolveInterface(np.Interface, links)
 		ps.Link, ps.Message = state, msg
@@ -84,20 +94,25 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 		}
 		switch {
 		case link == nil:
-			fail("path %s: %s", np.Name, msg)
-		case np.Index < 1 || np.Index > datapath.MaxPaths:
-			// The datapath numbers paths 0..MaxPaths-1; the API from 1.
+			leaveOut(np.Name, msg)
+		case np.Index < 1 || !datapath.ValidPath(uint32(np.Index)):
 			ps.Message = fmt.Sprintf("index %d is beyond the %d paths the datapath supports", np.Index, datapath.MaxPaths)
 			fail("path %s: %s", np.Name, ps.Message)
+		case owners[link.Name] != "":
+			ps.Link = mptcpv1alpha1.LinkAmbiguous
+			ps.Message = fmt.Sprintf("interface %s is also path %s's: a NIC carries one path", link.Name, owners[link.Name])
+			leaveOut(np.Name, ps.Message)
 		case !link.Gateway.IsValid():
 			ps.Message = fmt.Sprintf("no next hop found on %s: neither a default route through it nor an IPv4 subnet on it", link.Name)
 			fail("path %s: %s", np.Name, ps.Message)
 		default:
-			cfg.Paths = append(cfg.Paths, Path{Name: np.Name, Index: uint32(np.Index - 1), Interface: link.Name, Gateway: link.Gateway})
+			owners[link.Name] = np.Name
+			cfg.Paths = append(cfg.Paths, Path{Name: np.Name, Index: uint32(np.Index), Interface: link.Name, Gateway: link.Gateway})
 			resolved[np.Name] = true
 		}
 		t.Paths = append(t.Paths, ps)
 	}
+	slices.SortFunc(t.Paths, func(a, b mptcpv1alpha1.PathState) int { return strings.Compare(a.Name, b.Name) })
 
 	applied := map[string]int64{}
 	rules := map[string]Rule{}

@@ -71,8 +71,8 @@ func TestNodeStateTranslatesToAnEnforceableConfig(t *testing.T) {
 		t.Errorf("node-local settings not kept: %+v", c)
 	}
 	want := []Path{
-		{Name: "fabric-a", Index: 0, Interface: "nic1", Gateway: netip.MustParseAddr("10.101.1.1")},
-		{Name: "fabric-b", Index: 1, Interface: "nic2", Gateway: netip.MustParseAddr("10.102.1.1")},
+		{Name: "fabric-a", Index: 1, Interface: "nic1", Gateway: netip.MustParseAddr("10.101.1.1")},
+		{Name: "fabric-b", Index: 2, Interface: "nic2", Gateway: netip.MustParseAddr("10.102.1.1")},
 	}
 	if !slices.Equal(c.Paths, want) {
 		t.Errorf("paths %+v, want %+v", c.Paths, want)
@@ -102,6 +102,7 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 		mptcpv1alpha1.NodePath{Name: "ambiguous", Index: 4, Interface: mptcpv1alpha1.NodeInterface{Pattern: "nic*"}},
 		mptcpv1alpha1.NodePath{Name: "down", Index: 5, Interface: mptcpv1alpha1.NodeInterface{Name: "nic3"}},
 		mptcpv1alpha1.NodePath{Name: "far", Index: 40, Interface: mptcpv1alpha1.NodeInterface{Pattern: "enp1*"}},
+		mptcpv1alpha1.NodePath{Name: "again-nic1", Index: 6, Interface: mptcpv1alpha1.NodeInterface{Pattern: "nic1"}},
 	)
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(paths, podWith("lost", "10.244.1.99", spread(1))), testLinks, locateAll)
 	states := map[string]mptcpv1alpha1.PathState{}
@@ -111,20 +112,39 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 	for name, want := range map[string]mptcpv1alpha1.LinkState{
 		"fabric-a": mptcpv1alpha1.LinkUp, "missing": mptcpv1alpha1.LinkNotFound,
 		"ambiguous": mptcpv1alpha1.LinkAmbiguous, "down": mptcpv1alpha1.LinkDown, "far": mptcpv1alpha1.LinkUp,
+		"again-nic1": mptcpv1alpha1.LinkAmbiguous,
 	} {
 		if states[name].Link != want {
 			t.Errorf("path %s: link %q, want %q (%s)", name, states[name].Link, want, states[name].Message)
 		}
 	}
-	errs := strings.Join(tr.Errors, "\n")
+	// A path the node cannot carry is left out and reported, and does not
+	// keep the rest of the spec from being enforced.
+	problems := strings.Join(tr.PathProblems, "\n")
 	for _, want := range []string{
 		"path missing: no interface eth9 on this node",
 		"path ambiguous: 3 interfaces match (nic1, nic2, nic3)",
+		"path again-nic1: interface nic1 is also path fabric-a's",
+	} {
+		if !strings.Contains(problems, want) {
+			t.Errorf("path problems do not say %q:\n%s", want, problems)
+		}
+	}
+	errs := strings.Join(tr.Errors, "\n")
+	for _, want := range []string{
 		"path far: index 40 is beyond the 15 paths",
 		"pod apps/lost: no route",
 	} {
 		if !strings.Contains(errs, want) {
 			t.Errorf("errors do not say %q:\n%s", want, errs)
+		}
+	}
+	if strings.Contains(errs, "path missing") || strings.Contains(errs, "path again-nic1") {
+		t.Errorf("path problems made errors of the whole spec:\n%s", errs)
+	}
+	for _, p := range tr.Config.Paths {
+		if p.Name != "fabric-a" && p.Name != "fabric-b" && p.Name != "down" {
+			t.Errorf("path %s is in the configuration; only the paths the node carries belong there", p.Name)
 		}
 	}
 }

@@ -11,7 +11,7 @@ import (
 // each mistake is named.
 func TestRateConfigValidation(t *testing.T) {
 	base := `node: n1
-paths: [{name: a, index: 0, interface: eth1}, {name: b, index: 1, interface: eth2}]
+paths: [{name: a, index: 1, interface: eth1}, {name: b, index: 2, interface: eth2}]
 pods: [{name: p, hostInterface: veth1, ips: [10.244.1.10], rule: r}]
 rules:
 - name: r

@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
 // routeProtocol tags the routes this agent writes ("proto 0x4d" in ip route),
@@ -27,15 +30,24 @@ type routingPlan struct {
 	maxPrio  int
 	minTable int
 	maxTable int
+	// changed, when set, runs after each change apply makes to the
+	// kernel's rules and routes (a test checks every step's routing).
+	changed func()
+}
+
+func (p *routingPlan) note() {
+	if p.changed != nil {
+		p.changed()
+	}
 }
 
 func planRouting(c *Config, mark func(uint32) uint32) (*routingPlan, error) {
 	p := &routingPlan{
 		tables:   map[int]netlink.Route{},
 		minPrio:  c.RulePriority - 1,
-		maxPrio:  c.RulePriority + 15,
+		maxPrio:  c.RulePriority + datapath.MaxPaths,
 		minTable: c.TableBase,
-		maxTable: c.TableBase + 15,
+		maxTable: c.TableBase + datapath.MaxPaths,
 	}
 	for _, cidr := range c.PodCIDRs {
 		r := netlink.NewRule()
@@ -111,62 +123,117 @@ func sameRule(a, b *netlink.Rule) bool {
 // apply makes the node's rules and tables match the plan: what is missing is
 // added, what is ours (by priority and table range) and no longer wanted is
 // removed, and nothing else is touched.
+//
+// The order keeps every mark routed while tables change meaning (an upgrade
+// that renumbered paths: mark m used table base+m-1 and now uses base+m, so
+// table base+m served mark m+1 before and serves mark m after). Tables are
+// rewritten from the highest down; before a table gets its new route, every
+// stale rule still looking it up is replaced: its mark's new rule (whose
+// table is higher, so already right) is added first, then the stale rule,
+// at a lower priority number and so consulted first until then, goes.
 func (p *routingPlan) apply() error {
 	var errs []error
+	existing := map[int][]netlink.Rule{}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		existing, err := netlink.RuleList(fam)
+		rules, err := netlink.RuleList(fam)
 		if err != nil {
 			return fmt.Errorf("listing rules: %w", err)
 		}
-		for i := range existing {
-			r := &existing[i]
-			if r.Priority < p.minPrio || r.Priority > p.maxPrio {
-				continue
-			}
-			wanted := false
-			for _, w := range p.rules {
-				wanted = wanted || (w.Family == fam && sameRule(r, w))
-			}
-			if !wanted {
-				r.Family = fam
-				if err := netlink.RuleDel(r); err != nil {
-					errs = append(errs, fmt.Errorf("removing stale rule %v: %w", r, err))
-				}
+		for i := range rules {
+			rules[i].Family = fam
+		}
+		existing[fam] = rules
+	}
+	has := func(w *netlink.Rule) bool {
+		for i := range existing[w.Family] {
+			if sameRule(&existing[w.Family][i], w) {
+				return true
 			}
 		}
-		for _, w := range p.rules {
-			if w.Family != fam {
-				continue
-			}
-			found := false
-			for i := range existing {
-				found = found || sameRule(&existing[i], w)
-			}
-			if !found {
-				if err := netlink.RuleAdd(w); err != nil && !errors.Is(err, syscall.EEXIST) {
-					errs = append(errs, fmt.Errorf("adding rule %v: %w", w, err))
+		return false
+	}
+	add := func(w *netlink.Rule) {
+		if has(w) {
+			return
+		}
+		if err := netlink.RuleAdd(w); err != nil && !errors.Is(err, syscall.EEXIST) {
+			errs = append(errs, fmt.Errorf("adding rule %v: %w", w, err))
+			return
+		}
+		p.note()
+		existing[w.Family] = append(existing[w.Family], *w)
+	}
+	ours := func(r *netlink.Rule) bool { return r.Priority >= p.minPrio && r.Priority <= p.maxPrio }
+	wanted := func(r *netlink.Rule) bool {
+		return slices.ContainsFunc(p.rules, func(w *netlink.Rule) bool { return w.Family == r.Family && sameRule(r, w) })
+	}
+	// remove deletes the stale rules of ours that match, once the wanted
+	// rules of their marks are in place.
+	remove := func(match func(*netlink.Rule) bool) {
+		for fam, rules := range existing {
+			kept := rules[:0]
+			for i := range rules {
+				r := rules[i]
+				if !ours(&r) || wanted(&r) || !match(&r) {
+					kept = append(kept, r)
+					continue
 				}
+				for _, w := range p.rules {
+					if w.Family == fam && w.Mark == r.Mark && maskOf(w.Mask) == maskOf(r.Mask) && w.Mark != 0 {
+						add(w)
+					}
+				}
+				if err := netlink.RuleDel(&r); err != nil && !errors.Is(err, syscall.ENOENT) {
+					errs = append(errs, fmt.Errorf("removing stale rule %v: %w", &r, err))
+					kept = append(kept, r)
+				}
+				p.note()
 			}
+			existing[fam] = kept
 		}
 	}
-	for table := p.minTable; table <= p.maxTable; table++ {
+
+	for _, w := range p.rules {
+		if w.Mark == 0 {
+			add(w) // the pod CIDR rules: the main table, which never changes
+		}
+	}
+	for table := p.maxTable; table >= p.minTable; table-- {
+		remove(func(r *netlink.Rule) bool { return r.Table == table })
 		want, ok := p.tables[table]
 		if ok {
 			if err := netlink.RouteReplace(&want); err != nil {
 				errs = append(errs, fmt.Errorf("route in table %d: %w", table, err))
 			}
+			p.note()
 		}
-		if err := flushTable(table, func(r netlink.Route) bool {
+		if err := p.flushTable(table, func(r netlink.Route) bool {
 			return ok && r.Dst != nil && want.Dst != nil && r.Dst.String() == want.Dst.String() && r.LinkIndex == want.LinkIndex && r.Gw.Equal(want.Gw)
 		}); err != nil {
 			errs = append(errs, err)
 		}
+		for _, w := range p.rules {
+			if w.Table == table {
+				add(w)
+			}
+		}
 	}
+	for _, w := range p.rules {
+		add(w)
+	}
+	remove(func(*netlink.Rule) bool { return true })
 	return errors.Join(errs...)
 }
 
+func maskOf(m *uint32) uint32 {
+	if m == nil {
+		return 0
+	}
+	return *m
+}
+
 // flushTable removes the routes of table that keep() rejects.
-func flushTable(table int, keep func(netlink.Route) bool) error {
+func (p *routingPlan) flushTable(table int, keep func(netlink.Route) bool) error {
 	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return fmt.Errorf("listing table %d: %w", table, err)
@@ -178,12 +245,14 @@ func flushTable(table int, keep func(netlink.Route) bool) error {
 		if err := netlink.RouteDel(&routes[i]); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return fmt.Errorf("removing route from table %d: %w", table, err)
 		}
+		p.note()
 	}
 	return nil
 }
 
 // removeRouting removes every rule and table in the agent's ranges.
 func removeRouting(c *Config) error {
-	empty := &routingPlan{tables: map[int]netlink.Route{}, minPrio: c.RulePriority - 1, maxPrio: c.RulePriority + 15, minTable: c.TableBase, maxTable: c.TableBase + 15}
+	empty := &routingPlan{tables: map[int]netlink.Route{}, minPrio: c.RulePriority - 1, maxPrio: c.RulePriority + datapath.MaxPaths,
+		minTable: c.TableBase, maxTable: c.TableBase + datapath.MaxPaths}
 	return empty.apply()
 }

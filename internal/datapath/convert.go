@@ -53,13 +53,13 @@ func convert(dst []byte, dt btf.Type, src []byte, st btf.Type, at string) error 
 		if !ok {
 			return fmt.Errorf("%s: was %T, is a struct", name(at), st)
 		}
-		return convertMembers(dst, d.Members, src, s.Members, at)
+		return convertMembers(dst, d.Name, d.Members, src, s.Members, at)
 	case *btf.Union:
 		s, ok := st.(*btf.Union)
 		if !ok {
 			return fmt.Errorf("%s: was %T, is a union", name(at), st)
 		}
-		return convertMembers(dst, d.Members, src, s.Members, at)
+		return convertMembers(dst, "", d.Members, src, s.Members, at)
 	default:
 		return fmt.Errorf("%s: cannot convert %T", name(at), dt)
 	}
@@ -72,9 +72,24 @@ func name(at string) string {
 	return at
 }
 
-// convertMembers matches named members by name and anonymous ones (nested
-// anonymous structs and unions) by their order among anonymous members.
-func convertMembers(dst []byte, dms []btf.Member, src []byte, sms []btf.Member, at string) error {
+// renamedMember is a struct member that a release renamed because its
+// meaning changed: a value of the old member is carried into the new one
+// through adjust.
+type renamedMember struct {
+	from   string
+	adjust func(dst []byte)
+}
+
+// renamedMembers are keyed by struct and new member name.
+var renamedMembers = map[string]renamedMember{
+	// Path indexes count from 1, as the API's (migrate_paths.go).
+	"subflow.path_index": {from: "path", adjust: addOne},
+}
+
+// convertMembers matches named members by name (or by their name before a
+// rename, renamedMembers) and anonymous ones (nested anonymous structs and
+// unions) by their order among anonymous members.
+func convertMembers(dst []byte, structName string, dms []btf.Member, src []byte, sms []btf.Member, at string) error {
 	byName := map[string]btf.Member{}
 	var anon []btf.Member
 	for _, m := range sms {
@@ -95,6 +110,11 @@ func convertMembers(dst []byte, dms []btf.Member, src []byte, sms []btf.Member, 
 			nanon++
 		} else {
 			sm, ok = byName[dm.Name]
+		}
+		var adjust func([]byte)
+		if r, renamed := renamedMembers[structName+"."+dm.Name]; !ok && renamed && structName != "" {
+			sm, ok = byName[r.from]
+			adjust = r.adjust
 		}
 		if !ok {
 			continue // new member: zero
@@ -123,6 +143,9 @@ func convertMembers(dst []byte, dms []btf.Member, src []byte, sms []btf.Member, 
 		}
 		if err := convert(dst[do:do+dsz], dm.Type, src[so:so+ssz], sm.Type, field); err != nil {
 			return err
+		}
+		if adjust != nil {
+			adjust(dst[do : do+dsz])
 		}
 	}
 	return nil

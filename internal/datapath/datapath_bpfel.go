@@ -280,7 +280,7 @@ const (
 
 type datapathSubflow struct {
 	_         structs.HostLayout
-	Path      uint32
+	PathIndex uint32
 	Role      uint32
 	Token     uint32
 	Rule      uint32

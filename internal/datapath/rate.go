@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
 )
 
 // RateMode is how the rate actor enforces a rule's caps (bpf/include/rate.h).
@@ -83,10 +85,14 @@ func coarseClockFits(c RateConfig, burst uint64) bool {
 	return true
 }
 
-// minBurstBytes is the smallest bucket (and window grant) the datapath
+// MinBurstBytes is the smallest bucket (and window grant) the datapath
 // accepts: below a few 64 KiB GSO segments, a police bucket drops whole TSO
 // bursts and TCP collapses far below the cap (docs/datapath.md, Rate).
-const minBurstBytes = 64 << 10
+// MaxBurstBytes bounds what a connection may send at once.
+const (
+	MinBurstBytes = limits.MinBurstBytes
+	MaxBurstBytes = limits.MaxBurstBytes
+)
 
 // RateConfig is one rule's rate caps, in bits per second (0: no cap).
 type RateConfig struct {
@@ -106,7 +112,7 @@ type RateConfig struct {
 }
 
 // DefaultBurst is the burst used when none is given: 200 ms at the largest
-// cap, and never less than minBurstBytes. Measured on the test bed
+// cap, within [MinBurstBytes, MaxBurstBytes]. Measured on the test bed
 // (docs/datapath.md, Rate): police needs it because each drop is a whole
 // GSO segment and TCP's smallest window outruns the cap at sub-millisecond
 // RTTs (100 KiB held 0.22 of a 40 Mbit/s cap, 1 MiB 0.93); window needs it
@@ -117,7 +123,7 @@ func DefaultBurst(c RateConfig) uint64 {
 	for _, r := range c.PerPath {
 		largest = max(largest, r)
 	}
-	return max(largest/8/5, minBurstBytes)
+	return min(max(largest/8/5, uint64(MinBurstBytes)), uint64(MaxBurstBytes))
 }
 
 // Validate says what is wrong with c, if anything.
@@ -131,18 +137,18 @@ func (c RateConfig) Validate() error {
 		return fmt.Errorf("%v: no cap set: want perConnection, perPod or perPath", c.Mode)
 	}
 	for p, r := range c.PerPath {
-		if p >= MaxPaths {
-			return fmt.Errorf("%v: path index %d out of range", c.Mode, p)
+		if !ValidPath(p) {
+			return fmt.Errorf("%v: path index %d out of range 1..%d", c.Mode, p, MaxPaths)
 		}
 		if r == 0 {
 			return fmt.Errorf("%v: path %d: rate must be positive", c.Mode, p)
 		}
 	}
-	if c.BurstBytes != 0 && c.BurstBytes < minBurstBytes {
-		return fmt.Errorf("%v: burst %d bytes is below the %d-byte floor", c.Mode, c.BurstBytes, minBurstBytes)
+	if c.BurstBytes != 0 && c.BurstBytes < uint64(MinBurstBytes) {
+		return fmt.Errorf("%v: burst %d bytes is below the %d-byte floor", c.Mode, c.BurstBytes, MinBurstBytes)
 	}
-	if c.BurstBytes > 1<<30 {
-		return fmt.Errorf("%v: burst %d bytes is above 1 GiB", c.Mode, c.BurstBytes)
+	if c.BurstBytes > uint64(MaxBurstBytes) {
+		return fmt.Errorf("%v: burst %d bytes is above the %d-byte ceiling", c.Mode, c.BurstBytes, MaxBurstBytes)
 	}
 	switch c.Mode {
 	case RateWindow:

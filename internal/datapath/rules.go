@@ -7,23 +7,31 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
 )
 
-// Limits of the datapath's maps (bpf/include/common.h).
+// Limits of the datapath's maps: enum limit of bpf/include/common.h, through
+// package limits, which the API and the controller read too.
 const (
 	// MaxSubflows is the kernel's cap on a connection's subflows.
-	MaxSubflows = 8
+	MaxSubflows = limits.Subflows
 	// MaxRules is how many rule ids the rules map holds (ids 0..MaxRules-1).
-	MaxRules = 256
+	MaxRules = limits.Rules
 	// MaxPodRules is how many rules one pod's selector chain can hold.
-	MaxPodRules = 8
+	MaxPodRules = limits.PodRules
 	// MaxPods is how many pod addresses the datapath can select (and count)
 	// at once: MAX_PODS, the slots of pod_records.
-	MaxPods = 4096
+	MaxPods = limits.Pods
 	// MaxRulePorts is how many port ranges one rule's selector can hold.
-	MaxRulePorts = 8
+	MaxRulePorts = limits.RulePorts
+	// MaxRuleCIDRs is how many remote CIDRs one rule's selector can hold.
+	MaxRuleCIDRs = limits.RuleCIDRs
 	// MaxWeight is the largest weight of a path (a byte in the map).
-	MaxWeight = 255
+	MaxWeight = limits.Weight
+)
+
+const (
 	// ruleNone is RULE_NONE: a mirrored subflow no rule selected.
 	ruleNone = ^uint32(0)
 	// cidrKeyFixedBits is CIDR_KEY_FIXED_BITS: the rule id and family
@@ -130,22 +138,22 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("%d paths and %d backup paths, at most %d in all", len(r.Paths), len(r.Backup), MaxPaths)
 	}
 	for i, p := range all {
-		if p >= MaxPaths {
-			return fmt.Errorf("path index %d out of range 0..%d", p, MaxPaths-1)
+		if !ValidPath(p) {
+			return fmt.Errorf("path index %d out of range 1..%d", p, MaxPaths)
 		}
 		if slices.Contains(all[:i], p) {
 			return fmt.Errorf("path index %d listed twice (paths and backup paths are disjoint)", p)
 		}
 	}
 	for _, p := range r.Blocked {
-		if p >= MaxPaths {
-			return fmt.Errorf("blocked path index %d out of range 0..%d", p, MaxPaths-1)
+		if !ValidPath(p) {
+			return fmt.Errorf("blocked path index %d out of range 1..%d", p, MaxPaths)
 		}
 		if slices.Contains(all, p) {
 			return fmt.Errorf("path index %d is both blocked and one of the rule's paths", p)
 		}
 	}
-	if r.MaxSubflows > MaxSubflows {
+	if r.MaxSubflows > uint32(MaxSubflows) {
 		return fmt.Errorf("max subflows %d, at most %d (the kernel's limit)", r.MaxSubflows, MaxSubflows)
 	}
 	if len(r.Backup) > 0 && !r.RewriteHeaders {
@@ -161,7 +169,7 @@ func (r Rule) Validate() error {
 			return fmt.Errorf("%d weights for %d paths", len(r.Weights), len(r.Paths))
 		}
 		for i, w := range r.Weights {
-			if w == 0 || w > MaxWeight {
+			if w == 0 || w > uint32(MaxWeight) {
 				return fmt.Errorf("weight %d of path %d out of range 1..%d", w, r.Paths[i], MaxWeight)
 			}
 		}
@@ -178,6 +186,9 @@ func (r Rule) Validate() error {
 	}
 	if len(r.Ports) > MaxRulePorts {
 		return fmt.Errorf("%d port ranges, at most %d", len(r.Ports), MaxRulePorts)
+	}
+	if len(r.CIDRs) > MaxRuleCIDRs {
+		return fmt.Errorf("%d CIDRs, at most %d", len(r.CIDRs), MaxRuleCIDRs)
 	}
 	for _, pr := range r.Ports {
 		if pr.First == 0 || pr.First > pr.Last {
@@ -214,7 +225,7 @@ func cidrKey(id uint32, c netip.Prefix) datapathCidrKey {
 // are written before the rule and stale ones removed after it, so a rewrite
 // never selects less than both the old and the new rule have in common.
 func (d *Datapath) SetRule(id uint32, r Rule) error {
-	if id >= MaxRules {
+	if id >= uint32(MaxRules) {
 		return fmt.Errorf("rule %d: id out of range 0..%d", id, MaxRules-1)
 	}
 	if err := r.Validate(); err != nil {
@@ -295,7 +306,7 @@ func (d *Datapath) pruneCIDRs(id uint32, keep map[datapathCidrKey]bool) error {
 // placed by it keep their paths; joins of its connections are no longer
 // placed.
 func (d *Datapath) DeleteRule(id uint32) error {
-	if id >= MaxRules {
+	if id >= uint32(MaxRules) {
 		return fmt.Errorf("rule %d: id out of range 0..%d", id, MaxRules-1)
 	}
 	if err := d.objs.Rules.Put(id, &datapathRule{}); err != nil {
@@ -336,7 +347,7 @@ func (d *Datapath) SetEndpointRules(addr netip.Addr, rules ...uint32) error {
 	}
 	v := datapathEndpoint{Nrules: uint32(len(rules))}
 	for i, id := range rules {
-		if id >= MaxRules {
+		if id >= uint32(MaxRules) {
 			return fmt.Errorf("endpoint %v: rule id %d out of range 0..%d", addr, id, MaxRules-1)
 		}
 		v.Rules[i] = id
@@ -393,7 +404,7 @@ func (d *Datapath) podSlot(k datapathEndpointKey) (uint32, error) {
 	if err := it.Err(); err != nil {
 		return 0, fmt.Errorf("reading endpoints: %w", err)
 	}
-	for slot := uint32(1); slot <= MaxPods; slot++ {
+	for slot := uint32(1); slot <= uint32(MaxPods); slot++ {
 		if used[slot] {
 			continue
 		}
@@ -469,8 +480,8 @@ const pathDown = 1 << 0
 // to other paths) or up again. Subflows already on it keep it: moving them
 // would break them; MPTCP moves their data to other subflows.
 func (d *Datapath) SetPathDown(path uint32, down bool) error {
-	if path >= MaxPaths {
-		return fmt.Errorf("path index %d out of range 0..%d", path, MaxPaths-1)
+	if !ValidPath(path) {
+		return fmt.Errorf("path index %d out of range 1..%d", path, MaxPaths)
 	}
 	var v datapathPathState
 	if down {

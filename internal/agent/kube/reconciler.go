@@ -45,7 +45,7 @@ const (
 	ReasonApplied          = "Applied"          // the spec is enforced
 	ReasonNotYetApplied    = "NotYetApplied"    // nothing was enforced yet
 	ReasonAsExpected       = "AsExpected"       // not degraded
-	ReasonInterfaceMissing = "InterfaceMissing" // a path's interface is absent or ambiguous on the node: fix the MPTCPPath's interface selector
+	ReasonInterfaceMissing = "InterfaceMissing" // a path's interface is absent or ambiguous on the node: the path is left out, the rest enforced; fix the MPTCPPath's interface selector
 	ReasonInvalidSpec      = "InvalidSpec"      // the spec cannot be enforced (bad index, rule without usable path...): see status.errors
 	ReasonApplyFailed      = "ApplyFailed"      // the kernel refused part of the configuration: see status.errors and the agent's log
 	ReasonWaitingForPods   = "WaitingForPods"   // some pods have no address yet or cannot be found on the node
@@ -139,6 +139,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	var degradedReason string
 	switch {
 	case len(tr.Errors) > 0:
+		tr.Errors = append(slices.Clone(tr.PathProblems), tr.Errors...)
 		degradedReason = ReasonInvalidSpec
 		for _, p := range tr.Paths {
 			if p.Link == mptcpv1alpha1.LinkNotFound || p.Link == mptcpv1alpha1.LinkAmbiguous {
@@ -165,10 +166,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		if err != nil {
 			degradedReason = ReasonApplyFailed
-			tr.Errors = []string{err.Error()}
+			tr.Errors = append(slices.Clone(tr.PathProblems), err.Error())
 			r.status.Error = err.Error()
 			r.Log.Error("reconcile failed; the last good configuration stays in force", "err", err)
 			break
+		}
+		if len(tr.PathProblems) > 0 {
+			// Enforced without the paths this node cannot carry: each
+			// is reported on its path, and aggregated by the controller.
+			degradedReason = ReasonInterfaceMissing
+			tr.Errors = tr.PathProblems
+			r.Log.Warn("paths left out", "problems", tr.PathProblems)
 		}
 		changed := !reflect.DeepEqual(r.applied, tr.Config)
 		r.applied, r.appliedPolicies = tr.Config, tr.Applied
