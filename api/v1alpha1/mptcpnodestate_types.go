@@ -39,9 +39,10 @@ type NodePath struct {
 	Name string `json:"name"`
 
 	// index is the path's cluster-wide index (MPTCPPath status.index), the
-	// same on every node so that marks agree.
+	// same on every node so that marks agree: the mark's value and the
+	// offset of the path's routing table.
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=63
+	// +kubebuilder:validation:Maximum=15
 	Index int32 `json:"index"`
 
 	// interface is how the agent finds the path's interface on this node.
@@ -67,7 +68,8 @@ type RulePath struct {
 	Weight int32 `json:"weight"`
 }
 
-// CompiledRateLimits are a rule's rate limits, quantities in bits per second.
+// CompiledRateLimits are a rule's rate limits, quantities in bits per second
+// (burst in bytes).
 type CompiledRateLimits struct {
 	Mode RateMode `json:"mode"`
 	// +optional
@@ -77,6 +79,12 @@ type CompiledRateLimits struct {
 	// +optional
 	// +listType=atomic
 	PerPath []CompiledPathRate `json:"perPath,omitempty"`
+	// direction police caps; unset: both.
+	// +optional
+	Direction RateDirection `json:"direction,omitempty"`
+	// burst in bytes; unset: the datapath's default.
+	// +optional
+	Burst *resource.Quantity `json:"burst,omitempty"`
 }
 
 // CompiledPathRate caps a rule's traffic on one path.

@@ -49,7 +49,7 @@ type MPTCPPathSpec struct {
 	// capacity is the path's rate in bits per second, e.g. "10G". Rate
 	// limits per path and the HTB shaping mode are bounded by it.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="capacity must be positive"
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isInteger() && quantity(self).isGreaterThan(quantity('0'))",message="capacity must be a positive whole number of bits per second, e.g. 10G"
 	Capacity resource.Quantity `json:"capacity"`
 
 	// defaultRole is the path's role when a policy does not say otherwise.
@@ -63,7 +63,7 @@ type MPTCPPathSpec struct {
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=100
+	// +kubebuilder:validation:Maximum=255
 	Weight int32 `json:"weight,omitempty"`
 }
 
@@ -71,10 +71,12 @@ type MPTCPPathSpec struct {
 type MPTCPPathStatus struct {
 	// index is a small integer assigned by the controller, unique among paths
 	// and stable for the life of the path, so that every agent encodes this
-	// path with the same packet mark. Zero means not assigned yet.
+	// path with the same packet mark: the index is the mark's value and the
+	// offset of the path's routing table on every node. Zero means not
+	// assigned yet (all 15 in use).
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=63
+	// +kubebuilder:validation:Maximum=15
 	Index int32 `json:"index,omitempty"`
 
 	// nodes is how many nodes the nodeSelector selects.

@@ -282,7 +282,10 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]bool) (Rul
 	}
 	r.Traffic = traffic
 	if rl := cr.RateLimits; rl != nil {
-		r.Rate = &RateLimits{Mode: string(rl.Mode), PerConnection: rl.PerConnection, PerPod: rl.PerPod}
+		r.Rate = &RateLimits{Mode: string(rl.Mode), PerConnection: rl.PerConnection, PerPod: rl.PerPod, Direction: string(rl.Direction)}
+		if rl.Burst != nil {
+			r.Rate.BurstBytes = uint64(max(rl.Burst.Value(), 0))
+		}
 		for _, pr := range rl.PerPath {
 			// A cap on a path this node lacks has nothing to cap here.
 			if paths[pr.Path] {

@@ -201,6 +201,34 @@ func TestCompile(t *testing.T) {
 				},
 			}},
 		},
+		"two paths naming one interface: the older keeps it, the other is reported": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				// fabric-c, created after fabric-a, names nic1 too.
+				f.node("n3", map[string]string{"multipath": "true"}, "10.1.3.0/24")
+				f.path("fabric-c", "nic1", map[string]string{"multipath": "true"}, mptcpv1alpha1.PathRoleActive)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a", "fabric-b", "fabric-c"}, nil)
+				f.pod("tenant-a", "web", "n1", "10.1.1.10", nil, nil)
+			},
+			steps: []step{{
+				want: map[string][]string{"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/1,fabric-b/1]"}, "n2": {}, "n3": {}},
+				check: func(t *testing.T, f *fixture) {
+					path := &mptcpv1alpha1.MPTCPPath{ObjectMeta: metav1.ObjectMeta{Name: f.n("fabric-c")}}
+					msg := "interface nic1 is also path " + f.n("fabric-a") + "'s, which is older and keeps it: this path is left out on 3 nodes"
+					f.condition(path, func() []metav1.Condition { return path.Status.Conditions },
+						mptcpv1alpha1.ConditionDegraded, metav1.ConditionTrue, msg)
+					f.condition(path, func() []metav1.Condition { return path.Status.Conditions },
+						mptcpv1alpha1.ConditionReady, metav1.ConditionFalse, msg)
+					f.expectObjectEvent("MPTCPPath", f.n("fabric-c"), "InterfaceConflict")
+					older := &mptcpv1alpha1.MPTCPPath{ObjectMeta: metav1.ObjectMeta{Name: f.n("fabric-a")}}
+					f.condition(older, func() []metav1.Condition { return older.Status.Conditions },
+						mptcpv1alpha1.ConditionDegraded, metav1.ConditionFalse, "")
+					pol := &mptcpv1alpha1.MPTCPPolicy{ObjectMeta: metav1.ObjectMeta{Name: f.n("spread")}}
+					f.condition(pol, func() []metav1.Condition { return pol.Status.Conditions },
+						mptcpv1alpha1.ConditionDegraded, metav1.ConditionTrue, f.n("fabric-c"))
+				},
+			}},
+		},
 		"node labels and path deletion change which paths a node has": {
 			setup: func(f *fixture) {
 				twoFabrics(f)

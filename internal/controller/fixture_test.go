@@ -299,6 +299,24 @@ func (f *fixture) expectEvent(ns, pod, reason string) {
 	})
 }
 
+// expectObjectEvent waits for a Warning event with reason on a
+// cluster-scoped object of kind.
+func (f *fixture) expectObjectEvent(kind, name, reason string) {
+	f.t.Helper()
+	f.eventually("event "+reason+" on "+kind+" "+name, func() error {
+		var evs eventsv1.EventList
+		if err := f.c.List(f.ctx, &evs); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason && e.Type == corev1.EventTypeWarning {
+				return nil
+			}
+		}
+		return fmt.Errorf("not found among %d events", len(evs.Items))
+	})
+}
+
 // expectNoEvent checks that no Warning event was recorded for a pod.
 func (f *fixture) expectNoEvent(ns, pod string) {
 	f.t.Helper()

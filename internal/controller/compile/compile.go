@@ -7,6 +7,7 @@ package compile
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -47,6 +48,10 @@ const (
 	ReasonPreferencesForbidden = "PreferredPathsForbidden"
 	ReasonPreferencesOutside   = "PreferredPathsOutsidePolicy"
 	ReasonPreferencesInvalid   = "PreferredPathsInvalid"
+	// ReasonTooManyPolicies: more policies select the pod than its
+	// selector chain in the datapath holds; those of lowest precedence
+	// are not applied to it.
+	ReasonTooManyPolicies = "TooManyPolicies"
 )
 
 // Result is a node's compiled spec and what it could not honour.
@@ -106,6 +111,16 @@ func Node(in Input) Result {
 		if len(rules) == 0 {
 			continue
 		}
+		if n := len(rules); n > mptcpv1alpha1.MaxPodPolicies {
+			var left []string
+			for _, r := range rules[mptcpv1alpha1.MaxPodPolicies:] {
+				left = append(left, r.Policy)
+			}
+			rules = rules[:mptcpv1alpha1.MaxPodPolicies]
+			res.Refusals = append(res.Refusals, Refusal{Pod: pod, Policy: left[0], Reason: ReasonTooManyPolicies,
+				Message: fmt.Sprintf("%d policies select the pod, a pod takes at most %d: %s (lowest precedence) not applied to it",
+					n, mptcpv1alpha1.MaxPodPolicies, strings.Join(left, ", "))})
+		}
 		res.Spec.Pods = append(res.Spec.Pods, mptcpv1alpha1.NodePod{
 			Namespace: pod.Namespace,
 			Name:      pod.Name,
@@ -119,12 +134,14 @@ func Node(in Input) Result {
 
 // resolvePaths returns the paths that select node and have an index, sorted
 // by name. A path without an index yet is left out rather than given a mark
-// that might change.
+// that might change; so is a path that names an interface an older path of
+// the node names (InterfaceConflicts), which the path's status reports.
 func resolvePaths(node *corev1.Node, paths []mptcpv1alpha1.MPTCPPath) []mptcpv1alpha1.NodePath {
 	var out []mptcpv1alpha1.NodePath
+	conflicts := InterfaceConflicts(node, paths)
 	for i := range paths {
 		p := &paths[i]
-		if p.DeletionTimestamp != nil || p.Status.Index < 1 || !PathSelectsNode(p, node) {
+		if !pathOnNode(p, node) || conflicts[p.Name] != "" {
 			continue
 		}
 		role := p.Spec.DefaultRole
@@ -147,6 +164,51 @@ func resolvePaths(node *corev1.Node, paths []mptcpv1alpha1.MPTCPPath) []mptcpv1a
 		})
 	}
 	slices.SortFunc(out, func(a, b mptcpv1alpha1.NodePath) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// pathOnNode: p is in node's state unless another path takes its
+// interface there.
+func pathOnNode(p *mptcpv1alpha1.MPTCPPath, node *corev1.Node) bool {
+	return p.DeletionTimestamp == nil && p.Status.Index >= 1 && PathSelectsNode(p, node)
+}
+
+// InterfaceConflicts finds the paths of node that name an interface another
+// path of the node names too, by the same name or the same altName: two
+// paths cannot share a NIC (each NIC marks its arrivals with one path). The
+// older path (created first, then by name) keeps the interface; each other
+// is mapped to the path that keeps it, and is left out of the node's state.
+// Patterns are matched by the agent against the node's links, which the
+// controller does not see: an agent reports a pattern that matches a taken
+// interface on the path's state.
+func InterfaceConflicts(node *corev1.Node, paths []mptcpv1alpha1.MPTCPPath) map[string]string {
+	on := make([]*mptcpv1alpha1.MPTCPPath, 0, len(paths))
+	for i := range paths {
+		if pathOnNode(&paths[i], node) {
+			on = append(on, &paths[i])
+		}
+	}
+	slices.SortFunc(on, func(a, b *mptcpv1alpha1.MPTCPPath) int {
+		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Name, b.Name))
+	})
+	out := map[string]string{}
+	owner := map[string]string{} // "name:nic1" or "altName:lte0" -> path
+	for _, p := range on {
+		var key string
+		switch ifc := p.Spec.Interface; {
+		case ifc.Name != "":
+			key = "name:" + ifc.Name
+		case ifc.AltName != "":
+			key = "altName:" + ifc.AltName
+		default:
+			continue
+		}
+		if first, taken := owner[key]; taken {
+			out[p.Name] = first
+			continue
+		}
+		owner[key] = p.Name
+	}
 	return out
 }
 
@@ -261,7 +323,11 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 		}
 	}
 	if rl := s.RateLimits; rl != nil {
-		c := &mptcpv1alpha1.CompiledRateLimits{Mode: rl.Mode}
+		c := &mptcpv1alpha1.CompiledRateLimits{Mode: rl.Mode, Direction: rl.Direction}
+		if rl.Burst != nil {
+			q := rl.Burst.DeepCopy()
+			c.Burst = &q
+		}
 		if rl.PerConnection != nil {
 			q := rl.PerConnection.DeepCopy()
 			c.PerConnection = &q
@@ -336,7 +402,7 @@ func applyPreferences(pod *corev1.Pod, pol *mptcpv1alpha1.MPTCPPolicy, rule *mpt
 }
 
 // MaxPreferredPaths bounds the annotation, as policies bound their spread.
-const MaxPreferredPaths = 16
+const MaxPreferredPaths = mptcpv1alpha1.MaxPolicyPaths
 
 // ParsePreferredPaths parses "fabric-b, fabric-a" into path names. Anything
 // that is not a plain list of distinct path names (for instance a
@@ -348,7 +414,7 @@ func ParsePreferredPaths(value string) ([]string, string) {
 	}
 	parts := strings.Split(value, ",")
 	if len(parts) > MaxPreferredPaths {
-		return nil, "it names more than 16 paths"
+		return nil, fmt.Sprintf("it names more than %d paths", MaxPreferredPaths)
 	}
 	seen := map[string]bool{}
 	names := make([]string, 0, len(parts))

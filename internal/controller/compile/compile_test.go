@@ -2,6 +2,7 @@ package compile
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -135,6 +136,33 @@ func TestNode(t *testing.T) {
 	}
 	if !slices.Equal(refusals, wantRefusals) {
 		t.Errorf("refusals %v, want %v", refusals, wantRefusals)
+	}
+}
+
+// A pod takes at most as many policies as its selector chain in the
+// datapath holds: those of lowest precedence are left out of its rules and
+// the pod is told (a Warning event), instead of the node's agent refusing
+// the whole node.
+func TestAPodTakesAtMostEightPolicies(t *testing.T) {
+	in := testInput()
+	in.Pods = in.Pods[:1]
+	in.Policies = nil
+	for i := range 10 {
+		p := mptcpv1alpha1.MPTCPPolicy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%02d", i)},
+			Spec: mptcpv1alpha1.MPTCPPolicySpec{NamespaceSelector: &metav1.LabelSelector{},
+				Spread: mptcpv1alpha1.Spread{Paths: []mptcpv1alpha1.WeightedPath{{Name: "a"}}}}}
+		in.Policies = append(in.Policies, p)
+	}
+	res := Node(in)
+	if len(res.Spec.Pods) != 1 || len(res.Spec.Pods[0].Rules) != mptcpv1alpha1.MaxPodPolicies {
+		t.Fatalf("pods %+v, want one with %d rules", res.Spec.Pods, mptcpv1alpha1.MaxPodPolicies)
+	}
+	if last := res.Spec.Pods[0].Rules[mptcpv1alpha1.MaxPodPolicies-1].Policy; last != "p07" {
+		t.Errorf("last rule kept is %s, want p07 (precedence: priority, then name)", last)
+	}
+	if len(res.Refusals) != 1 || res.Refusals[0].Reason != ReasonTooManyPolicies ||
+		!strings.Contains(res.Refusals[0].Message, "10 policies select the pod, a pod takes at most 8: p08, p09") {
+		t.Errorf("refusals %+v, want one TooManyPolicies naming p08 and p09", res.Refusals)
 	}
 }
 
