@@ -93,14 +93,23 @@ type CompiledPathRate struct {
 	Rate resource.Quantity `json:"rate"`
 }
 
-// CompiledRule is one policy as it applies to one pod.
+// CompiledRule is one policy as it applies to some of the node's pods.
 type CompiledRule struct {
+	// name identifies the rule: its policy's name and a hash of what it
+	// does (internal/controller/compile.RuleName), e.g.
+	// "spread-fabrics-3f9a1c2b7d". Pods refer to it.
+	// A rule whose content changes gets another name; the agent maps each
+	// name to a datapath id that does not move while a live connection
+	// uses it, so a connection keeps the rule it started under.
+	Name string `json:"name"`
 	// policy is the MPTCPPolicy's name.
 	Policy string `json:"policy"`
 	// policyGeneration is the policy's metadata.generation compiled here;
-	// the agent reports it back in status.appliedPolicies.
+	// the agent reports it back in status.appliedPolicies. Not part of
+	// the name: a generation that compiles alike on this node keeps it.
 	PolicyGeneration int64 `json:"policyGeneration"`
-	// priority of the policy, for display: rules are already in order.
+	// priority of the policy, for display: pods list their rules in order.
+	// Not part of the name either.
 	Priority int32 `json:"priority"`
 
 	// traffic is the selector chain; unset matches all of the pod's traffic.
@@ -154,10 +163,12 @@ type NodePod struct {
 	// +optional
 	// +listType=atomic
 	IPs []string `json:"ips,omitempty"`
-	// rules in order of precedence (priority, then policy name): for each
-	// connection the agent applies the first rule whose traffic matches.
+	// rules are names of spec.rules, in order of precedence (priority,
+	// then policy name): for each connection the agent applies the first
+	// rule whose traffic matches.
 	// +listType=atomic
-	Rules []CompiledRule `json:"rules"`
+	// +kubebuilder:validation:MaxItems=8
+	Rules []string `json:"rules"`
 }
 
 // MPTCPNodeStateSpec is written by the controller only. It holds nothing
@@ -171,6 +182,12 @@ type MPTCPNodeStateSpec struct {
 	// +optional
 	// +listType=atomic
 	Paths []NodePath `json:"paths,omitempty"`
+	// rules the node's pods refer to, each once, sorted by name: the
+	// spec grows with the pods and the distinct rules, not with their
+	// product.
+	// +optional
+	// +listType=atomic
+	Rules []CompiledRule `json:"rules,omitempty"`
 	// pods on this node governed by at least one policy, sorted by
 	// namespace/name.
 	// +optional
@@ -300,4 +317,14 @@ type MPTCPNodeStateList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []MPTCPNodeState `json:"items"`
+}
+
+// Rule returns the rule of s named name, or nil.
+func (s *MPTCPNodeStateSpec) Rule(name string) *CompiledRule {
+	for i := range s.Rules {
+		if s.Rules[i].Name == name {
+			return &s.Rules[i]
+		}
+	}
+	return nil
 }

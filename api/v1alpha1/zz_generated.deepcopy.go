@@ -256,6 +256,13 @@ func (in *MPTCPNodeStateSpec) DeepCopyInto(out *MPTCPNodeStateSpec) {
 			(*in)[i].DeepCopyInto(&(*out)[i])
 		}
 	}
+	if in.Rules != nil {
+		in, out := &in.Rules, &out.Rules
+		*out = make([]CompiledRule, len(*in))
+		for i := range *in {
+			(*in)[i].DeepCopyInto(&(*out)[i])
+		}
+	}
 	if in.Pods != nil {
 		in, out := &in.Pods, &out.Pods
 		*out = make([]NodePod, len(*in))
@@ -599,10 +606,8 @@ func (in *NodePod) DeepCopyInto(out *NodePod) {
 	}
 	if in.Rules != nil {
 		in, out := &in.Rules, &out.Rules
-		*out = make([]CompiledRule, len(*in))
-		for i := range *in {
-			(*in)[i].DeepCopyInto(&(*out)[i])
-		}
+		*out = make([]string, len(*in))
+		copy(*out, *in)
 	}
 }
 

@@ -29,11 +29,18 @@ type Agent struct {
 	// selected and the next one does not get their settings back.
 	previous *Config
 
+	// ruleIDs maps rule names to datapath ids (ruleids.go); adopt says
+	// it was not found in the state directory: the first reconcile takes
+	// the ids the pinned endpoints already use.
+	ruleIDs *ruleIDs
+	adopt   bool
+
 	// What scrapes read while a reconcile runs: the names of the paths
 	// in force by index, and how many path managers run.
 	paths atomic.Pointer[map[uint32]string]
-	// ruleNames are the rules in force by index, for the local API.
-	ruleNames atomic.Pointer[[]string]
+	// ruleNames are the rules by datapath id (retired ones that live
+	// connections still use included), for the local API.
+	ruleNames atomic.Pointer[map[uint32]string]
 	// pods are the pods in force, for their MPTCP counters.
 	pods         atomic.Pointer[[]Pod]
 	pathManagers atomic.Int64
@@ -54,6 +61,9 @@ func New(cfg *Config, log *slog.Logger) (*Agent, error) {
 	if st, err := readStatus(cfg.StateDir); err == nil {
 		a.previous = st.Applied
 	}
+	var found bool
+	a.ruleIDs, found = readRuleIDs(cfg.StateDir)
+	a.adopt = !found
 	a.setPaths(cfg)
 	return a, nil
 }
@@ -64,9 +74,9 @@ func (a *Agent) setPaths(cfg *Config) {
 		names[p.Index] = p.Name
 	}
 	a.paths.Store(&names)
-	rules := make([]string, len(cfg.Rules))
-	for i, r := range cfg.Rules {
-		rules[i] = r.Name
+	rules := map[uint32]string{}
+	if a.ruleIDs != nil {
+		rules = a.ruleIDs.names()
 	}
 	a.ruleNames.Store(&rules)
 	pods := slices.Clone(cfg.Pods)
@@ -148,24 +158,32 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 		wantAttach[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICIngress}] = true
 	}
 
-	rules := map[string]uint32{}
+	// Each rule under its id (ruleids.go): written before any pod points
+	// at it, and in place when its name already had the id.
+	rules, err := a.assignRuleIDs(cfg)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	ruleByName := map[string]Rule{}
-	for i, r := range cfg.Rules {
+	for _, r := range cfg.Rules {
+		ruleByName[r.Name] = r
+		id, ok := rules[r.Name]
+		if !ok {
+			continue
+		}
 		dr, err := r.datapathRule(paths)
 		if err == nil {
-			err = a.dp.SetRule(uint32(i), dr)
+			err = a.dp.SetRule(id, dr)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("rule %q: %w", r.Name, err))
 		}
-		rules[r.Name] = uint32(i)
-		ruleByName[r.Name] = r
 	}
 
-	if err := a.applyRates(cfg, paths); err != nil {
+	if err := a.applyRates(cfg, paths, rules); err != nil {
 		errs = append(errs, err)
 	}
-	if err := a.applyShaping(cfg, paths, wantAttach); err != nil {
+	if err := a.applyShaping(cfg, paths, rules, wantAttach); err != nil {
 		errs = append(errs, err)
 	}
 
@@ -177,7 +195,13 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 		rule := ruleByName[pod.ruleNames()[0]]
 		ids := make([]uint32, 0, len(pod.ruleNames()))
 		for _, name := range pod.ruleNames() {
-			ids = append(ids, rules[name])
+			if id, ok := rules[name]; ok {
+				ids = append(ids, id)
+			}
+		}
+		if len(ids) != len(pod.ruleNames()) {
+			errs = append(errs, fmt.Errorf("pod %s: a rule of its chain has no id", pod.Name))
+			continue
 		}
 		if err := configurePodMPTCP(pod, rule); err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
@@ -234,6 +258,9 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 	if err := a.sweepReleased(cfg); err != nil {
 		errs = append(errs, err)
 	}
+	if err := a.retireRules(cfg, rules); err != nil {
+		errs = append(errs, err)
+	}
 	atts, err := a.dp.Attachments()
 	if err != nil {
 		errs = append(errs, err)
@@ -248,6 +275,53 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 	a.pathManagers.Store(int64(len(a.creators)))
 	a.cfg, a.previous = cfg, cfg
 	a.setPaths(cfg)
+	return errors.Join(errs...)
+}
+
+// assignRuleIDs gives each rule of cfg its datapath id (ruleids.go).
+func (a *Agent) assignRuleIDs(cfg *Config) (map[string]uint32, error) {
+	live, err := liveRuleIDs(a.dp)
+	if err != nil {
+		return nil, fmt.Errorf("reading the rule ids live connections use: %w", err)
+	}
+	var adopt map[string]uint32
+	if a.adopt {
+		adopt = adoptedRuleIDs(a.dp, cfg)
+	}
+	want := make([]string, 0, len(cfg.Rules))
+	for _, r := range cfg.Rules {
+		want = append(want, r.Name)
+	}
+	ids, err := a.ruleIDs.assign(want, adopt, live)
+	if werr := a.ruleIDs.write(cfg.StateDir); werr != nil {
+		err = errors.Join(err, fmt.Errorf("keeping the rule ids: %w", werr))
+	}
+	a.adopt = false
+	return ids, err
+}
+
+// retireRules frees the ids of rules cfg no longer has once no live
+// subflow or connection uses them (their closed ones forgotten first), and
+// clears their datapath entries; until then a retired rule's entries stay
+// as they were, so its connections keep its paths and caps.
+func (a *Agent) retireRules(cfg *Config, current map[string]uint32) error {
+	ids := map[uint32]bool{}
+	want := map[string]bool{}
+	for name, id := range current {
+		ids[id], want[name] = true, true
+	}
+	err := a.sweepRetiredRules(cfg, ids)
+	live, lerr := liveRuleIDs(a.dp)
+	if lerr != nil {
+		return errors.Join(err, lerr)
+	}
+	errs := []error{err}
+	for _, id := range a.ruleIDs.retire(want, live) {
+		errs = append(errs, a.dp.DeleteRule(id), a.dp.ClearRateRule(id))
+	}
+	if werr := a.ruleIDs.write(cfg.StateDir); werr != nil {
+		errs = append(errs, fmt.Errorf("keeping the rule ids: %w", werr))
+	}
 	return errors.Join(errs...)
 }
 

@@ -126,9 +126,7 @@ func (a *Agent) subflowInfos() ([]SubflowInfo, error) {
 		if s.Token != 0 {
 			info.Token = fmt.Sprintf("%08x", s.Token)
 		}
-		if int(s.Rule) < len(rules) {
-			info.Rule = rules[s.Rule]
-		}
+		info.Rule = rules[s.Rule]
 		out = append(out, info)
 	}
 	slices.SortFunc(out, func(x, y SubflowInfo) int {

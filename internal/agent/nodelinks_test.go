@@ -56,8 +56,8 @@ func TestNodeLinksAndPodsAreFoundInARealNamespace(t *testing.T) {
 	state.Name = "n1"
 	// An address beyond a NIC (a veth in the bed, with a peer namespace
 	// of its own) is no pod.
-	state.Spec.Pods = []mptcpv1alpha1.NodePod{{Namespace: "apps", Name: "far", IPs: []string{node.NICs[0].Gateway.String()},
-		Rules: []mptcpv1alpha1.CompiledRule{{Policy: "p", Paths: []mptcpv1alpha1.RulePath{{Name: "a"}}}}}}
+	state.Spec.Rules = []mptcpv1alpha1.CompiledRule{{Name: "p-1", Policy: "p", Paths: []mptcpv1alpha1.RulePath{{Name: "a"}}}}
+	state.Spec.Pods = []mptcpv1alpha1.NodePod{{Namespace: "apps", Name: "far", IPs: []string{node.NICs[0].Gateway.String()}, Rules: []string{"p-1"}}}
 	var tr *agent.Translation
 	if err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
 		tr = agent.FromNodeState(agent.NodeDefaults("n1"), state, links, agent.LocatePod)

@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -114,8 +112,22 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 	}
 	slices.SortFunc(t.Paths, func(a, b mptcpv1alpha1.PathState) int { return strings.Compare(a.Name, b.Name) })
 
-	applied := map[string]int64{}
+	// Each rule once, under its name: pods refer to it.
 	rules := map[string]Rule{}
+	generations := map[string]mptcpv1alpha1.AppliedPolicy{}
+	ruleErrs := map[string]error{}
+	for _, cr := range state.Spec.Rules {
+		rule, err := RuleFromCompiled(cr, resolved)
+		if err != nil {
+			ruleErrs[cr.Name] = fmt.Errorf("policy %s: %w", cr.Policy, err)
+			continue
+		}
+		rule.Name = cr.Name
+		rules[cr.Name] = rule
+		generations[cr.Name] = mptcpv1alpha1.AppliedPolicy{Name: cr.Policy, Generation: cr.PolicyGeneration}
+	}
+	applied := map[string]int64{}
+	used := map[string]bool{}
 	for _, pod := range state.Spec.Pods {
 		id := pod.Namespace + "/" + pod.Name
 		if len(pod.Rules) == 0 {
@@ -137,21 +149,18 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 		}
 		// Every rule of the pod, in precedence order: the datapath
 		// gives each new subflow the first whose traffic selects it.
-		var names []string
-		for _, cr := range pod.Rules {
-			rule, err := RuleFromCompiled(cr, resolved)
-			if err != nil {
-				fail("pod %s, policy %s: %v", id, cr.Policy, err)
-				continue
+		ok := true
+		for _, name := range pod.Rules {
+			switch _, found := rules[name]; {
+			case ruleErrs[name] != nil:
+				fail("pod %s, %v", id, ruleErrs[name])
+				ok = false
+			case !found:
+				fail("pod %s: no rule named %s in the spec", id, name)
+				ok = false
 			}
-			// Pods whose rules compiled alike share one Rule; a policy
-			// that compiles differently for some pods (tenant
-			// preferences) gets one Rule per variant.
-			rule.Name = ruleName(cr.Policy, rule, rules)
-			rules[rule.Name] = rule
-			names = append(names, rule.Name)
 		}
-		if len(names) != len(pod.Rules) {
+		if !ok {
 			continue
 		}
 		loc, err := locate(ips)
@@ -166,13 +175,16 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 			continue
 		}
 		name := pod.Namespace + "." + pod.Name
-		cfg.Pods = append(cfg.Pods, Pod{Name: name, NetNS: loc.NetNS, HostInterface: loc.HostInterface, IPs: ips, Rules: names})
+		cfg.Pods = append(cfg.Pods, Pod{Name: name, NetNS: loc.NetNS, HostInterface: loc.HostInterface, IPs: ips, Rules: slices.Clone(pod.Rules)})
 		t.PodNames[name] = PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
-		for _, cr := range pod.Rules {
-			applied[cr.Policy] = max(applied[cr.Policy], cr.PolicyGeneration)
+		for _, r := range pod.Rules {
+			used[r] = true
+			g := generations[r]
+			applied[g.Name] = max(applied[g.Name], g.Generation)
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(rules)) {
+	// Only the rules some configured pod uses reach the datapath.
+	for _, name := range slices.Sorted(maps.Keys(used)) {
 		cfg.Rules = append(cfg.Rules, rules[name])
 	}
 	for _, name := range slices.Sorted(maps.Keys(applied)) {
@@ -185,34 +197,6 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 		}
 	}
 	return t
-}
-
-// ruleName is policy's name, or policy-2, -3... when another variant of the
-// same policy already has it.
-func ruleName(policy string, r Rule, rules map[string]Rule) string {
-	for i := 1; ; i++ {
-		name := policy
-		if i > 1 {
-			name = fmt.Sprintf("%s-%d", policy, i)
-		}
-		other, ok := rules[name]
-		if !ok {
-			return name
-		}
-		other.Name = r.Name
-		if rulesEqual(other, r) {
-			return name
-		}
-	}
-}
-
-func rulesEqual(a, b Rule) bool {
-	// Compared as the agent's configuration file would hold them: rate
-	// quantities in canonical form, weights in key order. (reflect and
-	// apimachinery's semantic equality cannot look into netip values.)
-	ja, erra := json.Marshal(a)
-	jb, errb := json.Marshal(b)
-	return erra == nil && errb == nil && bytes.Equal(ja, jb)
 }
 
 // RuleFromCompiled is the one place where a compiled rule's fields become the

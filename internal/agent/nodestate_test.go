@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
 )
 
 var testLinks = []NodeLink{
@@ -28,11 +29,29 @@ func locateAll(ips []netip.Addr) (LocatedPod, error) {
 	return LocatedPod{HostInterface: "veth-" + ips[0].String(), NetNS: "/var/run/netns/" + ips[0].String()}, nil
 }
 
-func nodeState(paths []mptcpv1alpha1.NodePath, pods ...mptcpv1alpha1.NodePod) *mptcpv1alpha1.MPTCPNodeState {
-	return &mptcpv1alpha1.MPTCPNodeState{
+// testPod is a pod of a test's node state and its rules, which nodeState
+// lists once each in the spec, named as the controller names them.
+type testPod struct {
+	pod   mptcpv1alpha1.NodePod
+	rules []mptcpv1alpha1.CompiledRule
+}
+
+func nodeState(paths []mptcpv1alpha1.NodePath, pods ...testPod) *mptcpv1alpha1.MPTCPNodeState {
+	s := &mptcpv1alpha1.MPTCPNodeState{
 		ObjectMeta: metav1.ObjectMeta{Name: "n1", Generation: 3},
-		Spec:       mptcpv1alpha1.MPTCPNodeStateSpec{PodCIDRs: []string{"10.244.1.0/24"}, Paths: paths, Pods: pods},
+		Spec:       mptcpv1alpha1.MPTCPNodeStateSpec{PodCIDRs: []string{"10.244.1.0/24"}, Paths: paths},
 	}
+	for _, p := range pods {
+		for _, r := range p.rules {
+			r.Name = compile.RuleName(&r)
+			p.pod.Rules = append(p.pod.Rules, r.Name)
+			if s.Spec.Rule(r.Name) == nil {
+				s.Spec.Rules = append(s.Spec.Rules, r)
+			}
+		}
+		s.Spec.Pods = append(s.Spec.Pods, p.pod)
+	}
+	return s
 }
 
 func twoPaths() []mptcpv1alpha1.NodePath {
@@ -42,13 +61,16 @@ func twoPaths() []mptcpv1alpha1.NodePath {
 	}
 }
 
-func podWith(name, ip string, rules ...mptcpv1alpha1.CompiledRule) mptcpv1alpha1.NodePod {
-	p := mptcpv1alpha1.NodePod{Namespace: "apps", Name: name, UID: "uid-" + name, Rules: rules}
+func podWith(name, ip string, rules ...mptcpv1alpha1.CompiledRule) testPod {
+	p := mptcpv1alpha1.NodePod{Namespace: "apps", Name: name, UID: "uid-" + name}
 	if ip != "" {
 		p.IPs = []string{ip}
 	}
-	return p
+	return testPod{pod: p, rules: rules}
 }
+
+// nameOf is the name the controller gives r.
+func nameOf(r mptcpv1alpha1.CompiledRule) string { return compile.RuleName(&r) }
 
 func spread(gen int64) mptcpv1alpha1.CompiledRule {
 	return mptcpv1alpha1.CompiledRule{Policy: "spread", PolicyGeneration: gen, MaxSubflows: 2,
@@ -77,12 +99,12 @@ func TestNodeStateTranslatesToAnEnforceableConfig(t *testing.T) {
 	if !slices.Equal(c.Paths, want) {
 		t.Errorf("paths %+v, want %+v", c.Paths, want)
 	}
-	if len(c.Rules) != 1 || c.Rules[0].Name != "spread" || !slices.Equal(c.Rules[0].Paths, []string{"fabric-a", "fabric-b"}) ||
+	if len(c.Rules) != 1 || c.Rules[0].Name != nameOf(spread(7)) || !slices.Equal(c.Rules[0].Paths, []string{"fabric-a", "fabric-b"}) ||
 		c.Rules[0].MaxSubflows != 2 || c.Rules[0].Subflows != SubflowsUserspace {
 		t.Errorf("rules %+v", c.Rules)
 	}
 	// The pod without an address waits; it is no error.
-	if len(c.Pods) != 1 || c.Pods[0].HostInterface != "veth-10.244.1.10" || !slices.Equal(c.Pods[0].Rules, []string{"spread"}) {
+	if len(c.Pods) != 1 || c.Pods[0].HostInterface != "veth-10.244.1.10" || !slices.Equal(c.Pods[0].Rules, []string{nameOf(spread(7))}) {
 		t.Errorf("pods %+v", c.Pods)
 	}
 	if ref := tr.PodNames[c.Pods[0].Name]; ref != (PodRef{Namespace: "apps", Name: "web", UID: "uid-web"}) {
@@ -190,7 +212,8 @@ func TestPolicyVariantsGetTheirOwnRules(t *testing.T) {
 	for _, p := range tr.Config.Pods {
 		rules[p.Name] = strings.Join(p.Rules, ",")
 	}
-	if rules["apps.a"] != "spread" || rules["apps.c"] != "spread" || rules["apps.b"] != "spread-2" || len(tr.Config.Rules) != 2 {
+	if rules["apps.a"] != nameOf(spread(2)) || rules["apps.c"] != nameOf(spread(2)) || rules["apps.b"] != nameOf(reordered) ||
+		nameOf(spread(2)) == nameOf(reordered) || len(tr.Config.Rules) != 2 {
 		t.Errorf("pods' rules %v, rules %+v", rules, tr.Config.Rules)
 	}
 }
@@ -256,8 +279,8 @@ func TestPodWithTwoPoliciesGetsBothRules(t *testing.T) {
 		t.Fatal(tr.Errors)
 	}
 	for _, p := range tr.Config.Pods {
-		if !slices.Equal(p.Rules, []string{"web", "spread"}) {
-			t.Errorf("pod %s has rules %v, want [web spread]", p.Name, p.Rules)
+		if !slices.Equal(p.Rules, []string{nameOf(web), nameOf(spread(2))}) {
+			t.Errorf("pod %s has rules %v, want web's, then spread's", p.Name, p.Rules)
 		}
 	}
 	// Alike rules (selectors included) are shared, not repeated per pod.

@@ -102,31 +102,39 @@ func (l *RateLimits) validate(r Rule, paths map[string]Path) error {
 	return err
 }
 
-// applyRates writes every rule's rate caps and clears those of rules that
-// have none (or no longer exist).
-func (a *Agent) applyRates(cfg *Config, paths map[string]Path) error {
+// applyRates writes the rate caps of every rule of cfg under its id, and
+// clears the caps of ids no rule holds any more. A retired rule that live
+// connections still use keeps its caps (retireRules clears them with its
+// id).
+func (a *Agent) applyRates(cfg *Config, paths map[string]Path, ids map[string]uint32) error {
 	var errs []error
-	want := map[uint32]bool{}
-	for i, r := range cfg.Rules {
-		if r.Rate == nil {
+	keep := map[uint32]bool{}
+	for name, id := range a.ruleIDs.ByName {
+		if _, current := ids[name]; !current {
+			keep[id] = true // retired, still in use
+		}
+	}
+	for _, r := range cfg.Rules {
+		id, ok := ids[r.Name]
+		if r.Rate == nil || !ok {
 			continue
 		}
 		c, err := r.Rate.datapathConfig(r, paths)
 		if err == nil {
-			err = a.dp.SetRateRule(uint32(i), c)
+			err = a.dp.SetRateRule(id, c)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("rule %q: rate: %w", r.Name, err))
 			continue
 		}
-		want[uint32(i)] = true
+		keep[id] = true
 	}
-	ids, err := a.dp.RateRules()
+	capped, err := a.dp.RateRules()
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
-	for _, id := range ids {
-		if !want[id] {
+	for _, id := range capped {
+		if !keep[id] {
 			if err := a.dp.ClearRateRule(id); err != nil {
 				errs = append(errs, err)
 			}

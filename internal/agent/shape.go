@@ -36,20 +36,20 @@ type shapeClass struct {
 // per capped path on that path's NIC, and a class per selected pod on each
 // of the rule's paths' NICs (perPod caps a pod per path: its sending over
 // two paths can reach twice the cap; docs/datapath.md).
-func planShaping(cfg *Config, paths map[string]Path) ([]shapeClass, error) {
+func planShaping(cfg *Config, paths map[string]Path, ids map[string]uint32) ([]shapeClass, error) {
 	var out []shapeClass
-	for i, r := range cfg.Rules {
-		if r.Rate == nil || r.Rate.Mode != "shape" {
+	for _, r := range cfg.Rules {
+		rule, ok := ids[r.Name]
+		if r.Rate == nil || r.Rate.Mode != "shape" || !ok {
 			continue
 		}
 		c, err := r.Rate.datapathConfig(r, paths)
 		if err != nil {
 			return nil, fmt.Errorf("rule %q: %w", r.Name, err)
 		}
-		rule := uint32(i)
 		for _, p := range cfg.Paths {
 			if rate, ok := c.PerPath[p.Index]; ok {
-				out = append(out, shapeClass{iface: p.Interface, minor: shapeMinorRule + uint16(i), bps: rate,
+				out = append(out, shapeClass{iface: p.Interface, minor: shapeMinorRule + uint16(rule), bps: rate,
 					entry: datapath.ShapeClass{Rule: rule, Path: p.Index}})
 			}
 		}
@@ -79,8 +79,8 @@ func planShaping(cfg *Config, paths map[string]Path) ([]shapeClass, error) {
 // applyShaping makes each path NIC's HTB classes and the classification
 // table match cfg, and asks for nic_egress on NICs that shape. A NIC that
 // no rule shapes any more loses the agent's qdisc.
-func (a *Agent) applyShaping(cfg *Config, paths map[string]Path, wantAttach map[datapath.Attachment]bool) error {
-	plan, err := planShaping(cfg, paths)
+func (a *Agent) applyShaping(cfg *Config, paths map[string]Path, ids map[string]uint32, wantAttach map[datapath.Attachment]bool) error {
+	plan, err := planShaping(cfg, paths, ids)
 	if err != nil {
 		return err
 	}

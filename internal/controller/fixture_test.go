@@ -196,10 +196,8 @@ func (f *fixture) agentStatus(node string, edit func(*mptcpv1alpha1.MPTCPNodeSta
 		}
 		edit(&s.Status)
 		applied := map[string]int64{}
-		for _, p := range s.Spec.Pods {
-			for _, r := range p.Rules {
-				applied[r.Policy] = r.PolicyGeneration
-			}
+		for _, r := range s.Spec.Rules {
+			applied[r.Policy] = r.PolicyGeneration
 		}
 		s.Status.AppliedPolicies = nil
 		for name, gen := range applied {
@@ -218,7 +216,12 @@ func (f *fixture) summary(spec mptcpv1alpha1.MPTCPNodeStateSpec) []string {
 	var out []string
 	for _, p := range spec.Pods {
 		var rules []string
-		for _, r := range p.Rules {
+		for _, name := range p.Rules {
+			r := spec.Rule(name)
+			if r == nil {
+				rules = append(rules, "missing rule "+name)
+				continue
+			}
 			var paths []string
 			for _, rp := range r.Paths {
 				paths = append(paths, fmt.Sprintf("%s/%d", f.short(rp.Name), rp.Weight))

@@ -7,7 +7,11 @@ package compile
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -83,6 +87,7 @@ func Node(in Input) Result {
 	res.Spec.Paths = nodePaths
 
 	policies := activePolicies(in.Policies)
+	rulesByName := map[string]mptcpv1alpha1.CompiledRule{}
 	pods := slices.Clone(in.Pods)
 	slices.SortFunc(pods, func(a, b corev1.Pod) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
@@ -121,15 +126,39 @@ func Node(in Input) Result {
 				Message: fmt.Sprintf("%d policies select the pod, a pod takes at most %d: %s (lowest precedence) not applied to it",
 					n, mptcpv1alpha1.MaxPodPolicies, strings.Join(left, ", "))})
 		}
+		names := make([]string, len(rules))
+		for j := range rules {
+			rules[j].Name = RuleName(&rules[j])
+			rulesByName[rules[j].Name] = rules[j]
+			names[j] = rules[j].Name
+		}
 		res.Spec.Pods = append(res.Spec.Pods, mptcpv1alpha1.NodePod{
 			Namespace: pod.Namespace,
 			Name:      pod.Name,
 			UID:       string(pod.UID),
 			IPs:       podIPs(pod),
-			Rules:     rules,
+			Rules:     names,
 		})
 	}
+	for _, name := range slices.Sorted(maps.Keys(rulesByName)) {
+		res.Spec.Rules = append(res.Spec.Rules, rulesByName[name])
+	}
 	return res
+}
+
+// RuleName is a compiled rule's identity: its policy's name and a hash of
+// what the rule does, so that pods whose rules compile alike share one, a
+// variant (a tenant's preferred order) gets its own, and a rule keeps its
+// name as long as it does the same. The policy's generation and priority
+// are left out: they change nothing a node enforces.
+func RuleName(r *mptcpv1alpha1.CompiledRule) string {
+	content := *r
+	content.Name, content.PolicyGeneration, content.Priority = "", 0, 0
+	// json.Marshal of the API type: quantities in canonical form, fields
+	// in declaration order; it cannot fail on these types.
+	b, _ := json.Marshal(content)
+	sum := sha256.Sum256(b)
+	return r.Policy + "-" + hex.EncodeToString(sum[:5])
 }
 
 // resolvePaths returns the paths that select node and have an index, sorted

@@ -104,7 +104,8 @@ func TestNode(t *testing.T) {
 	got := map[string]string{}
 	for _, p := range res.Spec.Pods {
 		var rules []string
-		for _, r := range p.Rules {
+		for _, name := range p.Rules {
+			r := res.Spec.Rule(name)
 			var names []string
 			for _, rp := range r.Paths {
 				names = append(names, rp.Name)
@@ -157,7 +158,7 @@ func TestAPodTakesAtMostEightPolicies(t *testing.T) {
 	if len(res.Spec.Pods) != 1 || len(res.Spec.Pods[0].Rules) != mptcpv1alpha1.MaxPodPolicies {
 		t.Fatalf("pods %+v, want one with %d rules", res.Spec.Pods, mptcpv1alpha1.MaxPodPolicies)
 	}
-	if last := res.Spec.Pods[0].Rules[mptcpv1alpha1.MaxPodPolicies-1].Policy; last != "p07" {
+	if last := res.Spec.Rule(res.Spec.Pods[0].Rules[mptcpv1alpha1.MaxPodPolicies-1]).Policy; last != "p07" {
 		t.Errorf("last rule kept is %s, want p07 (precedence: priority, then name)", last)
 	}
 	if len(res.Refusals) != 1 || res.Refusals[0].Reason != ReasonTooManyPolicies ||

@@ -1,0 +1,126 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+)
+
+// The tests of this file hold the contract from CRD to datapath (issue 15):
+// identities that never move, one set of limits, every field acting.
+
+// sampledTransfer runs one MPTCP connection from pod (1,1) to pod (2,1) for
+// d while during runs, and returns the bytes the server received in each
+// 250 ms from the connection's first byte, and when the sender started.
+// The transfer is checked byte by byte; a failure fails the test with the
+// evidence (testbed.Watch).
+func sampledTransfer(t *testing.T, bed *testbed.Bed, port int, d time.Duration, during func(start time.Time)) []int64 {
+	t.Helper()
+	ctx := background(t)
+	w := bed.Watch(t, datapathEvidence(bed))
+	defer w.Close()
+	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
+	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true, "-warmup", "0s", "-window", d.String(), "-sample", sampleEvery.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		sent []testbed.SenderReport
+		err  error
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true,
+			"-conns", "1", "-duration", d.String(), "-seed", fmt.Sprint(port))
+		done <- result{sent, err}
+	}()
+	during(start)
+	r := <-done
+	rep := finishTransfer(t, w, srv, r.sent, r.err)[r.sent[0].Local]
+	return rep.Samples
+}
+
+const sampleEvery = 250 * time.Millisecond
+
+// rateOver is the rate in bit/s the samples show over [from, to) after the
+// first byte.
+func rateOver(samples []int64, from, to time.Duration) float64 {
+	var bytes int64
+	first, last := int(from/sampleEvery), int(to/sampleEvery)
+	for i := first; i < last && i < len(samples); i++ {
+		bytes += samples[i]
+	}
+	n := min(last, len(samples)) - first
+	if n <= 0 {
+		return 0
+	}
+	return float64(bytes) * 8 / (float64(n) * sampleEvery.Seconds())
+}
+
+// A connection keeps the rule it started under while other policies come
+// and go: a live connection policed at 30 Mbit/s keeps its cap while a
+// policy whose name sorts first, and which caps nothing, is added to its
+// pods and removed again. (On a933a17 rules were numbered by their place
+// in the sorted list, so the newcomer took the live connection's rule id
+// and the connection ran uncapped at the links' 190 Mbit/s.)
+func TestLiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes(t *testing.T) {
+	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	bed, c, ctx := kb.bed, kb.env.Client, background(t)
+	const capBps = 30_000_000
+	capped := &mptcpv1alpha1.MPTCPPolicy{}
+	applyObject(t, c, capped, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPolicy","metadata":{"name":"spread-fabrics"},
+		"spec":{"priority":10,"namespaceSelector":{"matchLabels":{"mptcp.io/tenant":"enabled"}},
+		"spread":{"paths":[{"name":"fabric-a"},{"name":"fabric-b"}]},"rateLimits":{"mode":"police","perConnection":"30M"}}}`)
+	cappedApplied := mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: capped.Generation}
+	for _, n := range bed.Nodes {
+		kb.waitState(t, n, "applying the capped policy", settled(metav1.ConditionFalse, cappedApplied))
+	}
+
+	var added, removed time.Duration
+	samples := sampledTransfer(t, bed, 5301, 14*time.Second, func(start time.Time) {
+		time.Sleep(4 * time.Second)
+		first := &mptcpv1alpha1.MPTCPPolicy{}
+		applyObject(t, c, first, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPolicy","metadata":{"name":"aaa-first"},
+			"spec":{"priority":0,"namespaceSelector":{"matchLabels":{"mptcp.io/tenant":"enabled"}},
+			"spread":{"paths":[{"name":"fabric-b"},{"name":"fabric-a"}]}}}`)
+		for _, n := range bed.Nodes {
+			kb.waitState(t, n, "applying the policy sorting first", settled(metav1.ConditionFalse,
+				mptcpv1alpha1.AppliedPolicy{Name: "aaa-first", Generation: first.Generation}, cappedApplied))
+		}
+		added = time.Since(start)
+		time.Sleep(4 * time.Second)
+		if err := c.Delete(ctx, first); err != nil {
+			t.Error(err)
+			return
+		}
+		for _, n := range bed.Nodes {
+			kb.waitState(t, n, "removing the policy sorting first", settled(metav1.ConditionFalse, cappedApplied))
+		}
+		removed = time.Since(start)
+	})
+	phases := []struct {
+		name     string
+		from, to time.Duration
+	}{
+		{"before", time.Second, 4 * time.Second},
+		{"with a policy sorting first", added + 500*time.Millisecond, added + 3500*time.Millisecond},
+		{"after it was removed", removed + 500*time.Millisecond, 13 * time.Second},
+	}
+	for _, p := range phases {
+		r := rateOver(samples, p.from, p.to)
+		t.Logf("%s (%.1f s to %.1f s): %.1f Mbit/s, cap %d Mbit/s", p.name, p.from.Seconds(), p.to.Seconds(), r/1e6, capBps/1_000_000)
+		// Police lets a cubic or bbr sender reach 0.75..1.0 of the cap
+		// (TestPoliceCapsWhatThePodSends); uncapped, two 100 Mbit/s
+		// links give it six times as much.
+		if r > 1.5*capBps || r < 0.3*capBps {
+			t.Errorf("%s: the live connection ran at %.1f Mbit/s, want its 30 Mbit/s cap held", p.name, r/1e6)
+		}
+	}
+}
