@@ -1,9 +1,10 @@
 package e2e
 
 import (
+	"cmp"
+	"errors"
 	"flag"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -23,25 +24,32 @@ var integrityRounds = flag.Int("integrity.rounds", 1, "transfers per scenario of
 // integrityScenario is one configuration of the reproducer.
 type integrityScenario struct {
 	name string
+	// bed is the topology; the default (zero) is 2 nodes of 2 NICs and one
+	// pod each, on 200 Mbit/s links whose queues hold 1 ms: every link a
+	// bottleneck that tail-drops whatever a sender bursts beyond 25 kB.
+	bed testbed.Config
+	// flows is the traffic of a round; one connection from pod (1,1) to
+	// pod (2,1) when nil.
+	flows func(bed *testbed.Bed) []flow
+	// quiet leaves the machine's cores alone; otherwise two busy loops
+	// keep both saturated.
+	quiet bool
+	// transfer is a round's length (4 s when 0).
+	transfer time.Duration
 	// setup prepares the bed (no agent when it returns no rule).
 	setup func(t *testing.T, bed *testbed.Bed)
 	// rule, when set, starts an agent per node with the rule of that node.
 	rule func(node int) *agent.Rule
-	// rate is the cap the scenario puts on the connection, for the stall
+	// rate is the cap the scenario puts on a connection, for the stall
 	// threshold (10 % of it); 0 means the links' capacity.
 	rate float64
 	cc   string
 }
 
-// integrityLinkRate and integrityQueue make every link a bottleneck with
-// tail drops: a 200 Mbit/s link whose queue holds 1 ms (25 kB) drops
-// whatever a sender bursts beyond it.
-const (
-	integrityLinkRate = "200mbit"
-	integrityQueue    = time.Millisecond
-	integrityTransfer = 4 * time.Second
-	integritySample   = 50 * time.Millisecond
-)
+const integritySample = 50 * time.Millisecond
+
+// defaultIntegrityBed is the bed of a scenario that names none.
+var defaultIntegrityBed = testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit", LinkQueue: time.Millisecond}
 
 func integrityScenarios() []integrityScenario {
 	handRouted := func(t *testing.T, bed *testbed.Bed) {
@@ -78,8 +86,79 @@ func integrityScenarios() []integrityScenario {
 		{name: "agent backup path", rule: func(int) *agent.Rule {
 			return &agent.Rule{Paths: []string{framework.PathName(1)}, BackupPaths: []string{framework.PathName(2)}, HeaderRewriting: true}
 		}},
+		// The conditions of the spread test's K=4 case, where a stream
+		// arrived changed on 2026-11-23: four paths of 100 Mbit/s with
+		// the default queues, two pods per node, several connections at
+		// once, the machine busy only with the captures. First the kernel
+		// alone (its own path manager: servers announce a port per extra
+		// path, hand-routed onto it), then the agent as userspace path
+		// manager.
+		{name: "kernel only, 4 paths, 4 connections", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: clientServerTraffic,
+			setup: func(t *testing.T, bed *testbed.Bed) {
+				ports := []int{40002, 40003, 40004}
+				testbed.Must(t, bed.HandRoute(ports))
+				for j := 1; j <= 2; j++ {
+					testbed.Must(t, bed.ConfigureSignalPorts(bed.Pod(2, j), ports))
+					testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, j), 3, 3))
+				}
+			}},
+		{name: "kernel only, 4 paths, 4 connections, copying wires", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: clientServerTraffic,
+			setup: kernelFourPaths(false)},
+		// Many short connections: the changes seen so far all fell in a
+		// connection's first 100 kB, while its joins start to carry data
+		// out of order. With and without DSS checksums.
+		{name: "kernel only, 4 paths, short connections, copying wires", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: shortConnections,
+			setup: kernelFourPaths(false)},
+		{name: "kernel only, 4 paths, short connections, copying wires, DSS checksums", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: shortConnections,
+			setup: kernelFourPaths(true)},
+		{name: "agent userspace PM, 4 paths, cross traffic", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: crossTraffic,
+			rule: func(int) *agent.Rule { return &agent.Rule{Subflows: agent.SubflowsUserspace} }},
+		// The same with every wire copying what crosses it, as a physical
+		// link does: the receiving pod no longer reads pages the sending
+		// kernel shares with it.
+		{name: "agent userspace PM, 4 paths, cross traffic, copying wires", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: crossTraffic,
+			setup: func(t *testing.T, bed *testbed.Bed) { testbed.Must(t, bed.CopyOnWires()) },
+			rule:  func(int) *agent.Rule { return &agent.Rule{Subflows: agent.SubflowsUserspace} }},
+		{name: "agent userspace PM, 4 paths, cross traffic, copying wires, DSS checksums", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: crossTraffic,
+			setup: func(t *testing.T, bed *testbed.Bed) { testbed.Must(t, bed.CopyOnWires()) },
+			rule:  func(int) *agent.Rule { return &agent.Rule{Subflows: agent.SubflowsUserspace, DataChecksums: true} }},
 	}
 }
+
+// kernelFourPaths hand-routes a port per extra path of a fourPaths bed,
+// has node 2's pods announce them and node 1's accept them, and makes
+// every wire copy what crosses it; checksums turns DSS checksums on in
+// every pod.
+func kernelFourPaths(checksums bool) func(t *testing.T, bed *testbed.Bed) {
+	return func(t *testing.T, bed *testbed.Bed) {
+		ports := []int{40002, 40003, 40004}
+		testbed.Must(t, bed.HandRoute(ports))
+		for j := 1; j <= 2; j++ {
+			testbed.Must(t, bed.ConfigureSignalPorts(bed.Pod(2, j), ports))
+			testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, j), 3, 3))
+		}
+		testbed.Must(t, bed.CopyOnWires())
+		if checksums {
+			for _, n := range bed.Nodes {
+				for _, p := range n.Pods {
+					testbed.Must(t, bed.Sysctl(p.NetNS, "net.mptcp.checksum_enabled", "1"))
+				}
+			}
+		}
+	}
+}
+
+// shortConnections are 8 connections of 1 MB from each pod of node 1 to
+// its peer on node 2.
+func shortConnections(bed *testbed.Bed) []flow {
+	return []flow{
+		{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: 8, bytes: 1 << 20},
+		{client: bed.Pod(1, 2), server: bed.Pod(2, 2), port: 5202, conns: 8, bytes: 1 << 20},
+	}
+}
+
+// fourPaths is the bed of the spread test's K=4 case.
+var fourPaths = testbed.Config{Nodes: 2, NICs: 4, PodsPerNode: 2, LinkRate: "100mbit"}
 
 // The data-integrity reproducer (issue 13; docs/testing.md, "Data
 // integrity"). One MPTCP connection at a time from pod (1,1) to pod (2,1)
@@ -108,7 +187,11 @@ type integrityResult struct {
 }
 
 func runIntegrityScenario(t *testing.T, sc integrityScenario, rounds int) integrityResult {
-	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: integrityLinkRate, LinkQueue: integrityQueue})
+	cfg := sc.bed
+	if cfg.Nodes == 0 {
+		cfg = defaultIntegrityBed
+	}
+	bed := testbed.NewForTest(t, cfg)
 	if sc.setup != nil {
 		sc.setup(t, bed)
 	}
@@ -117,20 +200,33 @@ func runIntegrityScenario(t *testing.T, sc integrityScenario, rounds int) integr
 			t.Fatal(err)
 		}
 	}
-	stopLoad, err := bed.StartCPULoad(2)
-	if err != nil {
-		t.Fatal(err)
+	if !sc.quiet {
+		stopLoad, err := bed.StartCPULoad(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stopLoad()
 	}
-	defer stopLoad()
 	expected := sc.rate
 	if expected == 0 {
-		rate, _ := testbed.ParseRate(integrityLinkRate)
-		expected = 2 * rate * 0.95 // two paths, less the headers
+		rate, _ := testbed.ParseRate(cfg.LinkRate)
+		expected = float64(cfg.NICs) * rate * 0.95 // every path, less the headers
 	}
+	flows := []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5500, conns: 1}}
+	if sc.flows != nil {
+		flows = sc.flows(bed)
+	}
+	conns := 0
+	for _, f := range flows {
+		conns += f.conns
+	}
+	// Connections that share the paths share the rate.
+	expected /= float64(conns)
+	transfer := cmp.Or(sc.transfer, 4*time.Second)
 	res := integrityResult{rounds: rounds}
 	var stalls []time.Duration
 	for round := 1; round <= rounds; round++ {
-		rep, kind, evidence := integrityRound(t, bed, 5500+round, sc.cc)
+		reps, kind, evidence := integrityRound(t, bed, flows, transfer, sc.cc)
 		switch kind {
 		case testbed.StreamChanged:
 			res.changed++
@@ -139,12 +235,12 @@ func runIntegrityScenario(t *testing.T, sc integrityScenario, rounds int) integr
 			res.stalled++
 			t.Errorf("round %d: the transfer %s; evidence: %s", round, kind, evidence)
 		}
-		if rep != nil {
+		for _, rep := range reps {
 			// The first second is the connection's start (slow start,
 			// the joins); stalls count after it.
-			stall := testbed.LongestStall(*rep, expected/10, time.Second)
+			stall := testbed.LongestStall(rep, expected/10, time.Second)
 			stalls = append(stalls, stall)
-			t.Logf("round %d: %.1f Mbit/s, longest stall below %.1f Mbit/s: %v", round, rep.GoodputBps/1e6, expected/10/1e6, stall)
+			t.Logf("round %d: %s %.1f Mbit/s, longest stall below %.1f Mbit/s: %v", round, rep.Remote, rep.GoodputBps/1e6, expected/10/1e6, stall)
 		}
 	}
 	if len(stalls) > 0 {
@@ -154,51 +250,41 @@ func runIntegrityScenario(t *testing.T, sc integrityScenario, rounds int) integr
 	return res
 }
 
-// integrityRound runs one watched transfer and returns the server's report
-// of it (nil if there is none), and how it failed, with where the evidence
-// is, if it did.
-func integrityRound(t *testing.T, bed *testbed.Bed, port int, cc string) (*testbed.ServerReport, testbed.FailureKind, string) {
+// integrityRound runs one watched transfer of flows and returns the
+// servers' reports, and how it failed, with where the evidence is, if it
+// did. Every flow's port moves on each round, so that no report is taken
+// for another round's.
+func integrityRound(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration, cc string) ([]testbed.ServerReport, testbed.FailureKind, string) {
 	t.Helper()
-	ctx := background(t)
-	w := bed.Watch(t, datapathEvidence(bed))
+	// Whole packets: a changed stream's evidence then shows which wire
+	// first carried the wrong bytes.
+	w := bed.WatchPayload(t, datapathEvidence(bed))
 	defer w.Close()
-	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
-	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true, "-warmup", "1s", "-window", (integrityTransfer - 1500*time.Millisecond).String(), "-sample", integritySample.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"-conns", "1", "-duration", integrityTransfer.String(), "-seed", fmt.Sprint(port)}
 	if cc != "" {
-		args = append(args, "-cc", cc)
+		for i := range flows {
+			flows[i].cc = cc
+		}
 	}
-	sent, sendErr := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true, args...)
-	if err := srv.Stop(); err != nil {
-		t.Fatal(err)
+	reps, err := launchFlowsReporting(t, bed, flows, d, "-sample", integritySample.String())()
+	for i := range flows {
+		flows[i].port += 100
 	}
-	got, err := srv.Reports()
-	if err != nil {
-		t.Fatal(err)
+	if err == nil {
+		for _, r := range reps.got {
+			if !r.MPTCP {
+				t.Errorf("the connection from %s fell back to TCP", r.Remote)
+			}
+		}
+		return reps.got, "", ""
 	}
-	var rep *testbed.ServerReport
-	if len(got) == 1 {
-		rep = &got[0]
-	}
-	if len(sent) == 0 {
-		return rep, testbed.StreamBroken, w.Keep(fmt.Errorf("the sender reported nothing: %w", sendErr))
-	}
-	if _, err := testbed.MatchReports(sent, got); err != nil {
-		te := err.(*testbed.TrafficError)
-		kind := testbed.StreamBroken
+	kind := testbed.StreamBroken
+	if te := (*testbed.TrafficError)(nil); errors.As(err, &te) {
 		switch {
 		case te.Changed():
 			kind = testbed.StreamChanged
 		case te.OnlyStalled():
 			kind = testbed.StreamStalled
 		}
-		return rep, kind, w.Keep(err)
 	}
-	if rep != nil && !rep.MPTCP {
-		t.Errorf("the connection fell back to TCP: %+v", rep)
-	}
-	return rep, "", ""
+	return reps.got, kind, w.Keep(err)
 }

@@ -19,6 +19,8 @@ type flow struct {
 	client, server *testbed.Pod
 	port           int
 	conns          int
+	cc             string // the senders' congestion control; the namespace's when empty
+	bytes          int64  // what each connection sends; for the transfer's duration when 0
 }
 
 // runFlows starts a server per flow, runs all clients at once for d,
@@ -53,10 +55,27 @@ func startFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) (
 // stream: a traffic failure is a *testbed.TrafficError.
 func launchFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) (wait func() (int, error)) {
 	t.Helper()
+	run := launchFlowsReporting(t, bed, flows, d)
+	return func() (int, error) {
+		reps, err := run()
+		return len(reps.sent), err
+	}
+}
+
+// flowReports are what the senders and servers of a transfer reported.
+type flowReports struct {
+	sent []testbed.SenderReport
+	got  []testbed.ServerReport
+}
+
+// launchFlowsReporting is launchFlows returning the reports; extra flags
+// go to the servers (e.g. "-sample", "50ms").
+func launchFlowsReporting(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration, serverFlags ...string) (wait func() (flowReports, error)) {
+	t.Helper()
 	ctx := background(t)
 	servers := make([]*testbed.TrafficServer, len(flows))
 	for i, f := range flows {
-		s, err := bed.StartTrafficServer(ctx, bins.Traffic, f.server, f.port, true, "-warmup", "0s", "-window", d.String())
+		s, err := bed.StartTrafficServer(ctx, bins.Traffic, f.server, f.port, true, append([]string{"-warmup", "0s", "-window", d.String()}, serverFlags...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,12 +90,18 @@ func launchFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) 
 		go func() {
 			// Each flow sends streams of its own (seeded by its port), so
 			// that no two connections of a transfer carry the same bytes.
-			sent, err := bed.Send(ctx, bins.Traffic, f.client, netip.AddrPortFrom(f.server.Addr, uint16(f.port)), true,
-				"-conns", fmt.Sprint(f.conns), "-duration", d.String(), "-seed", fmt.Sprint(f.port))
+			args := []string{"-conns", fmt.Sprint(f.conns), "-duration", d.String(), "-seed", fmt.Sprint(f.port)}
+			if f.bytes > 0 {
+				args = append(args, "-bytes", fmt.Sprint(f.bytes))
+			}
+			if f.cc != "" {
+				args = append(args, "-cc", f.cc)
+			}
+			sent, err := bed.Send(ctx, bins.Traffic, f.client, netip.AddrPortFrom(f.server.Addr, uint16(f.port)), true, args...)
 			results <- result{sent, err}
 		}()
 	}
-	return func() (int, error) {
+	return func() (flowReports, error) {
 		var sent []testbed.SenderReport
 		var failed []error
 		for range flows {
@@ -105,7 +130,7 @@ func launchFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) 
 		if _, err := testbed.MatchReports(sent, got); err != nil {
 			failed = append(failed, err)
 		}
-		return len(sent), errors.Join(failed...)
+		return flowReports{sent: sent, got: got}, errors.Join(failed...)
 	}
 }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages the project needs, at pinned versions, when
 # they are not installed yet: the BPF toolchain (its output is committed and
-# diffed), the control plane's etcd, and the tools the test bed drives.
+# diffed), the control plane's etcd, the test bed nodes' container runtime
+# (containerd, runc, the CNI plugins ptp, host-local and loopback), and the
+# tools the test bed drives.
 # `make test` and `make demo` call it, so the two README commands work on a
 # new machine; it does nothing when everything is already there.
 set -euo pipefail
@@ -13,6 +15,9 @@ packages=(
 	libbpf-dev=1:1.1.2-0+deb12u1
 	bpftool=7.1.0+6.1.192-2
 	etcd-server=3.4.23-4+b4
+	containerd=1.6.20~ds1-1+deb12u3
+	runc=1.1.5+ds1-1+deb12u1
+	containernetworking-plugins=1.1.1+ds1-3+b5
 	iproute2=6.1.0-3
 	iperf3=3.12-1+deb12u2
 	mptcpize=0.12-1
@@ -37,5 +42,9 @@ echo "installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-# The Debian etcd package may start a system etcd; tests start their own.
+# The Debian etcd and containerd packages may start system services; tests
+# start their own, one containerd per bed node with its own socket and root,
+# and never talk to a system one.
 systemctl stop etcd 2>/dev/null || true
+systemctl stop containerd 2>/dev/null || true
+systemctl disable containerd 2>/dev/null || true

@@ -26,10 +26,11 @@ generate: $(CONTROLLER_GEN) ## Generate DeepCopy methods of api/.
 	$(CONTROLLER_GEN) object paths=./api/...
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC into config/.
+manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC into config/, then the chart's copies (mk/chart.mk).
 	$(CONTROLLER_GEN) crd rbac:roleName=controller webhook \
 		paths=./api/... paths=./internal/controller/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	@$(MAKE) --no-print-directory chart-manifests
 
 .PHONY: envtest-assets
 envtest-assets: $(ENVTEST_ASSETS)/kube-apiserver $(ENVTEST_ASSETS)/etcd ## Build kube-apiserver $(KUBE_VERSION) and link etcd into the cache (once).

@@ -39,10 +39,13 @@ $(GOLANGCI_LINT):
 	mv $(dir $@)/golangci-lint $@
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint and clang-format on the BPF C code.
+lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (product and tools module), clang-format on the BPF C code, helm lint of the chart.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
+# The tools module's own programs (imagebuild, valuesdoc); ./... there holds
+# none of the pinned tools' packages.
+	cd hack/tools && $(GO) vet ./... && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 	$(CLANG_FORMAT) --dry-run --Werror $(BPF_SOURCES)
 
 ##@ Test
@@ -52,7 +55,7 @@ lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint and clang-format on the B
 TEST_OUTPUT := $(CURDIR)/_output/test
 
 .PHONY: test
-test: deps envtest-assets ## Run every test (needs root: network namespaces, BPF, a real API server); then list retries and kept evidence.
+test: deps envtest-assets node-assets ## Run every test (needs root: network namespaces, BPF, a real API server); then list retries and kept evidence.
 	@rm -rf $(TEST_OUTPUT) && mkdir -p $(TEST_OUTPUT)
 	rc=0; MPTCP_RETRY_LOG=$(TEST_OUTPUT)/retries.tsv KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) \
 		$(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) -artifacts -outputdir $(TEST_OUTPUT) ./... || rc=$$?; \
@@ -70,8 +73,8 @@ repro-integrity: deps ## Run the data-integrity reproducer in a loop (INTEGRITY_
 ##@ Demo and benchmarks
 
 .PHONY: demo
-demo: deps envtest-assets ## Bring up 2 nodes x 2 NICs, compare single-path TCP, MPTCP and the agent through a local API server; print the table, write CSV and chart.
-	$(GO) run ./hack/demo -out $(CURDIR)/_output/demo -assets $(ENVTEST_ASSETS)
+demo: deps envtest-assets node-assets images ## Bring up 2 nodes x 2 NICs, compare single-path TCP, MPTCP and the agent through a local API server and real kubelets; print the table, write CSV and chart.
+	$(GO) run ./hack/demo -out $(CURDIR)/_output/demo -assets $(ENVTEST_ASSETS) -images $(IMAGES_DIR)
 
 .PHONY: bench
 bench: ## Run the benchmarks and rewrite their sections of docs/benchmarks.md.

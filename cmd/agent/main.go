@@ -8,6 +8,8 @@
 // node-local settings (pin and state directories, tables, mark mask).
 // It serves Prometheus metrics, /healthz and /readyz on -metrics-addr, and
 // per-connection detail to root on the unix socket <stateDir>/agent.sock.
+// In a container, -proc-sys names where the host's /proc/sys/net is mounted
+// writable (the container's own /proc/sys is read-only).
 package main
 
 import (
@@ -21,6 +23,7 @@ import (
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
 func main() {
@@ -35,6 +38,7 @@ func main() {
 	}
 	flag.Lookup("kubeconfig").Usage = "kube mode: kubeconfig of the API server (\"in-cluster\" for the pod's service account)"
 	node := flag.String("node", "", "kube mode: this node's name (its MPTCPNodeState)")
+	flag.StringVar(&netnsutil.ProcSys, "proc-sys", netnsutil.ProcSys, "directory whose net/ is a writable /proc/sys/net (in a container: a mount of the host's, e.g. /host/proc/sys)")
 	flag.Parse()
 
 	var level slog.Level

@@ -85,9 +85,8 @@ type Agent struct {
 }
 
 // AgentCapabilities are the capabilities the agent declares
-// (docs/agent.md): BPF objects, TC links and routing, entering pod
-// namespaces, and the verifier's pointer arithmetic.
-var AgentCapabilities = []string{"bpf", "net_admin", "sys_admin", "perfmon"}
+// (agent.Capabilities, which the Helm chart's DaemonSet also grants).
+var AgentCapabilities = agent.Capabilities()
 
 // AgentOption changes how StartAgent runs the agent.
 type AgentOption func(*Agent)

@@ -3,8 +3,9 @@
 // then, side by side in one run, single-path TCP, MPTCP left to kernel
 // routing, MPTCP with hand-written policy routing, and MPTCP steered by the
 // agent as a cluster runs it: a local API server with the controller, the
-// policies of examples/, one agent per node reading its node's state, and
-// pods whose workloads a kubelet stand-in starts from their specs. It prints per-NIC and total throughput, saves the sampled NIC
+// policies of examples/, a real kubelet and containerd on every node, one
+// agent per node reading its node's state, and pods run from the traffic
+// image. It prints per-NIC and total throughput, saves the sampled NIC
 // counters as CSV, draws them as an SVG chart, and tears everything down.
 package main
 
@@ -23,6 +24,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/controlplane"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed/nodes"
 )
 
 func main() {
@@ -30,22 +32,23 @@ func main() {
 	duration := flag.Duration("duration", 10*time.Second, "length of each transfer")
 	rate := flag.String("rate", "200mbit", "rate of each NIC's link, each direction")
 	conns := flag.Int("conns", 1, "concurrent connections per transfer")
-	assets := flag.String("assets", os.Getenv("KUBEBUILDER_ASSETS"), "directory with kube-apiserver and etcd (make -s print-envtest-assets)")
+	assets := flag.String("assets", os.Getenv("KUBEBUILDER_ASSETS"), "directory with kube-apiserver, etcd, kubelet, kube-controller-manager and kube-scheduler (make -s print-envtest-assets)")
+	images := flag.String("images", "_output/images", "directory with the image archives and images.json of make images")
 	flag.Parse()
-	if err := run(*out, *duration, *rate, *conns, *assets); err != nil {
+	if err := run(*out, *duration, *rate, *conns, *assets, *images); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(outDir string, duration time.Duration, rate string, conns int, assets string) error {
+func run(outDir string, duration time.Duration, rate string, conns int, assets, images string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root: it creates network namespaces and loads BPF programs (run: sudo make demo)")
 	}
 	if assets == "" {
 		return fmt.Errorf("needs kube-apiserver and etcd: run it with make demo, which builds them, or pass -assets $(make -s print-envtest-assets)")
 	}
-	for _, tool := range append(testbed.BedTools, "go") {
+	for _, tool := range append(append(testbed.BedTools, nodes.Tools...), "go") {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("needs %s on PATH (see .ci/run for the packages)", tool)
 		}
@@ -96,7 +99,7 @@ func run(outDir string, duration time.Duration, rate string, conns int, assets s
 	notRun := ""
 	if err == nil {
 		var m framework.Measurement
-		m, notRun, err = runAPIScenario(ctx, bed, o, assets, filepath.Join(outDir, "logs"))
+		m, notRun, err = runAPIScenario(ctx, bed, o, assets, images, filepath.Join(outDir, "logs"))
 		if notRun == "" && err == nil {
 			results = append(results, m)
 		}
@@ -172,9 +175,9 @@ func printTable(w *os.File, results []framework.Measurement, rate string) {
 // runAPIScenario runs the agent scenario through the API. It returns a
 // reason instead of an error when the agent binary has no kube mode yet, so
 // that the other scenarios' results are still shown.
-func runAPIScenario(ctx context.Context, bed *testbed.Bed, o framework.CompareOptions, assets, logs string) (framework.Measurement, string, error) {
+func runAPIScenario(ctx context.Context, bed *testbed.Bed, o framework.CompareOptions, assets, images, logs string) (framework.Measurement, string, error) {
 	o.Log("running %q for %v", ScenarioAPI, o.Duration)
-	api, err := startAPI(ctx, bed, o.Binaries, assets, logs, o.Log)
+	api, err := startAPI(ctx, bed, o.Binaries, assets, images, logs, o.Log)
 	if err != nil {
 		return framework.Measurement{}, "", fmt.Errorf("%s: %w", ScenarioAPI, err)
 	}
@@ -186,7 +189,7 @@ func runAPIScenario(ctx context.Context, bed *testbed.Bed, o framework.CompareOp
 	if err := api.startAgents(ctx, o.Agent); err != nil {
 		if errors.Is(err, controlplane.ErrNoKubeMode) {
 			// Show the rest of the flow all the same.
-			if herr := api.showHeld(ctx, o.Binaries); herr != nil {
+			if herr := api.showHeld(ctx); herr != nil {
 				o.Log("creating the server pod: %v", herr)
 			}
 			api.describeNodeStates(ctx)
@@ -194,7 +197,7 @@ func runAPIScenario(ctx context.Context, bed *testbed.Bed, o framework.CompareOp
 		}
 		return framework.Measurement{}, "", fmt.Errorf("%s: %w (logs in %s)", ScenarioAPI, err, logs)
 	}
-	m, err := api.transfer(ctx, o.Binaries, o.Duration, o.Warmup, o.Conns)
+	m, err := api.transfer(ctx, o.Duration, o.Warmup, o.Conns)
 	api.describeNodeStates(ctx)
 	if err != nil {
 		return m, "", fmt.Errorf("%s: %w (logs in %s)", ScenarioAPI, err, logs)

@@ -37,6 +37,19 @@ type CaptureFile struct {
 // of that NIC, with a 128-byte snap length (headers and TCP options, no payload) and the capture filter (pcap
 // syntax, e.g. "tcp"; "" captures everything). It returns once every dumpcap is capturing.
 func (b *Bed) StartCaptures(filter string) (*Captures, error) {
+	return b.startCaptures(filter, headerSnap)
+}
+
+// StartPayloadCaptures is StartCaptures keeping every byte of every packet.
+func (b *Bed) StartPayloadCaptures(filter string) (*Captures, error) {
+	return b.startCaptures(filter, 0)
+}
+
+// headerSnap keeps Ethernet, IP and TCP headers with the longest options (14 + 60 + 60 bytes would be the
+// worst case; IPv4 options are rare on the bed).
+const headerSnap = 128
+
+func (b *Bed) startCaptures(filter string, snap int) (*Captures, error) {
 	c := &Captures{}
 	seq := b.nextSeq()
 	for _, n := range b.Nodes {
@@ -54,7 +67,10 @@ func (b *Bed) StartCaptures(filter string) (*Captures, error) {
 				Node: n.Index, NIC: nic.Index, NodeMAC: l.Attrs().HardwareAddr.String(),
 				Path: filepath.Join(b.Dir, fmt.Sprintf("capture-%s-%d-node%d-nic%d.pcapng", b.Name, seq, n.Index, nic.Index)),
 			}
-			args := []string{"dumpcap", "-q", "-i", nic.WireNodeSide, "-s", "128", "-w", f.Path}
+			args := []string{"dumpcap", "-q", "-i", nic.WireNodeSide, "-w", f.Path}
+			if snap > 0 {
+				args = append(args, "-s", strconv.Itoa(snap))
+			}
 			if filter != "" {
 				args = append(args, "-f", filter)
 			}

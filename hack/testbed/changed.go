@@ -3,6 +3,7 @@ package testbed
 import (
 	"bufio"
 	"bytes"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/traffic/report"
+	"github.com/mptcp-operator/mptcp-operator/hack/traffic/stream"
 )
 
 // CarrierPacket is a data packet of a connection whose data-level mapping
@@ -27,6 +29,32 @@ type CarrierPacket struct {
 	// Retransmission and Reinjection say whether tshark saw the packet's
 	// bytes before on this subflow, or on another subflow of the connection.
 	Retransmission, Reinjection bool
+	// Payload is what the capture kept of the packet's data (nothing with
+	// header-only captures).
+	Payload []byte
+}
+
+// comparePayload says whether the captured payload is what was sent at the
+// packet's offsets of stream (seed, conn), and if not, where it differs and
+// whether the bytes there were sent elsewhere in the stream.
+func (p CarrierPacket) comparePayload(seed uint64, conn int) string {
+	if len(p.Payload) == 0 {
+		return ""
+	}
+	want := stream.Range(seed, conn, p.Offset, int64(len(p.Payload)))
+	first, last := -1, -1
+	for i := range p.Payload {
+		if p.Payload[i] != want[i] {
+			if first < 0 {
+				first = i
+			}
+			last = i
+		}
+	}
+	if first < 0 {
+		return fmt.Sprintf(": payload as sent (%d bytes captured)", len(p.Payload))
+	}
+	return fmt.Sprintf(": PAYLOAD DIFFERS from what was sent in stream [%d, %d)", p.Offset+int64(first), p.Offset+int64(last)+1)
 }
 
 func (p CarrierPacket) String() string {
@@ -43,7 +71,7 @@ func (p CarrierPacket) String() string {
 // carrierFields are the fields DecodeChangedRanges reads, in order.
 var carrierFields = []string{
 	"frame.interface_id", "eth.src", "frame.time_relative", "ip.src", "tcp.srcport", "ip.dst", "tcp.dstport",
-	"tcp.len", "mptcp.dsn", "mptcp.stream", "tcp.analysis.retransmission", "mptcp.reinjection_of",
+	"tcp.len", "mptcp.dsn", "mptcp.stream", "tcp.analysis.retransmission", "mptcp.reinjection_of", "tcp.payload",
 }
 
 // DecodeChangedRanges finds, in captures, the data packets of the MPTCP
@@ -123,6 +151,9 @@ func carrierPackets(files []CaptureFile, input string, initial netip.AddrPort, r
 			Node: files[iface].Node, NIC: files[iface].NIC, Dir: dir, Time: t, Src: src, Dst: dst,
 			Offset: dsn - 1, Len: n, Retransmission: f[10] != "", Reinjection: f[11] != "",
 		}})
+		if payload, err := hex.DecodeString(strings.ReplaceAll(f[12], ":", "")); err == nil && int64(len(payload)) <= n {
+			rows[len(rows)-1].p.Payload = payload
+		}
 	}
 	var out []CarrierPacket
 	for _, r := range rows {

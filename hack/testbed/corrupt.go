@@ -19,37 +19,13 @@ import (
 // checksums (net.mptcp.checksum_enabled) do about it. The filter stays
 // until the bed goes down.
 func (b *Bed) CorruptSegment(i, k int, nth uint32) error {
-	c := b.Node(i).NIC(k)
-	h, err := nsHandle(c.WireNS)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
 	prog, err := corruptProgram(nth)
 	if err != nil {
 		return err
 	}
 	defer prog.Close() // the filter holds its own reference
-	l, err := h.LinkByName(c.WireNodeSide)
-	if err != nil {
-		return fmt.Errorf("%s in %s: %w", c.WireNodeSide, c.WireNS, err)
-	}
-	f := &netlink.BpfFilter{
-		FilterAttrs: netlink.FilterAttrs{
-			LinkIndex: l.Attrs().Index,
-			Parent:    netlink.HANDLE_MIN_INGRESS,
-			Handle:    2,
-			Protocol:  unix.ETH_P_ALL,
-			Priority:  corruptPriority,
-		},
-		Name:         fmt.Sprintf("testbed-corrupt-%d", nth),
-		Fd:           prog.FD(),
-		DirectAction: true,
-	}
-	if err := h.FilterReplace(f); err != nil {
-		return fmt.Errorf("corruption filter on %s/%s: %w", c.WireNS, c.WireNodeSide, err)
-	}
-	return nil
+	c := b.Node(i).NIC(k)
+	return attachWireFilter(c, prog, corruptPriority, 2, fmt.Sprintf("testbed-corrupt-%d", nth), c.WireNodeSide)
 }
 
 // corruptProgram builds the filter of CorruptSegment. It counts segments
@@ -135,4 +111,68 @@ func corruptProgram(nth uint32) (*ebpf.Program, error) {
 		asm.Return(),
 	)
 	return ebpf.NewProgram(&ebpf.ProgramSpec{Name: "testbed_corrupt", Type: ebpf.SchedCLS, Instructions: insns, License: "GPL"})
+}
+
+// CopyOnWires makes every wire copy the data of every packet that crosses
+// it into memory of its own (bpf_skb_pull_data over the whole packet), as a
+// physical link does. Between namespaces a packet's pages are otherwise
+// shared from the sender's socket to the receiver's: what the receiving
+// application reads is then memory the sending kernel may still own. With
+// copies, a change that only shared pages allow disappears; a change the
+// receiver makes does not.
+func (b *Bed) CopyOnWires() error {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name: "testbed_copy",
+		Type: ebpf.SchedCLS,
+		Instructions: asm.Instructions{
+			asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // skb->len
+			asm.FnSkbPullData.Call(),
+			asm.Mov.Imm(asm.R0, -1), // TC_ACT_UNSPEC: the next filter decides
+			asm.Return(),
+		},
+		License: "GPL",
+	})
+	if err != nil {
+		return err
+	}
+	defer prog.Close() // the filters hold their own references
+	for _, n := range b.Nodes {
+		for _, c := range n.NICs {
+			if err := attachWireFilter(c, prog, copyPriority, 3, "testbed-copy", c.WireNodeSide, c.WireFabricSide); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// attachWireFilter puts prog on the clsact ingress of the wire's devs.
+func attachWireFilter(c NIC, prog *ebpf.Program, prio uint16, handle uint32, name string, devs ...string) error {
+	h, err := nsHandle(c.WireNS)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	for _, dev := range devs {
+		l, err := h.LinkByName(dev)
+		if err != nil {
+			return fmt.Errorf("%s in %s: %w", dev, c.WireNS, err)
+		}
+		f := &netlink.BpfFilter{
+			FilterAttrs: netlink.FilterAttrs{
+				LinkIndex: l.Attrs().Index,
+				Parent:    netlink.HANDLE_MIN_INGRESS,
+				Handle:    handle,
+				Protocol:  unix.ETH_P_ALL,
+				Priority:  prio,
+			},
+			Name:         name,
+			Fd:           prog.FD(),
+			DirectAction: true,
+		}
+		if err := h.FilterReplace(f); err != nil {
+			return fmt.Errorf("%s filter on %s/%s: %w", name, c.WireNS, dev, err)
+		}
+	}
+	return nil
 }

@@ -22,7 +22,7 @@ func corruptedTransfer(t *testing.T, b *Bed, bin string) (error, *Watch) {
 	Must(t, b.CorruptSegment(1, 1, 50))
 	srv, err := b.StartTrafficServer(ctx, bin, server, 5201, true)
 	Must(t, err)
-	w := b.Watch(t)
+	w := b.WatchPayload(t)
 	sent, sendErr := b.Send(ctx, bin, client, srv.Addr, true, "-bytes", "8000000")
 	Must(t, srv.Stop())
 	got, err := srv.Reports()
@@ -69,9 +69,20 @@ func TestChangedSegmentFailsAsAChangedStreamWithEvidence(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("changed-packets.txt:\n%s", carriers)
+	// The sender's wire saw the bytes as sent (a capture taps a packet
+	// before tc ingress changes it), the receiver's the changed ones: the
+	// change happened in between.
 	for _, want := range []string{"node1 nic1 out", "node2 nic1 in"} {
 		if !strings.Contains(string(carriers), want) {
 			t.Errorf("changed-packets.txt names no packet seen at %s", want)
+		}
+	}
+	for _, line := range strings.Split(string(carriers), "\n") {
+		switch {
+		case strings.Contains(line, "node1 nic1 out") && !strings.Contains(line, "payload as sent"):
+			t.Errorf("the sender's wire saw a changed payload: %s", line)
+		case strings.Contains(line, "node2 nic1 in") && !strings.Contains(line, "PAYLOAD DIFFERS"):
+			t.Errorf("the receiver's wire did not see the changed payload: %s", line)
 		}
 	}
 }

@@ -89,6 +89,14 @@ type Process struct {
 // Start starts args inside namespace ns and tracks the process so that Down stops it. Output goes to files in the
 // bed's directory.
 func (b *Bed) Start(ns string, args ...string) (*Process, error) {
+	return b.StartCommand(ns, args, b.Command(ns, args...))
+}
+
+// StartCommand starts cmd, which the caller has built to run args inside namespace ns by other means than
+// Command (the real nodes' containerd and kubelet enter the node's network namespace with nsenter and keep the
+// machine's /sys, which runc needs), and tracks it as Start does: output in files in the bed's directory,
+// stopped by its PID in Down.
+func (b *Bed) StartCommand(ns string, args []string, cmd *exec.Cmd) (*Process, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.down {
@@ -105,7 +113,7 @@ func (b *Bed) Start(ns string, args ...string) (*Process, error) {
 		stdout.Close()
 		return nil, err
 	}
-	p.Cmd = b.Command(ns, args...)
+	p.Cmd = cmd
 	p.Cmd.Stdout, p.Cmd.Stderr = stdout, stderr
 	if err := p.Cmd.Start(); err != nil {
 		stdout.Close()

@@ -96,11 +96,12 @@ func tcBatch(ctx context.Context, ns string, cmds ...string) error {
 }
 
 // Priorities of the bed's filters on a wire's clsact ingress: the
-// corruption filter runs first and passes every packet on (TC_ACT_UNSPEC),
-// then the loss filter decides.
+// corruption filter and the copy filter run first and pass every packet on
+// (TC_ACT_UNSPEC), then the loss filter decides.
 const (
 	corruptPriority = 1
-	lossPriority    = 2
+	copyPriority    = 2
+	lossPriority    = 3
 )
 
 // lossFilter is the state of one link's loss emulation.

@@ -29,17 +29,25 @@ type Relay struct {
 // StartRelay relays connections made to addr inside network namespace ns (a
 // name under /var/run/netns) to addr as this process sees it. Close stops it.
 func StartRelay(ns, addr string) (*Relay, error) {
+	return StartRelayTo(ns, addr, addr)
+}
+
+// StartRelayTo relays connections made to listen inside network namespace ns
+// to target as this process sees it: e.g. the kubernetes Service address on a
+// node to the API server on the machine's loopback, which is what kube-proxy
+// would do. listen's address must exist in ns.
+func StartRelayTo(ns, listen, target string) (*Relay, error) {
 	var ln net.Listener
 	// A socket stays in the namespace of the thread that created it.
 	err := netnsutil.Do("/var/run/netns/"+ns, func() error {
 		var err error
-		ln, err = net.Listen("tcp", addr)
+		ln, err = net.Listen("tcp", listen)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s in %s: %w", addr, ns, err)
+		return nil, fmt.Errorf("listen on %s in %s: %w", listen, ns, err)
 	}
-	r := &Relay{ln: ln, target: addr, conns: map[net.Conn]struct{}{}}
+	r := &Relay{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
 	r.wg.Add(1)
 	go r.serve()
 	return r, nil

@@ -61,7 +61,8 @@ func isBPFFS(path string) bool {
 }
 
 // Sweep removes everything of the bed with this prefix: it kills the processes inside its namespaces (by PID, as
-// "ip netns pids" lists them), deletes the namespaces and removes its pin directory. It is what Down does after
+// "ip netns pids" lists them) and in its real nodes' cgroups, removes those cgroups and the nodes' state
+// directories, deletes the namespaces and removes its pin directory. It is what Down does after
 // stopping its own processes, and what a test runs to clear a crashed run's leftovers.
 func Sweep(prefix string) error {
 	if prefix == "" || strings.ContainsAny(prefix, "/ ") {
@@ -79,6 +80,9 @@ func Sweep(prefix string) error {
 	}
 	var errs []error
 	killInNetns(mine)
+	if err := sweepNodes(prefix); err != nil {
+		errs = append(errs, err)
+	}
 	for _, n := range mine {
 		if err := run(context.Background(), "ip", "netns", "del", n); err != nil {
 			errs = append(errs, err)
@@ -94,8 +98,8 @@ func Sweep(prefix string) error {
 // defaultName matches the prefixes NewName makes.
 var defaultName = regexp.MustCompile(`^(mpt[0-9a-f]{6})-`)
 
-// SweepStale removes the beds whose owning process is gone (a crashed or killed test run), and namespaces with a
-// default-style prefix that no process claims. Beds of live processes, such as a concurrent test run, are kept.
+// SweepStale removes the beds whose owning process is gone (a crashed or killed test run), namespaces with a
+// default-style prefix that no process claims, and real nodes' state directories that no live bed claims. Beds of live processes, such as a concurrent test run, are kept.
 func SweepStale() error {
 	stale := map[string]bool{}
 	owned := map[string]bool{}
@@ -120,6 +124,13 @@ func SweepStale() error {
 	for _, n := range names {
 		if m := defaultName.FindStringSubmatch(n); m != nil && !owned[m[1]] {
 			stale[m[1]] = true
+		}
+	}
+	// Real nodes' state of a bed whose namespaces are already gone.
+	dirs, _ := os.ReadDir(NodeStateRoot)
+	for _, d := range dirs {
+		if !owned[d.Name()] {
+			stale[d.Name()] = true
 		}
 	}
 	var errs []error
@@ -169,26 +180,54 @@ func killInNetns(namespaces []string) {
 	for _, ns := range namespaces {
 		pids = append(pids, netnsPIDs(ns)...)
 	}
+	StopPIDs(pids)
+}
+
+// StopPIDs stops the processes: SIGTERM, up to 2 s of grace, then SIGKILL, and waits up to 5 s more for them
+// to exit. A zombie counts as exited: it holds no namespace, cgroup or mount any more.
+func StopPIDs(pids []int) {
 	if len(pids) == 0 {
 		return
 	}
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) {
-		left := false
-		for _, pid := range pids {
-			if alive(pid) {
-				left = true
-			}
-		}
-		if !left {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	if waitExited(pids, 2*time.Second) {
+		return
 	}
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
+	waitExited(pids, 5*time.Second)
+}
+
+// waitExited waits until every process has exited or become a zombie, at most d; it says whether they all did.
+func waitExited(pids []int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		left := false
+		for _, pid := range pids {
+			if alive(pid) && !zombie(pid) {
+				left = true
+			}
+		}
+		if !left {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// zombie says whether pid has exited and waits for its parent to reap it.
+func zombie(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses, the state follows the last ')'.
+	i := strings.LastIndexByte(string(stat), ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }

@@ -37,8 +37,22 @@ type Collector func(dir string) error
 // Close it when the transfer is over.
 func (b *Bed) Watch(t testing.TB, collectors ...Collector) *Watch {
 	t.Helper()
+	return b.watch(t, headerSnap, collectors)
+}
+
+// WatchPayload is Watch capturing every byte, so that the evidence of a
+// changed stream shows what each wire carried (changed-packets.txt then
+// compares each carrier's payload with what was sent). It costs more CPU
+// and disk: for reproducers.
+func (b *Bed) WatchPayload(t testing.TB, collectors ...Collector) *Watch {
+	t.Helper()
+	return b.watch(t, 0, collectors)
+}
+
+func (b *Bed) watch(t testing.TB, snap int, collectors []Collector) *Watch {
+	t.Helper()
 	RequireTools(t, CaptureTools...)
-	caps, err := b.StartCaptures("tcp")
+	caps, err := b.startCaptures("tcp", snap)
 	if err != nil {
 		t.Fatalf("starting the captures of a watched transfer: %v", err)
 	}
@@ -212,8 +226,9 @@ func writeCarriers(dir string, files []CaptureFile, err error) error {
 			return derr
 		}
 		fmt.Fprintf(&b, "connection %d from %s, changed ranges %v: %d captured packets carried them\n", f.Sent.Conn, f.Sent.Local, f.Got.Verification.Ranges, len(pkts))
+		v := f.Got.Verification
 		for _, p := range pkts {
-			fmt.Fprintf(&b, "  %v\n", p)
+			fmt.Fprintf(&b, "  %v%s\n", p, p.comparePayload(v.Seed, v.Conn))
 		}
 	}
 	if b.Len() == 0 {

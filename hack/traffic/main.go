@@ -6,6 +6,8 @@
 //	traffic echo  -listen 10.244.2.11:7
 //	traffic probe -to 10.244.2.11:7 -count 500 -interval 2ms
 //
+//	traffic await -condition mptcp.io/ready   (in a pod: until its own condition is True)
+//
 // The server reads every connection to its end and writes one JSON line per connection: the bytes received, their
 // SHA-256 and the goodput measured over a stated window (skip -warmup after the connection's first byte, then count
 // what arrives during -window). The sender prints one JSON line per connection with the SHA-256 of what it sent, so
@@ -14,7 +16,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -35,11 +36,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/traffic/report"
+	"github.com/mptcp-operator/mptcp-operator/hack/traffic/stream"
 )
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: traffic serve|send|echo|probe [flags]")
+		fmt.Fprintln(os.Stderr, "usage: traffic serve|send|echo|probe|await [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -52,8 +54,10 @@ func main() {
 		err = echo(os.Args[2:])
 	case "probe":
 		err = probe(os.Args[2:])
+	case "await":
+		err = await(os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown command %q (want serve or send)", os.Args[1])
+		err = fmt.Errorf("unknown command %q (want serve, send, echo, probe or await)", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "traffic:", err)
@@ -376,7 +380,7 @@ func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration time
 		}
 	}
 	h := newBlockHasher()
-	src := io.MultiReader(bytes.NewReader(preamble(seed, i)), stream(seed, i))
+	src := stream.Whole(seed, i)
 	buf := make([]byte, 128<<10)
 	deadline := start.Add(duration)
 	for {

@@ -1,35 +1,15 @@
 package main
 
 import (
+	"github.com/mptcp-operator/mptcp-operator/hack/traffic/stream"
+
 	"bytes"
 	"encoding/json"
-	"io"
 	"net"
 	"sync"
 	"testing"
 	"time"
 )
-
-// The sender's streams must be reproducible from (seed, connection) alone, and differ between connections, so
-// that a receiver's hash identifies exactly one stream.
-func TestStreamIsDeterministicPerConnection(t *testing.T) {
-	read := func(seed uint64, i int) []byte {
-		b := make([]byte, 1<<16)
-		if _, err := io.ReadFull(stream(seed, i), b); err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-	if !bytes.Equal(read(7, 0), read(7, 0)) {
-		t.Error("the same seed and connection gave different streams")
-	}
-	if bytes.Equal(read(7, 0), read(7, 1)) {
-		t.Error("two connections of one seed sent the same stream")
-	}
-	if bytes.Equal(read(7, 0), read(8, 0)) {
-		t.Error("two seeds gave the same stream")
-	}
-}
 
 // loopbackServer listens on loopback and hands every connection to s, as
 // serve does; stop closes the listener and returns once no more
@@ -109,7 +89,7 @@ func TestServerStoppedReportsOpenConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.Write(preamble(1, 0)); err != nil {
+	if _, err := c.Write(stream.Preamble(1, 0)); err != nil {
 		t.Fatal(err)
 	}
 	for len(lines(t, s, &out)) == 0 && s.openCount() == 0 {

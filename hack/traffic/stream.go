@@ -2,55 +2,14 @@ package main
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/hex"
 	"io"
-	"math/rand/v2"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/traffic/report"
+	"github.com/mptcp-operator/mptcp-operator/hack/traffic/stream"
 )
 
-// Every stream starts with a preamble that names it, so that a receiver can
-// regenerate what was sent and compare it byte by byte while it reads:
-// a changed stream is then reported with the exact offsets that differ and
-// what arrived there, not only as two hashes that disagree.
-//
-//	magic "MPTCPSTR" | version 1 | 7 bytes zero | seed (LE u64) | connection (LE u64)
-//
-// The preamble is part of the stream: both ends count and hash it.
-const (
-	preambleMagic   = "MPTCPSTR"
-	preambleVersion = 1
-	preambleLen     = 32
-)
-
-func preamble(seed uint64, conn int) []byte {
-	p := make([]byte, preambleLen)
-	copy(p, preambleMagic)
-	p[8] = preambleVersion
-	binary.LittleEndian.PutUint64(p[16:], seed)
-	binary.LittleEndian.PutUint64(p[24:], uint64(conn))
-	return p
-}
-
-// parsePreamble returns the stream a preamble names, or ok false when p is
-// not one of ours (another client, or a preamble that arrived changed: the
-// whole-stream hash still catches that).
-func parsePreamble(p []byte) (seed uint64, conn int, ok bool) {
-	if len(p) < preambleLen || string(p[:8]) != preambleMagic || p[8] != preambleVersion {
-		return 0, 0, false
-	}
-	return binary.LittleEndian.Uint64(p[16:]), int(binary.LittleEndian.Uint64(p[24:])), true
-}
-
-// stream returns the deterministic payload of connection i, the bytes after
-// the preamble: ChaCha8 keyed by the seed and the index.
-func stream(seed uint64, i int) io.Reader {
-	var key [32]byte
-	binary.LittleEndian.PutUint64(key[0:], seed)
-	binary.LittleEndian.PutUint64(key[8:], uint64(i))
-	return rand.NewChaCha8(key)
-}
+const preambleLen = stream.PreambleLen
 
 // How much a verifier records of a changed stream: enough to find the
 // packets in a capture, bounded so that a stream changed from its first
@@ -90,12 +49,12 @@ func (v *verifier) Write(p []byte) {
 		if len(v.head) < preambleLen {
 			return
 		}
-		seed, conn, ok := parsePreamble(v.head)
+		seed, conn, ok := stream.ParsePreamble(v.head)
 		if !ok {
 			return
 		}
 		v.seed, v.conn, v.verified = seed, conn, true
-		v.want = stream(seed, conn)
+		v.want = stream.Payload(seed, conn)
 	}
 	if !v.verified {
 		v.offset += int64(len(p))
@@ -163,7 +122,7 @@ func (v *verifier) result() *report.Verification {
 // searchWindow of near, or -1.
 func (v *verifier) find(b []byte, near int64) int64 {
 	from := max(preambleLen, near-searchWindow)
-	s := stream(v.seed, v.conn)
+	s := stream.Payload(v.seed, v.conn)
 	// The generator has no seek: skip to the window, then read it.
 	if _, err := io.CopyN(io.Discard, s, from-preambleLen); err != nil {
 		return -1

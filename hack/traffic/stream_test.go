@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/mptcp-operator/mptcp-operator/hack/traffic/stream"
+
 	"bytes"
 	"io"
 	"testing"
@@ -12,7 +14,7 @@ import (
 func sent(t *testing.T, seed uint64, conn int, n int) []byte {
 	t.Helper()
 	b := make([]byte, n)
-	if _, err := io.ReadFull(io.MultiReader(bytes.NewReader(preamble(seed, conn)), stream(seed, conn)), b); err != nil {
+	if _, err := io.ReadFull(stream.Whole(seed, conn), b); err != nil {
 		t.Fatal(err)
 	}
 	return b

@@ -68,13 +68,23 @@ func Open(path string) (int, error) {
 	return int(h), nil
 }
 
+// ProcSys is the directory whose net/ is the kernel's /proc/sys/net: the
+// sysctls are read and written below it. On a host it is /proc/sys. In a
+// container /proc/sys is mounted read-only and runc refuses any mount inside
+// /proc, so the Helm chart mounts the host's /proc/sys/net at
+// /host/proc/sys/net and starts the agent with -proc-sys /host/proc/sys. The
+// mount point does not matter to the kernel: /proc/sys/net resolves against
+// the network namespace of the thread that opens a file. Set once, before
+// the first sysctl is read or written.
+var ProcSys = "/proc/sys"
+
 // WriteSysctl writes value to a /proc/sys/net key (dotted, e.g.
 // "net.mptcp.path_manager") in the namespace at nsPath; "" means the
 // caller's own namespace. /proc/sys/net resolves against the namespace of the
 // thread that opens it, which is why the write runs inside Do.
 func WriteSysctl(nsPath, key, value string) error {
 	write := func() error {
-		p := filepath.Join("/proc/sys", filepath.FromSlash(dotsToSlashes(key)))
+		p := filepath.Join(ProcSys, filepath.FromSlash(dotsToSlashes(key)))
 		if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
 			return fmt.Errorf("sysctl %s=%s: %w", key, value, err)
 		}
@@ -90,7 +100,7 @@ func WriteSysctl(nsPath, key, value string) error {
 func ReadSysctl(nsPath, key string) (string, error) {
 	var out string
 	read := func() error {
-		b, err := os.ReadFile(filepath.Join("/proc/sys", filepath.FromSlash(dotsToSlashes(key))))
+		b, err := os.ReadFile(filepath.Join(ProcSys, filepath.FromSlash(dotsToSlashes(key))))
 		out = string(b)
 		return err
 	}

@@ -10,16 +10,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
@@ -32,8 +31,19 @@ type Options struct {
 	Assets string
 	// Dir receives the kubeconfig and the controller's log.
 	Dir string
-	// Controller is the built cmd/controller binary (BuildBinaries).
+	// Controller is the built cmd/controller binary (BuildController).
+	// Required unless NoOperator is set.
 	Controller string
+	// Cluster runs the control plane as a cluster of real nodes needs it
+	// (hack/testbed/nodes): the API server with the Node authorizer,
+	// NodeRestriction and ServiceAccount admission and a serving certificate
+	// valid for the kubernetes Service address, plus kube-controller-manager
+	// and kube-scheduler from Assets (`make node-assets`). See cluster.go.
+	Cluster bool
+	// NoOperator starts the cluster only: no mptcp-system namespace, no
+	// config/agent resources, no controller process, for a test that
+	// installs the operator itself (the Helm chart).
+	NoOperator bool
 }
 
 // ControlPlane is a running API server with the controller.
@@ -46,22 +56,35 @@ type ControlPlane struct {
 	// ControllerLog is the controller's stderr.
 	ControllerLog string
 
-	controller *exec.Cmd
-	exited     chan struct{}
-	relays     []*testbed.Relay
+	controller *component
+	// components are kube-controller-manager and kube-scheduler (Cluster).
+	components []*component
+	pki        *servingPKI
+	egress     *egressProxy
+	// kubeletClientCAs is the CA bundle kubelets trust (Cluster).
+	kubeletClientCAs string
+	relays           []*testbed.Relay
+	apiRelays        map[string]*testbed.Relay // by namespace (RelayInto)
 }
 
 // Namespace of the operator's components (config/agent).
 const Namespace = "mptcp-system"
 
-// Start launches the API server, applies config/agent and starts the
-// controller. On error everything started is stopped.
+// Start launches the API server (and, with Options.Cluster, the cluster's
+// controllers and scheduler), applies config/agent and starts the controller
+// unless NoOperator is set. On error everything started is stopped.
 func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
-	env, err := testenv.Launch(o.Assets)
+	cp = &ControlPlane{Kubeconfig: filepath.Join(o.Dir, "kubeconfig")}
+	var configure func(*envtest.Environment) error
+	if o.Cluster {
+		configure = cp.configureCluster(o.Dir)
+	}
+	env, err := testenv.LaunchWith(o.Assets, configure)
 	if err != nil {
+		cp.egress.close()
 		return nil, err
 	}
-	cp = &ControlPlane{Env: env, Client: env.Client, Kubeconfig: filepath.Join(o.Dir, "kubeconfig")}
+	cp.Env, cp.Client = env, env.Client
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, cp.Stop())
@@ -70,6 +93,17 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	}()
 	if err := env.WriteKubeconfig(cp.Kubeconfig, "mptcp-demo"); err != nil {
 		return cp, err
+	}
+	if o.Cluster {
+		if err := cp.allowKubeletAccess(ctx, o.Dir); err != nil {
+			return cp, err
+		}
+		if err := cp.startClusterComponents(o); err != nil {
+			return cp, err
+		}
+	}
+	if o.NoOperator {
+		return cp, nil
 	}
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}
 	if err := cp.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -91,52 +125,45 @@ func (cp *ControlPlane) startController(o Options) error {
 	if o.Controller == "" {
 		return errors.New("controlplane: no controller binary")
 	}
-	cp.ControllerLog = filepath.Join(o.Dir, "controller.log")
-	log, err := os.Create(cp.ControllerLog)
+	c, err := startComponent(o.Dir, "controller", o.Controller, "--kubeconfig", cp.Kubeconfig,
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0")
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(o.Controller, "--kubeconfig", cp.Kubeconfig,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0")
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		log.Close()
-		return fmt.Errorf("start controller: %w", err)
-	}
-	cp.controller, cp.exited = cmd, make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		log.Close()
-		close(cp.exited)
-	}()
+	cp.controller, cp.ControllerLog = c, c.log
 	return nil
 }
 
-// ControllerExited is closed if the controller process ends.
-func (cp *ControlPlane) ControllerExited() <-chan struct{} { return cp.exited }
+// ControllerExited is closed if the controller process ends; it is never
+// closed when no controller was started.
+func (cp *ControlPlane) ControllerExited() <-chan struct{} {
+	if cp.controller == nil {
+		return nil
+	}
+	return cp.controller.exited
+}
 
-// Stop stops the relays, the controller (SIGTERM, then SIGKILL, by its PID)
-// and the API server.
+// Stop stops the relays, the controller, kube-scheduler and
+// kube-controller-manager (SIGTERM, then SIGKILL, by their PIDs) and the API
+// server.
 func (cp *ControlPlane) Stop() error {
 	var errs []error
 	for _, r := range cp.relays {
 		r.Close()
 	}
-	cp.relays = nil
-	if cp.controller != nil {
-		_ = cp.controller.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-cp.exited:
-		case <-time.After(5 * time.Second):
-			_ = cp.controller.Process.Kill()
-			<-cp.exited
-		}
-		cp.controller = nil
+	cp.relays, cp.apiRelays = nil, nil
+	cp.controller.stop(5 * time.Second)
+	cp.controller = nil
+	for i := len(cp.components) - 1; i >= 0; i-- {
+		cp.components[i].stop(5 * time.Second)
 	}
+	cp.components = nil
 	if cp.Env != nil {
 		errs = append(errs, cp.Env.Stop())
 		cp.Env = nil
 	}
+	cp.egress.close()
+	cp.egress = nil
 	return errors.Join(errs...)
 }
 

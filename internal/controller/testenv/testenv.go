@@ -103,10 +103,22 @@ func Start(tb testing.TB, opts ...Option) *Env {
 // Launch is Start for programs that are not tests (the demo, the test bed's
 // control plane): no options, errors returned, and the caller calls Stop.
 func Launch(assets string) (*Env, error) {
+	return LaunchWith(assets, nil)
+}
+
+// LaunchWith is Launch with configure called on the envtest environment
+// before the API server starts, to change its flags or certificates (the test
+// bed's cluster mode does).
+func LaunchWith(assets string, configure func(*envtest.Environment) error) (*Env, error) {
 	if assets == "" {
 		return nil, errors.New("no kube-apiserver and etcd: set KUBEBUILDER_ASSETS (make envtest-assets; make -s print-envtest-assets)")
 	}
 	env := newEnv(assets)
+	if configure != nil {
+		if err := configure(env.env); err != nil {
+			return nil, err
+		}
+	}
 	if err := env.start(); err != nil {
 		return nil, fmt.Errorf("start control plane from %s: %w", assets, err)
 	}
@@ -138,6 +150,16 @@ func (env *Env) start() error {
 	}
 	env.Config, env.Client, env.Scheme = cfg, c, s
 	return nil
+}
+
+// ClientCAFile is the API server's client CA (--client-ca-file): the CA of
+// the client certificates of WriteUserKubeconfig, which a kubelet trusts to
+// authenticate callers of its own API.
+func (env *Env) ClientCAFile() string {
+	if v := env.env.ControlPlane.GetAPIServer().Configure().Get("client-ca-file").Get(nil); len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // Stop stops kube-apiserver and etcd.
@@ -273,8 +295,8 @@ func parseLabels(s string) map[string]string {
 	return out
 }
 
-// ControllerUser is the controller's service account as config/default
-// deploys it.
+// ControllerUser is the controller's service account as the chart
+// (charts/mptcp-operator) deploys it with its default values.
 const ControllerUser = "system:serviceaccount:mptcp-system:mptcp-controller"
 
 // AsController returns credentials of the controller's service account bound
@@ -322,7 +344,15 @@ func (e *Env) Kubeconfig(tb testing.TB) string {
 // WriteKubeconfig writes to path a kubeconfig of a new user named user in
 // group system:masters.
 func (e *Env) WriteKubeconfig(path, user string) error {
-	u, err := e.env.AddUser(envtest.User{Name: user, Groups: []string{"system:masters"}}, nil)
+	return e.WriteUserKubeconfig(path, user, "system:masters")
+}
+
+// WriteUserKubeconfig writes to path a kubeconfig with a client certificate
+// for user in groups, signed by the API server's client CA: how a kubelet
+// (system:node:NAME in system:nodes) or kube-controller-manager
+// (system:kube-controller-manager) authenticates in a real cluster.
+func (e *Env) WriteUserKubeconfig(path, user string, groups ...string) error {
+	u, err := e.env.AddUser(envtest.User{Name: user, Groups: groups}, nil)
 	if err != nil {
 		return fmt.Errorf("add user: %w", err)
 	}

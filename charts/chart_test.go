@@ -1,0 +1,329 @@
+package charts
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+)
+
+// declaredCapabilities are the agent's capabilities as Kubernetes names them.
+func declaredCapabilities() []corev1.Capability {
+	var caps []corev1.Capability
+	for _, c := range agent.Capabilities() {
+		caps = append(caps, corev1.Capability(strings.ToUpper(c)))
+	}
+	return caps
+}
+
+func TestAgentGetsExactlyTheCapabilitiesItDeclares(t *testing.T) {
+	r := render(t)
+	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
+	c := container(t, ds.Spec.Template.Spec, "agent")
+	sc := c.SecurityContext
+	if sc == nil || sc.Capabilities == nil {
+		t.Fatal("the agent's container has no capabilities in its security context")
+	}
+	if !slices.Equal(sc.Capabilities.Add, declaredCapabilities()) {
+		t.Errorf("the DaemonSet adds %v; the agent declares %v (internal/agent.Capabilities)", sc.Capabilities.Add, declaredCapabilities())
+	}
+	if !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("the DaemonSet drops %v, want [ALL]", sc.Capabilities.Drop)
+	}
+	if sc.Privileged == nil || *sc.Privileged {
+		t.Error("the agent must run explicitly unprivileged (privileged: false)")
+	}
+
+	// The schema allows exactly the declared set: an admin may drop one,
+	// never add another.
+	var schema struct {
+		Properties struct {
+			Agent struct {
+				Properties struct {
+					Capabilities struct {
+						Items struct {
+							Enum []corev1.Capability `json:"enum"`
+						} `json:"items"`
+					} `json:"capabilities"`
+				} `json:"properties"`
+			} `json:"agent"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(readFile(t, filepath.Join(chartDir(), "values.schema.json")), &schema); err != nil {
+		t.Fatal(err)
+	}
+	if enum := schema.Properties.Agent.Properties.Capabilities.Items.Enum; !slices.Equal(enum, declaredCapabilities()) {
+		t.Errorf("values.schema.json allows the capabilities %v; the agent declares %v", enum, declaredCapabilities())
+	}
+}
+
+// The agent finds its pins, state and pods' namespaces at its own defaults;
+// the chart mounts the host's directories exactly there, and a writable
+// /proc/sys/net where -proc-sys says.
+func TestAgentMountsWhatTheAgentUses(t *testing.T) {
+	r := render(t)
+	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
+	spec := ds.Spec.Template.Spec
+	c := container(t, spec, "agent")
+
+	for _, m := range []struct {
+		name        string
+		hostPath    string
+		covers      string // a path the agent uses, which the mount must hold
+		propagation corev1.MountPropagationMode
+	}{
+		{"bpffs", "/sys/fs/bpf", agent.DefaultPinRoot, corev1.MountPropagationHostToContainer},
+		{"state", "/run/mptcp-operator", agent.DefaultStateRoot, ""},
+		{"netns", "/var/run/netns", agent.NetNSDir, corev1.MountPropagationHostToContainer},
+	} {
+		vm, ok := mount(c, m.name)
+		if !ok {
+			t.Errorf("no %s mount", m.name)
+			continue
+		}
+		if m.covers != vm.MountPath && !strings.HasPrefix(m.covers, vm.MountPath+"/") {
+			t.Errorf("%s is mounted at %s, which does not hold the agent's %s", m.name, vm.MountPath, m.covers)
+		}
+		if vm.ReadOnly {
+			t.Errorf("%s is mounted read-only; the agent writes there", m.name)
+		}
+		got := corev1.MountPropagationMode("")
+		if vm.MountPropagation != nil {
+			got = *vm.MountPropagation
+		}
+		if got != m.propagation {
+			t.Errorf("%s propagation %q, want %q", m.name, got, m.propagation)
+		}
+		v, ok := volume(spec, m.name)
+		if !ok || v.HostPath == nil || v.HostPath.Path != m.hostPath {
+			t.Errorf("volume %s is %+v, want hostPath %s", m.name, v.VolumeSource, m.hostPath)
+		}
+	}
+
+	procSys, ok := flagValue(c.Args, "-proc-sys")
+	if !ok {
+		t.Fatalf("the agent is not told where /proc/sys/net is writable (-proc-sys): args %v", c.Args)
+	}
+	vm, ok := mount(c, "proc-sys-net")
+	switch {
+	case !ok:
+		t.Error("no writable /proc/sys/net mount")
+	case vm.MountPath != procSys+"/net" || vm.ReadOnly:
+		t.Errorf("/proc/sys/net is mounted at %s (read-only %v), want %s/net writable", vm.MountPath, vm.ReadOnly, procSys)
+	case strings.HasPrefix(vm.MountPath, "/proc/"):
+		t.Errorf("%s is inside /proc, where runc refuses mounts", vm.MountPath)
+	}
+	if v, ok := volume(spec, "proc-sys-net"); !ok || v.HostPath == nil || v.HostPath.Path != "/proc/sys/net" {
+		t.Errorf("volume proc-sys-net is not the host's /proc/sys/net")
+	}
+}
+
+func TestAgentRunsOnTheHostNetworkOfTheSelectedNodes(t *testing.T) {
+	r := render(t)
+	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
+	spec := ds.Spec.Template.Spec
+	c := container(t, spec, "agent")
+
+	must(t, spec.HostNetwork, "hostNetwork is off")
+	must(t, spec.DNSPolicy == corev1.DNSClusterFirstWithHostNet, "dnsPolicy %q, want ClusterFirstWithHostNet", spec.DNSPolicy)
+	must(t, spec.PriorityClassName == "system-node-critical", "priorityClassName %q", spec.PriorityClassName)
+	must(t, slices.ContainsFunc(spec.Tolerations, func(tol corev1.Toleration) bool {
+		return tol.Operator == corev1.TolerationOpExists && tol.Key == ""
+	}), "the agent does not tolerate every taint: %v", spec.Tolerations)
+
+	// The nodes the examples' MPTCPPaths select get an agent.
+	var path mptcpv1alpha1.MPTCPPath
+	firstDoc := strings.SplitN(string(readFile(t, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))), "\n---", 2)[0]
+	if err := yaml.Unmarshal([]byte(firstDoc), &path); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range path.Spec.NodeSelector.MatchLabels {
+		must(t, spec.NodeSelector[k] == v, "nodeSelector %v misses the examples' %s=%s", spec.NodeSelector, k, v)
+	}
+
+	u := ds.Spec.UpdateStrategy
+	if u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil {
+		t.Fatalf("updateStrategy %+v, want RollingUpdate", u)
+	}
+	must(t, u.RollingUpdate.MaxSurge != nil && u.RollingUpdate.MaxSurge.IntValue() == 0,
+		"maxSurge %v: two agents on a node would share its pins", u.RollingUpdate.MaxSurge)
+	must(t, u.RollingUpdate.MaxUnavailable != nil && u.RollingUpdate.MaxUnavailable.IntValue() == 1,
+		"maxUnavailable %v, want 1", u.RollingUpdate.MaxUnavailable)
+
+	// Kube mode with the pod's service account, on the node the pod runs on.
+	must(t, slices.Contains(c.Args, "-kubeconfig=in-cluster"), "args %v lack -kubeconfig=in-cluster", c.Args)
+	must(t, slices.Contains(c.Args, "-node=$(NODE_NAME)"), "args %v lack -node=$(NODE_NAME)", c.Args)
+	nodeName := false
+	for _, e := range c.Env {
+		if e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName" {
+			nodeName = true
+		}
+	}
+	must(t, nodeName, "NODE_NAME is not the pod's spec.nodeName")
+
+	// Probes on the port the agent serves them on by default.
+	_, defaultPort, err := net.SplitHostPort(agent.DefaultMetricsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := flagValue(c.Args, "-metrics-addr")
+	must(t, addr == ":"+defaultPort, "-metrics-addr=%s, want the agent's default :%s", addr, defaultPort)
+	for probe, want := range map[*corev1.Probe]string{c.LivenessProbe: "/healthz", c.ReadinessProbe: "/readyz"} {
+		if probe == nil || probe.HTTPGet == nil {
+			t.Errorf("no HTTP probe for %s", want)
+			continue
+		}
+		must(t, probe.HTTPGet.Path == want && probe.HTTPGet.Port.String() == "metrics", "probe %s on port %s, want %s on metrics", probe.HTTPGet.Path, probe.HTTPGet.Port.String(), want)
+	}
+	_, ok := envValue(c, "KUBERNETES_SERVICE_HOST")
+	must(t, !ok, "KUBERNETES_SERVICE_HOST is set by default; the default is the in-cluster Service")
+}
+
+func TestControllerIsANonRootLeaderElectedDeploymentWithABudget(t *testing.T) {
+	r := render(t)
+	d := get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller")
+	spec := d.Spec.Template.Spec
+	c := container(t, spec, "controller")
+	must(t, d.Spec.Replicas != nil && *d.Spec.Replicas == 2, "replicas %v, want 2", d.Spec.Replicas)
+	must(t, slices.Contains(c.Args, "--leader-elect"), "args %v lack --leader-elect", c.Args)
+	must(t, spec.SecurityContext != nil && spec.SecurityContext.RunAsNonRoot != nil && *spec.SecurityContext.RunAsNonRoot, "the controller may run as root")
+	sc := c.SecurityContext
+	must(t, sc != nil && sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem, "the controller's root filesystem is writable")
+	must(t, sc != nil && sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation, "the controller may escalate privileges")
+	must(t, sc != nil && sc.Capabilities != nil && slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) && len(sc.Capabilities.Add) == 0,
+		"the controller holds capabilities: %+v", sc)
+	must(t, c.LivenessProbe != nil && c.LivenessProbe.HTTPGet != nil && c.LivenessProbe.HTTPGet.Path == "/healthz", "no /healthz liveness probe")
+	must(t, c.ReadinessProbe != nil && c.ReadinessProbe.HTTPGet != nil && c.ReadinessProbe.HTTPGet.Path == "/readyz", "no /readyz readiness probe")
+	must(t, c.Resources.Requests.Memory().Value() > 0 && c.Resources.Limits.Memory().Value() > 0, "no memory request and limit: %+v", c.Resources)
+	must(t, r.has("PodDisruptionBudget", "mptcp-controller"), "no PodDisruptionBudget for the controller")
+	must(t, r.has("Role", "mptcp-controller-leader-election") && r.has("RoleBinding", "mptcp-controller-leader-election"), "no leader-election Role and RoleBinding")
+}
+
+// The ClusterRole's rules are controller-gen's, from the reconcilers' RBAC
+// markers; the chart's CRDs are controller-gen's too. `make manifests`
+// copies both, and they must not drift.
+func TestCRDsAndControllerRulesAreControllerGensOutput(t *testing.T) {
+	bases := filepath.Join(testenv.RepoRoot(), "config", "crd", "bases")
+	want, err := filepath.Glob(filepath.Join(bases, "*.yaml"))
+	if err != nil || len(want) == 0 {
+		t.Fatalf("no CRDs in %s: %v", bases, err)
+	}
+	got, err := filepath.Glob(filepath.Join(chartDir(), "crds", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Errorf("the chart has %d CRDs, config/crd/bases %d: run make manifests", len(got), len(want))
+	}
+	for _, w := range want {
+		g := filepath.Join(chartDir(), "crds", filepath.Base(w))
+		if b, err := os.ReadFile(g); err != nil || !bytes.Equal(b, readFile(t, w)) {
+			t.Errorf("%s differs from %s (%v): run make manifests", g, w, err)
+		}
+	}
+
+	r := render(t)
+	role := get[*rbacv1.ClusterRole](t, r, "ClusterRole", "mptcp-controller")
+	var generated rbacv1.ClusterRole
+	if err := yaml.UnmarshalStrict(readFile(t, filepath.Join(testenv.RepoRoot(), "config", "rbac", "role.yaml")), &generated); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := json.Marshal(role.Rules)
+	b, _ := json.Marshal(generated.Rules)
+	if !bytes.Equal(a, b) {
+		t.Errorf("the chart's controller rules\n%s\ndiffer from config/rbac/role.yaml's\n%s", a, b)
+	}
+}
+
+// The admission policies match the agent's user name, which follows the
+// release's namespace and the service account's name.
+func TestAgentIdentityFollowsNamespaceAndServiceAccount(t *testing.T) {
+	// helmTemplate's --namespace comes first; the later one wins.
+	r := render(t, "--namespace", "net-ops", "--set", "agent.serviceAccount.name=multipath-agent")
+	const user = "system:serviceaccount:net-ops:multipath-agent"
+	for _, name := range []string{"mptcp-agent-own-node-state", "mptcp-agent-own-node-pod-gate"} {
+		p := get[*admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "ValidatingAdmissionPolicy", name)
+		if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, "'"+user+"'") {
+			t.Errorf("%s matches %+v, want the user %s", name, p.Spec.MatchConditions, user)
+		}
+	}
+	b := get[*rbacv1.ClusterRoleBinding](t, r, "ClusterRoleBinding", "mptcp-agent")
+	if len(b.Subjects) != 1 || b.Subjects[0].Namespace != "net-ops" || b.Subjects[0].Name != "multipath-agent" {
+		t.Errorf("the agent's ClusterRole is bound to %+v", b.Subjects)
+	}
+	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
+	must(t, ds.Namespace == "net-ops" && ds.Spec.Template.Spec.ServiceAccountName == "multipath-agent",
+		"the DaemonSet runs in %s as %s", ds.Namespace, ds.Spec.Template.Spec.ServiceAccountName)
+}
+
+func TestOptionalPartsRenderOnlyWhenAsked(t *testing.T) {
+	defaults := render(t)
+	for _, k := range []string{"ServiceMonitor/mptcp-operator", "MPTCPPath/fabric-a", "MPTCPPolicy/spread-fabrics"} {
+		must(t, !defaults.has(strings.Split(k, "/")[0], strings.Split(k, "/")[1]), "%s is rendered by default", k)
+	}
+	must(t, defaults.has("Service", "mptcp-controller-metrics") && defaults.has("Service", "mptcp-agent-metrics"), "no metrics Services by default")
+
+	all := render(t, "-f", everythingValues())
+	sm := get[*unstructured.Unstructured](t, all, "ServiceMonitor", "mptcp-operator")
+	must(t, sm.GetAPIVersion() == "monitoring.coreos.com/v1", "ServiceMonitor apiVersion %s", sm.GetAPIVersion())
+	must(t, sm.GetLabels()["release"] == "prometheus", "ServiceMonitor labels %v lack the values' release=prometheus", sm.GetLabels())
+	policy := get[*mptcpv1alpha1.MPTCPPolicy](t, all, "MPTCPPolicy", "spread-fabrics")
+	must(t, policy.Spec.MaxSubflows == 4, "the policy's spec is not rendered as given: %+v", policy.Spec)
+	path := get[*mptcpv1alpha1.MPTCPPath](t, all, "MPTCPPath", "fabric-b")
+	must(t, path.Labels["fabric"] == "b", "the path's own labels are lost: %v", path.Labels)
+
+	for _, obj := range []struct {
+		kind, name, container string
+	}{{"DaemonSet", "mptcp-agent", "agent"}, {"Deployment", "mptcp-controller", "controller"}} {
+		var spec corev1.PodSpec
+		switch o := all.objects[key(obj.kind, obj.name)].(type) {
+		case *appsv1.DaemonSet:
+			spec = o.Spec.Template.Spec
+		case *appsv1.Deployment:
+			spec = o.Spec.Template.Spec
+		}
+		c := container(t, spec, obj.container)
+		host, _ := envValue(c, "KUBERNETES_SERVICE_HOST")
+		port, _ := envValue(c, "KUBERNETES_SERVICE_PORT")
+		must(t, host == "10.0.0.1" && port == "6443", "%s reaches the API server at %q:%q, want 10.0.0.1:6443", obj.name, host, port)
+	}
+	d := get[*appsv1.Deployment](t, all, "Deployment", "mptcp-controller")
+	img := container(t, d.Spec.Template.Spec, "controller").Image
+	must(t, strings.HasSuffix(img, "@sha256:0000000000000000000000000000000000000000000000000000000000000000"), "a digest does not pin the image: %s", img)
+}
+
+// The chart's default images are the ones `make images` builds and tags
+// with the chart's appVersion.
+func TestDefaultImagesAreWhatMakeImagesBuilds(t *testing.T) {
+	var chart struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(readFile(t, filepath.Join(chartDir(), "Chart.yaml")), &chart); err != nil {
+		t.Fatal(err)
+	}
+	r := render(t)
+	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
+	d := get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller")
+	for name, got := range map[string]string{
+		"agent":      container(t, ds.Spec.Template.Spec, "agent").Image,
+		"controller": container(t, d.Spec.Template.Spec, "controller").Image,
+	} {
+		want := "ghcr.io/mptcp-operator/" + name + ":" + chart.AppVersion
+		must(t, got == want, "%s image %s, want %s", name, got, want)
+	}
+}

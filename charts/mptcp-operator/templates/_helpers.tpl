@@ -1,0 +1,63 @@
+{{/*
+Names and labels shared by every object. Object names are fixed ("mptcp-agent",
+"mptcp-controller"): the CRDs, the agents' pins on every node and the
+cluster-scoped admission policies allow one installation per cluster anyway.
+*/}}
+
+{{- define "mptcp-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: mptcp-operator
+{{- end }}
+
+{{/* Labels that select one component's pods; call with (list $ "agent"). */}}
+{{- define "mptcp-operator.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ $root.Chart.Name }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/* Every label of one component's objects; call with (list $ "agent"). */}}
+{{- define "mptcp-operator.componentLabels" -}}
+{{ include "mptcp-operator.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/*
+An image reference from {repository, tag, digest}; call with (list $ .Values.agent.image).
+The tag defaults to the chart's appVersion, which `make images` tags its images with;
+a digest, when given, pins the image whatever the tag says.
+*/}}
+{{- define "mptcp-operator.image" -}}
+{{- $root := index . 0 -}}
+{{- $image := index . 1 -}}
+{{- $ref := printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) -}}
+{{- if $image.digest -}}
+{{- $ref = printf "%s@%s" $ref $image.digest -}}
+{{- end -}}
+{{- $ref -}}
+{{- end }}
+
+{{/*
+The API server's address for the agent and the controller when it is not the
+in-cluster Service: the agent must reach the API server before kube-proxy (or a
+CNI replacing it) programs Service addresses, and in clusters without either.
+client-go's in-cluster configuration reads these two variables.
+*/}}
+{{- define "mptcp-operator.apiServerEnv" -}}
+{{- if .Values.apiServer.host -}}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ .Values.apiServer.host | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ .Values.apiServer.port | quote }}
+{{- end -}}
+{{- end }}
+
+{{/* The agent's Kubernetes user name, which its admission policies match. */}}
+{{- define "mptcp-operator.agentUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ .Values.agent.serviceAccount.name }}
+{{- end }}

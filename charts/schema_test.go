@@ -1,0 +1,111 @@
+package charts
+
+import (
+	"strings"
+	"testing"
+)
+
+// Bad values are refused before anything reaches a cluster, with a message
+// that names the key and what is wrong with it.
+func TestBadValuesAreRefusedWithAClearMessage(t *testing.T) {
+	cases := map[string]struct {
+		// set are the --set arguments.
+		set []string
+		// want are substrings the error must hold: where, and why.
+		want []string
+	}{
+		"a capability the agent does not declare": {
+			set:  []string{"agent.capabilities={NET_ADMIN,NET_RAW}"},
+			want: []string{"/agent/capabilities/1", "BPF", "NET_ADMIN", "SYS_ADMIN", "PERFMON"},
+		},
+		"a capability that is not one at all": {
+			set:  []string{"agent.capabilities={all-of-them}"},
+			want: []string{"/agent/capabilities/0", "must be one of"},
+		},
+		"the same capability twice": {
+			set:  []string{"agent.capabilities={BPF,BPF}"},
+			want: []string{"/agent/capabilities", "items at 0 and 1 are equal"},
+		},
+		"no capability at all": {
+			set:  []string{"agent.capabilities=null"},
+			want: []string{"/agent", "missing property 'capabilities'"},
+		},
+		"an unknown key": {
+			set:  []string{"tolerateEverything=true"},
+			want: []string{"additional properties 'tolerateEverything' not allowed"},
+		},
+		"a misspelt nested key": {
+			set:  []string{"agent.nodeSelektor.role=edge"},
+			want: []string{"at '/agent'", "additional properties 'nodeSelektor' not allowed"},
+		},
+		"a negative memory request": {
+			set:  []string{"controller.resources.requests.memory=-64Mi"},
+			want: []string{"/controller/resources/requests/memory", "-64Mi"},
+		},
+		"a negative CPU limit as a number": {
+			set:  []string{"agent.resources.limits.cpu=-1"},
+			want: []string{"/agent/resources/limits/cpu", "minimum"},
+		},
+		"a negative replica count": {
+			set:  []string{"controller.replicas=-1"},
+			want: []string{"/controller/replicas", "minimum"},
+		},
+		"no agent may be replaced at a time": {
+			set:  []string{"agent.updateStrategy.maxUnavailable=0"},
+			want: []string{"/agent/updateStrategy/maxUnavailable"},
+		},
+		"a tag inside the repository": {
+			set:  []string{"agent.image.repository=ghcr.io/mptcp-operator/agent:0.1.0"},
+			want: []string{"/agent/image/repository", "ghcr.io/mptcp-operator/agent:0.1.0"},
+		},
+		"a digest that is not one": {
+			set:  []string{"controller.image.digest=sha256:beef"},
+			want: []string{"/controller/image/digest", "sha256:beef"},
+		},
+		"a pull policy Kubernetes does not know": {
+			set:  []string{"agent.image.pullPolicy=Sometimes"},
+			want: []string{"/agent/image/pullPolicy", "Always", "IfNotPresent", "Never"},
+		},
+		"an API server address with a scheme": {
+			set:  []string{"apiServer.host=https://10.0.0.1"},
+			want: []string{"/apiServer/host", "https://10.0.0.1"},
+		},
+		"a port out of range": {
+			set:  []string{"agent.metricsPort=70000"},
+			want: []string{"/agent/metricsPort", "maximum"},
+		},
+		"a relative host path": {
+			set:  []string{"agent.hostPaths.bpffs=sys/fs/bpf"},
+			want: []string{"/agent/hostPaths/bpffs", "sys/fs/bpf"},
+		},
+		"a budget no drain could satisfy": {
+			set:  []string{"controller.replicas=1"},
+			want: []string{"controller.podDisruptionBudget.minAvailable (1) must be below controller.replicas (1)"},
+		},
+		"a ServiceMonitor without the Services it selects": {
+			set:  []string{"metrics.serviceMonitor.enabled=true", "metrics.service.enabled=false"},
+			want: []string{"metrics.serviceMonitor.enabled needs metrics.service.enabled"},
+		},
+		"a path without a spec": {
+			set:  []string{"paths[0].name=fabric-a"},
+			want: []string{"/paths/0", "missing property 'spec'"},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			var args []string
+			for _, s := range tc.set {
+				args = append(args, "--set", s)
+			}
+			_, stderr, err := helmTemplate(t, args...)
+			if err == nil {
+				t.Fatalf("helm template --set %s succeeded; it must be refused", strings.Join(tc.set, " --set "))
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("the error does not say %q:\n%s", w, stderr)
+				}
+			}
+		})
+	}
+}

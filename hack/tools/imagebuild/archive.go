@@ -1,0 +1,147 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// Annotations of the index entry that name the image on import.
+const (
+	// containerd's importer (ctr images import, kind load image-archive)
+	// names the image after this annotation.
+	annotationContainerdName = "io.containerd.image.name"
+	// The OCI image layout's own name for a manifest: the tag.
+	annotationRefName = "org.opencontainers.image.ref.name"
+)
+
+// dockerManifest is an entry of a `docker save` archive's manifest.json.
+type dockerManifest struct {
+	Config   string
+	RepoTags []string
+	Layers   []string
+}
+
+// writeArchive writes img, named ref, as one tar in two layouts over the same
+// blobs: an OCI image layout (oci-layout, index.json, blobs/sha256/...), which
+// containerd prefers and imports with the manifest as it is, so that the
+// digest it reports is the one images.json records; and a `docker save`
+// manifest.json, which `docker load` reads. Entries are sorted, owned by 0:0
+// and stamped with epoch.
+func writeArchive(path string, ref name.Tag, img v1.Image, epoch time.Time) error {
+	manifest, err := img.RawManifest()
+	if err != nil {
+		return err
+	}
+	manifestDigest, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	config, err := img.RawConfigFile()
+	if err != nil {
+		return err
+	}
+	configDigest, err := img.ConfigName()
+	if err != nil {
+		return err
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return err
+	}
+	entries := []fileEntry{
+		{name: "blobs/", mode: 0o755, dir: true},
+		{name: "blobs/sha256/", mode: 0o755, dir: true},
+		blob(manifestDigest, manifest),
+		blob(configDigest, config),
+	}
+	docker := dockerManifest{Config: blobPath(configDigest), RepoTags: []string{ref.String()}}
+	layers, err := img.Layers()
+	if err != nil {
+		return err
+	}
+	for _, l := range layers {
+		d, err := l.Digest()
+		if err != nil {
+			return err
+		}
+		rc, err := l.Compressed()
+		if err != nil {
+			return err
+		}
+		b, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			return err
+		}
+		entries = append(entries, blob(d, b))
+		docker.Layers = append(docker.Layers, blobPath(d))
+	}
+	index := v1.IndexManifest{
+		SchemaVersion: 2,
+		MediaType:     types.OCIImageIndex,
+		Manifests: []v1.Descriptor{{
+			MediaType: types.OCIManifestSchema1,
+			Size:      int64(len(manifest)),
+			Digest:    manifestDigest,
+			Platform:  &v1.Platform{OS: cfg.OS, Architecture: cfg.Architecture},
+			Annotations: map[string]string{
+				annotationContainerdName: ref.String(),
+				annotationRefName:        ref.TagStr(),
+			},
+		}},
+	}
+	for _, f := range []struct {
+		name string
+		v    any
+	}{
+		{"index.json", index},
+		{"manifest.json", []dockerManifest{docker}},
+		{"oci-layout", map[string]string{"imageLayoutVersion": "1.0.0"}},
+	} {
+		b, err := json.Marshal(f.v)
+		if err != nil {
+			return err
+		}
+		entries = append(entries, fileEntry{name: f.name, mode: 0o644, data: b})
+	}
+	b, err := tarEntries(entries, epoch)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, b)
+}
+
+func blobPath(h v1.Hash) string { return "blobs/" + h.Algorithm + "/" + h.Hex }
+
+func blob(h v1.Hash, b []byte) fileEntry {
+	return fileEntry{name: blobPath(h), mode: 0o644, data: b}
+}
+
+// writeFileAtomic replaces path with b, so that a reader never sees half an
+// archive and an interrupted build leaves the previous one.
+func writeFileAtomic(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
