@@ -1,12 +1,16 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
@@ -122,5 +126,89 @@ func TestLiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes(t *testin
 		if r > 1.5*capBps || r < 0.3*capBps {
 			t.Errorf("%s: the live connection ran at %.1f Mbit/s, want its 30 Mbit/s cap held", p.name, r/1e6)
 		}
+	}
+}
+
+// setPaths changes the example paths as an admin would (kubectl edit).
+func (kb *kubeBed) setPaths(t *testing.T, edit func(*mptcpv1alpha1.MPTCPPathSpec)) {
+	t.Helper()
+	for _, name := range []string{"fabric-a", "fabric-b"} {
+		var p mptcpv1alpha1.MPTCPPath
+		if err := kb.env.Client.Get(context.Background(), types.NamespacedName{Name: name}, &p); err != nil {
+			t.Fatal(err)
+		}
+		edit(&p.Spec)
+		if err := kb.env.Client.Update(context.Background(), &p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A path's capacity bounds the shaping on its NIC: a policy shaping each
+// pod at 150 Mbit/s per path, over two paths of 20 Mbit/s capacity on
+// 200 Mbit/s links, holds a pod's connection to the 40 Mbit/s the two
+// paths carry. (On a933a17 capacity was copied and never read: the pod sent
+// at the links' rate.)
+func TestPathCapacityBoundsShapingOnItsNIC(t *testing.T) {
+	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
+	bed, c := kb.bed, kb.env.Client
+	kb.setPaths(t, func(s *mptcpv1alpha1.MPTCPPathSpec) { s.Capacity = resource.MustParse("20M") })
+	pol := &mptcpv1alpha1.MPTCPPolicy{}
+	applyObject(t, c, pol, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPolicy","metadata":{"name":"shaped"},
+		"spec":{"namespaceSelector":{"matchLabels":{"mptcp.io/tenant":"enabled"}},
+		"spread":{"paths":[{"name":"fabric-a"},{"name":"fabric-b"}]},"rateLimits":{"mode":"shape","perPod":"150M"}}}`)
+	for _, n := range bed.Nodes {
+		s := kb.waitState(t, n, "applying the shaping policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "shaped", Generation: pol.Generation}))
+		for _, p := range s.Spec.Paths {
+			if p.Capacity.Cmp(resource.MustParse("20M")) != 0 {
+				t.Fatalf("node %d: path %s has capacity %s in its state, want 20M", n.Index, p.Name, p.Capacity.String())
+			}
+		}
+	}
+	const capacity = 2 * 20_000_000
+	r := transfer(t, bed, 5311, "cubic")
+	t.Logf("goodput %.1f Mbit/s; the two paths' capacity %d Mbit/s, the policy's cap 2 x 150 Mbit/s", r.goodput/1e6, capacity/1_000_000)
+	if r.goodput > 1.1*capacity || r.goodput < 0.6*capacity {
+		t.Errorf("the pod sent at %.1f Mbit/s, want within the paths' %d Mbit/s", r.goodput/1e6, capacity/1_000_000)
+	}
+}
+
+// A path whose defaultRole is backup is a backup path in a policy that
+// lists it in its spread without a role of its own (and allows header
+// rewriting, which flagging needs): the client pod's join on it is held as
+// backup by the pod's kernel, and it carries almost nothing while the
+// active path is up. (On a933a17 defaultRole was copied and never read.)
+func TestDefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing(t *testing.T) {
+	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	bed, c, ctx := kb.bed, kb.env.Client, background(t)
+	var fabricB mptcpv1alpha1.MPTCPPath
+	if err := c.Get(ctx, types.NamespacedName{Name: "fabric-b"}, &fabricB); err != nil {
+		t.Fatal(err)
+	}
+	fabricB.Spec.DefaultRole = mptcpv1alpha1.PathRoleBackup
+	if err := c.Update(ctx, &fabricB); err != nil {
+		t.Fatal(err)
+	}
+	pol := &mptcpv1alpha1.MPTCPPolicy{}
+	applyObject(t, c, pol, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPolicy","metadata":{"name":"spread"},
+		"spec":{"namespaceSelector":{"matchLabels":{"mptcp.io/tenant":"enabled"}},"headerRewriting":"Allowed",
+		"spread":{"paths":[{"name":"fabric-a"},{"name":"fabric-b"}]}}}`)
+	for _, n := range bed.Nodes {
+		s := kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread", Generation: pol.Generation}))
+		if len(s.Spec.Rules) != 1 || len(s.Spec.Rules[0].Paths) != 1 || !slices.Equal(s.Spec.Rules[0].BackupPaths, []string{"fabric-b"}) {
+			t.Fatalf("node %d: rules %+v, want fabric-a active and fabric-b backup", n.Index, s.Spec.Rules)
+		}
+	}
+	client := bed.Pod(1, 1)
+	_, tx0 := nicBytes(t, bed, bed.Node(1))
+	sampledTransfer(t, bed, 5321, 6*time.Second, func(time.Time) {
+		time.Sleep(3 * time.Second)
+		requireOneBackupSubflow(t, bed, client)
+	})
+	_, tx1 := nicBytes(t, bed, bed.Node(1))
+	active, backup := float64(tx1[0]-tx0[0]), float64(tx1[1]-tx0[1])
+	t.Logf("node 1 sent %.1f MB on fabric-a, %.3f MB on fabric-b (%.2f%%)", active/1e6, backup/1e6, 100*backup/(active+backup))
+	if backup/(active+backup) >= 0.05 {
+		t.Errorf("the backup path carried %.2f%% of the bytes, want under 5%%", 100*backup/(active+backup))
 	}
 }

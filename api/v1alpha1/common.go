@@ -29,12 +29,6 @@ const (
 	// every name is one of the policy's spread paths; otherwise the controller
 	// records a Warning event on the pod and changes nothing.
 	AnnotationPreferredPaths = "mptcp.io/preferred-paths"
-
-	// AnnotationNodePaths is written by the controller on each Node: the
-	// node's pod CIDRs and its address on every path, as reported by that
-	// node's agent (see PeerInfo). Agents learn their peers by watching Node
-	// metadata, so no MPTCPNodeState grows with the size of the cluster.
-	AnnotationNodePaths = "mptcp.io/paths"
 )
 
 // Limits of the API. Each is the datapath's own (enum limit in

@@ -50,13 +50,9 @@ type NodePath struct {
 	// one it found (or none) in status.paths.
 	Interface NodeInterface `json:"interface"`
 
-	// role is the path's default role.
-	Role PathRole `json:"role"`
-
-	// weight is the path's default share of subflow placements.
-	Weight int32 `json:"weight"`
-
-	// capacity in bits per second.
+	// capacity in bits per second: the agent bounds every per-path cap
+	// and the path NIC's shaping by it. (The path's default role and
+	// weight are resolved into the rules.)
 	Capacity resource.Quantity `json:"capacity"`
 }
 
@@ -223,10 +219,13 @@ type PathState struct {
 	// +optional
 	Interface string    `json:"interface,omitempty"`
 	Link      LinkState `json:"link"`
+	// liveness is what probes to peers over the path say. Not written
+	// yet: per-path probing belongs to the failover work; until then a
+	// path is down for placement when its NIC has no carrier (link).
 	// +optional
 	Liveness Liveness `json:"liveness,omitempty"`
-	// addresses of the node on this path; the controller publishes them to
-	// peers through the Node annotation mptcp.io/paths.
+	// addresses of the node on this path, as the agent found them on the
+	// path's interface.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=4

@@ -84,6 +84,16 @@ type WeightedPath struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=255
 	Weight int32 `json:"weight,omitempty"`
+
+	// role of the path in this policy; when unset, the path's own
+	// spec.defaultRole. A backup path takes a connection's first subflow
+	// only when no active path is up and its joins after the active
+	// paths, flagged backup into the pod (MP_JOIN B bit, MP_PRIO), which
+	// rewrites headers: backup needs headerRewriting: Allowed, and a
+	// policy without it uses a path whose defaultRole is backup as an
+	// active one.
+	// +optional
+	Role PathRole `json:"role,omitempty"`
 }
 
 // Spread is the main actor: the paths that carry the pods' subflows.
@@ -252,6 +262,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.backupPaths) || self.spread.paths.all(p, !(p.name in self.backupPaths))",message="backupPaths must not name a path of spread.paths"
 // +kubebuilder:validation:XValidation:rule="!has(self.rateLimits) || !has(self.rateLimits.perPath) || self.rateLimits.perPath.all(r, self.spread.paths.exists(p, p.name == r.path) || (has(self.backupPaths) && r.path in self.backupPaths))",message="rateLimits.perPath must name paths of spread.paths or backupPaths"
 // +kubebuilder:validation:XValidation:rule="self.headerRewriting == 'Allowed' || !has(self.backupPaths)",message="backupPaths rewrite MP_JOIN and MP_PRIO options and need headerRewriting: Allowed"
+// +kubebuilder:validation:XValidation:rule="self.headerRewriting == 'Allowed' || !self.spread.paths.exists(p, has(p.role) && p.role == 'backup')",message="a spread path with role backup is flagged backup (MP_JOIN and MP_PRIO options) and needs headerRewriting: Allowed"
 // +kubebuilder:validation:XValidation:rule="self.headerRewriting == 'Allowed' || !has(self.rateLimits) || self.rateLimits.mode != 'window'",message="rateLimits.mode window rewrites the TCP window and needs headerRewriting: Allowed"
 // +kubebuilder:validation:XValidation:rule="size(self.spread.paths) + (has(self.backupPaths) ? size(self.backupPaths) : 0) <= 15",message="spread.paths and backupPaths name at most 15 paths together: a node steers over at most 15 paths"
 type MPTCPPolicySpec struct {

@@ -256,6 +256,13 @@ spec:` + validPolicySpec + `
   blockedPaths: [lte]`,
 			field: "spec", message: "blockedPaths must not name a path of backupPaths",
 		},
+		"policy with a spread path of role backup but no header rewriting opt-in": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec: {namespaceSelector: {}, spread: {paths: [{name: fabric-a}, {name: lte, role: backup}]}}`,
+			field: "spec", message: "role backup is flagged backup",
+		},
 		"policy with backup paths but no header rewriting opt-in": {
 			manifest: `
 kind: MPTCPPolicy

@@ -69,6 +69,10 @@ type Path struct {
 	Index     uint32     `json:"index"`
 	Interface string     `json:"interface"`
 	Gateway   netip.Addr `json:"gateway"`
+	// Capacity is the path's rate in bits per second (MPTCPPath
+	// spec.capacity): per-path caps above it cap at it, and the HTB
+	// classes on its NIC share it. 0: unbounded.
+	Capacity uint64 `json:"capacity,omitempty"`
 }
 
 // Rule is a compiled policy: which paths a selected pod's subflows spread over.

@@ -105,7 +105,8 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 			fail("path %s: %s", np.Name, ps.Message)
 		default:
 			owners[link.Name] = np.Name
-			cfg.Paths = append(cfg.Paths, Path{Name: np.Name, Index: uint32(np.Index), Interface: link.Name, Gateway: link.Gateway})
+			cfg.Paths = append(cfg.Paths, Path{Name: np.Name, Index: uint32(np.Index), Interface: link.Name, Gateway: link.Gateway,
+				Capacity: uint64(max(np.Capacity.Value(), 0))})
 			resolved[np.Name] = true
 		}
 		t.Paths = append(t.Paths, ps)

@@ -34,6 +34,14 @@ type PathRate struct {
 	Rate resource.Quantity `json:"rate"`
 }
 
+// capped is rate bounded by a path's capacity (0: unbounded).
+func capped(rate, capacity uint64) uint64 {
+	if capacity > 0 {
+		return min(rate, capacity)
+	}
+	return rate
+}
+
 func bps(q *resource.Quantity) uint64 {
 	if q == nil || q.Sign() <= 0 {
 		return 0
@@ -92,7 +100,7 @@ func (l *RateLimits) datapathConfig(r Rule, paths map[string]Path) (datapath.Rat
 		if _, dup := c.PerPath[p.Index]; dup {
 			return c, fmt.Errorf("perPath[%d]: path %q appears twice", j, pr.Path)
 		}
-		c.PerPath[p.Index] = uint64(pr.Rate.Value())
+		c.PerPath[p.Index] = capped(uint64(pr.Rate.Value()), p.Capacity)
 	}
 	return c, c.Validate()
 }

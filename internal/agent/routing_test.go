@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
@@ -88,6 +89,82 @@ func TestRoutingMovesToTheAPIsNumberingWithoutLosingAPath(t *testing.T) {
 			t.Errorf("table %d (no path's since) still holds %v (%v)", cfg.TableBase, routes, err)
 		}
 		return removeRouting(&cfg)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A path's capacity bounds the shaping on its NIC: every class is at most
+// the capacity, and all of them are children of one class at the capacity,
+// so together they never let more through. Without a capacity the classes
+// hang from the root again.
+func TestShapingStaysWithinThePathsCapacity(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 1, PodsPerNode: 1})
+	node := bed.Node(1)
+	pod := node.Pods[0]
+	cfg := NodeDefaults("n1")
+	cfg.Paths = []Path{{Name: "a", Index: 1, Interface: "nic1", Gateway: node.NICs[0].Gateway, Capacity: 20_000_000}}
+	perPod, perPath := resource.MustParse("150M"), resource.MustParse("100M")
+	cfg.Rules = []Rule{{Name: "shaped", Paths: []string{"a"}, Rate: &RateLimits{Mode: "shape", PerPod: &perPod,
+		PerPath: []PathRate{{Path: "a", Rate: perPath}}}}}
+	cfg.Pods = []Pod{{Name: "p", NetNS: "/var/run/netns/" + pod.NetNS, HostInterface: pod.HostIf, IPs: []netip.Addr{pod.Addr}, Rule: "shaped"}}
+	paths := map[string]Path{"a": cfg.Paths[0]}
+	plan, err := planShaping(&cfg, paths, map[string]uint32{"shaped": 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan) != 2 {
+		t.Fatalf("plan %+v, want a class for the rule's path cap and one for the pod", plan)
+	}
+	for _, c := range plan {
+		if c.bps != 20_000_000 {
+			t.Errorf("class %#x at %d bit/s, want the path's 20 Mbit/s capacity", c.minor, c.bps)
+		}
+	}
+	classes := func() map[uint32]netlink.Class {
+		link, err := netlink.LinkByName("nic1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		list, err := netlink.ClassList(link, netlink.MakeHandle(shapeMajor, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[uint32]netlink.Class{}
+		for _, c := range list {
+			out[c.Attrs().Handle] = c
+		}
+		return out
+	}
+	top, path := netlink.MakeHandle(shapeMajor, 0), netlink.MakeHandle(shapeMajor, shapeMinorPath)
+	err = netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
+		if err := syncHTB("nic1", 20_000_000, plan); err != nil {
+			return err
+		}
+		got := classes()
+		if c, ok := got[path].(*netlink.HtbClass); !ok || classParent(c) != top || c.Ceil != 20_000_000/8 {
+			t.Errorf("path class %+v, want one under the root at 20 Mbit/s", got[path])
+		}
+		for _, c := range plan {
+			if h := netlink.MakeHandle(shapeMajor, c.minor); got[h] == nil || classParent(got[h]) != path {
+				t.Errorf("class %s: %+v, want it under the path's class", netlink.HandleStr(h), got[h])
+			}
+		}
+		// Capacity gone: the classes move back under the root.
+		if err := syncHTB("nic1", 0, plan); err != nil {
+			return err
+		}
+		got = classes()
+		if got[path] != nil {
+			t.Errorf("path class left after its capacity went: %+v", got[path])
+		}
+		for _, c := range plan {
+			if h := netlink.MakeHandle(shapeMajor, c.minor); got[h] == nil || classParent(got[h]) != top {
+				t.Errorf("class %s: %+v, want it under the root", netlink.HandleStr(h), got[h])
+			}
+		}
+		return removeShapingOn("nic1")
 	})
 	if err != nil {
 		t.Fatal(err)

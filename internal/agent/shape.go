@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -17,8 +18,10 @@ import (
 // replaced, and comes back by itself when ours is deleted.
 const shapeMajor = 0x6d70
 
-// Class minors: one per shaping rule on a path, one per pod and path.
+// Class minors: the path's own class (its capacity, the parent of the
+// others), one per shaping rule on a path, one per pod and path.
 const (
+	shapeMinorPath = 0x1
 	shapeMinorRule = 0x10
 	shapeMinorPod  = 0x1000
 )
@@ -67,7 +70,7 @@ func planShaping(cfg *Config, paths map[string]Path, ids map[string]uint32) ([]s
 			for _, name := range append(slices.Clone(r.Paths), r.BackupPaths...) {
 				p := paths[name]
 				for _, ip := range pod.IPs {
-					out = append(out, shapeClass{iface: p.Interface, minor: minor, bps: c.PerPod,
+					out = append(out, shapeClass{iface: p.Interface, minor: minor, bps: capped(c.PerPod, p.Capacity),
 						entry: datapath.ShapeClass{Rule: rule, Path: p.Index, Pod: ip}})
 				}
 			}
@@ -98,7 +101,7 @@ func (a *Agent) applyShaping(cfg *Config, paths map[string]Path, ids map[string]
 			}
 			continue
 		}
-		if err := syncHTB(p.Interface, classes); err != nil {
+		if err := syncHTB(p.Interface, p.Capacity, classes); err != nil {
 			errs = append(errs, fmt.Errorf("path %q: shape: %w", p.Name, err))
 			continue
 		}
@@ -133,9 +136,11 @@ func ours(q netlink.Qdisc) bool {
 }
 
 // syncHTB puts the agent's HTB root on iface (unless it is there) and makes
-// its classes exactly classes. Unclassified traffic (HTB default 0) is sent
+// its classes exactly classes, all children of one class at the path's
+// capacity (when it has one), so that together they never let more through
+// than the path carries. Unclassified traffic (HTB default 0) is sent
 // unshaped.
-func syncHTB(iface string, classes []shapeClass) error {
+func syncHTB(iface string, capacity uint64, classes []shapeClass) error {
 	link, err := netlink.LinkByName(iface)
 	if err != nil {
 		return err
@@ -154,23 +159,55 @@ func syncHTB(iface string, classes []shapeClass) error {
 			return fmt.Errorf("adding HTB to %s: %w", iface, err)
 		}
 	}
+	top := netlink.MakeHandle(shapeMajor, 0)
+	existing, err := netlink.ClassList(link, top)
+	if err != nil {
+		return err
+	}
+	parentOf := map[uint32]uint32{}
+	for _, cls := range existing {
+		parentOf[cls.Attrs().Handle] = classParent(cls)
+	}
+	// put creates or changes a class; HTB cannot move a class to another
+	// parent, so one under the wrong parent is deleted first.
+	put := func(handle, parent uint32, bps uint64) error {
+		if old, ok := parentOf[handle]; ok && old != parent {
+			if err := netlink.ClassDel(netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: old, Handle: handle}, netlink.HtbClassAttrs{})); err != nil {
+				return fmt.Errorf("moving HTB class %s on %s: %w", netlink.HandleStr(handle), iface, err)
+			}
+		}
+		parentOf[handle] = parent
+		cls := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: parent, Handle: handle},
+			netlink.HtbClassAttrs{Rate: bps, Ceil: bps})
+		if err := netlink.ClassReplace(cls); err != nil {
+			return fmt.Errorf("HTB class %s on %s: %w", netlink.HandleStr(handle), iface, err)
+		}
+		return nil
+	}
 	want := map[uint32]bool{}
+	parent := top
+	if capacity > 0 {
+		parent = netlink.MakeHandle(shapeMajor, shapeMinorPath)
+		want[parent] = true
+		if err := put(parent, top, capacity); err != nil {
+			return err
+		}
+	}
 	for _, c := range classes {
 		handle := netlink.MakeHandle(shapeMajor, c.minor)
 		if want[handle] {
 			continue // a pod's second address: same class
 		}
 		want[handle] = true
-		cls := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(shapeMajor, 0), Handle: handle},
-			netlink.HtbClassAttrs{Rate: c.bps, Ceil: c.bps})
-		if err := netlink.ClassReplace(cls); err != nil {
-			return fmt.Errorf("HTB class %s on %s: %w", netlink.HandleStr(handle), iface, err)
+		if err := put(handle, parent, c.bps); err != nil {
+			return err
 		}
 	}
-	existing, err := netlink.ClassList(link, netlink.MakeHandle(shapeMajor, 0))
-	if err != nil {
-		return err
-	}
+	// Children before their parent: HTB refuses to delete a class that
+	// still has some.
+	slices.SortFunc(existing, func(a, b netlink.Class) int {
+		return cmp.Compare(b.Attrs().Handle&0xffff, a.Attrs().Handle&0xffff)
+	})
 	for _, cls := range existing {
 		if h := cls.Attrs().Handle; !want[h] && h>>16 == shapeMajor {
 			if err := netlink.ClassDel(cls); err != nil {
@@ -179,6 +216,15 @@ func syncHTB(iface string, classes []shapeClass) error {
 		}
 	}
 	return nil
+}
+
+// classParent is the handle of cls's parent: the kernel reports a class
+// directly under the qdisc with TC_H_ROOT.
+func classParent(cls netlink.Class) uint32 {
+	if p := cls.Attrs().Parent; p != netlink.HANDLE_ROOT {
+		return p
+	}
+	return netlink.MakeHandle(shapeMajor, 0)
 }
 
 // removeShapingOn deletes the agent's HTB root from iface; any other qdisc

@@ -1,10 +1,9 @@
 package controller_test
 
 import (
-	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -367,32 +366,28 @@ func TestCompile(t *testing.T) {
 				want: map[string][]string{"n1": {"tenant-a/db 10.1.1.10: storage[fabric-a/1|backup:lte|blocked:fabric-b]"}},
 			}},
 		},
-		"an agent's per-path addresses are published on its Node": {
+		// Nothing reads peers' addresses (a field nothing reads does not
+		// exist): they stay in the reporting agent's node state, and the
+		// controller writes no Node.
+		"an agent's per-path addresses stay in its node state; no Node is written": {
 			setup: func(f *fixture) {
 				twoFabrics(f)
 			},
 			steps: []step{{
 				want: map[string][]string{"n1": {}},
-				do: func(f *fixture) {
+				check: func(t *testing.T, f *fixture) {
+					var before corev1.Node
+					f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n("n1")}, &before), "get node")
 					f.report("n1",
 						mptcpv1alpha1.PathState{Name: "fabric-b", Link: mptcpv1alpha1.LinkUp, Interface: "nic2", Addresses: []string{"192.0.2.11"}},
 						mptcpv1alpha1.PathState{Name: "fabric-a", Link: mptcpv1alpha1.LinkUp, Interface: "nic1", Addresses: []string{"198.51.100.11"}})
-				},
-				check: func(t *testing.T, f *fixture) {
-					want := mptcpv1alpha1.PeerInfo{PodCIDRs: []string{"10.1.1.0/24"}, Paths: map[string][]string{
-						f.n("fabric-a"): {"198.51.100.11"}, f.n("fabric-b"): {"192.0.2.11"},
-					}}
-					wantJSON, _ := json.Marshal(want)
-					f.eventually("peer annotation", func() error {
-						var n corev1.Node
-						if err := f.c.Get(f.ctx, types.NamespacedName{Name: f.n("n1")}, &n); err != nil {
-							return err
-						}
-						if got := n.Annotations[mptcpv1alpha1.AnnotationNodePaths]; got != string(wantJSON) {
-							return fmt.Errorf("annotation %q, want %q", got, wantJSON)
-						}
-						return nil
-					})
+					testenv.WaitIdle(t, time.Second, 30*time.Second)
+					var after corev1.Node
+					f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n("n1")}, &after), "get node")
+					if after.ResourceVersion != before.ResourceVersion || len(after.Annotations) != 0 {
+						t.Errorf("Node written after its agent reported addresses: resourceVersion %s -> %s, annotations %v",
+							before.ResourceVersion, after.ResourceVersion, after.Annotations)
+					}
 				},
 			}},
 		},

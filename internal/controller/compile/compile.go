@@ -79,11 +79,7 @@ func Node(in Input) Result {
 		res.Spec.PodCIDRs = []string{in.Node.Spec.PodCIDR}
 	}
 
-	nodePaths := resolvePaths(in.Node, in.Paths)
-	byName := map[string]*mptcpv1alpha1.NodePath{}
-	for i := range nodePaths {
-		byName[nodePaths[i].Name] = &nodePaths[i]
-	}
+	nodePaths, byName := resolvePaths(in.Node, in.Paths)
 	res.Spec.Paths = nodePaths
 
 	policies := activePolicies(in.Policies)
@@ -165,35 +161,29 @@ func RuleName(r *mptcpv1alpha1.CompiledRule) string {
 // by name. A path without an index yet is left out rather than given a mark
 // that might change; so is a path that names an interface an older path of
 // the node names (InterfaceConflicts), which the path's status reports.
-func resolvePaths(node *corev1.Node, paths []mptcpv1alpha1.MPTCPPath) []mptcpv1alpha1.NodePath {
+// It also returns those paths' objects by name, which compiling a rule reads
+// (their default role and weight).
+func resolvePaths(node *corev1.Node, paths []mptcpv1alpha1.MPTCPPath) ([]mptcpv1alpha1.NodePath, map[string]*mptcpv1alpha1.MPTCPPath) {
 	var out []mptcpv1alpha1.NodePath
+	byName := map[string]*mptcpv1alpha1.MPTCPPath{}
 	conflicts := InterfaceConflicts(node, paths)
 	for i := range paths {
 		p := &paths[i]
 		if !pathOnNode(p, node) || conflicts[p.Name] != "" {
 			continue
 		}
-		role := p.Spec.DefaultRole
-		if role == "" {
-			role = mptcpv1alpha1.PathRoleActive
-		}
-		weight := p.Spec.Weight
-		if weight == 0 {
-			weight = 1
-		}
+		byName[p.Name] = p
 		out = append(out, mptcpv1alpha1.NodePath{
 			Name:  p.Name,
 			Index: p.Status.Index,
 			Interface: mptcpv1alpha1.NodeInterface{
 				Name: p.Spec.Interface.Name, Pattern: p.Spec.Interface.Pattern, AltName: p.Spec.Interface.AltName,
 			},
-			Role:     role,
-			Weight:   weight,
 			Capacity: p.Spec.Capacity.DeepCopy(),
 		})
 	}
 	slices.SortFunc(out, func(a, b mptcpv1alpha1.NodePath) int { return cmp.Compare(a.Name, b.Name) })
-	return out
+	return out, byName
 }
 
 // pathOnNode: p is in node's state unless another path takes its
@@ -299,8 +289,13 @@ func selects(pol *mptcpv1alpha1.MPTCPPolicy, nsLabels labels.Set, pod *corev1.Po
 }
 
 // compileRule copies a policy's actions, keeping only paths this node has,
-// and returns the names it had to leave out.
-func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1alpha1.NodePath) (mptcpv1alpha1.CompiledRule, []string) {
+// and returns the names it had to leave out. A spread path takes its
+// weight and role from the policy, else from the path (spec.weight,
+// spec.defaultRole); one whose role is backup joins the rule's backup paths
+// after the policy's own, where the policy allows header rewriting (backup
+// flags subflows with MP_JOIN's B bit and MP_PRIO), and stays active where
+// it does not.
+func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1alpha1.MPTCPPath) (mptcpv1alpha1.CompiledRule, []string) {
 	s := &pol.Spec
 	var missing []string
 	keep := func(name string) bool {
@@ -329,14 +324,17 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 			Family: t.Family,
 		}
 	}
+	var backupByRole []string
 	for _, wp := range s.Spread.Paths {
 		if !keep(wp.Name) {
 			continue
 		}
-		w := wp.Weight
-		if w == 0 {
-			w = nodePaths[wp.Name].Weight
+		path := &nodePaths[wp.Name].Spec
+		if cmp.Or(wp.Role, path.DefaultRole) == mptcpv1alpha1.PathRoleBackup && rule.HeaderRewriting {
+			backupByRole = append(backupByRole, wp.Name)
+			continue
 		}
+		w := cmp.Or(wp.Weight, path.Weight, 1)
 		rule.Paths = append(rule.Paths, mptcpv1alpha1.RulePath{Name: wp.Name, Weight: w})
 	}
 	for _, name := range s.BackupPaths {
@@ -344,6 +342,15 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 			rule.BackupPaths = append(rule.BackupPaths, name)
 		}
 	}
+	if len(rule.Paths) == 0 {
+		// Backup to nothing: every path of the policy is backup by
+		// default, so none is; they carry the traffic as active paths.
+		for _, name := range backupByRole {
+			rule.Paths = append(rule.Paths, mptcpv1alpha1.RulePath{Name: name, Weight: cmp.Or(weightOf(s, name), nodePaths[name].Spec.Weight, 1)})
+		}
+		backupByRole = nil
+	}
+	rule.BackupPaths = append(rule.BackupPaths, backupByRole...)
 	// A blocked path the node does not have needs no blocking there, and is
 	// not reported missing: the admin never asked for it to carry traffic.
 	for _, name := range s.BlockedPaths {
@@ -374,6 +381,16 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 	}
 	slices.Sort(missing)
 	return rule, slices.Compact(missing)
+}
+
+// weightOf is the weight policy s gives path name, 0 when none.
+func weightOf(s *mptcpv1alpha1.MPTCPPolicySpec, name string) int32 {
+	for _, wp := range s.Spread.Paths {
+		if wp.Name == name {
+			return wp.Weight
+		}
+	}
+	return 0
 }
 
 // applyPreferences honours the pod's mptcp.io/preferred-paths annotation in

@@ -167,6 +167,54 @@ func TestAPodTakesAtMostEightPolicies(t *testing.T) {
 	}
 }
 
+// A path's defaultRole and weight act where a policy does not say
+// otherwise: a path backup by default is one of the rule's backup paths
+// (after the policy's own) where the policy allows header rewriting, and
+// stays active where it does not or where the policy gives it role active;
+// a policy all of whose paths are backup by default uses them as active.
+func TestDefaultRoleAndWeightActWhereAPolicySaysNothing(t *testing.T) {
+	in := testInput()
+	in.Pods = in.Pods[:1]
+	for i := range in.Paths {
+		if in.Paths[i].Name == "b" {
+			in.Paths[i].Spec.DefaultRole = mptcpv1alpha1.PathRoleBackup
+			in.Paths[i].Spec.Weight = 7
+		}
+	}
+	policy := func(rewriting mptcpv1alpha1.Permission, paths ...mptcpv1alpha1.WeightedPath) []mptcpv1alpha1.MPTCPPolicy {
+		return []mptcpv1alpha1.MPTCPPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "p"},
+			Spec: mptcpv1alpha1.MPTCPPolicySpec{NamespaceSelector: &metav1.LabelSelector{}, HeaderRewriting: rewriting,
+				Spread: mptcpv1alpha1.Spread{Paths: paths}}}}
+	}
+	a, b := mptcpv1alpha1.WeightedPath{Name: "a"}, mptcpv1alpha1.WeightedPath{Name: "b"}
+	activeB := mptcpv1alpha1.WeightedPath{Name: "b", Role: mptcpv1alpha1.PathRoleActive}
+	for name, c := range map[string]struct {
+		policies []mptcpv1alpha1.MPTCPPolicy
+		want     string // active paths with weights | backup paths
+	}{
+		"backup by default":                 {policy(mptcpv1alpha1.Allowed, a, b), "a/1|b"},
+		"no header rewriting: stays active": {policy(mptcpv1alpha1.Forbidden, a, b), "a/1,b/7|"},
+		"the policy says active":            {policy(mptcpv1alpha1.Allowed, a, activeB), "a/1,b/7|"},
+		"nothing to back up":                {policy(mptcpv1alpha1.Allowed, b), "b/7|"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			in.Policies = c.policies
+			res := Node(in)
+			if len(res.Spec.Rules) != 1 {
+				t.Fatalf("rules %+v", res.Spec.Rules)
+			}
+			r := res.Spec.Rules[0]
+			var active []string
+			for _, p := range r.Paths {
+				active = append(active, fmt.Sprintf("%s/%d", p.Name, p.Weight))
+			}
+			if got := strings.Join(active, ",") + "|" + strings.Join(r.BackupPaths, ","); got != c.want {
+				t.Errorf("rule %s, want %s", got, c.want)
+			}
+		})
+	}
+}
+
 func TestParsePreferredPaths(t *testing.T) {
 	cases := map[string]struct {
 		value string   // annotation value
