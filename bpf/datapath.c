@@ -745,21 +745,30 @@ __noinline int pick_active(__u32 rule_id)
 	return PLACE_ALL_DOWN;
 }
 
-/* pick_initial chooses the path of a connection's first subflow: an active
- * path by the rule's spread mode, or the first usable backup path when no
- * active one is up. */
+/* pick_initial chooses the path of a connection's first subflow: the first
+ * usable of a tenant's preferred paths, else an active path by the rule's
+ * spread mode, or the first usable backup path when no active one is up. */
 __noinline int pick_initial(__u32 rule_id)
 {
 	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
-	__u32 nact;
+	__u32 nact, npref;
 	int path;
 
 	if (!r)
 		return PLACE_NO_PATH;
+	nact = rule_nactive(r);
+	npref = r->npreferred;
+	for (__u32 i = 0; i < MAX_PATHS; i++) {
+		if (i >= npref || i >= nact)
+			break;
+		path = rule_path(r, i);
+		if (path_usable(path))
+			return path;
+		count(STAT_PATH_DOWN_SKIPPED);
+	}
 	path = pick_active(rule_id);
 	if (path != PLACE_ALL_DOWN || r->nbackup == 0)
 		return path;
-	nact = rule_nactive(r);
 	for (__u32 i = 0; i < MAX_PATHS; i++) {
 		if (i >= r->npaths)
 			break;

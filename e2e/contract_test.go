@@ -4,16 +4,19 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 )
 
 // The tests of this file hold the contract from CRD to datapath (issue 15):
@@ -210,5 +213,61 @@ func TestDefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing(t *testing.T) 
 	t.Logf("node 1 sent %.1f MB on fabric-a, %.3f MB on fabric-b (%.2f%%)", active/1e6, backup/1e6, 100*backup/(active+backup))
 	if backup/(active+backup) >= 0.05 {
 		t.Errorf("the backup path carried %.2f%% of the bytes, want under 5%%", 100*backup/(active+backup))
+	}
+}
+
+// A tenant's preference acts in every spread mode: the initial subflow of
+// every connection of a pod annotated mptcp.io/preferred-paths: fabric-b
+// leaves by fabric-b's NIC, whether the policy spreads weighted (the
+// example's fabric-a:2, fabric-b:1), round robin or preferred-first, while
+// the same node's unannotated pod starts connections on fabric-a too. (On
+// a933a17 the preference reordered the path list, which only
+// preferredFirst reads: in the other modes it changed nothing.)
+func TestTenantPreferenceActsInEverySpreadMode(t *testing.T) {
+	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
+	bed, c, ctx := kb.bed, kb.env.Client, background(t)
+	preferring, plain := bed.Pod(1, 1), bed.Pod(1, 2)
+	var pod corev1.Pod
+	if err := c.Get(ctx, types.NamespacedName{Namespace: appsNS, Name: preferring.Name}, &pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Annotations = map[string]string{mptcpv1alpha1.AnnotationPreferredPaths: "fabric-b"}
+	if err := c.Update(ctx, &pod); err != nil {
+		t.Fatal(err)
+	}
+	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	flows := []flow{
+		{client: preferring, server: bed.Pod(2, 1), port: 5331, conns: 3},
+		{client: plain, server: bed.Pod(2, 2), port: 5332, conns: 3},
+	}
+	for _, mode := range []mptcpv1alpha1.SpreadMode{mptcpv1alpha1.SpreadWeighted, mptcpv1alpha1.SpreadRoundRobin, mptcpv1alpha1.SpreadPreferredFirst} {
+		t.Run(string(mode), func(t *testing.T) {
+			pol := kb.policy(t)
+			if pol.Spec.Spread.Mode != mode {
+				pol.Spec.Spread.Mode = mode
+				if err := c.Update(ctx, pol); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, n := range bed.Nodes {
+				kb.waitState(t, n, "applying "+string(mode), settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: pol.Name, Generation: pol.Generation}))
+			}
+			analysis, _ := captureFlows(t, bed, flows)
+			initial := map[netip.Addr][]int{} // client -> the NIC of each connection's initial subflow
+			for _, conn := range analysis.Connections {
+				if len(conn.Subflows) == 0 || conn.Subflows[0].Kind != testbed.KindMPCapable {
+					continue
+				}
+				sf := conn.Subflows[0]
+				initial[sf.Src.Addr()] = append(initial[sf.Src.Addr()], sf.NICs(1, testbed.Out)...)
+			}
+			t.Logf("initial subflows leave node 1 by nic %v (annotated pod), %v (unannotated pod)", initial[preferring.Addr], initial[plain.Addr])
+			if got := initial[preferring.Addr]; len(got) != 3 || slices.ContainsFunc(got, func(nic int) bool { return nic != 2 }) {
+				t.Errorf("%s: the annotated pod's connections started on nics %v, want all three on nic2 (fabric-b)", mode, got)
+			}
+			if got := initial[plain.Addr]; len(got) != 3 || !slices.Contains(got, 1) {
+				t.Errorf("%s: the unannotated pod's connections started on nics %v, want fabric-a (nic1) among them", mode, got)
+			}
+		})
 	}
 }

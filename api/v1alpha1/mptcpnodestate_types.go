@@ -144,10 +144,13 @@ type CompiledRule struct {
 	DataChecksums bool `json:"dataChecksums,omitempty"`
 	// headerRewriting is true only when the admin opted in.
 	HeaderRewriting bool `json:"headerRewriting"`
-	// tenantPreferred is true when the pod's mptcp.io/preferred-paths
-	// annotation reordered paths.
+	// preferredPaths are the paths the pod's mptcp.io/preferred-paths
+	// annotation prefers, in its order: the first of paths, which they
+	// lead. In every spread mode a connection's initial subflow takes the
+	// first of them that is up; the mode decides only when none is.
 	// +optional
-	TenantPreferred bool `json:"tenantPreferred,omitempty"`
+	// +listType=atomic
+	PreferredPaths []string `json:"preferredPaths,omitempty"`
 }
 
 // NodePod is a pod running on the node and the rules that govern it.

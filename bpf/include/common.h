@@ -254,6 +254,10 @@ struct rule {
 	struct port_range ports[MAX_RULE_PORTS];
 	__u8 weights[MAX_PATHS + 1]; /* SPREAD_WEIGHTED: per slot of paths, 1..255 */
 	__u32 blocked;		     /* block: bit p set, a peer's join arriving on path p is refused */
+	/* The first npreferred paths are a tenant's preferred ones: in every
+	 * spread mode the initial subflow takes the first of them that is up,
+	 * and the mode decides only when none is. */
+	__u32 npreferred;
 };
 
 /* Key of rule_cidrs, an LPM trie: the rule id and the family (always matched

@@ -101,6 +101,10 @@ type Rule struct {
 	// Weights per path name, for weighted spread: the path's share of
 	// subflow placements. A path left out weighs 1.
 	Weights map[string]uint32 `json:"weights,omitempty"`
+	// PreferredPaths, a tenant's preference, lead Paths: in every spread
+	// mode a connection's initial subflow takes the first of them that is
+	// up (CompiledRule.preferredPaths).
+	PreferredPaths []string `json:"preferredPaths,omitempty"`
 	// BackupPaths carry a connection's joins after the active paths, and
 	// its first subflow only when no active path is up; joins on them are
 	// flagged backup on their way into the pod (docs/datapath.md, "Backup
@@ -165,6 +169,9 @@ func (r Rule) datapathRule(paths map[string]Path) (datapath.Rule, error) {
 			}
 			out.Weights = append(out.Weights, w)
 		}
+	}
+	for out.Preferred < len(r.Paths) && slices.Contains(r.PreferredPaths, r.Paths[out.Preferred]) {
+		out.Preferred++
 	}
 	for name := range r.Weights {
 		if mode != datapath.SpreadWeighted {

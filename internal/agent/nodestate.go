@@ -222,6 +222,11 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]bool) (Rul
 	if len(r.Paths) == 0 {
 		return r, errors.New("none of its paths is usable on this node")
 	}
+	for _, name := range cr.PreferredPaths {
+		if paths[name] {
+			r.PreferredPaths = append(r.PreferredPaths, name)
+		}
+	}
 	for _, name := range cr.BackupPaths {
 		if paths[name] {
 			r.BackupPaths = append(r.BackupPaths, name)

@@ -234,7 +234,7 @@ func (f *fixture) summary(spec mptcpv1alpha1.MPTCPNodeStateSpec) []string {
 				s += "|blocked:" + strings.Join(f.shorts(r.BlockedPaths), ",")
 			}
 			s += "]"
-			if r.TenantPreferred {
+			if len(r.PreferredPaths) > 0 {
 				s += "+pref"
 			}
 			rules = append(rules, s)

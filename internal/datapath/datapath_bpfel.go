@@ -220,6 +220,7 @@ type datapathRule struct {
 	Ports       [8]datapathPortRange
 	Weights     [16]uint8
 	Blocked     uint32
+	Npreferred  uint32
 }
 
 type datapathSettingsValue struct {

@@ -104,6 +104,10 @@ type Rule struct {
 	Weights []uint32
 	// Spread is the placement of initial subflows.
 	Spread SpreadMode
+	// Preferred is how many of Paths, from the first, a tenant prefers:
+	// in every spread mode a connection's initial subflow takes the first
+	// of them that is up, and Spread decides only when none is.
+	Preferred int
 	// Backup are backup path indexes: after the active Paths, they take a
 	// connection's joins (flagged backup on their way into the pod, which
 	// needs RewriteHeaders) and its first subflow only when no active
@@ -152,6 +156,9 @@ func (r Rule) Validate() error {
 		if slices.Contains(all, p) {
 			return fmt.Errorf("path index %d is both blocked and one of the rule's paths", p)
 		}
+	}
+	if r.Preferred < 0 || r.Preferred > len(r.Paths) {
+		return fmt.Errorf("%d preferred paths of %d", r.Preferred, len(r.Paths))
 	}
 	if r.MaxSubflows > uint32(MaxSubflows) {
 		return fmt.Errorf("max subflows %d, at most %d (the kernel's limit)", r.MaxSubflows, MaxSubflows)
@@ -247,7 +254,8 @@ func (d *Datapath) SetRule(id uint32, r Rule) error {
 	}
 	rr := v.Rr
 	v = datapathRule{Rr: rr, Npaths: uint32(len(r.Paths) + len(r.Backup)), Nbackup: uint32(len(r.Backup)), MaxSubflows: r.MaxSubflows,
-		Family: uint8(r.Family), Match: uint8(r.Match), Spread: uint8(r.Spread), Nports: uint8(len(r.Ports))}
+		Family: uint8(r.Family), Match: uint8(r.Match), Spread: uint8(r.Spread), Nports: uint8(len(r.Ports)),
+		Npreferred: uint32(r.Preferred)}
 	for i, p := range append(slices.Clone(r.Paths), r.Backup...) {
 		v.Paths[i] = uint8(p)
 		v.Weights[i] = 1

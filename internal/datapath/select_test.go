@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"maps"
 	"net/netip"
 	"strings"
 	"testing"
@@ -396,5 +397,54 @@ func TestJoinsAvoidDownPaths(t *testing.T) {
 	}
 	if n := stat(t, dp, StatPathsExhausted); n != 3 {
 		t.Fatalf("StatPathsExhausted = %d, want 3", n)
+	}
+}
+
+// A tenant's preferred paths (the first Preferred of a rule's list) take
+// every connection's initial subflow, in every spread mode; the mode
+// decides only when none of them is up, and a connection's joins still go
+// to its other paths.
+func TestPreferredPathsTakeTheInitialSubflowInEveryMode(t *testing.T) {
+	for _, mode := range []SpreadMode{SpreadRoundRobin, SpreadWeighted, SpreadPreferred} {
+		t.Run(mode.String(), func(t *testing.T) {
+			dp := loadForTest(t)
+			rule := Rule{Paths: []uint32{3, 1, 2}, Spread: mode, Preferred: 1}
+			if mode == SpreadWeighted {
+				rule.Weights = []uint32{1, 5, 5}
+			}
+			setRules(t, dp, map[uint32]Rule{0: rule})
+			if err := dp.SetEndpoint(clientPod, 0); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 6 {
+				if got := placeSYN(t, dp, clientPod, uint16(40000+i), serverPod, 80); got != 3 {
+					t.Fatalf("connection %d started on path %d, want the preferred path 3", i, got)
+				}
+			}
+			const clientKey, serverKey = 0x51, 0x52
+			run(t, dp.objs.PodEgress, capableACK(clientPod, 40005, serverPod, 80, clientKey, serverKey), skbContext{})
+			join := syn(clientPod, 41000, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false))
+			if got := dp.pathOfMark(t, run(t, dp.objs.PodEgress, join, skbContext{})); got == 3 {
+				t.Errorf("a join took the path its connection's initial subflow has")
+			}
+			// The preferred path down: the mode chooses among the others.
+			if err := dp.SetPathDown(3, true); err != nil {
+				t.Fatal(err)
+			}
+			seen := map[int]bool{}
+			for i := range 6 {
+				seen[placeSYN(t, dp, clientPod, uint16(42000+i), serverPod, 80)] = true
+			}
+			want := map[int]bool{1: true, 2: true}
+			if mode == SpreadPreferred {
+				want = map[int]bool{1: true}
+			}
+			if !maps.Equal(seen, want) {
+				t.Errorf("with the preferred path down, connections started on %v, want %v", seen, want)
+			}
+		})
+	}
+	if err := (Rule{Paths: []uint32{1}, Preferred: 2}).Validate(); err == nil {
+		t.Error("two preferred paths of one accepted")
 	}
 }

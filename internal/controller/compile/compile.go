@@ -443,7 +443,11 @@ func applyPreferences(pod *corev1.Pod, pol *mptcpv1alpha1.MPTCPPolicy, rule *mpt
 		}
 		return 0
 	})
-	rule.TenantPreferred = true
+	for _, rp := range rule.Paths {
+		if _, preferred := rank[rp.Name]; preferred {
+			rule.PreferredPaths = append(rule.PreferredPaths, rp.Name)
+		}
+	}
 	return nil
 }
 
