@@ -271,3 +271,51 @@ func TestTenantPreferenceActsInEverySpreadMode(t *testing.T) {
 		})
 	}
 }
+
+// A changed rule reaches running pods without an agent restart: raising a
+// policy's maxSubflows from 2 to 4 over three paths gives the next
+// connection of an already configured pod a subflow on each of the three
+// (its running path manager opens the joins the rule asks for now). (On
+// a933a17 the pod's path manager kept the joins it started with: 2
+// subflows until the agent restarted.) TestEveryRuleFieldReachesRunningPods
+// (internal/agent) changes every field of a rule this way.
+func TestRaisedMaxSubflowsReachesRunningPods(t *testing.T) {
+	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 3, PodsPerNode: 1, LinkRate: "100mbit"})
+	bed, c, ctx := kb.bed, kb.env.Client, background(t)
+	applyObject(t, c, &mptcpv1alpha1.MPTCPPath{}, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPath","metadata":{"name":"fabric-c"},
+		"spec":{"nodeSelector":{"matchLabels":{"mptcp.io/multipath":"true"}},"interface":{"name":"nic3"},"capacity":"10G"}}`)
+	pol := &mptcpv1alpha1.MPTCPPolicy{}
+	applyObject(t, c, pol, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPolicy","metadata":{"name":"spread"},
+		"spec":{"namespaceSelector":{"matchLabels":{"mptcp.io/tenant":"enabled"}},"maxSubflows":2,
+		"spread":{"mode":"roundRobin","paths":[{"name":"fabric-a"},{"name":"fabric-b"},{"name":"fabric-c"}]}}}`)
+	subflows := func(what string, gen int64) []int {
+		t.Helper()
+		for _, n := range bed.Nodes {
+			kb.waitState(t, n, what, func(s *mptcpv1alpha1.MPTCPNodeState) bool {
+				// fabric-c gets its index after the policy may
+				// have compiled: wait for the rule to name it.
+				return settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread", Generation: gen})(s) &&
+					len(s.Spec.Rules) == 1 && len(s.Spec.Rules[0].Paths) == 3
+			})
+		}
+		analysis, _ := captureFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5341, conns: 2}})
+		var out []int
+		for _, conn := range analysis.Connections {
+			out = append(out, len(conn.Subflows))
+		}
+		return out
+	}
+	if got := subflows("applying maxSubflows 2", pol.Generation); len(got) != 2 || got[0] != 2 || got[1] != 2 {
+		t.Fatalf("under maxSubflows 2 the connections have %v subflows, want 2 each", got)
+	}
+	if err := c.Get(ctx, types.NamespacedName{Name: "spread"}, pol); err != nil {
+		t.Fatal(err)
+	}
+	pol.Spec.MaxSubflows = 4
+	if err := c.Update(ctx, pol); err != nil {
+		t.Fatal(err)
+	}
+	if got := subflows("applying maxSubflows 4", pol.Generation); len(got) != 2 || got[0] != 3 || got[1] != 3 {
+		t.Errorf("under maxSubflows 4, over three paths, the connections have %v subflows, want 3 each (one per path)", got)
+	}
+}

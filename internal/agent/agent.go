@@ -203,13 +203,17 @@ func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
 			errs = append(errs, fmt.Errorf("pod %s: a rule of its chain has no id", pod.Name))
 			continue
 		}
-		if err := configurePodMPTCP(pod, rule); err != nil {
+		if err := a.configurePod(pod, rule); err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
 			continue
 		}
 		if rule.Subflows == SubflowsUserspace && rule.joins() > 0 {
 			wantCreators[pod.Name] = true
-			if a.creators[pod.Name] == nil {
+			if c := a.creators[pod.Name]; c != nil {
+				// A running path manager takes the rule as it is now:
+				// the next connection gets the joins it asks for.
+				c.setJoins(rule.joins())
+			} else {
 				c, err := startSubflowCreator(ctx, pod, rule, a.log)
 				if err != nil {
 					errs = append(errs, fmt.Errorf("pod %s: path manager: %w", pod.Name, err))
@@ -323,6 +327,25 @@ func (a *Agent) retireRules(cfg *Config, current map[string]uint32) error {
 		errs = append(errs, fmt.Errorf("keeping the rule ids: %w", werr))
 	}
 	return errors.Join(errs...)
+}
+
+// configurePod sets the pod's MPTCP up as rule asks, at every reconcile, so a
+// changed rule reaches a running pod. A pod whose rule now leaves its stack
+// alone (subflows none: a guest's own path manager) after the agent set it
+// up gets the kernel's path manager and default limits back, as a released
+// pod does.
+func (a *Agent) configurePod(pod Pod, rule Rule) error {
+	if rule.Subflows == SubflowsNone && a.previous != nil {
+		for _, p := range a.previous.Pods {
+			if p.Name != pod.Name || len(p.ruleNames()) == 0 {
+				continue
+			}
+			if prev := a.previous.rule(p.ruleNames()[0]); prev != nil && prev.Subflows != SubflowsNone {
+				return resetPodMPTCP(pod)
+			}
+		}
+	}
+	return configurePodMPTCP(pod, rule)
 }
 
 // releasePods gives the pods that the previous configuration selected and

@@ -388,6 +388,16 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// rule returns the rule of c named name, or nil.
+func (c *Config) rule(name string) *Rule {
+	for i := range c.Rules {
+		if c.Rules[i].Name == name {
+			return &c.Rules[i]
+		}
+	}
+	return nil
+}
+
 // joins is how many extra subflows a connection under r gets.
 func (r Rule) joins() int {
 	n := len(r.Paths) + len(r.BackupPaths)

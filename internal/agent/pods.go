@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"sync/atomic"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
@@ -106,8 +107,10 @@ func dialPod(pod Pod) (*mptcpnl.Conn, error) {
 // the same local address to the same remote address and port. The datapath
 // then places each join on its own path.
 type subflowCreator struct {
-	pod    Pod
-	joins  int
+	pod Pod
+	// joins is how many joins the pod's rule asks for a connection; a
+	// reconcile changes it while the creator runs.
+	joins  atomic.Int32
 	log    *slog.Logger
 	events *mptcpnl.Conn
 	cmds   *mptcpnl.Conn
@@ -130,7 +133,8 @@ func startSubflowCreator(ctx context.Context, pod Pod, rule Rule, log *slog.Logg
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	s := &subflowCreator{pod: pod, joins: rule.joins(), log: log.With("pod", pod.Name), events: events, cmds: cmds, cancel: cancel, done: make(chan struct{})}
+	s := &subflowCreator{pod: pod, log: log.With("pod", pod.Name), events: events, cmds: cmds, cancel: cancel, done: make(chan struct{})}
+	s.setJoins(rule.joins())
 	go func() {
 		<-ctx.Done()
 		// Closing the socket ends the blocked Receive.
@@ -161,8 +165,11 @@ func (s *subflowCreator) run(ctx context.Context) {
 	}
 }
 
+func (s *subflowCreator) setJoins(n int) { s.joins.Store(int32(n)) }
+
 func (s *subflowCreator) openJoins(token uint32, local netip.Addr, remote netip.AddrPort) {
-	for i := 0; i < s.joins; i++ {
+	joins := int(s.joins.Load())
+	for i := 0; i < joins; i++ {
 		// Local id 1 names the pod's own address for joins; the initial
 		// subflow's address keeps id 0.
 		if err := s.cmds.CreateSubflow(token, local, 1, remote); err != nil {
@@ -170,7 +177,7 @@ func (s *subflowCreator) openJoins(token uint32, local netip.Addr, remote netip.
 			return
 		}
 	}
-	s.log.Debug("opened joins", "remote", remote, "joins", s.joins)
+	s.log.Debug("opened joins", "remote", remote, "joins", joins)
 }
 
 func (s *subflowCreator) stop() {

@@ -256,6 +256,30 @@ func (d *Datapath) ClearRateRule(id uint32) error {
 	return d.objs.RateRules.Put(id, &datapathRateCfg{Mode: uint32(datapathRateModeRATE_MODE_NONE)})
 }
 
+// RateRuleAt reads rule id's caps back as the datapath holds them; ok is
+// false when the rule has none. BurstBytes is the burst in force (the
+// default one when none was given).
+func (d *Datapath) RateRuleAt(id uint32) (c RateConfig, ok bool, err error) {
+	var v datapathRateCfg
+	if err := d.objs.RateRules.Lookup(id, &v); err != nil {
+		return c, false, fmt.Errorf("rule %d: reading its caps: %w", id, err)
+	}
+	if v.Mode == uint32(datapathRateModeRATE_MODE_NONE) {
+		return c, false, nil
+	}
+	c = RateConfig{Mode: RateMode(v.Mode), PerConnection: v.ConnBps, PerPod: v.PodBps, BurstBytes: v.BurstBytes,
+		Directions: Direction(v.Flags) & (Egress | Ingress), HeadersMayBeRewritten: v.Flags&rateHeadersMayBeRewritten != 0}
+	for p, bps := range v.PathBps {
+		if bps != 0 {
+			if c.PerPath == nil {
+				c.PerPath = map[uint32]uint64{}
+			}
+			c.PerPath[uint32(p)] = bps
+		}
+	}
+	return c, true, nil
+}
+
 // RateRules lists the rules with rate caps.
 func (d *Datapath) RateRules() ([]uint32, error) {
 	var out []uint32

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 
@@ -279,6 +280,51 @@ func (d *Datapath) SetRule(id uint32, r Rule) error {
 		return fmt.Errorf("rule %d: writing: %w", id, err)
 	}
 	return d.pruneCIDRs(id, want)
+}
+
+// RuleAt reads rule id back as the datapath holds it (what SetRule wrote;
+// an empty Rule for an id never set or deleted).
+func (d *Datapath) RuleAt(id uint32) (Rule, error) {
+	var v datapathRule
+	if err := d.objs.Rules.Lookup(id, &v); err != nil {
+		return Rule{}, fmt.Errorf("rule %d: reading: %w", id, err)
+	}
+	n := min(int(v.Npaths), MaxPaths)
+	nb := min(int(v.Nbackup), n)
+	r := Rule{Spread: SpreadMode(v.Spread), Family: Family(v.Family), Match: Match(v.Match), MaxSubflows: v.MaxSubflows,
+		RewriteHeaders: v.Flags&ruleRewriteHeaders != 0, Preferred: int(v.Npreferred)}
+	for i := 0; i < n; i++ {
+		if i < n-nb {
+			r.Paths = append(r.Paths, uint32(v.Paths[i]))
+			if r.Spread == SpreadWeighted {
+				r.Weights = append(r.Weights, uint32(v.Weights[i]))
+			}
+		} else {
+			r.Backup = append(r.Backup, uint32(v.Paths[i]))
+		}
+	}
+	for p := uint32(1); ValidPath(p); p++ {
+		if v.Blocked&(1<<p) != 0 {
+			r.Blocked = append(r.Blocked, p)
+		}
+	}
+	for i := 0; i < min(int(v.Nports), MaxRulePorts); i++ {
+		r.Ports = append(r.Ports, PortRange{First: v.Ports[i].First, Last: v.Ports[i].Last})
+	}
+	var k datapathCidrKey
+	var one uint32
+	it := d.objs.RuleCidrs.Iterate()
+	for it.Next(&k, &one) {
+		if k.Rule != cidrKey(id, netip.Prefix{}).Rule {
+			continue
+		}
+		bits := int(k.Prefixlen) - cidrKeyFixedBits
+		if p, err := addrFrom(k.Family, k.Addr).Prefix(bits); err == nil {
+			r.CIDRs = append(r.CIDRs, p)
+		}
+	}
+	slices.SortFunc(r.CIDRs, func(a, b netip.Prefix) int { return strings.Compare(a.String(), b.String()) })
+	return r, it.Err()
 }
 
 // ruleCIDRs and ruleRewriteHeaders are RULE_CIDRS and RULE_REWRITE_HEADERS.
