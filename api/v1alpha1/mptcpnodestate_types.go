@@ -91,12 +91,13 @@ type CompiledPathRate struct {
 
 // CompiledRule is one policy as it applies to some of the node's pods.
 type CompiledRule struct {
-	// name identifies the rule: its policy's name and a hash of what it
-	// does (internal/controller/compile.RuleName), e.g.
-	// "spread-fabrics-3f9a1c2b7d". Pods refer to it.
-	// A rule whose content changes gets another name; the agent maps each
-	// name to a datapath id that does not move while a live connection
-	// uses it, so a connection keeps the rule it started under.
+	// name identifies the rule: its policy's name, and for a variant (a
+	// tenant's preference applied) "@" and a hash of the preference
+	// (internal/controller/compile.RuleName), e.g. "spread-fabrics" or
+	// "spread-fabrics@3f9a1c2b7d". Pods refer to it. A changed policy
+	// keeps its rules' names; the agent maps each name to a datapath id
+	// that does not move while a live connection uses it, so a connection
+	// always acts under its own policy's rule, as the policy is now.
 	Name string `json:"name"`
 	// policy is the MPTCPPolicy's name.
 	Policy string `json:"policy"`

@@ -202,6 +202,7 @@ func TestCompiledRuleMapping(t *testing.T) {
 func TestPolicyVariantsGetTheirOwnRules(t *testing.T) {
 	reordered := spread(2)
 	reordered.Paths = []mptcpv1alpha1.RulePath{{Name: "fabric-b", Weight: 1}, {Name: "fabric-a", Weight: 1}}
+	reordered.PreferredPaths = []string{"fabric-b"} // a tenant's preference, as the controller applies it
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(),
 		podWith("a", "10.244.1.10", spread(2)), podWith("b", "10.244.1.11", reordered), podWith("c", "10.244.1.12", spread(2)),
 	), testLinks, locateAll)

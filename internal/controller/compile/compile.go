@@ -9,7 +9,6 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -142,19 +141,21 @@ func Node(in Input) Result {
 	return res
 }
 
-// RuleName is a compiled rule's identity: its policy's name and a hash of
-// what the rule does, so that pods whose rules compile alike share one, a
-// variant (a tenant's preferred order) gets its own, and a rule keeps its
-// name as long as it does the same. The policy's generation and priority
-// are left out: they change nothing a node enforces.
+// RuleName is a compiled rule's identity on its node: its policy's name,
+// and for a variant (a tenant's preference applied to some pods) a hash of
+// the preference, after an "@" no policy name has. All pods a policy
+// selects with the same preference share the rule, and the rule keeps its
+// name when the policy changes: the agent rewrites it in place, so the
+// policy's live connections follow the change (its caps, a path made
+// backup) and never take another policy's rule. A changed preference is
+// another variant: the pod's new connections take it, its live ones keep
+// the old one until they end.
 func RuleName(r *mptcpv1alpha1.CompiledRule) string {
-	content := *r
-	content.Name, content.PolicyGeneration, content.Priority = "", 0, 0
-	// json.Marshal of the API type: quantities in canonical form, fields
-	// in declaration order; it cannot fail on these types.
-	b, _ := json.Marshal(content)
-	sum := sha256.Sum256(b)
-	return r.Policy + "-" + hex.EncodeToString(sum[:5])
+	if len(r.PreferredPaths) == 0 {
+		return r.Policy
+	}
+	sum := sha256.Sum256([]byte(strings.Join(r.PreferredPaths, ",")))
+	return r.Policy + "@" + hex.EncodeToString(sum[:5])
 }
 
 // resolvePaths returns the paths that select node and have an index, sorted

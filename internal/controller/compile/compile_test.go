@@ -143,6 +143,48 @@ func TestNode(t *testing.T) {
 // A pod takes at most as many policies as its selector chain in the
 // datapath holds: those of lowest precedence are left out of its rules and
 // the pod is told (a Warning event), instead of the node's agent refusing
+// A rule is known by its policy and, for a tenant's variant, its
+// preference: pods a policy selects alike share one rule; a pod whose
+// preference reorders the policy's paths has its own; and a change to the
+// policy keeps every rule's name (the agent rewrites it in place, so its
+// live connections follow), where the name of a rule hashed from its
+// content would move them to a rule nobody updates.
+func TestRuleNamesFollowPoliciesNotTheirContent(t *testing.T) {
+	in := testInput()
+	names := func(in Input) map[string][]string {
+		out := map[string][]string{}
+		for _, p := range Node(in).Spec.Pods {
+			out[p.Name] = p.Rules
+		}
+		return out
+	}
+	before := names(in)
+	if x, y := before["x"], before["y"]; !slices.Equal(x, []string{"p2", "p1", "p3"}) || y[0] != "p2" ||
+		!strings.HasPrefix(y[1], "p1@") || !strings.HasPrefix(y[2], "p3@") {
+		t.Fatalf("rules of x %v and y %v: want the policies' own for x, variants for y where its preference applies (p1, p3; not p2)", x, y)
+	}
+	if z := before["z"]; !slices.Equal(z, before["x"]) {
+		t.Errorf("z (its preference refused) has rules %v, want x's %v", z, before["x"])
+	}
+	in.Policies[0].Spec.Spread.Paths = append(in.Policies[0].Spec.Spread.Paths, mptcpv1alpha1.WeightedPath{Name: "c"})
+	in.Policies[0].Spec.MaxSubflows = 4
+	in.Policies[0].Generation++
+	after := names(in)
+	for pod, rules := range before {
+		if !slices.Equal(after[pod], rules) {
+			t.Errorf("pod %s: rules %v after its policy changed, want %v: the same rules, rewritten", pod, after[pod], rules)
+		}
+	}
+	spec := Node(in).Spec
+	if r := spec.Rule("p1"); r == nil || r.MaxSubflows != 4 || len(r.Paths) != 3 {
+		t.Errorf("rule p1 after the change: %+v", r)
+	}
+	in.Pods[1].Annotations[mptcpv1alpha1.AnnotationPreferredPaths] = "c"
+	if y := names(in)["y"]; y[1] == before["y"][1] || !strings.HasPrefix(y[1], "p1@") {
+		t.Errorf("y's rule %q after its preference changed, want another variant than %q", y[1], before["y"][1])
+	}
+}
+
 // the whole node.
 func TestAPodTakesAtMostEightPolicies(t *testing.T) {
 	in := testInput()
