@@ -199,10 +199,20 @@ func (a *Agent) sweepRetiredRules(cfg *Config, current map[uint32]bool) error {
 	open := map[string]map[socketKey]bool{}
 	var errs []error
 	left := map[uint32]bool{} // tokens of connections with a subflow left
+	// A subflow an earlier release recorded does not name its connection
+	// (conn 0): while one is left, every connection of its pod address is
+	// kept.
+	unnamed := map[netip.Addr]bool{}
+	keep := func(sf datapath.Subflow) {
+		left[sf.Conn] = true
+		if sf.Conn == 0 {
+			unnamed[sf.Local.Addr().Unmap()] = true
+		}
+	}
 	for _, sf := range sfs {
 		ns, ours := netnsOf[sf.Local.Addr()]
 		if !retired(sf.Rule) || !ours {
-			left[sf.Conn] = true
+			keep(sf)
 			continue
 		}
 		socks, read := open[ns]
@@ -214,16 +224,16 @@ func (a *Agent) sweepRetiredRules(cfg *Config, current map[uint32]bool) error {
 			open[ns] = socks
 		}
 		if socks == nil || socks[socketKey{sf.Local, sf.Remote}] {
-			left[sf.Conn] = true
+			keep(sf)
 			continue
 		}
 		if err := a.dp.ForgetSubflow(sf.Local, sf.Remote); err != nil {
 			errs = append(errs, err)
-			left[sf.Conn] = true
+			keep(sf)
 		}
 	}
 	for _, c := range conns {
-		if _, ours := netnsOf[c.Local]; !retired(c.Rule) || !ours || left[c.Token] {
+		if _, ours := netnsOf[c.Local]; !retired(c.Rule) || !ours || left[c.Token] || unnamed[c.Local.Unmap()] {
 			continue
 		}
 		if err := a.dp.ForgetConnection(c.Local, c.Token); err != nil {

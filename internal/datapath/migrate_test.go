@@ -114,6 +114,27 @@ func checkNewEntry(t *testing.T, id uint32, v []byte) {
 	}
 }
 
+// An endpoint pinned before selector chains held one rule: it becomes a
+// chain of that one rule, so that the agent can adopt the rule's id (a
+// chain of none would make it look retired, and its live connections
+// forgotten).
+func TestAnEndpointsOneRuleBecomesAChainOfOne(t *testing.T) {
+	old := &btf.Struct{Name: "endpoint", Size: 8, Members: []btf.Member{member("rule", btfU32, 0), member("flags", btfU32, 4)}}
+	now := &btf.Struct{Name: "endpoint", Size: 44, Members: []btf.Member{member("nrules", btfU32, 0), member("flags", btfU32, 4),
+		member("rules", &btf.Array{Type: btfU32, Index: btfU32, Nelems: 8}, 8), member("pod_slot", btfU32, 40)}}
+	src := make([]byte, 8)
+	le32(src, 0, 3)
+	le32(src, 4, 0x5)
+	dst := make([]byte, 44)
+	if err := convertValue(dst, now, src, old); err != nil {
+		t.Fatal(err)
+	}
+	u32 := func(off int) uint32 { return binary.LittleEndian.Uint32(dst[off:]) }
+	if u32(0) != 1 || u32(4) != 0x5 || u32(8) != 3 || u32(12) != 0 || u32(40) != 0 {
+		t.Errorf("endpoint % x: want nrules 1, flags 5, rules [3 0 ...], pod_slot 0", dst)
+	}
+}
+
 func TestConvertValueRefusesWhatItCannotCarry(t *testing.T) {
 	narrow := &btf.Struct{Size: 1, Members: []btf.Member{member("role", btfU8, 0)}}
 	src := make([]byte, 40)
