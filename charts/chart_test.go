@@ -19,6 +19,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 )
 
@@ -177,7 +178,7 @@ func TestAgentRunsOnTheHostNetworkOfTheSelectedNodes(t *testing.T) {
 	must(t, nodeName, "NODE_NAME is not the pod's spec.nodeName")
 
 	// Probes on the port the agent serves them on by default.
-	_, defaultPort, err := net.SplitHostPort(agent.DefaultMetricsAddr)
+	_, defaultPort, err := net.SplitHostPort(observe.DefaultMetricsAddr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,25 +13,25 @@ import (
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/kube"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 )
 
-// runKube enforces the node's MPTCPNodeState. A -config file, if given,
-// supplies the node-local settings; what it says of paths, rules and pods is
-// replaced by the API's.
+// runKube enforces the node's MPTCPNodeState from the API. A -config file,
+// if given, supplies the node-local settings.
 func runKube(log *slog.Logger, kubeconfig, node, configPath, metricsAddr string, uninstall bool) error {
-	base := agent.NodeDefaults(node)
+	settings := agent.NodeDefaults(node)
 	if configPath != "" {
-		cfg, err := agent.LoadConfig(configPath)
+		s, err := agent.LoadSettings(configPath)
 		if err != nil {
 			return err
 		}
-		if cfg.Node != node {
-			return fmt.Errorf("%s is node %q's configuration, not %q's", configPath, cfg.Node, node)
+		if s.Node != node {
+			return fmt.Errorf("%s is node %q's settings, not %q's", configPath, s.Node, node)
 		}
-		base = *cfg
+		settings = s
 	}
 	log = log.With("node", node)
-	a, err := agent.New(&base, log)
+	a, err := agent.New(settings, log)
 	if err != nil {
 		return err
 	}
@@ -52,7 +52,7 @@ func runKube(log *slog.Logger, kubeconfig, node, configPath, metricsAddr string,
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	status := agent.Status{PID: os.Getpid()}
-	metrics := agent.NewMetrics(a)
+	metrics := observe.NewMetrics(a, log)
 	wait, err := serveEndpoints(ctx, a, metrics, metricsAddr, &status, log)
 	// Stop serving before the datapath is closed (deferred earlier).
 	defer wait()
@@ -63,7 +63,7 @@ func runKube(log *slog.Logger, kubeconfig, node, configPath, metricsAddr string,
 	if err := a.WriteStatus(status); err != nil {
 		log.Error("writing status", "err", err)
 	}
-	err = kube.Run(ctx, restCfg, kube.Options{Node: node, Base: base, Agent: a, Metrics: metrics, Log: log, Status: status})
+	err = kube.Run(ctx, restCfg, kube.Options{Node: node, Settings: settings, Agent: a, Metrics: metrics, Log: log, Status: status})
 	log.Info("stopping; the datapath stays pinned and keeps steering")
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 )
 
 // serveEndpoints starts what both modes serve: Prometheus metrics, /healthz
@@ -14,7 +15,7 @@ import (
 // node. It records their addresses in status. wait, deferred by the caller
 // after ctx is cancelled, returns once both have stopped, before the
 // datapath is closed.
-func serveEndpoints(ctx context.Context, a *agent.Agent, metrics *agent.Metrics, metricsAddr string,
+func serveEndpoints(ctx context.Context, a *agent.Agent, metrics *observe.Metrics, metricsAddr string,
 	status *agent.Status, log *slog.Logger) (wait func(), err error) {
 	var waits []func()
 	wait = func() {
@@ -23,7 +24,7 @@ func serveEndpoints(ctx context.Context, a *agent.Agent, metrics *agent.Metrics,
 		}
 	}
 	if metricsAddr != "0" && metricsAddr != "" {
-		addr, w, err := agent.Serve(ctx, metricsAddr, metrics.Handler(), log)
+		addr, w, err := observe.Serve(ctx, metricsAddr, metrics.Handler(), log)
 		if err != nil {
 			return wait, err
 		}

@@ -13,8 +13,8 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 )
 
 // NodeName is the Kubernetes name of a bed node: its namespace's name.
@@ -60,8 +60,8 @@ func RegisterBed(ctx context.Context, c client.Client, b *testbed.Bed, ns string
 // passed with -config. The agent's MPTCPNodeState must exist: StartKubeAgent
 // waits for the first reconcile.
 func StartKubeAgent(ctx context.Context, b *testbed.Bed, bin string, node *testbed.Node, kubeconfig string, opts ...AgentOption) (*Agent, error) {
-	base := AgentConfig(b, node, agent.Rule{})
-	base.Paths, base.Rules, base.Pods, base.PodCIDRs = nil, nil, nil, nil
+	base := AgentConfig(b, node, mptcpv1alpha1.CompiledRule{})
+	base.State = nil // the API has it
 	a := &Agent{Node: node, Config: base, bin: bin, bed: b, ConfigPath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d.yaml", node.Index)),
 		kubeArgs: []string{"-kubeconfig", kubeconfig, "-node", NodeName(node)}}
 	for _, o := range opts {

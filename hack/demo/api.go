@@ -26,7 +26,6 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/controlplane"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/nodes"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 )
 
@@ -143,10 +142,9 @@ func (r *apiRun) startAgents(ctx context.Context, bin string) error {
 	// removes them.
 	configs := map[*testbed.Node]string{}
 	for _, n := range r.bed.Nodes {
-		cfg := framework.AgentConfig(r.bed, n, agent.Rule{})
+		cfg := framework.AgentConfig(r.bed, n, mptcpv1alpha1.CompiledRule{})
 		cfg.Node = nodeName(n)
-		cfg.Paths, cfg.Rules, cfg.Pods, cfg.PodCIDRs = nil, nil, nil, nil
-		raw, err := yaml.Marshal(cfg)
+		raw, err := yaml.Marshal(cfg.Settings)
 		if err != nil {
 			return err
 		}

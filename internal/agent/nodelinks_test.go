@@ -65,12 +65,12 @@ func TestNodeLinksAndPodsAreFoundInARealNamespace(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	want := []agent.Path{
+	want := []agent.PlanPath{
 		{Name: "a", Index: 1, Interface: "nic1", Gateway: node.NICs[0].Gateway},
 		{Name: "b", Index: 2, Interface: "nic2", Gateway: node.NICs[1].Gateway},
 	}
-	if !slices.Equal(tr.Config.Paths, want) {
-		t.Errorf("paths %+v, want %+v", tr.Config.Paths, want)
+	if !slices.Equal(tr.Plan.Paths, want) {
+		t.Errorf("paths %+v, want %+v", tr.Plan.Paths, want)
 	}
 	states := map[string]mptcpv1alpha1.PathState{}
 	for _, p := range tr.Paths {
@@ -81,10 +81,10 @@ func TestNodeLinksAndPodsAreFoundInARealNamespace(t *testing.T) {
 			t.Errorf("path %s: %+v", name, p)
 		}
 	}
-	if len(tr.Config.Pods) != 0 || !slices.ContainsFunc(tr.Errors, func(e string) bool {
+	if len(tr.Plan.Pods) != 0 || !slices.ContainsFunc(tr.Errors, func(e string) bool {
 		return e == "pod apps/far: its address "+node.NICs[0].Gateway.String()+" leads out of path a (nic1), not to a local pod"
 	}) {
-		t.Errorf("pods %+v, errors %q", tr.Config.Pods, tr.Errors)
+		t.Errorf("pods %+v, errors %q", tr.Plan.Pods, tr.Errors)
 	}
 	if states["any"].Link != mptcpv1alpha1.LinkAmbiguous {
 		t.Errorf("pattern nic* over two NICs: %+v", states["any"])

@@ -151,14 +151,14 @@ func liveRuleIDs(dp *datapath.Datapath) (map[uint32]bool, error) {
 // the rule named at the same position now, when the chains have the same
 // length. An upgrade from a release without a table keeps live connections
 // under the rules they started with.
-func adoptedRuleIDs(dp *datapath.Datapath, cfg *Config) map[string]uint32 {
+func adoptedRuleIDs(dp *datapath.Datapath, plan *Plan) map[string]uint32 {
 	chains, err := dp.EndpointRules()
 	if err != nil {
 		return nil
 	}
 	out := map[string]uint32{}
-	for _, pod := range cfg.Pods {
-		names := pod.ruleNames()
+	for _, pod := range plan.Pods {
+		names := pod.Rules
 		for _, ip := range pod.IPs {
 			ids := chains[ip.Unmap()]
 			if len(ids) != len(names) {
@@ -175,12 +175,12 @@ func adoptedRuleIDs(dp *datapath.Datapath, cfg *Config) map[string]uint32 {
 }
 
 // sweepRetiredRules forgets the datapath's records of closed subflows and
-// connections that carry a rule id no name of cfg holds, on cfg's pods (a
+// connections that carry a rule id no name of plan holds, on its pods (a
 // released pod's records are swept with it, sweepReleased), so that an id a
 // connection no longer needs is freed. A subflow is closed when no TCP
 // socket of its pod's namespace has its 4-tuple; a connection when none of
 // its subflows is left.
-func (a *Agent) sweepRetiredRules(cfg *Config, current map[uint32]bool) error {
+func (a *Agent) sweepRetiredRules(plan *Plan, current map[uint32]bool) error {
 	sfs, err := a.dp.Subflows()
 	if err != nil {
 		return err
@@ -190,7 +190,7 @@ func (a *Agent) sweepRetiredRules(cfg *Config, current map[uint32]bool) error {
 		return err
 	}
 	netnsOf := map[netip.Addr]string{}
-	for _, pod := range cfg.Pods {
+	for _, pod := range plan.Pods {
 		for _, ip := range pod.IPs {
 			netnsOf[ip.Unmap()] = pod.NetNS
 		}

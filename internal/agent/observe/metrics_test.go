@@ -1,4 +1,4 @@
-package agent
+package observe
 
 import (
 	"errors"
@@ -15,10 +15,24 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 	privileged "github.com/mptcp-operator/mptcp-operator/internal/testutil"
 )
+
+// source is an agent as its observers see it.
+type source struct {
+	dp           *datapath.Datapath
+	paths, rules map[uint32]string
+	pods         []podnet.Pod
+}
+
+func (s *source) Datapath() *datapath.Datapath { return s.dp }
+func (s *source) PathNames() map[uint32]string { return s.paths }
+func (s *source) RuleNames() map[uint32]string { return s.rules }
+func (s *source) Pods() []podnet.Pod           { return s.pods }
+func (s *source) PathManagers() int            { return 0 }
 
 func probe(t *testing.T, srv *httptest.Server, path string) int {
 	t.Helper()
@@ -35,9 +49,7 @@ func probe(t *testing.T, srv *httptest.Server, path string) int {
 // succeeded, and stays ready when a later configuration is refused: that
 // one is reported as an error while the last good one stays in force.
 func TestReadinessFollowsTheFirstSuccessfulReconcile(t *testing.T) {
-	a := &Agent{creators: map[string]*subflowCreator{}}
-	a.setPaths(&Config{})
-	m := NewMetrics(a)
+	m := NewMetrics(&source{}, slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
 
@@ -78,9 +90,7 @@ func TestEveryDatapathCounterIsExportedByName(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
-	a.setPaths(&Config{Paths: []Path{{Name: "fabric-a", Index: 1}, {Name: "fabric-b", Index: 2}}})
-	m := NewMetrics(a)
+	m := NewMetrics(&source{dp: dp, paths: map[uint32]string{1: "fabric-a", 2: "fabric-b"}}, slog.New(slog.DiscardHandler))
 
 	stats, err := dp.Stats()
 	if err != nil {
@@ -133,9 +143,7 @@ func TestObserveOnlyGaugeFollowsTheDatapath(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
-	a.setPaths(&Config{})
-	m := NewMetrics(a)
+	m := NewMetrics(&source{dp: dp}, slog.New(slog.DiscardHandler))
 	for _, on := range []bool{false, true, false} {
 		if err := dp.SetObserveOnly(on); err != nil {
 			t.Fatal(err)
@@ -160,8 +168,7 @@ func TestRecordCountersAreExported(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
-	a.setPaths(&Config{Paths: []Path{{Name: "fabric-a", Index: 1}}})
+	src := &source{dp: dp, paths: map[uint32]string{1: "fabric-a"}}
 	if err := dp.SetRule(0, datapath.Rule{Paths: []uint32{1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +183,7 @@ func TestRecordCountersAreExported(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m := NewMetrics(a)
+	m := NewMetrics(src, slog.New(slog.DiscardHandler))
 	want := fmt.Sprintf(`
 # HELP mptcp_agent_pod_tx_packets_total TCP packets a selected pod address sent (GSO super-packets count once).
 # TYPE mptcp_agent_pod_tx_packets_total counter

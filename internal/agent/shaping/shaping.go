@@ -1,4 +1,10 @@
-package agent
+// Package shaping keeps the HTB qdiscs the rate actor's shape mode needs on
+// the paths' NICs: the agent's own root (handle 6d70:), one class at each
+// path's capacity, and under it the classes of the rules' and pods' caps;
+// the datapath's nic_egress sends each packet to its class. Only the
+// kernel's default root qdisc is ever replaced, and only the agent's own is
+// ever deleted.
+package shaping
 
 import (
 	"cmp"
@@ -22,99 +28,58 @@ const shapeMajor = 0x6d70
 // others), one per shaping rule on a path, one per pod and path.
 const (
 	shapeMinorPath = 0x1
-	shapeMinorRule = 0x10
-	shapeMinorPod  = 0x1000
+	MinorRule      = 0x10
+	MinorPod       = 0x1000
 )
 
-// shapeClass is one HTB class on one NIC and the classification entry that
-// feeds it.
-type shapeClass struct {
-	iface string
-	minor uint16
-	bps   uint64
-	entry datapath.ShapeClass
+// Class is one HTB class on a path's NIC and the classification entry that
+// sends packets to it (nic_egress reads the entry).
+type Class struct {
+	// Minor is the class's minor handle: MinorRule+rule id for a rule's
+	// cap on the path, MinorPod+n for a pod's.
+	Minor uint16
+	// Bps is the class's rate and ceiling, in bits per second.
+	Bps   uint64
+	Entry datapath.ShapeClass
 }
 
-// planShaping lists the classes cfg wants: for each shaping rule, a class
-// per capped path on that path's NIC, and a class per selected pod on each
-// of the rule's paths' NICs (perPod caps a pod per path: its sending over
-// two paths can reach twice the cap; docs/datapath.md).
-func planShaping(cfg *Config, paths map[string]Path, ids map[string]uint32) ([]shapeClass, error) {
-	var out []shapeClass
-	for _, r := range cfg.Rules {
-		rule, ok := ids[r.Name]
-		if r.Rate == nil || r.Rate.Mode != "shape" || !ok {
-			continue
-		}
-		c, err := r.Rate.datapathConfig(r, paths)
-		if err != nil {
-			return nil, fmt.Errorf("rule %q: %w", r.Name, err)
-		}
-		for _, p := range cfg.Paths {
-			if rate, ok := c.PerPath[p.Index]; ok {
-				out = append(out, shapeClass{iface: p.Interface, minor: shapeMinorRule + uint16(rule), bps: rate,
-					entry: datapath.ShapeClass{Rule: rule, Path: p.Index}})
-			}
-		}
-		if c.PerPod == 0 {
-			continue
-		}
-		for j, pod := range cfg.Pods {
-			k := slices.Index(pod.ruleNames(), r.Name)
-			if k < 0 {
-				continue
-			}
-			// One class per pod and rule: a pod may have several
-			// shaping rules (at most datapath.MaxPodRules).
-			minor := shapeMinorPod + uint16(j*datapath.MaxPodRules+k)
-			for _, name := range append(slices.Clone(r.Paths), r.BackupPaths...) {
-				p := paths[name]
-				for _, ip := range pod.IPs {
-					out = append(out, shapeClass{iface: p.Interface, minor: minor, bps: capped(c.PerPod, p.Capacity),
-						entry: datapath.ShapeClass{Rule: rule, Path: p.Index, Pod: ip}})
-				}
-			}
-		}
-	}
-	return out, nil
+// NIC is a path NIC and the classes it shapes.
+type NIC struct {
+	Path      string
+	Interface string
+	// Capacity is the path's: its classes are children of one class at
+	// the capacity (0: of the root).
+	Capacity uint64
+	Classes  []Class
 }
 
-// applyShaping makes each path NIC's HTB classes and the classification
-// table match cfg, and asks for nic_egress on NICs that shape. A NIC that
-// no rule shapes any more loses the agent's qdisc.
-func (a *Agent) applyShaping(cfg *Config, paths map[string]Path, ids map[string]uint32, wantAttach map[datapath.Attachment]bool) error {
-	plan, err := planShaping(cfg, paths, ids)
-	if err != nil {
-		return err
-	}
+// Sync makes each NIC's HTB classes and the datapath's classification
+// table match nics, and returns the NICs that shape (nic_egress must run on
+// them). A NIC without classes loses the agent's qdisc.
+func Sync(dp *datapath.Datapath, nics []NIC) (shaping []string, err error) {
 	var errs []error
-	byIface := map[string][]shapeClass{}
-	for _, c := range plan {
-		byIface[c.iface] = append(byIface[c.iface], c)
-	}
 	var entries []datapath.ShapeClass
-	for _, p := range cfg.Paths {
-		classes := byIface[p.Interface]
-		if len(classes) == 0 {
-			if err := removeShapingOn(p.Interface); err != nil {
+	for _, n := range nics {
+		if len(n.Classes) == 0 {
+			if err := RemoveFrom(n.Interface); err != nil {
 				errs = append(errs, err)
 			}
 			continue
 		}
-		if err := syncHTB(p.Interface, p.Capacity, classes); err != nil {
-			errs = append(errs, fmt.Errorf("path %q: shape: %w", p.Name, err))
+		if err := syncHTB(n.Interface, n.Capacity, n.Classes); err != nil {
+			errs = append(errs, fmt.Errorf("path %q: shape: %w", n.Path, err))
 			continue
 		}
-		for _, c := range classes {
-			c.entry.ClassID = netlink.MakeHandle(shapeMajor, c.minor)
-			entries = append(entries, c.entry)
+		for _, c := range n.Classes {
+			c.Entry.ClassID = netlink.MakeHandle(shapeMajor, c.Minor)
+			entries = append(entries, c.Entry)
 		}
-		wantAttach[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICEgress}] = true
+		shaping = append(shaping, n.Interface)
 	}
-	if err := a.dp.SyncShapeClasses(entries); err != nil {
+	if err := dp.SyncShapeClasses(entries); err != nil {
 		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	return shaping, errors.Join(errs...)
 }
 
 // rootQdisc returns the root qdisc of link, if any.
@@ -140,7 +105,7 @@ func ours(q netlink.Qdisc) bool {
 // capacity (when it has one), so that together they never let more through
 // than the path carries. Unclassified traffic (HTB default 0) is sent
 // unshaped.
-func syncHTB(iface string, capacity uint64, classes []shapeClass) error {
+func syncHTB(iface string, capacity uint64, classes []Class) error {
 	link, err := netlink.LinkByName(iface)
 	if err != nil {
 		return err
@@ -194,12 +159,12 @@ func syncHTB(iface string, capacity uint64, classes []shapeClass) error {
 		}
 	}
 	for _, c := range classes {
-		handle := netlink.MakeHandle(shapeMajor, c.minor)
+		handle := netlink.MakeHandle(shapeMajor, c.Minor)
 		if want[handle] {
 			continue // a pod's second address: same class
 		}
 		want[handle] = true
-		if err := put(handle, parent, c.bps); err != nil {
+		if err := put(handle, parent, c.Bps); err != nil {
 			return err
 		}
 	}
@@ -227,9 +192,9 @@ func classParent(cls netlink.Class) uint32 {
 	return netlink.MakeHandle(shapeMajor, 0)
 }
 
-// removeShapingOn deletes the agent's HTB root from iface; any other qdisc
+// RemoveFrom deletes the agent's HTB root from iface; any other qdisc
 // stays. A missing interface has nothing to remove.
-func removeShapingOn(iface string) error {
+func RemoveFrom(iface string) error {
 	link, err := netlink.LinkByName(iface)
 	if err != nil {
 		var nf netlink.LinkNotFoundError
@@ -243,15 +208,4 @@ func removeShapingOn(iface string) error {
 		return err
 	}
 	return netlink.QdiscDel(root)
-}
-
-// removeShaping deletes the agent's qdiscs from every path NIC of cfg.
-func removeShaping(cfg *Config) error {
-	var errs []error
-	for _, p := range cfg.Paths {
-		if err := removeShapingOn(p.Interface); err != nil {
-			errs = append(errs, fmt.Errorf("path %q: %w", p.Name, err))
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -1,4 +1,9 @@
-package agent
+// Package routing keeps a node's policy routing as the datapath's marks
+// need it: one table per path holding a default route out of the path's NIC,
+// one fwmark rule per path, and a rule that keeps traffic for the node's own
+// pods in the main table. It owns a range of tables and rule priorities and
+// touches nothing outside them.
+package routing
 
 import (
 	"errors"
@@ -12,6 +17,42 @@ import (
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
+
+// Ranges are the tables and rule priorities the agent owns, and the mark
+// bits of the path: path i uses table TableBase+i behind the rule of
+// priority RulePriority+i; the pod CIDRs' rule sits at RulePriority-1.
+type Ranges struct {
+	TableBase, RulePriority int
+	MarkMask                uint32
+}
+
+// Path is a path's routing: the NIC its table routes out of and the next
+// hop beyond (invalid: the NIC's link scope).
+type Path struct {
+	Name      string
+	Index     uint32
+	Interface string
+	Gateway   netip.Addr
+}
+
+// Sync makes the node's rules and tables in r's ranges route each path's
+// mark (mark gives it) out of the path's NIC, and keep podCIDRs in the main
+// table; anything else in the ranges is removed, in an order that keeps
+// every mark routed (apply).
+func Sync(r Ranges, podCIDRs []netip.Prefix, paths []Path, mark func(uint32) uint32) error {
+	p, err := plan(r, podCIDRs, paths, mark)
+	if err != nil {
+		return err
+	}
+	return p.apply()
+}
+
+// Remove removes every rule and table in r's ranges.
+func Remove(r Ranges) error {
+	empty := &routingPlan{tables: map[int]netlink.Route{}, minPrio: r.RulePriority - 1, maxPrio: r.RulePriority + datapath.MaxPaths,
+		minTable: r.TableBase, maxTable: r.TableBase + datapath.MaxPaths}
+	return empty.apply()
+}
 
 // routeProtocol tags the routes this agent writes ("proto 0x4d" in ip route),
 // so that they are told apart from everyone else's.
@@ -41,7 +82,7 @@ func (p *routingPlan) note() {
 	}
 }
 
-func planRouting(c *Config, mark func(uint32) uint32) (*routingPlan, error) {
+func plan(c Ranges, podCIDRs []netip.Prefix, paths []Path, mark func(uint32) uint32) (*routingPlan, error) {
 	p := &routingPlan{
 		tables:   map[int]netlink.Route{},
 		minPrio:  c.RulePriority - 1,
@@ -49,7 +90,7 @@ func planRouting(c *Config, mark func(uint32) uint32) (*routingPlan, error) {
 		minTable: c.TableBase,
 		maxTable: c.TableBase + datapath.MaxPaths,
 	}
-	for _, cidr := range c.PodCIDRs {
+	for _, cidr := range podCIDRs {
 		r := netlink.NewRule()
 		r.Priority = c.RulePriority - 1
 		r.Family = family(cidr.Addr())
@@ -57,7 +98,7 @@ func planRouting(c *Config, mark func(uint32) uint32) (*routingPlan, error) {
 		r.Table = mainTable
 		p.rules = append(p.rules, r)
 	}
-	for _, path := range c.Paths {
+	for _, path := range paths {
 		link, err := netlink.LinkByName(path.Interface)
 		if err != nil {
 			return nil, fmt.Errorf("path %q: interface %q: %w", path.Name, path.Interface, err)
@@ -248,11 +289,4 @@ func (p *routingPlan) flushTable(table int, keep func(netlink.Route) bool) error
 		p.note()
 	}
 	return nil
-}
-
-// removeRouting removes every rule and table in the agent's ranges.
-func removeRouting(c *Config) error {
-	empty := &routingPlan{tables: map[int]netlink.Route{}, minPrio: c.RulePriority - 1, maxPrio: c.RulePriority + datapath.MaxPaths,
-		minTable: c.TableBase, maxTable: c.TableBase + datapath.MaxPaths}
-	return empty.apply()
 }
