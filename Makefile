@@ -9,7 +9,9 @@ BIN ?= $(CURDIR)/bin
 # Caches that outlive a clone (kube-apiserver build, tools), keyed by version.
 CACHE_DIR ?= $(HOME)/.cache/mptcp-operator
 GO ?= go
-export GOFLAGS ?= -mod=mod
+# go.mod and go.sum are as committed: a command that would change them
+# fails instead (-mod=readonly, the go command's default) rather than
+# leaving go.sum with lines `go mod tidy` removes.
 
 ##@ General
 

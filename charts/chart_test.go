@@ -195,6 +195,70 @@ func TestAgentRunsOnTheHostNetworkOfTheSelectedNodes(t *testing.T) {
 	must(t, !ok, "KUBERNETES_SERVICE_HOST is set by default; the default is the in-cluster Service")
 }
 
+// Where the agents serve metrics, and whether /metrics needs credentials
+// (internal/agent/metricsauth): each value renders the flags, probes, RBAC,
+// Service port and ServiceMonitor endpoint that go with it.
+func TestAgentMetricsAddressAndAuthentication(t *testing.T) {
+	agentOf := func(r *rendered) corev1.Container {
+		return container(t, get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent").Spec.Template.Spec, "agent")
+	}
+	probes := func(c corev1.Container) []*corev1.HTTPGetAction {
+		return []*corev1.HTTPGetAction{c.LivenessProbe.HTTPGet, c.ReadinessProbe.HTTPGet}
+	}
+
+	def := render(t)
+	c := agentOf(def)
+	addr, _ := flagValue(c.Args, "-metrics-addr")
+	must(t, addr == ":9402", "by default -metrics-addr=%s, want every address (:9402)", addr)
+	must(t, !slices.Contains(c.Args, "-metrics-auth"), "-metrics-auth on by default")
+	for _, p := range probes(c) {
+		must(t, p.Scheme == "" || p.Scheme == corev1.URISchemeHTTP, "probe %s over %s by default", p.Path, p.Scheme)
+	}
+	must(t, !def.has("ClusterRoleBinding", "mptcp-agent-metrics-auth") && !def.has("ClusterRole", "mptcp-metrics-reader"),
+		"the agent may review tokens without metricsAuth")
+
+	hostIP := agentOf(render(t, "--set", "agent.metricsAddress=hostIP"))
+	addr, _ = flagValue(hostIP.Args, "-metrics-addr")
+	must(t, addr == "[$(HOST_IP)]:9402", "hostIP: -metrics-addr=%s", addr)
+	must(t, slices.ContainsFunc(hostIP.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "HOST_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.hostIP"
+	}), "hostIP: HOST_IP is not the pod's status.hostIP")
+
+	loopback := agentOf(render(t, "--set", "agent.metricsAddress=loopback"))
+	addr, _ = flagValue(loopback.Args, "-metrics-addr")
+	must(t, addr == "127.0.0.1:9402", "loopback: -metrics-addr=%s", addr)
+	for _, p := range probes(loopback) {
+		must(t, p.Host == "127.0.0.1", "loopback: probe %s asks host %q; the kubelet would probe the node's address", p.Path, p.Host)
+	}
+
+	auth := render(t, "--set", "agent.metricsAuth.enabled=true", "--set", "agent.metricsAuth.certSecret=agent-metrics-tls",
+		"--set", "metrics.serviceMonitor.enabled=true")
+	c = agentOf(auth)
+	must(t, slices.Contains(c.Args, "-metrics-auth"), "metricsAuth: args %v lack -metrics-auth", c.Args)
+	dir, _ := flagValue(c.Args, "-metrics-cert-dir")
+	m, ok := mount(c, "metrics-tls")
+	must(t, ok && m.MountPath == dir && m.ReadOnly, "metricsAuth: the certificate is mounted at %+v, the agent reads %s", m, dir)
+	v, ok := volume(get[*appsv1.DaemonSet](t, auth, "DaemonSet", "mptcp-agent").Spec.Template.Spec, "metrics-tls")
+	must(t, ok && v.Secret != nil && v.Secret.SecretName == "agent-metrics-tls", "metricsAuth: volume %+v is not the Secret", v)
+	for _, p := range probes(c) {
+		must(t, p.Scheme == corev1.URISchemeHTTPS, "metricsAuth: probe %s over %s, the agent serves HTTPS", p.Path, p.Scheme)
+	}
+	b := get[*rbacv1.ClusterRoleBinding](t, auth, "ClusterRoleBinding", "mptcp-agent-metrics-auth")
+	must(t, b.RoleRef.Name == "system:auth-delegator" && len(b.Subjects) == 1 && b.Subjects[0].Name == "mptcp-agent",
+		"metricsAuth: the agent may not review tokens: %+v", b)
+	reader := get[*rbacv1.ClusterRole](t, auth, "ClusterRole", "mptcp-metrics-reader")
+	must(t, len(reader.Rules) == 1 && slices.Equal(reader.Rules[0].NonResourceURLs, []string{"/metrics"}) && slices.Equal(reader.Rules[0].Verbs, []string{"get"}),
+		"metricsAuth: the reader role is %+v", reader.Rules)
+	svc := get[*corev1.Service](t, auth, "Service", "mptcp-agent-metrics")
+	must(t, len(svc.Spec.Ports) == 1 && svc.Spec.Ports[0].Name == "https-metrics", "metricsAuth: Service ports %+v", svc.Spec.Ports)
+	sm := get[*unstructured.Unstructured](t, auth, "ServiceMonitor", "mptcp-operator")
+	endpoints, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	must(t, slices.ContainsFunc(endpoints, func(e any) bool {
+		m, _ := e.(map[string]any)
+		return m["port"] == "https-metrics" && m["scheme"] == "https" && m["bearerTokenFile"] != nil
+	}), "metricsAuth: no https endpoint with a token in %v", endpoints)
+}
+
 func TestControllerIsANonRootLeaderElectedDeploymentWithABudget(t *testing.T) {
 	r := render(t)
 	d := get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller")
@@ -255,9 +319,13 @@ func TestCRDsAndControllerRulesAreControllerGensOutput(t *testing.T) {
 // release's namespace and the service account's name.
 func TestAgentIdentityFollowsNamespaceAndServiceAccount(t *testing.T) {
 	// helmTemplate's --namespace comes first; the later one wins.
-	r := render(t, "--namespace", "net-ops", "--set", "agent.serviceAccount.name=multipath-agent")
-	const user = "system:serviceaccount:net-ops:multipath-agent"
-	for _, name := range []string{"mptcp-agent-own-node-state", "mptcp-agent-own-node-pod-gate"} {
+	r := render(t, "--namespace", "net-ops", "--set", "agent.serviceAccount.name=multipath-agent",
+		"--set", "controller.serviceAccount.name=multipath-controller")
+	for name, user := range map[string]string{
+		"mptcp-agent-own-node-state":    "system:serviceaccount:net-ops:multipath-agent",
+		"mptcp-agent-own-node-pod-gate": "system:serviceaccount:net-ops:multipath-agent",
+		"mptcp-agent-own-node-events":   "system:serviceaccount:net-ops:multipath-agent",
+	} {
 		p := get[*admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "ValidatingAdmissionPolicy", name)
 		if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, "'"+user+"'") {
 			t.Errorf("%s matches %+v, want the user %s", name, p.Spec.MatchConditions, user)

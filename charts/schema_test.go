@@ -74,6 +74,14 @@ func TestBadValuesAreRefusedWithAClearMessage(t *testing.T) {
 			set:  []string{"agent.metricsPort=70000"},
 			want: []string{"/agent/metricsPort", "maximum"},
 		},
+		"a metrics address that is not one of the three": {
+			set:  []string{"agent.metricsAddress=0.0.0.0"},
+			want: []string{"/agent/metricsAddress", "all", "hostIP", "loopback"},
+		},
+		"a certificate Secret that is no object name": {
+			set:  []string{"agent.metricsAuth.certSecret=Agent_TLS"},
+			want: []string{"/agent/metricsAuth/certSecret", "Agent_TLS"},
+		},
 		"a relative host path": {
 			set:  []string{"agent.hostPaths.bpffs=sys/fs/bpf"},
 			want: []string{"/agent/hostPaths/bpffs", "sys/fs/bpf"},

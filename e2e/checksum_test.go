@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,37 +18,31 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
-// A policy with podMPTCP.dataChecksums (examples/policy-checksums.yaml)
-// turns DSS checksums on in its pods. Then a wire that changes a byte of a
-// segment without fixing its checksum (nothing below MPTCP checks it
-// between namespaces) no longer changes the stream: the receiving pod's
-// kernel catches it, resets the subflow that carried it and the data
-// arrives over the other; the receiving node's agent counts the error for
-// that pod. Withdrawing the policy turns checksums off again.
+// A policy keeps DSS checksums on in its pods by default
+// (podMPTCP.dataChecksums; examples/policy-spread.yaml says nothing of
+// them). Then a wire that changes a byte of a segment without fixing its
+// checksum (nothing below MPTCP checks it between namespaces) no longer
+// changes the stream: the receiving pod's kernel catches it, resets the
+// subflow that carried it and the data arrives over the other; the
+// receiving node's agent counts the error for that pod. Setting the field
+// to false turns checksums off in the running pods.
 func TestDataChecksumsCatchWhatAWireChanged(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
 	bed, c := kb.bed, kb.env.Client
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: appsNS}}
-	if err := c.Patch(background(t), ns, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"mptcp.io/integrity":"checked"}}}`))); err != nil {
-		t.Fatal(err)
-	}
-	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-checksums.yaml"))
-	var pol mptcpv1alpha1.MPTCPPolicy
-	if err := c.Get(background(t), client.ObjectKey{Name: "spread-checked"}, &pol); err != nil {
-		t.Fatal(err)
-	}
+	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	pol := kb.policy(t)
 	for _, n := range bed.Nodes {
-		kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-checked", Generation: pol.Generation}))
+		kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: pol.Name, Generation: pol.Generation}))
 	}
 	client1, server := bed.Pod(1, 1), bed.Pod(2, 1)
 	for _, p := range []*testbed.Pod{client1, server} {
 		if v := podSysctl(t, p, "net.mptcp.checksum_enabled"); v != "1" {
-			t.Fatalf("%s: net.mptcp.checksum_enabled = %s under the policy, want 1", p, v)
+			t.Fatalf("%s: net.mptcp.checksum_enabled = %s under the policy, want 1 (the default)", p, v)
 		}
 	}
 
-	// Late enough that the agent has opened the join: with one subflow
-	// the kernel could only stall (docs/testing.md, "DSS checksums").
+	// Late enough that the agent has opened the joins: while a connection
+	// has a single subflow, a caught change makes it fall back to TCP.
 	if err := bed.CorruptSegment(1, 1, 500); err != nil {
 		t.Fatal(err)
 	}
@@ -72,14 +65,14 @@ func TestDataChecksumsCatchWhatAWireChanged(t *testing.T) {
 		t.Errorf("the receiving pod reset %v subflows, want the one that carried the change", v)
 	}
 
-	if err := c.Delete(ctx, &pol); err != nil {
+	if err := c.Patch(ctx, pol, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"podMPTCP":{"dataChecksums":false}}}`))); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for _, p := range []*testbed.Pod{client1, server} {
 		for podSysctl(t, p, "net.mptcp.checksum_enabled") != "0" {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: checksums still on 30 s after the policy was deleted", p)
+				t.Fatalf("%s: checksums still on 30 s after the policy turned them off", p)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}

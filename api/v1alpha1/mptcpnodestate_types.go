@@ -140,9 +140,8 @@ type CompiledRule struct {
 	// +optional
 	// +listType=atomic
 	SignalPorts []int32 `json:"signalPorts,omitempty"`
-	// dataChecksums turns on DSS checksums in the pod (podMPTCP.dataChecksums).
-	// +optional
-	DataChecksums bool `json:"dataChecksums,omitempty"`
+	// dataChecksums keeps DSS checksums on in the pod (podMPTCP.dataChecksums).
+	DataChecksums bool `json:"dataChecksums"`
 	// headerRewriting is true only when the admin opted in.
 	HeaderRewriting bool `json:"headerRewriting"`
 	// preferredPaths are the paths the pod's mptcp.io/preferred-paths

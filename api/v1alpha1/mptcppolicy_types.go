@@ -117,7 +117,11 @@ type Spread struct {
 // window is shared by all subflows, RFC 8684 3.3.4); police drops above a
 // token bucket (a loss-based sender such as cubic gets 0.9 of the cap or more,
 // one that ignores loss such as bbr less, with many retransmissions); shape
-// queues in HTB on the NIC.
+// queues in HTB on the NIC. Police's drops also make the sender wait for
+// retransmission timers: at 40 Mbit/s a policed connection spent up to
+// 0.45 s below a tenth of its cap (shape 0.35 s, window 0.2 s), and on a
+// starved machine up to 0.8 s (docs/benchmarks.md, "Rate modes: longest
+// stall"); where such pauses matter, use shape.
 // +kubebuilder:validation:Enum=window;police;shape
 type RateMode string
 
@@ -147,7 +151,13 @@ type PathRate struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.direction) || self.mode == 'police'",message="direction is for mode police only: window caps what the pod receives, shape what it sends"
 // +kubebuilder:validation:XValidation:rule="has(self.perConnection) || has(self.perPod) || has(self.perPath)",message="rateLimits must set at least one of perConnection, perPod or perPath"
 type RateLimits struct {
-	// mode of enforcement.
+	// mode of enforcement. window lowers the receive window the pods
+	// advertise (a connection or a pod; needs headerRewriting: Allowed);
+	// police drops above a token bucket: a cubic sender gets 0.9 of the cap
+	// or more, one that ignores loss (bbr) less, and the drops leave a
+	// connection below a tenth of its cap for up to 0.45 s at a time
+	// (0.8 s on a starved machine); shape queues in HTB on the NIC, with the
+	// shortest pauses (up to 0.35 s). Measured in docs/benchmarks.md.
 	// +required
 	Mode RateMode `json:"mode"`
 
@@ -214,7 +224,6 @@ const (
 // PodMPTCP is what the agent configures inside a selected pod's network
 // namespace before its workload starts.
 // +kubebuilder:validation:XValidation:rule="(has(self.subflowCreation) && self.subflowCreation == 'signal') == has(self.signalPorts)",message="signalPorts must be set when subflowCreation is signal, and only then"
-// +kubebuilder:validation:XValidation:rule="!(has(self.dataChecksums) && self.dataChecksums && has(self.subflowCreation) && self.subflowCreation == 'guest')",message="dataChecksums is set in the pod's own kernel; with subflowCreation guest the workload's stack decides"
 type PodMPTCP struct {
 	// subflowCreation says who creates extra subflows.
 	// +optional
@@ -230,20 +239,23 @@ type PodMPTCP struct {
 	// +kubebuilder:validation:items:Minimum=1
 	// +kubebuilder:validation:items:Maximum=65535
 	SignalPorts []int32 `json:"signalPorts,omitempty"`
-	// dataChecksums turns on MPTCP's DSS checksums in the selected pods
-	// (RFC 8684 3.3.1; the pods' net.mptcp.checksum_enabled): every
-	// mapping of data is checked end to end, so bytes changed on the way
-	// (by a middlebox, a NIC or a datapath program; checksum offload
-	// leaves TCP's own checksum unchecked between virtual interfaces) are
-	// caught instead of delivered. A connection uses checksums when either
-	// end asks. On a connection with another subflow the kernel resets the
-	// subflow that carried the change and sends the data again over
-	// another; with a single subflow Linux 6.18 detects the change but
-	// then stalls or delivers it (docs/testing.md, "DSS checksums"). The
-	// cost is measured in docs/benchmarks.md. The agent exports each pod's
-	// checksum errors and fallbacks as metrics.
+	// dataChecksums keeps MPTCP's DSS checksums on in the selected pods
+	// (RFC 8684 3.3.1; the pods' net.mptcp.checksum_enabled), the default:
+	// every mapping of data is checked end to end, so bytes changed on the
+	// way are caught instead of delivered. Linux 6.18 itself places data at
+	// the wrong offset, now and then, on connections whose subflows deliver
+	// out of order (docs/testing.md, "Data integrity"); checksums catch
+	// that, and so a middlebox, a NIC or a datapath program that changes
+	// bytes. A connection uses checksums when either end asks. On a caught
+	// change the kernel resets the subflow that carried it and sends the
+	// data again over another, or, while the connection has one subflow,
+	// falls back to plain TCP. The cost is measured in docs/benchmarks.md
+	// ("DSS checksums: cost"). false turns them off. With subflowCreation
+	// guest the workload's own stack decides and this is not applied. The
+	// agent exports each pod's checksum errors and fallbacks as metrics.
 	// +optional
-	DataChecksums bool `json:"dataChecksums,omitempty"`
+	// +kubebuilder:default=true
+	DataChecksums *bool `json:"dataChecksums,omitempty"`
 }
 
 // Permission is an explicit admin choice.
@@ -326,7 +338,7 @@ type MPTCPPolicySpec struct {
 
 	// podMPTCP is the MPTCP configuration inside selected pods.
 	// +optional
-	// +kubebuilder:default={subflowCreation: userspace}
+	// +kubebuilder:default={subflowCreation: userspace, dataChecksums: true}
 	PodMPTCP PodMPTCP `json:"podMPTCP,omitempty"`
 
 	// headerRewriting is the admin's explicit opt-in to rewriting tenant

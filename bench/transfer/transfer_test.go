@@ -221,7 +221,7 @@ func stallReport() string {
 	fmt.Fprintf(&s, "`BENCH_REPORT=docs/benchmarks.md go test -run '^$' -bench BenchmarkRateModeStalls -benchtime %dx ./bench/transfer/`, %s. "+
 		"Two nodes, two %s links, one MPTCP connection of %v from a pod on node 1 to a pod on node 2, capped as the e2e rate tests cap it; "+
 		"the server samples what it receives every %v, and a stall is the longest stretch after the first second in which the connection "+
-		"received less than 10 %% of its cap (the issue's definition). The machine was otherwise idle but for this benchmark.\n\n",
+		"received less than 10 %% of its cap (issue 13's definition). The cases run one after another in one process; other jobs may share the machine.\n\n",
 		len(stallResults[0].stalls), machine(), linkRate, transfer, sample)
 	s.WriteString("| mode | cap | rounds | longest stall min / median / max | goodput min / median / max (Mbit/s) |\n|---|---|---|---|---|\n")
 	for _, r := range stallResults {
@@ -237,7 +237,8 @@ func checksumReport(off, on []float64) string {
 	fmt.Fprintf(&s, "%s\n\n", checksumSection)
 	fmt.Fprintf(&s, "`BENCH_REPORT=docs/benchmarks.md go test -run '^$' -bench BenchmarkDSSChecksumCost -benchtime %dx ./bench/transfer/`, %s. "+
 		"Two nodes, two unshaped links (the CPU sets the pace), the agent spreading one MPTCP connection of %v over both; transfers "+
-		"with `net.mptcp.checksum_enabled` off and on in both pods alternate in the same run.\n\n", len(off), machine(), transfer)
+		"with `net.mptcp.checksum_enabled` off and on in both pods alternate in the same run, so that whatever else loads the machine "+
+		"loads both alike; on these shared 2-core machines single rounds vary by a third, so only medians over many rounds say something.\n\n", len(off), machine(), transfer)
 	olo, omed, ohi := minMedMax(off)
 	nlo, nmed, nhi := minMedMax(on)
 	s.WriteString("| checksums | rounds | goodput min / median / max (Mbit/s) |\n|---|---|---|\n")

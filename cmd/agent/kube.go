@@ -53,7 +53,7 @@ func runKube(log *slog.Logger, kubeconfig, node, configPath, metricsAddr string,
 	defer stop()
 	status := agent.Status{PID: os.Getpid()}
 	metrics := observe.NewMetrics(a, log)
-	wait, err := serveEndpoints(ctx, a, metrics, metricsAddr, &status, log)
+	wait, err := serveEndpoints(ctx, a, metrics, metricsAddr, restCfg, &status, log)
 	// Stop serving before the datapath is closed (deferred earlier).
 	defer wait()
 	defer stop()

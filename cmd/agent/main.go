@@ -37,6 +37,8 @@ func main() {
 	uninstall := flag.Bool("uninstall", false, "remove every program, map, pin, rule, table and setting the agent created, then exit")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	metricsAddr := flag.String("metrics-addr", observe.DefaultMetricsAddr, "address serving /metrics, /healthz and /readyz (port 0 picks a free port, recorded in status.json); 0 disables them")
+	flag.BoolVar(&metricsServing.auth, "metrics-auth", false, "kube mode: serve over TLS, and /metrics only to callers the API server authenticates and authorizes (get on the non-resource URL /metrics)")
+	flag.StringVar(&metricsServing.certDir, "metrics-cert-dir", "", "with -metrics-auth: directory holding tls.crt and tls.key (reloaded when they change); empty: a self-signed certificate")
 	// controller-runtime registers -kubeconfig itself (pkg/client/config);
 	// the agent reads that flag rather than defining a second one.
 	if flag.Lookup("kubeconfig") == nil {
@@ -67,6 +69,10 @@ func main() {
 	}
 	if *configPath == "" {
 		fmt.Fprintln(os.Stderr, "agent: -config (or -kubeconfig and -node) is required")
+		os.Exit(2)
+	}
+	if metricsServing.auth {
+		fmt.Fprintln(os.Stderr, "agent: -metrics-auth needs kube mode (-kubeconfig and -node): the API server reviews the scrapers")
 		os.Exit(2)
 	}
 	if err := run(log, *configPath, *nodeStatePath, *metricsAddr, *uninstall); err != nil {
@@ -104,7 +110,7 @@ func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninst
 
 	status := agent.Status{PID: os.Getpid()}
 	metrics := observe.NewMetrics(a, log)
-	wait, err := serveEndpoints(ctx, a, metrics, metricsAddr, &status, log)
+	wait, err := serveEndpoints(ctx, a, metrics, metricsAddr, nil, &status, log)
 	// Stop serving before the datapath is closed (deferred earlier).
 	defer wait()
 	defer stop()

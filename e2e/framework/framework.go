@@ -75,8 +75,10 @@ func (c *NodeConfig) renamed() {
 }
 
 // AgentConfig is node's configuration with every pod of the node selected by
-// rule: its policy (RuleName when empty), its paths (all NICs with weight 1
-// when empty) and its name, as the controller names it.
+// rule, as the controller compiles a policy that sets only what rule sets:
+// its policy (RuleName when empty), its paths (all NICs with weight 1 when
+// empty), DSS checksums on (podMPTCP.dataChecksums' default;
+// WithoutDataChecksums turns them off) and its name.
 func AgentConfig(b *testbed.Bed, node *testbed.Node, rule mptcpv1alpha1.CompiledRule) *NodeConfig {
 	cfg := &NodeConfig{
 		Settings: agent.NodeDefaults(NodeName(node)),
@@ -104,6 +106,7 @@ func AgentConfig(b *testbed.Bed, node *testbed.Node, rule mptcpv1alpha1.Compiled
 	if rule.PolicyGeneration == 0 {
 		rule.PolicyGeneration = 1
 	}
+	rule.DataChecksums = true
 	if len(rule.Paths) == 0 {
 		for _, p := range cfg.State.Spec.Paths {
 			rule.Paths = append(rule.Paths, mptcpv1alpha1.RulePath{Name: p.Name, Weight: 1})
@@ -195,6 +198,19 @@ func BuildBinaries(dir string) (Binaries, error) {
 		}
 	}
 	return b, nil
+}
+
+// WithoutDataChecksums turns DSS checksums off in the rules of the agent's
+// node state, as podMPTCP.dataChecksums: false does.
+func WithoutDataChecksums() AgentOption {
+	return func(a *Agent) {
+		if a.Config.State == nil {
+			return
+		}
+		for i := range a.Config.State.Spec.Rules {
+			a.Config.State.Spec.Rules[i].DataChecksums = false
+		}
+	}
 }
 
 // WithReleaseFormat has the agent's configuration written as render writes

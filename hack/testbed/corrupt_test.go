@@ -14,7 +14,7 @@ import (
 // (2,1) while the wire of node 1's first NIC flips a byte of the 50th large
 // segment, and returns what MatchReports makes of it and the watch. The
 // transfer takes well under a second; the sender is killed after 8.
-func corruptedTransfer(t *testing.T, b *Bed, bin string) (error, *Watch) {
+func corruptedTransfer(t *testing.T, b *Bed, bin string) (*Watch, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
 	defer cancel()
@@ -28,10 +28,10 @@ func corruptedTransfer(t *testing.T, b *Bed, bin string) (error, *Watch) {
 	got, err := srv.Reports()
 	Must(t, err)
 	if sendErr != nil && len(sent) == 0 {
-		return sendErr, w
+		return w, sendErr
 	}
 	_, err = MatchReports(sent, got)
-	return err, w
+	return w, err
 }
 
 // A segment whose payload changes on the wire, its checksum left as it
@@ -42,7 +42,7 @@ func corruptedTransfer(t *testing.T, b *Bed, bin string) (error, *Watch) {
 func TestChangedSegmentFailsAsAChangedStreamWithEvidence(t *testing.T) {
 	RequireTools(t, CaptureTools...)
 	b := NewForTest(t, Config{Nodes: 2, NICs: 1, PodsPerNode: 1, LinkRate: "200mbit"})
-	err, w := corruptedTransfer(t, b, BuildTraffic(t))
+	w, err := corruptedTransfer(t, b, BuildTraffic(t))
 	var te *TrafficError
 	if !errors.As(err, &te) || !te.Changed() {
 		t.Fatalf("MatchReports: %v, want a changed stream", err)
@@ -124,7 +124,7 @@ func TestDSSChecksumsRecoverAChangedSegmentOverAnotherSubflow(t *testing.T) {
 	Must(t, b.HandRoute(ports))
 	Must(t, b.ConfigureSignalPorts(b.Pod(2, 1), ports))
 	Must(t, b.ConfigureClientLimits(b.Pod(1, 1), 2, 1))
-	err, w := corruptedTransfer(t, b, BuildTraffic(t))
+	w, err := corruptedTransfer(t, b, BuildTraffic(t))
 	errs := checksumCounters(t, b)
 	if err != nil {
 		w.Fail(err)
@@ -147,7 +147,7 @@ func TestDSSChecksumsOnASingleSubflowDetectButDoNotRecover(t *testing.T) {
 	RequireTools(t, CaptureTools...)
 	b := NewForTest(t, Config{Nodes: 2, NICs: 1, PodsPerNode: 1, LinkRate: "200mbit"})
 	enableChecksums(t, b)
-	err, _ := corruptedTransfer(t, b, BuildTraffic(t))
+	_, err := corruptedTransfer(t, b, BuildTraffic(t))
 	if errs := checksumCounters(t, b); errs < 1 {
 		t.Errorf("the receiving pod counted %v data checksum errors, want the changed segment's", errs)
 	}

@@ -155,7 +155,7 @@ const (
 	// the sender wrote arrived on a connection both ends finished. Never retried: it fails the test and keeps its
 	// evidence.
 	StreamChanged FailureKind = "changed"
-	// StreamStalled: the connection did not finish in time (the sender's write deadline expired, or the server was
+	// StreamStalled: the connection made no progress (a write of the sender waited 5 s in vain, or the server was
 	// stopped while it was open), and what did arrive is what was sent. Only a test that names the reason may try
 	// again.
 	StreamStalled FailureKind = "stalled"

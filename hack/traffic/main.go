@@ -288,6 +288,7 @@ func send(args []string) error {
 	mptcp := fs.Bool("mptcp", false, "dial with MPTCP")
 	seed := fs.Uint64("seed", 1, "seed of the byte streams; connection i uses (seed, i)")
 	asJSON := fs.Bool("json", false, "print one JSON line per connection (default: short text)")
+	stall := fs.Duration("stall", 5*time.Second, "a write that makes no progress for this long ends the connection as stalled")
 	cc := fs.String("cc", "", "TCP congestion control of the connections (with MPTCP: of every subflow); default: the namespace's")
 	_ = fs.Parse(args)
 	if *to == "" {
@@ -300,7 +301,7 @@ func send(args []string) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			reports[i] = sendOne(*to, *mptcp, *cc, *seed, i, *duration, *nbytes)
+			reports[i] = sendOne(*to, *mptcp, *cc, *seed, i, *duration, *stall, *nbytes)
 		}()
 	}
 	wg.Wait()
@@ -340,7 +341,7 @@ func congestionControl(c *net.TCPConn) (string, error) {
 	return name, gerr
 }
 
-func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration time.Duration, nbytes int64) SenderReport {
+func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration, stall time.Duration, nbytes int64) SenderReport {
 	r := SenderReport{Conn: i, Seed: seed, Remote: to}
 	var d net.Dialer
 	d.SetMultipathTCP(mptcp)
@@ -396,15 +397,19 @@ func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration time
 			break
 		}
 		_, _ = io.ReadFull(src, buf[:n])
-		if nbytes == 0 {
-			// A write must not outlive the duration by much when the path is slow or lossy.
-			_ = c.SetWriteDeadline(deadline.Add(2 * time.Second))
-		}
+		// A stall is a write that makes no progress for a while, not a
+		// transfer that outlives its duration: an MPTCP socket's send
+		// buffer grows to several subflows' worth and may hold seconds of
+		// data at a capped rate, which drain after the last write.
+		_ = c.SetWriteDeadline(time.Now().Add(stall))
 		w, err := c.Write(buf[:n])
 		h.Write(buf[:w])
 		r.Bytes += int64(w)
 		if err != nil {
 			r.Error = err.Error()
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				r.Error = fmt.Sprintf("no progress for %v: %v", stall, err)
+			}
 			break
 		}
 	}

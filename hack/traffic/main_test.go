@@ -64,7 +64,7 @@ func TestServerReportsBeforeItCloses(t *testing.T) {
 	s := &server{out: &out, window: time.Second, open: map[*net.TCPConn]bool{}}
 	addr, _ := loopbackServer(t, s)
 	for i := range 20 {
-		r := sendOne(addr.String(), false, "", 5, i, 0, 100_000)
+		r := sendOne(addr.String(), false, "", 5, i, 0, 5*time.Second, 100_000)
 		if r.Error != "" {
 			t.Fatal(r.Error)
 		}

@@ -61,9 +61,11 @@ func TestAgentWritesOnlyItsOwnNodeState(t *testing.T) {
 	agentPod := func(node string) *corev1.Pod { return createAgentPod(t, env, node) }
 	clientFor := func(token string) client.Client { return tokenClient(t, env, token) }
 	agents := map[string]client.Client{}
+	tokens := map[string]string{}
 	for _, n := range []string{"n1", "n2"} {
 		pod := agentPod(n)
 		token := env.PodToken(t, pod)
+		tokens[n] = token
 
 		// The API server signed the token with the test's key and put the
 		// pod and its node into the claims...
@@ -102,8 +104,10 @@ func TestAgentWritesOnlyItsOwnNodeState(t *testing.T) {
 		if err := env.Client.Get(ctx, types.NamespacedName{Name: node}, &s); err != nil {
 			return err
 		}
+		// A merge patch of the status, as the agent writes it.
+		before := s.DeepCopy()
 		s.Status.Errors = []string{"reported at " + time.Now().Format(time.RFC3339Nano)}
-		if err := c.Status().Update(ctx, &s); err != nil {
+		if err := c.Status().Patch(ctx, &s, client.MergeFrom(before)); err != nil {
 			return err
 		}
 		// Accepted: the report must be what is stored.
@@ -193,6 +197,52 @@ func TestAgentWritesOnlyItsOwnNodeState(t *testing.T) {
 				return agents["n1"].Delete(ctx, &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 			},
 			message: []string{`cannot delete resource "mptcpnodestates"`},
+		},
+		"replacing its own node state's status (PUT)": {
+			write: func() error {
+				var s mptcpv1alpha1.MPTCPNodeState
+				if err := env.Client.Get(ctx, types.NamespacedName{Name: "n1"}, &s); err != nil {
+					return err
+				}
+				return agents["n1"].Status().Update(ctx, &s)
+			},
+			message: []string{`cannot update resource "mptcpnodestates/status"`},
+		},
+		"reading a node state by name": {
+			write: func() error {
+				return agents["n1"].Get(ctx, types.NamespacedName{Name: "n1"}, &mptcpv1alpha1.MPTCPNodeState{})
+			},
+			message: []string{`cannot get resource "mptcpnodestates"`},
+		},
+		"reading a pod by name": {
+			write: func() error {
+				return agents["n1"].Get(ctx, types.NamespacedName{Namespace: agentNamespace, Name: "mptcp-agent-n2"}, &corev1.Pod{})
+			},
+			message: []string{`cannot get resource "pods"`},
+		},
+		"watching pods": {
+			write: func() error {
+				c, err := client.NewWithWatch(env.AsToken(tokens["n1"]), client.Options{Scheme: env.Scheme})
+				if err != nil {
+					return err
+				}
+				w, err := c.Watch(ctx, &corev1.PodList{}, client.MatchingFields{"spec.nodeName": "n1"})
+				if err == nil {
+					w.Stop()
+				}
+				return err
+			},
+			message: []string{`cannot watch resource "pods"`},
+		},
+		"reading Nodes": {
+			write: func() error {
+				return agents["n1"].Get(ctx, types.NamespacedName{Name: "n1"}, &corev1.Node{})
+			},
+			message: []string{`cannot get resource "nodes"`},
+		},
+		"listing Nodes": {
+			write:   func() error { return agents["n1"].List(ctx, &corev1.NodeList{}) },
+			message: []string{`cannot list resource "nodes"`},
 		},
 		"annotating its Node": {
 			write: func() error {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -349,6 +350,55 @@ func TestCompile(t *testing.T) {
 					f.expectEvent("tenant-a", "web", compile.ReasonPreferencesInvalid)
 					f.expectNoEvent("tenant-b", "db")
 				},
+			}},
+		},
+		"relabelling a pod does not lift its namespace's cap": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				// The admin caps tenant-a through its namespace's labels, and
+				// offers a premium class that pods join by label.
+				capped := map[string]string{"tenant": "enabled", "plan": "capped"}
+				f.labelNamespace("tenant-a", capped)
+				f.policy("tenant-cap", 0, capped, nil, []string{"fabric-a"}, func(s *mptcpv1alpha1.MPTCPPolicySpec) {
+					q := resource.MustParse("1G")
+					s.RateLimits = &mptcpv1alpha1.RateLimits{Mode: mptcpv1alpha1.RateModePolice, PerPod: &q}
+					s.MaxSubflows = 2
+				})
+				f.policy("premium", 100, enabled, map[string]string{"tier": "premium"}, []string{"fabric-b", "fabric-a"}, func(s *mptcpv1alpha1.MPTCPPolicySpec) {
+					s.MaxSubflows = 8
+				})
+				f.pod("tenant-a", "web", "n1", "10.1.1.10", web, nil)
+			},
+			steps: []step{{
+				want: map[string][]string{"n1": {"tenant-a/web 10.1.1.10: tenant-cap[fabric-a/1|max:2|police perPod=1G]"}},
+			}, {
+				// The tenant relabels its pod into the premium class: it gets
+				// the premium paths, under its namespace's caps.
+				do: func(f *fixture) { f.labelPod("tenant-a", "web", map[string]string{"app": "web", "tier": "premium"}) },
+				want: map[string][]string{"n1": {
+					"tenant-a/web 10.1.1.10: premium[fabric-b/1,fabric-a/1|max:2|police perPod=1G]; tenant-cap[fabric-a/1|max:2|police perPod=1G]",
+				}},
+				check: func(t *testing.T, f *fixture) {
+					f.expectEvent("tenant-a", "web", compile.ReasonCappedByNamespace)
+				},
+			}, {
+				// Premium narrowed to part of the traffic: the cap keeps all
+				// of its traffic, premium takes what the cap does not select.
+				do: func(f *fixture) {
+					var p mptcpv1alpha1.MPTCPPolicy
+					f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n("premium")}, &p), "get premium")
+					p.Spec.Traffic = &mptcpv1alpha1.TrafficMatch{CIDRs: []string{"10.50.0.0/16"}}
+					f.must(f.c.Update(f.ctx, &p), "narrow premium")
+				},
+				want: map[string][]string{"n1": {
+					"tenant-a/web 10.1.1.10: tenant-cap[fabric-a/1|max:2|police perPod=1G]; premium[fabric-b/1,fabric-a/1|max:8]",
+				}},
+			}, {
+				// Only an admin lifts the cap: by the namespace's labels.
+				do: func(f *fixture) { f.labelNamespace("tenant-a", enabled) },
+				want: map[string][]string{"n1": {
+					"tenant-a/web 10.1.1.10: premium[fabric-b/1,fabric-a/1|max:8]",
+				}},
 			}},
 		},
 		"backup and blocked paths are compiled, blocked only where the node has them": {

@@ -165,6 +165,15 @@ func (f *fixture) annotatePod(ns, name string, annotations map[string]string) {
 	f.must(f.c.Update(f.ctx, &p), "annotate pod")
 }
 
+// labelPod replaces a pod's labels, as its tenant may.
+func (f *fixture) labelPod(ns, name string, labels map[string]string) {
+	f.t.Helper()
+	var p corev1.Pod
+	f.must(f.c.Get(f.ctx, types.NamespacedName{Namespace: f.n(ns), Name: name}, &p), "get pod")
+	p.Labels = labels
+	f.must(f.c.Update(f.ctx, &p), "label pod")
+}
+
 // report plays the node's agent: it writes the paths it found into the node
 // state's status.
 func (f *fixture) report(node string, paths ...mptcpv1alpha1.PathState) {
@@ -210,7 +219,7 @@ func (f *fixture) agentStatus(node string, edit func(*mptcpv1alpha1.MPTCPNodeSta
 }
 
 // summary renders a node state spec as one line per pod:
-// "ns/pod 10.0.0.1: policy[path/weight,...|backup:...|blocked:...]+pref; ..."
+// "ns/pod 10.0.0.1: policy[path/weight,...|backup:...|blocked:...|max:N|mode perPod=...]+pref; ..."
 // with case prefixes stripped.
 func (f *fixture) summary(spec mptcpv1alpha1.MPTCPNodeStateSpec) []string {
 	var out []string
@@ -232,6 +241,18 @@ func (f *fixture) summary(spec mptcpv1alpha1.MPTCPNodeStateSpec) []string {
 			}
 			if len(r.BlockedPaths) > 0 {
 				s += "|blocked:" + strings.Join(f.shorts(r.BlockedPaths), ",")
+			}
+			if r.MaxSubflows != 4 { // the default, left out
+				s += fmt.Sprintf("|max:%d", r.MaxSubflows)
+			}
+			if rl := r.RateLimits; rl != nil {
+				s += "|" + string(rl.Mode)
+				if rl.PerConnection != nil {
+					s += " perConnection=" + rl.PerConnection.String()
+				}
+				if rl.PerPod != nil {
+					s += " perPod=" + rl.PerPod.String()
+				}
 			}
 			s += "]"
 			if len(r.PreferredPaths) > 0 {

@@ -37,7 +37,9 @@ func TestAgentSetsThePodGateOnlyOnItsOwnNodesPods(t *testing.T) {
 		agents[n] = tokenClient(t, env, env.PodToken(t, createAgentPod(t, env, n)))
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: "web-" + n},
-			Spec:       corev1.PodSpec{NodeName: n, Containers: []corev1.Container{{Name: "web", Image: "registry.invalid/web"}}},
+			Spec: corev1.PodSpec{NodeName: n,
+				InitContainers: []corev1.Container{{Name: "init", Image: "registry.invalid/init"}},
+				Containers:     []corev1.Container{{Name: "web", Image: "registry.invalid/web"}}},
 		}
 		if err := env.Client.Create(ctx, pod); err != nil {
 			t.Fatal(err)
@@ -118,10 +120,19 @@ func TestAgentSetsThePodGateOnlyOnItsOwnNodesPods(t *testing.T) {
 	})
 	t.Run("other status fields of its own pod", func(t *testing.T) {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: "web-n1"}}
+		// Each is a change the API server's own validation accepts (an
+		// admin makes it below), so a refusal is the policy's.
 		for name, body := range map[string]string{
-			"phase":           `{"status":{"phase":"Failed"}}`,
-			"Ready condition": `{"status":{"conditions":[{"type":"Ready","status":"False"}]}}`,
-			"host IPs":        `{"status":{"hostIPs":[{"ip":"10.9.9.9"}],"hostIP":"10.9.9.9"}}`,
+			"phase":                        `{"status":{"phase":"Failed"}}`,
+			"Ready condition":              `{"status":{"conditions":[{"type":"Ready","status":"False"}]}}`,
+			"host IPs":                     `{"status":{"hostIPs":[{"ip":"10.9.9.9"}],"hostIP":"10.9.9.9"}}`,
+			"init container statuses":      `{"status":{"initContainerStatuses":[{"name":"init","image":"registry.invalid/init","imageID":"","ready":true,"restartCount":3,"state":{"running":{}}}]}}`,
+			"container statuses":           `{"status":{"containerStatuses":[{"name":"web","image":"registry.invalid/web","imageID":"","ready":true,"restartCount":0,"state":{"running":{}}}]}}`,
+			"message":                      `{"status":{"message":"evicted"}}`,
+			"reason":                       `{"status":{"reason":"Evicted"}}`,
+			"start time":                   `{"status":{"startTime":"2020-01-01T00:00:00Z"}}`,
+			"a field removed":              `{"status":{"podIPs":null,"podIP":null}}`,
+			"the gate and another at once": `{"status":{"reason":"Evicted","conditions":[{"type":"mptcp.io/ready","status":"True"}]}}`,
 		} {
 			err := agents["n1"].Status().Patch(ctx, p, client.RawPatch(types.StrategicMergePatchType, []byte(body)))
 			if err == nil {
@@ -131,6 +142,43 @@ func TestAgentSetsThePodGateOnlyOnItsOwnNodesPods(t *testing.T) {
 			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "only the condition mptcp.io/ready") {
 				t.Errorf("%s: want Forbidden, got %v", name, err)
 			}
+		}
+		// The same changes from an admin pass validation: the refusals
+		// above are the policy's, not the API server's.
+		probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: "web-n2"}}
+		for _, body := range []string{
+			`{"status":{"initContainerStatuses":[{"name":"init","image":"registry.invalid/init","imageID":"","ready":true,"restartCount":3,"state":{"running":{}}}]}}`,
+			`{"status":{"message":"evicted","reason":"Evicted","startTime":"2020-01-01T00:00:00Z"}}`,
+		} {
+			if err := env.Client.Status().Patch(ctx, probe, client.RawPatch(types.StrategicMergePatchType, []byte(body))); err != nil {
+				t.Errorf("an admin's %s: %v", body, err)
+			}
+		}
+	})
+	t.Run("labels, annotations and finalizers through pods/status", func(t *testing.T) {
+		// pods/status writes metadata too; a pod's labels choose its
+		// policies and its annotation its path preferences.
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: "web-n1"}}
+		for name, body := range map[string]string{
+			"labels":      `{"metadata":{"labels":{"app":"db"}}}`,
+			"annotations": `{"metadata":{"annotations":{"mptcp.io/preferred-paths":"fabric-b"}}}`,
+			"finalizers":  `{"metadata":{"finalizers":["example.com/hold"]}}`,
+		} {
+			err := agents["n1"].Status().Patch(ctx, p, client.RawPatch(types.MergePatchType, []byte(body)))
+			if err == nil {
+				t.Errorf("%s: allowed", name)
+				continue
+			}
+			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "may not change a pod's labels, annotations or finalizers") {
+				t.Errorf("%s: want Forbidden, got %v", name, err)
+			}
+		}
+		var stored corev1.Pod
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: "apps", Name: "web-n1"}, &stored); err != nil {
+			t.Fatal(err)
+		}
+		if len(stored.Labels) != 0 || len(stored.Annotations) != 0 || len(stored.Finalizers) != 0 {
+			t.Fatalf("metadata changed: labels %v annotations %v finalizers %v", stored.Labels, stored.Annotations, stored.Finalizers)
 		}
 	})
 	t.Run("pod spec", func(t *testing.T) {

@@ -272,6 +272,26 @@ func decodeEvent(m genetlink.Message) (Event, error) {
 	}
 	var saddr, daddr netip.Addr
 	var sport, dport uint16
+	// The kernel's attributes have fixed lengths; anything else (a buggy
+	// or hostile sender on the same netlink family) is an error, never an
+	// index out of range.
+	addr := func(want int, into *netip.Addr) {
+		b := ad.Bytes()
+		if len(b) != want {
+			ad.Do(func([]byte) error { return fmt.Errorf("attribute %d: %d bytes, want %d", ad.Type(), len(b), want) })
+			return
+		}
+		*into, _ = netip.AddrFromSlice(b)
+	}
+	// Ports come in network byte order, unlike the other numbers.
+	port := func(into *uint16) {
+		b := ad.Bytes()
+		if len(b) != 2 {
+			ad.Do(func([]byte) error { return fmt.Errorf("attribute %d: %d bytes, want 2", ad.Type(), len(b)) })
+			return
+		}
+		*into = binary.BigEndian.Uint16(b)
+	}
 	for ad.Next() {
 		switch ad.Type() {
 		case evAttrToken:
@@ -280,14 +300,18 @@ func decodeEvent(m genetlink.Message) (Event, error) {
 			ev.LocalID = ad.Uint8()
 		case evAttrRemID:
 			ev.RemoteID = ad.Uint8()
-		case evAttrSaddr4, evAttrSaddr6:
-			saddr, _ = netip.AddrFromSlice(ad.Bytes())
-		case evAttrDaddr4, evAttrDaddr6:
-			daddr, _ = netip.AddrFromSlice(ad.Bytes())
+		case evAttrSaddr4:
+			addr(4, &saddr)
+		case evAttrSaddr6:
+			addr(16, &saddr)
+		case evAttrDaddr4:
+			addr(4, &daddr)
+		case evAttrDaddr6:
+			addr(16, &daddr)
 		case evAttrSport:
-			sport = binary.BigEndian.Uint16(ad.Bytes())
+			port(&sport)
 		case evAttrDport:
-			dport = binary.BigEndian.Uint16(ad.Bytes())
+			port(&dport)
 		case evAttrBackup:
 			ev.Backup = ad.Uint8() != 0
 		case evAttrError:

@@ -58,6 +58,12 @@ type ConnectionInfo struct {
 	Paths []string `json:"paths"`
 	// Joins counts the joins this node placed.
 	Joins uint32 `json:"joins"`
+	// TxBytes and RxBytes are what the local pod sent and received on the
+	// connection, summed over its subflows still in the subflow table.
+	// They are served here and not as metrics, which would have to name the
+	// connection by its token (metrics_record.go).
+	TxBytes uint64 `json:"txBytes"`
+	RxBytes uint64 `json:"rxBytes"`
 }
 
 type peerKey struct{}
@@ -141,10 +147,16 @@ func connectionInfos(src Source) ([]ConnectionInfo, error) {
 	if err != nil {
 		return nil, err
 	}
+	traffic, err := src.Datapath().ConnectionStats()
+	if err != nil {
+		return nil, err
+	}
 	paths := src.PathNames()
 	out := make([]ConnectionInfo, 0, len(conns))
 	for _, c := range conns {
 		info := ConnectionInfo{Local: c.Local.String(), Token: fmt.Sprintf("%08x", c.Token), Joins: c.Joins, Paths: []string{}}
+		t := traffic[datapath.ConnKey{Local: c.Local, Token: c.Token}]
+		info.TxBytes, info.RxBytes = t.TxBytes, t.RxBytes
 		for p := uint32(1); datapath.ValidPath(p); p++ {
 			if c.UsedPaths&(1<<p) != 0 {
 				name := paths[p]

@@ -6,6 +6,7 @@ package observe
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -199,11 +200,21 @@ func (m *Metrics) Handler() http.Handler {
 // actually bound (addr may ask for port 0) and a function that waits for the
 // server to stop.
 func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (net.Addr, func(), error) {
+	return ServeTLS(ctx, addr, h, nil, log)
+}
+
+// ServeTLS is Serve over TLS with tlsConfig (plain HTTP when it is nil).
+func ServeTLS(ctx context.Context, addr string, h http.Handler, tlsConfig *tls.Config, log *slog.Logger) (net.Addr, func(), error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("metrics: %w", err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
+	// The server's own complaints (a scanner's failed TLS handshake) go to
+	// the agent's log at debug, not to stderr in another format.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

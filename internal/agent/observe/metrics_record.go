@@ -1,24 +1,25 @@
 package observe
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
 // recordCollector exports the datapath's record actor at scrape time: per
-// pod address and per connection traffic, and the fill and evictions of the
-// LRU tables.
+// pod address traffic, and the fill and evictions of the LRU tables.
 //
-// Per-connection series come and go with the connection table (an LRU of at
-// most 16384 entries): their number is bounded by the table, not by time,
-// but a scraper keeping history sees one series per connection ever seen.
+// Nothing per connection is exported: a connection is named by its MPTCP
+// token, and whoever knows a token can send joins that name the connection
+// (RFC 8684, 3.2). The keys that complete a join stay secret, but the
+// receiver's token is all a join SYN carries, and the datapath acts on join
+// SYNs before any HMAC is checked (it places them and counts them against
+// maxSubflows, issue 16 item 3). Metrics travel to whoever scrapes them;
+// per-connection detail stays behind the local API, which only root on the
+// node reaches (localapi.go).
 type recordCollector struct {
 	src                                            Source
 	podTxBytes, podTxPackets, podRxBytes, podRxPkt *prometheus.Desc
-	connTxBytes, connRxBytes                       *prometheus.Desc
 	tableEntries, tableCapacity, tableEvictions    *prometheus.Desc
 	mptcpOptions, mptcpOptionsInvalid              *prometheus.Desc
 }
@@ -33,8 +34,6 @@ func newRecordCollector(src Source) *recordCollector {
 		podTxPackets:   d("pod_tx_packets_total", "TCP packets a selected pod address sent (GSO super-packets count once).", "address"),
 		podRxBytes:     d("pod_rx_bytes_total", "Bytes of TCP a selected pod address received, counted at its host-side veth.", "address"),
 		podRxPkt:       d("pod_rx_packets_total", "TCP packets a selected pod address received.", "address"),
-		connTxBytes:    d("connection_tx_bytes_total", "Bytes the local pod sent on an MPTCP connection, summed over its subflows still in the subflow table.", "address", "token"),
-		connRxBytes:    d("connection_rx_bytes_total", "Bytes the local pod received on an MPTCP connection, summed over its subflows still in the subflow table.", "address", "token"),
 		tableEntries:   d("table_entries", "Live entries of a datapath table (subflows, connections, police_buckets).", "table"),
 		tableCapacity:  d("table_capacity", "Capacity of a datapath table.", "table"),
 		tableEvictions: d("table_evictions_total", "Entries a datapath table evicted to fit new ones (counted by the datapath; for the connection LRU, entries created minus those the agent deleted minus those live).", "table"),
@@ -46,7 +45,7 @@ func newRecordCollector(src Source) *recordCollector {
 }
 
 func (c *recordCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.podTxBytes, c.podTxPackets, c.podRxBytes, c.podRxPkt, c.connTxBytes, c.connRxBytes, c.tableEntries, c.tableCapacity, c.tableEvictions,
+	for _, d := range []*prometheus.Desc{c.podTxBytes, c.podTxPackets, c.podRxBytes, c.podRxPkt, c.tableEntries, c.tableCapacity, c.tableEvictions,
 		c.mptcpOptions, c.mptcpOptionsInvalid} {
 		ch <- d
 	}
@@ -63,15 +62,6 @@ func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.podTxPackets, prometheus.CounterValue, float64(p.TxPackets), a)
 			ch <- prometheus.MustNewConstMetric(c.podRxBytes, prometheus.CounterValue, float64(p.RxBytes), a)
 			ch <- prometheus.MustNewConstMetric(c.podRxPkt, prometheus.CounterValue, float64(p.RxPackets), a)
-		}
-	}
-	if conns, err := dp.ConnectionStats(); err != nil {
-		ch <- prometheus.NewInvalidMetric(c.connTxBytes, err)
-	} else {
-		for k, v := range conns {
-			a, tok := k.Local.String(), fmt.Sprintf("%08x", k.Token)
-			ch <- prometheus.MustNewConstMetric(c.connTxBytes, prometheus.CounterValue, float64(v.TxBytes), a, tok)
-			ch <- prometheus.MustNewConstMetric(c.connRxBytes, prometheus.CounterValue, float64(v.RxBytes), a, tok)
 		}
 	}
 	c.collectOptions(ch)

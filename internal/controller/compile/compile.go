@@ -35,8 +35,9 @@ type Input struct {
 	Pods []corev1.Pod
 }
 
-// Refusal is a tenant preference that was not honoured, to be reported as a
-// Warning event on the pod.
+// Refusal is something about a pod that did not go as its tenant asked (a
+// preference not honoured, a policy chosen through its labels held to its
+// namespace's caps), to be reported as a Warning event on the pod.
 type Refusal struct {
 	Pod    *corev1.Pod
 	Policy string
@@ -111,6 +112,10 @@ func Node(in Input) Result {
 		if len(rules) == 0 {
 			continue
 		}
+		// Namespace caps first (they may move a rule down the chain),
+		// then the chain's bound: what is cut is the lowest precedence.
+		rules, cappedBy, notices := boundByNamespace(pod, rules, policies)
+		res.Refusals = append(res.Refusals, notices...)
 		if n := len(rules); n > mptcpv1alpha1.MaxPodPolicies {
 			var left []string
 			for _, r := range rules[mptcpv1alpha1.MaxPodPolicies:] {
@@ -123,7 +128,7 @@ func Node(in Input) Result {
 		}
 		names := make([]string, len(rules))
 		for j := range rules {
-			rules[j].Name = RuleName(&rules[j])
+			rules[j].Name = variantName(&rules[j], cappedBy[j])
 			rulesByName[rules[j].Name] = rules[j]
 			names[j] = rules[j].Name
 		}
@@ -142,19 +147,31 @@ func Node(in Input) Result {
 }
 
 // RuleName is a compiled rule's identity on its node: its policy's name,
-// and for a variant (a tenant's preference applied to some pods) a hash of
-// the preference, after an "@" no policy name has. All pods a policy
-// selects with the same preference share the rule, and the rule keeps its
-// name when the policy changes: the agent rewrites it in place, so the
-// policy's live connections follow the change (its caps, a path made
-// backup) and never take another policy's rule. A changed preference is
-// another variant: the pod's new connections take it, its live ones keep
-// the old one until they end.
-func RuleName(r *mptcpv1alpha1.CompiledRule) string {
-	if len(r.PreferredPaths) == 0 {
+// and for a variant (a tenant's preference applied to some pods, or a
+// namespace's caps, variantName) "@" and a hash of what makes it one, a
+// character no policy name has. All pods a policy selects alike share the
+// rule, and the rule keeps its name when the policy changes: the agent
+// rewrites it in place, so the policy's live connections follow the change
+// (its caps, a path made backup) and never take another policy's rule. A
+// changed preference is another variant: the pod's new connections take
+// it, its live ones keep the old one until they end.
+func RuleName(r *mptcpv1alpha1.CompiledRule) string { return variantName(r, "") }
+
+// variantName is the name of r as compiled for some pods: with the caps of
+// namespace policy cappedBy ("" for none, boundByNamespace) applied, and its
+// preferred paths.
+func variantName(r *mptcpv1alpha1.CompiledRule, cappedBy string) string {
+	var variant []string
+	if len(r.PreferredPaths) > 0 {
+		variant = append(variant, "preferred="+strings.Join(r.PreferredPaths, ","))
+	}
+	if cappedBy != "" {
+		variant = append(variant, "cappedBy="+cappedBy)
+	}
+	if len(variant) == 0 {
 		return r.Policy
 	}
-	sum := sha256.Sum256([]byte(strings.Join(r.PreferredPaths, ",")))
+	sum := sha256.Sum256([]byte(strings.Join(variant, ";")))
 	return r.Policy + "@" + hex.EncodeToString(sum[:5])
 }
 
@@ -315,7 +332,7 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 		MaxSubflows:      cmp.Or(s.MaxSubflows, 4),
 		SubflowCreation:  cmp.Or(s.PodMPTCP.SubflowCreation, mptcpv1alpha1.SubflowCreationUserspace),
 		SignalPorts:      slices.Clone(s.PodMPTCP.SignalPorts),
-		DataChecksums:    s.PodMPTCP.DataChecksums,
+		DataChecksums:    s.PodMPTCP.DataChecksums == nil || *s.PodMPTCP.DataChecksums,
 		HeaderRewriting:  s.HeaderRewriting == mptcpv1alpha1.Allowed,
 	}
 	if t := s.Traffic; t != nil {

@@ -10,6 +10,7 @@ import (
 	"crypto/rsa"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -20,7 +21,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -361,4 +364,30 @@ func (e *Env) WriteUserKubeconfig(path, user string, groups ...string) error {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	return os.WriteFile(path, raw, 0o600)
+}
+
+// ApplyFile creates every object of a YAML file (several documents allowed),
+// as the cluster's admin.
+func (e *Env) ApplyFile(tb testing.TB, path string) {
+	tb.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	for {
+		obj := &unstructured.Unstructured{}
+		if err := dec.Decode(&obj.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			tb.Fatalf("%s: %v", path, err)
+		}
+		if len(obj.Object) == 0 {
+			continue
+		}
+		if err := e.Client.Create(context.Background(), obj); err != nil {
+			tb.Fatalf("%s: create %s %s: %v", path, obj.GetKind(), obj.GetName(), err)
+		}
+	}
 }

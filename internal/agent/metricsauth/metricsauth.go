@@ -1,0 +1,269 @@
+// Package metricsauth puts the agent's /metrics behind the API server's
+// authentication and authorization, as kube-rbac-proxy does in front of
+// other exporters, without a sidecar: the agent asks the API server who a
+// scraper's bearer token belongs to (TokenReview) and whether that user may
+// get the non-resource URL /metrics (SubjectAccessReview), and serves over
+// TLS so that the tokens scrapers send do not cross the network in clear.
+//
+// The API server makes both decisions; this package only asks and obeys.
+// It uses client-go's typed clients, which the agent links anyway, rather
+// than controller-runtime's metrics filter: that filter's k8s.io/apiserver
+// authenticators pull gRPC, OpenTelemetry and CEL into the binary (the agent
+// grew from 49 to 79 MB with it; docs/security.md).
+//
+// The probes (/healthz, /readyz) stay open: the kubelet probes without
+// credentials, and they say nothing about anyone's traffic.
+package metricsauth
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
+	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
+	"k8s.io/client-go/rest"
+	certutil "k8s.io/client-go/util/cert"
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
+)
+
+// MetricsPath is the one path that needs credentials; callers need get on
+// this non-resource URL.
+const MetricsPath = "/metrics"
+
+// Certificate and key file names in a certificate directory (those of a
+// kubernetes.io/tls Secret).
+const (
+	CertFile = "tls.crt"
+	KeyFile  = "tls.key"
+)
+
+// How long a review's answer is reused, how many answers are kept, and how
+// many reviews a second the agent asks for. A scraper comes back every
+// 15-60 s with the same token, so its reviews cost the API server two
+// requests a minute per node; a client that sends a new token on every
+// request (nothing but an attacker does) gets 429 beyond the rate, so the
+// agent cannot be used to flood the API server with reviews.
+const (
+	allowTTL      = time.Minute
+	denyTTL       = 10 * time.Second
+	maxCached     = 1024
+	reviewsPerSec = 5
+	reviewBurst   = 10
+	reviewTimeout = 10 * time.Second
+)
+
+// Guard serves MetricsPath to authorized callers only.
+type Guard struct {
+	tokens  authenticationclient.TokenReviewsGetter
+	access  authorizationclient.SubjectAccessReviewsGetter
+	log     *slog.Logger
+	limiter *rate.Limiter
+	now     func() time.Time
+
+	mu    sync.Mutex
+	cache map[[sha256.Size]byte]verdict
+}
+
+// verdict is a cached answer for one token (kept by its hash, never the
+// token itself).
+type verdict struct {
+	status  int // http.StatusOK, StatusUnauthorized or StatusForbidden
+	user    string
+	expires time.Time
+}
+
+// NewGuard makes the reviews with cfg: the agent's own credentials, which
+// need create on tokenreviews and subjectaccessreviews.
+func NewGuard(cfg *rest.Config, log *slog.Logger) (*Guard, error) {
+	if cfg == nil {
+		return nil, errors.New("metrics authentication needs the API server (kube mode)")
+	}
+	tokens, err := authenticationclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("metrics authentication: %w", err)
+	}
+	access, err := authorizationclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("metrics authentication: %w", err)
+	}
+	return &Guard{
+		tokens: tokens, access: access, log: log, now: time.Now,
+		limiter: rate.NewLimiter(reviewsPerSec, reviewBurst),
+		cache:   map[[sha256.Size]byte]verdict{},
+	}, nil
+}
+
+// Handler returns h with MetricsPath served only to callers the API server
+// authenticates and authorizes; h's other paths are served to anyone.
+func (g *Guard) Handler(h http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(MetricsPath, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			w.Header().Set("Allow", http.MethodGet)
+			http.Error(w, "only GET", http.StatusMethodNotAllowed)
+			return
+		}
+		token, ok := bearer(r)
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="mptcp-agent"`)
+			http.Error(w, "a bearer token is needed", http.StatusUnauthorized)
+			return
+		}
+		v, err := g.review(r.Context(), token)
+		switch {
+		case errors.Is(err, errTooManyReviews):
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, err.Error(), http.StatusTooManyRequests)
+			return
+		case err != nil:
+			g.log.Warn("metrics: the API server could not review a scraper", "err", err)
+			http.Error(w, "the API server could not review the request", http.StatusServiceUnavailable)
+			return
+		}
+		switch v.status {
+		case http.StatusOK:
+			h.ServeHTTP(w, r)
+		case http.StatusUnauthorized:
+			w.Header().Set("WWW-Authenticate", `Bearer realm="mptcp-agent"`)
+			http.Error(w, "the token is not valid", http.StatusUnauthorized)
+		default:
+			http.Error(w, fmt.Sprintf("%s may not get %s", v.user, MetricsPath), http.StatusForbidden)
+		}
+	}))
+	mux.Handle("/", h)
+	return mux
+}
+
+// bearer returns the token of an "Authorization: Bearer" header.
+func bearer(r *http.Request) (string, bool) {
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	token = strings.TrimSpace(token)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		return "", false
+	}
+	return token, true
+}
+
+var errTooManyReviews = errors.New("too many requests with new credentials; retry later")
+
+// review answers from the cache or asks the API server. An error (the API
+// server unreachable) is never cached and never allows.
+func (g *Guard) review(ctx context.Context, token string) (verdict, error) {
+	key := sha256.Sum256([]byte(token))
+	now := g.now()
+	g.mu.Lock()
+	if v, ok := g.cache[key]; ok && now.Before(v.expires) {
+		g.mu.Unlock()
+		return v, nil
+	}
+	g.mu.Unlock()
+	if !g.limiter.Allow() {
+		return verdict{}, errTooManyReviews
+	}
+	ctx, cancel := context.WithTimeout(ctx, reviewTimeout)
+	defer cancel()
+	v, err := g.ask(ctx, token)
+	if err != nil {
+		return verdict{}, err
+	}
+	v.expires = now.Add(denyTTL)
+	if v.status == http.StatusOK {
+		v.expires = now.Add(allowTTL)
+	}
+	g.mu.Lock()
+	if len(g.cache) >= maxCached {
+		for k, old := range g.cache {
+			if !now.Before(old.expires) {
+				delete(g.cache, k)
+			}
+		}
+		if len(g.cache) >= maxCached {
+			clear(g.cache)
+		}
+	}
+	g.cache[key] = v
+	g.mu.Unlock()
+	return v, nil
+}
+
+// ask makes the TokenReview, then the SubjectAccessReview of its user.
+func (g *Guard) ask(ctx context.Context, token string) (verdict, error) {
+	tr, err := g.tokens.TokenReviews().Create(ctx,
+		&authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+	if err != nil {
+		return verdict{}, fmt.Errorf("token review: %w", err)
+	}
+	if !tr.Status.Authenticated {
+		return verdict{status: http.StatusUnauthorized}, nil
+	}
+	u := tr.Status.User
+	extra := make(map[string]authorizationv1.ExtraValue, len(u.Extra))
+	for k, v := range u.Extra {
+		extra[k] = authorizationv1.ExtraValue(v)
+	}
+	sar, err := g.access.SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+		Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: u.Username, UID: u.UID, Groups: u.Groups, Extra: extra,
+			NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: MetricsPath, Verb: "get"},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return verdict{}, fmt.Errorf("subject access review: %w", err)
+	}
+	if !sar.Status.Allowed || sar.Status.Denied {
+		return verdict{status: http.StatusForbidden, user: u.Username}, nil
+	}
+	return verdict{status: http.StatusOK, user: u.Username}, nil
+}
+
+// TLSConfig serves the certificate and key in certDir, read again whenever
+// they change (a renewed Secret), until ctx ends; with certDir empty, a
+// self-signed certificate for host made now, which scrapers cannot verify
+// (they skip verification, as they do for kube-rbac-proxy's).
+func TLSConfig(ctx context.Context, certDir, host string, log *slog.Logger) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if certDir == "" {
+		certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey(host, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, nil)
+		if err != nil {
+			return nil, fmt.Errorf("self-signed metrics certificate: %w", err)
+		}
+		pair, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return nil, fmt.Errorf("self-signed metrics certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+		return cfg, nil
+	}
+	certPath, keyPath := filepath.Join(certDir, CertFile), filepath.Join(certDir, KeyFile)
+	for _, p := range []string{certPath, keyPath} {
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Errorf("metrics certificate: %w", err)
+		}
+	}
+	w, err := certwatcher.New(certPath, keyPath)
+	if err != nil {
+		return nil, fmt.Errorf("metrics certificate: %w", err)
+	}
+	go func() {
+		if err := w.Start(ctx); err != nil {
+			log.Error("watching the metrics certificate", "err", err)
+		}
+	}()
+	cfg.GetCertificate = w.GetCertificate
+	return cfg, nil
+}
