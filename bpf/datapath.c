@@ -146,16 +146,19 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 256);
+	__uint(max_entries, MAX_RULES);
 	__type(key, __u32);
 	__type(value, struct rule);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rules SEC(".maps");
 
 /* Selector: remote CIDRs per rule (struct cidr_key). */
+#define RULE_CIDRS_CAPACITY 16384
+_Static_assert(RULE_CIDRS_CAPACITY >= LIMIT_RULES * LIMIT_RULE_CIDRS,
+	       "rule_cidrs cannot hold every rule's CIDRs");
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 16384);
+	__uint(max_entries, RULE_CIDRS_CAPACITY);
 	__type(key, struct cidr_key);
 	__type(value, __u32);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -324,7 +327,8 @@ static __always_inline bool observe_only(void)
 
 static __always_inline void set_path_mark(struct __sk_buff *skb, __u32 path)
 {
-	__u32 value = ((path + 1) << mark_shift) & mark_mask;
+	/* The path's index is the mark's value: 0 is "not steered". */
+	__u32 value = (path << mark_shift) & mark_mask;
 
 	if (observe_only()) {
 		count(STAT_OBSERVED);
@@ -512,7 +516,7 @@ __noinline int learn_connection(struct __sk_buff *skb, const struct packet *pkt,
 	}
 	initiator_token = mptcp_token(bpf_ntohl(keys[0]), bpf_ntohl(keys[1]));
 
-	c.used = 1U << (sf->path & MAX_PATHS);
+	c.used = 1U << (sf->path_index & MAX_PATHS);
 	c.rule = sf->rule;
 	c.subflows = 1;
 	/* An existing entry (its aliases were evicted first) is kept. */
@@ -741,21 +745,30 @@ __noinline int pick_active(__u32 rule_id)
 	return PLACE_ALL_DOWN;
 }
 
-/* pick_initial chooses the path of a connection's first subflow: an active
- * path by the rule's spread mode, or the first usable backup path when no
- * active one is up. */
+/* pick_initial chooses the path of a connection's first subflow: the first
+ * usable of a tenant's preferred paths, else an active path by the rule's
+ * spread mode, or the first usable backup path when no active one is up. */
 __noinline int pick_initial(__u32 rule_id)
 {
 	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
-	__u32 nact;
+	__u32 nact, npref;
 	int path;
 
 	if (!r)
 		return PLACE_NO_PATH;
+	nact = rule_nactive(r);
+	npref = r->npreferred;
+	for (__u32 i = 0; i < MAX_PATHS; i++) {
+		if (i >= npref || i >= nact)
+			break;
+		path = rule_path(r, i);
+		if (path_usable(path))
+			return path;
+		count(STAT_PATH_DOWN_SKIPPED);
+	}
 	path = pick_active(rule_id);
 	if (path != PLACE_ALL_DOWN || r->nbackup == 0)
 		return path;
-	nact = rule_nactive(r);
 	for (__u32 i = 0; i < MAX_PATHS; i++) {
 		if (i >= r->npaths)
 			break;
@@ -890,7 +903,7 @@ selected:
 		count(STAT_ALL_PATHS_DOWN);
 		return -1;
 	}
-	sf->path = path & MAX_PATHS;
+	sf->path_index = path & MAX_PATHS;
 	sf->role = ROLE_INITIATOR;
 	sf->rule = rule_id;
 	sf->created_ns = bpf_ktime_get_ns();
@@ -1040,8 +1053,8 @@ int pod_egress(struct __sk_buff *skb)
 		learn_connection(skb, &pkt, 1, sf);
 	if (rate_packet(skb, &pkt, &fk, sf, RATE_DIR_EGRESS) == TC_ACT_SHOT)
 		return TC_ACT_SHOT;
-	set_path_mark(skb, sf->path);
-	count_path(sf->path, pkt.len, true);
+	set_path_mark(skb, sf->path_index);
+	count_path(sf->path_index, pkt.len, true);
 	return TCX_NEXT;
 }
 
@@ -1172,7 +1185,7 @@ int nic_ingress(struct __sk_buff *skb)
 	} else {
 		nsf.rule = select_rule(ep, &pkt, 0, MATCH_INITIAL);
 	}
-	nsf.path = n->path;
+	nsf.path_index = n->path;
 	nsf.pod_slot = ep->pod_slot;
 	nsf.role = ROLE_RESPONDER;
 	nsf.created_ns = bpf_ktime_get_ns();

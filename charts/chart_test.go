@@ -20,6 +20,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 )
 
@@ -178,7 +179,7 @@ func TestAgentRunsOnTheHostNetworkOfTheSelectedNodes(t *testing.T) {
 	must(t, nodeName, "NODE_NAME is not the pod's spec.nodeName")
 
 	// Probes on the port the agent serves them on by default.
-	_, defaultPort, err := net.SplitHostPort(agent.DefaultMetricsAddr)
+	_, defaultPort, err := net.SplitHostPort(observe.DefaultMetricsAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,17 +341,16 @@ func TestCRDsAndControllerRulesAreControllerGensOutput(t *testing.T) {
 	}
 }
 
-// The admission policies match the agent's and the controller's user names,
-// which follow the release's namespace and the service accounts' names.
+// The admission policies match the agent's user name, which follows the
+// release's namespace and the service account's name.
 func TestAgentIdentityFollowsNamespaceAndServiceAccount(t *testing.T) {
 	// helmTemplate's --namespace comes first; the later one wins.
 	r := render(t, "--namespace", "net-ops", "--set", "agent.serviceAccount.name=multipath-agent",
 		"--set", "controller.serviceAccount.name=multipath-controller")
 	for name, user := range map[string]string{
-		"mptcp-agent-own-node-state":       "system:serviceaccount:net-ops:multipath-agent",
-		"mptcp-agent-own-node-pod-gate":    "system:serviceaccount:net-ops:multipath-agent",
-		"mptcp-agent-own-node-events":      "system:serviceaccount:net-ops:multipath-agent",
-		"mptcp-controller-node-annotation": "system:serviceaccount:net-ops:multipath-controller",
+		"mptcp-agent-own-node-state":    "system:serviceaccount:net-ops:multipath-agent",
+		"mptcp-agent-own-node-pod-gate": "system:serviceaccount:net-ops:multipath-agent",
+		"mptcp-agent-own-node-events":   "system:serviceaccount:net-ops:multipath-agent",
 	} {
 		p := get[*admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "ValidatingAdmissionPolicy", name)
 		if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, "'"+user+"'") {

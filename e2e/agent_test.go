@@ -13,9 +13,10 @@ import (
 	"testing"
 	"time"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -60,7 +61,7 @@ func nicBytes(t *testing.T, bed *testbed.Bed, node *testbed.Node) (rx, tx []uint
 // an agent on host networking.
 func TestScrapedPathBytesMatchNICCounters(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
-	agents, err := framework.StartAgents(background(t), bed, bins.Agent, agent.Rule{}, declaredCaps)
+	agents, err := framework.StartAgents(background(t), bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +114,7 @@ func TestScrapedPathBytesMatchNICCounters(t *testing.T) {
 		}
 	}
 	events := func(s framework.Scrape, stat datapath.Stat) float64 {
-		return metric(t, s, "mptcp_agent_datapath_events_total", "event", agent.EventName(stat))
+		return metric(t, s, "mptcp_agent_datapath_events_total", "event", observe.EventName(stat))
 	}
 	if n := events(after[0], datapath.StatSubflowPlaced) - events(before[0], datapath.StatSubflowPlaced); n < 2 {
 		t.Errorf("node 1 placed %v subflows, want the connection's 2", n)
@@ -146,14 +147,14 @@ func TestAgentKilledMidTransferRestartsWithoutDisturbingConnections(t *testing.T
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
 	ctx := background(t)
 	// Node 1 first selects only pod 1; pod 2 joins while the agent is down.
-	full := framework.AgentConfig(bed, bed.Node(1), agent.Rule{})
-	first := *full
-	first.Pods = full.Pods[:1]
-	a1, err := framework.StartAgent(ctx, bed, bins.Agent, bed.Node(1), &first, declaredCaps)
+	full := framework.AgentConfig(bed, bed.Node(1), mptcpv1alpha1.CompiledRule{})
+	first := full.Copy()
+	first.State.Spec.Pods = first.State.Spec.Pods[:1]
+	a1, err := framework.StartAgent(ctx, bed, bins.Agent, bed.Node(1), first, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a2, err := framework.StartAgent(ctx, bed, bins.Agent, bed.Node(2), framework.AgentConfig(bed, bed.Node(2), agent.Rule{}), declaredCaps)
+	a2, err := framework.StartAgent(ctx, bed, bins.Agent, bed.Node(2), framework.AgentConfig(bed, bed.Node(2), mptcpv1alpha1.CompiledRule{}), declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +231,7 @@ func TestPodRemovedFromConfigLeavesNothingBehind(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
 	ctx := background(t)
-	agents, err := framework.StartAgents(ctx, bed, bins.Agent, agent.Rule{}, declaredCaps)
+	agents, err := framework.StartAgents(ctx, bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +281,7 @@ func TestPodRemovedWhileTheAgentIsDownIsReleasedAfterRestart(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 2, PodsPerNode: 2})
 	ctx := background(t)
 	node := bed.Node(1)
-	a, err := framework.StartAgent(ctx, bed, bins.Agent, node, framework.AgentConfig(bed, node, agent.Rule{}), declaredCaps)
+	a, err := framework.StartAgent(ctx, bed, bins.Agent, node, framework.AgentConfig(bed, node, mptcpv1alpha1.CompiledRule{}), declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,9 +289,9 @@ func TestPodRemovedWhileTheAgentIsDownIsReleasedAfterRestart(t *testing.T) {
 	if err := a.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	cfg := *a.Config
-	cfg.Pods = cfg.Pods[:1]
-	if err := a.WriteConfig(&cfg); err != nil {
+	cfg := a.Config.Copy()
+	cfg.State.Spec.Pods = cfg.State.Spec.Pods[:1]
+	if err := a.WriteConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Start(ctx); err != nil {
@@ -327,25 +328,25 @@ func TestBadConfigIsReportedAndTheLastGoodOneStaysEnforced(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	ctx := background(t)
-	agents, err := framework.StartAgents(ctx, bed, bins.Agent, agent.Rule{}, declaredCaps)
+	agents, err := framework.StartAgents(ctx, bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := agents[0]
 	good := a.Config
-	unknownPath := *good
-	unknownPath.Rules = []agent.Rule{{Name: framework.RuleName, Paths: []string{"fabric-a", "fabric-z"}}}
+	unknownPath := good.Copy()
+	unknownPath.Rule().Paths = append(unknownPath.Rule().Paths, mptcpv1alpha1.RulePath{Name: "fabric-z", Weight: 1})
 
 	bad := map[string]struct {
 		write   func() error // writes the bad file
 		wantErr string       // in status.json's error
 	}{
 		"rule naming a path the node lacks": {
-			write:   func() error { return a.WriteConfig(&unknownPath) },
-			wantErr: `no path named "fabric-z"`,
+			write:   func() error { return a.WriteConfig(unknownPath) },
+			wantErr: "names paths [fabric-z] that are not the node state's",
 		},
 		"not YAML": {
-			write:   func() error { return os.WriteFile(a.ConfigPath, []byte("paths: [ {name: fabric-a"), 0o600) },
+			write:   func() error { return os.WriteFile(a.StatePath, []byte("spec: {paths: [ {name: fabric-a"), 0o600) },
 			wantErr: "yaml",
 		},
 	}
@@ -365,7 +366,7 @@ func TestBadConfigIsReportedAndTheLastGoodOneStaysEnforced(t *testing.T) {
 		if !strings.Contains(st.Error, tc.wantErr) {
 			t.Errorf("%s: status error %q does not mention %q", name, st.Error, tc.wantErr)
 		}
-		if st.Applied == nil || len(st.Applied.Pods) != len(good.Pods) || st.Applied.Rules[0].Paths[1] != "fabric-b" {
+		if st.Applied == nil || len(st.Applied.Pods) != len(good.State.Spec.Pods) || st.Applied.Rules[0].Datapath.Paths[1] != 2 {
 			t.Errorf("%s: status no longer shows the good configuration as applied: %+v", name, st.Applied)
 		}
 	}
@@ -387,7 +388,7 @@ func TestBadConfigIsReportedAndTheLastGoodOneStaysEnforced(t *testing.T) {
 func TestAgentHoldsOnlyItsDeclaredCapabilities(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1})
 	ctx := background(t)
-	agents, err := framework.StartAgents(ctx, bed, bins.Agent, agent.Rule{}, declaredCaps)
+	agents, err := framework.StartAgents(ctx, bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +434,7 @@ func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 	ctx := background(t)
 	var agents []*framework.Agent
 	for _, n := range bed.Nodes {
-		cfg := framework.AgentConfig(bed, n, agent.Rule{})
+		cfg := framework.AgentConfig(bed, n, mptcpv1alpha1.CompiledRule{})
 		cfg.ObserveOnly = true
 		a, err := framework.StartAgent(ctx, bed, bins.Agent, n, cfg, declaredCaps)
 		if err != nil {
@@ -474,7 +475,7 @@ func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 	for _, s := range initiated {
 		wouldUse[s.Path]++
 	}
-	if len(initiated) != subflows || wouldUse[0] != conns || wouldUse[1] != conns {
+	if len(initiated) != subflows || wouldUse[1] != conns || wouldUse[2] != conns {
 		t.Errorf("node 1 recorded %d placements (by path %v), want the %d subflows, one per connection on each path: %v", len(initiated), wouldUse, subflows, initiated)
 	}
 	mirrored, err := agents[1].Subflows()
@@ -483,15 +484,15 @@ func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 	}
 	mirrored = slices.DeleteFunc(mirrored, func(s datapath.Subflow) bool { return s.Local.Addr() != server.Addr })
 	for _, s := range mirrored {
-		if s.Role != datapath.RoleResponder || s.Path != 0 {
-			t.Errorf("node 2 recorded %v on path %d as role %d, want the arrival NIC nic1 (path 0), responder", s.Local, s.Path, s.Role)
+		if s.Role != datapath.RoleResponder || s.Path != 1 {
+			t.Errorf("node 2 recorded %v on path %d as role %d, want the arrival NIC nic1 (path 1), responder", s.Local, s.Path, s.Role)
 		}
 	}
 	if len(mirrored) != subflows {
 		t.Errorf("node 2 recorded %d subflows, want %d", len(mirrored), subflows)
 	}
 	events := func(s framework.Scrape, stat datapath.Stat) float64 {
-		return metric(t, s, "mptcp_agent_datapath_events_total", "event", agent.EventName(stat))
+		return metric(t, s, "mptcp_agent_datapath_events_total", "event", observe.EventName(stat))
 	}
 	for _, a := range agents {
 		s := scrape(t, a)
@@ -511,11 +512,11 @@ func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 	linksOf := func(a *framework.Agent) map[string][]uint32 {
 		out := map[string][]uint32{}
 		ifaces := []string{}
-		for _, p := range a.Config.Paths {
-			ifaces = append(ifaces, p.Interface)
+		for _, nic := range a.Node.NICs {
+			ifaces = append(ifaces, nic.Name)
 		}
-		for _, p := range a.Config.Pods {
-			ifaces = append(ifaces, p.HostInterface)
+		for _, p := range a.Node.Pods {
+			ifaces = append(ifaces, p.HostIf)
 		}
 		for _, ifname := range ifaces {
 			ids, err := framework.TCXIngressLinks(a.Node, ifname)
@@ -530,7 +531,7 @@ func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 	}
 	for _, a := range agents {
 		maps.Copy(links, linksOf(a))
-		if err := a.Reconfigure(ctx, func(cfg *agent.Config) { cfg.ObserveOnly = false }); err != nil {
+		if err := a.Reconfigure(ctx, func(cfg *framework.NodeConfig) { cfg.ObserveOnly = false }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -670,7 +671,7 @@ func TestPodReleasedWhileItsPeerStaysSelectedKeepsItsConnections(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
 	ctx := background(t)
-	agents, err := framework.StartAgents(ctx, bed, bins.Agent, agent.Rule{}, declaredCaps)
+	agents, err := framework.StartAgents(ctx, bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -749,8 +750,8 @@ func TestPodReleasedWhileItsPeerStaysSelectedKeepsItsConnections(t *testing.T) {
 // waits for the reload's reconcile.
 func removeFromConfig(ctx context.Context, t *testing.T, a *framework.Agent, pod *testbed.Pod) {
 	t.Helper()
-	if err := a.Reconfigure(ctx, func(cfg *agent.Config) {
-		cfg.Pods = slices.DeleteFunc(slices.Clone(cfg.Pods), func(p agent.Pod) bool { return p.Name == pod.Name })
+	if err := a.Reconfigure(ctx, func(cfg *framework.NodeConfig) {
+		cfg.State.Spec.Pods = slices.DeleteFunc(cfg.State.Spec.Pods, func(p mptcpv1alpha1.NodePod) bool { return p.Name == pod.Name })
 	}); err != nil {
 		t.Fatal(err)
 	}

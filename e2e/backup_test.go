@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -25,7 +26,7 @@ var ssMPTCPFlags = regexp.MustCompile(`tcp-ulp-mptcp flags:(\S+)`)
 // connection stays MPTCP and every byte arrives.
 func TestBackupSubflowIsBackupInThePodAndCarriesAlmostNothing(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
-	rule := agent.Rule{Paths: []string{framework.PathName(1)}, BackupPaths: []string{framework.PathName(2)}, HeaderRewriting: true}
+	rule := mptcpv1alpha1.CompiledRule{Paths: framework.PathsNamed(framework.PathName(1)), BackupPaths: []string{framework.PathName(2)}, HeaderRewriting: true}
 	agents, err := framework.StartAgents(background(t), bed, bins.Agent, rule, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +66,7 @@ func TestBackupSubflowIsBackupInThePodAndCarriesAlmostNothing(t *testing.T) {
 	}
 	var flagged float64
 	s := scrape(t, agents[0])
-	flagged, _ = s.Value("mptcp_agent_datapath_events_total", "event", agent.EventName(datapath.StatBackupFlagged))
+	flagged, _ = s.Value("mptcp_agent_datapath_events_total", "event", observe.EventName(datapath.StatBackupFlagged))
 	if flagged < 1 {
 		t.Errorf("node 1's agent counted %v joins flagged backup, want at least 1", flagged)
 	}
@@ -99,7 +100,7 @@ func requireOneBackupSubflow(t *testing.T, bed *testbed.Bed, pod *testbed.Pod) {
 // goes that way). The connection stays MPTCP and every byte arrives.
 func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
-	agents, err := framework.StartAgents(background(t), bed, bins.Agent, agent.Rule{HeaderRewriting: true}, declaredCaps)
+	agents, err := framework.StartAgents(background(t), bed, bins.Agent, mptcpv1alpha1.CompiledRule{HeaderRewriting: true}, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,8 +135,8 @@ func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 		t.Fatalf("before the change fabric-b carried %d bytes in a second: the subflow is not spread, the test proves nothing (subflows: %+v)", d, sfs)
 	}
 
-	if err := agents[0].Reconfigure(ctx, func(cfg *agent.Config) {
-		cfg.Rules[0].Paths, cfg.Rules[0].BackupPaths = []string{framework.PathName(1)}, []string{framework.PathName(2)}
+	if err := agents[0].Reconfigure(ctx, func(cfg *framework.NodeConfig) {
+		cfg.Rule().Paths, cfg.Rule().BackupPaths = framework.PathsNamed(framework.PathName(1)), []string{framework.PathName(2)}
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +152,7 @@ func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 	}
 	r := <-done
 	finishTransfer(t, w, srv, r.sent, r.err)
-	sent, _ := scrape(t, agents[0]).Value("mptcp_agent_datapath_events_total", "event", agent.EventName(datapath.StatBackupPrioSent))
+	sent, _ := scrape(t, agents[0]).Value("mptcp_agent_datapath_events_total", "event", observe.EventName(datapath.StatBackupPrioSent))
 	if sent < 1 {
 		t.Errorf("node 1's agent counted %v MP_PRIO sent, want at least 1", sent)
 	}
@@ -191,8 +192,8 @@ func joinRefusedBy(t *testing.T, maxOnNode int) {
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
 	// The pods' MPTCP settings are the kernel path manager's, set here;
 	// the agents only steer and refuse.
-	agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(n *testbed.Node) agent.Rule {
-		r := agent.Rule{Subflows: agent.SubflowsNone}
+	agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(n *testbed.Node) mptcpv1alpha1.CompiledRule {
+		r := mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationGuest}
 		if n.Index == maxOnNode {
 			r.MaxSubflows = 2
 		}
@@ -230,7 +231,7 @@ func joinRefusedBy(t *testing.T, maxOnNode int) {
 	if n := nstatValue(t, bed, client.NetNS, "TcpAttemptFails") - fails0; n != 1 {
 		t.Errorf("the client pod's kernel saw %v connection attempts fail, want the refused join's", n)
 	}
-	refused, _ := scrape(t, agents[maxOnNode-1]).Value("mptcp_agent_datapath_events_total", "event", agent.EventName(datapath.StatJoinRefused))
+	refused, _ := scrape(t, agents[maxOnNode-1]).Value("mptcp_agent_datapath_events_total", "event", observe.EventName(datapath.StatJoinRefused))
 	if refused < 1 {
 		t.Errorf("node %d's agent counted %v refused joins, want at least 1", maxOnNode, refused)
 	}

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -61,7 +61,7 @@ func dumpDatapath(pinDir, file string) error {
 	stats, err := dp.Stats()
 	dump.Stats = map[string]uint64{}
 	for s, v := range stats {
-		dump.Stats[agent.EventName(s)] = v
+		dump.Stats[observe.EventName(s)] = v
 	}
 	note := func(err error) {
 		if err != nil {

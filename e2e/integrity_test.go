@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 )
 
 // integrityRounds is how many transfers each scenario of
@@ -43,15 +43,20 @@ type integrityScenario struct {
 	// setup prepares the bed (no agent when it returns no rule).
 	setup func(t *testing.T, bed *testbed.Bed)
 	// rule, when set, starts an agent per node with the rule of that node.
-	rule func(node int) *agent.Rule
+	rule func(node int) *mptcpv1alpha1.CompiledRule
+	// noChecksums turns the rules' DSS checksums off (the product's
+	// default is on).
+	noChecksums bool
 	// rate is the cap the scenario puts on a connection, for the stall
 	// threshold (10 % of it); 0 means the links' capacity.
 	rate float64
 	cc   string
 }
 
-// off is a rule's dataChecksums set to false.
-var off = new(bool)
+// userspace is every node's pods steered, the agent opening their joins.
+func userspace(int) *mptcpv1alpha1.CompiledRule {
+	return &mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
+}
 
 const integritySample = 50 * time.Millisecond
 
@@ -65,12 +70,12 @@ func integrityScenarios() []integrityScenario {
 		testbed.Must(t, bed.ConfigureSignalPorts(bed.Pod(2, 1), ports))
 		testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, 1), 2, 1))
 	}
-	on := func(node int, r agent.Rule) func(int) *agent.Rule {
-		return func(n int) *agent.Rule {
+	on := func(node int, r mptcpv1alpha1.CompiledRule) func(int) *mptcpv1alpha1.CompiledRule {
+		return func(n int) *mptcpv1alpha1.CompiledRule {
 			if n == node {
 				return &r
 			}
-			return &agent.Rule{}
+			return &mptcpv1alpha1.CompiledRule{}
 		}
 	}
 	return []integrityScenario{
@@ -81,23 +86,23 @@ func integrityScenarios() []integrityScenario {
 				testbed.Must(t, bed.SetLoss(1, k, 1))
 			}
 		}},
-		{name: "agent spread", rule: on(1, agent.Rule{})},
+		{name: "agent spread", rule: on(1, mptcpv1alpha1.CompiledRule{})},
 		{name: "agent police egress", rate: rateCap, cc: "cubic",
-			rule: on(1, agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "egress"}})},
+			rule: on(1, mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: quantity(rateCap), Direction: mptcpv1alpha1.RateEgress}})},
 		{name: "agent police ingress", rate: rateCap, cc: "cubic",
-			rule: on(2, agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "ingress"}})},
-		{name: "agent shape", rate: rateCap, rule: on(1, agent.Rule{Rate: &agent.RateLimits{Mode: "shape", PerPath: []agent.PathRate{
+			rule: on(2, mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: quantity(rateCap), Direction: mptcpv1alpha1.RateIngress}})},
+		{name: "agent shape", rate: rateCap, rule: on(1, mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModeShape, PerPath: []mptcpv1alpha1.CompiledPathRate{
 			{Path: framework.PathName(1), Rate: *quantity(rateCap / 2)}, {Path: framework.PathName(2), Rate: *quantity(rateCap / 2)}}}})},
 		{name: "agent window", rate: windowCap,
-			rule: on(2, agent.Rule{HeaderRewriting: true, Rate: &agent.RateLimits{Mode: "window", PerConnection: quantity(windowCap)}})},
-		{name: "agent backup path", rule: func(int) *agent.Rule {
-			return &agent.Rule{Paths: []string{framework.PathName(1)}, BackupPaths: []string{framework.PathName(2)}, HeaderRewriting: true}
+			rule: on(2, mptcpv1alpha1.CompiledRule{HeaderRewriting: true, RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModeWindow, PerConnection: quantity(windowCap)}})},
+		{name: "agent backup path", rule: func(int) *mptcpv1alpha1.CompiledRule {
+			return &mptcpv1alpha1.CompiledRule{Paths: framework.PathsNamed(framework.PathName(1)), BackupPaths: []string{framework.PathName(2)}, HeaderRewriting: true}
 		}},
 		// The conditions under which this kernel changes streams
 		// (TestKernelChangesStreams), with the product's defaults: DSS
 		// checksums on.
 		{name: "agent userspace PM, 4 paths, cross traffic, copying wires", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: crossTraffic,
-			setup: copyingWires, rule: func(int) *agent.Rule { return &agent.Rule{Subflows: agent.SubflowsUserspace} }},
+			setup: copyingWires, rule: userspace},
 	}
 }
 
@@ -116,9 +121,9 @@ func kernelBugScenarios() []integrityScenario {
 		{name: "kernel only, 4 paths, 4 connections, copying wires, DSS checksums", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: clientServerTraffic,
 			setup: kernelFourPaths(true, true)},
 		{name: "agent userspace PM, 4 paths, cross traffic, no checksums", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: crossTraffic,
-			rule: func(int) *agent.Rule { return &agent.Rule{Subflows: agent.SubflowsUserspace, DataChecksums: off} }},
+			rule: userspace, noChecksums: true},
 		{name: "agent userspace PM, 4 paths, cross traffic, copying wires, no checksums", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: crossTraffic,
-			setup: copyingWires, rule: func(int) *agent.Rule { return &agent.Rule{Subflows: agent.SubflowsUserspace, DataChecksums: off} }},
+			setup: copyingWires, rule: userspace, noChecksums: true},
 	}
 }
 
@@ -210,7 +215,11 @@ func runIntegrityScenario(t *testing.T, sc integrityScenario, rounds int, mustBe
 		sc.setup(t, bed)
 	}
 	if sc.rule != nil {
-		if _, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(n *testbed.Node) agent.Rule { return *sc.rule(n.Index) }, declaredCaps); err != nil {
+		opts := []framework.AgentOption{declaredCaps}
+		if sc.noChecksums {
+			opts = append(opts, framework.WithoutDataChecksums())
+		}
+		if _, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(n *testbed.Node) mptcpv1alpha1.CompiledRule { return *sc.rule(n.Index) }, opts...); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -11,9 +11,10 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -111,10 +112,10 @@ func quantity(bps int64) *resource.Quantity { return resource.NewQuantity(bps, r
 
 // rateBed brings up two nodes with two 200 Mbit/s NICs and one pod each,
 // and agents whose rule for node is ruleFor(node index).
-func rateBed(t *testing.T, ruleFor func(node int) agent.Rule) (*testbed.Bed, []*framework.Agent) {
+func rateBed(t *testing.T, ruleFor func(node int) mptcpv1alpha1.CompiledRule) (*testbed.Bed, []*framework.Agent) {
 	t.Helper()
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
-	agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(n *testbed.Node) agent.Rule { return ruleFor(n.Index) }, declaredCaps)
+	agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(n *testbed.Node) mptcpv1alpha1.CompiledRule { return ruleFor(n.Index) }, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,8 +127,8 @@ func stats(t *testing.T, a *framework.Agent) map[string]float64 {
 	s := scrape(t, a)
 	out := map[string]float64{}
 	for _, st := range []datapath.Stat{datapath.StatRateDropConn, datapath.StatRateWndLowered, datapath.StatRateShaped} {
-		v, _ := s.Value("mptcp_agent_datapath_events_total", "event", agent.EventName(st))
-		out[agent.EventName(st)] = v
+		v, _ := s.Value("mptcp_agent_datapath_events_total", "event", observe.EventName(st))
+		out[observe.EventName(st)] = v
 	}
 	return out
 }
@@ -164,11 +165,11 @@ func TestPoliceCapsWhatThePodSends(t *testing.T) {
 		{cc: "bbr", lo: 0.75, maxRetrans: 0.5},
 	} {
 		t.Run(c.cc, func(t *testing.T) {
-			bed, agents := rateBed(t, func(node int) agent.Rule {
+			bed, agents := rateBed(t, func(node int) mptcpv1alpha1.CompiledRule {
 				if node != 1 {
-					return agent.Rule{}
+					return mptcpv1alpha1.CompiledRule{}
 				}
-				return agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "egress"}}
+				return mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: quantity(rateCap), Direction: mptcpv1alpha1.RateEgress}}
 			})
 			capHoldsOver(t, bed, 5, c.cc, rateCap, c.lo, 1.0, c.maxRetrans)
 			if s := stats(t, agents[0]); s["rate_police_drop_connection"] == 0 {
@@ -183,11 +184,11 @@ func TestPoliceCapsWhatThePodSends(t *testing.T) {
 // A cubic sender on the other node: measured median 0.928 of the cap (rounds
 // 0.900..0.955), 14 % of segments retransmitted; bounds 0.9..1.0 and 20 %.
 func TestPoliceCapsWhatThePodReceives(t *testing.T) {
-	bed, agents := rateBed(t, func(node int) agent.Rule {
+	bed, agents := rateBed(t, func(node int) mptcpv1alpha1.CompiledRule {
 		if node != 2 {
-			return agent.Rule{}
+			return mptcpv1alpha1.CompiledRule{}
 		}
-		return agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "ingress"}}
+		return mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: quantity(rateCap), Direction: mptcpv1alpha1.RateIngress}}
 	})
 	capHoldsOver(t, bed, 5, "cubic", rateCap, 0.9, 1.0, 0.2)
 	if s := stats(t, agents[1]); s["rate_police_drop_connection"] == 0 {
@@ -198,11 +199,11 @@ func TestPoliceCapsWhatThePodReceives(t *testing.T) {
 // shape on the sending pod's node: HTB classes of 20 Mbit/s on each of the
 // two NICs (perPath) hold the pod's two-subflow connection to 40 Mbit/s.
 func TestShapeCapsWhatThePodSends(t *testing.T) {
-	bed, agents := rateBed(t, func(node int) agent.Rule {
+	bed, agents := rateBed(t, func(node int) mptcpv1alpha1.CompiledRule {
 		if node != 1 {
-			return agent.Rule{}
+			return mptcpv1alpha1.CompiledRule{}
 		}
-		return agent.Rule{Rate: &agent.RateLimits{Mode: "shape", PerPath: []agent.PathRate{
+		return mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModeShape, PerPath: []mptcpv1alpha1.CompiledPathRate{
 			{Path: framework.PathName(1), Rate: *quantity(rateCap / 2)}, {Path: framework.PathName(2), Rate: *quantity(rateCap / 2)}}}}
 	})
 	capHolds(t, bed, rateCap, 0.9, 1.0, 0.01)
@@ -211,8 +212,8 @@ func TestShapeCapsWhatThePodSends(t *testing.T) {
 	}
 	// The agent's qdiscs go with the rule, and nothing else is touched.
 	cfg := agents[0].Config
-	shaped := cfg.Rules[0].Rate
-	cfg.Rules[0].Rate = nil
+	shaped := cfg.Rule().RateLimits
+	cfg.Rule().RateLimits = nil
 	if err := agents[0].WriteConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +244,7 @@ func TestShapeCapsWhatThePodSends(t *testing.T) {
 	if out, err := bed.Command(node.NetNS, "tc", "qdisc", "replace", "dev", nic2, "root", "handle", "1:", "htb").CombinedOutput(); err != nil {
 		t.Fatalf("adding a foreign qdisc: %v: %s", err, out)
 	}
-	cfg.Rules[0].Rate = shaped
+	cfg.Rule().RateLimits = shaped
 	if err := agents[0].WriteConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -279,11 +280,11 @@ func TestShapeCapsWhatThePodSends(t *testing.T) {
 // cap; at 40 Mbit/s, where a segment per 0.2 ms RTT is itself 58 Mbit/s,
 // 0.99..1.34).
 func TestWindowCapsWhatThePodReceives(t *testing.T) {
-	bed, agents := rateBed(t, func(node int) agent.Rule {
+	bed, agents := rateBed(t, func(node int) mptcpv1alpha1.CompiledRule {
 		if node != 2 {
-			return agent.Rule{}
+			return mptcpv1alpha1.CompiledRule{}
 		}
-		return agent.Rule{HeaderRewriting: true, Rate: &agent.RateLimits{Mode: "window", PerConnection: quantity(windowCap)}}
+		return mptcpv1alpha1.CompiledRule{HeaderRewriting: true, RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModeWindow, PerConnection: quantity(windowCap)}}
 	})
 	capHolds(t, bed, windowCap, 0.9, 1.1, 0.01)
 	if s := stats(t, agents[1]); s["rate_window_lowered"] == 0 {

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -181,10 +181,10 @@ func clientServerTraffic(bed *testbed.Bed) []flow {
 }
 
 // signalPorts are the ports servers announce for paths 2..k.
-func signalPorts(k int) []uint16 {
-	var ports []uint16
+func signalPorts(k int) []int32 {
+	var ports []int32
 	for i := 2; i <= k; i++ {
-		ports = append(ports, uint16(6000+i))
+		ports = append(ports, int32(6000+i))
 	}
 	return ports
 }
@@ -200,33 +200,35 @@ func reversePathDrops(t *testing.T, bed *testbed.Bed, node *testbed.Node) int {
 // connection use distinct NICs. Checked from captures decoded by tshark.
 func TestSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
 	tests := map[string]struct {
-		nics int               // NICs per node (K)
-		mode agent.SubflowMode // who opens the joins
+		nics int                           // NICs per node (K)
+		mode mptcpv1alpha1.SubflowCreation // who opens the joins
 	}{
 		// Joins from the same address to the same server port, told apart
 		// only by kernel-chosen source ports: as a userspace path manager
 		// or a VM guest opens them.
-		"K=2, agent as userspace path manager": {nics: 2, mode: agent.SubflowsUserspace},
-		"K=4, agent as userspace path manager": {nics: 4, mode: agent.SubflowsUserspace},
+		"K=2, agent as userspace path manager": {nics: 2, mode: mptcpv1alpha1.SubflowCreationUserspace},
+		"K=4, agent as userspace path manager": {nics: 4, mode: mptcpv1alpha1.SubflowCreationUserspace},
 		// Joins to ports the servers announce, opened by the clients'
 		// in-kernel path managers.
-		"K=2, server-announced ports": {nics: 2, mode: agent.SubflowsSignal},
-		"K=4, server-announced ports": {nics: 4, mode: agent.SubflowsSignal},
+		"K=2, server-announced ports": {nics: 2, mode: mptcpv1alpha1.SubflowCreationSignal},
+		"K=4, server-announced ports": {nics: 4, mode: mptcpv1alpha1.SubflowCreationSignal},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			testbed.RequireTools(t, testbed.CaptureTools...)
 			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: tc.nics, PodsPerNode: 2, LinkRate: "100mbit"})
 			flows := crossTraffic(bed)
-			ruleFor := func(*testbed.Node) agent.Rule { return agent.Rule{Subflows: tc.mode} }
-			if tc.mode == agent.SubflowsSignal {
+			ruleFor := func(*testbed.Node) mptcpv1alpha1.CompiledRule {
+				return mptcpv1alpha1.CompiledRule{SubflowCreation: tc.mode}
+			}
+			if tc.mode == mptcpv1alpha1.SubflowCreationSignal {
 				// Servers on node 2 announce; clients on node 1 join.
 				flows = clientServerTraffic(bed)
-				ruleFor = func(n *testbed.Node) agent.Rule {
+				ruleFor = func(n *testbed.Node) mptcpv1alpha1.CompiledRule {
 					if n.Index == 2 {
-						return agent.Rule{Subflows: tc.mode, SignalPorts: signalPorts(tc.nics)}
+						return mptcpv1alpha1.CompiledRule{SubflowCreation: tc.mode, SignalPorts: signalPorts(tc.nics)}
 					}
-					return agent.Rule{Subflows: tc.mode}
+					return mptcpv1alpha1.CompiledRule{SubflowCreation: tc.mode}
 				}
 			}
 			// The agents hold only the capabilities they declare.
@@ -252,7 +254,7 @@ func TestSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
 					if s.Kind != testbed.KindMPJoin {
 						t.Errorf("connection %08x: subflow %v is not a join", c.Token, s)
 					}
-					if tc.mode == agent.SubflowsUserspace && (s.Src.Addr() != first.Src.Addr() || s.Dst != first.Dst) {
+					if tc.mode == mptcpv1alpha1.SubflowCreationUserspace && (s.Src.Addr() != first.Src.Addr() || s.Dst != first.Dst) {
 						t.Errorf("connection %08x: join %v does not go from the initial subflow's address to its server port %v", c.Token, s, first.Dst)
 					}
 				}
@@ -285,7 +287,7 @@ func TestSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
 func TestWithoutTheAgentSubflowsAreNotSpread(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
-	agents, err := framework.StartAgents(background(t), bed, bins.Agent, agent.Rule{}, declaredCaps)
+	agents, err := framework.StartAgents(background(t), bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}

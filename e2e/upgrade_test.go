@@ -18,10 +18,12 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"sigs.k8s.io/yaml"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -29,6 +31,56 @@ import (
 // struct subflow had a pad where the rule index is now, so its pinned
 // subflow table has a different layout from this binary's.
 const previousRelease = "091c18c"
+
+// releaseFormat writes node's configuration in the file format of
+// previousRelease: one file with the settings, the paths numbered from 0
+// (its datapath's numbering: the API's index minus one) with their NICs'
+// next hops, one rule over the paths, and the pods by namespace and veth.
+func releaseFormat(node *testbed.Node) framework.AgentOption {
+	type path struct {
+		Name      string     `json:"name"`
+		Index     uint32     `json:"index"`
+		Interface string     `json:"interface"`
+		Gateway   netip.Addr `json:"gateway"`
+	}
+	type rule struct {
+		Name  string   `json:"name"`
+		Paths []string `json:"paths"`
+	}
+	type pod struct {
+		Name          string       `json:"name"`
+		NetNS         string       `json:"netns"`
+		HostInterface string       `json:"hostInterface"`
+		IPs           []netip.Addr `json:"ips"`
+		Rule          string       `json:"rule"`
+	}
+	type config struct {
+		Node     string         `json:"node"`
+		PinDir   string         `json:"pinDir"`
+		StateDir string         `json:"stateDir"`
+		PodCIDRs []netip.Prefix `json:"podCIDRs"`
+		Paths    []path         `json:"paths"`
+		Rules    []rule         `json:"rules"`
+		Pods     []pod          `json:"pods"`
+	}
+	return framework.WithReleaseFormat(func(cfg *framework.NodeConfig) ([]byte, error) {
+		c := config{Node: cfg.Node, PinDir: cfg.PinDir, StateDir: cfg.StateDir, PodCIDRs: []netip.Prefix{node.PodCIDR}}
+		r := rule{Name: framework.RuleName}
+		for _, nic := range node.NICs {
+			c.Paths = append(c.Paths, path{Name: framework.PathName(nic.Index), Index: uint32(nic.Index - 1), Interface: nic.Name, Gateway: nic.Gateway})
+			r.Paths = append(r.Paths, framework.PathName(nic.Index))
+		}
+		c.Rules = []rule{r}
+		for _, p := range cfg.State.Spec.Pods {
+			for _, bp := range node.Pods {
+				if bp.Name == p.Name {
+					c.Pods = append(c.Pods, pod{Name: bp.Name, NetNS: "/var/run/netns/" + bp.NetNS, HostInterface: bp.HostIf, IPs: []netip.Addr{bp.Addr}, Rule: r.Name})
+				}
+			}
+		}
+		return yaml.Marshal(c)
+	})
+}
 
 // pinnedMapID is the kernel id of the map pinned at path.
 func pinnedMapID(t *testing.T, path string) ebpf.MapID {
@@ -49,7 +101,7 @@ func pinnedMapID(t *testing.T, path string) ebpf.MapID {
 // localAPI sends GET path to the agent's local API socket, as root.
 func localAPI(t *testing.T, a *framework.Agent, path string, out any) {
 	t.Helper()
-	sock := filepath.Join(a.Config.StateDir, agent.LocalAPISocket)
+	sock := filepath.Join(a.Config.StateDir, observe.LocalAPISocket)
 	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
@@ -94,18 +146,20 @@ func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 	}
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
 	ctx := background(t)
-	full := framework.AgentConfig(bed, bed.Node(1), agent.Rule{})
-	first := *full
-	first.Pods = full.Pods[:1]
-	a1, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(1), &first, declaredCaps)
+	full := framework.AgentConfig(bed, bed.Node(1), mptcpv1alpha1.CompiledRule{})
+	first := full.Copy()
+	first.State.Spec.Pods = first.State.Spec.Pods[:1]
+	a1, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(1), first, declaredCaps, releaseFormat(bed.Node(1)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	a2, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(2), framework.AgentConfig(bed, bed.Node(2), agent.Rule{}), declaredCaps)
+	second := framework.AgentConfig(bed, bed.Node(2), mptcpv1alpha1.CompiledRule{})
+	a2, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(2), second, declaredCaps, releaseFormat(bed.Node(2)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	agents := []*framework.Agent{a1, a2}
+	upgraded := map[*framework.Agent]*framework.NodeConfig{a1: full, a2: second}
 	newLayout, err := datapath.LayoutHash()
 	if err != nil {
 		t.Fatal(err)
@@ -140,12 +194,12 @@ func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 		if err := a.Stop(); err != nil {
 			t.Fatal(err)
 		}
-		if a == a1 {
-			if err := a.WriteConfig(full); err != nil {
-				t.Fatal(err)
-			}
-		}
+		// This tree's binary and file format; node 1 gains a pod while
+		// its agent is down.
 		a.UseBinary(bins.Agent)
+		if err := a.WriteConfig(upgraded[a]); err != nil {
+			t.Fatal(err)
+		}
 		if err := a.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -193,14 +247,14 @@ func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 	}
 
 	// The local API of the new agent lists the live subflows by path name.
-	var api []agent.SubflowInfo
+	var api []observe.SubflowInfo
 	localAPI(t, a1, "/v1/subflows", &api)
 	names := map[uint32]string{}
-	for _, p := range full.Paths {
-		names[p.Index] = p.Name
+	for _, p := range full.State.Spec.Paths {
+		names[uint32(p.Index)] = p.Name
 	}
 	for _, b := range before[a1] {
-		i := slices.IndexFunc(api, func(s agent.SubflowInfo) bool {
+		i := slices.IndexFunc(api, func(s observe.SubflowInfo) bool {
 			return s.Local == b.Local.String() && s.Remote == b.Remote.String()
 		})
 		if i < 0 {
@@ -214,15 +268,15 @@ func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 		}
 	}
 	// Another user cannot reach it (the socket is root's, 0600).
-	sock := filepath.Join(a1.Config.StateDir, agent.LocalAPISocket)
+	sock := filepath.Join(a1.Config.StateDir, observe.LocalAPISocket)
 	nobody := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
 		"curl", "-sS", "--max-time", "5", "--unix-socket", sock, "http://agent/v1/subflows")
 	if out, err := nobody.CombinedOutput(); err == nil || strings.Contains(string(out), "10.") {
 		t.Errorf("user nobody read node 1's local API (%v): %s", err, out)
 	}
-	var apiConns []agent.ConnectionInfo
+	var apiConns []observe.ConnectionInfo
 	localAPI(t, a1, "/v1/connections", &apiConns)
-	if n := len(slices.DeleteFunc(apiConns, func(c agent.ConnectionInfo) bool { return c.Local != client.String() || len(c.Paths) != 2 })); n != conns {
+	if n := len(slices.DeleteFunc(apiConns, func(c observe.ConnectionInfo) bool { return c.Local != client.String() || len(c.Paths) != 2 })); n != conns {
 		t.Errorf("local API of node 1 lists %d connections of pod 1 over both paths, want %d: %+v", n, conns, apiConns)
 	}
 
@@ -285,12 +339,13 @@ func TestUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 	}
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	ctx := background(t)
-	good := framework.AgentConfig(bed, bed.Node(1), agent.Rule{})
-	a1, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(1), good, declaredCaps)
+	good := framework.AgentConfig(bed, bed.Node(1), mptcpv1alpha1.CompiledRule{})
+	a1, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(1), good, declaredCaps, releaseFormat(bed.Node(1)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(2), framework.AgentConfig(bed, bed.Node(2), agent.Rule{}), declaredCaps); err != nil {
+	if _, err := framework.StartAgent(ctx, bed, oldBin, bed.Node(2), framework.AgentConfig(bed, bed.Node(2), mptcpv1alpha1.CompiledRule{}),
+		declaredCaps, releaseFormat(bed.Node(2))); err != nil {
 		t.Fatal(err)
 	}
 	caps, err := bed.StartCaptures("tcp")
@@ -313,19 +368,20 @@ func TestUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 	oldLinks := linkPrograms(t, a1.Config.PinDir)
 	oldMap := pinnedMapID(t, filepath.Join(a1.Config.PinDir, "subflows"))
 
-	// A pod whose namespace and veth do not exist: the reconcile fails.
-	bad := *good
-	bad.Pods = append(slices.Clone(good.Pods), agent.Pod{
-		Name: "ghost", NetNS: "/var/run/netns/no-such-ns", HostInterface: "ghost0",
-		IPs: []netip.Addr{netip.MustParseAddr("10.99.99.99")}, Rule: good.Rules[0].Name,
+	// A pod whose address leads nowhere on the node: the first reconcile
+	// fails.
+	bad := good.Copy()
+	bad.State.Spec.Pods = append(bad.State.Spec.Pods, mptcpv1alpha1.NodePod{
+		Namespace: framework.PodNamespace, Name: "ghost", UID: "ghost",
+		IPs: []string{"10.99.99.99"}, Rules: []string{bad.Rule().Name},
 	})
 	if err := a1.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if err := a1.WriteConfig(&bad); err != nil {
+	a1.UseBinary(bins.Agent)
+	if err := a1.WriteConfig(bad); err != nil {
 		t.Fatal(err)
 	}
-	a1.UseBinary(bins.Agent)
 	if err := a1.Start(ctx); err == nil {
 		t.Fatal("the new agent reported a successful first reconcile with a pod that does not exist")
 	}

@@ -1,5 +1,7 @@
 package v1alpha1
 
+import "github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
+
 // Condition types shared by every kind in this API. They follow the usual
 // Kubernetes meaning: Ready means the desired state is in force, Progressing
 // that it is still being reached, Degraded that some of it cannot be.
@@ -27,14 +29,33 @@ const (
 	// every name is one of the policy's spread paths; otherwise the controller
 	// records a Warning event on the pod and changes nothing.
 	AnnotationPreferredPaths = "mptcp.io/preferred-paths"
-
-	// AnnotationNodePaths is written by the controller on each Node: the
-	// node's pod CIDRs and its address on every path, as reported by that
-	// node's agent (see PeerInfo). Agents learn their peers by watching Node
-	// metadata, so no MPTCPNodeState grows with the size of the cluster.
-	AnnotationNodePaths = "mptcp.io/paths"
 )
 
-// MaxPathIndex bounds the index the controller assigns to each path. Agents
-// encode it in a packet mark under a configurable mask, so it must stay small.
-const MaxPathIndex = 63
+// Limits of the API. Each is the datapath's own (enum limit in
+// bpf/include/common.h, exported by bpf2go into internal/datapath/limits),
+// so the API never accepts what an agent must refuse. The schema's markers
+// and CEL rules must state them as literals; TestSchemaLimitsAreTheDatapaths
+// checks that the generated CRDs say the same numbers as these constants.
+const (
+	// MaxPathIndex bounds the index the controller assigns to each path:
+	// indexes 1..MaxPathIndex are the values a packet's mark carries.
+	MaxPathIndex = limits.Paths
+	// MaxPolicyPaths bounds the paths one policy spreads over and keeps as
+	// backups, together: a rule's path list in the datapath.
+	MaxPolicyPaths = limits.Paths
+	// MaxPortRanges and MaxCIDRs bound a policy's traffic selector.
+	MaxPortRanges = limits.RulePorts
+	MaxCIDRs      = limits.RuleCIDRs
+	// MaxSubflows bounds maxSubflows: the kernel's own cap.
+	MaxSubflows = limits.Subflows
+	// MaxSignalPorts is one port per extra subflow.
+	MaxSignalPorts = limits.Subflows - 1
+	// MaxWeight bounds a path's weight.
+	MaxWeight = limits.Weight
+	// MaxPodPolicies bounds the policies applied to one pod: its selector
+	// chain in the datapath.
+	MaxPodPolicies = limits.PodRules
+	// MinBurstBytes and MaxBurstBytes bound rateLimits.burst.
+	MinBurstBytes = limits.MinBurstBytes
+	MaxBurstBytes = limits.MaxBurstBytes
+)

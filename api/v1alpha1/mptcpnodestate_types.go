@@ -39,9 +39,10 @@ type NodePath struct {
 	Name string `json:"name"`
 
 	// index is the path's cluster-wide index (MPTCPPath status.index), the
-	// same on every node so that marks agree.
+	// same on every node so that marks agree: the mark's value and the
+	// offset of the path's routing table.
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=63
+	// +kubebuilder:validation:Maximum=15
 	Index int32 `json:"index"`
 
 	// interface is how the agent finds the path's interface on this node.
@@ -49,13 +50,9 @@ type NodePath struct {
 	// one it found (or none) in status.paths.
 	Interface NodeInterface `json:"interface"`
 
-	// role is the path's default role.
-	Role PathRole `json:"role"`
-
-	// weight is the path's default share of subflow placements.
-	Weight int32 `json:"weight"`
-
-	// capacity in bits per second.
+	// capacity in bits per second: the agent bounds every per-path cap
+	// and the path NIC's shaping by it. (The path's default role and
+	// weight are resolved into the rules.)
 	Capacity resource.Quantity `json:"capacity"`
 }
 
@@ -67,7 +64,8 @@ type RulePath struct {
 	Weight int32 `json:"weight"`
 }
 
-// CompiledRateLimits are a rule's rate limits, quantities in bits per second.
+// CompiledRateLimits are a rule's rate limits, quantities in bits per second
+// (burst in bytes).
 type CompiledRateLimits struct {
 	Mode RateMode `json:"mode"`
 	// +optional
@@ -77,6 +75,12 @@ type CompiledRateLimits struct {
 	// +optional
 	// +listType=atomic
 	PerPath []CompiledPathRate `json:"perPath,omitempty"`
+	// direction police caps; unset: both.
+	// +optional
+	Direction RateDirection `json:"direction,omitempty"`
+	// burst in bytes; unset: the datapath's default.
+	// +optional
+	Burst *resource.Quantity `json:"burst,omitempty"`
 }
 
 // CompiledPathRate caps a rule's traffic on one path.
@@ -85,14 +89,24 @@ type CompiledPathRate struct {
 	Rate resource.Quantity `json:"rate"`
 }
 
-// CompiledRule is one policy as it applies to one pod.
+// CompiledRule is one policy as it applies to some of the node's pods.
 type CompiledRule struct {
+	// name identifies the rule: its policy's name, and for a variant (a
+	// tenant's preference applied) "@" and a hash of the preference
+	// (internal/controller/compile.RuleName), e.g. "spread-fabrics" or
+	// "spread-fabrics@3f9a1c2b7d". Pods refer to it. A changed policy
+	// keeps its rules' names; the agent maps each name to a datapath id
+	// that does not move while a live connection uses it, so a connection
+	// always acts under its own policy's rule, as the policy is now.
+	Name string `json:"name"`
 	// policy is the MPTCPPolicy's name.
 	Policy string `json:"policy"`
 	// policyGeneration is the policy's metadata.generation compiled here;
-	// the agent reports it back in status.appliedPolicies.
+	// the agent reports it back in status.appliedPolicies. Not part of
+	// the name: a generation that compiles alike on this node keeps it.
 	PolicyGeneration int64 `json:"policyGeneration"`
-	// priority of the policy, for display: rules are already in order.
+	// priority of the policy, for display: pods list their rules in order.
+	// Not part of the name either.
 	Priority int32 `json:"priority"`
 
 	// traffic is the selector chain; unset matches all of the pod's traffic.
@@ -130,10 +144,13 @@ type CompiledRule struct {
 	DataChecksums bool `json:"dataChecksums"`
 	// headerRewriting is true only when the admin opted in.
 	HeaderRewriting bool `json:"headerRewriting"`
-	// tenantPreferred is true when the pod's mptcp.io/preferred-paths
-	// annotation reordered paths.
+	// preferredPaths are the paths the pod's mptcp.io/preferred-paths
+	// annotation prefers, in its order: the first of paths, which they
+	// lead. In every spread mode a connection's initial subflow takes the
+	// first of them that is up; the mode decides only when none is.
 	// +optional
-	TenantPreferred bool `json:"tenantPreferred,omitempty"`
+	// +listType=atomic
+	PreferredPaths []string `json:"preferredPaths,omitempty"`
 }
 
 // NodePod is a pod running on the node and the rules that govern it.
@@ -145,10 +162,12 @@ type NodePod struct {
 	// +optional
 	// +listType=atomic
 	IPs []string `json:"ips,omitempty"`
-	// rules in order of precedence (priority, then policy name): for each
-	// connection the agent applies the first rule whose traffic matches.
+	// rules are names of spec.rules, in order of precedence (priority,
+	// then policy name): for each connection the agent applies the first
+	// rule whose traffic matches.
 	// +listType=atomic
-	Rules []CompiledRule `json:"rules"`
+	// +kubebuilder:validation:MaxItems=8
+	Rules []string `json:"rules"`
 }
 
 // MPTCPNodeStateSpec is written by the controller only. It holds nothing
@@ -162,6 +181,12 @@ type MPTCPNodeStateSpec struct {
 	// +optional
 	// +listType=atomic
 	Paths []NodePath `json:"paths,omitempty"`
+	// rules the node's pods refer to, each once, sorted by name: the
+	// spec grows with the pods and the distinct rules, not with their
+	// product.
+	// +optional
+	// +listType=atomic
+	Rules []CompiledRule `json:"rules,omitempty"`
 	// pods on this node governed by at least one policy, sorted by
 	// namespace/name.
 	// +optional
@@ -197,10 +222,13 @@ type PathState struct {
 	// +optional
 	Interface string    `json:"interface,omitempty"`
 	Link      LinkState `json:"link"`
+	// liveness is what probes to peers over the path say. Not written
+	// yet: per-path probing belongs to the failover work; until then a
+	// path is down for placement when its NIC has no carrier (link).
 	// +optional
 	Liveness Liveness `json:"liveness,omitempty"`
-	// addresses of the node on this path; the controller publishes them to
-	// peers through the Node annotation mptcp.io/paths.
+	// addresses of the node on this path, as the agent found them on the
+	// path's interface.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=4
@@ -291,4 +319,14 @@ type MPTCPNodeStateList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []MPTCPNodeState `json:"items"`
+}
+
+// Rule returns the rule of s named name, or nil.
+func (s *MPTCPNodeStateSpec) Rule(name string) *CompiledRule {
+	for i := range s.Rules {
+		if s.Rules[i].Name == name {
+			return &s.Rules[i]
+		}
+	}
+	return nil
 }

@@ -46,13 +46,18 @@ type MPTCPPathSpec struct {
 	// +required
 	Interface InterfaceSelector `json:"interface"`
 
-	// capacity is the path's rate in bits per second, e.g. "10G". Rate
-	// limits per path and the HTB shaping mode are bounded by it.
+	// capacity is the path's rate in bits per second, e.g. "10G". It
+	// bounds every cap on the path: a policy's perPath rate above it
+	// caps at the capacity, and shaping on the path's NIC (HTB) never
+	// lets more than the capacity through its classes together.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="capacity must be positive"
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isInteger() && quantity(self).isGreaterThan(quantity('0'))",message="capacity must be a positive whole number of bits per second, e.g. 10G"
 	Capacity resource.Quantity `json:"capacity"`
 
-	// defaultRole is the path's role when a policy does not say otherwise.
+	// defaultRole is the path's role in the policies that list it in
+	// spread.paths without a role of their own: backup makes it one of
+	// their backup paths (its subflows flagged backup), in those that
+	// allow header rewriting.
 	// +optional
 	// +kubebuilder:default=active
 	DefaultRole PathRole `json:"defaultRole,omitempty"`
@@ -63,7 +68,7 @@ type MPTCPPathSpec struct {
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=100
+	// +kubebuilder:validation:Maximum=255
 	Weight int32 `json:"weight,omitempty"`
 }
 
@@ -71,10 +76,12 @@ type MPTCPPathSpec struct {
 type MPTCPPathStatus struct {
 	// index is a small integer assigned by the controller, unique among paths
 	// and stable for the life of the path, so that every agent encodes this
-	// path with the same packet mark. Zero means not assigned yet.
+	// path with the same packet mark: the index is the mark's value and the
+	// offset of the path's routing table on every node. Zero means not
+	// assigned yet (all 15 in use).
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=63
+	// +kubebuilder:validation:Maximum=15
 	Index int32 `json:"index,omitempty"`
 
 	// nodes is how many nodes the nodeSelector selects.

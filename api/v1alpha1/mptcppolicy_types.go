@@ -35,6 +35,9 @@ type PortRange struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.cidrs) || !has(self.family) || self.family == 'Any' || self.cidrs.all(c, cidr(c).ip().family() == (self.family == 'IPv4' ? 4 : 6))",message="every entry of cidrs must be of the address family given in family"
 type TrafficMatch struct {
 	// cidrs are the remote networks, e.g. "10.20.0.0/16" or "fd00::/8".
+	// IPv4 networks are written in IPv4 form: an IPv4-mapped IPv6 network
+	// (::ffff:10.0.0.0/104) is refused, as no packet carries such an
+	// address.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=32
@@ -45,7 +48,7 @@ type TrafficMatch struct {
 	// ports are remote TCP ports.
 	// +optional
 	// +listType=atomic
-	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:MaxItems=8
 	// +kubebuilder:validation:items:XValidation:rule="!has(self.endPort) || self.endPort >= self.port",message="endPort must not be below port"
 	Ports []PortRange `json:"ports,omitempty"`
 
@@ -79,8 +82,18 @@ type WeightedPath struct {
 	// spec.weight.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=100
+	// +kubebuilder:validation:Maximum=255
 	Weight int32 `json:"weight,omitempty"`
+
+	// role of the path in this policy; when unset, the path's own
+	// spec.defaultRole. A backup path takes a connection's first subflow
+	// only when no active path is up and its joins after the active
+	// paths, flagged backup into the pod (MP_JOIN B bit, MP_PRIO), which
+	// rewrites headers: backup needs headerRewriting: Allowed, and a
+	// policy without it uses a path whose defaultRole is backup as an
+	// active one.
+	// +optional
+	Role PathRole `json:"role,omitempty"`
 }
 
 // Spread is the main actor: the paths that carry the pods' subflows.
@@ -90,7 +103,7 @@ type Spread struct {
 	// +listType=map
 	// +listMapKey=name
 	// +kubebuilder:validation:MinItems=1
-	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:MaxItems=15
 	Paths []WeightedPath `json:"paths"`
 
 	// mode of placement.
@@ -128,12 +141,14 @@ type PathRate struct {
 
 	// rate in bits per second.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="rate must be positive"
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isInteger() && quantity(self).isGreaterThan(quantity('0'))",message="rate must be a positive whole number of bits per second, e.g. 50M"
 	Rate resource.Quantity `json:"rate"`
 }
 
 // RateLimits are the rate actor's caps, all in bits per second.
-// +kubebuilder:validation:XValidation:rule="!(self.mode == 'window' && has(self.perPath))",message="perPath cannot use mode window: a receive window caps a connection, not a path"
+// +kubebuilder:validation:XValidation:rule="!(self.mode == 'window' && (has(self.perPod) || has(self.perPath)))",message="mode window caps connections only (perConnection): a receive window belongs to one connection (RFC 8684 3.3.4); perPod and perPath need police or shape"
+// +kubebuilder:validation:XValidation:rule="!(self.mode == 'shape' && has(self.perConnection))",message="mode shape queues per pod and per path in HTB on the NIC; perConnection needs police or window"
+// +kubebuilder:validation:XValidation:rule="!has(self.direction) || self.mode == 'police'",message="direction is for mode police only: window caps what the pod receives, shape what it sends"
 // +kubebuilder:validation:XValidation:rule="has(self.perConnection) || has(self.perPod) || has(self.perPath)",message="rateLimits must set at least one of perConnection, perPod or perPath"
 type RateLimits struct {
 	// mode of enforcement. window lowers the receive window the pods
@@ -148,21 +163,45 @@ type RateLimits struct {
 
 	// perConnection caps each MPTCP connection (all its subflows).
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="perConnection must be positive"
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isInteger() && quantity(self).isGreaterThan(quantity('0'))",message="perConnection must be a positive whole number of bits per second, e.g. 500M"
 	PerConnection *resource.Quantity `json:"perConnection,omitempty"`
 
 	// perPod caps each selected pod.
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="perPod must be positive"
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isInteger() && quantity(self).isGreaterThan(quantity('0'))",message="perPod must be a positive whole number of bits per second, e.g. 2G"
 	PerPod *resource.Quantity `json:"perPod,omitempty"`
 
 	// perPath caps the policy's traffic on a path, per node.
 	// +optional
 	// +listType=map
 	// +listMapKey=path
-	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:MaxItems=15
 	PerPath []PathRate `json:"perPath,omitempty"`
+
+	// direction is what police caps: egress (what the pod sends), ingress
+	// (what it receives) or both.
+	// +optional
+	Direction RateDirection `json:"direction,omitempty"`
+
+	// burst is, in bytes, how deep each police bucket is and how much
+	// window mode grants at once. Unset: 200 ms at the largest cap, within
+	// the same bounds. Below 64Ki a bucket drops whole TSO bursts and TCP
+	// collapses far below its cap; 1Gi bounds what a connection sends at
+	// once.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isInteger() && quantity(self).compareTo(quantity('64Ki')) >= 0 && quantity(self).compareTo(quantity('1Gi')) <= 0",message="burst must be a whole number of bytes from 64Ki to 1Gi"
+	Burst *resource.Quantity `json:"burst,omitempty"`
 }
+
+// RateDirection is the traffic of a pod that police caps.
+// +kubebuilder:validation:Enum=egress;ingress;both
+type RateDirection string
+
+const (
+	RateEgress  RateDirection = "egress"
+	RateIngress RateDirection = "ingress"
+	RateBoth    RateDirection = "both"
+)
 
 // SubflowCreation is who creates a managed pod's extra subflows.
 //   - userspace: the agent is the pod's userspace path manager and creates the
@@ -191,7 +230,8 @@ type PodMPTCP struct {
 	// +kubebuilder:default=userspace
 	SubflowCreation SubflowCreation `json:"subflowCreation,omitempty"`
 
-	// signalPorts are the ports a server pod announces in signal mode.
+	// signalPorts are the ports a server pod announces in signal mode, one
+	// per extra subflow.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MinItems=1
@@ -234,7 +274,9 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.backupPaths) || self.spread.paths.all(p, !(p.name in self.backupPaths))",message="backupPaths must not name a path of spread.paths"
 // +kubebuilder:validation:XValidation:rule="!has(self.rateLimits) || !has(self.rateLimits.perPath) || self.rateLimits.perPath.all(r, self.spread.paths.exists(p, p.name == r.path) || (has(self.backupPaths) && r.path in self.backupPaths))",message="rateLimits.perPath must name paths of spread.paths or backupPaths"
 // +kubebuilder:validation:XValidation:rule="self.headerRewriting == 'Allowed' || !has(self.backupPaths)",message="backupPaths rewrite MP_JOIN and MP_PRIO options and need headerRewriting: Allowed"
+// +kubebuilder:validation:XValidation:rule="self.headerRewriting == 'Allowed' || !self.spread.paths.exists(p, has(p.role) && p.role == 'backup')",message="a spread path with role backup is flagged backup (MP_JOIN and MP_PRIO options) and needs headerRewriting: Allowed"
 // +kubebuilder:validation:XValidation:rule="self.headerRewriting == 'Allowed' || !has(self.rateLimits) || self.rateLimits.mode != 'window'",message="rateLimits.mode window rewrites the TCP window and needs headerRewriting: Allowed"
+// +kubebuilder:validation:XValidation:rule="size(self.spread.paths) + (has(self.backupPaths) ? size(self.backupPaths) : 0) <= 15",message="spread.paths and backupPaths name at most 15 paths together: a node steers over at most 15 paths"
 type MPTCPPolicySpec struct {
 	// priority decides between policies selecting the same pod: higher
 	// first, then by name.
@@ -264,7 +306,7 @@ type MPTCPPolicySpec struct {
 	// backupPaths carry subflows only when no spread path is alive.
 	// +optional
 	// +listType=set
-	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:MaxItems=15
 	// +kubebuilder:validation:items:MaxLength=63
 	BackupPaths []string `json:"backupPaths,omitempty"`
 
@@ -272,7 +314,7 @@ type MPTCPPolicySpec struct {
 	// "administratively prohibited".
 	// +optional
 	// +listType=set
-	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:MaxItems=15
 	// +kubebuilder:validation:items:MaxLength=63
 	BlockedPaths []string `json:"blockedPaths,omitempty"`
 

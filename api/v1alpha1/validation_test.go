@@ -71,7 +71,7 @@ spec: {interface: {name: "a/b"}, capacity: 1G}`,
 kind: MPTCPPath
 metadata: {name: p}
 spec: {interface: {name: nic1}, capacity: "0"}`,
-			field: "spec.capacity", message: "capacity must be positive",
+			field: "spec.capacity", message: "capacity must be a positive whole number",
 		},
 		"path without capacity": {
 			manifest: `
@@ -122,12 +122,33 @@ metadata: {name: p}
 spec: {namespaceSelector: {}, spread: {paths: [{name: fabric-a}, {name: fabric-a}]}}`,
 			field: "spec.spread.paths[1]", message: "Duplicate value",
 		},
-		"policy with weight above 100": {
+		"policy with weight above 255": {
 			manifest: `
 kind: MPTCPPolicy
 metadata: {name: p}
-spec: {namespaceSelector: {}, spread: {paths: [{name: fabric-a, weight: 101}]}}`,
-			field: "spec.spread.paths[0].weight", message: "less than or equal to 100",
+spec: {namespaceSelector: {}, spread: {paths: [{name: fabric-a, weight: 256}]}}`,
+			field: "spec.spread.paths[0].weight", message: "less than or equal to 255",
+		},
+		"policy spreading over more paths than a node has": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:
+  namespaceSelector: {}
+  spread: {paths: [{name: p1}, {name: p2}, {name: p3}, {name: p4}, {name: p5}, {name: p6}, {name: p7}, {name: p8},
+    {name: p9}, {name: p10}, {name: p11}, {name: p12}, {name: p13}, {name: p14}, {name: p15}, {name: p16}]}`,
+			field: "spec.spread.paths", message: "must have at most 15 items",
+		},
+		"policy whose spread and backup paths exceed a node's paths": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:
+  namespaceSelector: {}
+  headerRewriting: Allowed
+  spread: {paths: [{name: p1}, {name: p2}, {name: p3}, {name: p4}, {name: p5}, {name: p6}, {name: p7}, {name: p8}]}
+  backupPaths: [b1, b2, b3, b4, b5, b6, b7, b8]`,
+			field: "spec", message: "at most 15 paths together",
 		},
 		"policy with unknown spread mode": {
 			manifest: `
@@ -184,6 +205,22 @@ spec:` + validPolicySpec + `
   traffic: {ports: [{port: 0}]}`,
 			field: "spec.traffic.ports[0].port", message: "greater than or equal to 1",
 		},
+		"policy with more port ranges than a rule selects": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  traffic: {ports: [{port: 1}, {port: 2}, {port: 3}, {port: 4}, {port: 5}, {port: 6}, {port: 7}, {port: 8}, {port: 9}]}`,
+			field: "spec.traffic.ports", message: "must have at most 8 items",
+		},
+		"policy with an IPv4-mapped IPv6 CIDR": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  traffic: {cidrs: ["::ffff:10.0.0.0/104"]}`,
+			field: "spec.traffic.cidrs[0]", message: "must be a CIDR",
+		},
 		"policy with a port range ending below its start": {
 			manifest: `
 kind: MPTCPPolicy
@@ -219,6 +256,13 @@ spec:` + validPolicySpec + `
   blockedPaths: [lte]`,
 			field: "spec", message: "blockedPaths must not name a path of backupPaths",
 		},
+		"policy with a spread path of role backup but no header rewriting opt-in": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec: {namespaceSelector: {}, spread: {paths: [{name: fabric-a}, {name: lte, role: backup}]}}`,
+			field: "spec", message: "role backup is flagged backup",
+		},
 		"policy with backup paths but no header rewriting opt-in": {
 			manifest: `
 kind: MPTCPPolicy
@@ -242,7 +286,71 @@ metadata: {name: p}
 spec:` + validPolicySpec + `
   headerRewriting: Allowed
   rateLimits: {mode: window, perPath: [{path: fabric-a, rate: 1G}]}`,
-			field: "spec.rateLimits", message: "perPath cannot use mode window",
+			field: "spec.rateLimits", message: "mode window caps connections only",
+		},
+		"policy capping a pod with the receive window": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  headerRewriting: Allowed
+  rateLimits: {mode: window, perConnection: 100M, perPod: 1G}`,
+			field: "spec.rateLimits", message: "mode window caps connections only",
+		},
+		"policy shaping a connection": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: shape, perConnection: 100M}`,
+			field: "spec.rateLimits", message: "mode shape queues per pod and per path",
+		},
+		"policy with a direction outside police": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: shape, perPod: 100M, direction: ingress}`,
+			field: "spec.rateLimits", message: "direction is for mode police only",
+		},
+		"policy with a rate below one bit per second": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: police, perConnection: 100m}`,
+			field: "spec.rateLimits.perConnection", message: "whole number of bits per second",
+		},
+		"policy with a fractional path rate": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: police, perPath: [{path: fabric-a, rate: 1500m}]}`,
+			field: "spec.rateLimits.perPath[0].rate", message: "whole number of bits per second",
+		},
+		"policy with a burst below the floor": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: police, perPod: 1G, burst: 1Ki}`,
+			field: "spec.rateLimits.burst", message: "from 64Ki to 1Gi",
+		},
+		"policy with an unbounded burst": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: police, perPod: 1G, burst: 5Gi}`,
+			field: "spec.rateLimits.burst", message: "from 64Ki to 1Gi",
+		},
+		"path with a capacity below one bit per second": {
+			manifest: `
+kind: MPTCPPath
+metadata: {name: p}
+spec: {interface: {name: nic1}, capacity: 100m}`,
+			field: "spec.capacity", message: "whole number of bits per second",
 		},
 		"policy capping a path it does not use": {
 			manifest: `
@@ -258,7 +366,7 @@ kind: MPTCPPolicy
 metadata: {name: p}
 spec:` + validPolicySpec + `
   rateLimits: {mode: police, perPod: "-1M"}`,
-			field: "spec.rateLimits.perPod", message: "perPod must be positive",
+			field: "spec.rateLimits.perPod", message: "perPod must be a positive whole number",
 		},
 		"policy with rate limits that limit nothing": {
 			manifest: `
@@ -300,6 +408,15 @@ spec:
   paths:
     - {name: fabric-a, index: 0, interface: {name: nic1}, role: active, weight: 1, capacity: 1G}`,
 			field: "spec.paths[0].index", message: "greater than or equal to 1",
+		},
+		"node state with a path index beyond the mark's": {
+			manifest: `
+kind: MPTCPNodeState
+metadata: {name: node-1}
+spec:
+  paths:
+    - {name: fabric-a, index: 16, interface: {name: nic1}, role: active, weight: 1, capacity: 1G}`,
+			field: "spec.paths[0].index", message: "less than or equal to 15",
 		},
 	}
 

@@ -112,12 +112,12 @@ var (
 // leave the SYN (wrong family, ports, CIDR: each one checked in turn), then
 // a weighted rule that selects it by CIDR and port.
 var chainRules = []datapath.Rule{
-	{Paths: []uint32{4}, Family: datapath.FamilyIPv6},
-	{Paths: []uint32{4}, Ports: []datapath.PortRange{{First: 1, Last: 1024}, {First: 8000, Last: 9000}}},
-	{Paths: []uint32{4}, CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("172.16.0.0/12")}},
-	{Paths: []uint32{0, 1, 2, 3}, Weights: []uint32{4, 3, 2, 1}, Spread: datapath.SpreadWeighted,
+	{Paths: []uint32{5}, Family: datapath.FamilyIPv6},
+	{Paths: []uint32{5}, Ports: []datapath.PortRange{{First: 1, Last: 1024}, {First: 8000, Last: 9000}}},
+	{Paths: []uint32{5}, CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("172.16.0.0/12")}},
+	{Paths: []uint32{1, 2, 3, 4}, Weights: []uint32{4, 3, 2, 1}, Spread: datapath.SpreadWeighted,
 		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Ports: []datapath.PortRange{{First: 5000, Last: 5999}},
-		Backup: []uint32{5}, RewriteHeaders: true},
+		Backup: []uint32{6}, RewriteHeaders: true},
 }
 
 // fullChainActors configure, for the full-chain cases, the actors of the
@@ -194,7 +194,7 @@ func setup(b *testing.B) *datapath.Datapath {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { dp.Close() })
-	if err := dp.SetRule(0, datapath.Rule{Paths: []uint32{0, 1, 2, 3}}); err != nil {
+	if err := dp.SetRule(0, datapath.Rule{Paths: []uint32{1, 2, 3, 4}}); err != nil {
 		b.Fatal(err)
 	}
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {

@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 )
 
 // BenchmarkSubflowCreation opens b.N short connections one after another and
@@ -34,15 +34,15 @@ func BenchmarkSubflowCreation(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, mode := range []agent.SubflowMode{agent.SubflowsUserspace, agent.SubflowsSignal} {
+	for _, mode := range []mptcpv1alpha1.SubflowCreation{mptcpv1alpha1.SubflowCreationUserspace, mptcpv1alpha1.SubflowCreationSignal} {
 		b.Run(string(mode), func(b *testing.B) {
 			bed := testbed.NewForTest(b, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
 			ctx := b.Context()
-			agents, err := framework.StartAgentsWith(ctx, bed, bins.Agent, func(n *testbed.Node) agent.Rule {
-				if mode == agent.SubflowsSignal && n.Index == 2 {
-					return agent.Rule{Subflows: mode, SignalPorts: []uint16{6002}}
+			agents, err := framework.StartAgentsWith(ctx, bed, bins.Agent, func(n *testbed.Node) mptcpv1alpha1.CompiledRule {
+				if mode == mptcpv1alpha1.SubflowCreationSignal && n.Index == 2 {
+					return mptcpv1alpha1.CompiledRule{SubflowCreation: mode, SignalPorts: []int32{6002}}
 				}
-				return agent.Rule{Subflows: mode}
+				return mptcpv1alpha1.CompiledRule{SubflowCreation: mode}
 			})
 			if err != nil {
 				b.Fatal(err)

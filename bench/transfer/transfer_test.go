@@ -19,10 +19,10 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 )
 
 // The caps of the e2e rate tests (e2e/rate_test.go): a fifth of two
@@ -61,23 +61,23 @@ type rateCase struct {
 	name string
 	// node whose agent gets the rule; the other's selects the pod with no cap.
 	node int
-	rule agent.Rule
+	rule mptcpv1alpha1.CompiledRule
 	cap  float64
 	cc   string
 }
 
 var rateCases = []rateCase{
 	{name: "police, sender's node, cubic", node: 1, cap: rateCap, cc: "cubic",
-		rule: agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "egress"}}},
+		rule: mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: quantity(rateCap), Direction: mptcpv1alpha1.RateEgress}}},
 	{name: "police, sender's node, bbr", node: 1, cap: rateCap, cc: "bbr",
-		rule: agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "egress"}}},
+		rule: mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: quantity(rateCap), Direction: mptcpv1alpha1.RateEgress}}},
 	{name: "police, receiver's node, cubic", node: 2, cap: rateCap, cc: "cubic",
-		rule: agent.Rule{Rate: &agent.RateLimits{Mode: "police", PerConnection: quantity(rateCap), Direction: "ingress"}}},
+		rule: mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: quantity(rateCap), Direction: mptcpv1alpha1.RateIngress}}},
 	{name: "shape, sender's node (2 x 20 Mbit/s)", node: 1, cap: rateCap,
-		rule: agent.Rule{Rate: &agent.RateLimits{Mode: "shape", PerPath: []agent.PathRate{
+		rule: mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModeShape, PerPath: []mptcpv1alpha1.CompiledPathRate{
 			{Path: framework.PathName(1), Rate: *quantity(rateCap / 2)}, {Path: framework.PathName(2), Rate: *quantity(rateCap / 2)}}}}},
 	{name: "window, receiver's node", node: 2, cap: windowCap,
-		rule: agent.Rule{HeaderRewriting: true, Rate: &agent.RateLimits{Mode: "window", PerConnection: quantity(windowCap)}}},
+		rule: mptcpv1alpha1.CompiledRule{HeaderRewriting: true, RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModeWindow, PerConnection: quantity(windowCap)}}},
 }
 
 // stallResult is one case's rounds.
@@ -99,11 +99,11 @@ func BenchmarkRateModeStalls(b *testing.B) {
 	for _, c := range rateCases {
 		b.Run(c.name, func(b *testing.B) {
 			bed := testbed.NewForTest(b, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: linkRate})
-			if _, err := framework.StartAgentsWith(b.Context(), bed, bins.Agent, func(n *testbed.Node) agent.Rule {
+			if _, err := framework.StartAgentsWith(b.Context(), bed, bins.Agent, func(n *testbed.Node) mptcpv1alpha1.CompiledRule {
 				if n.Index == c.node {
 					return c.rule
 				}
-				return agent.Rule{}
+				return mptcpv1alpha1.CompiledRule{}
 			}); err != nil {
 				b.Fatal(err)
 			}
@@ -131,7 +131,7 @@ func BenchmarkRateModeStalls(b *testing.B) {
 // the pace) and reports the goodput of each; the ratio is the cost.
 func BenchmarkDSSChecksumCost(b *testing.B) {
 	bed := testbed.NewForTest(b, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1})
-	if _, err := framework.StartAgents(b.Context(), bed, bins.Agent, agent.Rule{}); err != nil {
+	if _, err := framework.StartAgents(b.Context(), bed, bins.Agent, mptcpv1alpha1.CompiledRule{}); err != nil {
 		b.Fatal(err)
 	}
 	var off, on []float64

@@ -73,7 +73,7 @@ __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struc
 		return 0;
 	rule_id = sf->rule;
 	r = bpf_map_lookup_elem(&rules, &rule_id);
-	if (!r || !(r->flags & RULE_REWRITE_HEADERS) || !backup_path(r, sf->path) ||
+	if (!r || !(r->flags & RULE_REWRITE_HEADERS) || !backup_path(r, sf->path_index) ||
 	    !ip_len_matches(skb, pkt))
 		return 0;
 	l4 = pkt->l4_off;
@@ -121,7 +121,7 @@ __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struc
 static __always_inline __u32 backup_want(const struct rule *r, const struct subflow *sf)
 {
 	if (r && (r->flags & RULE_REWRITE_HEADERS))
-		return backup_path(r, sf->path) ? 1 : 0;
+		return backup_path(r, sf->path_index) ? 1 : 0;
 	if (sf->flags & SUBFLOW_BACKUP_BY_US)
 		return 0;
 	return sf->flags & SUBFLOW_BACKUP ? 1 : 0;

@@ -16,8 +16,43 @@
 #define TCX_NEXT -1
 #endif
 
-/* Upper bound of paths per node: a 4-bit mark field numbers them 1..15. */
-#define MAX_PATHS 15
+/* The limits every layer checks. They are defined here, once: bpf2go exports
+ * enum limit to Go (internal/datapath/limits), the API's schema states the same
+ * numbers in its markers and CEL rules (api/v1alpha1, checked against these by
+ * TestSchemaLimitsAreTheDatapaths), and the controller and the agent use the
+ * Go constants. The API never accepts what an agent would refuse. */
+enum limit {
+	/* Paths per node. A path's index (MPTCPPath status.index, 1..15) is
+	 * the value written in the mark's 4 bits (0: not steered) and the
+	 * offset of its routing table: no layer renumbers it. */
+	LIMIT_PATHS = 15,
+	/* Rule ids, 0..255: entries of the rules and rate_rules arrays. */
+	LIMIT_RULES = 256,
+	/* A pod's selector chain (struct endpoint). */
+	LIMIT_POD_RULES = 8,
+	/* Port ranges of one rule's selector (struct rule). */
+	LIMIT_RULE_PORTS = 8,
+	/* Remote CIDRs of one rule's selector: rule_cidrs holds
+	 * LIMIT_RULES * LIMIT_RULE_CIDRS prefixes. */
+	LIMIT_RULE_CIDRS = 32,
+	/* Subflows of a connection, the first included: the kernel's own cap
+	 * (net.mptcp subflows_max and add_addr_accepted stop at 8). */
+	LIMIT_SUBFLOWS = 8,
+	/* A path's weight in a rule (a byte of struct rule). */
+	LIMIT_WEIGHT = 255,
+	/* Selected pod addresses (slots of pod_records). */
+	LIMIT_PODS = 4096,
+	/* A rate bucket's depth (police) or the window granted at once
+	 * (window), in bytes. Below the floor a bucket drops whole TSO bursts
+	 * and TCP collapses far below its cap (docs/datapath.md, Rate); the
+	 * ceiling bounds what a connection may send at once. */
+	LIMIT_BURST_MIN_BYTES = 64 << 10,
+	LIMIT_BURST_MAX_BYTES = 1 << 30,
+};
+
+/* Upper bound of paths per node: a 4-bit mark field numbers them 1..15.
+ * Arrays indexed by a path index have MAX_PATHS + 1 entries (0 unused). */
+#define MAX_PATHS LIMIT_PATHS
 
 #define AF_INET	 2
 #define AF_INET6 10
@@ -110,7 +145,10 @@ enum subflow_role {
 #define SUBFLOW_BACKUP_BY_US (1U << 1)
 
 struct subflow {
-	__u32 path;  /* path index, 0-based */
+	/* The path's index, 1..MAX_PATHS, as the API numbers it. Releases
+	 * before 2026-12 kept a 0-based "path" here: the new name tells a
+	 * migration which numbering a pinned map holds (migrate_paths.go). */
+	__u32 path_index;
 	__u32 role;  /* enum subflow_role */
 	__u32 token; /* MP_JOIN token (receiver's), 0 for the initial subflow */
 	__u32 rule;  /* the rule that selected it: actors read their data there */
@@ -163,7 +201,7 @@ struct endpoint_key {
 } __attribute__((aligned(4))); /* 20 bytes: word-aligned, not 8 */
 
 /* Rules per pod: the pod's selector chain, tried in order. */
-#define MAX_POD_RULES 8
+#define MAX_POD_RULES LIMIT_POD_RULES
 
 struct endpoint {
 	__u32 nrules;
@@ -174,10 +212,10 @@ struct endpoint {
 
 /* Rule ids index the rules array map; other actors key their own maps by the
  * same id. */
-#define MAX_RULES 256
+#define MAX_RULES LIMIT_RULES
 
 /* Port ranges a rule's selector holds (an empty list selects every port). */
-#define MAX_RULE_PORTS 8
+#define MAX_RULE_PORTS LIMIT_RULE_PORTS
 
 struct port_range {
 	__u16 first; /* host byte order, inclusive */
@@ -216,6 +254,10 @@ struct rule {
 	struct port_range ports[MAX_RULE_PORTS];
 	__u8 weights[MAX_PATHS + 1]; /* SPREAD_WEIGHTED: per slot of paths, 1..255 */
 	__u32 blocked;		     /* block: bit p set, a peer's join arriving on path p is refused */
+	/* The first npreferred paths are a tenant's preferred ones: in every
+	 * spread mode the initial subflow takes the first of them that is up,
+	 * and the mode decides only when none is. */
+	__u32 npreferred;
 };
 
 /* Key of rule_cidrs, an LPM trie: the rule id and the family (always matched
@@ -258,7 +300,7 @@ struct pod_record {
 };
 
 /* Slots of pod_records: one per endpoint, 0 meaning none. */
-#define MAX_PODS 4096
+#define MAX_PODS LIMIT_PODS
 
 /* A NIC of this node, keyed by ifindex in nic_paths. */
 struct nic {

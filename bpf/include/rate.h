@@ -118,7 +118,7 @@ struct rate_subflow {
  * every packet of a selected subflow. Mode RATE_MODE_NONE: no cap. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 256);
+	__uint(max_entries, MAX_RULES);
 	__type(key, __u32); /* rule id */
 	__type(value, struct rate_cfg);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

@@ -17,6 +17,7 @@ import (
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/kube"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/removal"
 )
 
@@ -33,28 +34,27 @@ type kubeOptions struct {
 // (30 s), with the uninstall itself taking under a second.
 const removalTimeout = 10 * time.Second
 
-// runKube enforces the node's MPTCPNodeState. A -config file, if given,
-// supplies the node-local settings; what it says of paths, rules and pods is
-// replaced by the API's.
+// runKube enforces the node's MPTCPNodeState from the API. A -config file,
+// if given, supplies the node-local settings.
 func runKube(log *slog.Logger, o kubeOptions) error {
-	base := agent.NodeDefaults(o.node)
+	settings := agent.NodeDefaults(o.node)
 	if o.configPath != "" {
-		cfg, err := agent.LoadConfig(o.configPath)
+		s, err := agent.LoadSettings(o.configPath)
 		if err != nil {
 			return err
 		}
-		if cfg.Node != o.node {
-			return fmt.Errorf("%s is node %q's configuration, not %q's", o.configPath, cfg.Node, o.node)
+		if s.Node != o.node {
+			return fmt.Errorf("%s is node %q's settings, not %q's", o.configPath, s.Node, o.node)
 		}
-		base = *cfg
+		settings = s
 	}
 	log = log.With("node", o.node)
-	lock, err := agent.LockNode(base.StateDir, log)
+	lock, err := agent.LockNode(settings.StateDir, log)
 	if err != nil {
 		return err
 	}
 	defer lock.Unlock()
-	a, err := agent.New(&base, log)
+	a, err := agent.New(settings, log)
 	if err != nil {
 		return err
 	}
@@ -86,7 +86,7 @@ func runKube(log *slog.Logger, o kubeOptions) error {
 	// stopped: by a signal, which is how the kubelet ends the container
 	// whatever the reason; err: the manager's, which a signal may come
 	// with too.
-	stopped, err := enforce(log, a, restCfg, base, o)
+	stopped, err := enforce(log, a, restCfg, settings, o)
 	if !stopped || owner == nil {
 		log.Info("stopping; the datapath stays pinned and keeps steering")
 		return joinClose(err, a)
@@ -105,11 +105,11 @@ func runKube(log *slog.Logger, o kubeOptions) error {
 // enforce runs the agent until SIGTERM or SIGINT (stopped) or an error that
 // ends it. It serves the metrics, probes and local API meanwhile, and stops
 // serving before it returns, so that the datapath may be closed or removed.
-func enforce(log *slog.Logger, a *agent.Agent, restCfg *rest.Config, base agent.Config, o kubeOptions) (stopped bool, err error) {
+func enforce(log *slog.Logger, a *agent.Agent, restCfg *rest.Config, settings agent.Settings, o kubeOptions) (stopped bool, err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	status := agent.Status{PID: os.Getpid()}
-	metrics := agent.NewMetrics(a)
+	metrics := observe.NewMetrics(a, log)
 	wait, err := serveEndpoints(ctx, a, metrics, o.metricsAddr, restCfg, &status, log)
 	defer wait()
 	defer stop()
@@ -119,7 +119,7 @@ func enforce(log *slog.Logger, a *agent.Agent, restCfg *rest.Config, base agent.
 	if err := a.WriteStatus(status); err != nil {
 		log.Error("writing status", "err", err)
 	}
-	err = kube.Run(ctx, restCfg, kube.Options{Node: o.node, Base: base, Agent: a, Metrics: metrics, Log: log, Status: status})
+	err = kube.Run(ctx, restCfg, kube.Options{Node: o.node, Settings: settings, Agent: a, Metrics: metrics, Log: log, Status: status})
 	return ctx.Err() != nil, err
 }
 

@@ -1,11 +1,13 @@
 // Command agent is the mptcp-operator node agent. It runs in a node's network
 // namespace, loads the datapath and keeps the node in line with its
-// configuration: `agent -config node.yaml` runs until SIGTERM (leaving the
-// datapath pinned and steering), SIGHUP re-reads the file, and
-// `agent -config node.yaml -uninstall` removes everything the agent created.
-// With -kubeconfig and -node it enforces the node's MPTCPNodeState from the
-// API instead (kube mode, docs/agent.md); -config then only supplies the
-// node-local settings (pin and state directories, tables, mark mask).
+// MPTCPNodeState: `agent -config settings.yaml -node-state node.yaml` (file
+// mode) enforces the node state of a YAML file until SIGTERM (leaving the
+// datapath pinned and steering), SIGHUP re-reads both files, and
+// `agent -config settings.yaml -uninstall` removes everything the agent
+// created. With -kubeconfig and -node it enforces the node's MPTCPNodeState
+// from the API instead (kube mode, docs/agent.md). Either way -config
+// supplies only the node-local settings (pin and state directories, tables,
+// mark mask, observe-only).
 // With -daemonset (the chart passes its own), a stopping agent whose
 // DaemonSet was deleted (helm uninstall) removes everything, as -uninstall
 // does; one that is only replaced (an upgrade) keeps its datapath steering.
@@ -17,23 +19,27 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
 func main() {
-	configPath := flag.String("config", "", "node configuration file (YAML)")
+	configPath := flag.String("config", "", "the node's settings file (YAML): node name, pin and state directories, tables, mark mask, observe-only")
+	nodeStatePath := flag.String("node-state", "", "file mode: the node's MPTCPNodeState (YAML), what to enforce")
 	uninstall := flag.Bool("uninstall", false, "remove every program, map, pin, rule, table and setting the agent created, then exit")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
-	metricsAddr := flag.String("metrics-addr", agent.DefaultMetricsAddr, "address serving /metrics, /healthz and /readyz (port 0 picks a free port, recorded in status.json); 0 disables them")
+	metricsAddr := flag.String("metrics-addr", observe.DefaultMetricsAddr, "address serving /metrics, /healthz and /readyz (port 0 picks a free port, recorded in status.json); 0 disables them")
 	flag.BoolVar(&metricsServing.auth, "metrics-auth", false, "kube mode: serve over TLS, and /metrics only to callers the API server authenticates and authorizes (get on the non-resource URL /metrics)")
 	flag.StringVar(&metricsServing.certDir, "metrics-cert-dir", "", "with -metrics-auth: directory holding tls.crt and tls.key (reloaded when they change); empty: a self-signed certificate")
 	// controller-runtime registers -kubeconfig itself (pkg/client/config);
@@ -74,24 +80,24 @@ func main() {
 		fmt.Fprintln(os.Stderr, "agent: -metrics-auth needs kube mode (-kubeconfig and -node): the API server reviews the scrapers")
 		os.Exit(2)
 	}
-	if err := run(log, *configPath, *metricsAddr, *uninstall); err != nil {
+	if err := run(log, *configPath, *nodeStatePath, *metricsAddr, *uninstall); err != nil {
 		log.Error("agent stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error {
-	cfg, err := agent.LoadConfig(configPath)
+func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninstall bool) error {
+	settings, err := agent.LoadSettings(configPath)
 	if err != nil {
 		return err
 	}
-	log = log.With("node", cfg.Node)
-	lock, err := agent.LockNode(cfg.StateDir, log)
+	log = log.With("node", settings.Node)
+	lock, err := agent.LockNode(settings.StateDir, log)
 	if err != nil {
 		return err
 	}
 	defer lock.Unlock()
-	a, err := agent.New(cfg, log)
+	a, err := agent.New(settings, log)
 	if err != nil {
 		return err
 	}
@@ -103,6 +109,9 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 		return nil
 	}
 	defer a.Close()
+	if nodeStatePath == "" {
+		return errors.New("-node-state is required (the node's MPTCPNodeState, as YAML)")
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -110,7 +119,7 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 	signal.Notify(hup, syscall.SIGHUP)
 
 	status := agent.Status{PID: os.Getpid()}
-	metrics := agent.NewMetrics(a)
+	metrics := observe.NewMetrics(a, log)
 	wait, err := serveEndpoints(ctx, a, metrics, metricsAddr, nil, &status, log)
 	// Stop serving before the datapath is closed (deferred earlier).
 	defer wait()
@@ -118,25 +127,36 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 	if err != nil {
 		return err
 	}
-	// settle, when set, runs after the reconcile and before the status is
-	// written, so that a status showing the reconcile shows its outcome.
-	reconcile := func(next *agent.Config, settle func(error) error) error {
+	// reconcile reads both files again and enforces the plan they make; a
+	// node state that cannot be enforced as a whole is refused and the
+	// last good plan stays in force. settle, when set, runs after the
+	// reconcile and before the status is written, so that a status showing
+	// the reconcile shows its outcome.
+	reconcile := func(settle func(error) error) error {
 		status.Reconciles++
-		start := time.Now()
-		err := a.Reconcile(ctx, next)
-		metrics.ObserveReconcile(start, err)
+		plan, problems, err := agent.PlanFromFiles(configPath, nodeStatePath)
+		if err == nil {
+			start := time.Now()
+			err = a.Reconcile(ctx, plan)
+			metrics.ObserveReconcile(start, err)
+		} else {
+			metrics.ObserveRejected()
+		}
 		if settle != nil {
 			if serr := settle(err); serr != nil {
 				err = serr
 			}
 		}
-		if err != nil {
+		switch {
+		case err != nil:
 			status.Error = err.Error()
-			log.Error("reconcile failed; the last good configuration stays in force", "err", err)
-		} else {
-			status.Error = ""
-			status.Applied = next
-			log.Info("reconciled", "paths", len(next.Paths), "pods", len(next.Pods))
+			log.Error("node state not enforced; the last good one stays in force", "err", err)
+		default:
+			// Paths this node cannot carry are left out and reported;
+			// the rest is enforced.
+			status.Error = strings.Join(problems, "; ")
+			status.Applied = plan
+			log.Info("reconciled", "paths", len(plan.Paths), "pods", len(plan.Pods), "problems", problems)
 		}
 		if err := a.WriteStatus(status); err != nil {
 			log.Error("writing status", "err", err)
@@ -146,7 +166,7 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 	// A map migration started by New is committed only once the new
 	// programs run a whole reconciled node; otherwise it is rolled back.
 	var fatal error
-	_ = reconcile(cfg, func(err error) error {
+	_ = reconcile(func(err error) error {
 		fatal = a.FinishMigration(err)
 		return fatal
 	})
@@ -154,7 +174,7 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 		return fatal
 	}
 	// Released pods' subflows close at any time, not only when the
-	// configuration changes: sweep their records as often as kube mode
+	// node state changes: sweep their records as often as kube mode
 	// resyncs.
 	sweep := time.NewTicker(agent.SweepInterval)
 	defer sweep.Stop()
@@ -168,16 +188,7 @@ func run(log *slog.Logger, configPath, metricsAddr string, uninstall bool) error
 				log.Error("sweeping released pods' records", "err", err)
 			}
 		case <-hup:
-			next, err := agent.LoadConfig(configPath)
-			if err != nil {
-				status.Reconciles++
-				status.Error = err.Error()
-				metrics.ObserveRejected()
-				log.Error("configuration rejected; the last good one stays in force", "err", err)
-				_ = a.WriteStatus(status)
-				continue
-			}
-			_ = reconcile(next, nil)
+			_ = reconcile(nil)
 		}
 	}
 }

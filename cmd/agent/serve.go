@@ -9,6 +9,7 @@ import (
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/metricsauth"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 )
 
 // metricsServing is how /metrics is served, from the -metrics-auth and
@@ -29,7 +30,7 @@ var metricsServing struct {
 // file mode) makes the reviews of -metrics-auth. wait, deferred by the
 // caller after ctx is cancelled, returns once both have stopped, before the
 // datapath is closed.
-func serveEndpoints(ctx context.Context, a *agent.Agent, metrics *agent.Metrics, metricsAddr string, restCfg *rest.Config,
+func serveEndpoints(ctx context.Context, a *agent.Agent, metrics *observe.Metrics, metricsAddr string, restCfg *rest.Config,
 	status *agent.Status, log *slog.Logger) (wait func(), err error) {
 	var waits []func()
 	wait = func() {
@@ -50,7 +51,7 @@ func serveEndpoints(ctx context.Context, a *agent.Agent, metrics *agent.Metrics,
 				return wait, err
 			}
 		}
-		addr, w, err := agent.ServeTLS(ctx, metricsAddr, h, tlsConfig, log)
+		addr, w, err := observe.ServeTLS(ctx, metricsAddr, h, tlsConfig, log)
 		if err != nil {
 			return wait, err
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 )
 
 // ChartAgent is the agent that the Helm chart's DaemonSet runs on a real node
@@ -22,11 +23,11 @@ func ChartAgent(b *testbed.Bed, node *testbed.Node, stateRoot string) *Agent {
 	return &Agent{
 		Node: node,
 		bed:  b,
-		Config: &agent.Config{
+		Config: &NodeConfig{Settings: agent.Settings{
 			Node:     name,
 			PinDir:   filepath.Join(b.PinDir(node), pinRoot, name),
 			StateDir: filepath.Join(stateRoot, name),
-		},
-		MetricsAddr: "127.0.0.1" + agent.DefaultMetricsAddr,
+		}},
+		MetricsAddr: "127.0.0.1" + observe.DefaultMetricsAddr,
 	}
 }

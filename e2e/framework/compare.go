@@ -7,8 +7,8 @@ import (
 	"net/netip"
 	"time"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 )
 
 // The four ways of moving one pod's bulk transfer to a pod on another node
@@ -104,7 +104,7 @@ func Compare(ctx context.Context, bed *testbed.Bed, o CompareOptions) ([]Measure
 		return out, nil
 	}
 	// The agent: nobody writes routes; it configures the pods itself.
-	agents, err := StartAgents(ctx, bed, o.Agent, agent.Rule{})
+	agents, err := StartAgents(ctx, bed, o.Agent, mptcpv1alpha1.CompiledRule{})
 	defer func() {
 		for _, a := range agents {
 			if uerr := a.Uninstall(context.Background()); uerr != nil {

@@ -9,77 +9,149 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
 )
 
 // PathName names the path of NIC k: fabric-a, fabric-b, ...
 func PathName(k int) string { return fmt.Sprintf("fabric-%c", 'a'+k-1) }
 
-// RuleName is the rule every bed pod is selected by.
+// RuleName is the policy whose rule every bed pod takes.
 const RuleName = "spread"
 
-// AgentConfig is node's configuration with every pod of the node selected by
-// rule (whose Name and Paths are filled in when empty: all NICs).
-func AgentConfig(b *testbed.Bed, node *testbed.Node, rule agent.Rule) *agent.Config {
-	cfg := &agent.Config{
-		Node:     filepath.Base(node.NetNS),
-		PinDir:   filepath.Join(b.PinDir(node), "agent"),
-		StateDir: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d", node.Index)),
-		PodCIDRs: []netip.Prefix{node.PodCIDR},
+// PodNamespace is the namespace bed pods have in the node states the
+// framework writes (the bed's pods have no API objects in file mode).
+const PodNamespace = "bed"
+
+// NodeConfig is what a bed node's agent runs on in file mode, in the
+// product's own schema: its node-local settings (the -config file) and its
+// MPTCPNodeState (the -node-state file), as the controller would compile
+// it.
+type NodeConfig struct {
+	agent.Settings
+	State *mptcpv1alpha1.MPTCPNodeState
+}
+
+// Rule returns the first rule of the node state (the one AgentConfig
+// gives every pod).
+func (c *NodeConfig) Rule() *mptcpv1alpha1.CompiledRule { return &c.State.Spec.Rules[0] }
+
+// Copy is a deep copy, to change without touching the running one's.
+func (c *NodeConfig) Copy() *NodeConfig {
+	return &NodeConfig{Settings: c.Settings, State: c.State.DeepCopy()}
+}
+
+// renamed names every rule of the state as the controller would (a policy's
+// name and a hash of the rule, compile.RuleName), and the pods' references
+// with them: a test that changes a rule in place gets what a changed
+// policy gives, a rule of a new name.
+func (c *NodeConfig) renamed() {
+	names := map[string]string{}
+	for i := range c.State.Spec.Rules {
+		r := &c.State.Spec.Rules[i]
+		old := r.Name
+		r.Name = compile.RuleName(r)
+		names[old] = r.Name
 	}
-	for _, nic := range node.NICs {
-		cfg.Paths = append(cfg.Paths, agent.Path{
-			Name:      PathName(nic.Index),
-			Index:     uint32(nic.Index - 1),
-			Interface: nic.Name,
-			Gateway:   nic.Gateway,
-		})
-	}
-	if rule.Name == "" {
-		rule.Name = RuleName
-	}
-	if len(rule.Paths) == 0 {
-		for _, p := range cfg.Paths {
-			rule.Paths = append(rule.Paths, p.Name)
+	for i := range c.State.Spec.Pods {
+		for j, name := range c.State.Spec.Pods[i].Rules {
+			if n, ok := names[name]; ok {
+				c.State.Spec.Pods[i].Rules[j] = n
+			}
 		}
 	}
-	cfg.Rules = []agent.Rule{rule}
-	for _, pod := range node.Pods {
-		cfg.Pods = append(cfg.Pods, agent.Pod{
-			Name:          pod.Name,
-			NetNS:         "/var/run/netns/" + pod.NetNS,
-			HostInterface: pod.HostIf,
-			IPs:           []netip.Addr{pod.Addr},
-			Rule:          rule.Name,
+}
+
+// AgentConfig is node's configuration with every pod of the node selected by
+// rule, as the controller compiles a policy that sets only what rule sets:
+// its policy (RuleName when empty), its paths (all NICs with weight 1 when
+// empty), DSS checksums on (podMPTCP.dataChecksums' default;
+// WithoutDataChecksums turns them off) and its name.
+func AgentConfig(b *testbed.Bed, node *testbed.Node, rule mptcpv1alpha1.CompiledRule) *NodeConfig {
+	cfg := &NodeConfig{
+		Settings: agent.NodeDefaults(NodeName(node)),
+		State: &mptcpv1alpha1.MPTCPNodeState{
+			TypeMeta:   metav1.TypeMeta{APIVersion: mptcpv1alpha1.GroupVersion.String(), Kind: "MPTCPNodeState"},
+			ObjectMeta: metav1.ObjectMeta{Name: NodeName(node)},
+			Spec:       mptcpv1alpha1.MPTCPNodeStateSpec{PodCIDRs: []string{node.PodCIDR.String()}},
+		},
+	}
+	cfg.PinDir = filepath.Join(b.PinDir(node), "agent")
+	cfg.StateDir = filepath.Join(b.Dir, fmt.Sprintf("agent-node%d", node.Index))
+	capacity := resource.MustParse("10G")
+	if bps, err := testbed.ParseRate(b.Config.LinkRate); err == nil && bps > 0 {
+		capacity = *resource.NewQuantity(int64(bps), resource.DecimalSI)
+	}
+	for _, nic := range node.NICs {
+		cfg.State.Spec.Paths = append(cfg.State.Spec.Paths, mptcpv1alpha1.NodePath{
+			Name: PathName(nic.Index), Index: int32(nic.Index),
+			Interface: mptcpv1alpha1.NodeInterface{Name: nic.Name}, Capacity: capacity,
 		})
 	}
+	if rule.Policy == "" {
+		rule.Policy = RuleName
+	}
+	if rule.PolicyGeneration == 0 {
+		rule.PolicyGeneration = 1
+	}
+	rule.DataChecksums = true
+	if len(rule.Paths) == 0 {
+		for _, p := range cfg.State.Spec.Paths {
+			rule.Paths = append(rule.Paths, mptcpv1alpha1.RulePath{Name: p.Name, Weight: 1})
+		}
+	}
+	cfg.State.Spec.Rules = []mptcpv1alpha1.CompiledRule{rule}
+	for _, pod := range node.Pods {
+		cfg.State.Spec.Pods = append(cfg.State.Spec.Pods, mptcpv1alpha1.NodePod{
+			Namespace: PodNamespace, Name: pod.Name, UID: pod.Name,
+			IPs: []string{pod.Addr.String()}, Rules: []string{rule.Name},
+		})
+	}
+	cfg.renamed()
 	return cfg
+}
+
+// PathsNamed are rule paths of weight 1, as the controller compiles a
+// policy's spread paths without weights.
+func PathsNamed(names ...string) []mptcpv1alpha1.RulePath {
+	out := make([]mptcpv1alpha1.RulePath, len(names))
+	for i, n := range names {
+		out[i] = mptcpv1alpha1.RulePath{Name: n, Weight: 1}
+	}
+	return out
 }
 
 // Agent is an agent process running in a node namespace.
 type Agent struct {
-	Node       *testbed.Node
-	ConfigPath string
-	Config     *agent.Config
-	Proc       *testbed.Process
+	Node *testbed.Node
+	// ConfigPath is the settings file, StatePath the node state file (file
+	// mode).
+	ConfigPath, StatePath string
+	Config                *NodeConfig
+	Proc                  *testbed.Process
 	// MetricsAddr is where the running agent serves /metrics, /healthz and
 	// /readyz, inside the node namespace (a port the agent picked).
 	MetricsAddr string
 	// Capabilities, when set, are the only ones the agent runs with
 	// (setpriv; capability names as in capabilities(7), without "CAP_").
 	Capabilities []string
-	bin          string
-	bed          *testbed.Bed
+	// release, when set, writes the configuration in the file format of
+	// an earlier release, whose binary runs (WithReleaseFormat).
+	release func(*NodeConfig) ([]byte, error)
+	bin     string
+	bed     *testbed.Bed
 }
 
 // AgentCapabilities are the capabilities the agent declares
@@ -126,10 +198,32 @@ func BuildBinaries(dir string) (Binaries, error) {
 	return b, nil
 }
 
+// WithoutDataChecksums turns DSS checksums off in the rules of the agent's
+// node state, as podMPTCP.dataChecksums: false does.
+func WithoutDataChecksums() AgentOption {
+	return func(a *Agent) {
+		if a.Config.State == nil {
+			return
+		}
+		for i := range a.Config.State.Spec.Rules {
+			a.Config.State.Spec.Rules[i].DataChecksums = false
+		}
+	}
+}
+
+// WithReleaseFormat has the agent's configuration written as render writes
+// it, in one file passed with -config: the file format of an earlier
+// release, whose binary the agent runs (an upgrade test). UseBinary goes
+// back to this tree's format.
+func WithReleaseFormat(render func(*NodeConfig) ([]byte, error)) AgentOption {
+	return func(a *Agent) { a.release = render }
+}
+
 // StartAgent writes cfg and starts bin in node's namespace, then waits until
 // the agent reports its first reconcile.
-func StartAgent(ctx context.Context, b *testbed.Bed, bin string, node *testbed.Node, cfg *agent.Config, opts ...AgentOption) (*Agent, error) {
-	a := &Agent{Node: node, Config: cfg, bin: bin, bed: b, ConfigPath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d.yaml", node.Index))}
+func StartAgent(ctx context.Context, b *testbed.Bed, bin string, node *testbed.Node, cfg *NodeConfig, opts ...AgentOption) (*Agent, error) {
+	a := &Agent{Node: node, Config: cfg, bin: bin, bed: b, ConfigPath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d.yaml", node.Index)),
+		StatePath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d-state.yaml", node.Index))}
 	for _, o := range opts {
 		o(a)
 	}
@@ -142,26 +236,45 @@ func StartAgent(ctx context.Context, b *testbed.Bed, bin string, node *testbed.N
 	return a, nil
 }
 
-// WriteConfig replaces the agent's configuration file (SIGHUP applies it).
-func (a *Agent) WriteConfig(cfg *agent.Config) error {
-	y, err := yaml.Marshal(cfg)
+// WriteConfig replaces the agent's settings and node state files (SIGHUP
+// applies them). Rules are named as the controller names them, so a rule
+// changed in place takes a new name, as a changed policy's does.
+func (a *Agent) WriteConfig(cfg *NodeConfig) error {
+	a.Config = cfg
+	if a.release != nil {
+		b, err := a.release(cfg)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(a.ConfigPath, b, 0o600)
+	}
+	y, err := yaml.Marshal(cfg.Settings)
 	if err != nil {
 		return err
 	}
-	a.Config = cfg
-	return os.WriteFile(a.ConfigPath, y, 0o600)
+	if err := os.WriteFile(a.ConfigPath, y, 0o600); err != nil {
+		return err
+	}
+	if cfg.State == nil {
+		return nil // kube mode: the API has the node state
+	}
+	cfg.renamed()
+	if y, err = yaml.Marshal(cfg.State); err != nil {
+		return err
+	}
+	return os.WriteFile(a.StatePath, y, 0o600)
 }
 
 // Reconfigure writes the agent's configuration as change leaves a copy of
 // it, reloads the agent (SIGHUP) and waits for the reconcile that follows.
-func (a *Agent) Reconfigure(ctx context.Context, change func(*agent.Config)) error {
+func (a *Agent) Reconfigure(ctx context.Context, change func(*NodeConfig)) error {
 	st, err := a.Status()
 	if err != nil {
 		return err
 	}
-	cfg := *a.Config
-	change(&cfg)
-	if err := a.WriteConfig(&cfg); err != nil {
+	cfg := a.Config.Copy()
+	change(cfg)
+	if err := a.WriteConfig(cfg); err != nil {
 		return err
 	}
 	if err := a.Reload(); err != nil {
@@ -177,7 +290,11 @@ func (a *Agent) Start(ctx context.Context) error {
 	// applied. WaitReconciles tells the processes apart by PID.
 	// Port 0: each node namespace has its own loopback, and the agent
 	// records the port it got in its status.
-	p, err := a.bed.Start(a.Node.NetNS, a.command("-config", a.ConfigPath, "-metrics-addr", "127.0.0.1:0")...)
+	args := []string{"-config", a.ConfigPath, "-metrics-addr", "127.0.0.1:0"}
+	if a.release == nil {
+		args = append(args, "-node-state", a.StatePath)
+	}
+	p, err := a.bed.Start(a.Node.NetNS, a.command(args...)...)
 	if err != nil {
 		return err
 	}
@@ -244,13 +361,13 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 }
 
 // StartAgents starts one agent per node with the same rule.
-func StartAgents(ctx context.Context, b *testbed.Bed, bin string, rule agent.Rule, opts ...AgentOption) ([]*Agent, error) {
-	return StartAgentsWith(ctx, b, bin, func(*testbed.Node) agent.Rule { return rule }, opts...)
+func StartAgents(ctx context.Context, b *testbed.Bed, bin string, rule mptcpv1alpha1.CompiledRule, opts ...AgentOption) ([]*Agent, error) {
+	return StartAgentsWith(ctx, b, bin, func(*testbed.Node) mptcpv1alpha1.CompiledRule { return rule }, opts...)
 }
 
 // StartAgentsWith starts one agent per node, each node's pods selected by
 // the rule ruleFor gives.
-func StartAgentsWith(ctx context.Context, b *testbed.Bed, bin string, ruleFor func(*testbed.Node) agent.Rule, opts ...AgentOption) ([]*Agent, error) {
+func StartAgentsWith(ctx context.Context, b *testbed.Bed, bin string, ruleFor func(*testbed.Node) mptcpv1alpha1.CompiledRule, opts ...AgentOption) ([]*Agent, error) {
 	var agents []*Agent
 	var errs []error
 	for _, n := range b.Nodes {
@@ -264,6 +381,10 @@ func StartAgentsWith(ctx context.Context, b *testbed.Bed, bin string, ruleFor fu
 	return agents, errors.Join(errs...)
 }
 
-// UseBinary makes the next Start run bin: an upgrade replaces the agent's
-// binary between a Stop and a Start.
-func (a *Agent) UseBinary(bin string) { a.bin = bin }
+// UseBinary makes the next Start run bin, which reads this tree's file
+// format: an upgrade replaces the agent's binary between a Stop and a
+// Start. WriteConfig writes the configuration again in that format.
+func (a *Agent) UseBinary(bin string) {
+	a.bin = bin
+	a.release = nil
+}

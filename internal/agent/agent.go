@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,320 +14,353 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/shaping"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
-// Agent enforces one node's configuration.
+// Agent enforces one node's plan.
 type Agent struct {
 	log      *slog.Logger
-	cfg      *Config
+	settings Settings
 	dp       *datapath.Datapath
-	creators map[string]*subflowCreator // by pod name
-	// previous is the last configuration reconciled (at start: the one a
-	// previous process applied, from status.json), so that pods it
-	// selected and the next one does not get their settings back.
-	previous *Config
+	pms      *podnet.PathManagers
+	// previous is the last plan reconciled (at start: the one a previous
+	// process applied, from status.json), so that pods it selected and the
+	// next one does not get their settings back.
+	previous *Plan
 	// baselines are the pods' MPTCP settings from before the agent
 	// changed them, which releasing or uninstalling restores.
-	baselines podBaselines
+	baselines podnet.Baselines
+	// ruleIDs maps rule names to datapath ids (ruleids.go); adopt says
+	// it was not found in the state directory: the first reconcile takes
+	// the ids the pinned endpoints already use.
+	ruleIDs *ruleIDs
+	adopt   bool
 
-	// What scrapes read while a reconcile runs: the names of the paths
-	// in force by index, and how many path managers run.
-	paths atomic.Pointer[map[uint32]string]
-	// ruleNames are the rules in force by index, for the local API.
-	ruleNames atomic.Pointer[[]string]
-	// pods are the pods in force, for their MPTCP counters.
-	pods         atomic.Pointer[[]Pod]
+	// What scrapes and the local API read while a reconcile runs: the
+	// names of the paths in force by index, the rules by datapath id
+	// (retired ones that live connections still use included), the pods,
+	// and how many path managers run.
+	paths        atomic.Pointer[map[uint32]string]
+	ruleNames    atomic.Pointer[map[uint32]string]
+	pods         atomic.Pointer[[]podnet.Pod]
 	pathManagers atomic.Int64
 }
 
-// New loads (or re-adopts, from pins) the datapath for cfg.
-func New(cfg *Config, log *slog.Logger) (*Agent, error) {
+// The agent is what its metrics and local API read.
+var _ observe.Source = (*Agent)(nil)
+
+// New loads (or re-adopts, from pins) the datapath of the node settings
+// describe.
+func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	if err := ensureBPFFS(); err != nil {
 		return nil, err
 	}
 	// Migrate: pinned maps an earlier release laid out differently are
 	// converted now and settled by FinishMigration after the first reconcile.
-	dp, err := datapath.Load(datapath.Options{PinDir: cfg.PinDir, MarkMask: cfg.MarkMask, Migrate: true, Log: log})
+	dp, err := datapath.Load(datapath.Options{PinDir: settings.PinDir, MarkMask: settings.MarkMask, Migrate: true, Log: log})
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{log: log, cfg: cfg, dp: dp, creators: map[string]*subflowCreator{}, baselines: newPodBaselines(cfg.StateDir)}
-	if st, err := readStatus(cfg.StateDir); err == nil {
+	a := &Agent{log: log, settings: settings, dp: dp, pms: podnet.NewPathManagers(log), baselines: podnet.NewBaselines(settings.StateDir)}
+	if st, err := readStatus(settings.StateDir); err == nil {
 		a.previous = st.Applied
 	}
-	a.setPaths(cfg)
+	var found bool
+	a.ruleIDs, found = readRuleIDs(settings.StateDir)
+	a.adopt = !found
+	a.publish(&Plan{Settings: settings})
 	return a, nil
 }
 
-func (a *Agent) setPaths(cfg *Config) {
-	names := make(map[uint32]string, len(cfg.Paths))
-	for _, p := range cfg.Paths {
+// publish makes plan what scrapes and the local API read.
+func (a *Agent) publish(plan *Plan) {
+	names := make(map[uint32]string, len(plan.Paths))
+	for _, p := range plan.Paths {
 		names[p.Index] = p.Name
 	}
 	a.paths.Store(&names)
-	rules := make([]string, len(cfg.Rules))
-	for i, r := range cfg.Rules {
-		rules[i] = r.Name
+	rules := map[uint32]string{}
+	if a.ruleIDs != nil {
+		rules = a.ruleIDs.names()
 	}
 	a.ruleNames.Store(&rules)
-	pods := slices.Clone(cfg.Pods)
-	a.pods.Store(&pods)
-}
-
-// pathNames returns the configured paths' names by index.
-func (a *Agent) pathNames() map[uint32]string { return *a.paths.Load() }
-
-// Close stops the agent's goroutines and releases file descriptors. What is
-// pinned stays: the datapath keeps steering while no agent runs.
-func (a *Agent) Close() error {
-	a.stopCreators()
-	return a.dp.Close()
-}
-
-func (a *Agent) stopCreators() {
-	for name, c := range a.creators {
-		c.stop()
-		delete(a.creators, name)
+	pods := make([]podnet.Pod, 0, len(plan.Pods))
+	for _, p := range plan.Pods {
+		pods = append(pods, podOf(p))
 	}
+	a.pods.Store(&pods)
+	if a.pms != nil {
+		a.pathManagers.Store(int64(a.pms.Len()))
+	}
+}
+
+// PathNames returns the paths in force by index.
+func (a *Agent) PathNames() map[uint32]string { return *a.paths.Load() }
+
+// RuleNames returns the rules by datapath id, retired ones that live
+// connections still use included.
+func (a *Agent) RuleNames() map[uint32]string { return *a.ruleNames.Load() }
+
+// Pods returns the selected pods.
+func (a *Agent) Pods() []podnet.Pod { return *a.pods.Load() }
+
+// PathManagers counts the userspace path managers running.
+func (a *Agent) PathManagers() int { return int(a.pathManagers.Load()) }
+
+// ServeLocalAPI serves the local API on <stateDir>/agent.sock until ctx
+// ends (observe.ServeLocalAPI).
+func (a *Agent) ServeLocalAPI(ctx context.Context) (string, func(), error) {
+	return observe.ServeLocalAPI(ctx, a, a.settings.StateDir, a.log)
+}
+
+// Close stops the agent's path managers and releases file descriptors. What
+// is pinned stays: the datapath keeps steering while no agent runs.
+func (a *Agent) Close() error {
+	a.pms.Stop()
 	a.pathManagers.Store(0)
+	return a.dp.Close()
 }
 
 // Datapath exposes the loaded datapath (stats, tables).
 func (a *Agent) Datapath() *datapath.Datapath { return a.dp }
 
-// Reconcile makes the node match cfg. On error the parts that succeeded stay
-// applied; the caller reports the error and keeps running.
-func (a *Agent) Reconcile(ctx context.Context, cfg *Config) error {
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid configuration, keeping the last one in force: %w", err)
-	}
-	var errs []error
-	paths := map[string]Path{}
-	for _, p := range cfg.Paths {
-		paths[p.Name] = p
-	}
-
+// Reconcile makes the node match plan, one job after the other. On error
+// the parts that succeeded stay applied; the caller reports the error and
+// keeps running.
+func (a *Agent) Reconcile(ctx context.Context, plan *Plan) error {
 	// The switch first: a node set up in observe-only mode never marks a
 	// packet, not even between the first attach and the end of this
 	// reconcile. Switching it off marks again at once, with the programs
 	// in place.
-	if err := a.dp.SetObserveOnly(cfg.ObserveOnly); err != nil {
+	if err := a.dp.SetObserveOnly(plan.Settings.ObserveOnly); err != nil {
 		return fmt.Errorf("observe-only: %w", err)
 	}
-
+	var errs []error
+	keep := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	hooks := map[datapath.Attachment]bool{}
 	// Routing first: a mark without its rule would send packets nowhere.
-	plan, err := planRouting(cfg, a.dp.Mark)
-	if err != nil {
-		return err
-	}
-	if err := plan.apply(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := a.saveAndSetSysctls(cfg); err != nil {
-		errs = append(errs, err)
-	}
+	keep(a.syncRouting(plan))
+	keep(a.syncReversePathFilter(plan))
+	keep(a.syncNICs(plan, hooks))
+	ids, err := a.assignRuleIDs(plan)
+	keep(err)
+	keep(a.syncRules(plan, ids))
+	keep(a.syncRates(plan, ids))
+	keep(a.syncShaping(plan, ids, hooks))
+	keep(a.syncPods(ctx, plan, ids, hooks))
+	keep(a.syncHooks(hooks))
+	// Then what no plan wants any more.
+	keep(a.releasePods(plan))
+	keep(a.sweepReleased(plan))
+	keep(a.retireRules(plan, ids))
+	a.previous = plan
+	a.publish(plan)
+	return errors.Join(errs...)
+}
 
-	wantAttach := map[datapath.Attachment]bool{}
-	for _, p := range cfg.Paths {
-		iface, err := net.InterfaceByName(p.Interface)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("path %q: %w", p.Name, err))
-			// No NIC: spread must not place new subflows on the path.
-			if err := a.dp.SetPathDown(p.Index, true); err != nil {
-				errs = append(errs, err)
+func (a *Agent) ranges() routing.Ranges {
+	return routing.Ranges{TableBase: a.settings.TableBase, RulePriority: a.settings.RulePriority, MarkMask: a.settings.MarkMask}
+}
+
+// syncRouting gives each path its table and fwmark rule (routing).
+func (a *Agent) syncRouting(plan *Plan) error {
+	paths := make([]routing.Path, 0, len(plan.Paths))
+	for _, p := range plan.Paths {
+		paths = append(paths, routing.Path{Name: p.Name, Index: p.Index, Interface: p.Interface, Gateway: p.Gateway})
+	}
+	return routing.Sync(a.ranges(), plan.PodCIDRs, paths, a.dp.Mark)
+}
+
+// syncShaping keeps the HTB classes of the shaping rules on their paths'
+// NICs (shaping), and asks for nic_egress where they are.
+func (a *Agent) syncShaping(plan *Plan, ids map[string]uint32, hooks map[datapath.Attachment]bool) error {
+	shaping, err := shaping.Sync(a.dp, planShaping(plan, ids))
+	for _, iface := range shaping {
+		hooks[datapath.Attachment{Interface: iface, Hook: datapath.HookNICEgress}] = true
+	}
+	return err
+}
+
+// planShaping lists the classes plan wants on each path NIC: for each
+// shaping rule, a class per capped path on that path's NIC, and a class per
+// selected pod on each of the rule's paths' NICs (perPod caps a pod per
+// path: its sending over two paths can reach twice the cap;
+// docs/datapath.md), each at most the path's capacity.
+func planShaping(plan *Plan, ids map[string]uint32) []shaping.NIC {
+	byIndex := plan.pathsByIndex()
+	classes := map[uint32][]shaping.Class{} // path index -> its NIC's classes
+	for _, r := range plan.Rules {
+		id, ok := ids[r.Name]
+		if r.Rate == nil || r.Rate.Mode != datapath.RateShape || !ok {
+			continue
+		}
+		for index, bps := range r.Rate.PerPath {
+			classes[index] = append(classes[index], shaping.Class{Minor: shaping.MinorRule + uint16(id), Bps: bps,
+				Entry: datapath.ShapeClass{Rule: id, Path: index}})
+		}
+		if r.Rate.PerPod == 0 {
+			continue
+		}
+		for j, pod := range plan.Pods {
+			k := slices.Index(pod.Rules, r.Name)
+			if k < 0 {
+				continue
 			}
-			continue
-		}
-		if err := a.dp.SetNIC(iface.Index, p.Index); err != nil {
-			errs = append(errs, err)
-		}
-		// A NIC without carrier (not RUNNING) is down for placement, as
-		// seen at this reconcile; liveness probes will set it too.
-		if err := a.dp.SetPathDown(p.Index, iface.Flags&net.FlagRunning == 0); err != nil {
-			errs = append(errs, err)
-		}
-		wantAttach[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICIngress}] = true
-	}
-
-	rules := map[string]uint32{}
-	ruleByName := map[string]Rule{}
-	for i, r := range cfg.Rules {
-		dr, err := r.datapathRule(paths)
-		if err == nil {
-			err = a.dp.SetRule(uint32(i), dr)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("rule %q: %w", r.Name, err))
-		}
-		rules[r.Name] = uint32(i)
-		ruleByName[r.Name] = r
-	}
-
-	if err := a.applyRates(cfg, paths); err != nil {
-		errs = append(errs, err)
-	}
-	if err := a.applyShaping(cfg, paths, wantAttach); err != nil {
-		errs = append(errs, err)
-	}
-
-	wantEndpoints := map[string]bool{}
-	wantCreators := map[string]bool{}
-	for _, pod := range cfg.Pods {
-		// The pod's MPTCP settings and subflow creation follow its first
-		// (highest priority) rule; the datapath selects per subflow.
-		rule := ruleByName[pod.ruleNames()[0]]
-		ids := make([]uint32, 0, len(pod.ruleNames()))
-		for _, name := range pod.ruleNames() {
-			ids = append(ids, rules[name])
-		}
-		if err := a.recordBaseline(pod, rule); err != nil {
-			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
-			continue
-		}
-		if err := configurePodMPTCP(pod, rule); err != nil {
-			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
-			continue
-		}
-		if rule.Subflows == SubflowsUserspace && rule.joins() > 0 {
-			wantCreators[pod.Name] = true
-			if a.creators[pod.Name] == nil {
-				c, err := startSubflowCreator(ctx, pod, rule, a.log)
-				if err != nil {
-					errs = append(errs, fmt.Errorf("pod %s: path manager: %w", pod.Name, err))
-				} else {
-					a.creators[pod.Name] = c
+			// One class per pod and rule: a pod may have several
+			// shaping rules (at most datapath.MaxPodRules).
+			minor := shaping.MinorPod + uint16(j*datapath.MaxPodRules+k)
+			for _, index := range append(slices.Clone(r.Datapath.Paths), r.Datapath.Backup...) {
+				for _, ip := range pod.IPs {
+					classes[index] = append(classes[index], shaping.Class{Minor: minor, Bps: capped(r.Rate.PerPod, byIndex[index].Capacity),
+						Entry: datapath.ShapeClass{Rule: id, Path: index, Pod: ip}})
 				}
 			}
 		}
+	}
+	nics := make([]shaping.NIC, 0, len(plan.Paths))
+	for _, p := range plan.Paths {
+		nics = append(nics, shaping.NIC{Path: p.Name, Interface: p.Interface, Capacity: p.Capacity, Classes: classes[p.Index]})
+	}
+	return nics
+}
+
+// syncPods sets each selected pod's MPTCP up as its first rule asks and runs
+// its path manager (podnet), and gives each of its addresses its selector
+// chain; addresses no pod has any more stop being selected.
+func (a *Agent) syncPods(ctx context.Context, plan *Plan, ids map[string]uint32, hooks map[datapath.Attachment]bool) error {
+	var errs []error
+	endpoints := map[netip.Addr]bool{}
+	var managed []podnet.Want
+	for _, pod := range plan.Pods {
+		chain := make([]uint32, 0, len(pod.Rules))
+		for _, name := range pod.Rules {
+			if id, ok := ids[name]; ok {
+				chain = append(chain, id)
+			}
+		}
+		rule := plan.firstRule(pod)
+		if rule == nil || len(chain) != len(pod.Rules) {
+			errs = append(errs, fmt.Errorf("pod %s: a rule of its chain has no id", pod.Name))
+			continue
+		}
+		// The pod's MPTCP settings and subflow creation follow its first
+		// (highest priority) rule; the datapath selects per subflow.
+		if err := a.recordBaseline(pod, rule.MPTCP); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
+			continue
+		}
+		if err := a.configurePod(pod, rule.MPTCP); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
+			continue
+		}
+		if rule.Subflows == podnet.Userspace && rule.Joins > 0 {
+			managed = append(managed, podnet.Want{Pod: podOf(pod), Joins: rule.Joins})
+		}
 		for _, ip := range pod.IPs {
-			if err := a.dp.SetEndpointRules(ip, ids...); err != nil {
+			if err := a.dp.SetEndpointRules(ip, chain...); err != nil {
 				errs = append(errs, err)
 			}
-			wantEndpoints[ip.String()] = true
+			endpoints[ip.Unmap()] = true
 		}
-		wantAttach[datapath.Attachment{Interface: pod.HostInterface, Hook: datapath.HookPodEgress}] = true
-		wantAttach[datapath.Attachment{Interface: pod.HostInterface, Hook: datapath.HookPodIngress}] = true
+		hooks[datapath.Attachment{Interface: pod.HostInterface, Hook: datapath.HookPodEgress}] = true
+		hooks[datapath.Attachment{Interface: pod.HostInterface, Hook: datapath.HookPodIngress}] = true
 	}
-
-	for att := range wantAttach {
-		if err := a.dp.Attach(att); err != nil {
-			errs = append(errs, err)
-		}
-	}
-
-	// Then collect what no configuration wants any more.
-	for name, c := range a.creators {
-		if !wantCreators[name] {
-			c.stop()
-			delete(a.creators, name)
-		}
-	}
-	if err := a.releasePods(cfg); err != nil {
+	if err := a.pms.Sync(ctx, managed); err != nil {
 		errs = append(errs, err)
 	}
-	eps, err := a.dp.Endpoints()
+	current, err := a.dp.Endpoints()
 	if err != nil {
 		errs = append(errs, err)
 	}
-	for addr := range eps {
-		if !wantEndpoints[addr.String()] {
+	for addr := range current {
+		if !endpoints[addr.Unmap()] {
 			if err := a.dp.DeleteEndpoint(addr); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	if err := a.sweepReleased(cfg); err != nil {
-		errs = append(errs, err)
-	}
-	atts, err := a.dp.Attachments()
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, att := range atts {
-		if !wantAttach[att] {
-			if err := a.dp.Detach(att); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	a.pathManagers.Store(int64(len(a.creators)))
-	a.cfg, a.previous = cfg, cfg
-	a.setPaths(cfg)
 	return errors.Join(errs...)
 }
 
-// recordBaseline keeps what pod's namespace holds before the agent first
-// changes it (podbaseline.go). A pod that the previous configuration
-// already configured and that has no baseline was configured by a release
-// that kept none: its namespace now holds that release's settings, which
-// are no baseline; it gets the kernel's defaults back when released.
-func (a *Agent) recordBaseline(pod Pod, rule Rule) error {
-	if rule.Subflows == SubflowsNone || a.baselines.has(pod) || a.configuredBefore(pod) {
-		return nil
+// configurePod sets the pod's MPTCP up as m asks, at every reconcile, so a
+// changed rule reaches a running pod. A pod whose rule now leaves its stack
+// alone (subflows none: a guest's own path manager) after the agent set it
+// up gets its own settings back, as a released pod does.
+func (a *Agent) configurePod(pod PlanPod, m podnet.MPTCP) error {
+	if m.Subflows == podnet.None && a.configuredBefore(pod) {
+		return a.releasePodMPTCP(pod)
 	}
-	return a.baselines.record(pod)
+	return podnet.Configure(podOf(pod), m)
 }
 
-// configuredBefore says whether the previous configuration had pod (the
-// same namespace) with a rule that configures its MPTCP settings.
-func (a *Agent) configuredBefore(pod Pod) bool {
+// recordBaseline keeps what pod's namespace holds before the agent first
+// changes it (podnet.Baselines). A pod that the previous plan already
+// configured and that has no baseline was configured by a release that
+// kept none: its namespace now holds that release's settings, which are no
+// baseline; it gets the kernel's defaults back when released.
+func (a *Agent) recordBaseline(pod PlanPod, m podnet.MPTCP) error {
+	if m.Subflows == podnet.None || a.baselines.Has(podOf(pod)) || a.configuredBefore(pod) {
+		return nil
+	}
+	return a.baselines.Record(podOf(pod))
+}
+
+// configuredBefore says whether the previous plan had pod (the same
+// namespace) with a first rule that configures its MPTCP settings.
+func (a *Agent) configuredBefore(pod PlanPod) bool {
 	if a.previous == nil {
 		return false
 	}
 	for _, p := range a.previous.Pods {
-		if p.Name == pod.Name && p.NetNS == pod.NetNS {
-			return len(p.ruleNames()) > 0 && a.previous.subflowMode(p.ruleNames()[0]) != SubflowsNone
+		if p.NetNS == pod.NetNS {
+			prev := a.previous.firstRule(p)
+			return prev != nil && prev.Subflows != podnet.None
 		}
 	}
 	return false
 }
 
-// subflowMode is the subflow creation of rule name (SubflowsNone when cfg
-// has no such rule).
-func (cfg *Config) subflowMode(name string) SubflowMode {
-	for _, r := range cfg.Rules {
-		if r.Name == name {
-			return r.Subflows
-		}
-	}
-	return SubflowsNone
-}
-
-// releasePodMPTCP undoes configurePodMPTCP: the pod's baseline back, or,
-// for a pod configured by a release that kept none, the kernel's path
-// manager and default limits.
-func (a *Agent) releasePodMPTCP(pod Pod) error {
-	restored, err := a.baselines.restore(pod)
+// releasePodMPTCP undoes configurePod: the pod's baseline back, or, for a
+// pod configured by a release that kept none, the kernel's path manager
+// and default limits.
+func (a *Agent) releasePodMPTCP(pod PlanPod) error {
+	restored, err := a.baselines.Restore(podOf(pod))
 	if restored || err != nil {
 		return err
 	}
-	return resetPodMPTCP(pod)
+	return podnet.Reset(podOf(pod))
 }
 
-// releasePods gives the pods that the previous configuration selected and
-// cfg does not their MPTCP settings from before (releasePodMPTCP), as
-// uninstall does. A pod whose namespace is gone (deleted) needs nothing.
-func (a *Agent) releasePods(cfg *Config) error {
+// releasePods gives the pods that the previous plan selected and plan does
+// not their MPTCP settings from before (releasePodMPTCP), as uninstall does.
+// A pod whose namespace is gone (deleted) needs nothing.
+func (a *Agent) releasePods(plan *Plan) error {
 	if a.previous == nil {
 		return nil
 	}
+	// By namespace: a pod's name may read differently in the plan of an
+	// earlier release (status.json), its namespace does not.
 	keep := map[string]bool{}
-	for _, p := range cfg.Pods {
-		keep[p.Name] = true
-	}
-	modes := map[string]SubflowMode{}
-	for _, r := range a.previous.Rules {
-		modes[r.Name] = r.Subflows
+	for _, p := range plan.Pods {
+		keep[p.NetNS] = true
 	}
 	var errs []error
 	for _, pod := range a.previous.Pods {
-		if keep[pod.Name] || len(pod.ruleNames()) == 0 || modes[pod.ruleNames()[0]] == SubflowsNone {
+		rule := a.previous.firstRule(pod)
+		if keep[pod.NetNS] || (rule != nil && rule.Subflows == podnet.None) {
 			continue
 		}
 		if _, err := os.Stat(pod.NetNS); err != nil {
-			errs = append(errs, a.baselines.forget(pod.Name))
+			errs = append(errs, a.baselines.Forget(pod.Name))
 			continue
 		}
 		if err := a.releasePodMPTCP(pod); err != nil {
@@ -343,18 +376,19 @@ type sysctlState struct {
 	Original map[string]string `json:"original"`
 }
 
-func (a *Agent) statePath() string { return filepath.Join(a.cfg.StateDir, "sysctl.json") }
+func (a *Agent) statePath() string { return filepath.Join(a.settings.StateDir, "sysctl.json") }
 
-// saveAndSetSysctls enables src_valid_mark on every path NIC: with strict
-// reverse-path filtering, the check for a packet arriving on NIC k then uses
-// the mark its NIC gave it, finds path k's table and accepts the packet.
-func (a *Agent) saveAndSetSysctls(cfg *Config) error {
+// syncReversePathFilter enables src_valid_mark on every path NIC: with
+// strict reverse-path filtering, the check for a packet arriving on NIC k
+// then uses the mark its NIC gave it, finds path k's table and accepts the
+// packet. The original values are kept for uninstall.
+func (a *Agent) syncReversePathFilter(plan *Plan) error {
 	st := sysctlState{Original: map[string]string{}}
 	if b, err := os.ReadFile(a.statePath()); err == nil {
 		_ = json.Unmarshal(b, &st)
 	}
 	var errs []error
-	for _, p := range cfg.Paths {
+	for _, p := range plan.Paths {
 		key := "net.ipv4.conf." + p.Interface + ".src_valid_mark"
 		if _, saved := st.Original[key]; !saved {
 			v, err := netnsutil.ReadSysctl("", key)
@@ -368,7 +402,7 @@ func (a *Agent) saveAndSetSysctls(cfg *Config) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+	if err := os.MkdirAll(a.settings.StateDir, 0o700); err != nil {
 		return err
 	}
 	b, _ := json.Marshal(st)
@@ -379,9 +413,11 @@ func (a *Agent) saveAndSetSysctls(cfg *Config) error {
 }
 
 // Uninstall removes everything the agent created on this node: links, maps,
-// pins, rules, tables, sysctls and the pods' MPTCP settings.
+// pins, rules, tables, qdiscs, sysctls and the pods' MPTCP settings. What to
+// undo of paths and pods is the plan last applied (status.json): neither
+// mode needs its source for it.
 func (a *Agent) Uninstall() error {
-	a.stopCreators()
+	a.pms.Stop()
 	var errs []error
 	atts, err := a.dp.Attachments()
 	if err != nil {
@@ -392,32 +428,25 @@ func (a *Agent) Uninstall() error {
 			errs = append(errs, err)
 		}
 	}
-	if err := removeRouting(a.cfg); err != nil {
+	if err := routing.Remove(a.ranges()); err != nil {
 		errs = append(errs, err)
 	}
-	// In kube mode a.cfg holds the node-local settings only: the paths and
-	// pods are those of the configuration last applied (status.json).
-	last := a.cfg
-	if a.previous != nil {
-		last = &Config{Paths: append(slices.Clone(a.cfg.Paths), a.previous.Paths...),
-			Rules: append(slices.Clone(a.cfg.Rules), a.previous.Rules...),
-			Pods:  append(slices.Clone(a.cfg.Pods), a.previous.Pods...)}
+	last := a.previous
+	if last == nil {
+		last = &Plan{}
 	}
-	if err := removeShaping(last); err != nil {
-		errs = append(errs, err)
-	}
-	released := map[string]bool{}
-	for _, pod := range last.Pods {
-		if released[pod.Name] {
-			continue
+	for _, p := range last.Paths {
+		if err := shaping.RemoveFrom(p.Interface); err != nil {
+			errs = append(errs, fmt.Errorf("path %q: %w", p.Name, err))
 		}
-		released[pod.Name] = true
+	}
+	for _, pod := range last.Pods {
 		if _, err := os.Stat(pod.NetNS); err != nil {
 			continue
 		}
 		// A pod whose rule never configured its namespace (subflows
 		// none) keeps what it has.
-		if !a.baselines.has(pod) && (len(pod.ruleNames()) == 0 || last.subflowMode(pod.ruleNames()[0]) == SubflowsNone) {
+		if rule := last.firstRule(pod); !a.baselines.Has(podOf(pod)) && (rule == nil || rule.Subflows == podnet.None) {
 			continue
 		}
 		if err := a.releasePodMPTCP(pod); err != nil {
@@ -438,7 +467,7 @@ func (a *Agent) Uninstall() error {
 			}
 		}
 	}
-	if err := os.RemoveAll(a.cfg.StateDir); err != nil {
+	if err := os.RemoveAll(a.settings.StateDir); err != nil {
 		errs = append(errs, err)
 	}
 	if err := a.dp.Unpin(); err != nil {
@@ -447,13 +476,13 @@ func (a *Agent) Uninstall() error {
 	if err := a.dp.Close(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := os.Remove(a.cfg.PinDir); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(a.settings.PinDir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
 	// The default pin root holds every node's pin directory on a shared
 	// bpffs; the agent made it, and removes it once no node's is left
 	// (any error means it is not empty, or not the agent's to remove).
-	if filepath.Dir(filepath.Clean(a.cfg.PinDir)) == DefaultPinRoot {
+	if filepath.Dir(filepath.Clean(a.settings.PinDir)) == DefaultPinRoot {
 		_ = os.Remove(DefaultPinRoot)
 	}
 	return errors.Join(errs...)
@@ -476,15 +505,15 @@ func ensureBPFFS() error {
 }
 
 // Status is what the agent last did, written to <StateDir>/status.json for
-// tools and tests until the API's MPTCPNodeState status takes over.
+// tools, tests and the next process.
 type Status struct {
 	// PID is the agent process that wrote the status; Reconciles counts
 	// that process's reconciles.
 	PID        int    `json:"pid"`
 	Reconciles int    `json:"reconciles"`
 	Error      string `json:"error,omitempty"`
-	// Applied is the configuration in force (the last good one).
-	Applied *Config `json:"applied,omitempty"`
+	// Applied is the plan in force (the last good one).
+	Applied *Plan `json:"applied,omitempty"`
 	// MetricsAddress is where /metrics, /healthz and /readyz are served
 	// (the address actually bound, when the flag asked for port 0).
 	MetricsAddress string `json:"metricsAddress,omitempty"`
@@ -498,21 +527,29 @@ func readStatus(stateDir string) (Status, error) {
 	if err != nil {
 		return st, err
 	}
-	return st, json.Unmarshal(b, &st)
+	err = json.Unmarshal(b, &st)
+	// An earlier release wrote its own configuration format: what fits the
+	// plan (its paths' interfaces, its pods' namespaces and addresses,
+	// their subflow modes) is read, the rest is left out.
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		err = nil
+	}
+	return st, err
 }
 
 // WriteStatus records the outcome of a reconcile.
 func (a *Agent) WriteStatus(st Status) error {
-	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
+	if err := os.MkdirAll(a.settings.StateDir, 0o700); err != nil {
 		return err
 	}
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(a.cfg.StateDir, ".status.json")
+	tmp := filepath.Join(a.settings.StateDir, ".status.json")
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err
 	}
-	return os.Rename(tmp, filepath.Join(a.cfg.StateDir, "status.json"))
+	return os.Rename(tmp, filepath.Join(a.settings.StateDir, "status.json"))
 }

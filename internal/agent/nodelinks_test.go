@@ -56,8 +56,8 @@ func TestNodeLinksAndPodsAreFoundInARealNamespace(t *testing.T) {
 	state.Name = "n1"
 	// An address beyond a NIC (a veth in the bed, with a peer namespace
 	// of its own) is no pod.
-	state.Spec.Pods = []mptcpv1alpha1.NodePod{{Namespace: "apps", Name: "far", IPs: []string{node.NICs[0].Gateway.String()},
-		Rules: []mptcpv1alpha1.CompiledRule{{Policy: "p", Paths: []mptcpv1alpha1.RulePath{{Name: "a"}}}}}}
+	state.Spec.Rules = []mptcpv1alpha1.CompiledRule{{Name: "p-1", Policy: "p", Paths: []mptcpv1alpha1.RulePath{{Name: "a"}}}}
+	state.Spec.Pods = []mptcpv1alpha1.NodePod{{Namespace: "apps", Name: "far", IPs: []string{node.NICs[0].Gateway.String()}, Rules: []string{"p-1"}}}
 	var tr *agent.Translation
 	if err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
 		tr = agent.FromNodeState(agent.NodeDefaults("n1"), state, links, agent.LocatePod)
@@ -65,24 +65,28 @@ func TestNodeLinksAndPodsAreFoundInARealNamespace(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	want := []agent.Path{
-		{Name: "a", Index: 0, Interface: "nic1", Gateway: node.NICs[0].Gateway},
-		{Name: "b", Index: 1, Interface: "nic2", Gateway: node.NICs[1].Gateway},
+	want := []agent.PlanPath{
+		{Name: "a", Index: 1, Interface: "nic1", Gateway: node.NICs[0].Gateway},
+		{Name: "b", Index: 2, Interface: "nic2", Gateway: node.NICs[1].Gateway},
 	}
-	if !slices.Equal(tr.Config.Paths, want) {
-		t.Errorf("paths %+v, want %+v", tr.Config.Paths, want)
+	if !slices.Equal(tr.Plan.Paths, want) {
+		t.Errorf("paths %+v, want %+v", tr.Plan.Paths, want)
 	}
-	for i, p := range tr.Paths[:2] {
-		if p.Link != mptcpv1alpha1.LinkUp || !slices.Equal(p.Addresses, []string{node.NICs[i].Addr.Addr().String()}) {
-			t.Errorf("path %s: %+v", p.Name, p)
+	states := map[string]mptcpv1alpha1.PathState{}
+	for _, p := range tr.Paths {
+		states[p.Name] = p
+	}
+	for i, name := range []string{"a", "b"} {
+		if p := states[name]; p.Link != mptcpv1alpha1.LinkUp || !slices.Equal(p.Addresses, []string{node.NICs[i].Addr.Addr().String()}) {
+			t.Errorf("path %s: %+v", name, p)
 		}
 	}
-	if len(tr.Config.Pods) != 0 || !slices.ContainsFunc(tr.Errors, func(e string) bool {
+	if len(tr.Plan.Pods) != 0 || !slices.ContainsFunc(tr.Errors, func(e string) bool {
 		return e == "pod apps/far: its address "+node.NICs[0].Gateway.String()+" leads out of path a (nic1), not to a local pod"
 	}) {
-		t.Errorf("pods %+v, errors %q", tr.Config.Pods, tr.Errors)
+		t.Errorf("pods %+v, errors %q", tr.Plan.Pods, tr.Errors)
 	}
-	if tr.Paths[2].Link != mptcpv1alpha1.LinkAmbiguous {
-		t.Errorf("pattern nic* over two NICs: %+v", tr.Paths[2])
+	if states["any"].Link != mptcpv1alpha1.LinkAmbiguous {
+		t.Errorf("pattern nic* over two NICs: %+v", states["any"])
 	}
 }

@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,7 +9,10 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -34,30 +35,31 @@ type LocatedPod struct {
 	NetNS         string
 }
 
-// Translation is an MPTCPNodeState turned into the agent's Config, with what
-// the agent found (or failed to find) for each path and pod. Errors are the
-// problems that keep the spec from being enforced as a whole: with any, the
-// caller keeps the last good configuration in force.
+// Translation is an MPTCPNodeState turned into the Plan the node enforces,
+// with what the agent found (or failed to find) for each path and pod.
+// Errors are the problems that keep the spec from being enforced as a
+// whole: with any, the caller keeps the last good plan in force.
+// PathProblems are paths the node cannot carry (no interface, an ambiguous
+// one, one another path has): each is left out and reported on its path,
+// the rest is enforced.
 type Translation struct {
-	Config   *Config
-	Paths    []mptcpv1alpha1.PathState
-	Applied  []mptcpv1alpha1.AppliedPolicy
-	Errors   []string
-	PodNames map[string]PodRef // Config pod name -> the API pod
+	Plan         *Plan
+	Paths        []mptcpv1alpha1.PathState
+	Applied      []mptcpv1alpha1.AppliedPolicy
+	Errors       []string
+	PathProblems []string
 }
 
-// PodRef names a pod of the API.
-type PodRef struct{ Namespace, Name, UID string }
-
-// FromNodeState translates state into a configuration on top of base (which
-// supplies the node-local settings: pin and state directories, tables, mark
-// mask, observe-only). links are the node's interfaces; locate finds a pod by
-// its addresses.
-func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []NodeLink, locate func([]netip.Addr) (LocatedPod, error)) *Translation {
-	cfg := base
-	cfg.Node = state.Name
-	cfg.Paths, cfg.Rules, cfg.Pods, cfg.PodCIDRs = nil, nil, nil, nil
-	t := &Translation{Config: &cfg, PodNames: map[string]PodRef{}}
+// FromNodeState translates state into the plan this node enforces, with
+// settings (the node-local ones: pin and state directories, tables, mark
+// mask, observe-only). links are the node's interfaces; locate finds a pod
+// by its addresses. Kube mode and file mode both come through here: it is
+// the one place where the API's compiled types become the datapath's.
+func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links []NodeLink, locate func([]netip.Addr) (LocatedPod, error)) *Translation {
+	settings.Node = state.Name
+	settings.setDefaults()
+	plan := &Plan{Settings: settings}
+	t := &Translation{Plan: plan}
 	fail := func(format string, args ...any) { t.Errors = append(t.Errors, fmt.Sprintf(format, args...)) }
 
 	for _, s := range state.Spec.PodCIDRs {
@@ -66,11 +68,18 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 			fail("podCIDRs: %q is not a prefix", s)
 			continue
 		}
-		cfg.PodCIDRs = append(cfg.PodCIDRs, p.Masked())
+		plan.PodCIDRs = append(plan.PodCIDRs, p.Masked())
 	}
 
-	resolved := map[string]bool{}
-	for _, np := range state.Spec.Paths {
+	resolved := map[string]PlanPath{}
+	owners := map[string]string{} // interface -> the path that has it
+	leaveOut := func(name, msg string) { t.PathProblems = append(t.PathProblems, fmt.Sprintf("path %s: %s", name, msg)) }
+	// Lower indexes first: the older path keeps an interface two paths'
+	// selectors find (the controller gives the lowest free index to the
+	// oldest path).
+	nodePaths := slices.Clone(state.Spec.Paths)
+	slices.SortStableFunc(nodePaths, func(a, b mptcpv1alpha1.NodePath) int { return int(a.Index) - int(b.Index) })
+	for _, np := range nodePaths {
 		ps := mptcpv1alpha1.PathState{Name: np.Name}
 		link, state, msg := resolveInterface(np.Interface, links)
 		ps.Link, ps.Message = state, msg
@@ -84,23 +93,51 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 		}
 		switch {
 		case link == nil:
-			fail("path %s: %s", np.Name, msg)
-		case np.Index < 1 || np.Index > datapath.MaxPaths:
-			// The datapath numbers paths 0..MaxPaths-1; the API from 1.
+			leaveOut(np.Name, msg)
+		case np.Index < 1 || !datapath.ValidPath(uint32(np.Index)):
 			ps.Message = fmt.Sprintf("index %d is beyond the %d paths the datapath supports", np.Index, datapath.MaxPaths)
 			fail("path %s: %s", np.Name, ps.Message)
+		case owners[link.Name] != "":
+			ps.Link = mptcpv1alpha1.LinkAmbiguous
+			ps.Message = fmt.Sprintf("interface %s is also path %s's: a NIC carries one path", link.Name, owners[link.Name])
+			leaveOut(np.Name, ps.Message)
 		case !link.Gateway.IsValid():
 			ps.Message = fmt.Sprintf("no next hop found on %s: neither a default route through it nor an IPv4 subnet on it", link.Name)
 			fail("path %s: %s", np.Name, ps.Message)
 		default:
-			cfg.Paths = append(cfg.Paths, Path{Name: np.Name, Index: uint32(np.Index - 1), Interface: link.Name, Gateway: link.Gateway})
-			resolved[np.Name] = true
+			owners[link.Name] = np.Name
+			p := PlanPath{Name: np.Name, Index: uint32(np.Index), Interface: link.Name, Gateway: link.Gateway,
+				Capacity: uint64(max(np.Capacity.Value(), 0))}
+			plan.Paths = append(plan.Paths, p)
+			resolved[np.Name] = p
 		}
 		t.Paths = append(t.Paths, ps)
 	}
+	slices.SortFunc(t.Paths, func(a, b mptcpv1alpha1.PathState) int { return strings.Compare(a.Name, b.Name) })
 
+	// Each rule once, under its name: pods refer to it.
+	rules := map[string]PlanRule{}
+	ruleErrs := map[string]error{}
+	known := map[string]bool{}
+	for _, np := range state.Spec.Paths {
+		known[np.Name] = true
+	}
+	for _, cr := range state.Spec.Rules {
+		// The controller names only the node's paths in its rules; a
+		// hand-written node state may not.
+		if unknown := unknownPaths(cr, known); len(unknown) > 0 {
+			ruleErrs[cr.Name] = fmt.Errorf("policy %s: rule %s names paths %v that are not the node state's", cr.Policy, cr.Name, unknown)
+			continue
+		}
+		rule, err := RuleFromCompiled(cr, resolved)
+		if err != nil {
+			ruleErrs[cr.Name] = fmt.Errorf("policy %s: %w", cr.Policy, err)
+			continue
+		}
+		rules[cr.Name] = rule
+	}
 	applied := map[string]int64{}
-	rules := map[string]Rule{}
+	used := map[string]bool{}
 	for _, pod := range state.Spec.Pods {
 		id := pod.Namespace + "/" + pod.Name
 		if len(pod.Rules) == 0 {
@@ -113,7 +150,7 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 				fail("pod %s: ip %q is not an address", id, s)
 				continue
 			}
-			ips = append(ips, a)
+			ips = append(ips, a.Unmap())
 		}
 		if len(ips) == 0 {
 			// Not an error: the pod has no address yet; it is
@@ -122,21 +159,21 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 		}
 		// Every rule of the pod, in precedence order: the datapath
 		// gives each new subflow the first whose traffic selects it.
-		var names []string
-		for _, cr := range pod.Rules {
-			rule, err := RuleFromCompiled(cr, resolved)
-			if err != nil {
-				fail("pod %s, policy %s: %v", id, cr.Policy, err)
-				continue
-			}
-			// Pods whose rules compiled alike share one Rule; a policy
-			// that compiles differently for some pods (tenant
-			// preferences) gets one Rule per variant.
-			rule.Name = ruleName(cr.Policy, rule, rules)
-			rules[rule.Name] = rule
-			names = append(names, rule.Name)
+		ok := len(pod.Rules) <= datapath.MaxPodRules
+		if !ok {
+			fail("pod %s: %d rules, a pod's selector chain holds %d", id, len(pod.Rules), datapath.MaxPodRules)
 		}
-		if len(names) != len(pod.Rules) {
+		for _, name := range pod.Rules {
+			switch _, found := rules[name]; {
+			case ruleErrs[name] != nil:
+				fail("pod %s, %v", id, ruleErrs[name])
+				ok = false
+			case !found:
+				fail("pod %s: no rule named %s in the spec", id, name)
+				ok = false
+			}
+		}
+		if !ok {
 			continue
 		}
 		loc, err := locate(ips)
@@ -146,151 +183,156 @@ func FromNodeState(base Config, state *mptcpv1alpha1.MPTCPNodeState, links []Nod
 		}
 		// A veth NIC (the test bed's, a VM's) has a peer namespace too:
 		// an address that leads out of a path is no local pod's.
-		if i := slices.IndexFunc(cfg.Paths, func(p Path) bool { return p.Interface == loc.HostInterface }); i >= 0 {
-			fail("pod %s: its address %s leads out of path %s (%s), not to a local pod", id, ips[0], cfg.Paths[i].Name, loc.HostInterface)
+		if i := slices.IndexFunc(plan.Paths, func(p PlanPath) bool { return p.Interface == loc.HostInterface }); i >= 0 {
+			fail("pod %s: its address %s leads out of path %s (%s), not to a local pod", id, ips[0], plan.Paths[i].Name, loc.HostInterface)
 			continue
 		}
-		name := pod.Namespace + "." + pod.Name
-		cfg.Pods = append(cfg.Pods, Pod{Name: name, NetNS: loc.NetNS, HostInterface: loc.HostInterface, IPs: ips, Rules: names})
-		t.PodNames[name] = PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
-		for _, cr := range pod.Rules {
-			applied[cr.Policy] = max(applied[cr.Policy], cr.PolicyGeneration)
+		plan.Pods = append(plan.Pods, PlanPod{Name: pod.Namespace + "." + pod.Name, Ref: PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
+			NetNS: loc.NetNS, HostInterface: loc.HostInterface, IPs: ips, Rules: slices.Clone(pod.Rules)})
+		for _, name := range pod.Rules {
+			used[name] = true
+			r := rules[name]
+			applied[r.Policy] = max(applied[r.Policy], r.Generation)
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(rules)) {
-		cfg.Rules = append(cfg.Rules, rules[name])
+	// Only the rules some configured pod uses reach the datapath.
+	for _, name := range slices.Sorted(maps.Keys(used)) {
+		plan.Rules = append(plan.Rules, rules[name])
 	}
 	for _, name := range slices.Sorted(maps.Keys(applied)) {
 		t.Applied = append(t.Applied, mptcpv1alpha1.AppliedPolicy{Name: name, Generation: applied[name]})
 	}
-	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
-		for _, e := range strings.Split(err.Error(), "\n") {
-			fail("%s", e)
-		}
-	}
 	return t
 }
 
-// ruleName is policy's name, or policy-2, -3... when another variant of the
-// same policy already has it.
-func ruleName(policy string, r Rule, rules map[string]Rule) string {
-	for i := 1; ; i++ {
-		name := policy
-		if i > 1 {
-			name = fmt.Sprintf("%s-%d", policy, i)
-		}
-		other, ok := rules[name]
-		if !ok {
-			return name
-		}
-		other.Name = r.Name
-		if rulesEqual(other, r) {
-			return name
+// unknownPaths are the paths cr names that known lacks.
+func unknownPaths(cr mptcpv1alpha1.CompiledRule, known map[string]bool) []string {
+	var out []string
+	check := func(name string) {
+		if !known[name] && !slices.Contains(out, name) {
+			out = append(out, name)
 		}
 	}
-}
-
-func rulesEqual(a, b Rule) bool {
-	// Compared as the agent's configuration file would hold them: rate
-	// quantities in canonical form, weights in key order. (reflect and
-	// apimachinery's semantic equality cannot look into netip values.)
-	ja, erra := json.Marshal(a)
-	jb, errb := json.Marshal(b)
-	return erra == nil && errb == nil && bytes.Equal(ja, jb)
-}
-
-// RuleFromCompiled is the one place where a compiled rule's fields become the
-// agent's Rule. paths are the node's paths the agent resolved: a rule path
-// left out by the controller never reaches here, one the agent could not
-// resolve is dropped with the path's own error reported. The Rule is checked
-// with the rest of the configuration (Config.Validate).
-func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]bool) (Rule, error) {
-	r := Rule{Name: cr.Policy, MaxSubflows: int(cr.MaxSubflows), HeaderRewriting: cr.HeaderRewriting}
 	for _, p := range cr.Paths {
-		if !paths[p.Name] {
-			continue
-		}
-		r.Paths = append(r.Paths, p.Name)
-		if cr.SpreadMode == mptcpv1alpha1.SpreadWeighted {
-			if r.Weights == nil {
-				r.Weights = map[string]uint32{}
-			}
-			r.Weights[p.Name] = uint32(max(p.Weight, 0))
-		}
+		check(p.Name)
 	}
-	if len(r.Paths) == 0 {
-		return r, errors.New("none of its paths is usable on this node")
+	for _, name := range append(slices.Clone(cr.BackupPaths), cr.BlockedPaths...) {
+		check(name)
 	}
-	for _, name := range cr.BackupPaths {
-		if paths[name] {
-			r.BackupPaths = append(r.BackupPaths, name)
+	if cr.RateLimits != nil {
+		for _, pr := range cr.RateLimits.PerPath {
+			check(pr.Path)
 		}
 	}
-	for _, name := range cr.BlockedPaths {
-		if paths[name] {
-			r.BlockedPaths = append(r.BlockedPaths, name)
-		}
-	}
+	return out
+}
+
+// RuleFromCompiled is the one place where a compiled rule becomes the
+// datapath's: its paths by index (a rule path the controller left out never
+// reaches here; one the agent could not resolve is dropped, and reported as
+// the path's own problem), its selector, its actors' data, its caps (a
+// per-path cap bounded by the path's capacity) and its pods' MPTCP set-up.
+// Everything is checked by the datapath's own validation.
+func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath) (PlanRule, error) {
+	r := PlanRule{Name: cr.Name, Policy: cr.Policy, Generation: cr.PolicyGeneration}
+	d := &r.Datapath
+	d.RewriteHeaders = cr.HeaderRewriting
+	d.MaxSubflows = uint32(max(cr.MaxSubflows, 0))
 	switch cr.SpreadMode {
 	case mptcpv1alpha1.SpreadRoundRobin, "":
-		r.SpreadMode = "roundRobin"
+		d.Spread = datapath.SpreadRoundRobin
 	case mptcpv1alpha1.SpreadWeighted:
-		r.SpreadMode = "weighted"
+		d.Spread = datapath.SpreadWeighted
 	case mptcpv1alpha1.SpreadPreferredFirst:
-		r.SpreadMode = "preferred"
+		d.Spread = datapath.SpreadPreferred
 	default:
 		return r, fmt.Errorf("spreadMode %q is not one this agent knows", cr.SpreadMode)
 	}
+	var names []string
+	for _, p := range cr.Paths {
+		path, ok := paths[p.Name]
+		if !ok {
+			continue
+		}
+		names = append(names, p.Name)
+		d.Paths = append(d.Paths, path.Index)
+		if d.Spread == datapath.SpreadWeighted {
+			d.Weights = append(d.Weights, uint32(max(p.Weight, 1)))
+		}
+	}
+	if len(d.Paths) == 0 {
+		return r, errors.New("none of its paths is usable on this node")
+	}
+	// The preferred paths lead the list (the controller put them there).
+	for d.Preferred < len(names) && slices.Contains(cr.PreferredPaths, names[d.Preferred]) {
+		d.Preferred++
+	}
+	for _, name := range cr.BackupPaths {
+		if p, ok := paths[name]; ok {
+			d.Backup = append(d.Backup, p.Index)
+		}
+	}
+	for _, name := range cr.BlockedPaths {
+		if p, ok := paths[name]; ok {
+			d.Blocked = append(d.Blocked, p.Index)
+		}
+	}
+	if err := selectorFromCompiled(d, cr.Traffic); err != nil {
+		return r, err
+	}
+	if err := d.Validate(); err != nil {
+		return r, err
+	}
+	if rl := cr.RateLimits; rl != nil {
+		c, err := rateFromCompiled(rl, cr.HeaderRewriting, paths)
+		if err != nil {
+			return r, fmt.Errorf("rateLimits: %w", err)
+		}
+		r.Rate = c
+	}
+
 	switch cr.SubflowCreation {
 	case mptcpv1alpha1.SubflowCreationUserspace, "":
-		r.Subflows = SubflowsUserspace
+		r.Subflows = podnet.Userspace
 	case mptcpv1alpha1.SubflowCreationSignal:
-		r.Subflows = SubflowsSignal
+		r.Subflows = podnet.Signal
 	case mptcpv1alpha1.SubflowCreationGuest:
 		// The guest's own stack opens its subflows: the agent leaves
 		// the pod's MPTCP settings alone.
-		r.Subflows = SubflowsNone
+		r.Subflows = podnet.None
 	default:
 		return r, fmt.Errorf("subflowCreation %q is not one this agent knows", cr.SubflowCreation)
 	}
-	r.DataChecksums = &cr.DataChecksums
+	n := len(d.Paths) + len(d.Backup)
+	if d.MaxSubflows > 0 && int(d.MaxSubflows) < n {
+		n = int(d.MaxSubflows)
+	}
+	r.Joins = n - 1
+	r.DataChecksums = cr.DataChecksums
 	for _, p := range cr.SignalPorts {
 		if p < 1 || p > 65535 {
 			return r, fmt.Errorf("signal port %d is out of range", p)
 		}
 		r.SignalPorts = append(r.SignalPorts, uint16(p))
 	}
-	traffic, err := trafficFromCompiled(cr.Traffic)
-	if err != nil {
-		return r, err
-	}
-	r.Traffic = traffic
-	if rl := cr.RateLimits; rl != nil {
-		r.Rate = &RateLimits{Mode: string(rl.Mode), PerConnection: rl.PerConnection, PerPod: rl.PerPod}
-		for _, pr := range rl.PerPath {
-			// A cap on a path this node lacks has nothing to cap here.
-			if paths[pr.Path] {
-				r.Rate.PerPath = append(r.Rate.PerPath, PathRate(pr))
-			}
-		}
+	if r.Subflows == podnet.Signal && len(r.SignalPorts) != 0 && len(r.SignalPorts) < r.Joins {
+		return r, fmt.Errorf("signalPorts: %d ports announce too few paths: a server needs %d, one per extra subflow", len(r.SignalPorts), r.Joins)
 	}
 	return r, nil
 }
 
-// trafficFromCompiled is a compiled traffic selector as the agent's; nil
-// (select everything) when it is unset or selects everything.
-func trafficFromCompiled(ct *mptcpv1alpha1.CompiledTraffic) (*Traffic, error) {
+// selectorFromCompiled sets d's selector from a compiled traffic selector;
+// unset or Any selects everything.
+func selectorFromCompiled(d *datapath.Rule, ct *mptcpv1alpha1.CompiledTraffic) error {
 	if ct == nil {
-		return nil, nil
+		return nil
 	}
-	t := &Traffic{}
 	for _, s := range ct.CIDRs {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			return nil, fmt.Errorf("traffic: cidr %q is not a prefix", s)
+			return fmt.Errorf("traffic: cidr %q is not a prefix", s)
 		}
-		t.CIDRs = append(t.CIDRs, p.Masked())
+		d.CIDRs = append(d.CIDRs, p.Masked())
 	}
 	for _, pr := range ct.Ports {
 		last := pr.EndPort
@@ -298,21 +340,97 @@ func trafficFromCompiled(ct *mptcpv1alpha1.CompiledTraffic) (*Traffic, error) {
 			last = pr.Port
 		}
 		if pr.Port < 1 || pr.Port > 65535 || last < pr.Port || last > 65535 {
-			return nil, fmt.Errorf("traffic: port range %d-%d is out of range", pr.Port, last)
+			return fmt.Errorf("traffic: port range %d-%d is out of range", pr.Port, last)
 		}
-		t.Ports = append(t.Ports, PortRange{First: uint16(pr.Port), Last: uint16(last)})
+		d.Ports = append(d.Ports, datapath.PortRange{First: uint16(pr.Port), Last: uint16(last)})
 	}
 	switch ct.Family {
-	case mptcpv1alpha1.IPFamilyIPv4, mptcpv1alpha1.IPFamilyIPv6:
-		t.Family = string(ct.Family)
+	case mptcpv1alpha1.IPFamilyIPv4:
+		d.Family = datapath.FamilyIPv4
+	case mptcpv1alpha1.IPFamilyIPv6:
+		d.Family = datapath.FamilyIPv6
 	case mptcpv1alpha1.IPFamilyAny, "":
 	default:
-		return nil, fmt.Errorf("traffic: family %q is not IPv4, IPv6 or Any", ct.Family)
+		return fmt.Errorf("traffic: family %q is not IPv4, IPv6 or Any", ct.Family)
 	}
-	if len(t.CIDRs) == 0 && len(t.Ports) == 0 && t.Family == "" {
+	return nil
+}
+
+// rateFromCompiled is the rate actor's caps of a compiled rule, in bits per
+// second: a cap on a path this node lacks has nothing to cap here and is
+// dropped (nil when no cap is left), one above its path's capacity caps at
+// the capacity.
+func rateFromCompiled(rl *mptcpv1alpha1.CompiledRateLimits, rewriting bool, paths map[string]PlanPath) (*datapath.RateConfig, error) {
+	c := datapath.RateConfig{PerConnection: bps(rl.PerConnection), PerPod: bps(rl.PerPod), HeadersMayBeRewritten: rewriting}
+	switch rl.Mode {
+	case mptcpv1alpha1.RateModeWindow:
+		c.Mode = datapath.RateWindow
+	case mptcpv1alpha1.RateModePolice:
+		c.Mode = datapath.RatePolice
+	case mptcpv1alpha1.RateModeShape:
+		c.Mode = datapath.RateShape
+	default:
+		return nil, fmt.Errorf("mode %q is not one of window, police, shape", rl.Mode)
+	}
+	switch rl.Direction {
+	case "", mptcpv1alpha1.RateBoth:
+		if c.Mode == datapath.RatePolice {
+			c.Directions = datapath.Egress | datapath.Ingress
+		}
+	case mptcpv1alpha1.RateEgress:
+		c.Directions = datapath.Egress
+	case mptcpv1alpha1.RateIngress:
+		c.Directions = datapath.Ingress
+	default:
+		return nil, fmt.Errorf("direction %q is not one of egress, ingress, both", rl.Direction)
+	}
+	if c.Mode != datapath.RatePolice && rl.Direction != "" {
+		return nil, fmt.Errorf("direction: only police takes one (%s acts in one direction)", rl.Mode)
+	}
+	if rl.Burst != nil {
+		c.BurstBytes = uint64(max(rl.Burst.Value(), 0))
+	}
+	for _, pr := range rl.PerPath {
+		p, ok := paths[pr.Path]
+		if !ok {
+			continue
+		}
+		if pr.Rate.Sign() <= 0 {
+			return nil, fmt.Errorf("perPath %s: rate must be positive, got %s", pr.Path, pr.Rate.String())
+		}
+		if c.PerPath == nil {
+			c.PerPath = map[uint32]uint64{}
+		}
+		if _, dup := c.PerPath[p.Index]; dup {
+			return nil, fmt.Errorf("perPath: path %s appears twice", pr.Path)
+		}
+		c.PerPath[p.Index] = capped(uint64(pr.Rate.Value()), p.Capacity)
+	}
+	for _, q := range []*resource.Quantity{rl.PerConnection, rl.PerPod} {
+		if q != nil && q.Sign() <= 0 {
+			return nil, fmt.Errorf("rates must be positive, got %s", q.String())
+		}
+	}
+	if c.PerConnection == 0 && c.PerPod == 0 && len(c.PerPath) == 0 {
+		// Every cap was on paths this node lacks.
 		return nil, nil
 	}
-	return t, nil
+	return &c, c.Validate()
+}
+
+// capped is rate bounded by a path's capacity (0: unbounded).
+func capped(rate, capacity uint64) uint64 {
+	if capacity > 0 {
+		return min(rate, capacity)
+	}
+	return rate
+}
+
+func bps(q *resource.Quantity) uint64 {
+	if q == nil || q.Sign() <= 0 {
+		return 0
+	}
+	return uint64(q.Value())
 }
 
 // resolveInterface finds the one link sel names: by exact name, by alternative
@@ -363,12 +481,4 @@ func resolveInterface(sel mptcpv1alpha1.NodeInterface, links []NodeLink) (*NodeL
 		}
 		return nil, mptcpv1alpha1.LinkAmbiguous, fmt.Sprintf("%d interfaces match (%s): name exactly one", len(found), strings.Join(names, ", "))
 	}
-}
-
-// NodeDefaults is the base configuration of a node in kube mode when no file
-// supplies its node-local settings.
-func NodeDefaults(node string) Config {
-	c := Config{Node: node}
-	c.setDefaults()
-	return c
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -12,6 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
 var testLinks = []NodeLink{
@@ -28,11 +32,29 @@ func locateAll(ips []netip.Addr) (LocatedPod, error) {
 	return LocatedPod{HostInterface: "veth-" + ips[0].String(), NetNS: "/var/run/netns/" + ips[0].String()}, nil
 }
 
-func nodeState(paths []mptcpv1alpha1.NodePath, pods ...mptcpv1alpha1.NodePod) *mptcpv1alpha1.MPTCPNodeState {
-	return &mptcpv1alpha1.MPTCPNodeState{
+// testPod is a pod of a test's node state and its rules, which nodeState
+// lists once each in the spec, named as the controller names them.
+type testPod struct {
+	pod   mptcpv1alpha1.NodePod
+	rules []mptcpv1alpha1.CompiledRule
+}
+
+func nodeState(paths []mptcpv1alpha1.NodePath, pods ...testPod) *mptcpv1alpha1.MPTCPNodeState {
+	s := &mptcpv1alpha1.MPTCPNodeState{
 		ObjectMeta: metav1.ObjectMeta{Name: "n1", Generation: 3},
-		Spec:       mptcpv1alpha1.MPTCPNodeStateSpec{PodCIDRs: []string{"10.244.1.0/24"}, Paths: paths, Pods: pods},
+		Spec:       mptcpv1alpha1.MPTCPNodeStateSpec{PodCIDRs: []string{"10.244.1.0/24"}, Paths: paths},
 	}
+	for _, p := range pods {
+		for _, r := range p.rules {
+			r.Name = compile.RuleName(&r)
+			p.pod.Rules = append(p.pod.Rules, r.Name)
+			if s.Spec.Rule(r.Name) == nil {
+				s.Spec.Rules = append(s.Spec.Rules, r)
+			}
+		}
+		s.Spec.Pods = append(s.Spec.Pods, p.pod)
+	}
+	return s
 }
 
 func twoPaths() []mptcpv1alpha1.NodePath {
@@ -42,13 +64,16 @@ func twoPaths() []mptcpv1alpha1.NodePath {
 	}
 }
 
-func podWith(name, ip string, rules ...mptcpv1alpha1.CompiledRule) mptcpv1alpha1.NodePod {
-	p := mptcpv1alpha1.NodePod{Namespace: "apps", Name: name, UID: "uid-" + name, Rules: rules}
+func podWith(name, ip string, rules ...mptcpv1alpha1.CompiledRule) testPod {
+	p := mptcpv1alpha1.NodePod{Namespace: "apps", Name: name, UID: "uid-" + name}
 	if ip != "" {
 		p.IPs = []string{ip}
 	}
-	return p
+	return testPod{pod: p, rules: rules}
 }
+
+// nameOf is the name the controller gives r.
+func nameOf(r mptcpv1alpha1.CompiledRule) string { return compile.RuleName(&r) }
 
 func spread(gen int64) mptcpv1alpha1.CompiledRule {
 	return mptcpv1alpha1.CompiledRule{Policy: "spread", PolicyGeneration: gen, MaxSubflows: 2,
@@ -56,7 +81,7 @@ func spread(gen int64) mptcpv1alpha1.CompiledRule {
 		Paths:           []mptcpv1alpha1.RulePath{{Name: "fabric-a", Weight: 1}, {Name: "fabric-b", Weight: 1}}}
 }
 
-func TestNodeStateTranslatesToAnEnforceableConfig(t *testing.T) {
+func TestNodeStateTranslatesToAnEnforceablePlan(t *testing.T) {
 	base := NodeDefaults("ignored")
 	base.PinDir, base.TableBase = "/sys/fs/bpf/test", 4000
 	tr := FromNodeState(base, nodeState(twoPaths(),
@@ -66,26 +91,27 @@ func TestNodeStateTranslatesToAnEnforceableConfig(t *testing.T) {
 	if len(tr.Errors) != 0 {
 		t.Fatalf("errors: %v", tr.Errors)
 	}
-	c := tr.Config
-	if c.Node != "n1" || c.PinDir != "/sys/fs/bpf/test" || c.TableBase != 4000 {
-		t.Errorf("node-local settings not kept: %+v", c)
+	c := tr.Plan
+	if s := c.Settings; s.Node != "n1" || s.PinDir != "/sys/fs/bpf/test" || s.TableBase != 4000 {
+		t.Errorf("node-local settings not kept: %+v", s)
 	}
-	want := []Path{
-		{Name: "fabric-a", Index: 0, Interface: "nic1", Gateway: netip.MustParseAddr("10.101.1.1")},
-		{Name: "fabric-b", Index: 1, Interface: "nic2", Gateway: netip.MustParseAddr("10.102.1.1")},
+	want := []PlanPath{
+		{Name: "fabric-a", Index: 1, Interface: "nic1", Gateway: netip.MustParseAddr("10.101.1.1")},
+		{Name: "fabric-b", Index: 2, Interface: "nic2", Gateway: netip.MustParseAddr("10.102.1.1")},
 	}
 	if !slices.Equal(c.Paths, want) {
 		t.Errorf("paths %+v, want %+v", c.Paths, want)
 	}
-	if len(c.Rules) != 1 || c.Rules[0].Name != "spread" || !slices.Equal(c.Rules[0].Paths, []string{"fabric-a", "fabric-b"}) ||
-		c.Rules[0].MaxSubflows != 2 || c.Rules[0].Subflows != SubflowsUserspace {
+	// Path index is the API's, used as is.
+	if len(c.Rules) != 1 || c.Rules[0].Name != nameOf(spread(7)) || !slices.Equal(c.Rules[0].Datapath.Paths, []uint32{1, 2}) ||
+		c.Rules[0].Datapath.MaxSubflows != 2 || c.Rules[0].Subflows != podnet.Userspace || c.Rules[0].Joins != 1 {
 		t.Errorf("rules %+v", c.Rules)
 	}
 	// The pod without an address waits; it is no error.
-	if len(c.Pods) != 1 || c.Pods[0].HostInterface != "veth-10.244.1.10" || !slices.Equal(c.Pods[0].Rules, []string{"spread"}) {
+	if len(c.Pods) != 1 || c.Pods[0].HostInterface != "veth-10.244.1.10" || !slices.Equal(c.Pods[0].Rules, []string{nameOf(spread(7))}) {
 		t.Errorf("pods %+v", c.Pods)
 	}
-	if ref := tr.PodNames[c.Pods[0].Name]; ref != (PodRef{Namespace: "apps", Name: "web", UID: "uid-web"}) {
+	if ref := c.Pods[0].Ref; ref != (PodRef{Namespace: "apps", Name: "web", UID: "uid-web"}) {
 		t.Errorf("pod ref %+v", ref)
 	}
 	if !slices.Equal(tr.Applied, []mptcpv1alpha1.AppliedPolicy{{Name: "spread", Generation: 7}}) {
@@ -102,6 +128,7 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 		mptcpv1alpha1.NodePath{Name: "ambiguous", Index: 4, Interface: mptcpv1alpha1.NodeInterface{Pattern: "nic*"}},
 		mptcpv1alpha1.NodePath{Name: "down", Index: 5, Interface: mptcpv1alpha1.NodeInterface{Name: "nic3"}},
 		mptcpv1alpha1.NodePath{Name: "far", Index: 40, Interface: mptcpv1alpha1.NodeInterface{Pattern: "enp1*"}},
+		mptcpv1alpha1.NodePath{Name: "again-nic1", Index: 6, Interface: mptcpv1alpha1.NodeInterface{Pattern: "nic1"}},
 	)
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(paths, podWith("lost", "10.244.1.99", spread(1))), testLinks, locateAll)
 	states := map[string]mptcpv1alpha1.PathState{}
@@ -111,15 +138,26 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 	for name, want := range map[string]mptcpv1alpha1.LinkState{
 		"fabric-a": mptcpv1alpha1.LinkUp, "missing": mptcpv1alpha1.LinkNotFound,
 		"ambiguous": mptcpv1alpha1.LinkAmbiguous, "down": mptcpv1alpha1.LinkDown, "far": mptcpv1alpha1.LinkUp,
+		"again-nic1": mptcpv1alpha1.LinkAmbiguous,
 	} {
 		if states[name].Link != want {
 			t.Errorf("path %s: link %q, want %q (%s)", name, states[name].Link, want, states[name].Message)
 		}
 	}
-	errs := strings.Join(tr.Errors, "\n")
+	// A path the node cannot carry is left out and reported, and does not
+	// keep the rest of the spec from being enforced.
+	problems := strings.Join(tr.PathProblems, "\n")
 	for _, want := range []string{
 		"path missing: no interface eth9 on this node",
 		"path ambiguous: 3 interfaces match (nic1, nic2, nic3)",
+		"path again-nic1: interface nic1 is also path fabric-a's",
+	} {
+		if !strings.Contains(problems, want) {
+			t.Errorf("path problems do not say %q:\n%s", want, problems)
+		}
+	}
+	errs := strings.Join(tr.Errors, "\n")
+	for _, want := range []string{
 		"path far: index 40 is beyond the 15 paths",
 		"pod apps/lost: no route",
 	} {
@@ -127,22 +165,39 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 			t.Errorf("errors do not say %q:\n%s", want, errs)
 		}
 	}
+	if strings.Contains(errs, "path missing") || strings.Contains(errs, "path again-nic1") {
+		t.Errorf("path problems made errors of the whole spec:\n%s", errs)
+	}
+	for _, p := range tr.Plan.Paths {
+		if p.Name != "fabric-a" && p.Name != "fabric-b" && p.Name != "down" {
+			t.Errorf("path %s is in the configuration; only the paths the node carries belong there", p.Name)
+		}
+	}
+}
+
+// usablePaths are paths a node resolved, by name.
+func usablePaths(names ...string) map[string]PlanPath {
+	out := map[string]PlanPath{}
+	for i, name := range names {
+		out[name] = PlanPath{Name: name, Index: uint32(i + 1), Interface: fmt.Sprintf("nic%d", i+1)}
+	}
+	return out
 }
 
 func TestCompiledRuleMapping(t *testing.T) {
-	usable := map[string]bool{"fabric-a": true, "fabric-b": true}
+	usable := usablePaths("fabric-a", "fabric-b")
 	signal := spread(1)
 	signal.SubflowCreation, signal.SignalPorts = mptcpv1alpha1.SubflowCreationSignal, []int32{5201}
 	r, err := RuleFromCompiled(signal, usable)
-	if err != nil || r.Subflows != SubflowsSignal || !slices.Equal(r.SignalPorts, []uint16{5201}) {
+	if err != nil || r.Subflows != podnet.Signal || !slices.Equal(r.SignalPorts, []uint16{5201}) {
 		t.Errorf("signal rule %+v, %v", r, err)
 	}
 	guest := spread(1)
 	guest.SubflowCreation = mptcpv1alpha1.SubflowCreationGuest
-	if r, err := RuleFromCompiled(guest, usable); err != nil || r.Subflows != SubflowsNone {
+	if r, err := RuleFromCompiled(guest, usable); err != nil || r.Subflows != podnet.None {
 		t.Errorf("guest rule %+v, %v", r, err)
 	}
-	if _, err := RuleFromCompiled(spread(1), map[string]bool{"other": true}); err == nil {
+	if _, err := RuleFromCompiled(spread(1), usablePaths("other")); err == nil {
 		t.Error("a rule with no usable path was accepted")
 	}
 	bad := spread(1)
@@ -160,6 +215,7 @@ func TestCompiledRuleMapping(t *testing.T) {
 func TestPolicyVariantsGetTheirOwnRules(t *testing.T) {
 	reordered := spread(2)
 	reordered.Paths = []mptcpv1alpha1.RulePath{{Name: "fabric-b", Weight: 1}, {Name: "fabric-a", Weight: 1}}
+	reordered.PreferredPaths = []string{"fabric-b"} // a tenant's preference, as the controller applies it
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(),
 		podWith("a", "10.244.1.10", spread(2)), podWith("b", "10.244.1.11", reordered), podWith("c", "10.244.1.12", spread(2)),
 	), testLinks, locateAll)
@@ -167,55 +223,65 @@ func TestPolicyVariantsGetTheirOwnRules(t *testing.T) {
 		t.Fatal(tr.Errors)
 	}
 	rules := map[string]string{}
-	for _, p := range tr.Config.Pods {
+	for _, p := range tr.Plan.Pods {
 		rules[p.Name] = strings.Join(p.Rules, ",")
 	}
-	if rules["apps.a"] != "spread" || rules["apps.c"] != "spread" || rules["apps.b"] != "spread-2" || len(tr.Config.Rules) != 2 {
-		t.Errorf("pods' rules %v, rules %+v", rules, tr.Config.Rules)
+	if rules["apps.a"] != nameOf(spread(2)) || rules["apps.c"] != nameOf(spread(2)) || rules["apps.b"] != nameOf(reordered) ||
+		nameOf(spread(2)) == nameOf(reordered) || len(tr.Plan.Rules) != 2 {
+		t.Errorf("pods' rules %v, rules %+v", rules, tr.Plan.Rules)
 	}
 }
 
-// Every actor field of a compiled rule reaches the agent's Rule: selectors,
-// spread mode and weights, header rewriting and rate limits.
+// Every actor field of a compiled rule reaches the datapath's rule, by path
+// index: selectors, spread mode and weights, backup and blocked paths,
+// header rewriting and rate limits (a per-path cap bounded by the path's
+// capacity); what a node lacks is left out.
 func TestCompiledRuleActorsMapping(t *testing.T) {
-	usable := map[string]bool{"fabric-a": true, "fabric-b": true, "lte": true}
+	usable := usablePaths("fabric-a", "fabric-b", "lte", "fabric-c")
+	b := usable["fabric-b"]
+	b.Capacity = 150_000_000
+	usable["fabric-b"] = b
 	cr := spread(1)
 	cr.BackupPaths = []string{"lte", "gone"}
 	cr.BlockedPaths = []string{"fabric-c", "gone"}
-	usable["fabric-c"] = true
 	cr.SpreadMode = mptcpv1alpha1.SpreadWeighted
 	cr.Paths = []mptcpv1alpha1.RulePath{{Name: "fabric-a", Weight: 3}, {Name: "fabric-b", Weight: 1}, {Name: "gone", Weight: 5}}
 	cr.Traffic = &mptcpv1alpha1.CompiledTraffic{CIDRs: []string{"10.244.0.0/16"}, Ports: []mptcpv1alpha1.PortRange{{Port: 5201}, {Port: 8000, EndPort: 8999}}, Family: mptcpv1alpha1.IPFamilyIPv4}
 	cr.HeaderRewriting = true
 	perConn, perPath := resource.MustParse("40M"), resource.MustParse("200M")
-	cr.RateLimits = &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModeWindow, PerConnection: &perConn,
+	cr.RateLimits = &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: &perConn,
 		PerPath: []mptcpv1alpha1.CompiledPathRate{{Path: "fabric-b", Rate: perPath}, {Path: "gone", Rate: perPath}}}
 	r, err := RuleFromCompiled(cr, usable)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(r.BlockedPaths, []string{"fabric-c"}) {
-		t.Errorf("blocked paths %v, want the one on this node, fabric-c", r.BlockedPaths)
+	d := r.Datapath
+	if !slices.Equal(d.Blocked, []uint32{4}) {
+		t.Errorf("blocked paths %v, want the one on this node, fabric-c (4)", d.Blocked)
 	}
-	if !slices.Equal(r.BackupPaths, []string{"lte"}) {
-		t.Errorf("backup paths %v, want the one on this node, lte", r.BackupPaths)
+	if !slices.Equal(d.Backup, []uint32{3}) {
+		t.Errorf("backup paths %v, want the one on this node, lte (3)", d.Backup)
 	}
-	if r.SpreadMode != "weighted" || r.Weights["fabric-a"] != 3 || r.Weights["fabric-b"] != 1 || len(r.Weights) != 2 {
-		t.Errorf("spread %q weights %v, want weighted fabric-a 3, fabric-b 1", r.SpreadMode, r.Weights)
+	if d.Spread != datapath.SpreadWeighted || !slices.Equal(d.Paths, []uint32{1, 2}) || !slices.Equal(d.Weights, []uint32{3, 1}) {
+		t.Errorf("spread %v paths %v weights %v, want weighted fabric-a 3, fabric-b 1", d.Spread, d.Paths, d.Weights)
 	}
-	want := &Traffic{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
-		Ports: []PortRange{{First: 5201, Last: 5201}, {First: 8000, Last: 8999}}, Family: "IPv4"}
-	if !reflect.DeepEqual(r.Traffic, want) {
-		t.Errorf("traffic %+v, want %+v", r.Traffic, want)
+	if !slices.Equal(d.CIDRs, []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}) || d.Family != datapath.FamilyIPv4 ||
+		!slices.Equal(d.Ports, []datapath.PortRange{{First: 5201, Last: 5201}, {First: 8000, Last: 8999}}) {
+		t.Errorf("selector %v %v %v", d.CIDRs, d.Ports, d.Family)
 	}
-	if !r.HeaderRewriting || r.Rate == nil || r.Rate.Mode != "window" || r.Rate.PerConnection.Cmp(perConn) != 0 ||
-		len(r.Rate.PerPath) != 1 || r.Rate.PerPath[0].Path != "fabric-b" {
-		t.Errorf("headerRewriting %v rate %+v, want the window cap and fabric-b's path cap only", r.HeaderRewriting, r.Rate)
+	wantRate := &datapath.RateConfig{Mode: datapath.RatePolice, Directions: datapath.Egress | datapath.Ingress,
+		PerConnection: 40_000_000, PerPath: map[uint32]uint64{2: 150_000_000}, HeadersMayBeRewritten: true}
+	if !d.RewriteHeaders || !reflect.DeepEqual(r.Rate, wantRate) {
+		t.Errorf("headerRewriting %v rate %+v, want %+v: the connection cap in both directions and fabric-b's path cap at its capacity only", d.RewriteHeaders, r.Rate, wantRate)
+	}
+	if r.Joins != 1 {
+		t.Errorf("%d joins, want 1: maxSubflows 2 bounds two paths and a backup", r.Joins)
 	}
 	preferred := spread(1)
 	preferred.SpreadMode = mptcpv1alpha1.SpreadPreferredFirst
 	preferred.Traffic = &mptcpv1alpha1.CompiledTraffic{Family: mptcpv1alpha1.IPFamilyAny}
-	if r, err := RuleFromCompiled(preferred, usable); err != nil || r.SpreadMode != "preferred" || r.Traffic != nil || r.Weights != nil {
+	if r, err := RuleFromCompiled(preferred, usable); err != nil || r.Datapath.Spread != datapath.SpreadPreferred ||
+		r.Datapath.CIDRs != nil || r.Datapath.Ports != nil || r.Datapath.Family != 0 || r.Datapath.Weights != nil {
 		t.Errorf("preferredFirst rule %+v, %v: want preferred, no selector, no weights", r, err)
 	}
 	bad := spread(1)
@@ -235,14 +301,14 @@ func TestPodWithTwoPoliciesGetsBothRules(t *testing.T) {
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}
-	for _, p := range tr.Config.Pods {
-		if !slices.Equal(p.Rules, []string{"web", "spread"}) {
-			t.Errorf("pod %s has rules %v, want [web spread]", p.Name, p.Rules)
+	for _, p := range tr.Plan.Pods {
+		if !slices.Equal(p.Rules, []string{nameOf(web), nameOf(spread(2))}) {
+			t.Errorf("pod %s has rules %v, want web's, then spread's", p.Name, p.Rules)
 		}
 	}
 	// Alike rules (selectors included) are shared, not repeated per pod.
-	if len(tr.Config.Pods) != 2 || len(tr.Config.Rules) != 2 {
-		t.Errorf("%d pods, %d rules %+v: want 2 pods sharing 2 rules", len(tr.Config.Pods), len(tr.Config.Rules), tr.Config.Rules)
+	if len(tr.Plan.Pods) != 2 || len(tr.Plan.Rules) != 2 {
+		t.Errorf("%d pods, %d rules %+v: want 2 pods sharing 2 rules", len(tr.Plan.Pods), len(tr.Plan.Rules), tr.Plan.Rules)
 	}
 	if !slices.Equal(tr.Applied, []mptcpv1alpha1.AppliedPolicy{{Name: "spread", Generation: 2}, {Name: "web", Generation: 3}}) {
 		t.Errorf("applied %+v", tr.Applied)

@@ -35,12 +35,18 @@ const SweepInterval = 30 * time.Second
 
 // SweepReleased forgets the records of released pods' subflows that closed
 // since the last reconcile.
-func (a *Agent) SweepReleased() error { return a.sweepReleased(a.cfg) }
+func (a *Agent) SweepReleased() error {
+	plan := a.previous
+	if plan == nil {
+		plan = &Plan{}
+	}
+	return a.sweepReleased(plan)
+}
 
 // releasedPods maps a released pod address to its network namespace path.
 type releasedPods map[netip.Addr]string
 
-func (a *Agent) releasedPath() string { return filepath.Join(a.cfg.StateDir, "released.json") }
+func (a *Agent) releasedPath() string { return filepath.Join(a.settings.StateDir, "released.json") }
 
 func (a *Agent) readReleased() releasedPods {
 	out := releasedPods{}
@@ -52,11 +58,11 @@ func (a *Agent) readReleased() releasedPods {
 	return out
 }
 
-// sweepReleased records the addresses of the pods that the previous
-// configuration selected and cfg does not, and forgets what the datapath
-// holds of each released address but its open subflows. Call it after the
-// endpoints cfg does not select are deleted.
-func (a *Agent) sweepReleased(cfg *Config) error {
+// sweepReleased records the addresses of the pods that the previous plan
+// selected and plan does not, and forgets what the datapath holds of each
+// released address but its open subflows. Call it after the endpoints plan
+// does not select are deleted.
+func (a *Agent) sweepReleased(plan *Plan) error {
 	released := a.readReleased()
 	before := len(released)
 	if a.previous != nil {
@@ -66,7 +72,7 @@ func (a *Agent) sweepReleased(cfg *Config) error {
 			}
 		}
 	}
-	for _, pod := range cfg.Pods {
+	for _, pod := range plan.Pods {
 		for _, ip := range pod.IPs {
 			delete(released, ip.Unmap())
 		}
@@ -117,7 +123,7 @@ func (a *Agent) writeReleased(r releasedPods) error {
 		}
 		return nil
 	}
-	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
+	if err := os.MkdirAll(a.settings.StateDir, 0o700); err != nil {
 		return err
 	}
 	b, err := json.Marshal(r)

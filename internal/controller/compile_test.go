@@ -1,10 +1,9 @@
 package controller_test
 
 import (
-	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -202,6 +201,34 @@ func TestCompile(t *testing.T) {
 				},
 			}},
 		},
+		"two paths naming one interface: the older keeps it, the other is reported": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				// fabric-c, created after fabric-a, names nic1 too.
+				f.node("n3", map[string]string{"multipath": "true"}, "10.1.3.0/24")
+				f.path("fabric-c", "nic1", map[string]string{"multipath": "true"}, mptcpv1alpha1.PathRoleActive)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a", "fabric-b", "fabric-c"}, nil)
+				f.pod("tenant-a", "web", "n1", "10.1.1.10", nil, nil)
+			},
+			steps: []step{{
+				want: map[string][]string{"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/1,fabric-b/1]"}, "n2": {}, "n3": {}},
+				check: func(t *testing.T, f *fixture) {
+					path := &mptcpv1alpha1.MPTCPPath{ObjectMeta: metav1.ObjectMeta{Name: f.n("fabric-c")}}
+					msg := "interface nic1 is also path " + f.n("fabric-a") + "'s, which is older and keeps it: this path is left out on 3 nodes"
+					f.condition(path, func() []metav1.Condition { return path.Status.Conditions },
+						mptcpv1alpha1.ConditionDegraded, metav1.ConditionTrue, msg)
+					f.condition(path, func() []metav1.Condition { return path.Status.Conditions },
+						mptcpv1alpha1.ConditionReady, metav1.ConditionFalse, msg)
+					f.expectObjectEvent("MPTCPPath", f.n("fabric-c"), "InterfaceConflict")
+					older := &mptcpv1alpha1.MPTCPPath{ObjectMeta: metav1.ObjectMeta{Name: f.n("fabric-a")}}
+					f.condition(older, func() []metav1.Condition { return older.Status.Conditions },
+						mptcpv1alpha1.ConditionDegraded, metav1.ConditionFalse, "")
+					pol := &mptcpv1alpha1.MPTCPPolicy{ObjectMeta: metav1.ObjectMeta{Name: f.n("spread")}}
+					f.condition(pol, func() []metav1.Condition { return pol.Status.Conditions },
+						mptcpv1alpha1.ConditionDegraded, metav1.ConditionTrue, f.n("fabric-c"))
+				},
+			}},
+		},
 		"node labels and path deletion change which paths a node has": {
 			setup: func(f *fixture) {
 				twoFabrics(f)
@@ -389,32 +416,28 @@ func TestCompile(t *testing.T) {
 				want: map[string][]string{"n1": {"tenant-a/db 10.1.1.10: storage[fabric-a/1|backup:lte|blocked:fabric-b]"}},
 			}},
 		},
-		"an agent's per-path addresses are published on its Node": {
+		// Nothing reads peers' addresses (a field nothing reads does not
+		// exist): they stay in the reporting agent's node state, and the
+		// controller writes no Node.
+		"an agent's per-path addresses stay in its node state; no Node is written": {
 			setup: func(f *fixture) {
 				twoFabrics(f)
 			},
 			steps: []step{{
 				want: map[string][]string{"n1": {}},
-				do: func(f *fixture) {
+				check: func(t *testing.T, f *fixture) {
+					var before corev1.Node
+					f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n("n1")}, &before), "get node")
 					f.report("n1",
 						mptcpv1alpha1.PathState{Name: "fabric-b", Link: mptcpv1alpha1.LinkUp, Interface: "nic2", Addresses: []string{"192.0.2.11"}},
 						mptcpv1alpha1.PathState{Name: "fabric-a", Link: mptcpv1alpha1.LinkUp, Interface: "nic1", Addresses: []string{"198.51.100.11"}})
-				},
-				check: func(t *testing.T, f *fixture) {
-					want := mptcpv1alpha1.PeerInfo{PodCIDRs: []string{"10.1.1.0/24"}, Paths: map[string][]string{
-						f.n("fabric-a"): {"198.51.100.11"}, f.n("fabric-b"): {"192.0.2.11"},
-					}}
-					wantJSON, _ := json.Marshal(want)
-					f.eventually("peer annotation", func() error {
-						var n corev1.Node
-						if err := f.c.Get(f.ctx, types.NamespacedName{Name: f.n("n1")}, &n); err != nil {
-							return err
-						}
-						if got := n.Annotations[mptcpv1alpha1.AnnotationNodePaths]; got != string(wantJSON) {
-							return fmt.Errorf("annotation %q, want %q", got, wantJSON)
-						}
-						return nil
-					})
+					testenv.WaitIdle(t, time.Second, 30*time.Second)
+					var after corev1.Node
+					f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n("n1")}, &after), "get node")
+					if after.ResourceVersion != before.ResourceVersion || len(after.Annotations) != 0 {
+						t.Errorf("Node written after its agent reported addresses: resourceVersion %s -> %s, annotations %v",
+							before.ResourceVersion, after.ResourceVersion, after.Annotations)
+					}
 				},
 			}},
 		},

@@ -205,10 +205,8 @@ func (f *fixture) agentStatus(node string, edit func(*mptcpv1alpha1.MPTCPNodeSta
 		}
 		edit(&s.Status)
 		applied := map[string]int64{}
-		for _, p := range s.Spec.Pods {
-			for _, r := range p.Rules {
-				applied[r.Policy] = r.PolicyGeneration
-			}
+		for _, r := range s.Spec.Rules {
+			applied[r.Policy] = r.PolicyGeneration
 		}
 		s.Status.AppliedPolicies = nil
 		for name, gen := range applied {
@@ -227,7 +225,12 @@ func (f *fixture) summary(spec mptcpv1alpha1.MPTCPNodeStateSpec) []string {
 	var out []string
 	for _, p := range spec.Pods {
 		var rules []string
-		for _, r := range p.Rules {
+		for _, name := range p.Rules {
+			r := spec.Rule(name)
+			if r == nil {
+				rules = append(rules, "missing rule "+name)
+				continue
+			}
 			var paths []string
 			for _, rp := range r.Paths {
 				paths = append(paths, fmt.Sprintf("%s/%d", f.short(rp.Name), rp.Weight))
@@ -252,7 +255,7 @@ func (f *fixture) summary(spec mptcpv1alpha1.MPTCPNodeStateSpec) []string {
 				}
 			}
 			s += "]"
-			if r.TenantPreferred {
+			if len(r.PreferredPaths) > 0 {
 				s += "+pref"
 			}
 			rules = append(rules, s)
@@ -317,6 +320,24 @@ func (f *fixture) expectEvent(ns, pod, reason string) {
 			seen = append(seen, e.Regarding.Name+":"+e.Reason)
 		}
 		return fmt.Errorf("not found among %v", seen)
+	})
+}
+
+// expectObjectEvent waits for a Warning event with reason on a
+// cluster-scoped object of kind.
+func (f *fixture) expectObjectEvent(kind, name, reason string) {
+	f.t.Helper()
+	f.eventually("event "+reason+" on "+kind+" "+name, func() error {
+		var evs eventsv1.EventList
+		if err := f.c.List(f.ctx, &evs); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason && e.Type == corev1.EventTypeWarning {
+				return nil
+			}
+		}
+		return fmt.Errorf("not found among %d events", len(evs.Items))
 	})
 }
 

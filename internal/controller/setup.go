@@ -59,7 +59,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager) error {
 	if err := ns.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&path.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+	if err := (&path.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(path.ControllerName)}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	return (&policystatus.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)

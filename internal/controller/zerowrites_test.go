@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -137,18 +136,6 @@ func TestJoiningNodeTouchesNoOtherNodeState(t *testing.T) {
 		f.node(node, multipath, fmt.Sprintf("10.1.%d.0/24", i))
 		f.report(node, mptcpv1alpha1.PathState{Name: "fabric-a", Link: mptcpv1alpha1.LinkUp, Addresses: []string{fmt.Sprintf("192.0.2.%d", i)}})
 	}
-	f.eventually("peer annotations of the new nodes", func() error {
-		for i := 3; i <= 6; i++ {
-			var n corev1.Node
-			if err := f.c.Get(f.ctx, types.NamespacedName{Name: f.n(fmt.Sprintf("n%d", i))}, &n); err != nil {
-				return err
-			}
-			if n.Annotations[mptcpv1alpha1.AnnotationNodePaths] == "" {
-				return fmt.Errorf("n%d not published yet", i)
-			}
-		}
-		return nil
-	})
 	testenv.WaitIdle(t, time.Second, 30*time.Second)
 
 	after := versions()
@@ -162,10 +149,10 @@ func TestJoiningNodeTouchesNoOtherNodeState(t *testing.T) {
 	}
 	d := env.CountWrites(t).Sub(before)
 	// Per joining node: the node state's create (the controller), its
-	// status (the test, as agent), the Node's creation (the test) and one
-	// annotation patch (the controller): 2 Node writes, 2 node state writes.
-	if n := d.Total("/nodes"); n != 8 {
-		t.Errorf("Node writes for 4 joining nodes: %v, want 8 (create + one annotation patch each): %v", n, d)
+	// status (the test, as agent) and the Node's creation (the test): the
+	// controller writes no Node (nothing reads a peer's addresses from it).
+	if n := d.Total("/nodes"); n != 4 {
+		t.Errorf("Node writes for 4 joining nodes: %v, want 4 (their creation, nothing from the controller): %v", n, d)
 	}
 	if n := d.Total("mptcp.io/mptcpnodestates", "mptcp.io/mptcpnodestates/status"); n != 8 {
 		t.Errorf("node state writes for 4 joining nodes: %v, want 8 (create + agent status each): %v", n, d)

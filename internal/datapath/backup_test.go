@@ -33,12 +33,12 @@ func joinB(t *testing.T, frame []byte) bool {
 	return false
 }
 
-// backupBed: rule 0 spreads local over active paths 0 and 1 with path 2 as
+// backupBed: rule 0 spreads local over active paths 1 and 2 with path 3 as
 // its backup path, headers may be rewritten.
 func backupBed(t *testing.T, local netip.Addr) *Datapath {
 	t.Helper()
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}, Backup: []uint32{2}, RewriteHeaders: true}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, Backup: []uint32{3}, RewriteHeaders: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(local, 0); err != nil {
@@ -78,7 +78,7 @@ func TestBackupFlagsTheJoinSYNACKIntoThePodOnBackupPathsOnly(t *testing.T) {
 			// the backup path.
 			for c := uint16(0); c < 4; c++ {
 				p := dp.pathOfMark(t, run(t, egress, syn(fam.client, 41000+c, fam.server, 5201, testpkt.MPCapableSYN()), skbContext{}))
-				if p == 2 {
+				if p == 3 {
 					t.Fatalf("connection %d started on the backup path", c)
 				}
 			}
@@ -90,7 +90,7 @@ func TestBackupFlagsTheJoinSYNACKIntoThePodOnBackupPathsOnly(t *testing.T) {
 			run(t, egress, capableACK(fam.client, 40000, fam.server, 5201, clientKey, serverKey), skbContext{})
 
 			var rewritten [][]byte
-			for j, want := range []uint32{1 - first, 2} {
+			for j, want := range []uint32{3 - first, 3} {
 				sport := uint16(40001 + j)
 				joinSyn := syn(fam.client, sport, fam.server, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 7, uint8(j+1), false))
 				if p := dp.pathOfMark(t, run(t, egress, joinSyn, skbContext{})); p != want {
@@ -98,7 +98,7 @@ func TestBackupFlagsTheJoinSYNACKIntoThePodOnBackupPathsOnly(t *testing.T) {
 				}
 				sa := synAck(fam.server, 5201, fam.client, sport, testpkt.Join(lead, testpkt.MPJoinSYNACK(0x1122334455667788, 9, 0, false)))
 				_, out := runOut(t, ingress, sa)
-				if want != 2 {
+				if want != 3 {
 					if string(out) != string(sa) {
 						t.Errorf("the SYN-ACK of the join on active path %d was changed", want)
 					}
@@ -151,10 +151,10 @@ func TestBackupFlagsTheJoinSYNACKIntoThePodOnBackupPathsOnly(t *testing.T) {
 func TestBackupFlagsTheRemoteJoinSYNOnTheBackupPathsNIC(t *testing.T) {
 	dp := backupBed(t, serverPod)
 	const nicActive, nicBackup = 6, 7
-	if err := dp.SetNIC(nicActive, 0); err != nil {
+	if err := dp.SetNIC(nicActive, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := dp.SetNIC(nicBackup, 2); err != nil {
+	if err := dp.SetNIC(nicBackup, 3); err != nil {
 		t.Fatal(err)
 	}
 	ingress := dp.Program(HookPodIngress)
@@ -194,13 +194,13 @@ func TestBackupFlagsTheRemoteJoinSYNOnTheBackupPathsNIC(t *testing.T) {
 // The first subflow takes a backup path only when every active path is down.
 func TestBackupPathTakesTheFirstSubflowOnlyWhenActivePathsAreDown(t *testing.T) {
 	dp := backupBed(t, clientPod)
-	for _, p := range []uint32{0, 1} {
+	for _, p := range []uint32{1, 2} {
 		if err := dp.SetPathDown(p, true); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if p := dp.pathOfMark(t, run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})); p != 2 {
-		t.Fatalf("with both active paths down the connection started on path %d, want the backup path 2", p)
+	if p := dp.pathOfMark(t, run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})); p != 3 {
+		t.Fatalf("with both active paths down the connection started on path %d, want the backup path 3", p)
 	}
 }
 
@@ -208,8 +208,8 @@ func TestBackupPathTakesTheFirstSubflowOnlyWhenActivePathsAreDown(t *testing.T) 
 // path both active and backup.
 func TestBackupRuleValidation(t *testing.T) {
 	for name, r := range map[string]Rule{
-		"no opt-in":         {Paths: []uint32{0}, Backup: []uint32{1}},
-		"active and backup": {Paths: []uint32{0, 1}, Backup: []uint32{1}, RewriteHeaders: true},
+		"no opt-in":         {Paths: []uint32{1}, Backup: []uint32{2}},
+		"active and backup": {Paths: []uint32{1, 2}, Backup: []uint32{2}, RewriteHeaders: true},
 	} {
 		if err := r.Validate(); err == nil {
 			t.Errorf("%s: %+v accepted", name, r)
@@ -249,8 +249,8 @@ func TestBackupMPPrioTellsThePodOfARoleChangeOnPureACKsOnly(t *testing.T) {
 			const sport = 40001
 			join := syn(fam.client, sport, fam.server, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false))
 			active := dp.pathOfMark(t, run(t, egress, join, skbContext{}))
-			if active != 1-first {
-				t.Fatalf("join placed on path %d, want the other active path %d", active, 1-first)
+			if active != 3-first {
+				t.Fatalf("join placed on path %d, want the other active path %d", active, 3-first)
 			}
 			sa := synAck(fam.server, 5201, fam.client, sport, testpkt.MPJoinSYNACK(0x1122334455667788, 9, 0, false))
 			if _, out := runOut(t, ingress, sa); string(out) != string(sa) {
@@ -262,7 +262,7 @@ func TestBackupMPPrioTellsThePodOfARoleChangeOnPureACKsOnly(t *testing.T) {
 			}
 
 			// The join's path becomes a backup path.
-			if err := dp.SetRule(0, Rule{Paths: []uint32{first}, Backup: []uint32{active, 2}, RewriteHeaders: true}); err != nil {
+			if err := dp.SetRule(0, Rule{Paths: []uint32{first}, Backup: []uint32{active, 3}, RewriteHeaders: true}); err != nil {
 				t.Fatal(err)
 			}
 			data := testpkt.Frame{Src: fam.server, Dst: fam.client, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: sport, Seq: 8, Ack: 2,
@@ -292,7 +292,7 @@ func TestBackupMPPrioTellsThePodOfARoleChangeOnPureACKsOnly(t *testing.T) {
 			}
 
 			// Active again.
-			if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}, Backup: []uint32{2}, RewriteHeaders: true}); err != nil {
+			if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, Backup: []uint32{3}, RewriteHeaders: true}); err != nil {
 				t.Fatal(err)
 			}
 			_, toActive := runOut(t, ingress, ack)
@@ -351,17 +351,17 @@ func TestBackupWithdrawnOptInUndoesOnlyWhatTheDatapathDid(t *testing.T) {
 	}
 	// The first join takes the other active path, the second the backup
 	// path, and its peer flagged it backup itself.
-	if path := joinOn(40001, false); path != 1-first {
-		t.Fatalf("join placed on path %d, want the other active path %d", path, 1-first)
+	if path := joinOn(40001, false); path != 3-first {
+		t.Fatalf("join placed on path %d, want the other active path %d", path, 3-first)
 	}
-	if path := joinOn(40002, true); path != 2 {
-		t.Fatalf("second join placed on path %d, want the backup path 2", path)
+	if path := joinOn(40002, true); path != 3 {
+		t.Fatalf("second join placed on path %d, want the backup path 3", path)
 	}
 	ours, peers := pureACK(serverPod, clientPod, 40001), pureACK(serverPod, clientPod, 40002)
 
 	// The first join's path becomes a backup path: the datapath tells the
 	// pod so.
-	if err := dp.SetRule(0, Rule{Paths: []uint32{first}, Backup: []uint32{1 - first, 2}, RewriteHeaders: true}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{first}, Backup: []uint32{3 - first, 3}, RewriteHeaders: true}); err != nil {
 		t.Fatal(err)
 	}
 	if _, out := runOut(t, ingress, ours); len(out) != len(ours)+4 || out[len(out)-2] != 0x51 {
@@ -372,7 +372,7 @@ func TestBackupWithdrawnOptInUndoesOnlyWhatTheDatapathDid(t *testing.T) {
 	}
 
 	// The opt-in is withdrawn, with the backup paths.
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
 		t.Fatal(err)
 	}
 	_, undone := runOut(t, ingress, ours)
@@ -409,7 +409,7 @@ func TestBlockTurnsADDADDRIntoNOPsWhenNoJoinIsAllowed(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dp := loadForTest(t)
-			rule := Rule{Paths: []uint32{0, 1}, MaxSubflows: 1, RewriteHeaders: true}
+			rule := Rule{Paths: []uint32{1, 2}, MaxSubflows: 1, RewriteHeaders: true}
 			if err := dp.SetRule(0, rule); err != nil {
 				t.Fatal(err)
 			}
@@ -448,8 +448,8 @@ func TestBlockTurnsADDADDRIntoNOPsWhenNoJoinIsAllowed(t *testing.T) {
 			}
 
 			for _, other := range []Rule{
-				{Paths: []uint32{0, 1}, MaxSubflows: 2, RewriteHeaders: true},
-				{Paths: []uint32{0, 1}, MaxSubflows: 1},
+				{Paths: []uint32{1, 2}, MaxSubflows: 2, RewriteHeaders: true},
+				{Paths: []uint32{1, 2}, MaxSubflows: 1},
 			} {
 				if err := dp.SetRule(0, other); err != nil {
 					t.Fatal(err)
@@ -490,7 +490,7 @@ func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 	} {
 		t.Run(fam.name, func(t *testing.T) {
 			dp := loadForTest(t)
-			if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}, MaxSubflows: 2}); err != nil {
+			if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 2}); err != nil {
 				t.Fatal(err)
 			}
 			if err := dp.SetEndpoint(fam.server, 0); err != nil {
@@ -498,7 +498,7 @@ func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 			}
 			const nic1, nic2 = 6, 7
 			for i, ifindex := range []int{nic1, nic2} {
-				if err := dp.SetNIC(ifindex, uint32(i)); err != nil {
+				if err := dp.SetNIC(ifindex, uint32(i+1)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -598,14 +598,14 @@ func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 				}
 			}
 
-			// Without a maximum but with path 2 blocked: a join arriving
-			// on path 2's NIC is refused the same way, one on path 1's
+			// Without a maximum but with path 3 blocked: a join arriving
+			// on path 3's NIC is refused the same way, one on path 2's
 			// is let in.
 			const nic3 = 8
-			if err := dp.SetNIC(nic3, 2); err != nil {
+			if err := dp.SetNIC(nic3, 3); err != nil {
 				t.Fatal(err)
 			}
-			if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}, Blocked: []uint32{2}}); err != nil {
+			if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, Blocked: []uint32{3}}); err != nil {
 				t.Fatal(err)
 			}
 			if ret, _ := nicIn(join(40003), nic2); ret != tcxNext {
@@ -634,7 +634,7 @@ func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 func TestBlockAnswersThePodsJoinBeyondTheMaximum(t *testing.T) {
 	const tcActRedirect = 7
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}, MaxSubflows: 2}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 2}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {

@@ -53,13 +53,13 @@ func convert(dst []byte, dt btf.Type, src []byte, st btf.Type, at string) error 
 		if !ok {
 			return fmt.Errorf("%s: was %T, is a struct", name(at), st)
 		}
-		return convertMembers(dst, d.Members, src, s.Members, at)
+		return convertMembers(dst, d.Name, d.Members, src, s.Members, at)
 	case *btf.Union:
 		s, ok := st.(*btf.Union)
 		if !ok {
 			return fmt.Errorf("%s: was %T, is a union", name(at), st)
 		}
-		return convertMembers(dst, d.Members, src, s.Members, at)
+		return convertMembers(dst, "", d.Members, src, s.Members, at)
 	default:
 		return fmt.Errorf("%s: cannot convert %T", name(at), dt)
 	}
@@ -72,9 +72,37 @@ func name(at string) string {
 	return at
 }
 
-// convertMembers matches named members by name and anonymous ones (nested
-// anonymous structs and unions) by their order among anonymous members.
-func convertMembers(dst []byte, dms []btf.Member, src []byte, sms []btf.Member, at string) error {
+// renamedMember is a struct member that a release renamed because its
+// meaning changed: a value of the old member is carried into the new one
+// through adjust, or, with intoFirst, into the first element of the new
+// member, an array of what the old one was.
+type renamedMember struct {
+	from      string
+	adjust    func(dst []byte)
+	intoFirst bool
+}
+
+// renamedMembers are keyed by struct and new member name.
+var renamedMembers = map[string]renamedMember{
+	// Path indexes count from 1, as the API's (migrate_paths.go).
+	"subflow.path_index": {from: "path", adjust: addOne},
+	// A pod's one rule became its selector chain: the old rule is a chain
+	// of one, so that the agent adopts its id for the pod's rule and no
+	// live connection changes rule across the upgrade.
+	"endpoint.rules":  {from: "rule", intoFirst: true},
+	"endpoint.nrules": {from: "rule", adjust: setOne},
+}
+
+// setOne sets a little-endian unsigned integer to 1.
+func setOne(b []byte) {
+	clear(b)
+	b[0] = 1
+}
+
+// convertMembers matches named members by name (or by their name before a
+// rename, renamedMembers) and anonymous ones (nested anonymous structs and
+// unions) by their order among anonymous members.
+func convertMembers(dst []byte, structName string, dms []btf.Member, src []byte, sms []btf.Member, at string) error {
 	byName := map[string]btf.Member{}
 	var anon []btf.Member
 	for _, m := range sms {
@@ -96,6 +124,15 @@ func convertMembers(dst []byte, dms []btf.Member, src []byte, sms []btf.Member, 
 		} else {
 			sm, ok = byName[dm.Name]
 		}
+		var adjust func([]byte)
+		dt := dm.Type
+		if r, renamed := renamedMembers[structName+"."+dm.Name]; !ok && renamed && structName != "" {
+			sm, ok = byName[r.from]
+			adjust = r.adjust
+			if arr, isArray := btf.UnderlyingType(dm.Type).(*btf.Array); ok && r.intoFirst && isArray && arr.Nelems > 0 {
+				dt = arr.Type
+			}
+		}
 		if !ok {
 			continue // new member: zero
 		}
@@ -109,7 +146,7 @@ func convertMembers(dst []byte, dms []btf.Member, src []byte, sms []btf.Member, 
 			copyBits(dst[lo:hi], src[lo:hi], uint32(dm.Offset)%8, uint32(dm.BitfieldSize))
 			continue
 		}
-		dsz, err := btf.Sizeof(dm.Type)
+		dsz, err := btf.Sizeof(dt)
 		if err != nil {
 			return err
 		}
@@ -121,8 +158,11 @@ func convertMembers(dst []byte, dms []btf.Member, src []byte, sms []btf.Member, 
 		if do+dsz > len(dst) || so+ssz > len(src) {
 			return fmt.Errorf("%s: outside the value", field)
 		}
-		if err := convert(dst[do:do+dsz], dm.Type, src[so:so+ssz], sm.Type, field); err != nil {
+		if err := convert(dst[do:do+dsz], dt, src[so:so+ssz], sm.Type, field); err != nil {
 			return err
+		}
+		if adjust != nil {
+			adjust(dst[do : do+dsz])
 		}
 	}
 	return nil

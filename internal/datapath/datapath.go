@@ -11,11 +11,17 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
 )
 
-// MaxPaths is how many paths one node can steer over: the mark field numbers
-// them 1..15 (0 means "not steered"), so it needs four bits of the mark.
-const MaxPaths = 15
+// MaxPaths is how many paths one node can steer over. A path's index,
+// 1..MaxPaths, is the value of its mark (0 means "not steered"), so the mark
+// needs four bits; the API assigns the same numbers (MPTCPPath status.index).
+const MaxPaths = limits.Paths
+
+// ValidPath says whether index numbers a path.
+func ValidPath(index uint32) bool { return index >= 1 && index <= uint32(MaxPaths) }
 
 // DefaultMarkMask is the part of skb->mark the datapath owns unless told
 // otherwise. It avoids the bits kube-proxy (0x4000, 0x8000) and Cilium (0x0f00
@@ -162,9 +168,9 @@ func markShift(mask uint32) (uint32, error) {
 }
 
 // Mark returns the mark value (within MarkMask) that the datapath gives
-// packets placed on path.
+// packets placed on path: its index, shifted into the mask.
 func (d *Datapath) Mark(path uint32) uint32 {
-	return ((path + 1) << d.markShift) & d.markMask
+	return (path << d.markShift) & d.markMask
 }
 
 // MarkMask returns the mark bits the datapath owns.
@@ -239,8 +245,8 @@ func addrFrom(fam uint8, b [16]uint8) netip.Addr {
 
 // SetNIC declares the interface with ifindex as path's NIC on this node.
 func (d *Datapath) SetNIC(ifindex int, path uint32) error {
-	if path >= MaxPaths {
-		return fmt.Errorf("path index %d out of range", path)
+	if !ValidPath(path) {
+		return fmt.Errorf("path index %d out of range 1..%d", path, MaxPaths)
 	}
 	return d.objs.Nics.Put(uint32(ifindex), &datapathNic{Path: path})
 }

@@ -220,6 +220,7 @@ type datapathRule struct {
 	Ports       [8]datapathPortRange
 	Weights     [16]uint8
 	Blocked     uint32
+	Npreferred  uint32
 }
 
 type datapathSettingsValue struct {
@@ -280,7 +281,7 @@ const (
 
 type datapathSubflow struct {
 	_         structs.HostLayout
-	Path      uint32
+	PathIndex uint32
 	Role      uint32
 	Token     uint32
 	Rule      uint32

@@ -88,7 +88,7 @@ func (d *Datapath) pathOfMark(t *testing.T, mark uint32) uint32 {
 	if v == 0 {
 		t.Fatalf("mark %#x carries no path", mark)
 	}
-	return v - 1
+	return v
 }
 
 // Every program of every BPF object passes this kernel's verifier on its own;
@@ -170,7 +170,7 @@ func TestSpreadPlacesSubflowsOfOneConnectionOnDistinctPaths(t *testing.T) {
 			dp := loadForTest(t)
 			paths := make([]uint32, npaths)
 			for i := range paths {
-				paths[i] = uint32(i)
+				paths[i] = uint32(i + 1)
 			}
 			if err := dp.SetRule(0, Rule{Paths: paths}); err != nil {
 				t.Fatal(err)
@@ -222,7 +222,7 @@ func TestSpreadPlacesSubflowsOfOneConnectionOnDistinctPaths(t *testing.T) {
 // Once placed, every later packet of a subflow carries the same path.
 func TestPlacedSubflowKeepsItsPath(t *testing.T) {
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1, 2}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2, 3}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
@@ -243,7 +243,7 @@ func TestPlacedSubflowKeepsItsPath(t *testing.T) {
 // the gap is visible.
 func TestJoinWithUnknownTokenIsCounted(t *testing.T) {
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
@@ -259,27 +259,27 @@ func TestJoinWithUnknownTokenIsCounted(t *testing.T) {
 	}
 }
 
-// nic2Ifindex is the NIC of path 1 in mirroredJoinBed.
+// nic2Ifindex is the NIC of path 2 in mirroredJoinBed.
 const nic2Ifindex = 7
 
-// mirroredJoinBed selects the server pod (rule 0 over paths 0 and 1), and
+// mirroredJoinBed selects the server pod (rule 0 over paths 1 and 2), and
 // has a peer's join from the client pod (port 45000 to 5201) arrive on
-// path 1's NIC, checking the datapath marks it with path 1.
+// path 2's NIC, checking the datapath marks it with path 2.
 func mirroredJoinBed(t *testing.T) *Datapath {
 	t.Helper()
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(serverPod, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := dp.SetNIC(nic2Ifindex, 1); err != nil {
+	if err := dp.SetNIC(nic2Ifindex, 2); err != nil {
 		t.Fatal(err)
 	}
 	join := syn(clientPod, 45000, serverPod, 5201, testpkt.MPJoinSYN(0x01020304, 5, 2, false))
-	if p := dp.pathOfMark(t, run(t, dp.objs.NicIngress, join, skbContext{IngressIfindex: nic2Ifindex})); p != 1 {
-		t.Fatalf("arriving join marked with path %d, want 1", p)
+	if p := dp.pathOfMark(t, run(t, dp.objs.NicIngress, join, skbContext{IngressIfindex: nic2Ifindex})); p != 2 {
+		t.Fatalf("arriving join marked with path %d, want 2", p)
 	}
 	return dp
 }
@@ -289,8 +289,8 @@ func mirroredJoinBed(t *testing.T) *Datapath {
 func TestResponderMirrorsArrivalNIC(t *testing.T) {
 	dp := mirroredJoinBed(t)
 	reply := synAck(serverPod, 5201, clientPod, 45000, nil)
-	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, reply, skbContext{})); p != 1 {
-		t.Fatalf("reply marked with path %d, want the arrival path 1", p)
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, reply, skbContext{})); p != 2 {
+		t.Fatalf("reply marked with path %d, want the arrival path 2", p)
 	}
 	sfs, err := dp.Subflows()
 	if err != nil {
@@ -320,8 +320,8 @@ func TestReleasedPodsSubflowsStayAcceptedOnTheirNIC(t *testing.T) {
 	}
 
 	data := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 45000, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: []byte("late")}}.Bytes()
-	if p := dp.pathOfMark(t, run(t, dp.objs.NicIngress, data, skbContext{IngressIfindex: nic2Ifindex})); p != 1 {
-		t.Fatalf("released pod's subflow packet marked with path %d, want the arrival path 1", p)
+	if p := dp.pathOfMark(t, run(t, dp.objs.NicIngress, data, skbContext{IngressIfindex: nic2Ifindex})); p != 2 {
+		t.Fatalf("released pod's subflow packet marked with path %d, want the arrival path 2", p)
 	}
 	other := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 45001, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: []byte("late")}}.Bytes()
 	if m := run(t, dp.objs.NicIngress, other, skbContext{IngressIfindex: nic2Ifindex, Mark: 0x5}); m != 0x5 {
@@ -344,7 +344,7 @@ func TestReleasedPodsSubflowsStayAcceptedOnTheirNIC(t *testing.T) {
 // Mark bits outside the mask belong to others (kube-proxy, CNIs) and survive.
 func TestMarkPreservesForeignBits(t *testing.T) {
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{3}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{4}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
@@ -355,8 +355,8 @@ func TestMarkPreservesForeignBits(t *testing.T) {
 	if got&^dp.markMask != foreign {
 		t.Fatalf("foreign mark bits %#x became %#x", foreign, got&^dp.markMask)
 	}
-	if got&dp.markMask != dp.Mark(3) {
-		t.Fatalf("path bits %#x, want %#x", got&dp.markMask, dp.Mark(3))
+	if got&dp.markMask != dp.Mark(4) {
+		t.Fatalf("path bits %#x, want %#x", got&dp.markMask, dp.Mark(4))
 	}
 }
 
@@ -364,7 +364,7 @@ func TestMarkPreservesForeignBits(t *testing.T) {
 // mark untouched.
 func TestUnselectedTrafficIsLeftAlone(t *testing.T) {
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
@@ -393,7 +393,7 @@ func TestUnselectedTrafficIsLeftAlone(t *testing.T) {
 func TestSpreadParsesIPv6WithExtensionHeaderAndVLAN(t *testing.T) {
 	dp := loadForTest(t)
 	pod6 := netip.MustParseAddr("fd00:244:1::11")
-	if err := dp.SetRule(0, Rule{Paths: []uint32{1}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{2}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(pod6, 0); err != nil {
@@ -401,8 +401,8 @@ func TestSpreadParsesIPv6WithExtensionHeaderAndVLAN(t *testing.T) {
 	}
 	frame := testpkt.Frame{VLANs: []uint16{100}, IPv6HopByHop: true, Src: pod6, Dst: netip.MustParseAddr("fd00:244:2::11"),
 		TCP: &testpkt.TCP{SrcPort: 40001, DstPort: 80, Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()
-	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{})); p != 1 {
-		t.Fatalf("placed on path %d, want 1", p)
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{})); p != 2 {
+		t.Fatalf("placed on path %d, want 2", p)
 	}
 }
 
@@ -410,43 +410,43 @@ func TestSpreadParsesIPv6WithExtensionHeaderAndVLAN(t *testing.T) {
 // the paths the peer's node already chose for the connection's subflows.
 func TestResponderJoinsAvoidPathsThePeerChose(t *testing.T) {
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1, 2}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2, 3}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(serverPod, 0); err != nil {
 		t.Fatal(err)
 	}
-	nicOfPath := map[uint32]uint32{0: 11, 1: 12, 2: 13}
+	nicOfPath := map[uint32]uint32{1: 11, 2: 12, 3: 13}
 	for p, ifindex := range nicOfPath {
 		if err := dp.SetNIC(int(ifindex), p); err != nil {
 			t.Fatal(err)
 		}
 	}
 	const clientKey, serverKey = 0x1111222233334444, 0x5555666677778888
-	// The client's node put the initial subflow on path 0 and a join on path 1.
-	run(t, dp.objs.NicIngress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{IngressIfindex: nicOfPath[0]})
-	run(t, dp.objs.NicIngress, capableACK(clientPod, 40000, serverPod, 5201, clientKey, serverKey), skbContext{IngressIfindex: nicOfPath[0]})
-	run(t, dp.objs.NicIngress, syn(clientPod, 40001, serverPod, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)), skbContext{IngressIfindex: nicOfPath[1]})
+	// The client's node put the initial subflow on path 1 and a join on path 2.
+	run(t, dp.objs.NicIngress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{IngressIfindex: nicOfPath[1]})
+	run(t, dp.objs.NicIngress, capableACK(clientPod, 40000, serverPod, 5201, clientKey, serverKey), skbContext{IngressIfindex: nicOfPath[1]})
+	run(t, dp.objs.NicIngress, syn(clientPod, 40001, serverPod, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)), skbContext{IngressIfindex: nicOfPath[2]})
 
 	// The server's own join toward an address the client announced carries
 	// the client's token.
 	frame := syn(serverPod, 50000, clientPod, 6001, testpkt.MPJoinSYN(tokenOf(clientKey), 2, 1, false))
-	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{})); p != 2 {
-		t.Fatalf("server's join placed on path %d, want 2, the one path the connection does not use", p)
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{})); p != 3 {
+		t.Fatalf("server's join placed on path %d, want 3, the one path the connection does not use", p)
 	}
 	conns, err := dp.Connections()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(conns) != 1 || conns[0].Token != tokenOf(serverKey) || conns[0].UsedPaths != 0b111 {
-		t.Fatalf("connections = %+v, want one keyed by the server's token using paths 0, 1 and 2", conns)
+	if len(conns) != 1 || conns[0].Token != tokenOf(serverKey) || conns[0].UsedPaths != 0b1110 {
+		t.Fatalf("connections = %+v, want one keyed by the server's token using paths 1, 2 and 3", conns)
 	}
 }
 
 // Joins beyond the number of paths share paths, and say so.
 func TestJoinsBeyondPathsShareAndAreCounted(t *testing.T) {
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
@@ -471,7 +471,7 @@ func TestJoinsBeyondPathsShareAndAreCounted(t *testing.T) {
 // again from its next MP_CAPABLE ACK.
 func TestForgetSubflowAndConnection(t *testing.T) {
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
@@ -515,7 +515,7 @@ func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
 	if on, err := dp.ObserveOnly(); err != nil || on {
 		t.Fatalf("ObserveOnly() of a fresh datapath = %v, %v; want off", on, err)
 	}
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, pod := range []netip.Addr{clientPod, serverPod} {
@@ -524,7 +524,7 @@ func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
 		}
 	}
 	const nic2Ifindex = 7
-	if err := dp.SetNIC(nic2Ifindex, 1); err != nil {
+	if err := dp.SetNIC(nic2Ifindex, 2); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetObserveOnly(true); err != nil {
@@ -583,18 +583,18 @@ func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
 	initial, join := paths[netip.AddrPortFrom(clientPod, 40000)], paths[netip.AddrPortFrom(clientPod, 40001)]
 	mirrored := paths[netip.AddrPortFrom(serverPod, 5201)]
 	if len(sfs) != 3 || initial.Role != RoleInitiator || join.Role != RoleInitiator || initial.Path == join.Path ||
-		mirrored.Role != RoleResponder || mirrored.Path != 1 {
-		t.Fatalf("observe-only: subflow table %+v; want the initial subflow and its join on distinct paths, and the arrival on path 1", sfs)
+		mirrored.Role != RoleResponder || mirrored.Path != 2 {
+		t.Fatalf("observe-only: subflow table %+v; want the initial subflow and its join on distinct paths, and the arrival on path 2", sfs)
 	}
-	if conns, err := dp.Connections(); err != nil || len(conns) != 1 || conns[0].UsedPaths != 0b11 {
+	if conns, err := dp.Connections(); err != nil || len(conns) != 1 || conns[0].UsedPaths != 0b110 {
 		t.Fatalf("observe-only: connections %+v (%v); want one using both paths", conns, err)
 	}
 	ps, err := dp.PathStats()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ps[initial.Path].TxPackets != 3 || ps[join.Path].TxPackets != 1 || ps[1].RxPackets != 1 {
-		t.Errorf("observe-only: path counters %+v; want what the packets would have carried", ps[:2])
+	if ps[initial.Path].TxPackets != 3 || ps[join.Path].TxPackets != 1 || ps[2].RxPackets != 1 {
+		t.Errorf("observe-only: path counters %+v; want what the packets would have carried", ps[:3])
 	}
 
 	// Off again: the same programs mark, from the recorded paths.
@@ -608,8 +608,8 @@ func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
 	if m != (before&^dp.markMask)|dp.Mark(initial.Path) {
 		t.Errorf("after observe-only: data mark %#x, want path %d's with foreign bits kept", m, initial.Path)
 	}
-	if m := run(t, nicIngress, arrival, skbContext{Mark: before, IngressIfindex: nic2Ifindex}); dp.pathOfMark(t, m) != 1 {
-		t.Errorf("after observe-only: arrival marked %#x, want path 1", m)
+	if m := run(t, nicIngress, arrival, skbContext{Mark: before, IngressIfindex: nic2Ifindex}); dp.pathOfMark(t, m) != 2 {
+		t.Errorf("after observe-only: arrival marked %#x, want path 2", m)
 	}
 	stats, err = dp.Stats()
 	if err != nil {

@@ -114,7 +114,7 @@ func FuzzPodIngressRewrites(f *testing.F) {
 	}
 	f.Add(syn(clientPod, 40002, serverPod, 5201, testpkt.MPJoinSYN(1, 2, 3, false)))
 	dp := loadForTest(f)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}, Backup: []uint32{2}, RewriteHeaders: true, MaxSubflows: 1}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, Backup: []uint32{3}, RewriteHeaders: true, MaxSubflows: 1}); err != nil {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, frame []byte) {
@@ -138,7 +138,7 @@ func FuzzPodIngressRewrites(f *testing.F) {
 		if frame[len(frame)-1]&1 == 1 {
 			role = RoleResponder
 		}
-		putSubflow(t, dp, k, datapathSubflow{Path: 2, Role: uint32(role), Rule: 0})
+		putSubflow(t, dp, k, datapathSubflow{PathIndex: 3, Role: uint32(role), Rule: 0})
 		out := runIngress(t, dp, frame)
 		if string(out) == string(frame) {
 			return

@@ -55,6 +55,8 @@ type migratedMap struct {
 	// table_ctl after the programs load, from tableEntries.
 	table        bool
 	tableEntries []rawEntry
+	// renumber: the old map numbers paths from 0 (migrate_paths.go).
+	renumber bool
 }
 
 type switchedLink struct {
@@ -63,6 +65,8 @@ type switchedLink struct {
 }
 
 type migration struct {
+	// renumber: the pinned maps number paths from 0 (migrate_paths.go).
+	renumber bool
 	hash     string
 	pinDir   string
 	maps     []*migratedMap
@@ -161,6 +165,15 @@ func prepareMigration(spec *ebpf.CollectionSpec, pinDir string, log *slog.Logger
 			mig.linksBefore[filepath.Join(pinDir, linkPinSubdir, string(h), e.Name())] = true
 		}
 	}
+	if sub, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "subflows"), nil); err == nil {
+		if l, err := kernelLayout(sub); err == nil {
+			mig.renumber = pathsNumberedFromZero(l.Value)
+		}
+		_ = sub.Close()
+	}
+	if mig.renumber {
+		log.Info("pinned maps number paths from 0: every path index is renumbered from 1, as the API numbers paths")
+	}
 	for _, name := range pinnedMapNames(spec) {
 		old, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), nil)
 		if errors.Is(err, os.ErrNotExist) {
@@ -170,13 +183,14 @@ func prepareMigration(spec *ebpf.CollectionSpec, pinDir string, log *slog.Logger
 			mig.closeMaps()
 			return nil, fmt.Errorf("pinned map %s: %w", name, err)
 		}
-		mm := &migratedMap{name: name, old: old, newLayout: specLayout(spec.Maps[name])}
+		mm := &migratedMap{name: name, old: old, newLayout: specLayout(spec.Maps[name]), renumber: mig.renumber}
 		if mm.oldLayout, err = kernelLayout(old); err != nil {
 			_ = old.Close()
 			mig.closeMaps()
 			return nil, fmt.Errorf("pinned map %s: %w", name, err)
 		}
-		if mm.oldLayout.String() == mm.newLayout.String() {
+		renumbered := mig.renumber && renumberedMaps[name]
+		if mm.oldLayout.String() == mm.newLayout.String() && !renumbered {
 			_ = old.Close()
 			continue
 		}
@@ -237,6 +251,13 @@ func (mm *migratedMap) convertKey(k []byte) ([]byte, error) {
 	if err := convertValue(nk, mm.newLayout.Key, k, mm.oldLayout.Key); err != nil {
 		return nil, fmt.Errorf("key: %w", err)
 	}
+	if mm.renumber {
+		if pathIndexedMaps[mm.name] {
+			addOne(nk)
+		} else {
+			renumberPaths(nk, mm.newLayout.Key)
+		}
+	}
 	if isArray(mm.newLayout.Type) && nativeEndian.Uint32(nk) >= mm.newLayout.MaxEntries {
 		return nil, nil
 	}
@@ -245,7 +266,13 @@ func (mm *migratedMap) convertKey(k []byte) ([]byte, error) {
 
 func (mm *migratedMap) convertOne(v []byte) ([]byte, error) {
 	nv := make([]byte, mm.newLayout.ValueSize)
-	return nv, convertValue(nv, mm.newLayout.Value, v, mm.oldLayout.Value)
+	if err := convertValue(nv, mm.newLayout.Value, v, mm.oldLayout.Value); err != nil {
+		return nil, err
+	}
+	if mm.renumber {
+		renumberPaths(nv, mm.newLayout.Value)
+	}
+	return nv, nil
 }
 
 func (mm *migratedMap) convertPerCPU(vs [][]byte) ([][]byte, error) {

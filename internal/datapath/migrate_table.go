@@ -147,7 +147,15 @@ func (mm *migratedMap) readForTable() ([]rawEntry, error) {
 	if err != nil {
 		return nil, err
 	}
-	return convertEntries(old, oldKey, oldValue, shape)
+	entries, err := convertEntries(old, oldKey, oldValue, shape)
+	if err != nil || !mm.renumber {
+		return entries, err
+	}
+	for _, e := range entries {
+		renumberPaths(e.key, shape.key)
+		renumberPaths(e.value, shape.value)
+	}
+	return entries, nil
 }
 
 // fillTables stores the converted entries of every table being migrated,

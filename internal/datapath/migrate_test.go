@@ -40,12 +40,12 @@ func member(name string, t btf.Type, byteOff uint32) btf.Member {
 // gaining and reordering fields inside a growing array.
 var (
 	oldInner = &btf.Struct{Name: "hop", Size: 8, Members: []btf.Member{member("a", btfU32, 0), member("b", btfU32, 4)}}
-	oldValue = &btf.Struct{Name: "subflow", Size: 40, Members: []btf.Member{
+	oldValue = &btf.Struct{Name: "record", Size: 40, Members: []btf.Member{
 		member("path", btfU16, 0), member("pad0", btfU16, 2), member("role", btfU32, 4), member("token", btfU32, 8),
 		member("delta", btfS32, 12), member("created_ns", btfU64, 16), member("hops", &btf.Array{Type: oldInner, Index: btfU32, Nelems: 2}, 24),
 	}}
 	newInner = &btf.Struct{Name: "hop", Size: 16, Members: []btf.Member{member("b", btfU64, 0), member("a", btfU32, 8), member("c", btfU32, 12)}}
-	newValue = &btf.Struct{Name: "subflow", Size: 96, Members: []btf.Member{
+	newValue = &btf.Struct{Name: "record", Size: 96, Members: []btf.Member{
 		member("created_ns", btfU64, 0), member("token", btfU32, 8), member("path", btfU32, 12), member("role", btfU8, 16),
 		member("flags", btfU8, 17), member("rule", btfU32, 20), member("delta", btfS64, 24),
 		member("hops", &btf.Array{Type: newInner, Index: btfU32, Nelems: 4}, 32),
@@ -111,6 +111,27 @@ func checkNewEntry(t *testing.T, id uint32, v []byte) {
 		if v[i] != 0 {
 			t.Fatalf("entry %d: new array elements hops[2..3] are not zero: % x", id, v[64:])
 		}
+	}
+}
+
+// An endpoint pinned before selector chains held one rule: it becomes a
+// chain of that one rule, so that the agent can adopt the rule's id (a
+// chain of none would make it look retired, and its live connections
+// forgotten).
+func TestAnEndpointsOneRuleBecomesAChainOfOne(t *testing.T) {
+	old := &btf.Struct{Name: "endpoint", Size: 8, Members: []btf.Member{member("rule", btfU32, 0), member("flags", btfU32, 4)}}
+	now := &btf.Struct{Name: "endpoint", Size: 44, Members: []btf.Member{member("nrules", btfU32, 0), member("flags", btfU32, 4),
+		member("rules", &btf.Array{Type: btfU32, Index: btfU32, Nelems: 8}, 8), member("pod_slot", btfU32, 40)}}
+	src := make([]byte, 8)
+	le32(src, 0, 3)
+	le32(src, 4, 0x5)
+	dst := make([]byte, 44)
+	if err := convertValue(dst, now, src, old); err != nil {
+		t.Fatal(err)
+	}
+	u32 := func(off int) uint32 { return binary.LittleEndian.Uint32(dst[off:]) }
+	if u32(0) != 1 || u32(4) != 0x5 || u32(8) != 3 || u32(12) != 0 || u32(40) != 0 {
+		t.Errorf("endpoint % x: want nrules 1, flags 5, rules [3 0 ...], pod_slot 0", dst)
 	}
 }
 
@@ -318,7 +339,7 @@ func loadOldLayout(t *testing.T, dir string, edit func(*btf.Member)) (oldMapID e
 		t.Fatal(err)
 	}
 	k := oldSubflowKey(40000)
-	if err := old.Put(&k, &datapathSubflow{Path: 1, Role: 1, Token: 0x1234, CreatedNs: 42}); err != nil {
+	if err := old.Put(&k, &datapathSubflow{PathIndex: 1, Role: 1, Token: 0x1234, CreatedNs: 42}); err != nil {
 		t.Fatal(err)
 	}
 	info, err := old.Info()
@@ -497,21 +518,21 @@ func TestMigrationIntoTheTableCatchesUpWhatTheOldProgramsAdded(t *testing.T) {
 		}
 		defer dp.Close()
 		late, mine := oldSubflowKey(40001), oldSubflowKey(40002)
-		if err := old.Put(&late, &datapathSubflow{Path: 2, Role: 2, Token: 0x77}); err != nil {
+		if err := old.Put(&late, &datapathSubflow{PathIndex: 2, Role: 2, Token: 0x77}); err != nil {
 			return err
 		}
-		if err := old.Put(&mine, &datapathSubflow{Path: 3, Role: 1}); err != nil {
+		if err := old.Put(&mine, &datapathSubflow{PathIndex: 3, Role: 1}); err != nil {
 			return err
 		}
-		putSubflow(t, dp, mine, datapathSubflow{Path: 4, Role: 1})
+		putSubflow(t, dp, mine, datapathSubflow{PathIndex: 4, Role: 1})
 		if err := dp.catchUp(); err != nil {
 			return err
 		}
-		if got := lookupSubflow(t, dp, late); got.Path != 2 || got.Role != 2 || got.Token != 0x77 {
+		if got := lookupSubflow(t, dp, late); got.PathIndex != 2 || got.Role != 2 || got.Token != 0x77 {
 			t.Errorf("subflow added after the copy: %+v, want path 2, responder, token 0x77", got)
 		}
-		if got := lookupSubflow(t, dp, mine); got.Path != 4 {
-			t.Errorf("subflow the new programs stored: path %d after the catch-up, want their 4", got.Path)
+		if got := lookupSubflow(t, dp, mine); got.PathIndex != 4 {
+			t.Errorf("subflow the new programs stored: path %d after the catch-up, want their 4", got.PathIndex)
 		}
 		if sfs, err := dp.Subflows(); err != nil || len(sfs) != 3 {
 			t.Errorf("%d subflows after the catch-up (%v), want 3", len(sfs), err)
@@ -703,5 +724,108 @@ func TestMigrationMovesRateRulesFromAHashIntoAnArray(t *testing.T) {
 	}
 	if len(ids) != 1 || ids[0] != 3 {
 		t.Errorf("rules with caps after migration %v, want [3]", ids)
+	}
+}
+
+// A node pinned by a release that numbered paths from 0 (its struct subflow
+// held a "path", the API's index minus one) is migrated to the API's
+// numbering: every path index its maps hold moves up by one, so a live
+// subflow, a connection's used paths, a rule, a NIC, a path's state, its
+// counters and its police cap all stay with the path they were about.
+func TestMigrationRenumbersPathsOfAZeroBasedNode(t *testing.T) {
+	dir := migrationPinDir(t)
+	old := oldSubflowTable(t, dir, func(m *btf.Member) {
+		if m.Name == "path_index" {
+			m.Name = "path"
+		}
+	})
+	initial, join := oldSubflowKey(40000), oldSubflowKey(40001)
+	if err := old.Put(&initial, &datapathSubflow{PathIndex: 0, Role: 1, Rule: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Put(&join, &datapathSubflow{PathIndex: 1, Role: 1, Rule: 3}); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := loadDatapath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := func(name string) *ebpf.Map {
+		m, err := ebpf.NewMapWithOptions(spec.Maps[name], ebpf.MapOptions{PinPath: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	put := func(m *ebpf.Map, k, v any) {
+		t.Helper()
+		if err := m.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const nicIfindex = 7
+	put(pinned("nics"), uint32(nicIfindex), &datapathNic{Path: 1})
+	conn := datapathConnKey{Token: 0xabcd, Family: 2}
+	copy(conn.Local[:], clientPod.AsSlice())
+	put(pinned("conn_states"), &conn, &datapathConn{Used: 0b11, Rule: 3, Subflows: 1, Joins: 1})
+	rule := datapathRule{Npaths: 2, Blocked: 1 << 2}
+	rule.Paths[0], rule.Paths[1] = 0, 1
+	put(pinned("rules"), uint32(3), &rule)
+	ncpu := ebpf.MustPossibleCPU()
+	counters := make([]datapathPathStats, ncpu)
+	counters[0].TxBytes = 1000
+	put(pinned("path_counters"), uint32(0), counters)
+	put(pinned("path_states"), uint32(1), &datapathPathState{Flags: pathDown})
+	police := datapathRateCfg{Mode: uint32(RatePolice), Flags: uint32(Egress), BurstBytes: 1 << 20}
+	police.PathBps[1] = 50_000_000
+	put(pinned("rate_rules"), uint32(3), &police)
+
+	dp, err := Load(Options{PinDir: dir, Migrate: true, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if !dp.migration.renumber {
+		t.Fatal("the zero-based node was not recognised")
+	}
+	sfs, err := dp.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[netip.AddrPort]uint32{}
+	for _, sf := range sfs {
+		got[sf.Local] = sf.Path
+	}
+	if got[netip.AddrPortFrom(clientPod, 40000)] != 1 || got[netip.AddrPortFrom(clientPod, 40001)] != 2 || len(got) != 2 {
+		t.Errorf("subflows on paths %v, want the initial one on 1 and the join on 2", got)
+	}
+	var nic datapathNic
+	if err := dp.objs.Nics.Lookup(uint32(nicIfindex), &nic); err != nil || nic.Path != 2 {
+		t.Errorf("NIC on path %d (%v), want 2", nic.Path, err)
+	}
+	if conns, err := dp.Connections(); err != nil || len(conns) != 1 || conns[0].UsedPaths != 0b110 {
+		t.Errorf("connections %+v (%v), want one using paths 1 and 2", conns, err)
+	}
+	var r datapathRule
+	if err := dp.objs.Rules.Lookup(uint32(3), &r); err != nil || r.Paths[0] != 1 || r.Paths[1] != 2 || r.Blocked != 1<<3 {
+		t.Errorf("rule 3: paths %v blocked %#x (%v), want paths 1, 2 and path 3 blocked", r.Paths[:2], r.Blocked, err)
+	}
+	ps, err := dp.PathStats()
+	if err != nil || ps[1].TxBytes != 1000 || ps[0].TxBytes != 0 {
+		t.Errorf("path counters %+v (%v), want path 1's bytes where path 0's were", ps[:3], err)
+	}
+	if down, err := dp.PathDown(2); err != nil || !down {
+		t.Errorf("path 2 down = %v (%v), want the state old path 1 had", down, err)
+	}
+	if down, err := dp.PathDown(1); err != nil || down {
+		t.Errorf("path 1 down = %v (%v), want up", down, err)
+	}
+	var rc datapathRateCfg
+	if err := dp.objs.RateRules.Lookup(uint32(3), &rc); err != nil || rc.PathBps[2] != 50_000_000 || rc.PathBps[1] != 0 {
+		t.Errorf("rate rule 3 path caps %v (%v), want old path 1's cap on path 2", rc.PathBps, err)
+	}
+	if err := dp.RollbackMigration(); err != nil {
+		t.Fatal(err)
 	}
 }

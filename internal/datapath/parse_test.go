@@ -211,7 +211,7 @@ func TestParserFindsEveryMPTCPOptionOfASegment(t *testing.T) {
 // a subflow nor stops a placed subflow's packets from being marked.
 func TestOptionOfUndefinedLengthIsIgnoredAndCounted(t *testing.T) {
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{1}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{2}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
@@ -303,7 +303,7 @@ func malformedFrames() map[string]struct {
 // counted under its reason.
 func TestMalformedAndNonTCPPacketsPassUnchanged(t *testing.T) {
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0, 1}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range []netip.Addr{clientPod, clientPod6} {
@@ -311,7 +311,7 @@ func TestMalformedAndNonTCPPacketsPassUnchanged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := dp.SetNIC(7, 0); err != nil {
+	if err := dp.SetNIC(7, 1); err != nil {
 		t.Fatal(err)
 	}
 	for name, tc := range malformedFrames() {
@@ -436,7 +436,7 @@ func TestParserCountsOtherSubtypesByNumber(t *testing.T) {
 // nic_ingress parses and counts with the same parser, on the NICs it knows.
 func TestNICIngressCountsMPTCPSubtypes(t *testing.T) {
 	dp := loadForTest(t)
-	if err := dp.SetNIC(7, 0); err != nil {
+	if err := dp.SetNIC(7, 1); err != nil {
 		t.Fatal(err)
 	}
 	frame := optionCases["ADD_ADDR IPv6 with port"].frame(frameVariants["IPv6 with extension headers, two VLAN tags"])

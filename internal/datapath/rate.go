@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
 )
 
 // RateMode is how the rate actor enforces a rule's caps (bpf/include/rate.h).
@@ -83,10 +85,14 @@ func coarseClockFits(c RateConfig, burst uint64) bool {
 	return true
 }
 
-// minBurstBytes is the smallest bucket (and window grant) the datapath
+// MinBurstBytes is the smallest bucket (and window grant) the datapath
 // accepts: below a few 64 KiB GSO segments, a police bucket drops whole TSO
 // bursts and TCP collapses far below the cap (docs/datapath.md, Rate).
-const minBurstBytes = 64 << 10
+// MaxBurstBytes bounds what a connection may send at once.
+const (
+	MinBurstBytes = limits.MinBurstBytes
+	MaxBurstBytes = limits.MaxBurstBytes
+)
 
 // RateConfig is one rule's rate caps, in bits per second (0: no cap).
 type RateConfig struct {
@@ -106,7 +112,7 @@ type RateConfig struct {
 }
 
 // DefaultBurst is the burst used when none is given: 200 ms at the largest
-// cap, and never less than minBurstBytes. Measured on the test bed
+// cap, within [MinBurstBytes, MaxBurstBytes]. Measured on the test bed
 // (docs/datapath.md, Rate): police needs it because each drop is a whole
 // GSO segment and TCP's smallest window outruns the cap at sub-millisecond
 // RTTs (100 KiB held 0.22 of a 40 Mbit/s cap, 1 MiB 0.93); window needs it
@@ -117,7 +123,7 @@ func DefaultBurst(c RateConfig) uint64 {
 	for _, r := range c.PerPath {
 		largest = max(largest, r)
 	}
-	return max(largest/8/5, minBurstBytes)
+	return min(max(largest/8/5, uint64(MinBurstBytes)), uint64(MaxBurstBytes))
 }
 
 // Validate says what is wrong with c, if anything.
@@ -131,18 +137,18 @@ func (c RateConfig) Validate() error {
 		return fmt.Errorf("%v: no cap set: want perConnection, perPod or perPath", c.Mode)
 	}
 	for p, r := range c.PerPath {
-		if p >= MaxPaths {
-			return fmt.Errorf("%v: path index %d out of range", c.Mode, p)
+		if !ValidPath(p) {
+			return fmt.Errorf("%v: path index %d out of range 1..%d", c.Mode, p, MaxPaths)
 		}
 		if r == 0 {
 			return fmt.Errorf("%v: path %d: rate must be positive", c.Mode, p)
 		}
 	}
-	if c.BurstBytes != 0 && c.BurstBytes < minBurstBytes {
-		return fmt.Errorf("%v: burst %d bytes is below the %d-byte floor", c.Mode, c.BurstBytes, minBurstBytes)
+	if c.BurstBytes != 0 && c.BurstBytes < uint64(MinBurstBytes) {
+		return fmt.Errorf("%v: burst %d bytes is below the %d-byte floor", c.Mode, c.BurstBytes, MinBurstBytes)
 	}
-	if c.BurstBytes > 1<<30 {
-		return fmt.Errorf("%v: burst %d bytes is above 1 GiB", c.Mode, c.BurstBytes)
+	if c.BurstBytes > uint64(MaxBurstBytes) {
+		return fmt.Errorf("%v: burst %d bytes is above the %d-byte ceiling", c.Mode, c.BurstBytes, MaxBurstBytes)
 	}
 	switch c.Mode {
 	case RateWindow:
@@ -248,6 +254,30 @@ func (d *Datapath) ClearRateRule(id uint32) error {
 		return nil // never set: SetRateRule refuses such ids
 	}
 	return d.objs.RateRules.Put(id, &datapathRateCfg{Mode: uint32(datapathRateModeRATE_MODE_NONE)})
+}
+
+// RateRuleAt reads rule id's caps back as the datapath holds them; ok is
+// false when the rule has none. BurstBytes is the burst in force (the
+// default one when none was given).
+func (d *Datapath) RateRuleAt(id uint32) (c RateConfig, ok bool, err error) {
+	var v datapathRateCfg
+	if err := d.objs.RateRules.Lookup(id, &v); err != nil {
+		return c, false, fmt.Errorf("rule %d: reading its caps: %w", id, err)
+	}
+	if v.Mode == uint32(datapathRateModeRATE_MODE_NONE) {
+		return c, false, nil
+	}
+	c = RateConfig{Mode: RateMode(v.Mode), PerConnection: v.ConnBps, PerPod: v.PodBps, BurstBytes: v.BurstBytes,
+		Directions: Direction(v.Flags) & (Egress | Ingress), HeadersMayBeRewritten: v.Flags&rateHeadersMayBeRewritten != 0}
+	for p, bps := range v.PathBps {
+		if bps != 0 {
+			if c.PerPath == nil {
+				c.PerPath = map[uint32]uint64{}
+			}
+			c.PerPath[uint32(p)] = bps
+		}
+	}
+	return c, true, nil
 }
 
 // RateRules lists the rules with rate caps.

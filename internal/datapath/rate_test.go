@@ -34,7 +34,7 @@ func runOut(t *testing.T, prog *ebpf.Program, frame []byte) (uint32, []byte) {
 func rateBed(t *testing.T, client netip.Addr, cfg RateConfig) *Datapath {
 	t.Helper()
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{0}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.SetEndpoint(client, 0); err != nil {
@@ -214,7 +214,7 @@ func TestRateWindowLeavesOtherPacketsUnchanged(t *testing.T) {
 	})
 	t.Run("handshake not seen", func(t *testing.T) {
 		dp := loadForTest(t)
-		if err := dp.SetRule(0, Rule{Paths: []uint32{0}}); err != nil {
+		if err := dp.SetRule(0, Rule{Paths: []uint32{1}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := dp.SetEndpoint(clientPod, 0); err != nil {
@@ -267,7 +267,7 @@ func TestRatePoliceDropsBeyondBucketAndCountsReason(t *testing.T) {
 	}{
 		{"connection, egress", RateConfig{Mode: RatePolice, PerConnection: rateBps, Directions: Egress, BurstBytes: burst}, HookPodEgress, HookPodIngress, StatRateDropConn, false, false},
 		{"pod, ingress", RateConfig{Mode: RatePolice, PerPod: rateBps, Directions: Ingress, BurstBytes: burst}, HookPodIngress, HookPodEgress, StatRateDropPod, true, false},
-		{"path, egress", RateConfig{Mode: RatePolice, PerPath: map[uint32]uint64{0: rateBps}, Directions: Egress, BurstBytes: burst}, HookPodEgress, HookPodIngress, StatRateDropPath, false, false},
+		{"path, egress", RateConfig{Mode: RatePolice, PerPath: map[uint32]uint64{1: rateBps}, Directions: Egress, BurstBytes: burst}, HookPodEgress, HookPodIngress, StatRateDropPath, false, false},
 		{"connection, egress, coarse clock", RateConfig{Mode: RatePolice, PerConnection: rateBps, Directions: Egress, BurstBytes: deepBurst}, HookPodEgress, HookPodIngress, StatRateDropConn, false, false},
 		{"connection, egress, costs derived per packet", RateConfig{Mode: RatePolice, PerConnection: rateBps, Directions: Egress, BurstBytes: burst}, HookPodEgress, HookPodIngress, StatRateDropConn, false, true},
 	}
@@ -393,8 +393,8 @@ func TestRatePoliceTakesTheCoarseClockForDeepBucketsOnly(t *testing.T) {
 		{RateConfig{PerConnection: 40_000_000}, 1_000_000, true},                                           // 200 ms
 		{RateConfig{PerConnection: 40_000_000}, 400_000, false},                                            // 80 ms
 		{RateConfig{PerConnection: 40_000_000, PerPod: 400_000_000}, 1_000_000, false},                     // the pod's 20 ms
-		{RateConfig{PerPod: 8_000_000, PerPath: map[uint32]uint64{1: 8_000_000}}, 100_000, true},           // 100 ms each
-		{RateConfig{PerPod: 8_000_000, PerPath: map[uint32]uint64{1: 80_000_000, 2: 1}}, 100_000, false},   // path 1: 10 ms
+		{RateConfig{PerPod: 8_000_000, PerPath: map[uint32]uint64{2: 8_000_000}}, 100_000, true},           // 100 ms each
+		{RateConfig{PerPod: 8_000_000, PerPath: map[uint32]uint64{2: 80_000_000, 3: 1}}, 100_000, false},   // path 2: 10 ms
 		{RateConfig{PerConnection: 40_000_000}, DefaultBurst(RateConfig{PerConnection: 40_000_000}), true}, // the default
 	} {
 		if got := coarseClockFits(c.cfg, c.burst); got != c.want {
@@ -447,8 +447,8 @@ func TestSetRateRuleValidates(t *testing.T) {
 	bad := map[string]RateConfig{
 		"unknown mode":                 {Mode: 9, PerConnection: 1},
 		"no cap":                       {Mode: RatePolice, Directions: Egress},
-		"zero path rate":               {Mode: RatePolice, PerPath: map[uint32]uint64{1: 0}, Directions: Egress},
-		"path out of range":            {Mode: RatePolice, PerPath: map[uint32]uint64{MaxPaths: 1}, Directions: Egress},
+		"zero path rate":               {Mode: RatePolice, PerPath: map[uint32]uint64{2: 0}, Directions: Egress},
+		"path out of range":            {Mode: RatePolice, PerPath: map[uint32]uint64{uint32(MaxPaths) + 1: 1}, Directions: Egress},
 		"police without direction":     {Mode: RatePolice, PerPod: 1},
 		"window without opt-in":        {Mode: RateWindow, PerConnection: 1},
 		"window per pod":               {Mode: RateWindow, PerPod: 1, HeadersMayBeRewritten: true},

@@ -12,7 +12,7 @@ import (
 // both ways; unselected pods have no counters.
 func TestRecordCountersAreExact(t *testing.T) {
 	dp := loadForTest(t)
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1}}})
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}}})
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestRecordCountersAreExact(t *testing.T) {
 // agent deleted, the subflow table counts its own.
 func TestOccupancyAndEvictions(t *testing.T) {
 	dp := loadForTest(t)
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1}}})
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}}})
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -142,10 +142,10 @@ func TestOccupancyAndEvictions(t *testing.T) {
 // (made before slots existed) learns it from the endpoint and counts.
 func TestRecordPodSlotsAreNeverShared(t *testing.T) {
 	dp := loadForTest(t)
-	if got := dp.objs.PodRecords.MaxEntries(); got != MaxPods+1 {
+	if got := dp.objs.PodRecords.MaxEntries(); int(got) != MaxPods+1 {
 		t.Fatalf("pod_records has %d entries, want MaxPods+1 = %d (slot 0 is none)", got, MaxPods+1)
 	}
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1}}})
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}}})
 	other := netip.MustParseAddr("10.244.1.12")
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		t.Fatal(err)

@@ -5,25 +5,34 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
 )
 
-// Limits of the datapath's maps (bpf/include/common.h).
+// Limits of the datapath's maps: enum limit of bpf/include/common.h, through
+// package limits, which the API and the controller read too.
 const (
 	// MaxSubflows is the kernel's cap on a connection's subflows.
-	MaxSubflows = 8
+	MaxSubflows = limits.Subflows
 	// MaxRules is how many rule ids the rules map holds (ids 0..MaxRules-1).
-	MaxRules = 256
+	MaxRules = limits.Rules
 	// MaxPodRules is how many rules one pod's selector chain can hold.
-	MaxPodRules = 8
+	MaxPodRules = limits.PodRules
 	// MaxPods is how many pod addresses the datapath can select (and count)
 	// at once: MAX_PODS, the slots of pod_records.
-	MaxPods = 4096
+	MaxPods = limits.Pods
 	// MaxRulePorts is how many port ranges one rule's selector can hold.
-	MaxRulePorts = 8
+	MaxRulePorts = limits.RulePorts
+	// MaxRuleCIDRs is how many remote CIDRs one rule's selector can hold.
+	MaxRuleCIDRs = limits.RuleCIDRs
 	// MaxWeight is the largest weight of a path (a byte in the map).
-	MaxWeight = 255
+	MaxWeight = limits.Weight
+)
+
+const (
 	// ruleNone is RULE_NONE: a mirrored subflow no rule selected.
 	ruleNone = ^uint32(0)
 	// cidrKeyFixedBits is CIDR_KEY_FIXED_BITS: the rule id and family
@@ -96,6 +105,10 @@ type Rule struct {
 	Weights []uint32
 	// Spread is the placement of initial subflows.
 	Spread SpreadMode
+	// Preferred is how many of Paths, from the first, a tenant prefers:
+	// in every spread mode a connection's initial subflow takes the first
+	// of them that is up, and Spread decides only when none is.
+	Preferred int
 	// Backup are backup path indexes: after the active Paths, they take a
 	// connection's joins (flagged backup on their way into the pod, which
 	// needs RewriteHeaders) and its first subflow only when no active
@@ -130,22 +143,25 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("%d paths and %d backup paths, at most %d in all", len(r.Paths), len(r.Backup), MaxPaths)
 	}
 	for i, p := range all {
-		if p >= MaxPaths {
-			return fmt.Errorf("path index %d out of range 0..%d", p, MaxPaths-1)
+		if !ValidPath(p) {
+			return fmt.Errorf("path index %d out of range 1..%d", p, MaxPaths)
 		}
 		if slices.Contains(all[:i], p) {
 			return fmt.Errorf("path index %d listed twice (paths and backup paths are disjoint)", p)
 		}
 	}
 	for _, p := range r.Blocked {
-		if p >= MaxPaths {
-			return fmt.Errorf("blocked path index %d out of range 0..%d", p, MaxPaths-1)
+		if !ValidPath(p) {
+			return fmt.Errorf("blocked path index %d out of range 1..%d", p, MaxPaths)
 		}
 		if slices.Contains(all, p) {
 			return fmt.Errorf("path index %d is both blocked and one of the rule's paths", p)
 		}
 	}
-	if r.MaxSubflows > MaxSubflows {
+	if r.Preferred < 0 || r.Preferred > len(r.Paths) {
+		return fmt.Errorf("%d preferred paths of %d", r.Preferred, len(r.Paths))
+	}
+	if r.MaxSubflows > uint32(MaxSubflows) {
 		return fmt.Errorf("max subflows %d, at most %d (the kernel's limit)", r.MaxSubflows, MaxSubflows)
 	}
 	if len(r.Backup) > 0 && !r.RewriteHeaders {
@@ -161,7 +177,7 @@ func (r Rule) Validate() error {
 			return fmt.Errorf("%d weights for %d paths", len(r.Weights), len(r.Paths))
 		}
 		for i, w := range r.Weights {
-			if w == 0 || w > MaxWeight {
+			if w == 0 || w > uint32(MaxWeight) {
 				return fmt.Errorf("weight %d of path %d out of range 1..%d", w, r.Paths[i], MaxWeight)
 			}
 		}
@@ -178,6 +194,9 @@ func (r Rule) Validate() error {
 	}
 	if len(r.Ports) > MaxRulePorts {
 		return fmt.Errorf("%d port ranges, at most %d", len(r.Ports), MaxRulePorts)
+	}
+	if len(r.CIDRs) > MaxRuleCIDRs {
+		return fmt.Errorf("%d CIDRs, at most %d", len(r.CIDRs), MaxRuleCIDRs)
 	}
 	for _, pr := range r.Ports {
 		if pr.First == 0 || pr.First > pr.Last {
@@ -214,7 +233,7 @@ func cidrKey(id uint32, c netip.Prefix) datapathCidrKey {
 // are written before the rule and stale ones removed after it, so a rewrite
 // never selects less than both the old and the new rule have in common.
 func (d *Datapath) SetRule(id uint32, r Rule) error {
-	if id >= MaxRules {
+	if id >= uint32(MaxRules) {
 		return fmt.Errorf("rule %d: id out of range 0..%d", id, MaxRules-1)
 	}
 	if err := r.Validate(); err != nil {
@@ -236,7 +255,8 @@ func (d *Datapath) SetRule(id uint32, r Rule) error {
 	}
 	rr := v.Rr
 	v = datapathRule{Rr: rr, Npaths: uint32(len(r.Paths) + len(r.Backup)), Nbackup: uint32(len(r.Backup)), MaxSubflows: r.MaxSubflows,
-		Family: uint8(r.Family), Match: uint8(r.Match), Spread: uint8(r.Spread), Nports: uint8(len(r.Ports))}
+		Family: uint8(r.Family), Match: uint8(r.Match), Spread: uint8(r.Spread), Nports: uint8(len(r.Ports)),
+		Npreferred: uint32(r.Preferred)}
 	for i, p := range append(slices.Clone(r.Paths), r.Backup...) {
 		v.Paths[i] = uint8(p)
 		v.Weights[i] = 1
@@ -260,6 +280,51 @@ func (d *Datapath) SetRule(id uint32, r Rule) error {
 		return fmt.Errorf("rule %d: writing: %w", id, err)
 	}
 	return d.pruneCIDRs(id, want)
+}
+
+// RuleAt reads rule id back as the datapath holds it (what SetRule wrote;
+// an empty Rule for an id never set or deleted).
+func (d *Datapath) RuleAt(id uint32) (Rule, error) {
+	var v datapathRule
+	if err := d.objs.Rules.Lookup(id, &v); err != nil {
+		return Rule{}, fmt.Errorf("rule %d: reading: %w", id, err)
+	}
+	n := min(int(v.Npaths), MaxPaths)
+	nb := min(int(v.Nbackup), n)
+	r := Rule{Spread: SpreadMode(v.Spread), Family: Family(v.Family), Match: Match(v.Match), MaxSubflows: v.MaxSubflows,
+		RewriteHeaders: v.Flags&ruleRewriteHeaders != 0, Preferred: int(v.Npreferred)}
+	for i := 0; i < n; i++ {
+		if i < n-nb {
+			r.Paths = append(r.Paths, uint32(v.Paths[i]))
+			if r.Spread == SpreadWeighted {
+				r.Weights = append(r.Weights, uint32(v.Weights[i]))
+			}
+		} else {
+			r.Backup = append(r.Backup, uint32(v.Paths[i]))
+		}
+	}
+	for p := uint32(1); ValidPath(p); p++ {
+		if v.Blocked&(1<<p) != 0 {
+			r.Blocked = append(r.Blocked, p)
+		}
+	}
+	for i := 0; i < min(int(v.Nports), MaxRulePorts); i++ {
+		r.Ports = append(r.Ports, PortRange{First: v.Ports[i].First, Last: v.Ports[i].Last})
+	}
+	var k datapathCidrKey
+	var one uint32
+	it := d.objs.RuleCidrs.Iterate()
+	for it.Next(&k, &one) {
+		if k.Rule != cidrKey(id, netip.Prefix{}).Rule {
+			continue
+		}
+		bits := int(k.Prefixlen) - cidrKeyFixedBits
+		if p, err := addrFrom(k.Family, k.Addr).Prefix(bits); err == nil {
+			r.CIDRs = append(r.CIDRs, p)
+		}
+	}
+	slices.SortFunc(r.CIDRs, func(a, b netip.Prefix) int { return strings.Compare(a.String(), b.String()) })
+	return r, it.Err()
 }
 
 // ruleCIDRs and ruleRewriteHeaders are RULE_CIDRS and RULE_REWRITE_HEADERS.
@@ -295,7 +360,7 @@ func (d *Datapath) pruneCIDRs(id uint32, keep map[datapathCidrKey]bool) error {
 // placed by it keep their paths; joins of its connections are no longer
 // placed.
 func (d *Datapath) DeleteRule(id uint32) error {
-	if id >= MaxRules {
+	if id >= uint32(MaxRules) {
 		return fmt.Errorf("rule %d: id out of range 0..%d", id, MaxRules-1)
 	}
 	if err := d.objs.Rules.Put(id, &datapathRule{}); err != nil {
@@ -336,7 +401,7 @@ func (d *Datapath) SetEndpointRules(addr netip.Addr, rules ...uint32) error {
 	}
 	v := datapathEndpoint{Nrules: uint32(len(rules))}
 	for i, id := range rules {
-		if id >= MaxRules {
+		if id >= uint32(MaxRules) {
 			return fmt.Errorf("endpoint %v: rule id %d out of range 0..%d", addr, id, MaxRules-1)
 		}
 		v.Rules[i] = id
@@ -393,7 +458,7 @@ func (d *Datapath) podSlot(k datapathEndpointKey) (uint32, error) {
 	if err := it.Err(); err != nil {
 		return 0, fmt.Errorf("reading endpoints: %w", err)
 	}
-	for slot := uint32(1); slot <= MaxPods; slot++ {
+	for slot := uint32(1); slot <= uint32(MaxPods); slot++ {
 		if used[slot] {
 			continue
 		}
@@ -469,8 +534,8 @@ const pathDown = 1 << 0
 // to other paths) or up again. Subflows already on it keep it: moving them
 // would break them; MPTCP moves their data to other subflows.
 func (d *Datapath) SetPathDown(path uint32, down bool) error {
-	if path >= MaxPaths {
-		return fmt.Errorf("path index %d out of range 0..%d", path, MaxPaths-1)
+	if !ValidPath(path) {
+		return fmt.Errorf("path index %d out of range 1..%d", path, MaxPaths)
 	}
 	var v datapathPathState
 	if down {

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"maps"
 	"net/netip"
 	"strings"
 	"testing"
@@ -49,20 +50,20 @@ func TestSelectors(t *testing.T) {
 		dport      uint16
 		wantPlaced bool
 	}{
-		"family IPv4 takes IPv4":   {rule: Rule{Paths: []uint32{2}, Family: FamilyIPv4}, src: clientPod, dst: serverPod, dport: 80, wantPlaced: true},
-		"family IPv4 leaves IPv6":  {rule: Rule{Paths: []uint32{2}, Family: FamilyIPv4}, src: clientPod6, dst: serverPod6, dport: 80},
-		"family IPv6 takes IPv6":   {rule: Rule{Paths: []uint32{2}, Family: FamilyIPv6}, src: clientPod6, dst: serverPod6, dport: 80, wantPlaced: true},
-		"family IPv6 leaves IPv4":  {rule: Rule{Paths: []uint32{2}, Family: FamilyIPv6}, src: clientPod, dst: serverPod, dport: 80},
-		"CIDR in":                  {rule: Rule{Paths: []uint32{2}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}}, src: clientPod, dst: serverPod, dport: 80, wantPlaced: true},
-		"CIDR out":                 {rule: Rule{Paths: []uint32{2}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}}, src: clientPod, dst: otherNet, dport: 80},
-		"CIDR host route in":       {rule: Rule{Paths: []uint32{2}, CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.7.1/32")}}, src: clientPod, dst: otherNet, dport: 80, wantPlaced: true},
-		"IPv6 CIDR in":             {rule: Rule{Paths: []uint32{2}, CIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244:2::/48")}}, src: clientPod6, dst: serverPod6, dport: 80, wantPlaced: true},
-		"IPv6 ::/0 leaves IPv4":    {rule: Rule{Paths: []uint32{2}, CIDRs: []netip.Prefix{netip.MustParsePrefix("::/0")}}, src: clientPod, dst: serverPod, dport: 80},
-		"IPv4 0.0.0.0/0 takes any": {rule: Rule{Paths: []uint32{2}, CIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}, src: clientPod, dst: otherNet, dport: 80, wantPlaced: true},
-		"port in":                  {rule: Rule{Paths: []uint32{2}, Ports: []PortRange{{80, 80}, {5000, 5999}}}, src: clientPod, dst: serverPod, dport: 5201, wantPlaced: true},
-		"port at range end":        {rule: Rule{Paths: []uint32{2}, Ports: []PortRange{{5000, 5999}}}, src: clientPod, dst: serverPod, dport: 5999, wantPlaced: true},
-		"port out":                 {rule: Rule{Paths: []uint32{2}, Ports: []PortRange{{80, 80}, {5000, 5999}}}, src: clientPod, dst: serverPod, dport: 6000},
-		"match joins only":         {rule: Rule{Paths: []uint32{2}, Match: MatchJoin}, src: clientPod, dst: serverPod, dport: 80},
+		"family IPv4 takes IPv4":   {rule: Rule{Paths: []uint32{3}, Family: FamilyIPv4}, src: clientPod, dst: serverPod, dport: 80, wantPlaced: true},
+		"family IPv4 leaves IPv6":  {rule: Rule{Paths: []uint32{3}, Family: FamilyIPv4}, src: clientPod6, dst: serverPod6, dport: 80},
+		"family IPv6 takes IPv6":   {rule: Rule{Paths: []uint32{3}, Family: FamilyIPv6}, src: clientPod6, dst: serverPod6, dport: 80, wantPlaced: true},
+		"family IPv6 leaves IPv4":  {rule: Rule{Paths: []uint32{3}, Family: FamilyIPv6}, src: clientPod, dst: serverPod, dport: 80},
+		"CIDR in":                  {rule: Rule{Paths: []uint32{3}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}}, src: clientPod, dst: serverPod, dport: 80, wantPlaced: true},
+		"CIDR out":                 {rule: Rule{Paths: []uint32{3}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}}, src: clientPod, dst: otherNet, dport: 80},
+		"CIDR host route in":       {rule: Rule{Paths: []uint32{3}, CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.7.1/32")}}, src: clientPod, dst: otherNet, dport: 80, wantPlaced: true},
+		"IPv6 CIDR in":             {rule: Rule{Paths: []uint32{3}, CIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244:2::/48")}}, src: clientPod6, dst: serverPod6, dport: 80, wantPlaced: true},
+		"IPv6 ::/0 leaves IPv4":    {rule: Rule{Paths: []uint32{3}, CIDRs: []netip.Prefix{netip.MustParsePrefix("::/0")}}, src: clientPod, dst: serverPod, dport: 80},
+		"IPv4 0.0.0.0/0 takes any": {rule: Rule{Paths: []uint32{3}, CIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}, src: clientPod, dst: otherNet, dport: 80, wantPlaced: true},
+		"port in":                  {rule: Rule{Paths: []uint32{3}, Ports: []PortRange{{80, 80}, {5000, 5999}}}, src: clientPod, dst: serverPod, dport: 5201, wantPlaced: true},
+		"port at range end":        {rule: Rule{Paths: []uint32{3}, Ports: []PortRange{{5000, 5999}}}, src: clientPod, dst: serverPod, dport: 5999, wantPlaced: true},
+		"port out":                 {rule: Rule{Paths: []uint32{3}, Ports: []PortRange{{80, 80}, {5000, 5999}}}, src: clientPod, dst: serverPod, dport: 6000},
+		"match joins only":         {rule: Rule{Paths: []uint32{3}, Match: MatchJoin}, src: clientPod, dst: serverPod, dport: 80},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -72,8 +73,8 @@ func TestSelectors(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := placeSYN(t, dp, tc.src, 40000, tc.dst, tc.dport)
-			if tc.wantPlaced && got != 2 {
-				t.Fatalf("placed on %d, want path 2", got)
+			if tc.wantPlaced && got != 3 {
+				t.Fatalf("placed on %d, want path 3", got)
 			}
 			if !tc.wantPlaced {
 				if got != -1 {
@@ -92,9 +93,9 @@ func TestSelectors(t *testing.T) {
 func TestSelectorPriorityOrder(t *testing.T) {
 	dp := loadForTest(t)
 	setRules(t, dp, map[uint32]Rule{
-		3: {Paths: []uint32{5}, Ports: []PortRange{{5201, 5201}}},
-		9: {Paths: []uint32{6}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
-		1: {Paths: []uint32{7}},
+		3: {Paths: []uint32{6}, Ports: []PortRange{{5201, 5201}}},
+		9: {Paths: []uint32{7}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
+		1: {Paths: []uint32{8}},
 	})
 	if err := dp.SetEndpointRules(clientPod, 3, 9, 1); err != nil {
 		t.Fatal(err)
@@ -104,10 +105,10 @@ func TestSelectorPriorityOrder(t *testing.T) {
 		dport uint16
 		want  int
 	}{
-		{serverPod, 5201, 5}, // all three match: the first wins
-		{serverPod, 80, 6},   // the second
-		{otherNet, 80, 7},    // only the catch-all
-		{otherNet, 5201, 5},
+		{serverPod, 5201, 6}, // all three match: the first wins
+		{serverPod, 80, 7},   // the second
+		{otherNet, 80, 8},    // only the catch-all
+		{otherNet, 5201, 6},
 	} {
 		if got := placeSYN(t, dp, clientPod, 40000+tc.dport, tc.dst, tc.dport); got != tc.want {
 			t.Errorf("%v:%d placed on %d, want %d", tc.dst, tc.dport, got, tc.want)
@@ -117,8 +118,8 @@ func TestSelectorPriorityOrder(t *testing.T) {
 	if err := dp.SetEndpointRules(clientPod, 1, 3, 9); err != nil {
 		t.Fatal(err)
 	}
-	if got := placeSYN(t, dp, clientPod, 45000, serverPod, 5201); got != 7 {
-		t.Errorf("after reordering placed on %d, want 7", got)
+	if got := placeSYN(t, dp, clientPod, 45000, serverPod, 5201); got != 8 {
+		t.Errorf("after reordering placed on %d, want 8", got)
 	}
 }
 
@@ -127,8 +128,8 @@ func TestSelectorPriorityOrder(t *testing.T) {
 func TestJoinFollowsItsConnectionsRule(t *testing.T) {
 	dp := loadForTest(t)
 	setRules(t, dp, map[uint32]Rule{
-		1: {Paths: []uint32{0, 1, 2}, Ports: []PortRange{{5201, 5201}}},
-		2: {Paths: []uint32{9}},
+		1: {Paths: []uint32{1, 2, 3}, Ports: []PortRange{{5201, 5201}}},
+		2: {Paths: []uint32{10}},
 	})
 	if err := dp.SetEndpointRules(clientPod, 1, 2); err != nil {
 		t.Fatal(err)
@@ -136,7 +137,7 @@ func TestJoinFollowsItsConnectionsRule(t *testing.T) {
 	const clientKey, serverKey = 0x1111, 0x2222
 	first := placeSYN(t, dp, clientPod, 40000, serverPod, 5201)
 	run(t, dp.objs.PodEgress, capableACK(clientPod, 40000, serverPod, 5201, clientKey, serverKey), skbContext{})
-	// Now the chain puts everything on path 9 ...
+	// Now the chain puts everything on path 10 ...
 	if err := dp.SetEndpointRules(clientPod, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -146,13 +147,13 @@ func TestJoinFollowsItsConnectionsRule(t *testing.T) {
 	for j := 1; j < 3; j++ {
 		frame := syn(clientPod, 40000+uint16(j), serverPod, 6000, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false))
 		p := int(dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{})))
-		if p > 2 || used[p] {
-			t.Fatalf("join %d on path %d; want one of the connection's rule (0..2) not yet used (%v)", j, p, used)
+		if p < 1 || p > 3 || used[p] {
+			t.Fatalf("join %d on path %d; want one of the connection's rule (1..3) not yet used (%v)", j, p, used)
 		}
 		used[p] = true
 	}
-	if got := placeSYN(t, dp, clientPod, 41000, serverPod, 5201); got != 9 {
-		t.Fatalf("new connection on %d, want 9 (the new chain)", got)
+	if got := placeSYN(t, dp, clientPod, 41000, serverPod, 5201); got != 10 {
+		t.Fatalf("new connection on %d, want 10 (the new chain)", got)
 	}
 	conns, err := dp.Connections()
 	if err != nil || len(conns) != 1 || conns[0].Rule != 1 {
@@ -166,7 +167,7 @@ func TestJoinFollowsItsConnectionsRule(t *testing.T) {
 func TestWeightedSpreadShares(t *testing.T) {
 	dp := loadForTest(t)
 	weights := []uint32{5, 3, 2}
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{4, 1, 8}, Weights: weights, Spread: SpreadWeighted}})
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{5, 2, 9}, Weights: weights, Spread: SpreadWeighted}})
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -175,22 +176,22 @@ func TestWeightedSpreadShares(t *testing.T) {
 	for i := 0; i < n; i++ {
 		got[placeSYN(t, dp, clientPod, uint16(20000+i), serverPod, 80)]++
 	}
-	for i, path := range []int{4, 1, 8} {
+	for i, path := range []int{5, 2, 9} {
 		want := float64(n) * float64(weights[i]) / 10
 		if d := float64(got[path]) - want; d > n/100 || d < -n/100 {
 			t.Errorf("path %d: %d of %d placements, want %.0f ±1%%", path, got[path], n, want)
 		}
 	}
 	// A path down: its share goes to the others, in their proportion.
-	if err := dp.SetPathDown(4, true); err != nil {
+	if err := dp.SetPathDown(5, true); err != nil {
 		t.Fatal(err)
 	}
 	got = map[int]int{}
 	for i := 0; i < n; i++ {
 		got[placeSYN(t, dp, clientPod, uint16(30000+i), serverPod, 80)]++
 	}
-	if got[4] != 0 || got[1] != 600 || got[8] != 400 {
-		t.Errorf("with path 4 down: %v, want 1:600 8:400", got)
+	if got[5] != 0 || got[2] != 600 || got[9] != 400 {
+		t.Errorf("with path 5 down: %v, want 2:600 9:400", got)
 	}
 }
 
@@ -199,8 +200,8 @@ func TestWeightedSpreadShares(t *testing.T) {
 func TestPreferredFallsBackWhenFirstPathIsDown(t *testing.T) {
 	dp := loadForTest(t)
 	setRules(t, dp, map[uint32]Rule{
-		0: {Paths: []uint32{3, 1, 2}, Spread: SpreadPreferred},
-		1: {Paths: []uint32{3, 1, 2}},
+		0: {Paths: []uint32{4, 2, 3}, Spread: SpreadPreferred},
+		1: {Paths: []uint32{4, 2, 3}},
 	})
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		t.Fatal(err)
@@ -209,28 +210,28 @@ func TestPreferredFallsBackWhenFirstPathIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 3; i++ {
-		if got := placeSYN(t, dp, clientPod, uint16(40000+i), serverPod, 80); got != 3 {
-			t.Fatalf("preferred: placed on %d, want 3", got)
+		if got := placeSYN(t, dp, clientPod, uint16(40000+i), serverPod, 80); got != 4 {
+			t.Fatalf("preferred: placed on %d, want 4", got)
+		}
+	}
+	if err := dp.SetPathDown(4, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := placeSYN(t, dp, clientPod, 41000, serverPod, 80); got != 2 {
+		t.Fatalf("preferred with 4 down: placed on %d, want 2", got)
+	}
+	if err := dp.SetPathDown(2, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := placeSYN(t, dp, clientPod, 41001, serverPod, 80); got != 3 {
+		t.Fatalf("preferred with 4, 2 down: placed on %d, want 3", got)
+	}
+	for i := 0; i < 6; i++ {
+		if got := placeSYN(t, dp, serverPod, uint16(42000+i), clientPod, 80); got != 3 {
+			t.Fatalf("round robin with 4, 2 down: placed on %d, want 3", got)
 		}
 	}
 	if err := dp.SetPathDown(3, true); err != nil {
-		t.Fatal(err)
-	}
-	if got := placeSYN(t, dp, clientPod, 41000, serverPod, 80); got != 1 {
-		t.Fatalf("preferred with 3 down: placed on %d, want 1", got)
-	}
-	if err := dp.SetPathDown(1, true); err != nil {
-		t.Fatal(err)
-	}
-	if got := placeSYN(t, dp, clientPod, 41001, serverPod, 80); got != 2 {
-		t.Fatalf("preferred with 3, 1 down: placed on %d, want 2", got)
-	}
-	for i := 0; i < 6; i++ {
-		if got := placeSYN(t, dp, serverPod, uint16(42000+i), clientPod, 80); got != 2 {
-			t.Fatalf("round robin with 3, 1 down: placed on %d, want 2", got)
-		}
-	}
-	if err := dp.SetPathDown(2, true); err != nil {
 		t.Fatal(err)
 	}
 	if got := placeSYN(t, dp, clientPod, 41002, serverPod, 80); got != -1 {
@@ -239,11 +240,11 @@ func TestPreferredFallsBackWhenFirstPathIsDown(t *testing.T) {
 	if n := stat(t, dp, StatAllPathsDown); n != 1 {
 		t.Fatalf("StatAllPathsDown = %d, want 1", n)
 	}
-	if err := dp.SetPathDown(3, false); err != nil {
+	if err := dp.SetPathDown(4, false); err != nil {
 		t.Fatal(err)
 	}
-	if got := placeSYN(t, dp, clientPod, 41003, serverPod, 80); got != 3 {
-		t.Fatalf("preferred with 3 up again: placed on %d, want 3", got)
+	if got := placeSYN(t, dp, clientPod, 41003, serverPod, 80); got != 4 {
+		t.Fatalf("preferred with 4 up again: placed on %d, want 4", got)
 	}
 }
 
@@ -251,23 +252,23 @@ func TestPreferredFallsBackWhenFirstPathIsDown(t *testing.T) {
 // keep their path.
 func TestRuleRewriteTakesEffectOnNextSubflow(t *testing.T) {
 	dp := loadForTest(t)
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1}}})
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{2}}})
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		t.Fatal(err)
 	}
-	if got := placeSYN(t, dp, clientPod, 40000, serverPod, 80); got != 1 {
-		t.Fatalf("placed on %d, want 1", got)
+	if got := placeSYN(t, dp, clientPod, 40000, serverPod, 80); got != 2 {
+		t.Fatalf("placed on %d, want 2", got)
 	}
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{4}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}})
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{5}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}})
 	data := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: []byte("x")}}.Bytes()
-	if got := dp.pathOfMark(t, run(t, dp.objs.PodEgress, data, skbContext{})); got != 1 {
-		t.Fatalf("existing subflow moved to %d, want it kept on 1", got)
+	if got := dp.pathOfMark(t, run(t, dp.objs.PodEgress, data, skbContext{})); got != 2 {
+		t.Fatalf("existing subflow moved to %d, want it kept on 2", got)
 	}
-	if got := placeSYN(t, dp, clientPod, 40001, serverPod, 80); got != 4 {
-		t.Fatalf("next subflow on %d, want 4", got)
+	if got := placeSYN(t, dp, clientPod, 40001, serverPod, 80); got != 5 {
+		t.Fatalf("next subflow on %d, want 5", got)
 	}
 	// The rewrite replaced the CIDR list: the old one no longer selects.
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{4}, CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16")}}})
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{5}, CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16")}}})
 	if got := placeSYN(t, dp, clientPod, 40002, serverPod, 80); got != -1 {
 		t.Fatalf("after the CIDR rewrite placed on %d, want not selected", got)
 	}
@@ -289,17 +290,20 @@ func TestRuleValidation(t *testing.T) {
 		want string
 	}{
 		"no paths":          {rule: Rule{}, want: "0 paths"},
-		"path out of range": {rule: Rule{Paths: []uint32{15}}, want: "out of range"},
-		"duplicate path":    {rule: Rule{Paths: []uint32{1, 1}}, want: "twice"},
-		"weights w/o mode":  {rule: Rule{Paths: []uint32{1}, Weights: []uint32{1}}, want: "ignores"},
-		"weights count":     {rule: Rule{Paths: []uint32{1, 2}, Weights: []uint32{1}, Spread: SpreadWeighted}, want: "1 weights for 2 paths"},
-		"zero weight":       {rule: Rule{Paths: []uint32{1}, Weights: []uint32{0}, Spread: SpreadWeighted}, want: "out of range 1..255"},
-		"bad mode":          {rule: Rule{Paths: []uint32{1}, Spread: 9}, want: "unknown spread mode"},
-		"bad family":        {rule: Rule{Paths: []uint32{1}, Family: 3}, want: "unknown address family"},
-		"empty port range":  {rule: Rule{Paths: []uint32{1}, Ports: []PortRange{{90, 80}}}, want: "empty"},
-		"too many ports":    {rule: Rule{Paths: []uint32{1}, Ports: make([]PortRange, 9)}, want: "at most 8"},
-		"CIDR of family":    {rule: Rule{Paths: []uint32{1}, Family: FamilyIPv6, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}, want: "family"},
-		"rule id":           {id: 256, rule: Rule{Paths: []uint32{1}}, want: "id out of range"},
+		"path out of range": {rule: Rule{Paths: []uint32{16}}, want: "out of range 1..15"},
+		"path zero":         {rule: Rule{Paths: []uint32{0}}, want: "out of range 1..15"},
+		"backup path zero":  {rule: Rule{Paths: []uint32{1}, Backup: []uint32{0}, RewriteHeaders: true}, want: "out of range 1..15"},
+		"blocked path zero": {rule: Rule{Paths: []uint32{1}, Blocked: []uint32{0}}, want: "out of range 1..15"},
+		"duplicate path":    {rule: Rule{Paths: []uint32{2, 2}}, want: "twice"},
+		"weights w/o mode":  {rule: Rule{Paths: []uint32{2}, Weights: []uint32{1}}, want: "ignores"},
+		"weights count":     {rule: Rule{Paths: []uint32{2, 3}, Weights: []uint32{1}, Spread: SpreadWeighted}, want: "1 weights for 2 paths"},
+		"zero weight":       {rule: Rule{Paths: []uint32{2}, Weights: []uint32{0}, Spread: SpreadWeighted}, want: "out of range 1..255"},
+		"bad mode":          {rule: Rule{Paths: []uint32{2}, Spread: 9}, want: "unknown spread mode"},
+		"bad family":        {rule: Rule{Paths: []uint32{2}, Family: 3}, want: "unknown address family"},
+		"empty port range":  {rule: Rule{Paths: []uint32{2}, Ports: []PortRange{{90, 80}}}, want: "empty"},
+		"too many ports":    {rule: Rule{Paths: []uint32{2}, Ports: make([]PortRange, 9)}, want: "at most 8"},
+		"CIDR of family":    {rule: Rule{Paths: []uint32{2}, Family: FamilyIPv6, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}, want: "family"},
+		"rule id":           {id: 256, rule: Rule{Paths: []uint32{2}}, want: "id out of range"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -315,8 +319,13 @@ func TestRuleValidation(t *testing.T) {
 	if err := dp.SetEndpointRules(clientPod, 1, 2, 3, 4, 5, 6, 7, 8, 9); err == nil {
 		t.Error("SetEndpointRules with 9 rules: no error")
 	}
-	if err := dp.SetPathDown(15, true); err == nil {
-		t.Error("SetPathDown(15): no error")
+	for _, p := range []uint32{0, 16} {
+		if err := dp.SetPathDown(p, true); err == nil {
+			t.Errorf("SetPathDown(%d): no error", p)
+		}
+		if err := dp.SetNIC(7, p); err == nil {
+			t.Errorf("SetNIC(7, %d): no error", p)
+		}
 	}
 	eps, err := dp.EndpointRules()
 	if err != nil || len(eps) != 0 {
@@ -331,12 +340,12 @@ func TestRuleValidation(t *testing.T) {
 func TestResponderSelectsByTheSameServicePort(t *testing.T) {
 	dp := loadForTest(t)
 	setRules(t, dp, map[uint32]Rule{
-		4: {Paths: []uint32{0, 1}, Ports: []PortRange{{5201, 5201}}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}},
+		4: {Paths: []uint32{1, 2}, Ports: []PortRange{{5201, 5201}}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}},
 	})
 	if err := dp.SetEndpointRules(serverPod, 4); err != nil {
 		t.Fatal(err)
 	}
-	if err := dp.SetNIC(7, 1); err != nil {
+	if err := dp.SetNIC(7, 2); err != nil {
 		t.Fatal(err)
 	}
 	atNIC := skbContext{IngressIfindex: 7}
@@ -355,8 +364,8 @@ func TestResponderSelectsByTheSameServicePort(t *testing.T) {
 		if sf.Remote.Port() != 40000 && sf.Remote.Port() != 40001 && sf.Remote.Port() != 40002 {
 			t.Fatalf("unexpected subflow %+v", sf)
 		}
-		if got := sf.Rule; got != want[sf.Remote.Port()] || sf.Path != 1 || sf.Role != RoleResponder {
-			t.Errorf("subflow from port %d: rule %d path %d role %d, want rule %d on path 1 as responder", sf.Remote.Port(), got, sf.Path, sf.Role, want[sf.Remote.Port()])
+		if got := sf.Rule; got != want[sf.Remote.Port()] || sf.Path != 2 || sf.Role != RoleResponder {
+			t.Errorf("subflow from port %d: rule %d path %d role %d, want rule %d on path 2 as responder", sf.Remote.Port(), got, sf.Path, sf.Role, want[sf.Remote.Port()])
 		}
 	}
 }
@@ -365,16 +374,16 @@ func TestResponderSelectsByTheSameServicePort(t *testing.T) {
 // free paths, then share the usable ones.
 func TestJoinsAvoidDownPaths(t *testing.T) {
 	dp := loadForTest(t)
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1, 2}, Spread: SpreadPreferred}})
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2, 3}, Spread: SpreadPreferred}})
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		t.Fatal(err)
 	}
 	const clientKey, serverKey = 0x31, 0x32
-	if got := placeSYN(t, dp, clientPod, 40000, serverPod, 80); got != 0 {
-		t.Fatalf("initial subflow on %d, want 0", got)
+	if got := placeSYN(t, dp, clientPod, 40000, serverPod, 80); got != 1 {
+		t.Fatalf("initial subflow on %d, want 1", got)
 	}
 	run(t, dp.objs.PodEgress, capableACK(clientPod, 40000, serverPod, 80, clientKey, serverKey), skbContext{})
-	if err := dp.SetPathDown(1, true); err != nil {
+	if err := dp.SetPathDown(2, true); err != nil {
 		t.Fatal(err)
 	}
 	for j := 0; j < 4; j++ {
@@ -382,11 +391,60 @@ func TestJoinsAvoidDownPaths(t *testing.T) {
 		got := dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{}))
 		// The first join takes the only free usable path; later ones
 		// share a usable one.
-		if j == 0 && got != 2 || got == 1 {
-			t.Fatalf("join %d on path %d; path 1 is down, 0 taken", j, got)
+		if j == 0 && got != 3 || got == 2 {
+			t.Fatalf("join %d on path %d; path 2 is down, 1 taken", j, got)
 		}
 	}
 	if n := stat(t, dp, StatPathsExhausted); n != 3 {
 		t.Fatalf("StatPathsExhausted = %d, want 3", n)
+	}
+}
+
+// A tenant's preferred paths (the first Preferred of a rule's list) take
+// every connection's initial subflow, in every spread mode; the mode
+// decides only when none of them is up, and a connection's joins still go
+// to its other paths.
+func TestPreferredPathsTakeTheInitialSubflowInEveryMode(t *testing.T) {
+	for _, mode := range []SpreadMode{SpreadRoundRobin, SpreadWeighted, SpreadPreferred} {
+		t.Run(mode.String(), func(t *testing.T) {
+			dp := loadForTest(t)
+			rule := Rule{Paths: []uint32{3, 1, 2}, Spread: mode, Preferred: 1}
+			if mode == SpreadWeighted {
+				rule.Weights = []uint32{1, 5, 5}
+			}
+			setRules(t, dp, map[uint32]Rule{0: rule})
+			if err := dp.SetEndpoint(clientPod, 0); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 6 {
+				if got := placeSYN(t, dp, clientPod, uint16(40000+i), serverPod, 80); got != 3 {
+					t.Fatalf("connection %d started on path %d, want the preferred path 3", i, got)
+				}
+			}
+			const clientKey, serverKey = 0x51, 0x52
+			run(t, dp.objs.PodEgress, capableACK(clientPod, 40005, serverPod, 80, clientKey, serverKey), skbContext{})
+			join := syn(clientPod, 41000, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false))
+			if got := dp.pathOfMark(t, run(t, dp.objs.PodEgress, join, skbContext{})); got == 3 {
+				t.Errorf("a join took the path its connection's initial subflow has")
+			}
+			// The preferred path down: the mode chooses among the others.
+			if err := dp.SetPathDown(3, true); err != nil {
+				t.Fatal(err)
+			}
+			seen := map[int]bool{}
+			for i := range 6 {
+				seen[placeSYN(t, dp, clientPod, uint16(42000+i), serverPod, 80)] = true
+			}
+			want := map[int]bool{1: true, 2: true}
+			if mode == SpreadPreferred {
+				want = map[int]bool{1: true}
+			}
+			if !maps.Equal(seen, want) {
+				t.Errorf("with the preferred path down, connections started on %v, want %v", seen, want)
+			}
+		})
+	}
+	if err := (Rule{Paths: []uint32{1}, Preferred: 2}).Validate(); err == nil {
+		t.Error("two preferred paths of one accepted")
 	}
 }

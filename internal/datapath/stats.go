@@ -170,9 +170,10 @@ type PathCounters struct {
 	TxPackets, TxBytes, RxPackets, RxBytes uint64
 }
 
-// PathStats returns the counters of every path index.
+// PathStats returns the counters of every path, indexed by the path's index
+// (entry 0, no path, stays zero).
 func (d *Datapath) PathStats() ([]PathCounters, error) {
-	out := make([]PathCounters, MaxPaths)
+	out := make([]PathCounters, MaxPaths+1)
 	for p := range out {
 		var perCPU []datapathPathStats
 		if err := d.objs.PathCounters.Lookup(uint32(p), &perCPU); err != nil {
@@ -240,7 +241,7 @@ func subflowOf(k datapathFlowKey, v datapathSubflow) Subflow {
 	return Subflow{
 		Local:     netip.AddrPortFrom(addrFrom(k.Family, k.Saddr), ntohs(k.Sport)),
 		Remote:    netip.AddrPortFrom(addrFrom(k.Family, k.Daddr), ntohs(k.Dport)),
-		Path:      v.Path,
+		Path:      v.PathIndex,
 		Role:      Role(v.Role),
 		Token:     v.Token,
 		Rule:      v.Rule,

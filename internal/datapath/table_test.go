@@ -84,7 +84,7 @@ func keyOf(local, remote netip.AddrPort) datapathFlowKey { return flowKey(local,
 // hash; a delete frees the entry for the programs too.
 func TestTableProgramsAndUserSpaceSeeTheSameEntries(t *testing.T) {
 	dp := loadForTest(t)
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1, 2}}})
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2, 3}}})
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestTableProgramsAndUserSpaceSeeTheSameEntries(t *testing.T) {
 	// Stored by user space: the program marks the subflow's packets with
 	// the stored path.
 	k := keyOf(netip.AddrPortFrom(clientPod, 30000), netip.AddrPortFrom(serverPod, 443))
-	putSubflow(t, dp, k, datapathSubflow{Path: 7, Role: uint32(RoleInitiator), Rule: 0})
+	putSubflow(t, dp, k, datapathSubflow{PathIndex: 7, Role: uint32(RoleInitiator), Rule: 0})
 	frame := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 30000, DstPort: 443, Flags: testpkt.ACK}}.Bytes()
 	if mark := run(t, dp.objs.PodEgress, frame, skbContext{}); dp.pathOfMark(t, mark) != 7 {
 		t.Fatalf("a packet of the subflow user space stored got mark %#x, want path 7", mark)
@@ -145,7 +145,7 @@ func TestTableSeedIsKeptWithThePins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1}}})
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}}})
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func collidingRemotes(t *testing.T, dp *Datapath, n int) []netip.AddrPort {
 // counted.
 func TestTableEvictsWhatWasNotUsedSinceTheLastEviction(t *testing.T) {
 	dp := loadForTest(t)
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1, 2, 3}}})
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2, 3, 4}}})
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestTableEvictsWhatWasNotUsedSinceTheLastEviction(t *testing.T) {
 // and every live key sits in the bucket its hash names.
 func TestTableStaysConsistentUnderConcurrentWriters(t *testing.T) {
 	dp := loadForTest(t)
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{0, 1}}})
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}}})
 	var clients []netip.Addr
 	for i := range 3 {
 		a := netip.AddrFrom4([4]byte{10, 244, 7, byte(i + 1)})
@@ -381,19 +381,19 @@ func TestTableCtlRefusesUnknownRequests(t *testing.T) {
 	if b := new(bytes.Buffer); binary.Write(b, binary.NativeEndian, words) != nil || !bytes.Equal(b.Bytes(), rawBytes(k)) {
 		t.Errorf("key words %x do not hold the key's bytes %x", b.Bytes(), rawBytes(k))
 	}
-	if r, err := insertSubflow(dp, k, datapathSubflow{Path: 1}, false); err != nil || r != datapathTableResultTABLE_INSERTED {
+	if r, err := insertSubflow(dp, k, datapathSubflow{PathIndex: 1}, false); err != nil || r != datapathTableResultTABLE_INSERTED {
 		t.Fatalf("insert: %v, %v", r, err)
 	}
-	if r, err := insertSubflow(dp, k, datapathSubflow{Path: 2}, false); err != nil || r != datapathTableResultTABLE_EXISTS {
+	if r, err := insertSubflow(dp, k, datapathSubflow{PathIndex: 2}, false); err != nil || r != datapathTableResultTABLE_EXISTS {
 		t.Fatalf("insert of an existing key without replace: %v, %v", r, err)
 	}
-	if got := lookupSubflow(t, dp, k); got.Path != 1 {
-		t.Errorf("path %d after an insert without replace, want 1 kept", got.Path)
+	if got := lookupSubflow(t, dp, k); got.PathIndex != 1 {
+		t.Errorf("path %d after an insert without replace, want 1 kept", got.PathIndex)
 	}
-	if r, err := insertSubflow(dp, k, datapathSubflow{Path: 2}, true); err != nil || r != datapathTableResultTABLE_REPLACED {
+	if r, err := insertSubflow(dp, k, datapathSubflow{PathIndex: 2}, true); err != nil || r != datapathTableResultTABLE_REPLACED {
 		t.Fatalf("insert with replace: %v, %v", r, err)
 	}
-	if got := lookupSubflow(t, dp, k); got.Path != 2 {
-		t.Errorf("path %d after replacing, want 2", got.Path)
+	if got := lookupSubflow(t, dp, k); got.PathIndex != 2 {
+		t.Errorf("path %d after replacing, want 2", got.PathIndex)
 	}
 }

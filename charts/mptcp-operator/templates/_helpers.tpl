@@ -61,8 +61,3 @@ client-go's in-cluster configuration reads these two variables.
 {{- define "mptcp-operator.agentUser" -}}
 system:serviceaccount:{{ .Release.Namespace }}:{{ .Values.agent.serviceAccount.name }}
 {{- end }}
-
-{{/* The controller's Kubernetes user name, which its admission policy matches. */}}
-{{- define "mptcp-operator.controllerUser" -}}
-system:serviceaccount:{{ .Release.Namespace }}:{{ .Values.controller.serviceAccount.name }}
-{{- end }}

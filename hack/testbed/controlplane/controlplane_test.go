@@ -26,7 +26,6 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/controlplane"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/kubelet"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 )
 
@@ -214,10 +213,9 @@ func TestAgentGateStartsWorkload(t *testing.T) {
 
 	configs := map[*testbed.Node]string{}
 	for _, n := range bed.Nodes {
-		cfg := framework.AgentConfig(bed, n, agent.Rule{})
+		cfg := framework.AgentConfig(bed, n, mptcpv1alpha1.CompiledRule{})
 		cfg.Node = k.NodeName(n)
-		cfg.Paths, cfg.Rules, cfg.Pods, cfg.PodCIDRs = nil, nil, nil, nil
-		raw, err := yaml.Marshal(cfg)
+		raw, err := yaml.Marshal(cfg.Settings)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,6 +19,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 )
 
 func currentPID() int { return os.Getpid() }
@@ -38,11 +39,11 @@ func CacheOptions(node string) cache.Options {
 
 // Options configure Run.
 type Options struct {
-	Node    string
-	Base    agent.Config
-	Agent   *agent.Agent
-	Metrics *agent.Metrics
-	Log     *slog.Logger
+	Node     string
+	Settings agent.Settings
+	Agent    *agent.Agent
+	Metrics  *observe.Metrics
+	Log      *slog.Logger
 	// Status is what the agent writes to its status file (PID, metrics
 	// address); Run keeps it up to date.
 	Status agent.Status
@@ -62,7 +63,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
 		Cache:  CacheOptions(o.Node),
-		// The agent serves its own metrics and probes (agent.Serve).
+		// The agent serves its own metrics and probes (observe.Serve).
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		// One writer per node state: every node runs its own agent.
@@ -83,7 +84,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		APIReader: mgr.GetAPIReader(),
 		Recorder:  mgr.GetEventRecorder("mptcp-agent"),
 		Agent:     o.Agent,
-		Base:      o.Base,
+		Settings:  o.Settings,
 		Node:      o.Node,
 		Log:       o.Log,
 		Metrics:   o.Metrics,

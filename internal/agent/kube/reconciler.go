@@ -28,6 +28,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -45,7 +46,7 @@ const (
 	ReasonApplied          = "Applied"          // the spec is enforced
 	ReasonNotYetApplied    = "NotYetApplied"    // nothing was enforced yet
 	ReasonAsExpected       = "AsExpected"       // not degraded
-	ReasonInterfaceMissing = "InterfaceMissing" // a path's interface is absent or ambiguous on the node: fix the MPTCPPath's interface selector
+	ReasonInterfaceMissing = "InterfaceMissing" // a path's interface is absent or ambiguous on the node: the path is left out, the rest enforced; fix the MPTCPPath's interface selector
 	ReasonInvalidSpec      = "InvalidSpec"      // the spec cannot be enforced (bad index, rule without usable path...): see status.errors
 	ReasonApplyFailed      = "ApplyFailed"      // the kernel refused part of the configuration: see status.errors and the agent's log
 	ReasonWaitingForPods   = "WaitingForPods"   // some pods have no address yet or cannot be found on the node
@@ -59,11 +60,11 @@ type Reconciler struct {
 	APIReader client.Reader
 	Recorder  events.EventRecorder
 	Agent     *agent.Agent
-	// Base holds the node-local settings (pin dir, tables...).
-	Base    agent.Config
-	Node    string
-	Log     *slog.Logger
-	Metrics *agent.Metrics
+	// Settings are the node-local ones (pin dir, tables...).
+	Settings agent.Settings
+	Node     string
+	Log      *slog.Logger
+	Metrics  *observe.Metrics
 	// Resync re-reads the node's links this often, so that a link that
 	// appears, goes down or comes back shows in status without a spec change.
 	Resync time.Duration
@@ -77,7 +78,7 @@ type Reconciler struct {
 	// fatal stops the manager with an error.
 	migrationSettled bool
 	fatal            func(error)
-	applied          *agent.Config
+	applied          *agent.Plan
 	// appliedPolicies are the policies of the configuration in force.
 	appliedPolicies []mptcpv1alpha1.AppliedPolicy
 	// gated are the pods whose gate condition is True: those this process
@@ -130,7 +131,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	tr := agent.FromNodeState(r.Base, &state, links, r.Locate)
+	tr := agent.FromNodeState(r.Settings, &state, links, r.Locate)
 	next := state.DeepCopy()
 	st := &next.Status
 	st.Paths = tr.Paths
@@ -139,6 +140,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	var degradedReason string
 	switch {
 	case len(tr.Errors) > 0:
+		tr.Errors = append(slices.Clone(tr.PathProblems), tr.Errors...)
 		degradedReason = ReasonInvalidSpec
 		for _, p := range tr.Paths {
 			if p.Link == mptcpv1alpha1.LinkNotFound || p.Link == mptcpv1alpha1.LinkAmbiguous {
@@ -150,7 +152,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.Log.Error("node state rejected; the last good configuration stays in force", "generation", state.Generation, "errors", tr.Errors)
 	default:
 		start := time.Now()
-		err := r.Agent.Reconcile(ctx, tr.Config)
+		err := r.Agent.Reconcile(ctx, tr.Plan)
 		r.Metrics.ObserveReconcile(start, err)
 		if !r.migrationSettled {
 			// A map migration started at load is committed once the
@@ -165,18 +167,25 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		if err != nil {
 			degradedReason = ReasonApplyFailed
-			tr.Errors = []string{err.Error()}
+			tr.Errors = append(slices.Clone(tr.PathProblems), err.Error())
 			r.status.Error = err.Error()
 			r.Log.Error("reconcile failed; the last good configuration stays in force", "err", err)
 			break
 		}
-		changed := !reflect.DeepEqual(r.applied, tr.Config)
-		r.applied, r.appliedPolicies = tr.Config, tr.Applied
-		r.status.Error, r.status.Applied = "", tr.Config
+		if len(tr.PathProblems) > 0 {
+			// Enforced without the paths this node cannot carry: each
+			// is reported on its path, and aggregated by the controller.
+			degradedReason = ReasonInterfaceMissing
+			tr.Errors = tr.PathProblems
+			r.Log.Warn("paths left out", "problems", tr.PathProblems)
+		}
+		changed := !reflect.DeepEqual(r.applied, tr.Plan)
+		r.applied, r.appliedPolicies = tr.Plan, tr.Applied
+		r.status.Error, r.status.Applied = "", tr.Plan
 		if changed {
 			r.Recorder.Eventf(&state, nil, corev1.EventTypeNormal, ReasonApplied, "Apply",
-				"generation %d: %d paths, %d rules, %d pods enforced", state.Generation, len(tr.Config.Paths), len(tr.Config.Rules), len(tr.Config.Pods))
-			r.Log.Info("reconciled", "generation", state.Generation, "paths", len(tr.Config.Paths), "pods", len(tr.Config.Pods))
+				"generation %d: %d paths, %d rules, %d pods enforced", state.Generation, len(tr.Plan.Paths), len(tr.Plan.Rules), len(tr.Plan.Pods))
+			r.Log.Info("reconciled", "generation", state.Generation, "paths", len(tr.Plan.Paths), "pods", len(tr.Plan.Pods))
 		}
 		r.gatePods(ctx, tr)
 	}
@@ -273,8 +282,8 @@ func (r *Reconciler) gatePods(ctx context.Context, tr *agent.Translation) {
 		}
 	}
 	now := map[agent.PodRef]bool{}
-	for _, ref := range tr.PodNames {
-		now[ref] = true
+	for _, p := range tr.Plan.Pods {
+		now[p.Ref] = true
 	}
 	for _, ref := range slices.SortedFunc(maps.Keys(now), cmpRef) {
 		if r.gated[ref] {

@@ -58,9 +58,11 @@ func capsNamespace(p *mptcpv1alpha1.MPTCPPolicy) bool {
 }
 
 // boundByNamespace applies the namespace caps of one pod's chain (rules in
-// precedence order, compiled from policies) and returns the new chain and a
-// notice per label-chosen rule it changed.
-func boundByNamespace(pod *corev1.Pod, rules []mptcpv1alpha1.CompiledRule, policies []mptcpv1alpha1.MPTCPPolicy) ([]mptcpv1alpha1.CompiledRule, []Refusal) {
+// precedence order, compiled from policies) and returns the new chain, for
+// each of its rules the namespace policy whose caps it took ("" when none:
+// the rule is a variant of its policy, RuleName), and a notice per
+// label-chosen rule it changed.
+func boundByNamespace(pod *corev1.Pod, rules []mptcpv1alpha1.CompiledRule, policies []mptcpv1alpha1.MPTCPPolicy) ([]mptcpv1alpha1.CompiledRule, []string, []Refusal) {
 	byName := make(map[string]*mptcpv1alpha1.MPTCPPolicy, len(policies))
 	for i := range policies {
 		byName[policies[i].Name] = &policies[i]
@@ -72,8 +74,9 @@ func boundByNamespace(pod *corev1.Pod, rules []mptcpv1alpha1.CompiledRule, polic
 			isCap[i], anyCap = true, true
 		}
 	}
+	cappedBy := make([]string, len(rules))
 	if !anyCap {
-		return rules, nil
+		return rules, cappedBy, nil
 	}
 	// anchor[i] is the index after which rule i goes: itself, or the last
 	// cap it overlaps.
@@ -103,7 +106,7 @@ func boundByNamespace(pod *corev1.Pod, rules []mptcpv1alpha1.CompiledRule, polic
 		// agent cannot enforce, which fails the whole node: moved instead.
 		tightened := tighten(rules[i], bound, byName[bound.Policy])
 		if sameTraffic(rules[i].Traffic, bound.Traffic) && (len(tightened.Paths) > 0 || len(rules[i].Paths) == 0) {
-			out[i] = tightened
+			out[i], cappedBy[i] = tightened, bound.Policy
 			notices = append(notices, Refusal{Pod: pod, Policy: rules[i].Policy, Reason: ReasonCappedByNamespace,
 				Message: "policy " + rules[i].Policy + " selects the pod through its labels; the caps of namespace policy " +
 					bound.Policy + " (" + strings.Join(capNames(byName[bound.Policy]), ", ") + ") apply to its traffic"})
@@ -124,10 +127,11 @@ func boundByNamespace(pod *corev1.Pod, rules []mptcpv1alpha1.CompiledRule, polic
 		return cmp.Or(cmp.Compare(anchor[a], anchor[b]), cmp.Compare(boolInt(anchor[a] != a), boolInt(anchor[b] != b)), cmp.Compare(a, b))
 	})
 	chain := make([]mptcpv1alpha1.CompiledRule, len(order))
+	chainCappedBy := make([]string, len(order))
 	for k, i := range order {
-		chain[k] = out[i]
+		chain[k], chainCappedBy[k] = out[i], cappedBy[i]
 	}
-	return chain, notices
+	return chain, chainCappedBy, notices
 }
 
 func boolInt(b bool) int {

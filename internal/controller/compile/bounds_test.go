@@ -261,7 +261,7 @@ func TestLabelsCannotLiftANamespaceCap(t *testing.T) {
 			if len(res.Spec.Pods) != 1 {
 				t.Fatalf("pods %+v", res.Spec.Pods)
 			}
-			if got := describe(res.Spec.Pods[0].Rules); got != tc.want {
+			if got := describe(chainOf(&res.Spec, 0)); got != tc.want {
 				t.Errorf("chain\n got %s\nwant %s", got, tc.want)
 			}
 			var notices []string
@@ -329,10 +329,10 @@ func TestRelabellingNeverLiftsACapProperty(t *testing.T) {
 		bare := Node(boundsInput(nil, policies...))
 		var lchain, nchain []mptcpv1alpha1.CompiledRule
 		if len(labelled.Spec.Pods) == 1 {
-			lchain = labelled.Spec.Pods[0].Rules
+			lchain = chainOf(&labelled.Spec, 0)
 		}
 		if len(bare.Spec.Pods) == 1 {
-			nchain = bare.Spec.Pods[0].Rules
+			nchain = chainOf(&bare.Spec, 0)
 		}
 		byName := map[string]*mptcpv1alpha1.MPTCPPolicy{}
 		for i := range policies {
@@ -409,4 +409,45 @@ func firstMatch(rules []mptcpv1alpha1.CompiledRule, remote netip.Addr, port int3
 		return i
 	}
 	return -1
+}
+
+// chainOf is the rules of the spec's i-th pod, in its order.
+func chainOf(spec *mptcpv1alpha1.MPTCPNodeStateSpec, i int) []mptcpv1alpha1.CompiledRule {
+	var out []mptcpv1alpha1.CompiledRule
+	for _, name := range spec.Pods[i].Rules {
+		out = append(out, *spec.Rule(name))
+	}
+	return out
+}
+
+// A label-chosen policy a namespace cap tightens for the pods of one
+// namespace and not for those of another is two rules on a node that has
+// both: each has a name of its own (a variant of the policy), so neither
+// pod takes the other's limits.
+func TestACappedVariantIsARuleOfItsOwn(t *testing.T) {
+	web := map[string]string{"app": "web"}
+	anyNamespace := func(s *mptcpv1alpha1.MPTCPPolicySpec) { s.NamespaceSelector = &metav1.LabelSelector{} }
+	in := boundsInput(web,
+		pol("fast", 10, web, anyNamespace, "a", "b"),
+		pol("gold-cap", 0, nil, police("10M"), "a", "b"))
+	in.NamespaceLabels["t2"] = map[string]string{"tier": "silver"}
+	other := *in.Pods[0].DeepCopy()
+	other.Namespace, other.Name, other.UID = "t2", "q", "uid-q"
+	other.Status.PodIPs = []corev1.PodIP{{IP: "10.1.1.10"}}
+	in.Pods = append(in.Pods, other)
+	spec := Node(in).Spec
+	chains := map[string][]string{}
+	for _, p := range spec.Pods {
+		chains[p.Namespace] = p.Rules
+	}
+	capped, free := chains["t1"], chains["t2"]
+	if len(capped) != 2 || len(free) != 1 || free[0] != "fast" || !strings.HasPrefix(capped[0], "fast@") {
+		t.Fatalf("chains: gold %v, silver %v; want fast's variant and the cap for gold, fast itself for silver", capped, free)
+	}
+	if r := spec.Rule(capped[0]); r == nil || r.RateLimits == nil || r.RateLimits.PerPod.Cmp(*qty("10M")) != 0 {
+		t.Errorf("gold's fast rule %+v, want the cap's 10M per pod", r)
+	}
+	if r := spec.Rule("fast"); r == nil || r.RateLimits != nil {
+		t.Errorf("silver's fast rule %+v, want no cap", r)
+	}
 }

@@ -7,6 +7,10 @@ package compile
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -48,6 +52,10 @@ const (
 	ReasonPreferencesForbidden = "PreferredPathsForbidden"
 	ReasonPreferencesOutside   = "PreferredPathsOutsidePolicy"
 	ReasonPreferencesInvalid   = "PreferredPathsInvalid"
+	// ReasonTooManyPolicies: more policies select the pod than its
+	// selector chain in the datapath holds; those of lowest precedence
+	// are not applied to it.
+	ReasonTooManyPolicies = "TooManyPolicies"
 )
 
 // Result is a node's compiled spec and what it could not honour.
@@ -71,14 +79,11 @@ func Node(in Input) Result {
 		res.Spec.PodCIDRs = []string{in.Node.Spec.PodCIDR}
 	}
 
-	nodePaths := resolvePaths(in.Node, in.Paths)
-	byName := map[string]*mptcpv1alpha1.NodePath{}
-	for i := range nodePaths {
-		byName[nodePaths[i].Name] = &nodePaths[i]
-	}
+	nodePaths, byName := resolvePaths(in.Node, in.Paths)
 	res.Spec.Paths = nodePaths
 
 	policies := activePolicies(in.Policies)
+	rulesByName := map[string]mptcpv1alpha1.CompiledRule{}
 	pods := slices.Clone(in.Pods)
 	slices.SortFunc(pods, func(a, b corev1.Pod) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
@@ -107,49 +112,140 @@ func Node(in Input) Result {
 		if len(rules) == 0 {
 			continue
 		}
-		rules, notices := boundByNamespace(pod, rules, policies)
+		// Namespace caps first (they may move a rule down the chain),
+		// then the chain's bound: what is cut is the lowest precedence.
+		rules, cappedBy, notices := boundByNamespace(pod, rules, policies)
 		res.Refusals = append(res.Refusals, notices...)
+		if n := len(rules); n > mptcpv1alpha1.MaxPodPolicies {
+			var left []string
+			for _, r := range rules[mptcpv1alpha1.MaxPodPolicies:] {
+				left = append(left, r.Policy)
+			}
+			rules = rules[:mptcpv1alpha1.MaxPodPolicies]
+			res.Refusals = append(res.Refusals, Refusal{Pod: pod, Policy: left[0], Reason: ReasonTooManyPolicies,
+				Message: fmt.Sprintf("%d policies select the pod, a pod takes at most %d: %s (lowest precedence) not applied to it",
+					n, mptcpv1alpha1.MaxPodPolicies, strings.Join(left, ", "))})
+		}
+		names := make([]string, len(rules))
+		for j := range rules {
+			rules[j].Name = variantName(&rules[j], cappedBy[j])
+			rulesByName[rules[j].Name] = rules[j]
+			names[j] = rules[j].Name
+		}
 		res.Spec.Pods = append(res.Spec.Pods, mptcpv1alpha1.NodePod{
 			Namespace: pod.Namespace,
 			Name:      pod.Name,
 			UID:       string(pod.UID),
 			IPs:       podIPs(pod),
-			Rules:     rules,
+			Rules:     names,
 		})
+	}
+	for _, name := range slices.Sorted(maps.Keys(rulesByName)) {
+		res.Spec.Rules = append(res.Spec.Rules, rulesByName[name])
 	}
 	return res
 }
 
+// RuleName is a compiled rule's identity on its node: its policy's name,
+// and for a variant (a tenant's preference applied to some pods, or a
+// namespace's caps, variantName) "@" and a hash of what makes it one, a
+// character no policy name has. All pods a policy selects alike share the
+// rule, and the rule keeps its name when the policy changes: the agent
+// rewrites it in place, so the policy's live connections follow the change
+// (its caps, a path made backup) and never take another policy's rule. A
+// changed preference is another variant: the pod's new connections take
+// it, its live ones keep the old one until they end.
+func RuleName(r *mptcpv1alpha1.CompiledRule) string { return variantName(r, "") }
+
+// variantName is the name of r as compiled for some pods: with the caps of
+// namespace policy cappedBy ("" for none, boundByNamespace) applied, and its
+// preferred paths.
+func variantName(r *mptcpv1alpha1.CompiledRule, cappedBy string) string {
+	var variant []string
+	if len(r.PreferredPaths) > 0 {
+		variant = append(variant, "preferred="+strings.Join(r.PreferredPaths, ","))
+	}
+	if cappedBy != "" {
+		variant = append(variant, "cappedBy="+cappedBy)
+	}
+	if len(variant) == 0 {
+		return r.Policy
+	}
+	sum := sha256.Sum256([]byte(strings.Join(variant, ";")))
+	return r.Policy + "@" + hex.EncodeToString(sum[:5])
+}
+
 // resolvePaths returns the paths that select node and have an index, sorted
 // by name. A path without an index yet is left out rather than given a mark
-// that might change.
-func resolvePaths(node *corev1.Node, paths []mptcpv1alpha1.MPTCPPath) []mptcpv1alpha1.NodePath {
+// that might change; so is a path that names an interface an older path of
+// the node names (InterfaceConflicts), which the path's status reports.
+// It also returns those paths' objects by name, which compiling a rule reads
+// (their default role and weight).
+func resolvePaths(node *corev1.Node, paths []mptcpv1alpha1.MPTCPPath) ([]mptcpv1alpha1.NodePath, map[string]*mptcpv1alpha1.MPTCPPath) {
 	var out []mptcpv1alpha1.NodePath
+	byName := map[string]*mptcpv1alpha1.MPTCPPath{}
+	conflicts := InterfaceConflicts(node, paths)
 	for i := range paths {
 		p := &paths[i]
-		if p.DeletionTimestamp != nil || p.Status.Index < 1 || !PathSelectsNode(p, node) {
+		if !pathOnNode(p, node) || conflicts[p.Name] != "" {
 			continue
 		}
-		role := p.Spec.DefaultRole
-		if role == "" {
-			role = mptcpv1alpha1.PathRoleActive
-		}
-		weight := p.Spec.Weight
-		if weight == 0 {
-			weight = 1
-		}
+		byName[p.Name] = p
 		out = append(out, mptcpv1alpha1.NodePath{
 			Name:  p.Name,
 			Index: p.Status.Index,
 			Interface: mptcpv1alpha1.NodeInterface{
 				Name: p.Spec.Interface.Name, Pattern: p.Spec.Interface.Pattern, AltName: p.Spec.Interface.AltName,
 			},
-			Role:     role,
-			Weight:   weight,
 			Capacity: p.Spec.Capacity.DeepCopy(),
 		})
 	}
 	slices.SortFunc(out, func(a, b mptcpv1alpha1.NodePath) int { return cmp.Compare(a.Name, b.Name) })
+	return out, byName
+}
+
+// pathOnNode: p is in node's state unless another path takes its
+// interface there.
+func pathOnNode(p *mptcpv1alpha1.MPTCPPath, node *corev1.Node) bool {
+	return p.DeletionTimestamp == nil && p.Status.Index >= 1 && PathSelectsNode(p, node)
+}
+
+// InterfaceConflicts finds the paths of node that name an interface another
+// path of the node names too, by the same name or the same altName: two
+// paths cannot share a NIC (each NIC marks its arrivals with one path). The
+// older path (created first, then by name) keeps the interface; each other
+// is mapped to the path that keeps it, and is left out of the node's state.
+// Patterns are matched by the agent against the node's links, which the
+// controller does not see: an agent reports a pattern that matches a taken
+// interface on the path's state.
+func InterfaceConflicts(node *corev1.Node, paths []mptcpv1alpha1.MPTCPPath) map[string]string {
+	on := make([]*mptcpv1alpha1.MPTCPPath, 0, len(paths))
+	for i := range paths {
+		if pathOnNode(&paths[i], node) {
+			on = append(on, &paths[i])
+		}
+	}
+	slices.SortFunc(on, func(a, b *mptcpv1alpha1.MPTCPPath) int {
+		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Name, b.Name))
+	})
+	out := map[string]string{}
+	owner := map[string]string{} // "name:nic1" or "altName:lte0" -> path
+	for _, p := range on {
+		var key string
+		switch ifc := p.Spec.Interface; {
+		case ifc.Name != "":
+			key = "name:" + ifc.Name
+		case ifc.AltName != "":
+			key = "altName:" + ifc.AltName
+		default:
+			continue
+		}
+		if first, taken := owner[key]; taken {
+			out[p.Name] = first
+			continue
+		}
+		owner[key] = p.Name
+	}
 	return out
 }
 
@@ -211,8 +307,13 @@ func selects(pol *mptcpv1alpha1.MPTCPPolicy, nsLabels labels.Set, pod *corev1.Po
 }
 
 // compileRule copies a policy's actions, keeping only paths this node has,
-// and returns the names it had to leave out.
-func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1alpha1.NodePath) (mptcpv1alpha1.CompiledRule, []string) {
+// and returns the names it had to leave out. A spread path takes its
+// weight and role from the policy, else from the path (spec.weight,
+// spec.defaultRole); one whose role is backup joins the rule's backup paths
+// after the policy's own, where the policy allows header rewriting (backup
+// flags subflows with MP_JOIN's B bit and MP_PRIO), and stays active where
+// it does not.
+func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1alpha1.MPTCPPath) (mptcpv1alpha1.CompiledRule, []string) {
 	s := &pol.Spec
 	var missing []string
 	keep := func(name string) bool {
@@ -241,14 +342,17 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 			Family: t.Family,
 		}
 	}
+	var backupByRole []string
 	for _, wp := range s.Spread.Paths {
 		if !keep(wp.Name) {
 			continue
 		}
-		w := wp.Weight
-		if w == 0 {
-			w = nodePaths[wp.Name].Weight
+		path := &nodePaths[wp.Name].Spec
+		if cmp.Or(wp.Role, path.DefaultRole) == mptcpv1alpha1.PathRoleBackup && rule.HeaderRewriting {
+			backupByRole = append(backupByRole, wp.Name)
+			continue
 		}
+		w := cmp.Or(wp.Weight, path.Weight, 1)
 		rule.Paths = append(rule.Paths, mptcpv1alpha1.RulePath{Name: wp.Name, Weight: w})
 	}
 	for _, name := range s.BackupPaths {
@@ -256,6 +360,15 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 			rule.BackupPaths = append(rule.BackupPaths, name)
 		}
 	}
+	if len(rule.Paths) == 0 {
+		// Backup to nothing: every path of the policy is backup by
+		// default, so none is; they carry the traffic as active paths.
+		for _, name := range backupByRole {
+			rule.Paths = append(rule.Paths, mptcpv1alpha1.RulePath{Name: name, Weight: cmp.Or(weightOf(s, name), nodePaths[name].Spec.Weight, 1)})
+		}
+		backupByRole = nil
+	}
+	rule.BackupPaths = append(rule.BackupPaths, backupByRole...)
 	// A blocked path the node does not have needs no blocking there, and is
 	// not reported missing: the admin never asked for it to carry traffic.
 	for _, name := range s.BlockedPaths {
@@ -264,7 +377,11 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 		}
 	}
 	if rl := s.RateLimits; rl != nil {
-		c := &mptcpv1alpha1.CompiledRateLimits{Mode: rl.Mode}
+		c := &mptcpv1alpha1.CompiledRateLimits{Mode: rl.Mode, Direction: rl.Direction}
+		if rl.Burst != nil {
+			q := rl.Burst.DeepCopy()
+			c.Burst = &q
+		}
 		if rl.PerConnection != nil {
 			q := rl.PerConnection.DeepCopy()
 			c.PerConnection = &q
@@ -282,6 +399,16 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 	}
 	slices.Sort(missing)
 	return rule, slices.Compact(missing)
+}
+
+// weightOf is the weight policy s gives path name, 0 when none.
+func weightOf(s *mptcpv1alpha1.MPTCPPolicySpec, name string) int32 {
+	for _, wp := range s.Spread.Paths {
+		if wp.Name == name {
+			return wp.Weight
+		}
+	}
+	return 0
 }
 
 // applyPreferences honours the pod's mptcp.io/preferred-paths annotation in
@@ -334,12 +461,16 @@ func applyPreferences(pod *corev1.Pod, pol *mptcpv1alpha1.MPTCPPolicy, rule *mpt
 		}
 		return 0
 	})
-	rule.TenantPreferred = true
+	for _, rp := range rule.Paths {
+		if _, preferred := rank[rp.Name]; preferred {
+			rule.PreferredPaths = append(rule.PreferredPaths, rp.Name)
+		}
+	}
 	return nil
 }
 
 // MaxPreferredPaths bounds the annotation, as policies bound their spread.
-const MaxPreferredPaths = 16
+const MaxPreferredPaths = mptcpv1alpha1.MaxPolicyPaths
 
 // ParsePreferredPaths parses "fabric-b, fabric-a" into path names. Anything
 // that is not a plain list of distinct path names (for instance a
@@ -351,7 +482,7 @@ func ParsePreferredPaths(value string) ([]string, string) {
 	}
 	parts := strings.Split(value, ",")
 	if len(parts) > MaxPreferredPaths {
-		return nil, "it names more than 16 paths"
+		return nil, fmt.Sprintf("it names more than %d paths", MaxPreferredPaths)
 	}
 	seen := map[string]bool{}
 	names := make([]string, 0, len(parts))

@@ -2,6 +2,7 @@ package compile
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -103,7 +104,8 @@ func TestNode(t *testing.T) {
 	got := map[string]string{}
 	for _, p := range res.Spec.Pods {
 		var rules []string
-		for _, r := range p.Rules {
+		for _, name := range p.Rules {
+			r := res.Spec.Rule(name)
 			var names []string
 			for _, rp := range r.Paths {
 				names = append(names, rp.Name)
@@ -135,6 +137,123 @@ func TestNode(t *testing.T) {
 	}
 	if !slices.Equal(refusals, wantRefusals) {
 		t.Errorf("refusals %v, want %v", refusals, wantRefusals)
+	}
+}
+
+// A pod takes at most as many policies as its selector chain in the
+// datapath holds: those of lowest precedence are left out of its rules and
+// the pod is told (a Warning event), instead of the node's agent refusing
+// A rule is known by its policy and, for a tenant's variant, its
+// preference: pods a policy selects alike share one rule; a pod whose
+// preference reorders the policy's paths has its own; and a change to the
+// policy keeps every rule's name (the agent rewrites it in place, so its
+// live connections follow), where the name of a rule hashed from its
+// content would move them to a rule nobody updates.
+func TestRuleNamesFollowPoliciesNotTheirContent(t *testing.T) {
+	in := testInput()
+	names := func(in Input) map[string][]string {
+		out := map[string][]string{}
+		for _, p := range Node(in).Spec.Pods {
+			out[p.Name] = p.Rules
+		}
+		return out
+	}
+	before := names(in)
+	if x, y := before["x"], before["y"]; !slices.Equal(x, []string{"p2", "p1", "p3"}) || y[0] != "p2" ||
+		!strings.HasPrefix(y[1], "p1@") || !strings.HasPrefix(y[2], "p3@") {
+		t.Fatalf("rules of x %v and y %v: want the policies' own for x, variants for y where its preference applies (p1, p3; not p2)", x, y)
+	}
+	if z := before["z"]; !slices.Equal(z, before["x"]) {
+		t.Errorf("z (its preference refused) has rules %v, want x's %v", z, before["x"])
+	}
+	in.Policies[0].Spec.Spread.Paths = append(in.Policies[0].Spec.Spread.Paths, mptcpv1alpha1.WeightedPath{Name: "c"})
+	in.Policies[0].Spec.MaxSubflows = 4
+	in.Policies[0].Generation++
+	after := names(in)
+	for pod, rules := range before {
+		if !slices.Equal(after[pod], rules) {
+			t.Errorf("pod %s: rules %v after its policy changed, want %v: the same rules, rewritten", pod, after[pod], rules)
+		}
+	}
+	spec := Node(in).Spec
+	if r := spec.Rule("p1"); r == nil || r.MaxSubflows != 4 || len(r.Paths) != 3 {
+		t.Errorf("rule p1 after the change: %+v", r)
+	}
+	in.Pods[1].Annotations[mptcpv1alpha1.AnnotationPreferredPaths] = "c"
+	if y := names(in)["y"]; y[1] == before["y"][1] || !strings.HasPrefix(y[1], "p1@") {
+		t.Errorf("y's rule %q after its preference changed, want another variant than %q", y[1], before["y"][1])
+	}
+}
+
+// the whole node.
+func TestAPodTakesAtMostEightPolicies(t *testing.T) {
+	in := testInput()
+	in.Pods = in.Pods[:1]
+	in.Policies = nil
+	for i := range 10 {
+		p := mptcpv1alpha1.MPTCPPolicy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%02d", i)},
+			Spec: mptcpv1alpha1.MPTCPPolicySpec{NamespaceSelector: &metav1.LabelSelector{},
+				Spread: mptcpv1alpha1.Spread{Paths: []mptcpv1alpha1.WeightedPath{{Name: "a"}}}}}
+		in.Policies = append(in.Policies, p)
+	}
+	res := Node(in)
+	if len(res.Spec.Pods) != 1 || len(res.Spec.Pods[0].Rules) != mptcpv1alpha1.MaxPodPolicies {
+		t.Fatalf("pods %+v, want one with %d rules", res.Spec.Pods, mptcpv1alpha1.MaxPodPolicies)
+	}
+	if last := res.Spec.Rule(res.Spec.Pods[0].Rules[mptcpv1alpha1.MaxPodPolicies-1]).Policy; last != "p07" {
+		t.Errorf("last rule kept is %s, want p07 (precedence: priority, then name)", last)
+	}
+	if len(res.Refusals) != 1 || res.Refusals[0].Reason != ReasonTooManyPolicies ||
+		!strings.Contains(res.Refusals[0].Message, "10 policies select the pod, a pod takes at most 8: p08, p09") {
+		t.Errorf("refusals %+v, want one TooManyPolicies naming p08 and p09", res.Refusals)
+	}
+}
+
+// A path's defaultRole and weight act where a policy does not say
+// otherwise: a path backup by default is one of the rule's backup paths
+// (after the policy's own) where the policy allows header rewriting, and
+// stays active where it does not or where the policy gives it role active;
+// a policy all of whose paths are backup by default uses them as active.
+func TestDefaultRoleAndWeightActWhereAPolicySaysNothing(t *testing.T) {
+	in := testInput()
+	in.Pods = in.Pods[:1]
+	for i := range in.Paths {
+		if in.Paths[i].Name == "b" {
+			in.Paths[i].Spec.DefaultRole = mptcpv1alpha1.PathRoleBackup
+			in.Paths[i].Spec.Weight = 7
+		}
+	}
+	policy := func(rewriting mptcpv1alpha1.Permission, paths ...mptcpv1alpha1.WeightedPath) []mptcpv1alpha1.MPTCPPolicy {
+		return []mptcpv1alpha1.MPTCPPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "p"},
+			Spec: mptcpv1alpha1.MPTCPPolicySpec{NamespaceSelector: &metav1.LabelSelector{}, HeaderRewriting: rewriting,
+				Spread: mptcpv1alpha1.Spread{Paths: paths}}}}
+	}
+	a, b := mptcpv1alpha1.WeightedPath{Name: "a"}, mptcpv1alpha1.WeightedPath{Name: "b"}
+	activeB := mptcpv1alpha1.WeightedPath{Name: "b", Role: mptcpv1alpha1.PathRoleActive}
+	for name, c := range map[string]struct {
+		policies []mptcpv1alpha1.MPTCPPolicy
+		want     string // active paths with weights | backup paths
+	}{
+		"backup by default":                 {policy(mptcpv1alpha1.Allowed, a, b), "a/1|b"},
+		"no header rewriting: stays active": {policy(mptcpv1alpha1.Forbidden, a, b), "a/1,b/7|"},
+		"the policy says active":            {policy(mptcpv1alpha1.Allowed, a, activeB), "a/1,b/7|"},
+		"nothing to back up":                {policy(mptcpv1alpha1.Allowed, b), "b/7|"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			in.Policies = c.policies
+			res := Node(in)
+			if len(res.Spec.Rules) != 1 {
+				t.Fatalf("rules %+v", res.Spec.Rules)
+			}
+			r := res.Spec.Rules[0]
+			var active []string
+			for _, p := range r.Paths {
+				active = append(active, fmt.Sprintf("%s/%d", p.Name, p.Weight))
+			}
+			if got := strings.Join(active, ",") + "|" + strings.Join(r.BackupPaths, ","); got != c.want {
+				t.Errorf("rule %s, want %s", got, c.want)
+			}
+		})
 	}
 }
 

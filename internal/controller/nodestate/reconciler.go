@@ -1,5 +1,4 @@
-// Package nodestate compiles every node's MPTCPNodeState spec and publishes
-// each node's per-path addresses to its peers.
+// Package nodestate compiles every node's MPTCPNodeState spec.
 package nodestate
 
 import (
@@ -7,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -51,7 +49,7 @@ type Reconciler struct {
 	refused map[string]map[string]bool
 }
 
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods;namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups=mptcp.io,resources=mptcppaths;mptcppolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=mptcp.io,resources=mptcpnodestates,verbs=get;list;watch;create;update;delete
@@ -79,14 +77,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	res := compile.Node(in)
 
-	state, err := r.ensureSpec(ctx, &node, res.Spec)
-	if err != nil {
+	if _, err := r.ensureSpec(ctx, &node, res.Spec); err != nil {
 		return ctrl.Result{}, err
 	}
 	r.reportRefusals(ctx, node.Name, res.Refusals)
-	if err := r.publishPeerInfo(ctx, &node, state); err != nil {
-		return ctrl.Result{}, err
-	}
 	log.V(1).Info("node compiled", "pods", len(res.Spec.Pods), "paths", len(res.Spec.Paths))
 	return ctrl.Result{}, nil
 }
@@ -232,46 +226,4 @@ func (r *Reconciler) forget(node string) {
 	r.mu.Lock()
 	delete(r.refused, node)
 	r.mu.Unlock()
-}
-
-// publishPeerInfo mirrors the node's per-path addresses, reported by its
-// agent in the node state status, to the Node annotation peers watch.
-func (r *Reconciler) publishPeerInfo(ctx context.Context, node *corev1.Node, state *mptcpv1alpha1.MPTCPNodeState) error {
-	want := PeerInfoValue(node, state)
-	have, present := node.Annotations[mptcpv1alpha1.AnnotationNodePaths]
-	if (want == "" && !present) || (want != "" && have == want) {
-		return nil
-	}
-	patch := client.MergeFrom(node.DeepCopy())
-	if want == "" {
-		delete(node.Annotations, mptcpv1alpha1.AnnotationNodePaths)
-	} else {
-		if node.Annotations == nil {
-			node.Annotations = map[string]string{}
-		}
-		node.Annotations[mptcpv1alpha1.AnnotationNodePaths] = want
-	}
-	return r.Patch(ctx, node, patch)
-}
-
-// PeerInfoValue is the annotation value for node, or "" when its agent has
-// reported no address yet.
-func PeerInfoValue(node *corev1.Node, state *mptcpv1alpha1.MPTCPNodeState) string {
-	info := mptcpv1alpha1.PeerInfo{Paths: map[string][]string{}}
-	for _, p := range state.Status.Paths {
-		if len(p.Addresses) > 0 {
-			addrs := slices.Clone(p.Addresses)
-			slices.Sort(addrs)
-			info.Paths[p.Name] = addrs
-		}
-	}
-	if len(info.Paths) == 0 {
-		return ""
-	}
-	info.PodCIDRs = slices.Clone(node.Spec.PodCIDRs)
-	b, err := json.Marshal(info) // map keys are sorted: the value is deterministic
-	if err != nil {
-		return ""
-	}
-	return string(b)
 }

@@ -69,13 +69,12 @@ func podNode(_ context.Context, o client.Object) []reconcile.Request {
 }
 
 // nodeChanged ignores the kubelet's status heartbeats: only labels (paths
-// select nodes by label), pod CIDRs and the published peer annotation matter.
+// select nodes by label) and pod CIDRs matter.
 func nodeChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
 		return !equality.Semantic.DeepEqual(o.Labels, n.Labels) ||
-			!slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs) ||
-			o.Annotations[mptcpv1alpha1.AnnotationNodePaths] != n.Annotations[mptcpv1alpha1.AnnotationNodePaths]
+			!slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs)
 	}}
 }
 

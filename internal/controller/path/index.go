@@ -22,9 +22,10 @@ func AssignIndexes(paths []mptcpv1alpha1.MPTCPPath) map[string]int32 {
 	})
 	out := make(map[string]int32, len(sorted))
 	taken := map[int32]bool{}
+	const maxIndex = int32(mptcpv1alpha1.MaxPathIndex)
 	for _, p := range sorted {
 		i := p.Status.Index
-		if i >= 1 && i <= mptcpv1alpha1.MaxPathIndex && !taken[i] {
+		if i >= 1 && i <= maxIndex && !taken[i] {
 			taken[i] = true
 			out[p.Name] = i
 		}
@@ -34,10 +35,10 @@ func AssignIndexes(paths []mptcpv1alpha1.MPTCPPath) map[string]int32 {
 		if _, ok := out[p.Name]; ok {
 			continue
 		}
-		for next <= mptcpv1alpha1.MaxPathIndex && taken[next] {
+		for next <= maxIndex && taken[next] {
 			next++
 		}
-		if next > mptcpv1alpha1.MaxPathIndex {
+		if next > maxIndex {
 			out[p.Name] = 0
 			continue
 		}

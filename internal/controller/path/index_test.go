@@ -47,7 +47,13 @@ func TestAssignIndexes(t *testing.T) {
 		},
 		"beyond the index space a path gets none": {
 			paths: many(mptcpv1alpha1.MaxPathIndex + 1),
-			want:  map[string]int32{"p000": 1, "p062": 63, "p063": 0},
+			want:  map[string]int32{"p000": 1, "p014": 15, "p015": 0},
+		},
+		// A path that an earlier controller numbered beyond the datapath's
+		// 15 paths (every agent refused it) gets an index that works.
+		"an index beyond the datapath's is replaced": {
+			paths: []mptcpv1alpha1.MPTCPPath{p("a", 1, 40), p("b", 2, 1)},
+			want:  map[string]int32{"a": 2, "b": 1},
 		},
 	}
 	for name, tc := range cases {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -37,12 +38,22 @@ const maxListedNodes = 16
 // Reconciler writes MPTCPPath status.
 type Reconciler struct {
 	client.Client
+	// Recorder reports, on the path, problems only the controller sees
+	// across objects (an interface another path already names).
+	Recorder events.EventRecorder
 }
+
+// Condition reasons of an MPTCPPath.
+const (
+	ReasonInterfaceConflict = "InterfaceConflict"
+	ReasonInterfaceNotFound = "InterfaceNotFound"
+)
 
 // +kubebuilder:rbac:groups=mptcp.io,resources=mptcppaths,verbs=get;list;watch
 // +kubebuilder:rbac:groups=mptcp.io,resources=mptcppaths/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=mptcp.io,resources=mptcpnodestates,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconcile computes one path's status.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -67,9 +78,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	status.Index = AssignIndexes(paths.Items)[path.Name]
 	status.ObservedGeneration = path.Generation
 	status.Nodes = 0
+	conflict := conflictReport{iface: describeInterface(path.Spec.Interface)}
 	for i := range nodes.Items {
-		if compile.PathSelectsNode(&path, &nodes.Items[i]) {
-			status.Nodes++
+		if !compile.PathSelectsNode(&path, &nodes.Items[i]) {
+			continue
+		}
+		status.Nodes++
+		if owner := compile.InterfaceConflicts(&nodes.Items[i], paths.Items)[path.Name]; owner != "" {
+			conflict.nodes = append(conflict.nodes, nodes.Items[i].Name)
+			conflict.owner = owner
 		}
 	}
 	var without []string
@@ -87,9 +104,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		status.NodesWithoutInterface = nil
 	}
 
-	setConditions(&status, path.Generation, missing)
+	setConditions(&status, path.Generation, missing, conflict)
 	if equality.Semantic.DeepEqual(status, path.Status) {
 		return ctrl.Result{}, nil
+	}
+	// An event when a conflict appears or changes, not on every reconcile.
+	if d := meta.FindStatusCondition(status.Conditions, mptcpv1alpha1.ConditionDegraded); d != nil && d.Reason == ReasonInterfaceConflict && r.Recorder != nil {
+		if old := meta.FindStatusCondition(path.Status.Conditions, mptcpv1alpha1.ConditionDegraded); old == nil || old.Message != d.Message {
+			r.Recorder.Eventf(&path, nil, corev1.EventTypeWarning, ReasonInterfaceConflict, "Compile", "%s", d.Message)
+		}
 	}
 	path.Status = status
 	if err := r.Status().Update(ctx, &path); err != nil {
@@ -103,7 +126,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{}, nil
 }
 
-func setConditions(s *mptcpv1alpha1.MPTCPPathStatus, gen int64, missing int) {
+// conflictReport: the nodes where another path, owner, keeps the
+// interface this one names.
+type conflictReport struct {
+	iface, owner string
+	nodes        []string
+}
+
+func describeInterface(i mptcpv1alpha1.InterfaceSelector) string {
+	if i.AltName != "" {
+		return "with altname " + i.AltName
+	}
+	return i.Name
+}
+
+func setConditions(s *mptcpv1alpha1.MPTCPPathStatus, gen int64, missing int, conflict conflictReport) {
 	ready := metav1.Condition{Type: mptcpv1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "IndexAssigned",
 		Message: fmt.Sprintf("index %d on %d nodes", s.Index, s.Nodes), ObservedGeneration: gen}
 	degraded := metav1.Condition{Type: mptcpv1alpha1.ConditionDegraded, Status: metav1.ConditionFalse, Reason: "AsExpected",
@@ -117,8 +154,18 @@ func setConditions(s *mptcpv1alpha1.MPTCPPathStatus, gen int64, missing int) {
 		ready.Message = fmt.Sprintf("%d nodes have no interface for this path", missing)
 	}
 	if missing > 0 {
-		degraded.Status, degraded.Reason = metav1.ConditionTrue, "InterfaceNotFound"
+		degraded.Status, degraded.Reason = metav1.ConditionTrue, ReasonInterfaceNotFound
 		degraded.Message = fmt.Sprintf("no matching interface on %d nodes: %s", missing, strings.Join(s.NodesWithoutInterface, ", "))
+	}
+	if n := len(conflict.nodes); n > 0 && s.Index != 0 {
+		// A conflict outranks a missing interface: the admin must rename
+		// one of the two paths' interfaces before anything else helps.
+		slices.Sort(conflict.nodes)
+		listed := conflict.nodes[:min(n, maxListedNodes)]
+		msg := fmt.Sprintf("interface %s is also path %s's, which is older and keeps it: this path is left out on %d nodes: %s",
+			conflict.iface, conflict.owner, n, strings.Join(listed, ", "))
+		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonInterfaceConflict, msg
+		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, ReasonInterfaceConflict, msg
 	}
 	meta.SetStatusCondition(&s.Conditions, ready)
 	meta.SetStatusCondition(&s.Conditions, degraded)
@@ -132,8 +179,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named(ControllerName).
 		For(&mptcpv1alpha1.MPTCPPath{}).
 		Watches(&mptcpv1alpha1.MPTCPPath{}, all, builder.WithPredicates(predicate.Funcs{
+			// Another path's index or interface decides this one's
+			// index and interface conflicts.
 			UpdateFunc: func(e event.UpdateEvent) bool {
-				return e.ObjectOld.(*mptcpv1alpha1.MPTCPPath).Status.Index != e.ObjectNew.(*mptcpv1alpha1.MPTCPPath).Status.Index
+				return e.ObjectOld.(*mptcpv1alpha1.MPTCPPath).Status.Index != e.ObjectNew.(*mptcpv1alpha1.MPTCPPath).Status.Index ||
+					e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration()
 			},
 		})).
 		Watches(&corev1.Node{}, all, builder.WithPredicates(predicate.LabelChangedPredicate{})).

@@ -95,8 +95,10 @@ func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeS
 		s := &states[i]
 		pods := 0
 		for _, p := range s.Spec.Pods {
-			if len(p.Rules) > 0 && p.Rules[0].Policy == pol.Name {
-				pods++
+			if len(p.Rules) > 0 {
+				if r := s.Spec.Rule(p.Rules[0]); r != nil && r.Policy == pol.Name {
+					pods++
+				}
 			}
 		}
 		if pods == 0 {
@@ -239,10 +241,8 @@ func namedPolicies(_ context.Context, o client.Object) []reconcile.Request {
 			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: n}})
 		}
 	}
-	for _, p := range s.Spec.Pods {
-		for _, r := range p.Rules {
-			add(r.Policy)
-		}
+	for _, r := range s.Spec.Rules {
+		add(r.Policy)
 	}
 	for _, a := range s.Status.AppliedPolicies {
 		add(a.Name)

@@ -1,4 +1,4 @@
-package agent
+package observe
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,18 +18,18 @@ import (
 // per-connection detail stays behind the local API, which only root on the
 // node reaches (localapi.go).
 type recordCollector struct {
-	a                                              *Agent
+	src                                            Source
 	podTxBytes, podTxPackets, podRxBytes, podRxPkt *prometheus.Desc
 	tableEntries, tableCapacity, tableEvictions    *prometheus.Desc
 	mptcpOptions, mptcpOptionsInvalid              *prometheus.Desc
 }
 
-func newRecordCollector(a *Agent) *recordCollector {
+func newRecordCollector(src Source) *recordCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, "", name), help, labels, nil)
 	}
 	return &recordCollector{
-		a:              a,
+		src:            src,
 		podTxBytes:     d("pod_tx_bytes_total", "Bytes of TCP a selected pod address sent, counted at its host-side veth (Ethernet header included).", "address"),
 		podTxPackets:   d("pod_tx_packets_total", "TCP packets a selected pod address sent (GSO super-packets count once).", "address"),
 		podRxBytes:     d("pod_rx_bytes_total", "Bytes of TCP a selected pod address received, counted at its host-side veth.", "address"),
@@ -52,7 +52,7 @@ func (c *recordCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
-	dp := c.a.dp
+	dp := c.src.Datapath()
 	if pods, err := dp.PodStats(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.podTxBytes, err)
 	} else {
@@ -81,7 +81,7 @@ func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
 // names, and any other value of the 4-bit field once a packet carried it
 // (so an unassigned subtype on the wire shows, without 12 series of zeros).
 func (c *recordCollector) collectOptions(ch chan<- prometheus.Metric) {
-	opts, err := c.a.dp.MPTCPOptionStats()
+	opts, err := c.src.Datapath().MPTCPOptionStats()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.mptcpOptions, err)
 		return

@@ -1,4 +1,8 @@
-package agent
+// Package observe is what the agent shows of the node: Prometheus metrics
+// and probes, and the local API's per-connection detail. Both read the
+// datapath's maps when asked, never on a timer, and the names of what the
+// agent last enforced (a Source); neither changes anything.
+package observe
 
 import (
 	"context"
@@ -15,8 +19,25 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
+
+// Source is the agent as its observers see it: its datapath, and the names
+// of what it last enforced. Every method may be called while a reconcile
+// runs.
+type Source interface {
+	Datapath() *datapath.Datapath
+	// PathNames are the paths in force, by index.
+	PathNames() map[uint32]string
+	// RuleNames are the rules by datapath id, retired ones that live
+	// connections still use included.
+	RuleNames() map[uint32]string
+	// Pods are the selected pods.
+	Pods() []podnet.Pod
+	// PathManagers counts the userspace path managers running.
+	PathManagers() int
+}
 
 // DefaultMetricsAddr is where the agent serves /metrics, /healthz and
 // /readyz unless told otherwise. The agent runs with host networking, so the
@@ -100,9 +121,9 @@ type Metrics struct {
 	ready             atomic.Bool
 }
 
-// NewMetrics registers the agent's metrics, the datapath collector of a,
-// and the Go runtime and process collectors.
-func NewMetrics(a *Agent) *Metrics {
+// NewMetrics registers the agent's metrics, the collectors of src's
+// datapath and pods, and the Go runtime and process collectors.
+func NewMetrics(src Source, log *slog.Logger) *Metrics {
 	m := &Metrics{
 		registry: prometheus.NewRegistry(),
 		reconcileDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -122,9 +143,9 @@ func NewMetrics(a *Agent) *Metrics {
 	m.registry.MustRegister(
 		m.reconcileDuration,
 		m.reconcileErrors,
-		newDatapathCollector(a),
-		newRecordCollector(a),
-		newPodMPTCPCollector(a),
+		newDatapathCollector(src),
+		newRecordCollector(src),
+		newPodMPTCPCollector(src, log),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -214,7 +235,7 @@ const observeOnlyHelp = "1 while the datapath is in observe-only mode (it record
 
 // datapathCollector reads the datapath's maps at scrape time.
 type datapathCollector struct {
-	a                                *Agent
+	src                              Source
 	txBytes, txPackets               *prometheus.Desc
 	rxBytes, rxPackets               *prometheus.Desc
 	events, subflows, connections    *prometheus.Desc
@@ -222,12 +243,12 @@ type datapathCollector struct {
 	observeOnly                      *prometheus.Desc
 }
 
-func newDatapathCollector(a *Agent) *datapathCollector {
+func newDatapathCollector(src Source) *datapathCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, "", name), help, labels, nil)
 	}
 	return &datapathCollector{
-		a:           a,
+		src:         src,
 		txBytes:     d("path_tx_bytes_total", "Bytes the datapath steered out of the path's NIC (pod_egress), Ethernet header included.", "path"),
 		txPackets:   d("path_tx_packets_total", "Packets (GSO super-packets count once) the datapath steered out of the path's NIC.", "path"),
 		rxBytes:     d("path_rx_bytes_total", "Bytes for selected pods that arrived on the path's NIC (nic_ingress), Ethernet header included.", "path"),
@@ -249,8 +270,8 @@ func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
-	dp := c.a.dp
-	names := c.a.pathNames()
+	dp := c.src.Datapath()
+	names := c.src.PathNames()
 	pathLabel := func(index uint32) string {
 		if n, ok := names[index]; ok {
 			return n
@@ -333,7 +354,7 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 
-	ch <- prometheus.MustNewConstMetric(c.pathMgrs, prometheus.GaugeValue, float64(c.a.pathManagers.Load()))
+	ch <- prometheus.MustNewConstMetric(c.pathMgrs, prometheus.GaugeValue, float64(c.src.PathManagers()))
 
 	if on, err := dp.ObserveOnly(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.observeOnly, fmt.Errorf("reading the observe-only switch: %w", err))

@@ -1,4 +1,4 @@
-package agent
+package observe
 
 import (
 	"context"
@@ -55,7 +55,7 @@ func asNobody(t *testing.T, sock, path string) (int, string) {
 	return 0, string(out)
 }
 
-func localAPIAgent(t *testing.T) *Agent {
+func localAPISource(t *testing.T) *source {
 	t.Helper()
 	privileged.RequireRoot(t, "setpriv", "curl")
 	dp, err := datapath.Load(datapath.Options{})
@@ -63,17 +63,15 @@ func localAPIAgent(t *testing.T) *Agent {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dp.Close() })
-	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler), cfg: &Config{StateDir: t.TempDir()}}
-	a.setPaths(&Config{})
-	return a
+	return &source{dp: dp}
 }
 
 // The socket is root's alone (0600 in a 0700 directory): root gets JSON,
 // another user cannot even connect.
 func TestLocalAPISocketIsRootOnly(t *testing.T) {
-	a := localAPIAgent(t)
+	src := localAPISource(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	sock, wait, err := a.ServeLocalAPI(ctx)
+	sock, wait, err := ServeLocalAPI(ctx, src, t.TempDir(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +100,7 @@ func TestLocalAPISocketIsRootOnly(t *testing.T) {
 // Even on a socket anyone could open, the peer-credential check refuses a
 // client that is not uid 0 with 403 and serves root.
 func TestLocalAPIRefusesNonRootPeers(t *testing.T) {
-	a := localAPIAgent(t)
+	src := localAPISource(t)
 	dir := filepath.Join("/tmp", "mptcp-localapi-"+strings.ReplaceAll(t.Name(), "/", "-"))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -112,7 +110,7 @@ func TestLocalAPIRefusesNonRootPeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	sock, wait, err := a.serveLocalAPI(ctx, filepath.Join(dir, "open.sock"), 0o666)
+	sock, wait, err := serveLocalAPI(ctx, src, slog.New(slog.DiscardHandler), filepath.Join(dir, "open.sock"), 0o666)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package agent
+package podnet
 
 import (
 	"crypto/rand"
@@ -28,7 +28,7 @@ func podNamespace(t *testing.T) string {
 	return "/var/run/netns/" + name
 }
 
-// podMPTCPState reads what configurePodMPTCP changes in a pod's namespace.
+// podMPTCPState reads what Configure changes in a pod's namespace.
 func podMPTCPState(t *testing.T, pod Pod) podBaseline {
 	t.Helper()
 	st := podBaseline{Sysctls: map[string]string{}}
@@ -39,7 +39,7 @@ func podMPTCPState(t *testing.T, pod Pod) podBaseline {
 		}
 		st.Sysctls[key] = v
 	}
-	err := withPodPM(pod, func(c *mptcpnl.Conn) (err error) {
+	err := withPM(pod, func(c *mptcpnl.Conn) (err error) {
 		if st.Limits, err = c.GetLimits(); err != nil {
 			return err
 		}
@@ -62,7 +62,7 @@ func TestReleasedPodGetsItsOwnMPTCPSettingsBack(t *testing.T) {
 	if err := netnsutil.WriteSysctl(pod.NetNS, "net.mptcp.checksum_enabled", "1"); err != nil {
 		t.Fatal(err)
 	}
-	err := withPodPM(pod, func(c *mptcpnl.Conn) error {
+	err := withPM(pod, func(c *mptcpnl.Conn) error {
 		if err := c.SetLimits(mptcpnl.Limits{Subflows: 3, AddAddrAccepted: 1}); err != nil {
 			return err
 		}
@@ -73,12 +73,11 @@ func TestReleasedPodGetsItsOwnMPTCPSettingsBack(t *testing.T) {
 	}
 	before := podMPTCPState(t, pod)
 
-	store := newPodBaselines(t.TempDir())
-	rule := Rule{Name: "spread", Paths: []string{"a", "b"}, Subflows: SubflowsUserspace}
-	if err := store.record(pod); err != nil {
+	store := NewBaselines(t.TempDir())
+	if err := store.Record(pod); err != nil {
 		t.Fatal(err)
 	}
-	if err := configurePodMPTCP(pod, rule); err != nil {
+	if err := Configure(pod, MPTCP{Subflows: Userspace, Joins: 1}); err != nil {
 		t.Fatal(err)
 	}
 	configured := podMPTCPState(t, pod)
@@ -86,10 +85,10 @@ func TestReleasedPodGetsItsOwnMPTCPSettingsBack(t *testing.T) {
 		t.Fatalf("configuring the pod changed nothing: %+v", configured)
 	}
 	// A later reconcile records nothing over the first baseline.
-	if err := store.record(pod); err != nil {
+	if err := store.Record(pod); err != nil {
 		t.Fatal(err)
 	}
-	restored, err := store.restore(pod)
+	restored, err := store.Restore(pod)
 	if err != nil || !restored {
 		t.Fatalf("restore: %v, %v", restored, err)
 	}
@@ -102,14 +101,14 @@ func TestReleasedPodGetsItsOwnMPTCPSettingsBack(t *testing.T) {
 
 	// The same name, another namespace: the baseline is forgotten, nothing
 	// is written into the new namespace.
-	if err := store.record(pod); err != nil {
+	if err := store.Record(pod); err != nil {
 		t.Fatal(err)
 	}
 	other := Pod{Name: pod.Name, NetNS: podNamespace(t)}
-	if restored, err := store.restore(other); err != nil || restored {
+	if restored, err := store.Restore(other); err != nil || restored {
 		t.Errorf("restoring another namespace's baseline: %v, %v", restored, err)
 	}
-	if store.has(pod) {
+	if store.Has(pod) {
 		t.Errorf("the stale baseline is still kept")
 	}
 }

@@ -1,10 +1,11 @@
-package agent
+package observe
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -68,14 +69,14 @@ type ConnectionInfo struct {
 type peerKey struct{}
 
 // localAPIHandler serves /v1/subflows and /v1/connections.
-func (a *Agent) localAPIHandler() http.Handler {
+func localAPIHandler(src Source, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/subflows", func(w http.ResponseWriter, r *http.Request) {
-		out, err := a.subflowInfos()
+		out, err := subflowInfos(src)
 		reply(w, out, err)
 	})
 	mux.HandleFunc("GET /v1/connections", func(w http.ResponseWriter, r *http.Request) {
-		out, err := a.connectionInfos()
+		out, err := connectionInfos(src)
 		reply(w, out, err)
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -85,7 +86,7 @@ func (a *Agent) localAPIHandler() http.Handler {
 			if cred != nil {
 				uid = fmt.Sprint(cred.Uid)
 			}
-			a.log.Warn("local API: refused a client that is not root", "uid", uid)
+			log.Warn("local API: refused a client that is not root", "uid", uid)
 			writeJSON(w, http.StatusForbidden, map[string]string{"error": "only root (uid 0) may use the agent's local API"})
 			return
 		}
@@ -116,12 +117,12 @@ func monoToWall(ns uint64) time.Time {
 	return time.Now().Add(-time.Duration(uint64(ts.Nano()) - ns)).UTC()
 }
 
-func (a *Agent) subflowInfos() ([]SubflowInfo, error) {
-	sfs, err := a.dp.Subflows()
+func subflowInfos(src Source) ([]SubflowInfo, error) {
+	sfs, err := src.Datapath().Subflows()
 	if err != nil {
 		return nil, err
 	}
-	paths, rules := a.pathNames(), *a.ruleNames.Load()
+	paths, rules := src.PathNames(), src.RuleNames()
 	out := make([]SubflowInfo, 0, len(sfs))
 	for _, s := range sfs {
 		info := SubflowInfo{
@@ -132,9 +133,7 @@ func (a *Agent) subflowInfos() ([]SubflowInfo, error) {
 		if s.Token != 0 {
 			info.Token = fmt.Sprintf("%08x", s.Token)
 		}
-		if int(s.Rule) < len(rules) {
-			info.Rule = rules[s.Rule]
-		}
+		info.Rule = rules[s.Rule]
 		out = append(out, info)
 	}
 	slices.SortFunc(out, func(x, y SubflowInfo) int {
@@ -143,22 +142,22 @@ func (a *Agent) subflowInfos() ([]SubflowInfo, error) {
 	return out, nil
 }
 
-func (a *Agent) connectionInfos() ([]ConnectionInfo, error) {
-	conns, err := a.dp.Connections()
+func connectionInfos(src Source) ([]ConnectionInfo, error) {
+	conns, err := src.Datapath().Connections()
 	if err != nil {
 		return nil, err
 	}
-	traffic, err := a.dp.ConnectionStats()
+	traffic, err := src.Datapath().ConnectionStats()
 	if err != nil {
 		return nil, err
 	}
-	paths := a.pathNames()
+	paths := src.PathNames()
 	out := make([]ConnectionInfo, 0, len(conns))
 	for _, c := range conns {
 		info := ConnectionInfo{Local: c.Local.String(), Token: fmt.Sprintf("%08x", c.Token), Joins: c.Joins, Paths: []string{}}
 		t := traffic[datapath.ConnKey{Local: c.Local, Token: c.Token}]
 		info.TxBytes, info.RxBytes = t.TxBytes, t.RxBytes
-		for p := uint32(0); p < datapath.MaxPaths; p++ {
+		for p := uint32(1); datapath.ValidPath(p); p++ {
 			if c.UsedPaths&(1<<p) != 0 {
 				name := paths[p]
 				if name == "" {
@@ -173,13 +172,13 @@ func (a *Agent) connectionInfos() ([]ConnectionInfo, error) {
 	return out, nil
 }
 
-// ServeLocalAPI listens on <StateDir>/agent.sock until ctx ends; the
+// ServeLocalAPI serves src on <stateDir>/agent.sock until ctx ends; the
 // returned function waits for the server to stop.
-func (a *Agent) ServeLocalAPI(ctx context.Context) (string, func(), error) {
-	return a.serveLocalAPI(ctx, filepath.Join(a.cfg.StateDir, LocalAPISocket), 0o600)
+func ServeLocalAPI(ctx context.Context, src Source, stateDir string, log *slog.Logger) (string, func(), error) {
+	return serveLocalAPI(ctx, src, log, filepath.Join(stateDir, LocalAPISocket), 0o600)
 }
 
-func (a *Agent) serveLocalAPI(ctx context.Context, path string, mode os.FileMode) (string, func(), error) {
+func serveLocalAPI(ctx context.Context, src Source, log *slog.Logger, path string, mode os.FileMode) (string, func(), error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return "", nil, err
 	}
@@ -198,7 +197,7 @@ func (a *Agent) serveLocalAPI(ctx context.Context, path string, mode os.FileMode
 		return "", nil, err
 	}
 	srv := &http.Server{
-		Handler:           a.localAPIHandler(),
+		Handler:           localAPIHandler(src, log),
 		ReadHeaderTimeout: 5 * time.Second,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if cred, err := peerCred(c); err == nil {
@@ -211,7 +210,7 @@ func (a *Agent) serveLocalAPI(ctx context.Context, path string, mode os.FileMode
 	go func() {
 		defer close(done)
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("local API stopped", "err", err)
+			log.Error("local API stopped", "err", err)
 		}
 	}()
 	go func() {

@@ -1,4 +1,4 @@
-package agent
+package observe
 
 import (
 	"errors"
@@ -15,10 +15,24 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 	privileged "github.com/mptcp-operator/mptcp-operator/internal/testutil"
 )
+
+// source is an agent as its observers see it.
+type source struct {
+	dp           *datapath.Datapath
+	paths, rules map[uint32]string
+	pods         []podnet.Pod
+}
+
+func (s *source) Datapath() *datapath.Datapath { return s.dp }
+func (s *source) PathNames() map[uint32]string { return s.paths }
+func (s *source) RuleNames() map[uint32]string { return s.rules }
+func (s *source) Pods() []podnet.Pod           { return s.pods }
+func (s *source) PathManagers() int            { return 0 }
 
 func probe(t *testing.T, srv *httptest.Server, path string) int {
 	t.Helper()
@@ -35,9 +49,7 @@ func probe(t *testing.T, srv *httptest.Server, path string) int {
 // succeeded, and stays ready when a later configuration is refused: that
 // one is reported as an error while the last good one stays in force.
 func TestReadinessFollowsTheFirstSuccessfulReconcile(t *testing.T) {
-	a := &Agent{creators: map[string]*subflowCreator{}}
-	a.setPaths(&Config{})
-	m := NewMetrics(a)
+	m := NewMetrics(&source{}, slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
 
@@ -78,9 +90,7 @@ func TestEveryDatapathCounterIsExportedByName(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
-	a.setPaths(&Config{Paths: []Path{{Name: "fabric-a", Index: 0}, {Name: "fabric-b", Index: 1}}})
-	m := NewMetrics(a)
+	m := NewMetrics(&source{dp: dp, paths: map[uint32]string{1: "fabric-a", 2: "fabric-b"}}, slog.New(slog.DiscardHandler))
 
 	stats, err := dp.Stats()
 	if err != nil {
@@ -133,9 +143,7 @@ func TestObserveOnlyGaugeFollowsTheDatapath(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
-	a.setPaths(&Config{})
-	m := NewMetrics(a)
+	m := NewMetrics(&source{dp: dp}, slog.New(slog.DiscardHandler))
 	for _, on := range []bool{false, true, false} {
 		if err := dp.SetObserveOnly(on); err != nil {
 			t.Fatal(err)
@@ -154,10 +162,10 @@ func TestObserveOnlyGaugeFollowsTheDatapath(t *testing.T) {
 // The record actor's counters reach Prometheus: per pod address and the LRU
 // tables' fill; per connection only through the local API.
 func TestRecordCountersAreExported(t *testing.T) {
-	a, pod, sent := agentWithAConnection(t)
-	dp := a.dp
+	src, pod, sent := sourceWithAConnection(t)
+	dp := src.dp
 	syn, ack := sent[0], sent[1]
-	m := NewMetrics(a)
+	m := NewMetrics(src, slog.New(slog.DiscardHandler))
 	want := fmt.Sprintf(`
 # HELP mptcp_agent_pod_tx_packets_total TCP packets a selected pod address sent (GSO super-packets count once).
 # TYPE mptcp_agent_pod_tx_packets_total counter
@@ -187,7 +195,7 @@ mptcp_agent_table_evictions_total{table="subflows"} 0
 		t.Fatalf("connections %+v, %v; want one with a token", conns, err)
 	}
 	assertNoTokenInMetrics(t, m, conns[0].Token)
-	infos, err := a.connectionInfos()
+	infos, err := connectionInfos(src)
 	if err != nil || len(infos) != 1 || infos[0].TxBytes != uint64(len(syn)+len(ack)) {
 		t.Fatalf("the local API's connections %+v, %v; want the connection with %d bytes sent", infos, err, len(syn)+len(ack))
 	}
@@ -244,11 +252,11 @@ func assertNoTokenInMetrics(t *testing.T, m *Metrics, token uint32) {
 	}
 }
 
-// agentWithAConnection loads the datapath into an agent with one path, one
+// sourceWithAConnection loads the datapath of an agent with one path, one
 // selected pod address and one MPTCP connection of that pod in its tables
 // (an MP_CAPABLE SYN and the ACK that carries the keys, run through
 // pod_egress), and returns the pod's address and the frames it sent.
-func agentWithAConnection(t *testing.T) (*Agent, netip.Addr, [][]byte) {
+func sourceWithAConnection(t *testing.T) (*source, netip.Addr, [][]byte) {
 	t.Helper()
 	privileged.RequireRoot(t)
 	dp, err := datapath.Load(datapath.Options{})
@@ -256,9 +264,8 @@ func agentWithAConnection(t *testing.T) (*Agent, netip.Addr, [][]byte) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dp.Close() })
-	a := &Agent{dp: dp, creators: map[string]*subflowCreator{}, log: slog.New(slog.DiscardHandler)}
-	a.setPaths(&Config{Paths: []Path{{Name: "fabric-a", Index: 0}}})
-	if err := dp.SetRule(0, datapath.Rule{Paths: []uint32{0}}); err != nil {
+	src := &source{dp: dp, paths: map[uint32]string{1: "fabric-a"}}
+	if err := dp.SetRule(0, datapath.Rule{Paths: []uint32{1}}); err != nil {
 		t.Fatal(err)
 	}
 	pod := netip.MustParseAddr("10.244.1.11")
@@ -272,5 +279,5 @@ func agentWithAConnection(t *testing.T) (*Agent, netip.Addr, [][]byte) {
 			t.Fatal(err)
 		}
 	}
-	return a, pod, [][]byte{syn, ack}
+	return src, pod, [][]byte{syn, ack}
 }

@@ -1,4 +1,4 @@
-package agent
+package podnet
 
 import (
 	"encoding/json"
@@ -14,8 +14,8 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
-// podMPTCPSysctls are the sysctls of a pod's namespace that
-// configurePodMPTCP writes.
+// podMPTCPSysctls are the sysctls of a pod's namespace that Configure
+// writes.
 var podMPTCPSysctls = []string{"net.mptcp.enabled", "net.mptcp.path_manager", "net.mptcp.checksum_enabled"}
 
 // podBaseline is what a pod's network namespace held before the agent first
@@ -49,20 +49,21 @@ func netnsIDOf(path string) (netnsID, error) {
 	return netnsID{Dev: st.Dev, Ino: st.Ino}, nil
 }
 
-// podBaselines keeps each configured pod's baseline in
+// Baselines keeps each configured pod's baseline in
 // <stateDir>/pods/<pod name>.json, so that a restarted or upgraded agent
 // still knows them.
-type podBaselines struct{ dir string }
+type Baselines struct{ dir string }
 
-func newPodBaselines(stateDir string) podBaselines {
-	return podBaselines{dir: filepath.Join(stateDir, "pods")}
+// NewBaselines keeps baselines under the agent's state directory.
+func NewBaselines(stateDir string) Baselines {
+	return Baselines{dir: filepath.Join(stateDir, "pods")}
 }
 
-func (b podBaselines) path(pod string) string {
+func (b Baselines) path(pod string) string {
 	return filepath.Join(b.dir, url.PathEscape(pod)+".json")
 }
 
-func (b podBaselines) read(pod string) (podBaseline, bool) {
+func (b Baselines) read(pod string) (podBaseline, bool) {
 	var bl podBaseline
 	raw, err := os.ReadFile(b.path(pod))
 	if err != nil || json.Unmarshal(raw, &bl) != nil {
@@ -71,8 +72,8 @@ func (b podBaselines) read(pod string) (podBaseline, bool) {
 	return bl, true
 }
 
-// has says whether pod's namespace has its baseline recorded.
-func (b podBaselines) has(pod Pod) bool {
+// Has says whether pod's namespace has its baseline recorded.
+func (b Baselines) Has(pod Pod) bool {
 	bl, ok := b.read(pod.Name)
 	if !ok {
 		return false
@@ -81,11 +82,11 @@ func (b podBaselines) has(pod Pod) bool {
 	return err == nil && id == bl.NetNS
 }
 
-// record reads pod's baseline and keeps it, unless it is kept already:
+// Record reads pod's baseline and keeps it, unless it is kept already:
 // once the agent has configured a pod, what its namespace holds is the
 // agent's doing.
-func (b podBaselines) record(pod Pod) error {
-	if b.has(pod) {
+func (b Baselines) Record(pod Pod) error {
+	if b.Has(pod) {
 		return nil
 	}
 	id, err := netnsIDOf(pod.NetNS)
@@ -103,7 +104,7 @@ func (b podBaselines) record(pod Pod) error {
 		}
 		bl.Sysctls[key] = v
 	}
-	err = withPodPM(pod, func(c *mptcpnl.Conn) (err error) {
+	err = withPM(pod, func(c *mptcpnl.Conn) (err error) {
 		if bl.Limits, err = c.GetLimits(); err != nil {
 			return fmt.Errorf("reading the MPTCP limits before changing them: %w", err)
 		}
@@ -129,10 +130,10 @@ func (b podBaselines) record(pod Pod) error {
 	return os.Rename(tmp, b.path(pod.Name))
 }
 
-// restore puts pod's baseline back and forgets it. ok is false when none is
+// Restore puts pod's baseline back and forgets it. ok is false when none is
 // kept for the pod's current namespace (a pod configured by a release that
 // kept no baselines): the caller decides what to write instead.
-func (b podBaselines) restore(pod Pod) (ok bool, err error) {
+func (b Baselines) Restore(pod Pod) (ok bool, err error) {
 	bl, found := b.read(pod.Name)
 	if !found {
 		return false, nil
@@ -140,7 +141,7 @@ func (b podBaselines) restore(pod Pod) (ok bool, err error) {
 	if id, err := netnsIDOf(pod.NetNS); err != nil || id != bl.NetNS {
 		// Another namespace under the same name: this baseline is of a
 		// pod that is gone.
-		return false, b.forget(pod.Name)
+		return false, b.Forget(pod.Name)
 	}
 	var errs []error
 	// The path manager first: the endpoints and limits below are then the
@@ -150,7 +151,7 @@ func (b podBaselines) restore(pod Pod) (ok bool, err error) {
 			errs = append(errs, netnsutil.WriteSysctl(pod.NetNS, key, v))
 		}
 	}
-	errs = append(errs, withPodPM(pod, func(c *mptcpnl.Conn) error {
+	errs = append(errs, withPM(pod, func(c *mptcpnl.Conn) error {
 		if err := c.FlushEndpoints(); err != nil {
 			return err
 		}
@@ -164,11 +165,11 @@ func (b podBaselines) restore(pod Pod) (ok bool, err error) {
 	if err := errors.Join(errs...); err != nil {
 		return true, err
 	}
-	return true, b.forget(pod.Name)
+	return true, b.Forget(pod.Name)
 }
 
-// forget drops pod's baseline.
-func (b podBaselines) forget(pod string) error {
+// Forget drops pod's baseline.
+func (b Baselines) Forget(pod string) error {
 	if err := os.Remove(b.path(pod)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}

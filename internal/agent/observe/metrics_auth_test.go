@@ -1,4 +1,4 @@
-package agent
+package observe
 
 import (
 	"context"
@@ -27,8 +27,8 @@ import (
 // Scrapers carry pod-bound tokens of their own service accounts: only one
 // bound to mptcp-metrics-reader gets the metrics, and they spell no token.
 func TestMetricsNeedAnAuthorizedTokenWhenAuthIsOn(t *testing.T) {
-	a, _, _ := agentWithAConnection(t)
-	conns, err := a.dp.Connections()
+	src, _, _ := sourceWithAConnection(t)
+	conns, err := src.dp.Connections()
 	if err != nil || len(conns) != 1 {
 		t.Fatalf("connections %+v, %v", conns, err)
 	}
@@ -85,7 +85,7 @@ func TestMetricsNeedAnAuthorizedTokenWhenAuthIsOn(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		addr, wait, err := ServeTLS(ctx, "127.0.0.1:0", guard.Handler(NewMetrics(a).Handler()), tlsConfig, slog.New(slog.DiscardHandler))
+		addr, wait, err := ServeTLS(ctx, "127.0.0.1:0", guard.Handler(NewMetrics(src, slog.New(slog.DiscardHandler)).Handler()), tlsConfig, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,9 +1,10 @@
-package agent
+package observe
 
 import (
 	"bufio"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -19,7 +20,8 @@ import (
 // TCP, by reason. They are read from the pod's own network namespace at
 // scrape time, so they count every connection of the pod, selected or not.
 type podMPTCPCollector struct {
-	a                   *Agent
+	src                 Source
+	log                 *slog.Logger
 	checksumErrors      *prometheus.Desc
 	fallbacks, failures *prometheus.Desc
 	readErrors          *prometheus.Desc
@@ -40,12 +42,13 @@ var fallbackReasons = map[string]string{
 	"MD5SigFallback":          "md5sig",
 }
 
-func newPodMPTCPCollector(a *Agent) *podMPTCPCollector {
+func newPodMPTCPCollector(src Source, log *slog.Logger) *podMPTCPCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, "", name), help, labels, nil)
 	}
 	return &podMPTCPCollector{
-		a: a,
+		src: src,
+		log: log,
 		checksumErrors: d("pod_mptcp_data_checksum_errors_total", "DSS checksum failures the pod's kernel detected (MPTcpExtDataCsumErr): data that changed on its way. "+
 			"Counted only where checksums are on (podMPTCP.dataChecksums, or the peer asked).", "pod"),
 		fallbacks: d("pod_mptcp_fallbacks_total", "MPTCP connections or subflows of the pod that fell back to plain TCP, by the kernel's reason (MPTcpExt counters).", "pod", "reason"),
@@ -62,16 +65,12 @@ func (c *podMPTCPCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *podMPTCPCollector) Collect(ch chan<- prometheus.Metric) {
-	pods := c.a.pods.Load()
-	if pods == nil {
-		return
-	}
-	for _, pod := range *pods {
+	for _, pod := range c.src.Pods() {
 		mib, err := podMPTCPCounters(pod.NetNS)
 		failed := 0.0
 		if err != nil {
 			// One pod's namespace going away must not fail the scrape.
-			c.a.log.Debug("reading a pod's MPTCP counters", "pod", pod.Name, "err", err)
+			c.log.Debug("reading a pod's MPTCP counters", "pod", pod.Name, "err", err)
 			failed = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.readErrors, prometheus.GaugeValue, failed, pod.Name)

@@ -1,0 +1,108 @@
+package agent
+
+import (
+	"net/netip"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// A Plan is a node state as this node enforces it: its compiled rules in
+// the datapath's own types, its paths and pods resolved against the node
+// (interfaces, next hops, network namespaces). FromNodeState makes it, the
+// one place where the API's types become the datapath's; every sync of a
+// reconcile reads it, and status.json keeps the last one enforced (what
+// release and uninstall undo).
+type Plan struct {
+	Settings Settings `json:"settings"`
+	// PodCIDRs are the node's pod address ranges: traffic to them is never
+	// steered out of a NIC.
+	PodCIDRs []netip.Prefix `json:"podCIDRs,omitempty"`
+	Paths    []PlanPath     `json:"paths,omitempty"`
+	Rules    []PlanRule     `json:"rules,omitempty"`
+	Pods     []PlanPod      `json:"pods,omitempty"`
+}
+
+// PlanPath is one of the node's paths: its index (the API's, the mark's
+// value and the routing table's offset), the NIC found for it and the next
+// hop beyond.
+type PlanPath struct {
+	Name      string     `json:"name"`
+	Index     uint32     `json:"index"`
+	Interface string     `json:"interface"`
+	Gateway   netip.Addr `json:"gateway"`
+	// Capacity in bits per second bounds the path's caps and the HTB
+	// classes on its NIC; 0: unbounded.
+	Capacity uint64 `json:"capacity,omitempty"`
+}
+
+// PlanRule is one compiled rule: what the datapath does for the
+// connections it selects, its caps, and what the agent sets up inside the
+// pods whose first rule it is.
+type PlanRule struct {
+	// Name is the rule's identity (the node state's): its datapath id is
+	// kept by name (ruleids.go).
+	Name string `json:"name"`
+	// Policy and Generation are reported back as applied.
+	Policy     string `json:"policy,omitempty"`
+	Generation int64  `json:"generation,omitempty"`
+	// Datapath is the selector and the spread, backup and block actors'
+	// data, by path index.
+	Datapath datapath.Rule `json:"datapath"`
+	// Rate is the rate actor's caps, nil for none.
+	Rate *datapath.RateConfig `json:"rate,omitempty"`
+	// MPTCP is what the agent sets up inside the pods whose first rule
+	// this is.
+	podnet.MPTCP
+}
+
+// PlanPod is one of the node's selected pods, where the agent found it.
+type PlanPod struct {
+	// Name is namespace.name, for logs and metrics.
+	Name string `json:"name"`
+	// Ref is the pod in the API (its gate is written there).
+	Ref PodRef `json:"ref"`
+	// NetNS is the path of the pod's network namespace.
+	NetNS string `json:"netns"`
+	// HostInterface is the pod's host-side veth.
+	HostInterface string       `json:"hostInterface"`
+	IPs           []netip.Addr `json:"ips"`
+	// Rules are the pod's rules by name, highest priority first: each new
+	// subflow takes the first whose traffic selects it.
+	Rules []string `json:"rules"`
+}
+
+// PodRef names a pod of the API.
+type PodRef struct{ Namespace, Name, UID string }
+
+// rule returns the rule of p named name, or nil.
+func (p *Plan) rule(name string) *PlanRule {
+	for i := range p.Rules {
+		if p.Rules[i].Name == name {
+			return &p.Rules[i]
+		}
+	}
+	return nil
+}
+
+// firstRule is the rule a pod's MPTCP settings follow: its first.
+func (p *Plan) firstRule(pod PlanPod) *PlanRule {
+	if len(pod.Rules) == 0 {
+		return nil
+	}
+	return p.rule(pod.Rules[0])
+}
+
+// podOf is pod as the pod networking knows it.
+func podOf(pod PlanPod) podnet.Pod {
+	return podnet.Pod{Name: pod.Name, NetNS: pod.NetNS, IPs: pod.IPs}
+}
+
+// pathsByIndex maps the plan's path indexes to the paths.
+func (p *Plan) pathsByIndex() map[uint32]PlanPath {
+	out := make(map[uint32]PlanPath, len(p.Paths))
+	for _, path := range p.Paths {
+		out[path.Index] = path
+	}
+	return out
+}

@@ -1,0 +1,125 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// Programming the datapath: the path NICs, the rules under their ids, and
+// the programs on their hooks. (Caps: rate.go; endpoints: syncPods.)
+
+// syncNICs declares each path's NIC to the datapath and marks a path down
+// when its NIC is missing or has no carrier (at this reconcile; liveness
+// probes will do it between reconciles), and asks for nic_ingress on each
+// NIC.
+func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
+	var errs []error
+	for _, p := range plan.Paths {
+		iface, err := net.InterfaceByName(p.Interface)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("path %q: %w", p.Name, err))
+			// No NIC: spread must not place new subflows on the path.
+			if err := a.dp.SetPathDown(p.Index, true); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if err := a.dp.SetNIC(iface.Index, p.Index); err != nil {
+			errs = append(errs, err)
+		}
+		if err := a.dp.SetPathDown(p.Index, iface.Flags&net.FlagRunning == 0); err != nil {
+			errs = append(errs, err)
+		}
+		hooks[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICIngress}] = true
+	}
+	return errors.Join(errs...)
+}
+
+// syncRules writes each rule under its id: before any pod points at it,
+// and in place when its name already had the id.
+func (a *Agent) syncRules(plan *Plan, ids map[string]uint32) error {
+	var errs []error
+	for _, r := range plan.Rules {
+		id, ok := ids[r.Name]
+		if !ok {
+			continue
+		}
+		if err := a.dp.SetRule(id, r.Datapath); err != nil {
+			errs = append(errs, fmt.Errorf("rule %q: %w", r.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// syncHooks attaches the programs hooks wants and detaches the agent's
+// others (a pod released, a NIC that no longer shapes).
+func (a *Agent) syncHooks(hooks map[datapath.Attachment]bool) error {
+	var errs []error
+	for att := range hooks {
+		if err := a.dp.Attach(att); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	atts, err := a.dp.Attachments()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, att := range atts {
+		if !hooks[att] {
+			if err := a.dp.Detach(att); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// assignRuleIDs gives each rule of plan its datapath id (ruleids.go).
+func (a *Agent) assignRuleIDs(plan *Plan) (map[string]uint32, error) {
+	live, err := liveRuleIDs(a.dp)
+	if err != nil {
+		return nil, fmt.Errorf("reading the rule ids live connections use: %w", err)
+	}
+	var adopt map[string]uint32
+	if a.adopt {
+		adopt = adoptedRuleIDs(a.dp, plan)
+	}
+	want := make([]string, 0, len(plan.Rules))
+	for _, r := range plan.Rules {
+		want = append(want, r.Name)
+	}
+	ids, err := a.ruleIDs.assign(want, adopt, live)
+	if werr := a.ruleIDs.write(a.settings.StateDir); werr != nil {
+		err = errors.Join(err, fmt.Errorf("keeping the rule ids: %w", werr))
+	}
+	a.adopt = false
+	return ids, err
+}
+
+// retireRules frees the ids of rules plan no longer has once no live
+// subflow or connection uses them (their closed ones forgotten first), and
+// clears their datapath entries; until then a retired rule's entries stay
+// as they were, so its connections keep its paths and caps.
+func (a *Agent) retireRules(plan *Plan, current map[string]uint32) error {
+	ids := map[uint32]bool{}
+	want := map[string]bool{}
+	for name, id := range current {
+		ids[id], want[name] = true, true
+	}
+	err := a.sweepRetiredRules(plan, ids)
+	live, lerr := liveRuleIDs(a.dp)
+	if lerr != nil {
+		return errors.Join(err, lerr)
+	}
+	errs := []error{err}
+	for _, id := range a.ruleIDs.retire(want, live) {
+		errs = append(errs, a.dp.DeleteRule(id), a.dp.ClearRateRule(id))
+	}
+	if werr := a.ruleIDs.write(a.settings.StateDir); werr != nil {
+		errs = append(errs, fmt.Errorf("keeping the rule ids: %w", werr))
+	}
+	return errors.Join(errs...)
+}

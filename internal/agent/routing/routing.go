@@ -1,0 +1,292 @@
+// Package routing keeps a node's policy routing as the datapath's marks
+// need it: one table per path holding a default route out of the path's NIC,
+// one fwmark rule per path, and a rule that keeps traffic for the node's own
+// pods in the main table. It owns a range of tables and rule priorities and
+// touches nothing outside them.
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// Ranges are the tables and rule priorities the agent owns, and the mark
+// bits of the path: path i uses table TableBase+i behind the rule of
+// priority RulePriority+i; the pod CIDRs' rule sits at RulePriority-1.
+type Ranges struct {
+	TableBase, RulePriority int
+	MarkMask                uint32
+}
+
+// Path is a path's routing: the NIC its table routes out of and the next
+// hop beyond (invalid: the NIC's link scope).
+type Path struct {
+	Name      string
+	Index     uint32
+	Interface string
+	Gateway   netip.Addr
+}
+
+// Sync makes the node's rules and tables in r's ranges route each path's
+// mark (mark gives it) out of the path's NIC, and keep podCIDRs in the main
+// table; anything else in the ranges is removed, in an order that keeps
+// every mark routed (apply).
+func Sync(r Ranges, podCIDRs []netip.Prefix, paths []Path, mark func(uint32) uint32) error {
+	p, err := plan(r, podCIDRs, paths, mark)
+	if err != nil {
+		return err
+	}
+	return p.apply()
+}
+
+// Remove removes every rule and table in r's ranges.
+func Remove(r Ranges) error {
+	empty := &routingPlan{tables: map[int]netlink.Route{}, minPrio: r.RulePriority - 1, maxPrio: r.RulePriority + datapath.MaxPaths,
+		minTable: r.TableBase, maxTable: r.TableBase + datapath.MaxPaths}
+	return empty.apply()
+}
+
+// routeProtocol tags the routes this agent writes ("proto 0x4d" in ip route),
+// so that they are told apart from everyone else's.
+const routeProtocol = netlink.RouteProtocol(0x4d)
+
+const mainTable = 254
+
+// routingPlan is the policy routing the datapath's marks need: one table per
+// path holding a default route out of its NIC, one fwmark rule per path, and
+// rules that keep traffic for local pods in the main table (a mark set at a
+// NIC's ingress must not send the packet back out).
+type routingPlan struct {
+	tables   map[int]netlink.Route // table -> its default route
+	rules    []*netlink.Rule
+	minPrio  int
+	maxPrio  int
+	minTable int
+	maxTable int
+	// changed, when set, runs after each change apply makes to the
+	// kernel's rules and routes (a test checks every step's routing).
+	changed func()
+}
+
+func (p *routingPlan) note() {
+	if p.changed != nil {
+		p.changed()
+	}
+}
+
+func plan(c Ranges, podCIDRs []netip.Prefix, paths []Path, mark func(uint32) uint32) (*routingPlan, error) {
+	p := &routingPlan{
+		tables:   map[int]netlink.Route{},
+		minPrio:  c.RulePriority - 1,
+		maxPrio:  c.RulePriority + datapath.MaxPaths,
+		minTable: c.TableBase,
+		maxTable: c.TableBase + datapath.MaxPaths,
+	}
+	for _, cidr := range podCIDRs {
+		r := netlink.NewRule()
+		r.Priority = c.RulePriority - 1
+		r.Family = family(cidr.Addr())
+		r.Dst = prefixToIPNet(cidr)
+		r.Table = mainTable
+		p.rules = append(p.rules, r)
+	}
+	for _, path := range paths {
+		link, err := netlink.LinkByName(path.Interface)
+		if err != nil {
+			return nil, fmt.Errorf("path %q: interface %q: %w", path.Name, path.Interface, err)
+		}
+		table := c.TableBase + int(path.Index)
+		route := netlink.Route{
+			LinkIndex: link.Attrs().Index,
+			Table:     table,
+			Protocol:  routeProtocol,
+			Family:    netlink.FAMILY_V4,
+			Dst:       &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)},
+		}
+		if path.Gateway.IsValid() {
+			route.Gw = path.Gateway.AsSlice()
+			route.Family = family(path.Gateway)
+			if path.Gateway.Is6() {
+				route.Dst = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+			}
+		} else {
+			route.Scope = netlink.SCOPE_LINK
+		}
+		p.tables[table] = route
+
+		r := netlink.NewRule()
+		r.Priority = c.RulePriority + int(path.Index)
+		r.Family = route.Family
+		r.Mark = mark(path.Index)
+		m := c.MarkMask
+		r.Mask = &m
+		r.Table = table
+		p.rules = append(p.rules, r)
+	}
+	return p, nil
+}
+
+func family(a netip.Addr) int {
+	if a.Is4() {
+		return netlink.FAMILY_V4
+	}
+	return netlink.FAMILY_V6
+}
+
+func prefixToIPNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+func sameRule(a, b *netlink.Rule) bool {
+	dst := func(n *net.IPNet) string {
+		if n == nil {
+			return ""
+		}
+		return n.String()
+	}
+	mask := func(m *uint32) uint32 {
+		if m == nil {
+			return 0
+		}
+		return *m
+	}
+	return a.Priority == b.Priority && a.Table == b.Table && a.Mark == b.Mark && mask(a.Mask) == mask(b.Mask) && dst(a.Dst) == dst(b.Dst)
+}
+
+// apply makes the node's rules and tables match the plan: what is missing is
+// added, what is ours (by priority and table range) and no longer wanted is
+// removed, and nothing else is touched.
+//
+// The order keeps every mark routed while tables change meaning (an upgrade
+// that renumbered paths: mark m used table base+m-1 and now uses base+m, so
+// table base+m served mark m+1 before and serves mark m after). Tables are
+// rewritten from the highest down; before a table gets its new route, every
+// stale rule still looking it up is replaced: its mark's new rule (whose
+// table is higher, so already right) is added first, then the stale rule,
+// at a lower priority number and so consulted first until then, goes.
+func (p *routingPlan) apply() error {
+	var errs []error
+	existing := map[int][]netlink.Rule{}
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rules, err := netlink.RuleList(fam)
+		if err != nil {
+			return fmt.Errorf("listing rules: %w", err)
+		}
+		for i := range rules {
+			rules[i].Family = fam
+		}
+		existing[fam] = rules
+	}
+	has := func(w *netlink.Rule) bool {
+		for i := range existing[w.Family] {
+			if sameRule(&existing[w.Family][i], w) {
+				return true
+			}
+		}
+		return false
+	}
+	add := func(w *netlink.Rule) {
+		if has(w) {
+			return
+		}
+		if err := netlink.RuleAdd(w); err != nil && !errors.Is(err, syscall.EEXIST) {
+			errs = append(errs, fmt.Errorf("adding rule %v: %w", w, err))
+			return
+		}
+		p.note()
+		existing[w.Family] = append(existing[w.Family], *w)
+	}
+	ours := func(r *netlink.Rule) bool { return r.Priority >= p.minPrio && r.Priority <= p.maxPrio }
+	wanted := func(r *netlink.Rule) bool {
+		return slices.ContainsFunc(p.rules, func(w *netlink.Rule) bool { return w.Family == r.Family && sameRule(r, w) })
+	}
+	// remove deletes the stale rules of ours that match, once the wanted
+	// rules of their marks are in place.
+	remove := func(match func(*netlink.Rule) bool) {
+		for fam, rules := range existing {
+			kept := rules[:0]
+			for i := range rules {
+				r := rules[i]
+				if !ours(&r) || wanted(&r) || !match(&r) {
+					kept = append(kept, r)
+					continue
+				}
+				for _, w := range p.rules {
+					if w.Family == fam && w.Mark == r.Mark && maskOf(w.Mask) == maskOf(r.Mask) && w.Mark != 0 {
+						add(w)
+					}
+				}
+				if err := netlink.RuleDel(&r); err != nil && !errors.Is(err, syscall.ENOENT) {
+					errs = append(errs, fmt.Errorf("removing stale rule %v: %w", &r, err))
+					kept = append(kept, r)
+				}
+				p.note()
+			}
+			existing[fam] = kept
+		}
+	}
+
+	for _, w := range p.rules {
+		if w.Mark == 0 {
+			add(w) // the pod CIDR rules: the main table, which never changes
+		}
+	}
+	for table := p.maxTable; table >= p.minTable; table-- {
+		remove(func(r *netlink.Rule) bool { return r.Table == table })
+		want, ok := p.tables[table]
+		if ok {
+			if err := netlink.RouteReplace(&want); err != nil {
+				errs = append(errs, fmt.Errorf("route in table %d: %w", table, err))
+			}
+			p.note()
+		}
+		if err := p.flushTable(table, func(r netlink.Route) bool {
+			return ok && r.Dst != nil && want.Dst != nil && r.Dst.String() == want.Dst.String() && r.LinkIndex == want.LinkIndex && r.Gw.Equal(want.Gw)
+		}); err != nil {
+			errs = append(errs, err)
+		}
+		for _, w := range p.rules {
+			if w.Table == table {
+				add(w)
+			}
+		}
+	}
+	for _, w := range p.rules {
+		add(w)
+	}
+	remove(func(*netlink.Rule) bool { return true })
+	return errors.Join(errs...)
+}
+
+func maskOf(m *uint32) uint32 {
+	if m == nil {
+		return 0
+	}
+	return *m
+}
+
+// flushTable removes the routes of table that keep() rejects.
+func (p *routingPlan) flushTable(table int, keep func(netlink.Route) bool) error {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("listing table %d: %w", table, err)
+	}
+	for i := range routes {
+		if keep(routes[i]) {
+			continue
+		}
+		if err := netlink.RouteDel(&routes[i]); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("removing route from table %d: %w", table, err)
+		}
+		p.note()
+	}
+	return nil
+}

@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+)
+
+// File mode reads the node state the API holds, as kubectl prints it
+// (status included, and ignored): the same object kube mode reads, with no
+// format of its own. A misspelt field, another kind or a nameless object is
+// an error that says so.
+func TestFileModeReadsTheAPIsNodeState(t *testing.T) {
+	dir := t.TempDir()
+	capacity := resource.MustParse("10G")
+	state := nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(7)))
+	state.TypeMeta = metav1.TypeMeta{APIVersion: mptcpv1alpha1.GroupVersion.String(), Kind: "MPTCPNodeState"}
+	state.Spec.Paths[1].Capacity = capacity
+	state.Status.Errors = []string{"an earlier problem"}
+	printed, err := yaml.Marshal(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	got, err := LoadNodeState(write("n1.yaml", string(printed)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Name != "n1" || !reflect.DeepEqual(got.Spec.Rules, state.Spec.Rules) || !reflect.DeepEqual(got.Spec.Pods, state.Spec.Pods) ||
+		got.Spec.Paths[1].Capacity.Cmp(capacity) != 0 {
+		t.Errorf("read back %+v, want the spec written %+v", got.Spec, state.Spec)
+	}
+	for name, c := range map[string]struct{ content, want string }{
+		"misspelt": {strings.Replace(string(printed), "maxSubflows", "maxSubflow", 1), `unknown field "maxSubflow"`},
+		"kind":     {strings.Replace(string(printed), "kind: MPTCPNodeState", "kind: MPTCPPolicy", 1), `kind "MPTCPPolicy", want MPTCPNodeState`},
+		"nameless": {"spec: {}\n", "metadata.name: must be the node's name"},
+	} {
+		if _, err := LoadNodeState(write(name+".yaml", c.content)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.want)
+		}
+	}
+	if _, err := LoadSettings(write("settings.yaml", "node: n1\ntableBse: 4000\n")); err == nil || !strings.Contains(err.Error(), "tableBse") {
+		t.Errorf("a misspelt setting: %v", err)
+	}
+	s, err := LoadSettings(write("settings.yaml", "node: n1\ntableBase: 4000\n"))
+	if err != nil || s.TableBase != 4000 || s.RulePriority != DefaultRulePriority || s.PinDir != DefaultPinRoot+"/n1" {
+		t.Errorf("settings %+v (%v), want tableBase 4000 and the defaults", s, err)
+	}
+}
+
+// The node state docs/agent.md shows for file mode is one the agent reads
+// and translates without a problem.
+func TestTheDocumentedNodeStateIsEnforceable(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/agent.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "```yaml\napiVersion: mptcp.io/v1alpha1\n")
+	example, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/agent.md shows no node state")
+	}
+	p := filepath.Join(t.TempDir(), "node1.yaml")
+	if err := os.WriteFile(p, []byte("apiVersion: mptcp.io/v1alpha1\n"+example), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	state, err := LoadNodeState(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	links := []NodeLink{testLinks[1], {Name: "enp2s0f0", Up: true, Gateway: testLinks[2].Gateway}}
+	tr := FromNodeState(NodeDefaults("node1"), state, links, locateAll)
+	if len(tr.Errors)+len(tr.PathProblems) != 0 || len(tr.Plan.Rules) != 1 || len(tr.Plan.Pods) != 1 || len(tr.Plan.Paths) != 2 {
+		t.Errorf("the documented node state: errors %v, problems %v, plan %+v", tr.Errors, tr.PathProblems, tr.Plan)
+	}
+}
