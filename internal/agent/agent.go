@@ -43,12 +43,11 @@ type Agent struct {
 
 	// What scrapes and the local API read while a reconcile runs: the
 	// names of the paths in force by index, the rules by datapath id
-	// (retired ones that live connections still use included), the pods,
-	// and how many path managers run.
-	paths        atomic.Pointer[map[uint32]string]
-	ruleNames    atomic.Pointer[map[uint32]string]
-	pods         atomic.Pointer[[]podnet.Pod]
-	pathManagers atomic.Int64
+	// (retired ones that live connections still use included) and the
+	// pods. The path managers answer for themselves (pms.States).
+	paths     atomic.Pointer[map[uint32]string]
+	ruleNames atomic.Pointer[map[uint32]string]
+	pods      atomic.Pointer[[]podnet.Pod]
 }
 
 // The agent is what its metrics and local API read.
@@ -94,9 +93,6 @@ func (a *Agent) publish(plan *Plan) {
 		pods = append(pods, podOf(p))
 	}
 	a.pods.Store(&pods)
-	if a.pms != nil {
-		a.pathManagers.Store(int64(a.pms.Len()))
-	}
 }
 
 // PathNames returns the paths in force by index.
@@ -109,8 +105,9 @@ func (a *Agent) RuleNames() map[uint32]string { return *a.ruleNames.Load() }
 // Pods returns the selected pods.
 func (a *Agent) Pods() []podnet.Pod { return *a.pods.Load() }
 
-// PathManagers counts the userspace path managers running.
-func (a *Agent) PathManagers() int { return int(a.pathManagers.Load()) }
+// PathManagers are the states of the userspace path managers, up or
+// waiting to restart, read when asked: one can fail between reconciles.
+func (a *Agent) PathManagers() []podnet.PathManagerState { return a.pms.States() }
 
 // ServeLocalAPI serves the local API on <stateDir>/agent.sock until ctx
 // ends (observe.ServeLocalAPI).
@@ -122,7 +119,6 @@ func (a *Agent) ServeLocalAPI(ctx context.Context) (string, func(), error) {
 // is pinned stays: the datapath keeps steering while no agent runs.
 func (a *Agent) Close() error {
 	a.pms.Stop()
-	a.pathManagers.Store(0)
 	return a.dp.Close()
 }
 

@@ -164,7 +164,7 @@ func wantJoins(t *testing.T, a *Agent, n int) {
 	if a.pms.Len() != 1 {
 		t.Fatalf("%d path managers run, want the pod's", a.pms.Len())
 	}
-	if got, _ := a.pms.Joins("apps.p"); got != n {
+	if got, _ := a.pms.Joins(a.Pods()[0]); got != n {
 		t.Errorf("the pod's running path manager opens %d joins per connection, want %d", got, n)
 	}
 }

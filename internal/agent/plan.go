@@ -95,7 +95,7 @@ func (p *Plan) firstRule(pod PlanPod) *PlanRule {
 
 // podOf is pod as the pod networking knows it.
 func podOf(pod PlanPod) podnet.Pod {
-	return podnet.Pod{Name: pod.Name, NetNS: pod.NetNS, IPs: pod.IPs}
+	return podnet.Pod{Name: pod.Name, UID: pod.Ref.UID, NetNS: pod.NetNS, IPs: pod.IPs}
 }
 
 // pathsByIndex maps the plan's path indexes to the paths.

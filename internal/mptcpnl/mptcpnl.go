@@ -298,21 +298,30 @@ func (c *Conn) SubscribeEvents() error {
 	return errors.New("MPTCP path manager has no event group")
 }
 
-// Receive blocks until events arrive.
+// ErrMalformed marks a message Receive could not decode. The socket is
+// still usable: whoever reads events skips the message and goes on.
+var ErrMalformed = errors.New("malformed MPTCP event")
+
+// Receive blocks until events arrive. A message that cannot be decoded is
+// left out and reported as ErrMalformed alongside the batch's other events:
+// any process in the namespace can send to the socket, and one bad message
+// must not cost the events around it.
 func (c *Conn) Receive() ([]Event, error) {
 	msgs, _, err := c.c.Receive()
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Event, 0, len(msgs))
+	var errs []error
 	for _, m := range msgs {
 		ev, err := decodeEvent(m)
 		if err != nil {
-			return out, err
+			errs = append(errs, fmt.Errorf("%w: %w", ErrMalformed, err))
+			continue
 		}
 		out = append(out, ev)
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 func decodeEvent(m genetlink.Message) (Event, error) {

@@ -35,8 +35,9 @@ type Source interface {
 	RuleNames() map[uint32]string
 	// Pods are the selected pods.
 	Pods() []podnet.Pod
-	// PathManagers counts the userspace path managers running.
-	PathManagers() int
+	// PathManagers are the userspace path managers, up or waiting to
+	// restart.
+	PathManagers() []podnet.PathManagerState
 }
 
 // DefaultMetricsAddr is where the agent serves /metrics, /healthz and
@@ -240,6 +241,7 @@ type datapathCollector struct {
 	rxBytes, rxPackets               *prometheus.Desc
 	events, subflows, connections    *prometheus.Desc
 	endpoints, attachments, pathMgrs *prometheus.Desc
+	pathMgrUp, pathMgrRestarts       *prometheus.Desc
 	observeOnly                      *prometheus.Desc
 }
 
@@ -258,13 +260,19 @@ func newDatapathCollector(src Source) *datapathCollector {
 		connections: d("connections", "Entries of the datapath's connection table (an LRU keyed by local pod and token)."),
 		endpoints:   d("endpoints", "Pod addresses the datapath selects."),
 		attachments: d("attachments", "TCX links the agent has pinned, by hook.", "hook"),
-		pathMgrs:    d("path_managers", "Userspace path managers running, one per pod whose rule has the agent open joins."),
-		observeOnly: d("observe_only", observeOnlyHelp),
+		pathMgrs:    d("path_managers", "Userspace path managers running (listening to their pod's MPTCP events), one per pod whose rule has the agent open joins."),
+		// Per pod, as the pod_mptcp_* series: only pods that have a
+		// path manager now are exported, so the series are bounded by
+		// the node's selected pods and go with them.
+		pathMgrUp: d("path_manager_up", "1 while the pod's userspace path manager listens to its MPTCP events, 0 while it waits to restart after its socket failed "+
+			"(the pod's new connections get no joins meanwhile).", "pod"),
+		pathMgrRestarts: d("path_manager_restarts_total", "Times the pod's userspace path manager stopped without being asked to (its event socket failed) and had to start again.", "pod"),
+		observeOnly:     d("observe_only", observeOnlyHelp),
 	}
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.observeOnly} {
+	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.observeOnly} {
 		ch <- d
 	}
 }
@@ -354,7 +362,16 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 
-	ch <- prometheus.MustNewConstMetric(c.pathMgrs, prometheus.GaugeValue, float64(c.src.PathManagers()))
+	up := 0
+	for _, pm := range c.src.PathManagers() {
+		v := 0.0
+		if pm.Up {
+			v, up = 1, up+1
+		}
+		ch <- prometheus.MustNewConstMetric(c.pathMgrUp, prometheus.GaugeValue, v, pm.Pod)
+		ch <- prometheus.MustNewConstMetric(c.pathMgrRestarts, prometheus.CounterValue, float64(pm.Restarts), pm.Pod)
+	}
+	ch <- prometheus.MustNewConstMetric(c.pathMgrs, prometheus.GaugeValue, float64(up))
 
 	if on, err := dp.ObserveOnly(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.observeOnly, fmt.Errorf("reading the observe-only switch: %w", err))

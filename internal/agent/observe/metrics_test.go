@@ -26,13 +26,14 @@ type source struct {
 	dp           *datapath.Datapath
 	paths, rules map[uint32]string
 	pods         []podnet.Pod
+	pms          []podnet.PathManagerState
 }
 
-func (s *source) Datapath() *datapath.Datapath { return s.dp }
-func (s *source) PathNames() map[uint32]string { return s.paths }
-func (s *source) RuleNames() map[uint32]string { return s.rules }
-func (s *source) Pods() []podnet.Pod           { return s.pods }
-func (s *source) PathManagers() int            { return 0 }
+func (s *source) Datapath() *datapath.Datapath            { return s.dp }
+func (s *source) PathNames() map[uint32]string            { return s.paths }
+func (s *source) RuleNames() map[uint32]string            { return s.rules }
+func (s *source) Pods() []podnet.Pod                      { return s.pods }
+func (s *source) PathManagers() []podnet.PathManagerState { return s.pms }
 
 func probe(t *testing.T, srv *httptest.Server, path string) int {
 	t.Helper()
@@ -280,4 +281,34 @@ func sourceWithAConnection(t *testing.T) (*source, netip.Addr, [][]byte) {
 		}
 	}
 	return src, pod, [][]byte{syn, ack}
+}
+
+// A path manager waiting to restart is visible: mptcp_agent_path_managers
+// counts only those listening, and each pod's shows whether it is up and how
+// often it had to start again.
+func TestPathManagerStatesAreExported(t *testing.T) {
+	privileged.RequireRoot(t)
+	dp, err := datapath.Load(datapath.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	m := NewMetrics(&source{dp: dp, pms: []podnet.PathManagerState{{Pod: "apps.a", Up: true}, {Pod: "apps.b", Restarts: 3}}}, slog.New(slog.DiscardHandler))
+	exp := `
+# HELP mptcp_agent_path_manager_restarts_total Times the pod's userspace path manager stopped without being asked to (its event socket failed) and had to start again.
+# TYPE mptcp_agent_path_manager_restarts_total counter
+mptcp_agent_path_manager_restarts_total{pod="apps.a"} 0
+mptcp_agent_path_manager_restarts_total{pod="apps.b"} 3
+# HELP mptcp_agent_path_manager_up 1 while the pod's userspace path manager listens to its MPTCP events, 0 while it waits to restart after its socket failed (the pod's new connections get no joins meanwhile).
+# TYPE mptcp_agent_path_manager_up gauge
+mptcp_agent_path_manager_up{pod="apps.a"} 1
+mptcp_agent_path_manager_up{pod="apps.b"} 0
+# HELP mptcp_agent_path_managers Userspace path managers running (listening to their pod's MPTCP events), one per pod whose rule has the agent open joins.
+# TYPE mptcp_agent_path_managers gauge
+mptcp_agent_path_managers 1
+`
+	if err := testutil.GatherAndCompare(m.Gatherer(), strings.NewReader(exp),
+		"mptcp_agent_path_managers", "mptcp_agent_path_manager_up", "mptcp_agent_path_manager_restarts_total"); err != nil {
+		t.Error(err)
+	}
 }

@@ -5,6 +5,7 @@
 package podnet
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,7 +13,9 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -20,10 +23,13 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
-// Pod is a selected pod: its name (for logs), network namespace and
-// addresses.
+// Pod is a selected pod: its name (for logs and metrics), UID, network
+// namespace and addresses.
 type Pod struct {
-	Name  string
+	Name string
+	// UID is the pod's in the API; empty where the agent runs without one
+	// (a node state from a file).
+	UID   string
 	NetNS string
 	IPs   []netip.Addr
 }
@@ -153,15 +159,48 @@ func dial(pod Pod) (*mptcpnl.Conn, error) {
 }
 
 // PathManagers are the userspace path managers of the node's pods, one per
-// pod whose rule has the agent open its joins.
+// pod whose rule has the agent open its joins. Sync and Stop change the set
+// while scrapes read it (States).
 type PathManagers struct {
-	log *slog.Logger
-	m   map[string]*pathManager // by pod name
+	log     *slog.Logger
+	backoff backoff
+	mu      sync.Mutex
+	m       map[podKey]*pathManager
 }
+
+// podKey is a pod's identity for its path manager: its UID and its network
+// namespace. Not its name: a StatefulSet's re-created pod has the same name
+// and a new namespace, and a path manager of the old one would listen where
+// no connection of the pod is ever opened again. The UID keeps apart two
+// namespaces that got the same inode one after the other.
+type podKey struct {
+	uid   string
+	netns netnsID
+}
+
+func keyOf(pod Pod) (podKey, error) {
+	id, err := netnsIDOf(pod.NetNS)
+	if err != nil {
+		return podKey{}, fmt.Errorf("network namespace: %w", err)
+	}
+	return podKey{uid: pod.UID, netns: id}, nil
+}
+
+// backoff is how long a path manager that stopped waits before it starts
+// again: Min after a stop, doubled after each failed start up to Max, and
+// Min again once it has run for Healthy.
+type backoff struct {
+	Min, Max, Healthy time.Duration
+}
+
+// defaultBackoff retries a failed path manager at once (connections opened
+// meanwhile get no joins), and no more than twice a minute while its
+// namespace refuses.
+var defaultBackoff = backoff{Min: 100 * time.Millisecond, Max: 30 * time.Second, Healthy: time.Minute}
 
 // NewPathManagers makes an empty set.
 func NewPathManagers(log *slog.Logger) *PathManagers {
-	return &PathManagers{log: log, m: map[string]*pathManager{}}
+	return &PathManagers{log: log, backoff: defaultBackoff, m: map[podKey]*pathManager{}}
 }
 
 // Want is a pod that needs a path manager, and the joins it opens per
@@ -173,70 +212,137 @@ type Want struct {
 
 // Sync runs a path manager for each pod of want and none for the others. A
 // running one takes its pod's join count as it is now, so a changed rule
-// reaches the pod's next connection without a restart.
+// reaches the pod's next connection without a restart. A pod whose
+// namespace changed under the same name is another pod: its old path
+// manager stops and a new one listens in the new namespace.
 func (p *PathManagers) Sync(ctx context.Context, want []Want) error {
 	var errs []error
-	wanted := map[string]bool{}
+	var unwanted []*pathManager
+	p.mu.Lock()
+	wanted := map[podKey]bool{}
 	for _, w := range want {
-		wanted[w.Pod.Name] = true
-		if pm := p.m[w.Pod.Name]; pm != nil {
-			pm.joins.Store(int32(w.Joins))
-			continue
-		}
-		pm, err := start(ctx, w.Pod, w.Joins, p.log)
+		key, err := keyOf(w.Pod)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: path manager: %w", w.Pod.Name, err))
 			continue
 		}
-		p.m[w.Pod.Name] = pm
-	}
-	for _, name := range slices.Sorted(maps.Keys(p.m)) {
-		if !wanted[name] {
-			p.m[name].stop()
-			delete(p.m, name)
+		wanted[key] = true
+		if pm := p.m[key]; pm != nil {
+			pm.joins.Store(int32(w.Joins))
+			continue
 		}
+		pm, err := start(ctx, w.Pod, w.Joins, p.backoff, p.log)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: path manager: %w", w.Pod.Name, err))
+			continue
+		}
+		p.m[key] = pm
+	}
+	for key, pm := range p.m {
+		if !wanted[key] {
+			unwanted = append(unwanted, pm)
+			delete(p.m, key)
+		}
+	}
+	p.mu.Unlock()
+	// Outside the lock: scrapes need not wait for the goroutines to end.
+	for _, pm := range unwanted {
+		pm.stop()
 	}
 	return errors.Join(errs...)
 }
 
 // Stop stops every path manager.
 func (p *PathManagers) Stop() {
-	for name, pm := range p.m {
+	p.mu.Lock()
+	all := slices.Collect(maps.Values(p.m))
+	clear(p.m)
+	p.mu.Unlock()
+	for _, pm := range all {
 		pm.stop()
-		delete(p.m, name)
 	}
 }
 
-// Len is how many run.
-func (p *PathManagers) Len() int { return len(p.m) }
+// Len is how many there are, up or down.
+func (p *PathManagers) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.m)
+}
 
 // Joins is how many joins pod's path manager opens per connection; ok is
-// false when it has none.
-func (p *PathManagers) Joins(pod string) (n int, ok bool) {
-	pm := p.m[pod]
+// false when the pod (its UID and namespace) has none.
+func (p *PathManagers) Joins(pod Pod) (n int, ok bool) {
+	pm := p.get(pod)
 	if pm == nil {
 		return 0, false
 	}
 	return int(pm.joins.Load()), true
 }
 
+func (p *PathManagers) get(pod Pod) *pathManager {
+	key, err := keyOf(pod)
+	if err != nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.m[key]
+}
+
+// PathManagerState is one path manager as the agent's observers see it.
+type PathManagerState struct {
+	// Pod is the pod's name.
+	Pod string
+	// Up says it listens to the pod's events; false while it waits to
+	// start again after it stopped.
+	Up bool
+	// Restarts counts the times it stopped without being asked to (its
+	// event socket failed) and had to start again.
+	Restarts uint64
+}
+
+// States are the path managers' states, sorted by pod name.
+func (p *PathManagers) States() []PathManagerState {
+	p.mu.Lock()
+	out := make([]PathManagerState, 0, len(p.m))
+	for _, pm := range p.m {
+		out = append(out, PathManagerState{Pod: pm.pod.Name, Up: pm.up.Load(), Restarts: pm.restarts.Load()})
+	}
+	p.mu.Unlock()
+	slices.SortFunc(out, func(a, b PathManagerState) int { return cmp.Compare(a.Pod, b.Pod) })
+	return out
+}
+
 // pathManager is the userspace path manager of one pod: when a connection
 // the pod opened is established, it opens the rule's joins from the same
 // local address to the same remote address and port. The datapath then
-// places each join on its own path.
+// places each join on its own path. Its goroutine runs until stop: when
+// its sockets fail it opens new ones, after a backoff.
 type pathManager struct {
 	pod Pod
 	// joins is how many joins a connection gets; Sync changes it while
 	// the path manager runs.
-	joins  atomic.Int32
-	log    *slog.Logger
-	events *mptcpnl.Conn
-	cmds   *mptcpnl.Conn
-	cancel context.CancelFunc
-	done   chan struct{}
+	joins    atomic.Int32
+	up       atomic.Bool
+	restarts atomic.Uint64
+	// current is the session listening now, nil between two. Only tests
+	// read it, to break its socket as a failing kernel or a closed
+	// descriptor would.
+	current atomic.Pointer[session]
+	backoff backoff
+	log     *slog.Logger
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
-func start(ctx context.Context, pod Pod, joins int, log *slog.Logger) (*pathManager, error) {
+// session is one pair of sockets in the pod's namespace: one receives its
+// MPTCP events, the other sends the commands that open joins.
+type session struct {
+	events, cmds *mptcpnl.Conn
+}
+
+func openSession(pod Pod) (*session, error) {
 	events, err := dial(pod)
 	if err != nil {
 		return nil, err
@@ -250,45 +356,115 @@ func start(ctx context.Context, pod Pod, joins int, log *slog.Logger) (*pathMana
 		events.Close()
 		return nil, err
 	}
+	return &session{events: events, cmds: cmds}, nil
+}
+
+// start opens the pod's first session before it returns, so that a pod
+// whose namespace refuses is an error of this reconcile (and is tried again
+// at the next), and runs the path manager from then on.
+func start(ctx context.Context, pod Pod, joins int, b backoff, log *slog.Logger) (*pathManager, error) {
+	sess, err := openSession(pod)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	s := &pathManager{pod: pod, log: log.With("pod", pod.Name), events: events, cmds: cmds, cancel: cancel, done: make(chan struct{})}
+	s := &pathManager{pod: pod, backoff: b, log: log.With("pod", pod.Name, "uid", pod.UID), cancel: cancel, done: make(chan struct{})}
 	s.joins.Store(int32(joins))
-	go func() {
-		<-ctx.Done()
-		// Closing the socket ends the blocked Receive.
-		events.Close()
-	}()
-	go s.run(ctx)
+	s.up.Store(true)
+	go s.run(ctx, sess)
 	return s, nil
 }
 
-func (s *pathManager) run(ctx context.Context) {
+// run serves sessions one after the other until ctx ends.
+func (s *pathManager) run(ctx context.Context, sess *session) {
 	defer close(s.done)
-	defer s.cmds.Close()
+	delay := s.backoff.Min
 	for {
-		evs, err := s.events.Receive()
+		began := time.Now()
+		err := s.serve(ctx, sess)
+		s.up.Store(false)
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil {
-			s.log.Error("reading MPTCP events", "err", err)
-			return
+		if time.Since(began) >= s.backoff.Healthy {
+			delay = s.backoff.Min
+		}
+		n := s.restarts.Add(1)
+		s.log.Error("path manager stopped: the pod's connections get no joins until it restarts", "err", err, "restarts", n, "retryIn", delay)
+		for sess = nil; sess == nil; {
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			delay = min(2*delay, s.backoff.Max)
+			if sess, err = openSession(s.pod); err != nil {
+				s.log.Warn("restarting path manager", "err", err, "retryIn", delay)
+			}
+		}
+		s.up.Store(true)
+		s.log.Info("path manager restarted", "restarts", n)
+	}
+}
+
+// serve reads sess's events until its socket fails (the error) or ctx ends
+// (nil), and closes sess. A panic while handling an event ends the session
+// as an error would, not the agent.
+func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
+	s.current.Store(sess)
+	ended := make(chan struct{})
+	defer func() {
+		s.current.Store(nil)
+		close(ended)
+		sess.events.Close()
+		sess.cmds.Close()
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	go func() {
+		select {
+		case <-ctx.Done():
+			// Closing the socket ends the blocked Receive.
+			sess.events.Close()
+		case <-ended:
+		}
+	}()
+	for {
+		evs, err := sess.events.Receive()
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch {
+		case errors.Is(err, mptcpnl.ErrMalformed):
+			// Anyone in the pod can send to the socket: skip what
+			// does not decode, keep the events that do.
+			s.log.Warn("skipping a malformed MPTCP event", "err", err)
+		case errors.Is(err, unix.ENOBUFS):
+			// The kernel dropped events the socket had no room for:
+			// their connections get no joins, the socket still works.
+			s.log.Warn("MPTCP events lost: the socket's buffer was full", "err", err)
+			continue
+		case err != nil:
+			return fmt.Errorf("reading MPTCP events: %w", err)
 		}
 		for _, ev := range evs {
 			if ev.Type != mptcpnl.EventEstablished || ev.ServerSide {
 				continue
 			}
-			s.openJoins(ev.Token, ev.Local.Addr(), ev.Remote)
+			s.openJoins(sess.cmds, ev.Token, ev.Local.Addr(), ev.Remote)
 		}
 	}
 }
 
-func (s *pathManager) openJoins(token uint32, local netip.Addr, remote netip.AddrPort) {
+func (s *pathManager) openJoins(cmds *mptcpnl.Conn, token uint32, local netip.Addr, remote netip.AddrPort) {
 	joins := int(s.joins.Load())
 	for i := 0; i < joins; i++ {
 		// Local id 1 names the pod's own address for joins; the initial
 		// subflow's address keeps id 0.
-		if err := s.cmds.CreateSubflow(token, local, 1, remote); err != nil {
+		if err := cmds.CreateSubflow(token, local, 1, remote); err != nil {
 			s.log.Warn("opening join", "remote", remote, "err", err)
 			return
 		}
