@@ -3,6 +3,8 @@ package v1alpha1
 import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
 )
 
 // The node state repeats parts of the policy and path types without their CEL
@@ -256,6 +258,53 @@ type AttachedProgram struct {
 	Interfaces []string `json:"interfaces,omitempty"`
 }
 
+// PodProblemReason says why the agent skipped a pod.
+// +kubebuilder:validation:Enum=TooManyRules;RuleUnusable;RuleMissing;RuleTableFull;InvalidAddress;NotFound;AddressOnPath
+type PodProblemReason string
+
+const (
+	// PodTooManyRules: the pod has more rules than its selector chain
+	// holds (MaxPodPolicies).
+	PodTooManyRules PodProblemReason = "TooManyRules"
+	// PodRuleUnusable: one of the pod's rules cannot be enforced on this
+	// node (none of its paths is usable here, a value the datapath
+	// refuses).
+	PodRuleUnusable PodProblemReason = "RuleUnusable"
+	// PodRuleMissing: the pod names a rule the spec does not hold.
+	PodRuleMissing PodProblemReason = "RuleMissing"
+	// PodRuleTableFull: the node's other pods hold every rule the
+	// datapath's table has room for (MaxNodeRules).
+	PodRuleTableFull PodProblemReason = "RuleTableFull"
+	// PodInvalidAddress: one of the pod's ips is not an address.
+	PodInvalidAddress PodProblemReason = "InvalidAddress"
+	// PodNotFound: the pod's address leads to no local pod.
+	PodNotFound PodProblemReason = "NotFound"
+	// PodAddressOnPath: the pod's address leads out of a path's NIC.
+	PodAddressOnPath PodProblemReason = "AddressOnPath"
+)
+
+// MaxPodProblems bounds status.pods: the tenants of one node cannot make
+// its status grow with their pods; status.skippedPods counts them all.
+const MaxPodProblems = 32
+
+// MaxNodeRules is how many distinct rules one node enforces at once (the
+// datapath's rule table).
+const MaxNodeRules = limits.Rules
+
+// PodProblem is a governed pod the agent skipped: it is not configured
+// (its gate stays False), the node's other pods are.
+type PodProblem struct {
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace"`
+	// +kubebuilder:validation:MaxLength=253
+	Name   string           `json:"name"`
+	Reason PodProblemReason `json:"reason"`
+	// message says what is wrong and what to change.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+}
+
 // MPTCPNodeStateStatus is written by the node's agent only.
 type MPTCPNodeStateStatus struct {
 	// observedGeneration is the spec generation the agent last acted on.
@@ -283,6 +332,19 @@ type MPTCPNodeStateStatus struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=32
 	Errors []string `json:"errors,omitempty"`
+	// pods the agent skipped, each for a problem of its own, sorted by
+	// namespace and name; the node's other pods are enforced. At most
+	// 32 (MaxPodProblems) are listed.
+	// +optional
+	// +listType=map
+	// +listMapKey=namespace
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=32
+	Pods []PodProblem `json:"pods,omitempty"`
+	// skippedPods counts the pods skipped, listed in pods or not.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	SkippedPods int32 `json:"skippedPods,omitempty"`
 	// conditions: Ready, Progressing, Degraded.
 	// +optional
 	// +listType=map

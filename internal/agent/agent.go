@@ -125,6 +125,9 @@ func (a *Agent) Close() error {
 // Datapath exposes the loaded datapath (stats, tables).
 func (a *Agent) Datapath() *datapath.Datapath { return a.dp }
 
+// Attachments are the datapath's pinned attachments.
+func (a *Agent) Attachments() ([]datapath.Attachment, error) { return a.dp.Attachments() }
+
 // Reconcile makes the node match plan, one job after the other. On error
 // the parts that succeeded stay applied; the caller reports the error and
 // keeps running.

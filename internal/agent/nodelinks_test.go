@@ -81,10 +81,12 @@ func TestNodeLinksAndPodsAreFoundInARealNamespace(t *testing.T) {
 			t.Errorf("path %s: %+v", name, p)
 		}
 	}
-	if len(tr.Plan.Pods) != 0 || !slices.ContainsFunc(tr.Errors, func(e string) bool {
-		return e == "pod apps/far: its address "+node.NICs[0].Gateway.String()+" leads out of path a (nic1), not to a local pod"
+	// The pod's problem, not the node's.
+	if len(tr.Plan.Pods) != 0 || len(tr.Errors) != 0 || !slices.ContainsFunc(tr.PodProblems, func(p mptcpv1alpha1.PodProblem) bool {
+		return p.Name == "far" && p.Reason == mptcpv1alpha1.PodAddressOnPath &&
+			p.Message == "its address "+node.NICs[0].Gateway.String()+" leads out of path a (nic1), not to a local pod"
 	}) {
-		t.Errorf("pods %+v, errors %q", tr.Plan.Pods, tr.Errors)
+		t.Errorf("pods %+v, errors %q, pod problems %+v", tr.Plan.Pods, tr.Errors, tr.PodProblems)
 	}
 	if states["any"].Link != mptcpv1alpha1.LinkAmbiguous {
 		t.Errorf("pattern nic* over two NICs: %+v", states["any"])

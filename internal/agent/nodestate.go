@@ -1,12 +1,14 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -38,16 +40,20 @@ type LocatedPod struct {
 // Translation is an MPTCPNodeState turned into the Plan the node enforces,
 // with what the agent found (or failed to find) for each path and pod.
 // Errors are the problems that keep the spec from being enforced as a
-// whole: with any, the caller keeps the last good plan in force.
-// PathProblems are paths the node cannot carry (no interface, an ambiguous
-// one, one another path has): each is left out and reported on its path,
-// the rest is enforced.
+// whole (the node's own: its pod CIDRs, a path's index or next hop): with
+// any, the caller keeps the last good plan in force. PathProblems are paths
+// the node cannot carry (no interface, an ambiguous one, one another path
+// has): each is left out and reported on its path, the rest is enforced.
+// PodProblems are pods skipped for a problem of their own (their rules,
+// their address, no room left for their rules), sorted by namespace and
+// name: a tenant's pod never freezes the node's other pods.
 type Translation struct {
 	Plan         *Plan
 	Paths        []mptcpv1alpha1.PathState
 	Applied      []mptcpv1alpha1.AppliedPolicy
 	Errors       []string
 	PathProblems []string
+	PodProblems  []mptcpv1alpha1.PodProblem
 }
 
 // FromNodeState translates state into the plan this node enforces, with
@@ -138,53 +144,68 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 	}
 	applied := map[string]int64{}
 	used := map[string]bool{}
-	for _, pod := range state.Spec.Pods {
-		id := pod.Namespace + "/" + pod.Name
+	// A pod's problem is the pod's: it is skipped and reported, and every
+	// other pod is enforced. In namespace/name order, whatever the spec's,
+	// so that which pods a full rule table leaves out does not depend on
+	// how the spec was written.
+	pods := slices.Clone(state.Spec.Pods)
+	slices.SortStableFunc(pods, func(a, b mptcpv1alpha1.NodePod) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	for _, pod := range pods {
 		if len(pod.Rules) == 0 {
 			continue
 		}
+		skip := func(reason mptcpv1alpha1.PodProblemReason, format string, args ...any) {
+			t.PodProblems = append(t.PodProblems, mptcpv1alpha1.PodProblem{Namespace: pod.Namespace, Name: pod.Name, Reason: reason,
+				Message: fmt.Sprintf(format, args...)})
+		}
+		reason, msg := podRulesProblem(pod, rules, ruleErrs)
+		if reason != "" {
+			skip(reason, "%s", msg)
+			continue
+		}
 		var ips []netip.Addr
+		var bad []string
 		for _, s := range pod.IPs {
 			a, err := netip.ParseAddr(s)
 			if err != nil {
-				fail("pod %s: ip %q is not an address", id, s)
+				bad = append(bad, strconv.Quote(s))
 				continue
 			}
 			ips = append(ips, a.Unmap())
 		}
+		if len(bad) > 0 {
+			skip(mptcpv1alpha1.PodInvalidAddress, "ips %s are not addresses", strings.Join(bad, ", "))
+			continue
+		}
 		if len(ips) == 0 {
-			// Not an error: the pod has no address yet; it is
+			// Not a problem: the pod has no address yet; it is
 			// configured once the controller copies one.
 			continue
 		}
-		// Every rule of the pod, in precedence order: the datapath
-		// gives each new subflow the first whose traffic selects it.
-		ok := len(pod.Rules) <= datapath.MaxPodRules
-		if !ok {
-			fail("pod %s: %d rules, a pod's selector chain holds %d", id, len(pod.Rules), datapath.MaxPodRules)
-		}
+		// The datapath holds MaxNodeRules rules: a pod that needs one
+		// more than fits is skipped, the pods before it keep theirs.
+		added := 0
 		for _, name := range pod.Rules {
-			switch _, found := rules[name]; {
-			case ruleErrs[name] != nil:
-				fail("pod %s, %v", id, ruleErrs[name])
-				ok = false
-			case !found:
-				fail("pod %s: no rule named %s in the spec", id, name)
-				ok = false
+			if !used[name] {
+				added++
 			}
 		}
-		if !ok {
+		if len(used)+added > mptcpv1alpha1.MaxNodeRules {
+			skip(mptcpv1alpha1.PodRuleTableFull, "its rules would be %d more on a node whose pods already use %d of the %d rules the datapath holds",
+				added, len(used), mptcpv1alpha1.MaxNodeRules)
 			continue
 		}
 		loc, err := locate(ips)
 		if err != nil {
-			fail("pod %s: %v", id, err)
+			skip(mptcpv1alpha1.PodNotFound, "%v", err)
 			continue
 		}
 		// A veth NIC (the test bed's, a VM's) has a peer namespace too:
 		// an address that leads out of a path is no local pod's.
 		if i := slices.IndexFunc(plan.Paths, func(p PlanPath) bool { return p.Interface == loc.HostInterface }); i >= 0 {
-			fail("pod %s: its address %s leads out of path %s (%s), not to a local pod", id, ips[0], plan.Paths[i].Name, loc.HostInterface)
+			skip(mptcpv1alpha1.PodAddressOnPath, "its address %s leads out of path %s (%s), not to a local pod", ips[0], plan.Paths[i].Name, loc.HostInterface)
 			continue
 		}
 		plan.Pods = append(plan.Pods, PlanPod{Name: pod.Namespace + "." + pod.Name, Ref: PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
@@ -203,6 +224,25 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 		t.Applied = append(t.Applied, mptcpv1alpha1.AppliedPolicy{Name: name, Generation: applied[name]})
 	}
 	return t
+}
+
+// podRulesProblem is why pod's rules keep it from being configured: more
+// than its selector chain holds, or one that cannot be enforced here. Empty
+// when they are fine.
+func podRulesProblem(pod mptcpv1alpha1.NodePod, rules map[string]PlanRule, ruleErrs map[string]error) (mptcpv1alpha1.PodProblemReason, string) {
+	if len(pod.Rules) > datapath.MaxPodRules {
+		return mptcpv1alpha1.PodTooManyRules, fmt.Sprintf("%d rules, a pod's selector chain holds %d: fewer policies must select it",
+			len(pod.Rules), datapath.MaxPodRules)
+	}
+	for _, name := range pod.Rules {
+		if err := ruleErrs[name]; err != nil {
+			return mptcpv1alpha1.PodRuleUnusable, err.Error()
+		}
+		if _, ok := rules[name]; !ok {
+			return mptcpv1alpha1.PodRuleMissing, fmt.Sprintf("no rule named %s in the spec", name)
+		}
+	}
+	return "", ""
 }
 
 // unknownPaths are the paths cr names that known lacks.

@@ -159,13 +159,16 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 	errs := strings.Join(tr.Errors, "\n")
 	for _, want := range []string{
 		"path far: index 40 is beyond the 15 paths",
-		"pod apps/lost: no route",
 	} {
 		if !strings.Contains(errs, want) {
 			t.Errorf("errors do not say %q:\n%s", want, errs)
 		}
 	}
-	if strings.Contains(errs, "path missing") || strings.Contains(errs, "path again-nic1") {
+	// A pod that cannot be found is its own problem, not the node's.
+	if want := []mptcpv1alpha1.PodProblem{{Namespace: "apps", Name: "lost", Reason: mptcpv1alpha1.PodNotFound, Message: "no route"}}; !reflect.DeepEqual(tr.PodProblems, want) {
+		t.Errorf("pod problems %+v, want %+v", tr.PodProblems, want)
+	}
+	if strings.Contains(errs, "path missing") || strings.Contains(errs, "path again-nic1") || strings.Contains(errs, "lost") {
 		t.Errorf("path problems made errors of the whole spec:\n%s", errs)
 	}
 	for _, p := range tr.Plan.Paths {
@@ -312,5 +315,146 @@ func TestPodWithTwoPoliciesGetsBothRules(t *testing.T) {
 	}
 	if !slices.Equal(tr.Applied, []mptcpv1alpha1.AppliedPolicy{{Name: "spread", Generation: 2}, {Name: "web", Generation: 3}}) {
 		t.Errorf("applied %+v", tr.Applied)
+	}
+}
+
+// podIn is a pod of namespace ns.
+func podIn(ns, name, ip string, rules ...mptcpv1alpha1.CompiledRule) testPod {
+	p := podWith(name, ip, rules...)
+	p.pod.Namespace = ns
+	return p
+}
+
+// policyRule is spread(1) as policy name compiles it: a rule of its own.
+func policyRule(name string) mptcpv1alpha1.CompiledRule {
+	r := spread(1)
+	r.Policy = name
+	return r
+}
+
+// TestAPodsProblemStaysThePods gives a node, for each way a pod can be
+// unenforceable, one such pod of namespace tenant-b next to a healthy pod of
+// tenant-a: the healthy pod is enforced, the other is skipped and reported
+// with its reason, and nothing is an error of the whole node (which would
+// keep the last good plan for every tenant).
+func TestAPodsProblemStaysThePods(t *testing.T) {
+	healthy := podIn("tenant-a", "web", "10.244.1.10", spread(1))
+	onPath := netip.MustParseAddr("10.244.1.98")
+	locate := func(ips []netip.Addr) (LocatedPod, error) {
+		if ips[0] == onPath {
+			return LocatedPod{HostInterface: "nic1"}, nil
+		}
+		return locateAll(ips)
+	}
+	var nine []mptcpv1alpha1.CompiledRule
+	for i := range datapath.MaxPodRules + 1 {
+		nine = append(nine, policyRule(fmt.Sprintf("p%d", i)))
+	}
+	nowhere := spread(1)
+	nowhere.Policy, nowhere.Paths = "nowhere", []mptcpv1alpha1.RulePath{{Name: "fabric-z", Weight: 1}}
+	unresolved := spread(1)
+	unresolved.Policy, unresolved.Paths = "unresolved", []mptcpv1alpha1.RulePath{{Name: "missing", Weight: 1}}
+	badPort := spread(1)
+	badPort.Policy, badPort.Traffic = "bad-port", &mptcpv1alpha1.CompiledTraffic{Ports: []mptcpv1alpha1.PortRange{{Port: 70000}}}
+	withMissing := append(twoPaths(), mptcpv1alpha1.NodePath{Name: "missing", Index: 3, Interface: mptcpv1alpha1.NodeInterface{Name: "eth9"}})
+
+	for name, tc := range map[string]struct {
+		paths  []mptcpv1alpha1.NodePath
+		pod    testPod
+		edit   func(*mptcpv1alpha1.MPTCPNodeState)
+		reason mptcpv1alpha1.PodProblemReason
+		says   string
+	}{
+		"more policies than a selector chain holds": {pod: podIn("tenant-b", "bad", "10.244.1.20", nine...),
+			reason: mptcpv1alpha1.PodTooManyRules, says: "9 rules, a pod's selector chain holds 8"},
+		"a rule naming paths no node has": {pod: podIn("tenant-b", "bad", "10.244.1.20", nowhere),
+			reason: mptcpv1alpha1.PodRuleUnusable, says: "names paths [fabric-z] that are not the node state's"},
+		"a rule none of whose paths this node carries": {paths: withMissing, pod: podIn("tenant-b", "bad", "10.244.1.20", unresolved),
+			reason: mptcpv1alpha1.PodRuleUnusable, says: "none of its paths is usable on this node"},
+		"a rule the datapath refuses": {pod: podIn("tenant-b", "bad", "10.244.1.20", badPort),
+			reason: mptcpv1alpha1.PodRuleUnusable, says: "port range 70000-70000 is out of range"},
+		"a rule the spec lacks": {pod: podIn("tenant-b", "bad", "10.244.1.20", spread(1)),
+			edit: func(s *mptcpv1alpha1.MPTCPNodeState) {
+				s.Spec.Pods[1].Rules = []string{"ghost"}
+			},
+			reason: mptcpv1alpha1.PodRuleMissing, says: "no rule named ghost"},
+		"an ip that is no address": {pod: podIn("tenant-b", "bad", "not-an-ip", spread(1)),
+			reason: mptcpv1alpha1.PodInvalidAddress, says: `ips "not-an-ip" are not addresses`},
+		"a pod that cannot be located": {pod: podIn("tenant-b", "bad", "10.244.1.99", spread(1)),
+			reason: mptcpv1alpha1.PodNotFound, says: "no route"},
+		"an address leading out of a path's NIC": {pod: podIn("tenant-b", "bad", onPath.String(), spread(1)),
+			reason: mptcpv1alpha1.PodAddressOnPath, says: "leads out of path fabric-a (nic1)"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			paths := tc.paths
+			if paths == nil {
+				paths = twoPaths()
+			}
+			state := nodeState(paths, healthy, tc.pod)
+			if tc.edit != nil {
+				tc.edit(state)
+			}
+			tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locate)
+			if len(tr.Errors) != 0 {
+				t.Fatalf("a pod's problem became the node's: %v", tr.Errors)
+			}
+			if len(tr.Plan.Pods) != 1 || tr.Plan.Pods[0].Ref.Namespace != "tenant-a" || tr.Plan.Pods[0].Ref.Name != "web" {
+				t.Fatalf("plan pods %+v, want tenant-a/web alone", tr.Plan.Pods)
+			}
+			if len(tr.Plan.Rules) != 1 || tr.Plan.Rules[0].Name != nameOf(spread(1)) {
+				t.Errorf("plan rules %+v, want the healthy pod's only", tr.Plan.Rules)
+			}
+			if len(tr.PodProblems) != 1 {
+				t.Fatalf("pod problems %+v, want one", tr.PodProblems)
+			}
+			p := tr.PodProblems[0]
+			if p.Namespace != "tenant-b" || p.Name != "bad" || p.Reason != tc.reason || !strings.Contains(p.Message, tc.says) {
+				t.Errorf("problem %+v, want tenant-b/bad %s saying %q", p, tc.reason, tc.says)
+			}
+		})
+	}
+}
+
+// TestRulesBeyondTheTableSkipThePodsThatNeedThem fills the datapath's rule
+// table: the pods whose rules do not fit are skipped, the same ones whatever
+// the order of the spec (namespace/name order decides), and a pod that needs
+// no new rule is still enforced.
+func TestRulesBeyondTheTableSkipThePodsThatNeedThem(t *testing.T) {
+	pods := []testPod{podIn("tenant-a", "web", "10.244.1.10", spread(1))}
+	// tenant-a/web's rule and one per filler: exactly the table.
+	for i := range mptcpv1alpha1.MaxNodeRules - 1 {
+		pods = append(pods, podIn("tenant-b", fmt.Sprintf("fill-%03d", i), fmt.Sprintf("10.244.%d.%d", 2+i/200, 1+i%200), policyRule(fmt.Sprintf("p%03d", i))))
+	}
+	pods = append(pods,
+		podIn("tenant-c", "late", "10.244.9.1", policyRule("one-too-many")),
+		podIn("tenant-c", "shares", "10.244.9.2", spread(1)),
+		podIn("tenant-d", "later", "10.244.9.3", policyRule("two-too-many"), spread(1)),
+	)
+	state := nodeState(twoPaths(), pods...)
+	// The spec's order does not decide which pods are left out.
+	slices.Reverse(state.Spec.Pods)
+	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll)
+	if len(tr.Errors) != 0 {
+		t.Fatalf("errors: %v", tr.Errors)
+	}
+	if n := len(tr.Plan.Rules); n != mptcpv1alpha1.MaxNodeRules {
+		t.Errorf("%d rules in the plan, want the table's %d", n, mptcpv1alpha1.MaxNodeRules)
+	}
+	var skipped []string
+	for _, p := range tr.PodProblems {
+		if p.Reason != mptcpv1alpha1.PodRuleTableFull || !strings.Contains(p.Message, "1 more on a node whose pods already use 256 of the 256 rules") {
+			t.Errorf("problem %+v", p)
+		}
+		skipped = append(skipped, p.Namespace+"/"+p.Name)
+	}
+	if want := []string{"tenant-c/late", "tenant-d/later"}; !slices.Equal(skipped, want) {
+		t.Errorf("skipped %v, want %v", skipped, want)
+	}
+	enforced := map[string]bool{}
+	for _, p := range tr.Plan.Pods {
+		enforced[p.Ref.Namespace+"/"+p.Ref.Name] = true
+	}
+	if len(enforced) != mptcpv1alpha1.MaxNodeRules+1 || !enforced["tenant-a/web"] || !enforced["tenant-c/shares"] {
+		t.Errorf("%d pods enforced (tenant-a/web %v, tenant-c/shares %v), want %d", len(enforced), enforced["tenant-a/web"], enforced["tenant-c/shares"], mptcpv1alpha1.MaxNodeRules+1)
 	}
 }

@@ -123,7 +123,8 @@ func LoadNodeState(path string) (*mptcpv1alpha1.MPTCPNodeState, error) {
 // node state file, translated with this node's links and pods as kube mode
 // translates the API's (FromNodeState). A node state that cannot be
 // enforced as a whole is an error listing every problem; paths this node
-// cannot carry are left out and returned as problems.
+// cannot carry and pods skipped for a problem of their own are left out and
+// returned as problems.
 func PlanFromFiles(settingsPath, nodeStatePath string) (*Plan, []string, error) {
 	settings, err := LoadSettings(settingsPath)
 	if err != nil {
@@ -144,5 +145,9 @@ func PlanFromFiles(settingsPath, nodeStatePath string) (*Plan, []string, error) 
 	if len(tr.Errors) > 0 {
 		return nil, nil, fmt.Errorf("%s: %s", nodeStatePath, strings.Join(append(tr.PathProblems, tr.Errors...), "; "))
 	}
-	return tr.Plan, tr.PathProblems, nil
+	problems := tr.PathProblems
+	for _, p := range tr.PodProblems {
+		problems = append(problems, fmt.Sprintf("pod %s/%s skipped (%s): %s", p.Namespace, p.Name, p.Reason, p.Message))
+	}
+	return tr.Plan, problems, nil
 }

@@ -286,6 +286,28 @@ func TestCompile(t *testing.T) {
 				},
 			},
 		},
+		"a pod its node's agent skips gets a Warning event from the controller": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a"}, nil)
+				f.pod("tenant-a", "web", "n1", "10.1.1.10", nil, nil)
+			},
+			steps: []step{{
+				want: map[string][]string{"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/1]"}},
+				check: func(t *testing.T, f *fixture) {
+					// The agent may not write events about pods
+					// (admission cannot tie a pod's event to its node);
+					// it reports them in status.pods, and the controller
+					// writes the event.
+					f.agentStatus("n1", func(st *mptcpv1alpha1.MPTCPNodeStateStatus) {
+						st.Pods = []mptcpv1alpha1.PodProblem{{Namespace: f.n("tenant-a"), Name: "web",
+							Reason: mptcpv1alpha1.PodNotFound, Message: "no route"}}
+						st.SkippedPods = 1
+					})
+					f.expectEvent("tenant-a", "web", string(mptcpv1alpha1.PodNotFound))
+				},
+			}},
+		},
 		"a tenant preference is refused where the policy forbids it": {
 			setup: func(f *fixture) {
 				twoFabrics(f)

@@ -51,7 +51,18 @@ const (
 	ReasonApplyFailed      = "ApplyFailed"      // the kernel refused part of the configuration: see status.errors and the agent's log
 	ReasonWaitingForPods   = "WaitingForPods"   // some pods have no address yet or cannot be found on the node
 	ReasonSettled          = "Settled"          // nothing pending
+	ReasonPodsSkipped      = "PodsSkipped"      // not degraded: the node is enforced, some pods are skipped for problems of their own (status.pods)
 )
+
+// Enforcer is what the reconciler asks of the node's datapath
+// (agent.Agent); tests give it a stand-in to run against an API server
+// without touching a kernel.
+type Enforcer interface {
+	Reconcile(context.Context, *agent.Plan) error
+	FinishMigration(reconcileErr error) error
+	WriteStatus(agent.Status) error
+	Attachments() ([]datapath.Attachment, error)
+}
 
 // Reconciler enforces one node's MPTCPNodeState.
 type Reconciler struct {
@@ -59,7 +70,7 @@ type Reconciler struct {
 	// APIReader reads what the cache does not hold (the node's pods, once).
 	APIReader client.Reader
 	Recorder  events.EventRecorder
-	Agent     *agent.Agent
+	Agent     Enforcer
 	// Settings are the node-local ones (pin dir, tables...).
 	Settings agent.Settings
 	Node     string
@@ -85,7 +96,11 @@ type Reconciler struct {
 	// set, and those a previous process left (adopted once, at the first
 	// successful apply), so that a pod that left the configuration while
 	// no agent ran gets its gate cleared too.
-	gated   map[agent.PodRef]bool
+	gated map[agent.PodRef]bool
+	// skipped are the pods whose gate this process set False for a problem
+	// of their own, with the reason and message written, so that each is
+	// written once per change.
+	skipped map[agent.PodRef]string
 	adopted bool
 	// seeded: appliedPolicies and inherited were taken over from the status
 	// a previous agent wrote (inherited: it reported Ready).
@@ -96,6 +111,7 @@ type Reconciler struct {
 // restricted to it (see CacheOptions).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.gated = map[agent.PodRef]bool{}
+	r.skipped = map[agent.PodRef]string{}
 	r.status.PID = currentPID()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("mptcp-agent").
@@ -135,6 +151,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	next := state.DeepCopy()
 	st := &next.Status
 	st.Paths = tr.Paths
+	st.Pods, st.SkippedPods = capPodProblems(tr.PodProblems)
+	if len(tr.PodProblems) > 0 {
+		r.Log.Warn("pods skipped for problems of their own", "count", len(tr.PodProblems), "first", st.Pods[0])
+	}
 	r.status.Reconciles++
 
 	var degradedReason string
@@ -187,7 +207,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 				"generation %d: %d paths, %d rules, %d pods enforced", state.Generation, len(tr.Plan.Paths), len(tr.Plan.Rules), len(tr.Plan.Pods))
 			r.Log.Info("reconciled", "generation", state.Generation, "paths", len(tr.Plan.Paths), "pods", len(tr.Plan.Pods))
 		}
-		r.gatePods(ctx, tr)
+		r.gatePods(ctx, &state, tr)
 	}
 	if err := r.Agent.WriteStatus(r.status); err != nil {
 		r.Log.Error("writing status file", "err", err)
@@ -210,6 +230,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionTrue, Reason: degradedReason,
 			Message: conditionMessage(tr.Errors) + "; the last good configuration stays in force", ObservedGeneration: gen})
+	} else if n := len(tr.PodProblems); n > 0 {
+		// A tenant's pod is not the node's problem: the node enforces
+		// everything else, and each skipped pod is reported on itself.
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonPodsSkipped,
+			Message: fmt.Sprintf("the spec is enforced but for %d pods skipped for problems of their own: see status.pods", n), ObservedGeneration: gen})
 	} else {
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected,
 			Message: "the spec is enforced", ObservedGeneration: gen})
@@ -218,6 +243,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		msg := "the configuration a previous agent applied stays enforced (pinned datapath)"
 		if r.applied != nil {
 			msg = fmt.Sprintf("%d paths, %d pods enforced", len(r.applied.Paths), len(r.applied.Pods))
+			if n := len(tr.PodProblems); n > 0 && degradedReason == "" {
+				msg += fmt.Sprintf(", %d skipped (status.pods)", n)
+			}
 		}
 		if degradedReason != "" {
 			msg += " (an earlier generation: this one was not applied)"
@@ -259,6 +287,27 @@ func capErrors(errs []string) []string {
 	return errs
 }
 
+// capPodProblems is what status.pods holds of problems (sorted by
+// namespace/name, the first MaxPodProblems) and their count: a node's
+// tenants cannot make its status grow with their pods.
+func capPodProblems(problems []mptcpv1alpha1.PodProblem) ([]mptcpv1alpha1.PodProblem, int32) {
+	out := slices.Clone(problems[:min(len(problems), mptcpv1alpha1.MaxPodProblems)])
+	for i := range out {
+		out[i].Message = truncate(out[i].Message, maxPodProblemMessage)
+	}
+	return out, int32(len(problems))
+}
+
+// maxPodProblemMessage is the schema's bound on status.pods[].message.
+const maxPodProblemMessage = 1024
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}
+
 // waitingPods are the spec's governed pods that have no address yet.
 func waitingPods(state *mptcpv1alpha1.MPTCPNodeState) []string {
 	var out []string
@@ -271,9 +320,12 @@ func waitingPods(state *mptcpv1alpha1.MPTCPNodeState) []string {
 }
 
 // gatePods sets the pod gate of every pod of the configuration just enforced,
-// and clears it on pods this process gated that the configuration no longer
-// holds. A pod's condition is written only when it changes.
-func (r *Reconciler) gatePods(ctx context.Context, tr *agent.Translation) {
+// sets it False with the problem's reason on every pod skipped for a problem
+// of its own (the one write about a pod that admission ties to the agent's
+// node: see docs/security.md), and clears it on pods this process gated that
+// the configuration no longer holds. A pod's condition is written only when
+// it changes.
+func (r *Reconciler) gatePods(ctx context.Context, state *mptcpv1alpha1.MPTCPNodeState, tr *agent.Translation) {
 	if !r.adopted {
 		if err := r.adoptGates(ctx); err != nil {
 			r.Log.Error("reading the pod gates a previous agent set", "err", err)
@@ -294,6 +346,39 @@ func (r *Reconciler) gatePods(ctx context.Context, tr *agent.Translation) {
 			continue
 		}
 		r.gated[ref] = true
+	}
+	uids := map[string]string{}
+	for _, p := range state.Spec.Pods {
+		uids[p.Namespace+"/"+p.Name] = p.UID
+	}
+	skipped := map[agent.PodRef]bool{}
+	for _, p := range tr.PodProblems {
+		ref := agent.PodRef{Namespace: p.Namespace, Name: p.Name, UID: uids[p.Namespace+"/"+p.Name]}
+		skipped[ref] = true
+		written := string(p.Reason) + ": " + p.Message
+		if r.skipped[ref] == written {
+			continue
+		}
+		err := r.setGate(ctx, ref, corev1.ConditionFalse, string(p.Reason), "not configured: "+truncate(p.Message, maxPodProblemMessage))
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			r.Log.Error("pod gate", "pod", ref.Namespace+"/"+ref.Name, "err", err)
+			continue
+		}
+		r.skipped[ref] = written
+		delete(r.gated, ref)
+	}
+	for _, ref := range slices.SortedFunc(maps.Keys(r.skipped), cmpRef) {
+		switch {
+		case skipped[ref]:
+		case now[ref]:
+			// Configured now: its gate was set True above.
+			delete(r.skipped, ref)
+		default:
+			// No longer governed: the problem's reason would be
+			// stale, so the loop below writes NotConfigured.
+			r.gated[ref] = true
+			delete(r.skipped, ref)
+		}
 	}
 	for _, ref := range slices.SortedFunc(maps.Keys(r.gated), cmpRef) {
 		if now[ref] {
@@ -353,7 +438,7 @@ func (r *Reconciler) setGate(ctx context.Context, ref agent.PodRef, status corev
 // attached groups the datapath's pinned attachments by program, the order of
 // datapath.Hooks, interfaces sorted.
 func (r *Reconciler) attached() ([]mptcpv1alpha1.AttachedProgram, error) {
-	atts, err := r.Agent.Datapath().Attachments()
+	atts, err := r.Agent.Attachments()
 	if err != nil {
 		return nil, err
 	}

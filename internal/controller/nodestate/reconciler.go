@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -77,10 +78,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	res := compile.Node(in)
 
-	if _, err := r.ensureSpec(ctx, &node, res.Spec); err != nil {
+	state, err := r.ensureSpec(ctx, &node, res.Spec)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
-	r.reportRefusals(ctx, node.Name, res.Refusals)
+	notices := make([]podNotice, 0, len(res.Refusals))
+	for _, ref := range res.Refusals {
+		notices = append(notices, podNotice{Refusal: ref, action: "ApplyPreferences"})
+	}
+	notices = append(notices, skippedPods(state, in.Pods)...)
+	r.reportRefusals(ctx, node.Name, notices)
 	log.V(1).Info("node compiled", "pods", len(res.Spec.Pods), "paths", len(res.Spec.Paths))
 	return ctrl.Result{}, nil
 }
@@ -178,9 +185,44 @@ func (r *Reconciler) deleteState(ctx context.Context, name string) error {
 	return nil
 }
 
+// podNotice is a Warning event for a pod, and the action it is about.
+type podNotice struct {
+	compile.Refusal
+	action string
+}
+
+// skippedPods are the events for the pods the node's agent skipped for
+// problems of their own (status.pods). The agent cannot write them: the
+// admission policies can tie an event to the agent's node only when it is
+// about its node state, not about a pod (docs/security.md). Only a status
+// about the current spec counts (a fixed problem is not reported again),
+// and only a pod that is still the one the spec named (same uid).
+func skippedPods(state *mptcpv1alpha1.MPTCPNodeState, pods []corev1.Pod) []podNotice {
+	if state == nil || state.Status.ObservedGeneration != state.Generation || len(state.Status.Pods) == 0 {
+		return nil
+	}
+	uids := map[string]string{}
+	for _, p := range state.Spec.Pods {
+		uids[p.Namespace+"/"+p.Name] = p.UID
+	}
+	var out []podNotice
+	for _, sp := range state.Status.Pods {
+		i := slices.IndexFunc(pods, func(p corev1.Pod) bool {
+			return p.Namespace == sp.Namespace && p.Name == sp.Name && string(p.UID) == uids[sp.Namespace+"/"+sp.Name]
+		})
+		if i < 0 {
+			continue
+		}
+		out = append(out, podNotice{action: "Enforce", Refusal: compile.Refusal{Pod: &pods[i], Reason: string(sp.Reason),
+			Message: fmt.Sprintf("the agent of node %s skipped the pod, which is not configured for MPTCP; the node's other pods are: %s",
+				state.Name, sp.Message)}})
+	}
+	return out
+}
+
 // reportRefusals emits a Warning event on the pod for every refusal not yet
 // reported.
-func (r *Reconciler) reportRefusals(ctx context.Context, node string, refusals []compile.Refusal) {
+func (r *Reconciler) reportRefusals(ctx context.Context, node string, refusals []podNotice) {
 	now := make(map[string]bool, len(refusals))
 	r.mu.Lock()
 	if r.refused == nil {
@@ -192,10 +234,10 @@ func (r *Reconciler) reportRefusals(ctx context.Context, node string, refusals [
 	for _, ref := range refusals {
 		key := fmt.Sprintf("%s|%s|%s|%s", ref.Pod.UID, ref.Policy, ref.Reason, ref.Message)
 		now[key] = true
-		if before[key] || r.alreadyReported(ctx, ref) {
+		if before[key] || r.alreadyReported(ctx, ref.Refusal) {
 			continue
 		}
-		r.Recorder.Eventf(ref.Pod, nil, corev1.EventTypeWarning, ref.Reason, "ApplyPreferences", "%s", ref.Message)
+		r.Recorder.Eventf(ref.Pod, nil, corev1.EventTypeWarning, ref.Reason, ref.action, "%s", ref.Message)
 	}
 }
 
