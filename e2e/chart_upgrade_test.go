@@ -232,7 +232,7 @@ func TestHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime(t *testing.T) {
 	pol := kb.policy(t)
 	applied := mptcpv1alpha1.AppliedPolicy{Name: pol.Name, Generation: pol.Generation}
 	for _, n := range bed.Nodes {
-		kb.waitStatus(t, n, "applying the policy", settled(metav1.ConditionFalse, applied))
+		kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, applied))
 	}
 	agents := kb.agents
 	links := tcxLinks(t, bed)

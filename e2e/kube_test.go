@@ -20,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -112,35 +111,6 @@ func (kb *kubeBed) waitState(t *testing.T, n *testbed.Node, what string, ok func
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("node %d: state never %s (last: %v, spec %+v, status %+v)", n.Index, what, err, s.Spec, s.Status)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// waitStatus is waitState for a node state that an earlier release wrote:
-// its spec may be in that release's format, which this tree's types do not
-// decode, so only its metadata and status (whose format has only grown) are
-// read.
-func (kb *kubeBed) waitStatus(t *testing.T, n *testbed.Node, what string, ok func(*mptcpv1alpha1.MPTCPNodeState) bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	var s mptcpv1alpha1.MPTCPNodeState
-	for {
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(mptcpv1alpha1.GroupVersion.WithKind("MPTCPNodeState"))
-		err := kb.env.Client.Get(context.Background(), types.NamespacedName{Name: framework.NodeName(n)}, u)
-		if err == nil {
-			s = mptcpv1alpha1.MPTCPNodeState{}
-			s.ObjectMeta.Generation = u.GetGeneration()
-			if status, found := u.Object["status"].(map[string]any); found {
-				err = runtime.DefaultUnstructuredConverter.FromUnstructured(status, &s.Status)
-			}
-		}
-		if err == nil && ok(&s) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %d: state never %s (last: %v, status %+v)", n.Index, what, err, s.Status)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

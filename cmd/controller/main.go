@@ -40,6 +40,11 @@ func main() {
 		LeaderElection:          *leaderElect,
 		LeaderElectionID:        "mptcp-controller.mptcp.io",
 		LeaderElectionNamespace: *leaderNS,
+		// The process exits as soon as the manager stops, so giving the
+		// lease up then is safe, and spares a rolled-out controller the
+		// lease's duration (15 s) of waiting: agents may be waiting on
+		// it (an upgrade that changed the node state's format).
+		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
 		log.Error(err, "manager")

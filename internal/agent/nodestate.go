@@ -68,6 +68,13 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 	t := &Translation{Plan: plan}
 	fail := func(format string, args ...any) { t.Errors = append(t.Errors, fmt.Sprintf(format, args...)) }
 
+	if state.Spec.Outdated {
+		// What its pods' rules were is not this release's to read; the
+		// last good plan stays in force until the controller rewrites
+		// the spec (within seconds of its upgrade).
+		fail("the spec is in an earlier release's format (rules inline in pods): waiting for the controller to rewrite it")
+		return t
+	}
 	for _, s := range state.Spec.PodCIDRs {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {

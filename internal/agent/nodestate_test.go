@@ -458,3 +458,18 @@ func TestRulesBeyondTheTableSkipThePodsThatNeedThem(t *testing.T) {
 		t.Errorf("%d pods enforced (tenant-a/web %v, tenant-c/shares %v), want %d", len(enforced), enforced["tenant-a/web"], enforced["tenant-c/shares"], mptcpv1alpha1.MaxNodeRules+1)
 	}
 }
+
+// A node state of an earlier release's format (decoded Outdated) is
+// enforced in no part: the node reports it and its last good plan stays in
+// force until the controller rewrites the spec.
+func TestOutdatedNodeStateIsNotEnforced(t *testing.T) {
+	state := nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(1)))
+	state.Spec.Outdated = true
+	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll)
+	if len(tr.Errors) != 1 || !strings.Contains(tr.Errors[0], "earlier release's format") {
+		t.Errorf("errors %q, want the one saying the spec is of an earlier release", tr.Errors)
+	}
+	if len(tr.Plan.Paths) != 0 || len(tr.Plan.Pods) != 0 || len(tr.Plan.Rules) != 0 {
+		t.Errorf("an outdated spec made a plan: %+v", tr.Plan)
+	}
+}

@@ -165,7 +165,8 @@ func (r *Reconciler) ensureSpec(ctx context.Context, node *corev1.Node, spec mpt
 	if err != nil {
 		return nil, err
 	}
-	if bytes.Equal(have, want) {
+	// An earlier release's spec is rewritten whatever it compares to.
+	if bytes.Equal(have, want) && !state.Spec.Outdated {
 		return &state, nil
 	}
 	state.Spec = spec
