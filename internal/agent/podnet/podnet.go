@@ -332,8 +332,33 @@ type pathManager struct {
 	current atomic.Pointer[session]
 	backoff backoff
 	log     *slog.Logger
-	cancel  context.CancelFunc
-	done    chan struct{}
+	// malformedLog and lostLog limit the Warn lines of skipped messages
+	// and lost events, which a process of the pod can cause at will.
+	// Only the path manager's goroutine uses them.
+	malformedLog, lostLog logLimiter
+	cancel                context.CancelFunc
+	done                  chan struct{}
+}
+
+// logLimitEvery is how often a path manager logs one kind of skipped
+// message at most, after the first.
+const logLimitEvery = 10 * time.Second
+
+// logLimiter lets the first line through, then at most one per
+// logLimitEvery, which says how many it held back since the last.
+type logLimiter struct {
+	last       time.Time
+	suppressed int
+}
+
+// allow says whether to log a line now, and how many were held back before it.
+func (l *logLimiter) allow(now time.Time) (ok bool, suppressed int) {
+	if !l.last.IsZero() && now.Sub(l.last) < logLimitEvery {
+		l.suppressed++
+		return false, 0
+	}
+	l.last, suppressed, l.suppressed = now, l.suppressed, 0
+	return true, suppressed
 }
 
 // session is one pair of sockets in the pod's namespace: one receives its
@@ -439,13 +464,19 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 		}
 		switch {
 		case errors.Is(err, mptcpnl.ErrMalformed):
-			// Anyone in the pod can send to the socket: skip what
-			// does not decode, keep the events that do.
-			s.log.Warn("skipping a malformed MPTCP event", "err", err)
+			// A process of the pod with CAP_NET_ADMIN can multicast
+			// to the socket: skip what does not decode or is not
+			// the kernel's, keep the events that do. It decides how
+			// often: the log is limited.
+			if ok, held := s.malformedLog.allow(time.Now()); ok {
+				s.log.Warn("skipping a malformed MPTCP event", "err", err, "suppressed", held)
+			}
 		case errors.Is(err, unix.ENOBUFS):
 			// The kernel dropped events the socket had no room for:
 			// their connections get no joins, the socket still works.
-			s.log.Warn("MPTCP events lost: the socket's buffer was full", "err", err)
+			if ok, held := s.lostLog.allow(time.Now()); ok {
+				s.log.Warn("MPTCP events lost: the socket's buffer was full", "err", err, "suppressed", held)
+			}
 			continue
 		case err != nil:
 			return fmt.Errorf("reading MPTCP events: %w", err)
