@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"syscall"
 
 	"github.com/mdlayher/genetlink"
 	"github.com/mdlayher/netlink"
@@ -494,3 +495,7 @@ func (c *Conn) PortID() (uint32, error) {
 	}
 	return nl.Pid, nil
 }
+
+// SyscallConn is the socket, for options and inspection; reading or
+// writing it behind the Conn's back breaks the Conn.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.c.SyscallConn() }
