@@ -2,6 +2,7 @@ package mptcpnl
 
 import (
 	"encoding/binary"
+	"errors"
 	"net/netip"
 	"testing"
 
@@ -73,4 +74,52 @@ func FuzzDecodeEvent(f *testing.F) {
 	f.Fuzz(func(t *testing.T, cmd uint8, data []byte) {
 		_, _ = decodeEvent(genetlink.Message{Header: genetlink.Header{Command: cmd}, Data: data})
 	})
+}
+
+// nlMsg is one netlink message of type typ carrying payload, padded.
+func nlMsg(typ uint16, payload []byte) []byte {
+	b := make([]byte, 16, 16+len(payload)+3)
+	binary.NativeEndian.PutUint32(b[0:], uint32(16+len(payload)))
+	binary.NativeEndian.PutUint16(b[4:], typ)
+	b = append(b, payload...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+// What genetlink would fail on (an NLMSG_ERROR, a generic netlink header cut
+// short, a length past the datagram) is ErrMalformed and costs only itself:
+// the events around it in the same datagram are decoded.
+func TestDecodeDatagramSkipsWhatIsNotAnEvent(t *testing.T) {
+	const family = 0x1c
+	c := &Conn{family: genetlink.Family{ID: family}}
+	ev := Event{Type: EventEstablished, Token: 7, Backup: true,
+		Local: netip.MustParseAddrPort("10.0.0.1:40000"), Remote: netip.MustParseAddrPort("10.0.0.2:5201")}
+	m := eventMessage(t, ev)
+	good, err := m.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := nlMsg(family, []byte{2, 1})
+	cut = append(cut[:len(cut):len(cut)], 0xff, 0xff, 0, 0) // and a length past the end
+	binary.NativeEndian.PutUint32(cut[20:], 64)
+	for name, bad := range map[string][]byte{
+		"NLMSG_ERROR":       nlMsg(2, []byte{0xff, 0xff, 0xff, 0xff}),
+		"short genl header": nlMsg(family, []byte{2, 1}),
+		"another family":    nlMsg(family+1, good),
+		"bad length":        cut,
+		"trailing bytes":    {1, 2, 3},
+	} {
+		var dgram []byte
+		dgram = append(dgram, nlMsg(family, good)...)
+		dgram = append(dgram, bad...)
+		evs, err := c.decodeDatagram(dgram)
+		if !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: error %v, want ErrMalformed", name, err)
+		}
+		if len(evs) != 1 || evs[0] != ev {
+			t.Errorf("%s: events %+v, want the good one %+v", name, evs, ev)
+		}
+	}
 }

@@ -10,9 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"syscall"
 
 	"github.com/mdlayher/genetlink"
 	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -90,6 +92,8 @@ const (
 type Conn struct {
 	c      *genetlink.Conn
 	family genetlink.Family
+	// buf receives events (Receive); nil until the first.
+	buf []byte
 }
 
 // Dial opens a connection in the network namespace with file descriptor
@@ -99,12 +103,38 @@ func Dial(netnsFD int) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("generic netlink: %w", err)
 	}
+	if err := connectToKernel(c); err != nil {
+		c.Close()
+		return nil, err
+	}
 	f, err := c.GetFamily(familyName)
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("MPTCP path manager family %q: %w (is MPTCP enabled in this kernel?)", familyName, err)
 	}
 	return &Conn{c: c, family: f}, nil
+}
+
+// connectToKernel connects the socket to the kernel (port id 0). Any process
+// of a namespace, without a capability, may send unicast to any netlink
+// socket of it; the kernel refuses (ECONNREFUSED) unicast to a connected
+// socket from any port but the one it is connected to. Replies to requests
+// and multicast events still arrive.
+func connectToKernel(c *genetlink.Conn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cerr = unix.Connect(int(fd), &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("connecting the netlink socket to the kernel: %w", cerr)
+	}
+	return nil
 }
 
 // Close closes the connection.
@@ -298,22 +328,81 @@ func (c *Conn) SubscribeEvents() error {
 	return errors.New("MPTCP path manager has no event group")
 }
 
-// ErrMalformed marks a message Receive could not decode. The socket is
-// still usable: whoever reads events skips the message and goes on.
+// ErrMalformed marks a message Receive could not decode, or one that did
+// not come from the kernel. The socket is still usable: whoever reads
+// events skips the message and goes on.
 var ErrMalformed = errors.New("malformed MPTCP event")
 
-// Receive blocks until events arrive. A message that cannot be decoded is
-// left out and reported as ErrMalformed alongside the batch's other events:
-// any process in the namespace can send to the socket, and one bad message
-// must not cost the events around it.
+// receiveBuffer holds one datagram: the kernel's events are far smaller.
+const receiveBuffer = 64 << 10
+
+// Receive blocks until events arrive. A message that cannot be decoded, or
+// that another socket sent (a process of the namespace with CAP_NET_ADMIN
+// may multicast to the event group), is left out and reported as
+// ErrMalformed alongside the batch's other events: one bad message must not
+// cost the events around it, nor end the socket. Any other error is the
+// socket's.
+//
+// Receive reads the socket itself, not through genetlink: the library
+// neither says which port a datagram came from nor tells a message it
+// cannot decode from a failing socket.
 func (c *Conn) Receive() ([]Event, error) {
-	msgs, _, err := c.c.Receive()
+	if c.buf == nil {
+		c.buf = make([]byte, receiveBuffer)
+	}
+	raw, err := c.c.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Event, 0, len(msgs))
+	var n, flags int
+	var from unix.Sockaddr
+	var rerr error
+	err = raw.Read(func(fd uintptr) bool {
+		n, _, flags, from, rerr = unix.Recvmsg(int(fd), c.buf, nil, unix.MSG_DONTWAIT)
+		return rerr != unix.EAGAIN && rerr != unix.EWOULDBLOCK
+	})
+	if err != nil {
+		return nil, err
+	}
+	if rerr != nil {
+		return nil, fmt.Errorf("recvmsg: %w", rerr)
+	}
+	if flags&unix.MSG_TRUNC != 0 {
+		return nil, fmt.Errorf("%w: a datagram longer than %d bytes", ErrMalformed, len(c.buf))
+	}
+	if nl, ok := from.(*unix.SockaddrNetlink); !ok || nl.Pid != 0 {
+		return nil, fmt.Errorf("%w: sent by netlink port %v, not the kernel", ErrMalformed, from)
+	}
+	return c.decodeDatagram(c.buf[:n])
+}
+
+// decodeDatagram decodes the events of one datagram; what does not decode
+// is reported as ErrMalformed.
+func (c *Conn) decodeDatagram(b []byte) ([]Event, error) {
+	var out []Event
 	var errs []error
-	for _, m := range msgs {
+	for len(b) > 0 {
+		if len(b) < unix.NLMSG_HDRLEN {
+			errs = append(errs, fmt.Errorf("%w: %d trailing bytes", ErrMalformed, len(b)))
+			break
+		}
+		l := int(binary.NativeEndian.Uint32(b[0:4]))
+		if l < unix.NLMSG_HDRLEN || l > len(b) {
+			errs = append(errs, fmt.Errorf("%w: netlink message of length %d in %d bytes", ErrMalformed, l, len(b)))
+			break
+		}
+		typ := binary.NativeEndian.Uint16(b[4:6])
+		data := b[unix.NLMSG_HDRLEN:l]
+		b = b[min((l+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1), len(b)):]
+		if typ != c.family.ID {
+			errs = append(errs, fmt.Errorf("%w: netlink message type %d, not the MPTCP family's %d", ErrMalformed, typ, c.family.ID))
+			continue
+		}
+		var m genetlink.Message
+		if err := m.UnmarshalBinary(data); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrMalformed, err))
+			continue
+		}
 		ev, err := decodeEvent(m)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%w: %w", ErrMalformed, err))
@@ -384,3 +473,29 @@ func decodeEvent(m genetlink.Message) (Event, error) {
 	ev.Remote = netip.AddrPortFrom(daddr, dport)
 	return ev, ad.Err()
 }
+
+// PortID is the socket's netlink port id (nl_pid), to which the kernel
+// sends it unicast replies.
+func (c *Conn) PortID() (uint32, error) {
+	raw, err := c.c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var sa unix.Sockaddr
+	var serr error
+	if err := raw.Control(func(fd uintptr) { sa, serr = unix.Getsockname(int(fd)) }); err != nil {
+		return 0, err
+	}
+	if serr != nil {
+		return 0, fmt.Errorf("getsockname: %w", serr)
+	}
+	nl, ok := sa.(*unix.SockaddrNetlink)
+	if !ok {
+		return 0, fmt.Errorf("getsockname: %T, not a netlink address", sa)
+	}
+	return nl.Pid, nil
+}
+
+// SyscallConn is the socket, for options and inspection; reading or
+// writing it behind the Conn's back breaks the Conn.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.c.SyscallConn() }

@@ -231,7 +231,7 @@ func (p *PathManagers) Sync(ctx context.Context, want []Want) error {
 			pm.joins.Store(int32(w.Joins))
 			continue
 		}
-		pm, err := start(ctx, w.Pod, w.Joins, p.backoff, p.log)
+		pm, err := start(ctx, w.Pod, key, w.Joins, p.backoff, p.log)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: path manager: %w", w.Pod.Name, err))
 			continue
@@ -321,6 +321,10 @@ func (p *PathManagers) States() []PathManagerState {
 // its sockets fail it opens new ones, after a backoff.
 type pathManager struct {
 	pod Pod
+	// nsFD is the pod's network namespace, open while the path manager
+	// runs: its sessions are opened in it, never again from the pod's
+	// path.
+	nsFD int
 	// joins is how many joins a connection gets; Sync changes it while
 	// the path manager runs.
 	joins    atomic.Int32
@@ -332,8 +336,33 @@ type pathManager struct {
 	current atomic.Pointer[session]
 	backoff backoff
 	log     *slog.Logger
-	cancel  context.CancelFunc
-	done    chan struct{}
+	// malformedLog and lostLog limit the Warn lines of skipped messages
+	// and lost events, which a process of the pod can cause at will.
+	// Only the path manager's goroutine uses them.
+	malformedLog, lostLog logLimiter
+	cancel                context.CancelFunc
+	done                  chan struct{}
+}
+
+// logLimitEvery is how often a path manager logs one kind of skipped
+// message at most, after the first.
+const logLimitEvery = 10 * time.Second
+
+// logLimiter lets the first line through, then at most one per
+// logLimitEvery, which says how many it held back since the last.
+type logLimiter struct {
+	last       time.Time
+	suppressed int
+}
+
+// allow says whether to log a line now, and how many were held back before it.
+func (l *logLimiter) allow(now time.Time) (ok bool, suppressed int) {
+	if !l.last.IsZero() && now.Sub(l.last) < logLimitEvery {
+		l.suppressed++
+		return false, 0
+	}
+	l.last, suppressed, l.suppressed = now, l.suppressed, 0
+	return true, suppressed
 }
 
 // session is one pair of sockets in the pod's namespace: one receives its
@@ -342,8 +371,9 @@ type session struct {
 	events, cmds *mptcpnl.Conn
 }
 
-func openSession(pod Pod) (*session, error) {
-	events, err := dial(pod)
+// openSession opens a session in the namespace of the file descriptor nsFD.
+func openSession(nsFD int) (*session, error) {
+	events, err := mptcpnl.Dial(nsFD)
 	if err != nil {
 		return nil, err
 	}
@@ -351,7 +381,7 @@ func openSession(pod Pod) (*session, error) {
 		events.Close()
 		return nil, err
 	}
-	cmds, err := dial(pod)
+	cmds, err := mptcpnl.Dial(nsFD)
 	if err != nil {
 		events.Close()
 		return nil, err
@@ -359,16 +389,43 @@ func openSession(pod Pod) (*session, error) {
 	return &session{events: events, cmds: cmds}, nil
 }
 
-// start opens the pod's first session before it returns, so that a pod
-// whose namespace refuses is an error of this reconcile (and is tried again
-// at the next), and runs the path manager from then on.
-func start(ctx context.Context, pod Pod, joins int, b backoff, log *slog.Logger) (*pathManager, error) {
-	sess, err := openSession(pod)
+// openNetNS opens the pod's namespace and checks that it is the one of key:
+// the path (a /proc/<pid>/ns/net whose PID was reused, a re-created
+// sandbox's) may name another namespace by now.
+func openNetNS(pod Pod, key podKey) (int, error) {
+	fd, err := netnsutil.Open(pod.NetNS)
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		_ = unix.Close(fd)
+		return -1, fmt.Errorf("network namespace %s: %w", pod.NetNS, err)
+	}
+	if got := (netnsID{Dev: st.Dev, Ino: st.Ino}); got != key.netns {
+		_ = unix.Close(fd)
+		return -1, fmt.Errorf("network namespace %s is %d:%d now, not the pod's %d:%d", pod.NetNS, got.Dev, got.Ino, key.netns.Dev, key.netns.Ino)
+	}
+	return fd, nil
+}
+
+// start opens the pod's namespace, checks it is key's, and opens the first
+// session before it returns, so that a pod whose namespace refuses is an
+// error of this reconcile (and is tried again at the next). It runs the
+// path manager from then on, holding the namespace open: every session it
+// opens again is in that namespace, whatever its path names by then.
+func start(ctx context.Context, pod Pod, key podKey, joins int, b backoff, log *slog.Logger) (*pathManager, error) {
+	nsFD, err := openNetNS(pod, key)
 	if err != nil {
 		return nil, err
 	}
+	sess, err := openSession(nsFD)
+	if err != nil {
+		_ = unix.Close(nsFD)
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	s := &pathManager{pod: pod, backoff: b, log: log.With("pod", pod.Name, "uid", pod.UID), cancel: cancel, done: make(chan struct{})}
+	s := &pathManager{pod: pod, nsFD: nsFD, backoff: b, log: log.With("pod", pod.Name, "uid", pod.UID), cancel: cancel, done: make(chan struct{})}
 	s.joins.Store(int32(joins))
 	s.up.Store(true)
 	go s.run(ctx, sess)
@@ -378,6 +435,7 @@ func start(ctx context.Context, pod Pod, joins int, b backoff, log *slog.Logger)
 // run serves sessions one after the other until ctx ends.
 func (s *pathManager) run(ctx context.Context, sess *session) {
 	defer close(s.done)
+	defer func() { _ = unix.Close(s.nsFD) }()
 	delay := s.backoff.Min
 	for {
 		began := time.Now()
@@ -400,7 +458,7 @@ func (s *pathManager) run(ctx context.Context, sess *session) {
 			case <-t.C:
 			}
 			delay = min(2*delay, s.backoff.Max)
-			if sess, err = openSession(s.pod); err != nil {
+			if sess, err = openSession(s.nsFD); err != nil {
 				s.log.Warn("restarting path manager", "err", err, "retryIn", delay)
 			}
 		}
@@ -439,13 +497,19 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 		}
 		switch {
 		case errors.Is(err, mptcpnl.ErrMalformed):
-			// Anyone in the pod can send to the socket: skip what
-			// does not decode, keep the events that do.
-			s.log.Warn("skipping a malformed MPTCP event", "err", err)
+			// A process of the pod with CAP_NET_ADMIN can multicast
+			// to the socket: skip what does not decode or is not
+			// the kernel's, keep the events that do. It decides how
+			// often: the log is limited.
+			if ok, held := s.malformedLog.allow(time.Now()); ok {
+				s.log.Warn("skipping a malformed MPTCP event", "err", err, "suppressed", held)
+			}
 		case errors.Is(err, unix.ENOBUFS):
 			// The kernel dropped events the socket had no room for:
 			// their connections get no joins, the socket still works.
-			s.log.Warn("MPTCP events lost: the socket's buffer was full", "err", err)
+			if ok, held := s.lostLog.allow(time.Now()); ok {
+				s.log.Warn("MPTCP events lost: the socket's buffer was full", "err", err, "suppressed", held)
+			}
 			continue
 		case err != nil:
 			return fmt.Errorf("reading MPTCP events: %w", err)
