@@ -134,7 +134,12 @@ func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninst
 	// the reconcile shows its outcome.
 	reconcile := func(settle func(error) error) error {
 		status.Reconciles++
-		plan, problems, err := agent.PlanFromFiles(configPath, nodeStatePath)
+		var plan *agent.Plan
+		var problems []string
+		prior, err := a.Prior()
+		if err == nil {
+			plan, problems, err = agent.PlanFromFiles(configPath, nodeStatePath, prior)
+		}
 		if err == nil {
 			start := time.Now()
 			err = a.Reconcile(ctx, plan)

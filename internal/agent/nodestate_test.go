@@ -87,7 +87,7 @@ func TestNodeStateTranslatesToAnEnforceablePlan(t *testing.T) {
 	tr := FromNodeState(base, nodeState(twoPaths(),
 		podWith("web", "10.244.1.10", spread(7)),
 		podWith("pending", "", spread(7)),
-	), testLinks, locateAll)
+	), testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatalf("errors: %v", tr.Errors)
 	}
@@ -130,7 +130,7 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 		mptcpv1alpha1.NodePath{Name: "far", Index: 40, Interface: mptcpv1alpha1.NodeInterface{Pattern: "enp1*"}},
 		mptcpv1alpha1.NodePath{Name: "again-nic1", Index: 6, Interface: mptcpv1alpha1.NodeInterface{Pattern: "nic1"}},
 	)
-	tr := FromNodeState(NodeDefaults("n1"), nodeState(paths, podWith("lost", "10.244.1.99", spread(1))), testLinks, locateAll)
+	tr := FromNodeState(NodeDefaults("n1"), nodeState(paths, podWith("lost", "10.244.1.99", spread(1))), testLinks, locateAll, Prior{})
 	states := map[string]mptcpv1alpha1.PathState{}
 	for _, p := range tr.Paths {
 		states[p.Name] = p
@@ -221,7 +221,7 @@ func TestPolicyVariantsGetTheirOwnRules(t *testing.T) {
 	reordered.PreferredPaths = []string{"fabric-b"} // a tenant's preference, as the controller applies it
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(),
 		podWith("a", "10.244.1.10", spread(2)), podWith("b", "10.244.1.11", reordered), podWith("c", "10.244.1.12", spread(2)),
-	), testLinks, locateAll)
+	), testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}
@@ -300,7 +300,7 @@ func TestPodWithTwoPoliciesGetsBothRules(t *testing.T) {
 	web.Policy = "web"
 	web.Traffic = &mptcpv1alpha1.CompiledTraffic{Ports: []mptcpv1alpha1.PortRange{{Port: 443}}}
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(),
-		podWith("a", "10.244.1.10", web, spread(2)), podWith("b", "10.244.1.11", web, spread(2))), testLinks, locateAll)
+		podWith("a", "10.244.1.10", web, spread(2)), podWith("b", "10.244.1.11", web, spread(2))), testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}
@@ -394,7 +394,7 @@ func TestAPodsProblemStaysThePods(t *testing.T) {
 			if tc.edit != nil {
 				tc.edit(state)
 			}
-			tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locate)
+			tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locate, Prior{})
 			if len(tr.Errors) != 0 {
 				t.Fatalf("a pod's problem became the node's: %v", tr.Errors)
 			}
@@ -433,7 +433,7 @@ func TestRulesBeyondTheTableSkipThePodsThatNeedThem(t *testing.T) {
 	state := nodeState(twoPaths(), pods...)
 	// The spec's order does not decide which pods are left out.
 	slices.Reverse(state.Spec.Pods)
-	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll)
+	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatalf("errors: %v", tr.Errors)
 	}
@@ -442,7 +442,7 @@ func TestRulesBeyondTheTableSkipThePodsThatNeedThem(t *testing.T) {
 	}
 	var skipped []string
 	for _, p := range tr.PodProblems {
-		if p.Reason != mptcpv1alpha1.PodRuleTableFull || !strings.Contains(p.Message, "1 more on a node whose pods already use 256 of the 256 rules") {
+		if p.Reason != mptcpv1alpha1.PodRuleTableFull || !strings.Contains(p.Message, "the node's rule table (256 rules) is full") {
 			t.Errorf("problem %+v", p)
 		}
 		skipped = append(skipped, p.Namespace+"/"+p.Name)

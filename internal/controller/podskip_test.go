@@ -41,6 +41,7 @@ func (e *recordingEnforcer) Reconcile(_ context.Context, p *agent.Plan) error {
 	e.plans = append(e.plans, p)
 	return nil
 }
+func (e *recordingEnforcer) Prior() (agent.Prior, error)                 { return agent.Prior{}, nil }
 func (e *recordingEnforcer) FinishMigration(error) error                 { return nil }
 func (e *recordingEnforcer) WriteStatus(agent.Status) error              { return nil }
 func (e *recordingEnforcer) Attachments() ([]datapath.Attachment, error) { return nil, nil }

@@ -59,6 +59,8 @@ const (
 // without touching a kernel.
 type Enforcer interface {
 	Reconcile(context.Context, *agent.Plan) error
+	// Prior is what the node holds before the next plan (agent.Prior).
+	Prior() (agent.Prior, error)
 	FinishMigration(reconcileErr error) error
 	WriteStatus(agent.Status) error
 	Attachments() ([]datapath.Attachment, error)
@@ -147,7 +149,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	tr := agent.FromNodeState(r.Settings, &state, links, r.Locate)
+	prior, err := r.Agent.Prior()
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	tr := agent.FromNodeState(r.Settings, &state, links, r.Locate, prior)
 	next := state.DeepCopy()
 	st := &next.Status
 	st.Paths = tr.Paths
