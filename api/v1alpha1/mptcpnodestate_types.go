@@ -259,7 +259,7 @@ type AttachedProgram struct {
 }
 
 // PodProblemReason says why the agent skipped a pod.
-// +kubebuilder:validation:Enum=TooManyRules;RuleUnusable;RuleMissing;RuleTableFull;InvalidAddress;NotFound;AddressOnPath
+// +kubebuilder:validation:Enum=TooManyRules;RuleUnusable;RuleMissing;RuleTableFull;InvalidAddress;NotFound;AddressOnPath;ConfigureFailed
 type PodProblemReason string
 
 const (
@@ -281,6 +281,10 @@ const (
 	PodNotFound PodProblemReason = "NotFound"
 	// PodAddressOnPath: the pod's address leads out of a path's NIC.
 	PodAddressOnPath PodProblemReason = "AddressOnPath"
+	// PodConfigureFailed: the agent could not configure the pod (its
+	// namespace vanished, its MPTCP settings, path manager or datapath
+	// entries could not be set); it is tried again at the next reconcile.
+	PodConfigureFailed PodProblemReason = "ConfigureFailed"
 )
 
 // MaxPodProblems bounds status.pods: the tenants of one node cannot make

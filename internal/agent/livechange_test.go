@@ -127,8 +127,8 @@ func TestEveryRuleFieldReachesRunningPods(t *testing.T) {
 			if len(tr.Errors) > 0 || len(tr.Plan.Rules) != 1 {
 				t.Fatalf("step %d (%s): translation: %v, %d rules", i, s.name, tr.Errors, len(tr.Plan.Rules))
 			}
-			if err := a.Reconcile(context.Background(), tr.Plan); err != nil {
-				t.Errorf("step %d (%s): reconcile: %v", i, s.name, err)
+			if failed, err := a.Reconcile(context.Background(), tr.Plan); err != nil || len(failed) > 0 {
+				t.Errorf("step %d (%s): reconcile: %v, pods failed %+v", i, s.name, err, failed)
 				continue
 			}
 			got, err := a.dp.RuleAt(chainOf(t, a, pod.Addr)[0])

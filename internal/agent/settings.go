@@ -147,7 +147,12 @@ func PlanFromFiles(settingsPath, nodeStatePath string, prior Prior) (*Plan, []st
 	}
 	problems := tr.PathProblems
 	for _, p := range tr.PodProblems {
-		problems = append(problems, fmt.Sprintf("pod %s/%s skipped (%s): %s", p.Namespace, p.Name, p.Reason, p.Message))
+		problems = append(problems, DescribePodProblem(p))
 	}
 	return tr.Plan, problems, nil
+}
+
+// DescribePodProblem is how file mode reports a skipped pod.
+func DescribePodProblem(p mptcpv1alpha1.PodProblem) string {
+	return fmt.Sprintf("pod %s/%s skipped (%s): %s", p.Namespace, p.Name, p.Reason, p.Message)
 }

@@ -58,7 +58,9 @@ const (
 // (agent.Agent); tests give it a stand-in to run against an API server
 // without touching a kernel.
 type Enforcer interface {
-	Reconcile(context.Context, *agent.Plan) error
+	// Reconcile enforces a plan; the pods it could not configure are
+	// returned as problems and left out of the plan (agent.Agent.Reconcile).
+	Reconcile(context.Context, *agent.Plan) ([]mptcpv1alpha1.PodProblem, error)
 	// Prior is what the node holds before the next plan (agent.Prior).
 	Prior() (agent.Prior, error)
 	FinishMigration(reconcileErr error) error
@@ -157,10 +159,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	next := state.DeepCopy()
 	st := &next.Status
 	st.Paths = tr.Paths
-	st.Pods, st.SkippedPods = capPodProblems(tr.PodProblems)
-	if len(tr.PodProblems) > 0 {
-		r.Log.Warn("pods skipped for problems of their own", "count", len(tr.PodProblems), "first", st.Pods[0])
-	}
 	r.status.Reconciles++
 
 	var degradedReason string
@@ -178,8 +176,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.Log.Error("node state rejected; the last good configuration stays in force", "generation", state.Generation, "errors", tr.Errors)
 	default:
 		start := time.Now()
-		err := r.Agent.Reconcile(ctx, tr.Plan)
+		failed, err := r.Agent.Reconcile(ctx, tr.Plan)
 		r.Metrics.ObserveReconcile(start, err)
+		if len(failed) > 0 {
+			// Pods the agent could not configure are skipped and
+			// reported as the translation's are: gated False, listed
+			// in status.pods.
+			tr.PodProblems = append(tr.PodProblems, failed...)
+			slices.SortStableFunc(tr.PodProblems, func(a, b mptcpv1alpha1.PodProblem) int {
+				return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+			})
+		}
 		if !r.migrationSettled {
 			// A map migration started at load is committed once the
 			// new programs enforce a whole node, else rolled back and
@@ -217,6 +224,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	if err := r.Agent.WriteStatus(r.status); err != nil {
 		r.Log.Error("writing status file", "err", err)
+	}
+	st.Pods, st.SkippedPods = capPodProblems(tr.PodProblems)
+	if len(tr.PodProblems) > 0 {
+		r.Log.Warn("pods skipped for problems of their own", "count", len(tr.PodProblems), "first", st.Pods[0])
 	}
 
 	st.ObservedGeneration = state.Generation
