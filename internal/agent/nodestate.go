@@ -57,9 +57,12 @@ type Translation struct {
 }
 
 // Prior is what the node holds already that a translation must respect
-// (Agent.Prior): the datapath rule ids taken before the plan gets its own.
-// The zero Prior is a node that holds nothing.
+// (Agent.Prior): the pods it enforces and the datapath rule ids taken
+// before the plan gets its own. The zero Prior is a node that holds nothing.
 type Prior struct {
+	// Pods are the pods the last plan enforced: when the rule table is
+	// full they keep their place, and a newcomer is what is skipped.
+	Pods map[PodRef]bool
 	// HeldRules are the rule names that hold an id now (the agent's
 	// table, ruleids.go: the last plan's rules and retired ones live
 	// connections still use). A name the new plan lacks keeps its id
@@ -168,12 +171,26 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 		taken[name] = true
 	}
 	// A pod's problem is the pod's: it is skipped and reported, and every
-	// other pod is enforced. In namespace/name order, whatever the spec's,
-	// so that which pods a full rule table leaves out does not depend on
+	// other pod is enforced. The pods the node enforces already first (the
+	// same UID), then namespace/name order, whatever the spec's: a full
+	// rule table leaves out a newcomer, never a running pod of a tenant
+	// whose namespace sorts later, and which newcomers does not depend on
 	// how the spec was written.
+	byName := func(a, b mptcpv1alpha1.NodePod) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	}
+	enforced := func(p mptcpv1alpha1.NodePod) bool {
+		return prior.Pods[PodRef{Namespace: p.Namespace, Name: p.Name, UID: p.UID}]
+	}
 	pods := slices.Clone(state.Spec.Pods)
 	slices.SortStableFunc(pods, func(a, b mptcpv1alpha1.NodePod) int {
-		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+		if ea, eb := enforced(a), enforced(b); ea != eb {
+			if ea {
+				return -1
+			}
+			return 1
+		}
+		return byName(a, b)
 	})
 	for _, pod := range pods {
 		if len(pod.Rules) == 0 {
@@ -242,6 +259,13 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 			applied[r.Policy] = max(applied[r.Policy], r.Generation)
 		}
 	}
+	// Reported and enforced in namespace/name order.
+	slices.SortStableFunc(t.PodProblems, func(a, b mptcpv1alpha1.PodProblem) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	slices.SortStableFunc(plan.Pods, func(a, b PlanPod) int {
+		return cmp.Or(strings.Compare(a.Ref.Namespace, b.Ref.Namespace), strings.Compare(a.Ref.Name, b.Ref.Name))
+	})
 	// Only the rules some configured pod uses reach the datapath.
 	for _, name := range slices.Sorted(maps.Keys(used)) {
 		plan.Rules = append(plan.Rules, rules[name])

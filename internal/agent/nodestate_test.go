@@ -458,3 +458,47 @@ func TestRulesBeyondTheTableSkipThePodsThatNeedThem(t *testing.T) {
 		t.Errorf("%d pods enforced (tenant-a/web %v, tenant-c/shares %v), want %d", len(enforced), enforced["tenant-a/web"], enforced["tenant-c/shares"], mptcpv1alpha1.MaxNodeRules+1)
 	}
 }
+
+// TestRunningPodsKeepTheirPlaceInAFullRuleTable: the node's rule table is
+// full with the rules of pods it enforces already, tenant-z's among them; a
+// newcomer of tenant-a, whose namespace sorts first, needs a rule of its
+// own. The newcomer is skipped (RuleTableFull), not tenant-z's running pod:
+// a tenant cannot push other tenants' running pods out of the table by the
+// name of its namespace. Without a prior (a node that enforces nothing) the
+// namespace/name order decides.
+func TestRunningPodsKeepTheirPlaceInAFullRuleTable(t *testing.T) {
+	var pods []testPod
+	for i := range mptcpv1alpha1.MaxNodeRules - 1 {
+		pods = append(pods, podIn("tenant-m", fmt.Sprintf("fill-%03d", i), fmt.Sprintf("10.244.%d.%d", 2+i/200, 1+i%200), policyRule(fmt.Sprintf("p%03d", i))))
+	}
+	pods = append(pods, podIn("tenant-z", "running", "10.244.9.1", policyRule("z")))
+	prior := Prior{Pods: map[PodRef]bool{}}
+	for _, p := range pods {
+		prior.Pods[PodRef{Namespace: p.pod.Namespace, Name: p.pod.Name, UID: p.pod.UID}] = true
+	}
+	pods = append(pods, podIn("tenant-a", "newcomer", "10.244.9.2", policyRule("a")))
+	state := nodeState(twoPaths(), pods...)
+	skipped := func(tr *Translation) []string {
+		var out []string
+		for _, p := range tr.PodProblems {
+			if p.Reason != mptcpv1alpha1.PodRuleTableFull {
+				t.Errorf("problem %+v", p)
+			}
+			out = append(out, p.Namespace+"/"+p.Name)
+		}
+		return out
+	}
+	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, prior)
+	if got := skipped(tr); !slices.Equal(got, []string{"tenant-a/newcomer"}) {
+		t.Errorf("skipped %v, want the newcomer tenant-a/newcomer", got)
+	}
+	if n := len(tr.Plan.Pods); n != mptcpv1alpha1.MaxNodeRules || tr.Plan.Pods[0].Ref.Namespace != "tenant-m" {
+		t.Errorf("%d pods enforced (first %+v), want the %d running ones in namespace/name order", n, tr.Plan.Pods[0].Ref, mptcpv1alpha1.MaxNodeRules)
+	}
+	// A new pod under a running pod's name (another UID) is a newcomer.
+	replaced := state.DeepCopy()
+	replaced.Spec.Pods[len(replaced.Spec.Pods)-2].UID = "uid-recreated"
+	if got := skipped(FromNodeState(NodeDefaults("n1"), replaced, testLinks, locateAll, prior)); !slices.Equal(got, []string{"tenant-z/running"}) {
+		t.Errorf("skipped %v, want tenant-z/running recreated under a new UID (after the newcomer by name)", got)
+	}
+}

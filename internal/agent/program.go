@@ -80,19 +80,28 @@ func (a *Agent) syncHooks(hooks map[datapath.Attachment]bool) error {
 }
 
 // Prior is what the node holds before the next plan (FromNodeState): the
-// names that hold a rule id and the ids live connections use that no name
-// holds. While the table is still to be adopted from the pins (the first
+// pods it enforces, the names that hold a rule id and the ids live
+// connections use that no name holds. While the table is still to be adopted from the pins (the first
 // start of a release that keeps one), the ids live connections use are
 // the ones the plan's rules adopt, and are not counted apart.
 func (a *Agent) Prior() (Prior, error) {
-	if a.adopt {
-		return priorOf(a.ruleIDs, nil), nil
+	var live map[uint32]bool
+	if !a.adopt {
+		var err error
+		if live, err = liveRuleIDs(a.dp); err != nil {
+			return Prior{}, fmt.Errorf("reading the rule ids live connections use: %w", err)
+		}
 	}
-	live, err := liveRuleIDs(a.dp)
-	if err != nil {
-		return Prior{}, fmt.Errorf("reading the rule ids live connections use: %w", err)
+	p := priorOf(a.ruleIDs, live)
+	// The pods of the last plan reconciled (at start: the previous
+	// process's), those it could not configure left out.
+	if a.previous != nil {
+		p.Pods = make(map[PodRef]bool, len(a.previous.Pods))
+		for _, pod := range a.previous.Pods {
+			p.Pods[pod.Ref] = true
+		}
 	}
-	return priorOf(a.ruleIDs, live), nil
+	return p, nil
 }
 
 // priorOf is what table and the ids live entries use (live) take.
