@@ -291,6 +291,11 @@ const (
 // its status grow with their pods; status.skippedPods counts them all.
 const MaxPodProblems = 32
 
+// MaxPodProblemsPerNamespace bounds the entries of one namespace in
+// status.pods: a tenant with many skipped pods cannot push the other
+// tenants' out of it (nor out of the controller's events, made from it).
+const MaxPodProblemsPerNamespace = 4
+
 // MaxNodeRules is how many distinct rules one node enforces at once (the
 // datapath's rule table).
 const MaxNodeRules = limits.Rules
@@ -338,7 +343,9 @@ type MPTCPNodeStateStatus struct {
 	Errors []string `json:"errors,omitempty"`
 	// pods the agent skipped, each for a problem of its own, sorted by
 	// namespace and name; the node's other pods are enforced. At most
-	// 32 (MaxPodProblems) are listed.
+	// 32 (MaxPodProblems) are listed, at most 4 of one namespace
+	// (MaxPodProblemsPerNamespace), so that one tenant's pods cannot hide
+	// the others'; skippedPods counts them all.
 	// +optional
 	// +listType=map
 	// +listMapKey=namespace

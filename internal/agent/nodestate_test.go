@@ -445,6 +445,11 @@ func TestRulesBeyondTheTableSkipThePodsThatNeedThem(t *testing.T) {
 		if p.Reason != mptcpv1alpha1.PodRuleTableFull || !strings.Contains(p.Message, "the node's rule table (256 rules) is full") {
 			t.Errorf("problem %+v", p)
 		}
+		// The same message for every such pod, whatever the counts:
+		// a change of it re-patches the pod's gate and makes an event.
+		if p.Message != tr.PodProblems[0].Message {
+			t.Errorf("messages differ: %q and %q", p.Message, tr.PodProblems[0].Message)
+		}
 		skipped = append(skipped, p.Namespace+"/"+p.Name)
 	}
 	if want := []string{"tenant-c/late", "tenant-d/later"}; !slices.Equal(skipped, want) {

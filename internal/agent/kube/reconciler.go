@@ -305,12 +305,23 @@ func capErrors(errs []string) []string {
 }
 
 // capPodProblems is what status.pods holds of problems (sorted by
-// namespace/name, the first MaxPodProblems) and their count: a node's
-// tenants cannot make its status grow with their pods.
+// namespace/name) and their count: at most MaxPodProblemsPerNamespace of a
+// namespace and MaxPodProblems in all, so that a node's tenants cannot make
+// its status grow with their pods, and one tenant's many cannot hide the
+// others'.
 func capPodProblems(problems []mptcpv1alpha1.PodProblem) ([]mptcpv1alpha1.PodProblem, int32) {
-	out := slices.Clone(problems[:min(len(problems), mptcpv1alpha1.MaxPodProblems)])
-	for i := range out {
-		out[i].Message = truncate(out[i].Message, maxPodProblemMessage)
+	var out []mptcpv1alpha1.PodProblem
+	perNamespace := map[string]int{}
+	for _, p := range problems {
+		if len(out) == mptcpv1alpha1.MaxPodProblems {
+			break
+		}
+		if perNamespace[p.Namespace] == mptcpv1alpha1.MaxPodProblemsPerNamespace {
+			continue
+		}
+		perNamespace[p.Namespace]++
+		p.Message = truncate(p.Message, maxPodProblemMessage)
+		out = append(out, p)
 	}
 	return out, int32(len(problems))
 }
