@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"path/filepath"
@@ -46,8 +47,11 @@ func TestAPodThatCannotBeConfiguredIsSkippedNotTheNode(t *testing.T) {
 		if ips[0] == good.Addr {
 			return LocatedPod{HostInterface: good.HostIf, NetNS: "/var/run/netns/" + good.NetNS}, nil
 		}
-		// Found, then gone before the agent configures it.
-		return LocatedPod{HostInterface: gone.HostIf, NetNS: "/var/run/netns/vanished-" + gone.NetNS}, nil
+		if ips[0] == gone.Addr {
+			// Found, then gone before the agent configures it.
+			return LocatedPod{HostInterface: gone.HostIf, NetNS: "/var/run/netns/vanished-" + gone.NetNS}, nil
+		}
+		return LocatedPod{}, fmt.Errorf("no pod at %v", ips)
 	}
 	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
 		a, err := New(settings, slog.New(slog.DiscardHandler))
