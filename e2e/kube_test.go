@@ -131,7 +131,7 @@ func (kb *kubeBed) waitStatus(t *testing.T, n *testbed.Node, what string, ok fun
 		err := kb.env.Client.Get(context.Background(), types.NamespacedName{Name: framework.NodeName(n)}, u)
 		if err == nil {
 			s = mptcpv1alpha1.MPTCPNodeState{}
-			s.ObjectMeta.Generation = u.GetGeneration()
+			s.Generation = u.GetGeneration()
 			if status, found := u.Object["status"].(map[string]any); found {
 				err = runtime.DefaultUnstructuredConverter.FromUnstructured(status, &s.Status)
 			}
