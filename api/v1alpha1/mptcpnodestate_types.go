@@ -334,7 +334,7 @@ type AttachedProgram struct {
 }
 
 // PodProblemReason says why the agent skipped a pod.
-// +kubebuilder:validation:Enum=TooManyRules;RuleUnusable;RuleMissing;RuleTableFull;InvalidAddress;NotFound;AddressOnPath
+// +kubebuilder:validation:Enum=TooManyRules;RuleUnusable;RuleMissing;RuleTableFull;InvalidAddress;NotFound;AddressOnPath;ConfigureFailed
 type PodProblemReason string
 
 const (
@@ -356,11 +356,20 @@ const (
 	PodNotFound PodProblemReason = "NotFound"
 	// PodAddressOnPath: the pod's address leads out of a path's NIC.
 	PodAddressOnPath PodProblemReason = "AddressOnPath"
+	// PodConfigureFailed: the agent could not configure the pod (its
+	// namespace vanished, its MPTCP settings, path manager or datapath
+	// entries could not be set); it is tried again at the next reconcile.
+	PodConfigureFailed PodProblemReason = "ConfigureFailed"
 )
 
 // MaxPodProblems bounds status.pods: the tenants of one node cannot make
 // its status grow with their pods; status.skippedPods counts them all.
 const MaxPodProblems = 32
+
+// MaxPodProblemsPerNamespace bounds the entries of one namespace in
+// status.pods: a tenant with many skipped pods cannot push the other
+// tenants' out of it (nor out of the controller's events, made from it).
+const MaxPodProblemsPerNamespace = 4
 
 // MaxNodeRules is how many distinct rules one node enforces at once (the
 // datapath's rule table).
@@ -409,7 +418,9 @@ type MPTCPNodeStateStatus struct {
 	Errors []string `json:"errors,omitempty"`
 	// pods the agent skipped, each for a problem of its own, sorted by
 	// namespace and name; the node's other pods are enforced. At most
-	// 32 (MaxPodProblems) are listed.
+	// 32 (MaxPodProblems) are listed, at most 4 of one namespace
+	// (MaxPodProblemsPerNamespace), so that one tenant's pods cannot hide
+	// the others'; skippedPods counts them all.
 	// +optional
 	// +listType=map
 	// +listMapKey=namespace

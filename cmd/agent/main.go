@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
@@ -134,11 +135,22 @@ func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninst
 	// the reconcile shows its outcome.
 	reconcile := func(settle func(error) error) error {
 		status.Reconciles++
-		plan, problems, err := agent.PlanFromFiles(configPath, nodeStatePath)
+		var plan *agent.Plan
+		var problems []string
+		prior, err := a.Prior()
+		if err == nil {
+			plan, problems, err = agent.PlanFromFiles(configPath, nodeStatePath, prior)
+		}
 		if err == nil {
 			start := time.Now()
-			err = a.Reconcile(ctx, plan)
+			var failed []mptcpv1alpha1.PodProblem
+			failed, err = a.Reconcile(ctx, plan)
 			metrics.ObserveReconcile(start, err)
+			// Pods the agent could not configure are skipped and
+			// reported as the translation's are.
+			for _, p := range failed {
+				problems = append(problems, agent.DescribePodProblem(p))
+			}
 		} else {
 			metrics.ObserveRejected()
 		}

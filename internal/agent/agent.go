@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
@@ -130,14 +131,17 @@ func (a *Agent) Attachments() ([]datapath.Attachment, error) { return a.dp.Attac
 
 // Reconcile makes the node match plan, one job after the other. On error
 // the parts that succeeded stay applied; the caller reports the error and
-// keeps running.
-func (a *Agent) Reconcile(ctx context.Context, plan *Plan) error {
+// keeps running. The pods it could not configure are the pods' own
+// problems, not the node's: they are returned (PodConfigureFailed, by
+// namespace and name) and left out of plan.Pods, which then holds the pods
+// enforced; the error is only for what fails the node as a whole.
+func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodProblem, error) {
 	// The switch first: a node set up in observe-only mode never marks a
 	// packet, not even between the first attach and the end of this
 	// reconcile. Switching it off marks again at once, with the programs
 	// in place.
 	if err := a.dp.SetObserveOnly(plan.Settings.ObserveOnly); err != nil {
-		return fmt.Errorf("observe-only: %w", err)
+		return nil, fmt.Errorf("observe-only: %w", err)
 	}
 	var errs []error
 	keep := func(err error) {
@@ -155,7 +159,8 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) error {
 	keep(a.syncRules(plan, ids))
 	keep(a.syncRates(plan, ids))
 	keep(a.syncShaping(plan, ids, hooks))
-	keep(a.syncPods(ctx, plan, ids, hooks))
+	problems, err := a.syncPods(ctx, plan, ids, hooks)
+	keep(err)
 	keep(a.syncHooks(hooks))
 	// Then what no plan wants any more.
 	keep(a.releasePods(plan))
@@ -163,7 +168,7 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) error {
 	keep(a.retireRules(plan, ids))
 	a.previous = plan
 	a.publish(plan)
-	return errors.Join(errs...)
+	return problems, errors.Join(errs...)
 }
 
 func (a *Agent) ranges() routing.Ranges {
@@ -234,48 +239,54 @@ func planShaping(plan *Plan, ids map[string]uint32) []shaping.NIC {
 
 // syncPods sets each selected pod's MPTCP up as its first rule asks and runs
 // its path manager (podnet), and gives each of its addresses its selector
-// chain; addresses no pod has any more stop being selected.
-func (a *Agent) syncPods(ctx context.Context, plan *Plan, ids map[string]uint32, hooks map[datapath.Attachment]bool) error {
+// chain; addresses no pod has any more stop being selected. A pod that
+// cannot be configured (its namespace vanished between the translation and
+// now, a setting or an entry refused) is its own problem, not the node's:
+// it is returned as a problem and left out of plan.Pods, its entries are
+// removed and the settings it got back, and the other pods are configured.
+// The error is the node's (the datapath's endpoints).
+func (a *Agent) syncPods(ctx context.Context, plan *Plan, ids map[string]uint32, hooks map[datapath.Attachment]bool) ([]mptcpv1alpha1.PodProblem, error) {
 	var errs []error
-	endpoints := map[netip.Addr]bool{}
+	failed := map[string]error{}
+	configured := map[string]bool{} // pods whose MPTCP settings it changed
 	var managed []podnet.Want
 	for _, pod := range plan.Pods {
-		chain := make([]uint32, 0, len(pod.Rules))
-		for _, name := range pod.Rules {
-			if id, ok := ids[name]; ok {
-				chain = append(chain, id)
-			}
-		}
-		rule := plan.firstRule(pod)
-		if rule == nil || len(chain) != len(pod.Rules) {
-			errs = append(errs, fmt.Errorf("pod %s: a rule of its chain has no id", pod.Name))
-			continue
-		}
-		// The pod's MPTCP settings and subflow creation follow its first
-		// (highest priority) rule; the datapath selects per subflow.
-		if err := a.recordBaseline(pod, rule.MPTCP); err != nil {
-			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
-			continue
-		}
-		if err := a.configurePod(pod, rule.MPTCP); err != nil {
-			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
+		rule, changed, err := a.syncPod(plan, pod, ids)
+		configured[pod.Name] = changed
+		if err != nil {
+			failed[pod.Name] = err
 			continue
 		}
 		if rule.Subflows == podnet.Userspace && rule.Joins > 0 {
 			managed = append(managed, podnet.Want{Pod: podOf(pod), Joins: rule.Joins})
 		}
-		for _, ip := range pod.IPs {
-			if err := a.dp.SetEndpointRules(ip, chain...); err != nil {
-				errs = append(errs, err)
+	}
+	for name, err := range a.pms.Sync(ctx, managed) {
+		failed[name] = err
+	}
+	endpoints := map[netip.Addr]bool{}
+	var problems []mptcpv1alpha1.PodProblem
+	kept := make([]PlanPod, 0, len(plan.Pods))
+	for _, pod := range plan.Pods {
+		if err := failed[pod.Name]; err != nil {
+			problems = append(problems, mptcpv1alpha1.PodProblem{Namespace: pod.Ref.Namespace, Name: pod.Ref.Name,
+				Reason: mptcpv1alpha1.PodConfigureFailed, Message: err.Error()})
+			// A pod the previous plan had gets its settings back
+			// with releasePods; one it did not, here (best effort:
+			// its namespace may be gone).
+			if configured[pod.Name] && !a.inPrevious(pod) {
+				_ = a.releasePodMPTCP(pod)
 			}
+			continue
+		}
+		kept = append(kept, pod)
+		for _, ip := range pod.IPs {
 			endpoints[ip.Unmap()] = true
 		}
 		hooks[datapath.Attachment{Interface: pod.HostInterface, Hook: datapath.HookPodEgress}] = true
 		hooks[datapath.Attachment{Interface: pod.HostInterface, Hook: datapath.HookPodIngress}] = true
 	}
-	if err := a.pms.Sync(ctx, managed); err != nil {
-		errs = append(errs, err)
-	}
+	plan.Pods = kept
 	current, err := a.dp.Endpoints()
 	if err != nil {
 		errs = append(errs, err)
@@ -287,7 +298,44 @@ func (a *Agent) syncPods(ctx context.Context, plan *Plan, ids map[string]uint32,
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return problems, errors.Join(errs...)
+}
+
+// syncPod configures one pod: its MPTCP settings (after recording their
+// baseline) and its addresses' selector chains. It returns the pod's first
+// rule, which its path manager follows, and whether it changed the pod's
+// MPTCP settings (so that a pod that fails after is given them back).
+func (a *Agent) syncPod(plan *Plan, pod PlanPod, ids map[string]uint32) (*PlanRule, bool, error) {
+	chain := make([]uint32, 0, len(pod.Rules))
+	for _, name := range pod.Rules {
+		if id, ok := ids[name]; ok {
+			chain = append(chain, id)
+		}
+	}
+	rule := plan.firstRule(pod)
+	if rule == nil || len(chain) != len(pod.Rules) {
+		return nil, false, errors.New("a rule of its chain has no id")
+	}
+	// The pod's MPTCP settings and subflow creation follow its first
+	// (highest priority) rule; the datapath selects per subflow.
+	if err := a.recordBaseline(pod, rule.MPTCP); err != nil {
+		return rule, false, err
+	}
+	if err := a.configurePod(pod, rule.MPTCP); err != nil {
+		return rule, false, err
+	}
+	changed := rule.Subflows != podnet.None
+	for _, ip := range pod.IPs {
+		if err := a.dp.SetEndpointRules(ip, chain...); err != nil {
+			return rule, changed, err
+		}
+	}
+	return rule, changed, nil
+}
+
+// inPrevious says whether the previous plan had pod (the same namespace).
+func (a *Agent) inPrevious(pod PlanPod) bool {
+	return a.previous != nil && slices.ContainsFunc(a.previous.Pods, func(p PlanPod) bool { return p.NetNS == pod.NetNS })
 }
 
 // configurePod sets the pod's MPTCP up as m asks, at every reconcile, so a

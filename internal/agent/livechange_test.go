@@ -123,12 +123,12 @@ func TestEveryRuleFieldReachesRunningPods(t *testing.T) {
 			next := state.DeepCopy()
 			next.Spec.Rules = []mptcpv1alpha1.CompiledRule{rule}
 			next.Spec.Pods = []mptcpv1alpha1.NodePod{{Namespace: "apps", Name: "p", IPs: []string{pod.Addr.String()}, Rules: []string{rule.Name}}}
-			tr := FromNodeState(settings, next, links, locate)
+			tr := FromNodeState(settings, next, links, locate, Prior{})
 			if len(tr.Errors) > 0 || len(tr.Plan.Rules) != 1 {
 				t.Fatalf("step %d (%s): translation: %v, %d rules", i, s.name, tr.Errors, len(tr.Plan.Rules))
 			}
-			if err := a.Reconcile(context.Background(), tr.Plan); err != nil {
-				t.Errorf("step %d (%s): reconcile: %v", i, s.name, err)
+			if failed, err := a.Reconcile(context.Background(), tr.Plan); err != nil || len(failed) > 0 {
+				t.Errorf("step %d (%s): reconcile: %v, pods failed %+v", i, s.name, err, failed)
 				continue
 			}
 			got, err := a.dp.RuleAt(chainOf(t, a, pod.Addr)[0])

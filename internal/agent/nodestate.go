@@ -56,12 +56,32 @@ type Translation struct {
 	PodProblems  []mptcpv1alpha1.PodProblem
 }
 
+// Prior is what the node holds already that a translation must respect
+// (Agent.Prior): the pods it enforces and the datapath rule ids taken
+// before the plan gets its own. The zero Prior is a node that holds nothing.
+type Prior struct {
+	// Pods are the pods the last plan enforced: when the rule table is
+	// full they keep their place, and a newcomer is what is skipped.
+	Pods map[PodRef]bool
+	// HeldRules are the rule names that hold an id now (the agent's
+	// table, ruleids.go: the last plan's rules and retired ones live
+	// connections still use). A name the new plan lacks keeps its id
+	// through the reconcile, so it counts against the table as the plan's
+	// own rules do.
+	HeldRules []string
+	// HeldIDs counts the ids live connections use that no name holds.
+	HeldIDs int
+}
+
 // FromNodeState translates state into the plan this node enforces, with
 // settings (the node-local ones: pin and state directories, tables, mark
 // mask, observe-only). links are the node's interfaces; locate finds a pod
-// by its addresses. Kube mode and file mode both come through here: it is
-// the one place where the API's compiled types become the datapath's.
-func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links []NodeLink, locate func([]netip.Addr) (LocatedPod, error)) *Translation {
+// by its addresses; prior is what the node holds already. Kube mode and
+// file mode both come through here: it is the one place where the API's
+// compiled types become the datapath's, and the one that decides which
+// pods the rule table has room for (the agent's id assignment then never
+// runs out: ruleIDs.assign).
+func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links []NodeLink, locate func([]netip.Addr) (LocatedPod, error), prior Prior) *Translation {
 	settings.Node = state.Name
 	settings.setDefaults()
 	plan := &Plan{Settings: settings}
@@ -151,13 +171,33 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 	}
 	applied := map[string]int64{}
 	used := map[string]bool{}
+	// taken are the names that hold an id once the plan is assigned:
+	// those held now and the configured pods' (ruleIDs.assign).
+	taken := map[string]bool{}
+	for _, name := range prior.HeldRules {
+		taken[name] = true
+	}
 	// A pod's problem is the pod's: it is skipped and reported, and every
-	// other pod is enforced. In namespace/name order, whatever the spec's,
-	// so that which pods a full rule table leaves out does not depend on
+	// other pod is enforced. The pods the node enforces already first (the
+	// same UID), then namespace/name order, whatever the spec's: a full
+	// rule table leaves out a newcomer, never a running pod of a tenant
+	// whose namespace sorts later, and which newcomers does not depend on
 	// how the spec was written.
+	byName := func(a, b mptcpv1alpha1.NodePod) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	}
+	enforced := func(p mptcpv1alpha1.NodePod) bool {
+		return prior.Pods[PodRef{Namespace: p.Namespace, Name: p.Name, UID: p.UID}]
+	}
 	pods := slices.Clone(state.Spec.Pods)
 	slices.SortStableFunc(pods, func(a, b mptcpv1alpha1.NodePod) int {
-		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+		if ea, eb := enforced(a), enforced(b); ea != eb {
+			if ea {
+				return -1
+			}
+			return 1
+		}
+		return byName(a, b)
 	})
 	for _, pod := range pods {
 		if len(pod.Rules) == 0 {
@@ -191,17 +231,20 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 			// configured once the controller copies one.
 			continue
 		}
-		// The datapath holds MaxNodeRules rules: a pod that needs one
-		// more than fits is skipped, the pods before it keep theirs.
-		added := 0
+		// The datapath holds MaxNodeRules rules, and an id stays taken
+		// while a live connection uses it: a pod that needs one more id
+		// than is left is skipped, the pods before it keep theirs. The
+		// message stays the same while the table is full, so that the
+		// pod's gate and events do not change with every other pod.
+		added := map[string]bool{}
 		for _, name := range pod.Rules {
-			if !used[name] {
-				added++
+			if !taken[name] {
+				added[name] = true
 			}
 		}
-		if len(used)+added > mptcpv1alpha1.MaxNodeRules {
-			skip(mptcpv1alpha1.PodRuleTableFull, "its rules would be %d more on a node whose pods already use %d of the %d rules the datapath holds",
-				added, len(used), mptcpv1alpha1.MaxNodeRules)
+		if len(taken)+len(added)+prior.HeldIDs > mptcpv1alpha1.MaxNodeRules {
+			skip(mptcpv1alpha1.PodRuleTableFull, "the node's rule table (%d rules) is full: its other pods' rules, and retired rules that live connections still use, hold every id; the pod is configured once one is free",
+				mptcpv1alpha1.MaxNodeRules)
 			continue
 		}
 		loc, err := locate(ips)
@@ -218,11 +261,18 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 		plan.Pods = append(plan.Pods, PlanPod{Name: pod.Namespace + "." + pod.Name, Ref: PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
 			NetNS: loc.NetNS, HostInterface: loc.HostInterface, IPs: ips, Rules: slices.Clone(pod.Rules)})
 		for _, name := range pod.Rules {
-			used[name] = true
+			used[name], taken[name] = true, true
 			r := rules[name]
 			applied[r.Policy] = max(applied[r.Policy], r.Generation)
 		}
 	}
+	// Reported and enforced in namespace/name order.
+	slices.SortStableFunc(t.PodProblems, func(a, b mptcpv1alpha1.PodProblem) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	slices.SortStableFunc(plan.Pods, func(a, b PlanPod) int {
+		return cmp.Or(strings.Compare(a.Ref.Namespace, b.Ref.Namespace), strings.Compare(a.Ref.Name, b.Ref.Name))
+	})
 	// Only the rules some configured pod uses reach the datapath.
 	for _, name := range slices.Sorted(maps.Keys(used)) {
 		plan.Rules = append(plan.Rules, rules[name])

@@ -87,7 +87,7 @@ func TestNodeStateTranslatesToAnEnforceablePlan(t *testing.T) {
 	tr := FromNodeState(base, nodeState(twoPaths(),
 		podWith("web", "10.244.1.10", spread(7)),
 		podWith("pending", "", spread(7)),
-	), testLinks, locateAll)
+	), testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatalf("errors: %v", tr.Errors)
 	}
@@ -130,7 +130,7 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 		mptcpv1alpha1.NodePath{Name: "far", Index: 40, Interface: mptcpv1alpha1.NodeInterface{Pattern: "enp1*"}},
 		mptcpv1alpha1.NodePath{Name: "again-nic1", Index: 6, Interface: mptcpv1alpha1.NodeInterface{Pattern: "nic1"}},
 	)
-	tr := FromNodeState(NodeDefaults("n1"), nodeState(paths, podWith("lost", "10.244.1.99", spread(1))), testLinks, locateAll)
+	tr := FromNodeState(NodeDefaults("n1"), nodeState(paths, podWith("lost", "10.244.1.99", spread(1))), testLinks, locateAll, Prior{})
 	states := map[string]mptcpv1alpha1.PathState{}
 	for _, p := range tr.Paths {
 		states[p.Name] = p
@@ -221,7 +221,7 @@ func TestPolicyVariantsGetTheirOwnRules(t *testing.T) {
 	reordered.PreferredPaths = []string{"fabric-b"} // a tenant's preference, as the controller applies it
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(),
 		podWith("a", "10.244.1.10", spread(2)), podWith("b", "10.244.1.11", reordered), podWith("c", "10.244.1.12", spread(2)),
-	), testLinks, locateAll)
+	), testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}
@@ -300,7 +300,7 @@ func TestPodWithTwoPoliciesGetsBothRules(t *testing.T) {
 	web.Policy = "web"
 	web.Traffic = &mptcpv1alpha1.CompiledTraffic{Ports: []mptcpv1alpha1.PortRange{{Port: 443}}}
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(),
-		podWith("a", "10.244.1.10", web, spread(2)), podWith("b", "10.244.1.11", web, spread(2))), testLinks, locateAll)
+		podWith("a", "10.244.1.10", web, spread(2)), podWith("b", "10.244.1.11", web, spread(2))), testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}
@@ -394,7 +394,7 @@ func TestAPodsProblemStaysThePods(t *testing.T) {
 			if tc.edit != nil {
 				tc.edit(state)
 			}
-			tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locate)
+			tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locate, Prior{})
 			if len(tr.Errors) != 0 {
 				t.Fatalf("a pod's problem became the node's: %v", tr.Errors)
 			}
@@ -433,7 +433,7 @@ func TestRulesBeyondTheTableSkipThePodsThatNeedThem(t *testing.T) {
 	state := nodeState(twoPaths(), pods...)
 	// The spec's order does not decide which pods are left out.
 	slices.Reverse(state.Spec.Pods)
-	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll)
+	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatalf("errors: %v", tr.Errors)
 	}
@@ -442,8 +442,13 @@ func TestRulesBeyondTheTableSkipThePodsThatNeedThem(t *testing.T) {
 	}
 	var skipped []string
 	for _, p := range tr.PodProblems {
-		if p.Reason != mptcpv1alpha1.PodRuleTableFull || !strings.Contains(p.Message, "1 more on a node whose pods already use 256 of the 256 rules") {
+		if p.Reason != mptcpv1alpha1.PodRuleTableFull || !strings.Contains(p.Message, "the node's rule table (256 rules) is full") {
 			t.Errorf("problem %+v", p)
+		}
+		// The same message for every such pod, whatever the counts:
+		// a change of it re-patches the pod's gate and makes an event.
+		if p.Message != tr.PodProblems[0].Message {
+			t.Errorf("messages differ: %q and %q", p.Message, tr.PodProblems[0].Message)
 		}
 		skipped = append(skipped, p.Namespace+"/"+p.Name)
 	}
@@ -465,11 +470,55 @@ func TestRulesBeyondTheTableSkipThePodsThatNeedThem(t *testing.T) {
 func TestOutdatedNodeStateIsNotEnforced(t *testing.T) {
 	state := nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(1)))
 	state.Spec.Outdated = true
-	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll)
+	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 1 || !strings.Contains(tr.Errors[0], "earlier release's format") {
 		t.Errorf("errors %q, want the one saying the spec is of an earlier release", tr.Errors)
 	}
 	if len(tr.Plan.Paths) != 0 || len(tr.Plan.Pods) != 0 || len(tr.Plan.Rules) != 0 {
 		t.Errorf("an outdated spec made a plan: %+v", tr.Plan)
+	}
+}
+
+// TestRunningPodsKeepTheirPlaceInAFullRuleTable: the node's rule table is
+// full with the rules of pods it enforces already, tenant-z's among them; a
+// newcomer of tenant-a, whose namespace sorts first, needs a rule of its
+// own. The newcomer is skipped (RuleTableFull), not tenant-z's running pod:
+// a tenant cannot push other tenants' running pods out of the table by the
+// name of its namespace. Without a prior (a node that enforces nothing) the
+// namespace/name order decides.
+func TestRunningPodsKeepTheirPlaceInAFullRuleTable(t *testing.T) {
+	var pods []testPod
+	for i := range mptcpv1alpha1.MaxNodeRules - 1 {
+		pods = append(pods, podIn("tenant-m", fmt.Sprintf("fill-%03d", i), fmt.Sprintf("10.244.%d.%d", 2+i/200, 1+i%200), policyRule(fmt.Sprintf("p%03d", i))))
+	}
+	pods = append(pods, podIn("tenant-z", "running", "10.244.9.1", policyRule("z")))
+	prior := Prior{Pods: map[PodRef]bool{}}
+	for _, p := range pods {
+		prior.Pods[PodRef{Namespace: p.pod.Namespace, Name: p.pod.Name, UID: p.pod.UID}] = true
+	}
+	pods = append(pods, podIn("tenant-a", "newcomer", "10.244.9.2", policyRule("a")))
+	state := nodeState(twoPaths(), pods...)
+	skipped := func(tr *Translation) []string {
+		var out []string
+		for _, p := range tr.PodProblems {
+			if p.Reason != mptcpv1alpha1.PodRuleTableFull {
+				t.Errorf("problem %+v", p)
+			}
+			out = append(out, p.Namespace+"/"+p.Name)
+		}
+		return out
+	}
+	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, prior)
+	if got := skipped(tr); !slices.Equal(got, []string{"tenant-a/newcomer"}) {
+		t.Errorf("skipped %v, want the newcomer tenant-a/newcomer", got)
+	}
+	if n := len(tr.Plan.Pods); n != mptcpv1alpha1.MaxNodeRules || tr.Plan.Pods[0].Ref.Namespace != "tenant-m" {
+		t.Errorf("%d pods enforced (first %+v), want the %d running ones in namespace/name order", n, tr.Plan.Pods[0].Ref, mptcpv1alpha1.MaxNodeRules)
+	}
+	// A new pod under a running pod's name (another UID) is a newcomer.
+	replaced := state.DeepCopy()
+	replaced.Spec.Pods[len(replaced.Spec.Pods)-2].UID = "uid-recreated"
+	if got := skipped(FromNodeState(NodeDefaults("n1"), replaced, testLinks, locateAll, prior)); !slices.Equal(got, []string{"tenant-z/running"}) {
+		t.Errorf("skipped %v, want tenant-z/running recreated under a new UID (after the newcomer by name)", got)
 	}
 }

@@ -3,7 +3,9 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
@@ -75,6 +77,43 @@ func (a *Agent) syncHooks(hooks map[datapath.Attachment]bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Prior is what the node holds before the next plan (FromNodeState): the
+// pods it enforces, the names that hold a rule id and the ids live
+// connections use that no name holds. While the table is still to be adopted from the pins (the first
+// start of a release that keeps one), the ids live connections use are
+// the ones the plan's rules adopt, and are not counted apart.
+func (a *Agent) Prior() (Prior, error) {
+	var live map[uint32]bool
+	if !a.adopt {
+		var err error
+		if live, err = liveRuleIDs(a.dp); err != nil {
+			return Prior{}, fmt.Errorf("reading the rule ids live connections use: %w", err)
+		}
+	}
+	p := priorOf(a.ruleIDs, live)
+	// The pods of the last plan reconciled (at start: the previous
+	// process's), those it could not configure left out.
+	if a.previous != nil {
+		p.Pods = make(map[PodRef]bool, len(a.previous.Pods))
+		for _, pod := range a.previous.Pods {
+			p.Pods[pod.Ref] = true
+		}
+	}
+	return p, nil
+}
+
+// priorOf is what table and the ids live entries use (live) take.
+func priorOf(table *ruleIDs, live map[uint32]bool) Prior {
+	p := Prior{HeldRules: slices.Sorted(maps.Keys(table.ByName))}
+	named := table.names()
+	for id := range live {
+		if _, ok := named[id]; !ok {
+			p.HeldIDs++
+		}
+	}
+	return p
 }
 
 // assignRuleIDs gives each rule of plan its datapath id (ruleids.go).

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -83,5 +84,52 @@ func TestRuleIDsAdoptAndRunOut(t *testing.T) {
 	tbl, _ = readRuleIDs(t.TempDir())
 	if _, err := tbl.assign(many, nil, nil); err == nil || !strings.Contains(err.Error(), "r256") {
 		t.Fatalf("257 rules: %v, want an error naming r256", err)
+	}
+}
+
+// TestRetiredRulesInUseCountAgainstTheTable: a tenant that cycles its
+// preferred paths while keeping a connection per variant alive holds every
+// id but one with rules no pod uses any more. The translation counts them:
+// the pod whose rule takes the last id is enforced, the next one that needs
+// an id is skipped (RuleTableFull), and the id assignment of the plan
+// cannot fail, which would fail the whole node's reconcile (and leave every
+// pod of it ungated).
+func TestRetiredRulesInUseCountAgainstTheTable(t *testing.T) {
+	tbl := &ruleIDs{ByName: map[string]uint32{}}
+	live := map[uint32]bool{}
+	for i := range datapath.MaxRules - 2 {
+		tbl.ByName[fmt.Sprintf("tenant-c-variant-%03d", i)] = uint32(i)
+		live[uint32(i)] = true
+	}
+	// An id a live connection uses that no name holds (its name was
+	// lost): taken too.
+	live[uint32(datapath.MaxRules-2)] = true
+	prior := priorOf(tbl, live)
+	if prior.HeldIDs != 1 || len(prior.HeldRules) != datapath.MaxRules-2 {
+		t.Fatalf("prior: %d names, %d unnamed ids", len(prior.HeldRules), prior.HeldIDs)
+	}
+	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(),
+		podIn("tenant-a", "web", "10.244.1.10", spread(1)),
+		podIn("tenant-b", "api", "10.244.1.11", policyRule("api")),
+	), testLinks, locateAll, prior)
+	if len(tr.Errors) != 0 {
+		t.Fatal(tr.Errors)
+	}
+	if len(tr.PodProblems) != 1 || tr.PodProblems[0].Name != "api" || tr.PodProblems[0].Reason != mptcpv1alpha1.PodRuleTableFull {
+		t.Fatalf("pod problems %+v, want tenant-b/api skipped for a full rule table", tr.PodProblems)
+	}
+	if len(tr.Plan.Pods) != 1 || tr.Plan.Pods[0].Ref.Name != "web" {
+		t.Fatalf("plan pods %+v, want tenant-a/web", tr.Plan.Pods)
+	}
+	var want []string
+	for _, r := range tr.Plan.Rules {
+		want = append(want, r.Name)
+	}
+	ids, err := tbl.assign(want, nil, live)
+	if err != nil {
+		t.Fatalf("the plan's rules got no ids: %v", err)
+	}
+	if id := ids[want[0]]; id != uint32(datapath.MaxRules-1) {
+		t.Errorf("%s got id %d, want the last free one", want[0], id)
 	}
 }

@@ -124,8 +124,8 @@ func LoadNodeState(path string) (*mptcpv1alpha1.MPTCPNodeState, error) {
 // translates the API's (FromNodeState). A node state that cannot be
 // enforced as a whole is an error listing every problem; paths this node
 // cannot carry and pods skipped for a problem of their own are left out and
-// returned as problems.
-func PlanFromFiles(settingsPath, nodeStatePath string) (*Plan, []string, error) {
+// returned as problems. prior is what the node holds already (Agent.Prior).
+func PlanFromFiles(settingsPath, nodeStatePath string, prior Prior) (*Plan, []string, error) {
 	settings, err := LoadSettings(settingsPath)
 	if err != nil {
 		return nil, nil, err
@@ -141,13 +141,18 @@ func PlanFromFiles(settingsPath, nodeStatePath string) (*Plan, []string, error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	tr := FromNodeState(settings, state, links, LocatePod)
+	tr := FromNodeState(settings, state, links, LocatePod, prior)
 	if len(tr.Errors) > 0 {
 		return nil, nil, fmt.Errorf("%s: %s", nodeStatePath, strings.Join(append(tr.PathProblems, tr.Errors...), "; "))
 	}
 	problems := tr.PathProblems
 	for _, p := range tr.PodProblems {
-		problems = append(problems, fmt.Sprintf("pod %s/%s skipped (%s): %s", p.Namespace, p.Name, p.Reason, p.Message))
+		problems = append(problems, DescribePodProblem(p))
 	}
 	return tr.Plan, problems, nil
+}
+
+// DescribePodProblem is how file mode reports a skipped pod.
+func DescribePodProblem(p mptcpv1alpha1.PodProblem) string {
+	return fmt.Sprintf("pod %s/%s skipped (%s): %s", p.Namespace, p.Name, p.Reason, p.Message)
 }

@@ -29,18 +29,30 @@ import (
 )
 
 // recordingEnforcer stands in for the datapath: it keeps the plans the
-// reconciler enforces.
+// reconciler enforces, and fails to configure the pods of fail
+// (namespace/name), as the agent reports a pod it could not configure.
 type recordingEnforcer struct {
 	mu    sync.Mutex
 	plans []*agent.Plan
+	fail  map[string]bool
 }
 
-func (e *recordingEnforcer) Reconcile(_ context.Context, p *agent.Plan) error {
+func (e *recordingEnforcer) Reconcile(_ context.Context, p *agent.Plan) ([]mptcpv1alpha1.PodProblem, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	var failed []mptcpv1alpha1.PodProblem
+	p.Pods = slices.DeleteFunc(p.Pods, func(pod agent.PlanPod) bool {
+		if !e.fail[pod.Ref.Namespace+"/"+pod.Ref.Name] {
+			return false
+		}
+		failed = append(failed, mptcpv1alpha1.PodProblem{Namespace: pod.Ref.Namespace, Name: pod.Ref.Name,
+			Reason: mptcpv1alpha1.PodConfigureFailed, Message: "its network namespace is gone"})
+		return true
+	})
 	e.plans = append(e.plans, p)
-	return nil
+	return failed, nil
 }
+func (e *recordingEnforcer) Prior() (agent.Prior, error)                 { return agent.Prior{}, nil }
 func (e *recordingEnforcer) FinishMigration(error) error                 { return nil }
 func (e *recordingEnforcer) WriteStatus(agent.Status) error              { return nil }
 func (e *recordingEnforcer) Attachments() ([]datapath.Attachment, error) { return nil, nil }
@@ -66,6 +78,9 @@ func (e *recordingEnforcer) enforcedPods() []string {
 // next to a pod of tenant-a: tenant-a's pod is enforced and gated, and so is
 // a new pod of tenant-a added later; tenant-b's pod is listed in status.pods
 // and its gate is False with the reason; the node is Ready and not Degraded.
+// A pod of tenant-c that the agent fails to configure (its namespace gone
+// between locate and configure) is reported and gated False the same way
+// (ConfigureFailed), and does not keep tenant-a's pods from their gates.
 // Before issue 16 the whole node state was rejected: nothing was enforced
 // and no pod gated.
 func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
@@ -94,6 +109,9 @@ func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 	web.Rules = []string{"good"}
 	bad := newPod("tenant-b", "bad", "10.244.1.20")
 	bad.Rules = []string{"nowhere"}
+	env.Namespace(t, "tenant-c", nil)
+	flaky := newPod("tenant-c", "flaky", "10.244.1.30")
+	flaky.Rules = []string{"good"}
 
 	rule := func(name string, path string) mptcpv1alpha1.CompiledRule {
 		return mptcpv1alpha1.CompiledRule{Name: name, Policy: name, PolicyGeneration: 1, MaxSubflows: 2, SpreadMode: mptcpv1alpha1.SpreadRoundRobin,
@@ -104,7 +122,7 @@ func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 		Paths: []mptcpv1alpha1.NodePath{{Name: "fabric-a", Index: 1, Interface: mptcpv1alpha1.NodeInterface{Name: "nic1"},
 			Capacity: resource.MustParse("1G")}},
 		Rules: []mptcpv1alpha1.CompiledRule{rule("good", "fabric-a"), rule("nowhere", "fabric-z")},
-		Pods:  []mptcpv1alpha1.NodePod{web, bad},
+		Pods:  []mptcpv1alpha1.NodePod{web, bad, flaky},
 	}}
 	if err := env.Client.Create(ctx, state); err != nil {
 		t.Fatal(err)
@@ -119,7 +137,7 @@ func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	enforcer := &recordingEnforcer{}
+	enforcer := &recordingEnforcer{fail: map[string]bool{"tenant-c/flaky": true}}
 	r := &kube.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("mptcp-agent"),
 		Agent: enforcer, Settings: agent.NodeDefaults("n1"), Node: "n1", Log: log, Metrics: observe.NewMetrics(nil, log),
@@ -175,8 +193,11 @@ func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 		if err := env.Client.Get(ctx, types.NamespacedName{Name: "n1"}, &s); err != nil {
 			return err
 		}
-		if len(s.Status.Pods) != 1 || s.Status.SkippedPods != 1 {
+		if len(s.Status.Pods) != 2 || s.Status.SkippedPods != 2 {
 			return fmt.Errorf("status.pods %+v, skippedPods %d", s.Status.Pods, s.Status.SkippedPods)
+		}
+		if p := s.Status.Pods[1]; p.Namespace != "tenant-c" || p.Name != "flaky" || p.Reason != mptcpv1alpha1.PodConfigureFailed {
+			return fmt.Errorf("status.pods %+v", p)
 		}
 		if p := s.Status.Pods[0]; p.Namespace != "tenant-b" || p.Name != "bad" || p.Reason != mptcpv1alpha1.PodRuleUnusable ||
 			!strings.Contains(p.Message, "fabric-z") {
@@ -205,6 +226,17 @@ func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 		return nil
 	})
 
+	eventually(t, "tenant-c's pod gate False with ConfigureFailed", func() error {
+		c, err := gate("tenant-c", "flaky")
+		if err != nil {
+			return err
+		}
+		if c.Status != corev1.ConditionFalse || c.Reason != string(mptcpv1alpha1.PodConfigureFailed) {
+			return fmt.Errorf("gate %+v", c)
+		}
+		return nil
+	})
+
 	// A new pod of tenant-a, while tenant-b's pod is still bad: configured
 	// and gated, not held by tenant-b's problem.
 	web2 := newPod("tenant-a", "web2", "10.244.1.11")
@@ -212,7 +244,7 @@ func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 	if err := env.Client.Get(ctx, types.NamespacedName{Name: "n1"}, state); err != nil {
 		t.Fatal(err)
 	}
-	state.Spec.Pods = []mptcpv1alpha1.NodePod{web, web2, bad}
+	state.Spec.Pods = []mptcpv1alpha1.NodePod{web, web2, bad, flaky}
 	if err := env.Client.Update(ctx, state); err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,11 @@ const (
 // (agent.Agent); tests give it a stand-in to run against an API server
 // without touching a kernel.
 type Enforcer interface {
-	Reconcile(context.Context, *agent.Plan) error
+	// Reconcile enforces a plan; the pods it could not configure are
+	// returned as problems and left out of the plan (agent.Agent.Reconcile).
+	Reconcile(context.Context, *agent.Plan) ([]mptcpv1alpha1.PodProblem, error)
+	// Prior is what the node holds before the next plan (agent.Prior).
+	Prior() (agent.Prior, error)
 	FinishMigration(reconcileErr error) error
 	WriteStatus(agent.Status) error
 	Attachments() ([]datapath.Attachment, error)
@@ -147,14 +151,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	tr := agent.FromNodeState(r.Settings, &state, links, r.Locate)
+	prior, err := r.Agent.Prior()
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	tr := agent.FromNodeState(r.Settings, &state, links, r.Locate, prior)
 	next := state.DeepCopy()
 	st := &next.Status
 	st.Paths = tr.Paths
-	st.Pods, st.SkippedPods = capPodProblems(tr.PodProblems)
-	if len(tr.PodProblems) > 0 {
-		r.Log.Warn("pods skipped for problems of their own", "count", len(tr.PodProblems), "first", st.Pods[0])
-	}
 	r.status.Reconciles++
 
 	var degradedReason string
@@ -172,8 +176,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.Log.Error("node state rejected; the last good configuration stays in force", "generation", state.Generation, "errors", tr.Errors)
 	default:
 		start := time.Now()
-		err := r.Agent.Reconcile(ctx, tr.Plan)
+		failed, err := r.Agent.Reconcile(ctx, tr.Plan)
 		r.Metrics.ObserveReconcile(start, err)
+		if len(failed) > 0 {
+			// Pods the agent could not configure are skipped and
+			// reported as the translation's are: gated False, listed
+			// in status.pods.
+			tr.PodProblems = append(tr.PodProblems, failed...)
+			slices.SortStableFunc(tr.PodProblems, func(a, b mptcpv1alpha1.PodProblem) int {
+				return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+			})
+		}
 		if !r.migrationSettled {
 			// A map migration started at load is committed once the
 			// new programs enforce a whole node, else rolled back and
@@ -211,6 +224,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	if err := r.Agent.WriteStatus(r.status); err != nil {
 		r.Log.Error("writing status file", "err", err)
+	}
+	st.Pods, st.SkippedPods = capPodProblems(tr.PodProblems)
+	if len(tr.PodProblems) > 0 {
+		r.Log.Warn("pods skipped for problems of their own", "count", len(tr.PodProblems), "first", st.Pods[0])
 	}
 
 	st.ObservedGeneration = state.Generation
@@ -288,12 +305,23 @@ func capErrors(errs []string) []string {
 }
 
 // capPodProblems is what status.pods holds of problems (sorted by
-// namespace/name, the first MaxPodProblems) and their count: a node's
-// tenants cannot make its status grow with their pods.
+// namespace/name) and their count: at most MaxPodProblemsPerNamespace of a
+// namespace and MaxPodProblems in all, so that a node's tenants cannot make
+// its status grow with their pods, and one tenant's many cannot hide the
+// others'.
 func capPodProblems(problems []mptcpv1alpha1.PodProblem) ([]mptcpv1alpha1.PodProblem, int32) {
-	out := slices.Clone(problems[:min(len(problems), mptcpv1alpha1.MaxPodProblems)])
-	for i := range out {
-		out[i].Message = truncate(out[i].Message, maxPodProblemMessage)
+	var out []mptcpv1alpha1.PodProblem
+	perNamespace := map[string]int{}
+	for _, p := range problems {
+		if len(out) == mptcpv1alpha1.MaxPodProblems {
+			break
+		}
+		if perNamespace[p.Namespace] == mptcpv1alpha1.MaxPodProblemsPerNamespace {
+			continue
+		}
+		perNamespace[p.Namespace]++
+		p.Message = truncate(p.Message, maxPodProblemMessage)
+		out = append(out, p)
 	}
 	return out, int32(len(problems))
 }

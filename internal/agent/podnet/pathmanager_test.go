@@ -144,8 +144,8 @@ func startPathManagers(t *testing.T, want ...Want) *PathManagers {
 	t.Helper()
 	p := NewPathManagers(slog.New(slog.DiscardHandler))
 	t.Cleanup(p.Stop)
-	if err := p.Sync(context.Background(), want); err != nil {
-		t.Fatal(err)
+	if errs := p.Sync(context.Background(), want); errs != nil {
+		t.Fatal(errs)
 	}
 	return p
 }
@@ -164,8 +164,8 @@ func TestRecreatedPodGetsAPathManagerInItsNewNamespace(t *testing.T) {
 	old := p.get(bed.client)
 
 	bed.recreateClient(t)
-	if err := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); err != nil {
-		t.Fatal(err)
+	if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
+		t.Fatal(errs)
 	}
 	if p.Len() != 1 {
 		t.Errorf("%d path managers, want the new namespace's only", p.Len())
@@ -185,8 +185,8 @@ func TestRecreatedPodGetsAPathManagerInItsNewNamespace(t *testing.T) {
 	// Another UID in the same namespace is another pod too.
 	next := bed.client
 	next.UID = "uid-2"
-	if err := p.Sync(context.Background(), []Want{{Pod: next, Joins: 2}}); err != nil {
-		t.Fatal(err)
+	if errs := p.Sync(context.Background(), []Want{{Pod: next, Joins: 2}}); errs != nil {
+		t.Fatal(errs)
 	}
 	if n, ok := p.Joins(next); !ok || n != 2 || p.Len() != 1 {
 		t.Errorf("the pod of the new UID opens %d joins (%v) among %d path managers, want 2 of its own", n, ok, p.Len())

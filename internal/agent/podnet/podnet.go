@@ -214,16 +214,18 @@ type Want struct {
 // running one takes its pod's join count as it is now, so a changed rule
 // reaches the pod's next connection without a restart. A pod whose
 // namespace changed under the same name is another pod: its old path
-// manager stops and a new one listens in the new namespace.
-func (p *PathManagers) Sync(ctx context.Context, want []Want) error {
-	var errs []error
+// manager stops and a new one listens in the new namespace. The pods whose
+// path manager could not start are returned, by name, with why: each is its
+// pod's problem, not the node's.
+func (p *PathManagers) Sync(ctx context.Context, want []Want) map[string]error {
+	errs := map[string]error{}
 	var unwanted []*pathManager
 	p.mu.Lock()
 	wanted := map[podKey]bool{}
 	for _, w := range want {
 		key, err := keyOf(w.Pod)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("pod %s: path manager: %w", w.Pod.Name, err))
+			errs[w.Pod.Name] = fmt.Errorf("path manager: %w", err)
 			continue
 		}
 		wanted[key] = true
@@ -233,7 +235,7 @@ func (p *PathManagers) Sync(ctx context.Context, want []Want) error {
 		}
 		pm, err := start(ctx, w.Pod, key, w.Joins, p.backoff, p.log)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("pod %s: path manager: %w", w.Pod.Name, err))
+			errs[w.Pod.Name] = fmt.Errorf("path manager: %w", err)
 			continue
 		}
 		p.m[key] = pm
@@ -249,7 +251,10 @@ func (p *PathManagers) Sync(ctx context.Context, want []Want) error {
 	for _, pm := range unwanted {
 		pm.stop()
 	}
-	return errors.Join(errs...)
+	if len(errs) == 0 {
+		return nil
+	}
+	return errs
 }
 
 // Stop stops every path manager.
