@@ -43,11 +43,21 @@ func TestSecondAgentOfANodeWaitsForTheFirst(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the second agent still waits after the first let go")
 	}
-	defer l.Unlock()
+	// Let go before TempDir's cleanup, and wait for the third agent: one
+	// still running would make the directory again under the cleanup.
+	unlocked := false
+	unlock := func() {
+		if !unlocked {
+			unlocked = true
+			l.Unlock()
+		}
+	}
+	defer unlock()
 	if same, err := samePath(l.f, dir); err != nil || !same {
 		t.Fatalf("the second agent holds a removed directory (%v, %v)", same, err)
 	}
 	third := make(chan struct{})
+	t.Cleanup(func() { <-third })
 	go func() {
 		if l, err := LockNode(dir, log); err == nil {
 			l.Unlock()
@@ -58,5 +68,11 @@ func TestSecondAgentOfANodeWaitsForTheFirst(t *testing.T) {
 	case <-third:
 		t.Fatal("a third agent went on while the second held the node")
 	case <-time.After(300 * time.Millisecond):
+	}
+	unlock()
+	select {
+	case <-third:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the third agent still waits after the second let go")
 	}
 }

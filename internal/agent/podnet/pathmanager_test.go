@@ -207,7 +207,11 @@ func TestPathManagerRestartsAfterItsSocketFails(t *testing.T) {
 		t.Fatalf("a connection of the pod has %d joins, want 1", n)
 	}
 	pm := p.get(bed.client)
+	// The session is published by its goroutine: wait for it.
 	sess := pm.current.Load()
+	for deadline := time.Now().Add(5 * time.Second); sess == nil && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		sess = pm.current.Load()
+	}
 	if sess == nil {
 		t.Fatal("the path manager has no session")
 	}
