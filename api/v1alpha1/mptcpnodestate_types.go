@@ -1,8 +1,8 @@
 package v1alpha1
 
 import (
-	"bytes"
 	"encoding/json"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -172,7 +172,7 @@ type NodePod struct {
 	// rule whose traffic matches.
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=8
-	Rules []string `json:"rules"`
+	Rules RuleNames `json:"rules"`
 }
 
 // MPTCPNodeStateSpec is written by the controller only. It holds nothing
@@ -197,78 +197,50 @@ type MPTCPNodeStateSpec struct {
 	// +optional
 	// +listType=atomic
 	Pods []NodePod `json:"pods,omitempty"`
-
-	// Outdated says the spec was written by a release before rules were
-	// listed once per node state (its pods carried their compiled rules
-	// inline, chart 0.1.0). Such a spec decodes without its
-	// pods' rules and with Outdated set (UnmarshalJSON), so that what
-	// lists node states during an upgrade (the controller's and the
-	// agents' caches) keeps working; the agent enforces none of it and
-	// the controller rewrites it. Never serialized.
-	Outdated bool `json:"-"`
 }
 
-// UnmarshalJSON decodes a spec of this release, or one of an earlier
-// release's format, which it marks Outdated (see there).
-func (s *MPTCPNodeStateSpec) UnmarshalJSON(b []byte) error {
-	// plain has the fields and none of the methods: no recursion.
-	type plain MPTCPNodeStateSpec
-	var p plain
-	err := json.Unmarshal(b, &p)
+// RuleNames are a pod's rules by name. A node state written by a release
+// before rules were listed once per node state (chart 0.1.0) has each
+// pod's compiled rules inline instead: they decode as the one name
+// OutdatedRule, so that what lists node states during an upgrade (the
+// controller's and the agents' caches) keeps working, and Outdated tells
+// the spec apart: the agent enforces none of it and the controller
+// rewrites it. Only this list is lenient; every other field decodes as
+// strictly as its decoder asks. The list's markers are the type's:
+// controller-gen leaves a field's off a type that decodes itself.
+// +listType=atomic
+// +kubebuilder:validation:MaxItems=8
+type RuleNames []string
+
+// OutdatedRule stands for the inline rules of an earlier release's pod; no
+// rule has an empty name.
+const OutdatedRule = ""
+
+// UnmarshalJSON decodes names, or an earlier release's inline rules as
+// OutdatedRule.
+func (r *RuleNames) UnmarshalJSON(b []byte) error {
+	var names []string
+	err := json.Unmarshal(b, &names)
 	if err == nil {
-		*s = MPTCPNodeStateSpec(p)
+		*r = names
 		return nil
 	}
-	stripped, outdated := withoutInlineRules(b)
-	if !outdated {
+	var inline []map[string]json.RawMessage
+	if json.Unmarshal(b, &inline) != nil || len(inline) == 0 {
 		return err
 	}
-	// The failed decode above may have filled p in part.
-	p = plain{}
-	if err := json.Unmarshal(stripped, &p); err != nil {
-		return err
-	}
-	*s = MPTCPNodeStateSpec(p)
-	s.Outdated = true
+	*r = RuleNames{OutdatedRule}
 	return nil
 }
 
-// withoutInlineRules returns spec b with the rules of its pods removed
-// where they are objects (an earlier release's compiled rules), and
-// whether any were.
-func withoutInlineRules(b []byte) ([]byte, bool) {
-	var spec map[string]json.RawMessage
-	if json.Unmarshal(b, &spec) != nil {
-		return nil, false
-	}
-	var pods []map[string]json.RawMessage
-	if json.Unmarshal(spec["pods"], &pods) != nil {
-		return nil, false
-	}
-	outdated := false
-	for _, pod := range pods {
-		var rules []json.RawMessage
-		if json.Unmarshal(pod["rules"], &rules) != nil {
-			continue
-		}
-		for _, r := range rules {
-			if t := bytes.TrimSpace(r); len(t) > 0 && t[0] == '{' {
-				delete(pod, "rules")
-				outdated = true
-				break
-			}
+// Outdated says the spec was written by an earlier release (RuleNames).
+func (s *MPTCPNodeStateSpec) Outdated() bool {
+	for _, p := range s.Pods {
+		if slices.Contains(p.Rules, OutdatedRule) {
+			return true
 		}
 	}
-	if !outdated {
-		return nil, false
-	}
-	raw, err := json.Marshal(pods)
-	if err != nil {
-		return nil, false
-	}
-	spec["pods"] = raw
-	out, err := json.Marshal(spec)
-	return out, err == nil
+	return false
 }
 
 // LinkState is the carrier state of a path's interface on this node.

@@ -88,7 +88,7 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 	t := &Translation{Plan: plan}
 	fail := func(format string, args ...any) { t.Errors = append(t.Errors, fmt.Sprintf(format, args...)) }
 
-	if state.Spec.Outdated {
+	if state.Spec.Outdated() {
 		// What its pods' rules were is not this release's to read; the
 		// last good plan stays in force until the controller rewrites
 		// the spec (within seconds of its upgrade).

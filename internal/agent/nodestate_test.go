@@ -469,7 +469,7 @@ func TestRulesBeyondTheTableSkipThePodsThatNeedThem(t *testing.T) {
 // force until the controller rewrites the spec.
 func TestOutdatedNodeStateIsNotEnforced(t *testing.T) {
 	state := nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(1)))
-	state.Spec.Outdated = true
+	state.Spec.Pods[0].Rules = mptcpv1alpha1.RuleNames{mptcpv1alpha1.OutdatedRule}
 	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 1 || !strings.Contains(tr.Errors[0], "earlier release's format") {
 		t.Errorf("errors %q, want the one saying the spec is of an earlier release", tr.Errors)

@@ -166,7 +166,7 @@ func (r *Reconciler) ensureSpec(ctx context.Context, node *corev1.Node, spec mpt
 		return nil, err
 	}
 	// An earlier release's spec is rewritten whatever it compares to.
-	if bytes.Equal(have, want) && !state.Spec.Outdated {
+	if bytes.Equal(have, want) && !state.Spec.Outdated() {
 		return &state, nil
 	}
 	state.Spec = spec
