@@ -169,9 +169,7 @@ type NodePod struct {
 	IPs []string `json:"ips,omitempty"`
 	// rules are names of spec.rules, in order of precedence (priority,
 	// then policy name): for each connection the agent applies the first
-	// rule whose traffic matches.
-	// +listType=atomic
-	// +kubebuilder:validation:MaxItems=8
+	// rule whose traffic matches; at most 8.
 	Rules RuleNames `json:"rules"`
 }
 
