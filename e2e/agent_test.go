@@ -334,16 +334,19 @@ func TestBadConfigIsReportedAndTheLastGoodOneStaysEnforced(t *testing.T) {
 	}
 	a := agents[0]
 	good := a.Config
-	unknownPath := good.Copy()
-	unknownPath.Rule().Paths = append(unknownPath.Rule().Paths, mptcpv1alpha1.RulePath{Name: "fabric-z", Weight: 1})
+	// A path index the datapath has no room for is the node's problem (a
+	// pod's problem, such as a rule naming a path the node lacks, skips
+	// that pod only: TestAPodsProblemStaysThePods).
+	farIndex := good.Copy()
+	farIndex.State.Spec.Paths[1].Index = 40
 
 	bad := map[string]struct {
 		write   func() error // writes the bad file
 		wantErr string       // in status.json's error
 	}{
-		"rule naming a path the node lacks": {
-			write:   func() error { return a.WriteConfig(unknownPath) },
-			wantErr: "names paths [fabric-z] that are not the node state's",
+		"path index beyond the datapath's": {
+			write:   func() error { return a.WriteConfig(farIndex) },
+			wantErr: "index 40 is beyond the",
 		},
 		"not YAML": {
 			write:   func() error { return os.WriteFile(a.StatePath, []byte("spec: {paths: [ {name: fabric-a"), 0o600) },

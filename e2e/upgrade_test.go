@@ -368,13 +368,10 @@ func TestUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 	oldLinks := linkPrograms(t, a1.Config.PinDir)
 	oldMap := pinnedMapID(t, filepath.Join(a1.Config.PinDir, "subflows"))
 
-	// A pod whose address leads nowhere on the node: the first reconcile
-	// fails.
+	// A path index the datapath has no room for: the first reconcile
+	// fails for the node (a pod's problem would skip that pod only).
 	bad := good.Copy()
-	bad.State.Spec.Pods = append(bad.State.Spec.Pods, mptcpv1alpha1.NodePod{
-		Namespace: framework.PodNamespace, Name: "ghost", UID: "ghost",
-		IPs: []string{"10.99.99.99"}, Rules: []string{bad.Rule().Name},
-	})
+	bad.State.Spec.Paths[1].Index = 40
 	if err := a1.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -383,7 +380,7 @@ func TestUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := a1.Start(ctx); err == nil {
-		t.Fatal("the new agent reported a successful first reconcile with a pod that does not exist")
+		t.Fatal("the new agent reported a successful first reconcile with a path index beyond the datapath's")
 	}
 	select {
 	case <-a1.Proc.Done():
