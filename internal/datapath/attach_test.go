@@ -21,14 +21,7 @@ import (
 // when the test ends.
 func throwawayNetns(t *testing.T) string {
 	t.Helper()
-	testutil.RequireRoot(t, "ip")
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	ns := "mptdp-" + hex.EncodeToString(b)
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	ns := testutil.NetNS(t, "mptdp-")
 	if out, err := exec.Command("ip", "-n", ns, "link", "add", "name", "veth-a", "type", "veth", "peer", "name", "veth-b").CombinedOutput(); err != nil {
 		t.Fatalf("ip link add: %v: %s", err, out)
 	}

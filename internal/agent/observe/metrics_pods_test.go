@@ -2,8 +2,6 @@ package observe
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net"
 	"os/exec"
 	"strings"
@@ -42,14 +40,7 @@ MPTcpExt: 7 3 1
 // on the loopback of a fresh namespace shows there as exactly one
 // MP_CAPABLE SYN received.
 func TestPodMPTCPCountersReadThePodsNamespace(t *testing.T) {
-	testutil.RequireRoot(t, "ip")
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	name := "mptmib-" + hex.EncodeToString(b)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	name := testutil.NetNS(t, "mptmib-")
 	if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		t.Fatalf("ip link set lo up: %v: %s", err, out)
 	}

@@ -1,11 +1,8 @@
 package podnet
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net/netip"
 	"os"
-	"os/exec"
 	"reflect"
 	"testing"
 
@@ -17,14 +14,7 @@ import (
 // podNamespace creates a network namespace for a test and returns its path.
 func podNamespace(t *testing.T) string {
 	t.Helper()
-	testutil.RequireRoot(t, "ip")
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	name := "mptbl-" + hex.EncodeToString(b)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	name := testutil.NetNS(t, "mptbl-")
 	return "/var/run/netns/" + name
 }
 
