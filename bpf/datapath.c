@@ -979,6 +979,7 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 #include "rate_actor.h"
 #include "backup.h"
 #include "block.h"
+#include "detour.h"
 
 /* What pod_egress_unknown did, besides counting: placed and stored a new
  * subflow, or refused a join (the caller answers it), or nothing. */
@@ -1026,6 +1027,7 @@ int pod_egress(struct __sk_buff *skb)
 	struct packet pkt = {};
 	struct flow_key fk;
 	struct subflow *sf;
+	__u32 path;
 	int ret;
 
 	if (parse_counted(skb, &pkt) != PARSE_OK)
@@ -1053,8 +1055,9 @@ int pod_egress(struct __sk_buff *skb)
 		learn_connection(skb, &pkt, 1, sf);
 	if (rate_packet(skb, &pkt, &fk, sf, RATE_DIR_EGRESS) == TC_ACT_SHOT)
 		return TC_ACT_SHOT;
-	set_path_mark(skb, sf->path_index);
-	count_path(sf->path_index, pkt.len, true);
+	path = travel_path(sf);
+	set_path_mark(skb, path);
+	count_path(path, pkt.len, true);
 	return TCX_NEXT;
 }
 
@@ -1082,6 +1085,7 @@ int pod_ingress(struct __sk_buff *skb)
 	}
 	count_subflow_pod(sf, pkt.family, pkt.daddr, pkt.len, false);
 	count_subflow(sf, pkt.len, false);
+	follow_peer(sf, arrival_path(skb));
 	/* Each actor is called only for the packets it may change (it checks
 	 * again): most packets, data, are none of them. */
 	if (has_mptcp(&pkt, MPTCP_SUB_JOIN))

@@ -93,9 +93,12 @@ enum stat_id {
 	STAT_BACKUP_PRIO_SENT,	  /* backup: MP_PRIO added to a pure ACK into a pod (path role changed) */
 	STAT_BACKUP_PRIO_NO_ROOM, /* backup: MP_PRIO due but the ACK\'s options were full */
 	STAT_ADD_ADDR_BLOCKED,	  /* block: an ADD_ADDR into a pod whose rule allows no join, made NOPs */
-	STAT_JOIN_REFUSED,    /* block: a peer\'s join beyond the rule\'s maximum, answered with MP_TCPRST */
-	STAT_SUBFLOW_EVICTED, /* subflows evicted from a full bucket of the subflow table */
-	STAT_POLICE_EVICTED,  /* police buckets evicted from a full bucket of their table */
+	STAT_JOIN_REFUSED,     /* block: a peer\'s join beyond the rule\'s maximum, answered with MP_TCPRST */
+	STAT_SUBFLOW_EVICTED,  /* subflows evicted from a full bucket of the subflow table */
+	STAT_POLICE_EVICTED,   /* police buckets evicted from a full bucket of their table */
+	STAT_SUBFLOW_DETOURED, /* a subflow whose path is down here sent over another path of its rule */
+	STAT_SUBFLOW_HOMED,    /* ... and back on its own path once that came up again */
+	STAT_SUBFLOW_FOLLOWED, /* a subflow's packets followed the peer's onto another path, or back */
 	STAT_MAX,
 };
 
@@ -143,6 +146,18 @@ enum subflow_role {
  * bit of its join or sent the MP_PRIO that made it backup. Without the
  * header-rewriting opt-in the actor takes back only what it did. */
 #define SUBFLOW_BACKUP_BY_US (1U << 1)
+/* Failover (detour.h). The subflow travels a path other than its own, the
+ * one in the SUBFLOW_DETOUR bits (0: its own). SUBFLOW_DETOUR_OURS: this node
+ * chose the detour because the subflow's path is down here; otherwise the
+ * detour follows the peer's, whose packets arrive over that path.
+ * SUBFLOW_HOMING: this node brought the subflow home after its own detour;
+ * until the peer's packets arrive over the subflow's path again, those still
+ * arriving over the detour are late and not followed. */
+#define SUBFLOW_DETOUR_OURS  (1U << 2)
+#define SUBFLOW_HOMING	     (1U << 3)
+#define SUBFLOW_DETOUR_SHIFT 8
+#define SUBFLOW_DETOUR_MASK  (0xfU << SUBFLOW_DETOUR_SHIFT)
+_Static_assert(MAX_PATHS <= 0xf, "a path index outgrew the SUBFLOW_DETOUR bits");
 
 struct subflow {
 	/* The path's index, 1..MAX_PATHS, as the API numbers it. Releases

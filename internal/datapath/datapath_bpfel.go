@@ -276,7 +276,10 @@ const (
 	datapathStatIdSTAT_JOIN_REFUSED        datapathStatId = 33
 	datapathStatIdSTAT_SUBFLOW_EVICTED     datapathStatId = 34
 	datapathStatIdSTAT_POLICE_EVICTED      datapathStatId = 35
-	datapathStatIdSTAT_MAX                 datapathStatId = 36
+	datapathStatIdSTAT_SUBFLOW_DETOURED    datapathStatId = 36
+	datapathStatIdSTAT_SUBFLOW_HOMED       datapathStatId = 37
+	datapathStatIdSTAT_SUBFLOW_FOLLOWED    datapathStatId = 38
+	datapathStatIdSTAT_MAX                 datapathStatId = 39
 )
 
 type datapathSubflow struct {

@@ -75,7 +75,14 @@ const (
 	// StatJoinRefused: a peer's join beyond its rule's maximum, answered
 	// with a reset carrying MP_TCPRST "administratively prohibited".
 	StatJoinRefused = datapathStatIdSTAT_JOIN_REFUSED
-	numStats        = int(datapathStatIdSTAT_MAX)
+	// Failover (bpf/include/detour.h): a subflow whose path is down on
+	// this node sent over another path of its rule (Detoured), brought
+	// back to its own once that came up (Homed), and moved onto the path
+	// the peer's packets arrive over, or back (Followed).
+	StatSubflowDetoured = datapathStatIdSTAT_SUBFLOW_DETOURED
+	StatSubflowHomed    = datapathStatIdSTAT_SUBFLOW_HOMED
+	StatSubflowFollowed = datapathStatIdSTAT_SUBFLOW_FOLLOWED
+	numStats            = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.
@@ -203,8 +210,11 @@ const (
 type Subflow struct {
 	Local, Remote netip.AddrPort
 	Path          uint32
-	Role          Role
-	Token         uint32
+	// Detour is the path the subflow travels instead of Path while Path
+	// is down on one of the two nodes (bpf/include/detour.h); 0: none.
+	Detour uint32
+	Role   Role
+	Token  uint32
 	// Rule selected the subflow; NoRule when none did (a mirrored one).
 	Rule uint32
 	// CreatedNs is when the subflow was placed or mirrored, on the
@@ -215,6 +225,12 @@ type Subflow struct {
 	// Bytes and packets the pod sent (Tx) and received (Rx) on it.
 	Counters TrafficCounters
 }
+
+// The SUBFLOW_DETOUR bits of a subflow's flags (bpf/include/common.h).
+const (
+	subflowDetourShift = 8
+	subflowDetourMask  = 0xf << subflowDetourShift
+)
 
 // NoRule is the Rule of a subflow no rule selected.
 const NoRule = ruleNone
@@ -242,6 +258,7 @@ func subflowOf(k datapathFlowKey, v datapathSubflow) Subflow {
 		Local:     netip.AddrPortFrom(addrFrom(k.Family, k.Saddr), ntohs(k.Sport)),
 		Remote:    netip.AddrPortFrom(addrFrom(k.Family, k.Daddr), ntohs(k.Dport)),
 		Path:      v.PathIndex,
+		Detour:    (v.Flags & subflowDetourMask) >> subflowDetourShift,
 		Role:      Role(v.Role),
 		Token:     v.Token,
 		Rule:      v.Rule,

@@ -1,0 +1,148 @@
+/* Failover: a subflow whose path is down on this node travels another path
+ * of its rule until its own comes back, and a subflow whose peer sends it
+ * over another path answers over that path too.
+ *
+ * The 4-tuple never changes: the path is only the NIC (the mark's routing
+ * table) a subflow's packets leave by, so moving a subflow needs no MPTCP
+ * signalling, and the receiving node's nic_ingress marks an arrival with its
+ * NIC's path, so strict reverse-path filtering accepts the moved subflow.
+ * The node that sees the failure leads: it detours at once (the agent marks
+ * a path down within milliseconds of losing its NIC's carrier). The peer,
+ * whose own NIC on that path may look healthy, learns it from the wire:
+ * pod_ingress follows the subflow onto the path its packets arrive over, so
+ * the replies take the live path too. When the path comes back the leader
+ * brings the subflow home and the peer follows it back.
+ *
+ * The state lives in the subflow's flags (SUBFLOW_DETOUR_* in common.h), so
+ * the table's layout does not change. Flags are updated with atomic and/or:
+ * the backup actor writes other bits of the same word on another CPU. */
+
+/* subflow_detour is the path a subflow currently travels instead of its own,
+ * 0 for none. */
+static __always_inline __u32 subflow_detour(const struct subflow *sf)
+{
+	return (sf->flags & SUBFLOW_DETOUR_MASK) >> SUBFLOW_DETOUR_SHIFT;
+}
+
+/* set_detour writes the detour bits and the two state bits in one go as far
+ * as other writers of the word are concerned: clear, then set. */
+static __always_inline void set_detour(struct subflow *sf, __u32 path, __u32 state)
+{
+	__u32 bits = ((path << SUBFLOW_DETOUR_SHIFT) & SUBFLOW_DETOUR_MASK) | state;
+
+	__sync_fetch_and_and(&sf->flags, ~(SUBFLOW_DETOUR_MASK | SUBFLOW_DETOUR_OURS | SUBFLOW_HOMING));
+	if (bits)
+		__sync_fetch_and_or(&sf->flags, bits);
+}
+
+/* detour_path is the first path of rule_id's list, other than home, that is
+ * up here: active paths first, then backup ones, as the list orders them.
+ * 0 when there is none (or the subflow has no rule: a mirrored subflow of a
+ * pod no rule selects only follows its peer). A global function: verified
+ * once, called only when a path is down. */
+__noinline __u32 detour_path(__u32 rule_id, __u32 home)
+{
+	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
+	__u32 npaths;
+
+	if (!r)
+		return 0;
+	npaths = r->npaths;
+	for (__u32 i = 0; i < MAX_PATHS; i++) {
+		__u32 path;
+
+		if (i >= npaths)
+			break;
+		path = rule_path(r, i);
+		if (path != home && path_up(path))
+			return path;
+	}
+	return 0;
+}
+
+/* rule_has_path says whether path is in rule_id's list. */
+__noinline int rule_has_path(__u32 rule_id, __u32 path)
+{
+	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
+	__u32 npaths;
+
+	if (!r)
+		return 0;
+	npaths = r->npaths;
+	for (__u32 i = 0; i < MAX_PATHS; i++) {
+		if (i >= npaths)
+			break;
+		if (rule_path(r, i) == path)
+			return 1;
+	}
+	return 0;
+}
+
+/* travel_path is the path a packet of sf the pod sends leaves by. */
+static __always_inline __u32 travel_path(struct subflow *sf)
+{
+	__u32 home = sf->path_index & MAX_PATHS, flags = sf->flags;
+	__u32 detour = subflow_detour(sf), alt;
+
+	if (!path_up(home)) {
+		if (detour && detour != home && path_up(detour)) {
+			/* Already away (the peer led, or an earlier
+			 * packet): this node now leads too. */
+			if (!(flags & SUBFLOW_DETOUR_OURS))
+				set_detour(sf, detour, SUBFLOW_DETOUR_OURS);
+			return detour;
+		}
+		alt = detour_path(sf->rule, home);
+		if (!alt)
+			return home; /* nowhere to go: the kernel's own recovery */
+		set_detour(sf, alt, SUBFLOW_DETOUR_OURS);
+		count(STAT_SUBFLOW_DETOURED);
+		return alt;
+	}
+	if (flags & SUBFLOW_DETOUR_OURS) {
+		/* The path is back: home, and let the peer's late packets
+		 * over the detour pass without following them. */
+		set_detour(sf, 0, SUBFLOW_HOMING);
+		count(STAT_SUBFLOW_HOMED);
+		return home;
+	}
+	if (detour && path_up(detour))
+		return detour;
+	return home;
+}
+
+/* follow_peer keeps a subflow on the path the peer sends it over. arrival is
+ * the path the packet came in by (its mark, set by nic_ingress; 0 when not
+ * marked: observe-only, or not from a path NIC). */
+static __always_inline void follow_peer(struct subflow *sf, __u32 arrival)
+{
+	__u32 home = sf->path_index & MAX_PATHS, flags = sf->flags;
+	__u32 detour = subflow_detour(sf);
+
+	if (!arrival || arrival > MAX_PATHS)
+		return;
+	if (arrival == home) {
+		/* The peer is home: so is the subflow, unless this node's
+		 * own path is still down (it leads then). */
+		if ((flags & SUBFLOW_HOMING) || (detour && !(flags & SUBFLOW_DETOUR_OURS))) {
+			set_detour(sf, 0, 0);
+			count(STAT_SUBFLOW_FOLLOWED);
+		}
+		return;
+	}
+	if (flags & (SUBFLOW_DETOUR_OURS | SUBFLOW_HOMING))
+		return;
+	/* Only onto a path the subflow's rule allows: a packet forged with
+	 * the subflow's 4-tuple on another NIC must not move a pod onto a
+	 * fabric its policy keeps it off. */
+	if (detour != arrival && (sf->rule == RULE_NONE || rule_has_path(sf->rule, arrival))) {
+		set_detour(sf, arrival, 0);
+		count(STAT_SUBFLOW_FOLLOWED);
+	}
+}
+
+/* arrival_path is the path nic_ingress marked a received packet with. */
+static __always_inline __u32 arrival_path(const struct __sk_buff *skb)
+{
+	return (skb->mark & mark_mask) >> mark_shift;
+}

@@ -1,0 +1,147 @@
+package datapath
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+)
+
+// dataFrame is a data segment from src:sport to dst:dport.
+func dataFrame(src netip.Addr, sport uint16, dst netip.Addr, dport uint16) []byte {
+	return testpkt.Frame{Src: src, Dst: dst, TCP: &testpkt.TCP{SrcPort: sport, DstPort: dport, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: []byte("data")}}.Bytes()
+}
+
+// arrivedOn is the context of a packet nic_ingress marked with path.
+func (d *Datapath) arrivedOn(path uint32) skbContext {
+	return skbContext{Mark: path << d.markShift}
+}
+
+// sentOn runs a packet the pod sends through pod_egress and returns the path
+// it leaves by.
+func sentOn(t *testing.T, dp *Datapath, frame []byte) uint32 {
+	t.Helper()
+	return dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{}))
+}
+
+func detourOf(t *testing.T, dp *Datapath) uint32 {
+	t.Helper()
+	sfs, err := dp.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sfs) != 1 {
+		t.Fatalf("subflow table %+v, want one entry", sfs)
+	}
+	return sfs[0].Detour
+}
+
+// A subflow whose path goes down on its node leaves by another path of its
+// rule at once, keeps its path, and goes home when the path comes back. The
+// peer's packets still arriving over the detour just after are late ones:
+// the subflow stays home; once the peer is home too, a later move of the
+// peer's is followed.
+func TestSubflowDetoursWhileItsPathIsDownAndComesHome(t *testing.T) {
+	dp := loadForTest(t)
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}}})
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	home := uint32(placeSYN(t, dp, clientPod, 40001, serverPod, 5201))
+	other := 3 - home
+	out := dataFrame(clientPod, 40001, serverPod, 5201)
+	in := dataFrame(serverPod, 5201, clientPod, 40001)
+
+	if p := sentOn(t, dp, out); p != home {
+		t.Fatalf("before the failure: sent on path %d, want %d", p, home)
+	}
+	if err := dp.SetPathDown(home, true); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if p := sentOn(t, dp, out); p != other {
+			t.Fatalf("path %d down: sent on path %d, want the rule's other path %d", home, p, other)
+		}
+	}
+	if d := detourOf(t, dp); d != other {
+		t.Errorf("subflow detour %d, want %d", d, other)
+	}
+	if n := stat(t, dp, StatSubflowDetoured); n != 1 {
+		t.Errorf("detoured counted %d times, want once", n)
+	}
+	// The peer answers over the detour: nothing changes.
+	run(t, dp.objs.PodIngress, in, dp.arrivedOn(other))
+
+	if err := dp.SetPathDown(home, false); err != nil {
+		t.Fatal(err)
+	}
+	if p := sentOn(t, dp, out); p != home {
+		t.Fatalf("path back up: sent on path %d, want home %d", p, home)
+	}
+	if n := stat(t, dp, StatSubflowHomed); n != 1 {
+		t.Errorf("homed counted %d times, want once", n)
+	}
+	run(t, dp.objs.PodIngress, in, dp.arrivedOn(other)) // late
+	if p := sentOn(t, dp, out); p != home {
+		t.Fatalf("after a late packet over the detour: sent on path %d, want home %d", p, home)
+	}
+	run(t, dp.objs.PodIngress, in, dp.arrivedOn(home)) // the peer is home
+	run(t, dp.objs.PodIngress, in, dp.arrivedOn(other))
+	if p := sentOn(t, dp, out); p != other {
+		t.Fatalf("the peer moved the subflow: sent on path %d, want %d", p, other)
+	}
+	if d := detourOf(t, dp); d != other {
+		t.Errorf("subflow detour %d after following the peer, want %d", d, other)
+	}
+}
+
+// The responder's node follows a subflow the peer moved onto another path,
+// so that the replies take the live path too, and follows it back home.
+func TestResponderFollowsThePeersDetourAndBack(t *testing.T) {
+	dp := mirroredJoinBed(t) // the peer's join arrived on path 2
+	in := dataFrame(clientPod, 45000, serverPod, 5201)
+	reply := dataFrame(serverPod, 5201, clientPod, 45000)
+
+	run(t, dp.objs.PodIngress, in, dp.arrivedOn(1))
+	if p := sentOn(t, dp, reply); p != 1 {
+		t.Fatalf("peer sends over path 1: reply on path %d, want 1", p)
+	}
+	if d := detourOf(t, dp); d != 1 {
+		t.Errorf("subflow detour %d, want 1", d)
+	}
+	run(t, dp.objs.PodIngress, in, dp.arrivedOn(2))
+	if p := sentOn(t, dp, reply); p != 2 {
+		t.Fatalf("peer back on path 2: reply on path %d, want 2", p)
+	}
+	if d := detourOf(t, dp); d != 0 {
+		t.Errorf("subflow detour %d after the peer came home, want none", d)
+	}
+	if n := stat(t, dp, StatSubflowFollowed); n != 2 {
+		t.Errorf("followed counted %d times, want 2", n)
+	}
+	// A path the follower's own node has down is not taken: home instead.
+	run(t, dp.objs.PodIngress, in, dp.arrivedOn(1))
+	if err := dp.SetPathDown(1, true); err != nil {
+		t.Fatal(err)
+	}
+	if p := sentOn(t, dp, reply); p != 2 {
+		t.Fatalf("followed onto path 1, which is down here: reply on path %d, want home 2", p)
+	}
+}
+
+// A packet with a subflow's 4-tuple arriving over a path the subflow's rule
+// does not list (forged on another fabric) does not move the subflow there;
+// nor does one no path NIC marked.
+func TestForgedArrivalOffTheRulesPathsMovesNothing(t *testing.T) {
+	dp := mirroredJoinBed(t)
+	in := dataFrame(clientPod, 45000, serverPod, 5201)
+	reply := dataFrame(serverPod, 5201, clientPod, 45000)
+	run(t, dp.objs.PodIngress, in, dp.arrivedOn(3))
+	run(t, dp.objs.PodIngress, in, skbContext{})
+	if p := sentOn(t, dp, reply); p != 2 {
+		t.Fatalf("reply on path %d, want 2: the rule lists paths 1 and 2 only", p)
+	}
+	if n := stat(t, dp, StatSubflowFollowed); n != 0 {
+		t.Errorf("followed counted %d times, want none", n)
+	}
+}
