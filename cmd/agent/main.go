@@ -31,6 +31,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
@@ -190,6 +191,17 @@ func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninst
 	// resyncs.
 	sweep := time.NewTicker(agent.SweepInterval)
 	defer sweep.Stop()
+	// A path NIC's link changed: the datapath knows at once
+	// (Agent.LinkChanged); a reconcile follows (one pending at most).
+	relink := make(chan struct{}, 1)
+	go linkwatch.Watch(ctx, log, func(c linkwatch.Change, resync bool) {
+		if a.LinkChanged(c) || resync {
+			select {
+			case relink <- struct{}{}:
+			default:
+			}
+		}
+	})
 	for {
 		select {
 		case <-ctx.Done():
@@ -200,6 +212,8 @@ func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninst
 				log.Error("sweeping released pods' records", "err", err)
 			}
 		case <-hup:
+			_ = reconcile(nil)
+		case <-relink:
 			_ = reconcile(nil)
 		}
 	}

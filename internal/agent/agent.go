@@ -49,6 +49,9 @@ type Agent struct {
 	paths     atomic.Pointer[map[uint32]string]
 	ruleNames atomic.Pointer[map[uint32]string]
 	pods      atomic.Pointer[[]podnet.Pod]
+	// nics are the path NICs in force by interface name, as the last
+	// reconcile found them, for link events between reconciles (links.go).
+	nics atomic.Pointer[map[string]nicInForce]
 }
 
 // The agent is what its metrics and local API read.
@@ -74,6 +77,7 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	a.ruleIDs, found = readRuleIDs(settings.StateDir)
 	a.adopt = !found
 	a.publish(&Plan{Settings: settings})
+	a.nics.Store(&map[string]nicInForce{})
 	return a, nil
 }
 

@@ -14,15 +14,22 @@ import (
 // the programs on their hooks. (Caps: rate.go; endpoints: syncPods.)
 
 // syncNICs declares each path's NIC to the datapath and marks a path down
-// when its NIC is missing or has no carrier (at this reconcile; liveness
-// probes will do it between reconciles), and asks for nic_ingress on each
-// NIC.
+// when its NIC is missing or has no carrier (at this reconcile; between
+// reconciles link events do it, LinkChanged), and asks for nic_ingress on
+// each NIC.
 func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 	var errs []error
+	nics := map[string]nicInForce{}
+	defer func() { a.nics.Store(&nics) }()
 	for _, p := range plan.Paths {
 		iface, err := net.InterfaceByName(p.Interface)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("path %q: %w", p.Name, err))
+			// Index 0: when a NIC of that name appears, its event
+			// asks for a reconcile, which programs it.
+			n := nics[p.Interface]
+			n.paths, n.down = append(n.paths, p.Index), true
+			nics[p.Interface] = n
 			// No NIC: spread must not place new subflows on the path.
 			if err := a.dp.SetPathDown(p.Index, true); err != nil {
 				errs = append(errs, err)
@@ -32,7 +39,12 @@ func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 		if err := a.dp.SetNIC(iface.Index, p.Index); err != nil {
 			errs = append(errs, err)
 		}
-		if err := a.dp.SetPathDown(p.Index, iface.Flags&net.FlagRunning == 0); err != nil {
+		down := iface.Flags&net.FlagRunning == 0
+		n := nics[p.Interface]
+		n.index, n.down = iface.Index, down
+		n.paths = append(n.paths, p.Index)
+		nics[p.Interface] = n
+		if err := a.dp.SetPathDown(p.Index, down); err != nil {
 			errs = append(errs, err)
 		}
 		hooks[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICIngress}] = true

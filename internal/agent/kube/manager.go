@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -15,10 +16,12 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 )
 
@@ -94,6 +97,19 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		status:    o.Status,
 		fatal:     fatal,
 	}
+	// Link events of the path NICs act on the datapath at once and ask
+	// for a reconcile (coalesced: one pending is enough).
+	linkEvents := make(chan event.TypedGenericEvent[*mptcpv1alpha1.MPTCPNodeState], 1)
+	r.LinkEvents = linkEvents
+	node := &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: o.Node}}
+	go linkwatch.Watch(ctx, o.Log, func(c linkwatch.Change, resync bool) {
+		if o.Agent.LinkChanged(c) || resync {
+			select {
+			case linkEvents <- event.TypedGenericEvent[*mptcpv1alpha1.MPTCPNodeState]{Object: node}:
+			default:
+			}
+		}
+	})
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
 	}

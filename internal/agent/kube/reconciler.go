@@ -24,7 +24,10 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
@@ -86,6 +89,9 @@ type Reconciler struct {
 	// Links and Locate read the node (agent.Links and agent.LocatePod).
 	Links  func() ([]agent.NodeLink, error)
 	Locate func([]netip.Addr) (agent.LocatedPod, error)
+	// LinkEvents, when set, asks for a reconcile of the node's state
+	// between resyncs: a path NIC's link changed.
+	LinkEvents <-chan event.TypedGenericEvent[*mptcpv1alpha1.MPTCPNodeState]
 
 	status agent.Status
 	// migrationSettled is set once the first reconcile that reached the
@@ -117,12 +123,18 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.gated = map[agent.PodRef]bool{}
 	r.skipped = map[agent.PodRef]string{}
 	r.status.PID = currentPID()
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("mptcp-agent").
 		// Its own status writes change no generation: no reconcile for
 		// them. The periodic requeue still re-reads the links.
-		For(&mptcpv1alpha1.MPTCPNodeState{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Complete(r)
+		For(&mptcpv1alpha1.MPTCPNodeState{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+	if r.LinkEvents != nil {
+		// A path NIC's carrier changed: the datapath already knows
+		// (Agent.LinkChanged); the reconcile reprograms a NIC that
+		// came back and reports the link.
+		b = b.WatchesRawSource(source.Channel(r.LinkEvents, &handler.TypedEnqueueRequestForObject[*mptcpv1alpha1.MPTCPNodeState]{}))
+	}
+	return b.Complete(r)
 }
 
 // Reconcile enforces the state and reports.

@@ -39,6 +39,10 @@ type SubflowInfo struct {
 	// more), PathIndex its index.
 	Path      string `json:"path"`
 	PathIndex uint32 `json:"pathIndex"`
+	// Detour is the name of the path the subflow travels instead while
+	// its own is down on one of the two nodes; empty when it travels its
+	// own (docs/agent.md, "Failover").
+	Detour string `json:"detour,omitempty"`
 	// Role is "initiator" (a local pod opened it, this node chose the
 	// path) or "responder" (mirrored from the NIC it arrived on).
 	Role string `json:"role"`
@@ -129,6 +133,9 @@ func subflowInfos(src Source) ([]SubflowInfo, error) {
 			Local: s.Local.String(), Remote: s.Remote.String(),
 			Path: paths[s.Path], PathIndex: s.Path, Role: roleName(s.Role),
 			RuleIndex: s.Rule, Created: monoToWall(s.CreatedNs),
+		}
+		if s.Detour != 0 {
+			info.Detour = paths[s.Detour]
 		}
 		if s.Token != 0 {
 			info.Token = fmt.Sprintf("%08x", s.Token)

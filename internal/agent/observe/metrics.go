@@ -89,6 +89,9 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatBackupPrioNoRoom: "backup_prio_no_room",
 	datapath.StatAddAddrBlocked:   "add_addr_blocked",
 	datapath.StatJoinRefused:      "join_refused",
+	datapath.StatSubflowDetoured:  "subflow_detoured",
+	datapath.StatSubflowHomed:     "subflow_homed",
+	datapath.StatSubflowFollowed:  "subflow_followed",
 }
 
 // EventName is the label value of a datapath counter in
