@@ -21,6 +21,8 @@ type flow struct {
 	conns          int
 	cc             string // the senders' congestion control; the namespace's when empty
 	bytes          int64  // what each connection sends; for the transfer's duration when 0
+	// rateMbit paces each connection's writes (0: as fast as it goes).
+	rateMbit float64
 }
 
 // runFlows starts a server per flow, runs all clients at once for d,
@@ -96,6 +98,9 @@ func launchFlowsReporting(t *testing.T, bed *testbed.Bed, flows []flow, d time.D
 			}
 			if f.cc != "" {
 				args = append(args, "-cc", f.cc)
+			}
+			if f.rateMbit > 0 {
+				args = append(args, "-rate-mbit", fmt.Sprint(f.rateMbit))
 			}
 			sent, err := bed.Send(ctx, bins.Traffic, f.client, netip.AddrPortFrom(f.server.Addr, uint16(f.port)), true, args...)
 			results <- result{sent, err}

@@ -64,7 +64,7 @@ func TestServerReportsBeforeItCloses(t *testing.T) {
 	s := &server{out: &out, window: time.Second, open: map[*net.TCPConn]bool{}}
 	addr, _ := loopbackServer(t, s)
 	for i := range 20 {
-		r := sendOne(addr.String(), false, "", 5, i, 0, 5*time.Second, 100_000)
+		r := sendOne(addr.String(), false, "", 5, i, 0, 5*time.Second, 100_000, 0)
 		if r.Error != "" {
 			t.Fatal(r.Error)
 		}
@@ -75,6 +75,21 @@ func TestServerReportsBeforeItCloses(t *testing.T) {
 		if last := got[i]; last.Remote != r.Local || last.SHA256 != r.SHA256 || !last.Verification.Verified || len(last.Verification.Ranges) != 0 {
 			t.Fatalf("server line %+v does not match sender %+v", last, r)
 		}
+	}
+}
+
+// A paced connection writes no faster than its rate: over loopback, which
+// would take the stream at gigabits, 8 Mbit/s for a second is 1 MB.
+func TestPacedSenderHoldsItsRate(t *testing.T) {
+	var out bytes.Buffer
+	s := &server{out: &out, window: time.Second, open: map[*net.TCPConn]bool{}}
+	addr, _ := loopbackServer(t, s)
+	r := sendOne(addr.String(), false, "", 5, 0, time.Second, 5*time.Second, 0, 1e6)
+	if r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	if r.Bytes < 0.9e6 || r.Bytes > 1.1e6 {
+		t.Errorf("paced at 1 MB/s for 1 s: sent %d bytes, want 1 MB +-10%%", r.Bytes)
 	}
 }
 
