@@ -48,6 +48,7 @@ func runKube(log *slog.Logger, o kubeOptions) error {
 		}
 		settings = s
 	}
+	settings = withFlags(settings)
 	log = log.With("node", o.node)
 	lock, err := agent.LockNode(settings.StateDir, log)
 	if err != nil {

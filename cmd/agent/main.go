@@ -31,10 +31,20 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
+
+// flapDamping is the -flap-damping flag, when given.
+var flapDamping *agent.FlapDamping
+
+// withFlags applies the flags that override a settings file.
+func withFlags(s agent.Settings) agent.Settings {
+	if flapDamping != nil {
+		s.FlapDamping = *flapDamping
+	}
+	return s
+}
 
 func main() {
 	configPath := flag.String("config", "", "the node's settings file (YAML): node name, pin and state directories, tables, mark mask, observe-only")
@@ -52,6 +62,11 @@ func main() {
 	flag.Lookup("kubeconfig").Usage = "kube mode: kubeconfig of the API server (\"in-cluster\" for the pod's service account)"
 	node := flag.String("node", "", "kube mode: this node's name (its MPTCPNodeState)")
 	daemonSet := flag.String("daemonset", "", "kube mode: NAMESPACE/NAME of the DaemonSet the agent runs under; when it is deleted, a stopping agent uninstalls")
+	flag.Func("flap-damping", "hold a path NIC that keeps losing its carrier down: TRANSITIONS/WINDOW/HOLD (e.g. 3/1m/10s: three losses within a minute hold its paths down until it has been back 10 s) or off; overrides the settings file", func(v string) error {
+		f, err := agent.ParseFlapDamping(v)
+		flapDamping = &f
+		return err
+	})
 	flag.StringVar(&netnsutil.ProcSys, "proc-sys", netnsutil.ProcSys, "directory whose net/ is a writable /proc/sys/net (in a container: a mount of the host's, e.g. /host/proc/sys)")
 	flag.Parse()
 
@@ -93,6 +108,7 @@ func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninst
 	if err != nil {
 		return err
 	}
+	settings = withFlags(settings)
 	log = log.With("node", settings.Node)
 	lock, err := agent.LockNode(settings.StateDir, log)
 	if err != nil {
@@ -194,12 +210,10 @@ func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninst
 	// A path NIC's link changed: the datapath knows at once
 	// (Agent.LinkChanged); a reconcile follows (one pending at most).
 	relink := make(chan struct{}, 1)
-	go linkwatch.Watch(ctx, log, func(c linkwatch.Change, resync bool) {
-		if a.LinkChanged(c) || resync {
-			select {
-			case relink <- struct{}{}:
-			default:
-			}
+	go a.WatchLinks(ctx, func() {
+		select {
+		case relink <- struct{}{}:
+		default:
 		}
 	})
 	for {

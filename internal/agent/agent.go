@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
@@ -49,9 +50,8 @@ type Agent struct {
 	paths     atomic.Pointer[map[uint32]string]
 	ruleNames atomic.Pointer[map[uint32]string]
 	pods      atomic.Pointer[[]podnet.Pod]
-	// nics are the path NICs in force by interface name, as the last
-	// reconcile found them, for link events between reconciles (links.go).
-	nics atomic.Pointer[map[string]nicInForce]
+	// The path NICs between reconciles (links.go).
+	linkState
 }
 
 // The agent is what its metrics and local API read.
@@ -78,6 +78,7 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	a.adopt = !found
 	a.publish(&Plan{Settings: settings})
 	a.nics.Store(&map[string]nicInForce{})
+	a.damper = linkwatch.NewDamper(settings.FlapDamping.damping())
 	return a, nil
 }
 

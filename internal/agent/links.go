@@ -1,6 +1,11 @@
 package agent
 
 import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
 )
 
@@ -11,13 +16,28 @@ type nicInForce struct {
 	down  bool
 }
 
+// WatchLinks follows the links of the agent's namespace until ctx ends
+// (linkwatch.Watch) and calls kick whenever a reconcile should follow: a
+// path NIC is no longer as the last reconcile found it, events may have
+// been lost, or a flapping NIC's hold ends. kick must not block (coalesce:
+// one pending reconcile is enough).
+func (a *Agent) WatchLinks(ctx context.Context, kick func()) {
+	a.kick.Store(&kick)
+	linkwatch.Watch(ctx, a.log, func(c linkwatch.Change, resync bool) {
+		if resync || a.LinkChanged(c) {
+			kick()
+		}
+	})
+}
+
 // LinkChanged applies a path NIC's carrier change to the datapath at once,
 // between reconciles: its paths go down when the NIC loses its carrier or
 // goes away (new subflows avoid them, existing ones detour over another
 // path of their rule: bpf/include/detour.h), and up again when it comes
-// back under the index the last reconcile programmed. A NIC that came back
-// under another index (deleted and created again) stays down until the
-// next reconcile has programmed it. It returns whether the NIC of a path in
+// back under the index the last reconcile programmed, unless it flaps
+// (settings' flapDamping holds it down a while). A NIC that came back under
+// another index (deleted and created again) stays down until the next
+// reconcile has programmed it. It returns whether the NIC of a path in
 // force is no longer as the last reconcile found it: the caller then
 // reconciles soon, which also reports the link in status.
 func (a *Agent) LinkChanged(c linkwatch.Change) bool {
@@ -28,7 +48,8 @@ func (a *Agent) LinkChanged(c linkwatch.Change) bool {
 	// The name now belongs to a link the last reconcile did not program
 	// (index 0: it found none).
 	other := !c.Gone && c.Index != n.index
-	down := c.Gone || !c.Running || other
+	usable := a.usable(c.Name, !c.Gone && c.Running)
+	down := !usable || other
 	for _, p := range n.paths {
 		if err := a.dp.SetPathDown(p, down); err != nil {
 			a.log.Error("link event: marking the path", "interface", c.Name, "path", p, "down", down, "err", err)
@@ -39,4 +60,51 @@ func (a *Agent) LinkChanged(c linkwatch.Change) bool {
 	}
 	a.log.Info("path link changed", "interface", c.Name, "paths", n.paths, "running", c.Running, "gone", c.Gone, "down", down)
 	return true
+}
+
+// usable passes a NIC's state through the flap damper; a NIC held down
+// gets a reconcile when its hold ends.
+func (a *Agent) usable(nic string, up bool) bool {
+	ok, until := a.damper.Observe(nic, up, time.Now())
+	if !until.IsZero() {
+		a.log.Warn("path NIC flaps: held down", "interface", nic, "until", until)
+		a.recheckAt(until)
+	}
+	return ok
+}
+
+// recheckAt asks for a reconcile at t (WatchLinks' kick), once per moment.
+func (a *Agent) recheckAt(t time.Time) {
+	kick := a.kick.Load()
+	if kick == nil {
+		return
+	}
+	a.recheckMu.Lock()
+	defer a.recheckMu.Unlock()
+	if a.rechecks == nil {
+		a.rechecks = map[time.Time]bool{}
+	}
+	if a.rechecks[t] {
+		return
+	}
+	a.rechecks[t] = true
+	time.AfterFunc(time.Until(t)+10*time.Millisecond, func() {
+		a.recheckMu.Lock()
+		delete(a.rechecks, t)
+		a.recheckMu.Unlock()
+		(*kick)()
+	})
+}
+
+// linkState is what the agent keeps about its path NICs between reconciles.
+type linkState struct {
+	// nics are the path NICs in force by interface name, as the last
+	// reconcile found them.
+	nics   atomic.Pointer[map[string]nicInForce]
+	damper *linkwatch.Damper
+	// kick asks for a reconcile (WatchLinks'); rechecks are the moments
+	// a reconcile is already due at.
+	kick      atomic.Pointer[func()]
+	recheckMu sync.Mutex
+	rechecks  map[time.Time]bool
 }

@@ -15,8 +15,8 @@ import (
 
 // syncNICs declares each path's NIC to the datapath and marks a path down
 // when its NIC is missing or has no carrier (at this reconcile; between
-// reconciles link events do it, LinkChanged), and asks for nic_ingress on
-// each NIC.
+// reconciles link events do it, LinkChanged) or flaps (held down by the
+// damper), and asks for nic_ingress on each NIC.
 func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 	var errs []error
 	nics := map[string]nicInForce{}
@@ -39,7 +39,7 @@ func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 		if err := a.dp.SetNIC(iface.Index, p.Index); err != nil {
 			errs = append(errs, err)
 		}
-		down := iface.Flags&net.FlagRunning == 0
+		down := !a.usable(p.Interface, iface.Flags&net.FlagRunning != 0)
 		n := nics[p.Interface]
 		n.index, n.down = iface.Index, down
 		n.paths = append(n.paths, p.Index)

@@ -10,11 +10,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -44,6 +48,64 @@ type Settings struct {
 	// a single mark: nothing is steered. Switched at run time, without a
 	// re-attach; applied on every reconcile.
 	ObserveOnly bool `json:"observeOnly,omitempty"`
+	// FlapDamping holds a path NIC that keeps losing its carrier down for
+	// a while after it comes back (docs/agent.md, "Link events").
+	FlapDamping FlapDamping `json:"flapDamping,omitzero"`
+}
+
+// FlapDamping: after Transitions carrier losses of a path NIC within
+// Window, its paths stay down until it has been back for Hold.
+// Transitions 0 takes the default; -1 turns damping off.
+type FlapDamping struct {
+	Transitions int             `json:"transitions,omitempty"`
+	Window      metav1.Duration `json:"window,omitzero"`
+	Hold        metav1.Duration `json:"hold,omitzero"`
+}
+
+// Flap damping defaults: three losses within a minute hold the path down
+// until the NIC has kept its carrier for 10 s.
+const (
+	DefaultFlapTransitions = 3
+	DefaultFlapWindow      = time.Minute
+	DefaultFlapHold        = 10 * time.Second
+)
+
+// ParseFlapDamping reads the agent's -flap-damping flag: "off", or
+// TRANSITIONS/WINDOW/HOLD with Go durations, e.g. "3/1m/10s".
+func ParseFlapDamping(v string) (FlapDamping, error) {
+	if v == "off" {
+		return FlapDamping{Transitions: -1}, nil
+	}
+	parts := strings.Split(v, "/")
+	if len(parts) != 3 {
+		return FlapDamping{}, fmt.Errorf("flap damping %q: want TRANSITIONS/WINDOW/HOLD (e.g. 3/1m/10s) or off", v)
+	}
+	n, err := strconv.Atoi(parts[0])
+	if err != nil || n < 1 {
+		return FlapDamping{}, fmt.Errorf("flap damping %q: transitions must be a whole number from 1 (or the value off)", v)
+	}
+	var f FlapDamping
+	f.Transitions = n
+	for i, d := range []*metav1.Duration{&f.Window, &f.Hold} {
+		if d.Duration, err = time.ParseDuration(parts[i+1]); err != nil || d.Duration <= 0 {
+			return FlapDamping{}, fmt.Errorf("flap damping %q: %q is not a positive duration", v, parts[i+1])
+		}
+	}
+	return f, nil
+}
+
+func (f FlapDamping) validate() error {
+	if f.Transitions < -1 || f.Window.Duration < 0 || f.Hold.Duration < 0 {
+		return fmt.Errorf("flapDamping: transitions must be -1 (off) or more, window and hold not negative")
+	}
+	return nil
+}
+
+func (f FlapDamping) damping() linkwatch.Damping {
+	if f.Transitions < 0 {
+		return linkwatch.Damping{}
+	}
+	return linkwatch.Damping{Transitions: f.Transitions, Window: f.Window.Duration, Hold: f.Hold.Duration}
 }
 
 // Defaults for settings left empty.
@@ -77,6 +139,15 @@ func (s *Settings) setDefaults() {
 	if s.MarkMask == 0 {
 		s.MarkMask = datapath.DefaultMarkMask
 	}
+	if s.FlapDamping.Transitions == 0 {
+		s.FlapDamping.Transitions = DefaultFlapTransitions
+	}
+	if s.FlapDamping.Window.Duration == 0 {
+		s.FlapDamping.Window.Duration = DefaultFlapWindow
+	}
+	if s.FlapDamping.Hold.Duration == 0 {
+		s.FlapDamping.Hold.Duration = DefaultFlapHold
+	}
 }
 
 // LoadSettings reads a settings file; a field it does not know is an
@@ -92,6 +163,9 @@ func LoadSettings(path string) (Settings, error) {
 	}
 	if s.Node == "" {
 		return s, fmt.Errorf("%s: node: must be set", path)
+	}
+	if err := s.FlapDamping.validate(); err != nil {
+		return s, fmt.Errorf("%s: %w", path, err)
 	}
 	s.setDefaults()
 	return s, nil

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -86,5 +87,31 @@ func TestTheDocumentedNodeStateIsEnforceable(t *testing.T) {
 	tr := FromNodeState(NodeDefaults("node1"), state, links, locateAll, Prior{})
 	if len(tr.Errors)+len(tr.PathProblems) != 0 || len(tr.Plan.Rules) != 1 || len(tr.Plan.Pods) != 1 || len(tr.Plan.Paths) != 2 {
 		t.Errorf("the documented node state: errors %v, problems %v, plan %+v", tr.Errors, tr.PathProblems, tr.Plan)
+	}
+}
+
+func TestFlapDampingFlag(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want FlapDamping
+		err  bool
+	}{
+		{in: "3/1m/10s", want: FlapDamping{Transitions: 3, Window: metav1.Duration{Duration: time.Minute}, Hold: metav1.Duration{Duration: 10 * time.Second}}},
+		{in: "off", want: FlapDamping{Transitions: -1}},
+		{in: "0/1m/10s", err: true},
+		{in: "3/1m", err: true},
+		{in: "3/-1s/10s", err: true},
+		{in: "3/1m/ten", err: true},
+	} {
+		got, err := ParseFlapDamping(c.in)
+		if (err != nil) != c.err || (err == nil && got != c.want) {
+			t.Errorf("ParseFlapDamping(%q) = %+v, %v; want %+v, error %v", c.in, got, err, c.want, c.err)
+		}
+	}
+	if d := (FlapDamping{Transitions: -1}).damping(); d.Transitions != 0 {
+		t.Errorf("off: damping %+v, want none", d)
+	}
+	if s := NodeDefaults("n1"); s.FlapDamping.Transitions != DefaultFlapTransitions || s.FlapDamping.Hold.Duration != DefaultFlapHold {
+		t.Errorf("defaults: %+v", s.FlapDamping)
 	}
 }

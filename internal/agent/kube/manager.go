@@ -21,7 +21,6 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 )
 
@@ -102,12 +101,10 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	linkEvents := make(chan event.TypedGenericEvent[*mptcpv1alpha1.MPTCPNodeState], 1)
 	r.LinkEvents = linkEvents
 	node := &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: o.Node}}
-	go linkwatch.Watch(ctx, o.Log, func(c linkwatch.Change, resync bool) {
-		if o.Agent.LinkChanged(c) || resync {
-			select {
-			case linkEvents <- event.TypedGenericEvent[*mptcpv1alpha1.MPTCPNodeState]{Object: node}:
-			default:
-			}
+	go o.Agent.WatchLinks(ctx, func() {
+		select {
+		case linkEvents <- event.TypedGenericEvent[*mptcpv1alpha1.MPTCPNodeState]{Object: node}:
+		default:
 		}
 	})
 	if err := r.SetupWithManager(mgr); err != nil {
