@@ -195,12 +195,12 @@ func (b *Bed) setLoss(i, k int, percent float64, d Direction) error {
 // event (RTM_NEWLINK without IFF_LOWER_UP, measured within a millisecond). The wire's qdiscs and filters stay;
 // captures on the node side see nothing while the carrier is away.
 //
-// When the carrier comes back, the node's NIC is up at once but the wire forwards again only about half a second
-// later (measured 537-546 ms to the first round trip, TestSetCarrierTakesTheNICsCarrierAwayAndBack): the wire's
-// bridge port waits for the operstate of its end, which the kernel's link watch updates in batches (up to a
-// second apart for a device it does not treat as urgent; a veth whose ifindex equals its peer's, as here, is not).
-// A real switch port also takes its time; tests that measure recovery should count from SetCarrier's return and
-// say so.
+// When the carrier comes back, the node's NIC and the wire's end are up within milliseconds, but traffic from the
+// node may take up to a second more: packets sent while the carrier was away left the node's neighbour entry for
+// its gateway INCOMPLETE, and the kernel asks again only at its next retry (every retrans_time, 1 s), not when the
+// carrier returns; after about 3 s of retries the entry is FAILED and the next packet asks at once. Measured: round
+// trips resumed 495-522 ms after a short outage (TestSetCarrierTakesTheNICsCarrierAwayAndBack). A real host does
+// the same; tests that measure recovery count from SetCarrier's return and should say so.
 func (b *Bed) SetCarrier(i, k int, up bool) error {
 	c := b.Node(i).NIC(k)
 	h, err := nsHandle(c.WireNS)
