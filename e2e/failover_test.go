@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +14,9 @@ import (
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
 // Failover (issue 17): one long MPTCP connection from pod (1,1) to pod
@@ -27,11 +32,10 @@ const (
 )
 
 // failoverStallBound is what TestCarrierLossMidTransferStallsBriefly
-// asserts on the longest stall with the agent. Generous on purpose: the
-// issue's target for carrier loss is 300 ms, to be tightened once the agent
-// re-steers; measured before it does (kernel's own recovery): see
-// docs/testing.md, "Failover".
-const failoverStallBound = 1500 * time.Millisecond
+// asserts on the longest stall with the agent: the issue's target for
+// carrier loss is 300 ms; twice that for a shared two-core machine.
+// Measured: docs/testing.md, "Failover".
+const failoverStallBound = 600 * time.Millisecond
 
 // failoverFigures is what one failover transfer measured.
 type failoverFigures struct {
@@ -114,7 +118,7 @@ func podResets(t *testing.T, bed *testbed.Bed) float64 {
 // carrier of node 1's nic1 away from failoverAt for failoverOutage, and
 // measures it. The stream is verified byte by byte; a failed transfer
 // fails the test with the evidence and is never tried again.
-func carrierLossTransfer(t *testing.T, bed *testbed.Bed, port int) failoverFigures {
+func carrierLossTransfer(t *testing.T, bed *testbed.Bed, port, node int) failoverFigures {
 	t.Helper()
 	ctx := background(t)
 	w := bed.Watch(t, datapathEvidence(bed))
@@ -143,17 +147,17 @@ func carrierLossTransfer(t *testing.T, bed *testbed.Bed, port int) failoverFigur
 		done <- sendResult{sent, err}
 	}()
 	time.Sleep(failoverAt)
-	carrierErr := bed.SetCarrier(1, 1, false)
+	carrierErr := bed.SetCarrier(node, 1, false)
 	down := time.Now()
 	if carrierErr == nil {
 		time.Sleep(failoverOutage)
-		carrierErr = bed.SetCarrier(1, 1, true)
+		carrierErr = bed.SetCarrier(node, 1, true)
 	}
 	up := time.Now()
 	res := <-done
 	rows, sampleErr := sampler.Stop()
 	if carrierErr != nil {
-		_ = bed.SetCarrier(1, 1, true)
+		_ = bed.SetCarrier(node, 1, true)
 		t.Fatal(carrierErr)
 	}
 	if sampleErr != nil {
@@ -244,7 +248,7 @@ func carrierLossTransfer(t *testing.T, bed *testbed.Bed, port int) failoverFigur
 	// The capture on the failed wire's end went on after the repair (else
 	// it would miss resets there).
 	for _, c := range files {
-		if c.Node == 1 && c.NIC == 1 && f.pathBack >= 0 {
+		if c.Node == node && c.NIC == 1 && f.pathBack >= 0 {
 			out, err := exec.Command("tshark", "-r", c.Path, "-Y", fmt.Sprintf("frame.time_epoch > %d.%09d", up.Unix(), up.Nanosecond()), "-T", "fields", "-e", "frame.number").Output()
 			if n := strings.Count(string(out), "\n"); err != nil || n == 0 {
 				t.Errorf("the capture of node 1's nic1 holds no packet after the repair (%d, %v): dumpcap did not survive the carrier loss", n, err)
@@ -257,45 +261,114 @@ func carrierLossTransfer(t *testing.T, bed *testbed.Bed, port int) failoverFigur
 // The carrier of one of two paths goes away for 3 s in the middle of a
 // transfer and comes back: the stream arrives whole, nothing is reset, the
 // connection goes on over the other path with a short stall, and the
-// repaired path carries traffic again. Logged beside the kernel's own
-// recovery (the hand-routed baseline: the kernel's path manager, no agent,
-// no BPF), which is only checked for integrity.
+// repaired path carries traffic again soon. Either end's NIC may fail: on
+// the sender's node ("near") the agent there detours the subflow and the
+// receiver's node follows it; on the receiver's node ("far") the roles
+// swap. Logged beside the kernel's own recovery (the hand-routed baseline:
+// the kernel's path manager, no agent, no BPF), which is only checked for
+// integrity: the negative control.
 //
-// Before the agent reacts to link events (issue 17) the stall bound is
-// generous (failoverStallBound); the figures measured are in
-// docs/testing.md.
+// Bounds (docs/testing.md, "Failover"), asserted for the near case: the
+// issue's targets are a longest stall below 300 ms, at least 0.8 of the
+// live path's capacity during the failure, the path back within 1 s; the
+// stall bound here is 600 ms, for a shared two-core machine. The far case
+// is measured and only checked for integrity and resets (see there).
 func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
-	const runs = 1 // transfers per row; each row has a bed of its own
-	t.Run("agent", func(t *testing.T) {
-		bed, _ := rateBed(t, func(int) mptcpv1alpha1.CompiledRule {
-			return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
+	const runs = 3 // transfers per row; each row has a bed of its own
+	for _, c := range []struct {
+		name string
+		node int
+	}{{"near", 1}, {"far", 2}} {
+		t.Run("agent "+c.name, func(t *testing.T) {
+			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
+			// Damping off: the runs fail the same NIC three times within
+			// a minute, which damping would answer by holding it down
+			// (its own tests: internal/agent/linkwatch).
+			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
+				return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
+			}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var all []failoverFigures
+			for i := range runs {
+				f := carrierLossTransfer(t, bed, 5600+i, c.node)
+				t.Logf("agent, node %d's nic1: %v", c.node, f)
+				all = append(all, f)
+				checkNoResets(t, f)
+				if c.node != 1 {
+					// The sender's node cannot know the far end's
+					// carrier: it follows a detour only once that end
+					// sends on the subflow, and a receiver whose data
+					// stopped arriving has little to send. Per-peer
+					// liveness probes (issue 17) are what would tell
+					// it; until then only integrity is asserted.
+					continue
+				}
+				if f.stall > failoverStallBound {
+					t.Errorf("longest stall %v, want at most %v", f.stall, failoverStallBound)
+				}
+				if r := f.during / failoverLinkBps; r < 0.8 {
+					t.Errorf("during the failure %.2f of the live path's capacity, want at least 0.8", r)
+				}
+				if f.pathBack < 0 || f.pathBack > time.Second {
+					t.Errorf("the repaired path carried traffic again after %v, want within 1 s", f.pathBack)
+				}
+			}
+			for k, a := range agents {
+				t.Logf("node %d datapath: %v", k+1, events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed, datapath.StatSubflowFollowed))
+			}
+			t.Logf("agent, node %d's nic1, %d runs: %s", c.node, runs, summarizeFailover(all))
 		})
-		for i := range runs {
-			f := carrierLossTransfer(t, bed, 5600+i)
-			t.Logf("agent: %v", f)
-			if f.stall > failoverStallBound {
-				t.Errorf("longest stall %v, want at most %v", f.stall, failoverStallBound)
+		t.Run("kernel only "+c.name, func(t *testing.T) {
+			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
+			ports := []int{5702}
+			testbed.Must(t, bed.HandRoute(ports))
+			testbed.Must(t, bed.ConfigureSignalPorts(bed.Pod(2, 1), ports))
+			testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, 1), 2, 1))
+			var all []failoverFigures
+			for i := range runs {
+				f := carrierLossTransfer(t, bed, 5710+i, c.node)
+				t.Logf("kernel only, node %d's nic1: %v", c.node, f)
+				all = append(all, f)
+				if len(f.resets) != 0 || f.rstCounted != 0 {
+					t.Logf("kernel only: resets (not asserted):\n%s", strings.Join(f.resets, "\n"))
+				}
 			}
-			checkNoResets(t, f)
+			t.Logf("kernel only, node %d's nic1, %d runs: %s", c.node, runs, summarizeFailover(all))
+		})
+	}
+}
+
+// summarizeFailover gives min/median/max of the figures that decide.
+func summarizeFailover(fs []failoverFigures) string {
+	mmm := func(get func(failoverFigures) float64, unit string) string {
+		v := make([]float64, len(fs))
+		for i, f := range fs {
+			v[i] = get(f)
 		}
-	})
-	// The negative control: the hand-routed baseline (docs/testbed.md), the
-	// kernel alone with a subflow per NIC. The same bed with no agent and no
-	// routes would have one subflow on nic1, which the failure simply cuts.
-	t.Run("kernel only", func(t *testing.T) {
-		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
-		ports := []int{5702}
-		testbed.Must(t, bed.HandRoute(ports))
-		testbed.Must(t, bed.ConfigureSignalPorts(bed.Pod(2, 1), ports))
-		testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, 1), 2, 1))
-		for i := range runs {
-			f := carrierLossTransfer(t, bed, 5700+i)
-			t.Logf("kernel only: %v", f)
-			if len(f.resets) != 0 || f.rstCounted != 0 {
-				t.Logf("kernel only: resets (not asserted):\n%s", strings.Join(f.resets, "\n"))
-			}
+		slices.Sort(v)
+		return fmt.Sprintf("%.2f/%.2f/%.2f%s", v[0], v[len(v)/2], v[len(v)-1], unit)
+	}
+	return "min/median/max: longest stall " + mmm(func(f failoverFigures) float64 { return f.stall.Seconds() }, " s") +
+		", during the failure " + mmm(func(f failoverFigures) float64 { return f.during / failoverLinkBps }, " of the live path") +
+		", path back " + mmm(func(f failoverFigures) float64 {
+		if f.pathBack < 0 {
+			return math.Inf(1)
 		}
-	})
+		return f.pathBack.Seconds()
+	}, " s")
+}
+
+// events reads the agent's datapath counters named by stats.
+func events(t *testing.T, a *framework.Agent, stats ...datapath.Stat) map[string]float64 {
+	t.Helper()
+	s := scrape(t, a)
+	out := map[string]float64{}
+	for _, st := range stats {
+		out[observe.EventName(st)], _ = s.Value("mptcp_agent_datapath_events_total", "event", observe.EventName(st))
+	}
+	return out
 }
 
 func checkNoResets(t *testing.T, f failoverFigures) {

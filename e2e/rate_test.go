@@ -14,7 +14,6 @@ import (
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -124,13 +123,7 @@ func rateBed(t *testing.T, ruleFor func(node int) mptcpv1alpha1.CompiledRule) (*
 
 func stats(t *testing.T, a *framework.Agent) map[string]float64 {
 	t.Helper()
-	s := scrape(t, a)
-	out := map[string]float64{}
-	for _, st := range []datapath.Stat{datapath.StatRateDropConn, datapath.StatRateWndLowered, datapath.StatRateShaped} {
-		v, _ := s.Value("mptcp_agent_datapath_events_total", "event", observe.EventName(st))
-		out[observe.EventName(st)] = v
-	}
-	return out
+	return events(t, a, datapath.StatRateDropConn, datapath.StatRateWndLowered, datapath.StatRateShaped)
 }
 
 // police on the sending pod's node caps what the pod sends, per connection

@@ -149,12 +149,8 @@ enum subflow_role {
 /* Failover (detour.h). The subflow travels a path other than its own, the
  * one in the SUBFLOW_DETOUR bits (0: its own). SUBFLOW_DETOUR_OURS: this node
  * chose the detour because the subflow's path is down here; otherwise the
- * detour follows the peer's, whose packets arrive over that path.
- * SUBFLOW_HOMING: this node brought the subflow home after its own detour;
- * until the peer's packets arrive over the subflow's path again, those still
- * arriving over the detour are late and not followed. */
+ * detour follows the peer's, whose packets arrive over that path. */
 #define SUBFLOW_DETOUR_OURS  (1U << 2)
-#define SUBFLOW_HOMING	     (1U << 3)
 #define SUBFLOW_DETOUR_SHIFT 8
 #define SUBFLOW_DETOUR_MASK  (0xfU << SUBFLOW_DETOUR_SHIFT)
 _Static_assert(MAX_PATHS <= 0xf, "a path index outgrew the SUBFLOW_DETOUR bits");
@@ -181,7 +177,11 @@ struct subflow {
 	/* The local pod's slot in pod_records (its endpoint's), so that its
 	 * counters need no lookup by address; 0 until known. */
 	__u32 pod_slot;
-	__u32 pad;
+	/* Failover (detour.h): when the subflow last came back to its own
+	 * path, bpf_ktime_get_ns() in milliseconds (wrapping). For
+	 * DETOUR_SETTLE_MS after it, packets still arriving over the detour
+	 * are late ones and are not followed. */
+	__u32 homed_ms;
 };
 
 /* A connection is known on both nodes by both of its tokens: joins the

@@ -13,9 +13,25 @@
  * the replies take the live path too. When the path comes back the leader
  * brings the subflow home and the peer follows it back.
  *
- * The state lives in the subflow's flags (SUBFLOW_DETOUR_* in common.h), so
- * the table's layout does not change. Flags are updated with atomic and/or:
- * the backup actor writes other bits of the same word on another CPU. */
+ * Coming home races with the packets still queued on the detour: the two
+ * paths' queues differ, so for a while packets arrive over both. Following
+ * such a late packet back onto the detour would leave both nodes there,
+ * each following the other. So for DETOUR_SETTLE_MS after a subflow came
+ * home (led or followed), arrivals over another path are not followed.
+ *
+ * The state lives in the subflow's flags (SUBFLOW_DETOUR_* in common.h) and
+ * homed_ms. Flags are updated with atomic and/or: the backup actor writes
+ * other bits of the same word on another CPU. */
+
+/* DETOUR_SETTLE_MS: longer than a detour's queue takes to drain (the bed's
+ * links queue at most 20 ms; a data centre's switches far less), short
+ * enough that a peer which really moved the subflow is followed soon. */
+#define DETOUR_SETTLE_MS 250
+
+static __always_inline __u32 now_ms(void)
+{
+	return (__u32)(bpf_ktime_get_ns() / 1000000);
+}
 
 /* subflow_detour is the path a subflow currently travels instead of its own,
  * 0 for none. */
@@ -24,15 +40,18 @@ static __always_inline __u32 subflow_detour(const struct subflow *sf)
 	return (sf->flags & SUBFLOW_DETOUR_MASK) >> SUBFLOW_DETOUR_SHIFT;
 }
 
-/* set_detour writes the detour bits and the two state bits in one go as far
- * as other writers of the word are concerned: clear, then set. */
-static __always_inline void set_detour(struct subflow *sf, __u32 path, __u32 state)
+/* set_detour writes the detour bits and SUBFLOW_DETOUR_OURS, leaving the
+ * word's other bits to their writers: clear, then set. Going home (path 0)
+ * starts the settling time. */
+static __always_inline void set_detour(struct subflow *sf, __u32 path, __u32 ours)
 {
-	__u32 bits = ((path << SUBFLOW_DETOUR_SHIFT) & SUBFLOW_DETOUR_MASK) | state;
+	__u32 bits = ((path << SUBFLOW_DETOUR_SHIFT) & SUBFLOW_DETOUR_MASK) | ours;
 
-	__sync_fetch_and_and(&sf->flags, ~(SUBFLOW_DETOUR_MASK | SUBFLOW_DETOUR_OURS | SUBFLOW_HOMING));
+	__sync_fetch_and_and(&sf->flags, ~(SUBFLOW_DETOUR_MASK | SUBFLOW_DETOUR_OURS));
 	if (bits)
 		__sync_fetch_and_or(&sf->flags, bits);
+	if (!path)
+		sf->homed_ms = now_ms();
 }
 
 /* detour_path is the first path of rule_id's list, other than home, that is
@@ -100,9 +119,8 @@ static __always_inline __u32 travel_path(struct subflow *sf)
 		return alt;
 	}
 	if (flags & SUBFLOW_DETOUR_OURS) {
-		/* The path is back: home, and let the peer's late packets
-		 * over the detour pass without following them. */
-		set_detour(sf, 0, SUBFLOW_HOMING);
+		/* The path is back: home (the peer follows). */
+		set_detour(sf, 0, 0);
 		count(STAT_SUBFLOW_HOMED);
 		return home;
 	}
@@ -121,24 +139,24 @@ static __always_inline void follow_peer(struct subflow *sf, __u32 arrival)
 
 	if (!arrival || arrival > MAX_PATHS)
 		return;
+	if (flags & SUBFLOW_DETOUR_OURS)
+		return; /* this node leads: its own path is down */
 	if (arrival == home) {
-		/* The peer is home: so is the subflow, unless this node's
-		 * own path is still down (it leads then). */
-		if ((flags & SUBFLOW_HOMING) || (detour && !(flags & SUBFLOW_DETOUR_OURS))) {
-			set_detour(sf, 0, 0);
+		if (detour) {
+			set_detour(sf, 0, 0); /* the peer is home */
 			count(STAT_SUBFLOW_FOLLOWED);
 		}
 		return;
 	}
-	if (flags & (SUBFLOW_DETOUR_OURS | SUBFLOW_HOMING))
+	if (detour == arrival || now_ms() - sf->homed_ms < DETOUR_SETTLE_MS)
 		return;
 	/* Only onto a path the subflow's rule allows: a packet forged with
 	 * the subflow's 4-tuple on another NIC must not move a pod onto a
 	 * fabric its policy keeps it off. */
-	if (detour != arrival && (sf->rule == RULE_NONE || rule_has_path(sf->rule, arrival))) {
-		set_detour(sf, arrival, 0);
-		count(STAT_SUBFLOW_FOLLOWED);
-	}
+	if (sf->rule != RULE_NONE && !rule_has_path(sf->rule, arrival))
+		return;
+	set_detour(sf, arrival, 0);
+	count(STAT_SUBFLOW_FOLLOWED);
 }
 
 /* arrival_path is the path nic_ingress marked a received packet with. */

@@ -198,6 +198,15 @@ func BuildBinaries(dir string) (Binaries, error) {
 	return b, nil
 }
 
+// WithFlapDamping sets the agent's flap damping (settings' flapDamping).
+func WithFlapDamping(f agent.FlapDamping) AgentOption {
+	return func(a *Agent) {
+		if a.Config != nil {
+			a.Config.FlapDamping = f
+		}
+	}
+}
+
 // WithoutDataChecksums turns DSS checksums off in the rules of the agent's
 // node state, as podMPTCP.dataChecksums: false does.
 func WithoutDataChecksums() AgentOption {

@@ -9,15 +9,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// waitOperState polls nic<k> of node i until want(state, carrier) holds, for at most two seconds (the kernel's link
+// waitOperState polls nic<k> of node 1 until want(state, carrier) holds, for at most two seconds (the kernel's link
 // watch may take a second to report a carrier change), and returns what it saw last.
-func waitOperState(t *testing.T, b *Bed, i, k int, want func(state string, carrier bool) bool) (string, bool) {
+func waitOperState(t *testing.T, b *Bed, k int, want func(state string, carrier bool) bool) (string, bool) {
 	t.Helper()
 	var state string
 	var carrier bool
 	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		var err error
-		state, carrier, err = b.OperState(i, k)
+		state, carrier, err = b.OperState(1, k)
 		Must(t, err)
 		if want(state, carrier) || time.Now().After(deadline) {
 			return state, carrier
@@ -53,7 +53,7 @@ func TestSetCarrierTakesTheNICsCarrierAwayAndBack(t *testing.T) {
 	isUp := func(s string, c bool) bool { return s == "up" && c }
 	isDown := func(s string, c bool) bool { return (s == "down" || s == "lower-layer-down") && !c }
 
-	if s, c := waitOperState(t, b, 1, 1, isUp); !isUp(s, c) {
+	if s, c := waitOperState(t, b, 1, isUp); !isUp(s, c) {
 		t.Fatalf("node 1 nic1 before: operstate %s, carrier %v", s, c)
 	}
 	if got := probe(20); got != 20 {
@@ -62,7 +62,7 @@ func TestSetCarrierTakesTheNICsCarrierAwayAndBack(t *testing.T) {
 
 	Must(t, b.SetCarrier(1, 1, false))
 	start := time.Now()
-	s, c := waitOperState(t, b, 1, 1, isDown)
+	s, c := waitOperState(t, b, 1, isDown)
 	t.Logf("carrier away: node 1 nic1 operstate %s, carrier %v after %v", s, c, time.Since(start).Round(time.Millisecond))
 	if !isDown(s, c) {
 		t.Errorf("node 1 nic1 after SetCarrier(false): operstate %s, carrier %v, want down or lower-layer-down without carrier", s, c)
@@ -70,7 +70,7 @@ func TestSetCarrierTakesTheNICsCarrierAwayAndBack(t *testing.T) {
 	if !adminUp(t, b, 1, 1) {
 		t.Errorf("node 1 nic1 is administratively down: the carrier alone should have gone")
 	}
-	if s, c := waitOperState(t, b, 1, 2, isUp); !isUp(s, c) {
+	if s, c := waitOperState(t, b, 2, isUp); !isUp(s, c) {
 		t.Errorf("node 1 nic2 (untouched): operstate %s, carrier %v", s, c)
 	}
 	// Node 1's default route leaves over nic1.
@@ -80,7 +80,7 @@ func TestSetCarrierTakesTheNICsCarrierAwayAndBack(t *testing.T) {
 
 	Must(t, b.SetCarrier(1, 1, true))
 	start = time.Now()
-	s, c = waitOperState(t, b, 1, 1, isUp)
+	s, c = waitOperState(t, b, 1, isUp)
 	t.Logf("carrier back: node 1 nic1 operstate %s, carrier %v after %v", s, c, time.Since(start).Round(time.Millisecond))
 	if !isUp(s, c) {
 		t.Fatalf("node 1 nic1 after SetCarrier(true): operstate %s, carrier %v", s, c)

@@ -2,18 +2,22 @@ package agent
 
 import (
 	"context"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
 )
 
 // nicInForce is a path NIC as the last reconcile found it.
 type nicInForce struct {
-	index int
-	paths []uint32
-	down  bool
+	index   int
+	paths   []uint32
+	down    bool
+	gateway netip.Addr
 }
 
 // WatchLinks follows the links of the agent's namespace until ctx ends
@@ -50,6 +54,12 @@ func (a *Agent) LinkChanged(c linkwatch.Change) bool {
 	other := !c.Gone && c.Index != n.index
 	usable := a.usable(c.Name, !c.Gone && c.Running)
 	down := !usable || other
+	if !down && n.down {
+		// Before subflows come home: a gateway whose resolution failed
+		// while the carrier was away would hold their packets until its
+		// next retry, up to a second later.
+		a.resolveAgain(c.Index, n.gateway)
+	}
 	for _, p := range n.paths {
 		if err := a.dp.SetPathDown(p, down); err != nil {
 			a.log.Error("link event: marking the path", "interface", c.Name, "path", p, "down", down, "err", err)
@@ -60,6 +70,33 @@ func (a *Agent) LinkChanged(c linkwatch.Change) bool {
 	}
 	a.log.Info("path link changed", "interface", c.Name, "paths", n.paths, "running", c.Running, "gone", c.Gone, "down", down)
 	return true
+}
+
+// resolveAgain deletes the gateway's neighbour entry on the NIC when its
+// resolution is pending or failed, so that the next packet asks at once:
+// the kernel retries an INCOMPLETE entry only every retrans_time (1 s), and
+// does not ask again when the carrier comes back.
+func (a *Agent) resolveAgain(index int, gw netip.Addr) {
+	if !gw.IsValid() {
+		return
+	}
+	family := netlink.FAMILY_V4
+	if gw.Is6() {
+		family = netlink.FAMILY_V6
+	}
+	neighs, err := netlink.NeighList(index, family)
+	if err != nil {
+		a.log.Warn("link event: reading the gateway's neighbour entry", "gateway", gw, "err", err)
+		return
+	}
+	for _, n := range neighs {
+		if ip, ok := netip.AddrFromSlice(n.IP); !ok || ip.Unmap() != gw || n.State&(netlink.NUD_INCOMPLETE|netlink.NUD_FAILED) == 0 {
+			continue
+		}
+		if err := netlink.NeighDel(&n); err != nil {
+			a.log.Warn("link event: deleting the gateway's unresolved neighbour entry", "gateway", gw, "err", err)
+		}
+	}
 }
 
 // usable passes a NIC's state through the flap damper; a NIC held down

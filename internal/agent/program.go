@@ -41,7 +41,7 @@ func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 		}
 		down := !a.usable(p.Interface, iface.Flags&net.FlagRunning != 0)
 		n := nics[p.Interface]
-		n.index, n.down = iface.Index, down
+		n.index, n.down, n.gateway = iface.Index, down, p.Gateway
 		n.paths = append(n.paths, p.Index)
 		nics[p.Interface] = n
 		if err := a.dp.SetPathDown(p.Index, down); err != nil {

@@ -296,7 +296,7 @@ type datapathSubflow struct {
 	RxPackets uint64
 	RxBytes   uint64
 	PodSlot   uint32
-	Pad       uint32
+	HomedMs   uint32
 }
 
 type datapathSubflowBucket struct {

@@ -3,6 +3,7 @@ package datapath
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 )
@@ -36,11 +37,14 @@ func detourOf(t *testing.T, dp *Datapath) uint32 {
 	return sfs[0].Detour
 }
 
+// settle outlasts DETOUR_SETTLE_MS (bpf/include/detour.h).
+const settle = 300 * time.Millisecond
+
 // A subflow whose path goes down on its node leaves by another path of its
 // rule at once, keeps its path, and goes home when the path comes back. The
 // peer's packets still arriving over the detour just after are late ones:
-// the subflow stays home; once the peer is home too, a later move of the
-// peer's is followed.
+// the subflow stays home; once they have drained, a move of the peer's is
+// followed.
 func TestSubflowDetoursWhileItsPathIsDownAndComesHome(t *testing.T) {
 	dp := loadForTest(t)
 	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}}})
@@ -81,11 +85,12 @@ func TestSubflowDetoursWhileItsPathIsDownAndComesHome(t *testing.T) {
 	if n := stat(t, dp, StatSubflowHomed); n != 1 {
 		t.Errorf("homed counted %d times, want once", n)
 	}
-	run(t, dp.objs.PodIngress, in, dp.arrivedOn(other)) // late
+	run(t, dp.objs.PodIngress, in, dp.arrivedOn(home))  // the peer is home
+	run(t, dp.objs.PodIngress, in, dp.arrivedOn(other)) // a late packet of the detour
 	if p := sentOn(t, dp, out); p != home {
 		t.Fatalf("after a late packet over the detour: sent on path %d, want home %d", p, home)
 	}
-	run(t, dp.objs.PodIngress, in, dp.arrivedOn(home)) // the peer is home
+	time.Sleep(settle)
 	run(t, dp.objs.PodIngress, in, dp.arrivedOn(other))
 	if p := sentOn(t, dp, out); p != other {
 		t.Fatalf("the peer moved the subflow: sent on path %d, want %d", p, other)
@@ -110,6 +115,7 @@ func TestResponderFollowsThePeersDetourAndBack(t *testing.T) {
 		t.Errorf("subflow detour %d, want 1", d)
 	}
 	run(t, dp.objs.PodIngress, in, dp.arrivedOn(2))
+	run(t, dp.objs.PodIngress, in, dp.arrivedOn(1)) // late, from the detour's queue
 	if p := sentOn(t, dp, reply); p != 2 {
 		t.Fatalf("peer back on path 2: reply on path %d, want 2", p)
 	}
@@ -120,6 +126,7 @@ func TestResponderFollowsThePeersDetourAndBack(t *testing.T) {
 		t.Errorf("followed counted %d times, want 2", n)
 	}
 	// A path the follower's own node has down is not taken: home instead.
+	time.Sleep(settle)
 	run(t, dp.objs.PodIngress, in, dp.arrivedOn(1))
 	if err := dp.SetPathDown(1, true); err != nil {
 		t.Fatal(err)
