@@ -318,6 +318,11 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 			for k, a := range agents {
 				t.Logf("node %d datapath: %v", k+1, events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed, datapath.StatSubflowFollowed))
 			}
+			// The failed node's agent saw every loss and says so.
+			n, _ := scrape(t, agents[c.node-1]).Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
+			if n != runs {
+				t.Errorf("node %d: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %d", c.node, framework.PathName(1), n, runs)
+			}
 			t.Logf("agent, node %d's nic1, %d runs: %s", c.node, runs, summarizeFailover(all))
 		})
 		t.Run("kernel only "+c.name, func(t *testing.T) {

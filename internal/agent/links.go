@@ -61,7 +61,7 @@ func (a *Agent) LinkChanged(c linkwatch.Change) bool {
 		a.resolveAgain(c.Index, n.gateway)
 	}
 	for _, p := range n.paths {
-		if err := a.dp.SetPathDown(p, down); err != nil {
+		if err := a.setPathDown(p, down); err != nil {
 			a.log.Error("link event: marking the path", "interface", c.Name, "path", p, "down", down, "err", err)
 		}
 	}
@@ -144,4 +144,39 @@ type linkState struct {
 	kick      atomic.Pointer[func()]
 	recheckMu sync.Mutex
 	rechecks  map[time.Time]bool
+	// downMu guards what setPathDown last wrote per path and how often a
+	// path went from up to down (the metric).
+	downMu sync.Mutex
+	down   map[uint32]bool
+	downs  map[uint32]uint64
+}
+
+// setPathDown marks path down or up in the datapath, counting each time
+// it goes down after having been up.
+func (a *Agent) setPathDown(path uint32, down bool) error {
+	if err := a.dp.SetPathDown(path, down); err != nil {
+		return err
+	}
+	a.downMu.Lock()
+	defer a.downMu.Unlock()
+	if a.down == nil {
+		a.down, a.downs = map[uint32]bool{}, map[uint32]uint64{}
+	}
+	if was, known := a.down[path]; known && !was && down {
+		a.downs[path]++
+	}
+	a.down[path] = down
+	return nil
+}
+
+// PathDownTransitions counts, per path index, the times the path went down
+// after having been up, since the agent started.
+func (a *Agent) PathDownTransitions() map[uint32]uint64 {
+	a.downMu.Lock()
+	defer a.downMu.Unlock()
+	out := make(map[uint32]uint64, len(a.downs))
+	for p, n := range a.downs {
+		out[p] = n
+	}
+	return out
 }

@@ -31,7 +31,7 @@ func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 			n.paths, n.down = append(n.paths, p.Index), true
 			nics[p.Interface] = n
 			// No NIC: spread must not place new subflows on the path.
-			if err := a.dp.SetPathDown(p.Index, true); err != nil {
+			if err := a.setPathDown(p.Index, true); err != nil {
 				errs = append(errs, err)
 			}
 			continue
@@ -44,7 +44,7 @@ func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 		n.index, n.down, n.gateway = iface.Index, down, p.Gateway
 		n.paths = append(n.paths, p.Index)
 		nics[p.Interface] = n
-		if err := a.dp.SetPathDown(p.Index, down); err != nil {
+		if err := a.setPathDown(p.Index, down); err != nil {
 			errs = append(errs, err)
 		}
 		hooks[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICIngress}] = true

@@ -38,6 +38,9 @@ type Source interface {
 	// PathManagers are the userspace path managers, up or waiting to
 	// restart.
 	PathManagers() []podnet.PathManagerState
+	// PathDownTransitions count, by path index, the times a path went
+	// down after having been up.
+	PathDownTransitions() map[uint32]uint64
 }
 
 // DefaultMetricsAddr is where the agent serves /metrics, /healthz and
@@ -246,6 +249,7 @@ type datapathCollector struct {
 	endpoints, attachments, pathMgrs *prometheus.Desc
 	pathMgrUp, pathMgrRestarts       *prometheus.Desc
 	observeOnly                      *prometheus.Desc
+	pathDown, pathDownTransitions    *prometheus.Desc
 }
 
 func newDatapathCollector(src Source) *datapathCollector {
@@ -271,11 +275,14 @@ func newDatapathCollector(src Source) *datapathCollector {
 			"(the pod's new connections get no joins meanwhile).", "pod"),
 		pathMgrRestarts: d("path_manager_restarts_total", "Times the pod's userspace path manager stopped without being asked to (its event socket failed) and had to start again.", "pod"),
 		observeOnly:     d("observe_only", observeOnlyHelp),
+		pathDown: d("path_down", "1 while the path is down on this node (its NIC is missing, has no carrier, or flaps and is held down): "+
+			"no new subflow is placed on it and its subflows detour over another path of their rule.", "path"),
+		pathDownTransitions: d("path_down_transitions_total", "Times the path went down on this node after having been up, since the agent started.", "path"),
 	}
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.observeOnly} {
+	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.observeOnly, c.pathDown, c.pathDownTransitions} {
 		ch <- d
 	}
 }
@@ -305,6 +312,17 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.rxBytes, prometheus.CounterValue, float64(p.RxBytes), name)
 			ch <- prometheus.MustNewConstMetric(c.rxPackets, prometheus.CounterValue, float64(p.RxPackets), name)
 		}
+	}
+
+	downs := c.src.PathDownTransitions()
+	for index, name := range names {
+		down, err := dp.PathDown(index)
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(c.pathDown, err)
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.pathDown, prometheus.GaugeValue, boolValue(down), name)
+		ch <- prometheus.MustNewConstMetric(c.pathDownTransitions, prometheus.CounterValue, float64(downs[index]), name)
 	}
 
 	if stats, err := dp.Stats(); err != nil {
@@ -379,10 +397,14 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	if on, err := dp.ObserveOnly(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.observeOnly, fmt.Errorf("reading the observe-only switch: %w", err))
 	} else {
-		v := 0.0
-		if on {
-			v = 1
-		}
-		ch <- prometheus.MustNewConstMetric(c.observeOnly, prometheus.GaugeValue, v)
+		ch <- prometheus.MustNewConstMetric(c.observeOnly, prometheus.GaugeValue, boolValue(on))
 	}
+}
+
+// boolValue is a gauge's value for a yes or no: 1 or 0.
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

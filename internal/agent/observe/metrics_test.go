@@ -27,6 +27,7 @@ type source struct {
 	paths, rules map[uint32]string
 	pods         []podnet.Pod
 	pms          []podnet.PathManagerState
+	downs        map[uint32]uint64
 }
 
 func (s *source) Datapath() *datapath.Datapath            { return s.dp }
@@ -34,6 +35,7 @@ func (s *source) PathNames() map[uint32]string            { return s.paths }
 func (s *source) RuleNames() map[uint32]string            { return s.rules }
 func (s *source) Pods() []podnet.Pod                      { return s.pods }
 func (s *source) PathManagers() []podnet.PathManagerState { return s.pms }
+func (s *source) PathDownTransitions() map[uint32]uint64  { return s.downs }
 
 func probe(t *testing.T, srv *httptest.Server, path string) int {
 	t.Helper()
@@ -157,6 +159,32 @@ func TestObserveOnlyGaugeFollowsTheDatapath(t *testing.T) {
 		if err := testutil.GatherAndCompare(m.Gatherer(), strings.NewReader(exp), "mptcp_agent_observe_only"); err != nil {
 			t.Errorf("observe-only %v: %v", on, err)
 		}
+	}
+}
+
+// Each configured path's state in the datapath is a gauge, and the agent's
+// count of its losses a counter.
+func TestPathDownIsExported(t *testing.T) {
+	privileged.RequireRoot(t)
+	dp, err := datapath.Load(datapath.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	src := &source{dp: dp, paths: map[uint32]string{1: "fabric-a", 2: "fabric-b"}, downs: map[uint32]uint64{2: 3}}
+	m := NewMetrics(src, slog.New(slog.DiscardHandler))
+	if err := dp.SetPathDown(2, true); err != nil {
+		t.Fatal(err)
+	}
+	var exp strings.Builder
+	exp.WriteString("# HELP mptcp_agent_path_down 1 while the path is down on this node (its NIC is missing, has no carrier, or flaps and is held down): " +
+		"no new subflow is placed on it and its subflows detour over another path of their rule.\n# TYPE mptcp_agent_path_down gauge\n")
+	exp.WriteString("mptcp_agent_path_down{path=\"fabric-a\"} 0\nmptcp_agent_path_down{path=\"fabric-b\"} 1\n")
+	exp.WriteString("# HELP mptcp_agent_path_down_transitions_total Times the path went down on this node after having been up, since the agent started.\n" +
+		"# TYPE mptcp_agent_path_down_transitions_total counter\n")
+	exp.WriteString("mptcp_agent_path_down_transitions_total{path=\"fabric-a\"} 0\nmptcp_agent_path_down_transitions_total{path=\"fabric-b\"} 3\n")
+	if err := testutil.GatherAndCompare(m.Gatherer(), strings.NewReader(exp.String()), "mptcp_agent_path_down", "mptcp_agent_path_down_transitions_total"); err != nil {
+		t.Error(err)
 	}
 }
 
