@@ -1053,9 +1053,11 @@ int pod_egress(struct __sk_buff *skb)
 	count_subflow(sf, pkt.len, true);
 	if (is_capable_ack(&pkt) && sf->role == ROLE_INITIATOR)
 		learn_connection(skb, &pkt, 1, sf);
+	/* The path first: a detoured packet is policed as the path it
+	 * travels. */
+	path = travel_path(sf);
 	if (rate_packet(skb, &pkt, &fk, sf, RATE_DIR_EGRESS) == TC_ACT_SHOT)
 		return TC_ACT_SHOT;
-	path = travel_path(sf);
 	set_path_mark(skb, path);
 	count_path(path, pkt.len, true);
 	return TCX_NEXT;

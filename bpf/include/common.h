@@ -184,6 +184,16 @@ struct subflow {
 	__u32 homed_ms;
 };
 
+/* subflow_path is the path a subflow's packets travel now: its detour while
+ * it has one (detour.h), else its own. What is charged per path (police) is
+ * charged to this one. */
+static __always_inline __u32 subflow_path(const struct subflow *sf)
+{
+	__u32 detour = (sf->flags & SUBFLOW_DETOUR_MASK) >> SUBFLOW_DETOUR_SHIFT;
+
+	return detour ? detour : sf->path_index;
+}
+
 /* A connection is known on both nodes by both of its tokens: joins the
  * initiator opens carry the responder's token, joins the responder opens carry
  * the initiator's. Both map, through conn_aliases, to one conn_states entry

@@ -37,7 +37,9 @@ static __always_inline __u32 now_ms(void)
  * 0 for none. */
 static __always_inline __u32 subflow_detour(const struct subflow *sf)
 {
-	return (sf->flags & SUBFLOW_DETOUR_MASK) >> SUBFLOW_DETOUR_SHIFT;
+	__u32 path = subflow_path(sf);
+
+	return path == sf->path_index ? 0 : path;
 }
 
 /* set_detour writes the detour bits and SUBFLOW_DETOUR_OURS, leaving the
@@ -124,8 +126,11 @@ static __always_inline __u32 travel_path(struct subflow *sf)
 		count(STAT_SUBFLOW_HOMED);
 		return home;
 	}
-	if (detour && path_up(detour))
-		return detour;
+	if (detour) {
+		if (path_up(detour))
+			return detour; /* following the peer */
+		set_detour(sf, 0, 0);  /* not over a path that is down here */
+	}
 	return home;
 }
 

@@ -357,7 +357,7 @@ __noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, const s
 	if (!skb || !pkt || !fk || !sf)
 		return TCX_NEXT;
 	rule = sf->rule;
-	path = sf->path_index;
+	path = subflow_path(sf);
 	cfg = bpf_map_lookup_elem(&rate_rules, &rule);
 	if (!cfg || (cfg->mode != RATE_MODE_WINDOW && cfg->mode != RATE_MODE_POLICE))
 		return TCX_NEXT;
@@ -406,7 +406,7 @@ static __always_inline int rate_packet(struct __sk_buff *skb, const struct packe
 		return TCX_NEXT;
 	k = (struct rate_key){.rule = rule, .dir = dir};
 	rate_conn_key(&k, fk, sf->conn, NULL, 0);
-	return rate_police(pkt, cfg, &k, sf->path_index, rate_clock(cfg));
+	return rate_police(pkt, cfg, &k, subflow_path(sf), rate_clock(cfg));
 }
 
 /* rate_classify gives a packet leaving a path's NIC the HTB class the agent

@@ -152,3 +152,42 @@ func TestForgedArrivalOffTheRulesPathsMovesNothing(t *testing.T) {
 		t.Errorf("followed counted %d times, want none", n)
 	}
 }
+
+// A detoured subflow is policed as the path it travels: a per-path cap on
+// the detour holds the subflow whose own path is down.
+func TestDetouredSubflowIsPolicedOnThePathItTravels(t *testing.T) {
+	const rateBps, burst = 8_000_000, 64 << 10
+	dp := loadForTest(t)
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}, Spread: SpreadPreferred}})
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetRateRule(0, RateConfig{Mode: RatePolice, PerPath: map[uint32]uint64{2: rateBps}, Directions: Egress, BurstBytes: burst}); err != nil {
+		t.Fatal(err)
+	}
+	if p := placeSYN(t, dp, clientPod, 40001, serverPod, 5201); p != 1 {
+		t.Fatalf("placed on path %d, want 1 (preferred)", p)
+	}
+	run(t, dp.objs.PodEgress, capableACK(clientPod, 40001, serverPod, 5201, 1, 2), skbContext{})
+	out := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40001, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: make([]byte, 1400)}}.Bytes()
+	send := func(n int) (dropped int) {
+		for range n {
+			if ret, _ := runOut(t, dp.objs.PodEgress, out); ret == tcActShot {
+				dropped++
+			}
+		}
+		return dropped
+	}
+	if d := send(100); d != 0 {
+		t.Fatalf("on its own path 1, uncapped: %d of 100 packets dropped", d)
+	}
+	if err := dp.SetPathDown(1, true); err != nil {
+		t.Fatal(err)
+	}
+	if d := send(100); d < 40 {
+		t.Errorf("detoured onto path 2, capped at 1 MB/s with a 64 KiB burst: %d of 100 packets of 1.4 kB dropped, want all but the burst", d)
+	}
+	if n := stat(t, dp, StatRateDropPath); n == 0 {
+		t.Error("no drop counted against the path")
+	}
+}
