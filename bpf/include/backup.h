@@ -91,7 +91,7 @@ __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struc
 	__builtin_memcpy(&new, w, sizeof(new));
 	if (new == old) {
 		/* The sender asked for backup itself. */
-		sf->flags |= SUBFLOW_BACKUP;
+		__sync_fetch_and_or(&sf->flags, SUBFLOW_BACKUP);
 		return 0;
 	}
 	if (observe_only()) {
@@ -102,7 +102,7 @@ __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struc
 		return 0;
 	if (bpf_skb_store_bytes(skb, l4 + word, w, sizeof(w), 0))
 		return 0;
-	sf->flags |= SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US;
+	__sync_fetch_and_or(&sf->flags, SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US);
 	count(STAT_BACKUP_FLAGGED);
 	return 0;
 }
@@ -212,9 +212,9 @@ __noinline int backup_prio_act(struct __sk_buff *skb, const struct packet *pkt, 
 			return 0;
 	}
 	if (want)
-		sf->flags |= SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US;
+		__sync_fetch_and_or(&sf->flags, SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US);
 	else
-		sf->flags &= ~(SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US);
+		__sync_fetch_and_and(&sf->flags, ~(SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US));
 	count(STAT_BACKUP_PRIO_SENT);
 	return 0;
 }

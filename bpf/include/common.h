@@ -177,11 +177,12 @@ struct subflow {
 	/* The local pod's slot in pod_records (its endpoint's), so that its
 	 * counters need no lookup by address; 0 until known. */
 	__u32 pod_slot;
-	/* Failover (detour.h): when the subflow last came back to its own
-	 * path, bpf_ktime_get_ns() in milliseconds (wrapping). For
-	 * DETOUR_SETTLE_MS after it, packets still arriving over the detour
-	 * are late ones and are not followed. */
-	__u32 homed_ms;
+	/* Failover (detour.h), bpf_ktime_get_ns() in milliseconds
+	 * (wrapping): when a packet last arrived over the path the subflow
+	 * travels now, and when it last changed path. */
+	__u32 seen_ms;
+	__u32 moved_ms;
+	__u32 pad;
 };
 
 /* subflow_path is the path a subflow's packets travel now: its detour while

@@ -13,20 +13,30 @@
  * the replies take the live path too. When the path comes back the leader
  * brings the subflow home and the peer follows it back.
  *
- * Coming home races with the packets still queued on the detour: the two
- * paths' queues differ, so for a while packets arrive over both. Following
- * such a late packet back onto the detour would leave both nodes there,
- * each following the other. So for DETOUR_SETTLE_MS after a subflow came
- * home (led or followed), arrivals over another path are not followed.
+ * Arrivals are not authenticated: anyone on a fabric can send a packet with
+ * a subflow's 4-tuple. So a node follows only when the path the subflow
+ * travels now has been silent for DETOUR_SILENT_MS (a peer that moved sends
+ * nothing over it any more; a forger cannot stop the real packets), never
+ * within DETOUR_SETTLE_MS of the last move (no flapping, and the packets
+ * still queued on the old path are not followed back), only onto a path the
+ * subflow's rule lists, and a followed detour ends after
+ * DETOUR_FOLLOW_MAX_MS: both nodes then go home, and follow again within
+ * DETOUR_SILENT_MS if the peer still leads. A subflow no rule selected is
+ * never moved.
  *
- * The state lives in the subflow's flags (SUBFLOW_DETOUR_* in common.h) and
- * homed_ms. Flags are updated with atomic and/or: the backup actor writes
- * other bits of the same word on another CPU. */
+ * The state lives in the subflow's flags (SUBFLOW_DETOUR_* in common.h),
+ * updated by compare-and-swap (the backup actor writes other bits of the
+ * same word on another CPU), and in seen_ms and moved_ms. */
 
-/* DETOUR_SETTLE_MS: longer than a detour's queue takes to drain (the bed's
- * links queue at most 20 ms; a data centre's switches far less), short
- * enough that a peer which really moved the subflow is followed soon. */
+/* Milliseconds: long enough for a busy subflow's silence to mean the peer
+ * moved (its packets arrive every few microseconds to milliseconds), short
+ * against the kernel's own recovery (an RTO, 200 ms at least). */
+#define DETOUR_SILENT_MS 50
+/* Longer than a detour's queue takes to drain (the bed's links queue at
+ * most 20 ms; a data centre's switches far less) plus a round trip. */
 #define DETOUR_SETTLE_MS 250
+/* How long a followed detour lasts before both nodes try home again. */
+#define DETOUR_FOLLOW_MAX_MS 1000
 
 static __always_inline __u32 now_ms(void)
 {
@@ -42,18 +52,23 @@ static __always_inline __u32 subflow_detour(const struct subflow *sf)
 	return path == sf->path_index ? 0 : path;
 }
 
-/* set_detour writes the detour bits and SUBFLOW_DETOUR_OURS, leaving the
- * word's other bits to their writers: clear, then set. Going home (path 0)
- * starts the settling time. */
+/* set_detour moves the subflow onto path (0: home), ours saying whether this
+ * node leads. The detour bits and SUBFLOW_DETOUR_OURS change in one
+ * compare-and-swap, so that two CPUs moving it at once leave one of their
+ * values, never a mix; the backup actor's bits are kept. */
 static __always_inline void set_detour(struct subflow *sf, __u32 path, __u32 ours)
 {
 	__u32 bits = ((path << SUBFLOW_DETOUR_SHIFT) & SUBFLOW_DETOUR_MASK) | ours;
+	__u32 old, now = now_ms();
 
-	__sync_fetch_and_and(&sf->flags, ~(SUBFLOW_DETOUR_MASK | SUBFLOW_DETOUR_OURS));
-	if (bits)
-		__sync_fetch_and_or(&sf->flags, bits);
-	if (!path)
-		sf->homed_ms = now_ms();
+	for (int i = 0; i < 4; i++) {
+		old = sf->flags;
+		if (__sync_val_compare_and_swap(
+			&sf->flags, old, (old & ~(SUBFLOW_DETOUR_MASK | SUBFLOW_DETOUR_OURS)) | bits) == old)
+			break;
+	}
+	sf->moved_ms = now;
+	sf->seen_ms = now;
 }
 
 /* detour_path is the first path of rule_id's list, other than home, that is
@@ -106,7 +121,7 @@ static __always_inline __u32 travel_path(struct subflow *sf)
 	__u32 detour = subflow_detour(sf), alt;
 
 	if (!path_up(home)) {
-		if (detour && detour != home && path_up(detour)) {
+		if (detour && path_up(detour) && rule_has_path(sf->rule, detour)) {
 			/* Already away (the peer led, or an earlier
 			 * packet): this node now leads too. */
 			if (!(flags & SUBFLOW_DETOUR_OURS))
@@ -126,11 +141,14 @@ static __always_inline __u32 travel_path(struct subflow *sf)
 		count(STAT_SUBFLOW_HOMED);
 		return home;
 	}
-	if (detour) {
-		if (path_up(detour))
-			return detour; /* following the peer */
-		set_detour(sf, 0, 0);  /* not over a path that is down here */
-	}
+	if (!detour)
+		return home;
+	/* A followed detour: kept while its path is up here, still in the
+	 * rule (an admin may have taken it out), and young. */
+	if (path_up(detour) && now_ms() - sf->moved_ms < DETOUR_FOLLOW_MAX_MS &&
+	    rule_has_path(sf->rule, detour))
+		return detour;
+	set_detour(sf, 0, 0);
 	return home;
 }
 
@@ -139,28 +157,26 @@ static __always_inline __u32 travel_path(struct subflow *sf)
  * marked: observe-only, or not from a path NIC). */
 static __always_inline void follow_peer(struct subflow *sf, __u32 arrival)
 {
-	__u32 home = sf->path_index & MAX_PATHS, flags = sf->flags;
-	__u32 detour = subflow_detour(sf);
+	__u32 home = sf->path_index & MAX_PATHS, now, current;
 
-	if (!arrival || arrival > MAX_PATHS)
-		return;
-	if (flags & SUBFLOW_DETOUR_OURS)
-		return; /* this node leads: its own path is down */
-	if (arrival == home) {
-		if (detour) {
-			set_detour(sf, 0, 0); /* the peer is home */
-			count(STAT_SUBFLOW_FOLLOWED);
-		}
+	if (!arrival || arrival > MAX_PATHS || (sf->flags & SUBFLOW_DETOUR_OURS))
+		return; /* not from a path NIC, or this node leads */
+	now = now_ms();
+	current = subflow_path(sf);
+	if (arrival == current) {
+		if (sf->seen_ms != now)
+			sf->seen_ms = now;
 		return;
 	}
-	if (detour == arrival || now_ms() - sf->homed_ms < DETOUR_SETTLE_MS)
+	/* The peer seems to have moved: believed only once the path the
+	 * subflow travels now has gone quiet, not right after a move, and
+	 * onto a path the subflow's rule lists. */
+	if (sf->rule == RULE_NONE || now - sf->seen_ms < DETOUR_SILENT_MS ||
+	    now - sf->moved_ms < DETOUR_SETTLE_MS)
 		return;
-	/* Only onto a path the subflow's rule allows: a packet forged with
-	 * the subflow's 4-tuple on another NIC must not move a pod onto a
-	 * fabric its policy keeps it off. */
-	if (sf->rule != RULE_NONE && !rule_has_path(sf->rule, arrival))
+	if (arrival != home && !rule_has_path(sf->rule, arrival))
 		return;
-	set_detour(sf, arrival, 0);
+	set_detour(sf, arrival == home ? 0 : arrival, 0);
 	count(STAT_SUBFLOW_FOLLOWED);
 }
 

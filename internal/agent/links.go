@@ -45,6 +45,8 @@ func (a *Agent) WatchLinks(ctx context.Context, kick func()) {
 // force is no longer as the last reconcile found it: the caller then
 // reconciles soon, which also reports the link in status.
 func (a *Agent) LinkChanged(c linkwatch.Change) bool {
+	a.linkMu.Lock()
+	defer a.linkMu.Unlock()
 	n, ok := (*a.nics.Load())[c.Name]
 	if !ok {
 		return false
@@ -135,6 +137,10 @@ func (a *Agent) recheckAt(t time.Time) {
 
 // linkState is what the agent keeps about its path NICs between reconciles.
 type linkState struct {
+	// linkMu makes a link event and a reconcile's syncNICs take turns:
+	// a reconcile that read a NIC as running must not write "up" after
+	// an event marked it down.
+	linkMu sync.Mutex
 	// nics are the path NICs in force by interface name, as the last
 	// reconcile found them.
 	nics   atomic.Pointer[map[string]nicInForce]

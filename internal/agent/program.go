@@ -19,6 +19,8 @@ import (
 // damper), and asks for nic_ingress on each NIC.
 func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 	var errs []error
+	a.linkMu.Lock()
+	defer a.linkMu.Unlock()
 	nics := map[string]nicInForce{}
 	defer func() { a.nics.Store(&nics) }()
 	for _, p := range plan.Paths {

@@ -296,7 +296,9 @@ type datapathSubflow struct {
 	RxPackets uint64
 	RxBytes   uint64
 	PodSlot   uint32
-	HomedMs   uint32
+	SeenMs    uint32
+	MovedMs   uint32
+	Pad       uint32
 }
 
 type datapathSubflowBucket struct {

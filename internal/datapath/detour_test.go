@@ -37,14 +37,18 @@ func detourOf(t *testing.T, dp *Datapath) uint32 {
 	return sfs[0].Detour
 }
 
-// settle outlasts DETOUR_SETTLE_MS (bpf/include/detour.h).
-const settle = 300 * time.Millisecond
+// settle outlasts DETOUR_SETTLE_MS (bpf/include/detour.h), and with it
+// DETOUR_SILENT_MS; followMax outlasts DETOUR_FOLLOW_MAX_MS.
+const (
+	settle    = 300 * time.Millisecond
+	followMax = 1100 * time.Millisecond
+)
 
 // A subflow whose path goes down on its node leaves by another path of its
 // rule at once, keeps its path, and goes home when the path comes back. The
 // peer's packets still arriving over the detour just after are late ones:
-// the subflow stays home; once they have drained, a move of the peer's is
-// followed.
+// the subflow stays home. Once its own path has gone quiet, a move of the
+// peer's is followed, and a followed detour ends after a while.
 func TestSubflowDetoursWhileItsPathIsDownAndComesHome(t *testing.T) {
 	dp := loadForTest(t)
 	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}}})
@@ -90,7 +94,7 @@ func TestSubflowDetoursWhileItsPathIsDownAndComesHome(t *testing.T) {
 	if p := sentOn(t, dp, out); p != home {
 		t.Fatalf("after a late packet over the detour: sent on path %d, want home %d", p, home)
 	}
-	time.Sleep(settle)
+	time.Sleep(settle) // nothing over home: the peer may have moved
 	run(t, dp.objs.PodIngress, in, dp.arrivedOn(other))
 	if p := sentOn(t, dp, out); p != other {
 		t.Fatalf("the peer moved the subflow: sent on path %d, want %d", p, other)
@@ -98,10 +102,15 @@ func TestSubflowDetoursWhileItsPathIsDownAndComesHome(t *testing.T) {
 	if d := detourOf(t, dp); d != other {
 		t.Errorf("subflow detour %d after following the peer, want %d", d, other)
 	}
+	time.Sleep(followMax)
+	if p := sentOn(t, dp, out); p != home {
+		t.Fatalf("a followed detour past its time: sent on path %d, want home %d", p, home)
+	}
 }
 
 // The responder's node follows a subflow the peer moved onto another path,
-// so that the replies take the live path too, and follows it back home.
+// so that the replies take the live path too, and follows it back home
+// once the detour has gone quiet.
 func TestResponderFollowsThePeersDetourAndBack(t *testing.T) {
 	dp := mirroredJoinBed(t) // the peer's join arrived on path 2
 	in := dataFrame(clientPod, 45000, serverPod, 5201)
@@ -114,6 +123,11 @@ func TestResponderFollowsThePeersDetourAndBack(t *testing.T) {
 	if d := detourOf(t, dp); d != 1 {
 		t.Errorf("subflow detour %d, want 1", d)
 	}
+	run(t, dp.objs.PodIngress, in, dp.arrivedOn(2)) // too soon after the move
+	if p := sentOn(t, dp, reply); p != 1 {
+		t.Fatalf("a packet over path 2 right after the move: reply on path %d, want still 1", p)
+	}
+	time.Sleep(settle)
 	run(t, dp.objs.PodIngress, in, dp.arrivedOn(2))
 	run(t, dp.objs.PodIngress, in, dp.arrivedOn(1)) // late, from the detour's queue
 	if p := sentOn(t, dp, reply); p != 2 {
@@ -138,15 +152,20 @@ func TestResponderFollowsThePeersDetourAndBack(t *testing.T) {
 
 // A packet with a subflow's 4-tuple arriving over a path the subflow's rule
 // does not list (forged on another fabric) does not move the subflow there;
-// nor does one no path NIC marked.
-func TestForgedArrivalOffTheRulesPathsMovesNothing(t *testing.T) {
+// nor does one no path NIC marked, nor one over a listed path while the
+// peer's packets still arrive over the subflow's own.
+func TestForgedArrivalMovesNothing(t *testing.T) {
 	dp := mirroredJoinBed(t)
 	in := dataFrame(clientPod, 45000, serverPod, 5201)
 	reply := dataFrame(serverPod, 5201, clientPod, 45000)
 	run(t, dp.objs.PodIngress, in, dp.arrivedOn(3))
 	run(t, dp.objs.PodIngress, in, skbContext{})
+	for i := 0; i < 5; i++ {
+		run(t, dp.objs.PodIngress, in, dp.arrivedOn(2)) // the peer's own
+		run(t, dp.objs.PodIngress, in, dp.arrivedOn(1)) // forged
+	}
 	if p := sentOn(t, dp, reply); p != 2 {
-		t.Fatalf("reply on path %d, want 2: the rule lists paths 1 and 2 only", p)
+		t.Fatalf("reply on path %d, want 2", p)
 	}
 	if n := stat(t, dp, StatSubflowFollowed); n != 0 {
 		t.Errorf("followed counted %d times, want none", n)

@@ -32,17 +32,26 @@ type Change struct {
 // restarted): the handler should re-read every link.
 type Handler func(c Change, resync bool)
 
+// receiveBuffer is the subscription socket's buffer: about 4000 link
+// messages.
+const receiveBuffer = 4 << 20
+
 // retryDelay is how long Watch waits before subscribing again after the
-// subscription failed (the socket's buffer overflowed, typically).
-const retryDelay = 200 * time.Millisecond
+// subscription failed (the socket's buffer overflowed, typically): each
+// time asks for a reconcile, so it also bounds how often a flood of events
+// makes the agent reconcile.
+const retryDelay = time.Second
 
 // Watch delivers the link changes of the calling thread's network namespace
 // to h until ctx ends. It subscribes again whenever the subscription ends
 // with an error, telling h to resync.
 func Watch(ctx context.Context, log *slog.Logger, h Handler) {
-	names := map[int]string{}
 	first := true
 	for ctx.Err() == nil {
+		// Anew each time: the listing that starts a subscription fills
+		// it, and a deletion lost with the old one must not make a
+		// reused index look like a rename.
+		names := map[int]string{}
 		if err := watchOnce(ctx, names, h, !first); err != nil {
 			log.Error("link events: subscription ended; subscribing again", "err", err)
 		}
@@ -69,6 +78,11 @@ func watchOnce(ctx context.Context, names map[int]string, h Handler, resync bool
 		// The links as they are now come first, so that names is
 		// complete and renames are recognised.
 		ListExisting: true,
+		// Pods come and go with veths in this namespace, and a pod
+		// with CAP_NET_ADMIN can flap its end: room for bursts, so
+		// that a path NIC's event is not lost with theirs.
+		ReceiveBufferSize:      receiveBuffer,
+		ReceiveBufferForceSize: true, // past rmem_max: the agent has CAP_NET_ADMIN
 	})
 	if err != nil {
 		return fmt.Errorf("subscribing to link events: %w", err)
