@@ -38,9 +38,12 @@
 /* How long a followed detour lasts before both nodes try home again. */
 #define DETOUR_FOLLOW_MAX_MS 1000
 
+/* now_ms is the coarse clock (a tick, 4 ms at HZ=250: plenty for these
+ * thresholds, and cheaper than the precise one on every packet into a pod)
+ * in milliseconds, wrapping. */
 static __always_inline __u32 now_ms(void)
 {
-	return (__u32)(bpf_ktime_get_ns() / 1000000);
+	return (__u32)(bpf_ktime_get_coarse_ns() / 1000000);
 }
 
 /* subflow_detour is the path a subflow currently travels instead of its own,
