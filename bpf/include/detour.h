@@ -20,9 +20,9 @@
  * within DETOUR_SETTLE_MS of the last move (no flapping, and the packets
  * still queued on the old path are not followed back), only onto a path the
  * subflow's rule lists, and a followed detour ends after
- * DETOUR_FOLLOW_MAX_MS: both nodes then go home, and follow again within
- * DETOUR_SILENT_MS if the peer still leads. A subflow no rule selected is
- * never moved.
+ * DETOUR_FOLLOW_MAX_MS: the node then goes home, and follows again
+ * DETOUR_SILENT_MS later if the peer still leads. A subflow no rule selected
+ * is never moved.
  *
  * The state lives in the subflow's flags (SUBFLOW_DETOUR_* in common.h),
  * updated by compare-and-swap (the backup actor writes other bits of the
@@ -35,8 +35,11 @@
 /* Longer than a detour's queue takes to drain (the bed's links queue at
  * most 20 ms; a data centre's switches far less) plus a round trip. */
 #define DETOUR_SETTLE_MS 250
-/* How long a followed detour lasts before both nodes try home again. */
-#define DETOUR_FOLLOW_MAX_MS 1000
+/* How long a followed detour lasts before this node tries home again: a
+ * forged move of an idle subflow ends after it; a real one is followed
+ * again DETOUR_SILENT_MS later, so a long failure of the peer's NIC costs
+ * the follower that much every DETOUR_FOLLOW_MAX_MS (0.5 %). */
+#define DETOUR_FOLLOW_MAX_MS 10000
 
 /* now_ms is the coarse clock (a tick, 4 ms at HZ=250: plenty for these
  * thresholds, and cheaper than the precise one on every packet into a pod)
@@ -152,6 +155,10 @@ static __always_inline __u32 travel_path(struct subflow *sf)
 	    rule_has_path(sf->rule, detour))
 		return detour;
 	set_detour(sf, 0, 0);
+	/* No settling: this is no answer to a move of the peer's, whose
+	 * detour, if it still leads one, is followed again once home has
+	 * been silent for DETOUR_SILENT_MS. */
+	sf->moved_ms -= DETOUR_SETTLE_MS;
 	return home;
 }
 

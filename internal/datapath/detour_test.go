@@ -41,7 +41,7 @@ func detourOf(t *testing.T, dp *Datapath) uint32 {
 // DETOUR_SILENT_MS; followMax outlasts DETOUR_FOLLOW_MAX_MS.
 const (
 	settle    = 300 * time.Millisecond
-	followMax = 1100 * time.Millisecond
+	followMax = 10100 * time.Millisecond
 )
 
 // A subflow whose path goes down on its node leaves by another path of its
