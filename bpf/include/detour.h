@@ -28,17 +28,19 @@
  * updated by compare-and-swap (the backup actor writes other bits of the
  * same word on another CPU), and in seen_ms and moved_ms. */
 
-/* Milliseconds: long enough for a busy subflow's silence to mean the peer
- * moved (its packets arrive every few microseconds to milliseconds), short
- * against the kernel's own recovery (an RTO, 200 ms at least). */
-#define DETOUR_SILENT_MS 50
+/* A few ticks of the coarse clock: a busy subflow's packets arrive every
+ * few microseconds, so its silence means the peer moved; and short, because
+ * until this node follows, the replies it sends over the dead path are lost
+ * (duplicate ACKs among them: at 50 ms the sender fell back to its
+ * retransmission timeout, 200 ms, in every e2e near-side failure). */
+#define DETOUR_SILENT_MS 12
 /* Longer than a detour's queue takes to drain (the bed's links queue at
  * most 20 ms; a data centre's switches far less) plus a round trip. */
 #define DETOUR_SETTLE_MS 250
 /* How long a followed detour lasts before this node tries home again: a
  * forged move of an idle subflow ends after it; a real one is followed
  * again DETOUR_SILENT_MS later, so a long failure of the peer's NIC costs
- * the follower that much every DETOUR_FOLLOW_MAX_MS (0.5 %). */
+ * the follower that much every DETOUR_FOLLOW_MAX_MS (0.1 %). */
 #define DETOUR_FOLLOW_MAX_MS 10000
 
 /* now_ms is the coarse clock (a tick, 4 ms at HZ=250: plenty for these
