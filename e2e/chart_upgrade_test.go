@@ -41,7 +41,8 @@ type rolloutSample struct {
 	pods []corev1.Pod
 }
 
-// watchAgentPods samples the agent pods every 100 ms until stop.
+// watchAgentPods samples the agent pods every 100 ms until stop, and once
+// more when stopped.
 func (cb *chartBed) watchAgentPods() (stop func() []rolloutSample) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
@@ -66,6 +67,12 @@ func (cb *chartBed) watchAgentPods() (stop func() []rolloutSample) {
 	return func() []rolloutSample {
 		cancel()
 		<-done
+		// One more, taken after the upgrade returned: helm saw the last
+		// agent ready, and a sample from up to 100 ms before may not.
+		var pods corev1.PodList
+		if err := cb.c.List(context.Background(), &pods, client.InNamespace(release.Namespace), client.MatchingLabels{"app.kubernetes.io/component": "agent"}); err == nil {
+			samples = append(samples, rolloutSample{at: time.Now(), pods: pods.Items})
+		}
 		return samples
 	}
 }

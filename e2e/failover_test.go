@@ -47,6 +47,7 @@ type failoverFigures struct {
 	pathBack   time.Duration // from the repair until node 1's nic1 sends 10 % of its link again; -1: never
 	resets     []string      // RSTs in the captures
 	rstCounted float64       // TcpOutRsts + MPTcpExtMPRstTx of both pods over the transfer
+	csumErrs   float64       // MPTcpExtDataCsumErr of both pods over the transfer
 	retrans    float64       // the sender's TcpRetransSegs over the transfer
 	reinjected float64       // the sender's MPTcpExtMPTCPRetrans (data sent again on another subflow)
 	placement  string        // each subflow's kind and the NICs node 1 sent it on, from the captures
@@ -107,9 +108,14 @@ func longestStallAt(r testbed.ServerReport, threshold float64, skip time.Duratio
 
 // podResets counts the RSTs the two pods sent (plain and MP_TCPRST).
 func podResets(t *testing.T, bed *testbed.Bed) float64 {
+	return podCounter(t, bed, "TcpOutRsts") + podCounter(t, bed, "MPTcpExtMPRstTx")
+}
+
+// podCounter sums a kernel counter of the two pods.
+func podCounter(t *testing.T, bed *testbed.Bed, name string) float64 {
 	var n float64
 	for _, p := range []*testbed.Pod{bed.Pod(1, 1), bed.Pod(2, 1)} {
-		n += nstatValue(t, bed, p.NetNS, "TcpOutRsts") + nstatValue(t, bed, p.NetNS, "MPTcpExtMPRstTx")
+		n += nstatValue(t, bed, p.NetNS, name)
 	}
 	return n
 }
@@ -132,7 +138,7 @@ func carrierLossTransfer(t *testing.T, bed *testbed.Bed, port, node int) failove
 	if err != nil {
 		t.Fatal(err)
 	}
-	rst0 := podResets(t, bed)
+	rst0, csum0 := podResets(t, bed), podCounter(t, bed, "MPTcpExtDataCsumErr")
 	re0, inj0 := nstatValue(t, bed, client.NetNS, "TcpRetransSegs"), nstatValue(t, bed, client.NetNS, "MPTcpExtMPTCPRetrans")
 
 	type sendResult struct {
@@ -163,7 +169,7 @@ func carrierLossTransfer(t *testing.T, bed *testbed.Bed, port, node int) failove
 	if sampleErr != nil {
 		t.Fatal(sampleErr)
 	}
-	rst1 := podResets(t, bed)
+	rst1, csum1 := podResets(t, bed), podCounter(t, bed, "MPTcpExtDataCsumErr")
 	re1, inj1 := nstatValue(t, bed, client.NetNS, "TcpRetransSegs"), nstatValue(t, bed, client.NetNS, "MPTcpExtMPTCPRetrans")
 	rep := finishTransfer(t, w, srv, res.sent, res.err)[res.sent[0].Local]
 
@@ -191,7 +197,7 @@ func carrierLossTransfer(t *testing.T, bed *testbed.Bed, port, node int) failove
 	}
 	failAt, repairAt := down.Sub(first), up.Sub(first)
 
-	f := failoverFigures{pathBack: -1, rstCounted: rst1 - rst0, retrans: re1 - re0, reinjected: inj1 - inj0}
+	f := failoverFigures{pathBack: -1, rstCounted: rst1 - rst0, csumErrs: csum1 - csum0, retrans: re1 - re0, reinjected: inj1 - inj0}
 	f.before = samplesRate(rep, time.Second, failAt)
 	f.during = samplesRate(rep, failAt, repairAt)
 	f.after = samplesRate(rep, repairAt+time.Second, failoverLength)
@@ -376,8 +382,26 @@ func events(t *testing.T, a *framework.Agent, stats ...datapath.Stat) map[string
 	return out
 }
 
+// checkNoResets fails the test for any reset but one kind, which it names
+// and counts: a subflow reset by its receiver with MP_FAIL and MP_TCPRST
+// "middlebox interference" after a DSS checksum error. That is the defence
+// against Linux 6.18's misplaced data at connection start
+// (docs/testing.md, "Data integrity"), on by default in selected pods: the
+// data goes again over another subflow and the stream arrives whole (the
+// transfer checks it), but the connection goes on with one subflow fewer.
 func checkNoResets(t *testing.T, f failoverFigures) {
 	t.Helper()
+	checksum := 0
+	for _, r := range f.resets {
+		if strings.Contains(r, " 6,8 0x06") {
+			checksum++
+		}
+	}
+	if checksum > 0 && checksum == len(f.resets) && f.csumErrs > 0 {
+		t.Logf("known: %d subflow resets by DSS checksums (%.0f checksum errors counted): the kernel's misplaced data caught; "+
+			"the connection went on with one subflow fewer:\n%s", checksum, f.csumErrs, strings.Join(f.resets, "\n"))
+		return
+	}
 	if len(f.resets) != 0 {
 		t.Errorf("%d resets in the captures:\n%s", len(f.resets), strings.Join(f.resets, "\n"))
 	}
