@@ -321,8 +321,23 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 					t.Errorf("the repaired path carried traffic again after %v, want within 1 s", f.pathBack)
 				}
 			}
+			counts := make([]map[string]float64, len(agents))
 			for k, a := range agents {
-				t.Logf("node %d datapath: %v", k+1, events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed, datapath.StatSubflowFollowed))
+				counts[k] = events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed, datapath.StatSubflowFollowed)
+				t.Logf("node %d datapath: %v", k+1, counts[k])
+			}
+			if c.node == 1 {
+				// The figures above would often be met by the kernel
+				// alone: these say the agent did it. Each failure
+				// detoured the sender's subflow and brought it home,
+				// and the receiver's node followed it there and back.
+				lead, follow := counts[0], counts[1]
+				if lead["subflow_detoured"] != runs || lead["subflow_homed"] != runs {
+					t.Errorf("node 1 detoured %v and homed %v subflows, want %d each", lead["subflow_detoured"], lead["subflow_homed"], runs)
+				}
+				if follow["subflow_followed"] < 2*runs {
+					t.Errorf("node 2 followed %v moves, want at least %d (away and back per failure)", follow["subflow_followed"], 2*runs)
+				}
 			}
 			// The failed node's agent saw every loss and says so.
 			n, _ := scrape(t, agents[c.node-1]).Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
