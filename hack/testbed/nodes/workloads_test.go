@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -105,7 +106,7 @@ func TestClusterRunsDaemonSetsAndDeployments(t *testing.T) {
 			t.Fatal(err)
 		}
 		assertPodReachesAPIServer(t, n, &pod, bp)
-		probe := fmt.Sprintf("/proc/%d/root/sys/fs/bpf/probe-%s", pid, pod.Name)
+		probe := inRootOf(pid, "sys", "fs", "bpf", "probe-"+pod.Name)
 		if err := os.Mkdir(probe, 0o700); err != nil {
 			t.Fatalf("mkdir in pod %s's /sys/fs/bpf: %v", pod.Name, err)
 		}
@@ -130,10 +131,10 @@ func TestClusterRunsDaemonSetsAndDeployments(t *testing.T) {
 		}
 		dsPID := containerPID(t, n, &ds)
 		podNet := fmt.Sprintf("/proc/%d/ns/net", containerPID(t, n, &pod))
-		entries, _ := os.ReadDir(fmt.Sprintf("/proc/%d/root/var/run/netns", dsPID))
+		entries, _ := os.ReadDir(inRootOf(dsPID, "var", "run", "netns"))
 		found := false
 		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), "cni-") && sameNetNS(fmt.Sprintf("/proc/%d/root/var/run/netns/%s", dsPID, e.Name()), podNet) {
+			if strings.HasPrefix(e.Name(), "cni-") && sameNetNS(inRootOf(dsPID, "var", "run", "netns", e.Name()), podNet) {
 				found = true
 			}
 		}
@@ -296,4 +297,10 @@ func workloadStarted(pod *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// inRootOf is a path inside the root filesystem of process pid (a
+// container's), as this namespace reaches it through /proc.
+func inRootOf(pid int, elem ...string) string {
+	return filepath.Join(append([]string{"/proc", strconv.Itoa(pid), "root"}, elem...)...)
 }
