@@ -208,7 +208,7 @@ func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninst
 	sweep := time.NewTicker(agent.SweepInterval)
 	defer sweep.Stop()
 	// A path NIC's link changed: the datapath knows at once
-	// (Agent.LinkChanged); a reconcile follows (one pending at most).
+	// (Agent.WatchLinks); a reconcile follows (one pending at most).
 	relink := make(chan struct{}, 1)
 	go a.WatchLinks(ctx, func() {
 		select {

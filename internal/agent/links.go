@@ -28,13 +28,13 @@ type nicInForce struct {
 func (a *Agent) WatchLinks(ctx context.Context, kick func()) {
 	a.kick.Store(&kick)
 	linkwatch.Watch(ctx, a.log, func(c linkwatch.Change, resync bool) {
-		if resync || a.LinkChanged(c) {
+		if resync || a.linkChanged(c) {
 			kick()
 		}
 	})
 }
 
-// LinkChanged applies a path NIC's carrier change to the datapath at once,
+// linkChanged applies a path NIC's carrier change to the datapath at once,
 // between reconciles: its paths go down when the NIC loses its carrier or
 // goes away (new subflows avoid them, existing ones detour over another
 // path of their rule: bpf/include/detour.h), and up again when it comes
@@ -44,7 +44,7 @@ func (a *Agent) WatchLinks(ctx context.Context, kick func()) {
 // reconcile has programmed it. It returns whether the NIC of a path in
 // force is no longer as the last reconcile found it: the caller then
 // reconciles soon, which also reports the link in status.
-func (a *Agent) LinkChanged(c linkwatch.Change) bool {
+func (a *Agent) linkChanged(c linkwatch.Change) bool {
 	a.linkMu.Lock()
 	defer a.linkMu.Unlock()
 	n, ok := (*a.nics.Load())[c.Name]

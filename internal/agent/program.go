@@ -15,7 +15,7 @@ import (
 
 // syncNICs declares each path's NIC to the datapath and marks a path down
 // when its NIC is missing or has no carrier (at this reconcile; between
-// reconciles link events do it, LinkChanged) or flaps (held down by the
+// reconciles link events do it, linkChanged) or flaps (held down by the
 // damper), and asks for nic_ingress on each NIC.
 func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 	var errs []error

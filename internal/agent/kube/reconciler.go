@@ -130,7 +130,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&mptcpv1alpha1.MPTCPNodeState{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
 	if r.LinkEvents != nil {
 		// A path NIC's carrier changed: the datapath already knows
-		// (Agent.LinkChanged); the reconcile reprograms a NIC that
+		// (Agent.WatchLinks); the reconcile reprograms a NIC that
 		// came back and reports the link.
 		b = b.WatchesRawSource(source.Channel(r.LinkEvents, &handler.TypedEnqueueRequestForObject[*mptcpv1alpha1.MPTCPNodeState]{}))
 	}
