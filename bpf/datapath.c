@@ -1241,6 +1241,55 @@ static __always_inline int table_run(void *map, __u32 bits, __u32 code, const __
 	return result;
 }
 
+/* take_one lowers *v by one unless it is 0: a count given back twice, or
+ * after its connection was learnt anew, must not wrap and refuse every join
+ * from then on. A few attempts: user space is the only writer that lowers,
+ * and packets raise it at most once each. */
+static __always_inline void take_one(__u32 *v)
+{
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		__u32 old = *(volatile __u32 *)v;
+
+		if (old == 0 || __sync_val_compare_and_swap(v, old, old - 1) == old)
+			return;
+	}
+}
+
+/* subflow_closed runs when the pod's kernel closed the subflow of key (the
+ * agent, the pod's path manager, hears it): the subflow's connection gets
+ * back what the subflow held, once, so that a join opened to replace it is
+ * placed on the path it leaves and counts against the rule's maximum as the
+ * closed one did: its path's bit, and one join (placed by this node) or one
+ * subflow (the initial one, or a join the peer opened). Then the entry goes,
+ * as a delete; the result is the entries freed. */
+static __always_inline int subflow_closed(const __u64 *key)
+{
+	const struct flow_key *fk = (const struct flow_key *)key;
+	struct conn_key ck = {};
+	struct subflow *sf;
+	struct conn *c;
+
+	sf = subflow_lookup(fk);
+	if (!sf)
+		return 0;
+	if (sf->conn && !(__sync_fetch_and_or(&sf->flags, SUBFLOW_CLOSED) & SUBFLOW_CLOSED)) {
+		ck.family = fk->family;
+		ck.token = sf->conn;
+		__builtin_memcpy(ck.local, fk->saddr, 16);
+		c = bpf_map_lookup_elem(&conn_states, &ck);
+		if (c) {
+			__sync_fetch_and_and(&c->used, ~(1U << (sf->path_index & MAX_PATHS)));
+			if (sf->role == ROLE_INITIATOR && sf->token)
+				take_one(&c->joins);
+			else
+				take_one(&c->subflows);
+			count(STAT_SUBFLOW_CLOSED);
+		}
+	}
+	return table_delete(&subflows, SUBFLOW_TABLE_BITS, key, FLOW_KEY_WORDS, SUBFLOW_WORDS);
+}
+
 /* table_ctl is how user space changes the tables (table.h): the agent
  * forgetting subflows and a migration filling a new table run it with a
  * struct table_op as context (BPF_PROG_RUN). User space writes the tables
@@ -1258,7 +1307,9 @@ int table_ctl(struct table_op *op)
 #pragma unroll
 	for (int i = 0; i < TABLE_VALUE_WORDS_MAX; i++)
 		value[i] = op->value[i];
-	if (table == TABLE_ID_SUBFLOWS)
+	if (table == TABLE_ID_SUBFLOWS && code == TABLE_OP_SUBFLOW_CLOSED)
+		result = subflow_closed(key);
+	else if (table == TABLE_ID_SUBFLOWS)
 		result =
 		    table_run(&subflows, SUBFLOW_TABLE_BITS, code, key, FLOW_KEY_WORDS, value, SUBFLOW_WORDS);
 	else if (table == TABLE_ID_POLICE)

@@ -99,6 +99,7 @@ enum stat_id {
 	STAT_SUBFLOW_DETOURED, /* a subflow whose path is down here sent over another path of its rule */
 	STAT_SUBFLOW_HOMED,    /* ... and back on its own path once that came up again */
 	STAT_SUBFLOW_FOLLOWED, /* a subflow's packets followed the peer's onto another path, or back */
+	STAT_SUBFLOW_CLOSED,   /* closed subflows whose path and count went back to their connection */
 	STAT_MAX,
 };
 
@@ -151,6 +152,9 @@ enum subflow_role {
  * chose the detour because the subflow's path is down here; otherwise the
  * detour follows the peer's, whose packets arrive over that path. */
 #define SUBFLOW_DETOUR_OURS  (1U << 2)
+/* The pod's kernel closed the subflow and its connection got back what the
+ * subflow held (datapath.c, subflow_closed): given back once. */
+#define SUBFLOW_CLOSED	     (1U << 3)
 #define SUBFLOW_DETOUR_SHIFT 8
 #define SUBFLOW_DETOUR_MASK  (0xfU << SUBFLOW_DETOUR_SHIFT)
 _Static_assert(MAX_PATHS <= 0xf, "a path index outgrew the SUBFLOW_DETOUR bits");

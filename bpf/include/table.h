@@ -77,6 +77,9 @@ enum table_op_code {
 	TABLE_OP_INSERT = 1,	 /* store, replacing the key's entry */
 	TABLE_OP_INSERT_NEW = 2, /* store unless the key has an entry */
 	TABLE_OP_DELETE = 3,	 /* free the key's entries */
+	/* The subflow table only: the pod's kernel closed the key's subflow
+	 * (datapath.c, subflow_closed). */
+	TABLE_OP_SUBFLOW_CLOSED = 4,
 };
 
 struct table_op {

@@ -69,7 +69,13 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{log: log, settings: settings, dp: dp, pms: podnet.NewPathManagers(log), baselines: podnet.NewBaselines(settings.StateDir)}
+	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir)}
+	// A subflow a managed pod's kernel closed gives its path back before
+	// the path manager opens a join to replace it.
+	a.pms = podnet.NewPathManagers(log, func(local, remote netip.AddrPort) error {
+		_, err := dp.SubflowClosed(local, remote)
+		return err
+	})
 	if st, err := readStatus(settings.StateDir); err == nil {
 		a.previous = st.Applied
 	}

@@ -281,6 +281,20 @@ func (d *Datapath) ForgetSubflow(local, remote netip.AddrPort) error {
 	return d.countForgotten(StatSubflowForgotten, uint64(n))
 }
 
+// SubflowClosed tells the datapath that the local pod's kernel closed the
+// subflow with this 4-tuple (as the pod sends it): its connection gets back
+// the path and the count the subflow held, once, so that a join opened to
+// replace it is placed on that path again and stays within the rule's
+// maximum; then the entry goes. closed is false when no entry had the
+// 4-tuple.
+func (d *Datapath) SubflowClosed(local, remote netip.AddrPort) (closed bool, err error) {
+	if local.Addr().Unmap().Is4() != remote.Addr().Unmap().Is4() {
+		return false, fmt.Errorf("subflow %v -> %v mixes address families", local, remote)
+	}
+	n, err := d.tableOp(tableSubflows, datapathTableOpCodeTABLE_OP_SUBFLOW_CLOSED, rawBytes(flowKey(local, remote)), nil)
+	return n > 0, err
+}
+
 // ForgetConnection removes the connection of the local pod known by any of
 // tokens (either side's), so that its next MP_CAPABLE ACK is learnt again.
 func (d *Datapath) ForgetConnection(local netip.Addr, tokens ...uint32) error {

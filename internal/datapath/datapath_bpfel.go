@@ -279,7 +279,8 @@ const (
 	datapathStatIdSTAT_SUBFLOW_DETOURED    datapathStatId = 36
 	datapathStatIdSTAT_SUBFLOW_HOMED       datapathStatId = 37
 	datapathStatIdSTAT_SUBFLOW_FOLLOWED    datapathStatId = 38
-	datapathStatIdSTAT_MAX                 datapathStatId = 39
+	datapathStatIdSTAT_SUBFLOW_CLOSED      datapathStatId = 39
+	datapathStatIdSTAT_MAX                 datapathStatId = 40
 )
 
 type datapathSubflow struct {
@@ -341,9 +342,10 @@ type datapathTableOp struct {
 type datapathTableOpCode uint32
 
 const (
-	datapathTableOpCodeTABLE_OP_INSERT     datapathTableOpCode = 1
-	datapathTableOpCodeTABLE_OP_INSERT_NEW datapathTableOpCode = 2
-	datapathTableOpCodeTABLE_OP_DELETE     datapathTableOpCode = 3
+	datapathTableOpCodeTABLE_OP_INSERT         datapathTableOpCode = 1
+	datapathTableOpCodeTABLE_OP_INSERT_NEW     datapathTableOpCode = 2
+	datapathTableOpCodeTABLE_OP_DELETE         datapathTableOpCode = 3
+	datapathTableOpCodeTABLE_OP_SUBFLOW_CLOSED datapathTableOpCode = 4
 )
 
 type datapathTableResult uint32

@@ -82,7 +82,10 @@ const (
 	StatSubflowDetoured = datapathStatIdSTAT_SUBFLOW_DETOURED
 	StatSubflowHomed    = datapathStatIdSTAT_SUBFLOW_HOMED
 	StatSubflowFollowed = datapathStatIdSTAT_SUBFLOW_FOLLOWED
-	numStats            = int(datapathStatIdSTAT_MAX)
+	// StatSubflowClosed: a subflow the pod's kernel closed gave its path
+	// and its count back to its connection (SubflowClosed).
+	StatSubflowClosed = datapathStatIdSTAT_SUBFLOW_CLOSED
+	numStats          = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.
@@ -278,6 +281,9 @@ type Connection struct {
 	UsedPaths uint32
 	// Joins is how many joins this node placed.
 	Joins uint32
+	// Subflows counts the initial subflow and the peer's joins this node
+	// let in.
+	Subflows uint32
 	// Rule is the rule of its initial subflow, which its joins follow.
 	Rule uint32
 }
@@ -289,7 +295,7 @@ func (d *Datapath) Connections() ([]Connection, error) {
 	var v datapathConn
 	it := d.objs.ConnStates.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, Connection{Local: addrFrom(k.Family, k.Local), Token: k.Token, UsedPaths: v.Used, Joins: v.Joins, Rule: v.Rule})
+		out = append(out, Connection{Local: addrFrom(k.Family, k.Local), Token: k.Token, UsedPaths: v.Used, Joins: v.Joins, Subflows: v.Subflows, Rule: v.Rule})
 	}
 	return out, it.Err()
 }

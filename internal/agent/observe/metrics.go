@@ -95,6 +95,7 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatSubflowDetoured:  "subflow_detoured",
 	datapath.StatSubflowHomed:     "subflow_homed",
 	datapath.StatSubflowFollowed:  "subflow_followed",
+	datapath.StatSubflowClosed:    "subflow_closed",
 }
 
 // EventName is the label value of a datapath counter in
@@ -248,6 +249,7 @@ type datapathCollector struct {
 	events, subflows, connections    *prometheus.Desc
 	endpoints, attachments, pathMgrs *prometheus.Desc
 	pathMgrUp, pathMgrRestarts       *prometheus.Desc
+	pathMgrJoinsReplaced             *prometheus.Desc
 	observeOnly                      *prometheus.Desc
 	pathDown, pathDownTransitions    *prometheus.Desc
 }
@@ -274,7 +276,9 @@ func newDatapathCollector(src Source) *datapathCollector {
 		pathMgrUp: d("path_manager_up", "1 while the pod's userspace path manager listens to its MPTCP events, 0 while it waits to restart after its socket failed "+
 			"(the pod's new connections get no joins meanwhile).", "pod"),
 		pathMgrRestarts: d("path_manager_restarts_total", "Times the pod's userspace path manager stopped without being asked to (its event socket failed) and had to start again.", "pod"),
-		observeOnly:     d("observe_only", observeOnlyHelp),
+		pathMgrJoinsReplaced: d("path_manager_joins_replaced_total", "Joins the pod's userspace path manager opened to replace established subflows the pod's kernel closed "+
+			"while their connection lived (at most 8 per connection).", "pod"),
+		observeOnly: d("observe_only", observeOnlyHelp),
 		pathDown: d("path_down", "1 while the path is down on this node (its NIC is missing, has no carrier, or flaps and is held down): "+
 			"no new subflow is placed on it and its subflows detour over another path of their rule.", "path"),
 		pathDownTransitions: d("path_down_transitions_total", "Times the path went down on this node after having been up, since the agent started.", "path"),
@@ -282,7 +286,7 @@ func newDatapathCollector(src Source) *datapathCollector {
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.observeOnly, c.pathDown, c.pathDownTransitions} {
+	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.pathMgrJoinsReplaced, c.observeOnly, c.pathDown, c.pathDownTransitions} {
 		ch <- d
 	}
 }
@@ -391,6 +395,7 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.pathMgrUp, prometheus.GaugeValue, v, pm.Pod)
 		ch <- prometheus.MustNewConstMetric(c.pathMgrRestarts, prometheus.CounterValue, float64(pm.Restarts), pm.Pod)
+		ch <- prometheus.MustNewConstMetric(c.pathMgrJoinsReplaced, prometheus.CounterValue, float64(pm.ReplacedJoins), pm.Pod)
 	}
 	ch <- prometheus.MustNewConstMetric(c.pathMgrs, prometheus.GaugeValue, float64(up))
 

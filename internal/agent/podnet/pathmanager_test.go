@@ -142,7 +142,7 @@ func (b *pmBed) joinsOfANewConnection(t *testing.T) int {
 
 func startPathManagers(t *testing.T, want ...Want) *PathManagers {
 	t.Helper()
-	p := NewPathManagers(slog.New(slog.DiscardHandler))
+	p := NewPathManagers(slog.New(slog.DiscardHandler), nil)
 	t.Cleanup(p.Stop)
 	if errs := p.Sync(context.Background(), want); errs != nil {
 		t.Fatal(errs)

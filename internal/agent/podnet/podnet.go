@@ -162,10 +162,11 @@ func dial(pod Pod) (*mptcpnl.Conn, error) {
 // pod whose rule has the agent open its joins. Sync and Stop change the set
 // while scrapes read it (States).
 type PathManagers struct {
-	log     *slog.Logger
-	backoff backoff
-	mu      sync.Mutex
-	m       map[podKey]*pathManager
+	log           *slog.Logger
+	backoff       backoff
+	subflowClosed func(local, remote netip.AddrPort) error
+	mu            sync.Mutex
+	m             map[podKey]*pathManager
 }
 
 // podKey is a pod's identity for its path manager: its UID and its network
@@ -198,9 +199,12 @@ type backoff struct {
 // namespace refuses.
 var defaultBackoff = backoff{Min: 100 * time.Millisecond, Max: 30 * time.Second, Healthy: time.Minute}
 
-// NewPathManagers makes an empty set.
-func NewPathManagers(log *slog.Logger) *PathManagers {
-	return &PathManagers{log: log, backoff: defaultBackoff, m: map[podKey]*pathManager{}}
+// NewPathManagers makes an empty set. subflowClosed, when not nil, hears of
+// every subflow a managed pod's kernel closes (the 4-tuple as the pod sends
+// it), before a join replaces it: the datapath gives the subflow's path back
+// to its connection there.
+func NewPathManagers(log *slog.Logger, subflowClosed func(local, remote netip.AddrPort) error) *PathManagers {
+	return &PathManagers{log: log, backoff: defaultBackoff, subflowClosed: subflowClosed, m: map[podKey]*pathManager{}}
 }
 
 // Want is a pod that needs a path manager, and the joins it opens per
@@ -233,7 +237,7 @@ func (p *PathManagers) Sync(ctx context.Context, want []Want) map[string]error {
 			pm.joins.Store(int32(w.Joins))
 			continue
 		}
-		pm, err := start(ctx, w.Pod, key, w.Joins, p.backoff, p.log)
+		pm, err := start(ctx, w.Pod, key, w.Joins, p.backoff, p.log, p.subflowClosed)
 		if err != nil {
 			errs[w.Pod.Name] = fmt.Errorf("path manager: %w", err)
 			continue
@@ -305,6 +309,9 @@ type PathManagerState struct {
 	// Restarts counts the times it stopped without being asked to (its
 	// event socket failed) and had to start again.
 	Restarts uint64
+	// ReplacedJoins counts the joins it opened to replace subflows the
+	// pod's kernel closed.
+	ReplacedJoins uint64
 }
 
 // States are the path managers' states, sorted by pod name.
@@ -312,7 +319,7 @@ func (p *PathManagers) States() []PathManagerState {
 	p.mu.Lock()
 	out := make([]PathManagerState, 0, len(p.m))
 	for _, pm := range p.m {
-		out = append(out, PathManagerState{Pod: pm.pod.Name, Up: pm.up.Load(), Restarts: pm.restarts.Load()})
+		out = append(out, PathManagerState{Pod: pm.pod.Name, Up: pm.up.Load(), Restarts: pm.restarts.Load(), ReplacedJoins: pm.replacedJoins.Load()})
 	}
 	p.mu.Unlock()
 	slices.SortFunc(out, func(a, b PathManagerState) int { return cmp.Compare(a.Pod, b.Pod) })
@@ -335,6 +342,15 @@ type pathManager struct {
 	joins    atomic.Int32
 	up       atomic.Bool
 	restarts atomic.Uint64
+	// replacedJoins counts the joins it opened to replace closed
+	// subflows (rejoin.go).
+	replacedJoins atomic.Uint64
+	// closed, when set, tells the datapath that the pod's kernel closed
+	// the subflow with this 4-tuple (local is the pod's).
+	closed func(local, remote netip.AddrPort) error
+	// opened are the pod's connections it may replace joins of; only its
+	// goroutine uses them.
+	opened openedConns
 	// current is the session listening now, nil between two. Only tests
 	// read it, to break its socket as a failing kernel or a closed
 	// descriptor would.
@@ -419,7 +435,7 @@ func openNetNS(pod Pod, key podKey) (int, error) {
 // error of this reconcile (and is tried again at the next). It runs the
 // path manager from then on, holding the namespace open: every session it
 // opens again is in that namespace, whatever its path names by then.
-func start(ctx context.Context, pod Pod, key podKey, joins int, b backoff, log *slog.Logger) (*pathManager, error) {
+func start(ctx context.Context, pod Pod, key podKey, joins int, b backoff, log *slog.Logger, closed func(local, remote netip.AddrPort) error) (*pathManager, error) {
 	nsFD, err := openNetNS(pod, key)
 	if err != nil {
 		return nil, err
@@ -430,7 +446,8 @@ func start(ctx context.Context, pod Pod, key podKey, joins int, b backoff, log *
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	s := &pathManager{pod: pod, nsFD: nsFD, backoff: b, log: log.With("pod", pod.Name, "uid", pod.UID), cancel: cancel, done: make(chan struct{})}
+	s := &pathManager{pod: pod, nsFD: nsFD, backoff: b, log: log.With("pod", pod.Name, "uid", pod.UID), cancel: cancel, done: make(chan struct{}),
+		closed: closed, opened: openedConns{}}
 	s.joins.Store(int32(joins))
 	s.up.Store(true)
 	go s.run(ctx, sess)
@@ -520,10 +537,7 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 			return fmt.Errorf("reading MPTCP events: %w", err)
 		}
 		for _, ev := range evs {
-			if ev.Type != mptcpnl.EventEstablished || ev.ServerSide {
-				continue
-			}
-			s.openJoins(sess.cmds, ev.Token, ev.Local.Addr(), ev.Remote)
+			s.handle(sess.cmds, ev)
 		}
 	}
 }

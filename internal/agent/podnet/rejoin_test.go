@@ -1,0 +1,153 @@
+package podnet
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+)
+
+// A join the pod's kernel closes while its connection lives (here killed
+// with ss -K, as a reset would close it) is reported to the datapath with
+// its 4-tuple and replaced by a new join, which the connection then has;
+// the replacement is counted.
+func TestAClosedJoinIsReplaced(t *testing.T) {
+	bed := newPMBed(t)
+	closed := make(chan subflowKey, 8)
+	p := NewPathManagers(slog.New(slog.DiscardHandler), func(local, remote netip.AddrPort) error {
+		closed <- subflowKey{local, remote}
+		return nil
+	})
+	t.Cleanup(p.Stop)
+	if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
+		t.Fatal(errs)
+	}
+	var conn net.Conn
+	if err := netnsutil.Do(bed.client.NetNS, func() error {
+		d := net.Dialer{Timeout: 5 * time.Second}
+		d.SetMultipathTCP(true)
+		var err error
+		conn, err = d.Dial("tcp", serverAddr+":5201")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	initial := netip.MustParseAddrPort(conn.LocalAddr().String()).Port()
+	joinPort := func() uint16 {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if port := bed.establishedJoin(t, initial); port != 0 {
+				return port
+			}
+		}
+		t.Fatalf("the connection has no established join after 5 s:\n%s", bed.ss(t))
+		return 0
+	}
+	first := joinPort()
+
+	bed.inClient(t, "ss", "-K", "-t", "state", "established", fmt.Sprintf("( sport = :%d )", first))
+	select {
+	case k := <-closed:
+		want := subflowKey{netip.AddrPortFrom(netip.MustParseAddr(clientAddr), first), netip.MustParseAddrPort(serverAddr + ":5201")}
+		if k != want {
+			t.Errorf("the datapath heard of %v -> %v closing, want %v -> %v", k.local, k.remote, want.local, want.remote)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the datapath did not hear of the closed join within 5 s")
+	}
+	var second uint16
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if second = bed.establishedJoin(t, initial); second != 0 && second != first {
+			break
+		}
+	}
+	if second == 0 || second == first {
+		t.Fatalf("no join replaced the closed one within 5 s:\n%s", bed.ss(t))
+	}
+	if info, err := mptcpnl.SocketInfo(conn.(*net.TCPConn)); err != nil || info.Subflows != 1 {
+		t.Errorf("the connection has %d joins (%v), want 1 again", info.Subflows, err)
+	}
+	if st := p.States(); len(st) != 1 || st[0].ReplacedJoins != 1 {
+		t.Errorf("path manager states %+v, want one join replaced", st)
+	}
+	// The connection still carries data.
+	if _, err := conn.Write([]byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Joins are replaced only for established subflows of connections the pod
+// opened, and at most maxReplacedJoins times per connection.
+func TestReplacedJoinsAreBounded(t *testing.T) {
+	local := netip.MustParseAddrPort("192.0.2.1:40000")
+	remote := netip.MustParseAddrPort("192.0.2.2:5201")
+	conns := openedConns{}
+	ev := func(typ mptcpnl.EventType, token uint32, sport uint16) mptcpnl.Event {
+		return mptcpnl.Event{Type: typ, Token: token, Local: netip.AddrPortFrom(local.Addr(), sport), Remote: remote}
+	}
+	conns.established(ev(mptcpnl.EventEstablished, 1, local.Port()))
+	if conns.subflowClosed(ev(mptcpnl.EventSubClosed, 1, 40001)) != nil {
+		t.Error("a join that never established is replaced")
+	}
+	if conns.subflowClosed(ev(mptcpnl.EventSubClosed, 2, 40001)) != nil {
+		t.Error("a subflow of a connection the pod did not open is replaced")
+	}
+	for i := 0; i < maxReplacedJoins; i++ {
+		sport := uint16(41000 + i)
+		conns.subflowEstablished(ev(mptcpnl.EventSubEstablished, 1, sport))
+		if conns.subflowClosed(ev(mptcpnl.EventSubClosed, 1, sport)) == nil {
+			t.Fatalf("replacement %d refused", i+1)
+		}
+		if conns.subflowClosed(ev(mptcpnl.EventSubClosed, 1, sport)) != nil {
+			t.Fatalf("subflow %d replaced twice", i+1)
+		}
+	}
+	conns.subflowEstablished(ev(mptcpnl.EventSubEstablished, 1, 42000))
+	if conns.subflowClosed(ev(mptcpnl.EventSubClosed, 1, 42000)) != nil {
+		t.Errorf("a join replaced past the bound of %d", maxReplacedJoins)
+	}
+}
+
+// establishedJoin returns the source port of an established subflow of the
+// client to the server other than the initial one's, 0 if none.
+func (b *pmBed) establishedJoin(t *testing.T, initial uint16) uint16 {
+	t.Helper()
+	for _, line := range strings.Split(b.ss(t), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || f[0] != "ESTAB" || f[4] != serverAddr+":5201" {
+			continue
+		}
+		if ap, err := netip.ParseAddrPort(f[3]); err == nil && ap.Port() != initial {
+			return ap.Port()
+		}
+	}
+	return 0
+}
+
+// ss lists the client's TCP sockets (subflows included).
+func (b *pmBed) ss(t *testing.T) string {
+	t.Helper()
+	return b.inClient(t, "ss", "-tnH")
+}
+
+// inClient runs a command in the client pod's namespace.
+func (b *pmBed) inClient(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", "mptpm-c-" + b.id, name}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v: %s", name, args, err, out)
+	}
+	return string(out)
+}

@@ -1,0 +1,144 @@
+package datapath
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+)
+
+// connection reads the one entry of the connection table.
+func connection(t *testing.T, dp *Datapath) Connection {
+	t.Helper()
+	conns, err := dp.Connections()
+	if err != nil || len(conns) != 1 {
+		t.Fatalf("connections = %+v, %v; want one", conns, err)
+	}
+	return conns[0]
+}
+
+// A join the pod's kernel closed gives its path and its count back to its
+// connection, once: the join opened to replace it is placed on the same
+// path and let through under a maximum of two subflows, where without the
+// release it would have been refused.
+func TestClosedJoinGivesItsPathBackForTheNextJoin(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	const clientKey, serverKey = 5, 6
+	initial := dp.pathOfMark(t, run(t, dp.objs.PodEgress, syn(clientPod, 40000, serverPod, 80, testpkt.MPCapableSYN()), skbContext{}))
+	run(t, dp.objs.PodEgress, capableACK(clientPod, 40000, serverPod, 80, clientKey, serverKey), skbContext{})
+	joinSYN := func(sport uint16) []byte {
+		return syn(clientPod, sport, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false))
+	}
+	first := dp.pathOfMark(t, run(t, dp.objs.PodEgress, joinSYN(40001), skbContext{}))
+	if first == initial {
+		t.Fatalf("join placed on the initial subflow's path %d", first)
+	}
+	if c := connection(t, dp); c.Joins != 1 || c.UsedPaths != 1<<initial|1<<first {
+		t.Fatalf("after the join: %+v", c)
+	}
+	// A second join is past the maximum: refused, and it changes nothing.
+	if ret, _ := runOut(t, dp.objs.PodEgress, joinSYN(40002)); ret == tcxNext {
+		t.Fatal("a join past the maximum went on")
+	}
+	if got := stat(t, dp, StatSubflowPlaced); got != 2 {
+		t.Fatalf("placed %d subflows, want 2 (the join past the maximum refused)", got)
+	}
+
+	closed := func(sport uint16) bool {
+		t.Helper()
+		ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, sport), netip.AddrPortFrom(serverPod, 80))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !closed(40001) {
+		t.Fatal("SubflowClosed found no entry for the placed join")
+	}
+	if c := connection(t, dp); c.Joins != 0 || c.UsedPaths != 1<<initial {
+		t.Fatalf("after the join closed: %+v, want no join and only path %d used", c, initial)
+	}
+	// Told twice (or of a subflow it never had): nothing more goes back.
+	if closed(40001) || closed(49999) {
+		t.Fatal("SubflowClosed found an entry twice")
+	}
+	if c := connection(t, dp); c.Joins != 0 || c.Subflows != 1 {
+		t.Fatalf("after closing again: %+v, want 0 joins and the initial subflow", c)
+	}
+	if got := stat(t, dp, StatSubflowClosed); got != 1 {
+		t.Fatalf("StatSubflowClosed = %d, want 1", got)
+	}
+
+	again := dp.pathOfMark(t, run(t, dp.objs.PodEgress, joinSYN(40003), skbContext{}))
+	if again != first {
+		t.Fatalf("replacing join placed on path %d, want the freed path %d", again, first)
+	}
+	if got := stat(t, dp, StatSubflowPlaced); got != 3 {
+		t.Fatalf("placed %d subflows, want 3 (the replacing join let through)", got)
+	}
+}
+
+// On the responder's node, a peer's join that closed no longer counts
+// against the maximum: the peer's next join is let in, not answered with a
+// reset.
+func TestClosedPeerJoinNoLongerCountsAgainstTheMaximum(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(serverPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	const nic1Ifindex = 6
+	for ifindex, path := range map[int]uint32{nic1Ifindex: 1, nic2Ifindex: 2} {
+		if err := dp.SetNIC(ifindex, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const clientKey, serverKey = 7, 8
+	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
+	run(t, dp.objs.NicIngress, syn(clientPod, 40000, serverPod, 80, testpkt.MPCapableSYN()), on(nic1Ifindex))
+	run(t, dp.objs.NicIngress, capableACK(clientPod, 40000, serverPod, 80, clientKey, serverKey), on(nic1Ifindex))
+	// join sends the peer's join (the server's token) and says whether it
+	// went on into the pod.
+	join := func(sport uint16) bool {
+		frame := syn(clientPod, sport, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false))
+		ret, err := dp.objs.NicIngress.Run(&ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Context: on(nic2Ifindex), ContextOut: &skbContext{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ret == tcxNext
+	}
+	if !join(40001) {
+		t.Fatal("the peer's first join was refused")
+	}
+	if c := connection(t, dp); c.Subflows != 2 {
+		t.Fatalf("after the peer's join: %+v, want 2 subflows", c)
+	}
+	if join(40002) {
+		t.Fatal("a join past the maximum went on")
+	}
+	if got := stat(t, dp, StatJoinRefused); got != 1 {
+		t.Fatalf("joins refused = %d, want 1 (past the maximum)", got)
+	}
+	// The server pod sends the 4-tuple the other way round.
+	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(serverPod, 80), netip.AddrPortFrom(clientPod, 40001)); err != nil || !ok {
+		t.Fatalf("SubflowClosed = %v, %v; want the mirrored join found", ok, err)
+	}
+	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<1 {
+		t.Fatalf("after the peer's join closed: %+v, want the initial subflow alone on path 1", c)
+	}
+	if !join(40003) {
+		t.Fatal("the join replacing the closed one was refused")
+	}
+	if got := stat(t, dp, StatJoinRefused); got != 1 {
+		t.Fatalf("joins refused = %d after the closed join, want still 1", got)
+	}
+}
