@@ -151,7 +151,7 @@ enum subflow_role {
  * one in the SUBFLOW_DETOUR bits (0: its own). SUBFLOW_DETOUR_OURS: this node
  * chose the detour because the subflow's path is down here; otherwise the
  * detour follows the peer's, whose packets arrive over that path. */
-#define SUBFLOW_DETOUR_OURS  (1U << 2)
+#define SUBFLOW_DETOUR_OURS (1U << 2)
 /* The pod's kernel closed the subflow and its connection got back what the
  * subflow held (datapath.c, subflow_closed): given back once. */
 #define SUBFLOW_CLOSED	     (1U << 3)

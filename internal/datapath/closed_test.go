@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
 	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 )
 

@@ -1,0 +1,143 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// A connection whose join its kernel closes mid-transfer (killed here with
+// ss -K; a reset by the peer or a DSS checksum failure closes it the same
+// way) is back on both paths at once: the client pod's path manager hears
+// the close, the datapath gives the join's path back to the connection,
+// and the join the path manager opens to replace it is placed on that
+// path, which carries the transfer again. Both nodes give the closed
+// subflow's path back; the stream arrives whole.
+func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
+	const (
+		port     = 5610
+		length   = 6 * time.Second
+		killAt   = 2 * time.Second
+		interval = 100 * time.Millisecond
+	)
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	ctx := background(t)
+	agents, err := framework.StartAgents(ctx, bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
+	remote := netip.AddrPortFrom(server.Addr, port)
+	w := bed.Watch(t, datapathEvidence(bed))
+	defer w.Close()
+	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true, "-warmup", "1s", "-window", "4s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sampler, err := bed.StartSampler(interval)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type sendResult struct {
+		sent []testbed.SenderReport
+		err  error
+	}
+	done := make(chan sendResult, 1)
+	go func() {
+		sent, err := bed.Send(ctx, bins.Traffic, client, remote, true, "-conns", "1", "-duration", length.String(), "-seed", strconv.Itoa(port))
+		done <- sendResult{sent, err}
+	}()
+	time.Sleep(killAt)
+
+	// The join node 1 placed, and the path it is on.
+	joins := func() []datapath.Subflow {
+		sfs, err := agents[0].Subflows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []datapath.Subflow
+		for _, sf := range sfs {
+			if sf.Role == datapath.RoleInitiator && sf.Token != 0 && sf.Remote == remote {
+				out = append(out, sf)
+			}
+		}
+		return out
+	}
+	before := joins()
+	if len(before) != 1 {
+		t.Fatalf("node 1 placed %d joins of the connection, want 1: %+v", len(before), before)
+	}
+	closedJoin := before[0]
+	if out, err := bed.Command(client.NetNS, "ss", "-K", "-t", "state", "established",
+		fmt.Sprintf("( sport = :%d and dport = :%d )", closedJoin.Local.Port(), port)).CombinedOutput(); err != nil {
+		t.Fatalf("ss -K: %v: %s", err, out)
+	}
+	killed := time.Now()
+	var replacement datapath.Subflow
+	for deadline := killed.Add(2 * time.Second); time.Now().Before(deadline) && replacement.Local.Port() == 0; time.Sleep(10 * time.Millisecond) {
+		for _, sf := range joins() {
+			if sf.Local != closedJoin.Local {
+				replacement = sf
+			}
+		}
+	}
+	replacedAfter := time.Since(killed)
+	res := <-done
+	rows, sampleErr := sampler.Stop()
+	finishTransfer(t, w, srv, res.sent, res.err)
+	if sampleErr != nil {
+		t.Fatal(sampleErr)
+	}
+	if replacement.Local.Port() == 0 {
+		t.Fatalf("no join replaced the closed one (%v on path %d) within 2 s; joins now %+v", closedJoin.Local, closedJoin.Path, joins())
+	}
+	t.Logf("join %v on path %d closed; replaced by %v on path %d within %v", closedJoin.Local, closedJoin.Path,
+		replacement.Local, replacement.Path, replacedAfter.Round(10*time.Millisecond))
+	if replacement.Path != closedJoin.Path {
+		t.Errorf("the replacing join was placed on path %d, want the path the closed one left, %d", replacement.Path, closedJoin.Path)
+	}
+	// What node 1 sent over the closed join's NIC from half a second
+	// after the replacement to the end of the transfer.
+	from, to := killed.Add(replacedAfter+500*time.Millisecond), killed.Add(length-killAt-500*time.Millisecond)
+	if rate := nicTxRate(rows, 1, int(closedJoin.Path), from, to); rate < 30e6 {
+		t.Errorf("node 1 sent %.1f Mbit/s over nic%d after the replacement, want the path carrying the transfer again (>= 30)", rate/1e6, closedJoin.Path)
+	}
+
+	// Node 1 has one pod.
+	if n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_manager_joins_replaced_total"); n != 1 {
+		t.Errorf("node 1 counted %v joins replaced, want 1", n)
+	}
+	for i, a := range agents {
+		if n, _ := scrape(t, a).Value("mptcp_agent_datapath_events_total", "event", observe.EventName(datapath.StatSubflowClosed)); n < 1 {
+			t.Errorf("node %d gave %v closed subflows' paths back, want at least the killed join", i+1, n)
+		}
+	}
+}
+
+// nicTxRate is what node sent over nic<k> between from and to, in bit/s,
+// from a sampler's rows.
+func nicTxRate(rows []testbed.Sample, node, k int, from, to time.Time) float64 {
+	var first, last *testbed.Sample
+	for i := range rows {
+		r := &rows[i]
+		if r.Node != node || r.NIC != k || r.Time.Before(from) || r.Time.After(to) {
+			continue
+		}
+		if first == nil {
+			first = r
+		}
+		last = r
+	}
+	if first == nil || last == first {
+		return 0
+	}
+	return float64(last.TxBytes-first.TxBytes) * 8 / last.Time.Sub(first.Time).Seconds()
+}
