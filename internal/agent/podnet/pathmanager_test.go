@@ -106,10 +106,10 @@ func (b *pmBed) recreateClient(t *testing.T) {
 	b.addClient(t)
 }
 
-// joinsOfANewConnection opens an MPTCP connection from the client pod and
-// returns how many joins it has once it has one (the rule's count here), or
-// after 5 seconds.
-func (b *pmBed) joinsOfANewConnection(t *testing.T) int {
+// dial opens an MPTCP connection from the client pod to the server and
+// sends a first message: a v1 client is fully established, and its
+// ESTABLISHED event sent, once the server has acknowledged data.
+func (b *pmBed) dial(t *testing.T) net.Conn {
 	t.Helper()
 	var conn net.Conn
 	if err := netnsutil.Do(b.client.NetNS, func() error {
@@ -121,12 +121,20 @@ func (b *pmBed) joinsOfANewConnection(t *testing.T) int {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	// A v1 client is fully established, and its ESTABLISHED event sent,
-	// once the server has acknowledged data.
 	if _, err := conn.Write([]byte("hello")); err != nil {
+		conn.Close()
 		t.Fatal(err)
 	}
+	return conn
+}
+
+// joinsOfANewConnection opens an MPTCP connection from the client pod and
+// returns how many joins it has once it has one (the rule's count here), or
+// after 5 seconds.
+func (b *pmBed) joinsOfANewConnection(t *testing.T) int {
+	t.Helper()
+	conn := b.dial(t)
+	defer conn.Close()
 	var info mptcpnl.Info
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		var err error

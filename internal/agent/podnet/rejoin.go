@@ -24,7 +24,7 @@ const maxReplacedJoins = 8
 // that opens connections without end, or events lost to a full socket
 // (their closes never heard), cannot grow the agent without bound. A
 // connection past it gets its joins but no replacements.
-const maxTrackedConns = 1 << 15
+const maxTrackedConns = 1 << 13
 
 // subflowKey is a subflow's 4-tuple as the pod sends it.
 type subflowKey struct{ local, remote netip.AddrPort }

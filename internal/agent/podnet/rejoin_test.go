@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
-	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
 // A join the pod's kernel closes while its connection lives (here killed
@@ -30,20 +29,8 @@ func TestAClosedJoinIsReplaced(t *testing.T) {
 	if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
 		t.Fatal(errs)
 	}
-	var conn net.Conn
-	if err := netnsutil.Do(bed.client.NetNS, func() error {
-		d := net.Dialer{Timeout: 5 * time.Second}
-		d.SetMultipathTCP(true)
-		var err error
-		conn, err = d.Dial("tcp", serverAddr+":5201")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	conn := bed.dial(t)
 	defer conn.Close()
-	if _, err := conn.Write([]byte("hello")); err != nil {
-		t.Fatal(err)
-	}
 	initial := netip.MustParseAddrPort(conn.LocalAddr().String()).Port()
 	joinPort := func() uint16 {
 		t.Helper()
