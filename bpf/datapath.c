@@ -521,9 +521,10 @@ __noinline int learn_connection(struct __sk_buff *skb, const struct packet *pkt,
 	c.subflows = 1;
 	/* An existing entry (its aliases were evicted first) is kept. */
 	err = bpf_map_update_elem(&conn_states, &k, &c, BPF_NOEXIST);
-	if (!err)
+	if (!err) {
+		__sync_fetch_and_or(&sf->flags, SUBFLOW_COUNTED | SUBFLOW_OWNS_PATH);
 		count(STAT_CONN_INSERT);
-	else if (err != -EEXIST_ERRNO)
+	} else if (err != -EEXIST_ERRNO)
 		count(STAT_MAP_UPDATE_FAILED);
 	sf->conn = responder_token;
 	alias.canonical = responder_token;
@@ -574,6 +575,9 @@ static __always_inline __u32 rule_nactive(const struct rule *r)
  * rule has no paths) or PLACE_ALL_DOWN (every path of the rule is down). */
 #define PLACE_NO_PATH  -1
 #define PLACE_ALL_DOWN -2
+/* Or'ed into claim_path's path when the join shares a path another subflow
+ * of its connection holds (above MAX_PATHS: masked off with it). */
+#define PLACE_SHARED 0x100
 
 /* conn_full says whether connection c already has rule r's maximum of
  * subflows: its initial subflow, the peer's joins this node let in and the
@@ -650,7 +654,7 @@ __noinline int claim_path(__u32 rule_id, const struct conn_key *ck)
 			break;
 		path = rule_path(r, (start + i) % npaths);
 		if (path_usable(path))
-			return path;
+			return path | PLACE_SHARED;
 	}
 	return PLACE_ALL_DOWN;
 }
@@ -739,7 +743,7 @@ __noinline int pick_active(__u32 rule_id)
 			break;
 		path = rule_path(r, (start + i) % npaths);
 		if (path_usable(path))
-			return path;
+			return path | PLACE_SHARED;
 		count(STAT_PATH_DOWN_SKIPPED);
 	}
 	return PLACE_ALL_DOWN;
@@ -904,6 +908,8 @@ selected:
 		return -1;
 	}
 	sf->path_index = path & MAX_PATHS;
+	if (join) /* claim_path counted it, and took the path unless shared */
+		sf->flags |= path & PLACE_SHARED ? SUBFLOW_COUNTED : SUBFLOW_COUNTED | SUBFLOW_OWNS_PATH;
 	sf->role = ROLE_INITIATOR;
 	sf->rule = rule_id;
 	sf->created_ns = bpf_ktime_get_ns();
@@ -1182,9 +1188,14 @@ int nic_ingress(struct __sk_buff *skb)
 					return verdict;
 			}
 			if (c) {
-				if (!known)
+				__u32 bit = 1U << (n->path & MAX_PATHS);
+
+				if (!known) {
 					__sync_fetch_and_add(&c->subflows, 1);
-				__sync_fetch_and_or(&c->used, 1U << (n->path & MAX_PATHS));
+					nsf.flags |= SUBFLOW_COUNTED;
+				}
+				if (!(__sync_fetch_and_or(&c->used, bit) & bit))
+					nsf.flags |= SUBFLOW_OWNS_PATH;
 				nsf.conn = canonical;
 			}
 		}
@@ -1241,14 +1252,14 @@ static __always_inline int table_run(void *map, __u32 bits, __u32 code, const __
 	return result;
 }
 
-/* take_one lowers *v by one unless it is 0: a count given back twice, or
- * after its connection was learnt anew, must not wrap and refuse every join
- * from then on. A few attempts: user space is the only writer that lowers,
- * and packets raise it at most once each. */
+/* take_one lowers *v by one unless it is 0: a count must not wrap and
+ * refuse every join from then on. Bounded attempts: user space is the only
+ * writer that lowers, and packets raise it at most once each; a count left
+ * one too high errs on the side of the rule's maximum. */
 static __always_inline void take_one(__u32 *v)
 {
 #pragma unroll
-	for (int i = 0; i < 4; i++) {
+	for (int i = 0; i < 8; i++) {
 		__u32 old = *(volatile __u32 *)v;
 
 		if (old == 0 || __sync_val_compare_and_swap(v, old, old - 1) == old)
@@ -1260,29 +1271,39 @@ static __always_inline void take_one(__u32 *v)
  * agent, the pod's path manager, hears it): the subflow's connection gets
  * back what the subflow held, once, so that a join opened to replace it is
  * placed on the path it leaves and counts against the rule's maximum as the
- * closed one did: its path's bit, and one join (placed by this node) or one
- * subflow (the initial one, or a join the peer opened). Then the entry goes,
- * as a delete; the result is the entries freed. */
-static __always_inline int subflow_closed(const __u64 *key)
+ * closed one did: its path's bit if it held it alone, and one join (placed
+ * by this node) or one subflow (the initial one, or a join the peer opened)
+ * if it was counted. closed_ns (bpf_ktime_get_ns' clock) is when the close
+ * was heard: an entry placed after it is a new subflow of the same 4-tuple
+ * and stays. Then the entry goes, as a delete; the result is the entries
+ * freed. */
+static __always_inline int subflow_closed(const __u64 *key, __u64 closed_ns)
 {
 	const struct flow_key *fk = (const struct flow_key *)key;
 	struct conn_key ck = {};
 	struct subflow *sf;
 	struct conn *c;
+	__u32 flags;
 
 	sf = subflow_lookup(fk);
 	if (!sf)
 		return 0;
-	if (sf->conn && !(__sync_fetch_and_or(&sf->flags, SUBFLOW_CLOSED) & SUBFLOW_CLOSED)) {
+	/* A subflow placed after the close was heard has the 4-tuple anew
+	 * (a reset leaves no TIME_WAIT): it is not the one that closed. */
+	if (sf->created_ns > closed_ns)
+		return 0;
+	flags = __sync_fetch_and_or(&sf->flags, SUBFLOW_CLOSED);
+	if (sf->conn && !(flags & SUBFLOW_CLOSED)) {
 		ck.family = fk->family;
 		ck.token = sf->conn;
 		__builtin_memcpy(ck.local, fk->saddr, 16);
 		c = bpf_map_lookup_elem(&conn_states, &ck);
 		if (c) {
-			__sync_fetch_and_and(&c->used, ~(1U << (sf->path_index & MAX_PATHS)));
-			if (sf->role == ROLE_INITIATOR && sf->token)
+			if (flags & SUBFLOW_OWNS_PATH)
+				__sync_fetch_and_and(&c->used, ~(1U << (sf->path_index & MAX_PATHS)));
+			if ((flags & SUBFLOW_COUNTED) && sf->role == ROLE_INITIATOR && sf->token)
 				take_one(&c->joins);
-			else
+			else if (flags & SUBFLOW_COUNTED)
 				take_one(&c->subflows);
 			count(STAT_SUBFLOW_CLOSED);
 		}
@@ -1308,7 +1329,7 @@ int table_ctl(struct table_op *op)
 	for (int i = 0; i < TABLE_VALUE_WORDS_MAX; i++)
 		value[i] = op->value[i];
 	if (table == TABLE_ID_SUBFLOWS && code == TABLE_OP_SUBFLOW_CLOSED)
-		result = subflow_closed(key);
+		result = subflow_closed(key, value[0]);
 	else if (table == TABLE_ID_SUBFLOWS)
 		result =
 		    table_run(&subflows, SUBFLOW_TABLE_BITS, code, key, FLOW_KEY_WORDS, value, SUBFLOW_WORDS);

@@ -20,7 +20,8 @@ import (
 // the close, the datapath gives the join's path back to the connection,
 // and the join the path manager opens to replace it is placed on that
 // path, which carries the transfer again. Both nodes give the closed
-// subflow's path back; the stream arrives whole.
+// subflow's path back, and the connection stays within the rule's maximum
+// of two subflows; the stream arrives whole.
 func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
 	const (
 		port     = 5610
@@ -30,7 +31,9 @@ func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
 	)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	ctx := background(t)
-	agents, err := framework.StartAgents(ctx, bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, declaredCaps)
+	// At most two subflows: without the closed join's count given back,
+	// node 1 would refuse the join that replaces it.
+	agents, err := framework.StartAgents(ctx, bed, bins.Agent, mptcpv1alpha1.CompiledRule{MaxSubflows: 2}, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,6 +114,9 @@ func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
 		t.Errorf("node 1 sent %.1f Mbit/s over nic%d after the replacement, want the path carrying the transfer again (>= 30)", rate/1e6, closedJoin.Path)
 	}
 
+	if conns, err := agents[0].Connections(); err != nil || len(conns) != 1 || conns[0].Joins != 1 || conns[0].UsedPaths != 0b110 {
+		t.Errorf("node 1's connections %+v (%v), want one with one join and both paths held", conns, err)
+	}
 	// Node 1 has one pod.
 	if n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_manager_joins_replaced_total"); n != 1 {
 		t.Errorf("node 1 counted %v joins replaced, want 1", n)

@@ -152,9 +152,14 @@ enum subflow_role {
  * chose the detour because the subflow's path is down here; otherwise the
  * detour follows the peer's, whose packets arrive over that path. */
 #define SUBFLOW_DETOUR_OURS (1U << 2)
-/* The pod's kernel closed the subflow and its connection got back what the
- * subflow held (datapath.c, subflow_closed): given back once. */
+/* What the subflow took from its connection's entry when it was placed,
+ * mirrored or learnt (SUBFLOW_COUNTED: one of the connection's joins or
+ * subflows; SUBFLOW_OWNS_PATH: its path's bit, set by it, not shared), and
+ * that it gave back when the pod's kernel closed it (SUBFLOW_CLOSED,
+ * datapath.c, subflow_closed): only what was taken goes back, once. */
 #define SUBFLOW_CLOSED	     (1U << 3)
+#define SUBFLOW_COUNTED	     (1U << 4)
+#define SUBFLOW_OWNS_PATH    (1U << 5)
 #define SUBFLOW_DETOUR_SHIFT 8
 #define SUBFLOW_DETOUR_MASK  (0xfU << SUBFLOW_DETOUR_SHIFT)
 _Static_assert(MAX_PATHS <= 0xf, "a path index outgrew the SUBFLOW_DETOUR bits");

@@ -78,7 +78,8 @@ enum table_op_code {
 	TABLE_OP_INSERT_NEW = 2, /* store unless the key has an entry */
 	TABLE_OP_DELETE = 3,	 /* free the key's entries */
 	/* The subflow table only: the pod's kernel closed the key's subflow
-	 * (datapath.c, subflow_closed). */
+	 * (datapath.c, subflow_closed); value[0] is when the close was heard,
+	 * on bpf_ktime_get_ns' clock. */
 	TABLE_OP_SUBFLOW_CLOSED = 4,
 };
 

@@ -72,8 +72,8 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir)}
 	// A subflow a managed pod's kernel closed gives its path back before
 	// the path manager opens a join to replace it.
-	a.pms = podnet.NewPathManagers(log, func(local, remote netip.AddrPort) error {
-		_, err := dp.SubflowClosed(local, remote)
+	a.pms = podnet.NewPathManagers(log, func(local, remote netip.AddrPort, heardNs uint64) error {
+		_, err := dp.SubflowClosed(local, remote, heardNs)
 		return err
 	})
 	if st, err := readStatus(settings.StateDir); err == nil {

@@ -5,9 +5,17 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 )
+
+// monotonicNs is the programs' clock now.
+func monotonicNs() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}
 
 // connection reads the one entry of the connection table.
 func connection(t *testing.T, dp *Datapath) Connection {
@@ -54,7 +62,7 @@ func TestClosedJoinGivesItsPathBackForTheNextJoin(t *testing.T) {
 
 	closed := func(sport uint16) bool {
 		t.Helper()
-		ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, sport), netip.AddrPortFrom(serverPod, 80))
+		ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, sport), netip.AddrPortFrom(serverPod, 80), monotonicNs())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +138,7 @@ func TestClosedPeerJoinNoLongerCountsAgainstTheMaximum(t *testing.T) {
 		t.Fatalf("joins refused = %d, want 1 (past the maximum)", got)
 	}
 	// The server pod sends the 4-tuple the other way round.
-	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(serverPod, 80), netip.AddrPortFrom(clientPod, 40001)); err != nil || !ok {
+	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(serverPod, 80), netip.AddrPortFrom(clientPod, 40001), monotonicNs()); err != nil || !ok {
 		t.Fatalf("SubflowClosed = %v, %v; want the mirrored join found", ok, err)
 	}
 	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<1 {
@@ -141,5 +149,38 @@ func TestClosedPeerJoinNoLongerCountsAgainstTheMaximum(t *testing.T) {
 	}
 	if got := stat(t, dp, StatJoinRefused); got != 1 {
 		t.Fatalf("joins refused = %d after the closed join, want still 1", got)
+	}
+}
+
+// Only what a subflow took goes back: a join that shares a path another
+// subflow holds gives back its count but not the path's bit, and a close
+// heard before the 4-tuple's entry was placed (a new subflow of the same
+// 4-tuple) leaves the entry alone.
+func TestClosedSubflowGivesBackOnlyWhatItTook(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	const clientKey, serverKey = 9, 10
+	run(t, dp.objs.PodEgress, syn(clientPod, 40000, serverPod, 80, testpkt.MPCapableSYN()), skbContext{})
+	run(t, dp.objs.PodEgress, capableACK(clientPod, 40000, serverPod, 80, clientKey, serverKey), skbContext{})
+	for sport := uint16(40001); sport <= 40002; sport++ { // the second shares a path
+		run(t, dp.objs.PodEgress, syn(clientPod, sport, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)), skbContext{})
+	}
+	if c := connection(t, dp); c.Joins != 2 || c.UsedPaths != 0b110 {
+		t.Fatalf("after two joins on two paths: %+v", c)
+	}
+	remote := netip.AddrPortFrom(serverPod, 80)
+	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, 40002), remote, 0); err != nil || ok {
+		t.Fatalf("a close heard before the entry was placed: closed %v, %v; want the entry kept", ok, err)
+	}
+	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, 40002), remote, monotonicNs()); err != nil || !ok {
+		t.Fatalf("SubflowClosed(the sharing join) = %v, %v", ok, err)
+	}
+	if c := connection(t, dp); c.Joins != 1 || c.UsedPaths != 0b110 {
+		t.Fatalf("after the sharing join closed: %+v, want 1 join and both paths still held", c)
 	}
 }

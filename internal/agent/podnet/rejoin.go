@@ -3,6 +3,8 @@ package podnet
 import (
 	"net/netip"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
 )
 
@@ -31,7 +33,6 @@ type subflowKey struct{ local, remote netip.AddrPort }
 
 // openedConn is a connection the pod opened.
 type openedConn struct {
-	local  netip.Addr
 	remote netip.AddrPort
 	// live are its established subflows: only those are replaced, so a
 	// join that never completed its handshake is not tried again.
@@ -44,10 +45,10 @@ type openedConn struct {
 type openedConns map[uint32]*openedConn
 
 func (c openedConns) established(ev mptcpnl.Event) {
-	if len(c) >= maxTrackedConns {
+	if _, reused := c[ev.Token]; !reused && len(c) >= maxTrackedConns {
 		return
 	}
-	c[ev.Token] = &openedConn{local: ev.Local.Addr(), remote: ev.Remote,
+	c[ev.Token] = &openedConn{remote: ev.Remote,
 		live: map[subflowKey]bool{{ev.Local, ev.Remote}: true}}
 }
 
@@ -84,8 +85,17 @@ func (s *pathManager) owns(addr netip.Addr) bool {
 	return false
 }
 
-// handle acts on one event of the pod's kernel.
-func (s *pathManager) handle(cmds *mptcpnl.Conn, ev mptcpnl.Event) {
+// monotonicNs is CLOCK_MONOTONIC now, the clock of the datapath's
+// bpf_ktime_get_ns.
+func monotonicNs() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // cannot fail on Linux
+	return uint64(ts.Nano())
+}
+
+// handle acts on one event of the pod's kernel, read at heardNs
+// (monotonicNs).
+func (s *pathManager) handle(cmds *mptcpnl.Conn, ev mptcpnl.Event, heardNs uint64) {
 	switch ev.Type {
 	case mptcpnl.EventEstablished:
 		if ev.ServerSide {
@@ -96,7 +106,7 @@ func (s *pathManager) handle(cmds *mptcpnl.Conn, ev mptcpnl.Event) {
 	case mptcpnl.EventSubEstablished:
 		s.opened.subflowEstablished(ev)
 	case mptcpnl.EventSubClosed:
-		s.subflowClosed(cmds, ev)
+		s.subflowClosed(cmds, ev, heardNs)
 	case mptcpnl.EventClosed:
 		delete(s.opened, ev.Token)
 	}
@@ -105,12 +115,12 @@ func (s *pathManager) handle(cmds *mptcpnl.Conn, ev mptcpnl.Event) {
 // subflowClosed gives the closed subflow's path back to its connection in
 // the datapath, then opens a join to replace it when it was an established
 // subflow of a connection the pod opened.
-func (s *pathManager) subflowClosed(cmds *mptcpnl.Conn, ev mptcpnl.Event) {
+func (s *pathManager) subflowClosed(cmds *mptcpnl.Conn, ev mptcpnl.Event, heardNs uint64) {
 	if !s.owns(ev.Local.Addr()) {
 		return
 	}
 	if s.closed != nil {
-		if err := s.closed(ev.Local, ev.Remote); err != nil {
+		if err := s.closed(ev.Local, ev.Remote, heardNs); err != nil {
 			s.log.Warn("giving a closed subflow's path back", "local", ev.Local, "remote", ev.Remote, "err", err)
 		}
 	}
@@ -118,7 +128,7 @@ func (s *pathManager) subflowClosed(cmds *mptcpnl.Conn, ev mptcpnl.Event) {
 	if conn == nil {
 		return
 	}
-	if err := cmds.CreateSubflow(ev.Token, conn.local, 1, conn.remote); err != nil {
+	if err := cmds.CreateSubflow(ev.Token, ev.Local.Addr(), 1, conn.remote); err != nil {
 		s.log.Warn("opening a join to replace a closed subflow", "remote", conn.remote, "err", err)
 		return
 	}

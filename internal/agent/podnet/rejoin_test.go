@@ -21,7 +21,7 @@ import (
 func TestAClosedJoinIsReplaced(t *testing.T) {
 	bed := newPMBed(t)
 	closed := make(chan subflowKey, 8)
-	p := NewPathManagers(slog.New(slog.DiscardHandler), func(local, remote netip.AddrPort) error {
+	p := NewPathManagers(slog.New(slog.DiscardHandler), func(local, remote netip.AddrPort, _ uint64) error {
 		closed <- subflowKey{local, remote}
 		return nil
 	})
@@ -137,4 +137,15 @@ func (b *pmBed) inClient(t *testing.T, name string, args ...string) string {
 		t.Fatalf("%s %v: %v: %s", name, args, err, out)
 	}
 	return string(out)
+}
+
+// Only events about the pod's own addresses are acted on: the datapath
+// entries of another address are not the pod's to give back.
+func TestOnlyThePodsOwnAddressesAreActedOn(t *testing.T) {
+	pm := &pathManager{pod: Pod{IPs: []netip.Addr{netip.MustParseAddr(clientAddr)}}}
+	for addr, want := range map[string]bool{clientAddr: true, "::ffff:" + clientAddr: true, serverAddr: false, "2001:db8::1": false} {
+		if got := pm.owns(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("owns(%s) = %v, want %v", addr, got, want)
+		}
+	}
 }
