@@ -20,8 +20,8 @@ import (
 // the close, the datapath gives the join's path back to the connection,
 // and the join the path manager opens to replace it is placed on that
 // path, which carries the transfer again. Both nodes give the closed
-// subflow's path back, and node 1 counts one join, not two; the stream
-// arrives whole.
+// subflow's path back, and the connection stays within the rule's maximum
+// of two subflows; the stream arrives whole.
 func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
 	const (
 		port     = 5610
@@ -31,10 +31,9 @@ func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
 	)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	ctx := background(t)
-	// Node 1's connection entry then shows one join, not two: the
-	// closed join's count went back (under a maxSubflows the replacement
-	// is still refused: docs/subflows.md, "Not yet").
-	agents, err := framework.StartAgents(ctx, bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, declaredCaps)
+	// At most two subflows: without the closed join's count given back
+	// on both nodes, the join that replaces it would be refused.
+	agents, err := framework.StartAgents(ctx, bed, bins.Agent, mptcpv1alpha1.CompiledRule{MaxSubflows: 2}, declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,8 +118,10 @@ func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
 		t.Errorf("node 1's connections %+v (%v), want one with one join and both paths held", conns, err)
 	}
 	// Node 1 has one pod.
-	if n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_manager_joins_replaced_total"); n != 1 {
-		t.Errorf("node 1 counted %v joins replaced, want 1", n)
+	// One, or two when node 2 had not heard the close yet and refused
+	// the first replacement (the path manager then tries again).
+	if n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_manager_joins_replaced_total"); n < 1 || n > 2 {
+		t.Errorf("node 1 counted %v joins opened to replace the closed one, want 1 or 2", n)
 	}
 	for i, a := range agents {
 		if n, _ := scrape(t, a).Value("mptcp_agent_datapath_events_total", "event", observe.EventName(datapath.StatSubflowClosed)); n < 1 {

@@ -390,6 +390,26 @@ func (l *logLimiter) allow(now time.Time) (ok bool, suppressed int) {
 // MPTCP events, the other sends the commands that open joins.
 type session struct {
 	events, cmds *mptcpnl.Conn
+	// ended is closed when the session ends; the commands it scheduled
+	// (later) are then dropped, and waited for before cmds closes.
+	ended     chan struct{}
+	scheduled sync.WaitGroup
+}
+
+// later runs fn after delay on its own goroutine, unless the session ends
+// first. fn may use cmds (a netlink socket is safe for concurrent use).
+func (sess *session) later(delay time.Duration, fn func()) {
+	sess.scheduled.Add(1)
+	go func() {
+		defer sess.scheduled.Done()
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			fn()
+		case <-sess.ended:
+		}
+	}()
 }
 
 // openSession opens a session in the namespace of the file descriptor nsFD.
@@ -407,7 +427,7 @@ func openSession(nsFD int) (*session, error) {
 		events.Close()
 		return nil, err
 	}
-	return &session{events: events, cmds: cmds}, nil
+	return &session{events: events, cmds: cmds, ended: make(chan struct{})}, nil
 }
 
 // openNetNS opens the pod's namespace and checks that it is the one of key:
@@ -494,10 +514,10 @@ func (s *pathManager) run(ctx context.Context, sess *session) {
 // as an error would, not the agent.
 func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 	s.current.Store(sess)
-	ended := make(chan struct{})
 	defer func() {
 		s.current.Store(nil)
-		close(ended)
+		close(sess.ended)
+		sess.scheduled.Wait()
 		sess.events.Close()
 		sess.cmds.Close()
 		if r := recover(); r != nil {
@@ -509,7 +529,7 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 		case <-ctx.Done():
 			// Closing the socket ends the blocked Receive.
 			sess.events.Close()
-		case <-ended:
+		case <-sess.ended:
 		}
 	}()
 	for {
@@ -538,7 +558,7 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 		}
 		heard := monotonicNs()
 		for _, ev := range evs {
-			s.handle(sess.cmds, ev, heard)
+			s.handle(sess, ev, heard)
 		}
 	}
 }

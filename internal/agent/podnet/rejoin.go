@@ -2,6 +2,7 @@ package podnet
 
 import (
 	"net/netip"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -31,13 +32,28 @@ const maxTrackedConns = 1 << 13
 // subflowKey is a subflow's 4-tuple as the pod sends it.
 type subflowKey struct{ local, remote netip.AddrPort }
 
+// firstReplaceDelay is how long a path manager waits before it opens the
+// join replacing a closed subflow: long enough for the peer's node to have
+// heard the close too (its agent gives the subflow's count back there, and
+// under a rule's maximum would refuse the replacement before). A
+// replacement that fails to establish is tried again after twice as long,
+// up to maxReplaceDelay, within maxReplacedJoins.
+const (
+	firstReplaceDelay = 20 * time.Millisecond
+	maxReplaceDelay   = 2 * time.Second
+)
+
 // openedConn is a connection the pod opened.
 type openedConn struct {
 	remote netip.AddrPort
 	// live are its established subflows: only those are replaced, so a
-	// join that never completed its handshake is not tried again.
-	live     map[subflowKey]bool
-	replaced int
+	// join that never completed its handshake is not tried again, unless
+	// it was a replacement (pending).
+	live map[subflowKey]bool
+	// replaced counts the replacements opened; pending those not yet
+	// established or failed; delay is the wait before the next one.
+	replaced, pending int
+	delay             time.Duration
 }
 
 // openedConns are the pod's open connections by token. Only the path
@@ -48,30 +64,47 @@ func (c openedConns) established(ev mptcpnl.Event) {
 	if _, reused := c[ev.Token]; !reused && len(c) >= maxTrackedConns {
 		return
 	}
-	c[ev.Token] = &openedConn{remote: ev.Remote,
+	c[ev.Token] = &openedConn{remote: ev.Remote, delay: firstReplaceDelay,
 		live: map[subflowKey]bool{{ev.Local, ev.Remote}: true}}
 }
 
 func (c openedConns) subflowEstablished(ev mptcpnl.Event) {
-	if conn := c[ev.Token]; conn != nil && len(conn.live) < 2*maxReplacedJoins {
-		conn.live[subflowKey{ev.Local, ev.Remote}] = true
+	conn := c[ev.Token]
+	if conn == nil || len(conn.live) >= 2*maxReplacedJoins {
+		return
+	}
+	conn.live[subflowKey{ev.Local, ev.Remote}] = true
+	if conn.pending > 0 {
+		// A replacement made it: the next one waits the shortest again.
+		conn.pending--
+		conn.delay = firstReplaceDelay
 	}
 }
 
-// subflowClosed forgets the subflow and returns its connection when a join
-// should replace it.
-func (c openedConns) subflowClosed(ev mptcpnl.Event) *openedConn {
+// subflowClosed forgets the subflow; when a join should replace it (it was
+// established, or it was a replacement that failed), it returns how long
+// to wait before opening one, and ok.
+func (c openedConns) subflowClosed(ev mptcpnl.Event) (delay time.Duration, ok bool) {
 	conn := c[ev.Token]
-	k := subflowKey{ev.Local, ev.Remote}
-	if conn == nil || !conn.live[k] {
-		return nil
+	if conn == nil {
+		return 0, false
 	}
-	delete(conn.live, k)
+	k := subflowKey{ev.Local, ev.Remote}
+	switch {
+	case conn.live[k]:
+		delete(conn.live, k)
+	case conn.pending > 0:
+		conn.pending--
+		conn.delay = min(2*conn.delay, maxReplaceDelay)
+	default:
+		return 0, false
+	}
 	if conn.replaced >= maxReplacedJoins {
-		return nil
+		return 0, false
 	}
 	conn.replaced++
-	return conn
+	conn.pending++
+	return conn.delay, true
 }
 
 // owns says whether addr is one of the pod's: an event about another
@@ -95,27 +128,28 @@ func monotonicNs() uint64 {
 
 // handle acts on one event of the pod's kernel, read at heardNs
 // (monotonicNs).
-func (s *pathManager) handle(cmds *mptcpnl.Conn, ev mptcpnl.Event, heardNs uint64) {
+func (s *pathManager) handle(sess *session, ev mptcpnl.Event, heardNs uint64) {
 	switch ev.Type {
 	case mptcpnl.EventEstablished:
 		if ev.ServerSide {
 			return
 		}
 		s.opened.established(ev)
-		s.openJoins(cmds, ev.Token, ev.Local.Addr(), ev.Remote)
+		s.openJoins(sess.cmds, ev.Token, ev.Local.Addr(), ev.Remote)
 	case mptcpnl.EventSubEstablished:
 		s.opened.subflowEstablished(ev)
 	case mptcpnl.EventSubClosed:
-		s.subflowClosed(cmds, ev, heardNs)
+		s.subflowClosed(sess, ev, heardNs)
 	case mptcpnl.EventClosed:
 		delete(s.opened, ev.Token)
 	}
 }
 
 // subflowClosed gives the closed subflow's path back to its connection in
-// the datapath, then opens a join to replace it when it was an established
-// subflow of a connection the pod opened.
-func (s *pathManager) subflowClosed(cmds *mptcpnl.Conn, ev mptcpnl.Event, heardNs uint64) {
+// the datapath, then, when it was an established subflow of a connection
+// the pod opened (or a replacement that failed), opens a join to replace
+// it after a short wait, without holding up the pod's other events.
+func (s *pathManager) subflowClosed(sess *session, ev mptcpnl.Event, heardNs uint64) {
 	if !s.owns(ev.Local.Addr()) {
 		return
 	}
@@ -124,14 +158,17 @@ func (s *pathManager) subflowClosed(cmds *mptcpnl.Conn, ev mptcpnl.Event, heardN
 			s.log.Warn("giving a closed subflow's path back", "local", ev.Local, "remote", ev.Remote, "err", err)
 		}
 	}
-	conn := s.opened.subflowClosed(ev)
-	if conn == nil {
+	delay, ok := s.opened.subflowClosed(ev)
+	if !ok {
 		return
 	}
-	if err := cmds.CreateSubflow(ev.Token, ev.Local.Addr(), 1, conn.remote); err != nil {
-		s.log.Warn("opening a join to replace a closed subflow", "remote", conn.remote, "err", err)
-		return
-	}
-	s.replacedJoins.Add(1)
-	s.log.Info("a subflow closed; opened a join to replace it", "local", ev.Local, "remote", ev.Remote, "error", ev.Error, "replaced", conn.replaced)
+	remote := s.opened[ev.Token].remote
+	sess.later(delay, func() {
+		if err := sess.cmds.CreateSubflow(ev.Token, ev.Local.Addr(), 1, remote); err != nil {
+			s.log.Warn("opening a join to replace a closed subflow", "remote", remote, "err", err)
+			return
+		}
+		s.replacedJoins.Add(1)
+		s.log.Info("a subflow closed; opened a join to replace it", "local", ev.Local, "remote", remote, "error", ev.Error)
+	})
 }

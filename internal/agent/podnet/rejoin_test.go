@@ -76,7 +76,8 @@ func TestAClosedJoinIsReplaced(t *testing.T) {
 }
 
 // Joins are replaced only for established subflows of connections the pod
-// opened, and at most maxReplacedJoins times per connection.
+// opened, or for a replacement that failed to establish (after twice the
+// wait), and at most maxReplacedJoins times per connection.
 func TestReplacedJoinsAreBounded(t *testing.T) {
 	local := netip.MustParseAddrPort("192.0.2.1:40000")
 	remote := netip.MustParseAddrPort("192.0.2.2:5201")
@@ -84,26 +85,40 @@ func TestReplacedJoinsAreBounded(t *testing.T) {
 	ev := func(typ mptcpnl.EventType, token uint32, sport uint16) mptcpnl.Event {
 		return mptcpnl.Event{Type: typ, Token: token, Local: netip.AddrPortFrom(local.Addr(), sport), Remote: remote}
 	}
+	closed := func(token uint32, sport uint16) (time.Duration, bool) {
+		return conns.subflowClosed(ev(mptcpnl.EventSubClosed, token, sport))
+	}
 	conns.established(ev(mptcpnl.EventEstablished, 1, local.Port()))
-	if conns.subflowClosed(ev(mptcpnl.EventSubClosed, 1, 40001)) != nil {
+	if _, ok := closed(1, 40001); ok {
 		t.Error("a join that never established is replaced")
 	}
-	if conns.subflowClosed(ev(mptcpnl.EventSubClosed, 2, 40001)) != nil {
+	if _, ok := closed(2, 40001); ok {
 		t.Error("a subflow of a connection the pod did not open is replaced")
 	}
-	for i := 0; i < maxReplacedJoins; i++ {
-		sport := uint16(41000 + i)
-		conns.subflowEstablished(ev(mptcpnl.EventSubEstablished, 1, sport))
-		if conns.subflowClosed(ev(mptcpnl.EventSubClosed, 1, sport)) == nil {
-			t.Fatalf("replacement %d refused", i+1)
-		}
-		if conns.subflowClosed(ev(mptcpnl.EventSubClosed, 1, sport)) != nil {
-			t.Fatalf("subflow %d replaced twice", i+1)
-		}
+	// An established join closes: replaced after the first wait.
+	conns.subflowEstablished(ev(mptcpnl.EventSubEstablished, 1, 41000))
+	if d, ok := closed(1, 41000); !ok || d != firstReplaceDelay {
+		t.Fatalf("closed join: replace %v after %v, want after %v", ok, d, firstReplaceDelay)
 	}
-	conns.subflowEstablished(ev(mptcpnl.EventSubEstablished, 1, 42000))
-	if conns.subflowClosed(ev(mptcpnl.EventSubClosed, 1, 42000)) != nil {
-		t.Errorf("a join replaced past the bound of %d", maxReplacedJoins)
+	// Its replacement is refused (closes unestablished): tried again
+	// after twice the wait; then it establishes, and the wait is reset.
+	if d, ok := closed(1, 41001); !ok || d != 2*firstReplaceDelay {
+		t.Fatalf("failed replacement: again %v after %v, want after %v", ok, d, 2*firstReplaceDelay)
+	}
+	conns.subflowEstablished(ev(mptcpnl.EventSubEstablished, 1, 41002))
+	if _, ok := closed(1, 41003); ok {
+		t.Error("a join that never established is replaced with no replacement pending")
+	}
+	// Established joins closing, until the bound.
+	for sport := uint16(43000); ; sport++ {
+		conns.subflowEstablished(ev(mptcpnl.EventSubEstablished, 1, sport))
+		if _, ok := closed(1, sport); !ok {
+			break
+		}
+		conns.subflowEstablished(ev(mptcpnl.EventSubEstablished, 1, sport+1000))
+	}
+	if c := conns[1]; c.replaced != maxReplacedJoins {
+		t.Errorf("%d replacements opened, want the bound %d", c.replaced, maxReplacedJoins)
 	}
 }
 
