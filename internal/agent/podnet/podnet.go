@@ -552,6 +552,11 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 			if ok, held := s.lostLog.allow(time.Now()); ok {
 				s.log.Warn("MPTCP events lost: the socket's buffer was full", "err", err, "suppressed", held)
 			}
+			// Closes may be among them: connections remembered
+			// now may be gone, and their tokens reused. Forget
+			// them all rather than keep what cannot be trusted:
+			// they get no replacement joins.
+			clear(s.opened)
 			continue
 		case err != nil:
 			return fmt.Errorf("reading MPTCP events: %w", err)
