@@ -77,6 +77,17 @@ func TestChangedSegmentFailsAsAChangedStreamWithEvidence(t *testing.T) {
 			t.Errorf("changed-packets.txt names no packet seen at %s", want)
 		}
 	}
+	// The connection's start, per node: its handshake and its first data
+	// with data sequence numbers and data ACKs.
+	for _, node := range []string{"node1", "node2"} {
+		start, err := os.ReadFile(filepath.Join(dir, "connection-start-0-"+node+".txt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := string(start); !strings.Contains(s, "[0]") || !strings.Contains(s, " dsn 1 ") || !strings.Contains(s, " ack ") {
+			t.Errorf("connection-start-0-%s.txt shows no MP_CAPABLE handshake or first mapping:\n%.2000s", node, s)
+		}
+	}
 	for _, line := range strings.Split(string(carriers), "\n") {
 		switch {
 		case strings.Contains(line, "node1 nic1 out") && !strings.Contains(line, "payload as sent"):

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -225,7 +226,11 @@ func writeCarriers(dir string, files []CaptureFile, err error) error {
 		if derr != nil {
 			return derr
 		}
-		fmt.Fprintf(&b, "connection %d from %s, changed ranges %v: %d captured packets carried them\n", f.Sent.Conn, f.Sent.Local, f.Got.Verification.Ranges, len(pkts))
+		if err := WriteConnectionStart(dir, strconv.Itoa(f.Sent.Conn), files, initial); err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "connection %d from %s, changed ranges %v: %d captured packets carried them (its start: connection-start-%d-node*.txt)\n",
+			f.Sent.Conn, f.Sent.Local, f.Got.Verification.Ranges, len(pkts), f.Sent.Conn)
 		v := f.Got.Verification
 		for _, p := range pkts {
 			fmt.Fprintf(&b, "  %v%s\n", p, p.comparePayload(v.Seed, v.Conn))
