@@ -18,8 +18,8 @@ import (
 // subflow and connection it placed, which keep acting under it. So an id
 // must never move while a live entry uses it, or a connection would take
 // another rule's caps, paths and limits. The agent keeps a table from rule
-// names (the node state's identities: a policy's name and a hash of what
-// its rule does) to ids, in its state directory so that a restart keeps it:
+// names (the node state's identities: a policy's name, and for a variant
+// '@' and a hash of what makes it one; compile.RuleName) to ids, in its state directory so that a restart keeps it:
 // a name keeps its id for as long as the node state lists it; a name the
 // node state drops keeps its id, and its datapath entries, while live
 // entries still use them; only then is the id free for another name.
