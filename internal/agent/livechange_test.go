@@ -27,7 +27,9 @@ import (
 // chain), its caps, and what the agent set up inside the pod's namespace
 // (path manager, limits, signal endpoints, DSS checksums, and the joins its
 // running path manager opens per connection). Each step changes one field
-// under a new rule name, as the controller names a changed rule.
+// under the same rule name, as the controller keeps a changed policy's
+// name: the agent rewrites the rule in place, under the datapath id it
+// already had.
 func TestEveryRuleFieldReachesRunningPods(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 3, PodsPerNode: 1})
 	node, pod := bed.Node(1), bed.Node(1).Pods[0]
@@ -115,11 +117,10 @@ func TestEveryRuleFieldReachesRunningPods(t *testing.T) {
 		}()
 		rule := mptcpv1alpha1.CompiledRule{Policy: "p", Paths: []mptcpv1alpha1.RulePath{{Name: "nic1"}, {Name: "nic2"}, {Name: "nic3"}},
 			SpreadMode: mptcpv1alpha1.SpreadRoundRobin, SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace, MaxSubflows: 2}
+		rule.Name = "p"
+		var firstID uint32
 		for i, s := range steps {
 			s.change(&rule)
-			// A changed rule comes under a new name, as the
-			// controller names it (by content).
-			rule.Name = "p-" + strings.ReplaceAll(s.name, " ", "-")
 			next := state.DeepCopy()
 			next.Spec.Rules = []mptcpv1alpha1.CompiledRule{rule}
 			next.Spec.Pods = []mptcpv1alpha1.NodePod{{Namespace: "apps", Name: "p", IPs: []string{pod.Addr.String()}, Rules: []string{rule.Name}}}
@@ -131,7 +132,13 @@ func TestEveryRuleFieldReachesRunningPods(t *testing.T) {
 				t.Errorf("step %d (%s): reconcile: %v, pods failed %+v", i, s.name, err, failed)
 				continue
 			}
-			got, err := a.dp.RuleAt(chainOf(t, a, pod.Addr)[0])
+			id := chainOf(t, a, pod.Addr)[0]
+			if i == 0 {
+				firstID = id
+			} else if id != firstID {
+				t.Errorf("step %d (%s): the rule moved from datapath id %d to %d; a changed rule keeps its id", i, s.name, firstID, id)
+			}
+			got, err := a.dp.RuleAt(id)
 			if err != nil {
 				return err
 			}
