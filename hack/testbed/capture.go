@@ -279,14 +279,22 @@ func byNode(files []CaptureFile) [][]CaptureFile {
 	return out
 }
 
-func (a *analyzer) node(node int, files []CaptureFile) error {
-	input, err := mergeNode(files)
-	if err != nil {
-		return err
+// tsharkRows runs tshark on the capture input and returns one line per
+// packet that filter keeps: fields separated by '|', a field that occurs
+// several times in the packet joined by ',' (all) or its first occurrence
+// only; prefs are tshark preferences (-o).
+func tsharkRows(input, filter string, all bool, fields []string, prefs ...string) ([]byte, error) {
+	args := []string{"-n", "-r", input}
+	for _, p := range prefs {
+		args = append(args, "-o", p)
 	}
-	args := []string{"-n", "-r", input, "-o", "mptcp.analyze_mptcp:TRUE", "-Y", "tcp && ip", "-T", "fields",
-		"-E", "separator=|", "-E", "occurrence=a", "-E", "aggregator=,"}
-	for _, f := range tsharkFields {
+	args = append(args, "-Y", filter, "-T", "fields", "-E", "separator=|")
+	if all {
+		args = append(args, "-E", "occurrence=a", "-E", "aggregator=,")
+	} else {
+		args = append(args, "-E", "occurrence=f")
+	}
+	for _, f := range fields {
 		args = append(args, "-e", f)
 	}
 	cmd := exec.Command("tshark", args...)
@@ -294,7 +302,19 @@ func (a *analyzer) node(node int, files []CaptureFile) error {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return fmt.Errorf("tshark on %s: %w: %s", input, err, stderr.String())
+		return nil, fmt.Errorf("tshark on %s: %w: %s", input, err, stderr.String())
+	}
+	return out, nil
+}
+
+func (a *analyzer) node(node int, files []CaptureFile) error {
+	input, err := mergeNode(files)
+	if err != nil {
+		return err
+	}
+	out, err := tsharkRows(input, "tcp && ip", true, tsharkFields, "mptcp.analyze_mptcp:TRUE")
+	if err != nil {
+		return err
 	}
 
 	type pkt struct {

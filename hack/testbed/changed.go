@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"strconv"
 	"strings"
 
@@ -98,18 +97,10 @@ func DecodeChangedRanges(files []CaptureFile, initial netip.AddrPort, ranges []r
 }
 
 func carrierPackets(files []CaptureFile, input string, initial netip.AddrPort, ranges []report.Range) ([]CarrierPacket, error) {
-	args := []string{"-n", "-r", input, "-o", "mptcp.analyze_mptcp:TRUE", "-o", "mptcp.relative_sequence_numbers:TRUE",
-		"-o", "mptcp.analyze_mappings:TRUE", "-o", "mptcp.intersubflows_retransmission:TRUE",
-		"-Y", "tcp && ip && mptcp.stream", "-T", "fields", "-E", "separator=|", "-E", "occurrence=f"}
-	for _, f := range carrierFields {
-		args = append(args, "-e", f)
-	}
-	cmd := exec.Command("tshark", args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	data, err := cmd.Output()
+	data, err := tsharkRows(input, "tcp && ip && mptcp.stream", false, carrierFields, "mptcp.analyze_mptcp:TRUE",
+		"mptcp.relative_sequence_numbers:TRUE", "mptcp.analyze_mappings:TRUE", "mptcp.intersubflows_retransmission:TRUE")
 	if err != nil {
-		return nil, fmt.Errorf("tshark on %s: %w: %s", input, err, stderr.String())
+		return nil, err
 	}
 	type row struct {
 		p      CarrierPacket

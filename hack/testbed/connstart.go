@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -54,17 +53,10 @@ func WriteConnectionStart(dir, name string, files []CaptureFile, initial netip.A
 }
 
 func connectionStart(files []CaptureFile, input string, initial netip.AddrPort) (string, error) {
-	args := []string{"-n", "-r", input, "-o", "mptcp.analyze_mptcp:TRUE", "-o", "mptcp.relative_sequence_numbers:TRUE",
-		"-o", "mptcp.analyze_mappings:TRUE", "-Y", "tcp && ip && mptcp.stream", "-T", "fields", "-E", "separator=|", "-E", "occurrence=a", "-E", "aggregator=,"}
-	for _, f := range connectionStartFields {
-		args = append(args, "-e", f)
-	}
-	cmd := exec.Command("tshark", args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	data, err := cmd.Output()
+	data, err := tsharkRows(input, "tcp && ip && mptcp.stream", true, connectionStartFields, "mptcp.analyze_mptcp:TRUE",
+		"mptcp.relative_sequence_numbers:TRUE", "mptcp.analyze_mappings:TRUE")
 	if err != nil {
-		return "", fmt.Errorf("tshark on %s: %w: %s", input, err, stderr.String())
+		return "", err
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# connection from %v, first %.1f s after its SYN on this node's wires (node%d)\n", initial, connectionStartWindow, files[0].Node)
