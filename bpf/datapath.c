@@ -743,7 +743,7 @@ __noinline int pick_active(__u32 rule_id)
 			break;
 		path = rule_path(r, (start + i) % npaths);
 		if (path_usable(path))
-			return path | PLACE_SHARED;
+			return path;
 		count(STAT_PATH_DOWN_SKIPPED);
 	}
 	return PLACE_ALL_DOWN;
@@ -1170,11 +1170,15 @@ int nic_ingress(struct __sk_buff *skb)
 	flow_key_from(&fk, &pkt, true);
 	if (handshake_subtype(&pkt) == MPTCP_SUB_JOIN) {
 		/* A retransmitted SYN of a join already let in is neither
-		 * counted again nor refused. */
-		bool known = subflow_lookup(&fk) != NULL;
+		 * counted again nor refused, and its entry, written again,
+		 * keeps what the first SYN took from the connection. */
+		struct subflow *prev = subflow_lookup(&fk);
+		bool known = prev != NULL;
 		struct conn *c;
 		__u32 token, canonical = 0;
 
+		if (prev)
+			nsf.flags = prev->flags & (SUBFLOW_COUNTED | SUBFLOW_OWNS_PATH);
 		if (!load_join_token(skb, &pkt, &token)) {
 			nsf.token = token;
 			c = lookup_conn(pkt.family, pkt.daddr, token, &canonical);

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -72,8 +73,8 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir)}
 	// A subflow a managed pod's kernel closed gives its path back before
 	// the path manager opens a join to replace it.
-	a.pms = podnet.NewPathManagers(log, func(local, remote netip.AddrPort, heardNs uint64) error {
-		_, err := dp.SubflowClosed(local, remote, heardNs)
+	a.pms = podnet.NewPathManagers(log, func(local, remote netip.AddrPort, heard time.Time) error {
+		_, err := dp.SubflowClosed(local, remote, heard)
 		return err
 	})
 	if st, err := readStatus(settings.StateDir); err == nil {

@@ -3,19 +3,12 @@ package datapath
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 )
-
-// monotonicNs is the programs' clock now.
-func monotonicNs() uint64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return uint64(ts.Nano())
-}
 
 // connection reads the one entry of the connection table.
 func connection(t *testing.T, dp *Datapath) Connection {
@@ -62,7 +55,7 @@ func TestClosedJoinGivesItsPathBackForTheNextJoin(t *testing.T) {
 
 	closed := func(sport uint16) bool {
 		t.Helper()
-		ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, sport), netip.AddrPortFrom(serverPod, 80), monotonicNs())
+		ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, sport), netip.AddrPortFrom(serverPod, 80), time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,6 +124,14 @@ func TestClosedPeerJoinNoLongerCountsAgainstTheMaximum(t *testing.T) {
 	if c := connection(t, dp); c.Subflows != 2 {
 		t.Fatalf("after the peer's join: %+v, want 2 subflows", c)
 	}
+	// The first join's SYN again (a retransmission): neither counted
+	// again nor forgotten by what its close gives back below.
+	if !join(40001) {
+		t.Fatal("the retransmitted SYN of a join let in was refused")
+	}
+	if c := connection(t, dp); c.Subflows != 2 {
+		t.Fatalf("after the retransmitted SYN: %+v, want still 2 subflows", c)
+	}
 	if join(40002) {
 		t.Fatal("a join past the maximum went on")
 	}
@@ -138,7 +139,7 @@ func TestClosedPeerJoinNoLongerCountsAgainstTheMaximum(t *testing.T) {
 		t.Fatalf("joins refused = %d, want 1 (past the maximum)", got)
 	}
 	// The server pod sends the 4-tuple the other way round.
-	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(serverPod, 80), netip.AddrPortFrom(clientPod, 40001), monotonicNs()); err != nil || !ok {
+	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(serverPod, 80), netip.AddrPortFrom(clientPod, 40001), time.Now()); err != nil || !ok {
 		t.Fatalf("SubflowClosed = %v, %v; want the mirrored join found", ok, err)
 	}
 	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<1 {
@@ -167,17 +168,19 @@ func TestClosedSubflowGivesBackOnlyWhatItTook(t *testing.T) {
 	const clientKey, serverKey = 9, 10
 	run(t, dp.objs.PodEgress, syn(clientPod, 40000, serverPod, 80, testpkt.MPCapableSYN()), skbContext{})
 	run(t, dp.objs.PodEgress, capableACK(clientPod, 40000, serverPod, 80, clientKey, serverKey), skbContext{})
+	var beforeSharing time.Time
 	for sport := uint16(40001); sport <= 40002; sport++ { // the second shares a path
+		beforeSharing = time.Now()
 		run(t, dp.objs.PodEgress, syn(clientPod, sport, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)), skbContext{})
 	}
 	if c := connection(t, dp); c.Joins != 2 || c.UsedPaths != 0b110 {
 		t.Fatalf("after two joins on two paths: %+v", c)
 	}
 	remote := netip.AddrPortFrom(serverPod, 80)
-	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, 40002), remote, 0); err != nil || ok {
+	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, 40002), remote, beforeSharing); err != nil || ok {
 		t.Fatalf("a close heard before the entry was placed: closed %v, %v; want the entry kept", ok, err)
 	}
-	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, 40002), remote, monotonicNs()); err != nil || !ok {
+	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, 40002), remote, time.Now()); err != nil || !ok {
 		t.Fatalf("SubflowClosed(the sharing join) = %v, %v", ok, err)
 	}
 	if c := connection(t, dp); c.Joins != 1 || c.UsedPaths != 0b110 {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -282,18 +283,17 @@ func (d *Datapath) ForgetSubflow(local, remote netip.AddrPort) error {
 }
 
 // SubflowClosed tells the datapath that the local pod's kernel closed the
-// subflow with this 4-tuple (as the pod sends it), as heard at heardNs
-// (CLOCK_MONOTONIC, the programs' bpf_ktime_get_ns): its connection gets
-// back what the subflow took from it, once (its path when it held it alone,
-// its place in the count), so that a join opened to replace it is placed on
-// that path again and stays within the rule's maximum; then the entry goes.
-// An entry placed after heardNs is a new subflow of the same 4-tuple and
-// stays. closed is false when no entry went.
-func (d *Datapath) SubflowClosed(local, remote netip.AddrPort, heardNs uint64) (closed bool, err error) {
+// subflow with this 4-tuple (as the pod sends it), as heard at heard: its
+// connection gets back what the subflow took from it, once (its path when
+// it held it alone, its place in the count), so that a join opened to
+// replace it is placed on that path again and stays within the rule's
+// maximum; then the entry goes. An entry placed after heard is a new
+// subflow of the same 4-tuple and stays. closed is false when no entry went.
+func (d *Datapath) SubflowClosed(local, remote netip.AddrPort, heard time.Time) (closed bool, err error) {
 	if local.Addr().Unmap().Is4() != remote.Addr().Unmap().Is4() {
 		return false, fmt.Errorf("subflow %v -> %v mixes address families", local, remote)
 	}
-	n, err := d.tableOp(tableSubflows, datapathTableOpCodeTABLE_OP_SUBFLOW_CLOSED, rawBytes(flowKey(local, remote)), rawBytes(heardNs))
+	n, err := d.tableOp(tableSubflows, datapathTableOpCodeTABLE_OP_SUBFLOW_CLOSED, rawBytes(flowKey(local, remote)), rawBytes(ktimeOf(heard)))
 	return n > 0, err
 }
 

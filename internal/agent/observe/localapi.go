@@ -112,15 +112,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// monoToWall turns a bpf_ktime_get_ns timestamp into wall-clock time.
-func monoToWall(ns uint64) time.Time {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return time.Time{}
-	}
-	return time.Now().Add(-time.Duration(uint64(ts.Nano()) - ns)).UTC()
-}
-
 func subflowInfos(src Source) ([]SubflowInfo, error) {
 	sfs, err := src.Datapath().Subflows()
 	if err != nil {
@@ -132,7 +123,7 @@ func subflowInfos(src Source) ([]SubflowInfo, error) {
 		info := SubflowInfo{
 			Local: s.Local.String(), Remote: s.Remote.String(),
 			Path: paths[s.Path], PathIndex: s.Path, Role: roleName(s.Role),
-			RuleIndex: s.Rule, Created: monoToWall(s.CreatedNs),
+			RuleIndex: s.Rule, Created: datapath.KtimeToTime(s.CreatedNs),
 		}
 		if s.Detour != 0 {
 			info.Detour = paths[s.Detour]

@@ -164,7 +164,7 @@ func dial(pod Pod) (*mptcpnl.Conn, error) {
 type PathManagers struct {
 	log           *slog.Logger
 	backoff       backoff
-	subflowClosed func(local, remote netip.AddrPort, heardNs uint64) error
+	subflowClosed func(local, remote netip.AddrPort, heard time.Time) error
 	mu            sync.Mutex
 	m             map[podKey]*pathManager
 }
@@ -201,9 +201,9 @@ var defaultBackoff = backoff{Min: 100 * time.Millisecond, Max: 30 * time.Second,
 
 // NewPathManagers makes an empty set. subflowClosed, when not nil, hears of
 // every subflow a managed pod's kernel closes (the 4-tuple as the pod sends
-// it) and when it heard of it (CLOCK_MONOTONIC), before a join replaces it:
+// it) and when it heard of it, before a join replaces it:
 // the datapath gives the subflow's path back to its connection there.
-func NewPathManagers(log *slog.Logger, subflowClosed func(local, remote netip.AddrPort, heardNs uint64) error) *PathManagers {
+func NewPathManagers(log *slog.Logger, subflowClosed func(local, remote netip.AddrPort, heard time.Time) error) *PathManagers {
 	return &PathManagers{log: log, backoff: defaultBackoff, subflowClosed: subflowClosed, m: map[podKey]*pathManager{}}
 }
 
@@ -347,7 +347,7 @@ type pathManager struct {
 	replacedJoins atomic.Uint64
 	// closed, when set, tells the datapath that the pod's kernel closed
 	// the subflow with this 4-tuple (local is the pod's).
-	closed func(local, remote netip.AddrPort, heardNs uint64) error
+	closed func(local, remote netip.AddrPort, heard time.Time) error
 	// opened are the pod's connections it may replace joins of; only its
 	// goroutine uses them.
 	opened openedConns
@@ -455,7 +455,7 @@ func openNetNS(pod Pod, key podKey) (int, error) {
 // error of this reconcile (and is tried again at the next). It runs the
 // path manager from then on, holding the namespace open: every session it
 // opens again is in that namespace, whatever its path names by then.
-func start(ctx context.Context, pod Pod, key podKey, joins int, b backoff, log *slog.Logger, closed func(local, remote netip.AddrPort, heardNs uint64) error) (*pathManager, error) {
+func start(ctx context.Context, pod Pod, key podKey, joins int, b backoff, log *slog.Logger, closed func(local, remote netip.AddrPort, heard time.Time) error) (*pathManager, error) {
 	nsFD, err := openNetNS(pod, key)
 	if err != nil {
 		return nil, err
@@ -561,7 +561,7 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 		case err != nil:
 			return fmt.Errorf("reading MPTCP events: %w", err)
 		}
-		heard := monotonicNs()
+		heard := time.Now()
 		for _, ev := range evs {
 			s.handle(sess, ev, heard)
 		}

@@ -4,8 +4,6 @@ import (
 	"net/netip"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
 )
 
@@ -16,7 +14,7 @@ import (
 // path and count back to the connection, and then opens a join to replace
 // it, which the datapath places on a free path again. Without this a
 // connection that lost a subflow ran on fewer paths until it ended
-// (docs/failover.md).
+// (docs/subflows.md, "Replacing closed subflows").
 
 // maxReplacedJoins bounds the joins a path manager opens to replace closed
 // ones, per connection: a peer that resets every join it accepts gets a
@@ -118,17 +116,8 @@ func (s *pathManager) owns(addr netip.Addr) bool {
 	return false
 }
 
-// monotonicNs is CLOCK_MONOTONIC now, the clock of the datapath's
-// bpf_ktime_get_ns.
-func monotonicNs() uint64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // cannot fail on Linux
-	return uint64(ts.Nano())
-}
-
-// handle acts on one event of the pod's kernel, read at heardNs
-// (monotonicNs).
-func (s *pathManager) handle(sess *session, ev mptcpnl.Event, heardNs uint64) {
+// handle acts on one event of the pod's kernel, read at heard.
+func (s *pathManager) handle(sess *session, ev mptcpnl.Event, heard time.Time) {
 	switch ev.Type {
 	case mptcpnl.EventEstablished:
 		if ev.ServerSide {
@@ -139,7 +128,7 @@ func (s *pathManager) handle(sess *session, ev mptcpnl.Event, heardNs uint64) {
 	case mptcpnl.EventSubEstablished:
 		s.opened.subflowEstablished(ev)
 	case mptcpnl.EventSubClosed:
-		s.subflowClosed(sess, ev, heardNs)
+		s.subflowClosed(sess, ev, heard)
 	case mptcpnl.EventClosed:
 		delete(s.opened, ev.Token)
 	}
@@ -149,12 +138,12 @@ func (s *pathManager) handle(sess *session, ev mptcpnl.Event, heardNs uint64) {
 // the datapath, then, when it was an established subflow of a connection
 // the pod opened (or a replacement that failed), opens a join to replace
 // it after a short wait, without holding up the pod's other events.
-func (s *pathManager) subflowClosed(sess *session, ev mptcpnl.Event, heardNs uint64) {
+func (s *pathManager) subflowClosed(sess *session, ev mptcpnl.Event, heard time.Time) {
 	if !s.owns(ev.Local.Addr()) {
 		return
 	}
 	if s.closed != nil {
-		if err := s.closed(ev.Local, ev.Remote, heardNs); err != nil {
+		if err := s.closed(ev.Local, ev.Remote, heard); err != nil {
 			s.log.Warn("giving a closed subflow's path back", "local", ev.Local, "remote", ev.Remote, "err", err)
 		}
 	}

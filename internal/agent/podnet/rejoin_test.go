@@ -21,7 +21,7 @@ import (
 func TestAClosedJoinIsReplaced(t *testing.T) {
 	bed := newPMBed(t)
 	closed := make(chan subflowKey, 8)
-	p := NewPathManagers(slog.New(slog.DiscardHandler), func(local, remote netip.AddrPort, _ uint64) error {
+	p := NewPathManagers(slog.New(slog.DiscardHandler), func(local, remote netip.AddrPort, _ time.Time) error {
 		closed <- subflowKey{local, remote}
 		return nil
 	})
