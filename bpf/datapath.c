@@ -1098,6 +1098,8 @@ int pod_ingress(struct __sk_buff *skb)
 	 * again): most packets, data, are none of them. */
 	if (has_mptcp(&pkt, MPTCP_SUB_JOIN))
 		backup_act(skb, &pkt, sf);
+	if (has_mptcp(&pkt, MPTCP_SUB_PRIO))
+		backup_prio_keep(skb, &pkt, sf);
 	if (is_pure_ack(&pkt))
 		backup_prio_act(skb, &pkt, sf);
 	if (has_mptcp(&pkt, MPTCP_SUB_ADD_ADDR))

@@ -56,31 +56,27 @@ static __always_inline bool join_into_pod(const struct packet *pkt, const struct
 	return syn_ack == TCP_FLAG_SYN;
 }
 
-/* backup_act sets B on a join into the pod whose subflow is on a backup path
- * of its rule, when the admin allowed header rewriting. The option's
- * subtype byte is rewritten in the 16-bit word of the TCP header holding it,
- * and the checksum updated from that word with the kernel's helper (right
- * under checksum offload too). A global function: verified once, its own
- * stack frame. */
-__noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struct subflow *sf)
+/* B_SET_ALREADY and B_SET_CHANGED are what set_backup_bit did; anything
+ * else (a negative value) left the packet as it was. */
+#define B_SET_ALREADY 0
+#define B_SET_CHANGED 1
+
+/* set_backup_bit sets B, the low bit of the subtype byte of the MPTCP option
+ * of subtype at pkt->mptcp.off[subtype] (MP_JOIN or MP_PRIO, whose byte
+ * layouts agree there), in the 16-bit word of the TCP header holding it,
+ * and updates the checksum from that word with the kernel's helper (right
+ * under checksum offload too). In observe-only mode it counts and changes
+ * nothing. */
+static __always_inline int set_backup_bit(struct __sk_buff *skb, const struct packet *pkt, __u32 subtype)
 {
-	__u32 rule_id, l4, byte, word;
+	__u32 l4 = pkt->l4_off, byte, word;
 	__be16 old, new;
-	struct rule *r;
 	__u8 w[2];
 
-	if (!skb || !pkt || !sf || !join_into_pod(pkt, sf))
-		return 0;
-	rule_id = sf->rule;
-	r = bpf_map_lookup_elem(&rules, &rule_id);
-	if (!r || !(r->flags & RULE_REWRITE_HEADERS) || !backup_path(r, sf->path_index) ||
-	    !ip_len_matches(skb, pkt))
-		return 0;
-	l4 = pkt->l4_off;
-	byte = pkt->mptcp.off[MPTCP_SUB_JOIN] + 2; /* from the TCP header */
+	byte = pkt->mptcp.off[subtype & (MPTCP_SUBTYPES - 1)] + 2; /* from the TCP header */
 	word = byte & ~1U;
 	if (bpf_skb_load_bytes(skb, l4 + word, w, sizeof(w)))
-		return 0;
+		return -1;
 	__builtin_memcpy(&old, w, sizeof(old));
 	/* A branch, not an index: the verifier refuses pointer arithmetic with
 	 * an OR. */
@@ -89,21 +85,67 @@ __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struc
 	else
 		w[0] |= MPTCP_JOIN_BACKUP;
 	__builtin_memcpy(&new, w, sizeof(new));
-	if (new == old) {
-		/* The sender asked for backup itself. */
-		__sync_fetch_and_or(&sf->flags, SUBFLOW_BACKUP);
-		return 0;
-	}
+	if (new == old)
+		return B_SET_ALREADY;
 	if (observe_only()) {
 		count(STAT_OBSERVED);
-		return 0;
+		return -1;
 	}
 	if (bpf_l4_csum_replace(skb, l4 + TCP_CSUM_OFF, old, new, sizeof(new)))
-		return 0;
+		return -1;
 	if (bpf_skb_store_bytes(skb, l4 + word, w, sizeof(w), 0))
-		return 0;
-	__sync_fetch_and_or(&sf->flags, SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US);
+		return -1;
 	count(STAT_BACKUP_FLAGGED);
+	return B_SET_CHANGED;
+}
+
+/* backup_act sets B on a join into the pod whose subflow is on a backup path
+ * of its rule, when the admin allowed header rewriting. A global function:
+ * verified once, its own stack frame. */
+__noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struct subflow *sf)
+{
+	struct rule *r;
+	__u32 rule_id;
+	int ret;
+
+	if (!skb || !pkt || !sf || !join_into_pod(pkt, sf))
+		return 0;
+	rule_id = sf->rule;
+	r = bpf_map_lookup_elem(&rules, &rule_id);
+	if (!r || !(r->flags & RULE_REWRITE_HEADERS) || !backup_path(r, sf->path_index) ||
+	    !ip_len_matches(skb, pkt))
+		return 0;
+	ret = set_backup_bit(skb, pkt, MPTCP_SUB_JOIN);
+	if (ret == B_SET_ALREADY)
+		/* The sender asked for backup itself. */
+		__sync_fetch_and_or(&sf->flags, SUBFLOW_BACKUP);
+	else if (ret == B_SET_CHANGED)
+		__sync_fetch_and_or(&sf->flags, SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US);
+	return 0;
+}
+
+/* backup_prio_keep keeps a subflow on a backup path of its rule a backup in
+ * the pod, under the header-rewriting opt-in, when an MP_PRIO going into the
+ * pod says otherwise: its B is set again. The peer's path manager sends one
+ * with B=0 when it makes a join it held as backup active (docs/subflows.md,
+ * "Held joins"), and a peer may send one at will; either would make the
+ * backup path an active one for the pod's sending. An MP_PRIO on an active
+ * path passes as it is: a peer that asks for backup there is obeyed, as its
+ * joins' B is. A global function: verified once, its own stack frame. */
+__noinline int backup_prio_keep(struct __sk_buff *skb, const struct packet *pkt, struct subflow *sf)
+{
+	struct rule *r;
+	__u32 rule_id;
+
+	if (!skb || !pkt || !sf || !has_mptcp(pkt, MPTCP_SUB_PRIO))
+		return 0;
+	rule_id = sf->rule;
+	r = bpf_map_lookup_elem(&rules, &rule_id);
+	if (!r || !(r->flags & RULE_REWRITE_HEADERS) || !backup_path(r, sf->path_index) ||
+	    !ip_len_matches(skb, pkt))
+		return 0;
+	if (set_backup_bit(skb, pkt, MPTCP_SUB_PRIO) == B_SET_CHANGED)
+		__sync_fetch_and_or(&sf->flags, SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US);
 	return 0;
 }
 
@@ -150,6 +192,11 @@ __noinline int backup_prio_act(struct __sk_buff *skb, const struct packet *pkt, 
 	if (!skb || !pkt || !sf)
 		return 0;
 	if ((pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_ACK)) != TCP_FLAG_ACK)
+		return 0;
+	/* One carrying the peer's own MP_PRIO is left to it (backup_prio_keep):
+	 * two in one packet would leave the pod to pick one. The next ACK
+	 * carries ours. */
+	if (has_mptcp(pkt, MPTCP_SUB_PRIO))
 		return 0;
 	rule_id = sf->rule;
 	r = bpf_map_lookup_elem(&rules, &rule_id);

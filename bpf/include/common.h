@@ -89,7 +89,7 @@ enum stat_id {
 	STAT_RATE_WND_LOWERED,	  /* window: an ACK's receive window lowered to the cap */
 	STAT_RATE_NO_WSCALE,	  /* window: handshake not seen, scale unknown, ACK left alone */
 	STAT_RATE_SHAPED,	  /* shape: packets given an HTB class at a NIC */
-	STAT_BACKUP_FLAGGED,	  /* backup: MP_JOIN B bit set on a join into a pod */
+	STAT_BACKUP_FLAGGED,	  /* backup: B bit set on a join, or an MP_PRIO, into a pod */
 	STAT_BACKUP_PRIO_SENT,	  /* backup: MP_PRIO added to a pure ACK into a pod (path role changed) */
 	STAT_BACKUP_PRIO_NO_ROOM, /* backup: MP_PRIO due but the ACK\'s options were full */
 	STAT_ADD_ADDR_BLOCKED,	  /* block: an ADD_ADDR into a pod whose rule allows no join, made NOPs */

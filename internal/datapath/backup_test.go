@@ -394,6 +394,66 @@ func TestBackupWithdrawnOptInUndoesOnlyWhatTheDatapathDid(t *testing.T) {
 	}
 }
 
+// An MP_PRIO with B=0 going into the pod cannot make a subflow on a backup
+// path active there, under the header-rewriting opt-in: its B is set again
+// (the checksum follows, tshark), and the datapath then holds the subflow as
+// backup by its own doing. A peer's path manager sends one when it makes a
+// join it held active (docs/subflows.md, "Held joins"). On an active path, or
+// without the opt-in, an MP_PRIO passes byte for byte.
+func TestBackupMPPrioIntoThePodKeepsABackupPathBackup(t *testing.T) {
+	dp := backupBed(t, clientPod)
+	egress, ingress := dp.Program(HookPodEgress), dp.Program(HookPodIngress)
+	const serverKey = 0x0102030405060708
+	first := dp.pathOfMark(t, run(t, egress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{}))
+	run(t, egress, capableACK(clientPod, 40000, serverPod, 5201, 0x0a0b0c0d0e0f1011, serverKey), skbContext{})
+	joinOn := func(sport uint16) uint32 {
+		return dp.pathOfMark(t, run(t, egress, syn(clientPod, sport, serverPod, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, true)), skbContext{}))
+	}
+	if path := joinOn(40001); path != 3-first {
+		t.Fatalf("first join placed on path %d, want the other active path %d", path, 3-first)
+	}
+	if path := joinOn(40002); path != 3 {
+		t.Fatalf("second join placed on path %d, want the backup path 3", path)
+	}
+	for _, sport := range []uint16{40001, 40002} {
+		sa := synAck(serverPod, 5201, clientPod, sport, testpkt.MPJoinSYNACK(0x1122334455667788, 9, 0, false))
+		runOut(t, ingress, sa)
+	}
+	flagged := stat(t, dp, StatBackupFlagged)
+
+	activeRelease := pureACK(serverPod, clientPod, 40001, testpkt.MPPrio(false))
+	if _, out := runOut(t, ingress, activeRelease); string(out) != string(activeRelease) {
+		t.Error("an MP_PRIO B=0 on an active path was changed")
+	}
+	backupRelease := pureACK(serverPod, clientPod, 40002, testpkt.MPPrio(false))
+	_, kept := runOut(t, ingress, backupRelease)
+	if len(kept) != len(backupRelease) {
+		t.Fatalf("the MP_PRIO on the backup path came out %d bytes long, want %d: rewritten in place", len(kept), len(backupRelease))
+	}
+	d := tsharkDecode(t, [][]byte{kept}, []string{"tcp.checksum.status", "tcp.options.mptcp.subtype", "tcp.options.mptcp.backup.flag"})[0]
+	if d["tcp.checksum.status"] != tsharkGood || d["tcp.options.mptcp.subtype"] != "2,5" || d["tcp.options.mptcp.backup.flag"] != "1" {
+		t.Errorf("tshark on the MP_PRIO into the pod on the backup path: %v, want a good checksum and B=1", d)
+	}
+	if n := stat(t, dp, StatBackupFlagged); n != flagged+1 {
+		t.Errorf("StatBackupFlagged = %d, want %d", n, flagged+1)
+	}
+	// The datapath made it backup: the pod is told so on no further ACK,
+	// and when the opt-in is withdrawn it is undone.
+	ack := pureACK(serverPod, clientPod, 40002)
+	if _, out := runOut(t, ingress, ack); string(out) != string(ack) {
+		t.Error("a pure ACK after the kept MP_PRIO got another MP_PRIO")
+	}
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, out := runOut(t, ingress, backupRelease); string(out) != string(backupRelease) {
+		t.Error("an MP_PRIO was changed without the header-rewriting opt-in")
+	}
+	if _, out := runOut(t, ingress, ack); len(out) != len(ack)+4 || out[len(out)-2] != 0x50 {
+		t.Errorf("no MP_PRIO B=0 undoing the kept backup once the opt-in was withdrawn: % x", out[len(out)-4:])
+	}
+}
+
 // A rule that allows its connections no join (maxSubflows 1) turns an
 // ADD_ADDR going into its pod into NOPs: the option block keeps its length,
 // nothing else changes, the checksum stays right (tshark), and tshark no

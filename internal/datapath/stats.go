@@ -61,8 +61,8 @@ const (
 	StatRateWndLowered = datapathStatIdSTAT_RATE_WND_LOWERED
 	StatRateNoWscale   = datapathStatIdSTAT_RATE_NO_WSCALE
 	StatRateShaped     = datapathStatIdSTAT_RATE_SHAPED
-	// StatBackupFlagged: the backup actor set the MP_JOIN B bit on a
-	// join going into a pod.
+	// StatBackupFlagged: the backup actor set the B bit of a join, or of
+	// an MP_PRIO, going into a pod on a backup path.
 	StatBackupFlagged = datapathStatIdSTAT_BACKUP_FLAGGED
 	// StatBackupPrioSent: an MP_PRIO added to a pure ACK going into a pod
 	// whose subflow's path changed role; StatBackupPrioNoRoom: one was due
