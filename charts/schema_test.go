@@ -70,6 +70,14 @@ func TestBadValuesAreRefusedWithAClearMessage(t *testing.T) {
 			set:  []string{"apiServer.host=https://10.0.0.1"},
 			want: []string{"/apiServer/host", "https://10.0.0.1"},
 		},
+		"a join holdoff longer than the agent allows": {
+			set:  []string{"agent.joinHoldoff=1m"},
+			want: []string{"/agent/joinHoldoff", "1m"},
+		},
+		"a join holdoff that is not a duration": {
+			set:  []string{"agent.joinHoldoff=-5ms"},
+			want: []string{"/agent/joinHoldoff", "-5ms"},
+		},
 		"a port out of range": {
 			set:  []string{"agent.metricsPort=70000"},
 			want: []string{"/agent/metricsPort", "maximum"},

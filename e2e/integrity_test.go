@@ -47,6 +47,9 @@ type integrityScenario struct {
 	// noChecksums turns the rules' DSS checksums off (the product's
 	// default is on).
 	noChecksums bool
+	// activeJoins has the agent open joins active, not held as backup
+	// for its join holdoff (the defence against the kernel's changes).
+	activeJoins bool
 	// rate is the cap the scenario puts on a connection, for the stall
 	// threshold (10 % of it); 0 means the links' capacity.
 	rate float64
@@ -124,6 +127,8 @@ func kernelBugScenarios() []integrityScenario {
 			rule: userspace, noChecksums: true},
 		{name: "agent userspace PM, 4 paths, cross traffic, copying wires, no checksums", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: crossTraffic,
 			setup: copyingWires, rule: userspace, noChecksums: true},
+		{name: "agent userspace PM, 4 paths, cross traffic, copying wires, no checksums, joins not held", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: crossTraffic,
+			setup: copyingWires, rule: userspace, noChecksums: true, activeJoins: true},
 	}
 }
 
@@ -218,6 +223,9 @@ func runIntegrityScenario(t *testing.T, sc integrityScenario, rounds int, mustBe
 		opts := []framework.AgentOption{declaredCaps}
 		if sc.noChecksums {
 			opts = append(opts, framework.WithoutDataChecksums())
+		}
+		if sc.activeJoins {
+			opts = append(opts, framework.WithJoinHoldoff(0))
 		}
 		if _, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(n *testbed.Node) mptcpv1alpha1.CompiledRule { return *sc.rule(n.Index) }, opts...); err != nil {
 			t.Fatal(err)

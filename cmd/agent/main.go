@@ -29,19 +29,28 @@ import (
 	"syscall"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
-// flapDamping is the -flap-damping flag, when given.
-var flapDamping *agent.FlapDamping
+// flapDamping and joinHoldoff are the -flap-damping and -join-holdoff
+// flags, when given.
+var (
+	flapDamping *agent.FlapDamping
+	joinHoldoff *metav1.Duration
+)
 
 // withFlags applies the flags that override a settings file.
 func withFlags(s agent.Settings) agent.Settings {
 	if flapDamping != nil {
 		s.FlapDamping = *flapDamping
+	}
+	if joinHoldoff != nil {
+		s.JoinHoldoff = joinHoldoff
 	}
 	return s
 }
@@ -65,6 +74,11 @@ func main() {
 	flag.Func("flap-damping", "hold a path NIC that keeps losing its carrier down: TRANSITIONS/WINDOW/HOLD (e.g. 3/1m/10s: three losses within a minute hold its paths down until it has been back 10 s) or off; overrides the settings file", func(v string) error {
 		f, err := agent.ParseFlapDamping(v)
 		flapDamping = &f
+		return err
+	})
+	flag.Func("join-holdoff", "userspace mode: how long a join the agent opens stays a backup subflow after it is established, against a kernel defect that changes data a join receives too early (docs/subflows.md); 0 opens joins active; overrides the settings file", func(v string) error {
+		d, err := agent.ParseJoinHoldoff(v)
+		joinHoldoff = &metav1.Duration{Duration: d}
 		return err
 	})
 	flag.StringVar(&netnsutil.ProcSys, "proc-sys", netnsutil.ProcSys, "directory whose net/ is a writable /proc/sys/net (in a container: a mount of the host's, e.g. /host/proc/sys)")

@@ -207,6 +207,16 @@ func WithFlapDamping(f agent.FlapDamping) AgentOption {
 	}
 }
 
+// WithJoinHoldoff sets how long the joins the agent opens stay backup
+// subflows (settings' joinHoldoff); 0 opens them active.
+func WithJoinHoldoff(d time.Duration) AgentOption {
+	return func(a *Agent) {
+		if a.Config != nil {
+			a.Config.JoinHoldoff = &metav1.Duration{Duration: d}
+		}
+	}
+}
+
 // WithoutDataChecksums turns DSS checksums off in the rules of the agent's
 // node state, as podMPTCP.dataChecksums: false does.
 func WithoutDataChecksums() AgentOption {

@@ -73,9 +73,12 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir)}
 	// A subflow a managed pod's kernel closed gives its path back before
 	// the path manager opens a join to replace it.
-	a.pms = podnet.NewPathManagers(log, func(local, remote netip.AddrPort, heard time.Time) error {
-		_, err := dp.SubflowClosed(local, remote, heard)
-		return err
+	a.pms = podnet.NewPathManagers(log, podnet.PathManagerOptions{
+		SubflowClosed: func(local, remote netip.AddrPort, heard time.Time) error {
+			_, err := dp.SubflowClosed(local, remote, heard)
+			return err
+		},
+		JoinHoldoff: settings.joinHoldoff(),
 	})
 	if st, err := readStatus(settings.StateDir); err == nil {
 		a.previous = st.Applied

@@ -51,6 +51,48 @@ type Settings struct {
 	// FlapDamping holds a path NIC that keeps losing its carrier down for
 	// a while after it comes back (docs/agent.md, "Link events").
 	FlapDamping FlapDamping `json:"flapDamping,omitzero"`
+	// JoinHoldoff is how long a join the agent opens (userspace mode)
+	// stays a backup subflow after it is established, against a kernel
+	// defect that changes data a join receives too early
+	// (docs/subflows.md, "Held joins"). Unset: DefaultJoinHoldoff; 0
+	// opens joins active.
+	JoinHoldoff *metav1.Duration `json:"joinHoldoff,omitempty"`
+}
+
+// DefaultJoinHoldoff is twenty times the longest the bed has seen a
+// receiver hold its socket while a join came in (under 1 ms), and short
+// enough not to add stalls: held for 100 ms, a connection pushes all it
+// can onto its first subflow meanwhile, and on congested paths stalled
+// three times as often (docs/subflows.md, "Held joins").
+const DefaultJoinHoldoff = 20 * time.Millisecond
+
+// MaxJoinHoldoff bounds the hold: a join held longer adds nothing to the
+// transfers it was opened for.
+const MaxJoinHoldoff = 10 * time.Second
+
+// ParseJoinHoldoff reads the agent's -join-holdoff flag: a Go duration
+// from 0 (joins opened active) to MaxJoinHoldoff.
+func ParseJoinHoldoff(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("join holdoff %q: %w", v, err)
+	}
+	return d, validJoinHoldoff(d)
+}
+
+func validJoinHoldoff(d time.Duration) error {
+	if d < 0 || d > MaxJoinHoldoff {
+		return fmt.Errorf("joinHoldoff %v: must be from 0 (off) to %v", d, MaxJoinHoldoff)
+	}
+	return nil
+}
+
+// joinHoldoff is the hold the settings ask for.
+func (s Settings) joinHoldoff() time.Duration {
+	if s.JoinHoldoff == nil {
+		return DefaultJoinHoldoff
+	}
+	return s.JoinHoldoff.Duration
 }
 
 // FlapDamping: after Transitions carrier losses of a path NIC within
@@ -166,6 +208,11 @@ func LoadSettings(path string) (Settings, error) {
 	}
 	if err := s.FlapDamping.validate(); err != nil {
 		return s, fmt.Errorf("%s: %w", path, err)
+	}
+	if s.JoinHoldoff != nil {
+		if err := validJoinHoldoff(s.JoinHoldoff.Duration); err != nil {
+			return s, fmt.Errorf("%s: %w", path, err)
+		}
 	}
 	s.setDefaults()
 	return s, nil

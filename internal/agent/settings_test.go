@@ -115,3 +115,37 @@ func TestFlapDampingFlag(t *testing.T) {
 		t.Errorf("defaults: %+v", s.FlapDamping)
 	}
 }
+
+func TestJoinHoldoffFlagAndSetting(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want time.Duration
+		err  bool
+	}{
+		{in: "100ms", want: 100 * time.Millisecond},
+		{in: "0", want: 0},
+		{in: "10s", want: MaxJoinHoldoff},
+		{in: "11s", err: true},
+		{in: "-1ms", err: true},
+		{in: "soon", err: true},
+	} {
+		got, err := ParseJoinHoldoff(c.in)
+		if (err != nil) != c.err || (err == nil && got != c.want) {
+			t.Errorf("ParseJoinHoldoff(%q) = %v, %v; want %v, error %v", c.in, got, err, c.want, c.err)
+		}
+	}
+	if d := NodeDefaults("n1").joinHoldoff(); d != DefaultJoinHoldoff {
+		t.Errorf("default join holdoff %v, want %v", d, DefaultJoinHoldoff)
+	}
+	off := Settings{JoinHoldoff: &metav1.Duration{}}
+	if d := off.joinHoldoff(); d != 0 {
+		t.Errorf("joinHoldoff: 0s holds joins %v, want not at all", d)
+	}
+	p := filepath.Join(t.TempDir(), "settings.yaml")
+	if err := os.WriteFile(p, []byte("node: n1\njoinHoldoff: 1h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadSettings(p); err == nil || !strings.Contains(err.Error(), "joinHoldoff") {
+		t.Errorf("a settings file holding joins an hour: %v, want an error naming joinHoldoff", err)
+	}
+}

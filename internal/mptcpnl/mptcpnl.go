@@ -29,6 +29,7 @@ const (
 	cmdFlushAddrs    = 4
 	cmdSetLimits     = 5
 	cmdGetLimits     = 6
+	cmdSetFlags      = 7
 	cmdSubflowCreate = 10
 )
 
@@ -289,12 +290,42 @@ func encodeAddr(ae *netlink.AttributeEncoder, addr netip.Addr, id uint8, port ui
 
 // CreateSubflow asks a userspace-managed connection (by token) to open a
 // join from local (with its address id) to remote. The kernel picks the
-// source port.
-func (c *Conn) CreateSubflow(token uint32, local netip.Addr, localID uint8, remote netip.AddrPort) error {
+// source port. flags are the local address's endpoint flags: FlagBackup
+// opens the join as a backup subflow (the B bit of its MP_JOIN), which
+// neither end sends data on while the connection has an active subflow.
+func (c *Conn) CreateSubflow(token uint32, local netip.Addr, localID uint8, remote netip.AddrPort, flags uint32) error {
 	_, err := c.do(cmdSubflowCreate, netlink.Acknowledge, func(ae *netlink.AttributeEncoder) {
 		ae.Uint32(attrToken, token)
 		ae.Nested(attrAddr, func(nae *netlink.AttributeEncoder) error {
 			encodeAddr(nae, local, localID, 0)
+			if flags != 0 {
+				nae.Uint32(addrAttrFlags, flags)
+			}
+			return nil
+		})
+		ae.Nested(attrAddrRemote, func(nae *netlink.AttributeEncoder) error {
+			encodeAddr(nae, remote.Addr(), 0, remote.Port())
+			return nil
+		})
+	})
+	return err
+}
+
+// SetSubflowBackup makes one subflow of a userspace-managed connection (by
+// token), named by both ends' addresses and ports, a backup subflow or an
+// active one: the kernel sends an MP_PRIO on it, and its own scheduler
+// follows. Without the ports every subflow between the two addresses would
+// match.
+func (c *Conn) SetSubflowBackup(token uint32, local, remote netip.AddrPort, backup bool) error {
+	var flags uint32
+	if backup {
+		flags = FlagBackup
+	}
+	_, err := c.do(cmdSetFlags, netlink.Acknowledge, func(ae *netlink.AttributeEncoder) {
+		ae.Uint32(attrToken, token)
+		ae.Nested(attrAddr, func(nae *netlink.AttributeEncoder) error {
+			encodeAddr(nae, local.Addr(), 0, local.Port())
+			nae.Uint32(addrAttrFlags, flags)
 			return nil
 		})
 		ae.Nested(attrAddrRemote, func(nae *netlink.AttributeEncoder) error {

@@ -184,7 +184,7 @@ func TestUserspacePathManagerCreatesJoinsFromSameAddress(t *testing.T) {
 	// The initial subflow's address has id 0; joins from the same address
 	// are given a non-zero local id.
 	for i := 0; i < 3; i++ {
-		if err := cmds.CreateSubflow(established.Token, established.Local.Addr(), 1, established.Remote); err != nil {
+		if err := cmds.CreateSubflow(established.Token, established.Local.Addr(), 1, established.Remote, 0); err != nil {
 			t.Fatalf("create subflow %d: %v", i, err)
 		}
 	}

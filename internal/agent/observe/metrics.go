@@ -250,6 +250,7 @@ type datapathCollector struct {
 	endpoints, attachments, pathMgrs *prometheus.Desc
 	pathMgrUp, pathMgrRestarts       *prometheus.Desc
 	pathMgrJoinsReplaced             *prometheus.Desc
+	pathMgrJoinsReleased             *prometheus.Desc
 	observeOnly                      *prometheus.Desc
 	pathDown, pathDownTransitions    *prometheus.Desc
 }
@@ -278,6 +279,8 @@ func newDatapathCollector(src Source) *datapathCollector {
 		pathMgrRestarts: d("path_manager_restarts_total", "Times the pod's userspace path manager stopped without being asked to (its event socket failed) and had to start again.", "pod"),
 		pathMgrJoinsReplaced: d("path_manager_joins_replaced_total", "Joins the pod's userspace path manager opened to replace established subflows the pod's kernel closed "+
 			"while their connection lived (at most 8 per connection).", "pod"),
+		pathMgrJoinsReleased: d("path_manager_joins_released_total", "Joins the pod's userspace path manager opened as backup subflows and made active after the agent's join holdoff "+
+			"(a defence against a kernel defect, docs/subflows.md).", "pod"),
 		observeOnly: d("observe_only", observeOnlyHelp),
 		pathDown: d("path_down", "1 while the path is down on this node (its NIC is missing, has no carrier, or flaps and is held down): "+
 			"no new subflow is placed on it and its subflows detour over another path of their rule.", "path"),
@@ -286,7 +289,7 @@ func newDatapathCollector(src Source) *datapathCollector {
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.pathMgrJoinsReplaced, c.observeOnly, c.pathDown, c.pathDownTransitions} {
+	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.pathMgrJoinsReplaced, c.pathMgrJoinsReleased, c.observeOnly, c.pathDown, c.pathDownTransitions} {
 		ch <- d
 	}
 }
@@ -396,6 +399,7 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.pathMgrUp, prometheus.GaugeValue, v, pm.Pod)
 		ch <- prometheus.MustNewConstMetric(c.pathMgrRestarts, prometheus.CounterValue, float64(pm.Restarts), pm.Pod)
 		ch <- prometheus.MustNewConstMetric(c.pathMgrJoinsReplaced, prometheus.CounterValue, float64(pm.ReplacedJoins), pm.Pod)
+		ch <- prometheus.MustNewConstMetric(c.pathMgrJoinsReleased, prometheus.CounterValue, float64(pm.ReleasedJoins), pm.Pod)
 	}
 	ch <- prometheus.MustNewConstMetric(c.pathMgrs, prometheus.GaugeValue, float64(up))
 

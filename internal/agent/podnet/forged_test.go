@@ -141,7 +141,7 @@ func sendFromPod(t *testing.T, nsPath string, dst *unix.SockaddrNetlink, msgs ma
 func TestForgedNetlinkMessagesNeitherStopThePathManagerNorOpenJoins(t *testing.T) {
 	bed := newPMBed(t)
 	h := newRecordingHandler()
-	p := NewPathManagers(slog.New(h), nil)
+	p := NewPathManagers(slog.New(h), PathManagerOptions{})
 	t.Cleanup(p.Stop)
 	if err := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); err != nil {
 		t.Fatal(err)

@@ -49,7 +49,7 @@ func TestPathManagerNeverListensInANamespaceThatIsNotItsPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pm, err := start(context.Background(), bed.client, oldKey, 1, defaultBackoff, log, nil)
+	pm, err := start(context.Background(), bed.client, oldKey, 1, defaultBackoff, log, PathManagerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestPathManagerNeverListensInANamespaceThatIsNotItsPods(t *testing.T) {
 	}
 
 	bed.recreateClient(t)
-	if pm2, err := start(context.Background(), bed.client, oldKey, 1, defaultBackoff, log, nil); err == nil {
+	if pm2, err := start(context.Background(), bed.client, oldKey, 1, defaultBackoff, log, PathManagerOptions{}); err == nil {
 		pm2.stop()
 		t.Errorf("a path manager started for the old namespace at a path that names a new one")
 	} else if !strings.Contains(err.Error(), "not the pod's") {

@@ -150,7 +150,7 @@ func (b *pmBed) joinsOfANewConnection(t *testing.T) int {
 
 func startPathManagers(t *testing.T, want ...Want) *PathManagers {
 	t.Helper()
-	p := NewPathManagers(slog.New(slog.DiscardHandler), nil)
+	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{})
 	t.Cleanup(p.Stop)
 	if errs := p.Sync(context.Background(), want); errs != nil {
 		t.Fatal(errs)

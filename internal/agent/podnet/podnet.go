@@ -162,11 +162,11 @@ func dial(pod Pod) (*mptcpnl.Conn, error) {
 // pod whose rule has the agent open its joins. Sync and Stop change the set
 // while scrapes read it (States).
 type PathManagers struct {
-	log           *slog.Logger
-	backoff       backoff
-	subflowClosed func(local, remote netip.AddrPort, heard time.Time) error
-	mu            sync.Mutex
-	m             map[podKey]*pathManager
+	log     *slog.Logger
+	backoff backoff
+	opts    PathManagerOptions
+	mu      sync.Mutex
+	m       map[podKey]*pathManager
 }
 
 // podKey is a pod's identity for its path manager: its UID and its network
@@ -199,12 +199,23 @@ type backoff struct {
 // namespace refuses.
 var defaultBackoff = backoff{Min: 100 * time.Millisecond, Max: 30 * time.Second, Healthy: time.Minute}
 
-// NewPathManagers makes an empty set. subflowClosed, when not nil, hears of
-// every subflow a managed pod's kernel closes (the 4-tuple as the pod sends
-// it) and when it heard of it, before a join replaces it:
-// the datapath gives the subflow's path back to its connection there.
-func NewPathManagers(log *slog.Logger, subflowClosed func(local, remote netip.AddrPort, heard time.Time) error) *PathManagers {
-	return &PathManagers{log: log, backoff: defaultBackoff, subflowClosed: subflowClosed, m: map[podKey]*pathManager{}}
+// PathManagerOptions are what every path manager of a node shares.
+type PathManagerOptions struct {
+	// SubflowClosed, when not nil, hears of every subflow a managed pod's
+	// kernel closes (the 4-tuple as the pod sends it) and when it heard
+	// of it, before a join replaces it: the datapath gives the subflow's
+	// path back to its connection there.
+	SubflowClosed func(local, remote netip.AddrPort, heard time.Time) error
+	// JoinHoldoff, when positive, opens every join as a backup subflow
+	// and makes it active that long after it is established: the peer
+	// has by then taken the join into its connection, so no data reaches
+	// it before (holdoff.go). 0 opens joins active.
+	JoinHoldoff time.Duration
+}
+
+// NewPathManagers makes an empty set.
+func NewPathManagers(log *slog.Logger, opts PathManagerOptions) *PathManagers {
+	return &PathManagers{log: log, backoff: defaultBackoff, opts: opts, m: map[podKey]*pathManager{}}
 }
 
 // Want is a pod that needs a path manager, and the joins it opens per
@@ -237,7 +248,7 @@ func (p *PathManagers) Sync(ctx context.Context, want []Want) map[string]error {
 			pm.joins.Store(int32(w.Joins))
 			continue
 		}
-		pm, err := start(ctx, w.Pod, key, w.Joins, p.backoff, p.log, p.subflowClosed)
+		pm, err := start(ctx, w.Pod, key, w.Joins, p.backoff, p.log, p.opts)
 		if err != nil {
 			errs[w.Pod.Name] = fmt.Errorf("path manager: %w", err)
 			continue
@@ -312,6 +323,9 @@ type PathManagerState struct {
 	// ReplacedJoins counts the joins it opened to replace subflows the
 	// pod's kernel closed.
 	ReplacedJoins uint64
+	// ReleasedJoins counts the joins it opened held as backup and made
+	// active after the hold (holdoff.go).
+	ReleasedJoins uint64
 }
 
 // States are the path managers' states, sorted by pod name.
@@ -319,7 +333,8 @@ func (p *PathManagers) States() []PathManagerState {
 	p.mu.Lock()
 	out := make([]PathManagerState, 0, len(p.m))
 	for _, pm := range p.m {
-		out = append(out, PathManagerState{Pod: pm.pod.Name, Up: pm.up.Load(), Restarts: pm.restarts.Load(), ReplacedJoins: pm.replacedJoins.Load()})
+		out = append(out, PathManagerState{Pod: pm.pod.Name, Up: pm.up.Load(), Restarts: pm.restarts.Load(), ReplacedJoins: pm.replacedJoins.Load(),
+			ReleasedJoins: pm.releasedJoins.Load()})
 	}
 	p.mu.Unlock()
 	slices.SortFunc(out, func(a, b PathManagerState) int { return cmp.Compare(a.Pod, b.Pod) })
@@ -345,9 +360,14 @@ type pathManager struct {
 	// replacedJoins counts the joins it opened to replace closed
 	// subflows (rejoin.go).
 	replacedJoins atomic.Uint64
+	// releasedJoins counts the held joins it made active (holdoff.go).
+	releasedJoins atomic.Uint64
 	// closed, when set, tells the datapath that the pod's kernel closed
 	// the subflow with this 4-tuple (local is the pod's).
 	closed func(local, remote netip.AddrPort, heard time.Time) error
+	// holdoff is how long a new join stays a backup subflow after it is
+	// established; 0: joins are opened active.
+	holdoff time.Duration
 	// opened are the pod's connections it may replace joins of; only its
 	// goroutine uses them.
 	opened openedConns
@@ -455,7 +475,7 @@ func openNetNS(pod Pod, key podKey) (int, error) {
 // error of this reconcile (and is tried again at the next). It runs the
 // path manager from then on, holding the namespace open: every session it
 // opens again is in that namespace, whatever its path names by then.
-func start(ctx context.Context, pod Pod, key podKey, joins int, b backoff, log *slog.Logger, closed func(local, remote netip.AddrPort, heard time.Time) error) (*pathManager, error) {
+func start(ctx context.Context, pod Pod, key podKey, joins int, b backoff, log *slog.Logger, opts PathManagerOptions) (*pathManager, error) {
 	nsFD, err := openNetNS(pod, key)
 	if err != nil {
 		return nil, err
@@ -467,7 +487,7 @@ func start(ctx context.Context, pod Pod, key podKey, joins int, b backoff, log *
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	s := &pathManager{pod: pod, nsFD: nsFD, backoff: b, log: log.With("pod", pod.Name, "uid", pod.UID), cancel: cancel, done: make(chan struct{}),
-		closed: closed, opened: openedConns{}}
+		closed: opts.SubflowClosed, holdoff: opts.JoinHoldoff, opened: openedConns{}}
 	s.joins.Store(int32(joins))
 	s.up.Store(true)
 	go s.run(ctx, sess)
@@ -568,17 +588,36 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 	}
 }
 
-func (s *pathManager) openJoins(cmds *mptcpnl.Conn, token uint32, local netip.Addr, remote netip.AddrPort) {
+// openJoins opens the rule's joins of a connection the pod opened; conn is
+// the connection as the path manager remembers it, nil when it could not.
+// Only the path manager's goroutine calls it.
+func (s *pathManager) openJoins(cmds *mptcpnl.Conn, conn *openedConn, token uint32, local netip.Addr, remote netip.AddrPort) {
+	// A join is held only where the path manager remembers its
+	// connection: it must, to make the join active again.
+	held := s.holdoff > 0 && conn != nil
 	joins := int(s.joins.Load())
 	for i := 0; i < joins; i++ {
-		// Local id 1 names the pod's own address for joins; the initial
-		// subflow's address keeps id 0.
-		if err := cmds.CreateSubflow(token, local, 1, remote); err != nil {
+		if err := openJoin(cmds, token, local, remote, held); err != nil {
 			s.log.Warn("opening join", "remote", remote, "err", err)
 			return
 		}
+		if held {
+			conn.held++
+		}
 	}
-	s.log.Debug("opened joins", "remote", remote, "joins", joins)
+	s.log.Debug("opened joins", "remote", remote, "joins", joins, "held", held)
+}
+
+// openJoin opens one join of the connection token from the pod's address
+// local to remote, as a backup subflow when held.
+func openJoin(cmds *mptcpnl.Conn, token uint32, local netip.Addr, remote netip.AddrPort, held bool) error {
+	var flags uint32
+	if held {
+		flags = mptcpnl.FlagBackup
+	}
+	// Local id 1 names the pod's own address for joins; the initial
+	// subflow's address keeps id 0.
+	return cmds.CreateSubflow(token, local, 1, remote, flags)
 }
 
 func (s *pathManager) stop() {

@@ -52,18 +52,25 @@ type openedConn struct {
 	// established or failed; delay is the wait before the next one.
 	replaced, pending int
 	delay             time.Duration
+	// held counts its joins opened as backup and not yet established
+	// (holdoff.go).
+	held int
 }
 
 // openedConns are the pod's open connections by token. Only the path
 // manager's goroutine uses it.
 type openedConns map[uint32]*openedConn
 
-func (c openedConns) established(ev mptcpnl.Event) {
+// established remembers a connection the pod opened, and returns it; nil
+// when there are too many already.
+func (c openedConns) established(ev mptcpnl.Event) *openedConn {
 	if _, reused := c[ev.Token]; !reused && len(c) >= maxTrackedConns {
-		return
+		return nil
 	}
-	c[ev.Token] = &openedConn{remote: ev.Remote, delay: firstReplaceDelay,
+	conn := &openedConn{remote: ev.Remote, delay: firstReplaceDelay,
 		live: map[subflowKey]bool{{ev.Local, ev.Remote}: true}}
+	c[ev.Token] = conn
+	return conn
 }
 
 func (c openedConns) subflowEstablished(ev mptcpnl.Event) {
@@ -91,7 +98,13 @@ func (c openedConns) subflowClosed(ev mptcpnl.Event) (delay time.Duration, ok bo
 	switch {
 	case conn.live[k]:
 		delete(conn.live, k)
+	case conn.held > 0 && conn.pending == 0:
+		// A join opened held that never established: nothing to
+		// release, nothing to replace.
+		conn.held--
+		return 0, false
 	case conn.pending > 0:
+		conn.held = max(conn.held-1, 0)
 		conn.pending--
 		conn.delay = min(2*conn.delay, maxReplaceDelay)
 	default:
@@ -123,10 +136,11 @@ func (s *pathManager) handle(sess *session, ev mptcpnl.Event, heard time.Time) {
 		if ev.ServerSide {
 			return
 		}
-		s.opened.established(ev)
-		s.openJoins(sess.cmds, ev.Token, ev.Local.Addr(), ev.Remote)
+		conn := s.opened.established(ev)
+		s.openJoins(sess.cmds, conn, ev.Token, ev.Local.Addr(), ev.Remote)
 	case mptcpnl.EventSubEstablished:
 		s.opened.subflowEstablished(ev)
+		s.releaseLater(sess, ev)
 	case mptcpnl.EventSubClosed:
 		s.subflowClosed(sess, ev, heard)
 	case mptcpnl.EventClosed:
@@ -151,9 +165,16 @@ func (s *pathManager) subflowClosed(sess *session, ev mptcpnl.Event, heard time.
 	if !ok {
 		return
 	}
-	remote := s.opened[ev.Token].remote
+	conn := s.opened[ev.Token]
+	remote := conn.remote
+	// The replacement is held like any join; it is counted here, on the
+	// path manager's goroutine, which alone touches conn.
+	held := s.holdoff > 0
+	if held {
+		conn.held++
+	}
 	sess.later(delay, func() {
-		if err := sess.cmds.CreateSubflow(ev.Token, ev.Local.Addr(), 1, remote); err != nil {
+		if err := openJoin(sess.cmds, ev.Token, ev.Local.Addr(), remote, held); err != nil {
 			s.log.Warn("opening a join to replace a closed subflow", "remote", remote, "err", err)
 			return
 		}

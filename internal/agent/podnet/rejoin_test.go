@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,10 +22,10 @@ import (
 func TestAClosedJoinIsReplaced(t *testing.T) {
 	bed := newPMBed(t)
 	closed := make(chan subflowKey, 8)
-	p := NewPathManagers(slog.New(slog.DiscardHandler), func(local, remote netip.AddrPort, _ time.Time) error {
+	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{SubflowClosed: func(local, remote netip.AddrPort, _ time.Time) error {
 		closed <- subflowKey{local, remote}
 		return nil
-	})
+	}})
 	t.Cleanup(p.Stop)
 	if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
 		t.Fatal(errs)
@@ -163,4 +164,85 @@ func TestOnlyThePodsOwnAddressesAreActedOn(t *testing.T) {
 			t.Errorf("owns(%s) = %v, want %v", addr, got, want)
 		}
 	}
+}
+
+// A join the path manager opens is a backup subflow until it has been
+// established for the holdoff: the connection's data goes over its initial
+// subflow meanwhile, and over both after. With no holdoff the join carries
+// data at once, which shows that the bed would let it.
+func TestJoinsAreHeldAsBackupForTheHoldoff(t *testing.T) {
+	const holdoff = 1500 * time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		holdoff time.Duration
+	}{{"held", holdoff}, {"not held", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			bed := newPMBed(t)
+			p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{JoinHoldoff: tc.holdoff})
+			t.Cleanup(p.Stop)
+			if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
+				t.Fatal(errs)
+			}
+			conn := bed.dial(t)
+			defer conn.Close()
+			go func() {
+				buf := make([]byte, 256<<10)
+				for {
+					if _, err := conn.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+			initial := netip.MustParseAddrPort(conn.LocalAddr().String()).Port()
+			var join uint16
+			for deadline := time.Now().Add(5 * time.Second); join == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				join = bed.establishedJoin(t, initial)
+			}
+			if join == 0 {
+				t.Fatalf("the connection has no established join after 5 s:\n%s", bed.ss(t))
+			}
+			established := time.Now()
+
+			time.Sleep(holdoff / 2)
+			during := bed.bytesAcked(t, join)
+			if held := tc.holdoff > 0; held != (during < 64<<10) {
+				t.Errorf("half the holdoff after it was established the join had carried %d bytes; held %v", during, held)
+			}
+			if st := p.States(); len(st) != 1 || st[0].ReleasedJoins != 0 {
+				t.Errorf("path manager states %+v during the hold, want no join released yet", st)
+			}
+
+			time.Sleep(time.Until(established.Add(holdoff + 500*time.Millisecond)))
+			after := bed.bytesAcked(t, join)
+			t.Logf("the join carried %d bytes in the first half of the holdoff, %d bytes more by 0.5 s after it", during, after-during)
+			if after-during < 1<<20 {
+				t.Errorf("after the holdoff the join carried %d bytes more, want it active (at least 1 MiB)", after-during)
+			}
+			released := uint64(0)
+			if tc.holdoff > 0 {
+				released = 1
+			}
+			if st := p.States(); len(st) != 1 || st[0].ReleasedJoins != released {
+				t.Errorf("path manager states %+v after the hold, want %d join released", st, released)
+			}
+		})
+	}
+}
+
+// bytesAcked is how many bytes of data the client's subflow from port has
+// had acknowledged (ss -ti; the SYN's is not counted).
+func (b *pmBed) bytesAcked(t *testing.T, port uint16) uint64 {
+	t.Helper()
+	out := b.inClient(t, "ss", "-tniH", "state", "established", fmt.Sprintf("( sport = :%d )", port))
+	for _, f := range strings.Fields(out) {
+		if v, ok := strings.CutPrefix(f, "bytes_acked:"); ok {
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				t.Fatalf("ss: %q: %v", f, err)
+			}
+			return n - 1
+		}
+	}
+	// ss leaves bytes_acked out while it is still the SYN's 1.
+	return 0
 }
