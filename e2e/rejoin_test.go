@@ -123,6 +123,13 @@ func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
 	if n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_manager_joins_replaced_total"); n < 1 || n > 2 {
 		t.Errorf("node 1 counted %v joins opened to replace the closed one, want 1 or 2", n)
 	}
+	// The first join and its replacement were each held as backup for
+	// the agent's join holdoff, then made active (docs/subflows.md, "Held
+	// joins"): the NIC carrying the transfer again shows the replacement
+	// was released.
+	if n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_manager_joins_released_total"); n != 2 {
+		t.Errorf("node 1 made %v held joins active, want 2 (the first join and its replacement)", n)
+	}
 	for i, a := range agents {
 		if n, _ := scrape(t, a).Value("mptcp_agent_datapath_events_total", "event", observe.EventName(datapath.StatSubflowClosed)); n < 1 {
 			t.Errorf("node %d gave %v closed subflows' paths back, want at least the killed join", i+1, n)

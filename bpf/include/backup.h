@@ -99,21 +99,27 @@ static __always_inline int set_backup_bit(struct __sk_buff *skb, const struct pa
 	return B_SET_CHANGED;
 }
 
+/* may_flag_backup says whether the backup actor may set B on pkt, going
+ * into the pod on subflow sf: the admin allowed header rewriting in sf's
+ * rule, sf's path is a backup path of it, and the packet is well formed. */
+static __always_inline bool may_flag_backup(struct __sk_buff *skb, const struct packet *pkt,
+					    const struct subflow *sf)
+{
+	__u32 rule_id = sf->rule;
+	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
+
+	return r && (r->flags & RULE_REWRITE_HEADERS) && backup_path(r, sf->path_index) &&
+	       ip_len_matches(skb, pkt);
+}
+
 /* backup_act sets B on a join into the pod whose subflow is on a backup path
  * of its rule, when the admin allowed header rewriting. A global function:
  * verified once, its own stack frame. */
 __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struct subflow *sf)
 {
-	struct rule *r;
-	__u32 rule_id;
 	int ret;
 
-	if (!skb || !pkt || !sf || !join_into_pod(pkt, sf))
-		return 0;
-	rule_id = sf->rule;
-	r = bpf_map_lookup_elem(&rules, &rule_id);
-	if (!r || !(r->flags & RULE_REWRITE_HEADERS) || !backup_path(r, sf->path_index) ||
-	    !ip_len_matches(skb, pkt))
+	if (!skb || !pkt || !sf || !join_into_pod(pkt, sf) || !may_flag_backup(skb, pkt, sf))
 		return 0;
 	ret = set_backup_bit(skb, pkt, MPTCP_SUB_JOIN);
 	if (ret == B_SET_ALREADY)
@@ -134,15 +140,7 @@ __noinline int backup_act(struct __sk_buff *skb, const struct packet *pkt, struc
  * joins' B is. A global function: verified once, its own stack frame. */
 __noinline int backup_prio_keep(struct __sk_buff *skb, const struct packet *pkt, struct subflow *sf)
 {
-	struct rule *r;
-	__u32 rule_id;
-
-	if (!skb || !pkt || !sf || !has_mptcp(pkt, MPTCP_SUB_PRIO))
-		return 0;
-	rule_id = sf->rule;
-	r = bpf_map_lookup_elem(&rules, &rule_id);
-	if (!r || !(r->flags & RULE_REWRITE_HEADERS) || !backup_path(r, sf->path_index) ||
-	    !ip_len_matches(skb, pkt))
+	if (!skb || !pkt || !sf || !has_mptcp(pkt, MPTCP_SUB_PRIO) || !may_flag_backup(skb, pkt, sf))
 		return 0;
 	if (set_backup_bit(skb, pkt, MPTCP_SUB_PRIO) == B_SET_CHANGED)
 		__sync_fetch_and_or(&sf->flags, SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US);

@@ -294,20 +294,7 @@ func encodeAddr(ae *netlink.AttributeEncoder, addr netip.Addr, id uint8, port ui
 // opens the join as a backup subflow (the B bit of its MP_JOIN), which
 // neither end sends data on while the connection has an active subflow.
 func (c *Conn) CreateSubflow(token uint32, local netip.Addr, localID uint8, remote netip.AddrPort, flags uint32) error {
-	_, err := c.do(cmdSubflowCreate, netlink.Acknowledge, func(ae *netlink.AttributeEncoder) {
-		ae.Uint32(attrToken, token)
-		ae.Nested(attrAddr, func(nae *netlink.AttributeEncoder) error {
-			encodeAddr(nae, local, localID, 0)
-			if flags != 0 {
-				nae.Uint32(addrAttrFlags, flags)
-			}
-			return nil
-		})
-		ae.Nested(attrAddrRemote, func(nae *netlink.AttributeEncoder) error {
-			encodeAddr(nae, remote.Addr(), 0, remote.Port())
-			return nil
-		})
-	})
+	_, err := c.do(cmdSubflowCreate, netlink.Acknowledge, encodeSubflow(token, local, localID, 0, flags, remote))
 	return err
 }
 
@@ -321,10 +308,18 @@ func (c *Conn) SetSubflowBackup(token uint32, local, remote netip.AddrPort, back
 	if backup {
 		flags = FlagBackup
 	}
-	_, err := c.do(cmdSetFlags, netlink.Acknowledge, func(ae *netlink.AttributeEncoder) {
+	_, err := c.do(cmdSetFlags, netlink.Acknowledge, encodeSubflow(token, local.Addr(), 0, local.Port(), flags, remote))
+	return err
+}
+
+// encodeSubflow encodes the attributes naming a subflow of the connection
+// token: its local address (id, port when known, endpoint flags) and its
+// remote address and port.
+func encodeSubflow(token uint32, local netip.Addr, localID uint8, localPort uint16, flags uint32, remote netip.AddrPort) func(*netlink.AttributeEncoder) {
+	return func(ae *netlink.AttributeEncoder) {
 		ae.Uint32(attrToken, token)
 		ae.Nested(attrAddr, func(nae *netlink.AttributeEncoder) error {
-			encodeAddr(nae, local.Addr(), 0, local.Port())
+			encodeAddr(nae, local, localID, localPort)
 			nae.Uint32(addrAttrFlags, flags)
 			return nil
 		})
@@ -332,8 +327,7 @@ func (c *Conn) SetSubflowBackup(token uint32, local, remote netip.AddrPort, back
 			encodeAddr(nae, remote.Addr(), 0, remote.Port())
 			return nil
 		})
-	})
-	return err
+	}
 }
 
 // Event is one MPTCP path-manager event.
