@@ -142,8 +142,17 @@ __noinline int backup_prio_keep(struct __sk_buff *skb, const struct packet *pkt,
 {
 	if (!skb || !pkt || !sf || !has_mptcp(pkt, MPTCP_SUB_PRIO) || !may_flag_backup(skb, pkt, sf))
 		return 0;
-	if (set_backup_bit(skb, pkt, MPTCP_SUB_PRIO) == B_SET_CHANGED)
+	switch (set_backup_bit(skb, pkt, MPTCP_SUB_PRIO)) {
+	case B_SET_CHANGED:
 		__sync_fetch_and_or(&sf->flags, SUBFLOW_BACKUP | SUBFLOW_BACKUP_BY_US);
+		break;
+	case B_SET_ALREADY:
+		/* The peer asked for backup itself: withdrawing the opt-in
+		 * must not undo it. */
+		__sync_fetch_and_and(&sf->flags, ~SUBFLOW_BACKUP_BY_US);
+		__sync_fetch_and_or(&sf->flags, SUBFLOW_BACKUP);
+		break;
+	}
 	return 0;
 }
 

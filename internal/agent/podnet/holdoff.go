@@ -23,7 +23,12 @@ import (
 // after the holdoff, when it is one the path manager opened held.
 func (s *pathManager) releaseLater(sess *session, ev mptcpnl.Event) {
 	conn := s.opened[ev.Token]
-	if s.holdoff <= 0 || conn == nil || conn.held == 0 || !s.owns(ev.Local.Addr()) {
+	// The path manager's joins come from the pod's address with local id
+	// 1 (openJoin) and go to the connection's remote address and port:
+	// another subflow (one a process of the pod opened itself) is not
+	// released, nor does it take a held join's turn.
+	if s.holdoff <= 0 || conn == nil || conn.held == 0 || !s.owns(ev.Local.Addr()) ||
+		ev.LocalID != joinLocalID || ev.Remote != conn.remote {
 		return
 	}
 	conn.held--

@@ -615,10 +615,12 @@ func openJoin(cmds *mptcpnl.Conn, token uint32, local netip.Addr, remote netip.A
 	if held {
 		flags = mptcpnl.FlagBackup
 	}
-	// Local id 1 names the pod's own address for joins; the initial
-	// subflow's address keeps id 0.
-	return cmds.CreateSubflow(token, local, 1, remote, flags)
+	return cmds.CreateSubflow(token, local, joinLocalID, remote, flags)
 }
+
+// joinLocalID names the pod's own address for the joins the path manager
+// opens; the initial subflow's address keeps id 0.
+const joinLocalID = 1
 
 func (s *pathManager) stop() {
 	s.cancel()
