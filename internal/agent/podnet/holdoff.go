@@ -27,11 +27,11 @@ func (s *pathManager) releaseLater(sess *session, ev mptcpnl.Event) {
 	// 1 (openJoin) and go to the connection's remote address and port:
 	// another subflow (one a process of the pod opened itself) is not
 	// released, nor does it take a held join's turn.
-	if s.holdoff <= 0 || conn == nil || conn.held == 0 || !s.owns(ev.Local.Addr()) ||
+	if s.holdoff <= 0 || conn == nil || conn.held.Load() <= 0 || !s.owns(ev.Local.Addr()) ||
 		ev.LocalID != joinLocalID || ev.Remote != conn.remote {
 		return
 	}
-	conn.held--
+	conn.held.Add(-1)
 	sess.later(s.holdoff, func() {
 		if err := sess.cmds.SetSubflowBackup(ev.Token, ev.Local, ev.Remote, false); err != nil {
 			// The join or its connection closed meanwhile: nothing

@@ -602,7 +602,7 @@ func (s *pathManager) openJoins(cmds *mptcpnl.Conn, conn *openedConn, token uint
 			return
 		}
 		if held {
-			conn.held++
+			conn.held.Add(1)
 		}
 	}
 	s.log.Debug("opened joins", "remote", remote, "joins", joins, "held", held)

@@ -2,6 +2,7 @@ package podnet
 
 import (
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
@@ -53,8 +54,9 @@ type openedConn struct {
 	replaced, pending int
 	delay             time.Duration
 	// held counts its joins opened as backup and not yet established
-	// (holdoff.go).
-	held int
+	// (holdoff.go). Atomic: a replacement that could not be opened
+	// takes its count back from the goroutine that tried.
+	held atomic.Int32
 }
 
 // openedConns are the pod's open connections by token. Only the path
@@ -98,13 +100,15 @@ func (c openedConns) subflowClosed(ev mptcpnl.Event) (delay time.Duration, ok bo
 	switch {
 	case conn.live[k]:
 		delete(conn.live, k)
-	case conn.held > 0 && conn.pending == 0:
+	case conn.held.Load() > 0 && conn.pending == 0:
 		// A join opened held that never established: nothing to
 		// release, nothing to replace.
-		conn.held--
+		conn.held.Add(-1)
 		return 0, false
 	case conn.pending > 0:
-		conn.held = max(conn.held-1, 0)
+		if conn.held.Load() > 0 {
+			conn.held.Add(-1)
+		}
 		conn.pending--
 		conn.delay = min(2*conn.delay, maxReplaceDelay)
 	default:
@@ -171,10 +175,13 @@ func (s *pathManager) subflowClosed(sess *session, ev mptcpnl.Event, heard time.
 	// path manager's goroutine, which alone touches conn.
 	held := s.holdoff > 0
 	if held {
-		conn.held++
+		conn.held.Add(1)
 	}
 	sess.later(delay, func() {
 		if err := openJoin(sess.cmds, ev.Token, ev.Local.Addr(), remote, held); err != nil {
+			if held {
+				conn.held.Add(-1)
+			}
 			s.log.Warn("opening a join to replace a closed subflow", "remote", remote, "err", err)
 			return
 		}
