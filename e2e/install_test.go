@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/nodes"
@@ -201,6 +203,13 @@ func TestChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing
 	ownSettings(t, cb.bed, cb.bed.Pod(2, 1))
 	waitLinkLocal(t, cb.bed)
 	before := cb.footprints(t)
+	// The kubelets run the servers' sandboxes, but their workloads wait
+	// for the agent's gate, and no agent runs yet.
+	for _, s := range servers {
+		if err := nodes.WaitStarted(ctx, cb.c, s, time.Second); err == nil {
+			t.Errorf("server %s started its workload before any agent ran", s.Name)
+		}
+	}
 
 	cb.install(t, release.Chart(), cb.images)
 	requireChartPrivileges(t, cb)
@@ -263,6 +272,7 @@ func TestChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing
 	}
 	w.Close()
 	requireSpread(t, analysis, len(sent), "installed with the chart")
+	requireNodeStatesOfExamples(t, cb, servers)
 
 	// What the footprint must see go: the agents' rules, programs, pins,
 	// sysctls, and the pods' path manager.
@@ -276,5 +286,37 @@ func TestChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing
 	cb.uninstall(t)
 	if diff := before.Diff(cb.footprints(t), nil); diff != "" {
 		t.Errorf("helm uninstall left the nodes changed (- before the install, + after the uninstall):\n%s", diff)
+	}
+}
+
+// requireNodeStatesOfExamples checks what the controller compiled from the
+// examples for each node the kubelets registered: the examples' paths name
+// the bed's NICs, the node's pod CIDR is the one its Node has, and the
+// node's server pod is there with its address.
+func requireNodeStatesOfExamples(t *testing.T, cb *chartBed, servers map[int]*corev1.Pod) {
+	t.Helper()
+	for _, n := range cb.bed.Nodes {
+		var st mptcpv1alpha1.MPTCPNodeState
+		if err := cb.c.Get(context.Background(), client.ObjectKey{Name: framework.NodeName(n)}, &st); err != nil {
+			t.Fatal(err)
+		}
+		var ifaces []string
+		for _, p := range st.Spec.Paths {
+			ifaces = append(ifaces, p.Name+"="+p.Interface.Name)
+		}
+		if want := []string{"fabric-a=nic1", "fabric-b=nic2"}; !slices.Equal(ifaces, want) {
+			t.Errorf("paths of node %d: %v, want %v", n.Index, ifaces, want)
+		}
+		if want := []string{n.PodCIDR.String()}; !slices.Equal(st.Spec.PodCIDRs, want) {
+			t.Errorf("pod CIDRs of node %d: %v, want %v", n.Index, st.Spec.PodCIDRs, want)
+		}
+		server := servers[n.Index]
+		found := false
+		for _, p := range st.Spec.Pods {
+			found = found || (p.Name == server.Name && slices.Equal(p.IPs, []string{server.Status.PodIP}))
+		}
+		if !found {
+			t.Errorf("node %d's state does not hold its server pod %s at %s: %+v", n.Index, server.Name, server.Status.PodIP, st.Spec.Pods)
+		}
 	}
 }

@@ -9,8 +9,6 @@ package controlplane
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -172,14 +170,4 @@ func (cp *ControlPlane) Stop() error {
 	cp.egress.close()
 	cp.egress = nil
 	return errors.Join(errs...)
-}
-
-// BuildController builds cmd/controller into dir.
-func BuildController(dir string) (string, error) {
-	bin := filepath.Join(dir, "controller")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/mptcp-operator/mptcp-operator/cmd/controller").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("building cmd/controller: %w\n%s", err, out)
-	}
-	return bin, nil
 }

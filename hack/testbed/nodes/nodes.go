@@ -29,7 +29,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/controlplane"
 )
 
-// LabelMultipath is on every real node, as on the stand-in's, so that the
+// LabelMultipath is on every node of the bed, so that the
 // MPTCPPaths of examples/ (nodeSelector mptcp.io/multipath=true) select them.
 const LabelMultipath = "mptcp.io/multipath"
 
