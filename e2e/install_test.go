@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/e2e/conformance"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed/nodes"
@@ -273,6 +274,9 @@ func TestChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing
 	w.Close()
 	requireSpread(t, analysis, len(sent), "installed with the chart")
 	requireNodeStatesOfExamples(t, cb, servers)
+	// The checks hack/kind.sh runs on kind, through the API server alone.
+	conformance.Run(t, conformance.Env{Config: cb.cp.Env.Config, TrafficImage: cb.images[nodes.TrafficImage].Ref,
+		PullPolicy: corev1.PullNever, AgentNamespace: release.Namespace, AgentMetricsPort: release.AgentMetricsPort, Duration: 3 * time.Second})
 
 	// What the footprint must see go: the agents' rules, programs, pins,
 	// sysctls, and the pods' path manager.

@@ -2,6 +2,7 @@
 # hack/kind.sh: mptcp-operator on kind, for machines with Docker.
 #
 #   make images && hack/kind.sh up   # cluster, fabrics, images, chart, examples
+#   hack/kind.sh e2e                 # the conformance test on it (make kind-e2e: up, e2e, down)
 #   hack/kind.sh down                # remove all of it
 #   hack/kind.sh --dry-run up        # print the commands instead of running them
 #
@@ -16,8 +17,14 @@
 # the chart installed with pullPolicy Never, and examples/ applied: nic1 and
 # nic2 are fabric-a and fabric-b.
 #
+# `e2e` runs e2e/conformance (TestInstalledOperator) against the cluster
+# through its API server: a client pod on the first worker sends to a server
+# pod on the second over MPTCP; the streams must arrive whole and the first
+# worker's agent must have steered them over both fabrics. The same checks
+# run on the test bed's real nodes in make test.
+#
 # Versions are pinned: kind $KIND_VERSION and its node image; the script
-# refuses another kind. It needs docker, kind, kubectl and helm (make helm).
+# refuses another kind. It needs docker, kind, kubectl, helm (make helm) and go.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,6 +45,7 @@ KIND_NICS=${KIND_NICS:-2}
 KIND_FABRIC_PREFIX=${KIND_FABRIC_PREFIX:-10}
 IMAGES_DIR=${IMAGES_DIR:-$root/_output/images}
 KIND_WORKDIR=${KIND_WORKDIR:-$root/_output/kind}
+GO=${GO:-go}
 CHART=${CHART:-$root/charts/mptcp-operator}
 NAMESPACE=${NAMESPACE:-mptcp-system}
 DRY_RUN=${KIND_DRY_RUN:-}
@@ -182,6 +190,35 @@ install_chart() {
 	run "$KUBECTL" apply -f "$root/examples/paths.yaml" -f "$root/examples/policy-spread.yaml"
 }
 
+# image_ref is the reference `make images` gave image $1: the "ref" of its
+# object in images.json (flat objects, one per image). A dry run without
+# images answers the chart's default.
+image_ref() {
+	local ref
+	ref=$(tr -d '\n' <"$IMAGES_DIR/images.json" 2>/dev/null |
+		grep -o "{[^{}]*\"name\": *\"$1\"[^{}]*}" |
+		sed -n 's/.*"ref": *"\([^"]*\)".*/\1/p') || true
+	if [[ -z $ref ]]; then
+		[[ -n $DRY_RUN ]] || die "$IMAGES_DIR/images.json names no image $1: run make images"
+		ref="ghcr.io/mptcp-operator/$1:0.1.0"
+	fi
+	echo "$ref"
+}
+
+# conformance runs e2e/conformance on the cluster.
+conformance() {
+	local kubeconfig=$KIND_WORKDIR/kubeconfig traffic
+	mkdir -p "$KIND_WORKDIR"
+	if [[ -n $DRY_RUN ]]; then
+		run "$KIND" get kubeconfig --name "$KIND_CLUSTER"
+	else
+		"$KIND" get kubeconfig --name "$KIND_CLUSTER" >"$kubeconfig"
+	fi
+	traffic=$(image_ref traffic)
+	run "$GO" -C "$root" test -count=1 -v -run '^TestInstalledOperator$' ./e2e/conformance/ -args \
+		-conformance.kubeconfig="$kubeconfig" -conformance.traffic-image="$traffic" -conformance.namespace="$NAMESPACE"
+}
+
 up() {
 	check_tools
 	check_images
@@ -207,8 +244,13 @@ main() {
 		case $1 in
 		--dry-run) DRY_RUN=1 ;;
 		up) up ;;
+		e2e) conformance ;;
 		down) down ;;
 		print-config) cat "$(render_config)" ;;
+		print-image)
+			shift
+			image_ref "${1:?print-image needs an image name}"
+			;;
 		*) usage ;;
 		esac
 		shift

@@ -238,3 +238,37 @@ func TestKindDownRemovesClusterRoutersAndFabrics(t *testing.T) {
 		t.Errorf("down does not remove the cluster, 3 routers and 3 fabrics:\n%s", out)
 	}
 }
+
+// e2e runs the conformance test against the kind cluster with its own
+// kubeconfig and the traffic image make images named; print-image reads
+// that name from images.json, as e2e does.
+func TestKindE2ERunsTheConformanceTestOnTheCluster(t *testing.T) {
+	work, images := t.TempDir(), t.TempDir()
+	cmds, out, err := dryRun(t, []string{"KIND_WORKDIR=" + work, "IMAGES_DIR=" + images, "KIND_CLUSTER=mp", "NAMESPACE=ops"}, "e2e")
+	if err != nil {
+		t.Fatalf("dry run: %v\n%s", err, out)
+	}
+	want := [][]string{
+		{"kind", "get", "kubeconfig", "--name", "mp"},
+		{"go", "-C", testenv.RepoRoot(), "test", "-count=1", "-v", "-run", "^TestInstalledOperator$", "./e2e/conformance/", "-args",
+			"-conformance.kubeconfig=" + filepath.Join(work, "kubeconfig"), "-conformance.traffic-image=ghcr.io/mptcp-operator/traffic:0.1.0",
+			"-conformance.namespace=ops"},
+	}
+	if !slices.EqualFunc(cmds, want, slices.Equal) {
+		t.Errorf("e2e runs\n%q\nwant\n%q", cmds, want)
+	}
+
+	manifest := `{"images": [
+  {"name": "agent", "ref": "registry.example/agent:v9", "archive": "agent.tar"},
+  {"name": "traffic", "ref": "registry.example/traffic:v9", "archive": "traffic.tar"}
+]}`
+	if err := os.WriteFile(filepath.Join(images, "images.json"), []byte(manifest), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", filepath.Join(testenv.RepoRoot(), "hack", "kind.sh"), "print-image", "traffic")
+	cmd.Env = append(os.Environ(), "IMAGES_DIR="+images)
+	got, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(got)) != "registry.example/traffic:v9" {
+		t.Errorf("print-image traffic: %q, %v; want registry.example/traffic:v9", got, err)
+	}
+}

@@ -70,3 +70,7 @@ lint: helm-lint
 # `make test` runs the chart's tests too.
 test: $(HELM)
 test: export HELM := $(HELM)
+
+.PHONY: kind-e2e
+kind-e2e: images $(HELM) ## With Docker (not here): a kind cluster with two NICs per worker, the chart, and the conformance test on it (hack/kind.sh up e2e).
+	HELM=$(HELM) hack/kind.sh up e2e

@@ -140,6 +140,11 @@ func (a *Agent) Scrape() (Scrape, error) {
 	if status != http.StatusOK {
 		return nil, fmt.Errorf("/metrics answered %d: %s", status, body)
 	}
+	return ParseScrape(body)
+}
+
+// ParseScrape parses a /metrics page in the Prometheus text format.
+func ParseScrape(body []byte) (Scrape, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := p.TextToMetricFamilies(bytes.NewReader(body))
 	if err != nil {

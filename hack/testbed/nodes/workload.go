@@ -142,7 +142,7 @@ func (c *Cluster) ServerReports(ctx context.Context, server *corev1.Pod, n int, 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for {
-		got := jsonLines[testbed.ServerReport](c.WorkloadLog(server, "stdout"))
+		got := JSONLines[testbed.ServerReport](c.WorkloadLog(server, "stdout"))
 		if len(got) >= n {
 			return got, nil
 		}
@@ -158,7 +158,7 @@ func (c *Cluster) ServerReports(ctx context.Context, server *corev1.Pod, n int, 
 // printed on its stdout.
 func (c *Cluster) SenderReports(client *corev1.Pod) ([]testbed.SenderReport, error) {
 	out := c.WorkloadLog(client, "stdout")
-	reps := jsonLines[testbed.SenderReport](out)
+	reps := JSONLines[testbed.SenderReport](out)
 	if len(reps) == 0 {
 		return nil, fmt.Errorf("the client pod %s printed no connection report: %q", client.Name, out)
 	}
@@ -181,8 +181,8 @@ func (c *Cluster) WaitListening(ctx context.Context, server *corev1.Pod, timeout
 	return nil
 }
 
-// jsonLines decodes the lines of out that are T in JSON, skipping others.
-func jsonLines[T any](out string) []T {
+// JSONLines decodes the lines of out that are T in JSON, skipping others.
+func JSONLines[T any](out string) []T {
 	var got []T
 	sc := bufio.NewScanner(strings.NewReader(out))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)

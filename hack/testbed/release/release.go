@@ -28,6 +28,8 @@ const (
 	// AgentDaemonSet and ControllerDeployment are the chart's fixed names.
 	AgentDaemonSet       = "mptcp-agent"
 	ControllerDeployment = "mptcp-controller"
+	// AgentMetricsPort is the chart's default agent.metricsPort.
+	AgentMetricsPort = 9402
 )
 
 // Names of the images the chart runs, as images.json names them.
