@@ -194,7 +194,7 @@ func (a *Agent) ranges() routing.Ranges {
 func (a *Agent) syncRouting(plan *Plan) error {
 	paths := make([]routing.Path, 0, len(plan.Paths))
 	for _, p := range plan.Paths {
-		paths = append(paths, routing.Path{Name: p.Name, Index: p.Index, Interface: p.Interface, Gateway: p.Gateway})
+		paths = append(paths, p.Path)
 	}
 	return routing.Sync(a.ranges(), plan.PodCIDRs, paths, a.dp.Mark)
 }

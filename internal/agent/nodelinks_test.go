@@ -8,6 +8,7 @@ import (
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
@@ -66,8 +67,8 @@ func TestNodeLinksAndPodsAreFoundInARealNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []agent.PlanPath{
-		{Name: "a", Index: 1, Interface: "nic1", Gateway: node.NICs[0].Gateway},
-		{Name: "b", Index: 2, Interface: "nic2", Gateway: node.NICs[1].Gateway},
+		{Path: routing.Path{Name: "a", Index: 1, Interface: "nic1", Gateway: node.NICs[0].Gateway}},
+		{Path: routing.Path{Name: "b", Index: 2, Interface: "nic2", Gateway: node.NICs[1].Gateway}},
 	}
 	if !slices.Equal(tr.Plan.Paths, want) {
 		t.Errorf("paths %+v, want %+v", tr.Plan.Paths, want)

@@ -15,6 +15,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -139,7 +140,7 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 			fail("path %s: %s", np.Name, ps.Message)
 		default:
 			owners[link.Name] = np.Name
-			p := PlanPath{Name: np.Name, Index: uint32(np.Index), Interface: link.Name, Gateway: link.Gateway,
+			p := PlanPath{Path: routing.Path{Name: np.Name, Index: uint32(np.Index), Interface: link.Name, Gateway: link.Gateway},
 				Capacity: uint64(max(np.Capacity.Value(), 0))}
 			plan.Paths = append(plan.Paths, p)
 			resolved[np.Name] = p

@@ -14,6 +14,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
@@ -96,8 +97,8 @@ func TestNodeStateTranslatesToAnEnforceablePlan(t *testing.T) {
 		t.Errorf("node-local settings not kept: %+v", s)
 	}
 	want := []PlanPath{
-		{Name: "fabric-a", Index: 1, Interface: "nic1", Gateway: netip.MustParseAddr("10.101.1.1")},
-		{Name: "fabric-b", Index: 2, Interface: "nic2", Gateway: netip.MustParseAddr("10.102.1.1")},
+		{Path: routing.Path{Name: "fabric-a", Index: 1, Interface: "nic1", Gateway: netip.MustParseAddr("10.101.1.1")}},
+		{Path: routing.Path{Name: "fabric-b", Index: 2, Interface: "nic2", Gateway: netip.MustParseAddr("10.102.1.1")}},
 	}
 	if !slices.Equal(c.Paths, want) {
 		t.Errorf("paths %+v, want %+v", c.Paths, want)
@@ -182,7 +183,7 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 func usablePaths(names ...string) map[string]PlanPath {
 	out := map[string]PlanPath{}
 	for i, name := range names {
-		out[name] = PlanPath{Name: name, Index: uint32(i + 1), Interface: fmt.Sprintf("nic%d", i+1)}
+		out[name] = PlanPath{Path: routing.Path{Name: name, Index: uint32(i + 1), Interface: fmt.Sprintf("nic%d", i+1)}}
 	}
 	return out
 }

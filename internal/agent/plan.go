@@ -4,6 +4,7 @@ import (
 	"net/netip"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -23,14 +24,10 @@ type Plan struct {
 	Pods     []PlanPod      `json:"pods,omitempty"`
 }
 
-// PlanPath is one of the node's paths: its index (the API's, the mark's
-// value and the routing table's offset), the NIC found for it and the next
-// hop beyond.
+// PlanPath is one of the node's paths: its routing (its index, the NIC
+// found for it and the next hop beyond) and its capacity.
 type PlanPath struct {
-	Name      string     `json:"name"`
-	Index     uint32     `json:"index"`
-	Interface string     `json:"interface"`
-	Gateway   netip.Addr `json:"gateway"`
+	routing.Path
 	// Capacity in bits per second bounds the path's caps and the HTB
 	// classes on its NIC; 0: unbounded.
 	Capacity uint64 `json:"capacity,omitempty"`

@@ -29,10 +29,11 @@ type Ranges struct {
 // Path is a path's routing: the NIC its table routes out of and the next
 // hop beyond (invalid: the NIC's link scope).
 type Path struct {
-	Name      string
-	Index     uint32
-	Interface string
-	Gateway   netip.Addr
+	Name string `json:"name"`
+	// Index is the API's: the mark's value and the table's offset.
+	Index     uint32     `json:"index"`
+	Interface string     `json:"interface"`
+	Gateway   netip.Addr `json:"gateway"`
 }
 
 // Sync makes the node's rules and tables in r's ranges route each path's
