@@ -10,21 +10,12 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
 )
 
-// The node state repeats parts of the policy and path types without their CEL
-// rules: the controller is its only writer and copies already validated
-// values, and CEL rules inside per-pod lists would exceed the API server's
-// cost budget.
-
-// NodeInterface is an InterfaceSelector as copied into a node state: exactly
-// one field is set.
-type NodeInterface struct {
-	// +optional
-	Name string `json:"name,omitempty"`
-	// +optional
-	Pattern string `json:"pattern,omitempty"`
-	// +optional
-	AltName string `json:"altName,omitempty"`
-}
+// The node state repeats the policy's traffic match without its CEL rules:
+// the controller is its only writer and copies already validated values,
+// and per-item CEL rules inside the unbounded list of rules would exceed the
+// API server's cost budget. (The path's interface selector keeps its one
+// CEL rule on MPTCPPathSpec's field, so the node state uses the type as it
+// is.)
 
 // CompiledTraffic is a policy's TrafficMatch as copied into a node state.
 type CompiledTraffic struct {
@@ -53,7 +44,7 @@ type NodePath struct {
 	// interface is how the agent finds the path's interface on this node.
 	// The controller cannot see a node's interfaces; the agent reports the
 	// one it found (or none) in status.paths.
-	Interface NodeInterface `json:"interface"`
+	Interface InterfaceSelector `json:"interface"`
 
 	// capacity in bits per second: the agent bounds every per-path cap
 	// and the path NIC's shaping by it. (The path's default role and

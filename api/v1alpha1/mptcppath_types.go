@@ -7,8 +7,8 @@ import (
 
 // InterfaceSelector names the interface that carries a path on each selected
 // node. Exactly one way of naming it is allowed, so an agent never has to
-// guess which one wins.
-// +kubebuilder:validation:XValidation:rule="[has(self.name), has(self.pattern), has(self.altName)].filter(x, x).size() == 1",message="exactly one of name, pattern or altName must be set"
+// guess which one wins: the rule is on MPTCPPathSpec's field, so that the
+// node state, which copies the selector, carries no CEL of it.
 type InterfaceSelector struct {
 	// name is the exact kernel interface name, e.g. "nic1" or "bond0".
 	// +optional
@@ -44,6 +44,7 @@ type MPTCPPathSpec struct {
 
 	// interface names the interface that carries the path on each node.
 	// +required
+	// +kubebuilder:validation:XValidation:rule="[has(self.name), has(self.pattern), has(self.altName)].filter(x, x).size() == 1",message="exactly one of name, pattern or altName must be set"
 	Interface InterfaceSelector `json:"interface"`
 
 	// capacity is the path's rate in bits per second, e.g. "10G". It

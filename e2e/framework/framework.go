@@ -97,7 +97,7 @@ func AgentConfig(b *testbed.Bed, node *testbed.Node, rule mptcpv1alpha1.Compiled
 	for _, nic := range node.NICs {
 		cfg.State.Spec.Paths = append(cfg.State.Spec.Paths, mptcpv1alpha1.NodePath{
 			Name: PathName(nic.Index), Index: int32(nic.Index),
-			Interface: mptcpv1alpha1.NodeInterface{Name: nic.Name}, Capacity: capacity,
+			Interface: mptcpv1alpha1.InterfaceSelector{Name: nic.Name}, Capacity: capacity,
 		})
 	}
 	if rule.Policy == "" {

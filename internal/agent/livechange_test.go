@@ -41,7 +41,7 @@ func TestEveryRuleFieldReachesRunningPods(t *testing.T) {
 	var links []NodeLink
 	for _, nic := range node.NICs {
 		state.Spec.Paths = append(state.Spec.Paths, mptcpv1alpha1.NodePath{Name: nic.Name, Index: int32(nic.Index),
-			Interface: mptcpv1alpha1.NodeInterface{Name: nic.Name}})
+			Interface: mptcpv1alpha1.InterfaceSelector{Name: nic.Name}})
 		links = append(links, NodeLink{Name: nic.Name, Up: true, Gateway: nic.Gateway})
 	}
 	locate := func(ips []netip.Addr) (LocatedPod, error) {

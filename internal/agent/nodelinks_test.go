@@ -50,9 +50,9 @@ func TestNodeLinksAndPodsAreFoundInARealNamespace(t *testing.T) {
 	}
 
 	state := &mptcpv1alpha1.MPTCPNodeState{Spec: mptcpv1alpha1.MPTCPNodeStateSpec{Paths: []mptcpv1alpha1.NodePath{
-		{Name: "a", Index: 1, Interface: mptcpv1alpha1.NodeInterface{Name: "nic1"}},
-		{Name: "b", Index: 2, Interface: mptcpv1alpha1.NodeInterface{AltName: "fabricb0"}},
-		{Name: "any", Index: 3, Interface: mptcpv1alpha1.NodeInterface{Pattern: "nic*"}},
+		{Name: "a", Index: 1, Interface: mptcpv1alpha1.InterfaceSelector{Name: "nic1"}},
+		{Name: "b", Index: 2, Interface: mptcpv1alpha1.InterfaceSelector{AltName: "fabricb0"}},
+		{Name: "any", Index: 3, Interface: mptcpv1alpha1.InterfaceSelector{Pattern: "nic*"}},
 	}}}
 	state.Name = "n1"
 	// An address beyond a NIC (a veth in the bed, with a peer namespace

@@ -533,7 +533,7 @@ func bps(q *resource.Quantity) uint64 {
 
 // resolveInterface finds the one link sel names: by exact name, by alternative
 // name, or by a shell pattern over names and alternative names.
-func resolveInterface(sel mptcpv1alpha1.NodeInterface, links []NodeLink) (*NodeLink, mptcpv1alpha1.LinkState, string) {
+func resolveInterface(sel mptcpv1alpha1.InterfaceSelector, links []NodeLink) (*NodeLink, mptcpv1alpha1.LinkState, string) {
 	var match func(NodeLink) bool
 	var what string
 	switch {

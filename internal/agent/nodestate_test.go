@@ -60,8 +60,8 @@ func nodeState(paths []mptcpv1alpha1.NodePath, pods ...testPod) *mptcpv1alpha1.M
 
 func twoPaths() []mptcpv1alpha1.NodePath {
 	return []mptcpv1alpha1.NodePath{
-		{Name: "fabric-a", Index: 1, Interface: mptcpv1alpha1.NodeInterface{Name: "nic1"}},
-		{Name: "fabric-b", Index: 2, Interface: mptcpv1alpha1.NodeInterface{AltName: "enp2s0"}},
+		{Name: "fabric-a", Index: 1, Interface: mptcpv1alpha1.InterfaceSelector{Name: "nic1"}},
+		{Name: "fabric-b", Index: 2, Interface: mptcpv1alpha1.InterfaceSelector{AltName: "enp2s0"}},
 	}
 }
 
@@ -125,11 +125,11 @@ func TestNodeStateTranslatesToAnEnforceablePlan(t *testing.T) {
 
 func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 	paths := append(twoPaths(),
-		mptcpv1alpha1.NodePath{Name: "missing", Index: 3, Interface: mptcpv1alpha1.NodeInterface{Name: "eth9"}},
-		mptcpv1alpha1.NodePath{Name: "ambiguous", Index: 4, Interface: mptcpv1alpha1.NodeInterface{Pattern: "nic*"}},
-		mptcpv1alpha1.NodePath{Name: "down", Index: 5, Interface: mptcpv1alpha1.NodeInterface{Name: "nic3"}},
-		mptcpv1alpha1.NodePath{Name: "far", Index: 40, Interface: mptcpv1alpha1.NodeInterface{Pattern: "enp1*"}},
-		mptcpv1alpha1.NodePath{Name: "again-nic1", Index: 6, Interface: mptcpv1alpha1.NodeInterface{Pattern: "nic1"}},
+		mptcpv1alpha1.NodePath{Name: "missing", Index: 3, Interface: mptcpv1alpha1.InterfaceSelector{Name: "eth9"}},
+		mptcpv1alpha1.NodePath{Name: "ambiguous", Index: 4, Interface: mptcpv1alpha1.InterfaceSelector{Pattern: "nic*"}},
+		mptcpv1alpha1.NodePath{Name: "down", Index: 5, Interface: mptcpv1alpha1.InterfaceSelector{Name: "nic3"}},
+		mptcpv1alpha1.NodePath{Name: "far", Index: 40, Interface: mptcpv1alpha1.InterfaceSelector{Pattern: "enp1*"}},
+		mptcpv1alpha1.NodePath{Name: "again-nic1", Index: 6, Interface: mptcpv1alpha1.InterfaceSelector{Pattern: "nic1"}},
 	)
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(paths, podWith("lost", "10.244.1.99", spread(1))), testLinks, locateAll, Prior{})
 	states := map[string]mptcpv1alpha1.PathState{}
@@ -357,7 +357,7 @@ func TestAPodsProblemStaysThePods(t *testing.T) {
 	unresolved.Policy, unresolved.Paths = "unresolved", []mptcpv1alpha1.RulePath{{Name: "missing", Weight: 1}}
 	badPort := spread(1)
 	badPort.Policy, badPort.Traffic = "bad-port", &mptcpv1alpha1.CompiledTraffic{Ports: []mptcpv1alpha1.PortRange{{Port: 70000}}}
-	withMissing := append(twoPaths(), mptcpv1alpha1.NodePath{Name: "missing", Index: 3, Interface: mptcpv1alpha1.NodeInterface{Name: "eth9"}})
+	withMissing := append(twoPaths(), mptcpv1alpha1.NodePath{Name: "missing", Index: 3, Interface: mptcpv1alpha1.InterfaceSelector{Name: "eth9"}})
 
 	for name, tc := range map[string]struct {
 		paths  []mptcpv1alpha1.NodePath

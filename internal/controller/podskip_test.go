@@ -119,7 +119,7 @@ func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 	}
 	state := &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: mptcpv1alpha1.MPTCPNodeStateSpec{
 		PodCIDRs: []string{"10.244.1.0/24"},
-		Paths: []mptcpv1alpha1.NodePath{{Name: "fabric-a", Index: 1, Interface: mptcpv1alpha1.NodeInterface{Name: "nic1"},
+		Paths: []mptcpv1alpha1.NodePath{{Name: "fabric-a", Index: 1, Interface: mptcpv1alpha1.InterfaceSelector{Name: "nic1"},
 			Capacity: resource.MustParse("1G")}},
 		Rules: []mptcpv1alpha1.CompiledRule{rule("good", "fabric-a"), rule("nowhere", "fabric-z")},
 		Pods:  []mptcpv1alpha1.NodePod{web, bad, flaky},

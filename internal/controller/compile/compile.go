@@ -194,9 +194,7 @@ func resolvePaths(node *corev1.Node, paths []mptcpv1alpha1.MPTCPPath) ([]mptcpv1
 		out = append(out, mptcpv1alpha1.NodePath{
 			Name:  p.Name,
 			Index: p.Status.Index,
-			Interface: mptcpv1alpha1.NodeInterface{
-				Name: p.Spec.Interface.Name, Pattern: p.Spec.Interface.Pattern, AltName: p.Spec.Interface.AltName,
-			},
+			Interface: p.Spec.Interface,
 			Capacity: p.Spec.Capacity.DeepCopy(),
 		})
 	}
