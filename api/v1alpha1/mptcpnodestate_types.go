@@ -10,24 +10,11 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
 )
 
-// The node state repeats the policy's traffic match without its CEL rules:
-// the controller is its only writer and copies already validated values,
-// and per-item CEL rules inside the unbounded list of rules would exceed the
-// API server's cost budget. (The path's interface selector keeps its one
-// CEL rule on MPTCPPathSpec's field, so the node state uses the type as it
-// is.)
-
-// CompiledTraffic is a policy's TrafficMatch as copied into a node state.
-type CompiledTraffic struct {
-	// +optional
-	// +listType=atomic
-	CIDRs []string `json:"cidrs,omitempty"`
-	// +optional
-	// +listType=atomic
-	Ports []PortRange `json:"ports,omitempty"`
-	// +optional
-	Family IPFamily `json:"family,omitempty"`
-}
+// The node state uses the policy's and path's types as they are: their CEL
+// rules sit on the fields of MPTCPPolicySpec and MPTCPPathSpec, not on the
+// types, so the node state (whose only writer, the controller, copies
+// values already validated) carries none, and its unbounded lists stay
+// within the API server's CEL cost budget.
 
 // NodePath is a path resolved for one node.
 type NodePath struct {
@@ -107,7 +94,7 @@ type CompiledRule struct {
 
 	// traffic is the selector chain; unset matches all of the pod's traffic.
 	// +optional
-	Traffic *CompiledTraffic `json:"traffic,omitempty"`
+	Traffic *TrafficMatch `json:"traffic,omitempty"`
 
 	// paths allowed, in order of preference, with weights. Paths of the
 	// policy that do not exist on this node are left out (see status of the

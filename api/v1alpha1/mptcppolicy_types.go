@@ -32,7 +32,9 @@ type PortRange struct {
 
 // TrafficMatch is the selector chain: which of the selected pods' TCP traffic
 // the policy applies to. Every set field must match; unset fields match all.
-// +kubebuilder:validation:XValidation:rule="!has(self.cidrs) || !has(self.family) || self.family == 'Any' || self.cidrs.all(c, cidr(c).ip().family() == (self.family == 'IPv4' ? 4 : 6))",message="every entry of cidrs must be of the address family given in family"
+// Its CEL rules are on MPTCPPolicySpec's field, so that the node state, which
+// copies the match into its unbounded list of rules, carries none of them
+// (per-item rules there would exceed the API server's cost budget).
 type TrafficMatch struct {
 	// cidrs are the remote networks, e.g. "10.20.0.0/16" or "fd00::/8".
 	// IPv4 networks are written in IPv4 form: an IPv4-mapped IPv6 network
@@ -42,14 +44,12 @@ type TrafficMatch struct {
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=32
 	// +kubebuilder:validation:items:MaxLength=43
-	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="each entry of cidrs must be a CIDR such as 10.0.0.0/8"
 	CIDRs []string `json:"cidrs,omitempty"`
 
 	// ports are remote TCP ports.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=8
-	// +kubebuilder:validation:items:XValidation:rule="!has(self.endPort) || self.endPort >= self.port",message="endPort must not be below port"
 	Ports []PortRange `json:"ports,omitempty"`
 
 	// family restricts the match to one address family.
@@ -297,6 +297,9 @@ type MPTCPPolicySpec struct {
 
 	// traffic restricts the policy to some of the pods' traffic.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="!has(self.cidrs) || self.cidrs.all(c, isCIDR(c))",messageExpression="'cidrs: ' + self.cidrs.filter(c, !isCIDR(c))[0] + ' is not a CIDR such as 10.0.0.0/8 (IPv4 networks in IPv4 form)'"
+	// +kubebuilder:validation:XValidation:rule="!has(self.cidrs) || !has(self.family) || self.family == 'Any' || self.cidrs.all(c, !isCIDR(c) || cidr(c).ip().family() == (self.family == 'IPv4' ? 4 : 6))",message="every entry of cidrs must be of the address family given in family"
+	// +kubebuilder:validation:XValidation:rule="!has(self.ports) || self.ports.all(p, !has(p.endPort) || p.endPort >= p.port)",message="ports: endPort must not be below port"
 	Traffic *TrafficMatch `json:"traffic,omitempty"`
 
 	// spread places subflows over named paths.

@@ -179,7 +179,7 @@ kind: MPTCPPolicy
 metadata: {name: p}
 spec:` + validPolicySpec + `
   traffic: {cidrs: ["10.0.0.0/33"]}`,
-			field: "spec.traffic.cidrs[0]", message: "must be a CIDR",
+			field: "spec.traffic", message: "cidrs: 10.0.0.0/33 is not a CIDR",
 		},
 		"policy with CIDR of the other family": {
 			manifest: `
@@ -219,7 +219,7 @@ kind: MPTCPPolicy
 metadata: {name: p}
 spec:` + validPolicySpec + `
   traffic: {cidrs: ["::ffff:10.0.0.0/104"]}`,
-			field: "spec.traffic.cidrs[0]", message: "must be a CIDR",
+			field: "spec.traffic", message: "cidrs: ::ffff:10.0.0.0/104 is not a CIDR",
 		},
 		"policy with a port range ending below its start": {
 			manifest: `
@@ -227,7 +227,7 @@ kind: MPTCPPolicy
 metadata: {name: p}
 spec:` + validPolicySpec + `
   traffic: {ports: [{port: 8080, endPort: 80}]}`,
-			field: "spec.traffic.ports[0]", message: "endPort must not be below port",
+			field: "spec.traffic", message: "ports: endPort must not be below port",
 		},
 		"policy blocking a path it spreads over": {
 			manifest: `

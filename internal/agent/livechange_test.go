@@ -67,7 +67,7 @@ func TestEveryRuleFieldReachesRunningPods(t *testing.T) {
 		}, nil},
 		{"preferredPaths", func(r *mptcpv1alpha1.CompiledRule) { r.PreferredPaths = []string{"nic3"} }, nil},
 		{"traffic", func(r *mptcpv1alpha1.CompiledRule) {
-			r.Traffic = &mptcpv1alpha1.CompiledTraffic{CIDRs: []string{"10.244.0.0/16"},
+			r.Traffic = &mptcpv1alpha1.TrafficMatch{CIDRs: []string{"10.244.0.0/16"},
 				Ports: []mptcpv1alpha1.PortRange{{Port: 5201, EndPort: 5299}}, Family: mptcpv1alpha1.IPFamilyIPv4}
 		}, nil},
 		{"headerRewriting and backupPaths", func(r *mptcpv1alpha1.CompiledRule) { r.HeaderRewriting, r.BackupPaths = true, []string{"nic2"} }, nil},

@@ -421,7 +421,7 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath) 
 
 // selectorFromCompiled sets d's selector from a compiled traffic selector;
 // unset or Any selects everything.
-func selectorFromCompiled(d *datapath.Rule, ct *mptcpv1alpha1.CompiledTraffic) error {
+func selectorFromCompiled(d *datapath.Rule, ct *mptcpv1alpha1.TrafficMatch) error {
 	if ct == nil {
 		return nil
 	}

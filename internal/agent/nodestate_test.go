@@ -250,7 +250,7 @@ func TestCompiledRuleActorsMapping(t *testing.T) {
 	cr.BlockedPaths = []string{"fabric-c", "gone"}
 	cr.SpreadMode = mptcpv1alpha1.SpreadWeighted
 	cr.Paths = []mptcpv1alpha1.RulePath{{Name: "fabric-a", Weight: 3}, {Name: "fabric-b", Weight: 1}, {Name: "gone", Weight: 5}}
-	cr.Traffic = &mptcpv1alpha1.CompiledTraffic{CIDRs: []string{"10.244.0.0/16"}, Ports: []mptcpv1alpha1.PortRange{{Port: 5201}, {Port: 8000, EndPort: 8999}}, Family: mptcpv1alpha1.IPFamilyIPv4}
+	cr.Traffic = &mptcpv1alpha1.TrafficMatch{CIDRs: []string{"10.244.0.0/16"}, Ports: []mptcpv1alpha1.PortRange{{Port: 5201}, {Port: 8000, EndPort: 8999}}, Family: mptcpv1alpha1.IPFamilyIPv4}
 	cr.HeaderRewriting = true
 	perConn, perPath := resource.MustParse("40M"), resource.MustParse("200M")
 	cr.RateLimits = &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: &perConn,
@@ -283,13 +283,13 @@ func TestCompiledRuleActorsMapping(t *testing.T) {
 	}
 	preferred := spread(1)
 	preferred.SpreadMode = mptcpv1alpha1.SpreadPreferredFirst
-	preferred.Traffic = &mptcpv1alpha1.CompiledTraffic{Family: mptcpv1alpha1.IPFamilyAny}
+	preferred.Traffic = &mptcpv1alpha1.TrafficMatch{Family: mptcpv1alpha1.IPFamilyAny}
 	if r, err := RuleFromCompiled(preferred, usable); err != nil || r.Datapath.Spread != datapath.SpreadPreferred ||
 		r.Datapath.CIDRs != nil || r.Datapath.Ports != nil || r.Datapath.Family != 0 || r.Datapath.Weights != nil {
 		t.Errorf("preferredFirst rule %+v, %v: want preferred, no selector, no weights", r, err)
 	}
 	bad := spread(1)
-	bad.Traffic = &mptcpv1alpha1.CompiledTraffic{CIDRs: []string{"10.0.0.1"}}
+	bad.Traffic = &mptcpv1alpha1.TrafficMatch{CIDRs: []string{"10.0.0.1"}}
 	if _, err := RuleFromCompiled(bad, usable); err == nil || !strings.Contains(err.Error(), "10.0.0.1") {
 		t.Errorf("a cidr without a length: %v", err)
 	}
@@ -299,7 +299,7 @@ func TestCompiledRuleActorsMapping(t *testing.T) {
 func TestPodWithTwoPoliciesGetsBothRules(t *testing.T) {
 	web := spread(3)
 	web.Policy = "web"
-	web.Traffic = &mptcpv1alpha1.CompiledTraffic{Ports: []mptcpv1alpha1.PortRange{{Port: 443}}}
+	web.Traffic = &mptcpv1alpha1.TrafficMatch{Ports: []mptcpv1alpha1.PortRange{{Port: 443}}}
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(),
 		podWith("a", "10.244.1.10", web, spread(2)), podWith("b", "10.244.1.11", web, spread(2))), testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
@@ -356,7 +356,7 @@ func TestAPodsProblemStaysThePods(t *testing.T) {
 	unresolved := spread(1)
 	unresolved.Policy, unresolved.Paths = "unresolved", []mptcpv1alpha1.RulePath{{Name: "missing", Weight: 1}}
 	badPort := spread(1)
-	badPort.Policy, badPort.Traffic = "bad-port", &mptcpv1alpha1.CompiledTraffic{Ports: []mptcpv1alpha1.PortRange{{Port: 70000}}}
+	badPort.Policy, badPort.Traffic = "bad-port", &mptcpv1alpha1.TrafficMatch{Ports: []mptcpv1alpha1.PortRange{{Port: 70000}}}
 	withMissing := append(twoPaths(), mptcpv1alpha1.NodePath{Name: "missing", Index: 3, Interface: mptcpv1alpha1.InterfaceSelector{Name: "eth9"}})
 
 	for name, tc := range map[string]struct {

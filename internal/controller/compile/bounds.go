@@ -234,7 +234,7 @@ func lowerQuantity(a, b *resource.Quantity) *resource.Quantity {
 // ranges intersecting (an absent list matches everything). A CIDR that does
 // not parse (the API server validates them) is taken to overlap, so a cap is
 // never skipped on a doubt.
-func trafficOverlaps(a, b *mptcpv1alpha1.CompiledTraffic) bool {
+func trafficOverlaps(a, b *mptcpv1alpha1.TrafficMatch) bool {
 	fa, fb := family(a), family(b)
 	if fa != mptcpv1alpha1.IPFamilyAny && fb != mptcpv1alpha1.IPFamilyAny && fa != fb {
 		return false
@@ -260,7 +260,7 @@ func trafficOverlaps(a, b *mptcpv1alpha1.CompiledTraffic) bool {
 // family and the same sets of networks and port ranges. Selectors that
 // select the same connections in different words compare unequal, which only
 // means the rule is moved rather than tightened.
-func sameTraffic(a, b *mptcpv1alpha1.CompiledTraffic) bool {
+func sameTraffic(a, b *mptcpv1alpha1.TrafficMatch) bool {
 	if family(a) != family(b) {
 		return false
 	}
@@ -269,21 +269,21 @@ func sameTraffic(a, b *mptcpv1alpha1.CompiledTraffic) bool {
 	return slices.Equal(na, nb) && slices.Equal(pa, pb)
 }
 
-func family(t *mptcpv1alpha1.CompiledTraffic) mptcpv1alpha1.IPFamily {
+func family(t *mptcpv1alpha1.TrafficMatch) mptcpv1alpha1.IPFamily {
 	if t == nil || t.Family == "" {
 		return mptcpv1alpha1.IPFamilyAny
 	}
 	return t.Family
 }
 
-func cidrs(t *mptcpv1alpha1.CompiledTraffic) []string {
+func cidrs(t *mptcpv1alpha1.TrafficMatch) []string {
 	if t == nil {
 		return nil
 	}
 	return t.CIDRs
 }
 
-func ports(t *mptcpv1alpha1.CompiledTraffic) []mptcpv1alpha1.PortRange {
+func ports(t *mptcpv1alpha1.TrafficMatch) []mptcpv1alpha1.PortRange {
 	if t == nil {
 		return nil
 	}

@@ -192,10 +192,10 @@ func resolvePaths(node *corev1.Node, paths []mptcpv1alpha1.MPTCPPath) ([]mptcpv1
 		}
 		byName[p.Name] = p
 		out = append(out, mptcpv1alpha1.NodePath{
-			Name:  p.Name,
-			Index: p.Status.Index,
+			Name:      p.Name,
+			Index:     p.Status.Index,
 			Interface: p.Spec.Interface,
-			Capacity: p.Spec.Capacity.DeepCopy(),
+			Capacity:  p.Spec.Capacity.DeepCopy(),
 		})
 	}
 	slices.SortFunc(out, func(a, b mptcpv1alpha1.NodePath) int { return cmp.Compare(a.Name, b.Name) })
@@ -333,13 +333,7 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 		DataChecksums:    s.PodMPTCP.DataChecksums == nil || *s.PodMPTCP.DataChecksums,
 		HeaderRewriting:  s.HeaderRewriting == mptcpv1alpha1.Allowed,
 	}
-	if t := s.Traffic; t != nil {
-		rule.Traffic = &mptcpv1alpha1.CompiledTraffic{
-			CIDRs:  slices.Clone(t.CIDRs),
-			Ports:  slices.Clone(t.Ports),
-			Family: t.Family,
-		}
-	}
+	rule.Traffic = s.Traffic.DeepCopy()
 	var backupByRole []string
 	for _, wp := range s.Spread.Paths {
 		if !keep(wp.Name) {
