@@ -24,6 +24,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -81,11 +82,9 @@ func Run(t *testing.T, env Env) {
 		Labels: map[string]string{"mptcp.io/tenant": "enabled"}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}); err != nil {
-			t.Errorf("deleting namespace %s: %v", ns, err)
-		}
-	})
+	// Gone before Run returns: the caller may check that the nodes are
+	// as they were (the chart install test does, after uninstalling).
+	defer deleteNamespace(t, cs, ns)
 	if err := nodes.AllowAwait(ctx, c, ns); err != nil {
 		t.Fatal(err)
 	}
@@ -250,6 +249,27 @@ func waitSucceeded(t *testing.T, c client.Client, pod *corev1.Pod, timeout time.
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s not done after %v: phase %s", pod.Name, timeout, pod.Status.Phase)
+		}
+	}
+}
+
+// deleteNamespace deletes ns and waits until it, and so its pods and their
+// sandboxes, are gone.
+func deleteNamespace(t *testing.T, cs kubernetes.Interface, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("deleting namespace %s: %v", ns, err)
+		return
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		_, err := cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("namespace %s still there 2 minutes after its deletion (%v)", ns, err)
+			return
 		}
 	}
 }
