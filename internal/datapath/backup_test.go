@@ -219,6 +219,21 @@ func TestBackupRuleValidation(t *testing.T) {
 	}
 }
 
+// serverKey is the server's MPTCP key of the connection openConnection
+// opens: its joins carry tokenOf(serverKey).
+const serverKey = 0x0102030405060708
+
+// openConnection opens an MPTCP connection from client:40000 to
+// server:5201 through dp's pod_egress (SYN, then the MP_CAPABLE ACK with
+// both keys) and returns the path its first subflow took.
+func openConnection(t *testing.T, dp *Datapath, client, server netip.Addr) uint32 {
+	t.Helper()
+	egress := dp.Program(HookPodEgress)
+	first := dp.pathOfMark(t, run(t, egress, syn(client, 40000, server, 5201, testpkt.MPCapableSYN()), skbContext{}))
+	run(t, egress, capableACK(client, 40000, server, 5201, 0x0a0b0c0d0e0f1011, serverKey), skbContext{})
+	return first
+}
+
 // pureACK is an ACK from server to client with timestamps and a DSS
 // DATA_ACK and no data, as a peer acknowledges what the pod sent.
 func pureACK(server, client netip.Addr, dport uint16, extra ...[]byte) []byte {
@@ -243,9 +258,7 @@ func TestBackupMPPrioTellsThePodOfARoleChangeOnPureACKsOnly(t *testing.T) {
 		t.Run(fam.name, func(t *testing.T) {
 			dp := backupBed(t, fam.client)
 			egress, ingress := dp.Program(HookPodEgress), dp.Program(HookPodIngress)
-			const serverKey = 0x0102030405060708
-			first := dp.pathOfMark(t, run(t, egress, syn(fam.client, 40000, fam.server, 5201, testpkt.MPCapableSYN()), skbContext{}))
-			run(t, egress, capableACK(fam.client, 40000, fam.server, 5201, 0x0a0b0c0d0e0f1011, serverKey), skbContext{})
+			first := openConnection(t, dp, fam.client, fam.server)
 			const sport = 40001
 			join := syn(fam.client, sport, fam.server, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false))
 			active := dp.pathOfMark(t, run(t, egress, join, skbContext{}))
@@ -338,9 +351,7 @@ func TestBackupMPPrioTellsThePodOfARoleChangeOnPureACKsOnly(t *testing.T) {
 func TestBackupWithdrawnOptInUndoesOnlyWhatTheDatapathDid(t *testing.T) {
 	dp := backupBed(t, clientPod)
 	egress, ingress := dp.Program(HookPodEgress), dp.Program(HookPodIngress)
-	const serverKey = 0x0102030405060708
-	first := dp.pathOfMark(t, run(t, egress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{}))
-	run(t, egress, capableACK(clientPod, 40000, serverPod, 5201, 0x0a0b0c0d0e0f1011, serverKey), skbContext{})
+	first := openConnection(t, dp, clientPod, serverPod)
 	joinOn := func(sport uint16, peerFlagsBackup bool) uint32 {
 		path := dp.pathOfMark(t, run(t, egress, syn(clientPod, sport, serverPod, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false)), skbContext{}))
 		sa := synAck(serverPod, 5201, clientPod, sport, testpkt.MPJoinSYNACK(0x1122334455667788, 9, 0, peerFlagsBackup))
@@ -403,9 +414,7 @@ func TestBackupWithdrawnOptInUndoesOnlyWhatTheDatapathDid(t *testing.T) {
 func TestBackupMPPrioIntoThePodKeepsABackupPathBackup(t *testing.T) {
 	dp := backupBed(t, clientPod)
 	egress, ingress := dp.Program(HookPodEgress), dp.Program(HookPodIngress)
-	const serverKey = 0x0102030405060708
-	first := dp.pathOfMark(t, run(t, egress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{}))
-	run(t, egress, capableACK(clientPod, 40000, serverPod, 5201, 0x0a0b0c0d0e0f1011, serverKey), skbContext{})
+	first := openConnection(t, dp, clientPod, serverPod)
 	joinOn := func(sport uint16) uint32 {
 		return dp.pathOfMark(t, run(t, egress, syn(clientPod, sport, serverPod, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, true)), skbContext{}))
 	}
