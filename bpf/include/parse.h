@@ -97,9 +97,10 @@ enum parse_result {
 /* The MPTCP options of a segment, located by subtype: a packet may carry
  * several (e.g. DSS with ADD_ADDR, or MP_PRIO on a DSS ACK), and every option
  * of the TCP header is considered. Only the first valid occurrence of each
- * subtype is located; actors read its fields at l4_off + off[subtype]. Its
- * length is not kept: it was checked against the subtype and the segment
- * (mptcp_option_valid), and is one load away. */
+ * subtype is located (but the last MP_PRIO, which Linux obeys); actors
+ * read its fields at l4_off + off[subtype]. Its length is not kept: it was
+ * checked against the subtype and the segment (mptcp_option_valid), and is
+ * one load away. */
 struct mptcp_found {
 	__u16 seen;    /* bit s: a valid option of subtype s is present */
 	__u16 invalid; /* bit s: an option of subtype s had a length RFC 8684 does not define */
@@ -425,8 +426,14 @@ static __always_inline void note_mptcp_option(struct mptcp_found *f, __u8 tcp_fl
 		f->invalid |= 1U << subtype;
 		return;
 	}
-	if (f->seen & (1U << subtype))
+	if (f->seen & (1U << subtype)) {
+		/* Linux applies the last MP_PRIO of a segment that has RFC
+		 * 8684's length: locate that one, the one the receiver obeys
+		 * (the backup actor rewrites it). */
+		if (subtype == MPTCP_SUB_PRIO && len == MPTCP_LEN_PRIO)
+			f->off[MPTCP_SUB_PRIO] = off;
 		return;
+	}
 	f->seen |= 1U << subtype;
 	f->off[subtype & (MPTCP_SUBTYPES - 1)] = off;
 }
