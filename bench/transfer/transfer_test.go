@@ -1,6 +1,7 @@
-// Package transfer measures what a user of the rate and checksum options
-// sees in a transfer: how long a capped connection stalls under each rate
-// mode, and what DSS checksums cost in goodput. With BENCH_REPORT=<file> the
+// Package transfer measures what a user of the rate, checksum and join
+// holdoff options sees in a transfer: how long a capped connection stalls
+// under each rate mode, what DSS checksums cost in goodput, and what
+// holding joins as backup costs a transfer's completion time. With BENCH_REPORT=<file> the
 // results rewrite their sections of that file (docs/benchmarks.md).
 //
 //	BENCH_REPORT=docs/benchmarks.md go test -run '^$' -bench . -benchtime 5x ./bench/transfer/
@@ -23,6 +24,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 )
 
 // The caps of the e2e rate tests (e2e/rate_test.go): a fifth of two
@@ -168,6 +170,19 @@ func BenchmarkDSSChecksumCost(b *testing.B) {
 // not arrive whole ends the benchmark.
 func run(b *testing.B, bed *testbed.Bed, port int, cc string, setup func()) testbed.ServerReport {
 	b.Helper()
+	args := []string{"-duration", transfer.String()}
+	if cc != "" {
+		args = append(args, "-cc", cc)
+	}
+	_, got := send(b, bed, port, setup, args...)
+	return got
+}
+
+// send runs one MPTCP connection from pod (1,1) to pod (2,1) with the
+// sender's args, after setup (when set), and returns both ends' reports; a
+// transfer that does not arrive whole ends the benchmark.
+func send(b *testing.B, bed *testbed.Bed, port int, setup func(), args ...string) (testbed.SenderReport, testbed.ServerReport) {
+	b.Helper()
 	ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
 	defer cancel()
 	if setup != nil {
@@ -178,10 +193,7 @@ func run(b *testing.B, bed *testbed.Bed, port int, cc string, setup func()) test
 	if err != nil {
 		b.Fatal(err)
 	}
-	args := []string{"-conns", "1", "-duration", transfer.String(), "-seed", fmt.Sprint(port)}
-	if cc != "" {
-		args = append(args, "-cc", cc)
-	}
+	args = append([]string{"-conns", "1", "-seed", fmt.Sprint(port)}, args...)
 	sent, sendErr := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true, args...)
 	if err := srv.Stop(); err != nil {
 		b.Fatal(err)
@@ -197,7 +209,7 @@ func run(b *testing.B, bed *testbed.Bed, port int, cc string, setup func()) test
 	if err != nil {
 		b.Fatal(err)
 	}
-	return byRemote[sent[0].Local]
+	return sent[0], byRemote[sent[0].Local]
 }
 
 func minMedMax[T float64 | time.Duration](v []T) (lo, med, hi T) {
@@ -209,6 +221,7 @@ func minMedMax[T float64 | time.Duration](v []T) (lo, med, hi T) {
 const (
 	stallSection    = "## Rate modes: longest stall"
 	checksumSection = "## DSS checksums: cost"
+	holdoffSection  = "## Held joins: cost"
 )
 
 func machine() string {
@@ -245,5 +258,68 @@ func checksumReport(off, on []float64) string {
 	fmt.Fprintf(&s, "| off | %d | %.0f / %.0f / %.0f |\n", len(off), olo/1e6, omed/1e6, ohi/1e6)
 	fmt.Fprintf(&s, "| on | %d | %.0f / %.0f / %.0f |\n", len(on), nlo/1e6, nmed/1e6, nhi/1e6)
 	fmt.Fprintf(&s, "\nMedian with checksums / median without: %.2f.\n", nmed/omed)
+	return s.String()
+}
+
+// holdoffSizes are the transfers BenchmarkJoinHoldoffCost times: one over
+// in a few tens of milliseconds, where a held join may sit idle for much of
+// it, and one long beside the hold.
+var holdoffSizes = []int64{4 << 20, 64 << 20}
+
+// holdoffResult is one join holdoff's completion times, by size.
+type holdoffResult struct {
+	holdoff time.Duration
+	seconds map[int64][]float64
+}
+
+// BenchmarkJoinHoldoffCost times fixed-size transfers over two 200 Mbit/s
+// paths with the agents' joins held as backup for 0 (opened active), the
+// default and 100 ms (docs/subflows.md, "Held joins"): what the defence
+// against the kernel's relabelled joins costs a short and a long transfer.
+func BenchmarkJoinHoldoffCost(b *testing.B) {
+	var results []holdoffResult
+	for _, d := range []time.Duration{0, agent.DefaultJoinHoldoff, 100 * time.Millisecond} {
+		b.Run(fmt.Sprintf("holdoff=%v", d), func(b *testing.B) {
+			bed := testbed.NewForTest(b, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: linkRate})
+			if _, err := framework.StartAgentsWith(b.Context(), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
+				return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
+			}, framework.WithJoinHoldoff(d)); err != nil {
+				b.Fatal(err)
+			}
+			r := holdoffResult{holdoff: d, seconds: map[int64][]float64{}}
+			port := 5900
+			for b.Loop() {
+				for _, size := range holdoffSizes {
+					port++
+					sent, _ := send(b, bed, port, nil, "-bytes", fmt.Sprint(size))
+					r.seconds[size] = append(r.seconds[size], sent.Seconds)
+				}
+			}
+			results = append(results, r)
+		})
+	}
+	if path := os.Getenv("BENCH_REPORT"); path != "" {
+		if err := benchdoc.ReplaceSection(path, holdoffSection, holdoffReport(results)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func holdoffReport(results []holdoffResult) string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "%s\n\n", holdoffSection)
+	fmt.Fprintf(&s, "`BENCH_REPORT=docs/benchmarks.md go test -run '^$' -bench BenchmarkJoinHoldoffCost -benchtime %dx ./bench/transfer/`, %s. "+
+		"Two nodes, two %s links, the agents as the pods' path managers with their joins held as backup for the holdoff after they are "+
+		"established (0: opened active, the baseline); one MPTCP connection at a time from a pod on node 1 to a pod on node 2 sends a fixed "+
+		"number of bytes, timed from connect to close. The holdoffs run one after another in one process, each on a fresh bed.\n\n",
+		len(results[0].seconds[holdoffSizes[0]]), machine(), linkRate)
+	s.WriteString("| holdoff | transfer | rounds | seconds min / median / max | median / baseline median |\n|---|---|---|---|---|\n")
+	for _, r := range results {
+		for _, size := range holdoffSizes {
+			lo, med, hi := minMedMax(r.seconds[size])
+			_, base, _ := minMedMax(results[0].seconds[size])
+			fmt.Fprintf(&s, "| %v | %d MiB | %d | %.3f / %.3f / %.3f | %.2f |\n", r.holdoff, size>>20, len(r.seconds[size]), lo, med, hi, med/base)
+		}
+	}
 	return s.String()
 }
