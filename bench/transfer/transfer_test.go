@@ -4,7 +4,7 @@
 // holding joins as backup costs a transfer's completion time. With BENCH_REPORT=<file> the
 // results rewrite their sections of that file (docs/benchmarks.md).
 //
-//	BENCH_REPORT=docs/benchmarks.md go test -run '^$' -bench . -benchtime 5x ./bench/transfer/
+//	BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench . -benchtime 5x ./bench/transfer/
 package transfer
 
 import (
@@ -231,7 +231,7 @@ func machine() string {
 func stallReport() string {
 	var s strings.Builder
 	fmt.Fprintf(&s, "%s\n\n", stallSection)
-	fmt.Fprintf(&s, "`BENCH_REPORT=docs/benchmarks.md go test -run '^$' -bench BenchmarkRateModeStalls -benchtime %dx ./bench/transfer/`, %s. "+
+	fmt.Fprintf(&s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench BenchmarkRateModeStalls -benchtime %dx ./bench/transfer/`, %s. "+
 		"Two nodes, two %s links, one MPTCP connection of %v from a pod on node 1 to a pod on node 2, capped as the e2e rate tests cap it; "+
 		"the server samples what it receives every %v, and a stall is the longest stretch after the first second in which the connection "+
 		"received less than 10 %% of its cap (issue 13's definition). The cases run one after another in one process; other jobs may share the machine.\n\n",
@@ -248,7 +248,7 @@ func stallReport() string {
 func checksumReport(off, on []float64) string {
 	var s strings.Builder
 	fmt.Fprintf(&s, "%s\n\n", checksumSection)
-	fmt.Fprintf(&s, "`BENCH_REPORT=docs/benchmarks.md go test -run '^$' -bench BenchmarkDSSChecksumCost -benchtime %dx ./bench/transfer/`, %s. "+
+	fmt.Fprintf(&s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench BenchmarkDSSChecksumCost -benchtime %dx ./bench/transfer/`, %s. "+
 		"Two nodes, two unshaped links (the CPU sets the pace), the agent spreading one MPTCP connection of %v over both; transfers "+
 		"with `net.mptcp.checksum_enabled` off and on in both pods alternate in the same run, so that whatever else loads the machine "+
 		"loads both alike; on these shared 2-core machines single rounds vary by a third, so only medians over many rounds say something.\n\n", len(off), machine(), transfer)
@@ -308,7 +308,7 @@ func BenchmarkJoinHoldoffCost(b *testing.B) {
 func holdoffReport(results []holdoffResult) string {
 	var s strings.Builder
 	fmt.Fprintf(&s, "%s\n\n", holdoffSection)
-	fmt.Fprintf(&s, "`BENCH_REPORT=docs/benchmarks.md go test -run '^$' -bench BenchmarkJoinHoldoffCost -benchtime %dx ./bench/transfer/`, %s. "+
+	fmt.Fprintf(&s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench BenchmarkJoinHoldoffCost -benchtime %dx ./bench/transfer/`, %s. "+
 		"Two nodes, two %s links, the agents as the pods' path managers with their joins held as backup for the holdoff after they are "+
 		"established (0: opened active, the baseline); one MPTCP connection at a time from a pod on node 1 to a pod on node 2 sends a fixed "+
 		"number of bytes, timed from connect to close. The holdoffs run one after another in one process, each on a fresh bed.\n\n",
