@@ -125,8 +125,7 @@ func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
 	}
 	// The first join and its replacement were each held as backup for
 	// the agent's join holdoff, then made active (docs/subflows.md, "Held
-	// joins"): the NIC carrying the transfer again shows the replacement
-	// was released.
+	// joins").
 	if n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_manager_joins_released_total"); n != 2 {
 		t.Errorf("node 1 made %v held joins active, want 2 (the first join and its replacement)", n)
 	}

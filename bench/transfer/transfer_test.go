@@ -228,14 +228,20 @@ func machine() string {
 	return fmt.Sprintf("on %s: %s, %d CPUs, Linux %s", time.Now().UTC().Format("2006-01-02"), benchdoc.CPUModel(), runtime.NumCPU(), benchdoc.KernelRelease())
 }
 
+// reportHead starts a report's section: its heading, and the command that
+// wrote it (rounds per case) on this machine.
+func reportHead(s *strings.Builder, section, bench string, rounds int) {
+	fmt.Fprintf(s, "%s\n\n", section)
+	fmt.Fprintf(s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench %s -benchtime %dx ./bench/transfer/`, %s. ", bench, rounds, machine())
+}
+
 func stallReport() string {
 	var s strings.Builder
-	fmt.Fprintf(&s, "%s\n\n", stallSection)
-	fmt.Fprintf(&s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench BenchmarkRateModeStalls -benchtime %dx ./bench/transfer/`, %s. "+
-		"Two nodes, two %s links, one MPTCP connection of %v from a pod on node 1 to a pod on node 2, capped as the e2e rate tests cap it; "+
+	reportHead(&s, stallSection, "BenchmarkRateModeStalls", len(stallResults[0].stalls))
+	fmt.Fprintf(&s, "Two nodes, two %s links, one MPTCP connection of %v from a pod on node 1 to a pod on node 2, capped as the e2e rate tests cap it; "+
 		"the server samples what it receives every %v, and a stall is the longest stretch after the first second in which the connection "+
 		"received less than 10 %% of its cap (issue 13's definition). The cases run one after another in one process; other jobs may share the machine.\n\n",
-		len(stallResults[0].stalls), machine(), linkRate, transfer, sample)
+		linkRate, transfer, sample)
 	s.WriteString("| mode | cap | rounds | longest stall min / median / max | goodput min / median / max (Mbit/s) |\n|---|---|---|---|---|\n")
 	for _, r := range stallResults {
 		slo, smed, shi := minMedMax(r.stalls)
@@ -247,11 +253,10 @@ func stallReport() string {
 
 func checksumReport(off, on []float64) string {
 	var s strings.Builder
-	fmt.Fprintf(&s, "%s\n\n", checksumSection)
-	fmt.Fprintf(&s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench BenchmarkDSSChecksumCost -benchtime %dx ./bench/transfer/`, %s. "+
-		"Two nodes, two unshaped links (the CPU sets the pace), the agent spreading one MPTCP connection of %v over both; transfers "+
+	reportHead(&s, checksumSection, "BenchmarkDSSChecksumCost", len(off))
+	fmt.Fprintf(&s, "Two nodes, two unshaped links (the CPU sets the pace), the agent spreading one MPTCP connection of %v over both; transfers "+
 		"with `net.mptcp.checksum_enabled` off and on in both pods alternate in the same run, so that whatever else loads the machine "+
-		"loads both alike; on these shared 2-core machines single rounds vary by a third, so only medians over many rounds say something.\n\n", len(off), machine(), transfer)
+		"loads both alike; on these shared 2-core machines single rounds vary by a third, so only medians over many rounds say something.\n\n", transfer)
 	olo, omed, ohi := minMedMax(off)
 	nlo, nmed, nhi := minMedMax(on)
 	s.WriteString("| checksums | rounds | goodput min / median / max (Mbit/s) |\n|---|---|---|\n")
@@ -307,12 +312,11 @@ func BenchmarkJoinHoldoffCost(b *testing.B) {
 
 func holdoffReport(results []holdoffResult) string {
 	var s strings.Builder
-	fmt.Fprintf(&s, "%s\n\n", holdoffSection)
-	fmt.Fprintf(&s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench BenchmarkJoinHoldoffCost -benchtime %dx ./bench/transfer/`, %s. "+
-		"Two nodes, two %s links, the agents as the pods' path managers with their joins held as backup for the holdoff after they are "+
+	reportHead(&s, holdoffSection, "BenchmarkJoinHoldoffCost", len(results[0].seconds[holdoffSizes[0]]))
+	fmt.Fprintf(&s, "Two nodes, two %s links, the agents as the pods' path managers with their joins held as backup for the holdoff after they are "+
 		"established (0: opened active, the baseline); one MPTCP connection at a time from a pod on node 1 to a pod on node 2 sends a fixed "+
 		"number of bytes, timed from connect to close. The holdoffs run one after another in one process, each on a fresh bed.\n\n",
-		len(results[0].seconds[holdoffSizes[0]]), machine(), linkRate)
+		linkRate)
 	s.WriteString("| holdoff | transfer | rounds | seconds min / median / max | median / baseline median |\n|---|---|---|---|---|\n")
 	for _, r := range results {
 		for _, size := range holdoffSizes {

@@ -63,7 +63,7 @@ type Settings struct {
 // receiver hold its socket while a join came in (under 1 ms), and short
 // enough not to add stalls: held for 100 ms, a connection pushes all it
 // can onto its first subflow meanwhile, and on congested paths stalled
-// three times as often (docs/subflows.md, "Held joins").
+// four times as often (docs/subflows.md, "Held joins").
 const DefaultJoinHoldoff = 20 * time.Millisecond
 
 // MaxJoinHoldoff bounds the hold: a join held longer adds nothing to the

@@ -20,18 +20,16 @@ import (
 // held joins to send on: backup subflows carry data when nothing else can.
 
 // releaseLater makes the join ev reports, established just now, active
-// after the holdoff, when it is one the path manager opened held.
-func (s *pathManager) releaseLater(sess *session, ev mptcpnl.Event) {
+// after the holdoff, when it is one the path manager opened held, and
+// says whether it will. With a holdoff, every join of a connection the
+// path manager remembers is opened held (openJoins, subflowClosed), from
+// the pod's address with local id 1 to the connection's remote address and
+// port; a subflow a process of the pod opened some other way is left alone.
+func (s *pathManager) releaseLater(sess *session, ev mptcpnl.Event) bool {
 	conn := s.opened[ev.Token]
-	// The path manager's joins come from the pod's address with local id
-	// 1 (openJoin) and go to the connection's remote address and port:
-	// another subflow (one a process of the pod opened itself) is not
-	// released, nor does it take a held join's turn.
-	if s.holdoff <= 0 || conn == nil || conn.held.Load() <= 0 || !s.owns(ev.Local.Addr()) ||
-		ev.LocalID != joinLocalID || ev.Remote != conn.remote {
-		return
+	if s.holdoff <= 0 || conn == nil || !s.owns(ev.Local.Addr()) || ev.LocalID != joinLocalID || ev.Remote != conn.remote {
+		return false
 	}
-	conn.held.Add(-1)
 	sess.later(s.holdoff, func() {
 		if err := sess.cmds.SetSubflowBackup(ev.Token, ev.Local, ev.Remote, false); err != nil {
 			// The join or its connection closed meanwhile: nothing
@@ -41,4 +39,5 @@ func (s *pathManager) releaseLater(sess *session, ev mptcpnl.Event) {
 		}
 		s.releasedJoins.Add(1)
 	})
+	return true
 }

@@ -601,9 +601,6 @@ func (s *pathManager) openJoins(cmds *mptcpnl.Conn, conn *openedConn, token uint
 			s.log.Warn("opening join", "remote", remote, "err", err)
 			return
 		}
-		if held {
-			conn.held.Add(1)
-		}
 	}
 	s.log.Debug("opened joins", "remote", remote, "joins", joins, "held", held)
 }

@@ -2,7 +2,6 @@ package podnet
 
 import (
 	"net/netip"
-	"sync/atomic"
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
@@ -53,10 +52,6 @@ type openedConn struct {
 	// established or failed; delay is the wait before the next one.
 	replaced, pending int
 	delay             time.Duration
-	// held counts its joins opened as backup and not yet established
-	// (holdoff.go). Atomic: a replacement that could not be opened
-	// takes its count back from the goroutine that tried.
-	held atomic.Int32
 }
 
 // openedConns are the pod's open connections by token. Only the path
@@ -100,15 +95,7 @@ func (c openedConns) subflowClosed(ev mptcpnl.Event) (delay time.Duration, ok bo
 	switch {
 	case conn.live[k]:
 		delete(conn.live, k)
-	case conn.held.Load() > 0 && conn.pending == 0:
-		// A join opened held that never established: nothing to
-		// release, nothing to replace.
-		conn.held.Add(-1)
-		return 0, false
 	case conn.pending > 0:
-		if conn.held.Load() > 0 {
-			conn.held.Add(-1)
-		}
 		conn.pending--
 		conn.delay = min(2*conn.delay, maxReplaceDelay)
 	default:
@@ -169,19 +156,10 @@ func (s *pathManager) subflowClosed(sess *session, ev mptcpnl.Event, heard time.
 	if !ok {
 		return
 	}
-	conn := s.opened[ev.Token]
-	remote := conn.remote
-	// The replacement is held like any join; it is counted here, on the
-	// path manager's goroutine, which alone touches conn.
-	held := s.holdoff > 0
-	if held {
-		conn.held.Add(1)
-	}
+	remote := s.opened[ev.Token].remote
+	// The replacement is held like any join of a remembered connection.
 	sess.later(delay, func() {
-		if err := openJoin(sess.cmds, ev.Token, ev.Local.Addr(), remote, held); err != nil {
-			if held {
-				conn.held.Add(-1)
-			}
+		if err := openJoin(sess.cmds, ev.Token, ev.Local.Addr(), remote, s.holdoff > 0); err != nil {
 			s.log.Warn("opening a join to replace a closed subflow", "remote", remote, "err", err)
 			return
 		}
