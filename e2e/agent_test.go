@@ -6,7 +6,6 @@ import (
 	"maps"
 	"math"
 	"net/http"
-	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -166,7 +165,7 @@ func TestAgentKilledMidTransferRestartsWithoutDisturbingConnections(t *testing.T
 	const conns = 2
 	old := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: conns}}, 7*time.Second)
 	// Wait until every subflow of the transfer is placed: two per connection.
-	waitPlaced(t, a1, bed.Pod(1, 1).Addr, 2*conns)
+	waitPlaced(t, bed, a1, bed.Pod(1, 1), 2*conns)
 	before := map[*framework.Agent][]datapath.Subflow{}
 	for _, a := range []*framework.Agent{a1, a2} {
 		if before[a], err = a.Subflows(); err != nil {
@@ -688,7 +687,7 @@ func TestPodReleasedWhileItsPeerStaysSelectedKeepsItsConnections(t *testing.T) {
 	const transfer, captured = 6 * time.Second, 4500 * time.Millisecond
 	start := time.Now()
 	wait := startFlows(t, bed, []flow{{client: client, server: server, port: 5211, conns: 2}}, transfer)
-	waitPlaced(t, a, client.Addr, 4) // two connections of two subflows, one per NIC
+	waitPlaced(t, bed, a, client, 4) // two connections of two subflows, one per NIC
 	before, err := a.Subflows()
 	if err != nil {
 		t.Fatal(err)
@@ -780,9 +779,13 @@ func connectFrom(t *testing.T, bed *testbed.Bed, a *framework.Agent, pod *testbe
 	}
 }
 
-// waitPlaced waits until agent a's subflow table holds want subflows of the
-// pod at client.
-func waitPlaced(t *testing.T, a *framework.Agent, client netip.Addr, want int) {
+// waitPlaced waits until agent a's subflow table holds want subflows of
+// client, and none of client's joins is held any more: the agent's path
+// manager opens joins as backup subflows and makes them active 20 ms after
+// they are established (docs/subflows.md, "Held joins"), and a test that
+// stops or kills the agent must not do it before, or the join stays backup
+// until an agent runs again.
+func waitPlaced(t *testing.T, bed *testbed.Bed, a *framework.Agent, client *testbed.Pod, want int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -790,15 +793,42 @@ func waitPlaced(t *testing.T, a *framework.Agent, client netip.Addr, want int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		placed := slices.DeleteFunc(sfs, func(s datapath.Subflow) bool { return s.Local.Addr() != client })
-		if len(placed) == want {
+		placed := slices.DeleteFunc(sfs, func(s datapath.Subflow) bool { return s.Local.Addr() != client.Addr })
+		held := heldJoins(t, bed, client)
+		if len(placed) == want && len(held) == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("node %d placed %d subflows of %v, want %d: %v", a.Node.Index, len(placed), client, want, placed)
+			t.Fatalf("node %d placed %d subflows of %v, want %d: %v; held joins: %q", a.Node.Index, len(placed), client.Addr, want, placed, held)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// heldJoins are the ss lines of pod's established subflows that it opened
+// with an MP_JOIN and holds as backup (ss's MPTCP flags j and b).
+func heldJoins(t *testing.T, bed *testbed.Bed, pod *testbed.Pod) []string {
+	t.Helper()
+	out, err := bed.Command(pod.NetNS, "ss", "-tniH", "state", "established").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ss in pod %s: %v: %s", pod.Name, err, out)
+	}
+	// ss prints each socket's addresses on a line of their own and its
+	// details, MPTCP flags among them, on the indented line after.
+	var held []string
+	var socket string
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(line, "\t") {
+			socket = strings.Join(strings.Fields(line), " ")
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			if flags, ok := strings.CutPrefix(f, "flags:"); ok && strings.Contains(flags, "j") && strings.Contains(flags, "b") {
+				held = append(held, socket+" "+f)
+			}
+		}
+	}
+	return held
 }
 
 // requireSubflowsKept checks that every subflow of before is still in agent

@@ -125,7 +125,7 @@ func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 	}()
 	// Both subflows placed (a loaded machine may take longer than usual
 	// to open the join), then a second for the scheduler to use both.
-	waitPlaced(t, agents[0], client.Addr, 2)
+	waitPlaced(t, bed, agents[0], client, 2)
 	time.Sleep(time.Second)
 	_, tx0 := nicBytes(t, bed, bed.Node(1))
 	time.Sleep(time.Second)

@@ -255,7 +255,7 @@ func TestHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime(t *testing.T) {
 	w := bed.Watch(t, datapathEvidence(bed))
 	began := time.Now()
 	wait := launchFlows(t, bed, []flow{{client: client, server: server, port: 5201, conns: conns}}, transfer)
-	waitPlaced(t, agents[0], client.Addr, 2*conns)
+	waitPlaced(t, bed, agents[0], client, 2*conns)
 	before := map[*framework.Agent][]datapath.Subflow{}
 	for _, a := range agents {
 		if before[a], err = a.Subflows(); err != nil {

@@ -382,7 +382,7 @@ func TestAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
 	}
 	const conns, oldPort, newPort = 2, 5201, 5202
 	old := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: oldPort, conns: conns}}, 7*time.Second)
-	waitPlaced(t, kb.agents[0], bed.Pod(1, 1).Addr, 2*conns)
+	waitPlaced(t, bed, kb.agents[0], bed.Pod(1, 1), 2*conns)
 	before := map[*framework.Agent][]datapath.Subflow{}
 	restarts := map[*testbed.Node]int32{}
 	for i, a := range kb.agents {

@@ -179,7 +179,7 @@ func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 	const conns = 2
 	old := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: conns}}, 8*time.Second)
 	client := bed.Pod(1, 1).Addr
-	waitPlaced(t, a1, client, 2*conns)
+	waitPlaced(t, bed, a1, bed.Pod(1, 1), 2*conns)
 	before := map[*framework.Agent][]datapath.Subflow{}
 	for _, a := range agents {
 		if before[a], err = a.Subflows(); err != nil {

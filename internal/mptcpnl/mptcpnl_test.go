@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
 )
@@ -183,23 +185,67 @@ func TestUserspacePathManagerCreatesJoinsFromSameAddress(t *testing.T) {
 	}
 	// The initial subflow's address has id 0; joins from the same address
 	// are given a non-zero local id.
+	// The last is opened as a backup subflow.
 	for i := 0; i < 3; i++ {
-		if err := cmds.CreateSubflow(established.Token, established.Local.Addr(), 1, established.Remote, 0); err != nil {
+		var flags uint32
+		if i == 2 {
+			flags = FlagBackup
+		}
+		if err := cmds.CreateSubflow(established.Token, established.Local.Addr(), 1, established.Remote, flags); err != nil {
 			t.Fatalf("create subflow %d: %v", i, err)
 		}
 	}
 	// The namespace has one address, so three open joins to the same server
 	// address and port can differ only by their kernel-chosen source ports.
 	var info Info
-	for time.Now().Before(deadline) {
+	for info.Subflows != 3 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
 		var err error
 		if info, err = SocketInfo(conn.(*net.TCPConn)); err != nil {
 			t.Fatal(err)
 		}
-		if info.Subflows == 3 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("client kernel reports %d joins, want 3", info.Subflows)
+	if info.Subflows != 3 {
+		t.Fatalf("client kernel reports %d joins, want 3", info.Subflows)
+	}
+	requireSubflowsListed(t, clientNS, *established)
+}
+
+// requireSubflowsListed checks what ListSubflows says of the connection of
+// established: its first subflow opened here with MP_CAPABLE, and three
+// joins from local id 1, the last of them a backup.
+func requireSubflowsListed(t *testing.T, ns string, established Event) {
+	t.Helper()
+	fd, err := netnsutil.Open("/var/run/netns/" + ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	sfs, err := ListSubflows(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var joins, backups int
+	for _, sf := range sfs {
+		if sf.Token != established.Token || sf.Remote != established.Remote {
+			t.Errorf("subflow %+v: want token %x and remote %v", sf, established.Token, established.Remote)
+			continue
+		}
+		switch {
+		case sf.Local == established.Local:
+			if sf.Flags&SubflowCapableLocal == 0 || sf.Flags&SubflowJoinLocal != 0 || sf.LocalID != 0 {
+				t.Errorf("first subflow %+v: want MP_CAPABLE sent here, local id 0", sf)
+			}
+		case sf.Flags&SubflowJoinLocal != 0 && sf.LocalID == 1:
+			joins++
+			if sf.Flags&SubflowBackupLocal != 0 {
+				backups++
+			}
+		default:
+			t.Errorf("subflow %+v: neither the first nor a join from local id 1", sf)
+		}
+	}
+	if joins != 3 || backups != 1 {
+		t.Errorf("listed %d joins, %d of them backup, want 3 and 1: %+v", joins, backups, sfs)
+	}
 }

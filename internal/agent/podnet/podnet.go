@@ -414,6 +414,8 @@ type session struct {
 	// (later) are then dropped, and waited for before cmds closes.
 	ended     chan struct{}
 	scheduled sync.WaitGroup
+	// young are the joins sweeps leave alone for now (holdoff.go).
+	young youngJoins
 }
 
 // later runs fn after delay on its own goroutine, unless the session ends
@@ -534,6 +536,9 @@ func (s *pathManager) run(ctx context.Context, sess *session) {
 // as an error would, not the agent.
 func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 	s.current.Store(sess)
+	// Joins a path manager before this session held may have missed
+	// their release.
+	s.sweepLater(sess)
 	defer func() {
 		s.current.Store(nil)
 		close(sess.ended)
@@ -577,6 +582,8 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 			// them all rather than keep what cannot be trusted:
 			// they get no replacement joins.
 			clear(s.opened)
+			// Held joins among them would stay held.
+			s.sweepLater(sess)
 			continue
 		case err != nil:
 			return fmt.Errorf("reading MPTCP events: %w", err)

@@ -183,25 +183,7 @@ func TestJoinsAreHeldAsBackupForTheHoldoff(t *testing.T) {
 			if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
 				t.Fatal(errs)
 			}
-			conn := bed.dial(t)
-			defer conn.Close()
-			go func() {
-				buf := make([]byte, 256<<10)
-				for {
-					if _, err := conn.Write(buf); err != nil {
-						return
-					}
-				}
-			}()
-			initial := netip.MustParseAddrPort(conn.LocalAddr().String()).Port()
-			var join uint16
-			for deadline := time.Now().Add(5 * time.Second); join == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-				join = bed.establishedJoin(t, initial)
-			}
-			if join == 0 {
-				t.Fatalf("the connection has no established join after 5 s:\n%s", bed.ss(t))
-			}
-			established := time.Now()
+			join, established := bed.sendOnAJoin(t)
 
 			time.Sleep(holdoff / 2)
 			during := bed.bytesAcked(t, join)
@@ -224,6 +206,87 @@ func TestJoinsAreHeldAsBackupForTheHoldoff(t *testing.T) {
 			}
 			if st := p.States(); len(st) != 1 || st[0].ReleasedJoins != released {
 				t.Errorf("path manager states %+v after the hold, want %d join released", st, released)
+			}
+		})
+	}
+}
+
+// sendOnAJoin opens a connection from the client that sends until the test
+// ends, and returns the source port of its first join and when it saw it
+// established.
+func (b *pmBed) sendOnAJoin(t *testing.T) (join uint16, established time.Time) {
+	t.Helper()
+	conn := b.dial(t)
+	t.Cleanup(func() { conn.Close() })
+	go func() {
+		buf := make([]byte, 256<<10)
+		for {
+			if _, err := conn.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	initial := netip.MustParseAddrPort(conn.LocalAddr().String()).Port()
+	for deadline := time.Now().Add(5 * time.Second); join == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		join = b.establishedJoin(t, initial)
+	}
+	if join == 0 {
+		t.Fatalf("the connection has no established join after 5 s:\n%s", b.ss(t))
+	}
+	return join, time.Now()
+}
+
+// A held join whose release was lost is made active by the sweep of the
+// next path manager or session, once the holdoff has passed since it
+// began: the agent was restarted during the hold (its path managers
+// stopped, new ones started), or the session that scheduled the release
+// failed. Without a path manager the join stays held: that is what the
+// sweep is for.
+func TestAHeldJoinWhoseReleaseWasLostIsMadeActiveByASweep(t *testing.T) {
+	const holdoff = 1500 * time.Millisecond
+	start := func(t *testing.T, bed *pmBed) *PathManagers {
+		p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{JoinHoldoff: holdoff})
+		t.Cleanup(p.Stop)
+		if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
+			t.Fatal(errs)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		// lose loses the release of the join established at
+		// established, and returns the path managers that run then.
+		lose func(t *testing.T, bed *pmBed, p *PathManagers, join uint16, established time.Time) *PathManagers
+	}{
+		{"agent restarted", func(t *testing.T, bed *pmBed, p *PathManagers, join uint16, established time.Time) *PathManagers {
+			p.Stop()
+			time.Sleep(time.Until(established.Add(holdoff + 500*time.Millisecond)))
+			if n := bed.bytesAcked(t, join); n >= 64<<10 {
+				t.Fatalf("with no path manager the join carried %d bytes after its holdoff, want it held", n)
+			}
+			return start(t, bed)
+		}},
+		{"session failed", func(t *testing.T, bed *pmBed, p *PathManagers, _ uint16, _ time.Time) *PathManagers {
+			p.get(bed.client).current.Load().events.Close()
+			return p
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bed := newPMBed(t)
+			p := start(t, bed)
+			join, established := bed.sendOnAJoin(t)
+			p = tc.lose(t, bed, p, join, established)
+			lost := time.Now()
+			before := bed.bytesAcked(t, join)
+
+			time.Sleep(time.Until(lost.Add(holdoff + time.Second)))
+			after := bed.bytesAcked(t, join)
+			t.Logf("the join carried %d bytes before its release was lost, %d bytes in the %v after", before, after-before, holdoff+time.Second)
+			if after-before < 1<<20 {
+				t.Errorf("the join carried %d bytes in the %v after its release was lost, want it active (at least 1 MiB)", after-before, holdoff+time.Second)
+			}
+			if st := p.States(); len(st) != 1 || st[0].ReleasedJoins != 1 {
+				t.Errorf("path manager states %+v, want the held join released by a sweep", st)
 			}
 		})
 	}
@@ -281,4 +344,30 @@ func TestOnlyThePathManagersOwnHeldJoinsAreReleased(t *testing.T) {
 		t.Error("a join is released without a holdoff, which opens joins active")
 	}
 	sess.scheduled.Wait()
+}
+
+// A sweep takes for the path manager's own held joins what openJoins opens
+// held, as the pod's kernel lists them, and nothing else.
+func TestASweepFindsOnlyThePathManagersOwnHeldJoins(t *testing.T) {
+	local := netip.MustParseAddrPort(clientAddr + ":40000")
+	remote := netip.MustParseAddrPort(serverAddr + ":5201")
+	pm := &pathManager{pod: Pod{IPs: []netip.Addr{local.Addr()}}}
+	const held = mptcpnl.SubflowJoinLocal | mptcpnl.SubflowBackupLocal
+	join := func(token uint32, from netip.Addr, id uint8, to netip.AddrPort, flags mptcpnl.SubflowFlags) mptcpnl.Subflow {
+		return mptcpnl.Subflow{Token: token, Local: netip.AddrPortFrom(from, 41000+uint16(id)), LocalID: id, Remote: to, Flags: flags}
+	}
+	own := join(1, local.Addr(), joinLocalID, remote, held)
+	sfs := []mptcpnl.Subflow{
+		{Token: 1, Local: local, Remote: remote, Flags: mptcpnl.SubflowCapableLocal},
+		own,
+		join(1, local.Addr(), joinLocalID, remote, mptcpnl.SubflowJoinLocal),                              // active already
+		join(1, local.Addr(), 2, remote, held),                                                            // another local id
+		join(1, local.Addr(), joinLocalID, netip.MustParseAddrPort(serverAddr+":5202"), held),             // another remote
+		join(1, netip.MustParseAddr("192.0.2.9"), joinLocalID, remote, held),                              // another address
+		join(2, local.Addr(), joinLocalID, remote, held),                                                  // a connection the pod did not open
+		{Token: 3, Local: local, Remote: remote, LocalID: joinLocalID, Flags: mptcpnl.SubflowBackupLocal}, // accepted, not opened here
+	}
+	if got := pm.heldJoins(sfs); len(got) != 1 || got[0] != own {
+		t.Errorf("held joins %+v, want only %+v", got, own)
+	}
 }
