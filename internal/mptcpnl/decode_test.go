@@ -123,3 +123,21 @@ func TestDecodeDatagramSkipsWhatIsNotAnEvent(t *testing.T) {
 		}
 	}
 }
+
+// Whatever a sock_diag reply holds, decoding a subflow returns.
+func FuzzDecodeSubflow(f *testing.F) {
+	msg := make([]byte, diagMsgLen)
+	msg[0] = 2 // AF_INET
+	ulp := []byte{
+		28, 0, diagULPInfo, 0x80, // INET_DIAG_ULP_INFO, nested
+		24, 0, ulpInfoMPTCP, 0x80, // INET_ULP_INFO_MPTCP, nested
+		8, 0, subflowTokenLoc, 0, 1, 2, 3, 4,
+		8, 0, subflowFlags, 0, 0x28, 0, 0, 0,
+	}
+	f.Add(append(msg, ulp...))
+	f.Add(msg)
+	f.Add([]byte{10, 1, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _, _ = decodeSubflow(b)
+	})
+}
