@@ -202,6 +202,8 @@ static __always_inline int rate_police(const struct packet *pkt, const struct ra
 		reason = STAT_RATE_DROP_CONN;
 		goto drop;
 	}
+	/* A pod's and a path's buckets are its rule's budget's. */
+	k->rule = rate_budget(cfg, k->rule);
 	k->kind = RATE_KEY_POD;
 	k->id = 0;
 	if (!rate_gcra_allow(k, cfg->pod_bps, &cfg->pod_gcra, cfg->burst_bytes, len, now)) {
@@ -410,16 +412,18 @@ static __always_inline int rate_packet(struct __sk_buff *skb, const struct packe
 }
 
 /* rate_classify gives a packet leaving a path's NIC the HTB class the agent
- * made for its pod on that path, or for its rule on that path. */
+ * made for its pod on that path, or for its rule on that path: its rule's
+ * budget's. */
 static __always_inline void rate_classify(struct __sk_buff *skb, const struct packet *pkt, __u32 rule,
 					  __u32 path)
 {
-	struct rate_key k = {.rule = rule, .family = pkt->family, .kind = RATE_KEY_POD, .id = path};
+	struct rate_key k = {.family = pkt->family, .kind = RATE_KEY_POD, .id = path};
 	struct rate_cfg *cfg = bpf_map_lookup_elem(&rate_rules, &rule);
 	__u32 *classid;
 
 	if (!cfg || cfg->mode != RATE_MODE_SHAPE)
 		return;
+	k.rule = rate_budget(cfg, rule);
 	__builtin_memcpy(k.addr, pkt->saddr, 16);
 	classid = bpf_map_lookup_elem(&rate_classes, &k);
 	if (!classid) {

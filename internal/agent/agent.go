@@ -172,8 +172,9 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	ids, err := a.assignRuleIDs(plan)
 	keep(err)
 	keep(a.syncRules(plan, ids))
-	keep(a.syncRates(plan, ids))
-	keep(a.syncShaping(plan, ids, hooks))
+	budgets, err := a.syncRates(plan, ids)
+	keep(err)
+	keep(a.syncShaping(plan, ids, budgets, hooks))
 	problems, err := a.syncPods(ctx, plan, ids, hooks)
 	keep(err)
 	keep(a.syncHooks(hooks))
@@ -201,8 +202,8 @@ func (a *Agent) syncRouting(plan *Plan) error {
 
 // syncShaping keeps the HTB classes of the shaping rules on their paths'
 // NICs (shaping), and asks for nic_egress where they are.
-func (a *Agent) syncShaping(plan *Plan, ids map[string]uint32, hooks map[datapath.Attachment]bool) error {
-	shaping, err := shaping.Sync(a.dp, planShaping(plan, ids))
+func (a *Agent) syncShaping(plan *Plan, ids map[string]uint32, budgets map[uint32]uint32, hooks map[datapath.Attachment]bool) error {
+	shaping, err := shaping.Sync(a.dp, planShaping(plan, ids, budgets))
 	for _, iface := range shaping {
 		hooks[datapath.Attachment{Interface: iface, Hook: datapath.HookNICEgress}] = true
 	}
@@ -213,18 +214,29 @@ func (a *Agent) syncShaping(plan *Plan, ids map[string]uint32, hooks map[datapat
 // shaping rule, a class per capped path on that path's NIC, and a class per
 // selected pod on each of the rule's paths' NICs (perPod caps a pod per
 // path: its sending over two paths can reach twice the cap;
-// docs/datapath.md), each at most the path's capacity.
-func planShaping(plan *Plan, ids map[string]uint32) []shaping.NIC {
+// docs/datapath.md), each at most the path's capacity. Classes are their
+// rules' budgets' (rateBudgets, by rule id): the variants of a policy share
+// its classes.
+func planShaping(plan *Plan, ids map[string]uint32, budgets map[uint32]uint32) []shaping.NIC {
 	byIndex := plan.pathsByIndex()
 	classes := map[uint32][]shaping.Class{} // path index -> its NIC's classes
+	pathClassOf := map[[2]uint32]bool{}     // budget and path index with a class
 	for _, r := range plan.Rules {
 		id, ok := ids[r.Name]
 		if r.Rate == nil || r.Rate.Mode != datapath.RateShape || !ok {
 			continue
 		}
+		budget, ok := budgets[id]
+		if !ok {
+			budget = id
+		}
 		for index, bps := range r.Rate.PerPath {
-			classes[index] = append(classes[index], shaping.Class{Minor: shaping.MinorRule + uint16(id), Bps: bps,
-				Entry: datapath.ShapeClass{Rule: id, Path: index}})
+			if pathClassOf[[2]uint32{budget, index}] {
+				continue
+			}
+			pathClassOf[[2]uint32{budget, index}] = true
+			classes[index] = append(classes[index], shaping.Class{Minor: shaping.MinorRule + uint16(budget), Bps: bps,
+				Entry: datapath.ShapeClass{Rule: budget, Path: index}})
 		}
 		if r.Rate.PerPod == 0 {
 			continue
@@ -240,7 +252,7 @@ func planShaping(plan *Plan, ids map[string]uint32) []shaping.NIC {
 			for _, index := range append(slices.Clone(r.Datapath.Paths), r.Datapath.Backup...) {
 				for _, ip := range pod.IPs {
 					classes[index] = append(classes[index], shaping.Class{Minor: minor, Bps: capped(r.Rate.PerPod, byIndex[index].Capacity),
-						Entry: datapath.ShapeClass{Rule: id, Path: index, Pod: ip}})
+						Entry: datapath.ShapeClass{Rule: budget, Path: index, Pod: ip}})
 				}
 			}
 		}

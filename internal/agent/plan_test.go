@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"net/netip"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
 // A path's capacity bounds each class of the shaping on its NIC: the rule's
@@ -24,13 +27,68 @@ func TestShapingPlanBoundsEveryClassByThePathsCapacity(t *testing.T) {
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}
-	nics := planShaping(tr.Plan, map[string]uint32{nameOf(shaped): 3})
+	nics := planShaping(tr.Plan, map[string]uint32{nameOf(shaped): 3}, map[uint32]uint32{3: 3})
 	if len(nics) != 1 || nics[0].Interface != "nic1" || nics[0].Capacity != 20_000_000 || len(nics[0].Classes) != 2 {
 		t.Fatalf("plan %+v, want nic1 at 20 Mbit/s with a class for the rule's path cap and one for the pod", nics)
 	}
 	for _, c := range nics[0].Classes {
 		if c.Bps != 20_000_000 {
 			t.Errorf("class %#x at %d bit/s, want the path's 20 Mbit/s capacity", c.Minor, c.Bps)
+		}
+	}
+}
+
+// The variants of one policy with the same caps (tenants' preferred paths)
+// share one budget, the lowest id among them, retired variants included; a
+// variant with caps of its own (a namespace's) and another policy keep
+// theirs. Shaping makes one class per budget and path, and the pods' classes
+// are their budgets'.
+func TestVariantsOfAPolicyShareOneBudget(t *testing.T) {
+	caps := datapath.RateConfig{Mode: datapath.RateShape, PerPod: 10_000_000, PerPath: map[uint32]uint64{1: 40_000_000}}
+	tighter := caps
+	tighter.PerPod = 5_000_000
+	rule := func(name string, c datapath.RateConfig) PlanRule {
+		return PlanRule{Name: name, Policy: policyOfRule(name), Rate: &c, Datapath: datapath.Rule{Paths: []uint32{1}}}
+	}
+	plan := &Plan{
+		Paths: []PlanPath{{Path: routing.Path{Name: "fabric-a", Index: 1, Interface: "nic1"}}},
+		Rules: []PlanRule{rule("spread", caps), rule("spread@aa", caps), rule("spread@cc", tighter), rule("other", caps)},
+		Pods: []PlanPod{
+			{Name: "t1.a", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.10")}, Rules: []string{"spread@aa"}},
+			{Name: "t2.b", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.11")}, Rules: []string{"spread"}},
+		},
+	}
+	ids := map[string]uint32{"spread": 7, "spread@aa": 5, "spread@cc": 6, "other": 2}
+	// A retired variant of spread, with the same caps, still in use.
+	retired := map[uint32]datapath.RateConfig{4: caps}
+	names := map[uint32]string{7: "spread", 5: "spread@aa", 6: "spread@cc", 2: "other", 4: "spread@bb"}
+	budgets := rateBudgets(plan, ids, names, retired)
+	want := map[uint32]uint32{7: 4, 5: 4, 4: 4, 6: 6, 2: 2}
+	for id, b := range want {
+		if budgets[id] != b {
+			t.Errorf("rule %d (%s): budget %d, want %d (all: %v)", id, names[id], budgets[id], b, budgets)
+		}
+	}
+
+	nics := planShaping(plan, ids, budgets)
+	if len(nics) != 1 {
+		t.Fatalf("plan %+v, want one NIC", nics)
+	}
+	pathClasses := map[uint32]int{}
+	podClasses := map[netip.Addr]uint32{}
+	for _, c := range nics[0].Classes {
+		if c.Entry.Pod.IsValid() {
+			podClasses[c.Entry.Pod] = c.Entry.Rule
+		} else {
+			pathClasses[c.Entry.Rule]++
+		}
+	}
+	if len(pathClasses) != 3 || pathClasses[4] != 1 || pathClasses[6] != 1 || pathClasses[2] != 1 {
+		t.Errorf("path classes by budget %v, want one each for budgets 4, 6 and 2", pathClasses)
+	}
+	for _, pod := range plan.Pods {
+		if b := podClasses[pod.IPs[0]]; b != 4 {
+			t.Errorf("pod %s's class is budget %d's, want 4", pod.Name, b)
 		}
 	}
 }

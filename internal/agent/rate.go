@@ -1,20 +1,40 @@
 package agent
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
 // syncRates writes the caps of every rule of plan under its id, and clears
 // the caps of ids no rule holds any more. A retired rule that live
 // connections still use keeps its caps (retireRules clears them with its
-// id).
-func (a *Agent) syncRates(plan *Plan, ids map[string]uint32) error {
+// id) and is kept in its budget, which may have moved.
+//
+// It returns every capped rule's budget by id (rateBudgets).
+func (a *Agent) syncRates(plan *Plan, ids map[string]uint32) (map[uint32]uint32, error) {
 	var errs []error
+	retired := map[uint32]datapath.RateConfig{}
 	keep := map[uint32]bool{}
 	for name, id := range a.ruleIDs.ByName {
-		if _, current := ids[name]; !current {
-			keep[id] = true // retired, still in use
+		if _, current := ids[name]; current {
+			continue
+		}
+		keep[id] = true // retired, still in use
+		c, ok, err := a.dp.RateRuleAt(id)
+		if err != nil {
+			errs = append(errs, err)
+		} else if ok {
+			retired[id] = c
+		}
+	}
+	budgets := rateBudgets(plan, ids, a.ruleIDs.names(), retired)
+	for id, c := range retired {
+		if err := a.dp.SetRateRule(id, budgets[id], c); err != nil {
+			errs = append(errs, fmt.Errorf("retired rule %d: rate: %w", id, err))
 		}
 	}
 	for _, r := range plan.Rules {
@@ -22,7 +42,7 @@ func (a *Agent) syncRates(plan *Plan, ids map[string]uint32) error {
 		if r.Rate == nil || !ok {
 			continue
 		}
-		if err := a.dp.SetRateRule(id, *r.Rate); err != nil {
+		if err := a.dp.SetRateRule(id, budgets[id], *r.Rate); err != nil {
 			errs = append(errs, fmt.Errorf("rule %q: rate: %w", r.Name, err))
 			continue
 		}
@@ -30,7 +50,7 @@ func (a *Agent) syncRates(plan *Plan, ids map[string]uint32) error {
 	}
 	capped, err := a.dp.RateRules()
 	if err != nil {
-		return errors.Join(append(errs, err)...)
+		return budgets, errors.Join(append(errs, err)...)
 	}
 	for _, id := range capped {
 		if !keep[id] {
@@ -39,5 +59,65 @@ func (a *Agent) syncRates(plan *Plan, ids map[string]uint32) error {
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return budgets, errors.Join(errs...)
+}
+
+// A policy's caps are one budget on a node, however many variants of it
+// the node has (compile.RuleName: a tenant's preferred paths; and a variant
+// retired while its connections live on). Each variant is a rule of its
+// own, so without a shared budget every preference a tenant writes would
+// bring its pods a new pod bucket and the policy a new path bucket and HTB
+// class. So the rules of one policy with the same caps keep their pod and
+// path caps under one budget: the lowest id among them. A variant with caps
+// of its own (a namespace's, tighter) keeps its own budget.
+
+// rateBudgets gives each capped rule, by id, its budget: plan's rules
+// (current, ids), and the retired ones still in use (their caps as the
+// datapath holds them, names their names by id).
+func rateBudgets(plan *Plan, ids map[string]uint32, names map[uint32]string, retired map[uint32]datapath.RateConfig) map[uint32]uint32 {
+	group := map[uint32]string{}
+	for _, r := range plan.Rules {
+		if id, ok := ids[r.Name]; ok && r.Rate != nil {
+			group[id] = budgetGroup(r.Name, *r.Rate)
+		}
+	}
+	for id, c := range retired {
+		group[id] = budgetGroup(names[id], c)
+	}
+	lowest := map[string]uint32{}
+	for id, g := range group {
+		if cur, ok := lowest[g]; !ok || id < cur {
+			lowest[g] = id
+		}
+	}
+	out := make(map[uint32]uint32, len(group))
+	for id, g := range group {
+		out[id] = lowest[g]
+	}
+	return out
+}
+
+// budgetGroup names the budget of rule name with caps c: its policy and its
+// caps as the datapath holds them (the burst resolved, directions only for
+// police).
+func budgetGroup(name string, c datapath.RateConfig) string {
+	if c.BurstBytes == 0 {
+		c.BurstBytes = datapath.DefaultBurst(c)
+	}
+	if c.Mode != datapath.RatePolice {
+		c.Directions = 0
+	}
+	if len(c.PerPath) == 0 {
+		c.PerPath = nil
+	}
+	b, _ := json.Marshal(c) // maps marshal with sorted keys
+	return policyOfRule(name) + "\x00" + string(b)
+}
+
+// policyOfRule is the policy a rule name is a variant of: the name up to
+// its '@' (compile.RuleName), the whole name for a rule that is not a
+// variant, or one from a node state file.
+func policyOfRule(name string) string {
+	p, _, _ := strings.Cut(name, "@")
+	return p
 }

@@ -159,6 +159,8 @@ type datapathRateCfg struct {
 	ConnGcra   datapathRateGcra
 	PodGcra    datapathRateGcra
 	PathGcra   [16]datapathRateGcra
+	Budget     uint32
+	BudgetPad  uint32
 }
 
 type datapathRateGcra struct {

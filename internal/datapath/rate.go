@@ -56,6 +56,7 @@ const (
 const (
 	rateHeadersMayBeRewritten = 1 << 0 // RATE_HEADERS_MAY_BE_REWRITTEN
 	rateCoarseClock           = 1 << 3 // RATE_COARSE_CLOCK
+	rateBudget                = 1 << 4 // RATE_BUDGET
 )
 
 // coarseClockMinDepth is the shallowest police bucket, in time at its rate,
@@ -170,13 +171,22 @@ func (c RateConfig) Validate() error {
 	return nil
 }
 
-// SetRateRule writes rule id's rate caps. Buckets and window edges of live
-// connections keep their state; a new rate applies from the next packet.
-func (d *Datapath) SetRateRule(id uint32, c RateConfig) error {
+// SetRateRule writes rule id's rate caps, whose pod and path caps are kept
+// under rule budget's id: the police buckets of a pod and of a path, and the
+// shape classes the datapath looks up (ShapeClass.Rule), are its budget's.
+// Rules that share a budget share those (the variants of one policy); a rule
+// on its own has its own id as its budget. Connection caps are always the
+// rule's own. Buckets and window edges of live connections keep their state;
+// a new rate applies from the next packet.
+func (d *Datapath) SetRateRule(id, budget uint32, c RateConfig) error {
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("rule %d: %w", id, err)
 	}
-	v := datapathRateCfg{Mode: uint32(c.Mode), ConnBps: c.PerConnection, PodBps: c.PerPod, BurstBytes: c.BurstBytes}
+	if budget >= d.objs.RateRules.MaxEntries() {
+		return fmt.Errorf("rule %d: budget %d is not a rule id", id, budget)
+	}
+	v := datapathRateCfg{Mode: uint32(c.Mode), ConnBps: c.PerConnection, PodBps: c.PerPod, BurstBytes: c.BurstBytes,
+		Flags: rateBudget, Budget: budget}
 	if v.BurstBytes == 0 {
 		v.BurstBytes = DefaultBurst(c)
 	}
@@ -330,6 +340,7 @@ func shapeKey(rule, path uint32, pod netip.Addr) datapathRateKey {
 
 // ShapeClass sends a rule's traffic leaving a path's NIC (or, with Pod
 // valid, only that pod's) to the HTB class ClassID (TC_H_MAKE(major, minor)).
+// Rule is the budget of the rules it is for (SetRateRule).
 type ShapeClass struct {
 	Rule, Path uint32
 	Pod        netip.Addr
