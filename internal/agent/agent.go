@@ -35,6 +35,9 @@ type Agent struct {
 	// process applied, from status.json), so that pods it selected and the
 	// next one does not get their settings back.
 	previous *Plan
+	// rateBudgets are the rate budgets by group the last reconcile chose
+	// (rate.go), kept while they stay valid.
+	rateBudgets map[string]uint32
 	// baselines are the pods' MPTCP settings from before the agent
 	// changed them, which releasing or uninstalling restores.
 	baselines podnet.Baselines

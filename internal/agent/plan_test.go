@@ -39,7 +39,7 @@ func TestShapingPlanBoundsEveryClassByThePathsCapacity(t *testing.T) {
 }
 
 // The variants of one policy with the same caps (tenants' preferred paths)
-// share one budget, the lowest id among them, retired variants included; a
+// share one budget, a current one's id, retired variants included; a
 // variant with caps of its own (a namespace's) and another policy keep
 // theirs. Shaping makes one class per budget and path, and the pods' classes
 // are their budgets'.
@@ -62,13 +62,22 @@ func TestVariantsOfAPolicyShareOneBudget(t *testing.T) {
 	// A retired variant of spread, with the same caps, still in use.
 	retired := map[uint32]datapath.RateConfig{4: caps}
 	names := map[uint32]string{7: "spread", 5: "spread@aa", 6: "spread@cc", 2: "other", 4: "spread@bb"}
-	budgets := rateBudgets(plan, ids, names, retired)
-	want := map[uint32]uint32{7: 4, 5: 4, 4: 4, 6: 6, 2: 2}
+	// The budget is a current rule's id: the retired one's may be freed
+	// and given to another policy. Once chosen, it stays while it is one.
+	budgets, byGroup := rateBudgets(plan, ids, names, retired, nil)
+	want := map[uint32]uint32{7: 5, 5: 5, 4: 5, 6: 6, 2: 2}
 	for id, b := range want {
 		if budgets[id] != b {
 			t.Errorf("rule %d (%s): budget %d, want %d (all: %v)", id, names[id], budgets[id], b, budgets)
 		}
 	}
+	ids["spread@dd"], names[3] = 3, "spread@dd"
+	plan.Rules = append(plan.Rules, rule("spread@dd", caps))
+	if again, _ := rateBudgets(plan, ids, names, retired, byGroup); again[3] != 5 || again[7] != 5 {
+		t.Errorf("a new variant with a lower id moved the budget: %v, want it kept at 5", again)
+	}
+	delete(ids, "spread@dd")
+	plan.Rules = plan.Rules[:len(plan.Rules)-1]
 
 	nics := planShaping(plan, ids, budgets)
 	if len(nics) != 1 {
@@ -83,12 +92,12 @@ func TestVariantsOfAPolicyShareOneBudget(t *testing.T) {
 			pathClasses[c.Entry.Rule]++
 		}
 	}
-	if len(pathClasses) != 3 || pathClasses[4] != 1 || pathClasses[6] != 1 || pathClasses[2] != 1 {
-		t.Errorf("path classes by budget %v, want one each for budgets 4, 6 and 2", pathClasses)
+	if len(pathClasses) != 3 || pathClasses[5] != 1 || pathClasses[6] != 1 || pathClasses[2] != 1 {
+		t.Errorf("path classes by budget %v, want one each for budgets 5, 6 and 2", pathClasses)
 	}
 	for _, pod := range plan.Pods {
-		if b := podClasses[pod.IPs[0]]; b != 4 {
-			t.Errorf("pod %s's class is budget %d's, want 4", pod.Name, b)
+		if b := podClasses[pod.IPs[0]]; b != 5 {
+			t.Errorf("pod %s's class is budget %d's, want 5", pod.Name, b)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
@@ -31,7 +32,8 @@ func (a *Agent) syncRates(plan *Plan, ids map[string]uint32) (map[uint32]uint32,
 			retired[id] = c
 		}
 	}
-	budgets := rateBudgets(plan, ids, a.ruleIDs.names(), retired)
+	budgets, byGroup := rateBudgets(plan, ids, a.ruleIDs.names(), retired, a.rateBudgets)
+	a.rateBudgets = byGroup
 	for id, c := range retired {
 		if err := a.dp.SetRateRule(id, budgets[id], c); err != nil {
 			errs = append(errs, fmt.Errorf("retired rule %d: rate: %w", id, err))
@@ -68,33 +70,54 @@ func (a *Agent) syncRates(plan *Plan, ids map[string]uint32) (map[uint32]uint32,
 // own, so without a shared budget every preference a tenant writes would
 // bring its pods a new pod bucket and the policy a new path bucket and HTB
 // class. So the rules of one policy with the same caps keep their pod and
-// path caps under one budget: the lowest id among them. A variant with caps
-// of its own (a namespace's, tighter) keeps its own budget.
+// path caps under one budget: a rule id of the group's current rules (never
+// freed while it is current, so never another policy's meanwhile), which
+// stays the budget for as long as it is one of them (a budget that moved
+// would start with fresh buckets: a burst more). A variant with caps of its
+// own (a namespace's, tighter) keeps its own budget.
 
 // rateBudgets gives each capped rule, by id, its budget: plan's rules
 // (current, ids), and the retired ones still in use (their caps as the
-// datapath holds them, names their names by id).
-func rateBudgets(plan *Plan, ids map[string]uint32, names map[uint32]string, retired map[uint32]datapath.RateConfig) map[uint32]uint32 {
-	group := map[uint32]string{}
+// datapath holds them, names their names by id). prev are the budgets by
+// group the last reconcile chose; the second result those of this one.
+func rateBudgets(plan *Plan, ids map[string]uint32, names map[uint32]string, retired map[uint32]datapath.RateConfig, prev map[string]uint32) (map[uint32]uint32, map[string]uint32) {
+	current := map[string][]uint32{}
 	for _, r := range plan.Rules {
 		if id, ok := ids[r.Name]; ok && r.Rate != nil {
-			group[id] = budgetGroup(r.Name, *r.Rate)
+			g := budgetGroup(r.Name, *r.Rate)
+			current[g] = append(current[g], id)
 		}
 	}
+	old := map[string][]uint32{}
 	for id, c := range retired {
-		group[id] = budgetGroup(names[id], c)
+		g := budgetGroup(names[id], c)
+		old[g] = append(old[g], id)
 	}
-	lowest := map[string]uint32{}
-	for id, g := range group {
-		if cur, ok := lowest[g]; !ok || id < cur {
-			lowest[g] = id
+	chosen := map[string]uint32{}
+	choose := func(g string, candidates []uint32) {
+		if p, ok := prev[g]; ok && slices.Contains(candidates, p) {
+			chosen[g] = p
+		} else {
+			chosen[g] = slices.Min(candidates)
 		}
 	}
-	out := make(map[uint32]uint32, len(group))
-	for id, g := range group {
-		out[id] = lowest[g]
+	for g, c := range current {
+		choose(g, c)
 	}
-	return out
+	for g, c := range old {
+		if _, ok := chosen[g]; !ok {
+			choose(g, c)
+		}
+	}
+	byID := map[uint32]uint32{}
+	for _, m := range []map[string][]uint32{current, old} {
+		for g, members := range m {
+			for _, id := range members {
+				byID[id] = chosen[g]
+			}
+		}
+	}
+	return byID, chosen
 }
 
 // budgetGroup names the budget of rule name with caps c: its policy and its

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -54,38 +55,119 @@ const (
 	tcpEstablished   = 1  // TCP_ESTABLISHED, a bit of idiag_states
 )
 
+// A pod's processes decide how many sockets its namespace has, so a listing
+// is bounded: at most maxListedSockets established TCP sockets, read within
+// listTimeout, one datagram at a time (never the whole dump in memory).
+const (
+	maxListedSockets = 1 << 16
+	listTimeout      = 2 * time.Second
+)
+
 // ListSubflows lists the established MPTCP subflows of the network namespace
 // with file descriptor netnsFD (0: the caller's), of both address families.
-// TCP sockets that are not subflows are left out.
+// TCP sockets that are not subflows are left out. A namespace with more than
+// maxListedSockets established TCP sockets, or one whose listing takes longer
+// than listTimeout, is an error.
 func ListSubflows(netnsFD int) ([]Subflow, error) {
 	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: netnsFD})
 	if err != nil {
 		return nil, fmt.Errorf("sock_diag: %w", err)
 	}
 	defer c.Close()
-	var out []Subflow
+	// Only the kernel may answer: a process of the namespace could send
+	// to the socket otherwise.
+	if err := connectToKernel(c); err != nil {
+		return nil, err
+	}
+	if err := c.SetReadDeadline(time.Now().Add(listTimeout)); err != nil {
+		return nil, err
+	}
+	l := subflowListing{buf: make([]byte, receiveBuffer)}
 	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 		req := make([]byte, diagReqLen)
 		req[0], req[1], req[2] = family, unix.IPPROTO_TCP, 1<<(diagExtInfo-1)
 		binary.NativeEndian.PutUint32(req[4:8], 1<<tcpEstablished)
-		msgs, err := c.Execute(netlink.Message{
+		sent, err := c.Send(netlink.Message{
 			Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request | netlink.Dump},
 			Data:   req,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("listing TCP sockets: %w", err)
 		}
-		for _, m := range msgs {
-			sf, ok, err := decodeSubflow(m.Data)
+		if err := l.read(c, sent.Header.Sequence); err != nil {
+			return nil, fmt.Errorf("listing TCP sockets: %w", err)
+		}
+	}
+	return l.subflows, nil
+}
+
+// subflowListing reads the replies of one dump after the other.
+type subflowListing struct {
+	buf      []byte
+	sockets  int
+	subflows []Subflow
+}
+
+// read reads the replies to the dump request seq until its end.
+func (l *subflowListing) read(c *netlink.Conn, seq uint32) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	for {
+		var n int
+		var rerr error
+		if err := raw.Read(func(fd uintptr) bool {
+			n, _, rerr = unix.Recvfrom(int(fd), l.buf, unix.MSG_DONTWAIT)
+			return rerr != unix.EAGAIN && rerr != unix.EWOULDBLOCK
+		}); err != nil {
+			return err
+		}
+		if rerr != nil {
+			return rerr
+		}
+		done, err := l.datagram(l.buf[:n], seq)
+		if done || err != nil {
+			return err
+		}
+	}
+}
+
+// datagram decodes one datagram of replies to seq; done says the dump ended.
+func (l *subflowListing) datagram(b []byte, seq uint32) (done bool, err error) {
+	for len(b) >= unix.NLMSG_HDRLEN {
+		size := int(binary.NativeEndian.Uint32(b[0:4]))
+		if size < unix.NLMSG_HDRLEN || size > len(b) {
+			return false, fmt.Errorf("a netlink message of %d bytes in %d", size, len(b))
+		}
+		typ, got := binary.NativeEndian.Uint16(b[4:6]), binary.NativeEndian.Uint32(b[8:12])
+		data := b[unix.NLMSG_HDRLEN:size]
+		b = b[min((size+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1), len(b)):]
+		if got != seq {
+			continue // a late reply to an earlier request
+		}
+		switch typ {
+		case unix.NLMSG_DONE:
+			return true, nil
+		case unix.NLMSG_ERROR:
+			if len(data) >= 4 && int32(binary.NativeEndian.Uint32(data)) != 0 {
+				return false, unix.Errno(-int32(binary.NativeEndian.Uint32(data)))
+			}
+			return true, nil
+		case sockDiagByFamily:
+			if l.sockets++; l.sockets > maxListedSockets {
+				return false, fmt.Errorf("more than %d established TCP sockets", maxListedSockets)
+			}
+			sf, ok, err := decodeSubflow(data)
 			if err != nil {
-				return nil, err
+				return false, err
 			}
 			if ok {
-				out = append(out, sf)
+				l.subflows = append(l.subflows, sf)
 			}
 		}
 	}
-	return out, nil
+	return false, nil
 }
 
 // decodeSubflow decodes one inet_diag_msg; ok is false for a TCP socket

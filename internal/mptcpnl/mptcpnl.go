@@ -121,7 +121,9 @@ func Dial(netnsFD int) (*Conn, error) {
 // socket of it; the kernel refuses (ECONNREFUSED) unicast to a connected
 // socket from any port but the one it is connected to. Replies to requests
 // and multicast events still arrive.
-func connectToKernel(c *genetlink.Conn) error {
+func connectToKernel(c interface {
+	SyscallConn() (syscall.RawConn, error)
+}) error {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return err

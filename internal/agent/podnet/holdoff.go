@@ -25,21 +25,17 @@ import (
 // held joins to send on: backup subflows carry data when nothing else can.
 
 // joinEstablished has the join ev reports, established at heard, made
-// active after the holdoff when the path manager opened it held: at once
-// when it remembers the join's connection (releaseLater), else by the next
-// sweep, which reads from the pod's kernel whether it is a held join of
-// the path manager's.
-func (s *pathManager) joinEstablished(sess *session, ev mptcpnl.Event, heard time.Time) {
+// active after the holdoff when the path manager opened it held: when it
+// remembers the join's connection, by a release scheduled now
+// (releaseLater); else by sweeps, which read from the pod's kernel whether
+// it is a held join of the path manager's.
+func (s *pathManager) joinEstablished(sess *session, ev mptcpnl.Event) {
 	if s.holdoff <= 0 || !s.owns(ev.Local.Addr()) || ev.LocalID != joinLocalID {
 		return
 	}
-	key := subflowKey{ev.Local, ev.Remote}
-	if s.releaseLater(sess, ev) {
-		sess.young.add(key, heard, true)
-		return
+	if !s.releaseLater(sess, ev) {
+		s.sweepLater(sess)
 	}
-	sess.young.add(key, heard, false)
-	s.sweepLater(sess)
 }
 
 // releaseLater makes the join ev reports, established just now, active
@@ -53,8 +49,10 @@ func (s *pathManager) releaseLater(sess *session, ev mptcpnl.Event) bool {
 	if s.holdoff <= 0 || conn == nil || !s.owns(ev.Local.Addr()) || ev.LocalID != joinLocalID || ev.Remote != conn.remote {
 		return false
 	}
+	key := subflowKey{ev.Local, ev.Remote}
+	sess.sweeps.schedule(key)
 	sess.later(s.holdoff, func() {
-		sess.young.remove(subflowKey{ev.Local, ev.Remote})
+		defer sess.sweeps.done(key)
 		s.release(sess, ev.Token, ev.Local, ev.Remote)
 	})
 	return true
@@ -76,11 +74,14 @@ func (s *pathManager) release(sess *session, token uint32, local, remote netip.A
 // its hold, the session that scheduled it failed, or its events were lost
 // to a full socket. So at each of those moments the path manager sweeps:
 // it lists the pod's subflows (sock_diag) and makes active every held join
-// of its own it finds established for at least the holdoff. Its own: a
-// join from the pod's address with local id 1, opened as a backup by this
-// end, to the remote address and port this end opened the connection to
-// with MP_CAPABLE, as openJoins opens them. A subflow a process of the pod
-// opened or made backup some other way is left alone.
+// of its own that an earlier sweep, at least the holdoff before, found held
+// already, and sweeps again for the others. Its own: a join from the pod's
+// address with local id 1, opened as a backup by this end, to the remote
+// address and port this end opened the connection to with MP_CAPABLE, as
+// openJoins opens them. A subflow a process of the pod opened or made
+// backup some other way is left alone. Two sightings, not the join's age:
+// sock_diag does not say when a subflow was established, and its event may
+// still be queued, or lost.
 
 // minSweepInterval bounds how often a path manager sweeps; a pod whose
 // processes overrun the event socket on purpose pays for the sweeps it
@@ -90,31 +91,58 @@ const minSweepInterval = 100 * time.Millisecond
 // sweepLater sweeps the pod's subflows once the holdoff has passed, unless
 // a sweep is due already.
 func (s *pathManager) sweepLater(sess *session) {
-	if !sess.young.scheduleSweep() {
+	if !sess.sweeps.due() {
 		return
 	}
-	sess.later(max(s.holdoff, minSweepInterval), func() {
-		sess.young.sweepStarts()
-		s.sweep(sess)
-	})
+	sess.later(max(s.holdoff, minSweepInterval), func() { s.sweep(sess) })
 }
 
 // sweep makes active the held joins of the path manager's own that no
-// scheduled release covers and that were established at least the holdoff
-// ago; it sweeps again later when it had to leave younger ones.
+// scheduled release covers and that an earlier sweep, at least the holdoff
+// before, saw held; it sweeps again later when it saw others.
 func (s *pathManager) sweep(sess *session) {
+	sw := &sess.sweeps
+	sw.running.Lock()
+	defer sw.running.Unlock()
+	sw.mu.Lock()
+	sw.isDue = false
+	sw.mu.Unlock()
 	sfs, err := mptcpnl.ListSubflows(s.nsFD)
 	if err != nil {
-		s.log.Warn("listing the pod's subflows: held joins stay backup until the next sweep", "err", err)
+		if ok, held := sw.failLog.allow(time.Now()); ok {
+			s.log.Warn("listing the pod's subflows: its held joins stay backup until the next sweep", "err", err, "suppressed", held)
+		}
 		return
 	}
-	sess.young.forgetOlder(time.Now().Add(-s.holdoff))
+	if sw.seen == nil {
+		sw.seen = map[subflowKey]time.Time{}
+	}
+	now := time.Now()
+	held := map[subflowKey]bool{}
+	var release []mptcpnl.Subflow
 	again := false
+	sw.mu.Lock()
 	for _, sf := range s.heldJoins(sfs) {
-		if sess.young.has(subflowKey{sf.Local, sf.Remote}) {
-			again = true
-			continue
+		k := subflowKey{sf.Local, sf.Remote}
+		if sw.scheduled[k] {
+			continue // its own release is on the way
 		}
+		held[k] = true
+		first, ok := sw.seen[k]
+		switch {
+		case !ok:
+			sw.seen[k] = now
+			again = true
+		case now.Sub(first) >= s.holdoff:
+			release = append(release, sf)
+		default:
+			again = true
+		}
+	}
+	sw.mu.Unlock()
+	// Forget what is no longer held: released, closed.
+	maps.DeleteFunc(sw.seen, func(k subflowKey, _ time.Time) bool { return !held[k] })
+	for _, sf := range release {
 		s.release(sess, sf.Token, sf.Local, sf.Remote)
 	}
 	if again {
@@ -144,67 +172,45 @@ func (s *pathManager) heldJoins(sfs []mptcpnl.Subflow) []mptcpnl.Subflow {
 	return out
 }
 
-// youngJoins are the joins of the path manager's own whose establishment a
-// session heard less than the holdoff ago, and those whose release it has
-// scheduled: a sweep leaves them alone. Its methods are safe for concurrent
-// use.
-type youngJoins struct {
-	mu sync.Mutex
-	m  map[subflowKey]youngJoin
-	// sweepDue says a sweep is scheduled and has not started.
-	sweepDue bool
+// sweeps is a session's bookkeeping of held joins: the releases it
+// scheduled (a sweep leaves those joins alone) and when a sweep first saw
+// each held join it may release. Both hold at most the pod's held joins.
+// Its methods are safe for concurrent use, and never wait for a sweep.
+type sweeps struct {
+	mu        sync.Mutex
+	scheduled map[subflowKey]bool
+	// isDue says a sweep is scheduled and has not started.
+	isDue bool
+
+	// running is held by the sweep that runs: one at a time. Only it
+	// uses seen and failLog.
+	running sync.Mutex
+	seen    map[subflowKey]time.Time
+	failLog logLimiter
 }
 
-type youngJoin struct {
-	established time.Time
-	// scheduled: its own release is scheduled, and removes it.
-	scheduled bool
-}
-
-func (y *youngJoins) add(k subflowKey, established time.Time, scheduled bool) {
-	y.mu.Lock()
-	defer y.mu.Unlock()
-	if y.m == nil {
-		y.m = map[subflowKey]youngJoin{}
+func (w *sweeps) schedule(k subflowKey) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.scheduled == nil {
+		w.scheduled = map[subflowKey]bool{}
 	}
-	y.m[k] = youngJoin{established: established, scheduled: scheduled}
+	w.scheduled[k] = true
 }
 
-func (y *youngJoins) remove(k subflowKey) {
-	y.mu.Lock()
-	defer y.mu.Unlock()
-	delete(y.m, k)
+func (w *sweeps) done(k subflowKey) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.scheduled, k)
 }
 
-func (y *youngJoins) has(k subflowKey) bool {
-	y.mu.Lock()
-	defer y.mu.Unlock()
-	_, ok := y.m[k]
-	return ok
-}
-
-// forgetOlder forgets the joins established before t whose release no one
-// scheduled: they are old enough to be swept.
-func (y *youngJoins) forgetOlder(t time.Time) {
-	y.mu.Lock()
-	defer y.mu.Unlock()
-	maps.DeleteFunc(y.m, func(_ subflowKey, j youngJoin) bool { return !j.scheduled && j.established.Before(t) })
-}
-
-// scheduleSweep says whether the caller is to schedule a sweep: no other is
-// due.
-func (y *youngJoins) scheduleSweep() bool {
-	y.mu.Lock()
-	defer y.mu.Unlock()
-	if y.sweepDue {
+// due says whether the caller is to schedule a sweep: none is due yet.
+func (w *sweeps) due() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.isDue {
 		return false
 	}
-	y.sweepDue = true
+	w.isDue = true
 	return true
-}
-
-func (y *youngJoins) sweepStarts() {
-	y.mu.Lock()
-	defer y.mu.Unlock()
-	y.sweepDue = false
 }

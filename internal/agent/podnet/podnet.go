@@ -414,8 +414,8 @@ type session struct {
 	// (later) are then dropped, and waited for before cmds closes.
 	ended     chan struct{}
 	scheduled sync.WaitGroup
-	// young are the joins sweeps leave alone for now (holdoff.go).
-	young youngJoins
+	// sweeps are its held joins' bookkeeping (holdoff.go).
+	sweeps sweeps
 }
 
 // later runs fn after delay on its own goroutine, unless the session ends

@@ -131,7 +131,7 @@ func (s *pathManager) handle(sess *session, ev mptcpnl.Event, heard time.Time) {
 		s.openJoins(sess.cmds, conn, ev.Token, ev.Local.Addr(), ev.Remote)
 	case mptcpnl.EventSubEstablished:
 		s.opened.subflowEstablished(ev)
-		s.joinEstablished(sess, ev, heard)
+		s.joinEstablished(sess, ev)
 	case mptcpnl.EventSubClosed:
 		s.subflowClosed(sess, ev, heard)
 	case mptcpnl.EventClosed:
