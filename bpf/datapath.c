@@ -1073,24 +1073,43 @@ int pod_egress(struct __sk_buff *skb)
  * (TC egress of its host-side veth). Actors that act on the way into the pod
  * hook in here: they find the subflow (keyed as the pod sends it) and its
  * rule. */
+/* pod_ingress_unknown counts a packet for a selected pod that no subflow
+ * entry names and caps it, when charged (not a bare TCP ACK), by the path
+ * it arrived on: the path of the NIC it came in by (rate_actor.h). */
+static __always_inline int pod_ingress_unknown(struct __sk_buff *skb, const struct packet *pkt, bool charged)
+{
+	struct endpoint *ep = lookup_endpoint(pkt->family, pkt->daddr);
+	__u32 ifindex = skb->ingress_ifindex;
+	struct nic *n;
+
+	if (!ep)
+		return TCX_NEXT;
+	count_pod(ep->pod_slot, pkt->family, pkt->daddr, pkt->len, false);
+	n = bpf_map_lookup_elem(&nics, &ifindex);
+	if (!charged || !n)
+		return TCX_NEXT;
+	return rate_pod_police(ep, pkt, n->path, RATE_DIR_INGRESS);
+}
+
 SEC("tc")
 int pod_ingress(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
 	struct flow_key fk = {};
 	struct subflow *sf;
+	int ret;
 
-	if (parse_counted(skb, &pkt) != PARSE_OK)
-		return TCX_NEXT;
+	ret = parse_counted(skb, &pkt);
+	if (ret != PARSE_OK) {
+		pkt = (struct packet){};
+		if (parse_ip(skb, &pkt) != PARSE_OK)
+			return TCX_NEXT;
+		return pod_ingress_unknown(skb, &pkt, true);
+	}
 	flow_key_from(&fk, &pkt, true);
 	sf = subflow_lookup(&fk);
-	if (!sf) {
-		struct endpoint *ep = lookup_endpoint(pkt.family, pkt.daddr);
-
-		if (ep)
-			count_pod(ep->pod_slot, pkt.family, pkt.daddr, pkt.len, false);
-		return TCX_NEXT;
-	}
+	if (!sf)
+		return pod_ingress_unknown(skb, &pkt, rate_has_payload(&pkt));
 	count_subflow_pod(sf, pkt.family, pkt.daddr, pkt.len, false);
 	count_subflow(sf, pkt.len, false);
 	follow_peer(sf, arrival_path(skb));
@@ -1217,9 +1236,25 @@ int nic_ingress(struct __sk_buff *skb)
 	return TCX_NEXT;
 }
 
+/* nic_egress_pod caps a packet a selected pod sends out of path's NIC that
+ * no subflow entry names (rate_actor.h): police, then shape. */
+static __always_inline int nic_egress_pod(struct __sk_buff *skb, const struct packet *pkt, __u32 path)
+{
+	struct endpoint *ep = lookup_endpoint(pkt->family, pkt->saddr);
+
+	if (!ep)
+		return TCX_NEXT;
+	if (rate_pod_police(ep, pkt, path, RATE_DIR_EGRESS) == TC_ACT_SHOT)
+		return TC_ACT_SHOT;
+	rate_pod_classify(skb, ep, pkt, path);
+	return TCX_NEXT;
+}
+
 /* nic_egress runs on the TC egress of each path's NIC: the shape actor
  * classifies a selected pod's packets into the agent's HTB class there,
- * because forwarding from the pod's veth resets skb->priority. */
+ * because forwarding from the pod's veth resets skb->priority; and a pod's
+ * packets that no subflow entry names are capped there, by the NIC's path
+ * (rate_actor.h). */
 SEC("tc")
 int nic_egress(struct __sk_buff *skb)
 {
@@ -1233,16 +1268,26 @@ int nic_egress(struct __sk_buff *skb)
 	if (!n)
 		return TCX_NEXT;
 	/* Not counted: pod_egress counted these packets already. */
-	if (parse_packet(skb, &pkt) != PARSE_OK)
-		return TCX_NEXT;
-	/* The subflow, not the pod's endpoint, says which of the pod's rules
-	 * selected this traffic: a pod may have several. */
-	flow_key_from(&fk, &pkt, false);
-	sf = subflow_lookup(&fk);
-	if (!sf)
-		return TCX_NEXT;
-	rate_classify(skb, &pkt, sf->rule, n->path);
-	return TCX_NEXT;
+	if (parse_packet(skb, &pkt) == PARSE_OK) {
+		/* The subflow, not the pod's endpoint, says which of the
+		 * pod's rules selected this traffic: a pod may have several.
+		 * pod_egress policed it already. */
+		flow_key_from(&fk, &pkt, false);
+		sf = subflow_lookup(&fk);
+		if (sf) {
+			rate_classify(skb, &pkt, sf->rule, n->path);
+			return TCX_NEXT;
+		}
+		/* Plain TCP: only segments with data are charged, as on a
+		 * subflow. */
+		if (!rate_has_payload(&pkt))
+			return TCX_NEXT;
+	} else {
+		pkt = (struct packet){};
+		if (parse_ip(skb, &pkt) != PARSE_OK)
+			return TCX_NEXT;
+	}
+	return nic_egress_pod(skb, &pkt, n->path);
 }
 
 /* table_run carries out op on one table (its map, size and word counts). */

@@ -81,10 +81,17 @@ func dumpDatapath(pinDir, file string) error {
 }
 
 // finishTransfer stops srv and checks what arrived against what the
-// sender reported (sendErr is the sender's own failure, if any). Any
-// traffic failure fails the test with w's evidence. It returns the
-// server's reports by the sender's address.
+// sender reported (sendErr is the sender's own failure, if any), over MPTCP
+// connections. Any traffic failure fails the test with w's evidence. It
+// returns the server's reports by the sender's address.
 func finishTransfer(t *testing.T, w *testbed.Watch, srv *testbed.TrafficServer, sent []testbed.SenderReport, sendErr error) map[string]testbed.ServerReport {
+	t.Helper()
+	return finishTransferOver(t, w, srv, sent, sendErr, true)
+}
+
+// finishTransferOver is finishTransfer over MPTCP connections, or plain TCP
+// ones.
+func finishTransferOver(t *testing.T, w *testbed.Watch, srv *testbed.TrafficServer, sent []testbed.SenderReport, sendErr error, mptcp bool) map[string]testbed.ServerReport {
 	t.Helper()
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
@@ -101,8 +108,8 @@ func finishTransfer(t *testing.T, w *testbed.Watch, srv *testbed.TrafficServer, 
 		w.Fail(err)
 	}
 	for _, s := range sent {
-		if r := byRemote[s.Local]; !r.MPTCP {
-			t.Fatalf("connection %d fell back to TCP: %+v", s.Conn, r)
+		if r := byRemote[s.Local]; r.MPTCP != mptcp {
+			t.Fatalf("connection %d: MPTCP %v, want %v: %+v", s.Conn, r.MPTCP, mptcp, r)
 		}
 	}
 	return byRemote

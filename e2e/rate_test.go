@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
 // rateCap is what the rate tests cap a pod's connection to: a fifth of the
@@ -55,11 +58,17 @@ func senderCounters(t *testing.T, bed *testbed.Bed, pod *testbed.Pod) (out, retr
 // evidence (testbed.Watch) and is never tried again.
 func transfer(t *testing.T, bed *testbed.Bed, port int, cc string) rateRound {
 	t.Helper()
+	return transferOver(t, bed, port, cc, true)
+}
+
+// transferOver is transfer over one MPTCP connection, or a plain TCP one.
+func transferOver(t *testing.T, bed *testbed.Bed, port int, cc string, mptcp bool) rateRound {
+	t.Helper()
 	ctx := background(t)
 	w := bed.Watch(t, datapathEvidence(bed))
 	defer w.Close()
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
-	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true, "-warmup", "1500ms", "-window", "6s", "-sample", "50ms")
+	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, mptcp, "-warmup", "1500ms", "-window", "6s", "-sample", "50ms")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,9 +77,9 @@ func transfer(t *testing.T, bed *testbed.Bed, port int, cc string) rateRound {
 	if cc != "" {
 		args = append(args, "-cc", cc)
 	}
-	sent, sendErr := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true, args...)
+	sent, sendErr := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), mptcp, args...)
 	out1, re1 := senderCounters(t, bed, client)
-	rep := finishTransfer(t, w, srv, sent, sendErr)[sent[0].Local]
+	rep := finishTransferOver(t, w, srv, sent, sendErr, mptcp)[sent[0].Local]
 	r := rateRound{goodput: rep.GoodputBps, samples: rep}
 	if out1 > out0 {
 		r.retrans = (re1 - re0) / (out1 - out0)
@@ -288,4 +297,96 @@ func TestWindowCapsWhatThePodReceives(t *testing.T) {
 	if s := stats(t, agents[1]); s["rate_window_lowered"] == 0 {
 		t.Errorf("no window lowered on the receiver's node: %v", s)
 	}
+}
+
+// A pod's per-pod cap holds for what it sends whatever the protocol: plain
+// TCP and UDP beside MPTCP leave the node within the cap, policed where they
+// leave the path's NIC (nic_egress), since no subflow entry names them.
+// Before, only MPTCP connections were capped and a tenant escaped its cap by
+// not speaking MPTCP.
+//
+//   - plain TCP, cubic sender: goodput within 0.5..1.0 of the cap (its
+//     upper bound is what police guarantees; how close it gets is the
+//     sender's, as for MPTCP);
+//   - UDP sent as fast as the sender can (at least twice the cap, checked):
+//     what arrives over [0.5 s, 3 s] within 0.5..1.1 of the cap.
+func TestPerPodPoliceCapsEveryProtocol(t *testing.T) {
+	bed, agents := rateBed(t, func(node int) mptcpv1alpha1.CompiledRule {
+		if node != 1 {
+			return mptcpv1alpha1.CompiledRule{}
+		}
+		return mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerPod: quantity(rateCap), Direction: mptcpv1alpha1.RateEgress}}
+	})
+	r := transferOver(t, bed, 5400, "cubic", false)
+	t.Logf("plain TCP: goodput %.1f Mbit/s (%.3f of the cap)", r.goodput/1e6, r.goodput/rateCap)
+	if r.goodput < 0.5*rateCap || r.goodput > rateCap {
+		t.Errorf("plain TCP goodput %.1f Mbit/s is %.3f of the %.0f Mbit/s pod cap, want 0.5..1.0", r.goodput/1e6, r.goodput/rateCap, rateCap/1e6)
+	}
+
+	sent, received := udpBlast(t, bed.Pod(1, 1), bed.Pod(2, 1), 5401, 3*time.Second, 500*time.Millisecond)
+	t.Logf("UDP: sent %.1f Mbit/s, received %.1f Mbit/s after the first 0.5 s (%.3f of the cap)", sent/1e6, received/1e6, received/rateCap)
+	if sent < 2*rateCap {
+		t.Fatalf("the UDP sender reached only %.1f Mbit/s: too slow to test a %.0f Mbit/s cap", sent/1e6, rateCap/1e6)
+	}
+	if received < 0.5*rateCap || received > 1.1*rateCap {
+		t.Errorf("UDP arrived at %.1f Mbit/s, %.3f of the %.0f Mbit/s pod cap, want 0.5..1.1", received/1e6, received/rateCap, rateCap/1e6)
+	}
+	if s := events(t, agents[0], datapath.StatRateDropPod); s["rate_police_drop_pod"] == 0 {
+		t.Errorf("no pod police drop counted on the sender's node: %v", s)
+	}
+}
+
+// udpBlast sends 1400-byte UDP datagrams from pod from to pod to's port as
+// fast as it can for d, and returns the rate it sent at and the rate that
+// arrived after skip, both in bit/s.
+func udpBlast(t *testing.T, from, to *testbed.Pod, port int, d, skip time.Duration) (sent, received float64) {
+	t.Helper()
+	dst := netip.AddrPortFrom(to.Addr, uint16(port))
+	var in, out *net.UDPConn
+	if err := netnsutil.Do("/var/run/netns/"+to.NetNS, func() (err error) {
+		in, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(dst))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	if err := netnsutil.Do("/var/run/netns/"+from.NetNS, func() (err error) {
+		out, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(dst))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	start := time.Now()
+	var got atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 2048)
+		for {
+			_ = in.SetReadDeadline(time.Now().Add(time.Second))
+			n, err := in.Read(buf)
+			if err != nil {
+				return
+			}
+			if time.Since(start) >= skip {
+				got.Add(int64(n))
+			}
+		}
+	}()
+	payload := make([]byte, 1400)
+	var wrote int64
+	for time.Since(start) < d {
+		// A full socket buffer or a queue drop is the sender's
+		// problem, not the test's: it keeps sending.
+		if n, err := out.Write(payload); err == nil {
+			wrote += int64(n)
+		}
+	}
+	elapsed := time.Since(start)
+	time.Sleep(200 * time.Millisecond) // what is in flight arrives
+	arrived := got.Load()
+	in.Close()
+	<-done
+	return float64(wrote) * 8 / elapsed.Seconds(), float64(arrived) * 8 / (elapsed - skip).Seconds()
 }

@@ -221,6 +221,11 @@ static __always_inline bool is_ipv6_ext_header(__u8 next)
 	       next == NEXTHDR_FRAGMENT || next == NEXTHDR_AUTH;
 }
 
+/* parse_l3 reads the Ethernet and IP headers: the family and addresses, and
+ * where the transport header starts with which protocol. A fragment is
+ * PARSE_NOT_TCP, after its addresses are read: only first fragments carry
+ * the TCP header, and a fragmented SYN is not worth steering; the rate actor
+ * still caps fragments by their addresses (parse_ip). */
 static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, __u32 *off, __u8 *proto)
 {
 	const __be16 *h_proto_p;
@@ -259,13 +264,11 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 		ihl = (ip->ver_ihl & 0x0f) * 4;
 		if ((ip->ver_ihl >> 4) != 4 || ihl < sizeof(*ip))
 			return PARSE_MALFORMED;
-		/* Only first fragments carry the TCP header, and a fragmented
-		 * SYN is not worth steering: leave all fragments alone. */
-		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-			return PARSE_NOT_TCP;
 		pkt->family = AF_INET;
 		__builtin_memcpy(pkt->saddr, &ip->saddr, 4);
 		__builtin_memcpy(pkt->daddr, &ip->daddr, 4);
+		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+			return PARSE_NOT_TCP;
 		*proto = ip->protocol;
 		*off = o + ihl;
 		return PARSE_OK;
@@ -621,6 +624,24 @@ __noinline int parse_packet_slow(struct __sk_buff *skb, struct packet *pkt)
 	if (ret != PARSE_OK)
 		return ret;
 	return read_options(skb, pkt);
+}
+
+/* parse_ip fills pkt's family, addresses and length for any IP packet,
+ * fragments included: what the rate actor needs to charge a packet to its
+ * pod whatever its protocol. */
+__noinline int parse_ip(struct __sk_buff *skb, struct packet *pkt)
+{
+	__u32 off = 0;
+	__u8 proto = 0;
+	int ret;
+
+	if (!skb || !pkt)
+		return PARSE_MALFORMED;
+	pkt->len = skb->len;
+	ret = parse_l3(skb, pkt, &off, &proto);
+	if (ret == PARSE_NOT_TCP && pkt->family)
+		return PARSE_OK; /* a fragment: its addresses are read */
+	return ret;
 }
 
 /* parse_headers_fast reads in place the headers of nearly every packet:

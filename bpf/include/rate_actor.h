@@ -411,6 +411,101 @@ static __always_inline int rate_packet(struct __sk_buff *skb, const struct packe
 	return rate_police(pkt, cfg, &k, subflow_path(sf), rate_clock(cfg));
 }
 
+/* A pod's per-pod cap holds for everything it sends and receives over its
+ * rules' paths, whatever the protocol: plain TCP and UDP beside its MPTCP
+ * connections, a connection that fell back, a subflow whose table entry was
+ * evicted. Such a packet has no subflow entry to name its rule, so the rule
+ * whose cap governs it is the pod's cap rule on the path it travels: the
+ * first of the pod's chain that has the path and caps the pod in that way.
+ * What the pod sends is capped where it leaves a path's NIC (nic_egress),
+ * what it receives where it enters the pod (pod_ingress), by the path it
+ * arrived on. */
+
+/* detour.h: whether path is in rule_id's list. */
+__noinline int rule_has_path(__u32 rule_id, __u32 path);
+
+/* pod_cap_rule returns the id of the pod's cap rule on path (see above) for
+ * mode: police in the direction of flag, or shape; -1 when none caps it. */
+static __always_inline int pod_cap_rule(const struct endpoint *ep, __u32 path, __u32 mode, __u32 flag,
+					struct rate_cfg **out)
+{
+	for (__u32 i = 0; i < MAX_POD_RULES; i++) {
+		struct rate_cfg *cfg;
+		__u32 id;
+
+		if (i >= ep->nrules)
+			break;
+		id = ep->rules[i];
+		cfg = bpf_map_lookup_elem(&rate_rules, &id);
+		if (!cfg || cfg->mode != mode || !cfg->pod_bps || (flag && !(cfg->flags & flag)))
+			continue;
+		if (!rule_has_path(id, path))
+			continue;
+		*out = cfg;
+		return id;
+	}
+	return -1;
+}
+
+/* rate_pod_police charges len bytes the pod at addr (endpoint ep) sends or
+ * receives (dir) on path, a packet no subflow entry names, to its cap rule's
+ * pod bucket. Returns TC_ACT_SHOT when the bucket is out of tokens. A
+ * global function: verified once, off the subflows' fast path. */
+__noinline int rate_pod_police(const struct endpoint *ep, const struct packet *pkt, __u32 path, __u32 dir)
+{
+	__u32 flag = dir == RATE_DIR_EGRESS ? RATE_POLICE_EGRESS : RATE_POLICE_INGRESS;
+	struct rate_cfg *cfg = NULL;
+	struct rate_key k = {};
+	const __u8 *addr;
+	int id;
+
+	if (!ep || !pkt)
+		return TCX_NEXT;
+	addr = dir == RATE_DIR_EGRESS ? pkt->saddr : pkt->daddr;
+	id = pod_cap_rule(ep, path, RATE_MODE_POLICE, flag, &cfg);
+	if (id < 0 || !cfg)
+		return TCX_NEXT;
+	k.rule = rate_budget(cfg, id);
+	k.kind = RATE_KEY_POD;
+	k.dir = dir;
+	k.family = pkt->family;
+	__builtin_memcpy(k.addr, addr, 16);
+	if (rate_gcra_allow(&k, cfg->pod_bps, &cfg->pod_gcra, cfg->burst_bytes, pkt->len, rate_clock(cfg)))
+		return TCX_NEXT;
+	if (observe_only()) {
+		count(STAT_OBSERVED);
+		return TCX_NEXT;
+	}
+	count(STAT_RATE_DROP_POD);
+	return TC_ACT_SHOT;
+}
+
+/* rate_pod_classify gives a packet the pod at addr sends on path, one no
+ * subflow entry names, the HTB class of its shape cap rule's pod class. */
+static __always_inline void rate_pod_classify(struct __sk_buff *skb, const struct endpoint *ep,
+					      const struct packet *pkt, __u32 path)
+{
+	struct rate_key k = {.family = pkt->family, .kind = RATE_KEY_POD, .id = path};
+	struct rate_cfg *cfg = NULL;
+	__u32 *classid;
+	int id;
+
+	id = pod_cap_rule(ep, path, RATE_MODE_SHAPE, 0, &cfg);
+	if (id < 0 || !cfg)
+		return;
+	k.rule = rate_budget(cfg, id);
+	__builtin_memcpy(k.addr, pkt->saddr, 16);
+	classid = bpf_map_lookup_elem(&rate_classes, &k);
+	if (!classid)
+		return;
+	if (observe_only()) {
+		count(STAT_OBSERVED);
+		return;
+	}
+	skb->priority = *classid;
+	count(STAT_RATE_SHAPED);
+}
+
 /* rate_classify gives a packet leaving a path's NIC the HTB class the agent
  * made for its pod on that path, or for its rule on that path: its rule's
  * budget's. */

@@ -178,6 +178,7 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	budgets, err := a.syncRates(plan, ids)
 	keep(err)
 	keep(a.syncShaping(plan, ids, budgets, hooks))
+	policeHooks(plan, hooks)
 	problems, err := a.syncPods(ctx, plan, ids, hooks)
 	keep(err)
 	keep(a.syncHooks(hooks))

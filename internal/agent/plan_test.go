@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"maps"
 	"net/netip"
 	"testing"
 
@@ -99,5 +100,33 @@ func TestVariantsOfAPolicyShareOneBudget(t *testing.T) {
 		if b := podClasses[pod.IPs[0]]; b != 5 {
 			t.Errorf("pod %s's class is budget %d's, want 5", pod.Name, b)
 		}
+	}
+}
+
+// nic_egress runs on the NICs of every rule that polices what its pods send
+// per pod, spread and backup paths alike, and nowhere else.
+func TestPoliceHooksAreOnThePathsOfPerPodEgressCaps(t *testing.T) {
+	paths := []PlanPath{
+		{Path: routing.Path{Name: "fabric-a", Index: 1, Interface: "nic1"}},
+		{Path: routing.Path{Name: "fabric-b", Index: 2, Interface: "nic2"}},
+		{Path: routing.Path{Name: "lte", Index: 3, Interface: "nic3"}},
+		{Path: routing.Path{Name: "other", Index: 4, Interface: "nic4"}},
+	}
+	rule := func(name string, c datapath.RateConfig, paths ...uint32) PlanRule {
+		return PlanRule{Name: name, Rate: &c, Datapath: datapath.Rule{Paths: paths[:len(paths)-1], Backup: paths[len(paths)-1:]}}
+	}
+	plan := &Plan{Paths: paths, Rules: []PlanRule{
+		rule("capped", datapath.RateConfig{Mode: datapath.RatePolice, PerPod: 1e6, Directions: datapath.Egress | datapath.Ingress}, 1, 3),
+		rule("ingress only", datapath.RateConfig{Mode: datapath.RatePolice, PerPod: 1e6, Directions: datapath.Ingress}, 2, 4),
+		rule("per connection", datapath.RateConfig{Mode: datapath.RatePolice, PerConnection: 1e6, Directions: datapath.Egress}, 2, 4),
+	}}
+	hooks := map[datapath.Attachment]bool{}
+	policeHooks(plan, hooks)
+	want := map[datapath.Attachment]bool{
+		{Interface: "nic1", Hook: datapath.HookNICEgress}: true,
+		{Interface: "nic3", Hook: datapath.HookNICEgress}: true,
+	}
+	if !maps.Equal(hooks, want) {
+		t.Errorf("hooks %v, want %v", hooks, want)
 	}
 }

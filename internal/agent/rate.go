@@ -144,3 +144,21 @@ func policyOfRule(name string) string {
 	p, _, _ := strings.Cut(name, "@")
 	return p
 }
+
+// policeHooks asks for nic_egress on the NICs of the paths of every rule
+// that polices what its pods send per pod: a pod's packets that no subflow
+// entry names (plain TCP, UDP, a connection that fell back) are policed
+// there, where their path is known (docs/datapath.md, "Every protocol").
+func policeHooks(plan *Plan, hooks map[datapath.Attachment]bool) {
+	byIndex := plan.pathsByIndex()
+	for _, r := range plan.Rules {
+		if c := r.Rate; c == nil || c.Mode != datapath.RatePolice || c.PerPod == 0 || c.Directions&datapath.Egress == 0 {
+			continue
+		}
+		for _, index := range append(slices.Clone(r.Datapath.Paths), r.Datapath.Backup...) {
+			if p, ok := byIndex[index]; ok && p.Interface != "" {
+				hooks[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICEgress}] = true
+			}
+		}
+	}
+}

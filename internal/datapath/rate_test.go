@@ -560,3 +560,116 @@ func TestRatePoliceRulesSharingABudgetShareItsBuckets(t *testing.T) {
 		})
 	}
 }
+
+// runIn runs prog on frame with the context in and returns its verdict and
+// the context it left.
+func runIn(t *testing.T, prog *ebpf.Program, frame []byte, in skbContext) (uint32, skbContext) {
+	t.Helper()
+	out := skbContext{}
+	ret, err := prog.Run(&ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Context: in, ContextOut: &out})
+	if err != nil {
+		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
+	}
+	return ret, out
+}
+
+// A pod's per-pod cap holds for everything it sends and receives on its
+// rule's paths, whatever the protocol: UDP, and TCP of no subflow the
+// datapath knows (plain TCP, a fallen-back or evicted subflow), are policed
+// where they leave a path's NIC (nic_egress, by the NIC's path) or enter the
+// pod (pod_ingress, by the path of the NIC they arrived on), under the
+// pod's first rule that has the path and caps the pod. Nothing is charged
+// off the rule's paths, for another address, or for a bare TCP ACK.
+func TestRatePoliceCapsAPodsTrafficWhateverItsProtocol(t *testing.T) {
+	const rateBps, burst = 8_000_000, 64 << 10
+	const lo = 1 // the test run's device: loopback, ifindex 1
+	udp := func(src, dst netip.Addr) []byte {
+		return testpkt.Frame{Src: src, Dst: dst, Protocol: 17, Payload: make([]byte, 1400)}.Bytes()
+	}
+	fragment := func(b []byte) []byte {
+		b[14+6] = 0x20 // IPv4: more fragments
+		return b
+	}
+	tcp := func(src, dst netip.Addr, payload int) []byte {
+		return testpkt.Frame{Src: src, Dst: dst, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 2, Ack: 8, Flags: testpkt.ACK,
+			Payload: make([]byte, payload)}}.Bytes()
+	}
+	cases := []struct {
+		name    string
+		hook    Hook
+		dirs    Direction
+		nicPath uint32 // the path of the NIC the packets leave or came in by
+		frame   []byte
+		policed bool
+	}{
+		{"UDP sent", HookNICEgress, Egress, 1, udp(clientPod, serverPod), true},
+		{"UDP fragments sent", HookNICEgress, Egress, 1, fragment(udp(clientPod, serverPod)), true},
+		{"plain TCP sent", HookNICEgress, Egress, 1, tcp(clientPod, serverPod, 1400), true},
+		{"UDP received", HookPodIngress, Ingress, 1, udp(serverPod, clientPod), true},
+		{"plain TCP received", HookPodIngress, Ingress, 1, tcp(serverPod, clientPod, 1400), true},
+		{"bare TCP ACKs sent", HookNICEgress, Egress, 1, tcp(clientPod, serverPod, 0), false},
+		{"UDP sent off the rule's paths", HookNICEgress, Egress, 2, udp(clientPod, serverPod), false},
+		{"UDP sent, only ingress capped", HookNICEgress, Ingress, 1, udp(clientPod, serverPod), false},
+		{"UDP of another address", HookNICEgress, Egress, 1, udp(netip.MustParseAddr("10.244.1.99"), serverPod), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerPod: rateBps, Directions: c.dirs, BurstBytes: burst})
+			if err := dp.SetNIC(lo, c.nicPath); err != nil {
+				t.Fatal(err)
+			}
+			in := skbContext{}
+			if c.hook == HookPodIngress {
+				in.IngressIfindex = lo
+			}
+			const n = 200
+			passed := 0
+			for i := 0; i < n; i++ {
+				switch ret, _ := runIn(t, dp.Program(c.hook), c.frame, in); ret {
+				case tcxNext:
+					passed++
+				case tcActShot:
+				default:
+					t.Fatalf("verdict %d", int32(ret))
+				}
+			}
+			st, err := dp.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !c.policed {
+				if passed != n || st[StatRateDropPod] != 0 {
+					t.Errorf("%d of %d passed, %d pod drops: want every packet through", passed, n, st[StatRateDropPod])
+				}
+				return
+			}
+			if maxPass := burst/len(c.frame) + 10; passed < burst/len(c.frame) || passed > maxPass {
+				t.Errorf("%d of %d packets of %d bytes passed, want the %d-byte burst's (at most %d)", passed, n, len(c.frame), burst, maxPass)
+			}
+			if st[StatRateDropPod] != uint64(n-passed) {
+				t.Errorf("%d pod drops counted, want %d", st[StatRateDropPod], n-passed)
+			}
+		})
+	}
+}
+
+// A pod's packets that no subflow entry names leave a path's NIC in the
+// pod's class of its shaping rule on that path.
+func TestRateShapeClassifiesAPodsTrafficWhateverItsProtocol(t *testing.T) {
+	const lo, class = 1, 0x6d701005
+	dp := rateBed(t, clientPod, RateConfig{Mode: RateShape, PerPod: 5_000_000})
+	if err := dp.SetNIC(lo, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SyncShapeClasses([]ShapeClass{{Rule: 0, Path: 1, Pod: clientPod, ClassID: class}}); err != nil {
+		t.Fatal(err)
+	}
+	for name, frame := range map[string][]byte{
+		"UDP":       testpkt.Frame{Src: clientPod, Dst: serverPod, Protocol: 17, Payload: make([]byte, 100)}.Bytes(),
+		"plain TCP": testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: make([]byte, 100)}}.Bytes(),
+	} {
+		if ret, out := runIn(t, dp.Program(HookNICEgress), frame, skbContext{}); ret != tcxNext || out.Priority != class {
+			t.Errorf("%s: verdict %d, priority %#x, want %#x", name, int32(ret), out.Priority, class)
+		}
+	}
+}
