@@ -132,7 +132,7 @@ var chainRules = []datapath.Rule{
 var fullChainActors = []func(b *testing.B, dp *datapath.Datapath, rule uint32){
 	func(b *testing.B, dp *datapath.Datapath, rule uint32) {
 		c := datapath.RateConfig{Mode: datapath.RatePolice, PerConnection: 40e9, Directions: datapath.Egress | datapath.Ingress, BurstBytes: 1 << 30}
-		if err := dp.SetRateRule(rule, rule, c); err != nil {
+		if err := dp.SetRateRule(rule, datapath.OwnBudget(rule), c); err != nil {
 			b.Fatal(err)
 		}
 	},

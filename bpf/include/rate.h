@@ -35,11 +35,13 @@ enum rate_mode {
  * at most, is as good as the precise one and cheaper to read. Set by user
  * space. */
 #define RATE_COARSE_CLOCK (1U << 3)
-/* budget names the rule whose pod and path buckets (police) and HTB classes
- * (shape) this rule's traffic is charged to: the variants of one policy with
- * the same caps (a tenant's preferred paths) share one budget, so that a
- * preference never brings a budget of its own. Without the flag, a rule
- * written before the field existed, its own. */
+/* budget names the rule whose pod buckets (police) and HTB classes (shape)
+ * this rule's traffic is charged to: the variants of one policy with the
+ * same caps (a tenant's preferred paths) share one budget, so that a
+ * preference never brings a budget of its own. path_budget names the rule
+ * whose path buckets (police) it is charged to: every variant of the policy
+ * in that mode, whatever its caps, so that the policy's path cap is one. Without
+ * the flag, a rule written before the fields existed, its own. */
 #define RATE_BUDGET (1U << 4)
 
 /* A police bucket's GCRA constants, derived by user space from its rate and
@@ -66,14 +68,21 @@ struct rate_cfg {
 	struct rate_gcra conn_gcra;
 	struct rate_gcra pod_gcra;
 	struct rate_gcra path_gcra[MAX_PATHS + 1];
-	__u32 budget; /* a rule id, with RATE_BUDGET */
-	__u32 budget_pad;
+	__u32 budget;	   /* a rule id, with RATE_BUDGET */
+	__u32 path_budget; /* a rule id, with RATE_BUDGET */
 };
 
-/* rate_budget is the rule id a rule's pod and path caps are kept under. */
+/* rate_budget is the rule id a rule's pod caps and shape classes are kept
+ * under. */
 static __always_inline __u32 rate_budget(const struct rate_cfg *cfg, __u32 rule)
 {
 	return cfg->flags & RATE_BUDGET ? cfg->budget : rule;
+}
+
+/* rate_path_budget is the rule id a rule's police path caps are kept under. */
+static __always_inline __u32 rate_path_budget(const struct rate_cfg *cfg, __u32 rule)
+{
+	return cfg->flags & RATE_BUDGET ? cfg->path_budget : rule;
 }
 
 /* What a bucket, a window edge or a shape class is kept for. */
@@ -90,7 +99,7 @@ enum rate_key_kind {
 struct rate_key {
 	__u8 addr[16];
 	__u32 id;
-	__u32 rule; /* the rule's id; for a pod or a path, its budget's */
+	__u32 rule; /* the rule's id; for a pod or a path, its budget's (rate_budget, rate_path_budget) */
 	__u8 family;
 	__u8 kind; /* enum rate_key_kind */
 	__u8 dir;  /* RATE_DIR_* */

@@ -196,20 +196,21 @@ static __always_inline __u64 rate_clock(const struct rate_cfg *cfg)
 static __always_inline int rate_police(const struct packet *pkt, const struct rate_cfg *cfg,
 				       struct rate_key *k, __u32 path, __u64 now)
 {
-	__u32 len = pkt->len, reason;
+	__u32 len = pkt->len, reason, rule = k->rule;
 
 	if (!rate_gcra_allow(k, cfg->conn_bps, &cfg->conn_gcra, cfg->burst_bytes, len, now)) {
 		reason = STAT_RATE_DROP_CONN;
 		goto drop;
 	}
-	/* A pod's and a path's buckets are its rule's budget's. */
-	k->rule = rate_budget(cfg, k->rule);
+	/* A pod's and a path's buckets are its rule's budgets'. */
+	k->rule = rate_budget(cfg, rule);
 	k->kind = RATE_KEY_POD;
 	k->id = 0;
 	if (!rate_gcra_allow(k, cfg->pod_bps, &cfg->pod_gcra, cfg->burst_bytes, len, now)) {
 		reason = STAT_RATE_DROP_POD;
 		goto drop;
 	}
+	k->rule = rate_path_budget(cfg, rule);
 	k->kind = RATE_KEY_PATH;
 	k->id = path;
 	__builtin_memset(k->addr, 0, 16);

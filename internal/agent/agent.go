@@ -206,7 +206,7 @@ func (a *Agent) syncRouting(plan *Plan) error {
 
 // syncShaping keeps the HTB classes of the shaping rules on their paths'
 // NICs (shaping), and asks for nic_egress where they are.
-func (a *Agent) syncShaping(plan *Plan, ids map[string]uint32, budgets map[uint32]uint32, hooks map[datapath.Attachment]bool) error {
+func (a *Agent) syncShaping(plan *Plan, ids map[string]uint32, budgets map[uint32]datapath.RateBudget, hooks map[datapath.Attachment]bool) error {
 	shaping, err := shaping.Sync(a.dp, planShaping(plan, ids, budgets))
 	for _, iface := range shaping {
 		hooks[datapath.Attachment{Interface: iface, Hook: datapath.HookNICEgress}] = true
@@ -221,7 +221,7 @@ func (a *Agent) syncShaping(plan *Plan, ids map[string]uint32, budgets map[uint3
 // docs/datapath.md), each at most the path's capacity. Classes are their
 // rules' budgets' (rateBudgets, by rule id): the variants of a policy share
 // its classes.
-func planShaping(plan *Plan, ids map[string]uint32, budgets map[uint32]uint32) []shaping.NIC {
+func planShaping(plan *Plan, ids map[string]uint32, budgets map[uint32]datapath.RateBudget) []shaping.NIC {
 	byIndex := plan.pathsByIndex()
 	classes := map[uint32][]shaping.Class{} // path index -> its NIC's classes
 	pathClassOf := map[[2]uint32]bool{}     // budget and path index with a class
@@ -230,10 +230,13 @@ func planShaping(plan *Plan, ids map[string]uint32, budgets map[uint32]uint32) [
 		if r.Rate == nil || r.Rate.Mode != datapath.RateShape || !ok {
 			continue
 		}
-		budget, ok := budgets[id]
+		b, ok := budgets[id]
 		if !ok {
-			budget = id
+			b = datapath.OwnBudget(id)
 		}
+		// An HTB class has one rate: a shaping rule's path classes
+		// are its pod budget's, not its policy's.
+		budget := b.Pod
 		for index, bps := range r.Rate.PerPath {
 			if pathClassOf[[2]uint32{budget, index}] {
 				continue

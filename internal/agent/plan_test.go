@@ -28,7 +28,7 @@ func TestShapingPlanBoundsEveryClassByThePathsCapacity(t *testing.T) {
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}
-	nics := planShaping(tr.Plan, map[string]uint32{nameOf(shaped): 3}, map[uint32]uint32{3: 3})
+	nics := planShaping(tr.Plan, map[string]uint32{nameOf(shaped): 3}, map[uint32]datapath.RateBudget{3: datapath.OwnBudget(3)})
 	if len(nics) != 1 || nics[0].Interface != "nic1" || nics[0].Capacity != 20_000_000 || len(nics[0].Classes) != 2 {
 		t.Fatalf("plan %+v, want nic1 at 20 Mbit/s with a class for the rule's path cap and one for the pod", nics)
 	}
@@ -41,8 +41,8 @@ func TestShapingPlanBoundsEveryClassByThePathsCapacity(t *testing.T) {
 
 // The variants of one policy with the same caps (tenants' preferred paths)
 // share one budget, a current one's id, retired variants included; a
-// variant with caps of its own (a namespace's) and another policy keep
-// theirs. Shaping makes one class per budget and path, and the pods' classes
+// variant with caps of its own (a namespace's) keeps its pod budget and
+// shares the policy's path budget; another policy keeps its own. Shaping makes one class per budget and path, and the pods' classes
 // are their budgets'.
 func TestVariantsOfAPolicyShareOneBudget(t *testing.T) {
 	caps := datapath.RateConfig{Mode: datapath.RateShape, PerPod: 10_000_000, PerPath: map[uint32]uint64{1: 40_000_000}}
@@ -66,15 +66,18 @@ func TestVariantsOfAPolicyShareOneBudget(t *testing.T) {
 	// The budget is a current rule's id: the retired one's may be freed
 	// and given to another policy. Once chosen, it stays while it is one.
 	budgets, byGroup := rateBudgets(plan, ids, names, retired, nil)
-	want := map[uint32]uint32{7: 5, 5: 5, 4: 5, 6: 6, 2: 2}
+	// The variant with tighter caps has a pod budget of its own and
+	// charges the policy's path buckets.
+	want := map[uint32]datapath.RateBudget{7: {Pod: 5, Path: 5}, 5: {Pod: 5, Path: 5}, 4: {Pod: 5, Path: 5},
+		6: {Pod: 6, Path: 5}, 2: {Pod: 2, Path: 2}}
 	for id, b := range want {
 		if budgets[id] != b {
-			t.Errorf("rule %d (%s): budget %d, want %d (all: %v)", id, names[id], budgets[id], b, budgets)
+			t.Errorf("rule %d (%s): budget %+v, want %+v (all: %v)", id, names[id], budgets[id], b, budgets)
 		}
 	}
 	ids["spread@dd"], names[3] = 3, "spread@dd"
 	plan.Rules = append(plan.Rules, rule("spread@dd", caps))
-	if again, _ := rateBudgets(plan, ids, names, retired, byGroup); again[3] != 5 || again[7] != 5 {
+	if again, _ := rateBudgets(plan, ids, names, retired, byGroup); again[3] != (datapath.RateBudget{Pod: 5, Path: 5}) || again[7] != again[3] {
 		t.Errorf("a new variant with a lower id moved the budget: %v, want it kept at 5", again)
 	}
 	delete(ids, "spread@dd")

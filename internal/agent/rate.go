@@ -16,7 +16,7 @@ import (
 // id) and is kept in its budget, which may have moved.
 //
 // It returns every capped rule's budget by id (rateBudgets).
-func (a *Agent) syncRates(plan *Plan, ids map[string]uint32) (map[uint32]uint32, error) {
+func (a *Agent) syncRates(plan *Plan, ids map[string]uint32) (map[uint32]datapath.RateBudget, error) {
 	var errs []error
 	retired := map[uint32]datapath.RateConfig{}
 	keep := map[uint32]bool{}
@@ -65,57 +65,80 @@ func (a *Agent) syncRates(plan *Plan, ids map[string]uint32) (map[uint32]uint32,
 }
 
 // A policy's caps are one budget on a node, however many variants of it
-// the node has (compile.RuleName: a tenant's preferred paths; and a variant
-// retired while its connections live on). Each variant is a rule of its
-// own, so without a shared budget every preference a tenant writes would
-// bring its pods a new pod bucket and the policy a new path bucket and HTB
-// class. So the rules of one policy with the same caps keep their pod and
-// path caps under one budget: a rule id of the group's current rules (never
-// freed while it is current, so never another policy's meanwhile), which
-// stays the budget for as long as it is one of them (a budget that moved
-// would start with fresh buckets: a burst more). A variant with caps of its
-// own (a namespace's, tighter) keeps its own budget.
+// the node has (compile.RuleName: a tenant's preferred paths, a namespace's
+// tighter caps; and a variant retired while its connections live on). Each
+// variant is a rule of its own, so without a shared budget every preference
+// a tenant writes would bring its pods a new pod bucket and the policy a new
+// path bucket and HTB class. So the rules of one policy with the same caps
+// keep their pod caps (and shape classes) under one budget, and all the
+// rules of one policy in one mode their police path caps under another
+// (datapath.RateBudget): a variant with a namespace's tighter caps charges
+// its policy's path buckets at its own rates, so that together they never
+// pass the policy's cap and the variant alone never passes its own. A
+// budget is a rule id of the group's current rules (never freed while it is
+// current, so never another policy's meanwhile), which stays the budget for
+// as long as it is one of them (a budget that moved would start with fresh
+// buckets: a burst more).
 
-// rateBudgets gives each capped rule, by id, its budget: plan's rules
+// rateBudgets gives each capped rule, by id, its budgets: plan's rules
 // (current, ids), and the retired ones still in use (their caps as the
 // datapath holds them, names their names by id). prev are the budgets by
 // group the last reconcile chose; the second result those of this one.
-func rateBudgets(plan *Plan, ids map[string]uint32, names map[uint32]string, retired map[uint32]datapath.RateConfig, prev map[string]uint32) (map[uint32]uint32, map[string]uint32) {
-	current := map[string][]uint32{}
+func rateBudgets(plan *Plan, ids map[string]uint32, names map[uint32]string, retired map[uint32]datapath.RateConfig, prev map[string]uint32) (map[uint32]datapath.RateBudget, map[string]uint32) {
+	caps := map[uint32]datapath.RateConfig{} // every capped rule's caps, by id
+	current := map[uint32]string{}           // current rules' names, by id
 	for _, r := range plan.Rules {
 		if id, ok := ids[r.Name]; ok && r.Rate != nil {
-			g := budgetGroup(r.Name, *r.Rate)
-			current[g] = append(current[g], id)
+			caps[id], current[id] = *r.Rate, r.Name
 		}
 	}
-	old := map[string][]uint32{}
 	for id, c := range retired {
-		g := budgetGroup(names[id], c)
-		old[g] = append(old[g], id)
+		caps[id] = c
+	}
+	nameOf := func(id uint32) string {
+		if n, ok := current[id]; ok {
+			return n
+		}
+		return names[id]
 	}
 	chosen := map[string]uint32{}
-	choose := func(g string, candidates []uint32) {
-		if p, ok := prev[g]; ok && slices.Contains(candidates, p) {
-			chosen[g] = p
-		} else {
-			chosen[g] = slices.Min(candidates)
-		}
-	}
-	for g, c := range current {
-		choose(g, c)
-	}
-	for g, c := range old {
-		if _, ok := chosen[g]; !ok {
-			choose(g, c)
-		}
-	}
-	byID := map[uint32]uint32{}
-	for _, m := range []map[string][]uint32{current, old} {
-		for g, members := range m {
-			for _, id := range members {
-				byID[id] = chosen[g]
+	pick := func(groupOf func(id uint32) string) map[uint32]uint32 {
+		now, old := map[string][]uint32{}, map[string][]uint32{}
+		for id := range caps {
+			g := groupOf(id)
+			if _, ok := current[id]; ok {
+				now[g] = append(now[g], id)
+			} else {
+				old[g] = append(old[g], id)
 			}
 		}
+		budget := map[string]uint32{}
+		for _, m := range []map[string][]uint32{now, old} {
+			for g, candidates := range m {
+				if _, ok := budget[g]; ok {
+					continue // a retired rule's group with current rules
+				}
+				if p, ok := prev[g]; ok && slices.Contains(candidates, p) {
+					budget[g] = p
+				} else {
+					budget[g] = slices.Min(candidates)
+				}
+				chosen[g] = budget[g]
+			}
+		}
+		out := map[uint32]uint32{}
+		for id := range caps {
+			out[id] = budget[groupOf(id)]
+		}
+		return out
+	}
+	pod := pick(func(id uint32) string { return "pod\x00" + budgetGroup(nameOf(id), caps[id]) })
+	path := pick(func(id uint32) string {
+		return "path\x00" + policyOfRule(nameOf(id)) + "\x00" + caps[id].Mode.String()
+	})
+	byID := make(map[uint32]datapath.RateBudget, len(caps))
+	for id := range caps {
+		byID[id] = datapath.RateBudget{Pod: pod[id], Path: path[id]}
 	}
 	return byID, chosen
 }

@@ -160,7 +160,7 @@ type datapathRateCfg struct {
 	PodGcra    datapathRateGcra
 	PathGcra   [16]datapathRateGcra
 	Budget     uint32
-	BudgetPad  uint32
+	PathBudget uint32
 }
 
 type datapathRateGcra struct {

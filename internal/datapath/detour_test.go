@@ -181,7 +181,7 @@ func TestDetouredSubflowIsPolicedOnThePathItTravels(t *testing.T) {
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := dp.SetRateRule(0, 0, RateConfig{Mode: RatePolice, PerPath: map[uint32]uint64{2: rateBps}, Directions: Egress, BurstBytes: burst}); err != nil {
+	if err := dp.SetRateRule(0, OwnBudget(0), RateConfig{Mode: RatePolice, PerPath: map[uint32]uint64{2: rateBps}, Directions: Egress, BurstBytes: burst}); err != nil {
 		t.Fatal(err)
 	}
 	if p := placeSYN(t, dp, clientPod, 40001, serverPod, 5201); p != 1 {

@@ -171,22 +171,29 @@ func (c RateConfig) Validate() error {
 	return nil
 }
 
-// SetRateRule writes rule id's rate caps, whose pod and path caps are kept
-// under rule budget's id: the police buckets of a pod and of a path, and the
-// shape classes the datapath looks up (ShapeClass.Rule), are its budget's.
-// Rules that share a budget share those (the variants of one policy); a rule
-// on its own has its own id as its budget. Connection caps are always the
-// rule's own. Buckets and window edges of live connections keep their state;
-// a new rate applies from the next packet.
-func (d *Datapath) SetRateRule(id, budget uint32, c RateConfig) error {
+// RateBudget names the rules whose buckets and classes a rule's caps are
+// charged to (rule ids): Pod for its pod caps (police buckets, the shape
+// classes the datapath looks up, ShapeClass.Rule), Path for its police path
+// caps. Rules that share a budget share those (the variants of one policy);
+// a rule on its own has its own id for both. Connection caps are always the
+// rule's own.
+type RateBudget struct{ Pod, Path uint32 }
+
+// OwnBudget is the budget of a rule that shares none.
+func OwnBudget(id uint32) RateBudget { return RateBudget{Pod: id, Path: id} }
+
+// SetRateRule writes rule id's rate caps, charged to budget b. Buckets and
+// window edges of live connections keep their state; a new rate applies
+// from the next packet.
+func (d *Datapath) SetRateRule(id uint32, b RateBudget, c RateConfig) error {
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("rule %d: %w", id, err)
 	}
-	if budget >= d.objs.RateRules.MaxEntries() {
-		return fmt.Errorf("rule %d: budget %d is not a rule id", id, budget)
+	if n := d.objs.RateRules.MaxEntries(); b.Pod >= n || b.Path >= n {
+		return fmt.Errorf("rule %d: budget %+v is not a rule id", id, b)
 	}
 	v := datapathRateCfg{Mode: uint32(c.Mode), ConnBps: c.PerConnection, PodBps: c.PerPod, BurstBytes: c.BurstBytes,
-		Flags: rateBudget, Budget: budget}
+		Flags: rateBudget, Budget: b.Pod, PathBudget: b.Path}
 	if v.BurstBytes == 0 {
 		v.BurstBytes = DefaultBurst(c)
 	}

@@ -40,7 +40,7 @@ func rateBed(t *testing.T, client netip.Addr, cfg RateConfig) *Datapath {
 	if err := dp.SetEndpoint(client, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := dp.SetRateRule(0, 0, cfg); err != nil {
+	if err := dp.SetRateRule(0, OwnBudget(0), cfg); err != nil {
 		t.Fatal(err)
 	}
 	return dp
@@ -223,7 +223,7 @@ func TestRateWindowLeavesOtherPacketsUnchanged(t *testing.T) {
 		// The subflow is placed before the cap exists: the actor never saw
 		// its SYN, so it does not know the scale and must not guess.
 		run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, withWScale(testpkt.MPCapableSYN(), 7)), skbContext{})
-		if err := dp.SetRateRule(0, 0, cfg); err != nil {
+		if err := dp.SetRateRule(0, OwnBudget(0), cfg); err != nil {
 			t.Fatal(err)
 		}
 		run(t, dp.Program(HookPodEgress), dssACK(clientPod, serverPod, 5, 0xffff), skbContext{})
@@ -459,17 +459,17 @@ func TestSetRateRuleValidates(t *testing.T) {
 	}
 	dp := loadForTest(t)
 	for name, c := range bad {
-		if err := dp.SetRateRule(1, 1, c); err == nil {
+		if err := dp.SetRateRule(1, OwnBudget(1), c); err == nil {
 			t.Errorf("%s: SetRateRule accepted %+v", name, c)
 		}
 	}
-	if err := dp.SetRateRule(1, uint32(MaxRules), RateConfig{Mode: RateShape, PerPod: 5_000_000}); err == nil {
+	if err := dp.SetRateRule(1, RateBudget{Pod: 1, Path: uint32(MaxRules)}, RateConfig{Mode: RateShape, PerPod: 5_000_000}); err == nil {
 		t.Error("SetRateRule accepted a budget that is no rule id")
 	}
 	if ids, err := dp.RateRules(); err != nil || len(ids) != 0 {
 		t.Fatalf("after refusals: rate rules %v (%v), want none", ids, err)
 	}
-	if err := dp.SetRateRule(1, 1, RateConfig{Mode: RateShape, PerPod: 5_000_000}); err != nil {
+	if err := dp.SetRateRule(1, OwnBudget(1), RateConfig{Mode: RateShape, PerPod: 5_000_000}); err != nil {
 		t.Fatal(err)
 	}
 	if err := dp.ClearRateRule(1); err != nil {
@@ -506,23 +506,25 @@ func TestRatePoliceObserveOnlyDropsNothing(t *testing.T) {
 
 // Rules that share a budget share the pod and path buckets: two variants of
 // one policy (two pods with different preferred paths, each under its own
-// rule) fill one path bucket, so a preference brings no budget of its own.
+// rule) fill one path bucket, so a preference brings no budget of its own;
+// and a variant with caps of its own shares the policy's path bucket.
 // Rules with a budget each are policed apart.
 func TestRatePoliceRulesSharingABudgetShareItsBuckets(t *testing.T) {
 	const rateBps, burst = 8_000_000, 64 << 10
 	other := netip.MustParseAddr("10.244.1.12")
 	for _, tc := range []struct {
 		name      string
-		budgetOf1 uint32
+		budgetOf1 RateBudget
 		wantDrop1 bool
 	}{
-		{name: "shared", budgetOf1: 0, wantDrop1: true},
-		{name: "apart", budgetOf1: 1, wantDrop1: false},
+		{name: "shared", budgetOf1: OwnBudget(0), wantDrop1: true},
+		{name: "path shared", budgetOf1: RateBudget{Pod: 1, Path: 0}, wantDrop1: true},
+		{name: "apart", budgetOf1: OwnBudget(1), wantDrop1: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dp := loadForTest(t)
 			cfg := RateConfig{Mode: RatePolice, PerPath: map[uint32]uint64{1: rateBps}, Directions: Egress, BurstBytes: burst}
-			for id, budget := range map[uint32]uint32{0: 0, 1: tc.budgetOf1} {
+			for id, budget := range map[uint32]RateBudget{0: OwnBudget(0), 1: tc.budgetOf1} {
 				if err := dp.SetRule(id, Rule{Paths: []uint32{1}}); err != nil {
 					t.Fatal(err)
 				}
@@ -555,7 +557,7 @@ func TestRatePoliceRulesSharingABudgetShareItsBuckets(t *testing.T) {
 			}
 			ret, _ := runOut(t, egress, data(other))
 			if dropped1 := ret == tcActShot; dropped1 != tc.wantDrop1 {
-				t.Errorf("rule 1's first packet dropped: %v, want %v (budget %d)", dropped1, tc.wantDrop1, tc.budgetOf1)
+				t.Errorf("rule 1's first packet dropped: %v, want %v (budget %+v)", dropped1, tc.wantDrop1, tc.budgetOf1)
 			}
 		})
 	}
