@@ -144,6 +144,24 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } endpoints SEC(".maps");
 
+/* The selected pod a packet came from, by the host-side interface it
+ * entered the node by (skb->ingress_ifindex, kept through forwarding) and
+ * its family: the pod's address of that family, its endpoints key. What a
+ * pod sends is charged to the pod that sent it whatever source address it
+ * wrote (nic_egress). Written by the agent. */
+struct pod_if_key {
+	__u32 ifindex;
+	__u32 family;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct pod_if_key);
+	__type(value, struct endpoint_key);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pod_interfaces SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_RULES);
@@ -1080,6 +1098,7 @@ static __always_inline int pod_ingress_unknown(struct __sk_buff *skb, const stru
 {
 	struct endpoint *ep = lookup_endpoint(pkt->family, pkt->daddr);
 	__u32 ifindex = skb->ingress_ifindex;
+	struct rate_key k = {};
 	struct nic *n;
 
 	if (!ep)
@@ -1088,7 +1107,8 @@ static __always_inline int pod_ingress_unknown(struct __sk_buff *skb, const stru
 	n = bpf_map_lookup_elem(&nics, &ifindex);
 	if (!charged || !n)
 		return TCX_NEXT;
-	return rate_pod_police(ep, pkt, n->path, RATE_DIR_INGRESS);
+	pod_rate_key(&k, pkt->daddr, pkt->family, RATE_DIR_INGRESS);
+	return rate_pod_police(ep, &k, pkt->len, n->path);
 }
 
 SEC("tc")
@@ -1237,16 +1257,27 @@ int nic_ingress(struct __sk_buff *skb)
 }
 
 /* nic_egress_pod caps a packet a selected pod sends out of path's NIC that
- * no subflow entry names (rate_actor.h): police, then shape. */
+ * no subflow entry names (rate_actor.h): police, then shape. The pod is the
+ * one whose interface the packet entered the node by, not the one its
+ * source address names: a pod that writes a neighbour's address is charged
+ * itself, and never drains the neighbour's cap. */
 static __always_inline int nic_egress_pod(struct __sk_buff *skb, const struct packet *pkt, __u32 path)
 {
-	struct endpoint *ep = lookup_endpoint(pkt->family, pkt->saddr);
+	struct pod_if_key ik = {.ifindex = skb->ingress_ifindex, .family = pkt->family};
+	struct endpoint_key *sender;
+	struct rate_key k = {};
+	struct endpoint *ep;
 
+	sender = bpf_map_lookup_elem(&pod_interfaces, &ik);
+	if (!sender)
+		return TCX_NEXT; /* not from a selected pod */
+	ep = bpf_map_lookup_elem(&endpoints, sender);
 	if (!ep)
 		return TCX_NEXT;
-	if (rate_pod_police(ep, pkt, path, RATE_DIR_EGRESS) == TC_ACT_SHOT)
+	pod_rate_key(&k, sender->addr, pkt->family, RATE_DIR_EGRESS);
+	if (rate_pod_police(ep, &k, pkt->len, path) == TC_ACT_SHOT)
 		return TC_ACT_SHOT;
-	rate_pod_classify(skb, ep, pkt, path);
+	rate_pod_classify(skb, ep, sender->addr, pkt->family, path);
 	return TCX_NEXT;
 }
 

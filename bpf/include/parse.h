@@ -639,8 +639,10 @@ __noinline int parse_ip(struct __sk_buff *skb, struct packet *pkt)
 		return PARSE_MALFORMED;
 	pkt->len = skb->len;
 	ret = parse_l3(skb, pkt, &off, &proto);
-	if (ret == PARSE_NOT_TCP && pkt->family)
-		return PARSE_OK; /* a fragment: its addresses are read */
+	/* A fragment, or IPv6 extension headers that do not fit: the
+	 * addresses are read, and routers forward the packet all the same. */
+	if (ret != PARSE_OK && pkt->family)
+		return PARSE_OK;
 	return ret;
 }
 

@@ -366,7 +366,10 @@ __noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, const s
 		return TCX_NEXT;
 	if (pkt->tcp_flags & TCP_FLAG_SYN) {
 		rate_learn_syn(pkt, fk, dir);
-		return TCX_NEXT;
+		/* A SYN carrying data (TCP Fast Open, or a raw socket's
+		 * stream of them) is charged like any segment. */
+		if (!rate_has_payload(pkt))
+			return TCX_NEXT;
 	}
 	/* Police needs rate_subflows only to name the connection, which the
 	 * subflow entry knows once learnt: one hash lookup less per packet.
@@ -448,30 +451,27 @@ static __always_inline int pod_cap_rule(const struct endpoint *ep, __u32 path, _
 	return -1;
 }
 
-/* rate_pod_police charges len bytes the pod at addr (endpoint ep) sends or
- * receives (dir) on path, a packet no subflow entry names, to its cap rule's
- * pod bucket. Returns TC_ACT_SHOT when the bucket is out of tokens. A
- * global function: verified once, off the subflows' fast path. */
-__noinline int rate_pod_police(const struct endpoint *ep, const struct packet *pkt, __u32 path, __u32 dir)
+/* rate_pod_police charges len bytes a pod sends or receives on path, a
+ * packet no subflow entry names, to its cap rule's pod bucket: the pod's
+ * endpoint is ep, k holds its address and family and the direction. Returns
+ * TC_ACT_SHOT when the bucket is out of tokens. A global function: verified
+ * once, off the subflows' fast path. */
+__noinline int rate_pod_police(const struct endpoint *ep, struct rate_key *k, __u32 len, __u32 path)
 {
-	__u32 flag = dir == RATE_DIR_EGRESS ? RATE_POLICE_EGRESS : RATE_POLICE_INGRESS;
 	struct rate_cfg *cfg = NULL;
-	struct rate_key k = {};
-	const __u8 *addr;
+	__u32 flag;
 	int id;
 
-	if (!ep || !pkt)
+	if (!ep || !k)
 		return TCX_NEXT;
-	addr = dir == RATE_DIR_EGRESS ? pkt->saddr : pkt->daddr;
+	flag = k->dir == RATE_DIR_EGRESS ? RATE_POLICE_EGRESS : RATE_POLICE_INGRESS;
 	id = pod_cap_rule(ep, path, RATE_MODE_POLICE, flag, &cfg);
 	if (id < 0 || !cfg)
 		return TCX_NEXT;
-	k.rule = rate_budget(cfg, id);
-	k.kind = RATE_KEY_POD;
-	k.dir = dir;
-	k.family = pkt->family;
-	__builtin_memcpy(k.addr, addr, 16);
-	if (rate_gcra_allow(&k, cfg->pod_bps, &cfg->pod_gcra, cfg->burst_bytes, pkt->len, rate_clock(cfg)))
+	k->rule = rate_budget(cfg, id);
+	k->kind = RATE_KEY_POD;
+	k->id = 0;
+	if (rate_gcra_allow(k, cfg->pod_bps, &cfg->pod_gcra, cfg->burst_bytes, len, rate_clock(cfg)))
 		return TCX_NEXT;
 	if (observe_only()) {
 		count(STAT_OBSERVED);
@@ -481,12 +481,21 @@ __noinline int rate_pod_police(const struct endpoint *ep, const struct packet *p
 	return TC_ACT_SHOT;
 }
 
+/* pod_rate_key starts the key of a pod's bucket: its address and family, the
+ * direction. */
+static __always_inline void pod_rate_key(struct rate_key *k, const __u8 *addr, __u8 family, __u32 dir)
+{
+	__builtin_memcpy(k->addr, addr, 16);
+	k->family = family;
+	k->dir = dir;
+}
+
 /* rate_pod_classify gives a packet the pod at addr sends on path, one no
  * subflow entry names, the HTB class of its shape cap rule's pod class. */
-static __always_inline void rate_pod_classify(struct __sk_buff *skb, const struct endpoint *ep,
-					      const struct packet *pkt, __u32 path)
+static __always_inline void rate_pod_classify(struct __sk_buff *skb, const struct endpoint *ep, const __u8 *addr,
+					      __u32 family, __u32 path)
 {
-	struct rate_key k = {.family = pkt->family, .kind = RATE_KEY_POD, .id = path};
+	struct rate_key k = {.family = family, .kind = RATE_KEY_POD, .id = path};
 	struct rate_cfg *cfg = NULL;
 	__u32 *classid;
 	int id;
@@ -495,7 +504,7 @@ static __always_inline void rate_pod_classify(struct __sk_buff *skb, const struc
 	if (id < 0 || !cfg)
 		return;
 	k.rule = rate_budget(cfg, id);
-	__builtin_memcpy(k.addr, pkt->saddr, 16);
+	__builtin_memcpy(k.addr, addr, 16);
 	classid = bpf_map_lookup_elem(&rate_classes, &k);
 	if (!classid)
 		return;

@@ -181,6 +181,7 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	policeHooks(plan, hooks)
 	problems, err := a.syncPods(ctx, plan, ids, hooks)
 	keep(err)
+	keep(a.syncPodInterfaces(plan))
 	keep(a.syncHooks(hooks))
 	// Then what no plan wants any more.
 	keep(a.releasePods(plan))

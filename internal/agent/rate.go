@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 
@@ -184,4 +185,26 @@ func policeHooks(plan *Plan, hooks map[datapath.Attachment]bool) {
 			}
 		}
 	}
+}
+
+// syncPodInterfaces tells the datapath by which host-side interface each
+// enforced pod's packets enter the node, so that what a pod sends is charged
+// to it whatever source address it writes. A pod whose interface is gone by
+// now is left out: it has nothing to send.
+func (a *Agent) syncPodInterfaces(plan *Plan) error {
+	var want []datapath.PodInterface
+	for _, pod := range plan.Pods {
+		iface, err := net.InterfaceByName(pod.HostInterface)
+		if err != nil {
+			continue
+		}
+		seen := map[bool]bool{} // by family: one address each
+		for _, ip := range pod.IPs {
+			if v4 := ip.Unmap().Is4(); !seen[v4] {
+				seen[v4] = true
+				want = append(want, datapath.PodInterface{Ifindex: iface.Index, Addr: ip})
+			}
+		}
+	}
+	return a.dp.SyncPodInterfaces(want)
 }

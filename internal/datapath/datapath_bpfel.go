@@ -110,6 +110,12 @@ type datapathPathStats struct {
 	RxBytes   uint64
 }
 
+type datapathPodIfKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Family  uint32
+}
+
 type datapathPodRecord struct {
 	_     structs.HostLayout
 	Owner datapathEndpointKey
@@ -376,6 +382,7 @@ const (
 	datapathMapNics               = "nics"
 	datapathMapPathCounters       = "path_counters"
 	datapathMapPathStates         = "path_states"
+	datapathMapPodInterfaces      = "pod_interfaces"
 	datapathMapPodRecords         = "pod_records"
 	datapathMapRateBuckets        = "rate_buckets"
 	datapathMapRateClasses        = "rate_classes"
@@ -458,25 +465,26 @@ type datapathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathMapSpecs struct {
-	ConnAliases  *ebpf.MapSpec `ebpf:"conn_aliases"`
-	ConnStates   *ebpf.MapSpec `ebpf:"conn_states"`
-	Endpoints    *ebpf.MapSpec `ebpf:"endpoints"`
-	MptcpOptions *ebpf.MapSpec `ebpf:"mptcp_options"`
-	Nics         *ebpf.MapSpec `ebpf:"nics"`
-	PathCounters *ebpf.MapSpec `ebpf:"path_counters"`
-	PathStates   *ebpf.MapSpec `ebpf:"path_states"`
-	PodRecords   *ebpf.MapSpec `ebpf:"pod_records"`
-	RateBuckets  *ebpf.MapSpec `ebpf:"rate_buckets"`
-	RateClasses  *ebpf.MapSpec `ebpf:"rate_classes"`
-	RateRules    *ebpf.MapSpec `ebpf:"rate_rules"`
-	RateSubflows *ebpf.MapSpec `ebpf:"rate_subflows"`
-	RateWindows  *ebpf.MapSpec `ebpf:"rate_windows"`
-	RuleCidrs    *ebpf.MapSpec `ebpf:"rule_cidrs"`
-	Rules        *ebpf.MapSpec `ebpf:"rules"`
-	Settings     *ebpf.MapSpec `ebpf:"settings"`
-	Stats        *ebpf.MapSpec `ebpf:"stats"`
-	Subflows     *ebpf.MapSpec `ebpf:"subflows"`
-	TableSeeds   *ebpf.MapSpec `ebpf:"table_seeds"`
+	ConnAliases   *ebpf.MapSpec `ebpf:"conn_aliases"`
+	ConnStates    *ebpf.MapSpec `ebpf:"conn_states"`
+	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
+	MptcpOptions  *ebpf.MapSpec `ebpf:"mptcp_options"`
+	Nics          *ebpf.MapSpec `ebpf:"nics"`
+	PathCounters  *ebpf.MapSpec `ebpf:"path_counters"`
+	PathStates    *ebpf.MapSpec `ebpf:"path_states"`
+	PodInterfaces *ebpf.MapSpec `ebpf:"pod_interfaces"`
+	PodRecords    *ebpf.MapSpec `ebpf:"pod_records"`
+	RateBuckets   *ebpf.MapSpec `ebpf:"rate_buckets"`
+	RateClasses   *ebpf.MapSpec `ebpf:"rate_classes"`
+	RateRules     *ebpf.MapSpec `ebpf:"rate_rules"`
+	RateSubflows  *ebpf.MapSpec `ebpf:"rate_subflows"`
+	RateWindows   *ebpf.MapSpec `ebpf:"rate_windows"`
+	RuleCidrs     *ebpf.MapSpec `ebpf:"rule_cidrs"`
+	Rules         *ebpf.MapSpec `ebpf:"rules"`
+	Settings      *ebpf.MapSpec `ebpf:"settings"`
+	Stats         *ebpf.MapSpec `ebpf:"stats"`
+	Subflows      *ebpf.MapSpec `ebpf:"subflows"`
+	TableSeeds    *ebpf.MapSpec `ebpf:"table_seeds"`
 }
 
 // datapathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -515,25 +523,26 @@ func (o *datapathObjects) Close() error {
 //
 // It can be passed to loadDatapathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathMaps struct {
-	ConnAliases  *ebpf.Map `ebpf:"conn_aliases"`
-	ConnStates   *ebpf.Map `ebpf:"conn_states"`
-	Endpoints    *ebpf.Map `ebpf:"endpoints"`
-	MptcpOptions *ebpf.Map `ebpf:"mptcp_options"`
-	Nics         *ebpf.Map `ebpf:"nics"`
-	PathCounters *ebpf.Map `ebpf:"path_counters"`
-	PathStates   *ebpf.Map `ebpf:"path_states"`
-	PodRecords   *ebpf.Map `ebpf:"pod_records"`
-	RateBuckets  *ebpf.Map `ebpf:"rate_buckets"`
-	RateClasses  *ebpf.Map `ebpf:"rate_classes"`
-	RateRules    *ebpf.Map `ebpf:"rate_rules"`
-	RateSubflows *ebpf.Map `ebpf:"rate_subflows"`
-	RateWindows  *ebpf.Map `ebpf:"rate_windows"`
-	RuleCidrs    *ebpf.Map `ebpf:"rule_cidrs"`
-	Rules        *ebpf.Map `ebpf:"rules"`
-	Settings     *ebpf.Map `ebpf:"settings"`
-	Stats        *ebpf.Map `ebpf:"stats"`
-	Subflows     *ebpf.Map `ebpf:"subflows"`
-	TableSeeds   *ebpf.Map `ebpf:"table_seeds"`
+	ConnAliases   *ebpf.Map `ebpf:"conn_aliases"`
+	ConnStates    *ebpf.Map `ebpf:"conn_states"`
+	Endpoints     *ebpf.Map `ebpf:"endpoints"`
+	MptcpOptions  *ebpf.Map `ebpf:"mptcp_options"`
+	Nics          *ebpf.Map `ebpf:"nics"`
+	PathCounters  *ebpf.Map `ebpf:"path_counters"`
+	PathStates    *ebpf.Map `ebpf:"path_states"`
+	PodInterfaces *ebpf.Map `ebpf:"pod_interfaces"`
+	PodRecords    *ebpf.Map `ebpf:"pod_records"`
+	RateBuckets   *ebpf.Map `ebpf:"rate_buckets"`
+	RateClasses   *ebpf.Map `ebpf:"rate_classes"`
+	RateRules     *ebpf.Map `ebpf:"rate_rules"`
+	RateSubflows  *ebpf.Map `ebpf:"rate_subflows"`
+	RateWindows   *ebpf.Map `ebpf:"rate_windows"`
+	RuleCidrs     *ebpf.Map `ebpf:"rule_cidrs"`
+	Rules         *ebpf.Map `ebpf:"rules"`
+	Settings      *ebpf.Map `ebpf:"settings"`
+	Stats         *ebpf.Map `ebpf:"stats"`
+	Subflows      *ebpf.Map `ebpf:"subflows"`
+	TableSeeds    *ebpf.Map `ebpf:"table_seeds"`
 }
 
 func (m *datapathMaps) Close() error {
@@ -545,6 +554,7 @@ func (m *datapathMaps) Close() error {
 		m.Nics,
 		m.PathCounters,
 		m.PathStates,
+		m.PodInterfaces,
 		m.PodRecords,
 		m.RateBuckets,
 		m.RateClasses,

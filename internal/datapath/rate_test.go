@@ -580,13 +580,25 @@ func runIn(t *testing.T, prog *ebpf.Program, frame []byte, in skbContext) (uint3
 // datapath knows (plain TCP, a fallen-back or evicted subflow), are policed
 // where they leave a path's NIC (nic_egress, by the NIC's path) or enter the
 // pod (pod_ingress, by the path of the NIC they arrived on), under the
-// pod's first rule that has the path and caps the pod. Nothing is charged
-// off the rule's paths, for another address, or for a bare TCP ACK.
+// pod's first rule that has the path and caps the pod. What leaves is
+// charged to the pod whose interface it entered the node by, whatever its
+// source address: a pod that writes another's address is charged itself,
+// and a packet from no selected pod's interface to nobody. Nothing is
+// charged off the rule's paths, or for a bare TCP ACK.
 func TestRatePoliceCapsAPodsTrafficWhateverItsProtocol(t *testing.T) {
 	const rateBps, burst = 8_000_000, 64 << 10
-	const lo = 1 // the test run's device: loopback, ifindex 1
+	const lo = 1         // the test run's device: loopback, ifindex 1
+	const podIf = 4242   // the client pod's host-side interface
+	const otherIf = 4343 // another pod's, not selected
 	udp := func(src, dst netip.Addr) []byte {
 		return testpkt.Frame{Src: src, Dst: dst, Protocol: 17, Payload: make([]byte, 1400)}.Bytes()
+	}
+	// The destination option claims 8 x 255 bytes more than the packet
+	// has: the parser calls it malformed, routers forward it.
+	badDestOpts := func() []byte {
+		b := testpkt.Frame{Src: clientPod6, Dst: serverPod6, Protocol: 17, IPv6DestOpts: 1, Payload: make([]byte, 1400)}.Bytes()
+		b[14+40+1] = 0xff
+		return b
 	}
 	fragment := func(b []byte) []byte {
 		b[14+6] = 0x20 // IPv4: more fragments
@@ -603,24 +615,36 @@ func TestRatePoliceCapsAPodsTrafficWhateverItsProtocol(t *testing.T) {
 		nicPath uint32 // the path of the NIC the packets leave or came in by
 		frame   []byte
 		policed bool
+		from    uint32 // nic_egress: the interface the packets entered the node by; 0: the pod's
 	}{
-		{"UDP sent", HookNICEgress, Egress, 1, udp(clientPod, serverPod), true},
-		{"UDP fragments sent", HookNICEgress, Egress, 1, fragment(udp(clientPod, serverPod)), true},
-		{"plain TCP sent", HookNICEgress, Egress, 1, tcp(clientPod, serverPod, 1400), true},
-		{"UDP received", HookPodIngress, Ingress, 1, udp(serverPod, clientPod), true},
-		{"plain TCP received", HookPodIngress, Ingress, 1, tcp(serverPod, clientPod, 1400), true},
-		{"bare TCP ACKs sent", HookNICEgress, Egress, 1, tcp(clientPod, serverPod, 0), false},
-		{"UDP sent off the rule's paths", HookNICEgress, Egress, 2, udp(clientPod, serverPod), false},
-		{"UDP sent, only ingress capped", HookNICEgress, Ingress, 1, udp(clientPod, serverPod), false},
-		{"UDP of another address", HookNICEgress, Egress, 1, udp(netip.MustParseAddr("10.244.1.99"), serverPod), false},
+		{"UDP sent", HookNICEgress, Egress, 1, udp(clientPod, serverPod), true, 0},
+		{"UDP fragments sent", HookNICEgress, Egress, 1, fragment(udp(clientPod, serverPod)), true, 0},
+		{"plain TCP sent", HookNICEgress, Egress, 1, tcp(clientPod, serverPod, 1400), true, 0},
+		{"UDP received", HookPodIngress, Ingress, 1, udp(serverPod, clientPod), true, 0},
+		{"plain TCP received", HookPodIngress, Ingress, 1, tcp(serverPod, clientPod, 1400), true, 0},
+		{"bare TCP ACKs sent", HookNICEgress, Egress, 1, tcp(clientPod, serverPod, 0), false, 0},
+		{"UDP sent off the rule's paths", HookNICEgress, Egress, 2, udp(clientPod, serverPod), false, 0},
+		{"UDP sent, only ingress capped", HookNICEgress, Ingress, 1, udp(clientPod, serverPod), false, 0},
+		{"UDP the pod sends with another address", HookNICEgress, Egress, 1, udp(netip.MustParseAddr("10.244.1.99"), serverPod), true, 0},
+		{"UDP with the pod's address from another pod", HookNICEgress, Egress, 1, udp(clientPod, serverPod), false, otherIf},
+		{"IPv6 with a destination option that does not fit", HookNICEgress, Egress, 1, badDestOpts(), true, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerPod: rateBps, Directions: c.dirs, BurstBytes: burst})
+			if err := dp.SetEndpoint(clientPod6, 0); err != nil {
+				t.Fatal(err)
+			}
 			if err := dp.SetNIC(lo, c.nicPath); err != nil {
 				t.Fatal(err)
 			}
-			in := skbContext{}
+			if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: podIf, Addr: clientPod}, {Ifindex: podIf, Addr: clientPod6}}); err != nil {
+				t.Fatal(err)
+			}
+			in := skbContext{IngressIfindex: podIf}
+			if c.from != 0 {
+				in.IngressIfindex = c.from
+			}
 			if c.hook == HookPodIngress {
 				in.IngressIfindex = lo
 			}
@@ -666,12 +690,40 @@ func TestRateShapeClassifiesAPodsTrafficWhateverItsProtocol(t *testing.T) {
 	if err := dp.SyncShapeClasses([]ShapeClass{{Rule: 0, Path: 1, Pod: clientPod, ClassID: class}}); err != nil {
 		t.Fatal(err)
 	}
+	const podIf = 4242
+	if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: podIf, Addr: clientPod}}); err != nil {
+		t.Fatal(err)
+	}
 	for name, frame := range map[string][]byte{
 		"UDP":       testpkt.Frame{Src: clientPod, Dst: serverPod, Protocol: 17, Payload: make([]byte, 100)}.Bytes(),
 		"plain TCP": testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: make([]byte, 100)}}.Bytes(),
 	} {
-		if ret, out := runIn(t, dp.Program(HookNICEgress), frame, skbContext{}); ret != tcxNext || out.Priority != class {
+		if ret, out := runIn(t, dp.Program(HookNICEgress), frame, skbContext{IngressIfindex: podIf}); ret != tcxNext || out.Priority != class {
 			t.Errorf("%s: verdict %d, priority %#x, want %#x", name, int32(ret), out.Priority, class)
 		}
+	}
+}
+
+// A SYN that carries data on a subflow the datapath knows (TCP Fast Open,
+// or a raw socket's stream of them) is charged like any segment; a SYN
+// without data never is.
+func TestRatePoliceChargesSYNsThatCarryData(t *testing.T) {
+	const burst = 64 << 10
+	dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerConnection: 8_000_000, Directions: Egress, BurstBytes: burst})
+	egress := dp.Program(HookPodEgress)
+	run(t, egress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+	withData := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 1,
+		Flags: testpkt.SYN, Payload: make([]byte, 1400)}}.Bytes()
+	dropped := 0
+	for i := 0; i < 2*burst/1400; i++ {
+		if ret, _ := runOut(t, egress, withData); ret == tcActShot {
+			dropped++
+		}
+	}
+	if dropped == 0 {
+		t.Errorf("%d SYNs of 1400 bytes of data passed a %d-byte bucket: none charged", 2*burst/1400, burst)
+	}
+	for i := 0; i < 100; i++ {
+		run(t, egress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
 	}
 }

@@ -555,3 +555,48 @@ func (d *Datapath) PathDown(path uint32) (bool, error) {
 	}
 	return v.Flags&pathDown != 0, nil
 }
+
+// PodInterface is a selected pod's address on the host-side interface its
+// packets enter the node by (Ifindex, in the node's namespace).
+type PodInterface struct {
+	Ifindex int
+	Addr    netip.Addr
+}
+
+// SyncPodInterfaces makes the table of the pods' interfaces hold exactly
+// want: what a pod sends that no subflow entry names is charged to the pod
+// whose interface it came in by, whatever source address it carries
+// (nic_egress). A pod has one address per family there.
+func (d *Datapath) SyncPodInterfaces(want []PodInterface) error {
+	keep := map[datapathPodIfKey]bool{}
+	for _, p := range want {
+		addr := p.Addr.Unmap()
+		if p.Ifindex <= 0 || !addr.IsValid() {
+			return fmt.Errorf("pod interface %d, address %v: invalid", p.Ifindex, p.Addr)
+		}
+		k := datapathPodIfKey{Ifindex: uint32(p.Ifindex), Family: uint32(family(addr))}
+		v := endpointKey(addr)
+		if err := d.objs.PodInterfaces.Put(&k, &v); err != nil {
+			return fmt.Errorf("pod interface %d, address %v: %w", p.Ifindex, addr, err)
+		}
+		keep[k] = true
+	}
+	var stale []datapathPodIfKey
+	var k datapathPodIfKey
+	var v datapathEndpointKey
+	it := d.objs.PodInterfaces.Iterate()
+	for it.Next(&k, &v) {
+		if !keep[k] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, k := range stale {
+		if err := d.objs.PodInterfaces.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
+}
