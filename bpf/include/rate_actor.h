@@ -490,6 +490,18 @@ static __always_inline void pod_rate_key(struct rate_key *k, const __u8 *addr, _
 	k->dir = dir;
 }
 
+/* set_class sends a packet leaving a path's NIC to the agent's HTB class
+ * classid (skb->priority), but in observe-only mode. */
+static __always_inline void set_class(struct __sk_buff *skb, __u32 classid)
+{
+	if (observe_only()) {
+		count(STAT_OBSERVED);
+		return;
+	}
+	skb->priority = classid;
+	count(STAT_RATE_SHAPED);
+}
+
 /* rate_pod_classify gives a packet the pod at addr sends on path, one no
  * subflow entry names, the HTB class of its shape cap rule's pod class. */
 static __always_inline void rate_pod_classify(struct __sk_buff *skb, const struct endpoint *ep, const __u8 *addr,
@@ -506,14 +518,8 @@ static __always_inline void rate_pod_classify(struct __sk_buff *skb, const struc
 	k.rule = rate_budget(cfg, id);
 	__builtin_memcpy(k.addr, addr, 16);
 	classid = bpf_map_lookup_elem(&rate_classes, &k);
-	if (!classid)
-		return;
-	if (observe_only()) {
-		count(STAT_OBSERVED);
-		return;
-	}
-	skb->priority = *classid;
-	count(STAT_RATE_SHAPED);
+	if (classid)
+		set_class(skb, *classid);
 }
 
 /* rate_classify gives a packet leaving a path's NIC the HTB class the agent
@@ -537,12 +543,6 @@ static __always_inline void rate_classify(struct __sk_buff *skb, const struct pa
 		k.kind = RATE_KEY_PATH;
 		classid = bpf_map_lookup_elem(&rate_classes, &k);
 	}
-	if (!classid)
-		return;
-	if (observe_only()) {
-		count(STAT_OBSERVED);
-		return;
-	}
-	skb->priority = *classid;
-	count(STAT_RATE_SHAPED);
+	if (classid)
+		set_class(skb, *classid);
 }

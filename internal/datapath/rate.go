@@ -8,8 +8,6 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/cilium/ebpf"
-
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
 )
 
@@ -366,22 +364,5 @@ func (d *Datapath) SyncShapeClasses(want []ShapeClass) error {
 		}
 		keep[k] = true
 	}
-	var stale []datapathRateKey
-	var k datapathRateKey
-	var v uint32
-	it := d.objs.RateClasses.Iterate()
-	for it.Next(&k, &v) {
-		if !keep[k] {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return err
-	}
-	for _, k := range stale {
-		if err := d.objs.RateClasses.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return err
-		}
-	}
-	return nil
+	return deleteUnwanted[datapathRateKey, uint32](d.objs.RateClasses, keep)
 }

@@ -581,10 +581,15 @@ func (d *Datapath) SyncPodInterfaces(want []PodInterface) error {
 		}
 		keep[k] = true
 	}
-	var stale []datapathPodIfKey
-	var k datapathPodIfKey
-	var v datapathEndpointKey
-	it := d.objs.PodInterfaces.Iterate()
+	return deleteUnwanted[datapathPodIfKey, datapathEndpointKey](d.objs.PodInterfaces, keep)
+}
+
+// deleteUnwanted deletes the entries of m whose keys keep does not hold.
+func deleteUnwanted[K comparable, V any](m *ebpf.Map, keep map[K]bool) error {
+	var stale []K
+	var k K
+	var v V
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		if !keep[k] {
 			stale = append(stale, k)
@@ -594,7 +599,7 @@ func (d *Datapath) SyncPodInterfaces(want []PodInterface) error {
 		return err
 	}
 	for _, k := range stale {
-		if err := d.objs.PodInterfaces.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
 		}
 	}
