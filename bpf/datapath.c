@@ -1121,8 +1121,7 @@ int pod_ingress(struct __sk_buff *skb)
 
 	ret = parse_counted(skb, &pkt);
 	if (ret != PARSE_OK) {
-		pkt = (struct packet){};
-		if (parse_ip(skb, &pkt) != PARSE_OK)
+		if (!pkt.family && parse_ip(skb, &pkt) != PARSE_OK)
 			return TCX_NEXT;
 		return pod_ingress_unknown(skb, &pkt, true);
 	}
@@ -1295,6 +1294,10 @@ int nic_egress(struct __sk_buff *skb)
 	struct subflow *sf;
 	struct nic *n;
 
+	/* The node's own packets (locally sent: no interface received them)
+	 * are no pod's. */
+	if (!skb->ingress_ifindex)
+		return TCX_NEXT;
 	n = bpf_map_lookup_elem(&nics, &ifindex);
 	if (!n)
 		return TCX_NEXT;
@@ -1313,10 +1316,10 @@ int nic_egress(struct __sk_buff *skb)
 		 * subflow. */
 		if (!rate_has_payload(&pkt))
 			return TCX_NEXT;
-	} else {
-		pkt = (struct packet){};
-		if (parse_ip(skb, &pkt) != PARSE_OK)
-			return TCX_NEXT;
+	} else if (!pkt.family && parse_ip(skb, &pkt) != PARSE_OK) {
+		/* Not IP; or IP the parser read no address of (options,
+		 * VLAN tags: parse_ip reads those). */
+		return TCX_NEXT;
 	}
 	return nic_egress_pod(skb, &pkt, n->path);
 }

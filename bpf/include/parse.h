@@ -667,6 +667,11 @@ static __always_inline int parse_headers_fast(struct __sk_buff *skb, struct pack
 
 		if ((void *)(ip + 1) > data_end || ip->ver_ihl != 0x45)
 			return PARSE_SLOW; /* options, or not version 4 */
+		/* The addresses first: the rate actor caps what is not TCP
+		 * by them (parse_ip). */
+		pkt->family = AF_INET;
+		__builtin_memcpy(pkt->saddr, &ip->saddr, 4);
+		__builtin_memcpy(pkt->daddr, &ip->daddr, 4);
 		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
 			return PARSE_NOT_TCP;
 		if (ip->protocol != IPPROTO_TCP)
@@ -675,23 +680,20 @@ static __always_inline int parse_headers_fast(struct __sk_buff *skb, struct pack
 		if ((void *)(tcp + 1) > data_end)
 			return PARSE_SLOW;
 		l4_off = ETH_HLEN + sizeof(*ip);
-		pkt->family = AF_INET;
-		__builtin_memcpy(pkt->saddr, &ip->saddr, 4);
-		__builtin_memcpy(pkt->daddr, &ip->daddr, 4);
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {
 		const struct ipv6_hdr *ip6 = data + ETH_HLEN;
 
 		if ((void *)(ip6 + 1) > data_end || (*(__u8 *)ip6 >> 4) != 6)
 			return PARSE_SLOW;
+		pkt->family = AF_INET6;
+		__builtin_memcpy(pkt->saddr, ip6->saddr, 16);
+		__builtin_memcpy(pkt->daddr, ip6->daddr, 16);
 		if (ip6->nexthdr != IPPROTO_TCP)
 			return is_ipv6_ext_header(ip6->nexthdr) ? PARSE_SLOW : PARSE_NOT_TCP;
 		tcp = (const void *)(ip6 + 1);
 		if ((void *)(tcp + 1) > data_end)
 			return PARSE_SLOW;
 		l4_off = ETH_HLEN + sizeof(*ip6);
-		pkt->family = AF_INET6;
-		__builtin_memcpy(pkt->saddr, ip6->saddr, 16);
-		__builtin_memcpy(pkt->daddr, ip6->daddr, 16);
 	} else if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
 		return PARSE_SLOW;
 	} else {
