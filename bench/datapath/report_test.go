@@ -26,14 +26,17 @@ func writeReport(path string) error {
 	defer results.Unlock()
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\n", section)
-	fmt.Fprintf(&b, "`make bench`, i.e. `BENCH_REPORT=docs/benchmarks.md go test -count=5 -run '^$' -bench . -benchtime=1x "+
+	fmt.Fprintf(&b, "`make bench`, i.e. `BENCH_REPORT=$PWD/docs/benchmarks.md go test -count=5 -run '^$' -bench . -benchtime=1x "+
 		"./bench/datapath/...`, on %s: %s, %d CPUs, Linux %s, %s. `pod_egress` (and `pod_ingress` for the case into the pod) runs in the kernel through "+
 		"BPF_PROG_TEST_RUN and the kernel's clock gives the time per run: averaged over %d repetitions in one syscall "+
 		"where every repetition takes the same path, or, for a placement (which changes the maps, so the state is "+
 		"reset before each run, unmeasured), the mean of %d runs of one repetition each. Each case is measured in %d "+
 		"runs of the benchmark; the ratio divides medians by the median of the empty TC program (`return TCX_NEXT`, "+
 		"built with cilium/ebpf/asm) measured the same way in the same `go test` process. With repetitions the kernel reports whole nanoseconds. Packets: IPv4; UDP of 64 "+
-		"bytes; TCP ACKs with timestamps and 1000 bytes of data; the DSS carries a 64-bit Data ACK and mapping.\n\n",
+		"bytes; TCP ACKs with timestamps and 1000 bytes of data; the DSS carries a 64-bit Data ACK and mapping. "+
+		"The `nic_egress` cases give each packet the interface it entered the node by, and the kernel does not time runs "+
+		"given a context: they are timed from user space over the same repetitions (one syscall's cost spread over them), "+
+		"with a per-pod police cap no packet reaches.\n\n",
 		time.Now().UTC().Format("2006-01-02"), benchdoc.CPUModel(), runtime.NumCPU(), benchdoc.KernelRelease(), runtime.Version(), repeat, placements,
 		len(results.ns[cases[0].name]))
 	b.WriteString("| packet | runs | min ns/pkt | median ns/pkt | median / empty program |\n|---|---|---|---|---|\n")
