@@ -1,8 +1,15 @@
 package charts
 
 import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 )
 
 // Bad values are refused before anything reaches a cluster, with a message
@@ -123,5 +130,47 @@ func TestBadValuesAreRefusedWithAClearMessage(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The chart's bound on agent.joinHoldoff is the agent's, written twice (a
+// JSON schema cannot compare durations): every hold the schema accepts, the
+// agent takes, and the schema accepts the agent's maximum and nothing above.
+func TestJoinHoldoffSchemaAgreesWithTheAgent(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("mptcp-operator", "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			Agent struct {
+				Properties struct {
+					JoinHoldoff struct {
+						Pattern string `json:"pattern"`
+					} `json:"joinHoldoff"`
+				} `json:"properties"`
+			} `json:"agent"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	pattern := regexp.MustCompile(schema.Properties.Agent.Properties.JoinHoldoff.Pattern)
+	var candidates []string
+	for ms := 0; ms <= 12000; ms += 7 {
+		candidates = append(candidates, fmt.Sprintf("%dms", ms))
+	}
+	for s := 0; s <= 12; s++ {
+		candidates = append(candidates, fmt.Sprintf("%ds", s))
+	}
+	candidates = append(candidates, "9999ms", "10s", "1m", "-5ms")
+	for _, v := range candidates {
+		_, agentErr := agent.ParseJoinHoldoff(v)
+		if pattern.MatchString(v) && agentErr != nil {
+			t.Errorf("the schema accepts %q, the agent refuses it: %v", v, agentErr)
+		}
+	}
+	if most := fmt.Sprintf("%ds", int(agent.MaxJoinHoldoff.Seconds())); !pattern.MatchString(most) {
+		t.Errorf("the schema refuses the agent's maximum %s", most)
 	}
 }
