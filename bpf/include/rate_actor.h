@@ -504,8 +504,8 @@ static __always_inline void set_class(struct __sk_buff *skb, __u32 classid)
 
 /* rate_pod_classify gives a packet the pod at addr sends on path, one no
  * subflow entry names, the HTB class of its shape cap rule's pod class. */
-static __always_inline void rate_pod_classify(struct __sk_buff *skb, const struct endpoint *ep, const __u8 *addr,
-					      __u32 family, __u32 path)
+static __always_inline void rate_pod_classify(struct __sk_buff *skb, const struct endpoint *ep,
+					      const __u8 *addr, __u32 family, __u32 path)
 {
 	struct rate_key k = {.family = family, .kind = RATE_KEY_POD, .id = path};
 	struct rate_cfg *cfg = NULL;
