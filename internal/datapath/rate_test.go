@@ -510,7 +510,9 @@ func TestRatePoliceObserveOnlyDropsNothing(t *testing.T) {
 // and a variant with caps of its own shares the policy's path bucket.
 // Rules with a budget each are policed apart.
 func TestRatePoliceRulesSharingABudgetShareItsBuckets(t *testing.T) {
-	const rateBps, burst = 8_000_000, 64 << 10
+	// 80 kbit/s: a packet's worth of tokens takes 145 ms to come back,
+	// however slowly a busy machine runs the packets.
+	const rateBps, burst = 80_000, 64 << 10
 	other := netip.MustParseAddr("10.244.1.12")
 	for _, tc := range []struct {
 		name      string
@@ -586,7 +588,9 @@ func runIn(t *testing.T, prog *ebpf.Program, frame []byte, in skbContext) (uint3
 // and a packet from no selected pod's interface to nobody. Nothing is
 // charged off the rule's paths, or for a bare TCP ACK.
 func TestRatePoliceCapsAPodsTrafficWhateverItsProtocol(t *testing.T) {
-	const rateBps, burst = 8_000_000, 64 << 10
+	// 80 kbit/s: a packet's worth of tokens takes 145 ms to come back, so
+	// the 200 packets pass the burst and hardly more on a busy machine.
+	const rateBps, burst = 80_000, 64 << 10
 	const lo = 1         // the test run's device: loopback, ifindex 1
 	const podIf = 4242   // the client pod's host-side interface
 	const otherIf = 4343 // another pod's, not selected
@@ -709,7 +713,7 @@ func TestRateShapeClassifiesAPodsTrafficWhateverItsProtocol(t *testing.T) {
 // without data never is.
 func TestRatePoliceChargesSYNsThatCarryData(t *testing.T) {
 	const burst = 64 << 10
-	dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerConnection: 8_000_000, Directions: Egress, BurstBytes: burst})
+	dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerConnection: 80_000, Directions: Egress, BurstBytes: burst})
 	egress := dp.Program(HookPodEgress)
 	run(t, egress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
 	withData := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 1,
@@ -725,5 +729,48 @@ func TestRatePoliceChargesSYNsThatCarryData(t *testing.T) {
 	}
 	for i := 0; i < 100; i++ {
 		run(t, egress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+	}
+}
+
+// A pod's MPTCP subflows and the rest of what it sends share its one pod
+// bucket: UDP that empties the bucket at nic_egress leaves the pod's
+// subflow no room at pod_egress, and the drop is the pod bucket's.
+func TestRatePolicePodBucketIsSharedBySubflowsAndEveryOtherProtocol(t *testing.T) {
+	const burst, lo, podIf = 64 << 10, 1, 4242
+	// 80 kbit/s: a packet's worth of tokens takes 145 ms to come back,
+	// however slowly a busy machine runs the packets one after the other.
+	dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerPod: 80_000, Directions: Egress, BurstBytes: burst})
+	if err := dp.SetNIC(lo, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: podIf, Addr: clientPod}}); err != nil {
+		t.Fatal(err)
+	}
+	egress := dp.Program(HookPodEgress)
+	run(t, egress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+	udp := testpkt.Frame{Src: clientPod, Dst: serverPod, Protocol: 17, Payload: make([]byte, 1400)}.Bytes()
+	emptied := false
+	for i := 0; i < 2*burst/1400 && !emptied; i++ {
+		ret, _ := runIn(t, dp.Program(HookNICEgress), udp, skbContext{IngressIfindex: podIf})
+		emptied = ret == tcActShot
+	}
+	if !emptied {
+		t.Fatal("the pod's UDP never emptied its bucket")
+	}
+	data := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8,
+		Flags: testpkt.ACK, Payload: make([]byte, 1400)}}.Bytes()
+	before, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ret, _ := runOut(t, egress, data); ret != tcActShot {
+		t.Fatalf("the subflow's data passed a pod bucket the pod's UDP had emptied (verdict %d)", int32(ret))
+	}
+	after, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after[StatRateDropPod] != before[StatRateDropPod]+1 {
+		t.Errorf("pod drops %d -> %d, want the subflow's packet counted as the pod bucket's", before[StatRateDropPod], after[StatRateDropPod])
 	}
 }
