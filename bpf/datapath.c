@@ -1005,6 +1005,19 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 #include "block.h"
 #include "detour.h"
 
+/* from_its_pod says whether a packet a pod sends (it entered the node at
+ * skb->ifindex, the pod's host-side interface) carries the address of that
+ * interface's pod, or of no pod the agent told the interface of
+ * (pod_interfaces): a selected pod that writes a neighbour's address is not
+ * the neighbour, and opens no subflow under its rules nor counts as it. */
+static __always_inline bool from_its_pod(const struct __sk_buff *skb, const struct packet *pkt)
+{
+	struct pod_if_key ik = {.ifindex = skb->ifindex, .family = pkt->family};
+	struct endpoint_key *owner = bpf_map_lookup_elem(&pod_interfaces, &ik);
+
+	return !owner || same_addr(owner->addr, pkt->saddr);
+}
+
 /* What pod_egress_unknown did, besides counting: placed and stored a new
  * subflow, or refused a join (the caller answers it), or nothing. */
 enum unknown_flow {
@@ -1026,7 +1039,7 @@ __noinline int pod_egress_unknown(struct __sk_buff *skb, const struct packet *pk
 	if (!skb || !pkt || !fk)
 		return UNKNOWN_COUNTED;
 	ep = lookup_endpoint(pkt->family, pkt->saddr);
-	if (!ep)
+	if (!ep || !from_its_pod(skb, pkt))
 		return UNKNOWN_COUNTED;
 	if (is_opening_syn(pkt) && handshake_subtype(pkt) != MPTCP_SUB_NONE) {
 		nsf.pod_slot = ep->pod_slot;

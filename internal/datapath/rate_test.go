@@ -774,3 +774,49 @@ func TestRatePolicePodBucketIsSharedBySubflowsAndEveryOtherProtocol(t *testing.T
 		t.Errorf("pod drops %d -> %d, want the subflow's packet counted as the pod bucket's", before[StatRateDropPod], after[StatRateDropPod])
 	}
 }
+
+// A selected pod that writes a neighbour's source address is not the
+// neighbour: its MP_CAPABLE SYN opens no subflow under the neighbour's rules
+// and counts nothing as the neighbour's. A pod writing its own address, and
+// an interface the agent named no pod of, place as before.
+func TestAPodThatWritesAnotherPodsAddressPlacesNothingAsIt(t *testing.T) {
+	const lo = 1 // the test run's device: the packets enter the node there
+	neighbour := netip.MustParseAddr("10.244.1.12")
+	for _, c := range []struct {
+		name   string
+		owner  netip.Addr // the pod of loopback; invalid: none
+		from   netip.Addr
+		placed bool
+	}{
+		{"its own address", clientPod, clientPod, true},
+		{"a neighbour's address", clientPod, neighbour, false},
+		{"an interface of no pod the agent named", netip.Addr{}, neighbour, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dp := loadForTest(t)
+			if err := dp.SetRule(0, Rule{Paths: []uint32{1}}); err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range []netip.Addr{clientPod, neighbour} {
+				if err := dp.SetEndpoint(a, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var ifs []PodInterface
+			if c.owner.IsValid() {
+				ifs = append(ifs, PodInterface{Ifindex: lo, Addr: c.owner})
+			}
+			if err := dp.SyncPodInterfaces(ifs); err != nil {
+				t.Fatal(err)
+			}
+			run(t, dp.Program(HookPodEgress), syn(c.from, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+			sfs, err := dp.Subflows()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if placed := len(sfs) == 1; placed != c.placed {
+				t.Errorf("subflows %+v: placed %v, want %v", sfs, placed, c.placed)
+			}
+		})
+	}
+}
