@@ -1100,10 +1100,6 @@ int pod_egress(struct __sk_buff *skb)
 	return TCX_NEXT;
 }
 
-/* pod_ingress sees what a selected pod receives, after routing chose the pod
- * (TC egress of its host-side veth). Actors that act on the way into the pod
- * hook in here: they find the subflow (keyed as the pod sends it) and its
- * rule. */
 /* pod_ingress_unknown counts a packet for a selected pod that no subflow
  * entry names and caps it, when charged (not a bare TCP ACK), by the path
  * it arrived on: the path of the NIC it came in by (rate_actor.h). */
@@ -1124,6 +1120,10 @@ static __always_inline int pod_ingress_unknown(struct __sk_buff *skb, const stru
 	return rate_pod_police(ep, &k, pkt->len, n->path);
 }
 
+/* pod_ingress sees what a selected pod receives, after routing chose the pod
+ * (TC egress of its host-side veth). Actors that act on the way into the pod
+ * hook in here: they find the subflow (keyed as the pod sends it) and its
+ * rule. */
 SEC("tc")
 int pod_ingress(struct __sk_buff *skb)
 {
@@ -1134,8 +1134,11 @@ int pod_ingress(struct __sk_buff *skb)
 
 	ret = parse_counted(skb, &pkt);
 	if (ret != PARSE_OK) {
-		if (!pkt.family && parse_ip(skb, &pkt) != PARSE_OK)
-			return TCX_NEXT;
+		/* parse_packet reads the addresses of any IP packet, even
+		 * one it refuses (not TCP, a fragment, headers that do not
+		 * fit): the rate actor caps those by them. */
+		if (!pkt.family)
+			return TCX_NEXT; /* not IP */
 		return pod_ingress_unknown(skb, &pkt, true);
 	}
 	flow_key_from(&fk, &pkt, true);
@@ -1329,10 +1332,8 @@ int nic_egress(struct __sk_buff *skb)
 		 * subflow. */
 		if (!rate_has_payload(&pkt))
 			return TCX_NEXT;
-	} else if (!pkt.family && parse_ip(skb, &pkt) != PARSE_OK) {
-		/* Not IP; or IP the parser read no address of (options,
-		 * VLAN tags: parse_ip reads those). */
-		return TCX_NEXT;
+	} else if (!pkt.family) {
+		return TCX_NEXT; /* not IP (the addresses as in pod_ingress) */
 	}
 	return nic_egress_pod(skb, &pkt, n->path);
 }

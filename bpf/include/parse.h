@@ -225,7 +225,7 @@ static __always_inline bool is_ipv6_ext_header(__u8 next)
  * where the transport header starts with which protocol. A fragment is
  * PARSE_NOT_TCP, after its addresses are read: only first fragments carry
  * the TCP header, and a fragmented SYN is not worth steering; the rate actor
- * still caps fragments by their addresses (parse_ip). */
+ * still caps fragments by their addresses. */
 static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, __u32 *off, __u8 *proto)
 {
 	const __be16 *h_proto_p;
@@ -626,26 +626,6 @@ __noinline int parse_packet_slow(struct __sk_buff *skb, struct packet *pkt)
 	return read_options(skb, pkt);
 }
 
-/* parse_ip fills pkt's family, addresses and length for any IP packet,
- * fragments included: what the rate actor needs to charge a packet to its
- * pod whatever its protocol. */
-__noinline int parse_ip(struct __sk_buff *skb, struct packet *pkt)
-{
-	__u32 off = 0;
-	__u8 proto = 0;
-	int ret;
-
-	if (!skb || !pkt)
-		return PARSE_MALFORMED;
-	pkt->len = skb->len;
-	ret = parse_l3(skb, pkt, &off, &proto);
-	/* A fragment, or IPv6 extension headers that do not fit: the
-	 * addresses are read, and routers forward the packet all the same. */
-	if (ret != PARSE_OK && pkt->family)
-		return PARSE_OK;
-	return ret;
-}
-
 /* parse_headers_fast reads in place the headers of nearly every packet:
  * Ethernet without a VLAN tag, then IPv4 without options or IPv6 without
  * extension headers, then TCP, all in the linear data. It decides what the
@@ -668,7 +648,7 @@ static __always_inline int parse_headers_fast(struct __sk_buff *skb, struct pack
 		if ((void *)(ip + 1) > data_end || ip->ver_ihl != 0x45)
 			return PARSE_SLOW; /* options, or not version 4 */
 		/* The addresses first: the rate actor caps what is not TCP
-		 * by them (parse_ip). */
+		 * by them. */
 		pkt->family = AF_INET;
 		__builtin_memcpy(pkt->saddr, &ip->saddr, 4);
 		__builtin_memcpy(pkt->daddr, &ip->daddr, 4);
