@@ -208,6 +208,8 @@ func joinRefusedBy(t *testing.T, maxOnNode int) {
 	if err := bed.ConfigureClientLimits(client, 2, 2); err != nil {
 		t.Fatal(err)
 	}
+	// One of the two joins is refused: the sender waits for the other.
+	bed.AwaitJoins(client, 1)
 	joinsRx0 := nstatValue(t, bed, server.NetNS, "MPTcpExtMPJoinSynRx")
 	// A reset in SYN-SENT ends the join's attempt (tcpAttemptFails): the
 	// kernel accepted it. (MPTcpExtMPRstRx counts MP_TCPRST on

@@ -145,6 +145,8 @@ func kernelFourPaths(copy, checksums bool) func(t *testing.T, bed *testbed.Bed) 
 		for j := 1; j <= 2; j++ {
 			testbed.Must(t, bed.ConfigureSignalPorts(bed.Pod(2, j), ports))
 			testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, j), 3, 3))
+			// The defect needs data on joins as they come up.
+			bed.AwaitJoins(bed.Pod(1, j), 0)
 		}
 		if copy {
 			copyingWires(t, bed)

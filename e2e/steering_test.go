@@ -229,6 +229,11 @@ func TestSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
 			if tc.mode == mptcpv1alpha1.SubflowCreationSignal {
 				// Servers on node 2 announce; clients on node 1 join.
 				flows = clientServerTraffic(bed)
+				// The agents give the clients' kernels room for a
+				// join per extra NIC; the senders wait for them.
+				for _, p := range bed.Node(1).Pods {
+					bed.AwaitJoins(p, tc.nics-1)
+				}
 				ruleFor = func(n *testbed.Node) mptcpv1alpha1.CompiledRule {
 					if n.Index == 2 {
 						return mptcpv1alpha1.CompiledRule{SubflowCreation: tc.mode, SignalPorts: signalPorts(tc.nics)}

@@ -65,6 +65,12 @@ func TestHandRouteBaselineUsesBothNICs(t *testing.T) {
 		before := counters(t, b)
 		sent, err := b.Send(ctx, bin, client, srv.Addr, true, "-duration", "6s")
 		Must(t, err)
+		// The client's kernel opened its join before the first byte:
+		// nothing else does, and Send waited for it.
+		if sent[0].JoinsAwaited != 1 || sent[0].JoinWaitTimedOut {
+			t.Errorf("the sender started with %d joins (timed out: %v), want the 1 join its kernel opens before any data",
+				sent[0].JoinsAwaited, sent[0].JoinWaitTimedOut)
+		}
 		got, err := srv.WaitReports(ctx, attempt)
 		Must(t, err)
 		m, err := MatchReports(sent, got)

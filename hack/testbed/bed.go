@@ -54,8 +54,11 @@ type Bed struct {
 	procs     []*Process
 	loss      map[[2]int]*lossFilter
 	handRoute bool // HandRoute is installed (RemoveHandRoute clears it)
-	down      bool
-	seq       int // for file names that must never repeat within a bed
+	// awaitJoins is, per client pod, the joins its kernel path manager
+	// opens, which Send waits for before the first byte (AwaitJoins).
+	awaitJoins map[*Pod]int
+	down       bool
+	seq        int // for file names that must never repeat within a bed
 }
 
 // nextSeq returns a number no earlier call returned.

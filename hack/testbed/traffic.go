@@ -97,6 +97,12 @@ func (b *Bed) Send(ctx context.Context, bin string, pod *Pod, to netip.AddrPort,
 	full := []string{bin, "send", "-to", to.String(), "-json"}
 	if mptcp {
 		full = append(full, "-mptcp")
+		b.mu.Lock()
+		joins := b.awaitJoins[pod]
+		b.mu.Unlock()
+		if joins > 0 {
+			full = append(full, "-await-joins", strconv.Itoa(joins))
+		}
 	}
 	cmd := b.CommandContext(ctx, pod.NetNS, append(full, args...)...)
 	var stderr bytes.Buffer

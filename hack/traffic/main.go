@@ -291,6 +291,9 @@ func send(args []string) error {
 	stall := fs.Duration("stall", 5*time.Second, "a write that makes no progress for this long ends the connection as stalled")
 	cc := fs.String("cc", "", "TCP congestion control of the connections (with MPTCP: of every subflow); default: the namespace's")
 	rate := fs.Float64("rate-mbit", 0, "pace each connection's writes to this many Mbit/s (0: as fast as the connection takes them)")
+	awaitJoins := fs.Int("await-joins", 0, "with -mptcp: write nothing until the connection has this many joins (or -await-timeout passed), then "+
+		"hold "+joinSettle.String()+" more; keeps data off joins the receiver has not taken in yet (docs/testing.md, \"Data integrity\")")
+	awaitTimeout := fs.Duration("await-timeout", 2*time.Second, "how long -await-joins waits for the joins")
 	_ = fs.Parse(args)
 	if *to == "" {
 		return errors.New("-to is required")
@@ -298,6 +301,10 @@ func send(args []string) error {
 	if *rate < 0 {
 		return errors.New("-rate-mbit must not be negative")
 	}
+	if *awaitJoins < 0 || *awaitJoins > 255 {
+		return errors.New("-await-joins must be in [0, 255]")
+	}
+	joins := joinWait{want: *awaitJoins, timeout: *awaitTimeout}
 
 	reports := make([]SenderReport, *conns)
 	var wg sync.WaitGroup
@@ -305,7 +312,7 @@ func send(args []string) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			reports[i] = sendOne(*to, *mptcp, *cc, *seed, i, *duration, *stall, *nbytes, *rate*1e6/8)
+			reports[i] = sendOne(*to, *mptcp, *cc, *seed, i, *duration, *stall, *nbytes, *rate*1e6/8, joins)
 		}()
 	}
 	wg.Wait()
@@ -347,7 +354,7 @@ func congestionControl(c *net.TCPConn) (string, error) {
 
 // sendOne sends one connection's stream; pace, in bytes per second, holds
 // the bytes written by each moment to that rate (0: no pacing).
-func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration, stall time.Duration, nbytes int64, pace float64) SenderReport {
+func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration, stall time.Duration, nbytes int64, pace float64, joins joinWait) SenderReport {
 	r := SenderReport{Conn: i, Seed: seed, Remote: to}
 	var d net.Dialer
 	d.SetMultipathTCP(mptcp)
@@ -385,6 +392,10 @@ func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration, sta
 			r.Error = fmt.Sprintf("congestion control %q asked, the connection runs %q (%v)", cc, got, err)
 			return r
 		}
+	}
+	if mptcp && joins.want > 0 {
+		r.JoinsAwaited, r.JoinWaitTimedOut = joins.await(tc)
+		start = time.Now() // the stream, and its duration, start now
 	}
 	h := newBlockHasher()
 	src := stream.Whole(seed, i)

@@ -80,7 +80,13 @@ type Sender struct {
 	SHA256 string `json:"sha256"`
 	// Blocks are the first 8 hex digits of the SHA-256 of each 1 MiB block.
 	Blocks []string `json:"blocks,omitempty"`
-	// Seconds is the time from connect to close.
+	// Seconds is the time from the stream's start (connect, or the end of
+	// send -await-joins) to close.
 	Seconds float64 `json:"s"`
-	Error   string  `json:"error,omitempty"`
+	// JoinsAwaited is how many joins the connection had when the sender
+	// started writing after send -await-joins; JoinWaitTimedOut says it
+	// stopped waiting for the rest.
+	JoinsAwaited     int    `json:"joins_awaited,omitempty"`
+	JoinWaitTimedOut bool   `json:"join_wait_timed_out,omitempty"`
+	Error            string `json:"error,omitempty"`
 }
