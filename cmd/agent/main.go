@@ -216,9 +216,9 @@ func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninst
 	if fatal != nil {
 		return fatal
 	}
-	// Released pods' subflows close at any time, not only when the
-	// node state changes: sweep their records as often as kube mode
-	// resyncs.
+	// Subflows close at any time, not only when the node state
+	// changes: sweep their records (released pods', and selected pods'
+	// closed ones) as often as kube mode resyncs.
 	sweep := time.NewTicker(agent.SweepInterval)
 	defer sweep.Stop()
 	// A path NIC's link changed: the datapath knows at once
@@ -236,8 +236,8 @@ func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninst
 			log.Info("stopping; the datapath stays pinned and keeps steering")
 			return nil
 		case <-sweep.C:
-			if err := a.SweepReleased(); err != nil {
-				log.Error("sweeping released pods' records", "err", err)
+			if err := a.Sweep(); err != nil {
+				log.Error("sweeping closed subflows' records", "err", err)
 			}
 		case <-hup:
 			_ = reconcile(nil)

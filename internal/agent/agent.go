@@ -183,6 +183,8 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	keep(err)
 	keep(a.syncPodInterfaces(plan))
 	keep(a.syncHooks(hooks))
+	_, err = a.sweepClosedSubflows(plan, time.Now().Add(-closedSubflowGrace))
+	keep(err)
 	// Then what no plan wants any more.
 	keep(a.releasePods(plan))
 	keep(a.sweepReleased(plan))

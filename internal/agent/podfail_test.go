@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"path/filepath"
 	"testing"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
@@ -25,24 +22,10 @@ func TestAPodThatCannotBeConfiguredIsSkippedNotTheNode(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 2, PodsPerNode: 2})
 	node := bed.Node(1)
 	good, gone := node.Pods[0], node.Pods[1]
-	settings := NodeDefaults("n1")
-	settings.PinDir, settings.StateDir = filepath.Join(bed.PinDir(node), "agent"), t.TempDir()
-	state := &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
-	state.Spec.PodCIDRs = []string{node.PodCIDR.String()}
-	var links []NodeLink
-	var paths []mptcpv1alpha1.RulePath
-	for _, nic := range node.NICs {
-		state.Spec.Paths = append(state.Spec.Paths, mptcpv1alpha1.NodePath{Name: nic.Name, Index: int32(nic.Index),
-			Interface: mptcpv1alpha1.InterfaceSelector{Name: nic.Name}})
-		links = append(links, NodeLink{Name: nic.Name, Up: true, Gateway: nic.Gateway})
-		paths = append(paths, mptcpv1alpha1.RulePath{Name: nic.Name})
-	}
-	state.Spec.Rules = []mptcpv1alpha1.CompiledRule{{Name: "r", Policy: "p", Paths: paths, SpreadMode: mptcpv1alpha1.SpreadRoundRobin,
-		SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace, MaxSubflows: 2}}
-	state.Spec.Pods = []mptcpv1alpha1.NodePod{
-		{Namespace: "tenant-a", Name: "web", UID: "u-web", IPs: []string{good.Addr.String()}, Rules: []string{"r"}},
-		{Namespace: "tenant-b", Name: "churn", UID: "u-churn", IPs: []string{gone.Addr.String()}, Rules: []string{"r"}},
-	}
+	settings, state, links := bedNodeState(t, bed, node, mptcpv1alpha1.CompiledRule{Name: "r", Policy: "p", SpreadMode: mptcpv1alpha1.SpreadRoundRobin,
+		SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace, MaxSubflows: 2},
+		mptcpv1alpha1.NodePod{Namespace: "tenant-a", Name: "web", UID: "u-web", IPs: []string{good.Addr.String()}, Rules: []string{"r"}},
+		mptcpv1alpha1.NodePod{Namespace: "tenant-b", Name: "churn", UID: "u-churn", IPs: []string{gone.Addr.String()}, Rules: []string{"r"}})
 	locate := func(ips []netip.Addr) (LocatedPod, error) {
 		if ips[0] == good.Addr {
 			return LocatedPod{HostInterface: good.HostIf, NetNS: "/var/run/netns/" + good.NetNS}, nil

@@ -30,17 +30,20 @@ import (
 // state directory, so a restarted agent finishes the job.
 
 // SweepInterval is how often an agent without other reason to reconcile
-// sweeps the released pods' records (kube mode resyncs as often).
+// sweeps the released pods' records and the selected pods' closed subflows
+// (kube mode resyncs as often, and every reconcile sweeps).
 const SweepInterval = 30 * time.Second
 
-// SweepReleased forgets the records of released pods' subflows that closed
-// since the last reconcile.
-func (a *Agent) SweepReleased() error {
+// Sweep forgets what closed since the last reconcile: the records of
+// released pods' subflows, and the entries of selected pods' subflows
+// (closed.go).
+func (a *Agent) Sweep() error {
 	plan := a.previous
 	if plan == nil {
 		plan = &Plan{}
 	}
-	return a.sweepReleased(plan)
+	_, err := a.sweepClosedSubflows(plan, time.Now().Add(-closedSubflowGrace))
+	return errors.Join(a.sweepReleased(plan), err)
 }
 
 // releasedPods maps a released pod address to its network namespace path.

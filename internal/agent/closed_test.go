@@ -1,0 +1,153 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+)
+
+// TestClosedSubflowsAreSweptFromTheirPodsSockets: the entries node 1's
+// datapath mirrored for a selected pod (signal mode: no path manager hears
+// its closes) stay while the pod's socket is open, and go at a sweep once
+// it has none: a connection that ended, and a SYN the pod refused (a closed
+// port, as a forged SYN would be). The closed connection's subflow gives
+// its place back. Entries younger than the grace, and a guest's (whose
+// sockets the agent cannot see), are left alone.
+func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1})
+	node := bed.Node(1)
+	server, client := bed.Pod(1, 1), bed.Pod(2, 1)
+	settings, state, links := bedNodeState(t, bed, node, mptcpv1alpha1.CompiledRule{Name: "r", Policy: "p", SpreadMode: mptcpv1alpha1.SpreadRoundRobin,
+		SubflowCreation: mptcpv1alpha1.SubflowCreationSignal},
+		mptcpv1alpha1.NodePod{Namespace: "tenant", Name: "server", UID: "u-server", IPs: []string{server.Addr.String()}, Rules: []string{"r"}})
+	locate := func([]netip.Addr) (LocatedPod, error) {
+		return LocatedPod{HostInterface: server.HostIf, NetNS: "/var/run/netns/" + server.NetNS}, nil
+	}
+	var a *Agent
+	var plan *Plan
+	testbed.Must(t, netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
+		var err error
+		if a, err = New(settings, slog.New(slog.DiscardHandler)); err != nil {
+			return err
+		}
+		tr := FromNodeState(settings, state, links, locate, Prior{})
+		if len(tr.Errors) > 0 || len(tr.PodProblems) > 0 || len(tr.Plan.Pods) != 1 {
+			t.Fatalf("translation: %v, %+v, %d pods", tr.Errors, tr.PodProblems, len(tr.Plan.Pods))
+		}
+		plan = tr.Plan
+		_, err = a.Reconcile(context.Background(), plan)
+		return err
+	}))
+	t.Cleanup(func() {
+		if err := a.Uninstall(); err != nil {
+			t.Errorf("uninstall: %v", err)
+		}
+	})
+
+	// The server pod listens on one port; the other is closed.
+	const open, closedPort = 7000, 7001
+	var ln net.Listener
+	testbed.Must(t, netnsutil.Do("/var/run/netns/"+server.NetNS, func() error {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(true)
+		var err error
+		ln, err = lc.Listen(context.Background(), "tcp", net.JoinHostPort(server.Addr.String(), strconv.Itoa(open)))
+		return err
+	}))
+	defer ln.Close()
+	dial := func(port int) (net.Conn, error) {
+		var c net.Conn
+		err := netnsutil.Do("/var/run/netns/"+client.NetNS, func() error {
+			d := net.Dialer{Timeout: 5 * time.Second}
+			d.SetMultipathTCP(true)
+			var err error
+			c, err = d.Dial("tcp", net.JoinHostPort(server.Addr.String(), strconv.Itoa(port)))
+			return err
+		})
+		return c, err
+	}
+	accept := func() net.Conn {
+		c, err := ln.Accept()
+		testbed.Must(t, err)
+		return c
+	}
+	stays, err := dial(open)
+	testbed.Must(t, err)
+	defer stays.Close()
+	staysPeer := accept()
+	defer staysPeer.Close()
+	ends, err := dial(open)
+	testbed.Must(t, err)
+	endsPeer := accept()
+	// A byte each way, so that both ends are established and the
+	// connection is learnt, then both close.
+	for _, c := range []net.Conn{ends, endsPeer} {
+		_, err := c.Write([]byte{1})
+		testbed.Must(t, err)
+	}
+	testbed.Must(t, ends.Close())
+	testbed.Must(t, endsPeer.Close())
+	if c, err := dial(closedPort); err == nil {
+		c.Close()
+		t.Fatal("the closed port accepted a connection")
+	}
+	remote := func(c net.Conn) netip.AddrPort { return netip.MustParseAddrPort(c.LocalAddr().String()) }
+	serverSide := func() map[netip.AddrPort]bool {
+		sfs, err := a.dp.Subflows()
+		testbed.Must(t, err)
+		out := map[netip.AddrPort]bool{}
+		for _, sf := range sfs {
+			if sf.Local.Addr() == server.Addr {
+				out[sf.Remote] = true
+			}
+		}
+		return out
+	}
+	if got := serverSide(); !got[remote(stays)] || !got[remote(ends)] || len(got) != 3 {
+		t.Fatalf("the server pod's entries %v: want the two connections' and the refused SYN's", got)
+	}
+
+	sweep := func(plan *Plan, placedBefore time.Time) int {
+		t.Helper()
+		n, err := a.sweepClosedSubflows(plan, placedBefore)
+		testbed.Must(t, err)
+		return n
+	}
+	if n := sweep(plan, time.Now().Add(-closedSubflowGrace)); n != 0 {
+		t.Errorf("a sweep closed %d entries younger than the grace, want none", n)
+	}
+	guest := *plan
+	guest.Rules = append([]PlanRule(nil), plan.Rules...)
+	guest.Rules[0].Subflows = podnet.None
+	if n := sweep(&guest, time.Now()); n != 0 {
+		t.Errorf("a sweep closed %d entries of a guest's pod, want none", n)
+	}
+	// The ended connection's socket may linger a moment (FIN exchange).
+	deadline := time.Now().Add(5 * time.Second)
+	swept := 0
+	for swept < 2 && time.Now().Before(deadline) {
+		swept += sweep(plan, time.Now())
+		time.Sleep(50 * time.Millisecond)
+	}
+	if swept != 2 {
+		t.Errorf("sweeps closed %d entries, want 2: the ended connection's and the refused SYN's", swept)
+	}
+	if got := serverSide(); !got[remote(stays)] || len(got) != 1 {
+		t.Errorf("the server pod's entries after the sweep %v: want only the open connection's %v", got, remote(stays))
+	}
+	stats, err := a.dp.Stats()
+	testbed.Must(t, err)
+	if n := stats[datapath.StatSubflowClosed]; n != 1 {
+		t.Errorf("subflows that gave their place back = %d, want 1: the ended connection's (the refused SYN held none)", n)
+	}
+}
