@@ -144,6 +144,29 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } endpoints SEC(".maps");
 
+/* A SYN from the wire whose 4-tuple already has a subflow entry is either
+ * the 4-tuple used again (its old subflow closed, and the agent has not
+ * heard yet) or a forgery: anyone on a fabric can send a SYN with a live
+ * subflow's 4-tuple, and a pod can forge its own answer (raw sockets).
+ * Writing the entry at either would let them re-pin the subflow, clear its
+ * flags or give back its count. So a live entry is never changed from the
+ * wire: the SYN waits here (nic_ingress), is marked answered when the pod
+ * sends a SYN-ACK that acknowledges its sequence number (answer_arrival),
+ * and takes the 4-tuple only once the old entry is gone: at the close the
+ * agent hears or sweeps (subflow_closed), or at that answer if the entry
+ * went before it. An LRU map, not pinned: a flood of forged SYNs evicts
+ * only other waiting arrivals (an answered one is never overwritten), and
+ * an arrival lost to eviction or a restart leaves the reused 4-tuple
+ * without an entry once the old one goes (plain routing, no counters).
+ * 4096: a 4-tuple is reused rarely, and answered within a round trip. The
+ * value is the entry, its join not yet counted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct flow_key);
+	__type(value, struct subflow);
+} arrivals SEC(".maps");
+
 /* The selected pod a packet came from, by the host-side interface it
  * entered the node by (skb->ingress_ifindex, kept through forwarding) and
  * its family: the pod's address of that family, its endpoints key. What a
@@ -963,6 +986,119 @@ __noinline int insert_subflow(const struct flow_key *fk, const struct subflow *s
 	return 0;
 }
 
+/* take_one lowers *v by one unless it is 0: a count must not wrap and
+ * refuse every join from then on. Bounded attempts: only a close the agent
+ * heard and a 4-tuple used again lower it, and packets raise it at most once
+ * each; a count left one too high errs on the side of the rule's maximum. */
+static __always_inline void take_one(__u32 *v)
+{
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		__u32 old = *(volatile __u32 *)v;
+
+		if (old == 0 || __sync_val_compare_and_swap(v, old, old - 1) == old)
+			return;
+	}
+}
+
+/* give_back returns to a subflow's connection what the subflow held, once
+ * (SUBFLOW_CLOSED): its path's bit if it held it alone, and one join (placed
+ * by this node) or one subflow (the initial one, or a join the peer opened)
+ * if it was counted. fk is the subflow's key (its local address finds the
+ * connection). */
+static __always_inline void give_back(const struct flow_key *fk, struct subflow *sf)
+{
+	struct conn_key ck = {};
+	struct conn *c;
+	__u32 flags;
+
+	flags = __sync_fetch_and_or(&sf->flags, SUBFLOW_CLOSED);
+	if (!sf->conn || (flags & SUBFLOW_CLOSED))
+		return;
+	ck.family = fk->family;
+	ck.token = sf->conn;
+	__builtin_memcpy(ck.local, fk->saddr, 16);
+	c = bpf_map_lookup_elem(&conn_states, &ck);
+	if (!c)
+		return;
+	if (flags & SUBFLOW_OWNS_PATH)
+		__sync_fetch_and_and(&c->used, ~(1U << (sf->path_index & MAX_PATHS)));
+	if ((flags & SUBFLOW_COUNTED) && sf->role == ROLE_INITIATOR && sf->token)
+		take_one(&c->joins);
+	else if (flags & SUBFLOW_COUNTED)
+		take_one(&c->subflows);
+	count(STAT_SUBFLOW_CLOSED);
+}
+
+/* count_mirrored_join counts a peer's join into its connection c: one
+ * subflow, and the path's bit, which the join owns unless another subflow
+ * set it first. */
+static __always_inline void count_mirrored_join(struct conn *c, struct subflow *sf)
+{
+	__u32 bit = 1U << (sf->path_index & MAX_PATHS);
+
+	__sync_fetch_and_add(&c->subflows, 1);
+	sf->flags |= SUBFLOW_COUNTED;
+	if (!(__sync_fetch_and_or(&c->used, bit) & bit))
+		sf->flags |= SUBFLOW_OWNS_PATH;
+}
+
+/* syn_seq reads a segment's sequence number (host order; 0 if unreadable). */
+static __always_inline __u32 syn_seq(struct __sk_buff *skb, const struct packet *pkt)
+{
+	__be32 seq;
+
+	if (bpf_skb_load_bytes(skb, pkt->l4_off + 4, &seq, sizeof(seq)))
+		return 0;
+	return bpf_ntohl(seq);
+}
+
+/* from_its_pod says whether a packet a pod sends (it entered the node at
+ * skb->ifindex, the pod's host-side interface) carries the address of that
+ * interface's pod, or comes by an interface the agent named no pod of
+ * (pod_interfaces): a selected pod that writes a neighbour's address is not
+ * the neighbour, and opens no subflow under its rules, counts as it nor
+ * answers for it. A pod with no address of the packet's family is no pod
+ * of that family's either. */
+static __always_inline bool from_its_pod(const struct __sk_buff *skb, const struct packet *pkt)
+{
+	struct pod_if_key ik = {.ifindex = skb->ifindex, .family = pkt->family};
+	struct endpoint_key *owner = bpf_map_lookup_elem(&pod_interfaces, &ik);
+
+	if (owner)
+		return same_addr(owner->addr, pkt->saddr);
+	ik.family = pkt->family == AF_INET ? AF_INET6 : AF_INET;
+	return !bpf_map_lookup_elem(&pod_interfaces, &ik);
+}
+
+/* stage_arrival keeps nsf, a SYN's entry, waiting for its 4-tuple fk
+ * (arrivals); one the pod answered already stays: the pod vouched for it. */
+static __always_inline void stage_arrival(const struct flow_key *fk, const struct subflow *nsf)
+{
+	struct subflow *waiting = bpf_map_lookup_elem(&arrivals, fk);
+
+	if (waiting && (waiting->flags & SUBFLOW_ANSWERED))
+		return;
+	bpf_map_update_elem(&arrivals, fk, nsf, BPF_ANY);
+	count(STAT_ARRIVAL_STAGED);
+}
+
+/* write_arrival makes a waiting arrival (a copy, taken out of arrivals) the
+ * 4-tuple's entry: placed now, and a join counted into its connection c
+ * (canonical token) as a mirrored join is. */
+static __always_inline void write_arrival(const struct flow_key *fk, struct subflow *nsf, struct conn *c,
+					  __u32 canonical)
+{
+	nsf->flags &= ~SUBFLOW_ANSWERED;
+	nsf->created_ns = bpf_ktime_get_ns();
+	if (c) {
+		nsf->conn = canonical;
+		count_mirrored_join(c, nsf);
+	}
+	insert_subflow(fk, nsf);
+	count(STAT_ARRIVAL_PROMOTED);
+}
+
 /* flow_key_from writes every byte of k (no zeroing needed first). */
 static __always_inline void flow_key_from(struct flow_key *k, const struct packet *pkt, bool reverse)
 {
@@ -1005,17 +1141,57 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 #include "block.h"
 #include "detour.h"
 
-/* from_its_pod says whether a packet a pod sends (it entered the node at
- * skb->ifindex, the pod's host-side interface) carries the address of that
- * interface's pod, or of no pod the agent told the interface of
- * (pod_interfaces): a selected pod that writes a neighbour's address is not
- * the neighbour, and opens no subflow under its rules nor counts as it. */
-static __always_inline bool from_its_pod(const struct __sk_buff *skb, const struct packet *pkt)
-{
-	struct pod_if_key ik = {.ifindex = skb->ifindex, .family = pkt->family};
-	struct endpoint_key *owner = bpf_map_lookup_elem(&pod_interfaces, &ik);
+/* What answer_arrival did with a SYN-ACK the pod sends. */
+enum arrival_answer {
+	ARRIVAL_NONE = 0,     /* it answers no waiting arrival */
+	ARRIVAL_ANSWERED = 1, /* marked answered; the live entry stays */
+	ARRIVAL_PROMOTED = 2, /* the 4-tuple had no entry left: the arrival is it */
+	ARRIVAL_REFUSED = 3,  /* a join past its rule's maximum: the answer is dropped */
+};
 
-	return !owner || same_addr(owner->addr, pkt->saddr);
+/* answer_arrival takes a SYN-ACK the pod sends (skb, key fk) as the pod's
+ * answer to the arrival waiting for its 4-tuple, if it acknowledges that
+ * SYN's sequence number and comes from the pod whose address it carries.
+ * live says the 4-tuple still has an entry: the arrival is then only marked
+ * answered (subflow_closed writes it when the entry goes); otherwise it is
+ * written now. A join past its rule's maximum, or on a path the rule
+ * refuses, is refused here as a new 4-tuple's would be at its SYN: its
+ * answer never leaves, so it never completes (no reset: the peer's SYN
+ * carried a 4-tuple that was live). Returns an enum arrival_answer. A
+ * global function: verified once, run only on SYN-ACKs. */
+__noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk,
+			      __u32 live)
+{
+	struct subflow nsf, *waiting;
+	struct conn *c = NULL;
+	__u32 canonical = 0;
+	__be32 ack;
+
+	if (!skb || !pkt || !fk || !from_its_pod(skb, pkt))
+		return ARRIVAL_NONE;
+	waiting = bpf_map_lookup_elem(&arrivals, fk);
+	if (!waiting)
+		return ARRIVAL_NONE;
+	/* A copy: an LRU element can be reused by another CPU's update. */
+	nsf = *waiting;
+	if (bpf_skb_load_bytes(skb, pkt->l4_off + 8, &ack, sizeof(ack)) || bpf_ntohl(ack) != nsf.syn_seq + 1)
+		return ARRIVAL_NONE;
+	if (nsf.token)
+		c = lookup_conn(fk->family, fk->saddr, nsf.token, &canonical);
+	if (nsf.token && join_refused(nsf.rule, c, nsf.path_index)) {
+		bpf_map_delete_elem(&arrivals, fk);
+		count(STAT_JOIN_REFUSED);
+		return ARRIVAL_REFUSED;
+	}
+	if (live) {
+		__sync_fetch_and_or(&waiting->flags, SUBFLOW_ANSWERED);
+		return ARRIVAL_ANSWERED;
+	}
+	/* Taken once: a second CPU with the same answer finds none. */
+	if (bpf_map_delete_elem(&arrivals, fk))
+		return ARRIVAL_NONE;
+	write_arrival(fk, &nsf, c, canonical);
+	return ARRIVAL_PROMOTED;
 }
 
 /* What pod_egress_unknown did, besides counting: placed and stored a new
@@ -1072,6 +1248,14 @@ int pod_egress(struct __sk_buff *skb)
 
 	flow_key_from(&fk, &pkt, false);
 	sf = subflow_lookup(&fk);
+	/* The pod's answer to a SYN that found its 4-tuple taken (arrivals). */
+	if ((pkt.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
+		ret = answer_arrival(skb, &pkt, &fk, sf != NULL);
+		if (ret == ARRIVAL_REFUSED)
+			return TC_ACT_SHOT;
+		if (ret == ARRIVAL_PROMOTED)
+			sf = subflow_lookup(&fk);
+	}
 	if (!sf) {
 		ret = pod_egress_unknown(skb, &pkt, &fk);
 		/* A join of the pod's beyond its rule's maximum: the pod's
@@ -1147,7 +1331,10 @@ int pod_ingress(struct __sk_buff *skb)
 		return pod_ingress_unknown(skb, &pkt, rate_has_payload(&pkt));
 	count_subflow_pod(sf, pkt.family, pkt.daddr, pkt.len, false);
 	count_subflow(sf, pkt.len, false);
-	follow_peer(sf, arrival_path(skb));
+	/* A SYN is never a moved subflow's packet, and anyone can send
+	 * one with the subflow's 4-tuple (arrivals). */
+	if (!(pkt.tcp_flags & TCP_FLAG_SYN))
+		follow_peer(sf, arrival_path(skb));
 	/* Each actor is called only for the packets it may change (it checks
 	 * again): most packets, data, are none of them. */
 	if (has_mptcp(&pkt, MPTCP_SUB_JOIN))
@@ -1184,8 +1371,9 @@ int nic_ingress(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
 	struct flow_key fk = {};
-	struct subflow nsf = {};
+	struct subflow nsf = {}, *prev;
 	__u32 ifindex = skb->ingress_ifindex;
+	struct conn *c = NULL;
 	struct endpoint *ep;
 	struct nic *n;
 
@@ -1224,40 +1412,26 @@ int nic_ingress(struct __sk_buff *skb)
 	 * subflow is mirrored whether a rule selects it or not. */
 	nsf.rule = RULE_NONE;
 	flow_key_from(&fk, &pkt, true);
+	prev = subflow_lookup(&fk);
 	if (handshake_subtype(&pkt) == MPTCP_SUB_JOIN) {
-		/* A retransmitted SYN of a join already let in is neither
-		 * counted again nor refused, and its entry, written again,
-		 * keeps what the first SYN took from the connection. */
-		struct subflow *prev = subflow_lookup(&fk);
-		bool known = prev != NULL;
-		struct conn *c;
 		__u32 token, canonical = 0;
 
-		if (prev)
-			nsf.flags = prev->flags & (SUBFLOW_COUNTED | SUBFLOW_OWNS_PATH);
 		if (!load_join_token(skb, &pkt, &token)) {
 			nsf.token = token;
 			c = lookup_conn(pkt.family, pkt.daddr, token, &canonical);
 			nsf.rule = c ? c->rule : select_rule(ep, &pkt, 0, MATCH_JOIN);
-			if (!known && join_refused(nsf.rule, c, n->path)) {
-				/* Refused: the peer hears why at once, and no
-				 * subflow is mirrored. */
+			/* Refused: the peer hears why at once, and no subflow
+			 * is mirrored. A SYN on a 4-tuple with an entry is
+			 * left to the pod: the reset would carry a live
+			 * subflow's 4-tuple. */
+			if (!prev && join_refused(nsf.rule, c, n->path)) {
 				int verdict = answer_refused_join(skb, &pkt);
 
 				if (verdict != TCX_NEXT)
 					return verdict;
 			}
-			if (c) {
-				__u32 bit = 1U << (n->path & MAX_PATHS);
-
-				if (!known) {
-					__sync_fetch_and_add(&c->subflows, 1);
-					nsf.flags |= SUBFLOW_COUNTED;
-				}
-				if (!(__sync_fetch_and_or(&c->used, bit) & bit))
-					nsf.flags |= SUBFLOW_OWNS_PATH;
+			if (c)
 				nsf.conn = canonical;
-			}
 		}
 	} else {
 		nsf.rule = select_rule(ep, &pkt, 0, MATCH_INITIAL);
@@ -1266,6 +1440,19 @@ int nic_ingress(struct __sk_buff *skb)
 	nsf.pod_slot = ep->pod_slot;
 	nsf.role = ROLE_RESPONDER;
 	nsf.created_ns = bpf_ktime_get_ns();
+	nsf.syn_seq = syn_seq(skb, &pkt);
+	if (prev) {
+		/* The same SYN again (its sender repeats it until the pod
+		 * answers): the entry already says all of it. Any other
+		 * waits (arrivals). */
+		if (prev->role == ROLE_RESPONDER && prev->path_index == nsf.path_index &&
+		    prev->token == nsf.token && prev->syn_seq == nsf.syn_seq)
+			return TCX_NEXT;
+		stage_arrival(&fk, &nsf);
+		return TCX_NEXT;
+	}
+	if (c)
+		count_mirrored_join(c, &nsf);
 	insert_subflow(&fk, &nsf);
 	count(STAT_SUBFLOW_MIRRORED);
 	return TCX_NEXT;
@@ -1351,38 +1538,22 @@ static __always_inline int table_run(void *map, __u32 bits, __u32 code, const __
 	return result;
 }
 
-/* take_one lowers *v by one unless it is 0: a count must not wrap and
- * refuse every join from then on. Bounded attempts: user space is the only
- * writer that lowers, and packets raise it at most once each; a count left
- * one too high errs on the side of the rule's maximum. */
-static __always_inline void take_one(__u32 *v)
-{
-#pragma unroll
-	for (int i = 0; i < 8; i++) {
-		__u32 old = *(volatile __u32 *)v;
-
-		if (old == 0 || __sync_val_compare_and_swap(v, old, old - 1) == old)
-			return;
-	}
-}
-
 /* subflow_closed runs when the pod's kernel closed the subflow of key (the
- * agent, the pod's path manager, hears it): the subflow's connection gets
- * back what the subflow held, once, so that a join opened to replace it is
- * placed on the path it leaves and counts against the rule's maximum as the
- * closed one did: its path's bit if it held it alone, and one join (placed
- * by this node) or one subflow (the initial one, or a join the peer opened)
- * if it was counted. closed_ns (bpf_ktime_get_ns' clock) is when the close
- * was heard: an entry placed after it is a new subflow of the same 4-tuple
- * and stays. Then the entry goes, as a delete; the result is the entries
- * freed. */
+ * agent, the pod's path manager, hears it, or its sweep finds no socket):
+ * the subflow's connection gets back what the subflow held (give_back), so
+ * that a join opened to replace it is placed on the path it leaves and
+ * counts against the rule's maximum as the closed one did. closed_ns
+ * (bpf_ktime_get_ns' clock) is when the close was heard: an entry placed
+ * after it is a new subflow of the same 4-tuple and stays. Then the entry
+ * goes, as a delete (the result is the entries freed), and an arrival the
+ * pod answered takes the 4-tuple (arrivals). */
 static __always_inline int subflow_closed(const __u64 *key, __u64 closed_ns)
 {
 	const struct flow_key *fk = (const struct flow_key *)key;
-	struct conn_key ck = {};
-	struct subflow *sf;
-	struct conn *c;
-	__u32 flags;
+	struct subflow *sf, *waiting, nsf;
+	struct conn *c = NULL;
+	__u32 canonical = 0;
+	int freed;
 
 	sf = subflow_lookup(fk);
 	if (!sf)
@@ -1391,23 +1562,24 @@ static __always_inline int subflow_closed(const __u64 *key, __u64 closed_ns)
 	 * (a reset leaves no TIME_WAIT): it is not the one that closed. */
 	if (sf->created_ns > closed_ns)
 		return 0;
-	flags = __sync_fetch_and_or(&sf->flags, SUBFLOW_CLOSED);
-	if (sf->conn && !(flags & SUBFLOW_CLOSED)) {
-		ck.family = fk->family;
-		ck.token = sf->conn;
-		__builtin_memcpy(ck.local, fk->saddr, 16);
-		c = bpf_map_lookup_elem(&conn_states, &ck);
-		if (c) {
-			if (flags & SUBFLOW_OWNS_PATH)
-				__sync_fetch_and_and(&c->used, ~(1U << (sf->path_index & MAX_PATHS)));
-			if ((flags & SUBFLOW_COUNTED) && sf->role == ROLE_INITIATOR && sf->token)
-				take_one(&c->joins);
-			else if (flags & SUBFLOW_COUNTED)
-				take_one(&c->subflows);
-			count(STAT_SUBFLOW_CLOSED);
-		}
-	}
-	return table_delete(&subflows, SUBFLOW_TABLE_BITS, key, FLOW_KEY_WORDS, SUBFLOW_WORDS);
+	/* Written in place of a closed subflow: this may be that one's close
+	 * heard again (its event after a sweep found it), and is taken as
+	 * that, once. A close of its own is heard again or swept. */
+	if (__sync_fetch_and_and(&sf->flags, ~SUBFLOW_SUCCESSOR) & SUBFLOW_SUCCESSOR)
+		return 0;
+	give_back(fk, sf);
+	freed = table_delete(&subflows, SUBFLOW_TABLE_BITS, key, FLOW_KEY_WORDS, SUBFLOW_WORDS);
+	waiting = bpf_map_lookup_elem(&arrivals, fk);
+	if (!waiting)
+		return freed;
+	nsf = *waiting;
+	if (!(nsf.flags & SUBFLOW_ANSWERED) || bpf_map_delete_elem(&arrivals, fk))
+		return freed;
+	if (nsf.token)
+		c = lookup_conn(fk->family, fk->saddr, nsf.token, &canonical);
+	nsf.flags |= SUBFLOW_SUCCESSOR;
+	write_arrival(fk, &nsf, c, canonical);
+	return freed;
 }
 
 /* table_ctl is how user space changes the tables (table.h): the agent

@@ -100,6 +100,9 @@ enum stat_id {
 	STAT_SUBFLOW_HOMED,    /* ... and back on its own path once that came up again */
 	STAT_SUBFLOW_FOLLOWED, /* a subflow's packets followed the peer's onto another path, or back */
 	STAT_SUBFLOW_CLOSED,   /* closed subflows whose path and count went back to their connection */
+	STAT_ARRIVAL_STAGED, /* a SYN from the wire for a 4-tuple with an entry: held until the pod answers it
+			      */
+	STAT_ARRIVAL_PROMOTED, /* ... and the pod answered it (SYN-ACK): the entry is the new subflow's */
 	STAT_MAX,
 };
 
@@ -157,9 +160,15 @@ enum subflow_role {
  * subflows; SUBFLOW_OWNS_PATH: its path's bit, set by it, not shared), and
  * that it gave back when the pod's kernel closed it (SUBFLOW_CLOSED,
  * datapath.c, subflow_closed): only what was taken goes back, once. */
-#define SUBFLOW_CLOSED	     (1U << 3)
-#define SUBFLOW_COUNTED	     (1U << 4)
-#define SUBFLOW_OWNS_PATH    (1U << 5)
+#define SUBFLOW_CLOSED	  (1U << 3)
+#define SUBFLOW_COUNTED	  (1U << 4)
+#define SUBFLOW_OWNS_PATH (1U << 5)
+/* Only in the arrivals map (datapath.c): the pod answered the waiting SYN
+ * with a SYN-ACK. */
+#define SUBFLOW_ANSWERED (1U << 6)
+/* Written in place of a closed subflow (datapath.c, subflow_closed): the
+ * next close heard of the 4-tuple may be that one's, heard again. */
+#define SUBFLOW_SUCCESSOR    (1U << 7)
 #define SUBFLOW_DETOUR_SHIFT 8
 #define SUBFLOW_DETOUR_MASK  (0xfU << SUBFLOW_DETOUR_SHIFT)
 _Static_assert(MAX_PATHS <= 0xf, "a path index outgrew the SUBFLOW_DETOUR bits");
@@ -191,7 +200,10 @@ struct subflow {
 	 * travels now, and when it last changed path. */
 	__u32 seen_ms;
 	__u32 moved_ms;
-	__u32 pad;
+	/* A responder's entry: the sequence number of the SYN that opened
+	 * it (host order), so that a SYN repeated by its sender is told
+	 * from a new one with the same 4-tuple. 0 on the initiator's. */
+	__u32 syn_seq;
 };
 
 /* subflow_path is the path a subflow's packets travel now: its detour while

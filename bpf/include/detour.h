@@ -21,8 +21,10 @@
  * still queued on the old path are not followed back), only onto a path the
  * subflow's rule lists, and a followed detour ends after
  * DETOUR_FOLLOW_MAX_MS: the node then goes home, and follows again
- * DETOUR_SILENT_MS later if the peer still leads. A subflow no rule selected
- * is never moved.
+ * DETOUR_SILENT_MS later if the peer still leads. A SYN is never followed
+ * (pod_ingress): a moved subflow sends none, and a flood of forged SYNs on
+ * the other path would otherwise hold a quiet subflow there for as long as
+ * it lasts. A subflow no rule selected is never moved.
  *
  * The state lives in the subflow's flags (SUBFLOW_DETOUR_* in common.h),
  * updated by compare-and-swap (the backup actor writes other bits of the

@@ -22,8 +22,11 @@ import (
 // closedSubflowGrace is how old an entry must be before a sweep may call
 // it closed: the datapath mirrors a subflow at its SYN, before the pod's
 // kernel has a socket for it, and a SYN may wait in queues or be answered
-// late. Far longer than a handshake takes.
-const closedSubflowGrace = 10 * time.Second
+// late. Far longer than a handshake takes; and long enough that what the
+// tables say of a connection that just ended stays readable for a while
+// (the local API, tests), since the sweep is a backstop: the agent as path
+// manager hears its pods' closes at once.
+const closedSubflowGrace = time.Minute
 
 // sweepClosedSubflows gives back and forgets the entries of plan's pods
 // whose 4-tuple has no socket in the pod's namespace and that were placed

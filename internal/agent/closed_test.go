@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -30,7 +31,10 @@ func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 	settings, state, links := bedNodeState(t, bed, node, mptcpv1alpha1.CompiledRule{Name: "r", Policy: "p", SpreadMode: mptcpv1alpha1.SpreadRoundRobin,
 		SubflowCreation: mptcpv1alpha1.SubflowCreationSignal},
 		mptcpv1alpha1.NodePod{Namespace: "tenant", Name: "server", UID: "u-server", IPs: []string{server.Addr.String()}, Rules: []string{"r"}})
-	locate := func([]netip.Addr) (LocatedPod, error) {
+	locate := func(ips []netip.Addr) (LocatedPod, error) {
+		if ips[0] != server.Addr {
+			return LocatedPod{}, fmt.Errorf("no pod at %v", ips)
+		}
 		return LocatedPod{HostInterface: server.HostIf, NetNS: "/var/run/netns/" + server.NetNS}, nil
 	}
 	var a *Agent

@@ -288,7 +288,9 @@ const (
 	datapathStatIdSTAT_SUBFLOW_HOMED       datapathStatId = 37
 	datapathStatIdSTAT_SUBFLOW_FOLLOWED    datapathStatId = 38
 	datapathStatIdSTAT_SUBFLOW_CLOSED      datapathStatId = 39
-	datapathStatIdSTAT_MAX                 datapathStatId = 40
+	datapathStatIdSTAT_ARRIVAL_STAGED      datapathStatId = 40
+	datapathStatIdSTAT_ARRIVAL_PROMOTED    datapathStatId = 41
+	datapathStatIdSTAT_MAX                 datapathStatId = 42
 )
 
 type datapathSubflow struct {
@@ -307,7 +309,7 @@ type datapathSubflow struct {
 	PodSlot   uint32
 	SeenMs    uint32
 	MovedMs   uint32
-	Pad       uint32
+	SynSeq    uint32
 }
 
 type datapathSubflowBucket struct {
@@ -375,6 +377,7 @@ type datapathTableSeedValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	datapathMapArrivals           = "arrivals"
 	datapathMapConnAliases        = "conn_aliases"
 	datapathMapConnStates         = "conn_states"
 	datapathMapEndpoints          = "endpoints"
@@ -465,6 +468,7 @@ type datapathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathMapSpecs struct {
+	Arrivals      *ebpf.MapSpec `ebpf:"arrivals"`
 	ConnAliases   *ebpf.MapSpec `ebpf:"conn_aliases"`
 	ConnStates    *ebpf.MapSpec `ebpf:"conn_states"`
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
@@ -523,6 +527,7 @@ func (o *datapathObjects) Close() error {
 //
 // It can be passed to loadDatapathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathMaps struct {
+	Arrivals      *ebpf.Map `ebpf:"arrivals"`
 	ConnAliases   *ebpf.Map `ebpf:"conn_aliases"`
 	ConnStates    *ebpf.Map `ebpf:"conn_states"`
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
@@ -547,6 +552,7 @@ type datapathMaps struct {
 
 func (m *datapathMaps) Close() error {
 	return _DatapathClose(
+		m.Arrivals,
 		m.ConnAliases,
 		m.ConnStates,
 		m.Endpoints,

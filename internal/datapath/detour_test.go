@@ -153,7 +153,7 @@ func TestResponderFollowsThePeersDetourAndBack(t *testing.T) {
 // A packet with a subflow's 4-tuple arriving over a path the subflow's rule
 // does not list (forged on another fabric) does not move the subflow there;
 // nor does one no path NIC marked, nor one over a listed path while the
-// peer's packets still arrive over the subflow's own.
+// peer's packets still arrive over the subflow's own, nor a SYN.
 func TestForgedArrivalMovesNothing(t *testing.T) {
 	dp := mirroredJoinBed(t)
 	in := dataFrame(clientPod, 45000, serverPod, 5201)
@@ -169,6 +169,13 @@ func TestForgedArrivalMovesNothing(t *testing.T) {
 	}
 	if n := stat(t, dp, StatSubflowFollowed); n != 0 {
 		t.Errorf("followed counted %d times, want none", n)
+	}
+	// Nor a SYN with its 4-tuple over the other path once it is quiet: a
+	// moved subflow sends none, and anyone can send one.
+	time.Sleep(settle)
+	run(t, dp.objs.PodIngress, syn(clientPod, 45000, serverPod, 5201, testpkt.MPCapableSYN()), dp.arrivedOn(1))
+	if p := sentOn(t, dp, reply); p != 2 {
+		t.Fatalf("after a SYN over path 1: reply on path %d, want 2", p)
 	}
 }
 

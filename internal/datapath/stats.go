@@ -85,7 +85,13 @@ const (
 	// StatSubflowClosed: a subflow the pod's kernel closed gave its path
 	// and its count back to its connection (SubflowClosed).
 	StatSubflowClosed = datapathStatIdSTAT_SUBFLOW_CLOSED
-	numStats          = int(datapathStatIdSTAT_MAX)
+	// StatArrivalStaged: a SYN from the wire found its 4-tuple's entry
+	// taken and was held until the pod answers it; StatArrivalPromoted:
+	// the pod answered it with a SYN-ACK and the entry became the new
+	// subflow's. Staged beyond promoted is forged SYNs (or lost ones).
+	StatArrivalStaged   = datapathStatIdSTAT_ARRIVAL_STAGED
+	StatArrivalPromoted = datapathStatIdSTAT_ARRIVAL_PROMOTED
+	numStats            = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.

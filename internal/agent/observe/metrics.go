@@ -96,6 +96,8 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatSubflowHomed:     "subflow_homed",
 	datapath.StatSubflowFollowed:  "subflow_followed",
 	datapath.StatSubflowClosed:    "subflow_closed",
+	datapath.StatArrivalStaged:    "arrival_staged",
+	datapath.StatArrivalPromoted:  "arrival_promoted",
 }
 
 // EventName is the label value of a datapath counter in

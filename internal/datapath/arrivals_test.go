@@ -1,0 +1,195 @@
+package datapath
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+)
+
+// A SYN from the wire with a live subflow's 4-tuple (a forger on a fabric
+// needs nothing more) changes nothing while the subflow lives: not its
+// path, not its flags, not its connection's counts, even when the pod
+// answers it (a pod can forge its own SYN-ACK), and a join SYN is not
+// refused with a reset that would carry the live 4-tuple. A neighbour that
+// writes the pod's address answers nothing. Once the old subflow closes (the
+// agent hears or sweeps it), the arrival the pod answered takes the
+// 4-tuple, counted as a mirrored join; a second report of that close is
+// taken as the old one's. An arrival whose old entry went before the answer
+// is written at the answer; a join past the maximum on a reused 4-tuple is
+// refused there, its answer dropped.
+func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(serverPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	const nic1Ifindex = 6
+	for ifindex, path := range map[int]uint32{nic1Ifindex: 1, nic2Ifindex: 2} {
+		if err := dp.SetNIC(ifindex, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
+	const clientKey, serverKey = 9, 10
+	const initialPort, joinPort = 40000, 40001
+	synSeq := func(sport uint16, seq uint32, opts []byte) []byte {
+		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 80, Seq: seq, Flags: testpkt.SYN, Options: opts}}.Bytes()
+	}
+	joinOpts := testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)
+	// The victim: an initial subflow on path 1, the peer's join on path 2,
+	// which fills the rule's maximum of two.
+	run(t, dp.objs.NicIngress, synSeq(initialPort, 100, testpkt.MPCapableSYN()), on(nic1Ifindex))
+	run(t, dp.objs.NicIngress, capableACK(clientPod, initialPort, serverPod, 80, clientKey, serverKey), on(nic1Ifindex))
+	run(t, dp.objs.NicIngress, synSeq(joinPort, 200, joinOpts), on(nic2Ifindex))
+	key := func(sport uint16) datapathFlowKey {
+		return flowKey(netip.AddrPortFrom(serverPod, 80), netip.AddrPortFrom(clientPod, sport))
+	}
+	victim := map[uint16]datapathSubflow{initialPort: lookupSubflow(t, dp, key(initialPort)), joinPort: lookupSubflow(t, dp, key(joinPort))}
+	victimConn := connection(t, dp)
+	if victimConn.Subflows != 2 || victimConn.UsedPaths != 1<<1|1<<2 {
+		t.Fatalf("the victim's connection: %+v, want 2 subflows on paths 1 and 2", victimConn)
+	}
+	unchanged := func(when string) {
+		t.Helper()
+		for port, want := range victim {
+			got := lookupSubflow(t, dp, key(port))
+			// What the pod's own packets count moves; nothing else may.
+			got.TxPackets, got.TxBytes, got.SeenMs = want.TxPackets, want.TxBytes, want.SeenMs
+			if got != want {
+				t.Errorf("%s: subflow %d is %+v, was %+v", when, port, got, want)
+			}
+		}
+		if c := connection(t, dp); c != victimConn {
+			t.Errorf("%s: connection %+v, was %+v", when, c, victimConn)
+		}
+	}
+	// replyPath is the path the pod's packet of the 4-tuple leaves by.
+	replyPath := func(sport uint16, flags uint8, ack uint32) uint32 {
+		frame := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: sport, Seq: 7, Ack: ack, Flags: flags}}.Bytes()
+		return dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{}))
+	}
+
+	// Forged SYNs: each live 4-tuple over the other NIC, and over its own
+	// with another sequence number. run checks every one goes on to the
+	// pod unchanged: the join past the maximum is not answered.
+	run(t, dp.objs.NicIngress, synSeq(initialPort, 999, testpkt.MPCapableSYN()), on(nic2Ifindex))
+	run(t, dp.objs.NicIngress, synSeq(joinPort, 555, joinOpts), on(nic1Ifindex))
+	run(t, dp.objs.NicIngress, synSeq(joinPort, 556, joinOpts), on(nic2Ifindex))
+	unchanged("after forged SYNs")
+	if got := stat(t, dp, StatArrivalStaged); got != 3 {
+		t.Errorf("arrivals staged = %d, want the 3 forged SYNs", got)
+	}
+	if got := stat(t, dp, StatJoinRefused); got != 0 {
+		t.Errorf("joins refused = %d: a reset carrying a live 4-tuple", got)
+	}
+	// The pod's sockets live: they answer with ACKs. Nothing moves.
+	if p := replyPath(initialPort, testpkt.ACK, 1000); p != 1 {
+		t.Errorf("the pod's answer on the initial subflow left by path %d, want 1", p)
+	}
+	if p := replyPath(joinPort, testpkt.ACK, 557); p != 2 {
+		t.Errorf("the pod's answer on the join left by path %d, want 2", p)
+	}
+	unchanged("after the pod answered with ACKs")
+	// The victim's own SYN again (its handshake repeats it) is not staged.
+	run(t, dp.objs.NicIngress, synSeq(joinPort, 200, joinOpts), on(nic2Ifindex))
+	if got := stat(t, dp, StatArrivalStaged); got != 3 {
+		t.Errorf("arrivals staged = %d after the join's own SYN again, want still 3", got)
+	}
+	unchanged("after the join's own SYN again")
+	// A SYN-ACK for another sequence number answers nothing.
+	if p := replyPath(initialPort, testpkt.SYN|testpkt.ACK, 5); p != 1 {
+		t.Errorf("a SYN-ACK for no waiting SYN left by path %d, want 1", p)
+	}
+	// A neighbour pod that writes this pod's address and acknowledges
+	// the waiting SYN is no answer from this pod: the packet came in by
+	// the neighbour's interface (the test run's device, loopback), and
+	// a neighbour of the other family is none either.
+	const lo = 1
+	for _, neighbour := range []netip.Addr{netip.MustParseAddr("10.244.2.12"), netip.MustParseAddr("fd00:244:2::12")} {
+		if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: lo, Addr: neighbour}}); err != nil {
+			t.Fatal(err)
+		}
+		if p := replyPath(initialPort, testpkt.SYN|testpkt.ACK, 1000); p != 1 {
+			t.Errorf("neighbour %v's SYN-ACK with this pod's address left by path %d, want 1", neighbour, p)
+		}
+	}
+	if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: lo, Addr: serverPod}}); err != nil {
+		t.Fatal(err)
+	}
+	// The pod answers the forged SYN on its live initial subflow (a raw
+	// socket can): still nothing moves while the subflow lives.
+	if p := replyPath(initialPort, testpkt.SYN|testpkt.ACK, 1000); p != 1 {
+		t.Errorf("the pod's SYN-ACK on its live initial subflow left by path %d, want 1", p)
+	}
+	unchanged("after the pod answered a forged SYN")
+	if got := stat(t, dp, StatArrivalPromoted); got != 0 {
+		t.Fatalf("arrivals promoted = %d, want none while the subflows live", got)
+	}
+
+	// The initial subflow closes (the agent hears it): the answered
+	// arrival takes its 4-tuple, path 2, after the old entry gave back
+	// its path and count.
+	closed := func(sport uint16) bool {
+		t.Helper()
+		ok, err := dp.SubflowClosed(netip.AddrPortFrom(serverPod, 80), netip.AddrPortFrom(clientPod, sport), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !closed(initialPort) {
+		t.Fatal("SubflowClosed found no initial subflow")
+	}
+	if got := stat(t, dp, StatArrivalPromoted); got != 1 {
+		t.Errorf("arrivals promoted = %d, want the answered one", got)
+	}
+	reused := lookupSubflow(t, dp, key(initialPort))
+	if reused.PathIndex != 2 || Role(reused.Role) != RoleResponder || reused.SynSeq != 999 || reused.Conn != 0 {
+		t.Errorf("the reused 4-tuple's entry is %+v, want a new responder entry on path 2 for SYN 999", reused)
+	}
+	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<2 {
+		t.Errorf("after the initial subflow closed: %+v, want the join alone, on path 2", c)
+	}
+	// The same close reported again (an event after a sweep) is taken
+	// as the old subflow's; the next is the new one's.
+	if closed(initialPort) {
+		t.Error("a second report of the old close removed the new subflow")
+	}
+	if !closed(initialPort) {
+		t.Error("the new subflow's own close found no entry")
+	}
+
+	// The join closes before the pod answers a new SYN on its 4-tuple:
+	// the answer writes the arrival at once, counted.
+	run(t, dp.objs.NicIngress, synSeq(joinPort, 700, joinOpts), on(nic1Ifindex))
+	if !closed(joinPort) {
+		t.Fatal("SubflowClosed found no join")
+	}
+	if p := replyPath(joinPort, testpkt.SYN|testpkt.ACK, 701); p != 1 {
+		t.Errorf("the pod's SYN-ACK to the reused join 4-tuple left by path %d, want 1", p)
+	}
+	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<1 {
+		t.Errorf("after the join's 4-tuple was reused over path 1: %+v, want one subflow, on path 1", c)
+	}
+
+	// A join on a reused 4-tuple past the maximum: a second join fills
+	// the rule's two; then an MP_CAPABLE SYN takes a new 4-tuple (not
+	// counted) and a join SYN follows on it. The pod's answer is dropped.
+	run(t, dp.objs.NicIngress, synSeq(40002, 300, joinOpts), on(nic2Ifindex))
+	run(t, dp.objs.NicIngress, synSeq(40003, 400, testpkt.MPCapableSYN()), on(nic1Ifindex))
+	run(t, dp.objs.NicIngress, synSeq(40003, 401, joinOpts), on(nic2Ifindex))
+	answer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40003, Seq: 7, Ack: 402, Flags: testpkt.SYN | testpkt.ACK}}.Bytes()
+	if ret, _ := runOut(t, dp.objs.PodEgress, answer); ret == tcxNext {
+		t.Error("the pod's answer to a join past the maximum went on")
+	}
+	if got := stat(t, dp, StatJoinRefused); got != 1 {
+		t.Errorf("joins refused = %d, want the one on the reused 4-tuple", got)
+	}
+	if c := connection(t, dp); c.Subflows != 2 {
+		t.Errorf("after the refused join: %+v, want the 2 subflows of the maximum", c)
+	}
+}
