@@ -1143,39 +1143,52 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 
 /* What answer_arrival did with a SYN-ACK the pod sends. */
 enum arrival_answer {
-	ARRIVAL_NONE = 0,     /* it answers no waiting arrival */
-	ARRIVAL_ANSWERED = 1, /* marked answered; the live entry stays */
-	ARRIVAL_PROMOTED = 2, /* the 4-tuple had no entry left: the arrival is it */
-	ARRIVAL_REFUSED = 3,  /* a join past its rule's maximum: the answer is dropped */
+	ARRIVAL_NONE = 0,	/* it answers no waiting arrival: it goes on */
+	ARRIVAL_ANSWERED = 1,	/* marked answered; the live entry stays */
+	ARRIVAL_PROMOTED = 2,	/* the 4-tuple had no entry left: the arrival is it */
+	ARRIVAL_REFUSED = 3,	/* a join past its rule's maximum: the answer is dropped */
+	ARRIVAL_UNEXPECTED = 4, /* a join's answer on a live 4-tuple for no SYN seen: dropped */
 };
 
 /* answer_arrival takes a SYN-ACK the pod sends (skb, key fk) as the pod's
  * answer to the arrival waiting for its 4-tuple, if it acknowledges that
  * SYN's sequence number and comes from the pod whose address it carries.
- * live says the 4-tuple still has an entry: the arrival is then only marked
- * answered (subflow_closed writes it when the entry goes); otherwise it is
- * written now. A join past its rule's maximum, or on a path the rule
+ * live is the 4-tuple's entry, if it still has one: the arrival is then only
+ * marked answered (subflow_closed writes it when the entry goes); otherwise
+ * it is written now. A join past its rule's maximum, or on a path the rule
  * refuses, is refused here as a new 4-tuple's would be at its SYN: its
  * answer never leaves, so it never completes (no reset: the peer's SYN
- * carried a 4-tuple that was live). Returns an enum arrival_answer. A
- * global function: verified once, run only on SYN-ACKs. */
+ * carried a 4-tuple that was live). A join's answer on a live 4-tuple that
+ * acknowledges neither the entry's own SYN nor a waiting one is dropped
+ * too: a join the datapath never saw, or whose arrival another SYN took
+ * the place of, would otherwise complete uncounted (MP_JOIN SYNs carry no
+ * data, so the answer acknowledges the SYN's sequence number + 1 exactly).
+ * Returns an enum arrival_answer. A global function: verified once, run
+ * only on SYN-ACKs. */
 __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk,
-			      __u32 live)
+			      const struct subflow *live)
 {
 	struct subflow nsf, *waiting;
 	struct conn *c = NULL;
-	__u32 canonical = 0;
-	__be32 ack;
+	__u32 canonical = 0, ack;
+	__be32 raw;
 
 	if (!skb || !pkt || !fk || !from_its_pod(skb, pkt))
 		return ARRIVAL_NONE;
+	if (bpf_skb_load_bytes(skb, pkt->l4_off + 8, &raw, sizeof(raw)))
+		return ARRIVAL_NONE;
+	ack = bpf_ntohl(raw);
 	waiting = bpf_map_lookup_elem(&arrivals, fk);
-	if (!waiting)
+	if (waiting) /* a copy: an LRU element can be reused by another CPU */
+		nsf = *waiting;
+	if (!waiting || ack != nsf.syn_seq + 1) {
+		if (live && has_mptcp(pkt, MPTCP_SUB_JOIN) && live->role == ROLE_RESPONDER && live->syn_seq &&
+		    ack != live->syn_seq + 1) {
+			count(STAT_ANSWER_DROPPED);
+			return ARRIVAL_UNEXPECTED;
+		}
 		return ARRIVAL_NONE;
-	/* A copy: an LRU element can be reused by another CPU's update. */
-	nsf = *waiting;
-	if (bpf_skb_load_bytes(skb, pkt->l4_off + 8, &ack, sizeof(ack)) || bpf_ntohl(ack) != nsf.syn_seq + 1)
-		return ARRIVAL_NONE;
+	}
 	if (nsf.token)
 		c = lookup_conn(fk->family, fk->saddr, nsf.token, &canonical);
 	if (nsf.token && join_refused(nsf.rule, c, nsf.path_index)) {
@@ -1184,7 +1197,10 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 		return ARRIVAL_REFUSED;
 	}
 	if (live) {
-		__sync_fetch_and_or(&waiting->flags, SUBFLOW_ANSWERED);
+		/* By key, from the copy: never through a pointer another
+		 * CPU may have handed to another 4-tuple. */
+		nsf.flags |= SUBFLOW_ANSWERED;
+		bpf_map_update_elem(&arrivals, fk, &nsf, BPF_EXIST);
 		return ARRIVAL_ANSWERED;
 	}
 	/* Taken once: a second CPU with the same answer finds none. */
@@ -1250,8 +1266,8 @@ int pod_egress(struct __sk_buff *skb)
 	sf = subflow_lookup(&fk);
 	/* The pod's answer to a SYN that found its 4-tuple taken (arrivals). */
 	if ((pkt.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
-		ret = answer_arrival(skb, &pkt, &fk, sf != NULL);
-		if (ret == ARRIVAL_REFUSED)
+		ret = answer_arrival(skb, &pkt, &fk, sf);
+		if (ret == ARRIVAL_REFUSED || ret == ARRIVAL_UNEXPECTED)
 			return TC_ACT_SHOT;
 		if (ret == ARRIVAL_PROMOTED)
 			sf = subflow_lookup(&fk);
@@ -1538,16 +1554,55 @@ static __always_inline int table_run(void *map, __u32 bits, __u32 code, const __
 	return result;
 }
 
+/* A close report (TABLE_OP_SUBFLOW_CLOSED's value): when it was heard, and
+ * what names the subflow beyond its 4-tuple, so that a report that comes
+ * late never closes a newer subflow of the same 4-tuple. 0 matches any. */
+struct closed_report {
+	__u64 heard_ns;	  /* bpf_ktime_get_ns' clock */
+	__u64 created_ns; /* the entry's, as a sweep read it */
+	__u32 token;	  /* the connection, either side's token, as the pod's kernel named it */
+	__u32 pad;
+};
+
+_Static_assert(sizeof(struct closed_report) <= TABLE_VALUE_WORDS_MAX * 8, "closed_report: a table_op value");
+
+/* report_names says whether report is about sf, the entry of fk. A global
+ * function: the report's type is then in the object's BTF, where user space
+ * takes its layout from (bpf2go). */
+__noinline int report_names(const struct closed_report *report, const struct flow_key *fk,
+			    const struct subflow *sf)
+{
+	struct conn_alias *alias;
+	struct conn_key k = {};
+
+	if (!report || !fk || !sf)
+		return 0;
+	/* Placed after the close was heard: the 4-tuple anew (a reset
+	 * leaves no TIME_WAIT), not the subflow that closed. */
+	if (sf->created_ns > report->heard_ns)
+		return false;
+	if (report->created_ns && sf->created_ns != report->created_ns)
+		return false;
+	if (!report->token)
+		return true;
+	k.family = fk->family;
+	k.token = report->token;
+	__builtin_memcpy(k.local, fk->saddr, 16);
+	alias = bpf_map_lookup_elem(&conn_aliases, &k);
+	/* A connection the datapath does not know (never learnt, or
+	 * forgotten) cannot be checked; one it knows must be the entry's
+	 * (a new subflow on the 4-tuple may not be learnt yet: conn 0). */
+	return !alias || alias->canonical == sf->conn;
+}
+
 /* subflow_closed runs when the pod's kernel closed the subflow of key (the
- * agent, the pod's path manager, hears it, or its sweep finds no socket):
- * the subflow's connection gets back what the subflow held (give_back), so
- * that a join opened to replace it is placed on the path it leaves and
- * counts against the rule's maximum as the closed one did. closed_ns
- * (bpf_ktime_get_ns' clock) is when the close was heard: an entry placed
- * after it is a new subflow of the same 4-tuple and stays. Then the entry
- * goes, as a delete (the result is the entries freed), and an arrival the
- * pod answered takes the 4-tuple (arrivals). */
-static __always_inline int subflow_closed(const __u64 *key, __u64 closed_ns)
+ * agent, the pod's path manager, hears it, or its sweep finds no socket),
+ * if report names it: the subflow's connection gets back what the subflow
+ * held (give_back), so that a join opened to replace it is placed on the
+ * path it leaves and counts against the rule's maximum as the closed one
+ * did. Then the entry goes, as a delete (the result is the entries freed),
+ * and an arrival the pod answered takes the 4-tuple (arrivals). */
+static __always_inline int subflow_closed(const __u64 *key, const struct closed_report *report)
 {
 	const struct flow_key *fk = (const struct flow_key *)key;
 	struct subflow *sf, *waiting, nsf;
@@ -1556,16 +1611,7 @@ static __always_inline int subflow_closed(const __u64 *key, __u64 closed_ns)
 	int freed;
 
 	sf = subflow_lookup(fk);
-	if (!sf)
-		return 0;
-	/* A subflow placed after the close was heard has the 4-tuple anew
-	 * (a reset leaves no TIME_WAIT): it is not the one that closed. */
-	if (sf->created_ns > closed_ns)
-		return 0;
-	/* Written in place of a closed subflow: this may be that one's close
-	 * heard again (its event after a sweep found it), and is taken as
-	 * that, once. A close of its own is heard again or swept. */
-	if (__sync_fetch_and_and(&sf->flags, ~SUBFLOW_SUCCESSOR) & SUBFLOW_SUCCESSOR)
+	if (!sf || !report_names(report, fk, sf))
 		return 0;
 	give_back(fk, sf);
 	freed = table_delete(&subflows, SUBFLOW_TABLE_BITS, key, FLOW_KEY_WORDS, SUBFLOW_WORDS);
@@ -1577,7 +1623,6 @@ static __always_inline int subflow_closed(const __u64 *key, __u64 closed_ns)
 		return freed;
 	if (nsf.token)
 		c = lookup_conn(fk->family, fk->saddr, nsf.token, &canonical);
-	nsf.flags |= SUBFLOW_SUCCESSOR;
 	write_arrival(fk, &nsf, c, canonical);
 	return freed;
 }
@@ -1600,7 +1645,7 @@ int table_ctl(struct table_op *op)
 	for (int i = 0; i < TABLE_VALUE_WORDS_MAX; i++)
 		value[i] = op->value[i];
 	if (table == TABLE_ID_SUBFLOWS && code == TABLE_OP_SUBFLOW_CLOSED)
-		result = subflow_closed(key, value[0]);
+		result = subflow_closed(key, (const struct closed_report *)value);
 	else if (table == TABLE_ID_SUBFLOWS)
 		result =
 		    table_run(&subflows, SUBFLOW_TABLE_BITS, code, key, FLOW_KEY_WORDS, value, SUBFLOW_WORDS);

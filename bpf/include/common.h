@@ -100,9 +100,9 @@ enum stat_id {
 	STAT_SUBFLOW_HOMED,    /* ... and back on its own path once that came up again */
 	STAT_SUBFLOW_FOLLOWED, /* a subflow's packets followed the peer's onto another path, or back */
 	STAT_SUBFLOW_CLOSED,   /* closed subflows whose path and count went back to their connection */
-	STAT_ARRIVAL_STAGED, /* a SYN from the wire for a 4-tuple with an entry: held until the pod answers it
-			      */
-	STAT_ARRIVAL_PROMOTED, /* ... and the pod answered it (SYN-ACK): the entry is the new subflow's */
+	STAT_ARRIVAL_STAGED,   /* a SYN for a 4-tuple with an entry: waits, the entry unchanged */
+	STAT_ARRIVAL_PROMOTED, /* ... answered, and the old entry gone: the 4-tuple is the new one's */
+	STAT_ANSWER_DROPPED,   /* a pod's join SYN-ACK on a live 4-tuple for no SYN seen: dropped */
 	STAT_MAX,
 };
 
@@ -165,10 +165,7 @@ enum subflow_role {
 #define SUBFLOW_OWNS_PATH (1U << 5)
 /* Only in the arrivals map (datapath.c): the pod answered the waiting SYN
  * with a SYN-ACK. */
-#define SUBFLOW_ANSWERED (1U << 6)
-/* Written in place of a closed subflow (datapath.c, subflow_closed): the
- * next close heard of the 4-tuple may be that one's, heard again. */
-#define SUBFLOW_SUCCESSOR    (1U << 7)
+#define SUBFLOW_ANSWERED     (1U << 6)
 #define SUBFLOW_DETOUR_SHIFT 8
 #define SUBFLOW_DETOUR_MASK  (0xfU << SUBFLOW_DETOUR_SHIFT)
 _Static_assert(MAX_PATHS <= 0xf, "a path index outgrew the SUBFLOW_DETOUR bits");

@@ -31,6 +31,9 @@ type Agent struct {
 	settings Settings
 	dp       *datapath.Datapath
 	pms      *podnet.PathManagers
+	// closedSeen are the entries the last sweep found without a socket
+	// (closed.go): the next one forgets those it finds so again.
+	closedSeen map[socketKey]closedSighting
 	// previous is the last plan reconciled (at start: the one a previous
 	// process applied, from status.json), so that pods it selected and the
 	// next one does not get their settings back.
@@ -77,8 +80,8 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	// A subflow a managed pod's kernel closed gives its path back before
 	// the path manager opens a join to replace it.
 	a.pms = podnet.NewPathManagers(log, podnet.PathManagerOptions{
-		SubflowClosed: func(local, remote netip.AddrPort, heard time.Time) error {
-			_, err := dp.SubflowClosed(local, remote, heard)
+		SubflowClosed: func(local, remote netip.AddrPort, token uint32, heard time.Time) error {
+			_, err := dp.SubflowClosed(datapath.ClosedSubflow{Local: local, Remote: remote, Heard: heard, Token: token})
 			return err
 		},
 		JoinHoldoff: settings.joinHoldoff(),

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
 // A selected pod's subflow entry outlives its socket unless someone says it
@@ -29,22 +31,42 @@ import (
 const closedSubflowGrace = time.Minute
 
 // sweepClosedSubflows gives back and forgets the entries of plan's pods
-// whose 4-tuple has no socket in the pod's namespace and that were placed
-// before placedBefore: the datapath returns to each connection what the
-// subflow held, as when the pod's path manager hears a close. Pods whose
-// sockets the agent cannot see (guests: their stack is in the VM, mode
-// none) are left alone, as is every pod whose sockets cannot be listed.
-// It returns how many entries it forgot.
+// that a sweep before this one already found closed, and that still are:
+// placed before placedBefore, with no socket of their 4-tuple in the pod's
+// namespace, and no packet since (their counters unchanged). The datapath
+// returns to each connection what the subflow held, as when the pod's path
+// manager hears a close. The second look, and the packets, are for pods
+// whose sockets do not show the 4-tuple their packets carry (a service
+// mesh's sidecar redirects what it accepts to its own port): a subflow that
+// still carries packets is never swept. Left alone: pods whose sockets the
+// agent cannot see (guests, mode none: their stack is in the VM), pods
+// whose namespace is gone or cannot be listed (the released pods' sweep
+// deals with pods that went), and addresses more than one pod claims. It
+// returns how many entries it forgot.
 func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time) (int, error) {
 	netnsOf := map[netip.Addr]string{}
+	claimed := map[netip.Addr]int{}
 	for _, pod := range plan.Pods {
+		for _, ip := range pod.IPs {
+			claimed[ip.Unmap()]++
+		}
 		if r := plan.firstRule(pod); r == nil || r.Subflows == podnet.None {
+			continue
+		}
+		if _, err := os.Stat(pod.NetNS); err != nil {
 			continue
 		}
 		for _, ip := range pod.IPs {
 			netnsOf[ip.Unmap()] = pod.NetNS
 		}
 	}
+	for ip, n := range claimed {
+		if n > 1 {
+			delete(netnsOf, ip)
+		}
+	}
+	seen := a.closedSeen
+	a.closedSeen = map[socketKey]closedSighting{}
 	if len(netnsOf) == 0 {
 		return 0, nil
 	}
@@ -57,7 +79,7 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time) (int, er
 	closed := 0
 	for _, sf := range sfs {
 		ns, ours := netnsOf[sf.Local.Addr().Unmap()]
-		if !ours {
+		if !ours || datapath.KtimeToTime(sf.CreatedNs).After(placedBefore) {
 			continue
 		}
 		socks, listed := open[ns]
@@ -71,10 +93,18 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time) (int, er
 			}
 			open[ns] = socks
 		}
-		if socks == nil || socks[socketKey{sf.Local, sf.Remote}] {
+		k := socketKey{sf.Local, sf.Remote}
+		if socks == nil || socks[k] {
 			continue
 		}
-		gone, err := a.dp.SubflowClosed(sf.Local, sf.Remote, placedBefore)
+		now := closedSighting{createdNs: sf.CreatedNs, packets: sf.Counters.TxPackets + sf.Counters.RxPackets}
+		if last, ok := seen[k]; !ok || last != now {
+			a.closedSeen[k] = now // the first look: the next sweep decides
+			continue
+		}
+		// Named by its placement time: a subflow placed on the
+		// 4-tuple since the table was read is not this one.
+		gone, err := a.dp.SubflowClosed(datapath.ClosedSubflow{Local: sf.Local, Remote: sf.Remote, Heard: placedBefore, CreatedNs: sf.CreatedNs})
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -83,4 +113,10 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time) (int, er
 		}
 	}
 	return closed, errors.Join(errs...)
+}
+
+// closedSighting is an entry a sweep found without a socket: which entry
+// (its placement time) and how many packets it had counted.
+type closedSighting struct {
+	createdNs, packets uint64
 }

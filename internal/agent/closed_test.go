@@ -21,9 +21,10 @@ import (
 // datapath mirrored for a selected pod (signal mode: no path manager hears
 // its closes) stay while the pod's socket is open, and go at a sweep once
 // it has none: a connection that ended, and a SYN the pod refused (a closed
-// port, as a forged SYN would be). The closed connection's subflow gives
-// its place back. Entries younger than the grace, and a guest's (whose
-// sockets the agent cannot see), are left alone.
+// port, as a forged SYN would be), found so by two sweeps in a row with no
+// packet between. The closed connection's subflow gives its place back.
+// Entries younger than the grace, and a guest's (whose sockets the agent
+// cannot see), are left alone.
 func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1})
 	node := bed.Node(1)
@@ -137,14 +138,44 @@ func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 		t.Errorf("a sweep closed %d entries of a guest's pod, want none", n)
 	}
 	// The ended connection's socket may linger a moment (FIN exchange).
-	deadline := time.Now().Add(5 * time.Second)
-	swept := 0
-	for swept < 2 && time.Now().Before(deadline) {
-		swept += sweep(plan, time.Now())
-		time.Sleep(50 * time.Millisecond)
+	ns := "/var/run/netns/" + server.NetNS
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		socks, err := openTCPSockets(ns)
+		testbed.Must(t, err)
+		if !socks[socketKey{netip.AddrPortFrom(server.Addr, open), remote(ends)}] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the ended connection's socket is still open")
+		}
 	}
-	if swept != 2 {
-		t.Errorf("sweeps closed %d entries, want 2: the ended connection's and the refused SYN's", swept)
+	var refused netip.AddrPort // the client's side of the refused SYN
+	for r := range serverSide() {
+		if r != remote(stays) && r != remote(ends) {
+			refused = r
+		}
+	}
+	// The first sweep that finds them closed only notes them; the next
+	// forgets those whose counters did not move: the ended connection's,
+	// but not the refused SYN's 4-tuple, on which a packet arrived in
+	// between (the client tried again from the same port).
+	if n := sweep(plan, time.Now()); n != 0 {
+		t.Errorf("the first sweep to find them closed forgot %d entries, want none yet", n)
+	}
+	testbed.Must(t, netnsutil.Do("/var/run/netns/"+client.NetNS, func() error {
+		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(refused)}
+		d.SetMultipathTCP(true)
+		if c, err := d.Dial("tcp", net.JoinHostPort(server.Addr.String(), strconv.Itoa(closedPort))); err == nil {
+			c.Close()
+			return fmt.Errorf("the closed port accepted a connection")
+		}
+		return nil
+	}))
+	if n := sweep(plan, time.Now()); n != 1 {
+		t.Errorf("the second sweep forgot %d entries, want 1: the ended connection's", n)
+	}
+	if n := sweep(plan, time.Now()); n != 1 {
+		t.Errorf("the third sweep forgot %d entries, want 1: the refused SYN's, quiet since", n)
 	}
 	if got := serverSide(); !got[remote(stays)] || len(got) != 1 {
 		t.Errorf("the server pod's entries after the sweep %v: want only the open connection's %v", got, remote(stays))

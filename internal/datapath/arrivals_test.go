@@ -18,7 +18,8 @@ import (
 // 4-tuple, counted as a mirrored join; a second report of that close is
 // taken as the old one's. An arrival whose old entry went before the answer
 // is written at the answer; a join past the maximum on a reused 4-tuple is
-// refused there, its answer dropped.
+// refused there, its answer dropped, as is a join's answer on a live
+// 4-tuple that no arrival waits for (a decoy took the arrival's place).
 func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	dp := loadForTest(t)
 	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 2}); err != nil {
@@ -133,15 +134,18 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	// The initial subflow closes (the agent hears it): the answered
 	// arrival takes its 4-tuple, path 2, after the old entry gave back
 	// its path and count.
-	closed := func(sport uint16) bool {
+	report := func(sport uint16, token uint32, createdNs uint64) bool {
 		t.Helper()
-		ok, err := dp.SubflowClosed(netip.AddrPortFrom(serverPod, 80), netip.AddrPortFrom(clientPod, sport), time.Now())
+		ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(serverPod, 80), Remote: netip.AddrPortFrom(clientPod, sport),
+			Heard: time.Now(), Token: token, CreatedNs: createdNs})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return ok
 	}
-	if !closed(initialPort) {
+	closed := func(sport uint16) bool { t.Helper(); return report(sport, 0, 0) }
+	// The pod's path manager names the connection by the server's token.
+	if !report(initialPort, tokenOf(serverKey), 0) {
 		t.Fatal("SubflowClosed found no initial subflow")
 	}
 	if got := stat(t, dp, StatArrivalPromoted); got != 1 {
@@ -154,10 +158,14 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<2 {
 		t.Errorf("after the initial subflow closed: %+v, want the join alone, on path 2", c)
 	}
-	// The same close reported again (an event after a sweep) is taken
-	// as the old subflow's; the next is the new one's.
-	if closed(initialPort) {
-		t.Error("a second report of the old close removed the new subflow")
+	// The same close reported again, late (by the path manager, naming
+	// the old connection, or by a sweep, naming the old entry's placement
+	// time), is not the new subflow's; the new one's own close is.
+	if report(initialPort, tokenOf(serverKey), 0) {
+		t.Error("a late report of the old close, naming the old connection, removed the new subflow")
+	}
+	if report(initialPort, 0, victim[initialPort].CreatedNs) {
+		t.Error("a late sweep of the old entry removed the new subflow")
 	}
 	if !closed(initialPort) {
 		t.Error("the new subflow's own close found no entry")
@@ -191,5 +199,27 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	}
 	if c := connection(t, dp); c.Subflows != 2 {
 		t.Errorf("after the refused join: %+v, want the 2 subflows of the maximum", c)
+	}
+
+	// A decoy: an MP_CAPABLE SYN on the live second join's 4-tuple, which
+	// the pod answers, holds the arrival; a join SYN after it cannot take
+	// it, and the pod's answer to that join, which no arrival waits for,
+	// is dropped: the join would complete uncounted once the old one goes.
+	run(t, dp.objs.NicIngress, synSeq(40002, 900, testpkt.MPCapableSYN()), on(nic1Ifindex))
+	replyPath(40002, testpkt.SYN|testpkt.ACK, 901)
+	run(t, dp.objs.NicIngress, synSeq(40002, 950, joinOpts), on(nic1Ifindex))
+	joinAnswer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40002, Seq: 7, Ack: 951,
+		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
+	if ret, _ := runOut(t, dp.objs.PodEgress, joinAnswer); ret == tcxNext {
+		t.Error("the pod's answer to a join no arrival waits for, on a live 4-tuple, went on")
+	}
+	if got := stat(t, dp, StatAnswerDropped); got != 1 {
+		t.Errorf("answers dropped = %d, want 1", got)
+	}
+	// The live join's own answer (its SYN repeated) still goes on.
+	ownAnswer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40002, Seq: 7, Ack: 301,
+		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, ownAnswer, skbContext{})); p != 2 {
+		t.Errorf("the live join's own answer left by path %d, want 2", p)
 	}
 }

@@ -55,7 +55,7 @@ func TestClosedJoinGivesItsPathBackForTheNextJoin(t *testing.T) {
 
 	closed := func(sport uint16) bool {
 		t.Helper()
-		ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, sport), netip.AddrPortFrom(serverPod, 80), time.Now())
+		ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(clientPod, sport), Remote: netip.AddrPortFrom(serverPod, 80), Heard: time.Now()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,7 +139,7 @@ func TestClosedPeerJoinNoLongerCountsAgainstTheMaximum(t *testing.T) {
 		t.Fatalf("joins refused = %d, want 1 (past the maximum)", got)
 	}
 	// The server pod sends the 4-tuple the other way round.
-	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(serverPod, 80), netip.AddrPortFrom(clientPod, 40001), time.Now()); err != nil || !ok {
+	if ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(serverPod, 80), Remote: netip.AddrPortFrom(clientPod, 40001), Heard: time.Now()}); err != nil || !ok {
 		t.Fatalf("SubflowClosed = %v, %v; want the mirrored join found", ok, err)
 	}
 	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<1 {
@@ -177,10 +177,10 @@ func TestClosedSubflowGivesBackOnlyWhatItTook(t *testing.T) {
 		t.Fatalf("after two joins on two paths: %+v", c)
 	}
 	remote := netip.AddrPortFrom(serverPod, 80)
-	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, 40002), remote, beforeSharing); err != nil || ok {
+	if ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(clientPod, 40002), Remote: remote, Heard: beforeSharing}); err != nil || ok {
 		t.Fatalf("a close heard before the entry was placed: closed %v, %v; want the entry kept", ok, err)
 	}
-	if ok, err := dp.SubflowClosed(netip.AddrPortFrom(clientPod, 40002), remote, time.Now()); err != nil || !ok {
+	if ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(clientPod, 40002), Remote: remote, Heard: time.Now()}); err != nil || !ok {
 		t.Fatalf("SubflowClosed(the sharing join) = %v, %v", ok, err)
 	}
 	if c := connection(t, dp); c.Joins != 1 || c.UsedPaths != 0b110 {

@@ -282,18 +282,35 @@ func (d *Datapath) ForgetSubflow(local, remote netip.AddrPort) error {
 	return d.countForgotten(StatSubflowForgotten, uint64(n))
 }
 
-// SubflowClosed tells the datapath that the local pod's kernel closed the
-// subflow with this 4-tuple (as the pod sends it), as heard at heard: its
-// connection gets back what the subflow took from it, once (its path when
-// it held it alone, its place in the count), so that a join opened to
-// replace it is placed on that path again and stays within the rule's
-// maximum; then the entry goes. An entry placed after heard is a new
-// subflow of the same 4-tuple and stays. closed is false when no entry went.
-func (d *Datapath) SubflowClosed(local, remote netip.AddrPort, heard time.Time) (closed bool, err error) {
-	if local.Addr().Unmap().Is4() != remote.Addr().Unmap().Is4() {
-		return false, fmt.Errorf("subflow %v -> %v mixes address families", local, remote)
+// ClosedSubflow is a report that the local pod's kernel closed a subflow:
+// its 4-tuple as the pod sends it, when the report was heard, and what
+// names the subflow beyond its 4-tuple, so that a report that comes late
+// never closes a newer subflow of the same 4-tuple. Zero Token and
+// CreatedNs match any subflow of the 4-tuple placed before Heard.
+type ClosedSubflow struct {
+	Local, Remote netip.AddrPort
+	Heard         time.Time
+	// Token is the connection as the pod's kernel named it in its event:
+	// either side's token.
+	Token uint32
+	// CreatedNs is the entry's placement time as a sweep read it
+	// (Subflow.CreatedNs).
+	CreatedNs uint64
+}
+
+// SubflowClosed tells the datapath that the local pod's kernel closed a
+// subflow: if the entry of its 4-tuple is the one c names, its connection
+// gets back what the subflow took from it, once (its path when it held it
+// alone, its place in the count), so that a join opened to replace it is
+// placed on that path again and stays within the rule's maximum; then the
+// entry goes, and a SYN for the 4-tuple that the pod answered meanwhile
+// takes it. closed is false when no entry went.
+func (d *Datapath) SubflowClosed(c ClosedSubflow) (closed bool, err error) {
+	if c.Local.Addr().Unmap().Is4() != c.Remote.Addr().Unmap().Is4() {
+		return false, fmt.Errorf("subflow %v -> %v mixes address families", c.Local, c.Remote)
 	}
-	n, err := d.tableOp(tableSubflows, datapathTableOpCodeTABLE_OP_SUBFLOW_CLOSED, rawBytes(flowKey(local, remote)), rawBytes(ktimeOf(heard)))
+	report := datapathClosedReport{HeardNs: ktimeOf(c.Heard), CreatedNs: c.CreatedNs, Token: c.Token}
+	n, err := d.tableOp(tableSubflows, datapathTableOpCodeTABLE_OP_SUBFLOW_CLOSED, rawBytes(flowKey(c.Local, c.Remote)), rawBytes(report))
 	return n > 0, err
 }
 

@@ -22,6 +22,14 @@ type datapathCidrKey struct {
 	Pad       [3]uint8
 }
 
+type datapathClosedReport struct {
+	_         structs.HostLayout
+	HeardNs   uint64
+	CreatedNs uint64
+	Token     uint32
+	Pad       uint32
+}
+
 type datapathConn struct {
 	_        structs.HostLayout
 	Used     uint32
@@ -290,7 +298,8 @@ const (
 	datapathStatIdSTAT_SUBFLOW_CLOSED      datapathStatId = 39
 	datapathStatIdSTAT_ARRIVAL_STAGED      datapathStatId = 40
 	datapathStatIdSTAT_ARRIVAL_PROMOTED    datapathStatId = 41
-	datapathStatIdSTAT_MAX                 datapathStatId = 42
+	datapathStatIdSTAT_ANSWER_DROPPED      datapathStatId = 42
+	datapathStatIdSTAT_MAX                 datapathStatId = 43
 )
 
 type datapathSubflow struct {

@@ -91,7 +91,11 @@ const (
 	// subflow's. Staged beyond promoted is forged SYNs (or lost ones).
 	StatArrivalStaged   = datapathStatIdSTAT_ARRIVAL_STAGED
 	StatArrivalPromoted = datapathStatIdSTAT_ARRIVAL_PROMOTED
-	numStats            = int(datapathStatIdSTAT_MAX)
+	// StatAnswerDropped: a pod's join SYN-ACK on a live subflow's 4-tuple
+	// answered no SYN the datapath saw (its arrival was replaced or never
+	// staged), and was dropped rather than let a join complete uncounted.
+	StatAnswerDropped = datapathStatIdSTAT_ANSWER_DROPPED
+	numStats          = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.

@@ -98,6 +98,7 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatSubflowClosed:    "subflow_closed",
 	datapath.StatArrivalStaged:    "arrival_staged",
 	datapath.StatArrivalPromoted:  "arrival_promoted",
+	datapath.StatAnswerDropped:    "answer_dropped",
 }
 
 // EventName is the label value of a datapath counter in

@@ -202,10 +202,11 @@ var defaultBackoff = backoff{Min: 100 * time.Millisecond, Max: 30 * time.Second,
 // PathManagerOptions are what every path manager of a node shares.
 type PathManagerOptions struct {
 	// SubflowClosed, when not nil, hears of every subflow a managed pod's
-	// kernel closes (the 4-tuple as the pod sends it) and when it heard
-	// of it, before a join replaces it: the datapath gives the subflow's
-	// path back to its connection there.
-	SubflowClosed func(local, remote netip.AddrPort, heard time.Time) error
+	// kernel closes (the 4-tuple as the pod sends it, the connection's
+	// token as the kernel named it) and when it heard of it, before a
+	// join replaces it: the datapath gives the subflow's path back to its
+	// connection there.
+	SubflowClosed func(local, remote netip.AddrPort, token uint32, heard time.Time) error
 	// JoinHoldoff, when positive, opens every join as a backup subflow
 	// and makes it active that long after it is established: the peer
 	// has by then taken the join into its connection, so no data reaches
@@ -364,7 +365,7 @@ type pathManager struct {
 	releasedJoins atomic.Uint64
 	// closed, when set, tells the datapath that the pod's kernel closed
 	// the subflow with this 4-tuple (local is the pod's).
-	closed func(local, remote netip.AddrPort, heard time.Time) error
+	closed func(local, remote netip.AddrPort, token uint32, heard time.Time) error
 	// holdoff is how long a new join stays a backup subflow after it is
 	// established; 0: joins are opened active.
 	holdoff time.Duration

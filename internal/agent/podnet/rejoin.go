@@ -148,7 +148,7 @@ func (s *pathManager) subflowClosed(sess *session, ev mptcpnl.Event, heard time.
 		return
 	}
 	if s.closed != nil {
-		if err := s.closed(ev.Local, ev.Remote, heard); err != nil {
+		if err := s.closed(ev.Local, ev.Remote, ev.Token, heard); err != nil {
 			s.log.Warn("giving a closed subflow's path back", "local", ev.Local, "remote", ev.Remote, "err", err)
 		}
 	}

@@ -22,7 +22,7 @@ import (
 func TestAClosedJoinIsReplaced(t *testing.T) {
 	bed := newPMBed(t)
 	closed := make(chan subflowKey, 8)
-	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{SubflowClosed: func(local, remote netip.AddrPort, _ time.Time) error {
+	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{SubflowClosed: func(local, remote netip.AddrPort, _ uint32, _ time.Time) error {
 		closed <- subflowKey{local, remote}
 		return nil
 	}})
