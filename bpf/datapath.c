@@ -1071,13 +1071,20 @@ static __always_inline bool from_its_pod(const struct __sk_buff *skb, const stru
 	return !bpf_map_lookup_elem(&pod_interfaces, &ik);
 }
 
+/* How long an answered arrival keeps its place against later SYNs: the pod
+ * vouched for it, but an answer whose handshake then failed (a blind
+ * forger cannot complete one) must not hold the 4-tuple's reuse off for
+ * good. Longer than a handshake's first SYN-ACK retransmissions. */
+#define ARRIVAL_ANSWERED_HOLD_NS (3ULL * 1000000000ULL)
+
 /* stage_arrival keeps nsf, a SYN's entry, waiting for its 4-tuple fk
- * (arrivals); one the pod answered already stays: the pod vouched for it. */
+ * (arrivals), unless the pod answered the one waiting there recently. */
 static __always_inline void stage_arrival(const struct flow_key *fk, const struct subflow *nsf)
 {
 	struct subflow *waiting = bpf_map_lookup_elem(&arrivals, fk);
 
-	if (waiting && (waiting->flags & SUBFLOW_ANSWERED))
+	if (waiting && (waiting->flags & SUBFLOW_ANSWERED) &&
+	    nsf->created_ns - waiting->created_ns < ARRIVAL_ANSWERED_HOLD_NS)
 		return;
 	bpf_map_update_elem(&arrivals, fk, nsf, BPF_ANY);
 	count(STAT_ARRIVAL_STAGED);
@@ -1178,10 +1185,14 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 	if (bpf_skb_load_bytes(skb, pkt->l4_off + 8, &raw, sizeof(raw)))
 		return ARRIVAL_NONE;
 	ack = bpf_ntohl(raw);
+	/* The answer to the live entry's own SYN is that handshake's. */
+	if (live && live->role == ROLE_RESPONDER && live->syn_seq && ack == live->syn_seq + 1)
+		return ARRIVAL_NONE;
 	waiting = bpf_map_lookup_elem(&arrivals, fk);
 	if (waiting) /* a copy: an LRU element can be reused by another CPU */
 		nsf = *waiting;
-	if (!waiting || ack != nsf.syn_seq + 1) {
+	/* It must answer the waiting SYN, as the same kind of subflow. */
+	if (!waiting || ack != nsf.syn_seq + 1 || !nsf.token != !has_mptcp(pkt, MPTCP_SUB_JOIN)) {
 		if (live && has_mptcp(pkt, MPTCP_SUB_JOIN) && live->role == ROLE_RESPONDER && live->syn_seq &&
 		    ack != live->syn_seq + 1) {
 			count(STAT_ANSWER_DROPPED);
@@ -1198,8 +1209,10 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 	}
 	if (live) {
 		/* By key, from the copy: never through a pointer another
-		 * CPU may have handed to another 4-tuple. */
+		 * CPU may have handed to another 4-tuple. Answered now
+		 * (stage_arrival holds it that long). */
 		nsf.flags |= SUBFLOW_ANSWERED;
+		nsf.created_ns = bpf_ktime_get_ns();
 		bpf_map_update_elem(&arrivals, fk, &nsf, BPF_EXIST);
 		return ARRIVAL_ANSWERED;
 	}
@@ -1459,10 +1472,9 @@ int nic_ingress(struct __sk_buff *skb)
 	nsf.syn_seq = syn_seq(skb, &pkt);
 	if (prev) {
 		/* The same SYN again (its sender repeats it until the pod
-		 * answers): the entry already says all of it. Any other
-		 * waits (arrivals). */
-		if (prev->role == ROLE_RESPONDER && prev->path_index == nsf.path_index &&
-		    prev->token == nsf.token && prev->syn_seq == nsf.syn_seq)
+		 * answers, over whichever path): the entry already says all
+		 * of it. Any other waits (arrivals). */
+		if (prev->role == ROLE_RESPONDER && prev->token == nsf.token && prev->syn_seq == nsf.syn_seq)
 			return TCX_NEXT;
 		stage_arrival(&fk, &nsf);
 		return TCX_NEXT;
@@ -1566,6 +1578,10 @@ struct closed_report {
 
 _Static_assert(sizeof(struct closed_report) <= TABLE_VALUE_WORDS_MAX * 8, "closed_report: a table_op value");
 
+/* How late a close report may come after the close: the path manager reads
+ * its events as they come. */
+#define REPORT_LATE_NS (1000000000ULL)
+
 /* report_names says whether report is about sf, the entry of fk. A global
  * function: the report's type is then in the object's BTF, where user space
  * takes its layout from (bpf2go). */
@@ -1585,6 +1601,12 @@ __noinline int report_names(const struct closed_report *report, const struct flo
 		return false;
 	if (!report->token)
 		return true;
+	/* Not learnt (a mirrored join whose connection was forgotten, a
+	 * new subflow whose MP_CAPABLE ACK has not come yet): named only
+	 * if older than any report that could still be about its 4-tuple's
+	 * previous subflow. */
+	if (!sf->conn)
+		return report->heard_ns - sf->created_ns > REPORT_LATE_NS;
 	k.family = fk->family;
 	k.token = report->token;
 	__builtin_memcpy(k.local, fk->saddr, 16);

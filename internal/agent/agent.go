@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +35,9 @@ type Agent struct {
 	// closedSeen are the entries the last sweep found without a socket
 	// (closed.go): the next one forgets those it finds so again.
 	closedSeen map[socketKey]closedSighting
+	sweepMu    sync.Mutex // closedSeen's: sweeps may come from two loops
+	// sweepSpacing is closedSweepSpacing (tests look more often).
+	sweepSpacing time.Duration
 	// previous is the last plan reconciled (at start: the one a previous
 	// process applied, from status.json), so that pods it selected and the
 	// next one does not get their settings back.
@@ -76,7 +80,7 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir)}
+	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir), sweepSpacing: closedSweepSpacing}
 	// A subflow a managed pod's kernel closed gives its path back before
 	// the path manager opens a join to replace it.
 	a.pms = podnet.NewPathManagers(log, podnet.PathManagerOptions{

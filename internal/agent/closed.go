@@ -31,24 +31,31 @@ import (
 const closedSubflowGrace = time.Minute
 
 // sweepClosedSubflows gives back and forgets the entries of plan's pods
-// that a sweep before this one already found closed, and that still are:
-// placed before placedBefore, with no socket of their 4-tuple in the pod's
-// namespace, and no packet since (their counters unchanged). The datapath
+// that a sweep at least a.sweepSpacing before this one already found
+// closed, and that still are: placed before placedBefore, with no socket of
+// their 4-tuple in the pod's namespace, and nothing sent by the pod since
+// (or closedSweepLooks such looks, whatever it sent). The datapath
 // returns to each connection what the subflow held, as when the pod's path
 // manager hears a close. The second look, and the packets, are for pods
 // whose sockets do not show the 4-tuple their packets carry (a service
 // mesh's sidecar redirects what it accepts to its own port): a subflow that
-// still carries packets is never swept. Left alone: pods whose sockets the
+// still carries packets is swept only after minutes. Left alone: pods whose sockets the
 // agent cannot see (guests, mode none: their stack is in the VM), pods
 // whose namespace is gone or cannot be listed (the released pods' sweep
 // deals with pods that went), and addresses more than one pod claims. It
 // returns how many entries it forgot.
 func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time) (int, error) {
+	a.sweepMu.Lock()
+	defer a.sweepMu.Unlock()
 	netnsOf := map[netip.Addr]string{}
 	claimed := map[netip.Addr]int{}
 	for _, pod := range plan.Pods {
+		ips := map[netip.Addr]bool{}
 		for _, ip := range pod.IPs {
-			claimed[ip.Unmap()]++
+			ips[ip.Unmap()] = true
+		}
+		for ip := range ips {
+			claimed[ip]++
 		}
 		if r := plan.firstRule(pod); r == nil || r.Subflows == podnet.None {
 			continue
@@ -67,6 +74,7 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time) (int, er
 	}
 	seen := a.closedSeen
 	a.closedSeen = map[socketKey]closedSighting{}
+	now := time.Now()
 	if len(netnsOf) == 0 {
 		return 0, nil
 	}
@@ -97,9 +105,23 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time) (int, er
 		if socks == nil || socks[k] {
 			continue
 		}
-		now := closedSighting{createdNs: sf.CreatedNs, packets: sf.Counters.TxPackets + sf.Counters.RxPackets}
-		if last, ok := seen[k]; !ok || last != now {
-			a.closedSeen[k] = now // the first look: the next sweep decides
+		last, ok := seen[k]
+		if !ok || last.createdNs != sf.CreatedNs {
+			// The first look: later sweeps decide.
+			a.closedSeen[k] = closedSighting{createdNs: sf.CreatedNs, sent: sf.Counters.TxPackets, first: now, looks: 1}
+			continue
+		}
+		if now.Sub(last.first) < a.sweepSpacing*time.Duration(last.looks) {
+			a.closedSeen[k] = last // too soon after the last look to count
+			continue
+		}
+		// What the pod sent: a forger can make it receive, and what
+		// its kernel answers a forged packet on a closed 4-tuple is a
+		// reset each time, so after closedSweepLooks looks the entry
+		// goes whatever it counted.
+		quiet := sf.Counters.TxPackets == last.sent
+		if !quiet && last.looks+1 < closedSweepLooks {
+			a.closedSeen[k] = closedSighting{createdNs: sf.CreatedNs, sent: sf.Counters.TxPackets, first: last.first, looks: last.looks + 1}
 			continue
 		}
 		// Named by its placement time: a subflow placed on the
@@ -115,8 +137,21 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time) (int, er
 	return closed, errors.Join(errs...)
 }
 
-// closedSighting is an entry a sweep found without a socket: which entry
-// (its placement time) and how many packets it had counted.
+// closedSighting is an entry sweeps found without a socket: which entry (its
+// placement time), how many packets the pod had sent on it at the last
+// look, when the first look was, and how many looks there were.
 type closedSighting struct {
-	createdNs, packets uint64
+	createdNs, sent uint64
+	first           time.Time
+	looks           int
 }
+
+// closedSweepSpacing is the least time between two looks that count (the
+// agent's sweepSpacing): a reconcile right after a sweep is no second look.
+// closedSweepLooks is the most looks an entry without a socket survives
+// while its pod still sends on it (a pod whose sockets do not show the
+// 4-tuple: see above).
+const (
+	closedSweepSpacing = SweepInterval / 2
+	closedSweepLooks   = 4
+)

@@ -122,6 +122,7 @@ func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 		t.Fatalf("the server pod's entries %v: want the two connections' and the refused SYN's", got)
 	}
 
+	a.sweepSpacing = 0 // looks count however close, but where set below
 	sweep := func(plan *Plan, placedBefore time.Time) int {
 		t.Helper()
 		n, err := a.sweepClosedSubflows(plan, placedBefore)
@@ -156,12 +157,18 @@ func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 		}
 	}
 	// The first sweep that finds them closed only notes them; the next
-	// forgets those whose counters did not move: the ended connection's,
-	// but not the refused SYN's 4-tuple, on which a packet arrived in
-	// between (the client tried again from the same port).
+	// forgets those on which the pod sent nothing since: the ended
+	// connection's, but not the refused SYN's 4-tuple, on which the pod
+	// answered a new SYN in between (the client tried again from the same
+	// port).
+	a.sweepSpacing = time.Hour
 	if n := sweep(plan, time.Now()); n != 0 {
 		t.Errorf("the first sweep to find them closed forgot %d entries, want none yet", n)
 	}
+	if n := sweep(plan, time.Now()); n != 0 {
+		t.Errorf("a sweep right after the first (a reconcile) forgot %d entries: it is no second look", n)
+	}
+	a.sweepSpacing = 0
 	testbed.Must(t, netnsutil.Do("/var/run/netns/"+client.NetNS, func() error {
 		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(refused)}
 		d.SetMultipathTCP(true)

@@ -74,6 +74,13 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 		return dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{}))
 	}
 
+	// joinReplyPath is the path the pod's answer to a join SYN leaves by.
+	joinReplyPath := func(sport uint16, ack uint32) uint32 {
+		frame := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: sport, Seq: 7, Ack: ack,
+			Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
+		return dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{}))
+	}
+
 	// Forged SYNs: each live 4-tuple over the other NIC, and over its own
 	// with another sequence number. run checks every one goes on to the
 	// pod unchanged: the join past the maximum is not answered.
@@ -95,8 +102,10 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 		t.Errorf("the pod's answer on the join left by path %d, want 2", p)
 	}
 	unchanged("after the pod answered with ACKs")
-	// The victim's own SYN again (its handshake repeats it) is not staged.
+	// The victim's own SYN again (its handshake repeats it, over either
+	// path) is not staged.
 	run(t, dp.objs.NicIngress, synSeq(joinPort, 200, joinOpts), on(nic2Ifindex))
+	run(t, dp.objs.NicIngress, synSeq(joinPort, 200, joinOpts), on(nic1Ifindex))
 	if got := stat(t, dp, StatArrivalStaged); got != 3 {
 		t.Errorf("arrivals staged = %d after the join's own SYN again, want still 3", got)
 	}
@@ -177,7 +186,7 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	if !closed(joinPort) {
 		t.Fatal("SubflowClosed found no join")
 	}
-	if p := replyPath(joinPort, testpkt.SYN|testpkt.ACK, 701); p != 1 {
+	if p := joinReplyPath(joinPort, 701); p != 1 {
 		t.Errorf("the pod's SYN-ACK to the reused join 4-tuple left by path %d, want 1", p)
 	}
 	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<1 {
@@ -190,7 +199,8 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	run(t, dp.objs.NicIngress, synSeq(40002, 300, joinOpts), on(nic2Ifindex))
 	run(t, dp.objs.NicIngress, synSeq(40003, 400, testpkt.MPCapableSYN()), on(nic1Ifindex))
 	run(t, dp.objs.NicIngress, synSeq(40003, 401, joinOpts), on(nic2Ifindex))
-	answer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40003, Seq: 7, Ack: 402, Flags: testpkt.SYN | testpkt.ACK}}.Bytes()
+	answer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40003, Seq: 7, Ack: 402,
+		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
 	if ret, _ := runOut(t, dp.objs.PodEgress, answer); ret == tcxNext {
 		t.Error("the pod's answer to a join past the maximum went on")
 	}
@@ -215,6 +225,25 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	}
 	if got := stat(t, dp, StatAnswerDropped); got != 1 {
 		t.Errorf("answers dropped = %d, want 1", got)
+	}
+	// An answered arrival holds its place for a few seconds only: a
+	// handshake it answered that then failed does not keep the join's
+	// real SYN out for good.
+	time.Sleep(3100 * time.Millisecond)
+	run(t, dp.objs.NicIngress, synSeq(40002, 960, joinOpts), on(nic1Ifindex))
+	joinAnswer = testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40002, Seq: 7, Ack: 961,
+		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
+	// The join SYN took the arrival's place: its answer is judged as the
+	// waiting join's, refused as past the maximum (the old join on the
+	// 4-tuple still counts), not dropped as an answer to no SYN.
+	if ret, _ := runOut(t, dp.objs.PodEgress, joinAnswer); ret == tcxNext {
+		t.Error("the pod's answer to a join past the maximum went on")
+	}
+	if got := stat(t, dp, StatAnswerDropped); got != 1 {
+		t.Errorf("answers dropped = %d, want still 1", got)
+	}
+	if got := stat(t, dp, StatJoinRefused); got != 2 {
+		t.Errorf("joins refused = %d, want 2", got)
 	}
 	// The live join's own answer (its SYN repeated) still goes on.
 	ownAnswer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40002, Seq: 7, Ack: 301,
