@@ -1,14 +1,18 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
@@ -113,4 +117,24 @@ func finishTransferOver(t *testing.T, w *testbed.Watch, srv *testbed.TrafficServ
 		}
 	}
 	return byRemote
+}
+
+// sending is a transfer sendInBackground started: what the sender reported
+// and how it ended, once it has.
+type sending struct {
+	sent []testbed.SenderReport
+	err  error
+}
+
+// sendInBackground starts one MPTCP connection from client to server:port
+// for length (seeded by the port) and returns at once; the channel gives
+// its result.
+func sendInBackground(ctx context.Context, bed *testbed.Bed, client, server *testbed.Pod, port int, length time.Duration) <-chan sending {
+	done := make(chan sending, 1)
+	go func() {
+		sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true,
+			"-conns", "1", "-duration", length.String(), "-seed", strconv.Itoa(port))
+		done <- sending{sent, err}
+	}()
+	return done
 }

@@ -3,10 +3,8 @@ package e2e
 import (
 	"fmt"
 	"math"
-	"net/netip"
 	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -141,17 +139,8 @@ func carrierLossTransfer(t *testing.T, bed *testbed.Bed, port, node int) failove
 	rst0, csum0 := podResets(t, bed), podCounter(t, bed, "MPTcpExtDataCsumErr")
 	re0, inj0 := nstatValue(t, bed, client.NetNS, "TcpRetransSegs"), nstatValue(t, bed, client.NetNS, "MPTcpExtMPTCPRetrans")
 
-	type sendResult struct {
-		sent []testbed.SenderReport
-		err  error
-	}
-	done := make(chan sendResult, 1)
 	start := time.Now()
-	go func() {
-		sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true,
-			"-conns", "1", "-duration", failoverLength.String(), "-seed", strconv.Itoa(port))
-		done <- sendResult{sent, err}
-	}()
+	done := sendInBackground(ctx, bed, client, server, port, failoverLength)
 	time.Sleep(failoverAt)
 	carrierErr := bed.SetCarrier(node, 1, false)
 	down := time.Now()

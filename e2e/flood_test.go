@@ -43,16 +43,7 @@ func TestForgedSYNsMoveNoLiveSubflow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type sendResult struct {
-		sent []testbed.SenderReport
-		err  error
-	}
-	done := make(chan sendResult, 1)
-	go func() {
-		sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, port), true,
-			"-conns", "1", "-duration", length.String(), "-seed", strconv.Itoa(port))
-		done <- sendResult{sent, err}
-	}()
+	done := sendInBackground(ctx, bed, client, server, port, length)
 	waitPlaced(t, bed, agents[0], client, 2)
 
 	// The victim as the server's node holds it: its initial subflow and

@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
-	"strconv"
 	"testing"
 	"time"
 
@@ -49,15 +48,7 @@ func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type sendResult struct {
-		sent []testbed.SenderReport
-		err  error
-	}
-	done := make(chan sendResult, 1)
-	go func() {
-		sent, err := bed.Send(ctx, bins.Traffic, client, remote, true, "-conns", "1", "-duration", length.String(), "-seed", strconv.Itoa(port))
-		done <- sendResult{sent, err}
-	}()
+	done := sendInBackground(ctx, bed, client, server, port, length)
 	time.Sleep(killAt)
 
 	// The join node 1 placed, and the path it is on.

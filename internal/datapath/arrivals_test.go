@@ -15,25 +15,13 @@ import (
 // refused with a reset that would carry the live 4-tuple. A neighbour that
 // writes the pod's address answers nothing. Once the old subflow closes (the
 // agent hears or sweeps it), the arrival the pod answered takes the
-// 4-tuple, counted as a mirrored join; a second report of that close is
-// taken as the old one's. An arrival whose old entry went before the answer
+// 4-tuple, counted as a mirrored join; a late report of that close closes
+// nothing new. An arrival whose old entry went before the answer
 // is written at the answer; a join past the maximum on a reused 4-tuple is
 // refused there, its answer dropped, as is a join's answer on a live
 // 4-tuple that no arrival waits for (a decoy took the arrival's place).
 func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
-	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 2}); err != nil {
-		t.Fatal(err)
-	}
-	if err := dp.SetEndpoint(serverPod, 0); err != nil {
-		t.Fatal(err)
-	}
-	const nic1Ifindex = 6
-	for ifindex, path := range map[int]uint32{nic1Ifindex: 1, nic2Ifindex: 2} {
-		if err := dp.SetNIC(ifindex, path); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dp := twoNICResponder(t)
 	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
 	const clientKey, serverKey = 9, 10
 	const initialPort, joinPort = 40000, 40001
@@ -75,10 +63,12 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	}
 
 	// joinReplyPath is the path the pod's answer to a join SYN leaves by.
-	joinReplyPath := func(sport uint16, ack uint32) uint32 {
-		frame := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: sport, Seq: 7, Ack: ack,
+	joinAnswer := func(sport uint16, ack uint32) []byte {
+		return testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: sport, Seq: 7, Ack: ack,
 			Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
-		return dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{}))
+	}
+	joinReplyPath := func(sport uint16, ack uint32) uint32 {
+		return dp.pathOfMark(t, run(t, dp.objs.PodEgress, joinAnswer(sport, ack), skbContext{}))
 	}
 
 	// Forged SYNs: each live 4-tuple over the other NIC, and over its own
@@ -199,8 +189,7 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	run(t, dp.objs.NicIngress, synSeq(40002, 300, joinOpts), on(nic2Ifindex))
 	run(t, dp.objs.NicIngress, synSeq(40003, 400, testpkt.MPCapableSYN()), on(nic1Ifindex))
 	run(t, dp.objs.NicIngress, synSeq(40003, 401, joinOpts), on(nic2Ifindex))
-	answer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40003, Seq: 7, Ack: 402,
-		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
+	answer := joinAnswer(40003, 402)
 	if ret, _ := runOut(t, dp.objs.PodEgress, answer); ret == tcxNext {
 		t.Error("the pod's answer to a join past the maximum went on")
 	}
@@ -218,9 +207,7 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	run(t, dp.objs.NicIngress, synSeq(40002, 900, testpkt.MPCapableSYN()), on(nic1Ifindex))
 	replyPath(40002, testpkt.SYN|testpkt.ACK, 901)
 	run(t, dp.objs.NicIngress, synSeq(40002, 950, joinOpts), on(nic1Ifindex))
-	joinAnswer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40002, Seq: 7, Ack: 951,
-		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
-	if ret, _ := runOut(t, dp.objs.PodEgress, joinAnswer); ret == tcxNext {
+	if ret, _ := runOut(t, dp.objs.PodEgress, joinAnswer(40002, 951)); ret == tcxNext {
 		t.Error("the pod's answer to a join no arrival waits for, on a live 4-tuple, went on")
 	}
 	if got := stat(t, dp, StatAnswerDropped); got != 1 {
@@ -231,12 +218,10 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	// real SYN out for good.
 	time.Sleep(3100 * time.Millisecond)
 	run(t, dp.objs.NicIngress, synSeq(40002, 960, joinOpts), on(nic1Ifindex))
-	joinAnswer = testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40002, Seq: 7, Ack: 961,
-		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
 	// The join SYN took the arrival's place: its answer is judged as the
 	// waiting join's, refused as past the maximum (the old join on the
 	// 4-tuple still counts), not dropped as an answer to no SYN.
-	if ret, _ := runOut(t, dp.objs.PodEgress, joinAnswer); ret == tcxNext {
+	if ret, _ := runOut(t, dp.objs.PodEgress, joinAnswer(40002, 961)); ret == tcxNext {
 		t.Error("the pod's answer to a join past the maximum went on")
 	}
 	if got := stat(t, dp, StatAnswerDropped); got != 1 {
@@ -246,9 +231,7 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 		t.Errorf("joins refused = %d, want 2", got)
 	}
 	// The live join's own answer (its SYN repeated) still goes on.
-	ownAnswer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40002, Seq: 7, Ack: 301,
-		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
-	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, ownAnswer, skbContext{})); p != 2 {
+	if p := joinReplyPath(40002, 301); p != 2 {
 		t.Errorf("the live join's own answer left by path %d, want 2", p)
 	}
 }

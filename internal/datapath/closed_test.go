@@ -87,10 +87,14 @@ func TestClosedJoinGivesItsPathBackForTheNextJoin(t *testing.T) {
 	}
 }
 
-// On the responder's node, a peer's join that closed no longer counts
-// against the maximum: the peer's next join is let in, not answered with a
-// reset.
-func TestClosedPeerJoinNoLongerCountsAgainstTheMaximum(t *testing.T) {
+// nic1Ifindex is the test NICs' first (nic2Ifindex the second).
+const nic1Ifindex = 6
+
+// twoNICResponder is the datapath of serverPod's node: the pod selected by
+// rule 0, over paths 1 and 2 (nic1Ifindex, nic2Ifindex), at most two
+// subflows per connection.
+func twoNICResponder(t *testing.T) *Datapath {
+	t.Helper()
 	dp := loadForTest(t)
 	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 2}); err != nil {
 		t.Fatal(err)
@@ -98,12 +102,19 @@ func TestClosedPeerJoinNoLongerCountsAgainstTheMaximum(t *testing.T) {
 	if err := dp.SetEndpoint(serverPod, 0); err != nil {
 		t.Fatal(err)
 	}
-	const nic1Ifindex = 6
 	for ifindex, path := range map[int]uint32{nic1Ifindex: 1, nic2Ifindex: 2} {
 		if err := dp.SetNIC(ifindex, path); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return dp
+}
+
+// On the responder's node, a peer's join that closed no longer counts
+// against the maximum: the peer's next join is let in, not answered with a
+// reset.
+func TestClosedPeerJoinNoLongerCountsAgainstTheMaximum(t *testing.T) {
+	dp := twoNICResponder(t)
 	const clientKey, serverKey = 7, 8
 	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
 	run(t, dp.objs.NicIngress, syn(clientPod, 40000, serverPod, 80, testpkt.MPCapableSYN()), on(nic1Ifindex))
