@@ -144,27 +144,35 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } endpoints SEC(".maps");
 
-/* A SYN from the wire whose 4-tuple already has a subflow entry is either
- * the 4-tuple used again (its old subflow closed, and the agent has not
- * heard yet) or a forgery: anyone on a fabric can send a SYN with a live
- * subflow's 4-tuple, and a pod can forge its own answer (raw sockets).
- * Writing the entry at either would let them re-pin the subflow, clear its
- * flags or give back its count. So a live entry is never changed from the
- * wire: the SYN waits here (nic_ingress), is marked answered when the pod
- * sends a SYN-ACK that acknowledges its sequence number (answer_arrival),
- * and takes the 4-tuple only once the old entry is gone: at the close the
- * agent hears or sweeps (subflow_closed), or at that answer if the entry
- * went before it. An LRU map, not pinned: a flood of forged SYNs evicts
- * only other waiting arrivals (an answered one is never overwritten), and
- * an arrival lost to eviction or a restart leaves the reused 4-tuple
- * without an entry once the old one goes (plain routing, no counters).
- * 4096: a 4-tuple is reused rarely, and answered within a round trip. The
- * value is the entry, its join not yet counted. */
+/* A SYN from the wire writes no entry: anyone on a fabric can send SYNs,
+ * with a live subflow's 4-tuple (to re-pin the subflow, clear its flags or
+ * give back its count), to closed ports, or with a token it learnt (to
+ * fill a connection's joins), and a pod can forge its own answer (raw
+ * sockets). So every SYN waits here (nic_ingress). The pod's SYN-ACK that
+ * acknowledges its sequence number marks it answered and leaves by the
+ * path the SYN came in by (answer_arrival). It becomes the 4-tuple's entry,
+ * its join counted, when the peer's third ACK acknowledges that SYN-ACK
+ * (promote_acked): a sender that does not see the pod's answers (a blind
+ * forger) never gets that far, and a closed port or an unknown token is
+ * never answered. A 4-tuple that still has an entry is taken only once the
+ * old entry is gone: at the close the agent hears or sweeps
+ * (subflow_closed). An LRU map, not pinned: a flood of forged SYNs evicts
+ * only other waiting arrivals (an answered one keeps its place a while,
+ * stage_arrival), never a live entry; an arrival lost to eviction or a
+ * restart leaves its subflow without an entry (plain routing, no
+ * counters, the pod's caps). 16384: arrivals wait a round trip, or a SYN
+ * retransmission under a flood. */
+struct arrival {
+	struct subflow sf; /* the entry it will be, its join not yet counted */
+	__u32 answer_seq;  /* the pod's SYN-ACK's sequence number (host order), once answered */
+	__u32 pad;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 16384);
 	__type(key, struct flow_key);
-	__type(value, struct subflow);
+	__type(value, struct arrival);
 } arrivals SEC(".maps");
 
 /* The selected pod a packet came from, by the host-side interface it
@@ -471,6 +479,13 @@ static __always_inline bool is_capable_ack(const struct packet *pkt)
 	return has_mptcp(pkt, MPTCP_SUB_CAPABLE) && !(pkt->tcp_flags & TCP_FLAG_SYN);
 }
 
+/* An MP_JOIN on a segment that is not a SYN is a join's third ACK (the
+ * parser accepts it there only with the full HMAC). */
+static __always_inline bool is_join_ack(const struct packet *pkt)
+{
+	return has_mptcp(pkt, MPTCP_SUB_JOIN) && !(pkt->tcp_flags & TCP_FLAG_SYN);
+}
+
 static __always_inline int load_join_token(struct __sk_buff *skb, const struct packet *pkt, __u32 *token)
 {
 	__be32 raw;
@@ -543,11 +558,16 @@ __noinline int learn_connection(struct __sk_buff *skb, const struct packet *pkt,
 	 * ACK, length 20; with data: 22, or 24 with a checksum. */
 	if (!skb || !pkt || !sf || !is_capable_ack(pkt))
 		return 0;
+	k.family = pkt->family;
+	__builtin_memcpy(k.local, local_is_src ? pkt->saddr : pkt->daddr, 16);
+	/* Once per subflow while its connection is known: a sender that
+	 * repeats the ACK with other keys adds nothing to the tables. */
+	k.token = sf->conn;
+	if (sf->conn && bpf_map_lookup_elem(&conn_states, &k))
+		return 0;
 	if (bpf_skb_load_bytes(skb, mptcp_offset(pkt, MPTCP_SUB_CAPABLE) + 4, keys, sizeof(keys)))
 		return 0;
 	responder_token = mptcp_token(bpf_ntohl(keys[2]), bpf_ntohl(keys[3]));
-	k.family = pkt->family;
-	__builtin_memcpy(k.local, local_is_src ? pkt->saddr : pkt->daddr, 16);
 	k.token = responder_token;
 	/* The ACK is repeated on data until acknowledged: learn once. */
 	known = bpf_map_lookup_elem(&conn_aliases, &k);
@@ -1078,23 +1098,30 @@ static __always_inline bool from_its_pod(const struct __sk_buff *skb, const stru
 #define ARRIVAL_ANSWERED_HOLD_NS (3ULL * 1000000000ULL)
 
 /* stage_arrival keeps nsf, a SYN's entry, waiting for its 4-tuple fk
- * (arrivals), unless the pod answered the one waiting there recently. */
-static __always_inline void stage_arrival(const struct flow_key *fk, const struct subflow *nsf)
+ * (arrivals), unless the pod answered the one waiting there recently. A
+ * global function: its frame (the arrival) is not nic_ingress's. */
+__noinline int stage_arrival(const struct flow_key *fk, const struct subflow *nsf)
 {
-	struct subflow *waiting = bpf_map_lookup_elem(&arrivals, fk);
+	struct arrival a = {}, *waiting;
 
-	if (waiting && (waiting->flags & SUBFLOW_ANSWERED) &&
-	    nsf->created_ns - waiting->created_ns < ARRIVAL_ANSWERED_HOLD_NS)
-		return;
-	bpf_map_update_elem(&arrivals, fk, nsf, BPF_ANY);
+	if (!fk || !nsf)
+		return 0;
+	waiting = bpf_map_lookup_elem(&arrivals, fk);
+	if (waiting && (waiting->sf.flags & SUBFLOW_ANSWERED) &&
+	    nsf->created_ns - waiting->sf.created_ns < ARRIVAL_ANSWERED_HOLD_NS)
+		return 0;
+	a.sf = *nsf;
+	bpf_map_update_elem(&arrivals, fk, &a, BPF_ANY);
 	count(STAT_ARRIVAL_STAGED);
+	return 0;
 }
 
 /* write_arrival makes a waiting arrival (a copy, taken out of arrivals) the
  * 4-tuple's entry: placed now, and a join counted into its connection c
- * (canonical token) as a mirrored join is. */
+ * (canonical token) as a mirrored join is. reused: it takes the place of
+ * the 4-tuple's previous subflow. */
 static __always_inline void write_arrival(const struct flow_key *fk, struct subflow *nsf, struct conn *c,
-					  __u32 canonical)
+					  __u32 canonical, bool reused)
 {
 	nsf->flags &= ~SUBFLOW_ANSWERED;
 	nsf->created_ns = bpf_ktime_get_ns();
@@ -1103,7 +1130,7 @@ static __always_inline void write_arrival(const struct flow_key *fk, struct subf
 		count_mirrored_join(c, nsf);
 	}
 	insert_subflow(fk, nsf);
-	count(STAT_ARRIVAL_PROMOTED);
+	count(reused ? STAT_ARRIVAL_PROMOTED : STAT_SUBFLOW_MIRRORED);
 }
 
 /* flow_key_from writes every byte of k (no zeroing needed first). */
@@ -1151,48 +1178,58 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 /* What answer_arrival did with a SYN-ACK the pod sends. */
 enum arrival_answer {
 	ARRIVAL_NONE = 0,	/* it answers no waiting arrival: it goes on */
-	ARRIVAL_ANSWERED = 1,	/* marked answered; the live entry stays */
-	ARRIVAL_PROMOTED = 2,	/* the 4-tuple had no entry left: the arrival is it */
+	ARRIVAL_ANSWERED = 1,	/* marked answered */
 	ARRIVAL_REFUSED = 3,	/* a join past its rule's maximum: the answer is dropped */
 	ARRIVAL_UNEXPECTED = 4, /* a join's answer on a live 4-tuple for no SYN seen: dropped */
 };
 
+/* ack_seq reads a segment's acknowledgment number (host order; 0 if
+ * unreadable). */
+static __always_inline __u32 ack_seq(struct __sk_buff *skb, const struct packet *pkt)
+{
+	__be32 ack;
+
+	if (bpf_skb_load_bytes(skb, pkt->l4_off + 8, &ack, sizeof(ack)))
+		return 0;
+	return bpf_ntohl(ack);
+}
+
 /* answer_arrival takes a SYN-ACK the pod sends (skb, key fk) as the pod's
  * answer to the arrival waiting for its 4-tuple, if it acknowledges that
- * SYN's sequence number and comes from the pod whose address it carries.
- * live is the 4-tuple's entry, if it still has one: the arrival is then only
- * marked answered (subflow_closed writes it when the entry goes); otherwise
- * it is written now. A join past its rule's maximum, or on a path the rule
- * refuses, is refused here as a new 4-tuple's would be at its SYN: its
- * answer never leaves, so it never completes (no reset: the peer's SYN
- * carried a 4-tuple that was live). A join's answer on a live 4-tuple that
- * acknowledges neither the entry's own SYN nor a waiting one is dropped
- * too: a join the datapath never saw, or whose arrival another SYN took
- * the place of, would otherwise complete uncounted (MP_JOIN SYNs carry no
- * data, so the answer acknowledges the SYN's sequence number + 1 exactly).
- * Returns an enum arrival_answer. A global function: verified once, run
- * only on SYN-ACKs. */
+ * SYN's sequence number and comes from the pod whose address it carries:
+ * the arrival is marked answered with the answer's sequence number, which
+ * the peer's third ACK must acknowledge (promote_acked). While the 4-tuple
+ * has no entry, the answer leaves by the path its SYN came in by (the
+ * peer's choice, which strict reverse-path filtering there expects). live
+ * is the 4-tuple's entry, if it still has one (subflow_closed writes the
+ * arrival when it goes). A join past its rule's
+ * maximum, or on a path the rule refuses, is refused here as at its SYN:
+ * its answer never leaves, so it never completes (no reset: the peer's SYN
+ * may have carried a 4-tuple that was live). A join's answer on a live
+ * 4-tuple that acknowledges neither the entry's own SYN nor a waiting one
+ * is dropped too: a join the datapath never saw, or whose arrival another
+ * SYN took the place of, would otherwise complete uncounted (MP_JOIN SYNs
+ * carry no data, so the answer acknowledges the SYN's sequence number + 1
+ * exactly). Returns an enum arrival_answer. A global function: verified
+ * once, run only on SYN-ACKs. */
 __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk,
 			      const struct subflow *live)
 {
-	struct subflow nsf, *waiting;
+	struct arrival a, *waiting;
 	struct conn *c = NULL;
 	__u32 canonical = 0, ack;
-	__be32 raw;
 
 	if (!skb || !pkt || !fk || !from_its_pod(skb, pkt))
 		return ARRIVAL_NONE;
-	if (bpf_skb_load_bytes(skb, pkt->l4_off + 8, &raw, sizeof(raw)))
-		return ARRIVAL_NONE;
-	ack = bpf_ntohl(raw);
+	ack = ack_seq(skb, pkt);
 	/* The answer to the live entry's own SYN is that handshake's. */
 	if (live && live->role == ROLE_RESPONDER && live->syn_seq && ack == live->syn_seq + 1)
 		return ARRIVAL_NONE;
 	waiting = bpf_map_lookup_elem(&arrivals, fk);
 	if (waiting) /* a copy: an LRU element can be reused by another CPU */
-		nsf = *waiting;
+		a = *waiting;
 	/* It must answer the waiting SYN, as the same kind of subflow. */
-	if (!waiting || ack != nsf.syn_seq + 1 || !nsf.token != !has_mptcp(pkt, MPTCP_SUB_JOIN)) {
+	if (!waiting || ack != a.sf.syn_seq + 1 || !a.sf.token != !has_mptcp(pkt, MPTCP_SUB_JOIN)) {
 		if (live && has_mptcp(pkt, MPTCP_SUB_JOIN) && live->role == ROLE_RESPONDER && live->syn_seq &&
 		    ack != live->syn_seq + 1) {
 			count(STAT_ANSWER_DROPPED);
@@ -1200,27 +1237,84 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 		}
 		return ARRIVAL_NONE;
 	}
-	if (nsf.token)
-		c = lookup_conn(fk->family, fk->saddr, nsf.token, &canonical);
-	if (nsf.token && join_refused(nsf.rule, c, nsf.path_index)) {
+	if (a.sf.token)
+		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);
+	if (a.sf.token && join_refused(a.sf.rule, c, a.sf.path_index)) {
 		bpf_map_delete_elem(&arrivals, fk);
 		count(STAT_JOIN_REFUSED);
 		return ARRIVAL_REFUSED;
 	}
-	if (live) {
-		/* By key, from the copy: never through a pointer another
-		 * CPU may have handed to another 4-tuple. Answered now
-		 * (stage_arrival holds it that long). */
-		nsf.flags |= SUBFLOW_ANSWERED;
-		nsf.created_ns = bpf_ktime_get_ns();
-		bpf_map_update_elem(&arrivals, fk, &nsf, BPF_EXIST);
-		return ARRIVAL_ANSWERED;
+	/* By key, from the copy: never through a pointer another CPU may
+	 * have handed to another 4-tuple. Answered now (stage_arrival holds
+	 * it that long); a repeated answer (the SYN-ACK retransmitted)
+	 * marks it again. */
+	a.sf.flags |= SUBFLOW_ANSWERED;
+	a.sf.created_ns = bpf_ktime_get_ns();
+	a.answer_seq = syn_seq(skb, pkt);
+	bpf_map_update_elem(&arrivals, fk, &a, BPF_EXIST);
+	if (!live) {
+		set_path_mark(skb, a.sf.path_index);
+		count_path(a.sf.path_index, pkt->len, true);
 	}
-	/* Taken once: a second CPU with the same answer finds none. */
+	return ARRIVAL_ANSWERED;
+}
+
+/* promote_acked makes the arrival waiting for fk, a 4-tuple with no entry,
+ * its entry when pkt, the peer's third ACK (an MP_CAPABLE or MP_JOIN ACK
+ * from the wire), acknowledges the pod's answer to it: the handshake is
+ * complete but for the pod's check of the ACK's keys or HMAC, and only a
+ * sender that saw the pod's SYN-ACK gets here. A peer's join is counted
+ * now; joins answered at once may pass the maximum together, as far as
+ * the pod's own limit (set from maxSubflows) lets them. Returns 1 when it
+ * wrote the entry. A global function: run only on third ACKs. */
+__noinline int promote_acked(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
+{
+	struct arrival a, *waiting;
+	struct conn *c = NULL;
+	__u32 canonical = 0;
+
+	if (!skb || !pkt || !fk)
+		return 0;
+	waiting = bpf_map_lookup_elem(&arrivals, fk);
+	if (!waiting)
+		return 0;
+	a = *waiting;
+	if (!(a.sf.flags & SUBFLOW_ANSWERED) || ack_seq(skb, pkt) != a.answer_seq + 1 ||
+	    !a.sf.token != !has_mptcp(pkt, MPTCP_SUB_JOIN))
+		return 0;
+	/* Taken once: a second CPU with the same ACK finds none. */
 	if (bpf_map_delete_elem(&arrivals, fk))
-		return ARRIVAL_NONE;
-	write_arrival(fk, &nsf, c, canonical);
-	return ARRIVAL_PROMOTED;
+		return 0;
+	if (a.sf.token)
+		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);
+	write_arrival(fk, &a.sf, c, canonical, false);
+	return 1;
+}
+
+/* backup_act_arrival runs the backup actor on a peer's join SYN going into
+ * the pod (pkt, key fk): the SYN waits in arrivals, so the B the actor sets,
+ * and its flags, are the arrival's, which its entry takes when it is
+ * written. Returns 1 when the SYN is the arrival's, 0 when no arrival
+ * waits with its sequence number (the entry's own SYN, repeated). A global
+ * function: run only on join SYNs. */
+__noinline int backup_act_arrival(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
+{
+	struct arrival a, *waiting;
+	__u32 flags;
+
+	if (!skb || !pkt || !fk)
+		return 0;
+	waiting = bpf_map_lookup_elem(&arrivals, fk);
+	if (!waiting)
+		return 0;
+	a = *waiting;
+	if (a.sf.syn_seq != syn_seq(skb, pkt))
+		return 0;
+	flags = a.sf.flags;
+	backup_act(skb, pkt, &a.sf);
+	if (a.sf.flags != flags)
+		bpf_map_update_elem(&arrivals, fk, &a, BPF_EXIST);
+	return 1;
 }
 
 /* What pod_egress_unknown did, besides counting: placed and stored a new
@@ -1277,13 +1371,11 @@ int pod_egress(struct __sk_buff *skb)
 
 	flow_key_from(&fk, &pkt, false);
 	sf = subflow_lookup(&fk);
-	/* The pod's answer to a SYN that found its 4-tuple taken (arrivals). */
+	/* The pod's answer to a SYN from the wire (arrivals). */
 	if ((pkt.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
 		ret = answer_arrival(skb, &pkt, &fk, sf);
 		if (ret == ARRIVAL_REFUSED || ret == ARRIVAL_UNEXPECTED)
 			return TC_ACT_SHOT;
-		if (ret == ARRIVAL_PROMOTED)
-			sf = subflow_lookup(&fk);
 	}
 	if (!sf) {
 		ret = pod_egress_unknown(skb, &pkt, &fk);
@@ -1356,6 +1448,10 @@ int pod_ingress(struct __sk_buff *skb)
 	}
 	flow_key_from(&fk, &pkt, true);
 	sf = subflow_lookup(&fk);
+	/* A peer's join SYN waits in arrivals (nic_ingress): the backup
+	 * actor marks the arrival, not a live entry of its 4-tuple. */
+	if (is_opening_syn(&pkt) && has_mptcp(&pkt, MPTCP_SUB_JOIN) && backup_act_arrival(skb, &pkt, &fk))
+		return sf ? TCX_NEXT : pod_ingress_unknown(skb, &pkt, false);
 	if (!sf)
 		return pod_ingress_unknown(skb, &pkt, rate_has_payload(&pkt));
 	count_subflow_pod(sf, pkt.family, pkt.daddr, pkt.len, false);
@@ -1420,12 +1516,16 @@ int nic_ingress(struct __sk_buff *skb)
 	set_path_mark(skb, n->path);
 	count_path(n->path, pkt.len, false);
 
-	if (is_capable_ack(&pkt)) {
+	/* The third ACK of a handshake the pod answered writes its entry
+	 * (arrivals); an MP_CAPABLE one teaches the connection's tokens. */
+	if (is_capable_ack(&pkt) || is_join_ack(&pkt)) {
 		struct subflow *sf;
 
 		flow_key_from(&fk, &pkt, true);
 		sf = subflow_lookup(&fk);
-		if (sf && sf->role == ROLE_RESPONDER)
+		if (!sf && promote_acked(skb, &pkt, &fk))
+			sf = subflow_lookup(&fk);
+		if (sf && sf->role == ROLE_RESPONDER && is_capable_ack(&pkt))
 			learn_connection(skb, &pkt, 0, sf);
 		return TCX_NEXT;
 	}
@@ -1470,19 +1570,13 @@ int nic_ingress(struct __sk_buff *skb)
 	nsf.role = ROLE_RESPONDER;
 	nsf.created_ns = bpf_ktime_get_ns();
 	nsf.syn_seq = syn_seq(skb, &pkt);
-	if (prev) {
-		/* The same SYN again (its sender repeats it until the pod
-		 * answers, over whichever path): the entry already says all
-		 * of it. Any other waits (arrivals). */
-		if (prev->role == ROLE_RESPONDER && prev->token == nsf.token && prev->syn_seq == nsf.syn_seq)
-			return TCX_NEXT;
-		stage_arrival(&fk, &nsf);
+	/* The same SYN again as the entry's own (its sender repeats it
+	 * until the pod's answer arrives, over whichever path): the entry
+	 * already says all of it. Any other waits for the pod's answer and
+	 * the peer's ACK of it (arrivals). */
+	if (prev && prev->role == ROLE_RESPONDER && prev->token == nsf.token && prev->syn_seq == nsf.syn_seq)
 		return TCX_NEXT;
-	}
-	if (c)
-		count_mirrored_join(c, &nsf);
-	insert_subflow(&fk, &nsf);
-	count(STAT_SUBFLOW_MIRRORED);
+	stage_arrival(&fk, &nsf);
 	return TCX_NEXT;
 }
 
@@ -1627,7 +1721,8 @@ __noinline int report_names(const struct closed_report *report, const struct flo
 static __always_inline int subflow_closed(const __u64 *key, const struct closed_report *report)
 {
 	const struct flow_key *fk = (const struct flow_key *)key;
-	struct subflow *sf, *waiting, nsf;
+	struct arrival *waiting, a;
+	struct subflow *sf;
 	struct conn *c = NULL;
 	__u32 canonical = 0;
 	int freed;
@@ -1640,12 +1735,12 @@ static __always_inline int subflow_closed(const __u64 *key, const struct closed_
 	waiting = bpf_map_lookup_elem(&arrivals, fk);
 	if (!waiting)
 		return freed;
-	nsf = *waiting;
-	if (!(nsf.flags & SUBFLOW_ANSWERED) || bpf_map_delete_elem(&arrivals, fk))
+	a = *waiting;
+	if (!(a.sf.flags & SUBFLOW_ANSWERED) || bpf_map_delete_elem(&arrivals, fk))
 		return freed;
-	if (nsf.token)
-		c = lookup_conn(fk->family, fk->saddr, nsf.token, &canonical);
-	write_arrival(fk, &nsf, c, canonical);
+	if (a.sf.token)
+		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);
+	write_arrival(fk, &a.sf, c, canonical, true);
 	return freed;
 }
 

@@ -31,9 +31,12 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	joinOpts := testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)
 	// The victim: an initial subflow on path 1, the peer's join on path 2,
 	// which fills the rule's maximum of two.
+	server := netip.AddrPortFrom(serverPod, 80)
 	run(t, dp.objs.NicIngress, synSeq(initialPort, 100, testpkt.MPCapableSYN()), on(nic1Ifindex))
-	run(t, dp.objs.NicIngress, capableACK(clientPod, initialPort, serverPod, 80, clientKey, serverKey), on(nic1Ifindex))
+	completeFromWire(t, dp, netip.AddrPortFrom(clientPod, initialPort), server, 100, false, nic1Ifindex, clientKey, serverKey)
 	run(t, dp.objs.NicIngress, synSeq(joinPort, 200, joinOpts), on(nic2Ifindex))
+	completeFromWire(t, dp, netip.AddrPortFrom(clientPod, joinPort), server, 200, true, nic2Ifindex)
+	staged := stat(t, dp, StatArrivalStaged) // the victim's own two SYNs
 	key := func(sport uint16) datapathFlowKey {
 		return flowKey(netip.AddrPortFrom(serverPod, 80), netip.AddrPortFrom(clientPod, sport))
 	}
@@ -70,6 +73,11 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	joinReplyPath := func(sport uint16, ack uint32) uint32 {
 		return dp.pathOfMark(t, run(t, dp.objs.PodEgress, joinAnswer(sport, ack), skbContext{}))
 	}
+	// joinThirdACK is the peer's third ACK of a join.
+	joinThirdACK := func(sport uint16, seq, ack uint32) []byte {
+		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 80, Seq: seq, Ack: ack, Flags: testpkt.ACK,
+			Options: testpkt.MPJoinACK([20]byte{1})}}.Bytes()
+	}
 
 	// Forged SYNs: each live 4-tuple over the other NIC, and over its own
 	// with another sequence number. run checks every one goes on to the
@@ -78,7 +86,7 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	run(t, dp.objs.NicIngress, synSeq(joinPort, 555, joinOpts), on(nic1Ifindex))
 	run(t, dp.objs.NicIngress, synSeq(joinPort, 556, joinOpts), on(nic2Ifindex))
 	unchanged("after forged SYNs")
-	if got := stat(t, dp, StatArrivalStaged); got != 3 {
+	if got := stat(t, dp, StatArrivalStaged) - staged; got != 3 {
 		t.Errorf("arrivals staged = %d, want the 3 forged SYNs", got)
 	}
 	if got := stat(t, dp, StatJoinRefused); got != 0 {
@@ -96,7 +104,7 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	// path) is not staged.
 	run(t, dp.objs.NicIngress, synSeq(joinPort, 200, joinOpts), on(nic2Ifindex))
 	run(t, dp.objs.NicIngress, synSeq(joinPort, 200, joinOpts), on(nic1Ifindex))
-	if got := stat(t, dp, StatArrivalStaged); got != 3 {
+	if got := stat(t, dp, StatArrivalStaged) - staged; got != 3 {
 		t.Errorf("arrivals staged = %d after the join's own SYN again, want still 3", got)
 	}
 	unchanged("after the join's own SYN again")
@@ -171,7 +179,8 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	}
 
 	// The join closes before the pod answers a new SYN on its 4-tuple:
-	// the answer writes the arrival at once, counted.
+	// the answer leaves by the SYN's path, and the peer's third ACK
+	// writes the arrival, counted, as on a new 4-tuple.
 	run(t, dp.objs.NicIngress, synSeq(joinPort, 700, joinOpts), on(nic1Ifindex))
 	if !closed(joinPort) {
 		t.Fatal("SubflowClosed found no join")
@@ -179,15 +188,19 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	if p := joinReplyPath(joinPort, 701); p != 1 {
 		t.Errorf("the pod's SYN-ACK to the reused join 4-tuple left by path %d, want 1", p)
 	}
+	run(t, dp.objs.NicIngress, joinThirdACK(joinPort, 701, 8), on(nic1Ifindex))
 	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<1 {
 		t.Errorf("after the join's 4-tuple was reused over path 1: %+v, want one subflow, on path 1", c)
 	}
 
 	// A join on a reused 4-tuple past the maximum: a second join fills
-	// the rule's two; then an MP_CAPABLE SYN takes a new 4-tuple (not
-	// counted) and a join SYN follows on it. The pod's answer is dropped.
+	// the rule's two; then a join of a connection this node does not know
+	// takes a new 4-tuple (not counted) and a join SYN of the victim's
+	// follows on it. The pod's answer is dropped.
 	run(t, dp.objs.NicIngress, synSeq(40002, 300, joinOpts), on(nic2Ifindex))
-	run(t, dp.objs.NicIngress, synSeq(40003, 400, testpkt.MPCapableSYN()), on(nic1Ifindex))
+	completeFromWire(t, dp, netip.AddrPortFrom(clientPod, 40002), server, 300, true, nic2Ifindex)
+	run(t, dp.objs.NicIngress, synSeq(40003, 400, testpkt.MPJoinSYN(0xdead, 1, 1, false)), on(nic1Ifindex))
+	completeFromWire(t, dp, netip.AddrPortFrom(clientPod, 40003), server, 400, true, nic1Ifindex)
 	run(t, dp.objs.NicIngress, synSeq(40003, 401, joinOpts), on(nic2Ifindex))
 	answer := joinAnswer(40003, 402)
 	if ret, _ := runOut(t, dp.objs.PodEgress, answer); ret == tcxNext {
@@ -233,5 +246,84 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	// The live join's own answer (its SYN repeated) still goes on.
 	if p := joinReplyPath(40002, 301); p != 2 {
 		t.Errorf("the live join's own answer left by path %d, want 2", p)
+	}
+}
+
+// A SYN from the wire writes no entry and counts nothing: not to a closed
+// port (the pod answers with a reset), not a join that nobody completes,
+// not with a third ACK that does not acknowledge the pod's answer (a sender
+// that cannot see the pod's SYN-ACK) or is of the other kind. The third ACK
+// that acknowledges the answer writes the entry on the SYN's path and
+// counts the join. MP_CAPABLE ACKs repeated with other keys on a learnt
+// subflow add no connection.
+func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *testing.T) {
+	dp := twoNICResponder(t)
+	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
+	const clientKey, serverKey = 21, 22
+	server := netip.AddrPortFrom(serverPod, 80)
+	acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 40000), server, testpkt.MPCapableSYN(), nic1Ifindex, clientKey, serverKey)
+	entries := func() int {
+		t.Helper()
+		sfs, err := dp.Subflows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(sfs)
+	}
+	if n := entries(); n != 1 {
+		t.Fatalf("%d entries after the victim's handshake, want 1", n)
+	}
+	ack := func(sport uint16, ackNum uint32, opts []byte) []byte {
+		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 80, Seq: 2, Ack: ackNum, Flags: testpkt.ACK, Options: opts}}.Bytes()
+	}
+	joinACK := testpkt.MPJoinACK([20]byte{1})
+
+	// A SYN to a closed port: the pod resets it.
+	run(t, dp.objs.NicIngress, syn(clientPod, 40010, serverPod, 81, testpkt.MPCapableSYN()), on(nic1Ifindex))
+	rst := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 81, DstPort: 40010, Ack: 2, Flags: testpkt.RST | testpkt.ACK}}.Bytes()
+	run(t, dp.objs.PodEgress, rst, skbContext{})
+	// A join with the connection's token, unanswered, then a third ACK
+	// for it anyway.
+	run(t, dp.objs.NicIngress, syn(clientPod, 40011, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)), on(nic2Ifindex))
+	run(t, dp.objs.NicIngress, ack(40011, 8, joinACK), on(nic2Ifindex))
+	if n := entries(); n != 1 {
+		t.Errorf("%d entries after unanswered SYNs, want still 1", n)
+	}
+	if c := connection(t, dp); c.Subflows != 1 {
+		t.Errorf("the connection after an unanswered join: %+v, want 1 subflow", c)
+	}
+	// The pod answers the join (sequence number 7). Third ACKs that do
+	// not acknowledge it, or are not a join's, write nothing.
+	answer := synAck(serverPod, 80, clientPod, 40011, testpkt.MPJoinSYNACK(1, 2, 1, false))
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, answer, skbContext{})); p != 2 {
+		t.Errorf("the pod's answer left by path %d, want the SYN's path 2", p)
+	}
+	run(t, dp.objs.NicIngress, ack(40011, 9, joinACK), on(nic2Ifindex))
+	run(t, dp.objs.NicIngress, ack(40011, 8, testpkt.MPCapableACK(1, 2)), on(nic2Ifindex))
+	if n := entries(); n != 1 {
+		t.Errorf("%d entries after third ACKs that acknowledge no answer, want still 1", n)
+	}
+	if c := connection(t, dp); c.Subflows != 1 {
+		t.Errorf("the connection after forged third ACKs: %+v, want 1 subflow", c)
+	}
+	// The real third ACK, on either path.
+	run(t, dp.objs.NicIngress, ack(40011, 8, joinACK), on(nic1Ifindex))
+	sf := lookupSubflow(t, dp, flowKey(server, netip.AddrPortFrom(clientPod, 40011)))
+	if sf.PathIndex != 2 || Role(sf.Role) != RoleResponder || sf.Token != tokenOf(serverKey) {
+		t.Errorf("the join's entry is %+v, want a responder entry on path 2 with the server's token", sf)
+	}
+	if c := connection(t, dp); c.Subflows != 2 || c.UsedPaths != 1<<1|1<<2 {
+		t.Errorf("the connection after the join completed: %+v, want 2 subflows on paths 1 and 2", c)
+	}
+	if got := stat(t, dp, StatSubflowMirrored); got != 2 {
+		t.Errorf("subflows mirrored = %d, want 2", got)
+	}
+
+	// MP_CAPABLE ACKs with other keys on the learnt initial subflow.
+	for i := range uint64(10) {
+		run(t, dp.objs.NicIngress, capableACK(clientPod, 40000, serverPod, 80, 100+i, 200+i), on(nic1Ifindex))
+	}
+	if conns, err := dp.Connections(); err != nil || len(conns) != 1 {
+		t.Errorf("connections after repeated MP_CAPABLE ACKs with other keys: %+v, %v; want the one", conns, err)
 	}
 }

@@ -175,6 +175,12 @@ func TestBackupFlagsTheRemoteJoinSYNOnTheBackupPathsNIC(t *testing.T) {
 	if d["tcp.checksum.status"] != tsharkGood || d["tcp.options.mptcp.backup.flag"] != "1" {
 		t.Errorf("tshark: %v, want a good checksum and backup flag 1", d)
 	}
+	// The SYN waited for the pod's answer and the third ACK: the entry
+	// they write is the backup subflow the actor made it.
+	completeFromWire(t, dp, netip.AddrPortFrom(clientPod, 45001), netip.AddrPortFrom(serverPod, 5201), 1, true, nicBackup)
+	if sf := lookupSubflow(t, dp, flowKey(netip.AddrPortFrom(serverPod, 5201), netip.AddrPortFrom(clientPod, 45001))); sf.Flags&1 == 0 /* SUBFLOW_BACKUP */ || sf.PathIndex != 3 {
+		t.Errorf("the backup join's entry is %+v, want it flagged backup, on path 3", sf)
+	}
 
 	if err := dp.SetObserveOnly(true); err != nil {
 		t.Fatal(err)
@@ -590,8 +596,8 @@ func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 				return ret, opts.DataOut
 			}
 			// The connection, as the server's node sees it arrive.
-			nicIn(syn(fam.client, 40000, fam.server, 5201, testpkt.MPCapableSYN()), nic1)
-			nicIn(capableACK(fam.client, 40000, fam.server, 5201, clientKey, serverKey), nic1)
+			server := netip.AddrPortFrom(fam.server, 5201)
+			acceptFromWire(t, dp, netip.AddrPortFrom(fam.client, 40000), server, testpkt.MPCapableSYN(), nic1, clientKey, serverKey)
 			join := func(sport uint16) []byte {
 				opts := fam.ipv4Options
 				if opts != nil {
@@ -606,6 +612,7 @@ func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 				if ret, out := nicIn(join(40001), nic2); ret != tcxNext || string(out) != string(join(40001)) {
 					t.Fatalf("the join within the maximum: verdict %d, changed %v; want it passed unchanged", int32(ret), string(out) != string(join(40001)))
 				}
+				completeFromWire(t, dp, netip.AddrPortFrom(fam.client, 40001), server, 1000, true, nic2)
 			}
 			ret, rst := nicIn(join(40002), nic2)
 			if ret != tcActRedirect {

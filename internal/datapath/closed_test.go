@@ -117,17 +117,22 @@ func TestClosedPeerJoinNoLongerCountsAgainstTheMaximum(t *testing.T) {
 	dp := twoNICResponder(t)
 	const clientKey, serverKey = 7, 8
 	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
-	run(t, dp.objs.NicIngress, syn(clientPod, 40000, serverPod, 80, testpkt.MPCapableSYN()), on(nic1Ifindex))
-	run(t, dp.objs.NicIngress, capableACK(clientPod, 40000, serverPod, 80, clientKey, serverKey), on(nic1Ifindex))
+	server := netip.AddrPortFrom(serverPod, 80)
+	acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 40000), server, testpkt.MPCapableSYN(), nic1Ifindex, clientKey, serverKey)
 	// join sends the peer's join (the server's token) and says whether it
-	// went on into the pod.
+	// went on into the pod; if it did, the pod answers and the peer
+	// completes the handshake.
 	join := func(sport uint16) bool {
 		frame := syn(clientPod, sport, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false))
 		ret, err := dp.objs.NicIngress.Run(&ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Context: on(nic2Ifindex), ContextOut: &skbContext{}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return ret == tcxNext
+		if ret != tcxNext {
+			return false
+		}
+		completeFromWire(t, dp, netip.AddrPortFrom(clientPod, sport), server, 1, true, nic2Ifindex)
+		return true
 	}
 	if !join(40001) {
 		t.Fatal("the peer's first join was refused")

@@ -13,6 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type datapathArrival struct {
+	_         structs.HostLayout
+	Sf        datapathSubflow
+	AnswerSeq uint32
+	Pad       uint32
+}
+
 type datapathCidrKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32

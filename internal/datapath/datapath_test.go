@@ -281,6 +281,9 @@ func mirroredJoinBed(t *testing.T) *Datapath {
 	if p := dp.pathOfMark(t, run(t, dp.objs.NicIngress, join, skbContext{IngressIfindex: nic2Ifindex})); p != 2 {
 		t.Fatalf("arriving join marked with path %d, want 2", p)
 	}
+	if p := acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 45000), netip.AddrPortFrom(serverPod, 5201), testpkt.MPJoinSYN(0x01020304, 5, 2, false), nic2Ifindex); p != 2 {
+		t.Fatalf("the pod's answer to the join left by path %d, want the arrival path 2", p)
+	}
 	return dp
 }
 
@@ -288,7 +291,7 @@ func mirroredJoinBed(t *testing.T) *Datapath {
 // arrived on, and marks arriving packets so strict rp_filter accepts them.
 func TestResponderMirrorsArrivalNIC(t *testing.T) {
 	dp := mirroredJoinBed(t)
-	reply := synAck(serverPod, 5201, clientPod, 45000, nil)
+	reply := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: 45000, Seq: 8, Ack: 2, Flags: testpkt.ACK, Payload: []byte("data")}}.Bytes()
 	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, reply, skbContext{})); p != 2 {
 		t.Fatalf("reply marked with path %d, want the arrival path 2", p)
 	}
@@ -424,9 +427,9 @@ func TestResponderJoinsAvoidPathsThePeerChose(t *testing.T) {
 	}
 	const clientKey, serverKey = 0x1111222233334444, 0x5555666677778888
 	// The client's node put the initial subflow on path 1 and a join on path 2.
-	run(t, dp.objs.NicIngress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{IngressIfindex: nicOfPath[1]})
-	run(t, dp.objs.NicIngress, capableACK(clientPod, 40000, serverPod, 5201, clientKey, serverKey), skbContext{IngressIfindex: nicOfPath[1]})
-	run(t, dp.objs.NicIngress, syn(clientPod, 40001, serverPod, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)), skbContext{IngressIfindex: nicOfPath[2]})
+	server := netip.AddrPortFrom(serverPod, 5201)
+	acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 40000), server, testpkt.MPCapableSYN(), int(nicOfPath[1]), clientKey, serverKey)
+	acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 40001), server, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false), int(nicOfPath[2]))
 
 	// The server's own join toward an address the client announced carries
 	// the client's token.
@@ -539,7 +542,12 @@ func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
 	podEgress, nicIngress := dp.Program(HookPodEgress), dp.Program(HookNICIngress)
 	const clientKey, serverKey = 0x1111, 0x2222
 	data := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: []byte("hello")}}.Bytes()
-	arrival := syn(netip.MustParseAddr("10.244.3.11"), 45000, serverPod, 5201, testpkt.MPCapableSYN())
+	// A peer's join of a connection this node does not know: its SYN, the
+	// pod's answer and the third ACK, which writes the entry.
+	peer := netip.MustParseAddr("10.244.3.11")
+	arrival := syn(peer, 45000, serverPod, 5201, testpkt.MPJoinSYN(0x0a0b0c0d, 1, 1, false))
+	answer := synAck(serverPod, 5201, peer, 45000, testpkt.MPJoinSYNACK(1, 2, 1, false))
+	thirdACK := testpkt.Frame{Src: peer, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 45000, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK, Options: testpkt.MPJoinACK([20]byte{1})}}.Bytes()
 	packets := []struct {
 		name  string
 		prog  *ebpf.Program
@@ -551,6 +559,8 @@ func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
 		{"placing MP_JOIN SYN", podEgress, syn(clientPod, 40001, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)), skbContext{Mark: before}},
 		{"data of the placed subflow", podEgress, data, skbContext{Mark: before}},
 		{"SYN arriving on a NIC", nicIngress, arrival, skbContext{Mark: before, IngressIfindex: nic2Ifindex}},
+		{"the pod's answer to it", podEgress, answer, skbContext{Mark: before}},
+		{"the third ACK, arriving on the NIC", nicIngress, thirdACK, skbContext{Mark: before, IngressIfindex: nic2Ifindex}},
 	}
 	for _, p := range packets {
 		if m := run(t, p.prog, p.frame, p.in); m != before {
@@ -593,7 +603,13 @@ func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ps[initial.Path].TxPackets != 3 || ps[join.Path].TxPackets != 1 || ps[2].RxPackets != 1 {
+	// The initial subflow's three packets, the join's SYN, and the pod's
+	// answer on the arrival's path 2; the SYN and the third ACK came in on 2.
+	wantTx := map[uint32]uint64{}
+	wantTx[initial.Path] += 3
+	wantTx[join.Path]++
+	wantTx[2]++
+	if ps[1].TxPackets != wantTx[1] || ps[2].TxPackets != wantTx[2] || ps[2].RxPackets != 2 {
 		t.Errorf("observe-only: path counters %+v; want what the packets would have carried", ps[:3])
 	}
 
@@ -618,4 +634,39 @@ func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
 	if stats[StatMarked] != 2 || stats[StatObserved] != uint64(len(packets)) {
 		t.Errorf("after observe-only: marked %d, observed %d; want 2 and %d", stats[StatMarked], stats[StatObserved], len(packets))
 	}
+}
+
+// acceptFromWire runs, through the datapath, a handshake that a peer opens
+// to the pod: its SYN with synOpts (MP_CAPABLE or MP_JOIN, sequence number 1)
+// arriving on the NIC ifindex, then completeFromWire. It returns the path
+// the pod's answer left by.
+func acceptFromWire(t *testing.T, dp *Datapath, client netip.AddrPort, server netip.AddrPort, synOpts []byte, ifindex int, keys ...uint64) uint32 {
+	t.Helper()
+	run(t, dp.objs.NicIngress, syn(client.Addr(), client.Port(), server.Addr(), server.Port(), synOpts), skbContext{IngressIfindex: uint32(ifindex)})
+	return completeFromWire(t, dp, client, server, 1, len(synOpts) > 2 && synOpts[2]>>4 == 1, ifindex, keys...)
+}
+
+// completeFromWire runs the rest of a handshake a peer opened to the pod
+// with a SYN of sequence number synSeq: the pod's SYN-ACK, and the peer's
+// third ACK on the NIC ifindex, which writes the responder's entry (an
+// MP_CAPABLE one carries keys: the initiator's and the responder's). It
+// returns the path the pod's answer left by.
+func completeFromWire(t *testing.T, dp *Datapath, client, server netip.AddrPort, synSeq uint32, join bool, ifindex int, keys ...uint64) uint32 {
+	t.Helper()
+	var answerOpts, thirdOpts []byte
+	if join {
+		answerOpts, thirdOpts = testpkt.MPJoinSYNACK(1, 2, 1, false), testpkt.MPJoinACK([20]byte{1})
+	} else {
+		if len(keys) != 2 {
+			t.Fatalf("completeFromWire: an MP_CAPABLE handshake needs the initiator's and the responder's keys, got %d", len(keys))
+		}
+		answerOpts, thirdOpts = testpkt.MPCapableSYNACK(keys[1]), testpkt.MPCapableACK(keys[0], keys[1])
+	}
+	answer := testpkt.Frame{Src: server.Addr(), Dst: client.Addr(), TCP: &testpkt.TCP{SrcPort: server.Port(), DstPort: client.Port(), Seq: 7, Ack: synSeq + 1,
+		Flags: testpkt.SYN | testpkt.ACK, Options: answerOpts}}.Bytes()
+	third := testpkt.Frame{Src: client.Addr(), Dst: server.Addr(), TCP: &testpkt.TCP{SrcPort: client.Port(), DstPort: server.Port(), Seq: synSeq + 1, Ack: 8,
+		Flags: testpkt.ACK, Options: thirdOpts}}.Bytes()
+	path := dp.pathOfMark(t, run(t, dp.objs.PodEgress, answer, skbContext{}))
+	run(t, dp.objs.NicIngress, third, skbContext{IngressIfindex: uint32(ifindex)})
+	return path
 }

@@ -349,9 +349,9 @@ func TestResponderSelectsByTheSameServicePort(t *testing.T) {
 		t.Fatal(err)
 	}
 	atNIC := skbContext{IngressIfindex: 7}
-	run(t, dp.objs.NicIngress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), atNIC)
-	run(t, dp.objs.NicIngress, syn(clientPod, 40001, serverPod, 80, testpkt.MPCapableSYN()), atNIC)
-	run(t, dp.objs.NicIngress, syn(otherNet, 40002, serverPod, 5201, testpkt.MPCapableSYN()), atNIC)
+	acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 40000), netip.AddrPortFrom(serverPod, 5201), testpkt.MPCapableSYN(), int(atNIC.IngressIfindex), 1, 2)
+	acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 40001), netip.AddrPortFrom(serverPod, 80), testpkt.MPCapableSYN(), int(atNIC.IngressIfindex), 3, 4)
+	acceptFromWire(t, dp, netip.AddrPortFrom(otherNet, 40002), netip.AddrPortFrom(serverPod, 5201), testpkt.MPCapableSYN(), int(atNIC.IngressIfindex), 5, 6)
 	sfs, err := dp.Subflows()
 	if err != nil {
 		t.Fatal(err)
