@@ -20,10 +20,11 @@ import (
 // subflow does not use, and with SYNs to a closed port of the server pod:
 // 300 of each kind in a second, from bed addresses only. The victim's
 // subflows stay as they were on the server's node (path, role, token,
-// connection), the forged SYNs only wait (arrival_staged) and none takes a
-// 4-tuple (arrival_promoted), the transfer keeps both NICs busy and arrives
-// whole, and a new connection of the client still gets its join, on the
-// other NIC.
+// connection), the forged SYNs only wait (arrival_staged): none takes a
+// live 4-tuple (arrival_promoted) and none writes an entry
+// (subflow_mirrored), the transfer keeps both NICs busy and arrives whole,
+// and a new connection of the client still gets its join, on the other
+// NIC.
 func TestForgedSYNsMoveNoLiveSubflow(t *testing.T) {
 	const (
 		port, closedPort = 5620, 5629 // and port+1 for the connection after
@@ -91,6 +92,10 @@ func TestForgedSYNsMoveNoLiveSubflow(t *testing.T) {
 		src := netip.AddrPortFrom(client.Addr, uint16(20000+i))
 		forged[1+i%2] = append(forged[1+i%2], syn(src, netip.AddrPortFrom(server.Addr, closedPort), testpkt.MPCapableSYN()))
 	}
+	stats0, err := agents[1].DatapathStats()
+	if err != nil {
+		t.Fatal(err)
+	}
 	_, tx0 := nicBytes(t, bed, bed.Node(1))
 	start := time.Now()
 	errs := make(chan error, 2)
@@ -115,13 +120,21 @@ func TestForgedSYNsMoveNoLiveSubflow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("flood of %d SYNs in %v: node 2 staged %d arrivals, promoted %d; node 1 sent %d and %d bytes over its NICs meanwhile",
-		2*perKind, flood.Round(time.Millisecond), stats[datapath.StatArrivalStaged], stats[datapath.StatArrivalPromoted], tx1[0]-tx0[0], tx1[1]-tx0[1])
-	if stats[datapath.StatArrivalStaged] < perKind/2 {
-		t.Errorf("node 2 staged %d arrivals, want most of the %d forged SYNs on live 4-tuples (did they arrive?)", stats[datapath.StatArrivalStaged], perKind)
+	total := len(forged[1]) + len(forged[2])
+	staged, promoted, mirrored := stats[datapath.StatArrivalStaged]-stats0[datapath.StatArrivalStaged],
+		stats[datapath.StatArrivalPromoted]-stats0[datapath.StatArrivalPromoted], stats[datapath.StatSubflowMirrored]-stats0[datapath.StatSubflowMirrored]
+	t.Logf("flood of %d SYNs in %v: node 2 staged %d arrivals, promoted %d, mirrored %d subflows; node 1 sent %d and %d bytes over its NICs meanwhile",
+		total, flood.Round(time.Millisecond), staged, promoted, mirrored, tx1[0]-tx0[0], tx1[1]-tx0[1])
+	// The wires are shaped and carry the transfer: a few forged SYNs may
+	// be dropped on the way.
+	if staged < uint64(total)*9/10 {
+		t.Errorf("node 2 staged %d arrivals, want (nearly) all %d forged SYNs (did they arrive?)", staged, total)
 	}
-	if n := stats[datapath.StatArrivalPromoted]; n != 0 {
-		t.Errorf("node 2 let %d forged SYNs take a live 4-tuple", n)
+	if promoted != 0 {
+		t.Errorf("node 2 let %d forged SYNs take a live 4-tuple", promoted)
+	}
+	if mirrored != 0 {
+		t.Errorf("node 2 wrote %d entries during the flood, want none: no forged SYN was acknowledged", mirrored)
 	}
 	for k := range tx0 {
 		// 100 Mbit/s is 12.5 MB a second; a quarter of it means the

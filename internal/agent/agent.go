@@ -190,12 +190,14 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	keep(err)
 	keep(a.syncPodInterfaces(plan))
 	keep(a.syncHooks(hooks))
-	_, err = a.sweepClosedSubflows(plan, time.Now().Add(-closedSubflowGrace))
+	// The sweeps read the subflow table and the pods' sockets once.
+	view := newSweepView(a.dp)
+	_, err = a.sweepClosedSubflows(plan, time.Now().Add(-closedSubflowGrace), view)
 	keep(err)
 	// Then what no plan wants any more.
 	keep(a.releasePods(plan))
-	keep(a.sweepReleased(plan))
-	keep(a.retireRules(plan, ids))
+	keep(a.sweepReleased(plan, view))
+	keep(a.retireRules(plan, ids, view))
 	a.previous = plan
 	a.publish(plan)
 	return problems, errors.Join(errs...)

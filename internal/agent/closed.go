@@ -13,18 +13,19 @@ import (
 
 // A selected pod's subflow entry outlives its socket unless someone says it
 // closed: the agent as the pod's path manager hears its own subflows close,
-// but not the subflows of pods in signal mode, the peer's joins it never
-// opened after a restart, nor the entries the datapath mirrored for SYNs the
-// pod refused (a closed port, or a forged SYN: anyone can send one). Such
-// an entry keeps its path's bit and its place in its connection's count, so
-// the connection cannot join again on that path, and it holds a slot of the
-// subflow table until an insert evicts it. The sweep below finds them from
-// the pod's own sockets, as the released pods' sweep does.
+// but not the subflows of pods in signal mode, nor the peer's joins it never
+// opened after a restart, nor a join the pod's kernel reset after its third
+// ACK wrote the entry (a bad HMAC). Such an entry keeps its path's bit and
+// its place in its connection's count, so the connection cannot join again
+// on that path, and it holds a slot of the subflow table until an insert
+// evicts it. The sweep below finds them from the pod's own sockets, as the
+// released pods' sweep does.
 
 // closedSubflowGrace is how old an entry must be before a sweep may call
-// it closed: the datapath mirrors a subflow at its SYN, before the pod's
-// kernel has a socket for it, and a SYN may wait in queues or be answered
-// late. Far longer than a handshake takes; and long enough that what the
+// it closed: the pod places its own subflows at their SYN, before its
+// kernel has a socket that a listing shows, and the datapath writes a
+// peer's at the third ACK, a moment before the pod's kernel accepts it.
+// Far longer than a handshake takes; and long enough that what the
 // tables say of a connection that just ended stays readable for a while
 // (the local API, tests), since the sweep is a backstop: the agent as path
 // manager hears its pods' closes at once.
@@ -44,7 +45,7 @@ const closedSubflowGrace = time.Minute
 // whose namespace is gone or cannot be listed (the released pods' sweep
 // deals with pods that went), and addresses more than one pod claims. It
 // returns how many entries it forgot.
-func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time) (int, error) {
+func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time, view *sweepView) (int, error) {
 	a.sweepMu.Lock()
 	defer a.sweepMu.Unlock()
 	netnsOf := map[netip.Addr]string{}
@@ -78,31 +79,33 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time) (int, er
 	if len(netnsOf) == 0 {
 		return 0, nil
 	}
-	sfs, err := a.dp.Subflows()
+	sfs, err := view.Subflows()
 	if err != nil {
 		return 0, err
 	}
 	var errs []error
-	open := map[string]map[socketKey]bool{} // nil: not listed
+	failed := map[string]bool{} // namespaces whose listing failed, reported once
 	closed := 0
+	defer func() {
+		if closed > 0 {
+			view.changed()
+		}
+	}()
 	for _, sf := range sfs {
 		ns, ours := netnsOf[sf.Local.Addr().Unmap()]
 		if !ours || datapath.KtimeToTime(sf.CreatedNs).After(placedBefore) {
 			continue
 		}
-		socks, listed := open[ns]
-		if !listed {
-			// Listed after the entries were read: a socket that
-			// closes in between is swept next time, never one that
-			// is open.
-			if socks, err = openTCPSockets(ns); err != nil {
+		socks, err := view.Sockets(ns)
+		if err != nil {
+			if !failed[ns] {
 				errs = append(errs, fmt.Errorf("closed subflows of %s: %w", ns, err))
-				socks = nil
 			}
-			open[ns] = socks
+			failed[ns] = true
+			continue
 		}
 		k := socketKey{sf.Local, sf.Remote}
-		if socks == nil || socks[k] {
+		if socks[k] {
 			continue
 		}
 		last, ok := seen[k]
@@ -126,7 +129,7 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time) (int, er
 		}
 		// Named by its placement time: a subflow placed on the
 		// 4-tuple since the table was read is not this one.
-		gone, err := a.dp.SubflowClosed(datapath.ClosedSubflow{Local: sf.Local, Remote: sf.Remote, Heard: placedBefore, CreatedNs: sf.CreatedNs})
+		gone, err := a.dp.SubflowClosed(datapath.ClosedSubflow{Local: sf.Local, Remote: sf.Remote, Heard: time.Now(), CreatedNs: sf.CreatedNs})
 		if err != nil {
 			errs = append(errs, err)
 		}

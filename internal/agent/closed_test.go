@@ -15,16 +15,18 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 )
 
 // TestClosedSubflowsAreSweptFromTheirPodsSockets: the entries node 1's
 // datapath mirrored for a selected pod (signal mode: no path manager hears
 // its closes) stay while the pod's socket is open, and go at a sweep once
-// it has none: a connection that ended, and a SYN the pod refused (a closed
-// port, as a forged SYN would be), found so by two sweeps in a row with no
-// packet between. The closed connection's subflow gives its place back.
-// Entries younger than the grace, and a guest's (whose sockets the agent
-// cannot see), are left alone.
+// it has none: a connection that ended, found so by two sweeps in a row
+// with no packet from the pod between; a forger that makes the pod answer
+// on the 4-tuple (a reset to a forged ACK) only delays it by a look. The
+// closed connection's subflow gives its place back. Entries younger than
+// the grace, and a guest's (whose sockets the agent cannot see), are left
+// alone. A SYN the pod refused (a closed port) wrote no entry at all.
 func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1})
 	node := bed.Node(1)
@@ -118,14 +120,14 @@ func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 		}
 		return out
 	}
-	if got := serverSide(); !got[remote(stays)] || !got[remote(ends)] || len(got) != 3 {
-		t.Fatalf("the server pod's entries %v: want the two connections' and the refused SYN's", got)
+	if got := serverSide(); !got[remote(stays)] || !got[remote(ends)] || len(got) != 2 {
+		t.Fatalf("the server pod's entries %v: want the two connections' (the refused SYN writes none)", got)
 	}
 
 	a.sweepSpacing = 0 // looks count however close, but where set below
 	sweep := func(plan *Plan, placedBefore time.Time) int {
 		t.Helper()
-		n, err := a.sweepClosedSubflows(plan, placedBefore)
+		n, err := a.sweepClosedSubflows(plan, placedBefore, newSweepView(a.dp))
 		testbed.Must(t, err)
 		return n
 	}
@@ -150,17 +152,8 @@ func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 			t.Fatal("the ended connection's socket is still open")
 		}
 	}
-	var refused netip.AddrPort // the client's side of the refused SYN
-	for r := range serverSide() {
-		if r != remote(stays) && r != remote(ends) {
-			refused = r
-		}
-	}
-	// The first sweep that finds them closed only notes them; the next
-	// forgets those on which the pod sent nothing since: the ended
-	// connection's, but not the refused SYN's 4-tuple, on which the pod
-	// answered a new SYN in between (the client tried again from the same
-	// port).
+	// The first sweep that finds it closed only notes it; the next
+	// forgets it if the pod sent nothing on it since.
 	a.sweepSpacing = time.Hour
 	if n := sweep(plan, time.Now()); n != 0 {
 		t.Errorf("the first sweep to find them closed forgot %d entries, want none yet", n)
@@ -169,20 +162,33 @@ func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 		t.Errorf("a sweep right after the first (a reconcile) forgot %d entries: it is no second look", n)
 	}
 	a.sweepSpacing = 0
-	testbed.Must(t, netnsutil.Do("/var/run/netns/"+client.NetNS, func() error {
-		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(refused)}
-		d.SetMultipathTCP(true)
-		if c, err := d.Dial("tcp", net.JoinHostPort(server.Addr.String(), strconv.Itoa(closedPort))); err == nil {
-			c.Close()
-			return fmt.Errorf("the closed port accepted a connection")
+	// A forged ACK on the ended connection's 4-tuple, from a fabric: the
+	// pod answers it with a reset, a packet it sends on the 4-tuple.
+	sentBefore := func() uint64 {
+		sfs, err := a.dp.Subflows()
+		testbed.Must(t, err)
+		for _, sf := range sfs {
+			if sf.Remote == remote(ends) {
+				return sf.Counters.TxPackets
+			}
 		}
-		return nil
-	}))
-	if n := sweep(plan, time.Now()); n != 1 {
-		t.Errorf("the second sweep forgot %d entries, want 1: the ended connection's", n)
+		t.Fatal("the ended connection's entry went before the second look")
+		return 0
+	}
+	tx := sentBefore()
+	forged := testpkt.Frame{Src: remote(ends).Addr(), Dst: server.Addr, TCP: &testpkt.TCP{SrcPort: remote(ends).Port(), DstPort: open,
+		Seq: 12345, Ack: 67890, Flags: testpkt.ACK, Window: 64240}}.Bytes()[14:]
+	testbed.Must(t, bed.Forge(bed.Fabrics[0], [][]byte{forged}, 0))
+	for deadline := time.Now().Add(5 * time.Second); sentBefore() == tx; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the pod sent nothing on the ended 4-tuple after the forged ACK")
+		}
+	}
+	if n := sweep(plan, time.Now()); n != 0 {
+		t.Errorf("the second sweep forgot %d entries, want none: the pod sent on the ended 4-tuple since the first", n)
 	}
 	if n := sweep(plan, time.Now()); n != 1 {
-		t.Errorf("the third sweep forgot %d entries, want 1: the refused SYN's, quiet since", n)
+		t.Errorf("the third sweep forgot %d entries, want 1: the ended connection's, quiet since", n)
 	}
 	if got := serverSide(); !got[remote(stays)] || len(got) != 1 {
 		t.Errorf("the server pod's entries after the sweep %v: want only the open connection's %v", got, remote(stays))
@@ -190,6 +196,6 @@ func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 	stats, err := a.dp.Stats()
 	testbed.Must(t, err)
 	if n := stats[datapath.StatSubflowClosed]; n != 1 {
-		t.Errorf("subflows that gave their place back = %d, want 1: the ended connection's (the refused SYN held none)", n)
+		t.Errorf("subflows that gave their place back = %d, want 1: the ended connection's", n)
 	}
 }

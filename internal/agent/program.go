@@ -156,13 +156,13 @@ func (a *Agent) assignRuleIDs(plan *Plan) (map[string]uint32, error) {
 // subflow or connection uses them (their closed ones forgotten first), and
 // clears their datapath entries; until then a retired rule's entries stay
 // as they were, so its connections keep its paths and caps.
-func (a *Agent) retireRules(plan *Plan, current map[string]uint32) error {
+func (a *Agent) retireRules(plan *Plan, current map[string]uint32, view *sweepView) error {
 	ids := map[uint32]bool{}
 	want := map[string]bool{}
 	for name, id := range current {
 		ids[id], want[name] = true, true
 	}
-	err := a.sweepRetiredRules(plan, ids)
+	err := a.sweepRetiredRules(plan, ids, view)
 	live, lerr := liveRuleIDs(a.dp)
 	if lerr != nil {
 		return errors.Join(err, lerr)

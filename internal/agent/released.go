@@ -42,8 +42,9 @@ func (a *Agent) Sweep() error {
 	if plan == nil {
 		plan = &Plan{}
 	}
-	_, err := a.sweepClosedSubflows(plan, time.Now().Add(-closedSubflowGrace))
-	return errors.Join(a.sweepReleased(plan), err)
+	view := newSweepView(a.dp)
+	_, err := a.sweepClosedSubflows(plan, time.Now().Add(-closedSubflowGrace), view)
+	return errors.Join(a.sweepReleased(plan, view), err)
 }
 
 // releasedPods maps a released pod address to its network namespace path.
@@ -65,7 +66,7 @@ func (a *Agent) readReleased() releasedPods {
 // selected and plan does not, and forgets what the datapath holds of each
 // released address but its open subflows. Call it after the endpoints plan
 // does not select are deleted.
-func (a *Agent) sweepReleased(plan *Plan) error {
+func (a *Agent) sweepReleased(plan *Plan, view *sweepView) error {
 	released := a.readReleased()
 	before := len(released)
 	if a.previous != nil {
@@ -88,7 +89,7 @@ func (a *Agent) sweepReleased(plan *Plan) error {
 		err, done := read[ns]
 		if !done {
 			var socks map[socketKey]bool
-			socks, err = openTCPSockets(ns)
+			socks, err = view.Sockets(ns)
 			maps.Copy(open, socks)
 			read[ns] = err
 		}
@@ -101,6 +102,7 @@ func (a *Agent) sweepReleased(plan *Plan) error {
 	}
 	if len(sweep) > 0 {
 		left, err := a.dp.ForgetLocal(sweep, func(sf datapath.Subflow) bool { return open[socketKey{sf.Local, sf.Remote}] })
+		view.changed()
 		if err != nil {
 			errs = append(errs, err)
 		}

@@ -180,8 +180,8 @@ func adoptedRuleIDs(dp *datapath.Datapath, plan *Plan) map[string]uint32 {
 // connection no longer needs is freed. A subflow is closed when no TCP
 // socket of its pod's namespace has its 4-tuple; a connection when none of
 // its subflows is left.
-func (a *Agent) sweepRetiredRules(plan *Plan, current map[uint32]bool) error {
-	sfs, err := a.dp.Subflows()
+func (a *Agent) sweepRetiredRules(plan *Plan, current map[uint32]bool, view *sweepView) error {
+	sfs, err := view.Subflows()
 	if err != nil {
 		return err
 	}
@@ -196,7 +196,13 @@ func (a *Agent) sweepRetiredRules(plan *Plan, current map[uint32]bool) error {
 		}
 	}
 	retired := func(id uint32) bool { return id != datapath.NoRule && !current[id] }
-	open := map[string]map[socketKey]bool{}
+	failed := map[string]bool{} // namespaces whose listing failed, reported once
+	forgot := false
+	defer func() {
+		if forgot {
+			view.changed()
+		}
+	}()
 	var errs []error
 	left := map[uint32]bool{} // tokens of connections with a subflow left
 	// A subflow an earlier release recorded does not name its connection
@@ -215,22 +221,21 @@ func (a *Agent) sweepRetiredRules(plan *Plan, current map[uint32]bool) error {
 			keep(sf)
 			continue
 		}
-		socks, read := open[ns]
-		if !read {
-			if socks, err = openTCPSockets(ns); err != nil {
-				errs = append(errs, fmt.Errorf("retired rule %d: %w", sf.Rule, err))
-				socks = nil
-			}
-			open[ns] = socks
+		socks, err := view.Sockets(ns)
+		if err != nil && !failed[ns] {
+			errs = append(errs, fmt.Errorf("retired rule %d: %w", sf.Rule, err))
+			failed[ns] = true
 		}
-		if socks == nil || socks[socketKey{sf.Local, sf.Remote}] {
+		if err != nil || socks[socketKey{sf.Local, sf.Remote}] {
 			keep(sf)
 			continue
 		}
 		if err := a.dp.ForgetSubflow(sf.Local, sf.Remote); err != nil {
 			errs = append(errs, err)
 			keep(sf)
+			continue
 		}
+		forgot = true
 	}
 	for _, c := range conns {
 		if _, ours := netnsOf[c.Local]; !retired(c.Rule) || !ours || left[c.Token] || unnamed[c.Local.Unmap()] {
