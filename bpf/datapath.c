@@ -148,25 +148,41 @@ struct {
  * with a live subflow's 4-tuple (to re-pin the subflow, clear its flags or
  * give back its count), to closed ports, or with a token it learnt (to
  * fill a connection's joins), and a pod can forge its own answer (raw
- * sockets). So every SYN waits here (nic_ingress). The pod's SYN-ACK that
- * acknowledges its sequence number marks it answered and leaves by the
- * path the SYN came in by (answer_arrival). It becomes the 4-tuple's entry,
- * its join counted, when the peer's third ACK acknowledges that SYN-ACK
- * (promote_acked): a sender that does not see the pod's answers (a blind
- * forger) never gets that far, and a closed port or an unknown token is
- * never answered. A 4-tuple that still has an entry is taken only once the
- * old entry is gone: at the close the agent hears or sweeps
- * (subflow_closed). An LRU map, not pinned: a flood of forged SYNs evicts
- * only other waiting arrivals (an answered one keeps its place a while,
- * stage_arrival), never a live entry; an arrival lost to eviction or a
- * restart leaves its subflow without an entry (plain routing, no
- * counters, the pod's caps). 16384: arrivals wait a round trip, or a SYN
- * retransmission under a flood. */
+ * sockets). So a subflow's entry is written only once the pod's own kernel
+ * took the handshake in:
+ *   - every SYN waits in arrivals (nic_ingress);
+ *   - the pod's SYN-ACK that acknowledges it moves it to answered, with the
+ *     answer's sequence number, and leaves by the path the SYN came in by
+ *     (answer_arrival);
+ *   - the peer's third ACK that acknowledges the answer marks it acked
+ *     (and an MP_CAPABLE one teaches it its connection: ack_arrival);
+ *   - the pod's first segment after that, which its kernel sends only once
+ *     it accepted the ACK (keys, HMAC), writes the entry and counts a
+ *     peer's join (promote_answered). A handshake that fell back to TCP
+ *     (answered without MP_CAPABLE) is written at that segment too.
+ * A 4-tuple that still has an entry is taken only once the old entry is
+ * gone, by an acked arrival: at the close the agent hears or sweeps
+ * (subflow_closed). A sender that does not see the pod's answers (a blind
+ * forger) never gets an arrival acked, and a closed port or an unknown
+ * token is never answered. Two LRU maps, not pinned: a flood of SYNs
+ * evicts only other SYNs, never an answered arrival (only the pod's own
+ * answers write those) nor a live entry; a join whose answered arrival is
+ * lost anyway (to answers of a flood at an open port, or a restart) is
+ * stopped at its third ACK rather than completing uncounted, and an
+ * initial subflow whose arrival is lost runs without an entry (plain
+ * routing, no counters, the pod's caps). 16384 each: arrivals wait a round
+ * trip, or a SYN retransmission under a flood. */
 struct arrival {
-	struct subflow sf; /* the entry it will be, its join not yet counted */
-	__u32 answer_seq;  /* the pod's SYN-ACK's sequence number (host order), once answered */
-	__u32 pad;
+	struct subflow sf;     /* the entry it will be, its join not yet counted */
+	__u32 answer_seq;      /* the pod's first answer's sequence number (host order) */
+	__u32 answer_seq_last; /* its latest: SYN cookies answer a repeated SYN anew */
+	__u32 syn_len;	       /* the data the SYN carried (TCP Fast Open), which the answer acknowledges */
+	__u32 state;	       /* ARRIVAL_* */
 };
+
+/* struct arrival's state, in answered. */
+#define ARRIVAL_FALLBACK (1U << 0) /* an MP_CAPABLE SYN answered without MP_CAPABLE: plain TCP */
+#define ARRIVAL_ACKED	 (1U << 1) /* the peer's third ACK acknowledged the answer */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -174,6 +190,23 @@ struct {
 	__type(key, struct flow_key);
 	__type(value, struct arrival);
 } arrivals SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct flow_key);
+	__type(value, struct arrival);
+} answered SEC(".maps");
+
+/* Room for a copy of an arrival off the stack, where a call chain has no
+ * room left (ack_arrival: nic_ingress, then learn_connection). Per CPU, and
+ * used only by TC programs, which never run nested on a CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct arrival);
+} arrival_scratch SEC(".maps");
 
 /* The selected pod a packet came from, by the host-side interface it
  * entered the node by (skb->ingress_ifindex, kept through forwarding) and
@@ -1091,46 +1124,50 @@ static __always_inline bool from_its_pod(const struct __sk_buff *skb, const stru
 	return !bpf_map_lookup_elem(&pod_interfaces, &ik);
 }
 
-/* How long an answered arrival keeps its place against later SYNs: the pod
- * vouched for it, but an answer whose handshake then failed (a blind
- * forger cannot complete one) must not hold the 4-tuple's reuse off for
- * good. Longer than a handshake's first SYN-ACK retransmissions. */
+/* How long an answered arrival keeps its place against the answer to a
+ * later SYN of its 4-tuple: the pod vouched for it, but an answer whose
+ * handshake then failed (a blind forger cannot complete one) must not hold
+ * the 4-tuple's reuse off for good. Longer than a handshake's first
+ * SYN-ACK retransmissions. */
 #define ARRIVAL_ANSWERED_HOLD_NS (3ULL * 1000000000ULL)
 
 /* stage_arrival keeps nsf, a SYN's entry, waiting for its 4-tuple fk
- * (arrivals), unless the pod answered the one waiting there recently. A
- * global function: its frame (the arrival) is not nic_ingress's. */
-__noinline int stage_arrival(const struct flow_key *fk, const struct subflow *nsf)
+ * (arrivals); syn_len is the data the SYN carried. A global function: its
+ * frame (the arrival) is not nic_ingress's. */
+__noinline int stage_arrival(const struct flow_key *fk, const struct subflow *nsf, __u32 syn_len)
 {
-	struct arrival a = {}, *waiting;
+	struct arrival a = {};
 
 	if (!fk || !nsf)
 		return 0;
-	waiting = bpf_map_lookup_elem(&arrivals, fk);
-	if (waiting && (waiting->sf.flags & SUBFLOW_ANSWERED) &&
-	    nsf->created_ns - waiting->sf.created_ns < ARRIVAL_ANSWERED_HOLD_NS)
-		return 0;
 	a.sf = *nsf;
+	a.syn_len = syn_len;
 	bpf_map_update_elem(&arrivals, fk, &a, BPF_ANY);
 	count(STAT_ARRIVAL_STAGED);
 	return 0;
 }
 
-/* write_arrival makes a waiting arrival (a copy, taken out of arrivals) the
+/* write_arrival makes an arrival (a copy, taken out of answered) the
  * 4-tuple's entry: placed now, and a join counted into its connection c
  * (canonical token) as a mirrored join is. reused: it takes the place of
  * the 4-tuple's previous subflow. */
 static __always_inline void write_arrival(const struct flow_key *fk, struct subflow *nsf, struct conn *c,
 					  __u32 canonical, bool reused)
 {
-	nsf->flags &= ~SUBFLOW_ANSWERED;
 	nsf->created_ns = bpf_ktime_get_ns();
-	if (c) {
+	if (c && nsf->token) {
 		nsf->conn = canonical;
 		count_mirrored_join(c, nsf);
 	}
 	insert_subflow(fk, nsf);
 	count(reused ? STAT_ARRIVAL_PROMOTED : STAT_SUBFLOW_MIRRORED);
+}
+
+/* answers_seq says whether ack acknowledges the pod's answer of a (its
+ * first or its latest). */
+static __always_inline bool answers_seq(const struct arrival *a, __u32 ack)
+{
+	return ack == a->answer_seq + 1 || ack == a->answer_seq_last + 1;
 }
 
 /* flow_key_from writes every byte of k (no zeroing needed first). */
@@ -1178,7 +1215,7 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 /* What answer_arrival did with a SYN-ACK the pod sends. */
 enum arrival_answer {
 	ARRIVAL_NONE = 0,	/* it answers no waiting arrival: it goes on */
-	ARRIVAL_ANSWERED = 1,	/* marked answered */
+	ARRIVAL_ANSWERED = 1,	/* the arrival is answered */
 	ARRIVAL_REFUSED = 3,	/* a join past its rule's maximum: the answer is dropped */
 	ARRIVAL_UNEXPECTED = 4, /* a join's answer on a live 4-tuple for no SYN seen: dropped */
 };
@@ -1196,41 +1233,62 @@ static __always_inline __u32 ack_seq(struct __sk_buff *skb, const struct packet 
 
 /* answer_arrival takes a SYN-ACK the pod sends (skb, key fk) as the pod's
  * answer to the arrival waiting for its 4-tuple, if it acknowledges that
- * SYN's sequence number and comes from the pod whose address it carries:
- * the arrival is marked answered with the answer's sequence number, which
- * the peer's third ACK must acknowledge (promote_acked). While the 4-tuple
- * has no entry, the answer leaves by the path its SYN came in by (the
- * peer's choice, which strict reverse-path filtering there expects). live
- * is the 4-tuple's entry, if it still has one (subflow_closed writes the
- * arrival when it goes). A join past its rule's
- * maximum, or on a path the rule refuses, is refused here as at its SYN:
- * its answer never leaves, so it never completes (no reset: the peer's SYN
- * may have carried a 4-tuple that was live). A join's answer on a live
- * 4-tuple that acknowledges neither the entry's own SYN nor a waiting one
- * is dropped too: a join the datapath never saw, or whose arrival another
- * SYN took the place of, would otherwise complete uncounted (MP_JOIN SYNs
- * carry no data, so the answer acknowledges the SYN's sequence number + 1
- * exactly). Returns an enum arrival_answer. A global function: verified
- * once, run only on SYN-ACKs. */
+ * SYN (its sequence number, plus the data an MP_CAPABLE SYN carried) and
+ * comes from the pod whose address it carries: the arrival moves to
+ * answered with the answer's sequence number, which the peer's third ACK
+ * must acknowledge (ack_arrival), and, while the 4-tuple has no entry, the
+ * answer leaves by the path its SYN came in by (the peer's choice, which
+ * strict reverse-path filtering there expects); so does the same answer
+ * again. live is the 4-tuple's entry, if it still has one. An answered
+ * arrival keeps its place for ARRIVAL_ANSWERED_HOLD_NS against the answer
+ * to another SYN. A join past its rule's maximum, or on a path the rule
+ * refuses, is refused here as at its SYN: its answer never leaves, so it
+ * never completes (no reset: the peer's SYN may have carried a 4-tuple that
+ * was live). A join's answer on a live 4-tuple that acknowledges neither
+ * the entry's own SYN nor a waiting one is dropped too: a join the
+ * datapath never saw, or whose arrival another SYN took the place of,
+ * would otherwise complete uncounted (MP_JOIN SYNs carry no data, so the
+ * answer acknowledges the SYN's sequence number + 1 exactly). Returns an
+ * enum arrival_answer. A global function: verified once, run only on
+ * SYN-ACKs. */
 __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk,
 			      const struct subflow *live)
 {
-	struct arrival a, *waiting;
+	struct arrival a, *waiting, *prev;
+	__u32 canonical = 0, ack, seq, join;
 	struct conn *c = NULL;
-	__u32 canonical = 0, ack;
+	__u64 now;
 
 	if (!skb || !pkt || !fk || !from_its_pod(skb, pkt))
 		return ARRIVAL_NONE;
 	ack = ack_seq(skb, pkt);
+	seq = syn_seq(skb, pkt);
+	join = has_mptcp(pkt, MPTCP_SUB_JOIN);
 	/* The answer to the live entry's own SYN is that handshake's. */
 	if (live && live->role == ROLE_RESPONDER && live->syn_seq && ack == live->syn_seq + 1)
 		return ARRIVAL_NONE;
+	now = bpf_ktime_get_ns();
+	prev = bpf_map_lookup_elem(&answered, fk);
+	if (prev) { /* a copy: an LRU element can be reused by another CPU */
+		a = *prev;
+		/* The same answer again (the SYN-ACK retransmitted, or a
+		 * repeated SYN answered anew): it leaves as the first did. */
+		if (ack - (a.sf.syn_seq + 1) <= a.syn_len && !a.sf.token == !join) {
+			a.answer_seq_last = seq;
+			bpf_map_update_elem(&answered, fk, &a, BPF_EXIST);
+			if (!live)
+				set_path_mark(skb, a.sf.path_index);
+			return ARRIVAL_ANSWERED;
+		}
+	}
 	waiting = bpf_map_lookup_elem(&arrivals, fk);
-	if (waiting) /* a copy: an LRU element can be reused by another CPU */
+	if (waiting)
 		a = *waiting;
-	/* It must answer the waiting SYN, as the same kind of subflow. */
-	if (!waiting || ack != a.sf.syn_seq + 1 || !a.sf.token != !has_mptcp(pkt, MPTCP_SUB_JOIN)) {
-		if (live && has_mptcp(pkt, MPTCP_SUB_JOIN) && live->role == ROLE_RESPONDER && live->syn_seq &&
+	/* It must answer the waiting SYN, as the same kind of subflow, and
+	 * an arrival answered a moment ago keeps its place. */
+	if (!waiting || ack - (a.sf.syn_seq + 1) > a.syn_len || !a.sf.token != !join ||
+	    (prev && (__s64)(now - prev->sf.created_ns) < (__s64)ARRIVAL_ANSWERED_HOLD_NS)) {
+		if (live && join && live->role == ROLE_RESPONDER && live->syn_seq &&
 		    ack != live->syn_seq + 1) {
 			count(STAT_ANSWER_DROPPED);
 			return ARRIVAL_UNEXPECTED;
@@ -1245,13 +1303,13 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 		return ARRIVAL_REFUSED;
 	}
 	/* By key, from the copy: never through a pointer another CPU may
-	 * have handed to another 4-tuple. Answered now (stage_arrival holds
-	 * it that long); a repeated answer (the SYN-ACK retransmitted)
-	 * marks it again. */
-	a.sf.flags |= SUBFLOW_ANSWERED;
-	a.sf.created_ns = bpf_ktime_get_ns();
-	a.answer_seq = syn_seq(skb, pkt);
-	bpf_map_update_elem(&arrivals, fk, &a, BPF_EXIST);
+	 * have handed to another 4-tuple. */
+	a.sf.created_ns = now;
+	a.answer_seq = seq;
+	a.answer_seq_last = seq;
+	a.state = !a.sf.token && !has_mptcp(pkt, MPTCP_SUB_CAPABLE) ? ARRIVAL_FALLBACK : 0;
+	bpf_map_update_elem(&answered, fk, &a, BPF_ANY);
+	bpf_map_delete_elem(&arrivals, fk);
 	if (!live) {
 		set_path_mark(skb, a.sf.path_index);
 		count_path(a.sf.path_index, pkt->len, true);
@@ -1259,31 +1317,67 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 	return ARRIVAL_ANSWERED;
 }
 
-/* promote_acked makes the arrival waiting for fk, a 4-tuple with no entry,
- * its entry when pkt, the peer's third ACK (an MP_CAPABLE or MP_JOIN ACK
- * from the wire), acknowledges the pod's answer to it: the handshake is
- * complete but for the pod's check of the ACK's keys or HMAC, and only a
- * sender that saw the pod's SYN-ACK gets here. A peer's join is counted
- * now; joins answered at once may pass the maximum together, as far as
- * the pod's own limit (set from maxSubflows) lets them. Returns 1 when it
- * wrote the entry. A global function: run only on third ACKs. */
-__noinline int promote_acked(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
+/* ack_arrival takes pkt, the peer's third ACK from the wire (an MP_CAPABLE
+ * or MP_JOIN ACK, or an MP_CAPABLE one repeated on data), as the ACK of the
+ * arrival answered for its 4-tuple fk, if it acknowledges the pod's answer
+ * and is of the arrival's kind: the arrival is marked acked, and an
+ * MP_CAPABLE one learns its connection from the ACK's keys, which only
+ * this packet carries (learn_connection, into the arrival: the entry that
+ * may still hold the 4-tuple is an older subflow's). Only a sender that saw
+ * the pod's SYN-ACK gets here. Returns 1 when it took the ACK. A global
+ * function: run only on third ACKs. */
+__noinline int ack_arrival(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
-	struct arrival a, *waiting;
-	struct conn *c = NULL;
-	__u32 canonical = 0;
+	struct arrival *a, *waiting;
+	__u32 zero = 0;
 
 	if (!skb || !pkt || !fk)
 		return 0;
-	waiting = bpf_map_lookup_elem(&arrivals, fk);
+	waiting = bpf_map_lookup_elem(&answered, fk);
+	a = bpf_map_lookup_elem(&arrival_scratch, &zero);
+	if (!waiting || !a)
+		return 0;
+	*a = *waiting;
+	if ((a->state & ARRIVAL_FALLBACK) || !answers_seq(a, ack_seq(skb, pkt)) ||
+	    !a->sf.token != !has_mptcp(pkt, MPTCP_SUB_JOIN))
+		return 0;
+	if (a->state & ARRIVAL_ACKED)
+		return 1; /* the ACK again, or the first data repeating it */
+	a->state |= ARRIVAL_ACKED;
+	if (is_capable_ack(pkt))
+		learn_connection(skb, pkt, 0, &a->sf);
+	bpf_map_update_elem(&answered, fk, a, BPF_EXIST);
+	return 1;
+}
+
+/* promote_answered makes the arrival answered for fk, a 4-tuple with no
+ * entry, its entry when pkt, a segment the pod sends on it (not a SYN, not
+ * a reset), continues the pod's answer: the pod's kernel sends one only
+ * once it accepted the handshake, the peer's keys or HMAC checked. A join
+ * must have been acked (ack_arrival) and is counted now; a handshake that
+ * fell back to TCP needs no ACK seen. Returns 1 when it wrote the entry. A
+ * global function: run only on a selected pod's segments of no entry. */
+__noinline int promote_answered(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
+{
+	struct arrival a, *waiting;
+	__u32 canonical = 0, seq;
+	struct conn *c = NULL;
+
+	if (!skb || !pkt || !fk || (pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST)) ||
+	    !from_its_pod(skb, pkt))
+		return 0;
+	waiting = bpf_map_lookup_elem(&answered, fk);
 	if (!waiting)
 		return 0;
 	a = *waiting;
-	if (!(a.sf.flags & SUBFLOW_ANSWERED) || ack_seq(skb, pkt) != a.answer_seq + 1 ||
-	    !a.sf.token != !has_mptcp(pkt, MPTCP_SUB_JOIN))
+	seq = syn_seq(skb, pkt);
+	/* Its next segments, or a few later (one may be lost on the way). */
+	if (seq - (a.answer_seq + 1) >= (1U << 30) && seq - (a.answer_seq_last + 1) >= (1U << 30))
 		return 0;
-	/* Taken once: a second CPU with the same ACK finds none. */
-	if (bpf_map_delete_elem(&arrivals, fk))
+	if (a.sf.token && !(a.state & ARRIVAL_ACKED))
+		return 0;
+	/* Taken once: a second CPU with the same segment finds none. */
+	if (bpf_map_delete_elem(&answered, fk))
 		return 0;
 	if (a.sf.token)
 		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);
@@ -1349,6 +1443,7 @@ __noinline int pod_egress_unknown(struct __sk_buff *skb, const struct packet *pk
 			return UNKNOWN_PLACED;
 		}
 	}
+
 	count_pod(ep->pod_slot, pkt->family, pkt->saddr, pkt->len, true);
 	return placed == PLACE_REFUSED ? UNKNOWN_REFUSED : UNKNOWN_COUNTED;
 }
@@ -1377,6 +1472,10 @@ int pod_egress(struct __sk_buff *skb)
 		if (ret == ARRIVAL_REFUSED || ret == ARRIVAL_UNEXPECTED)
 			return TC_ACT_SHOT;
 	}
+	/* The pod's first segment after a handshake the peer opened writes
+	 * its entry (answered). */
+	if (!sf && promote_answered(skb, &pkt, &fk))
+		sf = subflow_lookup(&fk);
 	if (!sf) {
 		ret = pod_egress_unknown(skb, &pkt, &fk);
 		/* A join of the pod's beyond its rule's maximum: the pod's
@@ -1491,15 +1590,72 @@ static __always_inline void mark_released_subflow(struct __sk_buff *skb, const s
 		set_path_mark(skb, n->path);
 }
 
+/* What stage_syn did with a SYN. */
+enum syn_staged {
+	SYN_STAGED = 0,	 /* it waits for the pod's answer, or is its entry's own again */
+	SYN_REFUSED = 1, /* a join its rule refuses: the caller answers it with a reset */
+};
+
+/* stage_syn takes an opening SYN (MP_CAPABLE or MP_JOIN) from the wire (key
+ * fk, as the pod sends) to the selected pod of ep, arriving on the path of
+ * the NIC it came in by, selected by rule (the caller's choice: a join of a
+ * known connection takes its connection's rule, anything else the pod's
+ * selector chain; RULE_NONE when none selects it, mirrored all the same):
+ * the entry it would be waits for the pod's answer (stage_arrival), unless
+ * it is a join to refuse at once. The peer's node chose this path; the
+ * pod's replies follow it, and the pod's own joins avoid it. Returns an
+ * enum syn_staged. A global function: its frame (the entry) is not
+ * nic_ingress's. */
+__noinline int stage_syn(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk,
+			 const struct endpoint *ep, __u32 rule)
+{
+	__u32 token, canonical = 0, ifindex;
+	struct subflow nsf = {}, *prev;
+	struct nic *n;
+	struct conn *c;
+
+	if (!skb || !pkt || !fk || !ep)
+		return SYN_STAGED;
+	ifindex = skb->ingress_ifindex;
+	n = bpf_map_lookup_elem(&nics, &ifindex);
+	if (!n)
+		return SYN_STAGED;
+	prev = subflow_lookup(fk);
+	nsf.rule = rule;
+	if (handshake_subtype(pkt) == MPTCP_SUB_JOIN && !load_join_token(skb, pkt, &token)) {
+		nsf.token = token;
+		c = lookup_conn(pkt->family, pkt->daddr, token, &canonical);
+		/* Refused: the peer hears why at once, and no subflow is
+		 * mirrored. A SYN on a 4-tuple with an entry is left to the
+		 * pod: the reset would carry a live subflow's 4-tuple. */
+		if (!prev && join_refused(rule, c, n->path))
+			return SYN_REFUSED;
+		if (c)
+			nsf.conn = canonical;
+	}
+	nsf.path_index = n->path;
+	nsf.pod_slot = ep->pod_slot;
+	nsf.role = ROLE_RESPONDER;
+	nsf.created_ns = bpf_ktime_get_ns();
+	nsf.syn_seq = syn_seq(skb, pkt);
+	/* The same SYN again as the entry's own (its sender repeats it
+	 * until the pod's answer arrives, over whichever path): the entry
+	 * already says all of it. Any other waits for the pod's answer and
+	 * the peer's ACK of it (arrivals). */
+	if (prev && prev->role == ROLE_RESPONDER && prev->token == nsf.token && prev->syn_seq == nsf.syn_seq)
+		return SYN_STAGED;
+	stage_arrival(fk, &nsf, nsf.token ? 0 : pkt->len - pkt->l4_off - pkt->tcp_hlen);
+	return SYN_STAGED;
+}
+
 SEC("tc")
 int nic_ingress(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
 	struct flow_key fk = {};
-	struct subflow nsf = {}, *prev;
 	__u32 ifindex = skb->ingress_ifindex;
-	struct conn *c = NULL;
 	struct endpoint *ep;
+	struct subflow *sf;
 	struct nic *n;
 
 	n = bpf_map_lookup_elem(&nics, &ifindex);
@@ -1516,67 +1672,40 @@ int nic_ingress(struct __sk_buff *skb)
 	set_path_mark(skb, n->path);
 	count_path(n->path, pkt.len, false);
 
-	/* The third ACK of a handshake the pod answered writes its entry
-	 * (arrivals); an MP_CAPABLE one teaches the connection's tokens. */
-	if (is_capable_ack(&pkt) || is_join_ack(&pkt)) {
-		struct subflow *sf;
+	if (is_opening_syn(&pkt)) {
+		__u32 rule = RULE_NONE, token, canonical;
+		struct conn *c;
 
-		flow_key_from(&fk, &pkt, true);
-		sf = subflow_lookup(&fk);
-		if (!sf && promote_acked(skb, &pkt, &fk))
-			sf = subflow_lookup(&fk);
-		if (sf && sf->role == ROLE_RESPONDER && is_capable_ack(&pkt))
-			learn_connection(skb, &pkt, 0, sf);
-		return TCX_NEXT;
-	}
-	if (!is_opening_syn(&pkt))
-		return TCX_NEXT;
-	if (handshake_subtype(&pkt) == MPTCP_SUB_NONE)
-		return TCX_NEXT;
-
-	/* The peer's node chose this path; the pod's replies follow it, and
-	 * the pod's own joins avoid it. A join of a known connection takes
-	 * its connection's rule; anything else runs the pod's selector chain
-	 * (remote = the SYN's source, service port = its destination). The
-	 * subflow is mirrored whether a rule selects it or not. */
-	nsf.rule = RULE_NONE;
-	flow_key_from(&fk, &pkt, true);
-	prev = subflow_lookup(&fk);
-	if (handshake_subtype(&pkt) == MPTCP_SUB_JOIN) {
-		__u32 token, canonical = 0;
-
-		if (!load_join_token(skb, &pkt, &token)) {
-			nsf.token = token;
+		if (handshake_subtype(&pkt) == MPTCP_SUB_NONE)
+			return TCX_NEXT;
+		if (handshake_subtype(&pkt) != MPTCP_SUB_JOIN) {
+			rule = select_rule(ep, &pkt, 0, MATCH_INITIAL);
+		} else if (!load_join_token(skb, &pkt, &token)) {
 			c = lookup_conn(pkt.family, pkt.daddr, token, &canonical);
-			nsf.rule = c ? c->rule : select_rule(ep, &pkt, 0, MATCH_JOIN);
-			/* Refused: the peer hears why at once, and no subflow
-			 * is mirrored. A SYN on a 4-tuple with an entry is
-			 * left to the pod: the reset would carry a live
-			 * subflow's 4-tuple. */
-			if (!prev && join_refused(nsf.rule, c, n->path)) {
-				int verdict = answer_refused_join(skb, &pkt);
-
-				if (verdict != TCX_NEXT)
-					return verdict;
-			}
-			if (c)
-				nsf.conn = canonical;
+			rule = c ? c->rule : select_rule(ep, &pkt, 0, MATCH_JOIN);
 		}
-	} else {
-		nsf.rule = select_rule(ep, &pkt, 0, MATCH_INITIAL);
-	}
-	nsf.path_index = n->path;
-	nsf.pod_slot = ep->pod_slot;
-	nsf.role = ROLE_RESPONDER;
-	nsf.created_ns = bpf_ktime_get_ns();
-	nsf.syn_seq = syn_seq(skb, &pkt);
-	/* The same SYN again as the entry's own (its sender repeats it
-	 * until the pod's answer arrives, over whichever path): the entry
-	 * already says all of it. Any other waits for the pod's answer and
-	 * the peer's ACK of it (arrivals). */
-	if (prev && prev->role == ROLE_RESPONDER && prev->token == nsf.token && prev->syn_seq == nsf.syn_seq)
+		flow_key_from(&fk, &pkt, true);
+		if (stage_syn(skb, &pkt, &fk, ep, rule) == SYN_REFUSED)
+			return answer_refused_join(skb, &pkt);
 		return TCX_NEXT;
-	stage_arrival(&fk, &nsf);
+	}
+	flow_key_from(&fk, &pkt, true);
+	if (!is_capable_ack(&pkt) && !is_join_ack(&pkt))
+		return TCX_NEXT;
+	/* The third ACK of a handshake the pod answered acks its arrival
+	 * (answered); an MP_CAPABLE one repeated on data after the entry is
+	 * written teaches the entry's connection, if it is not known. A
+	 * join's third ACK with neither is stopped: its arrival was lost, and
+	 * the join would complete uncounted. */
+	if (ack_arrival(skb, &pkt, &fk))
+		return TCX_NEXT;
+	sf = subflow_lookup(&fk);
+	if (sf && sf->role == ROLE_RESPONDER && is_capable_ack(&pkt))
+		learn_connection(skb, &pkt, 0, sf);
+	if (!sf && is_join_ack(&pkt)) {
+		count(STAT_JOIN_ACK_DROPPED);
+		return TC_ACT_SHOT;
+	}
 	return TCX_NEXT;
 }
 
@@ -1732,11 +1861,13 @@ static __always_inline int subflow_closed(const __u64 *key, const struct closed_
 		return 0;
 	give_back(fk, sf);
 	freed = table_delete(&subflows, SUBFLOW_TABLE_BITS, key, FLOW_KEY_WORDS, SUBFLOW_WORDS);
-	waiting = bpf_map_lookup_elem(&arrivals, fk);
+	/* The pod's segments on the new subflow were counted on the old
+	 * entry: the peer's ACK of the pod's answer is what this takes. */
+	waiting = bpf_map_lookup_elem(&answered, fk);
 	if (!waiting)
 		return freed;
 	a = *waiting;
-	if (!(a.sf.flags & SUBFLOW_ANSWERED) || bpf_map_delete_elem(&arrivals, fk))
+	if (!(a.state & ARRIVAL_ACKED) || bpf_map_delete_elem(&answered, fk))
 		return freed;
 	if (a.sf.token)
 		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);

@@ -100,9 +100,11 @@ enum stat_id {
 	STAT_SUBFLOW_HOMED,    /* ... and back on its own path once that came up again */
 	STAT_SUBFLOW_FOLLOWED, /* a subflow's packets followed the peer's onto another path, or back */
 	STAT_SUBFLOW_CLOSED,   /* closed subflows whose path and count went back to their connection */
-	STAT_ARRIVAL_STAGED,   /* a SYN for a 4-tuple with an entry: waits, the entry unchanged */
-	STAT_ARRIVAL_PROMOTED, /* ... answered, and the old entry gone: the 4-tuple is the new one's */
+	STAT_ARRIVAL_STAGED,   /* a SYN from the wire: waits for the pod's answer and the peer's ACK */
+	STAT_ARRIVAL_PROMOTED, /* ... acked on a 4-tuple with an entry, which went: the 4-tuple is the new
+				  one's */
 	STAT_ANSWER_DROPPED,   /* a pod's join SYN-ACK on a live 4-tuple for no SYN seen: dropped */
+	STAT_JOIN_ACK_DROPPED, /* a join's third ACK with no entry and no answered arrival: dropped */
 	STAT_MAX,
 };
 
@@ -160,12 +162,9 @@ enum subflow_role {
  * subflows; SUBFLOW_OWNS_PATH: its path's bit, set by it, not shared), and
  * that it gave back when the pod's kernel closed it (SUBFLOW_CLOSED,
  * datapath.c, subflow_closed): only what was taken goes back, once. */
-#define SUBFLOW_CLOSED	  (1U << 3)
-#define SUBFLOW_COUNTED	  (1U << 4)
-#define SUBFLOW_OWNS_PATH (1U << 5)
-/* Only in the arrivals map (datapath.c): the pod answered the waiting SYN
- * with a SYN-ACK. */
-#define SUBFLOW_ANSWERED     (1U << 6)
+#define SUBFLOW_CLOSED	     (1U << 3)
+#define SUBFLOW_COUNTED	     (1U << 4)
+#define SUBFLOW_OWNS_PATH    (1U << 5)
 #define SUBFLOW_DETOUR_SHIFT 8
 #define SUBFLOW_DETOUR_MASK  (0xfU << SUBFLOW_DETOUR_SHIFT)
 _Static_assert(MAX_PATHS <= 0xf, "a path index outgrew the SUBFLOW_DETOUR bits");

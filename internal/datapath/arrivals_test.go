@@ -2,6 +2,8 @@ package datapath
 
 import (
 	"net/netip"
+
+	"github.com/cilium/ebpf"
 	"testing"
 	"time"
 
@@ -37,11 +39,26 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	run(t, dp.objs.NicIngress, synSeq(joinPort, 200, joinOpts), on(nic2Ifindex))
 	completeFromWire(t, dp, netip.AddrPortFrom(clientPod, joinPort), server, 200, true, nic2Ifindex)
 	staged := stat(t, dp, StatArrivalStaged) // the victim's own two SYNs
+	// The victim's connection (a forger below gets one of its own learnt).
+	victimConnection := func() Connection {
+		t.Helper()
+		conns, err := dp.Connections()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range conns {
+			if c.Token == tokenOf(serverKey) {
+				return c
+			}
+		}
+		t.Fatalf("connections %+v: the victim's is gone", conns)
+		return Connection{}
+	}
 	key := func(sport uint16) datapathFlowKey {
 		return flowKey(netip.AddrPortFrom(serverPod, 80), netip.AddrPortFrom(clientPod, sport))
 	}
 	victim := map[uint16]datapathSubflow{initialPort: lookupSubflow(t, dp, key(initialPort)), joinPort: lookupSubflow(t, dp, key(joinPort))}
-	victimConn := connection(t, dp)
+	victimConn := victimConnection()
 	if victimConn.Subflows != 2 || victimConn.UsedPaths != 1<<1|1<<2 {
 		t.Fatalf("the victim's connection: %+v, want 2 subflows on paths 1 and 2", victimConn)
 	}
@@ -55,13 +72,22 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 				t.Errorf("%s: subflow %d is %+v, was %+v", when, port, got, want)
 			}
 		}
-		if c := connection(t, dp); c != victimConn {
+		if c := victimConnection(); c != victimConn {
 			t.Errorf("%s: connection %+v, was %+v", when, c, victimConn)
 		}
 	}
 	// replyPath is the path the pod's packet of the 4-tuple leaves by.
+	// A SYN-ACK carries MP_CAPABLE (the pod's answer to an MP_CAPABLE
+	// SYN, not a fallback to TCP).
 	replyPath := func(sport uint16, flags uint8, ack uint32) uint32 {
-		frame := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: sport, Seq: 7, Ack: ack, Flags: flags}}.Bytes()
+		t.Helper()
+		// The pod's answers have sequence number 7, its next segments 8.
+		var opts []byte
+		seq := uint32(8)
+		if flags&testpkt.SYN != 0 {
+			opts, seq = testpkt.MPCapableSYNACK(serverKey), 7
+		}
+		frame := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: sport, Seq: seq, Ack: ack, Flags: flags, Options: opts}}.Bytes()
 		return dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{}))
 	}
 
@@ -134,13 +160,19 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 		t.Errorf("the pod's SYN-ACK on its live initial subflow left by path %d, want 1", p)
 	}
 	unchanged("after the pod answered a forged SYN")
+	// Its sender saw the answer and acknowledges it, with keys of its
+	// own: the arrival is acked, its connection learnt, and still nothing
+	// moves while the subflow lives.
+	const forgerClientKey, forgerServerKey = 31, 32
+	run(t, dp.objs.NicIngress, capableACK(clientPod, initialPort, serverPod, 80, forgerClientKey, forgerServerKey), on(nic2Ifindex))
+	unchanged("after the peer acknowledged the answer")
 	if got := stat(t, dp, StatArrivalPromoted); got != 0 {
 		t.Fatalf("arrivals promoted = %d, want none while the subflows live", got)
 	}
 
-	// The initial subflow closes (the agent hears it): the answered
-	// arrival takes its 4-tuple, path 2, after the old entry gave back
-	// its path and count.
+	// The initial subflow closes (the agent hears it): the acked arrival
+	// takes its 4-tuple, path 2, with its own connection, after the old
+	// entry gave back its path and count.
 	report := func(sport uint16, token uint32, createdNs uint64) bool {
 		t.Helper()
 		ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(serverPod, 80), Remote: netip.AddrPortFrom(clientPod, sport),
@@ -159,10 +191,10 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 		t.Errorf("arrivals promoted = %d, want the answered one", got)
 	}
 	reused := lookupSubflow(t, dp, key(initialPort))
-	if reused.PathIndex != 2 || Role(reused.Role) != RoleResponder || reused.SynSeq != 999 || reused.Conn != 0 {
-		t.Errorf("the reused 4-tuple's entry is %+v, want a new responder entry on path 2 for SYN 999", reused)
+	if reused.PathIndex != 2 || Role(reused.Role) != RoleResponder || reused.SynSeq != 999 || reused.Conn != tokenOf(forgerServerKey) {
+		t.Errorf("the reused 4-tuple's entry is %+v, want a new responder entry on path 2 for SYN 999, of its own connection", reused)
 	}
-	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<2 {
+	if c := victimConnection(); c.Subflows != 1 || c.UsedPaths != 1<<2 {
 		t.Errorf("after the initial subflow closed: %+v, want the join alone, on path 2", c)
 	}
 	// The same close reported again, late (by the path manager, naming
@@ -179,8 +211,9 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	}
 
 	// The join closes before the pod answers a new SYN on its 4-tuple:
-	// the answer leaves by the SYN's path, and the peer's third ACK
-	// writes the arrival, counted, as on a new 4-tuple.
+	// the answer leaves by the SYN's path, and after the peer's third ACK
+	// the pod's next segment writes the arrival, counted, as on a new
+	// 4-tuple.
 	run(t, dp.objs.NicIngress, synSeq(joinPort, 700, joinOpts), on(nic1Ifindex))
 	if !closed(joinPort) {
 		t.Fatal("SubflowClosed found no join")
@@ -189,7 +222,10 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 		t.Errorf("the pod's SYN-ACK to the reused join 4-tuple left by path %d, want 1", p)
 	}
 	run(t, dp.objs.NicIngress, joinThirdACK(joinPort, 701, 8), on(nic1Ifindex))
-	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<1 {
+	if p := replyPath(joinPort, testpkt.ACK, 701); p != 1 {
+		t.Errorf("the pod's segment after the reused join's handshake left by path %d, want 1", p)
+	}
+	if c := victimConnection(); c.Subflows != 1 || c.UsedPaths != 1<<1 {
 		t.Errorf("after the join's 4-tuple was reused over path 1: %+v, want one subflow, on path 1", c)
 	}
 
@@ -209,7 +245,7 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	if got := stat(t, dp, StatJoinRefused); got != 1 {
 		t.Errorf("joins refused = %d, want the one on the reused 4-tuple", got)
 	}
-	if c := connection(t, dp); c.Subflows != 2 {
+	if c := victimConnection(); c.Subflows != 2 {
 		t.Errorf("after the refused join: %+v, want the 2 subflows of the maximum", c)
 	}
 
@@ -252,10 +288,17 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 // A SYN from the wire writes no entry and counts nothing: not to a closed
 // port (the pod answers with a reset), not a join that nobody completes,
 // not with a third ACK that does not acknowledge the pod's answer (a sender
-// that cannot see the pod's SYN-ACK) or is of the other kind. The third ACK
-// that acknowledges the answer writes the entry on the SYN's path and
-// counts the join. MP_CAPABLE ACKs repeated with other keys on a learnt
-// subflow add no connection.
+// that cannot see the pod's SYN-ACK) or is of the other kind; a join's
+// third ACK with nothing answered is dropped, so the join cannot complete
+// uncounted. The entry is written, on the SYN's path, by the pod's first
+// segment after the third ACK that acknowledges its answer, and only then
+// is a join counted. SYNs, however many, never push an answered arrival
+// out. A handshake the pod answers without MP_CAPABLE (a TCP listener) is
+// written at the pod's first segment too, and learns no connection from
+// an MP_CAPABLE ACK. The answer to a SYN with data (TCP Fast Open) and a
+// second answer with another sequence number (SYN cookies) are answers.
+// MP_CAPABLE ACKs repeated with other keys on a learnt subflow add no
+// connection.
 func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *testing.T) {
 	dp := twoNICResponder(t)
 	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
@@ -270,44 +313,81 @@ func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *test
 		}
 		return len(sfs)
 	}
+	connections := func() int {
+		t.Helper()
+		conns, err := dp.Connections()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(conns)
+	}
 	if n := entries(); n != 1 {
 		t.Fatalf("%d entries after the victim's handshake, want 1", n)
 	}
-	ack := func(sport uint16, ackNum uint32, opts []byte) []byte {
-		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 80, Seq: 2, Ack: ackNum, Flags: testpkt.ACK, Options: opts}}.Bytes()
+	// Segments between client (its port sport) and the server pod.
+	fromClient := func(sport uint16, dport uint16, seq, ack uint32, flags uint8, opts []byte, payload []byte) []byte {
+		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: dport, Seq: seq, Ack: ack, Flags: flags, Options: opts, Payload: payload}}.Bytes()
 	}
+	fromPod := func(sport uint16, seq, ack uint32, flags uint8, opts []byte) []byte {
+		return testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: sport, Seq: seq, Ack: ack, Flags: flags, Options: opts}}.Bytes()
+	}
+	joinSYN := testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)
 	joinACK := testpkt.MPJoinACK([20]byte{1})
+	nicIn := func(frame []byte, ifindex int) uint32 {
+		t.Helper()
+		ret, err := dp.objs.NicIngress.Run(&ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Context: on(ifindex), ContextOut: &skbContext{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ret
+	}
 
 	// A SYN to a closed port: the pod resets it.
-	run(t, dp.objs.NicIngress, syn(clientPod, 40010, serverPod, 81, testpkt.MPCapableSYN()), on(nic1Ifindex))
-	rst := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 81, DstPort: 40010, Ack: 2, Flags: testpkt.RST | testpkt.ACK}}.Bytes()
-	run(t, dp.objs.PodEgress, rst, skbContext{})
+	run(t, dp.objs.NicIngress, fromClient(40010, 81, 1, 0, testpkt.SYN, testpkt.MPCapableSYN(), nil), on(nic1Ifindex))
+	run(t, dp.objs.PodEgress, testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 81, DstPort: 40010, Ack: 2, Flags: testpkt.RST | testpkt.ACK}}.Bytes(), skbContext{})
 	// A join with the connection's token, unanswered, then a third ACK
-	// for it anyway.
-	run(t, dp.objs.NicIngress, syn(clientPod, 40011, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)), on(nic2Ifindex))
-	run(t, dp.objs.NicIngress, ack(40011, 8, joinACK), on(nic2Ifindex))
+	// for it anyway: dropped.
+	run(t, dp.objs.NicIngress, fromClient(40011, 80, 1, 0, testpkt.SYN, joinSYN, nil), on(nic2Ifindex))
+	if ret := nicIn(fromClient(40011, 80, 2, 8, testpkt.ACK, joinACK, nil), nic2Ifindex); ret != tcActShot {
+		t.Errorf("a join's third ACK with nothing answered: verdict %d, want dropped", int32(ret))
+	}
+	if got := stat(t, dp, StatJoinACKDropped); got != 1 {
+		t.Errorf("join ACKs dropped = %d, want 1", got)
+	}
 	if n := entries(); n != 1 {
 		t.Errorf("%d entries after unanswered SYNs, want still 1", n)
 	}
-	if c := connection(t, dp); c.Subflows != 1 {
-		t.Errorf("the connection after an unanswered join: %+v, want 1 subflow", c)
-	}
 	// The pod answers the join (sequence number 7). Third ACKs that do
-	// not acknowledge it, or are not a join's, write nothing.
-	answer := synAck(serverPod, 80, clientPod, 40011, testpkt.MPJoinSYNACK(1, 2, 1, false))
-	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, answer, skbContext{})); p != 2 {
+	// not acknowledge it, or are not a join's, ack nothing: the pod's
+	// next segment writes nothing (its kernel would not send one).
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, fromPod(40011, 7, 2, testpkt.SYN|testpkt.ACK, testpkt.MPJoinSYNACK(1, 2, 1, false)), skbContext{})); p != 2 {
 		t.Errorf("the pod's answer left by path %d, want the SYN's path 2", p)
 	}
-	run(t, dp.objs.NicIngress, ack(40011, 9, joinACK), on(nic2Ifindex))
-	run(t, dp.objs.NicIngress, ack(40011, 8, testpkt.MPCapableACK(1, 2)), on(nic2Ifindex))
+	nicIn(fromClient(40011, 80, 2, 9, testpkt.ACK, joinACK, nil), nic2Ifindex)
+	nicIn(fromClient(40011, 80, 2, 8, testpkt.ACK, testpkt.MPCapableACK(1, 2), nil), nic2Ifindex)
+	run(t, dp.objs.PodEgress, fromPod(40011, 8, 2, testpkt.ACK, nil), skbContext{})
 	if n := entries(); n != 1 {
 		t.Errorf("%d entries after third ACKs that acknowledge no answer, want still 1", n)
 	}
 	if c := connection(t, dp); c.Subflows != 1 {
 		t.Errorf("the connection after forged third ACKs: %+v, want 1 subflow", c)
 	}
-	// The real third ACK, on either path.
-	run(t, dp.objs.NicIngress, ack(40011, 8, joinACK), on(nic1Ifindex))
+	// More SYNs than the arrivals map holds, to a closed port: the
+	// answered join keeps its place.
+	for i := range 17000 {
+		src := netip.AddrFrom4([4]byte{10, 244, 9, byte(i)})
+		frame := testpkt.Frame{Src: src, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: uint16(1024 + i/256), DstPort: 81, Seq: 1, Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()
+		run(t, dp.objs.NicIngress, frame, on(nic1Ifindex))
+	}
+	// The real third ACK, over the other path: acked, not yet written.
+	nicIn(fromClient(40011, 80, 2, 8, testpkt.ACK, joinACK, nil), nic1Ifindex)
+	if c := connection(t, dp); c.Subflows != 1 || entries() != 1 {
+		t.Errorf("after the third ACK: %+v and %d entries, want the join counted only at the pod's next segment", c, entries())
+	}
+	// The pod's next segment: written on the SYN's path, counted.
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, fromPod(40011, 8, 2, testpkt.ACK, nil), skbContext{})); p != 2 {
+		t.Errorf("the pod's first segment on the join left by path %d, want 2", p)
+	}
 	sf := lookupSubflow(t, dp, flowKey(server, netip.AddrPortFrom(clientPod, 40011)))
 	if sf.PathIndex != 2 || Role(sf.Role) != RoleResponder || sf.Token != tokenOf(serverKey) {
 		t.Errorf("the join's entry is %+v, want a responder entry on path 2 with the server's token", sf)
@@ -315,15 +395,41 @@ func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *test
 	if c := connection(t, dp); c.Subflows != 2 || c.UsedPaths != 1<<1|1<<2 {
 		t.Errorf("the connection after the join completed: %+v, want 2 subflows on paths 1 and 2", c)
 	}
-	if got := stat(t, dp, StatSubflowMirrored); got != 2 {
-		t.Errorf("subflows mirrored = %d, want 2", got)
+
+	// A TCP listener answers an MP_CAPABLE SYN without MP_CAPABLE: an
+	// MP_CAPABLE ACK with made-up keys learns nothing; the pod's first
+	// segment writes the entry, on the SYN's path.
+	run(t, dp.objs.NicIngress, fromClient(40020, 80, 1, 0, testpkt.SYN, testpkt.MPCapableSYN(), nil), on(nic2Ifindex))
+	run(t, dp.objs.PodEgress, fromPod(40020, 7, 2, testpkt.SYN|testpkt.ACK, nil), skbContext{})
+	nicIn(fromClient(40020, 80, 2, 8, testpkt.ACK, testpkt.MPCapableACK(41, 42), nil), nic2Ifindex)
+	if n := connections(); n != 1 {
+		t.Errorf("%d connections after an MP_CAPABLE ACK on a fallen-back handshake, want 1", n)
+	}
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, fromPod(40020, 8, 2, testpkt.ACK, nil), skbContext{})); p != 2 {
+		t.Errorf("the fallen-back connection's first segment left by path %d, want the SYN's 2", p)
+	}
+	// TCP Fast Open: the answer acknowledges the SYN's data too. SYN
+	// cookies: a repeated SYN is answered with another sequence number,
+	// and the peer acknowledges that one.
+	run(t, dp.objs.NicIngress, fromClient(40021, 80, 1, 0, testpkt.SYN, testpkt.MPCapableSYN(), []byte("hello")), on(nic2Ifindex))
+	run(t, dp.objs.PodEgress, fromPod(40021, 7, 7, testpkt.SYN|testpkt.ACK, testpkt.MPCapableSYNACK(52)), skbContext{})
+	run(t, dp.objs.PodEgress, fromPod(40021, 70, 7, testpkt.SYN|testpkt.ACK, testpkt.MPCapableSYNACK(52)), skbContext{})
+	nicIn(fromClient(40021, 80, 7, 71, testpkt.ACK, testpkt.MPCapableACK(51, 52), nil), nic2Ifindex)
+	if n := connections(); n != 2 {
+		t.Errorf("%d connections after the Fast Open handshake's ACK, want 2", n)
+	}
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, fromPod(40021, 71, 7, testpkt.ACK, nil), skbContext{})); p != 2 {
+		t.Errorf("the Fast Open connection's first segment left by path %d, want the SYN's 2", p)
+	}
+	if n := entries(); n != 4 {
+		t.Errorf("%d entries, want 4: the victim's two, the fallen-back and the Fast Open connection's", n)
 	}
 
 	// MP_CAPABLE ACKs with other keys on the learnt initial subflow.
 	for i := range uint64(10) {
 		run(t, dp.objs.NicIngress, capableACK(clientPod, 40000, serverPod, 80, 100+i, 200+i), on(nic1Ifindex))
 	}
-	if conns, err := dp.Connections(); err != nil || len(conns) != 1 {
-		t.Errorf("connections after repeated MP_CAPABLE ACKs with other keys: %+v, %v; want the one", conns, err)
+	if n := connections(); n != 2 {
+		t.Errorf("%d connections after repeated MP_CAPABLE ACKs with other keys, want still 2", n)
 	}
 }

@@ -14,10 +14,12 @@ import (
 )
 
 type datapathArrival struct {
-	_         structs.HostLayout
-	Sf        datapathSubflow
-	AnswerSeq uint32
-	Pad       uint32
+	_             structs.HostLayout
+	Sf            datapathSubflow
+	AnswerSeq     uint32
+	AnswerSeqLast uint32
+	SynLen        uint32
+	State         uint32
 }
 
 type datapathCidrKey struct {
@@ -306,7 +308,8 @@ const (
 	datapathStatIdSTAT_ARRIVAL_STAGED      datapathStatId = 40
 	datapathStatIdSTAT_ARRIVAL_PROMOTED    datapathStatId = 41
 	datapathStatIdSTAT_ANSWER_DROPPED      datapathStatId = 42
-	datapathStatIdSTAT_MAX                 datapathStatId = 43
+	datapathStatIdSTAT_JOIN_ACK_DROPPED    datapathStatId = 43
+	datapathStatIdSTAT_MAX                 datapathStatId = 44
 )
 
 type datapathSubflow struct {
@@ -393,6 +396,8 @@ type datapathTableSeedValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	datapathMapAnswered           = "answered"
+	datapathMapArrivalScratch     = "arrival_scratch"
 	datapathMapArrivals           = "arrivals"
 	datapathMapConnAliases        = "conn_aliases"
 	datapathMapConnStates         = "conn_states"
@@ -484,27 +489,29 @@ type datapathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathMapSpecs struct {
-	Arrivals      *ebpf.MapSpec `ebpf:"arrivals"`
-	ConnAliases   *ebpf.MapSpec `ebpf:"conn_aliases"`
-	ConnStates    *ebpf.MapSpec `ebpf:"conn_states"`
-	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
-	MptcpOptions  *ebpf.MapSpec `ebpf:"mptcp_options"`
-	Nics          *ebpf.MapSpec `ebpf:"nics"`
-	PathCounters  *ebpf.MapSpec `ebpf:"path_counters"`
-	PathStates    *ebpf.MapSpec `ebpf:"path_states"`
-	PodInterfaces *ebpf.MapSpec `ebpf:"pod_interfaces"`
-	PodRecords    *ebpf.MapSpec `ebpf:"pod_records"`
-	RateBuckets   *ebpf.MapSpec `ebpf:"rate_buckets"`
-	RateClasses   *ebpf.MapSpec `ebpf:"rate_classes"`
-	RateRules     *ebpf.MapSpec `ebpf:"rate_rules"`
-	RateSubflows  *ebpf.MapSpec `ebpf:"rate_subflows"`
-	RateWindows   *ebpf.MapSpec `ebpf:"rate_windows"`
-	RuleCidrs     *ebpf.MapSpec `ebpf:"rule_cidrs"`
-	Rules         *ebpf.MapSpec `ebpf:"rules"`
-	Settings      *ebpf.MapSpec `ebpf:"settings"`
-	Stats         *ebpf.MapSpec `ebpf:"stats"`
-	Subflows      *ebpf.MapSpec `ebpf:"subflows"`
-	TableSeeds    *ebpf.MapSpec `ebpf:"table_seeds"`
+	Answered       *ebpf.MapSpec `ebpf:"answered"`
+	ArrivalScratch *ebpf.MapSpec `ebpf:"arrival_scratch"`
+	Arrivals       *ebpf.MapSpec `ebpf:"arrivals"`
+	ConnAliases    *ebpf.MapSpec `ebpf:"conn_aliases"`
+	ConnStates     *ebpf.MapSpec `ebpf:"conn_states"`
+	Endpoints      *ebpf.MapSpec `ebpf:"endpoints"`
+	MptcpOptions   *ebpf.MapSpec `ebpf:"mptcp_options"`
+	Nics           *ebpf.MapSpec `ebpf:"nics"`
+	PathCounters   *ebpf.MapSpec `ebpf:"path_counters"`
+	PathStates     *ebpf.MapSpec `ebpf:"path_states"`
+	PodInterfaces  *ebpf.MapSpec `ebpf:"pod_interfaces"`
+	PodRecords     *ebpf.MapSpec `ebpf:"pod_records"`
+	RateBuckets    *ebpf.MapSpec `ebpf:"rate_buckets"`
+	RateClasses    *ebpf.MapSpec `ebpf:"rate_classes"`
+	RateRules      *ebpf.MapSpec `ebpf:"rate_rules"`
+	RateSubflows   *ebpf.MapSpec `ebpf:"rate_subflows"`
+	RateWindows    *ebpf.MapSpec `ebpf:"rate_windows"`
+	RuleCidrs      *ebpf.MapSpec `ebpf:"rule_cidrs"`
+	Rules          *ebpf.MapSpec `ebpf:"rules"`
+	Settings       *ebpf.MapSpec `ebpf:"settings"`
+	Stats          *ebpf.MapSpec `ebpf:"stats"`
+	Subflows       *ebpf.MapSpec `ebpf:"subflows"`
+	TableSeeds     *ebpf.MapSpec `ebpf:"table_seeds"`
 }
 
 // datapathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -543,31 +550,35 @@ func (o *datapathObjects) Close() error {
 //
 // It can be passed to loadDatapathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathMaps struct {
-	Arrivals      *ebpf.Map `ebpf:"arrivals"`
-	ConnAliases   *ebpf.Map `ebpf:"conn_aliases"`
-	ConnStates    *ebpf.Map `ebpf:"conn_states"`
-	Endpoints     *ebpf.Map `ebpf:"endpoints"`
-	MptcpOptions  *ebpf.Map `ebpf:"mptcp_options"`
-	Nics          *ebpf.Map `ebpf:"nics"`
-	PathCounters  *ebpf.Map `ebpf:"path_counters"`
-	PathStates    *ebpf.Map `ebpf:"path_states"`
-	PodInterfaces *ebpf.Map `ebpf:"pod_interfaces"`
-	PodRecords    *ebpf.Map `ebpf:"pod_records"`
-	RateBuckets   *ebpf.Map `ebpf:"rate_buckets"`
-	RateClasses   *ebpf.Map `ebpf:"rate_classes"`
-	RateRules     *ebpf.Map `ebpf:"rate_rules"`
-	RateSubflows  *ebpf.Map `ebpf:"rate_subflows"`
-	RateWindows   *ebpf.Map `ebpf:"rate_windows"`
-	RuleCidrs     *ebpf.Map `ebpf:"rule_cidrs"`
-	Rules         *ebpf.Map `ebpf:"rules"`
-	Settings      *ebpf.Map `ebpf:"settings"`
-	Stats         *ebpf.Map `ebpf:"stats"`
-	Subflows      *ebpf.Map `ebpf:"subflows"`
-	TableSeeds    *ebpf.Map `ebpf:"table_seeds"`
+	Answered       *ebpf.Map `ebpf:"answered"`
+	ArrivalScratch *ebpf.Map `ebpf:"arrival_scratch"`
+	Arrivals       *ebpf.Map `ebpf:"arrivals"`
+	ConnAliases    *ebpf.Map `ebpf:"conn_aliases"`
+	ConnStates     *ebpf.Map `ebpf:"conn_states"`
+	Endpoints      *ebpf.Map `ebpf:"endpoints"`
+	MptcpOptions   *ebpf.Map `ebpf:"mptcp_options"`
+	Nics           *ebpf.Map `ebpf:"nics"`
+	PathCounters   *ebpf.Map `ebpf:"path_counters"`
+	PathStates     *ebpf.Map `ebpf:"path_states"`
+	PodInterfaces  *ebpf.Map `ebpf:"pod_interfaces"`
+	PodRecords     *ebpf.Map `ebpf:"pod_records"`
+	RateBuckets    *ebpf.Map `ebpf:"rate_buckets"`
+	RateClasses    *ebpf.Map `ebpf:"rate_classes"`
+	RateRules      *ebpf.Map `ebpf:"rate_rules"`
+	RateSubflows   *ebpf.Map `ebpf:"rate_subflows"`
+	RateWindows    *ebpf.Map `ebpf:"rate_windows"`
+	RuleCidrs      *ebpf.Map `ebpf:"rule_cidrs"`
+	Rules          *ebpf.Map `ebpf:"rules"`
+	Settings       *ebpf.Map `ebpf:"settings"`
+	Stats          *ebpf.Map `ebpf:"stats"`
+	Subflows       *ebpf.Map `ebpf:"subflows"`
+	TableSeeds     *ebpf.Map `ebpf:"table_seeds"`
 }
 
 func (m *datapathMaps) Close() error {
 	return _DatapathClose(
+		m.Answered,
+		m.ArrivalScratch,
 		m.Arrivals,
 		m.ConnAliases,
 		m.ConnStates,

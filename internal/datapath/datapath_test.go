@@ -548,6 +548,7 @@ func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
 	arrival := syn(peer, 45000, serverPod, 5201, testpkt.MPJoinSYN(0x0a0b0c0d, 1, 1, false))
 	answer := synAck(serverPod, 5201, peer, 45000, testpkt.MPJoinSYNACK(1, 2, 1, false))
 	thirdACK := testpkt.Frame{Src: peer, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 45000, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK, Options: testpkt.MPJoinACK([20]byte{1})}}.Bytes()
+	podNext := testpkt.Frame{Src: serverPod, Dst: peer, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: 45000, Seq: 8, Ack: 2, Flags: testpkt.ACK}}.Bytes()
 	packets := []struct {
 		name  string
 		prog  *ebpf.Program
@@ -561,6 +562,7 @@ func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
 		{"SYN arriving on a NIC", nicIngress, arrival, skbContext{Mark: before, IngressIfindex: nic2Ifindex}},
 		{"the pod's answer to it", podEgress, answer, skbContext{Mark: before}},
 		{"the third ACK, arriving on the NIC", nicIngress, thirdACK, skbContext{Mark: before, IngressIfindex: nic2Ifindex}},
+		{"the pod's next segment (writes the entry)", podEgress, podNext, skbContext{Mark: before}},
 	}
 	for _, p := range packets {
 		if m := run(t, p.prog, p.frame, p.in); m != before {
@@ -604,11 +606,12 @@ func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The initial subflow's three packets, the join's SYN, and the pod's
-	// answer on the arrival's path 2; the SYN and the third ACK came in on 2.
+	// answer and next segment on the arrival's path 2; the SYN and the
+	// third ACK came in on 2.
 	wantTx := map[uint32]uint64{}
 	wantTx[initial.Path] += 3
 	wantTx[join.Path]++
-	wantTx[2]++
+	wantTx[2] += 2
 	if ps[1].TxPackets != wantTx[1] || ps[2].TxPackets != wantTx[2] || ps[2].RxPackets != 2 {
 		t.Errorf("observe-only: path counters %+v; want what the packets would have carried", ps[:3])
 	}
@@ -647,10 +650,11 @@ func acceptFromWire(t *testing.T, dp *Datapath, client netip.AddrPort, server ne
 }
 
 // completeFromWire runs the rest of a handshake a peer opened to the pod
-// with a SYN of sequence number synSeq: the pod's SYN-ACK, and the peer's
-// third ACK on the NIC ifindex, which writes the responder's entry (an
-// MP_CAPABLE one carries keys: the initiator's and the responder's). It
-// returns the path the pod's answer left by.
+// with a SYN of sequence number synSeq: the pod's SYN-ACK (sequence number
+// 7), the peer's third ACK on the NIC ifindex (an MP_CAPABLE one carries
+// keys: the initiator's and the responder's), and the pod's first segment
+// after it, which writes the responder's entry. It returns the path the
+// pod's answer left by.
 func completeFromWire(t *testing.T, dp *Datapath, client, server netip.AddrPort, synSeq uint32, join bool, ifindex int, keys ...uint64) uint32 {
 	t.Helper()
 	var answerOpts, thirdOpts []byte
@@ -666,7 +670,10 @@ func completeFromWire(t *testing.T, dp *Datapath, client, server netip.AddrPort,
 		Flags: testpkt.SYN | testpkt.ACK, Options: answerOpts}}.Bytes()
 	third := testpkt.Frame{Src: client.Addr(), Dst: server.Addr(), TCP: &testpkt.TCP{SrcPort: client.Port(), DstPort: server.Port(), Seq: synSeq + 1, Ack: 8,
 		Flags: testpkt.ACK, Options: thirdOpts}}.Bytes()
+	next := testpkt.Frame{Src: server.Addr(), Dst: client.Addr(), TCP: &testpkt.TCP{SrcPort: server.Port(), DstPort: client.Port(), Seq: 8, Ack: synSeq + 1,
+		Flags: testpkt.ACK}}.Bytes()
 	path := dp.pathOfMark(t, run(t, dp.objs.PodEgress, answer, skbContext{}))
 	run(t, dp.objs.NicIngress, third, skbContext{IngressIfindex: uint32(ifindex)})
+	run(t, dp.objs.PodEgress, next, skbContext{})
 	return path
 }

@@ -85,17 +85,24 @@ const (
 	// StatSubflowClosed: a subflow the pod's kernel closed gave its path
 	// and its count back to its connection (SubflowClosed).
 	StatSubflowClosed = datapathStatIdSTAT_SUBFLOW_CLOSED
-	// StatArrivalStaged: a SYN from the wire found its 4-tuple's entry
-	// taken and was held until the pod answers it; StatArrivalPromoted:
-	// the pod answered it with a SYN-ACK and the entry became the new
-	// subflow's. Staged beyond promoted is forged SYNs (or lost ones).
+	// StatArrivalStaged: a SYN from the wire, held until the pod answers
+	// it and the peer acknowledges the answer (the entry is written at the
+	// pod's next segment: StatSubflowMirrored); StatArrivalPromoted: one
+	// acked on a 4-tuple whose old entry then went, and whose entry it
+	// became. Staged beyond mirrored and promoted is SYNs to closed ports,
+	// forged ones, or handshakes that never completed.
 	StatArrivalStaged   = datapathStatIdSTAT_ARRIVAL_STAGED
 	StatArrivalPromoted = datapathStatIdSTAT_ARRIVAL_PROMOTED
 	// StatAnswerDropped: a pod's join SYN-ACK on a live subflow's 4-tuple
 	// answered no SYN the datapath saw (its arrival was replaced or never
 	// staged), and was dropped rather than let a join complete uncounted.
 	StatAnswerDropped = datapathStatIdSTAT_ANSWER_DROPPED
-	numStats          = int(datapathStatIdSTAT_MAX)
+	// StatJoinACKDropped: a peer's third ACK of a join to a selected pod
+	// whose 4-tuple had neither an entry nor an answered arrival (lost to
+	// a flood of the pod's answers, or to a restart), dropped rather than
+	// let the join complete uncounted.
+	StatJoinACKDropped = datapathStatIdSTAT_JOIN_ACK_DROPPED
+	numStats           = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.

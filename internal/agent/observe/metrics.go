@@ -99,6 +99,7 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatArrivalStaged:    "arrival_staged",
 	datapath.StatArrivalPromoted:  "arrival_promoted",
 	datapath.StatAnswerDropped:    "answer_dropped",
+	datapath.StatJoinACKDropped:   "join_ack_dropped",
 }
 
 // EventName is the label value of a datapath counter in
