@@ -21,9 +21,13 @@
  *                                   the path's table)
  *       a known subflow of a pod no longer selected -> the same mark, nothing
  *                                   else (its peer may still send it here)
- *       SYN opening a subflow    -> record the arrival path, so the pod's
- *                                   replies leave by the same NIC, and count
- *                                   the path as used by the connection
+ *       SYN opening a subflow    -> wait (arrivals) for the pod's answer,
+ *                                   which leaves by the same NIC, and the
+ *                                   peer's third ACK of it; the pod's next
+ *                                   segment then records the arrival path,
+ *                                   so its replies keep leaving by that NIC,
+ *                                   and counts the path as used by the
+ *                                   connection
  *       MP_CAPABLE ACK (keys)    -> learn the connection's two tokens
  *
  * The rate actor (rate_actor.h) runs on known subflows at both pod hooks:
@@ -674,9 +678,10 @@ static __always_inline __u32 rule_nactive(const struct rule *r)
 #define PLACE_SHARED 0x100
 
 /* conn_full says whether connection c already has rule r's maximum of
- * subflows: its initial subflow, the peer's joins this node let in and the
- * joins it placed for its pod (a join counts once placed or let in, whether
- * or not its handshake completes). */
+ * subflows: its initial subflow, the peer's joins this node let in (counted
+ * once the pod's kernel took the handshake in: promote_answered) and the
+ * joins it placed for its pod (counted once placed, whether or not their
+ * handshake completes). */
 static __always_inline bool conn_full(const struct rule *r, const struct conn *c)
 {
 	return r && c && r->max_subflows && c->subflows + c->joins >= r->max_subflows;
