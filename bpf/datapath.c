@@ -162,8 +162,8 @@ struct {
  *     (and an MP_CAPABLE one teaches it its connection: ack_arrival);
  *   - the pod's first segment after that, which its kernel sends only once
  *     it accepted the ACK (keys, HMAC), writes the entry and counts a
- *     peer's join (promote_answered). A handshake that fell back to TCP
- *     (answered without MP_CAPABLE) is written at that segment too.
+ *     peer's join (promote_answered). A handshake the pod answered without
+ *     MP_CAPABLE fell back to TCP: it gets no entry.
  * A 4-tuple that still has an entry is taken only once the old entry is
  * gone, by an acked arrival: at the close the agent hears or sweeps
  * (subflow_closed). A sender that does not see the pod's answers (a blind
@@ -185,8 +185,7 @@ struct arrival {
 };
 
 /* struct arrival's state, in answered. */
-#define ARRIVAL_FALLBACK (1U << 0) /* an MP_CAPABLE SYN answered without MP_CAPABLE: plain TCP */
-#define ARRIVAL_ACKED	 (1U << 1) /* the peer's third ACK acknowledged the answer */
+#define ARRIVAL_ACKED (1U << 0) /* the peer's third ACK acknowledged the answer */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -1307,14 +1306,20 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 		count(STAT_JOIN_REFUSED);
 		return ARRIVAL_REFUSED;
 	}
-	/* By key, from the copy: never through a pointer another CPU may
-	 * have handed to another 4-tuple. */
-	a.sf.created_ns = now;
-	a.answer_seq = seq;
-	a.answer_seq_last = seq;
-	a.state = !a.sf.token && !has_mptcp(pkt, MPTCP_SUB_CAPABLE) ? ARRIVAL_FALLBACK : 0;
-	bpf_map_update_elem(&answered, fk, &a, BPF_ANY);
 	bpf_map_delete_elem(&arrivals, fk);
+	/* Answered without MP_CAPABLE: the pod's listener is plain TCP, and
+	 * the connection falls back. It gets no entry: it is the pod's plain
+	 * TCP (capped per pod), its segments carry no MPTCP option to be
+	 * written at, and an MP_CAPABLE ACK on it must teach no connection.
+	 * The answer alone leaves by the SYN's path. */
+	if (a.sf.token || has_mptcp(pkt, MPTCP_SUB_CAPABLE)) {
+		/* By key, from the copy: never through a pointer another
+		 * CPU may have handed to another 4-tuple. */
+		a.sf.created_ns = now;
+		a.answer_seq = seq;
+		a.answer_seq_last = seq;
+		bpf_map_update_elem(&answered, fk, &a, BPF_ANY);
+	}
 	if (!live) {
 		set_path_mark(skb, a.sf.path_index);
 		count_path(a.sf.path_index, pkt->len, true);
@@ -1343,8 +1348,7 @@ __noinline int ack_arrival(struct __sk_buff *skb, const struct packet *pkt, cons
 	if (!waiting || !a)
 		return 0;
 	*a = *waiting;
-	if ((a->state & ARRIVAL_FALLBACK) || !answers_seq(a, ack_seq(skb, pkt)) ||
-	    !a->sf.token != !has_mptcp(pkt, MPTCP_SUB_JOIN))
+	if (!answers_seq(a, ack_seq(skb, pkt)) || !a->sf.token != !has_mptcp(pkt, MPTCP_SUB_JOIN))
 		return 0;
 	if (a->state & ARRIVAL_ACKED)
 		return 1; /* the ACK again, or the first data repeating it */
@@ -1357,11 +1361,12 @@ __noinline int ack_arrival(struct __sk_buff *skb, const struct packet *pkt, cons
 
 /* promote_answered makes the arrival answered for fk, a 4-tuple with no
  * entry, its entry when pkt, a segment the pod sends on it (not a SYN, not
- * a reset), continues the pod's answer: the pod's kernel sends one only
- * once it accepted the handshake, the peer's keys or HMAC checked. A join
- * must have been acked (ack_arrival) and is counted now; a handshake that
- * fell back to TCP needs no ACK seen. Returns 1 when it wrote the entry. A
- * global function: run only on a selected pod's segments of no entry. */
+ * a reset; with an MPTCP option, as every segment of an established
+ * subflow has), continues the pod's answer: the pod's kernel sends one
+ * only once it accepted the handshake, the peer's keys or HMAC checked. A
+ * join must have been acked (ack_arrival) and is counted now. Returns 1
+ * when it wrote the entry. A global function: run only on a selected pod's
+ * MPTCP segments of no entry. */
 __noinline int promote_answered(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
 	struct arrival a, *waiting;
@@ -1478,8 +1483,8 @@ int pod_egress(struct __sk_buff *skb)
 			return TC_ACT_SHOT;
 	}
 	/* The pod's first segment after a handshake the peer opened writes
-	 * its entry (answered). */
-	if (!sf && promote_answered(skb, &pkt, &fk))
+	 * its entry (answered). Plain TCP does not look. */
+	if (!sf && pkt.mptcp.seen && promote_answered(skb, &pkt, &fk))
 		sf = subflow_lookup(&fk);
 	if (!sf) {
 		ret = pod_egress_unknown(skb, &pkt, &fk);

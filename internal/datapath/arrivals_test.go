@@ -78,12 +78,12 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	}
 	// replyPath is the path the pod's packet of the 4-tuple leaves by.
 	// A SYN-ACK carries MP_CAPABLE (the pod's answer to an MP_CAPABLE
-	// SYN, not a fallback to TCP).
+	// SYN, not a fallback to TCP), a later segment a DSS.
+	dataACK := uint64(1)
 	replyPath := func(sport uint16, flags uint8, ack uint32) uint32 {
 		t.Helper()
 		// The pod's answers have sequence number 7, its next segments 8.
-		var opts []byte
-		seq := uint32(8)
+		opts, seq := testpkt.DSS{DataACK: &dataACK}.Bytes(), uint32(8)
 		if flags&testpkt.SYN != 0 {
 			opts, seq = testpkt.MPCapableSYNACK(serverKey), 7
 		}
@@ -293,9 +293,9 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 // uncounted. The entry is written, on the SYN's path, by the pod's first
 // segment after the third ACK that acknowledges its answer, and only then
 // is a join counted. SYNs, however many, never push an answered arrival
-// out. A handshake the pod answers without MP_CAPABLE (a TCP listener) is
-// written at the pod's first segment too, and learns no connection from
-// an MP_CAPABLE ACK. The answer to a SYN with data (TCP Fast Open) and a
+// out. A handshake the pod answers without MP_CAPABLE (a TCP listener)
+// falls back: its answer leaves by the SYN's path, it gets no entry and
+// learns no connection from an MP_CAPABLE ACK. The answer to a SYN with data (TCP Fast Open) and a
 // second answer with another sequence number (SYN cookies) are answers.
 // MP_CAPABLE ACKs repeated with other keys on a learnt subflow add no
 // connection.
@@ -331,6 +331,10 @@ func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *test
 	fromPod := func(sport uint16, seq, ack uint32, flags uint8, opts []byte) []byte {
 		return testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: sport, Seq: seq, Ack: ack, Flags: flags, Options: opts}}.Bytes()
 	}
+	// podNext is the pod's segment after a handshake: an ACK with a DSS.
+	podNext := func(sport uint16, seq, ack uint32) []byte {
+		return podSegment(server, netip.AddrPortFrom(clientPod, sport), seq, ack)
+	}
 	joinSYN := testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)
 	joinACK := testpkt.MPJoinACK([20]byte{1})
 	nicIn := func(frame []byte, ifindex int) uint32 {
@@ -365,7 +369,7 @@ func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *test
 	}
 	nicIn(fromClient(40011, 80, 2, 9, testpkt.ACK, joinACK, nil), nic2Ifindex)
 	nicIn(fromClient(40011, 80, 2, 8, testpkt.ACK, testpkt.MPCapableACK(1, 2), nil), nic2Ifindex)
-	run(t, dp.objs.PodEgress, fromPod(40011, 8, 2, testpkt.ACK, nil), skbContext{})
+	run(t, dp.objs.PodEgress, podNext(40011, 8, 2), skbContext{})
 	if n := entries(); n != 1 {
 		t.Errorf("%d entries after third ACKs that acknowledge no answer, want still 1", n)
 	}
@@ -385,7 +389,12 @@ func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *test
 		t.Errorf("after the third ACK: %+v and %d entries, want the join counted only at the pod's next segment", c, entries())
 	}
 	// The pod's next segment: written on the SYN's path, counted.
-	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, fromPod(40011, 8, 2, testpkt.ACK, nil), skbContext{})); p != 2 {
+	// A plain ACK (no MPTCP option) does not look; the pod's next
+	// segment with a DSS is written on the SYN's path, counted.
+	if m := run(t, dp.objs.PodEgress, fromPod(40011, 8, 2, testpkt.ACK, nil), skbContext{}); m != 0 || entries() != 1 {
+		t.Errorf("a segment without an MPTCP option: mark %#x, %d entries; want it unmarked and nothing written", m, entries())
+	}
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, podNext(40011, 8, 2), skbContext{})); p != 2 {
 		t.Errorf("the pod's first segment on the join left by path %d, want 2", p)
 	}
 	sf := lookupSubflow(t, dp, flowKey(server, netip.AddrPortFrom(clientPod, 40011)))
@@ -396,17 +405,19 @@ func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *test
 		t.Errorf("the connection after the join completed: %+v, want 2 subflows on paths 1 and 2", c)
 	}
 
-	// A TCP listener answers an MP_CAPABLE SYN without MP_CAPABLE: an
-	// MP_CAPABLE ACK with made-up keys learns nothing; the pod's first
-	// segment writes the entry, on the SYN's path.
+	// A TCP listener answers an MP_CAPABLE SYN without MP_CAPABLE: the
+	// answer leaves by the SYN's path; the connection fell back and gets
+	// no entry, and an MP_CAPABLE ACK with made-up keys learns nothing.
 	run(t, dp.objs.NicIngress, fromClient(40020, 80, 1, 0, testpkt.SYN, testpkt.MPCapableSYN(), nil), on(nic2Ifindex))
-	run(t, dp.objs.PodEgress, fromPod(40020, 7, 2, testpkt.SYN|testpkt.ACK, nil), skbContext{})
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, fromPod(40020, 7, 2, testpkt.SYN|testpkt.ACK, nil), skbContext{})); p != 2 {
+		t.Errorf("a TCP listener's answer left by path %d, want the SYN's 2", p)
+	}
 	nicIn(fromClient(40020, 80, 2, 8, testpkt.ACK, testpkt.MPCapableACK(41, 42), nil), nic2Ifindex)
+	if m := run(t, dp.objs.PodEgress, fromPod(40020, 8, 2, testpkt.ACK, nil), skbContext{}); m != 0 {
+		t.Errorf("the fallen-back connection's segment got mark %#x, want plain routing", m)
+	}
 	if n := connections(); n != 1 {
 		t.Errorf("%d connections after an MP_CAPABLE ACK on a fallen-back handshake, want 1", n)
-	}
-	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, fromPod(40020, 8, 2, testpkt.ACK, nil), skbContext{})); p != 2 {
-		t.Errorf("the fallen-back connection's first segment left by path %d, want the SYN's 2", p)
 	}
 	// TCP Fast Open: the answer acknowledges the SYN's data too. SYN
 	// cookies: a repeated SYN is answered with another sequence number,
@@ -418,11 +429,11 @@ func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *test
 	if n := connections(); n != 2 {
 		t.Errorf("%d connections after the Fast Open handshake's ACK, want 2", n)
 	}
-	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, fromPod(40021, 71, 7, testpkt.ACK, nil), skbContext{})); p != 2 {
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, podNext(40021, 71, 7), skbContext{})); p != 2 {
 		t.Errorf("the Fast Open connection's first segment left by path %d, want the SYN's 2", p)
 	}
-	if n := entries(); n != 4 {
-		t.Errorf("%d entries, want 4: the victim's two, the fallen-back and the Fast Open connection's", n)
+	if n := entries(); n != 3 {
+		t.Errorf("%d entries, want 3: the victim's two and the Fast Open connection's", n)
 	}
 
 	// MP_CAPABLE ACKs with other keys on the learnt initial subflow.

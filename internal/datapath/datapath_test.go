@@ -548,7 +548,7 @@ func TestObserveOnlyRecordsWithoutMarking(t *testing.T) {
 	arrival := syn(peer, 45000, serverPod, 5201, testpkt.MPJoinSYN(0x0a0b0c0d, 1, 1, false))
 	answer := synAck(serverPod, 5201, peer, 45000, testpkt.MPJoinSYNACK(1, 2, 1, false))
 	thirdACK := testpkt.Frame{Src: peer, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 45000, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK, Options: testpkt.MPJoinACK([20]byte{1})}}.Bytes()
-	podNext := testpkt.Frame{Src: serverPod, Dst: peer, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: 45000, Seq: 8, Ack: 2, Flags: testpkt.ACK}}.Bytes()
+	podNext := podSegment(netip.AddrPortFrom(serverPod, 5201), netip.AddrPortFrom(peer, 45000), 8, 2)
 	packets := []struct {
 		name  string
 		prog  *ebpf.Program
@@ -649,6 +649,15 @@ func acceptFromWire(t *testing.T, dp *Datapath, client netip.AddrPort, server ne
 	return completeFromWire(t, dp, client, server, 1, len(synOpts) > 2 && synOpts[2]>>4 == 1, ifindex, keys...)
 }
 
+// podSegment is a segment a pod sends on an established subflow: an ACK
+// with sequence number seq and a DSS carrying a Data ACK, as every segment
+// of an established subflow has.
+func podSegment(pod, peer netip.AddrPort, seq, ack uint32) []byte {
+	dataACK := uint64(1)
+	return testpkt.Frame{Src: pod.Addr(), Dst: peer.Addr(), TCP: &testpkt.TCP{SrcPort: pod.Port(), DstPort: peer.Port(), Seq: seq, Ack: ack,
+		Flags: testpkt.ACK, Options: testpkt.DSS{DataACK: &dataACK}.Bytes()}}.Bytes()
+}
+
 // completeFromWire runs the rest of a handshake a peer opened to the pod
 // with a SYN of sequence number synSeq: the pod's SYN-ACK (sequence number
 // 7), the peer's third ACK on the NIC ifindex (an MP_CAPABLE one carries
@@ -670,8 +679,7 @@ func completeFromWire(t *testing.T, dp *Datapath, client, server netip.AddrPort,
 		Flags: testpkt.SYN | testpkt.ACK, Options: answerOpts}}.Bytes()
 	third := testpkt.Frame{Src: client.Addr(), Dst: server.Addr(), TCP: &testpkt.TCP{SrcPort: client.Port(), DstPort: server.Port(), Seq: synSeq + 1, Ack: 8,
 		Flags: testpkt.ACK, Options: thirdOpts}}.Bytes()
-	next := testpkt.Frame{Src: server.Addr(), Dst: client.Addr(), TCP: &testpkt.TCP{SrcPort: server.Port(), DstPort: client.Port(), Seq: 8, Ack: synSeq + 1,
-		Flags: testpkt.ACK}}.Bytes()
+	next := podSegment(server, client, 8, synSeq+1)
 	path := dp.pathOfMark(t, run(t, dp.objs.PodEgress, answer, skbContext{}))
 	run(t, dp.objs.NicIngress, third, skbContext{IngressIfindex: uint32(ifindex)})
 	run(t, dp.objs.PodEgress, next, skbContext{})
