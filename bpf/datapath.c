@@ -152,30 +152,30 @@ struct {
  * with a live subflow's 4-tuple (to re-pin the subflow, clear its flags or
  * give back its count), to closed ports, or with a token it learnt (to
  * fill a connection's joins), and a pod can forge its own answer (raw
- * sockets). So a subflow's entry is written only once the pod's own kernel
- * took the handshake in:
- *   - every SYN waits in arrivals (nic_ingress);
- *   - the pod's SYN-ACK that acknowledges it moves it to answered, with the
- *     answer's sequence number, and leaves by the path the SYN came in by
- *     (answer_arrival);
- *   - the peer's third ACK that acknowledges the answer marks it acked
- *     (and an MP_CAPABLE one teaches it its connection: ack_arrival);
- *   - the pod's first segment after that, which its kernel sends only once
- *     it accepted the ACK (keys, HMAC), writes the entry and counts a
- *     peer's join (promote_answered). A handshake the pod answered without
- *     MP_CAPABLE fell back to TCP: it gets no entry.
- * A 4-tuple that still has an entry is taken only once the old entry is
- * gone, by an acked arrival: at the close the agent hears or sweeps
- * (subflow_closed). A sender that does not see the pod's answers (a blind
- * forger) never gets an arrival acked, and a closed port or an unknown
- * token is never answered. Two LRU maps, not pinned: a flood of SYNs
- * evicts only other SYNs, never an answered arrival (only the pod's own
- * answers write those) nor a live entry; a join whose answered arrival is
- * lost anyway (to answers of a flood at an open port, or a restart) is
- * stopped at its third ACK rather than completing uncounted, and an
- * initial subflow whose arrival is lost runs without an entry (plain
- * routing, no counters, the pod's caps). 16384 each: arrivals wait a round
- * trip, or a SYN retransmission under a flood. */
+ * sockets). So a subflow's entry is written only for a handshake the pod
+ * answered and the peer completed:
+ *   - every SYN waits in arrivals (nic_ingress: stage_syn);
+ *   - the pod's SYN-ACK that acknowledges it moves it to answered (a
+ *     join's to answered_joins), with the answer's sequence number, and
+ *     leaves by the path the SYN came in by (answer_arrival);
+ *   - the peer's third ACK that continues the SYN and acknowledges the
+ *     answer writes the entry, counts a peer's join, and (an MP_CAPABLE
+ *     one) learns the connection (take_third_ack). A sender that does not
+ *     see the pod's answer (a blind forger) cannot write it. One that does
+ *     and forges the ACK's keys or HMAC gets a reset from the pod's
+ *     kernel, which closes the entry again (pod_reset).
+ * A handshake the pod answered without MP_CAPABLE fell back to TCP: it
+ * gets no entry. A 4-tuple that still has an entry is taken only once the
+ * old entry is gone, by an arrival whose third ACK came (acked): at the
+ * close the agent hears or sweeps (subflow_closed). LRU maps, not pinned:
+ * a flood of SYNs evicts only other SYNs, never an answered arrival (only
+ * the pod's own answers write those) nor a live entry. The pod answers a
+ * join only for a token it knows and within its subflow limit, so joins
+ * have their map apart, which a flood of SYNs at an open port, answered
+ * by the pod, cannot push a join out of. An initial subflow whose arrival
+ * is lost anyway runs without an entry (plain routing, no counters, the
+ * pod's caps); a join's third ACK that finds nothing is stopped, so that
+ * the join never completes uncounted. */
 struct arrival {
 	struct subflow sf;     /* the entry it will be, its join not yet counted */
 	__u32 answer_seq;      /* the pod's first answer's sequence number (host order) */
@@ -184,8 +184,9 @@ struct arrival {
 	__u32 state;	       /* ARRIVAL_* */
 };
 
-/* struct arrival's state, in answered. */
-#define ARRIVAL_ACKED (1U << 0) /* the peer's third ACK acknowledged the answer */
+/* struct arrival's state, in answered: the peer's third ACK came for an
+ * arrival whose 4-tuple still had an entry. */
+#define ARRIVAL_ACKED (1U << 0)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -201,9 +202,17 @@ struct {
 	__type(value, struct arrival);
 } answered SEC(".maps");
 
-/* Room for a copy of an arrival off the stack, where a call chain has no
- * room left (ack_arrival: nic_ingress, then learn_connection). Per CPU, and
- * used only by TC programs, which never run nested on a CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct flow_key);
+	__type(value, struct arrival);
+} answered_joins SEC(".maps");
+
+/* Room for a copy of an arrival off the stack, where a call chain has none
+ * left (take_third_ack: nic_ingress, then learn_connection). Per CPU, and
+ * used by nic_ingress alone: TC ingress runs in softirq and never nests on
+ * a CPU. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -408,6 +417,16 @@ static __always_inline bool observe_only(void)
 	struct settings_value *s = bpf_map_lookup_elem(&settings, &zero);
 
 	return s && (s->flags & SETTING_OBSERVE_ONLY);
+}
+
+/* observed_instead says whether a packet the datapath would drop must
+ * pass, counted, because the node only observes (observe-only mode). */
+static __always_inline bool observed_instead(void)
+{
+	if (!observe_only())
+		return false;
+	count(STAT_OBSERVED);
+	return true;
 }
 
 static __always_inline void set_path_mark(struct __sk_buff *skb, __u32 path)
@@ -678,7 +697,7 @@ static __always_inline __u32 rule_nactive(const struct rule *r)
 
 /* conn_full says whether connection c already has rule r's maximum of
  * subflows: its initial subflow, the peer's joins this node let in (counted
- * once the pod's kernel took the handshake in: promote_answered) and the
+ * once its handshake completed: take_third_ack) and the
  * joins it placed for its pod (counted once placed, whether or not their
  * handshake completes). */
 static __always_inline bool conn_full(const struct rule *r, const struct conn *c)
@@ -1135,23 +1154,7 @@ static __always_inline bool from_its_pod(const struct __sk_buff *skb, const stru
  * SYN-ACK retransmissions. */
 #define ARRIVAL_ANSWERED_HOLD_NS (3ULL * 1000000000ULL)
 
-/* stage_arrival keeps nsf, a SYN's entry, waiting for its 4-tuple fk
- * (arrivals); syn_len is the data the SYN carried. A global function: its
- * frame (the arrival) is not nic_ingress's. */
-__noinline int stage_arrival(const struct flow_key *fk, const struct subflow *nsf, __u32 syn_len)
-{
-	struct arrival a = {};
-
-	if (!fk || !nsf)
-		return 0;
-	a.sf = *nsf;
-	a.syn_len = syn_len;
-	bpf_map_update_elem(&arrivals, fk, &a, BPF_ANY);
-	count(STAT_ARRIVAL_STAGED);
-	return 0;
-}
-
-/* write_arrival makes an arrival (a copy, taken out of answered) the
+/* write_arrival makes an arrival (a copy, taken out of its map) the
  * 4-tuple's entry: placed now, and a join counted into its connection c
  * (canonical token) as a mirrored join is. reused: it takes the place of
  * the 4-tuple's previous subflow. */
@@ -1172,6 +1175,19 @@ static __always_inline void write_arrival(const struct flow_key *fk, struct subf
 static __always_inline bool answers_seq(const struct arrival *a, __u32 ack)
 {
 	return ack == a->answer_seq + 1 || ack == a->answer_seq_last + 1;
+}
+
+/* How far past its SYN a peer's segment may be and still repeat the
+ * MP_CAPABLE ACK: its first data (RFC 8684 3.1: the option is on every
+ * segment until the peer acknowledges one). */
+#define FIRST_DATA_WINDOW (1U << 16)
+
+/* continues_syn says whether seq, a segment's sequence number from the
+ * peer, is its next after the arrival's SYN (and the data that SYN
+ * carried): the third ACK's, or its first data's. */
+static __always_inline bool continues_syn(const struct arrival *a, __u32 seq)
+{
+	return seq - (a->sf.syn_seq + 1) <= a->syn_len;
 }
 
 /* flow_key_from writes every byte of k (no zeroing needed first). */
@@ -1239,22 +1255,23 @@ static __always_inline __u32 ack_seq(struct __sk_buff *skb, const struct packet 
  * answer to the arrival waiting for its 4-tuple, if it acknowledges that
  * SYN (its sequence number, plus the data an MP_CAPABLE SYN carried) and
  * comes from the pod whose address it carries: the arrival moves to
- * answered with the answer's sequence number, which the peer's third ACK
- * must acknowledge (ack_arrival), and, while the 4-tuple has no entry, the
- * answer leaves by the path its SYN came in by (the peer's choice, which
- * strict reverse-path filtering there expects); so does the same answer
- * again. live is the 4-tuple's entry, if it still has one. An answered
- * arrival keeps its place for ARRIVAL_ANSWERED_HOLD_NS against the answer
- * to another SYN. A join past its rule's maximum, or on a path the rule
- * refuses, is refused here as at its SYN: its answer never leaves, so it
- * never completes (no reset: the peer's SYN may have carried a 4-tuple that
- * was live). A join's answer on a live 4-tuple that acknowledges neither
- * the entry's own SYN nor a waiting one is dropped too: a join the
- * datapath never saw, or whose arrival another SYN took the place of,
- * would otherwise complete uncounted (MP_JOIN SYNs carry no data, so the
- * answer acknowledges the SYN's sequence number + 1 exactly). Returns an
- * enum arrival_answer. A global function: verified once, run only on
- * SYN-ACKs. */
+ * answered (a join's to answered_joins) with the answer's sequence number,
+ * which the peer's third ACK must acknowledge (take_third_ack), and, while
+ * the 4-tuple has no entry, the answer leaves by the path its SYN came in
+ * by (the peer's choice, which strict reverse-path filtering there
+ * expects); so does the same answer again. An answer without MP_CAPABLE
+ * to an MP_CAPABLE SYN is a fallback to TCP: the arrival goes. live is the
+ * 4-tuple's entry, if it still has one. An answered arrival keeps its
+ * place for ARRIVAL_ANSWERED_HOLD_NS against the answer to another SYN. A
+ * join past its rule's maximum, or on a path the rule refuses, is refused
+ * here as at its SYN: its answer never leaves, so it never completes (no
+ * reset: the peer's SYN may have carried a 4-tuple that was live). A
+ * join's answer on a live 4-tuple that acknowledges neither the entry's
+ * own SYN nor a waiting one is dropped too: a join the datapath never saw,
+ * or whose arrival another SYN took the place of, would otherwise complete
+ * uncounted (MP_JOIN SYNs carry no data, so the answer acknowledges the
+ * SYN's sequence number + 1 exactly). Returns an enum arrival_answer. A
+ * global function: verified once, run only on SYN-ACKs. */
 __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk,
 			      const struct subflow *live)
 {
@@ -1272,25 +1289,23 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 	if (live && live->role == ROLE_RESPONDER && live->syn_seq && ack == live->syn_seq + 1)
 		return ARRIVAL_NONE;
 	now = bpf_ktime_get_ns();
-	prev = bpf_map_lookup_elem(&answered, fk);
-	if (prev) { /* a copy: an LRU element can be reused by another CPU */
-		a = *prev;
-		/* The same answer again (the SYN-ACK retransmitted, or a
-		 * repeated SYN answered anew): it leaves as the first did. */
-		if (ack - (a.sf.syn_seq + 1) <= a.syn_len && !a.sf.token == !join) {
-			a.answer_seq_last = seq;
-			bpf_map_update_elem(&answered, fk, &a, BPF_EXIST);
-			if (!live)
-				set_path_mark(skb, a.sf.path_index);
-			return ARRIVAL_ANSWERED;
-		}
+	prev = join ? bpf_map_lookup_elem(&answered_joins, fk) : bpf_map_lookup_elem(&answered, fk);
+	/* The same answer again (the SYN-ACK retransmitted, or a repeated
+	 * SYN answered anew): it leaves as the first did. A word written in
+	 * place, so that a third ACK marking the arrival meanwhile is not
+	 * undone. */
+	if (prev && ack - (prev->sf.syn_seq + 1) <= prev->syn_len) {
+		prev->answer_seq_last = seq;
+		if (!live)
+			set_path_mark(skb, prev->sf.path_index);
+		return ARRIVAL_ANSWERED;
 	}
 	waiting = bpf_map_lookup_elem(&arrivals, fk);
-	if (waiting)
+	if (waiting) /* a copy: an LRU element can be reused by another CPU */
 		a = *waiting;
 	/* It must answer the waiting SYN, as the same kind of subflow, and
 	 * an arrival answered a moment ago keeps its place. */
-	if (!waiting || ack - (a.sf.syn_seq + 1) > a.syn_len || !a.sf.token != !join ||
+	if (!waiting || !continues_syn(&a, ack) || !a.sf.token != !join ||
 	    (prev && (__s64)(now - prev->sf.created_ns) < (__s64)ARRIVAL_ANSWERED_HOLD_NS)) {
 		if (live && join && live->role == ROLE_RESPONDER && live->syn_seq &&
 		    ack != live->syn_seq + 1) {
@@ -1307,19 +1322,18 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 		return ARRIVAL_REFUSED;
 	}
 	bpf_map_delete_elem(&arrivals, fk);
-	/* Answered without MP_CAPABLE: the pod's listener is plain TCP, and
-	 * the connection falls back. It gets no entry: it is the pod's plain
-	 * TCP (capped per pod), its segments carry no MPTCP option to be
-	 * written at, and an MP_CAPABLE ACK on it must teach no connection.
-	 * The answer alone leaves by the SYN's path. */
-	if (a.sf.token || has_mptcp(pkt, MPTCP_SUB_CAPABLE)) {
-		/* By key, from the copy: never through a pointer another
-		 * CPU may have handed to another 4-tuple. */
-		a.sf.created_ns = now;
-		a.answer_seq = seq;
-		a.answer_seq_last = seq;
+	/* By key, from the copy: never through a pointer another CPU may
+	 * have handed to another 4-tuple. Answered without MP_CAPABLE: the
+	 * pod's listener is plain TCP, and the connection falls back; it is
+	 * the pod's plain TCP (capped per pod), and an MP_CAPABLE ACK on it
+	 * must teach no connection. */
+	a.sf.created_ns = now;
+	a.answer_seq = seq;
+	a.answer_seq_last = seq;
+	if (join)
+		bpf_map_update_elem(&answered_joins, fk, &a, BPF_ANY);
+	else if (has_mptcp(pkt, MPTCP_SUB_CAPABLE))
 		bpf_map_update_elem(&answered, fk, &a, BPF_ANY);
-	}
 	if (!live) {
 		set_path_mark(skb, a.sf.path_index);
 		count_path(a.sf.path_index, pkt->len, true);
@@ -1327,72 +1341,77 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 	return ARRIVAL_ANSWERED;
 }
 
-/* ack_arrival takes pkt, the peer's third ACK from the wire (an MP_CAPABLE
- * or MP_JOIN ACK, or an MP_CAPABLE one repeated on data), as the ACK of the
- * arrival answered for its 4-tuple fk, if it acknowledges the pod's answer
- * and is of the arrival's kind: the arrival is marked acked, and an
- * MP_CAPABLE one learns its connection from the ACK's keys, which only
- * this packet carries (learn_connection, into the arrival: the entry that
- * may still hold the 4-tuple is an older subflow's). Only a sender that saw
- * the pod's SYN-ACK gets here. Returns 1 when it took the ACK. A global
- * function: run only on third ACKs. */
-__noinline int ack_arrival(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
+/* take_third_ack takes pkt, the peer's third ACK from the wire (an
+ * MP_CAPABLE or MP_JOIN ACK, or an MP_CAPABLE one repeated on the first
+ * data), as the end of the handshake answered for its 4-tuple fk, if it
+ * continues the SYN and acknowledges the pod's answer, and is of the
+ * arrival's kind: only a sender that saw the pod's SYN-ACK gets that far.
+ * With no entry left on the 4-tuple the arrival becomes its entry, a
+ * peer's join counted; otherwise it is marked acked, for subflow_closed to
+ * write when the old entry goes. An MP_CAPABLE one learns its connection
+ * from the ACK's keys, which only this packet carries (into the arrival:
+ * the entry that may still hold the 4-tuple is an older subflow's). The
+ * pod's kernel then checks the keys or HMAC itself: if they are forged it
+ * resets the subflow, which closes its entry (pod_reset). Returns 1 when
+ * it took the ACK. A global function: run only on third ACKs. */
+__noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
+	__u32 canonical = 0, zero = 0, join = has_mptcp(pkt, MPTCP_SUB_JOIN);
 	struct arrival *a, *waiting;
-	__u32 zero = 0;
+	struct conn *c = NULL;
 
 	if (!skb || !pkt || !fk)
 		return 0;
-	waiting = bpf_map_lookup_elem(&answered, fk);
+	waiting = join ? bpf_map_lookup_elem(&answered_joins, fk) : bpf_map_lookup_elem(&answered, fk);
 	a = bpf_map_lookup_elem(&arrival_scratch, &zero);
 	if (!waiting || !a)
 		return 0;
 	*a = *waiting;
-	if (!answers_seq(a, ack_seq(skb, pkt)) || !a->sf.token != !has_mptcp(pkt, MPTCP_SUB_JOIN))
+	if (!answers_seq(a, ack_seq(skb, pkt)) || !continues_syn(a, syn_seq(skb, pkt)) ||
+	    !a->sf.token != !join)
 		return 0;
 	if (a->state & ARRIVAL_ACKED)
 		return 1; /* the ACK again, or the first data repeating it */
-	a->state |= ARRIVAL_ACKED;
 	if (is_capable_ack(pkt))
 		learn_connection(skb, pkt, 0, &a->sf);
-	bpf_map_update_elem(&answered, fk, a, BPF_EXIST);
+	if (subflow_lookup(fk)) {
+		a->state |= ARRIVAL_ACKED;
+		if (join)
+			bpf_map_update_elem(&answered_joins, fk, a, BPF_EXIST);
+		else
+			bpf_map_update_elem(&answered, fk, a, BPF_EXIST);
+		return 1;
+	}
+	/* Taken once: a second CPU with the same ACK finds none. */
+	if (join ? bpf_map_delete_elem(&answered_joins, fk) : bpf_map_delete_elem(&answered, fk))
+		return 1;
+	if (join)
+		c = lookup_conn(fk->family, fk->saddr, a->sf.token, &canonical);
+	write_arrival(fk, &a->sf, c, canonical, false);
 	return 1;
 }
 
-/* promote_answered makes the arrival answered for fk, a 4-tuple with no
- * entry, its entry when pkt, a segment the pod sends on it (not a SYN, not
- * a reset; with an MPTCP option, as every segment of an established
- * subflow has), continues the pod's answer: the pod's kernel sends one
- * only once it accepted the handshake, the peer's keys or HMAC checked. A
- * join must have been acked (ack_arrival) and is counted now. Returns 1
- * when it wrote the entry. A global function: run only on a selected pod's
- * MPTCP segments of no entry. */
-__noinline int promote_answered(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
+/* pod_reset takes a reset the pod sends (key fk) as the end of what its
+ * 4-tuple held: an arrival answered for it goes, and a subflow the peer
+ * opened gives back what it took and its entry goes, as when the agent
+ * hears it close. The pod's kernel resets a join whose third ACK carried
+ * a forged HMAC, and a connection whose ACK carried forged keys, so what
+ * such an ACK wrote does not stay. A reset only ever ends its own 4-tuple.
+ * A global function: run only on a selected pod's resets. */
+__noinline int pod_reset(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
-	struct arrival a, *waiting;
-	__u32 canonical = 0, seq;
-	struct conn *c = NULL;
+	struct subflow *sf;
 
-	if (!skb || !pkt || !fk || (pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST)) ||
-	    !from_its_pod(skb, pkt))
+	if (!skb || !pkt || !fk || !from_its_pod(skb, pkt))
 		return 0;
-	waiting = bpf_map_lookup_elem(&answered, fk);
-	if (!waiting)
+	bpf_map_delete_elem(&answered, fk);
+	bpf_map_delete_elem(&answered_joins, fk);
+	sf = subflow_lookup(fk);
+	if (!sf || sf->role != ROLE_RESPONDER)
 		return 0;
-	a = *waiting;
-	seq = syn_seq(skb, pkt);
-	/* Its next segments, or a few later (one may be lost on the way). */
-	if (seq - (a.answer_seq + 1) >= (1U << 30) && seq - (a.answer_seq_last + 1) >= (1U << 30))
-		return 0;
-	if (a.sf.token && !(a.state & ARRIVAL_ACKED))
-		return 0;
-	/* Taken once: a second CPU with the same segment finds none. */
-	if (bpf_map_delete_elem(&answered, fk))
-		return 0;
-	if (a.sf.token)
-		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);
-	write_arrival(fk, &a.sf, c, canonical, false);
-	return 1;
+	give_back(fk, sf);
+	table_delete(&subflows, SUBFLOW_TABLE_BITS, (const __u64 *)fk, FLOW_KEY_WORDS, SUBFLOW_WORDS);
+	return 0;
 }
 
 /* backup_act_arrival runs the backup actor on a peer's join SYN going into
@@ -1475,17 +1494,17 @@ int pod_egress(struct __sk_buff *skb)
 		return TCX_NEXT;
 
 	flow_key_from(&fk, &pkt, false);
+	/* A reset ends what its 4-tuple held (a rare packet). */
+	if (pkt.tcp_flags & TCP_FLAG_RST)
+		pod_reset(skb, &pkt, &fk);
 	sf = subflow_lookup(&fk);
-	/* The pod's answer to a SYN from the wire (arrivals). */
+	/* The pod's answer to a SYN from the wire (arrivals). Dropped when
+	 * refused, except in observe-only mode, which only counts. */
 	if ((pkt.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
 		ret = answer_arrival(skb, &pkt, &fk, sf);
-		if (ret == ARRIVAL_REFUSED || ret == ARRIVAL_UNEXPECTED)
+		if ((ret == ARRIVAL_REFUSED || ret == ARRIVAL_UNEXPECTED) && !observed_instead())
 			return TC_ACT_SHOT;
 	}
-	/* The pod's first segment after a handshake the peer opened writes
-	 * its entry (answered). Plain TCP does not look. */
-	if (!sf && pkt.mptcp.seen && promote_answered(skb, &pkt, &fk))
-		sf = subflow_lookup(&fk);
 	if (!sf) {
 		ret = pod_egress_unknown(skb, &pkt, &fk);
 		/* A join of the pod's beyond its rule's maximum: the pod's
@@ -1611,7 +1630,7 @@ enum syn_staged {
  * the NIC it came in by, selected by rule (the caller's choice: a join of a
  * known connection takes its connection's rule, anything else the pod's
  * selector chain; RULE_NONE when none selects it, mirrored all the same):
- * the entry it would be waits for the pod's answer (stage_arrival), unless
+ * the entry it would be waits for the pod's answer (arrivals), unless
  * it is a join to refuse at once. The peer's node chose this path; the
  * pod's replies follow it, and the pod's own joins avoid it. Returns an
  * enum syn_staged. A global function: its frame (the entry) is not
@@ -1620,7 +1639,8 @@ __noinline int stage_syn(struct __sk_buff *skb, const struct packet *pkt, const 
 			 const struct endpoint *ep, __u32 rule)
 {
 	__u32 token, canonical = 0, ifindex;
-	struct subflow nsf = {}, *prev;
+	struct arrival a = {};
+	struct subflow *prev;
 	struct nic *n;
 	struct conn *c;
 
@@ -1631,9 +1651,9 @@ __noinline int stage_syn(struct __sk_buff *skb, const struct packet *pkt, const 
 	if (!n)
 		return SYN_STAGED;
 	prev = subflow_lookup(fk);
-	nsf.rule = rule;
+	a.sf.rule = rule;
 	if (handshake_subtype(pkt) == MPTCP_SUB_JOIN && !load_join_token(skb, pkt, &token)) {
-		nsf.token = token;
+		a.sf.token = token;
 		c = lookup_conn(pkt->family, pkt->daddr, token, &canonical);
 		/* Refused: the peer hears why at once, and no subflow is
 		 * mirrored. A SYN on a 4-tuple with an entry is left to the
@@ -1641,20 +1661,23 @@ __noinline int stage_syn(struct __sk_buff *skb, const struct packet *pkt, const 
 		if (!prev && join_refused(rule, c, n->path))
 			return SYN_REFUSED;
 		if (c)
-			nsf.conn = canonical;
+			a.sf.conn = canonical;
 	}
-	nsf.path_index = n->path;
-	nsf.pod_slot = ep->pod_slot;
-	nsf.role = ROLE_RESPONDER;
-	nsf.created_ns = bpf_ktime_get_ns();
-	nsf.syn_seq = syn_seq(skb, pkt);
+	a.sf.path_index = n->path;
+	a.sf.pod_slot = ep->pod_slot;
+	a.sf.role = ROLE_RESPONDER;
+	a.sf.created_ns = bpf_ktime_get_ns();
+	a.sf.syn_seq = syn_seq(skb, pkt);
 	/* The same SYN again as the entry's own (its sender repeats it
 	 * until the pod's answer arrives, over whichever path): the entry
 	 * already says all of it. Any other waits for the pod's answer and
 	 * the peer's ACK of it (arrivals). */
-	if (prev && prev->role == ROLE_RESPONDER && prev->token == nsf.token && prev->syn_seq == nsf.syn_seq)
+	if (prev && prev->role == ROLE_RESPONDER && prev->token == a.sf.token &&
+	    prev->syn_seq == a.sf.syn_seq)
 		return SYN_STAGED;
-	stage_arrival(fk, &nsf, nsf.token ? 0 : pkt->len - pkt->l4_off - pkt->tcp_hlen);
+	a.syn_len = a.sf.token ? 0 : pkt->len - pkt->l4_off - pkt->tcp_hlen;
+	bpf_map_update_elem(&arrivals, fk, &a, BPF_ANY);
+	count(STAT_ARRIVAL_STAGED);
 	return SYN_STAGED;
 }
 
@@ -1702,19 +1725,21 @@ int nic_ingress(struct __sk_buff *skb)
 	flow_key_from(&fk, &pkt, true);
 	if (!is_capable_ack(&pkt) && !is_join_ack(&pkt))
 		return TCX_NEXT;
-	/* The third ACK of a handshake the pod answered acks its arrival
-	 * (answered); an MP_CAPABLE one repeated on data after the entry is
-	 * written teaches the entry's connection, if it is not known. A
-	 * join's third ACK with neither is stopped: its arrival was lost, and
-	 * the join would complete uncounted. */
-	if (ack_arrival(skb, &pkt, &fk))
+	/* The third ACK of a handshake the pod answered writes its entry
+	 * (take_third_ack). An MP_CAPABLE one repeated on the first data
+	 * after that teaches the entry's connection, if it is not known. A
+	 * join's third ACK that finds neither is stopped: its arrival was
+	 * lost, and the join would complete uncounted. */
+	if (take_third_ack(skb, &pkt, &fk))
 		return TCX_NEXT;
 	sf = subflow_lookup(&fk);
-	if (sf && sf->role == ROLE_RESPONDER && is_capable_ack(&pkt))
+	if (sf && sf->role == ROLE_RESPONDER && is_capable_ack(&pkt) &&
+	    syn_seq(skb, &pkt) - (sf->syn_seq + 1) < FIRST_DATA_WINDOW)
 		learn_connection(skb, &pkt, 0, sf);
 	if (!sf && is_join_ack(&pkt)) {
 		count(STAT_JOIN_ACK_DROPPED);
-		return TC_ACT_SHOT;
+		if (!observed_instead())
+			return TC_ACT_SHOT;
 	}
 	return TCX_NEXT;
 }
@@ -1871,17 +1896,24 @@ static __always_inline int subflow_closed(const __u64 *key, const struct closed_
 		return 0;
 	give_back(fk, sf);
 	freed = table_delete(&subflows, SUBFLOW_TABLE_BITS, key, FLOW_KEY_WORDS, SUBFLOW_WORDS);
-	/* The pod's segments on the new subflow were counted on the old
-	 * entry: the peer's ACK of the pod's answer is what this takes. */
+	/* The new subflow's segments counted on the old entry meanwhile: the
+	 * peer's third ACK of the pod's answer is what this takes. */
+	waiting = bpf_map_lookup_elem(&answered_joins, fk);
+	if (waiting && (waiting->state & ARRIVAL_ACKED)) {
+		a = *waiting;
+		if (bpf_map_delete_elem(&answered_joins, fk))
+			return freed;
+		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);
+		write_arrival(fk, &a.sf, c, canonical, true);
+		return freed;
+	}
 	waiting = bpf_map_lookup_elem(&answered, fk);
-	if (!waiting)
+	if (!waiting || !(waiting->state & ARRIVAL_ACKED))
 		return freed;
 	a = *waiting;
-	if (!(a.state & ARRIVAL_ACKED) || bpf_map_delete_elem(&answered, fk))
+	if (bpf_map_delete_elem(&answered, fk))
 		return freed;
-	if (a.sf.token)
-		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);
-	write_arrival(fk, &a.sf, c, canonical, true);
+	write_arrival(fk, &a.sf, NULL, 0, true);
 	return freed;
 }
 

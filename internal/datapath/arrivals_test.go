@@ -164,7 +164,9 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	// own: the arrival is acked, its connection learnt, and still nothing
 	// moves while the subflow lives.
 	const forgerClientKey, forgerServerKey = 31, 32
-	run(t, dp.objs.NicIngress, capableACK(clientPod, initialPort, serverPod, 80, forgerClientKey, forgerServerKey), on(nic2Ifindex))
+	forgedACK := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: initialPort, DstPort: 80, Seq: 1000, Ack: 8, Flags: testpkt.ACK,
+		Options: testpkt.MPCapableACK(forgerClientKey, forgerServerKey)}}.Bytes()
+	run(t, dp.objs.NicIngress, forgedACK, on(nic2Ifindex))
 	unchanged("after the peer acknowledged the answer")
 	if got := stat(t, dp, StatArrivalPromoted); got != 0 {
 		t.Fatalf("arrivals promoted = %d, want none while the subflows live", got)
@@ -250,34 +252,26 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	}
 
 	// A decoy: an MP_CAPABLE SYN on the live second join's 4-tuple, which
-	// the pod answers, holds the arrival; a join SYN after it cannot take
-	// it, and the pod's answer to that join, which no arrival waits for,
-	// is dropped: the join would complete uncounted once the old one goes.
+	// the pod answers, does not hold the place of a join SYN after it
+	// (joins wait apart); that join's answer is judged as the waiting
+	// join's: refused as past the maximum (the old join on the 4-tuple
+	// still counts).
 	run(t, dp.objs.NicIngress, synSeq(40002, 900, testpkt.MPCapableSYN()), on(nic1Ifindex))
 	replyPath(40002, testpkt.SYN|testpkt.ACK, 901)
 	run(t, dp.objs.NicIngress, synSeq(40002, 950, joinOpts), on(nic1Ifindex))
 	if ret, _ := runOut(t, dp.objs.PodEgress, joinAnswer(40002, 951)); ret == tcxNext {
+		t.Error("the pod's answer to a join past the maximum went on")
+	}
+	if got := stat(t, dp, StatJoinRefused); got != 2 {
+		t.Errorf("joins refused = %d, want 2", got)
+	}
+	// A join's answer on the live 4-tuple for no SYN the datapath saw
+	// (its arrival gone) is dropped: the join would complete uncounted.
+	if ret, _ := runOut(t, dp.objs.PodEgress, joinAnswer(40002, 1234)); ret == tcxNext {
 		t.Error("the pod's answer to a join no arrival waits for, on a live 4-tuple, went on")
 	}
 	if got := stat(t, dp, StatAnswerDropped); got != 1 {
 		t.Errorf("answers dropped = %d, want 1", got)
-	}
-	// An answered arrival holds its place for a few seconds only: a
-	// handshake it answered that then failed does not keep the join's
-	// real SYN out for good.
-	time.Sleep(3100 * time.Millisecond)
-	run(t, dp.objs.NicIngress, synSeq(40002, 960, joinOpts), on(nic1Ifindex))
-	// The join SYN took the arrival's place: its answer is judged as the
-	// waiting join's, refused as past the maximum (the old join on the
-	// 4-tuple still counts), not dropped as an answer to no SYN.
-	if ret, _ := runOut(t, dp.objs.PodEgress, joinAnswer(40002, 961)); ret == tcxNext {
-		t.Error("the pod's answer to a join past the maximum went on")
-	}
-	if got := stat(t, dp, StatAnswerDropped); got != 1 {
-		t.Errorf("answers dropped = %d, want still 1", got)
-	}
-	if got := stat(t, dp, StatJoinRefused); got != 2 {
-		t.Errorf("joins refused = %d, want 2", got)
 	}
 	// The live join's own answer (its SYN repeated) still goes on.
 	if p := joinReplyPath(40002, 301); p != 2 {
@@ -288,12 +282,12 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 // A SYN from the wire writes no entry and counts nothing: not to a closed
 // port (the pod answers with a reset), not a join that nobody completes,
 // not with a third ACK that does not acknowledge the pod's answer (a sender
-// that cannot see the pod's SYN-ACK) or is of the other kind; a join's
-// third ACK with nothing answered is dropped, so the join cannot complete
-// uncounted. The entry is written, on the SYN's path, by the pod's first
-// segment after the third ACK that acknowledges its answer, and only then
-// is a join counted. SYNs, however many, never push an answered arrival
-// out. A handshake the pod answers without MP_CAPABLE (a TCP listener)
+// that cannot see the pod's SYN-ACK), does not continue the SYN, or is of
+// the other kind; a join's third ACK with nothing answered is dropped, so
+// the join cannot complete uncounted. The third ACK that acknowledges the
+// answer writes the entry, on the SYN's path, and only then is a join
+// counted; the pod's reset (its answer to a forged HMAC) takes both back.
+// SYNs, however many, never push an answered arrival out. A handshake the pod answers without MP_CAPABLE (a TCP listener)
 // falls back: its answer leaves by the SYN's path, it gets no entry and
 // learns no connection from an MP_CAPABLE ACK. The answer to a SYN with data (TCP Fast Open) and a
 // second answer with another sequence number (SYN cookies) are answers.
@@ -368,8 +362,8 @@ func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *test
 		t.Errorf("the pod's answer left by path %d, want the SYN's path 2", p)
 	}
 	nicIn(fromClient(40011, 80, 2, 9, testpkt.ACK, joinACK, nil), nic2Ifindex)
+	nicIn(fromClient(40011, 80, 1<<31, 8, testpkt.ACK, joinACK, nil), nic2Ifindex)
 	nicIn(fromClient(40011, 80, 2, 8, testpkt.ACK, testpkt.MPCapableACK(1, 2), nil), nic2Ifindex)
-	run(t, dp.objs.PodEgress, podNext(40011, 8, 2), skbContext{})
 	if n := entries(); n != 1 {
 		t.Errorf("%d entries after third ACKs that acknowledge no answer, want still 1", n)
 	}
@@ -383,17 +377,9 @@ func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *test
 		frame := testpkt.Frame{Src: src, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: uint16(1024 + i/256), DstPort: 81, Seq: 1, Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()
 		run(t, dp.objs.NicIngress, frame, on(nic1Ifindex))
 	}
-	// The real third ACK, over the other path: acked, not yet written.
+	// The third ACK, over the other path, writes the join on the SYN's
+	// path, counted.
 	nicIn(fromClient(40011, 80, 2, 8, testpkt.ACK, joinACK, nil), nic1Ifindex)
-	if c := connection(t, dp); c.Subflows != 1 || entries() != 1 {
-		t.Errorf("after the third ACK: %+v and %d entries, want the join counted only at the pod's next segment", c, entries())
-	}
-	// The pod's next segment: written on the SYN's path, counted.
-	// A plain ACK (no MPTCP option) does not look; the pod's next
-	// segment with a DSS is written on the SYN's path, counted.
-	if m := run(t, dp.objs.PodEgress, fromPod(40011, 8, 2, testpkt.ACK, nil), skbContext{}); m != 0 || entries() != 1 {
-		t.Errorf("a segment without an MPTCP option: mark %#x, %d entries; want it unmarked and nothing written", m, entries())
-	}
 	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, podNext(40011, 8, 2), skbContext{})); p != 2 {
 		t.Errorf("the pod's first segment on the join left by path %d, want 2", p)
 	}
@@ -403,6 +389,12 @@ func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *test
 	}
 	if c := connection(t, dp); c.Subflows != 2 || c.UsedPaths != 1<<1|1<<2 {
 		t.Errorf("the connection after the join completed: %+v, want 2 subflows on paths 1 and 2", c)
+	}
+	// Its HMAC was forged: the pod resets the join, which gives back its
+	// place and path, and its entry goes.
+	run(t, dp.objs.PodEgress, fromPod(40011, 8, 0, testpkt.RST, testpkt.MPTCPRst(0, 3)), skbContext{})
+	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<1 || entries() != 1 {
+		t.Errorf("after the pod reset the join: %+v and %d entries, want the initial subflow alone", c, entries())
 	}
 
 	// A TCP listener answers an MP_CAPABLE SYN without MP_CAPABLE: the
@@ -432,8 +424,8 @@ func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *test
 	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, podNext(40021, 71, 7), skbContext{})); p != 2 {
 		t.Errorf("the Fast Open connection's first segment left by path %d, want the SYN's 2", p)
 	}
-	if n := entries(); n != 3 {
-		t.Errorf("%d entries, want 3: the victim's two and the Fast Open connection's", n)
+	if n := entries(); n != 2 {
+		t.Errorf("%d entries, want 2: the victim's and the Fast Open connection's", n)
 	}
 
 	// MP_CAPABLE ACKs with other keys on the learnt initial subflow.
@@ -442,5 +434,65 @@ func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *test
 	}
 	if n := connections(); n != 2 {
 		t.Errorf("%d connections after repeated MP_CAPABLE ACKs with other keys, want still 2", n)
+	}
+}
+
+// An answered arrival keeps its place against the answer to another SYN of
+// its 4-tuple: the third ACK of the first answer still writes it. In
+// observe-only mode nothing is dropped: a join's third ACK with nothing
+// answered, and the pod's answer to a join past the maximum, pass, counted
+// as observed.
+func TestAnAnsweredArrivalKeepsItsPlaceAndObserveOnlyDropsNothing(t *testing.T) {
+	dp := twoNICResponder(t)
+	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
+	const clientKey, serverKey = 61, 62
+	server := netip.AddrPortFrom(serverPod, 80)
+	acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 40000), server, testpkt.MPCapableSYN(), nic1Ifindex, clientKey, serverKey)
+	joinSYN := func(sport uint16, seq uint32) []byte {
+		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 80, Seq: seq, Flags: testpkt.SYN,
+			Options: testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)}}.Bytes()
+	}
+	answer := func(sport uint16, seq, ack uint32) []byte {
+		return testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: sport, Seq: seq, Ack: ack, Flags: testpkt.SYN | testpkt.ACK,
+			Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
+	}
+	third := func(sport uint16, seq, ack uint32) []byte {
+		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 80, Seq: seq, Ack: ack, Flags: testpkt.ACK,
+			Options: testpkt.MPJoinACK([20]byte{1})}}.Bytes()
+	}
+	run(t, dp.objs.NicIngress, joinSYN(40030, 100), on(nic2Ifindex))
+	run(t, dp.objs.PodEgress, answer(40030, 7, 101), skbContext{})
+	run(t, dp.objs.NicIngress, joinSYN(40030, 200), on(nic1Ifindex))
+	if m := run(t, dp.objs.PodEgress, answer(40030, 70, 201), skbContext{}); m != 0 {
+		t.Errorf("the answer to a second SYN of an answered 4-tuple got mark %#x, want none: the first keeps its place", m)
+	}
+	run(t, dp.objs.NicIngress, third(40030, 101, 8), on(nic2Ifindex))
+	if sf := lookupSubflow(t, dp, flowKey(server, netip.AddrPortFrom(clientPod, 40030))); sf.SynSeq != 100 || sf.PathIndex != 2 {
+		t.Errorf("the entry is %+v, want the first SYN's (sequence number 100, path 2)", sf)
+	}
+
+	// The rule's maximum of two is reached. Observe-only from here.
+	if err := dp.SetObserveOnly(true); err != nil {
+		t.Fatal(err)
+	}
+	observed := stat(t, dp, StatObserved)
+	ret, err := dp.objs.NicIngress.Run(&ebpf.RunOptions{Data: third(40031, 2, 8), DataOut: make([]byte, 512), Context: on(nic1Ifindex), ContextOut: &skbContext{}})
+	if err != nil || ret != tcxNext {
+		t.Errorf("observe-only: a join's third ACK with nothing answered: verdict %d (%v), want it passed", int32(ret), err)
+	}
+	if got := stat(t, dp, StatJoinACKDropped); got != 1 {
+		t.Errorf("observe-only: join ACKs that would have been dropped = %d, want 1", got)
+	}
+	// A join past the maximum on a 4-tuple with an entry is refused at
+	// the pod's answer, which would be dropped.
+	run(t, dp.objs.NicIngress, joinSYN(40030, 300), on(nic1Ifindex))
+	if ret, _ := runOut(t, dp.objs.PodEgress, answer(40030, 9, 301)); ret != tcxNext {
+		t.Errorf("observe-only: the pod's answer to a join past the maximum: verdict %d, want it passed", int32(ret))
+	}
+	if got := stat(t, dp, StatJoinRefused); got != 1 {
+		t.Errorf("observe-only: joins refused = %d, want 1", got)
+	}
+	if got := stat(t, dp, StatObserved); got < observed+2 {
+		t.Errorf("observe-only: observed %d, want at least %d: the two drops it did not make", got, observed+2)
 	}
 }

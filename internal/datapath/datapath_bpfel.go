@@ -397,6 +397,7 @@ type datapathTableSeedValue struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	datapathMapAnswered           = "answered"
+	datapathMapAnsweredJoins      = "answered_joins"
 	datapathMapArrivalScratch     = "arrival_scratch"
 	datapathMapArrivals           = "arrivals"
 	datapathMapConnAliases        = "conn_aliases"
@@ -490,6 +491,7 @@ type datapathProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathMapSpecs struct {
 	Answered       *ebpf.MapSpec `ebpf:"answered"`
+	AnsweredJoins  *ebpf.MapSpec `ebpf:"answered_joins"`
 	ArrivalScratch *ebpf.MapSpec `ebpf:"arrival_scratch"`
 	Arrivals       *ebpf.MapSpec `ebpf:"arrivals"`
 	ConnAliases    *ebpf.MapSpec `ebpf:"conn_aliases"`
@@ -551,6 +553,7 @@ func (o *datapathObjects) Close() error {
 // It can be passed to loadDatapathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathMaps struct {
 	Answered       *ebpf.Map `ebpf:"answered"`
+	AnsweredJoins  *ebpf.Map `ebpf:"answered_joins"`
 	ArrivalScratch *ebpf.Map `ebpf:"arrival_scratch"`
 	Arrivals       *ebpf.Map `ebpf:"arrivals"`
 	ConnAliases    *ebpf.Map `ebpf:"conn_aliases"`
@@ -578,6 +581,7 @@ type datapathMaps struct {
 func (m *datapathMaps) Close() error {
 	return _DatapathClose(
 		m.Answered,
+		m.AnsweredJoins,
 		m.ArrivalScratch,
 		m.Arrivals,
 		m.ConnAliases,
