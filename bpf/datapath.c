@@ -22,11 +22,10 @@
  *       a known subflow of a pod no longer selected -> the same mark, nothing
  *                                   else (its peer may still send it here)
  *       SYN opening a subflow    -> wait (arrivals) for the pod's answer,
- *                                   which leaves by the same NIC, and the
- *                                   peer's third ACK of it; the pod's next
- *                                   segment then records the arrival path,
- *                                   so its replies keep leaving by that NIC,
- *                                   and counts the path as used by the
+ *                                   which leaves by the same NIC
+ *       third ACK of that answer -> record the arrival path, so the pod's
+ *                                   replies keep leaving by that NIC, and
+ *                                   count the path as used by the
  *                                   connection
  *       MP_CAPABLE ACK (keys)    -> learn the connection's two tokens
  *

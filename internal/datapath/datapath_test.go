@@ -660,10 +660,10 @@ func podSegment(pod, peer netip.AddrPort, seq, ack uint32) []byte {
 
 // completeFromWire runs the rest of a handshake a peer opened to the pod
 // with a SYN of sequence number synSeq: the pod's SYN-ACK (sequence number
-// 7), the peer's third ACK on the NIC ifindex (an MP_CAPABLE one carries
-// keys: the initiator's and the responder's), and the pod's first segment
-// after it, which writes the responder's entry. It returns the path the
-// pod's answer left by.
+// 7), the peer's third ACK on the NIC ifindex, which writes the responder's
+// entry (an MP_CAPABLE one carries keys: the initiator's and the
+// responder's), and the pod's first segment after it. It returns the path
+// the pod's answer left by.
 func completeFromWire(t *testing.T, dp *Datapath, client, server netip.AddrPort, synSeq uint32, join bool, ifindex int, keys ...uint64) uint32 {
 	t.Helper()
 	var answerOpts, thirdOpts []byte

@@ -86,11 +86,11 @@ const (
 	// and its count back to its connection (SubflowClosed).
 	StatSubflowClosed = datapathStatIdSTAT_SUBFLOW_CLOSED
 	// StatArrivalStaged: a SYN from the wire, held until the pod answers
-	// it and the peer acknowledges the answer (the entry is written at the
-	// pod's next segment: StatSubflowMirrored); StatArrivalPromoted: one
-	// acked on a 4-tuple whose old entry then went, and whose entry it
-	// became. Staged beyond mirrored and promoted is SYNs to closed ports,
-	// forged ones, or handshakes that never completed.
+	// it and the peer's third ACK acknowledges the answer, which writes
+	// the entry (StatSubflowMirrored); StatArrivalPromoted: one acked on a
+	// 4-tuple whose old entry then went, and whose entry it became. Staged
+	// beyond mirrored and promoted is SYNs to closed ports, forged ones,
+	// or handshakes that never completed.
 	StatArrivalStaged   = datapathStatIdSTAT_ARRIVAL_STAGED
 	StatArrivalPromoted = datapathStatIdSTAT_ARRIVAL_PROMOTED
 	// StatAnswerDropped: a pod's join SYN-ACK on a live subflow's 4-tuple
@@ -99,8 +99,8 @@ const (
 	StatAnswerDropped = datapathStatIdSTAT_ANSWER_DROPPED
 	// StatJoinACKDropped: a peer's third ACK of a join to a selected pod
 	// whose 4-tuple had neither an entry nor an answered arrival (lost to
-	// a flood of the pod's answers, or to a restart), dropped rather than
-	// let the join complete uncounted.
+	// a restart of the agent), dropped rather than let the join complete
+	// uncounted (in observe-only mode: passed).
 	StatJoinACKDropped = datapathStatIdSTAT_JOIN_ACK_DROPPED
 	numStats           = int(datapathStatIdSTAT_MAX)
 )
