@@ -160,9 +160,7 @@ struct {
  *   - the peer's third ACK that continues the SYN and acknowledges the
  *     answer writes the entry, counts a peer's join, and (an MP_CAPABLE
  *     one) learns the connection (take_third_ack). A sender that does not
- *     see the pod's answer (a blind forger) cannot write it. One that does
- *     and forges the ACK's keys or HMAC gets a reset from the pod's
- *     kernel, which closes the entry again (pod_reset).
+ *     see the pod's answer (a blind forger) cannot write it.
  * A handshake the pod answered without MP_CAPABLE fell back to TCP: it
  * gets no entry. A 4-tuple that still has an entry is taken only once the
  * old entry is gone, by an arrival whose third ACK came (acked): at the
@@ -1350,9 +1348,9 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
  * write when the old entry goes. An MP_CAPABLE one learns its connection
  * from the ACK's keys, which only this packet carries (into the arrival:
  * the entry that may still hold the 4-tuple is an older subflow's). The
- * pod's kernel then checks the keys or HMAC itself: if they are forged it
- * resets the subflow, which closes its entry (pod_reset). Returns 1 when
- * it took the ACK. A global function: run only on third ACKs. */
+ * pod's kernel then checks the keys or HMAC itself, which the datapath
+ * cannot. Returns 1 when it took the ACK. A global function: run only on
+ * third ACKs. */
 __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
 	__u32 canonical = 0, zero = 0, join = has_mptcp(pkt, MPTCP_SUB_JOIN);
@@ -1390,26 +1388,20 @@ __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, c
 	return 1;
 }
 
-/* pod_reset takes a reset the pod sends (key fk) as the end of what its
- * 4-tuple held: an arrival answered for it goes, and a subflow the peer
- * opened gives back what it took and its entry goes, as when the agent
- * hears it close. The pod's kernel resets a join whose third ACK carried
- * a forged HMAC, and a connection whose ACK carried forged keys, so what
- * such an ACK wrote does not stay. A reset only ever ends its own 4-tuple.
- * A global function: run only on a selected pod's resets. */
+/* pod_reset takes a reset the pod sends (key fk) as the end of a
+ * handshake answered on its 4-tuple: its arrival goes, so that a third ACK
+ * coming late (or forged) never writes it, nor the close of an older
+ * subflow of the 4-tuple promotes it. A live entry is left to the close
+ * the agent hears or sweeps: a pod can forge resets (raw sockets), and one
+ * that ended its own subflows' entries while their sockets live would take
+ * them out of their caps and their connections' counts. A global function:
+ * run only on a selected pod's resets. */
 __noinline int pod_reset(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
-	struct subflow *sf;
-
 	if (!skb || !pkt || !fk || !from_its_pod(skb, pkt))
 		return 0;
 	bpf_map_delete_elem(&answered, fk);
 	bpf_map_delete_elem(&answered_joins, fk);
-	sf = subflow_lookup(fk);
-	if (!sf || sf->role != ROLE_RESPONDER)
-		return 0;
-	give_back(fk, sf);
-	table_delete(&subflows, SUBFLOW_TABLE_BITS, (const __u64 *)fk, FLOW_KEY_WORDS, SUBFLOW_WORDS);
 	return 0;
 }
 
@@ -1493,7 +1485,8 @@ int pod_egress(struct __sk_buff *skb)
 		return TCX_NEXT;
 
 	flow_key_from(&fk, &pkt, false);
-	/* A reset ends what its 4-tuple held (a rare packet). */
+	/* A reset ends a handshake answered on its 4-tuple (a rare
+	 * packet). */
 	if (pkt.tcp_flags & TCP_FLAG_RST)
 		pod_reset(skb, &pkt, &fk);
 	sf = subflow_lookup(&fk);
