@@ -181,9 +181,14 @@ struct arrival {
 	__u32 state;	       /* ARRIVAL_* */
 };
 
-/* struct arrival's state, in answered: the peer's third ACK came for an
- * arrival whose 4-tuple still had an entry. */
-#define ARRIVAL_ACKED (1U << 0)
+/* struct arrival's state: ARRIVAL_ACKED, in answered, when the peer's third
+ * ACK came for an arrival whose 4-tuple still had an entry; and what the
+ * rate actor learns from a subflow's SYN and the pod's answer
+ * (rate_learn_syn), which pass before the subflow has an entry: its
+ * RATE_SF_* flags and the pod's window scale shift. */
+#define ARRIVAL_ACKED	      (1U << 0)
+#define ARRIVAL_RATE_FLAGS_AT 8
+#define ARRIVAL_POD_SHIFT_AT  16
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -205,6 +210,25 @@ struct {
 	__type(key, struct flow_key);
 	__type(value, struct arrival);
 } answered_joins SEC(".maps");
+
+/* How many joins of one connection (its local pod address and the pod's
+ * token) the pod answered since start_ns. The pod's kernel answers every
+ * join SYN with a token it knows while the agent is its path manager (the
+ * count of subflows is kept at completion), so a peer could otherwise have
+ * it answer thousands of joins of its one connection and push other pods'
+ * joins out of answered_joins. */
+struct join_answers {
+	__u64 start_ns;
+	__u32 count;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct conn_key);
+	__type(value, struct join_answers);
+} join_answers SEC(".maps");
 
 /* Room for a copy of an arrival off the stack, where a call chain has none
  * left (take_third_ack: nic_ingress, then learn_connection). Per CPU, and
@@ -1167,6 +1191,33 @@ static __always_inline void write_arrival(const struct flow_key *fk, struct subf
 	count(reused ? STAT_ARRIVAL_PROMOTED : STAT_SUBFLOW_MIRRORED);
 }
 
+/* Joins of one connection the pod may answer within
+ * ARRIVAL_ANSWERED_HOLD_NS: its rule's maxSubflows (or JOIN_ANSWERS_UNCAPPED
+ * for a rule without one), and JOIN_ANSWERS_SLACK more for joins that
+ * replace closed ones or are refused by the pod's kernel after its answer. */
+#define JOIN_ANSWERS_UNCAPPED 8
+#define JOIN_ANSWERS_SLACK    8
+
+/* join_answers_spent counts a join answer of the connection of token
+ * (fk's local address) and says whether it is one too many for rule_id
+ * within the window. */
+static __always_inline bool join_answers_spent(const struct flow_key *fk, __u32 token, __u32 rule_id,
+					       __u64 now)
+{
+	struct join_answers fresh = {.start_ns = now, .count = 1}, *w;
+	struct conn_key k = {.family = fk->family, .token = token};
+	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
+	__u32 max = (r && r->max_subflows ? r->max_subflows : JOIN_ANSWERS_UNCAPPED) + JOIN_ANSWERS_SLACK;
+
+	__builtin_memcpy(k.local, fk->saddr, 16);
+	w = bpf_map_lookup_elem(&join_answers, &k);
+	if (!w || (__s64)(now - w->start_ns) >= (__s64)ARRIVAL_ANSWERED_HOLD_NS) {
+		bpf_map_update_elem(&join_answers, &k, &fresh, BPF_ANY);
+		return false;
+	}
+	return __sync_fetch_and_add(&w->count, 1) >= max;
+}
+
 /* answers_seq says whether ack acknowledges the pod's answer of a (its
  * first or its latest). */
 static __always_inline bool answers_seq(const struct arrival *a, __u32 ack)
@@ -1228,6 +1279,36 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 #include "backup.h"
 #include "block.h"
 #include "detour.h"
+
+/* arrival_syn_state is what the rate actor learns from a SYN of the peer
+ * (pod: false) or the pod's answer, in struct arrival's state. */
+static __always_inline __u32 arrival_syn_state(const struct packet *pkt, bool pod)
+{
+	__u32 flags = pod ? RATE_SF_POD_SYN : RATE_SF_PEER_SYN, state = 0;
+
+	if (pkt->wscale) {
+		flags |= pod ? RATE_SF_POD_WS : RATE_SF_PEER_WS;
+		if (pod)
+			state = (__u32)(pkt->wscale - 1) << ARRIVAL_POD_SHIFT_AT;
+	}
+	return state | flags << ARRIVAL_RATE_FLAGS_AT;
+}
+
+/* seed_rate_subflow gives a subflow written from an arrival (key fk, rule
+ * rule_id) what the rate actor would have learnt from its SYN and the
+ * pod's answer, had it had an entry then: whether each side scales its
+ * window, and by what the pod does. Only for rules the actor acts on. */
+static __always_inline void seed_rate_subflow(const struct flow_key *fk, __u32 rule_id, __u32 state)
+{
+	struct rate_cfg *cfg = bpf_map_lookup_elem(&rate_rules, &rule_id);
+	struct rate_subflow rs = {};
+
+	if (!cfg || (cfg->mode != RATE_MODE_WINDOW && cfg->mode != RATE_MODE_POLICE))
+		return;
+	rs.flags = (state >> ARRIVAL_RATE_FLAGS_AT) & 0xff;
+	rs.pod_shift = (state >> ARRIVAL_POD_SHIFT_AT) & 0xff;
+	bpf_map_update_elem(&rate_subflows, fk, &rs, BPF_ANY);
+}
 
 /* What answer_arrival did with a SYN-ACK the pod sends. */
 enum arrival_answer {
@@ -1313,7 +1394,8 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 	}
 	if (a.sf.token)
 		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);
-	if (a.sf.token && join_refused(a.sf.rule, c, a.sf.path_index)) {
+	if (a.sf.token && (join_refused(a.sf.rule, c, a.sf.path_index) ||
+			   join_answers_spent(fk, a.sf.token, a.sf.rule, now))) {
 		bpf_map_delete_elem(&arrivals, fk);
 		count(STAT_JOIN_REFUSED);
 		return ARRIVAL_REFUSED;
@@ -1327,6 +1409,7 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 	a.sf.created_ns = now;
 	a.answer_seq = seq;
 	a.answer_seq_last = seq;
+	a.state |= arrival_syn_state(pkt, true);
 	if (join)
 		bpf_map_update_elem(&answered_joins, fk, &a, BPF_ANY);
 	else if (has_mptcp(pkt, MPTCP_SUB_CAPABLE))
@@ -1377,7 +1460,11 @@ __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, c
 			bpf_map_update_elem(&answered_joins, fk, a, BPF_EXIST);
 		else
 			bpf_map_update_elem(&answered, fk, a, BPF_EXIST);
-		return 1;
+		/* The old entry still there: its close writes this one. Gone
+		 * meanwhile (its close came between the two looks, and found
+		 * nothing acked): written here. */
+		if (subflow_lookup(fk))
+			return 1;
 	}
 	/* Taken once: a second CPU with the same ACK finds none. */
 	if (join ? bpf_map_delete_elem(&answered_joins, fk) : bpf_map_delete_elem(&answered, fk))
@@ -1385,23 +1472,35 @@ __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, c
 	if (join)
 		c = lookup_conn(fk->family, fk->saddr, a->sf.token, &canonical);
 	write_arrival(fk, &a->sf, c, canonical, false);
+	seed_rate_subflow(fk, a->sf.rule, a->state);
 	return 1;
 }
 
-/* pod_reset takes a reset the pod sends (key fk) as the end of a
- * handshake answered on its 4-tuple: its arrival goes, so that a third ACK
- * coming late (or forged) never writes it, nor the close of an older
- * subflow of the 4-tuple promotes it. A live entry is left to the close
- * the agent hears or sweeps: a pod can forge resets (raw sockets), and one
- * that ended its own subflows' entries while their sockets live would take
- * them out of their caps and their connections' counts. A global function:
- * run only on a selected pod's resets. */
+/* pod_reset takes a reset the pod sends (key fk) that continues its
+ * answer (its sequence number is the answer's + 1: the pod's kernel
+ * refusing the handshake it answered) as the end of that handshake: its
+ * arrival goes, so that a third ACK coming late never writes it, nor the
+ * close of an older subflow of the 4-tuple promotes it. Any other reset
+ * (the listener's answer to a stray or forged ACK, which keeps the
+ * handshake) changes nothing. A live entry is left to the close the agent
+ * hears or sweeps: a pod can forge resets (raw sockets), and one that ended
+ * its own subflows' entries while their sockets live would take them out
+ * of their caps and their connections' counts. A global function: run only
+ * on a selected pod's resets. */
 __noinline int pod_reset(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
+	struct arrival *a;
+	__u32 seq;
+
 	if (!skb || !pkt || !fk || !from_its_pod(skb, pkt))
 		return 0;
-	bpf_map_delete_elem(&answered, fk);
-	bpf_map_delete_elem(&answered_joins, fk);
+	seq = syn_seq(skb, pkt);
+	a = bpf_map_lookup_elem(&answered, fk);
+	if (a && answers_seq(a, seq))
+		bpf_map_delete_elem(&answered, fk);
+	a = bpf_map_lookup_elem(&answered_joins, fk);
+	if (a && answers_seq(a, seq))
+		bpf_map_delete_elem(&answered_joins, fk);
 	return 0;
 }
 
@@ -1668,6 +1767,7 @@ __noinline int stage_syn(struct __sk_buff *skb, const struct packet *pkt, const 
 	    prev->syn_seq == a.sf.syn_seq)
 		return SYN_STAGED;
 	a.syn_len = a.sf.token ? 0 : pkt->len - pkt->l4_off - pkt->tcp_hlen;
+	a.state = arrival_syn_state(pkt, false);
 	bpf_map_update_elem(&arrivals, fk, &a, BPF_ANY);
 	count(STAT_ARRIVAL_STAGED);
 	return SYN_STAGED;
@@ -1728,7 +1828,10 @@ int nic_ingress(struct __sk_buff *skb)
 	if (sf && sf->role == ROLE_RESPONDER && is_capable_ack(&pkt) &&
 	    syn_seq(skb, &pkt) - (sf->syn_seq + 1) < FIRST_DATA_WINDOW)
 		learn_connection(skb, &pkt, 0, sf);
-	if (!sf && is_join_ack(&pkt)) {
+	/* Nor does one on a 4-tuple whose entry is another handshake's: it
+	 * would complete a join on a reused 4-tuple uncounted. */
+	if (is_join_ack(&pkt) &&
+	    (!sf || (sf->role == ROLE_RESPONDER && syn_seq(skb, &pkt) != sf->syn_seq + 1))) {
 		count(STAT_JOIN_ACK_DROPPED);
 		if (!observed_instead())
 			return TC_ACT_SHOT;
@@ -1897,6 +2000,7 @@ static __always_inline int subflow_closed(const __u64 *key, const struct closed_
 			return freed;
 		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);
 		write_arrival(fk, &a.sf, c, canonical, true);
+		seed_rate_subflow(fk, a.sf.rule, a.state);
 		return freed;
 	}
 	waiting = bpf_map_lookup_elem(&answered, fk);
@@ -1906,6 +2010,7 @@ static __always_inline int subflow_closed(const __u64 *key, const struct closed_
 	if (bpf_map_delete_elem(&answered, fk))
 		return freed;
 	write_arrival(fk, &a.sf, NULL, 0, true);
+	seed_rate_subflow(fk, a.sf.rule, a.state);
 	return freed;
 }
 

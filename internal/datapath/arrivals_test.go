@@ -501,3 +501,82 @@ func TestAnAnsweredArrivalKeepsItsPlaceAndObserveOnlyDropsNothing(t *testing.T) 
 		t.Errorf("observe-only: observed %d, want at least %d: the two drops it did not make", got, observed+2)
 	}
 }
+
+// A reset the pod's listener sends for a stray or forged ACK leaves the
+// handshake it answered alone: the real third ACK still writes the join.
+// The pod answers at most the rule's maximum of one connection's joins,
+// and a few more, within a few seconds, so that a peer cannot have it
+// answer thousands and push other pods' joins out. A join's third ACK on a 4-tuple whose
+// live entry is another handshake's is dropped: the join would complete
+// uncounted.
+func TestAForgedACKOrAFloodOfJoinsLosesNoOnesJoin(t *testing.T) {
+	dp := twoNICResponder(t) // maximum of two subflows
+	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
+	const clientKey, serverKey = 71, 72
+	server := netip.AddrPortFrom(serverPod, 80)
+	acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 40000), server, testpkt.MPCapableSYN(), nic1Ifindex, clientKey, serverKey)
+	segment := func(src, dst netip.AddrPort, seq, ack uint32, flags uint8, opts []byte) []byte {
+		return testpkt.Frame{Src: src.Addr(), Dst: dst.Addr(), TCP: &testpkt.TCP{SrcPort: src.Port(), DstPort: dst.Port(), Seq: seq, Ack: ack, Flags: flags, Options: opts}}.Bytes()
+	}
+	joinSYN := testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)
+	joinSYNACK := testpkt.MPJoinSYNACK(1, 2, 1, false)
+	joinACK := testpkt.MPJoinACK([20]byte{1})
+	peer := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(clientPod, port) }
+	verdict := func(prog *ebpf.Program, frame []byte, in skbContext) uint32 {
+		t.Helper()
+		ret, err := prog.Run(&ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Context: in, ContextOut: &skbContext{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ret
+	}
+
+	// The join is answered; a forged ACK draws the listener's reset
+	// (its sequence number is the forged ACK's ack number).
+	run(t, dp.objs.NicIngress, segment(peer(40040), server, 100, 0, testpkt.SYN, joinSYN), on(nic2Ifindex))
+	run(t, dp.objs.PodEgress, segment(server, peer(40040), 7, 101, testpkt.SYN|testpkt.ACK, joinSYNACK), skbContext{})
+	run(t, dp.objs.PodEgress, segment(server, peer(40040), 0xdead, 0, testpkt.RST, nil), skbContext{})
+	run(t, dp.objs.NicIngress, segment(peer(40040), server, 101, 8, testpkt.ACK, joinACK), on(nic2Ifindex))
+	if c := connection(t, dp); c.Subflows != 2 {
+		t.Errorf("after a listener's reset and the real third ACK: %+v, want the join counted", c)
+	}
+
+	// Twenty joins of one connection, each answered by the pod before
+	// any completes (as a peer flooding joins with its own token would
+	// have it): the answers beyond the rule's maximum and a few more
+	// within the window are dropped.
+	dp2 := twoNICResponder(t)
+	acceptFromWire(t, dp2, netip.AddrPortFrom(clientPod, 40000), server, testpkt.MPCapableSYN(), nic1Ifindex, clientKey, serverKey)
+	if err := dp2.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 3}); err != nil {
+		t.Fatal(err)
+	}
+	var passed int
+	for i := range uint16(20) {
+		run(t, dp2.objs.NicIngress, segment(peer(41000+i), server, 1, 0, testpkt.SYN, joinSYN), on(nic2Ifindex))
+		if verdict(dp2.objs.PodEgress, segment(server, peer(41000+i), 7, 2, testpkt.SYN|testpkt.ACK, joinSYNACK), skbContext{}) == tcxNext {
+			passed++
+		}
+	}
+	if passed != 3+8 {
+		t.Errorf("%d of 20 join answers of one connection went on within the window, want the rule's maximum and 8 more, 11", passed)
+	}
+
+	// A live join J1 on 40050; a second handshake on its 4-tuple, which
+	// the pod answers and then refuses (its reset continues its answer):
+	// that handshake's third ACK is dropped.
+	dp3 := twoNICResponder(t)
+	if err := dp3.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 3}); err != nil {
+		t.Fatal(err)
+	}
+	acceptFromWire(t, dp3, netip.AddrPortFrom(clientPod, 40000), server, testpkt.MPCapableSYN(), nic1Ifindex, clientKey, serverKey)
+	acceptFromWire(t, dp3, peer(40050), server, joinSYN, nic2Ifindex)
+	run(t, dp3.objs.NicIngress, segment(peer(40050), server, 500, 0, testpkt.SYN, joinSYN), on(nic1Ifindex))
+	run(t, dp3.objs.PodEgress, segment(server, peer(40050), 70, 501, testpkt.SYN|testpkt.ACK, joinSYNACK), skbContext{})
+	run(t, dp3.objs.PodEgress, segment(server, peer(40050), 71, 0, testpkt.RST, nil), skbContext{})
+	if ret := verdict(dp3.objs.NicIngress, segment(peer(40050), server, 501, 71, testpkt.ACK, joinACK), on(nic1Ifindex)); ret != tcActShot {
+		t.Errorf("a third ACK of another handshake on a live join's 4-tuple: verdict %d, want dropped", int32(ret))
+	}
+	if c := connection(t, dp3); c.Subflows != 2 {
+		t.Errorf("connection %+v, want 2 subflows", c)
+	}
+}

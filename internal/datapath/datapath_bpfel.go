@@ -86,6 +86,13 @@ type datapathFlowKey struct {
 	Pad    [3]uint8
 }
 
+type datapathJoinAnswers struct {
+	_       structs.HostLayout
+	StartNs uint64
+	Count   uint32
+	Pad     uint32
+}
+
 type datapathMptcpSubtype uint32
 
 const (
@@ -403,6 +410,7 @@ const (
 	datapathMapConnAliases        = "conn_aliases"
 	datapathMapConnStates         = "conn_states"
 	datapathMapEndpoints          = "endpoints"
+	datapathMapJoinAnswers        = "join_answers"
 	datapathMapMptcpOptions       = "mptcp_options"
 	datapathMapNics               = "nics"
 	datapathMapPathCounters       = "path_counters"
@@ -497,6 +505,7 @@ type datapathMapSpecs struct {
 	ConnAliases    *ebpf.MapSpec `ebpf:"conn_aliases"`
 	ConnStates     *ebpf.MapSpec `ebpf:"conn_states"`
 	Endpoints      *ebpf.MapSpec `ebpf:"endpoints"`
+	JoinAnswers    *ebpf.MapSpec `ebpf:"join_answers"`
 	MptcpOptions   *ebpf.MapSpec `ebpf:"mptcp_options"`
 	Nics           *ebpf.MapSpec `ebpf:"nics"`
 	PathCounters   *ebpf.MapSpec `ebpf:"path_counters"`
@@ -559,6 +568,7 @@ type datapathMaps struct {
 	ConnAliases    *ebpf.Map `ebpf:"conn_aliases"`
 	ConnStates     *ebpf.Map `ebpf:"conn_states"`
 	Endpoints      *ebpf.Map `ebpf:"endpoints"`
+	JoinAnswers    *ebpf.Map `ebpf:"join_answers"`
 	MptcpOptions   *ebpf.Map `ebpf:"mptcp_options"`
 	Nics           *ebpf.Map `ebpf:"nics"`
 	PathCounters   *ebpf.Map `ebpf:"path_counters"`
@@ -587,6 +597,7 @@ func (m *datapathMaps) Close() error {
 		m.ConnAliases,
 		m.ConnStates,
 		m.Endpoints,
+		m.JoinAnswers,
 		m.MptcpOptions,
 		m.Nics,
 		m.PathCounters,
