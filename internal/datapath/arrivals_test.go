@@ -2,10 +2,10 @@ package datapath
 
 import (
 	"net/netip"
-
-	"github.com/cilium/ebpf"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 )
