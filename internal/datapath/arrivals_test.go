@@ -286,13 +286,13 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 // the other kind; a join's third ACK with nothing answered is dropped, so
 // the join cannot complete uncounted. The third ACK that acknowledges the
 // answer writes the entry, on the SYN's path, and only then is a join
-// counted; a handshake the pod resets is over.
-// SYNs, however many, never push an answered arrival out. A handshake the pod answers without MP_CAPABLE (a TCP listener)
-// falls back: its answer leaves by the SYN's path, it gets no entry and
-// learns no connection from an MP_CAPABLE ACK. The answer to a SYN with data (TCP Fast Open) and a
-// second answer with another sequence number (SYN cookies) are answers.
-// MP_CAPABLE ACKs repeated with other keys on a learnt subflow add no
-// connection.
+// counted; a handshake the pod resets is over. SYNs, however many, never
+// push an answered arrival out. A handshake the pod answers without
+// MP_CAPABLE (a TCP listener) falls back: its answer leaves by the SYN's
+// path, it gets no entry and learns no connection from an MP_CAPABLE ACK.
+// The answer to a SYN with data (TCP Fast Open) and a second answer with
+// another sequence number (SYN cookies) are answers. MP_CAPABLE ACKs
+// repeated with other keys on a learnt subflow add no connection.
 func TestAnArrivalBecomesAnEntryOnlyWhenThePeerAcknowledgesThePodsAnswer(t *testing.T) {
 	dp := twoNICResponder(t)
 	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
