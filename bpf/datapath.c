@@ -1372,7 +1372,7 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 	 * SYN answered anew): it leaves as the first did. A word written in
 	 * place, so that a third ACK marking the arrival meanwhile is not
 	 * undone. */
-	if (prev && ack - (prev->sf.syn_seq + 1) <= prev->syn_len) {
+	if (prev && continues_syn(prev, ack)) {
 		prev->answer_seq_last = seq;
 		if (!live)
 			set_path_mark(skb, prev->sf.path_index);
