@@ -1,0 +1,437 @@
+// Package liveness tells, for each of a node's paths and each peer node
+// that path reaches, whether small UDP probes sent over the path's NIC come
+// back: what a carrier cannot say (a dead switch port, a fabric that drops
+// everything one way, a far side that failed). One socket per path, bound
+// to the node's address on the path and its NIC and carrying the path's
+// mark, sends the probes and answers the peers' (so an echo comes back over
+// the path the probe went out by, on both nodes); a peer that stops
+// echoing for Multiplier intervals is Down on that path, one that echoes
+// for UpAfter intervals in a row is Up again. The agent marks a path down
+// in the datapath when every peer it reaches is Down on it (Silent).
+package liveness
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
+)
+
+// Config is how often probes go and how many may go unanswered.
+type Config struct {
+	// Port is the UDP port every node's agent probes from and answers on.
+	Port int
+	// Interval between two probes to one peer over one path.
+	Interval time.Duration
+	// Multiplier: a peer that echoed nothing for Multiplier intervals is
+	// Down on the path.
+	Multiplier int
+}
+
+// UpAfter is how many intervals in a row a Down peer must echo in before
+// it is Up again: one lucky echo through a path that loses most packets
+// does not bring it back.
+const UpAfter = 3
+
+// Peer is a peer node's address on a path.
+type Peer struct {
+	Node string     `json:"node"`
+	Addr netip.Addr `json:"addr"`
+}
+
+// Path is one of this node's paths with the peers it probes over it.
+type Path struct {
+	Index     uint32     `json:"index"`
+	Name      string     `json:"name"`
+	Interface string     `json:"interface"`
+	Mark      uint32     `json:"mark"`
+	Local     netip.Addr `json:"local"`
+	Peers     []Peer     `json:"peers,omitempty"`
+}
+
+func (p Path) sameSocket(o Path) bool {
+	return p.Index == o.Index && p.Interface == o.Interface && p.Mark == o.Mark && p.Local == o.Local
+}
+
+// State is a peer's liveness on a path.
+type State int
+
+const (
+	// Unknown: the peer has not echoed yet (it may run no prober).
+	Unknown State = iota
+	Up
+	Down
+)
+
+func (s State) String() string {
+	switch s {
+	case Up:
+		return "Up"
+	case Down:
+		return "Down"
+	}
+	return "Unknown"
+}
+
+// PeerState is what the prober knows of one peer on one path.
+type PeerState struct {
+	Path  uint32
+	Peer  Peer
+	State State
+	// Downs counts the peer's transitions from Up to Down on the path.
+	Downs uint64
+}
+
+// Counters are the prober's datagrams since it started.
+type Counters struct {
+	// ProbesSent and EchoesReceived: this node's probes and their echoes.
+	ProbesSent, EchoesReceived uint64
+	// ProbesAnswered: the peers' probes echoed.
+	ProbesAnswered uint64
+	// Ignored: datagrams that are not a probe or an echo of this prober,
+	// come from no peer of the path, or exceed the answer rate.
+	Ignored uint64
+}
+
+// Prober probes the paths Sync gives it until Close.
+type Prober struct {
+	cfg     Config
+	log     *slog.Logger
+	nonce   uint64
+	changed func()
+
+	mu       sync.Mutex
+	paths    map[uint32]*pathProbe
+	counters Counters
+	cancel   context.CancelFunc
+	done     chan struct{}
+}
+
+type pathProbe struct {
+	spec    Path
+	conn    *net.UDPConn
+	targets map[netip.Addr]*target
+	// answers bounds the echoes the path's socket sends: the peers'
+	// probes, with room for twice their rate; anything beyond (someone
+	// else sending probes with a peer's address) is dropped.
+	answers *rate.Limiter
+	seq     uint64
+	closed  chan struct{}
+}
+
+type target struct {
+	node     string
+	state    State
+	lastEcho time.Time
+	// streak: echoes in a row, each within two intervals of the one
+	// before.
+	streak int
+	downs  uint64
+}
+
+// New starts a prober with no paths. changed is called, without the
+// prober's lock held, whenever a peer's state changes on a path; it must
+// not block.
+func New(cfg Config, log *slog.Logger, changed func()) (*Prober, error) {
+	if cfg.Port <= 0 || cfg.Port > 65535 || cfg.Interval <= 0 || cfg.Multiplier < 1 {
+		return nil, fmt.Errorf("liveness: port %d, interval %v, multiplier %d: want a port, a positive interval and a multiplier from 1",
+			cfg.Port, cfg.Interval, cfg.Multiplier)
+	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Prober{cfg: cfg, log: log, nonce: binary.BigEndian.Uint64(b[:]), changed: changed,
+		paths: map[uint32]*pathProbe{}, cancel: cancel, done: make(chan struct{})}
+	go p.run(ctx)
+	return p, nil
+}
+
+// Sync makes the prober probe exactly paths. A path whose socket cannot be
+// opened is left out and its error returned; the others go on. The
+// sockets are opened in the calling thread's network namespace.
+func (p *Prober) Sync(paths []Path) error {
+	var errs []error
+	want := map[uint32]Path{}
+	for _, path := range paths {
+		want[path.Index] = path
+	}
+	p.mu.Lock()
+	var closing []*pathProbe
+	for index, pp := range p.paths {
+		if w, ok := want[index]; !ok || !w.sameSocket(pp.spec) {
+			closing = append(closing, pp)
+			delete(p.paths, index)
+		}
+	}
+	p.mu.Unlock()
+	for _, pp := range closing {
+		pp.close()
+	}
+	for _, path := range paths {
+		p.mu.Lock()
+		pp := p.paths[path.Index]
+		p.mu.Unlock()
+		if pp == nil {
+			conn, err := p.open(path)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("path %s: %w", path.Name, err))
+				continue
+			}
+			pp = &pathProbe{spec: path, conn: conn, targets: map[netip.Addr]*target{}, closed: make(chan struct{})}
+			p.mu.Lock()
+			p.paths[path.Index] = pp
+			p.mu.Unlock()
+			go p.read(pp, path.Name)
+		}
+		p.mu.Lock()
+		pp.spec = path
+		peers := map[netip.Addr]bool{}
+		for _, peer := range path.Peers {
+			peers[peer.Addr] = true
+			if t := pp.targets[peer.Addr]; t != nil {
+				t.node = peer.Node
+			} else {
+				pp.targets[peer.Addr] = &target{node: peer.Node}
+			}
+		}
+		for addr := range pp.targets {
+			if !peers[addr] {
+				delete(pp.targets, addr)
+			}
+		}
+		perSecond := 2 * float64(len(pp.targets)) * float64(time.Second) / float64(p.cfg.Interval)
+		pp.answers = rate.NewLimiter(rate.Limit(perSecond), 2*len(pp.targets)+1)
+		p.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+// open binds the path's socket: its address and port, its NIC, its mark,
+// and the network-control class, so that a congested fabric that honours
+// it drops probes last.
+func (p *Prober) open(path Path) (*net.UDPConn, error) {
+	network, tos := "udp4", func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_TOS, 0xc0) }
+	if path.Local.Is6() && !path.Local.Is4In6() {
+		network, tos = "udp6", func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_TCLASS, 0xc0) }
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			if serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, path.Interface); serr != nil {
+				serr = fmt.Errorf("binding to %s: %w", path.Interface, serr)
+				return
+			}
+			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(path.Mark)); serr != nil {
+				serr = fmt.Errorf("mark %#x: %w", path.Mark, serr)
+				return
+			}
+			serr = tos(int(fd))
+		})
+		return errors.Join(err, serr)
+	}}
+	c, err := lc.ListenPacket(context.Background(), network, netip.AddrPortFrom(path.Local.Unmap(), uint16(p.cfg.Port)).String())
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.UDPConn), nil
+}
+
+func (pp *pathProbe) close() {
+	_ = pp.conn.Close()
+	<-pp.closed
+}
+
+// read answers the peers' probes and records the echoes of this prober's,
+// until the socket is closed.
+func (p *Prober) read(pp *pathProbe, name string) {
+	defer close(pp.closed)
+	buf := make([]byte, 64)
+	for {
+		n, from, err := pp.conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			p.log.Warn("liveness: reading", "path", name, "err", err)
+			time.Sleep(p.cfg.Interval)
+			continue
+		}
+		m, err := parseMessage(buf[:n])
+		addr := from.Addr().Unmap()
+		p.mu.Lock()
+		t := pp.targets[addr]
+		switch {
+		case err != nil || t == nil || (m.kind == kindEcho && m.nonce != p.nonce):
+			p.counters.Ignored++
+		case m.kind == kindProbe:
+			if pp.answers.Allow() {
+				p.counters.ProbesAnswered++
+				p.mu.Unlock()
+				_, _ = pp.conn.WriteToUDPAddrPort(message{kind: kindEcho, nonce: m.nonce, seq: m.seq}.marshal(), from)
+				continue
+			}
+			p.counters.Ignored++
+		default:
+			p.counters.EchoesReceived++
+			changed := t.echo(time.Now(), p.cfg.Interval)
+			p.mu.Unlock()
+			if changed {
+				p.notify()
+			}
+			continue
+		}
+		p.mu.Unlock()
+	}
+}
+
+// echo records an echo at now; it returns whether the peer's state
+// changed.
+func (t *target) echo(now time.Time, interval time.Duration) bool {
+	if !t.lastEcho.IsZero() && now.Sub(t.lastEcho) <= 2*interval {
+		t.streak++
+	} else {
+		t.streak = 1
+	}
+	t.lastEcho = now
+	switch {
+	case t.state == Unknown:
+		t.state = Up
+		return true
+	case t.state == Down && t.streak >= UpAfter:
+		t.state = Up
+		return true
+	}
+	return false
+}
+
+// expire turns an Up peer that has not echoed for multiplier intervals
+// Down; it returns whether it did.
+func (t *target) expire(now time.Time, interval time.Duration, multiplier int) bool {
+	if now.Sub(t.lastEcho) > 2*interval {
+		t.streak = 0
+	}
+	if t.state == Up && now.Sub(t.lastEcho) > time.Duration(multiplier)*interval {
+		t.state = Down
+		t.downs++
+		return true
+	}
+	return false
+}
+
+// run sends a probe to every peer of every path each interval and expires
+// the peers that stopped echoing.
+func (p *Prober) run(ctx context.Context) {
+	defer close(p.done)
+	tick := time.NewTicker(p.cfg.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		type send struct {
+			conn *net.UDPConn
+			to   netip.AddrPort
+			msg  []byte
+		}
+		var sends []send
+		changed := false
+		now := time.Now()
+		p.mu.Lock()
+		for _, pp := range p.paths {
+			for addr, t := range pp.targets {
+				changed = t.expire(now, p.cfg.Interval, p.cfg.Multiplier) || changed
+				pp.seq++
+				sends = append(sends, send{pp.conn, netip.AddrPortFrom(addr, uint16(p.cfg.Port)),
+					message{kind: kindProbe, nonce: p.nonce, seq: pp.seq}.marshal()})
+			}
+		}
+		p.counters.ProbesSent += uint64(len(sends))
+		p.mu.Unlock()
+		if changed {
+			p.notify()
+		}
+		for _, s := range sends {
+			// A path without carrier or route fails here at every
+			// probe; its peers expire, which is what it means.
+			_, _ = s.conn.WriteToUDPAddrPort(s.msg, s.to)
+		}
+	}
+}
+
+func (p *Prober) notify() {
+	if p.changed != nil {
+		p.changed()
+	}
+}
+
+// Silent reports whether path has peers and every one of them is Down on
+// it: the path carries nothing to anyone. A peer that never echoed
+// (Unknown) keeps the path from being silent.
+func (p *Prober) Silent(path uint32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pp := p.paths[path]
+	if pp == nil || len(pp.targets) == 0 {
+		return false
+	}
+	for _, t := range pp.targets {
+		if t.state != Down {
+			return false
+		}
+	}
+	return true
+}
+
+// States lists every peer of every path, by path index and peer address.
+func (p *Prober) States() []PeerState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []PeerState
+	for index, pp := range p.paths {
+		for addr, t := range pp.targets {
+			out = append(out, PeerState{Path: index, Peer: Peer{Node: t.node, Addr: addr}, State: t.state, Downs: t.downs})
+		}
+	}
+	slices.SortFunc(out, func(a, b PeerState) int {
+		if a.Path != b.Path {
+			return int(a.Path) - int(b.Path)
+		}
+		return a.Peer.Addr.Compare(b.Peer.Addr)
+	})
+	return out
+}
+
+// Counters are the datagrams since New.
+func (p *Prober) Counters() Counters {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.counters
+}
+
+// Close stops probing and closes every socket.
+func (p *Prober) Close() {
+	p.cancel()
+	<-p.done
+	p.mu.Lock()
+	paths := p.paths
+	p.paths = map[uint32]*pathProbe{}
+	p.mu.Unlock()
+	for _, pp := range paths {
+		pp.close()
+	}
+}

@@ -1,0 +1,264 @@
+package liveness
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os/exec"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+)
+
+const (
+	testPort     = 7471
+	testInterval = 20 * time.Millisecond
+	testMult     = 5
+)
+
+// inNS runs f on a thread in the named namespace: sockets f opens live
+// there.
+func inNS(t *testing.T, ns string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		// The thread is not unlocked: it dies with the goroutine rather
+		// than go back to the pool in another namespace.
+		h, err := netns.GetFromName(ns)
+		if err != nil {
+			t.Errorf("namespace %s: %v", ns, err)
+			return
+		}
+		defer h.Close()
+		if err := netns.Set(h); err != nil {
+			t.Errorf("entering %s: %v", ns, err)
+			return
+		}
+		f()
+	}()
+	<-done
+}
+
+func run(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v: %s", args, err, out)
+	}
+}
+
+// twoNodes joins two namespaces by two veth pairs, nic1 and nic2, with
+// 10.201.k.1 on a's side and 10.201.k.2 on b's.
+func twoNodes(t *testing.T) (a, b string) {
+	a, b = testutil.NetNS(t, "lva"), testutil.NetNS(t, "lvb")
+	for _, k := range []string{"1", "2"} {
+		run(t, "ip", "-n", a, "link", "add", "nic"+k, "type", "veth", "peer", "name", "nic"+k, "netns", b)
+		run(t, "ip", "-n", a, "addr", "add", "10.201."+k+".1/24", "dev", "nic"+k)
+		run(t, "ip", "-n", b, "addr", "add", "10.201."+k+".2/24", "dev", "nic"+k)
+		run(t, "ip", "-n", a, "link", "set", "nic"+k, "up")
+		run(t, "ip", "-n", b, "link", "set", "nic"+k, "up")
+	}
+	return a, b
+}
+
+// pathsOf are the two paths of the node whose addresses end in self, each
+// probing the other node's address on it.
+func pathsOf(self, peer string) []Path {
+	var out []Path
+	for k := uint32(1); k <= 2; k++ {
+		local := netip.MustParseAddr("10.201." + string(rune('0'+k)) + "." + self)
+		remote := netip.MustParseAddr("10.201." + string(rune('0'+k)) + "." + peer)
+		out = append(out, Path{Index: k, Name: "path" + string(rune('0'+k)), Interface: "nic" + string(rune('0'+k)),
+			Mark: k << 20, Local: local, Peers: []Peer{{Node: "node" + peer, Addr: remote}}})
+	}
+	return out
+}
+
+func startProber(t *testing.T, ns string, paths []Path, changes *atomic.Int64) *Prober {
+	t.Helper()
+	p, err := New(Config{Port: testPort, Interval: testInterval, Multiplier: testMult},
+		slog.New(slog.NewTextHandler(io.Discard, nil)), func() { changes.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	inNS(t, ns, func() {
+		if err := p.Sync(paths); err != nil {
+			t.Errorf("sync: %v", err)
+		}
+	})
+	return p
+}
+
+func stateOf(p *Prober, path uint32) State {
+	for _, s := range p.States() {
+		if s.Path == path {
+			return s.State
+		}
+	}
+	return -1
+}
+
+func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !ok() {
+		if time.Since(start) > within {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// A path that drops everything one way while its carrier stays up goes
+// Down on both nodes within the detect time, the other path stays Up, and
+// the path comes back once it carries again; neither a forged echo nor a
+// probe from an address that is no peer's changes anything.
+func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
+	a, b := twoNodes(t)
+	var changesA, changesB atomic.Int64
+	pa := startProber(t, a, pathsOf("1", "2"), &changesA)
+	pb := startProber(t, b, pathsOf("2", "1"), &changesB)
+
+	for _, p := range []*Prober{pa, pb} {
+		for _, path := range []uint32{1, 2} {
+			waitFor(t, "path up", 2*time.Second, func() bool { return stateOf(p, path) == Up })
+		}
+	}
+	if pa.Silent(1) || pb.Silent(1) {
+		t.Fatal("a path whose peer echoes is silent")
+	}
+
+	// Only what a sends on nic1 is lost, its carrier up: a addresses
+	// b's frames to a MAC address no one has, so b's veth drops them.
+	// b's probes still reach a (and are answered into the void), a's
+	// never reach b.
+	run(t, "ip", "-n", a, "neigh", "replace", "10.201.1.2", "lladdr", "02:00:00:00:00:99", "dev", "nic1", "nud", "permanent")
+	before := changesA.Load()
+	detect := time.Duration(testMult) * testInterval
+	took := waitFor(t, "node a: path1 down", detect+time.Second, func() bool { return pa.Silent(1) })
+	t.Logf("node a saw path1 down after %v (detect time %v)", took, detect)
+	waitFor(t, "node b: path1 down", detect+time.Second, func() bool { return pb.Silent(1) })
+	if changesA.Load() == before {
+		t.Error("node a's path went down without a change reported")
+	}
+	if stateOf(pa, 2) != Up || stateOf(pb, 2) != Up || pa.Silent(2) || pb.Silent(2) {
+		t.Fatalf("path2 went down with path1: a %v, b %v", stateOf(pa, 2), stateOf(pb, 2))
+	}
+
+	// From b's address on path1 (what b sends still reaches a): echoes
+	// that do not carry a's nonce, and a probe a must answer since b is
+	// its peer. Neither brings path1 back on a.
+	ignored := pa.Counters().Ignored
+	inNS(t, b, func() {
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP("10.201.1.2"), Port: testPort + 1})
+		if err != nil {
+			t.Errorf("forger: %v", err)
+			return
+		}
+		defer c.Close()
+		to := &net.UDPAddr{IP: net.ParseIP("10.201.1.1"), Port: testPort}
+		for seq := uint64(1); seq <= 20; seq++ {
+			_, _ = c.WriteToUDP(message{kind: kindEcho, nonce: 0x5eed ^ seq, seq: seq}.marshal(), to)
+			_, _ = c.WriteToUDP([]byte("MPTL not a liveness message"), to)
+			time.Sleep(testInterval / 2)
+		}
+	})
+	if got := pa.Counters().Ignored - ignored; got < 40 {
+		t.Errorf("node a ignored %d of the 40 forged datagrams", got)
+	}
+	if !pa.Silent(1) {
+		t.Fatal("forged echoes brought path1 back on node a")
+	}
+
+	run(t, "ip", "-n", a, "neigh", "del", "10.201.1.2", "dev", "nic1")
+	back := waitFor(t, "node a: path1 up", 2*time.Second, func() bool { return !pa.Silent(1) })
+	waitFor(t, "node b: path1 up", 2*time.Second, func() bool { return !pb.Silent(1) })
+	t.Logf("node a saw path1 up %v after the repair (at least %d intervals of echoes)", back, UpAfter)
+	for _, s := range append(pa.States(), pb.States()...) {
+		want := uint64(0)
+		if s.Path == 1 {
+			want = 1
+		}
+		if s.State != Up || s.Downs != want {
+			t.Errorf("path %d, peer %s: %v after %d downs, want Up after %d", s.Path, s.Peer.Node, s.State, s.Downs, want)
+		}
+	}
+}
+
+// Only the path's peers get answers: a probe from any other address, on
+// the path's own subnet, is dropped unanswered.
+func TestProbesFromAnAddressThatIsNoPeersGetNoAnswer(t *testing.T) {
+	a, b := twoNodes(t)
+	var changes atomic.Int64
+	pa := startProber(t, a, pathsOf("1", "2"), &changes)
+	run(t, "ip", "-n", b, "addr", "add", "10.201.1.9/24", "dev", "nic1")
+	var answered bool
+	inNS(t, b, func() {
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP("10.201.1.9"), Port: testPort})
+		if err != nil {
+			t.Errorf("stranger: %v", err)
+			return
+		}
+		defer c.Close()
+		_, _ = c.WriteToUDP(message{kind: kindProbe, nonce: 1, seq: 1}.marshal(), &net.UDPAddr{IP: net.ParseIP("10.201.1.1"), Port: testPort})
+		buf := make([]byte, 64)
+		for {
+			_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			n, _, err := c.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			// a's own probes go to its peer, 10.201.1.2, not here.
+			if m, err := parseMessage(buf[:n]); err == nil && m.kind == kindEcho {
+				answered = true
+			}
+		}
+	})
+	if answered {
+		t.Fatal("a probe from an address that is no peer's was answered")
+	}
+	if pa.Counters().Ignored == 0 || pa.Counters().ProbesAnswered != 0 {
+		t.Fatalf("counters %+v: want the stranger's probe ignored and none answered", pa.Counters())
+	}
+}
+
+func TestParseMessageAcceptsOnlyWhatMarshalWrites(t *testing.T) {
+	good := message{kind: kindProbe, nonce: 7, seq: 9}.marshal()
+	if m, err := parseMessage(good); err != nil || m != (message{kind: kindProbe, nonce: 7, seq: 9}) {
+		t.Fatalf("round trip: %+v, %v", m, err)
+	}
+	for name, mutate := range map[string]func([]byte) []byte{
+		"short":       func(b []byte) []byte { return b[:messageLen-1] },
+		"long":        func(b []byte) []byte { return append(b, 0) },
+		"magic":       func(b []byte) []byte { b[0] = 'X'; return b },
+		"version":     func(b []byte) []byte { b[4] = 2; return b },
+		"kind":        func(b []byte) []byte { b[5] = 3; return b },
+		"reserved":    func(b []byte) []byte { b[7] = 1; return b },
+		"kind absent": func(b []byte) []byte { b[5] = 0; return b },
+	} {
+		b := mutate(append([]byte(nil), good...))
+		if _, err := parseMessage(b); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func FuzzParseMessage(f *testing.F) {
+	f.Add(message{kind: kindEcho, nonce: 1, seq: 2}.marshal())
+	f.Add([]byte("MPTL"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := parseMessage(b)
+		if err == nil && string(m.marshal()) != string(b) {
+			t.Fatalf("accepted %x, which marshals back as %x", b, m.marshal())
+		}
+	})
+}

@@ -1,0 +1,56 @@
+package liveness
+
+import (
+	"encoding/binary"
+	"errors"
+)
+
+// A probe and its echo are one UDP datagram of messageLen bytes:
+//
+//	0..3   "MPTL"
+//	4      version (1)
+//	5      kind: kindProbe or kindEcho
+//	6..7   zero
+//	8..15  the prober's nonce, echoed unchanged
+//	16..23 the probe's sequence number, echoed unchanged
+//
+// The nonce is a random number each prober draws when it starts: an echo
+// counts only when it carries it, so a sender that does not see the
+// probes cannot keep a dead path alive with forged echoes.
+const messageLen = 24
+
+const (
+	magic          = "MPTL"
+	version        = 1
+	kindProbe byte = 1
+	kindEcho  byte = 2
+)
+
+type message struct {
+	kind  byte
+	nonce uint64
+	seq   uint64
+}
+
+func (m message) marshal() []byte {
+	b := make([]byte, messageLen)
+	copy(b, magic)
+	b[4], b[5] = version, m.kind
+	binary.BigEndian.PutUint64(b[8:], m.nonce)
+	binary.BigEndian.PutUint64(b[16:], m.seq)
+	return b
+}
+
+var errNotAMessage = errors.New("not a liveness message")
+
+// parseMessage accepts exactly what marshal writes, and nothing else.
+func parseMessage(b []byte) (message, error) {
+	if len(b) != messageLen || string(b[:4]) != magic || b[4] != version || b[6] != 0 || b[7] != 0 {
+		return message{}, errNotAMessage
+	}
+	m := message{kind: b[5], nonce: binary.BigEndian.Uint64(b[8:]), seq: binary.BigEndian.Uint64(b[16:])}
+	if m.kind != kindProbe && m.kind != kindEcho {
+		return message{}, errNotAMessage
+	}
+	return m, nil
+}
