@@ -438,9 +438,8 @@ func TestCompile(t *testing.T) {
 				want: map[string][]string{"n1": {"tenant-a/db 10.1.1.10: storage[fabric-a/1|backup:lte|blocked:fabric-b]"}},
 			}},
 		},
-		// Nothing reads peers' addresses (a field nothing reads does not
-		// exist): they stay in the reporting agent's node state, and the
-		// controller writes no Node.
+		// Peers' addresses go into the other node states' peers (the
+		// next case), never onto a Node.
 		"an agent's per-path addresses stay in its node state; no Node is written": {
 			setup: func(f *fixture) {
 				twoFabrics(f)
@@ -460,6 +459,38 @@ func TestCompile(t *testing.T) {
 						t.Errorf("Node written after its agent reported addresses: resourceVersion %s -> %s, annotations %v",
 							before.ResourceVersion, after.ResourceVersion, after.Annotations)
 					}
+				},
+			}},
+		},
+		// Each node with pods probes the others with pods over the
+		// paths they share (liveness): their addresses come from what
+		// their agents report.
+		"a node with pods lists the other nodes with pods and their addresses as peers": {
+			setup: twoFabrics,
+			steps: []step{{
+				do: func(f *fixture) {
+					f.policy("spread", 0, enabled, nil, []string{"fabric-a", "fabric-b"}, nil)
+					f.pod("tenant-a", "web", "n1", "10.1.1.10", web, nil)
+					f.pod("tenant-a", "db", "n2", "10.1.2.10", web, nil)
+				},
+				want: map[string][]string{
+					"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/1,fabric-b/1]"},
+					"n2": {"tenant-a/db 10.1.2.10: spread[fabric-a/1,fabric-b/1]"},
+				},
+				check: func(t *testing.T, f *fixture) {
+					f.report("n2",
+						mptcpv1alpha1.PathState{Name: "fabric-b", Link: mptcpv1alpha1.LinkUp, Interface: "nic2", Addresses: []string{"192.0.2.12"}},
+						mptcpv1alpha1.PathState{Name: "fabric-a", Link: mptcpv1alpha1.LinkUp, Interface: "nic1", Addresses: []string{"198.51.100.12", "not an address"}},
+						mptcpv1alpha1.PathState{Name: "unshared", Link: mptcpv1alpha1.LinkUp, Interface: "nic9", Addresses: []string{"203.0.113.12"}})
+					f.expectPeers("n1", []mptcpv1alpha1.NodePeer{{Name: f.n("n2"), Paths: []mptcpv1alpha1.PeerPath{
+						{Name: f.n("fabric-a"), Addresses: []string{"198.51.100.12"}},
+						{Name: f.n("fabric-b"), Addresses: []string{"192.0.2.12"}},
+					}}})
+					// n1 has reported nothing yet: n2 has no peer.
+					f.expectPeers("n2", nil)
+					// Without pods, n2 is no one's peer.
+					f.deletePod("tenant-a", "db")
+					f.expectPeers("n1", nil)
 				},
 			}},
 		},

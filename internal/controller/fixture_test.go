@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -215,6 +216,21 @@ func (f *fixture) agentStatus(node string, edit func(*mptcpv1alpha1.MPTCPNodeSta
 		slices.SortFunc(s.Status.AppliedPolicies, func(a, b mptcpv1alpha1.AppliedPolicy) int { return strings.Compare(a.Name, b.Name) })
 		s.Status.ObservedGeneration = s.Generation
 		return f.c.Status().Update(f.ctx, &s)
+	})
+}
+
+// expectPeers waits until node's spec lists exactly want as peers.
+func (f *fixture) expectPeers(node string, want []mptcpv1alpha1.NodePeer) {
+	f.t.Helper()
+	f.eventually("peers of "+node, func() error {
+		var s mptcpv1alpha1.MPTCPNodeState
+		if err := f.c.Get(f.ctx, types.NamespacedName{Name: f.n(node)}, &s); err != nil {
+			return err
+		}
+		if !equality.Semantic.DeepEqual(s.Spec.Peers, want) {
+			return fmt.Errorf("peers %+v, want %+v", s.Spec.Peers, want)
+		}
+		return nil
 	})
 }
 

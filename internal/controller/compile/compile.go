@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -33,6 +34,9 @@ type Input struct {
 	NamespaceLabels map[string]map[string]string
 	// Pods are the pods bound to Node.
 	Pods []corev1.Pod
+	// NodeStates are the cluster's node states (Node's own among them):
+	// those of other nodes with pods are its peers (Peers).
+	NodeStates []mptcpv1alpha1.MPTCPNodeState
 }
 
 // Refusal is something about a pod that did not go as its tenant asked (a
@@ -143,7 +147,56 @@ func Node(in Input) Result {
 	for _, name := range slices.Sorted(maps.Keys(rulesByName)) {
 		res.Spec.Rules = append(res.Spec.Rules, rulesByName[name])
 	}
+	if len(res.Spec.Pods) > 0 {
+		res.Spec.Peers = Peers(in.Node.Name, res.Spec.Paths, in.NodeStates)
+	}
 	return res
+}
+
+// Peers are the nodes of states other than node that have pods under a
+// policy, each with its addresses on the paths it shares with node, as its
+// agent reported them (status.paths); a peer that reports an address on
+// none of them is left out. Sorted by name, at most MaxPeers.
+func Peers(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.MPTCPNodeState) []mptcpv1alpha1.NodePeer {
+	shared := map[string]bool{}
+	for _, p := range paths {
+		shared[p.Name] = true
+	}
+	var peers []mptcpv1alpha1.NodePeer
+	for i := range states {
+		st := &states[i]
+		if st.Name == node || len(st.Spec.Pods) == 0 || st.Spec.Outdated() {
+			continue
+		}
+		peer := mptcpv1alpha1.NodePeer{Name: st.Name}
+		for _, ps := range st.Status.Paths {
+			if !shared[ps.Name] {
+				continue
+			}
+			var addrs []string
+			for _, a := range ps.Addresses {
+				// An agent writes its status: what is not an address
+				// is not passed on to the other nodes.
+				if ip, err := netip.ParseAddr(a); err == nil && len(addrs) < 4 {
+					addrs = append(addrs, ip.String())
+				}
+			}
+			if len(addrs) > 0 {
+				peer.Paths = append(peer.Paths, mptcpv1alpha1.PeerPath{Name: ps.Name, Addresses: addrs})
+			}
+		}
+		if len(peer.Paths) == 0 {
+			continue
+		}
+		slices.SortFunc(peer.Paths, func(a, b mptcpv1alpha1.PeerPath) int { return cmp.Compare(a.Name, b.Name) })
+		peer.Paths = slices.CompactFunc(peer.Paths, func(a, b mptcpv1alpha1.PeerPath) bool { return a.Name == b.Name })
+		peers = append(peers, peer)
+	}
+	slices.SortFunc(peers, func(a, b mptcpv1alpha1.NodePeer) int { return cmp.Compare(a.Name, b.Name) })
+	if len(peers) > mptcpv1alpha1.MaxPeers {
+		peers = peers[:mptcpv1alpha1.MaxPeers]
+	}
+	return peers
 }
 
 // RuleName is a compiled rule's identity on its node: its policy's name,

@@ -106,7 +106,11 @@ func (r *Reconciler) inputs(ctx context.Context, node *corev1.Node) (compile.Inp
 	if err := r.List(ctx, &pods, client.MatchingFields{PodNodeNameField: node.Name}); err != nil {
 		return in, err
 	}
-	in.Paths, in.Policies, in.Pods = paths.Items, policies.Items, pods.Items
+	var states mptcpv1alpha1.MPTCPNodeStateList
+	if err := r.List(ctx, &states); err != nil {
+		return in, err
+	}
+	in.Paths, in.Policies, in.Pods, in.NodeStates = paths.Items, policies.Items, pods.Items, states.Items
 	for i := range pods.Items {
 		ns := pods.Items[i].Namespace
 		if _, done := in.NamespaceLabels[ns]; done {

@@ -37,6 +37,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named(ControllerName).
 		For(&corev1.Node{}, builder.WithPredicates(nodeChanged())).
 		Watches(&mptcpv1alpha1.MPTCPNodeState{}, handler.EnqueueRequestsFromMapFunc(byName)).
+		// What a node state tells its peers: every node lists it.
+		Watches(&mptcpv1alpha1.MPTCPNodeState{}, allNodes, builder.WithPredicates(peerChanged())).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podNode), builder.WithPredicates(podChanged())).
 		Watches(&corev1.Namespace{}, allNodes, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&mptcpv1alpha1.MPTCPPolicy{}, allNodes, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -89,6 +91,26 @@ func podChanged() predicate.Predicate {
 			o.Status.PodIP != n.Status.PodIP ||
 			o.Status.Phase != n.Status.Phase
 	}}
+}
+
+// peerChanged passes the changes of a node state that its peers' specs
+// list (compile.Peers): whether it has pods, and its paths' addresses.
+func peerChanged() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc: func(e event.CreateEvent) bool { return isPeer(e.Object.(*mptcpv1alpha1.MPTCPNodeState)) },
+		DeleteFunc: func(e event.DeleteEvent) bool { return isPeer(e.Object.(*mptcpv1alpha1.MPTCPNodeState)) },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld.(*mptcpv1alpha1.MPTCPNodeState), e.ObjectNew.(*mptcpv1alpha1.MPTCPNodeState)
+			return isPeer(o) != isPeer(n) || (isPeer(n) && !slices.EqualFunc(o.Status.Paths, n.Status.Paths, samePeerPath))
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
+func isPeer(s *mptcpv1alpha1.MPTCPNodeState) bool { return len(s.Spec.Pods) > 0 }
+
+func samePeerPath(a, b mptcpv1alpha1.PathState) bool {
+	return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses)
 }
 
 // pathChanged passes spec changes and the assignment of an index.
