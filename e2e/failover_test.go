@@ -118,11 +118,29 @@ func podCounter(t *testing.T, bed *testbed.Bed, name string) float64 {
 	return n
 }
 
-// carrierLossTransfer runs one watched transfer of failoverLength with the
-// carrier of node 1's nic1 away from failoverAt for failoverOutage, and
-// measures it. The stream is verified byte by byte; a failed transfer
-// fails the test with the evidence and is never tried again.
-func carrierLossTransfer(t *testing.T, bed *testbed.Bed, port, node int) failoverFigures {
+// failure is a way for nic1 of a node to fail, and its repair.
+type failure struct {
+	name           string
+	inject, repair func(bed *testbed.Bed, node int) error
+}
+
+var (
+	// carrierLoss: the wire's end goes down, the NIC has no carrier.
+	carrierLoss = failure{"carrier loss",
+		func(b *testbed.Bed, n int) error { return b.SetCarrier(n, 1, false) },
+		func(b *testbed.Bed, n int) error { return b.SetCarrier(n, 1, true) }}
+	// totalLoss: a gray failure; the wire drops everything both ways
+	// while every carrier stays up.
+	totalLoss = failure{"100 % loss both ways, carrier up",
+		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 100) },
+		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }}
+)
+
+// failoverTransfer runs one watched transfer of failoverLength with nic1
+// of node failed from failoverAt for failoverOutage, and measures it. The
+// stream is verified byte by byte; a failed transfer fails the test with
+// the evidence and is never tried again.
+func failoverTransfer(t *testing.T, bed *testbed.Bed, port, node int, fail failure) failoverFigures {
 	t.Helper()
 	ctx := background(t)
 	w := bed.Watch(t, datapathEvidence(bed))
@@ -142,18 +160,18 @@ func carrierLossTransfer(t *testing.T, bed *testbed.Bed, port, node int) failove
 	start := time.Now()
 	done := sendInBackground(ctx, bed, client, server, port, failoverLength)
 	time.Sleep(failoverAt)
-	carrierErr := bed.SetCarrier(node, 1, false)
+	failErr := fail.inject(bed, node)
 	down := time.Now()
-	if carrierErr == nil {
+	if failErr == nil {
 		time.Sleep(failoverOutage)
-		carrierErr = bed.SetCarrier(node, 1, true)
+		failErr = fail.repair(bed, node)
 	}
 	up := time.Now()
 	res := <-done
 	rows, sampleErr := sampler.Stop()
-	if carrierErr != nil {
-		_ = bed.SetCarrier(node, 1, true)
-		t.Fatal(carrierErr)
+	if failErr != nil {
+		_ = fail.repair(bed, node)
+		t.Fatal(failErr)
 	}
 	if sampleErr != nil {
 		t.Fatal(sampleErr)
@@ -287,7 +305,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 			}
 			var all []failoverFigures
 			for i := range runs {
-				f := carrierLossTransfer(t, bed, 5600+i, c.node)
+				f := failoverTransfer(t, bed, 5600+i, c.node, carrierLoss)
 				t.Logf("agent, node %d's nic1: %v", c.node, f)
 				all = append(all, f)
 				checkNoResets(t, f)
@@ -300,15 +318,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 					// it; until then only integrity is asserted.
 					continue
 				}
-				if f.stall > failoverStallBound {
-					t.Errorf("longest stall %v, want at most %v", f.stall, failoverStallBound)
-				}
-				if r := f.during / failoverLinkBps; r < 0.8 {
-					t.Errorf("during the failure %.2f of the live path's capacity, want at least 0.8", r)
-				}
-				if f.pathBack < 0 || f.pathBack > time.Second {
-					t.Errorf("the repaired path carried traffic again after %v, want within 1 s", f.pathBack)
-				}
+				checkFailoverTargets(t, f, failoverStallBound)
 			}
 			counts := make([]map[string]float64, len(agents))
 			for k, a := range agents {
@@ -343,7 +353,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 			testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, 1), 2, 1))
 			var all []failoverFigures
 			for i := range runs {
-				f := carrierLossTransfer(t, bed, 5710+i, c.node)
+				f := failoverTransfer(t, bed, 5710+i, c.node, carrierLoss)
 				t.Logf("kernel only, node %d's nic1: %v", c.node, f)
 				all = append(all, f)
 				if len(f.resets) != 0 || f.rstCounted != 0 {
@@ -352,6 +362,110 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 			}
 			t.Logf("kernel only, node %d's nic1, %d runs: %s", c.node, runs, summarizeFailover(all))
 		})
+	}
+}
+
+// A gray failure: one of two paths drops everything both ways for 3 s in
+// the middle of a transfer while every carrier stays up, so that no link
+// event tells anyone. The agents' liveness probes find it (a probe every
+// 50 ms, down after 6 unanswered): both nodes mark the path down, the
+// subflow detours over the other path, and comes home once the probes
+// come back. Whichever node's wire fails, near or far, the targets hold,
+// because probes are round trips; beside them the kernel alone (the
+// hand-routed baseline), checked only for integrity.
+func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
+	const runs = 3
+	for _, node := range []int{1, 2} {
+		t.Run(fmt.Sprintf("agent, node %d's nic1", node), func(t *testing.T) {
+			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
+			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
+				return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
+			}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Both nodes probe each other over both paths before the
+			// first failure.
+			for k, a := range agents {
+				waitForMetric(t, a, "mptcp_agent_path_peer_up", 1, 10*time.Second, "path", framework.PathName(1), "peer", framework.NodeName(bed.Nodes[1-k]))
+			}
+			var all []failoverFigures
+			for i := range runs {
+				f := failoverTransfer(t, bed, 5800+i, node, totalLoss)
+				t.Logf("agent, node %d's nic1, %s: %v", node, totalLoss.name, f)
+				all = append(all, f)
+				checkNoResets(t, f)
+				checkFailoverTargets(t, f, grayStallBound)
+			}
+			for k, a := range agents {
+				m := scrape(t, a)
+				counts := events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed, datapath.StatSubflowFollowed)
+				downs, _ := m.Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
+				peerDowns, _ := m.Value("mptcp_agent_path_peer_down_transitions_total", "path", framework.PathName(1), "peer", framework.NodeName(bed.Nodes[1-k]))
+				t.Logf("node %d: datapath %v; path1 down %v times, its peer silent on it %v times", k+1, counts, downs, peerDowns)
+				// Probes are round trips: both nodes lose their peer
+				// on the failed path, whichever end's wire failed.
+				if downs != runs || peerDowns != runs {
+					t.Errorf("node %d: path1 went down %v times and its peer was silent on it %v times, want %d each", k+1, downs, peerDowns, runs)
+				}
+			}
+			if lead := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowHomed); lead["subflow_detoured"] < runs || lead["subflow_homed"] < runs {
+				t.Errorf("node 1 (the sender's) detoured %v and homed %v subflows, want at least %d each", lead["subflow_detoured"], lead["subflow_homed"], runs)
+			}
+			t.Logf("agent, node %d's nic1, %s, %d runs: %s", node, totalLoss.name, runs, summarizeFailover(all))
+		})
+	}
+	t.Run("kernel only, node 1's nic1", func(t *testing.T) {
+		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
+		ports := []int{5902}
+		testbed.Must(t, bed.HandRoute(ports))
+		testbed.Must(t, bed.ConfigureSignalPorts(bed.Pod(2, 1), ports))
+		testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, 1), 2, 1))
+		var all []failoverFigures
+		for i := range runs {
+			f := failoverTransfer(t, bed, 5910+i, 1, totalLoss)
+			t.Logf("kernel only, node 1's nic1, %s: %v", totalLoss.name, f)
+			all = append(all, f)
+		}
+		t.Logf("kernel only, node 1's nic1, %s, %d runs: %s", totalLoss.name, runs, summarizeFailover(all))
+	})
+}
+
+// waitForMetric waits until a's series name{labels} has value want.
+func waitForMetric(t *testing.T, a *framework.Agent, name string, want float64, within time.Duration, labels ...string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		v, ok := scrape(t, a).Value(name, labels...)
+		if ok && v == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %d: %s%v = %v (present %v), want %v within %v", a.Node.Index, name, labels, v, ok, want, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// grayStallBound is what TestGrayFailureMidTransferIsFoundByProbes asserts
+// on the longest stall: the target is 1 s for every failure; the
+// probes take 300 ms to find it (6 intervals of 50 ms).
+const grayStallBound = time.Second
+
+// checkFailoverTargets asserts the targets on one transfer: the
+// longest stall within bound, at least 0.8 of the live path's capacity
+// during the failure, the failed path carrying traffic again within 1 s of
+// the repair.
+func checkFailoverTargets(t *testing.T, f failoverFigures, bound time.Duration) {
+	t.Helper()
+	if f.stall > bound {
+		t.Errorf("longest stall %v, want at most %v", f.stall, bound)
+	}
+	if r := f.during / failoverLinkBps; r < 0.8 {
+		t.Errorf("during the failure %.2f of the live path's capacity, want at least 0.8", r)
+	}
+	if f.pathBack < 0 || f.pathBack > time.Second {
+		t.Errorf("the repaired path carried traffic again after %v, want within 1 s", f.pathBack)
 	}
 }
 

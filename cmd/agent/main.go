@@ -37,11 +37,12 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
-// flapDamping and joinHoldoff are the -flap-damping and -join-holdoff
-// flags, when given.
+// flapDamping, joinHoldoff and liveness are the -flap-damping,
+// -join-holdoff and -liveness flags, when given.
 var (
 	flapDamping *agent.FlapDamping
 	joinHoldoff *metav1.Duration
+	liveness    *agent.Liveness
 )
 
 // withFlags applies the flags that override a settings file.
@@ -51,6 +52,9 @@ func withFlags(s agent.Settings) agent.Settings {
 	}
 	if joinHoldoff != nil {
 		s.JoinHoldoff = joinHoldoff
+	}
+	if liveness != nil {
+		s.Liveness = *liveness
 	}
 	return s
 }
@@ -79,6 +83,11 @@ func main() {
 	flag.Func("join-holdoff", "userspace mode: how long a join the agent opens stays a backup subflow after it is established, against a kernel defect that changes data a join receives too early (docs/subflows.md); 0 opens joins active; overrides the settings file", func(v string) error {
 		d, err := agent.ParseJoinHoldoff(v)
 		joinHoldoff = &metav1.Duration{Duration: d}
+		return err
+	})
+	flag.Func("liveness", "probe each path to each peer node: PORT/INTERVAL/MULTIPLIER (e.g. 7471/50ms/6: a probe every 50 ms from and to UDP port 7471, a peer silent for 6 intervals is down on the path) or off; overrides the settings file", func(v string) error {
+		l, err := agent.ParseLiveness(v)
+		liveness = &l
 		return err
 	})
 	flag.StringVar(&netnsutil.ProcSys, "proc-sys", netnsutil.ProcSys, "directory whose net/ is a writable /proc/sys/net (in a container: a mount of the host's, e.g. /host/proc/sys)")

@@ -113,6 +113,18 @@ func AgentConfig(b *testbed.Bed, node *testbed.Node, rule mptcpv1alpha1.Compiled
 		}
 	}
 	cfg.State.Spec.Rules = []mptcpv1alpha1.CompiledRule{rule}
+	// Every other node of the bed is a peer, as the controller lists the
+	// nodes with pods, with its address on each path.
+	for _, other := range b.Nodes {
+		if other == node || len(node.Pods) == 0 || len(other.Pods) == 0 {
+			continue
+		}
+		peer := mptcpv1alpha1.NodePeer{Name: NodeName(other)}
+		for _, nic := range other.NICs {
+			peer.Paths = append(peer.Paths, mptcpv1alpha1.PeerPath{Name: PathName(nic.Index), Addresses: []string{nic.Addr.Addr().String()}})
+		}
+		cfg.State.Spec.Peers = append(cfg.State.Spec.Peers, peer)
+	}
 	for _, pod := range node.Pods {
 		cfg.State.Spec.Pods = append(cfg.State.Spec.Pods, mptcpv1alpha1.NodePod{
 			Namespace: PodNamespace, Name: pod.Name, UID: pod.Name,

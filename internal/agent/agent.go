@@ -18,6 +18,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
@@ -99,6 +100,13 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	a.publish(&Plan{Settings: settings})
 	a.nics.Store(&map[string]nicInForce{})
 	a.damper = linkwatch.NewDamper(settings.FlapDamping.damping())
+	if l := settings.Liveness; !l.Off {
+		a.prober, err = liveness.New(liveness.Config{Port: l.Port, Interval: l.Interval.Duration, Multiplier: l.DetectMultiplier},
+			log, a.livenessChanged)
+		if err != nil {
+			return nil, errors.Join(err, dp.Close())
+		}
+	}
 	return a, nil
 }
 
@@ -145,6 +153,9 @@ func (a *Agent) ServeLocalAPI(ctx context.Context) (string, func(), error) {
 // is pinned stays: the datapath keeps steering while no agent runs.
 func (a *Agent) Close() error {
 	a.pms.Stop()
+	if a.prober != nil {
+		a.prober.Close()
+	}
 	return a.dp.Close()
 }
 
@@ -179,6 +190,7 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	keep(a.syncRouting(plan))
 	keep(a.syncReversePathFilter(plan))
 	keep(a.syncNICs(plan, hooks))
+	a.syncLiveness(plan)
 	ids, err := a.assignRuleIDs(plan)
 	keep(err)
 	keep(a.syncRules(plan, ids))

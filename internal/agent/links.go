@@ -2,14 +2,18 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 )
 
 // nicInForce is a path NIC as the last reconcile found it.
@@ -150,29 +154,111 @@ type linkState struct {
 	kick      atomic.Pointer[func()]
 	recheckMu sync.Mutex
 	rechecks  map[time.Time]bool
-	// downMu guards what setPathDown last wrote per path and how often a
-	// path went from up to down (the metric).
-	downMu sync.Mutex
-	down   map[uint32]bool
-	downs  map[uint32]uint64
+	// prober probes the paths to their peers (nil: liveness is off).
+	prober *liveness.Prober
+	// downMu guards, per path, whether its NIC is down (linkDown), what
+	// was last written to the datapath (down) and how often the path
+	// went from up to down (the metric).
+	downMu   sync.Mutex
+	linkDown map[uint32]bool
+	down     map[uint32]bool
+	downs    map[uint32]uint64
 }
 
-// setPathDown marks path down or up in the datapath, counting each time
-// it goes down after having been up.
-func (a *Agent) setPathDown(path uint32, down bool) error {
-	if err := a.dp.SetPathDown(path, down); err != nil {
-		return err
-	}
+// setPathDown records whether path's NIC is down (no carrier, gone, or
+// held by the damper) and writes the path's state to the datapath.
+func (a *Agent) setPathDown(path uint32, linkDown bool) error {
 	a.downMu.Lock()
 	defer a.downMu.Unlock()
-	if a.down == nil {
-		a.down, a.downs = map[uint32]bool{}, map[uint32]uint64{}
+	if a.linkDown == nil {
+		a.linkDown, a.down, a.downs = map[uint32]bool{}, map[uint32]bool{}, map[uint32]uint64{}
+	}
+	a.linkDown[path] = linkDown
+	return a.writePathDown(path)
+}
+
+// writePathDown marks path down in the datapath when its NIC is down or
+// its probes reach none of its peers, up otherwise, counting each time it
+// goes down after having been up. downMu is held.
+func (a *Agent) writePathDown(path uint32) error {
+	down := a.linkDown[path] || a.silent(path)
+	if err := a.dp.SetPathDown(path, down); err != nil {
+		return err
 	}
 	if was, known := a.down[path]; known && !was && down {
 		a.downs[path]++
 	}
 	a.down[path] = down
 	return nil
+}
+
+// silent reports whether path's probes reach none of its peers, through
+// the flap damper: a path whose probes keep failing and coming back is
+// held silent for the damper's hold.
+func (a *Agent) silent(path uint32) bool {
+	if a.prober == nil {
+		return false
+	}
+	return !a.usable(fmt.Sprintf("path %d probes", path), !a.prober.Silent(path))
+}
+
+// livenessChanged applies the prober's news to the datapath at once, and
+// asks for a reconcile, which reports it in status.
+func (a *Agent) livenessChanged() {
+	a.downMu.Lock()
+	for path := range a.linkDown {
+		if err := a.writePathDown(path); err != nil {
+			a.log.Error("liveness: marking the path", "path", path, "err", err)
+		}
+	}
+	a.downMu.Unlock()
+	if kick := a.kick.Load(); kick != nil {
+		(*kick)()
+	}
+}
+
+// syncLiveness has the prober probe the plan's paths, with their marks.
+// A path it cannot probe is logged and reported Unknown; it never fails
+// the reconcile: without probes a path is still down when its NIC is.
+func (a *Agent) syncLiveness(plan *Plan) {
+	if a.prober == nil {
+		return
+	}
+	paths := slices.Clone(plan.Liveness)
+	for i := range paths {
+		paths[i].Mark = a.dp.Mark(paths[i].Index)
+	}
+	if err := a.prober.Sync(paths); err != nil {
+		a.log.Warn("liveness: probing", "err", err)
+	}
+}
+
+// PathLiveness is what the probes say of a path: Alive when every peer
+// that ever answered answers, Failing when one of them stopped, Unknown
+// with no peers, none answered yet or liveness off.
+func (a *Agent) PathLiveness(path uint32) mptcpv1alpha1.Liveness {
+	if a.prober == nil {
+		return mptcpv1alpha1.LivenessUnknown
+	}
+	out := mptcpv1alpha1.LivenessUnknown
+	for _, s := range a.prober.States() {
+		switch {
+		case s.Path != path:
+		case s.State == liveness.Down:
+			return mptcpv1alpha1.LivenessFailing
+		case s.State == liveness.Up:
+			out = mptcpv1alpha1.LivenessAlive
+		}
+	}
+	return out
+}
+
+// Liveness lists every peer of every probed path (nil when off).
+func (a *Agent) Liveness() ([]liveness.PeerState, liveness.Counters) {
+	if a.prober == nil {
+		return nil, liveness.Counters{}
+	}
+	return a.prober.States(), a.prober.Counters()
 }
 
 // PathDownTransitions counts, per path index, the times the path went down

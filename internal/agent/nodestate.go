@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
@@ -148,6 +149,7 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 		t.Paths = append(t.Paths, ps)
 	}
 	slices.SortFunc(t.Paths, func(a, b mptcpv1alpha1.PathState) int { return strings.Compare(a.Name, b.Name) })
+	plan.Liveness = livenessPaths(plan.Paths, state.Spec.Peers, links)
 
 	// Each rule once, under its name: pods refer to it.
 	rules := map[string]PlanRule{}
@@ -579,4 +581,67 @@ func resolveInterface(sel mptcpv1alpha1.InterfaceSelector, links []NodeLink) (*N
 		}
 		return nil, mptcpv1alpha1.LinkAmbiguous, fmt.Sprintf("%d interfaces match (%s): name exactly one", len(found), strings.Join(names, ", "))
 	}
+}
+
+// PathIndex is the index of the plan's path named name, if the plan
+// carries it.
+func (t *Translation) PathIndex(name string) (uint32, bool) {
+	for _, p := range t.Plan.Paths {
+		if p.Name == name {
+			return p.Index, true
+		}
+	}
+	return 0, false
+}
+
+// livenessPaths are the paths to probe and the peers to probe over each:
+// a peer's first address on the path of a family the node has an address
+// of on the path's NIC, probed from that address. A path with no peer is
+// not probed (no probes into the void).
+func livenessPaths(paths []PlanPath, peers []mptcpv1alpha1.NodePeer, links []NodeLink) []liveness.Path {
+	var out []liveness.Path
+	for _, p := range paths {
+		var local []netip.Addr
+		for _, l := range links {
+			if l.Name == p.Interface {
+				for _, a := range l.Addresses {
+					local = append(local, a.Addr().Unmap())
+				}
+			}
+		}
+		lp := liveness.Path{Index: p.Index, Name: p.Name, Interface: p.Interface}
+		for _, peer := range peers {
+			for _, pp := range peer.Paths {
+				if pp.Name != p.Name {
+					continue
+				}
+				if from, to, ok := sameFamily(local, pp.Addresses); ok && (!lp.Local.IsValid() || lp.Local == from) {
+					lp.Local = from
+					lp.Peers = append(lp.Peers, liveness.Peer{Node: peer.Name, Addr: to})
+				}
+			}
+		}
+		if len(lp.Peers) > 0 {
+			out = append(out, lp)
+		}
+	}
+	return out
+}
+
+// sameFamily picks the first of remote that parses and a local address of
+// its family.
+func sameFamily(local []netip.Addr, remote []string) (from, to netip.Addr, ok bool) {
+	for _, r := range remote {
+		to, err := netip.ParseAddr(r)
+		if err != nil {
+			continue
+		}
+		to = to.Unmap()
+		for _, l := range local {
+			if l.Is4() == to.Is4() {
+				return l, to, true
+			}
+		}
+	}
+	return netip.Addr{}, netip.Addr{}, false
 }

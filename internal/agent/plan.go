@@ -3,6 +3,7 @@ package agent
 import (
 	"net/netip"
 
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
@@ -22,6 +23,9 @@ type Plan struct {
 	Paths    []PlanPath     `json:"paths,omitempty"`
 	Rules    []PlanRule     `json:"rules,omitempty"`
 	Pods     []PlanPod      `json:"pods,omitempty"`
+	// Liveness are the paths probed to peers and their peers; the marks
+	// are the datapath's, filled in when probing starts.
+	Liveness []liveness.Path `json:"liveness,omitempty"`
 }
 
 // PlanPath is one of the node's paths: its routing (its index, the NIC

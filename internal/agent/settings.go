@@ -51,6 +51,9 @@ type Settings struct {
 	// FlapDamping holds a path NIC that keeps losing its carrier down for
 	// a while after it comes back (docs/agent.md, "Link events").
 	FlapDamping FlapDamping `json:"flapDamping,omitzero"`
+	// Liveness is how the agent probes its paths to its peers
+	// (docs/agent.md, "Liveness").
+	Liveness Liveness `json:"liveness,omitzero"`
 	// JoinHoldoff is how long a join the agent opens (userspace mode)
 	// stays a backup subflow after it is established, against a kernel
 	// defect that changes data a join receives too early
@@ -93,6 +96,73 @@ func (s Settings) joinHoldoff() time.Duration {
 		return DefaultJoinHoldoff
 	}
 	return s.JoinHoldoff.Duration
+}
+
+// Liveness: a probe every Interval over each path to each peer, from and
+// to UDP Port; a peer silent for DetectMultiplier intervals is down on the
+// path, and a path down to every peer is marked down in the datapath like
+// a NIC without carrier. Zero fields take the defaults; Off stops probing.
+type Liveness struct {
+	Off              bool            `json:"off,omitempty"`
+	Port             int             `json:"port,omitempty"`
+	Interval         metav1.Duration `json:"interval,omitzero"`
+	DetectMultiplier int             `json:"detectMultiplier,omitempty"`
+}
+
+// Liveness defaults: a path that carries nothing for 300 ms is down.
+// Probes cost per node, each interval, two datagrams of 52 bytes on the
+// wire (a probe and its echo) per path and peer each way.
+const (
+	DefaultLivenessPort       = 7471
+	DefaultLivenessInterval   = 50 * time.Millisecond
+	DefaultLivenessMultiplier = 6
+)
+
+// Bounds of the liveness settings: probes faster than 10 ms would cost
+// more than they tell on a loaded node, and slower than 10 s tell nothing
+// a user waits for.
+const (
+	MinLivenessInterval   = 10 * time.Millisecond
+	MaxLivenessInterval   = 10 * time.Second
+	MinLivenessMultiplier = 2
+	MaxLivenessMultiplier = 100
+)
+
+// ParseLiveness reads the agent's -liveness flag: "off", or
+// PORT/INTERVAL/MULTIPLIER, e.g. "7471/50ms/6".
+func ParseLiveness(v string) (Liveness, error) {
+	if v == "off" {
+		return Liveness{Off: true}, nil
+	}
+	parts := strings.Split(v, "/")
+	if len(parts) != 3 {
+		return Liveness{}, fmt.Errorf("liveness %q: want PORT/INTERVAL/MULTIPLIER (e.g. 7471/50ms/6) or off", v)
+	}
+	var l Liveness
+	var err error
+	if l.Port, err = strconv.Atoi(parts[0]); err != nil || l.Port < 1 {
+		return Liveness{}, fmt.Errorf("liveness %q: %q is not a port", v, parts[0])
+	}
+	if l.Interval.Duration, err = time.ParseDuration(parts[1]); err != nil || l.Interval.Duration <= 0 {
+		return Liveness{}, fmt.Errorf("liveness %q: %q is not a positive duration", v, parts[1])
+	}
+	if l.DetectMultiplier, err = strconv.Atoi(parts[2]); err != nil || l.DetectMultiplier < 1 {
+		return Liveness{}, fmt.Errorf("liveness %q: %q is not a whole number from 1", v, parts[2])
+	}
+	return l, l.validate()
+}
+
+func (l Liveness) validate() error {
+	if l.Port < 0 || l.Port > 65535 {
+		return fmt.Errorf("liveness.port %d: must be from 1 to 65535", l.Port)
+	}
+	if d := l.Interval.Duration; d != 0 && (d < MinLivenessInterval || d > MaxLivenessInterval) {
+		return fmt.Errorf("liveness.interval %v: must be from %v to %v", d, MinLivenessInterval, MaxLivenessInterval)
+	}
+	if m := l.DetectMultiplier; m != 0 && (m < MinLivenessMultiplier || m > MaxLivenessMultiplier) {
+		return fmt.Errorf("liveness.detectMultiplier %d: must be from %d to %d", m, MinLivenessMultiplier, MaxLivenessMultiplier)
+	}
+	return nil
 }
 
 // FlapDamping: after Transitions carrier losses of a path NIC within
@@ -190,6 +260,15 @@ func (s *Settings) setDefaults() {
 	if s.FlapDamping.Hold.Duration == 0 {
 		s.FlapDamping.Hold.Duration = DefaultFlapHold
 	}
+	if s.Liveness.Port == 0 {
+		s.Liveness.Port = DefaultLivenessPort
+	}
+	if s.Liveness.Interval.Duration == 0 {
+		s.Liveness.Interval.Duration = DefaultLivenessInterval
+	}
+	if s.Liveness.DetectMultiplier == 0 {
+		s.Liveness.DetectMultiplier = DefaultLivenessMultiplier
+	}
 }
 
 // LoadSettings reads a settings file; a field it does not know is an
@@ -206,7 +285,7 @@ func LoadSettings(path string) (Settings, error) {
 	if s.Node == "" {
 		return s, fmt.Errorf("%s: node: must be set", path)
 	}
-	if err := s.FlapDamping.validate(); err != nil {
+	if err := errors.Join(s.FlapDamping.validate(), s.Liveness.validate()); err != nil {
 		return s, fmt.Errorf("%s: %w", path, err)
 	}
 	if s.JoinHoldoff != nil {

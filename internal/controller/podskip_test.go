@@ -57,6 +57,10 @@ func (e *recordingEnforcer) FinishMigration(error) error                 { retur
 func (e *recordingEnforcer) WriteStatus(agent.Status) error              { return nil }
 func (e *recordingEnforcer) Attachments() ([]datapath.Attachment, error) { return nil, nil }
 
+func (e *recordingEnforcer) PathLiveness(uint32) mptcpv1alpha1.Liveness {
+	return mptcpv1alpha1.LivenessUnknown
+}
+
 // enforcedPods are the pods of the last plan, as namespace/name.
 func (e *recordingEnforcer) enforcedPods() []string {
 	e.mu.Lock()

@@ -69,6 +69,9 @@ type Enforcer interface {
 	FinishMigration(reconcileErr error) error
 	WriteStatus(agent.Status) error
 	Attachments() ([]datapath.Attachment, error)
+	// PathLiveness is what the probes to peers say of a path, by index
+	// (agent.Agent.PathLiveness).
+	PathLiveness(path uint32) mptcpv1alpha1.Liveness
 }
 
 // Reconciler enforces one node's MPTCPNodeState.
@@ -171,6 +174,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	next := state.DeepCopy()
 	st := &next.Status
 	st.Paths = tr.Paths
+	for i := range st.Paths {
+		if index, ok := tr.PathIndex(st.Paths[i].Name); ok {
+			st.Paths[i].Liveness = r.Agent.PathLiveness(index)
+		}
+	}
 	r.status.Reconciles++
 
 	var degradedReason string

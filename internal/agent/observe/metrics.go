@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
@@ -41,6 +42,9 @@ type Source interface {
 	// PathDownTransitions count, by path index, the times a path went
 	// down after having been up.
 	PathDownTransitions() map[uint32]uint64
+	// Liveness lists every peer of every path probed, and the prober's
+	// datagram counts (nil and zero when liveness is off).
+	Liveness() ([]liveness.PeerState, liveness.Counters)
 }
 
 // DefaultMetricsAddr is where the agent serves /metrics, /healthz and
@@ -257,6 +261,9 @@ type datapathCollector struct {
 	pathMgrJoinsReleased             *prometheus.Desc
 	observeOnly                      *prometheus.Desc
 	pathDown, pathDownTransitions    *prometheus.Desc
+	peerUp, peerDowns                *prometheus.Desc
+	probesSent, echoesReceived       *prometheus.Desc
+	probesAnswered, probesIgnored    *prometheus.Desc
 }
 
 func newDatapathCollector(src Source) *datapathCollector {
@@ -286,14 +293,25 @@ func newDatapathCollector(src Source) *datapathCollector {
 		pathMgrJoinsReleased: d("path_manager_joins_released_total", "Joins the pod's userspace path manager opened as backup subflows and made active after the agent's join holdoff "+
 			"(a defence against a kernel defect, docs/subflows.md).", "pod"),
 		observeOnly: d("observe_only", observeOnlyHelp),
-		pathDown: d("path_down", "1 while the path is down on this node (its NIC is missing, has no carrier, or flaps and is held down): "+
+		pathDown: d("path_down", "1 while the path is down on this node (its NIC is missing, has no carrier, or flaps and is held down, or its probes reach none of its peers): "+
 			"no new subflow is placed on it and its subflows detour over another path of their rule.", "path"),
 		pathDownTransitions: d("path_down_transitions_total", "Times the path went down on this node after having been up, since the agent started.", "path"),
+		// Per path and peer node, bounded by the node state's peers
+		// (at most 1000) times its paths.
+		peerUp: d("path_peer_up", "1 while the peer node echoes the probes sent to it over the path, 0 once it stopped for the detect time; "+
+			"absent while it has never echoed. A path whose peers are all 0 is down.", "path", "peer"),
+		peerDowns:      d("path_peer_down_transitions_total", "Times the peer node stopped echoing the probes sent over the path, since the agent started.", "path", "peer"),
+		probesSent:     d("liveness_probes_sent_total", "Liveness probes this node sent to its peers, over all paths."),
+		echoesReceived: d("liveness_echoes_received_total", "Echoes of this node's liveness probes received from its peers."),
+		probesAnswered: d("liveness_probes_answered_total", "The peers' liveness probes this node echoed."),
+		probesIgnored: d("liveness_datagrams_ignored_total", "Datagrams to the liveness port that were not a peer's probe or an echo of this node's "+
+			"(another sender, a wrong nonce, malformed, or beyond the answer budget)."),
 	}
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.pathMgrJoinsReplaced, c.pathMgrJoinsReleased, c.observeOnly, c.pathDown, c.pathDownTransitions} {
+	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.pathMgrJoinsReplaced, c.pathMgrJoinsReleased, c.observeOnly, c.pathDown, c.pathDownTransitions,
+		c.peerUp, c.peerDowns, c.probesSent, c.echoesReceived, c.probesAnswered, c.probesIgnored} {
 		ch <- d
 	}
 }
@@ -335,6 +353,18 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.pathDown, prometheus.GaugeValue, boolValue(down), name)
 		ch <- prometheus.MustNewConstMetric(c.pathDownTransitions, prometheus.CounterValue, float64(downs[index]), name)
 	}
+
+	peers, counts := c.src.Liveness()
+	for _, p := range peers {
+		if p.State != liveness.Unknown {
+			ch <- prometheus.MustNewConstMetric(c.peerUp, prometheus.GaugeValue, boolValue(p.State == liveness.Up), pathLabel(p.Path), p.Peer.Node)
+		}
+		ch <- prometheus.MustNewConstMetric(c.peerDowns, prometheus.CounterValue, float64(p.Downs), pathLabel(p.Path), p.Peer.Node)
+	}
+	ch <- prometheus.MustNewConstMetric(c.probesSent, prometheus.CounterValue, float64(counts.ProbesSent))
+	ch <- prometheus.MustNewConstMetric(c.echoesReceived, prometheus.CounterValue, float64(counts.EchoesReceived))
+	ch <- prometheus.MustNewConstMetric(c.probesAnswered, prometheus.CounterValue, float64(counts.ProbesAnswered))
+	ch <- prometheus.MustNewConstMetric(c.probesIgnored, prometheus.CounterValue, float64(counts.Ignored))
 
 	if stats, err := dp.Stats(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.events, fmt.Errorf("reading datapath counters: %w", err))

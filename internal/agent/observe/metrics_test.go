@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
@@ -28,6 +29,8 @@ type source struct {
 	pods         []podnet.Pod
 	pms          []podnet.PathManagerState
 	downs        map[uint32]uint64
+	peers        []liveness.PeerState
+	probes       liveness.Counters
 }
 
 func (s *source) Datapath() *datapath.Datapath            { return s.dp }
@@ -36,6 +39,9 @@ func (s *source) RuleNames() map[uint32]string            { return s.rules }
 func (s *source) Pods() []podnet.Pod                      { return s.pods }
 func (s *source) PathManagers() []podnet.PathManagerState { return s.pms }
 func (s *source) PathDownTransitions() map[uint32]uint64  { return s.downs }
+func (s *source) Liveness() ([]liveness.PeerState, liveness.Counters) {
+	return s.peers, s.probes
+}
 
 func probe(t *testing.T, srv *httptest.Server, path string) int {
 	t.Helper()
@@ -171,19 +177,42 @@ func TestPathDownIsExported(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	src := &source{dp: dp, paths: map[uint32]string{1: "fabric-a", 2: "fabric-b"}, downs: map[uint32]uint64{2: 3}}
+	src := &source{dp: dp, paths: map[uint32]string{1: "fabric-a", 2: "fabric-b"}, downs: map[uint32]uint64{2: 3},
+		peers: []liveness.PeerState{
+			{Path: 1, Peer: liveness.Peer{Node: "n2"}, State: liveness.Up},
+			{Path: 2, Peer: liveness.Peer{Node: "n2"}, State: liveness.Down, Downs: 2},
+			{Path: 2, Peer: liveness.Peer{Node: "n3"}, State: liveness.Unknown},
+		},
+		probes: liveness.Counters{ProbesSent: 10, EchoesReceived: 7, ProbesAnswered: 6, Ignored: 1}}
 	m := NewMetrics(src, slog.New(slog.DiscardHandler))
 	if err := dp.SetPathDown(2, true); err != nil {
 		t.Fatal(err)
 	}
 	var exp strings.Builder
-	exp.WriteString("# HELP mptcp_agent_path_down 1 while the path is down on this node (its NIC is missing, has no carrier, or flaps and is held down): " +
+	exp.WriteString("# HELP mptcp_agent_path_down 1 while the path is down on this node (its NIC is missing, has no carrier, or flaps and is held down, or its probes reach none of its peers): " +
 		"no new subflow is placed on it and its subflows detour over another path of their rule.\n# TYPE mptcp_agent_path_down gauge\n")
 	exp.WriteString("mptcp_agent_path_down{path=\"fabric-a\"} 0\nmptcp_agent_path_down{path=\"fabric-b\"} 1\n")
 	exp.WriteString("# HELP mptcp_agent_path_down_transitions_total Times the path went down on this node after having been up, since the agent started.\n" +
 		"# TYPE mptcp_agent_path_down_transitions_total counter\n")
 	exp.WriteString("mptcp_agent_path_down_transitions_total{path=\"fabric-a\"} 0\nmptcp_agent_path_down_transitions_total{path=\"fabric-b\"} 3\n")
 	if err := testutil.GatherAndCompare(m.Gatherer(), strings.NewReader(exp.String()), "mptcp_agent_path_down", "mptcp_agent_path_down_transitions_total"); err != nil {
+		t.Error(err)
+	}
+	// Per peer: a peer that never echoed has no up series, only its
+	// (zero) count of losses.
+	exp.Reset()
+	exp.WriteString("# HELP mptcp_agent_path_peer_up 1 while the peer node echoes the probes sent to it over the path, 0 once it stopped for the detect time; " +
+		"absent while it has never echoed. A path whose peers are all 0 is down.\n# TYPE mptcp_agent_path_peer_up gauge\n")
+	exp.WriteString("mptcp_agent_path_peer_up{path=\"fabric-a\",peer=\"n2\"} 1\nmptcp_agent_path_peer_up{path=\"fabric-b\",peer=\"n2\"} 0\n")
+	exp.WriteString("# HELP mptcp_agent_path_peer_down_transitions_total Times the peer node stopped echoing the probes sent over the path, since the agent started.\n" +
+		"# TYPE mptcp_agent_path_peer_down_transitions_total counter\n")
+	exp.WriteString("mptcp_agent_path_peer_down_transitions_total{path=\"fabric-a\",peer=\"n2\"} 0\n" +
+		"mptcp_agent_path_peer_down_transitions_total{path=\"fabric-b\",peer=\"n2\"} 2\n" +
+		"mptcp_agent_path_peer_down_transitions_total{path=\"fabric-b\",peer=\"n3\"} 0\n")
+	exp.WriteString("# HELP mptcp_agent_liveness_probes_sent_total Liveness probes this node sent to its peers, over all paths.\n" +
+		"# TYPE mptcp_agent_liveness_probes_sent_total counter\nmptcp_agent_liveness_probes_sent_total 10\n")
+	if err := testutil.GatherAndCompare(m.Gatherer(), strings.NewReader(exp.String()), "mptcp_agent_path_peer_up",
+		"mptcp_agent_path_peer_down_transitions_total", "mptcp_agent_liveness_probes_sent_total"); err != nil {
 		t.Error(err)
 	}
 }
