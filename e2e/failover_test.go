@@ -368,7 +368,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 // A gray failure: one of two paths drops everything both ways for 3 s in
 // the middle of a transfer while every carrier stays up, so that no link
 // event tells anyone. The agents' liveness probes find it (a probe every
-// 50 ms, down after 6 unanswered): both nodes mark the path down, the
+// 30 ms, down after 5 unanswered): both nodes mark the path down, the
 // subflow detours over the other path, and comes home once the probes
 // come back. Whichever node's wire fails, near or far, the targets hold,
 // because probes are round trips; beside them the kernel alone (the
@@ -449,7 +449,7 @@ func waitForMetric(t *testing.T, a *framework.Agent, name string, want float64, 
 
 // grayStallBound is what TestGrayFailureMidTransferIsFoundByProbes asserts
 // on the longest stall: the target is 1 s for every failure; the
-// probes take 300 ms to find it (6 intervals of 50 ms).
+// probes take 150 ms to find it (5 intervals of 30 ms).
 const grayStallBound = time.Second
 
 // checkFailoverTargets asserts the targets on one transfer: the

@@ -280,9 +280,10 @@ type PathState struct {
 	// +optional
 	Interface string    `json:"interface,omitempty"`
 	Link      LinkState `json:"link"`
-	// liveness is what probes to peers over the path say. Not written
-	// yet: per-path probing belongs to the failover work; until then a
-	// path is down for placement when its NIC has no carrier (link).
+	// liveness is what probes to the peers over the path say: Alive
+	// (every peer that ever echoed echoes), Failing (one stopped) or
+	// Unknown (no peer, none echoed yet, or liveness off). A path all of
+	// whose peers stopped is down like a NIC without carrier.
 	// +optional
 	Liveness Liveness `json:"liveness,omitempty"`
 	// addresses of the node on this path, as the agent found them on the

@@ -85,7 +85,7 @@ func main() {
 		joinHoldoff = &metav1.Duration{Duration: d}
 		return err
 	})
-	flag.Func("liveness", "probe each path to each peer node: PORT/INTERVAL/MULTIPLIER (e.g. 7471/50ms/6: a probe every 50 ms from and to UDP port 7471, a peer silent for 6 intervals is down on the path) or off; overrides the settings file", func(v string) error {
+	flag.Func("liveness", "probe each path to each peer node: PORT/INTERVAL/MULTIPLIER (e.g. 7471/30ms/5: a probe every 30 ms from and to UDP port 7471, a peer silent for 5 intervals is down on the path) or off; overrides the settings file", func(v string) error {
 		l, err := agent.ParseLiveness(v)
 		liveness = &l
 		return err

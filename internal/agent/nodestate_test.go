@@ -14,6 +14,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
@@ -521,5 +522,36 @@ func TestRunningPodsKeepTheirPlaceInAFullRuleTable(t *testing.T) {
 	replaced.Spec.Pods[len(replaced.Spec.Pods)-2].UID = "uid-recreated"
 	if got := skipped(FromNodeState(NodeDefaults("n1"), replaced, testLinks, locateAll, prior)); !slices.Equal(got, []string{"tenant-z/running"}) {
 		t.Errorf("skipped %v, want tenant-z/running recreated under a new UID (after the newcomer by name)", got)
+	}
+}
+
+// Each path probes the peers that have an address on it, from the node's
+// address of the same family on the path's NIC; a path no peer shares, a
+// peer address of another family and one that does not parse are left out.
+func TestLivenessProbesEachPathToThePeersOnIt(t *testing.T) {
+	paths := []PlanPath{
+		{Path: routing.Path{Name: "fabric-a", Index: 1, Interface: "nic1"}},
+		{Path: routing.Path{Name: "fabric-b", Index: 2, Interface: "nic2"}},
+		{Path: routing.Path{Name: "lonely", Index: 3, Interface: "nic3"}},
+	}
+	peers := []mptcpv1alpha1.NodePeer{
+		{Name: "n2", Paths: []mptcpv1alpha1.PeerPath{
+			{Name: "fabric-a", Addresses: []string{"2001:db8::2", "10.101.2.2"}},
+			{Name: "fabric-b", Addresses: []string{"garbage"}},
+		}},
+		{Name: "n3", Paths: []mptcpv1alpha1.PeerPath{{Name: "fabric-a", Addresses: []string{"10.101.3.2"}}, {Name: "fabric-b", Addresses: []string{"10.102.3.2"}}}},
+	}
+	got := livenessPaths(paths, peers, testLinks)
+	want := []liveness.Path{
+		{Index: 1, Name: "fabric-a", Interface: "nic1", Local: netip.MustParseAddr("10.101.1.2"), Peers: []liveness.Peer{
+			{Node: "n2", Addr: netip.MustParseAddr("10.101.2.2")}, {Node: "n3", Addr: netip.MustParseAddr("10.101.3.2")}}},
+		{Index: 2, Name: "fabric-b", Interface: "nic2", Local: netip.MustParseAddr("10.102.1.2"), Peers: []liveness.Peer{
+			{Node: "n3", Addr: netip.MustParseAddr("10.102.3.2")}}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("liveness paths\n got %+v\nwant %+v", got, want)
+	}
+	if got := livenessPaths(paths, nil, testLinks); got != nil {
+		t.Fatalf("no peers: %+v, want no path probed", got)
 	}
 }

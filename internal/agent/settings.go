@@ -109,13 +109,16 @@ type Liveness struct {
 	DetectMultiplier int             `json:"detectMultiplier,omitempty"`
 }
 
-// Liveness defaults: a path that carries nothing for 300 ms is down.
+// Liveness defaults: a path that carries nothing for 150 ms is down,
+// before a subflow's first retransmission timeout (200 ms at least) fires
+// into it and backs off: found at 300 ms, the timer had doubled to 400 ms
+// and the subflow stalled 600 ms after its detour (docs/testing.md).
 // Probes cost per node, each interval, two datagrams of 52 bytes on the
 // wire (a probe and its echo) per path and peer each way.
 const (
 	DefaultLivenessPort       = 7471
-	DefaultLivenessInterval   = 50 * time.Millisecond
-	DefaultLivenessMultiplier = 6
+	DefaultLivenessInterval   = 30 * time.Millisecond
+	DefaultLivenessMultiplier = 5
 )
 
 // Bounds of the liveness settings: probes faster than 10 ms would cost
@@ -129,14 +132,14 @@ const (
 )
 
 // ParseLiveness reads the agent's -liveness flag: "off", or
-// PORT/INTERVAL/MULTIPLIER, e.g. "7471/50ms/6".
+// PORT/INTERVAL/MULTIPLIER, e.g. "7471/30ms/5".
 func ParseLiveness(v string) (Liveness, error) {
 	if v == "off" {
 		return Liveness{Off: true}, nil
 	}
 	parts := strings.Split(v, "/")
 	if len(parts) != 3 {
-		return Liveness{}, fmt.Errorf("liveness %q: want PORT/INTERVAL/MULTIPLIER (e.g. 7471/50ms/6) or off", v)
+		return Liveness{}, fmt.Errorf("liveness %q: want PORT/INTERVAL/MULTIPLIER (e.g. 7471/30ms/5) or off", v)
 	}
 	var l Liveness
 	var err error

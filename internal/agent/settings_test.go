@@ -149,3 +149,41 @@ func TestJoinHoldoffFlagAndSetting(t *testing.T) {
 		t.Errorf("a settings file holding joins an hour: %v, want an error naming joinHoldoff", err)
 	}
 }
+
+func TestLivenessFlagAndSetting(t *testing.T) {
+	ms := func(n int) metav1.Duration { return metav1.Duration{Duration: time.Duration(n) * time.Millisecond} }
+	for _, c := range []struct {
+		in   string
+		want Liveness
+		err  bool
+	}{
+		{in: "off", want: Liveness{Off: true}},
+		{in: "7471/30ms/5", want: Liveness{Port: 7471, Interval: ms(30), DetectMultiplier: 5}},
+		{in: "9000/10s/100", want: Liveness{Port: 9000, Interval: ms(10000), DetectMultiplier: 100}},
+		{in: "7471/5ms/5", err: true},   // faster than MinLivenessInterval
+		{in: "7471/11s/5", err: true},   // slower than MaxLivenessInterval
+		{in: "7471/30ms/1", err: true},  // one lost probe would take a path down
+		{in: "7471/30ms/101", err: true},
+		{in: "70000/30ms/5", err: true},
+		{in: "0/30ms/5", err: true},
+		{in: "7471/soon/5", err: true},
+		{in: "7471/30ms", err: true},
+	} {
+		got, err := ParseLiveness(c.in)
+		if (err != nil) != c.err || (err == nil && got != c.want) {
+			t.Errorf("ParseLiveness(%q) = %+v, %v; want %+v, error %v", c.in, got, err, c.want, c.err)
+		}
+	}
+	s := NodeDefaults("n1")
+	if s.Liveness != (Liveness{Port: DefaultLivenessPort, Interval: ms(30), DetectMultiplier: DefaultLivenessMultiplier}) {
+		t.Errorf("defaults: %+v", s.Liveness)
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "settings.yaml")
+	if err := os.WriteFile(path, []byte("node: n1\nliveness: {interval: 1ms}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadSettings(path); err == nil || !strings.Contains(err.Error(), "liveness.interval") {
+		t.Errorf("a settings file with a 1 ms interval: %v, want an error naming liveness.interval", err)
+	}
+}
