@@ -160,9 +160,9 @@ func TestLivenessFlagAndSetting(t *testing.T) {
 		{in: "off", want: Liveness{Off: true}},
 		{in: "7471/30ms/5", want: Liveness{Port: 7471, Interval: ms(30), DetectMultiplier: 5}},
 		{in: "9000/10s/100", want: Liveness{Port: 9000, Interval: ms(10000), DetectMultiplier: 100}},
-		{in: "7471/5ms/5", err: true},   // faster than MinLivenessInterval
-		{in: "7471/11s/5", err: true},   // slower than MaxLivenessInterval
-		{in: "7471/30ms/1", err: true},  // one lost probe would take a path down
+		{in: "7471/5ms/5", err: true},  // faster than MinLivenessInterval
+		{in: "7471/11s/5", err: true},  // slower than MaxLivenessInterval
+		{in: "7471/30ms/1", err: true}, // one lost probe would take a path down
 		{in: "7471/30ms/101", err: true},
 		{in: "70000/30ms/5", err: true},
 		{in: "0/30ms/5", err: true},
