@@ -134,6 +134,11 @@ var (
 	totalLoss = failure{"100 % loss both ways, carrier up",
 		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 100) },
 		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }}
+	// oneWayLoss: the wire drops everything the node sends over it and
+	// delivers what it receives.
+	oneWayLoss = failure{"100 % loss of what the node sends, carrier up",
+		func(b *testbed.Bed, n int) error { return b.SetOneWayLoss(n, 1, 100, testbed.Out) },
+		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }}
 )
 
 // failoverTransfer runs one watched transfer of failoverLength with nic1
@@ -309,15 +314,6 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 				t.Logf("agent, node %d's nic1: %v", c.node, f)
 				all = append(all, f)
 				checkNoResets(t, f)
-				if c.node != 1 {
-					// The sender's node cannot know the far end's
-					// carrier: it follows a detour only once that end
-					// sends on the subflow, and a receiver whose data
-					// stopped arriving has little to send. Per-peer
-					// liveness probes (issue 17) are what would tell
-					// it; until then only integrity is asserted.
-					continue
-				}
 				checkFailoverTargets(t, f, failoverStallBound)
 			}
 			counts := make([]map[string]float64, len(agents))
@@ -365,9 +361,9 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 	}
 }
 
-// A gray failure: one of two paths drops everything both ways for 3 s in
-// the middle of a transfer while every carrier stays up, so that no link
-// event tells anyone. The agents' liveness probes find it (a probe every
+// A gray failure: one of two paths drops everything (both ways, or only
+// what node 1 sends) for 3 s in the middle of a transfer while every
+// carrier stays up, so that no link event tells anyone. The agents' liveness probes find it (a probe every
 // 30 ms, down after 5 unanswered): both nodes mark the path down, the
 // subflow detours over the other path, and comes home once the probes
 // come back. Whichever node's wire fails, near or far, the targets hold,
@@ -375,8 +371,12 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 // hand-routed baseline), checked only for integrity.
 func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 	const runs = 3
-	for _, node := range []int{1, 2} {
-		t.Run(fmt.Sprintf("agent, node %d's nic1", node), func(t *testing.T) {
+	for _, c := range []struct {
+		node int
+		fail failure
+	}{{1, totalLoss}, {2, totalLoss}, {1, oneWayLoss}} {
+		node, fail := c.node, c.fail
+		t.Run(fmt.Sprintf("agent, node %d's nic1, %s", node, fail.name), func(t *testing.T) {
 			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
 			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
 				return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
@@ -391,8 +391,8 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 			}
 			var all []failoverFigures
 			for i := range runs {
-				f := failoverTransfer(t, bed, 5800+i, node, totalLoss)
-				t.Logf("agent, node %d's nic1, %s: %v", node, totalLoss.name, f)
+				f := failoverTransfer(t, bed, 5800+i, node, fail)
+				t.Logf("agent, node %d's nic1, %s: %v", node, fail.name, f)
 				all = append(all, f)
 				checkNoResets(t, f)
 				checkFailoverTargets(t, f, grayStallBound)
@@ -412,7 +412,7 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 			if lead := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowHomed); lead["subflow_detoured"] < runs || lead["subflow_homed"] < runs {
 				t.Errorf("node 1 (the sender's) detoured %v and homed %v subflows, want at least %d each", lead["subflow_detoured"], lead["subflow_homed"], runs)
 			}
-			t.Logf("agent, node %d's nic1, %s, %d runs: %s", node, totalLoss.name, runs, summarizeFailover(all))
+			t.Logf("agent, node %d's nic1, %s, %d runs: %s", node, fail.name, runs, summarizeFailover(all))
 		})
 	}
 	t.Run("kernel only, node 1's nic1", func(t *testing.T) {

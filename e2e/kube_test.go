@@ -186,9 +186,10 @@ func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 		}
 		for k, p := range s.Status.Paths {
 			nic := n.NICs[k]
+			// No pods under a policy: no peers, nothing probed.
 			if p.Name != framework.PathName(k+1) || p.Interface != nic.Name || p.Link != mptcpv1alpha1.LinkUp ||
-				!slices.Equal(p.Addresses, []string{nic.Addr.Addr().String()}) {
-				t.Errorf("node %d: path status %+v, want %s on %s, Up, %s", n.Index, p, framework.PathName(k+1), nic.Name, nic.Addr.Addr())
+				!slices.Equal(p.Addresses, []string{nic.Addr.Addr().String()}) || p.Liveness != mptcpv1alpha1.LivenessUnknown {
+				t.Errorf("node %d: path status %+v, want %s on %s, Up, %s, liveness Unknown", n.Index, p, framework.PathName(k+1), nic.Name, nic.Addr.Addr())
 			}
 		}
 	}
@@ -217,6 +218,28 @@ func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 		for _, p := range n.Pods {
 			if g := kb.podGate(t, p); g != corev1.ConditionTrue {
 				t.Errorf("pod %s: gate %q, want True", p.Name, g)
+			}
+		}
+	}
+	// With pods under the policy on both nodes, each is the other's peer
+	// (the controller lists it with its addresses), and the agents' probes
+	// over both paths come back: every path is Alive.
+	for _, n := range bed.Nodes {
+		other := bed.Nodes[2-n.Index]
+		s := kb.waitState(t, n, "probing its peer", func(s *mptcpv1alpha1.MPTCPNodeState) bool {
+			if len(s.Spec.Peers) != 1 || s.Spec.Peers[0].Name != framework.NodeName(other) || len(s.Status.Paths) != 2 {
+				return false
+			}
+			for _, p := range s.Status.Paths {
+				if p.Liveness != mptcpv1alpha1.LivenessAlive {
+					return false
+				}
+			}
+			return true
+		})
+		for k, p := range s.Spec.Peers[0].Paths {
+			if want := other.NICs[k].Addr.Addr().String(); p.Name != framework.PathName(k+1) || !slices.Equal(p.Addresses, []string{want}) {
+				t.Errorf("node %d: peer path %+v, want %s at %s", n.Index, p, framework.PathName(k+1), want)
 			}
 		}
 	}
