@@ -594,30 +594,46 @@ func (t *Translation) PathIndex(name string) (uint32, bool) {
 	return 0, false
 }
 
-// livenessPaths are the paths to probe and the peers to probe over each:
-// a peer's first address on the path of a family the node has an address
-// of on the path's NIC, probed from that address. A path with no peer is
-// not probed (no probes into the void).
+// livenessPaths are the paths to probe and the peers to probe over each.
+// A path is probed from the node's first IPv4 address on its NIC (its
+// first IPv6 one when it has no IPv4), to each peer's first address of
+// that family on the path; an address that is one of this node's own is
+// no peer's (its probes would come back from this node itself). A path
+// with no peer is not probed (no probes into the void).
 func livenessPaths(paths []PlanPath, peers []mptcpv1alpha1.NodePeer, links []NodeLink) []liveness.Path {
+	own := map[netip.Addr]bool{}
+	for _, l := range links {
+		for _, a := range l.Addresses {
+			own[a.Addr().Unmap()] = true
+		}
+	}
 	var out []liveness.Path
 	for _, p := range paths {
-		var local []netip.Addr
+		lp := liveness.Path{Index: p.Index, Name: p.Name, Interface: p.Interface}
 		for _, l := range links {
-			if l.Name == p.Interface {
-				for _, a := range l.Addresses {
-					local = append(local, a.Addr().Unmap())
+			if l.Name != p.Interface {
+				continue
+			}
+			for _, a := range l.Addresses {
+				if ip := a.Addr().Unmap(); !lp.Local.IsValid() || (ip.Is4() && !lp.Local.Is4()) {
+					lp.Local = ip
 				}
 			}
 		}
-		lp := liveness.Path{Index: p.Index, Name: p.Name, Interface: p.Interface}
+		if !lp.Local.IsValid() {
+			continue
+		}
 		for _, peer := range peers {
 			for _, pp := range peer.Paths {
 				if pp.Name != p.Name {
 					continue
 				}
-				if from, to, ok := sameFamily(local, pp.Addresses); ok && (!lp.Local.IsValid() || lp.Local == from) {
-					lp.Local = from
-					lp.Peers = append(lp.Peers, liveness.Peer{Node: peer.Name, Addr: to})
+				for _, r := range pp.Addresses {
+					to, err := netip.ParseAddr(r)
+					if to = to.Unmap(); err == nil && to.Is4() == lp.Local.Is4() && !own[to] {
+						lp.Peers = append(lp.Peers, liveness.Peer{Node: peer.Name, Addr: to})
+						break
+					}
 				}
 			}
 		}
@@ -626,22 +642,4 @@ func livenessPaths(paths []PlanPath, peers []mptcpv1alpha1.NodePeer, links []Nod
 		}
 	}
 	return out
-}
-
-// sameFamily picks the first of remote that parses and a local address of
-// its family.
-func sameFamily(local []netip.Addr, remote []string) (from, to netip.Addr, ok bool) {
-	for _, r := range remote {
-		to, err := netip.ParseAddr(r)
-		if err != nil {
-			continue
-		}
-		to = to.Unmap()
-		for _, l := range local {
-			if l.Is4() == to.Is4() {
-				return l, to, true
-			}
-		}
-	}
-	return netip.Addr{}, netip.Addr{}, false
 }

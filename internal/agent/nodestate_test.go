@@ -526,8 +526,9 @@ func TestRunningPodsKeepTheirPlaceInAFullRuleTable(t *testing.T) {
 }
 
 // Each path probes the peers that have an address on it, from the node's
-// address of the same family on the path's NIC; a path no peer shares, a
-// peer address of another family and one that does not parse are left out.
+// IPv4 address on the path's NIC; a path no peer shares, a peer address of
+// another family, one that does not parse and one of the node's own are
+// left out.
 func TestLivenessProbesEachPathToThePeersOnIt(t *testing.T) {
 	paths := []PlanPath{
 		{Path: routing.Path{Name: "fabric-a", Index: 1, Interface: "nic1"}},
@@ -540,6 +541,9 @@ func TestLivenessProbesEachPathToThePeersOnIt(t *testing.T) {
 			{Name: "fabric-b", Addresses: []string{"garbage"}},
 		}},
 		{Name: "n3", Paths: []mptcpv1alpha1.PeerPath{{Name: "fabric-a", Addresses: []string{"10.101.3.2"}}, {Name: "fabric-b", Addresses: []string{"10.102.3.2"}}}},
+		// A peer that claims this node's own address is not probed
+		// there: the probe would answer itself.
+		{Name: "n4", Paths: []mptcpv1alpha1.PeerPath{{Name: "fabric-b", Addresses: []string{"10.102.1.2"}}}},
 	}
 	got := livenessPaths(paths, peers, testLinks)
 	want := []liveness.Path{

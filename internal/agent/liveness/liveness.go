@@ -7,7 +7,7 @@
 // the path the probe went out by, on both nodes); a peer that stops
 // echoing for Multiplier intervals is Down on that path, one that echoes
 // for UpAfter intervals in a row is Up again. The agent marks a path down
-// in the datapath when every peer it reaches is Down on it (Silent).
+// in the datapath when no peer is Up on it and one is Down (Silent).
 package liveness
 
 import (
@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	"golang.org/x/time/rate"
 )
 
 // Config is how often probes go and how many may go unanswered.
@@ -99,8 +98,9 @@ type Counters struct {
 	ProbesSent, EchoesReceived uint64
 	// ProbesAnswered: the peers' probes echoed.
 	ProbesAnswered uint64
-	// Ignored: datagrams that are not a probe or an echo of this prober,
-	// come from no peer of the path, or exceed the answer rate.
+	// Ignored: datagrams that are not a probe or an echo of this prober's
+	// (a wrong nonce, a sequence number not sent lately), or do not come
+	// from a peer's address and port on the path.
 	Ignored uint64
 }
 
@@ -114,6 +114,7 @@ type Prober struct {
 	mu       sync.Mutex
 	paths    map[uint32]*pathProbe
 	counters Counters
+	closed   bool
 	cancel   context.CancelFunc
 	done     chan struct{}
 }
@@ -122,12 +123,11 @@ type pathProbe struct {
 	spec    Path
 	conn    *net.UDPConn
 	targets map[netip.Addr]*target
-	// answers bounds the echoes the path's socket sends: the peers'
-	// probes, with room for twice their rate; anything beyond (someone
-	// else sending probes with a peer's address) is dropped.
-	answers *rate.Limiter
-	seq     uint64
-	closed  chan struct{}
+	// seq is the last tick's sequence number on the path, the same for
+	// every peer: an echo counts only for one of the last Multiplier+1
+	// ticks.
+	seq    uint64
+	closed chan struct{}
 }
 
 type target struct {
@@ -159,16 +159,27 @@ func New(cfg Config, log *slog.Logger, changed func()) (*Prober, error) {
 	return p, nil
 }
 
-// Sync makes the prober probe exactly paths. A path whose socket cannot be
-// opened is left out and its error returned; the others go on. The
-// sockets are opened in the calling thread's network namespace.
+// Sync makes the prober probe exactly paths (the first of two with one
+// index). A path whose socket cannot be opened is left out and its error
+// returned; the others go on. The sockets are opened in the calling
+// thread's network namespace. Calls must not overlap; after Close, Sync
+// does nothing.
 func (p *Prober) Sync(paths []Path) error {
 	var errs []error
 	want := map[uint32]Path{}
+	var unique []Path
 	for _, path := range paths {
-		want[path.Index] = path
+		if _, dup := want[path.Index]; !dup {
+			want[path.Index] = path
+			unique = append(unique, path)
+		}
 	}
+	paths = unique
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
 	var closing []*pathProbe
 	for index, pp := range p.paths {
 		if w, ok := want[index]; !ok || !w.sameSocket(pp.spec) {
@@ -212,8 +223,6 @@ func (p *Prober) Sync(paths []Path) error {
 				delete(pp.targets, addr)
 			}
 		}
-		perSecond := 2 * float64(len(pp.targets)) * float64(time.Second) / float64(p.cfg.Interval)
-		pp.answers = rate.NewLimiter(rate.Limit(perSecond), 2*len(pp.targets)+1)
 		p.mu.Unlock()
 	}
 	return errors.Join(errs...)
@@ -272,17 +281,22 @@ func (p *Prober) read(pp *pathProbe, name string) {
 		m, err := parseMessage(buf[:n])
 		addr := from.Addr().Unmap()
 		p.mu.Lock()
+		// Only a peer's prober, from the port every prober uses: an
+		// echo then goes only to a peer's prober (which ignores what it
+		// did not ask for), one for one, whoever forged the probe.
 		t := pp.targets[addr]
 		switch {
-		case err != nil || t == nil || (m.kind == kindEcho && m.nonce != p.nonce):
+		case err != nil || t == nil || int(from.Port()) != p.cfg.Port:
 			p.counters.Ignored++
 		case m.kind == kindProbe:
-			if pp.answers.Allow() {
-				p.counters.ProbesAnswered++
-				p.mu.Unlock()
-				_, _ = pp.conn.WriteToUDPAddrPort(message{kind: kindEcho, nonce: m.nonce, seq: m.seq}.marshal(), from)
-				continue
-			}
+			// Answered without a budget: a forger with a peer's
+			// address makes the node send no more than it sent, to
+			// that peer's prober, and cannot starve the real probes.
+			p.counters.ProbesAnswered++
+			p.mu.Unlock()
+			_, _ = pp.conn.WriteToUDPAddrPort(message{kind: kindEcho, nonce: m.nonce, seq: m.seq}.marshal(), from)
+			continue
+		case m.nonce != p.nonce || m.seq > pp.seq || pp.seq-m.seq > uint64(p.cfg.Multiplier):
 			p.counters.Ignored++
 		default:
 			p.counters.EchoesReceived++
@@ -337,12 +351,19 @@ func (p *Prober) run(ctx context.Context) {
 	defer close(p.done)
 	tick := time.NewTicker(p.cfg.Interval)
 	defer tick.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+		// A tick more than two intervals late means this process did
+		// not run meanwhile (CPU starved, a long GC pause): the echoes
+		// that arrived are still in the sockets, unread. Expiring now
+		// would take healthy paths down; the next tick decides.
+		late := time.Since(last) > 2*p.cfg.Interval
+		last = time.Now()
 		type send struct {
 			conn *net.UDPConn
 			to   netip.AddrPort
@@ -353,9 +374,11 @@ func (p *Prober) run(ctx context.Context) {
 		now := time.Now()
 		p.mu.Lock()
 		for _, pp := range p.paths {
+			pp.seq++
 			for addr, t := range pp.targets {
-				changed = t.expire(now, p.cfg.Interval, p.cfg.Multiplier) || changed
-				pp.seq++
+				if !late {
+					changed = t.expire(now, p.cfg.Interval, p.cfg.Multiplier) || changed
+				}
 				sends = append(sends, send{pp.conn, netip.AddrPortFrom(addr, uint16(p.cfg.Port)),
 					message{kind: kindProbe, nonce: p.nonce, seq: pp.seq}.marshal()})
 			}
@@ -379,22 +402,28 @@ func (p *Prober) notify() {
 	}
 }
 
-// Silent reports whether path has peers and every one of them is Down on
-// it: the path carries nothing to anyone. A peer that never echoed
-// (Unknown) keeps the path from being silent.
+// Silent reports whether no peer is Up on path and at least one is Down:
+// the path carries nothing to anyone known to answer. A peer that never
+// echoed (Unknown: its agent may not probe, or not yet) counts as neither,
+// so that peers without liveness never take a path down, and a new peer
+// does not bring back a path whose peers all stopped.
 func (p *Prober) Silent(path uint32) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pp := p.paths[path]
-	if pp == nil || len(pp.targets) == 0 {
+	if pp == nil {
 		return false
 	}
+	down := false
 	for _, t := range pp.targets {
-		if t.state != Down {
+		switch t.state {
+		case Up:
 			return false
+		case Down:
+			down = true
 		}
 	}
-	return true
+	return down
 }
 
 // States lists every peer of every path, by path index and peer address.
@@ -428,6 +457,7 @@ func (p *Prober) Close() {
 	p.cancel()
 	<-p.done
 	p.mu.Lock()
+	p.closed = true
 	paths := p.paths
 	p.paths = map[uint32]*pathProbe{}
 	p.mu.Unlock()

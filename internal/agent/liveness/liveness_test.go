@@ -154,10 +154,12 @@ func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
 		t.Fatalf("path2 went down with path1: a %v, b %v", stateOf(pa, 2), stateOf(pb, 2))
 	}
 
-	// From b's address on path1 (what b sends still reaches a): echoes
-	// that do not carry a's nonce, and a probe a must answer since b is
-	// its peer. Neither brings path1 back on a.
+	// From b's address on path1 (what b sends still reaches a), but not
+	// from the probers' port: echoes, even with a's nonce and a sequence
+	// number a sent, probes, and garbage. None is answered, none brings
+	// path1 back on a.
 	ignored := pa.Counters().Ignored
+	var answered bool
 	inNS(t, b, func() {
 		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP("10.201.1.2"), Port: testPort + 1})
 		if err != nil {
@@ -167,17 +169,43 @@ func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
 		defer c.Close()
 		to := &net.UDPAddr{IP: net.ParseIP("10.201.1.1"), Port: testPort}
 		for seq := uint64(1); seq <= 20; seq++ {
-			_, _ = c.WriteToUDP(message{kind: kindEcho, nonce: 0x5eed ^ seq, seq: seq}.marshal(), to)
+			_, _ = c.WriteToUDP(message{kind: kindEcho, nonce: pa.nonce, seq: seq}.marshal(), to)
+			_, _ = c.WriteToUDP(message{kind: kindProbe, nonce: 1, seq: seq}.marshal(), to)
 			_, _ = c.WriteToUDP([]byte("MPTL not a liveness message"), to)
 			time.Sleep(testInterval / 2)
 		}
+		_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		_, _, err = c.ReadFromUDP(make([]byte, 64))
+		answered = err == nil
 	})
-	if got := pa.Counters().Ignored - ignored; got < 40 {
-		t.Errorf("node a ignored %d of the 40 forged datagrams", got)
+	if got := pa.Counters().Ignored - ignored; got < 60 {
+		t.Errorf("node a ignored %d of the 60 forged datagrams", got)
+	}
+	if answered {
+		t.Error("node a answered a probe from another port than the probers'")
 	}
 	if !pa.Silent(1) {
-		t.Fatal("forged echoes brought path1 back on node a")
+		t.Fatal("forged datagrams brought path1 back on node a")
 	}
+
+	// A peer that never answers (a node whose agent does not probe)
+	// counts as neither: it does not bring the path back.
+	withStranger := pathsOf("1", "2")
+	withStranger[0].Peers = append(withStranger[0].Peers, Peer{Node: "node9", Addr: netip.MustParseAddr("10.201.1.9")})
+	inNS(t, a, func() {
+		if err := pa.Sync(withStranger); err != nil {
+			t.Errorf("sync: %v", err)
+		}
+	})
+	time.Sleep(detect)
+	if !pa.Silent(1) {
+		t.Fatal("a peer that never answered brought path1 back on node a")
+	}
+	inNS(t, a, func() {
+		if err := pa.Sync(pathsOf("1", "2")); err != nil {
+			t.Errorf("sync: %v", err)
+		}
+	})
 
 	run(t, "ip", "-n", a, "neigh", "del", "10.201.1.2", "dev", "nic1")
 	back := waitFor(t, "node a: path1 up", 2*time.Second, func() bool { return !pa.Silent(1) })

@@ -153,14 +153,41 @@ func Node(in Input) Result {
 	return res
 }
 
+// peerAddress parses one of a peer's addresses as its agent reported it
+// and accepts only a unicast address a node can have on a fabric: no
+// loopback, multicast, link-local or unspecified address, no zone.
+func peerAddress(s string) (netip.Addr, bool) {
+	ip, err := netip.ParseAddr(s)
+	if err != nil || ip.Zone() != "" {
+		return netip.Addr{}, false
+	}
+	ip = ip.Unmap()
+	return ip, ip.IsGlobalUnicast()
+}
+
 // Peers are the nodes of states other than node that have pods under a
 // policy, each with its addresses on the paths it shares with node, as its
 // agent reported them (status.paths); a peer that reports an address on
-// none of them is left out. Sorted by name, at most MaxPeers.
+// none of them is left out, and so is an address that is not a fabric's
+// unicast address or that another node claims too. Sorted by name, at most
+// MaxPeers.
 func Peers(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.MPTCPNodeState) []mptcpv1alpha1.NodePeer {
 	shared := map[string]bool{}
 	for _, p := range paths {
 		shared[p.Name] = true
+	}
+	// An address two nodes claim is no one's: an agent writes its own
+	// status, and one that claims another node's address (or this
+	// node's) must not have the others probe, or trust, that address.
+	claims := map[netip.Addr]int{}
+	for i := range states {
+		for _, ps := range states[i].Status.Paths {
+			for _, a := range ps.Addresses {
+				if ip, err := netip.ParseAddr(a); err == nil {
+					claims[ip.Unmap()]++
+				}
+			}
+		}
 	}
 	var peers []mptcpv1alpha1.NodePeer
 	for i := range states {
@@ -175,9 +202,7 @@ func Peers(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.M
 			}
 			var addrs []string
 			for _, a := range ps.Addresses {
-				// An agent writes its status: what is not an address
-				// is not passed on to the other nodes.
-				if ip, err := netip.ParseAddr(a); err == nil && len(addrs) < 4 {
+				if ip, ok := peerAddress(a); ok && claims[ip] == 1 && len(addrs) < 4 {
 					addrs = append(addrs, ip.String())
 				}
 			}

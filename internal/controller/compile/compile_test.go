@@ -3,7 +3,9 @@ package compile
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -286,5 +288,39 @@ func TestParsePreferredPaths(t *testing.T) {
 				t.Fatalf("got %v (%s), want %v", got, problem, tc.want)
 			}
 		})
+	}
+}
+
+// An agent writes its own status, so what it claims as its addresses is
+// checked before other nodes probe it: only fabric unicast addresses, and
+// none that another node claims too (the one a compromised agent copies
+// from its victim is dropped for both). Nodes without pods are no peers.
+func TestPeersListOnlyAddressesOneNodeClaims(t *testing.T) {
+	state := func(name string, pods int, paths map[string][]string) mptcpv1alpha1.MPTCPNodeState {
+		s := mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		for i := range pods {
+			s.Spec.Pods = append(s.Spec.Pods, mptcpv1alpha1.NodePod{Namespace: "t", Name: fmt.Sprint(i), Rules: []string{"r"}})
+		}
+		for _, p := range slices.Sorted(maps.Keys(paths)) {
+			s.Status.Paths = append(s.Status.Paths, mptcpv1alpha1.PathState{Name: p, Addresses: paths[p]})
+		}
+		return s
+	}
+	states := []mptcpv1alpha1.MPTCPNodeState{
+		state("n1", 1, map[string][]string{"a": {"192.0.2.1"}}),
+		state("n2", 1, map[string][]string{"a": {"127.0.0.1", "fe80::1", "224.0.0.1", "0.0.0.0", "2001:db8::2%eth0", "192.0.2.2", "::ffff:198.51.100.2"}, "b": {"203.0.113.2"}}),
+		// n3 claims n2's address on a and its own on b.
+		state("n3", 1, map[string][]string{"a": {"192.0.2.2"}, "b": {"203.0.113.3"}}),
+		state("n4", 0, map[string][]string{"a": {"192.0.2.4"}}),
+		state("n5", 1, map[string][]string{"z": {"192.0.2.5"}}),
+	}
+	paths := []mptcpv1alpha1.NodePath{{Name: "a"}, {Name: "b"}}
+	got := Peers("n1", paths, states)
+	want := []mptcpv1alpha1.NodePeer{
+		{Name: "n2", Paths: []mptcpv1alpha1.PeerPath{{Name: "a", Addresses: []string{"198.51.100.2"}}, {Name: "b", Addresses: []string{"203.0.113.2"}}}},
+		{Name: "n3", Paths: []mptcpv1alpha1.PeerPath{{Name: "b", Addresses: []string{"203.0.113.3"}}}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("peers\n got %+v\nwant %+v", got, want)
 	}
 }
