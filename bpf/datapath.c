@@ -463,6 +463,29 @@ static __always_inline void set_path_mark(struct __sk_buff *skb, __u32 path)
 	count(STAT_MARKED);
 }
 
+/* mark_liveness_probe gives a packet arriving on a path NIC that is not
+ * TCP its NIC's path mark when it is UDP to the agents' liveness port: a
+ * probe or an echo between two nodes' addresses on the path. With
+ * src_valid_mark on the NIC, strict reverse-path filtering then looks its
+ * sender up in the path's table, as for the pods' subflows, and accepts it
+ * on a NIC that is not the main table's way to that sender. */
+static __always_inline void mark_liveness_probe(struct __sk_buff *skb, struct packet *pkt, __u32 path)
+{
+	__u32 zero = 0, off = 0;
+	struct settings_value *s = bpf_map_lookup_elem(&settings, &zero);
+	const __be16 *dport;
+	__be16 buf;
+	__u8 proto = 0;
+
+	if (!s || !s->liveness_port)
+		return;
+	if (parse_l3(skb, pkt, &off, &proto) != PARSE_OK || proto != IPPROTO_UDP)
+		return;
+	dport = header_at(skb, off + 2, sizeof(*dport), &buf);
+	if (dport && *dport == bpf_htons(s->liveness_port))
+		set_path_mark(skb, path);
+}
+
 static __always_inline struct endpoint *lookup_endpoint(__u8 family, const __u8 addr[16])
 {
 	struct endpoint_key k = {.family = family};
@@ -1786,8 +1809,15 @@ int nic_ingress(struct __sk_buff *skb)
 	n = bpf_map_lookup_elem(&nics, &ifindex);
 	if (!n)
 		return TCX_NEXT;
-	if (parse_counted(skb, &pkt) != PARSE_OK)
+	switch (parse_counted(skb, &pkt)) {
+	case PARSE_OK:
+		break;
+	case PARSE_NOT_TCP:
+		mark_liveness_probe(skb, &pkt, n->path);
 		return TCX_NEXT;
+	default:
+		return TCX_NEXT;
+	}
 	ep = lookup_endpoint(pkt.family, pkt.daddr);
 	if (!ep) {
 		mark_released_subflow(skb, &pkt, n);

@@ -390,7 +390,9 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 			// Both nodes probe each other over both paths before the
 			// first failure.
 			for k, a := range agents {
-				waitForMetric(t, a, "mptcp_agent_path_peer_up", 1, 10*time.Second, "path", framework.PathName(1), "peer", framework.NodeName(bed.Nodes[1-k]))
+				for path := 1; path <= 2; path++ {
+					waitForMetric(t, a, "mptcp_agent_path_peer_up", 1, 10*time.Second, "path", framework.PathName(path), "peer", framework.NodeName(bed.Nodes[1-k]))
+				}
 			}
 			var all []failoverFigures
 			for i := range runs {

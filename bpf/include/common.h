@@ -122,7 +122,12 @@ _Static_assert(STAT_MAX <= STATS_CAPACITY, "enum stat_id outgrew the stats map")
 
 struct settings_value {
 	__u32 flags; /* SETTING_* */
-	__u32 reserved[15];
+	/* UDP port of the agents' liveness probes (host order), 0: none.
+	 * nic_ingress marks them with their NIC's path, as it marks pods'
+	 * packets, so that strict reverse-path filtering accepts them. */
+	__u16 liveness_port;
+	__u16 pad;
+	__u32 reserved[14];
 };
 
 /* A subflow's 4-tuple as the local pod sends it: saddr/sport are the pod's.

@@ -16,6 +16,7 @@
 #define ETH_P_8021Q	     0x8100
 #define ETH_P_8021AD	     0x88A8
 #define IPPROTO_TCP	     6
+#define IPPROTO_UDP	     17
 #define MAX_VLAN_TAGS	     2
 #define MAX_IPV6_EXT_HEADERS 4
 #define TCP_MAX_OPTIONS_LEN  40

@@ -179,6 +179,9 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	if err := a.dp.SetObserveOnly(plan.Settings.ObserveOnly); err != nil {
 		return nil, fmt.Errorf("observe-only: %w", err)
 	}
+	if err := a.dp.SetLivenessPort(a.livenessPort()); err != nil {
+		return nil, fmt.Errorf("liveness port: %w", err)
+	}
 	var errs []error
 	keep := func(err error) {
 		if err != nil {

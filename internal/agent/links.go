@@ -217,6 +217,14 @@ func (a *Agent) livenessChanged() {
 	}
 }
 
+// livenessPort is the probes' port nic_ingress marks, 0 with liveness off.
+func (a *Agent) livenessPort() uint16 {
+	if a.prober == nil {
+		return 0
+	}
+	return uint16(a.settings.Liveness.Port)
+}
+
 // syncLiveness has the prober probe the plan's paths, with their marks.
 // A path it cannot probe is logged and reported Unknown; it never fails
 // the reconcile: without probes a path is still down when its NIC is.

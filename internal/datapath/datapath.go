@@ -228,6 +228,21 @@ func (d *Datapath) SetObserveOnly(on bool) error {
 	return nil
 }
 
+// SetLivenessPort tells nic_ingress the UDP port of the agents' liveness
+// probes (0: none): it marks those arriving on a path NIC with the NIC's
+// path, so that strict reverse-path filtering accepts them there.
+func (d *Datapath) SetLivenessPort(port uint16) error {
+	var v datapathSettingsValue
+	if err := d.objs.Settings.Lookup(uint32(0), &v); err != nil {
+		return fmt.Errorf("reading settings: %w", err)
+	}
+	v.LivenessPort = port
+	if err := d.objs.Settings.Put(uint32(0), &v); err != nil {
+		return fmt.Errorf("writing settings: %w", err)
+	}
+	return nil
+}
+
 // ObserveOnly says whether the datapath is in observe-only mode.
 func (d *Datapath) ObserveOnly() (bool, error) {
 	var v datapathSettingsValue

@@ -256,9 +256,11 @@ type datapathRule struct {
 }
 
 type datapathSettingsValue struct {
-	_        structs.HostLayout
-	Flags    uint32
-	Reserved [15]uint32
+	_            structs.HostLayout
+	Flags        uint32
+	LivenessPort uint16
+	Pad          uint16
+	Reserved     [14]uint32
 }
 
 type datapathSpreadMode uint32
