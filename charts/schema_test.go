@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 )
@@ -84,6 +85,14 @@ func TestBadValuesAreRefusedWithAClearMessage(t *testing.T) {
 		"a join holdoff that is not a duration": {
 			set:  []string{"agent.joinHoldoff=-5ms"},
 			want: []string{"/agent/joinHoldoff", "-5ms"},
+		},
+		"a liveness interval faster than the agent allows": {
+			set:  []string{"agent.liveness.interval=5ms"},
+			want: []string{"/agent/liveness/interval", "5ms"},
+		},
+		"a liveness multiplier that one lost probe would trip": {
+			set:  []string{"agent.liveness.detectMultiplier=1"},
+			want: []string{"/agent/liveness/detectMultiplier", "minimum"},
 		},
 		"a port out of range": {
 			set:  []string{"agent.metricsPort=70000"},
@@ -172,5 +181,60 @@ func TestJoinHoldoffSchemaAgreesWithTheAgent(t *testing.T) {
 	}
 	if most := fmt.Sprintf("%ds", int(agent.MaxJoinHoldoff.Seconds())); !pattern.MatchString(most) {
 		t.Errorf("the schema refuses the agent's maximum %s", most)
+	}
+}
+
+// The chart's bounds on agent.liveness are the agent's, written twice: every
+// interval the schema accepts, the agent takes, the schema accepts the
+// agent's shortest and longest, and the multiplier's bounds are the same.
+func TestLivenessSchemaAgreesWithTheAgent(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("mptcp-operator", "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			Agent struct {
+				Properties struct {
+					Liveness struct {
+						Properties struct {
+							Interval struct {
+								Pattern string `json:"pattern"`
+							} `json:"interval"`
+							Multiplier struct {
+								Minimum int `json:"minimum"`
+								Maximum int `json:"maximum"`
+							} `json:"detectMultiplier"`
+						} `json:"properties"`
+					} `json:"liveness"`
+				} `json:"properties"`
+			} `json:"agent"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	l := schema.Properties.Agent.Properties.Liveness.Properties
+	pattern := regexp.MustCompile(l.Interval.Pattern)
+	var candidates []string
+	for ms := 0; ms <= 12000; ms += 7 {
+		candidates = append(candidates, fmt.Sprintf("%dms", ms))
+	}
+	for s := 0; s <= 12; s++ {
+		candidates = append(candidates, fmt.Sprintf("%ds", s))
+	}
+	for _, v := range candidates {
+		_, agentErr := agent.ParseLiveness("7471/" + v + "/5")
+		if pattern.MatchString(v) && agentErr != nil {
+			t.Errorf("the schema accepts interval %q, the agent refuses it: %v", v, agentErr)
+		}
+	}
+	for _, d := range []time.Duration{agent.MinLivenessInterval, agent.MaxLivenessInterval} {
+		if v := fmt.Sprintf("%dms", d.Milliseconds()); !pattern.MatchString(v) && !pattern.MatchString(fmt.Sprintf("%ds", int(d.Seconds()))) {
+			t.Errorf("the schema refuses the agent's bound %v", d)
+		}
+	}
+	if l.Multiplier.Minimum != agent.MinLivenessMultiplier || l.Multiplier.Maximum != agent.MaxLivenessMultiplier {
+		t.Errorf("schema multiplier %d..%d, the agent's %d..%d", l.Multiplier.Minimum, l.Multiplier.Maximum, agent.MinLivenessMultiplier, agent.MaxLivenessMultiplier)
 	}
 }
