@@ -121,7 +121,7 @@ func BenchmarkProbes100Peers4Paths(b *testing.B) {
 		for range rounds {
 			c0 := cpu()
 			time.Sleep(window)
-			idle = append(idle, (cpu() - c0).Seconds()/window.Seconds())
+			idle = append(idle, (cpu()-c0).Seconds()/window.Seconds())
 
 			pa, err := liveness.New(cfg, log, nil)
 			if err != nil {
