@@ -165,13 +165,7 @@ func TestJoinHoldoffSchemaAgreesWithTheAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	pattern := regexp.MustCompile(schema.Properties.Agent.Properties.JoinHoldoff.Pattern)
-	var candidates []string
-	for ms := 0; ms <= 12000; ms += 7 {
-		candidates = append(candidates, fmt.Sprintf("%dms", ms))
-	}
-	for s := 0; s <= 12; s++ {
-		candidates = append(candidates, fmt.Sprintf("%ds", s))
-	}
+	candidates := durationCandidates()
 	candidates = append(candidates, "9999ms", "10s", "1m", "-5ms")
 	for _, v := range candidates {
 		_, agentErr := agent.ParseJoinHoldoff(v)
@@ -216,13 +210,7 @@ func TestLivenessSchemaAgreesWithTheAgent(t *testing.T) {
 	}
 	l := schema.Properties.Agent.Properties.Liveness.Properties
 	pattern := regexp.MustCompile(l.Interval.Pattern)
-	var candidates []string
-	for ms := 0; ms <= 12000; ms += 7 {
-		candidates = append(candidates, fmt.Sprintf("%dms", ms))
-	}
-	for s := 0; s <= 12; s++ {
-		candidates = append(candidates, fmt.Sprintf("%ds", s))
-	}
+	candidates := durationCandidates()
 	for _, v := range candidates {
 		_, agentErr := agent.ParseLiveness("7471/" + v + "/5")
 		if pattern.MatchString(v) && agentErr != nil {
@@ -237,4 +225,17 @@ func TestLivenessSchemaAgreesWithTheAgent(t *testing.T) {
 	if l.Multiplier.Minimum != agent.MinLivenessMultiplier || l.Multiplier.Maximum != agent.MaxLivenessMultiplier {
 		t.Errorf("schema multiplier %d..%d, the agent's %d..%d", l.Multiplier.Minimum, l.Multiplier.Maximum, agent.MinLivenessMultiplier, agent.MaxLivenessMultiplier)
 	}
+}
+
+// durationCandidates are durations around the agent's bounds to try a
+// schema's pattern with: milliseconds up to 12 s, and whole seconds.
+func durationCandidates() []string {
+	var out []string
+	for ms := 0; ms <= 12000; ms += 7 {
+		out = append(out, fmt.Sprintf("%dms", ms))
+	}
+	for s := 0; s <= 12; s++ {
+		out = append(out, fmt.Sprintf("%ds", s))
+	}
+	return out
 }

@@ -345,21 +345,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 			t.Logf("agent, node %d's nic1, %d runs: %s", c.node, runs, summarizeFailover(all))
 		})
 		t.Run("kernel only "+c.name, func(t *testing.T) {
-			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
-			ports := []int{5702}
-			testbed.Must(t, bed.HandRoute(ports))
-			testbed.Must(t, bed.ConfigureSignalPorts(bed.Pod(2, 1), ports))
-			testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, 1), 2, 1))
-			var all []failoverFigures
-			for i := range runs {
-				f := failoverTransfer(t, bed, 5710+i, c.node, carrierLoss)
-				t.Logf("kernel only, node %d's nic1: %v", c.node, f)
-				all = append(all, f)
-				if len(f.resets) != 0 || f.rstCounted != 0 {
-					t.Logf("kernel only: resets (not asserted):\n%s", strings.Join(f.resets, "\n"))
-				}
-			}
-			t.Logf("kernel only, node %d's nic1, %d runs: %s", c.node, runs, summarizeFailover(all))
+			kernelOnlyFailovers(t, c.node, carrierLoss, 5702, runs)
 		})
 	}
 }
@@ -421,19 +407,31 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 		})
 	}
 	t.Run("kernel only, node 1's nic1", func(t *testing.T) {
-		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
-		ports := []int{5902}
-		testbed.Must(t, bed.HandRoute(ports))
-		testbed.Must(t, bed.ConfigureSignalPorts(bed.Pod(2, 1), ports))
-		testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, 1), 2, 1))
-		var all []failoverFigures
-		for i := range runs {
-			f := failoverTransfer(t, bed, 5910+i, 1, totalLoss)
-			t.Logf("kernel only, node 1's nic1, %s: %v", totalLoss.name, f)
-			all = append(all, f)
-		}
-		t.Logf("kernel only, node 1's nic1, %s, %d runs: %s", totalLoss.name, runs, summarizeFailover(all))
+		kernelOnlyFailovers(t, 1, totalLoss, 5902, runs)
 	})
+}
+
+// kernelOnlyFailovers is the negative control beside the agent's rows: runs
+// transfers on a bed of its own, hand-routed (the kernel's path manager, a
+// subflow per NIC, no agent, no BPF), with nic1 of node failing in each,
+// from port+8 on (port is the server's signalled one). Only integrity is
+// asserted; resets are logged.
+func kernelOnlyFailovers(t *testing.T, node int, fail failure, port, runs int) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
+	ports := []int{port}
+	testbed.Must(t, bed.HandRoute(ports))
+	testbed.Must(t, bed.ConfigureSignalPorts(bed.Pod(2, 1), ports))
+	testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, 1), 2, 1))
+	var all []failoverFigures
+	for i := range runs {
+		f := failoverTransfer(t, bed, port+8+i, node, fail)
+		t.Logf("kernel only, node %d's nic1, %s: %v", node, fail.name, f)
+		all = append(all, f)
+		if len(f.resets) != 0 || f.rstCounted != 0 {
+			t.Logf("kernel only: resets (not asserted):\n%s", strings.Join(f.resets, "\n"))
+		}
+	}
+	t.Logf("kernel only, node %d's nic1, %s, %d runs: %s", node, fail.name, runs, summarizeFailover(all))
 }
 
 // waitForMetric waits until a's series name{labels} has value want.

@@ -19,8 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
@@ -39,27 +37,6 @@ func run(b *testing.B, args ...string) {
 	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 		b.Fatalf("%v: %v: %s", args, err, out)
 	}
-}
-
-// inNS runs f on a thread of namespace ns, which dies with it.
-func inNS(b *testing.B, ns string, f func()) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread()
-		h, err := netns.GetFromName(ns)
-		if err != nil {
-			b.Error(err)
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			b.Error(err)
-			return
-		}
-		f()
-	}()
-	<-done
 }
 
 // cpu is the process's user and system time.
@@ -131,12 +108,12 @@ func BenchmarkProbes100Peers4Paths(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			inNS(b, a, func() {
+			testutil.InNetNS(b, a, func() {
 				if err := pa.Sync(node); err != nil {
 					b.Error(err)
 				}
 			})
-			inNS(b, p, func() {
+			testutil.InNetNS(b, p, func() {
 				if err := pp.Sync(others); err != nil {
 					b.Error(err)
 				}

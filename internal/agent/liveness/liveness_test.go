@@ -6,12 +6,9 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netns"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
 )
@@ -21,31 +18,6 @@ const (
 	testInterval = 20 * time.Millisecond
 	testMult     = 5
 )
-
-// inNS runs f on a thread in the named namespace: sockets f opens live
-// there.
-func inNS(t *testing.T, ns string, f func()) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread()
-		// The thread is not unlocked: it dies with the goroutine rather
-		// than go back to the pool in another namespace.
-		h, err := netns.GetFromName(ns)
-		if err != nil {
-			t.Errorf("namespace %s: %v", ns, err)
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			t.Errorf("entering %s: %v", ns, err)
-			return
-		}
-		f()
-	}()
-	<-done
-}
 
 func run(t *testing.T, args ...string) {
 	t.Helper()
@@ -89,7 +61,7 @@ func startProber(t *testing.T, ns string, paths []Path, changes *atomic.Int64) *
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	inNS(t, ns, func() {
+	testutil.InNetNS(t, ns, func() {
 		if err := p.Sync(paths); err != nil {
 			t.Errorf("sync: %v", err)
 		}
@@ -160,7 +132,7 @@ func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
 	// path1 back on a.
 	ignored := pa.Counters().Ignored
 	var answered bool
-	inNS(t, b, func() {
+	testutil.InNetNS(t, b, func() {
 		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP("10.201.1.2"), Port: testPort + 1})
 		if err != nil {
 			t.Errorf("forger: %v", err)
@@ -192,7 +164,7 @@ func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
 	// counts as neither: it does not bring the path back.
 	withStranger := pathsOf("1", "2")
 	withStranger[0].Peers = append(withStranger[0].Peers, Peer{Node: "node9", Addr: netip.MustParseAddr("10.201.1.9")})
-	inNS(t, a, func() {
+	testutil.InNetNS(t, a, func() {
 		if err := pa.Sync(withStranger); err != nil {
 			t.Errorf("sync: %v", err)
 		}
@@ -201,7 +173,7 @@ func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
 	if !pa.Silent(1) {
 		t.Fatal("a peer that never answered brought path1 back on node a")
 	}
-	inNS(t, a, func() {
+	testutil.InNetNS(t, a, func() {
 		if err := pa.Sync(pathsOf("1", "2")); err != nil {
 			t.Errorf("sync: %v", err)
 		}
@@ -230,7 +202,7 @@ func TestProbesFromAnAddressThatIsNoPeersGetNoAnswer(t *testing.T) {
 	pa := startProber(t, a, pathsOf("1", "2"), &changes)
 	run(t, "ip", "-n", b, "addr", "add", "10.201.1.9/24", "dev", "nic1")
 	var answered bool
-	inNS(t, b, func() {
+	testutil.InNetNS(t, b, func() {
 		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP("10.201.1.9"), Port: testPort})
 		if err != nil {
 			t.Errorf("stranger: %v", err)
