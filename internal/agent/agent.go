@@ -192,8 +192,10 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	// Routing first: a mark without its rule would send packets nowhere.
 	keep(a.syncRouting(plan))
 	keep(a.syncReversePathFilter(plan))
-	keep(a.syncNICs(plan, hooks))
+	// Probing before the NICs: a path the last agent left down for
+	// its probes stays down while syncNICs writes the paths' states.
 	a.syncLiveness(plan)
+	keep(a.syncNICs(plan, hooks))
 	ids, err := a.assignRuleIDs(plan)
 	keep(err)
 	keep(a.syncRules(plan, ids))

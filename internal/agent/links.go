@@ -154,8 +154,10 @@ type linkState struct {
 	kick      atomic.Pointer[func()]
 	recheckMu sync.Mutex
 	rechecks  map[time.Time]bool
-	// prober probes the paths to their peers (nil: liveness is off).
-	prober *liveness.Prober
+	// prober probes the paths to their peers (nil: liveness is off);
+	// probedOnce: it has been given paths since the agent started.
+	prober     *liveness.Prober
+	probedOnce bool
 	// downMu guards, per path, whether its NIC is down (linkDown), what
 	// was last written to the datapath (down) and how often the path
 	// went from up to down (the metric).
@@ -235,7 +237,14 @@ func (a *Agent) syncLiveness(plan *Plan) {
 	paths := slices.Clone(plan.Liveness)
 	for i := range paths {
 		paths[i].Mark = a.dp.Mark(paths[i].Index)
+		// The first time: a path the pinned datapath has down (this
+		// agent restarted during a failure) stays down until its
+		// probes bring it up.
+		if !a.probedOnce {
+			paths[i].AssumeDown, _ = a.dp.PathDown(paths[i].Index)
+		}
 	}
+	a.probedOnce = true
 	if err := a.prober.Sync(paths); err != nil {
 		a.log.Warn("liveness: probing", "err", err)
 	}

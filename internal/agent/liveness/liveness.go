@@ -57,7 +57,18 @@ type Path struct {
 	Mark      uint32     `json:"mark"`
 	Local     netip.Addr `json:"local"`
 	Peers     []Peer     `json:"peers,omitempty"`
+	// AssumeDown: peers new to the prober start Down rather than
+	// Unknown, for AssumedDownFor at most unless they echo: the path was
+	// down when the agent started (it restarted during a failure), and
+	// must not come up before its probes say so.
+	AssumeDown bool `json:"-"`
 }
+
+// AssumedDownFor bounds how long a peer assumed Down (Path.AssumeDown)
+// that never echoes stays Down: then it is Unknown, as a peer that runs no
+// prober is, so that a node whose peers stopped probing (an upgrade, or
+// liveness turned off) does not keep the path down for good.
+const AssumedDownFor = 10 * time.Second
 
 func (p Path) sameSocket(o Path) bool {
 	return p.Index == o.Index && p.Interface == o.Interface && p.Mark == o.Mark && p.Local == o.Local
@@ -138,6 +149,9 @@ type target struct {
 	// before.
 	streak int
 	downs  uint64
+	// assumedUntil: the peer was assumed Down (Path.AssumeDown) and
+	// becomes Unknown then if it never echoed.
+	assumedUntil time.Time
 }
 
 // New starts a prober with no paths. changed is called, without the
@@ -214,6 +228,8 @@ func (p *Prober) Sync(paths []Path) error {
 			peers[peer.Addr] = true
 			if t := pp.targets[peer.Addr]; t != nil {
 				t.node = peer.Node
+			} else if path.AssumeDown {
+				pp.targets[peer.Addr] = &target{node: peer.Node, state: Down, assumedUntil: time.Now().Add(AssumedDownFor)}
 			} else {
 				pp.targets[peer.Addr] = &target{node: peer.Node}
 			}
@@ -340,6 +356,10 @@ func (t *target) expire(now time.Time, interval time.Duration, multiplier int) b
 	if t.state == Up && now.Sub(t.lastEcho) > time.Duration(multiplier)*interval {
 		t.state = Down
 		t.downs++
+		return true
+	}
+	if t.state == Down && t.lastEcho.IsZero() && !t.assumedUntil.IsZero() && now.After(t.assumedUntil) {
+		t.state = Unknown
 		return true
 	}
 	return false

@@ -262,3 +262,46 @@ func FuzzParseMessage(f *testing.F) {
 		}
 	})
 }
+
+// An agent that restarts while a path is down (Path.AssumeDown) keeps it
+// down until its peers echo; a peer that never does is Unknown again after
+// AssumedDownFor, as one that runs no prober is.
+func TestAPathAssumedDownStaysDownUntilItsPeersEcho(t *testing.T) {
+	a, b := twoNodes(t)
+	var changes atomic.Int64
+	startProber(t, b, pathsOf("2", "1"), &changes)
+	paths := pathsOf("1", "2")
+	for i := range paths {
+		paths[i].AssumeDown = true
+	}
+	p, err := New(Config{Port: testPort, Interval: testInterval, Multiplier: testMult}, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	testutil.InNetNS(t, a, func() {
+		if err := p.Sync(paths); err != nil {
+			t.Errorf("sync: %v", err)
+		}
+	})
+	if !p.Silent(1) || !p.Silent(2) {
+		t.Fatal("paths assumed down are not silent before any probe")
+	}
+	took := waitFor(t, "paths up", 2*time.Second, func() bool { return !p.Silent(1) && !p.Silent(2) })
+	t.Logf("assumed down, up %v after the first sync (%d intervals of echoes)", took, UpAfter)
+	for _, s := range p.States() {
+		if s.Downs != 0 {
+			t.Errorf("path %d: %d downs counted for an assumption", s.Path, s.Downs)
+		}
+	}
+
+	now := time.Now()
+	silent := target{state: Down, assumedUntil: now.Add(-time.Millisecond)}
+	if !silent.expire(now, testInterval, testMult) || silent.state != Unknown {
+		t.Errorf("a peer assumed down that never echoed: %v after AssumedDownFor, want Unknown", silent.state)
+	}
+	lost := target{state: Down, assumedUntil: now.Add(-time.Millisecond), lastEcho: now.Add(-time.Second), downs: 1}
+	if lost.expire(now, testInterval, testMult) || lost.state != Down {
+		t.Errorf("a peer that echoed, then stopped: %v, want it kept Down", lost.state)
+	}
+}
