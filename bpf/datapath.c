@@ -463,35 +463,38 @@ static __always_inline void set_path_mark(struct __sk_buff *skb, __u32 path)
 	count(STAT_MARKED);
 }
 
-/* mark_liveness_probe gives a packet arriving on a path NIC that is not
- * TCP its NIC's path mark when it is UDP to the agents' liveness port: a
- * probe or an echo between two nodes' addresses on the path. With
- * src_valid_mark on the NIC, strict reverse-path filtering then looks its
- * sender up in the path's table, as for the pods' subflows, and accepts it
- * on a NIC that is not the main table's way to that sender. */
-static __always_inline void mark_liveness_probe(struct __sk_buff *skb, struct packet *pkt, __u32 path)
-{
-	__u32 zero = 0, off = 0;
-	struct settings_value *s = bpf_map_lookup_elem(&settings, &zero);
-	const __be16 *dport;
-	__be16 buf;
-	__u8 proto = 0;
-
-	if (!s || !s->liveness_port)
-		return;
-	if (parse_l3(skb, pkt, &off, &proto) != PARSE_OK || proto != IPPROTO_UDP)
-		return;
-	dport = header_at(skb, off + 2, sizeof(*dport), &buf);
-	if (dport && *dport == bpf_htons(s->liveness_port))
-		set_path_mark(skb, path);
-}
-
 static __always_inline struct endpoint *lookup_endpoint(__u8 family, const __u8 addr[16])
 {
 	struct endpoint_key k = {.family = family};
 
 	__builtin_memcpy(k.addr, addr, 16);
 	return bpf_map_lookup_elem(&endpoints, &k);
+}
+
+/* mark_liveness_probe gives a packet arriving on a path NIC that is not
+ * TCP its NIC's path mark when it is a liveness probe or echo: UDP from and
+ * to the agents' port, between two nodes' addresses on the path (never to
+ * a selected pod). With src_valid_mark on the NIC, strict reverse-path
+ * filtering then looks its sender up in the path's table, as for the pods'
+ * subflows, and accepts it on a NIC that is not the main table's way to
+ * that sender. */
+static __always_inline void mark_liveness_probe(struct __sk_buff *skb, struct packet *pkt, __u32 path)
+{
+	__u32 zero = 0, off = 0;
+	struct settings_value *s = bpf_map_lookup_elem(&settings, &zero);
+	const __be16 *ports;
+	__be16 buf[2];
+	__u8 proto = 0;
+
+	if (!s || !s->liveness_port)
+		return;
+	if (parse_l3(skb, pkt, &off, &proto) != PARSE_OK || proto != IPPROTO_UDP)
+		return;
+	ports = header_at(skb, off, sizeof(buf), buf);
+	if (!ports || ports[0] != bpf_htons(s->liveness_port) || ports[1] != bpf_htons(s->liveness_port))
+		return;
+	if (!lookup_endpoint(pkt->family, pkt->daddr))
+		set_path_mark(skb, path);
 }
 
 /* same_addr compares two addresses word by word: every address the

@@ -686,24 +686,34 @@ func completeFromWire(t *testing.T, dp *Datapath, client, server netip.AddrPort,
 	return path
 }
 
-// A liveness probe (UDP to the agents' port) arriving on a path NIC takes
-// the NIC's path mark, so that strict reverse-path filtering accepts it on
-// a NIC that is not the main table's way to its sender; UDP to another
-// port, and every probe while no port is set or the node only observes,
-// keeps its mark.
+// A liveness probe (UDP from and to the agents' port) arriving on a path
+// NIC takes the NIC's path mark, so that strict reverse-path filtering
+// accepts it on a NIC that is not the main table's way to its sender; other
+// UDP, UDP to a selected pod, and every probe while no port is set or the
+// node only observes, keeps its mark.
 func TestLivenessProbesArrivingOnAPathNICTakeItsMark(t *testing.T) {
 	dp := loadForTest(t)
 	if err := dp.SetNIC(nic2Ifindex, 2); err != nil {
 		t.Fatal(err)
 	}
-	udp := func(src, dst netip.Addr, dport uint16) []byte {
-		payload := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, 7471), dport)
+	udp := func(src, dst netip.Addr, sport, dport uint16) []byte {
+		payload := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, sport), dport)
 		payload = append(binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(payload, 32), 0), make([]byte, 24)...)
 		return testpkt.Frame{Src: src, Dst: dst, Protocol: 17, Payload: payload}.Bytes()
 	}
-	v4 := udp(netip.MustParseAddr("10.102.2.2"), netip.MustParseAddr("10.102.1.2"), 7471)
-	v6 := udp(netip.MustParseAddr("2001:db8:2::2"), netip.MustParseAddr("2001:db8:1::2"), 7471)
-	other := udp(netip.MustParseAddr("10.102.2.2"), netip.MustParseAddr("10.102.1.2"), 53)
+	v4 := udp(netip.MustParseAddr("10.102.2.2"), netip.MustParseAddr("10.102.1.2"), 7471, 7471)
+	v6 := udp(netip.MustParseAddr("2001:db8:2::2"), netip.MustParseAddr("2001:db8:1::2"), 7471, 7471)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(serverPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	others := map[string][]byte{
+		"UDP to port 53":        udp(netip.MustParseAddr("10.102.2.2"), netip.MustParseAddr("10.102.1.2"), 7471, 53),
+		"UDP from another port": udp(netip.MustParseAddr("10.102.2.2"), netip.MustParseAddr("10.102.1.2"), 40000, 7471),
+		"UDP to a selected pod": udp(clientPod, serverPod, 7471, 7471),
+	}
 	ctx := skbContext{IngressIfindex: nic2Ifindex, Mark: 0x5}
 	if m := run(t, dp.objs.NicIngress, v4, ctx); m != 0x5 {
 		t.Fatalf("no liveness port set: a probe got mark %#x", m)
@@ -716,8 +726,10 @@ func TestLivenessProbesArrivingOnAPathNICTakeItsMark(t *testing.T) {
 			t.Errorf("%s probe on nic2: mark %#x, want path 2 and the foreign bits kept", name, m)
 		}
 	}
-	if m := run(t, dp.objs.NicIngress, other, ctx); m != 0x5 {
-		t.Errorf("UDP to port 53 got mark %#x", m)
+	for name, frame := range others {
+		if m := run(t, dp.objs.NicIngress, frame, ctx); m != 0x5 {
+			t.Errorf("%s got mark %#x", name, m)
+		}
 	}
 	if m := run(t, dp.objs.NicIngress, v4, skbContext{IngressIfindex: 99, Mark: 0x5}); m != 0x5 {
 		t.Errorf("a probe on a NIC of no path got mark %#x", m)
