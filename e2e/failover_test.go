@@ -304,7 +304,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 			// (its own tests: internal/agent/linkwatch).
 			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
 				return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
-			}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}))
+			}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}), framework.WithLiveness())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -369,7 +369,7 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
 			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
 				return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
-			}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}))
+			}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}), framework.WithLiveness())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -88,6 +88,13 @@ func AgentConfig(b *testbed.Bed, node *testbed.Node, rule mptcpv1alpha1.Compiled
 			Spec:       mptcpv1alpha1.MPTCPNodeStateSpec{PodCIDRs: []string{node.PodCIDR.String()}},
 		},
 	}
+	// Liveness off unless a test asks (WithLiveness): these agents start
+	// one after the other with their peers listed from the start, so a
+	// node's first probes would reach a peer whose agent (and the
+	// nic_ingress that marks probes) is not there yet, and whose strict
+	// rp_filter drops them, which the tests that count such drops see.
+	// The controller lists a peer only once its agent has reported.
+	cfg.Liveness.Off = true
 	cfg.PinDir = filepath.Join(b.PinDir(node), "agent")
 	cfg.StateDir = filepath.Join(b.Dir, fmt.Sprintf("agent-node%d", node.Index))
 	capacity := resource.MustParse("10G")
@@ -215,6 +222,16 @@ func WithFlapDamping(f agent.FlapDamping) AgentOption {
 	return func(a *Agent) {
 		if a.Config != nil {
 			a.Config.FlapDamping = f
+		}
+	}
+}
+
+// WithLiveness has the agent probe its paths to its peers with the
+// defaults (docs/agent.md, "Liveness").
+func WithLiveness() AgentOption {
+	return func(a *Agent) {
+		if a.Config != nil {
+			a.Config.Liveness = agent.NodeDefaults(a.Config.Node).Liveness
 		}
 	}
 }

@@ -156,8 +156,9 @@ type linkState struct {
 	rechecks  map[time.Time]bool
 	// prober probes the paths to their peers (nil: liveness is off);
 	// probedOnce: it has been given paths since the agent started.
-	prober     *liveness.Prober
-	probedOnce bool
+	prober         *liveness.Prober
+	probedOnce     bool
+	reportLiveness atomic.Pointer[func()]
 	// downMu guards, per path, whether its NIC is down (linkDown), what
 	// was last written to the datapath (down) and how often the path
 	// went from up to down (the metric).
@@ -205,7 +206,8 @@ func (a *Agent) silent(path uint32) bool {
 }
 
 // livenessChanged applies the prober's news to the datapath at once, and
-// asks for a reconcile, which reports it in status.
+// calls the function OnLivenessChange gave (kube mode: a reconcile, which
+// reports it in status).
 func (a *Agent) livenessChanged() {
 	a.downMu.Lock()
 	for path := range a.linkDown {
@@ -214,10 +216,15 @@ func (a *Agent) livenessChanged() {
 		}
 	}
 	a.downMu.Unlock()
-	if kick := a.kick.Load(); kick != nil {
-		(*kick)()
+	if report := a.reportLiveness.Load(); report != nil {
+		(*report)()
 	}
 }
+
+// OnLivenessChange has report called whenever a peer's liveness changes on
+// a path, after the datapath has it; report must not block. File mode
+// reports no liveness, so it asks for nothing.
+func (a *Agent) OnLivenessChange(report func()) { a.reportLiveness.Store(&report) }
 
 // livenessPort is the probes' port nic_ingress marks, 0 with liveness off.
 func (a *Agent) livenessPort() uint16 {

@@ -101,12 +101,16 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	linkEvents := make(chan event.TypedGenericEvent[*mptcpv1alpha1.MPTCPNodeState], 1)
 	r.LinkEvents = linkEvents
 	node := &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: o.Node}}
-	go o.Agent.WatchLinks(ctx, func() {
+	reconcileSoon := func() {
 		select {
 		case linkEvents <- event.TypedGenericEvent[*mptcpv1alpha1.MPTCPNodeState]{Object: node}:
 		default:
 		}
-	})
+	}
+	go o.Agent.WatchLinks(ctx, reconcileSoon)
+	// A path's liveness changed: the datapath has it; the reconcile
+	// writes it into status.paths.
+	o.Agent.OnLivenessChange(reconcileSoon)
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
 	}
