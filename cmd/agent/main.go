@@ -233,12 +233,17 @@ func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninst
 	// A path NIC's link changed: the datapath knows at once
 	// (Agent.WatchLinks); a reconcile follows (one pending at most).
 	relink := make(chan struct{}, 1)
-	go a.WatchLinks(ctx, func() {
+	reconcileSoon := func() {
 		select {
 		case relink <- struct{}{}:
 		default:
 		}
-	})
+	}
+	go a.WatchLinks(ctx, reconcileSoon)
+	// A path's liveness changed: the datapath has it already; the
+	// reconcile that follows brings the rest of the node in line, as
+	// after a link event.
+	a.OnLivenessChange(reconcileSoon)
 	for {
 		select {
 		case <-ctx.Done():

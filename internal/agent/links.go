@@ -206,8 +206,8 @@ func (a *Agent) silent(path uint32) bool {
 }
 
 // livenessChanged applies the prober's news to the datapath at once, and
-// calls the function OnLivenessChange gave (kube mode: a reconcile, which
-// reports it in status).
+// calls the function OnLivenessChange gave: a reconcile, which in kube
+// mode reports it in status.
 func (a *Agent) livenessChanged() {
 	a.downMu.Lock()
 	for path := range a.linkDown {
@@ -222,8 +222,7 @@ func (a *Agent) livenessChanged() {
 }
 
 // OnLivenessChange has report called whenever a peer's liveness changes on
-// a path, after the datapath has it; report must not block. File mode
-// reports no liveness, so it asks for nothing.
+// a path, after the datapath has it; report must not block.
 func (a *Agent) OnLivenessChange(report func()) { a.reportLiveness.Store(&report) }
 
 // livenessPort is the probes' port nic_ingress marks, 0 with liveness off.
