@@ -127,13 +127,13 @@ type sending struct {
 }
 
 // sendInBackground starts one MPTCP connection from client to server:port
-// for length (seeded by the port) and returns at once; the channel gives
-// its result.
-func sendInBackground(ctx context.Context, bed *testbed.Bed, client, server *testbed.Pod, port int, length time.Duration) <-chan sending {
+// for length (seeded by the port), with the sender's further args, and
+// returns at once; the channel gives its result.
+func sendInBackground(ctx context.Context, bed *testbed.Bed, client, server *testbed.Pod, port int, length time.Duration, args ...string) <-chan sending {
 	done := make(chan sending, 1)
 	go func() {
 		sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true,
-			"-conns", "1", "-duration", length.String(), "-seed", strconv.Itoa(port))
+			append([]string{"-conns", "1", "-duration", length.String(), "-seed", strconv.Itoa(port)}, args...)...)
 		done <- sending{sent, err}
 	}()
 	return done

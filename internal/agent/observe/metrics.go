@@ -261,7 +261,7 @@ type datapathCollector struct {
 	pathMgrJoinsReleased             *prometheus.Desc
 	observeOnly                      *prometheus.Desc
 	pathDown, pathDownTransitions    *prometheus.Desc
-	peerUp, peerDowns                *prometheus.Desc
+	peerUp, peerDowns, peerLoss      *prometheus.Desc
 	probesSent, echoesReceived       *prometheus.Desc
 	probesAnswered, probesIgnored    *prometheus.Desc
 }
@@ -300,7 +300,11 @@ func newDatapathCollector(src Source) *datapathCollector {
 		// (at most 1000) times its paths.
 		peerUp: d("path_peer_up", "1 while the peer node echoes the probes sent to it over the path, 0 once it stopped for the detect time; "+
 			"absent while it has never echoed. A path whose peers are all 0 is down.", "path", "peer"),
-		peerDowns:      d("path_peer_down_transitions_total", "Times the peer node stopped echoing the probes sent over the path, since the agent started.", "path", "peer"),
+		peerDowns: d("path_peer_down_transitions_total", "Times the peer node went down on the path (stopped echoing the probes sent over it, "+
+			"or lost too many of their echoes), since the agent started.", "path", "peer"),
+		peerLoss: d("path_peer_probe_loss_ratio", fmt.Sprintf("Share of the last %d probes sent to the peer node over the path that were not answered "+
+			"(absent until %[1]d were sent); from %.2f the peer is down on the path for loss, until at most %d of them went unanswered.",
+			liveness.LossWindow, float64(liveness.LossyAt)/liveness.LossWindow, liveness.ClearAt), "path", "peer"),
 		probesSent:     d("liveness_probes_sent_total", "Liveness probes this node sent to its peers, over all paths."),
 		echoesReceived: d("liveness_echoes_received_total", "Echoes of this node's liveness probes received from its peers."),
 		probesAnswered: d("liveness_probes_answered_total", "The peers' liveness probes this node echoed."),
@@ -311,7 +315,7 @@ func newDatapathCollector(src Source) *datapathCollector {
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.pathMgrJoinsReplaced, c.pathMgrJoinsReleased, c.observeOnly, c.pathDown, c.pathDownTransitions,
-		c.peerUp, c.peerDowns, c.probesSent, c.echoesReceived, c.probesAnswered, c.probesIgnored} {
+		c.peerUp, c.peerDowns, c.peerLoss, c.probesSent, c.echoesReceived, c.probesAnswered, c.probesIgnored} {
 		ch <- d
 	}
 }
@@ -360,6 +364,9 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.peerUp, prometheus.GaugeValue, boolValue(p.State == liveness.Up), pathLabel(p.Path), p.Peer.Node)
 		}
 		ch <- prometheus.MustNewConstMetric(c.peerDowns, prometheus.CounterValue, float64(p.Downs), pathLabel(p.Path), p.Peer.Node)
+		if p.Lost >= 0 {
+			ch <- prometheus.MustNewConstMetric(c.peerLoss, prometheus.GaugeValue, float64(p.Lost)/liveness.LossWindow, pathLabel(p.Path), p.Peer.Node)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.probesSent, prometheus.CounterValue, float64(counts.ProbesSent))
 	ch <- prometheus.MustNewConstMetric(c.echoesReceived, prometheus.CounterValue, float64(counts.EchoesReceived))
