@@ -366,9 +366,10 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 }
 
 // A gray failure: one of two paths drops everything (both ways, or only
-// what node 1 sends) for 3 s in the middle of a transfer while every
-// carrier stays up, so that no link event tells anyone. The agents' liveness probes find it (a probe every
-// 30 ms, down after 5 unanswered): both nodes mark the path down, the
+// what node 1 sends), or 30 % of everything, for 3 s in the middle of a
+// transfer while every carrier stays up, so that no link event tells
+// anyone. The agents' liveness probes find it (a probe every 30 ms, down
+// after 5 unanswered in a row, or 5 of the last 20): both nodes mark the path down, the
 // subflow detours over the other path, and comes home once the probes
 // come back. Whichever node's wire fails, near or far, the targets hold,
 // because probes are round trips; beside them the kernel alone (the

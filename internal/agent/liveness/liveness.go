@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"slices"
@@ -190,9 +191,12 @@ type target struct {
 	scattered      int
 	lossy          bool
 	// heldUntil: a peer that went Down is not Up again before this
-	// sequence number (mayComeUp); silentAt: the newest probe of the
-	// silence that made it Down, 0 if it went Down for loss.
-	heldUntil, silentAt uint64
+	// sequence number (mayComeUp). [silentFrom, silentTo] are the probes
+	// of the silence that made it Down (from the first after the newest
+	// answered to the last before the first answered since); silentTo
+	// is open (the largest number) until an echo comes, and both are 0
+	// if it went Down for loss. answered is the newest answered.
+	heldUntil, silentFrom, silentTo, answered uint64
 }
 
 // New starts a prober with no paths. changed is called, without the
@@ -273,7 +277,10 @@ func (p *Prober) Sync(paths []Path) error {
 			}
 			t := newTarget(peer.Node, pp.seq+1, p.cfg.Multiplier)
 			if path.AssumeDown {
+				// Silent since before its first probe: the
+				// outage its predecessor saw.
 				t.state, t.assumedUntil = Down, time.Now().Add(AssumedDownFor)
+				t.silence(t.first)
 			}
 			pp.targets[peer.Addr] = t
 		}
@@ -359,7 +366,7 @@ func (p *Prober) read(pp *pathProbe, name string) {
 			p.counters.Ignored++
 		default:
 			p.counters.EchoesReceived++
-			t.echoed[m.seq%uint64(len(t.echoed))] = true
+			t.answer(m.seq)
 			was := t.state
 			changed := t.echo(time.Now(), p.cfg.Interval, pp.seq)
 			if changed {
@@ -410,11 +417,29 @@ func (t *target) up(seq uint64) {
 // down makes an Up peer Down in the tick of sequence number seq, for loss
 // or silence, and holds it Down for LossWindow ticks.
 func (t *target) down(seq uint64, lossy bool) {
-	t.state, t.lossy, t.heldUntil, t.silentAt = Down, lossy, seq+LossWindow, 0
+	t.state, t.lossy, t.heldUntil = Down, lossy, seq+LossWindow
+	t.silentFrom, t.silentTo = 0, 0
 	if !lossy {
-		t.silentAt = seq - 1 // the newest probe of the silence
+		t.silence(t.answered + 1)
 	}
 	t.downs++
+}
+
+// silence opens a silence at sequence number from: the probes from there
+// to the first answered are the outage (tally does not hold them against
+// the peer's return).
+func (t *target) silence(from uint64) {
+	t.silentFrom, t.silentTo = from, math.MaxUint64
+}
+
+// answer records the echo of the probe of sequence number seq, which ends
+// an open silence.
+func (t *target) answer(seq uint64) {
+	t.echoed[seq%uint64(len(t.echoed))] = true
+	t.answered = max(t.answered, seq)
+	if t.silentTo == math.MaxUint64 && seq >= t.silentFrom {
+		t.silentTo = seq - 1
+	}
 }
 
 // mayComeUp tells whether a Down peer is Up again in the tick of sequence
@@ -433,13 +458,12 @@ func (t *target) mayComeUp(seq uint64) bool {
 // peer's state changed. An Up peer that lost LossyAt of the window's probes
 // sent since it was Up is Down for loss. A Down peer whose echoes come in a
 // row is Up again once the window's scattered losses are at most ClearAt
-// (mayComeUp): its losses but the newest run of them if that run is the
-// silence that made the peer Down, which nothing was lost after. So a path
-// back from a total failure is Up after UpAfter echoes, and one that loses
-// at random only once the losses have left the window, however it went
-// down: a path losing half its round trips goes silent for multiplier
-// intervals now and then, and must not come back for its next three
-// echoes in a row.
+// (mayComeUp): its losses outside the silence that made the peer Down. So
+// a path back from a total failure is Up after UpAfter echoes, and one
+// that loses at random only once the losses have left the window, however
+// it went down: a path losing half its round trips goes silent for
+// multiplier intervals now and then, and must not come back for its next
+// three echoes in a row.
 func (t *target) tally(seq uint64, multiplier int) bool {
 	n := uint64(len(t.echoed))
 	t.echoed[seq%n] = false // sent now, not answered yet
@@ -452,26 +476,19 @@ func (t *target) tally(seq uint64, multiplier int) bool {
 	if last >= LossWindow && last+1-LossWindow > from {
 		from = last + 1 - LossWindow
 	}
-	// The newest run of losses in the window: [runFrom, runFrom+run).
-	lost, sinceUp, run, runFrom := 0, 0, 0, uint64(0)
+	lost, sinceUp := 0, 0
+	t.scattered = 0
 	for s := from; s <= last; s++ {
 		if t.echoed[s%n] {
 			continue
 		}
-		if s == 0 || s == from || t.echoed[(s-1)%n] {
-			run, runFrom = 0, s
-		}
 		lost++
-		run++
 		if s >= t.upSince {
 			sinceUp++
 		}
-	}
-	t.scattered = lost
-	// The silence, or what the window shows of it: a run that began
-	// with it, or before the window does, and lasts past it.
-	if t.silentAt != 0 && runFrom <= max(t.silentAt, from) && t.silentAt < runFrom+uint64(run) {
-		t.scattered -= run
+		if s < t.silentFrom || s > t.silentTo {
+			t.scattered++
+		}
 	}
 	if last+1-from == LossWindow {
 		t.lost = lost

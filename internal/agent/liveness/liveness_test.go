@@ -329,7 +329,7 @@ func (r *lossyRun) ticks(n int, answered func(seq uint64) bool) (changes []uint6
 		r.t.expire(r.now, testInterval, testMult, r.seq)
 		r.t.tally(r.seq, testMult)
 		if answered(r.seq) {
-			r.t.echoed[r.seq%uint64(len(r.t.echoed))] = true
+			r.t.answer(r.seq)
 			r.t.echo(r.now.Add(testInterval/2), testInterval, r.seq)
 		}
 		if r.t.state != was {
@@ -426,5 +426,33 @@ func TestAPeerSilentAmidLossesStaysDownUntilTheLossesEnd(t *testing.T) {
 	}
 	if took := ch[0] - repairFrom + 1; took < LossWindow/2 {
 		t.Errorf("Up %d ticks after the repair: before the scattered losses left the window", took)
+	}
+}
+
+// Only the silence that took the peer down is forgiven: losses after its
+// first echo since count, however they line up in the window; and a peer
+// assumed down (a restart during an outage) is silent from its first
+// probe, so it is Up UpAfter echoes after the repair.
+func TestOnlyTheSilenceThatTookAPeerDownIsForgiven(t *testing.T) {
+	r := newLossyRun()
+	r.ticks(100, always)
+	// 101-108 lost (silent), 109-111 answered, 112-121 lost, then all.
+	ch := r.ticks(100, func(seq uint64) bool { return seq >= 109 && seq <= 111 || seq >= 122 })
+	if len(ch) != 2 || r.t.state != Up {
+		t.Fatalf("changes at %v, ends %v; want Down, then Up", ch, r.t.state)
+	}
+	// 121 leaves the window (the 20 probes before the newest
+	// Multiplier+1) at tick 121+LossWindow+Multiplier+1.
+	if want := uint64(121 + LossWindow + testMult + 1); ch[1] < want {
+		t.Errorf("Up at tick %d with losses after the silence still in the window, want from %d", ch[1], want)
+	}
+
+	assumed := &lossyRun{t: newTarget("node2", 1, testMult), now: time.Unix(1000, 0)}
+	assumed.t.state = Down
+	assumed.t.silence(assumed.t.first)
+	assumed.ticks(50, func(uint64) bool { return false })
+	ch = assumed.ticks(50, always)
+	if len(ch) != 1 || ch[0] > 50+UpAfter {
+		t.Errorf("a peer assumed down, answering from tick 51: changes at %v, want Up by tick %d", ch, 50+UpAfter)
 	}
 }

@@ -10,7 +10,7 @@ import (
 // docs/agent.md, "Liveness"): a round-trip loss of 1 % never takes a peer
 // down in eight hours of probes at 30 ms, one of 2 % seldom does; half the
 // round trips lost (30 % each way) is found within a second and holds the
-// peer down until it ends (a flap in 500 runs), and the peer is Up again within
+// peer down until it ends without a flap, and the peer is Up again within
 // a window and its lag after the repair.
 func TestLossVerdictRatesOnRandomLoss(t *testing.T) {
 	rng := rand.New(rand.NewPCG(17, 2026))

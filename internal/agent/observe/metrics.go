@@ -302,9 +302,9 @@ func newDatapathCollector(src Source) *datapathCollector {
 			"absent while it has never echoed. A path whose peers are all 0 is down.", "path", "peer"),
 		peerDowns: d("path_peer_down_transitions_total", "Times the peer node went down on the path (stopped echoing the probes sent over it, "+
 			"or lost too many of their echoes), since the agent started.", "path", "peer"),
-		peerLoss: d("path_peer_probe_loss_ratio", fmt.Sprintf("Share of the last %d probes sent to the peer node over the path that were not answered "+
-			"(absent until %[1]d were sent); from %.2f the peer is down on the path for loss, until at most %d of them went unanswered.",
-			liveness.LossWindow, float64(liveness.LossyAt)/liveness.LossWindow, liveness.ClearAt), "path", "peer"),
+		peerLoss: d("path_peer_probe_loss_ratio", fmt.Sprintf("Share of a window of %d probes sent to the peer node over the path, the last whose echo can no longer come, "+
+			"that were not answered; absent until the window is full and while the peer never echoed. An up peer is down for loss once %d of the window's probes "+
+			"sent since it was last up went unanswered.", liveness.LossWindow, liveness.LossyAt), "path", "peer"),
 		probesSent:     d("liveness_probes_sent_total", "Liveness probes this node sent to its peers, over all paths."),
 		echoesReceived: d("liveness_echoes_received_total", "Echoes of this node's liveness probes received from its peers."),
 		probesAnswered: d("liveness_probes_answered_total", "The peers' liveness probes this node echoed."),
@@ -364,7 +364,7 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.peerUp, prometheus.GaugeValue, boolValue(p.State == liveness.Up), pathLabel(p.Path), p.Peer.Node)
 		}
 		ch <- prometheus.MustNewConstMetric(c.peerDowns, prometheus.CounterValue, float64(p.Downs), pathLabel(p.Path), p.Peer.Node)
-		if p.Lost >= 0 {
+		if p.Lost >= 0 && p.State != liveness.Unknown {
 			ch <- prometheus.MustNewConstMetric(c.peerLoss, prometheus.GaugeValue, float64(p.Lost)/liveness.LossWindow, pathLabel(p.Path), p.Peer.Node)
 		}
 	}

@@ -181,7 +181,7 @@ func TestPathDownIsExported(t *testing.T) {
 		peers: []liveness.PeerState{
 			{Path: 1, Peer: liveness.Peer{Node: "n2"}, State: liveness.Up},
 			{Path: 2, Peer: liveness.Peer{Node: "n2"}, State: liveness.Down, Lossy: true, Lost: 6, Downs: 2},
-			{Path: 2, Peer: liveness.Peer{Node: "n3"}, State: liveness.Unknown, Lost: -1},
+			{Path: 2, Peer: liveness.Peer{Node: "n3"}, State: liveness.Unknown, Lost: 20},
 		},
 		probes: liveness.Counters{ProbesSent: 10, EchoesReceived: 7, ProbesAnswered: 6, Ignored: 1}}
 	m := NewMetrics(src, slog.New(slog.DiscardHandler))
@@ -199,13 +199,15 @@ func TestPathDownIsExported(t *testing.T) {
 		t.Error(err)
 	}
 	// Per peer: a peer that never echoed has no up series, only its
-	// (zero) count of losses, and no loss ratio before a full window.
+	// (zero) count of losses, and no loss ratio (all its probes are
+	// lost).
 	exp.Reset()
 	exp.WriteString("# HELP mptcp_agent_path_peer_up 1 while the peer node echoes the probes sent to it over the path, 0 once it stopped for the detect time; " +
 		"absent while it has never echoed. A path whose peers are all 0 is down.\n# TYPE mptcp_agent_path_peer_up gauge\n")
 	exp.WriteString("mptcp_agent_path_peer_up{path=\"fabric-a\",peer=\"n2\"} 1\nmptcp_agent_path_peer_up{path=\"fabric-b\",peer=\"n2\"} 0\n")
-	exp.WriteString("# HELP mptcp_agent_path_peer_probe_loss_ratio Share of the last 20 probes sent to the peer node over the path that were not answered " +
-		"(absent until 20 were sent); from 0.25 the peer is down on the path for loss, until at most 0 of them went unanswered.\n# TYPE mptcp_agent_path_peer_probe_loss_ratio gauge\n")
+	exp.WriteString("# HELP mptcp_agent_path_peer_probe_loss_ratio Share of a window of 20 probes sent to the peer node over the path, the last whose echo can no longer come, " +
+		"that were not answered; absent until the window is full and while the peer never echoed. An up peer is down for loss once 5 of the window's probes " +
+		"sent since it was last up went unanswered.\n# TYPE mptcp_agent_path_peer_probe_loss_ratio gauge\n")
 	exp.WriteString("mptcp_agent_path_peer_probe_loss_ratio{path=\"fabric-a\",peer=\"n2\"} 0\nmptcp_agent_path_peer_probe_loss_ratio{path=\"fabric-b\",peer=\"n2\"} 0.3\n")
 	exp.WriteString("# HELP mptcp_agent_path_peer_down_transitions_total Times the peer node went down on the path (stopped echoing the probes sent over it, " +
 		"or lost too many of their echoes), since the agent started.\n" +
