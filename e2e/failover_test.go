@@ -125,23 +125,26 @@ type failure struct {
 	// minDuring is the share of the live path's capacity a transfer
 	// must keep during the failure; 0 means the 0.8.
 	minDuring float64
+	// removesWireEnd: the failure deletes the wire's node-side end, and
+	// the capture on it with it.
+	removesWireEnd bool
 }
 
 var (
 	// carrierLoss: the wire's end goes down, the NIC has no carrier.
 	carrierLoss = failure{"carrier loss",
 		func(b *testbed.Bed, n int) error { return b.SetCarrier(n, 1, false) },
-		func(b *testbed.Bed, n int) error { return b.SetCarrier(n, 1, true) }, 0}
+		func(b *testbed.Bed, n int) error { return b.SetCarrier(n, 1, true) }, 0, false}
 	// totalLoss: a gray failure; the wire drops everything both ways
 	// while every carrier stays up.
 	totalLoss = failure{"100 % loss both ways, carrier up",
 		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 100) },
-		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }, 0}
+		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }, 0, false}
 	// oneWayLoss: the wire drops everything the node sends over it and
 	// delivers what it receives.
 	oneWayLoss = failure{"100 % loss of what the node sends, carrier up",
 		func(b *testbed.Bed, n int) error { return b.SetOneWayLoss(n, 1, 100, testbed.Out) },
-		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }, 0}
+		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }, 0, false}
 	// partialLoss: the wire drops 30 % of what it carries, both ways, at
 	// random; most probes still come back.
 	//
@@ -153,7 +156,14 @@ var (
 	// the 1 s bound leaves of a 3 s failure, with margin.
 	partialLoss = failure{"30 % loss both ways, carrier up",
 		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 30) },
-		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }, 0.6}
+		func(b *testbed.Bed, n int) error { return b.SetLoss(n, 1, 0) }, 0.6, false}
+	// nicRemoved: the NIC is deleted (unplugged, its driver unbound),
+	// and comes back as a new link with its address and, for nic1, the
+	// node's default route (bed.RestoreNIC); the agent must attach its
+	// program to it and write its routes again.
+	nicRemoved = failure{"NIC removed",
+		func(b *testbed.Bed, n int) error { return b.RemoveNIC(n, 1) },
+		func(b *testbed.Bed, n int) error { return b.RestoreNIC(n, 1) }, 0, true}
 )
 
 // failoverTransfer runs one watched transfer of failoverLength with nic1
@@ -281,7 +291,7 @@ func failoverTransfer(t *testing.T, bed *testbed.Bed, port, node int, fail failu
 	// The capture on the failed wire's end went on after the repair (else
 	// it would miss resets there).
 	for _, c := range files {
-		if c.Node == node && c.NIC == 1 && f.pathBack >= 0 {
+		if c.Node == node && c.NIC == 1 && f.pathBack >= 0 && !fail.removesWireEnd {
 			out, err := exec.Command("tshark", "-r", c.Path, "-Y", fmt.Sprintf("frame.time_epoch > %d.%09d", up.Unix(), up.Nanosecond()), "-T", "fields", "-e", "frame.number").Output()
 			if n := strings.Count(string(out), "\n"); err != nil || n == 0 {
 				t.Errorf("the capture of node 1's nic1 holds no packet after the repair (%d, %v): dumpcap did not survive the carrier loss", n, err)
@@ -432,6 +442,49 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 	})
 	t.Run("kernel only, node 1's nic1, 30 % loss", func(t *testing.T) {
 		kernelOnlyFailovers(t, 1, partialLoss, 5922, runs)
+	})
+}
+
+// A NIC of the sender's node is deleted in the middle of a transfer and
+// comes back 3 s later as a new link (bed.RemoveNIC, RestoreNIC): the
+// agent's link events mark the path down at once, the subflow detours,
+// and once the NIC is back the reconcile that its creation asks for
+// attaches the datapath to the new link and writes its routes, and the
+// subflow comes home. Targets as for the carrier, with the 1 s stall bound
+// of every failure but carrier loss. Beside it the kernel alone, checked
+// only for integrity: its hand-written routes over the NIC go with it and
+// nothing writes them again.
+func TestNICRemovedMidTransferIsReattached(t *testing.T) {
+	const runs = 3
+	t.Run("agent", func(t *testing.T) {
+		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
+		agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
+			return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
+		}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}), framework.WithLiveness())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var all []failoverFigures
+		for i := range runs {
+			f := failoverTransfer(t, bed, 6000+i, 1, nicRemoved)
+			t.Logf("agent, node 1's nic1 removed: %v", f)
+			all = append(all, f)
+			checkNoResets(t, f)
+			checkFailoverTargets(t, f, nicRemoved, grayStallBound)
+		}
+		lead := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowHomed)
+		t.Logf("node 1 datapath: %v", lead)
+		if lead["subflow_detoured"] < runs || lead["subflow_homed"] < runs {
+			t.Errorf("node 1 detoured %v and homed %v subflows, want at least %d each", lead["subflow_detoured"], lead["subflow_homed"], runs)
+		}
+		n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
+		if n != runs {
+			t.Errorf("node 1: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %d", framework.PathName(1), n, runs)
+		}
+		t.Logf("agent, node 1's nic1 removed, %d runs: %s", runs, summarizeFailover(all))
+	})
+	t.Run("kernel only", func(t *testing.T) {
+		kernelOnlyFailovers(t, 1, nicRemoved, 6102, runs)
 	})
 }
 

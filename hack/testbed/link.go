@@ -223,6 +223,50 @@ func (b *Bed) SetCarrier(i, k int, up bool) error {
 	return nil
 }
 
+// RemoveNIC deletes NIC k of node i, as when a NIC is unplugged or its driver unbinds: the veth between the node and
+// the wire goes, both ends, with everything on them (the node's addresses and routes over it, the wire end's qdiscs
+// and filters, a capture on it). RestoreNIC puts it back.
+func (b *Bed) RemoveNIC(i, k int) error {
+	c := b.Node(i).NIC(k)
+	if err := ipBatch(context.Background(), b.Node(i).NetNS, "link del "+c.Name); err != nil {
+		return fmt.Errorf("removing node %d nic%d: %w", i, k, err)
+	}
+	return nil
+}
+
+// RestoreNIC creates NIC k of node i again after RemoveNIC, as a new link (a new ifindex) with the same name: the
+// wire end joins its bridge with its rate again (not its loss or corruption filters), and the node gets the NIC's
+// address back, and its default route if the NIC carried it (k = 1), as the host's network configuration would.
+// Nothing else: what the agent programmed over the NIC (routes in its tables, its TC programs) is the agent's to
+// restore.
+func (b *Bed) RestoreNIC(i, k int) error {
+	ctx := context.Background()
+	n := b.Node(i)
+	c := n.NIC(k)
+	if err := ipBatch(ctx, n.NetNS, fmt.Sprintf("link add %s type veth peer name %s netns %s", c.Name, c.WireNodeSide, c.WireNS)); err != nil {
+		return fmt.Errorf("restoring node %d nic%d: %w", i, k, err)
+	}
+	if err := ipBatch(ctx, c.WireNS, fmt.Sprintf("link set dev %s master br0", c.WireNodeSide), fmt.Sprintf("link set dev %s up", c.WireNodeSide)); err != nil {
+		return err
+	}
+	var tc []string
+	if b.Config.LinkRate != "" {
+		tbf, err := tbfArgs(b.Config.LinkRate, b.Config.LinkQueue)
+		if err != nil {
+			return err
+		}
+		tc = append(tc, fmt.Sprintf("qdisc add dev %s root %s", c.WireNodeSide, tbf))
+	}
+	if err := tcBatch(ctx, c.WireNS, append(tc, fmt.Sprintf("qdisc add dev %s clsact", c.WireNodeSide))...); err != nil {
+		return err
+	}
+	cmds := []string{fmt.Sprintf("addr add %s dev %s", c.Addr, c.Name), fmt.Sprintf("link set dev %s up", c.Name)}
+	if k == 1 {
+		cmds = append(cmds, fmt.Sprintf("route replace default via %s dev %s", c.Gateway, c.Name))
+	}
+	return ipBatch(ctx, n.NetNS, cmds...)
+}
+
 // OperState returns the operational state of nic<k> in node i's namespace as the kernel reports it ("up", "down",
 // "lower-layer-down", ...; netlink.LinkOperState's names) and whether it has a carrier (IFF_LOWER_UP).
 func (b *Bed) OperState(i, k int) (state string, carrier bool, err error) {

@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -167,5 +168,66 @@ func TestSetOneWayLossDropsOneDirection(t *testing.T) {
 	}
 	if err := b.SetOneWayLoss(2, 1, 10, ""); err == nil {
 		t.Errorf("SetOneWayLoss without a direction succeeded")
+	}
+}
+
+// A removed NIC is gone with its wire end, and round trips over it stop; a
+// restored one is a new link (another ifindex) with its address, its
+// default route and its rate, and round trips resume.
+func TestRemoveNICAndRestoreIt(t *testing.T) {
+	b := NewForTest(t, Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
+	bin := BuildTraffic(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	echo, err := b.StartEcho(ctx, bin, b.Pod(2, 1), 7)
+	Must(t, err)
+	probe := func(n int) int {
+		got, err := b.Probe(ctx, bin, b.Pod(1, 1), echo, n, time.Millisecond)
+		Must(t, err)
+		return got
+	}
+	node, err := nsHandle(b.Node(1).NetNS)
+	Must(t, err)
+	defer node.Close()
+	before, err := node.LinkByName("nic1")
+	Must(t, err)
+	if got := probe(20); got != 20 {
+		t.Fatalf("before: %d of 20 round trips", got)
+	}
+
+	Must(t, b.RemoveNIC(1, 1))
+	if _, err := node.LinkByName("nic1"); err == nil {
+		t.Fatal("nic1 is still in node 1 after RemoveNIC")
+	}
+	wire, err := nsHandle(b.Node(1).NIC(1).WireNS)
+	Must(t, err)
+	defer wire.Close()
+	if _, err := wire.LinkByName(b.Node(1).NIC(1).WireNodeSide); err == nil {
+		t.Error("the wire's node-side end outlived the NIC")
+	}
+	// Node 1's default route left over nic1, and went with it.
+	if got := probe(20); got != 0 {
+		t.Errorf("without nic1: %d of 20 round trips", got)
+	}
+
+	Must(t, b.RestoreNIC(1, 1))
+	after, err := node.LinkByName("nic1")
+	Must(t, err)
+	if after.Attrs().Index == before.Attrs().Index {
+		t.Errorf("restored nic1 has the old ifindex %d, want a new link", after.Attrs().Index)
+	}
+	out, err := exec.Command("tc", "-n", b.Node(1).NIC(1).WireNS, "qdisc", "show", "dev", b.Node(1).NIC(1).WireNodeSide).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "tbf") || !strings.Contains(string(out), "clsact") {
+		t.Errorf("the restored wire end's qdiscs: %v: %s, want tbf and clsact", err, out)
+	}
+	start := time.Now()
+	for {
+		if probe(1) == 1 {
+			t.Logf("round trips resumed %v after RestoreNIC", time.Since(start).Round(time.Millisecond))
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("round trips over the restored nic1 did not resume within 5 s")
+		}
 	}
 }
