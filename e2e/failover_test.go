@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"math"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -464,6 +465,11 @@ func TestNICRemovedMidTransferIsReattached(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() {
+			if t.Failed() {
+				logAgentTails(t, agents, 60)
+			}
+		})
 		var all []failoverFigures
 		for i := range runs {
 			f := failoverTransfer(t, bed, 6000+i, 1, nicRemoved)
@@ -486,6 +492,22 @@ func TestNICRemovedMidTransferIsReattached(t *testing.T) {
 	t.Run("kernel only", func(t *testing.T) {
 		kernelOnlyFailovers(t, 1, nicRemoved, 6102, runs)
 	})
+}
+
+// logAgentTails logs the last lines of each agent's log and its status's
+// error: what a failed failover test leaves to read.
+func logAgentTails(t *testing.T, agents []*framework.Agent, lines int) {
+	for _, a := range agents {
+		b, err := os.ReadFile(a.Proc.Stderr)
+		if err != nil {
+			t.Logf("node %d agent log: %v", a.Node.Index, err)
+			continue
+		}
+		all := strings.Split(strings.TrimSpace(string(b)), "\n")
+		st, _ := a.Status()
+		t.Logf("node %d agent: %d reconciles, error %q; its last %d log lines:\n%s", a.Node.Index, st.Reconciles, st.Error,
+			min(lines, len(all)), strings.Join(all[max(0, len(all)-lines):], "\n"))
+	}
 }
 
 // kernelOnlyFailovers is the negative control beside the agent's rows: runs

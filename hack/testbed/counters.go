@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"encoding/csv"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -54,7 +55,8 @@ type Sampler struct {
 	start time.Time
 }
 
-// StartSampler samples every NIC of every node every interval until Stop.
+// StartSampler samples every NIC of every node every interval until Stop. A NIC that does not exist at a sample
+// (RemoveNIC) has no row then; one created again (RestoreNIC) counts from zero.
 func (b *Bed) StartSampler(interval time.Duration) (*Sampler, error) {
 	handles := make([]*netlink.Handle, len(b.Nodes))
 	for i, n := range b.Nodes {
@@ -73,6 +75,9 @@ func (b *Bed) StartSampler(interval time.Duration) (*Sampler, error) {
 		for i, n := range b.Nodes {
 			for _, c := range n.NICs {
 				rx, tx, err := nicCounters(handles[i], c.Name)
+				if _, gone := errors.AsType[netlink.LinkNotFoundError](err); gone {
+					continue // removed (RemoveNIC): no row while it is away
+				}
 				s.mu.Lock()
 				if err != nil {
 					if s.err == nil {

@@ -53,6 +53,13 @@ func (a *Agent) linkChanged(c linkwatch.Change) bool {
 	defer a.linkMu.Unlock()
 	n, ok := (*a.nics.Load())[c.Name]
 	if !ok {
+		// Not a path NIC in force; but while a path waits for its
+		// link, a link that appears (a NIC plugged in, or created
+		// again after it was removed) or goes may be the one.
+		if a.awaitingLinks.Load() {
+			a.log.Info("link event while a path has no link", "interface", c.Name, "gone", c.Gone)
+			return true
+		}
 		return false
 	}
 	// The name now belongs to a link the last reconcile did not program
@@ -149,6 +156,9 @@ type linkState struct {
 	// reconcile found them.
 	nics   atomic.Pointer[map[string]nicInForce]
 	damper *linkwatch.Damper
+	// awaitingLinks: the plan in force left a path out for want of a
+	// single link matching it (Plan.AwaitingLinks).
+	awaitingLinks atomic.Bool
 	// kick asks for a reconcile (WatchLinks'); rechecks are the moments
 	// a reconcile is already due at.
 	kick      atomic.Pointer[func()]

@@ -129,6 +129,7 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 		switch {
 		case link == nil:
 			leaveOut(np.Name, msg)
+			plan.AwaitingLinks = append(plan.AwaitingLinks, np.Name)
 		case np.Index < 1 || !datapath.ValidPath(uint32(np.Index)):
 			ps.Message = fmt.Sprintf("index %d is beyond the %d paths the datapath supports", np.Index, datapath.MaxPaths)
 			fail("path %s: %s", np.Name, ps.Message)

@@ -158,6 +158,11 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 			t.Errorf("path problems do not say %q:\n%s", want, problems)
 		}
 	}
+	// Paths without a single link wait for one: any link event then asks
+	// for a reconcile (a NIC plugged in, or removed and created again).
+	if want := []string{"missing", "ambiguous"}; !slices.Equal(tr.Plan.AwaitingLinks, want) {
+		t.Errorf("paths awaiting a link %v, want %v", tr.Plan.AwaitingLinks, want)
+	}
 	errs := strings.Join(tr.Errors, "\n")
 	for _, want := range []string{
 		"path far: index 40 is beyond the 15 paths",

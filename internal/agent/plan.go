@@ -26,6 +26,10 @@ type Plan struct {
 	// Liveness are the paths probed to peers and their peers; the marks
 	// are the datapath's, filled in when probing starts.
 	Liveness []liveness.Path `json:"liveness,omitempty"`
+	// AwaitingLinks are the node's paths left out because no single link
+	// matches them (none, or several): a link that appears or goes away
+	// may settle them, so any link event asks for a reconcile.
+	AwaitingLinks []string `json:"awaitingLinks,omitempty"`
 }
 
 // PlanPath is one of the node's paths: its routing (its index, the NIC
