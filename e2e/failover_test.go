@@ -38,18 +38,22 @@ const failoverStallBound = 600 * time.Millisecond
 
 // failoverFigures is what one failover transfer measured.
 type failoverFigures struct {
-	before     float64       // goodput from 1 s to the failure, bit/s
-	during     float64       // goodput while the carrier was away, bit/s
-	after      float64       // goodput from 1 s after the repair to the end, bit/s
-	stall      time.Duration // longest stretch below 10 % of before (whole 50 ms samples, from 1 s to 0.5 s before the end)
-	stallAt    time.Duration // where it began, relative to the failure (negative: before it)
-	pathBack   time.Duration // from the repair until node 1's nic1 sends 10 % of its link again; -1: never
-	resets     []string      // RSTs in the captures
-	rstCounted float64       // TcpOutRsts + MPTcpExtMPRstTx of both pods over the transfer
-	csumErrs   float64       // MPTcpExtDataCsumErr of both pods over the transfer
-	retrans    float64       // the sender's TcpRetransSegs over the transfer
-	reinjected float64       // the sender's MPTcpExtMPTCPRetrans (data sent again on another subflow)
-	placement  string        // each subflow's kind and the NICs node 1 sent it on, from the captures
+	live    float64       // the capacity of the paths left during the failure, bit/s
+	before  float64       // goodput from 1 s to the failure, bit/s
+	during  float64       // goodput while the carrier was away, bit/s
+	after   float64       // goodput from 1 s after the repair to the end, bit/s
+	stall   time.Duration // longest stretch below 10 % of before (whole 50 ms samples) from the failure to 0.5 s before the end
+	stallAt time.Duration // where it began, relative to the failure
+	// stallBefore: the longest stretch before the failure, from 1 s after
+	// the first byte: the connection's own, no failover's.
+	stallBefore time.Duration
+	pathBack    time.Duration // from the repair until node 1's nic1 sends 10 % of its link again; -1: never
+	resets      []string      // RSTs in the captures
+	rstCounted  float64       // TcpOutRsts + MPTcpExtMPRstTx of both pods over the transfer
+	csumErrs    float64       // MPTcpExtDataCsumErr of both pods over the transfer
+	retrans     float64       // the sender's TcpRetransSegs over the transfer
+	reinjected  float64       // the sender's MPTcpExtMPTCPRetrans (data sent again on another subflow)
+	placement   string        // each subflow's kind and the NICs node 1 sent it on, from the captures
 }
 
 func (f failoverFigures) String() string {
@@ -57,11 +61,11 @@ func (f failoverFigures) String() string {
 	if f.pathBack >= 0 {
 		back = f.pathBack.String()
 	}
-	return fmt.Sprintf("goodput before %.1f Mbit/s; longest stall %v (below %.1f Mbit/s, starting %v after the failure); "+
-		"during the failure %.1f Mbit/s = %.2f of the live path's %.0f Mbit/s; after the repair %.1f Mbit/s; "+
+	return fmt.Sprintf("goodput before %.1f Mbit/s; longest stall %v (below %.1f Mbit/s, starting %v after the failure; before it %v); "+
+		"during the failure %.1f Mbit/s = %.2f of the live paths' %.0f Mbit/s; after the repair %.1f Mbit/s; "+
 		"nic1 of node 1 carrying traffic again %s after the repair; %d RSTs captured, %.0f counted; "+
 		"sender retransmitted %.0f segments, reinjected %.0f; subflows (node 1 NICs) %s",
-		f.before/1e6, f.stall, f.before/10/1e6, f.stallAt, f.during/1e6, f.during/failoverLinkBps, failoverLinkBps/1e6,
+		f.before/1e6, f.stall, f.before/10/1e6, f.stallAt, f.stallBefore, f.during/1e6, f.during/f.live, f.live/1e6,
 		f.after/1e6, back, len(f.resets), f.rstCounted, f.retrans, f.reinjected, f.placement)
 }
 
@@ -235,7 +239,7 @@ func failoverTransfer(t *testing.T, bed *testbed.Bed, port, node int, fail failu
 	}
 	failAt, repairAt := down.Sub(first), up.Sub(first)
 
-	f := failoverFigures{pathBack: -1, rstCounted: rst1 - rst0, csumErrs: csum1 - csum0, retrans: re1 - re0, reinjected: inj1 - inj0}
+	f := failoverFigures{live: float64(bed.Config.NICs-1) * failoverLinkBps, pathBack: -1, rstCounted: rst1 - rst0, csumErrs: csum1 - csum0, retrans: re1 - re0, reinjected: inj1 - inj0}
 	f.before = samplesRate(rep, time.Second, failAt)
 	f.during = samplesRate(rep, failAt, repairAt)
 	f.after = samplesRate(rep, repairAt+time.Second, failoverLength)
@@ -245,12 +249,20 @@ func failoverTransfer(t *testing.T, bed *testbed.Bed, port, node int, fail failu
 	if n := int((failoverLength-500*time.Millisecond)/failoverSample) + 1; n < len(rep.Samples) {
 		trimmed.Samples = rep.Samples[:n]
 	}
-	var stallStart time.Duration
-	f.stall, stallStart = longestStallAt(trimmed, f.before/10, time.Second)
-	f.stallAt = (stallStart - failAt).Round(time.Millisecond)
-	if ls := testbed.LongestStall(trimmed, f.before/10, time.Second); ls != f.stall {
-		t.Errorf("longest stall %v, testbed.LongestStall says %v", f.stall, ls)
+	overall, _ := longestStallAt(trimmed, f.before/10, time.Second)
+	if ls := testbed.LongestStall(trimmed, f.before/10, time.Second); ls != overall {
+		t.Errorf("longest stall %v, testbed.LongestStall says %v", overall, ls)
 	}
+	// The failure's stall, from the sample the failure fell in; before it,
+	// a stall is the connection's own, not the failover's.
+	var stallStart time.Duration
+	f.stall, stallStart = longestStallAt(trimmed, f.before/10, max(time.Second, failAt-failoverSample))
+	f.stallAt = (stallStart - failAt).Round(time.Millisecond)
+	early := trimmed
+	if n := int(failAt/failoverSample) + 1; n < len(early.Samples) {
+		early.Samples = early.Samples[:n]
+	}
+	f.stallBefore, _ = longestStallAt(early, f.before/10, time.Second)
 
 	// When node 1's nic1 carries traffic again: the first interval after the
 	// repair in which 10 % of the link's rate arrived at node 2's nic1 (the
@@ -371,7 +383,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 			t.Logf("agent, node %d's nic1, %d runs: %s", c.node, runs, summarizeFailover(all))
 		})
 		t.Run("kernel only "+c.name, func(t *testing.T) {
-			kernelOnlyFailovers(t, c.node, carrierLoss, 5702, runs)
+			kernelOnlyFailovers(t, 2, c.node, carrierLoss, 5702, runs)
 		})
 	}
 }
@@ -439,10 +451,49 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 		})
 	}
 	t.Run("kernel only, node 1's nic1", func(t *testing.T) {
-		kernelOnlyFailovers(t, 1, totalLoss, 5902, runs)
+		kernelOnlyFailovers(t, 2, 1, totalLoss, 5902, runs)
 	})
 	t.Run("kernel only, node 1's nic1, 30 % loss", func(t *testing.T) {
-		kernelOnlyFailovers(t, 1, partialLoss, 5922, runs)
+		kernelOnlyFailovers(t, 2, 1, partialLoss, 5922, runs)
+	})
+}
+
+// Three paths: the carrier of one of them goes away mid-transfer and comes
+// back, on the sender's node; the connection goes on over the other two.
+// The same targets as with two paths, against the two live paths'
+// capacity, beside the kernel alone (hand-routed over three NICs).
+func TestCarrierLossOnOneOfThreePaths(t *testing.T) {
+	const runs = 3
+	t.Run("agent", func(t *testing.T) {
+		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 3, PodsPerNode: 1, LinkRate: "200mbit"})
+		agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
+			return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
+		}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}), framework.WithLiveness())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if t.Failed() {
+				logAgentTails(t, agents, 60)
+			}
+		})
+		var all []failoverFigures
+		for i := range runs {
+			f := failoverTransfer(t, bed, 6200+i, 1, carrierLoss)
+			t.Logf("agent, three paths, node 1's nic1: %v", f)
+			all = append(all, f)
+			checkNoResets(t, f)
+			checkFailoverTargets(t, f, carrierLoss, failoverStallBound)
+		}
+		lead := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowHomed)
+		t.Logf("node 1 datapath: %v", lead)
+		if lead["subflow_detoured"] < runs || lead["subflow_homed"] < runs {
+			t.Errorf("node 1 detoured %v and homed %v subflows, want at least %d each", lead["subflow_detoured"], lead["subflow_homed"], runs)
+		}
+		t.Logf("agent, three paths, node 1's nic1, %d runs: %s", runs, summarizeFailover(all))
+	})
+	t.Run("kernel only", func(t *testing.T) {
+		kernelOnlyFailovers(t, 3, 1, carrierLoss, 6302, runs)
 	})
 }
 
@@ -490,7 +541,7 @@ func TestNICRemovedMidTransferIsReattached(t *testing.T) {
 		t.Logf("agent, node 1's nic1 removed, %d runs: %s", runs, summarizeFailover(all))
 	})
 	t.Run("kernel only", func(t *testing.T) {
-		kernelOnlyFailovers(t, 1, nicRemoved, 6102, runs)
+		kernelOnlyFailovers(t, 2, 1, nicRemoved, 6102, runs)
 	})
 }
 
@@ -511,18 +562,22 @@ func logAgentTails(t *testing.T, agents []*framework.Agent, lines int) {
 }
 
 // kernelOnlyFailovers is the negative control beside the agent's rows: runs
-// transfers on a bed of its own, hand-routed (the kernel's path manager, a
-// subflow per NIC, no agent, no BPF), with nic1 of node failing in each,
-// from port+8 on (port is the server's signalled one). Only integrity is
+// transfers on a bed of its own with nics NICs per node, hand-routed (the
+// kernel's path manager, a subflow per NIC, no agent, no BPF), with nic1 of
+// node failing in each, from port+8 on (port and the ones after it are the
+// server's signalled ones). Only integrity is
 // asserted; resets are logged. The sender waits up to 30 s for progress
 // (not 5 s): the kernel alone stalls longer than that under 30 % loss, and
 // that stall is what the control is there to show.
-func kernelOnlyFailovers(t *testing.T, node int, fail failure, port, runs int) {
-	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
-	ports := []int{port}
+func kernelOnlyFailovers(t *testing.T, nics, node int, fail failure, port, runs int) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: nics, PodsPerNode: 1, LinkRate: "200mbit"})
+	var ports []int // one signalled port per NIC beyond the first
+	for k := range nics - 1 {
+		ports = append(ports, port+k)
+	}
 	testbed.Must(t, bed.HandRoute(ports))
 	testbed.Must(t, bed.ConfigureSignalPorts(bed.Pod(2, 1), ports))
-	testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, 1), 2, 1))
+	testbed.Must(t, bed.ConfigureClientLimits(bed.Pod(1, 1), nics, nics-1))
 	var all []failoverFigures
 	for i := range runs {
 		f := failoverTransfer(t, bed, port+8+i, node, fail, "-stall", "30s")
@@ -557,7 +612,8 @@ func waitForMetric(t *testing.T, a *framework.Agent, name string, want float64, 
 const grayStallBound = time.Second
 
 // checkFailoverTargets asserts the issue's targets on one transfer: the
-// longest stall within bound, at least 0.8 of the live path's capacity
+// longest stall from the failure on within bound (and any before it within
+// 1 s), at least the failure's minDuring (0.8) of the live paths' capacity
 // during the failure, the failed path carrying traffic again within 1 s of
 // the repair.
 func checkFailoverTargets(t *testing.T, f failoverFigures, fail failure, bound time.Duration) {
@@ -565,12 +621,17 @@ func checkFailoverTargets(t *testing.T, f failoverFigures, fail failure, bound t
 	if f.stall > bound {
 		t.Errorf("longest stall %v, want at most %v", f.stall, bound)
 	}
+	// Not the failover's, but a stall all the same (issue 13): the
+	// bound of every failure.
+	if f.stallBefore > grayStallBound {
+		t.Errorf("a stall of %v before the failure, want at most %v", f.stallBefore, grayStallBound)
+	}
 	minDuring := fail.minDuring
 	if minDuring == 0 {
 		minDuring = 0.8
 	}
-	if r := f.during / failoverLinkBps; r < minDuring {
-		t.Errorf("during the failure %.2f of the live path's capacity, want at least %.2f", r, minDuring)
+	if r := f.during / f.live; r < minDuring {
+		t.Errorf("during the failure %.2f of the live paths' capacity, want at least %.2f", r, minDuring)
 	}
 	if f.pathBack < 0 || f.pathBack > time.Second {
 		t.Errorf("the repaired path carried traffic again after %v, want within 1 s", f.pathBack)
@@ -588,7 +649,7 @@ func summarizeFailover(fs []failoverFigures) string {
 		return fmt.Sprintf("%.2f/%.2f/%.2f%s", v[0], v[len(v)/2], v[len(v)-1], unit)
 	}
 	return "min/median/max: longest stall " + mmm(func(f failoverFigures) float64 { return f.stall.Seconds() }, " s") +
-		", during the failure " + mmm(func(f failoverFigures) float64 { return f.during / failoverLinkBps }, " of the live path") +
+		", during the failure " + mmm(func(f failoverFigures) float64 { return f.during / f.live }, " of the live paths") +
 		", path back " + mmm(func(f failoverFigures) float64 {
 		if f.pathBack < 0 {
 			return math.Inf(1)
