@@ -28,6 +28,7 @@ const (
 	failoverOutage  = 3 * time.Second  // and comes back after this
 	failoverSample  = 50 * time.Millisecond
 	failoverLinkBps = 200e6
+	failoverRuns    = 3 // transfers per row; each row has a bed of its own
 )
 
 // failoverStallBound is what TestCarrierLossMidTransferStallsBriefly
@@ -330,7 +331,7 @@ func failoverTransfer(t *testing.T, bed *testbed.Bed, port, node int, fail failu
 // stall bound here is 600 ms, for a shared two-core machine. The far case
 // is measured and only checked for integrity and resets (see there).
 func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
-	const runs = 3 // transfers per row; each row has a bed of its own
+	const runs = failoverRuns
 	for _, c := range []struct {
 		name string
 		node int
@@ -383,7 +384,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 			t.Logf("agent, node %d's nic1, %d runs: %s", c.node, runs, summarizeFailover(all))
 		})
 		t.Run("kernel only "+c.name, func(t *testing.T) {
-			kernelOnlyFailovers(t, 2, c.node, carrierLoss, 5702, runs)
+			kernelOnlyFailovers(t, 2, c.node, carrierLoss, 5702)
 		})
 	}
 }
@@ -398,7 +399,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 // because probes are round trips; beside them the kernel alone (the
 // hand-routed baseline), checked only for integrity.
 func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
-	const runs = 3
+	const runs = failoverRuns
 	for _, c := range []struct {
 		node int
 		fail failure
@@ -451,10 +452,10 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 		})
 	}
 	t.Run("kernel only, node 1's nic1", func(t *testing.T) {
-		kernelOnlyFailovers(t, 2, 1, totalLoss, 5902, runs)
+		kernelOnlyFailovers(t, 2, 1, totalLoss, 5902)
 	})
 	t.Run("kernel only, node 1's nic1, 30 % loss", func(t *testing.T) {
-		kernelOnlyFailovers(t, 2, 1, partialLoss, 5922, runs)
+		kernelOnlyFailovers(t, 2, 1, partialLoss, 5922)
 	})
 }
 
@@ -463,7 +464,7 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 // The same targets as with two paths, against the two live paths'
 // capacity, beside the kernel alone (hand-routed over three NICs).
 func TestCarrierLossOnOneOfThreePaths(t *testing.T) {
-	const runs = 3
+	const runs = failoverRuns
 	t.Run("agent", func(t *testing.T) {
 		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 3, PodsPerNode: 1, LinkRate: "200mbit"})
 		agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
@@ -493,7 +494,7 @@ func TestCarrierLossOnOneOfThreePaths(t *testing.T) {
 		t.Logf("agent, three paths, node 1's nic1, %d runs: %s", runs, summarizeFailover(all))
 	})
 	t.Run("kernel only", func(t *testing.T) {
-		kernelOnlyFailovers(t, 3, 1, carrierLoss, 6302, runs)
+		kernelOnlyFailovers(t, 3, 1, carrierLoss, 6302)
 	})
 }
 
@@ -507,7 +508,7 @@ func TestCarrierLossOnOneOfThreePaths(t *testing.T) {
 // only for integrity: its hand-written routes over the NIC go with it and
 // nothing writes them again.
 func TestNICRemovedMidTransferIsReattached(t *testing.T) {
-	const runs = 3
+	const runs = failoverRuns
 	t.Run("agent", func(t *testing.T) {
 		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
 		agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
@@ -541,7 +542,7 @@ func TestNICRemovedMidTransferIsReattached(t *testing.T) {
 		t.Logf("agent, node 1's nic1 removed, %d runs: %s", runs, summarizeFailover(all))
 	})
 	t.Run("kernel only", func(t *testing.T) {
-		kernelOnlyFailovers(t, 2, 1, nicRemoved, 6102, runs)
+		kernelOnlyFailovers(t, 2, 1, nicRemoved, 6102)
 	})
 }
 
@@ -569,7 +570,8 @@ func logAgentTails(t *testing.T, agents []*framework.Agent, lines int) {
 // asserted; resets are logged. The sender waits up to 30 s for progress
 // (not 5 s): the kernel alone stalls longer than that under 30 % loss, and
 // that stall is what the control is there to show.
-func kernelOnlyFailovers(t *testing.T, nics, node int, fail failure, port, runs int) {
+func kernelOnlyFailovers(t *testing.T, nics, node int, fail failure, port int) {
+	const runs = failoverRuns
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: nics, PodsPerNode: 1, LinkRate: "200mbit"})
 	var ports []int // one signalled port per NIC beyond the first
 	for k := range nics - 1 {
