@@ -337,24 +337,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 		node int
 	}{{"near", 1}, {"far", 2}} {
 		t.Run("agent "+c.name, func(t *testing.T) {
-			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
-			// Damping off: the runs fail the same NIC three times within
-			// a minute, which damping would answer by holding it down
-			// (its own tests: internal/agent/linkwatch).
-			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
-				return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
-			}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}), framework.WithLiveness())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var all []failoverFigures
-			for i := range runs {
-				f := failoverTransfer(t, bed, 5600+i, c.node, carrierLoss)
-				t.Logf("agent, node %d's nic1: %v", c.node, f)
-				all = append(all, f)
-				checkNoResets(t, f)
-				checkFailoverTargets(t, f, carrierLoss, failoverStallBound)
-			}
+			agents := agentFailovers(t, 2, c.node, carrierLoss, 5600, failoverStallBound)
 			counts := make([]map[string]float64, len(agents))
 			for k, a := range agents {
 				counts[k] = events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed, datapath.StatSubflowFollowed)
@@ -381,7 +364,6 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 			if n != runs {
 				t.Errorf("node %d: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %d", c.node, framework.PathName(1), n, runs)
 			}
-			t.Logf("agent, node %d's nic1, %d runs: %s", c.node, runs, summarizeFailover(all))
 		})
 		t.Run("kernel only "+c.name, func(t *testing.T) {
 			kernelOnlyFailovers(t, 2, c.node, carrierLoss, 5702)
@@ -406,33 +388,12 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 	}{{1, totalLoss}, {2, totalLoss}, {1, oneWayLoss}, {1, partialLoss}} {
 		node, fail := c.node, c.fail
 		t.Run(fmt.Sprintf("agent, node %d's nic1, %s", node, fail.name), func(t *testing.T) {
-			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
-			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
-				return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
-			}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}), framework.WithLiveness())
-			if err != nil {
-				t.Fatal(err)
-			}
-			// Both nodes probe each other over both paths before the
-			// first failure.
-			for k, a := range agents {
-				for path := 1; path <= 2; path++ {
-					waitForMetric(t, a, "mptcp_agent_path_peer_up", 1, 10*time.Second, "path", framework.PathName(path), "peer", framework.NodeName(bed.Nodes[1-k]))
-				}
-			}
-			var all []failoverFigures
-			for i := range runs {
-				f := failoverTransfer(t, bed, 5800+i, node, fail)
-				t.Logf("agent, node %d's nic1, %s: %v", node, fail.name, f)
-				all = append(all, f)
-				checkNoResets(t, f)
-				checkFailoverTargets(t, f, fail, grayStallBound)
-			}
+			agents := agentFailovers(t, 2, node, fail, 5800, grayStallBound)
 			for k, a := range agents {
 				m := scrape(t, a)
 				counts := events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed, datapath.StatSubflowFollowed)
 				downs, _ := m.Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
-				peerDowns, _ := m.Value("mptcp_agent_path_peer_down_transitions_total", "path", framework.PathName(1), "peer", framework.NodeName(bed.Nodes[1-k]))
+				peerDowns, _ := m.Value("mptcp_agent_path_peer_down_transitions_total", "path", framework.PathName(1), "peer", framework.NodeName(agents[1-k].Node))
 				t.Logf("node %d: datapath %v; path1 down %v times, its peer silent on it %v times", k+1, counts, downs, peerDowns)
 				// Probes are round trips: both nodes lose their peer
 				// on the failed path, whichever end's wire failed.
@@ -448,7 +409,6 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 				t.Errorf("node 1 (the sender's) detoured %v, followed %v and homed %v subflows, want at least %d away and %d home",
 					lead["subflow_detoured"], lead["subflow_followed"], lead["subflow_homed"], runs, runs)
 			}
-			t.Logf("agent, node %d's nic1, %s, %d runs: %s", node, fail.name, runs, summarizeFailover(all))
 		})
 	}
 	t.Run("kernel only, node 1's nic1", func(t *testing.T) {
@@ -464,34 +424,9 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 // The same targets as with two paths, against the two live paths'
 // capacity, beside the kernel alone (hand-routed over three NICs).
 func TestCarrierLossOnOneOfThreePaths(t *testing.T) {
-	const runs = failoverRuns
 	t.Run("agent", func(t *testing.T) {
-		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 3, PodsPerNode: 1, LinkRate: "200mbit"})
-		agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
-			return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
-		}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}), framework.WithLiveness())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if t.Failed() {
-				logAgentTails(t, agents, 60)
-			}
-		})
-		var all []failoverFigures
-		for i := range runs {
-			f := failoverTransfer(t, bed, 6200+i, 1, carrierLoss)
-			t.Logf("agent, three paths, node 1's nic1: %v", f)
-			all = append(all, f)
-			checkNoResets(t, f)
-			checkFailoverTargets(t, f, carrierLoss, failoverStallBound)
-		}
-		lead := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowHomed)
-		t.Logf("node 1 datapath: %v", lead)
-		if lead["subflow_detoured"] < runs || lead["subflow_homed"] < runs {
-			t.Errorf("node 1 detoured %v and homed %v subflows, want at least %d each", lead["subflow_detoured"], lead["subflow_homed"], runs)
-		}
-		t.Logf("agent, three paths, node 1's nic1, %d runs: %s", runs, summarizeFailover(all))
+		agents := agentFailovers(t, 3, 1, carrierLoss, 6200, failoverStallBound)
+		checkDetouredAndHomed(t, agents[0], failoverRuns)
 	})
 	t.Run("kernel only", func(t *testing.T) {
 		kernelOnlyFailovers(t, 3, 1, carrierLoss, 6302)
@@ -505,45 +440,72 @@ func TestCarrierLossOnOneOfThreePaths(t *testing.T) {
 // attaches the datapath to the new link and writes its routes, and the
 // subflow comes home. Targets as for the carrier, with the 1 s stall bound
 // of every failure but carrier loss. Beside it the kernel alone, checked
-// only for integrity: its hand-written routes over the NIC go with it and
-// nothing writes them again.
+// only for integrity (its route over nic1 is the main table's default,
+// which RestoreNIC writes again, as the host's configuration would).
 func TestNICRemovedMidTransferIsReattached(t *testing.T) {
 	const runs = failoverRuns
 	t.Run("agent", func(t *testing.T) {
-		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
-		agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
-			return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
-		}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}), framework.WithLiveness())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if t.Failed() {
-				logAgentTails(t, agents, 60)
-			}
-		})
-		var all []failoverFigures
-		for i := range runs {
-			f := failoverTransfer(t, bed, 6000+i, 1, nicRemoved)
-			t.Logf("agent, node 1's nic1 removed: %v", f)
-			all = append(all, f)
-			checkNoResets(t, f)
-			checkFailoverTargets(t, f, nicRemoved, grayStallBound)
-		}
-		lead := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowHomed)
-		t.Logf("node 1 datapath: %v", lead)
-		if lead["subflow_detoured"] < runs || lead["subflow_homed"] < runs {
-			t.Errorf("node 1 detoured %v and homed %v subflows, want at least %d each", lead["subflow_detoured"], lead["subflow_homed"], runs)
-		}
+		agents := agentFailovers(t, 2, 1, nicRemoved, 6000, grayStallBound)
+		checkDetouredAndHomed(t, agents[0], runs)
 		n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
 		if n != runs {
 			t.Errorf("node 1: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %d", framework.PathName(1), n, runs)
 		}
-		t.Logf("agent, node 1's nic1 removed, %d runs: %s", runs, summarizeFailover(all))
 	})
 	t.Run("kernel only", func(t *testing.T) {
 		kernelOnlyFailovers(t, 2, 1, nicRemoved, 6102)
 	})
+}
+
+// agentFailovers runs the agent's row of a failover test on a bed of its
+// own, with nics NICs per node and a file-mode agent per node: userspace
+// subflows; flap damping off (the runs fail one NIC three times within a
+// minute, which damping would answer by holding it down: its own tests are
+// in internal/agent/linkwatch); liveness on, every peer Up on every path
+// before the first failure. Then failoverRuns watched transfers from port
+// on, nic1 of node failing in each, each checked for resets and against
+// the targets with bound on the stall. It returns the agents, for the
+// row's own checks; a failed row logs the agents' last lines.
+func agentFailovers(t *testing.T, nics, node int, fail failure, port int, bound time.Duration) []*framework.Agent {
+	t.Helper()
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: nics, PodsPerNode: 1, LinkRate: "200mbit"})
+	agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
+		return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace}
+	}, declaredCaps, framework.WithFlapDamping(agent.FlapDamping{Transitions: -1}), framework.WithLiveness())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			logAgentTails(t, agents, 60)
+		}
+	})
+	for k, a := range agents {
+		for path := 1; path <= nics; path++ {
+			waitForMetric(t, a, "mptcp_agent_path_peer_up", 1, 10*time.Second, "path", framework.PathName(path), "peer", framework.NodeName(bed.Nodes[1-k]))
+		}
+	}
+	var all []failoverFigures
+	for i := range failoverRuns {
+		f := failoverTransfer(t, bed, port+i, node, fail)
+		t.Logf("agent, %d NICs, node %d's nic1, %s: %v", nics, node, fail.name, f)
+		all = append(all, f)
+		checkNoResets(t, f)
+		checkFailoverTargets(t, f, fail, bound)
+	}
+	t.Logf("agent, %d NICs, node %d's nic1, %s, %d runs: %s", nics, node, fail.name, failoverRuns, summarizeFailover(all))
+	return agents
+}
+
+// checkDetouredAndHomed asserts that a's node moved a subflow off the
+// failed path and brought it home at least runs times each.
+func checkDetouredAndHomed(t *testing.T, a *framework.Agent, runs int) {
+	t.Helper()
+	c := events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed)
+	t.Logf("node %d datapath: %v", a.Node.Index, c)
+	if c["subflow_detoured"] < float64(runs) || c["subflow_homed"] < float64(runs) {
+		t.Errorf("node %d detoured %v and homed %v subflows, want at least %d each", a.Node.Index, c["subflow_detoured"], c["subflow_homed"], runs)
+	}
 }
 
 // logAgentTails logs the last lines of each agent's log and its status's

@@ -41,16 +41,7 @@ func adminUp(t *testing.T, b *Bed, i, k int) bool {
 // it comes back; the other NIC is untouched; Down still removes everything with a carrier away.
 func TestSetCarrierTakesTheNICsCarrierAwayAndBack(t *testing.T) {
 	b := NewForTest(t, Config{Nodes: 2, NICs: 2, PodsPerNode: 1})
-	bin := BuildTraffic(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	echo, err := b.StartEcho(ctx, bin, b.Pod(2, 1), 7)
-	Must(t, err)
-	probe := func(n int) int {
-		got, err := b.Probe(ctx, bin, b.Pod(1, 1), echo, n, time.Millisecond)
-		Must(t, err)
-		return got
-	}
+	probe, echo, bin, ctx := echoProbe(t, b)
 	isUp := func(s string, c bool) bool { return s == "up" && c }
 	isDown := func(s string, c bool) bool { return (s == "down" || s == "lower-layer-down") && !c }
 
@@ -176,16 +167,7 @@ func TestSetOneWayLossDropsOneDirection(t *testing.T) {
 // default route and its rate, and round trips resume.
 func TestRemoveNICAndRestoreIt(t *testing.T) {
 	b := NewForTest(t, Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
-	bin := BuildTraffic(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	echo, err := b.StartEcho(ctx, bin, b.Pod(2, 1), 7)
-	Must(t, err)
-	probe := func(n int) int {
-		got, err := b.Probe(ctx, bin, b.Pod(1, 1), echo, n, time.Millisecond)
-		Must(t, err)
-		return got
-	}
+	probe, _, _, _ := echoProbe(t, b)
 	node, err := nsHandle(b.Node(1).NetNS)
 	Must(t, err)
 	defer node.Close()

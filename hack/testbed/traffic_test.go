@@ -3,6 +3,7 @@ package testbed
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 )
@@ -137,16 +138,7 @@ func TestShapingCapsSinglePathAtLinkRate(t *testing.T) {
 
 func TestSetLossDropsPackets(t *testing.T) {
 	b := NewForTest(t, Config{Nodes: 2, NICs: 1, PodsPerNode: 1})
-	bin := BuildTraffic(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	echo, err := b.StartEcho(ctx, bin, b.Pod(2, 1), 7)
-	Must(t, err)
-	probe := func(n int) int {
-		got, err := b.Probe(ctx, bin, b.Pod(1, 1), echo, n, time.Millisecond)
-		Must(t, err)
-		return got
-	}
+	probe, _, _, _ := echoProbe(t, b)
 	if got := probe(50); got != 50 {
 		t.Fatalf("without loss, %d of 50 round trips", got)
 	}
@@ -180,4 +172,21 @@ func TestLongestStallCountsIntervalsBelowTheThreshold(t *testing.T) {
 	if got := LongestStall(ServerReport{}, 1, 0); got != 0 {
 		t.Errorf("no samples: %v", got)
 	}
+}
+
+// echoProbe starts an echo server in pod (2,1) and returns a function that
+// sends n datagrams to it from pod (1,1) and counts the replies, with the
+// echo's address, the traffic binary and the context (a minute) they use.
+func echoProbe(t *testing.T, b *Bed) (probe func(n int) int, echo netip.AddrPort, bin string, ctx context.Context) {
+	t.Helper()
+	bin = BuildTraffic(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	echo, err := b.StartEcho(ctx, bin, b.Pod(2, 1), 7)
+	Must(t, err)
+	return func(n int) int {
+		got, err := b.Probe(ctx, bin, b.Pod(1, 1), echo, n, time.Millisecond)
+		Must(t, err)
+		return got
+	}, echo, bin, ctx
 }
