@@ -33,16 +33,27 @@ func (b *Bed) setupWire(ctx context.Context, c NIC) error {
 	}
 	var cmds []string
 	for _, dev := range []string{c.WireNodeSide, c.WireFabricSide} {
-		if b.Config.LinkRate != "" {
-			tbf, err := tbfArgs(b.Config.LinkRate, b.Config.LinkQueue)
-			if err != nil {
-				return err
-			}
-			cmds = append(cmds, fmt.Sprintf("qdisc add dev %s root %s", dev, tbf))
+		q, err := b.wireEndQdiscs(dev)
+		if err != nil {
+			return err
 		}
-		cmds = append(cmds, fmt.Sprintf("qdisc add dev %s clsact", dev))
+		cmds = append(cmds, q...)
 	}
 	return tcBatch(ctx, c.WireNS, cmds...)
+}
+
+// wireEndQdiscs are the tc commands that give a wire end dev its rate (the bed's LinkRate, if any) and the clsact
+// qdisc the loss and corruption filters hang on.
+func (b *Bed) wireEndQdiscs(dev string) ([]string, error) {
+	var cmds []string
+	if b.Config.LinkRate != "" {
+		tbf, err := tbfArgs(b.Config.LinkRate, b.Config.LinkQueue)
+		if err != nil {
+			return nil, err
+		}
+		cmds = append(cmds, fmt.Sprintf("qdisc add dev %s root %s", dev, tbf))
+	}
+	return append(cmds, fmt.Sprintf("qdisc add dev %s clsact", dev)), nil
 }
 
 // DefaultLinkQueue is how long a packet may wait in a link's queue: enough for a single TCP flow to keep the link
@@ -249,15 +260,11 @@ func (b *Bed) RestoreNIC(i, k int) error {
 	if err := ipBatch(ctx, c.WireNS, fmt.Sprintf("link set dev %s master br0", c.WireNodeSide), fmt.Sprintf("link set dev %s up", c.WireNodeSide)); err != nil {
 		return err
 	}
-	var tc []string
-	if b.Config.LinkRate != "" {
-		tbf, err := tbfArgs(b.Config.LinkRate, b.Config.LinkQueue)
-		if err != nil {
-			return err
-		}
-		tc = append(tc, fmt.Sprintf("qdisc add dev %s root %s", c.WireNodeSide, tbf))
+	q, err := b.wireEndQdiscs(c.WireNodeSide)
+	if err != nil {
+		return err
 	}
-	if err := tcBatch(ctx, c.WireNS, append(tc, fmt.Sprintf("qdisc add dev %s clsact", c.WireNodeSide))...); err != nil {
+	if err := tcBatch(ctx, c.WireNS, q...); err != nil {
 		return err
 	}
 	cmds := []string{fmt.Sprintf("addr add %s dev %s", c.Addr, c.Name), fmt.Sprintf("link set dev %s up", c.Name)}

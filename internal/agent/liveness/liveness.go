@@ -119,9 +119,6 @@ type PeerState struct {
 	Path  uint32
 	Peer  Peer
 	State State
-	// Lossy: the peer is Down because too many of its echoes went
-	// missing, not because all did.
-	Lossy bool
 	// Lost is how many of the last LossWindow probes whose echo can no
 	// longer come were not answered; -1 until LossWindow of them were
 	// sent.
@@ -477,7 +474,6 @@ func (t *target) tally(seq uint64, multiplier int) bool {
 		from = last + 1 - LossWindow
 	}
 	lost, sinceUp := 0, 0
-	t.scattered = 0
 	for s := from; s <= last; s++ {
 		if t.echoed[s%n] {
 			continue
@@ -633,7 +629,7 @@ func (p *Prober) States() []PeerState {
 	var out []PeerState
 	for index, pp := range p.paths {
 		for addr, t := range pp.targets {
-			out = append(out, PeerState{Path: index, Peer: Peer{Node: t.node, Addr: addr}, State: t.state, Lossy: t.lossy, Lost: t.lost, Downs: t.downs})
+			out = append(out, PeerState{Path: index, Peer: Peer{Node: t.node, Addr: addr}, State: t.state, Lost: t.lost, Downs: t.downs})
 		}
 	}
 	slices.SortFunc(out, func(a, b PeerState) int {

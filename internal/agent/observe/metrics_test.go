@@ -180,7 +180,7 @@ func TestPathDownIsExported(t *testing.T) {
 	src := &source{dp: dp, paths: map[uint32]string{1: "fabric-a", 2: "fabric-b"}, downs: map[uint32]uint64{2: 3},
 		peers: []liveness.PeerState{
 			{Path: 1, Peer: liveness.Peer{Node: "n2"}, State: liveness.Up},
-			{Path: 2, Peer: liveness.Peer{Node: "n2"}, State: liveness.Down, Lossy: true, Lost: 6, Downs: 2},
+			{Path: 2, Peer: liveness.Peer{Node: "n2"}, State: liveness.Down, Lost: 6, Downs: 2},
 			{Path: 2, Peer: liveness.Peer{Node: "n3"}, State: liveness.Unknown, Lost: 20},
 		},
 		probes: liveness.Counters{ProbesSent: 10, EchoesReceived: 7, ProbesAnswered: 6, Ignored: 1}}
