@@ -10,7 +10,9 @@
 // missing too often is Down too (lossy: LossyAt of the last LossWindow),
 // and Up again only once the window is clean: a path that loses a
 // third of its packets keeps its carrier and most of its echoes, and
-// drags down every MPTCP connection with a subflow on it. The agent marks
+// drags down every MPTCP connection with a subflow on it. An echo tells
+// whether its sender holds the prober Down, so the node whose probes find
+// a failure first takes its peer's view of the path down with it. The agent marks
 // a path down in the datapath when no peer is Up on it and one is Down
 // (Silent).
 package liveness
@@ -187,6 +189,9 @@ type target struct {
 	lost           int
 	scattered      int
 	lossy          bool
+	// heldByPeer: the peer's last echo said it holds this node Down on
+	// the path; byPeer: that is what took the peer Down (heard).
+	heldByPeer, byPeer bool
 	// heldUntil: a peer that went Down is not Up again before this
 	// sequence number (mayComeUp). [silentFrom, silentTo] are the probes
 	// of the silence that made it Down (from the first after the newest
@@ -356,8 +361,9 @@ func (p *Prober) read(pp *pathProbe, name string) {
 			// address makes the node send no more than it sent, to
 			// that peer's prober, and cannot starve the real probes.
 			p.counters.ProbesAnswered++
+			held := t.state == Down
 			p.mu.Unlock()
-			_, _ = pp.conn.WriteToUDPAddrPort(message{kind: kindEcho, nonce: m.nonce, seq: m.seq}.marshal(), from)
+			_, _ = pp.conn.WriteToUDPAddrPort(message{kind: kindEcho, nonce: m.nonce, seq: m.seq, heldDown: held}.marshal(), from)
 			continue
 		case m.nonce != p.nonce || m.seq > pp.seq || pp.seq-m.seq > uint64(p.cfg.Multiplier):
 			p.counters.Ignored++
@@ -365,7 +371,8 @@ func (p *Prober) read(pp *pathProbe, name string) {
 			p.counters.EchoesReceived++
 			t.answer(m.seq)
 			was := t.state
-			changed := t.echo(time.Now(), p.cfg.Interval, pp.seq)
+			changed := t.heard(m.heldDown, pp.seq)
+			changed = t.echo(time.Now(), p.cfg.Interval, pp.seq) || changed
 			if changed {
 				p.logChange(pp.spec.Name, addr, t, was)
 			}
@@ -408,7 +415,29 @@ func (t *target) echo(now time.Time, interval time.Duration, seq uint64) bool {
 // up makes the peer Up in the tick of sequence number seq: losses from
 // then on count.
 func (t *target) up(seq uint64) {
-	t.state, t.lossy, t.upSince = Up, false, seq+1
+	t.state, t.lossy, t.byPeer, t.upSince = Up, false, false, seq+1
+}
+
+// heard records whether the peer holds this node Down on the path, as its
+// echo in the tick of sequence number seq says; it returns whether the
+// peer's state changed. The peer's change from not holding this node Down
+// to holding it takes an Up peer Down at once, for loss: the peer's probes
+// found the failure first (a path losing at random is found by one node's
+// window before the other's, by hundreds of milliseconds), and the subflows
+// of both nodes then leave it at once. It comes back by this node's own
+// rules (mayComeUp), whatever the peer says then; a peer that held this
+// node Down already when the prober first heard of it (it was Unknown, or
+// Down) takes nothing down, so an agent that restarts during its peer's
+// hold does not go down with it.
+func (t *target) heard(heldDown bool, seq uint64) bool {
+	edge := heldDown && !t.heldByPeer
+	t.heldByPeer = heldDown
+	if !edge || t.state != Up {
+		return false
+	}
+	t.down(seq, true)
+	t.byPeer = true
+	return true
 }
 
 // down makes an Up peer Down in the tick of sequence number seq, for loss
@@ -581,6 +610,8 @@ func (p *Prober) run(ctx context.Context) {
 func (p *Prober) logChange(path string, addr netip.Addr, t *target, was State) {
 	reason := "echoes"
 	switch {
+	case t.state == Down && t.byPeer:
+		reason = "the peer holds this node down"
 	case t.state == Down && t.lossy:
 		reason = "lost too many echoes"
 	case t.state == Down:

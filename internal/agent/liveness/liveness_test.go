@@ -232,10 +232,12 @@ func TestProbesFromAnAddressThatIsNoPeersGetNoAnswer(t *testing.T) {
 }
 
 func TestParseMessageAcceptsOnlyWhatMarshalWrites(t *testing.T) {
-	good := message{kind: kindProbe, nonce: 7, seq: 9}.marshal()
-	if m, err := parseMessage(good); err != nil || m != (message{kind: kindProbe, nonce: 7, seq: 9}) {
-		t.Fatalf("round trip: %+v, %v", m, err)
+	for _, m := range []message{{kind: kindProbe, nonce: 7, seq: 9}, {kind: kindEcho, nonce: 7, seq: 9}, {kind: kindEcho, nonce: 7, seq: 9, heldDown: true}} {
+		if got, err := parseMessage(m.marshal()); err != nil || got != m {
+			t.Fatalf("round trip of %+v: %+v, %v", m, got, err)
+		}
 	}
+	good := message{kind: kindProbe, nonce: 7, seq: 9}.marshal()
 	for name, mutate := range map[string]func([]byte) []byte{
 		"short":       func(b []byte) []byte { return b[:messageLen-1] },
 		"long":        func(b []byte) []byte { return append(b, 0) },
@@ -244,6 +246,10 @@ func TestParseMessageAcceptsOnlyWhatMarshalWrites(t *testing.T) {
 		"kind":        func(b []byte) []byte { b[5] = 3; return b },
 		"reserved":    func(b []byte) []byte { b[7] = 1; return b },
 		"kind absent": func(b []byte) []byte { b[5] = 0; return b },
+		// A probe says nothing of the prober's view: anyone may send
+		// one, so only an echo (which carries the prober's nonce) may.
+		"probe held down": func(b []byte) []byte { b[6] = flagHeldDown; return b },
+		"unknown flag":    func(b []byte) []byte { b[5], b[6] = kindEcho, 2; return b },
 	} {
 		b := mutate(append([]byte(nil), good...))
 		if _, err := parseMessage(b); err == nil {
@@ -254,6 +260,7 @@ func TestParseMessageAcceptsOnlyWhatMarshalWrites(t *testing.T) {
 
 func FuzzParseMessage(f *testing.F) {
 	f.Add(message{kind: kindEcho, nonce: 1, seq: 2}.marshal())
+	f.Add(message{kind: kindEcho, nonce: 1, seq: 2, heldDown: true}.marshal())
 	f.Add([]byte("MPTL"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := parseMessage(b)
@@ -312,6 +319,8 @@ type lossyRun struct {
 	t   *target
 	seq uint64
 	now time.Time
+	// peerHolds: the echoes say the peer holds this node Down.
+	peerHolds bool
 }
 
 func newLossyRun() *lossyRun {
@@ -330,6 +339,7 @@ func (r *lossyRun) ticks(n int, answered func(seq uint64) bool) (changes []uint6
 		r.t.tally(r.seq, testMult)
 		if answered(r.seq) {
 			r.t.answer(r.seq)
+			r.t.heard(r.peerHolds, r.seq)
 			r.t.echo(r.now.Add(testInterval/2), testInterval, r.seq)
 		}
 		if r.t.state != was {
@@ -454,5 +464,45 @@ func TestOnlyTheSilenceThatTookAPeerDownIsForgiven(t *testing.T) {
 	ch = assumed.ticks(50, always)
 	if len(ch) != 1 || ch[0] > 50+UpAfter {
 		t.Errorf("a peer assumed down, answering from tick 51: changes at %v, want Up by tick %d", ch, 50+UpAfter)
+	}
+}
+
+// A peer that holds this node Down on a path (its echoes say so) takes it
+// Down here at once, on the change only: the peer's probes found a lossy
+// path before this node's did. It comes back by this node's own rules,
+// whatever the peer still says; a peer heard holding it Down from the
+// first echo (this node restarted during the peer's hold) takes nothing
+// down.
+func TestAPeerHoldingThisNodeDownTakesThePathDownOnTheChange(t *testing.T) {
+	r := newLossyRun()
+	r.ticks(30, always)
+	if r.t.state != Up {
+		t.Fatalf("state %v after 30 clean ticks, want Up", r.t.state)
+	}
+	if r.t.heard(false, r.seq) || r.t.state != Up {
+		t.Fatalf("an echo not holding this node Down changed the state to %v", r.t.state)
+	}
+	if !r.t.heard(true, r.seq) || r.t.state != Down || !r.t.byPeer || r.t.downs != 1 {
+		t.Fatalf("the peer began holding this node Down: state %v, by the peer %v, downs %d; want Down by the peer, 1 down", r.t.state, r.t.byPeer, r.t.downs)
+	}
+	// Its echoes go on saying so; all of them come back: Up by this
+	// node's rules (the hold of a window), once.
+	r.peerHolds = true
+	changes := r.ticks(LossWindow+testMult+5, always)
+	if len(changes) != 1 || r.t.state != Up || r.t.byPeer || r.t.downs != 1 {
+		t.Fatalf("changes at %v, state %v, by the peer %v, downs %d: want Up again once, by this node's rules", changes, r.t.state, r.t.byPeer, r.t.downs)
+	}
+	// The peer lets go and holds it Down again: a new change.
+	r.t.heard(false, r.seq)
+	if !r.t.heard(true, r.seq) || r.t.state != Down || r.t.downs != 2 {
+		t.Fatalf("the peer held this node Down again: state %v, downs %d; want Down, 2 downs", r.t.state, r.t.downs)
+	}
+
+	restarted := newTarget("node2", 1, testMult)
+	if restarted.heard(true, 1) || !restarted.echo(time.Unix(1000, 0), testInterval, 1) || restarted.state != Up {
+		t.Fatalf("a peer holding a new prober's node Down from its first echo: state %v, want Up", restarted.state)
+	}
+	if restarted.heard(true, 2) || restarted.state != Up {
+		t.Fatalf("the same peer, still holding: state %v, want Up", restarted.state)
 	}
 }

@@ -10,13 +10,17 @@ import (
 //	0..3   "MPTL"
 //	4      version (1)
 //	5      kind: kindProbe or kindEcho
-//	6..7   zero
+//	6      flags: zero in a probe; in an echo, flagHeldDown or zero
+//	7      zero
 //	8..15  the prober's nonce, echoed unchanged
 //	16..23 the probe's sequence number, echoed unchanged
 //
 // The nonce is a random number each prober draws when it starts: an echo
 // counts only when it carries it, so a sender that does not see the
-// probes cannot keep a dead path alive with forged echoes.
+// probes cannot keep a dead path alive with forged echoes, nor take a live
+// one down with a forged flag. Version 1 agents before the flag ignore an
+// echo that carries it (they then count the probe lost, which is what the
+// flag says anyway).
 const messageLen = 24
 
 const (
@@ -24,18 +28,27 @@ const (
 	version        = 1
 	kindProbe byte = 1
 	kindEcho  byte = 2
+
+	// flagHeldDown: the node that echoes holds the prober's node Down on
+	// the path (target.heard).
+	flagHeldDown byte = 1
 )
 
 type message struct {
 	kind  byte
 	nonce uint64
 	seq   uint64
+	// heldDown (an echo's): the echoing node holds the prober Down.
+	heldDown bool
 }
 
 func (m message) marshal() []byte {
 	b := make([]byte, messageLen)
 	copy(b, magic)
 	b[4], b[5] = version, m.kind
+	if m.heldDown {
+		b[6] = flagHeldDown
+	}
 	binary.BigEndian.PutUint64(b[8:], m.nonce)
 	binary.BigEndian.PutUint64(b[16:], m.seq)
 	return b
@@ -45,11 +58,11 @@ var errNotAMessage = errors.New("not a liveness message")
 
 // parseMessage accepts exactly what marshal writes, and nothing else.
 func parseMessage(b []byte) (message, error) {
-	if len(b) != messageLen || string(b[:4]) != magic || b[4] != version || b[6] != 0 || b[7] != 0 {
+	if len(b) != messageLen || string(b[:4]) != magic || b[4] != version || b[7] != 0 {
 		return message{}, errNotAMessage
 	}
-	m := message{kind: b[5], nonce: binary.BigEndian.Uint64(b[8:]), seq: binary.BigEndian.Uint64(b[16:])}
-	if m.kind != kindProbe && m.kind != kindEcho {
+	m := message{kind: b[5], nonce: binary.BigEndian.Uint64(b[8:]), seq: binary.BigEndian.Uint64(b[16:]), heldDown: b[6] == flagHeldDown}
+	if m.kind != kindProbe && m.kind != kindEcho || b[6] != 0 && (m.kind != kindEcho || b[6] != flagHeldDown) {
 		return message{}, errNotAMessage
 	}
 	return m, nil
