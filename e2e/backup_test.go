@@ -39,7 +39,7 @@ func TestBackupSubflowIsBackupInThePodAndCarriesAlmostNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = srv.Stop() }()
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	defer w.Close()
 
 	_, tx0 := nicBytes(t, bed, bed.Node(1))
@@ -112,7 +112,7 @@ func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = srv.Stop() }()
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	defer w.Close()
 	type result struct {
 		sent []testbed.SenderReport
@@ -223,7 +223,7 @@ func joinRefusedBy(t *testing.T, maxOnNode int) {
 		t.Fatal(err)
 	}
 	defer func() { _ = srv.Stop() }()
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	defer w.Close()
 	sent, err := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, port), true, "-conns", "1", "-duration", "4s")
 	finishTransfer(t, w, srv, sent, err)

@@ -252,7 +252,7 @@ func TestHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime(t *testing.T) {
 	const transfer, captured = 60 * time.Second, 57 * time.Second
 	const conns = 2
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	began := time.Now()
 	wait := launchFlows(t, bed, []flow{{client: client, server: server, port: 5201, conns: conns}}, transfer)
 	waitPlaced(t, bed, agents[0], client, 2*conns)

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
@@ -47,7 +48,7 @@ func TestDataChecksumsCatchWhatAWireChanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := background(t)
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, 5601, true)
 	if err != nil {
 		t.Fatal(err)

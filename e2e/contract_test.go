@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
 	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 )
@@ -30,7 +31,7 @@ import (
 func sampledTransfer(t *testing.T, bed *testbed.Bed, port int, d time.Duration, during func(start time.Time)) []int64 {
 	t.Helper()
 	ctx := background(t)
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	defer w.Close()
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
 	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true, "-warmup", "0s", "-window", d.String(), "-sample", sampleEvery.String())

@@ -38,7 +38,7 @@ func TestForgedSYNsMoveNoLiveSubflow(t *testing.T) {
 		t.Fatal(err)
 	}
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	defer w.Close()
 	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true)
 	if err != nil {
@@ -144,7 +144,7 @@ func TestForgedSYNsMoveNoLiveSubflow(t *testing.T) {
 		}
 	}
 	res := <-done
-	finishTransfer(t, w, srv, res.sent, res.err)
+	finishTransfer(t, w, srv, res.Sent, res.Err)
 
 	// A new connection of the client still gets its join, on the other
 	// path than its initial subflow.

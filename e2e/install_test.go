@@ -228,7 +228,7 @@ func TestChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing
 	}
 
 	// Each node's client pod sends to the other node's server.
-	w := cb.bed.Watch(t, datapathEvidence(cb.bed))
+	w := cb.bed.Watch(t, framework.DatapathEvidence(cb.bed))
 	const conns = 2
 	var clients []*corev1.Pod
 	for _, n := range cb.bed.Nodes {

@@ -297,10 +297,10 @@ func runIntegrityScenario(t *testing.T, sc integrityScenario, rounds int, mustBe
 // for another round's.
 func integrityRound(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration, cc string) ([]testbed.ServerReport, testbed.FailureKind, string) {
 	t.Helper()
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	if *integrityPayload {
 		w.Close()
-		w = bed.WatchPayload(t, datapathEvidence(bed))
+		w = bed.WatchPayload(t, framework.DatapathEvidence(bed))
 	}
 	defer w.Close()
 	if cc != "" {

@@ -584,7 +584,7 @@ func withdrawUnderTraffic(t *testing.T, kb *kubeBed) {
 	// teardown may end with a bare RST answering a late segment for a subflow its
 	// peer already closed (seen after the withdrawal moved a subflow to
 	// another NIC), which is no reset of a running connection.
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	const transfer, captured = 6 * time.Second, 4500 * time.Millisecond
 	rpDrops := map[int]float64{}
 	for _, n := range bed.Nodes {

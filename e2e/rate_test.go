@@ -65,7 +65,7 @@ func transfer(t *testing.T, bed *testbed.Bed, port int, cc string) rateRound {
 func transferOver(t *testing.T, bed *testbed.Bed, port int, cc string, mptcp bool) rateRound {
 	t.Helper()
 	ctx := background(t)
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	defer w.Close()
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
 	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, mptcp, "-warmup", "1500ms", "-window", "6s", "-sample", "50ms")

@@ -38,7 +38,7 @@ func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
 	}
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
 	remote := netip.AddrPortFrom(server.Addr, port)
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	defer w.Close()
 	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true, "-warmup", "1s", "-window", "4s")
 	if err != nil {
@@ -86,7 +86,7 @@ func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
 	replacedAfter := time.Since(killed)
 	res := <-done
 	rows, sampleErr := sampler.Stop()
-	finishTransfer(t, w, srv, res.sent, res.err)
+	finishTransfer(t, w, srv, res.Sent, res.Err)
 	if sampleErr != nil {
 		t.Fatal(sampleErr)
 	}

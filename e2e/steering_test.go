@@ -39,7 +39,7 @@ func runFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) int
 // connections.
 func startFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) (wait func() int) {
 	t.Helper()
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	run := launchFlows(t, bed, flows, d)
 	return func() int {
 		t.Helper()
@@ -148,7 +148,7 @@ const capturedTransfer = 2 * time.Second
 // fails the test with the captures kept as evidence.
 func captureFlows(t *testing.T, bed *testbed.Bed, flows []flow) (*testbed.Analysis, int) {
 	t.Helper()
-	w := bed.Watch(t, datapathEvidence(bed))
+	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	conns, err := launchFlows(t, bed, flows, capturedTransfer)()
 	if err != nil {
 		w.Fail(err)

@@ -22,7 +22,7 @@ func TestAgentThroughputMatchesHandRoutedBaseline(t *testing.T) {
 	for round := 1; round <= rounds; round++ {
 		// Every scenario runs under the same captures, so their cost
 		// does not tilt the comparison.
-		w := bed.Watch(t, datapathEvidence(bed))
+		w := bed.Watch(t, framework.DatapathEvidence(bed))
 		results, err := framework.Compare(background(t), bed, framework.CompareOptions{
 			Binaries: bins, Duration: 8 * time.Second, Warmup: 2 * time.Second, Conns: 1,
 		})

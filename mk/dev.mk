@@ -81,6 +81,10 @@ demo: deps envtest-assets node-assets images $(HELM) ## Bring up 2 nodes x 2 NIC
 bench: ## Run the benchmarks and rewrite their sections of docs/benchmarks.md.
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=5 -run '^$$' -bench . -benchtime=1x -timeout 30m ./bench/datapath/...
 
+.PHONY: bench-failover
+bench-failover: deps ## Fail a NIC mid-transfer in every failover case, agent and kernel alone, 5 rounds each (about 35 min; root); rewrite the "Failover" section of docs/benchmarks.md.
+	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench . -benchtime=5x -timeout 90m ./bench/failover/
+
 .PHONY: bench-liveness
 bench-liveness: ## Measure the CPU of probing 100 peers over 4 paths; rewrite the "Liveness probes" section of docs/benchmarks.md.
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench . -benchtime=1x -timeout 10m ./bench/liveness/

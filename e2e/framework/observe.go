@@ -143,6 +143,26 @@ func (a *Agent) Scrape() (Scrape, error) {
 	return ParseScrape(body)
 }
 
+// WaitForMetric waits until the agent's series name{labels} has value
+// want, for at most within.
+func (a *Agent) WaitForMetric(name string, want float64, within time.Duration, labels ...string) error {
+	deadline := time.Now().Add(within)
+	for {
+		s, err := a.Scrape()
+		if err != nil {
+			return fmt.Errorf("node %d: %w", a.Node.Index, err)
+		}
+		v, ok := s.Value(name, labels...)
+		if ok && v == want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("node %d: %s%v = %v (present %v), want %v within %v", a.Node.Index, name, labels, v, ok, want, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // ParseScrape parses a /metrics page in the Prometheus text format.
 func ParseScrape(body []byte) (Scrape, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
