@@ -145,7 +145,6 @@ type Counters struct {
 type Prober struct {
 	cfg     Config
 	log     *slog.Logger
-	nonce   uint64
 	changed func()
 
 	mu       sync.Mutex
@@ -168,7 +167,11 @@ type pathProbe struct {
 }
 
 type target struct {
-	node     string
+	node string
+	// nonce goes in every probe to the peer on the path, and an echo
+	// counts only with it: one per peer and path, so that what a peer, or
+	// someone who sees one path, learns is good for nothing else.
+	nonce    uint64
 	state    State
 	lastEcho time.Time
 	// streak: echoes in a row, each within two intervals of the one
@@ -189,9 +192,11 @@ type target struct {
 	lost           int
 	scattered      int
 	lossy          bool
-	// heldByPeer: the peer's last echo said it holds this node Down on
-	// the path; byPeer: that is what took the peer Down (heard).
+	// heldByPeer: the peer's newest echo (of probe flagSeq) said it
+	// holds this node Down on the path; byPeer: that is what took the
+	// peer Down (heard).
 	heldByPeer, byPeer bool
+	flagSeq            uint64
 	// heldUntil: a peer that went Down is not Up again before this
 	// sequence number (mayComeUp). [silentFrom, silentTo] are the probes
 	// of the silence that made it Down (from the first after the newest
@@ -209,12 +214,8 @@ func New(cfg Config, log *slog.Logger, changed func()) (*Prober, error) {
 		return nil, fmt.Errorf("liveness: port %d, interval %v, multiplier %d: want a port, a positive interval and a multiplier from 1",
 			cfg.Port, cfg.Interval, cfg.Multiplier)
 	}
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return nil, err
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Prober{cfg: cfg, log: log, nonce: binary.BigEndian.Uint64(b[:]), changed: changed,
+	p := &Prober{cfg: cfg, log: log, changed: changed,
 		paths: map[uint32]*pathProbe{}, cancel: cancel, done: make(chan struct{})}
 	go p.run(ctx)
 	return p, nil
@@ -365,13 +366,13 @@ func (p *Prober) read(pp *pathProbe, name string) {
 			p.mu.Unlock()
 			_, _ = pp.conn.WriteToUDPAddrPort(message{kind: kindEcho, nonce: m.nonce, seq: m.seq, heldDown: held}.marshal(), from)
 			continue
-		case m.nonce != p.nonce || m.seq > pp.seq || pp.seq-m.seq > uint64(p.cfg.Multiplier):
+		case m.nonce != t.nonce || m.seq > pp.seq || pp.seq-m.seq > uint64(p.cfg.Multiplier):
 			p.counters.Ignored++
 		default:
 			p.counters.EchoesReceived++
 			t.answer(m.seq)
 			was := t.state
-			changed := t.heard(m.heldDown, pp.seq)
+			changed := t.heard(m.heldDown, m.seq, pp.seq)
 			changed = t.echo(time.Now(), p.cfg.Interval, pp.seq) || changed
 			if changed {
 				p.logChange(pp.spec.Name, addr, t, was)
@@ -389,7 +390,9 @@ func (p *Prober) read(pp *pathProbe, name string) {
 // newTarget is a peer first probed with sequence number first, whose
 // echoes may come multiplier ticks late.
 func newTarget(node string, first uint64, multiplier int) *target {
-	return &target{node: node, echoed: make([]bool, LossWindow+multiplier+1), first: first, upSince: first, lost: -1}
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return &target{node: node, nonce: binary.BigEndian.Uint64(b[:]), echoed: make([]bool, LossWindow+multiplier+1), first: first, upSince: first, lost: -1}
 }
 
 // echo records an echo at now, in the tick of sequence number seq; it
@@ -419,8 +422,10 @@ func (t *target) up(seq uint64) {
 }
 
 // heard records whether the peer holds this node Down on the path, as its
-// echo in the tick of sequence number seq says; it returns whether the
-// peer's state changed. The peer's change from not holding this node Down
+// echo of the probe of sequence number echoSeq says, in the tick of
+// sequence number seq; it returns whether the peer's state changed. An
+// echo older than the one the flag was last read from says nothing: a
+// late "held" must not make a new change of one the peer has let go. The peer's change from not holding this node Down
 // to holding it takes an Up peer Down at once, for loss: the peer's probes
 // found the failure first (a path losing at random is found by one node's
 // window before the other's, by hundreds of milliseconds), and the subflows
@@ -429,7 +434,11 @@ func (t *target) up(seq uint64) {
 // node Down already when the prober first heard of it (it was Unknown, or
 // Down) takes nothing down, so an agent that restarts during its peer's
 // hold does not go down with it.
-func (t *target) heard(heldDown bool, seq uint64) bool {
+func (t *target) heard(heldDown bool, echoSeq, seq uint64) bool {
+	if echoSeq < t.flagSeq {
+		return false
+	}
+	t.flagSeq = echoSeq
 	edge := heldDown && !t.heldByPeer
 	t.heldByPeer = heldDown
 	if !edge || t.state != Up {
@@ -590,7 +599,7 @@ func (p *Prober) run(ctx context.Context) {
 					t.echoed[pp.seq%uint64(len(t.echoed))] = false
 				}
 				sends = append(sends, send{pp.conn, netip.AddrPortFrom(addr, uint16(p.cfg.Port)),
-					message{kind: kindProbe, nonce: p.nonce, seq: pp.seq}.marshal()})
+					message{kind: kindProbe, nonce: t.nonce, seq: pp.seq}.marshal()})
 			}
 		}
 		p.counters.ProbesSent += uint64(len(sends))

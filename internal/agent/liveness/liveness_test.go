@@ -1,6 +1,7 @@
 package liveness
 
 import (
+	"encoding/binary"
 	"io"
 	"log/slog"
 	"net"
@@ -9,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
 )
@@ -141,7 +144,7 @@ func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
 		defer c.Close()
 		to := &net.UDPAddr{IP: net.ParseIP("10.201.1.1"), Port: testPort}
 		for seq := uint64(1); seq <= 20; seq++ {
-			_, _ = c.WriteToUDP(message{kind: kindEcho, nonce: pa.nonce, seq: seq}.marshal(), to)
+			_, _ = c.WriteToUDP(message{kind: kindEcho, nonce: nonceOf(pa, 1, "10.201.1.2"), seq: seq}.marshal(), to)
 			_, _ = c.WriteToUDP(message{kind: kindProbe, nonce: 1, seq: seq}.marshal(), to)
 			_, _ = c.WriteToUDP([]byte("MPTL not a liveness message"), to)
 			time.Sleep(testInterval / 2)
@@ -339,7 +342,7 @@ func (r *lossyRun) ticks(n int, answered func(seq uint64) bool) (changes []uint6
 		r.t.tally(r.seq, testMult)
 		if answered(r.seq) {
 			r.t.answer(r.seq)
-			r.t.heard(r.peerHolds, r.seq)
+			r.t.heard(r.peerHolds, r.seq, r.seq)
 			r.t.echo(r.now.Add(testInterval/2), testInterval, r.seq)
 		}
 		if r.t.state != was {
@@ -479,10 +482,10 @@ func TestAPeerHoldingThisNodeDownTakesThePathDownOnTheChange(t *testing.T) {
 	if r.t.state != Up {
 		t.Fatalf("state %v after 30 clean ticks, want Up", r.t.state)
 	}
-	if r.t.heard(false, r.seq) || r.t.state != Up {
+	if r.t.heard(false, r.seq, r.seq) || r.t.state != Up {
 		t.Fatalf("an echo not holding this node Down changed the state to %v", r.t.state)
 	}
-	if !r.t.heard(true, r.seq) || r.t.state != Down || !r.t.byPeer || r.t.downs != 1 {
+	if !r.t.heard(true, r.seq, r.seq) || r.t.state != Down || !r.t.byPeer || r.t.downs != 1 {
 		t.Fatalf("the peer began holding this node Down: state %v, by the peer %v, downs %d; want Down by the peer, 1 down", r.t.state, r.t.byPeer, r.t.downs)
 	}
 	// Its echoes go on saying so; all of them come back: Up by this
@@ -492,17 +495,115 @@ func TestAPeerHoldingThisNodeDownTakesThePathDownOnTheChange(t *testing.T) {
 	if len(changes) != 1 || r.t.state != Up || r.t.byPeer || r.t.downs != 1 {
 		t.Fatalf("changes at %v, state %v, by the peer %v, downs %d: want Up again once, by this node's rules", changes, r.t.state, r.t.byPeer, r.t.downs)
 	}
-	// The peer lets go and holds it Down again: a new change.
-	r.t.heard(false, r.seq)
-	if !r.t.heard(true, r.seq) || r.t.state != Down || r.t.downs != 2 {
+	// The peer lets go; a late echo from before, still holding, says
+	// nothing; a new one holding it Down again is a new change.
+	r.t.heard(false, r.seq, r.seq)
+	if r.t.heard(true, r.seq-1, r.seq) || r.t.state != Up {
+		t.Fatalf("a late echo from before the peer let go: state %v, want Up", r.t.state)
+	}
+	if !r.t.heard(true, r.seq+1, r.seq+1) || r.t.state != Down || r.t.downs != 2 {
 		t.Fatalf("the peer held this node Down again: state %v, downs %d; want Down, 2 downs", r.t.state, r.t.downs)
 	}
 
 	restarted := newTarget("node2", 1, testMult)
-	if restarted.heard(true, 1) || !restarted.echo(time.Unix(1000, 0), testInterval, 1) || restarted.state != Up {
+	if restarted.heard(true, 1, 1) || !restarted.echo(time.Unix(1000, 0), testInterval, 1) || restarted.state != Up {
 		t.Fatalf("a peer holding a new prober's node Down from its first echo: state %v, want Up", restarted.state)
 	}
-	if restarted.heard(true, 2) || restarted.state != Up {
+	if restarted.heard(true, 2, 2) || restarted.state != Up {
 		t.Fatalf("the same peer, still holding: state %v, want Up", restarted.state)
+	}
+	assumed := newTarget("node2", 1, testMult)
+	assumed.state = Down
+	if assumed.heard(true, 1, 1) || assumed.downs != 0 {
+		t.Fatalf("a peer assumed Down and held Down by its peer: %d downs, want none", assumed.downs)
+	}
+}
+
+// nonceOf is the nonce p's probes carry to the peer at addr on path.
+func nonceOf(p *Prober, path uint32, addr string) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.paths[path].targets[netip.MustParseAddr(addr)].nonce
+}
+
+// seqOf is the sequence number of p's last tick on path.
+func seqOf(p *Prober, path uint32) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.paths[path].seq
+}
+
+// The flag by which an echo says its sender holds the prober down counts
+// only with the nonce of the probes to that peer on that path: an echo
+// forged from the peer's address and the probers' port (a raw socket, as a
+// spoofing sender would), flagged, with any other nonce (another path's
+// too) takes nothing down. With the right one it does, on both nodes (the
+// prober, fooled, then holds its peer down, and its own echoes say so),
+// and both come back by their own rules, the path being healthy.
+func TestAForgedHeldDownFlagCountsOnlyWithThePathsNonce(t *testing.T) {
+	a, b := twoNodes(t)
+	var changesA, changesB atomic.Int64
+	pa := startProber(t, a, pathsOf("1", "2"), &changesA)
+	pb := startProber(t, b, pathsOf("2", "1"), &changesB)
+	for _, p := range []*Prober{pa, pb} {
+		for _, path := range []uint32{1, 2} {
+			waitFor(t, "path up", 2*time.Second, func() bool { return stateOf(p, path) == Up })
+		}
+	}
+	forge := func(nonce uint64, rounds int) {
+		testutil.InNetNS(t, b, func() {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_UDP)
+			if err != nil {
+				t.Errorf("raw socket: %v", err)
+				return
+			}
+			defer unix.Close(fd)
+			if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{10, 201, 2, 2}}); err != nil {
+				t.Errorf("bind: %v", err)
+				return
+			}
+			for range rounds {
+				seq := seqOf(pa, 2)
+				for back := range uint64(testMult) {
+					payload := message{kind: kindEcho, nonce: nonce, seq: seq - back, heldDown: true}.marshal()
+					udp := make([]byte, 8, 8+len(payload))
+					binary.BigEndian.PutUint16(udp[0:], testPort)
+					binary.BigEndian.PutUint16(udp[2:], testPort)
+					binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
+					udp = append(udp, payload...) // checksum 0: none, as IPv4 allows
+					if err := unix.Sendto(fd, udp, 0, &unix.SockaddrInet4{Addr: [4]byte{10, 201, 2, 1}}); err != nil {
+						t.Errorf("sendto: %v", err)
+						return
+					}
+				}
+				time.Sleep(testInterval / 2)
+			}
+		})
+	}
+	ignored := pa.Counters().Ignored
+	forge(nonceOf(pa, 1, "10.201.1.2"), 20) // path 1's nonce
+	forge(nonceOf(pa, 2, "10.201.2.2")^1, 20)
+	if got := pa.Counters().Ignored - ignored; got < 150 {
+		t.Errorf("node a ignored %d of the 200 forged echoes with a wrong nonce", got)
+	}
+	for _, s := range append(pa.States(), pb.States()...) {
+		if s.State != Up || s.Downs != 0 {
+			t.Fatalf("after forged flags with wrong nonces: path %d, peer %s %v after %d downs, want Up", s.Path, s.Peer.Node, s.State, s.Downs)
+		}
+	}
+
+	forge(nonceOf(pa, 2, "10.201.2.2"), 3)
+	waitFor(t, "node a: path2 down", time.Second, func() bool { return pa.Silent(2) })
+	waitFor(t, "node b: path2 down (a's echoes hold it)", time.Second, func() bool { return pb.Silent(2) })
+	waitFor(t, "node a: path2 up", 3*time.Second, func() bool { return !pa.Silent(2) })
+	waitFor(t, "node b: path2 up", 3*time.Second, func() bool { return !pb.Silent(2) })
+	for _, s := range append(pa.States(), pb.States()...) {
+		want := uint64(0)
+		if s.Path == 2 {
+			want = 1
+		}
+		if s.State != Up || s.Downs != want {
+			t.Errorf("path %d, peer %s: %v after %d downs, want Up after %d", s.Path, s.Peer.Node, s.State, s.Downs, want)
+		}
 	}
 }

@@ -15,10 +15,10 @@ import (
 //	8..15  the prober's nonce, echoed unchanged
 //	16..23 the probe's sequence number, echoed unchanged
 //
-// The nonce is a random number each prober draws when it starts: an echo
-// counts only when it carries it, so a sender that does not see the
-// probes cannot keep a dead path alive with forged echoes, nor take a live
-// one down with a forged flag. Version 1 agents before the flag ignore an
+// The nonce is a random number a prober draws for each peer on each path:
+// an echo counts only when it carries it, so a sender that does not see
+// the probes to that peer on that path cannot keep a dead path alive with
+// forged echoes, nor take a live one down with a forged flag. Version 1 agents before the flag ignore an
 // echo that carries it (they then count the probe lost, which is what the
 // flag says anyway).
 const messageLen = 24
