@@ -26,20 +26,7 @@ const section = "## Failover"
 
 var bins framework.Binaries
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "mptcp-bench-failover-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if bins, err = framework.BuildBinaries(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(framework.RunWithBinaries(m, &bins)) }
 
 // failoverCase is nic1 of node failing on a bed with nics paths.
 type failoverCase struct {

@@ -41,20 +41,7 @@ const (
 
 var bins framework.Binaries
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "mptcp-bench-transfer-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if bins, err = framework.BuildBinaries(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(framework.RunWithBinaries(m, &bins)) }
 
 func quantity(bps int64) *resource.Quantity { return resource.NewQuantity(bps, resource.DecimalSI) }
 

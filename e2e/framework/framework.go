@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -203,6 +204,23 @@ func (a *Agent) command(args ...string) []string {
 // Binaries are the programs the bed runs.
 type Binaries struct {
 	Agent, Traffic string
+}
+
+// RunWithBinaries is a TestMain for a package whose tests and benchmarks
+// run the bed's programs: it builds them into a temporary directory, sets
+// *bins, runs m and removes the directory; it returns the exit code.
+func RunWithBinaries(m *testing.M, bins *Binaries) int {
+	dir, err := os.MkdirTemp("", "mptcp-binaries-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if *bins, err = BuildBinaries(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
 }
 
 // BuildBinaries builds cmd/agent and hack/traffic into dir.

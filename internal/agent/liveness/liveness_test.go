@@ -81,6 +81,33 @@ func stateOf(p *Prober, path uint32) State {
 	return -1
 }
 
+// checkUpAfterOneDownOn asserts that each prober has its peer Up on both
+// paths, after one down on path and none on the other.
+func checkUpAfterOneDownOn(t *testing.T, path uint32, probers ...*Prober) {
+	t.Helper()
+	for _, p := range probers {
+		for _, s := range p.States() {
+			want := uint64(0)
+			if s.Path == path {
+				want = 1
+			}
+			if s.State != Up || s.Downs != want {
+				t.Errorf("path %d, peer %s: %v after %d downs, want Up after %d", s.Path, s.Peer.Node, s.State, s.Downs, want)
+			}
+		}
+	}
+}
+
+// waitBothPathsUp waits until each prober has its peer Up on both paths.
+func waitBothPathsUp(t *testing.T, probers ...*Prober) {
+	t.Helper()
+	for _, p := range probers {
+		for _, path := range []uint32{1, 2} {
+			waitFor(t, "path up", 2*time.Second, func() bool { return stateOf(p, path) == Up })
+		}
+	}
+}
+
 func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
@@ -103,11 +130,7 @@ func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
 	pa := startProber(t, a, pathsOf("1", "2"), &changesA)
 	pb := startProber(t, b, pathsOf("2", "1"), &changesB)
 
-	for _, p := range []*Prober{pa, pb} {
-		for _, path := range []uint32{1, 2} {
-			waitFor(t, "path up", 2*time.Second, func() bool { return stateOf(p, path) == Up })
-		}
-	}
+	waitBothPathsUp(t, pa, pb)
 	if pa.Silent(1) || pb.Silent(1) {
 		t.Fatal("a path whose peer echoes is silent")
 	}
@@ -186,15 +209,7 @@ func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
 	back := waitFor(t, "node a: path1 up", 2*time.Second, func() bool { return !pa.Silent(1) })
 	waitFor(t, "node b: path1 up", 2*time.Second, func() bool { return !pb.Silent(1) })
 	t.Logf("node a saw path1 up %v after the repair (at least %d intervals of echoes)", back, UpAfter)
-	for _, s := range append(pa.States(), pb.States()...) {
-		want := uint64(0)
-		if s.Path == 1 {
-			want = 1
-		}
-		if s.State != Up || s.Downs != want {
-			t.Errorf("path %d, peer %s: %v after %d downs, want Up after %d", s.Path, s.Peer.Node, s.State, s.Downs, want)
-		}
-	}
+	checkUpAfterOneDownOn(t, 1, pa, pb)
 }
 
 // Only the path's peers get answers: a probe from any other address, on
@@ -545,11 +560,7 @@ func TestAForgedHeldDownFlagCountsOnlyWithThePathsNonce(t *testing.T) {
 	var changesA, changesB atomic.Int64
 	pa := startProber(t, a, pathsOf("1", "2"), &changesA)
 	pb := startProber(t, b, pathsOf("2", "1"), &changesB)
-	for _, p := range []*Prober{pa, pb} {
-		for _, path := range []uint32{1, 2} {
-			waitFor(t, "path up", 2*time.Second, func() bool { return stateOf(p, path) == Up })
-		}
-	}
+	waitBothPathsUp(t, pa, pb)
 	forge := func(nonce uint64, rounds int) {
 		testutil.InNetNS(t, b, func() {
 			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_UDP)
@@ -597,13 +608,5 @@ func TestAForgedHeldDownFlagCountsOnlyWithThePathsNonce(t *testing.T) {
 	waitFor(t, "node b: path2 down (a's echoes hold it)", time.Second, func() bool { return pb.Silent(2) })
 	waitFor(t, "node a: path2 up", 3*time.Second, func() bool { return !pa.Silent(2) })
 	waitFor(t, "node b: path2 up", 3*time.Second, func() bool { return !pb.Silent(2) })
-	for _, s := range append(pa.States(), pb.States()...) {
-		want := uint64(0)
-		if s.Path == 2 {
-			want = 1
-		}
-		if s.State != Up || s.Downs != want {
-			t.Errorf("path %d, peer %s: %v after %d downs, want Up after %d", s.Path, s.Peer.Node, s.State, s.Downs, want)
-		}
-	}
+	checkUpAfterOneDownOn(t, 2, pa, pb)
 }
