@@ -212,7 +212,7 @@ func TestAgentKilledMidTransferRestartsWithoutDisturbingConnections(t *testing.T
 		t.Fatal(err)
 	}
 	requireSpread(t, analysis, total, "across the restart")
-	resets, err := framework.Resets(caps.Files)
+	resets, err := framework.UnexpectedResets(t, caps.Files)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -716,7 +716,7 @@ func TestPodReleasedWhileItsPeerStaysSelectedKeepsItsConnections(t *testing.T) {
 	if d := nstatValue(t, bed, node1.NetNS, "TcpExtIPReversePathFilter") - drops0; d != 0 {
 		t.Errorf("node 1: strict rp_filter dropped %v packets of the released pod's subflows", d)
 	}
-	resets, err := framework.Resets(files)
+	resets, err := framework.UnexpectedResets(t, files)
 	if err != nil {
 		t.Fatal(err)
 	}

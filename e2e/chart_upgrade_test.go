@@ -312,7 +312,7 @@ func TestHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resets, err := framework.Resets(files)
+	resets, err := framework.UnexpectedResets(t, files)
 	if err != nil {
 		t.Fatal(err)
 	}

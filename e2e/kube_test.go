@@ -476,7 +476,7 @@ func TestAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
 	if oldSeen != conns || newSeen != 1 {
 		t.Errorf("captures show %d connections before and %d after the restart, want %d and 1", oldSeen, newSeen, conns)
 	}
-	resets, err := framework.Resets(caps.Files)
+	resets, err := framework.UnexpectedResets(t, caps.Files)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -627,7 +627,7 @@ func withdrawUnderTraffic(t *testing.T, kb *kubeBed) {
 			t.Errorf("node %d: strict rp_filter dropped %v packets while the pods were released; subflow table: %+v", n.Index, d, sfs)
 		}
 	}
-	resets, err := framework.Resets(files)
+	resets, err := framework.UnexpectedResets(t, files)
 	if err != nil {
 		t.Fatal(err)
 	}

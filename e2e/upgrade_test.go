@@ -288,7 +288,7 @@ func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	requireSpread(t, analysis, total, "across the upgrade")
-	resets, err := framework.Resets(caps.Files)
+	resets, err := framework.UnexpectedResets(t, caps.Files)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +427,7 @@ func TestUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	requireSpread(t, analysis, total, "across the rolled back upgrade")
-	resets, err := framework.Resets(caps.Files)
+	resets, err := framework.UnexpectedResets(t, caps.Files)
 	if err != nil {
 		t.Fatal(err)
 	}

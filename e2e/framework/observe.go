@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/http"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -233,6 +235,73 @@ func (a *Agent) Leftovers() error {
 		return fmt.Errorf("node %d: %w", a.Node.Index, err)
 	}
 	return nil
+}
+
+// TeardownResets splits resets (as Resets lists them) by whether their
+// sender had sent a FIN on the same 4-tuple before, in any of the captures:
+// those are a connection's teardown, not a failure. When an MPTCP
+// connection closes while one of its subflows still carries data that the
+// connection already has (the subflow's own retransmissions of segments
+// that MPTCP sent again on another subflow after a failure), the closing
+// side's kernel finds unread data on that subflow at close and resets it,
+// after its FIN, and answers every segment still arriving with another
+// reset (docs/testing.md, "Failover").
+func TeardownResets(files []testbed.CaptureFile, resets []string) (teardown, other []string, err error) {
+	fins := map[string]float64{} // "src sport dst dport" -> the first FIN's time
+	for _, f := range files {
+		b, err := exec.Command("tshark", "-r", f.Path, "-Y", "tcp.flags.fin == 1", "-T", "fields", "-E", "separator=/s",
+			"-e", "frame.time_epoch", "-e", "ip.src", "-e", "tcp.srcport", "-e", "ip.dst", "-e", "tcp.dstport").Output()
+		if err != nil {
+			return nil, nil, fmt.Errorf("tshark -r %s: %w", f.Path, err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			fields := strings.Fields(line)
+			if len(fields) != 5 {
+				continue
+			}
+			at, err := strconv.ParseFloat(fields[0], 64)
+			if err != nil {
+				continue
+			}
+			key := strings.Join(fields[1:], " ")
+			if first, ok := fins[key]; !ok || at < first {
+				fins[key] = at
+			}
+		}
+	}
+	for _, r := range resets {
+		// "node N nicK: time src sport dst dport flags ..."
+		_, rest, _ := strings.Cut(r, ": ")
+		fields := strings.Fields(rest)
+		if len(fields) >= 5 {
+			at, perr := strconv.ParseFloat(fields[0], 64)
+			if fin, ok := fins[strings.Join(fields[1:5], " ")]; perr == nil && ok && fin <= at {
+				teardown = append(teardown, r)
+				continue
+			}
+		}
+		other = append(other, r)
+	}
+	return teardown, other, nil
+}
+
+// UnexpectedResets is Resets without the teardown's (TeardownResets), which
+// it logs as known and explained.
+func UnexpectedResets(t testing.TB, files []testbed.CaptureFile) ([]string, error) {
+	t.Helper()
+	all, err := Resets(files)
+	if err != nil {
+		return nil, err
+	}
+	teardown, other, err := TeardownResets(files, all)
+	if err != nil {
+		return all, err
+	}
+	if len(teardown) > 0 {
+		t.Logf("known: %d resets at a connection's teardown, after their sender's FIN (a subflow still retransmitting data "+
+			"the connection already had):\n%s", len(teardown), strings.Join(teardown, "\n"))
+	}
+	return other, nil
 }
 
 // Resets lists the TCP resets in captures (one line per packet: capture,
