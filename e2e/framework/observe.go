@@ -269,6 +269,14 @@ func TeardownResets(files []testbed.CaptureFile, resets []string) (teardown, oth
 			}
 		}
 	}
+	teardown, other = splitTeardown(fins, resets)
+	return teardown, other, nil
+}
+
+// splitTeardown splits resets (as Resets lists them) by whether fins
+// ("src sport dst dport" to the time of its first FIN) holds a FIN their
+// sender sent on the same 4-tuple no later.
+func splitTeardown(fins map[string]float64, resets []string) (teardown, other []string) {
 	for _, r := range resets {
 		// "node N nicK: time src sport dst dport flags ..."
 		_, rest, _ := strings.Cut(r, ": ")
@@ -282,7 +290,7 @@ func TeardownResets(files []testbed.CaptureFile, resets []string) (teardown, oth
 		}
 		other = append(other, r)
 	}
-	return teardown, other, nil
+	return teardown, other
 }
 
 // UnexpectedResets is Resets without the teardown's (TeardownResets), which
