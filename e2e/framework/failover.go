@@ -51,6 +51,10 @@ type FailoverFigures struct {
 	Problems    []string      // what the row's Judge found wrong
 	Evidence    string        // where the evidence of the problems is
 	Placement   string        // each subflow's kind and the NICs node 1 sent it on, from the captures
+	// Reopened counts the subflows opened (their SYN captured) after the
+	// failure: joins replacing subflows it closed. A subflow that detours
+	// is kept, not reopened.
+	Reopened int
 }
 
 func (f FailoverFigures) String() string {
@@ -61,9 +65,9 @@ func (f FailoverFigures) String() string {
 	return fmt.Sprintf("goodput before %.1f Mbit/s; longest stall %v (below %.1f Mbit/s, starting %v after the failure; before it %v); "+
 		"during the failure %.1f Mbit/s = %.2f of the live paths' %.0f Mbit/s; after the repair %.1f Mbit/s; "+
 		"path 1 down in an agent %v after the failure; nic1 of node 1 carrying traffic again %s after the repair; %d RSTs captured, %.0f counted; "+
-		"sender retransmitted %.0f segments, reinjected %.0f; subflows (node 1 NICs) %s",
+		"sender retransmitted %.0f segments, reinjected %.0f; subflows (node 1 NICs) %s, %d opened after the failure",
 		f.Before/1e6, f.Stall, f.Before/10/1e6, f.StallAt, f.StallBefore, f.During/1e6, f.During/f.Live, f.Live/1e6,
-		f.After/1e6, f.Detected, back, len(f.Resets), f.RSTCounted, f.Retrans, f.Reinjected, f.Placement)
+		f.After/1e6, f.Detected, back, len(f.Resets), f.RSTCounted, f.Retrans, f.Reinjected, f.Placement, f.Reopened)
 }
 
 // samplesRate is the goodput of samples (bytes per interval) over [from, to)
@@ -318,6 +322,9 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 		for _, c := range a.Connections {
 			for _, sf := range c.Subflows {
 				p = append(p, fmt.Sprintf("%s %v", sf.Kind, sf.NICs(1, testbed.Out)))
+				if sf.Opened.After(down) {
+					f.Reopened++
+				}
 			}
 		}
 		f.Placement = strings.Join(p, ", ")

@@ -162,6 +162,9 @@ type Subflow struct {
 	Conn uint32
 	// Seen lists where packets were seen, sorted by node, NIC, direction.
 	Seen []Sighting
+	// Opened is when the first of its SYNs was captured; zero when none
+	// was (the subflow began before the captures).
+	Opened time.Time
 }
 
 // String renders a subflow for test messages.
@@ -240,7 +243,7 @@ type analyzer struct {
 var tsharkFields = []string{
 	"frame.interface_id", "eth.src", "ip.src", "tcp.srcport", "ip.dst", "tcp.dstport",
 	"tcp.flags.syn", "tcp.flags.ack", "mptcp.stream", "tcp.options.mptcp.subtype",
-	"tcp.options.mptcp.recvtok", "mptcp.expected_token",
+	"tcp.options.mptcp.recvtok", "mptcp.expected_token", "frame.time_epoch",
 }
 
 // mergeNode merges one node's captures, sorted by NIC, into one file whose frame.interface_id is the index of the
@@ -325,6 +328,7 @@ func (a *analyzer) node(node int, files []CaptureFile) error {
 		stream          string
 		subtypes        []string
 		recvtok, exptok uint32
+		at              time.Time
 	}
 	var pkts []pkt
 	streamToken := map[string]uint32{} // mptcp.stream -> token of its MP_CAPABLE responder
@@ -347,7 +351,7 @@ func (a *analyzer) node(node int, files []CaptureFile) error {
 		p := pkt{
 			nic: files[iface].NIC, out: strings.EqualFold(f[1], files[iface].NodeMAC), src: src, dst: dst,
 			syn: f[6] == "1" || f[6] == "True", ack: f[7] == "1" || f[7] == "True", stream: f[8],
-			recvtok: firstUint32(f[10]), exptok: firstUint32(f[11]),
+			recvtok: firstUint32(f[10]), exptok: firstUint32(f[11]), at: EpochTime(f[12]),
 		}
 		if f[9] != "" {
 			p.subtypes = strings.Split(f[9], ",")
@@ -376,6 +380,9 @@ func (a *analyzer) node(node int, files []CaptureFile) error {
 			dir = Out
 		}
 		acc.seen[Sighting{Node: node, NIC: p.nic, Dir: dir}]++
+		if p.syn && !p.ack && (acc.sf.Opened.IsZero() || p.at.Before(acc.sf.Opened)) {
+			acc.sf.Opened = p.at
+		}
 		if p.syn && !p.ack && !acc.synOK {
 			acc.synOK = true
 			switch {
@@ -454,6 +461,24 @@ func addrPort(ip, port string) (netip.AddrPort, error) {
 		return netip.AddrPort{}, err
 	}
 	return netip.AddrPortFrom(a, uint16(p)), nil
+}
+
+// EpochTime parses tshark's frame.time_epoch (seconds since 1970 with a
+// fraction); zero when it is not one.
+func EpochTime(s string) time.Time {
+	sec, frac, _ := strings.Cut(s, ".")
+	whole, err := strconv.ParseInt(sec, 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	var ns int64
+	if frac != "" {
+		frac = (frac + "000000000")[:9]
+		if ns, err = strconv.ParseInt(frac, 10, 64); err != nil {
+			return time.Time{}
+		}
+	}
+	return time.Unix(whole, ns)
 }
 
 func firstUint32(s string) uint32 {

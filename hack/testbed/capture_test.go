@@ -25,7 +25,9 @@ func TestCapturesShowSubflowPlacement(t *testing.T) {
 	srv, err := b.StartTrafficServer(ctx, bin, server, 5201, true)
 	Must(t, err)
 	w := b.Watch(t)
+	started := time.Now()
 	sent, sendErr := b.Send(ctx, bin, client, srv.Addr, true, "-conns", "3", "-bytes", "4000000")
+	ended := time.Now()
 	Must(t, srv.Stop())
 	got, err := srv.Reports()
 	Must(t, err)
@@ -49,6 +51,14 @@ func TestCapturesShowSubflowPlacement(t *testing.T) {
 		if len(c.Subflows) != 2 || c.Subflows[0].Kind != KindMPCapable || c.Subflows[1].Kind != KindMPJoin {
 			t.Errorf("connection %08x: want one MP_CAPABLE and one MP_JOIN subflow, got %v", c.Token, c.Subflows)
 			continue
+		}
+		for _, s := range c.Subflows {
+			if s.Opened.Before(started) || s.Opened.After(ended) {
+				t.Errorf("subflow %v opened at %v, want within the transfer, %v to %v", s, s.Opened, started, ended)
+			}
+		}
+		if c.Subflows[1].Opened.Before(c.Subflows[0].Opened) {
+			t.Errorf("join opened at %v, before its connection's first subflow at %v", c.Subflows[1].Opened, c.Subflows[0].Opened)
 		}
 		join := c.Subflows[1]
 		if join.JoinToken != c.Token || join.Dst.Port() != 5202 {
@@ -95,5 +105,20 @@ func TestCheckPlacementRejectsSharedNIC(t *testing.T) {
 				t.Errorf("CheckPlacement = %v, want ok=%v", err, tc.ok)
 			}
 		})
+	}
+}
+
+func TestEpochTimeReadsTsharksTimes(t *testing.T) {
+	for in, want := range map[string]time.Time{
+		"1764060000.123456789": time.Unix(1764060000, 123456789),
+		"1764060000.5":         time.Unix(1764060000, 500000000),
+		"1764060000":           time.Unix(1764060000, 0),
+		"":                     {},
+		"x.1":                  {},
+		"1.x":                  {},
+	} {
+		if got := EpochTime(in); !got.Equal(want) {
+			t.Errorf("EpochTime(%q) = %v, want %v", in, got, want)
+		}
 	}
 }
