@@ -123,6 +123,82 @@ static __always_inline struct subflow *subflow_lookup(const struct flow_key *k)
 	return table_lookup(&subflows, SUBFLOW_TABLE_BITS, (const __u64 *)k, FLOW_KEY_WORDS, SUBFLOW_WORDS);
 }
 
+/* Entries per pod: how many entries of the subflow table carry each pod
+ * slot (struct subflow's pod_slot), kept as entries are written, rewritten,
+ * evicted and deleted, and counted again from the table by the agent when
+ * it loads the datapath. A pod holding LIMIT_POD_SUBFLOWS gets no new entry:
+ * its new subflows take plain routing (its per-pod caps still hold them,
+ * rate_actor.h) until some of its subflows close. Without it, one pod's
+ * connections, or a flood of handshakes it answers, evicted the entries of
+ * every other pod of the node. Slot 0 (no pod) counts nothing. A slot
+ * given to a new pod keeps counting the entries of its previous pod's
+ * subflows still open. */
+#define POD_SUBFLOWS_MAX LIMIT_POD_SUBFLOWS
+_Static_assert(POD_SUBFLOWS_MAX * 16 == (1 << SUBFLOW_TABLE_BITS) * TABLE_WAYS,
+	       "a pod may hold a sixteenth of the subflow table");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_PODS + 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pod_subflows SEC(".maps");
+
+/* take_one lowers *v by one unless it is 0: a count must not wrap (a
+ * connection's would refuse every join from then on). Bounded attempts: a
+ * count left one too high errs on the side of its limit (a rule's maximum,
+ * a pod's entries). */
+static __always_inline void take_one(__u32 *v)
+{
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		__u32 old = *(volatile __u32 *)v;
+
+		if (old == 0 || __sync_val_compare_and_swap(v, old, old - 1) == old)
+			return;
+	}
+}
+
+static __always_inline __u32 *pod_subflows_of(__u32 slot)
+{
+	if (!slot || slot > MAX_PODS)
+		return NULL;
+	return bpf_map_lookup_elem(&pod_subflows, &slot);
+}
+
+/* pod_subflows_full says whether the pod of slot holds all the entries it
+ * may. */
+static __always_inline bool pod_subflows_full(__u32 slot)
+{
+	__u32 *n = pod_subflows_of(slot);
+
+	return n && *(volatile __u32 *)n >= POD_SUBFLOWS_MAX;
+}
+
+static __always_inline void pod_subflows_add(__u32 slot)
+{
+	__u32 *n = pod_subflows_of(slot);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
+/* pod_subflows_take takes entries (at most TABLE_WAYS: what one delete
+ * frees) from the count of slot's pod. */
+static __always_inline void pod_subflows_take(__u32 slot, int entries)
+{
+	__u32 *n = pod_subflows_of(slot);
+
+	if (!n)
+		return;
+#pragma unroll
+	for (int i = 0; i < TABLE_WAYS; i++) {
+		if (i < entries)
+			take_one(n);
+	}
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 32768);
@@ -545,6 +621,8 @@ static __always_inline void count_subflow_pod(struct subflow *sf, __u8 family, c
 	ep = lookup_endpoint(family, addr);
 	if (!ep || ep->pod_slot == sf->pod_slot)
 		return;
+	pod_subflows_take(sf->pod_slot, 1);
+	pod_subflows_add(ep->pod_slot);
 	sf->pod_slot = ep->pod_slot;
 	count_pod(ep->pod_slot, family, addr, len, tx);
 }
@@ -1081,18 +1159,39 @@ selected:
 	return 0;
 }
 
+/* pod_subflows_write keeps the entries per pod for a write of the subflow
+ * table (enum table_result): sf was stored, in place of old when one was
+ * rewritten or evicted. */
+static __always_inline void pod_subflows_write(int result, const struct subflow *sf,
+					       const struct subflow *old)
+{
+	if (result == TABLE_EVICTED || (result == TABLE_REPLACED && old->pod_slot != sf->pod_slot))
+		pod_subflows_take(old->pod_slot, 1);
+	if (result == TABLE_INSERTED || result == TABLE_EVICTED ||
+	    (result == TABLE_REPLACED && old->pod_slot != sf->pod_slot))
+		pod_subflows_add(sf->pod_slot);
+}
+
 /* insert_subflow writes a new subflow; an existing entry with the key (a
  * stale one, or the SYN's retransmission) is replaced and not counted, so
- * STAT_SUBFLOW_INSERT counts entries created. A global function: once per
- * subflow, verified once, and its frame is not the packet path's. */
+ * STAT_SUBFLOW_INSERT counts entries created. A new key of a pod that holds
+ * all the entries it may is not written (POD_SUBFLOWS_MAX). A global
+ * function: once per subflow, verified once, and its frame is not the
+ * packet path's. */
 __noinline int insert_subflow(const struct flow_key *fk, const struct subflow *sf)
 {
+	struct subflow old = {};
 	int result;
 
 	if (!fk || !sf)
 		return 0;
+	if (pod_subflows_full(sf->pod_slot) && !subflow_lookup(fk)) {
+		count(STAT_POD_SUBFLOWS_FULL);
+		return 0;
+	}
 	table_insert(&subflows, SUBFLOW_TABLE_BITS, (const __u64 *)fk, FLOW_KEY_WORDS, (const __u64 *)sf,
-		     SUBFLOW_WORDS, true, &result);
+		     SUBFLOW_WORDS, true, &result, (__u64 *)&old);
+	pod_subflows_write(result, sf, &old);
 	switch (result) {
 	case TABLE_EVICTED:
 		count(STAT_SUBFLOW_EVICTED);
@@ -1107,21 +1206,6 @@ __noinline int insert_subflow(const struct flow_key *fk, const struct subflow *s
 		count(STAT_MAP_UPDATE_FAILED);
 	}
 	return 0;
-}
-
-/* take_one lowers *v by one unless it is 0: a count must not wrap and
- * refuse every join from then on. Bounded attempts: only a close the agent
- * heard and a 4-tuple used again lower it, and packets raise it at most once
- * each; a count left one too high errs on the side of the rule's maximum. */
-static __always_inline void take_one(__u32 *v)
-{
-#pragma unroll
-	for (int i = 0; i < 8; i++) {
-		__u32 old = *(volatile __u32 *)v;
-
-		if (old == 0 || __sync_val_compare_and_swap(v, old, old - 1) == old)
-			return;
-	}
 }
 
 /* give_back returns to a subflow's connection what the subflow held, once
@@ -1492,6 +1576,16 @@ __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, c
 		if (subflow_lookup(fk))
 			return 1;
 	}
+	/* A pod holding all the entries it may: its joins never complete
+	 * (the caller drops their third ACK, which finds no entry), its
+	 * connections run unplaced. */
+	if (pod_subflows_full(a->sf.pod_slot)) {
+		count(STAT_POD_SUBFLOWS_FULL);
+		if (join)
+			return 0;
+		bpf_map_delete_elem(&answered, fk);
+		return 1;
+	}
 	/* Taken once: a second CPU with the same ACK finds none. */
 	if (join ? bpf_map_delete_elem(&answered_joins, fk) : bpf_map_delete_elem(&answered, fk))
 		return 1;
@@ -1579,7 +1673,12 @@ __noinline int pod_egress_unknown(struct __sk_buff *skb, const struct packet *pk
 	ep = lookup_endpoint(pkt->family, pkt->saddr);
 	if (!ep || !from_its_pod(skb, pkt))
 		return UNKNOWN_COUNTED;
-	if (is_opening_syn(pkt) && handshake_subtype(pkt) != MPTCP_SUB_NONE) {
+	/* A pod holding its share of the table is refused before placing: a
+	 * join placed counts against its connection. */
+	if (is_opening_syn(pkt) && handshake_subtype(pkt) != MPTCP_SUB_NONE &&
+	    pod_subflows_full(ep->pod_slot)) {
+		count(STAT_POD_SUBFLOWS_FULL);
+	} else if (is_opening_syn(pkt) && handshake_subtype(pkt) != MPTCP_SUB_NONE) {
 		nsf.pod_slot = ep->pod_slot;
 		placed = place_subflow(skb, pkt, ep, &nsf);
 		if (placed == 0) {
@@ -1948,7 +2047,8 @@ static __always_inline int table_run(void *map, __u32 bits, __u32 code, const __
 	if (code == TABLE_OP_DELETE)
 		return table_delete(map, bits, key, key_words, value_words);
 	if (code == TABLE_OP_INSERT || code == TABLE_OP_INSERT_NEW)
-		table_insert(map, bits, key, key_words, value, value_words, code == TABLE_OP_INSERT, &result);
+		table_insert(map, bits, key, key_words, value, value_words, code == TABLE_OP_INSERT, &result,
+			     NULL);
 	return result;
 }
 
@@ -2003,6 +2103,19 @@ __noinline int report_names(const struct closed_report *report, const struct flo
 	return !alias || alias->canonical == sf->conn;
 }
 
+/* delete_subflow frees the entries of fk and takes them from their pod's
+ * count; returns how many it freed. */
+static __always_inline int delete_subflow(const struct flow_key *fk)
+{
+	struct subflow *sf = subflow_lookup(fk);
+	__u32 slot = sf ? sf->pod_slot : 0;
+	int freed;
+
+	freed = table_delete(&subflows, SUBFLOW_TABLE_BITS, (const __u64 *)fk, FLOW_KEY_WORDS, SUBFLOW_WORDS);
+	pod_subflows_take(slot, freed);
+	return freed;
+}
+
 /* subflow_closed runs when the pod's kernel closed the subflow of key (the
  * agent, the pod's path manager, hears it, or its sweep finds no socket),
  * if report names it: the subflow's connection gets back what the subflow
@@ -2023,7 +2136,7 @@ static __always_inline int subflow_closed(const __u64 *key, const struct closed_
 	if (!sf || !report_names(report, fk, sf))
 		return 0;
 	give_back(fk, sf);
-	freed = table_delete(&subflows, SUBFLOW_TABLE_BITS, key, FLOW_KEY_WORDS, SUBFLOW_WORDS);
+	freed = delete_subflow(fk);
 	/* The new subflow's segments counted on the old entry meanwhile: the
 	 * peer's third ACK of the pod's answer is what this takes. */
 	waiting = bpf_map_lookup_elem(&answered_joins, fk);
@@ -2047,6 +2160,25 @@ static __always_inline int subflow_closed(const __u64 *key, const struct closed_
 	return freed;
 }
 
+/* subflow_op carries out a change user space asks of the subflow table,
+ * keeping the entries per pod (not the programs' counters): a migration's
+ * inserts count for their pods, never refused, and a delete takes its
+ * entries back. */
+static __always_inline int subflow_op(__u32 code, const struct flow_key *fk, const struct subflow *sf)
+{
+	struct subflow old = {};
+	int result = -1;
+
+	if (code == TABLE_OP_DELETE)
+		return delete_subflow(fk);
+	if (code != TABLE_OP_INSERT && code != TABLE_OP_INSERT_NEW)
+		return -1;
+	table_insert(&subflows, SUBFLOW_TABLE_BITS, (const __u64 *)fk, FLOW_KEY_WORDS, (const __u64 *)sf,
+		     SUBFLOW_WORDS, code == TABLE_OP_INSERT, &result, (__u64 *)&old);
+	pod_subflows_write(result, sf, &old);
+	return result;
+}
+
 /* table_ctl is how user space changes the tables (table.h): the agent
  * forgetting subflows and a migration filling a new table run it with a
  * struct table_op as context (BPF_PROG_RUN). User space writes the tables
@@ -2067,8 +2199,7 @@ int table_ctl(struct table_op *op)
 	if (table == TABLE_ID_SUBFLOWS && code == TABLE_OP_SUBFLOW_CLOSED)
 		result = subflow_closed(key, (const struct closed_report *)value);
 	else if (table == TABLE_ID_SUBFLOWS)
-		result =
-		    table_run(&subflows, SUBFLOW_TABLE_BITS, code, key, FLOW_KEY_WORDS, value, SUBFLOW_WORDS);
+		result = subflow_op(code, (const struct flow_key *)key, (const struct subflow *)value);
 	else if (table == TABLE_ID_POLICE)
 		result = table_run(&rate_buckets, POLICE_TABLE_BITS, code, key, RATE_KEY_WORDS, value,
 				   RATE_BUCKET_WORDS);

@@ -42,6 +42,12 @@ enum limit {
 	LIMIT_WEIGHT = 255,
 	/* Selected pod addresses (slots of pod_records). */
 	LIMIT_PODS = 4096,
+	/* Subflow table entries one pod may hold (its slot's count in
+	 * pod_subflows): a sixteenth of the table, so that no pod's
+	 * connections, nor a flood of handshakes a pod answers, can take the
+	 * table from the node's other pods (docs/datapath.md, "Entries per
+	 * pod"). */
+	LIMIT_POD_SUBFLOWS = 4096,
 	/* A rate bucket's depth (police) or the window granted at once
 	 * (window), in bytes. Below the floor a bucket drops whole TSO bursts
 	 * and TCP collapses far below its cap (docs/datapath.md, Rate); the
@@ -105,6 +111,7 @@ enum stat_id {
 				  one's */
 	STAT_ANSWER_DROPPED,   /* a pod's join SYN-ACK on a live 4-tuple for no SYN seen: dropped */
 	STAT_JOIN_ACK_DROPPED, /* a join's third ACK with no entry and no answered arrival: dropped */
+	STAT_POD_SUBFLOWS_FULL, /* a new subflow of a pod holding LIMIT_POD_SUBFLOWS entries: left unplaced */
 	STAT_MAX,
 };
 

@@ -99,7 +99,7 @@ __noinline int police_bucket_new(const struct rate_key *k, __u64 now)
 	if (!k)
 		return 0;
 	table_insert(&rate_buckets, POLICE_TABLE_BITS, (const __u64 *)k, RATE_KEY_WORDS,
-		     (const __u64 *)&fresh, RATE_BUCKET_WORDS, false, &result);
+		     (const __u64 *)&fresh, RATE_BUCKET_WORDS, false, &result, NULL);
 	if (result == TABLE_EVICTED)
 		count(STAT_POLICE_EVICTED);
 	return 0;

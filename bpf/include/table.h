@@ -284,16 +284,33 @@ static __always_inline __u32 table_victim(struct table_head *b)
 	return victim;
 }
 
+/* table_keep_old copies the value of entry e, whose way the caller holds
+ * busy, into old (value_words words) when old is given. */
+static __always_inline void table_keep_old(__u64 *old, const __u64 *e, __u32 key_words, __u32 value_words)
+{
+	if (!old)
+		return;
+#pragma unroll
+	for (int i = 0; i < TABLE_VALUE_WORDS_MAX; i++) {
+		if (i < value_words)
+			old[i] = e[key_words + i];
+	}
+}
+
 /* table_insert stores key with value and returns the stored value, or NULL
  * (*result says what happened, enum table_result). The key's existing entry
  * is rewritten when replace is set, else left as it is (TABLE_EXISTS) and
- * returned. A new key takes a free way, else evicts one. */
+ * returned. A new key takes a free way, else evicts one. When old is given,
+ * it receives the value rewritten (TABLE_REPLACED) or evicted
+ * (TABLE_EVICTED): what a table that counts its entries by owner must
+ * take back from the owner. */
 static __always_inline void *table_insert(void *map, __u32 bits, const __u64 *key, __u32 key_words,
-					  const __u64 *value, __u32 value_words, bool replace, int *result)
+					  const __u64 *value, __u32 value_words, bool replace, int *result,
+					  __u64 *old)
 {
 	__u32 entry_words = key_words + value_words;
 	__u64 h = table_hash(key, key_words);
-	__u32 tag = table_tag(h), victim, old;
+	__u32 tag = table_tag(h), victim, old_tag;
 	struct table_head *b = table_bucket(map, bits, h);
 	__u64 *e;
 
@@ -314,6 +331,7 @@ static __always_inline void *table_insert(void *map, __u32 bits, const __u64 *ke
 		if (!table_claim(b, w, tag))
 			return NULL;
 		*result = TABLE_REPLACED;
+		table_keep_old(old, e, key_words, value_words);
 		return table_store(b, w, tag, key, key_words, value, value_words);
 	}
 #pragma unroll
@@ -325,10 +343,11 @@ static __always_inline void *table_insert(void *map, __u32 bits, const __u64 *ke
 	}
 	for (int i = 0; i < TABLE_INSERT_ATTEMPTS; i++) {
 		victim = table_victim(b) & (TABLE_WAYS - 1);
-		old = b->tag[victim];
-		if (!(old & TABLE_TAG_LIVE) || !table_claim(b, victim, old))
+		old_tag = b->tag[victim];
+		if (!(old_tag & TABLE_TAG_LIVE) || !table_claim(b, victim, old_tag))
 			continue;
 		*result = TABLE_EVICTED;
+		table_keep_old(old, table_entry(b, victim, entry_words), key_words, value_words);
 		return table_store(b, victim, tag, key, key_words, value, value_words);
 	}
 	return NULL;

@@ -522,15 +522,6 @@ func TestAForgedACKOrAFloodOfJoinsLosesNoOnesJoin(t *testing.T) {
 	joinSYNACK := testpkt.MPJoinSYNACK(1, 2, 1, false)
 	joinACK := testpkt.MPJoinACK([20]byte{1})
 	peer := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(clientPod, port) }
-	verdict := func(prog *ebpf.Program, frame []byte, in skbContext) uint32 {
-		t.Helper()
-		ret, err := prog.Run(&ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Context: in, ContextOut: &skbContext{}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ret
-	}
-
 	// The join is answered; a forged ACK draws the listener's reset
 	// (its sequence number is the forged ACK's ack number).
 	run(t, dp.objs.NicIngress, segment(peer(40040), server, 100, 0, testpkt.SYN, joinSYN), on(nic2Ifindex))
@@ -553,7 +544,7 @@ func TestAForgedACKOrAFloodOfJoinsLosesNoOnesJoin(t *testing.T) {
 	var passed int
 	for i := range uint16(20) {
 		run(t, dp2.objs.NicIngress, segment(peer(41000+i), server, 1, 0, testpkt.SYN, joinSYN), on(nic2Ifindex))
-		if verdict(dp2.objs.PodEgress, segment(server, peer(41000+i), 7, 2, testpkt.SYN|testpkt.ACK, joinSYNACK), skbContext{}) == tcxNext {
+		if verdict(t, dp2.objs.PodEgress, segment(server, peer(41000+i), 7, 2, testpkt.SYN|testpkt.ACK, joinSYNACK), skbContext{}) == tcxNext {
 			passed++
 		}
 	}
@@ -573,7 +564,7 @@ func TestAForgedACKOrAFloodOfJoinsLosesNoOnesJoin(t *testing.T) {
 	run(t, dp3.objs.NicIngress, segment(peer(40050), server, 500, 0, testpkt.SYN, joinSYN), on(nic1Ifindex))
 	run(t, dp3.objs.PodEgress, segment(server, peer(40050), 70, 501, testpkt.SYN|testpkt.ACK, joinSYNACK), skbContext{})
 	run(t, dp3.objs.PodEgress, segment(server, peer(40050), 71, 0, testpkt.RST, nil), skbContext{})
-	if ret := verdict(dp3.objs.NicIngress, segment(peer(40050), server, 501, 71, testpkt.ACK, joinACK), on(nic1Ifindex)); ret != tcActShot {
+	if ret := verdict(t, dp3.objs.NicIngress, segment(peer(40050), server, 501, 71, testpkt.ACK, joinACK), on(nic1Ifindex)); ret != tcActShot {
 		t.Errorf("a third ACK of another handshake on a live join's 4-tuple: verdict %d, want dropped", int32(ret))
 	}
 	if c := connection(t, dp3); c.Subflows != 2 {

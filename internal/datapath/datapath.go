@@ -128,6 +128,10 @@ func Load(opts Options) (*Datapath, error) {
 		_ = dp.objs.Close()
 		return nil, err
 	}
+	if err := dp.recountPodSubflows(); err != nil {
+		_ = dp.objs.Close()
+		return nil, err
+	}
 	return dp, nil
 }
 

@@ -318,7 +318,8 @@ const (
 	datapathStatIdSTAT_ARRIVAL_PROMOTED    datapathStatId = 41
 	datapathStatIdSTAT_ANSWER_DROPPED      datapathStatId = 42
 	datapathStatIdSTAT_JOIN_ACK_DROPPED    datapathStatId = 43
-	datapathStatIdSTAT_MAX                 datapathStatId = 44
+	datapathStatIdSTAT_POD_SUBFLOWS_FULL   datapathStatId = 44
+	datapathStatIdSTAT_MAX                 datapathStatId = 45
 )
 
 type datapathSubflow struct {
@@ -419,6 +420,7 @@ const (
 	datapathMapPathStates         = "path_states"
 	datapathMapPodInterfaces      = "pod_interfaces"
 	datapathMapPodRecords         = "pod_records"
+	datapathMapPodSubflows        = "pod_subflows"
 	datapathMapRateBuckets        = "rate_buckets"
 	datapathMapRateClasses        = "rate_classes"
 	datapathMapRateRules          = "rate_rules"
@@ -514,6 +516,7 @@ type datapathMapSpecs struct {
 	PathStates     *ebpf.MapSpec `ebpf:"path_states"`
 	PodInterfaces  *ebpf.MapSpec `ebpf:"pod_interfaces"`
 	PodRecords     *ebpf.MapSpec `ebpf:"pod_records"`
+	PodSubflows    *ebpf.MapSpec `ebpf:"pod_subflows"`
 	RateBuckets    *ebpf.MapSpec `ebpf:"rate_buckets"`
 	RateClasses    *ebpf.MapSpec `ebpf:"rate_classes"`
 	RateRules      *ebpf.MapSpec `ebpf:"rate_rules"`
@@ -577,6 +580,7 @@ type datapathMaps struct {
 	PathStates     *ebpf.Map `ebpf:"path_states"`
 	PodInterfaces  *ebpf.Map `ebpf:"pod_interfaces"`
 	PodRecords     *ebpf.Map `ebpf:"pod_records"`
+	PodSubflows    *ebpf.Map `ebpf:"pod_subflows"`
 	RateBuckets    *ebpf.Map `ebpf:"rate_buckets"`
 	RateClasses    *ebpf.Map `ebpf:"rate_classes"`
 	RateRules      *ebpf.Map `ebpf:"rate_rules"`
@@ -606,6 +610,7 @@ func (m *datapathMaps) Close() error {
 		m.PathStates,
 		m.PodInterfaces,
 		m.PodRecords,
+		m.PodSubflows,
 		m.RateBuckets,
 		m.RateClasses,
 		m.RateRules,

@@ -60,6 +60,16 @@ func run(t *testing.T, prog *ebpf.Program, frame []byte, in skbContext) uint32 {
 	return out.Mark
 }
 
+// verdict runs prog on frame and returns what it returned.
+func verdict(t *testing.T, prog *ebpf.Program, frame []byte, in skbContext) uint32 {
+	t.Helper()
+	ret, err := prog.Run(&ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Context: in, ContextOut: &skbContext{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ret
+}
+
 func tokenOf(key uint64) uint32 {
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], key)

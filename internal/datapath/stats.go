@@ -102,7 +102,12 @@ const (
 	// a restart of the agent), dropped rather than let the join complete
 	// uncounted (in observe-only mode: passed).
 	StatJoinACKDropped = datapathStatIdSTAT_JOIN_ACK_DROPPED
-	numStats           = int(datapathStatIdSTAT_MAX)
+	// StatPodSubflowsFull: a new subflow of a pod that holds
+	// limits.PodSubflows entries of the subflow table was left unplaced
+	// (a join from the wire: its third ACK dropped, so that it never
+	// completes uncounted).
+	StatPodSubflowsFull = datapathStatIdSTAT_POD_SUBFLOWS_FULL
+	numStats            = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.

@@ -3,6 +3,7 @@ package datapath
 import (
 	"bytes"
 	"encoding/binary"
+	"maps"
 	"math/bits"
 	"math/rand/v2"
 	"net/netip"
@@ -268,26 +269,32 @@ func TestTableEvictsWhatWasNotUsedSinceTheLastEviction(t *testing.T) {
 // Filled beyond its capacity by placements on two CPUs at once while user
 // space deletes, the table stays consistent: every entry created is live or
 // counted evicted or deleted, no way is left busy, no key is live twice,
-// and every live key sits in the bucket its hash names.
+// every live key sits in the bucket its hash names, and the entries the
+// programs counted per pod are the ones the table holds. The writers'
+// subflows come from 24 pods, so that the table fills although each pod may
+// hold only a sixteenth of it.
 func TestTableStaysConsistentUnderConcurrentWriters(t *testing.T) {
 	dp := loadForTest(t)
 	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}}})
+	const writers, podsPerWriter = 3, 8
 	var clients []netip.Addr
-	for i := range 3 {
+	for i := range writers * podsPerWriter {
 		a := netip.AddrFrom4([4]byte{10, 244, 7, byte(i + 1)})
 		clients = append(clients, a)
 		if err := dp.SetEndpoint(a, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// The subflow from port p of writer w's pods: from each pod in turn.
+	client := func(w, p int) netip.Addr { return clients[w*podsPerWriter+p%podsPerWriter] }
 	var wg sync.WaitGroup
-	errs := make(chan error, len(clients)+1)
-	for _, c := range clients {
+	errs := make(chan error, writers+1)
+	for w := range writers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for p := 1; p < 1<<15; p++ {
-				frame := syn(c, uint16(p), serverPod, 80, testpkt.MPCapableSYN())
+				frame := syn(client(w, p), uint16(p), serverPod, 80, testpkt.MPCapableSYN())
 				if _, err := dp.objs.PodEgress.Run(&ebpf.RunOptions{Data: frame}); err != nil {
 					errs <- err
 					return
@@ -300,7 +307,7 @@ func TestTableStaysConsistentUnderConcurrentWriters(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for p := 1; p < 1<<15; p += 3 {
-			n, err := dp.deleteTable(tableSubflows, keyOf(netip.AddrPortFrom(clients[0], uint16(p)), netip.AddrPortFrom(serverPod, 80)))
+			n, err := dp.deleteTable(tableSubflows, keyOf(netip.AddrPortFrom(client(0, p), uint16(p)), netip.AddrPortFrom(serverPod, 80)))
 			if err != nil {
 				errs <- err
 				return
@@ -348,15 +355,23 @@ func TestTableStaysConsistentUnderConcurrentWriters(t *testing.T) {
 			break
 		}
 	}
-	inserted, evicted := st[StatSubflowInsert], st[StatSubflowEvicted]
-	if inserted != 3*(1<<15-1) || st[StatMapUpdateFailed] != 0 {
-		t.Errorf("%d inserts, %d failed; want one per SYN, none failed", inserted, st[StatMapUpdateFailed])
+	inserted, evicted, full := st[StatSubflowInsert], st[StatSubflowEvicted], st[StatPodSubflowsFull]
+	if inserted+full != writers*(1<<15-1) || st[StatMapUpdateFailed] != 0 {
+		t.Errorf("%d inserts, %d refused to full pods, %d failed; want one of the first two per SYN, none failed",
+			inserted, full, st[StatMapUpdateFailed])
 	}
 	if evicted == 0 || live > uint64(tableCapacity(dp.objs.Subflows)) {
 		t.Errorf("%d live of %d, %d evicted: %d SYNs should overfill the table", live, tableCapacity(dp.objs.Subflows), evicted, inserted)
 	}
 	if inserted != live+evicted+deleted {
 		t.Errorf("inserted %d != live %d + evicted %d + deleted %d", inserted, live, evicted, deleted)
+	}
+	counted := podSlots(t, dp)
+	if err := dp.recountPodSubflows(); err != nil {
+		t.Fatal(err)
+	}
+	if held := podSlots(t, dp); !maps.Equal(counted, held) {
+		t.Errorf("the programs counted %v entries per pod slot, the table holds %v", counted, held)
 	}
 }
 

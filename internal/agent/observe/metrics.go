@@ -104,6 +104,7 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatArrivalPromoted:  "arrival_promoted",
 	datapath.StatAnswerDropped:    "answer_dropped",
 	datapath.StatJoinACKDropped:   "join_ack_dropped",
+	datapath.StatPodSubflowsFull:  "pod_subflows_full",
 }
 
 // EventName is the label value of a datapath counter in

@@ -29,6 +29,9 @@ const (
 	Weight = int(limitsLimitLIMIT_WEIGHT)
 	// Pods is how many pod addresses one node's datapath selects.
 	Pods = int(limitsLimitLIMIT_PODS)
+	// PodSubflows is how many entries of the node's subflow table one pod
+	// holds at most: its subflows beyond take plain routing.
+	PodSubflows = int(limitsLimitLIMIT_POD_SUBFLOWS)
 	// MinBurstBytes and MaxBurstBytes bound a rate bucket's depth (police)
 	// and the window granted at once (window).
 	MinBurstBytes = int(limitsLimitLIMIT_BURST_MIN_BYTES)

@@ -23,6 +23,7 @@ const (
 	limitsLimitLIMIT_SUBFLOWS        limitsLimit = 8
 	limitsLimitLIMIT_WEIGHT          limitsLimit = 255
 	limitsLimitLIMIT_PODS            limitsLimit = 4096
+	limitsLimitLIMIT_POD_SUBFLOWS    limitsLimit = 4096
 	limitsLimitLIMIT_BURST_MIN_BYTES limitsLimit = 65536
 	limitsLimitLIMIT_BURST_MAX_BYTES limitsLimit = 1073741824
 )

@@ -1,0 +1,159 @@
+package datapath
+
+import (
+	"maps"
+	"net/netip"
+	"testing"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
+	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+)
+
+// podSlots is how many subflow entries the programs count for each pod
+// slot that has any.
+func podSlots(t *testing.T, dp *Datapath) map[uint32]uint32 {
+	t.Helper()
+	counts, err := dp.PodSubflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return counts
+}
+
+// podEntries is how many subflow entries the programs count for slot.
+func podEntries(t *testing.T, dp *Datapath, slot uint32) uint32 {
+	t.Helper()
+	var n uint32
+	if err := dp.objs.PodSubflows.Lookup(slot, &n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A pod holds at most limits.PodSubflows entries of the subflow table: its
+// subflows beyond, its own and those peers open to it, are left unplaced,
+// a peer's join is stopped at its third ACK (it would complete uncounted),
+// and another pod of the node is placed as before. A subflow of the pod
+// that closes makes room for one more. The programs' count is the table's:
+// counting the table again changes nothing.
+func TestAPodHoldsAtMostItsShareOfTheSubflowTable(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	neighbour := netip.MustParseAddr("10.244.1.12")
+	for _, pod := range []netip.Addr{clientPod, neighbour} {
+		if err := dp.SetEndpoint(pod, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := dp.SetNIC(nic2Ifindex, 2); err != nil {
+		t.Fatal(err)
+	}
+	podEgress := dp.objs.PodEgress
+	placed := func(mark uint32) bool { return mark&dp.markMask != 0 }
+
+	// The pod opens connections until it holds its share. Its own
+	// subflows may evict each other from a full bucket (a few of 4096
+	// keys in 16384 buckets of four): the count is of the entries it
+	// holds, so open more until it is full.
+	first := syn(clientPod, 20000, serverPod, 5201, testpkt.MPCapableSYN())
+	if !placed(run(t, podEgress, first, skbContext{})) {
+		t.Fatal("the pod's first subflow was not placed")
+	}
+	slot := uint32(0)
+	for s, n := range podSlots(t, dp) {
+		if n == 1 {
+			slot = s
+		}
+	}
+	if slot == 0 {
+		t.Fatalf("no pod slot counts the first subflow: %v", podSlots(t, dp))
+	}
+	opened := 1
+	for port := 0; podEntries(t, dp, slot) < uint32(limits.PodSubflows); port++ {
+		if opened > 2*limits.PodSubflows {
+			t.Fatalf("%d subflows opened, the pod holds %d entries, want %d", opened, podEntries(t, dp, slot), limits.PodSubflows)
+		}
+		frame := syn(clientPod, uint16(20001+port%40000), serverPod, uint16(6000+port/40000), testpkt.MPCapableSYN())
+		if !placed(run(t, podEgress, frame, skbContext{})) {
+			t.Fatalf("subflow %d of the pod was not placed with %d entries held", opened, podEntries(t, dp, slot))
+		}
+		opened++
+	}
+
+	// Full: its next subflow takes plain routing and writes no entry.
+	refused := stat(t, dp, StatPodSubflowsFull)
+	extra := netip.AddrPortFrom(clientPod, 61000)
+	if mark := run(t, podEgress, syn(clientPod, extra.Port(), serverPod, 5201, testpkt.MPCapableSYN()), skbContext{}); placed(mark) {
+		t.Errorf("a subflow of the full pod was placed (mark %#x)", mark)
+	}
+	if hasEntry(t, dp, extra, netip.AddrPortFrom(serverPod, 5201)) {
+		t.Error("a subflow of the full pod has an entry")
+	}
+	if got := stat(t, dp, StatPodSubflowsFull); got != refused+1 {
+		t.Errorf("pod_subflows_full = %d, want %d", got, refused+1)
+	}
+
+	// A peer's connection to it runs unplaced; a peer's join is stopped
+	// at its third ACK.
+	peer := netip.AddrPortFrom(serverPod, 50000)
+	acceptFromWire(t, dp, peer, netip.AddrPortFrom(clientPod, 80), testpkt.MPCapableSYN(), nic2Ifindex, 0x1111, 0x2222)
+	if hasEntry(t, dp, netip.AddrPortFrom(clientPod, 80), peer) {
+		t.Error("a peer's connection to the full pod has an entry")
+	}
+	joiner := netip.AddrPortFrom(serverPod, 50001)
+	run(t, dp.objs.NicIngress, syn(joiner.Addr(), joiner.Port(), clientPod, 80, testpkt.MPJoinSYN(tokenOf(0x2222), 5, 1, false)),
+		skbContext{IngressIfindex: nic2Ifindex})
+	answer := testpkt.Frame{Src: clientPod, Dst: joiner.Addr(), TCP: &testpkt.TCP{SrcPort: 80, DstPort: joiner.Port(), Seq: 7, Ack: 2,
+		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
+	run(t, podEgress, answer, skbContext{})
+	third := testpkt.Frame{Src: joiner.Addr(), Dst: clientPod, TCP: &testpkt.TCP{SrcPort: joiner.Port(), DstPort: 80, Seq: 2, Ack: 8,
+		Flags: testpkt.ACK, Options: testpkt.MPJoinACK([20]byte{1})}}.Bytes()
+	if ret := verdict(t, dp.objs.NicIngress, third, skbContext{IngressIfindex: nic2Ifindex}); ret != tcActShot {
+		t.Errorf("a join's third ACK to the full pod returned %d, want TC_ACT_SHOT", int32(ret))
+	}
+	if got := podEntries(t, dp, slot); got != uint32(limits.PodSubflows) {
+		t.Errorf("the full pod holds %d entries, want %d", got, limits.PodSubflows)
+	}
+
+	// The neighbour is placed as before.
+	if !placed(run(t, podEgress, syn(neighbour, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})) {
+		t.Error("the neighbour's subflow was not placed while the other pod is full")
+	}
+
+	// One of the pod's subflows closes: there is room for one more.
+	if err := dp.ForgetSubflow(netip.AddrPortFrom(clientPod, 20000), netip.AddrPortFrom(serverPod, 5201)); err != nil {
+		t.Fatal(err)
+	}
+	if got := podEntries(t, dp, slot); got != uint32(limits.PodSubflows)-1 {
+		t.Errorf("after a close the pod holds %d entries, want %d", got, limits.PodSubflows-1)
+	}
+	if !placed(run(t, podEgress, syn(clientPod, extra.Port(), serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})) {
+		t.Error("after a close the pod's new subflow was not placed")
+	}
+
+	// The programs counted what the table holds.
+	before := podSlots(t, dp)
+	if err := dp.recountPodSubflows(); err != nil {
+		t.Fatal(err)
+	}
+	if after := podSlots(t, dp); !maps.Equal(before, after) {
+		t.Errorf("the programs counted %v entries per pod slot, the table holds %v", before, after)
+	}
+}
+
+// hasEntry says whether the subflow table has an entry for local -> remote.
+func hasEntry(t *testing.T, dp *Datapath, local, remote netip.AddrPort) bool {
+	t.Helper()
+	sfs, err := dp.Subflows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sf := range sfs {
+		if sf.Local == local && sf.Remote == remote {
+			return true
+		}
+	}
+	return false
+}
