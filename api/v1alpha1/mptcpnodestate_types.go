@@ -281,9 +281,10 @@ type PathState struct {
 	Interface string    `json:"interface,omitempty"`
 	Link      LinkState `json:"link"`
 	// liveness is what probes to the peers over the path say: Alive
-	// (every peer that ever echoed echoes), Failing (one stopped) or
-	// Unknown (no peer, none echoed yet, or liveness off). A path all of
-	// whose peers stopped is down like a NIC without carrier.
+	// (every peer that ever echoed echoes), Failing (one stopped while it
+	// still answered on another path) or Unknown (no peer, none echoed
+	// yet, each silent on every path at once, or liveness off). A path
+	// all of whose peers stopped is down like a NIC without carrier.
 	// +optional
 	Liveness Liveness `json:"liveness,omitempty"`
 	// addresses of the node on this path, as the agent found them on the

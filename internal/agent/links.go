@@ -267,8 +267,9 @@ func (a *Agent) syncLiveness(plan *Plan) {
 }
 
 // PathLiveness is what the probes say of a path: Alive when every peer
-// that ever answered answers, Failing when one of them stopped, Unknown
-// with no peers, none answered yet or liveness off.
+// that ever answered answers, Failing when one of them stopped (while it
+// answered on another path), Unknown with no peers, none answered yet,
+// each silent on every path, or liveness off.
 func (a *Agent) PathLiveness(path uint32) mptcpv1alpha1.Liveness {
 	if a.prober == nil {
 		return mptcpv1alpha1.LivenessUnknown

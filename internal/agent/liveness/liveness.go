@@ -197,6 +197,9 @@ type target struct {
 	// peer Down (heard).
 	heldByPeer, byPeer bool
 	flagSeq            uint64
+	// silentEverywhere: the peer went silent on every path at once, and
+	// is Unknown here for it (expire).
+	silentEverywhere bool
 	// heldUntil: a peer that went Down is not Up again before this
 	// sequence number (mayComeUp). [silentFrom, silentTo] are the probes
 	// of the silence that made it Down (from the first after the newest
@@ -418,7 +421,7 @@ func (t *target) echo(now time.Time, interval time.Duration, seq uint64) bool {
 // up makes the peer Up in the tick of sequence number seq: losses from
 // then on count.
 func (t *target) up(seq uint64) {
-	t.state, t.lossy, t.byPeer, t.upSince = Up, false, false, seq+1
+	t.state, t.lossy, t.byPeer, t.silentEverywhere, t.upSince = Up, false, false, false, seq+1
 }
 
 // heard records whether the peer holds this node Down on the path, as its
@@ -538,14 +541,58 @@ func (t *target) tally(seq uint64, multiplier int) bool {
 	return false
 }
 
+// peerView is what a tick knows of one peer node over all its paths,
+// before judging any of them: a silence on one path means that path failed
+// only when the peer is heard on another. A peer silent on every path at
+// once (its agent restarting or starved of CPU, its node gone) says nothing
+// of the paths, and no path would be better for it: taking them all Down
+// only took every path of this node down with it, and counted a failure on
+// each, at every upgrade of a peer's agent.
+type peerView struct {
+	// echoed: the peer's paths that ever echoed; alive: one of them
+	// echoed within the last two intervals (the peer answers now);
+	// waiting: one of them is Up and not silent for the detect time yet.
+	echoed         int
+	alive, waiting bool
+}
+
+// peerViews sums up each peer node's targets over the paths, at now.
+func (p *Prober) peerViews(now time.Time) map[string]peerView {
+	views := map[string]peerView{}
+	for _, pp := range p.paths {
+		for _, t := range pp.targets {
+			v := views[t.node]
+			if !t.lastEcho.IsZero() {
+				v.echoed++
+				v.alive = v.alive || now.Sub(t.lastEcho) <= 2*p.cfg.Interval
+				v.waiting = v.waiting || (t.state == Up && now.Sub(t.lastEcho) <= time.Duration(p.cfg.Multiplier)*p.cfg.Interval)
+			}
+			views[t.node] = v
+		}
+	}
+	return views
+}
+
 // expire turns an Up peer that has not echoed for multiplier intervals
-// Down in the tick of sequence number seq; it returns whether it did.
-func (t *target) expire(now time.Time, interval time.Duration, multiplier int, seq uint64) bool {
+// Down in the tick of sequence number seq, when peer, the peer's view over
+// all its paths, says the silence is this path's: the peer echoed on one
+// path only, or it answers now on another. While another path of the peer
+// may still answer, it waits; when none does, the peer is silent on every
+// path, and Unknown on this one, as a peer that never echoed is. It
+// returns whether the peer's state changed.
+func (t *target) expire(now time.Time, interval time.Duration, multiplier int, seq uint64, peer peerView) bool {
 	if now.Sub(t.lastEcho) > 2*interval {
 		t.streak = 0
 	}
 	if t.state == Up && now.Sub(t.lastEcho) > time.Duration(multiplier)*interval {
-		t.down(seq, false)
+		switch {
+		case peer.echoed < 2 || peer.alive:
+			t.down(seq, false)
+			return true
+		case peer.waiting:
+			return false
+		}
+		t.state, t.silentEverywhere = Unknown, true
 		return true
 	}
 	if t.state == Down && t.lastEcho.IsZero() && !t.assumedUntil.IsZero() && now.After(t.assumedUntil) {
@@ -583,6 +630,7 @@ func (p *Prober) run(ctx context.Context) {
 		changed := false
 		now := time.Now()
 		p.mu.Lock()
+		views := p.peerViews(now)
 		for _, pp := range p.paths {
 			pp.seq++
 			for addr, t := range pp.targets {
@@ -590,7 +638,7 @@ func (p *Prober) run(ctx context.Context) {
 					was := t.state
 					// Both, always: tally also clears the slot of
 					// the probe sent now.
-					expired := t.expire(now, p.cfg.Interval, p.cfg.Multiplier, pp.seq)
+					expired := t.expire(now, p.cfg.Interval, p.cfg.Multiplier, pp.seq, views[t.node])
 					if t.tally(pp.seq, p.cfg.Multiplier) || expired {
 						p.logChange(pp.spec.Name, addr, t, was)
 						changed = true
@@ -625,6 +673,8 @@ func (p *Prober) logChange(path string, addr netip.Addr, t *target, was State) {
 		reason = "lost too many echoes"
 	case t.state == Down:
 		reason = "silent"
+	case t.state == Unknown && t.silentEverywhere:
+		reason = "silent on every path: the peer's agent or node, not a path"
 	case t.state == Unknown:
 		reason = "never echoed since assumed down"
 	}

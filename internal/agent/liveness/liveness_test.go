@@ -212,6 +212,68 @@ func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
 	checkUpAfterOneDownOn(t, 1, pa, pb)
 }
 
+// A peer silent on every path at once (its agent stopped, as in an upgrade,
+// or starved of CPU) is Unknown on each, not Down: no path is taken down and
+// no failure counted, and it is Up again when it answers. A path that had
+// failed before stays Down when the peer then goes silent on the others.
+// Every silence is judged over the peer's paths: one path's is its own only
+// while another answers; while another may still answer, it waits.
+func TestAPeerSilentOnEveryPathAtOnceIsUnknownNotDown(t *testing.T) {
+	a, b := twoNodes(t)
+	var changesA, changesB atomic.Int64
+	pa := startProber(t, a, pathsOf("1", "2"), &changesA)
+	pb := startProber(t, b, pathsOf("2", "1"), &changesB)
+	waitBothPathsUp(t, pa, pb)
+
+	detect := time.Duration(testMult) * testInterval
+	pb.Close()
+	for _, path := range []uint32{1, 2} {
+		waitFor(t, "node a: the silent peer Unknown", detect+time.Second, func() bool { return stateOf(pa, path) == Unknown })
+	}
+	time.Sleep(detect)
+	for _, s := range pa.States() {
+		if s.State != Unknown || s.Downs != 0 || pa.Silent(s.Path) {
+			t.Errorf("path %d: peer %v after %d downs (path silent %v), want Unknown after none, the path not silent",
+				s.Path, s.State, s.Downs, pa.Silent(s.Path))
+		}
+	}
+
+	pb = startProber(t, b, pathsOf("2", "1"), &changesB)
+	waitBothPathsUp(t, pa, pb)
+
+	// Path 1 fails alone: Down, found by path 2's echoes. Then the peer
+	// stops: path 2 is Unknown, path 1 stays Down.
+	run(t, "ip", "-n", a, "neigh", "replace", "10.201.1.2", "lladdr", "02:00:00:00:00:99", "dev", "nic1", "nud", "permanent")
+	waitFor(t, "node a: path1 down", detect+time.Second, func() bool { return pa.Silent(1) })
+	pb.Close()
+	waitFor(t, "node a: the silent peer Unknown on path2", detect+time.Second, func() bool { return stateOf(pa, 2) == Unknown })
+	if !pa.Silent(1) || pa.Silent(2) || stateOf(pa, 1) != Down {
+		t.Errorf("after the peer stopped: path1 %v (silent %v), path2 %v (silent %v); want path1 Down and silent, path2 not silent",
+			stateOf(pa, 1), pa.Silent(1), stateOf(pa, 2), pa.Silent(2))
+	}
+
+	// The rule alone: a path silent for the detect time goes Down when
+	// the peer answers on another, waits while another is Up and may
+	// still answer, and is Unknown when none may.
+	now := time.Now()
+	for _, c := range []struct {
+		name string
+		peer peerView
+		want State
+	}{
+		{"the peer echoed on this path only", peerView{echoed: 1}, Down},
+		{"the peer answers on another path", peerView{echoed: 2, alive: true}, Down},
+		{"another path may still answer", peerView{echoed: 2, waiting: true}, Up},
+		{"no path answers", peerView{echoed: 2}, Unknown},
+	} {
+		silent := target{state: Up, lastEcho: now.Add(-detect - testInterval)}
+		silent.expire(now, testInterval, testMult, 100, c.peer)
+		if silent.state != c.want {
+			t.Errorf("%s: %v, want %v", c.name, silent.state, c.want)
+		}
+	}
+}
+
 // Only the path's peers get answers: a probe from any other address, on
 // the path's own subnet, is dropped unanswered.
 func TestProbesFromAnAddressThatIsNoPeersGetNoAnswer(t *testing.T) {
@@ -322,11 +384,11 @@ func TestAPathAssumedDownStaysDownUntilItsPeersEcho(t *testing.T) {
 
 	now := time.Now()
 	silent := target{state: Down, assumedUntil: now.Add(-time.Millisecond)}
-	if !silent.expire(now, testInterval, testMult, 100) || silent.state != Unknown {
+	if !silent.expire(now, testInterval, testMult, 100, peerView{}) || silent.state != Unknown {
 		t.Errorf("a peer assumed down that never echoed: %v after AssumedDownFor, want Unknown", silent.state)
 	}
 	lost := target{state: Down, assumedUntil: now.Add(-time.Millisecond), lastEcho: now.Add(-time.Second), downs: 1}
-	if lost.expire(now, testInterval, testMult, 100) || lost.state != Down {
+	if lost.expire(now, testInterval, testMult, 100, peerView{}) || lost.state != Down {
 		t.Errorf("a peer that echoed, then stopped: %v, want it kept Down", lost.state)
 	}
 }
@@ -353,7 +415,7 @@ func (r *lossyRun) ticks(n int, answered func(seq uint64) bool) (changes []uint6
 		r.seq++
 		r.now = r.now.Add(testInterval)
 		was := r.t.state
-		r.t.expire(r.now, testInterval, testMult, r.seq)
+		r.t.expire(r.now, testInterval, testMult, r.seq, peerView{})
 		r.t.tally(r.seq, testMult)
 		if answered(r.seq) {
 			r.t.answer(r.seq)
