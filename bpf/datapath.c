@@ -606,6 +606,24 @@ static __always_inline bool count_pod(__u32 slot, __u8 family, const __u8 addr[1
 	return true;
 }
 
+/* reslot_subflow moves subflow sf, and its place in the entries per pod,
+ * to its pod's new slot: once, when packets of it on two CPUs find the old
+ * one. A global function: run only when a pod's slot changed, and kept out
+ * of the packet path's instructions. */
+__noinline int reslot_subflow(struct subflow *sf, __u32 slot)
+{
+	__u32 old;
+
+	if (!sf)
+		return 0;
+	old = sf->pod_slot;
+	if (old == slot || __sync_val_compare_and_swap(&sf->pod_slot, old, slot) != old)
+		return 0;
+	pod_subflows_take(old, 1);
+	pod_subflows_add(slot);
+	return 1;
+}
+
 /* count_subflow_pod counts a packet of subflow sf for its local pod (addr)
  * at the slot the entry keeps. An entry without one (made before slots
  * existed), or whose slot is not its pod's any more (the pod was released
@@ -621,9 +639,7 @@ static __always_inline void count_subflow_pod(struct subflow *sf, __u8 family, c
 	ep = lookup_endpoint(family, addr);
 	if (!ep || ep->pod_slot == sf->pod_slot)
 		return;
-	pod_subflows_take(sf->pod_slot, 1);
-	pod_subflows_add(ep->pod_slot);
-	sf->pod_slot = ep->pod_slot;
+	reslot_subflow(sf, ep->pod_slot);
 	count_pod(ep->pod_slot, family, addr, len, tx);
 }
 
@@ -1674,10 +1690,14 @@ __noinline int pod_egress_unknown(struct __sk_buff *skb, const struct packet *pk
 	if (!ep || !from_its_pod(skb, pkt))
 		return UNKNOWN_COUNTED;
 	/* A pod holding its share of the table is refused before placing: a
-	 * join placed counts against its connection. */
+	 * join placed counts against its connection. Its connection runs
+	 * unplaced; its join is refused as one past its rule's maximum is
+	 * (unplaced, it would escape that maximum). */
 	if (is_opening_syn(pkt) && handshake_subtype(pkt) != MPTCP_SUB_NONE &&
 	    pod_subflows_full(ep->pod_slot)) {
 		count(STAT_POD_SUBFLOWS_FULL);
+		if (handshake_subtype(pkt) == MPTCP_SUB_JOIN)
+			placed = PLACE_REFUSED;
 	} else if (is_opening_syn(pkt) && handshake_subtype(pkt) != MPTCP_SUB_NONE) {
 		nsf.pod_slot = ep->pod_slot;
 		placed = place_subflow(skb, pkt, ep, &nsf);
@@ -1873,7 +1893,13 @@ __noinline int stage_syn(struct __sk_buff *skb, const struct packet *pkt, const 
 		c = lookup_conn(pkt->family, pkt->daddr, token, &canonical);
 		/* Refused: the peer hears why at once, and no subflow is
 		 * mirrored. A SYN on a 4-tuple with an entry is left to the
-		 * pod: the reset would carry a live subflow's 4-tuple. */
+		 * pod: the reset would carry a live subflow's 4-tuple. So is a
+		 * join to a pod holding its share of the subflow table, which
+		 * would find no entry at its third ACK. */
+		if (!prev && pod_subflows_full(ep->pod_slot)) {
+			count(STAT_POD_SUBFLOWS_FULL);
+			return SYN_REFUSED;
+		}
 		if (!prev && join_refused(rule, c, n->path))
 			return SYN_REFUSED;
 		if (c)

@@ -111,7 +111,8 @@ enum stat_id {
 				  one's */
 	STAT_ANSWER_DROPPED,   /* a pod's join SYN-ACK on a live 4-tuple for no SYN seen: dropped */
 	STAT_JOIN_ACK_DROPPED, /* a join's third ACK with no entry and no answered arrival: dropped */
-	STAT_POD_SUBFLOWS_FULL, /* a new subflow of a pod holding LIMIT_POD_SUBFLOWS entries: left unplaced */
+	STAT_POD_SUBFLOWS_FULL, /* a new subflow of a pod holding LIMIT_POD_SUBFLOWS entries: unplaced, or
+				   refused if a join */
 	STAT_MAX,
 };
 

@@ -54,6 +54,9 @@ type Agent struct {
 	// the ids the pinned endpoints already use.
 	ruleIDs *ruleIDs
 	adopt   bool
+	// recounted is when the subflow entries of each pod were last counted
+	// again from the table (recountPodSubflows).
+	recounted time.Time
 
 	// What scrapes and the local API read while a reconcile runs: the
 	// names of the paths in force by index, the rules by datapath id
@@ -68,6 +71,23 @@ type Agent struct {
 
 // The agent is what its metrics and local API read.
 var _ observe.Source = (*Agent)(nil)
+
+// podSubflowsRecount is how often a reconcile counts each pod's subflow
+// entries again from the table.
+const podSubflowsRecount = time.Minute
+
+// recountPodSubflows counts each pod's entries of the subflow table again
+// (datapath.RecountPodSubflows), at the first reconcile and then at most
+// every podSubflowsRecount: the first after every program was attached (the
+// programs a previous release left attached until then did not count), and
+// then so that a count a race left off does not stay off.
+func (a *Agent) recountPodSubflows() error {
+	if time.Since(a.recounted) < podSubflowsRecount {
+		return nil
+	}
+	a.recounted = time.Now()
+	return a.dp.RecountPodSubflows()
+}
 
 // New loads (or re-adopts, from pins) the datapath of the node settings
 // describe.
@@ -216,6 +236,7 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	keep(a.releasePods(plan))
 	keep(a.sweepReleased(plan, view))
 	keep(a.retireRules(plan, ids, view))
+	keep(a.recountPodSubflows())
 	a.previous = plan
 	a.publish(plan)
 	return problems, errors.Join(errs...)

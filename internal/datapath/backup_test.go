@@ -554,7 +554,6 @@ func TestBlockTurnsADDADDRIntoNOPsWhenNoJoinIsAllowed(t *testing.T) {
 // with IP options or extension headers, which the reset goes without; a join
 // with options behind a VLAN tag in the frame cannot be cut and passes.
 func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
-	const tcActRedirect = 7
 	v6Client, v6Server := netip.MustParseAddr("fd00:244:1::11"), netip.MustParseAddr("fd00:244:2::11")
 	for _, fam := range []struct {
 		name           string
@@ -716,7 +715,6 @@ func TestBlockAnswersARefusedJoinWithMPTCPRST(t *testing.T) {
 // sent back into the pod (TC_ACT_REDIRECT), counted, and not placed. The
 // join within the maximum, and its retransmitted SYN, pass.
 func TestBlockAnswersThePodsJoinBeyondTheMaximum(t *testing.T) {
-	const tcActRedirect = 7
 	dp := loadForTest(t)
 	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 2}); err != nil {
 		t.Fatal(err)

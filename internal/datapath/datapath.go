@@ -128,7 +128,7 @@ func Load(opts Options) (*Datapath, error) {
 		_ = dp.objs.Close()
 		return nil, err
 	}
-	if err := dp.recountPodSubflows(); err != nil {
+	if err := dp.RecountPodSubflows(); err != nil {
 		_ = dp.objs.Close()
 		return nil, err
 	}

@@ -9,16 +9,18 @@ import (
 // The programs keep, per pod slot, how many entries of the subflow table
 // carry it (pod_subflows), and place no new subflow of a pod that holds
 // limits.PodSubflows (docs/datapath.md, "Entries per pod"). Load counts
-// them again from the table: the table may have been filled by a
-// migration, or kept by a release that did not count, and a count that
-// drifted (a write the programs raced with user space) starts true again
-// with each agent.
+// them again from the table, as the agent does after its first reconcile
+// and every minute: the table may have been filled by a migration, or
+// written by the programs of a release that did not count until the agent
+// attached its own, and a count that drifted (writes of the programs racing
+// each other or user space, or this count) does not stay off.
 
-// recountPodSubflows writes into pod_subflows how many live ways of the
+// RecountPodSubflows writes into pod_subflows how many live ways of the
 // subflow table carry each pod slot. Every way counts, an entry two CPUs
 // stored at once twice, as the programs counted it and as a delete takes
-// it back.
-func (d *Datapath) recountPodSubflows() error {
+// it back. Programs writing the table meanwhile may leave a count off by
+// their writes during the read, until the next count.
+func (d *Datapath) RecountPodSubflows() error {
 	counts := make([]uint32, limits.Pods+1)
 	err := readTable(d.objs.Subflows, subflowWays, func(e *datapathSubflowEntry) {
 		if slot := e.Value.PodSlot; slot != 0 && int(slot) <= limits.Pods {

@@ -53,6 +53,14 @@ func TestAPodHoldsAtMostItsShareOfTheSubflowTable(t *testing.T) {
 	podEgress := dp.objs.PodEgress
 	placed := func(mark uint32) bool { return mark&dp.markMask != 0 }
 
+	// A peer's join waits for its third ACK while the pod fills.
+	joiner := netip.AddrPortFrom(serverPod, 50001)
+	run(t, dp.objs.NicIngress, syn(joiner.Addr(), joiner.Port(), clientPod, 80, testpkt.MPJoinSYN(tokenOf(0x2222), 5, 1, false)),
+		skbContext{IngressIfindex: nic2Ifindex})
+	answer := testpkt.Frame{Src: clientPod, Dst: joiner.Addr(), TCP: &testpkt.TCP{SrcPort: 80, DstPort: joiner.Port(), Seq: 7, Ack: 2,
+		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
+	run(t, podEgress, answer, skbContext{})
+
 	// The pod opens connections until it holds its share. Its own
 	// subflows may evict each other from a full bucket (a few of 4096
 	// keys in 16384 buckets of four): the count is of the entries it
@@ -95,19 +103,25 @@ func TestAPodHoldsAtMostItsShareOfTheSubflowTable(t *testing.T) {
 		t.Errorf("pod_subflows_full = %d, want %d", got, refused+1)
 	}
 
-	// A peer's connection to it runs unplaced; a peer's join is stopped
-	// at its third ACK.
+	// A join of its own is refused, with a reset into the pod (unplaced,
+	// it would escape its rule's maximum).
+	ownJoin := syn(clientPod, 61001, serverPod, 5201, testpkt.MPJoinSYN(tokenOf(0x3333), 5, 1, false))
+	if ret := verdict(t, podEgress, ownJoin, skbContext{}); ret != tcActRedirect {
+		t.Errorf("a join of the full pod: verdict %d, want TC_ACT_REDIRECT (refused)", int32(ret))
+	}
+
+	// A peer's connection to it runs unplaced; a peer's join is refused
+	// at its SYN, with a reset, and one answered before the pod filled is
+	// stopped at its third ACK (it would complete uncounted).
 	peer := netip.AddrPortFrom(serverPod, 50000)
 	acceptFromWire(t, dp, peer, netip.AddrPortFrom(clientPod, 80), testpkt.MPCapableSYN(), nic2Ifindex, 0x1111, 0x2222)
 	if hasEntry(t, dp, netip.AddrPortFrom(clientPod, 80), peer) {
 		t.Error("a peer's connection to the full pod has an entry")
 	}
-	joiner := netip.AddrPortFrom(serverPod, 50001)
-	run(t, dp.objs.NicIngress, syn(joiner.Addr(), joiner.Port(), clientPod, 80, testpkt.MPJoinSYN(tokenOf(0x2222), 5, 1, false)),
-		skbContext{IngressIfindex: nic2Ifindex})
-	answer := testpkt.Frame{Src: clientPod, Dst: joiner.Addr(), TCP: &testpkt.TCP{SrcPort: 80, DstPort: joiner.Port(), Seq: 7, Ack: 2,
-		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
-	run(t, podEgress, answer, skbContext{})
+	lateJoin := syn(serverPod, 50002, clientPod, 80, testpkt.MPJoinSYN(tokenOf(0x2222), 5, 1, false))
+	if ret := verdict(t, dp.objs.NicIngress, lateJoin, skbContext{IngressIfindex: nic2Ifindex}); ret != tcActRedirect {
+		t.Errorf("a peer's join SYN to the full pod: verdict %d, want TC_ACT_REDIRECT (refused)", int32(ret))
+	}
 	third := testpkt.Frame{Src: joiner.Addr(), Dst: clientPod, TCP: &testpkt.TCP{SrcPort: joiner.Port(), DstPort: 80, Seq: 2, Ack: 8,
 		Flags: testpkt.ACK, Options: testpkt.MPJoinACK([20]byte{1})}}.Bytes()
 	if ret := verdict(t, dp.objs.NicIngress, third, skbContext{IngressIfindex: nic2Ifindex}); ret != tcActShot {
@@ -135,7 +149,7 @@ func TestAPodHoldsAtMostItsShareOfTheSubflowTable(t *testing.T) {
 
 	// The programs counted what the table holds.
 	before := podSlots(t, dp)
-	if err := dp.recountPodSubflows(); err != nil {
+	if err := dp.RecountPodSubflows(); err != nil {
 		t.Fatal(err)
 	}
 	if after := podSlots(t, dp); !maps.Equal(before, after) {
@@ -156,4 +170,57 @@ func hasEntry(t *testing.T, dp *Datapath, local, remote netip.AddrPort) bool {
 		}
 	}
 	return false
+}
+
+// endpointSlot is the pod slot the datapath gave addr.
+func endpointSlot(t *testing.T, dp *Datapath, addr netip.Addr) uint32 {
+	t.Helper()
+	k := endpointKey(addr)
+	var ep datapathEndpoint
+	if err := dp.objs.Endpoints.Lookup(&k, &ep); err != nil {
+		t.Fatalf("endpoint %v: %v", addr, err)
+	}
+	return ep.PodSlot
+}
+
+// A pod released while its subflows are open leaves their entries counted
+// on its slot: a pod selected next gets another slot (it would start with
+// the released pod's entries held), and the released pod, selected again,
+// gets its own back (it would start a new share beside its old entries).
+func TestAReleasedPodsSlotGoesBackToItAndToNoOtherPod(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	released, next := clientPod, netip.MustParseAddr("10.244.1.12")
+	if err := dp.SetEndpoint(released, 0); err != nil {
+		t.Fatal(err)
+	}
+	old := endpointSlot(t, dp, released)
+	for port := range uint16(10) {
+		run(t, dp.objs.PodEgress, syn(released, 30000+port, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+	}
+	if got := podEntries(t, dp, old); got != 10 {
+		t.Fatalf("the pod holds %d entries, want 10", got)
+	}
+	if err := dp.DeleteEndpoint(released); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := dp.SetEndpoint(next, 0); err != nil {
+		t.Fatal(err)
+	}
+	if s := endpointSlot(t, dp, next); s == old || podEntries(t, dp, s) != 0 {
+		t.Errorf("the pod selected next got slot %d holding %d entries; the released pod's slot is %d", s, podEntries(t, dp, s), old)
+	}
+	if err := dp.SetEndpoint(released, 0); err != nil {
+		t.Fatal(err)
+	}
+	if s := endpointSlot(t, dp, released); s != old {
+		t.Errorf("the released pod selected again got slot %d, want its own %d", s, old)
+	}
+	run(t, dp.objs.PodEgress, syn(released, 30010, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+	if got := podEntries(t, dp, old); got != 11 {
+		t.Errorf("the pod selected again holds %d entries, want its 10 and the new one", got)
+	}
 }

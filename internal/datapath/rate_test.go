@@ -14,7 +14,10 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
 )
 
-const tcActShot = 2 // TC_ACT_SHOT
+const (
+	tcActShot     = 2 // TC_ACT_SHOT
+	tcActRedirect = 7 // TC_ACT_REDIRECT
+)
 
 // runOut runs prog on frame and returns its verdict and the frame as the
 // program left it.

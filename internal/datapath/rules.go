@@ -458,16 +458,64 @@ func (d *Datapath) podSlot(k datapathEndpointKey) (uint32, error) {
 	if err := it.Err(); err != nil {
 		return 0, fmt.Errorf("reading endpoints: %w", err)
 	}
-	for slot := uint32(1); slot <= uint32(MaxPods); slot++ {
-		if used[slot] {
-			continue
+	slot, err := d.freePodSlot(k, used)
+	if err != nil {
+		return 0, err
+	}
+	if err := d.givePodSlot(slot, k); err != nil {
+		return 0, fmt.Errorf("creating its counters: %w", err)
+	}
+	return slot, nil
+}
+
+// freePodSlot chooses a slot no endpoint but k's names (used) for k. A free
+// slot can still count subflow entries (pod_subflows): those of a pod
+// released while its subflows were open, which ForgetLocal keeps. Such a
+// slot goes back to that pod's address when it is selected again, and to
+// no other while a slot counting nothing is free: a pod released and
+// selected again would otherwise start a new share beside its old entries,
+// and the next pod selected would start with the released one's.
+func (d *Datapath) freePodSlot(k datapathEndpointKey, used map[uint32]bool) (uint32, error) {
+	counts := make([]uint32, MaxPods+1)
+	for slot := range counts {
+		if err := d.objs.PodSubflows.Lookup(uint32(slot), &counts[slot]); err != nil {
+			return 0, fmt.Errorf("reading the subflow entries of pod slot %d: %w", slot, err)
 		}
-		if err := d.givePodSlot(slot, k); err != nil {
-			return 0, fmt.Errorf("creating its counters: %w", err)
+	}
+	tainted := false
+	for slot := 1; slot <= MaxPods; slot++ {
+		tainted = tainted || (!used[uint32(slot)] && counts[slot] != 0)
+	}
+	if tainted {
+		if slot, err := d.entriesSlot(k); err != nil {
+			return 0, err
+		} else if slot != 0 && !used[slot] {
+			return slot, nil
 		}
-		return slot, nil
+	}
+	for _, clean := range []bool{true, false} {
+		for slot := uint32(1); slot <= uint32(MaxPods); slot++ {
+			if !used[slot] && (!clean || counts[slot] == 0) {
+				return slot, nil
+			}
+		}
 	}
 	return 0, fmt.Errorf("no counter slot left: %d pods selected", MaxPods)
+}
+
+// entriesSlot is the pod slot the subflow entries of k's address carry (0:
+// it has none).
+func (d *Datapath) entriesSlot(k datapathEndpointKey) (uint32, error) {
+	var slot uint32
+	err := readTable(d.objs.Subflows, subflowWays, func(e *datapathSubflowEntry) {
+		if slot == 0 && e.Key.Family == k.Family && e.Key.Saddr == k.Addr {
+			slot = e.Value.PodSlot
+		}
+	})
+	if err != nil {
+		return 0, fmt.Errorf("reading the subflow table: %w", err)
+	}
+	return slot, nil
 }
 
 // podSlotOwner is the endpoint a slot was given to (zero: none).

@@ -103,9 +103,10 @@ const (
 	// uncounted (in observe-only mode: passed).
 	StatJoinACKDropped = datapathStatIdSTAT_JOIN_ACK_DROPPED
 	// StatPodSubflowsFull: a new subflow of a pod that holds
-	// limits.PodSubflows entries of the subflow table was left unplaced
-	// (a join from the wire: its third ACK dropped, so that it never
-	// completes uncounted).
+	// limits.PodSubflows entries of the subflow table: a connection left
+	// unplaced, a join refused (the pod's or a peer's, with MP_TCPRST at
+	// its SYN; a peer's answered before the pod filled, its third ACK
+	// dropped).
 	StatPodSubflowsFull = datapathStatIdSTAT_POD_SUBFLOWS_FULL
 	numStats            = int(datapathStatIdSTAT_MAX)
 )

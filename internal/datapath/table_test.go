@@ -367,7 +367,7 @@ func TestTableStaysConsistentUnderConcurrentWriters(t *testing.T) {
 		t.Errorf("inserted %d != live %d + evicted %d + deleted %d", inserted, live, evicted, deleted)
 	}
 	counted := podSlots(t, dp)
-	if err := dp.recountPodSubflows(); err != nil {
+	if err := dp.RecountPodSubflows(); err != nil {
 		t.Fatal(err)
 	}
 	if held := podSlots(t, dp); !maps.Equal(counted, held) {
