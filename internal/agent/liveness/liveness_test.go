@@ -120,17 +120,24 @@ func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) ti
 	return time.Since(start)
 }
 
+// probingPair is twoNodes with a prober on each, a on 10.201.k.1 and b on
+// 10.201.k.2, counting their changes, each with its peer Up on both paths.
+func probingPair(t *testing.T) (a, b string, pa, pb *Prober, changesA *atomic.Int64) {
+	t.Helper()
+	a, b = twoNodes(t)
+	changesA = new(atomic.Int64)
+	pa = startProber(t, a, pathsOf("1", "2"), changesA)
+	pb = startProber(t, b, pathsOf("2", "1"), new(atomic.Int64))
+	waitBothPathsUp(t, pa, pb)
+	return a, b, pa, pb, changesA
+}
+
 // A path that drops everything one way while its carrier stays up goes
 // Down on both nodes within the detect time, the other path stays Up, and
 // the path comes back once it carries again; neither a forged echo nor a
 // probe from an address that is no peer's changes anything.
 func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
-	a, b := twoNodes(t)
-	var changesA, changesB atomic.Int64
-	pa := startProber(t, a, pathsOf("1", "2"), &changesA)
-	pb := startProber(t, b, pathsOf("2", "1"), &changesB)
-
-	waitBothPathsUp(t, pa, pb)
+	a, b, pa, pb, changesA := probingPair(t)
 	if pa.Silent(1) || pb.Silent(1) {
 		t.Fatal("a path whose peer echoes is silent")
 	}
@@ -219,11 +226,7 @@ func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
 // Every silence is judged over the peer's paths: one path's is its own only
 // while another answers; while another may still answer, it waits.
 func TestAPeerSilentOnEveryPathAtOnceIsUnknownNotDown(t *testing.T) {
-	a, b := twoNodes(t)
-	var changesA, changesB atomic.Int64
-	pa := startProber(t, a, pathsOf("1", "2"), &changesA)
-	pb := startProber(t, b, pathsOf("2", "1"), &changesB)
-	waitBothPathsUp(t, pa, pb)
+	a, b, pa, pb, _ := probingPair(t)
 
 	detect := time.Duration(testMult) * testInterval
 	pb.Close()
@@ -238,7 +241,7 @@ func TestAPeerSilentOnEveryPathAtOnceIsUnknownNotDown(t *testing.T) {
 		}
 	}
 
-	pb = startProber(t, b, pathsOf("2", "1"), &changesB)
+	pb = startProber(t, b, pathsOf("2", "1"), new(atomic.Int64))
 	waitBothPathsUp(t, pa, pb)
 
 	// Path 1 fails alone: Down, found by path 2's echoes. Then the peer
@@ -618,11 +621,7 @@ func seqOf(p *Prober, path uint32) uint64 {
 // prober, fooled, then holds its peer down, and its own echoes say so),
 // and both come back by their own rules, the path being healthy.
 func TestAForgedHeldDownFlagCountsOnlyWithThePathsNonce(t *testing.T) {
-	a, b := twoNodes(t)
-	var changesA, changesB atomic.Int64
-	pa := startProber(t, a, pathsOf("1", "2"), &changesA)
-	pb := startProber(t, b, pathsOf("2", "1"), &changesB)
-	waitBothPathsUp(t, pa, pb)
+	_, b, pa, pb, _ := probingPair(t)
 	forge := func(nonce uint64, rounds int) {
 		testutil.InNetNS(t, b, func() {
 			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_UDP)
