@@ -1156,6 +1156,14 @@ static __always_inline int place_subflow(struct __sk_buff *skb, const struct pac
 		return -1;
 	}
 selected:
+	/* A pod holding its share of the table gets no entry: refused before
+	 * a join counts against its connection. Its connection runs
+	 * unplaced; its join is refused as one past its rule's maximum is
+	 * (unplaced, it would escape that maximum). */
+	if (pod_subflows_full(sf->pod_slot)) {
+		count(STAT_POD_SUBFLOWS_FULL);
+		return handshake_subtype(pkt) == MPTCP_SUB_JOIN ? PLACE_REFUSED : -1;
+	}
 	path = join ? claim_path(rule_id, &ck) : pick_initial(rule_id);
 	if (path == PLACE_NO_PATH) {
 		count(STAT_NO_PATH);
@@ -1592,13 +1600,17 @@ __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, c
 		if (subflow_lookup(fk))
 			return 1;
 	}
-	/* A pod holding all the entries it may: its joins never complete
-	 * (the caller drops their third ACK, which finds no entry), its
-	 * connections run unplaced. */
+	/* A pod holding all the entries it may: a join a rule selects never
+	 * completes (the caller drops its third ACK, which finds no entry: it
+	 * would complete uncounted), anything else runs unplaced. */
 	if (pod_subflows_full(a->sf.pod_slot)) {
 		count(STAT_POD_SUBFLOWS_FULL);
-		if (join)
+		if (join && a->sf.rule != RULE_NONE)
 			return 0;
+		if (join) {
+			bpf_map_delete_elem(&answered_joins, fk);
+			return 1;
+		}
 		bpf_map_delete_elem(&answered, fk);
 		return 1;
 	}
@@ -1689,16 +1701,7 @@ __noinline int pod_egress_unknown(struct __sk_buff *skb, const struct packet *pk
 	ep = lookup_endpoint(pkt->family, pkt->saddr);
 	if (!ep || !from_its_pod(skb, pkt))
 		return UNKNOWN_COUNTED;
-	/* A pod holding its share of the table is refused before placing: a
-	 * join placed counts against its connection. Its connection runs
-	 * unplaced; its join is refused as one past its rule's maximum is
-	 * (unplaced, it would escape that maximum). */
-	if (is_opening_syn(pkt) && handshake_subtype(pkt) != MPTCP_SUB_NONE &&
-	    pod_subflows_full(ep->pod_slot)) {
-		count(STAT_POD_SUBFLOWS_FULL);
-		if (handshake_subtype(pkt) == MPTCP_SUB_JOIN)
-			placed = PLACE_REFUSED;
-	} else if (is_opening_syn(pkt) && handshake_subtype(pkt) != MPTCP_SUB_NONE) {
+	if (is_opening_syn(pkt) && handshake_subtype(pkt) != MPTCP_SUB_NONE) {
 		nsf.pod_slot = ep->pod_slot;
 		placed = place_subflow(skb, pkt, ep, &nsf);
 		if (placed == 0) {
@@ -1896,7 +1899,7 @@ __noinline int stage_syn(struct __sk_buff *skb, const struct packet *pkt, const 
 		 * pod: the reset would carry a live subflow's 4-tuple. So is a
 		 * join to a pod holding its share of the subflow table, which
 		 * would find no entry at its third ACK. */
-		if (!prev && pod_subflows_full(ep->pod_slot)) {
+		if (!prev && rule != RULE_NONE && pod_subflows_full(ep->pod_slot)) {
 			count(STAT_POD_SUBFLOWS_FULL);
 			return SYN_REFUSED;
 		}

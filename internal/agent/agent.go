@@ -54,9 +54,10 @@ type Agent struct {
 	// the ids the pinned endpoints already use.
 	ruleIDs *ruleIDs
 	adopt   bool
-	// recounted is when the subflow entries of each pod were last counted
-	// again from the table (recountPodSubflows).
-	recounted time.Time
+	// recounted is when (Unix nanoseconds) the subflow entries of each pod
+	// were last counted again from the table (recountPodSubflows), by a
+	// reconcile or a sweep.
+	recounted atomic.Int64
 
 	// What scrapes and the local API read while a reconcile runs: the
 	// names of the paths in force by index, the rules by datapath id
@@ -78,14 +79,15 @@ const podSubflowsRecount = time.Minute
 
 // recountPodSubflows counts each pod's entries of the subflow table again
 // (datapath.RecountPodSubflows), at the first reconcile and then at most
-// every podSubflowsRecount: the first after every program was attached (the
-// programs a previous release left attached until then did not count), and
-// then so that a count a race left off does not stay off.
+// every podSubflowsRecount, at reconciles and sweeps: the first after every
+// program was attached (the programs a previous release left attached until
+// then did not count), and then so that a count a race left off does not
+// stay off.
 func (a *Agent) recountPodSubflows() error {
-	if time.Since(a.recounted) < podSubflowsRecount {
+	last, now := a.recounted.Load(), time.Now()
+	if now.Sub(time.Unix(0, last)) < podSubflowsRecount || !a.recounted.CompareAndSwap(last, now.UnixNano()) {
 		return nil
 	}
-	a.recounted = time.Now()
 	return a.dp.RecountPodSubflows()
 }
 

@@ -44,7 +44,7 @@ func (a *Agent) Sweep() error {
 	}
 	view := newSweepView(a.dp)
 	_, err := a.sweepClosedSubflows(plan, time.Now().Add(-closedSubflowGrace), view)
-	return errors.Join(a.sweepReleased(plan, view), err)
+	return errors.Join(a.sweepReleased(plan, view), err, a.recountPodSubflows())
 }
 
 // releasedPods maps a released pod address to its network namespace path.

@@ -31,14 +31,15 @@ func podEntries(t *testing.T, dp *Datapath, slot uint32) uint32 {
 }
 
 // A pod holds at most limits.PodSubflows entries of the subflow table: its
-// subflows beyond, its own and those peers open to it, are left unplaced,
-// a peer's join is stopped at its third ACK (it would complete uncounted),
-// and another pod of the node is placed as before. A subflow of the pod
+// connections beyond, its own and those peers open to it, are left
+// unplaced, joins its rules select are refused (its own and its peers', a
+// peer's answered before the pod filled stopped at its third ACK: it would
+// complete uncounted), and another pod of the node is placed as before. A subflow of the pod
 // that closes makes room for one more. The programs' count is the table's:
 // counting the table again changes nothing.
 func TestAPodHoldsAtMostItsShareOfTheSubflowTable(t *testing.T) {
 	dp := loadForTest(t)
-	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}); err != nil {
 		t.Fatal(err)
 	}
 	neighbour := netip.MustParseAddr("10.244.1.12")
@@ -108,6 +109,12 @@ func TestAPodHoldsAtMostItsShareOfTheSubflowTable(t *testing.T) {
 	ownJoin := syn(clientPod, 61001, serverPod, 5201, testpkt.MPJoinSYN(tokenOf(0x3333), 5, 1, false))
 	if ret := verdict(t, podEgress, ownJoin, skbContext{}); ret != tcActRedirect {
 		t.Errorf("a join of the full pod: verdict %d, want TC_ACT_REDIRECT (refused)", int32(ret))
+	}
+
+	// A join no rule selects was never placed, and is not refused.
+	unselected := syn(clientPod, 61002, otherNet, 5201, testpkt.MPJoinSYN(tokenOf(0x4444), 5, 1, false))
+	if ret := verdict(t, podEgress, unselected, skbContext{}); ret != tcxNext {
+		t.Errorf("a join of the full pod that no rule selects: verdict %d, want it passed", int32(ret))
 	}
 
 	// A peer's connection to it runs unplaced; a peer's join is refused
