@@ -10,10 +10,11 @@ import (
 // carry it (pod_subflows), and place no new subflow of a pod that holds
 // limits.PodSubflows (docs/datapath.md, "Entries per pod"). Load counts
 // them again from the table, as the agent does after its first reconcile
-// and then at most every minute at reconciles and sweeps: the table may have been filled by a migration, or
-// written by the programs of a release that did not count until the agent
-// attached its own, and a count that drifted (writes of the programs racing
-// each other or user space, or this count) does not stay off.
+// and then at most every minute, at reconciles and sweeps: the table may
+// have been filled by a migration, or written by the programs of a release
+// that did not count until the agent attached its own, and a count that
+// drifted (writes of the programs racing each other or user space, or this
+// count) does not stay off.
 
 // RecountPodSubflows writes into pod_subflows how many live ways of the
 // subflow table carry each pod slot. Every way counts, an entry two CPUs
