@@ -126,13 +126,14 @@ static __always_inline struct subflow *subflow_lookup(const struct flow_key *k)
 /* Entries per pod: how many entries of the subflow table carry each pod
  * slot (struct subflow's pod_slot), kept as entries are written, rewritten,
  * evicted and deleted, and counted again from the table by the agent when
- * it loads the datapath. A pod holding LIMIT_POD_SUBFLOWS gets no new entry:
- * its new subflows take plain routing (its per-pod caps still hold them,
- * rate_actor.h) until some of its subflows close. Without it, one pod's
- * connections, or a flood of handshakes it answers, evicted the entries of
- * every other pod of the node. Slot 0 (no pod) counts nothing. A slot
- * given to a new pod keeps counting the entries of its previous pod's
- * subflows still open. */
+ * it loads the datapath, and after. A pod holding LIMIT_POD_SUBFLOWS gets no
+ * new entry: its new connections take plain routing (its per-pod caps still
+ * hold them, rate_actor.h) and the joins its rules select are refused, until
+ * some of its subflows close. Without it, one pod's connections, or a flood
+ * of handshakes it answers, evicted the entries of every other pod of the
+ * node. Slot 0 (no pod) counts nothing. A slot still counting a released
+ * pod's open subflows goes to no other address while a clean one is free
+ * (internal/datapath/rules.go, freePodSlot). */
 #define POD_SUBFLOWS_MAX LIMIT_POD_SUBFLOWS
 _Static_assert(POD_SUBFLOWS_MAX * 16 == (1 << SUBFLOW_TABLE_BITS) * TABLE_WAYS,
 	       "a pod may hold a sixteenth of the subflow table");
@@ -1189,10 +1190,11 @@ selected:
 static __always_inline void pod_subflows_write(int result, const struct subflow *sf,
 					       const struct subflow *old)
 {
-	if (result == TABLE_EVICTED || (result == TABLE_REPLACED && old->pod_slot != sf->pod_slot))
+	bool moved = result == TABLE_EVICTED || (result == TABLE_REPLACED && old->pod_slot != sf->pod_slot);
+
+	if (moved)
 		pod_subflows_take(old->pod_slot, 1);
-	if (result == TABLE_INSERTED || result == TABLE_EVICTED ||
-	    (result == TABLE_REPLACED && old->pod_slot != sf->pod_slot))
+	if (moved || result == TABLE_INSERTED)
 		pod_subflows_add(sf->pod_slot);
 }
 

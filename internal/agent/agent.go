@@ -73,7 +73,7 @@ type Agent struct {
 // The agent is what its metrics and local API read.
 var _ observe.Source = (*Agent)(nil)
 
-// podSubflowsRecount is how often a reconcile counts each pod's subflow
+// podSubflowsRecount is how often reconciles and sweeps count each pod's subflow
 // entries again from the table.
 const podSubflowsRecount = time.Minute
 
