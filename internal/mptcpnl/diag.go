@@ -39,12 +39,41 @@ type Subflow struct {
 	Token   uint32
 	LocalID uint8
 	Flags   SubflowFlags
+	// Loss is the subflow's own loss recovery, from its tcp_info.
+	Loss TCPLoss
+}
+
+// TCPLoss is what a subflow's TCP says of its losses (struct tcp_info).
+type TCPLoss struct {
+	// CAState is tcpi_ca_state: 0 open, 1 disorder, 2 CWR, 3 recovery
+	// (fast retransmit), 4 loss (a retransmission timeout fired).
+	CAState uint8
+	// Backoff is tcpi_backoff: how many times the retransmission timer
+	// doubled since the last acknowledgement.
+	Backoff uint8
+	// Lost and Retrans are segments marked lost and segments sent again,
+	// not yet acknowledged (tcpi_lost, tcpi_retrans).
+	Lost, Retrans uint32
+}
+
+// The tcp_info states of TCPLoss.CAState that recover from losses.
+const (
+	caRecovery = 3 // TCP_CA_Recovery
+	caLoss     = 4 // TCP_CA_Loss
+)
+
+// Recovering says whether the subflow is recovering from losses: segments
+// lost or sent again and not yet acknowledged, a retransmission timer
+// backed off, or a fast-retransmit or timeout recovery under way. Data the
+// connection waits for may then sit on it until its own timer fires.
+func (l TCPLoss) Recovering() bool {
+	return l.Lost > 0 || l.Retrans > 0 || l.Backoff > 0 || l.CAState == caRecovery || l.CAState == caLoss
 }
 
 // sock_diag constants the header packages do not all spell.
 const (
 	sockDiagByFamily = 20 // SOCK_DIAG_BY_FAMILY
-	diagExtInfo      = 2  // INET_DIAG_INFO: asks for tcp_info and the ULP's
+	diagExtInfo      = 2  // INET_DIAG_INFO: asks for tcp_info and the ULP's; tcp_info's attribute
 	diagULPInfo      = 19 // INET_DIAG_ULP_INFO
 	ulpInfoMPTCP     = 3  // INET_ULP_INFO_MPTCP
 	subflowTokenLoc  = 2  // MPTCP_SUBFLOW_ATTR_TOKEN_LOC
@@ -52,6 +81,7 @@ const (
 	subflowIDLoc     = 10 // MPTCP_SUBFLOW_ATTR_ID_LOC
 	diagReqLen       = 56 // struct inet_diag_req_v2
 	diagMsgLen       = 72 // struct inet_diag_msg
+	tcpInfoLossLen   = 40 // struct tcp_info up to tcpi_retrans
 	tcpEstablished   = 1  // TCP_ESTABLISHED, a bit of idiag_states
 )
 
@@ -192,7 +222,12 @@ func decodeSubflow(b []byte) (sf Subflow, ok bool, err error) {
 		return sf, false, fmt.Errorf("sock_diag attributes: %w", err)
 	}
 	for ad.Next() {
-		if ad.Type() != diagULPInfo {
+		switch ad.Type() {
+		case diagExtInfo:
+			sf.Loss = decodeTCPLoss(ad.Bytes())
+			continue
+		case diagULPInfo:
+		default:
 			continue
 		}
 		ad.Nested(func(ulp *netlink.AttributeDecoder) error {
@@ -222,4 +257,14 @@ func decodeSubflow(b []byte) (sf Subflow, ok bool, err error) {
 		return sf, false, fmt.Errorf("sock_diag MPTCP info: %w", err)
 	}
 	return sf, ok, nil
+}
+
+// decodeTCPLoss reads a subflow's losses from its struct tcp_info
+// (include/uapi/linux/tcp.h); a shorter one says nothing.
+func decodeTCPLoss(info []byte) TCPLoss {
+	if len(info) < tcpInfoLossLen {
+		return TCPLoss{}
+	}
+	return TCPLoss{CAState: info[1], Backoff: info[4],
+		Lost: binary.NativeEndian.Uint32(info[32:36]), Retrans: binary.NativeEndian.Uint32(info[36:40])}
 }

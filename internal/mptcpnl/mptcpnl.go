@@ -24,13 +24,14 @@ const (
 
 // Commands (enum mptcp_pm_command).
 const (
-	cmdAddAddr       = 1
-	cmdGetAddr       = 3
-	cmdFlushAddrs    = 4
-	cmdSetLimits     = 5
-	cmdGetLimits     = 6
-	cmdSetFlags      = 7
-	cmdSubflowCreate = 10
+	cmdAddAddr        = 1
+	cmdGetAddr        = 3
+	cmdFlushAddrs     = 4
+	cmdSetLimits      = 5
+	cmdGetLimits      = 6
+	cmdSetFlags       = 7
+	cmdSubflowCreate  = 10
+	cmdSubflowDestroy = 11
 )
 
 // Top-level attributes (enum mptcp_pm_attrs).
@@ -297,6 +298,17 @@ func encodeAddr(ae *netlink.AttributeEncoder, addr netip.Addr, id uint8, port ui
 // neither end sends data on while the connection has an active subflow.
 func (c *Conn) CreateSubflow(token uint32, local netip.Addr, localID uint8, remote netip.AddrPort, flags uint32) error {
 	_, err := c.do(cmdSubflowCreate, netlink.Acknowledge, encodeSubflow(token, local, localID, 0, flags, remote))
+	return err
+}
+
+// DestroySubflow closes one subflow of a userspace-managed connection (by
+// token), named by both ends' addresses and ports. The kernel shuts the
+// subflow down, reports it closed (EventSubClosed), and sends again at
+// once, over the connection's other subflows, all the data the peer has not
+// acknowledged at the connection level: what the closed subflow still held
+// is not left to its own retransmission timer.
+func (c *Conn) DestroySubflow(token uint32, local, remote netip.AddrPort) error {
+	_, err := c.do(cmdSubflowDestroy, netlink.Acknowledge, encodeSubflow(token, local.Addr(), 0, local.Port(), 0, remote))
 	return err
 }
 

@@ -106,10 +106,21 @@ func TestEndpointsRoundTrip(t *testing.T) {
 	}
 }
 
-// As a userspace path manager, the agent opens joins from the connection's
-// own address to the same server address and port; the kernel picks each
-// join's source port, so nothing but the token ties them together.
-func TestUserspacePathManagerCreatesJoinsFromSameAddress(t *testing.T) {
+// userspaceConn is an MPTCP connection from clientNS, whose path manager is
+// userspace, to a server in serverNS that accepts 3 joins and reads what
+// it is sent until the end (its byte count comes on read). events
+// receives the client namespace's path-manager events, past the
+// connection's ESTABLISHED one; cmds sends commands there.
+type userspaceConn struct {
+	clientNS     string
+	conn         net.Conn
+	established  Event
+	events, cmds *Conn
+	read         chan int64
+}
+
+func dialUserspace(t *testing.T) *userspaceConn {
+	t.Helper()
 	clientNS, serverNS := pair(t)
 	if err := netnsutil.WriteSysctl("/var/run/netns/"+clientNS, "net.mptcp.path_manager", "userspace"); err != nil {
 		t.Fatal(err)
@@ -118,12 +129,10 @@ func TestUserspacePathManagerCreatesJoinsFromSameAddress(t *testing.T) {
 	if err := server.SetLimits(Limits{Subflows: 3}); err != nil {
 		t.Fatal(err)
 	}
-	events := dialIn(t, clientNS)
-	if err := events.SubscribeEvents(); err != nil {
+	u := &userspaceConn{clientNS: clientNS, events: dialIn(t, clientNS), cmds: dialIn(t, clientNS), read: make(chan int64, 1)}
+	if err := u.events.SubscribeEvents(); err != nil {
 		t.Fatal(err)
 	}
-	cmds := dialIn(t, clientNS)
-
 	var ln net.Listener
 	if err := netnsutil.Do("/var/run/netns/"+serverNS, func() error {
 		lc := net.ListenConfig{}
@@ -134,89 +143,85 @@ func TestUserspacePathManagerCreatesJoinsFromSameAddress(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		c, err := ln.Accept()
-		if err == nil {
-			_, _ = io.Copy(io.Discard, c)
-			c.Close()
+		if err != nil {
+			u.read <- -1
+			return
 		}
+		n, _ := io.Copy(io.Discard, c)
+		c.Close()
+		u.read <- n
 	}()
-
-	var conn net.Conn
 	if err := netnsutil.Do("/var/run/netns/"+clientNS, func() error {
 		d := net.Dialer{Timeout: 5 * time.Second}
 		d.SetMultipathTCP(true)
 		var err error
-		conn, err = d.Dial("tcp", "192.0.2.2:5201")
+		u.conn, err = d.Dial("tcp", "192.0.2.2:5201")
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { u.conn.Close() })
 	// A v1 client is fully established (and may join) once the server has
 	// acknowledged data at the MPTCP level: send some, as any client would.
-	if _, err := conn.Write([]byte("hello")); err != nil {
+	if _, err := u.conn.Write([]byte("hello")); err != nil {
 		t.Fatal(err)
 	}
+	ev, ok := u.next(t, EventEstablished)
+	if !ok {
+		t.Fatal("no ESTABLISHED event for the client connection")
+	}
+	if ev.ServerSide {
+		t.Fatalf("client-side connection reported as server side: %+v", ev)
+	}
+	if ev.Local != u.conn.LocalAddr().(*net.TCPAddr).AddrPort() {
+		t.Fatalf("event for %v, want the dialled connection %v", ev.Local, u.conn.LocalAddr())
+	}
+	u.established = ev
+	return u
+}
 
+// next waits up to 5 s for the next event of type typ, skipping others.
+func (u *userspaceConn) next(t *testing.T, typ EventType) (Event, bool) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	var established *Event
-	for established == nil && time.Now().Before(deadline) {
-		evs, err := events.Receive()
+	for time.Now().Before(deadline) {
+		evs, err := u.events.Receive()
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, ev := range evs {
-			if ev.Type != EventEstablished {
-				continue
+			if ev.Type == typ {
+				return ev, true
 			}
-			if ev.ServerSide {
-				t.Fatalf("client-side connection reported as server side: %+v", ev)
-			}
-			if ev.Local != conn.LocalAddr().(*net.TCPAddr).AddrPort() {
-				t.Fatalf("event for %v, want the dialled connection %v", ev.Local, conn.LocalAddr())
-			}
-			established = &ev
 		}
 	}
-	if established == nil {
-		t.Fatal("no ESTABLISHED event for the client connection")
-	}
-	// The initial subflow's address has id 0; joins from the same address
-	// are given a non-zero local id.
-	// The last is opened as a backup subflow.
-	for i := 0; i < 3; i++ {
-		var flags uint32
-		if i == 2 {
-			flags = FlagBackup
-		}
-		if err := cmds.CreateSubflow(established.Token, established.Local.Addr(), 1, established.Remote, flags); err != nil {
-			t.Fatalf("create subflow %d: %v", i, err)
-		}
-	}
-	// The namespace has one address, so three open joins to the same server
-	// address and port can differ only by their kernel-chosen source ports.
-	var info Info
-	for info.Subflows != 3 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-		var err error
-		if info, err = SocketInfo(conn.(*net.TCPConn)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if info.Subflows != 3 {
-		t.Fatalf("client kernel reports %d joins, want 3", info.Subflows)
-	}
-	requireSubflowsListed(t, clientNS, *established)
+	return Event{}, false
 }
 
-// requireSubflowsListed checks what ListSubflows says of the connection of
-// established: its first subflow opened here with MP_CAPABLE, and three
-// joins from local id 1, the last of them a backup.
-func requireSubflowsListed(t *testing.T, ns string, established Event) {
+// subflows waits up to 5 s for the client kernel to report want joins, and
+// returns how many it reports.
+func (u *userspaceConn) joins(t *testing.T, want int) int {
 	t.Helper()
-	fd, err := netnsutil.Open("/var/run/netns/" + ns)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		info, err := SocketInfo(u.conn.(*net.TCPConn))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int(info.Subflows) == want || time.Now().After(deadline) {
+			return int(info.Subflows)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// listed lists the client namespace's subflows.
+func (u *userspaceConn) listed(t *testing.T) []Subflow {
+	t.Helper()
+	fd, err := netnsutil.Open("/var/run/netns/" + u.clientNS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,6 +230,90 @@ func requireSubflowsListed(t *testing.T, ns string, established Event) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return sfs
+}
+
+// As a userspace path manager, the agent opens joins from the connection's
+// own address to the same server address and port; the kernel picks each
+// join's source port, so nothing but the token ties them together.
+func TestUserspacePathManagerCreatesJoinsFromSameAddress(t *testing.T) {
+	u := dialUserspace(t)
+	// The initial subflow's address has id 0; joins from the same address
+	// are given a non-zero local id.
+	// The last is opened as a backup subflow.
+	for i := 0; i < 3; i++ {
+		var flags uint32
+		if i == 2 {
+			flags = FlagBackup
+		}
+		if err := u.cmds.CreateSubflow(u.established.Token, u.established.Local.Addr(), 1, u.established.Remote, flags); err != nil {
+			t.Fatalf("create subflow %d: %v", i, err)
+		}
+	}
+	// The namespace has one address, so three open joins to the same server
+	// address and port can differ only by their kernel-chosen source ports.
+	if n := u.joins(t, 3); n != 3 {
+		t.Fatalf("client kernel reports %d joins, want 3", n)
+	}
+	requireSubflowsListed(t, u.listed(t), u.established)
+}
+
+// A subflow the path manager destroys, the connection's first one
+// included, is reported closed, and the connection goes on over its other
+// subflow, delivering every byte; a join opened afterwards from the same
+// address (as the agent opens one when the subflow's path is back) is
+// taken. A healthy subflow is listed as not recovering from losses.
+func TestDestroyedSubflowIsReportedAndItsConnectionGoesOn(t *testing.T) {
+	u := dialUserspace(t)
+	tok, local, remote := u.established.Token, u.established.Local, u.established.Remote
+	if err := u.cmds.CreateSubflow(tok, local.Addr(), 1, remote, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := u.next(t, EventSubEstablished); !ok {
+		t.Fatal("the join was not established")
+	}
+	for _, sf := range u.listed(t) {
+		if sf.Loss.Recovering() {
+			t.Errorf("subflow %v of an idle connection on a clean link is listed recovering: %+v", sf.Local, sf.Loss)
+		}
+	}
+	if err := u.cmds.DestroySubflow(tok, local, remote); err != nil {
+		t.Fatalf("destroying the first subflow: %v", err)
+	}
+	closed, ok := u.next(t, EventSubClosed)
+	if !ok || closed.Local != local || closed.Remote != remote {
+		t.Fatalf("closed event %+v (%v), want the first subflow %v -> %v", closed, ok, local, remote)
+	}
+	for _, sf := range u.listed(t) {
+		if sf.Local == local {
+			t.Fatalf("the destroyed first subflow is still listed: %+v", sf)
+		}
+	}
+	// The connection sends on; then a join replaces the closed subflow.
+	payload := make([]byte, 1<<20)
+	if _, err := u.conn.Write(payload); err != nil {
+		t.Fatalf("writing after the destroy: %v", err)
+	}
+	if err := u.cmds.CreateSubflow(tok, local.Addr(), 1, remote, 0); err != nil {
+		t.Fatalf("opening a join after the destroy: %v", err)
+	}
+	if n := u.joins(t, 2); n != 2 {
+		t.Fatalf("client kernel reports %d joins after a new one, want 2", n)
+	}
+	if _, err := u.conn.Write(payload); err != nil {
+		t.Fatalf("writing after the new join: %v", err)
+	}
+	u.conn.Close()
+	if got, want := <-u.read, int64(len("hello")+2*len(payload)); got != want {
+		t.Fatalf("server read %d bytes, want %d", got, want)
+	}
+}
+
+// requireSubflowsListed checks what ListSubflows said (sfs) of the connection of
+// established: its first subflow opened here with MP_CAPABLE, and three
+// joins from local id 1, the last of them a backup.
+func requireSubflowsListed(t *testing.T, sfs []Subflow, established Event) {
+	t.Helper()
 	var joins, backups int
 	for _, sf := range sfs {
 		if sf.Token != established.Token || sf.Remote != established.Remote {
