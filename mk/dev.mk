@@ -3,7 +3,7 @@
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(CACHE_DIR)/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
 CLANG_FORMAT ?= clang-format
-BPF_SOURCES := $(wildcard bpf/*.c bpf/include/*.h)
+BPF_SOURCES := $(wildcard bpf/*.c bpf/include/*.h bench/*/*.c)
 # Tests that build real networks, load BPF and run a real API server: the
 # whole suite runs as root; see docs/testing.md.
 TEST_TIMEOUT ?= 60m
@@ -22,7 +22,7 @@ build: ## Build the agent, the traffic tool and the demo into bin/.
 
 .PHONY: generate-bpf
 generate-bpf: ## Regenerate the BPF objects and Go bindings (bpf2go; needs clang).
-	$(GO) generate ./internal/datapath/...
+	$(GO) generate ./internal/datapath/... ./bench/xdpdrop/...
 
 # `make generate` (mk/api.mk) also regenerates the datapath.
 generate: generate-bpf
