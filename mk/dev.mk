@@ -88,6 +88,10 @@ bench-failover: deps ## Fail a NIC mid-transfer in every failover case, agent an
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench . -benchtime=5x -timeout 90m \
 		-artifacts -outputdir $(BENCH_OUTPUT)/failover ./bench/failover/
 
+.PHONY: bench-xdpdrop
+bench-xdpdrop: ## Measure the CPU per packet of a join SYN flood dropped by XDP, by TC, by the stack, or met by nic_ingress (about 2 min; root); rewrite the "XDP or TC for dropping a flood" section of docs/benchmarks.md.
+	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench . -benchtime=1x -timeout 15m ./bench/xdpdrop/
+
 .PHONY: bench-liveness
 bench-liveness: ## Measure the CPU of probing 100 peers over 4 paths; rewrite the "Liveness probes" section of docs/benchmarks.md.
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench . -benchtime=1x -timeout 10m ./bench/liveness/

@@ -2,6 +2,10 @@
 // arriving on a NIC, dropped by XDP, dropped by TC, or left to the stack
 // (docs/benchmarks.md, "XDP or TC for dropping a flood"). Its programs
 // (drop.c) are written for the benchmark, not the datapath's.
+//
+//	make bench-xdpdrop    (go test -run '^$' -bench . -benchtime=1x ./bench/xdpdrop/)
+//
+// With BENCH_REPORT=<file> the benchmark rewrites that file's section.
 package xdpdrop
 
 // The objects are generated from drop.c and committed, so the benchmark
