@@ -56,8 +56,8 @@ func writeReport(path string, results map[string][]float64, load1 string, frameL
 	fmt.Fprintf(&b, "How:\n\n"+
 		"- Two network namespaces joined by a veth: the peer and the node. The node forwards, as a node does for its pods, "+
 		"and routes the pods' network to a blackhole: a flood packet no program drops goes up the stack, through GRO and IP, "+
-		"and is dropped at its route lookup, unanswered. That is the least the stack can do with it; a local address with "+
-		"no listener would cost more (a reset built and sent per SYN). GRO is on at the node's end, as on a NIC; on a "+
+		"and is dropped at its route lookup, unanswered: a cheap end for it, where a local address with no listener "+
+		"would cost more (a reset built and sent per SYN). GRO is on at the node's end, as on a NIC; on a "+
 		"veth it is also what gives the receiving end the NAPI context that takes XDP frames.\n"+
 		"- The peer floods with BPF_PROG_TEST_RUN in live-frame mode: the kernel runs an XDP program (`flood`, drop.c) on "+
 		"frames built from one template, %d per syscall; it gives each frame the next of %d source ports (so the flood is "+
