@@ -3,7 +3,7 @@
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(CACHE_DIR)/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
 CLANG_FORMAT ?= clang-format
-BPF_SOURCES := $(wildcard bpf/*.c bpf/include/*.h)
+BPF_SOURCES := $(wildcard bpf/*.c bpf/include/*.h bench/*/*.c)
 # Tests that build real networks, load BPF and run a real API server: the
 # whole suite runs as root; see docs/testing.md.
 TEST_TIMEOUT ?= 60m
@@ -22,7 +22,7 @@ build: ## Build the agent, the traffic tool and the demo into bin/.
 
 .PHONY: generate-bpf
 generate-bpf: ## Regenerate the BPF objects and Go bindings (bpf2go; needs clang).
-	$(GO) generate ./internal/datapath/...
+	$(GO) generate ./internal/datapath/... ./bench/xdpdrop/...
 
 # `make generate` (mk/api.mk) also regenerates the datapath.
 generate: generate-bpf
@@ -87,6 +87,10 @@ bench-failover: deps ## Fail a NIC mid-transfer in every failover case, agent an
 	@rm -rf $(BENCH_OUTPUT)/failover && mkdir -p $(BENCH_OUTPUT)/failover
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench . -benchtime=5x -timeout 90m \
 		-artifacts -outputdir $(BENCH_OUTPUT)/failover ./bench/failover/
+
+.PHONY: bench-xdpdrop
+bench-xdpdrop: ## Measure the CPU per packet of a join SYN flood dropped by XDP, by TC, by the stack, or met by nic_ingress (about 2 min; root); rewrite the "XDP or TC for dropping a flood" section of docs/benchmarks.md.
+	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench . -benchtime=1x -timeout 15m ./bench/xdpdrop/
 
 .PHONY: bench-liveness
 bench-liveness: ## Measure the CPU of probing 100 peers over 4 paths; rewrite the "Liveness probes" section of docs/benchmarks.md.
