@@ -193,9 +193,10 @@ type target struct {
 	scattered      int
 	lossy          bool
 	// heldByPeer: the peer's newest echo (of probe flagSeq) said it
-	// holds this node Down on the path; byPeer: that is what took the
-	// peer Down (heard).
-	heldByPeer, byPeer bool
+	// holds this node Down on the path, and peerReady that it waits only
+	// for this node to let it Up (mayComeUp); byPeer: that is what took
+	// the peer Down (heard).
+	heldByPeer, peerReady, byPeer bool
 	flagSeq            uint64
 	// silentEverywhere: the peer went silent on every path at once, and
 	// is Unknown here for it (expire).
@@ -365,9 +366,9 @@ func (p *Prober) read(pp *pathProbe, name string) {
 			// address makes the node send no more than it sent, to
 			// that peer's prober, and cannot starve the real probes.
 			p.counters.ProbesAnswered++
-			held := t.state == Down
+			held, ready := t.state == Down, t.ownReady(pp.seq)
 			p.mu.Unlock()
-			_, _ = pp.conn.WriteToUDPAddrPort(message{kind: kindEcho, nonce: m.nonce, seq: m.seq, heldDown: held}.marshal(), from)
+			_, _ = pp.conn.WriteToUDPAddrPort(message{kind: kindEcho, nonce: m.nonce, seq: m.seq, heldDown: held, ready: ready}.marshal(), from)
 			continue
 		case m.nonce != t.nonce || m.seq > pp.seq || pp.seq-m.seq > uint64(p.cfg.Multiplier):
 			p.counters.Ignored++
@@ -375,7 +376,7 @@ func (p *Prober) read(pp *pathProbe, name string) {
 			p.counters.EchoesReceived++
 			t.answer(m.seq)
 			was := t.state
-			changed := t.heard(m.heldDown, m.seq, pp.seq)
+			changed := t.heard(m.heldDown, m.ready, m.seq, pp.seq)
 			changed = t.echo(time.Now(), p.cfg.Interval, pp.seq) || changed
 			if changed {
 				p.logChange(pp.spec.Name, addr, t, was)
@@ -424,26 +425,27 @@ func (t *target) up(seq uint64) {
 	t.state, t.lossy, t.byPeer, t.silentEverywhere, t.upSince = Up, false, false, false, seq+1
 }
 
-// heard records whether the peer holds this node Down on the path, as its
-// echo of the probe of sequence number echoSeq says, in the tick of
-// sequence number seq; it returns whether the peer's state changed. An
-// echo older than the one the flag was last read from says nothing: a
-// late "held" must not make a new change of one the peer has let go. The peer's change from not holding this node Down
-// to holding it takes an Up peer Down at once, for loss: the peer's probes
-// found the failure first (a path losing at random is found by one node's
-// window before the other's, by hundreds of milliseconds), and the subflows
-// of both nodes then leave it at once. It comes back by this node's own
-// rules (mayComeUp), whatever the peer says then; a peer that held this
-// node Down already when the prober first heard of it (it was Unknown, or
-// Down) takes nothing down, so an agent that restarts during its peer's
-// hold does not go down with it.
-func (t *target) heard(heldDown bool, echoSeq, seq uint64) bool {
+// heard records whether the peer holds this node Down on the path, and
+// whether it is ready to let it Up, as its echo of the probe of sequence
+// number echoSeq says, in the tick of sequence number seq; it returns
+// whether the peer's state changed. An echo older than the one the flags
+// were last read from says nothing: a late "held" must not make a new
+// change of one the peer has let go. The peer's change from not holding
+// this node Down to holding it takes an Up peer Down at once, for loss:
+// the peer's probes found the failure first (a path losing at random is
+// found by one node's window before the other's, by hundreds of
+// milliseconds), and the subflows of both nodes then leave it at once. It
+// comes back when both nodes would let it (mayComeUp); a peer that held
+// this node Down already when the prober first heard of it (it was
+// Unknown, or Down) takes nothing down, so an agent that restarts during
+// its peer's hold does not go down with it.
+func (t *target) heard(heldDown, ready bool, echoSeq, seq uint64) bool {
 	if echoSeq < t.flagSeq {
 		return false
 	}
 	t.flagSeq = echoSeq
 	edge := heldDown && !t.heldByPeer
-	t.heldByPeer = heldDown
+	t.heldByPeer, t.peerReady = heldDown, heldDown && ready
 	if !edge || t.state != Up {
 		return false
 	}
@@ -481,12 +483,25 @@ func (t *target) answer(seq uint64) {
 }
 
 // mayComeUp tells whether a Down peer is Up again in the tick of sequence
-// number seq: its echoes came UpAfter in a row, the window's scattered
-// losses are few (tally), and it has been Down for LossWindow ticks. That
-// hold is what tells a path back from an outage from one that loses at
-// random and began with a silence: by then the window shows the probes
-// after the silence, and any loss among them.
+// number seq: this node's own rules let it (ownReady), and the peer does
+// not hold this node Down, or would let it Up but for this node (its
+// echoes' flags). So both nodes take a path back within an echo of each
+// other, when the later of the two finds it clean: one that came back
+// alone sent its subflows home while the other still detoured its
+// replies, which moved them away again and, after the datapath's settling
+// time, home (a quarter of a second lost to a repair, in e2e). A peer
+// whose agent knows no flags never holds this node Down by them.
 func (t *target) mayComeUp(seq uint64) bool {
+	return t.ownReady(seq) && (!t.heldByPeer || t.peerReady)
+}
+
+// ownReady tells whether this node's own rules let a Down peer Up in the
+// tick of sequence number seq: its echoes came UpAfter in a row, the
+// window's scattered losses are few (tally), and it has been Down for
+// LossWindow ticks. That hold is what tells a path back from an outage
+// from one that loses at random and began with a silence: by then the
+// window shows the probes after the silence, and any loss among them.
+func (t *target) ownReady(seq uint64) bool {
 	return t.state == Down && t.streak >= UpAfter && t.scattered <= ClearAt && seq >= t.heldUntil
 }
 

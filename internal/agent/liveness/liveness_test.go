@@ -315,7 +315,8 @@ func TestProbesFromAnAddressThatIsNoPeersGetNoAnswer(t *testing.T) {
 }
 
 func TestParseMessageAcceptsOnlyWhatMarshalWrites(t *testing.T) {
-	for _, m := range []message{{kind: kindProbe, nonce: 7, seq: 9}, {kind: kindEcho, nonce: 7, seq: 9}, {kind: kindEcho, nonce: 7, seq: 9, heldDown: true}} {
+	for _, m := range []message{{kind: kindProbe, nonce: 7, seq: 9}, {kind: kindEcho, nonce: 7, seq: 9}, {kind: kindEcho, nonce: 7, seq: 9, heldDown: true},
+		{kind: kindEcho, nonce: 7, seq: 9, heldDown: true, ready: true}} {
 		if got, err := parseMessage(m.marshal()); err != nil || got != m {
 			t.Fatalf("round trip of %+v: %+v, %v", m, got, err)
 		}
@@ -332,7 +333,9 @@ func TestParseMessageAcceptsOnlyWhatMarshalWrites(t *testing.T) {
 		// A probe says nothing of the prober's view: anyone may send
 		// one, so only an echo (which carries the prober's nonce) may.
 		"probe held down": func(b []byte) []byte { b[6] = flagHeldDown; return b },
-		"unknown flag":    func(b []byte) []byte { b[5], b[6] = kindEcho, 2; return b },
+		"probe ready":     func(b []byte) []byte { b[6] = flagHeldDown | flagReady; return b },
+		"ready alone":     func(b []byte) []byte { b[5], b[6] = kindEcho, flagReady; return b },
+		"unknown flag":    func(b []byte) []byte { b[5], b[6] = kindEcho, 4; return b },
 	} {
 		b := mutate(append([]byte(nil), good...))
 		if _, err := parseMessage(b); err == nil {
@@ -344,6 +347,7 @@ func TestParseMessageAcceptsOnlyWhatMarshalWrites(t *testing.T) {
 func FuzzParseMessage(f *testing.F) {
 	f.Add(message{kind: kindEcho, nonce: 1, seq: 2}.marshal())
 	f.Add(message{kind: kindEcho, nonce: 1, seq: 2, heldDown: true}.marshal())
+	f.Add(message{kind: kindEcho, nonce: 1, seq: 2, heldDown: true, ready: true}.marshal())
 	f.Add([]byte("MPTL"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := parseMessage(b)
@@ -402,8 +406,9 @@ type lossyRun struct {
 	t   *target
 	seq uint64
 	now time.Time
-	// peerHolds: the echoes say the peer holds this node Down.
-	peerHolds bool
+	// peerHolds: the echoes say the peer holds this node Down;
+	// peerReady: and that it waits only for this node.
+	peerHolds, peerReady bool
 }
 
 func newLossyRun() *lossyRun {
@@ -422,7 +427,7 @@ func (r *lossyRun) ticks(n int, answered func(seq uint64) bool) (changes []uint6
 		r.t.tally(r.seq, testMult)
 		if answered(r.seq) {
 			r.t.answer(r.seq)
-			r.t.heard(r.peerHolds, r.seq, r.seq)
+			r.t.heard(r.peerHolds, r.peerReady, r.seq, r.seq)
 			r.t.echo(r.now.Add(testInterval/2), testInterval, r.seq)
 		}
 		if r.t.state != was {
@@ -562,39 +567,45 @@ func TestAPeerHoldingThisNodeDownTakesThePathDownOnTheChange(t *testing.T) {
 	if r.t.state != Up {
 		t.Fatalf("state %v after 30 clean ticks, want Up", r.t.state)
 	}
-	if r.t.heard(false, r.seq, r.seq) || r.t.state != Up {
+	if r.t.heard(false, false, r.seq, r.seq) || r.t.state != Up {
 		t.Fatalf("an echo not holding this node Down changed the state to %v", r.t.state)
 	}
-	if !r.t.heard(true, r.seq, r.seq) || r.t.state != Down || !r.t.byPeer || r.t.downs != 1 {
+	if !r.t.heard(true, false, r.seq, r.seq) || r.t.state != Down || !r.t.byPeer || r.t.downs != 1 {
 		t.Fatalf("the peer began holding this node Down: state %v, by the peer %v, downs %d; want Down by the peer, 1 down", r.t.state, r.t.byPeer, r.t.downs)
 	}
-	// Its echoes go on saying so; all of them come back: Up by this
-	// node's rules (the hold of a window), once.
+	// Its echoes go on saying so; all of them come back. Past the
+	// hold of a window this node would let the peer Up, but the peer
+	// still holds this node Down: it stays Down, its echoes saying it is
+	// ready (ownReady), until the peer's say the same; then Up, once.
 	r.peerHolds = true
-	changes := r.ticks(LossWindow+testMult+5, always)
+	if changes := r.ticks(LossWindow+testMult+5, always); len(changes) != 0 || r.t.state != Down || !r.t.ownReady(r.seq) {
+		t.Fatalf("changes at %v, state %v, ready %v: want Down and ready, the peer still holding", changes, r.t.state, r.t.ownReady(r.seq))
+	}
+	r.peerReady = true
+	changes := r.ticks(1, always)
 	if len(changes) != 1 || r.t.state != Up || r.t.byPeer || r.t.downs != 1 {
-		t.Fatalf("changes at %v, state %v, by the peer %v, downs %d: want Up again once, by this node's rules", changes, r.t.state, r.t.byPeer, r.t.downs)
+		t.Fatalf("changes at %v, state %v, by the peer %v, downs %d: want Up again once the peer is ready too", changes, r.t.state, r.t.byPeer, r.t.downs)
 	}
 	// The peer lets go; a late echo from before, still holding, says
 	// nothing; a new one holding it Down again is a new change.
-	r.t.heard(false, r.seq, r.seq)
-	if r.t.heard(true, r.seq-1, r.seq) || r.t.state != Up {
+	r.t.heard(false, false, r.seq, r.seq)
+	if r.t.heard(true, false, r.seq-1, r.seq) || r.t.state != Up {
 		t.Fatalf("a late echo from before the peer let go: state %v, want Up", r.t.state)
 	}
-	if !r.t.heard(true, r.seq+1, r.seq+1) || r.t.state != Down || r.t.downs != 2 {
+	if !r.t.heard(true, false, r.seq+1, r.seq+1) || r.t.state != Down || r.t.downs != 2 {
 		t.Fatalf("the peer held this node Down again: state %v, downs %d; want Down, 2 downs", r.t.state, r.t.downs)
 	}
 
 	restarted := newTarget("node2", 1, testMult)
-	if restarted.heard(true, 1, 1) || !restarted.echo(time.Unix(1000, 0), testInterval, 1) || restarted.state != Up {
+	if restarted.heard(true, false, 1, 1) || !restarted.echo(time.Unix(1000, 0), testInterval, 1) || restarted.state != Up {
 		t.Fatalf("a peer holding a new prober's node Down from its first echo: state %v, want Up", restarted.state)
 	}
-	if restarted.heard(true, 2, 2) || restarted.state != Up {
+	if restarted.heard(true, false, 2, 2) || restarted.state != Up {
 		t.Fatalf("the same peer, still holding: state %v, want Up", restarted.state)
 	}
 	assumed := newTarget("node2", 1, testMult)
 	assumed.state = Down
-	if assumed.heard(true, 1, 1) || assumed.downs != 0 {
+	if assumed.heard(true, false, 1, 1) || assumed.downs != 0 {
 		t.Fatalf("a peer assumed Down and held Down by its peer: %d downs, want none", assumed.downs)
 	}
 }
@@ -670,4 +681,63 @@ func TestAForgedHeldDownFlagCountsOnlyWithThePathsNonce(t *testing.T) {
 	waitFor(t, "node a: path2 up", 3*time.Second, func() bool { return !pa.Silent(2) })
 	waitFor(t, "node b: path2 up", 3*time.Second, func() bool { return !pb.Silent(2) })
 	checkUpAfterOneDownOn(t, 2, pa, pb)
+}
+
+// pairRun drives the targets two nodes keep of each other on one path, one
+// tick per interval each, in lockstep: an echo carries what its sender
+// holds of the prober (Down, and ready to let it Up), as read answers a
+// probe.
+type pairRun struct{ a, b *lossyRun }
+
+// ticks runs n ticks; aAnswered and bAnswered say whether a's and b's probe
+// of the tick come back. It returns the ticks in which a and b changed
+// their peer's state.
+func (p *pairRun) ticks(n int, aAnswered, bAnswered func(seq uint64) bool) (changesA, changesB []uint64) {
+	for range n {
+		wasA, wasB := p.a.t.state, p.b.t.state
+		heldA, readyA := p.a.t.state == Down, p.a.t.ownReady(p.a.seq)
+		heldB, readyB := p.b.t.state == Down, p.b.t.ownReady(p.b.seq)
+		p.a.peerHolds, p.a.peerReady = heldB, readyB
+		p.b.peerHolds, p.b.peerReady = heldA, readyA
+		p.a.ticks(1, aAnswered)
+		p.b.ticks(1, bAnswered)
+		if p.a.t.state != wasA {
+			changesA = append(changesA, p.a.seq)
+		}
+		if p.b.t.state != wasB {
+			changesB = append(changesB, p.b.seq)
+		}
+	}
+	return changesA, changesB
+}
+
+// Both nodes take a path back together, when the later of them finds it
+// clean: here, after an outage, b's own probes go on getting no echo for a
+// while, so that b is not ready long after a is. a waits for b (b's echoes
+// hold it Down and say b is not ready), and comes back within a tick of b;
+// before, a came back alone, and its subflows went home while b still
+// detoured the replies.
+func TestBothNodesTakeAPathBackTogether(t *testing.T) {
+	p := &pairRun{a: newLossyRun(), b: newLossyRun()}
+	p.ticks(30, always, always)
+	if p.a.t.state != Up || p.b.t.state != Up {
+		t.Fatalf("after 30 clean ticks: a %v, b %v, want both Up", p.a.t.state, p.b.t.state)
+	}
+	never := func(uint64) bool { return false }
+	p.ticks(20, never, never)
+	if p.a.t.state != Down || p.b.t.state != Down {
+		t.Fatalf("after 20 silent ticks: a %v, b %v, want both Down", p.a.t.state, p.b.t.state)
+	}
+	changesA, changesB := p.ticks(40, always, never)
+	if len(changesA) != 0 || len(changesB) != 0 || !p.a.t.ownReady(p.a.seq) {
+		t.Fatalf("while b's probes get no echo: a changed at %v (ready %v), b at %v; want a ready, waiting, and neither Up",
+			changesA, p.a.t.ownReady(p.a.seq), changesB)
+	}
+	changesA, changesB = p.ticks(LossWindow+testMult+5, always, always)
+	if len(changesA) != 1 || len(changesB) != 1 || p.a.t.state != Up || p.b.t.state != Up {
+		t.Fatalf("after the repair: a changed at %v, b at %v (a %v, b %v); want each Up once", changesA, changesB, p.a.t.state, p.b.t.state)
+	}
+	if d := int64(changesA[0]) - int64(changesB[0]); d < -1 || d > 1 {
+		t.Errorf("a came back at tick %d, b at %d: want within a tick of each other", changesA[0], changesB[0])
+	}
 }

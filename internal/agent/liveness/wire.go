@@ -10,7 +10,8 @@ import (
 //	0..3   "MPTL"
 //	4      version (1)
 //	5      kind: kindProbe or kindEcho
-//	6      flags: zero in a probe; in an echo, flagHeldDown or zero
+//	6      flags: zero in a probe; in an echo zero, flagHeldDown, or
+//	       flagHeldDown|flagReady
 //	7      zero
 //	8..15  the prober's nonce, echoed unchanged
 //	16..23 the probe's sequence number, echoed unchanged
@@ -18,9 +19,9 @@ import (
 // The nonce is a random number a prober draws for each peer on each path:
 // an echo counts only when it carries it, so a sender that does not see
 // the probes to that peer on that path cannot keep a dead path alive with
-// forged echoes, nor take a live one down with a forged flag. Version 1 agents before the flag ignore an
-// echo that carries it (they then count the probe lost, which is what the
-// flag says anyway).
+// forged echoes, nor take a live one down with a forged flag. Version 1 agents before the flags ignore an
+// echo that carries one (they then count the probe lost, which is what the
+// flags say anyway: flagReady comes only with flagHeldDown).
 const messageLen = 24
 
 const (
@@ -32,14 +33,19 @@ const (
 	// flagHeldDown: the node that echoes holds the prober's node Down on
 	// the path (target.heard).
 	flagHeldDown byte = 1
+	// flagReady, with flagHeldDown: the node that echoes would let the
+	// prober's node Up by its own rules, and waits only for the prober to
+	// let it Up too (target.mayComeUp).
+	flagReady byte = 2
 )
 
 type message struct {
 	kind  byte
 	nonce uint64
 	seq   uint64
-	// heldDown (an echo's): the echoing node holds the prober Down.
-	heldDown bool
+	// heldDown (an echo's): the echoing node holds the prober Down;
+	// ready, only with heldDown: it waits only for the prober.
+	heldDown, ready bool
 }
 
 func (m message) marshal() []byte {
@@ -48,6 +54,9 @@ func (m message) marshal() []byte {
 	b[4], b[5] = version, m.kind
 	if m.heldDown {
 		b[6] = flagHeldDown
+		if m.ready {
+			b[6] |= flagReady
+		}
 	}
 	binary.BigEndian.PutUint64(b[8:], m.nonce)
 	binary.BigEndian.PutUint64(b[16:], m.seq)
@@ -61,8 +70,11 @@ func parseMessage(b []byte) (message, error) {
 	if len(b) != messageLen || string(b[:4]) != magic || b[4] != version || b[7] != 0 {
 		return message{}, errNotAMessage
 	}
-	m := message{kind: b[5], nonce: binary.BigEndian.Uint64(b[8:]), seq: binary.BigEndian.Uint64(b[16:]), heldDown: b[6] == flagHeldDown}
-	if m.kind != kindProbe && m.kind != kindEcho || b[6] != 0 && (m.kind != kindEcho || b[6] != flagHeldDown) {
+	flags := b[6]
+	m := message{kind: b[5], nonce: binary.BigEndian.Uint64(b[8:]), seq: binary.BigEndian.Uint64(b[16:]),
+		heldDown: flags&flagHeldDown != 0, ready: flags&flagReady != 0}
+	valid := flags == 0 || m.kind == kindEcho && (flags == flagHeldDown || flags == flagHeldDown|flagReady)
+	if m.kind != kindProbe && m.kind != kindEcho || !valid {
 		return message{}, errNotAMessage
 	}
 	return m, nil
