@@ -89,41 +89,20 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 // subflow detours over the other path, and comes home once the probes
 // come back. Whichever node's wire fails, near or far, the targets hold,
 // because probes are round trips; beside them the kernel alone (the
-// hand-routed baseline), checked only for integrity. The 30 % row is held
-// to looser bounds than the issue's (partialLossInE2E).
+// hand-routed baseline), checked only for integrity. The 30 % row asks
+// less than the issue's 0.8 during the failure (partialLossInE2E).
 func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
-	const runs = failoverRuns
 	for _, c := range []struct {
 		node  int
 		fail  framework.Failure
 		bound time.Duration
 	}{
 		{1, framework.TotalLoss, framework.GrayStallBound}, {2, framework.TotalLoss, framework.GrayStallBound},
-		{1, framework.OneWayLoss, framework.GrayStallBound}, {1, partialLossInE2E, partialLossStallBound},
+		{1, framework.OneWayLoss, framework.GrayStallBound}, {1, partialLossInE2E, framework.GrayStallBound},
 	} {
 		node, fail := c.node, c.fail
 		t.Run(fmt.Sprintf("agent, node %d's nic1, %s", node, fail.Name), func(t *testing.T) {
-			agents, _ := agentFailovers(t, 2, node, fail, framework.FailoverRule, 5800, c.bound)
-			for k, a := range agents {
-				m := scrape(t, a)
-				counts := events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed, datapath.StatSubflowFollowed)
-				downs, _ := m.Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
-				peerDowns, _ := m.Value("mptcp_agent_path_peer_down_transitions_total", "path", framework.PathName(1), "peer", framework.NodeName(agents[1-k].Node))
-				t.Logf("node %d: datapath %v; path1 down %v times, its peer silent on it %v times", k+1, counts, downs, peerDowns)
-				// Probes are round trips: both nodes lose their peer
-				// on the failed path, whichever end's wire failed.
-				if downs != runs || peerDowns != runs {
-					t.Errorf("node %d: path1 went down %v times and its peer was silent on it %v times, want %d each", k+1, downs, peerDowns, runs)
-				}
-			}
-			// The sender's subflow left the path in every run and came
-			// back: led by node 1, or following node 2 when node 2's
-			// probes found the failure first (a loss both ways that
-			// spares some probes: either node may be first).
-			if lead := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowFollowed, datapath.StatSubflowHomed); lead["subflow_detoured"]+lead["subflow_followed"] < runs || lead["subflow_homed"] < runs {
-				t.Errorf("node 1 (the sender's) detoured %v, followed %v and homed %v subflows, want at least %d away and %d home",
-					lead["subflow_detoured"], lead["subflow_followed"], lead["subflow_homed"], runs, runs)
-			}
+			grayFailovers(t, 2, node, fail, c.bound, 5800)
 		})
 	}
 	t.Run("kernel only, node 1's nic1", func(t *testing.T) {
@@ -132,6 +111,45 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 	t.Run("kernel only, node 1's nic1, 30 % loss", func(t *testing.T) {
 		kernelOnlyFailovers(t, 2, 1, framework.PartialLoss, 5922)
 	})
+}
+
+// grayFailovers runs the agent's row of a gray failure on a bed of nics
+// paths (agentFailovers, from port on) and checks what the agents did: on
+// both nodes the probes took path 1 down once per run (probes are round
+// trips: both lose their peer on it, whichever end's wire failed), and the
+// sender's subflow left the path in every run and came back. It left led
+// by node 1, or following node 2 when node 2's probes found the failure
+// first (a loss both ways that spares some probes: either node may be
+// first); it came back home, or, when it was recovering from losses as the
+// path went down, node 1's path manager closed it and a join replaced it
+// on the path once it was back (docs/subflows.md, "Leaving a failed path").
+func grayFailovers(t *testing.T, nics, node int, fail framework.Failure, bound time.Duration, port int) {
+	const runs = failoverRuns
+	agents, figures := agentFailovers(t, nics, node, fail, framework.FailoverRule, port, bound)
+	for k, a := range agents {
+		m := scrape(t, a)
+		counts := events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed, datapath.StatSubflowFollowed)
+		downs, _ := m.Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
+		peerDowns, _ := m.Value("mptcp_agent_path_peer_down_transitions_total", "path", framework.PathName(1), "peer", framework.NodeName(agents[1-k].Node))
+		t.Logf("node %d: datapath %v; path1 down %v times, its peer silent on it %v times", k+1, counts, downs, peerDowns)
+		if downs != runs || peerDowns != runs {
+			t.Errorf("node %d: path1 went down %v times and its peer was silent on it %v times, want %d each", k+1, downs, peerDowns, runs)
+		}
+	}
+	left, _ := scrape(t, agents[0]).Value("mptcp_agent_path_manager_subflows_left_total")
+	lead := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowFollowed, datapath.StatSubflowHomed)
+	if lead["subflow_detoured"]+lead["subflow_followed"] < runs || lead["subflow_homed"]+left < runs {
+		t.Errorf("node 1 (the sender's) detoured %v, followed %v, homed %v and closed %v subflows, want at least %d away and %d home or closed",
+			lead["subflow_detoured"], lead["subflow_followed"], lead["subflow_homed"], left, runs, runs)
+	}
+	reopened := 0
+	for _, f := range figures {
+		reopened += f.Reopened
+	}
+	if float64(reopened) < left {
+		t.Errorf("node 1 closed %v subflows on the failed path, and %d joins were opened after the failure, want one for each", left, reopened)
+	}
+	t.Logf("node 1 closed %v subflows recovering from losses on the failed path; %d subflows opened after the failures", left, reopened)
 }
 
 // Three paths: the carrier of one of them goes away mid-transfer and comes
@@ -145,6 +163,23 @@ func TestCarrierLossOnOneOfThreePaths(t *testing.T) {
 	})
 	t.Run("kernel only", func(t *testing.T) {
 		kernelOnlyFailovers(t, 3, 1, framework.CarrierLoss, 6302)
+	})
+}
+
+// Three paths, each gray failure of one of them on the sender's node (all
+// lost both ways, all it sends lost, 30 % lost both ways) and its NIC
+// removed: the targets and checks of two paths, against the two live
+// paths' capacity. The kernel alone is measured beside each of these cases
+// by the benchmark (docs/benchmarks.md, "Failover"), not here.
+func TestGrayFailuresOnOneOfThreePaths(t *testing.T) {
+	for i, fail := range []framework.Failure{framework.TotalLoss, framework.OneWayLoss, partialLossInE2E} {
+		t.Run(fail.Name, func(t *testing.T) {
+			grayFailovers(t, 3, 1, fail, framework.GrayStallBound, 6500+20*i)
+		})
+	}
+	t.Run(framework.NICRemoved.Name, func(t *testing.T) {
+		agents, _ := agentFailovers(t, 3, 1, framework.NICRemoved, framework.FailoverRule, 6560, framework.GrayStallBound)
+		checkDetouredAndHomed(t, agents[0], failoverRuns)
 	})
 }
 
@@ -198,19 +233,16 @@ func TestActivePathLostMidTransferGoesOnOverTheBackupPath(t *testing.T) {
 	}
 }
 
-// partialLossInE2E and partialLossStallBound are what the 30 % row of
-// TestGrayFailureMidTransferIsFoundByProbes asserts: the issue's targets
-// (a stall within 1 s, 0.8 of the live path) are not met in every run at
-// 30 % loss. Detection takes 150 to 500 ms, and after it the subflow that
-// was on the lossy path may still wait out its backed-off retransmission
-// timer: a CI run stalled 1.45 s (0.55 of the live path) with the path
-// found after 452 ms. The benchmark (docs/benchmarks.md, "Failover") counts
-// the runs that miss the issue's targets; this row guards against worse,
-// with the kernel alone beside it (stalls up to 1.35 s and more).
-var (
-	partialLossInE2E      = framework.Failure{Name: framework.PartialLoss.Name, Inject: framework.PartialLoss.Inject, Repair: framework.PartialLoss.Repair, MinDuring: 0.4}
-	partialLossStallBound = 2 * time.Second
-)
+// partialLossInE2E is what the 30 % rows of the gray failure tests assert:
+// the issue's stall target (1 s) and at least 0.6 of the live paths during
+// the failure, where the issue asks 0.8. Detection takes 150 to 500 ms, in
+// which the lossy subflow drags the connection; the benchmark
+// (docs/benchmarks.md, "Failover") measured 0.82 to 0.93 over repeated
+// runs since the path manager closes the subflows recovering on the path
+// (docs/subflows.md, "Leaving a failed path"; before, a CI run stalled
+// 1.45 s). The margin is for a shared two-core machine; the benchmark
+// counts every run below the issue's 0.8.
+var partialLossInE2E = framework.Failure{Name: framework.PartialLoss.Name, Inject: framework.PartialLoss.Inject, Repair: framework.PartialLoss.Repair, MinDuring: 0.6}
 
 // agentFailovers runs the agent's row of a failover test
 // (framework.AgentFailoverRow): failoverRuns watched transfers from port

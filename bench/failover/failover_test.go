@@ -171,7 +171,7 @@ func report(results []result) string {
 	s.WriteString("- **reopened**: subflows opened after the failure (their SYN in the captures), joins that replace subflows the failure closed; " +
 		"0 where the failed path's subflows were kept (a detour) or, with the kernel alone, never replaced;\n")
 	s.WriteString("- **missed**: transfers that missed a target of issue 17 (stall within 600 ms for carrier loss and 1 s otherwise, 0.8 of the live paths " +
-		"during the failure (0.6 for 30 % loss, docs/testing.md), back within 1 s) or saw a reset; **resets**: RSTs in the captures, all rounds, but those of a connection's teardown (after their sender's FIN: " +
+		"during the failure, back within 1 s) or saw a reset; **resets**: RSTs in the captures, all rounds, but those of a connection's teardown (after their sender's FIN: " +
 		"framework.TeardownResets, docs/testing.md).\n\n")
 	s.WriteString("| case | | stall (s) | during | detected (s) | back (s) | reopened | missed | resets |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {

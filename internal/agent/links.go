@@ -176,6 +176,9 @@ type linkState struct {
 	linkDown map[uint32]bool
 	down     map[uint32]bool
 	downs    map[uint32]uint64
+	// pathMoves tells the path managers, in order, of paths going down
+	// and coming back (leave.go).
+	pathMoves pathMoves
 }
 
 // setPathDown records whether path's NIC is down (no carrier, gone, or
@@ -198,8 +201,11 @@ func (a *Agent) writePathDown(path uint32) error {
 	if err := a.dp.SetPathDown(path, down); err != nil {
 		return err
 	}
-	if was, known := a.down[path]; known && !was && down {
-		a.downs[path]++
+	if was, known := a.down[path]; known && was != down {
+		if down {
+			a.downs[path]++
+		}
+		a.pathMoves.push(pathMove{path: path, down: down}, a.movePathManagers)
 	}
 	a.down[path] = down
 	return nil

@@ -260,6 +260,7 @@ type datapathCollector struct {
 	pathMgrUp, pathMgrRestarts       *prometheus.Desc
 	pathMgrJoinsReplaced             *prometheus.Desc
 	pathMgrJoinsReleased             *prometheus.Desc
+	pathMgrSubflowsLeft              *prometheus.Desc
 	observeOnly                      *prometheus.Desc
 	pathDown, pathDownTransitions    *prometheus.Desc
 	peerUp, peerDowns, peerLoss      *prometheus.Desc
@@ -293,6 +294,8 @@ func newDatapathCollector(src Source) *datapathCollector {
 			"while their connection lived (at most 8 per connection).", "pod"),
 		pathMgrJoinsReleased: d("path_manager_joins_released_total", "Joins the pod's userspace path manager opened as backup subflows and made active after the agent's join holdoff "+
 			"(a defence against a kernel defect, docs/subflows.md).", "pod"),
+		pathMgrSubflowsLeft: d("path_manager_subflows_left_total", "Subflows the pod's userspace path manager closed because their path went down while they were recovering from losses: "+
+			"their data goes again at once over the connection's other subflows, and a join replaces each when the path is back (docs/subflows.md).", "pod"),
 		observeOnly: d("observe_only", observeOnlyHelp),
 		pathDown: d("path_down", "1 while the path is down on this node (its NIC is missing, has no carrier, or flaps and is held down, or its probes reach none of its peers): "+
 			"no new subflow is placed on it and its subflows detour over another path of their rule.", "path"),
@@ -315,7 +318,7 @@ func newDatapathCollector(src Source) *datapathCollector {
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.pathMgrJoinsReplaced, c.pathMgrJoinsReleased, c.observeOnly, c.pathDown, c.pathDownTransitions,
+	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.pathMgrJoinsReplaced, c.pathMgrJoinsReleased, c.pathMgrSubflowsLeft, c.observeOnly, c.pathDown, c.pathDownTransitions,
 		c.peerUp, c.peerDowns, c.peerLoss, c.probesSent, c.echoesReceived, c.probesAnswered, c.probesIgnored} {
 		ch <- d
 	}
@@ -442,6 +445,7 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.pathMgrRestarts, prometheus.CounterValue, float64(pm.Restarts), pm.Pod)
 		ch <- prometheus.MustNewConstMetric(c.pathMgrJoinsReplaced, prometheus.CounterValue, float64(pm.ReplacedJoins), pm.Pod)
 		ch <- prometheus.MustNewConstMetric(c.pathMgrJoinsReleased, prometheus.CounterValue, float64(pm.ReleasedJoins), pm.Pod)
+		ch <- prometheus.MustNewConstMetric(c.pathMgrSubflowsLeft, prometheus.CounterValue, float64(pm.LeftSubflows), pm.Pod)
 	}
 	ch <- prometheus.MustNewConstMetric(c.pathMgrs, prometheus.GaugeValue, float64(up))
 

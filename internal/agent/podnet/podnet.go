@@ -327,6 +327,9 @@ type PathManagerState struct {
 	// ReleasedJoins counts the joins it opened held as backup and made
 	// active after the hold (holdoff.go).
 	ReleasedJoins uint64
+	// LeftSubflows counts the subflows it closed because their path went
+	// down while they recovered from losses (leave.go).
+	LeftSubflows uint64
 }
 
 // States are the path managers' states, sorted by pod name.
@@ -335,7 +338,7 @@ func (p *PathManagers) States() []PathManagerState {
 	out := make([]PathManagerState, 0, len(p.m))
 	for _, pm := range p.m {
 		out = append(out, PathManagerState{Pod: pm.pod.Name, Up: pm.up.Load(), Restarts: pm.restarts.Load(), ReplacedJoins: pm.replacedJoins.Load(),
-			ReleasedJoins: pm.releasedJoins.Load()})
+			ReleasedJoins: pm.releasedJoins.Load(), LeftSubflows: pm.leftSubflows.Load()})
 	}
 	p.mu.Unlock()
 	slices.SortFunc(out, func(a, b PathManagerState) int { return cmp.Compare(a.Pod, b.Pod) })
@@ -363,6 +366,10 @@ type pathManager struct {
 	replacedJoins atomic.Uint64
 	// releasedJoins counts the held joins it made active (holdoff.go).
 	releasedJoins atomic.Uint64
+	// leftSubflows counts the subflows it closed on paths that went down
+	// (leave.go), whose replacements leaving keeps until they are back.
+	leftSubflows atomic.Uint64
+	leaving      leaving
 	// closed, when set, tells the datapath that the pod's kernel closed
 	// the subflow with this 4-tuple (local is the pod's).
 	closed func(local, remote netip.AddrPort, token uint32, heard time.Time) error
@@ -583,6 +590,7 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 			// them all rather than keep what cannot be trusted:
 			// they get no replacement joins.
 			clear(s.opened)
+			s.forgetLeaving()
 			// Held joins among them would stay held.
 			s.sweepLater(sess)
 			continue

@@ -136,6 +136,7 @@ func (s *pathManager) handle(sess *session, ev mptcpnl.Event, heard time.Time) {
 		s.subflowClosed(sess, ev, heard)
 	case mptcpnl.EventClosed:
 		delete(s.opened, ev.Token)
+		s.connectionClosed(ev.Token)
 	}
 }
 
@@ -152,11 +153,17 @@ func (s *pathManager) subflowClosed(sess *session, ev mptcpnl.Event, heard time.
 			s.log.Warn("giving a closed subflow's path back", "local", ev.Local, "remote", ev.Remote, "err", err)
 		}
 	}
+	// Closed by leave: its replacement waits for the path it left.
+	path, waits := s.closeHeard(ev)
 	delay, ok := s.opened.subflowClosed(ev)
 	if !ok {
 		return
 	}
 	remote := s.opened[ev.Token].remote
+	if waits && s.awaitPath(path, ev, remote) {
+		s.log.Info("a subflow closed on a path that is down; a join replaces it when the path is back", "path", path, "local", ev.Local, "remote", remote)
+		return
+	}
 	// The replacement is held like any join of a remembered connection.
 	sess.later(delay, func() {
 		if err := openJoin(sess.cmds, ev.Token, ev.Local.Addr(), remote, s.holdoff > 0); err != nil {

@@ -148,7 +148,18 @@ func (b *pmBed) ss(t *testing.T) string {
 // inClient runs a command in the client pod's namespace.
 func (b *pmBed) inClient(t *testing.T, name string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("ip", append([]string{"netns", "exec", "mptpm-c-" + b.id, name}, args...)...).CombinedOutput()
+	return inNetNS(t, "mptpm-c-"+b.id, name, args...)
+}
+
+// inServer runs a command in the server's namespace.
+func (b *pmBed) inServer(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	return inNetNS(t, "mptpm-s-"+b.id, name, args...)
+}
+
+func inNetNS(t *testing.T, ns, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, name}, args...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s %v: %v: %s", name, args, err, out)
 	}

@@ -1,0 +1,203 @@
+package podnet
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+)
+
+// A path goes down while a subflow on it is recovering from losses (here
+// no acknowledgement reaches the client, so its retransmission timer backs
+// off): LeavePath closes that subflow, the datapath hears of the
+// close, and no join replaces it while the path is down; the connection
+// goes on over its other subflow. A healthy subflow on the path, or one
+// whose connection has nothing elsewhere, is left alone. When the path is
+// back, PathBack opens the join that replaces the closed subflow.
+func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t *testing.T) {
+	bed := newPMBed(t)
+	var mu sync.Mutex
+	var heard []subflowKey
+	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{SubflowClosed: func(local, remote netip.AddrPort, _ uint32, _ time.Time) error {
+		mu.Lock()
+		defer mu.Unlock()
+		heard = append(heard, subflowKey{local, remote})
+		return nil
+	}})
+	t.Cleanup(p.Stop)
+	if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
+		t.Fatal(errs)
+	}
+	conn := bed.dial(t)
+	defer conn.Close()
+	first := netip.MustParseAddrPort(conn.LocalAddr().String())
+	server := netip.MustParseAddrPort(serverAddr + ":5201")
+	var join uint16
+	for deadline := time.Now().Add(5 * time.Second); join == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		join = bed.establishedJoin(t, first.Port())
+	}
+	if join == 0 {
+		t.Fatalf("the connection has no established join after 5 s:\n%s", bed.ss(t))
+	}
+	joinKey := subflowKey{netip.AddrPortFrom(first.Addr(), join), server}
+	const path = 1
+	onPath := func(which ...netip.AddrPort) func(local, remote netip.AddrPort) bool {
+		return func(local, remote netip.AddrPort) bool {
+			for _, w := range which {
+				if local == w && remote == server {
+					return true
+				}
+			}
+			return false
+		}
+	}
+
+	// Healthy subflows are not closed, whatever path they are on.
+	if n := p.LeavePath(path, onPath(first)); n != 0 {
+		t.Fatalf("LeavePath closed %d healthy subflows, want none", n)
+	}
+	p.PathBack(path)
+
+	// The server's answers stop reaching the client (a blackhole route
+	// to it), so that both subflows retransmit, until the first is
+	// listed as recovering.
+	blackhole := []string{"route", "add", "blackhole", clientAddr + "/32"}
+	bed.inServer(t, "ip", blackhole...)
+	recovering := func() bool {
+		for _, sf := range bed.subflows(t) {
+			if sf.Local == first && sf.Loss.Recovering() {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(5 * time.Second); !recovering(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the first subflow is not recovering after 5 s without acknowledgements:\n%s", bed.ss(t))
+		}
+		if _, err := conn.Write(make([]byte, 16<<10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Its connection has nothing elsewhere when both subflows are on
+	// the path: left alone.
+	if n := p.LeavePath(path, onPath(first, joinKey.local)); n != 0 {
+		t.Fatalf("LeavePath closed %d subflows of a connection with none elsewhere, want none", n)
+	}
+	p.PathBack(path)
+
+	if n := p.LeavePath(path, onPath(first)); n != 1 {
+		t.Fatalf("LeavePath closed %d subflows, want the recovering one:\n%s", n, bed.ss(t))
+	}
+	heardOf := func(k subflowKey) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, h := range heard {
+			if h == k {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(5 * time.Second); !heardOf(subflowKey{first, server}); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the datapath did not hear of the closed subflow within 5 s")
+		}
+	}
+	// No join is opened while the path is down (the replacement's
+	// usual wait, 20 ms, long passed).
+	bed.inServer(t, "ip", append([]string{"route", "del"}, blackhole[2:]...)...)
+	time.Sleep(10 * firstReplaceDelay)
+	if got := bed.establishedSubflows(t); len(got) != 1 || got[0] != joinKey.local.Port() {
+		t.Fatalf("established subflows from ports %v while the path is down, want only the join's %d:\n%s", got, joinKey.local.Port(), bed.ss(t))
+	}
+	if st := p.States(); len(st) != 1 || st[0].LeftSubflows != 1 || st[0].ReplacedJoins != 0 {
+		t.Errorf("path manager states %+v, want one subflow left and none replaced yet", st)
+	}
+	// The connection goes on over its join.
+	if _, err := conn.Write(make([]byte, 256<<10)); err != nil {
+		t.Fatalf("writing after the subflow was closed: %v", err)
+	}
+
+	p.PathBack(path)
+	var got []uint16
+	for deadline := time.Now().Add(5 * time.Second); len(got) != 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		got = bed.establishedSubflows(t)
+	}
+	if len(got) != 2 {
+		t.Fatalf("established subflows from ports %v once the path is back, want the join and a new one:\n%s", got, bed.ss(t))
+	}
+	if st := p.States(); len(st) != 1 || st[0].ReplacedJoins != 1 {
+		t.Errorf("path manager states %+v, want one join replaced", st)
+	}
+	if _, err := conn.Write([]byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// toLeave picks the subflows on the path that recover from losses, from
+// the pod's address, of connections this end opened subflows of and that
+// keep one elsewhere.
+func TestToLeavePicksRecoveringSubflowsOfConnectionsThatKeepAnother(t *testing.T) {
+	s := &pathManager{pod: Pod{IPs: []netip.Addr{netip.MustParseAddr(clientAddr)}}}
+	remote := netip.MustParseAddrPort(serverAddr + ":5201")
+	sf := func(token uint32, port uint16, flags mptcpnl.SubflowFlags, loss mptcpnl.TCPLoss) mptcpnl.Subflow {
+		return mptcpnl.Subflow{Local: netip.AddrPortFrom(netip.MustParseAddr(clientAddr), port), Remote: remote, Token: token, Flags: flags, Loss: loss}
+	}
+	lossy := mptcpnl.TCPLoss{CAState: 4, Backoff: 2}
+	sfs := []mptcpnl.Subflow{
+		sf(1, 1000, mptcpnl.SubflowCapableLocal, lossy), // on the path, recovering: closed
+		sf(1, 1001, mptcpnl.SubflowJoinLocal, mptcpnl.TCPLoss{}),
+		sf(2, 2000, mptcpnl.SubflowCapableLocal, mptcpnl.TCPLoss{}), // on the path, healthy
+		sf(2, 2001, mptcpnl.SubflowJoinLocal, mptcpnl.TCPLoss{}),
+		sf(3, 3000, 0, lossy), // a connection the peer opened
+		sf(3, 3001, 0, mptcpnl.TCPLoss{}),
+		sf(4, 4000, mptcpnl.SubflowCapableLocal, lossy),                 // nothing elsewhere
+		sf(5, 5001, mptcpnl.SubflowJoinLocal, mptcpnl.TCPLoss{Lost: 3}), // a join recovering; its first subflow closed earlier
+		sf(5, 5002, mptcpnl.SubflowJoinLocal, mptcpnl.TCPLoss{}),
+	}
+	on := map[uint16]bool{1000: true, 2000: true, 3000: true, 4000: true, 5001: true}
+	got := s.toLeave(sfs, 1, func(local, _ netip.AddrPort) bool { return on[local.Port()] })
+	var ports []string
+	for _, g := range got {
+		ports = append(ports, fmt.Sprint(g.Local.Port()))
+	}
+	if strings.Join(ports, ",") != "1000,5001" {
+		t.Errorf("toLeave picked ports %v, want 1000 and 5001", ports)
+	}
+}
+
+// establishedSubflows are the source ports of the client's established
+// subflows to the server.
+func (b *pmBed) establishedSubflows(t *testing.T) []uint16 {
+	t.Helper()
+	var ports []uint16
+	for _, sf := range b.subflows(t) {
+		ports = append(ports, sf.Local.Port())
+	}
+	return ports
+}
+
+// subflows lists the client pod's MPTCP subflows.
+func (b *pmBed) subflows(t *testing.T) []mptcpnl.Subflow {
+	t.Helper()
+	fd, err := netnsutil.Open(b.client.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	sfs, err := mptcpnl.ListSubflows(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sfs
+}
