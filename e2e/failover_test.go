@@ -159,7 +159,7 @@ func grayFailovers(t *testing.T, nics, node int, fail framework.Failure, bound t
 func TestCarrierLossOnOneOfThreePaths(t *testing.T) {
 	t.Run("agent", func(t *testing.T) {
 		agents, _ := agentFailovers(t, 3, 1, framework.CarrierLoss, framework.FailoverRule, 6200, failoverStallBound)
-		checkDetouredAndHomed(t, agents[0], failoverRuns)
+		checkDetouredAndHomed(t, agents[0])
 	})
 	t.Run("kernel only", func(t *testing.T) {
 		kernelOnlyFailovers(t, 3, 1, framework.CarrierLoss, 6302)
@@ -179,7 +179,7 @@ func TestGrayFailuresOnOneOfThreePaths(t *testing.T) {
 	}
 	t.Run(framework.NICRemoved.Name, func(t *testing.T) {
 		agents, _ := agentFailovers(t, 3, 1, framework.NICRemoved, framework.FailoverRule, 6560, framework.GrayStallBound)
-		checkDetouredAndHomed(t, agents[0], failoverRuns)
+		checkDetouredAndHomed(t, agents[0])
 	})
 }
 
@@ -196,7 +196,7 @@ func TestNICRemovedMidTransferIsReattached(t *testing.T) {
 	const runs = failoverRuns
 	t.Run("agent", func(t *testing.T) {
 		agents, _ := agentFailovers(t, 2, 1, framework.NICRemoved, framework.FailoverRule, 6000, framework.GrayStallBound)
-		checkDetouredAndHomed(t, agents[0], runs)
+		checkDetouredAndHomed(t, agents[0])
 		n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
 		if n != runs {
 			t.Errorf("node 1: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %d", framework.PathName(1), n, runs)
@@ -224,7 +224,7 @@ func TestActivePathLostMidTransferGoesOnOverTheBackupPath(t *testing.T) {
 	rule.BackupPaths = []string{framework.PathName(2)}
 	rule.HeaderRewriting = true
 	agents, figures := agentFailovers(t, 2, 1, framework.CarrierLoss, rule, 6400, failoverStallBound)
-	checkDetouredAndHomed(t, agents[0], failoverRuns)
+	checkDetouredAndHomed(t, agents[0])
 	for i, f := range figures {
 		if f.Before > 1.2*framework.FailoverLinkBps || f.After > 1.2*framework.FailoverLinkBps {
 			t.Errorf("run %d: goodput %.1f Mbit/s before the failure and %.1f after the repair, want one path's worth (the backup path idle)",
@@ -273,7 +273,8 @@ func agentFailovers(t *testing.T, nics, node int, fail framework.Failure, rule m
 
 // checkDetouredAndHomed asserts that a's node moved a subflow off the
 // failed path and brought it home at least runs times each.
-func checkDetouredAndHomed(t *testing.T, a *framework.Agent, runs int) {
+func checkDetouredAndHomed(t *testing.T, a *framework.Agent) {
+	const runs = failoverRuns
 	t.Helper()
 	c := events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed)
 	t.Logf("node %d datapath: %v", a.Node.Index, c)

@@ -30,12 +30,15 @@ const (
 	tcShot   = 2
 	tcxNext  = ^uint32(0) // -1
 	joinPort = 5201
+	// joinSport is the template's source port; the flood program gives
+	// each frame its own.
+	joinSport = 40000
 )
 
 // joinSYN is a join SYN as Linux sends it: MSS, SACK permitted, timestamps,
 // window scale, then MP_JOIN (RFC 8684 3.2) with the receiver's token.
-func joinSYN(src, dst netip.Addr, sport uint16) []byte {
-	return testpkt.Frame{Src: src, Dst: dst, TCP: &testpkt.TCP{SrcPort: sport, DstPort: joinPort, Seq: 1, Flags: testpkt.SYN,
+func joinSYN(src, dst netip.Addr) []byte {
+	return testpkt.Frame{Src: src, Dst: dst, TCP: &testpkt.TCP{SrcPort: joinSport, DstPort: joinPort, Seq: 1, Flags: testpkt.SYN,
 		Window: 64240, Options: testpkt.Join(testpkt.MSS(1460), testpkt.SACKPermitted(), testpkt.Timestamps(1, 0),
 			testpkt.NOP(), testpkt.WScale(7), testpkt.MPJoinSYN(0x5eed1234, 7, 1, false))}}.Bytes()
 }
@@ -105,9 +108,9 @@ func TestTheDropProgramsTakeOnlyJoinSYNsToPods(t *testing.T) {
 		frame []byte // what arrives on the interface
 		drop  bool   // whether both programs drop it
 	}{
-		"join SYN to a pod":                     {frame: joinSYN(peerAddr, podAddr, 40000), drop: true},
+		"join SYN to a pod":                     {frame: joinSYN(peerAddr, podAddr), drop: true},
 		"join SYN, MP_JOIN the only option":     {frame: tcp(testpkt.SYN, testpkt.MPJoinSYN(1, 2, 0, false)), drop: true},
-		"join SYN to an address outside pods":   {frame: joinSYN(peerAddr, other, 40000)},
+		"join SYN to an address outside pods":   {frame: joinSYN(peerAddr, other)},
 		"MP_CAPABLE SYN to a pod":               {frame: tcp(testpkt.SYN, testpkt.Join(testpkt.MSS(1460), testpkt.MPCapableSYN()))},
 		"plain SYN to a pod":                    {frame: tcp(testpkt.SYN, testpkt.MSS(1460))},
 		"join SYN-ACK to a pod":                 {frame: tcp(testpkt.SYN|testpkt.ACK, testpkt.MPJoinSYNACK(1, 2, 0, false))},
@@ -163,7 +166,7 @@ func tcpChecksumOK(frame []byte) bool {
 // checksum stays right.
 func TestTheFloodGivesEachFrameItsPortAndAValidChecksum(t *testing.T) {
 	objs := load(t)
-	frame := joinSYN(peerAddr, podAddr, 40000)
+	frame := joinSYN(peerAddr, podAddr)
 	seen := map[uint16]bool{}
 	for range 5 {
 		out := make([]byte, len(frame))

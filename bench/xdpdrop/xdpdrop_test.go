@@ -137,7 +137,7 @@ func BenchmarkJoinSYNFlood(b *testing.B) {
 	w := newBed(b)
 	e := &env{bed: w, objs: load(b)}
 	e.dp = loadDatapath(b, w.nodeIf)
-	frame := joinSYN(peerAddr, podAddr, 40000)
+	frame := joinSYN(peerAddr, podAddr)
 	cpu := runtime.NumCPU() - 1
 	results := map[string][]float64{}
 	for range b.N {

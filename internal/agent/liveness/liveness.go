@@ -197,7 +197,7 @@ type target struct {
 	// for this node to let it Up (mayComeUp); byPeer: that is what took
 	// the peer Down (heard).
 	heldByPeer, peerReady, byPeer bool
-	flagSeq            uint64
+	flagSeq                       uint64
 	// silentEverywhere: the peer went silent on every path at once, and
 	// is Unknown here for it (expire).
 	silentEverywhere bool

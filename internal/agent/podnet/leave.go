@@ -96,7 +96,7 @@ func (s *pathManager) leave(path uint32, onPath func(local, remote netip.AddrPor
 		return 0
 	}
 	n := 0
-	for _, sf := range s.toLeave(sfs, path, onPath) {
+	for _, sf := range s.toLeave(sfs, onPath) {
 		k := subflowKey{sf.Local, sf.Remote}
 		l.mu.Lock()
 		full := len(l.closing) >= maxClosing
@@ -124,11 +124,11 @@ func (s *pathManager) leave(path uint32, onPath func(local, remote netip.AddrPor
 	return n
 }
 
-// toLeave picks, among the pod's subflows sfs, those leave closes: on path,
+// toLeave picks, among the pod's subflows sfs, those leave closes: on the path (onPath),
 // recovering from losses, from the pod's own address, of a connection this
 // end opened subflows of (the initial one or joins: only the opening end
 // can join again) that keeps a subflow elsewhere.
-func (s *pathManager) toLeave(sfs []mptcpnl.Subflow, path uint32, onPath func(local, remote netip.AddrPort) bool) []mptcpnl.Subflow {
+func (s *pathManager) toLeave(sfs []mptcpnl.Subflow, onPath func(local, remote netip.AddrPort) bool) []mptcpnl.Subflow {
 	opener := map[uint32]bool{}
 	elsewhere := map[uint32]bool{}
 	for _, sf := range sfs {

@@ -166,7 +166,7 @@ func TestToLeavePicksRecoveringSubflowsOfConnectionsThatKeepAnother(t *testing.T
 		sf(5, 5002, mptcpnl.SubflowJoinLocal, mptcpnl.TCPLoss{}),
 	}
 	on := map[uint16]bool{1000: true, 2000: true, 3000: true, 4000: true, 5001: true}
-	got := s.toLeave(sfs, 1, func(local, _ netip.AddrPort) bool { return on[local.Port()] })
+	got := s.toLeave(sfs, func(local, _ netip.AddrPort) bool { return on[local.Port()] })
 	var ports []string
 	for _, g := range got {
 		ports = append(ports, fmt.Sprint(g.Local.Port()))

@@ -152,9 +152,9 @@ func (b *pmBed) inClient(t *testing.T, name string, args ...string) string {
 }
 
 // inServer runs a command in the server's namespace.
-func (b *pmBed) inServer(t *testing.T, name string, args ...string) string {
+func (b *pmBed) inServer(t *testing.T, name string, args ...string) {
 	t.Helper()
-	return inNetNS(t, "mptpm-s-"+b.id, name, args...)
+	inNetNS(t, "mptpm-s-"+b.id, name, args...)
 }
 
 func inNetNS(t *testing.T, ns, name string, args ...string) string {
