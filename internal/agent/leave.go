@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"maps"
 	"net/netip"
 	"sync"
 )
@@ -70,17 +71,28 @@ func (a *Agent) movePathManagers(m pathMove) {
 		a.log.Warn("a path went down: reading the subflow table; its subflows wait for their own retransmissions", "path", m.path, "err", err)
 		return
 	}
+	a.downMu.Lock()
+	down := maps.Clone(a.down)
+	a.downMu.Unlock()
+	down[m.path] = true
+	// Where each subflow travels: its detour while it has one, else its
+	// own path.
 	type fourTuple struct{ local, remote netip.AddrPort }
-	on := map[fourTuple]bool{}
+	travels := make(map[fourTuple]uint32, len(sfs))
 	for _, sf := range sfs {
-		if sf.Path == m.path {
-			on[fourTuple{sf.Local, sf.Remote}] = true
+		p := sf.Path
+		if sf.Detour != 0 {
+			p = sf.Detour
 		}
+		travels[fourTuple{sf.Local, sf.Remote}] = p
 	}
-	if len(on) == 0 {
-		return
-	}
-	if n := a.pms.LeavePath(m.path, func(local, remote netip.AddrPort) bool { return on[fourTuple{local, remote}] }); n > 0 {
+	if n := a.pms.LeavePath(m.path, func(local, remote netip.AddrPort) (onPath, onLivePath bool) {
+		p, ok := travels[fourTuple{local, remote}]
+		if !ok {
+			return false, false
+		}
+		return p == m.path, !down[p]
+	}); n > 0 {
 		a.log.Info("a path went down: closed the subflows recovering from losses on it", "path", m.path, "subflows", n)
 	}
 }

@@ -63,11 +63,12 @@ const (
 )
 
 // Recovering says whether the subflow is recovering from losses: segments
-// lost or sent again and not yet acknowledged, a retransmission timer
-// backed off, or a fast-retransmit or timeout recovery under way. Data the
-// connection waits for may then sit on it until its own timer fires.
+// lost or sent again and not yet acknowledged, or a fast-retransmit or
+// timeout recovery under way. Data the connection waits for may then sit
+// on it until its own timer fires. A backed-off timer alone is not a loss:
+// zero-window probes back off too, and the receiver decides the window.
 func (l TCPLoss) Recovering() bool {
-	return l.Lost > 0 || l.Retrans > 0 || l.Backoff > 0 || l.CAState == caRecovery || l.CAState == caLoss
+	return l.Lost > 0 || l.Retrans > 0 || l.CAState == caRecovery || l.CAState == caLoss
 }
 
 // sock_diag constants the header packages do not all spell.

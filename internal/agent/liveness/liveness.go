@@ -198,6 +198,9 @@ type target struct {
 	// the peer Down (heard).
 	heldByPeer, peerReady, byPeer bool
 	flagSeq                       uint64
+	// readySince: the tick since which this node's own rules would let
+	// the Down peer Up (mayComeUp); 0 while they do not.
+	readySince uint64
 	// silentEverywhere: the peer went silent on every path at once, and
 	// is Unknown here for it (expire).
 	silentEverywhere bool
@@ -491,8 +494,21 @@ func (t *target) answer(seq uint64) {
 // replies, which moved them away again and, after the datapath's settling
 // time, home (a quarter of a second lost to a repair, in e2e). A peer
 // whose agent knows no flags never holds this node Down by them.
+//
+// The wait is bounded: a peer that holds this node Down and has not said it
+// is ready a window (LossWindow ticks) after this node was, is left to come
+// back by its own rules (an agent that knows the held flag and not the
+// ready one, a broken or forging peer). mayComeUp records when this node
+// was first ready; it is called at every tick and echo.
 func (t *target) mayComeUp(seq uint64) bool {
-	return t.ownReady(seq) && (!t.heldByPeer || t.peerReady)
+	if !t.ownReady(seq) {
+		t.readySince = 0
+		return false
+	}
+	if t.readySince == 0 {
+		t.readySince = seq
+	}
+	return !t.heldByPeer || t.peerReady || seq >= t.readySince+LossWindow
 }
 
 // ownReady tells whether this node's own rules let a Down peer Up in the

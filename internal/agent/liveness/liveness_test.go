@@ -334,12 +334,29 @@ func TestParseMessageAcceptsOnlyWhatMarshalWrites(t *testing.T) {
 		// one, so only an echo (which carries the prober's nonce) may.
 		"probe held down": func(b []byte) []byte { b[6] = flagHeldDown; return b },
 		"probe ready":     func(b []byte) []byte { b[6] = flagHeldDown | flagReady; return b },
-		"ready alone":     func(b []byte) []byte { b[5], b[6] = kindEcho, flagReady; return b },
-		"unknown flag":    func(b []byte) []byte { b[5], b[6] = kindEcho, 4; return b },
+		"probe unknown":   func(b []byte) []byte { b[6] = 4; return b },
 	} {
 		b := mutate(append([]byte(nil), good...))
 		if _, err := parseMessage(b); err == nil {
 			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// An echo's flags that a release does not know are ignored, not the echo:
+// flagReady means nothing without flagHeldDown, and a bit no release sends
+// yet is dropped.
+func TestParseMessageIgnoresUnknownEchoFlags(t *testing.T) {
+	for flags, want := range map[byte]message{
+		flagReady:                    {kind: kindEcho, nonce: 7, seq: 9},
+		4:                            {kind: kindEcho, nonce: 7, seq: 9},
+		flagHeldDown | 4:             {kind: kindEcho, nonce: 7, seq: 9, heldDown: true},
+		flagHeldDown | flagReady | 8: {kind: kindEcho, nonce: 7, seq: 9, heldDown: true, ready: true},
+	} {
+		b := message{kind: kindEcho, nonce: 7, seq: 9}.marshal()
+		b[6] = flags
+		if got, err := parseMessage(b); err != nil || got != want {
+			t.Errorf("an echo with flags %#x: %+v, %v; want %+v", flags, got, err, want)
 		}
 	}
 }
@@ -351,8 +368,20 @@ func FuzzParseMessage(f *testing.F) {
 	f.Add([]byte("MPTL"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := parseMessage(b)
-		if err == nil && string(m.marshal()) != string(b) {
-			t.Fatalf("accepted %x, which marshals back as %x", b, m.marshal())
+		if err != nil {
+			return
+		}
+		// Only an echo's flag byte may differ: its unknown flags are
+		// dropped.
+		got, want := m.marshal(), append([]byte(nil), b...)
+		if m.kind == kindEcho {
+			want[6] = got[6]
+		}
+		if string(got) != string(want) {
+			t.Fatalf("accepted %x, which marshals back as %x", b, got)
+		}
+		if again, err := parseMessage(got); err != nil || again != m {
+			t.Fatalf("%x parsed as %+v, which marshals as %x and parses as %+v, %v", b, m, got, again, err)
 		}
 	})
 }
@@ -586,6 +615,18 @@ func TestAPeerHoldingThisNodeDownTakesThePathDownOnTheChange(t *testing.T) {
 	if len(changes) != 1 || r.t.state != Up || r.t.byPeer || r.t.downs != 1 {
 		t.Fatalf("changes at %v, state %v, by the peer %v, downs %d: want Up again once the peer is ready too", changes, r.t.state, r.t.byPeer, r.t.downs)
 	}
+	// A peer that holds this node Down and never says it is ready (an
+	// agent that knows the held flag and not the ready one) holds it
+	// back a window past this node's readiness, no longer.
+	held := newLossyRun()
+	held.ticks(30, always)
+	held.t.heard(true, false, held.seq, held.seq)
+	held.peerHolds = true
+	ready := held.seq + LossWindow // held Down a window
+	changes = held.ticks(2*LossWindow+testMult, always)
+	if len(changes) != 1 || held.t.state != Up || changes[0] < ready+LossWindow || changes[0] > ready+LossWindow+2 {
+		t.Fatalf("a peer holding this node Down for good: changes at %v, state %v; want Up once, a window after tick %d", changes, held.t.state, ready)
+	}
 	// The peer lets go; a late echo from before, still holding, says
 	// nothing; a new one holding it Down again is a new change.
 	r.t.heard(false, false, r.seq, r.seq)
@@ -713,10 +754,10 @@ func (p *pairRun) ticks(n int, aAnswered, bAnswered func(seq uint64) bool) (chan
 
 // Both nodes take a path back together, when the later of them finds it
 // clean: here, after an outage, b's own probes go on getting no echo for a
-// while, so that b is not ready long after a is. a waits for b (b's echoes
-// hold it Down and say b is not ready), and comes back within a tick of b;
-// before, a came back alone, and its subflows went home while b still
-// detoured the replies.
+// while, so that b is ready a dozen ticks after a is. a waits for b (b's
+// echoes hold it Down and say b is not ready), and comes back within a tick
+// of b; before, a came back alone, and its subflows went home while b
+// still detoured the replies.
 func TestBothNodesTakeAPathBackTogether(t *testing.T) {
 	p := &pairRun{a: newLossyRun(), b: newLossyRun()}
 	p.ticks(30, always, always)
@@ -728,7 +769,7 @@ func TestBothNodesTakeAPathBackTogether(t *testing.T) {
 	if p.a.t.state != Down || p.b.t.state != Down {
 		t.Fatalf("after 20 silent ticks: a %v, b %v, want both Down", p.a.t.state, p.b.t.state)
 	}
-	changesA, changesB := p.ticks(40, always, never)
+	changesA, changesB := p.ticks(15, always, never)
 	if len(changesA) != 0 || len(changesB) != 0 || !p.a.t.ownReady(p.a.seq) {
 		t.Fatalf("while b's probes get no echo: a changed at %v (ready %v), b at %v; want a ready, waiting, and neither Up",
 			changesA, p.a.t.ownReady(p.a.seq), changesB)

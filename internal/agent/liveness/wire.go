@@ -21,7 +21,9 @@ import (
 // the probes to that peer on that path cannot keep a dead path alive with
 // forged echoes, nor take a live one down with a forged flag. Version 1 agents before the flags ignore an
 // echo that carries one (they then count the probe lost, which is what the
-// flags say anyway: flagReady comes only with flagHeldDown).
+// flags say anyway: flagReady comes only with flagHeldDown), and those
+// that know flagHeldDown alone ignore one that carries flagReady too; from
+// this release on, flags an agent does not know are ignored, not the echo.
 const messageLen = 24
 
 const (
@@ -65,16 +67,24 @@ func (m message) marshal() []byte {
 
 var errNotAMessage = errors.New("not a liveness message")
 
-// parseMessage accepts exactly what marshal writes, and nothing else.
+// parseMessage accepts what marshal writes, and echoes with flags it does
+// not know (read as marshal would write the ones it knows).
 func parseMessage(b []byte) (message, error) {
 	if len(b) != messageLen || string(b[:4]) != magic || b[4] != version || b[7] != 0 {
 		return message{}, errNotAMessage
 	}
 	flags := b[6]
-	m := message{kind: b[5], nonce: binary.BigEndian.Uint64(b[8:]), seq: binary.BigEndian.Uint64(b[16:]),
-		heldDown: flags&flagHeldDown != 0, ready: flags&flagReady != 0}
-	valid := flags == 0 || m.kind == kindEcho && (flags == flagHeldDown || flags == flagHeldDown|flagReady)
-	if m.kind != kindProbe && m.kind != kindEcho || !valid {
+	m := message{kind: b[5], nonce: binary.BigEndian.Uint64(b[8:]), seq: binary.BigEndian.Uint64(b[16:])}
+	switch {
+	case m.kind == kindProbe && flags == 0:
+	case m.kind == kindEcho:
+		// Flags this release does not know are ignored: the next one
+		// must not make this release count echoes lost, as flagHeldDown
+		// did the release before it (and flagReady the one before
+		// this).
+		m.heldDown = flags&flagHeldDown != 0
+		m.ready = m.heldDown && flags&flagReady != 0
+	default:
 		return message{}, errNotAMessage
 	}
 	return m, nil

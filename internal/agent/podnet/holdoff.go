@@ -49,7 +49,7 @@ func (s *pathManager) releaseLater(sess *session, ev mptcpnl.Event) bool {
 	if s.holdoff <= 0 || conn == nil || !s.owns(ev.Local.Addr()) || ev.LocalID != joinLocalID || ev.Remote != conn.remote {
 		return false
 	}
-	key := subflowKey{ev.Local, ev.Remote}
+	key := unmapped(ev)
 	sess.sweeps.schedule(key)
 	sess.later(s.holdoff, func() {
 		defer sess.sweeps.done(key)

@@ -1,7 +1,6 @@
 package podnet
 
 import (
-	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -28,7 +27,7 @@ import (
 // leaving is what a path manager left on paths that went down: the paths
 // still down, the subflows it closed whose close it has not heard yet, and
 // the joins to open when each path is back. mu guards it: the agent's
-// goroutine writes it (LeavePath, PathBack), the path manager's reads it.
+// goroutines write it (LeavePath, PathBack), the path manager's reads it.
 type leaving struct {
 	mu   sync.Mutex
 	down map[uint32]bool
@@ -37,52 +36,75 @@ type leaving struct {
 	closing map[subflowKey]uint32
 	// awaiting are the replacements waiting for their path, by path and
 	// connection token.
-	awaiting map[uint32]map[uint32]awaitingJoin
+	awaiting map[uint32]map[uint32]awaitingJoins
 }
 
-// awaitingJoin is a replacement join waiting for its path.
-type awaitingJoin struct {
+// awaitingJoins are the replacement joins of one connection waiting for
+// their path.
+type awaitingJoins struct {
 	local  netip.Addr
 	remote netip.AddrPort
+	n      int
 }
 
-// maxClosing bounds the subflows one path manager closes for one path
-// going down: the pod decides how many connections it has.
-const maxClosing = maxTrackedConns
+// maxLeftPerMove bounds the subflows one path manager closes for one path
+// going down: the pod decides how many connections it has, and each close
+// is a command the agent sends. The connections past it keep the detour.
+const maxLeftPerMove = 256
 
-// LeavePath closes, in every pod with a path manager, the subflows that
-// onPath says are on path (their own path in the datapath, detoured or
-// not) and that are recovering from losses, of connections the pod opened
-// that keep a subflow on another path; their joins are opened again when
-// PathBack says the path is back. It returns how many it closed.
-func (p *PathManagers) LeavePath(path uint32, onPath func(local, remote netip.AddrPort) bool) int {
+// SubflowPaths says where the datapath has a pod's subflow (its 4-tuple as
+// the pod sends it) as a path goes down: on that path (its own, or the one
+// it detours over), or on a path that is up. A subflow the datapath does
+// not have is neither.
+type SubflowPaths func(local, remote netip.AddrPort) (onPath, onLivePath bool)
+
+// LeavePath closes, in every pod with a path manager, the subflows on path
+// (where) that are recovering from losses, of connections the pod opened
+// that keep a subflow on a live path, and whose replacement the path
+// manager can open; their joins are opened again when PathBack says the
+// path is back. Each pod's path manager works on a goroutine of its own,
+// so that no pod's listing holds up another's. It returns how many
+// subflows it closed.
+func (p *PathManagers) LeavePath(path uint32, where SubflowPaths) int {
+	var mu sync.Mutex
 	n := 0
-	for _, pm := range p.all() {
-		n += pm.leave(path, onPath)
-	}
+	p.each(func(pm *pathManager) {
+		left := pm.leave(path, where)
+		mu.Lock()
+		n += left
+		mu.Unlock()
+	})
 	return n
 }
 
 // PathBack opens, in every pod with a path manager, the joins that replace
 // the subflows LeavePath closed on path.
 func (p *PathManagers) PathBack(path uint32) {
-	for _, pm := range p.all() {
-		pm.back(path)
-	}
+	p.each(func(pm *pathManager) { pm.back(path) })
 }
 
-func (p *PathManagers) all() []*pathManager {
+// each runs fn for every path manager, each on a goroutine of its own, and
+// waits for them all.
+func (p *PathManagers) each(fn func(*pathManager)) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Collect(maps.Values(p.m))
+	all := make([]*pathManager, 0, len(p.m))
+	for _, pm := range p.m {
+		all = append(all, pm)
+	}
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, pm := range all {
+		wg.Go(func() { fn(pm) })
+	}
+	wg.Wait()
 }
 
 // leave closes the pod's subflows LeavePath describes, and returns how many.
-func (s *pathManager) leave(path uint32, onPath func(local, remote netip.AddrPort) bool) int {
+func (s *pathManager) leave(path uint32, where SubflowPaths) int {
 	l := &s.leaving
 	l.mu.Lock()
 	if l.down == nil {
-		l.down, l.closing, l.awaiting = map[uint32]bool{}, map[subflowKey]uint32{}, map[uint32]map[uint32]awaitingJoin{}
+		l.down, l.closing, l.awaiting = map[uint32]bool{}, map[subflowKey]uint32{}, map[uint32]map[uint32]awaitingJoins{}
 	}
 	l.down[path] = true
 	l.mu.Unlock()
@@ -90,25 +112,24 @@ func (s *pathManager) leave(path uint32, onPath func(local, remote netip.AddrPor
 	if sess == nil {
 		return 0 // restarting: its pod's connections are not followed meanwhile
 	}
-	sfs, err := mptcpnl.ListSubflows(s.nsFD)
+	sfs, err := s.listSubflows()
 	if err != nil {
 		s.log.Warn("listing the pod's subflows on a path that went down: they wait for their own retransmissions", "path", path, "err", err)
 		return 0
 	}
-	n := 0
-	for _, sf := range s.toLeave(sfs, onPath) {
-		k := subflowKey{sf.Local, sf.Remote}
-		l.mu.Lock()
-		full := len(l.closing) >= maxClosing
-		if !full {
-			l.closing[k] = path
-		}
-		l.mu.Unlock()
-		if full {
+	var left []mptcpnl.Subflow
+	for _, sf := range s.toLeave(sfs, where) {
+		if len(left) == maxLeftPerMove {
+			s.log.Warn("a path went down: more subflows recover from losses on it than a path manager closes at once; the rest keep the detour",
+				"path", path, "closed", maxLeftPerMove)
 			break
 		}
+		k := subflowKey{sf.Local, sf.Remote}
 		// Recorded before the command: the pod's kernel reports the
 		// close while it runs.
+		l.mu.Lock()
+		l.closing[k] = path
+		l.mu.Unlock()
 		if err := sess.cmds.DestroySubflow(sf.Token, sf.Local, sf.Remote); err != nil {
 			l.mu.Lock()
 			delete(l.closing, k)
@@ -116,36 +137,52 @@ func (s *pathManager) leave(path uint32, onPath func(local, remote netip.AddrPor
 			s.log.Debug("closing a subflow on a path that went down", "local", sf.Local, "remote", sf.Remote, "err", err)
 			continue
 		}
-		n++
-		s.leftSubflows.Add(1)
-		s.log.Info("closed a subflow recovering from losses on a path that went down; its data goes again over the connection's other subflows",
-			"path", path, "local", sf.Local, "remote", sf.Remote, "caState", sf.Loss.CAState, "backoff", sf.Loss.Backoff, "lost", sf.Loss.Lost, "retrans", sf.Loss.Retrans)
+		left = append(left, sf)
+		s.log.Debug("closed a subflow recovering from losses on a path that went down", "path", path, "local", sf.Local, "remote", sf.Remote,
+			"caState", sf.Loss.CAState, "backoff", sf.Loss.Backoff, "lost", sf.Loss.Lost, "retrans", sf.Loss.Retrans)
 	}
-	return n
+	if len(left) > 0 {
+		s.leftSubflows.Add(uint64(len(left)))
+		s.log.Info("a path went down: closed the subflows recovering from losses on it; their data goes again over their connections' other subflows",
+			"path", path, "subflows", len(left))
+	}
+	return len(left)
 }
 
-// toLeave picks, among the pod's subflows sfs, those leave closes: on the path (onPath),
-// recovering from losses, from the pod's own address, of a connection this
-// end opened subflows of (the initial one or joins: only the opening end
-// can join again) that keeps a subflow elsewhere.
-func (s *pathManager) toLeave(sfs []mptcpnl.Subflow, onPath func(local, remote netip.AddrPort) bool) []mptcpnl.Subflow {
-	opener := map[uint32]bool{}
+// listSubflows lists the pod's subflows, unless the path manager stopped
+// (its namespace's descriptor is closed then, and its number may be
+// another's).
+func (s *pathManager) listSubflows() ([]mptcpnl.Subflow, error) {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.stopped {
+		return nil, nil
+	}
+	return mptcpnl.ListSubflows(s.nsFD)
+}
+
+// toLeave picks, among the pod's subflows sfs, those leave closes: on the
+// path (where), recovering from losses, from the pod's own address, of a
+// connection that keeps a subflow on a live path, and that the path manager
+// replaces when it closes (a connection the pod opened and the path manager
+// remembers, with replacements left: rejoin.go). Others keep the detour.
+func (s *pathManager) toLeave(sfs []mptcpnl.Subflow, where SubflowPaths) []mptcpnl.Subflow {
 	elsewhere := map[uint32]bool{}
+	var candidates []mptcpnl.Subflow
 	for _, sf := range sfs {
-		if sf.Flags&(mptcpnl.SubflowCapableLocal|mptcpnl.SubflowJoinLocal) != 0 {
-			opener[sf.Token] = true
-		}
-		if !onPath(sf.Local, sf.Remote) {
+		onPath, live := where(sf.Local, sf.Remote)
+		if live {
 			elsewhere[sf.Token] = true
 		}
-	}
-	var out []mptcpnl.Subflow
-	for _, sf := range sfs {
-		if opener[sf.Token] && elsewhere[sf.Token] && sf.Loss.Recovering() && s.owns(sf.Local.Addr()) && onPath(sf.Local, sf.Remote) {
-			out = append(out, sf)
+		if onPath && sf.Loss.Recovering() && s.owns(sf.Local.Addr()) {
+			candidates = append(candidates, sf)
 		}
 	}
-	return out
+	s.openedMu.Lock()
+	defer s.openedMu.Unlock()
+	return slices.DeleteFunc(candidates, func(sf mptcpnl.Subflow) bool {
+		return !elsewhere[sf.Token] || !s.opened.replaceable(sf.Token, subflowKey{sf.Local, sf.Remote})
+	})
 }
 
 // closeHeard forgets the closed subflow ev reports among those leave
@@ -155,15 +192,15 @@ func (s *pathManager) closeHeard(ev mptcpnl.Event) (path uint32, waits bool) {
 	l := &s.leaving
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	k := subflowKey{ev.Local, ev.Remote}
+	k := unmapped(ev)
 	path, waits = l.closing[k]
 	delete(l.closing, k)
 	return path, waits
 }
 
-// awaitPath records the join that replaces the subflow ev reports closed,
-// to remote, for when path is back, and says so; false when the path is
-// back already (the join is opened now). Only the path manager's goroutine
+// awaitPath records a join that replaces the subflow ev reports closed, to
+// remote, for when path is back, and says so; false when the path is back
+// already (the join is opened now). Only the path manager's goroutine
 // calls it.
 func (s *pathManager) awaitPath(path uint32, ev mptcpnl.Event, remote netip.AddrPort) bool {
 	l := &s.leaving
@@ -173,10 +210,17 @@ func (s *pathManager) awaitPath(path uint32, ev mptcpnl.Event, remote netip.Addr
 		return false
 	}
 	if l.awaiting[path] == nil {
-		l.awaiting[path] = map[uint32]awaitingJoin{}
+		l.awaiting[path] = map[uint32]awaitingJoins{}
 	}
-	l.awaiting[path][ev.Token] = awaitingJoin{local: ev.Local.Addr(), remote: remote}
+	j := l.awaiting[path][ev.Token]
+	l.awaiting[path][ev.Token] = awaitingJoins{local: ev.Local.Addr(), remote: remote, n: j.n + 1}
 	return true
+}
+
+// unmapped is the 4-tuple of ev as sock_diag lists it: an IPv4 subflow of
+// an IPv6 socket is reported with mapped addresses in events.
+func unmapped(ev mptcpnl.Event) subflowKey {
+	return subflowKey{netip.AddrPortFrom(ev.Local.Addr().Unmap(), ev.Local.Port()), netip.AddrPortFrom(ev.Remote.Addr().Unmap(), ev.Remote.Port())}
 }
 
 // connectionClosed forgets the replacements the closed connection token
@@ -200,6 +244,15 @@ func (s *pathManager) forgetLeaving() {
 	clear(l.awaiting)
 }
 
+// forgetClosing forgets the closes not heard yet, when a session starts:
+// the last one's events, those among them, are gone.
+func (s *pathManager) forgetClosing() {
+	l := &s.leaving
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	clear(l.closing)
+}
+
 // back opens the joins awaiting path.
 func (s *pathManager) back(path uint32) {
 	l := &s.leaving
@@ -213,14 +266,19 @@ func (s *pathManager) back(path uint32) {
 	}
 	sess := s.current.Load()
 	if sess == nil {
+		s.log.Warn("a path is back while the path manager restarts: the subflows closed on it are not replaced", "path", path, "connections", len(joins))
 		return
 	}
+	opened := 0
 	for token, j := range joins {
-		if err := openJoin(sess.cmds, token, j.local, j.remote, s.holdoff > 0); err != nil {
-			s.log.Warn("opening a join to replace a subflow closed on a path that went down", "path", path, "remote", j.remote, "err", err)
-			continue
+		for range j.n {
+			if err := openJoin(sess.cmds, token, j.local, j.remote, s.holdoff > 0); err != nil {
+				s.log.Debug("opening a join to replace a subflow closed on a path that went down", "path", path, "remote", j.remote, "err", err)
+				break
+			}
+			opened++
 		}
-		s.replacedJoins.Add(1)
-		s.log.Info("a path is back; opened a join to replace the subflow closed on it", "path", path, "local", j.local, "remote", j.remote)
 	}
+	s.replacedJoins.Add(uint64(opened))
+	s.log.Info("a path is back: opened the joins that replace the subflows closed on it", "path", path, "joins", opened)
 }

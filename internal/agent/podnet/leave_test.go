@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -50,14 +51,12 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 	}
 	joinKey := subflowKey{netip.AddrPortFrom(first.Addr(), join), server}
 	const path = 1
-	onPath := func(which ...netip.AddrPort) func(local, remote netip.AddrPort) bool {
-		return func(local, remote netip.AddrPort) bool {
-			for _, w := range which {
-				if local == w && remote == server {
-					return true
-				}
-			}
-			return false
+	// onPath says the subflows from which are on the path, and the
+	// others on a live one.
+	onPath := func(which ...netip.AddrPort) SubflowPaths {
+		return func(local, remote netip.AddrPort) (bool, bool) {
+			on := remote == server && slices.Contains(which, local)
+			return on, !on
 		}
 	}
 
@@ -145,15 +144,15 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 }
 
 // toLeave picks the subflows on the path that recover from losses, from
-// the pod's address, of connections this end opened subflows of and that
-// keep one elsewhere.
+// the pod's address, of connections the path manager would replace them
+// in and that keep one on a live path.
 func TestToLeavePicksRecoveringSubflowsOfConnectionsThatKeepAnother(t *testing.T) {
-	s := &pathManager{pod: Pod{IPs: []netip.Addr{netip.MustParseAddr(clientAddr)}}}
+	s := &pathManager{pod: Pod{IPs: []netip.Addr{netip.MustParseAddr(clientAddr)}}, opened: openedConns{}}
 	remote := netip.MustParseAddrPort(serverAddr + ":5201")
 	sf := func(token uint32, port uint16, flags mptcpnl.SubflowFlags, loss mptcpnl.TCPLoss) mptcpnl.Subflow {
 		return mptcpnl.Subflow{Local: netip.AddrPortFrom(netip.MustParseAddr(clientAddr), port), Remote: remote, Token: token, Flags: flags, Loss: loss}
 	}
-	lossy := mptcpnl.TCPLoss{CAState: 4, Backoff: 2}
+	lossy := mptcpnl.TCPLoss{CAState: 4, Backoff: 2, Retrans: 1}
 	sfs := []mptcpnl.Subflow{
 		sf(1, 1000, mptcpnl.SubflowCapableLocal, lossy), // on the path, recovering: closed
 		sf(1, 1001, mptcpnl.SubflowJoinLocal, mptcpnl.TCPLoss{}),
@@ -164,9 +163,27 @@ func TestToLeavePicksRecoveringSubflowsOfConnectionsThatKeepAnother(t *testing.T
 		sf(4, 4000, mptcpnl.SubflowCapableLocal, lossy),                 // nothing elsewhere
 		sf(5, 5001, mptcpnl.SubflowJoinLocal, mptcpnl.TCPLoss{Lost: 3}), // a join recovering; its first subflow closed earlier
 		sf(5, 5002, mptcpnl.SubflowJoinLocal, mptcpnl.TCPLoss{}),
+		sf(6, 6000, mptcpnl.SubflowCapableLocal, lossy), // its other subflow is on a path down too
+		sf(6, 6001, mptcpnl.SubflowJoinLocal, mptcpnl.TCPLoss{}),
+		sf(7, 7000, mptcpnl.SubflowCapableLocal, mptcpnl.TCPLoss{Backoff: 3}), // zero-window probes back off: no loss
+		sf(7, 7001, mptcpnl.SubflowJoinLocal, mptcpnl.TCPLoss{}),
+		sf(8, 8000, mptcpnl.SubflowCapableLocal, lossy), // a connection the path manager does not remember
+		sf(8, 8001, mptcpnl.SubflowJoinLocal, mptcpnl.TCPLoss{}),
 	}
-	on := map[uint16]bool{1000: true, 2000: true, 3000: true, 4000: true, 5001: true}
-	got := s.toLeave(sfs, func(local, _ netip.AddrPort) bool { return on[local.Port()] })
+	// The path manager remembers the connections the pod opened with
+	// their subflows: not 3 (the peer opened it), nor 8 (opened before
+	// the agent started, say).
+	for _, f := range sfs {
+		if f.Token == 3 || f.Token == 8 {
+			continue
+		}
+		if s.opened[f.Token] == nil {
+			s.opened[f.Token] = &openedConn{remote: remote, live: map[subflowKey]bool{}}
+		}
+		s.opened[f.Token].live[subflowKey{f.Local, f.Remote}] = true
+	}
+	on := map[uint16]bool{1000: true, 2000: true, 3000: true, 4000: true, 5001: true, 6000: true, 7000: true, 8000: true}
+	got := s.toLeave(sfs, func(local, _ netip.AddrPort) (bool, bool) { return on[local.Port()], !on[local.Port()] && local.Port() != 6001 })
 	var ports []string
 	for _, g := range got {
 		ports = append(ports, fmt.Sprint(g.Local.Port()))

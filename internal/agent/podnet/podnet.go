@@ -376,9 +376,15 @@ type pathManager struct {
 	// holdoff is how long a new join stays a backup subflow after it is
 	// established; 0: joins are opened active.
 	holdoff time.Duration
-	// opened are the pod's connections it may replace joins of; only its
-	// goroutine uses them.
-	opened openedConns
+	// opened are the pod's connections it may replace joins of. Its
+	// goroutine changes them, under openedMu, which leave takes to read
+	// which subflows it could replace.
+	openedMu sync.Mutex
+	opened   openedConns
+	// life guards nsFD against its close when the path manager stops:
+	// leave, on the agent's goroutine, lists the pod's subflows with it.
+	life    sync.RWMutex
+	stopped bool
 	// current is the session listening now, nil between two. Only tests
 	// read it, to break its socket as a failing kernel or a closed
 	// descriptor would.
@@ -507,7 +513,12 @@ func start(ctx context.Context, pod Pod, key podKey, joins int, b backoff, log *
 // run serves sessions one after the other until ctx ends.
 func (s *pathManager) run(ctx context.Context, sess *session) {
 	defer close(s.done)
-	defer func() { _ = unix.Close(s.nsFD) }()
+	defer func() {
+		s.life.Lock()
+		s.stopped = true
+		_ = unix.Close(s.nsFD)
+		s.life.Unlock()
+	}()
 	delay := s.backoff.Min
 	for {
 		began := time.Now()
@@ -545,8 +556,10 @@ func (s *pathManager) run(ctx context.Context, sess *session) {
 func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 	s.current.Store(sess)
 	// Joins a path manager before this session held may have missed
-	// their release.
+	// their release; closes the last session's leave asked for, their
+	// event.
 	s.sweepLater(sess)
+	s.forgetClosing()
 	defer func() {
 		s.current.Store(nil)
 		close(sess.ended)
@@ -589,7 +602,9 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 			// now may be gone, and their tokens reused. Forget
 			// them all rather than keep what cannot be trusted:
 			// they get no replacement joins.
+			s.openedMu.Lock()
 			clear(s.opened)
+			s.openedMu.Unlock()
 			s.forgetLeaving()
 			// Held joins among them would stay held.
 			s.sweepLater(sess)

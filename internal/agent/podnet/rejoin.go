@@ -27,7 +27,8 @@ const maxReplacedJoins = 8
 // connection past it gets its joins but no replacements.
 const maxTrackedConns = 1 << 13
 
-// subflowKey is a subflow's 4-tuple as the pod sends it.
+// subflowKey is a subflow's 4-tuple as the pod sends it, IPv4 addresses
+// unmapped (as sock_diag lists them: unmapped(ev) for an event's).
 type subflowKey struct{ local, remote netip.AddrPort }
 
 // firstReplaceDelay is how long a path manager waits before it opens the
@@ -65,7 +66,7 @@ func (c openedConns) established(ev mptcpnl.Event) *openedConn {
 		return nil
 	}
 	conn := &openedConn{remote: ev.Remote, delay: firstReplaceDelay,
-		live: map[subflowKey]bool{{ev.Local, ev.Remote}: true}}
+		live: map[subflowKey]bool{unmapped(ev): true}}
 	c[ev.Token] = conn
 	return conn
 }
@@ -75,12 +76,21 @@ func (c openedConns) subflowEstablished(ev mptcpnl.Event) {
 	if conn == nil || len(conn.live) >= 2*maxReplacedJoins {
 		return
 	}
-	conn.live[subflowKey{ev.Local, ev.Remote}] = true
+	conn.live[unmapped(ev)] = true
 	if conn.pending > 0 {
 		// A replacement made it: the next one waits the shortest again.
 		conn.pending--
 		conn.delay = firstReplaceDelay
 	}
+}
+
+// replaceable says whether a join would replace the subflow k of the
+// connection token if it closed now (subflowClosed): an established subflow
+// of a connection the pod opened and the path manager remembers, with
+// replacements left.
+func (c openedConns) replaceable(token uint32, k subflowKey) bool {
+	conn := c[token]
+	return conn != nil && conn.live[k] && conn.replaced < maxReplacedJoins
 }
 
 // subflowClosed forgets the subflow; when a join should replace it (it was
@@ -91,7 +101,7 @@ func (c openedConns) subflowClosed(ev mptcpnl.Event) (delay time.Duration, ok bo
 	if conn == nil {
 		return 0, false
 	}
-	k := subflowKey{ev.Local, ev.Remote}
+	k := unmapped(ev)
 	switch {
 	case conn.live[k]:
 		delete(conn.live, k)
@@ -122,6 +132,8 @@ func (s *pathManager) owns(addr netip.Addr) bool {
 
 // handle acts on one event of the pod's kernel, read at heard.
 func (s *pathManager) handle(sess *session, ev mptcpnl.Event, heard time.Time) {
+	s.openedMu.Lock()
+	defer s.openedMu.Unlock()
 	switch ev.Type {
 	case mptcpnl.EventEstablished:
 		if ev.ServerSide {
