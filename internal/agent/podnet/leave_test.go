@@ -183,7 +183,9 @@ func TestToLeavePicksRecoveringSubflowsOfConnectionsThatKeepAnother(t *testing.T
 		s.opened[f.Token].live[subflowKey{f.Local, f.Remote}] = true
 	}
 	on := map[uint16]bool{1000: true, 2000: true, 3000: true, 4000: true, 5001: true, 6000: true, 7000: true, 8000: true}
-	got := s.toLeave(sfs, func(local, _ netip.AddrPort) (bool, bool) { return on[local.Port()], !on[local.Port()] && local.Port() != 6001 })
+	got := s.toLeave(sfs, func(local, _ netip.AddrPort) (bool, bool) {
+		return on[local.Port()], !on[local.Port()] && local.Port() != 6001
+	})
 	var ports []string
 	for _, g := range got {
 		ports = append(ports, fmt.Sprint(g.Local.Port()))
