@@ -1,9 +1,7 @@
 package podnet
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -28,16 +26,11 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 	bed := newPMBed(t)
 	var mu sync.Mutex
 	var heard []subflowKey
-	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{SubflowClosed: func(local, remote netip.AddrPort, _ uint32, _ time.Time) error {
+	p := bed.clientPathManager(t, func(k subflowKey) {
 		mu.Lock()
 		defer mu.Unlock()
-		heard = append(heard, subflowKey{local, remote})
-		return nil
-	}})
-	t.Cleanup(p.Stop)
-	if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
-		t.Fatal(errs)
-	}
+		heard = append(heard, k)
+	})
 	conn := bed.dial(t)
 	defer conn.Close()
 	first := netip.MustParseAddrPort(conn.LocalAddr().String())

@@ -22,14 +22,7 @@ import (
 func TestAClosedJoinIsReplaced(t *testing.T) {
 	bed := newPMBed(t)
 	closed := make(chan subflowKey, 8)
-	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{SubflowClosed: func(local, remote netip.AddrPort, _ uint32, _ time.Time) error {
-		closed <- subflowKey{local, remote}
-		return nil
-	}})
-	t.Cleanup(p.Stop)
-	if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
-		t.Fatal(errs)
-	}
+	p := bed.clientPathManager(t, func(k subflowKey) { closed <- k })
 	conn := bed.dial(t)
 	defer conn.Close()
 	initial := netip.MustParseAddrPort(conn.LocalAddr().String()).Port()
@@ -155,6 +148,22 @@ func (b *pmBed) inClient(t *testing.T, name string, args ...string) string {
 func (b *pmBed) inServer(t *testing.T, name string, args ...string) {
 	t.Helper()
 	inNetNS(t, "mptpm-s-"+b.id, name, args...)
+}
+
+// clientPathManager starts path managers that open one join per connection
+// of the bed's client pod and hand every subflow the pod closes to closed,
+// as the datapath hears of them.
+func (b *pmBed) clientPathManager(t *testing.T, closed func(subflowKey)) *PathManagers {
+	t.Helper()
+	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{SubflowClosed: func(local, remote netip.AddrPort, _ uint32, _ time.Time) error {
+		closed(subflowKey{local, remote})
+		return nil
+	}})
+	t.Cleanup(p.Stop)
+	if errs := p.Sync(context.Background(), []Want{{Pod: b.client, Joins: 1}}); errs != nil {
+		t.Fatal(errs)
+	}
+	return p
 }
 
 func inNetNS(t *testing.T, ns, name string, args ...string) string {
