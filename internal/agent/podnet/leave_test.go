@@ -1,11 +1,15 @@
 package podnet
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -60,25 +64,43 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 	p.PathBack(path)
 
 	// The server's answers stop reaching the client (a blackhole route
-	// to it), so that both subflows retransmit, until the first is
-	// listed as recovering.
+	// to it), so that the subflows with data in flight retransmit, until
+	// one is listed as recovering: that one is on the path going down.
+	// (Which subflow the connection's scheduler has sent on is its own
+	// choice.) Writes are bounded in time: with no acknowledgement the
+	// send buffer fills.
 	blackhole := []string{"route", "add", "blackhole", clientAddr + "/32"}
 	bed.inServer(t, "ip", blackhole...)
-	recovering := func() bool {
+	recovering := func() (netip.AddrPort, bool) {
 		for _, sf := range bed.subflows(t) {
-			if sf.Local == first && sf.Loss.Recovering() {
-				return true
+			if sf.Remote == server && (sf.Local == first || sf.Local == joinKey.local) && sf.Loss.Recovering() {
+				return sf.Local, true
 			}
 		}
-		return false
+		return netip.AddrPort{}, false
 	}
-	for deadline := time.Now().Add(5 * time.Second); !recovering(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the first subflow is not recovering after 5 s without acknowledgements:\n%s", bed.ss(t))
+	var lossy netip.AddrPort
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var ok bool
+		if lossy, ok = recovering(); ok {
+			break
 		}
-		if _, err := conn.Write(make([]byte, 16<<10)); err != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("no subflow is recovering after 5 s without acknowledgements:\n%s", bed.ss(t))
+		}
+		if err := conn.SetWriteDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := conn.Write(make([]byte, 16<<10)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatal(err)
+		}
+	}
+	if err := conn.SetWriteDeadline(time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	kept := first
+	if lossy == first {
+		kept = joinKey.local
 	}
 	// Its connection has nothing elsewhere when both subflows are on
 	// the path: left alone.
@@ -87,7 +109,7 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 	}
 	p.PathBack(path)
 
-	if n := p.LeavePath(path, onPath(first)); n != 1 {
+	if n := p.LeavePath(path, onPath(lossy)); n != 1 {
 		t.Fatalf("LeavePath closed %d subflows, want the recovering one:\n%s", n, bed.ss(t))
 	}
 	heardOf := func(k subflowKey) bool {
@@ -100,7 +122,7 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 		}
 		return false
 	}
-	for deadline := time.Now().Add(5 * time.Second); !heardOf(subflowKey{first, server}); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); !heardOf(subflowKey{lossy, server}); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the datapath did not hear of the closed subflow within 5 s")
 		}
@@ -109,15 +131,21 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 	// usual wait, 20 ms, long passed).
 	bed.inServer(t, "ip", append([]string{"route", "del"}, blackhole[2:]...)...)
 	time.Sleep(10 * firstReplaceDelay)
-	if got := bed.establishedSubflows(t); len(got) != 1 || got[0] != joinKey.local.Port() {
-		t.Fatalf("established subflows from ports %v while the path is down, want only the join's %d:\n%s", got, joinKey.local.Port(), bed.ss(t))
+	if got := bed.establishedSubflows(t); len(got) != 1 || got[0] != kept.Port() {
+		t.Fatalf("established subflows from ports %v while the path is down, want only the kept one's %d:\n%s", got, kept.Port(), bed.ss(t))
 	}
 	if st := p.States(); len(st) != 1 || st[0].LeftSubflows != 1 || st[0].ReplacedJoins != 0 {
 		t.Errorf("path manager states %+v, want one subflow left and none replaced yet", st)
 	}
-	// The connection goes on over its join.
+	// The connection goes on over the kept subflow: what is written is
+	// acknowledged at the connection level.
 	if _, err := conn.Write(make([]byte, 256<<10)); err != nil {
 		t.Fatalf("writing after the subflow was closed: %v", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); unacknowledged(t, conn) > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes written are not acknowledged 10 s after the subflow was closed:\n%s", unacknowledged(t, conn), bed.ss(t))
+		}
 	}
 
 	p.PathBack(path)
@@ -126,7 +154,7 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 		got = bed.establishedSubflows(t)
 	}
 	if len(got) != 2 {
-		t.Fatalf("established subflows from ports %v once the path is back, want the join and a new one:\n%s", got, bed.ss(t))
+		t.Fatalf("established subflows from ports %v once the path is back, want the kept one and a new one:\n%s", got, bed.ss(t))
 	}
 	if st := p.States(); len(st) != 1 || st[0].ReplacedJoins != 1 {
 		t.Errorf("path manager states %+v, want one join replaced", st)
@@ -212,4 +240,23 @@ func (b *pmBed) subflows(t *testing.T) []mptcpnl.Subflow {
 		t.Fatal(err)
 	}
 	return sfs
+}
+
+// unacknowledged is how many bytes written to conn its peer has not
+// acknowledged yet (SIOCOUTQ: for MPTCP, at the connection level).
+func unacknowledged(t *testing.T, conn net.Conn) int {
+	t.Helper()
+	raw, err := conn.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var ioctlErr error
+	if err := raw.Control(func(fd uintptr) { n, ioctlErr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil {
+		t.Fatal(err)
+	}
+	if ioctlErr != nil {
+		t.Fatalf("SIOCOUTQ: %v", ioctlErr)
+	}
+	return n
 }
