@@ -53,16 +53,26 @@ const UpAfter = 3
 
 // Loss detection: a peer Up on a path is Down (lossy) once LossyAt of the
 // last LossWindow probes whose echo can no longer count (sent more than
-// Multiplier intervals ago) went unanswered, and Up again only once at
-// most ClearAt of them did, besides the silence that took it down (tally,
-// mayComeUp). At the default 30 ms, the window is 600 ms: half the round
-// trips lost (30 % each way) is found in about half a second; a round-trip
-// loss of 2 % at random takes a peer down about once in half an hour
-// (docs/agent.md, "Liveness"; TestLossVerdictRatesOnRandomLoss).
+// Multiplier intervals ago) went unanswered, and Up again only once the
+// last ClearRun probes up to the newest answered one were all answered,
+// besides the silence that took it down (tally, mayComeUp). At the default
+// 30 ms, the window is 600 ms: half the round trips lost (30 % each way)
+// is found in about half a second; a round-trip loss of 2 % at random
+// takes a peer down about once in half an hour (docs/agent.md,
+// "Liveness"; TestLossVerdictRatesOnRandomLoss).
+//
+// The return looks at fewer probes, and at the newest answered rather than
+// at those whose echo can no longer come: an answered probe is known
+// good at once, and waiting for the detect time and a whole window kept a
+// repaired path idle for 780 ms, most of the second a repair may take
+// (issue 17). Eighteen answers in a row come by chance once in 380,000
+// tries on a path losing half its round trips (0.49^18); one losing a
+// third (20 % each way) comes back about 14 times an hour, where a run of
+// 20 let it back 7 times (flap damping holds it if that repeats).
 const (
 	LossWindow = 20
 	LossyAt    = 5
-	ClearAt    = 0
+	ClearRun   = 18
 )
 
 // Peer is a peer node's address on a path.
@@ -186,11 +196,10 @@ type target struct {
 	// first sequence number sent to the peer, upSince the first sent
 	// since it was last Up (a loss before does not make an Up peer
 	// lossy). lost counts the last tick's window, -1 while it is not
-	// full; scattered, its losses outside outages (tally).
+	// full (tally).
 	echoed         []bool
 	first, upSince uint64
 	lost           int
-	scattered      int
 	lossy          bool
 	// heldByPeer: the peer's newest echo (of probe flagSeq) said it
 	// holds this node Down on the path, and peerReady that it waits only
@@ -512,13 +521,32 @@ func (t *target) mayComeUp(seq uint64) bool {
 }
 
 // ownReady tells whether this node's own rules let a Down peer Up in the
-// tick of sequence number seq: its echoes came UpAfter in a row, the
-// window's scattered losses are few (tally), and it has been Down for
+// tick of sequence number seq: its echoes came UpAfter in a row, the last
+// ClearRun probes up to the newest answered lost nothing besides the
+// silence that took the peer Down (cleanRun), and it has been Down for
 // LossWindow ticks. That hold is what tells a path back from an outage
 // from one that loses at random and began with a silence: by then the
-// window shows the probes after the silence, and any loss among them.
+// run shows the probes after the silence, and any loss among them.
 func (t *target) ownReady(seq uint64) bool {
-	return t.state == Down && t.streak >= UpAfter && t.scattered <= ClearAt && seq >= t.heldUntil
+	return t.state == Down && t.streak >= UpAfter && seq >= t.heldUntil && t.cleanRun(seq)
+}
+
+// cleanRun tells whether the ClearRun probes up to the newest answered
+// were all answered, those of the silence that took the peer Down aside,
+// seq being the newest probe sent. A probe older than the newest answered
+// and not answered yet counts as lost: on one path, echoes come back in
+// order.
+func (t *target) cleanRun(seq uint64) bool {
+	n, end := uint64(len(t.echoed)), t.answered
+	if end+1 < t.first+ClearRun || end > seq || end+n < seq+ClearRun {
+		return false // fewer than ClearRun probes answered, or the run is older than the ring
+	}
+	for s := end + 1 - ClearRun; s <= end; s++ {
+		if !t.echoed[s%n] && (s < t.silentFrom || s > t.silentTo) {
+			return false
+		}
+	}
+	return true
 }
 
 // tally judges the window of the last LossWindow probes whose echo can no
@@ -526,17 +554,16 @@ func (t *target) ownReady(seq uint64) bool {
 // multiplier how many ticks an echo may take; it returns whether the
 // peer's state changed. An Up peer that lost LossyAt of the window's probes
 // sent since it was Up is Down for loss. A Down peer whose echoes come in a
-// row is Up again once the window's scattered losses are at most ClearAt
-// (mayComeUp): its losses outside the silence that made the peer Down. So
-// a path back from a total failure is Up after UpAfter echoes, and one
-// that loses at random only once the losses have left the window, however
-// it went down: a path losing half its round trips goes silent for
-// multiplier intervals now and then, and must not come back for its next
-// three echoes in a row.
+// row is Up again once its last ClearRun probes lost nothing outside the
+// silence that made the peer Down (mayComeUp). So a path back from a total
+// failure is Up after UpAfter echoes, and one that loses at random only
+// once the losses are ClearRun probes behind, however it went down: a path
+// losing half its round trips goes silent for multiplier intervals now and
+// then, and must not come back for its next three echoes in a row.
 func (t *target) tally(seq uint64, multiplier int) bool {
 	n := uint64(len(t.echoed))
 	t.echoed[seq%n] = false // sent now, not answered yet
-	t.lost, t.scattered = -1, 0
+	t.lost = -1
 	if seq <= uint64(multiplier)+1 {
 		return false
 	}
@@ -553,9 +580,6 @@ func (t *target) tally(seq uint64, multiplier int) bool {
 		lost++
 		if s >= t.upSince {
 			sinceUp++
-		}
-		if s < t.silentFrom || s > t.silentTo {
-			t.scattered++
 		}
 	}
 	if last+1-from == LossWindow {

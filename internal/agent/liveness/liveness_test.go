@@ -498,10 +498,10 @@ func TestAPeerLosingAQuarterOfItsEchoesIsDownUntilAWindowIsClean(t *testing.T) {
 	if len(ch) != 1 || r.t.state != Up || r.t.lossy {
 		t.Fatalf("after the repair: changes at %v, ends %v (lossy %v); want Up once", ch, r.t.state, r.t.lossy)
 	}
-	// Up once the window holds at most ClearAt losses: the probes of
-	// the loss must have left it.
-	if took := ch[0] - repairFrom + 1; took < LossWindow-ClearAt || took > LossWindow+testMult+2 {
-		t.Errorf("Up %d ticks after the repair, want from %d to %d", took, LossWindow-ClearAt, LossWindow+testMult+2)
+	// Up once the last ClearRun probes were answered: the probes of the
+	// loss must be behind them, and no more than that is waited for.
+	if took := ch[0] - repairFrom + 1; took < ClearRun || took > ClearRun+2 {
+		t.Errorf("Up %d ticks after the repair, want from %d to %d", took, ClearRun, ClearRun+2)
 	}
 
 	if ch := r.ticks(1000, func(seq uint64) bool { return seq%10 != 0 }); len(ch) != 0 || r.t.downs != 1 {
@@ -568,9 +568,8 @@ func TestOnlyTheSilenceThatTookAPeerDownIsForgiven(t *testing.T) {
 	if len(ch) != 2 || r.t.state != Up {
 		t.Fatalf("changes at %v, ends %v; want Down, then Up", ch, r.t.state)
 	}
-	// 121 leaves the window (the 20 probes before the newest
-	// Multiplier+1) at tick 121+LossWindow+Multiplier+1.
-	if want := uint64(121 + LossWindow + testMult + 1); ch[1] < want {
+	// 121 is lost: the run of ClearRun answered probes starts after it.
+	if want := uint64(121 + ClearRun); ch[1] < want {
 		t.Errorf("Up at tick %d with losses after the silence still in the window, want from %d", ch[1], want)
 	}
 
