@@ -467,13 +467,14 @@ func (r *lossyRun) ticks(n int, answered func(seq uint64) bool) (changes []uint6
 }
 
 func always(uint64) bool { return true }
+func never(uint64) bool  { return false }
 
 // A peer that answers three probes in four (25 % of round trips lost, so
 // that echoes still come three in a row) is Down for loss within a window,
 // stays Down for as long as the loss lasts although it keeps echoing, and
-// is Up again once a window is clean. One that loses one in ten is never
-// taken down.
-func TestAPeerLosingAQuarterOfItsEchoesIsDownUntilAWindowIsClean(t *testing.T) {
+// is Up again once ClearRun probes in a row were answered. One that loses
+// one in ten is never taken down.
+func TestAPeerLosingAQuarterOfItsEchoesIsDownUntilARunIsClean(t *testing.T) {
 	r := newLossyRun()
 	if ch := r.ticks(100, always); len(ch) != 1 || ch[0] != 1 || r.t.state != Up || r.t.lost != 0 {
 		t.Fatalf("a peer that answers everything: changes at %v, %v, %d lost; want Up at 1, none lost", ch, r.t.state, r.t.lost)
@@ -528,8 +529,8 @@ func TestLossesWhileSilentDoNotMakeTheReturnLossy(t *testing.T) {
 
 // A path that loses at random goes silent for a detect time now and then:
 // the peer is Down then, and the echoes that follow, three in a row among
-// the losses, must not bring it back. It stays Down until the losses have
-// left the window, once.
+// the losses, must not bring it back. It stays Down until ClearRun probes
+// in a row were answered, once.
 func TestAPeerSilentAmidLossesStaysDownUntilTheLossesEnd(t *testing.T) {
 	r := newLossyRun()
 	r.ticks(100, always)
@@ -551,8 +552,37 @@ func TestAPeerSilentAmidLossesStaysDownUntilTheLossesEnd(t *testing.T) {
 	if len(ch) != 1 || r.t.state != Up {
 		t.Fatalf("after the repair: changes at %v, ends %v; want Up once", ch, r.t.state)
 	}
-	if took := ch[0] - repairFrom + 1; took < LossWindow/2 {
-		t.Errorf("Up %d ticks after the repair: before the scattered losses left the window", took)
+	if took := ch[0] - repairFrom + 1; took < ClearRun {
+		t.Errorf("Up %d ticks after the repair, before %d probes in a row were answered", took, ClearRun)
+	}
+}
+
+// A peer Down for loss comes back on the answer that completes a run of
+// ClearRun, not one answer sooner, and not later: the run ends at the
+// newest answered probe, whose echo is known, not at the newest whose echo
+// can no longer come.
+func TestAPeerComesBackOnTheAnswerThatCompletesTheRun(t *testing.T) {
+	r := newLossyRun()
+	r.ticks(100, always)
+	lossy := func() {
+		t.Helper()
+		ch := append(r.ticks(100, func(seq uint64) bool { return seq%2 == 0 }), r.ticks(1, never)...)
+		if len(ch) != 1 || r.t.state != Down {
+			t.Fatalf("half the round trips lost: changes at %v, ends %v; want Down once", ch, r.t.state)
+		}
+	}
+	lossy()
+	from := r.seq + 1
+	ch := r.ticks(ClearRun+2*testMult, func(seq uint64) bool { return seq < from+ClearRun-1 })
+	if len(ch) != 0 || r.t.state != Down {
+		t.Fatalf("%d answers then silence: changes at %v, ends %v; want Down throughout", ClearRun-1, ch, r.t.state)
+	}
+	r.ticks(100, always)
+	lossy()
+	from = r.seq + 1
+	ch = r.ticks(ClearRun, always)
+	if len(ch) != 1 || ch[0] != from+ClearRun-1 {
+		t.Errorf("%d answers: changes at %v, want Up at %d", ClearRun, ch, from+ClearRun-1)
 	}
 }
 
@@ -763,7 +793,6 @@ func TestBothNodesTakeAPathBackTogether(t *testing.T) {
 	if p.a.t.state != Up || p.b.t.state != Up {
 		t.Fatalf("after 30 clean ticks: a %v, b %v, want both Up", p.a.t.state, p.b.t.state)
 	}
-	never := func(uint64) bool { return false }
 	p.ticks(20, never, never)
 	if p.a.t.state != Down || p.b.t.state != Down {
 		t.Fatalf("after 20 silent ticks: a %v, b %v, want both Down", p.a.t.state, p.b.t.state)
