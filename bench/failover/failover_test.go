@@ -5,7 +5,7 @@
 // BENCH_REPORT=<file> the results rewrite the "Failover" section of that
 // file (docs/benchmarks.md).
 //
-//	BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench . -benchtime 5x -timeout 90m ./bench/failover/
+//	BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench . -benchtime 5x -timeout 150m ./bench/failover/
 package failover
 
 import (
@@ -156,7 +156,7 @@ func report(results []result) string {
 	var s strings.Builder
 	rounds := len(results[0].agent)
 	fmt.Fprintf(&s, "%s\n\n", section)
-	fmt.Fprintf(&s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench . -benchtime %dx -timeout 90m ./bench/failover/` (`make bench-failover`), "+
+	fmt.Fprintf(&s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench . -benchtime %dx -timeout 150m ./bench/failover/` (`make bench-failover`), "+
 		"on %s: %s, %d CPUs, Linux %s.\n\n", rounds, time.Now().UTC().Format("2006-01-02"), benchdoc.CPUModel(), runtime.NumCPU(), benchdoc.KernelRelease())
 	fmt.Fprintf(&s, "Two nodes with K paths of %.0f Mbit/s; one MPTCP connection of %v from the pod on node 1 to the pod on node 2; %v after it "+
 		"starts nic1 of one node fails, and is repaired %v later (e2e/framework/failover.go). Each case has two beds: the agents "+
