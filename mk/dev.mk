@@ -6,7 +6,7 @@ CLANG_FORMAT ?= clang-format
 BPF_SOURCES := $(wildcard bpf/*.c bpf/include/*.h bench/*/*.c)
 # Tests that build real networks, load BPF and run a real API server: the
 # whole suite runs as root; see docs/testing.md.
-TEST_TIMEOUT ?= 60m
+TEST_TIMEOUT ?= 80m
 
 ##@ Build
 
