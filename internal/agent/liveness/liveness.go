@@ -10,11 +10,11 @@
 // missing too often is Down too (lossy: LossyAt of the last LossWindow),
 // and Up again only once ClearRun probes in a row were answered: a path
 // that loses a third of its packets keeps its carrier and most of its
-// echoes, and drags down every MPTCP connection with a subflow on it. An echo tells
-// whether its sender holds the prober Down, so the node whose probes find
-// a failure first takes its peer's view of the path down with it. The agent marks
-// a path down in the datapath when no peer is Up on it and one is Down
-// (Silent).
+// echoes, and drags down every MPTCP connection with a subflow on it. An
+// echo tells whether its sender holds the prober Down, so the node whose
+// probes find a failure first takes its peer's view of the path down with
+// it. The agent marks a path down in the datapath when no peer is Up on
+// it and one is Down (Silent).
 package liveness
 
 import (
@@ -533,15 +533,15 @@ func (t *target) ownReady(seq uint64) bool {
 
 // cleanRun tells whether the ClearRun probes up to the newest answered
 // were all answered, those of the silence that took the peer Down aside,
-// seq being the newest probe sent, and no probe after it is overdue (sent
-// more than the detect time ago). A probe older than the newest answered
+// seq being the newest probe sent. A probe older than the newest answered
 // and not answered yet counts as lost: on one path, echoes come back in
-// order.
+// order. Probes after the newest answered need no look: once none has
+// come back for two intervals the streak is over (expire), and ownReady
+// says no before any of them is overdue.
 func (t *target) cleanRun(seq uint64) bool {
 	n, end := uint64(len(t.echoed)), t.answered
-	multiplier := n - LossWindow - 1 // the ring's length (newTarget)
-	if end+1 < t.first+ClearRun || end > seq || end+multiplier+1 < seq {
-		return false // fewer than ClearRun probes answered, or one after them lost
+	if end+1 < t.first+ClearRun || end > seq || end+n < seq+ClearRun {
+		return false // fewer than ClearRun probes answered, or the run is older than the ring
 	}
 	for s := end + 1 - ClearRun; s <= end; s++ {
 		if !t.echoed[s%n] && (s < t.silentFrom || s > t.silentTo) {
