@@ -2153,8 +2153,10 @@ static __always_inline int delete_subflow(const struct flow_key *fk)
  * held (give_back), so that a join opened to replace it is placed on the
  * path it leaves and counts against the rule's maximum as the closed one
  * did. Then the entry goes, as a delete (the result is the entries freed),
- * and an arrival the pod answered takes the 4-tuple (arrivals). */
-static __always_inline int subflow_closed(const __u64 *key, const struct closed_report *report)
+ * and an arrival the pod answered takes the 4-tuple (arrivals). The
+ * subflow's path goes to *path: a replacement waits for it while it is
+ * down (internal/agent/podnet/leave.go). */
+static __always_inline int subflow_closed(const __u64 *key, const struct closed_report *report, __u32 *path)
 {
 	const struct flow_key *fk = (const struct flow_key *)key;
 	struct arrival *waiting, a;
@@ -2166,6 +2168,7 @@ static __always_inline int subflow_closed(const __u64 *key, const struct closed_
 	sf = subflow_lookup(fk);
 	if (!sf || !report_names(report, fk, sf))
 		return 0;
+	*path = sf->path_index;
 	give_back(fk, sf);
 	freed = delete_subflow(fk);
 	/* The new subflow's segments counted on the old entry meanwhile: the
@@ -2218,7 +2221,7 @@ SEC("syscall")
 int table_ctl(struct table_op *op)
 {
 	__u64 key[TABLE_KEY_WORDS_MAX], value[TABLE_VALUE_WORDS_MAX];
-	__u32 code = op->op, table = op->table;
+	__u32 code = op->op, table = op->table, closed_path = 0;
 	int result = -1;
 
 #pragma unroll
@@ -2228,12 +2231,13 @@ int table_ctl(struct table_op *op)
 	for (int i = 0; i < TABLE_VALUE_WORDS_MAX; i++)
 		value[i] = op->value[i];
 	if (table == TABLE_ID_SUBFLOWS && code == TABLE_OP_SUBFLOW_CLOSED)
-		result = subflow_closed(key, (const struct closed_report *)value);
+		result = subflow_closed(key, (const struct closed_report *)value, &closed_path);
 	else if (table == TABLE_ID_SUBFLOWS)
 		result = subflow_op(code, (const struct flow_key *)key, (const struct subflow *)value);
 	else if (table == TABLE_ID_POLICE)
 		result = table_run(&rate_buckets, POLICE_TABLE_BITS, code, key, RATE_KEY_WORDS, value,
 				   RATE_BUCKET_WORDS);
 	op->result = result;
+	op->closed_path = closed_path;
 	return 0;
 }

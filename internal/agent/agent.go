@@ -105,11 +105,12 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	}
 	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir), sweepSpacing: closedSweepSpacing}
 	// A subflow a managed pod's kernel closed gives its path back before
-	// the path manager opens a join to replace it.
+	// the path manager opens a join to replace it (and says which path,
+	// for the join to wait for while it is down).
 	a.pms = podnet.NewPathManagers(log, podnet.PathManagerOptions{
-		SubflowClosed: func(local, remote netip.AddrPort, token uint32, heard time.Time) error {
-			_, err := dp.SubflowClosed(datapath.ClosedSubflow{Local: local, Remote: remote, Heard: heard, Token: token})
-			return err
+		SubflowClosed: func(local, remote netip.AddrPort, token uint32, heard time.Time) (uint32, error) {
+			path, _, err := dp.SubflowClosed(datapath.ClosedSubflow{Local: local, Remote: remote, Heard: heard, Token: token})
+			return path, err
 		},
 		JoinHoldoff: settings.joinHoldoff(),
 	})

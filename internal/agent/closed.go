@@ -129,7 +129,7 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time, view *sw
 		}
 		// Named by its placement time: a subflow placed on the
 		// 4-tuple since the table was read is not this one.
-		gone, err := a.dp.SubflowClosed(datapath.ClosedSubflow{Local: sf.Local, Remote: sf.Remote, Heard: time.Now(), CreatedNs: sf.CreatedNs})
+		_, gone, err := a.dp.SubflowClosed(datapath.ClosedSubflow{Local: sf.Local, Remote: sf.Remote, Heard: time.Now(), CreatedNs: sf.CreatedNs})
 		if err != nil {
 			errs = append(errs, err)
 		}

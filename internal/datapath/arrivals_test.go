@@ -177,7 +177,7 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	// entry gave back its path and count.
 	report := func(sport uint16, token uint32, createdNs uint64) bool {
 		t.Helper()
-		ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(serverPod, 80), Remote: netip.AddrPortFrom(clientPod, sport),
+		_, ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(serverPod, 80), Remote: netip.AddrPortFrom(clientPod, sport),
 			Heard: time.Now(), Token: token, CreatedNs: createdNs})
 		if err != nil {
 			t.Fatal(err)

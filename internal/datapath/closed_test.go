@@ -53,16 +53,23 @@ func TestClosedJoinGivesItsPathBackForTheNextJoin(t *testing.T) {
 		t.Fatalf("placed %d subflows, want 2 (the join past the maximum refused)", got)
 	}
 
-	closed := func(sport uint16) bool {
+	closedOn := func(sport uint16) (uint32, bool) {
 		t.Helper()
-		ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(clientPod, sport), Remote: netip.AddrPortFrom(serverPod, 80), Heard: time.Now()})
+		path, ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(clientPod, sport), Remote: netip.AddrPortFrom(serverPod, 80), Heard: time.Now()})
 		if err != nil {
 			t.Fatal(err)
 		}
+		return path, ok
+	}
+	closed := func(sport uint16) bool {
+		t.Helper()
+		_, ok := closedOn(sport)
 		return ok
 	}
-	if !closed(40001) {
-		t.Fatal("SubflowClosed found no entry for the placed join")
+	// It says which path the join had: its replacement waits for that
+	// path while it is down (podnet).
+	if path, ok := closedOn(40001); !ok || path != first {
+		t.Fatalf("SubflowClosed of the placed join: closed %v, on path %d, want closed on path %d", ok, path, first)
 	}
 	if c := connection(t, dp); c.Joins != 0 || c.UsedPaths != 1<<initial {
 		t.Fatalf("after the join closed: %+v, want no join and only path %d used", c, initial)
@@ -155,7 +162,7 @@ func TestClosedPeerJoinNoLongerCountsAgainstTheMaximum(t *testing.T) {
 		t.Fatalf("joins refused = %d, want 1 (past the maximum)", got)
 	}
 	// The server pod sends the 4-tuple the other way round.
-	if ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(serverPod, 80), Remote: netip.AddrPortFrom(clientPod, 40001), Heard: time.Now()}); err != nil || !ok {
+	if _, ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(serverPod, 80), Remote: netip.AddrPortFrom(clientPod, 40001), Heard: time.Now()}); err != nil || !ok {
 		t.Fatalf("SubflowClosed = %v, %v; want the mirrored join found", ok, err)
 	}
 	if c := connection(t, dp); c.Subflows != 1 || c.UsedPaths != 1<<1 {
@@ -193,10 +200,10 @@ func TestClosedSubflowGivesBackOnlyWhatItTook(t *testing.T) {
 		t.Fatalf("after two joins on two paths: %+v", c)
 	}
 	remote := netip.AddrPortFrom(serverPod, 80)
-	if ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(clientPod, 40002), Remote: remote, Heard: beforeSharing}); err != nil || ok {
+	if _, ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(clientPod, 40002), Remote: remote, Heard: beforeSharing}); err != nil || ok {
 		t.Fatalf("a close heard before the entry was placed: closed %v, %v; want the entry kept", ok, err)
 	}
-	if ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(clientPod, 40002), Remote: remote, Heard: time.Now()}); err != nil || !ok {
+	if _, ok, err := dp.SubflowClosed(ClosedSubflow{Local: netip.AddrPortFrom(clientPod, 40002), Remote: remote, Heard: time.Now()}); err != nil || !ok {
 		t.Fatalf("SubflowClosed(the sharing join) = %v, %v", ok, err)
 	}
 	if c := connection(t, dp); c.Joins != 1 || c.UsedPaths != 0b110 {

@@ -323,14 +323,19 @@ type ClosedSubflow struct {
 // alone, its place in the count), so that a join opened to replace it is
 // placed on that path again and stays within the rule's maximum; then the
 // entry goes, and a SYN for the 4-tuple that the pod answered meanwhile
-// takes it. closed is false when no entry went.
-func (d *Datapath) SubflowClosed(c ClosedSubflow) (closed bool, err error) {
+// takes it. closed is false when no entry went; path is the one the entry
+// had (its own, whether or not it travelled a detour), for a replacement
+// to wait for while it is down.
+func (d *Datapath) SubflowClosed(c ClosedSubflow) (path uint32, closed bool, err error) {
 	if c.Local.Addr().Unmap().Is4() != c.Remote.Addr().Unmap().Is4() {
-		return false, fmt.Errorf("subflow %v -> %v mixes address families", c.Local, c.Remote)
+		return 0, false, fmt.Errorf("subflow %v -> %v mixes address families", c.Local, c.Remote)
 	}
 	report := datapathClosedReport{HeardNs: ktimeOf(c.Heard), CreatedNs: c.CreatedNs, Token: c.Token}
-	n, err := d.tableOp(tableSubflows, datapathTableOpCodeTABLE_OP_SUBFLOW_CLOSED, rawBytes(flowKey(c.Local, c.Remote)), rawBytes(report))
-	return n > 0, err
+	out, err := d.tableRequest(tableSubflows, datapathTableOpCodeTABLE_OP_SUBFLOW_CLOSED, rawBytes(flowKey(c.Local, c.Remote)), rawBytes(report))
+	if err != nil || out.Result == 0 {
+		return 0, false, err
+	}
+	return out.ClosedPath, true, nil
 }
 
 // ForgetConnection removes the connection of the local pod known by any of

@@ -369,13 +369,13 @@ const (
 )
 
 type datapathTableOp struct {
-	_      structs.HostLayout
-	Op     uint32
-	Table  uint32
-	Result int32
-	Pad    uint32
-	Key    [5]uint64
-	Value  [10]uint64
+	_          structs.HostLayout
+	Op         uint32
+	Table      uint32
+	Result     int32
+	ClosedPath uint32
+	Key        [5]uint64
+	Value      [10]uint64
 }
 
 type datapathTableOpCode uint32

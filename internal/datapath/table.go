@@ -97,21 +97,28 @@ func (d *Datapath) policeKeys() ([]datapathRateKey, error) {
 // (their raw bytes, as the table stores them). It returns the request's
 // result: an enum table_result for inserts, entries freed for deletes.
 func (d *Datapath) tableOp(id tableID, op datapathTableOpCode, key, value []byte) (int32, error) {
+	out, err := d.tableRequest(id, op, key, value)
+	return out.Result, err
+}
+
+// tableRequest runs one table_ctl request and returns the request as the
+// program left it: its result, and what the operation tells besides.
+func (d *Datapath) tableRequest(id tableID, op datapathTableOpCode, key, value []byte) (datapathTableOp, error) {
 	req := datapathTableOp{Op: uint32(op), Table: uint32(id)}
 	if err := putWords(req.Key[:], key); err != nil {
-		return 0, fmt.Errorf("table key: %w", err)
+		return datapathTableOp{}, fmt.Errorf("table key: %w", err)
 	}
 	if err := putWords(req.Value[:], value); err != nil {
-		return 0, fmt.Errorf("table value: %w", err)
+		return datapathTableOp{}, fmt.Errorf("table value: %w", err)
 	}
 	var out datapathTableOp
 	if _, err := d.objs.TableCtl.Run(&ebpf.RunOptions{Context: req, ContextOut: &out}); err != nil {
-		return 0, fmt.Errorf("table_ctl: %w", err)
+		return datapathTableOp{}, fmt.Errorf("table_ctl: %w", err)
 	}
 	if out.Result < 0 {
-		return 0, fmt.Errorf("table_ctl refused operation %d on table %d", op, id)
+		return datapathTableOp{}, fmt.Errorf("table_ctl refused operation %d on table %d", op, id)
 	}
-	return out.Result, nil
+	return out, nil
 }
 
 // putWords fills words with b, in native byte order, as the program reads

@@ -30,10 +30,11 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 	bed := newPMBed(t)
 	var mu sync.Mutex
 	var heard []subflowKey
-	p := bed.clientPathManager(t, func(k subflowKey) {
+	p := bed.clientPathManager(t, func(k subflowKey) uint32 {
 		mu.Lock()
 		defer mu.Unlock()
 		heard = append(heard, k)
+		return testPath
 	})
 	conn := bed.dial(t)
 	defer conn.Close()
@@ -47,7 +48,7 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 		t.Fatalf("the connection has no established join after 5 s:\n%s", bed.ss(t))
 	}
 	joinKey := subflowKey{netip.AddrPortFrom(first.Addr(), join), server}
-	const path = 1
+	const path = testPath
 	// onPath says the subflows from which are on the path, and the
 	// others on a live one.
 	onPath := func(which ...netip.AddrPort) SubflowPaths {
@@ -155,6 +156,61 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 	}
 	if len(got) != 2 {
 		t.Fatalf("established subflows from ports %v once the path is back, want the kept one and a new one:\n%s", got, bed.ss(t))
+	}
+	if st := p.States(); len(st) != 1 || st[0].ReplacedJoins != 1 {
+		t.Errorf("path manager states %+v, want one join replaced", st)
+	}
+	if _, err := conn.Write([]byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A join the pod's kernel itself closes while its path is down (a reset, a
+// checksum failure: here ss -K) is not replaced while the path is down,
+// where the datapath would place the replacement on a live path for good,
+// but when the path is back, as a subflow LeavePath closed is.
+func TestASubflowTheKernelClosesWhileItsPathIsDownIsReplacedWhenItIsBack(t *testing.T) {
+	bed := newPMBed(t)
+	closed := make(chan subflowKey, 8)
+	p := bed.clientPathManager(t, func(k subflowKey) uint32 {
+		closed <- k
+		return testPath
+	})
+	conn := bed.dial(t)
+	defer conn.Close()
+	initial := netip.MustParseAddrPort(conn.LocalAddr().String()).Port()
+	var join uint16
+	for deadline := time.Now().Add(5 * time.Second); join == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		join = bed.establishedJoin(t, initial)
+	}
+	if join == 0 {
+		t.Fatalf("the connection has no established join after 5 s:\n%s", bed.ss(t))
+	}
+	// The path goes down; nothing on it is recovering, so nothing is left.
+	if n := p.LeavePath(testPath, func(netip.AddrPort, netip.AddrPort) (bool, bool) { return false, false }); n != 0 {
+		t.Fatalf("LeavePath closed %d subflows, want none", n)
+	}
+	bed.killSubflow(t, join)
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the datapath did not hear of the closed join within 5 s")
+	}
+	time.Sleep(10 * firstReplaceDelay)
+	if got := bed.establishedSubflows(t); len(got) != 1 || got[0] != initial {
+		t.Fatalf("established subflows from ports %v while the path is down, want only the initial one's %d:\n%s", got, initial, bed.ss(t))
+	}
+	if st := p.States(); len(st) != 1 || st[0].ReplacedJoins != 0 || st[0].LeftSubflows != 0 {
+		t.Errorf("path manager states %+v, want nothing left or replaced yet", st)
+	}
+
+	p.PathBack(testPath)
+	var got []uint16
+	for deadline := time.Now().Add(5 * time.Second); len(got) != 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		got = bed.establishedSubflows(t)
+	}
+	if len(got) != 2 || !slices.Contains(got, initial) || slices.Contains(got, join) {
+		t.Fatalf("established subflows from ports %v once the path is back, want the initial one and a new join:\n%s", got, bed.ss(t))
 	}
 	if st := p.States(); len(st) != 1 || st[0].ReplacedJoins != 1 {
 		t.Errorf("path manager states %+v, want one join replaced", st)

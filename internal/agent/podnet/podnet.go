@@ -205,8 +205,9 @@ type PathManagerOptions struct {
 	// kernel closes (the 4-tuple as the pod sends it, the connection's
 	// token as the kernel named it) and when it heard of it, before a
 	// join replaces it: the datapath gives the subflow's path back to its
-	// connection there.
-	SubflowClosed func(local, remote netip.AddrPort, token uint32, heard time.Time) error
+	// connection there, and returns that path (0: it had none), which the
+	// replacement waits for while it is down.
+	SubflowClosed func(local, remote netip.AddrPort, token uint32, heard time.Time) (path uint32, err error)
 	// JoinHoldoff, when positive, opens every join as a backup subflow
 	// and makes it active that long after it is established: the peer
 	// has by then taken the join into its connection, so no data reaches
@@ -372,7 +373,7 @@ type pathManager struct {
 	leaving      leaving
 	// closed, when set, tells the datapath that the pod's kernel closed
 	// the subflow with this 4-tuple (local is the pod's).
-	closed func(local, remote netip.AddrPort, token uint32, heard time.Time) error
+	closed func(local, remote netip.AddrPort, token uint32, heard time.Time) (uint32, error)
 	// holdoff is how long a new join stays a backup subflow after it is
 	// established; 0: joins are opened active.
 	holdoff time.Duration

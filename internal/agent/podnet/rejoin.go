@@ -155,18 +155,28 @@ func (s *pathManager) handle(sess *session, ev mptcpnl.Event, heard time.Time) {
 // subflowClosed gives the closed subflow's path back to its connection in
 // the datapath, then, when it was an established subflow of a connection
 // the pod opened (or a replacement that failed), opens a join to replace
-// it after a short wait, without holding up the pod's other events.
+// it after a short wait, or when its path is back if that is down, without
+// holding up the pod's other events.
 func (s *pathManager) subflowClosed(sess *session, ev mptcpnl.Event, heard time.Time) {
 	if !s.owns(ev.Local.Addr()) {
 		return
 	}
+	var placed uint32
 	if s.closed != nil {
-		if err := s.closed(ev.Local, ev.Remote, ev.Token, heard); err != nil {
+		p, err := s.closed(ev.Local, ev.Remote, ev.Token, heard)
+		if err != nil {
 			s.log.Warn("giving a closed subflow's path back", "local", ev.Local, "remote", ev.Remote, "err", err)
 		}
+		placed = p
 	}
-	// Closed by leave: its replacement waits for the path it left.
+	// Closed by leave, or by the kernel on a path that is down (a reset,
+	// a checksum failure, while it travelled a detour): its replacement
+	// waits for the path it left. Opened now, the datapath would place it
+	// on a live path, and it would stay there after the repair.
 	path, waits := s.closeHeard(ev)
+	if !waits && placed != 0 {
+		path, waits = placed, true
+	}
 	delay, ok := s.opened.subflowClosed(ev)
 	if !ok {
 		return

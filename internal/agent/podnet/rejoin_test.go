@@ -22,7 +22,10 @@ import (
 func TestAClosedJoinIsReplaced(t *testing.T) {
 	bed := newPMBed(t)
 	closed := make(chan subflowKey, 8)
-	p := bed.clientPathManager(t, func(k subflowKey) { closed <- k })
+	p := bed.clientPathManager(t, func(k subflowKey) uint32 {
+		closed <- k
+		return testPath // up: the replacement is opened at once
+	})
 	conn := bed.dial(t)
 	defer conn.Close()
 	initial := netip.MustParseAddrPort(conn.LocalAddr().String()).Port()
@@ -38,7 +41,7 @@ func TestAClosedJoinIsReplaced(t *testing.T) {
 	}
 	first := joinPort()
 
-	bed.inClient(t, "ss", "-K", "-t", "state", "established", fmt.Sprintf("( sport = :%d )", first))
+	bed.killSubflow(t, first)
 	select {
 	case k := <-closed:
 		want := subflowKey{netip.AddrPortFrom(netip.MustParseAddr(clientAddr), first), netip.MustParseAddrPort(serverAddr + ":5201")}
@@ -135,13 +138,20 @@ func (b *pmBed) establishedJoin(t *testing.T, initial uint16) uint16 {
 // ss lists the client's TCP sockets (subflows included).
 func (b *pmBed) ss(t *testing.T) string {
 	t.Helper()
-	return b.inClient(t, "ss", "-tnH")
+	return b.clientSS(t, "-tnH")
 }
 
-// inClient runs a command in the client pod's namespace.
-func (b *pmBed) inClient(t *testing.T, name string, args ...string) string {
+// clientSS runs ss with args in the client pod's namespace.
+func (b *pmBed) clientSS(t *testing.T, args ...string) string {
 	t.Helper()
-	return inNetNS(t, "mptpm-c-"+b.id, name, args...)
+	return inNetNS(t, "mptpm-c-"+b.id, "ss", args...)
+}
+
+// killSubflow closes the client's established subflow from port sport, as
+// a reset would (ss -K).
+func (b *pmBed) killSubflow(t *testing.T, sport uint16) {
+	t.Helper()
+	b.clientSS(t, "-K", "-t", "state", "established", fmt.Sprintf("( sport = :%d )", sport))
 }
 
 // inServer runs a command in the server's namespace.
@@ -150,14 +160,16 @@ func (b *pmBed) inServer(t *testing.T, name string, args ...string) {
 	inNetNS(t, "mptpm-s-"+b.id, name, args...)
 }
 
+// testPath is the path the tests' stand-in datapath has the subflows on.
+const testPath = 1
+
 // clientPathManager starts path managers that open one join per connection
 // of the bed's client pod and hand every subflow the pod closes to closed,
-// as the datapath hears of them.
-func (b *pmBed) clientPathManager(t *testing.T, closed func(subflowKey)) *PathManagers {
+// as the datapath hears of them; closed returns the subflow's path.
+func (b *pmBed) clientPathManager(t *testing.T, closed func(subflowKey) uint32) *PathManagers {
 	t.Helper()
-	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{SubflowClosed: func(local, remote netip.AddrPort, _ uint32, _ time.Time) error {
-		closed(subflowKey{local, remote})
-		return nil
+	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{SubflowClosed: func(local, remote netip.AddrPort, _ uint32, _ time.Time) (uint32, error) {
+		return closed(subflowKey{local, remote}), nil
 	}})
 	t.Cleanup(p.Stop)
 	if errs := p.Sync(context.Background(), []Want{{Pod: b.client, Joins: 1}}); errs != nil {
@@ -325,7 +337,7 @@ func TestAHeldJoinWhoseReleaseWasLostIsMadeActiveByASweep(t *testing.T) {
 // had acknowledged (ss -ti; the SYN's is not counted).
 func (b *pmBed) bytesAcked(t *testing.T, port uint16) uint64 {
 	t.Helper()
-	out := b.inClient(t, "ss", "-tniH", "state", "established", fmt.Sprintf("( sport = :%d )", port))
+	out := b.clientSS(t, "-tniH", "state", "established", fmt.Sprintf("( sport = :%d )", port))
 	for _, f := range strings.Fields(out) {
 		if v, ok := strings.CutPrefix(f, "bytes_acked:"); ok {
 			n, err := strconv.ParseUint(v, 10, 64)
