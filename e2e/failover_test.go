@@ -9,6 +9,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
+	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
@@ -236,6 +237,32 @@ func TestActivePathLostMidTransferGoesOnOverTheBackupPath(t *testing.T) {
 	}
 }
 
+// Signal mode: the server's kernel announces a port for the second path
+// and the client's kernel joins it; no path manager of the agent runs in
+// the pods, so nothing closes or opens a subflow when path 1 of the
+// sender's node drops everything. The datapath's detour alone carries the
+// subflow on it through the failure and brings it home after the repair:
+// the same targets as the userspace rows, and no subflow opened after the
+// failure (docs/subflows.md, "Signal mode and closed joins").
+func TestSignalModeSubflowsRideTheDetourThroughAGrayFailure(t *testing.T) {
+	const signalPort = 6911 // not among the transfers' ports
+	row := framework.AgentFailoverRowWith(t, bins, 2, 1, framework.TotalLoss, func(n *testbed.Node) mptcpv1alpha1.CompiledRule {
+		if n.Index == 2 {
+			return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationSignal, SignalPorts: []int32{signalPort}}
+		}
+		return mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.SubflowCreationSignal}
+	}, declaredCaps)
+	// The sender writes once its kernel has joined the announced port.
+	row.Bed.AwaitJoins(row.Bed.Pod(1, 1), 1)
+	agents, figures := agentFailoversIn(t, row, 6900, framework.GrayStallBound)
+	checkDetouredAndHomed(t, agents[0])
+	for i, f := range figures {
+		if f.Reopened != 0 {
+			t.Errorf("run %d: %d subflows opened after the failure, want none (signal mode keeps its subflows)", i+1, f.Reopened)
+		}
+	}
+}
+
 // partialLossInE2E is what the 30 % rows of the gray failure tests assert:
 // the issue's stall target (1 s) and at least 0.6 of the live paths during
 // the failure, where the issue asks 0.8. Detection takes 150 to 500 ms, in
@@ -255,7 +282,13 @@ var partialLossInE2E = framework.Failure{Name: framework.PartialLoss.Name, Injec
 // lines.
 func agentFailovers(t *testing.T, nics, node int, fail framework.Failure, rule mptcpv1alpha1.CompiledRule, port int, bound time.Duration) ([]*framework.Agent, []framework.FailoverFigures) {
 	t.Helper()
-	row := framework.AgentFailoverRow(t, bins, nics, node, fail, rule, declaredCaps)
+	return agentFailoversIn(t, framework.AgentFailoverRow(t, bins, nics, node, fail, rule, declaredCaps), port, bound)
+}
+
+// agentFailoversIn is agentFailovers on a row already set up.
+func agentFailoversIn(t *testing.T, row framework.FailoverRow, port int, bound time.Duration) ([]*framework.Agent, []framework.FailoverFigures) {
+	t.Helper()
+	nics, node, fail := row.Bed.Config.NICs, row.Node, row.Fail
 	t.Cleanup(func() {
 		if t.Failed() {
 			logAgentTails(t, row.Agents, 60)

@@ -484,10 +484,15 @@ var FailoverRule = mptcpv1alpha1.CompiledRule{SubflowCreation: mptcpv1alpha1.Sub
 // every peer Up on every path before it returns.
 func AgentFailoverRow(t testing.TB, bins Binaries, nics, node int, fail Failure, rule mptcpv1alpha1.CompiledRule, caps AgentOption) FailoverRow {
 	t.Helper()
+	return AgentFailoverRowWith(t, bins, nics, node, fail, func(*testbed.Node) mptcpv1alpha1.CompiledRule { return rule }, caps)
+}
+
+// AgentFailoverRowWith is AgentFailoverRow with a rule per node (signal
+// mode: the server's node announces, the client's joins).
+func AgentFailoverRowWith(t testing.TB, bins Binaries, nics, node int, fail Failure, ruleFor func(*testbed.Node) mptcpv1alpha1.CompiledRule, caps AgentOption) FailoverRow {
+	t.Helper()
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: nics, PodsPerNode: 1, LinkRate: "200mbit"})
-	agents, err := StartAgentsWith(t.Context(), bed, bins.Agent, func(*testbed.Node) mptcpv1alpha1.CompiledRule {
-		return rule
-	}, caps, WithFlapDamping(agent.FlapDamping{Transitions: -1}), WithLiveness())
+	agents, err := StartAgentsWith(t.Context(), bed, bins.Agent, ruleFor, caps, WithFlapDamping(agent.FlapDamping{Transitions: -1}), WithLiveness())
 	if err != nil {
 		t.Fatal(err)
 	}

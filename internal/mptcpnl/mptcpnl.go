@@ -25,6 +25,7 @@ const (
 // Commands (enum mptcp_pm_command).
 const (
 	cmdAddAddr        = 1
+	cmdDelAddr        = 2
 	cmdGetAddr        = 3
 	cmdFlushAddrs     = 4
 	cmdSetLimits      = 5
@@ -59,6 +60,9 @@ const (
 	FlagSignal  = 1 << 0
 	FlagSubflow = 1 << 1
 	FlagBackup  = 1 << 2
+	// FlagImplicit marks an endpoint the kernel made itself, for a
+	// local address its subflows use that no endpoint named.
+	FlagImplicit = 1 << 3
 )
 
 // EventType is enum mptcp_event_type.
@@ -266,6 +270,22 @@ func (c *Conn) Endpoints() ([]Endpoint, error) {
 		}
 	}
 	return out, nil
+}
+
+// DeleteEndpoint removes the namespace's endpoint with id (not 0). The
+// kernel withdraws it from the connections it was announced to (RM_ADDR)
+// and closes the subflows it made from it.
+func (c *Conn) DeleteEndpoint(id uint8) error {
+	if id == 0 {
+		return errors.New("deleting endpoint id 0: the id of a connection's first subflow")
+	}
+	_, err := c.do(cmdDelAddr, netlink.Acknowledge, func(ae *netlink.AttributeEncoder) {
+		ae.Nested(attrAddr, func(nae *netlink.AttributeEncoder) error {
+			nae.Uint8(addrAttrID, id)
+			return nil
+		})
+	})
+	return err
 }
 
 // FlushEndpoints removes every endpoint of the namespace.

@@ -93,26 +93,73 @@ func Configure(pod Pod, m MPTCP) error {
 		return err
 	}
 	return withPM(pod, func(c *mptcpnl.Conn) error {
-		if err := c.FlushEndpoints(); err != nil {
-			return fmt.Errorf("flushing endpoints: %w", err)
+		if err := syncEndpoints(c, signalEndpoints(pod, m)); err != nil {
+			return err
 		}
 		limits := mptcpnl.Limits{Subflows: maxKernelSubflows}
 		if m.Subflows == Signal {
 			limits.Subflows = uint32(m.Joins)
 			limits.AddAddrAccepted = uint32(m.Joins)
-			// One signal endpoint per extra path: the kernel listens on
-			// the port and announces it to every peer.
-			for i := 0; i < m.Joins && i < len(m.SignalPorts); i++ {
-				for _, ip := range pod.IPs {
-					ep := mptcpnl.Endpoint{Addr: ip, ID: uint8(i + 1), Port: m.SignalPorts[i], Flags: mptcpnl.FlagSignal}
-					if err := c.AddEndpoint(ep); err != nil {
-						return fmt.Errorf("signal endpoint %v port %d: %w", ip, ep.Port, err)
-					}
-				}
-			}
 		}
 		return c.SetLimits(limits)
 	})
+}
+
+// signalEndpoints are the endpoints m asks of pod: in signal mode, one per
+// extra path and pod address, each announcing its port (the kernel listens
+// on it and announces it to every peer); none otherwise. Ids are unique in
+// the namespace, 1 up.
+func signalEndpoints(pod Pod, m MPTCP) []mptcpnl.Endpoint {
+	if m.Subflows != Signal {
+		return nil
+	}
+	var out []mptcpnl.Endpoint
+	for i := 0; i < m.Joins && i < len(m.SignalPorts); i++ {
+		for _, ip := range pod.IPs {
+			out = append(out, mptcpnl.Endpoint{Addr: ip.Unmap(), ID: uint8(len(out) + 1), Port: m.SignalPorts[i], Flags: mptcpnl.FlagSignal})
+		}
+	}
+	return out
+}
+
+// syncEndpoints gives the namespace the endpoints want, touching only those
+// that differ, at every reconcile. Removing an endpoint withdraws it from
+// every connection (RM_ADDR), and a server's cannot be added back while
+// joins to its port live (they hold the port: EADDRINUSE), so removing and
+// adding them all again would leave a busy server pod with none
+// (docs/subflows.md, "Signal mode and closed joins"). Endpoints the kernel
+// made itself (implicit) are its own and stay.
+func syncEndpoints(c *mptcpnl.Conn, want []mptcpnl.Endpoint) error {
+	have, err := c.Endpoints()
+	if err != nil {
+		return fmt.Errorf("listing endpoints: %w", err)
+	}
+	kept := map[uint8]bool{}
+	for _, e := range have {
+		if e.Flags&mptcpnl.FlagImplicit != 0 {
+			continue
+		}
+		if slices.ContainsFunc(want, func(w mptcpnl.Endpoint) bool { return sameEndpoint(w, e) }) {
+			kept[e.ID] = true
+			continue
+		}
+		if err := c.DeleteEndpoint(e.ID); err != nil {
+			return fmt.Errorf("removing endpoint %d (%v port %d): %w", e.ID, e.Addr, e.Port, err)
+		}
+	}
+	for _, w := range want {
+		if kept[w.ID] {
+			continue
+		}
+		if err := c.AddEndpoint(w); err != nil {
+			return fmt.Errorf("signal endpoint %v port %d: %w", w.Addr, w.Port, err)
+		}
+	}
+	return nil
+}
+
+func sameEndpoint(a, b mptcpnl.Endpoint) bool {
+	return a.ID == b.ID && a.Addr.Unmap() == b.Addr.Unmap() && a.Port == b.Port && a.Flags == b.Flags && a.IfIndex == b.IfIndex
 }
 
 func boolSysctl(on bool) string {
