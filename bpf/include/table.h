@@ -88,7 +88,7 @@ struct table_op {
 	__u32 table;  /* which table: enum table_id of the program */
 	__s32 result; /* enum table_result for inserts, entries freed for deletes, -1: bad request */
 	/* TABLE_OP_SUBFLOW_CLOSED: the path of the subflow it closed (its
-	 * own, not a detour), 0 when it closed none. */
+	 * own, not a detour); read only when result says it freed one. */
 	__u32 closed_path;
 	__u64 key[TABLE_KEY_WORDS_MAX];
 	__u64 value[TABLE_VALUE_WORDS_MAX];

@@ -59,11 +59,14 @@ func (q *pathMoves) push(m pathMove, run func(pathMove)) {
 // movePathManagers has the path managers leave a path that went down, or
 // replace on it what they left when it is back.
 func (a *Agent) movePathManagers(m pathMove) {
-	if a.pms.Len() == 0 {
-		return
-	}
 	if !m.down {
 		a.pms.PathBack(m.path)
+		return
+	}
+	// First, so that a subflow the pod's kernel closes on the path from
+	// now on has its replacement wait for it, whatever follows.
+	a.pms.PathDown(m.path)
+	if a.pms.Len() == 0 {
 		return
 	}
 	sfs, err := a.dp.Subflows()

@@ -201,14 +201,36 @@ func (a *Agent) writePathDown(path uint32) error {
 	if err := a.dp.SetPathDown(path, down); err != nil {
 		return err
 	}
-	if was, known := a.down[path]; known && was != down {
-		if down {
+	// A path first seen down (the agent restarted during a failure) is a
+	// move too; only one that was up counts in the metric.
+	was, known := a.down[path]
+	if was != down {
+		if known && down {
 			a.downs[path]++
 		}
 		a.pathMoves.push(pathMove{path: path, down: down}, a.movePathManagers)
 	}
 	a.down[path] = down
 	return nil
+}
+
+// forgetPathsLeft forgets the paths the plan no longer has. One that was
+// down comes back for the path managers: the joins waiting for it are
+// opened now, and the datapath places them on the plan's paths, rather
+// than never.
+func (a *Agent) forgetPathsLeft(plan *Plan) {
+	a.downMu.Lock()
+	defer a.downMu.Unlock()
+	for path, down := range a.down {
+		if slices.ContainsFunc(plan.Paths, func(p PlanPath) bool { return p.Index == path }) {
+			continue
+		}
+		delete(a.down, path)
+		delete(a.linkDown, path)
+		if down {
+			a.pathMoves.push(pathMove{path: path}, a.movePathManagers)
+		}
+	}
 }
 
 // silent reports whether path's probes reach none of its peers, through

@@ -51,6 +51,7 @@ func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 		}
 		hooks[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICIngress}] = true
 	}
+	a.forgetPathsLeft(plan)
 	return errors.Join(errs...)
 }
 

@@ -1,6 +1,7 @@
 package podnet
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -26,8 +27,10 @@ import (
 
 // leaving is what a path manager left on paths that went down: the paths
 // still down, the subflows it closed whose close it has not heard yet, and
-// the joins to open when each path is back. mu guards it: the agent's
-// goroutines write it (LeavePath, PathBack), the path manager's reads it.
+// the joins to open when each path is back (replacing those, and subflows
+// the pod's kernel closed on a path while it was down). mu guards it: the
+// agent's goroutines write it (PathDown, LeavePath, PathBack), the path
+// manager's reads it.
 type leaving struct {
 	mu   sync.Mutex
 	down map[uint32]bool
@@ -52,6 +55,13 @@ type awaitingJoins struct {
 // is a command the agent sends. The connections past it keep the detour.
 const maxLeftPerMove = 256
 
+// maxAwaitingPerPath bounds the replacement joins a path manager holds for
+// one path while it is down: a pod that has its kernel close subflows
+// without end (ss -K) must not make PathBack open joins without end while
+// other pods wait for their turn. A replacement past it is opened at once,
+// and the datapath places it on a live path.
+const maxAwaitingPerPath = maxLeftPerMove
+
 // SubflowPaths says where the datapath has a pod's subflow (its 4-tuple as
 // the pod sends it) as a path goes down: on that path (its own, or the one
 // it detours over), or on a path that is up. A subflow the datapath does
@@ -66,6 +76,7 @@ type SubflowPaths func(local, remote netip.AddrPort) (onPath, onLivePath bool)
 // so that no pod's listing holds up another's. It returns how many
 // subflows it closed.
 func (p *PathManagers) LeavePath(path uint32, where SubflowPaths) int {
+	p.PathDown(path)
 	var mu sync.Mutex
 	n := 0
 	p.each(func(pm *pathManager) {
@@ -77,9 +88,37 @@ func (p *PathManagers) LeavePath(path uint32, where SubflowPaths) int {
 	return n
 }
 
-// PathBack opens, in every pod with a path manager, the joins that replace
-// the subflows LeavePath closed on path.
+// PathDown tells every path manager, and those started until PathBack,
+// that path is down: the replacement of a subflow closed on it meanwhile
+// waits for it. LeavePath does too; the agent tells it first, before it
+// reads where the subflows are (which may fail).
+func (p *PathManagers) PathDown(path uint32) {
+	p.mu.Lock()
+	if p.down == nil {
+		p.down = map[uint32]bool{}
+	}
+	p.down[path] = true
+	all := slices.Collect(maps.Values(p.m))
+	p.mu.Unlock()
+	for _, pm := range all {
+		pm.markDown(path)
+	}
+}
+
+// Down says whether path is down for the path managers: PathDown told so,
+// and PathBack not since.
+func (p *PathManagers) Down(path uint32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.down[path]
+}
+
+// PathBack opens, in every pod with a path manager, the joins that wait
+// for path: those that replace the subflows closed on it while it was down.
 func (p *PathManagers) PathBack(path uint32) {
+	p.mu.Lock()
+	delete(p.down, path)
+	p.mu.Unlock()
 	p.each(func(pm *pathManager) { pm.back(path) })
 }
 
@@ -99,15 +138,29 @@ func (p *PathManagers) each(fn func(*pathManager)) {
 	wg.Wait()
 }
 
-// leave closes the pod's subflows LeavePath describes, and returns how many.
-func (s *pathManager) leave(path uint32, where SubflowPaths) int {
+// markDown records that path is down (PathDown).
+func (s *pathManager) markDown(path uint32) {
 	l := &s.leaving
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.down == nil {
 		l.down, l.closing, l.awaiting = map[uint32]bool{}, map[subflowKey]uint32{}, map[uint32]map[uint32]awaitingJoins{}
 	}
 	l.down[path] = true
-	l.mu.Unlock()
+}
+
+// isDown says whether path is down, as PathDown and PathBack told.
+func (s *pathManager) isDown(path uint32) bool {
+	l := &s.leaving
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.down[path]
+}
+
+// leave closes the pod's subflows LeavePath describes, and returns how many.
+func (s *pathManager) leave(path uint32, where SubflowPaths) int {
+	s.markDown(path) // and its maps made
+	l := &s.leaving
 	sess := s.current.Load()
 	if sess == nil {
 		return 0 // restarting: its pod's connections are not followed meanwhile
@@ -200,13 +253,20 @@ func (s *pathManager) closeHeard(ev mptcpnl.Event) (path uint32, waits bool) {
 
 // awaitPath records a join that replaces the subflow ev reports closed, to
 // remote, for when path is back, and says so; false when the path is back
-// already (the join is opened now). Only the path manager's goroutine
-// calls it.
+// already, or holds maxAwaitingPerPath joins (the join is opened now).
+// Only the path manager's goroutine calls it.
 func (s *pathManager) awaitPath(path uint32, ev mptcpnl.Event, remote netip.AddrPort) bool {
 	l := &s.leaving
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.down[path] {
+		return false
+	}
+	held := 0
+	for _, j := range l.awaiting[path] {
+		held += j.n
+	}
+	if held >= maxAwaitingPerPath {
 		return false
 	}
 	if l.awaiting[path] == nil {

@@ -1,8 +1,11 @@
 package podnet
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -217,6 +220,48 @@ func TestASubflowTheKernelClosesWhileItsPathIsDownIsReplacedWhenItIsBack(t *test
 	}
 	if _, err := conn.Write([]byte("still here")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A path manager started while a path is down knows it is (its kernel's
+// closes on the path wait for it), until PathBack.
+func TestAPathManagerStartedWhileAPathIsDownKnowsIt(t *testing.T) {
+	bed := newPMBed(t)
+	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{})
+	t.Cleanup(p.Stop)
+	p.PathDown(testPath)
+	if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
+		t.Fatal(errs)
+	}
+	pms := slices.Collect(maps.Values(p.m))
+	if len(pms) != 1 || !pms[0].isDown(testPath) || pms[0].isDown(testPath+1) {
+		t.Fatalf("a path manager started while path %d is down: %d of them, down %v", testPath, len(pms), len(pms) == 1 && pms[0].isDown(testPath))
+	}
+	p.PathBack(testPath)
+	if pms[0].isDown(testPath) || p.Down(testPath) {
+		t.Error("the path is still down after PathBack")
+	}
+}
+
+// The replacements a path manager holds for one path are bounded; past the
+// bound they are opened at once.
+func TestReplacementsHeldForAPathAreBounded(t *testing.T) {
+	s := &pathManager{}
+	s.markDown(testPath)
+	remote := netip.MustParseAddrPort(serverAddr + ":5201")
+	ev := func(token uint32) mptcpnl.Event {
+		return mptcpnl.Event{Type: mptcpnl.EventSubClosed, Token: token, Local: netip.MustParseAddrPort(clientAddr + ":40000"), Remote: remote}
+	}
+	for token := range uint32(maxAwaitingPerPath) {
+		if !s.awaitPath(testPath, ev(token), remote) {
+			t.Fatalf("replacement %d not held, want the first %d held", token+1, maxAwaitingPerPath)
+		}
+	}
+	if s.awaitPath(testPath, ev(maxAwaitingPerPath), remote) {
+		t.Errorf("replacement %d held, want it opened at once", maxAwaitingPerPath+1)
+	}
+	if s.awaitPath(testPath+1, ev(1), remote) {
+		t.Error("a replacement for a path that is up held")
 	}
 }
 

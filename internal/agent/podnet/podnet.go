@@ -107,8 +107,8 @@ func Configure(pod Pod, m MPTCP) error {
 
 // signalEndpoints are the endpoints m asks of pod: in signal mode, one per
 // extra path and pod address, each announcing its port (the kernel listens
-// on it and announces it to every peer); none otherwise. Ids are unique in
-// the namespace, 1 up.
+// on it and announces it to every peer); none otherwise. The kernel gives
+// them their ids.
 func signalEndpoints(pod Pod, m MPTCP) []mptcpnl.Endpoint {
 	if m.Subflows != Signal {
 		return nil
@@ -116,50 +116,54 @@ func signalEndpoints(pod Pod, m MPTCP) []mptcpnl.Endpoint {
 	var out []mptcpnl.Endpoint
 	for i := 0; i < m.Joins && i < len(m.SignalPorts); i++ {
 		for _, ip := range pod.IPs {
-			out = append(out, mptcpnl.Endpoint{Addr: ip.Unmap(), ID: uint8(len(out) + 1), Port: m.SignalPorts[i], Flags: mptcpnl.FlagSignal})
+			out = append(out, mptcpnl.Endpoint{Addr: ip.Unmap(), Port: m.SignalPorts[i], Flags: mptcpnl.FlagSignal})
 		}
 	}
 	return out
 }
 
 // syncEndpoints gives the namespace the endpoints want, touching only those
-// that differ, at every reconcile. Removing an endpoint withdraws it from
+// that differ (by address, port, flags and interface: ids are the kernel's
+// to give), at every reconcile. Removing an endpoint withdraws it from
 // every connection (RM_ADDR), and a server's cannot be added back while
 // joins to its port live (they hold the port: EADDRINUSE), so removing and
 // adding them all again would leave a busy server pod with none
 // (docs/subflows.md, "Signal mode and closed joins"). Endpoints the kernel
-// made itself (implicit) are its own and stay.
+// made itself (implicit) are its own and stay. One endpoint that fails
+// does not keep the others from being set.
 func syncEndpoints(c *mptcpnl.Conn, want []mptcpnl.Endpoint) error {
 	have, err := c.Endpoints()
 	if err != nil {
 		return fmt.Errorf("listing endpoints: %w", err)
 	}
-	kept := map[uint8]bool{}
+	var errs []error
+	kept := make([]bool, len(want))
 	for _, e := range have {
 		if e.Flags&mptcpnl.FlagImplicit != 0 {
 			continue
 		}
-		if slices.ContainsFunc(want, func(w mptcpnl.Endpoint) bool { return sameEndpoint(w, e) }) {
-			kept[e.ID] = true
+		if i := slices.IndexFunc(want, func(w mptcpnl.Endpoint) bool { return sameEndpoint(w, e) }); i >= 0 && !kept[i] {
+			kept[i] = true
 			continue
 		}
 		if err := c.DeleteEndpoint(e.ID); err != nil {
-			return fmt.Errorf("removing endpoint %d (%v port %d): %w", e.ID, e.Addr, e.Port, err)
+			errs = append(errs, fmt.Errorf("removing endpoint %d (%v port %d): %w", e.ID, e.Addr, e.Port, err))
 		}
 	}
-	for _, w := range want {
-		if kept[w.ID] {
+	for i, w := range want {
+		if kept[i] {
 			continue
 		}
 		if err := c.AddEndpoint(w); err != nil {
-			return fmt.Errorf("signal endpoint %v port %d: %w", w.Addr, w.Port, err)
+			errs = append(errs, fmt.Errorf("signal endpoint %v port %d: %w", w.Addr, w.Port, err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
+// sameEndpoint says whether a and b are one endpoint, whatever their ids.
 func sameEndpoint(a, b mptcpnl.Endpoint) bool {
-	return a.ID == b.ID && a.Addr.Unmap() == b.Addr.Unmap() && a.Port == b.Port && a.Flags == b.Flags && a.IfIndex == b.IfIndex
+	return a.Addr.Unmap() == b.Addr.Unmap() && a.Port == b.Port && a.Flags == b.Flags && a.IfIndex == b.IfIndex
 }
 
 func boolSysctl(on bool) string {
@@ -214,6 +218,9 @@ type PathManagers struct {
 	opts    PathManagerOptions
 	mu      sync.Mutex
 	m       map[podKey]*pathManager
+	// down are the paths down (PathDown until PathBack), for the path
+	// managers started meanwhile.
+	down map[uint32]bool
 }
 
 // podKey is a pod's identity for its path manager: its UID and its network
@@ -301,6 +308,9 @@ func (p *PathManagers) Sync(ctx context.Context, want []Want) map[string]error {
 		if err != nil {
 			errs[w.Pod.Name] = fmt.Errorf("path manager: %w", err)
 			continue
+		}
+		for path := range p.down {
+			pm.markDown(path)
 		}
 		p.m[key] = pm
 	}

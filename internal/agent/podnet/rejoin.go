@@ -9,12 +9,13 @@ import (
 
 // A connection the pod opened keeps its joins. When the pod's kernel closes
 // one of its established subflows while the connection lives (the peer or
-// a middlebox reset it, a DSS checksum failed on it, its path stayed
-// down), the path manager tells the datapath, which gives the subflow's
-// path and count back to the connection, and then opens a join to replace
-// it, which the datapath places on a free path again. Without this a
-// connection that lost a subflow ran on fewer paths until it ended
-// (docs/subflows.md, "Replacing closed subflows").
+// a middlebox reset it, a DSS checksum failed on it), the path manager
+// tells the datapath, which gives the subflow's path and count back to the
+// connection, and then opens a join to replace it, which the datapath
+// places on a free path again; if the subflow's path is down, when it is
+// back (leave.go). Without this a connection that lost a subflow ran on
+// fewer paths until it ended (docs/subflows.md, "Replacing closed
+// subflows").
 
 // maxReplacedJoins bounds the joins a path manager opens to replace closed
 // ones, per connection: a peer that resets every join it accepts gets a
@@ -173,8 +174,10 @@ func (s *pathManager) subflowClosed(sess *session, ev mptcpnl.Event, heard time.
 	// a checksum failure, while it travelled a detour): its replacement
 	// waits for the path it left. Opened now, the datapath would place it
 	// on a live path, and it would stay there after the repair.
+	// A subflow leave closed waits for the path leave named (its own or
+	// the detour it travelled), unless its own is down too.
 	path, waits := s.closeHeard(ev)
-	if !waits && placed != 0 {
+	if placed != 0 && s.isDown(placed) {
 		path, waits = placed, true
 	}
 	delay, ok := s.opened.subflowClosed(ev)
@@ -183,7 +186,7 @@ func (s *pathManager) subflowClosed(sess *session, ev mptcpnl.Event, heard time.
 	}
 	remote := s.opened[ev.Token].remote
 	if waits && s.awaitPath(path, ev, remote) {
-		s.log.Info("a subflow closed on a path that is down; a join replaces it when the path is back", "path", path, "local", ev.Local, "remote", remote)
+		s.log.Debug("a subflow closed on a path that is down; a join replaces it when the path is back", "path", path, "local", ev.Local, "remote", remote)
 		return
 	}
 	// The replacement is held like any join of a remembered connection.

@@ -21,6 +21,14 @@ func TestConfiguringASignalServerAgainKeepsItsEndpointAndJoins(t *testing.T) {
 	bed := newPMBed(t)
 	server := Pod{Name: "apps.db-0", NetNS: bed.serverNS, IPs: []netip.Addr{netip.MustParseAddr(serverAddr)}}
 	const signalPort = 5311
+	// An endpoint of the tenant's own holds the id the kernel would give
+	// first: it goes, and the rule's is added beside whatever ids are in
+	// use.
+	if err := withPM(server, func(c *mptcpnl.Conn) error {
+		return c.AddEndpoint(mptcpnl.Endpoint{Addr: netip.MustParseAddr(serverAddr), ID: 1, Port: 6000, Flags: mptcpnl.FlagSignal})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	serverRule := MPTCP{Subflows: Signal, Joins: 1, SignalPorts: []uint16{signalPort}}
 	if err := Configure(server, serverRule); err != nil {
 		t.Fatal(err)
@@ -51,6 +59,9 @@ func TestConfiguringASignalServerAgainKeepsItsEndpointAndJoins(t *testing.T) {
 		return podMPTCPState(t, server).Endpoints
 	}
 	before := endpoints()
+	if len(before) != 1 || before[0].Port != signalPort {
+		t.Fatalf("endpoints %+v, want only the rule's on port %d", before, signalPort)
+	}
 
 	for i := range 3 {
 		if err := Configure(server, serverRule); err != nil {
