@@ -43,13 +43,7 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 	defer conn.Close()
 	first := netip.MustParseAddrPort(conn.LocalAddr().String())
 	server := netip.MustParseAddrPort(serverAddr + ":5201")
-	var join uint16
-	for deadline := time.Now().Add(5 * time.Second); join == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		join = bed.establishedJoin(t, first.Port())
-	}
-	if join == 0 {
-		t.Fatalf("the connection has no established join after 5 s:\n%s", bed.ss(t))
-	}
+	join := bed.waitForJoin(t, first.Port())
 	joinKey := subflowKey{netip.AddrPortFrom(first.Addr(), join), server}
 	const path = testPath
 	// onPath says the subflows from which are on the path, and the
@@ -153,10 +147,7 @@ func TestASubflowRecoveringOnAPathThatWentDownIsClosedAndReplacedWhenItIsBack(t 
 	}
 
 	p.PathBack(path)
-	var got []uint16
-	for deadline := time.Now().Add(5 * time.Second); len(got) != 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		got = bed.establishedSubflows(t)
-	}
+	got := bed.waitForSubflows(t, 2)
 	if len(got) != 2 {
 		t.Fatalf("established subflows from ports %v once the path is back, want the kept one and a new one:\n%s", got, bed.ss(t))
 	}
@@ -182,13 +173,7 @@ func TestASubflowTheKernelClosesWhileItsPathIsDownIsReplacedWhenItIsBack(t *test
 	conn := bed.dial(t)
 	defer conn.Close()
 	initial := netip.MustParseAddrPort(conn.LocalAddr().String()).Port()
-	var join uint16
-	for deadline := time.Now().Add(5 * time.Second); join == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		join = bed.establishedJoin(t, initial)
-	}
-	if join == 0 {
-		t.Fatalf("the connection has no established join after 5 s:\n%s", bed.ss(t))
-	}
+	join := bed.waitForJoin(t, initial)
 	// The path goes down; nothing on it is recovering, so nothing is left.
 	if n := p.LeavePath(testPath, func(netip.AddrPort, netip.AddrPort) (bool, bool) { return false, false }); n != 0 {
 		t.Fatalf("LeavePath closed %d subflows, want none", n)
@@ -208,10 +193,7 @@ func TestASubflowTheKernelClosesWhileItsPathIsDownIsReplacedWhenItIsBack(t *test
 	}
 
 	p.PathBack(testPath)
-	var got []uint16
-	for deadline := time.Now().Add(5 * time.Second); len(got) != 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		got = bed.establishedSubflows(t)
-	}
+	got := bed.waitForSubflows(t, 2)
 	if len(got) != 2 || !slices.Contains(got, initial) || slices.Contains(got, join) {
 		t.Fatalf("established subflows from ports %v once the path is back, want the initial one and a new join:\n%s", got, bed.ss(t))
 	}

@@ -170,12 +170,10 @@ func (s *pathManager) subflowClosed(sess *session, ev mptcpnl.Event, heard time.
 		}
 		placed = p
 	}
-	// Closed by leave, or by the kernel on a path that is down (a reset,
-	// a checksum failure, while it travelled a detour): its replacement
-	// waits for the path it left. Opened now, the datapath would place it
-	// on a live path, and it would stay there after the repair.
-	// A subflow leave closed waits for the path leave named (its own or
-	// the detour it travelled), unless its own is down too.
+	// Closed by leave, or by the kernel while its own path is down (a
+	// reset, a checksum failure on the detour): its replacement waits for
+	// the path, its own if that is down, else the one leave named. Opened
+	// now, the datapath would place it on a live path for good.
 	path, waits := s.closeHeard(ev)
 	if placed != 0 && s.isDown(placed) {
 		path, waits = placed, true

@@ -29,17 +29,7 @@ func TestAClosedJoinIsReplaced(t *testing.T) {
 	conn := bed.dial(t)
 	defer conn.Close()
 	initial := netip.MustParseAddrPort(conn.LocalAddr().String()).Port()
-	joinPort := func() uint16 {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if port := bed.establishedJoin(t, initial); port != 0 {
-				return port
-			}
-		}
-		t.Fatalf("the connection has no established join after 5 s:\n%s", bed.ss(t))
-		return 0
-	}
-	first := joinPort()
+	first := bed.waitForJoin(t, initial)
 
 	bed.killSubflow(t, first)
 	select {
@@ -133,6 +123,30 @@ func (b *pmBed) establishedJoin(t *testing.T, initial uint16) uint16 {
 		}
 	}
 	return 0
+}
+
+// waitForJoin waits up to 5 s for an established join of the connection
+// whose initial subflow is from port initial, and returns its port.
+func (b *pmBed) waitForJoin(t *testing.T, initial uint16) uint16 {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if port := b.establishedJoin(t, initial); port != 0 {
+			return port
+		}
+	}
+	t.Fatalf("the connection has no established join after 5 s:\n%s", b.ss(t))
+	return 0
+}
+
+// waitForSubflows waits up to 5 s for the client pod to have n established
+// subflows and returns their ports as last listed.
+func (b *pmBed) waitForSubflows(t *testing.T, n int) []uint16 {
+	t.Helper()
+	var got []uint16
+	for deadline := time.Now().Add(5 * time.Second); len(got) != n && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		got = b.establishedSubflows(t)
+	}
+	return got
 }
 
 // ss lists the client's TCP sockets (subflows included).
