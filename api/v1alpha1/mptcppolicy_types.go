@@ -113,15 +113,17 @@ type Spread struct {
 }
 
 // RateMode is how a rate limit is enforced. window lowers the advertised
-// receive window (caps a connection or a pod, never a path: the MPTCP v1
-// window is shared by all subflows, RFC 8684 3.3.4); police drops above a
-// token bucket (a loss-based sender such as cubic gets 0.9 of the cap or more,
-// one that ignores loss such as bbr less, with many retransmissions); shape
-// queues in HTB on the NIC. Police's drops also make the sender wait for
-// retransmission timers: at 40 Mbit/s a policed connection spent up to
-// 0.45 s below a tenth of its cap (shape 0.35 s, window 0.2 s), and on a
-// starved machine up to 0.8 s (docs/benchmarks.md, "Rate modes: longest
-// stall"); where such pauses matter, use shape.
+// receive window (caps a connection, never a pod or a path: the MPTCP v1
+// window is the connection's, shared by all its subflows, RFC 8684 3.3.4);
+// police drops above a token bucket (a loss-based sender such as cubic gets
+// 0.9 of the cap or more, one that ignores loss such as bbr less, with many
+// retransmissions); shape queues in HTB on the NIC. Police's drops also make
+// the sender wait for retransmission timers: at 40 Mbit/s a policed
+// connection spent up to 0.45 s below a tenth of its cap (shape 0.35 s,
+// window 0.2 s), and on a machine whose cores were all busy up to 0.8 s
+// (shape 0.35 s, window 1.2 s: docs/benchmarks.md, "Rate modes: longest
+// stall", and docs/testing.md, "Stalls"); where such pauses matter, use
+// shape.
 // +kubebuilder:validation:Enum=window;police;shape
 type RateMode string
 
@@ -152,12 +154,13 @@ type PathRate struct {
 // +kubebuilder:validation:XValidation:rule="has(self.perConnection) || has(self.perPod) || has(self.perPath)",message="rateLimits must set at least one of perConnection, perPod or perPath"
 type RateLimits struct {
 	// mode of enforcement. window lowers the receive window the pods
-	// advertise (a connection or a pod; needs headerRewriting: Allowed);
+	// advertise (perConnection only; needs headerRewriting: Allowed);
 	// police drops above a token bucket: a cubic sender gets 0.9 of the cap
 	// or more, one that ignores loss (bbr) less, and the drops leave a
 	// connection below a tenth of its cap for up to 0.45 s at a time
-	// (0.8 s on a starved machine); shape queues in HTB on the NIC, with the
-	// shortest pauses (up to 0.35 s). Measured in docs/benchmarks.md.
+	// (0.8 s on a starved machine, and window 1.2 s there); shape
+	// queues in HTB on the NIC, with the shortest pauses (up to 0.35 s).
+	// Measured in docs/benchmarks.md and docs/testing.md ("Stalls").
 	// +required
 	Mode RateMode `json:"mode"`
 
