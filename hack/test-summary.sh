@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prints what `make test` must not hide: every transfer a test tried again
-# (a stall it named), and every failure's evidence kept (captures, sockets,
+# (a stall, or a goodput measurement on a shared machine, for a reason the
+# test names), and every failure's evidence kept (captures, sockets,
 # counters), from the directory make test gave the tests.
 #
 # usage: hack/test-summary.sh <test output dir>
@@ -10,10 +11,10 @@ dir=${1:?test output directory}
 echo "--- test summary"
 retries="$dir/retries.tsv"
 if [[ -s "$retries" ]]; then
-	echo "transfers tried again after a stall the test names: $(wc -l <"$retries")"
+	echo "transfers tried again, each for a reason its test names: $(wc -l <"$retries")"
 	cut -f1,2 "$retries" | sort | uniq -c | sed 's/^/  /'
 else
-	echo "transfers tried again after a stall: 0"
+	echo "transfers tried again: 0"
 fi
 mapfile -t kept < <(find "$dir" -maxdepth 3 -type d -name 'evidence-*' 2>/dev/null | sort)
 if ((${#kept[@]} > 0)); then

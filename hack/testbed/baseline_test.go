@@ -63,6 +63,7 @@ func TestHandRouteBaselineUsesBothNICs(t *testing.T) {
 	var ratio float64
 	for attempt := 1; attempt <= 2; attempt++ {
 		before := counters(t, b)
+		w := b.Watch(t)
 		sent, err := b.Send(ctx, bin, client, srv.Addr, true, "-duration", "6s")
 		Must(t, err)
 		// The client's kernel opened its join before the first byte:
@@ -73,8 +74,7 @@ func TestHandRouteBaselineUsesBothNICs(t *testing.T) {
 		}
 		got, err := srv.WaitReports(ctx, attempt)
 		Must(t, err)
-		m, err := MatchReports(sent, got)
-		Must(t, err)
+		m := matchWatched(t, w, sent, got)
 		d := delta(before, counters(t, b))
 		r = m[sent[0].Local]
 		if !r.MPTCP || !sent[0].MPTCP {
@@ -94,6 +94,11 @@ func TestHandRouteBaselineUsesBothNICs(t *testing.T) {
 		}
 		if ratio >= 1.7 || t.Failed() {
 			break
+		}
+		if attempt == 1 {
+			// Counted in make test's summary with the stall retries: a
+			// measurement taken again, its stream whole.
+			recordRetry(t, "goodput below 1.7x single path on a shared machine: measured once more", "")
 		}
 	}
 	if ratio < 1.7 {

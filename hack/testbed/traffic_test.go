@@ -57,13 +57,12 @@ func TestPodToPodAcrossNodes(t *testing.T) {
 		Must(t, err)
 		before := counters(t, b)
 		const size = 20 << 20
+		w := b.Watch(t)
 		sent, err := b.Send(ctx, bin, client, srv.Addr, false, "-conns", "2", "-bytes", fmt.Sprint(size), "-seed", "42")
 		Must(t, err)
 		got, err := srv.WaitReports(ctx, 2)
 		Must(t, err)
-		if _, err := MatchReports(sent, got); err != nil {
-			t.Fatal(err)
-		}
+		matchWatched(t, w, sent, got)
 		d := delta(before, counters(t, b))
 		t.Logf("bytes per NIC (rx, tx): node1 %v, node2 %v", d[0], d[1])
 		// All 40 MiB leave node 1 on nic1 and arrive at node 2 on nic1; ACKs come back the same way.
@@ -84,14 +83,25 @@ func TestPodToPodAcrossNodes(t *testing.T) {
 	t.Run("same-node", func(t *testing.T) {
 		srv, err := b.StartTrafficServer(ctx, bin, b.Pod(1, 2), 5202, true)
 		Must(t, err)
+		w := b.Watch(t)
 		sent, err := b.Send(ctx, bin, client, srv.Addr, true, "-bytes", "1000000")
 		Must(t, err)
 		got, err := srv.WaitReports(ctx, 1)
 		Must(t, err)
-		if _, err := MatchReports(sent, got); err != nil {
-			t.Fatal(err)
-		}
+		matchWatched(t, w, sent, got)
 	})
+}
+
+// matchWatched checks what arrived against what was sent; a changed or
+// broken stream fails the test with w's evidence. The watch is closed.
+func matchWatched(t *testing.T, w *Watch, sent []SenderReport, got []ServerReport) map[string]ServerReport {
+	t.Helper()
+	m, err := MatchReports(sent, got)
+	if err != nil {
+		w.Fail(err)
+	}
+	w.Close()
+	return m
 }
 
 // singlePath measures one plain TCP connection from client to server for 6 s; goodput over [1 s, 5 s] after the
@@ -100,13 +110,12 @@ func singlePath(t *testing.T, ctx context.Context, b *Bed, bin string, client, s
 	t.Helper()
 	srv, err := b.StartTrafficServer(ctx, bin, server, port, false, "-warmup", "1s", "-window", "4s")
 	Must(t, err)
+	w := b.Watch(t)
 	sent, err := b.Send(ctx, bin, client, srv.Addr, false, "-duration", "6s")
 	Must(t, err)
 	got, err := srv.WaitReports(ctx, 1)
 	Must(t, err)
-	m, err := MatchReports(sent, got)
-	Must(t, err)
-	r := m[sent[0].Local]
+	r := matchWatched(t, w, sent, got)[sent[0].Local]
 	if r.WindowShort {
 		t.Fatalf("connection ended inside the window: %+v", r)
 	}

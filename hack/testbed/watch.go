@@ -132,7 +132,7 @@ func (w *Watch) save(err error) string {
 	for _, n := range w.bed.Nodes {
 		note(n.NetNS, w.bed.saveCommand(dir, n.NetNS, "nstat", "nstat", "-az"))
 		for _, p := range n.Pods {
-			note(p.NetNS, w.bed.saveCommand(dir, p.NetNS, "ss", "ss", "-tinoM"))
+			note(p.NetNS, w.bed.saveCommand(dir, p.NetNS, "ss", "ss", "-tainoM"))
 			note(p.NetNS, w.bed.saveCommand(dir, p.NetNS, "nstat", "nstat", "-az"))
 		}
 	}
@@ -183,8 +183,9 @@ func evidenceDir(t testing.TB) (string, error) {
 	return os.MkdirTemp(base, fmt.Sprintf("evidence-%s-%s-", name, time.Now().Format("150405")))
 }
 
-// RetryLogEnv names the file where retries of stalled transfers are
-// recorded, one line each, for the summary `make test` prints at its end.
+// RetryLogEnv names the file where transfers tried again are recorded (a
+// stall a test names, a goodput measurement repeated on a shared machine),
+// one line each, for the summary `make test` prints at its end.
 const RetryLogEnv = "MPTCP_RETRY_LOG"
 
 var retryLogMu sync.Mutex

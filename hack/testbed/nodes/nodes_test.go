@@ -101,6 +101,7 @@ func TestRealNodesRunPodsThatTalkMPTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	const size = 8 << 20
+	w := bed.Watch(t)
 	client1 := trafficPod("client", c.Node(1).Name, "send", "-to", serverPod.Addr.String()+":5201", "-mptcp",
 		"-conns", "1", "-bytes", fmt.Sprint(size), "-seed", "14", "-json")
 	if err := cp.Client.Create(ctx, client1); err != nil {
@@ -120,8 +121,9 @@ func TestRealNodesRunPodsThatTalkMPTCP(t *testing.T) {
 		t.Fatalf("want one report from each end, got %d sent and %d received", len(sent), len(got))
 	}
 	if _, err := testbed.MatchReports(sent, got); err != nil {
-		t.Fatal(err)
+		w.Fail(err)
 	}
+	w.Close()
 	if !sent[0].MPTCP || !got[0].MPTCP || got[0].Bytes != size {
 		t.Fatalf("want %d bytes over MPTCP at both ends: sent %+v, received %+v", size, sent[0], got[0])
 	}
