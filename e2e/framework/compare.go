@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -47,6 +48,24 @@ type CompareOptions struct {
 	SkipAgent bool
 }
 
+// compareRuns counts the comparisons this process has run, so that each
+// announces ports of its own.
+var compareRuns atomic.Uint32
+
+// signalPorts are n ports for the server to announce, new to each
+// comparison: a later comparison on the same bed could not announce a port
+// again while a socket of an earlier one still held it (the kernel refused
+// the endpoint's listener with EADDRINUSE for 5 s, once in CI; most likely
+// a socket of the earlier round's joins).
+func signalPorts(n int) []int {
+	base := 5301 + 16*int((compareRuns.Add(1)-1)%64)
+	ports := make([]int, n)
+	for i := range ports {
+		ports[i] = base + i
+	}
+	return ports
+}
+
 // Compare runs every scenario on bed, one after the other, from pod 1 of
 // node 1 to pod 1 of node 2, and leaves the bed as it found it.
 func Compare(ctx context.Context, bed *testbed.Bed, o CompareOptions) ([]Measurement, error) {
@@ -57,10 +76,7 @@ func Compare(ctx context.Context, bed *testbed.Bed, o CompareOptions) ([]Measure
 		return nil, errors.New("comparison needs at least 2 NICs")
 	}
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
-	ports := make([]int, bed.Config.NICs-1)
-	for i := range ports {
-		ports[i] = 5301 + i
-	}
+	ports := signalPorts(bed.Config.NICs - 1)
 	var out []Measurement
 	run := func(name string, mptcp bool, port int) error {
 		o.Log("running %q for %v", name, o.Duration)

@@ -73,7 +73,9 @@ func (b *Bed) ConfigureSignalPorts(server *Pod, ports []int) error {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	return err
+	// Still in use: name what holds the ports, in every state.
+	out, _ := b.Command(server.NetNS, "ss", "-tanM").CombinedOutput()
+	return fmt.Errorf("%w; the server pod's TCP sockets:\n%s", err, out)
 }
 
 // ConfigureClientLimits sets a client pod's in-kernel path manager limits: the number of extra subflows it may

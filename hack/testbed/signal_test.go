@@ -104,3 +104,24 @@ func TestASignalledPortIsNotJoinedAgainAfterItsJoinClosed(t *testing.T) {
 	cancel()
 	<-sent
 }
+
+// A port the server pod cannot announce because another socket holds it
+// is refused after the listener's own delay, and the error lists the pod's
+// sockets in every state, so that what held it (a listener, a join, a
+// TIME_WAIT) is named in the failure.
+func TestASignalPortHeldByAnotherSocketIsRefusedNamingIt(t *testing.T) {
+	const port = 5321
+	b := NewForTest(t, Config{Nodes: 2, NICs: 1, PodsPerNode: 1})
+	server := b.Pod(2, 1)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err := b.StartTrafficServer(ctx, BuildTraffic(t), server, port, false)
+	Must(t, err)
+	err = b.ConfigureSignalPorts(server, []int{port})
+	if err == nil || !strings.Contains(err.Error(), "-98") {
+		t.Fatalf("announcing a port a plain TCP server listens on: %v, want EADDRINUSE (-98)", err)
+	}
+	if !strings.Contains(err.Error(), "LISTEN") || !strings.Contains(err.Error(), fmt.Sprintf(":%d", port)) {
+		t.Errorf("the error does not name the listener holding port %d: %v", port, err)
+	}
+}
