@@ -101,10 +101,7 @@ func FinishTransfer(t testing.TB, w *testbed.Watch, srv *testbed.TrafficServer, 
 	if len(sent) == 0 {
 		w.Fail(fmt.Errorf("the sender reported no connection: %w", sendErr))
 	}
-	byRemote, err := testbed.MatchReports(sent, got)
-	if err != nil {
-		w.Fail(err)
-	}
+	byRemote := w.Match(sent, got)
 	for _, s := range sent {
 		if r := byRemote[s.Local]; r.MPTCP != mptcp {
 			t.Fatalf("connection %d: MPTCP %v, want %v: %+v", s.Conn, r.MPTCP, mptcp, r)

@@ -74,7 +74,8 @@ func TestHandRouteBaselineUsesBothNICs(t *testing.T) {
 		}
 		got, err := srv.WaitReports(ctx, attempt)
 		Must(t, err)
-		m := matchWatched(t, w, sent, got)
+		m := w.Match(sent, got)
+		w.Close()
 		d := delta(before, counters(t, b))
 		r = m[sent[0].Local]
 		if !r.MPTCP || !sent[0].MPTCP {

@@ -62,7 +62,8 @@ func TestPodToPodAcrossNodes(t *testing.T) {
 		Must(t, err)
 		got, err := srv.WaitReports(ctx, 2)
 		Must(t, err)
-		matchWatched(t, w, sent, got)
+		w.Match(sent, got)
+		w.Close()
 		d := delta(before, counters(t, b))
 		t.Logf("bytes per NIC (rx, tx): node1 %v, node2 %v", d[0], d[1])
 		// All 40 MiB leave node 1 on nic1 and arrive at node 2 on nic1; ACKs come back the same way.
@@ -88,20 +89,9 @@ func TestPodToPodAcrossNodes(t *testing.T) {
 		Must(t, err)
 		got, err := srv.WaitReports(ctx, 1)
 		Must(t, err)
-		matchWatched(t, w, sent, got)
+		w.Match(sent, got)
+		w.Close()
 	})
-}
-
-// matchWatched checks what arrived against what was sent; a changed or
-// broken stream fails the test with w's evidence. The watch is closed.
-func matchWatched(t *testing.T, w *Watch, sent []SenderReport, got []ServerReport) map[string]ServerReport {
-	t.Helper()
-	m, err := MatchReports(sent, got)
-	if err != nil {
-		w.Fail(err)
-	}
-	w.Close()
-	return m
 }
 
 // singlePath measures one plain TCP connection from client to server for 6 s; goodput over [1 s, 5 s] after the
@@ -115,7 +105,8 @@ func singlePath(t *testing.T, ctx context.Context, b *Bed, bin string, client, s
 	Must(t, err)
 	got, err := srv.WaitReports(ctx, 1)
 	Must(t, err)
-	r := matchWatched(t, w, sent, got)[sent[0].Local]
+	r := w.Match(sent, got)[sent[0].Local]
+	w.Close()
 	if r.WindowShort {
 		t.Fatalf("connection ended inside the window: %+v", r)
 	}

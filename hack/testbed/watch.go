@@ -90,6 +90,18 @@ func (w *Watch) Fail(err error) {
 	w.t.Fatalf("%v\nevidence: %s", err, dir)
 }
 
+// Match checks what arrived against what was sent (MatchReports) and
+// returns the server's reports by the sender's address; a changed, stalled
+// or broken stream fails the test with the evidence.
+func (w *Watch) Match(sent []SenderReport, got []ServerReport) map[string]ServerReport {
+	w.t.Helper()
+	byRemote, err := MatchReports(sent, got)
+	if err != nil {
+		w.Fail(err)
+	}
+	return byRemote
+}
+
 // Keep saves the evidence of err without failing the test, and returns
 // where it is: for a test that goes on to count failures.
 func (w *Watch) Keep(err error) string {

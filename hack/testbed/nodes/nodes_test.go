@@ -120,9 +120,7 @@ func TestRealNodesRunPodsThatTalkMPTCP(t *testing.T) {
 	if len(sent) != 1 || len(got) != 1 {
 		t.Fatalf("want one report from each end, got %d sent and %d received", len(sent), len(got))
 	}
-	if _, err := testbed.MatchReports(sent, got); err != nil {
-		w.Fail(err)
-	}
+	w.Match(sent, got)
 	w.Close()
 	if !sent[0].MPTCP || !got[0].MPTCP || got[0].Bytes != size {
 		t.Fatalf("want %d bytes over MPTCP at both ends: sent %+v, received %+v", size, sent[0], got[0])
