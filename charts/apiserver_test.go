@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 // A real kube-apiserver (the pinned version the tests build) accepts the

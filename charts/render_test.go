@@ -26,8 +26,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
-	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 const (

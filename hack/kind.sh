@@ -17,7 +17,7 @@
 # the chart installed with pullPolicy Never, and examples/ applied: nic1 and
 # nic2 are fabric-a and fabric-b.
 #
-# `e2e` runs e2e/conformance (TestInstalledOperator) against the cluster
+# `e2e` runs test/e2e/conformance (TestInstalledOperator) against the cluster
 # through its API server: a client pod on the first worker sends to a server
 # pod on the second over MPTCP; the streams must arrive whole and the first
 # worker's agent must have steered them over both fabrics. The same checks
@@ -205,7 +205,7 @@ image_ref() {
 	echo "$ref"
 }
 
-# conformance runs e2e/conformance on the cluster.
+# conformance runs test/e2e/conformance on the cluster.
 conformance() {
 	local kubeconfig=$KIND_WORKDIR/kubeconfig traffic
 	mkdir -p "$KIND_WORKDIR"
@@ -215,7 +215,7 @@ conformance() {
 		"$KIND" get kubeconfig --name "$KIND_CLUSTER" >"$kubeconfig"
 	fi
 	traffic=$(image_ref traffic)
-	run "$GO" -C "$root" test -count=1 -v -run '^TestInstalledOperator$' ./e2e/conformance/ -args \
+	run "$GO" -C "$root" test -count=1 -v -run '^TestInstalledOperator$' ./test/e2e/conformance/ -args \
 		-conformance.kubeconfig="$kubeconfig" -conformance.traffic-image="$traffic" -conformance.namespace="$NAMESPACE"
 }
 

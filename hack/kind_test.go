@@ -13,7 +13,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 type kindNode struct {
@@ -250,7 +250,7 @@ func TestKindE2ERunsTheConformanceTestOnTheCluster(t *testing.T) {
 	}
 	want := [][]string{
 		{"kind", "get", "kubeconfig", "--name", "mp"},
-		{"go", "-C", testenv.RepoRoot(), "test", "-count=1", "-v", "-run", "^TestInstalledOperator$", "./e2e/conformance/", "-args",
+		{"go", "-C", testenv.RepoRoot(), "test", "-count=1", "-v", "-run", "^TestInstalledOperator$", "./test/e2e/conformance/", "-args",
 			"-conformance.kubeconfig=" + filepath.Join(work, "kubeconfig"), "-conformance.traffic-image=ghcr.io/mptcp-operator/traffic:0.1.0",
 			"-conformance.namespace=ops"},
 	}

@@ -17,4 +17,4 @@ $(NODE_ASSETS):
 
 .PHONY: test-nodes
 test-nodes: deps envtest-assets node-assets $(IMAGEBUILD) ## Run the real-node tests (root): kubelets, containerd and pods on the test bed.
-	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) IMAGEBUILD=$(IMAGEBUILD) $(GO) test -count=1 -v ./hack/testbed/nodes/
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) IMAGEBUILD=$(IMAGEBUILD) $(GO) test -count=1 -v ./test/testbed/nodes/

@@ -6,8 +6,8 @@ traffic: ## Build the test bed's traffic tool (hack/traffic) into bin/.
 
 .PHONY: test-testbed
 test-testbed: ## Run the test bed's own tests (root; skipped with a reason otherwise, fatal when CI=true).
-	$(GO) test -count=1 -v ./hack/testbed/
+	$(GO) test -count=1 -v ./test/testbed/
 
 .PHONY: testbed-sweep
 testbed-sweep: ## Remove test beds left behind by crashed runs (beds of live processes are kept).
-	$(GO) run ./hack/testbed/cmd/sweep
+	$(GO) run ./test/testbed/cmd/sweep

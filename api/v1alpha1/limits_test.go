@@ -12,8 +12,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
-	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 // crdSchema is the OpenAPI schema of the first version of a generated CRD.

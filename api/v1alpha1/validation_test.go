@@ -16,7 +16,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 // validPolicy is the base most policy cases change in one place.

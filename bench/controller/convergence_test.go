@@ -23,7 +23,7 @@ import (
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
-	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 // scale is the size of the simulated cluster.

@@ -25,8 +25,8 @@ import (
 	"github.com/cilium/ebpf/asm"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
-	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // repeat is how many times the kernel runs a program per syscall for the

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
-	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
+	"github.com/mptcp-operator/mptcp-operator/test/framework"
 )
 
 const section = "## Failover"
@@ -159,7 +159,7 @@ func report(results []result) string {
 	fmt.Fprintf(&s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench . -benchtime %dx -timeout 150m ./bench/failover/` (`make bench-failover`), "+
 		"on %s: %s, %d CPUs, Linux %s.\n\n", rounds, time.Now().UTC().Format("2006-01-02"), benchdoc.CPUModel(), runtime.NumCPU(), benchdoc.KernelRelease())
 	fmt.Fprintf(&s, "Two nodes with K paths of %.0f Mbit/s; one MPTCP connection of %v from the pod on node 1 to the pod on node 2; %v after it "+
-		"starts nic1 of one node fails, and is repaired %v later (e2e/framework/failover.go). Each case has two beds: the agents "+
+		"starts nic1 of one node fails, and is repaired %v later (test/framework/failover.go). Each case has two beds: the agents "+
 		"(userspace subflows, liveness probes) and the kernel alone (hand-routed, a subflow per NIC, no agent, no BPF); every round "+
 		"runs one transfer on each, so that both share whatever else loads the machine. Every stream is checked byte by byte. "+
 		"Figures are min / median / max over the rounds:\n\n",

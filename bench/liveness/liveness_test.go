@@ -22,7 +22,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 const (

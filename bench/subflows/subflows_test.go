@@ -19,8 +19,8 @@ import (
 	"time"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
-	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/framework"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
 // BenchmarkSubflowCreation opens b.N short connections one after another and

@@ -22,12 +22,12 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
-	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/test/framework"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
-// The caps of the e2e rate tests (e2e/rate_test.go): a fifth of two
+// The caps of the e2e rate tests (test/e2e/rate_test.go): a fifth of two
 // 200 Mbit/s links for police and shape, a quarter for window.
 const (
 	rateCap   = 40_000_000

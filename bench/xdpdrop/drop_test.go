@@ -9,8 +9,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // The flood: peer's address, the pod's and its network.

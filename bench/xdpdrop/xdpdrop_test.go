@@ -11,7 +11,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 var (

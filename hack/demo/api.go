@@ -17,12 +17,12 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
-	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed/controlplane"
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed/nodes"
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed/release"
-	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/framework"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed/controlplane"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed/nodes"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed/release"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 // ScenarioAPI is the agent scenario as a cluster runs it: the operator

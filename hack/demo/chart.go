@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
 // phase is a stretch of the demo run (one scenario's transfer).

@@ -20,9 +20,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/mptcp-operator/mptcp-operator/e2e/framework"
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed/nodes"
+	"github.com/mptcp-operator/mptcp-operator/test/framework"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed/nodes"
 )
 
 func main() {

@@ -23,8 +23,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // record is images.json.

@@ -11,11 +11,11 @@ import (
 	"time"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
-	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
 )
 
 // TestClosedSubflowsAreSweptFromTheirPodsSockets: the entries node 1's

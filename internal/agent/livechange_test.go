@@ -15,10 +15,10 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
 // Every field of a rule, changed while its pod runs, reaches the pod with

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
 // TestAPodThatCannotBeConfiguredIsSkippedNotTheNode: a pod whose network

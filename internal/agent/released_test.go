@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
 // The sweep of a released pod keeps the subflow records of its open sockets

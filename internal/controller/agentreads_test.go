@@ -20,7 +20,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/kube"
-	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 // TestAgentCredentialsCoverWhatTheAgentDoesOnItsNode runs, with the pod-bound

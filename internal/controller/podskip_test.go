@@ -24,8 +24,8 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/kube"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
-	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 // recordingEnforcer stands in for the datapath: it keeps the plans the

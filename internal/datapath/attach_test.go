@@ -14,7 +14,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // throwawayNetns creates a namespace with a veth pair (veth-a, veth-b) and removes it

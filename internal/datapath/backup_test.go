@@ -8,7 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
 )
 
 // joinB is the MP_JOIN B bit of a frame built by testpkt (the join the

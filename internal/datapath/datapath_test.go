@@ -10,8 +10,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // skbContext is struct __sk_buff (192 bytes on this kernel): the test sets

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // tsharkGood is the value of ip.checksum.status and tcp.checksum.status for

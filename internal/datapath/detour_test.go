@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
 )
 
 // dataFrame is a data segment from src:sport to dst:dport.

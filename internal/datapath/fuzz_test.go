@@ -8,7 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
 )
 
 // fuzzRulePaths is the one rule of the fuzz test: every path may be chosen.

@@ -17,8 +17,8 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
-	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 var (

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
-	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
 )
 
 // podSlots is how many subflow entries the programs count for each pod

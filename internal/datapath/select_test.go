@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
+	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
 )
 
 // placeSYN runs an MP_CAPABLE SYN from src:sport to dst:dport through

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // pair creates two namespaces joined by a veth: client 192.0.2.1, server 192.0.2.2.

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
-	privileged "github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	privileged "github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // getUnix sends GET path over the unix socket at sock, as root (this test).

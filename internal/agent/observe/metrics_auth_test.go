@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/metricsauth"
-	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 // TestMetricsNeedAnAuthorizedTokenWhenAuthIsOn serves a real agent's metrics

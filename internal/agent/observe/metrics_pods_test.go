@@ -12,7 +12,7 @@ import (
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 func TestParseNetstatReadsOneGroup(t *testing.T) {

@@ -18,8 +18,8 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
-	"github.com/mptcp-operator/mptcp-operator/internal/testpkt"
-	privileged "github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
+	privileged "github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // source is an agent as its observers see it.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
-	"github.com/mptcp-operator/mptcp-operator/internal/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // podNamespace creates a network namespace for a test and returns its path.

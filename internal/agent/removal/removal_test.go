@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/removal"
-	"github.com/mptcp-operator/mptcp-operator/internal/controller/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 const (

@@ -5,8 +5,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/mptcp-operator/mptcp-operator/hack/testbed"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
 // A path's capacity bounds the shaping on its NIC: the classes are all

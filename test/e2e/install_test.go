@@ -1,0 +1,324 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/test/e2e/conformance"
+	"github.com/mptcp-operator/mptcp-operator/test/framework"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed/nodes"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed/release"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+)
+
+const (
+	tenantNS   = "tenant"
+	tenantPort = 5301
+)
+
+// tenantLabels select a namespace's pods for examples/policy-spread.yaml.
+var tenantLabels = map[string]string{"mptcp.io/tenant": "enabled"}
+
+// processStatus reads the fields of /proc/<pid>/status.
+func processStatus(t *testing.T, pid int) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			out[k] = strings.TrimSpace(v)
+		}
+	}
+	return out
+}
+
+func capMask(t *testing.T, hex string) uint64 {
+	t.Helper()
+	v, err := strconv.ParseUint(hex, 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// requireChartPrivileges checks what the kernel says the chart's pods hold:
+// each agent exactly its declared capabilities (CAP_NET_ADMIN 12,
+// CAP_SYS_ADMIN 21, CAP_PERFMON 38, CAP_BPF 39) in its effective,
+// permitted and bounding sets, none beyond them anywhere, no new
+// privileges, the runtime's seccomp filter; each controller none at all,
+// as the image's non-root user.
+func requireChartPrivileges(t *testing.T, cb *chartBed) {
+	t.Helper()
+	const declared = 1<<12 | 1<<21 | 1<<38 | 1<<39
+	for _, n := range cb.bed.Nodes {
+		st := processStatus(t, cb.agentPID(t, n))
+		for _, set := range []string{"CapEff", "CapPrm", "CapBnd"} {
+			if m := capMask(t, st[set]); m != declared {
+				t.Errorf("agent on %s: %s %016x, want exactly the declared %016x", framework.NodeName(n), set, m, uint64(declared))
+			}
+		}
+		for _, set := range []string{"CapInh", "CapAmb"} {
+			if m := capMask(t, st[set]); m&^declared != 0 {
+				t.Errorf("agent on %s: %s %016x holds more than the declared capabilities", framework.NodeName(n), set, m)
+			}
+		}
+		if st["NoNewPrivs"] != "1" || st["Seccomp"] != "2" {
+			t.Errorf("agent on %s: NoNewPrivs %s, Seccomp %s; want 1 and 2 (filter)", framework.NodeName(n), st["NoNewPrivs"], st["Seccomp"])
+		}
+	}
+	var pods corev1.PodList
+	if err := cb.c.List(context.Background(), &pods, client.InNamespace(release.Namespace),
+		client.MatchingLabels{"app.kubernetes.io/component": "controller"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) == 0 {
+		t.Fatal("no controller pod")
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		for _, pid := range cb.nodes.NodeOf(p).PodPIDs(p) {
+			st := processStatus(t, pid)
+			if !strings.HasPrefix(st["Name"], "controller") {
+				continue // the sandbox
+			}
+			if capMask(t, st["CapEff"]) != 0 || capMask(t, st["CapPrm"]) != 0 || !strings.HasPrefix(st["Uid"], "65532") {
+				t.Errorf("controller %s: CapEff %s, CapPrm %s, Uid %s; want no capability, uid 65532", p.Name, st["CapEff"], st["CapPrm"], st["Uid"])
+			}
+		}
+	}
+}
+
+// footprintPaths are where node n keeps what the agent writes, as the
+// machine sees them.
+func (cb *chartBed) footprintPaths(n *testbed.Node) framework.FootprintPaths {
+	return framework.FootprintPaths{BPFFS: cb.bed.PinDir(n), State: filepath.Join(cb.nodes.Node(n.Index).Dir, "run", "mptcp-operator")}
+}
+
+// footprints reads every node's footprint with its pods'.
+func (cb *chartBed) footprints(t *testing.T) framework.Footprint {
+	t.Helper()
+	all := framework.Footprint{}
+	for _, n := range cb.bed.Nodes {
+		f, err := framework.TakeFootprint(cb.bed, n, cb.footprintPaths(n), n.Pods)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range f {
+			all[k] = v
+		}
+	}
+	return all
+}
+
+// waitLinkLocal waits until the host-side veth of every pod has its IPv6
+// link-local address, past duplicate address detection: the kernel adds
+// its routes then, which a footprint taken earlier would not show.
+func waitLinkLocal(t *testing.T, bed *testbed.Bed) {
+	t.Helper()
+	for _, n := range bed.Nodes {
+		for _, p := range n.Pods {
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				out, err := bed.Command(n.NetNS, "ip", "-6", "-o", "addr", "show", "dev", p.HostIf, "scope", "link").CombinedOutput()
+				if err == nil && strings.Contains(string(out), "fe80::") && !strings.Contains(string(out), "tentative") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: no settled link-local address on %s: %s (%v)", p, p.HostIf, out, err)
+				}
+			}
+		}
+	}
+}
+
+// serverPod is a tenant pod on node n that serves MPTCP connections, held
+// until the agent configured it.
+func (cb *chartBed) serverPod(n *testbed.Node) *corev1.Pod {
+	return nodes.TrafficPod(tenantNS, fmt.Sprintf("server%d", n.Index), framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
+		map[string]string{"app": "server"}, []corev1.EnvVar{nodes.PodIPEnv},
+		"serve", "-listen", fmt.Sprintf("$(POD_IP):%d", tenantPort), "-mptcp", "-warmup", "0s", "-window", "2s")
+}
+
+// ownSettings gives a pod's namespace MPTCP settings of its own, none the
+// kernel's default: what its owner, its runtime or another tool may have
+// set before the product came. Uninstalling must put them back as they
+// were.
+func ownSettings(t *testing.T, bed *testbed.Bed, p *testbed.Pod) {
+	t.Helper()
+	for _, args := range [][]string{
+		{"sysctl", "-w", "net.mptcp.checksum_enabled=1"},
+		{"ip", "mptcp", "limits", "set", "subflows", "3", "add_addr_accepted", "1"},
+		{"ip", "mptcp", "endpoint", "add", p.Addr.String(), "id", "7", "subflow"},
+	} {
+		if out, err := bed.Command(p.NetNS, args...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %s: %v: %s", p, strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// An admin installs the chart (helm install, this tree's images imported on
+// the nodes, pullPolicy Never: nothing else) on a cluster of real nodes; the
+// controller and an agent per node come up as the chart's pods, each with
+// only the privileges the chart declares. examples/ is applied; tenant pods
+// created from Pod specs run the traffic image, held by their init
+// container until their node's agent has configured them. MPTCP
+// connections in both directions between the two nodes' pods are spread,
+// one subflow per NIC, the same NIC at both ends, as captures show, and every
+// stream arrives as it was sent. Then helm uninstall: the agents see their
+// DaemonSet deleted and take everything away, so that each node, and the
+// network namespace of each pod the agents configured, is as it was before
+// the install: rules, routes, qdiscs, filters, TCX programs, every net.*
+// sysctl, MPTCP endpoints and limits (a pod's own, not the kernel's
+// defaults), pins and state files.
+func TestChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing.T) {
+	cb := startChartBed(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit"})
+	ctx := background(t)
+	cb.namespace(t, tenantNS, tenantLabels)
+	if err := nodes.AllowAwait(ctx, cb.c, tenantNS); err != nil {
+		t.Fatal(err)
+	}
+	servers := map[int]*corev1.Pod{}
+	for _, n := range cb.bed.Nodes {
+		servers[n.Index] = cb.serverPod(n)
+		if err := cb.c.Create(ctx, servers[n.Index]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range cb.bed.Nodes {
+		cb.attach(t, servers[n.Index])
+	}
+	ownSettings(t, cb.bed, cb.bed.Pod(2, 1))
+	waitLinkLocal(t, cb.bed)
+	before := cb.footprints(t)
+	// The kubelets run the servers' sandboxes, but their workloads wait
+	// for the agent's gate, and no agent runs yet.
+	for _, s := range servers {
+		if err := nodes.WaitStarted(ctx, cb.c, s, time.Second); err == nil {
+			t.Errorf("server %s started its workload before any agent ran", s.Name)
+		}
+	}
+
+	cb.install(t, release.Chart(), cb.images)
+	requireChartPrivileges(t, cb)
+	examples := filepath.Join(testenv.RepoRoot(), "examples")
+	if err := cb.cp.ApplyFiles(ctx, filepath.Join(examples, "paths.yaml"), filepath.Join(examples, "policy-spread.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range servers {
+		if err := nodes.WaitStarted(ctx, cb.c, s, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := cb.nodes.WaitListening(ctx, s, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Each node's client pod sends to the other node's server.
+	w := cb.bed.Watch(t, framework.DatapathEvidence(cb.bed))
+	const conns = 2
+	var clients []*corev1.Pod
+	for _, n := range cb.bed.Nodes {
+		peer := servers[3-n.Index]
+		cl := nodes.TrafficPod(tenantNS, fmt.Sprintf("client%d", n.Index), framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
+			map[string]string{"app": "client"}, []corev1.EnvVar{{Name: "SERVER", Value: fmt.Sprintf("%s:%d", peer.Status.PodIP, tenantPort)}},
+			"send", "-to", "$(SERVER)", "-mptcp", "-json", "-conns", fmt.Sprint(conns), "-duration", capturedTransfer.String(), "-seed", fmt.Sprint(n.Index))
+		if err := cb.c.Create(ctx, cl); err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, cl)
+	}
+	var sent []testbed.SenderReport
+	var got []testbed.ServerReport
+	for _, cl := range clients {
+		if err := cb.nodes.WaitEnded(ctx, cb.c, cl); err != nil {
+			w.Fail(err)
+		}
+		reps, err := cb.nodes.SenderReports(cl)
+		if err != nil {
+			w.Fail(err)
+		}
+		sent = append(sent, reps...)
+	}
+	for _, s := range servers {
+		reps, err := cb.nodes.ServerReports(ctx, s, conns, 30*time.Second)
+		if err != nil {
+			w.Fail(err)
+		}
+		got = append(got, reps...)
+	}
+	w.Match(sent, got)
+	files, err := w.Captures()
+	if err != nil {
+		t.Fatal(err)
+	}
+	analysis, err := testbed.Analyze(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	requireSpread(t, analysis, len(sent), "installed with the chart")
+	requireNodeStatesOfExamples(t, cb, servers)
+	// The checks hack/kind.sh runs on kind, through the API server alone.
+	conformance.Run(t, conformance.Env{Config: cb.cp.Env.Config, TrafficImage: cb.images[nodes.TrafficImage].Ref,
+		PullPolicy: corev1.PullNever, AgentNamespace: release.Namespace, AgentMetricsPort: release.AgentMetricsPort, Duration: 3 * time.Second})
+
+	// What the footprint must see go: the agents' rules, programs, pins,
+	// sysctls, and the pods' path manager.
+	installed := before.Diff(cb.footprints(t), nil)
+	for _, want := range []string{"fwmark", "pod_egress", "nic_ingress", "mptcp-operator/", "src_valid_mark = 1", "net.mptcp.path_manager = userspace"} {
+		if !strings.Contains(installed, want) {
+			t.Errorf("the footprint of the installed product lacks %q; it shows:\n%s", want, installed)
+		}
+	}
+
+	cb.uninstall(t)
+	if diff := before.Diff(cb.footprints(t), nil); diff != "" {
+		t.Errorf("helm uninstall left the nodes changed (- before the install, + after the uninstall):\n%s", diff)
+	}
+}
+
+// requireNodeStatesOfExamples checks what the controller compiled from the
+// examples for each node the kubelets registered: the examples' paths name
+// the bed's NICs, the node's pod CIDR is the one its Node has, and the
+// node's server pod is there with its address.
+func requireNodeStatesOfExamples(t *testing.T, cb *chartBed, servers map[int]*corev1.Pod) {
+	t.Helper()
+	for _, n := range cb.bed.Nodes {
+		var st mptcpv1alpha1.MPTCPNodeState
+		if err := cb.c.Get(context.Background(), client.ObjectKey{Name: framework.NodeName(n)}, &st); err != nil {
+			t.Fatal(err)
+		}
+		var ifaces []string
+		for _, p := range st.Spec.Paths {
+			ifaces = append(ifaces, p.Name+"="+p.Interface.Name)
+		}
+		if want := []string{"fabric-a=nic1", "fabric-b=nic2"}; !slices.Equal(ifaces, want) {
+			t.Errorf("paths of node %d: %v, want %v", n.Index, ifaces, want)
+		}
+		if want := []string{n.PodCIDR.String()}; !slices.Equal(st.Spec.PodCIDRs, want) {
+			t.Errorf("pod CIDRs of node %d: %v, want %v", n.Index, st.Spec.PodCIDRs, want)
+		}
+		server := servers[n.Index]
+		found := false
+		for _, p := range st.Spec.Pods {
+			found = found || (p.Name == server.Name && slices.Equal(p.IPs, []string{server.Status.PodIP}))
+		}
+		if !found {
+			t.Errorf("node %d's state does not hold its server pod %s at %s: %+v", n.Index, server.Name, server.Status.PodIP, st.Spec.Pods)
+		}
+	}
+}
