@@ -52,15 +52,20 @@ lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (product and tools module
 
 # Where tests keep the evidence of failed transfers (go test -artifacts)
 # and record the stalls they tried again; hack/test-summary.sh reports both.
+# The run's `go test -json` is kept there too (test.json): hack/testtimes
+# prints the tests' output from it as they run, then the slowest tests and
+# the time of each package.
 TEST_OUTPUT := $(CURDIR)/_output/test
 BENCH_OUTPUT := $(CURDIR)/_output/bench
 
 .PHONY: test
 test: deps envtest-assets node-assets ## Run every test (needs root: network namespaces, BPF, a real API server); then list retries and kept evidence.
 	@rm -rf $(TEST_OUTPUT) && mkdir -p $(TEST_OUTPUT)
+	$(GO) build -o $(BIN)/testtimes ./hack/testtimes
 	rc=0; MPTCP_RETRY_LOG=$(TEST_OUTPUT)/retries.tsv KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) \
-		$(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) -artifacts -outputdir $(TEST_OUTPUT) ./... || rc=$$?; \
-	hack/test-summary.sh $(TEST_OUTPUT); exit $$rc
+		$(GO) test -json -count=1 -p 1 -timeout $(TEST_TIMEOUT) -artifacts -outputdir $(TEST_OUTPUT) ./... 2>&1 | \
+		$(BIN)/testtimes -stream -json $(TEST_OUTPUT)/test.json || rc=$$?; \
+	$(BIN)/testtimes -report $(TEST_OUTPUT)/test.json; hack/test-summary.sh $(TEST_OUTPUT); exit $$rc
 
 # The data-integrity reproducer (docs/testing.md, "Data integrity"):
 # INTEGRITY_ROUNDS transfers per scenario, each checked byte by byte.

@@ -1,0 +1,152 @@
+// Command testtimes reads `go test -json` and tells where a test run's time
+// went: with -stream it copies the tests' own output to stdout as it comes
+// (what `go test` without -json prints, so a reader and CI see the usual
+// lines) while the JSON goes to a file; with -report it prints the slowest
+// tests and the time of every package from that file.
+//
+//	go test -json ./... | testtimes -stream -json out.json
+//	testtimes -report out.json
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// event is one line of `go test -json` (cmd/test2json).
+type event struct {
+	Time    time.Time
+	Action  string
+	Package string
+	Test    string
+	Elapsed float64
+	Output  string
+}
+
+func main() {
+	stream := flag.Bool("stream", false, "copy the output of the JSON on stdin to stdout, and the JSON itself to -json")
+	jsonOut := flag.String("json", "", "with -stream: the file to write the JSON to")
+	report := flag.String("report", "", "print the slowest tests and the time per package of this JSON file")
+	top := flag.Int("top", 20, "with -report: how many of the slowest tests to list")
+	flag.Parse()
+
+	var err error
+	switch {
+	case *stream && *jsonOut != "":
+		err = copyStream(os.Stdin, os.Stdout, *jsonOut)
+	case *report != "":
+		err = printReport(os.Stdout, *report, *top)
+	default:
+		flag.Usage()
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testtimes:", err)
+		os.Exit(1)
+	}
+}
+
+// copyStream writes every line of in to the file jsonPath and the output the
+// line carries to out. A line that is not JSON (the go command's own errors,
+// a build failure) is copied to out as it is, so that nothing is hidden.
+func copyStream(in io.Reader, out io.Writer, jsonPath string) error {
+	f, err := os.Create(jsonPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if _, err := f.Write(append(line, '\n')); err != nil {
+			return err
+		}
+		var e event
+		if json.Unmarshal(line, &e) != nil {
+			fmt.Fprintf(out, "%s\n", line)
+			continue
+		}
+		if e.Action == "output" {
+			io.WriteString(out, e.Output)
+		}
+	}
+	return sc.Err()
+}
+
+type timing struct {
+	pkg, test, result string
+	elapsed           float64
+}
+
+func printReport(out io.Writer, path string, top int) error {
+	tests, pkgs, err := readTimings(path)
+	if err != nil {
+		return err
+	}
+	sort.SliceStable(tests, func(i, j int) bool { return tests[i].elapsed > tests[j].elapsed })
+	sort.SliceStable(pkgs, func(i, j int) bool { return pkgs[i].elapsed > pkgs[j].elapsed })
+
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(out, "--- the %d slowest tests\n", min(top, len(tests)))
+	for _, t := range tests[:min(top, len(tests))] {
+		fmt.Fprintf(w, "%7.1f s\t%s\t%s\t%s\n", t.elapsed, t.result, short(t.pkg), t.test)
+	}
+	w.Flush()
+	fmt.Fprintln(out, "--- time per package")
+	var sum float64
+	for _, p := range pkgs {
+		fmt.Fprintf(w, "%7.1f s\t%s\t%s\n", p.elapsed, p.result, short(p.pkg))
+		sum += p.elapsed
+	}
+	fmt.Fprintf(w, "%7.1f s\t\tthe packages one after another (%d)\n", sum, len(pkgs))
+	return w.Flush()
+}
+
+// readTimings returns the top-level tests' and the packages' results with
+// their elapsed times. Packages without test files say so and are left out.
+func readTimings(path string) (tests, pkgs []timing, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var e event
+		if json.Unmarshal(sc.Bytes(), &e) != nil {
+			continue
+		}
+		if e.Action != "pass" && e.Action != "fail" && e.Action != "skip" {
+			continue
+		}
+		t := timing{pkg: e.Package, test: e.Test, result: e.Action, elapsed: e.Elapsed}
+		switch {
+		case e.Test == "" && e.Action == "skip":
+			// [no test files]
+		case e.Test == "":
+			pkgs = append(pkgs, t)
+		case !strings.Contains(e.Test, "/"):
+			tests = append(tests, t)
+		}
+	}
+	return tests, pkgs, sc.Err()
+}
+
+// short drops the module path, which every package shares.
+func short(pkg string) string {
+	const module = "github.com/mptcp-operator/mptcp-operator/"
+	if rest, ok := strings.CutPrefix(pkg, module); ok {
+		return "./" + rest
+	}
+	return pkg
+}
