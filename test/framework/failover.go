@@ -233,6 +233,7 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 	rst1, csum1 := podResets(t, bed), podCounter(t, bed, "MPTcpExtDataCsumErr")
 	re1, inj1 := KernelCounter(t, bed, client.NetNS, "TcpRetransSegs"), KernelCounter(t, bed, client.NetNS, "MPTcpExtMPTCPRetrans")
 	rep := FinishTransfer(t, w, srv, res.Sent, res.Err, true)[res.Sent[0].Local]
+	transferred := time.Now()
 
 	// The first byte, from the counters: the first sample after the sender
 	// started at which node 1 had sent 64 kB more over its NICs.
@@ -337,6 +338,8 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 		}
 	}
 	f.Detected = detected(row.Agents, down)
+	t.Logf("phases: transfer %v (from the watch to the stream checked), capture analysis %v",
+		transferred.Sub(start).Round(time.Millisecond), time.Since(transferred).Round(time.Millisecond))
 	if row.Judge != nil {
 		if f.Problems = row.Judge(f); len(f.Problems) > 0 {
 			if row.Agents != nil || !row.MeasureOnly {
@@ -492,6 +495,8 @@ func AgentFailoverRow(t testing.TB, bins Binaries, nics, node int, fail Failure,
 func AgentFailoverRowWith(t testing.TB, bins Binaries, nics, node int, fail Failure, ruleFor func(*testbed.Node) mptcpv1alpha1.CompiledRule, caps AgentOption) FailoverRow {
 	t.Helper()
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: nics, PodsPerNode: 1, LinkRate: "200mbit"})
+	start := time.Now()
+	defer func() { t.Logf("phases: agents up and every peer Up in %v", time.Since(start).Round(time.Millisecond)) }()
 	agents, err := StartAgentsWith(t.Context(), bed, bins.Agent, ruleFor, caps, WithFlapDamping(agent.FlapDamping{Transitions: -1}), WithLiveness())
 	if err != nil {
 		t.Fatal(err)

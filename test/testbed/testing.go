@@ -54,16 +54,20 @@ func NewForTest(t testing.TB, cfg Config) *Bed {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	start := time.Now()
 	b, err := Up(ctx, cfg)
 	if err != nil {
 		t.Fatalf("bringing the test bed up: %v", err)
 	}
 	t.Cleanup(func() {
+		start := time.Now()
 		if err := b.Down(); err != nil {
 			t.Errorf("tearing the test bed %s down: %v", b.Name, err)
 		}
+		t.Logf("test bed %s down in %v", b.Name, time.Since(start).Round(time.Millisecond))
 	})
-	t.Logf("test bed %s: %d nodes x %d NICs x %d pods, link rate %q", b.Name, cfg.Nodes, cfg.NICs, cfg.PodsPerNode, cfg.LinkRate)
+	t.Logf("test bed %s: %d nodes x %d NICs x %d pods, link rate %q, up in %v", b.Name, cfg.Nodes, cfg.NICs, cfg.PodsPerNode, cfg.LinkRate,
+		time.Since(start).Round(time.Millisecond))
 	return b
 }
 
