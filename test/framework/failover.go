@@ -338,7 +338,7 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 		}
 	}
 	f.Detected = detected(row.Agents, down)
-	t.Logf("phases: transfer %v (from the watch to the stream checked), capture analysis %v",
+	t.Logf("phases: transfer %v (the sender started to the stream checked), capture analysis %v",
 		transferred.Sub(start).Round(time.Millisecond), time.Since(transferred).Round(time.Millisecond))
 	if row.Judge != nil {
 		if f.Problems = row.Judge(f); len(f.Problems) > 0 {
