@@ -1,5 +1,5 @@
 // Package failover measures what a transfer sees when one of a node's NICs
-// fails mid-transfer and is repaired (issue 17): every failure case of the
+// fails mid-transfer and is repaired: every failure case of the
 // e2e failover tests with two and three paths, with the agent and, in the
 // same run and alternating with it, the kernel alone. With
 // BENCH_REPORT=<file> the results rewrite the "Failover" section of that
@@ -42,9 +42,9 @@ func (c failoverCase) String() string {
 	return fmt.Sprintf("K=%d, %s, %s", c.nics, c.fail.Name, side)
 }
 
-// cases are the issue's failures with two and three paths, on the sender's
-// node; with two, the failures that the far end must notice by itself also
-// on the receiver's.
+// cases are the e2e tests' failures with two and three paths, on the
+// sender's node; with two, the failures that the far end must notice by
+// itself also on the receiver's.
 var cases = []failoverCase{
 	{2, 1, framework.CarrierLoss},
 	{2, 2, framework.CarrierLoss},
@@ -61,8 +61,8 @@ var cases = []failoverCase{
 }
 
 // stallBound is the longest stall the e2e tests accept for a failure: the
-// issue's 1 s, and 600 ms (twice its 300 ms, for a shared two-core
-// machine) for carrier loss.
+// 1 s target (docs/design.md, "Targets"), and 600 ms (twice the 300 ms
+// target, for a shared two-core machine) for carrier loss.
 func stallBound(f framework.Failure) time.Duration {
 	if f.Name == framework.CarrierLoss.Name {
 		return 600 * time.Millisecond
