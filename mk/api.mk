@@ -1,4 +1,4 @@
-# API, controller and their test control plane (issue 4).
+# API, controller and their test control plane.
 # kube-apiserver is built from k8s.io/kubernetes at KUBE_VERSION in the separate
 # tools module hack/tools (which must pin the same version), cached outside the
 # clone; etcd comes from the distribution (apt-get install etcd-server).

@@ -1,4 +1,4 @@
-# The Helm chart (issue 14): charts/mptcp-operator is the one install path.
+# The Helm chart: charts/mptcp-operator is the one install path.
 # Its CRDs and the controller's RBAC rules are copied from controller-gen's
 # output, and config/agent is rendered from it, by `make manifests`, so that
 # `make verify` catches drift; docs/values.md is generated from its schema.

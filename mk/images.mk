@@ -1,4 +1,4 @@
-# Container images (issue 14): each one static Go binary on an empty base,
+# Container images: each one static Go binary on an empty base,
 # built without a container engine or a registry by hack/tools/imagebuild
 # (go-containerregistry as a library, pinned in hack/tools/go.mod) into
 # reproducible archives that `ctr images import`, `kind load image-archive`

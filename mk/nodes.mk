@@ -1,4 +1,4 @@
-# Real nodes in the test bed (issue 14): kubelet, kube-controller-manager and
+# Real nodes in the test bed: kubelet, kube-controller-manager and
 # kube-scheduler, built like kube-apiserver from the tools module at
 # KUBE_VERSION and cached next to it (the KUBEBUILDER_ASSETS directory);
 # containerd, runc and the CNI plugins come from the distribution

@@ -51,7 +51,7 @@ func writeReport(path string) error {
 	}
 	b.WriteString("\nOne run per syscall adds the kernel's per-run timing and a cold start to every packet, so placements " +
 		"are compared with the empty program measured that way, not with the repeated one.\n")
-	b.WriteString("\nTarget (issue 3): the full chain under 100 ns per packet, the empty program's own 30 to 40 ns on " +
+	b.WriteString("\nTarget (docs/design.md, \"Targets\"): the full chain under 100 ns per packet, the empty program's own 30 to 40 ns on " +
 		"these VMs included. On these VMs every kernel function return is mitigated (SRSO safe RET, retpolines), so " +
 		"calls, not instructions, set the cost: a BPF hash map's lookup (hash, bucket walk, memcmp, each a call) " +
 		"cost about 40 ns, a BPF-to-BPF call several. What the full chain pays now, beyond the empty program: the " +

@@ -1,5 +1,5 @@
 // Package failover measures what a transfer sees when one of a node's NICs
-// fails mid-transfer and is repaired (issue 17): every failure case of the
+// fails mid-transfer and is repaired: every failure case of the
 // e2e failover tests with two and three paths, with the agent and, in the
 // same run and alternating with it, the kernel alone. With
 // BENCH_REPORT=<file> the results rewrite the "Failover" section of that
@@ -42,9 +42,9 @@ func (c failoverCase) String() string {
 	return fmt.Sprintf("K=%d, %s, %s", c.nics, c.fail.Name, side)
 }
 
-// cases are the issue's failures with two and three paths, on the sender's
-// node; with two, the failures that the far end must notice by itself also
-// on the receiver's.
+// cases are the e2e tests' failures with two and three paths, on the
+// sender's node; with two, the failures that the far end must notice by
+// itself also on the receiver's.
 var cases = []failoverCase{
 	{2, 1, framework.CarrierLoss},
 	{2, 2, framework.CarrierLoss},
@@ -61,8 +61,8 @@ var cases = []failoverCase{
 }
 
 // stallBound is the longest stall the e2e tests accept for a failure: the
-// issue's 1 s, and 600 ms (twice its 300 ms, for a shared two-core
-// machine) for carrier loss.
+// 1 s target (docs/design.md, "Targets"), and 600 ms (twice the 300 ms
+// target, for a shared two-core machine) for carrier loss.
 func stallBound(f framework.Failure) time.Duration {
 	if f.Name == framework.CarrierLoss.Name {
 		return 600 * time.Millisecond
@@ -170,8 +170,8 @@ func report(results []result) string {
 	s.WriteString("- **back**: from the repair until the far end of path 1 receives 10 % of its link again;\n")
 	s.WriteString("- **reopened**: subflows opened after the failure (their SYN in the captures), joins that replace subflows the failure closed; " +
 		"0 where the failed path's subflows were kept (a detour) or, with the kernel alone, never replaced;\n")
-	s.WriteString("- **missed**: transfers that missed a target of issue 17 (stall within 600 ms for carrier loss and 1 s otherwise, 0.8 of the live paths " +
-		"during the failure, back within 1 s) or saw a reset; **resets**: RSTs in the captures, all rounds, but those of a connection's teardown (after their sender's FIN: " +
+	s.WriteString("- **missed**: transfers that missed a target as the e2e tests bound it (stall within 600 ms for carrier loss and 1 s otherwise, 0.8 of the live paths " +
+		"during the failure, back within 1 s: docs/design.md, \"Targets\") or saw a reset; **resets**: RSTs in the captures, all rounds, but those of a connection's teardown (after their sender's FIN: " +
 		"framework.TeardownResets, docs/testing.md).\n\n")
 	s.WriteString("| case | | stall (s) | during | detected (s) | back (s) | reopened | missed | resets |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {

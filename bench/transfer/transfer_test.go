@@ -227,7 +227,7 @@ func stallReport() string {
 	reportHead(&s, stallSection, "BenchmarkRateModeStalls", len(stallResults[0].stalls))
 	fmt.Fprintf(&s, "Two nodes, two %s links, one MPTCP connection of %v from a pod on node 1 to a pod on node 2, capped as the e2e rate tests cap it; "+
 		"the server samples what it receives every %v, and a stall is the longest stretch after the first second in which the connection "+
-		"received less than 10 %% of its cap (issue 13's definition). The cases run one after another in one process; other jobs may share the machine.\n\n",
+		"received less than 10 %% of its cap. The cases run one after another in one process; other jobs may share the machine.\n\n",
 		linkRate, transfer, sample)
 	s.WriteString("| mode | cap | rounds | longest stall min / median / max | goodput min / median / max (Mbit/s) |\n|---|---|---|---|---|\n")
 	for _, r := range stallResults {

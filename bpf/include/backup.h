@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* The backup actor. The MP_JOIN B bit changes only what the receiver of the
  * packet believes: it steers the receiver's sending. So each node protects
- * its own pods' sending by rewriting joins going into its pods (DESIGN.md,
- * "Datapath"): the SYN-ACK answering a join the pod opened, and the SYN of a
+ * its own pods' sending by rewriting joins going into its pods (docs/datapath.md,
+ * "Backup actor"): the SYN-ACK answering a join the pod opened, and the SYN of a
  * join the peer opened. Included by datapath.c after its helpers (count,
  * observe_only, rule_nactive). */
 #pragma once

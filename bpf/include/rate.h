@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* The rate actor: caps a connection, a pod or a path (DESIGN.md, Datapath).
+/* The rate actor: caps a connection, a pod or a path (docs/datapath.md, "Rate actor").
  *
  *   window  lowers the receive window the pod advertises on its ACKs, so the
  *           peer sends no faster than the cap (pod_egress; caps what the pod

@@ -20,10 +20,10 @@ import (
 
 // TestControllerCannotChangeNodes acts with a token bound to a controller
 // pod (no impersonation) under the controller's generated ClusterRole on a
-// real API server: the controller reads Nodes and writes none (it published
-// the annotation mptcp.io/paths until issue 15, which no component read), so
-// RBAC refuses every change to a Node, annotations included, and no
-// admission policy is needed to narrow a patch permission. The real
+// real API server: the controller reads Nodes and writes none (earlier
+// releases published the annotation mptcp.io/paths, which no component
+// read), so RBAC refuses every change to a Node, annotations included, and
+// no admission policy is needed to narrow a patch permission. The real
 // controller, run with the same token, still compiles the Node's state.
 func TestControllerCannotChangeNodes(t *testing.T) {
 	env := testenv.Start(t, testenv.ServiceAccountTokens())

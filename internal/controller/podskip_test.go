@@ -85,8 +85,8 @@ func (e *recordingEnforcer) enforcedPods() []string {
 // A pod of tenant-c that the agent fails to configure (its namespace gone
 // between locate and configure) is reported and gated False the same way
 // (ConfigureFailed), and does not keep tenant-a's pods from their gates.
-// Before issue 16 the whole node state was rejected: nothing was enforced
-// and no pod gated.
+// Rejecting the whole node state instead would enforce nothing and gate no
+// pod.
 func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 	env := testenv.Start(t, testenv.ServiceAccountTokens())
 	ctx, cancel := context.WithCancel(context.Background())

@@ -20,7 +20,8 @@ import (
 )
 
 // declaredCaps runs an agent with exactly the capabilities it declares
-// (docs/agent.md), as DESIGN.md asks of the test bed.
+// (docs/agent.md), as the test bed runs agents (docs/design.md, "Where it
+// runs in tests").
 var declaredCaps = framework.WithCapabilities(framework.AgentCapabilities...)
 
 func scrape(t *testing.T, a *framework.Agent) framework.Scrape {

@@ -20,7 +20,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
-// The tests of this file hold the contract from CRD to datapath (issue 15):
+// The tests of this file hold the contract from CRD to datapath:
 // identities that never move, one set of limits, every field acting.
 
 // sampledTransfer runs one MPTCP connection from pod (1,1) to pod (2,1) for

@@ -14,18 +14,18 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
-// Failover (issue 17): the tests below assert the issue's targets on one
-// transfer per case (the framework's FailoverRow measures them);
-// bench/failover repeats every case five times and writes the table of
-// docs/benchmarks.md. One, not two: on a slower two-core machine (AMD EPYC,
-// 2026-11-25) a row took about 150 s with two, and the e2e package ran past
-// its 60 min timeout with 12 of 43 tests to go; the repeats that find a bad
-// run in five are the benchmark's.
+// Failover: the tests below assert the failover targets (docs/design.md,
+// "Targets") on one transfer per case (the framework's FailoverRow measures
+// them); bench/failover repeats every case five times and writes the table
+// of docs/benchmarks.md. One, not two: on a slower two-core machine (AMD
+// EPYC, 2026-11-25) a row took about 150 s with two, and the e2e package
+// ran past its 60 min timeout with 12 of 43 tests to go; the repeats that
+// find a bad run in five are the benchmark's.
 const failoverRuns = 1 // transfers per row; each row has a bed of its own
 
 // failoverStallBound is what TestCarrierLossMidTransferStallsBriefly
-// asserts on the longest stall with the agent: the issue's target for
-// carrier loss is 300 ms; twice that for a shared two-core machine.
+// asserts on the longest stall with the agent: the target for carrier
+// loss is 300 ms; twice that for a shared two-core machine.
 // Measured: docs/testing.md, "Failover".
 const failoverStallBound = 600 * time.Millisecond
 
@@ -40,7 +40,7 @@ const failoverStallBound = 600 * time.Millisecond
 // integrity: the negative control.
 //
 // Bounds (docs/testing.md, "Failover"), asserted for the near case: the
-// issue's targets are a longest stall below 300 ms, at least 0.8 of the
+// targets are a longest stall below 300 ms, at least 0.8 of the
 // live path's capacity during the failure, the path back within 1 s; the
 // stall bound here is 600 ms, for a shared two-core machine. The far case
 // is measured and only checked for integrity and resets (see there).
@@ -94,7 +94,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 // come back. Whichever node's wire fails, near or far, the targets hold,
 // because probes are round trips; beside them the kernel alone (the
 // hand-routed baseline), checked only for integrity. The 30 % row asks
-// less than the issue's 0.8 during the failure (partialLossInE2E).
+// less than the target's 0.8 during the failure (partialLossInE2E).
 func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 	for _, c := range []struct {
 		node  int
@@ -264,14 +264,14 @@ func TestSignalModeSubflowsRideTheDetourThroughAGrayFailure(t *testing.T) {
 }
 
 // partialLossInE2E is what the 30 % rows of the gray failure tests assert:
-// the issue's stall target (1 s) and at least 0.6 of the live paths during
-// the failure, where the issue asks 0.8. Detection takes 150 to 500 ms, in
+// the stall target (1 s) and at least 0.6 of the live paths during the
+// failure, where the target is 0.8. Detection takes 150 to 500 ms, in
 // which the lossy subflow drags the connection; the benchmark
 // (docs/benchmarks.md, "Failover") measured 0.82 to 0.90 in ten runs, two
 // and three paths, since the path manager closes the subflows recovering on the path
 // (docs/subflows.md, "Leaving a failed path"; before, a CI run stalled
 // 1.45 s). The margin is for a shared two-core machine; the benchmark
-// counts every run below the issue's 0.8.
+// counts every run below the target's 0.8.
 var partialLossInE2E = framework.Failure{Name: framework.PartialLoss.Name, Inject: framework.PartialLoss.Inject, Repair: framework.PartialLoss.Repair, MinDuring: 0.6}
 
 // agentFailovers runs the agent's row of a failover test

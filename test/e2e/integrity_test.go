@@ -164,7 +164,7 @@ func kernelFourPaths(copy, checksums bool) func(t *testing.T, bed *testbed.Bed) 
 // fourPaths is the bed of the spread test's K=4 case.
 var fourPaths = testbed.Config{Nodes: 2, NICs: 4, PodsPerNode: 2, LinkRate: "100mbit"}
 
-// The data-integrity test (issue 13; docs/testing.md, "Data integrity"):
+// The data-integrity test (docs/testing.md, "Data integrity"):
 // MPTCP transfers through every stage the bed and the product add: over
 // two paths whose links drop what their 1 ms queues cannot hold, with both
 // cores of the machine kept busy, first with no agent and no BPF at all,

@@ -18,7 +18,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
-// A failover transfer (issue 17): one long MPTCP connection from pod (1,1)
+// A failover transfer: one long MPTCP connection from pod (1,1)
 // to pod (2,1) over a bed's 200 Mbit/s paths; mid-transfer nic1 of one
 // node fails (a Failure) and is repaired.
 const (
@@ -129,7 +129,8 @@ type Failure struct {
 	Name           string
 	Inject, Repair func(bed *testbed.Bed, node int) error
 	// MinDuring is the share of the live path's capacity a transfer
-	// must keep during the failure; 0 means the issue's 0.8.
+	// must keep during the failure; 0 means the target's 0.8
+	// (docs/design.md, "Targets").
 	MinDuring float64
 	// RemovesWireEnd: the failure deletes the wire's node-side end, and
 	// the capture on it with it.
@@ -377,22 +378,22 @@ func agentLogs(agents []*Agent) testbed.Collector {
 }
 
 // GrayStallBound is what TestGrayFailureMidTransferIsFoundByProbes asserts
-// on the longest stall: the issue's target is 1 s for every failure; the
+// on the longest stall: the target is 1 s for every failure; the
 // probes take 150 ms to find it (5 intervals of 30 ms).
 const GrayStallBound = time.Second
 
-// TargetProblems holds one transfer against the issue's targets: the
-// longest stall from the failure on within bound (and any before it within
-// 1 s), at least the failure's minDuring (0.8) of the live paths' capacity
-// during the failure, the failed path carrying traffic again within 1 s of
-// the repair.
+// TargetProblems holds one transfer against the failover targets
+// (docs/design.md, "Targets"): the longest stall from the failure on within
+// bound (and any before it within 1 s), at least the failure's minDuring
+// (0.8) of the live paths' capacity during the failure, the failed path
+// carrying traffic again within 1 s of the repair.
 func TargetProblems(f FailoverFigures, fail Failure, bound time.Duration) []string {
 	var problems []string
 	if f.Stall > bound {
 		problems = append(problems, fmt.Sprintf("longest stall %v, want at most %v", f.Stall, bound))
 	}
-	// Not the failover's, but a stall all the same (issue 13): the
-	// bound of every failure.
+	// Not the failover's, but a stall all the same: the bound of every
+	// failure.
 	if f.StallBefore > GrayStallBound {
 		problems = append(problems, fmt.Sprintf("a stall of %v before the failure, want at most %v", f.StallBefore, GrayStallBound))
 	}

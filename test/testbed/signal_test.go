@@ -10,9 +10,8 @@ import (
 )
 
 // In signal mode the server pod's in-kernel path manager announces a port
-// (ADD_ADDR) and the client's joins it. Issue 17 asks that a join lost to a
-// failure be made again; in signal mode that would mean announcing the port
-// again. This kernel (6.18) allows neither half of that:
+// (ADD_ADDR) and the client's joins it. A join lost to a failure should be
+// made again; in signal mode that would mean announcing the port again. This kernel (6.18) allows neither half of that:
 //
 //   - the endpoint cannot be announced again while any connection's join
 //     to it lives: re-adding it (the only way to announce again) fails

@@ -65,7 +65,7 @@ const UpAfter = 3
 // at those whose echo can no longer come: an answered probe is known
 // good at once, and waiting for the detect time and a whole window kept a
 // repaired path idle for 780 ms, most of the second a repair may take
-// (issue 17). Eighteen answers in a row come by chance once in 380,000
+// (docs/design.md, "Targets"). Eighteen answers in a row come by chance once in 380,000
 // tries on a path losing half its round trips (0.49^18); one losing a
 // third (20 % each way) comes back about 14 times an hour, where a run of
 // 20 let it back 7 times (flap damping holds it if that repeats).

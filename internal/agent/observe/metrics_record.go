@@ -14,7 +14,7 @@ import (
 // (RFC 8684, 3.2). The keys that complete a join stay secret, but the
 // receiver's token is all a join SYN carries, and the datapath acts on join
 // SYNs before any HMAC is checked (it places them and counts them against
-// maxSubflows, issue 16 item 3). Metrics travel to whoever scrapes them;
+// maxSubflows). Metrics travel to whoever scrapes them;
 // per-connection detail stays behind the local API, which only root on the
 // node reaches (localapi.go).
 type recordCollector struct {
