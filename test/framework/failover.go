@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -50,7 +49,7 @@ type FailoverFigures struct {
 	Reinjected  float64       // the sender's MPTcpExtMPTCPRetrans (data sent again on another subflow)
 	Problems    []string      // what the row's Judge found wrong
 	Evidence    string        // where the evidence of the problems is
-	Placement   string        // each subflow's kind and the NICs node 1 sent it on, from the captures
+	Placement   string        // each subflow's kind and the NICs node 1 sent its SYNs, FINs and RSTs on, from the captures
 	// Reopened counts the subflows opened (their SYN captured) after the
 	// failure: joins replacing subflows it closed. A subflow that detours
 	// is kept, not reopened.
@@ -304,17 +303,26 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 		prev = r
 	}
 
+	// What a row reads of the captures is in their control segments
+	// (SYN, FIN, RST): one cheap pass over each whole capture cuts them
+	// out, and tshark reads only those; the whole captures stay the
+	// evidence.
 	files, err := w.Captures()
 	if err != nil {
 		t.Logf("captures: %v", err)
 	}
-	if all, err := Resets(files); err != nil {
+	control, err := testbed.ControlSegments(files)
+	if err != nil {
+		t.Fatalf("cutting the captures down to their control segments: %v", err)
+	}
+	controlFiles := testbed.ControlFiles(control)
+	if all, err := Resets(controlFiles); err != nil {
 		t.Errorf("reading the captures for resets: %v", err)
-	} else if f.Teardown, f.Resets, err = TeardownResets(files, all); err != nil {
+	} else if f.Teardown, f.Resets, err = TeardownResets(controlFiles, all); err != nil {
 		t.Errorf("reading the captures for FINs: %v", err)
 		f.Resets = all
 	}
-	if a, err := testbed.Analyze(files); err != nil {
+	if a, err := testbed.Analyze(controlFiles); err != nil {
 		t.Errorf("analyzing the captures: %v", err)
 	} else {
 		var p []string
@@ -330,12 +338,10 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 	}
 	// The capture on the failed wire's end went on after the repair (else
 	// it would miss resets there).
-	for _, c := range files {
-		if c.Node == node && c.NIC == 1 && f.PathBack >= 0 && !fail.RemovesWireEnd {
-			out, err := exec.Command("tshark", "-r", c.Path, "-Y", fmt.Sprintf("frame.time_epoch > %d.%09d", up.Unix(), up.Nanosecond()), "-T", "fields", "-e", "frame.number").Output()
-			if n := strings.Count(string(out), "\n"); err != nil || n == 0 {
-				t.Errorf("the capture of node 1's nic1 holds no packet after the repair (%d, %v): dumpcap did not survive the carrier loss", n, err)
-			}
+	for _, c := range control {
+		if c.Node == node && c.NIC == 1 && f.PathBack >= 0 && !fail.RemovesWireEnd && !c.Last.After(up) {
+			t.Errorf("the capture of node %d's nic1 holds no packet after the repair (its last of %d at %v, the repair at %v): "+
+				"dumpcap did not survive the failure", node, c.Packets, c.Last.Format(time.RFC3339Nano), up.Format(time.RFC3339Nano))
 		}
 	}
 	f.Detected = detected(row.Agents, down)
