@@ -35,9 +35,11 @@ const failoverStallBound = 600 * time.Millisecond
 // repaired path carries traffic again soon. Either end's NIC may fail: on
 // the sender's node ("near") the agent there detours the subflow and the
 // receiver's node follows it; on the receiver's node ("far") the roles
-// swap. Logged beside the kernel's own recovery (the hand-routed baseline:
-// the kernel's path manager, no agent, no BPF), which is only checked for
-// integrity: the negative control.
+// swap. The near case is logged beside the kernel's own recovery (the
+// hand-routed baseline: the kernel's path manager, no agent, no BPF),
+// which is only checked for integrity: the negative control, the only one
+// of the e2e tests; bench/failover measures the kernel alone beside the
+// agent in every failover case.
 //
 // Bounds (docs/testing.md, "Failover"), asserted for the near case: the
 // targets are a longest stall below 300 ms, at least 0.8 of the
@@ -79,10 +81,12 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 				t.Errorf("node %d: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %d", c.node, framework.PathName(1), n, runs)
 			}
 		})
-		t.Run("kernel only "+c.name, func(t *testing.T) {
-			kernelOnlyFailovers(t, 2, c.node, framework.CarrierLoss, 5702)
-		})
 	}
+	// The one control row of the e2e tests; bench/failover runs the kernel
+	// alone beside the agent in every case, five times each.
+	t.Run("kernel only near", func(t *testing.T) {
+		kernelOnlyFailovers(t, 2, 1, framework.CarrierLoss, 5702)
+	})
 }
 
 // A gray failure: one of two paths drops everything (both ways, or only
@@ -92,9 +96,9 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 // after 5 unanswered in a row, or 5 of the last 20): both nodes mark the path down, the
 // subflow detours over the other path, and comes home once the probes
 // come back. Whichever node's wire fails, near or far, the targets hold,
-// because probes are round trips; beside them the kernel alone (the
-// hand-routed baseline), checked only for integrity. The 30 % row asks
-// less than the target's 0.8 during the failure (partialLossInE2E).
+// because probes are round trips (the kernel alone beside them is
+// bench/failover's). The 30 % row asks less than the target's 0.8 during
+// the failure (partialLossInE2E).
 func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 	for _, c := range []struct {
 		node  int
@@ -109,12 +113,6 @@ func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 			grayFailovers(t, 2, node, fail, c.bound, 5800)
 		})
 	}
-	t.Run("kernel only, node 1's nic1", func(t *testing.T) {
-		kernelOnlyFailovers(t, 2, 1, framework.TotalLoss, 5902)
-	})
-	t.Run("kernel only, node 1's nic1, 30 % loss", func(t *testing.T) {
-		kernelOnlyFailovers(t, 2, 1, framework.PartialLoss, 5922)
-	})
 }
 
 // grayFailovers runs the agent's row of a gray failure on a bed of nics
@@ -159,15 +157,10 @@ func grayFailovers(t *testing.T, nics, node int, fail framework.Failure, bound t
 // Three paths: the carrier of one of them goes away mid-transfer and comes
 // back, on the sender's node; the connection goes on over the other two.
 // The same targets as with two paths, against the two live paths'
-// capacity, beside the kernel alone (hand-routed over three NICs).
+// capacity.
 func TestCarrierLossOnOneOfThreePaths(t *testing.T) {
-	t.Run("agent", func(t *testing.T) {
-		agents, _ := agentFailovers(t, 3, 1, framework.CarrierLoss, framework.FailoverRule, 6200, failoverStallBound)
-		checkDetouredAndHomed(t, agents[0])
-	})
-	t.Run("kernel only", func(t *testing.T) {
-		kernelOnlyFailovers(t, 3, 1, framework.CarrierLoss, 6302)
-	})
+	agents, _ := agentFailovers(t, 3, 1, framework.CarrierLoss, framework.FailoverRule, 6200, failoverStallBound)
+	checkDetouredAndHomed(t, agents[0])
 }
 
 // Three paths, each gray failure of one of them on the sender's node (all
@@ -193,22 +186,17 @@ func TestGrayFailuresOnOneOfThreePaths(t *testing.T) {
 // and once the NIC is back the reconcile that its creation asks for
 // attaches the datapath to the new link and writes its routes, and the
 // subflow comes home. Targets as for the carrier, with the 1 s stall bound
-// of every failure but carrier loss. Beside it the kernel alone, checked
-// only for integrity (its route over nic1 is the main table's default,
-// which RestoreNIC writes again, as the host's configuration would).
+// of every failure but carrier loss. (bench/failover runs the kernel
+// alone beside it: its route over nic1 is the main table's default, which
+// RestoreNIC writes again, as the host's configuration would.)
 func TestNICRemovedMidTransferIsReattached(t *testing.T) {
 	const runs = failoverRuns
-	t.Run("agent", func(t *testing.T) {
-		agents, _ := agentFailovers(t, 2, 1, framework.NICRemoved, framework.FailoverRule, 6000, framework.GrayStallBound)
-		checkDetouredAndHomed(t, agents[0])
-		n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
-		if n != runs {
-			t.Errorf("node 1: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %d", framework.PathName(1), n, runs)
-		}
-	})
-	t.Run("kernel only", func(t *testing.T) {
-		kernelOnlyFailovers(t, 2, 1, framework.NICRemoved, 6102)
-	})
+	agents, _ := agentFailovers(t, 2, 1, framework.NICRemoved, framework.FailoverRule, 6000, framework.GrayStallBound)
+	checkDetouredAndHomed(t, agents[0])
+	n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
+	if n != runs {
+		t.Errorf("node 1: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %d", framework.PathName(1), n, runs)
+	}
 }
 
 // A policy with one active path and one backup path: the connection runs
