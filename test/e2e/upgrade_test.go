@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -137,13 +138,7 @@ func localAPI(t *testing.T, a *framework.Agent, path string, out any) {
 // subflows with their path names.
 func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
-	oldBin, err := framework.BuildRelease(t.TempDir(), previousRelease)
-	if errors.Is(err, framework.ErrNoHistory) {
-		testbed.Unavailable(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	oldBin := previousAgent(t)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
 	ctx := background(t)
 	full := framework.AgentConfig(bed, bed.Node(1), mptcpv1alpha1.CompiledRule{})
@@ -330,13 +325,7 @@ func linkPrograms(t *testing.T, pinDir string) map[string]ebpf.ProgramID {
 // configuration that reconciles, migrates and commits.
 func TestUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
-	oldBin, err := framework.BuildRelease(t.TempDir(), previousRelease)
-	if errors.Is(err, framework.ErrNoHistory) {
-		testbed.Unavailable(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	oldBin := previousAgent(t)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	ctx := background(t)
 	good := framework.AgentConfig(bed, bed.Node(1), mptcpv1alpha1.CompiledRule{})
@@ -434,4 +423,28 @@ func TestUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 	if len(resets) != 0 {
 		t.Errorf("%d resets in the captures:\n%s", len(resets), strings.Join(resets, "\n"))
 	}
+}
+
+var (
+	previousAgentOnce sync.Once
+	previousAgentBin  string
+	previousAgentErr  error
+)
+
+// previousAgent builds previousRelease's agent once for the package (into
+// the directory TestMain removes) and returns its path.
+func previousAgent(t *testing.T) string {
+	t.Helper()
+	previousAgentOnce.Do(func() {
+		start := time.Now()
+		previousAgentBin, previousAgentErr = framework.BuildRelease(filepath.Dir(bins.Agent), previousRelease)
+		t.Logf("the agent of %s built in %s", previousRelease, time.Since(start).Round(100*time.Millisecond))
+	})
+	if errors.Is(previousAgentErr, framework.ErrNoHistory) {
+		testbed.Unavailable(t, "%v", previousAgentErr)
+	}
+	if previousAgentErr != nil {
+		t.Fatal(previousAgentErr)
+	}
+	return previousAgentBin
 }
