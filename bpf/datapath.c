@@ -54,6 +54,8 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 volatile const __u32 mark_mask = 0x00f00000;
 volatile const __u32 mark_shift = 20;
 
+/* Keeps enum limit in BTF, so a test checks Go's limits against it. */
+const enum limit *unused_limit __attribute__((unused));
 /* Keeps enum stat_id in BTF so bpf2go emits it for the agent. */
 const enum stat_id *unused_stat_id __attribute__((unused));
 /* Keeps enum mptcp_subtype in BTF, so a test checks Go's subtypes against it. */

@@ -16,11 +16,13 @@
 #define TCX_NEXT -1
 #endif
 
-/* The limits every layer checks. They are defined here, once: bpf2go exports
- * enum limit to Go (internal/datapath/limits), the API's schema states the same
- * numbers in its markers and CEL rules (api/v1alpha1, checked against these by
- * TestSchemaLimitsAreTheDatapaths), and the controller and the agent use the
- * Go constants. The API never accepts what an agent would refuse. */
+/* The limits every layer checks. This is C's definition, once; Go has its own,
+ * once (internal/limits), which the agent, the controller and the API use, and
+ * TestLimitsAreTheCEnum (internal/datapath) reads this enum from the object's
+ * BTF and checks that every value equals Go's. The API's schema states the
+ * same numbers in its markers and CEL rules (api/v1alpha1, checked against Go's
+ * by TestSchemaLimitsAreTheDatapaths). The API never accepts what an agent
+ * would refuse. */
 enum limit {
 	/* Paths per node. A path's index (MPTCPPath status.index, 1..15) is
 	 * the value written in the mark's 4 bits (0: not steered) and the

@@ -440,6 +440,7 @@ const (
 	datapathVarMarkMask           = "mark_mask"
 	datapathVarMarkShift          = "mark_shift"
 	datapathVarTableSeed          = "table_seed"
+	datapathVarUnusedLimit        = "unused_limit"
 	datapathVarUnusedMptcpSubtype = "unused_mptcp_subtype"
 	datapathVarUnusedRateMode     = "unused_rate_mode"
 	datapathVarUnusedSpreadMode   = "unused_spread_mode"
@@ -537,6 +538,7 @@ type datapathVariableSpecs struct {
 	MarkMask           *ebpf.VariableSpec `ebpf:"mark_mask"`
 	MarkShift          *ebpf.VariableSpec `ebpf:"mark_shift"`
 	TableSeed          *ebpf.VariableSpec `ebpf:"table_seed"`
+	UnusedLimit        *ebpf.VariableSpec `ebpf:"unused_limit"`
 	UnusedMptcpSubtype *ebpf.VariableSpec `ebpf:"unused_mptcp_subtype"`
 	UnusedRateMode     *ebpf.VariableSpec `ebpf:"unused_rate_mode"`
 	UnusedSpreadMode   *ebpf.VariableSpec `ebpf:"unused_spread_mode"`
@@ -632,6 +634,7 @@ type datapathVariables struct {
 	MarkMask           *ebpf.Variable `ebpf:"mark_mask"`
 	MarkShift          *ebpf.Variable `ebpf:"mark_shift"`
 	TableSeed          *ebpf.Variable `ebpf:"table_seed"`
+	UnusedLimit        *ebpf.Variable `ebpf:"unused_limit"`
 	UnusedMptcpSubtype *ebpf.Variable `ebpf:"unused_mptcp_subtype"`
 	UnusedRateMode     *ebpf.Variable `ebpf:"unused_rate_mode"`
 	UnusedSpreadMode   *ebpf.Variable `ebpf:"unused_spread_mode"`

@@ -8,7 +8,7 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
+	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
 
 // RateMode is how the rate actor enforces a rule's caps (bpf/include/rate.h).
