@@ -64,6 +64,10 @@ const enum mptcp_subtype *unused_mptcp_subtype __attribute__((unused));
 const enum spread_mode *unused_spread_mode __attribute__((unused));
 /* Keeps enum rate_mode in BTF, so Go takes the modes from it. */
 const enum rate_mode *unused_rate_mode __attribute__((unused));
+/* Keep enum subflow_role and enum rate_key_kind in BTF, so that Go takes
+ * their values from C. */
+const enum subflow_role *unused_subflow_role __attribute__((unused));
+const enum rate_key_kind *unused_rate_key_kind __attribute__((unused));
 /* The tables table_ctl changes (struct table_op's table). */
 enum table_id {
 	TABLE_ID_SUBFLOWS = 1,
