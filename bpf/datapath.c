@@ -54,6 +54,8 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 volatile const __u32 mark_mask = 0x00f00000;
 volatile const __u32 mark_shift = 20;
 
+/* Keeps enum limit in BTF, so a test checks Go's limits against it. */
+const enum limit *unused_limit __attribute__((unused));
 /* Keeps enum stat_id in BTF so bpf2go emits it for the agent. */
 const enum stat_id *unused_stat_id __attribute__((unused));
 /* Keeps enum mptcp_subtype in BTF, so a test checks Go's subtypes against it. */
@@ -62,7 +64,12 @@ const enum mptcp_subtype *unused_mptcp_subtype __attribute__((unused));
 const enum spread_mode *unused_spread_mode __attribute__((unused));
 /* Keeps enum rate_mode in BTF, so Go takes the modes from it. */
 const enum rate_mode *unused_rate_mode __attribute__((unused));
-/* The tables table_ctl changes (struct table_op's table). */
+/* Keep the other enums stored in pinned maps in BTF, so that Go takes their
+ * values from C and a test checks that none moves. */
+const enum subflow_role *unused_subflow_role __attribute__((unused));
+const enum rate_key_kind *unused_rate_key_kind __attribute__((unused));
+/* The tables table_ctl changes (struct table_op's table): between the agent
+ * and this object's table_ctl only, never stored. */
 enum table_id {
 	TABLE_ID_SUBFLOWS = 1,
 	TABLE_ID_POLICE = 2,

@@ -1,6 +1,6 @@
 package v1alpha1
 
-import "github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
+import "github.com/mptcp-operator/mptcp-operator/internal/limits"
 
 // Condition types shared by every kind in this API. They follow the usual
 // Kubernetes meaning: Ready means the desired state is in force, Progressing
@@ -31,11 +31,11 @@ const (
 	AnnotationPreferredPaths = "mptcp.io/preferred-paths"
 )
 
-// Limits of the API. Each is the datapath's own (enum limit in
-// bpf/include/common.h, exported by bpf2go into internal/datapath/limits),
-// so the API never accepts what an agent must refuse. The schema's markers
-// and CEL rules must state them as literals; TestSchemaLimitsAreTheDatapaths
-// checks that the generated CRDs say the same numbers as these constants.
+// Limits of the API. Each is the datapath's own (package limits, which a
+// datapath test checks against enum limit in bpf/include/common.h), so the
+// API never accepts what an agent must refuse. The schema's markers and CEL
+// rules must state them as literals; TestSchemaLimitsAreTheDatapaths checks
+// that the generated CRDs say the same numbers as these constants.
 const (
 	// MaxPathIndex bounds the index the controller assigns to each path:
 	// indexes 1..MaxPathIndex are the values a packet's mark carries.

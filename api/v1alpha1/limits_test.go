@@ -72,9 +72,10 @@ func celRules(s map[string]any) []string {
 
 // Every limit the schema states is the datapath's: the markers and CEL rules
 // are literals (controller-gen needs them so), and this compares each number
-// in the generated CRDs with the constant the C side exports, so that a
-// change on either side fails here instead of being accepted by the API and
-// refused by every agent.
+// in the generated CRDs with the datapath's Go constant (package limits,
+// which TestLimitsAreTheCEnum in internal/datapath checks against C), so
+// that a change on either side fails here instead of being accepted by the
+// API and refused by every agent.
 func TestSchemaLimitsAreTheDatapaths(t *testing.T) {
 	// The API's constants are the datapath's.
 	for name, c := range map[string]struct{ api, datapath int }{

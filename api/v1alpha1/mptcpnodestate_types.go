@@ -7,7 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
+	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
 
 // The node state uses the policy's and path's types as they are: their CEL

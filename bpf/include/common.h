@@ -16,11 +16,13 @@
 #define TCX_NEXT -1
 #endif
 
-/* The limits every layer checks. They are defined here, once: bpf2go exports
- * enum limit to Go (internal/datapath/limits), the API's schema states the same
- * numbers in its markers and CEL rules (api/v1alpha1, checked against these by
- * TestSchemaLimitsAreTheDatapaths), and the controller and the agent use the
- * Go constants. The API never accepts what an agent would refuse. */
+/* The limits every layer checks. This is C's definition, once; Go has its own,
+ * once (internal/limits), which the agent, the controller and the API use, and
+ * TestLimitsAreTheCEnum (internal/datapath) reads this enum from the object's
+ * BTF and checks that every value equals Go's. The API's schema states the
+ * same numbers in its markers and CEL rules (api/v1alpha1, checked against Go's
+ * by TestSchemaLimitsAreTheDatapaths). The API never accepts what an agent
+ * would refuse. */
 enum limit {
 	/* Paths per node. A path's index (MPTCPPath status.index, 1..15) is
 	 * the value written in the mark's 4 bits (0: not steered) and the
@@ -63,56 +65,72 @@ enum limit {
 #define AF_INET	 2
 #define AF_INET6 10
 
-/* Drop/skip reasons and events, counted per CPU and read by the agent. Keep in
- * sync with internal/datapath/stats.go (checked by a test against BTF). */
+/* Enums whose values outlive the programs that wrote them, stored in a pinned
+ * map as a key, a value or an index, are append-only: every enumerator says
+ * its number, a new one takes the next unused number, and a number is never
+ * moved nor reused, not even once its enumerator is retired (it stays, renamed
+ * if need be). A migration carries such integers across an upgrade or a
+ * downgrade as they are, whatever they mean to the other release's programs,
+ * so a renumbered value would silently be read as another. They are stat_id,
+ * subflow_role and spread_mode (here), mptcp_subtype (parse.h), rate_mode and
+ * rate_key_kind (rate.h); TestPinnedEnumValues (internal/datapath) holds each
+ * of their values and fails when one moves or a new one is not in it. The
+ * others are not stored: enum limit holds sizes, not identities; table_id and
+ * table.h's pass only between the agent and table_ctl of the same object; the
+ * rest never leave a program run. */
+
+/* Drop/skip reasons and events, counted per CPU in the pinned stats map at
+ * their number, and read by the agent (internal/datapath/stats.go, from
+ * bpf2go). Append-only, see above. */
 enum stat_id {
-	STAT_PACKETS = 0,	  /* packets seen by any program */
-	STAT_NOT_TCP,		  /* not TCP (or not IP): passed untouched */
-	STAT_MALFORMED,		  /* truncated or malformed headers: passed untouched */
-	STAT_MPTCP_SYN,		  /* SYN carrying MP_CAPABLE */
-	STAT_JOIN_SYN,		  /* SYN carrying MP_JOIN */
-	STAT_JOIN_TOKEN_KNOWN,	  /* MP_JOIN whose token the datapath already knew */
-	STAT_JOIN_TOKEN_UNKNOWN,  /* MP_JOIN for a connection not (yet) known */
-	STAT_TOKEN_LEARNT,	  /* connections learnt from the keys of an MP_CAPABLE ACK */
-	STAT_SUBFLOW_PLACED,	  /* new subflows placed on a path (initiator side) */
-	STAT_SUBFLOW_MIRRORED,	  /* new subflows recorded at arrival (responder side) */
-	STAT_MARKED,		  /* packets given a path mark */
-	STAT_NO_PATH,		  /* selected traffic but no usable path configured */
-	STAT_PATHS_EXHAUSTED,	  /* a join found every path of its rule in use and shares one */
-	STAT_MPTCP_OPT_INVALID,	  /* packets with an MPTCP option of undefined length: option ignored */
-	STAT_OBSERVED,		  /* observe-only: packets that would have been given a path mark */
-	STAT_NO_RULE_MATCH,	  /* opening SYN of a selected pod that none of its rules selects */
-	STAT_PATH_DOWN_SKIPPED,	  /* a placement passed over a path marked down */
-	STAT_ALL_PATHS_DOWN,	  /* selected traffic whose rule has no usable path: left unplaced */
-	STAT_SUBFLOW_INSERT,	  /* new entries written to subflows, evictions included */
-	STAT_CONN_INSERT,	  /* new entries written to conn_states */
-	STAT_MAP_UPDATE_FAILED,	  /* a subflows/conn_states update that was not stored */
-	STAT_SUBFLOW_FORGOTTEN,	  /* subflows deleted by the agent (written from user space, CPU 0) */
-	STAT_CONN_FORGOTTEN,	  /* connections deleted by the agent (written from user space, CPU 0) */
-	STAT_RATE_DROP_CONN,	  /* police: dropped, the connection's bucket was empty */
-	STAT_RATE_DROP_POD,	  /* police: dropped, the pod's bucket was empty */
-	STAT_RATE_DROP_PATH,	  /* police: dropped, the path's bucket was empty */
-	STAT_RATE_WND_LOWERED,	  /* window: an ACK's receive window lowered to the cap */
-	STAT_RATE_NO_WSCALE,	  /* window: handshake not seen, scale unknown, ACK left alone */
-	STAT_RATE_SHAPED,	  /* shape: packets given an HTB class at a NIC */
-	STAT_BACKUP_FLAGGED,	  /* backup: B bit set on a join, or an MP_PRIO, into a pod */
-	STAT_BACKUP_PRIO_SENT,	  /* backup: MP_PRIO added to a pure ACK into a pod (path role changed) */
-	STAT_BACKUP_PRIO_NO_ROOM, /* backup: MP_PRIO due but the ACK\'s options were full */
-	STAT_ADD_ADDR_BLOCKED,	  /* block: an ADD_ADDR into a pod whose rule allows no join, made NOPs */
-	STAT_JOIN_REFUSED,     /* block: a peer\'s join beyond the rule\'s maximum, answered with MP_TCPRST */
-	STAT_SUBFLOW_EVICTED,  /* subflows evicted from a full bucket of the subflow table */
-	STAT_POLICE_EVICTED,   /* police buckets evicted from a full bucket of their table */
-	STAT_SUBFLOW_DETOURED, /* a subflow whose path is down here sent over another path of its rule */
-	STAT_SUBFLOW_HOMED,    /* ... and back on its own path once that came up again */
-	STAT_SUBFLOW_FOLLOWED, /* a subflow's packets followed the peer's onto another path, or back */
-	STAT_SUBFLOW_CLOSED,   /* closed subflows whose path and count went back to their connection */
-	STAT_ARRIVAL_STAGED,   /* a SYN from the wire: waits for the pod's answer and the peer's ACK */
-	STAT_ARRIVAL_PROMOTED, /* ... acked on a 4-tuple with an entry, which went: the 4-tuple is the new
-				  one's */
-	STAT_ANSWER_DROPPED,   /* a pod's join SYN-ACK on a live 4-tuple for no SYN seen: dropped */
-	STAT_JOIN_ACK_DROPPED, /* a join's third ACK with no entry and no answered arrival: dropped */
-	STAT_POD_SUBFLOWS_FULL, /* a new subflow of a pod holding LIMIT_POD_SUBFLOWS entries: unplaced, or
-				   refused if a join */
+	STAT_PACKETS = 0,	       /* packets seen by any program */
+	STAT_NOT_TCP = 1,	       /* not TCP (or not IP): passed untouched */
+	STAT_MALFORMED = 2,	       /* truncated or malformed headers: passed untouched */
+	STAT_MPTCP_SYN = 3,	       /* SYN carrying MP_CAPABLE */
+	STAT_JOIN_SYN = 4,	       /* SYN carrying MP_JOIN */
+	STAT_JOIN_TOKEN_KNOWN = 5,     /* MP_JOIN whose token the datapath already knew */
+	STAT_JOIN_TOKEN_UNKNOWN = 6,   /* MP_JOIN for a connection not (yet) known */
+	STAT_TOKEN_LEARNT = 7,	       /* connections learnt from the keys of an MP_CAPABLE ACK */
+	STAT_SUBFLOW_PLACED = 8,       /* new subflows placed on a path (initiator side) */
+	STAT_SUBFLOW_MIRRORED = 9,     /* new subflows recorded at arrival (responder side) */
+	STAT_MARKED = 10,	       /* packets given a path mark */
+	STAT_NO_PATH = 11,	       /* selected traffic but no usable path configured */
+	STAT_PATHS_EXHAUSTED = 12,     /* a join found every path of its rule in use and shares one */
+	STAT_MPTCP_OPT_INVALID = 13,   /* packets with an MPTCP option of undefined length: option ignored */
+	STAT_OBSERVED = 14,	       /* observe-only: packets that would have been given a path mark */
+	STAT_NO_RULE_MATCH = 15,       /* opening SYN of a selected pod that none of its rules selects */
+	STAT_PATH_DOWN_SKIPPED = 16,   /* a placement passed over a path marked down */
+	STAT_ALL_PATHS_DOWN = 17,      /* selected traffic whose rule has no usable path: left unplaced */
+	STAT_SUBFLOW_INSERT = 18,      /* new entries written to subflows, evictions included */
+	STAT_CONN_INSERT = 19,	       /* new entries written to conn_states */
+	STAT_MAP_UPDATE_FAILED = 20,   /* a subflows/conn_states update that was not stored */
+	STAT_SUBFLOW_FORGOTTEN = 21,   /* subflows deleted by the agent (from user space, CPU 0) */
+	STAT_CONN_FORGOTTEN = 22,      /* connections deleted by the agent (from user space, CPU 0) */
+	STAT_RATE_DROP_CONN = 23,      /* police: dropped, the connection's bucket was empty */
+	STAT_RATE_DROP_POD = 24,       /* police: dropped, the pod's bucket was empty */
+	STAT_RATE_DROP_PATH = 25,      /* police: dropped, the path's bucket was empty */
+	STAT_RATE_WND_LOWERED = 26,    /* window: an ACK's receive window lowered to the cap */
+	STAT_RATE_NO_WSCALE = 27,      /* window: handshake not seen, scale unknown, ACK left alone */
+	STAT_RATE_SHAPED = 28,	       /* shape: packets given an HTB class at a NIC */
+	STAT_BACKUP_FLAGGED = 29,      /* backup: B bit set on a join, or an MP_PRIO, into a pod */
+	STAT_BACKUP_PRIO_SENT = 30,    /* backup: MP_PRIO added to a pure ACK to a pod (path role changed) */
+	STAT_BACKUP_PRIO_NO_ROOM = 31, /* backup: MP_PRIO due but the ACK's options were full */
+	STAT_ADD_ADDR_BLOCKED = 32,    /* block: ADD_ADDR into a pod whose rule allows no join, made NOPs */
+	STAT_JOIN_REFUSED = 33,	     /* block: a peer's join past its rule's maximum, answered by MP_TCPRST */
+	STAT_SUBFLOW_EVICTED = 34,   /* subflows evicted from a full bucket of the subflow table */
+	STAT_POLICE_EVICTED = 35,    /* police buckets evicted from a full bucket of their table */
+	STAT_SUBFLOW_DETOURED = 36,  /* a subflow's path down here: sent over another path of its rule */
+	STAT_SUBFLOW_HOMED = 37,     /* ... and back on its own path once that came up again */
+	STAT_SUBFLOW_FOLLOWED = 38,  /* a subflow's packets followed the peer's to another path, or back */
+	STAT_SUBFLOW_CLOSED = 39,    /* closed subflows whose path and count went back to the connection */
+	STAT_ARRIVAL_STAGED = 40,    /* a SYN from the wire, waiting for the pod's answer and peer's ACK */
+	STAT_ARRIVAL_PROMOTED = 41,  /* ... acked on a 4-tuple with an entry, which went: the 4-tuple is
+					the new one's */
+	STAT_ANSWER_DROPPED = 42,    /* a pod's join SYN-ACK on a live 4-tuple for no SYN seen: dropped */
+	STAT_JOIN_ACK_DROPPED = 43,  /* a join's third ACK with no entry nor answered arrival: dropped */
+	STAT_POD_SUBFLOWS_FULL = 44, /* a new subflow of a pod holding LIMIT_POD_SUBFLOWS entries:
+					unplaced, or refused if a join */
+	/* Not an identity: one past the highest, however many there are. */
 	STAT_MAX,
 };
 
@@ -149,6 +167,8 @@ struct flow_key {
 	__u8 pad[3];
 } __attribute__((aligned(8))); /* addresses are copied and compared by word */
 
+/* Stored in struct subflow (the pinned subflow table): append-only (see enum
+ * stat_id). */
 enum subflow_role {
 	ROLE_INITIATOR = 1, /* the local pod opened it; this node chose the path */
 	ROLE_RESPONDER = 2, /* a remote peer opened it; this node mirrors its arrival NIC */
@@ -287,6 +307,8 @@ struct port_range {
 #define RULE_CIDRS	     (1U << 0) /* remote address must be in rule_cidrs under this rule id */
 #define RULE_REWRITE_HEADERS (1U << 1) /* the admin allowed rewriting the pods' headers (backup) */
 
+/* Stored in struct rule (the pinned rules map): append-only (see enum
+ * stat_id). */
 enum spread_mode {
 	SPREAD_ROUND_ROBIN = 0, /* initial subflows take the paths in turn */
 	SPREAD_WEIGHTED = 1,	/* initial subflows in proportion to weights */

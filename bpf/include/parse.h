@@ -36,7 +36,9 @@
 
 /* MPTCP option subtypes, RFC 8684 section 3 (IANA "MPTCP Option Subtypes").
  * The subtype is the high nibble of the option's third byte, so there are
- * 16 possible values; 0x9..0xe are unassigned and 0xf is MP_EXPERIMENTAL. */
+ * 16 possible values; 0x9..0xe are unassigned and 0xf is MP_EXPERIMENTAL.
+ * The wire's numbers, and the index of the pinned mptcp_options counters:
+ * append-only (enum stat_id, common.h). */
 enum mptcp_subtype {
 	MPTCP_SUB_CAPABLE = 0x0,
 	MPTCP_SUB_JOIN = 0x1,
@@ -86,6 +88,7 @@ enum mptcp_subtype {
 #define MPTCP_DSS_CHECKSUM_LEN 2
 #define MPTCP_ADD_ADDR_ECHO    0x01 /* E, low bit of the subtype byte (3.4.1) */
 
+/* What parse_packet made of a packet: a return value, never stored. */
 enum parse_result {
 	PARSE_OK = 0,
 	PARSE_NOT_TCP = 1, /* not IP, not TCP, or a non-first fragment */

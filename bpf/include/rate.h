@@ -19,6 +19,8 @@
 #include "parse.h"
 #include "table.h"
 
+/* Stored in struct rate_cfg (the pinned rate_rules): append-only (enum
+ * stat_id, common.h). */
 enum rate_mode {
 	RATE_MODE_NONE = 0,
 	RATE_MODE_WINDOW = 1,
@@ -85,7 +87,9 @@ static __always_inline __u32 rate_path_budget(const struct rate_cfg *cfg, __u32 
 	return cfg->flags & RATE_BUDGET ? cfg->path_budget : rule;
 }
 
-/* What a bucket, a window edge or a shape class is kept for. */
+/* What a bucket, a window edge or a shape class is kept for. Part of struct
+ * rate_key, the key of pinned maps (rate_buckets, rate_windows,
+ * rate_classes): append-only (enum stat_id, common.h). */
 enum rate_key_kind {
 	RATE_KEY_CONN = 1, /* id: the connection's canonical (responder's) token */
 	RATE_KEY_FLOW = 2, /* id: ports of a subflow whose connection is not known */

@@ -62,6 +62,9 @@ struct table_head {
  * for every load that shares the pinned tables. */
 volatile const __u64 table_seed[TABLE_SEED_WORDS] = {};
 
+/* table_result and table_op_code pass between the agent and table_ctl of the
+ * same object (bpf2go exports them to its Go) and are never stored: no two
+ * releases meet through them, so they need not keep their numbers. */
 enum table_result {
 	TABLE_FAILED = 0,   /* contention, or a way of the bucket being written: not stored */
 	TABLE_INSERTED = 1, /* a new entry in a free way */

@@ -13,7 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
+	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
 
 // MaxPaths is how many paths one node can steer over. A path's index,

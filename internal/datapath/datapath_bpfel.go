@@ -213,6 +213,15 @@ type datapathRateKey struct {
 	Pad2   uint32
 }
 
+type datapathRateKeyKind uint32
+
+const (
+	datapathRateKeyKindRATE_KEY_CONN datapathRateKeyKind = 1
+	datapathRateKeyKindRATE_KEY_FLOW datapathRateKeyKind = 2
+	datapathRateKeyKindRATE_KEY_POD  datapathRateKeyKind = 3
+	datapathRateKeyKindRATE_KEY_PATH datapathRateKeyKind = 4
+)
+
 type datapathRateMode uint32
 
 const (
@@ -353,6 +362,13 @@ type datapathSubflowEntry struct {
 	Value datapathSubflow
 }
 
+type datapathSubflowRole uint32
+
+const (
+	datapathSubflowRoleROLE_INITIATOR datapathSubflowRole = 1
+	datapathSubflowRoleROLE_RESPONDER datapathSubflowRole = 2
+)
+
 type datapathTableHead struct {
 	_    structs.HostLayout
 	Tag  [4]uint32
@@ -440,10 +456,13 @@ const (
 	datapathVarMarkMask           = "mark_mask"
 	datapathVarMarkShift          = "mark_shift"
 	datapathVarTableSeed          = "table_seed"
+	datapathVarUnusedLimit        = "unused_limit"
 	datapathVarUnusedMptcpSubtype = "unused_mptcp_subtype"
+	datapathVarUnusedRateKeyKind  = "unused_rate_key_kind"
 	datapathVarUnusedRateMode     = "unused_rate_mode"
 	datapathVarUnusedSpreadMode   = "unused_spread_mode"
 	datapathVarUnusedStatId       = "unused_stat_id"
+	datapathVarUnusedSubflowRole  = "unused_subflow_role"
 	datapathVarUnusedTableId      = "unused_table_id"
 	datapathVarUnusedTableOpCode  = "unused_table_op_code"
 	datapathVarUnusedTableResult  = "unused_table_result"
@@ -537,10 +556,13 @@ type datapathVariableSpecs struct {
 	MarkMask           *ebpf.VariableSpec `ebpf:"mark_mask"`
 	MarkShift          *ebpf.VariableSpec `ebpf:"mark_shift"`
 	TableSeed          *ebpf.VariableSpec `ebpf:"table_seed"`
+	UnusedLimit        *ebpf.VariableSpec `ebpf:"unused_limit"`
 	UnusedMptcpSubtype *ebpf.VariableSpec `ebpf:"unused_mptcp_subtype"`
+	UnusedRateKeyKind  *ebpf.VariableSpec `ebpf:"unused_rate_key_kind"`
 	UnusedRateMode     *ebpf.VariableSpec `ebpf:"unused_rate_mode"`
 	UnusedSpreadMode   *ebpf.VariableSpec `ebpf:"unused_spread_mode"`
 	UnusedStatId       *ebpf.VariableSpec `ebpf:"unused_stat_id"`
+	UnusedSubflowRole  *ebpf.VariableSpec `ebpf:"unused_subflow_role"`
 	UnusedTableId      *ebpf.VariableSpec `ebpf:"unused_table_id"`
 	UnusedTableOpCode  *ebpf.VariableSpec `ebpf:"unused_table_op_code"`
 	UnusedTableResult  *ebpf.VariableSpec `ebpf:"unused_table_result"`
@@ -632,10 +654,13 @@ type datapathVariables struct {
 	MarkMask           *ebpf.Variable `ebpf:"mark_mask"`
 	MarkShift          *ebpf.Variable `ebpf:"mark_shift"`
 	TableSeed          *ebpf.Variable `ebpf:"table_seed"`
+	UnusedLimit        *ebpf.Variable `ebpf:"unused_limit"`
 	UnusedMptcpSubtype *ebpf.Variable `ebpf:"unused_mptcp_subtype"`
+	UnusedRateKeyKind  *ebpf.Variable `ebpf:"unused_rate_key_kind"`
 	UnusedRateMode     *ebpf.Variable `ebpf:"unused_rate_mode"`
 	UnusedSpreadMode   *ebpf.Variable `ebpf:"unused_spread_mode"`
 	UnusedStatId       *ebpf.Variable `ebpf:"unused_stat_id"`
+	UnusedSubflowRole  *ebpf.Variable `ebpf:"unused_subflow_role"`
 	UnusedTableId      *ebpf.Variable `ebpf:"unused_table_id"`
 	UnusedTableOpCode  *ebpf.Variable `ebpf:"unused_table_op_code"`
 	UnusedTableResult  *ebpf.Variable `ebpf:"unused_table_result"`

@@ -3,7 +3,7 @@ package datapath
 import (
 	"fmt"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
+	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
 
 // The programs keep, per pod slot, how many entries of the subflow table

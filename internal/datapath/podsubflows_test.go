@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
+	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
 )
 

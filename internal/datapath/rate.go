@@ -8,7 +8,7 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
+	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
 
 // RateMode is how the rate actor enforces a rule's caps (bpf/include/rate.h).
@@ -325,11 +325,11 @@ func (d *Datapath) PoliceDrops() (PoliceDrops, error) {
 }
 
 // rateKindConn, rateKindPod and rateKindPath are enum rate_key_kind of
-// rate.h.
+// rate.h, as struct rate_key's byte holds them.
 const (
-	rateKindConn = 1
-	rateKindPod  = 3
-	rateKindPath = 4
+	rateKindConn = uint8(datapathRateKeyKindRATE_KEY_CONN)
+	rateKindPod  = uint8(datapathRateKeyKindRATE_KEY_POD)
+	rateKindPath = uint8(datapathRateKeyKindRATE_KEY_PATH)
 )
 
 func shapeKey(rule, path uint32, pod netip.Addr) datapathRateKey {

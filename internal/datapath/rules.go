@@ -9,11 +9,12 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/datapath/limits"
+	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
 
-// Limits of the datapath's maps: enum limit of bpf/include/common.h, through
-// package limits, which the API and the controller read too.
+// Limits of the datapath's maps: package limits, which the API and the
+// controller read too, and which TestLimitsAreTheCEnum checks against enum
+// limit of bpf/include/common.h.
 const (
 	// MaxSubflows is the kernel's cap on a connection's subflows.
 	MaxSubflows = limits.Subflows

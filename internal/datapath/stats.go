@@ -222,14 +222,14 @@ func (d *Datapath) PathStats() ([]PathCounters, error) {
 	return out, nil
 }
 
-// Role says which side of a subflow this node is on.
+// Role says which side of a subflow this node is on: enum subflow_role.
 type Role uint32
 
 const (
 	// RoleInitiator: a local pod opened the subflow and this node chose its path.
-	RoleInitiator Role = 1
+	RoleInitiator = Role(datapathSubflowRoleROLE_INITIATOR)
 	// RoleResponder: a peer opened it; this node mirrors the arrival NIC.
-	RoleResponder Role = 2
+	RoleResponder = Role(datapathSubflowRoleROLE_RESPONDER)
 )
 
 // Subflow is one entry of the subflow table, seen from the local pod.
