@@ -74,7 +74,7 @@ INTEGRITY_ROUNDS ?= 20
 .PHONY: repro-integrity
 repro-integrity: deps ## Run the data-integrity reproducer in a loop (INTEGRITY_ROUNDS transfers per scenario, whole packets captured; root).
 	@mkdir -p $(TEST_OUTPUT)
-	$(GO) test -count=1 -timeout 180m -v -run '^(TestStreamsArriveWhole|TestKernelChangesStreams)$$' -artifacts -outputdir $(TEST_OUTPUT) ./test/e2e/ \
+	$(GO) test -count=1 -timeout 180m -v -run '^TestIntegrity$$/^(StreamsArriveWhole|KernelChangesStreams)$$' -artifacts -outputdir $(TEST_OUTPUT) ./test/e2e/ \
 		-integrity.rounds=$(INTEGRITY_ROUNDS) -integrity.payload
 
 ##@ Demo and benchmarks

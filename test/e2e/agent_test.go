@@ -59,7 +59,7 @@ func nicBytes(t *testing.T, bed *testbed.Bed, node *testbed.Node) (rx, tx []uint
 // on node 1 and rx bytes on node 2 are within 5 % of the NIC's own counters.
 // The scrape happens inside the node namespace, as Prometheus would reach
 // an agent on host networking.
-func TestScrapedPathBytesMatchNICCounters(t *testing.T) {
+func testScrapedPathBytesMatchNICCounters(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	agents, err := framework.StartAgents(background(t), bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, declaredCaps)
 	if err != nil {
@@ -142,7 +142,7 @@ func TestScrapedPathBytesMatchNICCounters(t *testing.T) {
 // while no agent runs, no subflow changes path (subflow tables before and
 // after, and the captures), and a pod added to the configuration while the
 // agent was down is steered once it is back.
-func TestAgentKilledMidTransferRestartsWithoutDisturbingConnections(t *testing.T) {
+func testAgentKilledMidTransferRestartsWithoutDisturbingConnections(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
 	ctx := background(t)
@@ -227,7 +227,7 @@ func TestAgentKilledMidTransferRestartsWithoutDisturbingConnections(t *testing.T
 // kernel lists), no path manager, and its MPTCP settings are the
 // kernel's again; the remaining pod is still steered. Then uninstall leaves
 // no rule, table, pin or state.
-func TestPodRemovedFromConfigLeavesNothingBehind(t *testing.T) {
+func testPodRemovedFromConfigLeavesNothingBehind(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
 	ctx := background(t)
@@ -277,7 +277,7 @@ func TestPodRemovedFromConfigLeavesNothingBehind(t *testing.T) {
 // the next agent, which learns what its predecessor applied from
 // status.json: no endpoint, no program on its veth, no path manager, the
 // kernel's path manager back in the pod.
-func TestPodRemovedWhileTheAgentIsDownIsReleasedAfterRestart(t *testing.T) {
+func testPodRemovedWhileTheAgentIsDownIsReleasedAfterRestart(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 2, PodsPerNode: 2})
 	ctx := background(t)
 	node := bed.Node(1)
@@ -324,7 +324,7 @@ func TestPodRemovedWhileTheAgentIsDownIsReleasedAfterRestart(t *testing.T) {
 // A bad configuration is reported, in status.json and in
 // mptcp_agent_reconcile_errors_total, and changes nothing: the agent stays
 // ready and the last good configuration keeps steering traffic.
-func TestBadConfigIsReportedAndTheLastGoodOneStaysEnforced(t *testing.T) {
+func testBadConfigIsReportedAndTheLastGoodOneStaysEnforced(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	ctx := background(t)
@@ -388,7 +388,7 @@ func TestBadConfigIsReportedAndTheLastGoodOneStaysEnforced(t *testing.T) {
 // The agent runs with exactly the capabilities it declares, nothing more:
 // the kernel's view of the running process says so, and it reconciles
 // (ready) and uninstalls that way. The steering tests run it the same way.
-func TestAgentHoldsOnlyItsDeclaredCapabilities(t *testing.T) {
+func testAgentHoldsOnlyItsDeclaredCapabilities(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1})
 	ctx := background(t)
 	agents, err := framework.StartAgents(ctx, bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, declaredCaps)
@@ -431,7 +431,7 @@ func TestAgentHoldsOnlyItsDeclaredCapabilities(t *testing.T) {
 // connections' subflows on both paths, node 2 mirrored their arrival on
 // nic1. Switching observe-only off with SIGHUP spreads the next connections
 // at once, over the same TCX links (same link IDs: nothing re-attached).
-func TestObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
+func testObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	ctx := background(t)
@@ -670,7 +670,7 @@ func assertPodReleased(t *testing.T, bed *testbed.Bed, a *framework.Agent, kept,
 // plain routing. The streams arrive whole, nothing is reset, the released
 // pod's open subflows stay in the table; once the connections end, a
 // reconcile forgets them.
-func TestPodReleasedWhileItsPeerStaysSelectedKeepsItsConnections(t *testing.T) {
+func testPodReleasedWhileItsPeerStaysSelectedKeepsItsConnections(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
 	ctx := background(t)

@@ -24,7 +24,7 @@ var ssMPTCPFlags = regexp.MustCompile(`tcp-ulp-mptcp flags:(\S+)`)
 // pod's kernel holds that subflow as backup (ss shows B). While fabric-a is
 // up the backup subflow carries under 5 % of what the pod sends; the
 // connection stays MPTCP and every byte arrives.
-func TestBackupSubflowIsBackupInThePodAndCarriesAlmostNothing(t *testing.T) {
+func testBackupSubflowIsBackupInThePodAndCarriesAlmostNothing(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	rule := mptcpv1alpha1.CompiledRule{Paths: framework.PathsNamed(framework.PathName(1)), BackupPaths: []string{framework.PathName(2)}, HeaderRewriting: true}
 	agents, err := framework.StartAgents(background(t), bed, bins.Agent, rule, declaredCaps)
@@ -98,7 +98,7 @@ func requireOneBackupSubflow(t *testing.T, bed *testbed.Bed, pod *testbed.Pod) {
 // carries an MP_PRIO, and the pod's kernel moves its sending off that
 // subflow (ss shows B; under 5 % of what the pod sends after the change
 // goes that way). The connection stays MPTCP and every byte arrives.
-func TestPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
+func testPathMadeBackupMidConnectionIsToldWithMPPrio(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	agents, err := framework.StartAgents(background(t), bed, bins.Agent, mptcpv1alpha1.CompiledRule{HeaderRewriting: true}, declaredCaps)
 	if err != nil {
@@ -178,7 +178,7 @@ func nstatValue(t *testing.T, bed *testbed.Bed, ns, name string) float64 {
 // pod never sees that join, the client's kernel takes the reset (the join's
 // attempt fails), the connection goes on with two subflows and every byte
 // arrives.
-func TestJoinBeyondTheMaximumIsRefusedWithMPTCPRST(t *testing.T) {
+func testJoinBeyondTheMaximumIsRefusedWithMPTCPRST(t *testing.T) {
 	for _, c := range []struct {
 		name      string
 		maxOnNode int

@@ -32,7 +32,7 @@ import (
 // their DaemonSet). No earlier revision has a chart. To move it on, set it
 // to a later commit of main (one whose chart installs and whose agents come
 // up Ready on the bed; the test builds it from source) and run
-// TestHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime.
+// TestChart/HelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime.
 const previousChartRelease = "88bc912"
 
 // rolloutSample is the agent pods seen at one moment of an upgrade.
@@ -212,7 +212,7 @@ func tcxLinks(t *testing.T, bed *testbed.Bed) map[string][]link.ID {
 // keep carrying the transfer through it; no connection is reset and every
 // stream arrives as it was sent. Afterwards new connections are spread by
 // the new agents, and helm uninstall takes everything away.
-func TestHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime(t *testing.T) {
+func testHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime(t *testing.T) {
 	builder := testutil.BuiltTool(t, "IMAGEBUILD", "imagebuild")
 	start := time.Now()
 	prevChart, prevImagesDir, err := framework.BuildChartRelease(t.TempDir(), previousChartRelease, builder, "release-"+previousChartRelease)

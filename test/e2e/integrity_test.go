@@ -16,14 +16,14 @@ import (
 )
 
 // integrityRounds is how many transfers each scenario of
-// TestStreamsArriveWhole and TestKernelChangesStreams runs: one under
+// TestIntegrity/StreamsArriveWhole and TestIntegrity/KernelChangesStreams runs: one under
 // `make test`, more under `make repro-integrity`.
-var integrityRounds = flag.Int("integrity.rounds", 1, "transfers per scenario of TestStreamsArriveWhole and TestKernelChangesStreams")
+var integrityRounds = flag.Int("integrity.rounds", 1, "transfers per scenario of TestIntegrity/StreamsArriveWhole and TestIntegrity/KernelChangesStreams")
 
 // integrityPayload captures every byte of every packet instead of headers,
 // so that a changed stream's evidence tells on which wire the bytes were
 // still right (make repro-integrity); it costs the machine much more.
-var integrityPayload = flag.Bool("integrity.payload", false, "capture whole packets in TestStreamsArriveWhole and TestKernelChangesStreams")
+var integrityPayload = flag.Bool("integrity.payload", false, "capture whole packets in TestIntegrity/StreamsArriveWhole and TestIntegrity/KernelChangesStreams")
 
 // integrityScenario is one configuration of the reproducer.
 type integrityScenario struct {
@@ -102,7 +102,7 @@ func integrityScenarios() []integrityScenario {
 			return &mptcpv1alpha1.CompiledRule{Paths: framework.PathsNamed(framework.PathName(1)), BackupPaths: []string{framework.PathName(2)}, HeaderRewriting: true}
 		}},
 		// The conditions under which this kernel changes streams
-		// (TestKernelChangesStreams), with the product's defaults: DSS
+		// (TestIntegrity/KernelChangesStreams), with the product's defaults: DSS
 		// checksums on.
 		{name: "agent userspace PM, 4 paths, cross traffic, copying wires", bed: fourPaths, quiet: true, transfer: capturedTransfer, flows: crossTraffic,
 			setup: copyingWires, rule: userspace},
@@ -176,7 +176,7 @@ var fourPaths = testbed.Config{Nodes: 2, NICs: 4, PodsPerNode: 2, LinkRate: "100
 // evidence kept. The longest stretch below 10 % of the expected rate is
 // reported per scenario, and connections that fell back to TCP are
 // counted (a caught change on a connection with one subflow does that).
-func TestStreamsArriveWhole(t *testing.T) {
+func testStreamsArriveWhole(t *testing.T) {
 	runIntegrity(t, integrityScenarios(), true)
 }
 
@@ -184,7 +184,7 @@ func TestStreamsArriveWhole(t *testing.T) {
 // scenarios of kernelBugScenarios, whose transfers this kernel changes now
 // and then, with and without the agent. What is asserted: with DSS
 // checksums, nothing changes. The rest is measured and reported.
-func TestKernelChangesStreams(t *testing.T) {
+func testKernelChangesStreams(t *testing.T) {
 	if *integrityRounds < 10 {
 		t.Skipf("counts the kernel's changed streams over -integrity.rounds >= 10 (make repro-integrity); with %d a count means nothing", *integrityRounds)
 	}

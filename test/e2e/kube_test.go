@@ -173,7 +173,7 @@ func (kb *kubeBed) podGate(t *testing.T, p *testbed.Pod) corev1.ConditionStatus 
 // interface does not exist on the node) is reported Degraded with the reason
 // while the previous configuration keeps steering; deleting the policy then
 // returns the pods to plain routing without resetting a running connection.
-func TestPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
+func testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
 	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 
@@ -391,7 +391,7 @@ func applyObject(t *testing.T, c client.Client, into client.Object, manifest str
 // pinned subflow tables with every subflow where it was. The restarted
 // agents then apply the new generation: a connection opened afterwards gets
 // one subflow.
-func TestAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
+func testAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
@@ -515,7 +515,7 @@ func drainFor(d time.Duration) podOption {
 // controller drops it from the node's state, and the agent takes its
 // endpoint, its pinned links, its subflows and connections and its path
 // manager away while the node's other pod stays steered.
-func TestPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
+func testPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"}, drainFor(4*time.Second))
 	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))

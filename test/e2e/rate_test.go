@@ -27,7 +27,7 @@ const rateCap = 40_000_000
 
 // windowCap is the window test's cap: a quarter of the two 200 Mbit/s
 // links, and well above what the one-segment window floor alone lets
-// through per ACK cycle (TestWindowCapsWhatThePodReceives).
+// through per ACK cycle (TestRate/WindowCapsWhatThePodReceives).
 const windowCap = 100_000_000
 
 // rateRound is one transfer from pod 1 on node 1 to pod 1 on node 2.
@@ -157,7 +157,7 @@ func stats(t *testing.T, a *framework.Agent) map[string]float64 {
 //
 // Five rounds a case, for a steadier median. A burst passing on top of the
 // cap adds at most 1 MB / 6 s, 0.033 of the cap.
-func TestPoliceCapsWhatThePodSends(t *testing.T) {
+func testPoliceCapsWhatThePodSends(t *testing.T) {
 	for _, c := range []struct {
 		cc         string
 		lo         float64
@@ -188,7 +188,7 @@ func TestPoliceCapsWhatThePodSends(t *testing.T) {
 // 0.899 (rounds 0.889..0.945) in a fresh-clone CI run of the whole suite on
 // a slower machine (2026-11-25). Bounds 0.85..1.0 and 20 %, as for the
 // sender's side: the same bucket answers the same bursts.
-func TestPoliceCapsWhatThePodReceives(t *testing.T) {
+func testPoliceCapsWhatThePodReceives(t *testing.T) {
 	bed, agents := rateBed(t, func(node int) mptcpv1alpha1.CompiledRule {
 		if node != 2 {
 			return mptcpv1alpha1.CompiledRule{}
@@ -208,7 +208,7 @@ func TestPoliceCapsWhatThePodReceives(t *testing.T) {
 // leave at most ~0.94 of the wire for payload). Five rounds, bound
 // 0.85..1.0: the upper bound is the cap, the lower one says shaping does
 // not waste the path.
-func TestShapeCapsWhatThePodSends(t *testing.T) {
+func testShapeCapsWhatThePodSends(t *testing.T) {
 	bed, agents := rateBed(t, func(node int) mptcpv1alpha1.CompiledRule {
 		if node != 1 {
 			return mptcpv1alpha1.CompiledRule{}
@@ -289,7 +289,7 @@ func TestShapeCapsWhatThePodSends(t *testing.T) {
 // edge once per ACK cycle (measured 1.015, 1.026, 1.093 of a 100 Mbit/s
 // cap; at 40 Mbit/s, where a segment per 0.2 ms RTT is itself 58 Mbit/s,
 // 0.99..1.34).
-func TestWindowCapsWhatThePodReceives(t *testing.T) {
+func testWindowCapsWhatThePodReceives(t *testing.T) {
 	bed, agents := rateBed(t, func(node int) mptcpv1alpha1.CompiledRule {
 		if node != 2 {
 			return mptcpv1alpha1.CompiledRule{}
@@ -314,7 +314,7 @@ func TestWindowCapsWhatThePodReceives(t *testing.T) {
 //     sender's, as for MPTCP);
 //   - UDP sent as fast as the sender can (at least twice the cap, checked):
 //     what arrives over [0.5 s, 3 s] within 0.5..1.1 of the cap.
-func TestPerPodPoliceCapsEveryProtocol(t *testing.T) {
+func testPerPodPoliceCapsEveryProtocol(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		node int // the node whose pod's cap holds: 1 sends, 2 receives

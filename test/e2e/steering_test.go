@@ -203,7 +203,7 @@ func reversePathDrops(t *testing.T, bed *testbed.Bed, node *testbed.Node) int {
 // of every connection between pods on two nodes crosses exactly one NIC of
 // each node, the same NIC in both directions, and the subflows of one
 // connection use distinct NICs. Checked from captures decoded by tshark.
-func TestSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
+func testSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
 	tests := map[string]struct {
 		nics int                           // NICs per node (K)
 		mode mptcpv1alpha1.SubflowCreation // who opens the joins
@@ -294,7 +294,7 @@ func TestSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
 
 // Without the agent and its state, the same traffic with the same subflows
 // is no longer spread: the steering is the agent's doing.
-func TestWithoutTheAgentSubflowsAreNotSpread(t *testing.T) {
+func testWithoutTheAgentSubflowsAreNotSpread(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
 	agents, err := framework.StartAgents(background(t), bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, declaredCaps)

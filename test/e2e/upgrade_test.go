@@ -136,7 +136,7 @@ func localAPI(t *testing.T, a *framework.Agent, path string, out any) {
 // subflow kept its path and role on both nodes, the pod added while the
 // agent was down is steered, and the new agent's local API lists the live
 // subflows with their path names.
-func TestUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
+func testUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	oldBin := previousAgent(t)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"})
@@ -323,7 +323,7 @@ func linkPrograms(t *testing.T, pinDir string) map[string]ebpf.ProgramID {
 // is still the pinned one and no marker was written; the transfer goes on
 // without a reset and every subflow keeps its path. The next start, with a
 // configuration that reconciles, migrates and commits.
-func TestUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
+func testUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	oldBin := previousAgent(t)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})

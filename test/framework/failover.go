@@ -383,7 +383,7 @@ func agentLogs(agents []*Agent) testbed.Collector {
 	}
 }
 
-// GrayStallBound is what TestGrayFailureMidTransferIsFoundByProbes asserts
+// GrayStallBound is what TestFailover/GrayFailureMidTransferIsFoundByProbes asserts
 // on the longest stall: the target is 1 s for every failure; the
 // probes take 150 ms to find it (5 intervals of 30 ms).
 const GrayStallBound = time.Second

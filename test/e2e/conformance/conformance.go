@@ -4,7 +4,7 @@
 // paths of examples/paths.yaml and the policy of examples/policy-spread.yaml
 // applied, and the traffic image on both. hack/kind.sh runs it on kind; the
 // e2e suite runs it on the test bed's real nodes
-// (TestChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace).
+// (TestChart/ChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace).
 //
 // What it asserts: a pod's MPTCP connections to a pod on another node
 // arrive whole (the hashes the two ends report agree), and the sending

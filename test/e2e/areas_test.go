@@ -1,0 +1,102 @@
+package e2e
+
+import "testing"
+
+// The end-to-end tests, by area: `go test -run TestFailover ./test/e2e/` runs
+// one area, `-run TestFailover/GrayFailure` the tests of it whose names
+// begin so. Areas that measure rates and stalls run their tests one at a
+// time; functional areas run theirs side by side (go test -parallel),
+// each on a bed of its own. Go runs the areas themselves one after
+// another, so a measurement never shares the machine with another test.
+
+// Failover: a NIC fails mid-transfer (carrier, gray failures, removal) and the
+// connection's longest stall, its goodput during the failure and the path's
+// return are measured. Stalls are measured one test at a time.
+func TestFailover(t *testing.T) {
+	t.Run("CarrierLossMidTransferStallsBriefly", testCarrierLossMidTransferStallsBriefly)
+	t.Run("GrayFailureMidTransferIsFoundByProbes", testGrayFailureMidTransferIsFoundByProbes)
+	t.Run("CarrierLossOnOneOfThreePaths", testCarrierLossOnOneOfThreePaths)
+	t.Run("GrayFailuresOnOneOfThreePaths", testGrayFailuresOnOneOfThreePaths)
+	t.Run("NICRemovedMidTransferIsReattached", testNICRemovedMidTransferIsReattached)
+	t.Run("ActivePathLostMidTransferGoesOnOverTheBackupPath", testActivePathLostMidTransferGoesOnOverTheBackupPath)
+	t.Run("SignalModeSubflowsRideTheDetourThroughAGrayFailure", testSignalModeSubflowsRideTheDetourThroughAGrayFailure)
+}
+
+// Rates: caps (police, shape, window, per pod) and the agent's throughput
+// against hand-written routing, measured one test at a time.
+func TestRate(t *testing.T) {
+	t.Run("PoliceCapsWhatThePodSends", testPoliceCapsWhatThePodSends)
+	t.Run("PoliceCapsWhatThePodReceives", testPoliceCapsWhatThePodReceives)
+	t.Run("ShapeCapsWhatThePodSends", testShapeCapsWhatThePodSends)
+	t.Run("WindowCapsWhatThePodReceives", testWindowCapsWhatThePodReceives)
+	t.Run("PerPodPoliceCapsEveryProtocol", testPerPodPoliceCapsEveryProtocol)
+	t.Run("AgentThroughputMatchesHandRoutedBaseline", testAgentThroughputMatchesHandRoutedBaseline)
+}
+
+// Integrity: streams compared byte by byte through every stage the bed and
+// the product add, with both cores busy; DSS checksums catching a wire
+// that changes bytes. One test at a time: they load the machine.
+func TestIntegrity(t *testing.T) {
+	t.Run("StreamsArriveWhole", testStreamsArriveWhole)
+	t.Run("KernelChangesStreams", testKernelChangesStreams)
+	t.Run("DataChecksumsCatchWhatAWireChanged", testDataChecksumsCatchWhatAWireChanged)
+}
+
+// Steering: subflows placed on distinct NICs, backup paths, joins refused,
+// replaced or forged, from captures. Functional: run side by side.
+func TestSteering(t *testing.T) {
+	t.Run("SubflowsSpreadOverDistinctNICsInBothDirections", sideBySide(testSubflowsSpreadOverDistinctNICsInBothDirections))
+	t.Run("WithoutTheAgentSubflowsAreNotSpread", sideBySide(testWithoutTheAgentSubflowsAreNotSpread))
+	t.Run("BackupSubflowIsBackupInThePodAndCarriesAlmostNothing", sideBySide(testBackupSubflowIsBackupInThePodAndCarriesAlmostNothing))
+	t.Run("PathMadeBackupMidConnectionIsToldWithMPPrio", sideBySide(testPathMadeBackupMidConnectionIsToldWithMPPrio))
+	t.Run("JoinBeyondTheMaximumIsRefusedWithMPTCPRST", sideBySide(testJoinBeyondTheMaximumIsRefusedWithMPTCPRST))
+	t.Run("AClosedJoinIsReplacedOnThePathItLeft", sideBySide(testAClosedJoinIsReplacedOnThePathItLeft))
+	t.Run("ForgedSYNsMoveNoLiveSubflow", sideBySide(testForgedSYNsMoveNoLiveSubflow))
+}
+
+// Agent: its life on a node (kill, restart, upgrade, bad configuration,
+// observe-only, capabilities, pods leaving) in file mode. Functional: run
+// side by side.
+func TestAgent(t *testing.T) {
+	t.Run("ScrapedPathBytesMatchNICCounters", sideBySide(testScrapedPathBytesMatchNICCounters))
+	t.Run("AgentKilledMidTransferRestartsWithoutDisturbingConnections", sideBySide(testAgentKilledMidTransferRestartsWithoutDisturbingConnections))
+	t.Run("PodRemovedFromConfigLeavesNothingBehind", sideBySide(testPodRemovedFromConfigLeavesNothingBehind))
+	t.Run("PodRemovedWhileTheAgentIsDownIsReleasedAfterRestart", sideBySide(testPodRemovedWhileTheAgentIsDownIsReleasedAfterRestart))
+	t.Run("BadConfigIsReportedAndTheLastGoodOneStaysEnforced", sideBySide(testBadConfigIsReportedAndTheLastGoodOneStaysEnforced))
+	t.Run("AgentHoldsOnlyItsDeclaredCapabilities", sideBySide(testAgentHoldsOnlyItsDeclaredCapabilities))
+	t.Run("ObserveOnlyRecordsWithoutSteeringUntilSwitchedOff", sideBySide(testObserveOnlyRecordsWithoutSteeringUntilSwitchedOff))
+	t.Run("PodReleasedWhileItsPeerStaysSelectedKeepsItsConnections", sideBySide(testPodReleasedWhileItsPeerStaysSelectedKeepsItsConnections))
+	t.Run("UpgradeFromPreviousReleaseMigratesMapsUnderTraffic", sideBySide(testUpgradeFromPreviousReleaseMigratesMapsUnderTraffic))
+	t.Run("UpgradeWhoseFirstReconcileFailsRollsBack", sideBySide(testUpgradeWhoseFirstReconcileFailsRollsBack))
+}
+
+// Kube: the operator installed by its chart on real nodes (kubelet,
+// containerd) and driven through the API server: policies, paths, pods
+// and agents coming and going, the contract from CRD to datapath.
+func TestKube(t *testing.T) {
+	t.Run("PolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly", testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly)
+	t.Run("AgentsKilledWhileThePolicyChangesResumeUndisturbed", testAgentsKilledWhileThePolicyChangesResumeUndisturbed)
+	t.Run("PodDeletedFromTheAPILeavesNothingBehind", testPodDeletedFromTheAPILeavesNothingBehind)
+	t.Run("LiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes", testLiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes)
+	t.Run("PathCapacityBoundsShapingOnItsNIC", testPathCapacityBoundsShapingOnItsNIC)
+	t.Run("DefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing", testDefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing)
+	t.Run("TenantPreferenceActsInEverySpreadMode", testTenantPreferenceActsInEverySpreadMode)
+	t.Run("RaisedMaxSubflowsReachesRunningPods", testRaisedMaxSubflowsReachesRunningPods)
+}
+
+// Chart: what an admin does with helm: install, spread, uninstall without a
+// trace; upgrade from the previous release under traffic. Each from
+// nothing, on beds of their own.
+func TestChart(t *testing.T) {
+	t.Run("ChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace", testChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace)
+	t.Run("HelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime", testHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime)
+}
+
+// sideBySide runs test in parallel with the other parallel tests of its
+// area (at most go test -parallel at once).
+func sideBySide(test func(*testing.T)) func(*testing.T) {
+	return func(t *testing.T) {
+		t.Parallel()
+		test(t)
+	}
+}
