@@ -6,6 +6,7 @@
 //
 //	go test -json ./... | testtimes -stream -json out.json
 //	testtimes -report out.json
+//	testtimes -counts out.json    # "tests: N passed, N failed, N skipped"
 package main
 
 import (
@@ -35,6 +36,7 @@ func main() {
 	stream := flag.Bool("stream", false, "copy the output of the JSON on stdin to stdout, and the JSON itself to -json")
 	jsonOut := flag.String("json", "", "with -stream: the file to write the JSON to")
 	report := flag.String("report", "", "print the slowest tests and the time per package of this JSON file")
+	counts := flag.String("counts", "", "print one line with how many tests of this JSON file passed, failed and were skipped")
 	top := flag.Int("top", 20, "with -report: how many of the slowest tests to list")
 	flag.Parse()
 
@@ -44,6 +46,8 @@ func main() {
 		err = copyStream(os.Stdin, os.Stdout, *jsonOut)
 	case *report != "":
 		err = printReport(os.Stdout, *report, *top)
+	case *counts != "":
+		err = printCounts(os.Stdout, *counts)
 	default:
 		flag.Usage()
 		os.Exit(2)
@@ -92,6 +96,20 @@ func printReport(out io.Writer, path string, top int) error {
 	if err != nil {
 		return err
 	}
+	var first, last time.Time
+	if err := eachEvent(path, func(e event) {
+		if e.Time.IsZero() {
+			return
+		}
+		if first.IsZero() || e.Time.Before(first) {
+			first = e.Time
+		}
+		if e.Time.After(last) {
+			last = e.Time
+		}
+	}); err != nil {
+		return err
+	}
 	sort.SliceStable(tests, func(i, j int) bool { return tests[i].elapsed > tests[j].elapsed })
 	sort.SliceStable(pkgs, func(i, j int) bool { return pkgs[i].elapsed > pkgs[j].elapsed })
 
@@ -107,27 +125,66 @@ func printReport(out io.Writer, path string, top int) error {
 		fmt.Fprintf(w, "%7.1f s\t%s\t%s\n", p.elapsed, p.result, short(p.pkg))
 		sum += p.elapsed
 	}
-	fmt.Fprintf(w, "%7.1f s\t\tthe packages one after another (%d)\n", sum, len(pkgs))
+	fmt.Fprintf(w, "%7.1f s\t\tthe packages' times added up (%d packages)\n", sum, len(pkgs))
+	fmt.Fprintf(w, "%7.1f s\t\tfrom the first test event to the last\n", last.Sub(first).Seconds())
 	return w.Flush()
+}
+
+// printCounts prints how many tests (subtests included) passed, failed and
+// were skipped, on one line a CI reads as the run's verdict. A package that
+// failed without a failed test (it did not build, or its TestMain failed)
+// counts as one failure.
+func printCounts(out io.Writer, path string) error {
+	var passed, failed, skipped int
+	failedTests := map[string]int{}
+	var failedPkgs []string
+	err := eachEvent(path, func(e event) {
+		switch {
+		case e.Test == "" && e.Action == "fail":
+			failedPkgs = append(failedPkgs, e.Package)
+		case e.Test == "":
+		case e.Action == "pass":
+			passed++
+		case e.Action == "fail":
+			failed++
+			failedTests[e.Package]++
+		case e.Action == "skip":
+			skipped++
+		}
+	})
+	for _, p := range failedPkgs {
+		if failedTests[p] == 0 {
+			failed++
+		}
+	}
+	fmt.Fprintf(out, "tests: %d passed, %d failed, %d skipped\n", passed, failed, skipped)
+	return err
+}
+
+// eachEvent calls f with every event of the JSON file at path.
+func eachEvent(path string, f func(event)) error {
+	file, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	sc := bufio.NewScanner(file)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var e event
+		if json.Unmarshal(sc.Bytes(), &e) == nil {
+			f(e)
+		}
+	}
+	return sc.Err()
 }
 
 // readTimings returns the top-level tests' and the packages' results with
 // their elapsed times. Packages without test files say so and are left out.
 func readTimings(path string) (tests, pkgs []timing, err error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for sc.Scan() {
-		var e event
-		if json.Unmarshal(sc.Bytes(), &e) != nil {
-			continue
-		}
+	err = eachEvent(path, func(e event) {
 		if e.Action != "pass" && e.Action != "fail" && e.Action != "skip" {
-			continue
+			return
 		}
 		t := timing{pkg: e.Package, test: e.Test, result: e.Action, elapsed: e.Elapsed}
 		switch {
@@ -138,8 +195,8 @@ func readTimings(path string) (tests, pkgs []timing, err error) {
 		case !strings.Contains(e.Test, "/"):
 			tests = append(tests, t)
 		}
-	}
-	return tests, pkgs, sc.Err()
+	})
+	return tests, pkgs, err
 }
 
 // short drops the module path, which every package shares.
