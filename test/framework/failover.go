@@ -49,7 +49,7 @@ type FailoverFigures struct {
 	Reinjected  float64       // the sender's MPTcpExtMPTCPRetrans (data sent again on another subflow)
 	Problems    []string      // what the row's Judge found wrong
 	Evidence    string        // where the evidence of the problems is
-	Placement   string        // each subflow's kind and the NICs node 1 sent its SYNs, FINs and RSTs on, from the captures
+	Placement   string        // each subflow's kind and the NICs node 1 sent it on, from the captures
 	// Reopened counts the subflows opened (their SYN captured) after the
 	// failure: joins replacing subflows it closed. A subflow that detours
 	// is kept, not reopened.
@@ -303,10 +303,9 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 		prev = r
 	}
 
-	// What a row reads of the captures is in their control segments
-	// (SYN, FIN, RST): one cheap pass over each whole capture cuts them
-	// out, and tshark reads only those; the whole captures stay the
-	// evidence.
+	// Resets and the FINs before them are control segments: one cheap
+	// pass over each whole capture cuts those out, and tshark reads only
+	// them (Analyze cuts its own); the whole captures stay the evidence.
 	files, err := w.Captures()
 	if err != nil {
 		t.Logf("captures: %v", err)
@@ -322,7 +321,7 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 		t.Errorf("reading the captures for FINs: %v", err)
 		f.Resets = all
 	}
-	if a, err := testbed.Analyze(controlFiles); err != nil {
+	if a, err := testbed.Analyze(files); err != nil {
 		t.Errorf("analyzing the captures: %v", err)
 	} else {
 		var p []string

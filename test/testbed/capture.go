@@ -134,7 +134,8 @@ const (
 	In  Direction = "in"
 )
 
-// Sighting says that packets of a subflow crossed NIC k of a node in one direction.
+// Sighting says that packets of a subflow crossed NIC k of a node in one direction. Packets counts those Analyze
+// read: the control segments and the first few of each direction (FlowHeads), not all of them.
 type Sighting struct {
 	Node, NIC int
 	Dir       Direction
@@ -219,9 +220,16 @@ func (c *Captures) Analyze() (*Analysis, error) {
 // decoded with MPTCP analysis on ("mptcp.analyze_mptcp", the tshark 4.0 preference name), which links each join
 // to its connection (mptcp.stream) and derives tokens from keys (mptcp.expected_token). Keys themselves are never
 // extracted. Subflows seen on several nodes are merged by 4-tuple, connections by token.
+//
+// tshark reads a cut of each capture (FlowHeads), not every data segment: the same subflows, kinds, connections
+// and NICs, in a second where the whole captures of a transfer took a minute.
 func Analyze(files []CaptureFile) (*Analysis, error) {
+	heads, err := FlowHeads(files)
+	if err != nil {
+		return nil, err
+	}
 	a := &analyzer{subflows: map[[2]netip.AddrPort]*subflowAcc{}}
-	for _, node := range byNode(files) {
+	for _, node := range byNode(ControlFiles(heads)) {
 		if err := a.node(node[0].Node, node); err != nil {
 			return nil, err
 		}

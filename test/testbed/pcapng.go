@@ -32,15 +32,38 @@ type Control struct {
 func ControlSegments(files []CaptureFile) ([]Control, error) {
 	out := make([]Control, 0, len(files))
 	for _, f := range files {
-		c := Control{CaptureFile: f}
-		c.Path = strings.TrimSuffix(f.Path, ".pcapng") + "-control.pcapng"
-		if err := cutControl(f.Path, &c); err != nil {
-			return nil, fmt.Errorf("%s: %w", f.Path, err)
+		c, err := cutCapture(f, "control", func(seg segment) bool { return seg.control() })
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, c)
 	}
 	return out, nil
 }
+
+// FlowHeads writes beside each capture a copy that holds its control segments and the first flowHead segments of
+// each direction of each subflow, and returns the copies. Every NIC that carried a subflow in a direction carried
+// its first segments that way, and the segments that name a subflow's kind and connection (the handshake's, with
+// the MPTCP keys and tokens) are among the first; the data segments in between repeat what those said.
+func FlowHeads(files []CaptureFile) ([]Control, error) {
+	out := make([]Control, 0, len(files))
+	for _, f := range files {
+		seen := map[string]int{}
+		c, err := cutCapture(f, "heads", func(seg segment) bool {
+			seen[seg.flow]++
+			return seg.control() || seen[seg.flow] <= flowHead
+		})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// flowHead is how many segments of each direction of a subflow FlowHeads keeps in each capture: the handshake's
+// and the first data segments.
+const flowHead = 4
 
 // ControlFiles returns the copies as capture files.
 func ControlFiles(cs []Control) []CaptureFile {
@@ -65,8 +88,18 @@ const (
 	tcpFlagsSynFinRstMask = 0x07 // FIN 0x01, SYN 0x02, RST 0x04
 )
 
-// cutControl copies the control segments of the pcapng file at path into c.Path and fills c's counts.
-func cutControl(path string, c *Control) error {
+// cutCapture copies the capture f into a file beside it named with suffix, keeping the TCP segments keep says to
+// keep (every block but the other packets is copied as it is), and returns the copy with its counts.
+func cutCapture(f CaptureFile, suffix string, keep func(segment) bool) (Control, error) {
+	c := Control{CaptureFile: f}
+	c.Path = strings.TrimSuffix(f.Path, ".pcapng") + "-" + suffix + ".pcapng"
+	if err := cut(f.Path, &c, keep); err != nil {
+		return Control{}, fmt.Errorf("%s: %w", f.Path, err)
+	}
+	return c, nil
+}
+
+func cut(path string, c *Control, keepSegment func(segment) bool) error {
 	in, err := os.Open(path)
 	if err != nil {
 		return err
@@ -76,6 +109,7 @@ func cutControl(path string, c *Control) error {
 	if err != nil {
 		return err
 	}
+	defer outFile.Close()
 	out := bufio.NewWriterSize(outFile, 1<<16)
 	r := bufio.NewReaderSize(in, 1<<20)
 
@@ -148,7 +182,8 @@ func cutControl(path string, c *Control) error {
 			perSec := ifaces[id].perSec
 			sec := math.Floor(float64(ts) / perSec)
 			c.Last = time.Unix(int64(sec), int64((float64(ts)-sec*perSec)*1e9/perSec))
-			keep = ifaces[id].link == linkTypeEthernet && isControlSegment(body[20:20+captured])
+			seg, ok := tcpSegment(body[20 : 20+captured])
+			keep = ok && ifaces[id].link == linkTypeEthernet && keepSegment(seg)
 			if keep {
 				c.Kept++
 			}
@@ -188,35 +223,46 @@ func tsresol(order binary.ByteOrder, opts []byte) float64 {
 	return defaultTsresolPerSec
 }
 
-// isControlSegment says whether an Ethernet frame holds a TCP segment with SYN, FIN or RST set (IPv4, or IPv6
-// without extension headers, as the bed sends them, behind any VLAN tags; a fragment but the first carries no TCP
-// header).
-func isControlSegment(frame []byte) bool {
+// segment is what a cut reads of a captured TCP segment: its flags, and its addresses and ports as raw bytes, which
+// tell one direction of a subflow from the others.
+type segment struct {
+	flags uint8
+	flow  string // source and destination address, source and destination port
+}
+
+func (s segment) control() bool { return s.flags&tcpFlagsSynFinRstMask != 0 }
+
+// tcpSegment reads the TCP segment of an Ethernet frame (IPv4, or IPv6 without extension headers, as the bed sends
+// them, behind any VLAN tags); false when the frame holds none, or a fragment but the first.
+func tcpSegment(frame []byte) (segment, bool) {
 	if len(frame) < 14 {
-		return false
+		return segment{}, false
 	}
 	etherType, ip := binary.BigEndian.Uint16(frame[12:]), frame[14:]
 	for (etherType == 0x8100 || etherType == 0x88a8) && len(ip) >= 4 { // 802.1Q and 802.1ad tags
 		etherType, ip = binary.BigEndian.Uint16(ip[2:]), ip[4:]
 	}
-	var tcp []byte
+	var addrs, tcp []byte
 	switch etherType {
 	case 0x0800:
 		if len(ip) < 20 || ip[9] != 6 || binary.BigEndian.Uint16(ip[6:])&0x1fff != 0 {
-			return false
+			return segment{}, false
 		}
 		ihl := int(ip[0]&0x0f) * 4
 		if ihl < 20 || len(ip) < ihl {
-			return false
+			return segment{}, false
 		}
-		tcp = ip[ihl:]
+		addrs, tcp = ip[12:20], ip[ihl:]
 	case 0x86DD:
 		if len(ip) < 40 || ip[6] != 6 {
-			return false
+			return segment{}, false
 		}
-		tcp = ip[40:]
+		addrs, tcp = ip[8:40], ip[40:]
 	default:
-		return false
+		return segment{}, false
 	}
-	return len(tcp) >= 14 && tcp[13]&tcpFlagsSynFinRstMask != 0
+	if len(tcp) < 14 {
+		return segment{}, false
+	}
+	return segment{flags: tcp[13], flow: string(addrs) + string(tcp[:4])}, true
 }

@@ -72,3 +72,44 @@ func TestControlSegmentsKeepSYNsFINsAndResetsOnly(t *testing.T) {
 		t.Errorf("tshark reads the copy as\n%s\nwant (second, flags)\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// FlowHeads keeps the control segments and the first flowHead segments of
+// each direction of each subflow, and no other.
+func TestFlowHeadsKeepTheFirstSegmentsOfEachDirectionAndEveryControlSegment(t *testing.T) {
+	RequireTools(t, "editcap")
+	a, b := netip.MustParseAddr("10.0.1.1"), netip.MustParseAddr("10.0.2.1")
+	seg := func(src, dst netip.Addr, sport, dport uint16, flags uint8) []byte {
+		return testpkt.Frame{Src: src, Dst: dst, TCP: &testpkt.TCP{SrcPort: sport, DstPort: dport, Flags: flags}}.Bytes()
+	}
+	var frames [][]byte
+	want := 0
+	for i := range 10 { // two subflows, both directions, ten data segments each way
+		for _, f := range [][]byte{
+			seg(a, b, 40000, 5201, testpkt.ACK), seg(b, a, 5201, 40000, testpkt.ACK),
+			seg(a, b, 40001, 5201, testpkt.ACK), seg(b, a, 5201, 40001, testpkt.ACK),
+		} {
+			frames = append(frames, f)
+			if i < flowHead {
+				want++
+			}
+		}
+	}
+	frames = append(frames, seg(a, b, 40000, 5201, testpkt.FIN|testpkt.ACK), seg(b, a, 5201, 40001, testpkt.RST))
+	want += 2
+	dir := t.TempDir()
+	pcap, whole := filepath.Join(dir, "in.pcap"), filepath.Join(dir, "in.pcapng")
+	if err := testpkt.WritePcap(pcap, frames); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("editcap", "-F", "pcapng", pcap, whole).CombinedOutput(); err != nil {
+		t.Fatalf("editcap: %v: %s", err, out)
+	}
+	hs, err := FlowHeads([]CaptureFile{{Node: 1, NIC: 1, Path: whole}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs[0].Packets != len(frames) || hs[0].Kept != want {
+		t.Errorf("kept %d of %d packets, want %d: the first %d of each of four directions and two control segments",
+			hs[0].Kept, hs[0].Packets, want, flowHead)
+	}
+}
