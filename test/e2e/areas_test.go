@@ -22,8 +22,10 @@ func TestFailover(t *testing.T) {
 	t.Run("SignalModeSubflowsRideTheDetourThroughAGrayFailure", testSignalModeSubflowsRideTheDetourThroughAGrayFailure)
 }
 
-// Rates: caps (police, shape, window, per pod) and the agent's throughput
-// against hand-written routing, measured one test at a time.
+// Rates: caps (police, shape, window, per pod, a path's capacity, a live
+// connection's cap while policies come and go, the last two through the
+// API on real nodes) and the agent's throughput against hand-written
+// routing, measured one test at a time.
 func TestRate(t *testing.T) {
 	t.Run("PoliceCapsWhatThePodSends", testPoliceCapsWhatThePodSends)
 	t.Run("PoliceCapsWhatThePodReceives", testPoliceCapsWhatThePodReceives)
@@ -31,6 +33,8 @@ func TestRate(t *testing.T) {
 	t.Run("WindowCapsWhatThePodReceives", testWindowCapsWhatThePodReceives)
 	t.Run("PerPodPoliceCapsEveryProtocol", testPerPodPoliceCapsEveryProtocol)
 	t.Run("AgentThroughputMatchesHandRoutedBaseline", testAgentThroughputMatchesHandRoutedBaseline)
+	t.Run("PathCapacityBoundsShapingOnItsNIC", testPathCapacityBoundsShapingOnItsNIC)
+	t.Run("LiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes", testLiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes)
 }
 
 // Integrity: streams compared byte by byte through every stage the bed and
@@ -73,15 +77,14 @@ func TestAgent(t *testing.T) {
 // Kube: the operator installed by its chart on real nodes (kubelet,
 // containerd) and driven through the API server: policies, paths, pods
 // and agents coming and going, the contract from CRD to datapath.
+// Functional: run side by side, each on a cluster of its own.
 func TestKube(t *testing.T) {
-	t.Run("PolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly", testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly)
-	t.Run("AgentsKilledWhileThePolicyChangesResumeUndisturbed", testAgentsKilledWhileThePolicyChangesResumeUndisturbed)
-	t.Run("PodDeletedFromTheAPILeavesNothingBehind", testPodDeletedFromTheAPILeavesNothingBehind)
-	t.Run("LiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes", testLiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes)
-	t.Run("PathCapacityBoundsShapingOnItsNIC", testPathCapacityBoundsShapingOnItsNIC)
-	t.Run("DefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing", testDefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing)
-	t.Run("TenantPreferenceActsInEverySpreadMode", testTenantPreferenceActsInEverySpreadMode)
-	t.Run("RaisedMaxSubflowsReachesRunningPods", testRaisedMaxSubflowsReachesRunningPods)
+	t.Run("PolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly", sideBySide(testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly))
+	t.Run("AgentsKilledWhileThePolicyChangesResumeUndisturbed", sideBySide(testAgentsKilledWhileThePolicyChangesResumeUndisturbed))
+	t.Run("PodDeletedFromTheAPILeavesNothingBehind", sideBySide(testPodDeletedFromTheAPILeavesNothingBehind))
+	t.Run("DefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing", sideBySide(testDefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing))
+	t.Run("TenantPreferenceActsInEverySpreadMode", sideBySide(testTenantPreferenceActsInEverySpreadMode))
+	t.Run("RaisedMaxSubflowsReachesRunningPods", sideBySide(testRaisedMaxSubflowsReachesRunningPods))
 }
 
 // Chart: what an admin does with helm: install, spread, uninstall without a
