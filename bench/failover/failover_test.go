@@ -172,7 +172,7 @@ func report(results []result) string {
 		"0 where the failed path's subflows were kept (a detour) or, with the kernel alone, never replaced;\n")
 	s.WriteString("- **missed**: transfers that missed a target as the e2e tests bound it (stall within 600 ms for carrier loss and 1 s otherwise, 0.8 of the live paths " +
 		"during the failure, back within 1 s: docs/design.md, \"Targets\") or saw a reset; **resets**: RSTs in the captures, all rounds, but those of a connection's teardown (after their sender's FIN: " +
-		"framework.TeardownResets, docs/testing.md).\n\n")
+		"framework.ClassifiedResets, docs/testing.md).\n\n")
 	s.WriteString("| case | | stall (s) | during | detected (s) | back (s) | reopened | missed | resets |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		for _, row := range []struct {

@@ -42,7 +42,7 @@ type FailoverFigures struct {
 	PathBack    time.Duration // from the repair until node 1's nic1 sends 10 % of its link again; -1: never
 	Detected    time.Duration // from the failure until the first agent marked path 1 down (its log); -1: none did
 	Resets      []string      // RSTs in the captures but the teardown's
-	Teardown    []string      // RSTs in the captures after their sender's FIN (TeardownResets)
+	Teardown    []string      // RSTs in the captures after their sender's FIN (ClassifiedResets)
 	RSTCounted  float64       // TcpOutRsts + MPTcpExtMPRstTx of both pods over the transfer
 	CsumErrs    float64       // MPTcpExtDataCsumErr of both pods over the transfer
 	Retrans     float64       // the sender's TcpRetransSegs over the transfer
@@ -314,12 +314,8 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 	if err != nil {
 		t.Fatalf("cutting the captures down to their control segments: %v", err)
 	}
-	controlFiles := testbed.ControlFiles(control)
-	if all, err := Resets(controlFiles); err != nil {
-		t.Errorf("reading the captures for resets: %v", err)
-	} else if f.Teardown, f.Resets, err = TeardownResets(controlFiles, all); err != nil {
-		t.Errorf("reading the captures for FINs: %v", err)
-		f.Resets = all
+	if _, f.Teardown, f.Resets, err = ClassifiedResets(testbed.ControlFiles(control)); err != nil {
+		t.Errorf("reading the captures for resets and FINs: %v", err)
 	}
 	if a, err := testbed.Analyze(files); err != nil {
 		t.Errorf("analyzing the captures: %v", err)
@@ -461,7 +457,7 @@ func ResetProblems(t testing.TB, f FailoverFigures) []string {
 	if len(f.Teardown) > 0 {
 		// The pods' counters cannot tell these apart: with no other reset
 		// captured, what they counted is the teardown's.
-		t.Logf("known: %d resets at the connection's teardown, after their sender's FIN (TeardownResets: a subflow still "+
+		t.Logf("known: %d resets at the connection's teardown, after their sender's FIN (ClassifiedResets: a subflow still "+
 			"retransmitting data the connection already had); the pods counted %.0f:\n%s", len(f.Teardown), f.RSTCounted, strings.Join(f.Teardown, "\n"))
 	}
 	if f.RSTCounted != 0 && (len(f.Teardown) == 0 || len(f.Resets) > 0) {

@@ -237,41 +237,58 @@ func (a *Agent) Leftovers() error {
 	return nil
 }
 
-// TeardownResets splits resets (as Resets lists them) by whether their
-// sender had sent a FIN on the same 4-tuple before, in any of the captures:
-// those are a connection's teardown, not a failure. When an MPTCP
-// connection closes while one of its subflows still carries data that the
-// connection already has (the subflow's own retransmissions of segments
-// that MPTCP sent again on another subflow after a failure), the closing
-// side's kernel finds unread data on that subflow at close and resets it,
-// after its FIN, and answers every segment still arriving with another
-// reset (docs/testing.md, "Failover").
-func TeardownResets(files []testbed.CaptureFile, resets []string) (teardown, other []string, err error) {
+// ClassifiedResets reads the TCP resets of captures, and the FINs that tell a
+// connection's teardown, in one tshark pass over each capture's control
+// segments (testbed.ControlSegments): every reset (as Resets lists them),
+// those whose sender had sent a FIN on the same 4-tuple before, in any of
+// the captures (a connection's teardown, not a failure), and the others.
+// When an MPTCP connection closes while one of its subflows still carries
+// data that the connection already has (the subflow's own retransmissions
+// of segments that MPTCP sent again on another subflow after a failure),
+// the closing side's kernel finds unread data on that subflow at close and
+// resets it, after its FIN, and answers every segment still arriving with
+// another reset (docs/testing.md, "Failover"). The captures may be whole or
+// already cut to their control segments.
+func ClassifiedResets(files []testbed.CaptureFile) (all, teardown, other []string, err error) {
+	control, err := testbed.ControlSegments(files)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	fins := map[string]float64{} // "src sport dst dport" -> the first FIN's time
-	for _, f := range files {
-		b, err := exec.Command("tshark", "-r", f.Path, "-Y", "tcp.flags.fin == 1", "-T", "fields", "-E", "separator=/s",
-			"-e", "frame.time_epoch", "-e", "ip.src", "-e", "tcp.srcport", "-e", "ip.dst", "-e", "tcp.dstport").Output()
+	for _, f := range testbed.ControlFiles(control) {
+		b, err := exec.Command("tshark", "-r", f.Path, "-Y", "tcp.flags.reset == 1 || tcp.flags.fin == 1",
+			"-T", "fields", "-E", "separator=/s", "-e", "tcp.flags.reset", "-e", "tcp.flags.fin",
+			"-e", "frame.time_epoch", "-e", "ip.src", "-e", "tcp.srcport", "-e", "ip.dst", "-e", "tcp.dstport",
+			"-e", "tcp.flags.str", "-e", "tcp.seq_raw", "-e", "tcp.len", "-e", "tcp.options.mptcp.subtype", "-e", "tcp.options.mptcp.rst_reason").Output()
 		if err != nil {
-			return nil, nil, fmt.Errorf("tshark -r %s: %w", f.Path, err)
+			return all, nil, nil, fmt.Errorf("tshark -r %s: %w", f.Path, err)
 		}
 		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			fields := strings.Fields(line)
-			if len(fields) != 5 {
+			rst, rest, _ := strings.Cut(line, " ")
+			fin, rest, _ := strings.Cut(rest, " ")
+			if isSet(rst) {
+				all = append(all, fmt.Sprintf("node %d nic%d: %s", f.Node, f.NIC, rest))
+			}
+			fields := strings.Fields(rest)
+			if !isSet(fin) || len(fields) < 5 {
 				continue
 			}
 			at, err := strconv.ParseFloat(fields[0], 64)
 			if err != nil {
 				continue
 			}
-			key := strings.Join(fields[1:], " ")
+			key := strings.Join(fields[1:5], " ")
 			if first, ok := fins[key]; !ok || at < first {
 				fins[key] = at
 			}
 		}
 	}
-	teardown, other = splitTeardown(fins, resets)
-	return teardown, other, nil
+	teardown, other = splitTeardown(fins, all)
+	return all, teardown, other, nil
 }
+
+// isSet reads a flag as tshark prints it.
+func isSet(field string) bool { return field == "1" || field == "True" }
 
 // splitTeardown splits resets (as Resets lists them) by whether fins
 // ("src sport dst dport" to the time of its first FIN) holds a FIN their
@@ -293,15 +310,11 @@ func splitTeardown(fins map[string]float64, resets []string) (teardown, other []
 	return teardown, other
 }
 
-// UnexpectedResets is Resets without the teardown's (TeardownResets), which
-// it logs as known and explained.
+// UnexpectedResets is the resets of captures but the teardown's
+// (ClassifiedResets), which it logs as known and explained.
 func UnexpectedResets(t testing.TB, files []testbed.CaptureFile) ([]string, error) {
 	t.Helper()
-	all, err := Resets(files)
-	if err != nil {
-		return nil, err
-	}
-	teardown, other, err := TeardownResets(files, all)
+	all, teardown, other, err := ClassifiedResets(files)
 	if err != nil {
 		return all, err
 	}
@@ -310,29 +323,6 @@ func UnexpectedResets(t testing.TB, files []testbed.CaptureFile) ([]string, erro
 			"the connection already had):\n%s", len(teardown), strings.Join(teardown, "\n"))
 	}
 	return other, nil
-}
-
-// Resets lists the TCP resets in captures (one line per packet: capture,
-// time, addresses, ports, flags, raw sequence number, length, MPTCP
-// subtypes and MP_TCPRST reason), decoded by tshark. A reset is how a
-// subflow or a whole connection dies; a transfer that survives an agent
-// restart has none.
-func Resets(files []testbed.CaptureFile) ([]string, error) {
-	var out []string
-	for _, f := range files {
-		b, err := exec.Command("tshark", "-r", f.Path, "-Y", "tcp.flags.reset == 1",
-			"-T", "fields", "-E", "separator=/s", "-e", "frame.time_epoch", "-e", "ip.src", "-e", "tcp.srcport", "-e", "ip.dst", "-e", "tcp.dstport",
-			"-e", "tcp.flags.str", "-e", "tcp.seq_raw", "-e", "tcp.len", "-e", "tcp.options.mptcp.subtype", "-e", "tcp.options.mptcp.rst_reason").Output()
-		if err != nil {
-			return out, fmt.Errorf("tshark -r %s: %w", f.Path, err)
-		}
-		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			if line != "" {
-				out = append(out, fmt.Sprintf("node %d nic%d: %s", f.Node, f.NIC, line))
-			}
-		}
-	}
-	return out, nil
 }
 
 // TCXIngressPrograms names the programs attached through TCX to the TC
