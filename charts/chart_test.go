@@ -279,6 +279,63 @@ func TestAgentMetricsAddressAndAuthentication(t *testing.T) {
 	}), "metricsAuth: no https endpoint with a token in %v", endpoints)
 }
 
+// With agent.metricsAuth, Prometheus sends its service account's token to
+// each agent it scrapes: it must check that the agent is one, or whoever
+// answers on a node's address gets the token. The ServiceMonitor verifies
+// the agents' certificates unless the admin says otherwise in so many words.
+func TestServiceMonitorVerifiesTheAgentsCertificates(t *testing.T) {
+	// agentEndpoint is the ServiceMonitor's endpoint of the agents' HTTPS
+	// port, and its tlsConfig.
+	agentEndpoint := func(r *rendered) map[string]any {
+		t.Helper()
+		sm := get[*unstructured.Unstructured](t, r, "ServiceMonitor", "mptcp-operator")
+		endpoints, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+		for _, e := range endpoints {
+			if m, _ := e.(map[string]any); m["port"] == "https-metrics" {
+				tls, _ := m["tlsConfig"].(map[string]any)
+				return tls
+			}
+		}
+		t.Fatalf("no endpoint for the agents' https-metrics port in %v", endpoints)
+		return nil
+	}
+	on := []string{"--set", "agent.metricsAuth.enabled=true", "--set", "metrics.serviceMonitor.enabled=true"}
+
+	// Self-signed certificates, which nothing can verify, and no word
+	// from the admin: refused, saying what to set.
+	if out, stderr, err := helmTemplate(t, on...); err == nil {
+		if strings.Contains(out, "insecureSkipVerify: true") {
+			t.Error("by default with metricsAuth the ServiceMonitor scrapes the agents without verifying their certificates")
+		} else {
+			t.Error("self-signed agent certificates with a ServiceMonitor that verifies them: rendered, but no scrape can succeed")
+		}
+	} else {
+		for _, w := range []string{"agent.metricsAuth.certSecret", "metrics.serviceMonitor.agentTLS.ca", "metrics.serviceMonitor.agentTLS.insecureSkipVerify"} {
+			must(t, strings.Contains(stderr, w), "the refusal does not name %s:\n%s", w, stderr)
+		}
+	}
+
+	// A certificate Secret: verified, against the name of the agents'
+	// metrics Service unless the admin names another.
+	tls := agentEndpoint(render(t, append(on, "--set", "agent.metricsAuth.certSecret=agent-metrics-tls")...))
+	_, skip := tls["insecureSkipVerify"]
+	must(t, !skip, "with a certificate Secret the ServiceMonitor says insecureSkipVerify: %v", tls)
+	must(t, tls["serverName"] == "mptcp-agent-metrics.mptcp-system.svc", "serverName %v, want the agents' metrics Service's name", tls["serverName"])
+
+	tls = agentEndpoint(render(t, append(on, "--set", "agent.metricsAuth.certSecret=agent-metrics-tls",
+		"--set", "metrics.serviceMonitor.agentTLS.ca.secret.name=agent-metrics-ca", "--set", "metrics.serviceMonitor.agentTLS.ca.secret.key=ca.crt",
+		"--set", "metrics.serviceMonitor.agentTLS.serverName=agents.metrics.example")...))
+	_, skip = tls["insecureSkipVerify"]
+	must(t, !skip, "with a CA the ServiceMonitor says insecureSkipVerify: %v", tls)
+	ca, _, _ := unstructured.NestedStringMap(tls, "ca", "secret")
+	must(t, ca["name"] == "agent-metrics-ca" && ca["key"] == "ca.crt", "the CA is %v, want the Secret agent-metrics-ca's ca.crt", tls["ca"])
+	must(t, tls["serverName"] == "agents.metrics.example", "serverName %v, want the one given", tls["serverName"])
+
+	// Only the admin's explicit choice skips verification.
+	tls = agentEndpoint(render(t, append(on, "--set", "metrics.serviceMonitor.agentTLS.insecureSkipVerify=true")...))
+	must(t, tls["insecureSkipVerify"] == true, "insecureSkipVerify set by the admin is not rendered: %v", tls)
+}
+
 func TestControllerIsANonRootLeaderElectedDeploymentWithABudget(t *testing.T) {
 	r := render(t)
 	d := get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller")

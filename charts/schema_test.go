@@ -114,6 +114,15 @@ func TestBadValuesAreRefusedWithAClearMessage(t *testing.T) {
 			set:  []string{"controller.replicas=1"},
 			want: []string{"controller.podDisruptionBudget.minAvailable (1) must be below controller.replicas (1)"},
 		},
+		"the agents' CA in a Secret and a ConfigMap at once": {
+			set: []string{"metrics.serviceMonitor.agentTLS.ca.secret.name=ca", "metrics.serviceMonitor.agentTLS.ca.secret.key=ca.crt",
+				"metrics.serviceMonitor.agentTLS.ca.configMap.name=ca", "metrics.serviceMonitor.agentTLS.ca.configMap.key=ca.crt"},
+			want: []string{"/metrics/serviceMonitor/agentTLS/ca", "maxProperties"},
+		},
+		"the agents' CA without its key": {
+			set:  []string{"metrics.serviceMonitor.agentTLS.ca.secret.name=agent-metrics-ca"},
+			want: []string{"/metrics/serviceMonitor/agentTLS/ca/secret", "missing property 'key'"},
+		},
 		"a ServiceMonitor without the Services it selects": {
 			set:  []string{"metrics.serviceMonitor.enabled=true", "metrics.service.enabled=false"},
 			want: []string{"metrics.serviceMonitor.enabled needs metrics.service.enabled"},

@@ -13,10 +13,11 @@ import (
 const joinSettle = 20 * time.Millisecond
 
 // joinWait keeps a sender's first byte back until the kernel's path
-// manager has opened the connection's joins. On Linux 6.4 and later, a
-// join that receives data while the receiving application holds the
-// connection's lock can have that data placed at the wrong offset
-// (docs/testing.md, "Root cause"). A connection that sends nothing while
+// manager has opened the connection's joins. On Linux 6.15 to 6.18 (6.4
+// to 6.14 when the receive buffer is also full), a join that receives data
+// while the receiving application holds the connection's lock can have that
+// data placed at the wrong offset (docs/testing.md, "Root cause"); from
+// 6.19 such a join can be reset instead. A connection that sends nothing while
 // its joins come up never meets that window: a receiver with nothing to
 // read does not hold the lock. The agent, as path manager, holds its joins
 // itself; this is the same defence for connections whose joins the

@@ -16,6 +16,7 @@
 package metricsauth
 
 import (
+	"container/list"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -24,6 +25,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,31 +54,59 @@ const (
 	KeyFile  = "tls.key"
 )
 
-// How long a review's answer is reused, how many answers are kept, and how
-// many reviews a second the agent asks for. A scraper comes back every
-// 15-60 s with the same token, so its reviews cost the API server two
-// requests a minute per node; a client that sends a new token on every
-// request (nothing but an attacker does) gets 429 beyond the rate, so the
-// agent cannot be used to flood the API server with reviews.
+// How long a review's answer is reused and how many answers are kept. A
+// scraper comes back every 15-60 s with the same token, so its reviews cost
+// the API server two requests a minute per node.
 const (
 	allowTTL      = time.Minute
 	denyTTL       = 10 * time.Second
 	maxCached     = 1024
-	reviewsPerSec = 5
-	reviewBurst   = 10
 	reviewTimeout = 10 * time.Second
+)
+
+// How many reviews of tokens not in the cache the agent asks for. A client
+// that sends a new token on every request (nothing but an attacker does)
+// gets 429 beyond these rates, so the agent cannot be used to flood the API
+// server with reviews, and one address cannot use up the reviews that other
+// scrapers need:
+//
+//   - each source address has its own budget (sourceReviewsPerSec, burst
+//     sourceReviewBurst), kept for the maxSources addresses seen last;
+//   - addresses that have not shown a token the API server authorized in the
+//     last readerTTL share one more (reviewsPerSec, burst reviewBurst), so
+//     that many addresses flooding together still reach the API server at a
+//     bounded rate;
+//   - an address that has shown an authorized token in the last readerTTL (a
+//     scraper, whose token the kubelet replaces every hour or so) skips the
+//     shared budget: a flood from other addresses cannot keep its next token
+//     from being reviewed. At most maxReaders such addresses are kept, and
+//     only an authorized token makes one.
+const (
+	sourceReviewsPerSec = 1
+	sourceReviewBurst   = 5
+	maxSources          = 4096
+	reviewsPerSec       = 5
+	reviewBurst         = 10
+	readerTTL           = 10 * time.Minute
+	maxReaders          = 256
 )
 
 // Guard serves MetricsPath to authorized callers only.
 type Guard struct {
-	tokens  authenticationclient.TokenReviewsGetter
-	access  authorizationclient.SubjectAccessReviewsGetter
-	log     *slog.Logger
-	limiter *rate.Limiter
-	now     func() time.Time
+	tokens authenticationclient.TokenReviewsGetter
+	access authorizationclient.SubjectAccessReviewsGetter
+	log    *slog.Logger
+	now    func() time.Time
 
 	mu    sync.Mutex
 	cache map[[sha256.Size]byte]verdict
+	// shared is the budget of the addresses that are no reader's.
+	shared *rate.Limiter
+	// sources are the budgets of the addresses seen last.
+	sources *sourceBudgets
+	// readers are the addresses that showed an authorized token, and
+	// until when they count as a reader's.
+	readers map[netip.Addr]time.Time
 }
 
 // verdict is a cached answer for one token (kept by its hash, never the
@@ -103,8 +133,10 @@ func NewGuard(cfg *rest.Config, log *slog.Logger) (*Guard, error) {
 	}
 	return &Guard{
 		tokens: tokens, access: access, log: log, now: time.Now,
-		limiter: rate.NewLimiter(reviewsPerSec, reviewBurst),
 		cache:   map[[sha256.Size]byte]verdict{},
+		shared:  rate.NewLimiter(reviewsPerSec, reviewBurst),
+		sources: newSourceBudgets(maxSources),
+		readers: map[netip.Addr]time.Time{},
 	}, nil
 }
 
@@ -124,7 +156,7 @@ func (g *Guard) Handler(h http.Handler) http.Handler {
 			http.Error(w, "a bearer token is needed", http.StatusUnauthorized)
 			return
 		}
-		v, err := g.review(r.Context(), token)
+		v, err := g.review(r.Context(), token, remoteAddr(r))
 		switch {
 		case errors.Is(err, errTooManyReviews):
 			w.Header().Set("Retry-After", "1")
@@ -159,20 +191,35 @@ func bearer(r *http.Request) (string, bool) {
 	return token, true
 }
 
+// remoteAddr is the address r came from: its connection's, never a header
+// the client writes.
+func remoteAddr(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{} // one budget for whatever cannot be told apart
+	}
+	return ap.Addr().Unmap()
+}
+
 var errTooManyReviews = errors.New("too many requests with new credentials; retry later")
 
-// review answers from the cache or asks the API server. An error (the API
-// server unreachable) is never cached and never allows.
-func (g *Guard) review(ctx context.Context, token string) (verdict, error) {
+// review answers from the cache or asks the API server, within from's
+// budget. An error (the API server unreachable) is never cached and never
+// allows.
+func (g *Guard) review(ctx context.Context, token string, from netip.Addr) (verdict, error) {
 	key := sha256.Sum256([]byte(token))
 	now := g.now()
 	g.mu.Lock()
 	if v, ok := g.cache[key]; ok && now.Before(v.expires) {
+		if v.status == http.StatusOK {
+			g.markReader(from, now)
+		}
 		g.mu.Unlock()
 		return v, nil
 	}
+	allowed := g.allowReview(from, now)
 	g.mu.Unlock()
-	if !g.limiter.Allow() {
+	if !allowed {
 		return verdict{}, errTooManyReviews
 	}
 	ctx, cancel := context.WithTimeout(ctx, reviewTimeout)
@@ -186,9 +233,23 @@ func (g *Guard) review(ctx context.Context, token string) (verdict, error) {
 		v.expires = now.Add(allowTTL)
 	}
 	g.mu.Lock()
+	defer g.mu.Unlock()
+	if v.status == http.StatusOK {
+		g.markReader(from, now)
+	}
 	if len(g.cache) >= maxCached {
+		// Expired answers go first, then refusals: forged tokens
+		// must not push out the answers scrapers reuse.
 		for k, old := range g.cache {
 			if !now.Before(old.expires) {
+				delete(g.cache, k)
+			}
+		}
+		for k, old := range g.cache {
+			if len(g.cache) < maxCached {
+				break
+			}
+			if old.status != http.StatusOK {
 				delete(g.cache, k)
 			}
 		}
@@ -197,8 +258,77 @@ func (g *Guard) review(ctx context.Context, token string) (verdict, error) {
 		}
 	}
 	g.cache[key] = v
-	g.mu.Unlock()
 	return v, nil
+}
+
+// allowReview takes a review from from's budget and, unless from is a
+// reader's, from the shared one. g.mu is held.
+func (g *Guard) allowReview(from netip.Addr, now time.Time) bool {
+	// The address's own budget first: what it refuses costs the shared
+	// budget nothing, so one address takes at most its own rate of it.
+	if !g.sources.get(from).AllowN(now, 1) {
+		return false
+	}
+	if until, ok := g.readers[from]; ok && now.Before(until) {
+		return true
+	}
+	return g.shared.AllowN(now, 1)
+}
+
+// markReader records that from showed an authorized token at now. g.mu is
+// held.
+func (g *Guard) markReader(from netip.Addr, now time.Time) {
+	if _, ok := g.readers[from]; !ok && len(g.readers) >= maxReaders {
+		// Room for a new reader: the expired ones go, else the one
+		// seen longest ago.
+		var oldest netip.Addr
+		var oldestUntil time.Time
+		for a, until := range g.readers {
+			if !now.Before(until) {
+				delete(g.readers, a)
+			} else if oldestUntil.IsZero() || until.Before(oldestUntil) {
+				oldest, oldestUntil = a, until
+			}
+		}
+		if len(g.readers) >= maxReaders {
+			delete(g.readers, oldest)
+		}
+	}
+	g.readers[from] = now.Add(readerTTL)
+}
+
+// sourceBudgets are review budgets per source address, for the max
+// addresses used last: an address forgotten gets a full budget again when
+// it comes back, which the shared budget still bounds.
+type sourceBudgets struct {
+	max    int
+	byAddr map[netip.Addr]*list.Element // of *sourceBudget
+	lru    *list.List                   // most recently used first
+}
+
+type sourceBudget struct {
+	addr    netip.Addr
+	limiter *rate.Limiter
+}
+
+func newSourceBudgets(limit int) *sourceBudgets {
+	return &sourceBudgets{max: limit, byAddr: map[netip.Addr]*list.Element{}, lru: list.New()}
+}
+
+// get returns addr's budget, made full if addr has none.
+func (s *sourceBudgets) get(addr netip.Addr) *rate.Limiter {
+	if e, ok := s.byAddr[addr]; ok {
+		s.lru.MoveToFront(e)
+		return e.Value.(*sourceBudget).limiter
+	}
+	if s.lru.Len() >= s.max {
+		last := s.lru.Back()
+		s.lru.Remove(last)
+		delete(s.byAddr, last.Value.(*sourceBudget).addr)
+	}
+	b := &sourceBudget{addr: addr, limiter: rate.NewLimiter(sourceReviewsPerSec, sourceReviewBurst)}
+	s.byAddr[addr] = s.lru.PushFront(b)
+	return b.limiter
 }
 
 // ask makes the TokenReview, then the SubjectAccessReview of its user.
@@ -233,8 +363,9 @@ func (g *Guard) ask(ctx context.Context, token string) (verdict, error) {
 
 // TLSConfig serves the certificate and key in certDir, read again whenever
 // they change (a renewed Secret), until ctx ends; with certDir empty, a
-// self-signed certificate for host made now, which scrapers cannot verify
-// (they skip verification, as they do for kube-rbac-proxy's).
+// self-signed certificate for host made now, which scrapers cannot verify:
+// they must be told to skip verification, and then send their token to
+// whoever answers on the agent's address.
 func TLSConfig(ctx context.Context, certDir, host string, log *slog.Logger) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if certDir == "" {

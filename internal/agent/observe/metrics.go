@@ -12,12 +12,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
@@ -130,9 +132,11 @@ func roleName(r datapath.Role) string {
 
 // Metrics are the agent's Prometheus metrics and probes. The datapath's
 // counters and tables are read when Prometheus scrapes, never on a timer, so
-// a scrape shows the maps as they are and an idle agent does no work.
+// a scrape shows the maps as they are and an idle agent does no work; at most
+// once per scrapeTTL, whoever scrapes and however many at once (scrapes).
 type Metrics struct {
 	registry          *prometheus.Registry
+	scrapes           *onceAPeriod
 	reconcileDuration prometheus.Histogram
 	reconcileErrors   prometheus.Counter
 	ready             atomic.Bool
@@ -157,6 +161,7 @@ func NewMetrics(src Source, log *slog.Logger) *Metrics {
 			Help:      "Reconciles that failed or configurations that were rejected; the last good configuration stayed in force.",
 		}),
 	}
+	m.scrapes = newOnceAPeriod(m.registry, scrapeTTL)
 	m.registry.MustRegister(
 		m.reconcileDuration,
 		m.reconcileErrors,
@@ -195,7 +200,7 @@ func (m *Metrics) Gatherer() prometheus.Gatherer { return m.registry }
 // rollout's count.
 func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{
+	mux.Handle("/metrics", promhttp.HandlerFor(m.scrapes, promhttp.HandlerOpts{
 		// A map that cannot be read must not hide every other metric.
 		ErrorHandling: promhttp.ContinueOnError,
 		Registry:      m.registry,
@@ -211,6 +216,55 @@ func (m *Metrics) Handler() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	return mux
+}
+
+// scrapeTTL is how long one collection answers the scrapes that come after
+// it. Prometheus scrapes every 15 to 60 s, so a second changes nothing for
+// it; for anyone scraping in a loop, it is the most a collection can cost the
+// node: one a second, plus its own length.
+const scrapeTTL = time.Second
+
+// onceAPeriod is a Gatherer that collects at most once per ttl. A
+// collection reads every datapath table (the subflow table whole) and enters
+// every selected pod's network namespace, and /metrics is open to whoever
+// reaches the port unless -metrics-auth is on: without a bound, scrapes sent
+// together would each pay for a collection, and a loop of them would keep
+// the agent's CPU busy. Scrapes that arrive while a collection runs wait for
+// it and share its result, those that arrive within ttl after it ended get
+// that result too, so N scrapes at once cost one collection and the
+// collections a second are bounded whatever the scrapers do. Both halves are
+// needed: sharing a running collection (a singleflight) alone still lets one
+// client that scrapes back to back keep a collection always running.
+//
+// The result's metric families are shared between the scrapes that get
+// them; promhttp only reads them (it copies what it escapes).
+type onceAPeriod struct {
+	g   prometheus.Gatherer
+	ttl time.Duration
+	now func() time.Time
+
+	mu    sync.Mutex // held for a collection, so that others wait for it
+	ended time.Time  // when the last collection ended; zero before the first
+	mfs   []*dto.MetricFamily
+	err   error
+}
+
+func newOnceAPeriod(g prometheus.Gatherer, ttl time.Duration) *onceAPeriod {
+	return &onceAPeriod{g: g, ttl: ttl, now: time.Now}
+}
+
+// Gather returns the last collection's result while it is younger than ttl
+// (counted from its end, so that a collection slower than ttl is still
+// followed by ttl without one), and collects otherwise.
+func (c *onceAPeriod) Gather() ([]*dto.MetricFamily, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ended.IsZero() && c.now().Sub(c.ended) < c.ttl {
+		return c.mfs, c.err
+	}
+	c.mfs, c.err = c.g.Gather()
+	c.ended = c.now()
+	return c.mfs, c.err
 }
 
 // Serve listens on addr and serves h until ctx ends. It returns the address

@@ -93,8 +93,8 @@ func TestMetricsNeedAnAuthorizedTokenWhenAuthIsOn(t *testing.T) {
 		return addr.String()
 	}
 	addr := serve(agentToken)
-	// The certificate is self-signed: scrapers skip verification, as
-	// the chart's ServiceMonitor does.
+	// The certificate is self-signed: this scraper skips verification,
+	// as the chart's ServiceMonitor does only when the admin says so.
 	httpsClient := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a self-signed certificate, as scrapers see it
 	}}

@@ -10,11 +10,13 @@ import (
 )
 
 // Joins are held as backup for a while, against a defect of the Linux
-// kernel (6.4 and later, docs/testing.md "Root cause"): the host that
-// accepts a join, when its application holds the connection's socket as
-// the join's handshake completes, takes the join into the connection only
-// when the application lets go, and then relabels the data the join has
-// already received with the connection's next expected sequence number.
+// kernel (6.15 to 6.18; 6.4 to 6.14 under receive-buffer pressure; from 6.19
+// it resets the join instead: docs/install.md "A known kernel defect"): the
+// host that accepts a join, when its application holds the connection's
+// socket as the join's handshake completes, takes the join into the
+// connection only when the application lets go, and then relabels the data
+// the join has already received with the connection's next expected
+// sequence number.
 // That data is delivered in the wrong place: the stream keeps its length
 // and changes its content. No data, no harm: so the path manager opens
 // every join of a connection the pod opened as a backup subflow (the B bit
