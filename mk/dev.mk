@@ -18,7 +18,7 @@ deps: ## Install the pinned Debian packages the build, tests and demo need (when
 build: ## Build the agent, the traffic tool and the demo into bin/.
 	$(GO) build -o $(BIN)/agent ./cmd/agent
 	$(GO) build -o $(BIN)/traffic ./hack/traffic
-	$(GO) build -o $(BIN)/demo ./hack/demo
+	$(GO) build -o $(BIN)/demo ./test/demo
 
 .PHONY: generate-bpf
 generate-bpf: ## Regenerate the BPF objects and Go bindings (bpf2go; needs clang).
@@ -94,7 +94,7 @@ repro-integrity: deps ## Run the data-integrity reproducer in a loop (INTEGRITY_
 
 .PHONY: demo
 demo: deps envtest-assets node-assets images $(HELM) ## Bring up 2 nodes x 2 NICs, compare single-path TCP, MPTCP and the agent installed with the Helm chart on real kubelets; print the table, write CSV and chart.
-	$(GO) run ./hack/demo -out $(CURDIR)/_output/demo -assets $(ENVTEST_ASSETS) -images $(IMAGES_DIR) -helm $(HELM)
+	$(GO) run ./test/demo -out $(CURDIR)/_output/demo -assets $(ENVTEST_ASSETS) -images $(IMAGES_DIR) -helm $(HELM)
 
 .PHONY: bench
 bench: ## Run the benchmarks and rewrite their sections of docs/benchmarks.md.
