@@ -43,7 +43,9 @@ func (a *Agent) Sweep() error {
 	}
 	view := newSweepView(a.dp)
 	_, err := a.sweepClosedSubflows(plan, time.Now().Add(-closedSubflowGrace), view)
-	return errors.Join(a.sweepReleased(plan, view), err, a.recountPodSubflows())
+	err = errors.Join(err, a.sweepReleased(plan, view))
+	a.reportUnlisted(view)
+	return errors.Join(err, a.recountPodSubflows())
 }
 
 // releasedPods maps a released pod address to its network namespace path.
@@ -83,20 +85,17 @@ func (a *Agent) sweepReleased(plan *Plan, view *sweepView) error {
 	var errs []error
 	open := map[socketKey]bool{}
 	var sweep []netip.Addr
-	read := map[string]error{} // a pod's addresses share its namespace
+	if _, err := view.Subflows(); err != nil {
+		return err
+	}
 	for addr, ns := range released {
-		err, done := read[ns]
-		if !done {
-			var socks map[socketKey]bool
-			socks, err = view.Sockets(ns)
-			maps.Copy(open, socks)
-			read[ns] = err
-		}
+		socks, err := view.Sockets(ns)
 		if err != nil {
-			// Keep every record of the pod until its sockets can be read.
-			errs = append(errs, fmt.Errorf("released pod %v: %w", addr, err))
+			// Keep every record of the pod until its sockets can be
+			// read: the pod's problem (sweepView), not the node's.
 			continue
 		}
+		maps.Copy(open, socks)
 		sweep = append(sweep, addr)
 	}
 	if len(sweep) > 0 {

@@ -196,7 +196,6 @@ func (a *Agent) sweepRetiredRules(plan *Plan, current map[uint32]bool, view *swe
 		}
 	}
 	retired := func(id uint32) bool { return id != datapath.NoRule && !current[id] }
-	failed := map[string]bool{} // namespaces whose listing failed, reported once
 	forgot := false
 	defer func() {
 		if forgot {
@@ -221,11 +220,9 @@ func (a *Agent) sweepRetiredRules(plan *Plan, current map[uint32]bool, view *swe
 			keep(sf)
 			continue
 		}
+		// A namespace that cannot be listed keeps its subflows: the
+		// pod's problem (sweepView), not the node's.
 		socks, err := view.Sockets(ns)
-		if err != nil && !failed[ns] {
-			errs = append(errs, fmt.Errorf("retired rule %d: %w", sf.Rule, err))
-			failed[ns] = true
-		}
 		if err != nil || socks[socketKey{sf.Local, sf.Remote}] {
 			keep(sf)
 			continue
