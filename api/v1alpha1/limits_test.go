@@ -107,6 +107,7 @@ func TestSchemaLimitsAreTheDatapaths(t *testing.T) {
 		{paths, "spec.weight", "maximum", mptcpv1alpha1.MaxWeight},
 		{states, "spec.paths.[].index", "maximum", mptcpv1alpha1.MaxPathIndex},
 		{states, "spec.pods.[].rules", "maxItems", mptcpv1alpha1.MaxPodPolicies},
+		{states, "status.paths", "maxItems", mptcpv1alpha1.MaxPathIndex},
 		{policies, "spec.spread.paths", "maxItems", mptcpv1alpha1.MaxPolicyPaths},
 		{policies, "spec.spread.paths.[].weight", "maximum", mptcpv1alpha1.MaxWeight},
 		{policies, "spec.backupPaths", "maxItems", mptcpv1alpha1.MaxPolicyPaths},

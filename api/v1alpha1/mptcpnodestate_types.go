@@ -37,6 +37,18 @@ type NodePath struct {
 	// and the path NIC's shaping by it. (The path's default role and
 	// weight are resolved into the rules.)
 	Capacity resource.Quantity `json:"capacity"`
+
+	// addresses are the node's addresses on this path that the controller
+	// gave it, from those its agent reports (status.paths) and that other
+	// nodes' peers list. An address two nodes report stays with the node
+	// whose spec has it already, so a node that reports another node's
+	// address later never takes it; where neither spec has it yet, or
+	// both do, the node of the older node state (creationTimestamp, then
+	// name) has it. The agent does not read them.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=4
+	Addresses []string `json:"addresses,omitempty"`
 }
 
 // RulePath is one path of a compiled rule, in order of preference.
@@ -275,6 +287,9 @@ const (
 
 // PathState is the agent's view of one of the node's paths.
 type PathState struct {
+	// name of one of spec.paths; the controller ignores a path state
+	// under any other name.
+	// +kubebuilder:validation:MaxLength=253
 	Name string `json:"name"`
 	// interface is the kernel name of the interface found, if any.
 	// +optional
@@ -377,10 +392,12 @@ type MPTCPNodeStateStatus struct {
 	// observedGeneration is the spec generation the agent last acted on.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// paths: link and liveness per path.
+	// paths: link and liveness per path of spec.paths, which has at most
+	// 15 (the path indexes).
 	// +optional
 	// +listType=map
 	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=15
 	Paths []PathState `json:"paths,omitempty"`
 	// appliedPolicies: the generation of each policy in force on the node.
 	// +optional

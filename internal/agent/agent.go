@@ -54,6 +54,9 @@ type Agent struct {
 	// the ids the pinned endpoints already use.
 	ruleIDs *ruleIDs
 	adopt   bool
+	// podIDs maps pods to the ids their shaping classes are numbered by
+	// (podids.go).
+	podIDs *idTable
 	// recounted is when (Unix nanoseconds) the subflow entries of each pod
 	// were last counted again from the table (recountPodSubflows), by a
 	// reconcile or a sweep.
@@ -68,6 +71,9 @@ type Agent struct {
 	pods      atomic.Pointer[[]podnet.Pod]
 	// The path NICs between reconciles (links.go).
 	linkState
+	// unlistedLog limits the lines about pods' namespaces whose sockets
+	// a sweep could not list (sweepview.go).
+	unlistedLog unlistedLog
 }
 
 // The agent is what its metrics and local API read.
@@ -120,6 +126,7 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	var found bool
 	a.ruleIDs, found = readRuleIDs(settings.StateDir)
 	a.adopt = !found
+	a.podIDs = readPodIDs(settings.StateDir)
 	a.publish(&Plan{Settings: settings})
 	a.nics.Store(&map[string]nicInForce{})
 	a.damper = linkwatch.NewDamper(settings.FlapDamping.damping())
@@ -222,10 +229,12 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	keep(a.syncNICs(plan, hooks))
 	ids, err := a.assignRuleIDs(plan)
 	keep(err)
+	podIDs, err := a.assignPodIDs(plan)
+	keep(err)
 	keep(a.syncRules(plan, ids))
 	budgets, err := a.syncRates(plan, ids)
 	keep(err)
-	keep(a.syncShaping(plan, ids, budgets, hooks))
+	keep(a.syncShaping(plan, ids, podIDs, budgets, hooks))
 	policeHooks(plan, hooks)
 	problems, err := a.syncPods(ctx, plan, ids, hooks)
 	keep(err)
@@ -239,6 +248,8 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	keep(a.releasePods(plan))
 	keep(a.sweepReleased(plan, view))
 	keep(a.retireRules(plan, ids, view))
+	keep(a.retirePodIDs(podIDs))
+	a.reportUnlisted(view)
 	keep(a.recountPodSubflows())
 	a.previous = plan
 	a.publish(plan)
@@ -260,8 +271,8 @@ func (a *Agent) syncRouting(plan *Plan) error {
 
 // syncShaping keeps the HTB classes of the shaping rules on their paths'
 // NICs (shaping), and asks for nic_egress where they are.
-func (a *Agent) syncShaping(plan *Plan, ids map[string]uint32, budgets map[uint32]datapath.RateBudget, hooks map[datapath.Attachment]bool) error {
-	shaping, err := shaping.Sync(a.dp, planShaping(plan, ids, budgets))
+func (a *Agent) syncShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]datapath.RateBudget, hooks map[datapath.Attachment]bool) error {
+	shaping, err := shaping.Sync(a.dp, planShaping(plan, ids, podIDs, budgets))
 	for _, iface := range shaping {
 		hooks[datapath.Attachment{Interface: iface, Hook: datapath.HookNICEgress}] = true
 	}
@@ -274,8 +285,10 @@ func (a *Agent) syncShaping(plan *Plan, ids map[string]uint32, budgets map[uint3
 // path: its sending over two paths can reach twice the cap;
 // docs/datapath.md), each at most the path's capacity. Classes are their
 // rules' budgets' (rateBudgets, by rule id): the variants of a policy share
-// its classes.
-func planShaping(plan *Plan, ids map[string]uint32, budgets map[uint32]datapath.RateBudget) []shaping.NIC {
+// its classes. A pod's classes are numbered by its id (podIDs, podids.go),
+// so that other pods coming and going move none of them; a pod without an
+// id gets none.
+func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]datapath.RateBudget) []shaping.NIC {
 	byIndex := plan.pathsByIndex()
 	classes := map[uint32][]shaping.Class{} // path index -> its NIC's classes
 	pathClassOf := map[[2]uint32]bool{}     // budget and path index with a class
@@ -302,14 +315,15 @@ func planShaping(plan *Plan, ids map[string]uint32, budgets map[uint32]datapath.
 		if r.Rate.PerPod == 0 {
 			continue
 		}
-		for j, pod := range plan.Pods {
+		for _, pod := range plan.Pods {
 			k := slices.Index(pod.Rules, r.Name)
-			if k < 0 {
+			j, ok := podIDs[podKey(pod)]
+			if k < 0 || !ok || k >= datapath.MaxPodRules {
 				continue
 			}
 			// One class per pod and rule: a pod may have several
 			// shaping rules (at most datapath.MaxPodRules).
-			minor := shaping.MinorPod + uint16(j*datapath.MaxPodRules+k)
+			minor := shaping.MinorPod + uint16(j*datapath.MaxPodRules+uint32(k))
 			for _, index := range append(slices.Clone(r.Datapath.Paths), r.Datapath.Backup...) {
 				for _, ip := range pod.IPs {
 					classes[index] = append(classes[index], shaping.Class{Minor: minor, Bps: capped(r.Rate.PerPod, byIndex[index].Capacity),
@@ -498,8 +512,10 @@ func (a *Agent) releasePods(plan *Plan) error {
 			errs = append(errs, a.baselines.Forget(pod.Name))
 			continue
 		}
+		// The pod's namespace is its tenant's: what fails there is the
+		// pod's, and the node's other pods are not held for it.
 		if err := a.releasePodMPTCP(pod); err != nil {
-			errs = append(errs, fmt.Errorf("pod %s (no longer selected): %w", pod.Name, err))
+			a.log.Warn("a pod no longer selected did not get its MPTCP settings back", "pod", pod.Name, "err", err)
 		}
 	}
 	return errors.Join(errs...)

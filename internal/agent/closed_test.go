@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -130,6 +133,24 @@ func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 		n, err := a.sweepClosedSubflows(plan, placedBefore, newSweepView(a.dp))
 		testbed.Must(t, err)
 		return n
+	}
+	// A pod whose namespace cannot be listed (here a regular file where
+	// its namespace was; its tenant controls what its namespace answers)
+	// is left alone by the sweeps, and is no error of theirs, which would
+	// fail the node's reconcile.
+	unlisted := filepath.Join(t.TempDir(), "not-a-namespace")
+	testbed.Must(t, os.WriteFile(unlisted, nil, 0o600))
+	broken := *plan
+	broken.Pods = slices.Clone(plan.Pods)
+	broken.Pods[0].NetNS = unlisted
+	if n := sweep(&broken, time.Now()); n != 0 {
+		t.Errorf("a sweep of a pod whose sockets cannot be listed closed %d entries, want none", n)
+	}
+	if err := a.sweepRetiredRules(&broken, map[uint32]bool{}, newSweepView(a.dp)); err != nil {
+		t.Errorf("the retired rules' sweep of a pod whose sockets cannot be listed: %v", err)
+	}
+	if got := serverSide(); len(got) != 2 {
+		t.Fatalf("the server pod's entries after sweeps that could not list its sockets %v: want both", got)
 	}
 	if n := sweep(plan, time.Now().Add(-closedSubflowGrace)); n != 0 {
 		t.Errorf("a sweep closed %d entries younger than the grace, want none", n)

@@ -28,7 +28,7 @@ func TestShapingPlanBoundsEveryClassByThePathsCapacity(t *testing.T) {
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}
-	nics := planShaping(tr.Plan, map[string]uint32{nameOf(shaped): 3}, map[uint32]datapath.RateBudget{3: datapath.OwnBudget(3)})
+	nics := planShaping(tr.Plan, map[string]uint32{nameOf(shaped): 3}, podIDsOf(t, tr.Plan), map[uint32]datapath.RateBudget{3: datapath.OwnBudget(3)})
 	if len(nics) != 1 || nics[0].Interface != "nic1" || nics[0].Capacity != 20_000_000 || len(nics[0].Classes) != 2 {
 		t.Fatalf("plan %+v, want nic1 at 20 Mbit/s with a class for the rule's path cap and one for the pod", nics)
 	}
@@ -83,7 +83,7 @@ func TestVariantsOfAPolicyShareOneBudget(t *testing.T) {
 	delete(ids, "spread@dd")
 	plan.Rules = plan.Rules[:len(plan.Rules)-1]
 
-	nics := planShaping(plan, ids, budgets)
+	nics := planShaping(plan, ids, podIDsOf(t, plan), budgets)
 	if len(nics) != 1 {
 		t.Fatalf("plan %+v, want one NIC", nics)
 	}
@@ -132,4 +132,18 @@ func TestPoliceHooksAreOnThePathsOfPerPodEgressCaps(t *testing.T) {
 	if !maps.Equal(hooks, want) {
 		t.Errorf("hooks %v, want %v", hooks, want)
 	}
+}
+
+// podIDsOf gives plan's pods their ids as a new table does.
+func podIDsOf(t *testing.T, plan *Plan) map[string]uint32 {
+	t.Helper()
+	var want []string
+	for _, p := range plan.Pods {
+		want = append(want, podKey(p))
+	}
+	ids, err := newPodIDs().assign(want, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }

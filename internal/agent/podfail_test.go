@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -69,6 +71,106 @@ func TestAPodThatCannotBeConfiguredIsSkippedNotTheNode(t *testing.T) {
 		}
 		if n := a.pms.Len(); n != 1 {
 			t.Errorf("%d path managers, want tenant-a/web's", n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAPodWhoseSocketsCannotBeListedIsNotTheNodesProblem: the sweeps list
+// each pod's TCP sockets in its own namespace, which its tenant controls
+// (and, with NET_ADMIN, can make fail). A pod whose namespace cannot be
+// listed or entered is that pod's problem, not the node's: here tenant-b's
+// released pod, whose namespace path no longer names a namespace (a
+// regular file where it was). Its records wait for a listing that works;
+// the node's reconciles do not fail, so the node stays Ready and its other
+// pods, a new one included, are configured and gated. Before, every
+// reconcile failed (ApplyFailed) for as long as the released pod's records
+// were kept, and no pod of the node was gated.
+func TestAPodWhoseSocketsCannotBeListedIsNotTheNodesProblem(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 2, PodsPerNode: 3})
+	node := bed.Node(1)
+	web, churn, web2 := node.Pods[0], node.Pods[1], node.Pods[2]
+	rule := mptcpv1alpha1.CompiledRule{Name: "r", Policy: "p", SpreadMode: mptcpv1alpha1.SpreadRoundRobin,
+		SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace, MaxSubflows: 2}
+	pod := func(ns, name string, p *testbed.Pod) mptcpv1alpha1.NodePod {
+		return mptcpv1alpha1.NodePod{Namespace: ns, Name: name, UID: "u-" + name, IPs: []string{p.Addr.String()}, Rules: []string{"r"}}
+	}
+	settings, state, links := bedNodeState(t, bed, node, rule, pod("tenant-a", "web", web), pod("tenant-b", "churn", churn))
+	// churn's namespace is found at a path of the test's, which names it
+	// until the test puts a regular file there.
+	churnNS := filepath.Join(t.TempDir(), "churn-ns")
+	if err := os.Symlink("/var/run/netns/"+churn.NetNS, churnNS); err != nil {
+		t.Fatal(err)
+	}
+	locate := func(ips []netip.Addr) (LocatedPod, error) {
+		for _, p := range []*testbed.Pod{web, web2} {
+			if ips[0] == p.Addr {
+				return LocatedPod{HostInterface: p.HostIf, NetNS: "/var/run/netns/" + p.NetNS}, nil
+			}
+		}
+		if ips[0] == churn.Addr {
+			return LocatedPod{HostInterface: churn.HostIf, NetNS: churnNS}, nil
+		}
+		return LocatedPod{}, fmt.Errorf("no pod at %v", ips)
+	}
+	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
+		a, err := New(settings, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := a.Uninstall(); err != nil {
+				t.Errorf("uninstall: %v", err)
+			}
+		}()
+		reconcile := func(step string, pods ...mptcpv1alpha1.NodePod) *Plan {
+			t.Helper()
+			state.Spec.Pods = pods
+			tr := FromNodeState(settings, state, links, locate, Prior{})
+			if len(tr.Errors) > 0 || len(tr.PodProblems) > 0 || len(tr.Plan.Pods) != len(pods) {
+				t.Fatalf("%s: translation: %v, %+v, %d pods", step, tr.Errors, tr.PodProblems, len(tr.Plan.Pods))
+			}
+			failed, err := a.Reconcile(context.Background(), tr.Plan)
+			if err != nil {
+				t.Errorf("%s: the node's reconcile failed: %v", step, err)
+			}
+			if len(failed) > 0 {
+				t.Errorf("%s: pods failed %+v, want none", step, failed)
+			}
+			return tr.Plan
+		}
+		reconcile("both pods selected", pod("tenant-a", "web", web), pod("tenant-b", "churn", churn))
+
+		// churn is released; its namespace path now names no namespace.
+		if err := os.Remove(churnNS); err != nil {
+			return err
+		}
+		if err := os.WriteFile(churnNS, nil, 0o600); err != nil {
+			return err
+		}
+		reconcile("churn released", pod("tenant-a", "web", web))
+		reconcile("again", pod("tenant-a", "web", web))
+		if _, kept := a.readReleased()[churn.Addr]; !kept {
+			t.Errorf("churn's records were forgotten without a listing of its sockets")
+		}
+		if err := a.Sweep(); err != nil {
+			t.Errorf("a sweep failed: %v", err)
+		}
+
+		// A new pod of tenant-a is configured meanwhile.
+		plan := reconcile("a new pod", pod("tenant-a", "web", web), pod("tenant-a", "web2", web2))
+		if len(plan.Pods) != 2 {
+			t.Errorf("plan pods %+v, want web and web2", plan.Pods)
+		}
+		chains, err := a.dp.EndpointRules()
+		if err != nil {
+			return err
+		}
+		if len(chains[web.Addr]) != 1 || len(chains[web2.Addr]) != 1 || len(chains[churn.Addr]) != 0 {
+			t.Errorf("selector chains %v: want web's and web2's", chains)
 		}
 		return nil
 	})

@@ -10,11 +10,10 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
@@ -44,7 +43,9 @@ func (a *Agent) Sweep() error {
 	}
 	view := newSweepView(a.dp)
 	_, err := a.sweepClosedSubflows(plan, time.Now().Add(-closedSubflowGrace), view)
-	return errors.Join(a.sweepReleased(plan, view), err, a.recountPodSubflows())
+	err = errors.Join(err, a.sweepReleased(plan, view))
+	a.reportUnlisted(view)
+	return errors.Join(err, a.recountPodSubflows())
 }
 
 // releasedPods maps a released pod address to its network namespace path.
@@ -84,20 +85,17 @@ func (a *Agent) sweepReleased(plan *Plan, view *sweepView) error {
 	var errs []error
 	open := map[socketKey]bool{}
 	var sweep []netip.Addr
-	read := map[string]error{} // a pod's addresses share its namespace
+	if _, err := view.Subflows(); err != nil {
+		return err
+	}
 	for addr, ns := range released {
-		err, done := read[ns]
-		if !done {
-			var socks map[socketKey]bool
-			socks, err = view.Sockets(ns)
-			maps.Copy(open, socks)
-			read[ns] = err
-		}
+		socks, err := view.Sockets(ns)
 		if err != nil {
-			// Keep every record of the pod until its sockets can be read.
-			errs = append(errs, fmt.Errorf("released pod %v: %w", addr, err))
+			// Keep every record of the pod until its sockets can be
+			// read: the pod's problem (sweepView), not the node's.
 			continue
 		}
+		maps.Copy(open, socks)
 		sweep = append(sweep, addr)
 	}
 	if len(sweep) > 0 {
@@ -143,7 +141,11 @@ type socketKey struct{ local, remote netip.AddrPort }
 
 // openTCPSockets lists the TCP sockets of the network namespace at nsPath
 // that can still receive a peer's packets: every state but TIME_WAIT and
-// CLOSE. A namespace that no longer exists has none.
+// CLOSE. A namespace that no longer exists has none. The namespace is the
+// pod's, whose processes decide how many sockets it has, and with
+// CAP_NET_ADMIN could send to an unconnected netlink socket of it: the
+// listing is bounded, timed and connected to the kernel
+// (mptcpnl.ListOpenTCPSockets), and its failure is the pod's (sweepView).
 func openTCPSockets(nsPath string) (map[socketKey]bool, error) {
 	open := map[socketKey]bool{}
 	if _, err := os.Stat(nsPath); errors.Is(err, os.ErrNotExist) {
@@ -153,28 +155,13 @@ func openTCPSockets(nsPath string) (map[socketKey]bool, error) {
 	if err != nil {
 		return nil, err
 	}
-	ns := netns.NsHandle(fd)
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_INET_DIAG)
+	defer unix.Close(fd)
+	socks, err := mptcpnl.ListOpenTCPSockets(fd)
 	if err != nil {
-		return nil, fmt.Errorf("netlink in %s: %w", nsPath, err)
+		return nil, fmt.Errorf("%s: %w", nsPath, err)
 	}
-	defer h.Close()
-	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		socks, err := h.SocketDiagTCP(fam)
-		if err != nil {
-			return nil, fmt.Errorf("listing TCP sockets in %s: %w", nsPath, err)
-		}
-		for _, s := range socks {
-			if s.State == netlink.TCP_TIME_WAIT || s.State == netlink.TCP_CLOSE {
-				continue
-			}
-			local, ok1 := netip.AddrFromSlice(s.ID.Source)
-			remote, ok2 := netip.AddrFromSlice(s.ID.Destination)
-			if ok1 && ok2 {
-				open[socketKey{netip.AddrPortFrom(local.Unmap(), s.ID.SourcePort), netip.AddrPortFrom(remote.Unmap(), s.ID.DestinationPort)}] = true
-			}
-		}
+	for _, s := range socks {
+		open[socketKey{s.Local, s.Remote}] = true // addresses unmapped
 	}
 	return open, nil
 }

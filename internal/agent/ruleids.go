@@ -23,27 +23,56 @@ import (
 // a name keeps its id for as long as the node state lists it; a name the
 // node state drops keeps its id, and its datapath entries, while live
 // entries still use them; only then is the id free for another name.
+//
+// Pods have ids the same way, in a table of their own (podids.go): a
+// pod's shaping classes are numbered by its id, not by its place among the
+// node's pods, so that a pod another tenant adds moves no class.
 const ruleIDsFile = "rule-ids.json"
 
-// ruleIDs is the table.
-type ruleIDs struct {
+// idTable maps names to ids 0..size-1 that do not move while the name is
+// wanted or a live entry uses the id (ruleIDs, podIDs). Only ByName is kept
+// in the file.
+type idTable struct {
 	ByName map[string]uint32 `json:"byName"`
+	// file is the table's in the state directory; size the number of
+	// ids; what and heldBy name the ids and their holders in errors.
+	file, what, heldBy string
+	size               uint32
 }
 
-func readRuleIDs(stateDir string) (*ruleIDs, bool) {
-	t := &ruleIDs{ByName: map[string]uint32{}}
-	b, err := os.ReadFile(filepath.Join(stateDir, ruleIDsFile))
+// ruleIDs is the rules' table.
+type ruleIDs = idTable
+
+func newRuleIDs() *idTable {
+	return &idTable{ByName: map[string]uint32{}, file: ruleIDsFile, size: uint32(datapath.MaxRules),
+		what: "rule", heldBy: "the node's rules and by rules live connections still use"}
+}
+
+func readRuleIDs(stateDir string) (*idTable, bool) { return newRuleIDs().read(stateDir) }
+
+// read fills an empty table from its file in stateDir, and says whether
+// there was one.
+func (t *idTable) read(stateDir string) (*idTable, bool) {
+	b, err := os.ReadFile(filepath.Join(stateDir, t.file))
 	if err != nil {
 		return t, false
 	}
-	// A damaged table is rebuilt from the datapath (adopt).
-	if json.Unmarshal(b, t) != nil || t.ByName == nil {
-		return &ruleIDs{ByName: map[string]uint32{}}, false
+	// A damaged table is rebuilt (the rules': from the datapath, adopt).
+	var stored struct {
+		ByName map[string]uint32 `json:"byName"`
+	}
+	if json.Unmarshal(b, &stored) != nil || stored.ByName == nil {
+		return t, false
+	}
+	for name, id := range stored.ByName {
+		if id < t.size {
+			t.ByName[name] = id
+		}
 	}
 	return t, true
 }
 
-func (t *ruleIDs) write(stateDir string) error {
+func (t *idTable) write(stateDir string) error {
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return err
 	}
@@ -51,15 +80,15 @@ func (t *ruleIDs) write(stateDir string) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(stateDir, "."+ruleIDsFile)
+	tmp := filepath.Join(stateDir, "."+t.file)
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err
 	}
-	return os.Rename(tmp, filepath.Join(stateDir, ruleIDsFile))
+	return os.Rename(tmp, filepath.Join(stateDir, t.file))
 }
 
 // names lists the table by id.
-func (t *ruleIDs) names() map[uint32]string {
+func (t *idTable) names() map[uint32]string {
 	out := make(map[uint32]string, len(t.ByName))
 	for name, id := range t.ByName {
 		out[id] = name
@@ -69,18 +98,18 @@ func (t *ruleIDs) names() map[uint32]string {
 
 // assign gives every name of want an id: the one it has; else, for a table
 // that is new (the first start of a release that keeps one), the id the
-// datapath already gives it (adopt: the position of the name in a pod's
-// selector chain, as pinned by the previous process); else the lowest id
-// no name holds and no live entry uses (inUse). Names it cannot place (every
-// id taken) are returned with the error.
-func (t *ruleIDs) assign(want []string, adopt map[string]uint32, inUse map[uint32]bool) (map[string]uint32, error) {
+// datapath already gives it (adopt: for rules, the position of the name in
+// a pod's selector chain, as pinned by the previous process); else the
+// lowest id no name holds and no live entry uses (inUse). Names it cannot
+// place (every id taken) are returned with the error.
+func (t *idTable) assign(want []string, adopt map[string]uint32, inUse map[uint32]bool) (map[string]uint32, error) {
 	held := map[uint32]string{}
 	for name, id := range t.ByName {
 		held[id] = name
 	}
 	for _, name := range slices.Sorted(maps.Keys(adopt)) {
 		id := adopt[name]
-		if _, has := t.ByName[name]; has || !slices.Contains(want, name) || held[id] != "" {
+		if _, has := t.ByName[name]; has || !slices.Contains(want, name) || held[id] != "" || id >= t.size {
 			continue
 		}
 		t.ByName[name], held[id] = id, name
@@ -93,24 +122,24 @@ func (t *ruleIDs) assign(want []string, adopt map[string]uint32, inUse map[uint3
 			out[name] = id
 			continue
 		}
-		for next < uint32(datapath.MaxRules) && (held[next] != "" || inUse[next]) {
+		for next < t.size && (held[next] != "" || inUse[next]) {
 			next++
 		}
-		if next == uint32(datapath.MaxRules) {
+		if next == t.size {
 			full = append(full, name)
 			continue
 		}
 		t.ByName[name], held[next], out[name] = next, name, next
 	}
 	if len(full) > 0 {
-		return out, fmt.Errorf("no rule id left for %v: %d ids are held by the node's rules and by rules live connections still use", full, datapath.MaxRules)
+		return out, fmt.Errorf("no %s id left for %v: %d ids are held by %s", t.what, full, t.size, t.heldBy)
 	}
 	return out, nil
 }
 
-// retire drops the names the node state no longer wants whose ids no live
-// entry uses, and returns those ids, for the caller to clear.
-func (t *ruleIDs) retire(want map[string]bool, inUse map[uint32]bool) []uint32 {
+// retire drops the names not wanted whose ids no live entry uses, and
+// returns those ids, for the caller to clear.
+func (t *idTable) retire(want map[string]bool, inUse map[uint32]bool) []uint32 {
 	var freed []uint32
 	for _, name := range slices.Sorted(maps.Keys(t.ByName)) {
 		id := t.ByName[name]
@@ -196,7 +225,6 @@ func (a *Agent) sweepRetiredRules(plan *Plan, current map[uint32]bool, view *swe
 		}
 	}
 	retired := func(id uint32) bool { return id != datapath.NoRule && !current[id] }
-	failed := map[string]bool{} // namespaces whose listing failed, reported once
 	forgot := false
 	defer func() {
 		if forgot {
@@ -221,11 +249,9 @@ func (a *Agent) sweepRetiredRules(plan *Plan, current map[uint32]bool, view *swe
 			keep(sf)
 			continue
 		}
+		// A namespace that cannot be listed keeps its subflows: the
+		// pod's problem (sweepView), not the node's.
 		socks, err := view.Sockets(ns)
-		if err != nil && !failed[ns] {
-			errs = append(errs, fmt.Errorf("retired rule %d: %w", sf.Rule, err))
-			failed[ns] = true
-		}
 		if err != nil || socks[socketKey{sf.Local, sf.Remote}] {
 			keep(sf)
 			continue

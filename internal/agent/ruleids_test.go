@@ -95,7 +95,7 @@ func TestRuleIDsAdoptAndRunOut(t *testing.T) {
 // cannot fail, which would fail the whole node's reconcile (and leave every
 // pod of it ungated).
 func TestRetiredRulesInUseCountAgainstTheTable(t *testing.T) {
-	tbl := &ruleIDs{ByName: map[string]uint32{}}
+	tbl := newRuleIDs()
 	live := map[uint32]bool{}
 	for i := range datapath.MaxRules - 2 {
 		tbl.ByName[fmt.Sprintf("tenant-c-variant-%03d", i)] = uint32(i)

@@ -1,11 +1,13 @@
 package controller_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -491,6 +493,77 @@ func TestCompile(t *testing.T) {
 					// Without pods, n2 is no one's peer.
 					f.deletePod("tenant-a", "db")
 					f.expectPeers("n1", nil)
+				},
+			}},
+		},
+		// A compromised agent writes what it likes into its own status:
+		// the other nodes' fabric addresses, under its paths' names and
+		// under names of no path. It is the node that sorts first and
+		// whose state is the oldest, so no tie-break favours the others;
+		// they reported first and keep their addresses.
+		"a node that claims the other nodes' addresses changes no other node's peers": {
+			setup: func(f *fixture) {
+				f.node("n0", multipath, "10.1.0.0/24")
+				twoFabrics(f)
+			},
+			steps: []step{{
+				do: func(f *fixture) {
+					f.policy("spread", 0, enabled, nil, []string{"fabric-a", "fabric-b"}, nil)
+					f.pod("tenant-a", "evil", "n0", "10.1.0.10", web, nil)
+					f.pod("tenant-a", "web", "n1", "10.1.1.10", web, nil)
+					f.pod("tenant-a", "db", "n2", "10.1.2.10", web, nil)
+				},
+				want: map[string][]string{
+					"n0": {"tenant-a/evil 10.1.0.10: spread[fabric-a/1,fabric-b/1]"},
+					"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/1,fabric-b/1]"},
+					"n2": {"tenant-a/db 10.1.2.10: spread[fabric-a/1,fabric-b/1]"},
+				},
+				check: func(t *testing.T, f *fixture) {
+					own := func(a, b string) []mptcpv1alpha1.PathState {
+						return []mptcpv1alpha1.PathState{
+							{Name: "fabric-a", Link: mptcpv1alpha1.LinkUp, Interface: "nic1", Addresses: []string{a}},
+							{Name: "fabric-b", Link: mptcpv1alpha1.LinkUp, Interface: "nic2", Addresses: []string{b}},
+						}
+					}
+					peer := func(node, a, b string) mptcpv1alpha1.NodePeer {
+						return mptcpv1alpha1.NodePeer{Name: f.n(node), Paths: []mptcpv1alpha1.PeerPath{
+							{Name: f.n("fabric-a"), Addresses: []string{a}},
+							{Name: f.n("fabric-b"), Addresses: []string{b}},
+						}}
+					}
+					f.report("n1", own("198.51.100.11", "192.0.2.11")...)
+					f.report("n2", own("198.51.100.12", "192.0.2.12")...)
+					f.report("n0", own("198.51.100.10", "192.0.2.10")...)
+					n0, n1, n2 := peer("n0", "198.51.100.10", "192.0.2.10"), peer("n1", "198.51.100.11", "192.0.2.11"), peer("n2", "198.51.100.12", "192.0.2.12")
+					f.expectPeers("n1", []mptcpv1alpha1.NodePeer{n0, n2})
+					f.expectPeers("n2", []mptcpv1alpha1.NodePeer{n0, n1})
+					testenv.WaitIdle(t, time.Second, 30*time.Second)
+
+					// n0 claims n1's and n2's addresses on both paths and
+					// on paths that do not exist.
+					stolen := []mptcpv1alpha1.PathState{
+						{Name: "fabric-a", Link: mptcpv1alpha1.LinkUp, Interface: "nic1", Addresses: []string{"198.51.100.11", "198.51.100.12"}},
+						{Name: "fabric-b", Link: mptcpv1alpha1.LinkUp, Interface: "nic2", Addresses: []string{"192.0.2.11", "192.0.2.12"}},
+					}
+					for i := range 8 {
+						stolen = append(stolen, mptcpv1alpha1.PathState{Name: fmt.Sprintf("made-up-%d", i), Link: mptcpv1alpha1.LinkUp,
+							Addresses: []string{"198.51.100.11", "198.51.100.12", "192.0.2.11", "192.0.2.12"}})
+					}
+					f.report("n0", stolen...)
+					testenv.WaitIdle(t, time.Second, 30*time.Second)
+					f.expectPeers("n1", []mptcpv1alpha1.NodePeer{n2})
+					f.expectPeers("n2", []mptcpv1alpha1.NodePeer{n1})
+
+					// Nor can it list more paths than a node has.
+					var s mptcpv1alpha1.MPTCPNodeState
+					f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n("n0")}, &s), "get n0")
+					s.Status.Paths = nil
+					for i := range mptcpv1alpha1.MaxPathIndex + 1 {
+						s.Status.Paths = append(s.Status.Paths, mptcpv1alpha1.PathState{Name: fmt.Sprintf("p%d", i), Link: mptcpv1alpha1.LinkUp})
+					}
+					if err := f.c.Status().Update(f.ctx, &s); !apierrors.IsInvalid(err) {
+						t.Errorf("status with %d paths: %v, want Invalid", len(s.Status.Paths), err)
+					}
 				},
 			}},
 		},

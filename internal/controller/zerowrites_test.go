@@ -154,7 +154,11 @@ func TestJoiningNodeTouchesNoOtherNodeState(t *testing.T) {
 	if n := d.Total("/nodes"); n != 4 {
 		t.Errorf("Node writes for 4 joining nodes: %v, want 4 (their creation, nothing from the controller): %v", n, d)
 	}
-	if n := d.Total("mptcp.io/mptcpnodestates", "mptcp.io/mptcpnodestates/status"); n != 8 {
-		t.Errorf("node state writes for 4 joining nodes: %v, want 8 (create + agent status each): %v", n, d)
+	// Per joining node, its own state is written three times: created,
+	// its status (the agent's addresses), and its spec giving it those
+	// addresses (spec.paths[].addresses, which keep an address with the
+	// node that reported it first).
+	if n := d.Total("mptcp.io/mptcpnodestates", "mptcp.io/mptcpnodestates/status"); n != 12 {
+		t.Errorf("node state writes for 4 joining nodes: %v, want 12 (create, agent status, addresses given, each): %v", n, d)
 	}
 }

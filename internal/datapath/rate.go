@@ -352,6 +352,27 @@ type ShapeClass struct {
 	ClassID    uint32
 }
 
+// ShapeClasses reads the classification table, as SyncShapeClasses wrote
+// it, in no particular order.
+func (d *Datapath) ShapeClasses() ([]ShapeClass, error) {
+	var out []ShapeClass
+	var k datapathRateKey
+	var class uint32
+	it := d.objs.RateClasses.Iterate()
+	for it.Next(&k, &class) {
+		c := ShapeClass{Rule: k.Rule, Path: k.Id, ClassID: class}
+		if k.Kind == rateKindPod {
+			if k.Family == family(netip.IPv4Unspecified()) {
+				c.Pod = netip.AddrFrom4([4]byte(k.Addr[:4]))
+			} else {
+				c.Pod = netip.AddrFrom16(k.Addr)
+			}
+		}
+		out = append(out, c)
+	}
+	return out, it.Err()
+}
+
 // SyncShapeClasses makes the classification table hold exactly want:
 // entries are written first, then those not wanted are deleted, so a packet
 // classified before the sync keeps a class throughout.

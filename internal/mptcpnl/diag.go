@@ -2,6 +2,7 @@ package mptcpnl
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -87,8 +88,10 @@ const (
 )
 
 // A pod's processes decide how many sockets its namespace has, so a listing
-// is bounded: at most maxListedSockets established TCP sockets, read within
-// listTimeout, one datagram at a time (never the whole dump in memory).
+// is bounded: at most maxListedSockets TCP sockets, read within
+// listTimeout, one datagram of at most receiveBuffer bytes at a time (never
+// the whole dump in memory), on a socket connected to the kernel, so that
+// no process of the namespace can answer in its place.
 const (
 	maxListedSockets = 1 << 16
 	listTimeout      = 2 * time.Second
@@ -100,47 +103,101 @@ const (
 // maxListedSockets established TCP sockets, or one whose listing takes longer
 // than listTimeout, is an error.
 func ListSubflows(netnsFD int) ([]Subflow, error) {
-	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: netnsFD})
+	var out []Subflow
+	err := listTCP(netnsFD, 1<<tcpEstablished, 1<<(diagExtInfo-1), maxListedSockets, func(msg []byte) error {
+		sf, ok, err := decodeSubflow(msg)
+		if ok {
+			out = append(out, sf)
+		}
+		return err
+	})
+	return out, err
+}
+
+// SocketEnds are a TCP socket's two ends, as its namespace sees them.
+type SocketEnds struct{ Local, Remote netip.AddrPort }
+
+// openStates are the TCP states of a socket that can still receive a
+// peer's packets: every state but TIME_WAIT (6) and CLOSE (7), as bits of
+// idiag_states (TCPF_ALL is 0xfff).
+const openStates = 0xfff &^ (1<<6 | 1<<7)
+
+// ListOpenTCPSockets lists the TCP sockets of the network namespace with file
+// descriptor netnsFD (0: the caller's) that can still receive a peer's
+// packets (openStates), of both address families, bounded as ListSubflows
+// is: more than maxListedSockets of them, or a listing that takes longer
+// than listTimeout, is an error.
+func ListOpenTCPSockets(netnsFD int) ([]SocketEnds, error) {
+	var out []SocketEnds
+	err := listTCP(netnsFD, openStates, 0, maxListedSockets, func(msg []byte) error {
+		local, remote, err := decodeEnds(msg)
+		if err == nil {
+			out = append(out, SocketEnds{Local: local, Remote: remote})
+		}
+		return err
+	})
+	return out, err
+}
+
+// listTCP dumps the TCP sockets of the network namespace with file
+// descriptor netnsFD in states (a bit per TCP state), of both address
+// families, asking for the inet_diag extensions ext, and hands each
+// socket's inet_diag_msg to each. More than limit sockets, a listing that
+// takes longer than listTimeout, an error of the kernel's or of each end
+// it.
+func listTCP(netnsFD int, states uint32, ext uint8, limit int, each func(msg []byte) error) error {
+	c, err := dialSockDiag(netnsFD)
 	if err != nil {
-		return nil, fmt.Errorf("sock_diag: %w", err)
+		return err
 	}
 	defer c.Close()
-	// Only the kernel may answer: a process of the namespace could send
-	// to the socket otherwise.
-	if err := connectToKernel(c); err != nil {
-		return nil, err
-	}
 	if err := c.SetReadDeadline(time.Now().Add(listTimeout)); err != nil {
-		return nil, err
+		return err
 	}
-	l := subflowListing{buf: make([]byte, receiveBuffer)}
+	l := tcpListing{buf: make([]byte, receiveBuffer), limit: limit, each: each}
 	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 		req := make([]byte, diagReqLen)
-		req[0], req[1], req[2] = family, unix.IPPROTO_TCP, 1<<(diagExtInfo-1)
-		binary.NativeEndian.PutUint32(req[4:8], 1<<tcpEstablished)
+		req[0], req[1], req[2] = family, unix.IPPROTO_TCP, ext
+		binary.NativeEndian.PutUint32(req[4:8], states)
 		sent, err := c.Send(netlink.Message{
 			Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request | netlink.Dump},
 			Data:   req,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("listing TCP sockets: %w", err)
+			return fmt.Errorf("listing TCP sockets: %w", err)
 		}
 		if err := l.read(c, sent.Header.Sequence); err != nil {
-			return nil, fmt.Errorf("listing TCP sockets: %w", err)
+			return fmt.Errorf("listing TCP sockets: %w", err)
 		}
 	}
-	return l.subflows, nil
+	return nil
 }
 
-// subflowListing reads the replies of one dump after the other.
-type subflowListing struct {
-	buf      []byte
-	sockets  int
-	subflows []Subflow
+// dialSockDiag opens a sock_diag socket in the network namespace with file
+// descriptor netnsFD, connected to the kernel: only the kernel may answer,
+// a process of the namespace could send to the socket otherwise.
+func dialSockDiag(netnsFD int) (*netlink.Conn, error) {
+	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: netnsFD})
+	if err != nil {
+		return nil, fmt.Errorf("sock_diag: %w", err)
+	}
+	if err := connectToKernel(c); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// tcpListing reads the replies of one dump after the other.
+type tcpListing struct {
+	buf     []byte
+	sockets int
+	limit   int
+	each    func(msg []byte) error
 }
 
 // read reads the replies to the dump request seq until its end.
-func (l *subflowListing) read(c *netlink.Conn, seq uint32) error {
+func (l *tcpListing) read(c *netlink.Conn, seq uint32) error {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return err
@@ -165,17 +222,22 @@ func (l *subflowListing) read(c *netlink.Conn, seq uint32) error {
 }
 
 // datagram decodes one datagram of replies to seq; done says the dump ended.
-func (l *subflowListing) datagram(b []byte, seq uint32) (done bool, err error) {
+func (l *tcpListing) datagram(b []byte, seq uint32) (done bool, err error) {
 	for len(b) >= unix.NLMSG_HDRLEN {
 		size := int(binary.NativeEndian.Uint32(b[0:4]))
 		if size < unix.NLMSG_HDRLEN || size > len(b) {
 			return false, fmt.Errorf("a netlink message of %d bytes in %d", size, len(b))
 		}
-		typ, got := binary.NativeEndian.Uint16(b[4:6]), binary.NativeEndian.Uint32(b[8:12])
+		typ, flags, got := binary.NativeEndian.Uint16(b[4:6]), binary.NativeEndian.Uint16(b[6:8]), binary.NativeEndian.Uint32(b[8:12])
 		data := b[unix.NLMSG_HDRLEN:size]
 		b = b[min((size+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1), len(b)):]
 		if got != seq {
 			continue // a late reply to an earlier request
+		}
+		if flags&unix.NLM_F_DUMP_INTR != 0 {
+			// A listing that may lack sockets would have a sweep take
+			// an open one for closed.
+			return false, errors.New("the listing was interrupted by a change")
 		}
 		switch typ {
 		case unix.NLMSG_DONE:
@@ -186,26 +248,21 @@ func (l *subflowListing) datagram(b []byte, seq uint32) (done bool, err error) {
 			}
 			return true, nil
 		case sockDiagByFamily:
-			if l.sockets++; l.sockets > maxListedSockets {
-				return false, fmt.Errorf("more than %d established TCP sockets", maxListedSockets)
+			if l.sockets++; l.sockets > l.limit {
+				return false, fmt.Errorf("more than %d TCP sockets", l.limit)
 			}
-			sf, ok, err := decodeSubflow(data)
-			if err != nil {
+			if err := l.each(data); err != nil {
 				return false, err
-			}
-			if ok {
-				l.subflows = append(l.subflows, sf)
 			}
 		}
 	}
 	return false, nil
 }
 
-// decodeSubflow decodes one inet_diag_msg; ok is false for a TCP socket
-// that is not an MPTCP subflow.
-func decodeSubflow(b []byte) (sf Subflow, ok bool, err error) {
+// decodeEnds decodes the two ends of one inet_diag_msg.
+func decodeEnds(b []byte) (local, remote netip.AddrPort, err error) {
 	if len(b) < diagMsgLen {
-		return sf, false, fmt.Errorf("sock_diag: a message of %d bytes", len(b))
+		return local, remote, fmt.Errorf("sock_diag: a message of %d bytes", len(b))
 	}
 	family := b[0]
 	addr := func(raw []byte) netip.Addr {
@@ -216,8 +273,17 @@ func decodeSubflow(b []byte) (sf Subflow, ok bool, err error) {
 	}
 	// struct inet_diag_sockid starts at 4: ports in network byte order,
 	// then source and destination in 16 bytes each.
-	sf.Local = netip.AddrPortFrom(addr(b[8:24]), binary.BigEndian.Uint16(b[4:6]))
-	sf.Remote = netip.AddrPortFrom(addr(b[24:40]), binary.BigEndian.Uint16(b[6:8]))
+	local = netip.AddrPortFrom(addr(b[8:24]), binary.BigEndian.Uint16(b[4:6]))
+	remote = netip.AddrPortFrom(addr(b[24:40]), binary.BigEndian.Uint16(b[6:8]))
+	return local, remote, nil
+}
+
+// decodeSubflow decodes one inet_diag_msg; ok is false for a TCP socket
+// that is not an MPTCP subflow.
+func decodeSubflow(b []byte) (sf Subflow, ok bool, err error) {
+	if sf.Local, sf.Remote, err = decodeEnds(b); err != nil {
+		return sf, false, err
+	}
 	ad, err := netlink.NewAttributeDecoder(b[diagMsgLen:])
 	if err != nil {
 		return sf, false, fmt.Errorf("sock_diag attributes: %w", err)

@@ -36,7 +36,8 @@ const (
 // sends packets to it (nic_egress reads the entry).
 type Class struct {
 	// Minor is the class's minor handle: MinorRule+rule id for a rule's
-	// cap on the path, MinorPod+n for a pod's.
+	// cap on the path, MinorPod+n for a pod's (n from the pod's id, which
+	// does not move while the pod is there, and its rule).
 	Minor uint16
 	// Bps is the class's rate and ceiling, in bits per second.
 	Bps   uint64

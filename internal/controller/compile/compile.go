@@ -85,6 +85,7 @@ func Node(in Input) Result {
 
 	nodePaths, byName := resolvePaths(in.Node, in.Paths)
 	res.Spec.Paths = nodePaths
+	states := giveAddresses(in.Node.Name, res.Spec.Paths, in.NodeStates)
 
 	policies := activePolicies(in.Policies)
 	rulesByName := map[string]mptcpv1alpha1.CompiledRule{}
@@ -148,7 +149,7 @@ func Node(in Input) Result {
 		res.Spec.Rules = append(res.Spec.Rules, rulesByName[name])
 	}
 	if len(res.Spec.Pods) > 0 {
-		res.Spec.Peers = Peers(in.Node.Name, res.Spec.Paths, in.NodeStates)
+		res.Spec.Peers = Peers(in.Node.Name, res.Spec.Paths, states)
 	}
 	return res
 }
@@ -165,30 +166,134 @@ func peerAddress(s string) (netip.Addr, bool) {
 	return ip, ip.IsGlobalUnicast()
 }
 
+// maxPathAddresses bounds a node's addresses on one path, as the API does
+// (PathState.Addresses, NodePath.Addresses, PeerPath.Addresses).
+const maxPathAddresses = 4
+
+// claims are the addresses each node state reports on each path of its
+// spec (status.paths), at most maxPathAddresses per path, those that are a
+// fabric's unicast addresses (peerAddress). A path state under a name its
+// spec does not have is no claim: the agent writes its status alone, so a
+// path state of no path, or beyond the paths the node has, would be a
+// claim no one else can check.
+func claims(st *mptcpv1alpha1.MPTCPNodeState) map[string][]netip.Addr {
+	onSpec := map[string]bool{}
+	for _, p := range st.Spec.Paths {
+		onSpec[p.Name] = true
+	}
+	out := map[string][]netip.Addr{}
+	for _, ps := range st.Status.Paths {
+		if !onSpec[ps.Name] {
+			continue
+		}
+		onSpec[ps.Name] = false // once, as a map list has it
+		var addrs []netip.Addr
+		for _, a := range ps.Addresses {
+			if ip, ok := peerAddress(a); ok && !slices.Contains(addrs, ip) && len(addrs) < maxPathAddresses {
+				addrs = append(addrs, ip)
+			}
+		}
+		out[ps.Name] = addrs
+	}
+	return out
+}
+
+// owners says which node has each address that node states claim. One
+// claimant has it. An address two or more nodes claim stays with the one
+// whose spec has it already (NodePath.Addresses, which only the controller
+// writes and which says whom it gave the address to before): a node that
+// claims another's address later never takes it, after a restart of the
+// controller as before. Where no claimant's spec has it (no node reported
+// it before) or several do (two reports raced), the node of the older node
+// state has it, by creationTimestamp and then name, which no agent writes.
+func owners(states []mptcpv1alpha1.MPTCPNodeState) map[netip.Addr]string {
+	type claimant struct {
+		state *mptcpv1alpha1.MPTCPNodeState
+		given bool
+	}
+	better := func(a, b claimant) bool {
+		if a.given != b.given {
+			return a.given
+		}
+		if c := a.state.CreationTimestamp.Compare(b.state.CreationTimestamp.Time); c != 0 {
+			return c < 0
+		}
+		return a.state.Name < b.state.Name
+	}
+	best := map[netip.Addr]claimant{}
+	for i := range states {
+		st := &states[i]
+		given := map[netip.Addr]bool{}
+		for _, p := range st.Spec.Paths {
+			for _, a := range p.Addresses {
+				if ip, ok := peerAddress(a); ok {
+					given[ip] = true
+				}
+			}
+		}
+		for _, addrs := range claims(st) {
+			for _, ip := range addrs {
+				c := claimant{state: st, given: given[ip]}
+				if cur, ok := best[ip]; !ok || better(c, cur) {
+					best[ip] = c
+				}
+			}
+		}
+	}
+	out := make(map[netip.Addr]string, len(best))
+	for ip, c := range best {
+		out[ip] = c.state.Name
+	}
+	return out
+}
+
+// giveAddresses sets on paths, node's spec paths as compiled now, the
+// addresses node has (owners), and returns states with node's spec paths
+// replaced by them, which is what the other nodes' peers are compiled from:
+// a node's claims count on the paths its spec has now. states is not
+// modified.
+func giveAddresses(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.MPTCPNodeState) []mptcpv1alpha1.MPTCPNodeState {
+	i := slices.IndexFunc(states, func(s mptcpv1alpha1.MPTCPNodeState) bool { return s.Name == node })
+	if i < 0 {
+		return states
+	}
+	// The addresses given before stay given while owners decides.
+	before := map[string][]string{}
+	for _, p := range states[i].Spec.Paths {
+		before[p.Name] = p.Addresses
+	}
+	states = slices.Clone(states)
+	mine := &states[i] // a shallow copy: only its Spec.Paths is replaced
+	mine.Spec.Paths = slices.Clone(paths)
+	for j := range mine.Spec.Paths {
+		mine.Spec.Paths[j].Addresses = before[mine.Spec.Paths[j].Name]
+	}
+	own := owners(states)
+	claimed := claims(mine)
+	for j := range paths {
+		paths[j].Addresses = nil
+		for _, ip := range claimed[paths[j].Name] {
+			if own[ip] == node {
+				paths[j].Addresses = append(paths[j].Addresses, ip.String())
+			}
+		}
+	}
+	mine.Spec.Paths = slices.Clone(paths)
+	return states
+}
+
 // Peers are the nodes of states other than node that have pods under a
 // policy, each with its addresses on the paths it shares with node, as its
-// agent reported them (status.paths); a peer that reports an address on
-// none of them is left out, and so is an address that is not a fabric's
-// unicast address or that another node claims too. Sorted by name, at most
-// MaxPeers.
+// agent reported them (status.paths) on paths of its spec and as owners
+// gives them to it: a fabric's unicast addresses, and none that another node
+// has. A peer with no address on the shared paths is left out. Sorted by
+// name, at most MaxPeers.
 func Peers(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.MPTCPNodeState) []mptcpv1alpha1.NodePeer {
 	shared := map[string]bool{}
 	for _, p := range paths {
 		shared[p.Name] = true
 	}
-	// An address two nodes claim is no one's: an agent writes its own
-	// status, and one that claims another node's address (or this
-	// node's) must not have the others probe, or trust, that address.
-	claims := map[netip.Addr]int{}
-	for i := range states {
-		for _, ps := range states[i].Status.Paths {
-			for _, a := range ps.Addresses {
-				if ip, err := netip.ParseAddr(a); err == nil {
-					claims[ip.Unmap()]++
-				}
-			}
-		}
-	}
+	own := owners(states)
 	var peers []mptcpv1alpha1.NodePeer
 	for i := range states {
 		st := &states[i]
@@ -196,25 +301,24 @@ func Peers(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.M
 			continue
 		}
 		peer := mptcpv1alpha1.NodePeer{Name: st.Name}
-		for _, ps := range st.Status.Paths {
-			if !shared[ps.Name] {
+		for name, claimed := range claims(st) {
+			if !shared[name] {
 				continue
 			}
 			var addrs []string
-			for _, a := range ps.Addresses {
-				if ip, ok := peerAddress(a); ok && claims[ip] == 1 && len(addrs) < 4 {
+			for _, ip := range claimed {
+				if own[ip] == st.Name {
 					addrs = append(addrs, ip.String())
 				}
 			}
 			if len(addrs) > 0 {
-				peer.Paths = append(peer.Paths, mptcpv1alpha1.PeerPath{Name: ps.Name, Addresses: addrs})
+				peer.Paths = append(peer.Paths, mptcpv1alpha1.PeerPath{Name: name, Addresses: addrs})
 			}
 		}
 		if len(peer.Paths) == 0 {
 			continue
 		}
 		slices.SortFunc(peer.Paths, func(a, b mptcpv1alpha1.PeerPath) int { return cmp.Compare(a.Name, b.Name) })
-		peer.Paths = slices.CompactFunc(peer.Paths, func(a, b mptcpv1alpha1.PeerPath) bool { return a.Name == b.Name })
 		peers = append(peers, peer)
 	}
 	slices.SortFunc(peers, func(a, b mptcpv1alpha1.NodePeer) int { return cmp.Compare(a.Name, b.Name) })

@@ -292,35 +292,162 @@ func TestParsePreferredPaths(t *testing.T) {
 }
 
 // An agent writes its own status, so what it claims as its addresses is
-// checked before other nodes probe it: only fabric unicast addresses, and
-// none that another node claims too (the one a compromised agent copies
-// from its victim is dropped for both). Nodes without pods are no peers.
-func TestPeersListOnlyAddressesOneNodeClaims(t *testing.T) {
-	state := func(name string, pods int, paths map[string][]string) mptcpv1alpha1.MPTCPNodeState {
-		s := mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: name}}
-		for i := range pods {
-			s.Spec.Pods = append(s.Spec.Pods, mptcpv1alpha1.NodePod{Namespace: "t", Name: fmt.Sprint(i), Rules: []string{"r"}})
-		}
-		for _, p := range slices.Sorted(maps.Keys(paths)) {
-			s.Status.Paths = append(s.Status.Paths, mptcpv1alpha1.PathState{Name: p, Addresses: paths[p]})
-		}
-		return s
-	}
+// checked before other nodes probe it: only fabric unicast addresses on
+// paths of its spec, each under one node. An address two nodes claim stays
+// with the node whose spec the controller gave it to; where no spec has it,
+// with the older node state. Nodes without pods are no peers.
+func TestPeersListEachAddressUnderOneNode(t *testing.T) {
 	states := []mptcpv1alpha1.MPTCPNodeState{
-		state("n1", 1, map[string][]string{"a": {"192.0.2.1"}}),
-		state("n2", 1, map[string][]string{"a": {"127.0.0.1", "fe80::1", "224.0.0.1", "0.0.0.0", "2001:db8::2%eth0", "192.0.2.2", "::ffff:198.51.100.2"}, "b": {"203.0.113.2"}}),
-		// n3 claims n2's address on a and its own on b.
-		state("n3", 1, map[string][]string{"a": {"192.0.2.2"}, "b": {"203.0.113.3"}}),
-		state("n4", 0, map[string][]string{"a": {"192.0.2.4"}}),
-		state("n5", 1, map[string][]string{"z": {"192.0.2.5"}}),
+		nodeState("n1", 100, map[string][]string{"a": nil, "b": nil}, map[string][]string{"a": {"192.0.2.1"}}),
+		nodeState("n2", 200, map[string][]string{"a": nil, "b": nil}, map[string][]string{
+			"a": {"127.0.0.1", "fe80::1", "224.0.0.1", "0.0.0.0", "2001:db8::2%eth0", "192.0.2.2", "::ffff:198.51.100.2"},
+			"b": {"203.0.113.2"},
+		}),
+		// n3 claims n2's address on a (its state is younger, and no spec
+		// has the address: n2 keeps it), its own on b.
+		nodeState("n3", 300, map[string][]string{"a": nil, "b": {"203.0.113.3"}}, map[string][]string{"a": {"192.0.2.2"}, "b": {"203.0.113.3"}}),
+		// n5 is the oldest and claims n3's address on b, which n3's spec
+		// has: n3 keeps it. Its own address on c is on no path of n1.
+		nodeState("n5", 50, map[string][]string{"b": nil, "c": nil}, map[string][]string{"b": {"203.0.113.3"}, "c": {"192.0.2.5"}}),
+		// n6 reports a path its spec does not have.
+		nodeState("n6", 60, map[string][]string{"a": nil}, map[string][]string{"z": {"192.0.2.6"}}),
 	}
+	n4 := nodeState("n4", 400, map[string][]string{"a": nil}, map[string][]string{"a": {"192.0.2.4"}})
+	n4.Spec.Pods = nil
+	states = append(states, n4)
 	paths := []mptcpv1alpha1.NodePath{{Name: "a"}, {Name: "b"}}
 	got := Peers("n1", paths, states)
 	want := []mptcpv1alpha1.NodePeer{
-		{Name: "n2", Paths: []mptcpv1alpha1.PeerPath{{Name: "a", Addresses: []string{"198.51.100.2"}}, {Name: "b", Addresses: []string{"203.0.113.2"}}}},
+		{Name: "n2", Paths: []mptcpv1alpha1.PeerPath{{Name: "a", Addresses: []string{"192.0.2.2", "198.51.100.2"}}, {Name: "b", Addresses: []string{"203.0.113.2"}}}},
 		{Name: "n3", Paths: []mptcpv1alpha1.PeerPath{{Name: "b", Addresses: []string{"203.0.113.3"}}}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("peers\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// nodeState is a node state with pods, created at second created, whose
+// spec has paths (with the addresses the controller gave the node, nil for
+// none) and whose status reports claims.
+func nodeState(name string, created int64, paths, claims map[string][]string) mptcpv1alpha1.MPTCPNodeState {
+	s := mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.Unix(created, 0)}}
+	s.Spec.Pods = []mptcpv1alpha1.NodePod{{Namespace: "t", Name: name, Rules: []string{"r"}}}
+	for _, p := range slices.Sorted(maps.Keys(paths)) {
+		s.Spec.Paths = append(s.Spec.Paths, mptcpv1alpha1.NodePath{Name: p, Addresses: paths[p]})
+	}
+	for _, p := range slices.Sorted(maps.Keys(claims)) {
+		s.Status.Paths = append(s.Status.Paths, mptcpv1alpha1.PathState{Name: p, Addresses: claims[p]})
+	}
+	return s
+}
+
+// inputFor is testInput compiled for node name, its pods moved there.
+func inputFor(name string, states []mptcpv1alpha1.MPTCPNodeState) Input {
+	in := testInput()
+	in.Node = in.Node.DeepCopy()
+	in.Node.Name = name
+	for i := range in.Pods {
+		in.Pods[i].Spec.NodeName = name
+	}
+	in.NodeStates = states
+	return in
+}
+
+// addressesOf are the addresses a spec gives its node, by path.
+func addressesOf(spec mptcpv1alpha1.MPTCPNodeStateSpec) map[string][]string {
+	out := map[string][]string{}
+	for _, p := range spec.Paths {
+		if len(p.Addresses) > 0 {
+			out[p.Name] = p.Addresses
+		}
+	}
+	return out
+}
+
+// withoutPeer drops node from peers.
+func withoutPeer(peers []mptcpv1alpha1.NodePeer, node string) []mptcpv1alpha1.NodePeer {
+	return slices.DeleteFunc(slices.Clone(peers), func(p mptcpv1alpha1.NodePeer) bool { return p.Name == node })
+}
+
+// A compromised agent writes what it likes into its node state's status.
+// Whatever n0 claims there (the other nodes' addresses on its own paths, on
+// paths of no node, in more path states than a node has paths), no other
+// node's spec changes: neither the peers it lists (but n0) nor the
+// addresses it is given. n0 is the most favoured claimant there can be: its
+// name sorts first and its node state is the oldest.
+func TestANodeClaimingOtherNodesAddressesChangesNoOtherNodesPeers(t *testing.T) {
+	honest := func(claims map[string][]string) []mptcpv1alpha1.MPTCPNodeState {
+		return []mptcpv1alpha1.MPTCPNodeState{
+			nodeState("n0", 100, map[string][]string{"a": {"192.0.2.10"}, "b": nil}, claims),
+			nodeState("n1", 200, map[string][]string{"a": {"192.0.2.1"}, "b": {"203.0.113.1"}, "c": nil},
+				map[string][]string{"a": {"192.0.2.1"}, "b": {"203.0.113.1"}}),
+			nodeState("n2", 300, map[string][]string{"a": {"192.0.2.2"}, "b": {"203.0.113.2", "2001:db8::2"}},
+				map[string][]string{"a": {"192.0.2.2"}, "b": {"203.0.113.2", "2001:db8::2"}}),
+			nodeState("n3", 400, map[string][]string{"a": {"192.0.2.3"}, "b": {"203.0.113.3"}},
+				map[string][]string{"a": {"192.0.2.3"}, "b": {"203.0.113.3"}}),
+		}
+	}
+	victims := []string{"192.0.2.1", "192.0.2.2", "192.0.2.3", "203.0.113.1", "203.0.113.2", "2001:db8::2", "203.0.113.3"}
+	base := map[string]Result{}
+	for _, n := range []string{"n1", "n2", "n3"} {
+		base[n] = Node(inputFor(n, honest(map[string][]string{"a": {"192.0.2.10"}})))
+		if len(withoutPeer(base[n].Spec.Peers, "n0")) != 2 {
+			t.Fatalf("%s before any claim: peers %+v", n, base[n].Spec.Peers)
+		}
+	}
+	many := map[string][]string{}
+	for i := range 100 {
+		many[fmt.Sprintf("p%03d", i)] = victims[i%len(victims) : i%len(victims)+1]
+	}
+	many["a"], many["b"] = victims[:4], victims[4:]
+	claims := map[string]map[string][]string{
+		"on its own paths":    {"a": victims[:3], "b": victims[3:]},
+		"on paths of no node": {"a": {"192.0.2.10"}, "x": victims[:4], "y": victims[4:]},
+		"on a path it lacks":  {"a": {"192.0.2.10"}, "c": victims[:4]},
+		"in 102 path states":  many,
+	}
+	for name, c := range claims {
+		t.Run(name, func(t *testing.T) {
+			for _, n := range []string{"n1", "n2", "n3"} {
+				got := Node(inputFor(n, honest(c)))
+				if !reflect.DeepEqual(addressesOf(got.Spec), addressesOf(base[n].Spec)) {
+					t.Errorf("%s's addresses %v, before the claims %v", n, addressesOf(got.Spec), addressesOf(base[n].Spec))
+				}
+				if g, w := withoutPeer(got.Spec.Peers, "n0"), withoutPeer(base[n].Spec.Peers, "n0"); !reflect.DeepEqual(g, w) {
+					t.Errorf("%s's peers\n got %+v\nwant %+v", n, g, w)
+				}
+			}
+		})
+	}
+}
+
+// The addresses a node's spec gives it are its claims on its paths that no
+// other node has: an address two nodes claim stays where a spec has it (the
+// first node given it, however old the other node state is), and where none
+// has it goes to the older node state. A path new to the spec counts at
+// once.
+func TestAContestedAddressStaysWithItsFirstOwner(t *testing.T) {
+	// n2's state is the older; both claim 192.0.2.1 on a.
+	states := func(n1Given []string) []mptcpv1alpha1.MPTCPNodeState {
+		return []mptcpv1alpha1.MPTCPNodeState{
+			nodeState("n1", 200, map[string][]string{"a": n1Given}, map[string][]string{"a": {"192.0.2.1"}, "c": {"198.51.100.1"}}),
+			nodeState("n2", 100, map[string][]string{"a": nil}, map[string][]string{"a": {"192.0.2.1", "192.0.2.2"}}),
+		}
+	}
+	for name, c := range map[string]struct {
+		n1Given []string
+		n1, n2  map[string][]string
+	}{
+		"given to n1 before":  {n1Given: []string{"192.0.2.1"}, n1: map[string][]string{"a": {"192.0.2.1"}, "c": {"198.51.100.1"}}, n2: map[string][]string{"a": {"192.0.2.2"}}},
+		"given to no one yet": {n1: map[string][]string{"c": {"198.51.100.1"}}, n2: map[string][]string{"a": {"192.0.2.1", "192.0.2.2"}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			for node, want := range map[string]map[string][]string{"n1": c.n1, "n2": c.n2} {
+				got := addressesOf(Node(inputFor(node, states(c.n1Given))).Spec)
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("%s is given %v, want %v", node, got, want)
+				}
+			}
+		})
 	}
 }

@@ -94,20 +94,34 @@ func podChanged() predicate.Predicate {
 }
 
 // peerChanged passes the changes of a node state that its peers' specs
-// list (compile.Peers): whether it has pods, and its paths' addresses.
+// list (compile.Peers): whether it has pods, and its paths' addresses; and
+// a change of the addresses its spec gives it, which decides who has an
+// address two nodes claim, peers or not.
 func peerChanged() predicate.Predicate {
 	return predicate.Funcs{
 		CreateFunc: func(e event.CreateEvent) bool { return isPeer(e.Object.(*mptcpv1alpha1.MPTCPNodeState)) },
-		DeleteFunc: func(e event.DeleteEvent) bool { return isPeer(e.Object.(*mptcpv1alpha1.MPTCPNodeState)) },
+		DeleteFunc: func(e event.DeleteEvent) bool {
+			s := e.Object.(*mptcpv1alpha1.MPTCPNodeState)
+			return isPeer(s) || hasAddresses(s)
+		},
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			o, n := e.ObjectOld.(*mptcpv1alpha1.MPTCPNodeState), e.ObjectNew.(*mptcpv1alpha1.MPTCPNodeState)
-			return isPeer(o) != isPeer(n) || (isPeer(n) && !slices.EqualFunc(o.Status.Paths, n.Status.Paths, samePeerPath))
+			return isPeer(o) != isPeer(n) || (isPeer(n) && !slices.EqualFunc(o.Status.Paths, n.Status.Paths, samePeerPath)) ||
+				!slices.EqualFunc(o.Spec.Paths, n.Spec.Paths, sameGiven)
 		},
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
 }
 
 func isPeer(s *mptcpv1alpha1.MPTCPNodeState) bool { return len(s.Spec.Pods) > 0 }
+
+func hasAddresses(s *mptcpv1alpha1.MPTCPNodeState) bool {
+	return slices.ContainsFunc(s.Spec.Paths, func(p mptcpv1alpha1.NodePath) bool { return len(p.Addresses) > 0 })
+}
+
+func sameGiven(a, b mptcpv1alpha1.NodePath) bool {
+	return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses)
+}
 
 func samePeerPath(a, b mptcpv1alpha1.PathState) bool {
 	return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses)

@@ -1,0 +1,134 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+)
+
+// TestAPodAddedFirstMovesNoOtherPodsShapingClass: a pod's HTB class on a
+// path's NIC, and the datapath's entry that sends the pod's packets to it,
+// are the pod's own. A tenant's new pod whose name sorts first gets a class
+// of its own, and every other pod keeps its class (the same handle: its
+// queue and its rate) and its entry; so it does when that pod goes again.
+// Before, a pod's class was numbered by its position among the node's pods
+// by name, so a pod sorting first moved every later pod's class: their
+// queues dropped and their rates went to their neighbours for a moment.
+func TestAPodAddedFirstMovesNoOtherPodsShapingClass(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 1, PodsPerNode: 3})
+	node := bed.Node(1)
+	perPod := resource.MustParse("10M")
+	rule := mptcpv1alpha1.CompiledRule{Name: "r", Policy: "p", SpreadMode: mptcpv1alpha1.SpreadRoundRobin,
+		SubflowCreation: mptcpv1alpha1.SubflowCreationSignal, MaxSubflows: 2,
+		RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModeShape, PerPod: &perPod}}
+	pod := func(ns, name string, p *testbed.Pod) mptcpv1alpha1.NodePod {
+		return mptcpv1alpha1.NodePod{Namespace: ns, Name: name, UID: "u-" + name, IPs: []string{p.Addr.String()}, Rules: []string{"r"}}
+	}
+	web, db, first := node.Pods[0], node.Pods[1], node.Pods[2]
+	settings, state, links := bedNodeState(t, bed, node, rule)
+	locate := func(ips []netip.Addr) (LocatedPod, error) {
+		for _, p := range node.Pods {
+			if ips[0] == p.Addr {
+				return LocatedPod{HostInterface: p.HostIf, NetNS: "/var/run/netns/" + p.NetNS}, nil
+			}
+		}
+		return LocatedPod{}, fmt.Errorf("no pod at %v", ips)
+	}
+	nic := node.NICs[0].Name
+	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
+		a, err := New(settings, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := a.Uninstall(); err != nil {
+				t.Errorf("uninstall: %v", err)
+			}
+		}()
+		// classes maps each pod to its entry's class, and each class of
+		// the NIC to its rate.
+		classes := func(step string, pods ...mptcpv1alpha1.NodePod) (map[netip.Addr]uint32, map[uint32]uint64) {
+			t.Helper()
+			state.Spec.Pods = pods
+			tr := FromNodeState(settings, state, links, locate, Prior{})
+			if len(tr.Errors) > 0 || len(tr.PodProblems) > 0 || len(tr.Plan.Pods) != len(pods) {
+				t.Fatalf("%s: translation: %v, %+v, %d pods", step, tr.Errors, tr.PodProblems, len(tr.Plan.Pods))
+			}
+			if failed, err := a.Reconcile(context.Background(), tr.Plan); err != nil || len(failed) > 0 {
+				t.Fatalf("%s: reconcile: %v, %+v", step, err, failed)
+			}
+			entries, err := a.dp.ShapeClasses()
+			if err != nil {
+				t.Fatal(err)
+			}
+			byPod := map[netip.Addr]uint32{}
+			for _, e := range entries {
+				if e.Pod.IsValid() {
+					byPod[e.Pod] = e.ClassID
+				}
+			}
+			link, err := netlink.LinkByName(nic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			list, err := netlink.ClassList(link, netlink.MakeHandle(0x6d70, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rates := map[uint32]uint64{}
+			for _, c := range list {
+				if htb, ok := c.(*netlink.HtbClass); ok {
+					rates[c.Attrs().Handle] = htb.Rate
+				}
+			}
+			for addr, class := range byPod {
+				if _, ok := rates[class]; !ok {
+					t.Errorf("%s: pod %v's entry sends to class %s, which %s lacks", step, addr, netlink.HandleStr(class), nic)
+				}
+			}
+			if len(byPod) != len(pods) {
+				t.Errorf("%s: entries for %d pods, want %d: %v", step, len(byPod), len(pods), byPod)
+			}
+			return byPod, rates
+		}
+		keep := func(step string, before map[netip.Addr]uint32, beforeRates map[uint32]uint64, after map[netip.Addr]uint32, afterRates map[uint32]uint64) {
+			t.Helper()
+			for _, p := range []*testbed.Pod{web, db} {
+				if c := before[p.Addr]; after[p.Addr] != c || afterRates[c] != beforeRates[c] {
+					t.Errorf("%s: pod %v's class moved from %s (%d B/s) to %s (%d B/s)", step, p.Addr,
+						netlink.HandleStr(c), beforeRates[c], netlink.HandleStr(after[p.Addr]), afterRates[after[p.Addr]])
+				}
+			}
+		}
+		before, beforeRates := classes("web and db", pod("tenant-b", "web", web), pod("tenant-c", "db", db))
+		if before[web.Addr] == before[db.Addr] {
+			t.Fatalf("web and db share class %s", netlink.HandleStr(before[web.Addr]))
+		}
+		withFirst, withFirstRates := classes("a pod that sorts first", pod("tenant-a", "first", first), pod("tenant-b", "web", web), pod("tenant-c", "db", db))
+		keep("a pod that sorts first", before, beforeRates, withFirst, withFirstRates)
+		for _, p := range []*testbed.Pod{web, db} {
+			if withFirst[first.Addr] == withFirst[p.Addr] {
+				t.Errorf("the new pod shares %v's class %s", p.Addr, netlink.HandleStr(withFirst[p.Addr]))
+			}
+		}
+		after, afterRates := classes("that pod gone", pod("tenant-b", "web", web), pod("tenant-c", "db", db))
+		keep("that pod gone", before, beforeRates, after, afterRates)
+		if !maps.Equal(afterRates, beforeRates) {
+			t.Errorf("classes after the new pod went %v, want those before it came %v", afterRates, beforeRates)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,95 @@
+package mptcpnl
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+)
+
+// A pod's processes decide what a listing of its namespace meets, so a
+// listing (ListSubflows, ListOpenTCPSockets) runs on a socket connected to
+// the kernel, and is bounded: a process of the namespace that sends to the
+// listing's socket (with CAP_NET_ADMIN, which unicast to another netlink
+// socket needs) is refused, and more sockets than the bound are an error,
+// not a longer listing.
+func TestSocketListingsAreConnectedAndBounded(t *testing.T) {
+	ns, _ := pair(t)
+	path := "/var/run/netns/" + ns
+	fd, err := netnsutil.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var listening []string
+	for range 3 {
+		var ln net.Listener
+		if err := netnsutil.Do(path, func() error {
+			var err error
+			ln, err = (&net.ListenConfig{}).Listen(context.Background(), "tcp", "192.0.2.1:0")
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		listening = append(listening, ln.Addr().String())
+	}
+
+	socks, err := ListOpenTCPSockets(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range listening {
+		found := false
+		for _, s := range socks {
+			found = found || s.Local.String() == want
+		}
+		if !found {
+			t.Errorf("listener %s not listed in %+v", want, socks)
+		}
+	}
+	err = listTCP(fd, openStates, 0, 2, func([]byte) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "more than 2 TCP sockets") {
+		t.Errorf("a listing bounded at 2 of 3 sockets: %v, want an error", err)
+	}
+
+	c, err := dialSockDiag(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var port uint32
+	if err := raw.Control(func(s uintptr) {
+		sa, serr := unix.Getsockname(int(s))
+		if nl, ok := sa.(*unix.SockaddrNetlink); serr == nil && ok {
+			port = nl.Pid
+		}
+	}); err != nil || port == 0 {
+		t.Fatalf("the listing socket's port id: %d, %v", port, err)
+	}
+	// An NLMSG_DONE, as a forger would end a dump early.
+	msg := make([]byte, unix.NLMSG_HDRLEN+4)
+	binary.NativeEndian.PutUint32(msg[0:4], uint32(len(msg)))
+	binary.NativeEndian.PutUint16(msg[4:6], unix.NLMSG_DONE)
+	err = netnsutil.Do(path, func() error {
+		s, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(s)
+		return unix.Sendto(s, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Pid: port})
+	})
+	if !errors.Is(err, unix.ECONNREFUSED) {
+		t.Errorf("a process of the namespace sent to the listing's socket: %v, want ECONNREFUSED", err)
+	}
+}
