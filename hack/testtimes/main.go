@@ -80,7 +80,9 @@ func copyStream(in io.Reader, out io.Writer, jsonPath string) error {
 			continue
 		}
 		if e.Action == "output" {
-			io.WriteString(out, e.Output)
+			if _, err := io.WriteString(out, e.Output); err != nil {
+				return err
+			}
 		}
 	}
 	return sc.Err()

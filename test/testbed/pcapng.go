@@ -115,9 +115,8 @@ func cut(path string, c *Control, keepSegment func(segment) bool) error {
 
 	var order binary.ByteOrder = binary.LittleEndian
 	type iface struct {
-		link     uint16
-		perSec   float64
-		resolved bool
+		link   uint16
+		perSec float64
 	}
 	var ifaces []iface
 	head := make([]byte, 8)
