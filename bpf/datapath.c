@@ -1415,6 +1415,8 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 		count_subtype(MPTCP_SUB_DSS); /* most packets of a connection: no call */
 	else if (pkt->mptcp.seen | pkt->mptcp.invalid)
 		record_mptcp_options(pkt->mptcp.seen, pkt->mptcp.invalid);
+	if (ret == PARSE_OK && (pkt->mptcp.flags & OPTS_END_BROKEN))
+		count(STAT_TCP_OPTS_CUT);
 	return ret;
 }
 

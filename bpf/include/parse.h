@@ -5,7 +5,9 @@
  * packet access, no helper call), and copied out with bpf_skb_load_bytes
  * otherwise, so non-linear skbs and short packets are handled the same way:
  * a header that cannot be read means "malformed", and the caller passes the
- * packet on untouched. */
+ * packet on untouched (the kernel drops it: it cannot read it either). A
+ * broken TCP option list is not malformed: it is read as the kernel reads it
+ * (see OPTS_END_EOL). */
 #pragma once
 
 #include "common.h"
@@ -98,20 +100,35 @@ enum parse_result {
 	PARSE_SLOW = 3,
 };
 
-/* The MPTCP options of a segment, located by subtype: a packet may carry
- * several (e.g. DSS with ADD_ADDR, or MP_PRIO on a DSS ACK), and every option
- * of the TCP header is considered. Only the first valid occurrence of each
- * subtype is located (but the last MP_PRIO, which Linux obeys); actors
- * read its fields at l4_off + off[subtype]. Its length is not kept: it was
- * checked against the subtype and the segment (mptcp_option_valid), and is
- * one load away. */
+/* The MPTCP options of a segment as the receiving kernel reads them, located
+ * by subtype: a packet may carry several (e.g. DSS with ADD_ADDR, or MP_PRIO
+ * on a DSS ACK), and every option the kernel reads is considered. Only the
+ * first valid occurrence of each subtype is located (but the last MP_PRIO,
+ * which Linux obeys); actors read its fields at l4_off + off[subtype]. Its
+ * length is not kept: it was checked against the subtype and the segment
+ * (mptcp_option_valid), and is one load away. */
 struct mptcp_found {
 	__u16 seen;    /* bit s: a valid option of subtype s is present */
 	__u16 invalid; /* bit s: an option of subtype s had a length RFC 8684 does not define */
 	/* Per subtype: offset of the option from the start of the TCP header
 	 * (0: absent, options start at 20). */
 	__u8 off[MPTCP_SUBTYPES];
+	__u8 flags; /* OPTS_* */
 };
+
+/* How Linux reads a TCP option list (tcp_parse_options; for MPTCP,
+ * mptcp_get_options, which hands each MPTCP option to mptcp_parse_option):
+ * in order, up to an EOL, or up to an option whose length is below 2, runs
+ * past the header or is missing; it acts on the options before that point
+ * and ignores the rest, and so does the parser. An MPTCP option of length 2
+ * has no subtype byte: every subtype refuses that length, and the kernel
+ * reads on after it.
+ *
+ * struct mptcp_found's flags. OPTS_END_EOL and OPTS_END_BROKEN: the kernel
+ * stops reading before the end of the header (an EOL; a broken option), so
+ * an option added at the tail would go unread. */
+#define OPTS_END_EOL	0x01
+#define OPTS_END_BROKEN 0x02
 
 /* What the parser found. Addresses come first and the struct is 8-byte
  * aligned, so that they are compared and copied a word at a time. */
@@ -331,7 +348,6 @@ struct option_scan {
 	__u8 optlen;
 	__u8 pos;
 	__u8 tcp_flags;
-	__u8 malformed;
 };
 
 /* dss_len is the length a DSS option with these flags has, without the
@@ -447,8 +463,9 @@ static __always_inline void note_mptcp_option(struct mptcp_found *f, __u8 tcp_fl
 
 /* scan_option is one step of the option walk, run under bpf_loop so the
  * verifier checks the step once instead of every path through 40 unrolled
- * iterations. Every option is visited, so every MPTCP option is found, not
- * only the first. Returns 1 to stop. */
+ * iterations. Every option the kernel reads is visited, so every MPTCP
+ * option is found, not only the first; the walk stops where the kernel's
+ * does (see OPTS_END_EOL). Returns 1 to stop. */
 static long scan_option(__u32 index, void *ctx)
 {
 	struct option_scan *s = ctx;
@@ -458,19 +475,23 @@ static long scan_option(__u32 index, void *ctx)
 	if (pos >= s->optlen || pos >= TCP_MAX_OPTIONS_LEN)
 		return 1;
 	kind = opt_byte(s, pos);
-	if (kind == TCPOPT_EOL)
+	if (kind == TCPOPT_EOL) {
+		s->found.flags |= OPTS_END_EOL;
 		return 1;
+	}
 	if (kind == TCPOPT_NOP) {
 		s->pos = pos + 1;
 		return 0;
 	}
+	/* A kind without its length, a length below 2 or past the header:
+	 * the kernel keeps what it read before and stops. */
 	if (pos + 1 >= s->optlen) {
-		s->malformed = 1;
+		s->found.flags |= OPTS_END_BROKEN;
 		return 1;
 	}
 	len = opt_byte(s, pos + 1);
 	if (len < 2 || pos + len > s->optlen) {
-		s->malformed = 1;
+		s->found.flags |= OPTS_END_BROKEN;
 		return 1;
 	}
 	s->pos = pos + len;
@@ -483,19 +504,19 @@ static long scan_option(__u32 index, void *ctx)
 	if (kind != TCPOPT_MPTCP)
 		return 0;
 
-	if (len < MPTCP_LEN_MIN) {
-		/* No subtype byte at all: not attributable to a subtype. */
-		s->malformed = 1;
-		return 1;
-	}
+	if (len < MPTCP_LEN_MIN)
+		return 0; /* no subtype byte: the kernel reads on */
 	note_mptcp_option(&s->found, s->tcp_flags, TCP_HDR_LEN + pos, len, opt_byte(s, pos + 2),
 			  len > 3 ? opt_byte(s, pos + 3) : 0);
 	return 0;
 }
 
 /* walk_tcp_options copies the options of the TCP header pkt describes and
- * walks them, for any layout read_common_options declines. A global
- * function: verified once, and the 40-byte copy lives in its own frame. */
+ * walks them, for any layout read_common_options declines. Malformed only
+ * when the header is not all in the packet (the kernel drops such a
+ * segment); a broken option list is read up to the break, as the kernel
+ * reads it. A global function: verified once, and the 40-byte copy lives in
+ * its own frame. */
 __noinline int walk_tcp_options(struct __sk_buff *skb, struct packet *pkt)
 {
 	struct option_scan scan = {};
@@ -514,8 +535,6 @@ __noinline int walk_tcp_options(struct __sk_buff *skb, struct packet *pkt)
 	/* Each step consumes at least one byte, so 40 steps cover the whole
 	 * option space. */
 	bpf_loop(TCP_MAX_OPTIONS_LEN, scan_option, &scan, 0);
-	if (scan.malformed)
-		return PARSE_MALFORMED;
 	pkt->mptcp = scan.found;
 	pkt->wscale = scan.wscale;
 	return PARSE_OK;
@@ -529,11 +548,11 @@ __noinline int walk_tcp_options(struct __sk_buff *skb, struct packet *pkt)
 /* read_common_options reads in place, without copying the options or
  * walking them, the two layouts of nearly every established segment: NOP
  * NOP timestamps alone, or followed by one MPTCP option that ends the
- * options, maybe padded to the 4-byte boundary with NOPs or EOLs (a DSS on
- * data and DATA_ACKs: Linux follows a mapping without checksum with two
- * NOPs). It fills pkt->mptcp as walk_tcp_options would and returns true, or
- * returns false and leaves the packet to the walk (any other layout,
- * options beyond the linear data). */
+ * options, maybe padded to the 4-byte boundary with NOPs (a DSS on data and
+ * DATA_ACKs: Linux follows a mapping without checksum with two NOPs). It
+ * fills pkt->mptcp as walk_tcp_options would and returns true, or returns
+ * false and leaves the packet to the walk (any other layout, EOL padding,
+ * which ends the kernel's reading early, options beyond the linear data). */
 static __always_inline bool read_common_options(struct __sk_buff *skb, struct packet *pkt)
 {
 	void *data = (void *)(long)skb->data;
@@ -569,8 +588,8 @@ static __always_inline bool read_common_options(struct __sk_buff *skb, struct pa
 	last = p + ((optlen - 4) & 0x3f);
 	if ((void *)(last + 4) > data_end)
 		return false;
-	if ((pad >= 1 && last[3] > TCPOPT_NOP) || (pad >= 2 && last[2] > TCPOPT_NOP) ||
-	    (pad >= 3 && last[1] > TCPOPT_NOP))
+	if ((pad >= 1 && last[3] != TCPOPT_NOP) || (pad >= 2 && last[2] != TCPOPT_NOP) ||
+	    (pad >= 3 && last[1] != TCPOPT_NOP))
 		return false;
 	note_mptcp_option(&pkt->mptcp, pkt->tcp_flags, TCP_HDR_LEN + TCPOLEN_TS_ALIGNED, len,
 			  p[TCPOLEN_TS_ALIGNED + 2], p[TCPOLEN_TS_ALIGNED + 3]);

@@ -328,7 +328,8 @@ const (
 	datapathStatIdSTAT_ANSWER_DROPPED      datapathStatId = 42
 	datapathStatIdSTAT_JOIN_ACK_DROPPED    datapathStatId = 43
 	datapathStatIdSTAT_POD_SUBFLOWS_FULL   datapathStatId = 44
-	datapathStatIdSTAT_MAX                 datapathStatId = 45
+	datapathStatIdSTAT_TCP_OPTS_CUT        datapathStatId = 45
+	datapathStatIdSTAT_MAX                 datapathStatId = 46
 )
 
 type datapathSubflow struct {

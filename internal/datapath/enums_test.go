@@ -115,6 +115,7 @@ var pinnedEnums = map[string]map[string]uint64{
 		"STAT_ANSWER_DROPPED":      42,
 		"STAT_JOIN_ACK_DROPPED":    43,
 		"STAT_POD_SUBFLOWS_FULL":   44,
+		"STAT_TCP_OPTS_CUT":        45,
 	},
 	"subflow_role": {
 		"ROLE_INITIATOR": 1,

@@ -26,6 +26,11 @@ func seedFrames() [][]byte {
 	for _, name := range sortedKeys(malformed) {
 		out = append(out, malformed[name].frame)
 	}
+	broken := brokenOptionLists()
+	for _, name := range sortedKeys(broken) {
+		out = append(out, broken[name].frame)
+	}
+	out = append(out, optionListSeeds()...)
 	return append(out, syn(clientPod, 1, serverPod, 2, testpkt.MPJoinSYN(1, 2, 3, false)))
 }
 

@@ -105,6 +105,7 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatAnswerDropped:    "answer_dropped",
 	datapath.StatJoinACKDropped:   "join_ack_dropped",
 	datapath.StatPodSubflowsFull:  "pod_subflows_full",
+	datapath.StatTCPOptsCut:       "tcp_options_cut",
 }
 
 // EventName is the label value of a datapath counter in
