@@ -132,6 +132,8 @@ enum stat_id {
 					unplaced, or refused if a join */
 	STAT_TCP_OPTS_CUT = 45,	     /* a broken option ends the option list: read up to it, as
 					the kernel reads it */
+	STAT_MPTCP_OPTS_AMBIGUOUS = 46, /* MPTCP options the kernel could read otherwise: dropped,
+					   to or from a selected pod */
 	/* Not an identity: one past the highest, however many there are. */
 	STAT_MAX,
 };

@@ -106,7 +106,8 @@ enum parse_result {
  * first valid occurrence of each subtype is located (but the last MP_PRIO,
  * which Linux obeys); actors read its fields at l4_off + off[subtype]. Its
  * length is not kept: it was checked against the subtype and the segment
- * (mptcp_option_valid), and is one load away. */
+ * (mptcp_option_valid), and is one load away. A segment on which the first
+ * occurrence may not be the one the kernel obeys is OPTS_AMBIGUOUS. */
 struct mptcp_found {
 	__u16 seen;    /* bit s: a valid option of subtype s is present */
 	__u16 invalid; /* bit s: an option of subtype s had a length RFC 8684 does not define */
@@ -121,14 +122,37 @@ struct mptcp_found {
  * in order, up to an EOL, or up to an option whose length is below 2, runs
  * past the header or is missing; it acts on the options before that point
  * and ignores the rest, and so does the parser. An MPTCP option of length 2
- * has no subtype byte: every subtype refuses that length, and the kernel
- * reads on after it.
+ * has no subtype byte: the kernel takes the byte after it for one (every
+ * subtype refuses that length, though DSS and ADD_ADDR write some of their
+ * fields before they look at it) and reads on. mptcp_parse_option writes
+ * what it reads into one struct per segment, so a later MPTCP option of a
+ * subtype overwrites what an earlier one wrote: the kernel obeys the last
+ * MP_CAPABLE, MP_JOIN, DSS or ADD_ADDR of a segment, and MP_JOIN (of SYN or
+ * SYN-ACK length) and MP_PRIO write the same one B.
+ * TestTheKernelReadsJoinOptionsAsTheParserDoes (internal/datapath) shows
+ * this on the running kernel for join SYNs: the MP_JOIN before a break is
+ * read, none after it; the walk goes on after an MPTCP option of length 2;
+ * B comes from the last MP_JOIN or MP_PRIO, the token from the last MP_JOIN.
  *
  * struct mptcp_found's flags. OPTS_END_EOL and OPTS_END_BROKEN: the kernel
  * stops reading before the end of the header (an EOL; a broken option), so
- * an option added at the tail would go unread. */
+ * an option added at the tail would go unread. OPTS_AMBIGUOUS: the kernel
+ * could read the segment's MPTCP options otherwise than the datapath (an
+ * MPTCP option of length 2; MP_CAPABLE, MP_JOIN, DSS or ADD_ADDR more than
+ * once, whatever the lengths; MP_JOIN with MP_PRIO). No MPTCP stack sends
+ * such a segment; the programs drop it to and from selected pods rather than
+ * guess which option the kernel obeys (docs/datapath.md, "Parsing"). A
+ * repeated MP_PRIO is not ambiguous: the kernel obeys the last of length 3,
+ * which is the one located. */
 #define OPTS_END_EOL	0x01
 #define OPTS_END_BROKEN 0x02
+#define OPTS_AMBIGUOUS	0x04
+
+/* The subtypes whose first occurrence an actor reads or rewrites, and which
+ * a segment therefore must not repeat (MP_PRIO is located at its last). */
+#define MPTCP_SUBTYPES_READ                                                                                  \
+	((1U << MPTCP_SUB_CAPABLE) | (1U << MPTCP_SUB_JOIN) | (1U << MPTCP_SUB_DSS) |                        \
+	 (1U << MPTCP_SUB_ADD_ADDR))
 
 /* What the parser found. Addresses come first and the struct is 8-byte
  * aligned, so that they are compared and copied a word at a time. */
@@ -344,7 +368,9 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 struct option_scan {
 	__u8 opts[TCP_MAX_OPTIONS_LEN];
 	struct mptcp_found found;
-	__u8 wscale; /* as struct packet's */
+	__u16 occurred; /* bit s: an MPTCP option of subtype s was read, whatever its length */
+	__u16 repeated; /* bit s: more than one was */
+	__u8 wscale;	/* as struct packet's */
 	__u8 optlen;
 	__u8 pos;
 	__u8 tcp_flags;
@@ -469,8 +495,8 @@ static __always_inline void note_mptcp_option(struct mptcp_found *f, __u8 tcp_fl
 static long scan_option(__u32 index, void *ctx)
 {
 	struct option_scan *s = ctx;
-	__u32 pos = s->pos, len;
-	__u8 kind;
+	__u32 pos = s->pos, len, bit;
+	__u8 kind, sub_byte;
 
 	if (pos >= s->optlen || pos >= TCP_MAX_OPTIONS_LEN)
 		return 1;
@@ -504,9 +530,17 @@ static long scan_option(__u32 index, void *ctx)
 	if (kind != TCPOPT_MPTCP)
 		return 0;
 
-	if (len < MPTCP_LEN_MIN)
-		return 0; /* no subtype byte: the kernel reads on */
-	note_mptcp_option(&s->found, s->tcp_flags, TCP_HDR_LEN + pos, len, opt_byte(s, pos + 2),
+	if (len < MPTCP_LEN_MIN) {
+		/* No subtype byte: the kernel reads the next byte as one. */
+		s->found.flags |= OPTS_AMBIGUOUS;
+		return 0;
+	}
+	sub_byte = opt_byte(s, pos + 2);
+	bit = 1U << (sub_byte >> 4);
+	if (s->occurred & bit)
+		s->repeated |= bit;
+	s->occurred |= bit;
+	note_mptcp_option(&s->found, s->tcp_flags, TCP_HDR_LEN + pos, len, sub_byte,
 			  len > 3 ? opt_byte(s, pos + 3) : 0);
 	return 0;
 }
@@ -535,6 +569,9 @@ __noinline int walk_tcp_options(struct __sk_buff *skb, struct packet *pkt)
 	/* Each step consumes at least one byte, so 40 steps cover the whole
 	 * option space. */
 	bpf_loop(TCP_MAX_OPTIONS_LEN, scan_option, &scan, 0);
+	if ((scan.repeated & MPTCP_SUBTYPES_READ) ||
+	    ((scan.occurred >> MPTCP_SUB_JOIN) & (scan.occurred >> MPTCP_SUB_PRIO) & 1))
+		scan.found.flags |= OPTS_AMBIGUOUS;
 	pkt->mptcp = scan.found;
 	pkt->wscale = scan.wscale;
 	return PARSE_OK;
@@ -552,7 +589,8 @@ __noinline int walk_tcp_options(struct __sk_buff *skb, struct packet *pkt)
  * DATA_ACKs: Linux follows a mapping without checksum with two NOPs). It
  * fills pkt->mptcp as walk_tcp_options would and returns true, or returns
  * false and leaves the packet to the walk (any other layout, EOL padding,
- * which ends the kernel's reading early, options beyond the linear data). */
+ * which ends the kernel's reading early, options beyond the linear data).
+ * One MPTCP option of 4 bytes or more is never OPTS_AMBIGUOUS. */
 static __always_inline bool read_common_options(struct __sk_buff *skb, struct packet *pkt)
 {
 	void *data = (void *)(long)skb->data;

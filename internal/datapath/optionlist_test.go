@@ -15,8 +15,11 @@ import (
 // at one running past the header, or at a kind byte without its length,
 // keeping what it read before; an MPTCP option of length 2 has no subtype
 // byte, and every subtype refuses that length, so the walk goes on after it.
-// The tests below hold the datapath to that reading (bpf/include/parse.h,
-// OPTS_END_EOL).
+// Each later MPTCP option of a subtype overwrites what an earlier one wrote:
+// the last MP_JOIN's token and B, and one B for MP_JOIN (of SYN or SYN-ACK
+// length) and MP_PRIO together. TestTheKernelReadsJoinOptionsAsTheParserDoes
+// shows this on the running kernel. The tests below hold the datapath to
+// that reading (bpf/include/parse.h, OPTS_END_EOL).
 
 // optionBreaks end the kernel's reading of an option list right after the
 // options before them.
@@ -311,6 +314,152 @@ func TestAJoinIntoThePodFollowedByABrokenOptionIsFlaggedBackup(t *testing.T) {
 			ret, out := runVerdict(t, dp.objs.PodIngress, join, skbContext{})
 			requireKernelReadsBackup(t, ret, out, testpkt.SubJoin)
 		})
+	}
+}
+
+// A segment whose MPTCP options the pod's kernel could read otherwise than
+// the datapath (one that repeats MP_CAPABLE, MP_JOIN, DSS or ADD_ADDR, that
+// carries both MP_JOIN and MP_PRIO, or an MPTCP option of length 2) is
+// dropped, to or from a selected pod, and counted: no MPTCP stack sends one,
+// and judging it by any one of its options could let a join past its rule
+// or a backup path turn active. Each case below, judged by its first option,
+// did.
+func TestSegmentsWhoseMPTCPOptionsTheKernelCouldReadOtherwiseAreDropped(t *testing.T) {
+	const unknownToken = 0x01020304
+	fromPeer := func(sport uint16, flags uint8, opts []byte) []byte {
+		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 5201, Seq: 1001, Ack: 8, Flags: flags, Options: opts}}.Bytes()
+	}
+	toPod := func(dport uint16, flags uint8, opts []byte) []byte {
+		return testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: dport, Seq: 8, Ack: 2, Flags: flags, Options: opts}}.Bytes()
+	}
+	maxTwo := Rule{Paths: []uint32{1, 2}, MaxSubflows: 2}
+	for _, c := range []struct {
+		name string
+		// bed returns the datapath, the program and the frame to run, and
+		// the context to run it in.
+		bed func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext)
+	}{
+		{"a peer's join SYN beyond the maximum with two MP_JOINs, the last (the kernel's) with the connection's token", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
+			dp := peerJoinBed(t, maxTwo, 1)
+			return dp, dp.objs.NicIngress, peerJoinSYN(40010, testpkt.Join(testpkt.MPJoinSYN(unknownToken, 7, 2, false), testpkt.MPJoinSYN(tokenOf(serverKey), 7, 3, false))),
+				skbContext{IngressIfindex: nicPath2}
+		}},
+		{"a peer's join SYN beyond the maximum after an MPTCP option of length 2", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
+			dp := peerJoinBed(t, maxTwo, 1)
+			return dp, dp.objs.NicIngress, peerJoinSYN(40010, testpkt.Join([]byte{testpkt.KindMPTCP, 2, 1, 1}, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 2, false))),
+				skbContext{IngressIfindex: nicPath2}
+		}},
+		{"the pod's join SYN beyond the maximum with two MP_JOINs, the last with the connection's token", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
+			dp := loadForTest(t)
+			if err := dp.SetRule(0, maxTwo); err != nil {
+				t.Fatal(err)
+			}
+			if err := dp.SetEndpoint(clientPod, 0); err != nil {
+				t.Fatal(err)
+			}
+			openConnection(t, dp, clientPod, serverPod)
+			run(t, dp.objs.PodEgress, syn(clientPod, 40001, serverPod, 5201, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false)), skbContext{})
+			return dp, dp.objs.PodEgress, syn(clientPod, 40002, serverPod, 5201, testpkt.Join(testpkt.MPJoinSYN(unknownToken, 7, 2, false), testpkt.MPJoinSYN(tokenOf(serverKey), 7, 3, false))), skbContext{}
+		}},
+		{"a join's third ACK with two MP_JOINs", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
+			dp := peerJoinBed(t, maxTwo, 0)
+			// The join is answered; its third ACK carries an MP_JOIN of
+			// SYN length before its HMAC (two HMACs do not fit).
+			run(t, dp.objs.NicIngress, peerJoinSYN(40010, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 2, false)), skbContext{IngressIfindex: nicPath2})
+			answer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: 40010, Seq: 7, Ack: 1001,
+				Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
+			run(t, dp.objs.PodEgress, answer, skbContext{})
+			return dp, dp.objs.NicIngress, fromPeer(40010, testpkt.ACK, testpkt.Join(testpkt.MPJoinSYN(tokenOf(serverKey), 7, 2, false), testpkt.MPJoinACK([20]byte{1}))), skbContext{IngressIfindex: nicPath2}
+		}},
+		{"an MP_CAPABLE third ACK with two pairs of keys, the last (the kernel's) the connection's", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
+			dp := peerJoinBed(t, maxTwo, 0)
+			run(t, dp.objs.NicIngress, peerJoinSYN(40010, testpkt.MPCapableSYN()), skbContext{IngressIfindex: nicPath1})
+			answer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: 40010, Seq: 7, Ack: 1001,
+				Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPCapableSYNACK(0x77)}}.Bytes()
+			run(t, dp.objs.PodEgress, answer, skbContext{})
+			return dp, dp.objs.NicIngress, fromPeer(40010, testpkt.ACK, testpkt.Join(testpkt.MPCapableACK(1, 2), testpkt.MPCapableACK(0x66, 0x77))), skbContext{IngressIfindex: nicPath1}
+		}},
+		{"a peer's join SYN into the pod on a backup path with MP_JOIN B=0 then MP_PRIO B=0", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
+			dp := backupBed(t, serverPod)
+			if err := dp.SetNIC(nicPath3, 3); err != nil {
+				t.Fatal(err)
+			}
+			// Staged at the backup path's NIC as a plain join, with the
+			// same sequence number.
+			run(t, dp.objs.NicIngress, peerJoinSYN(45001, testpkt.MPJoinSYN(unknownToken, 5, 2, false)), skbContext{IngressIfindex: nicPath3})
+			return dp, dp.objs.PodIngress, peerJoinSYN(45001, testpkt.Join(testpkt.MPJoinSYN(unknownToken, 5, 2, false), testpkt.MPPrio(false))), skbContext{}
+		}},
+		{"the SYN-ACK of the pod's join on a backup path with two MP_JOINs, the last of SYN length", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
+			dp := backupJoins(t)
+			return dp, dp.objs.PodIngress, synAck(serverPod, 5201, clientPod, 40002,
+				testpkt.Join(testpkt.MPJoinSYNACK(0x1122334455667788, 9, 0, false), testpkt.MPJoinSYN(1, 2, 0, false))), skbContext{}
+		}},
+		{"an MP_PRIO B=0 into the pod on a backup path followed by an MP_JOIN B=0", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
+			dp := backupJoins(t)
+			runOut(t, dp.objs.PodIngress, synAck(serverPod, 5201, clientPod, 40002, testpkt.MPJoinSYNACK(0x1122334455667788, 9, 0, false)))
+			return dp, dp.objs.PodIngress, toPod(40002, testpkt.ACK, testpkt.Join(testpkt.DSS{DataACK: u64(1)}.Bytes(), testpkt.MPPrio(false),
+				testpkt.MPJoinSYNACK(1, 2, 0, false))), skbContext{}
+		}},
+		{"two ADD_ADDRs into a pod whose rule allows no join", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
+			dp := loadForTest(t)
+			if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 1, RewriteHeaders: true}); err != nil {
+				t.Fatal(err)
+			}
+			if err := dp.SetEndpoint(clientPod, 0); err != nil {
+				t.Fatal(err)
+			}
+			run(t, dp.objs.PodEgress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+			return dp, dp.objs.PodIngress, toPod(40000, testpkt.ACK, testpkt.Join(testpkt.AddAddr(3, netip.MustParseAddr("10.244.2.12"), 0, true, 0),
+				testpkt.AddAddr(4, netip.MustParseAddr("10.244.2.13"), 0, true, 0))), skbContext{}
+		}},
+		{"a pod's segment with two DSS", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
+			dp := loadForTest(t)
+			if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := dp.SetEndpoint(clientPod, 0); err != nil {
+				t.Fatal(err)
+			}
+			run(t, dp.objs.PodEgress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+			return dp, dp.objs.PodEgress, testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8, Flags: testpkt.ACK,
+				Options: testpkt.Join(testpkt.DSS{DataACK: u64(1)}.Bytes(), testpkt.DSS{DataACK: u64(9)}.Bytes())}}.Bytes(), skbContext{}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dp, prog, frame, ctx := c.bed(t)
+			conns, err := dp.Connections()
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := stat(t, dp, StatMPTCPOptsAmbiguous)
+			if ret, _ := runVerdict(t, prog, frame, ctx); ret != tcActShot {
+				t.Fatalf("verdict %d, want TC_ACT_SHOT", int32(ret))
+			}
+			if n := stat(t, dp, StatMPTCPOptsAmbiguous); n != before+1 {
+				t.Errorf("StatMPTCPOptsAmbiguous = %d, want %d", n, before+1)
+			}
+			if after, err := dp.Connections(); err != nil || len(after) != len(conns) {
+				t.Errorf("connections %+v -> %+v (%v): the dropped segment taught one", conns, after, err)
+			}
+		})
+	}
+}
+
+// In observe-only mode such a segment passes, counted as observed, and the
+// datapath reads it as it reads any: here a peer's join SYN beyond the
+// maximum, with two MP_JOINs, is staged and not refused.
+func TestObserveOnlyPassesSegmentsWhoseMPTCPOptionsTheKernelCouldReadOtherwise(t *testing.T) {
+	dp := peerJoinBed(t, Rule{Paths: []uint32{1, 2}, MaxSubflows: 2}, 1)
+	if err := dp.SetObserveOnly(true); err != nil {
+		t.Fatal(err)
+	}
+	observed := stat(t, dp, StatObserved)
+	frame := peerJoinSYN(40010, testpkt.Join(testpkt.MPJoinSYN(0x01020304, 7, 2, false), testpkt.MPJoinSYN(tokenOf(serverKey), 7, 3, false)))
+	if ret, out := runVerdict(t, dp.objs.NicIngress, frame, skbContext{IngressIfindex: nicPath2}); ret != tcxNext || string(out) != string(frame) {
+		t.Fatalf("verdict %d, changed %v; want it passed unchanged", int32(ret), string(out) != string(frame))
+	}
+	if stat(t, dp, StatObserved) <= observed || stat(t, dp, StatMPTCPOptsAmbiguous) != 1 {
+		t.Errorf("observed %d -> %d, ambiguous %d; want the drop observed and counted", observed, stat(t, dp, StatObserved), stat(t, dp, StatMPTCPOptsAmbiguous))
 	}
 }
 

@@ -113,7 +113,13 @@ const (
 	// (length 0 or 1, past the header, or a kind without its length) ends
 	// before the header does: read up to it, as the kernel reads it.
 	StatTCPOptsCut = datapathStatIdSTAT_TCP_OPTS_CUT
-	numStats       = int(datapathStatIdSTAT_MAX)
+	// StatMPTCPOptsAmbiguous: a segment to or from a selected pod whose
+	// MPTCP options the pod's kernel could read otherwise than the
+	// datapath (an MPTCP option of length 2; MP_CAPABLE, MP_JOIN, DSS or
+	// ADD_ADDR more than once; MP_JOIN with MP_PRIO), dropped (in
+	// observe-only mode: passed).
+	StatMPTCPOptsAmbiguous = datapathStatIdSTAT_MPTCP_OPTS_AMBIGUOUS
+	numStats               = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.
