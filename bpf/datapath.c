@@ -1415,7 +1415,23 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 		count_subtype(MPTCP_SUB_DSS); /* most packets of a connection: no call */
 	else if (pkt->mptcp.seen | pkt->mptcp.invalid)
 		record_mptcp_options(pkt->mptcp.seen, pkt->mptcp.invalid);
+	if (ret == PARSE_OK && (pkt->mptcp.flags & OPTS_END_BROKEN))
+		count(STAT_TCP_OPTS_CUT);
 	return ret;
+}
+
+/* drop_ambiguous says whether pkt, to or from a selected pod, is dropped
+ * because the pod's kernel could read its MPTCP options otherwise than the
+ * datapath (OPTS_AMBIGUOUS, parse.h): a join judged by its first MP_JOIN
+ * while the kernel obeys its last, or a B the backup actor sets on one option
+ * while the kernel reads another's. Counted; in observe-only mode passed,
+ * and read as any other packet. */
+static __always_inline bool drop_ambiguous(const struct packet *pkt)
+{
+	if (!(pkt->mptcp.flags & OPTS_AMBIGUOUS))
+		return false;
+	count(STAT_MPTCP_OPTS_AMBIGUOUS);
+	return !observed_instead();
 }
 
 #include "rate_actor.h"
@@ -1739,6 +1755,8 @@ int pod_egress(struct __sk_buff *skb)
 
 	if (parse_counted(skb, &pkt) != PARSE_OK)
 		return TCX_NEXT;
+	if (drop_ambiguous(&pkt))
+		return TC_ACT_SHOT;
 
 	flow_key_from(&fk, &pkt, false);
 	/* A reset ends a handshake answered on its 4-tuple (a rare
@@ -1822,6 +1840,8 @@ int pod_ingress(struct __sk_buff *skb)
 			return TCX_NEXT; /* not IP */
 		return pod_ingress_unknown(skb, &pkt, true);
 	}
+	if (drop_ambiguous(&pkt))
+		return TC_ACT_SHOT;
 	flow_key_from(&fk, &pkt, true);
 	sf = subflow_lookup(&fk);
 	/* A peer's join SYN waits in arrivals (nic_ingress): the backup
@@ -1963,6 +1983,8 @@ int nic_ingress(struct __sk_buff *skb)
 		mark_released_subflow(skb, &pkt, n);
 		return TCX_NEXT;
 	}
+	if (drop_ambiguous(&pkt))
+		return TC_ACT_SHOT;
 
 	set_path_mark(skb, n->path);
 	count_path(n->path, pkt.len, false);

@@ -186,8 +186,9 @@ static __always_inline __u32 backup_want(const struct rule *r, const struct subf
  * added at the tail of the TCP header, which is the tail of the packet: the
  * packet grows by 4 bytes (the option and a NOP), and the data offset, the
  * IP length and both checksums follow, each through the kernel's helpers. An
- * ACK whose options leave no room passes as it is and is counted; the next
- * one tries again. A global function: verified once, its own stack frame. */
+ * ACK whose options leave no room the pod reads (full, or ended early by an
+ * EOL or a broken option) passes as it is and is counted; the next one tries
+ * again. A global function: verified once, its own stack frame. */
 __noinline int backup_prio_act(struct __sk_buff *skb, const struct packet *pkt, struct subflow *sf)
 {
 	__u32 rule_id, l4, l3, hdr_len, tcp_len, want;
@@ -218,7 +219,10 @@ __noinline int backup_prio_act(struct __sk_buff *skb, const struct packet *pkt, 
 	hdr_len = (__u32)doff * 4;
 	if (pkt->len != l4 + hdr_len || skb->gso_segs > 1 || !ip_len_matches(skb, pkt))
 		return 0; /* carries data (or trailing bytes): not a pure ACK */
-	if (hdr_len + sizeof(opt) > TCP_HDR_MAX) {
+	/* No room: the options are full, or the pod's kernel stops reading
+	 * them before the tail (an EOL, a broken option), where the MP_PRIO
+	 * would go unread. */
+	if (hdr_len + sizeof(opt) > TCP_HDR_MAX || (pkt->mptcp.flags & (OPTS_END_EOL | OPTS_END_BROKEN))) {
 		count(STAT_BACKUP_PRIO_NO_ROOM);
 		return 0;
 	}

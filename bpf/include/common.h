@@ -114,7 +114,7 @@ enum stat_id {
 	STAT_RATE_SHAPED = 28,	       /* shape: packets given an HTB class at a NIC */
 	STAT_BACKUP_FLAGGED = 29,      /* backup: B bit set on a join, or an MP_PRIO, into a pod */
 	STAT_BACKUP_PRIO_SENT = 30,    /* backup: MP_PRIO added to a pure ACK to a pod (path role changed) */
-	STAT_BACKUP_PRIO_NO_ROOM = 31, /* backup: MP_PRIO due but the ACK's options were full */
+	STAT_BACKUP_PRIO_NO_ROOM = 31, /* backup: MP_PRIO due, no room the pod reads in the ACK */
 	STAT_ADD_ADDR_BLOCKED = 32,    /* block: ADD_ADDR into a pod whose rule allows no join, made NOPs */
 	STAT_JOIN_REFUSED = 33,	     /* block: a peer's join past its rule's maximum, answered by MP_TCPRST */
 	STAT_SUBFLOW_EVICTED = 34,   /* subflows evicted from a full bucket of the subflow table */
@@ -130,6 +130,10 @@ enum stat_id {
 	STAT_JOIN_ACK_DROPPED = 43,  /* a join's third ACK with no entry nor answered arrival: dropped */
 	STAT_POD_SUBFLOWS_FULL = 44, /* a new subflow of a pod holding LIMIT_POD_SUBFLOWS entries:
 					unplaced, or refused if a join */
+	STAT_TCP_OPTS_CUT = 45,	     /* a broken option ends the option list: read up to it, as
+					the kernel reads it */
+	STAT_MPTCP_OPTS_AMBIGUOUS = 46, /* MPTCP options the kernel could read otherwise: dropped,
+					   to or from a selected pod */
 	/* Not an identity: one past the highest, however many there are. */
 	STAT_MAX,
 };

@@ -5,7 +5,9 @@
  * packet access, no helper call), and copied out with bpf_skb_load_bytes
  * otherwise, so non-linear skbs and short packets are handled the same way:
  * a header that cannot be read means "malformed", and the caller passes the
- * packet on untouched. */
+ * packet on untouched (the kernel drops it: it cannot read it either). A
+ * broken TCP option list is not malformed: it is read as the kernel reads it
+ * (see OPTS_END_EOL). */
 #pragma once
 
 #include "common.h"
@@ -98,20 +100,59 @@ enum parse_result {
 	PARSE_SLOW = 3,
 };
 
-/* The MPTCP options of a segment, located by subtype: a packet may carry
- * several (e.g. DSS with ADD_ADDR, or MP_PRIO on a DSS ACK), and every option
- * of the TCP header is considered. Only the first valid occurrence of each
- * subtype is located (but the last MP_PRIO, which Linux obeys); actors
- * read its fields at l4_off + off[subtype]. Its length is not kept: it was
- * checked against the subtype and the segment (mptcp_option_valid), and is
- * one load away. */
+/* The MPTCP options of a segment as the receiving kernel reads them, located
+ * by subtype: a packet may carry several (e.g. DSS with ADD_ADDR, or MP_PRIO
+ * on a DSS ACK), and every option the kernel reads is considered. Only the
+ * first valid occurrence of each subtype is located (but the last MP_PRIO,
+ * which Linux obeys); actors read its fields at l4_off + off[subtype]. Its
+ * length is not kept: it was checked against the subtype and the segment
+ * (mptcp_option_valid), and is one load away. A segment on which the first
+ * occurrence may not be the one the kernel obeys is OPTS_AMBIGUOUS. */
 struct mptcp_found {
 	__u16 seen;    /* bit s: a valid option of subtype s is present */
 	__u16 invalid; /* bit s: an option of subtype s had a length RFC 8684 does not define */
 	/* Per subtype: offset of the option from the start of the TCP header
 	 * (0: absent, options start at 20). */
 	__u8 off[MPTCP_SUBTYPES];
+	__u8 flags; /* OPTS_* */
 };
+
+/* How Linux reads a TCP option list (tcp_parse_options; for MPTCP,
+ * mptcp_get_options, which hands each MPTCP option to mptcp_parse_option):
+ * in order, up to an EOL, or up to an option whose length is below 2, runs
+ * past the header or is missing; it acts on the options before that point
+ * and ignores the rest, and so does the parser. An MPTCP option of length 2
+ * has no subtype byte: the kernel takes the byte after it for one (every
+ * subtype refuses that length, though DSS and ADD_ADDR write some of their
+ * fields before they look at it) and reads on. mptcp_parse_option writes
+ * what it reads into one struct per segment, so a later MPTCP option of a
+ * subtype overwrites what an earlier one wrote: the kernel obeys the last
+ * MP_CAPABLE, MP_JOIN, DSS or ADD_ADDR of a segment, and MP_JOIN (of SYN or
+ * SYN-ACK length) and MP_PRIO write the same one B.
+ * TestTheKernelReadsJoinOptionsAsTheParserDoes (internal/datapath) shows
+ * this on the running kernel for join SYNs: the MP_JOIN before a break is
+ * read, none after it; the walk goes on after an MPTCP option of length 2;
+ * B comes from the last MP_JOIN or MP_PRIO, the token from the last MP_JOIN.
+ *
+ * struct mptcp_found's flags. OPTS_END_EOL and OPTS_END_BROKEN: the kernel
+ * stops reading before the end of the header (an EOL; a broken option), so
+ * an option added at the tail would go unread. OPTS_AMBIGUOUS: the kernel
+ * could read the segment's MPTCP options otherwise than the datapath (an
+ * MPTCP option of length 2; MP_CAPABLE, MP_JOIN, DSS or ADD_ADDR more than
+ * once, whatever the lengths; MP_JOIN with MP_PRIO). No MPTCP stack sends
+ * such a segment; the programs drop it to and from selected pods rather than
+ * guess which option the kernel obeys (docs/datapath.md, "Parsing"). A
+ * repeated MP_PRIO is not ambiguous: the kernel obeys the last of length 3,
+ * which is the one located. */
+#define OPTS_END_EOL	0x01
+#define OPTS_END_BROKEN 0x02
+#define OPTS_AMBIGUOUS	0x04
+
+/* The subtypes whose first occurrence an actor reads or rewrites, and which
+ * a segment therefore must not repeat (MP_PRIO is located at its last). */
+#define MPTCP_SUBTYPES_READ                                                                                  \
+	((1U << MPTCP_SUB_CAPABLE) | (1U << MPTCP_SUB_JOIN) | (1U << MPTCP_SUB_DSS) |                        \
+	 (1U << MPTCP_SUB_ADD_ADDR))
 
 /* What the parser found. Addresses come first and the struct is 8-byte
  * aligned, so that they are compared and copied a word at a time. */
@@ -327,11 +368,12 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 struct option_scan {
 	__u8 opts[TCP_MAX_OPTIONS_LEN];
 	struct mptcp_found found;
-	__u8 wscale; /* as struct packet's */
+	__u16 occurred; /* bit s: an MPTCP option of subtype s was read, whatever its length */
+	__u16 repeated; /* bit s: more than one was */
+	__u8 wscale;	/* as struct packet's */
 	__u8 optlen;
 	__u8 pos;
 	__u8 tcp_flags;
-	__u8 malformed;
 };
 
 /* dss_len is the length a DSS option with these flags has, without the
@@ -447,30 +489,35 @@ static __always_inline void note_mptcp_option(struct mptcp_found *f, __u8 tcp_fl
 
 /* scan_option is one step of the option walk, run under bpf_loop so the
  * verifier checks the step once instead of every path through 40 unrolled
- * iterations. Every option is visited, so every MPTCP option is found, not
- * only the first. Returns 1 to stop. */
+ * iterations. Every option the kernel reads is visited, so every MPTCP
+ * option is found, not only the first; the walk stops where the kernel's
+ * does (see OPTS_END_EOL). Returns 1 to stop. */
 static long scan_option(__u32 index, void *ctx)
 {
 	struct option_scan *s = ctx;
-	__u32 pos = s->pos, len;
-	__u8 kind;
+	__u32 pos = s->pos, len, bit;
+	__u8 kind, sub_byte;
 
 	if (pos >= s->optlen || pos >= TCP_MAX_OPTIONS_LEN)
 		return 1;
 	kind = opt_byte(s, pos);
-	if (kind == TCPOPT_EOL)
+	if (kind == TCPOPT_EOL) {
+		s->found.flags |= OPTS_END_EOL;
 		return 1;
+	}
 	if (kind == TCPOPT_NOP) {
 		s->pos = pos + 1;
 		return 0;
 	}
+	/* A kind without its length, a length below 2 or past the header:
+	 * the kernel keeps what it read before and stops. */
 	if (pos + 1 >= s->optlen) {
-		s->malformed = 1;
+		s->found.flags |= OPTS_END_BROKEN;
 		return 1;
 	}
 	len = opt_byte(s, pos + 1);
 	if (len < 2 || pos + len > s->optlen) {
-		s->malformed = 1;
+		s->found.flags |= OPTS_END_BROKEN;
 		return 1;
 	}
 	s->pos = pos + len;
@@ -484,18 +531,26 @@ static long scan_option(__u32 index, void *ctx)
 		return 0;
 
 	if (len < MPTCP_LEN_MIN) {
-		/* No subtype byte at all: not attributable to a subtype. */
-		s->malformed = 1;
-		return 1;
+		/* No subtype byte: the kernel reads the next byte as one. */
+		s->found.flags |= OPTS_AMBIGUOUS;
+		return 0;
 	}
-	note_mptcp_option(&s->found, s->tcp_flags, TCP_HDR_LEN + pos, len, opt_byte(s, pos + 2),
+	sub_byte = opt_byte(s, pos + 2);
+	bit = 1U << (sub_byte >> 4);
+	if (s->occurred & bit)
+		s->repeated |= bit;
+	s->occurred |= bit;
+	note_mptcp_option(&s->found, s->tcp_flags, TCP_HDR_LEN + pos, len, sub_byte,
 			  len > 3 ? opt_byte(s, pos + 3) : 0);
 	return 0;
 }
 
 /* walk_tcp_options copies the options of the TCP header pkt describes and
- * walks them, for any layout read_common_options declines. A global
- * function: verified once, and the 40-byte copy lives in its own frame. */
+ * walks them, for any layout read_common_options declines. Malformed only
+ * when the header is not all in the packet (the kernel drops such a
+ * segment); a broken option list is read up to the break, as the kernel
+ * reads it. A global function: verified once, and the 40-byte copy lives in
+ * its own frame. */
 __noinline int walk_tcp_options(struct __sk_buff *skb, struct packet *pkt)
 {
 	struct option_scan scan = {};
@@ -514,8 +569,9 @@ __noinline int walk_tcp_options(struct __sk_buff *skb, struct packet *pkt)
 	/* Each step consumes at least one byte, so 40 steps cover the whole
 	 * option space. */
 	bpf_loop(TCP_MAX_OPTIONS_LEN, scan_option, &scan, 0);
-	if (scan.malformed)
-		return PARSE_MALFORMED;
+	if ((scan.repeated & MPTCP_SUBTYPES_READ) ||
+	    ((scan.occurred >> MPTCP_SUB_JOIN) & (scan.occurred >> MPTCP_SUB_PRIO) & 1))
+		scan.found.flags |= OPTS_AMBIGUOUS;
 	pkt->mptcp = scan.found;
 	pkt->wscale = scan.wscale;
 	return PARSE_OK;
@@ -529,11 +585,12 @@ __noinline int walk_tcp_options(struct __sk_buff *skb, struct packet *pkt)
 /* read_common_options reads in place, without copying the options or
  * walking them, the two layouts of nearly every established segment: NOP
  * NOP timestamps alone, or followed by one MPTCP option that ends the
- * options, maybe padded to the 4-byte boundary with NOPs or EOLs (a DSS on
- * data and DATA_ACKs: Linux follows a mapping without checksum with two
- * NOPs). It fills pkt->mptcp as walk_tcp_options would and returns true, or
- * returns false and leaves the packet to the walk (any other layout,
- * options beyond the linear data). */
+ * options, maybe padded to the 4-byte boundary with NOPs (a DSS on data and
+ * DATA_ACKs: Linux follows a mapping without checksum with two NOPs). It
+ * fills pkt->mptcp as walk_tcp_options would and returns true, or returns
+ * false and leaves the packet to the walk (any other layout, EOL padding,
+ * which ends the kernel's reading early, options beyond the linear data).
+ * One MPTCP option of 4 bytes or more is never OPTS_AMBIGUOUS. */
 static __always_inline bool read_common_options(struct __sk_buff *skb, struct packet *pkt)
 {
 	void *data = (void *)(long)skb->data;
@@ -569,8 +626,8 @@ static __always_inline bool read_common_options(struct __sk_buff *skb, struct pa
 	last = p + ((optlen - 4) & 0x3f);
 	if ((void *)(last + 4) > data_end)
 		return false;
-	if ((pad >= 1 && last[3] > TCPOPT_NOP) || (pad >= 2 && last[2] > TCPOPT_NOP) ||
-	    (pad >= 3 && last[1] > TCPOPT_NOP))
+	if ((pad >= 1 && last[3] != TCPOPT_NOP) || (pad >= 2 && last[2] != TCPOPT_NOP) ||
+	    (pad >= 3 && last[1] != TCPOPT_NOP))
 		return false;
 	note_mptcp_option(&pkt->mptcp, pkt->tcp_flags, TCP_HDR_LEN + TCPOLEN_TS_ALIGNED, len,
 			  p[TCPOLEN_TS_ALIGNED + 2], p[TCPOLEN_TS_ALIGNED + 3]);

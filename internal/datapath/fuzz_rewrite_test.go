@@ -95,8 +95,10 @@ func tcpChecksumGood(frame []byte, s tcpSegment) bool {
 // actor that rewrites packets going into a pod switched on: a match-all
 // rule whose backup path the frame's subflow is on (B bit, MP_PRIO) and
 // which allows no join (ADD_ADDR NOPs), with the header-rewriting opt-in.
-// For every input the program returns TCX_NEXT without error; with no
-// subflow known (no rule selects the frame) it leaves every byte as it was;
+// For every input the program returns TCX_NEXT without error, or drops
+// (counted) a frame whose MPTCP options the kernel could read otherwise
+// (pod_ingress runs on selected pods' interfaces only); with no subflow
+// known (no rule selects the frame) it leaves every byte as it was;
 // on a known subflow, a frame it changes keeps valid IP and TCP checksums
 // and consistent lengths if it had them. Under plain `go test` only the seed
 // corpus runs, with the frames of the backup and block tests added.
@@ -122,11 +124,12 @@ func FuzzPodIngressRewrites(f *testing.F) {
 			t.Skip("BPF_PROG_TEST_RUN refuses frames this short")
 		}
 		resetDatapathState(t, dp)
-		if out := runIngress(t, dp, frame); string(out) != string(frame) {
+		out, dropped := runIngress(t, dp, frame)
+		if string(out) != string(frame) {
 			t.Fatalf("no subflow is known, yet the packet changed: %x", frame)
 		}
 		s, ok := findTCP(frame)
-		if !ok {
+		if !ok || dropped {
 			return
 		}
 		// The subflow, keyed as the pod sends (the frame goes into it),
@@ -139,8 +142,7 @@ func FuzzPodIngressRewrites(f *testing.F) {
 			role = RoleResponder
 		}
 		putSubflow(t, dp, k, datapathSubflow{PathIndex: 3, Role: uint32(role), Rule: 0})
-		out := runIngress(t, dp, frame)
-		if string(out) == string(frame) {
+		if out, _ = runIngress(t, dp, frame); string(out) == string(frame) {
 			return
 		}
 		after, ok := findTCP(out)
@@ -159,17 +161,22 @@ func FuzzPodIngressRewrites(f *testing.F) {
 	})
 }
 
-// runIngress runs pod_ingress on frame and requires TCX_NEXT without error;
-// it returns the packet as the program left it.
-func runIngress(t *testing.T, dp *Datapath, frame []byte) []byte {
+// runIngress runs pod_ingress on frame and requires TCX_NEXT without error,
+// or a drop counted as one of ambiguous MPTCP options (dropped); it returns
+// the packet as the program left it.
+func runIngress(t *testing.T, dp *Datapath, frame []byte) (out []byte, dropped bool) {
 	t.Helper()
+	before := stat(t, dp, StatMPTCPOptsAmbiguous)
 	opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Context: skbContext{}, ContextOut: &skbContext{}}
 	ret, err := dp.objs.PodIngress.Run(opts)
 	if err != nil {
 		t.Fatalf("BPF_PROG_TEST_RUN on %x: %v", frame[:min(len(frame), 128)], err)
 	}
+	if ret == tcActShot && stat(t, dp, StatMPTCPOptsAmbiguous) == before+1 {
+		return opts.DataOut, true
+	}
 	if ret != tcxNext {
 		t.Fatalf("program returned %d, want TCX_NEXT", int32(ret))
 	}
-	return opts.DataOut
+	return opts.DataOut, false
 }

@@ -26,13 +26,20 @@ func seedFrames() [][]byte {
 	for _, name := range sortedKeys(malformed) {
 		out = append(out, malformed[name].frame)
 	}
+	broken := brokenOptionLists()
+	for _, name := range sortedKeys(broken) {
+		out = append(out, broken[name].frame)
+	}
+	out = append(out, optionListSeeds()...)
 	return append(out, syn(clientPod, 1, serverPod, 2, testpkt.MPJoinSYN(1, 2, 3, false)))
 }
 
 // FuzzPodEgress feeds pod_egress arbitrary frames. For every input the
-// program returns TCX_NEXT without error and leaves every byte as it was;
-// with no rule selecting the frame's source it leaves the mark untouched;
-// with a match-all rule (an endpoint for whatever source address the frame
+// program returns TCX_NEXT without error and leaves every byte as it was,
+// or drops (counted) a frame whose MPTCP options the kernel could read
+// otherwise (pod_egress runs on selected pods' interfaces only); with no
+// rule selecting the frame's source it leaves the mark untouched; with a
+// match-all rule (an endpoint for whatever source address the frame
 // carries) any mark it gives names one of the rule's paths and keeps the
 // foreign mark bits. Under plain `go test` only the seed corpus (every
 // packet the tests build) runs.
@@ -51,17 +58,18 @@ func FuzzPodEgress(f *testing.F) {
 		}
 		resetDatapathState(t, dp)
 
-		if m := runFuzz(t, dp.objs.PodEgress, frame, skbContext{Mark: foreign}); m != foreign {
+		m, dropped := runFuzzOrAmbiguous(t, dp, dp.objs.PodEgress, frame, skbContext{Mark: foreign})
+		if m != foreign {
 			t.Fatalf("no rule selects the frame, yet its mark became %#x", m)
 		}
 		src, _, ok := ipAddresses(frame)
-		if !ok {
+		if !ok || dropped {
 			return
 		}
 		if err := dp.SetEndpoint(src, 0); err != nil {
 			t.Fatal(err)
 		}
-		m := runFuzz(t, dp.objs.PodEgress, frame, skbContext{Mark: foreign})
+		m = runFuzz(t, dp.objs.PodEgress, frame, skbContext{Mark: foreign})
 		if m&^dp.markMask != foreign {
 			t.Fatalf("foreign mark bits became %#x", m&^dp.markMask)
 		}
@@ -72,10 +80,12 @@ func FuzzPodEgress(f *testing.F) {
 }
 
 // FuzzNICIngress feeds nic_ingress arbitrary frames arriving on a path's
-// NIC, with the same guarantees as FuzzPodEgress; with a match-all rule (an
-// endpoint for whatever destination the frame carries) the only mark it may
-// give is the NIC's path, and the only frame it may drop is a well-formed
-// join's third ACK for which no handshake was answered (counted).
+// NIC, with the same guarantees as FuzzPodEgress, but that with no rule
+// selecting the frame's destination it drops nothing; with a match-all rule
+// (an endpoint for whatever destination the frame carries) the only mark it
+// may give is the NIC's path, and the only frames it may drop are a
+// well-formed join's third ACK for which no handshake was answered and a
+// frame whose MPTCP options the kernel could read otherwise (each counted).
 func FuzzNICIngress(f *testing.F) {
 	for _, frame := range seedFrames() {
 		f.Add(frame)
@@ -103,13 +113,13 @@ func FuzzNICIngress(f *testing.F) {
 		if err := dp.SetEndpoint(dst, 0); err != nil {
 			t.Fatal(err)
 		}
-		dropped := stat(t, dp, StatJoinACKDropped)
+		dropped, ambiguous := stat(t, dp, StatJoinACKDropped), stat(t, dp, StatMPTCPOptsAmbiguous)
 		ret, m := runFuzzVerdict(t, dp.objs.NicIngress, frame, in)
-		if ret == tcActShot && stat(t, dp, StatJoinACKDropped) == dropped+1 {
+		if ret == tcActShot && stat(t, dp, StatJoinACKDropped)+stat(t, dp, StatMPTCPOptsAmbiguous) == dropped+ambiguous+1 {
 			return
 		}
 		if ret != tcxNext {
-			t.Fatalf("program returned %d, want TCX_NEXT (or a counted drop of a join's third ACK)", int32(ret))
+			t.Fatalf("program returned %d, want TCX_NEXT (or a counted drop of a join's third ACK or of ambiguous options)", int32(ret))
 		}
 		if m != foreign && m != foreign|dp.Mark(nicPath) {
 			t.Fatalf("mark became %#x, want %#x or %#x", m, foreign, foreign|dp.Mark(nicPath))
@@ -126,6 +136,22 @@ func runFuzz(t *testing.T, prog *ebpf.Program, frame []byte, in skbContext) uint
 		t.Fatalf("program returned %d, want TCX_NEXT", int32(ret))
 	}
 	return mark
+}
+
+// runFuzzOrAmbiguous runs prog once and checks that it passes the packet
+// unchanged, or drops it counted as one whose MPTCP options the kernel
+// could read otherwise (dropped); it returns the mark.
+func runFuzzOrAmbiguous(t *testing.T, dp *Datapath, prog *ebpf.Program, frame []byte, in skbContext) (mark uint32, dropped bool) {
+	t.Helper()
+	before := stat(t, dp, StatMPTCPOptsAmbiguous)
+	ret, mark := runFuzzVerdict(t, prog, frame, in)
+	if ret == tcActShot && stat(t, dp, StatMPTCPOptsAmbiguous) == before+1 {
+		return mark, true
+	}
+	if ret != tcxNext {
+		t.Fatalf("program returned %d, want TCX_NEXT (or a counted drop of ambiguous options)", int32(ret))
+	}
+	return mark, false
 }
 
 // runFuzzVerdict runs prog once and checks that the packet is unchanged;

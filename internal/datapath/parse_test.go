@@ -260,9 +260,6 @@ func malformedFrames() map[string]struct {
 		b[14+20+12] = doff << 4
 		return b
 	}
-	opts := func(o []byte) []byte {
-		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Flags: testpkt.SYN, Options: o}}.Bytes()
-	}
 	tagged := testpkt.Frame{VLANs: []uint16{100}, Src: clientPod, Dst: serverPod,
 		TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()
 	tagged6 := testpkt.Frame{VLANs: []uint16{100}, Src: clientPod6, Dst: serverPod6,
@@ -283,18 +280,14 @@ func malformedFrames() map[string]struct {
 		"IPv6 beyond the extension header bound": {v6TooDeep, StatNotTCP},
 		// BPF_PROG_TEST_RUN refuses an untagged IPv4 or IPv6 frame shorter
 		// than the fixed IP header; behind a VLAN tag it takes any length.
-		"truncated VLAN tag":            {tagged[:14+2], StatMalformed},
-		"truncated IPv4 header":         {tagged[:14+4+12], StatMalformed},
-		"truncated TCP header":          {mptcpSYN[:14+20+10], StatMalformed},
-		"truncated TCP options":         {mptcpSYN[:len(mptcpSYN)-2], StatMalformed},
-		"IHL below 5":                   {withIHL(4), StatMalformed},
-		"IHL beyond the packet":         {withIHL(15), StatMalformed},
-		"data offset below 5":           {withDoff(4), StatMalformed},
-		"option of length 0":            {opts([]byte{2, 0, 0, 0}), StatMalformed},
-		"option overrunning the header": {opts([]byte{30, 40, 0, 0}), StatMalformed},
-		"MPTCP option without subtype":  {opts([]byte{30, 2, 1, 1}), StatMalformed},
-		"option length byte missing":    {opts([]byte{1, 1, 1, 30}), StatMalformed},
-		"truncated IPv6 header":         {tagged6[:14+4+30], StatMalformed},
+		"truncated VLAN tag":    {tagged[:14+2], StatMalformed},
+		"truncated IPv4 header": {tagged[:14+4+12], StatMalformed},
+		"truncated TCP header":  {mptcpSYN[:14+20+10], StatMalformed},
+		"truncated TCP options": {mptcpSYN[:len(mptcpSYN)-2], StatMalformed},
+		"IHL below 5":           {withIHL(4), StatMalformed},
+		"IHL beyond the packet": {withIHL(15), StatMalformed},
+		"data offset below 5":   {withDoff(4), StatMalformed},
+		"truncated IPv6 header": {tagged6[:14+4+30], StatMalformed},
 	}
 }
 
@@ -336,6 +329,82 @@ func TestMalformedAndNonTCPPacketsPassUnchanged(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// brokenOptionLists are SYNs whose option list a broken option ends before
+// the header does, with or without an MP_CAPABLE before it (capable), and a
+// SYN with an MPTCP option of length 2, which breaks nothing.
+func brokenOptionLists() map[string]struct {
+	frame   []byte
+	capable bool // an MP_CAPABLE the kernel reads
+	cut     bool // counted as cut short
+} {
+	frame := func(sport uint16, o ...[]byte) []byte {
+		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 80, Flags: testpkt.SYN, Options: testpkt.Join(o...)}}.Bytes()
+	}
+	mpc := testpkt.MPCapableSYN()
+	return map[string]struct {
+		frame   []byte
+		capable bool
+		cut     bool
+	}{
+		"option of length 0 after MP_CAPABLE":            {frame(40000, mpc, []byte{2, 0, 0, 0}), true, true},
+		"option overrunning the header after MP_CAPABLE": {frame(40001, mpc, []byte{30, 40, 0, 0}), true, true},
+		"option length byte missing after MP_CAPABLE":    {frame(40002, mpc, []byte{1, 1, 1, 30}), true, true},
+		"option of length 1 before MP_CAPABLE":           {frame(40003, []byte{2, 1, 1, 1}, mpc), false, true},
+		"MPTCP option without subtype before MP_CAPABLE": {frame(40004, []byte{30, 2, 1, 1}, mpc), true, false},
+		"EOL before MP_CAPABLE (an end, not a break)":    {frame(40005, []byte{1, 1, 1, 0}, mpc), false, false},
+	}
+}
+
+// A broken option list (an option of length 0 or 1, one overrunning the
+// header, a kind without its length) is read up to the break, as the
+// kernel reads it, and counted: an MP_CAPABLE before the break opens a
+// subflow the pod's node places, one after it is not read. An MPTCP option
+// of length 2 breaks nothing: the kernel reads on after it.
+func TestABrokenOptionListIsReadUpToTheBreak(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetNIC(7, 1); err != nil {
+		t.Fatal(err)
+	}
+	cases := brokenOptionLists()
+	for _, name := range sortedKeys(cases) {
+		c := cases[name]
+		t.Run(name, func(t *testing.T) {
+			stats, err := dp.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := optionStats(t, dp)
+			// To no selected pod: read and counted, passed as it is.
+			if m := run(t, dp.objs.NicIngress, c.frame, skbContext{Mark: 0x4000, IngressIfindex: 7}); m != 0x4000 {
+				t.Fatalf("mark of a packet to no selected pod became %#x", m)
+			}
+			after, err := dp.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cut := after[StatTCPOptsCut] - stats[StatTCPOptsCut]; cut != map[bool]uint64{true: 1}[c.cut] || after[StatMalformed] != stats[StatMalformed] {
+				t.Errorf("cut short %d times, malformed %d -> %d; want cut %v, never malformed", cut, stats[StatMalformed], after[StatMalformed], c.cut)
+			}
+			if n := optionStats(t, dp)[MPCapable].Packets - opts[MPCapable].Packets; n != map[bool]uint64{true: 1}[c.capable] {
+				t.Errorf("MP_CAPABLE counted %d times, want it counted %v", n, c.capable)
+			}
+		})
+	}
+	// Selected: the MP_CAPABLE before a break places its subflow.
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	c := cases["option of length 0 after MP_CAPABLE"]
+	dp.pathOfMark(t, run(t, dp.objs.PodEgress, c.frame, skbContext{}))
+	c = cases["option of length 1 before MP_CAPABLE"]
+	if m := run(t, dp.objs.PodEgress, c.frame, skbContext{Mark: 0x4000}); m != 0x4000 {
+		t.Errorf("an MP_CAPABLE after a break (unread by the kernel) was placed: mark %#x", m)
 	}
 }
 

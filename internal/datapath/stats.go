@@ -66,7 +66,8 @@ const (
 	StatBackupFlagged = datapathStatIdSTAT_BACKUP_FLAGGED
 	// StatBackupPrioSent: an MP_PRIO added to a pure ACK going into a pod
 	// whose subflow's path changed role; StatBackupPrioNoRoom: one was due
-	// but the ACK's options left no room.
+	// but the ACK's options left no room the pod reads (full, or ended
+	// early by an EOL or a broken option).
 	StatBackupPrioSent   = datapathStatIdSTAT_BACKUP_PRIO_SENT
 	StatBackupPrioNoRoom = datapathStatIdSTAT_BACKUP_PRIO_NO_ROOM
 	// StatAddAddrBlocked: an ADD_ADDR going into a pod whose rule allows
@@ -108,7 +109,17 @@ const (
 	// its SYN; a peer's answered before the pod filled, its third ACK
 	// dropped).
 	StatPodSubflowsFull = datapathStatIdSTAT_POD_SUBFLOWS_FULL
-	numStats            = int(datapathStatIdSTAT_MAX)
+	// StatTCPOptsCut: a segment whose TCP option list a broken option
+	// (length 0 or 1, past the header, or a kind without its length) ends
+	// before the header does: read up to it, as the kernel reads it.
+	StatTCPOptsCut = datapathStatIdSTAT_TCP_OPTS_CUT
+	// StatMPTCPOptsAmbiguous: a segment to or from a selected pod whose
+	// MPTCP options the pod's kernel could read otherwise than the
+	// datapath (an MPTCP option of length 2; MP_CAPABLE, MP_JOIN, DSS or
+	// ADD_ADDR more than once; MP_JOIN with MP_PRIO), dropped (in
+	// observe-only mode: passed).
+	StatMPTCPOptsAmbiguous = datapathStatIdSTAT_MPTCP_OPTS_AMBIGUOUS
+	numStats               = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.

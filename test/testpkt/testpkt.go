@@ -128,6 +128,10 @@ func ipv6(src, dst netip.Addr, proto uint8, hopByHop bool, destOpts int, payload
 
 func (t *TCP) encode(src, dst netip.Addr) []byte {
 	opts := pad4(append([]byte(nil), t.Options...))
+	if len(opts) > 40 {
+		// The data offset has 4 bits: a test asking for more is wrong.
+		panic("testpkt: more than 40 bytes of TCP options")
+	}
 	hlen := 20 + len(opts)
 	b := make([]byte, hlen, hlen+len(t.Payload))
 	binary.BigEndian.PutUint16(b[0:], t.SrcPort)
