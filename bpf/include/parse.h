@@ -138,21 +138,24 @@ struct mptcp_found {
  * stops reading before the end of the header (an EOL; a broken option), so
  * an option added at the tail would go unread. OPTS_AMBIGUOUS: the kernel
  * could read the segment's MPTCP options otherwise than the datapath (an
- * MPTCP option of length 2; MP_CAPABLE, MP_JOIN, DSS or ADD_ADDR more than
- * once, whatever the lengths; MP_JOIN with MP_PRIO). No MPTCP stack sends
- * such a segment; the programs drop it to and from selected pods rather than
- * guess which option the kernel obeys (docs/datapath.md, "Parsing"). A
- * repeated MP_PRIO is not ambiguous: the kernel obeys the last of length 3,
- * which is the one located. */
+ * MPTCP option of length 2; MP_CAPABLE, MP_JOIN, DSS, ADD_ADDR or MP_PRIO
+ * more than once, whatever the lengths; MP_JOIN with MP_CAPABLE; an MP_JOIN
+ * of SYN or SYN-ACK length, which carries a B, with MP_PRIO). No MPTCP stack
+ * sends such a segment, and a kernel that ignores repeated or conflicting
+ * suboptions obeys the first where an older one obeys the last: the
+ * programs drop it to and from selected pods rather than depend on which
+ * (docs/datapath.md, "Parsing"). The join's third ACK (its full HMAC, no B)
+ * with an MP_PRIO is not ambiguous: Linux sends that pair when a path
+ * manager changes a join's role before the join is fully established. */
 #define OPTS_END_EOL	0x01
 #define OPTS_END_BROKEN 0x02
 #define OPTS_AMBIGUOUS	0x04
 
-/* The subtypes whose first occurrence an actor reads or rewrites, and which
- * a segment therefore must not repeat (MP_PRIO is located at its last). */
+/* The subtypes an actor reads or rewrites, and which a segment therefore
+ * must not repeat. */
 #define MPTCP_SUBTYPES_READ                                                                                  \
 	((1U << MPTCP_SUB_CAPABLE) | (1U << MPTCP_SUB_JOIN) | (1U << MPTCP_SUB_DSS) |                        \
-	 (1U << MPTCP_SUB_ADD_ADDR))
+	 (1U << MPTCP_SUB_ADD_ADDR) | (1U << MPTCP_SUB_PRIO))
 
 /* What the parser found. Addresses come first and the struct is 8-byte
  * aligned, so that they are compared and copied a word at a time. */
@@ -370,6 +373,7 @@ struct option_scan {
 	struct mptcp_found found;
 	__u16 occurred; /* bit s: an MPTCP option of subtype s was read, whatever its length */
 	__u16 repeated; /* bit s: more than one was */
+	__u8 join_b;	/* an MP_JOIN of SYN or SYN-ACK length, which carries a B, was read */
 	__u8 wscale;	/* as struct packet's */
 	__u8 optlen;
 	__u8 pos;
@@ -540,6 +544,8 @@ static long scan_option(__u32 index, void *ctx)
 	if (s->occurred & bit)
 		s->repeated |= bit;
 	s->occurred |= bit;
+	if ((sub_byte >> 4) == MPTCP_SUB_JOIN && (len == MPTCP_LEN_JOIN_SYN || len == MPTCP_LEN_JOIN_SYNACK))
+		s->join_b = 1;
 	note_mptcp_option(&s->found, s->tcp_flags, TCP_HDR_LEN + pos, len, sub_byte,
 			  len > 3 ? opt_byte(s, pos + 3) : 0);
 	return 0;
@@ -570,7 +576,8 @@ __noinline int walk_tcp_options(struct __sk_buff *skb, struct packet *pkt)
 	 * option space. */
 	bpf_loop(TCP_MAX_OPTIONS_LEN, scan_option, &scan, 0);
 	if ((scan.repeated & MPTCP_SUBTYPES_READ) ||
-	    ((scan.occurred >> MPTCP_SUB_JOIN) & (scan.occurred >> MPTCP_SUB_PRIO) & 1))
+	    (scan.join_b && ((scan.occurred >> MPTCP_SUB_PRIO) & 1)) ||
+	    ((scan.occurred >> MPTCP_SUB_JOIN) & (scan.occurred >> MPTCP_SUB_CAPABLE) & 1))
 		scan.found.flags |= OPTS_AMBIGUOUS;
 	pkt->mptcp = scan.found;
 	pkt->wscale = scan.wscale;

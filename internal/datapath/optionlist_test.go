@@ -267,13 +267,11 @@ func requireKernelReadsBackup(t *testing.T, ret uint32, out []byte, subtype uint
 }
 
 // A peer's MP_PRIO B=0 into the pod on a backup path has its B set again
-// when a broken option follows it, or when it follows an MP_PRIO B=1: the
-// pod's kernel obeys the last MP_PRIO it reads.
+// when a broken option follows it: the pod's kernel reads the options
+// before the break. (Two MP_PRIOs are dropped as ambiguous.)
 func TestAnMPPrioIntoThePodIsKeptBackupAsTheKernelReadsIt(t *testing.T) {
 	base := testpkt.Join(testpkt.NOP(), testpkt.NOP(), testpkt.Timestamps(100, 200), testpkt.DSS{DataACK: u64(5000)}.Bytes())
-	cases := map[string][]byte{
-		"after an MP_PRIO B=1": testpkt.Join(base, testpkt.MPPrio(true), testpkt.MPPrio(false)),
-	}
+	cases := map[string][]byte{}
 	for _, brk := range optionBreaks {
 		cases[brk.name] = brk.add(testpkt.Join(base, testpkt.MPPrio(false)))
 	}
@@ -318,8 +316,9 @@ func TestAJoinIntoThePodFollowedByABrokenOptionIsFlaggedBackup(t *testing.T) {
 }
 
 // A segment whose MPTCP options the pod's kernel could read otherwise than
-// the datapath (one that repeats MP_CAPABLE, MP_JOIN, DSS or ADD_ADDR, that
-// carries both MP_JOIN and MP_PRIO, or an MPTCP option of length 2) is
+// the datapath (one that repeats MP_CAPABLE, MP_JOIN, DSS, ADD_ADDR or
+// MP_PRIO, that carries MP_JOIN with MP_CAPABLE, an MP_JOIN of SYN or
+// SYN-ACK length with MP_PRIO, or an MPTCP option of length 2) is
 // dropped, to or from a selected pod, and counted: no MPTCP stack sends one,
 // and judging it by any one of its options could let a join past its rule
 // or a backup path turn active. Each case below, judged by its first option,
@@ -400,6 +399,17 @@ func TestSegmentsWhoseMPTCPOptionsTheKernelCouldReadOtherwiseAreDropped(t *testi
 			return dp, dp.objs.PodIngress, toPod(40002, testpkt.ACK, testpkt.Join(testpkt.DSS{DataACK: u64(1)}.Bytes(), testpkt.MPPrio(false),
 				testpkt.MPJoinSYNACK(1, 2, 0, false))), skbContext{}
 		}},
+		{"two MP_PRIOs into the pod on a backup path, B=1 then B=0 (an older kernel obeys the last, a newer the first)", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
+			dp := backupJoins(t)
+			runOut(t, dp.objs.PodIngress, synAck(serverPod, 5201, clientPod, 40002, testpkt.MPJoinSYNACK(0x1122334455667788, 9, 0, false)))
+			return dp, dp.objs.PodIngress, toPod(40002, testpkt.ACK, testpkt.Join(testpkt.DSS{DataACK: u64(1)}.Bytes(), testpkt.MPPrio(false),
+				testpkt.MPPrio(false))), skbContext{}
+		}},
+		{"a peer's join SYN beyond the maximum whose MP_JOIN comes with an MP_CAPABLE", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
+			dp := peerJoinBed(t, maxTwo, 1)
+			return dp, dp.objs.NicIngress, peerJoinSYN(40010, testpkt.Join(testpkt.MPJoinSYN(tokenOf(serverKey), 7, 2, false), testpkt.MPCapableSYN())),
+				skbContext{IngressIfindex: nicPath2}
+		}},
 		{"two ADD_ADDRs into a pod whose rule allows no join", func(t *testing.T) (*Datapath, *ebpf.Program, []byte, skbContext) {
 			dp := loadForTest(t)
 			if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, MaxSubflows: 1, RewriteHeaders: true}); err != nil {
@@ -442,6 +452,29 @@ func TestSegmentsWhoseMPTCPOptionsTheKernelCouldReadOtherwiseAreDropped(t *testi
 				t.Errorf("connections %+v -> %+v (%v): the dropped segment taught one", conns, after, err)
 			}
 		})
+	}
+}
+
+// A join's third ACK (MP_JOIN with the full HMAC, which carries no B) with
+// an MP_PRIO is what Linux sends when its path manager changes the join's
+// role before the join is fully established (the agent releasing a held
+// join to a distant peer): it is not ambiguous, and it passes.
+func TestAJoinsThirdACKWithAnMPPrioPasses(t *testing.T) {
+	fromPeer := func(sport uint16, flags uint8, opts []byte) []byte {
+		return testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: sport, DstPort: 5201, Seq: 1001, Ack: 8, Flags: flags, Options: opts}}.Bytes()
+	}
+	dp := peerJoinBed(t, Rule{Paths: []uint32{1, 2}, MaxSubflows: 2}, 0)
+	run(t, dp.objs.NicIngress, peerJoinSYN(40010, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 2, true)), skbContext{IngressIfindex: nicPath2})
+	answer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 5201, DstPort: 40010, Seq: 7, Ack: 1001,
+		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, true)}}.Bytes()
+	run(t, dp.objs.PodEgress, answer, skbContext{})
+	before := stat(t, dp, StatMPTCPOptsAmbiguous)
+	third := fromPeer(40010, testpkt.ACK, testpkt.Join(testpkt.MPJoinACK([20]byte{1}), testpkt.MPPrio(false)))
+	if ret, _ := runVerdict(t, dp.objs.NicIngress, third, skbContext{IngressIfindex: nicPath2}); ret == tcActShot {
+		t.Fatal("the join's third ACK with an MP_PRIO was dropped")
+	}
+	if n := stat(t, dp, StatMPTCPOptsAmbiguous); n != before {
+		t.Errorf("StatMPTCPOptsAmbiguous = %d, want %d: the pair is not ambiguous", n, before)
 	}
 }
 
@@ -493,6 +526,7 @@ func optionListSeeds() [][]byte {
 		testpkt.Join(testpkt.MPCapableACK(1, 2), testpkt.MPCapableACK(3, 4)),
 		testpkt.Join(testpkt.DSS{DataACK: u64(1)}.Bytes(), testpkt.MPPrio(false), testpkt.MPJoinSYNACK(1, 2, 0, false)),
 		testpkt.Join(testpkt.MPPrio(true), testpkt.MPPrio(false), testpkt.DSS{DataACK: u64(1)}.Bytes()),
+		testpkt.Join(testpkt.MPJoinACK([20]byte{1}), testpkt.MPPrio(false)),
 	} {
 		out = append(out, toPod(testpkt.ACK, opts), toPod(testpkt.SYN|testpkt.ACK, opts))
 	}
