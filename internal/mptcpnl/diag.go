@@ -117,14 +117,16 @@ func ListSubflows(netnsFD int) ([]Subflow, error) {
 // SocketEnds are a TCP socket's two ends, as its namespace sees them.
 type SocketEnds struct{ Local, Remote netip.AddrPort }
 
-// openStates are the TCP states of a socket that can still receive a
-// peer's packets: every state but TIME_WAIT (6) and CLOSE (7), as bits of
-// idiag_states (TCPF_ALL is 0xfff).
-const openStates = 0xfff &^ (1<<6 | 1<<7)
+// openStates are the TCP states of a connected socket that can still
+// receive a peer's packets: every state but TIME_WAIT (6), CLOSE (7) and
+// LISTEN (10), as bits of idiag_states (TCPF_ALL is 0xfff). A listener is
+// no subflow, and leaving listeners out keeps a pod with many of them from
+// filling the bounded listing.
+const openStates = 0xfff &^ (1<<6 | 1<<7 | 1<<10)
 
-// ListOpenTCPSockets lists the TCP sockets of the network namespace with file
-// descriptor netnsFD (0: the caller's) that can still receive a peer's
-// packets (openStates), of both address families, bounded as ListSubflows
+// ListOpenTCPSockets lists the connected TCP sockets of the network namespace
+// with file descriptor netnsFD (0: the caller's) that can still receive a
+// peer's packets (openStates), of both address families, bounded as ListSubflows
 // is: more than maxListedSockets of them, or a listing that takes longer
 // than listTimeout, is an error.
 func ListOpenTCPSockets(netnsFD int) ([]SocketEnds, error) {

@@ -27,36 +27,53 @@ func TestSocketListingsAreConnectedAndBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	var listening []string
-	for range 3 {
-		var ln net.Listener
-		if err := netnsutil.Do(path, func() error {
-			var err error
-			ln, err = (&net.ListenConfig{}).Listen(context.Background(), "tcp", "192.0.2.1:0")
+	// A listener and two connections to it: four connected sockets, which
+	// are listed, and the listener, which is not (it is no subflow).
+	var ln net.Listener
+	var dialed []string
+	if err := netnsutil.Do(path, func() error {
+		var err error
+		if ln, err = (&net.ListenConfig{}).Listen(context.Background(), "tcp", "192.0.2.1:0"); err != nil {
 			return err
-		}); err != nil {
-			t.Fatal(err)
 		}
-		defer ln.Close()
-		listening = append(listening, ln.Addr().String())
+		for range 2 {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { c.Close() })
+			dialed = append(dialed, c.LocalAddr().String())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
+	defer ln.Close()
 
 	socks, err := ListOpenTCPSockets(fd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range listening {
+	for _, want := range dialed {
 		found := false
 		for _, s := range socks {
 			found = found || s.Local.String() == want
 		}
 		if !found {
-			t.Errorf("listener %s not listed in %+v", want, socks)
+			t.Errorf("connection from %s not listed in %+v", want, socks)
 		}
+	}
+	for _, s := range socks {
+		if !s.Remote.Addr().IsValid() || s.Remote.Port() == 0 {
+			t.Errorf("listed %+v, a socket with no peer: listeners are no subflows", s)
+		}
+	}
+	if len(socks) != 4 {
+		t.Errorf("listed %d sockets, want the 4 ends of the two connections: %+v", len(socks), socks)
 	}
 	err = listTCP(fd, openStates, 0, 2, func([]byte) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "more than 2 TCP sockets") {
-		t.Errorf("a listing bounded at 2 of 3 sockets: %v, want an error", err)
+		t.Errorf("a listing bounded at 2 of 4 sockets: %v, want an error", err)
 	}
 
 	c, err := dialSockDiag(fd)
