@@ -222,15 +222,7 @@ func (b *Bed) Namespaces() []string {
 	return append(out, b.Fabrics...)
 }
 
-// netnsAdd serializes `ip netns add` within the process. An add that finds /run/netns not yet a mount point makes it
-// one, and an add racing with it creates its file under the mount being put over it and fails ("Bind
-// /proc/self/ns/net -> /run/netns/NAME failed: No such file or directory"); tests that run side by side bring their
-// beds up at the same time.
-var netnsAdd sync.Mutex
-
-func (b *Bed) addNamespaces(ctx context.Context) error {
-	netnsAdd.Lock()
-	defer netnsAdd.Unlock()
+func (b *Bed) build(ctx context.Context) error {
 	for _, ns := range b.Namespaces() {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -238,13 +230,6 @@ func (b *Bed) addNamespaces(ctx context.Context) error {
 		if err := run(ctx, "ip", "netns", "add", ns); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-func (b *Bed) build(ctx context.Context) error {
-	if err := b.addNamespaces(ctx); err != nil {
-		return err
 	}
 	// Sysctls first, so that interfaces created afterwards inherit the "default" values.
 	for _, n := range b.Nodes {

@@ -101,6 +101,16 @@ var defaultName = regexp.MustCompile(`^(mpt[0-9a-f]{6})-`)
 // SweepStale removes the beds whose owning process is gone (a crashed or killed test run), namespaces with a
 // default-style prefix that no process claims, and real nodes' state directories that no live bed claims. Beds of live processes, such as a concurrent test run, are kept.
 func SweepStale() error {
+	// What exists first, then who owns it: a bed claims its prefix before it
+	// makes anything (Up), so whatever is listed here was claimed before the
+	// owners are read below. The other order would take a bed that a
+	// concurrent test is bringing up for a stale one, and delete its
+	// namespaces while they are being made.
+	names, err := listNetns()
+	if err != nil {
+		return err
+	}
+	dirs, _ := os.ReadDir(NodeStateRoot)
 	stale := map[string]bool{}
 	owned := map[string]bool{}
 	entries, _ := os.ReadDir(stateDir)
@@ -117,17 +127,12 @@ func SweepStale() error {
 			stale[prefix] = true
 		}
 	}
-	names, err := listNetns()
-	if err != nil {
-		return err
-	}
 	for _, n := range names {
 		if m := defaultName.FindStringSubmatch(n); m != nil && !owned[m[1]] {
 			stale[m[1]] = true
 		}
 	}
 	// Real nodes' state of a bed whose namespaces are already gone.
-	dirs, _ := os.ReadDir(NodeStateRoot)
 	for _, d := range dirs {
 		if !owned[d.Name()] {
 			stale[d.Name()] = true
