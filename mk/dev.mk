@@ -77,7 +77,7 @@ test: deps envtest-assets node-assets ## Run every test (needs root: network nam
 		$(GO) test $$flags -p 1 -parallel $(TEST_PARALLEL) $$rest || echo $$? >>$(TEST_OUTPUT)/failed; } 2>&1 | \
 		$(BIN)/testtimes -stream -json $(TEST_OUTPUT)/test.json || rc=$$?; \
 	[ ! -s $(TEST_OUTPUT)/failed ] || rc=1; \
-	$(BIN)/testtimes -report $(TEST_OUTPUT)/test.json; hack/test-summary.sh $(TEST_OUTPUT); \
+	$(BIN)/testtimes -report $(TEST_OUTPUT)/test.json -areas ./test/e2e; hack/test-summary.sh $(TEST_OUTPUT); \
 	$(BIN)/testtimes -counts $(TEST_OUTPUT)/test.json; exit $$rc
 
 # The data-integrity reproducer (docs/testing.md, "Data integrity"):

@@ -38,6 +38,7 @@ func main() {
 	report := flag.String("report", "", "print the slowest tests and the time per package of this JSON file")
 	counts := flag.String("counts", "", "print one line with how many tests of this JSON file passed, failed and were skipped")
 	top := flag.Int("top", 20, "with -report: how many of the slowest tests to list")
+	areas := flag.String("areas", "", "with -report: a package (./test/e2e) whose top-level tests are areas: its tests are their subtests")
 	flag.Parse()
 
 	var err error
@@ -45,7 +46,7 @@ func main() {
 	case *stream && *jsonOut != "":
 		err = copyStream(os.Stdin, os.Stdout, *jsonOut)
 	case *report != "":
-		err = printReport(os.Stdout, *report, *top)
+		err = printReport(os.Stdout, *report, *top, *areas)
 	case *counts != "":
 		err = printCounts(os.Stdout, *counts)
 	default:
@@ -93,8 +94,8 @@ type timing struct {
 	elapsed           float64
 }
 
-func printReport(out io.Writer, path string, top int) error {
-	tests, pkgs, err := readTimings(path)
+func printReport(out io.Writer, path string, top int, areas string) error {
+	tests, pkgs, err := readTimings(path, areas)
 	if err != nil {
 		return err
 	}
@@ -181,9 +182,11 @@ func eachEvent(path string, f func(event)) error {
 	return sc.Err()
 }
 
-// readTimings returns the top-level tests' and the packages' results with
-// their elapsed times. Packages without test files say so and are left out.
-func readTimings(path string) (tests, pkgs []timing, err error) {
+// readTimings returns the tests' and the packages' results with their
+// elapsed times: the top-level tests, but in the package areas, whose
+// top-level tests group its tests by area, their subtests. Packages without
+// test files say so and are left out.
+func readTimings(path, areas string) (tests, pkgs []timing, err error) {
 	err = eachEvent(path, func(e event) {
 		if e.Action != "pass" && e.Action != "fail" && e.Action != "skip" {
 			return
@@ -194,6 +197,10 @@ func readTimings(path string) (tests, pkgs []timing, err error) {
 			// [no test files]
 		case e.Test == "":
 			pkgs = append(pkgs, t)
+		case short(e.Package) == areas:
+			if strings.Count(e.Test, "/") == 1 {
+				tests = append(tests, t)
+			}
 		case !strings.Contains(e.Test, "/"):
 			tests = append(tests, t)
 		}
