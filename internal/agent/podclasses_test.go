@@ -21,9 +21,6 @@ import (
 // are the pod's own. A tenant's new pod whose name sorts first gets a class
 // of its own, and every other pod keeps its class (the same handle: its
 // queue and its rate) and its entry; so it does when that pod goes again.
-// Before, a pod's class was numbered by its position among the node's pods
-// by name, so a pod sorting first moved every later pod's class: their
-// queues dropped and their rates went to their neighbours for a moment.
 func TestAPodAddedFirstMovesNoOtherPodsShapingClass(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 1, PodsPerNode: 3})
 	node := bed.Node(1)

@@ -86,9 +86,9 @@ func TestAPodThatCannotBeConfiguredIsSkippedNotTheNode(t *testing.T) {
 // released pod, whose namespace path no longer names a namespace (a
 // regular file where it was). Its records wait for a listing that works;
 // the node's reconciles do not fail, so the node stays Ready and its other
-// pods, a new one included, are configured and gated. Before, every
-// reconcile failed (ApplyFailed) for as long as the released pod's records
-// were kept, and no pod of the node was gated.
+// pods, a new one included, are configured and gated: a listing error is
+// no reason for the node's reconcile to fail (ApplyFailed), which would
+// leave no pod of the node gated.
 func TestAPodWhoseSocketsCannotBeListedIsNotTheNodesProblem(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 2, PodsPerNode: 3})
 	node := bed.Node(1)
