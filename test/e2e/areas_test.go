@@ -4,9 +4,10 @@ import "testing"
 
 // The end-to-end tests, by area: `go test -run TestFailover ./test/e2e/` runs
 // one area, `-run TestFailover/GrayFailure` the tests of it whose names
-// begin so. Areas that measure rates and stalls run their tests one at a
-// time; functional areas run theirs side by side (go test -parallel),
-// each on a bed of its own. Go runs the areas themselves one after
+// begin so. Areas that measure rates and stalls, and those whose agents
+// probe liveness, run their tests one at a time; the other functional
+// areas run theirs side by side (go test -parallel), each on a bed of its
+// own. Go runs the areas themselves one after
 // another, so a measurement never shares the machine with another test.
 
 // Failover: a NIC fails mid-transfer (carrier, gray failures, removal) and the
