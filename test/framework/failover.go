@@ -314,7 +314,7 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 	if err != nil {
 		t.Fatalf("cutting the captures down to their control segments: %v", err)
 	}
-	if _, f.Teardown, f.Resets, err = ClassifiedResets(testbed.ControlFiles(control)); err != nil {
+	if _, f.Teardown, f.Resets, err = classifyResets(testbed.ControlFiles(control)); err != nil {
 		t.Errorf("reading the captures for resets and FINs: %v", err)
 	}
 	if a, err := testbed.Analyze(files); err != nil {

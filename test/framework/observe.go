@@ -247,15 +247,20 @@ func (a *Agent) Leftovers() error {
 // of segments that MPTCP sent again on another subflow after a failure),
 // the closing side's kernel finds unread data on that subflow at close and
 // resets it, after its FIN, and answers every segment still arriving with
-// another reset (docs/testing.md, "Failover"). The captures may be whole or
-// already cut to their control segments.
+// another reset (docs/testing.md, "Failover").
 func ClassifiedResets(files []testbed.CaptureFile) (all, teardown, other []string, err error) {
 	control, err := testbed.ControlSegments(files)
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	return classifyResets(testbed.ControlFiles(control))
+}
+
+// classifyResets is ClassifiedResets on captures already cut to their
+// control segments.
+func classifyResets(files []testbed.CaptureFile) (all, teardown, other []string, err error) {
 	fins := map[string]float64{} // "src sport dst dport" -> the first FIN's time
-	for _, f := range testbed.ControlFiles(control) {
+	for _, f := range files {
 		b, err := exec.Command("tshark", "-r", f.Path, "-Y", "tcp.flags.reset == 1 || tcp.flags.fin == 1",
 			"-T", "fields", "-E", "separator=/s", "-e", "tcp.flags.reset", "-e", "tcp.flags.fin",
 			"-e", "frame.time_epoch", "-e", "ip.src", "-e", "tcp.srcport", "-e", "ip.dst", "-e", "tcp.dstport",
