@@ -185,8 +185,10 @@ func eachEvent(path string, f func(event)) error {
 // readTimings returns the tests' and the packages' results with their
 // elapsed times: the top-level tests, but in the package areas, whose
 // top-level tests group its tests by area, their subtests. Packages without
-// test files say so and are left out.
+// test files say so and are left out; a package that ran in both of make
+// test's phases is one row, its times added, failed if either run failed.
 func readTimings(path, areas string) (tests, pkgs []timing, err error) {
+	pkgRow := map[string]int{}
 	err = eachEvent(path, func(e event) {
 		if e.Action != "pass" && e.Action != "fail" && e.Action != "skip" {
 			return
@@ -196,7 +198,16 @@ func readTimings(path, areas string) (tests, pkgs []timing, err error) {
 		case e.Test == "" && e.Action == "skip":
 			// [no test files]
 		case e.Test == "":
-			pkgs = append(pkgs, t)
+			i, seen := pkgRow[e.Package]
+			if !seen {
+				pkgRow[e.Package] = len(pkgs)
+				pkgs = append(pkgs, t)
+				return
+			}
+			pkgs[i].elapsed += t.elapsed
+			if t.result == "fail" {
+				pkgs[i].result = "fail"
+			}
 		case short(e.Package) == areas:
 			if strings.Count(e.Test, "/") == 1 {
 				tests = append(tests, t)

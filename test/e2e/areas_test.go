@@ -77,17 +77,16 @@ func TestAgent(t *testing.T) {
 
 // Kube: the operator installed by its chart on real nodes (kubelet,
 // containerd) and driven through the API server: policies, paths, pods
-// and agents coming and going, the contract from CRD to datapath. One at a
-// time: the chart's agents probe their paths' liveness every 30 ms, and two
-// clusters side by side on two cores starve the probes into a false path
-// down, whose detour the placement checks then see.
+// and agents coming and going, the contract from CRD to datapath.
+// Functional: run side by side, their agents probing liveness slowly
+// enough not to be starved (kubeBedLiveness).
 func TestKube(t *testing.T) {
-	t.Run("PolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly", testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly)
-	t.Run("AgentsKilledWhileThePolicyChangesResumeUndisturbed", testAgentsKilledWhileThePolicyChangesResumeUndisturbed)
-	t.Run("PodDeletedFromTheAPILeavesNothingBehind", testPodDeletedFromTheAPILeavesNothingBehind)
-	t.Run("DefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing", testDefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing)
-	t.Run("TenantPreferenceActsInEverySpreadMode", testTenantPreferenceActsInEverySpreadMode)
-	t.Run("RaisedMaxSubflowsReachesRunningPods", testRaisedMaxSubflowsReachesRunningPods)
+	t.Run("PolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly", sideBySide(testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly))
+	t.Run("AgentsKilledWhileThePolicyChangesResumeUndisturbed", sideBySide(testAgentsKilledWhileThePolicyChangesResumeUndisturbed))
+	t.Run("PodDeletedFromTheAPILeavesNothingBehind", sideBySide(testPodDeletedFromTheAPILeavesNothingBehind))
+	t.Run("DefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing", sideBySide(testDefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing))
+	t.Run("TenantPreferenceActsInEverySpreadMode", sideBySide(testTenantPreferenceActsInEverySpreadMode))
+	t.Run("RaisedMaxSubflowsReachesRunningPods", sideBySide(testRaisedMaxSubflowsReachesRunningPods))
 }
 
 // Chart: what an admin does with helm: install, spread, uninstall without a

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -70,30 +69,14 @@ func startChartBed(t *testing.T, cfg testbed.Config, other ...nodes.Image) *char
 		helm: release.Helm{Binary: helm, Kubeconfig: cp.Kubeconfig, Timeout: 3 * time.Minute}}
 }
 
-var (
-	imagesOnce sync.Once
-	imagesDir  string
-	images     nodes.Images
-	imagesErr  error
-)
+// treeImages are this tree's images (controller, agent, traffic, pause),
+// built (or read from $MPTCP_TEST_IMAGES) once for the package; TestMain
+// removes what it built.
+var treeImages nodes.TestImages
 
-// testImages builds this tree's images (controller, agent, traffic, pause)
-// with make images' builder (IMAGEBUILD) once for the package; TestMain
-// removes them.
 func testImages(t *testing.T) nodes.Images {
 	t.Helper()
-	builder := testutil.BuiltTool(t, "IMAGEBUILD", "imagebuild")
-	imagesOnce.Do(func() {
-		start := time.Now()
-		if imagesDir, imagesErr = os.MkdirTemp("", "mptcp-e2e-images-"); imagesErr == nil {
-			images, imagesErr = nodes.BuildImages(builder, imagesDir)
-		}
-		t.Logf("images of this tree built in %s", time.Since(start).Round(100*time.Millisecond))
-	})
-	if imagesErr != nil {
-		t.Fatalf("building the images: %v", imagesErr)
-	}
-	return images
+	return treeImages.ForTest(t)
 }
 
 // install runs `helm install` of chart with this tree's images (imported

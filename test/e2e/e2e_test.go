@@ -38,11 +38,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	// The images, when a test built them (testImages).
-	defer func() {
-		if imagesDir != "" {
-			os.RemoveAll(imagesDir)
-		}
-	}()
+	defer treeImages.Remove()
 	return m.Run()
 }
 

@@ -44,6 +44,15 @@ type kubeBed struct {
 
 const appsNS = "apps"
 
+// kubeBedLiveness are the liveness values of a kube bed's agents: a probe
+// every 100 ms, a peer down after a second of silence. The kube tests check
+// the contract from the API to the datapath, not how fast a path is found
+// dead (TestFailover does, alone on the machine); they run side by side,
+// and at the chart's default (30 ms, down after 150 ms) two clusters on two
+// cores starve the probes into false path-downs whose detours the
+// placement checks would see.
+var kubeBedLiveness = []string{"--set", "agent.liveness.interval=100ms", "--set", "agent.liveness.detectMultiplier=10"}
+
 // startKubeBed starts a bed of cfg.Nodes real nodes, creates cfg.PodsPerNode
 // pods of the traffic image per node in namespace apps (labelled
 // mptcp.io/tenant=enabled as examples/policy-spread.yaml selects; opts
@@ -56,7 +65,7 @@ func startKubeBed(t *testing.T, cfg testbed.Config, opts ...podOption) *kubeBed 
 	cfg.PodsPerNode = 0
 	cb := startChartBed(t, cfg)
 	cb.workloadPods(t, appsNS, tenantLabels, perNode, opts...)
-	cb.install(t, release.Chart(), cb.images)
+	cb.install(t, release.Chart(), cb.images, kubeBedLiveness...)
 	applyFile(t, cb.c, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))
 	kb := &kubeBed{chartBed: cb, env: cb.cp.Env, agents: cb.agents()}
 	// The agents run already: wait until every node's state has the

@@ -113,7 +113,7 @@ func singlePath(t *testing.T, ctx context.Context, b *Bed, bin string, client, s
 	return r
 }
 
-func TestShapingCapsSinglePathAtLinkRate(t *testing.T) {
+func TestRateOfAShapedSinglePathIsItsLinkRate(t *testing.T) {
 	const rate = "200mbit"
 	b := NewForTest(t, Config{Nodes: 2, NICs: 1, PodsPerNode: 1, LinkRate: rate})
 	bin := BuildTraffic(t)

@@ -6,8 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
+	"testing"
+	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // Images are the image archives `make images` (hack/tools/imagebuild)
@@ -63,4 +67,52 @@ func (im Images) All() []Image {
 		out = append(out, i)
 	}
 	return out
+}
+
+// ImagesEnv names a directory of this tree's images built before the tests
+// (`make test` builds them once for the whole run, so that no test package
+// builds them again). Unset, ForTest builds them itself.
+const ImagesEnv = "MPTCP_TEST_IMAGES"
+
+// TestImages are this tree's images for a test process: read from
+// $MPTCP_TEST_IMAGES or built once, on first use, with make images'
+// builder ($IMAGEBUILD).
+type TestImages struct {
+	once   sync.Once
+	dir    string // built here: Remove removes it
+	images Images
+	err    error
+}
+
+// ForTest returns the images, building them on first use; a machine
+// without the builder skips the test (fatal under CI=true).
+func (ti *TestImages) ForTest(t testing.TB) Images {
+	t.Helper()
+	dir := os.Getenv(ImagesEnv)
+	builder := ""
+	if dir == "" {
+		builder = testutil.BuiltTool(t, "IMAGEBUILD", "imagebuild")
+	}
+	ti.once.Do(func() {
+		start := time.Now()
+		if dir != "" {
+			ti.images, ti.err = ReadImages(dir)
+			return
+		}
+		if ti.dir, ti.err = os.MkdirTemp("", "mptcp-test-images-"); ti.err == nil {
+			ti.images, ti.err = BuildImages(builder, ti.dir)
+		}
+		t.Logf("images of this tree built in %s", time.Since(start).Round(100*time.Millisecond))
+	})
+	if ti.err != nil {
+		t.Fatalf("the images of this tree: %v", ti.err)
+	}
+	return ti.images
+}
+
+// Remove removes the images ForTest built (not those of $MPTCP_TEST_IMAGES).
+func (ti *TestImages) Remove() {
+	if ti.dir != "" {
+		os.RemoveAll(ti.dir)
+	}
 }
