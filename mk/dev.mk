@@ -60,15 +60,15 @@ BENCH_OUTPUT := $(CURDIR)/_output/bench
 # Two phases. First every test that measures nothing, several packages at a
 # time (TEST_PACKAGES_AT_ONCE; within a package, functional e2e areas run
 # TEST_PARALLEL tests side by side). Then, one at a time with the machine
-# to themselves, the tests whose names begin with TEST_ALONE_NAMES: they measure
-# rates and stalls (TestRate..., TestFailover, TestIntegrity), or run the
-# chart's agents at its default 30 ms liveness probes (TestChart), which a
-# busy machine starves into false path-downs. The e2e package comes first
-# in the first phase: it is the longest. This tree's images are built once
-# for the run (MPTCP_TEST_IMAGES) rather than by every package that
-# imports them into real nodes.
+# to themselves, the areas TEST_ALONE_NAMES of any package: they measure
+# rates and stalls (TestRate, TestFailover), load both cores on purpose
+# (TestIntegrity), or run the chart's agents at its default 30 ms liveness
+# probes (TestChart), which a busy machine starves into false path-downs.
+# The e2e package comes first in the first phase: it is the longest. This
+# tree's images are built once for the run (MPTCP_TEST_IMAGES) rather than
+# by every package that imports them into real nodes.
 TEST_ALONE_NAMES := TestRate|TestFailover|TestIntegrity|TestChart
-TEST_ALONE := ^($(TEST_ALONE_NAMES))
+TEST_ALONE := ^($(TEST_ALONE_NAMES))$$
 TEST_PACKAGES_AT_ONCE ?= 3
 TEST_PARALLEL ?= 2
 
@@ -76,10 +76,10 @@ TEST_PARALLEL ?= 2
 test: deps envtest-assets node-assets ## Run every test (needs root: network namespaces, BPF, a real API server); then the slowest tests, time per package, retries and kept evidence.
 	@rm -rf $(TEST_OUTPUT) && mkdir -p $(TEST_OUTPUT)
 	$(GO) build -o $(BIN)/testtimes ./hack/testtimes
-	$(IMAGEBUILD) -repo $(CURDIR) -out $(TEST_OUTPUT)/images >/dev/null
+	SOURCE_DATE_EPOCH= $(IMAGEBUILD) -repo $(CURDIR) -out $(TEST_OUTPUT)/images >/dev/null
 	all=$$($(GO) list ./...); e2e=$$($(GO) list ./test/e2e); \
 	alone=$$($(GO) list -f '{{.ImportPath}} {{.Dir}}' ./... | while read -r pkg dir; do \
-		! grep -qsE 'func ($(TEST_ALONE_NAMES))' $$dir/*_test.go || echo $$pkg; done); \
+		! grep -qsE 'func ($(TEST_ALONE_NAMES))\(' $$dir/*_test.go || echo $$pkg; done); \
 	export MPTCP_RETRY_LOG=$(TEST_OUTPUT)/retries.tsv KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) MPTCP_TEST_IMAGES=$(TEST_OUTPUT)/images; \
 	flags="-json -count=1 -timeout $(TEST_TIMEOUT) -artifacts -outputdir $(TEST_OUTPUT)"; \
 	rc=0; { $(GO) test $$flags -p $(TEST_PACKAGES_AT_ONCE) -parallel $(TEST_PARALLEL) -skip '$(TEST_ALONE)' $$e2e $$(echo "$$all" | grep -vxF "$$e2e") || echo $$? >$(TEST_OUTPUT)/failed; \

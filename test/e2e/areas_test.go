@@ -4,11 +4,13 @@ import "testing"
 
 // The end-to-end tests, by area: `go test -run TestFailover ./test/e2e/` runs
 // one area, `-run TestFailover/GrayFailure` the tests of it whose names
-// begin so. Areas that measure rates and stalls, and those whose agents
-// probe liveness, run their tests one at a time; the other functional
-// areas run theirs side by side (go test -parallel), each on a bed of its
-// own. Go runs the areas themselves one after
-// another, so a measurement never shares the machine with another test.
+// begin so. Areas that measure rates and stalls, load the machine, or run
+// the chart's defaults (TestFailover, TestRate, TestIntegrity, TestChart)
+// run their tests one at a time; the functional areas run theirs side by
+// side (go test -parallel), each on a bed of its own. Go runs the areas one
+// after another; `make test` runs the functional ones beside other
+// packages and the others alone on the machine afterwards
+// (docs/testing.md).
 
 // Failover: a NIC fails mid-transfer (carrier, gray failures, removal) and the
 // connection's longest stall, its goodput during the failure and the path's
@@ -79,7 +81,7 @@ func TestAgent(t *testing.T) {
 // containerd) and driven through the API server: policies, paths, pods
 // and agents coming and going, the contract from CRD to datapath.
 // Functional: run side by side, their agents probing liveness slowly
-// enough not to be starved (kubeBedLiveness).
+// enough not to be starved (kubeBedValues).
 func TestKube(t *testing.T) {
 	t.Run("PolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly", sideBySide(testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly))
 	t.Run("AgentsKilledWhileThePolicyChangesResumeUndisturbed", sideBySide(testAgentsKilledWhileThePolicyChangesResumeUndisturbed))

@@ -44,14 +44,19 @@ type kubeBed struct {
 
 const appsNS = "apps"
 
-// kubeBedLiveness are the liveness values of a kube bed's agents: a probe
-// every 100 ms, a peer down after a second of silence. The kube tests check
-// the contract from the API to the datapath, not how fast a path is found
-// dead (TestFailover does, alone on the machine); they run side by side,
-// and at the chart's default (30 ms, down after 150 ms) two clusters on two
-// cores starve the probes into false path-downs whose detours the
-// placement checks would see.
-var kubeBedLiveness = []string{"--set", "agent.liveness.interval=100ms", "--set", "agent.liveness.detectMultiplier=10"}
+// kubeBedValues are what a kube bed changes in the chart's defaults. Its
+// agents probe liveness every 100 ms, a peer down after a second of
+// silence: the kube tests check the contract from the API to the datapath,
+// not how fast a path is found dead (TestFailover does, alone on the
+// machine), and they run side by side, where at the chart's default (30
+// ms, down after 150 ms) two clusters on two cores starve the probes into
+// false path-downs whose detours the placement checks would see. One
+// controller replica: none of them is about leader election (TestChart
+// installs the defaults), and the second costs CPU every test shares.
+var kubeBedValues = []string{
+	"--set", "agent.liveness.interval=100ms", "--set", "agent.liveness.detectMultiplier=10",
+	"--set", "controller.replicas=1",
+}
 
 // startKubeBed starts a bed of cfg.Nodes real nodes, creates cfg.PodsPerNode
 // pods of the traffic image per node in namespace apps (labelled
@@ -65,7 +70,7 @@ func startKubeBed(t *testing.T, cfg testbed.Config, opts ...podOption) *kubeBed 
 	cfg.PodsPerNode = 0
 	cb := startChartBed(t, cfg)
 	cb.workloadPods(t, appsNS, tenantLabels, perNode, opts...)
-	cb.install(t, release.Chart(), cb.images, kubeBedLiveness...)
+	cb.install(t, release.Chart(), cb.images, kubeBedValues...)
 	applyFile(t, cb.c, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))
 	kb := &kubeBed{chartBed: cb, env: cb.cp.Env, agents: cb.agents()}
 	// The agents run already: wait until every node's state has the

