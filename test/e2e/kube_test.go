@@ -51,11 +51,12 @@ const appsNS = "apps"
 // machine), and they run side by side, where at the chart's default (30
 // ms, down after 150 ms) two clusters on two cores starve the probes into
 // false path-downs whose detours the placement checks would see. One
-// controller replica: none of them is about leader election (TestChart
-// installs the defaults), and the second costs CPU every test shares.
+// controller replica (so no disruption budget): none of them is about
+// leader election or drains (TestChart installs the defaults), and the
+// second replica costs CPU every test shares.
 var kubeBedValues = []string{
 	"--set", "agent.liveness.interval=100ms", "--set", "agent.liveness.detectMultiplier=10",
-	"--set", "controller.replicas=1",
+	"--set", "controller.replicas=1", "--set", "controller.podDisruptionBudget.enabled=false",
 }
 
 // startKubeBed starts a bed of cfg.Nodes real nodes, creates cfg.PodsPerNode

@@ -54,21 +54,27 @@ func (s *pathManager) releaseLater(sess *session, ev mptcpnl.Event) bool {
 	key := unmapped(ev)
 	sess.sweeps.schedule(key)
 	sess.later(s.holdoff, func() {
-		defer sess.sweeps.done(key)
-		s.release(sess, ev.Token, ev.Local, ev.Remote)
+		err := s.release(sess, ev.Token, ev.Local, ev.Remote)
+		sess.sweeps.done(key)
+		if err != nil {
+			// Closed meanwhile, or refused for now: a sweep
+			// releases the join if it is still held.
+			s.sweepLater(sess)
+		}
 	})
 	return true
 }
 
-// release makes a held join active.
-func (s *pathManager) release(sess *session, token uint32, local, remote netip.AddrPort) {
+// release makes a held join active. An error means the join is not known
+// to be active: it closed meanwhile (nothing left to release), or the
+// kernel refused the change for now, and the caller sweeps again.
+func (s *pathManager) release(sess *session, token uint32, local, remote netip.AddrPort) error {
 	if err := sess.cmds.SetSubflowBackup(token, local, remote, false); err != nil {
-		// The join or its connection closed meanwhile: nothing
-		// left to release.
 		s.log.Debug("making a held join active", "local", local, "remote", remote, "err", err)
-		return
+		return err
 	}
 	s.releasedJoins.Add(1)
+	return nil
 }
 
 // A held join whose release was never scheduled, or was dropped, would stay
@@ -145,7 +151,9 @@ func (s *pathManager) sweep(sess *session) {
 	// Forget what is no longer held: released, closed.
 	maps.DeleteFunc(sw.seen, func(k subflowKey, _ time.Time) bool { return !held[k] })
 	for _, sf := range release {
-		s.release(sess, sf.Token, sf.Local, sf.Remote)
+		if s.release(sess, sf.Token, sf.Local, sf.Remote) != nil {
+			again = true // still held, or gone: the next sweep tells
+		}
 	}
 	if again {
 		s.sweepLater(sess)
