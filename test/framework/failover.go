@@ -49,6 +49,7 @@ type FailoverFigures struct {
 	Reinjected  float64       // the sender's MPTcpExtMPTCPRetrans (data sent again on another subflow)
 	Problems    []string      // what the row's Judge found wrong
 	Evidence    string        // where the evidence of the problems is
+	Retried     bool          // it missed only targets, and the row's Retry lets it run again
 	Placement   string        // each subflow's kind and the NICs node 1 sent it on, from the captures
 	// Reopened counts the subflows opened (their SYN captured) after the
 	// failure: joins replacing subflows it closed. A subflow that detours
@@ -183,7 +184,12 @@ type FailoverRow struct {
 	// which counts the problems instead, and keeps evidence only for the
 	// agents' rows: the kernel alone misses often, and what it does is
 	// not ours to explain).
-	Judge       func(FailoverFigures) []string
+	Judge func(FailoverFigures) []string
+	// Retry, when set, names why a transfer whose only problems are the
+	// targets it missed may run once more (Transfer returns its figures
+	// with Retried; the caller runs the next with Retry unset). Resets,
+	// and a changed or broken stream, are never tried again.
+	Retry       string
 	MeasureOnly bool
 	Agents      []*Agent // nil for the kernel's control
 	SenderArgs  []string
@@ -344,6 +350,11 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 		transferred.Sub(start).Round(time.Millisecond), time.Since(transferred).Round(time.Millisecond))
 	if row.Judge != nil {
 		if f.Problems = row.Judge(f); len(f.Problems) > 0 {
+			if row.Retry != "" && len(ResetProblems(t, f)) == 0 {
+				f.Retried = true
+				f.Evidence = w.RetryMiss(fmt.Errorf("%s on node %d's nic1: %s\n%v", fail.Name, node, strings.Join(f.Problems, "\n"), f), row.Retry)
+				return f
+			}
 			if row.Agents != nil || !row.MeasureOnly {
 				f.Evidence = w.Keep(fmt.Errorf("%s on node %d's nic1: %s\n%v", fail.Name, node, strings.Join(f.Problems, "\n"), f))
 			}

@@ -125,6 +125,22 @@ func (w *Watch) Retry(err error, reason string) {
 	recordRetry(w.t, reason, dir)
 }
 
+// RetryMiss is Retry for a transfer that arrived whole but missed a target
+// its test measures (a stall, the goodput during a failure): the test
+// names the reason it may run the transfer once more, and RetryMiss keeps
+// the evidence, logs and records the retry, and returns where the
+// evidence is. Without a reason the test fails.
+func (w *Watch) RetryMiss(err error, reason string) string {
+	w.t.Helper()
+	if reason == "" {
+		w.Fail(err)
+	}
+	dir := w.save(err)
+	w.t.Logf("RETRY (%s): %v\nevidence: %s", reason, err, dir)
+	recordRetry(w.t, reason, dir)
+	return dir
+}
+
 // save writes the evidence of err into a new directory and returns it.
 func (w *Watch) save(err error) string {
 	w.t.Helper()
