@@ -350,13 +350,14 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 		transferred.Sub(start).Round(time.Millisecond), time.Since(transferred).Round(time.Millisecond))
 	if row.Judge != nil {
 		if f.Problems = row.Judge(f); len(f.Problems) > 0 {
+			missed := fmt.Errorf("%s on node %d's nic1: %s\n%v", fail.Name, node, strings.Join(f.Problems, "\n"), f)
 			if row.Retry != "" && len(ResetProblems(t, f)) == 0 {
 				f.Retried = true
-				f.Evidence = w.RetryMiss(fmt.Errorf("%s on node %d's nic1: %s\n%v", fail.Name, node, strings.Join(f.Problems, "\n"), f), row.Retry)
+				f.Evidence = w.RetryMiss(missed, row.Retry)
 				return f
 			}
 			if row.Agents != nil || !row.MeasureOnly {
-				f.Evidence = w.Keep(fmt.Errorf("%s on node %d's nic1: %s\n%v", fail.Name, node, strings.Join(f.Problems, "\n"), f))
+				f.Evidence = w.Keep(missed)
 			}
 			for _, p := range f.Problems {
 				if row.MeasureOnly {

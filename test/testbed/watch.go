@@ -117,12 +117,10 @@ func (w *Watch) Keep(err error) string {
 func (w *Watch) Retry(err error, reason string) {
 	w.t.Helper()
 	var te *TrafficError
-	if reason == "" || !errors.As(err, &te) || !te.OnlyStalled() {
+	if !errors.As(err, &te) || !te.OnlyStalled() {
 		w.Fail(err)
 	}
-	dir := w.save(err)
-	w.t.Logf("RETRY (%s): %v\nevidence: %s", reason, err, dir)
-	recordRetry(w.t, reason, dir)
+	w.RetryMiss(err, reason)
 }
 
 // RetryMiss is Retry for a transfer that arrived whole but missed a target
