@@ -87,7 +87,7 @@ test: deps envtest-assets node-assets ## Run every test (needs root: network nam
 		$(BIN)/testtimes -stream -json $(TEST_OUTPUT)/test.json || rc=$$?; \
 	[ ! -s $(TEST_OUTPUT)/failed ] || rc=1; \
 	$(BIN)/testtimes -report $(TEST_OUTPUT)/test.json -areas ./test/e2e; hack/test-summary.sh $(TEST_OUTPUT); \
-	$(BIN)/testtimes -counts $(TEST_OUTPUT)/test.json; exit $$rc
+	$(BIN)/testtimes -failures $(TEST_OUTPUT)/test.json; $(BIN)/testtimes -counts $(TEST_OUTPUT)/test.json; exit $$rc
 
 # The data-integrity reproducer (docs/testing.md, "Data integrity"):
 # INTEGRITY_ROUNDS transfers per scenario, each checked byte by byte.

@@ -6,6 +6,7 @@
 //
 //	go test -json ./... | testtimes -stream -json out.json
 //	testtimes -report out.json
+//	testtimes -failures out.json  # the last lines each failed test printed
 //	testtimes -counts out.json    # "tests: N passed, N failed, N skipped"
 package main
 
@@ -16,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -37,6 +39,8 @@ func main() {
 	jsonOut := flag.String("json", "", "with -stream: the file to write the JSON to")
 	report := flag.String("report", "", "print the slowest tests and the time per package of this JSON file")
 	counts := flag.String("counts", "", "print one line with how many tests of this JSON file passed, failed and were skipped")
+	failures := flag.String("failures", "", "print the last lines of what each failed test of this JSON file printed")
+	lines := flag.Int("lines", 30, "with -failures: how many of a failed test's last lines to print")
 	top := flag.Int("top", 20, "with -report: how many of the slowest tests to list")
 	areas := flag.String("areas", "", "with -report: a package (./test/e2e) whose top-level tests are areas: its tests are their subtests")
 	flag.Parse()
@@ -49,6 +53,8 @@ func main() {
 		err = printReport(os.Stdout, *report, *top, *areas)
 	case *counts != "":
 		err = printCounts(os.Stdout, *counts)
+	case *failures != "":
+		err = printFailures(os.Stdout, *failures, *lines)
 	default:
 		flag.Usage()
 		os.Exit(2)
@@ -162,6 +168,41 @@ func printCounts(out io.Writer, path string) error {
 	}
 	fmt.Fprintf(out, "tests: %d passed, %d failed, %d skipped\n", passed, failed, skipped)
 	return err
+}
+
+// printFailures prints, for every failed test none of whose subtests failed,
+// the last lines of its own output. Tests run side by side interleave their
+// lines in the stream; here each failure's message stands next to its name,
+// at the end of the run where a reader of a long log looks first.
+func printFailures(out io.Writer, path string, lines int) error {
+	type key struct{ pkg, test string }
+	output := map[key][]string{}
+	var failed []key
+	err := eachEvent(path, func(e event) {
+		k := key{e.Package, e.Test}
+		switch {
+		case e.Test == "":
+		case e.Action == "output":
+			output[k] = append(output[k], e.Output)
+		case e.Action == "fail":
+			failed = append(failed, k)
+		}
+	})
+	if err != nil || len(failed) == 0 {
+		return err
+	}
+	fmt.Fprintln(out, "--- what the failed tests printed last")
+	for _, k := range failed {
+		if slices.ContainsFunc(failed, func(o key) bool { return o.pkg == k.pkg && strings.HasPrefix(o.test, k.test+"/") }) {
+			continue // its failed subtest says why
+		}
+		fmt.Fprintf(out, "%s %s:\n", short(k.pkg), k.test)
+		own := output[k]
+		for _, l := range own[max(0, len(own)-lines):] {
+			fmt.Fprint(out, l)
+		}
+	}
+	return nil
 }
 
 // eachEvent calls f with every event of the JSON file at path.

@@ -411,8 +411,10 @@ func TestRatePoliceTakesTheCoarseClockForDeepBucketsOnly(t *testing.T) {
 // data is dropped too (a bucket per subflow would let it through), and the
 // bucket is the connection's, keyed by its canonical token.
 func TestRatePoliceChargesAConnectionsSubflowsToOneBucket(t *testing.T) {
+	// 80 kbit/s: the join's packet right after the drop finds the bucket
+	// still empty unless a busy machine pauses 145 ms between the two.
 	const burst = 64 << 10
-	dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerConnection: 8_000_000, Directions: Egress, BurstBytes: burst})
+	dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerConnection: 80_000, Directions: Egress, BurstBytes: burst})
 	egress := dp.Program(HookPodEgress)
 	const clientKey, serverKey = 0x0a0b0c0d0e0f1011, 0x0102030405060708
 	run(t, egress, syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
@@ -486,7 +488,9 @@ func TestSetRateRuleValidates(t *testing.T) {
 // In observe-only mode police drops nothing: it counts StatObserved where
 // it would have dropped, and no drop counter moves.
 func TestRatePoliceObserveOnlyDropsNothing(t *testing.T) {
-	dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerConnection: 8_000_000, Directions: Egress, BurstBytes: 64 << 10})
+	// 80 kbit/s: a packet's worth of tokens takes 145 ms to come back,
+	// however slowly a busy machine runs the packets.
+	dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerConnection: 80_000, Directions: Egress, BurstBytes: 64 << 10})
 	if err := dp.SetObserveOnly(true); err != nil {
 		t.Fatal(err)
 	}
@@ -500,8 +504,8 @@ func TestRatePoliceObserveOnlyDropsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 201 packets that would have been marked, and of the 200 of 1454
-	// bytes against a 64 KiB burst at 1 MB/s at least 150 that would have
-	// been dropped.
+	// bytes against a 64 KiB burst at 10 kB/s at least 150 that would have
+	// been dropped (the burst passes 46, and 4 more come back in 0.6 s).
 	if st[StatRateDropConn] != 0 || st[StatObserved] < 201+150 {
 		t.Errorf("observe-only: drops %d, observed %d; want 0 and at least %d", st[StatRateDropConn], st[StatObserved], 201+150)
 	}
