@@ -250,7 +250,9 @@ struct {
  * old entry is gone, by an arrival whose third ACK came (acked): at the
  * close the agent hears or sweeps (subflow_closed). LRU maps, not pinned:
  * a flood of SYNs evicts only other SYNs, never an answered arrival (only
- * the pod's own answers write those) nor a live entry. The pod answers a
+ * the pod's own answers write those) nor a live entry, and each pod's SYNs
+ * wait in a map of its own (its slot's in arrivals), so a flood at one pod
+ * evicts only that pod's waiting SYNs, never another's join. The pod answers a
  * join only for a token it knows and within its subflow limit, so joins
  * have their map apart, which a flood of SYNs at an open port, answered
  * by the pod, cannot push a join out of. An initial subflow whose arrival
@@ -274,12 +276,29 @@ struct arrival {
 #define ARRIVAL_RATE_FLAGS_AT 8
 #define ARRIVAL_POD_SHIFT_AT  16
 
-struct {
+/* One pod's waiting SYNs. */
+struct pod_arrivals_map {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
+	__uint(max_entries, LIMIT_POD_ARRIVALS);
 	__type(key, struct flow_key);
 	__type(value, struct arrival);
+};
+
+/* Each selected pod's waiting SYNs, by its pod slot: the agent gives a slot
+ * a fresh map when it gives the slot to a pod, and takes it away with the
+ * slot. A slot without one stages nothing. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MAX_PODS + 1);
+	__type(key, __u32);
+	__array(values, struct pod_arrivals_map);
 } arrivals SEC(".maps");
+
+/* pod_arrivals is the map of waiting SYNs of the pod at slot (NULL: none). */
+static __always_inline void *pod_arrivals(__u32 slot)
+{
+	return bpf_map_lookup_elem(&arrivals, &slot);
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -1512,9 +1531,11 @@ static __always_inline __u32 ack_seq(struct __sk_buff *skb, const struct packet 
 __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk,
 			      const struct subflow *live)
 {
-	struct arrival a, *waiting, *prev;
+	struct arrival a, *waiting = NULL, *prev;
 	__u32 canonical = 0, ack, seq, join;
+	struct endpoint *ep;
 	struct conn *c = NULL;
+	void *staged = NULL;
 	__u64 now;
 
 	if (!skb || !pkt || !fk || !from_its_pod(skb, pkt))
@@ -1537,7 +1558,11 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 			set_path_mark(skb, prev->sf.path_index);
 		return ARRIVAL_ANSWERED;
 	}
-	waiting = bpf_map_lookup_elem(&arrivals, fk);
+	ep = lookup_endpoint(fk->family, fk->saddr);
+	if (ep)
+		staged = pod_arrivals(ep->pod_slot);
+	if (staged)
+		waiting = bpf_map_lookup_elem(staged, fk);
 	if (waiting) /* a copy: an LRU element can be reused by another CPU */
 		a = *waiting;
 	/* It must answer the waiting SYN, as the same kind of subflow, and
@@ -1555,11 +1580,11 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);
 	if (a.sf.token && (join_refused(a.sf.rule, c, a.sf.path_index) ||
 			   join_answers_spent(fk, a.sf.token, a.sf.rule, now))) {
-		bpf_map_delete_elem(&arrivals, fk);
+		bpf_map_delete_elem(staged, fk);
 		count(STAT_JOIN_REFUSED);
 		return ARRIVAL_REFUSED;
 	}
-	bpf_map_delete_elem(&arrivals, fk);
+	bpf_map_delete_elem(staged, fk);
 	/* By key, from the copy: never through a pointer another CPU may
 	 * have handed to another 4-tuple. Answered without MP_CAPABLE: the
 	 * pod's listener is plain TCP, and the connection falls back; it is
@@ -1686,11 +1711,19 @@ __noinline int pod_reset(struct __sk_buff *skb, const struct packet *pkt, const 
 __noinline int backup_act_arrival(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
 	struct arrival a, *waiting;
+	struct endpoint *ep;
+	void *staged;
 	__u32 flags;
 
 	if (!skb || !pkt || !fk)
 		return 0;
-	waiting = bpf_map_lookup_elem(&arrivals, fk);
+	ep = lookup_endpoint(pkt->family, pkt->daddr);
+	if (!ep)
+		return 0;
+	staged = pod_arrivals(ep->pod_slot);
+	if (!staged)
+		return 0;
+	waiting = bpf_map_lookup_elem(staged, fk);
 	if (!waiting)
 		return 0;
 	a = *waiting;
@@ -1699,7 +1732,7 @@ __noinline int backup_act_arrival(struct __sk_buff *skb, const struct packet *pk
 	flags = a.sf.flags;
 	backup_act(skb, pkt, &a.sf);
 	if (a.sf.flags != flags)
-		bpf_map_update_elem(&arrivals, fk, &a, BPF_EXIST);
+		bpf_map_update_elem(staged, fk, &a, BPF_EXIST);
 	return 1;
 }
 
@@ -1909,6 +1942,7 @@ __noinline int stage_syn(struct __sk_buff *skb, const struct packet *pkt, const 
 	__u32 token, canonical = 0, ifindex;
 	struct arrival a = {};
 	struct subflow *prev;
+	void *staged;
 	struct nic *n;
 	struct conn *c;
 
@@ -1951,7 +1985,9 @@ __noinline int stage_syn(struct __sk_buff *skb, const struct packet *pkt, const 
 		return SYN_STAGED;
 	a.syn_len = a.sf.token ? 0 : pkt->len - pkt->l4_off - pkt->tcp_hlen;
 	a.state = arrival_syn_state(pkt, false);
-	bpf_map_update_elem(&arrivals, fk, &a, BPF_ANY);
+	staged = pod_arrivals(ep->pod_slot);
+	if (!staged || bpf_map_update_elem(staged, fk, &a, BPF_ANY))
+		return SYN_STAGED;
 	count(STAT_ARRIVAL_STAGED);
 	return SYN_STAGED;
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
+	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
 
 const section = "## XDP or TC for dropping a flood"
@@ -68,8 +69,9 @@ func writeReport(path string, results map[string][]float64, load1 string, frameL
 		"node's XDP to save.)\n"+
 		"- The cases: nothing on the node's veth; `tc_drop` on its TCX ingress; `xdp_drop` as a native XDP program, "+
 		"and the same program in generic (skb) mode; the datapath's `nic_ingress` configured as the agent does for a "+
-		"node whose path is this veth and whose selected pod the flood targets (it stages each join SYN in `arrivals`, "+
-		"an LRU map of 16384 entries that this flood's %d 4-tuples keep evicting, and passes it to the stack); and the "+
+		"node whose path is this veth and whose selected pod the flood targets (it stages each join SYN in the pod's own "+
+		"map of waiting SYNs in `arrivals`, an LRU map of %d entries that this flood's %d 4-tuples keep evicting, and "+
+		"passes it to the stack); and the "+
 		"sender alone, the same flood dropped by the peer's own program before the veth. `tc_drop` and `xdp_drop` are "+
 		"the same minimal parse (Ethernet, IPv4, TCP, the option list) written for this benchmark: what differs is the "+
 		"hook.\n"+
@@ -83,7 +85,7 @@ func writeReport(path string, results map[string][]float64, load1 string, frameL
 		"- The node's share is a case's median less the sender alone's: what every row carries of the sender "+
 		"(building, the flood program, the test run's loop), and the ratio divides medians by the stack's, sender "+
 		"included.\n\n",
-		*packets, *ports, *ports, *packets, warmup, len(results["stack"]))
+		*packets, *ports, limits.PodArrivals, *ports, *packets, warmup, len(results["stack"]))
 	b.WriteString("| case | runs | min ns/pkt | median ns/pkt | median / no program | the node's share (median − sender alone) |\n" +
 		"|---|---|---|---|---|---|\n")
 	for _, c := range cases {

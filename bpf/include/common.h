@@ -50,6 +50,11 @@ enum limit {
 	 * table from the node's other pods (docs/datapath.md, "Entries per
 	 * pod"). */
 	LIMIT_POD_SUBFLOWS = 4096,
+	/* SYNs from the wire one pod has waiting for its answer (its own
+	 * arrivals map): a flood at one pod evicts only that pod's, never
+	 * another's waiting join (docs/datapath.md, "A SYN from the wire
+	 * writes no entry"). */
+	LIMIT_POD_ARRIVALS = 512,
 	/* A rate bucket's depth (police) or the window granted at once
 	 * (window), in bytes. Below the floor a bucket drops whole TSO bursts
 	 * and TCP collapses far below its cap (docs/datapath.md, Rate); the

@@ -1,12 +1,14 @@
 package datapath
 
 import (
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 
+	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
 )
 
@@ -569,5 +571,172 @@ func TestAForgedACKOrAFloodOfJoinsLosesNoOnesJoin(t *testing.T) {
 	}
 	if c := connection(t, dp3); c.Subflows != 2 {
 		t.Errorf("connection %+v, want 2 subflows", c)
+	}
+}
+
+// A flood of SYNs at one selected pod, twice as many as the whole node's
+// waiting SYNs could once hold, evicts only that pod's own: another pod's
+// join, waiting for its answer through the flood, is answered, and its third
+// ACK writes its entry. The flooded pod keeps what fits its share
+// (LIMIT_POD_ARRIVALS), its oldest waiting SYN evicted.
+func TestASYNFloodAtOnePodEvictsNoOtherPodsWaitingJoin(t *testing.T) {
+	dp := twoNICResponder(t)
+	flooded := netip.MustParseAddr("10.244.2.12")
+	if err := dp.SetEndpoint(flooded, 0); err != nil {
+		t.Fatal(err)
+	}
+	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
+	const clientKey, serverKey = 21, 22
+	server := netip.AddrPortFrom(serverPod, 80)
+	acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 40000), server, testpkt.MPCapableSYN(), nic1Ifindex, clientKey, serverKey)
+
+	const joinPort, joinSeq = 40001, 300
+	join := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: joinPort, DstPort: 80, Seq: joinSeq,
+		Flags: testpkt.SYN, Options: testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)}}.Bytes()
+	run(t, dp.objs.NicIngress, join, on(nic2Ifindex))
+	// 32768 4-tuples, each from an address of its own.
+	floodSYN := func(i int) []byte {
+		src := netip.AddrFrom4([4]byte{192, 168, byte(i >> 8), byte(i)})
+		return testpkt.Frame{Src: src, Dst: flooded, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 1,
+			Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()
+	}
+	const flood = 32768
+	staged := stat(t, dp, StatArrivalStaged)
+	for i := range flood {
+		run(t, dp.objs.NicIngress, floodSYN(i), on(nic1Ifindex))
+	}
+	if got := stat(t, dp, StatArrivalStaged) - staged; got != flood {
+		t.Fatalf("the flood staged %d SYNs, want each of its %d", got, flood)
+	}
+	waiting := func(pod netip.Addr) int {
+		t.Helper()
+		inner := waitingSYNsOf(t, dp, pod)
+		if inner == nil {
+			t.Fatalf("%v has no map of waiting SYNs", pod)
+		}
+		defer inner.Close()
+		n := 0
+		var fk datapathFlowKey
+		var a []byte
+		it := inner.Iterate()
+		for it.Next(&fk, &a) {
+			n++
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := waiting(flooded); n == 0 || n > limits.PodArrivals {
+		t.Errorf("the flooded pod has %d SYNs waiting, want 1 to its share of %d", n, limits.PodArrivals)
+	}
+	if n := waiting(serverPod); n != 1 {
+		t.Errorf("the other pod has %d SYNs waiting, want its join", n)
+	}
+
+	mirrored, dropped := stat(t, dp, StatSubflowMirrored), stat(t, dp, StatJoinACKDropped)
+	answer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: joinPort, Seq: 7, Ack: joinSeq + 1,
+		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
+	if mark := run(t, dp.objs.PodEgress, answer, skbContext{}); dp.pathOfMark(t, mark) != 2 {
+		t.Errorf("the join's answer leaves by path %d, want 2, the path its SYN came in by", dp.pathOfMark(t, mark))
+	}
+	third := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: joinPort, DstPort: 80, Seq: joinSeq + 1, Ack: 8,
+		Flags: testpkt.ACK, Options: testpkt.MPJoinACK([20]byte{1})}}.Bytes()
+	if ret := verdict(t, dp.objs.NicIngress, third, on(nic2Ifindex)); ret != tcxNext {
+		t.Fatalf("the join's third ACK: verdict %d, want it passed (join_ack_dropped %d more)",
+			int32(ret), stat(t, dp, StatJoinACKDropped)-dropped)
+	}
+	if got := stat(t, dp, StatSubflowMirrored) - mirrored; got != 1 {
+		t.Errorf("the join's third ACK mirrored %d entries, want its own", got)
+	}
+	if sf := lookupSubflow(t, dp, flowKey(server, netip.AddrPortFrom(clientPod, joinPort))); sf.PathIndex != 2 {
+		t.Errorf("the join's entry is on path %d, want 2", sf.PathIndex)
+	}
+}
+
+// waitingSYNsOf is the map of waiting SYNs of selected pod (nil: none).
+func waitingSYNsOf(t *testing.T, dp *Datapath, pod netip.Addr) *ebpf.Map {
+	t.Helper()
+	var ep datapathEndpoint
+	k := endpointKey(pod)
+	if err := dp.objs.Endpoints.Lookup(&k, &ep); err != nil {
+		t.Fatalf("endpoint %v: %v", pod, err)
+	}
+	var inner *ebpf.Map
+	err := dp.objs.Arrivals.Lookup(ep.PodSlot, &inner)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatalf("the waiting SYNs of %v (slot %d): %v", pod, ep.PodSlot, err)
+	}
+	return inner
+}
+
+// Each selected pod has its own map of waiting SYNs from its selection on; a
+// released pod's slot keeps none, and a pod selected again gets a fresh one.
+// A new load (a restarted agent: the endpoints are pinned, arrivals is not)
+// gives every selected pod one again before its programs run.
+func TestEachSelectedPodHasItsOwnWaitingSYNs(t *testing.T) {
+	pin := bpffsPinDir(t)
+	dp, err := Load(Options{PinDir: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1}}); err != nil {
+		t.Fatal(err)
+	}
+	pods := []netip.Addr{clientPod, serverPod}
+	for _, pod := range pods {
+		if err := dp.SetEndpoint(pod, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := func(dp *Datapath, pod netip.Addr) ebpf.MapID {
+		t.Helper()
+		m := waitingSYNsOf(t, dp, pod)
+		if m == nil {
+			t.Fatalf("selected pod %v has no map of waiting SYNs", pod)
+		}
+		defer m.Close()
+		info, err := m.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mid, _ := info.ID()
+		return mid
+	}
+	first := id(dp, clientPod)
+	if first == id(dp, serverPod) {
+		t.Fatalf("two pods share the map of waiting SYNs %d", first)
+	}
+
+	var ep datapathEndpoint
+	k := endpointKey(clientPod)
+	if err := dp.objs.Endpoints.Lookup(&k, &ep); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.DeleteEndpoint(clientPod); err != nil {
+		t.Fatal(err)
+	}
+	var inner *ebpf.Map
+	if err := dp.objs.Arrivals.Lookup(ep.PodSlot, &inner); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("the released pod's slot %d still has waiting SYNs (%v)", ep.PodSlot, err)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	if again := id(dp, clientPod); again == first {
+		t.Errorf("the pod selected again has its old map of waiting SYNs %d, want a fresh one", again)
+	}
+
+	reloaded, err := Load(Options{PinDir: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reloaded.Close()
+	for _, pod := range pods {
+		id(reloaded, pod)
 	}
 }

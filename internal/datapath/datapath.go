@@ -57,6 +57,8 @@ type Datapath struct {
 	// mapNames are the maps pinned under pinDir, for Unpin.
 	mapNames  []string
 	migration *migration
+	// arrivalsSpec is the map of one pod's waiting SYNs (arrivals.go).
+	arrivalsSpec *ebpf.MapSpec
 }
 
 // Load loads the BPF objects, reusing maps pinned under opts.PinDir.
@@ -99,7 +101,8 @@ func Load(opts Options) (*Datapath, error) {
 			m.Pinning = ebpf.PinNone
 		}
 	}
-	dp := &Datapath{pinDir: opts.PinDir, markMask: mask, markShift: shift, mapNames: pinnedMapNames(spec)}
+	dp := &Datapath{pinDir: opts.PinDir, markMask: mask, markShift: shift, mapNames: pinnedMapNames(spec),
+		arrivalsSpec: spec.Maps[datapathMapArrivals].InnerMap.Copy()}
 	if opts.PinDir != "" && opts.Migrate {
 		log := opts.Log
 		if log == nil {
@@ -123,6 +126,12 @@ func Load(opts Options) (*Datapath, error) {
 	if err := dp.objs.TableSeeds.Put(uint32(0), &seed); err != nil {
 		_ = dp.objs.Close()
 		return nil, fmt.Errorf("keeping the table seed: %w", err)
+	}
+	// Before a migration switches the links: the new programs stage
+	// every selected pod's SYNs from their first packet.
+	if err := dp.restoreArrivals(); err != nil {
+		_ = dp.objs.Close()
+		return nil, err
 	}
 	if err := dp.startMigration(); err != nil {
 		_ = dp.objs.Close()

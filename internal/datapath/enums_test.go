@@ -39,6 +39,7 @@ func TestLimitsAreTheCEnum(t *testing.T) {
 		"LIMIT_WEIGHT":          limits.Weight,
 		"LIMIT_PODS":            limits.Pods,
 		"LIMIT_POD_SUBFLOWS":    limits.PodSubflows,
+		"LIMIT_POD_ARRIVALS":    limits.PodArrivals,
 		"LIMIT_BURST_MIN_BYTES": limits.MinBurstBytes,
 		"LIMIT_BURST_MAX_BYTES": limits.MaxBurstBytes,
 	}

@@ -428,13 +428,19 @@ func (d *Datapath) releasePodSlot(slot uint32, k datapathEndpointKey) error {
 }
 
 // givePodSlot makes owner (zero: nobody) the owner of slot, with counters
-// at zero on every CPU.
+// at zero on every CPU and no SYN waiting.
 func (d *Datapath) givePodSlot(slot uint32, owner datapathEndpointKey) error {
 	fresh := make([]datapathPodRecord, ebpf.MustPossibleCPU())
 	for i := range fresh {
 		fresh[i].Owner = owner
 	}
-	return d.objs.PodRecords.Put(slot, fresh)
+	if err := d.objs.PodRecords.Put(slot, fresh); err != nil {
+		return err
+	}
+	if owner == (datapathEndpointKey{}) {
+		return d.takeArrivals(slot)
+	}
+	return d.giveArrivals(slot)
 }
 
 // podSlot returns the pod_records slot of the endpoint at k: the one it

@@ -42,6 +42,10 @@ const (
 	// holds at most (LIMIT_POD_SUBFLOWS): its subflows beyond take plain
 	// routing.
 	PodSubflows = 4096
+	// PodArrivals is how many SYNs from the wire one pod has waiting for
+	// its answer (LIMIT_POD_ARRIVALS): each pod stages in a map of its
+	// own, so a flood at one pod evicts only that pod's.
+	PodArrivals = 512
 	// MinBurstBytes and MaxBurstBytes bound a rate bucket's depth (police)
 	// and the window granted at once (window): LIMIT_BURST_MIN_BYTES and
 	// LIMIT_BURST_MAX_BYTES.
