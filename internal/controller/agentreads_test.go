@@ -163,8 +163,19 @@ func TestAgentCredentialsCoverWhatTheAgentDoesOnItsNode(t *testing.T) {
 				Regarding: regarding,
 			}
 		}
+		// The admission policy takes effect a moment after it is
+		// created (a busy API server took more than the cache sync
+		// above): wait until it refuses one, then judge each.
+		probe := func() *eventsv1.Event {
+			return event("default", corev1.ObjectReference{APIVersion: "mptcp.io/v1alpha1", Kind: "MPTCPNodeState", Name: "n2"})
+		}
+		for deadline := time.Now().Add(20 * time.Second); agent.Create(ctx, probe()) == nil; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the admission policy never refused an event about another node's state")
+			}
+		}
 		for name, ev := range map[string]*eventsv1.Event{
-			"about another node's state": event("default", corev1.ObjectReference{APIVersion: "mptcp.io/v1alpha1", Kind: "MPTCPNodeState", Name: "n2"}),
+			"about another node's state": probe(),
 			"about a tenant's pod":       event("apps", corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: "apps", Name: "web-n1"}),
 			"about its own Node":         event("default", corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: "n1"}),
 		} {

@@ -25,6 +25,13 @@ import (
 // on the machine rarely does.
 const rateCap = 40_000_000
 
+// policeHi bounds the goodput police lets through, as a fraction of the
+// cap: over any stretch of time a bucket passes its rate and at most one
+// burst (1 MB) on top, which a sender that idled (a retransmission timeout)
+// finds full; over the 6 s measured that is 0.033 of the cap. A bbr sender
+// was measured at 1.004 and 1.015 of the cap.
+const policeHi = 1.04
+
 // windowCap is the window test's cap: a quarter of the two 200 Mbit/s
 // links, and well above what the one-segment window floor alone lets
 // through per ACK cycle (TestRate/WindowCapsWhatThePodReceives).
@@ -156,8 +163,9 @@ func stats(t *testing.T, a *framework.Agent) map[string]float64 {
 //     the point here: the cap holds against a sender that ignores loss.
 //
 // Five rounds for cubic, for a steadier median near its tighter bounds;
-// three for bbr, whose bounds are wide. A burst passing on top of the cap
-// adds at most 1 MB / 6 s, 0.033 of the cap.
+// three for bbr, whose bounds are wide. The upper bound is what a bucket
+// lets through in the measured window: the cap, and one burst on top
+// (policeHi).
 func testPoliceCapsWhatThePodSends(t *testing.T) {
 	for _, c := range []struct {
 		cc         string
@@ -175,7 +183,7 @@ func testPoliceCapsWhatThePodSends(t *testing.T) {
 				}
 				return mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: quantity(rateCap), Direction: mptcpv1alpha1.RateEgress}}
 			})
-			capHoldsOver(t, bed, c.rounds, c.cc, rateCap, c.lo, 1.0, c.maxRetrans)
+			capHoldsOver(t, bed, c.rounds, c.cc, rateCap, c.lo, policeHi, c.maxRetrans)
 			if s := stats(t, agents[0]); s["rate_police_drop_connection"] == 0 {
 				t.Errorf("no police drop counted on the sender's node: %v", s)
 			}
@@ -197,7 +205,7 @@ func testPoliceCapsWhatThePodReceives(t *testing.T) {
 		}
 		return mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: quantity(rateCap), Direction: mptcpv1alpha1.RateIngress}}
 	})
-	capHoldsOver(t, bed, 5, "cubic", rateCap, 0.85, 1.0, 0.2)
+	capHoldsOver(t, bed, 5, "cubic", rateCap, 0.85, policeHi, 0.2)
 	if s := stats(t, agents[1]); s["rate_police_drop_connection"] == 0 {
 		t.Errorf("no police drop counted on the receiver's node: %v", s)
 	}
