@@ -307,11 +307,22 @@ struct {
 	__type(value, struct arrival);
 } answered SEC(".maps");
 
-struct {
+/* One pod's answered joins. */
+struct pod_joins_map {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, LIMIT_POD_ANSWERED_JOINS);
 	__type(key, struct flow_key);
 	__type(value, struct arrival);
+};
+
+/* Each selected pod's answered joins, by its pod slot, given and taken with
+ * the slot as its waiting SYNs are: a sender that has any pod answer many
+ * joins pushes out only that pod's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MAX_PODS + 1);
+	__type(key, __u32);
+	__array(values, struct pod_joins_map);
 } answered_joins SEC(".maps");
 
 /* How many joins of one connection (its local pod address and the pod's
@@ -574,30 +585,83 @@ static __always_inline struct endpoint *lookup_endpoint(__u8 family, const __u8 
 	return bpf_map_lookup_elem(&endpoints, &k);
 }
 
-/* mark_liveness_probe gives a packet arriving on a path NIC that is not
- * TCP its NIC's path mark when it is a liveness probe or echo: UDP from and
- * to the agents' port, between two nodes' addresses on the path (never to
- * a selected pod). With src_valid_mark on the NIC, strict reverse-path
- * filtering then looks its sender up in the path's table, as for the pods'
- * subflows, and accepts it on a NIC that is not the main table's way to
- * that sender. */
-static __always_inline void mark_liveness_probe(struct __sk_buff *skb, struct packet *pkt, __u32 path)
+/* pod_answered_joins is the map of answered joins of the selected pod at
+ * address addr (NULL: none). */
+static __always_inline void *pod_answered_joins(__u8 family, const __u8 addr[16])
+{
+	struct endpoint *ep = lookup_endpoint(family, addr);
+	__u32 slot;
+
+	if (!ep)
+		return NULL;
+	slot = ep->pod_slot;
+	return bpf_map_lookup_elem(&answered_joins, &slot);
+}
+
+/* Who may send to the liveness port of a node's address on a path: the
+ * peers' probers there, by the node's address and the peer's. An entry
+ * whose peer is zero says the node's address is filtered: a datagram to its
+ * liveness port from anything but a listed peer's prober (its address, from
+ * the same port) is dropped before the agent's socket, so that a flood from
+ * elsewhere costs the node no read and no echo lost to a full socket. The
+ * agent writes it with the prober's peers. Not pinned: it starts empty at
+ * each load, which filters nothing until the agent has written the peers.
+ * Fragments are not filtered: only a first fragment carries the ports. */
+struct liveness_pair {
+	__u8 family;
+	__u8 pad[3];
+	__u8 local[16];
+	__u8 peer[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LIMIT_LIVENESS_PAIRS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct liveness_pair);
+	__type(value, __u8);
+} liveness_peers SEC(".maps");
+
+/* liveness_datagram takes a packet arriving on a path NIC that is not TCP
+ * (pkt, its addresses read). A datagram to the liveness port of a filtered
+ * node address from no peer's prober there is dropped (in observe-only
+ * mode counted and passed). A liveness probe or echo, UDP from and to the
+ * agents' port between two nodes' addresses on the path (never to a
+ * selected pod), takes the NIC's path mark: with src_valid_mark on the
+ * NIC, strict reverse-path filtering then looks its sender up in the
+ * path's table, as for the pods' subflows, and accepts it on a NIC that is
+ * not the main table's way to that sender. Returns the verdict. A global
+ * function: its frame (the key) is not nic_ingress's. */
+__noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u32 path)
 {
 	__u32 zero = 0, off = 0;
 	struct settings_value *s = bpf_map_lookup_elem(&settings, &zero);
+	struct liveness_pair k = {};
 	const __be16 *ports;
-	__be16 buf[2];
+	__be16 buf[2], port;
 	__u8 proto = 0;
 
-	if (!s || !s->liveness_port)
-		return;
+	if (!skb || !pkt || !s || !s->liveness_port)
+		return TCX_NEXT;
 	if (parse_l3(skb, pkt, &off, &proto) != PARSE_OK || proto != IPPROTO_UDP)
-		return;
+		return TCX_NEXT;
 	ports = header_at(skb, off, sizeof(buf), buf);
-	if (!ports || ports[0] != bpf_htons(s->liveness_port) || ports[1] != bpf_htons(s->liveness_port))
-		return;
-	if (!lookup_endpoint(pkt->family, pkt->daddr))
+	port = bpf_htons(s->liveness_port);
+	if (!ports || ports[1] != port)
+		return TCX_NEXT;
+	k.family = pkt->family;
+	__builtin_memcpy(k.local, pkt->daddr, 16);
+	if (bpf_map_lookup_elem(&liveness_peers, &k)) {
+		__builtin_memcpy(k.peer, pkt->saddr, 16);
+		if (ports[0] != port || !bpf_map_lookup_elem(&liveness_peers, &k)) {
+			count(STAT_LIVENESS_REFUSED);
+			if (!observed_instead())
+				return TC_ACT_SHOT;
+		}
+	}
+	if (ports[0] == port && !lookup_endpoint(pkt->family, pkt->daddr))
 		set_path_mark(skb, path);
+	return TCX_NEXT;
 }
 
 /* same_addr compares two addresses word by word: every address the
@@ -1426,7 +1490,7 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 
 	count(STAT_PACKETS);
 	ret = parse_packet(skb, pkt);
-	if (ret == PARSE_NOT_TCP)
+	if (ret == PARSE_NOT_TCP || ret == PARSE_TCP_FRAGMENT)
 		count(STAT_NOT_TCP);
 	else if (ret == PARSE_MALFORMED)
 		count(STAT_MALFORMED);
@@ -1437,6 +1501,22 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 	if (ret == PARSE_OK && (pkt->mptcp.flags & OPTS_END_BROKEN))
 		count(STAT_TCP_OPTS_CUT);
 	return ret;
+}
+
+/* tcp_fragment_verdict is the verdict on a fragment of TCP (pkt) whose
+ * pod side is addr: dropped when addr is a selected pod's (counted; in
+ * observe-only mode passed). The datapath cannot read the options of a
+ * fragmented segment, which the pod's kernel reassembles and obeys: a join
+ * past its maximum or on a blocked path, an MP_PRIO or an ADD_ADDR would
+ * pass every actor. Linux sends TCP with DF set (path MTU discovery), and
+ * IPv6 routers never fragment: only a forger, or a namespace with path MTU
+ * discovery off, sends a fragmented segment. */
+static __always_inline int tcp_fragment_verdict(const struct packet *pkt, const __u8 addr[16])
+{
+	if (!lookup_endpoint(pkt->family, addr))
+		return TCX_NEXT;
+	count(STAT_TCP_FRAGMENT_DROPPED);
+	return observed_instead() ? TCX_NEXT : TC_ACT_SHOT;
 }
 
 /* drop_ambiguous says whether pkt, to or from a selected pod, is dropped
@@ -1533,9 +1613,9 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 {
 	struct arrival a, *waiting = NULL, *prev;
 	__u32 canonical = 0, ack, seq, join;
+	void *staged = NULL, *joins;
 	struct endpoint *ep;
 	struct conn *c = NULL;
-	void *staged = NULL;
 	__u64 now;
 
 	if (!skb || !pkt || !fk || !from_its_pod(skb, pkt))
@@ -1547,7 +1627,11 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 	if (live && live->role == ROLE_RESPONDER && live->syn_seq && ack == live->syn_seq + 1)
 		return ARRIVAL_NONE;
 	now = bpf_ktime_get_ns();
-	prev = join ? bpf_map_lookup_elem(&answered_joins, fk) : bpf_map_lookup_elem(&answered, fk);
+	joins = join ? pod_answered_joins(fk->family, fk->saddr) : NULL;
+	if (join)
+		prev = joins ? bpf_map_lookup_elem(joins, fk) : NULL;
+	else
+		prev = bpf_map_lookup_elem(&answered, fk);
 	/* The same answer again (the SYN-ACK retransmitted, or a repeated
 	 * SYN answered anew): it leaves as the first did. A word written in
 	 * place, so that a third ACK marking the arrival meanwhile is not
@@ -1594,9 +1678,9 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 	a.answer_seq = seq;
 	a.answer_seq_last = seq;
 	a.state |= arrival_syn_state(pkt, true);
-	if (join)
-		bpf_map_update_elem(&answered_joins, fk, &a, BPF_ANY);
-	else if (has_mptcp(pkt, MPTCP_SUB_CAPABLE))
+	if (join && joins)
+		bpf_map_update_elem(joins, fk, &a, BPF_ANY);
+	else if (!join && has_mptcp(pkt, MPTCP_SUB_CAPABLE))
 		bpf_map_update_elem(&answered, fk, &a, BPF_ANY);
 	if (!live) {
 		set_path_mark(skb, a.sf.path_index);
@@ -1621,12 +1705,19 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
 	__u32 canonical = 0, zero = 0, join = has_mptcp(pkt, MPTCP_SUB_JOIN);
-	struct arrival *a, *waiting;
+	struct arrival *a, *waiting = NULL;
 	struct conn *c = NULL;
+	void *joins = NULL;
 
 	if (!skb || !pkt || !fk)
 		return 0;
-	waiting = join ? bpf_map_lookup_elem(&answered_joins, fk) : bpf_map_lookup_elem(&answered, fk);
+	if (join) {
+		joins = pod_answered_joins(fk->family, fk->saddr);
+		if (joins)
+			waiting = bpf_map_lookup_elem(joins, fk);
+	} else {
+		waiting = bpf_map_lookup_elem(&answered, fk);
+	}
 	a = bpf_map_lookup_elem(&arrival_scratch, &zero);
 	if (!waiting || !a)
 		return 0;
@@ -1640,8 +1731,8 @@ __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, c
 		learn_connection(skb, pkt, 0, &a->sf);
 	if (subflow_lookup(fk)) {
 		a->state |= ARRIVAL_ACKED;
-		if (join)
-			bpf_map_update_elem(&answered_joins, fk, a, BPF_EXIST);
+		if (joins)
+			bpf_map_update_elem(joins, fk, a, BPF_EXIST);
 		else
 			bpf_map_update_elem(&answered, fk, a, BPF_EXIST);
 		/* The old entry still there: its close writes this one. Gone
@@ -1657,15 +1748,15 @@ __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, c
 		count(STAT_POD_SUBFLOWS_FULL);
 		if (join && a->sf.rule != RULE_NONE)
 			return 0;
-		if (join) {
-			bpf_map_delete_elem(&answered_joins, fk);
+		if (joins) {
+			bpf_map_delete_elem(joins, fk);
 			return 1;
 		}
 		bpf_map_delete_elem(&answered, fk);
 		return 1;
 	}
 	/* Taken once: a second CPU with the same ACK finds none. */
-	if (join ? bpf_map_delete_elem(&answered_joins, fk) : bpf_map_delete_elem(&answered, fk))
+	if (joins ? bpf_map_delete_elem(joins, fk) : bpf_map_delete_elem(&answered, fk))
 		return 1;
 	if (join)
 		c = lookup_conn(fk->family, fk->saddr, a->sf.token, &canonical);
@@ -1688,6 +1779,7 @@ __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, c
 __noinline int pod_reset(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
 	struct arrival *a;
+	void *joins;
 	__u32 seq;
 
 	if (!skb || !pkt || !fk || !from_its_pod(skb, pkt))
@@ -1696,9 +1788,10 @@ __noinline int pod_reset(struct __sk_buff *skb, const struct packet *pkt, const 
 	a = bpf_map_lookup_elem(&answered, fk);
 	if (a && answers_seq(a, seq))
 		bpf_map_delete_elem(&answered, fk);
-	a = bpf_map_lookup_elem(&answered_joins, fk);
-	if (a && answers_seq(a, seq))
-		bpf_map_delete_elem(&answered_joins, fk);
+	joins = pod_answered_joins(fk->family, fk->saddr);
+	a = joins ? bpf_map_lookup_elem(joins, fk) : NULL;
+	if (joins && a && answers_seq(a, seq))
+		bpf_map_delete_elem(joins, fk);
 	return 0;
 }
 
@@ -1763,8 +1856,11 @@ __noinline int pod_egress_unknown(struct __sk_buff *skb, const struct packet *pk
 		nsf.pod_slot = ep->pod_slot;
 		placed = place_subflow(skb, pkt, ep, &nsf);
 		if (placed == 0) {
-			/* Counted as the subflow's first packet by the caller. */
+			/* Counted as the subflow's first packet by the caller,
+			 * whose rate actor learns the handshake anew: what an
+			 * earlier connection of the 4-tuple left goes. */
 			insert_subflow(fk, &nsf);
+			bpf_map_delete_elem(&rate_subflows, fk);
 			return UNKNOWN_PLACED;
 		}
 	}
@@ -1786,7 +1882,10 @@ int pod_egress(struct __sk_buff *skb)
 	__u32 path;
 	int ret;
 
-	if (parse_counted(skb, &pkt) != PARSE_OK)
+	ret = parse_counted(skb, &pkt);
+	if (ret == PARSE_TCP_FRAGMENT)
+		return tcp_fragment_verdict(&pkt, pkt.saddr);
+	if (ret != PARSE_OK)
 		return TCX_NEXT;
 	if (drop_ambiguous(&pkt))
 		return TC_ACT_SHOT;
@@ -1871,6 +1970,8 @@ int pod_ingress(struct __sk_buff *skb)
 		 * fit): the rate actor caps those by them. */
 		if (!pkt.family)
 			return TCX_NEXT; /* not IP */
+		if (ret == PARSE_TCP_FRAGMENT && tcp_fragment_verdict(&pkt, pkt.daddr) == TC_ACT_SHOT)
+			return TC_ACT_SHOT;
 		return pod_ingress_unknown(skb, &pkt, true);
 	}
 	if (drop_ambiguous(&pkt))
@@ -2009,8 +2110,9 @@ int nic_ingress(struct __sk_buff *skb)
 	case PARSE_OK:
 		break;
 	case PARSE_NOT_TCP:
-		mark_liveness_probe(skb, &pkt, n->path);
-		return TCX_NEXT;
+		return liveness_datagram(skb, &pkt, n->path);
+	case PARSE_TCP_FRAGMENT:
+		return tcp_fragment_verdict(&pkt, pkt.daddr);
 	default:
 		return TCX_NEXT;
 	}
@@ -2226,6 +2328,7 @@ static __always_inline int subflow_closed(const __u64 *key, const struct closed_
 	const struct flow_key *fk = (const struct flow_key *)key;
 	struct arrival *waiting, a;
 	struct subflow *sf;
+	void *joins;
 	struct conn *c = NULL;
 	__u32 canonical = 0;
 	int freed;
@@ -2238,10 +2341,11 @@ static __always_inline int subflow_closed(const __u64 *key, const struct closed_
 	freed = delete_subflow(fk);
 	/* The new subflow's segments counted on the old entry meanwhile: the
 	 * peer's third ACK of the pod's answer is what this takes. */
-	waiting = bpf_map_lookup_elem(&answered_joins, fk);
-	if (waiting && (waiting->state & ARRIVAL_ACKED)) {
+	joins = pod_answered_joins(fk->family, fk->saddr);
+	waiting = joins ? bpf_map_lookup_elem(joins, fk) : NULL;
+	if (joins && waiting && (waiting->state & ARRIVAL_ACKED)) {
 		a = *waiting;
-		if (bpf_map_delete_elem(&answered_joins, fk))
+		if (bpf_map_delete_elem(joins, fk))
 			return freed;
 		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);
 		write_arrival(fk, &a.sf, c, canonical, true);

@@ -55,6 +55,14 @@ enum limit {
 	 * another's waiting join (docs/datapath.md, "A SYN from the wire
 	 * writes no entry"). */
 	LIMIT_POD_ARRIVALS = 512,
+	/* Joins one pod answered whose third ACK has not come yet (its own
+	 * map of answered joins). */
+	LIMIT_POD_ANSWERED_JOINS = 256,
+	/* Pairs of a node's path address and a peer's address there that may
+	 * send to its liveness port: 15 paths of 1000 peers of 4 addresses,
+	 * and the node's own 15 (internal/controller's MaxPeers, the API's
+	 * four addresses a path). */
+	LIMIT_LIVENESS_PAIRS = 65536,
 	/* A rate bucket's depth (police) or the window granted at once
 	 * (window), in bytes. Below the floor a bucket drops whole TSO bursts
 	 * and TCP collapses far below its cap (docs/datapath.md, Rate); the
@@ -139,6 +147,9 @@ enum stat_id {
 					the kernel reads it */
 	STAT_MPTCP_OPTS_AMBIGUOUS = 46, /* MPTCP options the kernel could read otherwise: dropped,
 					   to or from a selected pod */
+	STAT_LIVENESS_REFUSED = 47,	/* a datagram to the liveness port of a node's path address
+					   from no peer's prober there: dropped */
+	STAT_TCP_FRAGMENT_DROPPED = 48, /* a fragment of TCP to or from a selected pod: dropped */
 	/* Not an identity: one past the highest, however many there are. */
 	STAT_MAX,
 };

@@ -93,11 +93,16 @@ enum mptcp_subtype {
 /* What parse_packet made of a packet: a return value, never stored. */
 enum parse_result {
 	PARSE_OK = 0,
-	PARSE_NOT_TCP = 1, /* not IP, not TCP, or a non-first fragment */
+	PARSE_NOT_TCP = 1, /* not IP, not TCP, or a fragment of something else */
 	PARSE_MALFORMED = 2,
 	/* Internal to this file: the inline read of the common headers
 	 * declines, the full parser decides. Never returned by parse_packet. */
 	PARSE_SLOW = 3,
+	/* A fragment of a TCP segment (IPv6: of a packet whose fragmentable
+	 * part starts with TCP or an extension header): its addresses are
+	 * read, its options cannot be, and the receiving kernel reassembles
+	 * and obeys them. */
+	PARSE_TCP_FRAGMENT = 4,
 };
 
 /* The MPTCP options of a segment as the receiving kernel reads them, located
@@ -271,9 +276,9 @@ static __always_inline bool is_ipv6_ext_header(__u8 next)
 
 /* parse_l3 reads the Ethernet and IP headers: the family and addresses, and
  * where the transport header starts with which protocol. A fragment is
- * PARSE_NOT_TCP, after its addresses are read: only first fragments carry
- * the TCP header, and a fragmented SYN is not worth steering; the rate actor
- * still caps fragments by their addresses. */
+ * PARSE_TCP_FRAGMENT or PARSE_NOT_TCP, after its addresses are read: only
+ * first fragments carry the TCP header, and none its whole option list for
+ * sure; the rate actor still caps fragments by their addresses. */
 static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, __u32 *off, __u8 *proto)
 {
 	const __be16 *h_proto_p;
@@ -316,7 +321,7 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 		__builtin_memcpy(pkt->saddr, &ip->saddr, 4);
 		__builtin_memcpy(pkt->daddr, &ip->daddr, 4);
 		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-			return PARSE_NOT_TCP;
+			return ip->protocol == IPPROTO_TCP ? PARSE_TCP_FRAGMENT : PARSE_NOT_TCP;
 		*proto = ip->protocol;
 		*off = o + ihl;
 		return PARSE_OK;
@@ -349,9 +354,14 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 			if (!ext)
 				return PARSE_MALFORMED;
 			if (next == NEXTHDR_FRAGMENT) {
-				/* Offset (13 bits) and M flag: any fragment is skipped. */
+				/* Offset (13 bits) and M flag: a fragment. What
+				 * its fragmentable part starts with is in every
+				 * fragment: TCP, or an extension header that may
+				 * lead to TCP. */
 				if (ext->frag_off & bpf_htons(0xfff9))
-					return PARSE_NOT_TCP;
+					return ext->nexthdr == IPPROTO_TCP || is_ipv6_ext_header(ext->nexthdr)
+						   ? PARSE_TCP_FRAGMENT
+						   : PARSE_NOT_TCP;
 				o += 8;
 			} else if (next == NEXTHDR_AUTH) {
 				o += ((__u32)ext->hdrlen + 2) * 4;
@@ -525,7 +535,9 @@ static long scan_option(__u32 index, void *ctx)
 		return 1;
 	}
 	s->pos = pos + len;
-	if (kind == TCPOPT_WSCALE && len == TCPOLEN_WSCALE && !s->wscale) {
+	/* The last window-scale option counts, as in the kernel's
+	 * tcp_parse_options. */
+	if (kind == TCPOPT_WSCALE && len == TCPOLEN_WSCALE) {
 		__u8 shift = opt_byte(s, pos + 2);
 
 		s->wscale = (shift > TCP_WSCALE_MAX ? TCP_WSCALE_MAX : shift) + 1;
@@ -721,7 +733,7 @@ static __always_inline int parse_headers_fast(struct __sk_buff *skb, struct pack
 		__builtin_memcpy(pkt->saddr, &ip->saddr, 4);
 		__builtin_memcpy(pkt->daddr, &ip->daddr, 4);
 		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-			return PARSE_NOT_TCP;
+			return ip->protocol == IPPROTO_TCP ? PARSE_TCP_FRAGMENT : PARSE_NOT_TCP;
 		if (ip->protocol != IPPROTO_TCP)
 			return PARSE_NOT_TCP;
 		tcp = (const void *)(ip + 1);

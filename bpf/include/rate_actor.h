@@ -12,7 +12,12 @@
 #define RATE_WINDOW_FLOOR 1460 /* bytes: one full-sized segment on Ethernet */
 
 /* rate_learn_syn records, from a SYN or SYN-ACK, whether its sender offered
- * window scaling and, for the pod's, with which shift. */
+ * window scaling and, for the pod's, with which shift: once per side, from
+ * the first handshake packet of the subflow the datapath placed (its entry
+ * starts with none learnt) or accepted (seeded from the arrival). A later
+ * SYN or SYN-ACK on the live 4-tuple, which a pod can forge for its own
+ * subflow or a neighbour's, changes nothing: a shift learnt anew would make
+ * a window cap write windows for the wrong scale. */
 static __always_inline void rate_learn_syn(const struct packet *pkt, const struct flow_key *fk, __u32 dir)
 {
 	struct rate_subflow fresh = {}, *rs;
@@ -21,6 +26,8 @@ static __always_inline void rate_learn_syn(const struct packet *pkt, const struc
 	bpf_map_update_elem(&rate_subflows, fk, &fresh, BPF_NOEXIST);
 	rs = bpf_map_lookup_elem(&rate_subflows, fk);
 	if (!rs)
+		return;
+	if (rs->flags & (dir == RATE_DIR_EGRESS ? RATE_SF_POD_SYN : RATE_SF_PEER_SYN))
 		return;
 	if (dir == RATE_DIR_EGRESS) {
 		rs->flags |= RATE_SF_POD_SYN;

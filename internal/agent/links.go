@@ -276,6 +276,7 @@ func (a *Agent) livenessPort() uint16 {
 // the reconcile: without probes a path is still down when its NIC is.
 func (a *Agent) syncLiveness(plan *Plan) {
 	if a.prober == nil {
+		a.filterLiveness(nil)
 		return
 	}
 	paths := slices.Clone(plan.Liveness)
@@ -291,6 +292,25 @@ func (a *Agent) syncLiveness(plan *Plan) {
 	a.probedOnce = true
 	if err := a.prober.Sync(paths); err != nil {
 		a.log.Warn("liveness: probing", "err", err)
+	}
+	a.filterLiveness(paths)
+}
+
+// filterLiveness has nic_ingress drop what arrives at the liveness port of
+// the paths' addresses from anyone but their peers' probers, before the
+// prober's sockets read it (nil paths: nothing filtered). A failure is
+// logged: the prober reads and ignores such datagrams itself, at a cost.
+func (a *Agent) filterLiveness(paths []liveness.Path) {
+	peers := map[netip.Addr][]netip.Addr{}
+	for _, p := range paths {
+		addrs := peers[p.Local] // a path without peers is filtered all the same
+		for _, peer := range p.Peers {
+			addrs = append(addrs, peer.Addr)
+		}
+		peers[p.Local] = addrs
+	}
+	if err := a.dp.SetLivenessPeers(peers); err != nil {
+		a.log.Warn("liveness: filtering datagrams from others than peers", "err", err)
 	}
 }
 

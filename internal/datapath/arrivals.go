@@ -8,36 +8,48 @@ import (
 )
 
 // Each selected pod's SYNs from the wire wait for its answer in an LRU map
-// of its own, at its pod slot in arrivals (bpf/datapath.c): a flood of SYNs
-// at one pod evicts only that pod's waiting SYNs, never another pod's
-// waiting join, whose third ACK would then be dropped. A slot gets a fresh
-// map when it is given to a pod and loses it with the pod; a slot without
-// one stages nothing.
+// of its own, at its pod slot in arrivals, and the joins it answered wait
+// for their third ACK in another, at its slot in answered_joins
+// (bpf/datapath.c): a flood of SYNs at one pod, or joins one pod answers
+// by the thousand, evict only that pod's, never another pod's join, whose
+// third ACK would then be dropped. A slot gets fresh maps when it is given
+// to a pod and loses them with the pod; a slot without them stages nothing.
 
-// giveArrivals gives slot an empty map of waiting SYNs.
-func (d *Datapath) giveArrivals(slot uint32) error {
-	m, err := ebpf.NewMap(d.arrivalsSpec)
-	if err != nil {
-		return fmt.Errorf("creating the waiting SYNs of pod slot %d: %w", slot, err)
-	}
-	defer m.Close() // arrivals holds it from here on
-	if err := d.objs.Arrivals.Put(slot, m); err != nil {
-		return fmt.Errorf("giving pod slot %d its waiting SYNs: %w", slot, err)
+// podMaps are the outer maps of per-pod maps and the spec of their inner
+// maps, by the outer map's name.
+func (d *Datapath) podMaps() map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{datapathMapArrivals: d.objs.Arrivals, datapathMapAnsweredJoins: d.objs.AnsweredJoins}
+}
+
+// givePodMaps gives slot empty maps of waiting SYNs and answered joins.
+func (d *Datapath) givePodMaps(slot uint32) error {
+	for name, outer := range d.podMaps() {
+		m, err := ebpf.NewMap(d.podMapSpecs[name])
+		if err != nil {
+			return fmt.Errorf("creating the %s of pod slot %d: %w", name, slot, err)
+		}
+		err = outer.Put(slot, m)
+		_ = m.Close() // the outer map holds it from here on
+		if err != nil {
+			return fmt.Errorf("giving pod slot %d its %s: %w", slot, name, err)
+		}
 	}
 	return nil
 }
 
-// takeArrivals takes slot's map of waiting SYNs away.
-func (d *Datapath) takeArrivals(slot uint32) error {
-	if err := d.objs.Arrivals.Delete(slot); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("taking the waiting SYNs of pod slot %d: %w", slot, err)
+// takePodMaps takes slot's maps of waiting SYNs and answered joins away.
+func (d *Datapath) takePodMaps(slot uint32) error {
+	for name, outer := range d.podMaps() {
+		if err := outer.Delete(slot); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("taking the %s of pod slot %d: %w", name, slot, err)
+		}
 	}
 	return nil
 }
 
-// restoreArrivals gives every selected pod a map of waiting SYNs after a
-// load: arrivals is not pinned, and the endpoints are.
-func (d *Datapath) restoreArrivals() error {
+// restorePodMaps gives every selected pod its maps after a load: the
+// outer maps are not pinned, and the endpoints are.
+func (d *Datapath) restorePodMaps() error {
 	var k datapathEndpointKey
 	var v datapathEndpoint
 	it := d.objs.Endpoints.Iterate()
@@ -45,7 +57,7 @@ func (d *Datapath) restoreArrivals() error {
 		if v.PodSlot == 0 || v.PodSlot > MaxPods {
 			continue
 		}
-		if err := d.giveArrivals(v.PodSlot); err != nil {
+		if err := d.givePodMaps(v.PodSlot); err != nil {
 			return err
 		}
 	}

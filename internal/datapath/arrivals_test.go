@@ -657,26 +657,34 @@ func TestASYNFloodAtOnePodEvictsNoOtherPodsWaitingJoin(t *testing.T) {
 // waitingSYNsOf is the map of waiting SYNs of selected pod (nil: none).
 func waitingSYNsOf(t *testing.T, dp *Datapath, pod netip.Addr) *ebpf.Map {
 	t.Helper()
+	return podMapOf(t, dp, dp.objs.Arrivals, pod)
+}
+
+// podMapOf is selected pod's map in outer, a map of per-pod maps (nil:
+// none).
+func podMapOf(t *testing.T, dp *Datapath, outer *ebpf.Map, pod netip.Addr) *ebpf.Map {
+	t.Helper()
 	var ep datapathEndpoint
 	k := endpointKey(pod)
 	if err := dp.objs.Endpoints.Lookup(&k, &ep); err != nil {
 		t.Fatalf("endpoint %v: %v", pod, err)
 	}
 	var inner *ebpf.Map
-	err := dp.objs.Arrivals.Lookup(ep.PodSlot, &inner)
+	err := outer.Lookup(ep.PodSlot, &inner)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
 		return nil
 	}
 	if err != nil {
-		t.Fatalf("the waiting SYNs of %v (slot %d): %v", pod, ep.PodSlot, err)
+		t.Fatalf("the per-pod map of %v (slot %d): %v", pod, ep.PodSlot, err)
 	}
 	return inner
 }
 
-// Each selected pod has its own map of waiting SYNs from its selection on; a
-// released pod's slot keeps none, and a pod selected again gets a fresh one.
-// A new load (a restarted agent: the endpoints are pinned, arrivals is not)
-// gives every selected pod one again before its programs run.
+// Each selected pod has its own maps of waiting SYNs and answered joins from
+// its selection on; a released pod's slot keeps none, and a pod selected
+// again gets fresh ones. A new load (a restarted agent: the endpoints are
+// pinned, the maps of maps are not) gives every selected pod them again
+// before its programs run.
 func TestEachSelectedPodHasItsOwnWaitingSYNs(t *testing.T) {
 	pin := bpffsPinDir(t)
 	dp, err := Load(Options{PinDir: pin})
@@ -693,11 +701,23 @@ func TestEachSelectedPodHasItsOwnWaitingSYNs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	for _, outer := range []func(*Datapath) *ebpf.Map{
+		func(dp *Datapath) *ebpf.Map { return dp.objs.Arrivals },
+		func(dp *Datapath) *ebpf.Map { return dp.objs.AnsweredJoins },
+	} {
+		checkOwnPodMaps(t, pin, dp, outer, pods)
+	}
+}
+
+// checkOwnPodMaps is TestEachSelectedPodHasItsOwnWaitingSYNs for one map of
+// per-pod maps (outer of a datapath), on dp with pods selected.
+func checkOwnPodMaps(t *testing.T, pin string, dp *Datapath, outer func(*Datapath) *ebpf.Map, pods []netip.Addr) {
+	t.Helper()
 	id := func(dp *Datapath, pod netip.Addr) ebpf.MapID {
 		t.Helper()
-		m := waitingSYNsOf(t, dp, pod)
+		m := podMapOf(t, dp, outer(dp), pod)
 		if m == nil {
-			t.Fatalf("selected pod %v has no map of waiting SYNs", pod)
+			t.Fatalf("selected pod %v has no map of its own in %v", pod, outer(dp))
 		}
 		defer m.Close()
 		info, err := m.Info()
@@ -709,7 +729,7 @@ func TestEachSelectedPodHasItsOwnWaitingSYNs(t *testing.T) {
 	}
 	first := id(dp, clientPod)
 	if first == id(dp, serverPod) {
-		t.Fatalf("two pods share the map of waiting SYNs %d", first)
+		t.Fatalf("two pods share the map %d", first)
 	}
 
 	var ep datapathEndpoint
@@ -721,14 +741,14 @@ func TestEachSelectedPodHasItsOwnWaitingSYNs(t *testing.T) {
 		t.Fatal(err)
 	}
 	var inner *ebpf.Map
-	if err := dp.objs.Arrivals.Lookup(ep.PodSlot, &inner); !errors.Is(err, ebpf.ErrKeyNotExist) {
-		t.Errorf("the released pod's slot %d still has waiting SYNs (%v)", ep.PodSlot, err)
+	if err := outer(dp).Lookup(ep.PodSlot, &inner); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("the released pod's slot %d still has its map in %v (%v)", ep.PodSlot, outer(dp), err)
 	}
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		t.Fatal(err)
 	}
 	if again := id(dp, clientPod); again == first {
-		t.Errorf("the pod selected again has its old map of waiting SYNs %d, want a fresh one", again)
+		t.Errorf("the pod selected again has its old map %d, want a fresh one", again)
 	}
 
 	reloaded, err := Load(Options{PinDir: pin})
@@ -738,5 +758,70 @@ func TestEachSelectedPodHasItsOwnWaitingSYNs(t *testing.T) {
 	defer reloaded.Close()
 	for _, pod := range pods {
 		id(reloaded, pod)
+	}
+}
+
+// Joins one pod answers by the thousand (5000, more than the whole node's
+// answered joins could once hold), each of a connection of its own and so
+// within every connection's ration of answers, push out only that pod's
+// answered joins: another pod's join, answered before them, completes at
+// its third ACK.
+func TestJoinsOnePodAnswersPushOutNoOtherPodsAnsweredJoin(t *testing.T) {
+	dp := twoNICResponder(t)
+	flooded := netip.MustParseAddr("10.244.2.12")
+	if err := dp.SetEndpoint(flooded, 0); err != nil {
+		t.Fatal(err)
+	}
+	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
+	const clientKey, serverKey = 31, 32
+	server := netip.AddrPortFrom(serverPod, 80)
+	acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 40000), server, testpkt.MPCapableSYN(), nic1Ifindex, clientKey, serverKey)
+
+	// The victim's join, answered: it waits for its third ACK.
+	const joinPort, joinSeq = 40001, 300
+	run(t, dp.objs.NicIngress, testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: joinPort, DstPort: 80, Seq: joinSeq,
+		Flags: testpkt.SYN, Options: testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)}}.Bytes(), on(nic2Ifindex))
+	run(t, dp.objs.PodEgress, testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: joinPort, Seq: 7,
+		Ack: joinSeq + 1, Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes(), skbContext{})
+
+	const joins = 5000
+	for i := range joins {
+		peer := netip.AddrFrom4([4]byte{192, 168, byte(i >> 8), byte(i)})
+		run(t, dp.objs.NicIngress, testpkt.Frame{Src: peer, Dst: flooded, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 1,
+			Flags: testpkt.SYN, Options: testpkt.MPJoinSYN(uint32(1000+i), 1, 1, false)}}.Bytes(), on(nic1Ifindex))
+		run(t, dp.objs.PodEgress, testpkt.Frame{Src: flooded, Dst: peer, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40000, Seq: 7,
+			Ack: 2, Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes(), skbContext{})
+	}
+	answered := func(pod netip.Addr) int {
+		t.Helper()
+		m := podMapOf(t, dp, dp.objs.AnsweredJoins, pod)
+		if m == nil {
+			t.Fatalf("%v has no map of answered joins", pod)
+		}
+		defer m.Close()
+		n := 0
+		var fk datapathFlowKey
+		var a []byte
+		for it := m.Iterate(); it.Next(&fk, &a); {
+			n++
+		}
+		return n
+	}
+	if n := answered(flooded); n == 0 || n > limits.PodAnsweredJoins {
+		t.Errorf("the pod that answered %d joins has %d waiting, want 1 to its share of %d", joins, n, limits.PodAnsweredJoins)
+	}
+	if n := answered(serverPod); n != 1 {
+		t.Errorf("the other pod has %d answered joins waiting, want its one", n)
+	}
+
+	mirrored, dropped := stat(t, dp, StatSubflowMirrored), stat(t, dp, StatJoinACKDropped)
+	third := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: joinPort, DstPort: 80, Seq: joinSeq + 1, Ack: 8,
+		Flags: testpkt.ACK, Options: testpkt.MPJoinACK([20]byte{1})}}.Bytes()
+	if ret := verdict(t, dp.objs.NicIngress, third, on(nic2Ifindex)); ret != tcxNext {
+		t.Fatalf("the join's third ACK: verdict %d, want it passed (join_ack_dropped %d more)",
+			int32(ret), stat(t, dp, StatJoinACKDropped)-dropped)
+	}
+	if got := stat(t, dp, StatSubflowMirrored) - mirrored; got != 1 {
+		t.Errorf("the join's third ACK mirrored %d entries, want its own", got)
 	}
 }

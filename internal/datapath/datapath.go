@@ -57,8 +57,9 @@ type Datapath struct {
 	// mapNames are the maps pinned under pinDir, for Unpin.
 	mapNames  []string
 	migration *migration
-	// arrivalsSpec is the map of one pod's waiting SYNs (arrivals.go).
-	arrivalsSpec *ebpf.MapSpec
+	// podMapSpecs are the inner maps of the per-pod maps, by their outer
+	// map's name (arrivals.go).
+	podMapSpecs map[string]*ebpf.MapSpec
 }
 
 // Load loads the BPF objects, reusing maps pinned under opts.PinDir.
@@ -102,7 +103,10 @@ func Load(opts Options) (*Datapath, error) {
 		}
 	}
 	dp := &Datapath{pinDir: opts.PinDir, markMask: mask, markShift: shift, mapNames: pinnedMapNames(spec),
-		arrivalsSpec: spec.Maps[datapathMapArrivals].InnerMap.Copy()}
+		podMapSpecs: map[string]*ebpf.MapSpec{}}
+	for _, name := range []string{datapathMapArrivals, datapathMapAnsweredJoins} {
+		dp.podMapSpecs[name] = spec.Maps[name].InnerMap.Copy()
+	}
 	if opts.PinDir != "" && opts.Migrate {
 		log := opts.Log
 		if log == nil {
@@ -128,8 +132,8 @@ func Load(opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("keeping the table seed: %w", err)
 	}
 	// Before a migration switches the links: the new programs stage
-	// every selected pod's SYNs from their first packet.
-	if err := dp.restoreArrivals(); err != nil {
+	// every selected pod's SYNs and answered joins from their first packet.
+	if err := dp.restorePodMaps(); err != nil {
 		_ = dp.objs.Close()
 		return nil, err
 	}

@@ -93,6 +93,14 @@ type datapathJoinAnswers struct {
 	Pad     uint32
 }
 
+type datapathLivenessPair struct {
+	_      structs.HostLayout
+	Family uint8
+	Pad    [3]uint8
+	Local  [16]uint8
+	Peer   [16]uint8
+}
+
 type datapathMptcpSubtype uint32
 
 const (
@@ -330,7 +338,9 @@ const (
 	datapathStatIdSTAT_POD_SUBFLOWS_FULL    datapathStatId = 44
 	datapathStatIdSTAT_TCP_OPTS_CUT         datapathStatId = 45
 	datapathStatIdSTAT_MPTCP_OPTS_AMBIGUOUS datapathStatId = 46
-	datapathStatIdSTAT_MAX                  datapathStatId = 47
+	datapathStatIdSTAT_LIVENESS_REFUSED     datapathStatId = 47
+	datapathStatIdSTAT_TCP_FRAGMENT_DROPPED datapathStatId = 48
+	datapathStatIdSTAT_MAX                  datapathStatId = 49
 )
 
 type datapathSubflow struct {
@@ -432,6 +442,7 @@ const (
 	datapathMapConnStates         = "conn_states"
 	datapathMapEndpoints          = "endpoints"
 	datapathMapJoinAnswers        = "join_answers"
+	datapathMapLivenessPeers      = "liveness_peers"
 	datapathMapMptcpOptions       = "mptcp_options"
 	datapathMapNics               = "nics"
 	datapathMapPathCounters       = "path_counters"
@@ -531,6 +542,7 @@ type datapathMapSpecs struct {
 	ConnStates     *ebpf.MapSpec `ebpf:"conn_states"`
 	Endpoints      *ebpf.MapSpec `ebpf:"endpoints"`
 	JoinAnswers    *ebpf.MapSpec `ebpf:"join_answers"`
+	LivenessPeers  *ebpf.MapSpec `ebpf:"liveness_peers"`
 	MptcpOptions   *ebpf.MapSpec `ebpf:"mptcp_options"`
 	Nics           *ebpf.MapSpec `ebpf:"nics"`
 	PathCounters   *ebpf.MapSpec `ebpf:"path_counters"`
@@ -598,6 +610,7 @@ type datapathMaps struct {
 	ConnStates     *ebpf.Map `ebpf:"conn_states"`
 	Endpoints      *ebpf.Map `ebpf:"endpoints"`
 	JoinAnswers    *ebpf.Map `ebpf:"join_answers"`
+	LivenessPeers  *ebpf.Map `ebpf:"liveness_peers"`
 	MptcpOptions   *ebpf.Map `ebpf:"mptcp_options"`
 	Nics           *ebpf.Map `ebpf:"nics"`
 	PathCounters   *ebpf.Map `ebpf:"path_counters"`
@@ -628,6 +641,7 @@ func (m *datapathMaps) Close() error {
 		m.ConnStates,
 		m.Endpoints,
 		m.JoinAnswers,
+		m.LivenessPeers,
 		m.MptcpOptions,
 		m.Nics,
 		m.PathCounters,

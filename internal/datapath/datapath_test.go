@@ -755,3 +755,83 @@ func TestLivenessProbesArrivingOnAPathNICTakeItsMark(t *testing.T) {
 		t.Errorf("observe-only after setting the port: %v, %v", on, err)
 	}
 }
+
+// udpDatagram is a UDP datagram of a liveness message's size.
+func udpDatagram(src, dst netip.Addr, sport, dport uint16) []byte {
+	payload := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, sport), dport)
+	payload = append(binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(payload, 32), 0), make([]byte, 24)...)
+	return testpkt.Frame{Src: src, Dst: dst, Protocol: 17, Payload: payload}.Bytes()
+}
+
+// What arrives at the liveness port of a node's path address comes only
+// from its peers' probers there: a datagram from an address that is no
+// peer's on the path, or from a peer's address but another port, is dropped
+// and counted; peers' probes and echoes pass with their path mark, as does
+// what goes to another port, to an address not filtered, and everything
+// before the agent lists the peers or once it lists none. Observe-only
+// counts and passes.
+func TestOnlyPeersReachTheLivenessPort(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetNIC(nic2Ifindex, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetLivenessPort(7471); err != nil {
+		t.Fatal(err)
+	}
+	local, peer := netip.MustParseAddr("10.102.1.2"), netip.MustParseAddr("10.102.2.2")
+	local6, peer6 := netip.MustParseAddr("2001:db8:1::2"), netip.MustParseAddr("2001:db8:2::2")
+	stranger := netip.MustParseAddr("10.102.9.9")
+	ctx := skbContext{IngressIfindex: nic2Ifindex}
+	passes := func(what string, frame []byte, want bool) {
+		t.Helper()
+		refused := stat(t, dp, StatLivenessRefused)
+		ret := verdict(t, dp.objs.NicIngress, frame, ctx)
+		dropped := stat(t, dp, StatLivenessRefused)-refused == 1
+		switch {
+		case want && (ret != tcxNext || dropped):
+			t.Errorf("%s: verdict %d, counted refused %v; want it passed", what, int32(ret), dropped)
+		case !want && (ret != tcActShot || !dropped):
+			t.Errorf("%s: verdict %d, counted refused %v; want it dropped and counted", what, int32(ret), dropped)
+		}
+	}
+	fromStranger := udpDatagram(stranger, local, 7471, 7471)
+	passes("before the peers are listed, from a stranger", fromStranger, true)
+
+	if err := dp.SetLivenessPeers(map[netip.Addr][]netip.Addr{local: {peer, local6}, local6: {peer6}}); err != nil {
+		t.Fatal(err)
+	}
+	passes("from a stranger", fromStranger, false)
+	passes("from a peer's address, another port", udpDatagram(peer, local, 40000, 7471), false)
+	passes("IPv6 from a stranger", udpDatagram(netip.MustParseAddr("2001:db8:9::9"), local6, 7471, 7471), false)
+	passes("from a stranger to another port", udpDatagram(stranger, local, 7471, 53), true)
+	passes("from a stranger to an address not filtered", udpDatagram(stranger, netip.MustParseAddr("10.102.1.3"), 7471, 7471), true)
+	for name, frame := range map[string][]byte{"IPv4": udpDatagram(peer, local, 7471, 7471), "IPv6": udpDatagram(peer6, local6, 7471, 7471)} {
+		passes(name+" from the peer", frame, true)
+		if m := run(t, dp.objs.NicIngress, frame, ctx); dp.pathOfMark(t, m) != 2 {
+			t.Errorf("%s from the peer: mark %#x, want path 2", name, m)
+		}
+	}
+
+	if err := dp.SetObserveOnly(true); err != nil {
+		t.Fatal(err)
+	}
+	// From another port: refused, and no probe to mark (which
+	// observe-only counts as observed too).
+	observed := stat(t, dp, StatObserved)
+	if ret := verdict(t, dp.objs.NicIngress, udpDatagram(stranger, local, 40000, 7471), ctx); ret != tcxNext || stat(t, dp, StatObserved) != observed+1 {
+		t.Errorf("observe-only, from a stranger: verdict %d, observed %d more; want passed and observed once",
+			int32(ret), stat(t, dp, StatObserved)-observed)
+	}
+	if err := dp.SetObserveOnly(false); err != nil {
+		t.Fatal(err)
+	}
+	// The peer goes: its datagrams are a stranger's; then nothing is listed.
+	if err := dp.SetLivenessPeers(map[netip.Addr][]netip.Addr{local: nil}); err != nil {
+		t.Fatal(err)
+	}
+	passes("from a peer no longer listed", udpDatagram(peer, local, 7471, 7471), false)
+	if err := dp.SetLivenessPeers(nil); err != nil {
+		t.Fatal(err)
+	}
+	passes("once nothing is listed, from a stranger", fromStranger, true)
+}

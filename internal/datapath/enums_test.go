@@ -30,18 +30,20 @@ func cEnum(t *testing.T, name string) *btf.Enum {
 // limit has its Go constant, with the same value.
 func TestLimitsAreTheCEnum(t *testing.T) {
 	goLimits := map[string]uint64{
-		"LIMIT_PATHS":           limits.Paths,
-		"LIMIT_RULES":           limits.Rules,
-		"LIMIT_POD_RULES":       limits.PodRules,
-		"LIMIT_RULE_PORTS":      limits.RulePorts,
-		"LIMIT_RULE_CIDRS":      limits.RuleCIDRs,
-		"LIMIT_SUBFLOWS":        limits.Subflows,
-		"LIMIT_WEIGHT":          limits.Weight,
-		"LIMIT_PODS":            limits.Pods,
-		"LIMIT_POD_SUBFLOWS":    limits.PodSubflows,
-		"LIMIT_POD_ARRIVALS":    limits.PodArrivals,
-		"LIMIT_BURST_MIN_BYTES": limits.MinBurstBytes,
-		"LIMIT_BURST_MAX_BYTES": limits.MaxBurstBytes,
+		"LIMIT_PATHS":              limits.Paths,
+		"LIMIT_RULES":              limits.Rules,
+		"LIMIT_POD_RULES":          limits.PodRules,
+		"LIMIT_RULE_PORTS":         limits.RulePorts,
+		"LIMIT_RULE_CIDRS":         limits.RuleCIDRs,
+		"LIMIT_SUBFLOWS":           limits.Subflows,
+		"LIMIT_WEIGHT":             limits.Weight,
+		"LIMIT_PODS":               limits.Pods,
+		"LIMIT_POD_SUBFLOWS":       limits.PodSubflows,
+		"LIMIT_POD_ARRIVALS":       limits.PodArrivals,
+		"LIMIT_POD_ANSWERED_JOINS": limits.PodAnsweredJoins,
+		"LIMIT_LIVENESS_PAIRS":     limits.LivenessPairs,
+		"LIMIT_BURST_MIN_BYTES":    limits.MinBurstBytes,
+		"LIMIT_BURST_MAX_BYTES":    limits.MaxBurstBytes,
 	}
 	seen := map[string]bool{}
 	for _, v := range cEnum(t, "limit").Values {
@@ -118,6 +120,8 @@ var pinnedEnums = map[string]map[string]uint64{
 		"STAT_POD_SUBFLOWS_FULL":    44,
 		"STAT_TCP_OPTS_CUT":         45,
 		"STAT_MPTCP_OPTS_AMBIGUOUS": 46,
+		"STAT_LIVENESS_REFUSED":     47,
+		"STAT_TCP_FRAGMENT_DROPPED": 48,
 	},
 	"subflow_role": {
 		"ROLE_INITIATOR": 1,

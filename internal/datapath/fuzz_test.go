@@ -69,7 +69,10 @@ func FuzzPodEgress(f *testing.F) {
 		if err := dp.SetEndpoint(src, 0); err != nil {
 			t.Fatal(err)
 		}
-		m = runFuzz(t, dp.objs.PodEgress, frame, skbContext{Mark: foreign})
+		m, dropped = runFuzzOrAmbiguous(t, dp, dp.objs.PodEgress, frame, skbContext{Mark: foreign})
+		if dropped {
+			return
+		}
 		if m&^dp.markMask != foreign {
 			t.Fatalf("foreign mark bits became %#x", m&^dp.markMask)
 		}
@@ -113,13 +116,16 @@ func FuzzNICIngress(f *testing.F) {
 		if err := dp.SetEndpoint(dst, 0); err != nil {
 			t.Fatal(err)
 		}
-		dropped, ambiguous := stat(t, dp, StatJoinACKDropped), stat(t, dp, StatMPTCPOptsAmbiguous)
+		counted := func() uint64 {
+			return stat(t, dp, StatJoinACKDropped) + stat(t, dp, StatMPTCPOptsAmbiguous) + stat(t, dp, StatTCPFragmentDropped)
+		}
+		before := counted()
 		ret, m := runFuzzVerdict(t, dp.objs.NicIngress, frame, in)
-		if ret == tcActShot && stat(t, dp, StatJoinACKDropped)+stat(t, dp, StatMPTCPOptsAmbiguous) == dropped+ambiguous+1 {
+		if ret == tcActShot && counted() == before+1 {
 			return
 		}
 		if ret != tcxNext {
-			t.Fatalf("program returned %d, want TCX_NEXT (or a counted drop of a join's third ACK or of ambiguous options)", int32(ret))
+			t.Fatalf("program returned %d, want TCX_NEXT (or a counted drop of a join's third ACK, of ambiguous options or of a TCP fragment)", int32(ret))
 		}
 		if m != foreign && m != foreign|dp.Mark(nicPath) {
 			t.Fatalf("mark became %#x, want %#x or %#x", m, foreign, foreign|dp.Mark(nicPath))
@@ -140,16 +146,18 @@ func runFuzz(t *testing.T, prog *ebpf.Program, frame []byte, in skbContext) uint
 
 // runFuzzOrAmbiguous runs prog once and checks that it passes the packet
 // unchanged, or drops it counted as one whose MPTCP options the kernel
-// could read otherwise (dropped); it returns the mark.
+// could read otherwise or as a fragment of TCP (dropped); it returns the
+// mark.
 func runFuzzOrAmbiguous(t *testing.T, dp *Datapath, prog *ebpf.Program, frame []byte, in skbContext) (mark uint32, dropped bool) {
 	t.Helper()
-	before := stat(t, dp, StatMPTCPOptsAmbiguous)
+	counted := func() uint64 { return stat(t, dp, StatMPTCPOptsAmbiguous) + stat(t, dp, StatTCPFragmentDropped) }
+	before := counted()
 	ret, mark := runFuzzVerdict(t, prog, frame, in)
-	if ret == tcActShot && stat(t, dp, StatMPTCPOptsAmbiguous) == before+1 {
+	if ret == tcActShot && counted() == before+1 {
 		return mark, true
 	}
 	if ret != tcxNext {
-		t.Fatalf("program returned %d, want TCX_NEXT (or a counted drop of ambiguous options)", int32(ret))
+		t.Fatalf("program returned %d, want TCX_NEXT (or a counted drop of ambiguous options or of a TCP fragment)", int32(ret))
 	}
 	return mark, false
 }

@@ -264,7 +264,9 @@ func malformedFrames() map[string]struct {
 		TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()
 	tagged6 := testpkt.Frame{VLANs: []uint16{100}, Src: clientPod6, Dst: serverPod6,
 		TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()
-	fragment := append([]byte(nil), mptcpSYN...)
+	// Of UDP: a fragment of TCP to or from a selected pod is dropped
+	// (TestTCPFragmentsOfSelectedPodsAreDropped).
+	fragment := testpkt.Frame{Src: clientPod, Dst: serverPod, Protocol: 17, Payload: make([]byte, 16)}.Bytes()
 	fragment[14+6] = 0x20 // more fragments
 	v6TooDeep := testpkt.Frame{Src: clientPod6, Dst: serverPod6, IPv6HopByHop: true, IPv6DestOpts: 4,
 		TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Flags: testpkt.SYN, Options: testpkt.MPCapableSYN()}}.Bytes()

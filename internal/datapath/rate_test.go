@@ -827,3 +827,38 @@ func TestAPodThatWritesAnotherPodsAddressPlacesNothingAsIt(t *testing.T) {
 		})
 	}
 }
+
+// The window scale the window cap writes with is learnt once per subflow,
+// from its handshake: a SYN or SYN-ACK the pod sends later on the live
+// 4-tuple (forged for its own subflow, or for a neighbour's) changes nothing,
+// and of two window-scale options in the pod's SYN the last counts, as the
+// kernel reads it.
+func TestRateWindowScaleIsLearntOnceFromTheHandshake(t *testing.T) {
+	const rateBps, burst = 800_000, 64 << 10
+	for _, c := range []struct {
+		name    string
+		synOpts []byte
+		want    uint
+	}{
+		{"one option, shift 7", withWScale(testpkt.MPCapableSYN(), 7), 7},
+		{"shift 0, then shift 7: the last counts", testpkt.Join(testpkt.MPCapableSYN(), testpkt.NOP(), testpkt.WScale(0),
+			testpkt.NOP(), testpkt.WScale(7)), 7},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dp := rateBed(t, clientPod, RateConfig{Mode: RateWindow, PerConnection: rateBps, HeadersMayBeRewritten: true, BurstBytes: burst})
+			egress := dp.Program(HookPodEgress)
+			run(t, egress, syn(clientPod, 40000, serverPod, 5201, c.synOpts), skbContext{})
+			run(t, dp.Program(HookPodIngress), synAck(serverPod, 5201, clientPod, 40000, withWScale(testpkt.MPCapableSYNACK(0x77), 9)), skbContext{})
+			// Forged on the live 4-tuple: a SYN with shift 14, a SYN-ACK
+			// with shift 0.
+			verdict(t, egress, syn(clientPod, 40000, serverPod, 5201, withWScale(testpkt.MPCapableSYN(), 14)), skbContext{})
+			verdict(t, egress, synAck(clientPod, 40000, serverPod, 5201, withWScale(testpkt.MPCapableSYNACK(0x77), 0)), skbContext{})
+
+			_, out := runOut(t, egress, dssACK(clientPod, serverPod, 1_000_000, 0xffff))
+			got := uint(out[tcpOffset(out)+14])<<8 | uint(out[tcpOffset(out)+15])
+			if want := (uint(burst) + 1<<c.want - 1) >> c.want; got != want {
+				t.Errorf("window field %d, want burst %d >> the handshake's scale %d = %d", got, burst, c.want, want)
+			}
+		})
+	}
+}

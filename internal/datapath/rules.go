@@ -428,7 +428,7 @@ func (d *Datapath) releasePodSlot(slot uint32, k datapathEndpointKey) error {
 }
 
 // givePodSlot makes owner (zero: nobody) the owner of slot, with counters
-// at zero on every CPU and no SYN waiting.
+// at zero on every CPU and no SYN or answered join waiting.
 func (d *Datapath) givePodSlot(slot uint32, owner datapathEndpointKey) error {
 	fresh := make([]datapathPodRecord, ebpf.MustPossibleCPU())
 	for i := range fresh {
@@ -438,9 +438,9 @@ func (d *Datapath) givePodSlot(slot uint32, owner datapathEndpointKey) error {
 		return err
 	}
 	if owner == (datapathEndpointKey{}) {
-		return d.takeArrivals(slot)
+		return d.takePodMaps(slot)
 	}
-	return d.giveArrivals(slot)
+	return d.givePodMaps(slot)
 }
 
 // podSlot returns the pod_records slot of the endpoint at k: the one it

@@ -119,6 +119,15 @@ const (
 	// ADD_ADDR more than once; MP_JOIN with MP_PRIO), dropped (in
 	// observe-only mode: passed).
 	StatMPTCPOptsAmbiguous = datapathStatIdSTAT_MPTCP_OPTS_AMBIGUOUS
+	// StatLivenessRefused: a datagram to the liveness port of one of the
+	// node's path addresses from no peer's prober on that path, dropped
+	// before the agent's socket (in observe-only mode: passed).
+	StatLivenessRefused = datapathStatIdSTAT_LIVENESS_REFUSED
+	// StatTCPFragmentDropped: a fragment of a TCP segment to or from a
+	// selected pod, whose options the datapath cannot read and the pod's
+	// kernel would obey once reassembled, dropped (in observe-only mode:
+	// passed).
+	StatTCPFragmentDropped = datapathStatIdSTAT_TCP_FRAGMENT_DROPPED
 	numStats               = int(datapathStatIdSTAT_MAX)
 )
 

@@ -46,6 +46,15 @@ const (
 	// its answer (LIMIT_POD_ARRIVALS): each pod stages in a map of its
 	// own, so a flood at one pod evicts only that pod's.
 	PodArrivals = 512
+	// PodAnsweredJoins is how many joins one pod answered wait for their
+	// third ACK at once (LIMIT_POD_ANSWERED_JOINS), in a map of the pod's
+	// own.
+	PodAnsweredJoins = 256
+	// LivenessPairs is how many pairs of a node's path address and a
+	// peer's address on that path the datapath lets send to the liveness
+	// port (LIMIT_LIVENESS_PAIRS): 15 paths of 1000 peers of 4 addresses,
+	// and the node's own 15.
+	LivenessPairs = 65536
 	// MinBurstBytes and MaxBurstBytes bound a rate bucket's depth (police)
 	// and the window granted at once (window): LIMIT_BURST_MIN_BYTES and
 	// LIMIT_BURST_MAX_BYTES.

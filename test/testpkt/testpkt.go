@@ -397,3 +397,42 @@ func Timestamps(val, echo uint32) []byte {
 
 // WScale is the TCP window-scale option (RFC 7323 section 2.2).
 func WScale(shift uint8) []byte { return []byte{3, 3, shift} }
+
+// Fragments is the frame as two IP fragments of its transport header and
+// payload, split at byte at (a multiple of 8): the first carries the first
+// at bytes, the second the rest. An IPv6 frame gets a fragment header
+// after its fixed header; it must have no extension header of its own.
+func (f Frame) Fragments(at int) [][]byte {
+	whole := f.Bytes()
+	eth := 14 + 4*len(f.VLANs)
+	var out [][]byte
+	if f.Src.Is4() {
+		hlen := int(whole[eth]&0x0f) * 4
+		l4 := whole[eth+hlen:]
+		for i, part := range [][]byte{l4[:at], l4[at:]} {
+			h := append([]byte(nil), whole[eth:eth+hlen]...)
+			binary.BigEndian.PutUint16(h[2:], uint16(hlen+len(part)))
+			fragOff := uint16(0x2000) // MF, offset 0
+			if i == 1 {
+				fragOff = uint16(at / 8)
+			}
+			binary.BigEndian.PutUint16(h[6:], fragOff)
+			h[10], h[11] = 0, 0
+			binary.BigEndian.PutUint16(h[10:], ^fold(sum(0, h)))
+			out = append(out, append(append(append([]byte(nil), whole[:eth]...), h...), part...))
+		}
+		return out
+	}
+	l4, proto := whole[eth+40:], whole[eth+6]
+	for i, part := range [][]byte{l4[:at], l4[at:]} {
+		h := append([]byte(nil), whole[eth:eth+40]...)
+		h[6] = 44 // a fragment header follows
+		binary.BigEndian.PutUint16(h[4:], uint16(8+len(part)))
+		frag := []byte{proto, 0, 0, 1, 0, 0, 0x12, 0x34} // offset 0, M
+		if i == 1 {
+			binary.BigEndian.PutUint16(frag[2:], uint16(at)) // offset at/8, in its 13 high bits
+		}
+		out = append(out, append(append(append(append([]byte(nil), whole[:eth]...), h...), frag...), part...))
+	}
+	return out
+}

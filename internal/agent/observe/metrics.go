@@ -109,6 +109,8 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatPodSubflowsFull:    "pod_subflows_full",
 	datapath.StatTCPOptsCut:         "tcp_options_cut",
 	datapath.StatMPTCPOptsAmbiguous: "mptcp_options_ambiguous",
+	datapath.StatLivenessRefused:    "liveness_refused",
+	datapath.StatTCPFragmentDropped: "tcp_fragment_dropped",
 }
 
 // EventName is the label value of a datapath counter in
@@ -282,12 +284,25 @@ func ServeTLS(ctx context.Context, addr string, h http.Handler, tlsConfig *tls.C
 	if err != nil {
 		return nil, nil, fmt.Errorf("metrics: %w", err)
 	}
+	ln = limitPerSource(ln, connsPerSource)
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
-	// The server's own complaints (a scanner's failed TLS handshake) go to
-	// the agent's log at debug, not to stderr in another format.
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	// Every connection ends: a request must arrive whole within the read
+	// timeout, its answer leave within the write timeout, and an idle
+	// keep-alive connection closes after two minutes (Prometheus scrapes
+	// at least once a minute). The server's own complaints (a scanner's
+	// failed TLS handshake) go to the agent's log at debug, not to stderr
+	// in another format.
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
