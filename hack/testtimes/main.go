@@ -40,7 +40,7 @@ func main() {
 	report := flag.String("report", "", "print the slowest tests and the time per package of this JSON file")
 	counts := flag.String("counts", "", "print one line with how many tests of this JSON file passed, failed and were skipped")
 	failures := flag.String("failures", "", "print the last lines of what each failed test of this JSON file printed")
-	lines := flag.Int("lines", 30, "with -failures: how many of a failed test's last lines to print")
+	lines := flag.Int("lines", 20, "with -failures: how many of a failed test's last messages to print")
 	top := flag.Int("top", 20, "with -report: how many of the slowest tests to list")
 	areas := flag.String("areas", "", "with -report: a package (./test/e2e) whose top-level tests are areas: its tests are their subtests")
 	flag.Parse()
@@ -171,7 +171,7 @@ func printCounts(out io.Writer, path string) error {
 }
 
 // printFailures prints, for every failed test none of whose subtests failed,
-// the last lines of its own output. Tests run side by side interleave their
+// the last of its own messages. Tests run side by side interleave their
 // lines in the stream; here each failure's message stands next to its name,
 // at the end of the run where a reader of a long log looks first.
 func printFailures(out io.Writer, path string, lines int) error {
@@ -197,7 +197,15 @@ func printFailures(out io.Writer, path string, lines int) error {
 			continue // its failed subtest says why
 		}
 		fmt.Fprintf(out, "%s %s:\n", short(k.pkg), k.test)
-		own := output[k]
+		// The test's own messages (t.Log, t.Error: indented four
+		// spaces), not what they quote below them (an agent's log
+		// lines, indented further), which would push the failure out.
+		var own []string
+		for _, l := range output[k] {
+			if strings.HasPrefix(l, "    ") && !strings.HasPrefix(l, "     ") || strings.HasPrefix(l, "--- ") {
+				own = append(own, l)
+			}
+		}
 		for _, l := range own[max(0, len(own)-lines):] {
 			fmt.Fprint(out, l)
 		}

@@ -241,6 +241,13 @@ func testSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
 					return mptcpv1alpha1.CompiledRule{SubflowCreation: tc.mode}
 				}
 			}
+			// Paced below the links' rate: this test is about where
+			// subflows go, and saturated tail-drop links stall a
+			// connection now and then whoever places it
+			// (docs/testing.md, "Stalls").
+			for i := range flows {
+				flows[i].rateMbit = 15
+			}
 			// The agents hold only the capabilities they declare.
 			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, ruleFor, declaredCaps)
 			if err != nil {
