@@ -300,14 +300,14 @@ static __always_inline void *pod_arrivals(__u32 slot)
 	return bpf_map_lookup_elem(&arrivals, &slot);
 }
 
-struct {
+/* One pod's answered initial subflows, and its answered joins. */
+struct pod_answered_map {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
+	__uint(max_entries, LIMIT_POD_ANSWERED);
 	__type(key, struct flow_key);
 	__type(value, struct arrival);
-} answered SEC(".maps");
+};
 
-/* One pod's answered joins. */
 struct pod_joins_map {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, LIMIT_POD_ANSWERED_JOINS);
@@ -315,9 +315,16 @@ struct pod_joins_map {
 	__type(value, struct arrival);
 };
 
-/* Each selected pod's answered joins, by its pod slot, given and taken with
- * the slot as its waiting SYNs are: a sender that has any pod answer many
- * joins pushes out only that pod's. */
+/* Each selected pod's answered handshakes, by its pod slot, given and taken
+ * with the slot as its waiting SYNs are: a sender that has one pod answer
+ * SYNs or joins by the thousand pushes out only that pod's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MAX_PODS + 1);
+	__type(key, __u32);
+	__array(values, struct pod_answered_map);
+} answered SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__uint(max_entries, MAX_PODS + 1);
@@ -585,9 +592,9 @@ static __always_inline struct endpoint *lookup_endpoint(__u8 family, const __u8 
 	return bpf_map_lookup_elem(&endpoints, &k);
 }
 
-/* pod_answered_joins is the map of answered joins of the selected pod at
- * address addr (NULL: none). */
-static __always_inline void *pod_answered_joins(__u8 family, const __u8 addr[16])
+/* pod_answers is the map of answered handshakes of the selected pod at
+ * address addr (NULL: none): its joins' (join) or its initial subflows'. */
+static __always_inline void *pod_answers(bool join, __u8 family, const __u8 addr[16])
 {
 	struct endpoint *ep = lookup_endpoint(family, addr);
 	__u32 slot;
@@ -595,7 +602,9 @@ static __always_inline void *pod_answered_joins(__u8 family, const __u8 addr[16]
 	if (!ep)
 		return NULL;
 	slot = ep->pod_slot;
-	return bpf_map_lookup_elem(&answered_joins, &slot);
+	if (join)
+		return bpf_map_lookup_elem(&answered_joins, &slot);
+	return bpf_map_lookup_elem(&answered, &slot);
 }
 
 /* Who may send to the liveness port of a node's address on a path: the
@@ -606,7 +615,8 @@ static __always_inline void *pod_answered_joins(__u8 family, const __u8 addr[16]
  * elsewhere costs the node no read and no echo lost to a full socket. The
  * agent writes it with the prober's peers. Not pinned: it starts empty at
  * each load, which filters nothing until the agent has written the peers.
- * Fragments are not filtered: only a first fragment carries the ports. */
+ * A first fragment is judged as a whole datagram (the rest never reassemble
+ * without it); a later one passes. */
 struct liveness_pair {
 	__u8 family;
 	__u8 pad[3];
@@ -640,28 +650,40 @@ __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u3
 	const __be16 *ports;
 	__be16 buf[2], port;
 	__u8 proto = 0;
+	bool filtered;
+	int ret;
 
 	if (!skb || !pkt || !s || !s->liveness_port)
 		return TCX_NEXT;
-	if (parse_l3(skb, pkt, &off, &proto) != PARSE_OK || proto != IPPROTO_UDP)
+	ret = parse_l3(skb, pkt, &off, &proto);
+	if (!pkt->family)
+		return TCX_NEXT; /* not IP */
+	k.family = pkt->family;
+	__builtin_memcpy(k.local, pkt->daddr, 16);
+	filtered = bpf_map_lookup_elem(&liveness_peers, &k);
+	/* A whole UDP datagram, or the first fragment of one (the rest
+	 * never reassemble without it); to a filtered address, also what
+	 * hides its transport behind more extension headers than the parser
+	 * reads. */
+	if (ret == PARSE_UNREADABLE && filtered)
+		goto refuse;
+	if (proto != IPPROTO_UDP || (ret != PARSE_OK && ret != PARSE_NOT_TCP))
 		return TCX_NEXT;
 	ports = header_at(skb, off, sizeof(buf), buf);
 	port = bpf_htons(s->liveness_port);
 	if (!ports || ports[1] != port)
 		return TCX_NEXT;
-	k.family = pkt->family;
-	__builtin_memcpy(k.local, pkt->daddr, 16);
-	if (bpf_map_lookup_elem(&liveness_peers, &k)) {
+	if (filtered) {
 		__builtin_memcpy(k.peer, pkt->saddr, 16);
-		if (ports[0] != port || !bpf_map_lookup_elem(&liveness_peers, &k)) {
-			count(STAT_LIVENESS_REFUSED);
-			if (!observed_instead())
-				return TC_ACT_SHOT;
-		}
+		if (ports[0] != port || !bpf_map_lookup_elem(&liveness_peers, &k))
+			goto refuse;
 	}
-	if (ports[0] == port && !lookup_endpoint(pkt->family, pkt->daddr))
+	if (ret == PARSE_OK && ports[0] == port && !lookup_endpoint(pkt->family, pkt->daddr))
 		set_path_mark(skb, path);
 	return TCX_NEXT;
+refuse:
+	count(STAT_LIVENESS_REFUSED);
+	return observed_instead() ? TCX_NEXT : TC_ACT_SHOT;
 }
 
 /* same_addr compares two addresses word by word: every address the
@@ -1490,7 +1512,7 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 
 	count(STAT_PACKETS);
 	ret = parse_packet(skb, pkt);
-	if (ret == PARSE_NOT_TCP || ret == PARSE_TCP_FRAGMENT)
+	if (ret == PARSE_NOT_TCP || ret == PARSE_UNREADABLE_TCP || ret == PARSE_UNREADABLE)
 		count(STAT_NOT_TCP);
 	else if (ret == PARSE_MALFORMED)
 		count(STAT_MALFORMED);
@@ -1503,19 +1525,20 @@ static __always_inline int parse_counted(struct __sk_buff *skb, struct packet *p
 	return ret;
 }
 
-/* tcp_fragment_verdict is the verdict on a fragment of TCP (pkt) whose
- * pod side is addr: dropped when addr is a selected pod's (counted; in
- * observe-only mode passed). The datapath cannot read the options of a
- * fragmented segment, which the pod's kernel reassembles and obeys: a join
- * past its maximum or on a blocked path, an MP_PRIO or an ADD_ADDR would
- * pass every actor. Linux sends TCP with DF set (path MTU discovery), and
- * IPv6 routers never fragment: only a forger, or a namespace with path MTU
- * discovery off, sends a fragmented segment. */
-static __always_inline int tcp_fragment_verdict(const struct packet *pkt, const __u8 addr[16])
+/* unreadable_tcp_verdict is the verdict on a packet that is or may be TCP
+ * whose header the datapath cannot read (pkt: a fragment of TCP, or IPv6
+ * with more extension headers than the parser reads), whose pod side is
+ * addr: dropped when addr is a selected pod's (counted; in observe-only
+ * mode passed). The pod's kernel reassembles or reads such a segment and
+ * obeys its options: a join past its maximum or on a blocked path, an
+ * MP_PRIO or an ADD_ADDR would pass every actor. Linux sends TCP with DF
+ * set (path MTU discovery), and IPv6 routers never fragment: only a forger,
+ * or a namespace with path MTU discovery off, sends a fragmented segment. */
+static __always_inline int unreadable_tcp_verdict(const struct packet *pkt, const __u8 addr[16])
 {
 	if (!lookup_endpoint(pkt->family, addr))
 		return TCX_NEXT;
-	count(STAT_TCP_FRAGMENT_DROPPED);
+	count(STAT_UNREADABLE_TCP_DROPPED);
 	return observed_instead() ? TCX_NEXT : TC_ACT_SHOT;
 }
 
@@ -1613,7 +1636,7 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 {
 	struct arrival a, *waiting = NULL, *prev;
 	__u32 canonical = 0, ack, seq, join;
-	void *staged = NULL, *joins;
+	void *staged = NULL, *answers;
 	struct endpoint *ep;
 	struct conn *c = NULL;
 	__u64 now;
@@ -1627,11 +1650,8 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 	if (live && live->role == ROLE_RESPONDER && live->syn_seq && ack == live->syn_seq + 1)
 		return ARRIVAL_NONE;
 	now = bpf_ktime_get_ns();
-	joins = join ? pod_answered_joins(fk->family, fk->saddr) : NULL;
-	if (join)
-		prev = joins ? bpf_map_lookup_elem(joins, fk) : NULL;
-	else
-		prev = bpf_map_lookup_elem(&answered, fk);
+	answers = pod_answers(join, fk->family, fk->saddr);
+	prev = answers ? bpf_map_lookup_elem(answers, fk) : NULL;
 	/* The same answer again (the SYN-ACK retransmitted, or a repeated
 	 * SYN answered anew): it leaves as the first did. A word written in
 	 * place, so that a third ACK marking the arrival meanwhile is not
@@ -1678,10 +1698,8 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 	a.answer_seq = seq;
 	a.answer_seq_last = seq;
 	a.state |= arrival_syn_state(pkt, true);
-	if (join && joins)
-		bpf_map_update_elem(joins, fk, &a, BPF_ANY);
-	else if (!join && has_mptcp(pkt, MPTCP_SUB_CAPABLE))
-		bpf_map_update_elem(&answered, fk, &a, BPF_ANY);
+	if (answers && (join || has_mptcp(pkt, MPTCP_SUB_CAPABLE)))
+		bpf_map_update_elem(answers, fk, &a, BPF_ANY);
 	if (!live) {
 		set_path_mark(skb, a.sf.path_index);
 		count_path(a.sf.path_index, pkt->len, true);
@@ -1705,19 +1723,16 @@ __noinline int answer_arrival(struct __sk_buff *skb, const struct packet *pkt, c
 __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
 	__u32 canonical = 0, zero = 0, join = has_mptcp(pkt, MPTCP_SUB_JOIN);
-	struct arrival *a, *waiting = NULL;
+	struct arrival *a, *waiting;
 	struct conn *c = NULL;
-	void *joins = NULL;
+	void *answers;
 
 	if (!skb || !pkt || !fk)
 		return 0;
-	if (join) {
-		joins = pod_answered_joins(fk->family, fk->saddr);
-		if (joins)
-			waiting = bpf_map_lookup_elem(joins, fk);
-	} else {
-		waiting = bpf_map_lookup_elem(&answered, fk);
-	}
+	answers = pod_answers(join, fk->family, fk->saddr);
+	if (!answers)
+		return 0;
+	waiting = bpf_map_lookup_elem(answers, fk);
 	a = bpf_map_lookup_elem(&arrival_scratch, &zero);
 	if (!waiting || !a)
 		return 0;
@@ -1731,10 +1746,7 @@ __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, c
 		learn_connection(skb, pkt, 0, &a->sf);
 	if (subflow_lookup(fk)) {
 		a->state |= ARRIVAL_ACKED;
-		if (joins)
-			bpf_map_update_elem(joins, fk, a, BPF_EXIST);
-		else
-			bpf_map_update_elem(&answered, fk, a, BPF_EXIST);
+		bpf_map_update_elem(answers, fk, a, BPF_EXIST);
 		/* The old entry still there: its close writes this one. Gone
 		 * meanwhile (its close came between the two looks, and found
 		 * nothing acked): written here. */
@@ -1748,15 +1760,11 @@ __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, c
 		count(STAT_POD_SUBFLOWS_FULL);
 		if (join && a->sf.rule != RULE_NONE)
 			return 0;
-		if (joins) {
-			bpf_map_delete_elem(joins, fk);
-			return 1;
-		}
-		bpf_map_delete_elem(&answered, fk);
+		bpf_map_delete_elem(answers, fk);
 		return 1;
 	}
 	/* Taken once: a second CPU with the same ACK finds none. */
-	if (joins ? bpf_map_delete_elem(joins, fk) : bpf_map_delete_elem(&answered, fk))
+	if (bpf_map_delete_elem(answers, fk))
 		return 1;
 	if (join)
 		c = lookup_conn(fk->family, fk->saddr, a->sf.token, &canonical);
@@ -1779,19 +1787,20 @@ __noinline int take_third_ack(struct __sk_buff *skb, const struct packet *pkt, c
 __noinline int pod_reset(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk)
 {
 	struct arrival *a;
-	void *joins;
+	void *answers;
 	__u32 seq;
 
 	if (!skb || !pkt || !fk || !from_its_pod(skb, pkt))
 		return 0;
 	seq = syn_seq(skb, pkt);
-	a = bpf_map_lookup_elem(&answered, fk);
-	if (a && answers_seq(a, seq))
-		bpf_map_delete_elem(&answered, fk);
-	joins = pod_answered_joins(fk->family, fk->saddr);
-	a = joins ? bpf_map_lookup_elem(joins, fk) : NULL;
-	if (joins && a && answers_seq(a, seq))
-		bpf_map_delete_elem(joins, fk);
+	answers = pod_answers(false, fk->family, fk->saddr);
+	a = answers ? bpf_map_lookup_elem(answers, fk) : NULL;
+	if (answers && a && answers_seq(a, seq))
+		bpf_map_delete_elem(answers, fk);
+	answers = pod_answers(true, fk->family, fk->saddr);
+	a = answers ? bpf_map_lookup_elem(answers, fk) : NULL;
+	if (answers && a && answers_seq(a, seq))
+		bpf_map_delete_elem(answers, fk);
 	return 0;
 }
 
@@ -1883,8 +1892,8 @@ int pod_egress(struct __sk_buff *skb)
 	int ret;
 
 	ret = parse_counted(skb, &pkt);
-	if (ret == PARSE_TCP_FRAGMENT)
-		return tcp_fragment_verdict(&pkt, pkt.saddr);
+	if (ret == PARSE_UNREADABLE_TCP || ret == PARSE_UNREADABLE)
+		return unreadable_tcp_verdict(&pkt, pkt.saddr);
 	if (ret != PARSE_OK)
 		return TCX_NEXT;
 	if (drop_ambiguous(&pkt))
@@ -1970,7 +1979,8 @@ int pod_ingress(struct __sk_buff *skb)
 		 * fit): the rate actor caps those by them. */
 		if (!pkt.family)
 			return TCX_NEXT; /* not IP */
-		if (ret == PARSE_TCP_FRAGMENT && tcp_fragment_verdict(&pkt, pkt.daddr) == TC_ACT_SHOT)
+		if ((ret == PARSE_UNREADABLE_TCP || ret == PARSE_UNREADABLE) &&
+		    unreadable_tcp_verdict(&pkt, pkt.daddr) == TC_ACT_SHOT)
 			return TC_ACT_SHOT;
 		return pod_ingress_unknown(skb, &pkt, true);
 	}
@@ -2111,8 +2121,11 @@ int nic_ingress(struct __sk_buff *skb)
 		break;
 	case PARSE_NOT_TCP:
 		return liveness_datagram(skb, &pkt, n->path);
-	case PARSE_TCP_FRAGMENT:
-		return tcp_fragment_verdict(&pkt, pkt.daddr);
+	case PARSE_UNREADABLE_TCP:
+	case PARSE_UNREADABLE:
+		if (unreadable_tcp_verdict(&pkt, pkt.daddr) == TC_ACT_SHOT)
+			return TC_ACT_SHOT;
+		return liveness_datagram(skb, &pkt, n->path);
 	default:
 		return TCX_NEXT;
 	}
@@ -2328,7 +2341,7 @@ static __always_inline int subflow_closed(const __u64 *key, const struct closed_
 	const struct flow_key *fk = (const struct flow_key *)key;
 	struct arrival *waiting, a;
 	struct subflow *sf;
-	void *joins;
+	void *answers;
 	struct conn *c = NULL;
 	__u32 canonical = 0;
 	int freed;
@@ -2341,22 +2354,23 @@ static __always_inline int subflow_closed(const __u64 *key, const struct closed_
 	freed = delete_subflow(fk);
 	/* The new subflow's segments counted on the old entry meanwhile: the
 	 * peer's third ACK of the pod's answer is what this takes. */
-	joins = pod_answered_joins(fk->family, fk->saddr);
-	waiting = joins ? bpf_map_lookup_elem(joins, fk) : NULL;
-	if (joins && waiting && (waiting->state & ARRIVAL_ACKED)) {
+	answers = pod_answers(true, fk->family, fk->saddr);
+	waiting = answers ? bpf_map_lookup_elem(answers, fk) : NULL;
+	if (answers && waiting && (waiting->state & ARRIVAL_ACKED)) {
 		a = *waiting;
-		if (bpf_map_delete_elem(joins, fk))
+		if (bpf_map_delete_elem(answers, fk))
 			return freed;
 		c = lookup_conn(fk->family, fk->saddr, a.sf.token, &canonical);
 		write_arrival(fk, &a.sf, c, canonical, true);
 		seed_rate_subflow(fk, a.sf.rule, a.state);
 		return freed;
 	}
-	waiting = bpf_map_lookup_elem(&answered, fk);
-	if (!waiting || !(waiting->state & ARRIVAL_ACKED))
+	answers = pod_answers(false, fk->family, fk->saddr);
+	waiting = answers ? bpf_map_lookup_elem(answers, fk) : NULL;
+	if (!answers || !waiting || !(waiting->state & ARRIVAL_ACKED))
 		return freed;
 	a = *waiting;
-	if (bpf_map_delete_elem(&answered, fk))
+	if (bpf_map_delete_elem(answers, fk))
 		return freed;
 	write_arrival(fk, &a.sf, NULL, 0, true);
 	seed_rate_subflow(fk, a.sf.rule, a.state);

@@ -55,8 +55,9 @@ enum limit {
 	 * another's waiting join (docs/datapath.md, "A SYN from the wire
 	 * writes no entry"). */
 	LIMIT_POD_ARRIVALS = 512,
-	/* Joins one pod answered whose third ACK has not come yet (its own
-	 * map of answered joins). */
+	/* Initial subflows, and joins, one pod answered whose third ACK has
+	 * not come yet (its own maps of answered handshakes). */
+	LIMIT_POD_ANSWERED = 512,
 	LIMIT_POD_ANSWERED_JOINS = 256,
 	/* Pairs of a node's path address and a peer's address there that may
 	 * send to its liveness port: 15 paths of 1000 peers of 4 addresses,
@@ -145,11 +146,12 @@ enum stat_id {
 					unplaced, or refused if a join */
 	STAT_TCP_OPTS_CUT = 45,	     /* a broken option ends the option list: read up to it, as
 					the kernel reads it */
-	STAT_MPTCP_OPTS_AMBIGUOUS = 46, /* MPTCP options the kernel could read otherwise: dropped,
-					   to or from a selected pod */
-	STAT_LIVENESS_REFUSED = 47,	/* a datagram to the liveness port of a node's path address
-					   from no peer's prober there: dropped */
-	STAT_TCP_FRAGMENT_DROPPED = 48, /* a fragment of TCP to or from a selected pod: dropped */
+	STAT_MPTCP_OPTS_AMBIGUOUS = 46,	  /* MPTCP options the kernel could read otherwise: dropped,
+					     to or from a selected pod */
+	STAT_LIVENESS_REFUSED = 47,	  /* a datagram to the liveness port of a node's path address
+					     from no peer's prober there: dropped */
+	STAT_UNREADABLE_TCP_DROPPED = 48, /* a fragment of TCP, or IPv6 past the header bound, to or
+					   from a selected pod: dropped */
 	/* Not an identity: one past the highest, however many there are. */
 	STAT_MAX,
 };

@@ -102,7 +102,10 @@ enum parse_result {
 	 * part starts with TCP or an extension header): its addresses are
 	 * read, its options cannot be, and the receiving kernel reassembles
 	 * and obeys them. */
-	PARSE_TCP_FRAGMENT = 4,
+	PARSE_UNREADABLE_TCP = 4,
+	/* An IPv6 packet with more extension headers than the parser reads:
+	 * its addresses are read; what it carries, TCP or UDP, is not. */
+	PARSE_UNREADABLE = 5,
 };
 
 /* The MPTCP options of a segment as the receiving kernel reads them, located
@@ -276,9 +279,11 @@ static __always_inline bool is_ipv6_ext_header(__u8 next)
 
 /* parse_l3 reads the Ethernet and IP headers: the family and addresses, and
  * where the transport header starts with which protocol. A fragment is
- * PARSE_TCP_FRAGMENT or PARSE_NOT_TCP, after its addresses are read: only
+ * PARSE_UNREADABLE_TCP or PARSE_NOT_TCP, after its addresses are read: only
  * first fragments carry the TCP header, and none its whole option list for
- * sure; the rate actor still caps fragments by their addresses. */
+ * sure; the rate actor still caps fragments by their addresses. A first
+ * fragment gives its protocol and where its transport header starts, as a
+ * whole packet does. */
 static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, __u32 *off, __u8 *proto)
 {
 	const __be16 *h_proto_p;
@@ -320,8 +325,13 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 		pkt->family = AF_INET;
 		__builtin_memcpy(pkt->saddr, &ip->saddr, 4);
 		__builtin_memcpy(pkt->daddr, &ip->daddr, 4);
-		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-			return ip->protocol == IPPROTO_TCP ? PARSE_TCP_FRAGMENT : PARSE_NOT_TCP;
+		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)) {
+			if (!(ip->frag_off & bpf_htons(IP_OFFSET))) {
+				*proto = ip->protocol;
+				*off = o + ihl;
+			}
+			return ip->protocol == IPPROTO_TCP ? PARSE_UNREADABLE_TCP : PARSE_NOT_TCP;
+		}
 		*proto = ip->protocol;
 		*off = o + ihl;
 		return PARSE_OK;
@@ -358,10 +368,15 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 				 * its fragmentable part starts with is in every
 				 * fragment: TCP, or an extension header that may
 				 * lead to TCP. */
-				if (ext->frag_off & bpf_htons(0xfff9))
+				if (ext->frag_off & bpf_htons(0xfff9)) {
+					if (!(ext->frag_off & bpf_htons(0xfff8))) {
+						*proto = ext->nexthdr;
+						*off = o + 8;
+					}
 					return ext->nexthdr == IPPROTO_TCP || is_ipv6_ext_header(ext->nexthdr)
-						   ? PARSE_TCP_FRAGMENT
+						   ? PARSE_UNREADABLE_TCP
 						   : PARSE_NOT_TCP;
+				}
 				o += 8;
 			} else if (next == NEXTHDR_AUTH) {
 				o += ((__u32)ext->hdrlen + 2) * 4;
@@ -370,6 +385,8 @@ static __always_inline int parse_l3(struct __sk_buff *skb, struct packet *pkt, _
 			}
 			next = ext->nexthdr;
 		}
+		if (is_ipv6_ext_header(next))
+			return PARSE_UNREADABLE;
 		*proto = next;
 		*off = o;
 		return PARSE_OK;
@@ -733,7 +750,7 @@ static __always_inline int parse_headers_fast(struct __sk_buff *skb, struct pack
 		__builtin_memcpy(pkt->saddr, &ip->saddr, 4);
 		__builtin_memcpy(pkt->daddr, &ip->daddr, 4);
 		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-			return ip->protocol == IPPROTO_TCP ? PARSE_TCP_FRAGMENT : PARSE_NOT_TCP;
+			return ip->protocol == IPPROTO_TCP ? PARSE_UNREADABLE_TCP : PARSE_NOT_TCP;
 		if (ip->protocol != IPPROTO_TCP)
 			return PARSE_NOT_TCP;
 		tcp = (const void *)(ip + 1);

@@ -5,20 +5,51 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // Each selected pod's SYNs from the wire wait for its answer in an LRU map
-// of its own, at its pod slot in arrivals, and the joins it answered wait
-// for their third ACK in another, at its slot in answered_joins
-// (bpf/datapath.c): a flood of SYNs at one pod, or joins one pod answers
-// by the thousand, evict only that pod's, never another pod's join, whose
-// third ACK would then be dropped. A slot gets fresh maps when it is given
-// to a pod and loses them with the pod; a slot without them stages nothing.
+// of its own, at its pod slot in arrivals, and the handshakes it answered
+// wait for their third ACK in two more, at its slot in answered and
+// answered_joins (bpf/datapath.c): a flood of SYNs at one pod, or joins one
+// pod answers by the thousand, evict only that pod's, never another pod's
+// handshake, whose third ACK would then write no entry (a join's is
+// dropped). A slot gets fresh maps when it is given to a pod and loses them
+// with the pod; a slot without them stages nothing.
 
-// podMaps are the outer maps of per-pod maps and the spec of their inner
-// maps, by the outer map's name.
+// perPodMaps are the names of the maps of per-pod maps.
+var perPodMaps = []string{datapathMapArrivals, datapathMapAnswered, datapathMapAnsweredJoins}
+
+// podMaps are the maps of per-pod maps, by name.
 func (d *Datapath) podMaps() map[string]*ebpf.Map {
-	return map[string]*ebpf.Map{datapathMapArrivals: d.objs.Arrivals, datapathMapAnsweredJoins: d.objs.AnsweredJoins}
+	return map[string]*ebpf.Map{
+		datapathMapArrivals:      d.objs.Arrivals,
+		datapathMapAnswered:      d.objs.Answered,
+		datapathMapAnsweredJoins: d.objs.AnsweredJoins,
+	}
+}
+
+// lruFreeBatch is how many free entries a CPU takes at once from an LRU
+// map's common free list before Linux 6.16 (LOCAL_FREE_TARGET). There, a
+// map with fewer than two batches per CPU that uses it runs out of free
+// entries and evicts live ones early, whatever its fill: each per-pod map
+// holds that many on such kernels, up to podMapEntriesMax. From 6.16 the
+// batch shrinks with the map ("bpf: Adjust free target to avoid global
+// starvation of LRU map").
+const lruFreeBatch = 128
+
+// podMapEntriesMax bounds a per-pod map's size on kernels before 6.16 (the
+// size the node's one map of answered joins had): 16 CPUs' worth, 750 KiB.
+const podMapEntriesMax = 4096
+
+// podMapEntries is the size of a per-pod map whose limit is limit, on a
+// kernel of that release with cpus possible CPUs.
+func podMapEntries(limit uint32, release string, cpus int) uint32 {
+	var major, minor int
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err == nil && (major > 6 || major == 6 && minor >= 16) {
+		return limit
+	}
+	return max(limit, min(uint32(2*lruFreeBatch*cpus), podMapEntriesMax))
 }
 
 // givePodMaps gives slot empty maps of waiting SYNs and answered joins.
@@ -65,4 +96,14 @@ func (d *Datapath) restorePodMaps() error {
 		return fmt.Errorf("reading endpoints: %w", err)
 	}
 	return nil
+}
+
+// kernelRelease is the running kernel's release ("6.18.44-..."), empty if
+// unknown.
+func kernelRelease() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
 }

@@ -703,6 +703,7 @@ func TestEachSelectedPodHasItsOwnWaitingSYNs(t *testing.T) {
 	}
 	for _, outer := range []func(*Datapath) *ebpf.Map{
 		func(dp *Datapath) *ebpf.Map { return dp.objs.Arrivals },
+		func(dp *Datapath) *ebpf.Map { return dp.objs.Answered },
 		func(dp *Datapath) *ebpf.Map { return dp.objs.AnsweredJoins },
 	} {
 		checkOwnPodMaps(t, pin, dp, outer, pods)
@@ -761,12 +762,26 @@ func checkOwnPodMaps(t *testing.T, pin string, dp *Datapath, outer func(*Datapat
 	}
 }
 
-// Joins one pod answers by the thousand (5000, more than the whole node's
-// answered joins could once hold), each of a connection of its own and so
-// within every connection's ration of answers, push out only that pod's
-// answered joins: another pod's join, answered before them, completes at
-// its third ACK.
-func TestJoinsOnePodAnswersPushOutNoOtherPodsAnsweredJoin(t *testing.T) {
+// Handshakes one pod answers by the thousand (more than the whole node's
+// answered joins, or answered initial subflows, could once hold), each of a
+// connection of its own and so within every connection's ration of answers,
+// push out only that pod's answered handshakes: another pod's handshake of
+// the same kind, answered before them, completes at its third ACK.
+func TestHandshakesOnePodAnswersPushOutNoOtherPodsAnswered(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		join    bool
+		answers int
+		limit   int
+	}{
+		{"joins", true, 5000, limits.PodAnsweredJoins},
+		{"initial subflows", false, 20000, limits.PodAnswered},
+	} {
+		t.Run(c.name, func(t *testing.T) { testOnePodsAnswersPushOutNoOthers(t, c.join, c.answers, c.limit) })
+	}
+}
+
+func testOnePodsAnswersPushOutNoOthers(t *testing.T, join bool, answers, limit int) {
 	dp := twoNICResponder(t)
 	flooded := netip.MustParseAddr("10.244.2.12")
 	if err := dp.SetEndpoint(flooded, 0); err != nil {
@@ -774,31 +789,50 @@ func TestJoinsOnePodAnswersPushOutNoOtherPodsAnsweredJoin(t *testing.T) {
 	}
 	on := func(ifindex int) skbContext { return skbContext{IngressIfindex: uint32(ifindex)} }
 	const clientKey, serverKey = 31, 32
-	server := netip.AddrPortFrom(serverPod, 80)
-	acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 40000), server, testpkt.MPCapableSYN(), nic1Ifindex, clientKey, serverKey)
-
-	// The victim's join, answered: it waits for its third ACK.
-	const joinPort, joinSeq = 40001, 300
-	run(t, dp.objs.NicIngress, testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: joinPort, DstPort: 80, Seq: joinSeq,
-		Flags: testpkt.SYN, Options: testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false)}}.Bytes(), on(nic2Ifindex))
-	run(t, dp.objs.PodEgress, testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: joinPort, Seq: 7,
-		Ack: joinSeq + 1, Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes(), skbContext{})
-
-	const joins = 5000
-	for i := range joins {
-		peer := netip.AddrFrom4([4]byte{192, 168, byte(i >> 8), byte(i)})
-		run(t, dp.objs.NicIngress, testpkt.Frame{Src: peer, Dst: flooded, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 1,
-			Flags: testpkt.SYN, Options: testpkt.MPJoinSYN(uint32(1000+i), 1, 1, false)}}.Bytes(), on(nic1Ifindex))
-		run(t, dp.objs.PodEgress, testpkt.Frame{Src: flooded, Dst: peer, TCP: &testpkt.TCP{SrcPort: 80, DstPort: 40000, Seq: 7,
-			Ack: 2, Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes(), skbContext{})
+	synOpts := func(token uint32) []byte {
+		if join {
+			return testpkt.MPJoinSYN(token, 1, 1, false)
+		}
+		return testpkt.MPCapableSYN()
 	}
-	answered := func(pod netip.Addr) int {
+	answerOpts, thirdOpts := testpkt.MPCapableSYNACK(serverKey), testpkt.MPCapableACK(clientKey, serverKey)
+	if join {
+		answerOpts, thirdOpts = testpkt.MPJoinSYNACK(1, 2, 1, false), testpkt.MPJoinACK([20]byte{1})
+		acceptFromWire(t, dp, netip.AddrPortFrom(clientPod, 40000), netip.AddrPortFrom(serverPod, 80), testpkt.MPCapableSYN(),
+			nic1Ifindex, clientKey, serverKey)
+	}
+
+	// The victim's handshake, answered: it waits for its third ACK.
+	const victimPort, victimSeq = 40001, 300
+	run(t, dp.objs.NicIngress, testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: victimPort, DstPort: 80, Seq: victimSeq,
+		Flags: testpkt.SYN, Options: synOpts(tokenOf(serverKey))}}.Bytes(), on(nic2Ifindex))
+	run(t, dp.objs.PodEgress, testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: victimPort, Seq: 7,
+		Ack: victimSeq + 1, Flags: testpkt.SYN | testpkt.ACK, Options: answerOpts}}.Bytes(), skbContext{})
+
+	for i := range answers {
+		peer := netip.AddrFrom4([4]byte{192, 168, byte(i >> 8), byte(i)})
+		port := uint16(40000 + i>>16)
+		run(t, dp.objs.NicIngress, testpkt.Frame{Src: peer, Dst: flooded, TCP: &testpkt.TCP{SrcPort: port, DstPort: 80, Seq: 1,
+			Flags: testpkt.SYN, Options: synOpts(uint32(1000 + i))}}.Bytes(), on(nic1Ifindex))
+		run(t, dp.objs.PodEgress, testpkt.Frame{Src: flooded, Dst: peer, TCP: &testpkt.TCP{SrcPort: 80, DstPort: port, Seq: 7,
+			Ack: 2, Flags: testpkt.SYN | testpkt.ACK, Options: answerOpts}}.Bytes(), skbContext{})
+	}
+	outer := dp.objs.Answered
+	if join {
+		outer = dp.objs.AnsweredJoins
+	}
+	waiting := func(pod netip.Addr) int {
 		t.Helper()
-		m := podMapOf(t, dp, dp.objs.AnsweredJoins, pod)
+		m := podMapOf(t, dp, outer, pod)
 		if m == nil {
-			t.Fatalf("%v has no map of answered joins", pod)
+			t.Fatalf("%v has no map of answered handshakes", pod)
 		}
 		defer m.Close()
+		info, err := m.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		limit = max(limit, int(info.MaxEntries)) // more on kernels before 6.16 (podMapEntries)
 		n := 0
 		var fk datapathFlowKey
 		var a []byte
@@ -807,21 +841,44 @@ func TestJoinsOnePodAnswersPushOutNoOtherPodsAnsweredJoin(t *testing.T) {
 		}
 		return n
 	}
-	if n := answered(flooded); n == 0 || n > limits.PodAnsweredJoins {
-		t.Errorf("the pod that answered %d joins has %d waiting, want 1 to its share of %d", joins, n, limits.PodAnsweredJoins)
+	if n := waiting(flooded); n == 0 || n > limit {
+		t.Errorf("the pod that answered %d handshakes has %d waiting, want 1 to its share of %d", answers, n, limit)
 	}
-	if n := answered(serverPod); n != 1 {
-		t.Errorf("the other pod has %d answered joins waiting, want its one", n)
+	if n := waiting(serverPod); n != 1 {
+		t.Errorf("the other pod has %d answered handshakes waiting, want its one", n)
 	}
 
 	mirrored, dropped := stat(t, dp, StatSubflowMirrored), stat(t, dp, StatJoinACKDropped)
-	third := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: joinPort, DstPort: 80, Seq: joinSeq + 1, Ack: 8,
-		Flags: testpkt.ACK, Options: testpkt.MPJoinACK([20]byte{1})}}.Bytes()
+	third := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: victimPort, DstPort: 80, Seq: victimSeq + 1, Ack: 8,
+		Flags: testpkt.ACK, Options: thirdOpts}}.Bytes()
 	if ret := verdict(t, dp.objs.NicIngress, third, on(nic2Ifindex)); ret != tcxNext {
-		t.Fatalf("the join's third ACK: verdict %d, want it passed (join_ack_dropped %d more)",
+		t.Fatalf("the third ACK: verdict %d, want it passed (join_ack_dropped %d more)",
 			int32(ret), stat(t, dp, StatJoinACKDropped)-dropped)
 	}
 	if got := stat(t, dp, StatSubflowMirrored) - mirrored; got != 1 {
-		t.Errorf("the join's third ACK mirrored %d entries, want its own", got)
+		t.Errorf("the third ACK mirrored %d entries, want its own", got)
+	}
+}
+
+// Before Linux 6.16 each per-pod map holds at least two of an LRU map's
+// free batches per possible CPU, up to 4096 entries, so that it does not
+// evict a live entry for want of free ones; from 6.16 its own limit.
+func TestPerPodMapsHoldTwoFreeBatchesPerCPUBeforeLinux616(t *testing.T) {
+	for _, c := range []struct {
+		release string
+		cpus    int
+		want    uint32
+	}{
+		{"6.18.44-fc", 64, 256},
+		{"6.16.0", 8, 256},
+		{"7.0.1", 8, 256},
+		{"6.15.9", 2, 512},
+		{"6.6.58-talos", 8, 2048},
+		{"6.6.58-talos", 64, 4096},
+		{"", 1, 256},
+	} {
+		if got := podMapEntries(256, c.release, c.cpus); got != c.want {
+			t.Errorf("kernel %q, %d CPUs: %d entries, want %d", c.release, c.cpus, got, c.want)
+		}
 	}
 }

@@ -104,8 +104,11 @@ func Load(opts Options) (*Datapath, error) {
 	}
 	dp := &Datapath{pinDir: opts.PinDir, markMask: mask, markShift: shift, mapNames: pinnedMapNames(spec),
 		podMapSpecs: map[string]*ebpf.MapSpec{}}
-	for _, name := range []string{datapathMapArrivals, datapathMapAnsweredJoins} {
-		dp.podMapSpecs[name] = spec.Maps[name].InnerMap.Copy()
+	release, cpus := kernelRelease(), ebpf.MustPossibleCPU()
+	for _, name := range perPodMaps {
+		inner := spec.Maps[name].InnerMap.Copy()
+		inner.MaxEntries = podMapEntries(inner.MaxEntries, release, cpus)
+		dp.podMapSpecs[name] = inner
 	}
 	if opts.PinDir != "" && opts.Migrate {
 		log := opts.Log

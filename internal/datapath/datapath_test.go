@@ -804,6 +804,20 @@ func TestOnlyPeersReachTheLivenessPort(t *testing.T) {
 	passes("from a peer's address, another port", udpDatagram(peer, local, 40000, 7471), false)
 	passes("IPv6 from a stranger", udpDatagram(netip.MustParseAddr("2001:db8:9::9"), local6, 7471, 7471), false)
 	passes("from a stranger to another port", udpDatagram(stranger, local, 7471, 53), true)
+	// The first fragment carries the ports, and the rest never
+	// reassemble without it; what hides its transport behind more IPv6
+	// extension headers than the parser reads is refused too.
+	udpFrame := func(src, dst netip.Addr) testpkt.Frame {
+		frame := udpDatagram(src, dst, 7471, 7471)
+		return testpkt.Frame{Src: src, Dst: dst, Protocol: 17, Payload: frame[len(frame)-32:]}
+	}
+	frags := udpFrame(stranger, local).Fragments(16)
+	passes("the first fragment of a stranger's datagram", frags[0], false)
+	passes("the second fragment of a stranger's datagram", frags[1], true)
+	passes("the first fragment of a peer's datagram", udpFrame(peer, local).Fragments(16)[0], true)
+	deep := udpFrame(netip.MustParseAddr("2001:db8:9::9"), local6)
+	deep.IPv6HopByHop, deep.IPv6DestOpts = true, 4
+	passes("IPv6 from a stranger behind five extension headers", deep.Bytes(), false)
 	passes("from a stranger to an address not filtered", udpDatagram(stranger, netip.MustParseAddr("10.102.1.3"), 7471, 7471), true)
 	for name, frame := range map[string][]byte{"IPv4": udpDatagram(peer, local, 7471, 7471), "IPv6": udpDatagram(peer6, local6, 7471, 7471)} {
 		passes(name+" from the peer", frame, true)
@@ -834,4 +848,12 @@ func TestOnlyPeersReachTheLivenessPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	passes("once nothing is listed, from a stranger", fromStranger, true)
+	// A list it cannot write filters nothing: no peer is refused for it.
+	if err := dp.SetLivenessPeers(map[netip.Addr][]netip.Addr{local: {peer}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetLivenessPeers(map[netip.Addr][]netip.Addr{local: {peer}, {}: nil}); err == nil {
+		t.Fatal("SetLivenessPeers took an invalid local address")
+	}
+	passes("after a list that could not be written, from a stranger", fromStranger, true)
 }

@@ -12,8 +12,9 @@ import (
 // the pod's ways out and in (pod_egress, pod_ingress): the datapath cannot
 // read its options, which the pod's kernel would obey once it reassembled
 // them (a join past its maximum or on a blocked path, an MP_PRIO, an
-// ADD_ADDR). Fragments of UDP, and of TCP of an address no rule selects,
-// pass; observe-only counts and passes.
+// ADD_ADDR). So is an IPv6 packet whose TCP header lies beyond more
+// extension headers than the parser reads. Fragments of UDP, and of TCP of
+// an address no rule selects, pass; observe-only counts and passes.
 func TestTCPFragmentsOfSelectedPodsAreDropped(t *testing.T) {
 	dp := twoNICResponder(t)
 	server6, client6 := netip.MustParseAddr("fd00:244:2::11"), netip.MustParseAddr("fd00:244:1::11")
@@ -50,11 +51,31 @@ func TestTCPFragmentsOfSelectedPodsAreDropped(t *testing.T) {
 		{"UDP from the pod", HookPodEgress, udp(serverPod, clientPod), skbContext{}, true},
 		{"a join SYN to an address no rule selects", HookNICIngress, join(clientPod, stranger), wire, true},
 	}
+	deep := func(src, dst netip.Addr) testpkt.Frame {
+		f := join(src, dst)
+		f.IPv6HopByHop, f.IPv6DestOpts = true, 4
+		return f
+	}
+	for _, c := range []struct {
+		name  string
+		prog  Hook
+		frame testpkt.Frame
+		ctx   skbContext
+	}{
+		{"a join SYN behind five extension headers, from the wire", HookNICIngress, deep(client6, server6), wire},
+		{"a join SYN behind five extension headers, into the pod", HookPodIngress, deep(client6, server6), skbContext{}},
+		{"a segment behind five extension headers, from the pod", HookPodEgress, deep(server6, client6), skbContext{}},
+	} {
+		dropped := stat(t, dp, StatUnreadableTCPDropped)
+		if ret := verdict(t, dp.Program(c.prog), c.frame.Bytes(), c.ctx); ret != tcActShot || stat(t, dp, StatUnreadableTCPDropped) != dropped+1 {
+			t.Errorf("%s: verdict %d; want it dropped and counted", c.name, int32(ret))
+		}
+	}
 	for _, c := range cases {
 		for i, frag := range c.frame.Fragments(24) {
-			dropped := stat(t, dp, StatTCPFragmentDropped)
+			dropped := stat(t, dp, StatUnreadableTCPDropped)
 			ret := verdict(t, dp.Program(c.prog), frag, c.ctx)
-			counted := stat(t, dp, StatTCPFragmentDropped) - dropped
+			counted := stat(t, dp, StatUnreadableTCPDropped) - dropped
 			switch {
 			case c.passes && (ret != tcxNext || counted != 0):
 				t.Errorf("%s, fragment %d: verdict %d, %d counted; want it passed", c.name, i+1, int32(ret), counted)

@@ -117,7 +117,7 @@ func FuzzNICIngress(f *testing.F) {
 			t.Fatal(err)
 		}
 		counted := func() uint64 {
-			return stat(t, dp, StatJoinACKDropped) + stat(t, dp, StatMPTCPOptsAmbiguous) + stat(t, dp, StatTCPFragmentDropped)
+			return stat(t, dp, StatJoinACKDropped) + stat(t, dp, StatMPTCPOptsAmbiguous) + stat(t, dp, StatUnreadableTCPDropped)
 		}
 		before := counted()
 		ret, m := runFuzzVerdict(t, dp.objs.NicIngress, frame, in)
@@ -150,7 +150,7 @@ func runFuzz(t *testing.T, prog *ebpf.Program, frame []byte, in skbContext) uint
 // mark.
 func runFuzzOrAmbiguous(t *testing.T, dp *Datapath, prog *ebpf.Program, frame []byte, in skbContext) (mark uint32, dropped bool) {
 	t.Helper()
-	counted := func() uint64 { return stat(t, dp, StatMPTCPOptsAmbiguous) + stat(t, dp, StatTCPFragmentDropped) }
+	counted := func() uint64 { return stat(t, dp, StatMPTCPOptsAmbiguous) + stat(t, dp, StatUnreadableTCPDropped) }
 	before := counted()
 	ret, mark := runFuzzVerdict(t, prog, frame, in)
 	if ret == tcActShot && counted() == before+1 {

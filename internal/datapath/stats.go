@@ -123,12 +123,12 @@ const (
 	// node's path addresses from no peer's prober on that path, dropped
 	// before the agent's socket (in observe-only mode: passed).
 	StatLivenessRefused = datapathStatIdSTAT_LIVENESS_REFUSED
-	// StatTCPFragmentDropped: a fragment of a TCP segment to or from a
-	// selected pod, whose options the datapath cannot read and the pod's
-	// kernel would obey once reassembled, dropped (in observe-only mode:
-	// passed).
-	StatTCPFragmentDropped = datapathStatIdSTAT_TCP_FRAGMENT_DROPPED
-	numStats               = int(datapathStatIdSTAT_MAX)
+	// StatUnreadableTCPDropped: a fragment of a TCP segment to or from a
+	// selected pod, or an IPv6 packet whose extension headers run past
+	// the parser's bound, whose options the datapath cannot read and the
+	// pod's kernel would obey, dropped (in observe-only mode: passed).
+	StatUnreadableTCPDropped = datapathStatIdSTAT_UNREADABLE_TCP_DROPPED
+	numStats                 = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.

@@ -46,9 +46,11 @@ const (
 	// its answer (LIMIT_POD_ARRIVALS): each pod stages in a map of its
 	// own, so a flood at one pod evicts only that pod's.
 	PodArrivals = 512
-	// PodAnsweredJoins is how many joins one pod answered wait for their
-	// third ACK at once (LIMIT_POD_ANSWERED_JOINS), in a map of the pod's
-	// own.
+	// PodAnswered and PodAnsweredJoins are how many initial subflows and
+	// joins one pod answered wait for their third ACK at once
+	// (LIMIT_POD_ANSWERED, LIMIT_POD_ANSWERED_JOINS), each in a map of the
+	// pod's own.
+	PodAnswered      = 512
 	PodAnsweredJoins = 256
 	// LivenessPairs is how many pairs of a node's path address and a
 	// peer's address on that path the datapath lets send to the liveness

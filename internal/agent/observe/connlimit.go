@@ -13,7 +13,8 @@ import (
 const connsPerSource = 16
 
 // perSourceListener accepts at most max connections open at once from one
-// remote address, and closes the others as they come.
+// remote address (an IPv6 /64: one host's addresses), and closes the others
+// as they come.
 type perSourceListener struct {
 	net.Listener
 	max  int
@@ -34,6 +35,9 @@ func (l *perSourceListener) Accept() (net.Conn, error) {
 		var src netip.Addr
 		if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 			src = a.AddrPort().Addr().Unmap()
+			if src.Is6() {
+				src = netip.PrefixFrom(src, 64).Masked().Addr()
+			}
 		}
 		l.mu.Lock()
 		if l.open[src] >= l.max {
