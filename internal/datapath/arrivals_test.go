@@ -608,56 +608,23 @@ func TestASYNFloodAtOnePodEvictsNoOtherPodsWaitingJoin(t *testing.T) {
 	if got := stat(t, dp, StatArrivalStaged) - staged; got != flood {
 		t.Fatalf("the flood staged %d SYNs, want each of its %d", got, flood)
 	}
-	waiting := func(pod netip.Addr) int {
-		t.Helper()
-		inner := waitingSYNsOf(t, dp, pod)
-		if inner == nil {
-			t.Fatalf("%v has no map of waiting SYNs", pod)
-		}
-		defer inner.Close()
-		n := 0
-		var fk datapathFlowKey
-		var a []byte
-		it := inner.Iterate()
-		for it.Next(&fk, &a) {
-			n++
-		}
-		if err := it.Err(); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	if n := waiting(flooded); n == 0 || n > limits.PodArrivals {
+	if n, _ := countPodMap(t, dp, dp.objs.Arrivals, flooded); n == 0 || n > limits.PodArrivals {
 		t.Errorf("the flooded pod has %d SYNs waiting, want 1 to its share of %d", n, limits.PodArrivals)
 	}
-	if n := waiting(serverPod); n != 1 {
+	if n, _ := countPodMap(t, dp, dp.objs.Arrivals, serverPod); n != 1 {
 		t.Errorf("the other pod has %d SYNs waiting, want its join", n)
 	}
 
-	mirrored, dropped := stat(t, dp, StatSubflowMirrored), stat(t, dp, StatJoinACKDropped)
 	answer := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: joinPort, Seq: 7, Ack: joinSeq + 1,
 		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
 	if mark := run(t, dp.objs.PodEgress, answer, skbContext{}); dp.pathOfMark(t, mark) != 2 {
 		t.Errorf("the join's answer leaves by path %d, want 2, the path its SYN came in by", dp.pathOfMark(t, mark))
 	}
-	third := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: joinPort, DstPort: 80, Seq: joinSeq + 1, Ack: 8,
-		Flags: testpkt.ACK, Options: testpkt.MPJoinACK([20]byte{1})}}.Bytes()
-	if ret := verdict(t, dp.objs.NicIngress, third, on(nic2Ifindex)); ret != tcxNext {
-		t.Fatalf("the join's third ACK: verdict %d, want it passed (join_ack_dropped %d more)",
-			int32(ret), stat(t, dp, StatJoinACKDropped)-dropped)
-	}
-	if got := stat(t, dp, StatSubflowMirrored) - mirrored; got != 1 {
-		t.Errorf("the join's third ACK mirrored %d entries, want its own", got)
-	}
+	thirdACKWritesItsEntry(t, dp, testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: joinPort, DstPort: 80,
+		Seq: joinSeq + 1, Ack: 8, Flags: testpkt.ACK, Options: testpkt.MPJoinACK([20]byte{1})}}.Bytes(), on(nic2Ifindex))
 	if sf := lookupSubflow(t, dp, flowKey(server, netip.AddrPortFrom(clientPod, joinPort))); sf.PathIndex != 2 {
 		t.Errorf("the join's entry is on path %d, want 2", sf.PathIndex)
 	}
-}
-
-// waitingSYNsOf is the map of waiting SYNs of selected pod (nil: none).
-func waitingSYNsOf(t *testing.T, dp *Datapath, pod netip.Addr) *ebpf.Map {
-	t.Helper()
-	return podMapOf(t, dp, dp.objs.Arrivals, pod)
 }
 
 // podMapOf is selected pod's map in outer, a map of per-pod maps (nil:
@@ -821,37 +788,45 @@ func testOnePodsAnswersPushOutNoOthers(t *testing.T, join bool, answers, limit i
 	if join {
 		outer = dp.objs.AnsweredJoins
 	}
-	waiting := func(pod netip.Addr) int {
-		t.Helper()
-		m := podMapOf(t, dp, outer, pod)
-		if m == nil {
-			t.Fatalf("%v has no map of answered handshakes", pod)
-		}
-		defer m.Close()
-		info, err := m.Info()
-		if err != nil {
-			t.Fatal(err)
-		}
-		limit = max(limit, int(info.MaxEntries)) // more on kernels before 6.16 (podMapEntries)
-		n := 0
-		var fk datapathFlowKey
-		var a []byte
-		for it := m.Iterate(); it.Next(&fk, &a); {
-			n++
-		}
-		return n
-	}
-	if n := waiting(flooded); n == 0 || n > limit {
+	n, size := countPodMap(t, dp, outer, flooded)
+	limit = max(limit, size) // more on kernels before 6.16 (podMapEntries)
+	if n == 0 || n > limit {
 		t.Errorf("the pod that answered %d handshakes has %d waiting, want 1 to its share of %d", answers, n, limit)
 	}
-	if n := waiting(serverPod); n != 1 {
+	if n, _ := countPodMap(t, dp, outer, serverPod); n != 1 {
 		t.Errorf("the other pod has %d answered handshakes waiting, want its one", n)
 	}
+	thirdACKWritesItsEntry(t, dp, testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: victimPort, DstPort: 80,
+		Seq: victimSeq + 1, Ack: 8, Flags: testpkt.ACK, Options: thirdOpts}}.Bytes(), on(nic2Ifindex))
+}
 
+// countPodMap counts the entries of pod's map in outer, a map of per-pod
+// maps, and gives its size.
+func countPodMap(t *testing.T, dp *Datapath, outer *ebpf.Map, pod netip.Addr) (n, size int) {
+	t.Helper()
+	m := podMapOf(t, dp, outer, pod)
+	if m == nil {
+		t.Fatalf("%v has no map of its own in %v", pod, outer)
+	}
+	defer m.Close()
+	var fk datapathFlowKey
+	var a []byte
+	it := m.Iterate()
+	for it.Next(&fk, &a) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n, int(m.MaxEntries())
+}
+
+// thirdACKWritesItsEntry runs a peer's third ACK through nic_ingress and
+// checks that it passes and writes its subflow's entry.
+func thirdACKWritesItsEntry(t *testing.T, dp *Datapath, third []byte, in skbContext) {
+	t.Helper()
 	mirrored, dropped := stat(t, dp, StatSubflowMirrored), stat(t, dp, StatJoinACKDropped)
-	third := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: victimPort, DstPort: 80, Seq: victimSeq + 1, Ack: 8,
-		Flags: testpkt.ACK, Options: thirdOpts}}.Bytes()
-	if ret := verdict(t, dp.objs.NicIngress, third, on(nic2Ifindex)); ret != tcxNext {
+	if ret := verdict(t, dp.objs.NicIngress, third, in); ret != tcxNext {
 		t.Fatalf("the third ACK: verdict %d, want it passed (join_ack_dropped %d more)",
 			int32(ret), stat(t, dp, StatJoinACKDropped)-dropped)
 	}
