@@ -40,7 +40,7 @@ func main() {
 	report := flag.String("report", "", "print the slowest tests and the time per package of this JSON file")
 	counts := flag.String("counts", "", "print one line with how many tests of this JSON file passed, failed and were skipped")
 	failures := flag.String("failures", "", "print the last lines of what each failed test of this JSON file printed")
-	lines := flag.Int("lines", 20, "with -failures: how many of a failed test's last messages to print")
+	lines := flag.Int("lines", 6, "with -failures: how many of a failed test's last messages to print (CI shows only the end of a log)")
 	top := flag.Int("top", 20, "with -report: how many of the slowest tests to list")
 	areas := flag.String("areas", "", "with -report: a package (./test/e2e) whose top-level tests are areas: its tests are their subtests")
 	flag.Parse()

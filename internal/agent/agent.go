@@ -225,7 +225,7 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	// Probing before the NICs: a path the last agent left down for
 	// its probes stays down while syncNICs writes the paths' states.
 	a.syncLiveness(plan)
-	a.awaitingLinks.Store(len(plan.AwaitingLinks) > 0)
+	a.awaitingLinks.Store(len(plan.Awaiting) > 0)
 	keep(a.syncNICs(plan, hooks))
 	ids, err := a.assignRuleIDs(plan)
 	keep(err)

@@ -157,7 +157,7 @@ type linkState struct {
 	nics   atomic.Pointer[map[string]nicInForce]
 	damper *linkwatch.Damper
 	// awaitingLinks: the plan in force left a path out for want of a
-	// single link matching it (Plan.AwaitingLinks).
+	// single link matching it (Plan.Awaiting).
 	awaitingLinks atomic.Bool
 	// kick asks for a reconcile (WatchLinks'); rechecks are the moments
 	// a reconcile is already due at.
@@ -217,12 +217,14 @@ func (a *Agent) writePathDown(path uint32) error {
 // forgetPathsLeft forgets the paths the plan no longer has. One that was
 // down comes back for the path managers: the joins waiting for it are
 // opened now, and the datapath places them on the plan's paths, rather
-// than never.
+// than never. A path waiting for its link (a NIC removed, to be created
+// again) has not left: it stays down, and its joins wait for the link.
 func (a *Agent) forgetPathsLeft(plan *Plan) {
 	a.downMu.Lock()
 	defer a.downMu.Unlock()
 	for path, down := range a.down {
-		if slices.ContainsFunc(plan.Paths, func(p PlanPath) bool { return p.Index == path }) {
+		if slices.ContainsFunc(plan.Paths, func(p PlanPath) bool { return p.Index == path }) ||
+			slices.ContainsFunc(plan.Awaiting, func(p AwaitingPath) bool { return p.Index == path }) {
 			continue
 		}
 		delete(a.down, path)

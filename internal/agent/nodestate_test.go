@@ -124,6 +124,25 @@ func TestNodeStateTranslatesToAnEnforceablePlan(t *testing.T) {
 	}
 }
 
+// A NIC removed to be created again (a driver reset, a hot-unplug) leaves
+// its path waiting for its link, down rather than gone: the rule keeps the
+// path's place in its pods' joins, so their path managers and MPTCP limits
+// stay as they are, and the path is listed with its index for the agent
+// to keep down.
+func TestAPathWhoseLinkIsMissingKeepsItsPlaceInTheJoins(t *testing.T) {
+	withoutNIC1 := slices.DeleteFunc(slices.Clone(testLinks), func(l NodeLink) bool { return l.Name == "nic1" })
+	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(7))), withoutNIC1, locateAll, Prior{})
+	if len(tr.Errors) != 0 {
+		t.Fatalf("errors: %v", tr.Errors)
+	}
+	if want := []AwaitingPath{{Name: "fabric-a", Index: 1}}; !slices.Equal(tr.Plan.Awaiting, want) {
+		t.Errorf("paths awaiting a link %+v, want %+v", tr.Plan.Awaiting, want)
+	}
+	if len(tr.Plan.Rules) != 1 || !slices.Equal(tr.Plan.Rules[0].Datapath.Paths, []uint32{2}) || tr.Plan.Rules[0].Joins != 1 {
+		t.Errorf("rules %+v, want one on path 2 whose pods open 1 join (fabric-a is down, not gone)", tr.Plan.Rules)
+	}
+}
+
 func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 	paths := append(twoPaths(),
 		mptcpv1alpha1.NodePath{Name: "missing", Index: 3, Interface: mptcpv1alpha1.InterfaceSelector{Name: "eth9"}},
@@ -160,8 +179,12 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 	}
 	// Paths without a single link wait for one: any link event then asks
 	// for a reconcile (a NIC plugged in, or removed and created again).
-	if want := []string{"missing", "ambiguous"}; !slices.Equal(tr.Plan.AwaitingLinks, want) {
-		t.Errorf("paths awaiting a link %v, want %v", tr.Plan.AwaitingLinks, want)
+	var awaiting []string
+	for _, p := range tr.Plan.Awaiting {
+		awaiting = append(awaiting, p.Name)
+	}
+	if want := []string{"missing", "ambiguous"}; !slices.Equal(awaiting, want) {
+		t.Errorf("paths awaiting a link %v, want %v", awaiting, want)
 	}
 	errs := strings.Join(tr.Errors, "\n")
 	for _, want := range []string{
@@ -198,26 +221,26 @@ func TestCompiledRuleMapping(t *testing.T) {
 	usable := usablePaths("fabric-a", "fabric-b")
 	signal := spread(1)
 	signal.SubflowCreation, signal.SignalPorts = mptcpv1alpha1.SubflowCreationSignal, []int32{5201}
-	r, err := RuleFromCompiled(signal, usable)
+	r, err := RuleFromCompiled(signal, usable, nil)
 	if err != nil || r.Subflows != podnet.Signal || !slices.Equal(r.SignalPorts, []uint16{5201}) {
 		t.Errorf("signal rule %+v, %v", r, err)
 	}
 	guest := spread(1)
 	guest.SubflowCreation = mptcpv1alpha1.SubflowCreationGuest
-	if r, err := RuleFromCompiled(guest, usable); err != nil || r.Subflows != podnet.None {
+	if r, err := RuleFromCompiled(guest, usable, nil); err != nil || r.Subflows != podnet.None {
 		t.Errorf("guest rule %+v, %v", r, err)
 	}
-	if _, err := RuleFromCompiled(spread(1), usablePaths("other")); err == nil {
+	if _, err := RuleFromCompiled(spread(1), usablePaths("other"), nil); err == nil {
 		t.Error("a rule with no usable path was accepted")
 	}
 	bad := spread(1)
 	bad.SubflowCreation = "telepathy"
-	if _, err := RuleFromCompiled(bad, usable); err == nil || !strings.Contains(err.Error(), "telepathy") {
+	if _, err := RuleFromCompiled(bad, usable, nil); err == nil || !strings.Contains(err.Error(), "telepathy") {
 		t.Errorf("unknown subflowCreation: %v", err)
 	}
 	bad = spread(1)
 	bad.SignalPorts = []int32{70000}
-	if _, err := RuleFromCompiled(bad, usable); err == nil {
+	if _, err := RuleFromCompiled(bad, usable, nil); err == nil {
 		t.Error("port 70000 accepted")
 	}
 }
@@ -261,7 +284,7 @@ func TestCompiledRuleActorsMapping(t *testing.T) {
 	perConn, perPath := resource.MustParse("40M"), resource.MustParse("200M")
 	cr.RateLimits = &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: &perConn,
 		PerPath: []mptcpv1alpha1.CompiledPathRate{{Path: "fabric-b", Rate: perPath}, {Path: "gone", Rate: perPath}}}
-	r, err := RuleFromCompiled(cr, usable)
+	r, err := RuleFromCompiled(cr, usable, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,13 +313,13 @@ func TestCompiledRuleActorsMapping(t *testing.T) {
 	preferred := spread(1)
 	preferred.SpreadMode = mptcpv1alpha1.SpreadPreferredFirst
 	preferred.Traffic = &mptcpv1alpha1.TrafficMatch{Family: mptcpv1alpha1.IPFamilyAny}
-	if r, err := RuleFromCompiled(preferred, usable); err != nil || r.Datapath.Spread != datapath.SpreadPreferred ||
+	if r, err := RuleFromCompiled(preferred, usable, nil); err != nil || r.Datapath.Spread != datapath.SpreadPreferred ||
 		r.Datapath.CIDRs != nil || r.Datapath.Ports != nil || r.Datapath.Family != 0 || r.Datapath.Weights != nil {
 		t.Errorf("preferredFirst rule %+v, %v: want preferred, no selector, no weights", r, err)
 	}
 	bad := spread(1)
 	bad.Traffic = &mptcpv1alpha1.TrafficMatch{CIDRs: []string{"10.0.0.1"}}
-	if _, err := RuleFromCompiled(bad, usable); err == nil || !strings.Contains(err.Error(), "10.0.0.1") {
+	if _, err := RuleFromCompiled(bad, usable, nil); err == nil || !strings.Contains(err.Error(), "10.0.0.1") {
 		t.Errorf("a cidr without a length: %v", err)
 	}
 }

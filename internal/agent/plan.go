@@ -26,10 +26,18 @@ type Plan struct {
 	// Liveness are the paths probed to peers and their peers; the marks
 	// are the datapath's, filled in when probing starts.
 	Liveness []liveness.Path `json:"liveness,omitempty"`
-	// AwaitingLinks are the node's paths left out because no single link
+	// Awaiting are the node's paths left out because no single link
 	// matches them (none, or several): a link that appears or goes away
-	// may settle them, so any link event asks for a reconcile.
-	AwaitingLinks []string `json:"awaitingLinks,omitempty"`
+	// may settle them, so any link event asks for a reconcile. Until then
+	// each is a path that is down: its place in its rules' join counts
+	// stays, and the joins waiting for it go on waiting (links.go).
+	Awaiting []AwaitingPath `json:"awaiting,omitempty"`
+}
+
+// AwaitingPath is a path of the node state that waits for its link.
+type AwaitingPath struct {
+	Name  string `json:"name"`
+	Index uint32 `json:"index"`
 }
 
 // PlanPath is one of the node's paths: its routing (its index, the NIC

@@ -16,7 +16,8 @@ import (
 // syncNICs declares each path's NIC to the datapath and marks a path down
 // when its NIC is missing or has no carrier (at this reconcile; between
 // reconciles link events do it, linkChanged) or flaps (held down by the
-// damper), and asks for nic_ingress on each NIC.
+// damper), and asks for nic_ingress on each NIC. A path that waits for its
+// link is down.
 func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 	var errs []error
 	a.linkMu.Lock()
@@ -50,6 +51,13 @@ func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 			errs = append(errs, err)
 		}
 		hooks[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICIngress}] = true
+	}
+	// A path waiting for its link is down until the reconcile that finds
+	// the link programs it: then it is back for the path managers too.
+	for _, p := range plan.Awaiting {
+		if err := a.setPathDown(p.Index, true); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	a.forgetPathsLeft(plan)
 	return errors.Join(errs...)
