@@ -62,17 +62,18 @@ func testCarrierLossMidTransferStallsBriefly(t *testing.T) {
 			if c.node == 1 {
 				// The figures above would often be met by the kernel
 				// alone: these say the agent did it. Each failure
-				// detoured the sender's subflow and brought it home;
-				// the receiver's node followed it away, and back home
-				// either by following it again or, once its own probes
-				// over the path came back, by going home itself.
-				lead, follow := counts[0], counts[1]
-				if lead["subflow_detoured"] != runs || lead["subflow_homed"] != runs {
-					t.Errorf("node 1 detoured %v and homed %v subflows, want %v each", lead["subflow_detoured"], lead["subflow_homed"], runs)
-				}
-				if follow["subflow_followed"] < runs || follow["subflow_followed"]+follow["subflow_homed"] < 2*runs {
-					t.Errorf("node 2 followed %v moves and came home %v times, want at least %v moves away and %v in all (away and back per failure)",
-						follow["subflow_followed"], follow["subflow_homed"], runs, 2*runs)
+				// detoured the sender's subflow and brought it home (or
+				// closed it and replaced it, when it was recovering
+				// from losses); the receiver's node followed it away,
+				// and back home either by following it again or, once
+				// its own probes over the path came back, by going
+				// home itself (a replaced subflow is a new one: there
+				// is nothing to follow back).
+				rejoined := checkDetouredAndHomed(t, agents[0], int(runs))
+				follow := counts[1]
+				if follow["subflow_followed"] < runs || follow["subflow_followed"]+follow["subflow_homed"]+rejoined < 2*runs {
+					t.Errorf("node 2 followed %v moves and came home %v times (node 1 replaced %v subflows), want at least %v moves away and %v in all (away and back per failure)",
+						follow["subflow_followed"], follow["subflow_homed"], rejoined, runs, 2*runs)
 				}
 			}
 			// The failed node's agent saw every loss and says so.
@@ -160,7 +161,7 @@ func grayFailovers(t *testing.T, nics, node int, fail framework.Failure, bound t
 // capacity.
 func testCarrierLossOnOneOfThreePaths(t *testing.T) {
 	agents, _ := agentFailovers(t, 3, 1, framework.CarrierLoss, framework.FailoverRule, 6200, failoverStallBound)
-	checkDetouredAndHomed(t, agents[0])
+	checkDetouredAndHomed(t, agents[0], failoverRuns)
 }
 
 // Three paths, each gray failure of one of them on the sender's node (all
@@ -176,7 +177,7 @@ func testGrayFailuresOnOneOfThreePaths(t *testing.T) {
 	}
 	t.Run(framework.NICRemoved.Name, func(t *testing.T) {
 		agents, _ := agentFailovers(t, 3, 1, framework.NICRemoved, framework.FailoverRule, 6560, framework.GrayStallBound)
-		checkDetouredAndHomed(t, agents[0])
+		checkDetouredAndHomed(t, agents[0], failoverRuns)
 	})
 }
 
@@ -192,7 +193,7 @@ func testGrayFailuresOnOneOfThreePaths(t *testing.T) {
 func testNICRemovedMidTransferIsReattached(t *testing.T) {
 	agents, figures := agentFailovers(t, 2, 1, framework.NICRemoved, framework.FailoverRule, 6000, framework.GrayStallBound)
 	runs := float64(len(figures)) // a transfer tried again counts
-	checkDetouredAndHomed(t, agents[0])
+	checkDetouredAndHomed(t, agents[0], failoverRuns)
 	n, _ := scrape(t, agents[0]).Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
 	if n != runs {
 		t.Errorf("node 1: mptcp_agent_path_down_transitions_total{path=%q} = %v, want %v", framework.PathName(1), n, runs)
@@ -216,7 +217,7 @@ func testActivePathLostMidTransferGoesOnOverTheBackupPath(t *testing.T) {
 	rule.BackupPaths = []string{framework.PathName(2)}
 	rule.HeaderRewriting = true
 	agents, figures := agentFailovers(t, 2, 1, framework.CarrierLoss, rule, 6400, failoverStallBound)
-	checkDetouredAndHomed(t, agents[0])
+	checkDetouredAndHomed(t, agents[0], failoverRuns)
 	for i, f := range figures {
 		if f.Before > 1.2*framework.FailoverLinkBps || f.After > 1.2*framework.FailoverLinkBps {
 			t.Errorf("run %d: goodput %.1f Mbit/s before the failure and %.1f after the repair, want one path's worth (the backup path idle)",
@@ -243,7 +244,7 @@ func testSignalModeSubflowsRideTheDetourThroughAGrayFailure(t *testing.T) {
 	// The sender writes once its kernel has joined the announced port.
 	row.Bed.AwaitJoins(row.Bed.Pod(1, 1), 1)
 	agents, figures := agentFailoversIn(t, row, 6900, framework.GrayStallBound)
-	checkDetouredAndHomed(t, agents[0])
+	checkDetouredAndHomed(t, agents[0], failoverRuns)
 	for i, f := range figures {
 		if f.Reopened != 0 {
 			t.Errorf("run %d: %d subflows opened after the failure, want none (signal mode keeps its subflows)", i+1, f.Reopened)
@@ -328,10 +329,10 @@ func agentFailoversIn(t *testing.T, row framework.FailoverRow, port int, bound t
 }
 
 // checkDetouredAndHomed asserts that a's node moved a subflow off the
-// failed path and brought it home at least failoverRuns times each.
-func checkDetouredAndHomed(t *testing.T, a *framework.Agent) {
+// failed path and brought it home at least runs times each, and returns
+// how many subflows came home as replacements.
+func checkDetouredAndHomed(t *testing.T, a *framework.Agent, runs int) (rejoined float64) {
 	t.Helper()
-	const runs = failoverRuns
 	c := events(t, a, datapath.StatSubflowDetoured, datapath.StatSubflowHomed)
 	// A subflow that was recovering from losses when its path went down
 	// is closed by the pod's path manager instead, or by the pod's kernel,
@@ -341,10 +342,12 @@ func checkDetouredAndHomed(t *testing.T, a *framework.Agent) {
 	replaced, _ := m.Value("mptcp_agent_path_manager_joins_replaced_total")
 	t.Logf("node %d datapath: %v; subflows the path manager closed for a path down: %v, joins that replaced closed subflows: %v",
 		a.Node.Index, c, left, replaced)
-	if c["subflow_detoured"] < float64(runs) || c["subflow_homed"]+max(left, replaced) < float64(runs) {
+	rejoined = max(left, replaced)
+	if c["subflow_detoured"] < float64(runs) || c["subflow_homed"]+rejoined < float64(runs) {
 		t.Errorf("node %d detoured %v and homed %v subflows (%v closed, %v replaced), want at least %d each",
 			a.Node.Index, c["subflow_detoured"], c["subflow_homed"], left, replaced, runs)
 	}
+	return rejoined
 }
 
 // logAgentTails logs the last lines of each agent's log and its status's
