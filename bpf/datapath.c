@@ -38,6 +38,8 @@
  * the mark is: the programs record subflows, connections and counters as
  * they would otherwise, and count STAT_OBSERVED where they would mark. */
 
+#include <linux/udp.h>
+
 #include "common.h"
 #include "parse.h"
 #include "sha256.h"
@@ -624,13 +626,95 @@ struct liveness_pair {
 	__u8 peer[16];
 };
 
+/* What a peer's prober may send to the node (internal/agent/liveness,
+ * wire.go): echoes that carry nonce (the node's prober's nonce for the
+ * peer), and probes. A probe that carries nonce as its key is proven; one
+ * that does not (a peer of the earlier version, or one that has not learnt
+ * the key yet, or a forger with the peer's address) is not. Proven
+ * datagrams get four per probe interval (gap_ns, a quarter of it),
+ * unproven probes two, each with a burst of LIVENESS_BURST more and
+ * counted from its theoretical arrival time (GCRA): a flood forged
+ * with a peer's address spends the unproven budget alone, and the peer's
+ * proven probes and echoes still reach the socket. The agent writes nonce
+ * and gap_ns (from the shortest probe interval a peer may use); the
+ * program the times. The address's own entry (peer zero) has neither. */
+struct liveness_peer {
+	__u64 nonce;
+	__u64 gap_ns;
+	__u64 proven_at;
+	__u64 unproven_at;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, LIMIT_LIVENESS_PAIRS);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct liveness_pair);
-	__type(value, __u8);
+	__type(value, struct liveness_peer);
 } liveness_peers SEC(".maps");
+
+/* A liveness message's first bytes (wire.go): the version 2 key follows
+ * them. */
+struct liveness_message {
+	__u8 magic[4];
+	__u8 version;
+	__u8 kind;
+	__u8 flags;
+	__u8 zero;
+	__be64 nonce;
+	__be64 seq;
+	__be64 key;
+};
+
+#define LIVENESS_V1_LEN 24
+#define LIVENESS_V2_LEN 32
+#define LIVENESS_PROBE	1
+#define LIVENESS_ECHO	2
+#define LIVENESS_BURST	8
+
+/* within_budget spends one datagram of the budget whose theoretical
+ * arrival time is *at, one per gap with a burst of LIVENESS_BURST gaps;
+ * says whether there was one. Racing CPUs may let a few more by. */
+static __always_inline bool within_budget(__u64 *at, __u64 gap)
+{
+	__u64 now = bpf_ktime_get_ns(), t = *at;
+
+	if (t < now)
+		t = now;
+	if (t - now > LIVENESS_BURST * gap)
+		return false;
+	*at = t + gap;
+	return true;
+}
+
+/* liveness_admitted says whether the datagram at off (its UDP header) from
+ * peer p may reach the prober's socket. */
+static __always_inline bool liveness_admitted(struct __sk_buff *skb, __u32 off, struct liveness_peer *p)
+{
+	struct liveness_message buf = {};
+	const struct liveness_message *m;
+	const struct udphdr *uh;
+	__u16 len;
+
+	uh = header_at(skb, off, sizeof(struct udphdr), &buf);
+	if (!uh)
+		return false;
+	len = bpf_ntohs(uh->len);
+	if (len == sizeof(struct udphdr) + LIVENESS_V2_LEN)
+		m = header_at(skb, off + sizeof(struct udphdr), LIVENESS_V2_LEN, &buf);
+	else if (len == sizeof(struct udphdr) + LIVENESS_V1_LEN)
+		m = header_at(skb, off + sizeof(struct udphdr), LIVENESS_V1_LEN, &buf);
+	else
+		return false; /* no message the prober reads */
+	if (!m)
+		return false;
+	if (m->kind == LIVENESS_ECHO)
+		return p->nonce && m->nonce == bpf_cpu_to_be64(p->nonce) &&
+		       within_budget(&p->proven_at, p->gap_ns);
+	if (len == sizeof(struct udphdr) + LIVENESS_V2_LEN && p->nonce && m->key == bpf_cpu_to_be64(p->nonce))
+		return within_budget(&p->proven_at, p->gap_ns);
+	return within_budget(&p->unproven_at, 2 * p->gap_ns);
+}
 
 /* liveness_datagram takes a packet arriving on a path NIC that is not TCP
  * (pkt, its addresses read). A datagram to the liveness port of a filtered
@@ -647,6 +731,7 @@ __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u3
 	__u32 zero = 0, off = 0;
 	struct settings_value *s = bpf_map_lookup_elem(&settings, &zero);
 	struct liveness_pair k = {};
+	struct liveness_peer *peer;
 	const __be16 *ports;
 	__be16 buf[2], port;
 	__u8 proto = 0;
@@ -675,7 +760,16 @@ __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u3
 		return TCX_NEXT;
 	if (filtered) {
 		__builtin_memcpy(k.peer, pkt->saddr, 16);
-		if (ports[0] != port || !bpf_map_lookup_elem(&liveness_peers, &k))
+		if (ports[0] != port)
+			goto refuse;
+		/* A source of all zeros finds the address's own entry, which
+		 * has no budget (gap_ns 0): refused. */
+		peer = bpf_map_lookup_elem(&liveness_peers, &k);
+		if (!peer || !peer->gap_ns)
+			goto refuse;
+		/* A first fragment is judged by the whole datagram's length,
+		 * and must hold the whole message. */
+		if (!liveness_admitted(skb, off, peer))
 			goto refuse;
 	}
 	if (ret == PARSE_OK && ports[0] == port && !lookup_endpoint(pkt->family, pkt->daddr))

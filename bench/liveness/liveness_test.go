@@ -1,6 +1,8 @@
 // Package liveness measures what the agent's liveness probes cost a node
 // (docs/agent.md, "Liveness"): the CPU of probing 100 peers over 4 paths at
-// the default interval, beside the same process idle.
+// the default interval, beside the same process idle; and whether a flood
+// forged with a peer's address takes a path down, without a filter and
+// with the datapath's (flood_test.go).
 //
 //	go test -run '^$' -bench . -benchtime 1x ./bench/liveness/
 package liveness

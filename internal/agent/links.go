@@ -14,6 +14,7 @@ import (
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
 // nicInForce is a path NIC as the last reconcile found it.
@@ -217,14 +218,14 @@ func (a *Agent) writePathDown(path uint32) error {
 // forgetPathsLeft forgets the paths the plan no longer has. One that was
 // down comes back for the path managers: the joins waiting for it are
 // opened now, and the datapath places them on the plan's paths, rather
-// than never. A path waiting for its link (a NIC removed, to be created
+// than never. A path away from its link (a NIC removed, to be created
 // again) has not left: it stays down, and its joins wait for the link.
 func (a *Agent) forgetPathsLeft(plan *Plan) {
 	a.downMu.Lock()
 	defer a.downMu.Unlock()
 	for path, down := range a.down {
 		if slices.ContainsFunc(plan.Paths, func(p PlanPath) bool { return p.Index == path }) ||
-			slices.ContainsFunc(plan.Awaiting, func(p AwaitingPath) bool { return p.Index == path }) {
+			slices.ContainsFunc(plan.Awaiting, func(p AwaitingPath) bool { return p.Away && p.Index == path }) {
 			continue
 		}
 		delete(a.down, path)
@@ -300,18 +301,22 @@ func (a *Agent) syncLiveness(plan *Plan) {
 
 // filterLiveness has nic_ingress drop what arrives at the liveness port of
 // the paths' addresses from anyone but their peers' probers, before the
-// prober's sockets read it (nil paths: nothing filtered). A failure is
-// logged: the prober reads and ignores such datagrams itself, at a cost.
+// prober's sockets read it, and what a peer's address sends past its budget
+// (nil paths: nothing filtered). A failure is logged: the prober reads and
+// ignores such datagrams itself, at a cost.
 func (a *Agent) filterLiveness(paths []liveness.Path) {
-	peers := map[netip.Addr][]netip.Addr{}
+	peers := map[netip.Addr][]datapath.LivenessPeer{}
 	for _, p := range paths {
-		addrs := peers[p.Local] // a path without peers is filtered all the same
+		ps := peers[p.Local] // a path without peers is filtered all the same
 		for _, peer := range p.Peers {
-			addrs = append(addrs, peer.Addr)
+			ps = append(ps, datapath.LivenessPeer{Addr: peer.Addr, Nonce: a.prober.Nonce(p.Local, peer)})
 		}
-		peers[p.Local] = addrs
+		peers[p.Local] = ps
 	}
-	if err := a.dp.SetLivenessPeers(peers); err != nil {
+	// The budgets fit a peer probing at the shortest interval allowed:
+	// during a rolling change of the interval, peers probe faster than
+	// this node.
+	if err := a.dp.SetLivenessPeers(peers, MinLivenessInterval); err != nil {
 		a.log.Warn("liveness: filtering datagrams from others than peers", "err", err)
 	}
 }

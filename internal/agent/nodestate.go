@@ -73,6 +73,9 @@ type Prior struct {
 	HeldRules []string
 	// HeldIDs counts the ids live connections use that no name holds.
 	HeldIDs int
+	// Paths are the paths the last plan had in force, by name: those
+	// with a link, and those away from theirs (AwaitingPath.Away).
+	Paths map[string]bool
 }
 
 // FromNodeState translates state into the plan this node enforces, with
@@ -107,7 +110,7 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 	}
 
 	resolved := map[string]PlanPath{}
-	awaiting := map[string]bool{}
+	awayPaths := map[string]bool{}
 	owners := map[string]string{} // interface -> the path that has it
 	leaveOut := func(name, msg string) { t.PathProblems = append(t.PathProblems, fmt.Sprintf("path %s: %s", name, msg)) }
 	// Lower indexes first: the older path keeps an interface two paths'
@@ -133,8 +136,11 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 			fail("path %s: %s", np.Name, ps.Message)
 		case link == nil:
 			leaveOut(np.Name, msg)
-			plan.Awaiting = append(plan.Awaiting, AwaitingPath{Name: np.Name, Index: uint32(np.Index)})
-			awaiting[np.Name] = true
+			away := prior.Paths[np.Name]
+			plan.Awaiting = append(plan.Awaiting, AwaitingPath{Name: np.Name, Index: uint32(np.Index), Away: away})
+			if away {
+				awayPaths[np.Name] = true
+			}
 		case owners[link.Name] != "":
 			ps.Link = mptcpv1alpha1.LinkAmbiguous
 			ps.Message = fmt.Sprintf("interface %s is also path %s's: a NIC carries one path", link.Name, owners[link.Name])
@@ -168,7 +174,7 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 			ruleErrs[cr.Name] = fmt.Errorf("policy %s: rule %s names paths %v that are not the node state's", cr.Policy, cr.Name, unknown)
 			continue
 		}
-		rule, err := RuleFromCompiled(cr, resolved, awaiting)
+		rule, err := RuleFromCompiled(cr, resolved, awayPaths)
 		if err != nil {
 			ruleErrs[cr.Name] = fmt.Errorf("policy %s: %w", cr.Policy, err)
 			continue
@@ -335,11 +341,11 @@ func unknownPaths(cr mptcpv1alpha1.CompiledRule, known map[string]bool) []string
 // reaches here; one the agent could not resolve is dropped, and reported as
 // the path's own problem), its selector, its actors' data, its caps (a
 // per-path cap bounded by the path's capacity) and its pods' MPTCP set-up.
-// A path of awaiting (its link is missing) is down, not gone: it counts in
+// A path of away (in force, its link gone) is down, not gone: it counts in
 // the joins the rule's pods open, so that their path managers and MPTCP
 // limits stay as they are while a NIC is away.
 // Everything is checked by the datapath's own validation.
-func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath, awaiting map[string]bool) (PlanRule, error) {
+func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath, away map[string]bool) (PlanRule, error) {
 	r := PlanRule{Name: cr.Name, Policy: cr.Policy, Generation: cr.PolicyGeneration}
 	d := &r.Datapath
 	d.RewriteHeaders = cr.HeaderRewriting
@@ -411,12 +417,12 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath, 
 	}
 	n := len(d.Paths) + len(d.Backup)
 	for _, p := range cr.Paths {
-		if awaiting[p.Name] {
+		if away[p.Name] {
 			n++
 		}
 	}
 	for _, name := range cr.BackupPaths {
-		if awaiting[name] {
+		if away[name] {
 			n++
 		}
 	}

@@ -125,21 +125,34 @@ func TestNodeStateTranslatesToAnEnforceablePlan(t *testing.T) {
 }
 
 // A NIC removed to be created again (a driver reset, a hot-unplug) leaves
-// its path waiting for its link, down rather than gone: the rule keeps the
-// path's place in its pods' joins, so their path managers and MPTCP limits
-// stay as they are, and the path is listed with its index for the agent
-// to keep down.
-func TestAPathWhoseLinkIsMissingKeepsItsPlaceInTheJoins(t *testing.T) {
+// its path, which the last plan had in force, away from its link: down
+// rather than gone. The rule keeps the path's place in its pods' joins, so
+// their path managers and MPTCP limits stay as they are, and the path is
+// listed away, with its index, for the agent to keep down. A path whose
+// link was never found counts for nothing.
+func TestAPathAwayFromItsLinkKeepsItsPlaceInTheJoins(t *testing.T) {
 	withoutNIC1 := slices.DeleteFunc(slices.Clone(testLinks), func(l NodeLink) bool { return l.Name == "nic1" })
-	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(7))), withoutNIC1, locateAll, Prior{})
-	if len(tr.Errors) != 0 {
-		t.Fatalf("errors: %v", tr.Errors)
-	}
-	if want := []AwaitingPath{{Name: "fabric-a", Index: 1}}; !slices.Equal(tr.Plan.Awaiting, want) {
-		t.Errorf("paths awaiting a link %+v, want %+v", tr.Plan.Awaiting, want)
-	}
-	if len(tr.Plan.Rules) != 1 || !slices.Equal(tr.Plan.Rules[0].Datapath.Paths, []uint32{2}) || tr.Plan.Rules[0].Joins != 1 {
-		t.Errorf("rules %+v, want one on path 2 whose pods open 1 join (fabric-a is down, not gone)", tr.Plan.Rules)
+	for _, c := range []struct {
+		name  string
+		prior Prior
+		away  bool
+		joins int
+	}{
+		{"in force before", Prior{Paths: map[string]bool{"fabric-a": true, "fabric-b": true}}, true, 1},
+		{"away before", Prior{Paths: map[string]bool{"fabric-a": true}}, true, 1},
+		{"never found", Prior{Paths: map[string]bool{"fabric-a": false, "fabric-b": true}}, false, 0},
+		{"first plan", Prior{}, false, 0},
+	} {
+		tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(7))), withoutNIC1, locateAll, c.prior)
+		if len(tr.Errors) != 0 {
+			t.Fatalf("%s: errors: %v", c.name, tr.Errors)
+		}
+		if want := []AwaitingPath{{Name: "fabric-a", Index: 1, Away: c.away}}; !slices.Equal(tr.Plan.Awaiting, want) {
+			t.Errorf("%s: paths awaiting a link %+v, want %+v", c.name, tr.Plan.Awaiting, want)
+		}
+		if len(tr.Plan.Rules) != 1 || !slices.Equal(tr.Plan.Rules[0].Datapath.Paths, []uint32{2}) || tr.Plan.Rules[0].Joins != c.joins {
+			t.Errorf("%s: rules %+v, want one on path 2 whose pods open %d joins", c.name, tr.Plan.Rules, c.joins)
+		}
 	}
 }
 

@@ -20,7 +20,7 @@ func TestAPathThatLeavesThePlanWhileDownIsBackForThePathManagersUnlessItAwaitsIt
 	a.pms.PathDown(1)
 	a.pms.PathDown(3)
 	a.pms.PathDown(5)
-	a.forgetPathsLeft(&Plan{Paths: []PlanPath{{Path: routing.Path{Index: 3}}}, Awaiting: []AwaitingPath{{Name: "fabric-e", Index: 5}}})
+	a.forgetPathsLeft(&Plan{Paths: []PlanPath{{Path: routing.Path{Index: 3}}}, Awaiting: []AwaitingPath{{Name: "fabric-e", Index: 5, Away: true}}})
 	for deadline := time.Now().Add(5 * time.Second); a.pms.Down(1); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("path 1 left the plan down and is still down for the path managers after 5 s")

@@ -28,9 +28,7 @@ type Plan struct {
 	Liveness []liveness.Path `json:"liveness,omitempty"`
 	// Awaiting are the node's paths left out because no single link
 	// matches them (none, or several): a link that appears or goes away
-	// may settle them, so any link event asks for a reconcile. Until then
-	// each is a path that is down: its place in its rules' join counts
-	// stays, and the joins waiting for it go on waiting (links.go).
+	// may settle them, so any link event asks for a reconcile.
 	Awaiting []AwaitingPath `json:"awaiting,omitempty"`
 }
 
@@ -38,6 +36,12 @@ type Plan struct {
 type AwaitingPath struct {
 	Name  string `json:"name"`
 	Index uint32 `json:"index"`
+	// Away: the path was in force and its link went (a NIC removed, to
+	// be created again). Such a path is down, not gone: its place in its
+	// rules' join counts stays, and the joins waiting for it go on
+	// waiting (links.go). A path whose link was never found counts for
+	// nothing.
+	Away bool `json:"away,omitempty"`
 }
 
 // PlanPath is one of the node's paths: its routing (its index, the NIC

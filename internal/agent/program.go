@@ -16,8 +16,8 @@ import (
 // syncNICs declares each path's NIC to the datapath and marks a path down
 // when its NIC is missing or has no carrier (at this reconcile; between
 // reconciles link events do it, linkChanged) or flaps (held down by the
-// damper), and asks for nic_ingress on each NIC. A path that waits for its
-// link is down.
+// damper), and asks for nic_ingress on each NIC. A path away from its link
+// is down.
 func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 	var errs []error
 	a.linkMu.Lock()
@@ -52,9 +52,12 @@ func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 		}
 		hooks[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICIngress}] = true
 	}
-	// A path waiting for its link is down until the reconcile that finds
+	// A path away from its link is down until the reconcile that finds
 	// the link programs it: then it is back for the path managers too.
 	for _, p := range plan.Awaiting {
+		if !p.Away {
+			continue
+		}
 		if err := a.setPathDown(p.Index, true); err != nil {
 			errs = append(errs, err)
 		}
@@ -122,6 +125,13 @@ func (a *Agent) Prior() (Prior, error) {
 		p.Pods = make(map[PodRef]bool, len(a.previous.Pods))
 		for _, pod := range a.previous.Pods {
 			p.Pods[pod.Ref] = true
+		}
+		p.Paths = map[string]bool{}
+		for _, path := range a.previous.Paths {
+			p.Paths[path.Name] = true
+		}
+		for _, path := range a.previous.Awaiting {
+			p.Paths[path.Name] = path.Away
 		}
 	}
 	return p, nil

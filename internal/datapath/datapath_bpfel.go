@@ -101,6 +101,14 @@ type datapathLivenessPair struct {
 	Peer   [16]uint8
 }
 
+type datapathLivenessPeer struct {
+	_          structs.HostLayout
+	Nonce      uint64
+	GapNs      uint64
+	ProvenAt   uint64
+	UnprovenAt uint64
+}
+
 type datapathMptcpSubtype uint32
 
 const (

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -758,15 +759,49 @@ func TestLivenessProbesArrivingOnAPathNICTakeItsMark(t *testing.T) {
 
 // udpDatagram is a UDP datagram of a liveness message's size.
 func udpDatagram(src, dst netip.Addr, sport, dport uint16) []byte {
+	return udpWith(src, dst, sport, dport, make([]byte, 24))
+}
+
+// udpWith is a UDP datagram carrying data (no checksum).
+func udpWith(src, dst netip.Addr, sport, dport uint16, data []byte) []byte {
 	payload := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, sport), dport)
-	payload = append(binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(payload, 32), 0), make([]byte, 24)...)
+	payload = append(binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(payload, uint16(8+len(data))), 0), data...)
 	return testpkt.Frame{Src: src, Dst: dst, Protocol: 17, Payload: payload}.Bytes()
+}
+
+// livenessMessage is a liveness probe or echo as internal/agent/liveness
+// writes it (wire.go): version 1 without a key, version 2 with one.
+func livenessMessage(kind byte, version byte, nonce, key uint64) []byte {
+	b := append([]byte("MPTL"), version, kind, 0, 0)
+	b = binary.BigEndian.AppendUint64(b, nonce)
+	b = binary.BigEndian.AppendUint64(b, 1) // sequence number
+	if version == 2 {
+		b = binary.BigEndian.AppendUint64(b, key)
+	}
+	return b
+}
+
+// peersWithoutNonces lists peers with no nonce: their probes are all
+// unproven, and no echo is theirs.
+func peersWithoutNonces(peers map[netip.Addr][]netip.Addr) map[netip.Addr][]LivenessPeer {
+	if peers == nil {
+		return nil
+	}
+	out := map[netip.Addr][]LivenessPeer{}
+	for local, addrs := range peers {
+		out[local] = []LivenessPeer{}
+		for _, a := range addrs {
+			out[local] = append(out[local], LivenessPeer{Addr: a})
+		}
+	}
+	return out
 }
 
 // What arrives at the liveness port of a node's path address comes only
 // from its peers' probers there: a datagram from an address that is no
 // peer's on the path, or from a peer's address but another port, is dropped
-// and counted; peers' probes and echoes pass with their path mark, as does
+// and counted, as is a peer's first fragment; peers' probes and echoes pass
+// with their path mark (within their budgets: the next test), as does
 // what goes to another port, to an address not filtered, and everything
 // before the agent lists the peers or once it lists none. Observe-only
 // counts and passes.
@@ -797,13 +832,17 @@ func TestOnlyPeersReachTheLivenessPort(t *testing.T) {
 	fromStranger := udpDatagram(stranger, local, 7471, 7471)
 	passes("before the peers are listed, from a stranger", fromStranger, true)
 
-	if err := dp.SetLivenessPeers(map[netip.Addr][]netip.Addr{local: {peer, local6}, local6: {peer6}}); err != nil {
+	if err := dp.SetLivenessPeers(peersWithoutNonces(map[netip.Addr][]netip.Addr{local: {peer, local6}, local6: {peer6}}), 30*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	passes("from a stranger", fromStranger, false)
 	passes("from a peer's address, another port", udpDatagram(peer, local, 40000, 7471), false)
 	passes("IPv6 from a stranger", udpDatagram(netip.MustParseAddr("2001:db8:9::9"), local6, 7471, 7471), false)
 	passes("from a stranger to another port", udpDatagram(stranger, local, 7471, 53), true)
+	// An all-zero source is the key of the address's own entry, which
+	// has no budget.
+	passes("from 0.0.0.0", udpDatagram(netip.IPv4Unspecified(), local, 7471, 7471), false)
+	passes("from ::", udpDatagram(netip.IPv6Unspecified(), local6, 7471, 7471), false)
 	// The first fragment carries the ports, and the rest never
 	// reassemble without it; what hides its transport behind more IPv6
 	// extension headers than the parser reads is refused too.
@@ -814,7 +853,9 @@ func TestOnlyPeersReachTheLivenessPort(t *testing.T) {
 	frags := udpFrame(stranger, local).Fragments(16)
 	passes("the first fragment of a stranger's datagram", frags[0], false)
 	passes("the second fragment of a stranger's datagram", frags[1], true)
-	passes("the first fragment of a peer's datagram", udpFrame(peer, local).Fragments(16)[0], true)
+	// A prober's datagram is never fragmented: a peer's first fragment
+	// holds no whole message to judge.
+	passes("the first fragment of a peer's datagram", udpFrame(peer, local).Fragments(16)[0], false)
 	deep := udpFrame(netip.MustParseAddr("2001:db8:9::9"), local6)
 	deep.IPv6HopByHop, deep.IPv6DestOpts = true, 4
 	passes("IPv6 from a stranger behind five extension headers", deep.Bytes(), false)
@@ -840,20 +881,96 @@ func TestOnlyPeersReachTheLivenessPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The peer goes: its datagrams are a stranger's; then nothing is listed.
-	if err := dp.SetLivenessPeers(map[netip.Addr][]netip.Addr{local: nil}); err != nil {
+	if err := dp.SetLivenessPeers(peersWithoutNonces(map[netip.Addr][]netip.Addr{local: nil}), 30*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	passes("from a peer no longer listed", udpDatagram(peer, local, 7471, 7471), false)
-	if err := dp.SetLivenessPeers(nil); err != nil {
+	if err := dp.SetLivenessPeers(peersWithoutNonces(nil), 30*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	passes("once nothing is listed, from a stranger", fromStranger, true)
 	// A list it cannot write filters nothing: no peer is refused for it.
-	if err := dp.SetLivenessPeers(map[netip.Addr][]netip.Addr{local: {peer}}); err != nil {
+	if err := dp.SetLivenessPeers(peersWithoutNonces(map[netip.Addr][]netip.Addr{local: {peer}}), 30*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if err := dp.SetLivenessPeers(map[netip.Addr][]netip.Addr{local: {peer}, {}: nil}); err == nil {
+	if err := dp.SetLivenessPeers(peersWithoutNonces(map[netip.Addr][]netip.Addr{local: {peer}, {}: nil}), 30*time.Millisecond); err == nil {
 		t.Fatal("SetLivenessPeers took an invalid local address")
 	}
 	passes("after a list that could not be written, from a stranger", fromStranger, true)
+}
+
+// A flood of probes forged with a peer's address spends the budget of the
+// probes that do not carry the node's nonce (the earlier version's, one not
+// learnt yet, forged): the peer's own probes, which carry it as their key,
+// and its echoes, which carry it as theirs, still pass, within their own
+// budget; an echo without the nonce never does.
+func TestAFloodForgedWithAPeersAddressLeavesThePeersOwnProbesAndEchoes(t *testing.T) {
+	dp := loadForTest(t)
+	if err := dp.SetNIC(nic2Ifindex, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetLivenessPort(7471); err != nil {
+		t.Fatal(err)
+	}
+	local, peer := netip.MustParseAddr("10.102.1.2"), netip.MustParseAddr("10.102.2.2")
+	const nonce = 0x1122334455667788
+	// A long interval: the budgets do not refill while the test runs.
+	if err := dp.SetLivenessPeers(map[netip.Addr][]LivenessPeer{local: {{Addr: peer, Nonce: nonce}}}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	ctx := skbContext{IngressIfindex: nic2Ifindex}
+	passed := func(data []byte, n int) (pass int) {
+		t.Helper()
+		frame := udpWith(peer, local, 7471, 7471, data)
+		for range n {
+			if verdict(t, dp.objs.NicIngress, frame, ctx) == tcxNext {
+				pass++
+			}
+		}
+		return pass
+	}
+	refused := stat(t, dp, StatLivenessRefused)
+	if n := passed(livenessMessage(1, 1, 7, 0), 100); n < 1 || n > 9 {
+		t.Errorf("%d of 100 version 1 probes from the peer's address passed, want the budget's 9 at most", n)
+	}
+	if n := passed(livenessMessage(1, 2, 7, 0x99), 10); n != 0 {
+		t.Errorf("%d version 2 probes with a wrong key passed once the budget was spent", n)
+	}
+	if got := stat(t, dp, StatLivenessRefused) - refused; got < 100 {
+		t.Errorf("%d datagrams counted refused, want the flood's 100 at least", got)
+	}
+	if n := passed(livenessMessage(1, 2, 7, nonce), 1); n != 1 {
+		t.Error("the peer's probe carrying the node's nonce as its key was refused during the flood")
+	}
+	if n := passed(livenessMessage(2, 1, nonce, 0), 1); n != 1 {
+		t.Error("the peer's version 1 echo of the node's nonce was refused during the flood")
+	}
+	if n := passed(livenessMessage(2, 2, nonce, 5), 1); n != 1 {
+		t.Error("the peer's version 2 echo of the node's nonce was refused during the flood")
+	}
+	if n := passed(livenessMessage(2, 1, nonce+1, 0), 1); n != 0 {
+		t.Error("an echo of another nonce passed")
+	}
+	if n := passed(livenessMessage(2, 1, nonce, 0)[:20], 1); n != 0 {
+		t.Error("a datagram of no message's length passed")
+	}
+	// The peer itself, flooding with its key, gets its own budget: four
+	// per interval, a burst of eight.
+	if n := passed(livenessMessage(1, 2, 7, nonce), 100); n > 9 {
+		t.Errorf("%d of 100 probes carrying the key passed, want the budget's 9 at most", n)
+	}
+	// Written again unchanged, a peer keeps its spent budget; with a new
+	// nonce (its prober restarted) it starts afresh.
+	if err := dp.SetLivenessPeers(map[netip.Addr][]LivenessPeer{local: {{Addr: peer, Nonce: nonce}}}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if n := passed(livenessMessage(1, 1, 7, 0), 1); n != 0 {
+		t.Error("a peer written again unchanged got a new budget")
+	}
+	if err := dp.SetLivenessPeers(map[netip.Addr][]LivenessPeer{local: {{Addr: peer, Nonce: nonce + 1}}}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if n := passed(livenessMessage(1, 2, 7, nonce+1), 1); n != 1 {
+		t.Error("a probe with the peer's new key was refused")
+	}
 }

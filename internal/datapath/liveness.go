@@ -4,31 +4,45 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
 
+// LivenessPeer is a peer's prober as nic_ingress admits it: its address on
+// the path, and the nonce this node's prober uses towards it, which every
+// echo and every proven probe of the peer carries (bpf/datapath.c,
+// struct liveness_peer).
+type LivenessPeer struct {
+	Addr  netip.Addr
+	Nonce uint64
+}
+
 // SetLivenessPeers tells nic_ingress who may send to the liveness port of
-// each of the node's path addresses: the peers' addresses on that path
-// (local address: its peers' addresses). A datagram to a listed address's
-// liveness port from anything but a listed peer, from the same port, is
-// dropped before the agent's socket (StatLivenessRefused); an address not
-// listed is not filtered, and nil filters nothing. A peer of another
-// family than its local address is left out. It fails open: a write that
-// fails leaves no address filtered whose peers it did not all write.
-func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]netip.Addr) error {
-	want := map[datapathLivenessPair]bool{}
-	for local, addrs := range peers {
+// each of the node's path addresses: the peers' probers on that path
+// (local address: its peers), probing every interval. A datagram to a
+// listed address's liveness port from anything but a listed peer, from the
+// same port, is dropped before the agent's socket (StatLivenessRefused), and
+// so is what a peer's address sends past its budget: echoes and proven
+// probes (carrying the peer's nonce) four per interval, other probes two.
+// An address not listed is not filtered, and nil filters nothing. A peer of
+// another family than its local address is left out. It fails open: a
+// write that fails leaves no address filtered whose peers it did not all
+// write. A peer whose nonce and interval are unchanged keeps its budget.
+func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]LivenessPeer, interval time.Duration) error {
+	gap := uint64(max(interval/4, time.Microsecond))
+	want := map[datapathLivenessPair]datapathLivenessPeer{}
+	for local, ps := range peers {
 		local = local.Unmap()
 		if !local.IsValid() {
 			return d.filterNothing(errors.New("liveness peers: invalid local address"))
 		}
-		want[livenessPair(local, netip.Addr{})] = true
-		for _, peer := range addrs {
-			if peer = peer.Unmap(); peer.Is4() == local.Is4() {
-				want[livenessPair(local, peer)] = true
+		want[livenessPair(local, netip.Addr{})] = datapathLivenessPeer{}
+		for _, peer := range ps {
+			if addr := peer.Addr.Unmap(); addr.Is4() == local.Is4() {
+				want[livenessPair(local, addr)] = datapathLivenessPeer{Nonce: peer.Nonce, GapNs: gap}
 			}
 		}
 	}
@@ -36,12 +50,17 @@ func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]netip.Addr) error {
 		return d.filterNothing(fmt.Errorf("liveness peers: %d pairs of addresses, at most %d", len(want), limits.LivenessPairs))
 	}
 	var stale []datapathLivenessPair
+	kept := map[datapathLivenessPair]bool{}
 	var k datapathLivenessPair
-	var v uint8
+	var v datapathLivenessPeer
 	it := d.objs.LivenessPeers.Iterate()
 	for it.Next(&k, &v) {
-		if !want[k] {
+		w, ok := want[k]
+		switch {
+		case !ok:
 			stale = append(stale, k)
+		case w.Nonce == v.Nonce && w.GapNs == v.GapNs:
+			kept[k] = true
 		}
 	}
 	if err := it.Err(); err != nil {
@@ -56,11 +75,11 @@ func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]netip.Addr) error {
 		}
 	}
 	for _, local := range []bool{false, true} {
-		for k := range want {
-			if (k.Peer == [16]uint8{}) != local {
+		for k, v := range want {
+			if (k.Peer == [16]uint8{}) != local || kept[k] {
 				continue
 			}
-			if err := d.objs.LivenessPeers.Update(&k, uint8(1), ebpf.UpdateAny); err != nil {
+			if err := d.objs.LivenessPeers.Update(&k, &v, ebpf.UpdateAny); err != nil {
 				return d.filterNothing(fmt.Errorf("writing liveness peers: %w", err))
 			}
 		}
@@ -73,7 +92,7 @@ func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]netip.Addr) error {
 func (d *Datapath) filterNothing(err error) error {
 	var locals []datapathLivenessPair
 	var k datapathLivenessPair
-	var v uint8
+	var v datapathLivenessPeer
 	it := d.objs.LivenessPeers.Iterate()
 	for it.Next(&k, &v) {
 		if k.Peer == [16]uint8{} {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -143,11 +144,24 @@ func launchFlowsReporting(t *testing.T, bed *testbed.Bed, flows []flow, d time.D
 // every subflow to carry data both ways, short enough to decode quickly.
 const capturedTransfer = 2 * time.Second
 
+// placementRateMbit paces each connection of captureFlows.
+const placementRateMbit = 15
+
 // captureFlows runs flows with captures on every wire and returns what
 // tshark makes of them, with the number of connections. A traffic failure
 // fails the test with the captures kept as evidence.
 func captureFlows(t *testing.T, bed *testbed.Bed, flows []flow) (*testbed.Analysis, int) {
 	t.Helper()
+	// Paced below the links' rate, 15 Mbit/s a connection unless a flow
+	// says otherwise: these transfers show where subflows go, and
+	// saturated tail-drop links stall a connection now and then whoever
+	// places it (docs/testing.md, "Stalls").
+	flows = slices.Clone(flows)
+	for i := range flows {
+		if flows[i].rateMbit == 0 {
+			flows[i].rateMbit = placementRateMbit
+		}
+	}
 	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	conns, err := launchFlows(t, bed, flows, capturedTransfer)()
 	if err != nil {
@@ -240,13 +254,6 @@ func testSubflowsSpreadOverDistinctNICsInBothDirections(t *testing.T) {
 					}
 					return mptcpv1alpha1.CompiledRule{SubflowCreation: tc.mode}
 				}
-			}
-			// Paced below the links' rate: this test is about where
-			// subflows go, and saturated tail-drop links stall a
-			// connection now and then whoever places it
-			// (docs/testing.md, "Stalls").
-			for i := range flows {
-				flows[i].rateMbit = 15
 			}
 			// The agents hold only the capabilities they declare.
 			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, ruleFor, declaredCaps)

@@ -1,6 +1,7 @@
 package liveness
 
 import (
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/test/testutil"
@@ -18,6 +20,7 @@ import (
 // not starve the probers into false downs.
 func TestFailover(t *testing.T) {
 	t.Run("AFloodFromNoPeerNeverReachesTheProber", testAFloodFromNoPeerNeverReachesTheProber)
+	t.Run("AFloodForgedWithThePeersAddressLeavesThePathsUp", testAFloodForgedWithThePeersAddressLeavesThePathsUp)
 }
 
 // floodFor is how long the flood lasts: 30 detect times of the test's
@@ -32,47 +35,7 @@ const floodFor = 3 * time.Second
 // flood is what one sending thread writes for floodFor, its rate logged.
 func testAFloodFromNoPeerNeverReachesTheProber(t *testing.T) {
 	a, b, pa, _, _ := probingPair(t)
-	var dp *datapath.Datapath
-	testutil.InNetNS(t, a, func() {
-		var err error
-		if dp, err = datapath.Load(datapath.Options{}); err != nil {
-			t.Errorf("loading the datapath: %v", err)
-			return
-		}
-		t.Cleanup(func() { _ = dp.Close() })
-		for k, nic := range []string{"nic1", "nic2"} {
-			ifc, err := net.InterfaceByName(nic)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			if err := dp.SetNIC(ifc.Index, uint32(k+1)); err != nil {
-				t.Error(err)
-				return
-			}
-			l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: dp.Program(datapath.HookNICIngress), Attach: ebpf.AttachTCXIngress})
-			if err != nil {
-				t.Errorf("attaching nic_ingress to %s: %v", nic, err)
-				return
-			}
-			t.Cleanup(func() { _ = l.Close() })
-		}
-	})
-	if t.Failed() {
-		t.FailNow()
-	}
-	peers := map[netip.Addr][]netip.Addr{}
-	for _, p := range pathsOf("1", "2") {
-		for _, peer := range p.Peers {
-			peers[p.Local] = append(peers[p.Local], peer.Addr)
-		}
-	}
-	if err := dp.SetLivenessPort(testPort); err != nil {
-		t.Fatal(err)
-	}
-	if err := dp.SetLivenessPeers(peers); err != nil {
-		t.Fatal(err)
-	}
+	dp := filterLivenessIn(t, a, pa)
 
 	run(t, "ip", "-n", b, "addr", "add", "10.201.1.9/24", "dev", "nic1")
 	ignored := pa.Counters().Ignored
@@ -109,9 +72,132 @@ func testAFloodFromNoPeerNeverReachesTheProber(t *testing.T) {
 	if dropped < uint64(sent)/2 {
 		t.Errorf("nic_ingress dropped %d of the flood's %d datagrams", dropped, sent)
 	}
-	for _, s := range pa.States() {
-		if s.State != Up || s.Downs != 0 {
-			t.Errorf("path %d: the peer is %v after %d downs, want Up after none", s.Path, s.State, s.Downs)
+	checkUpWithoutDowns(t, pa)
+}
+
+// A flood of probes forged with the peer's own address and port (a raw
+// socket on the peer's node, the peer's prober running beside it) at node
+// a's liveness port: nic_ingress lets through only the budget of probes
+// that do not carry a's nonce as their key, and the peer's own probes and
+// echoes, which do, reach a's prober as before. Both nodes keep each other
+// Up on both paths, with no down; a's prober reads a few of the flood at
+// most. The flood is what one sending thread writes for floodFor, its rate
+// logged (docs/benchmarks.md).
+func testAFloodForgedWithThePeersAddressLeavesThePathsUp(t *testing.T) {
+	a, b, pa, pb, _ := probingPair(t)
+	dp := filterLivenessIn(t, a, pa)
+	// Both probers speak version 2 by now: b's probes carry a's nonce.
+	waitFor(t, "b's probes to a carry a's key", time.Second, func() bool {
+		pb.mu.Lock()
+		defer pb.mu.Unlock()
+		for _, pp := range pb.paths {
+			for _, tg := range pp.targets {
+				if !tg.peerV2 || tg.key == 0 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	answered := pa.Counters().ProbesAnswered
+	refused0 := refused(t, dp)
+	var sent int
+	testutil.InNetNS(t, b, func() {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_UDP)
+		if err != nil {
+			t.Errorf("flooder: %v", err)
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{10, 201, 1, 2}}); err != nil {
+			t.Errorf("flooder: binding to the peer's address: %v", err)
+			return
+		}
+		to := &unix.SockaddrInet4{Addr: [4]byte{10, 201, 1, 1}}
+		probe := message{kind: kindProbe, nonce: 1, seq: 1}.marshal()
+		// The UDP header (no checksum), then the probe.
+		datagram := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, testPort), testPort)
+		datagram = binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(datagram, uint16(8+len(probe))), 0)
+		datagram = append(datagram, probe...)
+		for end := time.Now().Add(floodFor); time.Now().Before(end); {
+			for range 256 {
+				if unix.Sendto(fd, datagram, 0, to) == nil {
+					sent++
+				}
+			}
+		}
+	})
+	time.Sleep(2 * time.Duration(testMult) * testInterval)
+	forgedAnswered := pa.Counters().ProbesAnswered - answered
+	dropped := refused(t, dp) - refused0
+	t.Logf("flood forged with the peer's address: %d datagrams in %v (%.0f a second): %d dropped by nic_ingress, %d probes answered by a (the peer's own included); a counted %d socket drops",
+		sent, floodFor, float64(sent)/floodFor.Seconds(), dropped, forgedAnswered, pa.Counters().SocketDrops)
+	if sent < 10_000 {
+		t.Fatalf("the flood was %d datagrams: too few to tell", sent)
+	}
+	if dropped < uint64(sent)*9/10 {
+		t.Errorf("nic_ingress dropped %d of the flood's %d datagrams, want all but the budget", dropped, sent)
+	}
+	checkUpWithoutDowns(t, pa, pb)
+}
+
+// filterLivenessIn loads the datapath in ns, attaches nic_ingress to both
+// NICs, and lists p's peers with p's nonces, as the agent does.
+func filterLivenessIn(t *testing.T, ns string, p *Prober) *datapath.Datapath {
+	t.Helper()
+	var dp *datapath.Datapath
+	testutil.InNetNS(t, ns, func() {
+		var err error
+		if dp, err = datapath.Load(datapath.Options{}); err != nil {
+			t.Errorf("loading the datapath: %v", err)
+			return
+		}
+		t.Cleanup(func() { _ = dp.Close() })
+		for k, nic := range []string{"nic1", "nic2"} {
+			ifc, err := net.InterfaceByName(nic)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if err := dp.SetNIC(ifc.Index, uint32(k+1)); err != nil {
+				t.Error(err)
+				return
+			}
+			l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: dp.Program(datapath.HookNICIngress), Attach: ebpf.AttachTCXIngress})
+			if err != nil {
+				t.Errorf("attaching nic_ingress to %s: %v", nic, err)
+				return
+			}
+			t.Cleanup(func() { _ = l.Close() })
+		}
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	peers := map[netip.Addr][]datapath.LivenessPeer{}
+	for _, path := range pathsOf("1", "2") {
+		for _, peer := range path.Peers {
+			peers[path.Local] = append(peers[path.Local], datapath.LivenessPeer{Addr: peer.Addr, Nonce: p.Nonce(path.Local, peer)})
+		}
+	}
+	if err := dp.SetLivenessPort(testPort); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetLivenessPeers(peers, testInterval); err != nil {
+		t.Fatal(err)
+	}
+	return dp
+}
+
+// checkUpWithoutDowns asserts that each prober has its peer Up on every
+// path, after no down.
+func checkUpWithoutDowns(t *testing.T, probers ...*Prober) {
+	t.Helper()
+	for i, p := range probers {
+		for _, s := range p.States() {
+			if s.State != Up || s.Downs != 0 {
+				t.Errorf("prober %d, path %d: the peer is %v after %d downs, want Up after none", i+1, s.Path, s.State, s.Downs)
+			}
 		}
 	}
 }

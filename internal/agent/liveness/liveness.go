@@ -19,7 +19,9 @@ package liveness
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -149,6 +151,9 @@ type Counters struct {
 	// (a wrong nonce, a sequence number not sent lately), or do not come
 	// from a peer's address and port on the path.
 	Ignored uint64
+	// SocketDrops: datagrams the kernel dropped because a path's socket
+	// was full (SO_RXQ_OVFL), before the prober could read them.
+	SocketDrops uint64
 }
 
 // Prober probes the paths Sync gives it until Close.
@@ -156,6 +161,9 @@ type Prober struct {
 	cfg     Config
 	log     *slog.Logger
 	changed func()
+
+	// secret keys the nonces (Nonce): drawn when the prober starts.
+	secret [32]byte
 
 	mu       sync.Mutex
 	paths    map[uint32]*pathProbe
@@ -174,6 +182,8 @@ type pathProbe struct {
 	// ticks.
 	seq    uint64
 	closed chan struct{}
+	// overflows is the socket's last SO_RXQ_OVFL count (read's).
+	overflows uint32
 }
 
 type target struct {
@@ -181,7 +191,12 @@ type target struct {
 	// nonce goes in every probe to the peer on the path, and an echo
 	// counts only with it: one per peer and path, so that what a peer, or
 	// someone who sees one path, learns is good for nothing else.
-	nonce    uint64
+	nonce uint64
+	// peerV2: the peer's echoes say it reads version 2 probes; key is
+	// the nonce its version 2 echoes gave for this node (wire.go), sent
+	// back in each probe so that its datapath lets them by.
+	peerV2   bool
+	key      uint64
 	state    State
 	lastEcho time.Time
 	// streak: echoes in a row, each within two intervals of the one
@@ -233,6 +248,7 @@ func New(cfg Config, log *slog.Logger, changed func()) (*Prober, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Prober{cfg: cfg, log: log, changed: changed,
 		paths: map[uint32]*pathProbe{}, cancel: cancel, done: make(chan struct{})}
+	_, _ = rand.Read(p.secret[:]) // never fails (crypto/rand)
 	go p.run(ctx)
 	return p, nil
 }
@@ -290,11 +306,12 @@ func (p *Prober) Sync(paths []Path) error {
 		peers := map[netip.Addr]bool{}
 		for _, peer := range path.Peers {
 			peers[peer.Addr] = true
-			if t := pp.targets[peer.Addr]; t != nil {
-				t.node = peer.Node
+			if t := pp.targets[peer.Addr]; t != nil && t.node == peer.Node {
 				continue
 			}
-			t := newTarget(peer.Node, pp.seq+1, p.cfg.Multiplier)
+			// New, or its address now another node's: a target of its
+			// own, with its own nonce.
+			t := newTarget(peer.Node, p.Nonce(path.Local, peer), pp.seq+1, p.cfg.Multiplier)
 			if path.AssumeDown {
 				// Silent since before its first probe: the
 				// outage its predecessor saw.
@@ -332,6 +349,17 @@ func (p *Prober) open(path Path) (*net.UDPConn, error) {
 				serr = fmt.Errorf("mark %#x: %w", path.Mark, serr)
 				return
 			}
+			// Room for every peer's probe and echo through a pause
+			// of the reader (past net.core.rmem_max: the agent has
+			// CAP_NET_ADMIN; without it the default stays), and the
+			// count of what overflowed all the same.
+			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBuffer) != nil {
+				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, socketBuffer)
+			}
+			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1); serr != nil {
+				serr = fmt.Errorf("SO_RXQ_OVFL: %w", serr)
+				return
+			}
 			serr = tos(int(fd))
 		})
 		return errors.Join(err, serr)
@@ -343,6 +371,30 @@ func (p *Prober) open(path Path) (*net.UDPConn, error) {
 	return c.(*net.UDPConn), nil
 }
 
+// socketBuffer is each path socket's receive buffer: about 2,700 queued
+// datagrams (the kernel doubles it and charges about 768 bytes each), a
+// pause of a second for 40 peers probing every 30 ms, or of 40 ms for 1,000.
+const socketBuffer = 1 << 20
+
+// dropsSince returns how many datagrams the socket dropped, full, since the
+// last call, from a read's control messages (SO_RXQ_OVFL's count, which
+// comes with every datagram once one was dropped).
+func (pp *pathProbe) dropsSince(oob []byte) uint32 {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0
+	}
+	for _, m := range msgs {
+		if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SO_RXQ_OVFL && len(m.Data) >= 4 {
+			total := binary.NativeEndian.Uint32(m.Data)
+			d := total - pp.overflows
+			pp.overflows = total
+			return d
+		}
+	}
+	return 0
+}
+
 func (pp *pathProbe) close() {
 	_ = pp.conn.Close()
 	<-pp.closed
@@ -352,9 +404,9 @@ func (pp *pathProbe) close() {
 // until the socket is closed.
 func (p *Prober) read(pp *pathProbe, name string) {
 	defer close(pp.closed)
-	buf := make([]byte, 64)
+	buf, oob := make([]byte, 64), make([]byte, unix.CmsgSpace(4))
 	for {
-		n, from, err := pp.conn.ReadFromUDPAddrPort(buf)
+		n, oobn, _, from, err := pp.conn.ReadMsgUDPAddrPort(buf, oob)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -363,9 +415,11 @@ func (p *Prober) read(pp *pathProbe, name string) {
 			time.Sleep(p.cfg.Interval)
 			continue
 		}
+		drops := pp.dropsSince(oob[:oobn])
 		m, err := parseMessage(buf[:n])
 		addr := from.Addr().Unmap()
 		p.mu.Lock()
+		p.counters.SocketDrops += uint64(drops)
 		// Only a peer's prober, from the port every prober uses: an
 		// echo then goes only to a peer's prober (which ignores what it
 		// did not ask for), one for one, whoever forged the probe.
@@ -374,18 +428,26 @@ func (p *Prober) read(pp *pathProbe, name string) {
 		case err != nil || t == nil || int(from.Port()) != p.cfg.Port:
 			p.counters.Ignored++
 		case m.kind == kindProbe:
-			// Answered without a budget: a forger with a peer's
-			// address makes the node send no more than it sent, to
-			// that peer's prober, and cannot starve the real probes.
+			// One echo for one probe, to the claimed peer's prober
+			// (which ignores what it did not ask for): a forger makes
+			// the node send no more than it sent, and nic_ingress
+			// bounds how much that is (wire.go).
 			p.counters.ProbesAnswered++
-			held, ready := t.state == Down, t.ownReady(pp.seq)
+			// In the probe's version; a version 2 echo gives this
+			// node's nonce for the peer as the key its probes carry.
+			echo := message{kind: kindEcho, nonce: m.nonce, seq: m.seq, heldDown: t.state == Down, ready: t.ownReady(pp.seq),
+				v2: m.v2, speaksV2: true, key: t.nonce}
 			p.mu.Unlock()
-			_, _ = pp.conn.WriteToUDPAddrPort(message{kind: kindEcho, nonce: m.nonce, seq: m.seq, heldDown: held, ready: ready}.marshal(), from)
+			_, _ = pp.conn.WriteToUDPAddrPort(echo.marshal(), from)
 			continue
 		case m.nonce != t.nonce || m.seq > pp.seq || pp.seq-m.seq > uint64(p.cfg.Multiplier):
 			p.counters.Ignored++
 		default:
 			p.counters.EchoesReceived++
+			t.peerV2 = m.v2 || m.speaksV2
+			if m.v2 {
+				t.key = m.key
+			}
 			t.answer(m.seq)
 			was := t.state
 			changed := t.heard(m.heldDown, m.ready, m.seq, pp.seq)
@@ -403,12 +465,25 @@ func (p *Prober) read(pp *pathProbe, name string) {
 	}
 }
 
-// newTarget is a peer first probed with sequence number first, whose
-// echoes may come multiplier ticks late.
-func newTarget(node string, first uint64, multiplier int) *target {
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	return &target{node: node, nonce: binary.BigEndian.Uint64(b[:]), echoed: make([]bool, LossWindow+multiplier+1), first: first, upSince: first, lost: -1}
+// newTarget is a peer first probed with sequence number first and nonce,
+// whose echoes may come multiplier ticks late.
+func newTarget(node string, nonce, first uint64, multiplier int) *target {
+	return &target{node: node, nonce: nonce, echoed: make([]bool, LossWindow+multiplier+1), first: first, upSince: first, lost: -1}
+}
+
+// Nonce is the nonce of this prober's probes from local to peer (wire.go):
+// keyed by the prober's secret, so that it is unknown off the path, and the
+// same for the prober's life, so that the datapath's filter (which checks
+// it) can be written whenever the peers are. The peer's node is part of
+// it: a node that leaves and whose address another node takes knows
+// nothing of the newcomer's nonce.
+func (p *Prober) Nonce(local netip.Addr, peer Peer) uint64 {
+	mac := hmac.New(sha256.New, p.secret[:])
+	l, r := local.Unmap().As16(), peer.Addr.Unmap().As16()
+	mac.Write(l[:])
+	mac.Write(r[:])
+	mac.Write([]byte(peer.Node))
+	return binary.BigEndian.Uint64(mac.Sum(nil))
 }
 
 // echo records an echo at now, in the tick of sequence number seq; it
@@ -703,8 +778,13 @@ func (p *Prober) run(ctx context.Context) {
 				} else {
 					t.echoed[pp.seq%uint64(len(t.echoed))] = false
 				}
+				// A peer silent for the detect time may have gone
+				// back to version 1 (a rollback): every other probe
+				// is then one every agent reads, and its echo says
+				// which version the peer speaks.
+				v2 := t.peerV2 && (pp.seq%2 == 0 || now.Sub(t.lastEcho) <= time.Duration(p.cfg.Multiplier)*p.cfg.Interval)
 				sends = append(sends, send{pp.conn, netip.AddrPortFrom(addr, uint16(p.cfg.Port)),
-					message{kind: kindProbe, nonce: t.nonce, seq: pp.seq}.marshal()})
+					message{kind: kindProbe, nonce: t.nonce, seq: pp.seq, v2: v2, key: t.key}.marshal()})
 			}
 		}
 		p.counters.ProbesSent += uint64(len(sends))

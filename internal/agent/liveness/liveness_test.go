@@ -277,6 +277,64 @@ func TestAPeerSilentOnEveryPathAtOnceIsUnknownNotDown(t *testing.T) {
 	}
 }
 
+// The version step (wire.go): a probe is answered in its own version, a
+// version 1 echo saying the node reads version 2 and a version 2 echo
+// giving the node's nonce for the peer as its key; the node probes a peer
+// in version 1 until an echo says it reads version 2, then in version 2
+// with the key the peer's echo gave.
+func TestProbesSpeakVersion1UntilThePeerSaysMore(t *testing.T) {
+	a, b := twoNodes(t)
+	var changes atomic.Int64
+	pa := startProber(t, a, pathsOf("1", "2"), &changes)
+	nonce := pa.Nonce(netip.MustParseAddr("10.201.1.1"), pathsOf("1", "2")[0].Peers[0])
+	testutil.InNetNS(t, b, func() {
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP("10.201.1.2"), Port: testPort})
+		if err != nil {
+			t.Errorf("peer: %v", err)
+			return
+		}
+		defer c.Close()
+		to := &net.UDPAddr{IP: net.ParseIP("10.201.1.1"), Port: testPort}
+		// next reads until a message of kind comes, for a second.
+		next := func(kind byte) (message, bool) {
+			buf := make([]byte, 64)
+			for end := time.Now().Add(time.Second); time.Now().Before(end); {
+				_ = c.SetReadDeadline(end)
+				n, _, err := c.ReadFromUDP(buf)
+				if err != nil {
+					break
+				}
+				if m, err := parseMessage(buf[:n]); err == nil && m.kind == kind {
+					return m, true
+				}
+			}
+			t.Errorf("no message of kind %d from a within a second", kind)
+			return message{}, false
+		}
+		if m, ok := next(kindProbe); ok && m.v2 {
+			t.Errorf("a's first probe is %+v, want version 1 before a heard b", m)
+		}
+		_, _ = c.WriteToUDP(message{kind: kindProbe, nonce: 5, seq: 1}.marshal(), to)
+		if m, ok := next(kindEcho); ok && (m.v2 || !m.speaksV2 || m.nonce != 5) {
+			t.Errorf("a's echo of a version 1 probe is %+v, want version 1 saying it reads version 2", m)
+		}
+		_, _ = c.WriteToUDP(message{kind: kindProbe, nonce: 5, seq: 2, v2: true}.marshal(), to)
+		if m, ok := next(kindEcho); ok && (!m.v2 || m.key != nonce || m.nonce != 5) {
+			t.Errorf("a's echo of a version 2 probe is %+v, want version 2 with a's nonce for b (%#x) as its key", m, nonce)
+		}
+		// b answers a's next probe in version 2, giving its key.
+		if m, ok := next(kindProbe); ok {
+			_, _ = c.WriteToUDP(message{kind: kindEcho, nonce: m.nonce, seq: m.seq, v2: true, key: 0xb0b}.marshal(), to)
+		}
+		for range 3 {
+			if m, ok := next(kindProbe); ok && m.v2 && m.key == 0xb0b {
+				return
+			}
+		}
+		t.Error("a's probes after b's version 2 echo are not version 2 with b's key")
+	})
+}
+
 // Only the path's peers get answers: a probe from any other address, on
 // the path's own subnet, is dropped unanswered.
 func TestProbesFromAnAddressThatIsNoPeersGetNoAnswer(t *testing.T) {
@@ -316,20 +374,23 @@ func TestProbesFromAnAddressThatIsNoPeersGetNoAnswer(t *testing.T) {
 
 func TestParseMessageAcceptsOnlyWhatMarshalWrites(t *testing.T) {
 	for _, m := range []message{{kind: kindProbe, nonce: 7, seq: 9}, {kind: kindEcho, nonce: 7, seq: 9}, {kind: kindEcho, nonce: 7, seq: 9, heldDown: true},
-		{kind: kindEcho, nonce: 7, seq: 9, heldDown: true, ready: true}} {
+		{kind: kindEcho, nonce: 7, seq: 9, heldDown: true, ready: true}, {kind: kindEcho, nonce: 7, seq: 9, speaksV2: true},
+		{kind: kindProbe, nonce: 7, seq: 9, v2: true, key: 11}, {kind: kindEcho, nonce: 7, seq: 9, v2: true, key: 11, heldDown: true}} {
 		if got, err := parseMessage(m.marshal()); err != nil || got != m {
 			t.Fatalf("round trip of %+v: %+v, %v", m, got, err)
 		}
 	}
 	good := message{kind: kindProbe, nonce: 7, seq: 9}.marshal()
 	for name, mutate := range map[string]func([]byte) []byte{
-		"short":       func(b []byte) []byte { return b[:messageLen-1] },
-		"long":        func(b []byte) []byte { return append(b, 0) },
-		"magic":       func(b []byte) []byte { b[0] = 'X'; return b },
-		"version":     func(b []byte) []byte { b[4] = 2; return b },
-		"kind":        func(b []byte) []byte { b[5] = 3; return b },
-		"reserved":    func(b []byte) []byte { b[7] = 1; return b },
-		"kind absent": func(b []byte) []byte { b[5] = 0; return b },
+		"short":                           func(b []byte) []byte { return b[:messageLen-1] },
+		"long":                            func(b []byte) []byte { return append(b, 0) },
+		"magic":                           func(b []byte) []byte { b[0] = 'X'; return b },
+		"version":                         func(b []byte) []byte { b[4] = 3; return b },
+		"version 2 of version 1's length": func(b []byte) []byte { b[4] = 2; return b },
+		"version 1 of version 2's length": func(b []byte) []byte { return append(b, make([]byte, 8)...) },
+		"kind":                            func(b []byte) []byte { b[5] = 3; return b },
+		"reserved":                        func(b []byte) []byte { b[7] = 1; return b },
+		"kind absent":                     func(b []byte) []byte { b[5] = 0; return b },
 		// A probe says nothing of the prober's view: anyone may send
 		// one, so only an echo (which carries the prober's nonce) may.
 		"probe held down": func(b []byte) []byte { b[6] = flagHeldDown; return b },
@@ -348,10 +409,11 @@ func TestParseMessageAcceptsOnlyWhatMarshalWrites(t *testing.T) {
 // yet is dropped.
 func TestParseMessageIgnoresUnknownEchoFlags(t *testing.T) {
 	for flags, want := range map[byte]message{
-		flagReady:                    {kind: kindEcho, nonce: 7, seq: 9},
-		4:                            {kind: kindEcho, nonce: 7, seq: 9},
-		flagHeldDown | 4:             {kind: kindEcho, nonce: 7, seq: 9, heldDown: true},
-		flagHeldDown | flagReady | 8: {kind: kindEcho, nonce: 7, seq: 9, heldDown: true, ready: true},
+		flagReady:                     {kind: kindEcho, nonce: 7, seq: 9},
+		8:                             {kind: kindEcho, nonce: 7, seq: 9},
+		flagHeldDown | 8:              {kind: kindEcho, nonce: 7, seq: 9, heldDown: true},
+		flagHeldDown | flagReady | 16: {kind: kindEcho, nonce: 7, seq: 9, heldDown: true, ready: true},
+		flagSpeaksV2 | 32:             {kind: kindEcho, nonce: 7, seq: 9, speaksV2: true},
 	} {
 		b := message{kind: kindEcho, nonce: 7, seq: 9}.marshal()
 		b[6] = flags
@@ -365,6 +427,8 @@ func FuzzParseMessage(f *testing.F) {
 	f.Add(message{kind: kindEcho, nonce: 1, seq: 2}.marshal())
 	f.Add(message{kind: kindEcho, nonce: 1, seq: 2, heldDown: true}.marshal())
 	f.Add(message{kind: kindEcho, nonce: 1, seq: 2, heldDown: true, ready: true}.marshal())
+	f.Add(message{kind: kindEcho, nonce: 1, seq: 2, speaksV2: true}.marshal())
+	f.Add(message{kind: kindProbe, nonce: 1, seq: 2, v2: true, key: 3}.marshal())
 	f.Add([]byte("MPTL"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := parseMessage(b)
@@ -441,7 +505,7 @@ type lossyRun struct {
 }
 
 func newLossyRun() *lossyRun {
-	return &lossyRun{t: newTarget("node2", 1, testMult), now: time.Unix(1000, 0)}
+	return &lossyRun{t: newTarget("node2", 7, 1, testMult), now: time.Unix(1000, 0)}
 }
 
 // ticks runs n ticks: each sends a probe (tally), and answered(seq) says
@@ -603,7 +667,7 @@ func TestOnlyTheSilenceThatTookAPeerDownIsForgiven(t *testing.T) {
 		t.Errorf("Up at tick %d with losses after the silence still in the window, want from %d", ch[1], want)
 	}
 
-	assumed := &lossyRun{t: newTarget("node2", 1, testMult), now: time.Unix(1000, 0)}
+	assumed := &lossyRun{t: newTarget("node2", 7, 1, testMult), now: time.Unix(1000, 0)}
 	assumed.t.state = Down
 	assumed.t.silence(assumed.t.first)
 	assumed.ticks(50, func(uint64) bool { return false })
@@ -666,14 +730,14 @@ func TestAPeerHoldingThisNodeDownTakesThePathDownOnTheChange(t *testing.T) {
 		t.Fatalf("the peer held this node Down again: state %v, downs %d; want Down, 2 downs", r.t.state, r.t.downs)
 	}
 
-	restarted := newTarget("node2", 1, testMult)
+	restarted := newTarget("node2", 7, 1, testMult)
 	if restarted.heard(true, false, 1, 1) || !restarted.echo(time.Unix(1000, 0), testInterval, 1) || restarted.state != Up {
 		t.Fatalf("a peer holding a new prober's node Down from its first echo: state %v, want Up", restarted.state)
 	}
 	if restarted.heard(true, false, 2, 2) || restarted.state != Up {
 		t.Fatalf("the same peer, still holding: state %v, want Up", restarted.state)
 	}
-	assumed := newTarget("node2", 1, testMult)
+	assumed := newTarget("node2", 7, 1, testMult)
 	assumed.state = Down
 	if assumed.heard(true, false, 1, 1) || assumed.downs != 0 {
 		t.Fatalf("a peer assumed Down and held Down by its peer: %d downs, want none", assumed.downs)

@@ -337,6 +337,7 @@ type datapathCollector struct {
 	peerUp, peerDowns, peerLoss      *prometheus.Desc
 	probesSent, echoesReceived       *prometheus.Desc
 	probesAnswered, probesIgnored    *prometheus.Desc
+	livenessSocketDrops              *prometheus.Desc
 }
 
 func newDatapathCollector(src Source) *datapathCollector {
@@ -385,12 +386,14 @@ func newDatapathCollector(src Source) *datapathCollector {
 		probesAnswered: d("liveness_probes_answered_total", "The peers' liveness probes this node echoed."),
 		probesIgnored: d("liveness_datagrams_ignored_total", "Datagrams to the liveness port that were not a peer's probe or an echo of this node's "+
 			"(another sender, a wrong nonce, malformed, or beyond the answer budget)."),
+		livenessSocketDrops: d("liveness_socket_drops_total", "Datagrams the kernel dropped at the liveness port because a path's socket was full, "+
+			"before the agent read them, and datagrams with a bad UDP checksum (SO_RXQ_OVFL counts both): echoes among them count as lost."),
 	}
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.pathMgrJoinsReplaced, c.pathMgrJoinsReleased, c.pathMgrSubflowsLeft, c.observeOnly, c.pathDown, c.pathDownTransitions,
-		c.peerUp, c.peerDowns, c.peerLoss, c.probesSent, c.echoesReceived, c.probesAnswered, c.probesIgnored} {
+		c.peerUp, c.peerDowns, c.peerLoss, c.probesSent, c.echoesReceived, c.probesAnswered, c.probesIgnored, c.livenessSocketDrops} {
 		ch <- d
 	}
 }
@@ -447,6 +450,7 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.echoesReceived, prometheus.CounterValue, float64(counts.EchoesReceived))
 	ch <- prometheus.MustNewConstMetric(c.probesAnswered, prometheus.CounterValue, float64(counts.ProbesAnswered))
 	ch <- prometheus.MustNewConstMetric(c.probesIgnored, prometheus.CounterValue, float64(counts.Ignored))
+	ch <- prometheus.MustNewConstMetric(c.livenessSocketDrops, prometheus.CounterValue, float64(counts.SocketDrops))
 
 	if stats, err := dp.Stats(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.events, fmt.Errorf("reading datapath counters: %w", err))
