@@ -769,6 +769,20 @@ func udpWith(src, dst netip.Addr, sport, dport uint16, data []byte) []byte {
 	return testpkt.Frame{Src: src, Dst: dst, Protocol: 17, Payload: payload}.Bytes()
 }
 
+// livenessDatapath is a datapath with nic2 as path 2's NIC and 7471 as the
+// liveness port.
+func livenessDatapath(t *testing.T) *Datapath {
+	t.Helper()
+	dp := loadForTest(t)
+	if err := dp.SetNIC(nic2Ifindex, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetLivenessPort(7471); err != nil {
+		t.Fatal(err)
+	}
+	return dp
+}
+
 // livenessMessage is a liveness probe or echo as internal/agent/liveness
 // writes it (wire.go): version 1 without a key, version 2 with one.
 func livenessMessage(kind byte, version byte, nonce, key uint64) []byte {
@@ -806,13 +820,7 @@ func peersWithoutNonces(peers map[netip.Addr][]netip.Addr) map[netip.Addr][]Live
 // before the agent lists the peers or once it lists none. Observe-only
 // counts and passes.
 func TestOnlyPeersReachTheLivenessPort(t *testing.T) {
-	dp := loadForTest(t)
-	if err := dp.SetNIC(nic2Ifindex, 2); err != nil {
-		t.Fatal(err)
-	}
-	if err := dp.SetLivenessPort(7471); err != nil {
-		t.Fatal(err)
-	}
+	dp := livenessDatapath(t)
 	local, peer := netip.MustParseAddr("10.102.1.2"), netip.MustParseAddr("10.102.2.2")
 	local6, peer6 := netip.MustParseAddr("2001:db8:1::2"), netip.MustParseAddr("2001:db8:2::2")
 	stranger := netip.MustParseAddr("10.102.9.9")
@@ -905,13 +913,7 @@ func TestOnlyPeersReachTheLivenessPort(t *testing.T) {
 // and its echoes, which carry it as theirs, still pass, within their own
 // budget; an echo without the nonce never does.
 func TestAFloodForgedWithAPeersAddressLeavesThePeersOwnProbesAndEchoes(t *testing.T) {
-	dp := loadForTest(t)
-	if err := dp.SetNIC(nic2Ifindex, 2); err != nil {
-		t.Fatal(err)
-	}
-	if err := dp.SetLivenessPort(7471); err != nil {
-		t.Fatal(err)
-	}
+	dp := livenessDatapath(t)
 	local, peer := netip.MustParseAddr("10.102.1.2"), netip.MustParseAddr("10.102.2.2")
 	const nonce = 0x1122334455667788
 	// A long interval: the budgets do not refill while the test runs.
