@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -140,7 +141,7 @@ func TestAPathAwayFromItsLinkKeepsItsPlaceInTheJoins(t *testing.T) {
 	}{
 		{"in force before", Prior{Paths: map[string]bool{"fabric-a": true, "fabric-b": true}}, true, 1},
 		{"away before", Prior{Paths: map[string]bool{"fabric-a": true}}, true, 1},
-		{"never found", Prior{Paths: map[string]bool{"fabric-a": false, "fabric-b": true}}, false, 0},
+		{"never found", Prior{Paths: map[string]bool{"fabric-b": true}}, false, 0},
 		{"first plan", Prior{}, false, 0},
 	} {
 		tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(7))), withoutNIC1, locateAll, c.prior)
@@ -153,6 +154,17 @@ func TestAPathAwayFromItsLinkKeepsItsPlaceInTheJoins(t *testing.T) {
 		if len(tr.Plan.Rules) != 1 || !slices.Equal(tr.Plan.Rules[0].Datapath.Paths, []uint32{2}) || tr.Plan.Rules[0].Joins != c.joins {
 			t.Errorf("%s: rules %+v, want one on path 2 whose pods open %d joins", c.name, tr.Plan.Rules, c.joins)
 		}
+	}
+}
+
+// A path stays away through every reconcile while its link is missing:
+// the next plan's prior has it in force, as it has the paths with a link,
+// and not a path whose link was never found.
+func TestAPathStaysAwayFromPlanToPlan(t *testing.T) {
+	plan := &Plan{Paths: []PlanPath{{Path: routing.Path{Name: "fabric-b"}}},
+		Awaiting: []AwaitingPath{{Name: "fabric-a", Index: 1, Away: true}, {Name: "fabric-z", Index: 9}}}
+	if got, want := pathsInForce(plan), map[string]bool{"fabric-a": true, "fabric-b": true}; !maps.Equal(got, want) {
+		t.Errorf("paths in force %v, want %v", got, want)
 	}
 }
 

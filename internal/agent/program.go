@@ -126,15 +126,25 @@ func (a *Agent) Prior() (Prior, error) {
 		for _, pod := range a.previous.Pods {
 			p.Pods[pod.Ref] = true
 		}
-		p.Paths = map[string]bool{}
-		for _, path := range a.previous.Paths {
-			p.Paths[path.Name] = true
-		}
-		for _, path := range a.previous.Awaiting {
-			p.Paths[path.Name] = path.Away
-		}
+		p.Paths = pathsInForce(a.previous)
 	}
 	return p, nil
+}
+
+// pathsInForce are plan's paths that have a link, and those away from
+// theirs, by name: a path among them whose link is missing at the next
+// reconcile is away (AwaitingPath.Away).
+func pathsInForce(plan *Plan) map[string]bool {
+	in := map[string]bool{}
+	for _, path := range plan.Paths {
+		in[path.Name] = true
+	}
+	for _, path := range plan.Awaiting {
+		if path.Away {
+			in[path.Name] = true
+		}
+	}
+	return in
 }
 
 // priorOf is what table and the ids live entries use (live) take.

@@ -385,7 +385,7 @@ func newDatapathCollector(src Source) *datapathCollector {
 		echoesReceived: d("liveness_echoes_received_total", "Echoes of this node's liveness probes received from its peers."),
 		probesAnswered: d("liveness_probes_answered_total", "The peers' liveness probes this node echoed."),
 		probesIgnored: d("liveness_datagrams_ignored_total", "Datagrams to the liveness port that were not a peer's probe or an echo of this node's "+
-			"(another sender, a wrong nonce, malformed, or beyond the answer budget)."),
+			"(another sender, a wrong nonce, malformed); what nic_ingress refuses never reaches the agent (mptcp_agent_datapath_events_total{event=\"liveness_refused\"})."),
 		livenessSocketDrops: d("liveness_socket_drops_total", "Datagrams the kernel dropped at the liveness port because a path's socket was full, "+
 			"before the agent read them, and datagrams with a bad UDP checksum (SO_RXQ_OVFL counts both): echoes among them count as lost."),
 	}
