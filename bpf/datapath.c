@@ -412,6 +412,26 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } path_states SEC(".maps");
 
+/* The pod CIDRs of peers that some path reaches no more while other peers
+ * keep it up (struct peer_paths), set by the agent from the liveness
+ * probes: a subflow to such a peer detours as from a path down. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, LIMIT_PEER_CIDRS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct peer_cidr_key);
+	__type(value, struct peer_paths);
+} peers_down SEC(".maps");
+
+/* Entry 0: how many entries peers_down holds (0: skip the lookup), written
+ * by the agent after the entries it counts. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} peers_down_used SEC(".maps");
+
 /* Record actor: per selected pod, at its endpoint's slot (1..MAX_PODS). An
  * array, so that a packet of a known subflow, which carries the slot, counts
  * its pod without a hash lookup. Replaced pod_counters, a per-CPU hash by
@@ -1006,6 +1026,35 @@ static __always_inline __u32 path_up(__u32 path)
 	struct path_state *ps = bpf_map_lookup_elem(&path_states, &path);
 
 	return ps ? 1 - (ps->flags & PATH_DOWN) : 1;
+}
+
+/* path_up_to is path_up for a packet to a peer whose paths down (its
+ * peers_down entry, 0 for none) are down: a path that carries nothing to
+ * one peer while others answer over it. */
+static __always_inline __u32 path_up_to(__u32 path, __u32 down)
+{
+	return path_up(path) & ~(down >> (path & MAX_PATHS)) & 1;
+}
+
+/* paths_down_to is what peers_down holds for the peer node whose pods
+ * addr is among, 0 when none: looked up only while peers_down_used says
+ * it holds something, so that a node without such a failure pays one
+ * array read per packet. */
+static __always_inline __u32 paths_down_to(__u8 family, const __u8 *addr)
+{
+	struct peer_cidr_key k = {
+	    .prefixlen = PEER_KEY_FIXED_BITS + 128,
+	    .family = family,
+	};
+	struct peer_paths *pp;
+	__u32 zero = 0, *used;
+
+	used = bpf_map_lookup_elem(&peers_down_used, &zero);
+	if (!used || !*used)
+		return 0;
+	__builtin_memcpy(k.addr, addr, 16);
+	pp = bpf_map_lookup_elem(&peers_down, &k);
+	return pp ? pp->down : 0;
 }
 
 static __always_inline bool path_usable(__u32 path)
@@ -2026,7 +2075,7 @@ int pod_egress(struct __sk_buff *skb)
 		learn_connection(skb, &pkt, 1, sf);
 	/* The path first: a detoured packet is policed as the path it
 	 * travels. */
-	path = travel_path(sf);
+	path = travel_path(sf, paths_down_to(pkt.family, pkt.daddr));
 	if (rate_packet(skb, &pkt, &fk, sf, RATE_DIR_EGRESS) == TC_ACT_SHOT)
 		return TC_ACT_SHOT;
 	set_path_mark(skb, path);

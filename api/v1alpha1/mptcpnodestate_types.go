@@ -159,6 +159,13 @@ type NodePeer struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=15
 	Paths []PeerPath `json:"paths"`
+	// podCIDRs of the peer (its node.spec.podCIDRs, one per family): a
+	// path whose probes the peer stops answering carries nothing to
+	// these addresses, even while other peers keep it up.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=2
+	PodCIDRs []string `json:"podCIDRs,omitempty"`
 }
 
 // PeerPath is a peer's addresses on one path.

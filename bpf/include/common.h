@@ -64,6 +64,9 @@ enum limit {
 	 * and the node's own 15 (internal/controller's MaxPeers, the API's
 	 * four addresses a path). */
 	LIMIT_LIVENESS_PAIRS = 65536,
+	/* Pod CIDRs of the node's peers whose paths the probes find down
+	 * towards them: 1000 peers of two CIDRs (one per family). */
+	LIMIT_PEER_CIDRS = 2048,
 	/* A rate bucket's depth (police) or the window granted at once
 	 * (window), in bytes. Below the floor a bucket drops whole TSO bursts
 	 * and TCP collapses far below its cap (docs/datapath.md, Rate); the
@@ -377,6 +380,25 @@ struct cidr_key {
 
 struct path_state {
 	__u32 flags;
+	__u32 pad;
+};
+
+/* Key of peers_down, an LPM trie of the peers' pod CIDRs: the family
+ * (always matched in full) then the address (IPv4 in the first 4 bytes),
+ * so prefixlen is 32 + the CIDR's prefix length. */
+#define PEER_KEY_FIXED_BITS 32
+struct peer_cidr_key {
+	__u32 prefixlen;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+/* Value of peers_down: the paths (bit i: path i) the liveness probes find
+ * down towards the peer node that holds the CIDR, while other peers keep
+ * them up. */
+struct peer_paths {
+	__u32 down;
 	__u32 pad;
 };
 

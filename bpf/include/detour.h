@@ -82,11 +82,12 @@ static __always_inline void set_detour(struct subflow *sf, __u32 path, __u32 our
 }
 
 /* detour_path is the first path of rule_id's list, other than home, that is
- * up here: active paths first, then backup ones, as the list orders them.
+ * up here and not in down (the paths down towards the subflow's peer):
+ * active paths first, then backup ones, as the list orders them.
  * 0 when there is none (or the subflow has no rule: a mirrored subflow of a
  * pod no rule selects only follows its peer). A global function: verified
  * once, called only when a path is down. */
-__noinline __u32 detour_path(__u32 rule_id, __u32 home)
+__noinline __u32 detour_path(__u32 rule_id, __u32 home, __u32 down)
 {
 	struct rule *r = bpf_map_lookup_elem(&rules, &rule_id);
 	__u32 npaths;
@@ -100,7 +101,7 @@ __noinline __u32 detour_path(__u32 rule_id, __u32 home)
 		if (i >= npaths)
 			break;
 		path = rule_path(r, i);
-		if (path != home && path_up(path))
+		if (path != home && path_up_to(path, down))
 			return path;
 	}
 	return 0;
@@ -124,21 +125,22 @@ __noinline int rule_has_path(__u32 rule_id, __u32 path)
 	return 0;
 }
 
-/* travel_path is the path a packet of sf the pod sends leaves by. */
-static __always_inline __u32 travel_path(struct subflow *sf)
+/* travel_path is the path a packet of sf the pod sends leaves by; down are
+ * the paths down towards the packet's destination alone (paths_down_to). */
+static __always_inline __u32 travel_path(struct subflow *sf, __u32 down)
 {
 	__u32 home = sf->path_index & MAX_PATHS, flags = sf->flags;
 	__u32 detour = subflow_detour(sf), alt;
 
-	if (!path_up(home)) {
-		if (detour && path_up(detour) && rule_has_path(sf->rule, detour)) {
+	if (!path_up_to(home, down)) {
+		if (detour && path_up_to(detour, down) && rule_has_path(sf->rule, detour)) {
 			/* Already away (the peer led, or an earlier
 			 * packet): this node now leads too. */
 			if (!(flags & SUBFLOW_DETOUR_OURS))
 				set_detour(sf, detour, SUBFLOW_DETOUR_OURS);
 			return detour;
 		}
-		alt = detour_path(sf->rule, home);
+		alt = detour_path(sf->rule, home, down);
 		if (!alt)
 			return home; /* nowhere to go: the kernel's own recovery */
 		set_detour(sf, alt, SUBFLOW_DETOUR_OURS);
@@ -155,7 +157,7 @@ static __always_inline __u32 travel_path(struct subflow *sf)
 		return home;
 	/* A followed detour: kept while its path is up here, still in the
 	 * rule (an admin may have taken it out), and young. */
-	if (path_up(detour) && now_ms() - sf->moved_ms < DETOUR_FOLLOW_MAX_MS &&
+	if (path_up_to(detour, down) && now_ms() - sf->moved_ms < DETOUR_FOLLOW_MAX_MS &&
 	    rule_has_path(sf->rule, detour))
 		return detour;
 	set_detour(sf, 0, 0);

@@ -3,8 +3,11 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -177,6 +180,11 @@ type linkState struct {
 	linkDown map[uint32]bool
 	down     map[uint32]bool
 	downs    map[uint32]uint64
+	// peerCIDRs are the plan's (Plan.PeerCIDRs); peersDown what was last
+	// written of the paths down towards one peer alone (nil: nothing yet).
+	// downMu guards both.
+	peerCIDRs map[string][]netip.Prefix
+	peersDown map[netip.Prefix]datapath.PathMask
 	// pathMoves tells the path managers, in order, of paths going down
 	// and coming back (leave.go).
 	pathMoves pathMoves
@@ -256,6 +264,7 @@ func (a *Agent) livenessChanged() {
 			a.log.Error("liveness: marking the path", "path", path, "err", err)
 		}
 	}
+	a.writePeersDown()
 	a.downMu.Unlock()
 	if report := a.reportLiveness.Load(); report != nil {
 		(*report)()
@@ -278,6 +287,12 @@ func (a *Agent) livenessPort() uint16 {
 // A path it cannot probe is logged and reported Unknown; it never fails
 // the reconcile: without probes a path is still down when its NIC is.
 func (a *Agent) syncLiveness(plan *Plan) {
+	a.downMu.Lock()
+	a.peerCIDRs = plan.PeerCIDRs
+	if a.prober == nil {
+		a.writePeersDown()
+	}
+	a.downMu.Unlock()
 	if a.prober == nil {
 		a.filterLiveness(nil)
 		return
@@ -297,6 +312,64 @@ func (a *Agent) syncLiveness(plan *Plan) {
 		a.log.Warn("liveness: probing", "err", err)
 	}
 	a.filterLiveness(paths)
+	a.downMu.Lock()
+	a.writePeersDown()
+	a.downMu.Unlock()
+}
+
+// writePeersDown has the datapath send a peer's traffic round the paths
+// its probes find it Down on, while the path stays up for the peers that
+// answer (Silent takes a path down only when none does): one peer that
+// fails, or forges its answers, moves no other peer's traffic, and keeps
+// no path up for a peer it cannot reach. It needs the peer's pod CIDRs; a
+// peer without them (nodes without spec.podCIDRs) is reached over the path
+// until the path is down for everyone. A failed write is logged, and
+// tried again at the next change. downMu is held.
+func (a *Agent) writePeersDown() {
+	down := map[netip.Prefix]datapath.PathMask{}
+	if a.prober != nil {
+		byPeer := map[string]datapath.PathMask{}
+		for _, s := range a.prober.States() {
+			if s.State == liveness.Down {
+				byPeer[s.Peer.Node] = byPeer[s.Peer.Node].With(s.Path)
+			}
+		}
+		for node, mask := range byPeer {
+			for _, cidr := range a.peerCIDRs[node] {
+				down[cidr] |= mask
+			}
+		}
+	}
+	// nil: not written since the agent started (the pinned map may hold
+	// the last agent's).
+	if a.peersDown != nil && maps.Equal(down, a.peersDown) {
+		return
+	}
+	if err := a.dp.SetPeersDown(down); err != nil {
+		a.log.Error("liveness: marking paths down towards peers", "err", err)
+		a.peersDown = nil
+		return
+	}
+	if len(down) > 0 || len(a.peersDown) > 0 {
+		a.log.Info("liveness: paths down towards peers", "down", peersDownString(down))
+	}
+	a.peersDown = down
+}
+
+// peersDownString lists down for a log line, sorted: "10.244.2.0/24: 1,3".
+func peersDownString(down map[netip.Prefix]datapath.PathMask) string {
+	var out []string
+	for cidr, mask := range down {
+		var paths []string
+		for path := uint32(1); path <= datapath.MaxPaths; path++ {
+			if mask.Has(path) {
+				paths = append(paths, strconv.FormatUint(uint64(path), 10))
+			}
+		}
+		out = append(out, cidr.String()+": "+strings.Join(paths, ","))
+	}
+	slices.Sort(out)
+	return strings.Join(out, "; ")
 }
 
 // filterLiveness has nic_ingress drop what arrives at the liveness port of

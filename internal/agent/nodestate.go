@@ -159,6 +159,19 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 	}
 	slices.SortFunc(t.Paths, func(a, b mptcpv1alpha1.PathState) int { return strings.Compare(a.Name, b.Name) })
 	plan.Liveness = livenessPaths(plan.Paths, state.Spec.Peers, links)
+	for _, peer := range state.Spec.Peers {
+		for _, s := range peer.PodCIDRs {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				fail("peer %s: podCIDRs: %q is not a prefix", peer.Name, s)
+				continue
+			}
+			if plan.PeerCIDRs == nil {
+				plan.PeerCIDRs = map[string][]netip.Prefix{}
+			}
+			plan.PeerCIDRs[peer.Name] = append(plan.PeerCIDRs[peer.Name], p.Masked())
+		}
+	}
 
 	// Each rule once, under its name: pods refer to it.
 	rules := map[string]PlanRule{}

@@ -612,3 +612,27 @@ func TestLivenessProbesEachPathToThePeersOnIt(t *testing.T) {
 		t.Fatalf("no peers: %+v, want no path probed", got)
 	}
 }
+
+// The peers' pod CIDRs reach the plan by peer, masked: a path down towards
+// one peer alone carries nothing to them. One that does not parse is an
+// error of the spec.
+func TestPeersPodCIDRsReachThePlan(t *testing.T) {
+	state := nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(7)))
+	state.Spec.Peers = []mptcpv1alpha1.NodePeer{
+		{Name: "n2", PodCIDRs: []string{"10.244.2.7/24", "fd00:2::/64"}, Paths: []mptcpv1alpha1.PeerPath{{Name: "fabric-a", Addresses: []string{"10.101.2.2"}}}},
+		{Name: "n3", Paths: []mptcpv1alpha1.PeerPath{{Name: "fabric-a", Addresses: []string{"10.101.3.2"}}}},
+	}
+	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, Prior{})
+	if len(tr.Errors) != 0 {
+		t.Fatalf("errors: %v", tr.Errors)
+	}
+	want := map[string][]netip.Prefix{"n2": {netip.MustParsePrefix("10.244.2.0/24"), netip.MustParsePrefix("fd00:2::/64")}}
+	if !reflect.DeepEqual(tr.Plan.PeerCIDRs, want) {
+		t.Errorf("peer CIDRs %v, want %v", tr.Plan.PeerCIDRs, want)
+	}
+	state.Spec.Peers[1].PodCIDRs = []string{"10.244.3.0"}
+	tr = FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, Prior{})
+	if !slices.Equal(tr.Errors, []string{`peer n3: podCIDRs: "10.244.3.0" is not a prefix`}) {
+		t.Errorf("errors %q, want the peer's bad CIDR named", tr.Errors)
+	}
+}

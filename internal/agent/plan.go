@@ -26,6 +26,9 @@ type Plan struct {
 	// Liveness are the paths probed to peers and their peers; the marks
 	// are the datapath's, filled in when probing starts.
 	Liveness []liveness.Path `json:"liveness,omitempty"`
+	// PeerCIDRs are the peers' pod CIDRs, by node name: a path the
+	// probes find down towards one peer alone carries nothing to them.
+	PeerCIDRs map[string][]netip.Prefix `json:"peerCIDRs,omitempty"`
 	// Awaiting are the node's paths left out because no single link
 	// matches them (none, or several): a link that appears or goes away
 	// may settle them, so any link event asks for a reconcile.

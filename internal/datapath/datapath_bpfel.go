@@ -150,6 +150,20 @@ type datapathPathStats struct {
 	RxBytes   uint64
 }
 
+type datapathPeerCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Family    uint8
+	Pad       [3]uint8
+	Addr      [16]uint8
+}
+
+type datapathPeerPaths struct {
+	_    structs.HostLayout
+	Down uint32
+	Pad  uint32
+}
+
 type datapathPodIfKey struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -455,6 +469,8 @@ const (
 	datapathMapNics               = "nics"
 	datapathMapPathCounters       = "path_counters"
 	datapathMapPathStates         = "path_states"
+	datapathMapPeersDown          = "peers_down"
+	datapathMapPeersDownUsed      = "peers_down_used"
 	datapathMapPodInterfaces      = "pod_interfaces"
 	datapathMapPodRecords         = "pod_records"
 	datapathMapPodSubflows        = "pod_subflows"
@@ -555,6 +571,8 @@ type datapathMapSpecs struct {
 	Nics           *ebpf.MapSpec `ebpf:"nics"`
 	PathCounters   *ebpf.MapSpec `ebpf:"path_counters"`
 	PathStates     *ebpf.MapSpec `ebpf:"path_states"`
+	PeersDown      *ebpf.MapSpec `ebpf:"peers_down"`
+	PeersDownUsed  *ebpf.MapSpec `ebpf:"peers_down_used"`
 	PodInterfaces  *ebpf.MapSpec `ebpf:"pod_interfaces"`
 	PodRecords     *ebpf.MapSpec `ebpf:"pod_records"`
 	PodSubflows    *ebpf.MapSpec `ebpf:"pod_subflows"`
@@ -623,6 +641,8 @@ type datapathMaps struct {
 	Nics           *ebpf.Map `ebpf:"nics"`
 	PathCounters   *ebpf.Map `ebpf:"path_counters"`
 	PathStates     *ebpf.Map `ebpf:"path_states"`
+	PeersDown      *ebpf.Map `ebpf:"peers_down"`
+	PeersDownUsed  *ebpf.Map `ebpf:"peers_down_used"`
 	PodInterfaces  *ebpf.Map `ebpf:"pod_interfaces"`
 	PodRecords     *ebpf.Map `ebpf:"pod_records"`
 	PodSubflows    *ebpf.Map `ebpf:"pod_subflows"`
@@ -654,6 +674,8 @@ func (m *datapathMaps) Close() error {
 		m.Nics,
 		m.PathCounters,
 		m.PathStates,
+		m.PeersDown,
+		m.PeersDownUsed,
 		m.PodInterfaces,
 		m.PodRecords,
 		m.PodSubflows,

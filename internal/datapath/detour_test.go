@@ -217,3 +217,63 @@ func TestDetouredSubflowIsPolicedOnThePathItTravels(t *testing.T) {
 		t.Error("no drop counted against the path")
 	}
 }
+
+// A path down towards one peer alone (its probes are answered by other
+// peers) sends that peer's subflows round it, from their next packet, and
+// leaves every other peer's subflow at home; once the peer answers again
+// they come home.
+func TestSubflowDetoursFromAPathDownTowardsItsPeerAlone(t *testing.T) {
+	dp := loadForTest(t)
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}, Spread: SpreadPreferred}})
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := netip.MustParseAddr("10.244.3.11") // a pod of another peer
+	if p := placeSYN(t, dp, clientPod, 40001, serverPod, 5201); p != 1 {
+		t.Fatalf("first subflow placed on path %d, want 1", p)
+	}
+	if p := placeSYN(t, dp, clientPod, 40002, elsewhere, 5201); p != 1 {
+		t.Fatalf("second subflow placed on path %d, want 1", p)
+	}
+	toPeer := dataFrame(clientPod, 40001, serverPod, 5201)
+	toOther := dataFrame(clientPod, 40002, elsewhere, 5201)
+
+	peer := netip.MustParsePrefix("10.244.2.0/24")
+	if err := dp.SetPeersDown(map[netip.Prefix]PathMask{peer: PathMask(0).With(1)}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if p := sentOn(t, dp, toPeer); p != 2 {
+			t.Fatalf("path 1 down towards %s: sent on path %d, want 2", peer, p)
+		}
+		if p := sentOn(t, dp, toOther); p != 1 {
+			t.Fatalf("path 1 down towards %s alone: a packet to %s sent on path %d, want 1", peer, elsewhere, p)
+		}
+	}
+	if n := stat(t, dp, StatSubflowDetoured); n != 1 {
+		t.Errorf("detoured counted %d times, want once", n)
+	}
+
+	// Both paths down towards the peer: nowhere to go, the kernel's own
+	// recovery over the subflow's path.
+	if err := dp.SetPeersDown(map[netip.Prefix]PathMask{peer: PathMask(0).With(1).With(2)}); err != nil {
+		t.Fatal(err)
+	}
+	if p := sentOn(t, dp, toPeer); p != 1 {
+		t.Fatalf("every path down towards %s: sent on path %d, want its own path 1", peer, p)
+	}
+
+	if err := dp.SetPeersDown(nil); err != nil {
+		t.Fatal(err)
+	}
+	if p := sentOn(t, dp, toPeer); p != 1 {
+		t.Fatalf("the peer answers again: sent on path %d, want home 1", p)
+	}
+	if n := stat(t, dp, StatSubflowHomed); n != 1 {
+		t.Errorf("homed counted %d times, want once", n)
+	}
+	var used uint32
+	if err := dp.objs.PeersDownUsed.Lookup(uint32(0), &used); err != nil || used != 0 {
+		t.Errorf("peers_down_used %d (%v) with nothing down, want 0", used, err)
+	}
+}

@@ -43,6 +43,7 @@ func TestLimitsAreTheCEnum(t *testing.T) {
 		"LIMIT_POD_ANSWERED":       limits.PodAnswered,
 		"LIMIT_POD_ANSWERED_JOINS": limits.PodAnsweredJoins,
 		"LIMIT_LIVENESS_PAIRS":     limits.LivenessPairs,
+		"LIMIT_PEER_CIDRS":         limits.PeerCIDRs,
 		"LIMIT_BURST_MIN_BYTES":    limits.MinBurstBytes,
 		"LIMIT_BURST_MAX_BYTES":    limits.MaxBurstBytes,
 	}

@@ -57,6 +57,9 @@ const (
 	// port (LIMIT_LIVENESS_PAIRS): 15 paths of 1000 peers of 4 addresses,
 	// and the node's own 15.
 	LivenessPairs = 65536
+	// PeerCIDRs is how many pod CIDRs of peers the datapath holds paths
+	// down for (LIMIT_PEER_CIDRS): 1000 peers of two (one per family).
+	PeerCIDRs = 2048
 	// MinBurstBytes and MaxBurstBytes bound a rate bucket's depth (police)
 	// and the window granted at once (window): LIMIT_BURST_MIN_BYTES and
 	// LIMIT_BURST_MAX_BYTES.

@@ -50,7 +50,8 @@ func TestIntegrity(t *testing.T) {
 }
 
 // Steering: subflows placed on distinct NICs, backup paths, joins refused,
-// replaced or forged, from captures. Functional: run side by side.
+// replaced or forged, from captures; a path down towards one peer alone.
+// Functional: run side by side.
 func TestSteering(t *testing.T) {
 	t.Run("SubflowsSpreadOverDistinctNICsInBothDirections", sideBySide(testSubflowsSpreadOverDistinctNICsInBothDirections))
 	t.Run("WithoutTheAgentSubflowsAreNotSpread", sideBySide(testWithoutTheAgentSubflowsAreNotSpread))
@@ -59,6 +60,7 @@ func TestSteering(t *testing.T) {
 	t.Run("JoinBeyondTheMaximumIsRefusedWithMPTCPRST", sideBySide(testJoinBeyondTheMaximumIsRefusedWithMPTCPRST))
 	t.Run("AClosedJoinIsReplacedOnThePathItLeft", sideBySide(testAClosedJoinIsReplacedOnThePathItLeft))
 	t.Run("ForgedSYNsMoveNoLiveSubflow", sideBySide(testForgedSYNsMoveNoLiveSubflow))
+	t.Run("TrafficToAPeerDownOnAPathGoesRoundItWhileOtherPeersKeepIt", sideBySide(testTrafficToAPeerDownOnAPathGoesRoundItWhileOtherPeersKeepIt))
 }
 
 // Agent: its life on a node (kill, restart, upgrade, bad configuration,

@@ -394,3 +394,44 @@ func events(t *testing.T, a *framework.Agent, stats ...datapath.Stat) map[string
 	}
 	return out
 }
+
+// One peer Down on a path while another answers over it (a path that fails
+// towards one destination, or a peer that forges its answers): node 1's
+// probes find node 2 Down on path 1 and node 3 Up, so path 1 stays up on
+// node 1, and node 1's datapath itself sends the subflow to node 2 round it
+// (it leads the detour rather than waiting to follow node 2's), while
+// traffic to node 3 keeps the path. Functional: no rate or stall is
+// judged, so it runs beside other tests, its probes slow enough (100 ms,
+// Down after 5) not to be starved; the stream is checked byte by byte.
+func testTrafficToAPeerDownOnAPathGoesRoundItWhileOtherPeersKeepIt(t *testing.T) {
+	rule := func(*testbed.Node) mptcpv1alpha1.CompiledRule { return framework.FailoverRule }
+	row := framework.AgentFailoverRowOn(t, bins, 3, 2, 2, framework.TotalLoss, rule, declaredCaps, framework.WithLivenessEvery(100*time.Millisecond, 5))
+	t.Cleanup(func() {
+		if t.Failed() {
+			logAgentTails(t, row.Agents, 60)
+		}
+	})
+	row.Judge = func(f framework.FailoverFigures) []string { return framework.ResetProblems(t, f) }
+	f := row.Transfer(t, 6300)
+	t.Logf("node 2's nic1 failed: %v", f)
+
+	n1, n2, n3 := framework.NodeName(row.Bed.Node(1)), framework.NodeName(row.Bed.Node(2)), framework.NodeName(row.Bed.Node(3))
+	m := scrape(t, row.Agents[0])
+	pathDowns, _ := m.Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
+	toFailed, _ := m.Value("mptcp_agent_path_peer_down_transitions_total", "path", framework.PathName(1), "peer", n2)
+	toOther, _ := m.Value("mptcp_agent_path_peer_down_transitions_total", "path", framework.PathName(1), "peer", n3)
+	if toFailed < 1 || toOther != 0 || pathDowns != 0 {
+		t.Errorf("%s: on path1, %s went Down %v times and %s %v times, the path %v times; want %s at least once, %s and the path never",
+			n1, n2, toFailed, n3, toOther, pathDowns, n2, n3)
+	}
+	c := events(t, row.Agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowHomed, datapath.StatSubflowFollowed)
+	t.Logf("%s's datapath: %v", n1, c)
+	if c["subflow_detoured"] < 1 || c["subflow_homed"] < 1 {
+		t.Errorf("%s detoured %v and homed %v subflows, want its subflow to %s led round path1 and back at least once",
+			n1, c["subflow_detoured"], c["subflow_homed"], n2)
+	}
+	// The failure is node 2's: node 3 keeps the path too.
+	if d, _ := scrape(t, row.Agents[2]).Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1)); d != 0 {
+		t.Errorf("%s: path1 went down %v times, want never (only %s failed on it)", framework.NodeName(row.Bed.Node(3)), d, n2)
+	}
+}

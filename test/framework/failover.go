@@ -508,17 +508,30 @@ func AgentFailoverRow(t testing.TB, bins Binaries, nics, node int, fail Failure,
 // mode: the server's node announces, the client's joins).
 func AgentFailoverRowWith(t testing.TB, bins Binaries, nics, node int, fail Failure, ruleFor func(*testbed.Node) mptcpv1alpha1.CompiledRule, caps AgentOption) FailoverRow {
 	t.Helper()
-	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: nics, PodsPerNode: 1, LinkRate: "200mbit"})
+	return AgentFailoverRowOn(t, bins, 2, nics, node, fail, ruleFor, caps, WithLiveness())
+}
+
+// AgentFailoverRowOn is AgentFailoverRowWith on a bed of nodes nodes,
+// liveness as the last option sets it (WithLiveness, WithLivenessEvery):
+// the transfers still go from pod (1,1) to pod (2,1).
+func AgentFailoverRowOn(t testing.TB, bins Binaries, nodes, nics, node int, fail Failure, ruleFor func(*testbed.Node) mptcpv1alpha1.CompiledRule, caps, liveness AgentOption) FailoverRow {
+	t.Helper()
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: nodes, NICs: nics, PodsPerNode: 1, LinkRate: "200mbit"})
 	start := time.Now()
 	defer func() { t.Logf("phases: agents up and every peer Up in %v", time.Since(start).Round(time.Millisecond)) }()
-	agents, err := StartAgentsWith(t.Context(), bed, bins.Agent, ruleFor, caps, WithFlapDamping(agent.FlapDamping{Transitions: -1}), WithLiveness())
+	agents, err := StartAgentsWith(t.Context(), bed, bins.Agent, ruleFor, caps, WithFlapDamping(agent.FlapDamping{Transitions: -1}), liveness)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for k, a := range agents {
-		for path := 1; path <= nics; path++ {
-			if err := a.WaitForMetric("mptcp_agent_path_peer_up", 1, 10*time.Second, "path", PathName(path), "peer", NodeName(bed.Nodes[1-k])); err != nil {
-				t.Fatal(err)
+		for _, peer := range bed.Nodes {
+			if peer == bed.Nodes[k] {
+				continue
+			}
+			for path := 1; path <= nics; path++ {
+				if err := a.WaitForMetric("mptcp_agent_path_peer_up", 1, 10*time.Second, "path", PathName(path), "peer", NodeName(peer)); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	}

@@ -122,12 +122,12 @@ func AgentConfig(b *testbed.Bed, node *testbed.Node, rule mptcpv1alpha1.Compiled
 	}
 	cfg.State.Spec.Rules = []mptcpv1alpha1.CompiledRule{rule}
 	// Every other node of the bed is a peer, as the controller lists the
-	// nodes with pods, with its address on each path.
+	// nodes with pods, with its address on each path and its pod CIDR.
 	for _, other := range b.Nodes {
 		if other == node || len(node.Pods) == 0 || len(other.Pods) == 0 {
 			continue
 		}
-		peer := mptcpv1alpha1.NodePeer{Name: NodeName(other)}
+		peer := mptcpv1alpha1.NodePeer{Name: NodeName(other), PodCIDRs: []string{other.PodCIDR.String()}}
 		for _, nic := range other.NICs {
 			peer.Paths = append(peer.Paths, mptcpv1alpha1.PeerPath{Name: PathName(nic.Index), Addresses: []string{nic.Addr.Addr().String()}})
 		}
@@ -250,6 +250,19 @@ func WithLiveness() AgentOption {
 	return func(a *Agent) {
 		if a.Config != nil {
 			a.Config.Liveness = agent.NodeDefaults(a.Config.Node).Liveness
+		}
+	}
+}
+
+// WithLivenessEvery is WithLiveness probing every interval, a peer Down
+// after multiplier intervals without an echo: slow enough for tests that
+// run beside others on a loaded machine.
+func WithLivenessEvery(interval time.Duration, multiplier int) AgentOption {
+	return func(a *Agent) {
+		if a.Config != nil {
+			a.Config.Liveness = agent.NodeDefaults(a.Config.Node).Liveness
+			a.Config.Liveness.Interval = metav1.Duration{Duration: interval}
+			a.Config.Liveness.DetectMultiplier = multiplier
 		}
 	}
 }

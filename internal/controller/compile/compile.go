@@ -300,7 +300,7 @@ func Peers(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.M
 		if st.Name == node || len(st.Spec.Pods) == 0 || st.Spec.Outdated() {
 			continue
 		}
-		peer := mptcpv1alpha1.NodePeer{Name: st.Name}
+		peer := mptcpv1alpha1.NodePeer{Name: st.Name, PodCIDRs: slices.Clone(st.Spec.PodCIDRs[:min(len(st.Spec.PodCIDRs), 2)])}
 		for name, claimed := range claims(st) {
 			if !shared[name] {
 				continue

@@ -315,10 +315,14 @@ func TestPeersListEachAddressUnderOneNode(t *testing.T) {
 	n4 := nodeState("n4", 400, map[string][]string{"a": nil}, map[string][]string{"a": {"192.0.2.4"}})
 	n4.Spec.Pods = nil
 	states = append(states, n4)
+	// n2's pod CIDRs go with it (a path down towards it alone carries
+	// nothing to them); n3 has none.
+	states[1].Spec.PodCIDRs = []string{"10.244.2.0/24", "fd00:2::/64"}
 	paths := []mptcpv1alpha1.NodePath{{Name: "a"}, {Name: "b"}}
 	got := Peers("n1", paths, states)
 	want := []mptcpv1alpha1.NodePeer{
-		{Name: "n2", Paths: []mptcpv1alpha1.PeerPath{{Name: "a", Addresses: []string{"192.0.2.2", "198.51.100.2"}}, {Name: "b", Addresses: []string{"203.0.113.2"}}}},
+		{Name: "n2", Paths: []mptcpv1alpha1.PeerPath{{Name: "a", Addresses: []string{"192.0.2.2", "198.51.100.2"}}, {Name: "b", Addresses: []string{"203.0.113.2"}}},
+			PodCIDRs: []string{"10.244.2.0/24", "fd00:2::/64"}},
 		{Name: "n3", Paths: []mptcpv1alpha1.PeerPath{{Name: "b", Addresses: []string{"203.0.113.3"}}}},
 	}
 	if !reflect.DeepEqual(got, want) {

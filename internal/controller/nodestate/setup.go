@@ -94,7 +94,8 @@ func podChanged() predicate.Predicate {
 }
 
 // peerChanged passes the changes of a node state that its peers' specs
-// list (compile.Peers): whether it has pods, and its paths' addresses; and
+// list (compile.Peers): whether it has pods, its paths' addresses and its
+// pod CIDRs; and
 // a change of the addresses its spec gives it, which decides who has an
 // address two nodes claim, peers or not.
 func peerChanged() predicate.Predicate {
@@ -107,6 +108,7 @@ func peerChanged() predicate.Predicate {
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			o, n := e.ObjectOld.(*mptcpv1alpha1.MPTCPNodeState), e.ObjectNew.(*mptcpv1alpha1.MPTCPNodeState)
 			return isPeer(o) != isPeer(n) || (isPeer(n) && !slices.EqualFunc(o.Status.Paths, n.Status.Paths, samePeerPath)) ||
+				(isPeer(n) && !slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs)) ||
 				!slices.EqualFunc(o.Spec.Paths, n.Spec.Paths, sameGiven)
 		},
 		GenericFunc: func(event.GenericEvent) bool { return false },
