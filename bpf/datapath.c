@@ -657,12 +657,17 @@ struct liveness_pair {
  * with a peer's address spends the unproven budget alone, and the peer's
  * proven probes and echoes still reach the socket. The agent writes nonce
  * and gap_ns (from the shortest probe interval a peer may use); the
- * program the times. The address's own entry (peer zero) has neither. */
+ * program the times. The address's own entry (peer zero) has neither: its
+ * unproven_gap_ns and unproven_at are a budget every peer's unproven
+ * probes share besides their own, so that a flood forged with many peers'
+ * addresses at once reaches the socket no faster than it can read (0: no
+ * shared budget). */
 struct liveness_peer {
 	__u64 nonce;
 	__u64 gap_ns;
 	__u64 proven_at;
 	__u64 unproven_at;
+	__u64 unproven_gap_ns;
 };
 
 struct {
@@ -708,8 +713,10 @@ static __always_inline bool within_budget(__u64 *at, __u64 gap)
 }
 
 /* liveness_admitted says whether the datagram at off (its UDP header) from
- * peer p may reach the prober's socket. */
-static __always_inline bool liveness_admitted(struct __sk_buff *skb, __u32 off, struct liveness_peer *p)
+ * peer p to the address whose own entry is own may reach the prober's
+ * socket. */
+static __always_inline bool liveness_admitted(struct __sk_buff *skb, __u32 off, struct liveness_peer *p,
+					      struct liveness_peer *own)
 {
 	struct liveness_message buf = {};
 	const struct liveness_message *m;
@@ -733,7 +740,9 @@ static __always_inline bool liveness_admitted(struct __sk_buff *skb, __u32 off, 
 		       within_budget(&p->proven_at, p->gap_ns);
 	if (len == sizeof(struct udphdr) + LIVENESS_V2_LEN && p->nonce && m->key == bpf_cpu_to_be64(p->nonce))
 		return within_budget(&p->proven_at, p->gap_ns);
-	return within_budget(&p->unproven_at, 2 * p->gap_ns);
+	if (!within_budget(&p->unproven_at, 2 * p->gap_ns))
+		return false;
+	return !own->unproven_gap_ns || within_budget(&own->unproven_at, own->unproven_gap_ns);
 }
 
 /* liveness_datagram takes a packet arriving on a path NIC that is not TCP
@@ -751,11 +760,10 @@ __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u3
 	__u32 zero = 0, off = 0;
 	struct settings_value *s = bpf_map_lookup_elem(&settings, &zero);
 	struct liveness_pair k = {};
-	struct liveness_peer *peer;
+	struct liveness_peer *peer, *own;
 	const __be16 *ports;
 	__be16 buf[2], port;
 	__u8 proto = 0;
-	bool filtered;
 	int ret;
 
 	if (!skb || !pkt || !s || !s->liveness_port)
@@ -765,12 +773,12 @@ __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u3
 		return TCX_NEXT; /* not IP */
 	k.family = pkt->family;
 	__builtin_memcpy(k.local, pkt->daddr, 16);
-	filtered = bpf_map_lookup_elem(&liveness_peers, &k);
+	own = bpf_map_lookup_elem(&liveness_peers, &k);
 	/* A whole UDP datagram, or the first fragment of one (the rest
 	 * never reassemble without it); to a filtered address, also what
 	 * hides its transport behind more extension headers than the parser
 	 * reads. */
-	if (ret == PARSE_UNREADABLE && filtered)
+	if (ret == PARSE_UNREADABLE && own)
 		goto refuse;
 	if (proto != IPPROTO_UDP || (ret != PARSE_OK && ret != PARSE_NOT_TCP))
 		return TCX_NEXT;
@@ -778,7 +786,7 @@ __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u3
 	port = bpf_htons(s->liveness_port);
 	if (!ports || ports[1] != port)
 		return TCX_NEXT;
-	if (filtered) {
+	if (own) {
 		__builtin_memcpy(k.peer, pkt->saddr, 16);
 		if (ports[0] != port)
 			goto refuse;
@@ -789,7 +797,7 @@ __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u3
 			goto refuse;
 		/* A first fragment is judged by the whole datagram's length,
 		 * and must hold the whole message. */
-		if (!liveness_admitted(skb, off, peer))
+		if (!liveness_admitted(skb, off, peer, own))
 			goto refuse;
 	}
 	if (ret == PARSE_OK && ports[0] == port && !lookup_endpoint(pkt->family, pkt->daddr))

@@ -159,11 +159,13 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 	}
 	slices.SortFunc(t.Paths, func(a, b mptcpv1alpha1.PathState) int { return strings.Compare(a.Name, b.Name) })
 	plan.Liveness = livenessPaths(plan.Paths, state.Spec.Peers, links)
+	// A peer's CIDR that does not parse (the controller passes on only
+	// those that do) is left out: that peer is then reached as a peer
+	// without CIDRs is, and nothing else changes.
 	for _, peer := range state.Spec.Peers {
 		for _, s := range peer.PodCIDRs {
 			p, err := netip.ParsePrefix(s)
 			if err != nil {
-				fail("peer %s: podCIDRs: %q is not a prefix", peer.Name, s)
 				continue
 			}
 			if plan.PeerCIDRs == nil {

@@ -614,8 +614,8 @@ func TestLivenessProbesEachPathToThePeersOnIt(t *testing.T) {
 }
 
 // The peers' pod CIDRs reach the plan by peer, masked: a path down towards
-// one peer alone carries nothing to them. One that does not parse is an
-// error of the spec.
+// one peer alone carries nothing to them. One that does not parse is that
+// peer's alone: it is left out, and the spec is enforced.
 func TestPeersPodCIDRsReachThePlan(t *testing.T) {
 	state := nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(7)))
 	state.Spec.Peers = []mptcpv1alpha1.NodePeer{
@@ -632,7 +632,7 @@ func TestPeersPodCIDRsReachThePlan(t *testing.T) {
 	}
 	state.Spec.Peers[1].PodCIDRs = []string{"10.244.3.0"}
 	tr = FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, Prior{})
-	if !slices.Equal(tr.Errors, []string{`peer n3: podCIDRs: "10.244.3.0" is not a prefix`}) {
-		t.Errorf("errors %q, want the peer's bad CIDR named", tr.Errors)
+	if len(tr.Errors) != 0 || !reflect.DeepEqual(tr.Plan.PeerCIDRs, want) {
+		t.Errorf("a peer's CIDR that does not parse: errors %q, peer CIDRs %v; want none, and %v", tr.Errors, tr.Plan.PeerCIDRs, want)
 	}
 }

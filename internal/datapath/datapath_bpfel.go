@@ -102,11 +102,12 @@ type datapathLivenessPair struct {
 }
 
 type datapathLivenessPeer struct {
-	_          structs.HostLayout
-	Nonce      uint64
-	GapNs      uint64
-	ProvenAt   uint64
-	UnprovenAt uint64
+	_             structs.HostLayout
+	Nonce         uint64
+	GapNs         uint64
+	ProvenAt      uint64
+	UnprovenAt    uint64
+	UnprovenGapNs uint64
 }
 
 type datapathMptcpSubtype uint32

@@ -976,3 +976,44 @@ func TestAFloodForgedWithAPeersAddressLeavesThePeersOwnProbesAndEchoes(t *testin
 		t.Error("a probe with the peer's new key was refused")
 	}
 }
+
+// A flood forged with many peers' addresses at once, each within its own
+// unproven budget, shares one more budget per node address: the socket
+// gets no more unproven probes than that, whatever the number of peers,
+// and every peer's own proven probes and echoes still pass.
+func TestAFloodForgedWithManyPeersAddressesSharesOneBudget(t *testing.T) {
+	dp := livenessDatapath(t)
+	local := netip.MustParseAddr("10.102.1.2")
+	const nonce = 0x1122334455667788
+	var peers []LivenessPeer
+	for i := range 50 {
+		peers = append(peers, LivenessPeer{Addr: netip.AddrFrom4([4]byte{10, 102, 3, byte(i + 1)}), Nonce: nonce + uint64(i)})
+	}
+	// A long interval: the budgets do not refill while the test runs.
+	if err := dp.SetLivenessPeers(map[netip.Addr][]LivenessPeer{local: peers}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	ctx := skbContext{IngressIfindex: nic2Ifindex}
+	passed := 0
+	for _, p := range peers {
+		frame := udpWith(p.Addr, local, 7471, 7471, livenessMessage(1, 1, 7, 0))
+		for range 3 {
+			if verdict(t, dp.objs.NicIngress, frame, ctx) == tcxNext {
+				passed++
+			}
+		}
+	}
+	// Each peer's own budget would let all 150 by; the shared one holds
+	// its burst of eight and one more.
+	if passed < 1 || passed > 9 {
+		t.Errorf("%d of 150 unproven probes from 50 peers' addresses passed, want the shared budget's 9 at most", passed)
+	}
+	for i, p := range peers {
+		if verdict(t, dp.objs.NicIngress, udpWith(p.Addr, local, 7471, 7471, livenessMessage(1, 2, 7, p.Nonce)), ctx) != tcxNext {
+			t.Fatalf("peer %d's probe carrying its key was refused after the flood", i)
+		}
+		if verdict(t, dp.objs.NicIngress, udpWith(p.Addr, local, 7471, 7471, livenessMessage(2, 2, p.Nonce, 5)), ctx) != tcxNext {
+			t.Fatalf("peer %d's echo was refused after the flood", i)
+		}
+	}
+}

@@ -27,6 +27,10 @@ type LivenessPeer struct {
 // same port, is dropped before the agent's socket (StatLivenessRefused), and
 // so is what a peer's address sends past its budget: echoes and proven
 // probes (carrying the peer's nonce) four per interval, other probes two.
+// Besides its own, the unproven probes to one address share a budget of
+// two per peer per interval, at most one per UnprovenFloor: a flood
+// forged with many peers' addresses at once passes no faster than that,
+// whatever the number of peers.
 // An address not listed is not filtered, and nil filters nothing. A peer of
 // another family than its local address is left out. It fails open: a
 // write that fails leaves no address filtered whose peers it did not all
@@ -39,7 +43,8 @@ func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]LivenessPeer, interva
 		if !local.IsValid() {
 			return d.filterNothing(errors.New("liveness peers: invalid local address"))
 		}
-		want[livenessPair(local, netip.Addr{})] = datapathLivenessPeer{}
+		shared := max(interval/time.Duration(2*max(len(ps), 1)), UnprovenFloor)
+		want[livenessPair(local, netip.Addr{})] = datapathLivenessPeer{UnprovenGapNs: uint64(shared)}
 		for _, peer := range ps {
 			if addr := peer.Addr.Unmap(); addr.Is4() == local.Is4() {
 				want[livenessPair(local, addr)] = datapathLivenessPeer{Nonce: peer.Nonce, GapNs: gap}
@@ -59,7 +64,7 @@ func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]LivenessPeer, interva
 		switch {
 		case !ok:
 			stale = append(stale, k)
-		case w.Nonce == v.Nonce && w.GapNs == v.GapNs:
+		case w.Nonce == v.Nonce && w.GapNs == v.GapNs && w.UnprovenGapNs == v.UnprovenGapNs:
 			kept[k] = true
 		}
 	}
@@ -86,6 +91,12 @@ func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]LivenessPeer, interva
 	}
 	return nil
 }
+
+// UnprovenFloor is the shortest gap between two unproven probes to one of
+// the node's addresses, whatever its peers: 20,000 a second, a sixth of
+// the flood that overflowed an unfiltered prober's socket on a two-core
+// node (docs/benchmarks.md, "Liveness under a forged flood").
+const UnprovenFloor = 50 * time.Microsecond
 
 // filterNothing takes every local address out of the liveness filter, so
 // that a failed write refuses no peer, and returns err.

@@ -286,21 +286,26 @@ func giveAddresses(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1
 // policy, each with its addresses on the paths it shares with node, as its
 // agent reported them (status.paths) on paths of its spec and as owners
 // gives them to it: a fabric's unicast addresses, and none that another node
-// has. A peer with no address on the shared paths is left out. Sorted by
-// name, at most MaxPeers.
+// has. A peer with no address on the shared paths is left out. Each peer
+// comes with its pod CIDRs that overlap no other node's (peerPodCIDRs).
+// Sorted by name, at most MaxPeers.
 func Peers(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.MPTCPNodeState) []mptcpv1alpha1.NodePeer {
 	shared := map[string]bool{}
 	for _, p := range paths {
 		shared[p.Name] = true
 	}
 	own := owners(states)
+	cidrs := peerPodCIDRs(states)
 	var peers []mptcpv1alpha1.NodePeer
 	for i := range states {
 		st := &states[i]
 		if st.Name == node || len(st.Spec.Pods) == 0 || st.Spec.Outdated() {
 			continue
 		}
-		peer := mptcpv1alpha1.NodePeer{Name: st.Name, PodCIDRs: slices.Clone(st.Spec.PodCIDRs[:min(len(st.Spec.PodCIDRs), 2)])}
+		peer := mptcpv1alpha1.NodePeer{Name: st.Name}
+		for _, p := range cidrs[st.Name] {
+			peer.PodCIDRs = append(peer.PodCIDRs, p.String())
+		}
 		for name, claimed := range claims(st) {
 			if !shared[name] {
 				continue
