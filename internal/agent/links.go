@@ -340,8 +340,8 @@ func (a *Agent) writePeersDown() {
 			}
 		}
 	}
-	// nil: not written since the agent started (the pinned map may hold
-	// the last agent's).
+	// nil: not written since the agent started (the map is not pinned
+	// and starts empty at each load; writing it once costs nothing).
 	if a.peersDown != nil && maps.Equal(down, a.peersDown) {
 		return
 	}

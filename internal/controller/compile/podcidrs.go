@@ -18,7 +18,8 @@ const (
 
 // peerPodCIDRs are the pod CIDRs each node state's peers may act on
 // (NodePeer.PodCIDRs), by node name: those that parse, are no shorter than
-// a node's pod range, and overlap no other node's. A node sets its own
+// a node's pod range, overlap no other node's, and hold no address another
+// node state lists (its pods', its paths'). A node sets its own
 // Node's spec.podCIDRs while they are empty (clusters whose network plugin
 // assigns pod addresses itself), so a compromised node could claim another
 // node's range, or a wider one: an overlapping CIDR is dropped for every
@@ -55,6 +56,20 @@ func peerPodCIDRs(states []mptcpv1alpha1.MPTCPNodeState) map[string][]netip.Pref
 		return cmp.Compare(a.prefix.Bits(), b.prefix.Bits())
 	})
 	dropped := make([]bool, len(claims))
+	// A claim that holds an address another node has (its pods', or its
+	// own on a path) is no pod range of the claimant's: in a cluster whose
+	// nodes declare no CIDRs, a claim of the whole pod pool is caught so.
+	held := heldAddresses(states)
+	for i, c := range claims {
+		first, last := c.prefix.Addr(), lastAddr(c.prefix)
+		at, _ := slices.BinarySearchFunc(held, first, func(h heldAddress, a netip.Addr) int { return h.addr.Compare(a) })
+		for ; at < len(held) && held[at].addr.Compare(last) <= 0; at++ {
+			if held[at].node != c.node {
+				dropped[i] = true
+				break
+			}
+		}
+	}
 	widest := -1
 	for i, c := range claims {
 		if widest >= 0 && claims[widest].prefix.Addr().Is4() == c.prefix.Addr().Is4() && claims[widest].prefix.Overlaps(c.prefix) {
@@ -85,4 +100,35 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	}
 	a, _ := netip.AddrFromSlice(b)
 	return a
+}
+
+// heldAddress is an address a node state lists: one of its pods' or one
+// the controller gave it on a path.
+type heldAddress struct {
+	addr netip.Addr
+	node string
+}
+
+// heldAddresses are the addresses the node states list, sorted.
+func heldAddresses(states []mptcpv1alpha1.MPTCPNodeState) []heldAddress {
+	var out []heldAddress
+	add := func(node, s string) {
+		if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, heldAddress{a.Unmap().WithZone(""), node})
+		}
+	}
+	for i := range states {
+		for _, p := range states[i].Spec.Pods {
+			for _, ip := range p.IPs {
+				add(states[i].Name, ip)
+			}
+		}
+		for _, p := range states[i].Spec.Paths {
+			for _, ip := range p.Addresses {
+				add(states[i].Name, ip)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b heldAddress) int { return a.addr.Compare(b.addr) })
+	return out
 }

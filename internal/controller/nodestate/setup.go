@@ -94,8 +94,9 @@ func podChanged() predicate.Predicate {
 }
 
 // peerChanged passes the changes of a node state that its peers' specs
-// list (compile.Peers): whether it has pods, its paths' addresses and its
-// pod CIDRs; and
+// list (compile.Peers): whether it has pods, its paths' addresses; its pod
+// CIDRs, with pods or not (every node's count against overlapping claims:
+// compile.peerPodCIDRs); and
 // a change of the addresses its spec gives it, which decides who has an
 // address two nodes claim, peers or not.
 func peerChanged() predicate.Predicate {
@@ -103,12 +104,12 @@ func peerChanged() predicate.Predicate {
 		CreateFunc: func(e event.CreateEvent) bool { return isPeer(e.Object.(*mptcpv1alpha1.MPTCPNodeState)) },
 		DeleteFunc: func(e event.DeleteEvent) bool {
 			s := e.Object.(*mptcpv1alpha1.MPTCPNodeState)
-			return isPeer(s) || hasAddresses(s)
+			return isPeer(s) || hasAddresses(s) || len(s.Spec.PodCIDRs) > 0
 		},
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			o, n := e.ObjectOld.(*mptcpv1alpha1.MPTCPNodeState), e.ObjectNew.(*mptcpv1alpha1.MPTCPNodeState)
 			return isPeer(o) != isPeer(n) || (isPeer(n) && !slices.EqualFunc(o.Status.Paths, n.Status.Paths, samePeerPath)) ||
-				(isPeer(n) && !slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs)) ||
+				!slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs) ||
 				!slices.EqualFunc(o.Spec.Paths, n.Spec.Paths, sameGiven)
 		},
 		GenericFunc: func(event.GenericEvent) bool { return false },

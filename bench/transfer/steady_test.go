@@ -1,0 +1,186 @@
+package transfer
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
+	"github.com/mptcp-operator/mptcp-operator/test/framework"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+)
+
+// Steady state: one long MPTCP connection over two equal paths, nothing
+// failing, and the longest stall in it.
+const (
+	steadySection  = "## Steady state: longest stall"
+	steadyTransfer = 60 * time.Second
+	steadySample   = 50 * time.Millisecond
+	// steadyStall is the share of the connection's mean rate below which
+	// a sample counts as stalled.
+	steadyStall = 0.1
+	// steadySignalPort is the port the hand-routed server announces for
+	// the second path; transfers use others.
+	steadySignalPort = 5990
+)
+
+// steadyCell is one way of running the connection.
+type steadyCell struct {
+	agent     bool // the agent places the subflows; else hand routing and the kernel's path manager
+	checksums bool
+	rate      string
+	cc        string
+}
+
+func (c steadyCell) String() string {
+	routing := "hand-routed"
+	if c.agent {
+		routing = "agent"
+	}
+	return fmt.Sprintf("%s, checksums %s, %s, %s", routing, map[bool]string{true: "on", false: "off"}[c.checksums], c.rate, c.cc)
+}
+
+// steadyCells are the product's choices (agent, checksums on and off) and
+// the kernel's alone at two rates with BBR, whose PROBE_RTT the stalls
+// are, and the same with CUBIC at one rate.
+var steadyCells = func() []steadyCell {
+	var cells []steadyCell
+	for _, rate := range []string{"100mbit", "200mbit"} {
+		for _, agent := range []bool{true, false} {
+			for _, checksums := range []bool{true, false} {
+				cells = append(cells, steadyCell{agent: agent, checksums: checksums, rate: rate, cc: "bbr"})
+			}
+		}
+	}
+	for _, checksums := range []bool{true, false} {
+		cells = append(cells, steadyCell{agent: true, checksums: checksums, rate: "200mbit", cc: "cubic"})
+	}
+	return cells
+}()
+
+// steadyBeds holds a bed per way of routing, checksums (the agent's, set
+// by its rule) and rate: the agent's checksums come from its rule, the
+// hand-routed pods' from a sysctl set before each transfer.
+type steadyBeds map[string]*testbed.Bed
+
+func (beds steadyBeds) bedFor(b *testing.B, c steadyCell) *testbed.Bed {
+	b.Helper()
+	key := fmt.Sprintf("%v/%v/%s", c.agent, c.agent && c.checksums, c.rate)
+	if bed, ok := beds[key]; ok {
+		return bed
+	}
+	bed := testbed.NewForTest(b, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: c.rate})
+	if c.agent {
+		var opts []framework.AgentOption
+		if !c.checksums {
+			opts = append(opts, framework.WithoutDataChecksums())
+		}
+		if _, err := framework.StartAgents(b.Context(), bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, opts...); err != nil {
+			b.Fatal(err)
+		}
+	} else {
+		testbed.Must(b, bed.HandRoute([]int{steadySignalPort}))
+		testbed.Must(b, bed.ConfigureSignalPorts(bed.Pod(2, 1), []int{steadySignalPort}))
+		testbed.Must(b, bed.ConfigureClientLimits(bed.Pod(1, 1), 2, 1))
+	}
+	beds[key] = bed
+	return bed
+}
+
+type steadyResult struct {
+	stalls  []time.Duration
+	goodput []float64
+}
+
+// BenchmarkSteadyStateStalls runs, b.N rounds over, one MPTCP connection of
+// 60 s per cell (steadyCells), the cells of a round one after another, and
+// reports for each the longest stall (50 ms samples after the first
+// second below a tenth of the connection's mean rate) and the goodput.
+func BenchmarkSteadyStateStalls(b *testing.B) {
+	beds := steadyBeds{}
+	results := make([]steadyResult, len(steadyCells))
+	port := 6100
+	for b.Loop() {
+		for i, c := range steadyCells {
+			bed := beds.bedFor(b, c)
+			if !c.agent {
+				for _, p := range []*testbed.Pod{bed.Pod(1, 1), bed.Pod(2, 1)} {
+					testbed.Must(b, bed.Sysctl(p.NetNS, "net.mptcp.checksum_enabled", map[bool]string{false: "0", true: "1"}[c.checksums]))
+				}
+			}
+			port++
+			rep := steadyTransferOnce(b, bed, port, c.cc)
+			mean := float64(rep.Bytes) * 8 / rep.DurationSeconds
+			stall := testbed.LongestStall(rep, steadyStall*mean, time.Second)
+			results[i].stalls = append(results[i].stalls, stall)
+			results[i].goodput = append(results[i].goodput, rep.GoodputBps)
+			b.Logf("%v: longest stall %v, goodput %.1f Mbit/s", c, stall, rep.GoodputBps/1e6)
+		}
+	}
+	for i, c := range steadyCells {
+		_, med, _ := minMedMax(results[i].stalls)
+		b.ReportMetric(float64(med.Milliseconds()), strings.NewReplacer(" ", "", ",", "_").Replace(c.String())+"-stall-ms")
+	}
+	if path := os.Getenv("BENCH_REPORT"); path != "" {
+		if err := benchdoc.ReplaceSection(path, steadySection, steadyReport(results)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// steadyTransferOnce sends one connection of steadyTransfer from pod (1,1)
+// to pod (2,1) with congestion control cc and returns the server's report;
+// a transfer that does not arrive whole ends the benchmark.
+func steadyTransferOnce(b *testing.B, bed *testbed.Bed, port int, cc string) testbed.ServerReport {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(b.Context(), steadyTransfer+time.Minute)
+	defer cancel()
+	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
+	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true,
+		"-warmup", "2s", "-window", (steadyTransfer - 4*time.Second).String(), "-sample", steadySample.String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	sent, sendErr := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true,
+		"-conns", "1", "-seed", fmt.Sprint(port), "-duration", steadyTransfer.String(), "-cc", cc)
+	if err := srv.Stop(); err != nil {
+		b.Fatal(err)
+	}
+	got, err := srv.Reports()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if len(sent) != 1 {
+		b.Fatalf("sender: %v", sendErr)
+	}
+	byRemote, err := testbed.MatchReports(sent, got)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return byRemote[sent[0].Local]
+}
+
+func steadyReport(results []steadyResult) string {
+	var s strings.Builder
+	reportHead(&s, steadySection, "BenchmarkSteadyStateStalls", len(results[0].stalls))
+	fmt.Fprintf(&s, "Two nodes, two equal links, nothing failing; one MPTCP connection of %v from a pod on node 1 to a pod on node 2, "+
+		"its subflows placed by the agent (the chart's defaults) or by hand routing and the kernel's path manager, with DSS checksums on "+
+		"or off in both pods and the sender's congestion control named; the server samples what it receives every %v, and a stall is "+
+		"the longest stretch after the first second below a tenth of the connection's mean rate. The cells of a round run one after "+
+		"another, rounds interleaved.\n\n", steadyTransfer, steadySample)
+	s.WriteString("| subflows | checksums | links | congestion control | rounds | longest stall min / median / max | goodput min / median / max (Mbit/s) |\n|---|---|---|---|---|---|---|\n")
+	for i, c := range steadyCells {
+		r := results[i]
+		slo, smed, shi := minMedMax(r.stalls)
+		glo, gmed, ghi := minMedMax(r.goodput)
+		fmt.Fprintf(&s, "| %s | %s | 2 x %s | %s | %d | %v / %v / %v | %.1f / %.1f / %.1f |\n",
+			map[bool]string{true: "agent", false: "hand-routed"}[c.agent], map[bool]string{true: "on", false: "off"}[c.checksums],
+			c.rate, c.cc, len(r.stalls), slo, smed, shi, glo/1e6, gmed/1e6, ghi/1e6)
+	}
+	return s.String()
+}
