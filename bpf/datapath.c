@@ -661,13 +661,18 @@ struct liveness_pair {
  * unproven_gap_ns and unproven_at are a budget every peer's unproven
  * probes share besides their own, so that a flood forged with many peers'
  * addresses at once reaches the socket no faster than it can read (0: no
- * shared budget). */
+ * shared budget). Before either, a peer's first unproven probe of each of
+ * the node's probe intervals (floor_gap_ns, floor_at) passes on its own
+ * account: a flood that spends the shared budget starves only the peers
+ * whose addresses it forges, not every peer without a key. */
 struct liveness_peer {
 	__u64 nonce;
 	__u64 gap_ns;
 	__u64 proven_at;
 	__u64 unproven_at;
 	__u64 unproven_gap_ns;
+	__u64 floor_gap_ns;
+	__u64 floor_at;
 };
 
 struct {
@@ -712,6 +717,18 @@ static __always_inline bool within_budget(__u64 *at, __u64 gap)
 	return true;
 }
 
+/* within_floor spends the one datagram a gap allows, with no burst: a
+ * peer probing at that interval sends one per gap, whatever its phase. */
+static __always_inline bool within_floor(__u64 *at, __u64 gap)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	if (now < *at)
+		return false;
+	*at = now + gap - gap / 4; /* a quarter of slack for jitter */
+	return true;
+}
+
 /* liveness_admitted says whether the datagram at off (its UDP header) from
  * peer p to the address whose own entry is own may reach the prober's
  * socket. */
@@ -740,6 +757,8 @@ static __always_inline bool liveness_admitted(struct __sk_buff *skb, __u32 off, 
 		       within_budget(&p->proven_at, p->gap_ns);
 	if (len == sizeof(struct udphdr) + LIVENESS_V2_LEN && p->nonce && m->key == bpf_cpu_to_be64(p->nonce))
 		return within_budget(&p->proven_at, p->gap_ns);
+	if (p->floor_gap_ns && within_floor(&p->floor_at, p->floor_gap_ns))
+		return true;
 	if (!within_budget(&p->unproven_at, 2 * p->gap_ns))
 		return false;
 	return !own->unproven_gap_ns || within_budget(&own->unproven_at, own->unproven_gap_ns);

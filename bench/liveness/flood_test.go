@@ -177,7 +177,7 @@ func floodOnce(b *testing.B, a, p string, cfg liveness.Config, nodeA, nodeB []li
 				peers[path.Local] = append(peers[path.Local], datapath.LivenessPeer{Addr: peer.Addr, Nonce: pa.Nonce(path.Local, peer)})
 			}
 		}
-		if err := dp.SetLivenessPeers(peers, cfg.Interval); err != nil {
+		if err := dp.SetLivenessPeers(peers, cfg.Interval, cfg.Interval); err != nil {
 			b.Fatal(err)
 		}
 		// In a's namespace: ifindex is its nic1's there.

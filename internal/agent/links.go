@@ -389,7 +389,7 @@ func (a *Agent) filterLiveness(paths []liveness.Path) {
 	// The budgets fit a peer probing at the shortest interval allowed:
 	// during a rolling change of the interval, peers probe faster than
 	// this node.
-	if err := a.dp.SetLivenessPeers(peers, MinLivenessInterval); err != nil {
+	if err := a.dp.SetLivenessPeers(peers, MinLivenessInterval, a.settings.Liveness.Interval.Duration); err != nil {
 		a.log.Warn("liveness: filtering datagrams from others than peers", "err", err)
 	}
 }

@@ -108,6 +108,8 @@ type datapathLivenessPeer struct {
 	ProvenAt      uint64
 	UnprovenAt    uint64
 	UnprovenGapNs uint64
+	FloorGapNs    uint64
+	FloorAt       uint64
 }
 
 type datapathMptcpSubtype uint32

@@ -840,7 +840,7 @@ func TestOnlyPeersReachTheLivenessPort(t *testing.T) {
 	fromStranger := udpDatagram(stranger, local, 7471, 7471)
 	passes("before the peers are listed, from a stranger", fromStranger, true)
 
-	if err := dp.SetLivenessPeers(peersWithoutNonces(map[netip.Addr][]netip.Addr{local: {peer, local6}, local6: {peer6}}), 30*time.Millisecond); err != nil {
+	if err := dp.SetLivenessPeers(peersWithoutNonces(map[netip.Addr][]netip.Addr{local: {peer, local6}, local6: {peer6}}), 30*time.Millisecond, 30*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	passes("from a stranger", fromStranger, false)
@@ -889,19 +889,19 @@ func TestOnlyPeersReachTheLivenessPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The peer goes: its datagrams are a stranger's; then nothing is listed.
-	if err := dp.SetLivenessPeers(peersWithoutNonces(map[netip.Addr][]netip.Addr{local: nil}), 30*time.Millisecond); err != nil {
+	if err := dp.SetLivenessPeers(peersWithoutNonces(map[netip.Addr][]netip.Addr{local: nil}), 30*time.Millisecond, 30*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	passes("from a peer no longer listed", udpDatagram(peer, local, 7471, 7471), false)
-	if err := dp.SetLivenessPeers(peersWithoutNonces(nil), 30*time.Millisecond); err != nil {
+	if err := dp.SetLivenessPeers(peersWithoutNonces(nil), 30*time.Millisecond, 30*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	passes("once nothing is listed, from a stranger", fromStranger, true)
 	// A list it cannot write filters nothing: no peer is refused for it.
-	if err := dp.SetLivenessPeers(peersWithoutNonces(map[netip.Addr][]netip.Addr{local: {peer}}), 30*time.Millisecond); err != nil {
+	if err := dp.SetLivenessPeers(peersWithoutNonces(map[netip.Addr][]netip.Addr{local: {peer}}), 30*time.Millisecond, 30*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if err := dp.SetLivenessPeers(peersWithoutNonces(map[netip.Addr][]netip.Addr{local: {peer}, {}: nil}), 30*time.Millisecond); err == nil {
+	if err := dp.SetLivenessPeers(peersWithoutNonces(map[netip.Addr][]netip.Addr{local: {peer}, {}: nil}), 30*time.Millisecond, 30*time.Millisecond); err == nil {
 		t.Fatal("SetLivenessPeers took an invalid local address")
 	}
 	passes("after a list that could not be written, from a stranger", fromStranger, true)
@@ -917,7 +917,7 @@ func TestAFloodForgedWithAPeersAddressLeavesThePeersOwnProbesAndEchoes(t *testin
 	local, peer := netip.MustParseAddr("10.102.1.2"), netip.MustParseAddr("10.102.2.2")
 	const nonce = 0x1122334455667788
 	// A long interval: the budgets do not refill while the test runs.
-	if err := dp.SetLivenessPeers(map[netip.Addr][]LivenessPeer{local: {{Addr: peer, Nonce: nonce}}}, time.Minute); err != nil {
+	if err := dp.SetLivenessPeers(map[netip.Addr][]LivenessPeer{local: {{Addr: peer, Nonce: nonce}}}, time.Minute, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	ctx := skbContext{IngressIfindex: nic2Ifindex}
@@ -932,8 +932,8 @@ func TestAFloodForgedWithAPeersAddressLeavesThePeersOwnProbesAndEchoes(t *testin
 		return pass
 	}
 	refused := stat(t, dp, StatLivenessRefused)
-	if n := passed(livenessMessage(1, 1, 7, 0), 100); n < 1 || n > 9 {
-		t.Errorf("%d of 100 version 1 probes from the peer's address passed, want the budget's 9 at most", n)
+	if n := passed(livenessMessage(1, 1, 7, 0), 100); n < 1 || n > 10 {
+		t.Errorf("%d of 100 version 1 probes from the peer's address passed, want the peer's one of the interval and the budget's 9 at most", n)
 	}
 	if n := passed(livenessMessage(1, 2, 7, 0x99), 10); n != 0 {
 		t.Errorf("%d version 2 probes with a wrong key passed once the budget was spent", n)
@@ -963,13 +963,13 @@ func TestAFloodForgedWithAPeersAddressLeavesThePeersOwnProbesAndEchoes(t *testin
 	}
 	// Written again unchanged, a peer keeps its spent budget; with a new
 	// nonce (its prober restarted) it starts afresh.
-	if err := dp.SetLivenessPeers(map[netip.Addr][]LivenessPeer{local: {{Addr: peer, Nonce: nonce}}}, time.Minute); err != nil {
+	if err := dp.SetLivenessPeers(map[netip.Addr][]LivenessPeer{local: {{Addr: peer, Nonce: nonce}}}, time.Minute, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if n := passed(livenessMessage(1, 1, 7, 0), 1); n != 0 {
 		t.Error("a peer written again unchanged got a new budget")
 	}
-	if err := dp.SetLivenessPeers(map[netip.Addr][]LivenessPeer{local: {{Addr: peer, Nonce: nonce + 1}}}, time.Minute); err != nil {
+	if err := dp.SetLivenessPeers(map[netip.Addr][]LivenessPeer{local: {{Addr: peer, Nonce: nonce + 1}}}, time.Minute, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if n := passed(livenessMessage(1, 2, 7, nonce+1), 1); n != 1 {
@@ -979,23 +979,25 @@ func TestAFloodForgedWithAPeersAddressLeavesThePeersOwnProbesAndEchoes(t *testin
 
 // A flood forged with many peers' addresses at once, each within its own
 // unproven budget, shares one more budget per node address: the socket
-// gets no more unproven probes than that, whatever the number of peers,
-// and every peer's own proven probes and echoes still pass.
+// gets no more unproven probes than that and each peer's one of the
+// interval, whatever the number of peers; every peer's own proven probes
+// and echoes still pass, and so does the one unproven probe of the
+// interval of a peer whose address the flood did not forge.
 func TestAFloodForgedWithManyPeersAddressesSharesOneBudget(t *testing.T) {
 	dp := livenessDatapath(t)
 	local := netip.MustParseAddr("10.102.1.2")
 	const nonce = 0x1122334455667788
 	var peers []LivenessPeer
-	for i := range 50 {
+	for i := range 51 {
 		peers = append(peers, LivenessPeer{Addr: netip.AddrFrom4([4]byte{10, 102, 3, byte(i + 1)}), Nonce: nonce + uint64(i)})
 	}
 	// A long interval: the budgets do not refill while the test runs.
-	if err := dp.SetLivenessPeers(map[netip.Addr][]LivenessPeer{local: peers}, time.Minute); err != nil {
+	if err := dp.SetLivenessPeers(map[netip.Addr][]LivenessPeer{local: peers}, time.Minute, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	ctx := skbContext{IngressIfindex: nic2Ifindex}
 	passed := 0
-	for _, p := range peers {
+	for _, p := range peers[:50] {
 		frame := udpWith(p.Addr, local, 7471, 7471, livenessMessage(1, 1, 7, 0))
 		for range 3 {
 			if verdict(t, dp.objs.NicIngress, frame, ctx) == tcxNext {
@@ -1004,9 +1006,12 @@ func TestAFloodForgedWithManyPeersAddressesSharesOneBudget(t *testing.T) {
 		}
 	}
 	// Each peer's own budget would let all 150 by; the shared one holds
-	// its burst of eight and one more.
-	if passed < 1 || passed > 9 {
-		t.Errorf("%d of 150 unproven probes from 50 peers' addresses passed, want the shared budget's 9 at most", passed)
+	// its burst of eight and one more, besides each peer's one.
+	if passed < 50 || passed > 59 {
+		t.Errorf("%d of 150 unproven probes from 50 peers' addresses passed, want each peer's one and the shared budget's 9 at most", passed)
+	}
+	if verdict(t, dp.objs.NicIngress, udpWith(peers[50].Addr, local, 7471, 7471, livenessMessage(1, 1, 7, 0)), ctx) != tcxNext {
+		t.Error("a peer whose address the flood did not forge had its version 1 probe refused")
 	}
 	for i, p := range peers {
 		if verdict(t, dp.objs.NicIngress, udpWith(p.Addr, local, 7471, 7471, livenessMessage(1, 2, 7, p.Nonce)), ctx) != tcxNext {

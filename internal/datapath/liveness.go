@@ -22,7 +22,8 @@ type LivenessPeer struct {
 
 // SetLivenessPeers tells nic_ingress who may send to the liveness port of
 // each of the node's path addresses: the peers' probers on that path
-// (local address: its peers), probing every interval. A datagram to a
+// (local address: its peers), probing every interval at the shortest and
+// every own interval (this node's) as a rule. A datagram to a
 // listed address's liveness port from anything but a listed peer, from the
 // same port, is dropped before the agent's socket (StatLivenessRefused), and
 // so is what a peer's address sends past its budget: echoes and proven
@@ -30,13 +31,17 @@ type LivenessPeer struct {
 // Besides its own, the unproven probes to one address share a budget of
 // two per peer per interval, at most one per UnprovenFloor: a flood
 // forged with many peers' addresses at once passes no faster than that,
-// whatever the number of peers.
+// whatever the number of peers. Before both, each peer's first unproven
+// probe of every own interval (this node's probe interval, which its peers
+// share) passes on the peer's account alone, so that such a flood starves
+// only the peers whose addresses it forges.
 // An address not listed is not filtered, and nil filters nothing. A peer of
 // another family than its local address is left out. It fails open: a
 // write that fails leaves no address filtered whose peers it did not all
 // write. A peer whose nonce and interval are unchanged keeps its budget.
-func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]LivenessPeer, interval time.Duration) error {
+func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]LivenessPeer, interval, own time.Duration) error {
 	gap := uint64(max(interval/4, time.Microsecond))
+	floor := uint64(max(own, time.Microsecond))
 	want := map[datapathLivenessPair]datapathLivenessPeer{}
 	for local, ps := range peers {
 		local = local.Unmap()
@@ -47,7 +52,7 @@ func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]LivenessPeer, interva
 		want[livenessPair(local, netip.Addr{})] = datapathLivenessPeer{UnprovenGapNs: uint64(shared)}
 		for _, peer := range ps {
 			if addr := peer.Addr.Unmap(); addr.Is4() == local.Is4() {
-				want[livenessPair(local, addr)] = datapathLivenessPeer{Nonce: peer.Nonce, GapNs: gap}
+				want[livenessPair(local, addr)] = datapathLivenessPeer{Nonce: peer.Nonce, GapNs: gap, FloorGapNs: floor}
 			}
 		}
 	}
@@ -64,7 +69,7 @@ func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]LivenessPeer, interva
 		switch {
 		case !ok:
 			stale = append(stale, k)
-		case w.Nonce == v.Nonce && w.GapNs == v.GapNs && w.UnprovenGapNs == v.UnprovenGapNs:
+		case w.Nonce == v.Nonce && w.GapNs == v.GapNs && w.UnprovenGapNs == v.UnprovenGapNs && w.FloorGapNs == v.FloorGapNs:
 			kept[k] = true
 		}
 	}

@@ -183,7 +183,7 @@ func filterLivenessIn(t *testing.T, ns string, p *Prober) *datapath.Datapath {
 	if err := dp.SetLivenessPort(testPort); err != nil {
 		t.Fatal(err)
 	}
-	if err := dp.SetLivenessPeers(peers, testInterval); err != nil {
+	if err := dp.SetLivenessPeers(peers, testInterval, testInterval); err != nil {
 		t.Fatal(err)
 	}
 	return dp
