@@ -1,9 +1,7 @@
 package transfer
 
 import (
-	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -138,31 +136,10 @@ func BenchmarkSteadyStateStalls(b *testing.B) {
 // a transfer that does not arrive whole ends the benchmark.
 func steadyTransferOnce(b *testing.B, bed *testbed.Bed, port int, cc string) testbed.ServerReport {
 	b.Helper()
-	ctx, cancel := context.WithTimeout(b.Context(), steadyTransfer+time.Minute)
-	defer cancel()
-	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
-	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true,
-		"-warmup", "2s", "-window", (steadyTransfer - 4*time.Second).String(), "-sample", steadySample.String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	sent, sendErr := bed.Send(ctx, bins.Traffic, client, netip.AddrPortFrom(server.Addr, uint16(port)), true,
-		"-conns", "1", "-seed", fmt.Sprint(port), "-duration", steadyTransfer.String(), "-cc", cc)
-	if err := srv.Stop(); err != nil {
-		b.Fatal(err)
-	}
-	got, err := srv.Reports()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if len(sent) != 1 {
-		b.Fatalf("sender: %v", sendErr)
-	}
-	byRemote, err := testbed.MatchReports(sent, got)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return byRemote[sent[0].Local]
+	_, got := transferOnce(b, bed, port, steadyTransfer+time.Minute,
+		[]string{"-warmup", "2s", "-window", (steadyTransfer - 4*time.Second).String(), "-sample", steadySample.String()},
+		"-duration", steadyTransfer.String(), "-cc", cc)
+	return got
 }
 
 func steadyReport(results []steadyResult) string {

@@ -170,13 +170,22 @@ func run(b *testing.B, bed *testbed.Bed, port int, cc string, setup func()) test
 // transfer that does not arrive whole ends the benchmark.
 func send(b *testing.B, bed *testbed.Bed, port int, setup func(), args ...string) (testbed.SenderReport, testbed.ServerReport) {
 	b.Helper()
-	ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
-	defer cancel()
 	if setup != nil {
 		setup()
 	}
+	return transferOnce(b, bed, port, time.Minute, []string{"-warmup", "1500ms", "-window", "6s", "-sample", sample.String()}, args...)
+}
+
+// transferOnce runs one MPTCP connection from pod (1,1) to pod (2,1),
+// the server started with serverArgs and the sender with args, within
+// timeout, and returns both ends' reports; a transfer that does not arrive
+// whole ends the benchmark.
+func transferOnce(b *testing.B, bed *testbed.Bed, port int, timeout time.Duration, serverArgs []string, args ...string) (testbed.SenderReport, testbed.ServerReport) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(b.Context(), timeout)
+	defer cancel()
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
-	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true, "-warmup", "1500ms", "-window", "6s", "-sample", sample.String())
+	srv, err := bed.StartTrafficServer(ctx, bins.Traffic, server, port, true, serverArgs...)
 	if err != nil {
 		b.Fatal(err)
 	}
