@@ -287,12 +287,8 @@ func (a *Agent) livenessPort() uint16 {
 // A path it cannot probe is logged and reported Unknown; it never fails
 // the reconcile: without probes a path is still down when its NIC is.
 func (a *Agent) syncLiveness(plan *Plan) {
-	a.downMu.Lock()
-	a.peerCIDRs = plan.PeerCIDRs
-	if a.prober == nil {
-		a.writePeersDown()
-	}
-	a.downMu.Unlock()
+	// Last, once the prober knows the plan's peers.
+	defer a.syncPeersDown(plan.PeerCIDRs)
 	if a.prober == nil {
 		a.filterLiveness(nil)
 		return
@@ -312,9 +308,15 @@ func (a *Agent) syncLiveness(plan *Plan) {
 		a.log.Warn("liveness: probing", "err", err)
 	}
 	a.filterLiveness(paths)
+}
+
+// syncPeersDown takes the plan's peer CIDRs and writes the paths down
+// towards each peer.
+func (a *Agent) syncPeersDown(cidrs map[string][]netip.Prefix) {
 	a.downMu.Lock()
+	defer a.downMu.Unlock()
+	a.peerCIDRs = cidrs
 	a.writePeersDown()
-	a.downMu.Unlock()
 }
 
 // writePeersDown has the datapath send a peer's traffic round the paths

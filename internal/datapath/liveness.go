@@ -29,7 +29,7 @@ type LivenessPeer struct {
 // so is what a peer's address sends past its budget: echoes and proven
 // probes (carrying the peer's nonce) four per interval, other probes two.
 // Besides its own, the unproven probes to one address share a budget of
-// two per peer per interval, at most one per UnprovenFloor: a flood
+// two per peer per interval, at most one per MinSharedUnprovenGap: a flood
 // forged with many peers' addresses at once passes no faster than that,
 // whatever the number of peers. Before both, each peer's first unproven
 // probe of every own interval (this node's probe interval, which its peers
@@ -48,7 +48,7 @@ func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]LivenessPeer, interva
 		if !local.IsValid() {
 			return d.filterNothing(errors.New("liveness peers: invalid local address"))
 		}
-		shared := max(interval/time.Duration(2*max(len(ps), 1)), UnprovenFloor)
+		shared := max(interval/time.Duration(2*max(len(ps), 1)), MinSharedUnprovenGap)
 		want[livenessPair(local, netip.Addr{})] = datapathLivenessPeer{UnprovenGapNs: uint64(shared)}
 		for _, peer := range ps {
 			if addr := peer.Addr.Unmap(); addr.Is4() == local.Is4() {
@@ -97,11 +97,11 @@ func (d *Datapath) SetLivenessPeers(peers map[netip.Addr][]LivenessPeer, interva
 	return nil
 }
 
-// UnprovenFloor is the shortest gap between two unproven probes to one of
+// MinSharedUnprovenGap is the shortest gap between two unproven probes to one of
 // the node's addresses, whatever its peers: 20,000 a second, a sixth of
 // the flood that overflowed an unfiltered prober's socket on a two-core
 // node (docs/benchmarks.md, "Liveness under a forged flood").
-const UnprovenFloor = 50 * time.Microsecond
+const MinSharedUnprovenGap = 50 * time.Microsecond
 
 // filterNothing takes every local address out of the liveness filter, so
 // that a failed write refuses no peer, and returns err.

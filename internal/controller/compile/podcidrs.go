@@ -39,7 +39,11 @@ func peerPodCIDRs(states []mptcpv1alpha1.MPTCPNodeState) map[string][]netip.Pref
 			if err != nil || p.Addr().Zone() != "" || p.Addr().Is4In6() || n == 2 {
 				continue
 			}
-			if floor := map[bool]int{true: minPodCIDRBits4, false: minPodCIDRBits6}[p.Addr().Is4()]; p.Bits() < floor {
+			floor := minPodCIDRBits6
+			if p.Addr().Is4() {
+				floor = minPodCIDRBits4
+			}
+			if p.Bits() < floor {
 				continue
 			}
 			claims = append(claims, claim{states[i].Name, p.Masked()})
