@@ -64,25 +64,29 @@ BENCH_OUTPUT := $(CURDIR)/_output/bench
 # rates and stalls (TestRate, TestFailover), load both cores on purpose
 # (TestIntegrity), or run the chart's agents at its default 30 ms liveness
 # probes (TestChart), which a busy machine starves into false path-downs.
-# The e2e package comes first in the first phase: it is the longest. This
-# tree's images are built once for the run (MPTCP_TEST_IMAGES) rather than
+# The first phase starts the longest packages first (TEST_FIRST after the
+# e2e package, the longest): go test starts packages in the order it is
+# given them, and a long package started last would run alone at the end.
+# This tree's images are built once for the run (MPTCP_TEST_IMAGES) rather than
 # by every package that imports them into real nodes.
 TEST_ALONE_NAMES := TestRate|TestFailover|TestIntegrity|TestChart
 TEST_ALONE := ^($(TEST_ALONE_NAMES))$$
 TEST_PACKAGES_AT_ONCE ?= 3
+TEST_FIRST := ./internal/datapath ./internal/controller ./test/testbed ./test/testbed/nodes ./bench/controller
 TEST_PARALLEL ?= 2
 
 .PHONY: test
-test: deps envtest-assets node-assets ## Run every test (needs root: network namespaces, BPF, a real API server); then the slowest tests, time per package, retries and kept evidence.
+test: deps envtest-assets node-assets guest-assets ## Run every test (needs root: network namespaces, BPF, a real API server); then the slowest tests, time per package, retries and kept evidence.
 	@rm -rf $(TEST_OUTPUT) && mkdir -p $(TEST_OUTPUT)
 	$(GO) build -o $(BIN)/testtimes ./hack/testtimes
 	SOURCE_DATE_EPOCH= $(IMAGEBUILD) -repo $(CURDIR) -out $(TEST_OUTPUT)/images >/dev/null
-	all=$$($(GO) list ./...); e2e=$$($(GO) list ./test/e2e); \
+	all=$$($(GO) list ./...); e2e=$$($(GO) list ./test/e2e); first=$$($(GO) list $(TEST_FIRST)); \
+	rest=$$(echo "$$all" | grep -vxF "$$(printf '%s\n' $$e2e $$first)"); \
 	alone=$$($(GO) list -f '{{.ImportPath}} {{.Dir}}' ./... | while read -r pkg dir; do \
 		! grep -qsE 'func ($(TEST_ALONE_NAMES))\(' $$dir/*_test.go || echo $$pkg; done); \
-	export MPTCP_RETRY_LOG=$(TEST_OUTPUT)/retries.tsv KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) MPTCP_TEST_IMAGES=$(TEST_OUTPUT)/images; \
+	export MPTCP_RETRY_LOG=$(TEST_OUTPUT)/retries.tsv KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) MPTCP_TEST_IMAGES=$(TEST_OUTPUT)/images MPTCP_GUEST_ASSETS=$(GUEST_ASSETS); \
 	flags="-json -count=1 -timeout $(TEST_TIMEOUT) -artifacts -outputdir $(TEST_OUTPUT)"; \
-	rc=0; { $(GO) test $$flags -p $(TEST_PACKAGES_AT_ONCE) -parallel $(TEST_PARALLEL) -skip '$(TEST_ALONE)' $$e2e $$(echo "$$all" | grep -vxF "$$e2e") || echo $$? >$(TEST_OUTPUT)/failed; \
+	rc=0; { $(GO) test $$flags -p $(TEST_PACKAGES_AT_ONCE) -parallel $(TEST_PARALLEL) -skip '$(TEST_ALONE)' $$e2e $$first $$rest || echo $$? >$(TEST_OUTPUT)/failed; \
 		$(GO) test $$flags -p 1 -run '$(TEST_ALONE)' $$alone || echo $$? >>$(TEST_OUTPUT)/failed; } 2>&1 | \
 		$(BIN)/testtimes -stream -json $(TEST_OUTPUT)/test.json || rc=$$?; \
 	[ ! -s $(TEST_OUTPUT)/failed ] || rc=1; \

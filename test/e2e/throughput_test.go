@@ -17,9 +17,9 @@ import (
 // goodput at least 0.97 of the hand-routed baseline and 1.8 times single-path
 // TCP. Goodput is what the server received over a 5 s window after a 2 s
 // warm-up; the three scenarios compared (kernel routing alone is not one)
-// run in turn on one bed, three rounds (six when the first three miss:
-// throughputRetry), and the medians are compared, because two cores make
-// single transfers noisy.
+// run in turn on one bed, the two multipath ones three rounds (six when the
+// first three miss: throughputRetry), and the medians are compared, because
+// two cores make single transfers noisy; single-path TCP runs once.
 func testAgentThroughputMatchesHandRoutedBaseline(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
 	const rounds, moreRounds = 3, 3
@@ -33,6 +33,9 @@ func testAgentThroughputMatchesHandRoutedBaseline(t *testing.T) {
 			// Kernel routing alone is no bound here (it is the
 			// demo's column).
 			SkipKernelRouting: true,
+			// Single-path TCP is the link's rate: its rounds differ
+			// by less than 0.2 %, so the first one stands for all.
+			SkipSinglePath: round > 1,
 		})
 		if err != nil {
 			w.Fail(err)

@@ -50,6 +50,10 @@ type CompareOptions struct {
 	// caller that compares only the others (it still announces the ports
 	// the hand-written rules route).
 	SkipKernelRouting bool
+	// SkipSinglePath leaves out single-path TCP, for a caller that
+	// measured it once and repeats only the multipath scenarios (its
+	// rounds differ by less than 1 %).
+	SkipSinglePath bool
 }
 
 // compareRuns counts the comparisons this process has run, so that each
@@ -93,8 +97,10 @@ func Compare(ctx context.Context, bed *testbed.Bed, o CompareOptions) ([]Measure
 		return nil
 	}
 
-	if err := run(ScenarioSinglePath, false, 5201); err != nil {
-		return out, err
+	if !o.SkipSinglePath {
+		if err := run(ScenarioSinglePath, false, 5201); err != nil {
+			return out, err
+		}
 	}
 
 	// The kernel's own path manager: the server announces one extra port
