@@ -60,9 +60,12 @@ const (
 	FlagSignal  = 1 << 0
 	FlagSubflow = 1 << 1
 	FlagBackup  = 1 << 2
+	// FlagFullmesh makes the path manager open a subflow from this
+	// endpoint to every address the peer announced.
+	FlagFullmesh = 1 << 3
 	// FlagImplicit marks an endpoint the kernel made itself, for a
 	// local address its subflows use that no endpoint named.
-	FlagImplicit = 1 << 3
+	FlagImplicit = 1 << 4
 )
 
 // EventType is enum mptcp_event_type.

@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -103,6 +105,29 @@ func TestEndpointsRoundTrip(t *testing.T) {
 	}
 	if got, err := c.Endpoints(); err != nil || len(got) != 0 {
 		t.Fatalf("after the flush: %+v (%v), want none", got, err)
+	}
+}
+
+// The endpoint flags are the kernel's, as iproute2 names them: an
+// endpoint added with each flag shows that flag's name and no other.
+func TestEndpointFlagsAreTheKernels(t *testing.T) {
+	clientNS, _ := pair(t)
+	c := dialIn(t, clientNS)
+	for id, f := range []struct {
+		flag uint32
+		name string
+	}{{FlagSignal, "signal"}, {FlagSubflow, "subflow"}, {FlagBackup, "backup"}, {FlagSubflow | FlagFullmesh, "fullmesh"}} {
+		e := Endpoint{Addr: netip.AddrFrom4([4]byte{192, 0, 2, byte(10 + id)}), ID: uint8(id + 1), Flags: f.flag}
+		if err := c.AddEndpoint(e); err != nil {
+			t.Fatalf("adding %+v: %v", e, err)
+		}
+		out, err := exec.Command("ip", "-n", clientNS, "mptcp", "endpoint", "show", "id", fmt.Sprint(e.ID)).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip mptcp endpoint show: %v: %s", err, out)
+		}
+		if !strings.Contains(string(out), " "+f.name+" ") || strings.Contains(string(out), "implicit") {
+			t.Errorf("endpoint added with flags %#x (%s) shows as %q", f.flag, f.name, out)
+		}
 	}
 }
 
