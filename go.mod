@@ -3,6 +3,7 @@ module github.com/mptcp-operator/mptcp-operator
 go 1.26.0
 
 require (
+	github.com/cavaliergopher/cpio v1.0.1
 	github.com/cilium/ebpf v0.22.0
 	github.com/go-logr/logr v1.4.3
 	github.com/mdlayher/genetlink v1.4.0

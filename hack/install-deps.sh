@@ -3,7 +3,8 @@
 # they are not installed yet: the BPF toolchain (its output is committed and
 # diffed), the control plane's etcd, the test bed nodes' container runtime
 # (containerd, runc, the CNI plugins ptp, host-local and loopback), and the
-# tools the test bed drives.
+# tools the test bed drives (QEMU runs its VM guests, iptables their masquerade
+# binding; binutils' strings reads the guest kernel's module dependencies).
 # `make test` and `make demo` call it, so the two README commands work on a
 # new machine; it does nothing when everything is already there.
 set -euo pipefail
@@ -23,6 +24,9 @@ packages=(
 	mptcpize=0.12-1
 	tshark=4.0.17-0+deb12u3
 	wireshark-common=4.0.17-0+deb12u3
+	qemu-system-x86=1:7.2+dfsg-7+deb12u18+b3
+	binutils=2.40-2
+	iptables=1.8.9-2
 )
 
 missing=()

@@ -63,6 +63,12 @@ func TestSteering(t *testing.T) {
 	t.Run("TrafficToAPeerDownOnAPathGoesRoundItWhileOtherPeersKeepIt", sideBySide(testTrafficToAPeerDownOnAPathGoesRoundItWhileOtherPeersKeepIt))
 }
 
+// Guest: VM guests in pods, attached as KubeVirt attaches them, whose
+// kernels the operator does not configure. Functional: run side by side.
+func TestGuest(t *testing.T) {
+	t.Run("GuestClientSubflowsSpreadOverDistinctNICs", sideBySide(testGuestClientSubflowsSpreadOverDistinctNICs))
+}
+
 // Agent: its life on a node (kill, restart, upgrade, bad configuration,
 // observe-only, capabilities, pods leaving) in file mode. Functional: run
 // side by side.

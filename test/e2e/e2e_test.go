@@ -16,8 +16,11 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
 )
 
-// bins are built once for the whole package.
-var bins framework.Binaries
+// bins are built once for the whole package, into binDir.
+var (
+	bins   framework.Binaries
+	binDir string
+)
 
 func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
@@ -33,6 +36,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	binDir = dir
 	if bins, err = framework.BuildBinaries(dir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

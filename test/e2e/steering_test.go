@@ -18,10 +18,12 @@ import (
 // flow is one traffic client: a pod sending conns connections to a server.
 type flow struct {
 	client, server *testbed.Pod
-	port           int
-	conns          int
-	cc             string // the senders' congestion control; the namespace's when empty
-	bytes          int64  // what each connection sends; for the transfer's duration when 0
+	// guest, when set, sends in client's place: a VM in client's pod.
+	guest *testbed.Guest
+	port  int
+	conns int
+	cc    string // the senders' congestion control; the namespace's when empty
+	bytes int64  // what each connection sends; for the transfer's duration when 0
 	// rateMbit paces each connection's writes (0: as fast as it goes).
 	rateMbit float64
 }
@@ -103,7 +105,14 @@ func launchFlowsReporting(t *testing.T, bed *testbed.Bed, flows []flow, d time.D
 			if f.rateMbit > 0 {
 				args = append(args, "-rate-mbit", fmt.Sprint(f.rateMbit))
 			}
-			sent, err := bed.Send(ctx, bins.Traffic, f.client, netip.AddrPortFrom(f.server.Addr, uint16(f.port)), true, args...)
+			to := netip.AddrPortFrom(f.server.Addr, uint16(f.port))
+			var sent []testbed.SenderReport
+			var err error
+			if f.guest != nil {
+				sent, err = f.guest.Send(ctx, to, true, args...)
+			} else {
+				sent, err = bed.Send(ctx, bins.Traffic, f.client, to, true, args...)
+			}
 			results <- result{sent, err}
 		}()
 	}
