@@ -4,7 +4,8 @@
 # its virtio network driver needs, with the order to load them in. The
 # directory lives outside the clone and is keyed by package and version, so a
 # machine fetches it once. The guests' initramfs is built by the tests
-# (test/testbed/guest), from this tree.
+# (test/testbed/guest), from this tree. The Makefile keys the directory by a
+# hash of this script too, so a changed list of modules is fetched again.
 #
 # usage: hack/guest-assets.sh <kernel package> <version> <dir>
 set -euo pipefail
@@ -28,9 +29,11 @@ dpkg-deb -x ./*.deb root
 mkdir -p out/modules
 cp "root/boot/vmlinuz-$release" out/vmlinuz
 # Each module after those it depends on (checked against its modinfo):
-# virtio_net needs net_failover (failover) and the virtio PCI transport.
+# virtio_net needs net_failover (failover) and the virtio PCI transport;
+# inet_diag and tcp_diag answer sock_diag (ss), as a distribution would
+# load them on demand.
 loaded=" "
-for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci failover net_failover virtio_net; do
+for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci failover net_failover virtio_net inet_diag tcp_diag; do
 	f=$(find "root/lib/modules/$release" -name "$m.ko")
 	if [[ -z "$f" ]]; then
 		echo "$pkg $version has no module $m.ko" >&2

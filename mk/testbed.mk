@@ -17,7 +17,8 @@ testbed-sweep: ## Remove test beds left behind by crashed runs (beds of live pro
 # be. The guests' initramfs is built by the tests from this tree.
 GUEST_KERNEL_PACKAGE := linux-image-6.1.0-56-cloud-amd64
 GUEST_KERNEL_VERSION := 6.1.192-2
-GUEST_ASSETS := $(CACHE_DIR)/guest/$(GUEST_KERNEL_PACKAGE)_$(GUEST_KERNEL_VERSION)
+GUEST_ASSETS_KEY := $(shell sha256sum hack/guest-assets.sh | cut -c1-8)
+GUEST_ASSETS := $(CACHE_DIR)/guest/$(GUEST_KERNEL_PACKAGE)_$(GUEST_KERNEL_VERSION)-$(GUEST_ASSETS_KEY)
 
 .PHONY: guest-assets
 guest-assets: $(GUEST_ASSETS)/vmlinuz ## Fetch the VM guests' kernel and its network driver's modules into the cache (once).

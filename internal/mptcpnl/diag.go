@@ -27,6 +27,10 @@ const (
 	SubflowCapableLocal SubflowFlags = 1 << 1
 	// SubflowJoinLocal: this end opened the subflow with an MP_JOIN.
 	SubflowJoinLocal SubflowFlags = 1 << 3
+	// SubflowBackupRemote: the peer asked this end to treat the subflow
+	// as a backup (the B bit of the peer's MP_JOIN or its last MP_PRIO),
+	// so this end sends on it only when no other subflow can.
+	SubflowBackupRemote SubflowFlags = 1 << 4
 	// SubflowBackupLocal: this end asks the peer to treat the subflow as a
 	// backup (the B bit of its MP_JOIN or its last MP_PRIO).
 	SubflowBackupLocal SubflowFlags = 1 << 5

@@ -67,6 +67,9 @@ func TestSteering(t *testing.T) {
 // kernels the operator does not configure. Functional: run side by side.
 func TestGuest(t *testing.T) {
 	t.Run("GuestClientSubflowsSpreadOverDistinctNICs", sideBySide(testGuestClientSubflowsSpreadOverDistinctNICs))
+	t.Run("GuestServerSubflowsSpreadOverDistinctNICs", sideBySide(testGuestServerSubflowsSpreadOverDistinctNICs))
+	t.Run("GuestHoldsTheJoinOnABackupPathAsBackup", sideBySide(testGuestHoldsTheJoinOnABackupPathAsBackup))
+	t.Run("GuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST", sideBySide(testGuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST))
 }
 
 // Agent: its life on a node (kill, restart, upgrade, bad configuration,

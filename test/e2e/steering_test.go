@@ -18,12 +18,13 @@ import (
 // flow is one traffic client: a pod sending conns connections to a server.
 type flow struct {
 	client, server *testbed.Pod
-	// guest, when set, sends in client's place: a VM in client's pod.
-	guest *testbed.Guest
-	port  int
-	conns int
-	cc    string // the senders' congestion control; the namespace's when empty
-	bytes int64  // what each connection sends; for the transfer's duration when 0
+	// guest, when set, sends in client's place: a VM in client's pod;
+	// serverGuest serves in server's place.
+	guest, serverGuest *testbed.Guest
+	port               int
+	conns              int
+	cc                 string // the senders' congestion control; the namespace's when empty
+	bytes              int64  // what each connection sends; for the transfer's duration when 0
 	// rateMbit paces each connection's writes (0: as fast as it goes).
 	rateMbit float64
 }
@@ -67,6 +68,12 @@ func launchFlows(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration) 
 	}
 }
 
+// trafficServer is the traffic tool's server in a pod or in a guest.
+type trafficServer interface {
+	Stop() error
+	Reports() ([]testbed.ServerReport, error)
+}
+
 // flowReports are what the senders and servers of a transfer reported.
 type flowReports struct {
 	sent []testbed.SenderReport
@@ -78,9 +85,16 @@ type flowReports struct {
 func launchFlowsReporting(t *testing.T, bed *testbed.Bed, flows []flow, d time.Duration, serverFlags ...string) (wait func() (flowReports, error)) {
 	t.Helper()
 	ctx := background(t)
-	servers := make([]*testbed.TrafficServer, len(flows))
+	servers := make([]trafficServer, len(flows))
 	for i, f := range flows {
-		s, err := bed.StartTrafficServer(ctx, bins.Traffic, f.server, f.port, true, append([]string{"-warmup", "0s", "-window", d.String()}, serverFlags...)...)
+		flags := append([]string{"-warmup", "0s", "-window", d.String()}, serverFlags...)
+		var s trafficServer
+		var err error
+		if f.serverGuest != nil {
+			s, err = f.serverGuest.StartTrafficServer(ctx, f.port, true, flags...)
+		} else {
+			s, err = bed.StartTrafficServer(ctx, bins.Traffic, f.server, f.port, true, flags...)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -281,4 +282,86 @@ func (b *Bed) BootGuestForTest(t testing.TB, pod *Pod, binding Binding, dir stri
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// GuestTrafficServer is the traffic tool's server in a guest.
+type GuestTrafficServer struct {
+	Guest *Guest
+	// Addr is where the guest listens: its own address.
+	Addr   netip.AddrPort
+	proc   *guest.Process
+	report string
+}
+
+// StartTrafficServer starts the traffic tool's server in the guest, as
+// Bed.StartTrafficServer does in a pod, and returns once it listens.
+func (g *Guest) StartTrafficServer(ctx context.Context, port int, mptcp bool, extra ...string) (*GuestTrafficServer, error) {
+	s := &GuestTrafficServer{Guest: g, Addr: netip.AddrPortFrom(g.Addr, uint16(port)), report: fmt.Sprintf("/tmp/serve-%d.jsonl", port)}
+	args := []string{guestTraffic, "serve", "-listen", s.Addr.String(), "-report", s.report, "-drain", serverDrain.String()}
+	if mptcp {
+		args = append(args, "-mptcp")
+	}
+	var err error
+	if s.proc, err = g.Start(ctx, append(args, extra...)...); err != nil {
+		return nil, err
+	}
+	// The server's "listening on" line comes only when it exits: its
+	// listener shows in /proc/net/tcp (an MPTCP listener's too, through
+	// its first subflow's socket) before.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	want := fmt.Sprintf(":%04X 00000000:0000 0A", port)
+	for {
+		tcp, err := g.ReadFile(wctx, "/proc/net/tcp")
+		if err != nil {
+			return nil, fmt.Errorf("%s: waiting for the traffic server to listen: %w", g, err)
+		}
+		if strings.Contains(tcp, want) {
+			return s, nil
+		}
+		select {
+		case <-wctx.Done():
+			return nil, fmt.Errorf("%s: the traffic server does not listen on port %d", g, port)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Stop stops the server (SIGTERM): connections still open are reported as
+// stopped.
+func (s *GuestTrafficServer) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), serverDrain+5*time.Second)
+	defer cancel()
+	if err := s.proc.Signal(ctx, syscall.SIGTERM); err != nil {
+		return err
+	}
+	resp, err := s.proc.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	if resp.Exit != 0 {
+		return fmt.Errorf("%s: the traffic server exited %d: %s", s.Guest, resp.Exit, strings.TrimSpace(resp.Stderr))
+	}
+	return nil
+}
+
+// Reports returns the connections the server has finished so far.
+func (s *GuestTrafficServer) Reports() ([]ServerReport, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	data, err := s.Guest.ReadFile(ctx, s.report)
+	if err != nil && !strings.Contains(err.Error(), "no such file") {
+		return nil, err
+	}
+	var out []ServerReport
+	sc := bufio.NewScanner(strings.NewReader(data))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var r ServerReport
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return nil, fmt.Errorf("server report %q: %w", sc.Text(), err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }

@@ -39,6 +39,9 @@ const (
 	OpMPTCP  = "mptcp"  // configure the in-kernel path manager
 	OpRead   = "read"   // read a file (a sysctl, /proc/net/netstat)
 	OpWrite  = "write"  // write a file (a sysctl)
+	// OpSubflows answers with the guest's established MPTCP subflows, as
+	// JSON in Stdout (what ss -tiM shows).
+	OpSubflows = "subflows"
 )
 
 // Response answers the request with the same ID.

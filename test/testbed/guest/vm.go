@@ -4,14 +4,16 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
 )
 
 // Accel is how QEMU runs the guest's CPU.
@@ -273,8 +275,54 @@ func (vm *VM) ReadFile(ctx context.Context, path string) (string, error) {
 	return resp.Stdout, err
 }
 
+// Subflows lists the guest's established MPTCP subflows.
+func (vm *VM) Subflows(ctx context.Context) ([]mptcpnl.Subflow, error) {
+	resp, err := vm.Do(ctx, Request{Op: OpSubflows})
+	if err != nil {
+		return nil, err
+	}
+	var sfs []mptcpnl.Subflow
+	return sfs, json.Unmarshal([]byte(resp.Stdout), &sfs)
+}
+
+// Counter reads one of the guest kernel's SNMP counters by the name nstat
+// gives it: a section of /proc/net/netstat or /proc/net/snmp and a field,
+// as in MPTcpExtMPJoinSynRx or TcpAttemptFails.
+func (vm *VM) Counter(ctx context.Context, name string) (float64, error) {
+	for _, file := range []string{"/proc/net/netstat", "/proc/net/snmp"} {
+		text, err := vm.ReadFile(ctx, file)
+		if err != nil {
+			return 0, err
+		}
+		if v, ok := snmpCounter(text, name); ok {
+			return v, nil
+		}
+	}
+	return 0, fmt.Errorf("the guest has no counter %s", name)
+}
+
+// snmpCounter finds name in the pairs of lines of /proc/net/netstat or
+// snmp ("Section: Field1 Field2" then "Section: value1 value2").
+func snmpCounter(text, name string) (float64, bool) {
+	lines := strings.Split(text, "\n")
+	for i := 0; i+1 < len(lines); i += 2 {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) == 0 || len(names) != len(values) {
+			continue
+		}
+		section := strings.TrimSuffix(names[0], ":")
+		for j, f := range names[1:] {
+			if section+f == name {
+				v, err := strconv.ParseFloat(values[j+1], 64)
+				return v, err == nil
+			}
+		}
+	}
+	return 0, false
+}
+
 // WriteFile writes a file of the guest (a sysctl).
 func (vm *VM) WriteFile(ctx context.Context, path, data string) error {
 	_, err := vm.Do(ctx, Request{Op: OpWrite, Path: path, Data: data})
-	return errors.Join(err)
+	return err
 }

@@ -236,6 +236,16 @@ func (s *server) handle(req guest.Request) guest.Response {
 			return fail(err)
 		}
 		return guest.Response{Stdout: string(b)}
+	case guest.OpSubflows:
+		sfs, err := mptcpnl.ListSubflows(0)
+		if err != nil {
+			return fail(err)
+		}
+		b, err := json.Marshal(sfs)
+		if err != nil {
+			return fail(err)
+		}
+		return guest.Response{Stdout: string(b)}
 	case guest.OpWrite:
 		if err := os.WriteFile(req.Path, []byte(req.Data), 0o644); err != nil {
 			return fail(err)
