@@ -35,6 +35,7 @@ func TestRate(t *testing.T) {
 	t.Run("ShapeCapsWhatThePodSends", testShapeCapsWhatThePodSends)
 	t.Run("WindowCapsWhatThePodReceives", testWindowCapsWhatThePodReceives)
 	t.Run("PerPodPoliceCapsEveryProtocol", testPerPodPoliceCapsEveryProtocol)
+	t.Run("PoliceCapsWhatAGuestSends", testPoliceCapsWhatAGuestSends)
 	t.Run("AgentThroughputMatchesHandRoutedBaseline", testAgentThroughputMatchesHandRoutedBaseline)
 	t.Run("PathCapacityBoundsShapingOnItsNIC", testPathCapacityBoundsShapingOnItsNIC)
 	t.Run("LiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes", testLiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes)
@@ -70,6 +71,7 @@ func TestGuest(t *testing.T) {
 	t.Run("GuestServerSubflowsSpreadOverDistinctNICs", sideBySide(testGuestServerSubflowsSpreadOverDistinctNICs))
 	t.Run("GuestHoldsTheJoinOnABackupPathAsBackup", sideBySide(testGuestHoldsTheJoinOnABackupPathAsBackup))
 	t.Run("GuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST", sideBySide(testGuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST))
+	t.Run("GuestConnectionGoesOnThroughACarrierLoss", sideBySide(testGuestConnectionGoesOnThroughACarrierLoss))
 }
 
 // Agent: its life on a node (kill, restart, upgrade, bad configuration,

@@ -198,3 +198,32 @@ func testGuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST(t *testing.T) {
 		t.Errorf("node 1's agent counted %v refused joins, want at least 1", n)
 	}
 }
+
+// A guest's connection goes on through the loss of a NIC's carrier under
+// it: node 1's agent detours the guest's subflow off the failed path and
+// brings it home when the carrier returns, the guest's kernel none the
+// wiser, and the stream arrives whole.
+func testGuestConnectionGoesOnThroughACarrierLoss(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	vm := bootGuest(t, bed, bed.Pod(1, 1), testbed.BridgeBinding)
+	agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, guestRules(nil), declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guestClient(t, vm)
+	wait := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), guest: vm, server: bed.Pod(2, 1), port: 5201, conns: 1, rateMbit: placementRateMbit}}, 8*time.Second)
+	time.Sleep(2 * time.Second)
+	if err := bed.SetCarrier(1, 1, false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if err := bed.SetCarrier(1, 1, true); err != nil {
+		t.Fatal(err)
+	}
+	wait()
+	counts := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowHomed)
+	t.Logf("node 1 datapath: %v", counts)
+	if counts["subflow_detoured"] < 1 || counts["subflow_homed"] < 1 {
+		t.Errorf("node 1 detoured %v subflows and brought %v home, want the guest's subflow on nic1 away and back", counts["subflow_detoured"], counts["subflow_homed"])
+	}
+}
