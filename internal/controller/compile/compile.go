@@ -60,7 +60,39 @@ const (
 	// selector chain in the datapath holds; those of lowest precedence
 	// are not applied to it.
 	ReasonTooManyPolicies = "TooManyPolicies"
+	// ReasonVMGuestMode: the pod runs a KubeVirt VM, whose own kernel
+	// opens its subflows, and its policy's subflowCreation is not guest:
+	// guest applies to it instead.
+	ReasonVMGuestMode = "VMGuestMode"
 )
+
+// LabelVirtLauncher is the label KubeVirt gives the pod a VM runs in
+// (kubevirt.io: virt-launcher).
+const (
+	LabelVirtLauncher      = "kubevirt.io"
+	LabelVirtLauncherValue = "virt-launcher"
+)
+
+// runsVM says whether pod is a KubeVirt virt-launcher pod. Anyone who may
+// label a pod may make it one: the pod then loses what the agent would do
+// inside it (be its path manager, set its endpoints and checksums), which
+// concerns that pod alone.
+func runsVM(pod *corev1.Pod) bool { return pod.Labels[LabelVirtLauncher] == LabelVirtLauncherValue }
+
+// guestForVM makes rule, compiled for a pod that runs a VM, guest mode
+// and says so, when its policy asked for another mode: inside a VM the
+// agent can be no path manager and the pod's own namespace runs no
+// MPTCP socket to configure.
+func guestForVM(pod *corev1.Pod, rule *mptcpv1alpha1.CompiledRule) *Refusal {
+	if rule.SubflowCreation == mptcpv1alpha1.SubflowCreationGuest {
+		return nil
+	}
+	was := rule.SubflowCreation
+	rule.SubflowCreation, rule.SignalPorts = mptcpv1alpha1.SubflowCreationGuest, nil
+	return &Refusal{Pod: pod, Policy: rule.Policy, Reason: ReasonVMGuestMode, Message: fmt.Sprintf(
+		"the pod runs a VM (%s: %s): policy %s's subflowCreation %s cannot act inside it, so guest applies: the VM's own kernel opens its subflows "+
+			"and the host places them on distinct paths (docs/vms.md)", LabelVirtLauncher, LabelVirtLauncherValue, rule.Policy, was)}
+}
 
 // Result is a node's compiled spec and what it could not honour.
 type Result struct {
@@ -100,6 +132,7 @@ func Node(in Input) Result {
 		}
 		nsLabels := labels.Set(in.NamespaceLabels[pod.Namespace])
 		var rules []mptcpv1alpha1.CompiledRule
+		switchedForVM := map[string]bool{}
 		for j := range policies {
 			pol := &policies[j]
 			if !selects(pol, nsLabels, pod) {
@@ -111,6 +144,12 @@ func Node(in Input) Result {
 			}
 			if r := applyPreferences(pod, pol, &rule); r != nil {
 				res.Refusals = append(res.Refusals, *r)
+			}
+			if runsVM(pod) {
+				if r := guestForVM(pod, &rule); r != nil {
+					res.Refusals = append(res.Refusals, *r)
+					switchedForVM[pol.Name] = true
+				}
 			}
 			rules = append(rules, rule)
 		}
@@ -133,7 +172,7 @@ func Node(in Input) Result {
 		}
 		names := make([]string, len(rules))
 		for j := range rules {
-			rules[j].Name = variantName(&rules[j], cappedBy[j])
+			rules[j].Name = variantName(&rules[j], cappedBy[j], switchedForVM[rules[j].Policy])
 			rulesByName[rules[j].Name] = rules[j]
 			names[j] = rules[j].Name
 		}
@@ -342,13 +381,16 @@ func Peers(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.M
 // (its caps, a path made backup) and never take another policy's rule. A
 // changed preference is another variant: the pod's new connections take
 // it, its live ones keep the old one until they end.
-func RuleName(r *mptcpv1alpha1.CompiledRule) string { return variantName(r, "") }
+func RuleName(r *mptcpv1alpha1.CompiledRule) string { return variantName(r, "", false) }
 
 // variantName is the name of r as compiled for some pods: with the caps of
-// namespace policy cappedBy ("" for none, boundByNamespace) applied, and its
-// preferred paths.
-func variantName(r *mptcpv1alpha1.CompiledRule, cappedBy string) string {
+// namespace policy cappedBy ("" for none, boundByNamespace) applied, its
+// preferred paths, and made guest mode for a VM (guestForVM).
+func variantName(r *mptcpv1alpha1.CompiledRule, cappedBy string, forVM bool) string {
 	var variant []string
+	if forVM {
+		variant = append(variant, "vm")
+	}
 	if len(r.PreferredPaths) > 0 {
 		variant = append(variant, "preferred="+strings.Join(r.PreferredPaths, ","))
 	}

@@ -211,6 +211,43 @@ func TestAPodTakesAtMostEightPolicies(t *testing.T) {
 	}
 }
 
+// A pod that runs a KubeVirt VM gets guest mode whatever its policy's
+// subflowCreation, in a rule of its own that the policy's other pods do not
+// share, and an event says why; a policy in guest mode already needs no
+// variant and no event.
+func TestAVMPodGetsGuestMode(t *testing.T) {
+	in := testInput()
+	in.Pods = in.Pods[:1]
+	vm := in.Pods[0]
+	vm.Name, vm.UID, vm.Status.PodIPs = "virt-launcher-db-abcde", "uid-vm", []corev1.PodIP{{IP: "10.1.1.9"}}
+	vm.Labels = map[string]string{LabelVirtLauncher: LabelVirtLauncherValue}
+	in.Pods = append(in.Pods, vm)
+	in.Policies = []mptcpv1alpha1.MPTCPPolicy{in.Policies[0], in.Policies[1]}
+	in.Policies[0].Spec.PodMPTCP = mptcpv1alpha1.PodMPTCP{SubflowCreation: mptcpv1alpha1.SubflowCreationSignal, SignalPorts: []int32{6002}}
+	in.Policies[1].Spec.PodMPTCP = mptcpv1alpha1.PodMPTCP{SubflowCreation: mptcpv1alpha1.SubflowCreationGuest}
+	res := Node(in)
+	byPod := map[string][]string{}
+	for _, p := range res.Spec.Pods {
+		byPod[p.Name] = p.Rules
+	}
+	for _, name := range byPod["virt-launcher-db-abcde"] {
+		r := res.Spec.Rule(name)
+		if r.SubflowCreation != mptcpv1alpha1.SubflowCreationGuest || len(r.SignalPorts) != 0 {
+			t.Errorf("the VM pod's rule %s: mode %s, signal ports %v; want guest, none", name, r.SubflowCreation, r.SignalPorts)
+		}
+	}
+	if got := res.Spec.Rule(byPod["x"][1]); got.SubflowCreation != mptcpv1alpha1.SubflowCreationSignal || got.Name != "p1" {
+		t.Errorf("the other pod's rule from p1 is %s in mode %s, want p1 in signal mode", got.Name, got.SubflowCreation)
+	}
+	if slices.Equal(byPod["x"], byPod["virt-launcher-db-abcde"]) || byPod["virt-launcher-db-abcde"][0] != "p2" {
+		t.Errorf("rules: pod x %v, VM pod %v; want p2 shared (already guest) and p1's a variant of the VM's own", byPod["x"], byPod["virt-launcher-db-abcde"])
+	}
+	if len(res.Refusals) != 1 || res.Refusals[0].Reason != ReasonVMGuestMode || res.Refusals[0].Pod.Name != "virt-launcher-db-abcde" ||
+		!strings.Contains(res.Refusals[0].Message, "policy p1's subflowCreation signal cannot act inside it, so guest applies") {
+		t.Errorf("refusals %+v, want one VMGuestMode for the VM pod and p1", res.Refusals)
+	}
+}
+
 // A path's defaultRole and weight act where a policy does not say
 // otherwise: a path backup by default is one of the rule's backup paths
 // (after the policy's own) where the policy allows header rewriting, and

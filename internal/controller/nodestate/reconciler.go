@@ -84,7 +84,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	notices := make([]podNotice, 0, len(res.Refusals))
 	for _, ref := range res.Refusals {
-		notices = append(notices, podNotice{Refusal: ref, action: "ApplyPreferences"})
+		action := "ApplyPreferences"
+		if ref.Reason == compile.ReasonVMGuestMode {
+			action = "Compile"
+		}
+		notices = append(notices, podNotice{Refusal: ref, action: action})
 	}
 	notices = append(notices, skippedPods(state, in.Pods)...)
 	r.reportRefusals(ctx, node.Name, notices)
