@@ -8,6 +8,9 @@
 //
 //	traffic await -condition mptcp.io/ready   (in a pod: until its own condition is True)
 //
+//	traffic sink  -listen 10.244.2.11:5201 -mptcp       (a cheap stream, for VM guests: blast.go)
+//	traffic blast -to 10.244.2.11:5201 -mptcp -duration 10s
+//
 // The server reads every connection to its end and writes one JSON line per connection: the bytes received, their
 // SHA-256 and the goodput measured over a stated window (skip -warmup after the connection's first byte, then count
 // what arrives during -window). The sender prints one JSON line per connection with the SHA-256 of what it sent, so
@@ -41,7 +44,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: traffic serve|send|echo|probe|await [flags]")
+		fmt.Fprintln(os.Stderr, "usage: traffic serve|send|echo|probe|await|blast|sink [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -56,8 +59,12 @@ func main() {
 		err = probe(os.Args[2:])
 	case "await":
 		err = await(os.Args[2:])
+	case "blast":
+		err = blast(os.Args[2:])
+	case "sink":
+		err = sink(os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown command %q (want serve, send, echo, probe or await)", os.Args[1])
+		err = fmt.Errorf("unknown command %q (want serve, send, echo, probe, await, blast or sink)", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "traffic:", err)

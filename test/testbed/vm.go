@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -270,13 +271,29 @@ func (b *Bed) BootGuestForTest(t testing.TB, pod *Pod, binding Binding, dir stri
 	t.Cleanup(func() {
 		g.Close()
 		if t.Failed() {
-			if console, err := os.ReadFile(g.Console); err == nil {
+			if console, err := tail(g.Console, 64<<10); err == nil {
 				t.Logf("%s's console:\n%s", g, lastLines(string(console), 30))
 			}
 		}
 	})
 	t.Logf("%s: kernel %s, %s, booted in %v", g, g.Hello.Kernel, accel, g.Booted.Round(10*time.Millisecond))
 	return g
+}
+
+// tail reads at most the last n bytes of a file (a guest may fill its
+// console without end).
+func tail(path string, n int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > n {
+		if _, err := f.Seek(-n, io.SeekEnd); err != nil {
+			return nil, err
+		}
+	}
+	return io.ReadAll(io.LimitReader(f, n))
 }
 
 func lastLines(s string, n int) string {

@@ -132,7 +132,10 @@ func Node(in Input) Result {
 		}
 		nsLabels := labels.Set(in.NamespaceLabels[pod.Namespace])
 		var rules []mptcpv1alpha1.CompiledRule
-		switchedForVM := map[string]bool{}
+		// vmNotices are the policies whose mode guestForVM changed for
+		// this pod, with the event that says so: given for the rules the
+		// pod keeps, after the bounds below.
+		vmNotices := map[string]Refusal{}
 		for j := range policies {
 			pol := &policies[j]
 			if !selects(pol, nsLabels, pod) {
@@ -147,8 +150,7 @@ func Node(in Input) Result {
 			}
 			if runsVM(pod) {
 				if r := guestForVM(pod, &rule); r != nil {
-					res.Refusals = append(res.Refusals, *r)
-					switchedForVM[pol.Name] = true
+					vmNotices[pol.Name] = *r
 				}
 			}
 			rules = append(rules, rule)
@@ -172,7 +174,11 @@ func Node(in Input) Result {
 		}
 		names := make([]string, len(rules))
 		for j := range rules {
-			rules[j].Name = variantName(&rules[j], cappedBy[j], switchedForVM[rules[j].Policy])
+			notice, forVM := vmNotices[rules[j].Policy]
+			if forVM {
+				res.Refusals = append(res.Refusals, notice)
+			}
+			rules[j].Name = variantName(&rules[j], cappedBy[j], forVM)
 			rulesByName[rules[j].Name] = rules[j]
 			names[j] = rules[j].Name
 		}

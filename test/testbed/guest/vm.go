@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -107,14 +108,15 @@ func Connect(ctx context.Context, control string) (*VM, error) {
 		}
 	}
 	vm := &VM{conn: conn, waiting: map[uint64]chan Response{}}
-	r := bufio.NewReader(conn)
+	lines := bufio.NewScanner(conn)
+	lines.Buffer(make([]byte, 64<<10), maxLine)
 	hello := make(chan error, 1)
 	go func() {
-		line, err := r.ReadBytes('\n')
-		if err == nil {
-			err = json.Unmarshal(line, &vm.Hello)
+		if !lines.Scan() {
+			hello <- fmt.Errorf("%w (or EOF)", lines.Err())
+			return
 		}
-		hello <- err
+		hello <- json.Unmarshal(lines.Bytes(), &vm.Hello)
 	}()
 	select {
 	case err := <-hello:
@@ -126,14 +128,22 @@ func Connect(ctx context.Context, control string) (*VM, error) {
 		conn.Close()
 		return nil, fmt.Errorf("no hello from guestd: %w", ctx.Err())
 	}
-	go vm.read(r)
+	go vm.read(lines)
 	return vm, nil
 }
 
-func (vm *VM) read(r *bufio.Reader) {
+// maxLine bounds a line from the guest: guestd caps a command's stdout and
+// stderr at 1 MiB each, which JSON escaping may grow several times. A
+// guest that sends more without a newline has its port closed.
+const maxLine = 16 << 20
+
+func (vm *VM) read(lines *bufio.Scanner) {
 	for {
-		line, err := r.ReadBytes('\n')
-		if err != nil {
+		if !lines.Scan() {
+			err := lines.Err()
+			if err == nil {
+				err = errors.New("closed")
+			}
 			vm.mu.Lock()
 			vm.err = fmt.Errorf("guest control port: %w", err)
 			for id, c := range vm.waiting {
@@ -141,11 +151,12 @@ func (vm *VM) read(r *bufio.Reader) {
 				delete(vm.waiting, id)
 			}
 			vm.mu.Unlock()
+			vm.conn.Close()
 			return
 		}
 		var resp Response
-		if err := json.Unmarshal(line, &resp); err != nil {
-			continue // the console's noise never reaches this port, but be lenient
+		if err := json.Unmarshal(lines.Bytes(), &resp); err != nil {
+			continue
 		}
 		vm.mu.Lock()
 		c := vm.waiting[resp.ID]
@@ -186,9 +197,20 @@ func (vm *VM) send(req Request) (uint64, chan Response, error) {
 	return req.ID, c, nil
 }
 
-// Do sends req and waits for its response; a response that says the
-// request failed is an error.
+// DefaultTimeout bounds a request whose context has no deadline: no
+// command the bed runs in a guest takes half as long, and a guest that
+// stopped answering must fail its test rather than hang the run.
+const DefaultTimeout = 5 * time.Minute
+
+// Do sends req and waits for its response (for DefaultTimeout at most
+// when ctx has no deadline); a response that says the request failed is
+// an error.
 func (vm *VM) Do(ctx context.Context, req Request) (Response, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
 	_, c, err := vm.send(req)
 	if err != nil {
 		return Response{}, err
@@ -235,6 +257,11 @@ type Process struct {
 
 // Start starts a command in the guest and returns at once.
 func (vm *VM) Start(ctx context.Context, args ...string) (*Process, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
 	id, c, err := vm.send(Request{Op: OpStart, Args: args})
 	if err != nil {
 		return nil, err
