@@ -70,6 +70,7 @@ func TestGuest(t *testing.T) {
 	t.Run("GuestClientSubflowsSpreadOverDistinctNICs", sideBySide(testGuestClientSubflowsSpreadOverDistinctNICs))
 	t.Run("GuestServerSubflowsSpreadOverDistinctNICs", sideBySide(testGuestServerSubflowsSpreadOverDistinctNICs))
 	t.Run("GuestHoldsTheJoinOnABackupPathAsBackup", sideBySide(testGuestHoldsTheJoinOnABackupPathAsBackup))
+	t.Run("GuestIsToldOfAPathMadeBackupWithMPPrio", sideBySide(testGuestIsToldOfAPathMadeBackupWithMPPrio))
 	t.Run("GuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST", sideBySide(testGuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST))
 	t.Run("GuestConnectionGoesOnThroughACarrierLoss", sideBySide(testGuestConnectionGoesOnThroughACarrierLoss))
 }

@@ -50,6 +50,43 @@ func guestRules(more func(*mptcpv1alpha1.CompiledRule)) func(*testbed.Node) mptc
 	}
 }
 
+// requireOneGuestBackupSubflow fails the test unless the guest's kernel
+// has two established MPTCP subflows, exactly one of them held as backup
+// because its peer asked (the B bit of a join's SYN-ACK, or MP_PRIO).
+func requireOneGuestBackupSubflow(t *testing.T, vm *testbed.Guest) {
+	t.Helper()
+	sfs, err := vm.Subflows(background(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	backups := 0
+	for _, sf := range sfs {
+		if sf.Flags&mptcpnl.SubflowBackupRemote != 0 {
+			backups++
+		}
+	}
+	if len(sfs) != 2 || backups != 1 {
+		t.Errorf("the guest's subflows are %+v, want two, one held as backup at the peer's request", sfs)
+	}
+}
+
+// waitGuestSubflows waits (10 s at most) until the guest has n
+// established MPTCP subflows.
+func waitGuestSubflows(t *testing.T, vm *testbed.Guest, n int) {
+	t.Helper()
+	var sfs []mptcpnl.Subflow
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var err error
+		if sfs, err = vm.Subflows(background(t)); err != nil {
+			t.Fatal(err)
+		}
+		if len(sfs) >= n {
+			return
+		}
+	}
+	t.Fatalf("the guest has subflows %+v after 10 s, want %d", sfs, n)
+}
+
 // A guest that is a client of a pod whose node announces a port per extra
 // path (signal mode), node 1's policy in guest mode: the guest's subflows
 // cross distinct NICs of both nodes, the same NIC both ways, and every
@@ -136,21 +173,9 @@ func testGuestHoldsTheJoinOnABackupPathAsBackup(t *testing.T) {
 	}
 	guestClient(t, vm)
 	_, tx0 := nicBytes(t, bed, bed.Node(1))
-	wait := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), guest: vm, server: bed.Pod(2, 1), port: 5201, conns: 1}}, 5*time.Second)
-	time.Sleep(3 * time.Second)
-	sfs, err := vm.Subflows(background(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	backups := 0
-	for _, sf := range sfs {
-		if sf.Flags&mptcpnl.SubflowBackupRemote != 0 {
-			backups++
-		}
-	}
-	if len(sfs) != 2 || backups != 1 {
-		t.Errorf("the guest's subflows are %+v, want two, one held as backup at the peer's request", sfs)
-	}
+	wait := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), guest: vm, server: bed.Pod(2, 1), port: 5201, conns: 1}}, 6*time.Second)
+	waitGuestSubflows(t, vm, 2)
+	requireOneGuestBackupSubflow(t, vm)
 	wait()
 	_, tx1 := nicBytes(t, bed, bed.Node(1))
 	active, spare := float64(tx1[0]-tx0[0]), float64(tx1[1]-tx0[1])
@@ -202,17 +227,19 @@ func testGuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST(t *testing.T) {
 // A guest's connection goes on through the loss of a NIC's carrier under
 // it: node 1's agent detours the guest's subflow off the failed path and
 // brings it home when the carrier returns, the guest's kernel none the
-// wiser, and the stream arrives whole.
+// wiser, and the stream arrives whole. Links of 5 Mbit/s, which the guest
+// fills, so that both of its subflows carry data when the carrier goes.
 func testGuestConnectionGoesOnThroughACarrierLoss(t *testing.T) {
-	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "5mbit"})
 	vm := bootGuest(t, bed, bed.Pod(1, 1), testbed.BridgeBinding)
 	agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, guestRules(nil), declaredCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
 	guestClient(t, vm)
-	wait := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), guest: vm, server: bed.Pod(2, 1), port: 5201, conns: 1, rateMbit: placementRateMbit}}, 8*time.Second)
-	time.Sleep(2 * time.Second)
+	wait := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), guest: vm, server: bed.Pod(2, 1), port: 5201, conns: 1}}, 8*time.Second)
+	waitGuestSubflows(t, vm, 2)
+	time.Sleep(time.Second)
 	if err := bed.SetCarrier(1, 1, false); err != nil {
 		t.Fatal(err)
 	}
@@ -225,5 +252,53 @@ func testGuestConnectionGoesOnThroughACarrierLoss(t *testing.T) {
 	t.Logf("node 1 datapath: %v", counts)
 	if counts["subflow_detoured"] < 1 || counts["subflow_homed"] < 1 {
 		t.Errorf("node 1 detoured %v subflows and brought %v home, want the guest's subflow on nic1 away and back", counts["subflow_detoured"], counts["subflow_homed"])
+	}
+}
+
+// A path made backup while a guest's connection runs on it: the agent's
+// MP_PRIO reaches the guest's kernel, which then holds that subflow as
+// backup and all but stops sending on it. Links of 5 Mbit/s, which even
+// a guest under software emulation on a busy machine fills, so that its
+// scheduler sends on both subflows before the change.
+func testGuestIsToldOfAPathMadeBackupWithMPPrio(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "5mbit"})
+	vm := bootGuest(t, bed, bed.Pod(1, 1), testbed.BridgeBinding)
+	agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, guestRules(func(r *mptcpv1alpha1.CompiledRule) { r.HeaderRewriting = true }), declaredCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guestClient(t, vm)
+	ctx := background(t)
+	wait := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), guest: vm, server: bed.Pod(2, 1), port: 5201, conns: 1}}, 10*time.Second)
+	// Both subflows up (a guest under software emulation on a busy
+	// machine may take seconds), then a second for its scheduler.
+	waitGuestSubflows(t, vm, 2)
+	time.Sleep(time.Second)
+	_, tx0 := nicBytes(t, bed, bed.Node(1))
+	time.Sleep(time.Second)
+	_, tx1 := nicBytes(t, bed, bed.Node(1))
+	// A guest under software emulation on a busy machine may send little:
+	// what counts is that both paths carry its traffic.
+	if a, b := float64(tx1[0]-tx0[0]), float64(tx1[1]-tx0[1]); b < 0.2*(a+b) {
+		t.Fatalf("before the change nic2 carried %.0f of %.0f bytes in a second: the guest's join is not spread, the test proves nothing", b, a+b)
+	}
+	if err := agents[0].Reconfigure(ctx, func(cfg *framework.NodeConfig) {
+		cfg.Rule().Paths, cfg.Rule().BackupPaths = framework.PathsNamed(framework.PathName(1)), []string{framework.PathName(2)}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	_, tx2 := nicBytes(t, bed, bed.Node(1))
+	time.Sleep(3 * time.Second)
+	_, tx3 := nicBytes(t, bed, bed.Node(1))
+	requireOneGuestBackupSubflow(t, vm)
+	wait()
+	active, spare := float64(tx3[0]-tx2[0]), float64(tx3[1]-tx2[1])
+	t.Logf("after the change node 1 sent %.1f MB on nic1, %.3f MB on nic2", active/1e6, spare/1e6)
+	if spare/(active+spare) >= 0.05 {
+		t.Errorf("the path made backup carried %.2f%% of the bytes after the change, want under 5%%", 100*spare/(active+spare))
+	}
+	if n, _ := scrape(t, agents[0]).Value("mptcp_agent_datapath_events_total", "event", observe.EventName(datapath.StatBackupPrioSent)); n < 1 {
+		t.Errorf("node 1's agent counted %v MP_PRIO sent, want at least 1", n)
 	}
 }
