@@ -524,14 +524,14 @@ func drainFor(d time.Duration) podOption {
 }
 
 // A pod deleted through the API leaves nothing behind on its node: while it
-// terminates (its preStop hook drains for 4 s) it stays in its node's state
+// terminates (its preStop hook drains for 6 s) it stays in its node's state
 // and steered; once the kubelet has stopped it (a terminal phase; its veth
 // and network namespace go with its sandbox, then its object), the
 // controller drops it from the node's state, and the agent takes its
 // endpoint, its pinned links, its subflows and connections and its path
 // manager away while the node's other pod stays steered.
 func testPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
-	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"}, drainFor(4*time.Second))
+	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"}, drainFor(6*time.Second))
 	bed, c, ctx := kb.bed, kb.env.Client, background(t)
 	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	applied := mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: kb.policy(t).Generation}
@@ -555,6 +555,11 @@ func testPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
 	has := func(s *mptcpv1alpha1.MPTCPNodeState, name string) bool {
 		return slices.ContainsFunc(s.Spec.Pods, func(p mptcpv1alpha1.NodePod) bool { return p.Name == name })
 	}
+	// Checked first, well inside the drain: once the hook ends the
+	// kubelet stops the pod, and its sandbox goes with its endpoint.
+	if eps, err := a.Endpoints(); err != nil || len(eps) != 2 {
+		t.Errorf("node 1 endpoints while the pod terminates: %v (%v), want both pods", eps, err)
+	}
 	// The controller reacts within a second when it drops a pod (the
 	// wait below); two seconds of the pod still there means it kept it.
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
@@ -565,9 +570,6 @@ func testPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
 		if !has(&s, removed.Name) {
 			t.Fatalf("node 1 state dropped pod %s while it was terminating", removed.Name)
 		}
-	}
-	if eps, err := a.Endpoints(); err != nil || len(eps) != 2 {
-		t.Errorf("node 1 endpoints while the pod terminates: %v (%v), want both pods", eps, err)
 	}
 	kb.waitState(t, n1, "without the deleted pod", func(s *mptcpv1alpha1.MPTCPNodeState) bool {
 		return !has(s, removed.Name) && has(s, kept.Name) && settled(metav1.ConditionFalse, applied)(s)
