@@ -6,11 +6,12 @@ import "testing"
 // one area, `-run TestFailover/GrayFailure` the tests of it whose names
 // begin so. Areas that measure rates and stalls, load the machine, or run
 // the chart's defaults (TestFailover, TestRate, TestIntegrity, TestChart)
-// run their tests one at a time; the functional areas run theirs side by
-// side (go test -parallel), each on a bed of its own. Go runs the areas one
-// after another; `make test` runs the functional ones beside other
-// packages and the others alone on the machine afterwards
-// (docs/testing.md).
+// run their tests one at a time, one area after another; the functional
+// areas run theirs side by side (go test -parallel), each on a bed of its
+// own, with the tests of the other functional areas (each such area is a
+// parallel test, so no area waits for the last test of the one before).
+// `make test` runs the functional ones beside other packages and the
+// others alone on the machine afterwards (docs/testing.md).
 
 // Failover: a NIC fails mid-transfer (carrier, gray failures, removal) and the
 // connection's longest stall, its goodput during the failure and the path's
@@ -54,6 +55,7 @@ func TestIntegrity(t *testing.T) {
 // replaced or forged, from captures; a path down towards one peer alone.
 // Functional: run side by side.
 func TestSteering(t *testing.T) {
+	t.Parallel()
 	t.Run("SubflowsSpreadOverDistinctNICsInBothDirections", sideBySide(testSubflowsSpreadOverDistinctNICsInBothDirections))
 	t.Run("WithoutTheAgentSubflowsAreNotSpread", sideBySide(testWithoutTheAgentSubflowsAreNotSpread))
 	t.Run("BackupSubflowIsBackupInThePodAndCarriesAlmostNothing", sideBySide(testBackupSubflowIsBackupInThePodAndCarriesAlmostNothing))
@@ -67,6 +69,7 @@ func TestSteering(t *testing.T) {
 // Guest: VM guests in pods, attached as KubeVirt attaches them, whose
 // kernels the operator does not configure. Functional: run side by side.
 func TestGuest(t *testing.T) {
+	t.Parallel()
 	t.Run("GuestClientSubflowsSpreadOverDistinctNICs", sideBySide(testGuestClientSubflowsSpreadOverDistinctNICs))
 	t.Run("GuestServerSubflowsSpreadOverDistinctNICs", sideBySide(testGuestServerSubflowsSpreadOverDistinctNICs))
 	t.Run("GuestHoldsTheJoinOnABackupPathAsBackup", sideBySide(testGuestHoldsTheJoinOnABackupPathAsBackup))
@@ -79,6 +82,7 @@ func TestGuest(t *testing.T) {
 // observe-only, capabilities, pods leaving) in file mode. Functional: run
 // side by side.
 func TestAgent(t *testing.T) {
+	t.Parallel()
 	t.Run("ScrapedPathBytesMatchNICCounters", sideBySide(testScrapedPathBytesMatchNICCounters))
 	t.Run("AgentKilledMidTransferRestartsWithoutDisturbingConnections", sideBySide(testAgentKilledMidTransferRestartsWithoutDisturbingConnections))
 	t.Run("PodRemovedFromConfigLeavesNothingBehind", sideBySide(testPodRemovedFromConfigLeavesNothingBehind))
@@ -97,6 +101,7 @@ func TestAgent(t *testing.T) {
 // Functional: run side by side, their agents probing liveness slowly
 // enough not to be starved (kubeBedValues).
 func TestKube(t *testing.T) {
+	t.Parallel()
 	t.Run("PolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly", sideBySide(testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly))
 	t.Run("AgentsKilledWhileThePolicyChangesResumeUndisturbed", sideBySide(testAgentsKilledWhileThePolicyChangesResumeUndisturbed))
 	t.Run("PodDeletedFromTheAPILeavesNothingBehind", sideBySide(testPodDeletedFromTheAPILeavesNothingBehind))
