@@ -124,8 +124,8 @@ bench-steady: deps ## One MPTCP connection of 60 s over two equal paths, nothing
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkSteadyStateStalls -benchtime=5x -timeout 90m ./bench/transfer/
 
 .PHONY: bench-vm
-bench-vm: deps guest-assets ## VM to VM across two nodes (real guests under QEMU): goodput with kernel routing, hand-written host routing and the agent, nic1 idle and loaded, at 50 and 200 Mbit/s, 5 rounds (about 25 min; root); rewrite the "VM to VM" section of docs/benchmarks.md.
-	MPTCP_GUEST_ASSETS=$(GUEST_ASSETS) BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkVMToVM -benchtime=5x -timeout 90m ./bench/vm/
+bench-vm: deps guest-assets ## VM to VM across two nodes (real guests under QEMU): goodput with kernel routing, hand-written host routing and the agent, nic1 idle and loaded, at 50 and 200 Mbit/s, 3 rounds (about 13 min; root); rewrite the "VM to VM" section of docs/benchmarks.md.
+	MPTCP_GUEST_ASSETS=$(GUEST_ASSETS) BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkVMToVM -benchtime=3x -timeout 90m ./bench/vm/
 
 .PHONY: bench-xdpdrop
 bench-xdpdrop: ## Measure the CPU per packet of a join SYN flood dropped by XDP, by TC, by the stack, or met by nic_ingress (about 2 min; root); rewrite the "XDP or TC for dropping a flood" section of docs/benchmarks.md.

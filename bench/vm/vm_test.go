@@ -130,6 +130,11 @@ func (vb *vmBed) run(b *testing.B, c cell, port int) measurement {
 		}
 		defer func() {
 			for _, a := range agents {
+				if m, err := a.Scrape(); err == nil {
+					downs, _ := m.Value("mptcp_agent_path_down_transitions_total", "path", framework.PathName(1))
+					stats, _ := a.DatapathStats()
+					b.Logf("%v: node %d: path 1 down %v times; datapath %v", c, a.Node.Index, downs, stats)
+				}
 				testbed.Must(b, a.Uninstall(context.Background()))
 			}
 		}()
