@@ -119,26 +119,15 @@ func drainChecked(c *net.TCPConn, pattern []byte, warmup, window time.Duration) 
 	r := SinkReport{Local: c.LocalAddr().String(), Remote: c.RemoteAddr().String(), Changed: -1}
 	r.MPTCP, _ = c.MultipathTCP()
 	buf := make([]byte, 256<<10)
-	var first time.Time
-	var startBytes, endBytes int64 = -1, -1
-	var endAt time.Time
+	gw := newGoodputWindow(warmup, window)
 	for {
 		n, err := c.Read(buf)
-		now := time.Now()
 		if n > 0 {
-			if first.IsZero() {
-				first = now
-			}
-			if startBytes < 0 && now.Sub(first) >= warmup {
-				startBytes = r.Bytes
-			}
+			gw.add(time.Now(), r.Bytes, r.Bytes+int64(n))
 			if r.Changed < 0 {
 				r.Changed = firstDifference(buf[:n], pattern, r.Bytes)
 			}
 			r.Bytes += int64(n)
-			if endBytes < 0 && now.Sub(first) >= warmup+window {
-				endBytes, endAt = r.Bytes, now
-			}
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
@@ -147,10 +136,8 @@ func drainChecked(c *net.TCPConn, pattern []byte, warmup, window time.Duration) 
 			break
 		}
 	}
-	if startBytes >= 0 && endBytes >= 0 {
-		r.WindowSeconds = endAt.Sub(first.Add(warmup)).Seconds()
-		r.GoodputBps = float64(endBytes-startBytes) * 8 / r.WindowSeconds
-	} else {
+	_, r.WindowSeconds, r.GoodputBps, _ = gw.measure(time.Now(), r.Bytes)
+	if gw.endBytes < 0 {
 		r.Error = fmt.Sprintf("the stream (%d bytes) ended inside the warm-up and window", r.Bytes)
 	}
 	return r

@@ -212,6 +212,58 @@ func (b *blockHasher) sums() (string, []string) {
 	return hex.EncodeToString(b.whole.Sum(nil)), b.blocks
 }
 
+// goodputWindow measures what a stream delivers over [warmup, warmup +
+// window] after its first byte.
+type goodputWindow struct {
+	warmup, window time.Duration
+	first          time.Time
+	// startBytes and endBytes are the bytes received when the window
+	// began and ended; -1 until then.
+	startBytes, endBytes int64
+}
+
+func newGoodputWindow(warmup, window time.Duration) *goodputWindow {
+	return &goodputWindow{warmup: warmup, window: window, startBytes: -1, endBytes: -1}
+}
+
+// add records a read at now that took the stream from before to after
+// bytes. Bytes are counted at the first read that ends past a boundary;
+// with 256 KiB reads at a few hundred Mbit/s the error is well below a
+// percent of a multi-second window.
+func (g *goodputWindow) add(now time.Time, before, after int64) {
+	if g.first.IsZero() {
+		g.first = now
+	}
+	if g.startBytes < 0 && now.Sub(g.first) >= g.warmup {
+		g.startBytes = before
+	}
+	if g.endBytes < 0 && now.Sub(g.first) >= g.warmup+g.window {
+		g.endBytes = after
+	}
+}
+
+// measure returns the window's start and length in seconds from the first
+// byte, the goodput over it, and whether the stream ended before the
+// window did (then the window is what there was: up to the end, and from
+// the first byte when the stream ended inside the warm-up). end is when
+// the stream ended, total its bytes.
+func (g *goodputWindow) measure(end time.Time, total int64) (start, seconds, bps float64, short bool) {
+	start = g.warmup.Seconds()
+	winEnd := g.first.Add(g.warmup + g.window)
+	endBytes, startBytes := g.endBytes, g.startBytes
+	if endBytes < 0 {
+		endBytes, winEnd, short = total, end, true
+	}
+	if startBytes < 0 {
+		startBytes, start, short = 0, 0, true
+	}
+	seconds = winEnd.Sub(g.first).Seconds() - start
+	if seconds > 0 {
+		bps = float64(endBytes-startBytes) * 8 / seconds
+	}
+	return start, seconds, bps, short
+}
+
 // receive reads c to its end; the caller reports and closes it.
 func receive(c *net.TCPConn, warmup, window, sample time.Duration) ServerReport {
 	r := ServerReport{Local: c.LocalAddr().String(), Remote: c.RemoteAddr().String(), SampleSeconds: sample.Seconds()}
@@ -219,32 +271,21 @@ func receive(c *net.TCPConn, warmup, window, sample time.Duration) ServerReport 
 	h := newBlockHasher()
 	v := newVerifier()
 	buf := make([]byte, 256<<10)
-	var first time.Time
-	var startBytes, endBytes int64 = -1, -1
+	gw := newGoodputWindow(warmup, window)
 	for {
 		n, err := c.Read(buf)
 		now := time.Now()
 		if n > 0 {
-			if first.IsZero() {
-				first = now
-			}
-			// Bytes counted at the first read that ends past a boundary; with 256 KiB reads at a few hundred
-			// Mbit/s the error is well below a percent of a multi-second window.
-			if startBytes < 0 && now.Sub(first) >= warmup {
-				startBytes = r.Bytes
-			}
 			h.Write(buf[:n])
 			v.Write(buf[:n])
+			gw.add(now, r.Bytes, r.Bytes+int64(n))
 			r.Bytes += int64(n)
 			if sample > 0 {
-				bin := int(now.Sub(first) / sample)
+				bin := int(now.Sub(gw.first) / sample)
 				for len(r.Samples) <= bin {
 					r.Samples = append(r.Samples, 0)
 				}
 				r.Samples[bin] += int64(n)
-			}
-			if endBytes < 0 && now.Sub(first) >= warmup+window {
-				endBytes = r.Bytes
 			}
 		}
 		if err != nil {
@@ -263,26 +304,11 @@ func receive(c *net.TCPConn, warmup, window, sample time.Duration) ServerReport 
 	end := time.Now()
 	r.SHA256, r.Blocks = h.sums()
 	r.Verification = v.result()
-	if first.IsZero() {
+	if gw.first.IsZero() {
 		return r
 	}
-	r.DurationSeconds = end.Sub(first).Seconds()
-	r.WindowStart = warmup.Seconds()
-	winEnd := first.Add(warmup + window)
-	if endBytes < 0 { // the stream ended inside the window
-		endBytes = r.Bytes
-		winEnd = end
-		r.WindowShort = true
-	}
-	if startBytes < 0 { // the stream ended inside the warm-up: measure it all
-		startBytes = 0
-		r.WindowStart = 0
-		r.WindowShort = true
-	}
-	r.WindowSeconds = winEnd.Sub(first).Seconds() - r.WindowStart
-	if r.WindowSeconds > 0 {
-		r.GoodputBps = float64(endBytes-startBytes) * 8 / r.WindowSeconds
-	}
+	r.DurationSeconds = end.Sub(gw.first).Seconds()
+	r.WindowStart, r.WindowSeconds, r.GoodputBps, r.WindowShort = gw.measure(end, r.Bytes)
 	return r
 }
 

@@ -64,8 +64,15 @@ func (s *TrafficServer) Reports() ([]ServerReport, error) {
 	if err != nil && !os.IsNotExist(err) {
 		return nil, err
 	}
+	return parseServerReports(data)
+}
+
+// parseServerReports reads a traffic server's report: a JSON line per
+// connection.
+func parseServerReports(data []byte) ([]ServerReport, error) {
 	var out []ServerReport
 	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		var r ServerReport
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
@@ -73,7 +80,7 @@ func (s *TrafficServer) Reports() ([]ServerReport, error) {
 		}
 		out = append(out, r)
 	}
-	return out, nil
+	return out, sc.Err()
 }
 
 // WaitReports waits until the server has reported n connections.

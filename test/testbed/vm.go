@@ -370,15 +370,5 @@ func (s *GuestTrafficServer) Reports() ([]ServerReport, error) {
 	if err != nil && !strings.Contains(err.Error(), "no such file") {
 		return nil, err
 	}
-	var out []ServerReport
-	sc := bufio.NewScanner(strings.NewReader(data))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		var r ServerReport
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			return nil, fmt.Errorf("server report %q: %w", sc.Text(), err)
-		}
-		out = append(out, r)
-	}
-	return out, nil
+	return parseServerReports([]byte(data))
 }
