@@ -224,34 +224,45 @@ func testGuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST(t *testing.T) {
 	}
 }
 
-// A guest's connection goes on through the loss of a NIC's carrier under
-// it: node 1's agent detours the guest's subflow off the failed path and
-// brings it home when the carrier returns, the guest's kernel none the
-// wiser, and the stream arrives whole. Links of 5 Mbit/s, which the guest
-// fills, so that both of its subflows carry data when the carrier goes.
-func testGuestConnectionGoesOnThroughACarrierLoss(t *testing.T) {
-	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "5mbit"})
-	vm := bootGuest(t, bed, bed.Pod(1, 1), testbed.BridgeBinding)
-	agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, guestRules(nil), declaredCaps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	guestClient(t, vm)
-	wait := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), guest: vm, server: bed.Pod(2, 1), port: 5201, conns: 1}}, 8*time.Second)
-	waitGuestSubflows(t, vm, 2)
-	time.Sleep(time.Second)
-	if err := bed.SetCarrier(1, 1, false); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(3 * time.Second)
-	if err := bed.SetCarrier(1, 1, true); err != nil {
-		t.Fatal(err)
-	}
-	wait()
-	counts := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowHomed)
-	t.Logf("node 1 datapath: %v", counts)
-	if counts["subflow_detoured"] < 1 || counts["subflow_homed"] < 1 {
-		t.Errorf("node 1 detoured %v subflows and brought %v home, want the guest's subflow on nic1 away and back", counts["subflow_detoured"], counts["subflow_homed"])
+// A guest's connection goes on through a failed path under it, the
+// carrier lost (link events) or every packet lost with the carrier up (a
+// gray failure, found by the agents' probes: every 100 ms, down after 5
+// unanswered, slow enough for tests side by side): node 1's agent detours
+// the guest's subflow off the path and brings it home when the path is
+// back, the guest's kernel none the wiser, and the stream arrives whole.
+// Links of 5 Mbit/s, which the guest fills, so that both of its subflows
+// carry data when the path fails.
+func testGuestConnectionGoesOnThroughAFailedPath(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		fail, heal  func(*testbed.Bed) error
+		agentOption []framework.AgentOption
+	}{
+		{"carrier lost", func(b *testbed.Bed) error { return b.SetCarrier(1, 1, false) }, func(b *testbed.Bed) error { return b.SetCarrier(1, 1, true) }, nil},
+		{"every packet lost", func(b *testbed.Bed) error { return b.SetLoss(1, 1, 100) }, func(b *testbed.Bed) error { return b.SetLoss(1, 1, 0) },
+			[]framework.AgentOption{framework.WithLivenessEvery(100*time.Millisecond, 5)}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "5mbit"})
+			vm := bootGuest(t, bed, bed.Pod(1, 1), testbed.BridgeBinding)
+			agents, err := framework.StartAgentsWith(background(t), bed, bins.Agent, guestRules(nil), append(c.agentOption, declaredCaps)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			guestClient(t, vm)
+			wait := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), guest: vm, server: bed.Pod(2, 1), port: 5201, conns: 1}}, 9*time.Second)
+			waitGuestSubflows(t, vm, 2)
+			time.Sleep(time.Second)
+			testbed.Must(t, c.fail(bed))
+			time.Sleep(3 * time.Second)
+			testbed.Must(t, c.heal(bed))
+			wait()
+			counts := events(t, agents[0], datapath.StatSubflowDetoured, datapath.StatSubflowHomed)
+			t.Logf("node 1 datapath: %v", counts)
+			if counts["subflow_detoured"] < 1 || counts["subflow_homed"] < 1 {
+				t.Errorf("node 1 detoured %v subflows and brought %v home, want the guest's subflow on nic1 away and back", counts["subflow_detoured"], counts["subflow_homed"])
+			}
+		})
 	}
 }
 
