@@ -12,7 +12,7 @@ set -euo pipefail
 
 pkg=${1:?kernel package, e.g. linux-image-6.1.0-56-cloud-amd64}
 version=${2:?package version}
-dir=${3:?destination directory}
+dir=$(realpath -m "${3:?destination directory}")
 if [[ -s "$dir/vmlinuz" && -s "$dir/modules/order" ]]; then
 	exit 0
 fi

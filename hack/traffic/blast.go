@@ -65,6 +65,10 @@ func blast(args []string) error {
 	defer c.Close()
 	pattern := blastPattern()
 	end := time.Now().Add(*duration)
+	// A sink that stops reading ends the blast instead of hanging it.
+	if err := c.SetDeadline(end.Add(30 * time.Second)); err != nil {
+		return err
+	}
 	var sent int64
 	for time.Now().Before(end) {
 		n, err := c.Write(pattern)
@@ -135,6 +139,10 @@ func drainChecked(c *net.TCPConn, pattern []byte, warmup, window time.Duration) 
 			}
 			break
 		}
+	}
+	if gw.first.IsZero() {
+		r.Error = "no byte arrived"
+		return r
 	}
 	_, r.WindowSeconds, r.GoodputBps, _ = gw.measure(time.Now(), r.Bytes)
 	if gw.endBytes < 0 {

@@ -555,13 +555,11 @@ func testPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
 	has := func(s *mptcpv1alpha1.MPTCPNodeState, name string) bool {
 		return slices.ContainsFunc(s.Spec.Pods, func(p mptcpv1alpha1.NodePod) bool { return p.Name == name })
 	}
-	// Checked first, well inside the drain: once the hook ends the
-	// kubelet stops the pod, and its sandbox goes with its endpoint.
-	if eps, err := a.Endpoints(); err != nil || len(eps) != 2 {
-		t.Errorf("node 1 endpoints while the pod terminates: %v (%v), want both pods", eps, err)
-	}
 	// The controller reacts within a second when it drops a pod (the
 	// wait below); two seconds of the pod still there means it kept it.
+	// Its endpoint stays all that time, well inside the 6 s drain (once
+	// the hook ends the kubelet stops the pod, and its sandbox goes with
+	// its endpoint).
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
 		var s mptcpv1alpha1.MPTCPNodeState
 		if err := c.Get(ctx, types.NamespacedName{Name: framework.NodeName(n1)}, &s); err != nil {
@@ -569,6 +567,9 @@ func testPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
 		}
 		if !has(&s, removed.Name) {
 			t.Fatalf("node 1 state dropped pod %s while it was terminating", removed.Name)
+		}
+		if eps, err := a.Endpoints(); err != nil || len(eps) != 2 {
+			t.Fatalf("node 1 endpoints while the pod terminates: %v (%v), want both pods", eps, err)
 		}
 	}
 	kb.waitState(t, n1, "without the deleted pod", func(s *mptcpv1alpha1.MPTCPNodeState) bool {

@@ -69,26 +69,31 @@ type Guest struct {
 	awaitJoins int
 }
 
-// guestImages builds each guest image once per assets directory and
-// process: every test's guests boot the same kernel and initramfs.
+// guestImages builds each guest image once per assets directory, output
+// directory and process: every test's guests boot the same kernel and
+// initramfs.
 var guestImages = struct {
 	sync.Mutex
-	built map[string]guest.Image
-}{built: map[string]guest.Image{}}
+	built map[[2]string]guest.Image
+}{built: map[[2]string]guest.Image{}}
 
 // GuestImage returns the guest image for assets, built into dir the first
-// time it is asked for.
+// time it is asked for; dir must outlive the guests that boot it.
 func GuestImage(assets, dir string) (guest.Image, error) {
 	guestImages.Lock()
 	defer guestImages.Unlock()
-	if img, ok := guestImages.built[assets]; ok {
+	key := [2]string{assets, dir}
+	if img, ok := guestImages.built[key]; ok {
 		return img, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return guest.Image{}, err
 	}
 	img, err := guest.BuildImage(assets, dir)
 	if err != nil {
 		return img, err
 	}
-	guestImages.built[assets] = img
+	guestImages.built[key] = img
 	return img, nil
 }
 
@@ -116,7 +121,8 @@ func (b *Bed) BootGuest(ctx context.Context, pod *Pod, binding Binding, img gues
 	bootCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	if g.VM, err = guest.Connect(bootCtx, m.Control); err != nil {
-		return nil, fmt.Errorf("booting a guest in %s: %w (console: %s)", pod, err, m.Console)
+		console, _ := tail(m.Console, 4<<10)
+		return nil, fmt.Errorf("booting a guest in %s: %w; its console ends:\n%s", pod, err, console)
 	}
 	g.Booted = time.Since(start)
 	cfg := guest.NetConfig{Interface: "eth0", Addr: netip.PrefixFrom(pod.Addr, 24), Gateway: podGateway(pod.Node.Index)}
@@ -125,6 +131,7 @@ func (b *Bed) BootGuest(ctx context.Context, pod *Pod, binding Binding, img gues
 	}
 	g.Addr = cfg.Addr.Addr()
 	if err := g.Configure(ctx, cfg); err != nil {
+		g.Close()
 		return nil, err
 	}
 	return g, nil
@@ -245,8 +252,9 @@ func (g *Guest) Send(ctx context.Context, to netip.AddrPort, mptcp bool, args ..
 // BootGuestForTest boots a guest for a test (BootGuest), with the image
 // built into dir once per process and the accelerator guest.AccelEnv
 // names. Without QEMU or the guest assets the test is skipped with the
-// reason, or fails under CI. The guest's console log is kept when the test
-// fails.
+// reason, or fails under CI. The end of the guest's console is logged when
+// the test fails (the bed's directory, which holds the console, goes with
+// the bed).
 func (b *Bed) BootGuestForTest(t testing.TB, pod *Pod, binding Binding, dir string) *Guest {
 	t.Helper()
 	RequireTools(t, "qemu-system-x86_64")

@@ -76,7 +76,9 @@ func (m Machine) QEMUArgs() []string {
 		// slow it down.
 		"-device", "virtio-net-pci,netdev=n0,romfile=,mac=" + m.MAC.String(),
 		"-serial", "file:" + m.Console,
-		"-serial", "unix:" + m.Control + ",server=on,wait=off",
+		// wait=on: the guest starts only once the host is connected, so
+		// guestd's hello, written once, is never lost.
+		"-serial", "unix:" + m.Control + ",server=on,wait=on",
 	}
 }
 
