@@ -6,11 +6,11 @@ import "testing"
 // one area, `-run TestFailover/GrayFailure` the tests of it whose names
 // begin so. Areas that measure rates and stalls, load the machine, or run
 // the chart's defaults (TestFailover, TestRate, TestIntegrity, TestChart)
-// run their tests one at a time, one area after another; the functional
-// areas run theirs side by side (go test -parallel), each on a bed of its
-// own, with the tests of the other functional areas (each such area but
-// TestGuest is a parallel test, so no area waits for the last test of the
-// one before).
+// run their tests one at a time; the functional areas run theirs side by
+// side (go test -parallel), each on a bed of its own. Go runs the areas one
+// after another, so that each area's tests share the machine only with
+// their own kind (TestKube's agents probe liveness slowly enough for two
+// clusters, not for other areas' transfers beside them).
 // `make test` runs the functional ones beside other packages and the
 // others alone on the machine afterwards (docs/testing.md).
 
@@ -56,7 +56,6 @@ func TestIntegrity(t *testing.T) {
 // replaced or forged, from captures; a path down towards one peer alone.
 // Functional: run side by side.
 func TestSteering(t *testing.T) {
-	t.Parallel()
 	t.Run("SubflowsSpreadOverDistinctNICsInBothDirections", sideBySide(testSubflowsSpreadOverDistinctNICsInBothDirections))
 	t.Run("WithoutTheAgentSubflowsAreNotSpread", sideBySide(testWithoutTheAgentSubflowsAreNotSpread))
 	t.Run("BackupSubflowIsBackupInThePodAndCarriesAlmostNothing", sideBySide(testBackupSubflowIsBackupInThePodAndCarriesAlmostNothing))
@@ -68,10 +67,9 @@ func TestSteering(t *testing.T) {
 }
 
 // Guest: VM guests in pods, attached as KubeVirt attaches them, whose
-// kernels the operator does not configure. Functional: run side by side,
-// but not beside the other areas' tests: a guest under software emulation
-// keeps a core busy, which starves their transfers. Not a parallel test,
-// so Go runs it before the parallel areas.
+// kernels the operator does not configure. Functional: run side by side
+// (a guest under software emulation keeps a core busy, which would starve
+// other areas' transfers: the areas run one after another).
 func TestGuest(t *testing.T) {
 	t.Run("GuestClientSubflowsSpreadOverDistinctNICs", sideBySide(testGuestClientSubflowsSpreadOverDistinctNICs))
 	t.Run("GuestServerSubflowsSpreadOverDistinctNICs", sideBySide(testGuestServerSubflowsSpreadOverDistinctNICs))
@@ -85,7 +83,6 @@ func TestGuest(t *testing.T) {
 // observe-only, capabilities, pods leaving) in file mode. Functional: run
 // side by side.
 func TestAgent(t *testing.T) {
-	t.Parallel()
 	t.Run("ScrapedPathBytesMatchNICCounters", sideBySide(testScrapedPathBytesMatchNICCounters))
 	t.Run("AgentKilledMidTransferRestartsWithoutDisturbingConnections", sideBySide(testAgentKilledMidTransferRestartsWithoutDisturbingConnections))
 	t.Run("PodRemovedFromConfigLeavesNothingBehind", sideBySide(testPodRemovedFromConfigLeavesNothingBehind))
@@ -104,7 +101,6 @@ func TestAgent(t *testing.T) {
 // Functional: run side by side, their agents probing liveness slowly
 // enough not to be starved (kubeBedValues).
 func TestKube(t *testing.T) {
-	t.Parallel()
 	t.Run("PolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly", sideBySide(testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly))
 	t.Run("AgentsKilledWhileThePolicyChangesResumeUndisturbed", sideBySide(testAgentsKilledWhileThePolicyChangesResumeUndisturbed))
 	t.Run("PodDeletedFromTheAPILeavesNothingBehind", sideBySide(testPodDeletedFromTheAPILeavesNothingBehind))
