@@ -148,7 +148,7 @@ func (vb *vmBed) run(b *testing.B, c cell, port int) measurement {
 	if err != nil {
 		b.Fatal(err)
 	}
-	waitListening(b, vb.server, port)
+	testbed.Must(b, vb.server.WaitListening(ctx, port))
 	cpu0 := [2]cpuTimes{readCPU(b, vb.client), readCPU(b, vb.server)}
 	if _, err := vb.client.Run(ctx, "/bin/traffic", "blast", "-to", netip.AddrPortFrom(vb.server.Addr, uint16(port)).String(),
 		"-mptcp", "-duration", transfer.String()); err != nil {
@@ -195,17 +195,6 @@ func (vb *vmBed) loadNIC1(b *testing.B, port int) (stop func()) {
 		_ = snd.Stop(time.Second)
 		_ = srv.Stop(time.Second)
 	}
-}
-
-func waitListening(b *testing.B, g *testbed.Guest, port int) {
-	b.Helper()
-	want := fmt.Sprintf(":%04X 00000000:0000 0A", port)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if tcp, err := g.ReadFile(b.Context(), "/proc/net/tcp"); err == nil && strings.Contains(tcp, want) {
-			return
-		}
-	}
-	b.Fatalf("%v: the sink does not listen on port %d", g, port)
 }
 
 // cpuTimes are a guest's CPU times (/proc/stat, in ticks).

@@ -330,23 +330,31 @@ func (g *Guest) StartTrafficServer(ctx context.Context, port int, mptcp bool, ex
 	if s.proc, err = g.Start(ctx, append(args, extra...)...); err != nil {
 		return nil, err
 	}
-	// The server's "listening on" line comes only when it exits: its
-	// listener shows in /proc/net/tcp (an MPTCP listener's too, through
-	// its first subflow's socket) before.
+	if err := g.WaitListening(ctx, port); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// WaitListening waits (10 s at most) until a TCP socket of the guest
+// listens on port. A process started in the guest says nothing until it
+// exits, but its listener shows in /proc/net/tcp (an MPTCP listener's
+// too, through its first subflow's socket).
+func (g *Guest) WaitListening(ctx context.Context, port int) error {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	want := fmt.Sprintf(":%04X 00000000:0000 0A", port)
 	for {
 		tcp, err := g.ReadFile(wctx, "/proc/net/tcp")
 		if err != nil {
-			return nil, fmt.Errorf("%s: waiting for the traffic server to listen: %w", g, err)
+			return fmt.Errorf("%s: waiting for a listener on port %d: %w", g, port, err)
 		}
 		if strings.Contains(tcp, want) {
-			return s, nil
+			return nil
 		}
 		select {
 		case <-wctx.Done():
-			return nil, fmt.Errorf("%s: the traffic server does not listen on port %d", g, port)
+			return fmt.Errorf("%s: nothing listens on port %d", g, port)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
