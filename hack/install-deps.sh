@@ -27,6 +27,7 @@ packages=(
 	qemu-system-x86=1:7.2+dfsg-7+deb12u18+b3
 	binutils=2.40-2
 	iptables=1.8.9-2
+	python3=3.11.2-1+b1
 )
 
 missing=()

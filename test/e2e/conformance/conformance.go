@@ -10,7 +10,8 @@
 // arrive whole (the hashes the two ends report agree), and the sending
 // node's agent steered them over at least two paths, each carrying at least
 // a fifth of the bytes (its per-path counters, read through the API
-// server's proxy to the agent pod).
+// server's proxy to the agent pod). RunVM does the same with a KubeVirt VM
+// as the server (vm.go).
 package conformance
 
 import (
@@ -75,9 +76,7 @@ func Run(t *testing.T, env Env) {
 	sender, receiver, agent := pickNodes(t, ctx, cs, env)
 	t.Logf("sending from node %s (agent %s) to node %s", sender, agent, receiver)
 
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	ns := "mptcp-conformance-" + hex.EncodeToString(b)
+	ns := "mptcp-conformance-" + randomSuffix()
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
 		Labels: map[string]string{"mptcp.io/tenant": "enabled"}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -159,19 +158,14 @@ func pickNodes(t *testing.T, ctx context.Context, cs kubernetes.Interface, env E
 	if len(ready) < 2 {
 		t.Fatalf("%d Ready nodes labelled %s=true, want two", len(ready), multipathLabel)
 	}
-	pods, err := cs.CoreV1().Pods(env.AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=agent"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pods.Items {
-		if p.Spec.NodeName == ready[0] && p.Status.Phase == corev1.PodRunning {
-			agent = p.Name
-		}
-	}
-	if agent == "" {
-		t.Fatalf("no running agent pod on node %s in namespace %s", ready[0], env.AgentNamespace)
-	}
-	return ready[0], ready[1], agent
+	return ready[0], ready[1], agentOn(t, ctx, cs, env, ready[0])
+}
+
+// randomSuffix names a namespace of one run.
+func randomSuffix() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func setPullPolicy(pod *corev1.Pod, p corev1.PullPolicy) {

@@ -2,6 +2,8 @@ package conformance
 
 import (
 	"flag"
+	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -16,20 +18,58 @@ var (
 	namespace    = flag.String("conformance.namespace", "mptcp-system", "the chart's release namespace")
 	metricsPort  = flag.Int("conformance.metrics-port", 9402, "the chart's agent.metricsPort")
 	duration     = flag.Duration("conformance.duration", 10*time.Second, "length of the transfer")
+	vm           = flag.Bool("conformance.vm", false, "run the VM case too (TestInstalledOperatorServesVMs): the cluster runs KubeVirt")
+	vmImage      = flag.String("conformance.vm-image", "quay.io/containerdisks/fedora:41", "containerDisk of the VM case's VM: cloud-init, Python 3, Linux 5.16 or later")
+	vmBinding    = flag.String("conformance.vm-binding", Bindings[0], fmt.Sprintf("pod network binding of the VM case's VM, one of %v", Bindings))
+	dryRun       = flag.Bool("conformance.dry-run", false, "print the VM case's objects instead of creating them; needs no cluster")
 )
+
+func env() Env {
+	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		panic(err)
+	}
+	return Env{Config: cfg, TrafficImage: *trafficImage, PullPolicy: corev1.PullPolicy(*pullPolicy),
+		AgentNamespace: *namespace, AgentMetricsPort: *metricsPort, Duration: *duration}
+}
+
+func requireCluster(t *testing.T) {
+	t.Helper()
+	if *kubeconfig == "" || *trafficImage == "" {
+		t.Skip("checks a cluster of your own: -conformance.kubeconfig=FILE -conformance.traffic-image=REF (hack/kind.sh e2e does it on kind); make test runs the same checks on the test bed's nodes in TestChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace")
+	}
+	if _, err := clientcmd.BuildConfigFromFlags("", *kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // The installed operator of the cluster -conformance.kubeconfig names
 // spreads a pod's connections to another node over two paths and delivers
 // them whole. hack/kind.sh e2e runs it on kind; make test runs Run on the
 // test bed's real nodes instead, from the chart install test.
 func TestInstalledOperator(t *testing.T) {
-	if *kubeconfig == "" || *trafficImage == "" {
-		t.Skip("checks a cluster of your own: -conformance.kubeconfig=FILE -conformance.traffic-image=REF (hack/kind.sh e2e does it on kind); make test runs the same checks on the test bed's nodes in TestChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace")
+	requireCluster(t)
+	Run(t, env())
+}
+
+// The same operator gives a KubeVirt VM guest mode and carries a pod's
+// connections to it over two paths, whole (vm.go). -conformance.dry-run
+// prints what it would create.
+func TestInstalledOperatorServesVMs(t *testing.T) {
+	venv := VMEnv{Image: *vmImage, Binding: *vmBinding}
+	if *dryRun {
+		venv.TrafficImage, venv.Duration = *trafficImage, *duration
+		out, err := DryRunVM(venv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = os.Stdout.WriteString(out)
+		return
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
-	if err != nil {
-		t.Fatal(err)
+	if !*vm {
+		t.Skip("checks a cluster of your own that runs KubeVirt: -conformance.vm with the flags of TestInstalledOperator; -conformance.dry-run prints the objects")
 	}
-	Run(t, Env{Config: cfg, TrafficImage: *trafficImage, PullPolicy: corev1.PullPolicy(*pullPolicy),
-		AgentNamespace: *namespace, AgentMetricsPort: *metricsPort, Duration: *duration})
+	requireCluster(t)
+	venv.Env = env()
+	RunVM(t, venv)
 }
