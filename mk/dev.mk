@@ -4,6 +4,8 @@ GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(CACHE_DIR)/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
 CLANG_FORMAT ?= clang-format
 BPF_SOURCES := $(wildcard bpf/*.c bpf/include/*.h bench/*/*.c)
+# The C of the preload library (and its test programs), in the same style.
+PRELOAD_SOURCES := $(wildcard preload/lib/*.c preload/testdata/*.c)
 # Tests that build real networks, load BPF and run a real API server: the
 # whole suite runs as root; see docs/testing.md.
 TEST_TIMEOUT ?= 80m
@@ -39,14 +41,14 @@ $(GOLANGCI_LINT):
 	mv $(dir $@)/golangci-lint $@
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (product and tools module), clang-format on the BPF C code, helm lint of the chart.
+lint: $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (product and tools module), clang-format on the C code (BPF, preload library), helm lint of the chart.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
 # The tools module's own programs (imagebuild, valuesdoc); ./... there holds
 # none of the pinned tools' packages.
 	cd hack/tools && $(GO) vet ./... && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
-	$(CLANG_FORMAT) --dry-run --Werror $(BPF_SOURCES)
+	$(CLANG_FORMAT) --dry-run --Werror $(BPF_SOURCES) $(PRELOAD_SOURCES)
 
 ##@ Test
 

@@ -166,6 +166,28 @@ func containerReady(p *corev1.Pod) bool {
 	return false
 }
 
+// rolloutSteps lists, per node, each change of its agent pods as the samples
+// saw them: where a replacement spends its time.
+func rolloutSteps(samples []rolloutSample, nodeNames []string) []string {
+	var steps []string
+	for _, n := range nodeNames {
+		last := ""
+		for _, s := range samples {
+			var seen []string
+			for i := range s.pods {
+				if s.pods[i].Spec.NodeName == n {
+					seen = append(seen, describeAgentPod(&s.pods[i]))
+				}
+			}
+			if now := strings.Join(seen, "; "); now != last {
+				steps = append(steps, fmt.Sprintf("%s %s: %s", s.at.Format("15:04:05.0"), n, now))
+				last = now
+			}
+		}
+	}
+	return steps
+}
+
 func describeAgentPod(p *corev1.Pod) string {
 	state := "waiting"
 	for _, cs := range p.Status.ContainerStatuses {
@@ -294,6 +316,7 @@ func testHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime(t *testing.T) {
 	if err != nil {
 		t.Errorf("the agents' rollout:\n%v", err)
 	}
+	t.Logf("the agent pods, as they changed:\n%s", strings.Join(rolloutSteps(samples, nodeNames), "\n"))
 	for k := range tx0 {
 		// 50 Mbit/s is 6.25 MB a second, which the transfer has alone; a
 		// quarter of it means the NIC kept carrying its subflows.
