@@ -15,7 +15,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -478,4 +480,54 @@ func TestDefaultImagesAreWhatMakeImagesBuilds(t *testing.T) {
 		want := "ghcr.io/mptcp-operator/" + name + ":" + chart.AppVersion
 		must(t, got == want, "%s image %s, want %s", name, got, want)
 	}
+}
+
+// The pod webhook (podMPTCP.transparent): by default the controller serves
+// it with a certificate it issues into the chart's empty Secret, for pods
+// of namespaces that opt in only (never the release's or kube-system),
+// failing open; its init container runs the agent's image. With
+// cert-manager, cert-manager issues the certificate and injects the CA,
+// and the controller only reads the Secret. Off, nothing of it renders.
+func TestWebhookRendersForOptedInNamespacesAndFailsOpen(t *testing.T) {
+	r := render(t)
+	hook := get[*admissionregistrationv1.MutatingWebhookConfiguration](t, r, "MutatingWebhookConfiguration", "mptcp-transparent")
+	must(t, len(hook.Webhooks) == 1, "%d webhooks", len(hook.Webhooks))
+	w := hook.Webhooks[0]
+	must(t, *w.FailurePolicy == admissionregistrationv1.Ignore && *w.SideEffects == admissionregistrationv1.SideEffectClassNone, "failurePolicy %s, sideEffects %s", *w.FailurePolicy, *w.SideEffects)
+	must(t, w.ClientConfig.Service != nil && w.ClientConfig.Service.Name == "mptcp-webhook" && *w.ClientConfig.Service.Path == "/mutate-v1-pod", "clientConfig %+v", w.ClientConfig)
+	sel, err := metav1.LabelSelectorAsSelector(w.NamespaceSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ns, want := range map[string]bool{"apps": true, "mptcp-system": false, "kube-system": false} {
+		l := labels.Set{"kubernetes.io/metadata.name": ns, "mptcp.io/transparent": "enabled"}
+		must(t, sel.Matches(l) == want, "namespace %s labelled for the webhook: called %v, want %v", ns, sel.Matches(l), want)
+	}
+	must(t, !sel.Matches(labels.Set{"kubernetes.io/metadata.name": "apps"}), "a namespace that did not opt in is called")
+	must(t, r.has("Secret", "mptcp-webhook-cert") && r.has("ClusterRole", "mptcp-controller-webhook") && r.has("Service", "mptcp-webhook"), "the Secret, the Service or the caBundle's RBAC is missing")
+	role := get[*rbacv1.Role](t, r, "Role", "mptcp-controller-webhook-cert")
+	must(t, slices.Equal(role.Rules[0].ResourceNames, []string{"mptcp-webhook-cert"}), "the controller may touch Secrets %v", role.Rules[0].ResourceNames)
+
+	d := get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller")
+	args := strings.Join(container(t, d.Spec.Template.Spec, "controller").Args, " ")
+	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
+	agentImage := container(t, ds.Spec.Template.Spec, "agent").Image
+	for _, want := range []string{"--webhook-port=9443", "--webhook-issue-cert=true", "--preload-image=" + agentImage, "--webhook-configuration=mptcp-transparent"} {
+		must(t, strings.Contains(args, want), "controller args %q lack %q", args, want)
+	}
+
+	cm := render(t, "--set", "webhook.certManager.enabled=true")
+	hook = get[*admissionregistrationv1.MutatingWebhookConfiguration](t, cm, "MutatingWebhookConfiguration", "mptcp-transparent")
+	must(t, hook.Annotations["cert-manager.io/inject-ca-from"] == "mptcp-system/mptcp-webhook", "inject-ca-from %q", hook.Annotations["cert-manager.io/inject-ca-from"])
+	cert := get[*unstructured.Unstructured](t, cm, "Certificate", "mptcp-webhook")
+	secretName, _, _ := unstructured.NestedString(cert.Object, "spec", "secretName")
+	must(t, secretName == "mptcp-webhook-cert" && cm.has("Issuer", "mptcp-webhook"), "Certificate's secret %q, Issuer rendered %v", secretName, cm.has("Issuer", "mptcp-webhook"))
+	must(t, !cm.has("Secret", "mptcp-webhook-cert") && !cm.has("ClusterRole", "mptcp-controller-webhook"), "with cert-manager the chart still renders its Secret or the caBundle's RBAC")
+	d = get[*appsv1.Deployment](t, cm, "Deployment", "mptcp-controller")
+	must(t, slices.Contains(container(t, d.Spec.Template.Spec, "controller").Args, "--webhook-issue-cert=false"), "with cert-manager the controller still issues")
+
+	off := render(t, "--set", "webhook.enabled=false")
+	must(t, !off.has("MutatingWebhookConfiguration", "mptcp-transparent") && !off.has("Service", "mptcp-webhook"), "webhook.enabled=false still renders the webhook")
+	d = get[*appsv1.Deployment](t, off, "Deployment", "mptcp-controller")
+	must(t, !strings.Contains(strings.Join(container(t, d.Spec.Template.Spec, "controller").Args, " "), "--webhook"), "webhook.enabled=false still passes webhook flags")
 }

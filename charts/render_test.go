@@ -71,6 +71,10 @@ func typedObject(kind string) any {
 		return &corev1.ServiceAccount{}
 	case "Service":
 		return &corev1.Service{}
+	case "Secret":
+		return &corev1.Secret{}
+	case "MutatingWebhookConfiguration":
+		return &admissionregistrationv1.MutatingWebhookConfiguration{}
 	case "ClusterRole":
 		return &rbacv1.ClusterRole{}
 	case "ClusterRoleBinding":
@@ -95,9 +99,9 @@ func typedObject(kind string) any {
 		return &mptcpv1alpha1.MPTCPPath{}
 	case "MPTCPPolicy":
 		return &mptcpv1alpha1.MPTCPPolicy{}
-	case "ServiceMonitor":
-		// The Prometheus Operator's types are not a dependency: checked as
-		// unstructured.
+	case "ServiceMonitor", "Certificate", "Issuer":
+		// The Prometheus Operator's and cert-manager's types are not a
+		// dependency: checked as unstructured.
 		return &unstructured.Unstructured{}
 	}
 	return nil

@@ -26,8 +26,12 @@ build: ## Build the agent, the traffic tool and the demo into bin/.
 generate-bpf: ## Regenerate the BPF objects and Go bindings (bpf2go; needs clang).
 	$(GO) generate ./internal/datapath/... ./bench/xdpdrop/...
 
-# `make generate` (mk/api.mk) also regenerates the datapath.
-generate: generate-bpf
+.PHONY: generate-preload
+generate-preload: ## Rebuild the preload library (preload/libmptcp-socket.so, committed; needs clang).
+	$(GO) generate ./preload/...
+
+# `make generate` (mk/api.mk) also regenerates the datapath and the preload library.
+generate: generate-bpf generate-preload
 
 .PHONY: verify
 verify: generate manifests ## Fail if anything generated is stale (CI runs this).

@@ -1,33 +1,35 @@
-// Package preload builds libmptcp-socket.so (lib/mptcp_socket.c): a library
+// Package preload holds libmptcp-socket.so (lib/mptcp_socket.c): a library
 // that, loaded with LD_PRELOAD, makes a program's TCP sockets MPTCP ones,
-// for programs that call libc's socket() and cannot be changed.
+// for programs that call libc's socket() and cannot be changed. The agent
+// binary carries it and writes it into a pod's volume (agent
+// -install-preload), where the webhook's init container puts it.
 package preload
 
 import (
-	"fmt"
-	"os/exec"
+	_ "embed"
+	"os"
 	"path/filepath"
-	"runtime"
 )
 
-// Library is the file name of the built library.
+// Library is the file name of the library.
 const Library = "libmptcp-socket.so"
 
-// Source is the library's C source, in this package's directory.
-func Source() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "lib", "mptcp_socket.c")
-}
+// Bytes is the library, for linux/amd64 with glibc (built by gen.go).
+//
+//go:embed libmptcp-socket.so
+var Bytes []byte
 
-// Build compiles the library into dir with clang (the toolchain the
-// datapath's BPF programs are built with) and returns its path. The build
-// is reproducible: no build ID, no debug paths.
-func Build(dir string) (string, error) {
-	out := filepath.Join(dir, Library)
-	cmd := exec.Command("clang", "-O2", "-Wall", "-Werror", "-std=c11", "-fPIC", "-shared", "-fvisibility=hidden",
-		"-Wl,--build-id=none", "-o", out, Source(), "-ldl")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building %s: %v: %s", Library, err, b)
+// Install writes the library into dir, readable by every user (the pod's
+// containers run as any uid), and returns its path.
+func Install(dir string) (string, error) {
+	path := filepath.Join(dir, Library)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, Bytes, 0o644); err != nil {
+		return "", err
 	}
-	return out, nil
+	// WriteFile's mode is cut by the umask.
+	if err := os.Chmod(tmp, 0o644); err != nil {
+		return "", err
+	}
+	return path, os.Rename(tmp, path)
 }

@@ -17,17 +17,20 @@ import (
 
 const ipprotoMPTCP, ipprotoTCP = "262", "6"
 
-// builtClient builds the library and testdata/sockets.c, a C program that
-// knows nothing of MPTCP.
+// builtClient installs the library as the agent does and builds
+// testdata/sockets.c, a C program that knows nothing of MPTCP.
 func builtClient(t *testing.T) (lib, client string) {
 	t.Helper()
 	if _, err := exec.LookPath("clang"); err != nil {
 		testutil.Unavailable(t, "needs clang (make deps): %v", err)
 	}
 	dir := t.TempDir()
-	lib, err := Build(dir)
+	lib, err := Install(dir)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if fi, err := os.Stat(lib); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("installed library: %v, mode %v; want readable by every user", err, fi.Mode())
 	}
 	client = filepath.Join(dir, "sockets")
 	if out, err := exec.Command("clang", "-O2", "-Wall", "-o", client, filepath.Join("testdata", "sockets.c")).CombinedOutput(); err != nil {

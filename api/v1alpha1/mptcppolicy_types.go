@@ -224,9 +224,29 @@ const (
 	SubflowCreationGuest     SubflowCreation = "guest"
 )
 
+// TransparentMPTCP is what a selected pod's programs that do not open MPTCP
+// sockets themselves get, from the pod's creation on.
+//
+//   - inject: every container gets GODEBUG multipathtcp=1 (Go programs
+//     dial and listen with MPTCP) and the preload library first in its
+//     LD_PRELOAD (a program that asks libc for a TCP socket gets an MPTCP
+//     one), delivered by an init container the webhook adds.
+//   - off: every container gets GODEBUG multipathtcp=0: Go programs, whose
+//     listeners take MPTCP by default since Go 1.24, use TCP only.
+//
+// +kubebuilder:validation:Enum=inject;off
+type TransparentMPTCP string
+
+const (
+	TransparentInject TransparentMPTCP = "inject"
+	TransparentOff    TransparentMPTCP = "off"
+)
+
 // PodMPTCP is what the agent configures inside a selected pod's network
-// namespace before its workload starts.
+// namespace before its workload starts, and what the webhook changes in
+// the pod's containers at its creation.
 // +kubebuilder:validation:XValidation:rule="(has(self.subflowCreation) && self.subflowCreation == 'signal') == has(self.signalPorts)",message="signalPorts must be set when subflowCreation is signal, and only then"
+// +kubebuilder:validation:XValidation:rule="!has(self.transparent) || !has(self.subflowCreation) || self.subflowCreation != 'guest'",message="transparent changes the pod's containers; in guest mode the programs run inside a VM, which it cannot reach: leave transparent unset"
 type PodMPTCP struct {
 	// subflowCreation says who creates extra subflows.
 	// +optional
@@ -259,6 +279,16 @@ type PodMPTCP struct {
 	// +optional
 	// +kubebuilder:default=true
 	DataChecksums *bool `json:"dataChecksums,omitempty"`
+	// transparent gives the selected pods' programs that do not open MPTCP
+	// sockets themselves MPTCP (inject), or keeps Go's default MPTCP
+	// listeners from them (off), by changing each pod's containers when it
+	// is created (a mutating webhook); unset, the pods are left as they
+	// are. Pods created before the policy keep their spec until they are
+	// created again, and say so in an event. The policy of highest
+	// precedence that sets it decides for a pod. docs/transparent.md says
+	// which programs each covers.
+	// +optional
+	Transparent TransparentMPTCP `json:"transparent,omitempty"`
 }
 
 // Permission is an explicit admin choice.

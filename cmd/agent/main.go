@@ -35,6 +35,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/preload"
 )
 
 // flapDamping, joinHoldoff and liveness are the -flap-damping,
@@ -91,7 +92,18 @@ func main() {
 		return err
 	})
 	flag.StringVar(&netnsutil.ProcSys, "proc-sys", netnsutil.ProcSys, "directory whose net/ is a writable /proc/sys/net (in a container: a mount of the host's, e.g. /host/proc/sys)")
+	installPreload := flag.String("install-preload", "", "write the preload library ("+preload.Library+") into this directory and exit: the init container that podMPTCP.transparent inject adds to a pod")
 	flag.Parse()
+
+	if *installPreload != "" {
+		path, err := preload.Install(*installPreload)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "agent: installing the preload library: %v\n", err)
+			os.Exit(1)
+		}
+		fmt.Println(path)
+		return
+	}
 
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {

@@ -3,15 +3,23 @@
 package main
 
 import (
+	"errors"
 	"flag"
+	"log/slog"
 	"os"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/controller"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/podwebhook"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/webhookcert"
 )
 
 func main() {
@@ -20,6 +28,14 @@ func main() {
 		probeAddr   = flag.String("health-probe-bind-address", ":8081", "address the health and readiness probes bind to")
 		leaderElect = flag.Bool("leader-elect", false, "elect a leader, so that only one replica writes")
 		leaderNS    = flag.String("leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
+
+		webhookPort    = flag.Int("webhook-port", 0, "serve the pod webhook (podMPTCP.transparent) over TLS on this port; 0: no webhook")
+		webhookService = flag.String("webhook-service", "", "with -webhook-port: NAMESPACE/NAME of the webhook's Service (the certificate's names)")
+		webhookSecret  = flag.String("webhook-cert-secret", "", "with -webhook-port: NAMESPACE/NAME of the Secret holding the serving certificate")
+		webhookIssue   = flag.Bool("webhook-issue-cert", true, "with -webhook-port: issue and renew the certificate and keep the configuration's caBundle; false: cert-manager does")
+		webhookConfig  = flag.String("webhook-configuration", "", "with -webhook-port: name of the MutatingWebhookConfiguration")
+		preloadImage   = flag.String("preload-image", "", "with -webhook-port: image of the init container that installs the preload library (the agent's)")
+		preloadPull    = flag.String("preload-image-pull-policy", string(corev1.PullIfNotPresent), "pull policy of -preload-image")
 	)
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
@@ -32,7 +48,26 @@ func main() {
 		log.Error(err, "scheme")
 		os.Exit(1)
 	}
+	var hook podwebhook.Options
+	var certs *webhookcert.Manager
+	var webhookServer webhook.Server
+	if *webhookPort != 0 {
+		hook = podwebhook.Options{Port: *webhookPort, IssueCert: *webhookIssue, Configuration: *webhookConfig,
+			PreloadImage: *preloadImage, PreloadPullPolicy: corev1.PullPolicy(*preloadPull)}
+		if hook.Service, err = podwebhook.ParseNamespacedName(*webhookService); err == nil {
+			hook.CertSecret, err = podwebhook.ParseNamespacedName(*webhookSecret)
+		}
+		if err == nil && (hook.Configuration == "" || hook.PreloadImage == "") {
+			err = errors.New("-webhook-port needs -webhook-configuration and -preload-image")
+		}
+		if err != nil {
+			log.Error(err, "webhook flags")
+			os.Exit(2)
+		}
+		webhookServer, certs = podwebhook.Server(hook, slog.New(logr.ToSlogHandler(ctrl.Log.WithName("webhook-certificate"))))
+	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		WebhookServer:           webhookServer,
 		Scheme:                  scheme,
 		Cache:                   controller.CacheOptions(),
 		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
@@ -54,6 +89,12 @@ func main() {
 	if err := controller.Setup(ctx, mgr); err != nil {
 		log.Error(err, "controllers")
 		os.Exit(1)
+	}
+	if certs != nil {
+		if err := podwebhook.Setup(mgr, hook, certs); err != nil {
+			log.Error(err, "webhook")
+			os.Exit(1)
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		log.Error(err, "health check")

@@ -319,6 +319,7 @@ func send(args []string) error {
 	duration := fs.Duration("duration", 10*time.Second, "how long each connection sends (ignored with -bytes)")
 	nbytes := fs.Int64("bytes", 0, "send exactly this many bytes per connection instead of for -duration")
 	mptcp := fs.Bool("mptcp", false, "dial with MPTCP")
+	goDefault := fs.Bool("go-default", false, "dial as a Go program that never asks for MPTCP does (net.Dialer's default, which GODEBUG multipathtcp decides), instead of saying -mptcp or not")
 	seed := fs.Uint64("seed", 1, "seed of the byte streams; connection i uses (seed, i)")
 	asJSON := fs.Bool("json", false, "print one JSON line per connection (default: short text)")
 	stall := fs.Duration("stall", 5*time.Second, "a write that makes no progress for this long ends the connection as stalled")
@@ -334,6 +335,9 @@ func send(args []string) error {
 	if *rate < 0 {
 		return errors.New("-rate-mbit must not be negative")
 	}
+	if *goDefault && *mptcp {
+		return errors.New("-go-default and -mptcp exclude each other")
+	}
 	if *awaitJoins < 0 || *awaitJoins > 255 {
 		return errors.New("-await-joins must be in [0, 255]")
 	}
@@ -345,7 +349,8 @@ func send(args []string) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			reports[i] = sendOne(*to, *mptcp, *cc, *seed, i, *duration, *stall, *nbytes, *rate*1e6/8, joins)
+			dial := dialMode{mptcp: *mptcp, goDefault: *goDefault}
+			reports[i] = sendOne(*to, dial, *cc, *seed, i, *duration, *stall, *nbytes, *rate*1e6/8, joins)
 		}()
 	}
 	wg.Wait()
@@ -385,12 +390,18 @@ func congestionControl(c *net.TCPConn) (string, error) {
 	return name, gerr
 }
 
+// dialMode says whether a connection asks for MPTCP: mptcp, or, with
+// goDefault, not at all (Go's default decides).
+type dialMode struct{ mptcp, goDefault bool }
+
 // sendOne sends one connection's stream; pace, in bytes per second, holds
 // the bytes written by each moment to that rate (0: no pacing).
-func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration, stall time.Duration, nbytes int64, pace float64, joins joinWait) SenderReport {
+func sendOne(to string, dial dialMode, cc string, seed uint64, i int, duration, stall time.Duration, nbytes int64, pace float64, joins joinWait) SenderReport {
 	r := SenderReport{Conn: i, Seed: seed, Remote: to}
 	var d net.Dialer
-	d.SetMultipathTCP(mptcp)
+	if !dial.goDefault {
+		d.SetMultipathTCP(dial.mptcp)
+	}
 	if cc != "" {
 		// Before connect, so that every subflow starts with it (an
 		// MPTCP socket hands TCP_CONGESTION to its subflows).
@@ -426,7 +437,7 @@ func sendOne(to string, mptcp bool, cc string, seed uint64, i int, duration, sta
 			return r
 		}
 	}
-	if mptcp && joins.want > 0 {
+	if r.MPTCP && joins.want > 0 {
 		r.JoinsAwaited, r.JoinWaitTimedOut = joins.await(tc)
 		start = time.Now() // the stream, and its duration, start now
 	}

@@ -64,7 +64,7 @@ func TestServerReportsBeforeItCloses(t *testing.T) {
 	s := &server{out: &out, window: time.Second, open: map[*net.TCPConn]bool{}}
 	addr, _ := loopbackServer(t, s)
 	for i := range 20 {
-		r := sendOne(addr.String(), false, "", 5, i, 0, 5*time.Second, 100_000, 0, joinWait{})
+		r := sendOne(addr.String(), dialMode{}, "", 5, i, 0, 5*time.Second, 100_000, 0, joinWait{})
 		if r.Error != "" {
 			t.Fatal(r.Error)
 		}
@@ -84,7 +84,7 @@ func TestPacedSenderHoldsItsRate(t *testing.T) {
 	var out bytes.Buffer
 	s := &server{out: &out, window: time.Second, open: map[*net.TCPConn]bool{}}
 	addr, _ := loopbackServer(t, s)
-	r := sendOne(addr.String(), false, "", 5, 0, time.Second, 5*time.Second, 0, 1e6, joinWait{})
+	r := sendOne(addr.String(), dialMode{}, "", 5, 0, time.Second, 5*time.Second, 0, 1e6, joinWait{})
 	if r.Error != "" {
 		t.Fatal(r.Error)
 	}

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/transparent"
 	"github.com/mptcp-operator/mptcp-operator/test/e2e/conformance"
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
@@ -272,6 +274,7 @@ func testChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing
 	w.Close()
 	requireSpread(t, analysis, len(sent), "installed with the chart")
 	requireNodeStatesOfExamples(t, cb, servers)
+	requireTransparentGoClientGetsMPTCP(t, cb, servers[2])
 	// The checks hack/kind.sh runs on kind, through the API server alone.
 	conformance.Run(t, conformance.Env{Config: cb.cp.Env.Config, TrafficImage: cb.images[nodes.TrafficImage].Ref,
 		PullPolicy: corev1.PullNever, AgentNamespace: release.Namespace, AgentMetricsPort: release.AgentMetricsPort, Duration: 3 * time.Second})
@@ -289,6 +292,91 @@ func testChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing
 	if diff := before.Diff(cb.footprints(t), nil); diff != "" {
 		t.Errorf("helm uninstall left the nodes changed (- before the install, + after the uninstall):\n%s", diff)
 	}
+}
+
+// requireTransparentGoClientGetsMPTCP: in a namespace that opted in to
+// the webhook, a policy with podMPTCP.transparent inject selects a Go
+// client that never asks for MPTCP (traffic send -go-default). The
+// chart's webhook, served by the controller with the certificate it
+// issued, changes the pod as the API server admits it; the kubelet runs
+// the init container that installs the preload library (as a non-root
+// user, from the agent's image); and the client's connections to the
+// other node's server are MPTCP and arrive whole.
+func requireTransparentGoClientGetsMPTCP(t *testing.T, cb *chartBed, server *corev1.Pod) {
+	t.Helper()
+	ctx := background(t)
+	const ns = "transparent"
+	cb.namespace(t, ns, map[string]string{"mptcp.io/transparent": "enabled"})
+	if err := nodes.AllowAwait(ctx, cb.c, ns); err != nil {
+		t.Fatal(err)
+	}
+	policy := &mptcpv1alpha1.MPTCPPolicy{ObjectMeta: metav1.ObjectMeta{Name: "transparent-inject"}, Spec: mptcpv1alpha1.MPTCPPolicySpec{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}},
+		Spread:            mptcpv1alpha1.Spread{Paths: []mptcpv1alpha1.WeightedPath{{Name: "fabric-a"}, {Name: "fabric-b"}}},
+		PodMPTCP:          mptcpv1alpha1.PodMPTCP{Transparent: mptcpv1alpha1.TransparentInject}}}
+	if err := cb.c.Create(ctx, policy); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := cb.c.Delete(ctx, policy); err != nil {
+			t.Error(err)
+		}
+	}()
+	const conns = 2
+	n := cb.bed.Node(1)
+	served := len(nodes.JSONLines[testbed.ServerReport](cb.nodes.WorkloadLog(server, "stdout")))
+	var client *corev1.Pod
+	// The webhook reads policies from the controller's cache, which may
+	// not hold the new one yet: a pod created before it is admitted as it
+	// is, and deleted for another.
+	for attempt := 1; ; attempt++ {
+		client = nodes.TrafficPod(ns, fmt.Sprintf("go-client-%d", attempt), framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
+			map[string]string{"app": "go-client"}, nil, "send", "-to", fmt.Sprintf("%s:%d", server.Status.PodIP, tenantPort), "-go-default",
+			"-json", "-conns", fmt.Sprint(conns), "-duration", "2s", "-seed", "21")
+		if err := cb.c.Create(ctx, client); err != nil {
+			t.Fatal(err)
+		}
+		if client.Annotations[transparent.AnnotationMode] == string(mptcpv1alpha1.TransparentInject) {
+			break
+		}
+		if attempt == 20 {
+			t.Fatalf("the webhook did not change pod %s (annotations %v)", client.Name, client.Annotations)
+		}
+		if err := cb.c.Delete(ctx, client); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err := cb.nodes.WaitEnded(ctx, cb.c, client); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range client.Status.InitContainerStatuses {
+		if s.Name != transparent.InitContainerName {
+			continue
+		}
+		log, _ := cb.nodes.NodeOf(client).ContainerLog(client, s.Name, "stdout")
+		if s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 || strings.TrimSpace(log) != transparent.LibraryPath {
+			t.Errorf("init container %s: state %+v, log %q; want it to have installed %s", s.Name, s.State, log, transparent.LibraryPath)
+		}
+	}
+	sent, err := cb.nodes.SenderReports(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range sent {
+		if !r.MPTCP || r.Error != "" {
+			t.Errorf("the unmodified Go client's connection %d: MPTCP %v, error %q; want MPTCP", r.Conn, r.MPTCP, r.Error)
+		}
+	}
+	got, err := cb.nodes.ServerReports(ctx, server, served+len(sent), 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testbed.MatchReports(sent, got); err != nil {
+		t.Errorf("the unmodified Go client's streams: %v", err)
+	}
+	t.Logf("transparent inject: pod %s changed by the webhook (%s), %d connections, MPTCP %v, streams whole", client.Name,
+		client.Annotations[transparent.AnnotationMode], len(sent), sent[0].MPTCP)
 }
 
 // requireNodeStatesOfExamples checks what the controller compiled from the

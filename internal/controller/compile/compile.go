@@ -512,6 +512,19 @@ func activePolicies(in []mptcpv1alpha1.MPTCPPolicy) []mptcpv1alpha1.MPTCPPolicy 
 	return out
 }
 
+// SelectingPolicies are the policies that select pod (in a namespace
+// labelled nsLabels), in order of precedence, those being deleted left out:
+// the order in which Node chains their rules.
+func SelectingPolicies(policies []mptcpv1alpha1.MPTCPPolicy, nsLabels map[string]string, pod *corev1.Pod) []mptcpv1alpha1.MPTCPPolicy {
+	var out []mptcpv1alpha1.MPTCPPolicy
+	for _, p := range activePolicies(policies) {
+		if selects(&p, labels.Set(nsLabels), pod) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // podEligible: only pods bound to this node whose traffic the agent can
 // steer. Host-network pods share the node's namespace, finished pods have no
 // traffic left.
