@@ -29,8 +29,9 @@ func TestFailover(t *testing.T) {
 
 // Rates: caps (police, shape, window, per pod, a path's capacity, a live
 // connection's cap while policies come and go, the last two through the
-// API on real nodes) and the agent's throughput against hand-written
-// routing, measured one test at a time.
+// API on real nodes), the agent's throughput against hand-written routing
+// and a long transfer's stalls with the defaults, measured one test at a
+// time.
 func TestRate(t *testing.T) {
 	t.Run("PoliceCapsWhatThePodSends", testPoliceCapsWhatThePodSends)
 	t.Run("PoliceCapsWhatThePodReceives", testPoliceCapsWhatThePodReceives)
@@ -39,6 +40,7 @@ func TestRate(t *testing.T) {
 	t.Run("PerPodPoliceCapsEveryProtocol", testPerPodPoliceCapsEveryProtocol)
 	t.Run("PoliceCapsWhatAGuestSends", testPoliceCapsWhatAGuestSends)
 	t.Run("AgentThroughputMatchesHandRoutedBaseline", testAgentThroughputMatchesHandRoutedBaseline)
+	t.Run("SteadyTransferHasNoPeriodicStall", testSteadyTransferHasNoPeriodicStall)
 	t.Run("PathCapacityBoundsShapingOnItsNIC", testPathCapacityBoundsShapingOnItsNIC)
 	t.Run("LiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes", testLiveConnectionKeepsItsCapWhileAPolicySortingFirstComesAndGoes)
 }

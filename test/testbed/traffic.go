@@ -324,27 +324,52 @@ func blockDifferences(sent, got []string) string {
 	return fmt.Sprintf("%d of %d MiB blocks differ, the first at offset %d, blocks %v", len(differ), n, int64(differ[0])<<20, differ)
 }
 
-// LongestStall returns the longest stretch in which connection r received
-// less than threshold bits/s, in whole sampling intervals (serve -sample),
-// from skip after its first byte to its last complete interval. 0 without
-// samples.
-func LongestStall(r ServerReport, threshold float64, skip time.Duration) time.Duration {
+// Stall is a stretch of a server's samples below a rate.
+type Stall struct {
+	// Start is from the connection's first byte.
+	Start, Length time.Duration
+}
+
+// Stalls lists r's stretches of whole samples below threshold (bit/s)
+// after skip, at least min long, in order. The last sample is left out: it
+// holds the connection's end.
+func Stalls(r ServerReport, threshold float64, skip, min time.Duration) []Stall {
 	if r.SampleSeconds <= 0 || len(r.Samples) < 2 {
-		return 0
+		return nil
 	}
 	interval := time.Duration(r.SampleSeconds * float64(time.Second))
 	limit := threshold / 8 * r.SampleSeconds // bytes per interval
-	longest, run := 0, 0
-	for i, n := range r.Samples[:len(r.Samples)-1] {
+	var out []Stall
+	run := 0
+	flush := func(end int) {
+		if l := time.Duration(run) * interval; run > 0 && l >= min {
+			out = append(out, Stall{Start: time.Duration(end-run) * interval, Length: l})
+		}
+		run = 0
+	}
+	samples := r.Samples[:len(r.Samples)-1]
+	for i, n := range samples {
 		if time.Duration(i)*interval < skip {
 			continue
 		}
 		if float64(n) < limit {
 			run++
-			longest = max(longest, run)
 		} else {
-			run = 0
+			flush(i)
 		}
 	}
-	return time.Duration(longest) * interval
+	flush(len(samples))
+	return out
+}
+
+// LongestStall returns the longest stretch in which connection r received
+// less than threshold bits/s, in whole sampling intervals (serve -sample),
+// from skip after its first byte to its last complete interval. 0 without
+// samples.
+func LongestStall(r ServerReport, threshold float64, skip time.Duration) time.Duration {
+	var longest time.Duration
+	for _, st := range Stalls(r, threshold, skip, 0) {
+		longest = max(longest, st.Length)
+	}
+	return longest
 }

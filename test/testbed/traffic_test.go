@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 )
@@ -178,6 +179,18 @@ func TestLongestStallCountsIntervalsBelowTheThreshold(t *testing.T) {
 	}
 	if got := LongestStall(ServerReport{}, 1, 0); got != 0 {
 		t.Errorf("no samples: %v", got)
+	}
+}
+
+func TestStallsListsEachStretchFromItsStart(t *testing.T) {
+	r := ServerReport{SampleSeconds: 0.05, Samples: []int64{50e3, 0, 50e3, 4e3, 0, 1e3, 50e3, 0, 0, 50e3, 0}}
+	got := Stalls(r, 0.8e6, 0, 100*time.Millisecond)
+	want := []Stall{{Start: 150 * time.Millisecond, Length: 150 * time.Millisecond}, {Start: 350 * time.Millisecond, Length: 100 * time.Millisecond}}
+	if !slices.Equal(got, want) {
+		t.Errorf("stalls of 100 ms or more: %v, want %v (the one-sample dip left out, the last sample ignored)", got, want)
+	}
+	if got := Stalls(r, 0.8e6, 0, 0); len(got) != 3 {
+		t.Errorf("every stall: %v, want 3", got)
 	}
 }
 
