@@ -1,9 +1,11 @@
 package transparent
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
+	jsonpatchapply "github.com/evanphx/json-patch/v5"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -30,13 +32,44 @@ func mounted(c corev1.Container) bool {
 	return false
 }
 
+// apply plans pod's change for mode and applies the patch as the API
+// server would, to the pod as JSON.
+func apply(t *testing.T, pod *corev1.Pod, mode mptcpv1alpha1.TransparentMPTCP) Change {
+	t.Helper()
+	ch := injector.Plan(pod, mode, "p1")
+	if len(ch.Patch) == 0 {
+		return ch
+	}
+	raw, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := json.Marshal(ch.Patch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch, err := jsonpatchapply.DecodePatch(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := patch.Apply(raw)
+	if err != nil {
+		t.Fatalf("the patch does not apply: %v\n%s", err, ops)
+	}
+	*pod = corev1.Pod{}
+	if err := json.Unmarshal(out, pod); err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
 func testPod() *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"}, Spec: corev1.PodSpec{
 		InitContainers: []corev1.Container{{Name: "setup"}},
 		Containers: []corev1.Container{
 			{Name: "plain"},
 			{Name: "godebug", Env: []corev1.EnvVar{{Name: "GODEBUG", Value: "http2client=0"}}},
-			{Name: "own-choice", Env: []corev1.EnvVar{{Name: "GODEBUG", Value: "x=1, multipathtcp=2"}}},
+			{Name: "own-choice", Env: []corev1.EnvVar{{Name: "GODEBUG", Value: "x=1,multipathtcp=2"}}},
 			{Name: "preloads", Env: []corev1.EnvVar{{Name: "LD_PRELOAD", Value: "/usr/lib/libtrace.so"}}},
 			{Name: "env-from", EnvFrom: []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}}}},
 			{Name: "referenced", Env: []corev1.EnvVar{{Name: "LD_PRELOAD", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}},
@@ -51,9 +84,9 @@ func testPod() *corev1.Pod {
 // cannot be merged are left alone and named.
 func TestInjectChangesEveryContainerItCanAndNamesTheOthers(t *testing.T) {
 	pod := testPod()
-	res := injector.Apply(pod, mptcpv1alpha1.TransparentInject)
-	if !res.Changed {
-		t.Fatal("the pod was not changed")
+	res := apply(t, pod, mptcpv1alpha1.TransparentInject)
+	if res.Skipped != "" || len(res.Patch) == 0 {
+		t.Fatalf("the pod was not changed: %s", res.Skipped)
 	}
 	byName := map[string]corev1.Container{}
 	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
@@ -61,7 +94,7 @@ func TestInjectChangesEveryContainerItCanAndNamesTheOthers(t *testing.T) {
 	}
 	for name, want := range map[string]string{
 		"setup": "multipathtcp=1", "plain": "multipathtcp=1", "godebug": "http2client=0,multipathtcp=1",
-		"own-choice": "x=1, multipathtcp=2", "preloads": "multipathtcp=1",
+		"own-choice": "x=1,multipathtcp=2", "preloads": "multipathtcp=1",
 	} {
 		if got, _ := env(byName[name], "GODEBUG"); got != want {
 			t.Errorf("%s: GODEBUG %q, want %q", name, got, want)
@@ -99,14 +132,85 @@ func TestInjectChangesEveryContainerItCanAndNamesTheOthers(t *testing.T) {
 			volumes++
 		}
 	}
-	if volumes != 1 || pod.Annotations[AnnotationMode] != "inject" {
-		t.Errorf("volumes %d, annotation %q; want one emptyDir and inject", volumes, pod.Annotations[AnnotationMode])
+	if volumes != 1 || pod.Annotations[AnnotationMode] != "inject" || pod.Annotations[AnnotationPolicy] != "p1" {
+		t.Errorf("volumes %d, annotations %v; want one emptyDir, inject from p1", volumes, pod.Annotations)
+	}
+	if pod.Spec.InitContainers[1].Name != "setup" {
+		t.Errorf("the pod's own init container moved: %v", pod.Spec.InitContainers)
 	}
 
-	// A second admission of the same pod (reinvocation) changes nothing.
-	before := pod.DeepCopy()
-	if res := injector.Apply(pod, mptcpv1alpha1.TransparentInject); res.Changed || len(pod.Spec.InitContainers) != len(before.Spec.InitContainers) {
-		t.Errorf("a pod changed already was changed again")
+	// The same pod again (kubectl get -o yaml | kubectl create) uses the
+	// library's names already: left as it is.
+	if again := injector.Plan(pod, mptcpv1alpha1.TransparentInject, "p1"); again.Skipped == "" || len(again.Patch) != 0 {
+		t.Errorf("a pod that holds the library's names was changed again: %+v", again)
+	}
+}
+
+// A pod that could reach the library's volume with a mount of its own (the
+// name, or the path), or that names a container as the init container,
+// opts out, or is too large, is left as it is, with the reason.
+func TestPodsThatClashOrOptOutAreLeftAsTheyAre(t *testing.T) {
+	for name, edit := range map[string]func(*corev1.Pod){
+		"a mount named as the volume": func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: VolumeName, MountPath: "/x"}}
+		},
+		"a mount at the path": func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "own", MountPath: MountPath + "/"}}
+		},
+		"a volume of the name":    func(p *corev1.Pod) { p.Spec.Volumes = []corev1.Volume{{Name: VolumeName}} },
+		"the init container name": func(p *corev1.Pod) { p.Spec.InitContainers[0].Name = InitContainerName },
+		"opted out":               func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationMode: OptOut} },
+		"too many containers": func(p *corev1.Pod) {
+			for len(p.Spec.Containers) <= MaxContainers {
+				p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "c"})
+			}
+		},
+	} {
+		pod := testPod()
+		edit(pod)
+		if ch := injector.Plan(pod, mptcpv1alpha1.TransparentInject, "p1"); ch.Skipped == "" || len(ch.Patch) != 0 {
+			t.Errorf("%s: the pod is changed (%d operations)", name, len(ch.Patch))
+		}
+	}
+}
+
+// Where a variable is given twice the kubelet passes the last: that is the
+// one merged with. GODEBUG keys count as Go reads them, spaces and all.
+func TestTheLastOfATwiceGivenVariableIsTheOneMerged(t *testing.T) {
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Env: []corev1.EnvVar{
+		{Name: "GODEBUG", Value: "multipathtcp=0"}, {Name: "GODEBUG", Value: " multipathtcp=0"}, {Name: "LD_PRELOAD", Value: "a.so"}, {Name: "LD_PRELOAD", Value: "b.so"}}}}}}
+	apply(t, pod, mptcpv1alpha1.TransparentInject)
+	env := pod.Spec.Containers[0].Env
+	if env[0].Value != "multipathtcp=0" || env[1].Value != " multipathtcp=0,multipathtcp=1" {
+		t.Errorf("GODEBUG %q, %q; want the first untouched and the last merged (its key has a space: not Go's multipathtcp)", env[0].Value, env[1].Value)
+	}
+	if env[2].Value != "a.so" || env[3].Value != LibraryPath+":b.so" {
+		t.Errorf("LD_PRELOAD %q, %q; want the last one with the library first", env[2].Value, env[3].Value)
+	}
+}
+
+// Fields of the pod this code does not know (a newer API's) survive: the
+// patch touches only what it changes.
+func TestFieldsThisCodeDoesNotKnowSurvive(t *testing.T) {
+	raw := []byte(`{"metadata":{"name":"p"},"spec":{"futureField":{"x":1},"containers":[{"name":"app","image":"a","futureContainerField":true,"securityContext":{"futureRestriction":"strict"}}]}}`)
+	var pod corev1.Pod
+	if err := json.Unmarshal(raw, &pod); err != nil {
+		t.Fatal(err)
+	}
+	ch := injector.Plan(&pod, mptcpv1alpha1.TransparentInject, "p1")
+	ops, _ := json.Marshal(ch.Patch)
+	patch, err := jsonpatchapply.DecodePatch(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := patch.Apply(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"futureField":{"x":1}`, `"futureContainerField":true`, `"futureRestriction":"strict"`, LibraryPath} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the patched pod lacks %s:\n%s", want, out)
+		}
 	}
 }
 
@@ -114,7 +218,7 @@ func TestInjectChangesEveryContainerItCanAndNamesTheOthers(t *testing.T) {
 // no volume, no init container.
 func TestOffTurnsGoMPTCPOffAndAddsNothingElse(t *testing.T) {
 	pod := testPod()
-	injector.Apply(pod, mptcpv1alpha1.TransparentOff)
+	apply(t, pod, mptcpv1alpha1.TransparentOff)
 	if len(pod.Spec.InitContainers) != 1 || len(pod.Spec.Volumes) != 0 {
 		t.Errorf("off added init containers %v or volumes %v", pod.Spec.InitContainers, pod.Spec.Volumes)
 	}
@@ -126,7 +230,7 @@ func TestOffTurnsGoMPTCPOffAndAddsNothingElse(t *testing.T) {
 				t.Errorf("%s: GODEBUG %q, want multipathtcp=0", c.Name, got)
 			}
 		case "own-choice":
-			if got != "x=1, multipathtcp=2" {
+			if got != "x=1,multipathtcp=2" {
 				t.Errorf("%s: its own multipathtcp changed: %q", c.Name, got)
 			}
 		}
@@ -143,7 +247,7 @@ func TestOffTurnsGoMPTCPOffAndAddsNothingElse(t *testing.T) {
 // container, only the annotations that say why.
 func TestAPodWithNothingToChangeGetsOnlyTheReason(t *testing.T) {
 	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", EnvFrom: []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{}}}}}}}
-	injector.Apply(pod, mptcpv1alpha1.TransparentInject)
+	apply(t, pod, mptcpv1alpha1.TransparentInject)
 	if len(pod.Spec.InitContainers) != 0 || len(pod.Spec.Volumes) != 0 || pod.Annotations[AnnotationNotCovered] == "" {
 		t.Errorf("init containers %v, volumes %v, annotations %v", pod.Spec.InitContainers, pod.Spec.Volumes, pod.Annotations)
 	}

@@ -7,8 +7,9 @@
 //
 // Only what a TCP socket can be is changed: socket(AF_INET or AF_INET6,
 // SOCK_STREAM with any of SOCK_NONBLOCK and SOCK_CLOEXEC, 0 or
-// IPPROTO_TCP). Where the kernel refuses MPTCP (net.mptcp.enabled=0, a
-// kernel built without it), the program gets the TCP socket it asked for:
+// IPPROTO_TCP). Where MPTCP is refused, for whatever reason (the kernel's
+// net.mptcp.enabled=0, a kernel built without it, a seccomp filter or a
+// security module that allows TCP only), the program's own call is made:
 // the library never makes a socket() fail that would have succeeded.
 // Every other call passes through unchanged.
 #define _GNU_SOURCE
@@ -24,8 +25,10 @@
 
 typedef int (*socket_fn)(int, int, int);
 
-// The next definition of socket() after this library: libc's. Looked up
-// once; a race looks it up twice, with the same answer.
+// The next definition of socket() after this library: libc's, or another
+// preloaded library's. Looked up when the library is loaded, before the
+// program runs (a lookup from inside a signal handler would not be safe);
+// a call made earlier, by another library's constructor, looks it up then.
 static _Atomic(socket_fn) next_socket;
 
 static socket_fn libc_socket(void)
@@ -39,19 +42,17 @@ static socket_fn libc_socket(void)
 	return fn;
 }
 
+__attribute__((constructor)) static void resolve(void)
+{
+	libc_socket();
+}
+
 static int is_tcp(int domain, int type, int protocol)
 {
 	int kind = type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 	return (domain == AF_INET || domain == AF_INET6) && kind == SOCK_STREAM &&
 	       (protocol == 0 || protocol == IPPROTO_TCP);
-}
-
-// mptcp_refused says whether err is the kernel declining MPTCP itself (so
-// TCP is the answer) rather than a failure TCP would meet as well.
-static int mptcp_refused(int err)
-{
-	return err == EPROTONOSUPPORT || err == ENOPROTOOPT || err == EINVAL || err == EOPNOTSUPP;
 }
 
 __attribute__((visibility("default"))) int socket(int domain, int type, int protocol)
@@ -68,8 +69,10 @@ __attribute__((visibility("default"))) int socket(int domain, int type, int prot
 
 	saved = errno;
 	fd = fn(domain, type, IPPROTO_MPTCP);
-	if (fd >= 0 || !mptcp_refused(errno))
+	if (fd >= 0)
 		return fd;
+	// The program's own call decides: if TCP fails too, it fails as it
+	// would have without the library, with TCP's errno.
 	errno = saved;
 	return fn(domain, type, protocol);
 }

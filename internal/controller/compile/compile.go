@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/transparent"
 )
 
 // Input is everything one node's spec depends on.
@@ -64,6 +65,10 @@ const (
 	// opens its subflows, and its policy's subflowCreation is not guest:
 	// guest applies to it instead.
 	ReasonVMGuestMode = "VMGuestMode"
+	// ReasonTransparentNotApplied: the pod's policy sets
+	// podMPTCP.transparent, which the webhook applies at a pod's creation,
+	// and this pod does not carry it.
+	ReasonTransparentNotApplied = "TransparentNotApplied"
 )
 
 // LabelVirtLauncher is the label KubeVirt gives the pod a VM runs in
@@ -181,6 +186,9 @@ func Node(in Input) Result {
 			rules[j].Name = variantName(&rules[j], cappedBy[j], forVM)
 			rulesByName[rules[j].Name] = rules[j]
 			names[j] = rules[j].Name
+		}
+		if r := transparentMissed(pod, policies, nsLabels); r != nil {
+			res.Refusals = append(res.Refusals, *r)
 		}
 		res.Spec.Pods = append(res.Spec.Pods, mptcpv1alpha1.NodePod{
 			Namespace: pod.Namespace,
@@ -510,6 +518,33 @@ func activePolicies(in []mptcpv1alpha1.MPTCPPolicy) []mptcpv1alpha1.MPTCPPolicy 
 		return cmp.Or(cmp.Compare(b.Spec.Priority, a.Spec.Priority), cmp.Compare(a.Name, b.Name))
 	})
 	return out
+}
+
+// transparentMissed says when pod does not carry what its policy's
+// podMPTCP.transparent gives pods at their creation (the webhook's mark):
+// created before the policy set it, while the webhook was down, in a
+// namespace the webhook does not see, or left as it was by the webhook. A
+// pod that opted out, and a VM's pod, are not told.
+func transparentMissed(pod *corev1.Pod, policies []mptcpv1alpha1.MPTCPPolicy, nsLabels labels.Set) *Refusal {
+	if runsVM(pod) || pod.Annotations[transparent.AnnotationMode] == transparent.OptOut {
+		return nil
+	}
+	for i := range policies {
+		pol := &policies[i]
+		mode := pol.Spec.PodMPTCP.Transparent
+		if mode == "" || !selects(pol, nsLabels, pod) {
+			continue
+		}
+		if pod.Annotations[transparent.AnnotationMode] == string(mode) {
+			return nil
+		}
+		return &Refusal{Pod: pod, Policy: pol.Name, Reason: ReasonTransparentNotApplied, Message: fmt.Sprintf(
+			"policy %s's podMPTCP.transparent %s is applied to pods as they are created, and was not to this one: it was created "+
+				"before the policy said so, while the webhook was unavailable, in a namespace the webhook does not see "+
+				"(by default those labelled mptcp.io/transparent=enabled), or the webhook left it as it was (the API server "+
+				"warned its creator why); create the pod again to apply it (docs/transparent.md)", pol.Name, mode)}
+	}
+	return nil
 }
 
 // SelectingPolicies are the policies that select pod (in a namespace

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/transparent"
 )
 
 func testInput() Input {
@@ -245,6 +246,41 @@ func TestAVMPodGetsGuestMode(t *testing.T) {
 	if len(res.Refusals) != 1 || res.Refusals[0].Reason != ReasonVMGuestMode || res.Refusals[0].Pod.Name != "virt-launcher-db-abcde" ||
 		!strings.Contains(res.Refusals[0].Message, "policy p1's subflowCreation signal cannot act inside it, so guest applies") {
 		t.Errorf("refusals %+v, want one VMGuestMode for the VM pod and p1", res.Refusals)
+	}
+}
+
+// A pod selected by a policy that sets podMPTCP.transparent, but that does
+// not carry the mode (created before the policy, while the webhook was
+// down, or changed under another mode), is told so; a pod that carries it,
+// one that opted out and a VM's pod are not; the policy of highest
+// precedence that sets it is the one named.
+func TestAPodThatMissedTransparentIsToldSo(t *testing.T) {
+	in := testInput()
+	in.Pods = in.Pods[:1]
+	base := in.Pods[0]
+	pod := func(name string, annotations, labels map[string]string) corev1.Pod {
+		p := base
+		p.Name, p.UID, p.Annotations, p.Labels = name, types.UID("uid-"+name), annotations, labels
+		return p
+	}
+	in.Pods = []corev1.Pod{
+		pod("missed", nil, nil),
+		pod("changed", map[string]string{transparent.AnnotationMode: "inject"}, nil),
+		pod("other-mode", map[string]string{transparent.AnnotationMode: "off"}, nil),
+		pod("opted-out", map[string]string{transparent.AnnotationMode: transparent.OptOut}, nil),
+		pod("vm", nil, map[string]string{LabelVirtLauncher: LabelVirtLauncherValue}),
+	}
+	in.Policies[0].Spec.PodMPTCP.Transparent = mptcpv1alpha1.TransparentOff
+	in.Policies[1].Spec.PodMPTCP.Transparent = mptcpv1alpha1.TransparentInject // priority 5: first
+	res := Node(in)
+	told := map[string]string{}
+	for _, r := range res.Refusals {
+		if r.Reason == ReasonTransparentNotApplied {
+			told[r.Pod.Name] = r.Policy
+		}
+	}
+	if want := map[string]string{"missed": "p2", "other-mode": "p2"}; !maps.Equal(told, want) {
+		t.Errorf("told %v, want %v", told, want)
 	}
 }
 

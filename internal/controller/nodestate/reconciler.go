@@ -85,8 +85,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	notices := make([]podNotice, 0, len(res.Refusals))
 	for _, ref := range res.Refusals {
 		action := "ApplyPreferences"
-		if ref.Reason == compile.ReasonVMGuestMode {
+		switch ref.Reason {
+		case compile.ReasonVMGuestMode:
 			action = "Compile"
+		case compile.ReasonTransparentNotApplied:
+			action = "Admit"
 		}
 		notices = append(notices, podNotice{Refusal: ref, action: action})
 	}

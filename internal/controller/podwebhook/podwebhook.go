@@ -8,11 +8,10 @@ package podwebhook
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
-	"net/http"
 	"slices"
+	"sync"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -27,9 +26,14 @@ import (
 // Path is where the webhook server serves the webhook.
 const Path = "/mutate-v1-pod"
 
-// AnnotationPolicy names, on a changed pod, the policy whose
-// podMPTCP.transparent it got.
-const AnnotationPolicy = "mptcp.io/transparent-policy"
+// MaxPodBytes is the largest pod, as sent for review, that the webhook
+// reads; a larger one is admitted as it is. Pods are a few kilobytes.
+const MaxPodBytes = 256 << 10
+
+// MaxInFlight is how many reviews are worked on at once; more wait (the
+// API server gives up after the webhook's timeout and admits the pod as
+// it is). A review costs little, so this only bounds what a flood costs.
+const MaxInFlight = 32
 
 // Mutator answers admission reviews of pods.
 type Mutator struct {
@@ -37,44 +41,56 @@ type Mutator struct {
 	Client   client.Reader
 	Decoder  admission.Decoder
 	Injector transparent.Injector
+
+	inFlight chan struct{}
+	once     sync.Once
 }
 
-// Handle changes a pod being created, or admits it as it is with the reason.
+// Handle changes a pod being created, or admits it as it is with the
+// reason. It never refuses a pod: whatever goes wrong admits it as it is,
+// with a warning, as a webhook that is down would.
 func (m *Mutator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	m.once.Do(func() { m.inFlight = make(chan struct{}, MaxInFlight) })
+	select {
+	case m.inFlight <- struct{}{}:
+		defer func() { <-m.inFlight }()
+	case <-ctx.Done():
+		return unchanged("the webhook is busy")
+	}
 	if req.Operation != admissionv1.Create {
 		return admission.Allowed("only pods being created are changed")
 	}
+	if n := len(req.Object.Raw); n > MaxPodBytes {
+		return unchanged(fmt.Sprintf("the pod is %d bytes, more than the %d the webhook reads", n, MaxPodBytes))
+	}
 	pod := &corev1.Pod{}
 	if err := m.Decoder.Decode(req, pod); err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
+		return unchanged(fmt.Sprintf("the pod could not be decoded: %v", err))
 	}
 	if pod.Namespace == "" {
 		pod.Namespace = req.Namespace
 	}
 	mode, policy, why, err := m.modeFor(ctx, pod)
 	if err != nil {
-		// Admitted as it is, as a webhook that is down would; the
-		// controller reports the pod as not covered.
-		return admission.Allowed("").WithWarnings(fmt.Sprintf("mptcp.io: podMPTCP.transparent not applied: %v", err))
+		return unchanged(err.Error())
 	}
 	if mode == "" {
 		return admission.Allowed(why)
 	}
-	changed := pod.DeepCopy()
-	res := m.Injector.Apply(changed, mode)
-	if !res.Changed {
-		return admission.Allowed("already changed")
+	ch := m.Injector.Plan(pod, mode, policy)
+	if ch.Skipped != "" {
+		return unchanged(fmt.Sprintf("policy %s's transparent %s: %s", policy, mode, ch.Skipped))
 	}
-	changed.Annotations[AnnotationPolicy] = policy
-	raw, err := json.Marshal(changed)
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
-	}
-	resp := admission.PatchResponseFromRaw(req.Object.Raw, raw)
-	for _, name := range slices.Sorted(maps.Keys(res.NotCovered)) {
-		resp.Warnings = append(resp.Warnings, fmt.Sprintf("mptcp.io: policy %s's transparent %s left container %s as it is: %s", policy, mode, name, res.NotCovered[name]))
+	resp := admission.Patched("", ch.Patch...)
+	for _, name := range slices.Sorted(maps.Keys(ch.NotCovered)) {
+		resp.Warnings = append(resp.Warnings, fmt.Sprintf("mptcp.io: policy %s's transparent %s left container %s as it is: %s", policy, mode, name, ch.NotCovered[name]))
 	}
 	return resp
+}
+
+// unchanged admits a pod as it is and says why to its creator.
+func unchanged(why string) admission.Response {
+	return admission.Allowed("").WithWarnings("mptcp.io: podMPTCP.transparent not applied: " + why)
 }
 
 // modeFor returns the transparent mode pod gets and the policy it comes
@@ -85,9 +101,6 @@ func (m *Mutator) modeFor(ctx context.Context, pod *corev1.Pod) (mptcpv1alpha1.T
 		return "", "", "host-network pods are never selected", nil
 	case pod.Labels[compile.LabelVirtLauncher] == compile.LabelVirtLauncherValue:
 		return "", "", "the pod runs a VM, whose programs the webhook cannot reach", nil
-	}
-	if v, ok := pod.Annotations[transparent.AnnotationMode]; ok {
-		return "", "", fmt.Sprintf("the pod carries %s=%q already", transparent.AnnotationMode, v), nil
 	}
 	var ns corev1.Namespace
 	if err := m.Client.Get(ctx, client.ObjectKey{Name: pod.Namespace}, &ns); err != nil {

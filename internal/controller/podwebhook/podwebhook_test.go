@@ -1,20 +1,29 @@
 package podwebhook_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -175,7 +184,7 @@ func TestPodsAreChangedAsTheirPolicySaysThroughTheAPIServer(t *testing.T) {
 		}
 	}
 	t.Logf("web pod %s changed", web.Name)
-	if got := godebug(web); got != "http2client=0,multipathtcp=1" || web.Annotations[podwebhook.AnnotationPolicy] != "inject-apps" ||
+	if got := godebug(web); got != "http2client=0,multipathtcp=1" || web.Annotations[transparent.AnnotationPolicy] != "inject-apps" ||
 		len(web.Spec.InitContainers) != 1 || web.Spec.InitContainers[0].Name != transparent.InitContainerName {
 		t.Errorf("web pod: GODEBUG %q, annotations %v, init containers %d; want inject from inject-apps", got, web.Annotations, len(web.Spec.InitContainers))
 	}
@@ -259,5 +268,124 @@ func certsInBundle(t *testing.T, c client.Client) []*x509.Certificate {
 			t.Fatal(err)
 		}
 		out = append(out, cert)
+	}
+}
+
+// The chart's objects for the webhook, applied to a real API server, with
+// the controller impersonated: its RBAC lets it keep the caBundle of the
+// chart's webhook configuration, and the chart's admission policy lets it
+// change nothing else of it (a stolen controller token cannot point the
+// webhook elsewhere, widen what it sees, or make it fail closed); no other
+// webhook configuration is its to change.
+func TestTheControllerMayChangeOnlyTheCABundle(t *testing.T) {
+	env := testenv.Start(t)
+	c, ctx := env.Client, context.Background()
+	env.Namespace(t, "mptcp-system", nil)
+	for _, obj := range decodeFile(t, filepath.Join(testenv.RepoRoot(), "config", "webhook", "webhook.yaml")) {
+		if err := c.Create(ctx, obj); err != nil {
+			t.Fatalf("create %s %s: %v", obj.GetKind(), obj.GetName(), err)
+		}
+	}
+	other := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "someone-elses"}}
+	if err := c.Create(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: testenv.ControllerUser, Groups: []string{"system:serviceaccounts", "system:authenticated"}}
+	asController, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	update := func(edit func(*admissionregistrationv1.MutatingWebhookConfiguration)) error {
+		var hook admissionregistrationv1.MutatingWebhookConfiguration
+		if err := asController.Get(ctx, client.ObjectKey{Name: "mptcp-transparent"}, &hook); err != nil {
+			return err
+		}
+		edit(&hook)
+		return asController.Update(ctx, &hook)
+	}
+	// The admission policy takes effect asynchronously: the first
+	// forbidden change is tried until it is refused.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		err := update(func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
+			h.Webhooks[0].FailurePolicy = ptr.To(admissionregistrationv1.Fail)
+		})
+		if err != nil && strings.Contains(err.Error(), "may change only the caBundle") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("making the webhook fail closed: %v, want the admission policy's refusal", err)
+		}
+		if err == nil {
+			// Allowed before the policy took effect: put it back.
+			testutilMust(t, update(func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
+				h.Webhooks[0].FailurePolicy = ptr.To(admissionregistrationv1.Ignore)
+			}))
+		}
+	}
+	if err := update(func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
+		h.Webhooks[0].ClientConfig.CABundle = []byte("x")
+	}); err != nil {
+		t.Errorf("keeping the caBundle: %v", err)
+	}
+	for name, edit := range map[string]func(*admissionregistrationv1.MutatingWebhookConfiguration){
+		"point it at another service": func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
+			h.Webhooks[0].ClientConfig.Service.Name = "elsewhere"
+		},
+		"point it at a URL": func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
+			h.Webhooks[0].ClientConfig.Service, h.Webhooks[0].ClientConfig.URL = nil, ptr.To("https://evil.example/")
+		},
+		"see every namespace": func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
+			h.Webhooks[0].NamespaceSelector = &metav1.LabelSelector{}
+		},
+		"see more resources": func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
+			h.Webhooks[0].Rules[0].Resources = []string{"*"}
+		},
+		"add a webhook": func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
+			w := h.Webhooks[0]
+			w.Name = "another.mptcp.io"
+			h.Webhooks = append(h.Webhooks, w)
+		},
+		"relabel it": func(h *admissionregistrationv1.MutatingWebhookConfiguration) { h.Labels["x"] = "y" },
+	} {
+		if err := update(edit); err == nil {
+			t.Errorf("%s: allowed", name)
+		}
+	}
+	if err := asController.Get(ctx, client.ObjectKeyFromObject(other), other); !apierrors.IsForbidden(err) {
+		t.Errorf("the controller reading another webhook configuration: %v, want forbidden", err)
+	}
+	other.Webhooks = nil
+	if err := asController.Update(ctx, other); !apierrors.IsForbidden(err) {
+		t.Errorf("the controller updating another webhook configuration: %v, want forbidden", err)
+	}
+}
+
+func testutilMust(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func decodeFile(t *testing.T, path string) []*unstructured.Unstructured {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	for {
+		obj := &unstructured.Unstructured{}
+		if err := dec.Decode(&obj.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return out
+			}
+			t.Fatal(err)
+		}
+		if len(obj.Object) > 0 {
+			out = append(out, obj)
+		}
 	}
 }

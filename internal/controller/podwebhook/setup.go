@@ -65,6 +65,10 @@ func Server(opts Options, log *slog.Logger) (webhook.Server, *webhookcert.Manage
 	srv := webhook.NewServer(webhook.Options{Port: opts.Port, TLSOpts: []func(*tls.Config){func(c *tls.Config) {
 		c.GetCertificate = certs.GetCertificate
 		c.MinVersion = tls.VersionTLS12
+		// HTTP/1.1 only: HTTP/2's stream handling has been a way to
+		// exhaust servers (CVE-2023-44487), and the API server needs
+		// no more.
+		c.NextProtos = []string{"http/1.1"}
 	}}})
 	return srv, certs
 }

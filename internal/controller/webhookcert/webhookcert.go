@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/big"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -183,24 +184,21 @@ func (m *Manager) issue(ctx context.Context, sec *corev1.Secret) error {
 	return err
 }
 
-// keepCABundle sets every webhook of the configuration to trust the
-// current certificate and the previous one, if still valid.
+// keepCABundle makes every webhook of the configuration trust the Secret's
+// certificate and the one it replaced, and keeps the still valid ones the
+// bundle holds already: a replica that read the Secret before another
+// renewed it cannot drop the new certificate. At most maxBundle, newest
+// first.
 func (m *Manager) keepCABundle(ctx context.Context, sec *corev1.Secret) error {
-	bundle := append([]byte{}, sec.Data[corev1.TLSCertKey]...)
-	if prev := sec.Data[keyPrevious]; len(prev) > 0 {
-		if block, _ := pem.Decode(prev); block != nil {
-			if c, err := x509.ParseCertificate(block.Bytes); err == nil && m.now().Before(c.NotAfter) {
-				bundle = append(bundle, prev...)
-			}
-		}
-	}
 	var cfg admissionregistrationv1.MutatingWebhookConfiguration
 	if err := m.Client.Get(ctx, client.ObjectKey{Name: m.Webhook}, &cfg); err != nil {
 		return fmt.Errorf("reading MutatingWebhookConfiguration %s (the chart creates it): %w", m.Webhook, err)
 	}
 	changed := false
 	for i := range cfg.Webhooks {
-		if !bytes.Equal(cfg.Webhooks[i].ClientConfig.CABundle, bundle) {
+		have := cfg.Webhooks[i].ClientConfig.CABundle
+		bundle := m.bundle(sec.Data[corev1.TLSCertKey], sec.Data[keyPrevious], have)
+		if !bytes.Equal(have, bundle) {
 			cfg.Webhooks[i].ClientConfig.CABundle = bundle
 			changed = true
 		}
@@ -209,6 +207,36 @@ func (m *Manager) keepCABundle(ctx context.Context, sec *corev1.Secret) error {
 		return nil
 	}
 	return m.Client.Update(ctx, &cfg)
+}
+
+// maxBundle bounds the certificates a caBundle keeps.
+const maxBundle = 3
+
+// bundle is the PEM of the valid certificates among pems, each once,
+// newest first, at most maxBundle.
+func (m *Manager) bundle(pems ...[]byte) []byte {
+	var certs []*x509.Certificate
+	seen := map[string]bool{}
+	for _, p := range pems {
+		for rest := p; ; {
+			var block *pem.Block
+			if block, rest = pem.Decode(rest); block == nil {
+				break
+			}
+			c, err := x509.ParseCertificate(block.Bytes)
+			if err != nil || !m.now().Before(c.NotAfter) || seen[string(c.Raw)] {
+				continue
+			}
+			seen[string(c.Raw)] = true
+			certs = append(certs, c)
+		}
+	}
+	slices.SortStableFunc(certs, func(a, b *x509.Certificate) int { return b.NotAfter.Compare(a.NotAfter) })
+	var out []byte
+	for _, c := range certs[:min(len(certs), maxBundle)] {
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return out
 }
 
 // selfSigned returns a certificate for names, its own CA, and its key.
