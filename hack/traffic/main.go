@@ -88,7 +88,11 @@ func serve(args []string) error {
 	window := fs.Duration("window", 5*time.Second, "length of the goodput window")
 	drain := fs.Duration("drain", 3*time.Second, "on SIGTERM, how long open connections may go on before they are reported as stopped")
 	sample := fs.Duration("sample", 0, "report the bytes received in every interval of this length from the first byte (0: no samples)")
+	goDefault := fs.Bool("go-default", false, "listen as a Go program that never chooses does (MPTCP since Go 1.24, unless GODEBUG multipathtcp says otherwise), instead of saying -mptcp or not")
 	_ = fs.Parse(args)
+	if *goDefault && *mptcp {
+		return errors.New("-go-default and -mptcp exclude each other")
+	}
 
 	out := os.Stdout
 	if *report != "" {
@@ -100,7 +104,9 @@ func serve(args []string) error {
 		out = f
 	}
 	var lc net.ListenConfig
-	lc.SetMultipathTCP(*mptcp)
+	if !*goDefault {
+		lc.SetMultipathTCP(*mptcp)
+	}
 	ln, err := lc.Listen(context.Background(), "tcp", *listen)
 	if err != nil {
 		return err

@@ -123,3 +123,39 @@ func (s *server) openCount() int {
 	defer s.mu.Unlock()
 	return len(s.open)
 }
+
+// -go-default stands for programs that never choose: what Go gives them
+// is MPTCP for listeners and TCP for dialers (Go 1.24 and later, this
+// module's go directive), which GODEBUG multipathtcp changes and the
+// transparent e2e checks rely on.
+func TestGoDefaultsAreMPTCPListenersAndTCPDialers(t *testing.T) {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, c := range []struct {
+		mptcpDialer, want bool
+	}{{true, true}, {false, false}} {
+		var d net.Dialer
+		if c.mptcpDialer {
+			d.SetMultipathTCP(true)
+		}
+		conn, err := d.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		dialed, _ := conn.(*net.TCPConn).MultipathTCP()
+		accepted, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := accepted.(*net.TCPConn).MultipathTCP()
+		if got != c.want || (!c.mptcpDialer && dialed) {
+			t.Errorf("dialer asking MPTCP %v: the default listener's connection MPTCP %v (want %v), the dialer's %v", c.mptcpDialer, got, c.want, dialed)
+		}
+		conn.Close()
+		accepted.Close()
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -325,46 +326,29 @@ func requireTransparentGoClientGetsMPTCP(t *testing.T, cb *chartBed, server *cor
 	const conns = 2
 	n := cb.bed.Node(1)
 	served := len(nodes.JSONLines[testbed.ServerReport](cb.nodes.WorkloadLog(server, "stdout")))
-	var client *corev1.Pod
-	// The webhook reads policies from the controller's cache, which may
-	// not hold the new one yet: a pod created before it is admitted as it
-	// is, and deleted for another.
-	for attempt := 1; ; attempt++ {
-		client = nodes.TrafficPod(ns, fmt.Sprintf("go-client-%d", attempt), framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
+	goClient := createChanged(t, cb, mptcpv1alpha1.TransparentInject, func(attempt int) *corev1.Pod {
+		return nodes.TrafficPod(ns, fmt.Sprintf("go-client-%d", attempt), framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
 			map[string]string{"app": "go-client"}, nil, "send", "-to", fmt.Sprintf("%s:%d", server.Status.PodIP, tenantPort), "-go-default",
 			"-json", "-conns", fmt.Sprint(conns), "-duration", "2s", "-seed", "21")
-		if err := cb.c.Create(ctx, client); err != nil {
-			t.Fatal(err)
-		}
-		if client.Annotations[transparent.AnnotationMode] == string(mptcpv1alpha1.TransparentInject) {
-			break
-		}
-		if attempt == 20 {
-			t.Fatalf("the webhook did not change pod %s (annotations %v)", client.Name, client.Annotations)
-		}
-		if err := cb.c.Delete(ctx, client); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	if err := cb.nodes.WaitEnded(ctx, cb.c, client); err != nil {
+	})
+	if err := cb.nodes.WaitEnded(ctx, cb.c, goClient); err != nil {
 		t.Fatal(err)
 	}
 	installed := false
-	for _, s := range client.Status.InitContainerStatuses {
+	for _, s := range goClient.Status.InitContainerStatuses {
 		if s.Name != transparent.InitContainerName {
 			continue
 		}
-		log, _ := cb.nodes.NodeOf(client).ContainerLog(client, s.Name, "stdout")
+		log, _ := cb.nodes.NodeOf(goClient).ContainerLog(goClient, s.Name, "stdout")
 		installed = s.State.Terminated != nil && s.State.Terminated.ExitCode == 0 && strings.TrimSpace(log) == transparent.LibraryPath
 		if !installed {
 			t.Errorf("init container %s: state %+v, log %q; want it to have installed %s", s.Name, s.State, log, transparent.LibraryPath)
 		}
 	}
 	if !installed && !t.Failed() {
-		t.Errorf("pod %s ran no init container %s: %+v", client.Name, transparent.InitContainerName, client.Status.InitContainerStatuses)
+		t.Errorf("pod %s ran no init container %s: %+v", goClient.Name, transparent.InitContainerName, goClient.Status.InitContainerStatuses)
 	}
-	sent, err := cb.nodes.SenderReports(client)
+	sent, err := cb.nodes.SenderReports(goClient)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,8 +364,97 @@ func requireTransparentGoClientGetsMPTCP(t *testing.T, cb *chartBed, server *cor
 	if _, err := testbed.MatchReports(sent, got); err != nil {
 		t.Errorf("the unmodified Go client's streams: %v", err)
 	}
-	t.Logf("transparent inject: pod %s changed by the webhook (%s), %d connections, MPTCP %v, streams whole", client.Name,
-		client.Annotations[transparent.AnnotationMode], len(sent), sent[0].MPTCP)
+	t.Logf("transparent inject: pod %s changed by the webhook (%s), %d connections, MPTCP %v, streams whole", goClient.Name,
+		goClient.Annotations[transparent.AnnotationMode], len(sent), sent[0].MPTCP)
+
+	// off: the same policy now keeps Go's default MPTCP listener from a
+	// server that never chooses (which is MPTCP otherwise:
+	// hack/traffic's TestGoDefaultsAreMPTCPListenersAndTCPDialers); a
+	// client that asks for MPTCP falls back to TCP, whole.
+	before := policy.DeepCopy()
+	policy.Spec.PodMPTCP.Transparent = mptcpv1alpha1.TransparentOff
+	if err := cb.c.Patch(ctx, policy, client.MergeFrom(before)); err != nil {
+		t.Fatal(err)
+	}
+	peer := cb.bed.Node(2)
+	goServer := createChanged(t, cb, mptcpv1alpha1.TransparentOff, func(attempt int) *corev1.Pod {
+		return nodes.TrafficPod(ns, fmt.Sprintf("go-server-%d", attempt), framework.NodeName(peer), cb.images[nodes.TrafficImage].Ref,
+			map[string]string{"app": "go-server"}, []corev1.EnvVar{nodes.PodIPEnv},
+			"serve", "-listen", fmt.Sprintf("$(POD_IP):%d", tenantPort), "-go-default", "-warmup", "0s", "-window", "1s")
+	})
+	if goServer.Spec.InitContainers[0].Name == transparent.InitContainerName {
+		t.Errorf("off added the preload init container to %s", goServer.Name)
+	}
+	if err := nodes.WaitStarted(ctx, cb.c, goServer, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := cb.nodes.WaitListening(ctx, goServer, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	mptcpClient := nodes.TrafficPod(tenantNS, "asks-mptcp", framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
+		map[string]string{"app": "client"}, nil, "send", "-to", fmt.Sprintf("%s:%d", goServer.Status.PodIP, tenantPort), "-mptcp",
+		"-json", "-conns", "1", "-duration", "1s", "-seed", "22")
+	if err := cb.c.Create(ctx, mptcpClient); err != nil {
+		t.Fatal(err)
+	}
+	if err := cb.nodes.WaitEnded(ctx, cb.c, mptcpClient); err != nil {
+		t.Fatal(err)
+	}
+	sent, err = cb.nodes.SenderReports(mptcpClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = cb.nodes.ServerReports(ctx, goServer, len(sent), 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testbed.MatchReports(sent, got); err != nil {
+		t.Errorf("to the server under off: %v", err)
+	}
+	if sent[0].MPTCP || got[0].MPTCP {
+		t.Errorf("under transparent off the Go server's connection is MPTCP (client %v, server %v), want TCP", sent[0].MPTCP, got[0].MPTCP)
+	}
+	t.Logf("transparent off: pod %s changed by the webhook (%s), a client asking for MPTCP got TCP, whole", goServer.Name,
+		goServer.Annotations[transparent.AnnotationMode])
+
+	// Gone before the uninstall's footprint is taken, its sandbox with it.
+	if err := cb.c.Delete(ctx, goServer, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		err := cb.c.Get(ctx, client.ObjectKeyFromObject(goServer), &corev1.Pod{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pod %s still there a minute after its deletion (%v)", goServer.Name, err)
+		}
+	}
+}
+
+// createChanged creates the pod newPod(attempt) returns until the webhook
+// has changed it for mode. The webhook reads policies from the
+// controller's cache, which may not hold a new or changed policy yet: a
+// pod created before is admitted as it was, and deleted for another.
+func createChanged(t *testing.T, cb *chartBed, mode mptcpv1alpha1.TransparentMPTCP, newPod func(attempt int) *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	ctx := background(t)
+	for attempt := 1; ; attempt++ {
+		pod := newPod(attempt)
+		if err := cb.c.Create(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		if pod.Annotations[transparent.AnnotationMode] == string(mode) {
+			return pod
+		}
+		if attempt == 20 {
+			t.Fatalf("the webhook did not change pod %s for %s (annotations %v)", pod.Name, mode, pod.Annotations)
+		}
+		if err := cb.c.Delete(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 }
 
 // requireNodeStatesOfExamples checks what the controller compiled from the
