@@ -5,7 +5,7 @@ GOLANGCI_LINT := $(CACHE_DIR)/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
 CLANG_FORMAT ?= clang-format
 BPF_SOURCES := $(wildcard bpf/*.c bpf/include/*.h bench/*/*.c)
 # The C of the preload library (and its test programs), in the same style.
-PRELOAD_SOURCES := $(wildcard preload/lib/*.c preload/testdata/*.c bench/preload/testdata/*.c)
+PRELOAD_SOURCES := $(wildcard preload/lib/*.c preload/testdata/*.c bench/preload/testdata/*.c bench/transfer/testdata/*.c)
 # Tests that build real networks, load BPF and run a real API server: the
 # whole suite runs as root; see docs/testing.md.
 TEST_TIMEOUT ?= 80m
@@ -134,8 +134,9 @@ bench-vm: deps guest-assets ## VM to VM across two nodes (real guests under QEMU
 	MPTCP_GUEST_ASSETS=$(GUEST_ASSETS) BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkVMToVM -benchtime=3x -timeout 90m ./bench/vm/
 
 .PHONY: bench-preload
-bench-preload: deps ## The preload library's cost per socket() and per connect over loopback, against a program that asks for MPTCP itself and against TCP, 5 rounds (about 30 s); rewrite the "Preload library: cost" section of docs/benchmarks.md.
+bench-preload: deps ## The preload library's cost per socket() and per connect over loopback, and a C client's goodput over two paths with it, against the client asking for MPTCP itself and against TCP, 5 rounds (about 3 min; root); rewrite the "Preload library" sections of docs/benchmarks.md.
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkPreloadCost -benchtime=5x -timeout 10m ./bench/preload/
+	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkPreloadGoodput -benchtime=5x -timeout 20m ./bench/transfer/
 
 .PHONY: bench-xdpdrop
 bench-xdpdrop: ## Measure the CPU per packet of a join SYN flood dropped by XDP, by TC, by the stack, or met by nic_ingress (about 2 min; root); rewrite the "XDP or TC for dropping a flood" section of docs/benchmarks.md.

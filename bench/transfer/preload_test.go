@@ -1,0 +1,111 @@
+package transfer
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
+	"github.com/mptcp-operator/mptcp-operator/preload"
+	"github.com/mptcp-operator/mptcp-operator/test/framework"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
+)
+
+const preloadSection = "## Preload library: goodput"
+
+// preloadVariant is how the C client gets its socket.
+type preloadVariant struct {
+	name           string
+	preload, mptcp bool
+}
+
+var preloadVariants = []preloadVariant{
+	{name: "the library (TCP asked, MPTCP given)", preload: true},
+	{name: "MPTCP asked by the program", mptcp: true},
+	{name: "TCP (no library)"},
+}
+
+// BenchmarkPreloadGoodput compares a C client that asks for TCP, made
+// MPTCP by the preload library, with the same client asking for MPTCP
+// itself, and without the library (TCP, one path): one connection of 8 s
+// from pod (1,1) to pod (2,1) over two 200mbit paths, the agents spreading
+// the subflows with the chart's defaults.
+func BenchmarkPreloadGoodput(b *testing.B) {
+	if _, err := exec.LookPath("clang"); err != nil {
+		testutil.Unavailable(b, "needs clang (make deps): %v", err)
+	}
+	bed := testbed.NewForTest(b, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: linkRate})
+	if _, err := framework.StartAgents(b.Context(), bed, bins.Agent, mptcpv1alpha1.CompiledRule{}); err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	lib, err := preload.Install(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prog := filepath.Join(dir, "send")
+	if out, err := exec.Command("clang", "-O2", "-Wall", "-o", prog, filepath.Join("testdata", "send.c")).CombinedOutput(); err != nil {
+		b.Fatalf("%v: %s", err, out)
+	}
+	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
+	goodput := make([][]float64, len(preloadVariants))
+	port := 6400
+	for b.Loop() {
+		for i, v := range preloadVariants {
+			port++
+			srv, err := bed.StartTrafficServer(b.Context(), bins.Traffic, server, port, true, "-warmup", "1s", "-window", "6s")
+			if err != nil {
+				b.Fatal(err)
+			}
+			args := []string{prog, server.Addr.String(), strconv.Itoa(port), "8"}
+			if v.mptcp {
+				args = append(args, "mptcp")
+			}
+			cmd := bed.CommandContext(b.Context(), client.NetNS, args...)
+			cmd.Env = os.Environ()
+			if v.preload {
+				cmd.Env = append(cmd.Env, "LD_PRELOAD="+lib)
+			}
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				b.Fatalf("%s: %v: %s", v.name, err, out)
+			}
+			if err := srv.Stop(); err != nil {
+				b.Fatal(err)
+			}
+			reps, err := srv.Reports()
+			if err != nil || len(reps) != 1 {
+				b.Fatalf("%s: server reports %v (%v)", v.name, reps, err)
+			}
+			sent, _ := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+			if r := reps[0]; r.Bytes != sent || r.MPTCP != (v.preload || v.mptcp) {
+				b.Fatalf("%s: the server received %d bytes (MPTCP %v), the client sent %d", v.name, r.Bytes, r.MPTCP, sent)
+			}
+			goodput[i] = append(goodput[i], reps[0].GoodputBps)
+			b.Logf("%s: %.1f Mbit/s", v.name, reps[0].GoodputBps/1e6)
+		}
+	}
+	var s strings.Builder
+	reportHead(&s, preloadSection, "BenchmarkPreloadGoodput", len(goodput[0]))
+	fmt.Fprintf(&s, "Two nodes, two %s links, the agents with the chart's defaults; one connection of 8 s from a C client in pod "+
+		"(1,1) (bench/transfer/testdata/send.c) to `traffic serve -mptcp` in pod (2,1), goodput over [1 s, 7 s]. The variants "+
+		"alternate in each round. The ratio is the medians' against the client that asks for MPTCP itself.\n\n", linkRate)
+	s.WriteString("| client | rounds | goodput min / median / max (Mbit/s) | against MPTCP asked |\n|---|---|---|---|\n")
+	_, base, _ := minMedMax(goodput[1])
+	for i, v := range preloadVariants {
+		lo, med, hi := minMedMax(goodput[i])
+		fmt.Fprintf(&s, "| %s | %d | %.1f / %.1f / %.1f | %.3f |\n", v.name, len(goodput[i]), lo/1e6, med/1e6, hi/1e6, med/base)
+	}
+	b.Log("\n" + s.String())
+	if path := os.Getenv("BENCH_REPORT"); path != "" {
+		if err := benchdoc.ReplaceSection(path, preloadSection, s.String()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
