@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -35,22 +34,24 @@ const MaxPodBytes = 256 << 10
 // it is). A review costs little, so this only bounds what a flood costs.
 const MaxInFlight = 32
 
-// Mutator answers admission reviews of pods.
+// Mutator answers admission reviews of pods. Make it with NewMutator.
 type Mutator struct {
-	// Client reads namespaces and policies (the manager's cache).
-	Client   client.Reader
-	Decoder  admission.Decoder
-	Injector transparent.Injector
-
+	client   client.Reader
+	decoder  admission.Decoder
+	injector transparent.Injector
 	inFlight chan struct{}
-	once     sync.Once
+}
+
+// NewMutator answers reviews reading namespaces and policies through c
+// (the manager's cache), and changes pods with injector.
+func NewMutator(c client.Reader, decoder admission.Decoder, injector transparent.Injector) *Mutator {
+	return &Mutator{client: c, decoder: decoder, injector: injector, inFlight: make(chan struct{}, MaxInFlight)}
 }
 
 // Handle changes a pod being created, or admits it as it is with the
 // reason. It never refuses a pod: whatever goes wrong admits it as it is,
 // with a warning, as a webhook that is down would.
 func (m *Mutator) Handle(ctx context.Context, req admission.Request) admission.Response {
-	m.once.Do(func() { m.inFlight = make(chan struct{}, MaxInFlight) })
 	select {
 	case m.inFlight <- struct{}{}:
 		defer func() { <-m.inFlight }()
@@ -64,7 +65,7 @@ func (m *Mutator) Handle(ctx context.Context, req admission.Request) admission.R
 		return unchanged(fmt.Sprintf("the pod is %d bytes, more than the %d the webhook reads", n, MaxPodBytes))
 	}
 	pod := &corev1.Pod{}
-	if err := m.Decoder.Decode(req, pod); err != nil {
+	if err := m.decoder.Decode(req, pod); err != nil {
 		return unchanged(fmt.Sprintf("the pod could not be decoded: %v", err))
 	}
 	if pod.Namespace == "" {
@@ -77,7 +78,7 @@ func (m *Mutator) Handle(ctx context.Context, req admission.Request) admission.R
 	if mode == "" {
 		return admission.Allowed(why)
 	}
-	ch := m.Injector.Plan(pod, mode, policy)
+	ch := m.injector.Plan(pod, mode, policy)
 	if ch.Skipped != "" {
 		return unchanged(fmt.Sprintf("policy %s's transparent %s: %s", policy, mode, ch.Skipped))
 	}
@@ -103,11 +104,11 @@ func (m *Mutator) modeFor(ctx context.Context, pod *corev1.Pod) (mptcpv1alpha1.T
 		return "", "", "the pod runs a VM, whose programs the webhook cannot reach", nil
 	}
 	var ns corev1.Namespace
-	if err := m.Client.Get(ctx, client.ObjectKey{Name: pod.Namespace}, &ns); err != nil {
+	if err := m.client.Get(ctx, client.ObjectKey{Name: pod.Namespace}, &ns); err != nil {
 		return "", "", "", fmt.Errorf("reading namespace %s: %w", pod.Namespace, err)
 	}
 	var policies mptcpv1alpha1.MPTCPPolicyList
-	if err := m.Client.List(ctx, &policies); err != nil {
+	if err := m.client.List(ctx, &policies); err != nil {
 		return "", "", "", fmt.Errorf("listing MPTCPPolicies: %w", err)
 	}
 	for _, p := range compile.SelectingPolicies(policies.Items, ns.Labels, pod) {

@@ -318,9 +318,11 @@ func TestTheControllerMayChangeOnlyTheCABundle(t *testing.T) {
 		}
 		if err == nil {
 			// Allowed before the policy took effect: put it back.
-			testutilMust(t, update(func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
+			if err := update(func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
 				h.Webhooks[0].FailurePolicy = ptr.To(admissionregistrationv1.Ignore)
-			}))
+			}); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	if err := update(func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
@@ -358,13 +360,6 @@ func TestTheControllerMayChangeOnlyTheCABundle(t *testing.T) {
 	other.Webhooks = nil
 	if err := asController.Update(ctx, other); !apierrors.IsForbidden(err) {
 		t.Errorf("the controller updating another webhook configuration: %v, want forbidden", err)
-	}
-}
-
-func testutilMust(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -86,11 +86,8 @@ func Setup(mgr ctrl.Manager, opts Options, certs *webhookcert.Manager) error {
 	if err := mgr.Add(certs); err != nil {
 		return err
 	}
-	mgr.GetWebhookServer().Register(Path, &webhook.Admission{Handler: &Mutator{
-		Client:  mgr.GetClient(),
-		Decoder: admission.NewDecoder(mgr.GetScheme()),
-		Injector: transparent.Injector{Image: opts.PreloadImage, ImagePullPolicy: opts.PreloadPullPolicy,
-			Command: []string{"/usr/local/bin/agent", "-install-preload"}},
-	}})
+	mgr.GetWebhookServer().Register(Path, &webhook.Admission{Handler: NewMutator(mgr.GetClient(), admission.NewDecoder(mgr.GetScheme()),
+		transparent.Injector{Image: opts.PreloadImage, ImagePullPolicy: opts.PreloadPullPolicy,
+			Command: []string{"/usr/local/bin/agent", "-install-preload"}})})
 	return mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error { return certs.Ready() })
 }
