@@ -5,7 +5,7 @@ GOLANGCI_LINT := $(CACHE_DIR)/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
 CLANG_FORMAT ?= clang-format
 BPF_SOURCES := $(wildcard bpf/*.c bpf/include/*.h bench/*/*.c)
 # The C of the preload library (and its test programs), in the same style.
-PRELOAD_SOURCES := $(wildcard preload/lib/*.c preload/testdata/*.c bench/preload/testdata/*.c bench/transfer/testdata/*.c)
+PRELOAD_SOURCES := $(wildcard preload/lib/*.c preload/testdata/*.c bench/preload/testdata/*.c hack/libc-client/*.c)
 # Tests that build real networks, load BPF and run a real API server: the
 # whole suite runs as root; see docs/testing.md.
 TEST_TIMEOUT ?= 80m

@@ -1,4 +1,5 @@
-# Container images: each one static Go binary on an empty base,
+# Container images: each one static Go binary on an empty base (the C test
+# client: a program with its C library),
 # built without a container engine or a registry by hack/tools/imagebuild
 # (go-containerregistry as a library, pinned in hack/tools/go.mod) into
 # reproducible archives that `ctr images import`, `kind load image-archive`
@@ -26,7 +27,7 @@ $(IMAGEBUILD):
 imagebuild: $(IMAGEBUILD) ## Build the image builder (hack/tools/imagebuild) into the cache.
 
 .PHONY: images
-images: $(IMAGEBUILD) ## Build controller, agent, traffic and pause images into _output/images/<name>.tar, digests in images.json.
+images: $(IMAGEBUILD) ## Build controller, agent, traffic, libc-client and pause images into _output/images/<name>.tar, digests in images.json.
 	$(IMAGEBUILD) -repo $(CURDIR) -out $(IMAGES_DIR) -registry $(IMAGE_REGISTRY) -arch $(IMAGE_ARCH)
 
 .PHONY: test-images

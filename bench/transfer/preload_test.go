@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,9 +48,9 @@ func BenchmarkPreloadGoodput(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	prog := filepath.Join(dir, "send")
-	if out, err := exec.Command("clang", "-O2", "-Wall", "-o", prog, filepath.Join("testdata", "send.c")).CombinedOutput(); err != nil {
-		b.Fatalf("%v: %s", err, out)
+	prog, err := testbed.BuildLibcClient(dir)
+	if err != nil {
+		b.Fatal(err)
 	}
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
 	goodput := make([][]float64, len(preloadVariants))
@@ -63,18 +62,20 @@ func BenchmarkPreloadGoodput(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			args := []string{prog, server.Addr.String(), strconv.Itoa(port), "8"}
+			args := []string{prog, "-s", "8", server.Addr.String(), strconv.Itoa(port)}
 			if v.mptcp {
-				args = append(args, "mptcp")
+				args = append(args, "-m")
 			}
 			cmd := bed.CommandContext(b.Context(), client.NetNS, args...)
 			cmd.Env = os.Environ()
 			if v.preload {
 				cmd.Env = append(cmd.Env, "LD_PRELOAD="+lib)
 			}
-			out, err := cmd.CombinedOutput()
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
 			if err != nil {
-				b.Fatalf("%s: %v: %s", v.name, err, out)
+				b.Fatalf("%s: %v: %s", v.name, err, stderr.String())
 			}
 			if err := srv.Stop(); err != nil {
 				b.Fatal(err)
@@ -83,9 +84,15 @@ func BenchmarkPreloadGoodput(b *testing.B) {
 			if err != nil || len(reps) != 1 {
 				b.Fatalf("%s: server reports %v (%v)", v.name, reps, err)
 			}
-			sent, _ := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
-			if r := reps[0]; r.Bytes != sent || r.MPTCP != (v.preload || v.mptcp) {
-				b.Fatalf("%s: the server received %d bytes (MPTCP %v), the client sent %d", v.name, r.Bytes, r.MPTCP, sent)
+			sent, err := testbed.LibcClientReports(out)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := testbed.MatchReports(sent, reps); err != nil {
+				b.Fatalf("%s: %v", v.name, err)
+			}
+			if r := reps[0]; r.MPTCP != (v.preload || v.mptcp) {
+				b.Fatalf("%s: the server's connection is MPTCP %v, want %v", v.name, r.MPTCP, v.preload || v.mptcp)
 			}
 			goodput[i] = append(goodput[i], reps[0].GoodputBps)
 			b.Logf("%s: %.1f Mbit/s", v.name, reps[0].GoodputBps/1e6)
@@ -94,7 +101,7 @@ func BenchmarkPreloadGoodput(b *testing.B) {
 	var s strings.Builder
 	reportHead(&s, preloadSection, "BenchmarkPreloadGoodput", len(goodput[0]))
 	fmt.Fprintf(&s, "Two nodes, two %s links, the agents with the chart's defaults; one connection of 8 s from a C client in pod "+
-		"(1,1) (bench/transfer/testdata/send.c) to `traffic serve -mptcp` in pod (2,1), goodput over [1 s, 7 s]. The variants "+
+		"(1,1) (hack/libc-client) to `traffic serve -mptcp` in pod (2,1), goodput over [1 s, 7 s]. The variants "+
 		"alternate in each round. The ratio is the medians' against the client that asks for MPTCP itself.\n\n", linkRate)
 	s.WriteString("| client | rounds | goodput min / median / max (Mbit/s) | against MPTCP asked |\n|---|---|---|---|\n")
 	_, base, _ := minMedMax(goodput[1])

@@ -1,7 +1,8 @@
 // Package images tests `make images` (hack/tools/imagebuild): the same source
 // gives the same archives, hence the same digests, and each image is one
-// static, reproducibly built binary with the user and labels the chart and
-// docs/install.md rely on.
+// static, reproducibly built binary (or, for the C test client, a program
+// with every shared object it loads) with the user and labels the chart
+// and docs/install.md rely on.
 package images
 
 import (
@@ -18,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -69,11 +71,16 @@ type imageConfig struct {
 // controller runs as non-root, the agent as root (it owns bpffs pins and
 // /proc/sys/net as uid 0).
 var wantUsers = map[string]string{
-	"controller": "65532:65532",
-	"agent":      "0:0",
-	"traffic":    "0:0",
-	"pause":      "65535:65535",
+	"controller":  "65532:65532",
+	"agent":       "0:0",
+	"traffic":     "0:0",
+	"libc-client": "65532:65532",
+	"pause":       "65535:65535",
 }
+
+// cPrograms are the images whose binary is a C program linked against the
+// C library.
+var cPrograms = map[string]bool{"libc-client": true}
 
 func TestSameSourceGivesTheSameImages(t *testing.T) {
 	builder := testutil.BuiltTool(t, "IMAGEBUILD", "imagebuild")
@@ -188,7 +195,64 @@ func checkArchive(t *testing.T, path, name, ref, digest string, rec record) {
 	if !ok {
 		t.Fatalf("the layer has no %s", bin)
 	}
+	if cPrograms[name] {
+		checkSharedObjectsPresent(t, exe, layer)
+		return
+	}
 	checkStaticReproducibleBinary(t, exe, rec.GoVersion)
+}
+
+// checkSharedObjectsPresent: a dynamically linked program finds in the
+// layer its interpreter, at the path it names, and every library it or
+// another library needs, in a directory the dynamic loader searches.
+func checkSharedObjectsPresent(t *testing.T, exe []byte, layer map[string][]byte) {
+	t.Helper()
+	byName := map[string][]byte{}
+	for name, b := range layer {
+		if dir := path.Dir(name); dir == "lib/x86_64-linux-gnu" || dir == "usr/lib/x86_64-linux-gnu" || dir == "lib64" {
+			byName[path.Base(name)] = b
+		}
+	}
+	queue, seen := [][]byte{exe}, map[string]bool{}
+	for len(queue) > 0 {
+		f, err := elf.NewFile(bytes.NewReader(queue[0]))
+		if err != nil {
+			t.Fatalf("not an ELF file: %v", err)
+		}
+		queue = queue[1:]
+		for _, p := range f.Progs {
+			if p.Type != elf.PT_INTERP {
+				continue
+			}
+			b := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(b, 0); err != nil {
+				t.Fatal(err)
+			}
+			interp := strings.TrimPrefix(strings.TrimRight(string(b), "\x00"), "/")
+			if _, ok := layer[interp]; !ok {
+				t.Errorf("the program's interpreter /%s is not in the layer", interp)
+			}
+		}
+		needed, err := f.ImportedLibraries()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, lib := range needed {
+			if seen[lib] {
+				continue
+			}
+			seen[lib] = true
+			b, ok := byName[lib]
+			if !ok {
+				t.Errorf("%s is needed and not in a library directory of the layer", lib)
+				continue
+			}
+			queue = append(queue, b)
+		}
+	}
+	if !seen["libc.so.6"] {
+		t.Errorf("the program does not load the C library: needs %v", seen)
+	}
 }
 
 // checkStaticReproducibleBinary: no dynamic loader, no shared library, no cgo;

@@ -69,7 +69,7 @@ func startChartBed(t *testing.T, cfg testbed.Config, other ...nodes.Image) *char
 		helm: release.Helm{Binary: helm, Kubeconfig: cp.Kubeconfig, Timeout: 3 * time.Minute}}
 }
 
-// treeImages are this tree's images (controller, agent, traffic, pause),
+// treeImages are this tree's images (controller, agent, traffic, libc-client, pause),
 // built (or read from $MPTCP_TEST_IMAGES) once for the package; TestMain
 // removes what it built.
 var treeImages nodes.TestImages

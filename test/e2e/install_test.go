@@ -275,7 +275,7 @@ func testChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing
 	w.Close()
 	requireSpread(t, analysis, len(sent), "installed with the chart")
 	requireNodeStatesOfExamples(t, cb, servers)
-	requireTransparentGoClientGetsMPTCP(t, cb, servers[2])
+	requireTransparentClientsGetMPTCP(t, cb, servers[2])
 	// The checks hack/kind.sh runs on kind, through the API server alone.
 	conformance.Run(t, conformance.Env{Config: cb.cp.Env.Config, TrafficImage: cb.images[nodes.TrafficImage].Ref,
 		PullPolicy: corev1.PullNever, AgentNamespace: release.Namespace, AgentMetricsPort: release.AgentMetricsPort, Duration: 3 * time.Second})
@@ -295,15 +295,16 @@ func testChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing
 	}
 }
 
-// requireTransparentGoClientGetsMPTCP: in a namespace that opted in to
-// the webhook, a policy with podMPTCP.transparent inject selects a Go
-// client that never asks for MPTCP (traffic send -go-default). The
-// chart's webhook, served by the controller with the certificate it
-// issued, changes the pod as the API server admits it; the kubelet runs
-// the init container that installs the preload library (as a non-root
-// user, from the agent's image); and the client's connections to the
-// other node's server are MPTCP and arrive whole.
-func requireTransparentGoClientGetsMPTCP(t *testing.T, cb *chartBed, server *corev1.Pod) {
+// requireTransparentClientsGetMPTCP: in a namespace that opted in to the
+// webhook, a policy with podMPTCP.transparent inject selects a Go client
+// that never asks for MPTCP (traffic send -go-default) and a C client
+// linked against glibc that never asks either. The chart's webhook,
+// served by the controller with the certificate it issued, changes the
+// pods as the API server admits them; the kubelet runs the init container
+// that installs the preload library (as a non-root user, from the agent's
+// image); and the clients' connections to the other node's server are
+// MPTCP, arrive whole, and have one subflow on each NIC in the captures.
+func requireTransparentClientsGetMPTCP(t *testing.T, cb *chartBed, server *corev1.Pod) {
 	t.Helper()
 	ctx := background(t)
 	const ns = "transparent"
@@ -326,6 +327,8 @@ func requireTransparentGoClientGetsMPTCP(t *testing.T, cb *chartBed, server *cor
 	const conns = 2
 	n := cb.bed.Node(1)
 	served := len(nodes.JSONLines[testbed.ServerReport](cb.nodes.WorkloadLog(server, "stdout")))
+	w := cb.bed.Watch(t, framework.DatapathEvidence(cb.bed))
+	defer w.Close()
 	goClient := createChanged(t, cb, mptcpv1alpha1.TransparentInject, func(attempt int) *corev1.Pod {
 		return nodes.TrafficPod(ns, fmt.Sprintf("go-client-%d", attempt), framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
 			map[string]string{"app": "go-client"}, nil, "send", "-to", fmt.Sprintf("%s:%d", server.Status.PodIP, tenantPort), "-go-default",
@@ -359,13 +362,22 @@ func requireTransparentGoClientGetsMPTCP(t *testing.T, cb *chartBed, server *cor
 	}
 	got, err := cb.nodes.ServerReports(ctx, server, served+len(sent), 30*time.Second)
 	if err != nil {
-		t.Fatal(err)
+		w.Fail(err)
 	}
-	if _, err := testbed.MatchReports(sent, got); err != nil {
-		t.Errorf("the unmodified Go client's streams: %v", err)
-	}
+	w.Match(sent, got)
 	t.Logf("transparent inject: pod %s changed by the webhook (%s), %d connections, MPTCP %v, streams whole", goClient.Name,
 		goClient.Annotations[transparent.AnnotationMode], len(sent), sent[0].MPTCP)
+	cConns := requireTransparentLibcClientGetsMPTCP(t, cb, w, ns, server)
+	files, err := w.Captures()
+	if err != nil {
+		t.Fatal(err)
+	}
+	analysis, err := testbed.Analyze(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	requireSpread(t, analysis, len(sent)+cConns, "the unmodified Go and C clients under transparent inject")
 
 	// off: the same policy now keeps Go's default MPTCP listener from a
 	// server that never chooses (which is MPTCP otherwise:
@@ -430,6 +442,43 @@ func requireTransparentGoClientGetsMPTCP(t *testing.T, cb *chartBed, server *cor
 			t.Fatalf("pod %s still there a minute after its deletion (%v)", goServer.Name, err)
 		}
 	}
+}
+
+// requireTransparentLibcClientGetsMPTCP: a C program linked against glibc
+// that never asks for MPTCP (hack/libc-client), in a pod the webhook
+// changed for inject, gets MPTCP from the preload library, and its
+// connections to the other node's server arrive whole. It returns how
+// many connections it opened, for the captures of w.
+func requireTransparentLibcClientGetsMPTCP(t *testing.T, cb *chartBed, w *testbed.Watch, ns string, server *corev1.Pod) int {
+	t.Helper()
+	ctx := background(t)
+	const conns, size = 2, 8 << 20
+	served := len(nodes.JSONLines[testbed.ServerReport](cb.nodes.WorkloadLog(server, "stdout")))
+	cClient := createChanged(t, cb, mptcpv1alpha1.TransparentInject, func(attempt int) *corev1.Pod {
+		pod := nodes.TrafficPod(ns, fmt.Sprintf("libc-client-%d", attempt), framework.NodeName(cb.bed.Node(1)), cb.images[nodes.TrafficImage].Ref,
+			map[string]string{"app": "libc-client"}, nil, "-c", fmt.Sprint(conns), "-n", fmt.Sprint(size), server.Status.PodIP, fmt.Sprint(tenantPort))
+		pod.Spec.Containers[0].Image = cb.images[nodes.LibcClientImage].Ref
+		return pod
+	})
+	if err := cb.nodes.WaitEnded(ctx, cb.c, cClient); err != nil {
+		w.Fail(err)
+	}
+	sent, err := testbed.LibcClientReports([]byte(cb.nodes.WorkloadLog(cClient, "stdout")))
+	if err != nil || len(sent) != conns {
+		w.Fail(fmt.Errorf("the C client reported %d connections (%v), want %d; stderr %q", len(sent), err, conns, cb.nodes.WorkloadLog(cClient, "stderr")))
+	}
+	got, err := cb.nodes.ServerReports(ctx, server, served+conns, 30*time.Second)
+	if err != nil {
+		w.Fail(err)
+	}
+	byRemote := w.Match(sent, got)
+	for _, r := range sent {
+		if !byRemote[r.Local].MPTCP {
+			t.Errorf("the C client's connection from %s reached the server as TCP, want MPTCP", r.Local)
+		}
+	}
+	t.Logf("transparent inject: C client pod %s changed by the webhook, %d connections of %d bytes, MPTCP, streams whole", cClient.Name, conns, size)
+	return conns
 }
 
 // createChanged creates the pod newPod(attempt) returns until the webhook

@@ -69,7 +69,9 @@ func BuildChartRelease(dir, commit, builder, tag string) (chart, images string, 
 		}
 	}
 	images = filepath.Join(dir, "images-"+commit)
-	if out, err := exec.Command(builder, "-repo", src, "-out", images, "-tag", tag).CombinedOutput(); err != nil {
+	// The images every release has had: an older tree lacks the sources
+	// of images added since.
+	if out, err := exec.Command(builder, "-repo", src, "-out", images, "-tag", tag, "-images", "controller,agent,traffic,pause").CombinedOutput(); err != nil {
 		return "", "", fmt.Errorf("building the images of %s: %w\n%s", commit, err, out)
 	}
 	return filepath.Join(src, "charts", "mptcp-operator"), images, nil

@@ -17,10 +17,11 @@ const (
 	labelDescription = "org.opencontainers.image.description"
 )
 
-// buildImage puts the binary on an empty base (OCI media types, nothing
-// pulled) with the image's user, entry point and labels.
-func buildImage(img image, binary, arch, version, sourceURL string, src source) (v1.Image, error) {
-	layer, err := binaryLayer(binary, img.name, src.epoch)
+// buildImage puts the binary and the shared objects it loads on an empty
+// base (OCI media types, nothing pulled) with the image's user, entry point
+// and labels.
+func buildImage(img image, binary string, shared []fileEntry, arch, version, sourceURL string, src source) (v1.Image, error) {
+	layer, err := binaryLayer(binary, img.name, shared, src.epoch)
 	if err != nil {
 		return nil, err
 	}
@@ -29,7 +30,7 @@ func buildImage(img image, binary, arch, version, sourceURL string, src source) 
 	withLayer, err := mutate.Append(base, mutate.Addendum{
 		Layer:     layer,
 		MediaType: types.OCILayer,
-		History:   v1.History{Created: created, CreatedBy: "imagebuild: go build " + img.pkg},
+		History:   v1.History{Created: created, CreatedBy: "imagebuild: " + img.buildCommand()},
 	})
 	if err != nil {
 		return nil, err

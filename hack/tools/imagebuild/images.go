@@ -1,13 +1,24 @@
 package main
 
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
 // image is one of the images `make images` builds: a single static Go binary
-// on an empty base.
+// on an empty base, or a C program with the shared libraries it loads.
 type image struct {
 	// name is the image's repository name under the registry and the
 	// binary's name (/usr/local/bin/<name>).
 	name string
 	// pkg is the Go package of the binary, relative to the repository root.
 	pkg string
+	// cSource, instead of pkg, is a C program (relative to the repository
+	// root) built with clang against the build machine's C library, which
+	// the image carries (libc.go).
+	cSource string
 	// user is the numeric uid:gid the image runs as. Numeric, so that the
 	// kubelet can check runAsNonRoot without a passwd file.
 	user string
@@ -15,8 +26,8 @@ type image struct {
 	description string
 }
 
-// images are built in this order and listed in images.json by name.
-var images = []image{
+// allImages are built in this order and listed in images.json by name.
+var allImages = []image{
 	{
 		name: "controller", pkg: "./cmd/controller", user: nonRoot,
 		description: "mptcp-operator controller: compiles MPTCPPaths and MPTCPPolicies into MPTCPNodeStates",
@@ -35,6 +46,13 @@ var images = []image{
 		description: "mptcp-operator test workload: hashed MPTCP or TCP streams and UDP probes",
 	},
 	{
+		// What the preload library is for: a program linked against glibc
+		// that never asks for MPTCP. Non-root, as the pods the webhook
+		// changes usually are.
+		name: "libc-client", cSource: "hack/libc-client/libc-client.c", user: nonRoot,
+		description: "mptcp-operator test workload: a C client linked against glibc that knows nothing of MPTCP",
+	},
+	{
 		// The uid the kubelet's own pause image runs as.
 		name: "pause", pkg: "./hack/pause", user: "65535:65535",
 		description: "mptcp-operator test bed sandbox image: holds a pod's namespaces until SIGTERM",
@@ -44,3 +62,48 @@ var images = []image{
 // nonRoot is the uid:gid of distroless's "nonroot", which Kubernetes
 // operators commonly run as.
 const nonRoot = "65532:65532"
+
+// buildCommand says how the image's binary is built, for its history.
+func (img image) buildCommand() string {
+	if img.cSource != "" {
+		return "clang " + img.cSource
+	}
+	return "go build " + img.pkg
+}
+
+// build builds the image's binary into dir and lists the shared objects
+// it loads.
+func (img image) build(repo, arch, dir string) (binary string, shared []fileEntry, err error) {
+	if img.cSource == "" {
+		binary, err = buildBinary(repo, img.pkg, arch, dir, img.name)
+		return binary, nil, err
+	}
+	if binary, err = buildCProgram(repo, img.cSource, dir, img.name); err != nil {
+		return "", nil, err
+	}
+	shared, err = sharedObjects(binary)
+	return binary, shared, err
+}
+
+// selectImages returns the images named in names, comma-separated, in
+// build order; all of them when names is empty.
+func selectImages(names string) ([]image, error) {
+	if names == "" {
+		return allImages, nil
+	}
+	want := map[string]bool{}
+	for _, n := range strings.Split(names, ",") {
+		want[n] = true
+	}
+	var out []image
+	for _, img := range allImages {
+		if want[img.name] {
+			out = append(out, img)
+			delete(want, img.name)
+		}
+	}
+	if len(want) > 0 {
+		return nil, fmt.Errorf("-images names no image called %v", slices.Sorted(maps.Keys(want)))
+	}
+	return out, nil
+}

@@ -6,7 +6,9 @@ import (
 	"compress/gzip"
 	"io"
 	"os"
+	"path"
 	"sort"
+	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -25,22 +27,20 @@ type fileEntry struct {
 	data []byte
 }
 
-// binaryLayer is the image's only layer: the binary, its parent directories
-// and a world-writable /tmp (for os.TempDir), in name order, every entry
-// owned by 0:0 and stamped with epoch, so that the same binary always gives
-// the same bytes.
-func binaryLayer(binary, name string, epoch time.Time) (v1.Layer, error) {
+// binaryLayer is the image's only layer: the binary, the shared objects it
+// loads (none for a static binary), their parent directories and a
+// world-writable /tmp (for os.TempDir), in name order, every entry owned by
+// 0:0 and stamped with epoch, so that the same files always give the same
+// bytes.
+func binaryLayer(binary, name string, shared []fileEntry, epoch time.Time) (v1.Layer, error) {
 	data, err := os.ReadFile(binary)
 	if err != nil {
 		return nil, err
 	}
-	entries := []fileEntry{
+	entries := withParents(append([]fileEntry{
 		{name: "tmp/", mode: 0o1777, dir: true},
-		{name: "usr/", mode: 0o755, dir: true},
-		{name: "usr/local/", mode: 0o755, dir: true},
-		{name: binDir, mode: 0o755, dir: true},
 		{name: binDir + name, mode: 0o755, data: data},
-	}
+	}, shared...))
 	b, err := tarEntries(entries, epoch)
 	if err != nil {
 		return nil, err
@@ -53,6 +53,25 @@ func binaryLayer(binary, name string, epoch time.Time) (v1.Layer, error) {
 		// default level: the best one saves 1 % for three times the time.
 		tarball.WithCompressionLevel(gzip.DefaultCompression),
 	)
+}
+
+// withParents adds a directory entry for every parent of the entries
+// that has none.
+func withParents(entries []fileEntry) []fileEntry {
+	have := map[string]bool{}
+	for _, e := range entries {
+		have[e.name] = true
+	}
+	out := entries
+	for _, e := range entries {
+		for dir := path.Dir(strings.TrimSuffix(e.name, "/")); dir != "."; dir = path.Dir(dir) {
+			if !have[dir+"/"] {
+				have[dir+"/"] = true
+				out = append(out, fileEntry{name: dir + "/", mode: 0o755, dir: true})
+			}
+		}
+	}
+	return out
 }
 
 // tarEntries writes entries sorted by name with fixed owners and times.

@@ -1,13 +1,13 @@
 // Command imagebuild builds the project's container images without a
 // container engine or a registry: each image is one static Go binary on an
-// empty base, written as an archive that `ctr images import`, `kind load
+// empty base (the C test client's, a program with its C library), written as an archive that `ctr images import`, `kind load
 // image-archive` and `docker load` accept. The same source and Go toolchain
 // give the same bytes, hence the same digests (docs/install.md#images).
 //
 //	imagebuild -repo . -out _output/images
 //
-// writes <out>/<name>.tar for the controller, the agent, the traffic tool
-// and the test bed's pause image, and <out>/images.json with every image's
+// writes <out>/<name>.tar for the controller, the agent, the traffic tool,
+// the C test client and the test bed's pause image, and <out>/images.json with every image's
 // reference and digest.
 package main
 
@@ -57,14 +57,21 @@ func main() {
 	chart := flag.String("chart", "charts/mptcp-operator", "chart (relative to -repo) whose appVersion tags the images")
 	tag := flag.String("tag", "", "tag of every image (default: the chart's appVersion)")
 	arch := flag.String("arch", runtime.GOARCH, "GOARCH of the binaries and the images' platform")
+	only := flag.String("images", "", "comma-separated names of the images to build (default: all); "+
+		"an older tree lacks the sources of images added since")
 	flag.Parse()
-	if err := run(*repo, *out, *registry, *chart, *tag, *arch); err != nil {
+	selected, err := selectImages(*only)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "imagebuild:", err)
+		os.Exit(2)
+	}
+	if err := run(*repo, *out, *registry, *chart, *tag, *arch, selected); err != nil {
 		fmt.Fprintln(os.Stderr, "imagebuild:", err)
 		os.Exit(1)
 	}
 }
 
-func run(repo, out, registry, chart, tag, arch string) error {
+func run(repo, out, registry, chart, tag, arch string, images []image) error {
 	repo, err := filepath.Abs(repo)
 	if err != nil {
 		return err
@@ -101,11 +108,16 @@ func run(repo, out, registry, chart, tag, arch string) error {
 		if err != nil {
 			return fmt.Errorf("image %s: %w", img.name, err)
 		}
-		binary, err := buildBinary(repo, img.pkg, arch, bins, img.name)
+		if img.cSource != "" && arch != runtime.GOARCH {
+			// clang would need the other architecture's C library.
+			fmt.Printf("%-12s skipped: a C program, built for this machine's architecture (%s) only\n", img.name, runtime.GOARCH)
+			continue
+		}
+		binary, shared, err := img.build(repo, arch, bins)
 		if err != nil {
 			return err
 		}
-		image, err := buildImage(img, binary, arch, tag, sourceURL, src)
+		image, err := buildImage(img, binary, shared, arch, tag, sourceURL, src)
 		if err != nil {
 			return fmt.Errorf("image %s: %w", img.name, err)
 		}
@@ -125,7 +137,7 @@ func run(repo, out, registry, chart, tag, arch string) error {
 			Name: img.name, Ref: ref.String(), Archive: archive, Digest: digest.String(), ImageID: id.String(),
 			User: img.user, Platform: "linux/" + arch,
 		})
-		fmt.Printf("%-10s %s@%s  %s\n", img.name, ref, digest, filepath.Join(out, archive))
+		fmt.Printf("%-12s %s@%s  %s\n", img.name, ref, digest, filepath.Join(out, archive))
 	}
 	b, err := json.MarshalIndent(record, "", "  ")
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 )
 
 // Images are the image archives `make images` (hack/tools/imagebuild)
-// writes, by image name (controller, agent, traffic, pause), as its
+// writes, by image name (controller, agent, traffic, libc-client, pause), as its
 // images.json lists them.
 type Images map[string]Image
 
@@ -23,6 +23,9 @@ type Images map[string]Image
 const (
 	PauseImage   = "pause"
 	TrafficImage = "traffic"
+	// LibcClientImage runs hack/libc-client, a C program linked against
+	// glibc (testbed.LibcClientReports reads what it prints).
+	LibcClientImage = "libc-client"
 )
 
 // ReadImages reads dir/images.json, which the image builder writes next to
