@@ -12,11 +12,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
 	"github.com/mptcp-operator/mptcp-operator/internal/transparent"
 	"github.com/mptcp-operator/mptcp-operator/test/e2e/conformance"
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
@@ -312,6 +314,16 @@ func requireTransparentClientsGetMPTCP(t *testing.T, cb *chartBed, server *corev
 	if err := nodes.AllowAwait(ctx, cb.c, ns); err != nil {
 		t.Fatal(err)
 	}
+	// Created before the policy: it keeps its spec, and is told why.
+	early := nodes.TrafficPod(ns, "before-policy", framework.NodeName(cb.bed.Node(1)), cb.images[nodes.TrafficImage].Ref, nil,
+		[]corev1.EnvVar{nodes.PodIPEnv}, "serve", "-listen", fmt.Sprintf("$(POD_IP):%d", tenantPort))
+	early.Spec.InitContainers, early.Spec.ReadinessGates = nil, nil
+	if err := cb.c.Create(ctx, early); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodes.WaitStarted(ctx, cb.c, early, time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	policy := &mptcpv1alpha1.MPTCPPolicy{ObjectMeta: metav1.ObjectMeta{Name: "transparent-inject"}, Spec: mptcpv1alpha1.MPTCPPolicySpec{
 		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}},
 		Spread:            mptcpv1alpha1.Spread{Paths: []mptcpv1alpha1.WeightedPath{{Name: "fabric-a"}, {Name: "fabric-b"}}},
@@ -368,6 +380,7 @@ func requireTransparentClientsGetMPTCP(t *testing.T, cb *chartBed, server *corev
 	t.Logf("transparent inject: pod %s changed by the webhook (%s), %d connections, MPTCP %v, streams whole", goClient.Name,
 		goClient.Annotations[transparent.AnnotationMode], len(sent), sent[0].MPTCP)
 	cConns := requireTransparentLibcClientGetsMPTCP(t, cb, w, ns, server)
+	requireToldToRestart(t, cb, early)
 	files, err := w.Captures()
 	if err != nil {
 		t.Fatal(err)
@@ -409,6 +422,10 @@ func requireTransparentClientsGetMPTCP(t *testing.T, cb *chartBed, server *corev
 	if err := cb.c.Create(ctx, mptcpClient); err != nil {
 		t.Fatal(err)
 	}
+	// Its namespace did not opt in, and no transparent policy selects it.
+	if mode, ok := mptcpClient.Annotations[transparent.AnnotationMode]; ok || len(mptcpClient.Spec.InitContainers) != 1 {
+		t.Errorf("pod %s/%s of a namespace that did not opt in was changed: mode %q, init containers %d", tenantNS, mptcpClient.Name, mode, len(mptcpClient.Spec.InitContainers))
+	}
 	if err := cb.nodes.WaitEnded(ctx, cb.c, mptcpClient); err != nil {
 		t.Fatal(err)
 	}
@@ -430,16 +447,23 @@ func requireTransparentClientsGetMPTCP(t *testing.T, cb *chartBed, server *corev
 		goServer.Annotations[transparent.AnnotationMode])
 
 	// Gone before the uninstall's footprint is taken, its sandbox with it.
-	if err := cb.c.Delete(ctx, goServer, client.GracePeriodSeconds(0)); err != nil {
+	deleteAndWait(t, cb, goServer)
+}
+
+// deleteAndWait deletes pod at once and waits until it is gone.
+func deleteAndWait(t *testing.T, cb *chartBed, pod *corev1.Pod) {
+	t.Helper()
+	ctx := background(t)
+	if err := cb.c.Delete(ctx, pod, client.GracePeriodSeconds(0)); err != nil {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		err := cb.c.Get(ctx, client.ObjectKeyFromObject(goServer), &corev1.Pod{})
+		err := cb.c.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{})
 		if apierrors.IsNotFound(err) {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pod %s still there a minute after its deletion (%v)", goServer.Name, err)
+			t.Fatalf("pod %s still there a minute after its deletion (%v)", pod.Name, err)
 		}
 	}
 }
@@ -479,6 +503,42 @@ func requireTransparentLibcClientGetsMPTCP(t *testing.T, cb *chartBed, w *testbe
 	}
 	t.Logf("transparent inject: C client pod %s changed by the webhook, %d connections of %d bytes, MPTCP, streams whole", cClient.Name, conns, size)
 	return conns
+}
+
+// requireToldToRestart: a pod that a transparent policy selects and the
+// webhook never saw (created before the policy) keeps the spec it had,
+// and gets a TransparentNotApplied event that says to create it again.
+// It is deleted afterwards, its sandbox with it.
+func requireToldToRestart(t *testing.T, cb *chartBed, pod *corev1.Pod) {
+	t.Helper()
+	ctx := background(t)
+	var told *eventsv1.Event
+	for deadline := time.Now().Add(30 * time.Second); told == nil; time.Sleep(250 * time.Millisecond) {
+		var list eventsv1.EventList
+		if err := cb.c.List(ctx, &list, client.InNamespace(pod.Namespace)); err != nil {
+			t.Fatal(err)
+		}
+		for i, e := range list.Items {
+			if e.Regarding.UID == pod.UID && e.Reason == compile.ReasonTransparentNotApplied {
+				told = &list.Items[i]
+			}
+		}
+		if told == nil && time.Now().After(deadline) {
+			t.Fatalf("pod %s, created before its transparent policy, got no %s event in 30 s", pod.Name, compile.ReasonTransparentNotApplied)
+		}
+	}
+	if !strings.Contains(told.Note, "create the pod again") {
+		t.Errorf("the %s event does not say what to do: %q", told.Reason, told.Note)
+	}
+	var now corev1.Pod
+	if err := cb.c.Get(ctx, client.ObjectKeyFromObject(pod), &now); err != nil {
+		t.Fatal(err)
+	}
+	if _, changed := now.Annotations[transparent.AnnotationMode]; changed || len(now.Spec.InitContainers) != 0 {
+		t.Errorf("pod %s, created before the policy, was changed: annotations %v, init containers %d", pod.Name, now.Annotations, len(now.Spec.InitContainers))
+	}
+	t.Logf("transparent inject: pod %s created before the policy kept its spec and was told: %s", pod.Name, told.Note)
+	deleteAndWait(t, cb, pod)
 }
 
 // createChanged creates the pod newPod(attempt) returns until the webhook
