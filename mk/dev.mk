@@ -3,7 +3,7 @@
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(CACHE_DIR)/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
 CLANG_FORMAT ?= clang-format
-BPF_SOURCES := $(wildcard bpf/*.c bpf/include/*.h bench/*/*.c)
+BPF_SOURCES := $(wildcard bpf/*.c bpf/include/*.h bpf/test/*.c bench/*/*.c)
 # The C of the preload library (and its test programs), in the same style.
 PRELOAD_SOURCES := $(wildcard preload/lib/*.c preload/testdata/*.c bench/preload/testdata/*.c hack/libc-client/*.c)
 # Tests that build real networks, load BPF and run a real API server: the
@@ -24,7 +24,7 @@ build: ## Build the agent, the traffic tool and the demo into bin/.
 
 .PHONY: generate-bpf
 generate-bpf: ## Regenerate the BPF objects and Go bindings (bpf2go; needs clang).
-	$(GO) generate ./internal/datapath/... ./bench/xdpdrop/...
+	$(GO) generate ./internal/datapath/... ./internal/socketmptcp/... ./bench/xdpdrop/...
 
 .PHONY: generate-preload
 generate-preload: ## Rebuild the preload library (preload/libmptcp-socket.so, committed; needs clang).
