@@ -11,6 +11,17 @@ const (
 	ConditionDegraded    = "Degraded"
 )
 
+// ConditionTransparentKernel, on an MPTCPNodeState, says what became of
+// podMPTCP.transparent kernel on the node: True (Attached) while the
+// socket program covers the pods that have it, False (Unsupported) with
+// the kernel's reason where it refuses the program; absent while no pod of
+// the node has it. A policy whose pods are on such a node is Degraded for
+// the same reason.
+const (
+	ConditionTransparentKernel = "TransparentKernel"
+	ReasonUnsupported          = "Unsupported"
+)
+
 // PathRole says whether a path carries subflows from the start (active) or only
 // when no active path is alive (backup, the MP_JOIN/MP_PRIO B bit).
 // +kubebuilder:validation:Enum=active;backup

@@ -231,14 +231,24 @@ const (
 //     dial and listen with MPTCP) and the preload library first in its
 //     LD_PRELOAD (a program that asks libc for a TCP socket gets an MPTCP
 //     one), delivered by an init container the webhook adds.
+//   - kernel: the node's agent attaches a BPF program to the kernel's
+//     update_socket_protocol hook that makes every TCP socket created in
+//     the pod's network namespace an MPTCP one: static binaries, io_uring
+//     and pods created before the policy included, the pod's spec
+//     untouched. The hook needs Linux 6.6 and a kernel that runs tracing
+//     programs (not in lockdown); where the kernel refuses, the node
+//     state's TransparentKernel condition and the policy's Degraded
+//     condition say Unsupported and why, and the pods keep the sockets
+//     their programs ask for.
 //   - off: every container gets GODEBUG multipathtcp=0: Go programs, whose
 //     listeners take MPTCP by default since Go 1.24, use TCP only.
 //
-// +kubebuilder:validation:Enum=inject;off
+// +kubebuilder:validation:Enum=inject;kernel;off
 type TransparentMPTCP string
 
 const (
 	TransparentInject TransparentMPTCP = "inject"
+	TransparentKernel TransparentMPTCP = "kernel"
 	TransparentOff    TransparentMPTCP = "off"
 )
 
@@ -280,13 +290,14 @@ type PodMPTCP struct {
 	// +kubebuilder:default=true
 	DataChecksums *bool `json:"dataChecksums,omitempty"`
 	// transparent gives the selected pods' programs that do not open MPTCP
-	// sockets themselves MPTCP (inject), or keeps Go's default MPTCP
-	// listeners from them (off), by changing each pod's containers when it
-	// is created (a mutating webhook); unset, the pods are left as they
-	// are. Pods created before the policy keep their spec until they are
-	// created again, and say so in an event. The policy of highest
-	// precedence that sets it decides for a pod. docs/transparent.md says
-	// which programs each covers.
+	// sockets themselves MPTCP, by changing each pod's containers when it
+	// is created (inject, a mutating webhook) or with the node's socket
+	// program (kernel, where the kernel allows it), or keeps Go's default
+	// MPTCP listeners from them (off, the webhook); unset, the pods are
+	// left as they are. Under inject and off, pods created before the
+	// policy keep their spec until they are created again, and say so in
+	// an event. The policy of highest precedence that sets it decides for
+	// a pod. docs/transparent.md says which programs each covers.
 	// +optional
 	Transparent TransparentMPTCP `json:"transparent,omitempty"`
 }

@@ -74,6 +74,8 @@ type Agent struct {
 	// unlistedLog limits the lines about pods' namespaces whose sockets
 	// a sweep could not list (sweepview.go).
 	unlistedLog unlistedLog
+	// The socket program of podMPTCP.transparent kernel (socketmptcp.go).
+	socketMPTCP socketMPTCPState
 }
 
 // The agent is what its metrics and local API read.
@@ -180,13 +182,14 @@ func (a *Agent) ServeLocalAPI(ctx context.Context) (string, func(), error) {
 }
 
 // Close stops the agent's path managers and releases file descriptors. What
-// is pinned stays: the datapath keeps steering while no agent runs.
+// is pinned stays: the datapath keeps steering while no agent runs. The
+// socket program is not pinned: it goes with the agent.
 func (a *Agent) Close() error {
 	a.pms.Stop()
 	if a.prober != nil {
 		a.prober.Close()
 	}
-	return a.dp.Close()
+	return errors.Join(a.closeSocketMPTCP(), a.dp.Close())
 }
 
 // Datapath exposes the loaded datapath (stats, tables).
@@ -238,6 +241,7 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	policeHooks(plan, hooks)
 	problems, err := a.syncPods(ctx, plan, ids, hooks)
 	keep(err)
+	keep(a.syncSocketMPTCP(plan))
 	keep(a.syncPodInterfaces(plan))
 	keep(a.syncHooks(hooks))
 	// The sweeps read the subflow table and the pods' sockets once.

@@ -90,6 +90,9 @@ type PlanPod struct {
 	// Rules are the pod's rules by name, highest priority first: each new
 	// subflow takes the first whose traffic selects it.
 	Rules []string `json:"rules"`
+	// SocketMPTCP: the socket program makes the TCP sockets created in
+	// the pod's namespace MPTCP (podMPTCP.transparent kernel).
+	SocketMPTCP bool `json:"socketMPTCP,omitempty"`
 }
 
 // PodRef names a pod of the API.

@@ -37,24 +37,27 @@ import (
 
 // Condition types of an MPTCPNodeState, and the pod gate.
 const (
-	ConditionReady       = "Ready"
-	ConditionProgressing = "Progressing"
-	ConditionDegraded    = "Degraded"
+	ConditionReady             = "Ready"
+	ConditionProgressing       = "Progressing"
+	ConditionDegraded          = "Degraded"
+	ConditionTransparentKernel = mptcpv1alpha1.ConditionTransparentKernel
 	// PodReadyCondition is set on each local pod the agent configured.
 	PodReadyCondition corev1.PodConditionType = "mptcp.io/ready"
 )
 
 // Reasons of the conditions: each says what a user can do about it.
 const (
-	ReasonApplied          = "Applied"          // the spec is enforced
-	ReasonNotYetApplied    = "NotYetApplied"    // nothing was enforced yet
-	ReasonAsExpected       = "AsExpected"       // not degraded
-	ReasonInterfaceMissing = "InterfaceMissing" // a path's interface is absent or ambiguous on the node: the path is left out, the rest enforced; fix the MPTCPPath's interface selector
-	ReasonInvalidSpec      = "InvalidSpec"      // the spec cannot be enforced (bad index, rule without usable path...): see status.errors
-	ReasonApplyFailed      = "ApplyFailed"      // the kernel refused part of the configuration: see status.errors and the agent's log
-	ReasonWaitingForPods   = "WaitingForPods"   // some pods have no address yet or cannot be found on the node
-	ReasonSettled          = "Settled"          // nothing pending
-	ReasonPodsSkipped      = "PodsSkipped"      // not degraded: the node is enforced, some pods are skipped for problems of their own (status.pods)
+	ReasonApplied          = "Applied"                       // the spec is enforced
+	ReasonNotYetApplied    = "NotYetApplied"                 // nothing was enforced yet
+	ReasonAsExpected       = "AsExpected"                    // not degraded
+	ReasonInterfaceMissing = "InterfaceMissing"              // a path's interface is absent or ambiguous on the node: the path is left out, the rest enforced; fix the MPTCPPath's interface selector
+	ReasonInvalidSpec      = "InvalidSpec"                   // the spec cannot be enforced (bad index, rule without usable path...): see status.errors
+	ReasonApplyFailed      = "ApplyFailed"                   // the kernel refused part of the configuration: see status.errors and the agent's log
+	ReasonWaitingForPods   = "WaitingForPods"                // some pods have no address yet or cannot be found on the node
+	ReasonSettled          = "Settled"                       // nothing pending
+	ReasonPodsSkipped      = "PodsSkipped"                   // not degraded: the node is enforced, some pods are skipped for problems of their own (status.pods)
+	ReasonAttached         = "Attached"                      // the socket program of transparent kernel runs
+	ReasonUnsupported      = mptcpv1alpha1.ReasonUnsupported // the kernel refuses the socket program (lockdown, or older than 6.6): use transparent inject
 )
 
 // Enforcer is what the reconciler asks of the node's datapath
@@ -72,6 +75,9 @@ type Enforcer interface {
 	// PathLiveness is what the probes to peers say of a path, by index
 	// (agent.Agent.PathLiveness).
 	PathLiveness(path uint32) mptcpv1alpha1.Liveness
+	// SocketMPTCP is what the socket program of transparent kernel did at
+	// the last reconcile (agent.Agent.SocketMPTCP).
+	SocketMPTCP() agent.SocketMPTCP
 }
 
 // Reconciler enforces one node's MPTCPNodeState.
@@ -299,12 +305,37 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionProgressing, Status: metav1.ConditionFalse, Reason: ReasonSettled,
 			Message: "nothing pending", ObservedGeneration: gen})
 	}
+	r.setTransparentKernel(&state, &st.Conditions)
 	if !reflect.DeepEqual(state.Status, next.Status) {
 		if err := r.Client.Status().Patch(ctx, next, client.MergeFrom(&state)); err != nil {
 			return ctrl.Result{}, fmt.Errorf("status of %s: %w", state.Name, err)
 		}
 	}
 	return ctrl.Result{RequeueAfter: r.Resync}, nil
+}
+
+// setTransparentKernel sets the TransparentKernel condition from what the
+// socket program did: absent while no pod wants it, False (Unsupported)
+// with the kernel's reason, with one warning, where the kernel refuses it.
+func (r *Reconciler) setTransparentKernel(state *mptcpv1alpha1.MPTCPNodeState, conds *[]metav1.Condition) {
+	sm := r.Agent.SocketMPTCP()
+	gen := state.Generation
+	switch {
+	case sm.Wanted == 0:
+		meta.RemoveStatusCondition(conds, ConditionTransparentKernel)
+	case sm.Unsupported != "":
+		msg := fmt.Sprintf("%s; the %d pods whose policy says podMPTCP.transparent kernel keep the sockets their programs ask for: "+
+			"use transparent inject (docs/transparent.md)", sm.Unsupported, sm.Wanted)
+		if prev := meta.FindStatusCondition(state.Status.Conditions, ConditionTransparentKernel); prev == nil || prev.Reason != ReasonUnsupported {
+			r.Recorder.Eventf(state, nil, corev1.EventTypeWarning, ReasonUnsupported, "LoadSocketProgram", "%s", msg)
+		}
+		meta.SetStatusCondition(conds, metav1.Condition{Type: ConditionTransparentKernel, Status: metav1.ConditionFalse,
+			Reason: ReasonUnsupported, Message: msg, ObservedGeneration: gen})
+	default:
+		meta.SetStatusCondition(conds, metav1.Condition{Type: ConditionTransparentKernel, Status: metav1.ConditionTrue,
+			Reason: ReasonAttached, ObservedGeneration: gen,
+			Message: fmt.Sprintf("the socket program makes the TCP sockets of %d of %d pods MPTCP", sm.Covered, sm.Wanted)})
+	}
 }
 
 func conditionMessage(errs []string) string {

@@ -187,15 +187,17 @@ func Node(in Input) Result {
 			rulesByName[rules[j].Name] = rules[j]
 			names[j] = rules[j].Name
 		}
-		if r := transparentMissed(pod, policies, nsLabels); r != nil {
+		deciding := transparentPolicy(pod, policies, nsLabels)
+		if r := transparentMissed(pod, deciding); r != nil {
 			res.Refusals = append(res.Refusals, *r)
 		}
 		res.Spec.Pods = append(res.Spec.Pods, mptcpv1alpha1.NodePod{
-			Namespace: pod.Namespace,
-			Name:      pod.Name,
-			UID:       string(pod.UID),
-			IPs:       podIPs(pod),
-			Rules:     names,
+			Namespace:   pod.Namespace,
+			Name:        pod.Name,
+			UID:         string(pod.UID),
+			IPs:         podIPs(pod),
+			Rules:       names,
+			Transparent: kernelTransparent(pod, deciding),
 		})
 	}
 	for _, name := range slices.Sorted(maps.Keys(rulesByName)) {
@@ -520,31 +522,51 @@ func activePolicies(in []mptcpv1alpha1.MPTCPPolicy) []mptcpv1alpha1.MPTCPPolicy 
 	return out
 }
 
-// transparentMissed says when pod does not carry what its policy's
-// podMPTCP.transparent gives pods at their creation (the webhook's mark):
-// created before the policy set it, while the webhook was down, in a
-// namespace the webhook does not see, or left as it was by the webhook. A
-// pod that opted out, and a VM's pod, are not told.
-func transparentMissed(pod *corev1.Pod, policies []mptcpv1alpha1.MPTCPPolicy, nsLabels labels.Set) *Refusal {
-	if runsVM(pod) || pod.Annotations[transparent.AnnotationMode] == transparent.OptOut {
-		return nil
-	}
+// transparentPolicy is the policy that decides pod's
+// podMPTCP.transparent: the first of policies, in order of precedence,
+// that selects it (in a namespace labelled nsLabels) and sets it; nil if
+// none does. The webhook decides alike (SelectingPolicies).
+func transparentPolicy(pod *corev1.Pod, policies []mptcpv1alpha1.MPTCPPolicy, nsLabels labels.Set) *mptcpv1alpha1.MPTCPPolicy {
 	for i := range policies {
-		pol := &policies[i]
-		mode := pol.Spec.PodMPTCP.Transparent
-		if mode == "" || !selects(pol, nsLabels, pod) {
-			continue
+		if policies[i].Spec.PodMPTCP.Transparent != "" && selects(&policies[i], nsLabels, pod) {
+			return &policies[i]
 		}
-		if pod.Annotations[transparent.AnnotationMode] == string(mode) {
-			return nil
-		}
-		return &Refusal{Pod: pod, Policy: pol.Name, Reason: ReasonTransparentNotApplied, Message: fmt.Sprintf(
-			"policy %s's podMPTCP.transparent %s is applied to pods as they are created, and was not to this one: it was created "+
-				"before the policy said so, while the webhook was unavailable, in a namespace the webhook does not see "+
-				"(by default those labelled mptcp.io/transparent=enabled), or the webhook left it as it was (the API server "+
-				"warned its creator why); create the pod again to apply it (docs/transparent.md)", pol.Name, mode)}
 	}
 	return nil
+}
+
+// kernelTransparent is the node pod's transparent: kernel when the
+// deciding policy says so, for the agent's socket program. A pod that
+// opts out (its mptcp.io/transparent annotation, which it may set at any
+// time) is left out, and so is a VM's pod: its guest's sockets are not
+// the pod's, and the CEL rules keep transparent from guest mode.
+func kernelTransparent(pod *corev1.Pod, deciding *mptcpv1alpha1.MPTCPPolicy) mptcpv1alpha1.TransparentMPTCP {
+	if deciding == nil || deciding.Spec.PodMPTCP.Transparent != mptcpv1alpha1.TransparentKernel || runsVM(pod) ||
+		pod.Annotations[transparent.AnnotationMode] == transparent.OptOut {
+		return ""
+	}
+	return mptcpv1alpha1.TransparentKernel
+}
+
+// transparentMissed says when pod does not carry what the deciding
+// policy's podMPTCP.transparent gives pods at their creation (the
+// webhook's mark): created before the policy set it, while the webhook
+// was down, in a namespace the webhook does not see, or left as it was by
+// the webhook. kernel is the agent's, on pods as they are. A pod that
+// opted out, and a VM's pod, are not told.
+func transparentMissed(pod *corev1.Pod, deciding *mptcpv1alpha1.MPTCPPolicy) *Refusal {
+	if deciding == nil || runsVM(pod) || pod.Annotations[transparent.AnnotationMode] == transparent.OptOut {
+		return nil
+	}
+	mode := deciding.Spec.PodMPTCP.Transparent
+	if mode == mptcpv1alpha1.TransparentKernel || pod.Annotations[transparent.AnnotationMode] == string(mode) {
+		return nil
+	}
+	return &Refusal{Pod: pod, Policy: deciding.Name, Reason: ReasonTransparentNotApplied, Message: fmt.Sprintf(
+		"policy %s's podMPTCP.transparent %s is applied to pods as they are created, and was not to this one: it was created "+
+			"before the policy said so, while the webhook was unavailable, in a namespace the webhook does not see "+
+			"(by default those labelled mptcp.io/transparent=enabled), or the webhook left it as it was (the API server "+
+			"warned its creator why); create the pod again to apply it (docs/transparent.md)", deciding.Name, mode)}
 }
 
 // SelectingPolicies are the policies that select pod (in a namespace

@@ -282,6 +282,30 @@ func TestAPodThatMissedTransparentIsToldSo(t *testing.T) {
 	if want := map[string]string{"missed": "p2", "other-mode": "p2"}; !maps.Equal(told, want) {
 		t.Errorf("told %v, want %v", told, want)
 	}
+	for _, p := range res.Spec.Pods {
+		if p.Transparent != "" {
+			t.Errorf("pod %s has transparent %q in the node state under inject", p.Name, p.Transparent)
+		}
+	}
+
+	// kernel is the agent's, on the pods as they are: the node state
+	// says it for each pod but the VM's and the one that opted out, and
+	// nobody is told to restart.
+	in.Policies[1].Spec.PodMPTCP.Transparent = mptcpv1alpha1.TransparentKernel
+	res = Node(in)
+	for _, r := range res.Refusals {
+		if r.Reason == ReasonTransparentNotApplied {
+			t.Errorf("pod %s told %q under kernel", r.Pod.Name, r.Message)
+		}
+	}
+	kernel := map[string]mptcpv1alpha1.TransparentMPTCP{}
+	for _, p := range res.Spec.Pods {
+		kernel[p.Name] = p.Transparent
+	}
+	want := map[string]mptcpv1alpha1.TransparentMPTCP{"missed": "kernel", "changed": "kernel", "other-mode": "kernel", "opted-out": "", "vm": ""}
+	if !maps.Equal(kernel, want) {
+		t.Errorf("node pods' transparent %v, want %v", kernel, want)
+	}
 }
 
 // A path's defaultRole and weight act where a policy does not say

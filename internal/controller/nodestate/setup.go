@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/transparent"
 )
 
 // IndexPods registers the pod index this controller lists by.
@@ -87,6 +88,8 @@ func podChanged() predicate.Predicate {
 		return o.Spec.NodeName != n.Spec.NodeName ||
 			!equality.Semantic.DeepEqual(o.Labels, n.Labels) ||
 			o.Annotations[mptcpv1alpha1.AnnotationPreferredPaths] != n.Annotations[mptcpv1alpha1.AnnotationPreferredPaths] ||
+			// Opting out of transparent kernel is the agent's to apply.
+			o.Annotations[transparent.AnnotationMode] != n.Annotations[transparent.AnnotationMode] ||
 			!equality.Semantic.DeepEqual(o.Status.PodIPs, n.Status.PodIPs) ||
 			o.Status.PodIP != n.Status.PodIP ||
 			o.Status.Phase != n.Status.Phase

@@ -78,6 +78,9 @@ func (m *Mutator) Handle(ctx context.Context, req admission.Request) admission.R
 	if mode == "" {
 		return admission.Allowed(why)
 	}
+	if mode == mptcpv1alpha1.TransparentKernel {
+		return admission.Allowed(fmt.Sprintf("policy %s's transparent kernel is the node agent's socket program: the pod is not changed", policy))
+	}
 	ch := m.injector.Plan(pod, mode, policy)
 	if ch.Skipped != "" {
 		return unchanged(fmt.Sprintf("policy %s's transparent %s: %s", policy, mode, ch.Skipped))

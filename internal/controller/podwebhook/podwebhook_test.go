@@ -143,7 +143,8 @@ func godebug(pod *corev1.Pod) string {
 // puts it in the configuration's caBundle; a pod created in a namespace
 // that opted in, selected by a policy that sets transparent, is changed as
 // the policy says (the policy of highest precedence that sets it decides);
-// pods elsewhere, or not selected, or whose policy sets nothing, are not;
+// pods elsewhere, or not selected, or whose policy sets nothing or kernel
+// (the agent's), are not;
 // with the webhook down, pods are admitted unchanged.
 func TestPodsAreChangedAsTheirPolicySaysThroughTheAPIServer(t *testing.T) {
 	env := testenv.Start(t)
@@ -173,6 +174,7 @@ func TestPodsAreChangedAsTheirPolicySaysThroughTheAPIServer(t *testing.T) {
 	policy("inject-apps", 0, map[string]string{"app": "web"}, mptcpv1alpha1.TransparentInject)
 	policy("off-legacy", 10, map[string]string{"app": "web", "legacy": "yes"}, mptcpv1alpha1.TransparentOff)
 	policy("spread-only", 20, map[string]string{"app": "db"}, "")
+	policy("kernel-batch", 30, map[string]string{"app": "batch"}, mptcpv1alpha1.TransparentKernel)
 
 	// The cache may not hold the policies yet: the first pod retries.
 	var web *corev1.Pod
@@ -194,6 +196,7 @@ func TestPodsAreChangedAsTheirPolicySaysThroughTheAPIServer(t *testing.T) {
 	}
 	for _, p := range []*corev1.Pod{
 		createPod(t, c, optedIn, "db", map[string]string{"app": "db"}),
+		createPod(t, c, optedIn, "batch", map[string]string{"app": "batch"}),
 		createPod(t, c, optedIn, "unselected", map[string]string{"app": "cache"}),
 		createPod(t, c, notOptedIn, "web", map[string]string{"app": "web"}),
 	} {

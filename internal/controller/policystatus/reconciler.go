@@ -88,7 +88,8 @@ func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeS
 		wanted[b] = true
 	}
 
-	var pending, missingOn, noIface []string
+	var pending, missingOn, noIface, unsupportedOn []string
+	var unsupported string
 	missingPaths := map[string]bool{}
 	slices.SortFunc(states, func(a, b mptcpv1alpha1.MPTCPNodeState) int { return strings.Compare(a.Name, b.Name) })
 	for i := range states {
@@ -124,6 +125,11 @@ func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeS
 		}
 		if lacks {
 			missingOn = append(missingOn, s.Name)
+		}
+		if c := meta.FindStatusCondition(s.Status.Conditions, mptcpv1alpha1.ConditionTransparentKernel); c != nil &&
+			c.Reason == mptcpv1alpha1.ReasonUnsupported && pol.Spec.PodMPTCP.Transparent == mptcpv1alpha1.TransparentKernel {
+			unsupportedOn = append(unsupportedOn, s.Name)
+			unsupported = c.Message
 		}
 		for _, ps := range s.Status.Paths {
 			if wanted[ps.Name] && (ps.Link == mptcpv1alpha1.LinkNotFound || ps.Link == mptcpv1alpha1.LinkAmbiguous) {
@@ -165,6 +171,10 @@ func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeS
 	if len(noIface) > 0 {
 		problems = append(problems, "no matching interface for "+list(noIface))
 		degraded.Reason = "InterfaceNotFound"
+	}
+	if len(unsupportedOn) > 0 {
+		problems = append(problems, fmt.Sprintf("podMPTCP.transparent kernel is unsupported on nodes %s (%s)", list(unsupportedOn), unsupported))
+		degraded.Reason = mptcpv1alpha1.ReasonUnsupported
 	}
 	if len(problems) > 0 {
 		degraded.Status = metav1.ConditionTrue
