@@ -14,11 +14,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
+	"github.com/mptcp-operator/mptcp-operator/internal/socketmptcp"
 	"github.com/mptcp-operator/mptcp-operator/internal/transparent"
 	"github.com/mptcp-operator/mptcp-operator/test/e2e/conformance"
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
@@ -446,8 +448,69 @@ func requireTransparentClientsGetMPTCP(t *testing.T, cb *chartBed, server *corev
 	t.Logf("transparent off: pod %s changed by the webhook (%s), a client asking for MPTCP got TCP, whole", goServer.Name,
 		goServer.Annotations[transparent.AnnotationMode])
 
+	requireKernelModeSaysWhatTheKernelDoes(t, cb, policy, goServer)
+
 	// Gone before the uninstall's footprint is taken, its sandbox with it.
 	deleteAndWait(t, cb, goServer)
+}
+
+// requireKernelModeSaysWhatTheKernelDoes: policy, changed to transparent
+// kernel, has its pod's node load the socket program. Where this kernel
+// refuses it (lockdown, as on the machines the suite runs on: the test
+// asks the kernel itself first), the node state's TransparentKernel
+// condition is Unsupported with the reason, with a warning event, and the
+// policy is Degraded for it; elsewhere the condition is Attached.
+func requireKernelModeSaysWhatTheKernelDoes(t *testing.T, cb *chartBed, policy *mptcpv1alpha1.MPTCPPolicy, pod *corev1.Pod) {
+	t.Helper()
+	ctx := background(t)
+	wantReason, why := "Attached", ""
+	if prog, err := socketmptcp.Load(); err != nil {
+		wantReason, why = mptcpv1alpha1.ReasonUnsupported, err.Error()
+	} else if err := prog.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before := policy.DeepCopy()
+	policy.Spec.PodMPTCP.Transparent = mptcpv1alpha1.TransparentKernel
+	if err := cb.c.Patch(ctx, policy, client.MergeFrom(before)); err != nil {
+		t.Fatal(err)
+	}
+	var cond, degraded *metav1.Condition
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		var st mptcpv1alpha1.MPTCPNodeState
+		if err := cb.c.Get(ctx, client.ObjectKey{Name: pod.Spec.NodeName}, &st); err != nil {
+			t.Fatal(err)
+		}
+		var pol mptcpv1alpha1.MPTCPPolicy
+		if err := cb.c.Get(ctx, client.ObjectKeyFromObject(policy), &pol); err != nil {
+			t.Fatal(err)
+		}
+		cond = meta.FindStatusCondition(st.Status.Conditions, mptcpv1alpha1.ConditionTransparentKernel)
+		degraded = meta.FindStatusCondition(pol.Status.Conditions, mptcpv1alpha1.ConditionDegraded)
+		policyDone := wantReason != mptcpv1alpha1.ReasonUnsupported || (degraded != nil && degraded.Reason == wantReason)
+		if cond != nil && cond.Reason == wantReason && policyDone {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("transparent kernel on node %s: condition %+v, policy Degraded %+v; want %s (%s)", pod.Spec.NodeName, cond, degraded, wantReason, why)
+		}
+	}
+	if why != "" && !strings.Contains(cond.Message, why) {
+		t.Errorf("the node's TransparentKernel condition %q does not give the kernel's reason %q", cond.Message, why)
+	}
+	if wantReason == mptcpv1alpha1.ReasonUnsupported {
+		var list eventsv1.EventList
+		if err := cb.c.List(ctx, &list); err != nil {
+			t.Fatal(err)
+		}
+		warned := false
+		for _, e := range list.Items {
+			warned = warned || (e.Regarding.Kind == "MPTCPNodeState" && e.Regarding.Name == pod.Spec.NodeName && e.Reason == wantReason)
+		}
+		if !warned {
+			t.Errorf("no %s event on node state %s", wantReason, pod.Spec.NodeName)
+		}
+	}
+	t.Logf("transparent kernel: node %s says %s: %s; policy Degraded %s: %s", pod.Spec.NodeName, cond.Reason, cond.Message, degraded.Reason, degraded.Message)
 }
 
 // deleteAndWait deletes pod at once and waits until it is gone.

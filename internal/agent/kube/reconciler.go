@@ -324,7 +324,7 @@ func (r *Reconciler) setTransparentKernel(state *mptcpv1alpha1.MPTCPNodeState, c
 	case sm.Wanted == 0:
 		meta.RemoveStatusCondition(conds, ConditionTransparentKernel)
 	case sm.Unsupported != "":
-		msg := fmt.Sprintf("%s; the %d pods whose policy says podMPTCP.transparent kernel keep the sockets their programs ask for: "+
+		msg := fmt.Sprintf("%s; the pods whose policy says podMPTCP.transparent kernel (%d here) keep the sockets their programs ask for: "+
 			"use transparent inject (docs/transparent.md)", sm.Unsupported, sm.Wanted)
 		if prev := meta.FindStatusCondition(state.Status.Conditions, ConditionTransparentKernel); prev == nil || prev.Reason != ReasonUnsupported {
 			r.Recorder.Eventf(state, nil, corev1.EventTypeWarning, ReasonUnsupported, "LoadSocketProgram", "%s", msg)
