@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -228,9 +229,21 @@ func Analyze(files []CaptureFile) (*Analysis, error) {
 	if err != nil {
 		return nil, err
 	}
+	// tshark reads each node's captures at once (the slow part, one
+	// process a node); their rows are then taken in node order.
+	nodes := byNode(ControlFiles(heads))
+	rows, errs := make([][]byte, len(nodes)), make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, files := range nodes {
+		wg.Go(func() { rows[i], errs[i] = nodeRows(files) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
 	a := &analyzer{subflows: map[[2]netip.AddrPort]*subflowAcc{}}
-	for _, node := range byNode(ControlFiles(heads)) {
-		if err := a.node(node[0].Node, node); err != nil {
+	for i, files := range nodes {
+		if err := a.node(files[0].Node, files, rows[i]); err != nil {
 			return nil, err
 		}
 	}
@@ -318,15 +331,17 @@ func tsharkRows(input, filter string, all bool, fields []string, prefs ...string
 	return out, nil
 }
 
-func (a *analyzer) node(node int, files []CaptureFile) error {
+// nodeRows are tshark's rows of tsharkFields for one node's captures,
+// merged.
+func nodeRows(files []CaptureFile) ([]byte, error) {
 	input, err := mergeNode(files)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	out, err := tsharkRows(input, "tcp && ip", true, tsharkFields, "mptcp.analyze_mptcp:TRUE")
-	if err != nil {
-		return err
-	}
+	return tsharkRows(input, "tcp && ip", true, tsharkFields, "mptcp.analyze_mptcp:TRUE")
+}
+
+func (a *analyzer) node(node int, files []CaptureFile, out []byte) error {
 
 	type pkt struct {
 		nic             int
