@@ -25,6 +25,10 @@ struct task_struct {
 	struct nsproxy *nsproxy;
 } __attribute__((preserve_access_index));
 
+/* An fmod_ret program's 0 lets the next program on the hook, then the
+ * kernel's own function, decide; anything else is the answer, and skips
+ * both. So the program answers only for the sockets it changes, and leaves
+ * every other socket to whoever else hooks there. */
 SEC("fmod_ret/update_socket_protocol")
 int BPF_PROG(socket_mptcp, int family, int type, int protocol)
 {
@@ -33,8 +37,10 @@ int BPF_PROG(socket_mptcp, int family, int type, int protocol)
 
 	/* A task that is exiting has no namespaces left. */
 	if (!ns)
-		return protocol;
-	return socket_mptcp_protocol(family, type, protocol, ns->net_ns->net_cookie);
+		return 0;
+	if (!socket_mptcp_wanted(family, type, protocol, ns->net_ns->net_cookie))
+		return 0;
+	return IPPROTO_MPTCP;
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

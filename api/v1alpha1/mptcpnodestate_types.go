@@ -189,14 +189,12 @@ type NodePod struct {
 	// then policy name): for each connection the agent applies the first
 	// rule whose traffic matches; at most 8.
 	Rules RuleNames `json:"rules"`
-	// transparent is kernel when the pod's policy gives it
-	// podMPTCP.transparent kernel: the agent's socket program makes the
-	// TCP sockets created in the pod's network namespace MPTCP. inject
-	// and off are the webhook's, applied to the pod itself, and not set
-	// here.
+	// socketMPTCP: the pod's policy gives it podMPTCP.transparent kernel
+	// (and the pod has not opted out), so the agent's socket program makes
+	// the TCP sockets created in the pod's network namespace MPTCP. inject
+	// and off are the webhook's, applied to the pod itself.
 	// +optional
-	// +kubebuilder:validation:Enum=kernel
-	Transparent TransparentMPTCP `json:"transparent,omitempty"`
+	SocketMPTCP bool `json:"socketMPTCP,omitempty"`
 }
 
 // MPTCPNodeStateSpec is written by the controller only. It holds nothing

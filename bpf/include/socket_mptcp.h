@@ -20,18 +20,16 @@ struct {
 	__type(value, __u8);
 } transparent_netns SEC(".maps");
 
-/* socket_mptcp_protocol is the protocol a socket(family, type, protocol)
- * call in the namespace of cookie gets: IPPROTO_MPTCP for a TCP stream of
- * IPv4 or IPv6 (protocol 0 or IPPROTO_TCP) in a listed namespace, the
- * protocol asked for otherwise. type has no SOCK_NONBLOCK or SOCK_CLOEXEC
- * here: the kernel takes the flags off before it asks. */
-static __always_inline int socket_mptcp_protocol(int family, int type, int protocol, __u64 cookie)
+/* socket_mptcp_wanted says whether a socket(family, type, protocol) call in
+ * the namespace of cookie is to be MPTCP: a TCP stream of IPv4 or IPv6
+ * (protocol 0 or IPPROTO_TCP) in a listed namespace. type has no
+ * SOCK_NONBLOCK or SOCK_CLOEXEC here: the kernel takes the flags off before
+ * it asks. */
+static __always_inline bool socket_mptcp_wanted(int family, int type, int protocol, __u64 cookie)
 {
 	if (family != AF_INET && family != AF_INET6)
-		return protocol;
+		return false;
 	if (type != SOCK_STREAM || (protocol != IPPROTO_IP && protocol != IPPROTO_TCP))
-		return protocol;
-	if (!bpf_map_lookup_elem(&transparent_netns, &cookie))
-		return protocol;
-	return IPPROTO_MPTCP;
+		return false;
+	return bpf_map_lookup_elem(&transparent_netns, &cookie) != NULL;
 }

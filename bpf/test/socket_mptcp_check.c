@@ -15,7 +15,9 @@ struct socket_call {
 SEC("syscall")
 int socket_mptcp_check(struct socket_call *call)
 {
-	call->result = socket_mptcp_protocol(call->family, call->type, call->protocol, call->cookie);
+	call->result = socket_mptcp_wanted(call->family, call->type, call->protocol, call->cookie)
+			   ? IPPROTO_MPTCP
+			   : call->protocol;
 	return 0;
 }
 

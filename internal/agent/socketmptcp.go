@@ -3,7 +3,9 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/socketmptcp"
 )
@@ -15,30 +17,49 @@ type SocketMPTCP struct {
 	Wanted int
 	// Covered counts those whose namespaces the program lists.
 	Covered int
+	// NotCovered names (namespace.name) up to maxNotCovered pods it could
+	// not list, each with the reason.
+	NotCovered []string
 	// Unsupported says why the kernel refuses the program, when a pod
 	// wants it.
 	Unsupported string
+	// ObserveOnly: the node changes nothing, sockets included.
+	ObserveOnly bool
 }
+
+// maxNotCovered bounds the pods SocketMPTCP names.
+const maxNotCovered = 4
+
+// Timings of the socket program's life.
+const (
+	// socketRetry spaces the loads after a failure that may pass
+	// (memory, a busy trampoline); a refusal that will not pass
+	// (lockdown, no hook) is not asked again.
+	socketRetry = 30 * time.Second
+	// socketIdle is how long the program stays attached, with no
+	// namespace listed, after the last pod that wanted it: a policy or an
+	// opt-out flapping does not load and unload it each time.
+	socketIdle = 5 * time.Minute
+)
 
 // socketMPTCPState is the program, loaded while some pod wants it, and
 // what the last reconcile made of it.
 type socketMPTCPState struct {
 	mu   sync.Mutex
 	prog *socketmptcp.Program
-	// refused is the kernel's answer to the first load: it does not
-	// change while the node runs (lockdown, the kernel's version), so it
-	// is not asked again.
-	refused error
-	// cookies are the namespaces' cookies by path, for the pods of the
-	// last plan.
-	cookies map[string]uint64
-	report  SocketMPTCP
+	// refused is the kernel's last answer to a load, and when it came.
+	refused   *socketmptcp.UnsupportedError
+	refusedAt time.Time
+	// idleSince is when the last pod that wanted the program went.
+	idleSince time.Time
+	report    SocketMPTCP
 }
 
 // syncSocketMPTCP loads the socket program while some pod of plan wants
-// it, lists those pods' namespaces in it, and unloads it when none does.
-// A kernel that refuses it is reported (SocketMPTCP), not an error of
-// the reconcile: everything else of the plan is enforced.
+// it, and lists exactly those pods' namespaces in it. A kernel that
+// refuses it, and a pod whose namespace cannot be read, are reported
+// (SocketMPTCP), not errors of the reconcile: everything else of the plan
+// is enforced, and one pod's problem is its own.
 func (a *Agent) syncSocketMPTCP(plan *Plan) error {
 	s := &a.socketMPTCP
 	s.mu.Lock()
@@ -49,58 +70,87 @@ func (a *Agent) syncSocketMPTCP(plan *Plan) error {
 			wanted = append(wanted, p)
 		}
 	}
-	s.report = SocketMPTCP{Wanted: len(wanted)}
-	if len(wanted) == 0 {
-		s.cookies = nil
-		if s.prog == nil {
-			return nil
-		}
-		err := s.prog.Close()
-		s.prog = nil
-		a.log.Info("socket program unloaded: no pod wants transparent kernel")
-		return err
+	now := time.Now()
+	s.report = SocketMPTCP{Wanted: len(wanted), ObserveOnly: plan.Settings.ObserveOnly && len(wanted) > 0}
+	if len(wanted) == 0 || plan.Settings.ObserveOnly {
+		return s.idle(a, now)
 	}
-	if s.prog == nil && s.refused == nil {
+	s.idleSince = time.Time{}
+	if s.prog == nil && (s.refused == nil || (!s.refused.Permanent && now.Sub(s.refusedAt) >= socketRetry)) {
 		prog, err := socketmptcp.Load()
-		if err != nil {
-			s.refused = err
-			a.log.Warn("socket program refused: pods with transparent kernel keep the sockets they ask for", "err", err)
-		} else {
-			s.prog = prog
+		var refused *socketmptcp.UnsupportedError
+		switch {
+		case errors.As(err, &refused):
+			s.refused, s.refusedAt = refused, now
+			a.log.Warn("socket program refused: pods with transparent kernel keep the sockets they ask for", "err", err, "permanent", refused.Permanent)
+		case err != nil:
+			return fmt.Errorf("socket program: %w", err)
+		default:
+			s.prog, s.refused = prog, nil
 			a.log.Info("socket program attached to update_socket_protocol")
 		}
 	}
-	if s.refused != nil {
+	if s.prog == nil {
 		s.report.Unsupported = s.refused.Error()
 		return nil
 	}
-	var errs []error
-	cookies, listed := map[string]uint64{}, map[uint64]bool{}
+	listed := map[uint64]bool{}
 	for _, p := range wanted {
-		cookie, ok := s.cookies[p.NetNS]
-		if !ok {
-			var err error
-			if cookie, err = socketmptcp.NetNSCookie(p.NetNS); err != nil {
-				errs = append(errs, fmt.Errorf("pod %s: %w", p.Name, err))
-				continue
+		cookie, err := socketmptcp.NetNSCookie(p.NetNS)
+		if err != nil {
+			a.log.Warn("pod not covered by the socket program", "pod", p.Name, "err", err)
+			if len(s.report.NotCovered) < maxNotCovered {
+				s.report.NotCovered = append(s.report.NotCovered, p.Name+": its network namespace could not be read")
 			}
+			continue
 		}
-		cookies[p.NetNS], listed[cookie] = cookie, true
+		listed[cookie] = true
+		s.report.Covered++
 	}
-	s.cookies = cookies
 	if err := s.prog.Set(listed); err != nil {
-		errs = append(errs, fmt.Errorf("socket program: %w", err))
-	} else {
-		s.report.Covered = len(cookies)
+		s.report.Covered = 0
+		return fmt.Errorf("socket program: %w", err)
 	}
-	return errors.Join(errs...)
+	return nil
+}
+
+// idle lists no namespace, and unloads the program once no pod has wanted
+// it for socketIdle.
+func (s *socketMPTCPState) idle(a *Agent, now time.Time) error {
+	if s.prog == nil {
+		return nil
+	}
+	if s.idleSince.IsZero() {
+		s.idleSince = now
+	}
+	if err := s.prog.Set(nil); err != nil {
+		return fmt.Errorf("socket program: %w", err)
+	}
+	if now.Sub(s.idleSince) < socketIdle {
+		return nil
+	}
+	err := s.prog.Close()
+	s.prog = nil
+	a.log.Info("socket program unloaded: no pod has wanted transparent kernel for a while", "idle", socketIdle)
+	return err
 }
 
 // SocketMPTCP reports what the socket program did at the last reconcile.
 func (a *Agent) SocketMPTCP() SocketMPTCP {
 	a.socketMPTCP.mu.Lock()
 	defer a.socketMPTCP.mu.Unlock()
-	return a.socketMPTCP.report
+	r := a.socketMPTCP.report
+	r.NotCovered = append([]string(nil), r.NotCovered...)
+	return r
+}
+
+// String is the report as a condition message says it.
+func (r SocketMPTCP) String() string {
+	msg := fmt.Sprintf("the socket program makes the TCP sockets of %d of %d pods MPTCP", r.Covered, r.Wanted)
+	if len(r.NotCovered) > 0 {
+		msg += "; not covered: " + strings.Join(r.NotCovered, ", ")
+	}
+	return msg
 }
 
 // closeSocketMPTCP unloads the program as the agent stops: sockets are

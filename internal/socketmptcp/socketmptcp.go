@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -19,22 +21,84 @@ type Program struct {
 }
 
 // UnsupportedError says why this kernel refuses the socket program.
-type UnsupportedError struct{ Err error }
+type UnsupportedError struct {
+	Err error
+	// Permanent: the kernel will answer the same while this process runs
+	// (lockdown, a security module, capabilities it lacks, no hook), so
+	// there is no point asking again. Other failures (memory, a busy
+	// trampoline) may pass.
+	Permanent bool
+	// reason is what the error says, without the library's own hints.
+	reason string
+}
 
-func (e *UnsupportedError) Error() string {
+func (e *UnsupportedError) Error() string { return e.reason }
+
+func (e *UnsupportedError) Unwrap() error { return e.Err }
+
+// refused classifies a failure to load or attach the program.
+func refused(err error) *UnsupportedError {
+	u := &UnsupportedError{Err: err, Permanent: true}
 	switch {
-	case errors.Is(e.Err, unix.EPERM):
+	case errors.Is(err, unix.EPERM):
 		// Not the memory lock the library's message suggests: kernels
 		// with this hook (6.6 and later) charge BPF memory to the cgroup,
 		// not to RLIMIT_MEMLOCK.
-		return "this kernel refuses tracing programs (fmod_ret on update_socket_protocol: operation not permitted), as it does under lockdown"
-	case errors.Is(e.Err, ebpf.ErrNotSupported), errors.Is(e.Err, os.ErrNotExist):
-		return "this kernel has no update_socket_protocol hook for BPF (Linux 6.6 or later with BTF has it): " + e.Err.Error()
+		switch {
+		case lockedDown():
+			u.reason = "this kernel is in lockdown, which refuses tracing programs (fmod_ret on update_socket_protocol: operation not permitted)"
+		case !holdsCapabilities(capBPF, capPerfmon):
+			u.reason = "the agent lacks CAP_BPF or CAP_PERFMON, which tracing programs need (fmod_ret on update_socket_protocol: operation not permitted)"
+		default:
+			u.reason = "this kernel refuses tracing programs (fmod_ret on update_socket_protocol: operation not permitted) to an agent that " +
+				"holds CAP_BPF and CAP_PERFMON: kernel lockdown or a security module"
+		}
+	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, os.ErrNotExist):
+		u.reason = "this kernel has no update_socket_protocol hook for BPF (Linux 6.6 or later with BTF has it): " + err.Error()
+	default:
+		u.Permanent = false
+		u.reason = "loading the socket program failed: " + err.Error()
 	}
-	return "this kernel refuses the socket program: " + e.Err.Error()
+	return u
 }
 
-func (e *UnsupportedError) Unwrap() error { return e.Err }
+// lockedDown reads the kernel's lockdown mode where securityfs shows it
+// ("none [integrity] confidentiality": the bracketed one is in force).
+func lockedDown() bool {
+	b, err := os.ReadFile("/sys/kernel/security/lockdown")
+	return err == nil && !strings.Contains(string(b), "[none]")
+}
+
+// Capability numbers (linux/capability.h).
+const (
+	capPerfmon = 38
+	capBPF     = 39
+)
+
+// holdsCapabilities says whether this process's effective set has caps.
+func holdsCapabilities(caps ...uint) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(b)) {
+		hex, ok := strings.CutPrefix(line, "CapEff:")
+		if !ok {
+			continue
+		}
+		eff, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+		if err != nil {
+			return false
+		}
+		for _, c := range caps {
+			if eff&(1<<c) == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
 
 // Load loads the program and attaches it. From then on every TCP socket
 // created in a namespace Set lists is MPTCP; none is listed yet. A kernel
@@ -42,12 +106,12 @@ func (e *UnsupportedError) Unwrap() error { return e.Err }
 func Load() (*Program, error) {
 	p := &Program{}
 	if err := loadSocketMPTCPObjects(&p.objs, nil); err != nil {
-		return nil, &UnsupportedError{Err: err}
+		return nil, refused(err)
 	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: p.objs.SocketMptcp, AttachType: ebpf.AttachModifyReturn})
 	if err != nil {
 		p.objs.Close()
-		return nil, &UnsupportedError{Err: err}
+		return nil, refused(err)
 	}
 	p.link = l
 	return p, nil

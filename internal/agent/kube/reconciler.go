@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -56,7 +57,9 @@ const (
 	ReasonWaitingForPods   = "WaitingForPods"                // some pods have no address yet or cannot be found on the node
 	ReasonSettled          = "Settled"                       // nothing pending
 	ReasonPodsSkipped      = "PodsSkipped"                   // not degraded: the node is enforced, some pods are skipped for problems of their own (status.pods)
-	ReasonAttached         = "Attached"                      // the socket program of transparent kernel runs
+	ReasonAttached         = "Attached"                      // the socket program of transparent kernel covers every pod that wants it
+	ReasonNotCovered       = "NotCovered"                    // the socket program runs, but some pods' namespaces could not be listed (named in the message)
+	ReasonObserveOnly      = "ObserveOnly"                   // the node is observe-only: the socket program lists no namespace
 	ReasonUnsupported      = mptcpv1alpha1.ReasonUnsupported // the kernel refuses the socket program (lockdown, or older than 6.6): use transparent inject
 )
 
@@ -103,6 +106,9 @@ type Reconciler struct {
 	LinkEvents <-chan event.TypedGenericEvent[*mptcpv1alpha1.MPTCPNodeState]
 
 	status agent.Status
+	// warnedUnsupported: the warning that the kernel refuses the socket
+	// program was given (once per process).
+	warnedUnsupported bool
 	// migrationSettled is set once the first reconcile that reached the
 	// datapath has committed or rolled back a pending map migration;
 	// fatal stops the manager with an error.
@@ -315,34 +321,46 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 }
 
 // setTransparentKernel sets the TransparentKernel condition from what the
-// socket program did: absent while no pod wants it, False (Unsupported)
-// with the kernel's reason, with one warning, where the kernel refuses it.
+// socket program did: absent while no pod wants it; True (Attached) while
+// it covers every pod that wants it; False with the reason otherwise, and
+// where the kernel refuses it one warning per agent process.
 func (r *Reconciler) setTransparentKernel(state *mptcpv1alpha1.MPTCPNodeState, conds *[]metav1.Condition) {
 	sm := r.Agent.SocketMPTCP()
-	gen := state.Generation
+	cond := metav1.Condition{Type: ConditionTransparentKernel, Status: metav1.ConditionFalse, ObservedGeneration: state.Generation}
 	switch {
 	case sm.Wanted == 0:
 		meta.RemoveStatusCondition(conds, ConditionTransparentKernel)
+		return
+	case sm.ObserveOnly:
+		cond.Reason = ReasonObserveOnly
+		cond.Message = "the node is observe-only: no socket is made MPTCP"
 	case sm.Unsupported != "":
-		msg := fmt.Sprintf("%s; the pods whose policy says podMPTCP.transparent kernel (%d here) keep the sockets their programs ask for: "+
-			"use transparent inject (docs/transparent.md)", sm.Unsupported, sm.Wanted)
-		if prev := meta.FindStatusCondition(state.Status.Conditions, ConditionTransparentKernel); prev == nil || prev.Reason != ReasonUnsupported {
-			r.Recorder.Eventf(state, nil, corev1.EventTypeWarning, ReasonUnsupported, "LoadSocketProgram", "%s", msg)
+		cond.Reason = ReasonUnsupported
+		cond.Message = conditionMessage([]string{fmt.Sprintf("%s; the pods whose policy says podMPTCP.transparent kernel (%d here) keep "+
+			"the sockets their programs ask for: use transparent inject (docs/transparent.md)", sm.Unsupported, sm.Wanted)})
+		if !r.warnedUnsupported {
+			r.warnedUnsupported = true
+			r.Recorder.Eventf(state, nil, corev1.EventTypeWarning, ReasonUnsupported, "LoadSocketProgram", "%s", cond.Message)
 		}
-		meta.SetStatusCondition(conds, metav1.Condition{Type: ConditionTransparentKernel, Status: metav1.ConditionFalse,
-			Reason: ReasonUnsupported, Message: msg, ObservedGeneration: gen})
+	case sm.Covered < sm.Wanted:
+		cond.Reason, cond.Message = ReasonNotCovered, conditionMessage([]string{sm.String()})
 	default:
-		meta.SetStatusCondition(conds, metav1.Condition{Type: ConditionTransparentKernel, Status: metav1.ConditionTrue,
-			Reason: ReasonAttached, ObservedGeneration: gen,
-			Message: fmt.Sprintf("the socket program makes the TCP sockets of %d of %d pods MPTCP", sm.Covered, sm.Wanted)})
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, ReasonAttached, sm.String()
 	}
+	meta.SetStatusCondition(conds, cond)
 }
 
+// conditionMessage joins errs into at most 1024 bytes, the most an event's
+// note holds, cut at a character's start.
 func conditionMessage(errs []string) string {
-	const max = 1024
+	const max, ellipsis = 1024, "..."
 	m := strings.Join(errs, "; ")
 	if len(m) > max {
-		m = m[:max] + "..."
+		cut := max - len(ellipsis)
+		for cut > 0 && !utf8.RuneStart(m[cut]) {
+			cut--
+		}
+		m = m[:cut] + ellipsis
 	}
 	return m
 }

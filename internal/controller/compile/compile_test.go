@@ -283,8 +283,8 @@ func TestAPodThatMissedTransparentIsToldSo(t *testing.T) {
 		t.Errorf("told %v, want %v", told, want)
 	}
 	for _, p := range res.Spec.Pods {
-		if p.Transparent != "" {
-			t.Errorf("pod %s has transparent %q in the node state under inject", p.Name, p.Transparent)
+		if p.SocketMPTCP {
+			t.Errorf("pod %s has socketMPTCP in the node state under inject", p.Name)
 		}
 	}
 
@@ -298,13 +298,13 @@ func TestAPodThatMissedTransparentIsToldSo(t *testing.T) {
 			t.Errorf("pod %s told %q under kernel", r.Pod.Name, r.Message)
 		}
 	}
-	kernel := map[string]mptcpv1alpha1.TransparentMPTCP{}
+	kernel := map[string]bool{}
 	for _, p := range res.Spec.Pods {
-		kernel[p.Name] = p.Transparent
+		kernel[p.Name] = p.SocketMPTCP
 	}
-	want := map[string]mptcpv1alpha1.TransparentMPTCP{"missed": "kernel", "changed": "kernel", "other-mode": "kernel", "opted-out": "", "vm": ""}
+	want := map[string]bool{"missed": true, "changed": true, "other-mode": true, "opted-out": false, "vm": false}
 	if !maps.Equal(kernel, want) {
-		t.Errorf("node pods' transparent %v, want %v", kernel, want)
+		t.Errorf("node pods' socketMPTCP %v, want %v", kernel, want)
 	}
 }
 

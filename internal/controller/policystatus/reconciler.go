@@ -89,7 +89,6 @@ func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeS
 	}
 
 	var pending, missingOn, noIface, unsupportedOn []string
-	var unsupported string
 	missingPaths := map[string]bool{}
 	slices.SortFunc(states, func(a, b mptcpv1alpha1.MPTCPNodeState) int { return strings.Compare(a.Name, b.Name) })
 	for i := range states {
@@ -126,10 +125,8 @@ func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeS
 		if lacks {
 			missingOn = append(missingOn, s.Name)
 		}
-		if c := meta.FindStatusCondition(s.Status.Conditions, mptcpv1alpha1.ConditionTransparentKernel); c != nil &&
-			c.Reason == mptcpv1alpha1.ReasonUnsupported && pol.Spec.PodMPTCP.Transparent == mptcpv1alpha1.TransparentKernel {
+		if kernelRefused(s, pol) {
 			unsupportedOn = append(unsupportedOn, s.Name)
-			unsupported = c.Message
 		}
 		for _, ps := range s.Status.Paths {
 			if wanted[ps.Name] && (ps.Link == mptcpv1alpha1.LinkNotFound || ps.Link == mptcpv1alpha1.LinkAmbiguous) {
@@ -173,7 +170,10 @@ func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeS
 		degraded.Reason = "InterfaceNotFound"
 	}
 	if len(unsupportedOn) > 0 {
-		problems = append(problems, fmt.Sprintf("podMPTCP.transparent kernel is unsupported on nodes %s (%s)", list(unsupportedOn), unsupported))
+		// The node's own words stay on the node: a node's agent writes
+		// them, and no node may write into a policy.
+		problems = append(problems, fmt.Sprintf("podMPTCP.transparent kernel is unsupported on nodes %s "+
+			"(their TransparentKernel condition says why)", list(unsupportedOn)))
 		degraded.Reason = mptcpv1alpha1.ReasonUnsupported
 	}
 	if len(problems) > 0 {
@@ -184,6 +184,28 @@ func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeS
 	meta.SetStatusCondition(&st.Conditions, progressing)
 	meta.SetStatusCondition(&st.Conditions, degraded)
 	return st
+}
+
+// kernelRefused says whether pol says transparent kernel and node state s
+// reports the kernel refuses it while a pod that pol selects has it there.
+func kernelRefused(s *mptcpv1alpha1.MPTCPNodeState, pol *mptcpv1alpha1.MPTCPPolicy) bool {
+	if pol.Spec.PodMPTCP.Transparent != mptcpv1alpha1.TransparentKernel {
+		return false
+	}
+	if c := meta.FindStatusCondition(s.Status.Conditions, mptcpv1alpha1.ConditionTransparentKernel); c == nil || c.Reason != mptcpv1alpha1.ReasonUnsupported {
+		return false
+	}
+	for _, p := range s.Spec.Pods {
+		if !p.SocketMPTCP {
+			continue
+		}
+		for _, name := range p.Rules {
+			if r := s.Spec.Rule(name); r != nil && r.Policy == pol.Name {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func applied(s *mptcpv1alpha1.MPTCPNodeState, pol *mptcpv1alpha1.MPTCPPolicy) bool {
