@@ -189,13 +189,24 @@ type NodePod struct {
 	// then policy name): for each connection the agent applies the first
 	// rule whose traffic matches; at most 8.
 	Rules RuleNames `json:"rules"`
-	// socketMPTCP: the pod's policy gives it podMPTCP.transparent kernel
-	// (and the pod has not opted out), so the agent's socket program makes
-	// the TCP sockets created in the pod's network namespace MPTCP. inject
-	// and off are the webhook's, applied to the pod itself.
+	// transparent is the transparent MPTCP the pod has: inject when the
+	// webhook changed it at its creation for its policy, kernel when its
+	// policy says kernel (the agent's socket program makes the TCP sockets
+	// created in its network namespace MPTCP); unset otherwise, and for a
+	// pod that opted out. The agent reports on the pod's gate the
+	// listeners of such a pod that still take TCP only.
 	// +optional
-	SocketMPTCP bool `json:"socketMPTCP,omitempty"`
+	Transparent PodTransparency `json:"transparent,omitempty"`
 }
+
+// PodTransparency is the transparent MPTCP a node's pod has.
+// +kubebuilder:validation:Enum=inject;kernel
+type PodTransparency string
+
+const (
+	PodTransparencyInject PodTransparency = "inject"
+	PodTransparencyKernel PodTransparency = "kernel"
+)
 
 // MPTCPNodeStateSpec is written by the controller only. It holds nothing
 // about other nodes, so its size does not grow with the cluster.

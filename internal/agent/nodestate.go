@@ -287,7 +287,7 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 		}
 		plan.Pods = append(plan.Pods, PlanPod{Name: pod.Namespace + "." + pod.Name, Ref: PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
 			NetNS: loc.NetNS, HostInterface: loc.HostInterface, IPs: ips, Rules: slices.Clone(pod.Rules),
-			SocketMPTCP: pod.SocketMPTCP})
+			Transparent: Transparency(pod.Transparent)})
 		for _, name := range pod.Rules {
 			used[name], taken[name] = true, true
 			r := rules[name]

@@ -90,10 +90,23 @@ type PlanPod struct {
 	// Rules are the pod's rules by name, highest priority first: each new
 	// subflow takes the first whose traffic selects it.
 	Rules []string `json:"rules"`
-	// SocketMPTCP: the socket program makes the TCP sockets created in
-	// the pod's namespace MPTCP (podMPTCP.transparent kernel).
-	SocketMPTCP bool `json:"socketMPTCP,omitempty"`
+	// Transparent is the transparent MPTCP the pod has: under kernel the
+	// socket program makes the TCP sockets created in its namespace MPTCP;
+	// under either, a listener that takes TCP only is reported.
+	Transparent Transparency `json:"transparent,omitempty"`
 }
+
+// Transparency is the transparent MPTCP a pod has (the node state's
+// spec.pods[].transparent).
+type Transparency string
+
+const (
+	// TransparencyInject: the webhook gave the pod's containers the
+	// preload library and Go's multipathtcp=1.
+	TransparencyInject Transparency = "inject"
+	// TransparencyKernel: the socket program covers the pod's namespace.
+	TransparencyKernel Transparency = "kernel"
+)
 
 // PodRef names a pod of the API.
 type PodRef struct{ Namespace, Name, UID string }

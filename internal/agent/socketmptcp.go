@@ -66,7 +66,7 @@ func (a *Agent) syncSocketMPTCP(plan *Plan) error {
 	defer s.mu.Unlock()
 	var wanted []PlanPod
 	for _, p := range plan.Pods {
-		if p.SocketMPTCP {
+		if p.Transparent == TransparencyKernel {
 			wanted = append(wanted, p)
 		}
 	}

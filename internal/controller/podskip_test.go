@@ -57,6 +57,9 @@ func (e *recordingEnforcer) FinishMigration(error) error                 { retur
 func (e *recordingEnforcer) WriteStatus(agent.Status) error              { return nil }
 func (e *recordingEnforcer) Attachments() ([]datapath.Attachment, error) { return nil, nil }
 func (e *recordingEnforcer) SocketMPTCP() agent.SocketMPTCP              { return agent.SocketMPTCP{} }
+func (e *recordingEnforcer) TCPListeners(agent.PlanPod) ([]netip.AddrPort, error) {
+	return nil, nil
+}
 
 func (e *recordingEnforcer) PathLiveness(uint32) mptcpv1alpha1.Liveness {
 	return mptcpv1alpha1.LivenessUnknown

@@ -81,6 +81,7 @@ const (
 	sockDiagByFamily = 20 // SOCK_DIAG_BY_FAMILY
 	diagExtInfo      = 2  // INET_DIAG_INFO: asks for tcp_info and the ULP's; tcp_info's attribute
 	diagULPInfo      = 19 // INET_DIAG_ULP_INFO
+	ulpInfoName      = 1  // INET_ULP_INFO_NAME
 	ulpInfoMPTCP     = 3  // INET_ULP_INFO_MPTCP
 	subflowTokenLoc  = 2  // MPTCP_SUBFLOW_ATTR_TOKEN_LOC
 	subflowFlags     = 8  // MPTCP_SUBFLOW_ATTR_FLAGS
@@ -143,6 +144,63 @@ func ListOpenTCPSockets(netnsFD int) ([]SocketEnds, error) {
 		return err
 	})
 	return out, err
+}
+
+// Listener is a TCP socket listening in a namespace.
+type Listener struct {
+	Local netip.AddrPort
+	// MPTCP: the socket is an MPTCP listener's (it carries MPTCP's ULP),
+	// taking MPTCP connections and falling back to TCP for the others.
+	MPTCP bool
+}
+
+// tcpListen is TCP_LISTEN, a bit of idiag_states.
+const tcpListen = 10
+
+// ListListeners lists the listening TCP sockets of the network namespace
+// with file descriptor netnsFD (0: the caller's), of both address
+// families, bounded as ListSubflows is.
+func ListListeners(netnsFD int) ([]Listener, error) {
+	var out []Listener
+	err := listTCP(netnsFD, 1<<tcpListen, 1<<(diagExtInfo-1), maxListedSockets, func(msg []byte) error {
+		local, _, err := decodeEnds(msg)
+		if err != nil {
+			return err
+		}
+		ulp, err := decodeULPName(msg)
+		out = append(out, Listener{Local: local, MPTCP: ulp == "mptcp"})
+		return err
+	})
+	return out, err
+}
+
+// decodeULPName reads the name of the upper layer protocol of one
+// inet_diag_msg's socket ("mptcp" for an MPTCP listener's or subflow's),
+// or "" for a socket without one. A listener carries the name alone: its
+// MPTCP info (INET_ULP_INFO_MPTCP) is a subflow's.
+func decodeULPName(b []byte) (string, error) {
+	ad, err := netlink.NewAttributeDecoder(b[diagMsgLen:])
+	if err != nil {
+		return "", fmt.Errorf("sock_diag attributes: %w", err)
+	}
+	name := ""
+	for ad.Next() {
+		if ad.Type() != diagULPInfo {
+			continue
+		}
+		ad.Nested(func(ulp *netlink.AttributeDecoder) error {
+			for ulp.Next() {
+				if ulp.Type() == ulpInfoName {
+					name = ulp.String()
+				}
+			}
+			return ulp.Err()
+		})
+	}
+	if err := ad.Err(); err != nil {
+		return "", fmt.Errorf("sock_diag ULP info: %w", err)
+	}
+	return name, nil
 }
 
 // listTCP dumps the TCP sockets of the network namespace with file

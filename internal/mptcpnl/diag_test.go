@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"maps"
 	"net"
 	"strings"
 	"testing"
@@ -108,5 +109,52 @@ func TestSocketListingsAreConnectedAndBounded(t *testing.T) {
 	})
 	if !errors.Is(err, unix.ECONNREFUSED) {
 		t.Errorf("a process of the namespace sent to the listing's socket: %v, want ECONNREFUSED", err)
+	}
+}
+
+// A listener that asked for MPTCP is told from one that asked for TCP, in
+// both families; sockets that do not listen are not listed.
+func TestListenersSayWhetherTheyTakeMPTCP(t *testing.T) {
+	ns, _ := pair(t)
+	path := "/var/run/netns/" + ns
+	fd, err := netnsutil.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	want := map[string]bool{}
+	if err := netnsutil.Do(path, func() error {
+		for _, c := range []struct {
+			network, addr string
+			mptcp         bool
+		}{
+			{"tcp4", "192.0.2.1:0", false},
+			{"tcp4", "192.0.2.1:0", true},
+			{"tcp6", "[::]:0", true},
+			{"tcp6", "[::]:0", false},
+		} {
+			lc := net.ListenConfig{}
+			lc.SetMultipathTCP(c.mptcp)
+			ln, err := lc.Listen(context.Background(), c.network, c.addr)
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { ln.Close() })
+			want[ln.Addr().String()] = c.mptcp
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ListListeners(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]bool{}
+	for _, l := range got {
+		listed[l.Local.String()] = l.MPTCP
+	}
+	if !maps.Equal(listed, want) {
+		t.Errorf("listeners %v, want %v (address: MPTCP)", listed, want)
 	}
 }

@@ -340,6 +340,12 @@ func requireTransparentClientsGetMPTCP(t *testing.T, cb *chartBed, server *corev
 	}()
 	const conns = 2
 	n := cb.bed.Node(1)
+	// A program the library does not reach: a server that asks for a
+	// TCP listener itself. Its gate names the listener.
+	tcpServer := createChanged(t, cb, mptcpv1alpha1.TransparentInject, func(attempt int) *corev1.Pod {
+		return nodes.TrafficPod(ns, fmt.Sprintf("tcp-server-%d", attempt), framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
+			map[string]string{"app": "tcp-server"}, []corev1.EnvVar{nodes.PodIPEnv}, "serve", "-listen", fmt.Sprintf("$(POD_IP):%d", tenantPort))
+	})
 	served := len(nodes.JSONLines[testbed.ServerReport](cb.nodes.WorkloadLog(server, "stdout")))
 	w := cb.bed.Watch(t, framework.DatapathEvidence(cb.bed))
 	defer w.Close()
@@ -383,6 +389,7 @@ func requireTransparentClientsGetMPTCP(t *testing.T, cb *chartBed, server *corev
 		goClient.Annotations[transparent.AnnotationMode], len(sent), sent[0].MPTCP)
 	cConns := requireTransparentLibcClientGetsMPTCP(t, cb, w, ns, server)
 	requireToldToRestart(t, cb, early)
+	requireGateNamesTCPListener(t, cb, tcpServer, tenantPort)
 	files, err := w.Captures()
 	if err != nil {
 		t.Fatal(err)
@@ -566,6 +573,34 @@ func requireTransparentLibcClientGetsMPTCP(t *testing.T, cb *chartBed, w *testbe
 	}
 	t.Logf("transparent inject: C client pod %s changed by the webhook, %d connections of %d bytes, MPTCP, streams whole", cClient.Name, conns, size)
 	return conns
+}
+
+// requireGateNamesTCPListener: the gate of pod, which transparent inject
+// changed but whose program asks for a TCP listener itself, names the
+// listener as not reached (the agent reads it at its next reconcile).
+func requireGateNamesTCPListener(t *testing.T, cb *chartBed, pod *corev1.Pod, port int) {
+	t.Helper()
+	ctx := background(t)
+	var msg, listener string
+	for deadline := time.Now().Add(45 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		if err := cb.c.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+			t.Fatal(err)
+		}
+		listener = fmt.Sprintf("%s:%d", pod.Status.PodIP, port)
+		for _, c := range pod.Status.Conditions {
+			if c.Type == nodes.ReadyCondition {
+				msg = c.Message
+			}
+		}
+		if strings.Contains(msg, "listening with TCP only on "+listener) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the gate of pod %s, whose server listens with TCP on %s, says %q", pod.Name, listener, msg)
+		}
+	}
+	t.Logf("transparent inject: pod %s's gate: %s", pod.Name, msg)
+	deleteAndWait(t, cb, pod)
 }
 
 // requireToldToRestart: a pod that a transparent policy selects and the

@@ -81,6 +81,9 @@ type Enforcer interface {
 	// SocketMPTCP is what the socket program of transparent kernel did at
 	// the last reconcile (agent.Agent.SocketMPTCP).
 	SocketMPTCP() agent.SocketMPTCP
+	// TCPListeners are a pod's listeners that take TCP only
+	// (agent.Agent.TCPListeners).
+	TCPListeners(agent.PlanPod) ([]netip.AddrPort, error)
 }
 
 // Reconciler enforces one node's MPTCPNodeState.
@@ -122,6 +125,9 @@ type Reconciler struct {
 	// successful apply), so that a pod that left the configuration while
 	// no agent ran gets its gate cleared too.
 	gated map[agent.PodRef]bool
+	// gateNotes are what the True gates say beyond configuredMessage, as
+	// written (or adopted): the listeners transparent MPTCP does not reach.
+	gateNotes map[agent.PodRef]string
 	// skipped are the pods whose gate this process set False for a problem
 	// of their own, with the reason and message written, so that each is
 	// written once per change.
@@ -136,6 +142,7 @@ type Reconciler struct {
 // restricted to it (see CacheOptions).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.gated = map[agent.PodRef]bool{}
+	r.gateNotes = map[agent.PodRef]string{}
 	r.skipped = map[agent.PodRef]string{}
 	r.status.PID = currentPID()
 	b := ctrl.NewControllerManagedBy(mgr).
@@ -434,15 +441,20 @@ func (r *Reconciler) gatePods(ctx context.Context, state *mptcpv1alpha1.MPTCPNod
 	for _, p := range tr.Plan.Pods {
 		now[p.Ref] = true
 	}
+	notes := r.transparencyNotes(tr.Plan)
 	for _, ref := range slices.SortedFunc(maps.Keys(now), cmpRef) {
-		if r.gated[ref] {
+		note, written := notes[ref], r.gateNotes[ref]
+		if r.gated[ref] && note == written {
 			continue
 		}
-		if err := r.setGate(ctx, ref, corev1.ConditionTrue, "Configured", "MPTCP settings and datapath entries are in place"); err != nil {
+		// A note that changes on a gate already True keeps its
+		// transition time.
+		if err := r.setGate(ctx, ref, corev1.ConditionTrue, "Configured", configuredMessage+note, !r.gated[ref]); err != nil {
 			r.Log.Error("pod gate", "pod", ref.Namespace+"/"+ref.Name, "err", err)
 			continue
 		}
 		r.gated[ref] = true
+		r.gateNotes[ref] = note
 	}
 	uids := map[string]string{}
 	for _, p := range state.Spec.Pods {
@@ -456,7 +468,7 @@ func (r *Reconciler) gatePods(ctx context.Context, state *mptcpv1alpha1.MPTCPNod
 		if r.skipped[ref] == written {
 			continue
 		}
-		err := r.setGate(ctx, ref, corev1.ConditionFalse, string(p.Reason), "not configured: "+truncate(p.Message, maxPodProblemMessage))
+		err := r.setGate(ctx, ref, corev1.ConditionFalse, string(p.Reason), "not configured: "+truncate(p.Message, maxPodProblemMessage), true)
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			r.Log.Error("pod gate", "pod", ref.Namespace+"/"+ref.Name, "err", err)
 			continue
@@ -481,7 +493,7 @@ func (r *Reconciler) gatePods(ctx context.Context, state *mptcpv1alpha1.MPTCPNod
 		if now[ref] {
 			continue
 		}
-		err := r.setGate(ctx, ref, corev1.ConditionFalse, "NotConfigured", "no MPTCP policy governs the pod on this node any more")
+		err := r.setGate(ctx, ref, corev1.ConditionFalse, "NotConfigured", "no MPTCP policy governs the pod on this node any more", true)
 		// Gone, or replaced by a new pod of the same name (the uid
 		// precondition fails): nothing left to clear.
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
@@ -489,7 +501,46 @@ func (r *Reconciler) gatePods(ctx context.Context, state *mptcpv1alpha1.MPTCPNod
 			continue
 		}
 		delete(r.gated, ref)
+		delete(r.gateNotes, ref)
 	}
+}
+
+// configuredMessage is what a True gate says first.
+const configuredMessage = "MPTCP settings and datapath entries are in place"
+
+// maxListedListeners bounds the listeners a gate names.
+const maxListedListeners = 4
+
+// transparencyNotes are, for each pod of plan with transparent MPTCP, what
+// its gate adds: the listeners that take TCP only, which the library or
+// the socket program did not reach. A pod's processes decide what is
+// listed, so at most maxListedListeners are named.
+func (r *Reconciler) transparencyNotes(plan *agent.Plan) map[agent.PodRef]string {
+	notes := map[agent.PodRef]string{}
+	for _, p := range plan.Pods {
+		if p.Transparent == "" {
+			continue
+		}
+		ls, err := r.Agent.TCPListeners(p)
+		if err != nil {
+			r.Log.Warn("listing a pod's listeners", "pod", p.Name, "err", err)
+			continue
+		}
+		if len(ls) == 0 {
+			continue
+		}
+		names := make([]string, 0, maxListedListeners+1)
+		for _, l := range ls[:min(len(ls), maxListedListeners)] {
+			names = append(names, l.String())
+		}
+		if len(ls) > maxListedListeners {
+			names = append(names, fmt.Sprintf("and %d more", len(ls)-maxListedListeners))
+		}
+		notes[p.Ref] = fmt.Sprintf("; podMPTCP.transparent %s does not reach the programs listening with TCP only on %s "+
+			"(static and not Go, built against musl, using io_uring, or asking for TCP themselves): connections to them are "+
+			"single-path (docs/transparent.md)", p.Transparent, strings.Join(names, ", "))
+	}
+	return notes
 }
 
 // adoptGates lists the node's pods once (a field selector on spec.nodeName,
@@ -502,7 +553,9 @@ func (r *Reconciler) adoptGates(ctx context.Context) error {
 	for _, p := range pods.Items {
 		for _, c := range p.Status.Conditions {
 			if c.Type == PodReadyCondition && c.Status == corev1.ConditionTrue {
-				r.gated[agent.PodRef{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)}] = true
+				ref := agent.PodRef{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)}
+				r.gated[ref] = true
+				r.gateNotes[ref] = strings.TrimPrefix(c.Message, configuredMessage)
 			}
 		}
 	}
@@ -516,13 +569,14 @@ func cmpRef(a, b agent.PodRef) int {
 // setGate patches one pod condition with a strategic merge patch: conditions
 // merge by type, so the kubelet's own conditions stay untouched. The uid
 // precondition keeps a patch from reaching a new pod of the same name.
-func (r *Reconciler) setGate(ctx context.Context, ref agent.PodRef, status corev1.ConditionStatus, reason, message string) error {
+func (r *Reconciler) setGate(ctx context.Context, ref agent.PodRef, status corev1.ConditionStatus, reason, message string, transition bool) error {
+	cond := map[string]any{"type": PodReadyCondition, "status": status, "reason": reason, "message": message}
+	if transition {
+		cond["lastTransitionTime"] = metav1.Now()
+	}
 	patch := map[string]any{
 		"metadata": map[string]any{"uid": ref.UID},
-		"status": map[string]any{"conditions": []corev1.PodCondition{{
-			Type: PodReadyCondition, Status: status, Reason: reason, Message: message,
-			LastTransitionTime: metav1.Now(),
-		}}},
+		"status":   map[string]any{"conditions": []any{cond}},
 	}
 	b, err := json.Marshal(patch)
 	if err != nil {

@@ -197,7 +197,7 @@ func Node(in Input) Result {
 			UID:         string(pod.UID),
 			IPs:         podIPs(pod),
 			Rules:       names,
-			SocketMPTCP: kernelTransparent(pod, deciding),
+			Transparent: podTransparency(pod, deciding),
 		})
 	}
 	for _, name := range slices.Sorted(maps.Keys(rulesByName)) {
@@ -535,14 +535,22 @@ func transparentPolicy(pod *corev1.Pod, policies []mptcpv1alpha1.MPTCPPolicy, ns
 	return nil
 }
 
-// kernelTransparent is the node pod's socketMPTCP: whether the deciding
-// policy says kernel, for the agent's socket program. A pod that
-// opts out (its mptcp.io/transparent annotation, which it may set at any
-// time) is left out, and so is a VM's pod: its guest's sockets are not
-// the pod's, and the CEL rules keep transparent from guest mode.
-func kernelTransparent(pod *corev1.Pod, deciding *mptcpv1alpha1.MPTCPPolicy) bool {
-	return deciding != nil && deciding.Spec.PodMPTCP.Transparent == mptcpv1alpha1.TransparentKernel && !runsVM(pod) &&
-		pod.Annotations[transparent.AnnotationMode] != transparent.OptOut
+// podTransparency is the node pod's transparent: kernel when the deciding
+// policy says so, inject when it says inject and the webhook applied it.
+// A pod that opts out (its mptcp.io/transparent annotation, which it may
+// set at any time) has none, nor has a VM's pod: its guest's sockets are
+// not the pod's, and the CEL rules keep transparent from guest mode.
+func podTransparency(pod *corev1.Pod, deciding *mptcpv1alpha1.MPTCPPolicy) mptcpv1alpha1.PodTransparency {
+	if deciding == nil || runsVM(pod) || pod.Annotations[transparent.AnnotationMode] == transparent.OptOut {
+		return ""
+	}
+	switch mode := deciding.Spec.PodMPTCP.Transparent; {
+	case mode == mptcpv1alpha1.TransparentKernel:
+		return mptcpv1alpha1.PodTransparencyKernel
+	case mode == mptcpv1alpha1.TransparentInject && pod.Annotations[transparent.AnnotationMode] == string(mode):
+		return mptcpv1alpha1.PodTransparencyInject
+	}
+	return ""
 }
 
 // transparentMissed says when pod does not carry what the deciding

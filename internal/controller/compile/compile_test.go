@@ -282,10 +282,13 @@ func TestAPodThatMissedTransparentIsToldSo(t *testing.T) {
 	if want := map[string]string{"missed": "p2", "other-mode": "p2"}; !maps.Equal(told, want) {
 		t.Errorf("told %v, want %v", told, want)
 	}
+	injected := map[string]mptcpv1alpha1.PodTransparency{}
 	for _, p := range res.Spec.Pods {
-		if p.SocketMPTCP {
-			t.Errorf("pod %s has socketMPTCP in the node state under inject", p.Name)
-		}
+		injected[p.Name] = p.Transparent
+	}
+	// Only the pod the webhook changed for inject has it.
+	if want := map[string]mptcpv1alpha1.PodTransparency{"missed": "", "changed": "inject", "other-mode": "", "opted-out": "", "vm": ""}; !maps.Equal(injected, want) {
+		t.Errorf("node pods' transparent under inject %v, want %v", injected, want)
 	}
 
 	// kernel is the agent's, on the pods as they are: the node state
@@ -298,13 +301,13 @@ func TestAPodThatMissedTransparentIsToldSo(t *testing.T) {
 			t.Errorf("pod %s told %q under kernel", r.Pod.Name, r.Message)
 		}
 	}
-	kernel := map[string]bool{}
+	kernel := map[string]mptcpv1alpha1.PodTransparency{}
 	for _, p := range res.Spec.Pods {
-		kernel[p.Name] = p.SocketMPTCP
+		kernel[p.Name] = p.Transparent
 	}
-	want := map[string]bool{"missed": true, "changed": true, "other-mode": true, "opted-out": false, "vm": false}
+	want := map[string]mptcpv1alpha1.PodTransparency{"missed": "kernel", "changed": "kernel", "other-mode": "kernel", "opted-out": "", "vm": ""}
 	if !maps.Equal(kernel, want) {
-		t.Errorf("node pods' socketMPTCP %v, want %v", kernel, want)
+		t.Errorf("node pods' transparent under kernel %v, want %v", kernel, want)
 	}
 }
 

@@ -21,7 +21,7 @@ func TestKernelTransparentRefusedByANodeDegradesItsPolicy(t *testing.T) {
 		s := mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		s.Spec.Rules = []mptcpv1alpha1.CompiledRule{{Name: policy, Policy: policy}}
 		s.Spec.Pods = []mptcpv1alpha1.NodePod{{Namespace: "apps", Name: "web-" + name, Rules: mptcpv1alpha1.RuleNames{policy},
-			SocketMPTCP: true}}
+			Transparent: mptcpv1alpha1.PodTransparencyKernel}}
 		s.Status.Conditions = conds
 		return s
 	}

@@ -196,7 +196,7 @@ func kernelRefused(s *mptcpv1alpha1.MPTCPNodeState, pol *mptcpv1alpha1.MPTCPPoli
 		return false
 	}
 	for _, p := range s.Spec.Pods {
-		if !p.SocketMPTCP {
+		if p.Transparent != mptcpv1alpha1.PodTransparencyKernel {
 			continue
 		}
 		for _, name := range p.Rules {
