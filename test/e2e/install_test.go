@@ -559,7 +559,7 @@ func requireTransparentLibcClientGetsMPTCP(t *testing.T, cb *chartBed, w *testbe
 	}
 	sent, err := testbed.LibcClientReports([]byte(cb.nodes.WorkloadLog(cClient, "stdout")))
 	if err != nil || len(sent) != conns {
-		w.Fail(fmt.Errorf("the C client reported %d connections (%v), want %d; stderr %q", len(sent), err, conns, cb.nodes.WorkloadLog(cClient, "stderr")))
+		w.Fail(fmt.Errorf("the C client reported %d connections (%w), want %d; stderr %q", len(sent), err, conns, cb.nodes.WorkloadLog(cClient, "stderr")))
 	}
 	got, err := cb.nodes.ServerReports(ctx, server, served+conns, 30*time.Second)
 	if err != nil {

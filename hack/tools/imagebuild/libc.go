@@ -65,9 +65,13 @@ func sharedObjects(program string) ([]fileEntry, error) {
 			}
 			seen[lib] = true
 			out, err := exec.Command("clang", "-print-file-name="+lib).Output()
+			if err != nil {
+				return nil, fmt.Errorf("asking clang where %s is: %w", lib, err)
+			}
+			// clang prints the name back when it finds no such file.
 			path := strings.TrimSpace(string(out))
-			if err != nil || !filepath.IsAbs(path) {
-				return nil, fmt.Errorf("the linker does not find %s, which %s needs (%v)", lib, program, err)
+			if !filepath.IsAbs(path) {
+				return nil, fmt.Errorf("the linker does not find %s, which %s needs", lib, program)
 			}
 			if err := add(path); err != nil {
 				return nil, err
