@@ -189,11 +189,12 @@ type NodePod struct {
 	// then policy name): for each connection the agent applies the first
 	// rule whose traffic matches; at most 8.
 	Rules RuleNames `json:"rules"`
-	// transparent is the transparent MPTCP the pod has: inject when the
-	// webhook changed it at its creation for its policy, kernel when its
-	// policy says kernel (the agent's socket program makes the TCP sockets
-	// created in its network namespace MPTCP); unset otherwise, and for a
-	// pod that opted out. The agent reports on the pod's gate the
+	// transparent is the transparent MPTCP the pod has: inject when its
+	// policy says inject and the pod carries the webhook's mark (which its
+	// creator could set too: it only asks for the report below), kernel
+	// when its policy says kernel (the agent's socket program makes the TCP
+	// sockets created in its network namespace MPTCP); unset otherwise, and
+	// for a pod that opted out. The agent reports on the pod's gate the
 	// listeners of such a pod that still take TCP only.
 	// +optional
 	Transparent PodTransparency `json:"transparent,omitempty"`

@@ -3,9 +3,12 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/socketmptcp"
 )
@@ -20,9 +23,15 @@ type SocketMPTCP struct {
 	// NotCovered names (namespace.name) up to maxNotCovered pods it could
 	// not list, each with the reason.
 	NotCovered []string
+	// Uncovered are the pods (namespace.name) that want the program and
+	// are not covered: every one while it is refused, else those of
+	// NotCovered and any beyond its bound.
+	Uncovered map[string]bool
 	// Unsupported says why the kernel refuses the program, when a pod
-	// wants it.
+	// wants it; Retrying, that the refusal may pass and the agent asks
+	// again (every socketRetry).
 	Unsupported string
+	Retrying    bool
 	// ObserveOnly: the node changes nothing, sockets included.
 	ObserveOnly bool
 }
@@ -90,15 +99,20 @@ func (a *Agent) syncSocketMPTCP(plan *Plan) error {
 			a.log.Info("socket program attached to update_socket_protocol")
 		}
 	}
+	s.report.Uncovered = map[string]bool{}
 	if s.prog == nil {
-		s.report.Unsupported = s.refused.Error()
+		s.report.Unsupported, s.report.Retrying = s.refused.Error(), !s.refused.Permanent
+		for _, p := range wanted {
+			s.report.Uncovered[p.Name] = true
+		}
 		return nil
 	}
 	listed := map[uint64]bool{}
 	for _, p := range wanted {
-		cookie, err := socketmptcp.NetNSCookie(p.NetNS)
+		cookie, err := podNetNSCookie(p)
 		if err != nil {
 			a.log.Warn("pod not covered by the socket program", "pod", p.Name, "err", err)
+			s.report.Uncovered[p.Name] = true
 			if len(s.report.NotCovered) < maxNotCovered {
 				s.report.NotCovered = append(s.report.NotCovered, p.Name+": its network namespace could not be read")
 			}
@@ -112,6 +126,17 @@ func (a *Agent) syncSocketMPTCP(plan *Plan) error {
 		return fmt.Errorf("socket program: %w", err)
 	}
 	return nil
+}
+
+// podNetNSCookie is the cookie of pod's network namespace, read through a
+// descriptor checked against the pod's veth (openPodNetNS).
+func podNetNSCookie(pod PlanPod) (uint64, error) {
+	fd, err := openPodNetNS(pod)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	return socketmptcp.NetNSCookie(fd)
 }
 
 // idle lists no namespace, and unloads the program once no pod has wanted
@@ -141,6 +166,7 @@ func (a *Agent) SocketMPTCP() SocketMPTCP {
 	defer a.socketMPTCP.mu.Unlock()
 	r := a.socketMPTCP.report
 	r.NotCovered = append([]string(nil), r.NotCovered...)
+	r.Uncovered = maps.Clone(r.Uncovered)
 	return r
 }
 

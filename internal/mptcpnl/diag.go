@@ -159,10 +159,12 @@ const tcpListen = 10
 
 // ListListeners lists the listening TCP sockets of the network namespace
 // with file descriptor netnsFD (0: the caller's), of both address
-// families, bounded as ListSubflows is.
-func ListListeners(netnsFD int) ([]Listener, error) {
+// families: more than limit of them, or a listing that takes longer than
+// listTimeout, is an error. (The ULP's name comes with INET_DIAG_INFO
+// only.)
+func ListListeners(netnsFD, limit int) ([]Listener, error) {
 	var out []Listener
-	err := listTCP(netnsFD, 1<<tcpListen, 1<<(diagExtInfo-1), maxListedSockets, func(msg []byte) error {
+	err := listTCP(netnsFD, 1<<tcpListen, 1<<(diagExtInfo-1), limit, func(msg []byte) error {
 		local, _, err := decodeEnds(msg)
 		if err != nil {
 			return err

@@ -146,7 +146,7 @@ func TestListenersSayWhetherTheyTakeMPTCP(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := ListListeners(fd)
+	got, err := ListListeners(fd, 16)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,18 @@ func Do(path string, fn func() error) error {
 		return fmt.Errorf("opening network namespace %s: %w", path, err)
 	}
 	defer target.Close()
+	return do(target, path, fn)
+}
 
+// DoFD runs fn with the calling thread in the network namespace of the
+// file descriptor fd (from Open), which stays open: the namespace the
+// caller checked, whatever its path names by now.
+func DoFD(fd int, fn func() error) error {
+	return do(netns.NsHandle(fd), fmt.Sprintf("fd %d", fd), fn)
+}
+
+// do runs fn in target; name says which namespace in errors.
+func do(target netns.NsHandle, name string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		// fn may end the goroutine without returning (t.Fatal calls
@@ -31,7 +42,7 @@ func Do(path string, fn func() error) error {
 		reported := false
 		defer func() {
 			if !reported {
-				errc <- fmt.Errorf("function run in network namespace %s exited without returning", path)
+				errc <- fmt.Errorf("function run in network namespace %s exited without returning", name)
 			}
 		}()
 		report := func(err error) { reported = true; errc <- err }
@@ -44,13 +55,13 @@ func Do(path string, fn func() error) error {
 		defer orig.Close()
 		if err := netns.Set(target); err != nil {
 			runtime.UnlockOSThread()
-			report(fmt.Errorf("entering network namespace %s: %w", path, err))
+			report(fmt.Errorf("entering network namespace %s: %w", name, err))
 			return
 		}
 		ferr := fn()
 		if err := netns.Set(orig); err != nil {
 			// Leave the thread locked: the runtime ends it with the goroutine.
-			report(fmt.Errorf("returning from network namespace %s: %w", path, err))
+			report(fmt.Errorf("returning from network namespace %s: %w", name, err))
 			return
 		}
 		runtime.UnlockOSThread()

@@ -83,7 +83,12 @@ func TestLoadAttachesOrSaysWhyNot(t *testing.T) {
 	}
 	defer p.Close()
 	listed, other := testNamespace(t, "socketmptcp-a"), testNamespace(t, "socketmptcp-b")
-	cookie, err := NetNSCookie(listed)
+	fd, err := netnsutil.Open(listed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	cookie, err := NetNSCookie(fd)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -157,22 +157,21 @@ func (p *Program) Close() error {
 	return errors.Join(p.link.Close(), p.objs.Close())
 }
 
-// NetNSCookie is the cookie of the network namespace at path: the
-// kernel's number for it, which the program compares.
-func NetNSCookie(path string) (uint64, error) {
+// NetNSCookie is the cookie of the network namespace of the file
+// descriptor fd: the kernel's number for it, which the program compares.
+func NetNSCookie(fd int) (uint64, error) {
 	var cookie uint64
-	err := netnsutil.Do(path, func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	err := netnsutil.DoFD(fd, func() error {
+		sock, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return err
 		}
-		defer unix.Close(fd)
-		v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-		cookie = v
+		defer unix.Close(sock)
+		cookie, err = unix.GetsockoptUint64(sock, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("the cookie of network namespace %s: %w", path, err)
+		return 0, fmt.Errorf("the cookie of a network namespace: %w", err)
 	}
 	return cookie, nil
 }

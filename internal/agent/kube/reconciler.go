@@ -60,6 +60,7 @@ const (
 	ReasonAttached         = "Attached"                      // the socket program of transparent kernel covers every pod that wants it
 	ReasonNotCovered       = "NotCovered"                    // the socket program runs, but some pods' namespaces could not be listed (named in the message)
 	ReasonObserveOnly      = "ObserveOnly"                   // the node is observe-only: the socket program lists no namespace
+	ReasonLoadFailed       = "LoadFailed"                    // loading the socket program failed for a reason that may pass (memory, a busy trampoline): the agent tries again
 	ReasonUnsupported      = mptcpv1alpha1.ReasonUnsupported // the kernel refuses the socket program (lockdown, or older than 6.6): use transparent inject
 )
 
@@ -109,9 +110,13 @@ type Reconciler struct {
 	LinkEvents <-chan event.TypedGenericEvent[*mptcpv1alpha1.MPTCPNodeState]
 
 	status agent.Status
-	// warnedUnsupported: the warning that the kernel refuses the socket
-	// program was given (once per process).
-	warnedUnsupported bool
+	// warnedSocket are the reasons of the TransparentKernel condition a
+	// warning was given for (once per reason and process).
+	warnedSocket map[string]bool
+	// noteAt is when each gate's note was last changed on a gate already
+	// True, and listErrors the last listing error logged per pod.
+	noteAt     map[agent.PodRef]time.Time
+	listErrors map[agent.PodRef]string
 	// migrationSettled is set once the first reconcile that reached the
 	// datapath has committed or rolled back a pending map migration;
 	// fatal stops the manager with an error.
@@ -143,6 +148,9 @@ type Reconciler struct {
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.gated = map[agent.PodRef]bool{}
 	r.gateNotes = map[agent.PodRef]string{}
+	r.noteAt = map[agent.PodRef]time.Time{}
+	r.listErrors = map[agent.PodRef]string{}
+	r.warnedSocket = map[string]bool{}
 	r.skipped = map[agent.PodRef]string{}
 	r.status.PID = currentPID()
 	b := ctrl.NewControllerManagedBy(mgr).
@@ -341,35 +349,34 @@ func (r *Reconciler) setTransparentKernel(state *mptcpv1alpha1.MPTCPNodeState, c
 	case sm.ObserveOnly:
 		cond.Reason = ReasonObserveOnly
 		cond.Message = "the node is observe-only: no socket is made MPTCP"
+	case sm.Unsupported != "" && sm.Retrying:
+		cond.Reason = ReasonLoadFailed
+		cond.Message = conditionMessage([]string{fmt.Sprintf("%s; the agent tries again every %s; meanwhile the pods whose policy says "+
+			"podMPTCP.transparent kernel (%d here) keep the sockets their programs ask for", sm.Unsupported, socketRetryEvery, sm.Wanted)})
 	case sm.Unsupported != "":
 		cond.Reason = ReasonUnsupported
 		cond.Message = conditionMessage([]string{fmt.Sprintf("%s; the pods whose policy says podMPTCP.transparent kernel (%d here) keep "+
 			"the sockets their programs ask for: use transparent inject (docs/transparent.md)", sm.Unsupported, sm.Wanted)})
-		if !r.warnedUnsupported {
-			r.warnedUnsupported = true
-			r.Recorder.Eventf(state, nil, corev1.EventTypeWarning, ReasonUnsupported, "LoadSocketProgram", "%s", cond.Message)
-		}
 	case sm.Covered < sm.Wanted:
 		cond.Reason, cond.Message = ReasonNotCovered, conditionMessage([]string{sm.String()})
 	default:
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, ReasonAttached, sm.String()
 	}
+	if cond.Status == metav1.ConditionFalse && !r.warnedSocket[cond.Reason] {
+		r.warnedSocket[cond.Reason] = true
+		r.Recorder.Eventf(state, nil, corev1.EventTypeWarning, cond.Reason, "LoadSocketProgram", "%s", cond.Message)
+	}
 	meta.SetStatusCondition(conds, cond)
 }
+
+// socketRetryEvery is how often the agent asks again for a socket program
+// the kernel refused for a reason that may pass (agent's socketRetry).
+const socketRetryEvery = "30s"
 
 // conditionMessage joins errs into at most 1024 bytes, the most an event's
 // note holds, cut at a character's start.
 func conditionMessage(errs []string) string {
-	const max, ellipsis = 1024, "..."
-	m := strings.Join(errs, "; ")
-	if len(m) > max {
-		cut := max - len(ellipsis)
-		for cut > 0 && !utf8.RuneStart(m[cut]) {
-			cut--
-		}
-		m = m[:cut] + ellipsis
-	}
-	return m
+	return truncate(strings.Join(errs, "; "), 1024)
 }
 
 // capErrors keeps the first errors the API accepts (status.errors holds 32).
@@ -406,10 +413,15 @@ func capPodProblems(problems []mptcpv1alpha1.PodProblem) ([]mptcpv1alpha1.PodPro
 const maxPodProblemMessage = 1024
 
 func truncate(s string, n int) string {
+	const ellipsis = "..."
 	if len(s) <= n {
 		return s
 	}
-	return s[:n-3] + "..."
+	cut := n - len(ellipsis)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
 }
 
 // waitingPods are the spec's governed pods that have no address yet.
@@ -442,19 +454,20 @@ func (r *Reconciler) gatePods(ctx context.Context, state *mptcpv1alpha1.MPTCPNod
 		now[p.Ref] = true
 	}
 	notes := r.transparencyNotes(tr.Plan)
+	// New gates first; a changed note on a gate already True (a pod's
+	// processes decide it) waits for every transition of this reconcile,
+	// and changes at most once per noteEvery.
+	defer r.updateNotes(ctx, now, notes)
 	for _, ref := range slices.SortedFunc(maps.Keys(now), cmpRef) {
-		note, written := notes[ref], r.gateNotes[ref]
-		if r.gated[ref] && note == written {
+		if r.gated[ref] {
 			continue
 		}
-		// A note that changes on a gate already True keeps its
-		// transition time.
-		if err := r.setGate(ctx, ref, corev1.ConditionTrue, "Configured", configuredMessage+note, !r.gated[ref]); err != nil {
+		if err := r.setGate(ctx, ref, corev1.ConditionTrue, "Configured", configuredMessage+notes[ref], true); err != nil {
 			r.Log.Error("pod gate", "pod", ref.Namespace+"/"+ref.Name, "err", err)
 			continue
 		}
 		r.gated[ref] = true
-		r.gateNotes[ref] = note
+		r.gateNotes[ref] = notes[ref]
 	}
 	uids := map[string]string{}
 	for _, p := range state.Spec.Pods {
@@ -502,6 +515,29 @@ func (r *Reconciler) gatePods(ctx context.Context, state *mptcpv1alpha1.MPTCPNod
 		}
 		delete(r.gated, ref)
 		delete(r.gateNotes, ref)
+		delete(r.noteAt, ref)
+		delete(r.listErrors, ref)
+	}
+}
+
+// noteEvery bounds how often one pod's note changes on a gate already True.
+const noteEvery = time.Minute
+
+// updateNotes writes the notes that changed on gates already True, each
+// at most once per noteEvery, keeping the gate's transition time.
+func (r *Reconciler) updateNotes(ctx context.Context, now map[agent.PodRef]bool, notes map[agent.PodRef]string) {
+	for _, ref := range slices.SortedFunc(maps.Keys(now), cmpRef) {
+		note := notes[ref]
+		if !r.gated[ref] || note == r.gateNotes[ref] || time.Since(r.noteAt[ref]) < noteEvery {
+			continue
+		}
+		if err := r.setGate(ctx, ref, corev1.ConditionTrue, "Configured", configuredMessage+note, false); err != nil {
+			if !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				r.Log.Error("pod gate", "pod", ref.Namespace+"/"+ref.Name, "err", err)
+			}
+			continue
+		}
+		r.gateNotes[ref], r.noteAt[ref] = note, time.Now()
 	}
 }
 
@@ -512,20 +548,40 @@ const configuredMessage = "MPTCP settings and datapath entries are in place"
 const maxListedListeners = 4
 
 // transparencyNotes are, for each pod of plan with transparent MPTCP, what
-// its gate adds: the listeners that take TCP only, which the library or
-// the socket program did not reach. A pod's processes decide what is
-// listed, so at most maxListedListeners are named.
+// its gate adds: that the socket program is not in force for it, or the
+// listeners that take TCP only, which the library or the socket program
+// did not reach. A pod's processes decide what is listed, so at most
+// maxListedListeners are named, and a listing that fails keeps the note
+// the gate has.
 func (r *Reconciler) transparencyNotes(plan *agent.Plan) map[agent.PodRef]string {
+	sm := r.Agent.SocketMPTCP()
 	notes := map[agent.PodRef]string{}
 	for _, p := range plan.Pods {
 		if p.Transparent == "" {
 			continue
 		}
-		ls, err := r.Agent.TCPListeners(p)
-		if err != nil {
-			r.Log.Warn("listing a pod's listeners", "pod", p.Name, "err", err)
+		if p.Transparent == agent.TransparencyKernel && sm.Uncovered[p.Name] {
+			why := "its network namespace could not be read"
+			switch {
+			case sm.ObserveOnly:
+				why = "the node is observe-only"
+			case sm.Unsupported != "":
+				why = "the node's kernel refuses the socket program (the node state's TransparentKernel condition says why)"
+			}
+			notes[p.Ref] = "; podMPTCP.transparent kernel is not in force for this pod: " + why +
+				"; its programs get the sockets they ask for (docs/transparent.md)"
 			continue
 		}
+		ls, err := r.Agent.TCPListeners(p)
+		if err != nil {
+			notes[p.Ref] = r.gateNotes[p.Ref]
+			if msg := err.Error(); r.listErrors[p.Ref] != msg {
+				r.listErrors[p.Ref] = msg
+				r.Log.Warn("listing a pod's listeners", "pod", p.Name, "err", err)
+			}
+			continue
+		}
+		delete(r.listErrors, p.Ref)
 		if len(ls) == 0 {
 			continue
 		}
@@ -534,11 +590,14 @@ func (r *Reconciler) transparencyNotes(plan *agent.Plan) map[agent.PodRef]string
 			names = append(names, l.String())
 		}
 		if len(ls) > maxListedListeners {
-			names = append(names, fmt.Sprintf("and %d more", len(ls)-maxListedListeners))
+			names = append(names, "and more")
 		}
-		notes[p.Ref] = fmt.Sprintf("; podMPTCP.transparent %s does not reach the programs listening with TCP only on %s "+
-			"(static and not Go, built against musl, using io_uring, or asking for TCP themselves): connections to them are "+
-			"single-path (docs/transparent.md)", p.Transparent, strings.Join(names, ", "))
+		why := "static and not Go, built against musl, using io_uring, or asking for TCP themselves"
+		if p.Transparent == agent.TransparencyKernel {
+			why = "opened before the agent configured the pod: such a program waits for the mptcp.io/ready condition"
+		}
+		notes[p.Ref] = fmt.Sprintf("; podMPTCP.transparent %s does not reach the programs listening with TCP only on %s (%s): "+
+			"connections to them are single-path (docs/transparent.md)", p.Transparent, strings.Join(names, ", "), why)
 	}
 	return notes
 }
