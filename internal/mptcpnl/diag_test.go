@@ -23,12 +23,7 @@ import (
 // not a longer listing.
 func TestSocketListingsAreConnectedAndBounded(t *testing.T) {
 	ns, peer := pair(t)
-	path := "/var/run/netns/" + ns
-	fd, err := netnsutil.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
+	path, fd := openNS(t, ns)
 	// A listener and two connections to it from the other namespace: the
 	// listener's namespace has the two accepted sockets, which are listed,
 	// and the listener, which is not (it is no subflow).
@@ -116,12 +111,7 @@ func TestSocketListingsAreConnectedAndBounded(t *testing.T) {
 // both families; sockets that do not listen are not listed.
 func TestListenersSayWhetherTheyTakeMPTCP(t *testing.T) {
 	ns, _ := pair(t)
-	path := "/var/run/netns/" + ns
-	fd, err := netnsutil.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
+	path, fd := openNS(t, ns)
 	want := map[string]bool{}
 	if err := netnsutil.Do(path, func() error {
 		for _, c := range []struct {
@@ -157,4 +147,16 @@ func TestListenersSayWhetherTheyTakeMPTCP(t *testing.T) {
 	if !maps.Equal(listed, want) {
 		t.Errorf("listeners %v, want %v (address: MPTCP)", listed, want)
 	}
+}
+
+// openNS opens the namespace ns for the test, and returns its path too.
+func openNS(t *testing.T, ns string) (string, int) {
+	t.Helper()
+	path := "/var/run/netns/" + ns
+	fd, err := netnsutil.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return path, fd
 }

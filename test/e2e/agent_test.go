@@ -560,6 +560,21 @@ func testObserveOnlyRecordsWithoutSteeringUntilSwitchedOff(t *testing.T) {
 	}
 }
 
+// analyzeWatched stops w's captures, analyzes them and closes w.
+func analyzeWatched(t *testing.T, w *testbed.Watch) *testbed.Analysis {
+	t.Helper()
+	files, err := w.Captures()
+	if err != nil {
+		t.Fatal(err)
+	}
+	analysis, err := testbed.Analyze(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	return analysis
+}
+
 // requireSpread fails the test unless the captures show conns MPTCP
 // connections of one subflow per NIC each (the test bed gives every node two),
 // every subflow on one NIC of each node in both directions and the subflows of

@@ -269,15 +269,7 @@ func testChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing
 		got = append(got, reps...)
 	}
 	w.Match(sent, got)
-	files, err := w.Captures()
-	if err != nil {
-		t.Fatal(err)
-	}
-	analysis, err := testbed.Analyze(files)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
+	analysis := analyzeWatched(t, w)
 	requireSpread(t, analysis, len(sent), "installed with the chart")
 	requireNodeStatesOfExamples(t, cb, servers)
 	requireTransparentClientsGetMPTCP(t, cb, servers[2])
@@ -391,15 +383,7 @@ func requireTransparentClientsGetMPTCP(t *testing.T, cb *chartBed, server *corev
 	cConns := requireTransparentLibcClientGetsMPTCP(t, cb, w, ns, server)
 	requireToldToRestart(t, cb, early)
 	requireGateNamesTCPListener(t, cb, tcpServer, tenantPort)
-	files, err := w.Captures()
-	if err != nil {
-		t.Fatal(err)
-	}
-	analysis, err := testbed.Analyze(files)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
+	analysis := analyzeWatched(t, w)
 	requireSpread(t, analysis, len(sent)+cConns, "the unmodified Go and C clients under transparent inject")
 
 	// off: the same policy now keeps Go's default MPTCP listener from a

@@ -190,15 +190,7 @@ func captureFlows(t *testing.T, bed *testbed.Bed, flows []flow) (*testbed.Analys
 	if err != nil {
 		w.Fail(err)
 	}
-	files, err := w.Captures()
-	if err != nil {
-		t.Fatal(err)
-	}
-	analysis, err := testbed.Analyze(files)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
+	analysis := analyzeWatched(t, w)
 	return analysis, conns
 }
 
