@@ -286,15 +286,19 @@ func testHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime(t *testing.T) {
 		}
 	}
 
-	// The upgrade, as docs/install.md says: the new CRDs, then the chart.
+	// The upgrade, as docs/install.md says: the new CRDs (kubectl apply
+	// --server-side --force-conflicts), then the chart, with the new
+	// chart's defaults and the release's own values
+	// (--reset-then-reuse-values).
 	crds, _ := filepath.Glob(filepath.Join(release.Chart(), "crds", "*.yaml"))
-	if err := cb.cp.ApplyFiles(ctx, crds...); err != nil {
+	if err := cb.cp.ServerSideApply(ctx, true, crds...); err != nil {
 		t.Fatal(err)
 	}
 	newArgs, err := release.ImageValues(cb.images)
 	if err != nil {
 		t.Fatal(err)
 	}
+	newArgs = append(newArgs, "--reset-then-reuse-values")
 	_, tx0 := nicBytes(t, bed, bed.Node(1))
 	rollout := cb.watchAgentPods()
 	upgradeStart := time.Now()

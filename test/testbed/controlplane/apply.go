@@ -20,6 +20,26 @@ var docSep = regexp.MustCompile(`(?m)^---\s*$`)
 // ApplyFiles creates the objects of multi-document YAML files, in order, and
 // updates those that exist (what `kubectl apply` does for a fresh cluster).
 func (cp *ControlPlane) ApplyFiles(ctx context.Context, files ...string) error {
+	return eachObject(files, func(u *unstructured.Unstructured) error { return cp.apply(ctx, u) })
+}
+
+// ServerSideApply applies the objects of multi-document YAML files, in
+// order, as `kubectl apply --server-side` does: an apply patch with the
+// field manager "kubectl", which takes fields another manager owns only
+// with force (--force-conflicts).
+func (cp *ControlPlane) ServerSideApply(ctx context.Context, force bool, files ...string) error {
+	opts := []client.ApplyOption{client.FieldOwner("kubectl")}
+	if force {
+		opts = append(opts, client.ForceOwnership)
+	}
+	return eachObject(files, func(u *unstructured.Unstructured) error {
+		return cp.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), opts...)
+	})
+}
+
+// eachObject calls fn with each object of multi-document YAML files, in
+// order.
+func eachObject(files []string, fn func(*unstructured.Unstructured) error) error {
 	for _, f := range files {
 		raw, err := os.ReadFile(f)
 		if err != nil {
@@ -33,7 +53,7 @@ func (cp *ControlPlane) ApplyFiles(ctx context.Context, files ...string) error {
 			if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
 				return fmt.Errorf("%s, document %d: %w", f, i+1, err)
 			}
-			if err := cp.apply(ctx, u); err != nil {
+			if err := fn(u); err != nil {
 				return fmt.Errorf("%s, document %d (%s %s): %w", f, i+1, u.GetKind(), u.GetName(), err)
 			}
 		}
