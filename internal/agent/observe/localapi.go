@@ -19,8 +19,8 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
-// The local API serves per-connection detail (what `kubectl mptcp subflows`
-// shows) on a unix socket under the state directory. Authentication is
+// The local API serves per-connection detail (the subflows, their paths
+// and roles) on a unix socket under the state directory. Authentication is
 // twofold (docs/agent.md, "Local API"): the socket is mode 0600 in a 0700
 // directory, both root's, so only root can connect; and every connection's
 // peer credentials (SO_PEERCRED, set by the kernel at connect) must say uid
