@@ -425,6 +425,30 @@ func TestAgentIdentityFollowsNamespaceAndServiceAccount(t *testing.T) {
 		"the DaemonSet runs in %s as %s", ds.Namespace, ds.Spec.Template.Spec.ServiceAccountName)
 }
 
+// Pull secrets, pod labels and pod annotations reach the controller's and
+// the agents' pods; a pod label cannot replace the chart's own, which the
+// selectors need.
+func TestPodsTakePullSecretsLabelsAndAnnotations(t *testing.T) {
+	r := render(t, "--set", "imagePullSecrets[0].name=regcred",
+		"--set", "controller.podLabels.team=net", "--set", "agent.podLabels.team=net",
+		"--set", "controller.podLabels.app\\.kubernetes\\.io/component=other",
+		"--set", "controller.podAnnotations.example\\.com/owner=net", "--set", "agent.podAnnotations.example\\.com/owner=net")
+	dep := get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller")
+	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
+	for name, pod := range map[string]corev1.PodTemplateSpec{"controller": dep.Spec.Template, "agent": ds.Spec.Template} {
+		if got := pod.Spec.ImagePullSecrets; len(got) != 1 || got[0].Name != "regcred" {
+			t.Errorf("%s pods pull with %+v, want regcred", name, got)
+		}
+		if pod.Labels["team"] != "net" || pod.Labels["app.kubernetes.io/component"] != name {
+			t.Errorf("%s pods are labelled %v, want team=net beside the chart's component=%s", name, pod.Labels, name)
+		}
+		if pod.Annotations["example.com/owner"] != "net" {
+			t.Errorf("%s pods are annotated %v", name, pod.Annotations)
+		}
+	}
+	must(t, dep.Spec.Selector.MatchLabels["app.kubernetes.io/component"] == "controller", "the controller's selector %v", dep.Spec.Selector.MatchLabels)
+}
+
 func TestOptionalPartsRenderOnlyWhenAsked(t *testing.T) {
 	defaults := render(t)
 	for _, k := range []string{"ServiceMonitor/mptcp-operator", "MPTCPPath/fabric-a", "MPTCPPolicy/spread-fabrics"} {

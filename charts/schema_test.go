@@ -38,6 +38,14 @@ func TestBadValuesAreRefusedWithAClearMessage(t *testing.T) {
 			set:  []string{"agent.capabilities=null"},
 			want: []string{"/agent", "missing property 'capabilities'"},
 		},
+		"a pod label whose key the API refuses": {
+			set:  []string{"agent.podLabels.bad key=1"},
+			want: []string{"'bad key' does not match pattern"},
+		},
+		"a pull secret without a name": {
+			set:  []string{"imagePullSecrets[0].secret=regcred"},
+			want: []string{"/imagePullSecrets/0", "missing property 'name'"},
+		},
 		"an unknown key": {
 			set:  []string{"tolerateEverything=true"},
 			want: []string{"additional properties 'tolerateEverything' not allowed"},

@@ -21,6 +21,22 @@ app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
+{{/*
+A pod template's metadata: the component's labels, which its selector needs and
+which no key of podLabels replaces, with the component's podLabels and
+podAnnotations; call with (list $ "agent" .Values.agent).
+*/}}
+{{- define "mptcp-operator.podMetadata" -}}
+{{- $values := index . 2 -}}
+{{- $labels := merge (include "mptcp-operator.componentLabels" (list (index . 0) (index . 1)) | fromYaml) ($values.podLabels | default dict) -}}
+labels:
+  {{- toYaml $labels | nindent 2 }}
+{{- with $values.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
 {{/* Every label of one component's objects; call with (list $ "agent"). */}}
 {{- define "mptcp-operator.componentLabels" -}}
 {{ include "mptcp-operator.labels" (index . 0) }}
