@@ -51,11 +51,23 @@ const (
 	socketIdle = 5 * time.Minute
 )
 
+// socketProgram is what the agent asks of the loaded socket program
+// (socketmptcp.Program).
+type socketProgram interface {
+	Set(cookies map[uint64]bool) error
+	Close() error
+}
+
 // socketMPTCPState is the program, loaded while some pod wants it, and
 // what the last reconcile made of it.
 type socketMPTCPState struct {
-	mu   sync.Mutex
-	prog *socketmptcp.Program
+	mu sync.Mutex
+	// load, cookie and now are socketmptcp.Load, podNetNSCookie and
+	// time.Now unless a test sets them.
+	load   func() (socketProgram, error)
+	cookie func(PlanPod) (uint64, error)
+	now    func() time.Time
+	prog   socketProgram
 	// refused is the kernel's last answer to a load, and when it came.
 	refused   *socketmptcp.UnsupportedError
 	refusedAt time.Time
@@ -79,14 +91,15 @@ func (a *Agent) syncSocketMPTCP(plan *Plan) error {
 			wanted = append(wanted, p)
 		}
 	}
-	now := time.Now()
+	s.defaults()
+	now := s.now()
 	s.report = SocketMPTCP{Wanted: len(wanted), ObserveOnly: plan.Settings.ObserveOnly && len(wanted) > 0}
 	if len(wanted) == 0 || plan.Settings.ObserveOnly {
 		return s.idle(a, now)
 	}
 	s.idleSince = time.Time{}
 	if s.prog == nil && (s.refused == nil || (!s.refused.Permanent && now.Sub(s.refusedAt) >= socketRetry)) {
-		prog, err := socketmptcp.Load()
+		prog, err := s.load()
 		var refused *socketmptcp.UnsupportedError
 		switch {
 		case errors.As(err, &refused):
@@ -109,7 +122,7 @@ func (a *Agent) syncSocketMPTCP(plan *Plan) error {
 	}
 	listed := map[uint64]bool{}
 	for _, p := range wanted {
-		cookie, err := podNetNSCookie(p)
+		cookie, err := s.cookie(p)
 		if err != nil {
 			a.log.Warn("pod not covered by the socket program", "pod", p.Name, "err", err)
 			s.report.Uncovered[p.Name] = true
@@ -126,6 +139,25 @@ func (a *Agent) syncSocketMPTCP(plan *Plan) error {
 		return fmt.Errorf("socket program: %w", err)
 	}
 	return nil
+}
+
+// defaults sets what a test did not.
+func (s *socketMPTCPState) defaults() {
+	if s.load == nil {
+		s.load = func() (socketProgram, error) {
+			p, err := socketmptcp.Load()
+			if err != nil {
+				return nil, err
+			}
+			return p, nil
+		}
+	}
+	if s.cookie == nil {
+		s.cookie = podNetNSCookie
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
 }
 
 // podNetNSCookie is the cookie of pod's network namespace, read through a

@@ -32,7 +32,12 @@ type UnsupportedError struct {
 	reason string
 }
 
-func (e *UnsupportedError) Error() string { return e.reason }
+func (e *UnsupportedError) Error() string {
+	if e.reason == "" {
+		return "loading the socket program failed: " + e.Err.Error()
+	}
+	return e.reason
+}
 
 func (e *UnsupportedError) Unwrap() error { return e.Err }
 
