@@ -78,11 +78,11 @@ const (
 	LabelVirtLauncherValue = "virt-launcher"
 )
 
-// runsVM says whether pod is a KubeVirt virt-launcher pod. Anyone who may
+// RunsVM says whether pod is a KubeVirt virt-launcher pod. Anyone who may
 // label a pod may make it one: the pod then loses what the agent would do
 // inside it (be its path manager, set its endpoints and checksums), which
 // concerns that pod alone.
-func runsVM(pod *corev1.Pod) bool { return pod.Labels[LabelVirtLauncher] == LabelVirtLauncherValue }
+func RunsVM(pod *corev1.Pod) bool { return pod.Labels[LabelVirtLauncher] == LabelVirtLauncherValue }
 
 // guestForVM makes rule, compiled for a pod that runs a VM, guest mode
 // and says so, when its policy asked for another mode: inside a VM the
@@ -153,7 +153,7 @@ func Node(in Input) Result {
 			if r := applyPreferences(pod, pol, &rule); r != nil {
 				res.Refusals = append(res.Refusals, *r)
 			}
-			if runsVM(pod) {
+			if RunsVM(pod) {
 				if r := guestForVM(pod, &rule); r != nil {
 					vmNotices[pol.Name] = *r
 				}
@@ -187,9 +187,9 @@ func Node(in Input) Result {
 			rulesByName[rules[j].Name] = rules[j]
 			names[j] = rules[j].Name
 		}
-		deciding := transparentPolicy(pod, policies, nsLabels)
-		if r := transparentMissed(pod, deciding); r != nil {
-			res.Refusals = append(res.Refusals, *r)
+		podTransparency, missed := transparency(pod, transparentPolicy(pod, policies, nsLabels))
+		if missed != nil {
+			res.Refusals = append(res.Refusals, *missed)
 		}
 		res.Spec.Pods = append(res.Spec.Pods, mptcpv1alpha1.NodePod{
 			Namespace:   pod.Namespace,
@@ -197,7 +197,7 @@ func Node(in Input) Result {
 			UID:         string(pod.UID),
 			IPs:         podIPs(pod),
 			Rules:       names,
-			Transparent: podTransparency(pod, deciding),
+			Transparent: podTransparency,
 		})
 	}
 	for _, name := range slices.Sorted(maps.Keys(rulesByName)) {
@@ -522,10 +522,15 @@ func activePolicies(in []mptcpv1alpha1.MPTCPPolicy) []mptcpv1alpha1.MPTCPPolicy 
 	return out
 }
 
-// transparentPolicy is the policy that decides pod's
-// podMPTCP.transparent: the first of policies, in order of precedence,
-// that selects it (in a namespace labelled nsLabels) and sets it; nil if
-// none does. The webhook decides alike (SelectingPolicies).
+// TransparentPolicy is the policy that decides pod's podMPTCP.transparent
+// (in a namespace labelled nsLabels): the first of policies, in order of
+// precedence and leaving out those being deleted, that selects it and sets
+// it; nil if none does. Node and the pod webhook decide by it.
+func TransparentPolicy(policies []mptcpv1alpha1.MPTCPPolicy, nsLabels map[string]string, pod *corev1.Pod) *mptcpv1alpha1.MPTCPPolicy {
+	return transparentPolicy(pod, activePolicies(policies), labels.Set(nsLabels))
+}
+
+// transparentPolicy is TransparentPolicy over active policies, in order.
 func transparentPolicy(pod *corev1.Pod, policies []mptcpv1alpha1.MPTCPPolicy, nsLabels labels.Set) *mptcpv1alpha1.MPTCPPolicy {
 	for i := range policies {
 		if policies[i].Spec.PodMPTCP.Transparent != "" && selects(&policies[i], nsLabels, pod) {
@@ -535,56 +540,32 @@ func transparentPolicy(pod *corev1.Pod, policies []mptcpv1alpha1.MPTCPPolicy, ns
 	return nil
 }
 
-// podTransparency is the node pod's transparent: kernel when the deciding
-// policy says so, inject when it says inject and the webhook applied it.
-// A pod that opts out (its mptcp.io/transparent annotation, which it may
-// set at any time) has none, nor has a VM's pod: its guest's sockets are
-// not the pod's, and the CEL rules keep transparent from guest mode.
-func podTransparency(pod *corev1.Pod, deciding *mptcpv1alpha1.MPTCPPolicy) mptcpv1alpha1.PodTransparency {
-	if deciding == nil || runsVM(pod) || pod.Annotations[transparent.AnnotationMode] == transparent.OptOut {
-		return ""
+// transparency is the node pod's transparent under the deciding policy:
+// kernel when it says so; inject when it says inject and the pod carries
+// the webhook's mark. A pod that opts out (its mptcp.io/transparent
+// annotation, which it may set at any time) has none, nor has a VM's pod:
+// its guest's sockets are not the pod's, and the CEL rules keep
+// transparent from guest mode. missed is the refusal to report when the
+// pod lacks what the policy gives pods at their creation (inject or off,
+// the webhook's): created before the policy said so, while the webhook was
+// down, in a namespace the webhook does not see, or left as it was by it.
+func transparency(pod *corev1.Pod, deciding *mptcpv1alpha1.MPTCPPolicy) (_ mptcpv1alpha1.PodTransparency, missed *Refusal) {
+	if deciding == nil || RunsVM(pod) || pod.Annotations[transparent.AnnotationMode] == transparent.OptOut {
+		return "", nil
 	}
 	switch mode := deciding.Spec.PodMPTCP.Transparent; {
 	case mode == mptcpv1alpha1.TransparentKernel:
-		return mptcpv1alpha1.PodTransparencyKernel
-	case mode == mptcpv1alpha1.TransparentInject && pod.Annotations[transparent.AnnotationMode] == string(mode):
-		return mptcpv1alpha1.PodTransparencyInject
+		return mptcpv1alpha1.PodTransparencyKernel, nil
+	case pod.Annotations[transparent.AnnotationMode] != string(mode):
+		return "", &Refusal{Pod: pod, Policy: deciding.Name, Reason: ReasonTransparentNotApplied, Message: fmt.Sprintf(
+			"policy %s's podMPTCP.transparent %s is applied to pods as they are created, and was not to this one: it was created "+
+				"before the policy said so, while the webhook was unavailable, in a namespace the webhook does not see "+
+				"(by default those labelled mptcp.io/transparent=enabled), or the webhook left it as it was (the API server "+
+				"warned its creator why); create the pod again to apply it (docs/transparent.md)", deciding.Name, mode)}
+	case mode == mptcpv1alpha1.TransparentInject:
+		return mptcpv1alpha1.PodTransparencyInject, nil
 	}
-	return ""
-}
-
-// transparentMissed says when pod does not carry what the deciding
-// policy's podMPTCP.transparent gives pods at their creation (the
-// webhook's mark): created before the policy set it, while the webhook
-// was down, in a namespace the webhook does not see, or left as it was by
-// the webhook. kernel is the agent's, on pods as they are. A pod that
-// opted out, and a VM's pod, are not told.
-func transparentMissed(pod *corev1.Pod, deciding *mptcpv1alpha1.MPTCPPolicy) *Refusal {
-	if deciding == nil || runsVM(pod) || pod.Annotations[transparent.AnnotationMode] == transparent.OptOut {
-		return nil
-	}
-	mode := deciding.Spec.PodMPTCP.Transparent
-	if mode == mptcpv1alpha1.TransparentKernel || pod.Annotations[transparent.AnnotationMode] == string(mode) {
-		return nil
-	}
-	return &Refusal{Pod: pod, Policy: deciding.Name, Reason: ReasonTransparentNotApplied, Message: fmt.Sprintf(
-		"policy %s's podMPTCP.transparent %s is applied to pods as they are created, and was not to this one: it was created "+
-			"before the policy said so, while the webhook was unavailable, in a namespace the webhook does not see "+
-			"(by default those labelled mptcp.io/transparent=enabled), or the webhook left it as it was (the API server "+
-			"warned its creator why); create the pod again to apply it (docs/transparent.md)", deciding.Name, mode)}
-}
-
-// SelectingPolicies are the policies that select pod (in a namespace
-// labelled nsLabels), in order of precedence, those being deleted left out:
-// the order in which Node chains their rules.
-func SelectingPolicies(policies []mptcpv1alpha1.MPTCPPolicy, nsLabels map[string]string, pod *corev1.Pod) []mptcpv1alpha1.MPTCPPolicy {
-	var out []mptcpv1alpha1.MPTCPPolicy
-	for _, p := range activePolicies(policies) {
-		if selects(&p, labels.Set(nsLabels), pod) {
-			out = append(out, p)
-		}
-	}
-	return out
+	return "", nil
 }
 
 // podEligible: only pods bound to this node whose traffic the agent can

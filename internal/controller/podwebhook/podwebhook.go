@@ -103,7 +103,7 @@ func (m *Mutator) modeFor(ctx context.Context, pod *corev1.Pod) (mptcpv1alpha1.T
 	switch {
 	case pod.Spec.HostNetwork:
 		return "", "", "host-network pods are never selected", nil
-	case pod.Labels[compile.LabelVirtLauncher] == compile.LabelVirtLauncherValue:
+	case compile.RunsVM(pod):
 		return "", "", "the pod runs a VM, whose programs the webhook cannot reach", nil
 	}
 	var ns corev1.Namespace
@@ -114,10 +114,8 @@ func (m *Mutator) modeFor(ctx context.Context, pod *corev1.Pod) (mptcpv1alpha1.T
 	if err := m.client.List(ctx, &policies); err != nil {
 		return "", "", "", fmt.Errorf("listing MPTCPPolicies: %w", err)
 	}
-	for _, p := range compile.SelectingPolicies(policies.Items, ns.Labels, pod) {
-		if p.Spec.PodMPTCP.Transparent != "" {
-			return p.Spec.PodMPTCP.Transparent, p.Name, "", nil
-		}
+	if p := compile.TransparentPolicy(policies.Items, ns.Labels, pod); p != nil {
+		return p.Spec.PodMPTCP.Transparent, p.Name, "", nil
 	}
 	return "", "", "no policy that selects the pod sets podMPTCP.transparent", nil
 }

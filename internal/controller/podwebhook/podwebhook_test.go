@@ -130,6 +130,11 @@ func createPod(t *testing.T, c client.Client, ns, name string, labels map[string
 	return pod
 }
 
+// warnings records the API server's warnings to a client.
+type warnings struct{ texts []string }
+
+func (w *warnings) HandleWarningHeader(_ int, _ string, text string) { w.texts = append(w.texts, text) }
+
 func godebug(pod *corev1.Pod) string {
 	for _, e := range pod.Spec.Containers[0].Env {
 		if e.Name == "GODEBUG" {
@@ -194,9 +199,22 @@ func TestPodsAreChangedAsTheirPolicySaysThroughTheAPIServer(t *testing.T) {
 	if got := godebug(legacy); got != "multipathtcp=0" || len(legacy.Spec.InitContainers) != 0 {
 		t.Errorf("legacy pod (off-legacy takes precedence): GODEBUG %q, init containers %v", got, legacy.Spec.InitContainers)
 	}
+	// kernel is the agent's: the webhook admits the pod as it is, and
+	// without the warning it gives a pod it could not change.
+	warned := &warnings{}
+	warnedCfg := rest.CopyConfig(env.Config)
+	warnedCfg.WarningHandler = warned
+	wc, err := client.New(warnedCfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := createPod(t, wc, optedIn, "batch", map[string]string{"app": "batch"})
+	if len(warned.texts) != 0 {
+		t.Errorf("creating a pod whose policy says kernel warned: %q", warned.texts)
+	}
 	for _, p := range []*corev1.Pod{
 		createPod(t, c, optedIn, "db", map[string]string{"app": "db"}),
-		createPod(t, c, optedIn, "batch", map[string]string{"app": "batch"}),
+		batch,
 		createPod(t, c, optedIn, "unselected", map[string]string{"app": "cache"}),
 		createPod(t, c, notOptedIn, "web", map[string]string{"app": "web"}),
 	} {
