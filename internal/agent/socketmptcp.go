@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -20,12 +21,9 @@ type SocketMPTCP struct {
 	Wanted int
 	// Covered counts those whose namespaces the program lists.
 	Covered int
-	// NotCovered names (namespace.name) up to maxNotCovered pods it could
-	// not list, each with the reason.
-	NotCovered []string
 	// Uncovered are the pods (namespace.name) that want the program and
-	// are not covered: every one while it is refused, else those of
-	// NotCovered and any beyond its bound.
+	// are not covered: every one while it is refused or observe-only, else
+	// those whose namespace could not be read.
 	Uncovered map[string]bool
 	// Unsupported says why the kernel refuses the program, when a pod
 	// wants it; Retrying, that the refusal may pass and the agent asks
@@ -41,10 +39,10 @@ const maxNotCovered = 4
 
 // Timings of the socket program's life.
 const (
-	// socketRetry spaces the loads after a failure that may pass
+	// SocketRetry spaces the loads after a failure that may pass
 	// (memory, a busy trampoline); a refusal that will not pass
 	// (lockdown, no hook) is not asked again.
-	socketRetry = 30 * time.Second
+	SocketRetry = 30 * time.Second
 	// socketIdle is how long the program stays attached, with no
 	// namespace listed, after the last pod that wanted it: a policy or an
 	// opt-out flapping does not load and unload it each time.
@@ -93,12 +91,15 @@ func (a *Agent) syncSocketMPTCP(plan *Plan) error {
 	}
 	s.defaults()
 	now := s.now()
-	s.report = SocketMPTCP{Wanted: len(wanted), ObserveOnly: plan.Settings.ObserveOnly && len(wanted) > 0}
+	s.report = SocketMPTCP{Wanted: len(wanted), Uncovered: map[string]bool{}, ObserveOnly: plan.Settings.ObserveOnly && len(wanted) > 0}
 	if len(wanted) == 0 || plan.Settings.ObserveOnly {
+		for _, p := range wanted {
+			s.report.Uncovered[p.Name] = true
+		}
 		return s.idle(a, now)
 	}
 	s.idleSince = time.Time{}
-	if s.prog == nil && (s.refused == nil || (!s.refused.Permanent && now.Sub(s.refusedAt) >= socketRetry)) {
+	if s.prog == nil && (s.refused == nil || (!s.refused.Permanent && now.Sub(s.refusedAt) >= SocketRetry)) {
 		prog, err := s.load()
 		var refused *socketmptcp.UnsupportedError
 		switch {
@@ -112,7 +113,6 @@ func (a *Agent) syncSocketMPTCP(plan *Plan) error {
 			a.log.Info("socket program attached to update_socket_protocol")
 		}
 	}
-	s.report.Uncovered = map[string]bool{}
 	if s.prog == nil {
 		s.report.Unsupported, s.report.Retrying = s.refused.Error(), !s.refused.Permanent
 		for _, p := range wanted {
@@ -126,9 +126,6 @@ func (a *Agent) syncSocketMPTCP(plan *Plan) error {
 		if err != nil {
 			a.log.Warn("pod not covered by the socket program", "pod", p.Name, "err", err)
 			s.report.Uncovered[p.Name] = true
-			if len(s.report.NotCovered) < maxNotCovered {
-				s.report.NotCovered = append(s.report.NotCovered, p.Name+": its network namespace could not be read")
-			}
 			continue
 		}
 		listed[cookie] = true
@@ -186,9 +183,17 @@ func (s *socketMPTCPState) idle(a *Agent, now time.Time) error {
 	if now.Sub(s.idleSince) < socketIdle {
 		return nil
 	}
+	a.log.Info("socket program unloaded: no pod has wanted transparent kernel for a while", "idle", socketIdle)
+	return s.unload()
+}
+
+// unload closes the program, if loaded.
+func (s *socketMPTCPState) unload() error {
+	if s.prog == nil {
+		return nil
+	}
 	err := s.prog.Close()
 	s.prog = nil
-	a.log.Info("socket program unloaded: no pod has wanted transparent kernel for a while", "idle", socketIdle)
 	return err
 }
 
@@ -197,16 +202,20 @@ func (a *Agent) SocketMPTCP() SocketMPTCP {
 	a.socketMPTCP.mu.Lock()
 	defer a.socketMPTCP.mu.Unlock()
 	r := a.socketMPTCP.report
-	r.NotCovered = append([]string(nil), r.NotCovered...)
 	r.Uncovered = maps.Clone(r.Uncovered)
 	return r
 }
 
-// String is the report as a condition message says it.
+// String is the report as a condition message says it, naming at most
+// maxNotCovered of the pods not covered.
 func (r SocketMPTCP) String() string {
 	msg := fmt.Sprintf("the socket program makes the TCP sockets of %d of %d pods MPTCP", r.Covered, r.Wanted)
-	if len(r.NotCovered) > 0 {
-		msg += "; not covered: " + strings.Join(r.NotCovered, ", ")
+	if len(r.Uncovered) > 0 {
+		names := slices.Sorted(maps.Keys(r.Uncovered))
+		if len(names) > maxNotCovered {
+			names = append(names[:maxNotCovered], "and more")
+		}
+		msg += "; not covered, their network namespace could not be read: " + strings.Join(names, ", ")
 	}
 	return msg
 }
@@ -214,13 +223,7 @@ func (r SocketMPTCP) String() string {
 // closeSocketMPTCP unloads the program as the agent stops: sockets are
 // created as asked again until the next agent loads it.
 func (a *Agent) closeSocketMPTCP() error {
-	s := &a.socketMPTCP
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.prog == nil {
-		return nil
-	}
-	err := s.prog.Close()
-	s.prog = nil
-	return err
+	a.socketMPTCP.mu.Lock()
+	defer a.socketMPTCP.mu.Unlock()
+	return a.socketMPTCP.unload()
 }

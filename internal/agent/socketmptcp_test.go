@@ -28,7 +28,7 @@ func (f *fakeSocketProgram) Close() error {
 }
 
 // The socket program's life, on a clock the test moves: a refusal that
-// may pass is asked again after socketRetry and not before, one that
+// may pass is asked again after SocketRetry and not before, one that
 // cannot is never asked again; once loaded, exactly the namespaces of the
 // pods that want it are listed, a pod whose namespace cannot be read is
 // reported and not a failure; observe-only lists nothing; with no pod left
@@ -77,20 +77,20 @@ func TestSocketProgramIsLoadedListedAndUnloadedAsPodsWantIt(t *testing.T) {
 	if loads != 1 || r.Unsupported == "" || !r.Retrying || !r.Uncovered["apps.web"] || r.Wanted != 1 {
 		t.Fatalf("a refusal that may pass: %d loads, report %+v", loads, r)
 	}
-	sync(plan(false, "apps.web"), socketRetry/2)
+	sync(plan(false, "apps.web"), SocketRetry/2)
 	if loads != 1 {
-		t.Errorf("asked again %d times within %v", loads-1, socketRetry)
+		t.Errorf("asked again %d times within %v", loads-1, SocketRetry)
 	}
 	loadErr = nil
-	r = sync(plan(false, "apps.web", "apps.api", "apps.gone"), socketRetry)
-	if loads != 2 || r.Unsupported != "" || r.Covered != 2 || r.Wanted != 3 || !r.Uncovered["apps.gone"] || len(r.NotCovered) != 1 {
+	r = sync(plan(false, "apps.web", "apps.api", "apps.gone"), SocketRetry)
+	if loads != 2 || r.Unsupported != "" || r.Covered != 2 || r.Wanted != 3 || !r.Uncovered["apps.gone"] || len(r.Uncovered) != 1 {
 		t.Fatalf("loaded: %d loads, report %+v", loads, r)
 	}
 	if want := map[uint64]bool{11: true, 12: true}; !maps.Equal(prog.listed, want) {
 		t.Errorf("listed %v, want %v", prog.listed, want)
 	}
 	r = sync(plan(true, "apps.web"), time.Second)
-	if !r.ObserveOnly || len(prog.listed) != 0 || prog.closed {
+	if !r.ObserveOnly || !r.Uncovered["apps.web"] || len(prog.listed) != 0 || prog.closed {
 		t.Errorf("observe-only: report %+v, listed %v, closed %v; want nothing listed, still loaded", r, prog.listed, prog.closed)
 	}
 	sync(plan(false, "apps.web"), time.Second)

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -82,27 +81,17 @@ const (
 
 // holdsCapabilities says whether this process's effective set has caps.
 func holdsCapabilities(caps ...uint) bool {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData // 64 capabilities, 32 in each
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
 		return false
 	}
-	for line := range strings.Lines(string(b)) {
-		hex, ok := strings.CutPrefix(line, "CapEff:")
-		if !ok {
-			continue
-		}
-		eff, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
-		if err != nil {
+	for _, c := range caps {
+		if data[c/32].Effective&(1<<(c%32)) == 0 {
 			return false
 		}
-		for _, c := range caps {
-			if eff&(1<<c) == 0 {
-				return false
-			}
-		}
-		return true
 	}
-	return false
+	return true
 }
 
 // Load loads the program and attaches it. From then on every TCP socket

@@ -352,7 +352,7 @@ func (r *Reconciler) setTransparentKernel(state *mptcpv1alpha1.MPTCPNodeState, c
 	case sm.Unsupported != "" && sm.Retrying:
 		cond.Reason = ReasonLoadFailed
 		cond.Message = conditionMessage([]string{fmt.Sprintf("%s; the agent tries again every %s; meanwhile the pods whose policy says "+
-			"podMPTCP.transparent kernel (%d here) keep the sockets their programs ask for", sm.Unsupported, socketRetryEvery, sm.Wanted)})
+			"podMPTCP.transparent kernel (%d here) keep the sockets their programs ask for", sm.Unsupported, agent.SocketRetry, sm.Wanted)})
 	case sm.Unsupported != "":
 		cond.Reason = ReasonUnsupported
 		cond.Message = conditionMessage([]string{fmt.Sprintf("%s; the pods whose policy says podMPTCP.transparent kernel (%d here) keep "+
@@ -368,10 +368,6 @@ func (r *Reconciler) setTransparentKernel(state *mptcpv1alpha1.MPTCPNodeState, c
 	}
 	meta.SetStatusCondition(conds, cond)
 }
-
-// socketRetryEvery is how often the agent asks again for a socket program
-// the kernel refused for a reason that may pass (agent's socketRetry).
-const socketRetryEvery = "30s"
 
 // conditionMessage joins errs into at most 1024 bytes, the most an event's
 // note holds, cut at a character's start.
@@ -566,7 +562,7 @@ func (r *Reconciler) transparencyNotes(plan *agent.Plan) map[agent.PodRef]string
 			case sm.ObserveOnly:
 				why = "the node is observe-only"
 			case sm.Unsupported != "":
-				why = "the node's kernel refuses the socket program (the node state's TransparentKernel condition says why)"
+				why = "the node cannot load the socket program (the node state's TransparentKernel condition says why)"
 			}
 			notes[p.Ref] = "; podMPTCP.transparent kernel is not in force for this pod: " + why +
 				"; its programs get the sockets they ask for (docs/transparent.md)"
