@@ -21,9 +21,6 @@ const ipprotoMPTCP, ipprotoTCP = "262", "6"
 // testdata/sockets.c, a C program that knows nothing of MPTCP.
 func builtClient(t *testing.T) (lib, client string) {
 	t.Helper()
-	if _, err := exec.LookPath("clang"); err != nil {
-		testutil.Unavailable(t, "needs clang (make deps): %v", err)
-	}
 	dir := t.TempDir()
 	lib, err := Install(dir)
 	if err != nil {
@@ -33,9 +30,7 @@ func builtClient(t *testing.T) (lib, client string) {
 		t.Fatalf("installed library: %v, mode %v; want readable by every user", err, fi.Mode())
 	}
 	client = filepath.Join(dir, "sockets")
-	if out, err := exec.Command("clang", "-O2", "-Wall", "-o", client, filepath.Join("testdata", "sockets.c")).CombinedOutput(); err != nil {
-		t.Fatalf("building the test client: %v: %s", err, out)
-	}
+	testutil.CompileC(t, filepath.Join("testdata", "sockets.c"), client)
 	return lib, client
 }
 
@@ -92,9 +87,7 @@ func TestTCPSocketsBecomeMPTCPAndNothingElseChanges(t *testing.T) {
 func TestAnotherPreloadLibraryKeepsWorking(t *testing.T) {
 	lib, client := builtClient(t)
 	other := filepath.Join(t.TempDir(), "libcounter.so")
-	if out, err := exec.Command("clang", "-O2", "-Wall", "-shared", "-fPIC", "-o", other, filepath.Join("testdata", "counter.c"), "-ldl").CombinedOutput(); err != nil {
-		t.Fatalf("building the other library: %v: %s", err, out)
-	}
+	testutil.CompileC(t, filepath.Join("testdata", "counter.c"), other, "-shared", "-fPIC", "-ldl")
 	for _, order := range []string{lib + ":" + other, other + ":" + lib} {
 		cmd := exec.Command(client)
 		cmd.Env = append(os.Environ(), "LD_PRELOAD="+order)

@@ -50,17 +50,12 @@ var operations = []operation{
 }
 
 func BenchmarkPreloadCost(b *testing.B) {
-	if _, err := exec.LookPath("clang"); err != nil {
-		testutil.Unavailable(b, "needs clang (make deps): %v", err)
-	}
 	dir := b.TempDir()
+	prog := filepath.Join(dir, "cost")
+	testutil.CompileC(b, filepath.Join("testdata", "cost.c"), prog)
 	lib, err := preload.Install(dir)
 	if err != nil {
 		b.Fatal(err)
-	}
-	prog := filepath.Join(dir, "cost")
-	if out, err := exec.Command("clang", "-O2", "-Wall", "-o", prog, filepath.Join("testdata", "cost.c")).CombinedOutput(); err != nil {
-		b.Fatalf("%v: %s", err, out)
 	}
 	// A listener that accepts both, and closes what it accepts.
 	lc := net.ListenConfig{}

@@ -3,7 +3,6 @@ package transfer
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/preload"
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
-	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 const preloadSection = "## Preload library: goodput"
@@ -36,19 +34,13 @@ var preloadVariants = []preloadVariant{
 // from pod (1,1) to pod (2,1) over two 200mbit paths, the agents spreading
 // the subflows with the chart's defaults.
 func BenchmarkPreloadGoodput(b *testing.B) {
-	if _, err := exec.LookPath("clang"); err != nil {
-		testutil.Unavailable(b, "needs clang (make deps): %v", err)
-	}
+	dir := b.TempDir()
+	prog := testbed.BuildLibcClient(b, dir)
 	bed := testbed.NewForTest(b, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: linkRate})
 	if _, err := framework.StartAgents(b.Context(), bed, bins.Agent, mptcpv1alpha1.CompiledRule{}); err != nil {
 		b.Fatal(err)
 	}
-	dir := b.TempDir()
 	lib, err := preload.Install(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	prog, err := testbed.BuildLibcClient(dir)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -6,10 +6,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os/exec"
 	"path/filepath"
+	"testing"
 
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // LibcClientSource is the C client that knows nothing of MPTCP, the
@@ -19,12 +20,11 @@ var LibcClientSource = filepath.Join(testenv.RepoRoot(), "hack", "libc-client", 
 
 // BuildLibcClient compiles LibcClientSource with clang into dir, as the
 // image builder does, and returns the program's path.
-func BuildLibcClient(dir string) (string, error) {
+func BuildLibcClient(t testing.TB, dir string) string {
+	t.Helper()
 	prog := filepath.Join(dir, "libc-client")
-	if out, err := exec.Command("clang", "-O2", "-Wall", "-o", prog, LibcClientSource).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("clang %s: %w\n%s", LibcClientSource, err, out)
-	}
-	return prog, nil
+	testutil.CompileC(t, LibcClientSource, prog)
+	return prog
 }
 
 // libcClientBlock is the period of the C client's byte pattern.

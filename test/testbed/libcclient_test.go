@@ -8,21 +8,13 @@ import (
 	"os/exec"
 	"strconv"
 	"testing"
-
-	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // The hashes LibcClientReports gives are those of what the C client
 // really wrote: two connections over loopback, one of them longer than the
 // pattern's period and not a multiple of it.
 func TestLibcClientReportsHashWhatItWrote(t *testing.T) {
-	if _, err := exec.LookPath("clang"); err != nil {
-		testutil.Unavailable(t, "needs clang (make deps): %v", err)
-	}
-	prog, err := BuildLibcClient(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	prog := BuildLibcClient(t, t.TempDir())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,8 @@ package testutil
 
 import (
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -19,4 +21,18 @@ func BuiltTool(t testing.TB, env, target string) string {
 		Unavailable(t, "%s=%s: %v: `make %s` builds it", env, path, err, target)
 	}
 	return path
+}
+
+// CompileC builds the C source src with clang into out (-O2 -Wall and
+// flags), for tests of what the preload library serves. Without clang the
+// test is skipped, or fails under CI.
+func CompileC(t testing.TB, src, out string, flags ...string) {
+	t.Helper()
+	if _, err := exec.LookPath("clang"); err != nil {
+		Unavailable(t, "needs clang (make deps): %v", err)
+	}
+	args := append([]string{"-O2", "-Wall", "-o", out, src}, flags...)
+	if b, err := exec.Command("clang", args...).CombinedOutput(); err != nil {
+		t.Fatalf("clang %s: %v\n%s", strings.Join(args, " "), err, b)
+	}
 }
