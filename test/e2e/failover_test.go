@@ -312,7 +312,7 @@ func agentFailoversIn(t *testing.T, row framework.FailoverRow, port int, bound t
 	row.Judge = func(f framework.FailoverFigures) []string {
 		return append(framework.ResetProblems(t, f), framework.TargetProblems(f, fail, bound)...)
 	}
-	row.Retry = failoverRetry
+	row.Retry, row.RetryStall = failoverRetry, framework.ReceiveStallRetry
 	var all []framework.FailoverFigures
 	for i := range failoverRuns {
 		f := row.Transfer(t, port+i)
@@ -320,7 +320,7 @@ func agentFailoversIn(t *testing.T, row framework.FailoverRow, port int, bound t
 			t.Logf("agent, %d NICs, node %d's nic1, %s, tried again: %v", nics, node, fail.Name, f)
 			all = append(all, f)
 			again := row
-			again.Retry = ""
+			again.Retry, again.RetryStall = "", ""
 			f = again.Transfer(t, port+i+10)
 		}
 		t.Logf("agent, %d NICs, node %d's nic1, %s: %v", nics, node, fail.Name, f)

@@ -91,6 +91,18 @@ func dumpDatapath(pinDir, file string) error {
 // sender's address.
 func FinishTransfer(t testing.TB, w *testbed.Watch, srv *testbed.TrafficServer, sent []testbed.SenderReport, sendErr error, mptcp bool) map[string]testbed.ServerReport {
 	t.Helper()
+	byRemote, _ := FinishTransferOrRetryStall(t, w, srv, sent, sendErr, mptcp, "")
+	return byRemote
+}
+
+// FinishTransferOrRetryStall is FinishTransfer for a test that names why a
+// stall may be tried again (stallRetry): when every failure is a stall
+// (what arrived is what was sent, nothing broke), the evidence is kept,
+// the retry logged and recorded (Watch.RetryMiss), and it returns false.
+// A changed or broken stream fails the test as FinishTransfer does.
+func FinishTransferOrRetryStall(t testing.TB, w *testbed.Watch, srv *testbed.TrafficServer, sent []testbed.SenderReport, sendErr error, mptcp bool,
+	stallRetry string) (map[string]testbed.ServerReport, bool) {
+	t.Helper()
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -101,13 +113,18 @@ func FinishTransfer(t testing.TB, w *testbed.Watch, srv *testbed.TrafficServer, 
 	if len(sent) == 0 {
 		w.Fail(fmt.Errorf("the sender reported no connection: %w", sendErr))
 	}
+	var te *testbed.TrafficError
+	if _, err := testbed.MatchReports(sent, got); stallRetry != "" && errors.As(err, &te) && te.OnlyStalled() {
+		w.RetryMiss(err, stallRetry)
+		return nil, false
+	}
 	byRemote := w.Match(sent, got)
 	for _, s := range sent {
 		if r := byRemote[s.Local]; r.MPTCP != mptcp {
 			t.Fatalf("connection %d: MPTCP %v, want %v: %+v", s.Conn, r.MPTCP, mptcp, r)
 		}
 	}
-	return byRemote
+	return byRemote, true
 }
 
 // Sending is a transfer SendInBackground started: what the sender reported

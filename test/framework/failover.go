@@ -49,7 +49,8 @@ type FailoverFigures struct {
 	Reinjected  float64       // the sender's MPTcpExtMPTCPRetrans (data sent again on another subflow)
 	Problems    []string      // what the row's Judge found wrong
 	Evidence    string        // where the evidence of the problems is
-	Retried     bool          // it missed only targets, and the row's Retry lets it run again
+	Retried     bool          // it missed only targets, or stalled, and the row's Retry or RetryStall lets it run again
+	Stalled     bool          // it stalled and was not measured (RetryStall)
 	Placement   string        // each subflow's kind and the NICs node 1 sent it on, from the captures
 	// Reopened counts the subflows opened (their SYN captured) after the
 	// failure: joins replacing subflows it closed. A subflow that detours
@@ -189,7 +190,12 @@ type FailoverRow struct {
 	// targets it missed may run once more (Transfer returns its figures
 	// with Retried; the caller runs the next with Retry unset). Resets,
 	// and a changed or broken stream, are never tried again.
-	Retry       string
+	Retry string
+	// RetryStall, when set, names why a transfer that stalled (what
+	// arrived is what was sent, nothing broke) may run once more, its
+	// evidence kept (FinishTransferOrRetryStall); the caller runs the next
+	// with it unset, as for Retry.
+	RetryStall  string
 	MeasureOnly bool
 	Agents      []*Agent // nil for the kernel's control
 	SenderArgs  []string
@@ -238,7 +244,11 @@ func (row FailoverRow) Transfer(t testing.TB, port int) FailoverFigures {
 	}
 	rst1, csum1 := podResets(t, bed), podCounter(t, bed, "MPTcpExtDataCsumErr")
 	re1, inj1 := KernelCounter(t, bed, client.NetNS, "TcpRetransSegs"), KernelCounter(t, bed, client.NetNS, "MPTcpExtMPTCPRetrans")
-	rep := FinishTransfer(t, w, srv, res.Sent, res.Err, true)[res.Sent[0].Local]
+	reports, finished := FinishTransferOrRetryStall(t, w, srv, res.Sent, res.Err, true, row.RetryStall)
+	if !finished {
+		return FailoverFigures{Retried: true, Stalled: true}
+	}
+	rep := reports[res.Sent[0].Local]
 	transferred := time.Now()
 
 	// The first byte, from the counters: the first sample after the sender
@@ -434,8 +444,24 @@ func TargetProblems(f FailoverFigures, fail Failure, bound time.Duration) []stri
 	return problems
 }
 
+// ReceiveStallRetry is why a failover transfer that stalled, every byte
+// that arrived the sender's and nothing reset, may run once more: the
+// receiving kernel's MPTCP receive queue filled with data past a hole
+// that a lossy subflow left, it then dropped the hole's own data as out of
+// its window, and the sender filled the hole one MPTCP retransmission
+// (about 32 KB) per timeout (docs/testing.md, "Stalls": the receiver's
+// counters show zero windows and data out of window). The failover rows
+// saturate their links to measure goodput, which is what makes the holes;
+// what the agent does is measured by the run that does not stall, and a
+// second stall in a row fails.
+const ReceiveStallRetry = "failover: the receiving kernel's MPTCP receive queue filled past a hole and the transfer stalled"
+
 // SummarizeFailover gives min/median/max of the figures that decide.
 func SummarizeFailover(fs []FailoverFigures) string {
+	fs = slices.DeleteFunc(slices.Clone(fs), func(f FailoverFigures) bool { return f.Stalled })
+	if len(fs) == 0 {
+		return "no run measured"
+	}
 	mmm := func(get func(FailoverFigures) float64, unit string) string {
 		v := make([]float64, len(fs))
 		for i, f := range fs {
