@@ -1,7 +1,7 @@
 // Package v1alpha1 holds the mptcp.io/v1alpha1 API: MPTCPPath (which NICs form
-// a path), MPTCPPolicy (which pods and traffic get which multipath treatment)
-// and MPTCPNodeState (the per-node result the controller compiles and the
-// agent enforces).
+// a path), MPTCPPolicy (which pods and traffic get which multipath treatment),
+// MPTCPNodeState (the per-node result the controller compiles and the agent
+// enforces) and MPTCPPeer (a node as the other nodes' agents probe it).
 //
 // +kubebuilder:object:generate=true
 // +groupName=mptcp.io
@@ -31,6 +31,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&MPTCPPath{}, &MPTCPPathList{},
 		&MPTCPPolicy{}, &MPTCPPolicyList{},
 		&MPTCPNodeState{}, &MPTCPNodeStateList{},
+		&MPTCPPeer{}, &MPTCPPeerList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

@@ -148,34 +148,6 @@ type CompiledRule struct {
 	PreferredPaths []string `json:"preferredPaths,omitempty"`
 }
 
-// NodePeer is another node with pods under a policy, and its addresses
-// on the paths it shares with this node: what this node's agent probes
-// each path's liveness to (docs/agent.md, "Liveness").
-type NodePeer struct {
-	// name of the peer's Node.
-	Name string `json:"name"`
-	// paths the peer shares with this node, by name, sorted, each with
-	// the peer's addresses on it as its agent reports them.
-	// +listType=atomic
-	// +kubebuilder:validation:MaxItems=15
-	Paths []PeerPath `json:"paths"`
-	// podCIDRs of the peer (its node.spec.podCIDRs, one per family): a
-	// path whose probes the peer stops answering carries nothing to
-	// these addresses, even while other peers keep it up.
-	// +optional
-	// +listType=atomic
-	// +kubebuilder:validation:MaxItems=2
-	PodCIDRs []string `json:"podCIDRs,omitempty"`
-}
-
-// PeerPath is a peer's addresses on one path.
-type PeerPath struct {
-	Name string `json:"name"`
-	// +listType=atomic
-	// +kubebuilder:validation:MaxItems=4
-	Addresses []string `json:"addresses"`
-}
-
 // NodePod is a pod running on the node and the rules that govern it.
 type NodePod struct {
 	Namespace string `json:"namespace"`
@@ -231,19 +203,7 @@ type MPTCPNodeStateSpec struct {
 	// +optional
 	// +listType=atomic
 	Pods []NodePod `json:"pods,omitempty"`
-	// peers are the other nodes with pods under a policy, sorted by name,
-	// listed only while this node has such pods too: the agent probes
-	// each path to each of them (liveness). At most MaxPeers, the first
-	// by name.
-	// +optional
-	// +listType=atomic
-	// +kubebuilder:validation:MaxItems=1000
-	Peers []NodePeer `json:"peers,omitempty"`
 }
-
-// MaxPeers bounds a node state's peers: probes cost O(paths x peers) per
-// interval on every node.
-const MaxPeers = 1000
 
 // RuleNames are a pod's rules by name. A node state written by a release
 // before rules were listed once per node state (chart 0.1.0) has each

@@ -63,6 +63,7 @@ func withFlags(s agent.Settings) agent.Settings {
 func main() {
 	configPath := flag.String("config", "", "the node's settings file (YAML): node name, pin and state directories, tables, mark mask, observe-only")
 	nodeStatePath := flag.String("node-state", "", "file mode: the node's MPTCPNodeState (YAML), what to enforce")
+	peersPath := flag.String("peers", "", "file mode: the cluster's MPTCPPeers (YAML list), what liveness probes; none: no peers")
 	uninstall := flag.Bool("uninstall", false, "remove every program, map, pin, rule, table and setting the agent created, then exit")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	metricsAddr := flag.String("metrics-addr", observe.DefaultMetricsAddr, "address serving /metrics, /healthz and /readyz (port 0 picks a free port, recorded in status.json); 0 disables them")
@@ -132,13 +133,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "agent: -metrics-auth needs kube mode (-kubeconfig and -node): the API server reviews the scrapers")
 		os.Exit(2)
 	}
-	if err := run(log, *configPath, *nodeStatePath, *metricsAddr, *uninstall); err != nil {
+	if err := run(log, *configPath, *nodeStatePath, *peersPath, *metricsAddr, *uninstall); err != nil {
 		log.Error("agent stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninstall bool) error {
+func run(log *slog.Logger, configPath, nodeStatePath, peersPath, metricsAddr string, uninstall bool) error {
 	settings, err := agent.LoadSettings(configPath)
 	if err != nil {
 		return err
@@ -191,9 +192,10 @@ func run(log *slog.Logger, configPath, nodeStatePath, metricsAddr string, uninst
 		var problems []string
 		prior, err := a.Prior()
 		if err == nil {
-			plan, problems, err = agent.PlanFromFiles(configPath, nodeStatePath, prior)
+			plan, problems, err = agent.PlanFromFiles(configPath, nodeStatePath, peersPath, prior)
 		}
 		if err == nil {
+			metrics.ObservePeers(plan.ProbedPeers, len(plan.UnprobedPeers))
 			start := time.Now()
 			var failed []mptcpv1alpha1.PodProblem
 			failed, err = a.Reconcile(ctx, plan)

@@ -50,7 +50,7 @@ func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 		if a, err = New(settings, slog.New(slog.DiscardHandler)); err != nil {
 			return err
 		}
-		tr := FromNodeState(settings, state, links, locate, Prior{})
+		tr := FromNodeState(settings, state, nil, links, locate, Prior{})
 		if len(tr.Errors) > 0 || len(tr.PodProblems) > 0 || len(tr.Plan.Pods) != 1 {
 			t.Fatalf("translation: %v, %+v, %d pods", tr.Errors, tr.PodProblems, len(tr.Plan.Pods))
 		}

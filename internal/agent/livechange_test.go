@@ -124,7 +124,7 @@ func TestEveryRuleFieldReachesRunningPods(t *testing.T) {
 			next := state.DeepCopy()
 			next.Spec.Rules = []mptcpv1alpha1.CompiledRule{rule}
 			next.Spec.Pods = []mptcpv1alpha1.NodePod{{Namespace: "apps", Name: "p", IPs: []string{pod.Addr.String()}, Rules: []string{rule.Name}}}
-			tr := FromNodeState(settings, next, links, locate, Prior{})
+			tr := FromNodeState(settings, next, nil, links, locate, Prior{})
 			if len(tr.Errors) > 0 || len(tr.Plan.Rules) != 1 {
 				t.Fatalf("step %d (%s): translation: %v, %d rules", i, s.name, tr.Errors, len(tr.Plan.Rules))
 			}

@@ -61,7 +61,7 @@ func TestNodeLinksAndPodsAreFoundInARealNamespace(t *testing.T) {
 	state.Spec.Pods = []mptcpv1alpha1.NodePod{{Namespace: "apps", Name: "far", IPs: []string{node.NICs[0].Gateway.String()}, Rules: []string{"p-1"}}}
 	var tr *agent.Translation
 	if err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
-		tr = agent.FromNodeState(agent.NodeDefaults("n1"), state, links, agent.LocatePod, agent.Prior{})
+		tr = agent.FromNodeState(agent.NodeDefaults("n1"), state, nil, links, agent.LocatePod, agent.Prior{})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"net/netip"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
 
 // NodeLink is what the agent knows of one of its node's interfaces when it
@@ -80,13 +82,16 @@ type Prior struct {
 
 // FromNodeState translates state into the plan this node enforces, with
 // settings (the node-local ones: pin and state directories, tables, mark
-// mask, observe-only). links are the node's interfaces; locate finds a pod
+// mask, observe-only). peers are the cluster's MPTCPPeers (this node's own
+// among them or not): while the node has pods, the others are what its
+// liveness probes and its detours per peer act on (peerPlans). links are
+// the node's interfaces; locate finds a pod
 // by its addresses; prior is what the node holds already. Kube mode and
 // file mode both come through here: it is the one place where the API's
 // compiled types become the datapath's, and the one that decides which
 // pods the rule table has room for (the agent's id assignment then never
 // runs out: ruleIDs.assign).
-func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links []NodeLink, locate func([]netip.Addr) (LocatedPod, error), prior Prior) *Translation {
+func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, peers []mptcpv1alpha1.MPTCPPeer, links []NodeLink, locate func([]netip.Addr) (LocatedPod, error), prior Prior) *Translation {
 	settings.Node = state.Name
 	settings.setDefaults()
 	plan := &Plan{Settings: settings}
@@ -158,21 +163,13 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, links
 		t.Paths = append(t.Paths, ps)
 	}
 	slices.SortFunc(t.Paths, func(a, b mptcpv1alpha1.PathState) int { return strings.Compare(a.Name, b.Name) })
-	plan.Liveness = livenessPaths(plan.Paths, state.Spec.Peers, links)
-	// A peer's CIDR that does not parse (the controller passes on only
-	// those that do) is left out: that peer is then reached as a peer
-	// without CIDRs is, and nothing else changes.
-	for _, peer := range state.Spec.Peers {
-		for _, s := range peer.PodCIDRs {
-			p, err := netip.ParsePrefix(s)
-			if err != nil {
-				continue
-			}
-			if plan.PeerCIDRs == nil {
-				plan.PeerCIDRs = map[string][]netip.Prefix{}
-			}
-			plan.PeerCIDRs[peer.Name] = append(plan.PeerCIDRs[peer.Name], p.Masked())
-		}
+	if len(state.Spec.Pods) > 0 {
+		// Peers only while the node has pods: a node without them sends
+		// nothing a probe would protect.
+		peers, plan.UnprobedPeers = probedPeers(state.Name, sharingPaths(peers, plan.Paths))
+		plan.ProbedPeers = len(peers)
+		plan.Liveness = livenessPaths(plan.Paths, peers, links)
+		plan.PeerCIDRs = peerCIDRs(peers)
 	}
 
 	// Each rule once, under its name: pods refer to it.
@@ -632,13 +629,91 @@ func (t *Translation) PathIndex(name string) (uint32, bool) {
 	return 0, false
 }
 
+// sharingPaths are the peers with an address on one of paths: the others
+// share no path with the node, and no probe of its could reach them.
+func sharingPaths(peers []mptcpv1alpha1.MPTCPPeer, paths []PlanPath) []mptcpv1alpha1.MPTCPPeer {
+	mine := map[string]bool{}
+	for _, p := range paths {
+		mine[p.Name] = true
+	}
+	return slices.DeleteFunc(slices.Clone(peers), func(peer mptcpv1alpha1.MPTCPPeer) bool {
+		return !slices.ContainsFunc(peer.Spec.Paths, func(pp mptcpv1alpha1.PeerPath) bool { return mine[pp.Name] && len(pp.Addresses) > 0 })
+	})
+}
+
+// probedPeers are the peers other than node that its liveness probes, and
+// the names of those it leaves out, sorted: at most limits.ProbedPeers,
+// which the datapath's liveness filter and paths down per peer are sized
+// for. Which are left out is this node's own draw (a hash of the two
+// nodes' names), not the same for every node: in a cluster larger than the
+// limit every node is still probed by about limits.ProbedPeers others, and
+// each node says in its status how many it leaves out.
+func probedPeers(node string, peers []mptcpv1alpha1.MPTCPPeer) ([]mptcpv1alpha1.MPTCPPeer, []string) {
+	others := make([]mptcpv1alpha1.MPTCPPeer, 0, len(peers))
+	for _, p := range peers {
+		if p.Name != node {
+			others = append(others, p)
+		}
+	}
+	if len(others) <= limits.ProbedPeers {
+		return others, nil
+	}
+	rank := make(map[string]uint64, len(others))
+	for _, p := range others {
+		h := fnv.New64a()
+		h.Write([]byte(node))
+		h.Write([]byte{0})
+		h.Write([]byte(p.Name))
+		rank[p.Name] = mix(h.Sum64())
+	}
+	slices.SortFunc(others, func(a, b mptcpv1alpha1.MPTCPPeer) int {
+		return cmp.Or(cmp.Compare(rank[a.Name], rank[b.Name]), strings.Compare(a.Name, b.Name))
+	})
+	var left []string
+	for _, p := range others[limits.ProbedPeers:] {
+		left = append(left, p.Name)
+	}
+	slices.Sort(left)
+	return others[:limits.ProbedPeers], left
+}
+
+// mix is splitmix64's finalizer: FNV alone ranks names that differ in
+// their last characters too much alike.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// peerCIDRs are the peers' pod CIDRs by name. One that does not parse (the
+// controller passes on only those that do) is left out: that peer is then
+// reached as a peer without CIDRs is, and nothing else changes.
+func peerCIDRs(peers []mptcpv1alpha1.MPTCPPeer) map[string][]netip.Prefix {
+	var out map[string][]netip.Prefix
+	for _, peer := range peers {
+		for _, s := range peer.Spec.PodCIDRs {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				continue
+			}
+			if out == nil {
+				out = map[string][]netip.Prefix{}
+			}
+			out[peer.Name] = append(out[peer.Name], p.Masked())
+		}
+	}
+	return out
+}
+
 // livenessPaths are the paths to probe and the peers to probe over each.
 // A path is probed from the node's first IPv4 address on its NIC (its
 // first IPv6 one when it has no IPv4), to each peer's first address of
 // that family on the path; an address that is one of this node's own is
 // no peer's (its probes would come back from this node itself). A path
 // with no peer is not probed (no probes into the void).
-func livenessPaths(paths []PlanPath, peers []mptcpv1alpha1.NodePeer, links []NodeLink) []liveness.Path {
+func livenessPaths(paths []PlanPath, peers []mptcpv1alpha1.MPTCPPeer, links []NodeLink) []liveness.Path {
 	own := map[netip.Addr]bool{}
 	for _, l := range links {
 		for _, a := range l.Addresses {
@@ -662,7 +737,7 @@ func livenessPaths(paths []PlanPath, peers []mptcpv1alpha1.NodePeer, links []Nod
 			continue
 		}
 		for _, peer := range peers {
-			for _, pp := range peer.Paths {
+			for _, pp := range peer.Spec.Paths {
 				if pp.Name != p.Name {
 					continue
 				}

@@ -19,6 +19,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
 
 var testLinks = []NodeLink{
@@ -90,7 +91,7 @@ func TestNodeStateTranslatesToAnEnforceablePlan(t *testing.T) {
 	tr := FromNodeState(base, nodeState(twoPaths(),
 		podWith("web", "10.244.1.10", spread(7)),
 		podWith("pending", "", spread(7)),
-	), testLinks, locateAll, Prior{})
+	), nil, testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatalf("errors: %v", tr.Errors)
 	}
@@ -144,7 +145,7 @@ func TestAPathAwayFromItsLinkKeepsItsPlaceInTheJoins(t *testing.T) {
 		{"never found", Prior{Paths: map[string]bool{"fabric-b": true}}, false, 0},
 		{"first plan", Prior{}, false, 0},
 	} {
-		tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(7))), withoutNIC1, locateAll, c.prior)
+		tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(7))), nil, withoutNIC1, locateAll, c.prior)
 		if len(tr.Errors) != 0 {
 			t.Fatalf("%s: errors: %v", c.name, tr.Errors)
 		}
@@ -176,7 +177,7 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 		mptcpv1alpha1.NodePath{Name: "far", Index: 40, Interface: mptcpv1alpha1.InterfaceSelector{Pattern: "enp1*"}},
 		mptcpv1alpha1.NodePath{Name: "again-nic1", Index: 6, Interface: mptcpv1alpha1.InterfaceSelector{Pattern: "nic1"}},
 	)
-	tr := FromNodeState(NodeDefaults("n1"), nodeState(paths, podWith("lost", "10.244.1.99", spread(1))), testLinks, locateAll, Prior{})
+	tr := FromNodeState(NodeDefaults("n1"), nodeState(paths, podWith("lost", "10.244.1.99", spread(1))), nil, testLinks, locateAll, Prior{})
 	states := map[string]mptcpv1alpha1.PathState{}
 	for _, p := range tr.Paths {
 		states[p.Name] = p
@@ -276,7 +277,7 @@ func TestPolicyVariantsGetTheirOwnRules(t *testing.T) {
 	reordered.PreferredPaths = []string{"fabric-b"} // a tenant's preference, as the controller applies it
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(),
 		podWith("a", "10.244.1.10", spread(2)), podWith("b", "10.244.1.11", reordered), podWith("c", "10.244.1.12", spread(2)),
-	), testLinks, locateAll, Prior{})
+	), nil, testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}
@@ -355,7 +356,7 @@ func TestPodWithTwoPoliciesGetsBothRules(t *testing.T) {
 	web.Policy = "web"
 	web.Traffic = &mptcpv1alpha1.TrafficMatch{Ports: []mptcpv1alpha1.PortRange{{Port: 443}}}
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(),
-		podWith("a", "10.244.1.10", web, spread(2)), podWith("b", "10.244.1.11", web, spread(2))), testLinks, locateAll, Prior{})
+		podWith("a", "10.244.1.10", web, spread(2)), podWith("b", "10.244.1.11", web, spread(2))), nil, testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}
@@ -449,7 +450,7 @@ func TestAPodsProblemStaysThePods(t *testing.T) {
 			if tc.edit != nil {
 				tc.edit(state)
 			}
-			tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locate, Prior{})
+			tr := FromNodeState(NodeDefaults("n1"), state, nil, testLinks, locate, Prior{})
 			if len(tr.Errors) != 0 {
 				t.Fatalf("a pod's problem became the node's: %v", tr.Errors)
 			}
@@ -488,7 +489,7 @@ func TestRulesBeyondTheTableSkipThePodsThatNeedThem(t *testing.T) {
 	state := nodeState(twoPaths(), pods...)
 	// The spec's order does not decide which pods are left out.
 	slices.Reverse(state.Spec.Pods)
-	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, Prior{})
+	tr := FromNodeState(NodeDefaults("n1"), state, nil, testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatalf("errors: %v", tr.Errors)
 	}
@@ -525,7 +526,7 @@ func TestRulesBeyondTheTableSkipThePodsThatNeedThem(t *testing.T) {
 func TestOutdatedNodeStateIsNotEnforced(t *testing.T) {
 	state := nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(1)))
 	state.Spec.Pods[0].Rules = mptcpv1alpha1.RuleNames{mptcpv1alpha1.OutdatedRule}
-	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, Prior{})
+	tr := FromNodeState(NodeDefaults("n1"), state, nil, testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 1 || !strings.Contains(tr.Errors[0], "earlier release's format") {
 		t.Errorf("errors %q, want the one saying the spec is of an earlier release", tr.Errors)
 	}
@@ -563,7 +564,7 @@ func TestRunningPodsKeepTheirPlaceInAFullRuleTable(t *testing.T) {
 		}
 		return out
 	}
-	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, prior)
+	tr := FromNodeState(NodeDefaults("n1"), state, nil, testLinks, locateAll, prior)
 	if got := skipped(tr); !slices.Equal(got, []string{"tenant-a/newcomer"}) {
 		t.Errorf("skipped %v, want the newcomer tenant-a/newcomer", got)
 	}
@@ -573,7 +574,7 @@ func TestRunningPodsKeepTheirPlaceInAFullRuleTable(t *testing.T) {
 	// A new pod under a running pod's name (another UID) is a newcomer.
 	replaced := state.DeepCopy()
 	replaced.Spec.Pods[len(replaced.Spec.Pods)-2].UID = "uid-recreated"
-	if got := skipped(FromNodeState(NodeDefaults("n1"), replaced, testLinks, locateAll, prior)); !slices.Equal(got, []string{"tenant-z/running"}) {
+	if got := skipped(FromNodeState(NodeDefaults("n1"), replaced, nil, testLinks, locateAll, prior)); !slices.Equal(got, []string{"tenant-z/running"}) {
 		t.Errorf("skipped %v, want tenant-z/running recreated under a new UID (after the newcomer by name)", got)
 	}
 }
@@ -588,15 +589,14 @@ func TestLivenessProbesEachPathToThePeersOnIt(t *testing.T) {
 		{Path: routing.Path{Name: "fabric-b", Index: 2, Interface: "nic2"}},
 		{Path: routing.Path{Name: "lonely", Index: 3, Interface: "nic3"}},
 	}
-	peers := []mptcpv1alpha1.NodePeer{
-		{Name: "n2", Paths: []mptcpv1alpha1.PeerPath{
-			{Name: "fabric-a", Addresses: []string{"2001:db8::2", "10.101.2.2"}},
-			{Name: "fabric-b", Addresses: []string{"garbage"}},
-		}},
-		{Name: "n3", Paths: []mptcpv1alpha1.PeerPath{{Name: "fabric-a", Addresses: []string{"10.101.3.2"}}, {Name: "fabric-b", Addresses: []string{"10.102.3.2"}}}},
+	peers := []mptcpv1alpha1.MPTCPPeer{
+		peer("n2", nil, mptcpv1alpha1.PeerPath{Name: "fabric-a", Addresses: []string{"2001:db8::2", "10.101.2.2"}},
+			mptcpv1alpha1.PeerPath{Name: "fabric-b", Addresses: []string{"garbage"}}),
+		peer("n3", nil, mptcpv1alpha1.PeerPath{Name: "fabric-a", Addresses: []string{"10.101.3.2"}},
+			mptcpv1alpha1.PeerPath{Name: "fabric-b", Addresses: []string{"10.102.3.2"}}),
 		// A peer that claims this node's own address is not probed
 		// there: the probe would answer itself.
-		{Name: "n4", Paths: []mptcpv1alpha1.PeerPath{{Name: "fabric-b", Addresses: []string{"10.102.1.2"}}}},
+		peer("n4", nil, mptcpv1alpha1.PeerPath{Name: "fabric-b", Addresses: []string{"10.102.1.2"}}),
 	}
 	got := livenessPaths(paths, peers, testLinks)
 	want := []liveness.Path{
@@ -613,16 +613,30 @@ func TestLivenessProbesEachPathToThePeersOnIt(t *testing.T) {
 	}
 }
 
+// peer is an MPTCPPeer as the controller writes it.
+func peer(name string, podCIDRs []string, paths ...mptcpv1alpha1.PeerPath) mptcpv1alpha1.MPTCPPeer {
+	return mptcpv1alpha1.MPTCPPeer{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: mptcpv1alpha1.MPTCPPeerSpec{PodCIDRs: podCIDRs, Paths: paths}}
+}
+
 // The peers' pod CIDRs reach the plan by peer, masked: a path down towards
 // one peer alone carries nothing to them. One that does not parse is that
-// peer's alone: it is left out, and the spec is enforced.
+// peer's alone: it is left out, and the spec is enforced. The node's own
+// MPTCPPeer is no peer of its own, nor is a node that shares no path with
+// it; a node without pods has no peers at all.
 func TestPeersPodCIDRsReachThePlan(t *testing.T) {
 	state := nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(7)))
-	state.Spec.Peers = []mptcpv1alpha1.NodePeer{
-		{Name: "n2", PodCIDRs: []string{"10.244.2.7/24", "fd00:2::/64"}, Paths: []mptcpv1alpha1.PeerPath{{Name: "fabric-a", Addresses: []string{"10.101.2.2"}}}},
-		{Name: "n3", Paths: []mptcpv1alpha1.PeerPath{{Name: "fabric-a", Addresses: []string{"10.101.3.2"}}}},
+	peers := []mptcpv1alpha1.MPTCPPeer{
+		peer("n1", []string{"10.244.1.0/24"}, mptcpv1alpha1.PeerPath{Name: "fabric-a", Addresses: []string{"10.101.1.2"}}),
+		peer("n2", []string{"10.244.2.7/24", "fd00:2::/64"}, mptcpv1alpha1.PeerPath{Name: "fabric-a", Addresses: []string{"10.101.2.2"}}),
+		peer("n3", nil, mptcpv1alpha1.PeerPath{Name: "fabric-a", Addresses: []string{"10.101.3.2"}}),
+		// On a fabric this node does not have: no peer of its.
+		peer("n5", []string{"10.244.5.0/24"}, mptcpv1alpha1.PeerPath{Name: "elsewhere", Addresses: []string{"10.109.5.2"}}),
 	}
-	tr := FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, Prior{})
+	tr := FromNodeState(NodeDefaults("n1"), state, peers, testLinks, locateAll, Prior{})
+	if tr.Plan.ProbedPeers != 2 || tr.Plan.UnprobedPeers != nil {
+		t.Errorf("%d peers probed, %v left out; want n2 and n3, none left out", tr.Plan.ProbedPeers, tr.Plan.UnprobedPeers)
+	}
 	if len(tr.Errors) != 0 {
 		t.Fatalf("errors: %v", tr.Errors)
 	}
@@ -630,9 +644,66 @@ func TestPeersPodCIDRsReachThePlan(t *testing.T) {
 	if !reflect.DeepEqual(tr.Plan.PeerCIDRs, want) {
 		t.Errorf("peer CIDRs %v, want %v", tr.Plan.PeerCIDRs, want)
 	}
-	state.Spec.Peers[1].PodCIDRs = []string{"10.244.3.0"}
-	tr = FromNodeState(NodeDefaults("n1"), state, testLinks, locateAll, Prior{})
+	var probed []string
+	for _, lp := range tr.Plan.Liveness {
+		for _, p := range lp.Peers {
+			probed = append(probed, lp.Name+":"+p.Node)
+		}
+	}
+	if !slices.Equal(probed, []string{"fabric-a:n2", "fabric-a:n3"}) {
+		t.Errorf("probed %v, want n2 and n3 over fabric-a (not the node itself)", probed)
+	}
+	peers[2].Spec.PodCIDRs = []string{"10.244.3.0"}
+	tr = FromNodeState(NodeDefaults("n1"), state, peers, testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 || !reflect.DeepEqual(tr.Plan.PeerCIDRs, want) {
 		t.Errorf("a peer's CIDR that does not parse: errors %q, peer CIDRs %v; want none, and %v", tr.Errors, tr.Plan.PeerCIDRs, want)
+	}
+	state.Spec.Pods = nil
+	tr = FromNodeState(NodeDefaults("n1"), state, peers, testLinks, locateAll, Prior{})
+	if len(tr.Errors) != 0 || tr.Plan.PeerCIDRs != nil || tr.Plan.Liveness != nil {
+		t.Errorf("no pods: errors %q, peer CIDRs %v, liveness %+v; want no peers", tr.Errors, tr.Plan.PeerCIDRs, tr.Plan.Liveness)
+	}
+}
+
+// Beyond limits.ProbedPeers, a node probes a draw of its own and names the
+// rest: the nodes of one cluster leave out different peers, so that every
+// node is probed by about limits.ProbedPeers others (here, in a cluster of
+// 1,300, by more than 900 each), and a node draws the same each time.
+func TestPeersBeyondTheLimitAreLeftOutByEachNodesOwnDraw(t *testing.T) {
+	const nodes = limits.ProbedPeers + 300
+	var peers []mptcpv1alpha1.MPTCPPeer
+	for i := range nodes {
+		peers = append(peers, peer(fmt.Sprintf("node-%05d", i), nil))
+	}
+	probedBy := map[string]int{}
+	for _, self := range peers {
+		node := self.Name
+		probed, left := probedPeers(node, peers)
+		if len(probed) != limits.ProbedPeers || len(left) != nodes-1-limits.ProbedPeers {
+			t.Fatalf("%s: %d probed, %d left out, want %d and %d", node, len(probed), len(left), limits.ProbedPeers, nodes-1-limits.ProbedPeers)
+		}
+		if !slices.IsSorted(left) || slices.Contains(left, node) {
+			t.Fatalf("%s: left out %v..., want sorted names without the node itself", node, left[:3])
+		}
+		for _, p := range probed {
+			if p.Name == node {
+				t.Fatalf("%s probes itself", node)
+			}
+			probedBy[p.Name]++
+		}
+	}
+	for _, p := range peers {
+		if probedBy[p.Name] < 900 {
+			t.Errorf("%s is probed by %d nodes, want about %d", p.Name, probedBy[p.Name], limits.ProbedPeers)
+		}
+	}
+	first, _ := probedPeers("node-00000", peers)
+	shuffled := slices.Clone(peers)
+	slices.Reverse(shuffled)
+	if again, _ := probedPeers("node-00000", shuffled); !reflect.DeepEqual(again, first) {
+		t.Errorf("a second draw from the peers in another order differs")
+	}
+	if probed, left := probedPeers("node-00000", peers[:limits.ProbedPeers+1]); len(probed) != limits.ProbedPeers || left != nil {
+		t.Errorf("%d peers besides the node: %d probed, %v left out, want all probed", limits.ProbedPeers, len(probed), left)
 	}
 }

@@ -29,6 +29,11 @@ type Plan struct {
 	// PeerCIDRs are the peers' pod CIDRs, by node name: a path the
 	// probes find down towards one peer alone carries nothing to them.
 	PeerCIDRs map[string][]netip.Prefix `json:"peerCIDRs,omitempty"`
+	// ProbedPeers counts the peers liveness probes; UnprobedPeers are
+	// those that share a path with the node beyond limits.ProbedPeers,
+	// by name, that it leaves out (probedPeers).
+	ProbedPeers   int      `json:"probedPeers,omitempty"`
+	UnprobedPeers []string `json:"unprobedPeers,omitempty"`
 	// Awaiting are the node's paths left out because no single link
 	// matches them (none, or several): a link that appears or goes away
 	// may settle them, so any link event asks for a reconcile.

@@ -24,7 +24,7 @@ func TestShapingPlanBoundsEveryClassByThePathsCapacity(t *testing.T) {
 	shaped.Paths = shaped.Paths[:1]
 	shaped.RateLimits = &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModeShape, PerPod: &perPod,
 		PerPath: []mptcpv1alpha1.CompiledPathRate{{Path: "fabric-a", Rate: perPath}}}
-	tr := FromNodeState(NodeDefaults("n1"), nodeState(paths, podWith("web", "10.244.1.10", shaped)), testLinks, locateAll, Prior{})
+	tr := FromNodeState(NodeDefaults("n1"), nodeState(paths, podWith("web", "10.244.1.10", shaped)), nil, testLinks, locateAll, Prior{})
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}

@@ -57,7 +57,7 @@ func TestAPodAddedFirstMovesNoOtherPodsShapingClass(t *testing.T) {
 		classes := func(step string, pods ...mptcpv1alpha1.NodePod) (map[netip.Addr]uint32, map[uint32]uint64) {
 			t.Helper()
 			state.Spec.Pods = pods
-			tr := FromNodeState(settings, state, links, locate, Prior{})
+			tr := FromNodeState(settings, state, nil, links, locate, Prior{})
 			if len(tr.Errors) > 0 || len(tr.PodProblems) > 0 || len(tr.Plan.Pods) != len(pods) {
 				t.Fatalf("%s: translation: %v, %+v, %d pods", step, tr.Errors, tr.PodProblems, len(tr.Plan.Pods))
 			}

@@ -48,7 +48,7 @@ func TestAPodThatCannotBeConfiguredIsSkippedNotTheNode(t *testing.T) {
 				t.Errorf("uninstall: %v", err)
 			}
 		}()
-		tr := FromNodeState(settings, state, links, locate, Prior{})
+		tr := FromNodeState(settings, state, nil, links, locate, Prior{})
 		if len(tr.Errors) > 0 || len(tr.PodProblems) > 0 || len(tr.Plan.Pods) != 2 {
 			t.Fatalf("translation: %v, %+v, %d pods", tr.Errors, tr.PodProblems, len(tr.Plan.Pods))
 		}
@@ -129,7 +129,7 @@ func TestAPodWhoseSocketsCannotBeListedIsNotTheNodesProblem(t *testing.T) {
 		reconcile := func(step string, pods ...mptcpv1alpha1.NodePod) *Plan {
 			t.Helper()
 			state.Spec.Pods = pods
-			tr := FromNodeState(settings, state, links, locate, Prior{})
+			tr := FromNodeState(settings, state, nil, links, locate, Prior{})
 			if len(tr.Errors) > 0 || len(tr.PodProblems) > 0 || len(tr.Plan.Pods) != len(pods) {
 				t.Fatalf("%s: translation: %v, %+v, %d pods", step, tr.Errors, tr.PodProblems, len(tr.Plan.Pods))
 			}

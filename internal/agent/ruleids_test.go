@@ -111,7 +111,7 @@ func TestRetiredRulesInUseCountAgainstTheTable(t *testing.T) {
 	tr := FromNodeState(NodeDefaults("n1"), nodeState(twoPaths(),
 		podIn("tenant-a", "web", "10.244.1.10", spread(1)),
 		podIn("tenant-b", "api", "10.244.1.11", policyRule("api")),
-	), testLinks, locateAll, prior)
+	), nil, testLinks, locateAll, prior)
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}

@@ -322,13 +322,40 @@ func LoadNodeState(path string) (*mptcpv1alpha1.MPTCPNodeState, error) {
 	return &s, nil
 }
 
-// PlanFromFiles is file mode's reconcile input: the settings file and the
-// node state file, translated with this node's links and pods as kube mode
-// translates the API's (FromNodeState). A node state that cannot be
+// LoadPeers reads the cluster's MPTCPPeers from a YAML file (file mode):
+// a list, as `kubectl get mptcppeers -o yaml` prints it. No path is no
+// peers; a field the type does not know is an error.
+func LoadPeers(path string) ([]mptcpv1alpha1.MPTCPPeer, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var l mptcpv1alpha1.MPTCPPeerList
+	if err := yaml.UnmarshalStrict(b, &l); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if l.Kind != "" && l.Kind != "MPTCPPeerList" && l.Kind != "List" {
+		return nil, fmt.Errorf("%s: kind %q, want MPTCPPeerList", path, l.Kind)
+	}
+	for i, p := range l.Items {
+		if p.Name == "" {
+			return nil, fmt.Errorf("%s: items[%d].metadata.name: must be the peer node's name", path, i)
+		}
+	}
+	return l.Items, nil
+}
+
+// PlanFromFiles is file mode's reconcile input: the settings file, the
+// node state file and the peers file (none: no peers), translated with
+// this node's links and pods as kube mode translates the API's
+// (FromNodeState). A node state that cannot be
 // enforced as a whole is an error listing every problem; paths this node
 // cannot carry and pods skipped for a problem of their own are left out and
 // returned as problems. prior is what the node holds already (Agent.Prior).
-func PlanFromFiles(settingsPath, nodeStatePath string, prior Prior) (*Plan, []string, error) {
+func PlanFromFiles(settingsPath, nodeStatePath, peersPath string, prior Prior) (*Plan, []string, error) {
 	settings, err := LoadSettings(settingsPath)
 	if err != nil {
 		return nil, nil, err
@@ -340,11 +367,15 @@ func PlanFromFiles(settingsPath, nodeStatePath string, prior Prior) (*Plan, []st
 	if state.Name != settings.Node {
 		return nil, nil, fmt.Errorf("%s is node %q's state, not %q's", nodeStatePath, state.Name, settings.Node)
 	}
+	peers, err := LoadPeers(peersPath)
+	if err != nil {
+		return nil, nil, err
+	}
 	links, err := Links()
 	if err != nil {
 		return nil, nil, err
 	}
-	tr := FromNodeState(settings, state, links, LocatePod, prior)
+	tr := FromNodeState(settings, state, peers, links, LocatePod, prior)
 	if len(tr.Errors) > 0 {
 		return nil, nil, fmt.Errorf("%s: %s", nodeStatePath, strings.Join(append(tr.PathProblems, tr.Errors...), "; "))
 	}

@@ -84,7 +84,7 @@ func TestTheDocumentedNodeStateIsEnforceable(t *testing.T) {
 		t.Fatal(err)
 	}
 	links := []NodeLink{testLinks[1], {Name: "enp2s0f0", Up: true, Gateway: testLinks[2].Gateway}}
-	tr := FromNodeState(NodeDefaults("node1"), state, links, locateAll, Prior{})
+	tr := FromNodeState(NodeDefaults("node1"), state, nil, links, locateAll, Prior{})
 	if len(tr.Errors)+len(tr.PathProblems) != 0 || len(tr.Plan.Rules) != 1 || len(tr.Plan.Pods) != 1 || len(tr.Plan.Paths) != 2 {
 		t.Errorf("the documented node state: errors %v, problems %v, plan %+v", tr.Errors, tr.PathProblems, tr.Plan)
 	}

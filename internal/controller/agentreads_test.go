@@ -26,7 +26,7 @@ import (
 // TestAgentCredentialsCoverWhatTheAgentDoesOnItsNode runs, with the pod-bound
 // token of node n1's agent and config/agent's narrowed RBAC, every API call
 // the agent makes (internal/agent/kube): its cache restricted to its own node
-// state (kube.CacheOptions), a status merge patch, the one list of its node's
+// state (kube.CacheOptions) and holding every MPTCPPeer, a status merge patch, the one list of its node's
 // pods, the pod gate and an event on its node state. Each must work; what the
 // cache holds and the list returns must be n1's only; an event about anything
 // else is refused by the policy mptcp-agent-own-node-events.
@@ -42,6 +42,10 @@ func TestAgentCredentialsCoverWhatTheAgentDoesOnItsNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := env.Client.Create(ctx, &mptcpv1alpha1.MPTCPNodeState{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := env.Client.Create(ctx, &mptcpv1alpha1.MPTCPPeer{ObjectMeta: metav1.ObjectMeta{Name: n},
+			Spec: mptcpv1alpha1.MPTCPPeerSpec{Paths: []mptcpv1alpha1.PeerPath{{Name: "fabric-a", Addresses: []string{"192.0.2.1"}}}}}); err != nil {
 			t.Fatal(err)
 		}
 		pod := &corev1.Pod{
@@ -65,9 +69,12 @@ func TestAgentCredentialsCoverWhatTheAgentDoesOnItsNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Informers start on first use; ask for the node state's before Start.
-	if _, err := mgr.GetCache().GetInformer(ctx, &mptcpv1alpha1.MPTCPNodeState{}); err != nil {
-		t.Fatal(err)
+	// Informers start on first use; ask for the node state's and the
+	// peers' before Start.
+	for _, o := range []client.Object{&mptcpv1alpha1.MPTCPNodeState{}, &mptcpv1alpha1.MPTCPPeer{}} {
+		if _, err := mgr.GetCache().GetInformer(ctx, o); err != nil {
+			t.Fatal(err)
+		}
 	}
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
@@ -80,9 +87,22 @@ func TestAgentCredentialsCoverWhatTheAgentDoesOnItsNode(t *testing.T) {
 	syncCtx, syncCancel := context.WithTimeout(ctx, 20*time.Second)
 	defer syncCancel()
 	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
-		t.Fatal("the agent's cache never synced with its credentials (list and watch of its node state)")
+		t.Fatal("the agent's cache never synced with its credentials (list and watch of its node state and of the peers)")
 	}
 	c := mgr.GetClient()
+
+	t.Run("its cache holds every peer", func(t *testing.T) {
+		var peers mptcpv1alpha1.MPTCPPeerList
+		if err := c.List(ctx, &peers); err != nil {
+			t.Fatal(err)
+		}
+		if len(peers.Items) != 2 {
+			t.Fatalf("the cache holds %d peers, want n1's and n2's", len(peers.Items))
+		}
+		if err := c.Delete(ctx, &peers.Items[1]); !apierrors.IsForbidden(err) {
+			t.Fatalf("deleting a peer: %v, want Forbidden (the controller alone writes them)", err)
+		}
+	})
 
 	t.Run("its cache holds its own node state and no other", func(t *testing.T) {
 		var states mptcpv1alpha1.MPTCPNodeStateList

@@ -440,8 +440,8 @@ func TestCompile(t *testing.T) {
 				want: map[string][]string{"n1": {"tenant-a/db 10.1.1.10: storage[fabric-a/1|backup:lte|blocked:fabric-b]"}},
 			}},
 		},
-		// Peers' addresses go into the other node states' peers (the
-		// next case), never onto a Node.
+		// Peers' addresses go into their MPTCPPeers (the next case),
+		// never onto a Node.
 		"an agent's per-path addresses stay in its node state; no Node is written": {
 			setup: func(f *fixture) {
 				twoFabrics(f)
@@ -465,9 +465,11 @@ func TestCompile(t *testing.T) {
 			}},
 		},
 		// Each node with pods probes the others with pods over the
-		// paths they share (liveness): their addresses come from what
-		// their agents report.
-		"a node with pods lists the other nodes with pods and their addresses as peers": {
+		// paths they share (liveness): their addresses, as their agents
+		// report them, are their MPTCPPeers. A node's new address is
+		// its own peer's and node state's change alone: no other node
+		// state or peer is written, whatever the number of nodes.
+		"a node with pods and addresses is a peer, and its new address writes no other node's objects": {
 			setup: twoFabrics,
 			steps: []step{{
 				do: func(f *fixture) {
@@ -484,15 +486,52 @@ func TestCompile(t *testing.T) {
 						mptcpv1alpha1.PathState{Name: "fabric-b", Link: mptcpv1alpha1.LinkUp, Interface: "nic2", Addresses: []string{"192.0.2.12"}},
 						mptcpv1alpha1.PathState{Name: "fabric-a", Link: mptcpv1alpha1.LinkUp, Interface: "nic1", Addresses: []string{"198.51.100.12", "not an address"}},
 						mptcpv1alpha1.PathState{Name: "unshared", Link: mptcpv1alpha1.LinkUp, Interface: "nic9", Addresses: []string{"203.0.113.12"}})
-					f.expectPeers("n1", []mptcpv1alpha1.NodePeer{{Name: f.n("n2"), Paths: []mptcpv1alpha1.PeerPath{
+					// n1 has reported nothing yet: it is no peer.
+					f.expectPeers(map[string][]mptcpv1alpha1.PeerPath{"n2": {
 						{Name: f.n("fabric-a"), Addresses: []string{"198.51.100.12"}},
 						{Name: f.n("fabric-b"), Addresses: []string{"192.0.2.12"}},
-					}}})
-					// n1 has reported nothing yet: n2 has no peer.
-					f.expectPeers("n2", nil)
+					}})
+					f.report("n1",
+						mptcpv1alpha1.PathState{Name: "fabric-a", Link: mptcpv1alpha1.LinkUp, Interface: "nic1", Addresses: []string{"198.51.100.11"}},
+						mptcpv1alpha1.PathState{Name: "fabric-b", Link: mptcpv1alpha1.LinkUp, Interface: "nic2", Addresses: []string{"192.0.2.11"}})
+					n1 := []mptcpv1alpha1.PeerPath{{Name: f.n("fabric-a"), Addresses: []string{"198.51.100.11"}}, {Name: f.n("fabric-b"), Addresses: []string{"192.0.2.11"}}}
+					f.expectPeers(map[string][]mptcpv1alpha1.PeerPath{"n1": n1, "n2": {
+						{Name: f.n("fabric-a"), Addresses: []string{"198.51.100.12"}},
+						{Name: f.n("fabric-b"), Addresses: []string{"192.0.2.12"}},
+					}})
+					testenv.WaitIdle(t, time.Second, 30*time.Second)
+					versions := func() map[string]string {
+						out := map[string]string{}
+						peers, err := f.peers()
+						f.must(err, "list peers")
+						for n, p := range peers {
+							out["peer "+n] = p.ResourceVersion
+						}
+						for _, n := range []string{"n1", "n2"} {
+							var s mptcpv1alpha1.MPTCPNodeState
+							f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n(n)}, &s), "get node state")
+							out["node state "+n] = s.ResourceVersion
+						}
+						return out
+					}
+					before := versions()
+					f.report("n2",
+						mptcpv1alpha1.PathState{Name: "fabric-a", Link: mptcpv1alpha1.LinkUp, Interface: "nic1", Addresses: []string{"198.51.100.22"}},
+						mptcpv1alpha1.PathState{Name: "fabric-b", Link: mptcpv1alpha1.LinkUp, Interface: "nic2", Addresses: []string{"192.0.2.12"}})
+					f.expectPeers(map[string][]mptcpv1alpha1.PeerPath{"n1": n1, "n2": {
+						{Name: f.n("fabric-a"), Addresses: []string{"198.51.100.22"}},
+						{Name: f.n("fabric-b"), Addresses: []string{"192.0.2.12"}},
+					}})
+					testenv.WaitIdle(t, time.Second, 30*time.Second)
+					after := versions()
+					for _, k := range []string{"peer n1", "node state n1"} {
+						if after[k] != before[k] {
+							t.Errorf("n2's new address wrote %s (resourceVersion %s -> %s)", k, before[k], after[k])
+						}
+					}
 					// Without pods, n2 is no one's peer.
 					f.deletePod("tenant-a", "db")
-					f.expectPeers("n1", nil)
+					f.expectPeers(map[string][]mptcpv1alpha1.PeerPath{"n1": n1})
 				},
 			}},
 		},
@@ -501,7 +540,7 @@ func TestCompile(t *testing.T) {
 		// under names of no path. It is the node that sorts first and
 		// whose state is the oldest, so no tie-break favours the others;
 		// they reported first and keep their addresses.
-		"a node that claims the other nodes' addresses changes no other node's peers": {
+		"a node that claims the other nodes' addresses changes no other node's peer": {
 			setup: func(f *fixture) {
 				f.node("n0", multipath, "10.1.0.0/24")
 				twoFabrics(f)
@@ -525,22 +564,21 @@ func TestCompile(t *testing.T) {
 							{Name: "fabric-b", Link: mptcpv1alpha1.LinkUp, Interface: "nic2", Addresses: []string{b}},
 						}
 					}
-					peer := func(node, a, b string) mptcpv1alpha1.NodePeer {
-						return mptcpv1alpha1.NodePeer{Name: f.n(node), Paths: []mptcpv1alpha1.PeerPath{
+					peer := func(a, b string) []mptcpv1alpha1.PeerPath {
+						return []mptcpv1alpha1.PeerPath{
 							{Name: f.n("fabric-a"), Addresses: []string{a}},
 							{Name: f.n("fabric-b"), Addresses: []string{b}},
-						}}
+						}
 					}
 					f.report("n1", own("198.51.100.11", "192.0.2.11")...)
 					f.report("n2", own("198.51.100.12", "192.0.2.12")...)
 					f.report("n0", own("198.51.100.10", "192.0.2.10")...)
-					n0, n1, n2 := peer("n0", "198.51.100.10", "192.0.2.10"), peer("n1", "198.51.100.11", "192.0.2.11"), peer("n2", "198.51.100.12", "192.0.2.12")
-					f.expectPeers("n1", []mptcpv1alpha1.NodePeer{n0, n2})
-					f.expectPeers("n2", []mptcpv1alpha1.NodePeer{n0, n1})
+					n0, n1, n2 := peer("198.51.100.10", "192.0.2.10"), peer("198.51.100.11", "192.0.2.11"), peer("198.51.100.12", "192.0.2.12")
+					f.expectPeers(map[string][]mptcpv1alpha1.PeerPath{"n0": n0, "n1": n1, "n2": n2})
 					testenv.WaitIdle(t, time.Second, 30*time.Second)
 
 					// n0 claims n1's and n2's addresses on both paths and
-					// on paths that do not exist.
+					// on paths that do not exist, and none of its own.
 					stolen := []mptcpv1alpha1.PathState{
 						{Name: "fabric-a", Link: mptcpv1alpha1.LinkUp, Interface: "nic1", Addresses: []string{"198.51.100.11", "198.51.100.12"}},
 						{Name: "fabric-b", Link: mptcpv1alpha1.LinkUp, Interface: "nic2", Addresses: []string{"192.0.2.11", "192.0.2.12"}},
@@ -551,8 +589,7 @@ func TestCompile(t *testing.T) {
 					}
 					f.report("n0", stolen...)
 					testenv.WaitIdle(t, time.Second, 30*time.Second)
-					f.expectPeers("n1", []mptcpv1alpha1.NodePeer{n2})
-					f.expectPeers("n2", []mptcpv1alpha1.NodePeer{n1})
+					f.expectPeers(map[string][]mptcpv1alpha1.PeerPath{"n1": n1, "n2": n2})
 
 					// Nor can it list more paths than a node has.
 					var s mptcpv1alpha1.MPTCPNodeState

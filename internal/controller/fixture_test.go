@@ -219,26 +219,43 @@ func (f *fixture) agentStatus(node string, edit func(*mptcpv1alpha1.MPTCPNodeSta
 	})
 }
 
-// expectPeers waits until node's spec lists exactly want as peers.
-func (f *fixture) expectPeers(node string, want []mptcpv1alpha1.NodePeer) {
+// expectPeers waits until the case's MPTCPPeers are exactly want: the
+// paths of each, by the node's short name.
+func (f *fixture) expectPeers(want map[string][]mptcpv1alpha1.PeerPath) {
 	f.t.Helper()
-	f.eventually("peers of "+node, func() error {
-		var s mptcpv1alpha1.MPTCPNodeState
-		if err := f.c.Get(f.ctx, types.NamespacedName{Name: f.n(node)}, &s); err != nil {
+	f.eventually("peers", func() error {
+		got, err := f.peers()
+		if err != nil {
 			return err
 		}
-		// The cases share one API server and give their nodes the same
-		// pod CIDRs, which the controller drops as overlapping while
-		// cases run side by side: which CIDRs a peer gets is
-		// compile's to test (TestPeersGetOnlyPodCIDRsNoOtherNodeClaims).
-		for i := range s.Spec.Peers {
-			s.Spec.Peers[i].PodCIDRs = nil
+		paths := map[string][]mptcpv1alpha1.PeerPath{}
+		for node, p := range got {
+			paths[node] = p.Spec.Paths
 		}
-		if !equality.Semantic.DeepEqual(s.Spec.Peers, want) {
-			return fmt.Errorf("peers %+v, want %+v", s.Spec.Peers, want)
+		if !equality.Semantic.DeepEqual(paths, want) {
+			return fmt.Errorf("peers %+v, want %+v", paths, want)
 		}
 		return nil
 	})
+}
+
+// peers are the case's MPTCPPeers by the node's short name. The cases
+// share one API server and give their nodes the same pod CIDRs, which the
+// controller drops as overlapping while cases run side by side: which
+// CIDRs a peer gets is compile's to test
+// (TestPeersGetOnlyPodCIDRsNoOtherNodeClaims).
+func (f *fixture) peers() (map[string]mptcpv1alpha1.MPTCPPeer, error) {
+	var l mptcpv1alpha1.MPTCPPeerList
+	if err := f.c.List(f.ctx, &l); err != nil {
+		return nil, err
+	}
+	out := map[string]mptcpv1alpha1.MPTCPPeer{}
+	for _, p := range l.Items {
+		if strings.HasPrefix(p.Name, f.prefix) {
+			out[f.short(p.Name)] = p
+		}
+	}
+	return out, nil
 }
 
 // summary renders a node state spec as one line per pod:

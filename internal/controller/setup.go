@@ -13,6 +13,7 @@ import (
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/nodestate"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/path"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/peers"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/policystatus"
 )
 
@@ -48,7 +49,7 @@ func CacheOptions() cache.Options {
 
 // Setup registers every controller of this package with mgr.
 func Setup(ctx context.Context, mgr ctrl.Manager) error {
-	if err := nodestate.IndexPods(ctx, mgr); err != nil {
+	if err := nodestate.Index(ctx, mgr); err != nil {
 		return err
 	}
 	ns := &nodestate.Reconciler{
@@ -60,6 +61,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager) error {
 		return err
 	}
 	if err := (&path.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(path.ControllerName)}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&peers.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	return (&policystatus.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)

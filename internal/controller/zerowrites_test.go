@@ -19,7 +19,7 @@ import (
 var writeResources = []string{
 	"mptcp.io/mptcpnodestates", "mptcp.io/mptcpnodestates/status",
 	"mptcp.io/mptcppolicies", "mptcp.io/mptcppolicies/status",
-	"mptcp.io/mptcppaths", "mptcp.io/mptcppaths/status",
+	"mptcp.io/mptcppaths", "mptcp.io/mptcppaths/status", "mptcp.io/mptcppeers",
 	"/nodes", "events.k8s.io/events", "/events",
 }
 
@@ -160,5 +160,10 @@ func TestJoiningNodeTouchesNoOtherNodeState(t *testing.T) {
 	// node that reported it first).
 	if n := d.Total("mptcp.io/mptcpnodestates", "mptcp.io/mptcpnodestates/status"); n != 12 {
 		t.Errorf("node state writes for 4 joining nodes: %v, want 12 (create, agent status, addresses given, each): %v", n, d)
+	}
+	// Without pods they are no peers: n1's MPTCPPeer, the one there is,
+	// stays as it was.
+	if n := d.Total("mptcp.io/mptcppeers"); n != 0 {
+		t.Errorf("MPTCPPeer writes for 4 joining nodes without pods: %v, want none: %v", n, d)
 	}
 }

@@ -52,6 +52,9 @@ const (
 	// pod's own.
 	PodAnswered      = 512
 	PodAnsweredJoins = 256
+	// ProbedPeers is how many peers a node's liveness probes at most: the
+	// datapath's maps below are sized for them.
+	ProbedPeers = 1000
 	// LivenessPairs is how many pairs of a node's path address and a
 	// peer's address on that path the datapath lets send to the liveness
 	// port (LIMIT_LIVENESS_PAIRS): 15 paths of 1000 peers of 4 addresses,

@@ -237,12 +237,12 @@ func testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 		}
 	}
 	// With pods under the policy on both nodes, each is the other's peer
-	// (the controller lists it with its addresses), and the agents' probes
-	// over both paths come back: every path is Alive.
+	// (the controller writes its MPTCPPeer with its addresses), and the
+	// agents' probes over both paths come back: every path is Alive.
 	for _, n := range bed.Nodes {
 		other := bed.Nodes[2-n.Index]
 		s := kb.waitState(t, n, "probing its peer", func(s *mptcpv1alpha1.MPTCPNodeState) bool {
-			if len(s.Spec.Peers) != 1 || s.Spec.Peers[0].Name != framework.NodeName(other) || len(s.Status.Paths) != 2 {
+			if len(s.Status.Paths) != 2 {
 				return false
 			}
 			for _, p := range s.Status.Paths {
@@ -252,9 +252,17 @@ func testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 			}
 			return true
 		})
-		for k, p := range s.Spec.Peers[0].Paths {
+		if cond := meta.FindStatusCondition(s.Status.Conditions, kube.ConditionPeersProbed); cond == nil || cond.Status != metav1.ConditionTrue ||
+			cond.Reason != kube.ReasonAllPeersProbed {
+			t.Errorf("node %d: PeersProbed %+v, want True, %s", n.Index, cond, kube.ReasonAllPeersProbed)
+		}
+		var peer mptcpv1alpha1.MPTCPPeer
+		if err := c.Get(ctx, client.ObjectKey{Name: framework.NodeName(other)}, &peer); err != nil {
+			t.Fatalf("node %d's MPTCPPeer: %v", other.Index, err)
+		}
+		for k, p := range peer.Spec.Paths {
 			if want := other.NICs[k].Addr.Addr().String(); p.Name != framework.PathName(k+1) || !slices.Equal(p.Addresses, []string{want}) {
-				t.Errorf("node %d: peer path %+v, want %s at %s", n.Index, p, framework.PathName(k+1), want)
+				t.Errorf("node %d's peer path %+v, want %s at %s", other.Index, p, framework.PathName(k+1), want)
 			}
 		}
 	}

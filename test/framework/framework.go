@@ -37,12 +37,13 @@ const RuleName = "spread"
 const PodNamespace = "bed"
 
 // NodeConfig is what a bed node's agent runs on in file mode, in the
-// product's own schema: its node-local settings (the -config file) and its
-// MPTCPNodeState (the -node-state file), as the controller would compile
-// it.
+// product's own schema: its node-local settings (the -config file), its
+// MPTCPNodeState (the -node-state file) and the other nodes' MPTCPPeers
+// (the -peers file), as the controller would compile them.
 type NodeConfig struct {
 	agent.Settings
 	State *mptcpv1alpha1.MPTCPNodeState
+	Peers []mptcpv1alpha1.MPTCPPeer
 }
 
 // Rule returns the first rule of the node state (the one AgentConfig
@@ -51,7 +52,11 @@ func (c *NodeConfig) Rule() *mptcpv1alpha1.CompiledRule { return &c.State.Spec.R
 
 // Copy is a deep copy, to change without touching the running one's.
 func (c *NodeConfig) Copy() *NodeConfig {
-	return &NodeConfig{Settings: c.Settings, State: c.State.DeepCopy()}
+	peers := make([]mptcpv1alpha1.MPTCPPeer, len(c.Peers))
+	for i := range c.Peers {
+		c.Peers[i].DeepCopyInto(&peers[i])
+	}
+	return &NodeConfig{Settings: c.Settings, State: c.State.DeepCopy(), Peers: peers}
 }
 
 // renamed names every rule of the state as the controller would (a policy's
@@ -121,17 +126,19 @@ func AgentConfig(b *testbed.Bed, node *testbed.Node, rule mptcpv1alpha1.Compiled
 		}
 	}
 	cfg.State.Spec.Rules = []mptcpv1alpha1.CompiledRule{rule}
-	// Every other node of the bed is a peer, as the controller lists the
-	// nodes with pods, with its address on each path and its pod CIDR.
+	// Every other node of the bed with pods is a peer, as the controller
+	// writes the MPTCPPeers, with its address on each path and its pod
+	// CIDR.
 	for _, other := range b.Nodes {
-		if other == node || len(node.Pods) == 0 || len(other.Pods) == 0 {
+		if other == node || len(other.Pods) == 0 {
 			continue
 		}
-		peer := mptcpv1alpha1.NodePeer{Name: NodeName(other), PodCIDRs: []string{other.PodCIDR.String()}}
+		peer := mptcpv1alpha1.MPTCPPeer{ObjectMeta: metav1.ObjectMeta{Name: NodeName(other)},
+			Spec: mptcpv1alpha1.MPTCPPeerSpec{PodCIDRs: []string{other.PodCIDR.String()}}}
 		for _, nic := range other.NICs {
-			peer.Paths = append(peer.Paths, mptcpv1alpha1.PeerPath{Name: PathName(nic.Index), Addresses: []string{nic.Addr.Addr().String()}})
+			peer.Spec.Paths = append(peer.Spec.Paths, mptcpv1alpha1.PeerPath{Name: PathName(nic.Index), Addresses: []string{nic.Addr.Addr().String()}})
 		}
-		cfg.State.Spec.Peers = append(cfg.State.Spec.Peers, peer)
+		cfg.Peers = append(cfg.Peers, peer)
 	}
 	for _, pod := range node.Pods {
 		cfg.State.Spec.Pods = append(cfg.State.Spec.Pods, mptcpv1alpha1.NodePod{
@@ -156,11 +163,11 @@ func PathsNamed(names ...string) []mptcpv1alpha1.RulePath {
 // Agent is an agent process running in a node namespace.
 type Agent struct {
 	Node *testbed.Node
-	// ConfigPath is the settings file, StatePath the node state file (file
-	// mode).
-	ConfigPath, StatePath string
-	Config                *NodeConfig
-	Proc                  *testbed.Process
+	// ConfigPath is the settings file, StatePath the node state file and
+	// PeersPath the peers file (file mode).
+	ConfigPath, StatePath, PeersPath string
+	Config                           *NodeConfig
+	Proc                             *testbed.Process
 	// MetricsAddr is where the running agent serves /metrics, /healthz and
 	// /readyz, inside the node namespace (a port the agent picked).
 	MetricsAddr string
@@ -302,7 +309,8 @@ func WithReleaseFormat(render func(*NodeConfig) ([]byte, error)) AgentOption {
 // the agent reports its first reconcile.
 func StartAgent(ctx context.Context, b *testbed.Bed, bin string, node *testbed.Node, cfg *NodeConfig, opts ...AgentOption) (*Agent, error) {
 	a := &Agent{Node: node, Config: cfg, bin: bin, bed: b, ConfigPath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d.yaml", node.Index)),
-		StatePath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d-state.yaml", node.Index))}
+		StatePath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d-state.yaml", node.Index)),
+		PeersPath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d-peers.yaml", node.Index))}
 	for _, o := range opts {
 		o(a)
 	}
@@ -341,7 +349,13 @@ func (a *Agent) WriteConfig(cfg *NodeConfig) error {
 	if y, err = yaml.Marshal(cfg.State); err != nil {
 		return err
 	}
-	return os.WriteFile(a.StatePath, y, 0o600)
+	if err := os.WriteFile(a.StatePath, y, 0o600); err != nil {
+		return err
+	}
+	if y, err = yaml.Marshal(mptcpv1alpha1.MPTCPPeerList{Items: cfg.Peers}); err != nil {
+		return err
+	}
+	return os.WriteFile(a.PeersPath, y, 0o600)
 }
 
 // Reconfigure writes the agent's configuration as change leaves a copy of
@@ -371,7 +385,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	// records the port it got in its status.
 	args := []string{"-config", a.ConfigPath, "-metrics-addr", "127.0.0.1:0"}
 	if a.release == nil {
-		args = append(args, "-node-state", a.StatePath)
+		args = append(args, "-node-state", a.StatePath, "-peers", a.PeersPath)
 	}
 	p, err := a.bed.Start(a.Node.NetNS, a.command(args...)...)
 	if err != nil {

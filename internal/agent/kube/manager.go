@@ -31,10 +31,19 @@ func currentPID() int { return os.Getpid() }
 // server sends nothing about other nodes. Pods are not cached at all: the
 // spec already lists the node's governed pods with their addresses, and the
 // pod gate is written with patches.
+//
+// The peers are all cached, without their managed fields: every agent
+// holds every node with pods.
 func CacheOptions(node string) cache.Options {
 	return cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
 			&mptcpv1alpha1.MPTCPNodeState{}: {Field: fields.OneTermEqualSelector("metadata.name", node)},
+			&mptcpv1alpha1.MPTCPPeer{}: {Transform: func(o any) (any, error) {
+				if p, ok := o.(*mptcpv1alpha1.MPTCPPeer); ok {
+					p.ManagedFields = nil
+				}
+				return o, nil
+			}},
 		},
 	}
 }

@@ -28,12 +28,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
 
 // Condition types of an MPTCPNodeState, and the pod gate.
@@ -42,6 +44,9 @@ const (
 	ConditionProgressing       = "Progressing"
 	ConditionDegraded          = "Degraded"
 	ConditionTransparentKernel = mptcpv1alpha1.ConditionTransparentKernel
+	// ConditionPeersProbed: whether the node's liveness probes every
+	// peer, present while the node has pods under a policy.
+	ConditionPeersProbed = "PeersProbed"
 	// PodReadyCondition is set on each local pod the agent configured.
 	PodReadyCondition corev1.PodConditionType = "mptcp.io/ready"
 )
@@ -62,6 +67,8 @@ const (
 	ReasonObserveOnly      = "ObserveOnly"                   // the node is observe-only: the socket program lists no namespace
 	ReasonLoadFailed       = "LoadFailed"                    // loading the socket program failed for a reason that may pass (memory, a busy trampoline): the agent tries again
 	ReasonUnsupported      = mptcpv1alpha1.ReasonUnsupported // the kernel refuses the socket program (lockdown, or older than 6.6): use transparent inject
+	ReasonAllPeersProbed   = "AllPeersProbed"                // liveness probes every peer on the paths it shares with the node
+	ReasonPeersBeyondLimit = "PeersBeyondLimit"              // more peers share a path with the node than it probes (limits.ProbedPeers): it leaves out a draw of its own, which other nodes probe
 )
 
 // Enforcer is what the reconciler asks of the node's datapath
@@ -138,6 +145,9 @@ type Reconciler struct {
 	// written once per change.
 	skipped map[agent.PodRef]string
 	adopted bool
+	// unprobed: the peers the last translation left out, joined, to log
+	// a change once.
+	unprobed string
 	// seeded: appliedPolicies and inherited were taken over from the status
 	// a previous agent wrote (inherited: it reported Ready).
 	seeded, inherited bool
@@ -157,7 +167,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("mptcp-agent").
 		// Its own status writes change no generation: no reconcile for
 		// them. The periodic requeue still re-reads the links.
-		For(&mptcpv1alpha1.MPTCPNodeState{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+		For(&mptcpv1alpha1.MPTCPNodeState{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// The other nodes as liveness probes them: a peer that comes,
+		// goes or changes an address replans the node.
+		Watches(&mptcpv1alpha1.MPTCPPeer{}, handler.EnqueueRequestsFromMapFunc(r.ownNode),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{}))
 	if r.LinkEvents != nil {
 		// A path NIC's carrier changed: the datapath already knows
 		// (Agent.WatchLinks); the reconcile reprograms a NIC that
@@ -165,6 +179,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		b = b.WatchesRawSource(source.Channel(r.LinkEvents, &handler.TypedEnqueueRequestForObject[*mptcpv1alpha1.MPTCPNodeState]{}))
 	}
 	return b.Complete(r)
+}
+
+// ownNode is the request for the node's own state, whatever the object.
+func (r *Reconciler) ownNode(context.Context, client.Object) []reconcile.Request {
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: r.Node}}}
 }
 
 // Reconcile enforces the state and reports.
@@ -197,7 +216,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	tr := agent.FromNodeState(r.Settings, &state, links, r.Locate, prior)
+	// Read only, and only while the node has pods (without them it
+	// probes nobody): a copy of every peer per reconcile is what would
+	// grow with the cluster.
+	var peers mptcpv1alpha1.MPTCPPeerList
+	if len(state.Spec.Pods) > 0 {
+		if err := r.Client.List(ctx, &peers, client.UnsafeDisableDeepCopy); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	tr := agent.FromNodeState(r.Settings, &state, peers.Items, links, r.Locate, prior)
 	next := state.DeepCopy()
 	st := &next.Status
 	st.Paths = tr.Paths
@@ -327,12 +355,43 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			Message: "nothing pending", ObservedGeneration: gen})
 	}
 	r.setTransparentKernel(&state, &st.Conditions)
+	setPeersProbed(&state, tr.Plan, &st.Conditions)
+	r.Metrics.ObservePeers(tr.Plan.ProbedPeers, len(tr.Plan.UnprobedPeers))
+	if left := strings.Join(tr.Plan.UnprobedPeers, ","); left != r.unprobed {
+		r.unprobed = left
+		if left != "" {
+			r.Log.Info("peers beyond the most a node probes are left out", "limit", limits.ProbedPeers,
+				"count", len(tr.Plan.UnprobedPeers), "peers", tr.Plan.UnprobedPeers)
+		}
+	}
 	if !reflect.DeepEqual(state.Status, next.Status) {
 		if err := r.Client.Status().Patch(ctx, next, client.MergeFrom(&state)); err != nil {
 			return ctrl.Result{}, fmt.Errorf("status of %s: %w", state.Name, err)
 		}
 	}
 	return ctrl.Result{RequeueAfter: r.Resync}, nil
+}
+
+// setPeersProbed sets the PeersProbed condition: absent while the node has
+// no pods (it probes nobody), True while its liveness probes every peer
+// that shares a path with it, False while it leaves some out beyond the
+// limit. The messages name no count: a node that joins or leaves must not
+// change every node state's status (the count is a metric, the names are
+// in the log).
+func setPeersProbed(state *mptcpv1alpha1.MPTCPNodeState, plan *agent.Plan, conds *[]metav1.Condition) {
+	if len(state.Spec.Pods) == 0 {
+		meta.RemoveStatusCondition(conds, ConditionPeersProbed)
+		return
+	}
+	cond := metav1.Condition{Type: ConditionPeersProbed, Status: metav1.ConditionTrue, Reason: ReasonAllPeersProbed,
+		Message: "liveness probes every peer on the paths it shares with this node", ObservedGeneration: state.Generation}
+	if len(plan.UnprobedPeers) > 0 {
+		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonPeersBeyondLimit
+		cond.Message = fmt.Sprintf("more peers share a path with this node than a node probes (%d): it leaves out a draw of its own, "+
+			"which other nodes probe, and a path failing towards those is found by their connections' retransmissions only; "+
+			"mptcp_agent_liveness_peers{probed=\"false\"} counts them and the agent's log names them", limits.ProbedPeers)
+	}
+	meta.SetStatusCondition(conds, cond)
 }
 
 // setTransparentKernel sets the TransparentKernel condition from what the

@@ -143,6 +143,7 @@ type Metrics struct {
 	scrapes           *onceAPeriod
 	reconcileDuration prometheus.Histogram
 	reconcileErrors   prometheus.Counter
+	peers             *prometheus.GaugeVec
 	ready             atomic.Bool
 }
 
@@ -164,11 +165,18 @@ func NewMetrics(src Source, log *slog.Logger) *Metrics {
 			Name:      "reconcile_errors_total",
 			Help:      "Reconciles that failed or configurations that were rejected; the last good configuration stayed in force.",
 		}),
+		peers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricsNamespace,
+			Name:      "liveness_peers",
+			Help: "Peers that share a path with the node, probed (\"true\") or left out beyond the most a node probes (\"false\"), " +
+				"as of the last configuration translated; none while the node has no pods under a policy.",
+		}, []string{"probed"}),
 	}
 	m.scrapes = newOnceAPeriod(m.registry, scrapeTTL)
 	m.registry.MustRegister(
 		m.reconcileDuration,
 		m.reconcileErrors,
+		m.peers,
 		newDatapathCollector(src),
 		newRecordCollector(src),
 		newPodMPTCPCollector(src, log),
@@ -187,6 +195,12 @@ func (m *Metrics) ObserveReconcile(start time.Time, err error) {
 		return
 	}
 	m.ready.Store(true)
+}
+
+// ObservePeers records how many peers the plan probes and leaves out.
+func (m *Metrics) ObservePeers(probed, unprobed int) {
+	m.peers.WithLabelValues("true").Set(float64(probed))
+	m.peers.WithLabelValues("false").Set(float64(unprobed))
 }
 
 // ObserveRejected records a configuration refused before any reconcile

@@ -35,8 +35,9 @@ type Input struct {
 	NamespaceLabels map[string]map[string]string
 	// Pods are the pods bound to Node.
 	Pods []corev1.Pod
-	// NodeStates are the cluster's node states (Node's own among them):
-	// those of other nodes with pods are its peers (Peers).
+	// NodeStates are node states whose claims decide which of Node's
+	// addresses are its own (owners): Node's own and those that claim an
+	// address Node's claims. Any other node state changes nothing.
 	NodeStates []mptcpv1alpha1.MPTCPNodeState
 }
 
@@ -122,7 +123,7 @@ func Node(in Input) Result {
 
 	nodePaths, byName := resolvePaths(in.Node, in.Paths)
 	res.Spec.Paths = nodePaths
-	states := giveAddresses(in.Node.Name, res.Spec.Paths, in.NodeStates)
+	giveAddresses(in.Node.Name, res.Spec.Paths, in.NodeStates)
 
 	policies := activePolicies(in.Policies)
 	rulesByName := map[string]mptcpv1alpha1.CompiledRule{}
@@ -202,9 +203,6 @@ func Node(in Input) Result {
 	}
 	for _, name := range slices.Sorted(maps.Keys(rulesByName)) {
 		res.Spec.Rules = append(res.Spec.Rules, rulesByName[name])
-	}
-	if len(res.Spec.Pods) > 0 {
-		res.Spec.Peers = Peers(in.Node.Name, res.Spec.Paths, states)
 	}
 	return res
 }
@@ -303,14 +301,12 @@ func owners(states []mptcpv1alpha1.MPTCPNodeState) map[netip.Addr]string {
 }
 
 // giveAddresses sets on paths, node's spec paths as compiled now, the
-// addresses node has (owners), and returns states with node's spec paths
-// replaced by them, which is what the other nodes' peers are compiled from:
-// a node's claims count on the paths its spec has now. states is not
-// modified.
-func giveAddresses(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.MPTCPNodeState) []mptcpv1alpha1.MPTCPNodeState {
+// addresses node has (owners), its claims counting on the paths its spec
+// has now. states is not modified.
+func giveAddresses(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.MPTCPNodeState) {
 	i := slices.IndexFunc(states, func(s mptcpv1alpha1.MPTCPNodeState) bool { return s.Name == node })
 	if i < 0 {
-		return states
+		return
 	}
 	// The addresses given before stay given while owners decides.
 	before := map[string][]string{}
@@ -333,38 +329,26 @@ func giveAddresses(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1
 			}
 		}
 	}
-	mine.Spec.Paths = slices.Clone(paths)
-	return states
 }
 
-// Peers are the nodes of states other than node that have pods under a
-// policy, each with its addresses on the paths it shares with node, as its
-// agent reported them (status.paths) on paths of its spec and as owners
-// gives them to it: a fabric's unicast addresses, and none that another node
-// has. A peer with no address on the shared paths is left out. Each peer
-// comes with its pod CIDRs that overlap no other node's (peerPodCIDRs).
-// Sorted by name, at most MaxPeers.
-func Peers(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.MPTCPNodeState) []mptcpv1alpha1.NodePeer {
-	shared := map[string]bool{}
-	for _, p := range paths {
-		shared[p.Name] = true
-	}
+// PeerSpecs are the MPTCPPeer specs of the nodes of states, by node name:
+// one for each node state with pods under a policy, with its addresses on
+// each path of its spec as its agent reported them (status.paths) and as
+// owners gives them to it (a fabric's unicast addresses, and none that
+// another node has), and its pod CIDRs that overlap no other node's
+// (peerPodCIDRs). A node with no such address on any path has none: no
+// peer could probe it. states must be all of the cluster's.
+func PeerSpecs(states []mptcpv1alpha1.MPTCPNodeState) map[string]mptcpv1alpha1.MPTCPPeerSpec {
 	own := owners(states)
 	cidrs := peerPodCIDRs(states)
-	var peers []mptcpv1alpha1.NodePeer
+	out := map[string]mptcpv1alpha1.MPTCPPeerSpec{}
 	for i := range states {
 		st := &states[i]
-		if st.Name == node || len(st.Spec.Pods) == 0 || st.Spec.Outdated() {
+		if len(st.Spec.Pods) == 0 || st.Spec.Outdated() {
 			continue
 		}
-		peer := mptcpv1alpha1.NodePeer{Name: st.Name}
-		for _, p := range cidrs[st.Name] {
-			peer.PodCIDRs = append(peer.PodCIDRs, p.String())
-		}
+		var spec mptcpv1alpha1.MPTCPPeerSpec
 		for name, claimed := range claims(st) {
-			if !shared[name] {
-				continue
-			}
 			var addrs []string
 			for _, ip := range claimed {
 				if own[ip] == st.Name {
@@ -372,20 +356,46 @@ func Peers(node string, paths []mptcpv1alpha1.NodePath, states []mptcpv1alpha1.M
 				}
 			}
 			if len(addrs) > 0 {
-				peer.Paths = append(peer.Paths, mptcpv1alpha1.PeerPath{Name: name, Addresses: addrs})
+				spec.Paths = append(spec.Paths, mptcpv1alpha1.PeerPath{Name: name, Addresses: addrs})
 			}
 		}
-		if len(peer.Paths) == 0 {
+		if len(spec.Paths) == 0 {
 			continue
 		}
-		slices.SortFunc(peer.Paths, func(a, b mptcpv1alpha1.PeerPath) int { return cmp.Compare(a.Name, b.Name) })
-		peers = append(peers, peer)
+		slices.SortFunc(spec.Paths, func(a, b mptcpv1alpha1.PeerPath) int { return cmp.Compare(a.Name, b.Name) })
+		for _, p := range cidrs[st.Name] {
+			spec.PodCIDRs = append(spec.PodCIDRs, p.String())
+		}
+		out[st.Name] = spec
 	}
-	slices.SortFunc(peers, func(a, b mptcpv1alpha1.NodePeer) int { return cmp.Compare(a.Name, b.Name) })
-	if len(peers) > mptcpv1alpha1.MaxPeers {
-		peers = peers[:mptcpv1alpha1.MaxPeers]
+	return out
+}
+
+// ClaimedAddresses are the addresses st's agent reports on its paths
+// (status.paths) and those its spec gives it, as owners reads them: what
+// another node's claims can contend with. For an index: a node state
+// whose claims change changes the addresses of exactly the nodes that
+// claim one of these, before or after.
+func ClaimedAddresses(st *mptcpv1alpha1.MPTCPNodeState) []string {
+	seen := map[netip.Addr]bool{}
+	var out []string
+	add := func(s string) {
+		if ip, ok := peerAddress(s); ok && !seen[ip] {
+			seen[ip] = true
+			out = append(out, ip.String())
+		}
 	}
-	return peers
+	for _, ps := range st.Status.Paths {
+		for _, a := range ps.Addresses {
+			add(a)
+		}
+	}
+	for _, p := range st.Spec.Paths {
+		for _, a := range p.Addresses {
+			add(a)
+		}
+	}
+	return out
 }
 
 // RuleName is a compiled rule's identity on its node: its policy's name,

@@ -395,7 +395,8 @@ func TestParsePreferredPaths(t *testing.T) {
 // checked before other nodes probe it: only fabric unicast addresses on
 // paths of its spec, each under one node. An address two nodes claim stays
 // with the node whose spec the controller gave it to; where no spec has it,
-// with the older node state. Nodes without pods are no peers.
+// with the older node state. Nodes without pods, and nodes left with no
+// address, are no peers.
 func TestPeersListEachAddressUnderOneNode(t *testing.T) {
 	states := []mptcpv1alpha1.MPTCPNodeState{
 		nodeState("n1", 100, map[string][]string{"a": nil, "b": nil}, map[string][]string{"a": {"192.0.2.1"}}),
@@ -407,7 +408,7 @@ func TestPeersListEachAddressUnderOneNode(t *testing.T) {
 		// has the address: n2 keeps it), its own on b.
 		nodeState("n3", 300, map[string][]string{"a": nil, "b": {"203.0.113.3"}}, map[string][]string{"a": {"192.0.2.2"}, "b": {"203.0.113.3"}}),
 		// n5 is the oldest and claims n3's address on b, which n3's spec
-		// has: n3 keeps it. Its own address on c is on no path of n1.
+		// has: n3 keeps it. Its own address on c stays its own.
 		nodeState("n5", 50, map[string][]string{"b": nil, "c": nil}, map[string][]string{"b": {"203.0.113.3"}, "c": {"192.0.2.5"}}),
 		// n6 reports a path its spec does not have.
 		nodeState("n6", 60, map[string][]string{"a": nil}, map[string][]string{"z": {"192.0.2.6"}}),
@@ -418,12 +419,13 @@ func TestPeersListEachAddressUnderOneNode(t *testing.T) {
 	// n2's pod CIDRs go with it (a path down towards it alone carries
 	// nothing to them); n3 has none.
 	states[1].Spec.PodCIDRs = []string{"10.244.2.0/24", "fd00:2::/64"}
-	paths := []mptcpv1alpha1.NodePath{{Name: "a"}, {Name: "b"}}
-	got := Peers("n1", paths, states)
-	want := []mptcpv1alpha1.NodePeer{
-		{Name: "n2", Paths: []mptcpv1alpha1.PeerPath{{Name: "a", Addresses: []string{"192.0.2.2", "198.51.100.2"}}, {Name: "b", Addresses: []string{"203.0.113.2"}}},
+	got := PeerSpecs(states)
+	want := map[string]mptcpv1alpha1.MPTCPPeerSpec{
+		"n1": {Paths: []mptcpv1alpha1.PeerPath{{Name: "a", Addresses: []string{"192.0.2.1"}}}},
+		"n2": {Paths: []mptcpv1alpha1.PeerPath{{Name: "a", Addresses: []string{"192.0.2.2", "198.51.100.2"}}, {Name: "b", Addresses: []string{"203.0.113.2"}}},
 			PodCIDRs: []string{"10.244.2.0/24", "fd00:2::/64"}},
-		{Name: "n3", Paths: []mptcpv1alpha1.PeerPath{{Name: "b", Addresses: []string{"203.0.113.3"}}}},
+		"n3": {Paths: []mptcpv1alpha1.PeerPath{{Name: "b", Addresses: []string{"203.0.113.3"}}}},
+		"n5": {Paths: []mptcpv1alpha1.PeerPath{{Name: "c", Addresses: []string{"192.0.2.5"}}}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("peers\n got %+v\nwant %+v", got, want)
@@ -469,17 +471,35 @@ func addressesOf(spec mptcpv1alpha1.MPTCPNodeStateSpec) map[string][]string {
 }
 
 // withoutPeer drops node from peers.
-func withoutPeer(peers []mptcpv1alpha1.NodePeer, node string) []mptcpv1alpha1.NodePeer {
-	return slices.DeleteFunc(slices.Clone(peers), func(p mptcpv1alpha1.NodePeer) bool { return p.Name == node })
+func withoutPeer(peers map[string]mptcpv1alpha1.MPTCPPeerSpec, node string) map[string]mptcpv1alpha1.MPTCPPeerSpec {
+	out := maps.Clone(peers)
+	delete(out, node)
+	return out
+}
+
+// contenders are the node states of states that claim an address node's
+// claims, node's own first: what the controller compiles node from
+// (nodestate.Reconciler.contenders).
+func contenders(node string, states []mptcpv1alpha1.MPTCPNodeState) []mptcpv1alpha1.MPTCPNodeState {
+	i := slices.IndexFunc(states, func(s mptcpv1alpha1.MPTCPNodeState) bool { return s.Name == node })
+	mine := ClaimedAddresses(&states[i])
+	out := []mptcpv1alpha1.MPTCPNodeState{states[i]}
+	for j := range states {
+		if j != i && slices.ContainsFunc(ClaimedAddresses(&states[j]), func(a string) bool { return slices.Contains(mine, a) }) {
+			out = append(out, states[j])
+		}
+	}
+	return out
 }
 
 // A compromised agent writes what it likes into its node state's status.
 // Whatever n0 claims there (the other nodes' addresses on its own paths, on
 // paths of no node, in more path states than a node has paths), no other
-// node's spec changes: neither the peers it lists (but n0) nor the
-// addresses it is given. n0 is the most favoured claimant there can be: its
-// name sorts first and its node state is the oldest.
-func TestANodeClaimingOtherNodesAddressesChangesNoOtherNodesPeers(t *testing.T) {
+// node changes: neither the addresses its spec gives it nor its MPTCPPeer.
+// n0 is the most favoured claimant there can be: its name sorts first and
+// its node state is the oldest. Each node compiles the same from the node
+// states that contend for its addresses alone as from all.
+func TestANodeClaimingOtherNodesAddressesChangesNoOtherNode(t *testing.T) {
 	honest := func(claims map[string][]string) []mptcpv1alpha1.MPTCPNodeState {
 		return []mptcpv1alpha1.MPTCPNodeState{
 			nodeState("n0", 100, map[string][]string{"a": {"192.0.2.10"}, "b": nil}, claims),
@@ -495,9 +515,10 @@ func TestANodeClaimingOtherNodesAddressesChangesNoOtherNodesPeers(t *testing.T) 
 	base := map[string]Result{}
 	for _, n := range []string{"n1", "n2", "n3"} {
 		base[n] = Node(inputFor(n, honest(map[string][]string{"a": {"192.0.2.10"}})))
-		if len(withoutPeer(base[n].Spec.Peers, "n0")) != 2 {
-			t.Fatalf("%s before any claim: peers %+v", n, base[n].Spec.Peers)
-		}
+	}
+	basePeers := withoutPeer(PeerSpecs(honest(map[string][]string{"a": {"192.0.2.10"}})), "n0")
+	if len(basePeers) != 3 {
+		t.Fatalf("before any claim: peers %+v", basePeers)
 	}
 	many := map[string][]string{}
 	for i := range 100 {
@@ -517,9 +538,12 @@ func TestANodeClaimingOtherNodesAddressesChangesNoOtherNodesPeers(t *testing.T) 
 				if !reflect.DeepEqual(addressesOf(got.Spec), addressesOf(base[n].Spec)) {
 					t.Errorf("%s's addresses %v, before the claims %v", n, addressesOf(got.Spec), addressesOf(base[n].Spec))
 				}
-				if g, w := withoutPeer(got.Spec.Peers, "n0"), withoutPeer(base[n].Spec.Peers, "n0"); !reflect.DeepEqual(g, w) {
-					t.Errorf("%s's peers\n got %+v\nwant %+v", n, g, w)
+				if few := Node(inputFor(n, contenders(n, honest(c)))); !reflect.DeepEqual(few.Spec, got.Spec) {
+					t.Errorf("%s compiled from its contenders alone\n got %+v\nwant %+v", n, few.Spec.Paths, got.Spec.Paths)
 				}
+			}
+			if got := withoutPeer(PeerSpecs(honest(c)), "n0"); !reflect.DeepEqual(got, basePeers) {
+				t.Errorf("peers\n got %+v\nwant %+v", got, basePeers)
 			}
 		})
 	}

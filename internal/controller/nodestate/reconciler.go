@@ -29,6 +29,11 @@ const ControllerName = "mptcp-nodestate"
 // reconcile reads only its own pods from the cache.
 const PodNodeNameField = "spec.nodeName"
 
+// ClaimedAddressField indexes node states by the addresses they claim
+// (compile.ClaimedAddresses), so a node's reconcile reads only the node
+// states its addresses depend on, whatever the size of the cluster.
+const ClaimedAddressField = "mptcp.io/claimedAddress"
+
 // Event reasons.
 const (
 	ReasonSpecUpdated = "SpecUpdated"
@@ -113,11 +118,11 @@ func (r *Reconciler) inputs(ctx context.Context, node *corev1.Node) (compile.Inp
 	if err := r.List(ctx, &pods, client.MatchingFields{PodNodeNameField: node.Name}); err != nil {
 		return in, err
 	}
-	var states mptcpv1alpha1.MPTCPNodeStateList
-	if err := r.List(ctx, &states); err != nil {
+	states, err := r.contenders(ctx, node.Name)
+	if err != nil {
 		return in, err
 	}
-	in.Paths, in.Policies, in.Pods, in.NodeStates = paths.Items, policies.Items, pods.Items, states.Items
+	in.Paths, in.Policies, in.Pods, in.NodeStates = paths.Items, policies.Items, pods.Items, states
 	for i := range pods.Items {
 		ns := pods.Items[i].Namespace
 		if _, done := in.NamespaceLabels[ns]; done {
@@ -134,6 +139,34 @@ func (r *Reconciler) inputs(ctx context.Context, node *corev1.Node) (compile.Inp
 		in.NamespaceLabels[ns] = n.Labels
 	}
 	return in, nil
+}
+
+// contenders are the node states compile.Node reads for node: its own and
+// those that claim an address its own claims.
+func (r *Reconciler) contenders(ctx context.Context, node string) ([]mptcpv1alpha1.MPTCPNodeState, error) {
+	var own mptcpv1alpha1.MPTCPNodeState
+	if err := r.Get(ctx, types.NamespacedName{Name: node}, &own); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	names, err := r.claimants(ctx, compile.ClaimedAddresses(&own))
+	if err != nil {
+		return nil, err
+	}
+	states := []mptcpv1alpha1.MPTCPNodeState{own}
+	for _, n := range names {
+		if n == node {
+			continue
+		}
+		var st mptcpv1alpha1.MPTCPNodeState
+		if err := r.Get(ctx, types.NamespacedName{Name: n}, &st); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return nil, err
+		}
+		states = append(states, st)
+	}
+	return states, nil
 }
 
 // ensureSpec creates or updates the node state when, and only when, its

@@ -7,44 +7,114 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
 	"github.com/mptcp-operator/mptcp-operator/internal/transparent"
 )
 
-// IndexPods registers the pod index this controller lists by.
-func IndexPods(ctx context.Context, mgr ctrl.Manager) error {
-	return mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, PodNodeNameField, func(o client.Object) []string {
+// Index registers the indexes this controller lists by: pods by node,
+// node states by the addresses they claim.
+func Index(ctx context.Context, mgr ctrl.Manager) error {
+	err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, PodNodeNameField, func(o client.Object) []string {
 		if n := o.(*corev1.Pod).Spec.NodeName; n != "" {
 			return []string{n}
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	return mgr.GetFieldIndexer().IndexField(ctx, &mptcpv1alpha1.MPTCPNodeState{}, ClaimedAddressField, func(o client.Object) []string {
+		return compile.ClaimedAddresses(o.(*mptcpv1alpha1.MPTCPNodeState))
+	})
 }
 
 // SetupWithManager watches everything a node's spec depends on. Changes that
 // can affect any node (paths, policies, namespace labels) enqueue every node;
-// a pod or a node state enqueues only its own node.
+// a pod or a node state enqueues only its own node, and a node state's
+// claims the nodes that claim one of the same addresses (whose addresses
+// it may take or give back). No change of one node's addresses or pods
+// reaches the other nodes' specs: what peers see of a node is its
+// MPTCPPeer (package peers).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	allNodes := handler.EnqueueRequestsFromMapFunc(r.allNodes)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
+		// Nodes compile independently (the work queue never hands one
+		// node to two workers): a change every node depends on is
+		// written by several at once, each waiting on the API server.
+		WithOptions(controller.Options{MaxConcurrentReconciles: Workers}).
 		For(&corev1.Node{}, builder.WithPredicates(nodeChanged())).
 		Watches(&mptcpv1alpha1.MPTCPNodeState{}, handler.EnqueueRequestsFromMapFunc(byName)).
-		// What a node state tells its peers: every node lists it.
-		Watches(&mptcpv1alpha1.MPTCPNodeState{}, allNodes, builder.WithPredicates(peerChanged())).
+		Watches(&mptcpv1alpha1.MPTCPNodeState{}, handler.Funcs{
+			CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				r.enqueueClaimants(ctx, q, e.Object)
+			},
+			UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				o, n := e.ObjectOld.(*mptcpv1alpha1.MPTCPNodeState), e.ObjectNew.(*mptcpv1alpha1.MPTCPNodeState)
+				// Which claims count depends on the paths of the spec
+				// too (a path the node lost claims nothing).
+				if !slices.Equal(compile.ClaimedAddresses(o), compile.ClaimedAddresses(n)) || !slices.EqualFunc(o.Spec.Paths, n.Spec.Paths, sameName) {
+					r.enqueueClaimants(ctx, q, o, n)
+				}
+			},
+			DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				r.enqueueClaimants(ctx, q, e.Object)
+			},
+		}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podNode), builder.WithPredicates(podChanged())).
 		Watches(&corev1.Namespace{}, allNodes, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&mptcpv1alpha1.MPTCPPolicy{}, allNodes, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&mptcpv1alpha1.MPTCPPath{}, allNodes, builder.WithPredicates(pathChanged())).
 		Complete(r)
+}
+
+// Workers is how many nodes the controller compiles at once.
+const Workers = 4
+
+// enqueueClaimants enqueues the nodes of the node states that claim an
+// address one of objs claims.
+func (r *Reconciler) enqueueClaimants(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request], objs ...client.Object) {
+	var addrs []string
+	for _, o := range objs {
+		addrs = append(addrs, compile.ClaimedAddresses(o.(*mptcpv1alpha1.MPTCPNodeState))...)
+	}
+	names, err := r.claimants(ctx, addrs)
+	if err != nil {
+		logf.FromContext(ctx).Error(err, "listing the node states that claim an address")
+		return
+	}
+	for _, n := range names {
+		q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Name: n}})
+	}
+}
+
+// claimants are the names of the node states that claim one of addrs
+// (ClaimedAddressField), sorted.
+func (r *Reconciler) claimants(ctx context.Context, addrs []string) ([]string, error) {
+	var names []string
+	for _, a := range addrs {
+		var states mptcpv1alpha1.MPTCPNodeStateList
+		if err := r.List(ctx, &states, client.MatchingFields{ClaimedAddressField: a}, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, err
+		}
+		for i := range states.Items {
+			names = append(names, states.Items[i].Name)
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names), nil
 }
 
 func (r *Reconciler) allNodes(ctx context.Context, _ client.Object) []reconcile.Request {
@@ -96,43 +166,6 @@ func podChanged() predicate.Predicate {
 	}}
 }
 
-// peerChanged passes the changes of a node state that its peers' specs
-// list (compile.Peers): whether it has pods, its paths' addresses; its pod
-// CIDRs, with pods or not (every node's count against overlapping claims:
-// compile.peerPodCIDRs); and
-// a change of the addresses its spec gives it, which decides who has an
-// address two nodes claim, peers or not.
-func peerChanged() predicate.Predicate {
-	return predicate.Funcs{
-		CreateFunc: func(e event.CreateEvent) bool { return isPeer(e.Object.(*mptcpv1alpha1.MPTCPNodeState)) },
-		DeleteFunc: func(e event.DeleteEvent) bool {
-			s := e.Object.(*mptcpv1alpha1.MPTCPNodeState)
-			return isPeer(s) || hasAddresses(s) || len(s.Spec.PodCIDRs) > 0
-		},
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			o, n := e.ObjectOld.(*mptcpv1alpha1.MPTCPNodeState), e.ObjectNew.(*mptcpv1alpha1.MPTCPNodeState)
-			return isPeer(o) != isPeer(n) || (isPeer(n) && !slices.EqualFunc(o.Status.Paths, n.Status.Paths, samePeerPath)) ||
-				!slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs) ||
-				!slices.EqualFunc(o.Spec.Paths, n.Spec.Paths, sameGiven)
-		},
-		GenericFunc: func(event.GenericEvent) bool { return false },
-	}
-}
-
-func isPeer(s *mptcpv1alpha1.MPTCPNodeState) bool { return len(s.Spec.Pods) > 0 }
-
-func hasAddresses(s *mptcpv1alpha1.MPTCPNodeState) bool {
-	return slices.ContainsFunc(s.Spec.Paths, func(p mptcpv1alpha1.NodePath) bool { return len(p.Addresses) > 0 })
-}
-
-func sameGiven(a, b mptcpv1alpha1.NodePath) bool {
-	return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses)
-}
-
-func samePeerPath(a, b mptcpv1alpha1.PathState) bool {
-	return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses)
-}
-
 // pathChanged passes spec changes and the assignment of an index.
 func pathChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
@@ -141,3 +174,5 @@ func pathChanged() predicate.Predicate {
 			!o.DeletionTimestamp.Equal(n.DeletionTimestamp)
 	}}
 }
+
+func sameName(a, b mptcpv1alpha1.NodePath) bool { return a.Name == b.Name }
