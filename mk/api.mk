@@ -47,6 +47,11 @@ bench-controller: envtest-assets ## Converge 50 nodes x 20 pods x 10 policies; r
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) KUBE_VERSION=$(KUBE_VERSION) BENCH_REPORT=$(CURDIR)/docs/benchmarks.md \
 		$(GO) test -count=1 -run '^$$' -bench BenchmarkConvergence -benchtime=1x -timeout 20m ./bench/controller/
 
+.PHONY: bench-scale
+bench-scale: envtest-assets ## Converge 100 and 1000 simulated nodes of 20 pods (BENCH_SCALE=100,1000,5000 for more), one new address, one policy change; rewrite the "Scale" section of docs/benchmarks.md.
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) KUBE_VERSION=$(KUBE_VERSION) BENCH_REPORT=$(CURDIR)/docs/benchmarks.md \
+		$(GO) test -count=1 -run '^$$' -bench BenchmarkScale -benchtime=1x -timeout 90m ./bench/controller/
+
 .PHONY: print-envtest-assets
 print-envtest-assets: ## Print the directory to export as KUBEBUILDER_ASSETS.
 	@echo $(ENVTEST_ASSETS)

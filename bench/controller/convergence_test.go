@@ -356,7 +356,8 @@ func writeReport(path string, sc scale, results []result) error {
 			r.writes.Total(writeResources...), byResource(r.writes), r.largestState, r.largestName)
 	}
 	b.WriteString("\nA node state holds only its own node's paths and pods, so its size depends on pods per node and rules " +
-		"per pod, not on the number of nodes; peers' per-path addresses travel on Node annotations instead.\n")
+		"per pod, not on the number of nodes; the other nodes' addresses are the MPTCPPeers (\"Scale\" below). The benchmark's " +
+		"agents report no addresses, so it writes no peer.\n")
 
 	return benchdoc.ReplaceSection(path, section, b.String())
 }

@@ -294,10 +294,14 @@ func (r *Reconciler) alreadyReported(ctx context.Context, ref compile.Refusal) b
 		return false
 	}
 	var evs corev1.EventList
+	// From the API server's watch cache (resourceVersion 0), not a quorum
+	// read: a cold start asks once per refusal, and the cache answers
+	// without reading every event of the namespace from etcd. An event a
+	// moment old missing from the cache is reported twice at worst.
 	err := r.APIReader.List(ctx, &evs, client.InNamespace(ref.Pod.Namespace), client.MatchingFields{
 		"involvedObject.uid": string(ref.Pod.UID),
 		"reason":             ref.Reason,
-	})
+	}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}})
 	if err != nil {
 		return false
 	}
