@@ -353,7 +353,7 @@ func writeReport(path string, sc scale, results []result) error {
 	b.WriteString("| phase | time to converge | writes | writes by resource | largest node state |\n|---|---|---|---|---|\n")
 	for _, r := range results {
 		fmt.Fprintf(&b, "| %s | %s | %.0f | %s | %d bytes (%s) |\n", r.phase, r.duration.Round(time.Millisecond),
-			r.writes.Total(writeResources...), byResource(r.writes), r.largestState, r.largestName)
+			r.writes.Total(writeResources...), byResource(r.writes, writeResources), r.largestState, r.largestName)
 	}
 	b.WriteString("\nA node state holds only its own node's paths and pods, so its size depends on pods per node and rules " +
 		"per pod, not on the number of nodes; the other nodes' addresses are the MPTCPPeers (\"Scale\" below). The benchmark's " +
@@ -362,9 +362,11 @@ func writeReport(path string, sc scale, results []result) error {
 	return benchdoc.ReplaceSection(path, section, b.String())
 }
 
-func byResource(w testenv.Writes) string {
+// byResource lists w's counts of resources, in their order, the zeroes
+// left out.
+func byResource(w testenv.Writes, resources []string) string {
 	var parts []string
-	for _, r := range writeResources {
+	for _, r := range resources {
 		if v := w[r]; v != 0 {
 			parts = append(parts, fmt.Sprintf("%s %.0f", strings.TrimPrefix(r, "mptcp.io/"), v))
 		}

@@ -408,7 +408,7 @@ func writeScaleReport(path string, runs []scaleRun) error {
 				lat = fmt.Sprintf("%v / %v", p.p50, p.p99)
 			}
 			fmt.Fprintf(&b, "| %d | %s | %s | %.0f | %s | %s | %.0f MB | %s |\n", r.nodes, p.name, p.duration.Round(time.Millisecond),
-				p.writes.Total(scaleWrites...), scaleByResource(p.writes), p.apiCPU.Round(10*time.Millisecond), p.apiRSS/1e6, lat)
+				p.writes.Total(scaleWrites...), byResource(p.writes, scaleWrites), p.apiCPU.Round(10*time.Millisecond), p.apiRSS/1e6, lat)
 		}
 	}
 	b.WriteString("\n| nodes | pods | populating the API server | largest node state | peers | largest peer |\n|---|---|---|---|---|---|\n")
@@ -416,17 +416,4 @@ func writeScaleReport(path string, runs []scaleRun) error {
 		fmt.Fprintf(&b, "| %d | %d | %s | %d bytes | %d | %d bytes |\n", r.nodes, r.nodes*20, r.populate.Round(time.Second), r.largestState, r.peers, r.largestPeer)
 	}
 	return benchdoc.ReplaceSection(path, scaleSection, b.String())
-}
-
-func scaleByResource(w testenv.Writes) string {
-	var parts []string
-	for _, r := range scaleWrites {
-		if v := w[r]; v != 0 {
-			parts = append(parts, fmt.Sprintf("%s %.0f", strings.TrimPrefix(r, "mptcp.io/"), v))
-		}
-	}
-	if len(parts) == 0 {
-		return "none"
-	}
-	return strings.Join(parts, ", ")
 }
