@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
@@ -27,6 +29,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
+	controllers "github.com/mptcp-operator/mptcp-operator/internal/controller"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
@@ -112,7 +115,10 @@ func measureScale(tb testing.TB, nodes int) scaleRun {
 
 	// Cold: the agents run, the controller starts.
 	phase := beginPhase(tb, env, "cold start: every node state enforced and every peer written")
-	testenv.StartManager(tb, env)
+	// The controller with its own client limits, as the chart runs it.
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = controllers.DefaultAPIQPS, controllers.DefaultAPIBurst
+	testenv.StartManagerWith(tb, env, cfg)
 	waitScale(tb, agents, func(states []mptcpv1alpha1.MPTCPNodeState, peers map[string]mptcpv1alpha1.MPTCPPeer) string {
 		if len(states) != nodes {
 			return fmt.Sprintf("%d node states of %d", len(states), nodes)
@@ -282,11 +288,12 @@ func waitScale(tb testing.TB, c client.Reader, done func([]mptcpv1alpha1.MPTCPNo
 // fakeAgents stand in for every node's agent: whenever a node state's
 // generation is not the one its status reports, they write the status an
 // agent writes after applying it (the node's addresses on fabric-a and
-// fabric-b, the generation). One controller in the benchmark's process
+// fabric-b, the generation) and its Applied event. One controller in the benchmark's process
 // serves them all, over one watch: what N agents' own watches of their
 // node states cost the API server is not in the figures.
 type fakeAgents struct {
 	client.Client
+	recorder events.EventRecorder
 	mu       sync.Mutex
 	moved    map[string]bool
 	enforced map[string]time.Time
@@ -301,7 +308,7 @@ func startFakeAgents(tb testing.TB, env *testenv.Env) *fakeAgents {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	a := &fakeAgents{Client: mgr.GetClient(), moved: map[string]bool{}, enforced: map[string]time.Time{}}
+	a := &fakeAgents{Client: mgr.GetClient(), recorder: mgr.GetEventRecorder("mptcp-agent"), moved: map[string]bool{}, enforced: map[string]time.Time{}}
 	err = ctrl.NewControllerManagedBy(mgr).Named("fake-agents").For(&mptcpv1alpha1.MPTCPNodeState{}).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 8}).Complete(a)
 	if err != nil {
@@ -375,6 +382,7 @@ func (a *fakeAgents) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		a.mu.Lock()
 		a.enforced[s.Name] = time.Now()
 		a.mu.Unlock()
+		a.recorder.Eventf(&s, nil, corev1.EventTypeNormal, "Applied", "Apply", "generation %d enforced (simulated)", s.Generation)
 	}
 	return reconcile.Result{}, nil
 }
@@ -392,13 +400,13 @@ func writeScaleReport(path string, runs []scaleRun) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "%s\n\n", scaleSection)
 	fmt.Fprintf(&b, "Measured by `make bench-scale` (bench/controller, `BenchmarkScale`) on %s, %d CPUs, %s, against kube-apiserver %s "+
-		"and etcd from envtest assets, the controller in the same process with the tests' client limits (500 requests a second, "+
-		"bursts of 1000). Each cluster has 20 pods per node, 10 policies and 4 paths as in \"Controller convergence\"; every node's "+
+		"and etcd from envtest assets, the controller in the same process with its own client limits (%d requests a second, "+
+		"bursts of %d: the chart's `controller.kubeAPI`). Each cluster has 20 pods per node, 10 policies and 4 paths as in \"Controller convergence\"; every node's "+
 		"agent is simulated in the same process and writes its node state's status as an agent does when the spec changes (its "+
-		"addresses on two paths, the generation it enforces), over one watch of all node states. Writes are counted by the API "+
+		"addresses on two paths, the generation it enforces) and its `Applied` event, over one watch of all node states. Writes are counted by the API "+
 		"server, CPU and memory are the API server's own (`process_cpu_seconds_total`, `process_resident_memory_bytes`, etcd "+
 		"not included). A phase ends when its condition holds; its writes are counted until the controllers are idle.\n\n",
-		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), kubeVersion())
+		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), kubeVersion(), controllers.DefaultAPIQPS, controllers.DefaultAPIBurst)
 	b.WriteString("| nodes | phase | time | writes | writes by resource | API server CPU | API server RSS | to each node enforced, p50 / p99 |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {

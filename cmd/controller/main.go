@@ -28,6 +28,8 @@ func main() {
 		probeAddr   = flag.String("health-probe-bind-address", ":8081", "address the health and readiness probes bind to")
 		leaderElect = flag.Bool("leader-elect", false, "elect a leader, so that only one replica writes")
 		leaderNS    = flag.String("leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
+		apiQPS      = flag.Float64("kube-api-qps", controller.DefaultAPIQPS, "requests a second the controller sends the API server, on average")
+		apiBurst    = flag.Int("kube-api-burst", controller.DefaultAPIBurst, "requests the controller may send the API server at once, above -kube-api-qps")
 
 		webhookPort    = flag.Int("webhook-port", 0, "serve the pod webhook (podMPTCP.transparent) over TLS on this port; 0: no webhook")
 		webhookService = flag.String("webhook-service", "", "with -webhook-port: NAMESPACE/NAME of the webhook's Service (the certificate's names)")
@@ -66,7 +68,13 @@ func main() {
 		}
 		webhookServer, certs = podwebhook.Server(hook, slog.New(logr.ToSlogHandler(ctrl.Log.WithName("webhook-certificate"))))
 	}
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	if *apiQPS <= 0 || *apiBurst < 1 {
+		log.Error(errors.New("-kube-api-qps must be above 0 and -kube-api-burst at least 1"), "client flags")
+		os.Exit(2)
+	}
+	cfg := ctrl.GetConfigOrDie()
+	cfg.QPS, cfg.Burst = float32(*apiQPS), *apiBurst
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		WebhookServer:           webhookServer,
 		Scheme:                  scheme,
 		Cache:                   controller.CacheOptions(),

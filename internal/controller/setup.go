@@ -17,6 +17,16 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/policystatus"
 )
 
+// DefaultAPIQPS and DefaultAPIBurst are the controller's client limits
+// towards the API server unless its flags say otherwise: a change every
+// node depends on is a node state write per node, so at 1,000 nodes
+// controller-runtime's own defaults (20 a second, bursts of 30) would spend
+// 50 s on the writes alone (docs/benchmarks.md, "Scale").
+const (
+	DefaultAPIQPS   = 100
+	DefaultAPIBurst = 200
+)
+
 // Scheme holds the kinds the controller reads and writes.
 func Scheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()

@@ -36,7 +36,6 @@ const ClaimedAddressField = "mptcp.io/claimedAddress"
 
 // Event reasons.
 const (
-	ReasonSpecUpdated = "SpecUpdated"
 	ReasonSpecCreated = "SpecCreated"
 )
 
@@ -213,12 +212,13 @@ func (r *Reconciler) ensureSpec(ctx context.Context, node *corev1.Node, spec mpt
 	if bytes.Equal(have, want) && !state.Spec.Outdated() {
 		return &state, nil
 	}
+	// No event for an update: a change every node depends on would be
+	// one more write per node, and the node's agent reports the generation
+	// it applies with an event of its own (Applied).
 	state.Spec = spec
 	if err := r.Update(ctx, &state); err != nil {
 		return nil, err
 	}
-	r.Recorder.Eventf(&state, node, corev1.EventTypeNormal, ReasonSpecUpdated, "Compile",
-		"compiled %d pods over %d paths (generation %d)", len(spec.Pods), len(spec.Paths), state.Generation)
 	return &state, nil
 }
 
