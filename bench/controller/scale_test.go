@@ -147,7 +147,11 @@ func measureScale(tb testing.TB, nodes int) scaleRun {
 		}
 		return ""
 	})
-	run.phases = append(run.phases, phase.end(tb, env))
+	moved := phase.end(tb, env)
+	if n := moved.writes["mptcp.io/mptcpnodestates"] + moved.writes["mptcp.io/mptcppeers"]; n > 2 {
+		tb.Errorf("one node's new address cost %v writes of node states and peers, want its own of each: %v", n, moved.writes)
+	}
+	run.phases = append(run.phases, moved)
 
 	// A change every node depends on, as TestConvergence makes it.
 	phase = beginPhase(tb, env, "one policy change: every node enforced")

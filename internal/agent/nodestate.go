@@ -83,10 +83,11 @@ type Prior struct {
 // FromNodeState translates state into the plan this node enforces, with
 // settings (the node-local ones: pin and state directories, tables, mark
 // mask, observe-only). peers are the cluster's MPTCPPeers (this node's own
-// among them or not): while the node has pods, the others are what its
-// liveness probes and its detours per peer act on (peerPlans). links are
-// the node's interfaces; locate finds a pod
-// by its addresses; prior is what the node holds already. Kube mode and
+// among them or not): while the node has pods, those that share a path
+// with it are what its liveness probes and its detours per peer act on, at
+// most limits.ProbedPeers (probedPeers). links are the node's interfaces;
+// locate finds a pod by its addresses; prior is what the node holds
+// already. Kube mode and
 // file mode both come through here: it is the one place where the API's
 // compiled types become the datapath's, and the one that decides which
 // pods the rule table has room for (the agent's id assignment then never

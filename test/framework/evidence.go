@@ -98,7 +98,7 @@ func FinishTransfer(t testing.TB, w *testbed.Watch, srv *testbed.TrafficServer, 
 // FinishTransferOrRetryStall is FinishTransfer for a test that names why a
 // stall may be tried again (stallRetry): when every failure is a stall
 // (what arrived is what was sent, nothing broke), the evidence is kept,
-// the retry logged and recorded (Watch.RetryMiss), and it returns false.
+// the retry logged and recorded (Watch.Retry), and it returns false.
 // A changed or broken stream fails the test as FinishTransfer does.
 func FinishTransferOrRetryStall(t testing.TB, w *testbed.Watch, srv *testbed.TrafficServer, sent []testbed.SenderReport, sendErr error, mptcp bool,
 	stallRetry string) (map[string]testbed.ServerReport, bool) {
@@ -113,12 +113,13 @@ func FinishTransferOrRetryStall(t testing.TB, w *testbed.Watch, srv *testbed.Tra
 	if len(sent) == 0 {
 		w.Fail(fmt.Errorf("the sender reported no connection: %w", sendErr))
 	}
-	var te *testbed.TrafficError
-	if _, err := testbed.MatchReports(sent, got); stallRetry != "" && errors.As(err, &te) && te.OnlyStalled() {
-		w.RetryMiss(err, stallRetry)
+	byRemote, err := testbed.MatchReports(sent, got)
+	if err != nil {
+		// Fails the test unless every failure is a stall and stallRetry
+		// names why it may be tried again.
+		w.Retry(err, stallRetry)
 		return nil, false
 	}
-	byRemote := w.Match(sent, got)
 	for _, s := range sent {
 		if r := byRemote[s.Local]; r.MPTCP != mptcp {
 			t.Fatalf("connection %d: MPTCP %v, want %v: %+v", s.Conn, r.MPTCP, mptcp, r)

@@ -38,12 +38,7 @@ func CacheOptions(node string) cache.Options {
 	return cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
 			&mptcpv1alpha1.MPTCPNodeState{}: {Field: fields.OneTermEqualSelector("metadata.name", node)},
-			&mptcpv1alpha1.MPTCPPeer{}: {Transform: func(o any) (any, error) {
-				if p, ok := o.(*mptcpv1alpha1.MPTCPPeer); ok {
-					p.ManagedFields = nil
-				}
-				return o, nil
-			}},
+			&mptcpv1alpha1.MPTCPPeer{}:      {Transform: cache.TransformStripManagedFields()},
 		},
 	}
 }

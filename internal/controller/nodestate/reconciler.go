@@ -141,31 +141,19 @@ func (r *Reconciler) inputs(ctx context.Context, node *corev1.Node) (compile.Inp
 }
 
 // contenders are the node states compile.Node reads for node: its own and
-// those that claim an address its own claims.
+// those that claim an address its own claims (compile.Node only reads
+// them).
 func (r *Reconciler) contenders(ctx context.Context, node string) ([]mptcpv1alpha1.MPTCPNodeState, error) {
 	var own mptcpv1alpha1.MPTCPNodeState
 	if err := r.Get(ctx, types.NamespacedName{Name: node}, &own); err != nil {
 		return nil, client.IgnoreNotFound(err)
 	}
-	names, err := r.claimants(ctx, compile.ClaimedAddresses(&own))
+	others, err := r.claimants(ctx, compile.ClaimedAddresses(&own))
 	if err != nil {
 		return nil, err
 	}
-	states := []mptcpv1alpha1.MPTCPNodeState{own}
-	for _, n := range names {
-		if n == node {
-			continue
-		}
-		var st mptcpv1alpha1.MPTCPNodeState
-		if err := r.Get(ctx, types.NamespacedName{Name: n}, &st); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue
-			}
-			return nil, err
-		}
-		states = append(states, st)
-	}
-	return states, nil
+	others = slices.DeleteFunc(others, func(s mptcpv1alpha1.MPTCPNodeState) bool { return s.Name == node })
+	return append([]mptcpv1alpha1.MPTCPNodeState{own}, others...), nil
 }
 
 // ensureSpec creates or updates the node state when, and only when, its

@@ -3,6 +3,7 @@ package nodestate
 import (
 	"context"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -90,31 +91,30 @@ func (r *Reconciler) enqueueClaimants(ctx context.Context, q workqueue.TypedRate
 	for _, o := range objs {
 		addrs = append(addrs, compile.ClaimedAddresses(o.(*mptcpv1alpha1.MPTCPNodeState))...)
 	}
-	names, err := r.claimants(ctx, addrs)
+	states, err := r.claimants(ctx, addrs)
 	if err != nil {
 		logf.FromContext(ctx).Error(err, "listing the node states that claim an address")
 		return
 	}
-	for _, n := range names {
-		q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Name: n}})
+	for i := range states {
+		q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Name: states[i].Name}})
 	}
 }
 
-// claimants are the names of the node states that claim one of addrs
-// (ClaimedAddressField), sorted.
-func (r *Reconciler) claimants(ctx context.Context, addrs []string) ([]string, error) {
-	var names []string
+// claimants are the node states that claim one of addrs
+// (ClaimedAddressField), each once, sorted by name: the cache's own
+// objects, to read and never change.
+func (r *Reconciler) claimants(ctx context.Context, addrs []string) ([]mptcpv1alpha1.MPTCPNodeState, error) {
+	var out []mptcpv1alpha1.MPTCPNodeState
 	for _, a := range addrs {
 		var states mptcpv1alpha1.MPTCPNodeStateList
 		if err := r.List(ctx, &states, client.MatchingFields{ClaimedAddressField: a}, client.UnsafeDisableDeepCopy); err != nil {
 			return nil, err
 		}
-		for i := range states.Items {
-			names = append(names, states.Items[i].Name)
-		}
+		out = append(out, states.Items...)
 	}
-	slices.Sort(names)
-	return slices.Compact(names), nil
+	slices.SortFunc(out, func(a, b mptcpv1alpha1.MPTCPNodeState) int { return strings.Compare(a.Name, b.Name) })
+	return slices.CompactFunc(out, func(a, b mptcpv1alpha1.MPTCPNodeState) bool { return a.Name == b.Name }), nil
 }
 
 func (r *Reconciler) allNodes(ctx context.Context, _ client.Object) []reconcile.Request {
