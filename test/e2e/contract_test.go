@@ -245,10 +245,7 @@ func testTenantPreferenceActsInEverySpreadMode(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			pol := kb.policy(t)
 			if pol.Spec.Spread.Mode != mode {
-				pol.Spec.Spread.Mode = mode
-				if err := c.Update(ctx, pol); err != nil {
-					t.Fatal(err)
-				}
+				pol = updatePolicy(t, c, pol.Name, func(p *mptcpv1alpha1.MPTCPPolicy) { p.Spec.Spread.Mode = mode })
 			}
 			for _, n := range bed.Nodes {
 				kb.waitState(t, n, "applying "+string(mode), settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: pol.Name, Generation: pol.Generation}))
@@ -282,7 +279,7 @@ func testTenantPreferenceActsInEverySpreadMode(t *testing.T) {
 // (internal/agent) changes every field of a rule this way.
 func testRaisedMaxSubflowsReachesRunningPods(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 3, PodsPerNode: 1, LinkRate: "100mbit"})
-	bed, c, ctx := kb.bed, kb.env.Client, background(t)
+	bed, c := kb.bed, kb.env.Client
 	applyObject(t, c, &mptcpv1alpha1.MPTCPPath{}, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPath","metadata":{"name":"fabric-c"},
 		"spec":{"nodeSelector":{"matchLabels":{"mptcp.io/multipath":"true"}},"interface":{"name":"nic3"},"capacity":"10G"}}`)
 	pol := &mptcpv1alpha1.MPTCPPolicy{}
@@ -309,13 +306,7 @@ func testRaisedMaxSubflowsReachesRunningPods(t *testing.T) {
 	if got := subflows("applying maxSubflows 2", pol.Generation); len(got) != 2 || got[0] != 2 || got[1] != 2 {
 		t.Fatalf("under maxSubflows 2 the connections have %v subflows, want 2 each", got)
 	}
-	if err := c.Get(ctx, types.NamespacedName{Name: "spread"}, pol); err != nil {
-		t.Fatal(err)
-	}
-	pol.Spec.MaxSubflows = 4
-	if err := c.Update(ctx, pol); err != nil {
-		t.Fatal(err)
-	}
+	pol = updatePolicy(t, c, "spread", func(p *mptcpv1alpha1.MPTCPPolicy) { p.Spec.MaxSubflows = 4 })
 	if got := subflows("applying maxSubflows 4", pol.Generation); len(got) != 2 || got[0] != 3 || got[1] != 3 {
 		t.Errorf("under maxSubflows 4, over three paths, the connections have %v subflows, want 3 each (one per path)", got)
 	}

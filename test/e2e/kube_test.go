@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -146,6 +147,26 @@ func (kb *kubeBed) policy(t *testing.T) *mptcpv1alpha1.MPTCPPolicy {
 	var p mptcpv1alpha1.MPTCPPolicy
 	if err := kb.env.Client.Get(context.Background(), types.NamespacedName{Name: "spread-fabrics"}, &p); err != nil {
 		t.Fatal(err)
+	}
+	return &p
+}
+
+// updatePolicy applies change to the policy name as the API server holds it
+// and writes it, again on a conflict: the controller writes the policy's
+// status at any time, and a status write moves its resourceVersion. It
+// returns the policy as written.
+func updatePolicy(t *testing.T, c client.Client, name string, change func(*mptcpv1alpha1.MPTCPPolicy)) *mptcpv1alpha1.MPTCPPolicy {
+	t.Helper()
+	var p mptcpv1alpha1.MPTCPPolicy
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(context.Background(), types.NamespacedName{Name: name}, &p); err != nil {
+			return err
+		}
+		change(&p)
+		return c.Update(context.Background(), &p)
+	})
+	if err != nil {
+		t.Fatalf("updating policy %s: %v", name, err)
 	}
 	return &p
 }
@@ -285,11 +306,9 @@ func testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pol := kb.policy(t)
-	pol.Spec.Spread.Paths = append(pol.Spec.Spread.Paths, mptcpv1alpha1.WeightedPath{Name: "fabric-z", Weight: 1})
-	if err := c.Update(ctx, pol); err != nil {
-		t.Fatal(err)
-	}
+	updatePolicy(t, c, "spread-fabrics", func(pol *mptcpv1alpha1.MPTCPPolicy) {
+		pol.Spec.Spread.Paths = append(pol.Spec.Spread.Paths, mptcpv1alpha1.WeightedPath{Name: "fabric-z", Weight: 1})
+	})
 	gen = kb.policy(t).Generation
 	for _, n := range bed.Nodes {
 		// The new generation is enforced, without the path the node
@@ -416,7 +435,7 @@ func applyObject(t *testing.T, c client.Client, into client.Object, manifest str
 // one subflow.
 func testAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
-	bed, c, ctx := kb.bed, kb.env.Client, background(t)
+	bed, c := kb.bed, kb.env.Client
 	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	gen := kb.policy(t).Generation
 	for _, n := range bed.Nodes {
@@ -440,11 +459,7 @@ func testAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
 		}
 	}
 
-	pol := kb.policy(t)
-	pol.Spec.MaxSubflows = 1
-	if err := c.Update(ctx, pol); err != nil {
-		t.Fatal(err)
-	}
+	updatePolicy(t, c, "spread-fabrics", func(pol *mptcpv1alpha1.MPTCPPolicy) { pol.Spec.MaxSubflows = 1 })
 	_, tx0 := nicBytes(t, bed, bed.Node(1))
 	time.Sleep(time.Second)
 	_, tx1 := nicBytes(t, bed, bed.Node(1))
