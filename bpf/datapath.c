@@ -432,6 +432,57 @@ struct {
 	__type(value, __u32);
 } peers_down_used SEC(".maps");
 
+/* Which peer node a pod address is of, for the liveness probes: each of
+ * the peers' pod CIDRs with its peer's slot in peer_traffic
+ * (1..LIMIT_PROBED_PEERS), written by the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, LIMIT_PEER_CIDRS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct peer_cidr_key);
+	__type(value, __u32);
+} peer_slots SEC(".maps");
+
+/* Entry 0: how many entries peer_slots holds (0: skip the lookup). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} peer_slots_used SEC(".maps");
+
+/* Per peer slot: when a selected pod last sent a subflow's packet to one of
+ * the peer's pods over a path NIC (bpf_ktime_get_coarse_ns). Only what the
+ * node's pods send counts: every connection sends both ways (a receiver
+ * its acknowledgements), and what arrives from the wire could be forged to
+ * make the node probe every peer at once. The agent reads it through a memory mapping,
+ * without a system call: its prober probes the peers with traffic at the
+ * probe interval and the others slowly (internal/agent/liveness). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, LIMIT_PROBED_PEERS + 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u64);
+} peer_traffic SEC(".maps");
+
+/* The pod address each CPU last noted in peer_traffic, and when: a stream
+ * of packets to or from one pod costs one lookup in peer_slots per tick of
+ * the coarse clock, not one per packet. */
+struct traffic_note {
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+	__u64 at_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct traffic_note);
+} traffic_notes SEC(".maps");
+
 /* Record actor: per selected pod, at its endpoint's slot (1..MAX_PODS). An
  * array, so that a packet of a known subflow, which carries the slot, counts
  * its pod without a hash lookup. Replaced pod_counters, a per-CPU hash by
@@ -834,6 +885,39 @@ static __always_inline bool same_addr(const __u8 a[16], const __u8 b[16])
 	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
 
 	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
+}
+
+/* note_traffic records in peer_traffic that a selected pod sent a
+ * subflow's packet to addr, when addr is in a peer's pod CIDRs. */
+static __always_inline void note_traffic(__u8 family, const __u8 addr[16])
+{
+	struct peer_cidr_key k = {
+	    .prefixlen = PEER_KEY_FIXED_BITS + 128,
+	    .family = family,
+	};
+	struct traffic_note *last;
+	__u32 zero = 0, *used, *slot;
+	__u64 now, *at;
+
+	used = bpf_map_lookup_elem(&peer_slots_used, &zero);
+	if (!used || !*used)
+		return;
+	last = bpf_map_lookup_elem(&traffic_notes, &zero);
+	if (!last)
+		return;
+	now = bpf_ktime_get_coarse_ns();
+	if (last->at_ns == now && last->family == family && same_addr(last->addr, addr))
+		return;
+	last->family = family;
+	__builtin_memcpy(last->addr, addr, 16);
+	last->at_ns = now;
+	__builtin_memcpy(k.addr, addr, 16);
+	slot = bpf_map_lookup_elem(&peer_slots, &k);
+	if (!slot)
+		return;
+	at = bpf_map_lookup_elem(&peer_traffic, slot);
+	if (at && *at != now)
+		*at = now;
 }
 
 /* count_pod adds a packet to the counters at slot (tx: sent by the pod),
@@ -2406,6 +2490,7 @@ int nic_egress(struct __sk_buff *skb)
 		flow_key_from(&fk, &pkt, false);
 		sf = subflow_lookup(&fk);
 		if (sf) {
+			note_traffic(pkt.family, pkt.daddr);
 			rate_classify(skb, &pkt, sf->rule, n->path);
 			return TCX_NEXT;
 		}

@@ -216,6 +216,9 @@ func TestLivenessSchemaAgreesWithTheAgent(t *testing.T) {
 								Minimum int `json:"minimum"`
 								Maximum int `json:"maximum"`
 							} `json:"detectMultiplier"`
+							IdleInterval struct {
+								Pattern string `json:"pattern"`
+							} `json:"idleInterval"`
 						} `json:"properties"`
 					} `json:"liveness"`
 				} `json:"properties"`
@@ -241,6 +244,18 @@ func TestLivenessSchemaAgreesWithTheAgent(t *testing.T) {
 	}
 	if l.Multiplier.Minimum != agent.MinLivenessMultiplier || l.Multiplier.Maximum != agent.MaxLivenessMultiplier {
 		t.Errorf("schema multiplier %d..%d, the agent's %d..%d", l.Multiplier.Minimum, l.Multiplier.Maximum, agent.MinLivenessMultiplier, agent.MaxLivenessMultiplier)
+	}
+	idle := regexp.MustCompile(l.IdleInterval.Pattern)
+	for s := 0; s <= 70; s++ {
+		v := fmt.Sprintf("%ds", s)
+		if _, agentErr := agent.ParseLiveness("7471/30ms/5/" + v); idle.MatchString(v) != (agentErr == nil) {
+			t.Errorf("idle interval %q: the schema accepts it %v, the agent refuses it: %v", v, idle.MatchString(v), agentErr)
+		}
+	}
+	for _, v := range []string{"500ms", "1000ms", "1m"} {
+		if idle.MatchString(v) {
+			t.Errorf("the schema accepts idle interval %q, which its pattern should say in whole seconds", v)
+		}
 	}
 }
 

@@ -143,5 +143,5 @@ bench-xdpdrop: ## Measure the CPU per packet of a join SYN flood dropped by XDP,
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench . -benchtime=1x -timeout 15m ./bench/xdpdrop/
 
 .PHONY: bench-liveness
-bench-liveness: ## Measure the CPU of probing 100 peers over 4 paths, and two probers under a flood forged with a peer's address (root); rewrite the "Liveness probes" and "Liveness under a forged flood" sections of docs/benchmarks.md.
+bench-liveness: ## Measure the CPU of probing 100 and 1,000 peers over 4 paths, busy and idle, and two probers under a flood forged with a peer's address (root); rewrite the "Liveness probes" and "Liveness under a forged flood" sections of docs/benchmarks.md.
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench . -benchtime=1x -timeout 10m ./bench/liveness/

@@ -61,12 +61,15 @@ enum limit {
 	LIMIT_POD_ANSWERED_JOINS = 256,
 	/* Pairs of a node's path address and a peer's address there that may
 	 * send to its liveness port: 15 paths of 1000 peers of 4 addresses,
-	 * and the node's own 15 (internal/controller's MaxPeers, the API's
+	 * and the node's own 15 (LIMIT_PROBED_PEERS, the API's
 	 * four addresses a path). */
 	LIMIT_LIVENESS_PAIRS = 65536,
 	/* Pod CIDRs of the node's peers whose paths the probes find down
 	 * towards them: 1000 peers of two CIDRs (one per family). */
 	LIMIT_PEER_CIDRS = 2048,
+	/* Peers whose liveness the node probes: slots 1..1000 of
+	 * peer_traffic (0 unused). */
+	LIMIT_PROBED_PEERS = 1000,
 	/* A rate bucket's depth (police) or the window granted at once
 	 * (window), in bytes. Below the floor a bucket drops whole TSO bursts
 	 * and TCP collapses far below its cap (docs/datapath.md, Rate); the

@@ -87,7 +87,7 @@ func main() {
 		joinHoldoff = &metav1.Duration{Duration: d}
 		return err
 	})
-	flag.Func("liveness", "probe each path to each peer node: PORT/INTERVAL/MULTIPLIER (e.g. 7471/30ms/5: a probe every 30 ms from and to UDP port 7471, a peer silent for 5 intervals is down on the path) or off; overrides the settings file", func(v string) error {
+	flag.Func("liveness", "probe each path to each peer node: PORT/INTERVAL/MULTIPLIER[/IDLE] (e.g. 7471/30ms/5/2s: a probe every 30 ms to a peer the node's pods send to and every 2 s to the others, from and to UDP port 7471; a peer silent for 5 of its intervals is down on the path) or off; overrides the settings file", func(v string) error {
 		l, err := agent.ParseLiveness(v)
 		liveness = &l
 		return err

@@ -185,6 +185,9 @@ type linkState struct {
 	// downMu guards both.
 	peerCIDRs map[string][]netip.Prefix
 	peersDown map[netip.Prefix]datapath.PathMask
+	// peerSlots: each probed peer's slot in the datapath's traffic
+	// record (syncPeerSlots); only syncLiveness uses it.
+	peerSlots peerSlots
 	// pathMoves tells the path managers, in order, of paths going down
 	// and coming back (leave.go).
 	pathMoves pathMoves
@@ -294,6 +297,7 @@ func (a *Agent) syncLiveness(plan *Plan) {
 		return
 	}
 	paths := slices.Clone(plan.Liveness)
+	a.syncPeerSlots(paths, plan.PeerCIDRs)
 	for i := range paths {
 		paths[i].Mark = a.dp.Mark(paths[i].Index)
 		// The first time: a path the pinned datapath has down (this

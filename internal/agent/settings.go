@@ -19,6 +19,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -98,15 +99,18 @@ func (s Settings) joinHoldoff() time.Duration {
 	return s.JoinHoldoff.Duration
 }
 
-// Liveness: a probe every Interval over each path to each peer, from and
-// to UDP Port; a peer silent for DetectMultiplier intervals is down on the
-// path, and a path down to every peer is marked down in the datapath like
-// a NIC without carrier. Zero fields take the defaults; Off stops probing.
+// Liveness: a probe every Interval over each path to each busy peer (one
+// the node's pods send to) and every IdleInterval to the others, from and
+// to UDP Port; a peer silent for DetectMultiplier of its intervals is down
+// on the path, and a path down to every peer is marked down in the
+// datapath like a NIC without carrier. Zero fields take the defaults; Off
+// stops probing.
 type Liveness struct {
 	Off              bool            `json:"off,omitempty"`
 	Port             int             `json:"port,omitempty"`
 	Interval         metav1.Duration `json:"interval,omitzero"`
 	DetectMultiplier int             `json:"detectMultiplier,omitempty"`
+	IdleInterval     metav1.Duration `json:"idleInterval,omitzero"`
 }
 
 // Liveness defaults: a path that carries nothing for 150 ms is down,
@@ -119,6 +123,10 @@ const (
 	DefaultLivenessPort       = 7471
 	DefaultLivenessInterval   = 30 * time.Millisecond
 	DefaultLivenessMultiplier = 5
+	// DefaultLivenessIdleInterval: 1,000 idle peers over 4 paths cost
+	// 2,000 probes a second, and a path that fails towards them is found
+	// in 10 s (docs/benchmarks.md, "Liveness probes").
+	DefaultLivenessIdleInterval = liveness.IdleInterval
 )
 
 // Bounds of the liveness settings: probes faster than 10 ms would cost
@@ -129,17 +137,22 @@ const (
 	MaxLivenessInterval   = 10 * time.Second
 	MinLivenessMultiplier = 2
 	MaxLivenessMultiplier = 100
+	// An idle peer is probed at least every minute (a failure towards it
+	// found within minutes), and not faster than every second: faster is
+	// what busy peers are for.
+	MinLivenessIdleInterval = time.Second
+	MaxLivenessIdleInterval = time.Minute
 )
 
 // ParseLiveness reads the agent's -liveness flag: "off", or
-// PORT/INTERVAL/MULTIPLIER, e.g. "7471/30ms/5".
+// PORT/INTERVAL/MULTIPLIER[/IDLE], e.g. "7471/30ms/5" or "7471/30ms/5/2s".
 func ParseLiveness(v string) (Liveness, error) {
 	if v == "off" {
 		return Liveness{Off: true}, nil
 	}
 	parts := strings.Split(v, "/")
-	if len(parts) != 3 {
-		return Liveness{}, fmt.Errorf("liveness %q: want PORT/INTERVAL/MULTIPLIER (e.g. 7471/30ms/5) or off", v)
+	if len(parts) != 3 && len(parts) != 4 {
+		return Liveness{}, fmt.Errorf("liveness %q: want PORT/INTERVAL/MULTIPLIER[/IDLE] (e.g. 7471/30ms/5 or 7471/30ms/5/2s) or off", v)
 	}
 	var l Liveness
 	var err error
@@ -151,6 +164,11 @@ func ParseLiveness(v string) (Liveness, error) {
 	}
 	if l.DetectMultiplier, err = strconv.Atoi(parts[2]); err != nil || l.DetectMultiplier < 1 {
 		return Liveness{}, fmt.Errorf("liveness %q: %q is not a whole number from 1", v, parts[2])
+	}
+	if len(parts) == 4 {
+		if l.IdleInterval.Duration, err = time.ParseDuration(parts[3]); err != nil || l.IdleInterval.Duration <= 0 {
+			return Liveness{}, fmt.Errorf("liveness %q: %q is not a positive duration", v, parts[3])
+		}
 	}
 	return l, l.validate()
 }
@@ -164,6 +182,12 @@ func (l Liveness) validate() error {
 	}
 	if m := l.DetectMultiplier; m != 0 && (m < MinLivenessMultiplier || m > MaxLivenessMultiplier) {
 		return fmt.Errorf("liveness.detectMultiplier %d: must be from %d to %d", m, MinLivenessMultiplier, MaxLivenessMultiplier)
+	}
+	if d := l.IdleInterval.Duration; d != 0 && (d < MinLivenessIdleInterval || d > MaxLivenessIdleInterval) {
+		return fmt.Errorf("liveness.idleInterval %v: must be from %v to %v", d, MinLivenessIdleInterval, MaxLivenessIdleInterval)
+	}
+	if idle := l.IdleInterval.Duration; idle != 0 && idle < l.Interval.Duration {
+		return fmt.Errorf("liveness.idleInterval %v: must not be shorter than interval %v", idle, l.Interval.Duration)
 	}
 	return nil
 }
@@ -271,6 +295,9 @@ func (s *Settings) setDefaults() {
 	}
 	if s.Liveness.DetectMultiplier == 0 {
 		s.Liveness.DetectMultiplier = DefaultLivenessMultiplier
+	}
+	if s.Liveness.IdleInterval.Duration == 0 {
+		s.Liveness.IdleInterval.Duration = max(DefaultLivenessIdleInterval, s.Liveness.Interval.Duration)
 	}
 }
 

@@ -168,6 +168,11 @@ func TestLivenessFlagAndSetting(t *testing.T) {
 		{in: "0/30ms/5", err: true},
 		{in: "7471/soon/5", err: true},
 		{in: "7471/30ms", err: true},
+		{in: "7471/30ms/5/10s", want: Liveness{Port: 7471, Interval: ms(30), DetectMultiplier: 5, IdleInterval: ms(10000)}},
+		{in: "7471/30ms/5/500ms", err: true}, // faster than MinLivenessIdleInterval
+		{in: "7471/30ms/5/61s", err: true},   // slower than MaxLivenessIdleInterval
+		{in: "7471/10s/5/2s", err: true},     // idle peers probed more often than busy ones
+		{in: "7471/30ms/5/2s/1", err: true},
 	} {
 		got, err := ParseLiveness(c.in)
 		if (err != nil) != c.err || (err == nil && got != c.want) {
@@ -175,7 +180,7 @@ func TestLivenessFlagAndSetting(t *testing.T) {
 		}
 	}
 	s := NodeDefaults("n1")
-	if s.Liveness != (Liveness{Port: DefaultLivenessPort, Interval: ms(30), DetectMultiplier: DefaultLivenessMultiplier}) {
+	if s.Liveness != (Liveness{Port: DefaultLivenessPort, Interval: ms(30), DetectMultiplier: DefaultLivenessMultiplier, IdleInterval: ms(2000)}) {
 		t.Errorf("defaults: %+v", s.Liveness)
 	}
 	dir := t.TempDir()

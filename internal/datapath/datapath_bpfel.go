@@ -455,6 +455,15 @@ type datapathTableSeedValue struct {
 	Seed [6]uint64
 }
 
+type datapathTrafficNote struct {
+	_      structs.HostLayout
+	Family uint8
+	Pad    [3]uint8
+	Addr   [16]uint8
+	_      [4]byte
+	AtNs   uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -472,6 +481,9 @@ const (
 	datapathMapNics               = "nics"
 	datapathMapPathCounters       = "path_counters"
 	datapathMapPathStates         = "path_states"
+	datapathMapPeerSlots          = "peer_slots"
+	datapathMapPeerSlotsUsed      = "peer_slots_used"
+	datapathMapPeerTraffic        = "peer_traffic"
 	datapathMapPeersDown          = "peers_down"
 	datapathMapPeersDownUsed      = "peers_down_used"
 	datapathMapPodInterfaces      = "pod_interfaces"
@@ -488,6 +500,7 @@ const (
 	datapathMapStats              = "stats"
 	datapathMapSubflows           = "subflows"
 	datapathMapTableSeeds         = "table_seeds"
+	datapathMapTrafficNotes       = "traffic_notes"
 	datapathProgNicEgress         = "nic_egress"
 	datapathProgNicIngress        = "nic_ingress"
 	datapathProgPodEgress         = "pod_egress"
@@ -574,6 +587,9 @@ type datapathMapSpecs struct {
 	Nics           *ebpf.MapSpec `ebpf:"nics"`
 	PathCounters   *ebpf.MapSpec `ebpf:"path_counters"`
 	PathStates     *ebpf.MapSpec `ebpf:"path_states"`
+	PeerSlots      *ebpf.MapSpec `ebpf:"peer_slots"`
+	PeerSlotsUsed  *ebpf.MapSpec `ebpf:"peer_slots_used"`
+	PeerTraffic    *ebpf.MapSpec `ebpf:"peer_traffic"`
 	PeersDown      *ebpf.MapSpec `ebpf:"peers_down"`
 	PeersDownUsed  *ebpf.MapSpec `ebpf:"peers_down_used"`
 	PodInterfaces  *ebpf.MapSpec `ebpf:"pod_interfaces"`
@@ -590,6 +606,7 @@ type datapathMapSpecs struct {
 	Stats          *ebpf.MapSpec `ebpf:"stats"`
 	Subflows       *ebpf.MapSpec `ebpf:"subflows"`
 	TableSeeds     *ebpf.MapSpec `ebpf:"table_seeds"`
+	TrafficNotes   *ebpf.MapSpec `ebpf:"traffic_notes"`
 }
 
 // datapathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -644,6 +661,9 @@ type datapathMaps struct {
 	Nics           *ebpf.Map `ebpf:"nics"`
 	PathCounters   *ebpf.Map `ebpf:"path_counters"`
 	PathStates     *ebpf.Map `ebpf:"path_states"`
+	PeerSlots      *ebpf.Map `ebpf:"peer_slots"`
+	PeerSlotsUsed  *ebpf.Map `ebpf:"peer_slots_used"`
+	PeerTraffic    *ebpf.Map `ebpf:"peer_traffic"`
 	PeersDown      *ebpf.Map `ebpf:"peers_down"`
 	PeersDownUsed  *ebpf.Map `ebpf:"peers_down_used"`
 	PodInterfaces  *ebpf.Map `ebpf:"pod_interfaces"`
@@ -660,6 +680,7 @@ type datapathMaps struct {
 	Stats          *ebpf.Map `ebpf:"stats"`
 	Subflows       *ebpf.Map `ebpf:"subflows"`
 	TableSeeds     *ebpf.Map `ebpf:"table_seeds"`
+	TrafficNotes   *ebpf.Map `ebpf:"traffic_notes"`
 }
 
 func (m *datapathMaps) Close() error {
@@ -677,6 +698,9 @@ func (m *datapathMaps) Close() error {
 		m.Nics,
 		m.PathCounters,
 		m.PathStates,
+		m.PeerSlots,
+		m.PeerSlotsUsed,
+		m.PeerTraffic,
 		m.PeersDown,
 		m.PeersDownUsed,
 		m.PodInterfaces,
@@ -693,6 +717,7 @@ func (m *datapathMaps) Close() error {
 		m.Stats,
 		m.Subflows,
 		m.TableSeeds,
+		m.TrafficNotes,
 	)
 }
 

@@ -44,6 +44,7 @@ func TestLimitsAreTheCEnum(t *testing.T) {
 		"LIMIT_POD_ANSWERED_JOINS": limits.PodAnsweredJoins,
 		"LIMIT_LIVENESS_PAIRS":     limits.LivenessPairs,
 		"LIMIT_PEER_CIDRS":         limits.PeerCIDRs,
+		"LIMIT_PROBED_PEERS":       limits.ProbedPeers,
 		"LIMIT_BURST_MIN_BYTES":    limits.MinBurstBytes,
 		"LIMIT_BURST_MAX_BYTES":    limits.MaxBurstBytes,
 	}

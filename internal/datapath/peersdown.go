@@ -28,9 +28,7 @@ func (m PathMask) Has(path uint32) bool { return ValidPath(path) && m&(1<<path) 
 // pods while other peers keep them up: a packet to an address in one of
 // the prefixes (a peer node's pod CIDRs) travels as if those paths were
 // down (bpf/include/detour.h). An empty mask is no entry. The map is
-// written whole: entries no longer wanted go, and the count that lets the
-// datapath skip the lookup is written last, so that a packet never finds
-// it on while an entry it counts is missing.
+// written whole (writePeerCIDRs).
 func (d *Datapath) SetPeersDown(down map[netip.Prefix]PathMask) error {
 	want := map[datapathPeerCidrKey]datapathPeerPaths{}
 	for prefix, mask := range down {
@@ -43,14 +41,21 @@ func (d *Datapath) SetPeersDown(down map[netip.Prefix]PathMask) error {
 		}
 		want[k] = datapathPeerPaths{Down: uint32(mask)}
 	}
-	used := uint32(len(want))
+	return writePeerCIDRs(d.objs.PeersDown, d.objs.PeersDownUsed, want)
+}
+
+// writePeerCIDRs makes m, a map keyed by peers' pod CIDRs, hold exactly
+// want, and writes its size to entry 0 of used, last: a packet never finds
+// the count on while an entry it counts is missing.
+func writePeerCIDRs[V comparable](m, used *ebpf.Map, want map[datapathPeerCidrKey]V) error {
+	n := uint32(len(want))
 	if len(want) > limits.PeerCIDRs {
-		return fmt.Errorf("peers down: %d prefixes, at most %d", len(want), limits.PeerCIDRs)
+		return fmt.Errorf("%s: %d prefixes, at most %d", m, len(want), limits.PeerCIDRs)
 	}
 	var stale []datapathPeerCidrKey
 	var k datapathPeerCidrKey
-	var v datapathPeerPaths
-	it := d.objs.PeersDown.Iterate()
+	var v V
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		if w, ok := want[k]; !ok {
 			stale = append(stale, k)
@@ -59,20 +64,20 @@ func (d *Datapath) SetPeersDown(down map[netip.Prefix]PathMask) error {
 		}
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading peers down: %w", err)
+		return fmt.Errorf("reading %s: %w", m, err)
 	}
 	for _, k := range stale {
-		if err := d.objs.PeersDown.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("deleting peers down: %w", err)
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting from %s: %w", m, err)
 		}
 	}
 	for k, v := range want {
-		if err := d.objs.PeersDown.Update(&k, &v, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("writing peers down: %w", err)
+		if err := m.Update(&k, &v, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("writing %s: %w", m, err)
 		}
 	}
-	if err := d.objs.PeersDownUsed.Put(uint32(0), used); err != nil {
-		return fmt.Errorf("writing peers down: %w", err)
+	if err := used.Put(uint32(0), n); err != nil {
+		return fmt.Errorf("writing %s's count: %w", m, err)
 	}
 	return nil
 }

@@ -52,7 +52,8 @@ const (
 	// pod's own.
 	PodAnswered      = 512
 	PodAnsweredJoins = 256
-	// ProbedPeers is how many peers a node's liveness probes at most: the
+	// ProbedPeers is how many peers a node's liveness probes at most
+	// (LIMIT_PROBED_PEERS, the slots of the datapath's traffic times): the
 	// datapath's maps below are sized for them.
 	ProbedPeers = 1000
 	// LivenessPairs is how many pairs of a node's path address and a

@@ -15,9 +15,19 @@
 // probes find a failure first takes its peer's view of the path down with
 // it. The agent marks a path down in the datapath when no peer is Up on
 // it and one is Down (Silent).
+//
+// What probes cost follows the traffic, not the cluster: with a Traffic
+// source (the datapath's record of what the node's pods send to each peer),
+// a peer is probed every Interval only while it is busy (the node's pods
+// sent to its pods within BusyFor), and every IdleInterval otherwise. Every
+// connection sends both ways, so both its nodes find their peer busy. A path that fails towards an idle peer
+// is found within Multiplier idle intervals, before most connections to it;
+// the first packet a pod sends the peer makes it busy, and its paths are
+// then judged at the interval again.
 package liveness
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -25,6 +35,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"math"
 	"net"
@@ -46,7 +57,36 @@ type Config struct {
 	// Multiplier: a peer that echoed nothing for Multiplier intervals is
 	// Down on the path.
 	Multiplier int
+	// Traffic tells when the node's pods last sent to each peer's pods
+	// (by Peer.Slot). Nil: every peer is busy, probed every Interval.
+	Traffic Traffic
+	// IdleInterval and BusyFor: 0 for the defaults of the same names.
+	IdleInterval, BusyFor time.Duration
 }
+
+// Traffic is how long ago the node's pods last sent to the pods of the peer
+// in a slot (Peer.Slot); false if they never did.
+type Traffic interface {
+	Since(slot uint32) (time.Duration, bool)
+}
+
+// A peer is busy while the node's pods sent to it within BusyFor; an idle
+// peer is probed every IdleInterval (Config.IdleInterval): at 1,000 peers
+// over 4 paths that is 2,000 probes a second, where probing them all at
+// 30 ms took 133,000. What the peer's probes say is not asked:
+// two nodes whose probes made each other busy would stay busy for good, and
+// a forger could make a node busy towards every peer.
+const (
+	BusyFor      = 10 * time.Second
+	IdleInterval = 2 * time.Second
+)
+
+// MaxBusyPeers bounds the peers busy for their traffic: pods that send to
+// every peer's pods (a tenant's scan) cost their node at most this many
+// peers' probes at the interval, 100 peers over 4 paths about a quarter of
+// a core (docs/benchmarks.md). Beyond it, the peers sent to last are busy and
+// the others idle (PeerState.OverBusyLimit).
+const MaxBusyPeers = 100
 
 // UpAfter is how many intervals in a row a Down peer must echo in before
 // it is Up again: one lucky echo through a path that loses most packets
@@ -81,6 +121,9 @@ const (
 type Peer struct {
 	Node string     `json:"node"`
 	Addr netip.Addr `json:"addr"`
+	// Slot is the peer's slot in the Traffic source, 0 for none: a peer
+	// whose traffic cannot be told (no pod CIDRs known) is always busy.
+	Slot uint32 `json:"slot,omitempty"`
 }
 
 // Path is one of this node's paths with the peers it probes over it.
@@ -139,6 +182,11 @@ type PeerState struct {
 	Lost int
 	// Downs counts the peer's transitions from Up to Down on the path.
 	Downs uint64
+	// Busy: the peer is probed every interval (Config.Traffic), not
+	// every IdleInterval. OverBusyLimit: the node's pods sent to it
+	// lately, but more than MaxBusyPeers peers had traffic, and it is
+	// idle for it.
+	Busy, OverBusyLimit bool
 }
 
 // Counters are the prober's datagrams since it started.
@@ -165,29 +213,66 @@ type Prober struct {
 	// secret keys the nonces (Nonce): drawn when the prober starts.
 	secret [32]byte
 
-	mu       sync.Mutex
-	paths    map[uint32]*pathProbe
-	counters Counters
-	closed   bool
-	cancel   context.CancelFunc
-	done     chan struct{}
+	mu    sync.Mutex
+	paths map[uint32]*pathProbe
+	// nodes: each peer node's traffic, shared by its targets on every
+	// path; tick counts the intervals, which idle targets are probed in
+	// one of every idleEvery (at their phase).
+	nodes     map[string]*peerNode
+	order     []*peerNode
+	recent    []recentPeer
+	seed      maphash.Seed
+	tick      uint64
+	idleEvery uint64
+	counters  Counters
+	closed    bool
+	cancel    context.CancelFunc
+	done      chan struct{}
 }
 
 type pathProbe struct {
 	spec    Path
 	conn    *net.UDPConn
 	targets map[netip.Addr]*target
-	// seq is the last tick's sequence number on the path, the same for
-	// every peer: an echo counts only for one of the last Multiplier+1
-	// ticks.
-	seq    uint64
-	closed chan struct{}
+	closed  chan struct{}
 	// overflows is the socket's last SO_RXQ_OVFL count (read's).
 	overflows uint32
 }
 
+// peerNode is a peer node: its targets on every path, probed in the same
+// tick (at phase of the idle cadence while it is idle), its slot in the
+// Traffic source, when one of its targets last went Down, and the last
+// tick's verdict (judgeTraffic).
+type peerNode struct {
+	targets    []nodeTarget
+	phase      uint64
+	slot       uint32
+	downAt     time.Time
+	busy, over bool
+}
+
+// nodeTarget is one of a peer node's targets, with its path and address.
+type nodeTarget struct {
+	pp   *pathProbe
+	addr netip.Addr
+	t    *target
+}
+
+// recentPeer is a peer node the pods sent to since ago.
+type recentPeer struct {
+	node  *peerNode
+	since time.Duration
+}
+
 type target struct {
 	node string
+	// peer is the node's traffic (Prober.nodes).
+	peer *peerNode
+	// seq is the sequence number of the newest probe to the peer on the
+	// path: an echo counts only for one of the last Multiplier+1. every
+	// is how many ticks apart its probes go now (1 while the peer is
+	// busy, Prober.idleEvery while idle).
+	seq, every uint64
 	// nonce goes in every probe to the peer on the path, and an echo
 	// counts only with it: one per peer and path, so that what a peer, or
 	// someone who sees one path, learns is good for nothing else.
@@ -241,13 +326,20 @@ type target struct {
 // prober's lock held, whenever a peer's state changes on a path; it must
 // not block.
 func New(cfg Config, log *slog.Logger, changed func()) (*Prober, error) {
-	if cfg.Port <= 0 || cfg.Port > 65535 || cfg.Interval <= 0 || cfg.Multiplier < 1 {
-		return nil, fmt.Errorf("liveness: port %d, interval %v, multiplier %d: want a port, a positive interval and a multiplier from 1",
-			cfg.Port, cfg.Interval, cfg.Multiplier)
+	if cfg.Port <= 0 || cfg.Port > 65535 || cfg.Interval <= 0 || cfg.Multiplier < 1 || cfg.IdleInterval < 0 || cfg.BusyFor < 0 {
+		return nil, fmt.Errorf("liveness: port %d, interval %v, multiplier %d, idle interval %v, busy for %v: "+
+			"want a port, a positive interval, a multiplier from 1 and no negative duration",
+			cfg.Port, cfg.Interval, cfg.Multiplier, cfg.IdleInterval, cfg.BusyFor)
+	}
+	if cfg.IdleInterval == 0 {
+		cfg.IdleInterval = IdleInterval
+	}
+	if cfg.BusyFor == 0 {
+		cfg.BusyFor = BusyFor
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Prober{cfg: cfg, log: log, changed: changed,
-		paths: map[uint32]*pathProbe{}, cancel: cancel, done: make(chan struct{})}
+	p := &Prober{cfg: cfg, log: log, changed: changed, paths: map[uint32]*pathProbe{}, nodes: map[string]*peerNode{}, seed: maphash.MakeSeed(),
+		idleEvery: max(1, uint64(cfg.IdleInterval/cfg.Interval)), cancel: cancel, done: make(chan struct{})}
 	_, _ = rand.Read(p.secret[:]) // never fails (crypto/rand)
 	go p.run(ctx)
 	return p, nil
@@ -285,6 +377,7 @@ func (p *Prober) Sync(paths []Path) error {
 	for _, pp := range closing {
 		pp.close()
 	}
+	nodes := map[string]bool{}
 	for _, path := range paths {
 		p.mu.Lock()
 		pp := p.paths[path.Index]
@@ -306,12 +399,22 @@ func (p *Prober) Sync(paths []Path) error {
 		peers := map[netip.Addr]bool{}
 		for _, peer := range path.Peers {
 			peers[peer.Addr] = true
+			nodes[peer.Node] = true
+			node := p.nodes[peer.Node]
+			if node == nil {
+				// A keyed hash of its name spreads the idle
+				// peers' probes over the idle interval.
+				node = &peerNode{busy: true, phase: maphash.String(p.seed, peer.Node) % p.idleEvery}
+				p.nodes[peer.Node] = node
+			}
+			node.slot = peer.Slot
 			if t := pp.targets[peer.Addr]; t != nil && t.node == peer.Node {
 				continue
 			}
 			// New, or its address now another node's: a target of its
 			// own, with its own nonce.
-			t := newTarget(peer.Node, p.Nonce(path.Local, peer), pp.seq+1, p.cfg.Multiplier)
+			t := newTarget(peer.Node, p.Nonce(path.Local, peer), p.cfg.Multiplier)
+			t.peer, t.every = node, 1
 			if path.AssumeDown {
 				// Silent since before its first probe: the
 				// outage its predecessor saw.
@@ -327,6 +430,22 @@ func (p *Prober) Sync(paths []Path) error {
 		}
 		p.mu.Unlock()
 	}
+	p.mu.Lock()
+	p.order = p.order[:0]
+	for name, node := range p.nodes {
+		if !nodes[name] {
+			delete(p.nodes, name)
+			continue
+		}
+		node.targets = node.targets[:0]
+		p.order = append(p.order, node)
+	}
+	for _, pp := range p.paths {
+		for addr, t := range pp.targets {
+			t.peer.targets = append(t.peer.targets, nodeTarget{pp, addr, t})
+		}
+	}
+	p.mu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -435,12 +554,12 @@ func (p *Prober) read(pp *pathProbe, name string) {
 			p.counters.ProbesAnswered++
 			// In the probe's version; a version 2 echo gives this
 			// node's nonce for the peer as the key its probes carry.
-			echo := message{kind: kindEcho, nonce: m.nonce, seq: m.seq, heldDown: t.state == Down, ready: t.ownReady(pp.seq),
+			echo := message{kind: kindEcho, nonce: m.nonce, seq: m.seq, heldDown: t.state == Down, ready: t.ownReady(t.seq),
 				v2: m.v2, speaksV2: true, key: t.nonce}
 			p.mu.Unlock()
 			_, _ = pp.conn.WriteToUDPAddrPort(echo.marshal(), from)
 			continue
-		case m.nonce != t.nonce || m.seq > pp.seq || pp.seq-m.seq > uint64(p.cfg.Multiplier):
+		case m.nonce != t.nonce || m.seq > t.seq || t.seq-m.seq > uint64(p.cfg.Multiplier):
 			p.counters.Ignored++
 		default:
 			p.counters.EchoesReceived++
@@ -450,8 +569,8 @@ func (p *Prober) read(pp *pathProbe, name string) {
 			}
 			t.answer(m.seq)
 			was := t.state
-			changed := t.heard(m.heldDown, m.ready, m.seq, pp.seq)
-			changed = t.echo(time.Now(), p.cfg.Interval, pp.seq) || changed
+			changed := t.heard(m.heldDown, m.ready, m.seq, t.seq)
+			changed = t.echo(time.Now(), t.interval(p.cfg.Interval), t.seq) || changed
 			if changed {
 				p.logChange(pp.spec.Name, addr, t, was)
 			}
@@ -465,10 +584,15 @@ func (p *Prober) read(pp *pathProbe, name string) {
 	}
 }
 
-// newTarget is a peer first probed with sequence number first and nonce,
-// whose echoes may come multiplier ticks late.
-func newTarget(node string, nonce, first uint64, multiplier int) *target {
-	return &target{node: node, nonce: nonce, echoed: make([]bool, LossWindow+multiplier+1), first: first, upSince: first, lost: -1}
+// interval is how far apart the target's probes go now.
+func (t *target) interval(base time.Duration) time.Duration {
+	return base * time.Duration(t.every)
+}
+
+// newTarget is a peer probed with nonce, whose first probe has sequence
+// number 1 and whose echoes may come multiplier probes late.
+func newTarget(node string, nonce uint64, multiplier int) *target {
+	return &target{node: node, nonce: nonce, echoed: make([]bool, LossWindow+multiplier+1), first: 1, upSince: 1, lost: -1}
 }
 
 // Nonce is the nonce of this prober's probes from local to peer (wire.go):
@@ -545,6 +669,9 @@ func (t *target) heard(heldDown, ready bool, echoSeq, seq uint64) bool {
 // or silence, and holds it Down for LossWindow ticks.
 func (t *target) down(seq uint64, lossy bool) {
 	t.state, t.lossy, t.heldUntil = Down, lossy, seq+LossWindow
+	if t.peer != nil {
+		t.peer.downAt = time.Now()
+	}
 	t.silentFrom, t.silentTo = 0, 0
 	if !lossy {
 		t.silence(t.answered + 1)
@@ -688,21 +815,20 @@ type peerView struct {
 	alive, waiting bool
 }
 
-// peerViews sums up each peer node's targets over the paths, at now.
-func (p *Prober) peerViews(now time.Time) map[string]peerView {
-	views := map[string]peerView{}
-	for _, pp := range p.paths {
-		for _, t := range pp.targets {
-			v := views[t.node]
-			if !t.lastEcho.IsZero() {
-				v.echoed++
-				v.alive = v.alive || now.Sub(t.lastEcho) <= 2*p.cfg.Interval
-				v.waiting = v.waiting || (t.state == Up && now.Sub(t.lastEcho) <= time.Duration(p.cfg.Multiplier)*p.cfg.Interval)
-			}
-			views[t.node] = v
+// viewOf sums up a peer node's targets over the paths, at now.
+func (p *Prober) viewOf(node *peerNode, now time.Time) peerView {
+	var v peerView
+	for _, nt := range node.targets {
+		t := nt.t
+		if t.lastEcho.IsZero() {
+			continue
 		}
+		interval := t.interval(p.cfg.Interval)
+		v.echoed++
+		v.alive = v.alive || now.Sub(t.lastEcho) <= 2*interval
+		v.waiting = v.waiting || (t.state == Up && now.Sub(t.lastEcho) <= time.Duration(p.cfg.Multiplier)*interval)
 	}
-	return views
+	return v
 }
 
 // expire turns an Up peer that has not echoed for multiplier intervals
@@ -762,29 +888,43 @@ func (p *Prober) run(ctx context.Context) {
 		changed := false
 		now := time.Now()
 		p.mu.Lock()
-		views := p.peerViews(now)
-		for _, pp := range p.paths {
-			pp.seq++
-			for addr, t := range pp.targets {
+		p.tick++
+		p.judgeTraffic(now)
+		for _, node := range p.order {
+			every := p.idleEvery
+			if node.busy {
+				every = 1
+			}
+			if (p.tick+node.phase)%every != 0 {
+				continue
+			}
+			// The peer's view over all its paths, before judging
+			// any of them.
+			view := p.viewOf(node, now)
+			for _, nt := range node.targets {
+				t, addr, pp := nt.t, nt.addr, nt.pp
+				t.setCadence(every, now)
+				t.seq++
+				interval := t.interval(p.cfg.Interval)
 				if !late {
 					was := t.state
 					// Both, always: tally also clears the slot of
 					// the probe sent now.
-					expired := t.expire(now, p.cfg.Interval, p.cfg.Multiplier, pp.seq, views[t.node])
-					if t.tally(pp.seq, p.cfg.Multiplier) || expired {
+					expired := t.expire(now, interval, p.cfg.Multiplier, t.seq, view)
+					if t.tally(t.seq, p.cfg.Multiplier) || expired {
 						p.logChange(pp.spec.Name, addr, t, was)
 						changed = true
 					}
 				} else {
-					t.echoed[pp.seq%uint64(len(t.echoed))] = false
+					t.echoed[t.seq%uint64(len(t.echoed))] = false
 				}
 				// A peer silent for the detect time may have gone
 				// back to version 1 (a rollback): every other probe
 				// is then one every agent reads, and its echo says
 				// which version the peer speaks.
-				v2 := t.peerV2 && (pp.seq%2 == 0 || now.Sub(t.lastEcho) <= time.Duration(p.cfg.Multiplier)*p.cfg.Interval)
+				v2 := t.peerV2 && (t.seq%2 == 0 || now.Sub(t.lastEcho) <= time.Duration(p.cfg.Multiplier)*interval)
 				sends = append(sends, send{pp.conn, netip.AddrPortFrom(addr, uint16(p.cfg.Port)),
-					message{kind: kindProbe, nonce: t.nonce, seq: pp.seq, v2: v2, key: t.key}.marshal()})
+					message{kind: kindProbe, nonce: t.nonce, seq: t.seq, v2: v2, key: t.key}.marshal()})
 			}
 		}
 		p.counters.ProbesSent += uint64(len(sends))
@@ -798,6 +938,46 @@ func (p *Prober) run(ctx context.Context) {
 			_, _ = s.conn.WriteToUDPAddrPort(s.msg, s.to)
 		}
 	}
+}
+
+// judgeTraffic decides, at now, which peer nodes are busy: the node's pods
+// sent to them within BusyFor (the MaxBusyPeers they sent to last), one of
+// their paths went Down within BusyFor (a repair within that time is found
+// as soon as for a busy peer: an idle peer comes back only after a window of
+// idle probes and a run of them answered), or their traffic cannot be told
+// (no slot, or no Traffic source).
+func (p *Prober) judgeTraffic(now time.Time) {
+	recent := p.recent[:0]
+	for _, node := range p.order {
+		node.busy, node.over = p.cfg.Traffic == nil || node.slot == 0 || now.Sub(node.downAt) < p.cfg.BusyFor, false
+		if node.busy {
+			continue
+		}
+		if since, ok := p.cfg.Traffic.Since(node.slot); ok && since < p.cfg.BusyFor {
+			recent = append(recent, recentPeer{node, since})
+		}
+	}
+	if len(recent) > MaxBusyPeers {
+		slices.SortFunc(recent, func(a, b recentPeer) int { return cmp.Compare(a.since, b.since) })
+		for _, r := range recent[MaxBusyPeers:] {
+			r.node.over = true
+		}
+		recent = recent[:MaxBusyPeers]
+	}
+	for _, r := range recent {
+		r.node.busy = true
+	}
+	p.recent = recent
+}
+
+// setCadence has the target probed every ticks from now. A peer Up at the
+// idle cadence that becomes busy is held to the interval from now: its last
+// echo may be an idle interval old, which says nothing of a silence yet.
+func (t *target) setCadence(every uint64, now time.Time) {
+	if every < t.every && t.state == Up && t.lastEcho.Before(now) {
+		t.lastEcho = now
+	}
+	t.every = every
 }
 
 // logChange logs a peer's change of state on a path (from was).
@@ -856,7 +1036,8 @@ func (p *Prober) States() []PeerState {
 	var out []PeerState
 	for index, pp := range p.paths {
 		for addr, t := range pp.targets {
-			out = append(out, PeerState{Path: index, Peer: Peer{Node: t.node, Addr: addr}, State: t.state, Lost: t.lost, Downs: t.downs})
+			out = append(out, PeerState{Path: index, Peer: Peer{Node: t.node, Addr: addr, Slot: t.peer.slot}, State: t.state,
+				Lost: t.lost, Downs: t.downs, Busy: t.every == 1, OverBusyLimit: t.peer.over})
 		}
 	}
 	slices.SortFunc(out, func(a, b PeerState) int {

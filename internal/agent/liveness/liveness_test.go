@@ -505,7 +505,7 @@ type lossyRun struct {
 }
 
 func newLossyRun() *lossyRun {
-	return &lossyRun{t: newTarget("node2", 7, 1, testMult), now: time.Unix(1000, 0)}
+	return &lossyRun{t: newTarget("node2", 7, testMult), now: time.Unix(1000, 0)}
 }
 
 // ticks runs n ticks: each sends a probe (tally), and answered(seq) says
@@ -667,7 +667,7 @@ func TestOnlyTheSilenceThatTookAPeerDownIsForgiven(t *testing.T) {
 		t.Errorf("Up at tick %d with losses after the silence still in the window, want from %d", ch[1], want)
 	}
 
-	assumed := &lossyRun{t: newTarget("node2", 7, 1, testMult), now: time.Unix(1000, 0)}
+	assumed := &lossyRun{t: newTarget("node2", 7, testMult), now: time.Unix(1000, 0)}
 	assumed.t.state = Down
 	assumed.t.silence(assumed.t.first)
 	assumed.ticks(50, func(uint64) bool { return false })
@@ -730,14 +730,14 @@ func TestAPeerHoldingThisNodeDownTakesThePathDownOnTheChange(t *testing.T) {
 		t.Fatalf("the peer held this node Down again: state %v, downs %d; want Down, 2 downs", r.t.state, r.t.downs)
 	}
 
-	restarted := newTarget("node2", 7, 1, testMult)
+	restarted := newTarget("node2", 7, testMult)
 	if restarted.heard(true, false, 1, 1) || !restarted.echo(time.Unix(1000, 0), testInterval, 1) || restarted.state != Up {
 		t.Fatalf("a peer holding a new prober's node Down from its first echo: state %v, want Up", restarted.state)
 	}
 	if restarted.heard(true, false, 2, 2) || restarted.state != Up {
 		t.Fatalf("the same peer, still holding: state %v, want Up", restarted.state)
 	}
-	assumed := newTarget("node2", 7, 1, testMult)
+	assumed := newTarget("node2", 7, testMult)
 	assumed.state = Down
 	if assumed.heard(true, false, 1, 1) || assumed.downs != 0 {
 		t.Fatalf("a peer assumed Down and held Down by its peer: %d downs, want none", assumed.downs)
@@ -751,11 +751,12 @@ func nonceOf(p *Prober, path uint32, addr string) uint64 {
 	return p.paths[path].targets[netip.MustParseAddr(addr)].nonce
 }
 
-// seqOf is the sequence number of p's last tick on path.
-func seqOf(p *Prober, path uint32) uint64 {
+// seqOf is the sequence number of p's newest probe to the peer at addr on
+// path.
+func seqOf(p *Prober, path uint32, addr string) uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.paths[path].seq
+	return p.paths[path].targets[netip.MustParseAddr(addr)].seq
 }
 
 // The flag by which an echo says its sender holds the prober down counts
@@ -780,7 +781,7 @@ func TestAForgedHeldDownFlagCountsOnlyWithThePathsNonce(t *testing.T) {
 				return
 			}
 			for range rounds {
-				seq := seqOf(pa, 2)
+				seq := seqOf(pa, 2, "10.201.2.2")
 				for back := range uint64(testMult) {
 					payload := message{kind: kindEcho, nonce: nonce, seq: seq - back, heldDown: true}.marshal()
 					udp := make([]byte, 8, 8+len(payload))

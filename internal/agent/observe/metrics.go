@@ -352,6 +352,8 @@ type datapathCollector struct {
 	probesSent, echoesReceived       *prometheus.Desc
 	probesAnswered, probesIgnored    *prometheus.Desc
 	livenessSocketDrops              *prometheus.Desc
+	livenessBusyPeers                *prometheus.Desc
+	livenessOverBusyLimit            *prometheus.Desc
 }
 
 func newDatapathCollector(src Source) *datapathCollector {
@@ -402,12 +404,16 @@ func newDatapathCollector(src Source) *datapathCollector {
 			"(another sender, a wrong nonce, malformed); what nic_ingress refuses never reaches the agent (mptcp_agent_datapath_events_total{event=\"liveness_refused\"})."),
 		livenessSocketDrops: d("liveness_socket_drops_total", "Datagrams the kernel dropped at the liveness port because a path's socket was full, "+
 			"before the agent read them, and datagrams with a bad UDP checksum (SO_RXQ_OVFL counts both): echoes among them count as lost."),
+		livenessBusyPeers: d("liveness_busy_peers", "Peer nodes probed every interval: the node's pods sent to their pods lately, one of their paths went down lately, "+
+			"or their pod CIDRs are unknown. The others are probed every idle interval."),
+		livenessOverBusyLimit: d("liveness_peers_over_busy_limit", "Peer nodes the node's pods sent to lately but probed every idle interval all the same: "+
+			"the pods sent to more peers than the agent probes at the interval for their traffic (liveness.MaxBusyPeers), and to these longest ago."),
 	}
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.pathMgrJoinsReplaced, c.pathMgrJoinsReleased, c.pathMgrSubflowsLeft, c.observeOnly, c.pathDown, c.pathDownTransitions,
-		c.peerUp, c.peerDowns, c.peerLoss, c.probesSent, c.echoesReceived, c.probesAnswered, c.probesIgnored, c.livenessSocketDrops} {
+		c.peerUp, c.peerDowns, c.peerLoss, c.probesSent, c.echoesReceived, c.probesAnswered, c.probesIgnored, c.livenessSocketDrops, c.livenessBusyPeers, c.livenessOverBusyLimit} {
 		ch <- d
 	}
 }
@@ -451,7 +457,14 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 
 	peers, counts := c.src.Liveness()
+	busy, over := map[string]bool{}, map[string]bool{}
 	for _, p := range peers {
+		if p.Busy {
+			busy[p.Peer.Node] = true
+		}
+		if p.OverBusyLimit {
+			over[p.Peer.Node] = true
+		}
 		if p.State != liveness.Unknown {
 			ch <- prometheus.MustNewConstMetric(c.peerUp, prometheus.GaugeValue, boolValue(p.State == liveness.Up), pathLabel(p.Path), p.Peer.Node)
 		}
@@ -465,6 +478,8 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.probesAnswered, prometheus.CounterValue, float64(counts.ProbesAnswered))
 	ch <- prometheus.MustNewConstMetric(c.probesIgnored, prometheus.CounterValue, float64(counts.Ignored))
 	ch <- prometheus.MustNewConstMetric(c.livenessSocketDrops, prometheus.CounterValue, float64(counts.SocketDrops))
+	ch <- prometheus.MustNewConstMetric(c.livenessBusyPeers, prometheus.GaugeValue, float64(len(busy)))
+	ch <- prometheus.MustNewConstMetric(c.livenessOverBusyLimit, prometheus.GaugeValue, float64(len(over)))
 
 	if stats, err := dp.Stats(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.events, fmt.Errorf("reading datapath counters: %w", err))

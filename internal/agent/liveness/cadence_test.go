@@ -1,0 +1,207 @@
+package liveness
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
+)
+
+// podTraffic is a node's datapath record of what its pods send to each
+// peer's pods (Traffic).
+type podTraffic struct {
+	mu   sync.Mutex
+	sent map[uint32]time.Time
+}
+
+func (p *podTraffic) Since(slot uint32) (time.Duration, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	at, ok := p.sent[slot]
+	return time.Since(at), ok
+}
+
+func (p *podTraffic) send(slot uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sent == nil {
+		p.sent = map[uint32]time.Time{}
+	}
+	p.sent[slot] = time.Now()
+}
+
+const (
+	testIdle = 200 * time.Millisecond
+	testBusy = time.Second
+)
+
+// startCadencedProber is startProber with traffic: the peer in slot 1.
+func startCadencedProber(t *testing.T, ns string, paths []Path, traffic *podTraffic, changes *atomic.Int64) *Prober {
+	t.Helper()
+	p, err := New(Config{Port: testPort, Interval: testInterval, Multiplier: testMult, Traffic: traffic, IdleInterval: testIdle, BusyFor: testBusy},
+		slog.New(slog.NewTextHandler(io.Discard, nil)), func() { changes.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	for i := range paths {
+		paths[i].Peers[0].Slot = 1
+	}
+	testutil.InNetNS(t, ns, func() {
+		if err := p.Sync(paths); err != nil {
+			t.Errorf("sync: %v", err)
+		}
+	})
+	return p
+}
+
+// probesPerSecond is how many probes p sends a second, over window.
+func probesPerSecond(p *Prober, window time.Duration) float64 {
+	before := p.Counters().ProbesSent
+	time.Sleep(window)
+	return float64(p.Counters().ProbesSent-before) / window.Seconds()
+}
+
+func checkBusy(t *testing.T, p *Prober, want bool) {
+	t.Helper()
+	for _, s := range p.States() {
+		if s.Busy != want {
+			t.Fatalf("path %d, peer %s: busy %v, want %v", s.Path, s.Peer.Node, s.Busy, want)
+		}
+	}
+}
+
+// A peer the node's pods send nothing to is probed every idle interval; the
+// first packet makes it busy, probed every interval on every path, with no
+// change of state on the way; a path that then fails is down within the
+// detect time, and once the pods stop sending for BusyFor the peer is idle
+// again. A path that fails towards an idle peer is found within the detect
+// multiplier of idle intervals, and its peer is probed at the interval for
+// BusyFor after: a repair within that time is found as soon as for a busy
+// peer.
+func TestProbesFollowThePodsTraffic(t *testing.T) {
+	a, b := twoNodes(t)
+	ta, tb := &podTraffic{}, &podTraffic{}
+	changesA := new(atomic.Int64)
+	pa := startCadencedProber(t, a, pathsOf("1", "2"), ta, changesA)
+	pb := startCadencedProber(t, b, pathsOf("2", "1"), tb, new(atomic.Int64))
+	for _, p := range []*Prober{pa, pb} {
+		for _, path := range []uint32{1, 2} {
+			waitFor(t, "path up at the idle pace", 2*testIdle+time.Second, func() bool { return stateOf(p, path) == Up })
+		}
+	}
+	checkBusy(t, pa, false)
+	idle := probesPerSecond(pa, 5*testIdle)
+	// Two paths, one probe each per idle interval.
+	if want := 2 * float64(time.Second/testIdle); idle < want/2 || idle > want*1.5 {
+		t.Fatalf("idle peer: %.0f probes a second, want about %.0f", idle, want)
+	}
+
+	// The pods send both ways, as every connection does.
+	stop := make(chan struct{})
+	sending := make(chan struct{})
+	go func() {
+		defer close(sending)
+		for {
+			ta.send(1)
+			tb.send(1)
+			select {
+			case <-stop:
+				return
+			case <-time.After(testInterval):
+			}
+		}
+	}()
+	waitFor(t, "node a: peer busy", time.Second, func() bool { return pa.States()[0].Busy })
+	busy := probesPerSecond(pa, 10*testInterval)
+	if want := 2 * float64(time.Second/testInterval); busy < want/2 {
+		t.Fatalf("busy peer: %.0f probes a second, want about %.0f", busy, want)
+	}
+	checkBusy(t, pa, true)
+	for _, s := range append(pa.States(), pb.States()...) {
+		if s.State != Up || s.Downs != 0 {
+			t.Fatalf("after the peer became busy: path %d, peer %s %v after %d downs, want Up", s.Path, s.Peer.Node, s.State, s.Downs)
+		}
+	}
+
+	// Path 2 drops everything both ways, its carrier up.
+	run(t, "ip", "-n", a, "neigh", "replace", "10.201.2.2", "lladdr", "02:00:00:00:00:99", "dev", "nic2", "nud", "permanent")
+	run(t, "ip", "-n", b, "neigh", "replace", "10.201.2.1", "lladdr", "02:00:00:00:00:98", "dev", "nic2", "nud", "permanent")
+	detect := time.Duration(testMult) * testInterval
+	took := waitFor(t, "node a: path2 down, busy", detect+testIdle, func() bool { return pa.Silent(2) })
+	t.Logf("busy peer: path2 down after %v (detect time %v)", took, detect)
+	run(t, "ip", "-n", a, "neigh", "del", "10.201.2.2", "dev", "nic2")
+	run(t, "ip", "-n", b, "neigh", "del", "10.201.2.1", "dev", "nic2")
+	waitFor(t, "node a: path2 up", 2*time.Second, func() bool { return !pa.Silent(2) })
+
+	close(stop)
+	<-sending
+	waitFor(t, "node a: peer idle", testBusy+time.Second, func() bool { return !pa.States()[0].Busy })
+	time.Sleep(testIdle) // the last busy probes' echoes
+	idle = probesPerSecond(pa, 5*testIdle)
+	if want := 2 * float64(time.Second/testIdle); idle > want*1.5 {
+		t.Fatalf("peer idle again: %.0f probes a second, want about %.0f", idle, want)
+	}
+
+	// Path 1 fails towards the idle peer: down within the multiplier of
+	// idle intervals.
+	run(t, "ip", "-n", a, "neigh", "replace", "10.201.1.2", "lladdr", "02:00:00:00:00:99", "dev", "nic1", "nud", "permanent")
+	run(t, "ip", "-n", b, "neigh", "replace", "10.201.1.1", "lladdr", "02:00:00:00:00:98", "dev", "nic1", "nud", "permanent")
+	idleDetect := time.Duration(testMult) * testIdle
+	took = waitFor(t, "node a: path1 down, idle", idleDetect+2*testIdle, func() bool { return pa.Silent(1) })
+	t.Logf("idle peer: path1 down after %v (detect time %v)", took, idleDetect)
+	if pa.Silent(2) {
+		t.Fatal("path2 down with path1")
+	}
+
+	run(t, "ip", "-n", a, "neigh", "del", "10.201.1.2", "dev", "nic1")
+	run(t, "ip", "-n", b, "neigh", "del", "10.201.1.1", "dev", "nic1")
+	back := waitFor(t, "node a: path1 up, idle", testBusy, func() bool { return !pa.Silent(1) })
+	t.Logf("idle peer: path1 up %v after the repair", back)
+}
+
+// sinceSlot says the pods sent to the peer in slot n n milliseconds ago.
+type sinceSlot struct{}
+
+func (sinceSlot) Since(slot uint32) (time.Duration, bool) {
+	return time.Duration(slot) * time.Millisecond, true
+}
+
+// Pods that send to more peers than MaxBusyPeers make busy only those they
+// sent to last; the others are idle, and said to be over the limit. A peer
+// whose traffic cannot be told is busy whatever the others do.
+func TestBusyPeersAreBoundedByThoseSentToLast(t *testing.T) {
+	p, err := New(Config{Port: testPort, Interval: testInterval, Multiplier: testMult, Traffic: sinceSlot{}},
+		slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	const sentTo = MaxBusyPeers + 50
+	add := func(name string, n *peerNode) {
+		p.nodes[name] = n
+		p.order = append(p.order, n)
+	}
+	for slot := uint32(1); slot <= sentTo; slot++ {
+		add(fmt.Sprint("node", slot), &peerNode{slot: slot})
+	}
+	add("no-cidrs", &peerNode{})
+	p.judgeTraffic(time.Now())
+	for name, n := range p.nodes {
+		switch {
+		case n.slot == 0 && (!n.busy || n.over):
+			t.Errorf("%s, whose traffic cannot be told: busy %v, over %v; want busy", name, n.busy, n.over)
+		case n.slot >= 1 && n.slot <= MaxBusyPeers && (!n.busy || n.over):
+			t.Errorf("%s, sent to %d ms ago: busy %v, over %v; want busy", name, n.slot, n.busy, n.over)
+		case n.slot > MaxBusyPeers && (n.busy || !n.over):
+			t.Errorf("%s, sent to %d ms ago: busy %v, over %v; want idle, over the limit", name, n.slot, n.busy, n.over)
+		}
+	}
+}
