@@ -452,7 +452,7 @@ struct {
 } peer_slots_used SEC(".maps");
 
 /* Per peer slot: when a selected pod last sent a subflow's packet to one of
- * the peer's pods over a path NIC (bpf_ktime_get_coarse_ns). Only what the
+ * the peer's pods (pod_egress, bpf_ktime_get_coarse_ns). Only what the
  * node's pods send counts: every connection sends both ways (a receiver
  * its acknowledgements), and what arrives from the wire could be forged to
  * make the node probe every peer at once. The agent reads it through a memory mapping,
@@ -467,8 +467,8 @@ struct {
 } peer_traffic SEC(".maps");
 
 /* The pod address each CPU last noted in peer_traffic, and when: a stream
- * of packets to or from one pod costs one lookup in peer_slots per tick of
- * the coarse clock, not one per packet. */
+ * of packets to one pod costs one lookup in peer_slots per tick of the
+ * coarse clock, not one per packet. */
 struct traffic_note {
 	__u8 family;
 	__u8 pad[3];
@@ -2182,6 +2182,7 @@ int pod_egress(struct __sk_buff *skb)
 	}
 	count_subflow_pod(sf, pkt.family, pkt.saddr, pkt.len, true);
 	count_subflow(sf, pkt.len, true);
+	note_traffic(pkt.family, pkt.daddr);
 	if (is_capable_ack(&pkt) && sf->role == ROLE_INITIATOR)
 		learn_connection(skb, &pkt, 1, sf);
 	/* The path first: a detoured packet is policed as the path it
@@ -2490,7 +2491,6 @@ int nic_egress(struct __sk_buff *skb)
 		flow_key_from(&fk, &pkt, false);
 		sf = subflow_lookup(&fk);
 		if (sf) {
-			note_traffic(pkt.family, pkt.daddr);
 			rate_classify(skb, &pkt, sf->rule, n->path);
 			return TCX_NEXT;
 		}

@@ -136,12 +136,11 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 		// The datapath's record of what the pods send each peer: the
 		// prober probes the peers they send to at the interval, the
 		// others slowly.
-		traffic, err := dp.PeerTraffic()
-		if err != nil {
+		if a.peerTraffic, err = dp.PeerTraffic(); err != nil {
 			return nil, errors.Join(err, dp.Close())
 		}
 		a.prober, err = liveness.New(liveness.Config{Port: l.Port, Interval: l.Interval.Duration, Multiplier: l.DetectMultiplier,
-			Traffic: traffic, IdleInterval: l.IdleInterval.Duration}, log, a.livenessChanged)
+			Traffic: a.peerTraffic, IdleInterval: l.IdleInterval.Duration}, log, a.livenessChanged)
 		if err != nil {
 			return nil, errors.Join(err, dp.Close())
 		}

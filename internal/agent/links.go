@@ -186,8 +186,10 @@ type linkState struct {
 	peerCIDRs map[string][]netip.Prefix
 	peersDown map[netip.Prefix]datapath.PathMask
 	// peerSlots: each probed peer's slot in the datapath's traffic
-	// record (syncPeerSlots); only syncLiveness uses it.
-	peerSlots peerSlots
+	// record (syncPeerSlots), which peerTraffic reads; only syncLiveness
+	// uses them.
+	peerSlots   peerSlots
+	peerTraffic *datapath.PeerTraffic
 	// pathMoves tells the path managers, in order, of paths going down
 	// and coming back (leave.go).
 	pathMoves pathMoves

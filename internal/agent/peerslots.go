@@ -12,7 +12,7 @@ import (
 // peerSlots numbers the probed peers for the datapath's traffic record
 // (datapath.SetPeerSlots): a peer keeps its slot while it is probed, so
 // that what its slot recorded stays its own, and a slot freed by a peer
-// that left is given to the next newcomer.
+// that left is given to the next newcomer, its record cleared first.
 type peerSlots struct {
 	byNode  map[string]uint32
 	written map[netip.Prefix]uint32
@@ -20,7 +20,8 @@ type peerSlots struct {
 
 // assign gives every node in nodes a slot, 1..limits.ProbedPeers, keeping
 // those they had, and frees the others'; a node beyond the slots gets 0.
-func (s *peerSlots) assign(nodes []string) map[string]uint32 {
+// fresh are the nodes given a slot now.
+func (s *peerSlots) assign(nodes []string) (slots map[string]uint32, fresh []string) {
 	want := map[string]bool{}
 	for _, n := range nodes {
 		want[n] = true
@@ -48,15 +49,17 @@ func (s *peerSlots) assign(nodes []string) map[string]uint32 {
 			break
 		}
 		s.byNode[n], used[next] = next, true
+		fresh = append(fresh, n)
 	}
-	return s.byNode
+	return s.byNode, fresh
 }
 
-// syncPeerSlots numbers the peers of paths (Peer.Slot) and writes their pod
-// CIDRs' slots to the datapath. A peer without pod CIDRs keeps slot 0: its
-// traffic cannot be told, and the prober probes it at the interval. A write
-// that fails leaves every slot 0 (the same), is logged, and is tried again
-// at the next plan.
+// syncPeerSlots numbers the peers of paths (Peer.Slot), writes their pod
+// CIDRs' slots to the datapath, and clears the record of the slots given
+// now (a departed peer's traffic is not the newcomer's). A peer without pod
+// CIDRs keeps slot 0: its traffic cannot be told (the prober ranks it after
+// those with traffic). A write that fails leaves every slot 0 (the same),
+// is logged, and is tried again at the next plan.
 func (a *Agent) syncPeerSlots(paths []liveness.Path, cidrs map[string][]netip.Prefix) {
 	var nodes []string
 	for _, p := range paths {
@@ -66,7 +69,7 @@ func (a *Agent) syncPeerSlots(paths []liveness.Path, cidrs map[string][]netip.Pr
 			}
 		}
 	}
-	slots := a.peerSlots.assign(nodes)
+	slots, fresh := a.peerSlots.assign(nodes)
 	want := map[netip.Prefix]uint32{}
 	for node, slot := range slots {
 		for _, cidr := range cidrs[node] {
@@ -77,9 +80,15 @@ func (a *Agent) syncPeerSlots(paths []liveness.Path, cidrs map[string][]netip.Pr
 		if err := a.dp.SetPeerSlots(want); err != nil {
 			a.log.Error("liveness: writing the peers' pod CIDRs", "err", err)
 			a.peerSlots.written = nil
+			for _, n := range fresh {
+				delete(slots, n) // fresh again at the next plan
+			}
 			return
 		}
 		a.peerSlots.written = want
+	}
+	for _, n := range fresh {
+		a.peerTraffic.Forget(slots[n])
 	}
 	for i := range paths {
 		peers := slices.Clone(paths[i].Peers)

@@ -11,7 +11,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
 
-// SetPeerSlots tells nic_egress which peer node each pod address is of: a
+// SetPeerSlots tells pod_egress which peer node each pod address is of: a
 // subflow's packet a selected pod sends to an address in one of the
 // prefixes (a peer's pod CIDRs) records the time in the peer's slot,
 // 1..limits.ProbedPeers, which PeerTraffic reads. The map is written whole
@@ -54,6 +54,8 @@ func (t *PeerTraffic) Since(slot uint32) (time.Duration, bool) {
 	if slot == 0 || slot > limits.ProbedPeers {
 		return 0, false
 	}
+	// Eight aligned bytes: one load on the architectures the agent
+	// runs on, never half of the program's store.
 	var b [8]byte
 	if _, err := t.mem.ReadAt(b[:], int64(slot)*8); err != nil {
 		return 0, false
@@ -67,4 +69,13 @@ func (t *PeerTraffic) Since(slot uint32) (time.Duration, bool) {
 		return 0, true
 	}
 	return time.Duration(now - at), true
+}
+
+// Forget clears slot's record: the peer given it now never had traffic.
+func (t *PeerTraffic) Forget(slot uint32) {
+	if slot == 0 || slot > limits.ProbedPeers {
+		return
+	}
+	var zero [8]byte
+	_, _ = t.mem.WriteAt(zero[:], int64(slot)*8)
 }

@@ -165,17 +165,19 @@ func TestProbesFollowThePodsTraffic(t *testing.T) {
 	t.Logf("idle peer: path1 up %v after the repair", back)
 }
 
-// sinceSlot says the pods sent to the peer in slot n n milliseconds ago.
+// sinceSlot says the pods sent to the peer in slot n n milliseconds ago,
+// and never to those in slots from 1000.
 type sinceSlot struct{}
 
 func (sinceSlot) Since(slot uint32) (time.Duration, bool) {
-	return time.Duration(slot) * time.Millisecond, true
+	return time.Duration(slot) * time.Millisecond, slot < 1000
 }
 
-// Pods that send to more peers than MaxBusyPeers make busy only those they
-// sent to last; the others are idle, and said to be over the limit. A peer
-// whose traffic cannot be told is busy whatever the others do.
-func TestBusyPeersAreBoundedByThoseSentToLast(t *testing.T) {
+// What is probed every interval is bounded by MaxBusyPaths: the peers the
+// pods sent to last have it first, then those whose traffic cannot be told,
+// then the Down paths of the peers that went Down last; the others are
+// idle, and said to be over the limit.
+func TestBusyPathsAreBoundedAndGoToTrafficFirst(t *testing.T) {
 	p, err := New(Config{Port: testPort, Interval: testInterval, Multiplier: testMult, Traffic: sinceSlot{}},
 		slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	if err != nil {
@@ -184,24 +186,65 @@ func TestBusyPeersAreBoundedByThoseSentToLast(t *testing.T) {
 	defer p.Close()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	const sentTo = MaxBusyPeers + 50
-	add := func(name string, n *peerNode) {
+	now := time.Now()
+	// add makes a peer of 4 paths, down of them Down, the last down ago.
+	add := func(name string, slot uint32, down int, ago time.Duration) *peerNode {
+		n := &peerNode{name: name, slot: slot}
+		if down > 0 {
+			n.downAt = now.Add(-ago)
+		}
+		for k := range 4 {
+			tg := &target{state: Up}
+			if k < down {
+				tg.state = Down
+			}
+			n.targets = append(n.targets, nodeTarget{t: tg})
+		}
 		p.nodes[name] = n
 		p.order = append(p.order, n)
+		return n
 	}
-	for slot := uint32(1); slot <= sentTo; slot++ {
-		add(fmt.Sprint("node", slot), &peerNode{slot: slot})
-	}
-	add("no-cidrs", &peerNode{})
-	p.judgeTraffic(time.Now())
-	for name, n := range p.nodes {
-		switch {
-		case n.slot == 0 && (!n.busy || n.over):
-			t.Errorf("%s, whose traffic cannot be told: busy %v, over %v; want busy", name, n.busy, n.over)
-		case n.slot >= 1 && n.slot <= MaxBusyPeers && (!n.busy || n.over):
-			t.Errorf("%s, sent to %d ms ago: busy %v, over %v; want busy", name, n.slot, n.busy, n.over)
-		case n.slot > MaxBusyPeers && (n.busy || !n.over):
-			t.Errorf("%s, sent to %d ms ago: busy %v, over %v; want idle, over the limit", name, n.slot, n.busy, n.over)
+	check := func(what string, n *peerNode, busy, recovering, over bool) {
+		t.Helper()
+		if n.busy != busy || n.recovering != recovering || n.over != over {
+			t.Errorf("%s: busy %v, recovering %v, over %v; want %v, %v, %v", what, n.busy, n.recovering, n.over, busy, recovering, over)
 		}
 	}
+
+	// 110 peers sent to: the 100 sent to last take the whole budget.
+	var sent []*peerNode
+	for slot := uint32(1); slot <= 110; slot++ {
+		sent = append(sent, add(fmt.Sprint("sent", slot), slot, 0, 0))
+	}
+	unknown := add("no-cidrs", 0, 0, 0)
+	fallen := add("fallen", 1000, 1, time.Second)
+	p.judgeTraffic(now)
+	for i, n := range sent {
+		check(n.name, n, i < 100, false, i >= 100)
+	}
+	check("a peer without pod CIDRs, the budget spent", unknown, false, false, true)
+	check("a peer Down on a path, the budget spent", fallen, false, false, true)
+
+	// 50 sent to, one without pod CIDRs, and 200 Down on one path each:
+	// 196 of those fit, those that went Down last.
+	p.nodes, p.order = map[string]*peerNode{}, nil
+	sent = sent[:0]
+	for slot := uint32(1); slot <= 50; slot++ {
+		sent = append(sent, add(fmt.Sprint("sent", slot), slot, 0, 0))
+	}
+	unknown = add("no-cidrs", 0, 0, 0)
+	var down []*peerNode
+	for i := range 200 {
+		down = append(down, add(fmt.Sprint("down", i), uint32(1000+i), 1, time.Duration(i)*time.Millisecond))
+	}
+	stale := add("down-long-ago", 2000, 1, 2*BusyFor)
+	p.judgeTraffic(now)
+	for _, n := range sent {
+		check(n.name, n, true, false, false)
+	}
+	check("a peer without pod CIDRs", unknown, true, false, false)
+	for i, n := range down {
+		check(n.name, n, false, i < 196, i >= 196)
+	}
+	check("a peer Down since before BusyFor", stale, false, false, false)
 }

@@ -41,6 +41,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -81,12 +82,15 @@ const (
 	IdleInterval = 2 * time.Second
 )
 
-// MaxBusyPeers bounds the peers busy for their traffic: pods that send to
-// every peer's pods (a tenant's scan) cost their node at most this many
-// peers' probes at the interval, 100 peers over 4 paths about a quarter of
-// a core (docs/benchmarks.md). Beyond it, the peers sent to last are busy and
-// the others idle (PeerState.OverBusyLimit).
-const MaxBusyPeers = 100
+// MaxBusyPaths bounds what is probed every interval, in peers' paths: pods
+// that send to every peer's pods (a tenant's scan), a cluster whose nodes
+// have no pod CIDRs, or a path that fails towards every peer at once cost
+// their node at most 400 probes an interval, 100 peers over 4 paths, about a
+// quarter of a core (docs/benchmarks.md). The budget goes to the peers the
+// pods sent to last, then to those whose traffic cannot be told, then to
+// the Down paths of the peers that went Down last; the others are probed
+// every idle interval (PeerState.OverBusyLimit).
+const MaxBusyPaths = 400
 
 // UpAfter is how many intervals in a row a Down peer must echo in before
 // it is Up again: one lucky echo through a path that loses most packets
@@ -182,10 +186,9 @@ type PeerState struct {
 	Lost int
 	// Downs counts the peer's transitions from Up to Down on the path.
 	Downs uint64
-	// Busy: the peer is probed every interval (Config.Traffic), not
-	// every IdleInterval. OverBusyLimit: the node's pods sent to it
-	// lately, but more than MaxBusyPeers peers had traffic, and it is
-	// idle for it.
+	// Busy: the peer is probed every interval on the path
+	// (Config.Traffic), not every IdleInterval. OverBusyLimit: it would
+	// be, but MaxBusyPaths went to others.
 	Busy, OverBusyLimit bool
 }
 
@@ -220,7 +223,7 @@ type Prober struct {
 	// one of every idleEvery (at their phase).
 	nodes     map[string]*peerNode
 	order     []*peerNode
-	recent    []recentPeer
+	wanting   []wantingPeer
 	seed      maphash.Seed
 	tick      uint64
 	idleEvery uint64
@@ -242,13 +245,16 @@ type pathProbe struct {
 // peerNode is a peer node: its targets on every path, probed in the same
 // tick (at phase of the idle cadence while it is idle), its slot in the
 // Traffic source, when one of its targets last went Down, and the last
-// tick's verdict (judgeTraffic).
+// tick's verdict (judgeTraffic): busy (every target every interval),
+// recovering (its Down targets every interval), over (one of those, but
+// for MaxBusyPaths).
 type peerNode struct {
-	targets    []nodeTarget
-	phase      uint64
-	slot       uint32
-	downAt     time.Time
-	busy, over bool
+	name                   string
+	targets                []nodeTarget
+	phase                  uint64
+	slot                   uint32
+	downAt                 time.Time
+	busy, recovering, over bool
 }
 
 // nodeTarget is one of a peer node's targets, with its path and address.
@@ -258,11 +264,20 @@ type nodeTarget struct {
 	t    *target
 }
 
-// recentPeer is a peer node the pods sent to since ago.
-type recentPeer struct {
+// wantingPeer is a peer node that would be probed every interval, in the
+// order the budget goes to them (rank, then since).
+type wantingPeer struct {
 	node  *peerNode
+	rank  int
 	since time.Duration
 }
+
+// The ranks of wantingPeer: traffic, unknown traffic, a Down path.
+const (
+	rankTraffic = iota
+	rankUnknown
+	rankRecovering
+)
 
 type target struct {
 	node string
@@ -271,8 +286,10 @@ type target struct {
 	// seq is the sequence number of the newest probe to the peer on the
 	// path: an echo counts only for one of the last Multiplier+1. every
 	// is how many ticks apart its probes go now (1 while the peer is
-	// busy, Prober.idleEvery while idle).
+	// busy, Prober.idleEvery while idle); graced: when setCadence last
+	// gave it a detect time's grace.
 	seq, every uint64
+	graced     time.Time
 	// nonce goes in every probe to the peer on the path, and an echo
 	// counts only with it: one per peer and path, so that what a peer, or
 	// someone who sees one path, learns is good for nothing else.
@@ -404,7 +421,7 @@ func (p *Prober) Sync(paths []Path) error {
 			if node == nil {
 				// A keyed hash of its name spreads the idle
 				// peers' probes over the idle interval.
-				node = &peerNode{busy: true, phase: maphash.String(p.seed, peer.Node) % p.idleEvery}
+				node = &peerNode{name: peer.Node, busy: true, phase: maphash.String(p.seed, peer.Node) % p.idleEvery}
 				p.nodes[peer.Node] = node
 			}
 			node.slot = peer.Slot
@@ -417,9 +434,10 @@ func (p *Prober) Sync(paths []Path) error {
 			t.peer, t.every = node, 1
 			if path.AssumeDown {
 				// Silent since before its first probe: the
-				// outage its predecessor saw.
+				// outage its predecessor saw, recovering.
 				t.state, t.assumedUntil = Down, time.Now().Add(AssumedDownFor)
 				t.silence(t.first)
+				node.downAt = time.Now()
 			}
 			pp.targets[peer.Addr] = t
 		}
@@ -891,11 +909,8 @@ func (p *Prober) run(ctx context.Context) {
 		p.tick++
 		p.judgeTraffic(now)
 		for _, node := range p.order {
-			every := p.idleEvery
-			if node.busy {
-				every = 1
-			}
-			if (p.tick+node.phase)%every != 0 {
+			idleDue := (p.tick+node.phase)%p.idleEvery == 0
+			if !node.busy && !node.recovering && !idleDue {
 				continue
 			}
 			// The peer's view over all its paths, before judging
@@ -903,7 +918,14 @@ func (p *Prober) run(ctx context.Context) {
 			view := p.viewOf(node, now)
 			for _, nt := range node.targets {
 				t, addr, pp := nt.t, nt.addr, nt.pp
-				t.setCadence(every, now)
+				every := p.idleEvery
+				if node.busy || (node.recovering && t.state == Down) {
+					every = 1
+				}
+				if every != 1 && !idleDue {
+					continue
+				}
+				t.setCadence(every, now, p.cfg.BusyFor)
 				t.seq++
 				interval := t.interval(p.cfg.Interval)
 				if !late {
@@ -940,42 +962,72 @@ func (p *Prober) run(ctx context.Context) {
 	}
 }
 
-// judgeTraffic decides, at now, which peer nodes are busy: the node's pods
-// sent to them within BusyFor (the MaxBusyPeers they sent to last), one of
-// their paths went Down within BusyFor (a repair within that time is found
-// as soon as for a busy peer: an idle peer comes back only after a window of
-// idle probes and a run of them answered), or their traffic cannot be told
-// (no slot, or no Traffic source).
+// judgeTraffic decides, at now, which peer nodes are busy: without a
+// Traffic source, all of them; with one, within MaxBusyPaths, those the
+// node's pods sent to within BusyFor (those sent to last first), those
+// whose traffic cannot be told (no slot), and, recovering (their Down
+// paths only), those that went Down within BusyFor (a repair within that
+// time is found as soon as for a busy peer: an idle peer comes back only
+// after a window of idle probes and a run of them answered).
 func (p *Prober) judgeTraffic(now time.Time) {
-	recent := p.recent[:0]
+	wanting := p.wanting[:0]
 	for _, node := range p.order {
-		node.busy, node.over = p.cfg.Traffic == nil || node.slot == 0 || now.Sub(node.downAt) < p.cfg.BusyFor, false
-		if node.busy {
+		node.busy, node.recovering, node.over = p.cfg.Traffic == nil, false, false
+		switch {
+		case node.busy:
+		case node.slot == 0:
+			wanting = append(wanting, wantingPeer{node: node, rank: rankUnknown})
+		default:
+			if since, ok := p.cfg.Traffic.Since(node.slot); ok && since < p.cfg.BusyFor {
+				wanting = append(wanting, wantingPeer{node: node, rank: rankTraffic, since: since})
+			} else if since := now.Sub(node.downAt); since < p.cfg.BusyFor {
+				wanting = append(wanting, wantingPeer{node: node, rank: rankRecovering, since: since})
+			}
+		}
+	}
+	slices.SortFunc(wanting, func(a, b wantingPeer) int {
+		return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(a.since, b.since), strings.Compare(a.node.name, b.node.name))
+	})
+	budget := MaxBusyPaths
+	for _, w := range wanting {
+		n := len(w.node.targets)
+		if w.rank == rankRecovering {
+			n = w.node.downTargets()
+		}
+		if n > budget {
+			w.node.over = true
 			continue
 		}
-		if since, ok := p.cfg.Traffic.Since(node.slot); ok && since < p.cfg.BusyFor {
-			recent = append(recent, recentPeer{node, since})
+		budget -= n
+		if w.rank == rankRecovering {
+			w.node.recovering = true
+		} else {
+			w.node.busy = true
 		}
 	}
-	if len(recent) > MaxBusyPeers {
-		slices.SortFunc(recent, func(a, b recentPeer) int { return cmp.Compare(a.since, b.since) })
-		for _, r := range recent[MaxBusyPeers:] {
-			r.node.over = true
+	clear(wanting)
+	p.wanting = wanting[:0]
+}
+
+// downTargets counts the node's targets that are Down.
+func (node *peerNode) downTargets() int {
+	n := 0
+	for _, nt := range node.targets {
+		if nt.t.state == Down {
+			n++
 		}
-		recent = recent[:MaxBusyPeers]
 	}
-	for _, r := range recent {
-		r.node.busy = true
-	}
-	p.recent = recent
+	return n
 }
 
 // setCadence has the target probed every ticks from now. A peer Up at the
-// idle cadence that becomes busy is held to the interval from now: its last
-// echo may be an idle interval old, which says nothing of a silence yet.
-func (t *target) setCadence(every uint64, now time.Time) {
-	if every < t.every && t.state == Up && t.lastEcho.Before(now) {
-		t.lastEcho = now
+// idle cadence that becomes busy is held to the interval from now, once in
+// graceEvery: its last echo may be an idle interval old, which says nothing
+// of a silence yet; a peer made busy and idle again and again (a pod that
+// sends to it in short bursts) must not keep a dead path alive by it.
+func (t *target) setCadence(every uint64, now time.Time, graceEvery time.Duration) {
+	if every < t.every && t.state == Up && t.lastEcho.Before(now) && now.Sub(t.graced) >= graceEvery {
+		t.lastEcho, t.graced = now, now
 	}
 	t.every = every
 }
@@ -1037,7 +1089,7 @@ func (p *Prober) States() []PeerState {
 	for index, pp := range p.paths {
 		for addr, t := range pp.targets {
 			out = append(out, PeerState{Path: index, Peer: Peer{Node: t.node, Addr: addr, Slot: t.peer.slot}, State: t.state,
-				Lost: t.lost, Downs: t.downs, Busy: t.every == 1, OverBusyLimit: t.peer.over})
+				Lost: t.lost, Downs: t.downs, Busy: t.peer.busy || (t.peer.recovering && t.state == Down), OverBusyLimit: t.peer.over})
 		}
 	}
 	slices.SortFunc(out, func(a, b PeerState) int {

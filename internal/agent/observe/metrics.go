@@ -404,10 +404,10 @@ func newDatapathCollector(src Source) *datapathCollector {
 			"(another sender, a wrong nonce, malformed); what nic_ingress refuses never reaches the agent (mptcp_agent_datapath_events_total{event=\"liveness_refused\"})."),
 		livenessSocketDrops: d("liveness_socket_drops_total", "Datagrams the kernel dropped at the liveness port because a path's socket was full, "+
 			"before the agent read them, and datagrams with a bad UDP checksum (SO_RXQ_OVFL counts both): echoes among them count as lost."),
-		livenessBusyPeers: d("liveness_busy_peers", "Peer nodes probed every interval: the node's pods sent to their pods lately, one of their paths went down lately, "+
-			"or their pod CIDRs are unknown. The others are probed every idle interval."),
-		livenessOverBusyLimit: d("liveness_peers_over_busy_limit", "Peer nodes the node's pods sent to lately but probed every idle interval all the same: "+
-			"the pods sent to more peers than the agent probes at the interval for their traffic (liveness.MaxBusyPeers), and to these longest ago."),
+		livenessBusyPeers: d("liveness_busy_peers", "Peer nodes probed every interval on a path: the node's pods sent to their pods lately, "+
+			"their pod CIDRs are unknown, or they went down on the path lately. The others are probed every idle interval."),
+		livenessOverBusyLimit: d("liveness_peers_over_busy_limit", "Peer nodes that would be probed every interval (traffic, unknown pod CIDRs, a path down lately) "+
+			"but are probed every idle interval: the node's budget of peers' paths probed every interval (liveness.MaxBusyPaths) went to others."),
 	}
 }
 
