@@ -466,22 +466,8 @@ struct {
 	__type(value, __u64);
 } peer_traffic SEC(".maps");
 
-/* The pod address each CPU last noted in peer_traffic, and when: a stream
- * of packets to one pod costs one lookup in peer_slots per tick of the
- * coarse clock, not one per packet. */
-struct traffic_note {
-	__u8 family;
-	__u8 pad[3];
-	__u8 addr[16];
-	__u64 at_ns;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct traffic_note);
-} traffic_notes SEC(".maps");
+/* How many packets of a subflow pod_egress sends per note in peer_traffic. */
+#define TRAFFIC_SAMPLE 16
 
 /* Record actor: per selected pod, at its endpoint's slot (1..MAX_PODS). An
  * array, so that a packet of a known subflow, which carries the slot, counts
@@ -895,27 +881,20 @@ static __always_inline void note_traffic(__u8 family, const __u8 addr[16])
 	    .prefixlen = PEER_KEY_FIXED_BITS + 128,
 	    .family = family,
 	};
-	struct traffic_note *last;
 	__u32 zero = 0, *used, *slot;
 	__u64 now, *at;
 
 	used = bpf_map_lookup_elem(&peer_slots_used, &zero);
 	if (!used || !*used)
 		return;
-	last = bpf_map_lookup_elem(&traffic_notes, &zero);
-	if (!last)
-		return;
-	now = bpf_ktime_get_coarse_ns();
-	if (last->at_ns == now && last->family == family && same_addr(last->addr, addr))
-		return;
-	last->family = family;
-	__builtin_memcpy(last->addr, addr, 16);
-	last->at_ns = now;
 	__builtin_memcpy(k.addr, addr, 16);
 	slot = bpf_map_lookup_elem(&peer_slots, &k);
 	if (!slot)
 		return;
 	at = bpf_map_lookup_elem(&peer_traffic, slot);
+	now = bpf_ktime_get_coarse_ns();
+	/* Written only when the clock moved: the CPUs sending to one peer
+	 * share the cache line. */
 	if (at && *at != now)
 		*at = now;
 }
@@ -2182,7 +2161,11 @@ int pod_egress(struct __sk_buff *skb)
 	}
 	count_subflow_pod(sf, pkt.family, pkt.saddr, pkt.len, true);
 	count_subflow(sf, pkt.len, true);
-	note_traffic(pkt.family, pkt.daddr);
+	/* A subflow's first packet and one in TRAFFIC_SAMPLE after: a stream
+	 * pays a sixteenth of the lookup, and a subflow sending more than
+	 * one packet a second keeps its peer busy (BusyFor, 10 s). */
+	if (sf->tx_packets <= 1 || !(sf->tx_packets % TRAFFIC_SAMPLE))
+		note_traffic(pkt.family, pkt.daddr);
 	if (is_capable_ack(&pkt) && sf->role == ROLE_INITIATOR)
 		learn_connection(skb, &pkt, 1, sf);
 	/* The path first: a detoured packet is policed as the path it

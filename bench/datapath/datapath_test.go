@@ -200,6 +200,12 @@ func setup(b *testing.B) *datapath.Datapath {
 	if err := dp.SetEndpoint(clientPod, 0); err != nil {
 		b.Fatal(err)
 	}
+	// The node has peers, as one with liveness probes has: pod_egress
+	// notes what the pod sends to the server's node (a lookup per tick
+	// of the coarse clock, a per-CPU note per packet).
+	if err := dp.SetPeerSlots(map[netip.Prefix]uint32{netip.PrefixFrom(serverPod, 24).Masked(): 1}); err != nil {
+		b.Fatal(err)
+	}
 	prog := dp.Program(datapath.HookPodEgress)
 	for _, f := range [][]byte{capSYN, capACK} {
 		if _, err := prog.Run(&ebpf.RunOptions{Data: f}); err != nil {

@@ -455,15 +455,6 @@ type datapathTableSeedValue struct {
 	Seed [6]uint64
 }
 
-type datapathTrafficNote struct {
-	_      structs.HostLayout
-	Family uint8
-	Pad    [3]uint8
-	Addr   [16]uint8
-	_      [4]byte
-	AtNs   uint64
-}
-
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -500,7 +491,6 @@ const (
 	datapathMapStats              = "stats"
 	datapathMapSubflows           = "subflows"
 	datapathMapTableSeeds         = "table_seeds"
-	datapathMapTrafficNotes       = "traffic_notes"
 	datapathProgNicEgress         = "nic_egress"
 	datapathProgNicIngress        = "nic_ingress"
 	datapathProgPodEgress         = "pod_egress"
@@ -606,7 +596,6 @@ type datapathMapSpecs struct {
 	Stats          *ebpf.MapSpec `ebpf:"stats"`
 	Subflows       *ebpf.MapSpec `ebpf:"subflows"`
 	TableSeeds     *ebpf.MapSpec `ebpf:"table_seeds"`
-	TrafficNotes   *ebpf.MapSpec `ebpf:"traffic_notes"`
 }
 
 // datapathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -680,7 +669,6 @@ type datapathMaps struct {
 	Stats          *ebpf.Map `ebpf:"stats"`
 	Subflows       *ebpf.Map `ebpf:"subflows"`
 	TableSeeds     *ebpf.Map `ebpf:"table_seeds"`
-	TrafficNotes   *ebpf.Map `ebpf:"traffic_notes"`
 }
 
 func (m *datapathMaps) Close() error {
@@ -717,7 +705,6 @@ func (m *datapathMaps) Close() error {
 		m.Stats,
 		m.Subflows,
 		m.TableSeeds,
-		m.TrafficNotes,
 	)
 }
 
