@@ -32,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/buildinfo"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
@@ -94,7 +95,13 @@ func main() {
 	})
 	flag.StringVar(&netnsutil.ProcSys, "proc-sys", netnsutil.ProcSys, "directory whose net/ is a writable /proc/sys/net (in a container: a mount of the host's, e.g. /host/proc/sys)")
 	installPreload := flag.String("install-preload", "", "write the preload library ("+preload.Library+") into this directory and exit: the init container that podMPTCP.transparent inject adds to a pod")
+	showVersion := flag.Bool("version", false, "print the build (version, source revision, Go version) and exit")
 	flag.Parse()
+
+	if *showVersion {
+		fmt.Println(buildinfo.String())
+		return
+	}
 
 	if *installPreload != "" {
 		path, err := preload.Install(*installPreload)
@@ -112,6 +119,7 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log.Info("mptcp-operator agent", "version", buildinfo.Version(), "revision", buildinfo.Revision())
 	kubeconfig := flag.Lookup("kubeconfig").Value.String()
 	if kubeconfig != "" || *node != "" {
 		if kubeconfig == "" || *node == "" {

@@ -5,6 +5,7 @@ package main
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 
@@ -14,9 +15,11 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/mptcp-operator/mptcp-operator/internal/buildinfo"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/podwebhook"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/webhookcert"
@@ -39,11 +42,18 @@ func main() {
 		preloadImage   = flag.String("preload-image", "", "with -webhook-port: image of the init container that installs the preload library (the agent's)")
 		preloadPull    = flag.String("preload-image-pull-policy", string(corev1.PullIfNotPresent), "pull policy of -preload-image")
 	)
+	showVersion := flag.Bool("version", false, "print the build (version, source revision, Go version) and exit")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(buildinfo.String())
+		return
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
+	log.Info("mptcp-operator controller", "version", buildinfo.Version(), "revision", buildinfo.Revision())
+	metrics.Registry.MustRegister(buildinfo.Collector("mptcp_controller"))
 
 	scheme, err := controller.Scheme()
 	if err != nil {

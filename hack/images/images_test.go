@@ -200,6 +200,36 @@ func checkArchive(t *testing.T, path, name, ref, digest string, rec record) {
 		return
 	}
 	checkStaticReproducibleBinary(t, exe, rec.GoVersion)
+	if name == "agent" || name == "controller" {
+		checkVersion(t, exe, tagOf(rec, name), rec.Revision, rec.GoVersion)
+	}
+}
+
+// checkVersion: the binary's -version says the build it was stamped with,
+// the images' tag and revision (internal/buildinfo).
+func checkVersion(t *testing.T, exe []byte, tag, revision, goVersion string) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "binary")
+	if err := os.WriteFile(f, exe, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(f, "-version").Output()
+	if err != nil {
+		t.Fatalf("-version: %v", err)
+	}
+	if got, want := strings.TrimSpace(string(out)), tag+" "+revision+" "+goVersion; got != want {
+		t.Errorf("-version says %q, want %q", got, want)
+	}
+}
+
+// tagOf is the tag of image name's reference in rec.
+func tagOf(rec record, name string) string {
+	for _, img := range rec.Images {
+		if img.Name == name {
+			return img.Ref[strings.LastIndex(img.Ref, ":")+1:]
+		}
+	}
+	return ""
 }
 
 // checkSharedObjectsPresent: a dynamically linked program finds in the

@@ -8,14 +8,17 @@ import (
 )
 
 // buildBinary builds pkg of the module at repo into dir/name as a static
-// linux/arch executable whose bytes depend only on the source and the Go
-// toolchain: no cgo (static, no libc), -trimpath (no local paths),
-// -buildvcs=false (no VCS time or dirty flag: the image labels carry the
-// revision), an empty Go build ID, and no symbol table or DWARF.
-func buildBinary(repo, pkg, arch, dir, name string) (string, error) {
+// linux/arch executable whose bytes depend only on the source, the Go
+// toolchain and the build's version and revision: no cgo (static, no
+// libc), -trimpath (no local paths), -buildvcs=false (no VCS time or dirty
+// flag), an empty Go build ID, and no symbol table or DWARF. The version
+// and revision go into internal/buildinfo (the binaries' -version flag and
+// build_info metric) as the image labels carry them.
+func buildBinary(repo, pkg, arch, dir, name, version, revision string) (string, error) {
 	out := filepath.Join(dir, name)
+	const stamp = "-X github.com/mptcp-operator/mptcp-operator/internal/buildinfo."
 	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-mod=readonly",
-		"-ldflags=-s -w -buildid=", "-o", out, pkg)
+		"-ldflags=-s -w -buildid= "+stamp+"version="+version+" "+stamp+"revision="+revision, "-o", out, pkg)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(),
 		"CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch,

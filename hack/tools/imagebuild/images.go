@@ -71,11 +71,11 @@ func (img image) buildCommand() string {
 	return "go build " + img.pkg
 }
 
-// build builds the image's binary into dir and lists the shared objects
-// it loads.
-func (img image) build(repo, arch, dir string) (binary string, shared []fileEntry, err error) {
+// build builds the image's binary into dir, stamped with version and
+// revision, and lists the shared objects it loads.
+func (img image) build(repo, arch, dir, version, revision string) (binary string, shared []fileEntry, err error) {
 	if img.cSource == "" {
-		binary, err = buildBinary(repo, img.pkg, arch, dir, img.name)
+		binary, err = buildBinary(repo, img.pkg, arch, dir, img.name, version, revision)
 		return binary, nil, err
 	}
 	if binary, err = buildCProgram(repo, img.cSource, dir, img.name); err != nil {

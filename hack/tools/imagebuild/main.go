@@ -113,7 +113,7 @@ func run(repo, out, registry, chart, tag, arch string, images []image) error {
 			fmt.Printf("%-12s skipped: a C program, built for this machine's architecture (%s) only\n", img.name, runtime.GOARCH)
 			continue
 		}
-		binary, shared, err := img.build(repo, arch, bins)
+		binary, shared, err := img.build(repo, arch, bins, tag, src.revision)
 		if err != nil {
 			return err
 		}

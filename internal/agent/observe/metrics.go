@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/mptcp-operator/mptcp-operator/internal/buildinfo"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
@@ -177,6 +178,7 @@ func NewMetrics(src Source, log *slog.Logger) *Metrics {
 		m.reconcileDuration,
 		m.reconcileErrors,
 		m.peers,
+		buildinfo.Collector(metricsNamespace),
 		newDatapathCollector(src),
 		newRecordCollector(src),
 		newPodMPTCPCollector(src, log),
