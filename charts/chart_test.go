@@ -555,3 +555,39 @@ func TestWebhookRendersForOptedInNamespacesAndFailsOpen(t *testing.T) {
 	d = get[*appsv1.Deployment](t, off, "Deployment", "mptcp-controller")
 	must(t, !strings.Contains(strings.Join(container(t, d.Spec.Template.Spec, "controller").Args, " "), "--webhook"), "webhook.enabled=false still passes webhook flags")
 }
+
+// Extra flags come after the chart's (the binaries' flag parsing lets the
+// later win) and extra variables beside the chart's, in both containers;
+// the controller's replicas spread over nodes by default, softly, and take
+// the constraints given besides.
+func TestExtraArgsEnvAndSpreadReachThePods(t *testing.T) {
+	r := render(t, "--set", "controller.extraArgs[0]=--zap-log-level=debug", "--set", "agent.extraArgs[0]=-log-level=debug",
+		"--set", "controller.extraEnv[0].name=GODEBUG", "--set", "controller.extraEnv[0].value=x=1",
+		"--set", "agent.extraEnv[0].name=GODEBUG", "--set", "agent.extraEnv[0].value=x=1")
+	dep := get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller")
+	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
+	for name, c := range map[string]corev1.Container{"controller": dep.Spec.Template.Spec.Containers[0], "agent": ds.Spec.Template.Spec.Containers[0]} {
+		want := map[string]string{"controller": "--zap-log-level=debug", "agent": "-log-level=debug"}[name]
+		if len(c.Args) < 2 || c.Args[len(c.Args)-1] != want {
+			t.Errorf("%s args %v, want %q last", name, c.Args, want)
+		}
+		if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "GODEBUG" && e.Value == "x=1" }) ||
+			!slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name != "GODEBUG" }) {
+			t.Errorf("%s env %+v, want GODEBUG=x=1 beside the chart's", name, c.Env)
+		}
+	}
+
+	spread := dep.Spec.Template.Spec.TopologySpreadConstraints
+	if len(spread) != 1 || spread[0].TopologyKey != "kubernetes.io/hostname" || spread[0].WhenUnsatisfiable != corev1.ScheduleAnyway ||
+		spread[0].LabelSelector == nil || spread[0].LabelSelector.MatchLabels["app.kubernetes.io/component"] != "controller" {
+		t.Errorf("default spread %+v, want one soft constraint by hostname on the controller's labels", spread)
+	}
+	off := get[*appsv1.Deployment](t, render(t, "--set", "controller.spreadAcrossNodes=false"), "Deployment", "mptcp-controller")
+	if n := len(off.Spec.Template.Spec.TopologySpreadConstraints); n != 0 {
+		t.Errorf("spreadAcrossNodes=false: %d constraints, want none", n)
+	}
+	both := get[*appsv1.Deployment](t, render(t, "-f", everythingValues()), "Deployment", "mptcp-controller")
+	if n := len(both.Spec.Template.Spec.TopologySpreadConstraints); n != 2 {
+		t.Errorf("spread and a zone constraint given: %d constraints, want 2", n)
+	}
+}

@@ -102,6 +102,18 @@ func TestBadValuesAreRefusedWithAClearMessage(t *testing.T) {
 			set:  []string{"agent.liveness.detectMultiplier=1"},
 			want: []string{"/agent/liveness/detectMultiplier", "minimum"},
 		},
+		"an idle interval longer than a minute": {
+			set:  []string{"agent.liveness.idleInterval=90s"},
+			want: []string{"/agent/liveness/idleInterval", "90s"},
+		},
+		"an extra argument that is not a flag": {
+			set:  []string{"agent.extraArgs[0]=debug"},
+			want: []string{"/agent/extraArgs/0", "debug"},
+		},
+		"an extra variable without a name": {
+			set:  []string{"controller.extraEnv[0].value=1"},
+			want: []string{"/controller/extraEnv/0", "name"},
+		},
 		"a port out of range": {
 			set:  []string{"agent.metricsPort=70000"},
 			want: []string{"/agent/metricsPort", "maximum"},
