@@ -32,9 +32,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
-	"github.com/mptcp-operator/mptcp-operator/internal/buildinfo"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
+	"github.com/mptcp-operator/mptcp-operator/internal/buildinfo"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/preload"
 )

@@ -58,9 +58,8 @@ func testDataChecksumsCatchWhatAWireChanged(t *testing.T) {
 	w.Close()
 
 	metric := "mptcp_agent_pod_mptcp_data_checksum_errors_total"
-	podLabel := appsNS + "." + server.Name
-	if v, ok := scrape(t, kb.agents[1]).Value(metric, "pod", podLabel); !ok || v < 1 {
-		t.Errorf("node 2's agent reports %s{pod=%q} = %v (present %v), want the changed segment's error", metric, podLabel, v, ok)
+	if v, ok := scrape(t, kb.agents[1]).Value(metric, "namespace", appsNS, "pod", server.Name); !ok || v < 1 {
+		t.Errorf("node 2's agent reports %s{namespace=%q,pod=%q} = %v (present %v), want the changed segment's error", metric, appsNS, server.Name, v, ok)
 	}
 	if v, _ := bed.KernelCounter(server.NetNS, "MPTcpExtMPRstTx"); v < 1 {
 		t.Errorf("the receiving pod reset %v subflows, want the one that carried the change", v)

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,9 +22,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/buildinfo"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
+	"github.com/mptcp-operator/mptcp-operator/internal/buildinfo"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -58,6 +59,15 @@ type Source interface {
 const DefaultMetricsAddr = ":9402"
 
 const metricsNamespace = "mptcp_agent"
+
+// podLabels are the namespace and pod labels of a pod the agent names
+// namespace.name: a namespace has no dot (a DNS label), a pod's name may.
+// Prometheus's own target labels of the same names are the agent's pod's;
+// the ServiceMonitor keeps these (honorLabels), as kube-state-metrics'.
+func podLabels(name string) (namespace, pod string) {
+	namespace, pod, _ = strings.Cut(name, ".")
+	return namespace, pod
+}
 
 // eventNames are the Prometheus label values of the datapath's counters
 // (enum stat_id in bpf/include/common.h). A counter missing here is still
@@ -378,14 +388,14 @@ func newDatapathCollector(src Source) *datapathCollector {
 		// path manager now are exported, so the series are bounded by
 		// the node's selected pods and go with them.
 		pathMgrUp: d("path_manager_up", "1 while the pod's userspace path manager listens to its MPTCP events, 0 while it waits to restart after its socket failed "+
-			"(the pod's new connections get no joins meanwhile).", "pod"),
-		pathMgrRestarts: d("path_manager_restarts_total", "Times the pod's userspace path manager stopped without being asked to (its event socket failed) and had to start again.", "pod"),
+			"(the pod's new connections get no joins meanwhile).", "namespace", "pod"),
+		pathMgrRestarts: d("path_manager_restarts_total", "Times the pod's userspace path manager stopped without being asked to (its event socket failed) and had to start again.", "namespace", "pod"),
 		pathMgrJoinsReplaced: d("path_manager_joins_replaced_total", "Joins the pod's userspace path manager opened to replace established subflows the pod's kernel closed "+
-			"while their connection lived (at most 8 per connection).", "pod"),
+			"while their connection lived (at most 8 per connection).", "namespace", "pod"),
 		pathMgrJoinsReleased: d("path_manager_joins_released_total", "Joins the pod's userspace path manager opened as backup subflows and made active after the agent's join holdoff "+
-			"(a defence against a kernel defect, docs/subflows.md).", "pod"),
+			"(a defence against a kernel defect, docs/subflows.md).", "namespace", "pod"),
 		pathMgrSubflowsLeft: d("path_manager_subflows_left_total", "Subflows the pod's userspace path manager closed because their path went down while they were recovering from losses: "+
-			"their data goes again at once over the connection's other subflows, and a join replaces each when the path is back (docs/subflows.md).", "pod"),
+			"their data goes again at once over the connection's other subflows, and a join replaces each when the path is back (docs/subflows.md).", "namespace", "pod"),
 		observeOnly: d("observe_only", observeOnlyHelp),
 		pathDown: d("path_down", "1 while the path is down on this node (its NIC is missing, has no carrier, or flaps and is held down, or its probes reach none of its peers): "+
 			"no new subflow is placed on it and its subflows detour over another path of their rule.", "path"),
@@ -547,11 +557,12 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		if pm.Up {
 			v, up = 1, up+1
 		}
-		ch <- prometheus.MustNewConstMetric(c.pathMgrUp, prometheus.GaugeValue, v, pm.Pod)
-		ch <- prometheus.MustNewConstMetric(c.pathMgrRestarts, prometheus.CounterValue, float64(pm.Restarts), pm.Pod)
-		ch <- prometheus.MustNewConstMetric(c.pathMgrJoinsReplaced, prometheus.CounterValue, float64(pm.ReplacedJoins), pm.Pod)
-		ch <- prometheus.MustNewConstMetric(c.pathMgrJoinsReleased, prometheus.CounterValue, float64(pm.ReleasedJoins), pm.Pod)
-		ch <- prometheus.MustNewConstMetric(c.pathMgrSubflowsLeft, prometheus.CounterValue, float64(pm.LeftSubflows), pm.Pod)
+		ns, pod := podLabels(pm.Pod)
+		ch <- prometheus.MustNewConstMetric(c.pathMgrUp, prometheus.GaugeValue, v, ns, pod)
+		ch <- prometheus.MustNewConstMetric(c.pathMgrRestarts, prometheus.CounterValue, float64(pm.Restarts), ns, pod)
+		ch <- prometheus.MustNewConstMetric(c.pathMgrJoinsReplaced, prometheus.CounterValue, float64(pm.ReplacedJoins), ns, pod)
+		ch <- prometheus.MustNewConstMetric(c.pathMgrJoinsReleased, prometheus.CounterValue, float64(pm.ReleasedJoins), ns, pod)
+		ch <- prometheus.MustNewConstMetric(c.pathMgrSubflowsLeft, prometheus.CounterValue, float64(pm.LeftSubflows), ns, pod)
 	}
 	ch <- prometheus.MustNewConstMetric(c.pathMgrs, prometheus.GaugeValue, float64(up))
 

@@ -20,20 +20,20 @@ import (
 	privileged "github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
-// countingSource counts the collections scrapes cause: the pods' collector
-// asks for the pods once per collection, before it enters each pod's
-// namespace. Each ask takes a while, as entering many namespaces does, so
-// that scrapes sent together overlap.
+// countingSource counts the collections scrapes cause: the datapath's
+// collector asks for the path managers once per collection. Each ask takes
+// a while, as entering many pods' namespaces does, so that scrapes sent
+// together overlap.
 type countingSource struct {
 	source
 	delay       time.Duration
 	collections atomic.Int32
 }
 
-func (s *countingSource) Pods() []podnet.Pod {
+func (s *countingSource) PathManagers() []podnet.PathManagerState {
 	s.collections.Add(1)
 	time.Sleep(s.delay)
-	return s.source.Pods()
+	return s.source.PathManagers()
 }
 
 // A scrape reads every table of the datapath and enters every selected pod's

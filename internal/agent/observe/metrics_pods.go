@@ -50,11 +50,11 @@ func newPodMPTCPCollector(src Source, log *slog.Logger) *podMPTCPCollector {
 		src: src,
 		log: log,
 		checksumErrors: d("pod_mptcp_data_checksum_errors_total", "DSS checksum failures the pod's kernel detected (MPTcpExtDataCsumErr): data that changed on its way. "+
-			"Counted only where checksums are on (podMPTCP.dataChecksums, or the peer asked).", "pod"),
-		fallbacks: d("pod_mptcp_fallbacks_total", "MPTCP connections or subflows of the pod that fell back to plain TCP, by the kernel's reason (MPTcpExt counters).", "pod", "reason"),
-		failures:  d("pod_mptcp_fail_total", "MP_FAIL options the pod's kernel sent (tx) or received (rx): a checksum failure was signalled.", "pod", "direction"),
+			"Counted only where checksums are on (podMPTCP.dataChecksums, or the peer asked).", "namespace", "pod"),
+		fallbacks: d("pod_mptcp_fallbacks_total", "MPTCP connections or subflows of the pod that fell back to plain TCP, by the kernel's reason (MPTcpExt counters).", "namespace", "pod", "reason"),
+		failures:  d("pod_mptcp_fail_total", "MP_FAIL options the pod's kernel sent (tx) or received (rx): a checksum failure was signalled.", "namespace", "pod", "direction"),
 		readErrors: d("pod_mptcp_counters_read_errors", "1 when the pod's MPTCP counters could not be read at this scrape (the pod's namespace is gone or unreadable).",
-			"pod"),
+			"namespace", "pod"),
 	}
 }
 
@@ -66,6 +66,7 @@ func (c *podMPTCPCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *podMPTCPCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, pod := range c.src.Pods() {
+		ns, podName := podLabels(pod.Name)
 		mib, err := podMPTCPCounters(pod.NetNS)
 		failed := 0.0
 		if err != nil {
@@ -73,21 +74,21 @@ func (c *podMPTCPCollector) Collect(ch chan<- prometheus.Metric) {
 			c.log.Debug("reading a pod's MPTCP counters", "pod", pod.Name, "err", err)
 			failed = 1
 		}
-		ch <- prometheus.MustNewConstMetric(c.readErrors, prometheus.GaugeValue, failed, pod.Name)
+		ch <- prometheus.MustNewConstMetric(c.readErrors, prometheus.GaugeValue, failed, ns, podName)
 		if err != nil {
 			continue
 		}
 		if v, ok := mib["DataCsumErr"]; ok {
-			ch <- prometheus.MustNewConstMetric(c.checksumErrors, prometheus.CounterValue, v, pod.Name)
+			ch <- prometheus.MustNewConstMetric(c.checksumErrors, prometheus.CounterValue, v, ns, podName)
 		}
-		for name, reason := range fallbackReasons {
-			if v, ok := mib[name]; ok {
-				ch <- prometheus.MustNewConstMetric(c.fallbacks, prometheus.CounterValue, v, pod.Name, reason)
+		for counter, reason := range fallbackReasons {
+			if v, ok := mib[counter]; ok {
+				ch <- prometheus.MustNewConstMetric(c.fallbacks, prometheus.CounterValue, v, ns, podName, reason)
 			}
 		}
-		for name, dir := range map[string]string{"MPFailTx": "tx", "MPFailRx": "rx"} {
-			if v, ok := mib[name]; ok {
-				ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, v, pod.Name, dir)
+		for counter, dir := range map[string]string{"MPFailTx": "tx", "MPFailRx": "rx"} {
+			if v, ok := mib[counter]; ok {
+				ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, v, ns, podName, dir)
 			}
 		}
 	}

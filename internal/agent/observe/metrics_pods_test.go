@@ -104,8 +104,8 @@ func TestAPodsFallbackIsCountedByReason(t *testing.T) {
 	// The server speaks plain TCP: its SYN-ACK carries no MP_CAPABLE.
 	connectOnLoopback(t, path, false)
 	src := &source{pods: []podnet.Pod{
-		{Name: "tenant-a/web", NetNS: path},
-		{Name: "tenant-b/gone", NetNS: "/var/run/netns/mptmib-never-made"},
+		{Name: "tenant-a.web", NetNS: path},
+		{Name: "tenant-b.gone", NetNS: "/var/run/netns/mptmib-never-made"},
 	}}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(newPodMPTCPCollector(src, slog.New(slog.DiscardHandler)))
@@ -127,11 +127,11 @@ func TestAPodsFallbackIsCountedByReason(t *testing.T) {
 		}
 	}
 	want := map[string]float64{
-		"mptcp_agent_pod_mptcp_fallbacks_total{pod=tenant-a/web,reason=mp_capable_syn_ack}": 1,
-		"mptcp_agent_pod_mptcp_fallbacks_total{pod=tenant-a/web,reason=mp_capable_ack}":     0,
-		"mptcp_agent_pod_mptcp_data_checksum_errors_total{pod=tenant-a/web}":                0,
-		"mptcp_agent_pod_mptcp_counters_read_errors{pod=tenant-a/web}":                      0,
-		"mptcp_agent_pod_mptcp_counters_read_errors{pod=tenant-b/gone}":                     1,
+		"mptcp_agent_pod_mptcp_fallbacks_total{namespace=tenant-a,pod=web,reason=mp_capable_syn_ack}": 1,
+		"mptcp_agent_pod_mptcp_fallbacks_total{namespace=tenant-a,pod=web,reason=mp_capable_ack}":     0,
+		"mptcp_agent_pod_mptcp_data_checksum_errors_total{namespace=tenant-a,pod=web}":                0,
+		"mptcp_agent_pod_mptcp_counters_read_errors{namespace=tenant-a,pod=web}":                      0,
+		"mptcp_agent_pod_mptcp_counters_read_errors{namespace=tenant-b,pod=gone}":                     1,
 	}
 	for series, v := range want {
 		if g, ok := got[series]; !ok || g != v {

@@ -1,6 +1,8 @@
 package observe
 
 import (
+	"net/netip"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
@@ -24,16 +26,20 @@ type recordCollector struct {
 	mptcpOptions, mptcpOptionsInvalid              *prometheus.Desc
 }
 
+// podAddressLabels label a pod address's traffic: its pod, and the address
+// (a pod has one per family).
+var podAddressLabels = []string{"namespace", "pod", "address"}
+
 func newRecordCollector(src Source) *recordCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, "", name), help, labels, nil)
 	}
 	return &recordCollector{
 		src:            src,
-		podTxBytes:     d("pod_tx_bytes_total", "Bytes of TCP a selected pod address sent, counted at its host-side veth (Ethernet header included).", "address"),
-		podTxPackets:   d("pod_tx_packets_total", "TCP packets a selected pod address sent (GSO super-packets count once).", "address"),
-		podRxBytes:     d("pod_rx_bytes_total", "Bytes of TCP a selected pod address received, counted at its host-side veth.", "address"),
-		podRxPkt:       d("pod_rx_packets_total", "TCP packets a selected pod address received.", "address"),
+		podTxBytes:     d("pod_tx_bytes_total", "Bytes of TCP a selected pod address sent, counted at its host-side veth (Ethernet header included).", podAddressLabels...),
+		podTxPackets:   d("pod_tx_packets_total", "TCP packets a selected pod address sent (GSO super-packets count once).", podAddressLabels...),
+		podRxBytes:     d("pod_rx_bytes_total", "Bytes of TCP a selected pod address received, counted at its host-side veth.", podAddressLabels...),
+		podRxPkt:       d("pod_rx_packets_total", "TCP packets a selected pod address received.", podAddressLabels...),
 		tableEntries:   d("table_entries", "Live entries of a datapath table (subflows, connections, police_buckets).", "table"),
 		tableCapacity:  d("table_capacity", "Capacity of a datapath table.", "table"),
 		tableEvictions: d("table_evictions_total", "Entries a datapath table evicted to fit new ones (counted by the datapath; for the connection LRU, entries created minus those the agent deleted minus those live).", "table"),
@@ -56,12 +62,21 @@ func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
 	if pods, err := dp.PodStats(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.podTxBytes, err)
 	} else {
+		owners := map[netip.Addr]string{}
+		for _, p := range c.src.Pods() {
+			for _, ip := range p.IPs {
+				owners[ip] = p.Name
+			}
+		}
 		for addr, p := range pods {
-			a := addr.String()
-			ch <- prometheus.MustNewConstMetric(c.podTxBytes, prometheus.CounterValue, float64(p.TxBytes), a)
-			ch <- prometheus.MustNewConstMetric(c.podTxPackets, prometheus.CounterValue, float64(p.TxPackets), a)
-			ch <- prometheus.MustNewConstMetric(c.podRxBytes, prometheus.CounterValue, float64(p.RxBytes), a)
-			ch <- prometheus.MustNewConstMetric(c.podRxPkt, prometheus.CounterValue, float64(p.RxPackets), a)
+			// An address no pod holds now (its counters outlive the
+			// pod until its slot is reused) has empty pod labels.
+			ns, pod := podLabels(owners[addr])
+			labels := []string{ns, pod, addr.String()}
+			ch <- prometheus.MustNewConstMetric(c.podTxBytes, prometheus.CounterValue, float64(p.TxBytes), labels...)
+			ch <- prometheus.MustNewConstMetric(c.podTxPackets, prometheus.CounterValue, float64(p.TxPackets), labels...)
+			ch <- prometheus.MustNewConstMetric(c.podRxBytes, prometheus.CounterValue, float64(p.RxBytes), labels...)
+			ch <- prometheus.MustNewConstMetric(c.podRxPkt, prometheus.CounterValue, float64(p.RxPackets), labels...)
 		}
 	}
 	c.collectOptions(ch)

@@ -223,20 +223,23 @@ func TestPathDownIsExported(t *testing.T) {
 	}
 }
 
-// The record actor's counters reach Prometheus: per pod address and the LRU
-// tables' fill; per connection only through the local API.
+// The record actor's counters reach Prometheus: per pod address, labelled
+// with the pod that holds it (a pod's name may have dots, a namespace's
+// not), and the LRU tables' fill; per connection only through the local
+// API.
 func TestRecordCountersAreExported(t *testing.T) {
 	src, pod, sent := sourceWithAConnection(t)
+	src.pods = []podnet.Pod{{Name: "apps.web.0", IPs: []netip.Addr{pod}}}
 	dp := src.dp
 	syn, ack := sent[0], sent[1]
 	m := NewMetrics(src, slog.New(slog.DiscardHandler))
 	want := fmt.Sprintf(`
 # HELP mptcp_agent_pod_tx_packets_total TCP packets a selected pod address sent (GSO super-packets count once).
 # TYPE mptcp_agent_pod_tx_packets_total counter
-mptcp_agent_pod_tx_packets_total{address="10.244.1.11"} 2
+mptcp_agent_pod_tx_packets_total{address="10.244.1.11",namespace="apps",pod="web.0"} 2
 # HELP mptcp_agent_pod_tx_bytes_total Bytes of TCP a selected pod address sent, counted at its host-side veth (Ethernet header included).
 # TYPE mptcp_agent_pod_tx_bytes_total counter
-mptcp_agent_pod_tx_bytes_total{address="10.244.1.11"} %d
+mptcp_agent_pod_tx_bytes_total{address="10.244.1.11",namespace="apps",pod="web.0"} %d
 # HELP mptcp_agent_table_entries Live entries of a datapath table (subflows, connections, police_buckets).
 # TYPE mptcp_agent_table_entries gauge
 mptcp_agent_table_entries{table="connections"} 1
@@ -360,12 +363,12 @@ func TestPathManagerStatesAreExported(t *testing.T) {
 	exp := `
 # HELP mptcp_agent_path_manager_restarts_total Times the pod's userspace path manager stopped without being asked to (its event socket failed) and had to start again.
 # TYPE mptcp_agent_path_manager_restarts_total counter
-mptcp_agent_path_manager_restarts_total{pod="apps.a"} 0
-mptcp_agent_path_manager_restarts_total{pod="apps.b"} 3
+mptcp_agent_path_manager_restarts_total{namespace="apps",pod="a"} 0
+mptcp_agent_path_manager_restarts_total{namespace="apps",pod="b"} 3
 # HELP mptcp_agent_path_manager_up 1 while the pod's userspace path manager listens to its MPTCP events, 0 while it waits to restart after its socket failed (the pod's new connections get no joins meanwhile).
 # TYPE mptcp_agent_path_manager_up gauge
-mptcp_agent_path_manager_up{pod="apps.a"} 1
-mptcp_agent_path_manager_up{pod="apps.b"} 0
+mptcp_agent_path_manager_up{namespace="apps",pod="a"} 1
+mptcp_agent_path_manager_up{namespace="apps",pod="b"} 0
 # HELP mptcp_agent_path_managers Userspace path managers running (listening to their pod's MPTCP events), one per pod whose rule has the agent open joins.
 # TYPE mptcp_agent_path_managers gauge
 mptcp_agent_path_managers 1
