@@ -58,7 +58,11 @@ var palette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#
 // writeSVG draws the series as lines over shaded scenario phases. Plain SVG,
 // so the chart needs no plotting library and opens in any browser.
 func writeSVG(w io.Writer, title string, ss []series, phases []phase, start time.Time) error {
-	const width, height, left, right, top, bottom = 960.0, 420.0, 60.0, 20.0, 40.0, 70.0
+	// The legend has a row of its own between the title and the plot, so
+	// that it never hides the data (the last scenario, the agent's, ends at
+	// the top right).
+	const width, height, left, right, top, bottom = 960.0, 440.0, 60.0, 20.0, 60.0, 70.0
+	const legendY, legendStep = 44.0, 170.0
 	maxT, maxY := 1.0, 100.0
 	for _, s := range ss {
 		for _, p := range s.Points {
@@ -98,8 +102,9 @@ func writeSVG(w io.Writer, title string, ss []series, phases []phase, start time
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(p[0]), y(p[1])))
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", color, strings.Join(pts, " "))
+		lx := left + float64(i)*legendStep
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="12" height="3" fill="%s"/><text x="%.1f" y="%.1f">%s</text>`+"\n",
-			width-right-170, top+8+float64(i)*16, color, width-right-152, top+12+float64(i)*16, escape(s.Label))
+			lx, legendY-4, color, lx+18, legendY, escape(s.Label))
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
