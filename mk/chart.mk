@@ -58,6 +58,10 @@ chart-manifests: $(HELM) $(VALUESDOC) ## Copy CRDs and controller RBAC into the 
 		  $(HELM) template mptcp $(CHART) --namespace mptcp-system --show-only $$src; } > $$dst.tmp && mv $$dst.tmp $$dst
 	$(VALUESDOC) -schema $(CHART)/values.schema.json -values $(CHART)/values.yaml -out docs/values.md
 
+.PHONY: chart-digest
+chart-digest: ## Record the chart's content under its version (charts/mptcp-operator.digest), after bumping the version: a test fails when the chart changes under a recorded version.
+	CHART_DIGEST_RECORD=1 $(GO) test -count=1 -run '^TestChartVersionMovesWithTheChart$$' ./charts/
+
 .PHONY: helm-lint
 helm-lint: $(HELM) ## helm lint --strict the chart with its defaults and with every optional part on.
 	$(HELM) lint --strict $(CHART)

@@ -1,0 +1,89 @@
+package charts
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// versionLine is Chart.yaml's version.
+var versionLine = regexp.MustCompile(`(?m)^version: *(\S+) *$`)
+
+// chartContent is the chart's version and a digest of every file of the
+// chart, Chart.yaml's version line left out.
+func chartContent(t *testing.T) (version, digest string) {
+	t.Helper()
+	dir := chartDir()
+	var paths []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			paths = append(paths, path)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(paths)
+	h := sha256.New()
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(dir, path)
+		if rel == "Chart.yaml" {
+			m := versionLine.FindSubmatch(b)
+			if m == nil {
+				t.Fatal("Chart.yaml has no version line")
+			}
+			version = string(m[1])
+			b = versionLine.ReplaceAll(b, nil)
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", filepath.ToSlash(rel), len(b))
+		h.Write(b)
+	}
+	return version, "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// digestRecord is where the chart's content is recorded with its version.
+func digestRecord() string { return filepath.Join(filepath.Dir(chartDir()), "mptcp-operator.digest") }
+
+// The chart's version moves with every change to the chart: an admin who
+// upgrades sees a new version for any new content, and `helm upgrade` of an
+// unchanged version changes nothing. charts/mptcp-operator.digest records
+// the content of the version in Chart.yaml; content that differs under the
+// same version fails here. After bumping the version, `make chart-digest`
+// records the new content (and refuses to record new content under the
+// version already recorded).
+func TestChartVersionMovesWithTheChart(t *testing.T) {
+	version, digest := chartContent(t)
+	b, err := os.ReadFile(digestRecord())
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	recVersion, recDigest, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	if os.Getenv("CHART_DIGEST_RECORD") != "" {
+		if recVersion == version && recDigest != digest {
+			t.Fatalf("the chart changed since version %s was recorded: bump version in charts/mptcp-operator/Chart.yaml first", version)
+		}
+		if err := os.WriteFile(digestRecord(), []byte(version+" "+digest+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("recorded %s %s", version, digest)
+		return
+	}
+	switch {
+	case recVersion != version:
+		t.Fatalf("Chart.yaml says version %s, %s records %q: run make chart-digest", version, filepath.Base(digestRecord()), recVersion)
+	case recDigest != digest:
+		t.Fatalf("the chart changed since version %s was recorded: bump version in charts/mptcp-operator/Chart.yaml, then run make chart-digest", version)
+	}
+}
