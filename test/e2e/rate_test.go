@@ -232,8 +232,11 @@ func testSteadyTransferHasNoPeriodicStall(t *testing.T) {
 // 0.900..0.955), 14 % of segments retransmitted, on an idle machine; median
 // 0.899 (rounds 0.889..0.945) in a fresh-clone CI run of the whole suite on
 // a slower machine (2026-11-25). Bounds 0.85..1.0 and 20 %, as for the
-// sender's side: the same bucket answers the same bursts. Three rounds: every
-// round measured has been 0.03 or more above the lower bound.
+// sender's side: the same bucket answers the same bursts. Five rounds: a
+// fresh-clone CI run of the whole suite (2026-11-27) measured rounds 0.815,
+// 0.840 and 0.945, two of three below the bound, where the run before had
+// 0.946..0.959: the other packages' tests share the two cores, and a median
+// of five asks three slow rounds in one case to fail it.
 func testPoliceCapsWhatThePodReceives(t *testing.T) {
 	bed, agents := rateBed(t, func(node int) mptcpv1alpha1.CompiledRule {
 		if node != 2 {
@@ -241,7 +244,7 @@ func testPoliceCapsWhatThePodReceives(t *testing.T) {
 		}
 		return mptcpv1alpha1.CompiledRule{RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModePolice, PerConnection: quantity(rateCap), Direction: mptcpv1alpha1.RateIngress}}
 	})
-	capHoldsOver(t, bed, 3, "cubic", rateCap, 0.85, policeHi, 0.2)
+	capHoldsOver(t, bed, 5, "cubic", rateCap, 0.85, policeHi, 0.2)
 	if s := stats(t, agents[1]); s["rate_police_drop_connection"] == 0 {
 		t.Errorf("no police drop counted on the receiver's node: %v", s)
 	}
