@@ -2162,8 +2162,8 @@ int pod_egress(struct __sk_buff *skb)
 	count_subflow_pod(sf, pkt.family, pkt.saddr, pkt.len, true);
 	count_subflow(sf, pkt.len, true);
 	/* A subflow's first packet and one in TRAFFIC_SAMPLE after: a stream
-	 * pays a sixteenth of the lookup, and a subflow sending more than
-	 * one packet a second keeps its peer busy (BusyFor, 10 s). */
+	 * pays a sixteenth of the lookup, and a subflow that sends sixteen
+	 * packets within BusyFor (10 s) keeps its peer busy. */
 	if (sf->tx_packets <= 1 || !(sf->tx_packets % TRAFFIC_SAMPLE))
 		note_traffic(pkt.family, pkt.daddr);
 	if (is_capable_ack(&pkt) && sf->role == ROLE_INITIATOR)

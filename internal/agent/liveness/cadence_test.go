@@ -37,7 +37,7 @@ func (p *podTraffic) send(slot uint32) {
 
 const (
 	testIdle = 200 * time.Millisecond
-	testBusy = time.Second
+	testBusy = 1500 * time.Millisecond
 )
 
 // startCadencedProber is startProber with traffic: the peer in slot 1.
@@ -158,6 +158,11 @@ func TestProbesFollowThePodsTraffic(t *testing.T) {
 	if pa.Silent(2) {
 		t.Fatal("path2 down with path1")
 	}
+	// Recovering: path1, Down, every interval; path2, Up, still at the
+	// idle pace (both every interval would send twice as many).
+	if rate, one := probesPerSecond(pa, 10*testInterval), float64(time.Second/testInterval); rate < one/2 || rate > one*1.5 {
+		t.Fatalf("recovering peer: %.0f probes a second, want about %.0f (the Down path alone every interval)", rate, one)
+	}
 
 	run(t, "ip", "-n", a, "neigh", "del", "10.201.1.2", "dev", "nic1")
 	run(t, "ip", "-n", b, "neigh", "del", "10.201.1.1", "dev", "nic1")
@@ -247,4 +252,28 @@ func TestBusyPathsAreBoundedAndGoToTrafficFirst(t *testing.T) {
 		check(n.name, n, false, i < 196, i >= 196)
 	}
 	check("a peer Down since before BusyFor", stale, false, false, false)
+}
+
+// A peer Up at the idle pace that becomes busy gets one detect time from
+// then (its last echo may be an idle interval old), but only once per
+// graceEvery: a pod that makes it busy in bursts keeps no dead path alive.
+func TestTheBusyGraceIsGivenOncePerBusyFor(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tg := newTarget("node2", 7, testMult)
+	tg.state, tg.every, tg.lastEcho = Up, 10, now.Add(-time.Second)
+	tg.setCadence(1, now, testBusy)
+	if !tg.lastEcho.Equal(now) {
+		t.Fatalf("idle to busy: last echo %v, want the grace from %v", tg.lastEcho, now)
+	}
+	tg.setCadence(10, now.Add(time.Second), testBusy)
+	tg.setCadence(1, now.Add(time.Second), testBusy)
+	if !tg.lastEcho.Equal(now) {
+		t.Fatalf("busy again within graceEvery: last echo %v, want no new grace", tg.lastEcho)
+	}
+	later := now.Add(testBusy + time.Second)
+	tg.setCadence(10, later, testBusy)
+	tg.setCadence(1, later, testBusy)
+	if !tg.lastEcho.Equal(later) {
+		t.Fatalf("busy again after graceEvery: last echo %v, want the grace from %v", tg.lastEcho, later)
+	}
 }
