@@ -40,6 +40,10 @@ const (
 	// every name is one of the policy's spread paths; otherwise the controller
 	// records a Warning event on the pod and changes nothing.
 	AnnotationPreferredPaths = "mptcp.io/preferred-paths"
+	// PodReadyCondition is the condition the node's agent sets on each pod
+	// a policy selects (the pod gate): True once the pod is configured,
+	// False with the reason while it is not.
+	PodReadyCondition = "mptcp.io/ready"
 )
 
 // Limits of the API. Each is the datapath's own (package limits, which a

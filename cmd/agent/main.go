@@ -95,6 +95,7 @@ func main() {
 	})
 	flag.StringVar(&netnsutil.ProcSys, "proc-sys", netnsutil.ProcSys, "directory whose net/ is a writable /proc/sys/net (in a container: a mount of the host's, e.g. /host/proc/sys)")
 	installPreload := flag.String("install-preload", "", "write the preload library ("+preload.Library+") into this directory and exit: the init container that podMPTCP.transparent inject adds to a pod")
+	localAPIGet := flag.String("local-api-get", "", "send GET PATH to the running agent's local API (e.g. /v1/pods/NAMESPACE/NAME), print the answer and exit; with -node, or -config, naming the agent's node: what `kubectl mptcp` runs in the agent's container")
 	showVersion := flag.Bool("version", false, "print the build (version, source revision, Go version) and exit")
 	flag.Parse()
 
@@ -110,6 +111,14 @@ func main() {
 			os.Exit(1)
 		}
 		fmt.Println(path)
+		return
+	}
+
+	if *localAPIGet != "" {
+		if err := queryLocalAPI(*configPath, *node, *localAPIGet); err != nil {
+			fmt.Fprintf(os.Stderr, "agent: %v\n", err)
+			os.Exit(1)
+		}
 		return
 	}
 
@@ -145,6 +154,27 @@ func main() {
 		log.Error("agent stopped", "err", err)
 		os.Exit(1)
 	}
+}
+
+// queryLocalAPI prints the local API's answer to GET path of the agent of
+// the node that -config or -node names.
+func queryLocalAPI(configPath, node, path string) error {
+	var settings agent.Settings
+	switch {
+	case configPath != "":
+		s, err := agent.LoadSettings(configPath)
+		if err != nil {
+			return err
+		}
+		settings = s
+	case node != "":
+		settings = agent.NodeDefaults(node)
+	default:
+		return errors.New("-local-api-get needs -node or -config: the state directory holding the agent's socket is the node's")
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	return observe.LocalAPIGet(ctx, settings.StateDir, path, os.Stdout)
 }
 
 func run(log *slog.Logger, configPath, nodeStatePath, peersPath, metricsAddr string, uninstall bool) error {

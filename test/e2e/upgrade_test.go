@@ -23,6 +23,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
+	"github.com/mptcp-operator/mptcp-operator/internal/agentapi"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
@@ -242,14 +243,14 @@ func testUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 	}
 
 	// The local API of the new agent lists the live subflows by path name.
-	var api []observe.SubflowInfo
+	var api []agentapi.SubflowInfo
 	localAPI(t, a1, "/v1/subflows", &api)
 	names := map[uint32]string{}
 	for _, p := range full.State.Spec.Paths {
 		names[uint32(p.Index)] = p.Name
 	}
 	for _, b := range before[a1] {
-		i := slices.IndexFunc(api, func(s observe.SubflowInfo) bool {
+		i := slices.IndexFunc(api, func(s agentapi.SubflowInfo) bool {
 			return s.Local == b.Local.String() && s.Remote == b.Remote.String()
 		})
 		if i < 0 {
@@ -269,9 +270,9 @@ func testUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 	if out, err := nobody.CombinedOutput(); err == nil || strings.Contains(string(out), "10.") {
 		t.Errorf("user nobody read node 1's local API (%v): %s", err, out)
 	}
-	var apiConns []observe.ConnectionInfo
+	var apiConns []agentapi.ConnectionInfo
 	localAPI(t, a1, "/v1/connections", &apiConns)
-	if n := len(slices.DeleteFunc(apiConns, func(c observe.ConnectionInfo) bool { return c.Local != client.String() || len(c.Paths) != 2 })); n != conns {
+	if n := len(slices.DeleteFunc(apiConns, func(c agentapi.ConnectionInfo) bool { return c.Local != client.String() || len(c.Paths) != 2 })); n != conns {
 		t.Errorf("local API of node 1 lists %d connections of pod 1 over both paths, want %d: %+v", n, conns, apiConns)
 	}
 

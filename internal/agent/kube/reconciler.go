@@ -48,7 +48,7 @@ const (
 	// peer, present while the node has pods under a policy.
 	ConditionPeersProbed = "PeersProbed"
 	// PodReadyCondition is set on each local pod the agent configured.
-	PodReadyCondition corev1.PodConditionType = "mptcp.io/ready"
+	PodReadyCondition corev1.PodConditionType = mptcpv1alpha1.PodReadyCondition
 )
 
 // Reasons of the conditions: each says what a user can do about it.

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +18,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
+	"github.com/mptcp-operator/mptcp-operator/internal/agentapi"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -29,50 +33,12 @@ import (
 // never stored there, so they cannot leak through it.
 
 // LocalAPISocket is the socket's name under the state directory.
-const LocalAPISocket = "agent.sock"
-
-// SubflowInfo is one subflow as the local API reports it.
-type SubflowInfo struct {
-	Local  string `json:"local"`
-	Remote string `json:"remote"`
-	// Path is the path's name (empty when no path has that index any
-	// more), PathIndex its index.
-	Path      string `json:"path"`
-	PathIndex uint32 `json:"pathIndex"`
-	// Detour is the name of the path the subflow travels instead while
-	// its own is down on one of the two nodes; empty when it travels its
-	// own (docs/agent.md, "Failover").
-	Detour string `json:"detour,omitempty"`
-	// Role is "initiator" (a local pod opened it, this node chose the
-	// path) or "responder" (mirrored from the NIC it arrived on).
-	Role string `json:"role"`
-	// Token is the MP_JOIN token (the receiver's), "" for an initial subflow.
-	Token     string    `json:"token,omitempty"`
-	Rule      string    `json:"rule"`
-	RuleIndex uint32    `json:"ruleIndex"`
-	Created   time.Time `json:"created"`
-}
-
-// ConnectionInfo is one connection as the local API reports it.
-type ConnectionInfo struct {
-	Local string `json:"local"`
-	// Token is the responder's token, the connection's key on both nodes.
-	Token string `json:"token"`
-	// Paths are the names of the paths its subflows use.
-	Paths []string `json:"paths"`
-	// Joins counts the joins this node placed.
-	Joins uint32 `json:"joins"`
-	// TxBytes and RxBytes are what the local pod sent and received on the
-	// connection, summed over its subflows still in the subflow table.
-	// They are served here and not as metrics, which would have to name the
-	// connection by its token (metrics_record.go).
-	TxBytes uint64 `json:"txBytes"`
-	RxBytes uint64 `json:"rxBytes"`
-}
+const LocalAPISocket = agentapi.Socket
 
 type peerKey struct{}
 
-// localAPIHandler serves /v1/subflows and /v1/connections.
+// localAPIHandler serves /v1/subflows, /v1/connections and
+// /v1/pods/NAMESPACE/NAME.
 func localAPIHandler(src Source, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/subflows", func(w http.ResponseWriter, r *http.Request) {
@@ -81,6 +47,10 @@ func localAPIHandler(src Source, log *slog.Logger) http.Handler {
 	})
 	mux.HandleFunc("GET /v1/connections", func(w http.ResponseWriter, r *http.Request) {
 		out, err := connectionInfos(src)
+		reply(w, out, err)
+	})
+	mux.HandleFunc("GET /v1/pods/{namespace}/{name}", func(w http.ResponseWriter, r *http.Request) {
+		out, err := podReport(src, r.PathValue("namespace"), r.PathValue("name"))
 		reply(w, out, err)
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -112,18 +82,19 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func subflowInfos(src Source) ([]SubflowInfo, error) {
+func subflowInfos(src Source) ([]agentapi.SubflowInfo, error) {
 	sfs, err := src.Datapath().Subflows()
 	if err != nil {
 		return nil, err
 	}
 	paths, rules := src.PathNames(), src.RuleNames()
-	out := make([]SubflowInfo, 0, len(sfs))
+	out := make([]agentapi.SubflowInfo, 0, len(sfs))
 	for _, s := range sfs {
-		info := SubflowInfo{
+		info := agentapi.SubflowInfo{
 			Local: s.Local.String(), Remote: s.Remote.String(),
 			Path: paths[s.Path], PathIndex: s.Path, Role: roleName(s.Role),
 			RuleIndex: s.Rule, Created: datapath.KtimeToTime(s.CreatedNs),
+			TxBytes: s.Counters.TxBytes, RxBytes: s.Counters.RxBytes,
 		}
 		if s.Detour != 0 {
 			info.Detour = paths[s.Detour]
@@ -131,16 +102,19 @@ func subflowInfos(src Source) ([]SubflowInfo, error) {
 		if s.Token != 0 {
 			info.Token = fmt.Sprintf("%08x", s.Token)
 		}
+		if s.Conn != 0 {
+			info.Connection = fmt.Sprintf("%08x", s.Conn)
+		}
 		info.Rule = rules[s.Rule]
 		out = append(out, info)
 	}
-	slices.SortFunc(out, func(x, y SubflowInfo) int {
+	slices.SortFunc(out, func(x, y agentapi.SubflowInfo) int {
 		return strings.Compare(x.Local+x.Remote, y.Local+y.Remote)
 	})
 	return out, nil
 }
 
-func connectionInfos(src Source) ([]ConnectionInfo, error) {
+func connectionInfos(src Source) ([]agentapi.ConnectionInfo, error) {
 	conns, err := src.Datapath().Connections()
 	if err != nil {
 		return nil, err
@@ -150,9 +124,9 @@ func connectionInfos(src Source) ([]ConnectionInfo, error) {
 		return nil, err
 	}
 	paths := src.PathNames()
-	out := make([]ConnectionInfo, 0, len(conns))
+	out := make([]agentapi.ConnectionInfo, 0, len(conns))
 	for _, c := range conns {
-		info := ConnectionInfo{Local: c.Local.String(), Token: fmt.Sprintf("%08x", c.Token), Joins: c.Joins, Paths: []string{}}
+		info := agentapi.ConnectionInfo{Local: c.Local.String(), Token: fmt.Sprintf("%08x", c.Token), Joins: c.Joins, Paths: []string{}}
 		t := traffic[datapath.ConnKey{Local: c.Local, Token: c.Token}]
 		info.TxBytes, info.RxBytes = t.TxBytes, t.RxBytes
 		for p := uint32(1); datapath.ValidPath(p); p++ {
@@ -166,7 +140,62 @@ func connectionInfos(src Source) ([]ConnectionInfo, error) {
 		}
 		out = append(out, info)
 	}
-	slices.SortFunc(out, func(x, y ConnectionInfo) int { return strings.Compare(x.Local+x.Token, y.Local+y.Token) })
+	slices.SortFunc(out, func(x, y agentapi.ConnectionInfo) int { return strings.Compare(x.Local+x.Token, y.Local+y.Token) })
+	return out, nil
+}
+
+func podReport(src Source, namespace, name string) (agentapi.PodReport, error) {
+	out := agentapi.PodReport{Namespace: namespace, Name: name, Connections: []agentapi.PodConnection{}}
+	agentName := namespace + "." + name
+	i := slices.IndexFunc(src.Pods(), func(p podnet.Pod) bool { return p.Name == agentName })
+	if i < 0 {
+		return out, nil
+	}
+	pod := src.Pods()[i]
+	out.Configured = true
+	mine := func(addr string) bool {
+		a, err := netip.ParseAddr(addr)
+		return err == nil && slices.Contains(pod.IPs, a.Unmap())
+	}
+	conns, err := connectionInfos(src)
+	if err != nil {
+		return out, err
+	}
+	sfs, err := subflowInfos(src)
+	if err != nil {
+		return out, err
+	}
+	for _, c := range conns {
+		if !mine(c.Local) {
+			continue
+		}
+		pc := agentapi.PodConnection{ConnectionInfo: c, Subflows: []agentapi.SubflowInfo{}}
+		for _, s := range sfs {
+			local, err := netip.ParseAddrPort(s.Local)
+			if err == nil && local.Addr().Unmap().String() == c.Local && s.Connection == c.Token {
+				pc.Subflows = append(pc.Subflows, s)
+			}
+		}
+		out.Connections = append(out.Connections, pc)
+	}
+	if mib, err := podMPTCPCounters(pod.NetNS); err != nil {
+		out.CountersError = err.Error()
+	} else {
+		out.Counters = make(map[string]uint64, len(mib))
+		for k, v := range mib {
+			out.Counters[k] = uint64(v)
+		}
+	}
+	for _, pm := range src.PathManagers() {
+		if pm.Pod == agentName {
+			out.PathManager = &agentapi.PathManagerInfo{Up: pm.Up, Restarts: pm.Restarts}
+		}
+	}
+	stats, err := src.Datapath().Stats()
+	if err != nil {
+		return out, err
+	}
+	out.NodeJoinsRefused = stats[datapath.StatJoinRefused]
 	return out, nil
 }
 
@@ -239,4 +268,33 @@ func peerCred(c net.Conn) (*unix.Ucred, error) {
 		return nil, err
 	}
 	return cred, cerr
+}
+
+// LocalAPIGet sends GET path to the local API of the agent whose state
+// directory is stateDir and copies the answer's body to w. It is how the
+// agent binary answers `agent -local-api-get PATH`, which `kubectl mptcp`
+// runs in the agent's container through the API server (pods/exec): the
+// API server authorizes the caller, and the socket stays root's alone.
+func LocalAPIGet(ctx context.Context, stateDir, path string, w io.Writer) error {
+	sock := filepath.Join(stateDir, LocalAPISocket)
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent"+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("local API at %s: %w", sock, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("local API GET %s: %s: %s", path, resp.Status, strings.TrimSpace(string(body)))
+	}
+	_, err = io.Copy(w, resp.Body)
+	return err
 }

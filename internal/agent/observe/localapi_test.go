@@ -1,6 +1,7 @@
 package observe
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
+	"github.com/mptcp-operator/mptcp-operator/internal/agentapi"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	privileged "github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
@@ -122,5 +126,49 @@ func TestLocalAPIRefusesNonRootPeers(t *testing.T) {
 	}
 	if code, body := getUnix(t, sock, "/v1/connections"); code != http.StatusOK {
 		t.Errorf("root on the same socket: %d %s", code, body)
+	}
+}
+
+// A pod's report names the pod, says whether the agent configures it, and
+// for one it configures carries its namespace's MPTCP counters; a client of
+// LocalAPIGet gets the same JSON, and a path the API lacks is an error that
+// says so.
+func TestLocalAPIPodReport(t *testing.T) {
+	src := localAPISource(t)
+	// The test's own network namespace stands in for the pod's.
+	src.pods = []podnet.Pod{{Name: "tenant.web-0", NetNS: "/proc/self/ns/net", IPs: []netip.Addr{netip.MustParseAddr("10.1.1.10")}}}
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	_, wait, err := ServeLocalAPI(ctx, src, dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wait()
+	defer cancel()
+	get := func(path string) agentapi.PodReport {
+		t.Helper()
+		var buf bytes.Buffer
+		if err := LocalAPIGet(ctx, dir, path, &buf); err != nil {
+			t.Fatal(err)
+		}
+		var r agentapi.PodReport
+		if err := json.Unmarshal(buf.Bytes(), &r); err != nil {
+			t.Fatalf("GET %s: %v: %s", path, err, buf.String())
+		}
+		return r
+	}
+	if r := get("/v1/pods/tenant/web-0"); !r.Configured || r.Namespace != "tenant" || r.Name != "web-0" || r.CountersError != "" ||
+		len(r.Counters) == 0 || r.Connections == nil {
+		t.Errorf("report of a configured pod: %+v, want it configured with its MPTcpExt counters and a (empty) connection list", r)
+	}
+	if _, ok := get("/v1/pods/tenant/web-0").Counters["MPCapableFallbackSYNACK"]; !ok {
+		t.Error("the report lacks the counter explain reads for a peer that does not speak MPTCP (MPCapableFallbackSYNACK)")
+	}
+	if r := get("/v1/pods/tenant/web-1"); r.Configured || r.Counters != nil {
+		t.Errorf("report of a pod the agent does not configure: %+v, want only its name", r)
+	}
+	err = LocalAPIGet(ctx, dir, "/v1/nothing", io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("GET of a path the API lacks: %v, want a 404 error", err)
 	}
 }
