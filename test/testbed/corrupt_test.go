@@ -172,3 +172,47 @@ func TestDSSChecksumsOnASingleSubflowDetectButDoNotRecover(t *testing.T) {
 		t.Logf("the connection stalled: %v", err)
 	}
 }
+
+// The MP_CAPABLE stripper on the server's wire makes an MPTCP client see a
+// TCP server, and the server's connection fall back to TCP after it offered
+// MPTCP (MPTcpExtMPCapableFallbackACK), with the stream whole; once removed,
+// the next connection is MPTCP again.
+func TestStrippedMPCapableMakesTheServerFallBack(t *testing.T) {
+	b := NewForTest(t, Config{Nodes: 2, NICs: 1, PodsPerNode: 1, LinkRate: "200mbit"})
+	bin := BuildTraffic(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	client, server := b.Pod(1, 1), b.Pod(2, 1)
+	stripped, remove, err := b.StripMPCapable(2, 1)
+	Must(t, err)
+	srv, err := b.StartTrafficServer(ctx, bin, server, 5202, true)
+	Must(t, err)
+	defer srv.Stop()
+	sent, err := b.Send(ctx, bin, client, srv.Addr, true, "-bytes", "100000")
+	Must(t, err)
+	if len(sent) != 1 || sent[0].MPTCP {
+		t.Errorf("through the stripper the client's connection reports %+v, want one TCP connection", sent)
+	}
+	got, err := srv.WaitReports(ctx, 1)
+	Must(t, err)
+	if _, err := MatchReports(sent, got); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := stripped(); err != nil || n < 1 {
+		t.Errorf("the stripper changed %d SYN-ACKs (%v), want the connection's", n, err)
+	}
+	if v, err := b.KernelCounter(server.NetNS, "MPTcpExtMPCapableFallbackACK"); err != nil || v < 1 {
+		t.Errorf("server's MPTcpExtMPCapableFallbackACK = %v (%v), want the connection that fell back", v, err)
+	}
+	Must(t, remove())
+	sent, err = b.Send(ctx, bin, client, srv.Addr, true, "-bytes", "100000")
+	Must(t, err)
+	if len(sent) != 1 || !sent[0].MPTCP {
+		t.Errorf("with the stripper removed the client's connection reports %+v, want MPTCP", sent)
+	}
+	got, err = srv.WaitReports(ctx, 2)
+	Must(t, err)
+	if _, err := MatchReports(sent, got[1:]); err != nil {
+		t.Fatal(err)
+	}
+}

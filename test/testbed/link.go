@@ -107,12 +107,13 @@ func tcBatch(ctx context.Context, ns string, cmds ...string) error {
 }
 
 // Priorities of the bed's filters on a wire's clsact ingress: the
-// corruption filter and the copy filter run first and pass every packet on
-// (TC_ACT_UNSPEC), then the loss filter decides.
+// corruption filter, the copy filter and the MP_CAPABLE stripper run first
+// and pass every packet on (TC_ACT_UNSPEC), then the loss filter decides.
 const (
 	corruptPriority = 1
 	copyPriority    = 2
-	lossPriority    = 3
+	lossPriority    = 4
+	stripPriority   = 3
 )
 
 // lossFilter is the state of one link's loss emulation.
