@@ -21,9 +21,9 @@ import (
 // gate has an entry in docs/troubleshooting.md (a heading "### `Reason`"),
 // and every entry there is a reason the product writes: the page an admin
 // opens with a reason in hand stays whole and true. The reasons are read
-// from the source: constants named Reason* or of type PodProblemReason,
-// fields and assignments named Reason given a string literal, and the
-// reasons of setGate.
+// from the source: constants named Reason* or of type PodProblemReason or
+// Cause (kubectl mptcp explain's), fields and assignments named Reason
+// given a string literal, and the reasons of setGate.
 func TestEveryReasonHasATroubleshootingEntry(t *testing.T) {
 	root := testenv.RepoRoot()
 	code := map[string]string{} // reason -> where it is written
@@ -92,7 +92,7 @@ func reasonsIn(t *testing.T, path string) []string {
 		switch n := n.(type) {
 		case *ast.ValueSpec:
 			typed := false
-			if id, ok := n.Type.(*ast.Ident); ok && id.Name == "PodProblemReason" {
+			if id, ok := n.Type.(*ast.Ident); ok && (id.Name == "PodProblemReason" || id.Name == "Cause") {
 				typed = true
 			}
 			for i, name := range n.Names {
