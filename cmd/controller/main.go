@@ -21,6 +21,7 @@ import (
 
 	"github.com/mptcp-operator/mptcp-operator/internal/buildinfo"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller"
+	controllermetrics "github.com/mptcp-operator/mptcp-operator/internal/controller/metrics"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/podwebhook"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/webhookcert"
 )
@@ -103,6 +104,7 @@ func main() {
 		log.Error(err, "manager")
 		os.Exit(1)
 	}
+	metrics.Registry.MustRegister(controllermetrics.CompileDuration, controllermetrics.NewObjects(mgr.GetCache(), mgr.Elected()))
 	ctx := ctrl.SetupSignalHandler()
 	if err := controller.Setup(ctx, mgr); err != nil {
 		log.Error(err, "controllers")

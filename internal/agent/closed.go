@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"maps"
 	"net/netip"
 	"os"
 	"time"
@@ -75,11 +76,14 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time, view *sw
 	seen := a.closedSeen
 	a.closedSeen = map[socketKey]closedSighting{}
 	now := time.Now()
+	live := map[uint32]int{}
+	defer func() { a.liveSubflows = live }()
 	if len(netnsOf) == 0 {
 		return 0, nil
 	}
 	sfs, err := view.Subflows()
 	if err != nil {
+		live = a.liveSubflows // nothing known: the last count stands
 		return 0, err
 	}
 	var errs []error
@@ -91,7 +95,7 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time, view *sw
 	}()
 	for _, sf := range sfs {
 		ns, ours := netnsOf[sf.Local.Addr().Unmap()]
-		if !ours || datapath.KtimeToTime(sf.CreatedNs).After(placedBefore) {
+		if !ours {
 			continue
 		}
 		socks, err := view.Sockets(ns)
@@ -100,6 +104,10 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time, view *sw
 		}
 		k := socketKey{sf.Local, sf.Remote}
 		if socks[k] {
+			live[sf.Path]++
+			continue
+		}
+		if datapath.KtimeToTime(sf.CreatedNs).After(placedBefore) {
 			continue
 		}
 		last, ok := seen[k]
@@ -132,6 +140,16 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time, view *sw
 		}
 	}
 	return closed, errors.Join(errs...)
+}
+
+// LiveSubflows counts, by path index, the subflow table's entries whose
+// sockets were open in their pods at the last sweep of closed subflows
+// (every SweepInterval and at reconciles): the subflows that exist, where
+// mptcp_agent_subflows counts entries, closed ones until swept.
+func (a *Agent) LiveSubflows() map[uint32]int {
+	a.sweepMu.Lock()
+	defer a.sweepMu.Unlock()
+	return maps.Clone(a.liveSubflows)
 }
 
 // closedSighting is an entry sweeps found without a socket: which entry (its

@@ -29,7 +29,8 @@ import (
 // on the 4-tuple (a reset to a forged ACK) only delays it by a look. The
 // closed connection's subflow gives its place back. Entries younger than
 // the grace, and a guest's (whose sockets the agent cannot see), are left
-// alone. A SYN the pod refused (a closed port) wrote no entry at all.
+// alone. A SYN the pod refused (a closed port) wrote no entry at all. The
+// live subflows the sweep counts are those whose sockets are open.
 func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1})
 	node := bed.Node(1)
@@ -178,6 +179,15 @@ func TestClosedSubflowsAreSweptFromTheirPodsSockets(t *testing.T) {
 	a.sweepSpacing = time.Hour
 	if n := sweep(plan, time.Now()); n != 0 {
 		t.Errorf("the first sweep to find them closed forgot %d entries, want none yet", n)
+	}
+	// The ended connection's entry stays for now, but it is no live
+	// subflow: only the remaining connection's is (mptcp_agent_live_subflows).
+	live := 0
+	for _, n := range a.LiveSubflows() {
+		live += n
+	}
+	if live != 1 || len(serverSide()) != 2 {
+		t.Errorf("live subflows %v with %d entries, want the remaining connection's alone", a.LiveSubflows(), len(serverSide()))
 	}
 	if n := sweep(plan, time.Now()); n != 0 {
 		t.Errorf("a sweep right after the first (a reconcile) forgot %d entries: it is no second look", n)

@@ -6,14 +6,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
+	controllermetrics "github.com/mptcp-operator/mptcp-operator/internal/controller/metrics"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
@@ -307,6 +312,49 @@ func TestCompile(t *testing.T) {
 						st.SkippedPods = 1
 					})
 					f.expectEvent("tenant-a", "web", string(mptcpv1alpha1.PodNotFound))
+				},
+			}},
+		},
+		"the controller's metrics count the node states an agent reports Degraded, and each compile": {
+			setup: func(f *fixture) {
+				twoFabrics(f)
+				f.policy("spread", 0, enabled, nil, []string{"fabric-a", "fabric-b"}, nil)
+				f.pod("tenant-a", "web", "n1", "10.1.1.10", nil, nil)
+			},
+			steps: []step{{
+				want: map[string][]string{"n1": {"tenant-a/web 10.1.1.10: spread[fabric-a/1,fabric-b/1]"}},
+				check: func(t *testing.T, f *fixture) {
+					compiles := histogramCount(t, controllermetrics.CompileDuration)
+					if compiles < 2 {
+						t.Errorf("compile_duration_seconds counted %d compiles, want at least both nodes'", compiles)
+					}
+					elected := make(chan struct{})
+					objects := controllermetrics.NewObjects(f.c, elected)
+					if n := testutil.CollectAndCount(objects); n != 0 {
+						t.Errorf("a replica not elected reports %d series, want none (the leader's alone count)", n)
+					}
+					close(elected)
+					degraded := func() float64 {
+						return gathered(t, objects, "mptcp_controller_node_state_degraded", map[string]string{"node": f.n("n1"), "reason": "InterfaceMissing"})
+					}
+					if v := degraded(); v != 0 {
+						t.Errorf("node_state_degraded for n1 before its agent reported: %v", v)
+					}
+					f.agentStatus("n1", func(st *mptcpv1alpha1.MPTCPNodeStateStatus) {
+						meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: mptcpv1alpha1.ConditionDegraded, Status: metav1.ConditionTrue,
+							Reason: "InterfaceMissing", Message: "fabric-b: no interface nic2"})
+					})
+					if v := degraded(); v != 1 {
+						t.Errorf("node_state_degraded{node=n1,reason=InterfaceMissing} = %v, want 1", v)
+					}
+					if v := gathered(t, objects, "mptcp_controller_node_states", map[string]string{"condition": "Degraded", "status": "True"}); v < 1 {
+						t.Errorf("node_states{condition=Degraded,status=True} = %v, want n1 counted", v)
+					}
+					if v := gathered(t, objects, "mptcp_controller_policies", map[string]string{"condition": "Ready", "status": "Unknown"}) +
+						gathered(t, objects, "mptcp_controller_policies", map[string]string{"condition": "Ready", "status": "False"}) +
+						gathered(t, objects, "mptcp_controller_policies", map[string]string{"condition": "Ready", "status": "True"}); v < 1 {
+						t.Errorf("policies by Ready: %v in all, want the case's policy counted", v)
+					}
 				},
 			}},
 		},
@@ -659,4 +707,43 @@ func cleanup(t *testing.T, f *fixture) {
 			_ = f.c.Delete(f.ctx, &nodes.Items[i])
 		}
 	}
+}
+
+// histogramCount is how many observations h holds.
+func histogramCount(t *testing.T, h prometheus.Histogram) uint64 {
+	t.Helper()
+	var m dto.Metric
+	if err := h.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
+}
+
+// gathered is the value of the series of name with labels that c
+// collects, 0 when there is none.
+func gathered(t *testing.T, c prometheus.Collector, name string, labels map[string]string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
+					continue series
+				}
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
 }

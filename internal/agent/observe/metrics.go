@@ -46,6 +46,9 @@ type Source interface {
 	// PathDownTransitions count, by path index, the times a path went
 	// down after having been up.
 	PathDownTransitions() map[uint32]uint64
+	// LiveSubflows count, by path index, the subflows whose sockets were
+	// open in their pods at the agent's last sweep.
+	LiveSubflows() map[uint32]int
 	// Liveness lists every peer of every path probed, and the prober's
 	// datagram counts (nil and zero when liveness is off).
 	Liveness() ([]liveness.PeerState, liveness.Counters)
@@ -353,6 +356,7 @@ type datapathCollector struct {
 	txBytes, txPackets               *prometheus.Desc
 	rxBytes, rxPackets               *prometheus.Desc
 	events, subflows, connections    *prometheus.Desc
+	liveSubflows                     *prometheus.Desc
 	endpoints, attachments, pathMgrs *prometheus.Desc
 	pathMgrUp, pathMgrRestarts       *prometheus.Desc
 	pathMgrJoinsReplaced             *prometheus.Desc
@@ -373,12 +377,14 @@ func newDatapathCollector(src Source) *datapathCollector {
 		return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, "", name), help, labels, nil)
 	}
 	return &datapathCollector{
-		src:         src,
-		txBytes:     d("path_tx_bytes_total", "Bytes the datapath steered out of the path's NIC (pod_egress), Ethernet header included.", "path"),
-		txPackets:   d("path_tx_packets_total", "Packets (GSO super-packets count once) the datapath steered out of the path's NIC.", "path"),
-		rxBytes:     d("path_rx_bytes_total", "Bytes for selected pods that arrived on the path's NIC (nic_ingress), Ethernet header included.", "path"),
-		rxPackets:   d("path_rx_packets_total", "Packets for selected pods that arrived on the path's NIC.", "path"),
-		events:      d("datapath_events_total", "The datapath's counters (enum stat_id in bpf/include/common.h), summed over CPUs.", "event"),
+		src:       src,
+		txBytes:   d("path_tx_bytes_total", "Bytes the datapath steered out of the path's NIC (pod_egress), Ethernet header included.", "path"),
+		txPackets: d("path_tx_packets_total", "Packets (GSO super-packets count once) the datapath steered out of the path's NIC.", "path"),
+		rxBytes:   d("path_rx_bytes_total", "Bytes for selected pods that arrived on the path's NIC (nic_ingress), Ethernet header included.", "path"),
+		rxPackets: d("path_rx_packets_total", "Packets for selected pods that arrived on the path's NIC.", "path"),
+		events:    d("datapath_events_total", "The datapath's counters (enum stat_id in bpf/include/common.h), summed over CPUs.", "event"),
+		liveSubflows: d("live_subflows", "Subflows of the node's selected pods by path whose sockets were open at the agent's last sweep (every 30 s and at each reconcile): "+
+			"the subflows that exist, where mptcp_agent_subflows counts table entries.", "path"),
 		subflows:    d("subflows", "Entries of the datapath's subflow table by path and by this node's role (initiator: a local pod opened it; responder: a peer did). The table is an LRU: closed subflows stay until evicted.", "path", "role"),
 		connections: d("connections", "Entries of the datapath's connection table (an LRU keyed by local pod and token)."),
 		endpoints:   d("endpoints", "Pod addresses the datapath selects."),
@@ -424,7 +430,7 @@ func newDatapathCollector(src Source) *datapathCollector {
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.pathMgrJoinsReplaced, c.pathMgrJoinsReleased, c.pathMgrSubflowsLeft, c.observeOnly, c.pathDown, c.pathDownTransitions,
+	for _, d := range []*prometheus.Desc{c.txBytes, c.txPackets, c.rxBytes, c.rxPackets, c.events, c.subflows, c.liveSubflows, c.connections, c.endpoints, c.attachments, c.pathMgrs, c.pathMgrUp, c.pathMgrRestarts, c.pathMgrJoinsReplaced, c.pathMgrJoinsReleased, c.pathMgrSubflowsLeft, c.observeOnly, c.pathDown, c.pathDownTransitions,
 		c.peerUp, c.peerDowns, c.peerLoss, c.probesSent, c.echoesReceived, c.probesAnswered, c.probesIgnored, c.livenessSocketDrops, c.livenessBusyPeers, c.livenessOverBusyLimit} {
 		ch <- d
 	}
@@ -522,6 +528,11 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		for k, n := range counts {
 			ch <- prometheus.MustNewConstMetric(c.subflows, prometheus.GaugeValue, float64(n), k.path, k.role)
 		}
+	}
+
+	live := c.src.LiveSubflows()
+	for index := range names {
+		ch <- prometheus.MustNewConstMetric(c.liveSubflows, prometheus.GaugeValue, float64(live[index]), pathLabel(index))
 	}
 
 	if conns, err := dp.Connections(); err != nil {

@@ -29,6 +29,7 @@ type source struct {
 	pods         []podnet.Pod
 	pms          []podnet.PathManagerState
 	downs        map[uint32]uint64
+	live         map[uint32]int
 	peers        []liveness.PeerState
 	probes       liveness.Counters
 }
@@ -39,6 +40,7 @@ func (s *source) RuleNames() map[uint32]string            { return s.rules }
 func (s *source) Pods() []podnet.Pod                      { return s.pods }
 func (s *source) PathManagers() []podnet.PathManagerState { return s.pms }
 func (s *source) PathDownTransitions() map[uint32]uint64  { return s.downs }
+func (s *source) LiveSubflows() map[uint32]int            { return s.live }
 func (s *source) Liveness() ([]liveness.PeerState, liveness.Counters) {
 	return s.peers, s.probes
 }

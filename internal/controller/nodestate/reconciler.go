@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,6 +21,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/compile"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/metrics"
 )
 
 // ControllerName names this controller in logs, metrics and events.
@@ -80,7 +82,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	start := time.Now()
 	res := compile.Node(in)
+	metrics.CompileDuration.Observe(time.Since(start).Seconds())
 
 	state, err := r.ensureSpec(ctx, &node, res.Spec)
 	if err != nil {

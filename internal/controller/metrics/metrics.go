@@ -1,0 +1,116 @@
+// Package metrics is the controller's own Prometheus metrics, beside those
+// controller-runtime exports (reconciles, errors, work queues): how long
+// compiling a node takes, and the state of the operator's objects as the
+// controller's cache holds them (docs/controller.md, "Metrics").
+package metrics
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+)
+
+const namespace = "mptcp_controller"
+
+// CompileDuration is the time compile.Node takes for one node: the CPU the
+// controller spends per node and change, without the API's round trips
+// (controller_runtime_reconcile_time_seconds has those).
+var CompileDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+	Namespace: namespace,
+	Name:      "compile_duration_seconds",
+	Help:      "Time to compile one node's MPTCPNodeState spec from the cluster's paths, policies and pods.",
+	Buckets:   prometheus.ExponentialBuckets(50e-6, 4, 9), // 50 µs to about 3 s
+})
+
+// Objects reports, at each scrape, how many MPTCPPolicies and
+// MPTCPNodeStates have each status of their Ready and Degraded conditions,
+// and each node whose state is Degraded, from reader (the manager's cache:
+// a scrape sends nothing to the API server). A replica reports only once
+// elected is closed, so that an alert on these counts sees the leader's
+// alone.
+type Objects struct {
+	reader  client.Reader
+	elected <-chan struct{}
+
+	policies, nodeStates, degraded *prometheus.Desc
+}
+
+// NewObjects is the collector of reader's objects, reported once elected
+// is closed.
+func NewObjects(reader client.Reader, elected <-chan struct{}) *Objects {
+	return &Objects{
+		reader: reader, elected: elected,
+		policies: prometheus.NewDesc(prometheus.BuildFQName(namespace, "", "policies"),
+			"MPTCPPolicies by the status of their condition (Ready, Degraded).", []string{"condition", "status"}, nil),
+		nodeStates: prometheus.NewDesc(prometheus.BuildFQName(namespace, "", "node_states"),
+			"MPTCPNodeStates by the status of their condition (Ready, Degraded), as their agents report it.", []string{"condition", "status"}, nil),
+		degraded: prometheus.NewDesc(prometheus.BuildFQName(namespace, "", "node_state_degraded"),
+			"1 for each node whose MPTCPNodeState is Degraded, with the condition's reason; no series for the others.", []string{"node", "reason"}, nil),
+	}
+}
+
+func (o *Objects) Describe(ch chan<- *prometheus.Desc) {
+	ch <- o.policies
+	ch <- o.nodeStates
+	ch <- o.degraded
+}
+
+// conditions counted, and the statuses each is counted by (every one, so
+// that a count of zero is a series with value 0, not an absent one).
+var (
+	counted  = []string{mptcpv1alpha1.ConditionReady, mptcpv1alpha1.ConditionDegraded}
+	statuses = []metav1.ConditionStatus{metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionUnknown}
+)
+
+func (o *Objects) Collect(ch chan<- prometheus.Metric) {
+	select {
+	case <-o.elected:
+	default:
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var policies mptcpv1alpha1.MPTCPPolicyList
+	if err := o.reader.List(ctx, &policies); err == nil {
+		conds := make([][]metav1.Condition, 0, len(policies.Items))
+		for _, p := range policies.Items {
+			conds = append(conds, p.Status.Conditions)
+		}
+		o.count(ch, o.policies, conds)
+	}
+	var states mptcpv1alpha1.MPTCPNodeStateList
+	if err := o.reader.List(ctx, &states); err == nil {
+		conds := make([][]metav1.Condition, 0, len(states.Items))
+		for _, s := range states.Items {
+			conds = append(conds, s.Status.Conditions)
+			if d := meta.FindStatusCondition(s.Status.Conditions, mptcpv1alpha1.ConditionDegraded); d != nil && d.Status == metav1.ConditionTrue {
+				ch <- prometheus.MustNewConstMetric(o.degraded, prometheus.GaugeValue, 1, s.Name, d.Reason)
+			}
+		}
+		o.count(ch, o.nodeStates, conds)
+	}
+}
+
+// count sends, for each counted condition and status, how many of the
+// objects' condition lists have it; a missing condition counts as Unknown.
+func (o *Objects) count(ch chan<- prometheus.Metric, desc *prometheus.Desc, objects [][]metav1.Condition) {
+	for _, t := range counted {
+		n := map[metav1.ConditionStatus]int{}
+		for _, conds := range objects {
+			status := metav1.ConditionUnknown
+			if c := meta.FindStatusCondition(conds, t); c != nil {
+				status = c.Status
+			}
+			n[status]++
+		}
+		for _, s := range statuses {
+			ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, float64(n[s]), t, string(s))
+		}
+	}
+}
