@@ -451,7 +451,8 @@ func TestPodsTakePullSecretsLabelsAndAnnotations(t *testing.T) {
 
 func TestOptionalPartsRenderOnlyWhenAsked(t *testing.T) {
 	defaults := render(t)
-	for _, k := range []string{"ServiceMonitor/mptcp-operator", "MPTCPPath/fabric-a", "MPTCPPolicy/spread-fabrics"} {
+	for _, k := range []string{"ServiceMonitor/mptcp-operator", "PrometheusRule/mptcp-operator", "ConfigMap/mptcp-operator-dashboard",
+		"MPTCPPath/fabric-a", "MPTCPPolicy/spread-fabrics"} {
 		must(t, !defaults.has(strings.Split(k, "/")[0], strings.Split(k, "/")[1]), "%s is rendered by default", k)
 	}
 	must(t, defaults.has("Service", "mptcp-controller-metrics") && defaults.has("Service", "mptcp-agent-metrics"), "no metrics Services by default")
@@ -460,6 +461,17 @@ func TestOptionalPartsRenderOnlyWhenAsked(t *testing.T) {
 	sm := get[*unstructured.Unstructured](t, all, "ServiceMonitor", "mptcp-operator")
 	must(t, sm.GetAPIVersion() == "monitoring.coreos.com/v1", "ServiceMonitor apiVersion %s", sm.GetAPIVersion())
 	must(t, sm.GetLabels()["release"] == "prometheus", "ServiceMonitor labels %v lack the values' release=prometheus", sm.GetLabels())
+	// The alerts and the dashboard are the chart's files, whole: the e2e
+	// evaluates those files against a real Prometheus.
+	rule := get[*unstructured.Unstructured](t, all, "PrometheusRule", "mptcp-operator")
+	must(t, rule.GetLabels()["release"] == "prometheus", "PrometheusRule labels %v lack the values' release=prometheus", rule.GetLabels())
+	var alerts map[string]any
+	must(t, yaml.Unmarshal(readChartFile(t, "files/alerts.yaml"), &alerts) == nil, "files/alerts.yaml is not YAML")
+	spec, _, _ := unstructured.NestedMap(rule.Object, "spec")
+	must(t, reflect.DeepEqual(spec, alerts), "the PrometheusRule's spec is not files/alerts.yaml: %v", spec)
+	dash := get[*corev1.ConfigMap](t, all, "ConfigMap", "mptcp-operator-dashboard")
+	must(t, dash.Namespace == "monitoring" && dash.Labels["grafana_dashboard"] == "1", "dashboard ConfigMap in %q labelled %v", dash.Namespace, dash.Labels)
+	must(t, dash.Data["mptcp-operator.json"] == strings.TrimRight(string(readChartFile(t, "files/dashboard.json")), "\n"), "the dashboard ConfigMap does not hold files/dashboard.json")
 	policy := get[*mptcpv1alpha1.MPTCPPolicy](t, all, "MPTCPPolicy", "spread-fabrics")
 	must(t, policy.Spec.MaxSubflows == 4, "the policy's spec is not rendered as given: %+v", policy.Spec)
 	path := get[*mptcpv1alpha1.MPTCPPath](t, all, "MPTCPPath", "fabric-b")

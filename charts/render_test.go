@@ -37,6 +37,16 @@ const (
 
 func chartDir() string { return filepath.Join(testenv.RepoRoot(), "charts", "mptcp-operator") }
 
+// readChartFile reads a file of the chart.
+func readChartFile(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(chartDir(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // everythingValues switches every optional part of the chart on.
 func everythingValues() string { return filepath.Join(chartDir(), "ci", "everything-values.yaml") }
 
@@ -73,6 +83,8 @@ func typedObject(kind string) any {
 		return &corev1.Service{}
 	case "Secret":
 		return &corev1.Secret{}
+	case "ConfigMap":
+		return &corev1.ConfigMap{}
 	case "MutatingWebhookConfiguration":
 		return &admissionregistrationv1.MutatingWebhookConfiguration{}
 	case "ClusterRole":
@@ -99,7 +111,7 @@ func typedObject(kind string) any {
 		return &mptcpv1alpha1.MPTCPPath{}
 	case "MPTCPPolicy":
 		return &mptcpv1alpha1.MPTCPPolicy{}
-	case "ServiceMonitor", "Certificate", "Issuer":
+	case "ServiceMonitor", "PrometheusRule", "Certificate", "Issuer":
 		// The Prometheus Operator's and cert-manager's types are not a
 		// dependency: checked as unstructured.
 		return &unstructured.Unstructured{}

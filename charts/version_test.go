@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -85,5 +86,89 @@ func TestChartVersionMovesWithTheChart(t *testing.T) {
 		t.Fatalf("Chart.yaml says version %s, %s records %q: run make chart-digest", version, filepath.Base(digestRecord()), recVersion)
 	case recDigest != digest:
 		t.Fatalf("the chart changed since version %s was recorded: bump version in charts/mptcp-operator/Chart.yaml, then run make chart-digest", version)
+	}
+}
+
+// appVersionLine is Chart.yaml's appVersion, the images' tag.
+var appVersionLine = regexp.MustCompile(`(?m)^appVersion: *"?([^"\s]+)"? *$`)
+
+// binariesContent is a digest of what the chart's images are built from:
+// every Go and embedded file of this module's packages that the controller
+// and the agent are linked from, and go.mod and go.sum.
+func binariesContent(t *testing.T) string {
+	t.Helper()
+	root := filepath.Dir(filepath.Dir(chartDir()))
+	const module = "github.com/mptcp-operator/mptcp-operator"
+	cmd := exec.Command("go", "list", "-deps", "-f",
+		`{{if .Module}}{{if eq .Module.Path "`+module+`"}}{{.Dir}}{{range .GoFiles}} {{.}}{{end}}{{range .EmbedFiles}} {{.}}{{end}}{{"\n"}}{{end}}{{end}}`,
+		"./cmd/agent", "./cmd/controller")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	paths := []string{filepath.Join(root, "go.mod"), filepath.Join(root, "go.sum")}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		for _, name := range f[1:] {
+			paths = append(paths, filepath.Join(f[0], name))
+		}
+	}
+	if len(paths) < 50 {
+		t.Fatalf("the binaries are built from %d files: the listing is broken", len(paths))
+	}
+	slices.Sort(paths)
+	h := sha256.New()
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, path)
+		fmt.Fprintf(h, "%s\x00%d\x00", filepath.ToSlash(rel), len(b))
+		h.Write(b)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// The images' tag (the chart's appVersion) moves with every change to the
+// binaries, as the chart's version moves with the chart: a node whose
+// kubelet pulls IfNotPresent would otherwise keep running an older binary
+// under the same tag. charts/mptcp-operator.appversion-digest records what
+// the binaries of the appVersion in Chart.yaml are built from; a change
+// under the same appVersion fails here. After bumping appVersion (and the
+// chart's version, since Chart.yaml changed), `make chart-digest` records
+// both.
+func TestAppVersionMovesWithTheBinaries(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(chartDir(), "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := appVersionLine.FindSubmatch(b)
+	if m == nil {
+		t.Fatal("Chart.yaml has no appVersion line")
+	}
+	version, digest := string(m[1]), binariesContent(t)
+	record := filepath.Join(filepath.Dir(chartDir()), "mptcp-operator.appversion-digest")
+	rec, err := os.ReadFile(record)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	recVersion, recDigest, _ := strings.Cut(strings.TrimSpace(string(rec)), " ")
+	if os.Getenv("CHART_DIGEST_RECORD") != "" {
+		if recVersion == version && recDigest != digest {
+			t.Fatalf("the binaries changed since appVersion %s was recorded: bump appVersion in charts/mptcp-operator/Chart.yaml first", version)
+		}
+		if err := os.WriteFile(record, []byte(version+" "+digest+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("recorded appVersion %s %s", version, digest)
+		return
+	}
+	switch {
+	case recVersion != version:
+		t.Fatalf("Chart.yaml says appVersion %s, %s records %q: run make chart-digest", version, filepath.Base(record), recVersion)
+	case recDigest != digest:
+		t.Fatalf("the agent's or the controller's sources changed since appVersion %s was recorded: bump appVersion (and version) in charts/mptcp-operator/Chart.yaml, then run make chart-digest", version)
 	}
 }

@@ -200,7 +200,7 @@ image_ref() {
 		sed -n 's/.*"ref": *"\([^"]*\)".*/\1/p') || true
 	if [[ -z $ref ]]; then
 		[[ -n $DRY_RUN ]] || die "$IMAGES_DIR/images.json names no image $1: run make images"
-		ref="ghcr.io/mptcp-operator/$1:0.1.0"
+		ref="ghcr.io/mptcp-operator/$1:$(sed -n 's/^appVersion: *"*\([^"]*\)"*$/\1/p' "$root/charts/mptcp-operator/Chart.yaml")"
 	fi
 	echo "$ref"
 }

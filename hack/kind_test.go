@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -251,7 +252,7 @@ func TestKindE2ERunsTheConformanceTestOnTheCluster(t *testing.T) {
 	want := [][]string{
 		{"kind", "get", "kubeconfig", "--name", "mp"},
 		{"go", "-C", testenv.RepoRoot(), "test", "-count=1", "-v", "-run", "^TestInstalledOperator$", "./test/e2e/conformance/", "-args",
-			"-conformance.kubeconfig=" + filepath.Join(work, "kubeconfig"), "-conformance.traffic-image=ghcr.io/mptcp-operator/traffic:0.1.0",
+			"-conformance.kubeconfig=" + filepath.Join(work, "kubeconfig"), "-conformance.traffic-image=ghcr.io/mptcp-operator/traffic:" + appVersion(t),
 			"-conformance.namespace=ops"},
 	}
 	if !slices.EqualFunc(cmds, want, slices.Equal) {
@@ -271,4 +272,18 @@ func TestKindE2ERunsTheConformanceTestOnTheCluster(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(got)) != "registry.example/traffic:v9" {
 		t.Errorf("print-image traffic: %q, %v; want registry.example/traffic:v9", got, err)
 	}
+}
+
+// appVersion is the chart's appVersion, the tag of the images it runs.
+func appVersion(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "charts", "mptcp-operator", "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^appVersion: *"?([^"\s]+)"?`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("Chart.yaml has no appVersion")
+	}
+	return string(m[1])
 }

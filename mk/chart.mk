@@ -9,6 +9,12 @@
 
 HELM_VERSION := v4.3.1
 HELM := $(CACHE_DIR)/tools/helm-$(HELM_VERSION)
+# Prometheus (v3.16.0, whose module versions are v0.3xx) evaluates the chart's
+# alerts and dashboard in the e2e. Built from its own module like helm,
+# without its service discoveries (remove_all_sd): the tests scrape static
+# targets, and the cloud SDKs would triple the build.
+PROMETHEUS_VERSION := v0.316.0
+PROMETHEUS := $(CACHE_DIR)/tools/prometheus-$(PROMETHEUS_VERSION)
 CHART := charts/mptcp-operator
 # valuesdoc is this repository's code (hack/tools/valuesdoc): keyed by a hash
 # of its sources, like imagebuild.
@@ -26,6 +32,14 @@ $(HELM):
 
 .PHONY: helm
 helm: $(HELM) ## Build helm $(HELM_VERSION) from its module into the cache.
+
+$(PROMETHEUS):
+	@mkdir -p $(dir $@)
+	GOBIN=$@.d $(GO) install -tags remove_all_sd github.com/prometheus/prometheus/cmd/prometheus@$(PROMETHEUS_VERSION)
+	mv $@.d/prometheus $@ && rmdir $@.d
+
+.PHONY: prometheus
+prometheus: $(PROMETHEUS) ## Build Prometheus $(PROMETHEUS_VERSION) from its module into the cache (the e2e evaluates the chart's alerts and dashboard with it).
 
 $(VALUESDOC):
 	@mkdir -p $(dir $@)
@@ -59,8 +73,8 @@ chart-manifests: $(HELM) $(VALUESDOC) ## Copy CRDs and controller RBAC into the 
 	$(VALUESDOC) -schema $(CHART)/values.schema.json -values $(CHART)/values.yaml -out docs/values.md
 
 .PHONY: chart-digest
-chart-digest: ## Record the chart's content under its version (charts/mptcp-operator.digest), after bumping the version: a test fails when the chart changes under a recorded version.
-	CHART_DIGEST_RECORD=1 $(GO) test -count=1 -run '^TestChartVersionMovesWithTheChart$$' ./charts/
+chart-digest: ## Record the chart's content under its version and the binaries' sources under its appVersion (charts/mptcp-operator.digest, .appversion-digest), after bumping them: tests fail when either changes under a recorded version.
+	CHART_DIGEST_RECORD=1 $(GO) test -count=1 -run '^(TestChartVersionMovesWithTheChart|TestAppVersionMovesWithTheBinaries)$$' ./charts/
 
 .PHONY: helm-lint
 helm-lint: $(HELM) ## helm lint --strict the chart with its defaults and with every optional part on.
@@ -78,8 +92,9 @@ print-helm: ## Print helm's path (for HELM= when running go test by hand).
 lint: helm-lint
 
 # `make test` runs the chart's tests too.
-test: $(HELM)
+test: $(HELM) $(PROMETHEUS)
 test: export HELM := $(HELM)
+test: export PROMETHEUS := $(PROMETHEUS)
 
 .PHONY: kind-e2e
 kind-e2e: images $(HELM) ## With Docker (not here): a kind cluster with two NICs per worker, the chart, and the conformance test on it (hack/kind.sh up e2e).

@@ -14,11 +14,13 @@ import (
 	"strings"
 	"testing"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 // Every reason the product writes on a condition, an event or a pod's
-// gate has an entry in docs/troubleshooting.md (a heading "### `Reason`"),
+// gate, and every alert of the chart, has an entry in docs/troubleshooting.md (a heading "### `Reason`"),
 // and every entry there is a reason the product writes: the page an admin
 // opens with a reason in hand stays whole and true. The reasons are read
 // from the source: constants named Reason* or of type PodProblemReason or
@@ -42,6 +44,26 @@ func TestEveryReasonHasATroubleshootingEntry(t *testing.T) {
 		})
 		if err != nil {
 			t.Fatal(err)
+		}
+	}
+	// The chart's alerts are named by the same headings.
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `json:"alert"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	alerts, err := os.ReadFile(filepath.Join(root, "charts", "mptcp-operator", "files", "alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(alerts, &rules); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			code[r.Alert] = "charts/mptcp-operator/files/alerts.yaml"
 		}
 	}
 	if len(code) < 30 {

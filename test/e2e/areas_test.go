@@ -109,7 +109,7 @@ func TestKube(t *testing.T) {
 	t.Run("DefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing", sideBySide(testDefaultRoleBackupMakesAPathBackupWhereAPolicySaysNothing))
 	t.Run("TenantPreferenceActsInEverySpreadMode", sideBySide(testTenantPreferenceActsInEverySpreadMode))
 	t.Run("RaisedMaxSubflowsReachesRunningPods", sideBySide(testRaisedMaxSubflowsReachesRunningPods))
-	t.Run("ExplainNamesTheCauseOfEachLimitedPod", sideBySide(testExplainNamesTheCauseOfEachLimitedPod))
+	t.Run("ExplainAndAlertsNameWhatLimitsSubflows", sideBySide(testExplainAndAlertsNameWhatLimitsSubflows))
 }
 
 // Chart: what an admin does with helm: install, spread, uninstall without a

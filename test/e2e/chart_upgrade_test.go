@@ -26,14 +26,9 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
-// previousChartRelease is the release a chart upgrade starts from: a commit
-// of main whose chart and images ran on the test bed's real nodes (88bc912:
-// main when the chart was first installed there, before its agents knew
-// their DaemonSet). No earlier revision has a chart. To move it on, set it
-// to a later commit of main (one whose chart installs and whose agents come
-// up Ready on the bed; the test builds it from source) and run
-// TestChart/HelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime.
-const previousChartRelease = "88bc912"
+// previousChartRelease is the release a chart upgrade starts from
+// (release.PreviousChart).
+const previousChartRelease = release.PreviousChart
 
 // rolloutSample is the agent pods seen at one moment of an upgrade.
 type rolloutSample struct {

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -24,7 +26,9 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/kubectlmptcp"
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed/release"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // kubectlMPTCP runs the kubectl mptcp plugin, built from cmd/kubectl-mptcp,
@@ -117,11 +121,16 @@ func stepOf(e explain.Explanation, c explain.Cause) string {
 // SYN-ACK's MP_CAPABLE; a client one of whose paths lost its carrier.
 // kubectl mptcp subflows shows a live connection's subflow on its path with
 // its bytes, and status the nodes, paths and policies, the down path too.
-func testExplainNamesTheCauseOfEachLimitedPod(t *testing.T) {
+// A real Prometheus scrapes the agents and the controller all along with the
+// chart's alerts: at the end every alert and every panel of the chart's
+// dashboard returns series, and the alerts of the down path and of node
+// states made Degraded are pending or firing.
+func testExplainAndAlertsNameWhatLimitsSubflows(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 3, LinkRate: "100mbit"})
 	bed, c := kb.bed, kb.env.Client
 	plugin := buildKubectlMPTCP(t, kb.env)
 	ctx := background(t)
+	prom := startPrometheus(t, kb)
 
 	// preferredFirst: every connection's initial subflow takes fabric-a,
 	// its join fabric-b.
@@ -222,6 +231,140 @@ func testExplainNamesTheCauseOfEachLimitedPod(t *testing.T) {
 	if i < 0 || slices.ContainsFunc(status.Nodes[i].Paths, func(p kubectlmptcp.NodePathState) bool { return p.Name == "fabric-b" && p.Up() }) {
 		t.Errorf("kubectl mptcp status with node 1's nic2 down: %+v, want fabric-b down on node 1", status.Nodes)
 	}
+
+	// A path whose interface no node has: both node states are Degraded.
+	applyObject(t, c, &mptcpv1alpha1.MPTCPPath{}, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPath","metadata":{"name":"fabric-x"},
+		"spec":{"nodeSelector":{"matchLabels":{"mptcp.io/multipath":"true"}},"interface":{"name":"nic9"},"capacity":"10G"}}`)
+	requireAlertsAndPanels(t, ctx, prom, framework.NodeName(bed.Node(1)))
+}
+
+// startPrometheus starts a real Prometheus in node 1's network namespace,
+// scraping both agents and the controller as the chart's ServiceMonitor
+// would (jobs named by their Services) every second, with the chart's
+// alerts.
+func startPrometheus(t *testing.T, kb *kubeBed) *framework.Prometheus {
+	t.Helper()
+	bin := testutil.BuiltTool(t, "PROMETHEUS", "prometheus")
+	var pods corev1.PodList
+	if err := kb.env.Client.List(context.Background(), &pods, client.InNamespace("mptcp-system"),
+		client.MatchingLabels{"app.kubernetes.io/component": "controller"}); err != nil || len(pods.Items) != 1 || pods.Items[0].Status.PodIP == "" {
+		t.Fatalf("the controller's pod: %v (%d pods)", err, len(pods.Items))
+	}
+	var agents []string
+	for _, n := range kb.bed.Nodes {
+		agents = append(agents, netip.AddrPortFrom(n.NICs[0].Addr.Addr(), 9402).String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	prom, err := framework.StartPrometheus(ctx, kb.bed, kb.bed.Node(1), bin, framework.PrometheusOptions{
+		Jobs: map[string][]string{
+			"mptcp-agent-metrics":      agents,
+			"mptcp-controller-metrics": {net.JoinHostPort(pods.Items[0].Status.PodIP, "8080")},
+		},
+		RuleFiles: []string{filepath.Join(release.Chart(), "files", "alerts.yaml")},
+		Interval:  time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = prom.Stop() })
+	return prom
+}
+
+// requireAlertsAndPanels checks the chart's alerts and dashboard against
+// what prom scraped: every target is up; every alert evaluates without
+// error, and each series selector of its expression returns series; every
+// panel query of the dashboard returns series; and the alerts of the path
+// down on node and the degraded node states are pending or firing.
+func requireAlertsAndPanels(t *testing.T, ctx context.Context, prom *framework.Prometheus, node string) {
+	t.Helper()
+	targets, err := prom.Targets(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(targets) != 3 {
+		t.Errorf("prometheus scrapes %d targets, want both agents and the controller: %+v", len(targets), targets)
+	}
+	for _, tg := range targets {
+		if tg.Health != "up" {
+			t.Errorf("target %s is %s: %s", tg.ScrapeURL, tg.Health, tg.LastError)
+		}
+	}
+	requireSeries := func(what, expr string) {
+		t.Helper()
+		selectors, err := prom.Selectors(ctx, expr)
+		if err != nil || len(selectors) == 0 {
+			t.Errorf("%s: %q: selectors %v, %v", what, expr, selectors, err)
+		}
+		for _, sel := range selectors {
+			if got, err := prom.Query(ctx, sel); err != nil || len(got) == 0 {
+				t.Errorf("%s: %q: its selector %s returns %d series (%v): a metric or label it names does not exist", what, expr, sel, len(got), err)
+			}
+		}
+	}
+	want := map[string]bool{"MPTCPPathDown": false, "MPTCPNodeStateDegraded": false}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		alerts, err := prom.Alerts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range alerts {
+			switch name := a.Labels["alertname"]; {
+			case name == "MPTCPPathDown" && a.Labels["path"] == "fabric-b" && strings.HasPrefix(a.Labels["instance"], "10.101.1.2:"):
+				want[name] = true
+			case name == "MPTCPNodeStateDegraded" && a.Labels["node"] == node && a.Labels["reason"] == "InterfaceMissing":
+				want[name] = true
+			}
+		}
+		if want["MPTCPPathDown"] && want["MPTCPNodeStateDegraded"] {
+			t.Logf("prometheus: %d alerts pending or firing, the path's and the node state's among them", len(alerts))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("alerts pending or firing %+v, want MPTCPPathDown for fabric-b on node 1 and MPTCPNodeStateDegraded for %s (found: %v)", alerts, node, want)
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	rules, err := prom.Rules(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rules) < 7 {
+		t.Errorf("prometheus loaded %d rules from the chart's alerts, want all 7", len(rules))
+	}
+	for _, r := range rules {
+		if r.Health != "ok" {
+			t.Errorf("alert %s: health %s: %s", r.Name, r.Health, r.LastError)
+		}
+		requireSeries("alert "+r.Name, r.Query)
+	}
+	var dashboard struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	b, err := os.ReadFile(filepath.Join(release.Chart(), "files", "dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &dashboard); err != nil || len(dashboard.Panels) == 0 {
+		t.Fatalf("the chart's dashboard: %v, %d panels", err, len(dashboard.Panels))
+	}
+	queries := 0
+	for _, p := range dashboard.Panels {
+		for _, tg := range p.Targets {
+			queries++
+			if got, err := prom.Query(ctx, tg.Expr); err != nil || len(got) == 0 {
+				t.Errorf("panel %q: %q returns %d series (%v)", p.Title, tg.Expr, len(got), err)
+			}
+		}
+	}
+	t.Logf("prometheus: %d alerts evaluate and select series, %d panel queries return series", len(rules), queries)
 }
 
 // wholeTransfer sends 200 KB (or what args say) from client to a traffic server

@@ -77,3 +77,17 @@ client-go's in-cluster configuration reads these two variables.
 {{- define "mptcp-operator.agentUser" -}}
 system:serviceaccount:{{ .Release.Namespace }}:{{ .Values.agent.serviceAccount.name }}
 {{- end }}
+
+{{/*
+Keys a later chart added are optional in the schema and defaulted here, so that
+`helm upgrade --reuse-values` from a release whose values lack them renders: Helm
+then keeps the previous chart's values, without the new chart's defaults
+(docs/install.md, "Upgrade"). Each returns "true" or "false".
+*/}}
+{{- define "mptcp-operator.webhookEnabled" -}}
+{{- dig "enabled" false (.Values.webhook | default dict) -}}
+{{- end }}
+
+{{- define "mptcp-operator.metricsAuthEnabled" -}}
+{{- dig "metricsAuth" "enabled" false .Values.agent -}}
+{{- end }}

@@ -21,6 +21,16 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
+// PreviousChart is the release a chart upgrade starts from: a commit of main
+// whose chart and images ran on the test bed's real nodes (88bc912: main when
+// the chart was first installed there, before its agents knew their
+// DaemonSet). No earlier revision has a chart. To move it on, set it to a
+// later commit of main (one whose chart installs and whose agents come up
+// Ready on the bed; the upgrade test builds it from source) and run
+// TestChart/HelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime and the
+// charts package's TestHelmUpgradeReuseValuesFromThePreviousRelease.
+const PreviousChart = "88bc912"
+
 // Names the chart is installed under, as docs/install.md says.
 const (
 	Name      = "mptcp"
