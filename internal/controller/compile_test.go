@@ -81,6 +81,8 @@ func TestCompile(t *testing.T) {
 					}
 					f.applyAll("n1")
 					f.condition(pol, conds, mptcpv1alpha1.ConditionReady, metav1.ConditionTrue, "applied on all 1 nodes")
+					// kubectl describe mptcppolicy shows it.
+					f.expectObjectEventOfType("MPTCPPolicy", f.n("spread"), "Applied", corev1.EventTypeNormal)
 				},
 			}},
 		},
@@ -189,6 +191,7 @@ func TestCompile(t *testing.T) {
 					pol := &mptcpv1alpha1.MPTCPPolicy{ObjectMeta: metav1.ObjectMeta{Name: f.n("spread")}}
 					f.condition(pol, func() []metav1.Condition { return pol.Status.Conditions },
 						mptcpv1alpha1.ConditionDegraded, metav1.ConditionTrue, "paths "+f.n("fabric-b")+" do not exist on nodes "+f.n("n2"))
+					f.expectObjectEvent("MPTCPPolicy", f.n("spread"), "PathNotOnNode")
 				},
 			}, {
 				// The agent on n2 finds no nic1.

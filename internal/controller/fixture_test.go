@@ -367,13 +367,20 @@ func (f *fixture) expectEvent(ns, pod, reason string) {
 // cluster-scoped object of kind.
 func (f *fixture) expectObjectEvent(kind, name, reason string) {
 	f.t.Helper()
+	f.expectObjectEventOfType(kind, name, reason, corev1.EventTypeWarning)
+}
+
+// expectObjectEventOfType waits for an event of type with reason on a
+// cluster-scoped object of kind.
+func (f *fixture) expectObjectEventOfType(kind, name, reason, eventType string) {
+	f.t.Helper()
 	f.eventually("event "+reason+" on "+kind+" "+name, func() error {
 		var evs eventsv1.EventList
 		if err := f.c.List(f.ctx, &evs); err != nil {
 			return err
 		}
 		for _, e := range evs.Items {
-			if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason && e.Type == corev1.EventTypeWarning {
+			if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason && e.Type == eventType {
 				return nil
 			}
 		}

@@ -76,5 +76,5 @@ func Setup(ctx context.Context, mgr ctrl.Manager) error {
 	if err := (&peers.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return (&policystatus.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)
+	return (&policystatus.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(policystatus.ControllerName)}).SetupWithManager(mgr)
 }

@@ -10,11 +10,13 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -36,14 +38,18 @@ const conflictRetry = 200 * time.Millisecond
 // maxNamed bounds how many node or path names a condition message lists.
 const maxNamed = 5
 
-// Reconciler writes MPTCPPolicy status.
+// Reconciler writes MPTCPPolicy status, and records an event when the
+// policy becomes Degraded, stops being so, or becomes Ready: what
+// `kubectl describe mptcppolicy` shows.
 type Reconciler struct {
 	client.Client
+	Recorder events.EventRecorder
 }
 
 // +kubebuilder:rbac:groups=mptcp.io,resources=mptcppolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=mptcp.io,resources=mptcppolicies/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=mptcp.io,resources=mptcpnodestates,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconcile aggregates one policy.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -59,6 +65,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if equality.Semantic.DeepEqual(status, pol.Status) {
 		return ctrl.Result{}, nil
 	}
+	before := pol.Status.Conditions
 	pol.Status = status
 	if err := r.Status().Update(ctx, &pol); err != nil {
 		if apierrors.IsConflict(err) {
@@ -68,7 +75,32 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, err
 	}
+	r.recordTransitions(&pol, before)
 	return ctrl.Result{}, nil
+}
+
+// recordTransitions records an event for each change of the policy's
+// Degraded and Ready conditions that an admin acts on, once the status
+// that says it is written: a Warning when it becomes Degraded (the
+// condition's reason and message), a Normal one when it stops being
+// Degraded, and a Normal one when it becomes Ready.
+func (r *Reconciler) recordTransitions(pol *mptcpv1alpha1.MPTCPPolicy, before []metav1.Condition) {
+	if r.Recorder == nil {
+		return
+	}
+	was := func(t string) bool { return meta.IsStatusConditionTrue(before, t) }
+	if d := meta.FindStatusCondition(pol.Status.Conditions, mptcpv1alpha1.ConditionDegraded); d != nil {
+		switch {
+		case d.Status == metav1.ConditionTrue && !was(mptcpv1alpha1.ConditionDegraded):
+			r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, d.Reason, "Aggregate", "%s", d.Message)
+		case d.Status == metav1.ConditionFalse && was(mptcpv1alpha1.ConditionDegraded):
+			r.Recorder.Eventf(pol, nil, corev1.EventTypeNormal, d.Reason, "Aggregate", "%s", d.Message)
+		}
+	}
+	if c := meta.FindStatusCondition(pol.Status.Conditions, mptcpv1alpha1.ConditionReady); c != nil &&
+		c.Status == metav1.ConditionTrue && !was(mptcpv1alpha1.ConditionReady) {
+		r.Recorder.Eventf(pol, nil, corev1.EventTypeNormal, c.Reason, "Aggregate", "generation %d: %s", pol.Generation, c.Message)
+	}
 }
 
 // Aggregate computes a policy's status from all node states. A node counts
