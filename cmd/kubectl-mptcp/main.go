@@ -53,7 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("kubectl-mptcp", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	output := fs.StringP("output", "o", "text", "text or json")
-	agentNS := fs.String("agent-namespace", "", "namespace of the agent pods (the release's); default: every namespace")
+	agentNS := fs.String("agent-namespace", "", "namespace of the agent pods (the release's); default: the one the ClusterRoleBinding mptcp-agent names")
 	loading := clientcmd.NewDefaultClientConfigLoadingRules()
 	fs.StringVar(&loading.ExplicitPath, "kubeconfig", "", "path to the kubeconfig file")
 	overrides := &clientcmd.ConfigOverrides{}

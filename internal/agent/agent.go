@@ -36,10 +36,10 @@ type Agent struct {
 	// closedSeen are the entries the last sweep found without a socket
 	// (closed.go): the next one forgets those it finds so again.
 	closedSeen map[socketKey]closedSighting
-	sweepMu    sync.Mutex // closedSeen's and liveSubflows': sweeps may come from two loops
+	sweepMu    sync.Mutex // closedSeen's: sweeps may come from two loops
 	// liveSubflows counts, by path, the entries whose sockets the last
-	// sweep found open (LiveSubflows).
-	liveSubflows map[uint32]int
+	// sweep found open (LiveSubflows), published whole at its end.
+	liveSubflows atomic.Pointer[map[uint32]int]
 	// sweepSpacing is closedSweepSpacing (tests look more often).
 	sweepSpacing time.Duration
 	// previous is the last plan reconciled (at start: the one a previous

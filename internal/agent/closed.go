@@ -77,13 +77,15 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time, view *sw
 	a.closedSeen = map[socketKey]closedSighting{}
 	now := time.Now()
 	live := map[uint32]int{}
-	defer func() { a.liveSubflows = live }()
+	defer func() { a.liveSubflows.Store(&live) }()
 	if len(netnsOf) == 0 {
 		return 0, nil
 	}
 	sfs, err := view.Subflows()
 	if err != nil {
-		live = a.liveSubflows // nothing known: the last count stands
+		if last := a.liveSubflows.Load(); last != nil {
+			live = *last // nothing known: the last count stands
+		}
 		return 0, err
 	}
 	var errs []error
@@ -147,9 +149,12 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time, view *sw
 // (every SweepInterval and at reconciles): the subflows that exist, where
 // mptcp_agent_subflows counts entries, closed ones until swept.
 func (a *Agent) LiveSubflows() map[uint32]int {
-	a.sweepMu.Lock()
-	defer a.sweepMu.Unlock()
-	return maps.Clone(a.liveSubflows)
+	// Not under sweepMu: a sweep lists sockets in every pod, which pods can
+	// make slow, and a scrape must not wait for it.
+	if live := a.liveSubflows.Load(); live != nil {
+		return maps.Clone(*live)
+	}
+	return nil
 }
 
 // closedSighting is an entry sweeps found without a socket: which entry (its

@@ -190,7 +190,7 @@ func (w *walk) limits(f Facts, rule *mptcpv1alpha1.CompiledRule) {
 	}
 	if rule.MaxSubflows == 1 {
 		detail := fmt.Sprintf("policy %s allows one subflow per connection (maxSubflows: 1)", rule.Policy)
-		if e := lastEvent(f.Events, "CappedByNamespacePolicy"); e != "" {
+		if e := lastEvent(f.Events, "CappedByNamespacePolicy", "mptcp-nodestate"); e != "" {
 			detail += "; " + e
 		}
 		w.cause("maxSubflows", CauseCappedToOne, "%s", detail)
@@ -403,12 +403,13 @@ func podGate(pod *corev1.Pod) *corev1.PodCondition {
 	return nil
 }
 
-// lastEvent is the note of the newest event of reason, "" if none.
-func lastEvent(events []eventsv1.Event, reason string) string {
+// lastEvent is the note of the newest event of reason that controller
+// reported, "" if none: an event another writer made up is not quoted.
+func lastEvent(events []eventsv1.Event, reason, controller string) string {
 	var note string
 	var at metav1.MicroTime
 	for _, e := range events {
-		if e.Reason == reason && !e.EventTime.Before(&at) {
+		if e.Reason == reason && e.ReportingController == controller && !e.EventTime.Before(&at) {
 			note, at = e.Note, e.EventTime
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -117,10 +118,15 @@ func TestHintsNameThePolicies(t *testing.T) {
 	}
 	f = healthy()
 	f.NodeState.Spec.Rules[0].MaxSubflows = 1
-	f.Events = []eventsv1.Event{{Reason: "CappedByNamespacePolicy", Note: "capped by namespace policy one"}}
+	f.Events = []eventsv1.Event{
+		{Reason: "CappedByNamespacePolicy", Note: "capped by namespace policy one", ReportingController: "mptcp-nodestate"},
+		// A note another writer made up is not quoted.
+		{Reason: "CappedByNamespacePolicy", Note: "made up", ReportingController: "tenant",
+			EventTime: metav1.NewMicroTime(time.Now().Add(time.Hour))},
+	}
 	e = Explain(f)
 	i := slices.IndexFunc(e.Steps, func(s Step) bool { return s.Cause == CauseCappedToOne })
-	if i < 0 || !strings.Contains(e.Steps[i].Detail, "capped by namespace policy one") {
+	if i < 0 || !strings.Contains(e.Steps[i].Detail, "capped by namespace policy one") || strings.Contains(e.Steps[i].Detail, "made up") {
 		t.Errorf("capped pod's steps %+v, want the cap's event in the maxSubflows step", e.Steps)
 	}
 }

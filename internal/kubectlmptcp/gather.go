@@ -11,14 +11,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
+	"io"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -39,6 +40,11 @@ const (
 	agentNameLabel      = "app.kubernetes.io/name"
 	agentContainer      = "agent"
 	agentBinary         = "/usr/local/bin/agent"
+	agentDaemonSet      = "mptcp-agent"
+	// The most an agent's answer may hold: a pod report of full tables is
+	// a few MiB.
+	maxAgentAnswer = 32 << 20
+	maxAgentError  = 4 << 10
 )
 
 // Cluster reads the cluster through one API server.
@@ -149,9 +155,9 @@ func (k *Cluster) agentGet(ctx context.Context, node, path string) ([]byte, erro
 			}
 		}
 	}
-	var stdout, stderr bytes.Buffer
-	if err := k.exec(ctx, agent, cmd, &stdout, &stderr); err != nil {
-		msg := strings.TrimSpace(stderr.String())
+	stdout, stderr := &limitedBuffer{max: maxAgentAnswer}, &limitedBuffer{max: maxAgentError}
+	if err := k.exec(ctx, agent, cmd, stdout, stderr); err != nil {
+		msg := strings.TrimSpace(printable(stderr.String()))
 		if msg != "" {
 			return nil, fmt.Errorf("agent %s/%s: %s", agent.Namespace, agent.Name, msg)
 		}
@@ -160,32 +166,79 @@ func (k *Cluster) agentGet(ctx context.Context, node, path string) ([]byte, erro
 	return stdout.Bytes(), nil
 }
 
-// agentPod finds the running agent pod of node.
-func (k *Cluster) agentPod(ctx context.Context, node string) (*corev1.Pod, error) {
-	var pods corev1.PodList
-	opts := []client.ListOption{
-		client.MatchingLabelsSelector{Selector: labels.SelectorFromSet(labels.Set{agentComponentLabel: "agent", agentNameLabel: "mptcp-operator"})},
-		client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", node)},
-	}
-	if k.AgentNamespace != "" {
-		opts = append(opts, client.InNamespace(k.AgentNamespace))
-	}
-	if err := k.c.List(ctx, &pods, opts...); err != nil {
-		if apierrors.IsForbidden(err) && k.AgentNamespace == "" {
-			return nil, fmt.Errorf("listing the agent pods in every namespace is forbidden: name the release's namespace with --agent-namespace: %w", err)
+// agentBinding is the chart's ClusterRoleBinding of the agents: its
+// ServiceAccount subject says in which namespace, and as whom, the agents
+// run.
+const agentBinding = "mptcp-agent"
+
+// agentIdentity is the namespace and ServiceAccount of the agents, from
+// the chart's ClusterRoleBinding: cluster-scoped, so no tenant can write
+// it, and a tenant's pod that carries the agent's labels is not taken for
+// an agent. Where the binding cannot be read, --agent-namespace names the
+// namespace and any ServiceAccount is taken.
+func (k *Cluster) agentIdentity(ctx context.Context) (namespace, account string, err error) {
+	var crb rbacv1.ClusterRoleBinding
+	err = k.c.Get(ctx, types.NamespacedName{Name: agentBinding}, &crb)
+	switch {
+	case err == nil:
+		for _, s := range crb.Subjects {
+			if s.Kind == rbacv1.ServiceAccountKind {
+				if k.AgentNamespace != "" && s.Namespace != k.AgentNamespace {
+					return "", "", fmt.Errorf("--agent-namespace %s, but the ClusterRoleBinding %s binds agents in %s", k.AgentNamespace, agentBinding, s.Namespace)
+				}
+				return s.Namespace, s.Name, nil
+			}
 		}
+		return "", "", fmt.Errorf("the ClusterRoleBinding %s binds no ServiceAccount", agentBinding)
+	case k.AgentNamespace != "":
+		return k.AgentNamespace, "", nil
+	case apierrors.IsNotFound(err):
+		return "", "", fmt.Errorf("no ClusterRoleBinding %s: is the chart installed? (--agent-namespace names its namespace)", agentBinding)
+	default:
+		return "", "", fmt.Errorf("reading the ClusterRoleBinding %s, which says where the agents run (--agent-namespace names it instead): %w", agentBinding, err)
+	}
+}
+
+// agentPods lists the running agent pods: in the agents' namespace, run as
+// their ServiceAccount, owned by the chart's DaemonSet. opts narrow it.
+func (k *Cluster) agentPods(ctx context.Context, opts ...client.ListOption) ([]corev1.Pod, error) {
+	namespace, account, err := k.agentIdentity(ctx)
+	if err != nil {
 		return nil, err
 	}
-	i := slices.IndexFunc(pods.Items, func(p corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil })
-	if i < 0 {
+	var pods corev1.PodList
+	opts = append(opts, client.InNamespace(namespace),
+		client.MatchingLabels{agentComponentLabel: "agent", agentNameLabel: "mptcp-operator"})
+	if err := k.c.List(ctx, &pods, opts...); err != nil {
+		return nil, err
+	}
+	var out []corev1.Pod
+	for _, p := range pods.Items {
+		owner := metav1.GetControllerOf(&p)
+		if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil || owner == nil ||
+			owner.Kind != "DaemonSet" || owner.Name != agentDaemonSet || (account != "" && p.Spec.ServiceAccountName != account) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// agentPod finds the running agent pod of node.
+func (k *Cluster) agentPod(ctx context.Context, node string) (*corev1.Pod, error) {
+	pods, err := k.agentPods(ctx, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", node)})
+	if err != nil {
+		return nil, err
+	}
+	if len(pods) == 0 {
 		return nil, fmt.Errorf("no running agent pod on node %s", node)
 	}
-	return &pods.Items[i], nil
+	return &pods[0], nil
 }
 
 // exec runs cmd in the agent container of pod, as kubectl exec does:
 // WebSockets first, SPDY where the API server does not upgrade to them.
-func (k *Cluster) exec(ctx context.Context, pod *corev1.Pod, cmd []string, stdout, stderr *bytes.Buffer) error {
+func (k *Cluster) exec(ctx context.Context, pod *corev1.Pod, cmd []string, stdout, stderr io.Writer) error {
 	rc, err := rest.RESTClientFor(restConfigForCore(k.config))
 	if err != nil {
 		return err
@@ -211,6 +264,20 @@ func (k *Cluster) exec(ctx context.Context, pod *corev1.Pod, cmd []string, stdou
 		return ctx.Err()
 	}
 	return err
+}
+
+// limitedBuffer holds what is written to it, up to max bytes; a write past
+// that fails, which ends the stream.
+type limitedBuffer struct {
+	bytes.Buffer
+	max int
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > b.max {
+		return 0, fmt.Errorf("the agent's answer is larger than %d bytes", b.max)
+	}
+	return b.Buffer.Write(p)
 }
 
 // restConfigForCore is config set up for the core API group's REST client.

@@ -18,7 +18,7 @@ func TestExplanationTextNamesTheCausesAndEscapesNothing(t *testing.T) {
 	e := explain.Explanation{Namespace: "apps", Name: "web", Node: "n1",
 		Steps: []explain.Step{
 			{Name: "selection", Detail: "policy spread governs the pod"},
-			{Name: "gate", Cause: explain.CauseGateNotReady, Detail: "NotConfigured: \x1b]52;c;evil\x07 bad"},
+			{Name: "gate", Cause: explain.CauseGateNotReady, Detail: "NotConfigured: \x1b]52;c;evil\x07 bad \u202egnp.exe"},
 		},
 		Causes: []explain.Cause{explain.CauseGateNotReady},
 	}
@@ -32,7 +32,7 @@ func TestExplanationTextNamesTheCausesAndEscapesNothing(t *testing.T) {
 			t.Errorf("explanation text lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.ContainsAny(out, "\x1b\x07") {
+	if strings.ContainsAny(out, "\x1b\x07\u202e") {
 		t.Errorf("explanation text carries control characters: %q", out)
 	}
 	b.Reset()
@@ -111,5 +111,17 @@ func TestNodeStatusSaysWhereAgentsAreMissing(t *testing.T) {
 		if n.Agent != tc.agent || n.Reason != tc.reason {
 			t.Errorf("%s: agent %q reason %q, want %q and %q", tc.name, n.Agent, n.Reason, tc.agent, tc.reason)
 		}
+	}
+}
+
+// An agent's answer past its bound fails the stream instead of growing the
+// plugin's memory.
+func TestAgentAnswersAreBounded(t *testing.T) {
+	b := &limitedBuffer{max: 8}
+	if n, err := b.Write([]byte("12345678")); n != 8 || err != nil {
+		t.Fatalf("a write within the bound: %d, %v", n, err)
+	}
+	if _, err := b.Write([]byte("9")); err == nil || b.Len() != 8 {
+		t.Fatalf("a write past the bound: %v, %d bytes held", err, b.Len())
 	}
 }

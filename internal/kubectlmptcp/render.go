@@ -99,13 +99,13 @@ func WriteSubflows(w io.Writer, s *PodSubflows) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONNECTION\tSUBFLOW\tPATH\tROLE\tTX BYTES\tRX BYTES")
 	for _, c := range s.Connections {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t\t%d\t%d\n", c.Token, c.Local, strings.Join(c.Paths, ","), c.TxBytes, c.RxBytes)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t\t%d\t%d\n", printable(c.Token), printable(c.Local), printable(strings.Join(c.Paths, ",")), c.TxBytes, c.RxBytes)
 		for _, sf := range c.Subflows {
 			path := sf.Path
 			if sf.Detour != "" {
 				path += " (detour " + sf.Detour + ")"
 			}
-			fmt.Fprintf(tw, "\t%s -> %s\t%s\t%s\t%d\t%d\n", sf.Local, sf.Remote, path, sf.Role, sf.TxBytes, sf.RxBytes)
+			fmt.Fprintf(tw, "\t%s -> %s\t%s\t%s\t%d\t%d\n", printable(sf.Local), printable(sf.Remote), printable(path), printable(sf.Role), sf.TxBytes, sf.RxBytes)
 		}
 	}
 	return tw.Flush()
@@ -128,7 +128,9 @@ func printable(s string) string {
 		if r == '\t' || r == '\n' {
 			return ' '
 		}
-		if unicode.IsControl(r) || r == unicode.ReplacementChar {
+		// Format characters too: a right-to-left override or an
+		// isolate reorders what a terminal shows.
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == unicode.ReplacementChar {
 			return '?'
 		}
 		return r

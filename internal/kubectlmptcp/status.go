@@ -139,19 +139,13 @@ func nodeStatus(s *mptcpv1alpha1.MPTCPNodeState, agentNodes map[string]bool, kno
 
 // agentNodes are the nodes that run an agent pod.
 func (k *Cluster) agentNodes(ctx context.Context) (map[string]bool, error) {
-	var pods corev1.PodList
-	opts := []client.ListOption{client.MatchingLabels{agentComponentLabel: "agent", agentNameLabel: "mptcp-operator"}}
-	if k.AgentNamespace != "" {
-		opts = append(opts, client.InNamespace(k.AgentNamespace))
-	}
-	if err := k.c.List(ctx, &pods, opts...); err != nil {
+	pods, err := k.agentPods(ctx)
+	if err != nil {
 		return nil, err
 	}
 	out := map[string]bool{}
-	for _, p := range pods.Items {
-		if p.Status.Phase == corev1.PodRunning {
-			out[p.Spec.NodeName] = true
-		}
+	for _, p := range pods {
+		out[p.Spec.NodeName] = true
 	}
 	return out, nil
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/kubectlmptcp"
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed/nodes"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed/release"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 	"github.com/mptcp-operator/mptcp-operator/test/testutil"
@@ -143,6 +145,26 @@ func testExplainAndAlertsNameWhatLimitsSubflows(t *testing.T) {
 			"podSelector":{"matchLabels":{"case":"blocked"}},"spread":{"paths":[{"name":"fabric-a"}]},"blockedPaths":["fabric-b"]}}`,
 	} {
 		applyObject(t, c, &mptcpv1alpha1.MPTCPPolicy{}, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPolicy",`+p[1:])
+	}
+	// A tenant's decoy: a pod with the agent's labels and container name on
+	// node 1, in a namespace listed before the release's. The plugin must
+	// keep reading the chart's agent (the explanations below need its
+	// counters), never exec into the decoy.
+	kb.namespace(t, "aaa-decoy", nil)
+	decoy := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "aaa-decoy", Name: "mptcp-agent-fake",
+		Labels: map[string]string{"app.kubernetes.io/component": "agent", "app.kubernetes.io/name": "mptcp-operator"}},
+		Spec: corev1.PodSpec{NodeName: framework.NodeName(bed.Node(1)), Containers: []corev1.Container{{
+			Name: "agent", Image: kb.images[nodes.TrafficImage].Ref, ImagePullPolicy: corev1.PullNever, Args: []string{"echo", "-listen", ":7"}}}}}
+	if err := c.Create(ctx, decoy); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); decoy.Status.Phase != corev1.PodRunning; time.Sleep(200 * time.Millisecond) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(decoy), decoy); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the decoy pod does not run: %+v", decoy.Status)
+		}
 	}
 	// p1-3 and p2-3 stay unselected.
 	cases := map[string]string{"p1-1": "capped", "p1-2": "spread", "p2-1": "spread", "p2-2": "blocked"}

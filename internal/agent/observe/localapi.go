@@ -49,7 +49,15 @@ func localAPIHandler(src Source, log *slog.Logger) http.Handler {
 		out, err := connectionInfos(src)
 		reply(w, out, err)
 	})
+	// One pod report at a time: each reads the node's tables whole.
+	reports := make(chan struct{}, 1)
 	mux.HandleFunc("GET /v1/pods/{namespace}/{name}", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case reports <- struct{}{}:
+			defer func() { <-reports }()
+		case <-r.Context().Done():
+			return
+		}
 		out, err := podReport(src, r.PathValue("namespace"), r.PathValue("name"))
 		reply(w, out, err)
 	})
@@ -147,11 +155,12 @@ func connectionInfos(src Source) ([]agentapi.ConnectionInfo, error) {
 func podReport(src Source, namespace, name string) (agentapi.PodReport, error) {
 	out := agentapi.PodReport{Namespace: namespace, Name: name, Connections: []agentapi.PodConnection{}}
 	agentName := namespace + "." + name
-	i := slices.IndexFunc(src.Pods(), func(p podnet.Pod) bool { return p.Name == agentName })
+	pods := src.Pods() // once: a reconcile may replace the list meanwhile
+	i := slices.IndexFunc(pods, func(p podnet.Pod) bool { return p.Name == agentName })
 	if i < 0 {
 		return out, nil
 	}
-	pod := src.Pods()[i]
+	pod := pods[i]
 	out.Configured = true
 	mine := func(addr string) bool {
 		a, err := netip.ParseAddr(addr)
@@ -165,18 +174,27 @@ func podReport(src Source, namespace, name string) (agentapi.PodReport, error) {
 	if err != nil {
 		return out, err
 	}
+	// The pod's subflows by connection, grouped once: a pod with many
+	// connections costs the tables' sizes, not their product.
+	type connKey struct{ local, token string }
+	byConn := map[connKey][]agentapi.SubflowInfo{}
+	for _, s := range sfs {
+		local, err := netip.ParseAddrPort(s.Local)
+		if err != nil || s.Connection == "" || !slices.Contains(pod.IPs, local.Addr().Unmap()) {
+			continue
+		}
+		k := connKey{local.Addr().Unmap().String(), s.Connection}
+		byConn[k] = append(byConn[k], s)
+	}
 	for _, c := range conns {
 		if !mine(c.Local) {
 			continue
 		}
-		pc := agentapi.PodConnection{ConnectionInfo: c, Subflows: []agentapi.SubflowInfo{}}
-		for _, s := range sfs {
-			local, err := netip.ParseAddrPort(s.Local)
-			if err == nil && local.Addr().Unmap().String() == c.Local && s.Connection == c.Token {
-				pc.Subflows = append(pc.Subflows, s)
-			}
+		subflows := byConn[connKey{c.Local, c.Token}]
+		if subflows == nil {
+			subflows = []agentapi.SubflowInfo{}
 		}
-		out.Connections = append(out.Connections, pc)
+		out.Connections = append(out.Connections, agentapi.PodConnection{ConnectionInfo: c, Subflows: subflows})
 	}
 	if mib, err := podMPTCPCounters(pod.NetNS); err != nil {
 		out.CountersError = err.Error()

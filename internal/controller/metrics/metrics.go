@@ -90,11 +90,24 @@ func (o *Objects) Collect(ch chan<- prometheus.Metric) {
 		for _, s := range states.Items {
 			conds = append(conds, s.Status.Conditions)
 			if d := meta.FindStatusCondition(s.Status.Conditions, mptcpv1alpha1.ConditionDegraded); d != nil && d.Status == metav1.ConditionTrue {
-				ch <- prometheus.MustNewConstMetric(o.degraded, prometheus.GaugeValue, 1, s.Name, d.Reason)
+				ch <- prometheus.MustNewConstMetric(o.degraded, prometheus.GaugeValue, 1, s.Name, degradedReason(d.Reason))
 			}
 		}
 		o.count(ch, o.nodeStates, conds)
 	}
+}
+
+// degradedReasons are the reasons an agent gives Degraded=True
+// (internal/agent/kube). A node's agent writes its node state, so a
+// compromised node could write any reason: a label takes only these, and
+// Other for the rest, so that it cannot grow the series without bound.
+var degradedReasons = map[string]bool{"InterfaceMissing": true, "InvalidSpec": true, "ApplyFailed": true}
+
+func degradedReason(r string) string {
+	if degradedReasons[r] {
+		return r
+	}
+	return "Other"
 }
 
 // count sends, for each counted condition and status, how many of the
