@@ -18,14 +18,14 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
-#define MAX_OPTIONS 40
-#define TCPOPT_EOL 0
-#define TCPOPT_NOP 1
-#define TCPOPT_MPTCP 30
+#define MAX_OPTIONS	    40
+#define TCPOPT_EOL	    0
+#define TCPOPT_NOP	    1
+#define TCPOPT_MPTCP	    30
 #define MPTCPOPT_MP_CAPABLE 0
 
 static const __u8 nops[MAX_OPTIONS] = {
-	[0 ... MAX_OPTIONS - 1] = TCPOPT_NOP,
+    [0 ... MAX_OPTIONS - 1] = TCPOPT_NOP,
 };
 
 /* stripped counts the SYN-ACKs changed, for the test to read. */
@@ -73,7 +73,7 @@ static long step(__u64 index, void *ctx)
 SEC("tc")
 int strip_mp_capable(struct __sk_buff *skb)
 {
-	struct walk w = { .skb = skb };
+	struct walk w = {.skb = skb};
 	struct tcphdr tcp;
 	struct iphdr ip;
 	__u32 tcp_off;
