@@ -603,3 +603,24 @@ func TestExtraArgsEnvAndSpreadReachThePods(t *testing.T) {
 		t.Errorf("spread and a zone constraint given: %d constraints, want 2", n)
 	}
 }
+
+// The helm test is the conformance check as a pod, run only by `helm test`
+// (a test hook, deleted after a passing run), with the traffic image and
+// the release's namespace and agent port; tests.enabled=false leaves it out.
+func TestHelmTestRunsTheConformanceCheck(t *testing.T) {
+	r := render(t, "--set", "tests.trafficImage.repository=registry.example.com/traffic", "--set", "agent.metricsPort=9500")
+	pod := get[*corev1.Pod](t, r, "Pod", "mptcp-conformance")
+	must(t, pod.Annotations["helm.sh/hook"] == "test" && strings.Contains(pod.Annotations["helm.sh/hook-delete-policy"], "hook-succeeded"),
+		"the conformance pod's hook annotations: %v", pod.Annotations)
+	args := strings.Join(pod.Spec.Containers[0].Args, " ")
+	for _, want := range []string{"-test.run=^TestInstalledOperator$", "-conformance.kubeconfig=in-cluster",
+		"-conformance.traffic-image=registry.example.com/traffic:", "-conformance.namespace=" + namespace, "-conformance.metrics-port=9500"} {
+		must(t, strings.Contains(args, want), "the conformance pod's args %q lack %q", args, want)
+	}
+	must(t, pod.Spec.ServiceAccountName == "mptcp-conformance", "the conformance pod runs as %q", pod.Spec.ServiceAccountName)
+	for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} {
+		must(t, r.has(kind, "mptcp-conformance"), "no %s for the conformance pod", kind)
+	}
+	off := render(t, "--set", "tests.enabled=false")
+	must(t, !off.has("Pod", "mptcp-conformance"), "tests.enabled=false still renders the conformance pod")
+}

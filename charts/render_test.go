@@ -85,6 +85,8 @@ func typedObject(kind string) any {
 		return &corev1.Secret{}
 	case "ConfigMap":
 		return &corev1.ConfigMap{}
+	case "Pod":
+		return &corev1.Pod{}
 	case "MutatingWebhookConfiguration":
 		return &admissionregistrationv1.MutatingWebhookConfiguration{}
 	case "ClusterRole":

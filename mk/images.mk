@@ -27,7 +27,7 @@ $(IMAGEBUILD):
 imagebuild: $(IMAGEBUILD) ## Build the image builder (hack/tools/imagebuild) into the cache.
 
 .PHONY: images
-images: $(IMAGEBUILD) ## Build controller, agent, traffic, libc-client and pause images into _output/images/<name>.tar, digests in images.json.
+images: $(IMAGEBUILD) ## Build controller, agent, traffic, libc-client, conformance and pause images into _output/images/<name>.tar, digests in images.json.
 	$(IMAGEBUILD) -repo $(CURDIR) -out $(IMAGES_DIR) -registry $(IMAGE_REGISTRY) -arch $(IMAGE_ARCH)
 
 .PHONY: test-images

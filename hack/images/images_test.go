@@ -75,6 +75,7 @@ var wantUsers = map[string]string{
 	"agent":       "0:0",
 	"traffic":     "0:0",
 	"libc-client": "65532:65532",
+	"conformance": "65532:65532",
 	"pause":       "65535:65535",
 }
 

@@ -59,7 +59,11 @@ func startChartBed(t *testing.T, cfg testbed.Config, other ...nodes.Image) *char
 	})
 	imports := nodes.Images{}
 	for name, im := range images {
-		imports[name] = im
+		// The helm test's image only where the test runs helm test
+		// (it passes it in other): every node imports what it is given.
+		if name != nodes.ConformanceImage {
+			imports[name] = im
+		}
 	}
 	for i, im := range other {
 		imports[fmt.Sprintf("other-%d", i)] = im
@@ -69,7 +73,7 @@ func startChartBed(t *testing.T, cfg testbed.Config, other ...nodes.Image) *char
 		helm: release.Helm{Binary: helm, Kubeconfig: cp.Kubeconfig, Timeout: 3 * time.Minute}}
 }
 
-// treeImages are this tree's images (controller, agent, traffic, libc-client, pause),
+// treeImages are this tree's images (controller, agent, traffic, libc-client, conformance, pause),
 // built (or read from $MPTCP_TEST_IMAGES) once for the package; TestMain
 // removes what it built.
 var treeImages nodes.TestImages

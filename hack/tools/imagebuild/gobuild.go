@@ -14,11 +14,17 @@ import (
 // flag), an empty Go build ID, and no symbol table or DWARF. The version
 // and revision go into internal/buildinfo (the binaries' -version flag and
 // build_info metric) as the image labels carry them.
-func buildBinary(repo, pkg, arch, dir, name, version, revision string) (string, error) {
+//
+// With test, it is pkg's test binary (go test -c), not a command.
+func buildBinary(repo, pkg, arch, dir, name, version, revision string, test bool) (string, error) {
 	out := filepath.Join(dir, name)
 	const stamp = "-X github.com/mptcp-operator/mptcp-operator/internal/buildinfo."
-	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-mod=readonly",
-		"-ldflags=-s -w -buildid= "+stamp+"version="+version+" "+stamp+"revision="+revision, "-o", out, pkg)
+	build := []string{"build"}
+	if test {
+		build = []string{"test", "-c"}
+	}
+	cmd := exec.Command("go", append(build, "-trimpath", "-buildvcs=false", "-mod=readonly",
+		"-ldflags=-s -w -buildid= "+stamp+"version="+version+" "+stamp+"revision="+revision, "-o", out, pkg)...)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(),
 		"CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch,

@@ -15,6 +15,8 @@ type image struct {
 	name string
 	// pkg is the Go package of the binary, relative to the repository root.
 	pkg string
+	// test: the binary is pkg's test binary (go test -c).
+	test bool
 	// cSource, instead of pkg, is a C program (relative to the repository
 	// root) built with clang against the build machine's C library, which
 	// the image carries (libc.go).
@@ -53,6 +55,12 @@ var allImages = []image{
 		description: "mptcp-operator test workload: a C client linked against glibc that knows nothing of MPTCP",
 	},
 	{
+		// The chart's helm test: the conformance check (test/e2e/conformance)
+		// run in a pod against the cluster it is in.
+		name: "conformance", pkg: "./test/e2e/conformance", test: true, user: nonRoot,
+		description: "mptcp-operator conformance check: spreads a pod's connections over two paths through the API server (helm test)",
+	},
+	{
 		// The uid the kubelet's own pause image runs as.
 		name: "pause", pkg: "./hack/pause", user: "65535:65535",
 		description: "mptcp-operator test bed sandbox image: holds a pod's namespaces until SIGTERM",
@@ -68,6 +76,9 @@ func (img image) buildCommand() string {
 	if img.cSource != "" {
 		return "clang " + img.cSource
 	}
+	if img.test {
+		return "go test -c " + img.pkg
+	}
 	return "go build " + img.pkg
 }
 
@@ -75,7 +86,7 @@ func (img image) buildCommand() string {
 // revision, and lists the shared objects it loads.
 func (img image) build(repo, arch, dir, version, revision string) (binary string, shared []fileEntry, err error) {
 	if img.cSource == "" {
-		binary, err = buildBinary(repo, img.pkg, arch, dir, img.name, version, revision)
+		binary, err = buildBinary(repo, img.pkg, arch, dir, img.name, version, revision, img.test)
 		return binary, nil, err
 	}
 	if binary, err = buildCProgram(repo, img.cSource, dir, img.name); err != nil {

@@ -2,9 +2,11 @@
 // an admin would after `helm install`: through the API server alone, with
 // no access to the nodes. It needs two nodes that run the agent with the
 // paths of examples/paths.yaml and the policy of examples/policy-spread.yaml
-// applied, and the traffic image on both. hack/kind.sh runs it on kind; the
-// e2e suite runs it on the test bed's real nodes
-// (TestChart/ChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace).
+// applied, and the traffic image on both. The chart's `helm test` runs its
+// test binary as a pod (the conformance image); the e2e suite does so on the
+// test bed's real nodes
+// (TestChart/ChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace), and
+// hack/kind.sh runs it on kind.
 //
 // What it asserts: a pod's MPTCP connections to a pod on another node
 // arrive whole (the hashes the two ends report agree), and the sending

@@ -8,11 +8,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
 var (
-	kubeconfig   = flag.String("conformance.kubeconfig", "", "kubeconfig of a cluster with the chart installed and examples/paths.yaml and policy-spread.yaml applied")
+	kubeconfig   = flag.String("conformance.kubeconfig", "", "kubeconfig of a cluster with the chart installed and examples/paths.yaml and policy-spread.yaml applied; in-cluster: the pod's service account (the chart's helm test)")
 	trafficImage = flag.String("conformance.traffic-image", "", "reference of the traffic image (make images) on the cluster's nodes")
 	pullPolicy   = flag.String("conformance.pull-policy", string(corev1.PullNever), "pull policy of the traffic image")
 	namespace    = flag.String("conformance.namespace", "mptcp-system", "the chart's release namespace")
@@ -24,8 +25,16 @@ var (
 	dryRun       = flag.Bool("conformance.dry-run", false, "print the VM case's objects instead of creating them; needs no cluster")
 )
 
+// config is the cluster's, from -conformance.kubeconfig.
+func config() (*rest.Config, error) {
+	if *kubeconfig == "in-cluster" {
+		return rest.InClusterConfig()
+	}
+	return clientcmd.BuildConfigFromFlags("", *kubeconfig)
+}
+
 func env() Env {
-	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	cfg, err := config()
 	if err != nil {
 		panic(err)
 	}
@@ -36,17 +45,18 @@ func env() Env {
 func requireCluster(t *testing.T) {
 	t.Helper()
 	if *kubeconfig == "" || *trafficImage == "" {
-		t.Skip("checks a cluster of your own: -conformance.kubeconfig=FILE -conformance.traffic-image=REF (hack/kind.sh e2e does it on kind); make test runs the same checks on the test bed's nodes in TestChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace")
+		t.Skip("checks a cluster of your own: -conformance.kubeconfig=FILE -conformance.traffic-image=REF (hack/kind.sh e2e does it on kind); make test runs the same checks on the test bed's nodes in TestChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace, as the chart's helm test")
 	}
-	if _, err := clientcmd.BuildConfigFromFlags("", *kubeconfig); err != nil {
+	if _, err := config(); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // The installed operator of the cluster -conformance.kubeconfig names
 // spreads a pod's connections to another node over two paths and delivers
-// them whole. hack/kind.sh e2e runs it on kind; make test runs Run on the
-// test bed's real nodes instead, from the chart install test.
+// them whole. The chart's helm test runs it in a pod (make test does so on
+// the test bed's real nodes, in the chart install test); hack/kind.sh e2e
+// runs it on kind.
 func TestInstalledOperator(t *testing.T) {
 	requireCluster(t)
 	Run(t, env())

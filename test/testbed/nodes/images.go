@@ -15,7 +15,7 @@ import (
 )
 
 // Images are the image archives `make images` (hack/tools/imagebuild)
-// writes, by image name (controller, agent, traffic, libc-client, pause), as its
+// writes, by image name (controller, agent, traffic, libc-client, conformance, pause), as its
 // images.json lists them.
 type Images map[string]Image
 
@@ -26,6 +26,9 @@ const (
 	// LibcClientImage runs hack/libc-client, a C program linked against
 	// glibc (testbed.LibcClientReports reads what it prints).
 	LibcClientImage = "libc-client"
+	// ConformanceImage runs test/e2e/conformance in a pod: the chart's helm
+	// test.
+	ConformanceImage = "conformance"
 )
 
 // ReadImages reads dir/images.json, which the image builder writes next to

@@ -81,6 +81,17 @@ func ImageValues(images nodes.Images) ([]string, error) {
 			"--set", key+".image.tag="+tag,
 			"--set", key+".image.pullPolicy=Never")
 	}
+	// The helm test's images, where the images have them (an earlier
+	// release's chart has no tests key).
+	if _, ok := images[nodes.ConformanceImage]; ok {
+		for key, name := range map[string]string{"tests.image": nodes.ConformanceImage, "tests.trafficImage": nodes.TrafficImage} {
+			repo, tag, ok := splitRef(images[name].Ref)
+			if !ok {
+				return nil, fmt.Errorf("image %s: reference %q has no tag", name, images[name].Ref)
+			}
+			out = append(out, "--set", key+".repository="+repo, "--set", key+".tag="+tag, "--set", key+".pullPolicy=Never")
+		}
+	}
 	return out, nil
 }
 
@@ -111,6 +122,12 @@ func (h Helm) Upgrade(ctx context.Context, chart string, args ...string) (string
 // returns once the release's objects, their pods included, are gone.
 func (h Helm) Uninstall(ctx context.Context) (string, error) {
 	return h.run(ctx, "uninstall", Name, "--namespace", Namespace, "--wait")
+}
+
+// Test runs `helm test mptcp -n mptcp-system --logs`: the chart's
+// conformance check as a pod. Its output holds the pod's log.
+func (h Helm) Test(ctx context.Context) (string, error) {
+	return h.run(ctx, "test", Name, "--namespace", Namespace, "--logs")
 }
 
 // Status runs `helm status mptcp -n mptcp-system`.
