@@ -32,26 +32,38 @@ func chartContent(t *testing.T) (version, digest string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slices.Sort(paths)
+	digest = digestFiles(t, dir, paths, func(rel string, b []byte) []byte {
+		if rel != "Chart.yaml" {
+			return b
+		}
+		m := versionLine.FindSubmatch(b)
+		if m == nil {
+			t.Fatal("Chart.yaml has no version line")
+		}
+		version = string(m[1])
+		return versionLine.ReplaceAll(b, nil)
+	})
+	return version, digest
+}
+
+// digestFiles is a digest of the files at paths, each named by its path
+// relative to root and its content as edit leaves it, in the order of
+// their paths.
+func digestFiles(t *testing.T, root string, paths []string, edit func(rel string, b []byte) []byte) string {
+	t.Helper()
+	paths = slices.Sorted(slices.Values(paths))
 	h := sha256.New()
 	for _, path := range paths {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rel, _ := filepath.Rel(dir, path)
-		if rel == "Chart.yaml" {
-			m := versionLine.FindSubmatch(b)
-			if m == nil {
-				t.Fatal("Chart.yaml has no version line")
-			}
-			version = string(m[1])
-			b = versionLine.ReplaceAll(b, nil)
-		}
+		rel, _ := filepath.Rel(root, path)
+		b = edit(rel, b)
 		fmt.Fprintf(h, "%s\x00%d\x00", filepath.ToSlash(rel), len(b))
 		h.Write(b)
 	}
-	return version, "sha256:" + hex.EncodeToString(h.Sum(nil))
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
 
 // digestRecord is where the chart's content is recorded with its version.
@@ -117,18 +129,7 @@ func binariesContent(t *testing.T) string {
 	if len(paths) < 50 {
 		t.Fatalf("the binaries are built from %d files: the listing is broken", len(paths))
 	}
-	slices.Sort(paths)
-	h := sha256.New()
-	for _, path := range paths {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rel, _ := filepath.Rel(root, path)
-		fmt.Fprintf(h, "%s\x00%d\x00", filepath.ToSlash(rel), len(b))
-		h.Write(b)
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+	return digestFiles(t, root, paths, func(_ string, b []byte) []byte { return b })
 }
 
 // The images' tag (the chart's appVersion) moves with every change to the
