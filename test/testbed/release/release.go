@@ -91,6 +91,8 @@ func ImageValues(images nodes.Images) ([]string, error) {
 			}
 			out = append(out, "--set", key+".repository="+repo, "--set", key+".tag="+tag, "--set", key+".pullPolicy=Never")
 		}
+		// The check's transfer: long enough to see both paths carry.
+		out = append(out, "--set", "tests.duration=3s")
 	}
 	return out, nil
 }
