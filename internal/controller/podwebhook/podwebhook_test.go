@@ -317,13 +317,16 @@ func TestTheControllerMayChangeOnlyTheCABundle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	update := func(edit func(*admissionregistrationv1.MutatingWebhookConfiguration)) error {
+	updateAs := func(c client.Client, edit func(*admissionregistrationv1.MutatingWebhookConfiguration)) error {
 		var hook admissionregistrationv1.MutatingWebhookConfiguration
-		if err := asController.Get(ctx, client.ObjectKey{Name: "mptcp-transparent"}, &hook); err != nil {
+		if err := c.Get(ctx, client.ObjectKey{Name: "mptcp-transparent"}, &hook); err != nil {
 			return err
 		}
 		edit(&hook)
-		return asController.Update(ctx, &hook)
+		return c.Update(ctx, &hook)
+	}
+	update := func(edit func(*admissionregistrationv1.MutatingWebhookConfiguration)) error {
+		return updateAs(asController, edit)
 	}
 	// The admission policy takes effect asynchronously: the first
 	// forbidden change is tried until it is refused.
@@ -338,8 +341,10 @@ func TestTheControllerMayChangeOnlyTheCABundle(t *testing.T) {
 			t.Fatalf("making the webhook fail closed: %v, want the admission policy's refusal", err)
 		}
 		if err == nil {
-			// Allowed before the policy took effect: put it back.
-			if err := update(func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
+			// Allowed before the policy took effect: put it back, as
+			// the admin (the policy may have taken effect since, and
+			// it refuses the controller this change too).
+			if err := updateAs(c, func(h *admissionregistrationv1.MutatingWebhookConfiguration) {
 				h.Webhooks[0].FailurePolicy = ptr.To(admissionregistrationv1.Ignore)
 			}); err != nil {
 				t.Fatal(err)
