@@ -142,8 +142,8 @@ func Explain(f Facts) Explanation {
 		return w.Explanation
 	}
 	state := f.NodeState
-	rules := ruleDetails(state, entry.Rules)
-	w.ok("selection", "%s", rules)
+	rule := firstRule(state, entry.Rules)
+	w.ok("selection", "%s", ruleDetails(rule, entry.Rules))
 
 	if !agentReported(state) {
 		w.cause("agent", CauseAgentMissing, "no agent has reported for node %s: is the agent's pod running there (kubectl mptcp status)?", pod.Spec.NodeName)
@@ -166,7 +166,6 @@ func Explain(f Facts) Explanation {
 		w.ok("gate", "%s is True: %s", mptcpv1alpha1.PodReadyCondition, gate.Message)
 	}
 
-	rule := firstRule(state, entry.Rules)
 	if rule == nil {
 		// The agent reports a pod whose rules are missing as skipped;
 		// without a rule there is nothing more to walk.
@@ -366,8 +365,7 @@ func notSelected(f Facts) string {
 }
 
 // ruleDetails names the pod's rules and the policy that won.
-func ruleDetails(state *mptcpv1alpha1.MPTCPNodeState, names mptcpv1alpha1.RuleNames) string {
-	rule := firstRule(state, names)
+func ruleDetails(rule *mptcpv1alpha1.CompiledRule, names mptcpv1alpha1.RuleNames) string {
 	if rule == nil {
 		return fmt.Sprintf("rules %v, the first missing from the node state", names)
 	}

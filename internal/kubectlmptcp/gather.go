@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
@@ -239,11 +240,11 @@ func (k *Cluster) agentPod(ctx context.Context, node string) (*corev1.Pod, error
 // exec runs cmd in the agent container of pod, as kubectl exec does:
 // WebSockets first, SPDY where the API server does not upgrade to them.
 func (k *Cluster) exec(ctx context.Context, pod *corev1.Pod, cmd []string, stdout, stderr io.Writer) error {
-	rc, err := rest.RESTClientFor(restConfigForCore(k.config))
+	cs, err := kubernetes.NewForConfig(k.config)
 	if err != nil {
 		return err
 	}
-	req := rc.Post().Resource("pods").Namespace(pod.Namespace).Name(pod.Name).SubResource("exec").
+	req := cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(pod.Namespace).Name(pod.Name).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: agentContainer, Command: cmd, Stdout: true, Stderr: true}, clientgoscheme.ParameterCodec)
 	spdy, err := remotecommand.NewSPDYExecutor(k.config, "POST", req.URL())
 	if err != nil {
@@ -278,13 +279,4 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 		return 0, fmt.Errorf("the agent's answer is larger than %d bytes", b.max)
 	}
 	return b.Buffer.Write(p)
-}
-
-// restConfigForCore is config set up for the core API group's REST client.
-func restConfigForCore(config *rest.Config) *rest.Config {
-	c := rest.CopyConfig(config)
-	c.GroupVersion = &corev1.SchemeGroupVersion
-	c.APIPath = "/api"
-	c.NegotiatedSerializer = clientgoscheme.Codecs.WithoutConversion()
-	return c
 }
