@@ -1204,7 +1204,8 @@ static __always_inline __u32 below(__u32 a, __u32 b)
 /* claim_path takes, for a join of the connection ck (its conn_states key),
  * the first usable path of rule_id (from a per-connection cursor; from the
  * top of the list in preferred mode) that no subflow of the connection uses
- * yet. Bits are claimed with an atomic OR, so two joins placed at once on
+ * yet; where paths share risk groups, first one of a group the connection
+ * does not use yet. Bits are claimed with an atomic OR, so two joins placed at once on
  * two CPUs, or a join placed here while the peer's node mirrors one of its
  * own, never both get the same free path.
  *
@@ -1231,6 +1232,23 @@ __noinline int claim_path(__u32 rule_id, const struct conn_key *ck)
 		return PLACE_NO_PATH;
 	start = __sync_fetch_and_add(&c->joins, 1);
 	first = r->spread == SPREAD_PREFERRED ? 0 : start;
+	if (r->flags & RULE_SHARED_RISK) {
+		/* First an active path that shares no risk group with a
+		 * path the connection uses: its subflows should not share a
+		 * bottleneck while another active path is free. Backup
+		 * paths wait for the pass below, after the active ones. */
+		__u32 held = c->used;
+
+		for (__u32 i = 0; i < MAX_PATHS; i++) {
+			__u32 active = below(i, nact), listed = below(i, npaths);
+			__u32 slot = i + active * ((first + i) % nact - i);
+			__u32 path = rule_path(r, slot), up = active & listed & path_up(path);
+			__u32 bit = up << path;
+
+			if (bit && !(r->risk[slot & MAX_PATHS] & held) && !(__sync_fetch_and_or(&c->used, bit) & bit))
+				return path;
+		}
+	}
 	for (__u32 i = 0; i < MAX_PATHS; i++) {
 		/* The active paths from the cursor, then the backup paths in
 		 * order. */

@@ -74,3 +74,16 @@ const (
 	MinBurstBytes = limits.MinBurstBytes
 	MaxBurstBytes = limits.MaxBurstBytes
 )
+
+// A connection's join threshold (podMPTCP.joinAfterBytes): the agent, not the
+// datapath, holds it, so its bound is the API's own, checked by the schema
+// and again by the agent.
+const (
+	// MaxJoinAfterBytes bounds podMPTCP.joinAfterBytes: past a gibibyte
+	// a connection has long shown it is no small flow.
+	MaxJoinAfterBytes = 1 << 30
+	// DefaultJoinAfterBytes is the threshold of a userspace-mode policy
+	// that sets none, chosen from the measurement in docs/subflows.md
+	// ("Small flows").
+	DefaultJoinAfterBytes = 128 << 10
+)

@@ -117,6 +117,7 @@ func TestSchemaLimitsAreTheDatapaths(t *testing.T) {
 		{policies, "spec.traffic.cidrs", "maxItems", mptcpv1alpha1.MaxCIDRs},
 		{policies, "spec.maxSubflows", "maximum", mptcpv1alpha1.MaxSubflows},
 		{policies, "spec.podMPTCP.signalPorts", "maxItems", mptcpv1alpha1.MaxSignalPorts},
+		{states, "spec.rules.[].joinAfterBytes", "maximum", mptcpv1alpha1.MaxJoinAfterBytes},
 	}
 	for _, c := range cases {
 		got, ok := schemaAt(t, c.schema, c.field)[c.key].(float64)
@@ -137,5 +138,11 @@ func TestSchemaLimitsAreTheDatapaths(t *testing.T) {
 		if len(burst) != 1 || !strings.Contains(burst[0], "quantity('"+q+"')") {
 			t.Errorf("spec.rateLimits.burst: rules %q do not bound it by %s (%d bytes)", burst, q, want)
 		}
+	}
+	// CEL: the join threshold's bound, as a quantity.
+	threshold := celRules(schemaAt(t, policies, "spec.podMPTCP.joinAfterBytes"))
+	q := resource.NewQuantity(mptcpv1alpha1.MaxJoinAfterBytes, resource.BinarySI).String()
+	if len(threshold) != 1 || !strings.Contains(threshold[0], "quantity('"+q+"')") {
+		t.Errorf("spec.podMPTCP.joinAfterBytes: rules %q do not bound it by %s (%d bytes)", threshold, q, mptcpv1alpha1.MaxJoinAfterBytes)
 	}
 }

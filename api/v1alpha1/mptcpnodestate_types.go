@@ -38,6 +38,12 @@ type NodePath struct {
 	// weight are resolved into the rules.)
 	Capacity resource.Quantity `json:"capacity"`
 
+	// sharedRiskGroup is the path's (MPTCPPath spec.sharedRiskGroup):
+	// paths with the same one share a bottleneck or a failure.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	SharedRiskGroup string `json:"sharedRiskGroup,omitempty"`
+
 	// addresses are the node's addresses on this path that the controller
 	// gave it, from those its agent reports (status.paths) and that other
 	// nodes' peers list. An address two nodes report stays with the node
@@ -135,6 +141,13 @@ type CompiledRule struct {
 	// +optional
 	// +listType=atomic
 	SignalPorts []int32 `json:"signalPorts,omitempty"`
+	// joinAfterBytes is how many bytes a connection carries before the
+	// agent opens its joins (podMPTCP.joinAfterBytes, its default
+	// applied); 0: at once.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1073741824
+	JoinAfterBytes int64 `json:"joinAfterBytes,omitempty"`
 	// dataChecksums keeps DSS checksums on in the pod (podMPTCP.dataChecksums).
 	DataChecksums bool `json:"dataChecksums"`
 	// headerRewriting is true only when the admin opted in.

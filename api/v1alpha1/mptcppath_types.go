@@ -71,6 +71,16 @@ type MPTCPPathSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=255
 	Weight int32 `json:"weight,omitempty"`
+
+	// sharedRiskGroup names what the path shares with others: an uplink,
+	// a switch, a provider, a bottleneck or a failure. Paths with the same
+	// group share it. A connection's joins go to paths of groups its
+	// subflows do not use yet first, and to a path that shares a group
+	// only when no other path is free. Unset, the path shares nothing.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	SharedRiskGroup string `json:"sharedRiskGroup,omitempty"`
 }
 
 // MPTCPPathStatus is written by the controller.

@@ -256,6 +256,7 @@ const (
 // namespace before its workload starts, and what the webhook changes in
 // the pod's containers at its creation.
 // +kubebuilder:validation:XValidation:rule="(has(self.subflowCreation) && self.subflowCreation == 'signal') == has(self.signalPorts)",message="signalPorts must be set when subflowCreation is signal, and only then"
+// +kubebuilder:validation:XValidation:rule="!has(self.joinAfterBytes) || !has(self.subflowCreation) || self.subflowCreation == 'userspace'",message="joinAfterBytes holds back the joins the agent opens, which it does in userspace mode only: leave it unset with signal or guest"
 // +kubebuilder:validation:XValidation:rule="!has(self.transparent) || !has(self.subflowCreation) || self.subflowCreation != 'guest'",message="transparent changes the pod's containers; in guest mode the programs run inside a VM, which it cannot reach: leave transparent unset"
 type PodMPTCP struct {
 	// subflowCreation says who creates extra subflows.
@@ -272,6 +273,19 @@ type PodMPTCP struct {
 	// +kubebuilder:validation:items:Minimum=1
 	// +kubebuilder:validation:items:Maximum=65535
 	SignalPorts []int32 `json:"signalPorts,omitempty"`
+	// joinAfterBytes is how many bytes a connection the pod opens carries,
+	// both ways together, before the agent opens its joins: a connection
+	// that ends sooner (an RPC, a health check, a small object) stays on
+	// its first subflow, where joins would cost a handshake each, a window
+	// that starts small and reordering at the receiver, and one that
+	// carries more gets its joins once it passes the threshold. 0 opens
+	// them as soon as the connection is established. Userspace mode only,
+	// where the agent opens the joins; unset there, 128Ki (the measurement
+	// behind that choice: docs/subflows.md, "Small flows"). A change
+	// reaches the pods' next connections.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isInteger() && !quantity(self).isLessThan(quantity('0')) && !quantity(self).isGreaterThan(quantity('1Gi'))",message="joinAfterBytes must be a whole number of bytes from 0 to 1Gi, e.g. 256Ki"
+	JoinAfterBytes *resource.Quantity `json:"joinAfterBytes,omitempty"`
 	// dataChecksums keeps MPTCP's DSS checksums on in the selected pods
 	// (RFC 8684 3.3.1; the pods' net.mptcp.checksum_enabled), the default:
 	// every mapping of data is checked end to end, so bytes changed on the

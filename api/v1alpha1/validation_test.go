@@ -392,6 +392,45 @@ spec:` + validPolicySpec + `
   podMPTCP: {subflowCreation: userspace, signalPorts: [4000]}`,
 			field: "spec.podMPTCP", message: "signalPorts must be set when subflowCreation is signal",
 		},
+		"path with a shared-risk group that is no DNS label": {
+			manifest: `
+kind: MPTCPPath
+metadata: {name: fabric-a}
+spec: {interface: {name: nic1}, capacity: 10G, sharedRiskGroup: Rack_1}`,
+			field: "spec.sharedRiskGroup", message: "should match",
+		},
+		"policy with a join threshold in signal mode": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  podMPTCP: {subflowCreation: signal, signalPorts: [4000], joinAfterBytes: 64Ki}`,
+			field: "spec.podMPTCP", message: "joinAfterBytes holds back the joins the agent opens",
+		},
+		"policy with a negative join threshold": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  podMPTCP: {joinAfterBytes: -1}`,
+			field: "spec.podMPTCP.joinAfterBytes", message: "from 0 to 1Gi",
+		},
+		"policy with a join threshold past a gibibyte": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  podMPTCP: {joinAfterBytes: 2Gi}`,
+			field: "spec.podMPTCP.joinAfterBytes", message: "from 0 to 1Gi",
+		},
+		"policy with a fractional join threshold": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  podMPTCP: {joinAfterBytes: 100m}`,
+			field: "spec.podMPTCP.joinAfterBytes", message: "whole number of bytes",
+		},
 		"policy with an unknown tenant preference permission": {
 			manifest: `
 kind: MPTCPPolicy

@@ -745,6 +745,11 @@ func (in *PodMPTCP) DeepCopyInto(out *PodMPTCP) {
 		*out = make([]int32, len(*in))
 		copy(*out, *in)
 	}
+	if in.JoinAfterBytes != nil {
+		in, out := &in.JoinAfterBytes, &out.JoinAfterBytes
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.DataChecksums != nil {
 		in, out := &in.DataChecksums, &out.DataChecksums
 		*out = new(bool)

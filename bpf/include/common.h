@@ -334,6 +334,7 @@ struct port_range {
 /* rule.flags */
 #define RULE_CIDRS	     (1U << 0) /* remote address must be in rule_cidrs under this rule id */
 #define RULE_REWRITE_HEADERS (1U << 1) /* the admin allowed rewriting the pods' headers (backup) */
+#define RULE_SHARED_RISK     (1U << 2) /* some of its paths share a risk group: risk says which */
 
 /* Stored in struct rule (the pinned rules map): append-only (see enum
  * stat_id). */
@@ -364,6 +365,10 @@ struct rule {
 	 * spread mode the initial subflow takes the first of them that is up,
 	 * and the mode decides only when none is. */
 	__u32 npreferred;
+	/* Per slot of paths, the paths (bit p: path p) of the slot's shared-risk
+	 * group, itself included; 0 for a path in no group. A join goes to a
+	 * path whose group its connection does not use yet first (claim_path). */
+	__u32 risk[MAX_PATHS + 1];
 };
 
 /* Key of rule_cidrs, an LPM trie: the rule id and the family (always matched

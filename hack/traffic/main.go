@@ -322,6 +322,7 @@ func send(args []string) error {
 	fs := flag.NewFlagSet("send", flag.ExitOnError)
 	to := fs.String("to", "", "server address")
 	conns := fs.Int("conns", 1, "number of concurrent connections")
+	serial := fs.Bool("serial", false, "open the -conns connections one after another, each once the last has ended, instead of all at once")
 	duration := fs.Duration("duration", 10*time.Second, "how long each connection sends (ignored with -bytes)")
 	nbytes := fs.Int64("bytes", 0, "send exactly this many bytes per connection instead of for -duration")
 	mptcp := fs.Bool("mptcp", false, "dial with MPTCP")
@@ -353,11 +354,16 @@ func send(args []string) error {
 	var wg sync.WaitGroup
 	for i := range *conns {
 		wg.Add(1)
-		go func() {
+		one := func() {
 			defer wg.Done()
 			dial := dialMode{mptcp: *mptcp, goDefault: *goDefault}
 			reports[i] = sendOne(*to, dial, *cc, *seed, i, *duration, *stall, *nbytes, *rate*1e6/8, joins)
-		}()
+		}
+		if *serial {
+			one()
+		} else {
+			go one()
+		}
 	}
 	wg.Wait()
 	failed := false

@@ -373,7 +373,7 @@ func (a *Agent) syncPods(ctx context.Context, plan *Plan, ids map[string]uint32,
 			continue
 		}
 		if rule.Subflows == podnet.Userspace && rule.Joins > 0 {
-			managed = append(managed, podnet.Want{Pod: podOf(pod), Joins: rule.Joins})
+			managed = append(managed, podnet.Want{Pod: podOf(pod), Joins: rule.Joins, JoinAfterBytes: rule.JoinAfterBytes})
 		}
 	}
 	for name, err := range a.pms.Sync(ctx, managed) {

@@ -157,7 +157,7 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, peers
 		default:
 			owners[link.Name] = np.Name
 			p := PlanPath{Path: routing.Path{Name: np.Name, Index: uint32(np.Index), Interface: link.Name, Gateway: link.Gateway},
-				Capacity: uint64(max(np.Capacity.Value(), 0))}
+				Capacity: uint64(max(np.Capacity.Value(), 0)), SharedRiskGroup: np.SharedRiskGroup}
 			plan.Paths = append(plan.Paths, p)
 			resolved[np.Name] = p
 		}
@@ -350,6 +350,36 @@ func unknownPaths(cr mptcpv1alpha1.CompiledRule, known map[string]bool) []string
 	return out
 }
 
+// sharedRisk groups a rule's paths (indexes, in the rule's order) by their
+// shared-risk group, in the datapath's order: groups by their first path,
+// each group's paths in the rule's order. A group of one path shares
+// nothing within the rule and is left out.
+func sharedRisk(indexes []uint32, paths map[string]PlanPath) [][]uint32 {
+	groupOf := map[uint32]string{}
+	for _, p := range paths {
+		groupOf[p.Index] = p.SharedRiskGroup
+	}
+	var order []string
+	members := map[string][]uint32{}
+	for _, i := range indexes {
+		g := groupOf[i]
+		if g == "" {
+			continue
+		}
+		if members[g] == nil {
+			order = append(order, g)
+		}
+		members[g] = append(members[g], i)
+	}
+	var out [][]uint32
+	for _, g := range order {
+		if len(members[g]) > 1 {
+			out = append(out, members[g])
+		}
+	}
+	return out
+}
+
 // RuleFromCompiled is the one place where a compiled rule becomes the
 // datapath's: its paths by index (a rule path the controller left out never
 // reaches here; one the agent could not resolve is dropped, and reported as
@@ -403,6 +433,7 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath, 
 			d.Blocked = append(d.Blocked, p.Index)
 		}
 	}
+	d.SharedRisk = sharedRisk(append(slices.Clone(d.Paths), d.Backup...), paths)
 	if err := selectorFromCompiled(d, cr.Traffic); err != nil {
 		return r, err
 	}
@@ -445,6 +476,12 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath, 
 	}
 	r.Joins = n - 1
 	r.DataChecksums = cr.DataChecksums
+	if cr.JoinAfterBytes < 0 || cr.JoinAfterBytes > mptcpv1alpha1.MaxJoinAfterBytes {
+		return r, fmt.Errorf("joinAfterBytes %d is out of range [0, %d]", cr.JoinAfterBytes, mptcpv1alpha1.MaxJoinAfterBytes)
+	}
+	if r.Subflows == podnet.Userspace {
+		r.JoinAfterBytes = uint64(cr.JoinAfterBytes)
+	}
 	for _, p := range cr.SignalPorts {
 		if p < 1 || p > 65535 {
 			return r, fmt.Errorf("signal port %d is out of range", p)

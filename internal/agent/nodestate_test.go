@@ -269,6 +269,44 @@ func TestCompiledRuleMapping(t *testing.T) {
 	if _, err := RuleFromCompiled(bad, usable, nil); err == nil {
 		t.Error("port 70000 accepted")
 	}
+	// The join threshold reaches the path managers, in userspace mode
+	// only; one beyond the API's bound is refused.
+	threshold := spread(1)
+	threshold.JoinAfterBytes = 64 << 10
+	if r, err := RuleFromCompiled(threshold, usable, nil); err != nil || r.JoinAfterBytes != 64<<10 {
+		t.Errorf("userspace rule with a threshold: %+v, %v", r.MPTCP, err)
+	}
+	threshold.SubflowCreation, threshold.SignalPorts = mptcpv1alpha1.SubflowCreationSignal, []int32{5201}
+	if r, err := RuleFromCompiled(threshold, usable, nil); err != nil || r.JoinAfterBytes != 0 {
+		t.Errorf("signal rule with a threshold: %+v, %v; want none (the kernel opens the joins)", r.MPTCP, err)
+	}
+	bad = spread(1)
+	bad.JoinAfterBytes = mptcpv1alpha1.MaxJoinAfterBytes + 1
+	if _, err := RuleFromCompiled(bad, usable, nil); err == nil || !strings.Contains(err.Error(), "joinAfterBytes") {
+		t.Errorf("a threshold beyond the bound: %v", err)
+	}
+}
+
+// A rule's paths that share a risk group reach the datapath as a group, in
+// the rule's order; a path alone in its group within the rule shares
+// nothing there.
+func TestSharedRiskGroupsReachTheDatapathRule(t *testing.T) {
+	usable := usablePaths("fabric-a", "fabric-b", "fabric-c", "fabric-d")
+	for name, group := range map[string]string{"fabric-a": "tor-1", "fabric-c": "tor-1", "fabric-b": "tor-2", "fabric-d": "tor-3"} {
+		p := usable[name]
+		p.SharedRiskGroup = group
+		usable[name] = p
+	}
+	cr := spread(1)
+	cr.Paths = []mptcpv1alpha1.RulePath{{Name: "fabric-c", Weight: 1}, {Name: "fabric-b", Weight: 1}, {Name: "fabric-a", Weight: 1}, {Name: "fabric-d", Weight: 1}}
+	r, err := RuleFromCompiled(cr, usable, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, a := usable["fabric-c"].Index, usable["fabric-a"].Index
+	if want := [][]uint32{{c, a}}; !reflect.DeepEqual(r.Datapath.SharedRisk, want) {
+		t.Errorf("shared-risk groups %v, want %v (fabric-c and fabric-a, in the rule's order)", r.Datapath.SharedRisk, want)
+	}
 }
 
 func TestPolicyVariantsGetTheirOwnRules(t *testing.T) {

@@ -59,6 +59,9 @@ type PlanPath struct {
 	// Capacity in bits per second bounds the path's caps and the HTB
 	// classes on its NIC; 0: unbounded.
 	Capacity uint64 `json:"capacity,omitempty"`
+	// SharedRiskGroup is what the path shares with the others of the
+	// same group (an uplink, a switch); empty: nothing.
+	SharedRiskGroup string `json:"sharedRiskGroup,omitempty"`
 }
 
 // PlanRule is one compiled rule: what the datapath does for the

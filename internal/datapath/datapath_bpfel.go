@@ -295,6 +295,7 @@ type datapathRule struct {
 	Weights     [16]uint8
 	Blocked     uint32
 	Npreferred  uint32
+	Risk        [16]uint32
 }
 
 type datapathSettingsValue struct {

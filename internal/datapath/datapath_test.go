@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/netip"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -1019,6 +1021,73 @@ func TestAFloodForgedWithManyPeersAddressesSharesOneBudget(t *testing.T) {
 		}
 		if verdict(t, dp.objs.NicIngress, udpWith(p.Addr, local, 7471, 7471, livenessMessage(2, 2, p.Nonce, 5)), ctx) != tcxNext {
 			t.Fatalf("peer %d's echo was refused after the flood", i)
+		}
+	}
+}
+
+// Where paths share a risk group, a connection's join goes first to a path
+// of a group its subflows do not use yet, the first subflow's included;
+// then to a free path of a group it uses; and only then shares a path.
+// The rule reads back with its groups.
+func TestJoinsGoToPathsOfAGroupTheConnectionDoesNotUseFirst(t *testing.T) {
+	dp := loadForTest(t)
+	// Paths 1 and 2 share an uplink, 3 and 4 another; preferredFirst
+	// puts every first subflow on path 1 and starts each join's search at
+	// the top of the list.
+	rule := Rule{Paths: []uint32{1, 2, 3, 4}, Spread: SpreadPreferred, SharedRisk: [][]uint32{{1, 2}, {3, 4}}}
+	if err := dp.SetRule(0, rule); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := dp.RuleAt(0); err != nil || !reflect.DeepEqual(got.SharedRisk, rule.SharedRisk) {
+		t.Fatalf("rule read back with groups %v (%v), want %v", got.SharedRisk, err, rule.SharedRisk)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	const clientKey, serverKey = 5, 6
+	first := run(t, dp.objs.PodEgress, syn(clientPod, 40000, serverPod, 80, testpkt.MPCapableSYN()), skbContext{})
+	if p := dp.pathOfMark(t, first); p != 1 {
+		t.Fatalf("first subflow on path %d, want 1", p)
+	}
+	run(t, dp.objs.PodEgress, capableACK(clientPod, 40000, serverPod, 80, clientKey, serverKey), skbContext{})
+	// Without groups the first join would take path 2, beside the
+	// first subflow on its uplink.
+	var got []uint32
+	for i := 0; i < 4; i++ {
+		frame := syn(clientPod, uint16(40001+i), serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey), 1, 1, false))
+		got = append(got, dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{})))
+	}
+	// Join 1: path 3, the other uplink. Join 2: both groups are used, so
+	// the first free path, 2. Join 3: path 4. Join 4: every path is used,
+	// it shares one.
+	if want := []uint32{3, 2, 4}; !slices.Equal(got[:3], want) {
+		t.Fatalf("joins placed on paths %v, want %v first", got, want)
+	}
+	stats, err := dp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats[StatPathsExhausted] != 1 {
+		t.Errorf("joins sharing a path = %d, want 1 (the fourth join)", stats[StatPathsExhausted])
+	}
+
+	// A backup path takes a join only after the active paths, groups or
+	// not: active paths 1 and 2 share a group, backup path 3 none.
+	backup := Rule{Paths: []uint32{1, 2}, Backup: []uint32{3}, RewriteHeaders: true, Spread: SpreadPreferred, SharedRisk: [][]uint32{{1, 2}}}
+	if err := dp.SetRule(0, backup); err != nil {
+		t.Fatal(err)
+	}
+	run(t, dp.objs.PodEgress, syn(clientPod, 41000, serverPod, 80, testpkt.MPCapableSYN()), skbContext{})
+	run(t, dp.objs.PodEgress, capableACK(clientPod, 41000, serverPod, 80, clientKey+10, serverKey+10), skbContext{})
+	join := syn(clientPod, 41001, serverPod, 80, testpkt.MPJoinSYN(tokenOf(serverKey+10), 1, 1, false))
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, join, skbContext{})); p != 2 {
+		t.Errorf("with a free active path in the first subflow's group, the join took path %d, want active path 2 before backup path 3", p)
+	}
+
+	// Groups are a rule's own paths, two or more each, a path in one.
+	for _, bad := range [][][]uint32{{{1}}, {{1, 5}}, {{1, 2}, {2, 3}}} {
+		if err := dp.SetRule(1, Rule{Paths: []uint32{1, 2, 3, 4}, SharedRisk: bad}); err == nil {
+			t.Errorf("a rule with shared-risk groups %v was accepted", bad)
 		}
 	}
 }

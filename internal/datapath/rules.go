@@ -126,6 +126,14 @@ type Rule struct {
 	// Blocked are path indexes a peer's join may not arrive on: it is
 	// answered with MP_TCPRST. Disjoint from Paths and Backup.
 	Blocked []uint32
+	// SharedRisk are groups of the rule's paths (of Paths and Backup)
+	// that share a bottleneck or a failure, at least two paths each, a
+	// path in one group at most: a connection's join goes to a path of a
+	// group its subflows do not use yet first, and shares a group only
+	// when no other path is free. Listed in the order of their first path
+	// in Paths then Backup, each group's paths in that order (as RuleAt
+	// reads them back).
+	SharedRisk [][]uint32
 	// Family, CIDRs (of the remote address), Ports and Match select the
 	// traffic; zero values select everything.
 	Family Family
@@ -157,6 +165,21 @@ func (r Rule) Validate() error {
 		}
 		if slices.Contains(all, p) {
 			return fmt.Errorf("path index %d is both blocked and one of the rule's paths", p)
+		}
+	}
+	grouped := map[uint32]bool{}
+	for _, g := range r.SharedRisk {
+		if len(g) < 2 {
+			return fmt.Errorf("shared-risk group %v: at least two paths", g)
+		}
+		for _, p := range g {
+			if !slices.Contains(all, p) {
+				return fmt.Errorf("shared-risk group %v: path index %d is not one of the rule's paths", g, p)
+			}
+			if grouped[p] {
+				return fmt.Errorf("path index %d is in two shared-risk groups", p)
+			}
+			grouped[p] = true
 		}
 	}
 	if r.Preferred < 0 || r.Preferred > len(r.Paths) {
@@ -268,6 +291,18 @@ func (d *Datapath) SetRule(id uint32, r Rule) error {
 	if r.RewriteHeaders {
 		v.Flags |= ruleRewriteHeaders
 	}
+	for _, g := range r.SharedRisk {
+		var mask uint32
+		for _, p := range g {
+			mask |= 1 << p
+		}
+		for i, p := range append(slices.Clone(r.Paths), r.Backup...) {
+			if slices.Contains(g, p) {
+				v.Risk[i] = mask
+				v.Flags |= ruleSharedRisk
+			}
+		}
+	}
 	for _, p := range r.Blocked {
 		v.Blocked |= 1 << p
 	}
@@ -309,6 +344,7 @@ func (d *Datapath) RuleAt(id uint32) (Rule, error) {
 			r.Blocked = append(r.Blocked, p)
 		}
 	}
+	r.SharedRisk = riskGroups(v.Paths[:n], v.Risk[:n])
 	for i := 0; i < min(int(v.Nports), MaxRulePorts); i++ {
 		r.Ports = append(r.Ports, PortRange{First: v.Ports[i].First, Last: v.Ports[i].Last})
 	}
@@ -328,10 +364,33 @@ func (d *Datapath) RuleAt(id uint32) (Rule, error) {
 	return r, it.Err()
 }
 
-// ruleCIDRs and ruleRewriteHeaders are RULE_CIDRS and RULE_REWRITE_HEADERS.
+// riskGroups reads a rule's shared-risk groups back from its slots' paths
+// and risk masks, in Rule.SharedRisk's order.
+func riskGroups(paths []uint8, risk []uint32) [][]uint32 {
+	var groups [][]uint32
+	seen := map[uint32]bool{}
+	for _, mask := range risk {
+		if mask == 0 || seen[mask] {
+			continue
+		}
+		seen[mask] = true
+		var g []uint32
+		for j, p := range paths {
+			if risk[j] == mask {
+				g = append(g, uint32(p))
+			}
+		}
+		groups = append(groups, g)
+	}
+	return groups
+}
+
+// ruleCIDRs, ruleRewriteHeaders and ruleSharedRisk are RULE_CIDRS,
+// RULE_REWRITE_HEADERS and RULE_SHARED_RISK.
 const (
 	ruleCIDRs          = 1 << 0
 	ruleRewriteHeaders = 1 << 1
+	ruleSharedRisk     = 1 << 2
 )
 
 // pruneCIDRs deletes rule id's CIDRs that are not in keep.

@@ -46,6 +46,12 @@ type Subflow struct {
 	Flags   SubflowFlags
 	// Loss is the subflow's own loss recovery, from its tcp_info.
 	Loss TCPLoss
+	// Carried is what the subflow carried both ways, from its tcp_info:
+	// the bytes it sent that the peer acknowledged and the bytes it
+	// received (tcpi_bytes_acked + tcpi_bytes_received). CarriedKnown is
+	// false where its tcp_info is too short to say (kernels before 4.19).
+	Carried      uint64
+	CarriedKnown bool
 }
 
 // TCPLoss is what a subflow's TCP says of its losses (struct tcp_info).
@@ -78,18 +84,19 @@ func (l TCPLoss) Recovering() bool {
 
 // sock_diag constants the header packages do not all spell.
 const (
-	sockDiagByFamily = 20 // SOCK_DIAG_BY_FAMILY
-	diagExtInfo      = 2  // INET_DIAG_INFO: asks for tcp_info and the ULP's; tcp_info's attribute
-	diagULPInfo      = 19 // INET_DIAG_ULP_INFO
-	ulpInfoName      = 1  // INET_ULP_INFO_NAME
-	ulpInfoMPTCP     = 3  // INET_ULP_INFO_MPTCP
-	subflowTokenLoc  = 2  // MPTCP_SUBFLOW_ATTR_TOKEN_LOC
-	subflowFlags     = 8  // MPTCP_SUBFLOW_ATTR_FLAGS
-	subflowIDLoc     = 10 // MPTCP_SUBFLOW_ATTR_ID_LOC
-	diagReqLen       = 56 // struct inet_diag_req_v2
-	diagMsgLen       = 72 // struct inet_diag_msg
-	tcpInfoLossLen   = 40 // struct tcp_info up to tcpi_retrans
-	tcpEstablished   = 1  // TCP_ESTABLISHED, a bit of idiag_states
+	sockDiagByFamily = 20  // SOCK_DIAG_BY_FAMILY
+	diagExtInfo      = 2   // INET_DIAG_INFO: asks for tcp_info and the ULP's; tcp_info's attribute
+	diagULPInfo      = 19  // INET_DIAG_ULP_INFO
+	ulpInfoName      = 1   // INET_ULP_INFO_NAME
+	ulpInfoMPTCP     = 3   // INET_ULP_INFO_MPTCP
+	subflowTokenLoc  = 2   // MPTCP_SUBFLOW_ATTR_TOKEN_LOC
+	subflowFlags     = 8   // MPTCP_SUBFLOW_ATTR_FLAGS
+	subflowIDLoc     = 10  // MPTCP_SUBFLOW_ATTR_ID_LOC
+	diagReqLen       = 56  // struct inet_diag_req_v2
+	diagMsgLen       = 72  // struct inet_diag_msg
+	tcpInfoLossLen   = 40  // struct tcp_info up to tcpi_retrans
+	tcpInfoBytesLen  = 136 // struct tcp_info up to tcpi_bytes_received
+	tcpEstablished   = 1   // TCP_ESTABLISHED, a bit of idiag_states
 )
 
 // A pod's processes decide how many sockets its namespace has, so a listing
@@ -358,6 +365,7 @@ func decodeSubflow(b []byte) (sf Subflow, ok bool, err error) {
 		switch ad.Type() {
 		case diagExtInfo:
 			sf.Loss = decodeTCPLoss(ad.Bytes())
+			sf.Carried, sf.CarriedKnown = decodeCarried(ad.Bytes())
 			continue
 		case diagULPInfo:
 		default:
@@ -400,4 +408,14 @@ func decodeTCPLoss(info []byte) TCPLoss {
 	}
 	return TCPLoss{CAState: info[1], Backoff: info[4],
 		Lost: binary.NativeEndian.Uint32(info[32:36]), Retrans: binary.NativeEndian.Uint32(info[36:40])}
+}
+
+// decodeCarried reads what a subflow carried both ways from its struct
+// tcp_info: tcpi_bytes_acked (offset 120) and tcpi_bytes_received (128); a
+// shorter one says nothing (ok false).
+func decodeCarried(info []byte) (carried uint64, ok bool) {
+	if len(info) < tcpInfoBytesLen {
+		return 0, false
+	}
+	return binary.NativeEndian.Uint64(info[120:128]) + binary.NativeEndian.Uint64(info[128:136]), true
 }

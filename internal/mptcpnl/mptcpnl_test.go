@@ -363,3 +363,33 @@ func requireSubflowsListed(t *testing.T, sfs []Subflow, established Event) {
 		t.Errorf("listed %d joins, %d of them backup, want 3 and 1: %+v", joins, backups, sfs)
 	}
 }
+
+// A listed subflow says how many bytes it carried, both ways: what a path
+// manager that holds a connection's joins back until it has carried enough
+// reads.
+func TestListedSubflowsSayWhatTheyCarried(t *testing.T) {
+	u := dialUserspace(t)
+	payload := make([]byte, 64<<10)
+	if _, err := u.conn.Write(payload); err != nil {
+		t.Fatal(err)
+	}
+	want := uint64(len("hello") + len(payload))
+	var got uint64
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		got = 0
+		for _, sf := range u.listed(t) {
+			if sf.Local == u.established.Local {
+				got = sf.Carried
+			}
+		}
+		if got >= want {
+			break
+		}
+	}
+	// The handshake's option bytes are not data: what the subflow
+	// carried is the data acknowledged, at most a little more (an
+	// MPTCP-level DATA_FIN has no bytes of its own).
+	if got < want || got > want+64 {
+		t.Fatalf("the first subflow is listed as having carried %d bytes, want %d (all the client wrote, acknowledged)", got, want)
+	}
+}

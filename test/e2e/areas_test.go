@@ -66,6 +66,7 @@ func TestSteering(t *testing.T) {
 	t.Run("AClosedJoinIsReplacedOnThePathItLeft", sideBySide(testAClosedJoinIsReplacedOnThePathItLeft))
 	t.Run("ForgedSYNsMoveNoLiveSubflow", sideBySide(testForgedSYNsMoveNoLiveSubflow))
 	t.Run("TrafficToAPeerDownOnAPathGoesRoundItWhileOtherPeersKeepIt", sideBySide(testTrafficToAPeerDownOnAPathGoesRoundItWhileOtherPeersKeepIt))
+	t.Run("ShortConnectionsStayOnOnePathLongOnesGetJoinsAfterTheThreshold", sideBySide(testShortConnectionsStayOnOnePathLongOnesGetJoinsAfterTheThreshold))
 }
 
 // Guest: VM guests in pods, attached as KubeVirt attaches them, whose

@@ -122,6 +122,22 @@ type lossFilter struct {
 	dir     Direction
 }
 
+// SetLinkRate gives NIC k of node i's link another rate, in tc syntax ("50mbit"), each way, with the queue of the
+// bed's others: paths that differ. The bed must have a LinkRate (the wire ends' token buckets it changes).
+func (b *Bed) SetLinkRate(i, k int, rate string) error {
+	if b.Config.LinkRate == "" {
+		return errors.New("link rate: the bed's links are unshaped (Config.LinkRate)")
+	}
+	tbf, err := tbfArgs(rate, b.Config.LinkQueue)
+	if err != nil {
+		return err
+	}
+	c := b.Node(i).NIC(k)
+	return tcBatch(context.Background(), c.WireNS,
+		fmt.Sprintf("qdisc change dev %s root %s", c.WireNodeSide, tbf),
+		fmt.Sprintf("qdisc change dev %s root %s", c.WireFabricSide, tbf))
+}
+
 // SetLoss makes NIC k of node i drop percent of the packets (0..100) in each direction, independently at random,
 // while its carrier stays up: a gray failure. 0 removes the loss.
 //

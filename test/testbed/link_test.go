@@ -213,3 +213,23 @@ func TestRemoveNICAndRestoreIt(t *testing.T) {
 		}
 	}
 }
+
+// SetLinkRate changes one NIC's link, both wire ends (each way), and leaves
+// the others at the bed's rate.
+func TestSetLinkRateChangesOneLinkEachWay(t *testing.T) {
+	b := NewForTest(t, Config{Nodes: 1, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
+	Must(t, b.SetLinkRate(1, 2, "50mbit"))
+	for k, want := range map[int]string{1: "rate 200Mbit", 2: "rate 50Mbit"} {
+		c := b.Node(1).NIC(k)
+		for _, dev := range []string{c.WireNodeSide, c.WireFabricSide} {
+			out, err := exec.Command("tc", "-n", c.WireNS, "qdisc", "show", "dev", dev, "root").CombinedOutput()
+			Must(t, err)
+			if !strings.Contains(string(out), want) {
+				t.Errorf("NIC %d, wire end %s: %q, want %s", k, dev, out, want)
+			}
+		}
+	}
+	if err := (&Bed{}).SetLinkRate(1, 1, "50mbit"); err == nil {
+		t.Error("SetLinkRate on a bed with unshaped links succeeded")
+	}
+}

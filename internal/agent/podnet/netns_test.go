@@ -49,7 +49,7 @@ func TestPathManagerNeverListensInANamespaceThatIsNotItsPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pm, err := start(context.Background(), bed.client, oldKey, 1, defaultBackoff, log, PathManagerOptions{})
+	pm, err := start(context.Background(), Want{Pod: bed.client, Joins: 1}, oldKey, defaultBackoff, log, PathManagerOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestPathManagerNeverListensInANamespaceThatIsNotItsPods(t *testing.T) {
 	}
 
 	bed.recreateClient(t)
-	if pm2, err := start(context.Background(), bed.client, oldKey, 1, defaultBackoff, log, PathManagerOptions{}); err == nil {
+	if pm2, err := start(context.Background(), Want{Pod: bed.client, Joins: 1}, oldKey, defaultBackoff, log, PathManagerOptions{}, nil); err == nil {
 		pm2.stop()
 		t.Errorf("a path manager started for the old namespace at a path that names a new one")
 	} else if !strings.Contains(err.Error(), "not the pod's") {

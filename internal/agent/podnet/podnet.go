@@ -63,6 +63,10 @@ type MPTCP struct {
 	// DataChecksums turns on DSS checksums in the pods
 	// (net.mptcp.checksum_enabled).
 	DataChecksums bool `json:"dataChecksums,omitempty"`
+	// JoinAfterBytes is, in userspace mode, how many bytes a connection
+	// carries, both ways, before the path manager opens its joins; 0: at
+	// once.
+	JoinAfterBytes uint64 `json:"joinAfterBytes,omitempty"`
 }
 
 // maxKernelSubflows is the kernel's cap on subflows_max and add_addr_accepted.
@@ -221,6 +225,9 @@ type PathManagers struct {
 	// down are the paths down (PathDown until PathBack), for the path
 	// managers started meanwhile.
 	down map[uint32]bool
+	// listings are the node's listing slots, which every path manager
+	// shares (listing.go).
+	listings chan struct{}
 }
 
 // podKey is a pod's identity for its path manager: its UID and its network
@@ -271,7 +278,7 @@ type PathManagerOptions struct {
 
 // NewPathManagers makes an empty set.
 func NewPathManagers(log *slog.Logger, opts PathManagerOptions) *PathManagers {
-	return &PathManagers{log: log, backoff: defaultBackoff, opts: opts, m: map[podKey]*pathManager{}}
+	return &PathManagers{log: log, backoff: defaultBackoff, opts: opts, m: map[podKey]*pathManager{}, listings: make(chan struct{}, maxListings)}
 }
 
 // Want is a pod that needs a path manager, and the joins it opens per
@@ -279,10 +286,13 @@ func NewPathManagers(log *slog.Logger, opts PathManagerOptions) *PathManagers {
 type Want struct {
 	Pod   Pod
 	Joins int
+	// JoinAfterBytes is how many bytes a connection carries, both ways,
+	// before its joins are opened; 0: at once.
+	JoinAfterBytes uint64
 }
 
 // Sync runs a path manager for each pod of want and none for the others. A
-// running one takes its pod's join count as it is now, so a changed rule
+// running one takes its pod's join count and threshold as they are now, so a changed rule
 // reaches the pod's next connection without a restart. A pod whose
 // namespace changed under the same name is another pod: its old path
 // manager stops and a new one listens in the new namespace. The pods whose
@@ -302,9 +312,10 @@ func (p *PathManagers) Sync(ctx context.Context, want []Want) map[string]error {
 		wanted[key] = true
 		if pm := p.m[key]; pm != nil {
 			pm.joins.Store(int32(w.Joins))
+			pm.joinAfter.Store(w.JoinAfterBytes)
 			continue
 		}
-		pm, err := start(ctx, w.Pod, key, w.Joins, p.backoff, p.log, p.opts)
+		pm, err := start(ctx, w, key, p.backoff, p.log, p.opts, p.listings)
 		if err != nil {
 			errs[w.Pod.Name] = fmt.Errorf("path manager: %w", err)
 			continue
@@ -416,9 +427,13 @@ type pathManager struct {
 	nsFD int
 	// joins is how many joins a connection gets; Sync changes it while
 	// the path manager runs.
-	joins    atomic.Int32
-	up       atomic.Bool
-	restarts atomic.Uint64
+	joins atomic.Int32
+	// joinAfter is how many bytes a connection carries before its joins
+	// are opened (threshold.go); Sync changes it while the path manager
+	// runs.
+	joinAfter atomic.Uint64
+	up        atomic.Bool
+	restarts  atomic.Uint64
 	// replacedJoins counts the joins it opened to replace closed
 	// subflows (rejoin.go).
 	replacedJoins atomic.Uint64
@@ -439,6 +454,13 @@ type pathManager struct {
 	// which subflows it could replace.
 	openedMu sync.Mutex
 	opened   openedConns
+	// live are the subflows of all the pod's connections, for their
+	// close, and closing those of closed connections waiting for their
+	// sockets to go (connclose.go); under openedMu too.
+	live    liveConns
+	closing []closingSubflow
+	// listings are the node's listing slots (listing.go).
+	listings chan struct{}
 	// life guards nsFD against its close when the path manager stops:
 	// leave, on the agent's goroutine, lists the pod's subflows with it.
 	life    sync.RWMutex
@@ -488,6 +510,14 @@ type session struct {
 	scheduled sync.WaitGroup
 	// sweeps are its held joins' bookkeeping (holdoff.go).
 	sweeps sweeps
+	// watchDue says a reading of the connections whose joins wait for
+	// their threshold is scheduled (threshold.go); watchFailLog limits
+	// the lines of failed ones.
+	watchDue     atomic.Bool
+	watchFailLog logLimiter
+	// closingDue says a check of closed connections' subflows is
+	// scheduled (connclose.go).
+	closingDue atomic.Bool
 }
 
 // later runs fn after delay on its own goroutine, unless the session ends
@@ -549,7 +579,8 @@ func openNetNS(pod Pod, key podKey) (int, error) {
 // error of this reconcile (and is tried again at the next). It runs the
 // path manager from then on, holding the namespace open: every session it
 // opens again is in that namespace, whatever its path names by then.
-func start(ctx context.Context, pod Pod, key podKey, joins int, b backoff, log *slog.Logger, opts PathManagerOptions) (*pathManager, error) {
+func start(ctx context.Context, w Want, key podKey, b backoff, log *slog.Logger, opts PathManagerOptions, listings chan struct{}) (*pathManager, error) {
+	pod := w.Pod
 	nsFD, err := openNetNS(pod, key)
 	if err != nil {
 		return nil, err
@@ -561,8 +592,9 @@ func start(ctx context.Context, pod Pod, key podKey, joins int, b backoff, log *
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	s := &pathManager{pod: pod, nsFD: nsFD, backoff: b, log: log.With("pod", pod.Name, "uid", pod.UID), cancel: cancel, done: make(chan struct{}),
-		closed: opts.SubflowClosed, holdoff: opts.JoinHoldoff, opened: openedConns{}}
-	s.joins.Store(int32(joins))
+		closed: opts.SubflowClosed, holdoff: opts.JoinHoldoff, opened: openedConns{}, listings: listings}
+	s.joins.Store(int32(w.Joins))
+	s.joinAfter.Store(w.JoinAfterBytes)
 	s.up.Store(true)
 	go s.run(ctx, sess)
 	return s, nil
@@ -618,6 +650,14 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 	// event.
 	s.sweepLater(sess)
 	s.forgetClosing()
+	s.openedMu.Lock()
+	s.watchAgain(sess)
+	// Closes may have gone unheard between the two sessions: the sweep
+	// finds those; the subflows of closed connections still queued are
+	// checked.
+	s.live.clear()
+	s.checkClosingLater(sess)
+	s.openedMu.Unlock()
 	defer func() {
 		s.current.Store(nil)
 		close(sess.ended)
@@ -661,7 +701,12 @@ func (s *pathManager) serve(ctx context.Context, sess *session) (err error) {
 			// them all rather than keep what cannot be trusted:
 			// they get no replacement joins.
 			s.openedMu.Lock()
+			// Those whose joins wait get them now: their closes
+			// may be lost, and nothing would end the wait.
+			s.openWaiting(sess)
 			clear(s.opened)
+			// The sweep finds their closes now.
+			s.live.clear()
 			s.openedMu.Unlock()
 			s.forgetLeaving()
 			// Held joins among them would stay held.

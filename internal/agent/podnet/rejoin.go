@@ -45,7 +45,11 @@ const (
 
 // openedConn is a connection the pod opened.
 type openedConn struct {
+	local  netip.Addr
 	remote netip.AddrPort
+	// waiting is set while its joins wait for the rule's threshold
+	// (threshold.go).
+	waiting *waitingJoins
 	// live are its established subflows: only those are replaced, so a
 	// join that never completed its handshake is not tried again, unless
 	// it was a replacement (pending).
@@ -66,7 +70,7 @@ func (c openedConns) established(ev mptcpnl.Event) *openedConn {
 	if _, reused := c[ev.Token]; !reused && len(c) >= maxTrackedConns {
 		return nil
 	}
-	conn := &openedConn{remote: ev.Remote, delay: firstReplaceDelay,
+	conn := &openedConn{local: ev.Local.Addr(), remote: ev.Remote, delay: firstReplaceDelay,
 		live: map[subflowKey]bool{unmapped(ev): true}}
 	c[ev.Token] = conn
 	return conn
@@ -137,19 +141,22 @@ func (s *pathManager) handle(sess *session, ev mptcpnl.Event, heard time.Time) {
 	defer s.openedMu.Unlock()
 	switch ev.Type {
 	case mptcpnl.EventEstablished:
+		s.live.established(ev)
 		if ev.ServerSide {
 			return
 		}
-		conn := s.opened.established(ev)
-		s.openJoins(sess.cmds, conn, ev.Token, ev.Local.Addr(), ev.Remote)
+		s.established(sess, s.opened.established(ev), ev)
 	case mptcpnl.EventSubEstablished:
+		s.live.subflowEstablished(ev)
 		s.opened.subflowEstablished(ev)
 		s.joinEstablished(sess, ev)
 	case mptcpnl.EventSubClosed:
+		s.live.subflowClosed(ev)
 		s.subflowClosed(sess, ev, heard)
 	case mptcpnl.EventClosed:
 		delete(s.opened, ev.Token)
 		s.connectionClosed(ev.Token)
+		s.connectionClosedSubflows(sess, ev.Token, heard)
 	}
 }
 

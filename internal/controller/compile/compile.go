@@ -94,7 +94,7 @@ func guestForVM(pod *corev1.Pod, rule *mptcpv1alpha1.CompiledRule) *Refusal {
 		return nil
 	}
 	was := rule.SubflowCreation
-	rule.SubflowCreation, rule.SignalPorts = mptcpv1alpha1.SubflowCreationGuest, nil
+	rule.SubflowCreation, rule.SignalPorts, rule.JoinAfterBytes = mptcpv1alpha1.SubflowCreationGuest, nil, 0
 	return &Refusal{Pod: pod, Policy: rule.Policy, Reason: ReasonVMGuestMode, Message: fmt.Sprintf(
 		"the pod runs a VM (%s: %s): policy %s's subflowCreation %s cannot act inside it, so guest applies: the VM's own kernel opens its subflows "+
 			"and the host places them on distinct paths (docs/vms.md)", LabelVirtLauncher, LabelVirtLauncherValue, rule.Policy, was)}
@@ -451,6 +451,9 @@ func resolvePaths(node *corev1.Node, paths []mptcpv1alpha1.MPTCPPath) ([]mptcpv1
 			Index:     p.Status.Index,
 			Interface: p.Spec.Interface,
 			Capacity:  p.Spec.Capacity.DeepCopy(),
+			// Its group goes with the path: the agent tells each
+			// rule which of its paths share one.
+			SharedRiskGroup: p.Spec.SharedRiskGroup,
 		})
 	}
 	slices.SortFunc(out, func(a, b mptcpv1alpha1.NodePath) int { return cmp.Compare(a.Name, b.Name) })
@@ -635,6 +638,7 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 		HeaderRewriting:  s.HeaderRewriting == mptcpv1alpha1.Allowed,
 	}
 	rule.Traffic = s.Traffic.DeepCopy()
+	rule.JoinAfterBytes = joinAfterBytes(&s.PodMPTCP, rule.SubflowCreation)
 	var backupByRole []string
 	for _, wp := range s.Spread.Paths {
 		if !keep(wp.Name) {
@@ -692,6 +696,18 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 	}
 	slices.Sort(missing)
 	return rule, slices.Compact(missing)
+}
+
+// joinAfterBytes is the join threshold of a rule in mode: the policy's, or
+// the default where it sets none; 0 where the agent opens no joins.
+func joinAfterBytes(p *mptcpv1alpha1.PodMPTCP, mode mptcpv1alpha1.SubflowCreation) int64 {
+	if mode != mptcpv1alpha1.SubflowCreationUserspace {
+		return 0
+	}
+	if p.JoinAfterBytes == nil {
+		return mptcpv1alpha1.DefaultJoinAfterBytes
+	}
+	return p.JoinAfterBytes.Value()
 }
 
 // weightOf is the weight policy s gives path name, 0 when none.

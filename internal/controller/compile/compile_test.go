@@ -579,3 +579,46 @@ func TestAContestedAddressStaysWithItsFirstOwner(t *testing.T) {
 		})
 	}
 }
+
+// A userspace-mode rule carries its policy's join threshold, or the
+// default where the policy sets none; a rule whose joins the agent does not
+// open (signal, or guest for a pod that runs a VM) carries none. A path's
+// shared-risk group goes with it into the node state.
+func TestJoinThresholdAndSharedRiskGroupReachTheNodeState(t *testing.T) {
+	in := testInput()
+	in.Pods = in.Pods[:1]
+	in.Paths[0].Spec.SharedRiskGroup = "tor-1"
+	threshold := resource.MustParse("1Mi")
+	for name, c := range map[string]struct {
+		podMPTCP mptcpv1alpha1.PodMPTCP
+		vm       bool
+		want     int64
+	}{
+		"unset":           {want: mptcpv1alpha1.DefaultJoinAfterBytes},
+		"set":             {podMPTCP: mptcpv1alpha1.PodMPTCP{JoinAfterBytes: &threshold}, want: 1 << 20},
+		"zero":            {podMPTCP: mptcpv1alpha1.PodMPTCP{JoinAfterBytes: resource.NewQuantity(0, resource.BinarySI)}, want: 0},
+		"signal":          {podMPTCP: mptcpv1alpha1.PodMPTCP{SubflowCreation: mptcpv1alpha1.SubflowCreationSignal, SignalPorts: []int32{6002}}, want: 0},
+		"a pod with a VM": {podMPTCP: mptcpv1alpha1.PodMPTCP{JoinAfterBytes: &threshold}, vm: true, want: 0},
+	} {
+		t.Run(name, func(t *testing.T) {
+			in.Policies = in.Policies[:1]
+			in.Policies[0].Spec.PodMPTCP = c.podMPTCP
+			in.Pods[0].Labels = nil
+			if c.vm {
+				in.Pods[0].Labels = map[string]string{LabelVirtLauncher: LabelVirtLauncherValue}
+			}
+			res := Node(in)
+			if len(res.Spec.Rules) != 1 {
+				t.Fatalf("rules %+v", res.Spec.Rules)
+			}
+			if got := res.Spec.Rules[0].JoinAfterBytes; got != c.want {
+				t.Errorf("joinAfterBytes %d, want %d", got, c.want)
+			}
+			for _, p := range res.Spec.Paths {
+				if want := map[string]string{"a": "tor-1"}[p.Name]; p.SharedRiskGroup != want {
+					t.Errorf("path %s: shared-risk group %q, want %q", p.Name, p.SharedRiskGroup, want)
+				}
+			}
+		})
+	}
+}
