@@ -145,6 +145,11 @@ bench-preload: deps ## The preload library's cost per socket() and per connect o
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkPreloadCost -benchtime=5x -timeout 10m ./bench/preload/
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkPreloadGoodput -benchtime=5x -timeout 20m ./bench/transfer/
 
+.PHONY: bench-smallflows
+bench-smallflows: deps ## Flow completion time of 16 KB to 1 MB flows and goodput of 64 MB ones over equal and differing paths: plain TCP, joins at once (held and not) and the join threshold, 5 rounds (about 10 min; root); then what watching waiting connections costs; rewrite the "Small flows" sections of docs/benchmarks.md.
+	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkSmallFlows -benchtime=5x -timeout 60m ./bench/subflows/
+	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkWatchCost -benchtime=200x -timeout 10m ./bench/subflows/
+
 .PHONY: bench-xdpdrop
 bench-xdpdrop: ## Measure the CPU per packet of a join SYN flood dropped by XDP, by TC, by the stack, or met by nic_ingress (about 2 min; root); rewrite the "XDP or TC for dropping a flood" section of docs/benchmarks.md.
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench . -benchtime=1x -timeout 15m ./bench/xdpdrop/

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/mdlayher/netlink"
@@ -115,11 +116,145 @@ const (
 // maxListedSockets established TCP sockets, or one whose listing takes longer
 // than listTimeout, is an error.
 func ListSubflows(netnsFD int) ([]Subflow, error) {
+	l := NewLister(netnsFD)
+	defer l.Close()
+	return l.Subflows()
+}
+
+// A Lister lists one namespace's subflows and open TCP sockets, as
+// ListSubflows and ListOpenTCPSockets do, over one sock_diag socket it
+// keeps: opening a socket in another namespace costs a thread and a
+// millisecond or more, which a path manager that reads its pod every few
+// milliseconds should not pay each time. A listing that fails closes the
+// socket (a dump may be left half read), and the next opens another. Safe
+// for concurrent use: listings run one at a time.
+type Lister struct {
+	netnsFD int
+	mu      sync.Mutex
+	c       *netlink.Conn
+}
+
+// NewLister makes a Lister of the network namespace with file descriptor
+// netnsFD, which must stay open while the Lister is used.
+func NewLister(netnsFD int) *Lister { return &Lister{netnsFD: netnsFD} }
+
+// Close closes the Lister's socket.
+func (l *Lister) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.c == nil {
+		return nil
+	}
+	err := l.c.Close()
+	l.c = nil
+	return err
+}
+
+func (l *Lister) list(states uint32, ext uint8, each func(msg []byte) error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.c == nil {
+		c, err := dialSockDiag(l.netnsFD)
+		if err != nil {
+			return err
+		}
+		l.c = c
+	}
+	err := listTCPOn(l.c, states, ext, maxListedSockets, each)
+	if err != nil {
+		_ = l.c.Close()
+		l.c = nil
+	}
+	return err
+}
+
+// Subflows is ListSubflows on the Lister's namespace.
+func (l *Lister) Subflows() ([]Subflow, error) {
 	var out []Subflow
-	err := listTCP(netnsFD, 1<<tcpEstablished, 1<<(diagExtInfo-1), maxListedSockets, func(msg []byte) error {
+	err := l.list(1<<tcpEstablished, 1<<(diagExtInfo-1), func(msg []byte) error {
 		sf, ok, err := decodeSubflow(msg)
 		if ok {
 			out = append(out, sf)
+		}
+		return err
+	})
+	return out, err
+}
+
+// Subflow looks up the TCP socket of one 4-tuple (local as the namespace
+// sees it) and returns it as Subflows would list it; ok is false when there
+// is none, or it is no established subflow. One request, not a listing: a
+// listing walks the kernel's whole table of connections, a millisecond
+// however few sockets the namespace holds.
+func (l *Lister) Subflow(local, remote netip.AddrPort) (sf Subflow, ok bool, err error) {
+	local, remote = netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
+	if local.Addr().Is4() != remote.Addr().Is4() {
+		return sf, false, fmt.Errorf("%v -> %v mixes address families", local, remote)
+	}
+	family := uint8(unix.AF_INET6)
+	if local.Addr().Is4() {
+		family = unix.AF_INET
+	}
+	req := make([]byte, diagReqLen)
+	req[0], req[1], req[2] = family, unix.IPPROTO_TCP, 1<<(diagExtInfo-1)
+	binary.NativeEndian.PutUint32(req[4:8], 1<<tcpEstablished)
+	// struct inet_diag_sockid: ports in network byte order, then the
+	// addresses in 16 bytes each, the interface, and no cookie.
+	binary.BigEndian.PutUint16(req[8:10], local.Port())
+	binary.BigEndian.PutUint16(req[10:12], remote.Port())
+	copy(req[12:28], local.Addr().AsSlice())
+	copy(req[28:44], remote.Addr().AsSlice())
+	binary.NativeEndian.PutUint32(req[48:52], ^uint32(0))
+	binary.NativeEndian.PutUint32(req[52:56], ^uint32(0))
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.c == nil {
+		c, err := dialSockDiag(l.netnsFD)
+		if err != nil {
+			return sf, false, err
+		}
+		l.c = c
+	}
+	fail := func(err error) (Subflow, bool, error) {
+		_ = l.c.Close()
+		l.c = nil
+		return Subflow{}, false, err
+	}
+	if err := l.c.SetReadDeadline(time.Now().Add(listTimeout)); err != nil {
+		return fail(err)
+	}
+	sent, err := l.c.Send(netlink.Message{Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request}, Data: req})
+	if err != nil {
+		return fail(fmt.Errorf("looking a TCP socket up: %w", err))
+	}
+	found, done := false, false
+	one := tcpListing{buf: make([]byte, receiveBuffer), limit: 1, each: func(msg []byte) error {
+		var derr error
+		sf, ok, derr = decodeSubflow(msg)
+		found = true
+		return derr
+	}}
+	for !found && !done {
+		// The answer is one socket's message, or an error (ENOENT:
+		// no such socket), and no NLMSG_DONE.
+		if done, err = one.readOne(l.c, sent.Header.Sequence); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return Subflow{}, false, nil
+			}
+			return fail(fmt.Errorf("looking a TCP socket up: %w", err))
+		}
+	}
+	return sf, ok, nil
+}
+
+// OpenTCPSockets is ListOpenTCPSockets on the Lister's namespace.
+func (l *Lister) OpenTCPSockets() ([]SocketEnds, error) {
+	var out []SocketEnds
+	err := l.list(openStates, 0, func(msg []byte) error {
+		local, remote, err := decodeEnds(msg)
+		if err == nil {
+			out = append(out, SocketEnds{Local: local, Remote: remote})
 		}
 		return err
 	})
@@ -142,15 +277,9 @@ const openStates = 0xfff &^ (1<<6 | 1<<7 | 1<<10)
 // is: more than maxListedSockets of them, or a listing that takes longer
 // than listTimeout, is an error.
 func ListOpenTCPSockets(netnsFD int) ([]SocketEnds, error) {
-	var out []SocketEnds
-	err := listTCP(netnsFD, openStates, 0, maxListedSockets, func(msg []byte) error {
-		local, remote, err := decodeEnds(msg)
-		if err == nil {
-			out = append(out, SocketEnds{Local: local, Remote: remote})
-		}
-		return err
-	})
-	return out, err
+	l := NewLister(netnsFD)
+	defer l.Close()
+	return l.OpenTCPSockets()
 }
 
 // Listener is a TCP socket listening in a namespace.
@@ -224,6 +353,11 @@ func listTCP(netnsFD int, states uint32, ext uint8, limit int, each func(msg []b
 		return err
 	}
 	defer c.Close()
+	return listTCPOn(c, states, ext, limit, each)
+}
+
+// listTCPOn is listTCP on the sock_diag socket c.
+func listTCPOn(c *netlink.Conn, states uint32, ext uint8, limit int, each func(msg []byte) error) error {
 	if err := c.SetReadDeadline(time.Now().Add(listTimeout)); err != nil {
 		return err
 	}
@@ -269,25 +403,31 @@ type tcpListing struct {
 	each    func(msg []byte) error
 }
 
-// read reads the replies to the dump request seq until its end.
-func (l *tcpListing) read(c *netlink.Conn, seq uint32) error {
+// readOne reads one datagram of replies to the request seq; done says it
+// held the last.
+func (l *tcpListing) readOne(c *netlink.Conn, seq uint32) (done bool, err error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return err
+		return false, err
 	}
+	var n int
+	var rerr error
+	if err := raw.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), l.buf, unix.MSG_DONTWAIT)
+		return rerr != unix.EAGAIN && rerr != unix.EWOULDBLOCK
+	}); err != nil {
+		return false, err
+	}
+	if rerr != nil {
+		return false, rerr
+	}
+	return l.datagram(l.buf[:n], seq)
+}
+
+// read reads the replies to the dump request seq until its end.
+func (l *tcpListing) read(c *netlink.Conn, seq uint32) error {
 	for {
-		var n int
-		var rerr error
-		if err := raw.Read(func(fd uintptr) bool {
-			n, _, rerr = unix.Recvfrom(int(fd), l.buf, unix.MSG_DONTWAIT)
-			return rerr != unix.EAGAIN && rerr != unix.EWOULDBLOCK
-		}); err != nil {
-			return err
-		}
-		if rerr != nil {
-			return rerr
-		}
-		done, err := l.datagram(l.buf[:n], seq)
+		done, err := l.readOne(c, seq)
 		if done || err != nil {
 			return err
 		}

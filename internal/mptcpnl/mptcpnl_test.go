@@ -393,3 +393,35 @@ func TestListedSubflowsSayWhatTheyCarried(t *testing.T) {
 		t.Fatalf("the first subflow is listed as having carried %d bytes, want %d (all the client wrote, acknowledged)", got, want)
 	}
 }
+
+// A Lister looks one subflow up by its 4-tuple as a listing would show it,
+// and says when there is none; its socket serves listings and lookups in
+// turn.
+func TestAListerLooksASubflowUpByItsFourTuple(t *testing.T) {
+	u := dialUserspace(t)
+	fd, err := netnsutil.Open("/var/run/netns/" + u.clientNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	l := NewLister(fd)
+	defer l.Close()
+	listed, err := l.Subflows()
+	if err != nil || len(listed) != 1 {
+		t.Fatalf("listed %+v (%v), want the first subflow", listed, err)
+	}
+	sf, ok, err := l.Subflow(u.established.Local, u.established.Remote)
+	if err != nil || !ok {
+		t.Fatalf("looking the first subflow up: %v, found %v", err, ok)
+	}
+	if sf.Token != listed[0].Token || sf.Flags != listed[0].Flags || sf.Local != listed[0].Local || !sf.CarriedKnown || sf.Carried != listed[0].Carried {
+		t.Errorf("looked up %+v, listed %+v", sf, listed[0])
+	}
+	other := netip.AddrPortFrom(u.established.Local.Addr(), u.established.Local.Port()+1)
+	if _, ok, err := l.Subflow(other, u.established.Remote); err != nil || ok {
+		t.Errorf("a 4-tuple without a socket: found %v, %v; want none, no error", ok, err)
+	}
+	if again, err := l.Subflows(); err != nil || len(again) != 1 {
+		t.Errorf("a listing after the lookups: %+v, %v", again, err)
+	}
+}

@@ -19,20 +19,26 @@ func (s *pathManager) listing(fn func()) {
 	fn()
 }
 
-// readSubflows lists the pod's subflows in a listing slot.
+// readSubflows lists the pod's subflows in a listing slot, on the path
+// manager's own socket, unless it stopped (as listSubflows).
 func (s *pathManager) readSubflows() (sfs []mptcpnl.Subflow, err error) {
-	s.listing(func() { sfs, err = s.listSubflows() })
+	s.listing(func() {
+		s.life.RLock()
+		defer s.life.RUnlock()
+		if !s.stopped {
+			sfs, err = s.lister.Subflows()
+		}
+	})
 	return sfs, err
 }
 
-// listOpenSockets lists the pod's open TCP sockets in a listing slot,
-// unless the path manager stopped (as listSubflows).
+// listOpenSockets lists the pod's open TCP sockets as readSubflows does.
 func (s *pathManager) listOpenSockets() (socks []mptcpnl.SocketEnds, err error) {
 	s.listing(func() {
 		s.life.RLock()
 		defer s.life.RUnlock()
 		if !s.stopped {
-			socks, err = mptcpnl.ListOpenTCPSockets(s.nsFD)
+			socks, err = s.lister.OpenTCPSockets()
 		}
 	})
 	return socks, err

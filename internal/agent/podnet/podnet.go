@@ -459,8 +459,10 @@ type pathManager struct {
 	// sockets to go (connclose.go); under openedMu too.
 	live    liveConns
 	closing []closingSubflow
-	// listings are the node's listing slots (listing.go).
+	// listings are the node's listing slots, lister the pod's sock_diag
+	// socket for the frequent listings (listing.go).
 	listings chan struct{}
+	lister   *mptcpnl.Lister
 	// life guards nsFD against its close when the path manager stops:
 	// leave, on the agent's goroutine, lists the pod's subflows with it.
 	life    sync.RWMutex
@@ -592,7 +594,7 @@ func start(ctx context.Context, w Want, key podKey, b backoff, log *slog.Logger,
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	s := &pathManager{pod: pod, nsFD: nsFD, backoff: b, log: log.With("pod", pod.Name, "uid", pod.UID), cancel: cancel, done: make(chan struct{}),
-		closed: opts.SubflowClosed, holdoff: opts.JoinHoldoff, opened: openedConns{}, listings: listings}
+		closed: opts.SubflowClosed, holdoff: opts.JoinHoldoff, opened: openedConns{}, listings: listings, lister: mptcpnl.NewLister(nsFD)}
 	s.joins.Store(int32(w.Joins))
 	s.joinAfter.Store(w.JoinAfterBytes)
 	s.up.Store(true)
@@ -606,6 +608,7 @@ func (s *pathManager) run(ctx context.Context, sess *session) {
 	defer func() {
 		s.life.Lock()
 		s.stopped = true
+		_ = s.lister.Close()
 		_ = unix.Close(s.nsFD)
 		s.life.Unlock()
 	}()

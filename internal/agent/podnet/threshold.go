@@ -19,11 +19,12 @@ import (
 // long-lived connections cost little.
 
 // The pace of the readings: a connection younger than watchSlowAfter is
-// read every watchInterval (a 200 Mbit/s flow carries 250 KB meanwhile);
-// an older one every tenth of its age, at most every maxWatchInterval.
+// read every watchInterval (a 200 Mbit/s flow carries 500 KB meanwhile,
+// and a join opened then is held for the 20 ms after: holdoff.go); an older
+// one every tenth of its age, at most every maxWatchInterval.
 const (
-	watchInterval    = 10 * time.Millisecond
-	watchSlowAfter   = 100 * time.Millisecond
+	watchInterval    = 20 * time.Millisecond
+	watchSlowAfter   = 200 * time.Millisecond
 	maxWatchInterval = time.Second
 )
 
@@ -33,6 +34,9 @@ type waitingJoins struct {
 	// changed rule reaches the pod's next connections.
 	threshold uint64
 	since     time.Time
+	// first is the connection's first subflow, which the readings look
+	// up.
+	first subflowKey
 	// unseen counts the readings in a row that did not list the
 	// connection: closed, its close event not heard (lost to a full
 	// socket).
@@ -64,7 +68,7 @@ func (s *pathManager) established(sess *session, conn *openedConn, ev mptcpnl.Ev
 		s.openJoins(sess.cmds, conn, ev.Token, ev.Local.Addr(), ev.Remote)
 		return
 	}
-	conn.waiting = &waitingJoins{threshold: threshold, since: time.Now()}
+	conn.waiting = &waitingJoins{threshold: threshold, since: time.Now(), first: unmapped(ev)}
 	s.watchLater(sess, watchInterval)
 }
 
@@ -83,7 +87,15 @@ func (s *pathManager) watchLater(sess *session, delay time.Duration) {
 // of a pod at a time: the next is scheduled only once this one is over.
 func (s *pathManager) watch(sess *session) {
 	began := time.Now()
-	sfs, err := s.readSubflows()
+	s.openedMu.Lock()
+	firsts := map[uint32]subflowKey{}
+	for token, conn := range s.opened {
+		if conn.waiting != nil {
+			firsts[token] = conn.waiting.first
+		}
+	}
+	s.openedMu.Unlock()
+	carried, err := s.readCarried(firsts)
 	now := time.Now()
 	s.openedMu.Lock()
 	defer s.openedMu.Unlock()
@@ -97,17 +109,6 @@ func (s *pathManager) watch(sess *session) {
 		}
 		s.openWaiting(sess)
 		return
-	}
-	// Every subflow of the connection counts, whatever its address (the
-	// tokens are the namespace's); one whose tcp_info does not say is
-	// past any threshold: the joins are not held back for ever.
-	carried := map[uint32]uint64{}
-	for _, sf := range sfs {
-		if !sf.CarriedKnown {
-			carried[sf.Token] = math.MaxUint64
-			continue
-		}
-		carried[sf.Token] = satAdd(carried[sf.Token], sf.Carried)
 	}
 	next, waiting := maxWatchInterval, false
 	for token, conn := range s.opened {
@@ -142,6 +143,58 @@ func (s *pathManager) watch(sess *session) {
 	if waiting {
 		s.watchLater(sess, max(next, minWatchCostFactor*now.Sub(began)))
 	}
+}
+
+// maxLookups is how many waiting connections a reading looks up one by
+// one; past it, a reading lists the pod's subflows at once. A lookup costs
+// tens of microseconds; a listing walks the kernel's whole table of
+// connections, about a millisecond however few sockets the pod holds
+// (docs/benchmarks.md, "Small flows: watching the waiting connections").
+const maxLookups = 16
+
+// readCarried says what each connection of firsts (its first subflow, by
+// token) carried; a connection missing from the answer is not listed. A
+// subflow whose tcp_info does not say counts as past any threshold: the
+// joins are not held back for ever.
+func (s *pathManager) readCarried(firsts map[uint32]subflowKey) (map[uint32]uint64, error) {
+	carried := map[uint32]uint64{}
+	count := func(sf mptcpnl.Subflow) {
+		if !sf.CarriedKnown {
+			carried[sf.Token] = math.MaxUint64
+			return
+		}
+		carried[sf.Token] = satAdd(carried[sf.Token], sf.Carried)
+	}
+	if len(firsts) > maxLookups {
+		// Every subflow of a connection counts, whatever its
+		// address: the tokens are the namespace's.
+		sfs, err := s.readSubflows()
+		for _, sf := range sfs {
+			count(sf)
+		}
+		return carried, err
+	}
+	var err error
+	s.listing(func() {
+		s.life.RLock()
+		defer s.life.RUnlock()
+		if s.stopped {
+			return
+		}
+		for token, k := range firsts {
+			sf, ok, lerr := s.lister.Subflow(k.local, k.remote)
+			if lerr != nil {
+				err = lerr
+				return
+			}
+			// The 4-tuple's socket now may be another
+			// connection's: only the same token counts.
+			if ok && sf.Token == token {
+				count(sf)
+			}
+		}
+	})
+	return carried, err
 }
 
 // minWatchCostFactor spaces a pod's readings by at least this many times

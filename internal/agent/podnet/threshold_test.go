@@ -80,7 +80,8 @@ func TestWaitingConnectionsAreReadLessOftenAsTheyAge(t *testing.T) {
 	for _, c := range []struct{ age, want time.Duration }{
 		{0, watchInterval},
 		{watchSlowAfter - time.Millisecond, watchInterval},
-		{time.Second, 100 * time.Millisecond},
+		{watchSlowAfter, watchSlowAfter / 10},
+		{5 * time.Second, 500 * time.Millisecond},
 		{time.Hour, maxWatchInterval},
 	} {
 		if got := nextWatch(c.age); got != c.want {
