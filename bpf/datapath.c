@@ -1245,7 +1245,8 @@ __noinline int claim_path(__u32 rule_id, const struct conn_key *ck)
 			__u32 path = rule_path(r, slot), up = active & listed & path_up(path);
 			__u32 bit = up << path;
 
-			if (bit && !(r->risk[slot & MAX_PATHS] & held) && !(__sync_fetch_and_or(&c->used, bit) & bit))
+			if (bit && !(r->risk[slot & MAX_PATHS] & held) &&
+			    !(__sync_fetch_and_or(&c->used, bit) & bit))
 				return path;
 		}
 	}
