@@ -17,13 +17,18 @@ import (
 // that carries more with its join, opened no sooner than the link could
 // carry the threshold. The threshold changed on the live rule (the node
 // state the controller writes for a changed policy) reaches the next
-// connections: the same short flows then get their join.
+// connections: the same flows then get their join at once.
 func testShortConnectionsStayOnOnePathLongOnesGetJoinsAfterTheThreshold(t *testing.T) {
+	// Connections of 1 MB under a threshold of 4 MiB, one of 8 MB past it.
+	// Not smaller ones: the kernel takes a join only while both ends may
+	// send, and an application that writes a few hundred KB and shuts
+	// its side down at once can do so before a join opened at once is
+	// asked for; 1 MB at 100 Mbit/s keeps the sender writing for 80 ms.
 	const (
 		rate      = 100e6 // bits per second of each link
-		threshold = 256 << 10
-		short     = 200_000 // bytes: under the threshold
-		long      = 2_000_000
+		threshold = 4 << 20
+		short     = 1_000_000 // bytes: under the threshold
+		long      = 8_000_000
 	)
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	ctx := background(t)
@@ -89,9 +94,10 @@ func testShortConnectionsStayOnOnePathLongOnesGetJoinsAfterTheThreshold(t *testi
 	if len(c.Subflows) != 2 {
 		t.Fatalf("a connection of %d bytes has %d subflows, want 2 (its join once past the threshold): %v", long, len(c.Subflows), c.Subflows)
 	}
-	// The link carries the threshold in no less than this: a join opened
-	// sooner was not held back.
-	earliest := time.Duration(threshold * 8 / rate * float64(time.Second))
+	// The link carries the threshold, less what its token bucket lets
+	// through at once, in no less than this: a join opened sooner was not
+	// held back.
+	earliest := time.Duration(float64(threshold-testbed.MinLinkBurst) * 8 / rate * float64(time.Second))
 	if after := c.Subflows[1].Opened.Sub(c.Subflows[0].Opened); after < earliest {
 		t.Errorf("the long connection's join was opened %v after its first SYN, before the %v its link needs to carry the threshold", after, earliest)
 	} else {

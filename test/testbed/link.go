@@ -60,6 +60,10 @@ func (b *Bed) wireEndQdiscs(dev string) ([]string, error) {
 // busy at the bed's sub-millisecond RTTs (measured: see docs/testbed.md).
 const DefaultLinkQueue = 20 * time.Millisecond
 
+// MinLinkBurst is the least a link's token bucket holds, in bytes: what a link lets through at once, beyond its
+// rate, after a pause.
+const MinLinkBurst = 64 << 10
+
 // tbfArgs chooses the token bucket for a rate. The bucket holds at least 64 KiB (one GSO super-packet, which TBF
 // would otherwise have to split) or 2 ms at the rate, whichever is larger; the queue holds packets for queue
 // (DefaultLinkQueue when 0), and TBF drops what would wait longer.
@@ -71,7 +75,7 @@ func tbfArgs(rate string, queue time.Duration) (string, error) {
 	if queue == 0 {
 		queue = DefaultLinkQueue
 	}
-	burst := max(uint64(64<<10), uint64(bps/8*0.002))
+	burst := max(uint64(MinLinkBurst), uint64(bps/8*0.002))
 	return fmt.Sprintf("tbf rate %s burst %d latency %dus", rate, burst, queue.Microseconds()), nil
 }
 

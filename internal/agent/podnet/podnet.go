@@ -735,6 +735,14 @@ func (s *pathManager) openJoins(cmds *mptcpnl.Conn, conn *openedConn, token uint
 	joins := int(s.joins.Load())
 	for i := 0; i < joins; i++ {
 		if err := openJoin(cmds, token, local, remote, held); err != nil {
+			if errors.Is(err, unix.ENOTCONN) {
+				// The connection is closing: the kernel takes a
+				// join only while both ends may send, and a
+				// short connection's application may shut its
+				// side down before the join is asked for.
+				s.log.Debug("opening join: the connection no longer takes joins", "remote", remote, "err", err)
+				return
+			}
 			s.log.Warn("opening join", "remote", remote, "err", err)
 			return
 		}
