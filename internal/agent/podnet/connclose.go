@@ -24,7 +24,10 @@ import (
 // capping those packets. So the closed connection's subflows queue, and a
 // check every closeCheckInterval lists the pod's open TCP sockets and gives
 // back those of the queue that are gone (TIME_WAIT counts as gone: it sends
-// nothing but a last ACK).
+// nothing but a last ACK), once the close is ClosedEntryGrace old: what the
+// tables say of a connection that just ended stays readable a while (the
+// agent's local API, `kubectl mptcp`, tests), and a pod still gets through
+// its share of the table thousands of connections a second no sooner.
 
 // liveConn is a connection's established subflows, as the events report
 // them.
@@ -170,7 +173,7 @@ func (s *pathManager) checkClosing(sess *session) {
 	waiting := s.closing[:0]
 	for _, c := range s.closing {
 		switch {
-		case !open[c.key]:
+		case !open[c.key] && now.Sub(c.heard) >= s.closedGrace:
 			gone = append(gone, c)
 		case now.Sub(c.heard) < maxCloseWait:
 			waiting = append(waiting, c)

@@ -18,13 +18,14 @@ import (
 // A connection that closes whole is reported as a connection, not subflow
 // by subflow: the path manager gives every subflow it still had back to
 // the datapath, on the side that opened it and on the side that accepted
-// it, so that a pod's short connections free their entries at once.
+// it, so that a pod's short connections free their entries (here after a
+// grace of a millisecond; by default 10 s).
 func TestAClosedConnectionGivesBackEverySubflow(t *testing.T) {
 	bed := newPMBed(t)
 	server := Pod{Name: "apps.server-0", UID: "uid-2", NetNS: bed.serverNS, IPs: []netip.Addr{netip.MustParseAddr(serverAddr)}}
 	var mu sync.Mutex
 	heard := map[subflowKey]bool{}
-	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{SubflowClosed: func(local, remote netip.AddrPort, _ uint32, _ time.Time) (uint32, error) {
+	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{ClosedEntryGrace: time.Millisecond, SubflowClosed: func(local, remote netip.AddrPort, _ uint32, _ time.Time) (uint32, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		heard[subflowKey{local, remote}] = true
@@ -95,7 +96,7 @@ func TestAClosedConnectionsSubflowsAreGivenBackOnlyOnceTheyStopSending(t *testin
 	}
 	var initial subflowKey
 	givenBack := make(chan bool, 1) // whether its socket was still open then
-	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{SubflowClosed: func(local, remote netip.AddrPort, _ uint32, _ time.Time) (uint32, error) {
+	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{ClosedEntryGrace: time.Millisecond, SubflowClosed: func(local, remote netip.AddrPort, _ uint32, _ time.Time) (uint32, error) {
 		if k := (subflowKey{local, remote}); k == initial {
 			givenBack <- isOpen(k)
 		}
@@ -120,6 +121,34 @@ func TestAClosedConnectionsSubflowsAreGivenBackOnlyOnceTheyStopSending(t *testin
 			t.Error("the closed connection's first subflow was given back while its socket was still open, sending what the application wrote")
 		}
 	case <-time.After(15 * time.Second):
+		t.Fatal("the closed connection's first subflow was never given back")
+	}
+}
+
+// A closed connection's subflows keep their entries for the grace after its
+// close, though their sockets are gone: what the tables say of a connection
+// that just ended stays readable a while.
+func TestAClosedConnectionsEntriesStayForTheGrace(t *testing.T) {
+	bed := newPMBed(t)
+	const grace = 1500 * time.Millisecond
+	heard := make(chan time.Time, 4)
+	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{ClosedEntryGrace: grace, SubflowClosed: func(netip.AddrPort, netip.AddrPort, uint32, time.Time) (uint32, error) {
+		heard <- time.Now()
+		return testPath, nil
+	}})
+	t.Cleanup(p.Stop)
+	if errs := p.Sync(context.Background(), []Want{{Pod: bed.client}}); errs != nil {
+		t.Fatal(errs)
+	}
+	conn := bed.dial(t)
+	closed := time.Now()
+	conn.Close()
+	select {
+	case at := <-heard:
+		if after := at.Sub(closed); after < grace {
+			t.Errorf("the closed connection's first subflow was given back %v after the close, within the grace of %v", after, grace)
+		}
+	case <-time.After(grace + 3*closeCheckInterval):
 		t.Fatal("the closed connection's first subflow was never given back")
 	}
 }

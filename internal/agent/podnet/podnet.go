@@ -269,12 +269,22 @@ type PathManagerOptions struct {
 	// connection there, and returns that path (0: it had none), which the
 	// replacement waits for while it is down.
 	SubflowClosed func(local, remote netip.AddrPort, token uint32, heard time.Time) (path uint32, err error)
+	// ClosedEntryGrace is how long after a connection's close its
+	// subflows' entries may go, their sockets gone (connclose.go); 0:
+	// DefaultClosedEntryGrace.
+	ClosedEntryGrace time.Duration
 	// JoinHoldoff, when positive, opens every join as a backup subflow
 	// and makes it active that long after it is established: the peer
 	// has by then taken the join into its connection, so no data reaches
 	// it before (holdoff.go). 0 opens joins active.
 	JoinHoldoff time.Duration
 }
+
+// DefaultClosedEntryGrace keeps a closed connection's entries 10 s: a pod
+// that opens 400 short connections a second stays within its share of the
+// subflow table (4096), and a connection that just ended can still be read
+// from the tables.
+const DefaultClosedEntryGrace = 10 * time.Second
 
 // NewPathManagers makes an empty set.
 func NewPathManagers(log *slog.Logger, opts PathManagerOptions) *PathManagers {
@@ -459,6 +469,8 @@ type pathManager struct {
 	// sockets to go (connclose.go); under openedMu too.
 	live    liveConns
 	closing []closingSubflow
+	// closedGrace is PathManagerOptions.ClosedEntryGrace.
+	closedGrace time.Duration
 	// listings are the node's listing slots, lister the pod's sock_diag
 	// socket for the frequent listings (listing.go).
 	listings chan struct{}
@@ -594,7 +606,8 @@ func start(ctx context.Context, w Want, key podKey, b backoff, log *slog.Logger,
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	s := &pathManager{pod: pod, nsFD: nsFD, backoff: b, log: log.With("pod", pod.Name, "uid", pod.UID), cancel: cancel, done: make(chan struct{}),
-		closed: opts.SubflowClosed, holdoff: opts.JoinHoldoff, opened: openedConns{}, listings: listings, lister: mptcpnl.NewLister(nsFD)}
+		closed: opts.SubflowClosed, holdoff: opts.JoinHoldoff, opened: openedConns{}, listings: listings, lister: mptcpnl.NewLister(nsFD),
+		closedGrace: cmp.Or(opts.ClosedEntryGrace, DefaultClosedEntryGrace)}
 	s.joins.Store(int32(w.Joins))
 	s.joinAfter.Store(w.JoinAfterBytes)
 	s.up.Store(true)
