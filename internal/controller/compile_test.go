@@ -102,10 +102,7 @@ func TestCompile(t *testing.T) {
 				}},
 			}, {
 				do: func(f *fixture) {
-					var p mptcpv1alpha1.MPTCPPolicy
-					f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n("beta")}, &p), "get beta")
-					p.Spec.Priority = 20
-					f.must(f.c.Update(f.ctx, &p), "raise beta")
+					f.changePolicy("beta", func(s *mptcpv1alpha1.MPTCPPolicySpec) { s.Priority = 20 })
 				},
 				want: map[string][]string{"n1": {
 					"tenant-a/db 10.1.1.11: beta[fabric-a/1]; alpha[fabric-b/1]",
@@ -460,10 +457,9 @@ func TestCompile(t *testing.T) {
 				// Premium narrowed to part of the traffic: the cap keeps all
 				// of its traffic, premium takes what the cap does not select.
 				do: func(f *fixture) {
-					var p mptcpv1alpha1.MPTCPPolicy
-					f.must(f.c.Get(f.ctx, types.NamespacedName{Name: f.n("premium")}, &p), "get premium")
-					p.Spec.Traffic = &mptcpv1alpha1.TrafficMatch{CIDRs: []string{"10.50.0.0/16"}}
-					f.must(f.c.Update(f.ctx, &p), "narrow premium")
+					f.changePolicy("premium", func(s *mptcpv1alpha1.MPTCPPolicySpec) {
+						s.Traffic = &mptcpv1alpha1.TrafficMatch{CIDRs: []string{"10.50.0.0/16"}}
+					})
 				},
 				want: map[string][]string{"n1": {
 					"tenant-a/web 10.1.1.10: tenant-cap[fabric-a/1|max:2|police perPod=1G]; premium[fabric-b/1,fabric-a/1|max:8]",

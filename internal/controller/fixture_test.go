@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -55,6 +56,21 @@ func (f *fixture) must(err error, what string) {
 	if err != nil {
 		f.t.Fatalf("%s: %v", what, err)
 	}
+}
+
+// changePolicy changes the spec of the case's policy short as change says,
+// reading it again when the controller wrote its status in between (a
+// conflict on the update).
+func (f *fixture) changePolicy(short string, change func(*mptcpv1alpha1.MPTCPPolicySpec)) {
+	f.t.Helper()
+	f.must(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var p mptcpv1alpha1.MPTCPPolicy
+		if err := f.c.Get(f.ctx, types.NamespacedName{Name: f.n(short)}, &p); err != nil {
+			return err
+		}
+		change(&p.Spec)
+		return f.c.Update(f.ctx, &p)
+	}), "change policy "+short)
 }
 
 // node creates a node with the case label, extra labels and a pod CIDR.
