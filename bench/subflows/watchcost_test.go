@@ -2,12 +2,9 @@ package subflows
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -93,26 +90,7 @@ func BenchmarkWatchCost(b *testing.B) {
 // descriptor; everything goes at the end of the benchmark.
 func podWithConns(b *testing.B, n int) int {
 	b.Helper()
-	id := make([]byte, 3)
-	_, _ = rand.Read(id)
-	client, server := "mptwc-c-"+hex.EncodeToString(id), "mptwc-s-"+hex.EncodeToString(id)
-	run := func(args ...string) {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			b.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	b.Cleanup(func() {
-		_ = exec.Command("ip", "netns", "del", client).Run()
-		_ = exec.Command("ip", "netns", "del", server).Run()
-	})
-	run("netns", "add", client)
-	run("netns", "add", server)
-	run("-n", client, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", server)
-	run("-n", client, "addr", "add", "192.0.2.1/24", "dev", "eth0")
-	run("-n", server, "addr", "add", "192.0.2.2/24", "dev", "eth0")
-	run("-n", client, "link", "set", "eth0", "up")
-	run("-n", server, "link", "set", "eth0", "up")
-
+	client, server := testutil.NetNSPair(b, "mptwc-")
 	// Room in the accept queue for every connection: one that overflows
 	// it is answered with a SYN cookie, and falls back to TCP.
 	if err := netnsutil.WriteSysctl("/var/run/netns/"+server, "net.core.somaxconn", "16384"); err != nil {

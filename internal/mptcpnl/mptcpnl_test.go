@@ -2,8 +2,6 @@ package mptcpnl
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -23,29 +21,7 @@ import (
 // pair creates two namespaces joined by a veth: client 192.0.2.1, server 192.0.2.2.
 func pair(t *testing.T) (clientNS, serverNS string) {
 	t.Helper()
-	testutil.RequireRoot(t, "ip")
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	id := hex.EncodeToString(b)
-	clientNS, serverNS = "mptnl-c-"+id, "mptnl-s-"+id
-	sh := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	t.Cleanup(func() {
-		_ = exec.Command("ip", "netns", "del", clientNS).Run()
-		_ = exec.Command("ip", "netns", "del", serverNS).Run()
-	})
-	sh("netns", "add", clientNS)
-	sh("netns", "add", serverNS)
-	sh("-n", clientNS, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", serverNS)
-	sh("-n", clientNS, "addr", "add", "192.0.2.1/24", "dev", "eth0")
-	sh("-n", serverNS, "addr", "add", "192.0.2.2/24", "dev", "eth0")
-	sh("-n", clientNS, "link", "set", "eth0", "up")
-	sh("-n", serverNS, "link", "set", "eth0", "up")
-	return clientNS, serverNS
+	return testutil.NetNSPair(t, "mptnl-")
 }
 
 func dialIn(t *testing.T, ns string) *Conn {

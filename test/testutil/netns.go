@@ -49,3 +49,23 @@ func InNetNS(t testing.TB, ns string, f func()) {
 	}()
 	<-done
 }
+
+// NetNSPair creates two network namespaces (NetNS, with prefix) joined by a
+// veth, eth0 in each, up: the client's end 192.0.2.1/24, the server's
+// 192.0.2.2/24. Both go when the test ends.
+func NetNSPair(t testing.TB, prefix string) (client, server string) {
+	t.Helper()
+	client, server = NetNS(t, prefix+"c-"), NetNS(t, prefix+"s-")
+	for _, args := range [][]string{
+		{"-n", client, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", server},
+		{"-n", client, "addr", "add", "192.0.2.1/24", "dev", "eth0"},
+		{"-n", server, "addr", "add", "192.0.2.2/24", "dev", "eth0"},
+		{"-n", client, "link", "set", "eth0", "up"},
+		{"-n", server, "link", "set", "eth0", "up"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	return client, server
+}
