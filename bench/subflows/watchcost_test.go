@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
 	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/test/testutil"
@@ -28,9 +29,9 @@ type watchResult struct {
 	per, one, lookupMax []time.Duration
 }
 
-// maxLookups is the path manager's (internal/agent/podnet): up to that
-// many waiting connections, a reading looks each up instead of listing.
-const maxLookups = 16
+// maxLookups is the path manager's: up to that many waiting connections,
+// a reading looks each up instead of listing.
+const maxLookups = podnet.MaxLookups
 
 // BenchmarkWatchCost measures what the path manager pays to read what a
 // pod's waiting connections carried (docs/subflows.md, "Small flows"): one

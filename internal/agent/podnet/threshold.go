@@ -145,12 +145,12 @@ func (s *pathManager) watch(sess *session) {
 	}
 }
 
-// maxLookups is how many waiting connections a reading looks up one by
+// MaxLookups is how many waiting connections a reading looks up one by
 // one; past it, a reading lists the pod's subflows at once. A lookup costs
 // tens of microseconds; a listing walks the kernel's whole table of
 // connections, about a millisecond however few sockets the pod holds
 // (docs/benchmarks.md, "Small flows: watching the waiting connections").
-const maxLookups = 16
+const MaxLookups = 16
 
 // readCarried says what each connection of firsts (its first subflow, by
 // token) carried; a connection missing from the answer is not listed. A
@@ -165,7 +165,7 @@ func (s *pathManager) readCarried(firsts map[uint32]subflowKey) (map[uint32]uint
 		}
 		carried[sf.Token] = satAdd(carried[sf.Token], sf.Carried)
 	}
-	if len(firsts) > maxLookups {
+	if len(firsts) > MaxLookups {
 		// Every subflow of a connection counts, whatever its
 		// address: the tokens are the namespace's.
 		sfs, err := s.readSubflows()
