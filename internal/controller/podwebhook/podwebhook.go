@@ -29,35 +29,23 @@ const Path = "/mutate-v1-pod"
 // reads; a larger one is admitted as it is. Pods are a few kilobytes.
 const MaxPodBytes = 256 << 10
 
-// MaxInFlight is how many reviews are worked on at once; more wait (the
-// API server gives up after the webhook's timeout and admits the pod as
-// it is). A review costs little, so this only bounds what a flood costs.
-const MaxInFlight = 32
-
 // Mutator answers admission reviews of pods. Make it with NewMutator.
 type Mutator struct {
 	client   client.Reader
 	decoder  admission.Decoder
 	injector transparent.Injector
-	inFlight chan struct{}
 }
 
 // NewMutator answers reviews reading namespaces and policies through c
 // (the manager's cache), and changes pods with injector.
 func NewMutator(c client.Reader, decoder admission.Decoder, injector transparent.Injector) *Mutator {
-	return &Mutator{client: c, decoder: decoder, injector: injector, inFlight: make(chan struct{}, MaxInFlight)}
+	return &Mutator{client: c, decoder: decoder, injector: injector}
 }
 
 // Handle changes a pod being created, or admits it as it is with the
 // reason. It never refuses a pod: whatever goes wrong admits it as it is,
 // with a warning, as a webhook that is down would.
 func (m *Mutator) Handle(ctx context.Context, req admission.Request) admission.Response {
-	select {
-	case m.inFlight <- struct{}{}:
-		defer func() { <-m.inFlight }()
-	case <-ctx.Done():
-		return unchanged("the webhook is busy")
-	}
 	if req.Operation != admissionv1.Create {
 		return admission.Allowed("only pods being created are changed")
 	}

@@ -33,6 +33,7 @@ import (
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/podwebhook"
+	"github.com/mptcp-operator/mptcp-operator/internal/controller/webhookcert"
 	"github.com/mptcp-operator/mptcp-operator/internal/transparent"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
@@ -236,7 +237,9 @@ func TestPodsAreChangedAsTheirPolicySaysThroughTheAPIServer(t *testing.T) {
 }
 
 // The certificate is renewed when a third of its validity is left; the
-// caBundle then holds the new one and the one it replaces.
+// caBundle then holds the new one and the one it replaces, for an hour
+// (webhookcert.KeepPrevious: every replica has read the Secret again by
+// then), and then the new one alone.
 func TestTheCertificateIsRenewedAndBothAreTrustedMeanwhile(t *testing.T) {
 	env := testenv.Start(t)
 	c, ctx := env.Client, context.Background()
@@ -267,6 +270,29 @@ func TestTheCertificateIsRenewedAndBothAreTrustedMeanwhile(t *testing.T) {
 	got, err := certs.GetCertificate(nil)
 	if err != nil || !strings.EqualFold(string(got.Certificate[0]), string(renewed[0].Raw)) {
 		t.Errorf("the served certificate is not the renewed one (%v)", err)
+	}
+	if len(renewed) != 2 {
+		return
+	}
+	for _, step := range []struct {
+		after time.Duration
+		want  []*x509.Certificate
+	}{
+		{webhookcert.KeepPrevious - 5*time.Minute, renewed},
+		{webhookcert.KeepPrevious + 5*time.Minute, renewed[:1]},
+	} {
+		certs.Now = func() time.Time { return time.Now().Add(250*24*time.Hour + step.after) }
+		if err := certs.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := certsInBundle(t, c)
+		same := len(got) == len(step.want)
+		for i := 0; same && i < len(got); i++ {
+			same = got[i].Equal(step.want[i])
+		}
+		if !same {
+			t.Errorf("%v after the renewal the caBundle holds %d certificates, want %d (the new one first)", step.after, len(got), len(step.want))
+		}
 	}
 }
 

@@ -86,8 +86,10 @@ func Setup(mgr ctrl.Manager, opts Options, certs *webhookcert.Manager) error {
 	if err := mgr.Add(certs); err != nil {
 		return err
 	}
-	mgr.GetWebhookServer().Register(Path, &webhook.Admission{Handler: NewMutator(mgr.GetClient(), admission.NewDecoder(mgr.GetScheme()),
+	// The port answers whoever reaches it: the bounds per source address
+	// keep a flood from one address from delaying the API server's reviews.
+	mgr.GetWebhookServer().Register(Path, limitSources(&webhook.Admission{Handler: NewMutator(mgr.GetClient(), admission.NewDecoder(mgr.GetScheme()),
 		transparent.Injector{Image: opts.PreloadImage, ImagePullPolicy: opts.PreloadPullPolicy,
-			Command: []string{"/usr/local/bin/agent", "-install-preload"}})})
+			Command: []string{"/usr/local/bin/agent", "-install-preload"}})}))
 	return mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error { return certs.Ready() })
 }

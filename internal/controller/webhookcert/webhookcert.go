@@ -3,13 +3,16 @@
 // memory: a replica serves as soon as it starts, with no mounted volume to
 // wait for (the kubelet refreshes a Secret's volume only on its next sync,
 // up to a minute later). The certificate is self-signed, valid for a year
-// and renewed when a third of that is left; its predecessor stays in the
-// webhook configuration's caBundle beside it, so that replicas still
-// serving the old one are trusted until they read the new one.
+// and renewed when a third of that is left. The webhook configuration's
+// caBundle holds the Secret's certificate and nothing else, but for the one
+// it replaced during KeepPrevious after the renewal, so that replicas still
+// serving the old one are trusted until they have read the new one: any
+// other certificate found there is removed at the next Sync.
 //
 // Where cert-manager issues the certificate instead (the chart's
-// webhook.certManager), Manager only reads the Secret (Issue false): the
-// caBundle is cert-manager's to inject.
+// webhook.certManager), Manager only reads the Secret (Issue false) and
+// never reads or writes the configuration: cert-manager's CA injector sets
+// the caBundle to the Certificate's CA.
 package webhookcert
 
 import (
@@ -26,7 +29,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/big"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -43,6 +45,17 @@ const (
 	// keyPrevious holds the previous certificate (PEM) beside tls.crt, for
 	// the caBundle while replicas move to the new one.
 	keyPrevious = "previous.crt"
+	// KeepPrevious is how long after a renewal the caBundle still holds
+	// the certificate it replaced: six times the 10 minutes after which
+	// every replica has read the Secret again (Server sets Every).
+	KeepPrevious = time.Hour
+	// backdate is how far before its issue a certificate's validity
+	// starts (clocks of the API server and the controller may differ); a
+	// certificate's issue time is its NotBefore plus backdate.
+	backdate = time.Hour
+	// conflictRetries is how many times the caBundle is written again at
+	// once when another replica wrote the configuration in between.
+	conflictRetries = 3
 )
 
 // Manager keeps the certificate.
@@ -127,7 +140,7 @@ func (m *Manager) Sync(ctx context.Context) error {
 		return fmt.Errorf("webhook certificate Secret %s: %w", m.Secret, err)
 	}
 	if m.Issue {
-		if err := m.keepCABundle(ctx, &sec); err != nil {
+		if err := m.keepCABundle(ctx); err != nil {
 			return err
 		}
 	}
@@ -184,59 +197,85 @@ func (m *Manager) issue(ctx context.Context, sec *corev1.Secret) error {
 	return err
 }
 
-// keepCABundle makes every webhook of the configuration trust the Secret's
-// certificate and the one it replaced, and keeps the still valid ones the
-// bundle holds already: a replica that read the Secret before another
-// renewed it cannot drop the new certificate. At most maxBundle, newest
-// first.
-func (m *Manager) keepCABundle(ctx context.Context, sec *corev1.Secret) error {
-	var cfg admissionregistrationv1.MutatingWebhookConfiguration
-	if err := m.Client.Get(ctx, client.ObjectKey{Name: m.Webhook}, &cfg); err != nil {
-		return fmt.Errorf("reading MutatingWebhookConfiguration %s (the chart creates it): %w", m.Webhook, err)
-	}
-	changed := false
-	for i := range cfg.Webhooks {
-		have := cfg.Webhooks[i].ClientConfig.CABundle
-		bundle := m.bundle(sec.Data[corev1.TLSCertKey], sec.Data[keyPrevious], have)
-		if !bytes.Equal(have, bundle) {
-			cfg.Webhooks[i].ClientConfig.CABundle = bundle
-			changed = true
+// keepCABundle sets the caBundle of every webhook of the configuration to
+// the Secret's certificate, and the one it replaced while a renewal is
+// recent (KeepPrevious): whatever else the bundle held is dropped. The
+// configuration is read before the Secret, and written with the version
+// read: a renewal by another replica that this bundle misses was written
+// after both reads, and that replica's own write of the bundle comes after
+// this one or conflicts with it, so a replica that read the Secret before
+// another renewed it cannot leave the new certificate out. A conflict is
+// tried again at once: waiting for the next Sync would leave a renewal
+// untrusted meanwhile.
+func (m *Manager) keepCABundle(ctx context.Context) error {
+	for attempt := 0; ; attempt++ {
+		var cfg admissionregistrationv1.MutatingWebhookConfiguration
+		if err := m.Client.Get(ctx, client.ObjectKey{Name: m.Webhook}, &cfg); err != nil {
+			return fmt.Errorf("reading MutatingWebhookConfiguration %s (the chart creates it): %w", m.Webhook, err)
 		}
+		var sec corev1.Secret
+		if err := m.Client.Get(ctx, m.Secret, &sec); err != nil {
+			return fmt.Errorf("reading Secret %s: %w", m.Secret, err)
+		}
+		bundle := m.bundle(&sec)
+		if len(bundle) == 0 {
+			return fmt.Errorf("webhook certificate Secret %s holds no valid certificate for the caBundle", m.Secret)
+		}
+		changed := false
+		for i := range cfg.Webhooks {
+			if !bytes.Equal(cfg.Webhooks[i].ClientConfig.CABundle, bundle) {
+				cfg.Webhooks[i].ClientConfig.CABundle = bundle
+				changed = true
+			}
+		}
+		if !changed {
+			return nil
+		}
+		err := m.Client.Update(ctx, &cfg)
+		if apierrors.IsConflict(err) && attempt < conflictRetries {
+			continue
+		}
+		if err == nil {
+			m.Log.Info("set the webhook's caBundle", "configuration", m.Webhook, "certificates", bytes.Count(bundle, []byte("-----BEGIN")))
+		}
+		return err
 	}
-	if !changed {
-		return nil
-	}
-	return m.Client.Update(ctx, &cfg)
 }
 
-// maxBundle bounds the certificates a caBundle keeps.
-const maxBundle = 3
-
-// bundle is the PEM of the valid certificates among pems, each once,
-// newest first, at most maxBundle.
-func (m *Manager) bundle(pems ...[]byte) []byte {
-	var certs []*x509.Certificate
+// bundle is the PEM of the Secret's valid certificates, then those of the
+// certificate it replaced while the current one was issued less than
+// KeepPrevious ago; each once.
+func (m *Manager) bundle(sec *corev1.Secret) []byte {
+	now := m.now()
+	current := validCerts(sec.Data[corev1.TLSCertKey], now)
+	certs := current
+	if len(current) > 0 && now.Before(current[0].NotBefore.Add(backdate+KeepPrevious)) {
+		certs = append(certs, validCerts(sec.Data[keyPrevious], now)...)
+	}
+	var out []byte
 	seen := map[string]bool{}
-	for _, p := range pems {
-		for rest := p; ; {
-			var block *pem.Block
-			if block, rest = pem.Decode(rest); block == nil {
-				break
-			}
-			c, err := x509.ParseCertificate(block.Bytes)
-			if err != nil || !m.now().Before(c.NotAfter) || seen[string(c.Raw)] {
-				continue
-			}
+	for _, c := range certs {
+		if !seen[string(c.Raw)] {
 			seen[string(c.Raw)] = true
+			out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+		}
+	}
+	return out
+}
+
+// validCerts returns the certificates of p that are valid at now, in order.
+func validCerts(p []byte, now time.Time) []*x509.Certificate {
+	var certs []*x509.Certificate
+	for rest := p; ; {
+		var block *pem.Block
+		if block, rest = pem.Decode(rest); block == nil {
+			return certs
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err == nil && now.Before(c.NotAfter) {
 			certs = append(certs, c)
 		}
 	}
-	slices.SortStableFunc(certs, func(a, b *x509.Certificate) int { return b.NotAfter.Compare(a.NotAfter) })
-	var out []byte
-	for _, c := range certs[:min(len(certs), maxBundle)] {
-		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
-	}
-	return out
 }
 
 // selfSigned returns a certificate for names, its own CA, and its key.
@@ -250,12 +289,10 @@ func selfSigned(names []string, now time.Time) (certPEM, keyPEM []byte, err erro
 		return nil, nil, err
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: names[0], Organization: []string{"mptcp-operator"}},
-		DNSNames:     names,
-		// An hour back: clocks of the API server and the controller may
-		// differ.
-		NotBefore:             now.Add(-time.Hour),
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: names[0], Organization: []string{"mptcp-operator"}},
+		DNSNames:              names,
+		NotBefore:             now.Add(-backdate),
 		NotAfter:              now.Add(Validity),
 		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
