@@ -605,7 +605,7 @@ func TestExtraArgsEnvAndSpreadReachThePods(t *testing.T) {
 }
 
 // The helm test is the conformance check as a pod, run only by `helm test`
-// (a test hook, deleted after a passing run), with the traffic image and
+// (a test hook, deleted when the test ends), with the traffic image and
 // the release's namespace and agent port; tests.enabled=false leaves it out.
 func TestHelmTestRunsTheConformanceCheck(t *testing.T) {
 	r := render(t, "--set", "tests.trafficImage.repository=registry.example.com/traffic", "--set", "agent.metricsPort=9500")

@@ -18,6 +18,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -77,6 +78,10 @@ func key(kind, name string) string { return kind + "/" + name }
 // typedObject returns an empty object of the Go type of kind.
 func typedObject(kind string) any {
 	switch kind {
+	case "Namespace":
+		return &corev1.Namespace{}
+	case "NetworkPolicy":
+		return &networkingv1.NetworkPolicy{}
 	case "ServiceAccount":
 		return &corev1.ServiceAccount{}
 	case "Service":

@@ -5,7 +5,10 @@
 // kernel counted: fallbacks, checksum errors, refused joins) and names each
 // step that stops or limits them with a Cause, which docs/troubleshooting.md
 // explains. It reads only the facts it is given; `kubectl mptcp explain`
-// gathers them through the API server.
+// gathers them through the API server. A fact the caller could not read (a
+// user without the right to read node states, or to exec into the agent)
+// makes the steps that need it say so, marked unread, and the walk goes on
+// with the rest.
 package explain
 
 import (
@@ -90,6 +93,10 @@ type Facts struct {
 	// not read, AgentError then says why.
 	Agent      *agentapi.PodReport
 	AgentError string
+	// Why the node state, the namespace, the policies or the events could
+	// not be read (a Forbidden, for a user without get on them); empty:
+	// read, or not found.
+	NodeStateError, NamespaceError, PoliciesError, EventsError string
 }
 
 // Step is one step of the walk: what it found, and the cause when it stops
@@ -98,6 +105,9 @@ type Step struct {
 	Name   string `json:"step"`
 	Cause  Cause  `json:"cause,omitempty"`
 	Detail string `json:"detail"`
+	// Unread: what the step needs could not be read; Detail says why and
+	// what is not checked.
+	Unread bool `json:"unread,omitempty"`
 }
 
 // Explanation is the walk for one pod.
@@ -108,6 +118,9 @@ type Explanation struct {
 	Steps     []Step `json:"steps"`
 	// Causes are the steps' causes, each once, in the walk's order.
 	Causes []Cause `json:"causes"`
+	// Unread names the steps that could not be checked, in the walk's
+	// order: a cause may hide there.
+	Unread []string `json:"unread,omitempty"`
 }
 
 // Has says whether the explanation names cause c.
@@ -119,6 +132,12 @@ type walk struct {
 
 func (w *walk) ok(step, format string, args ...any) {
 	w.Steps = append(w.Steps, Step{Name: step, Detail: fmt.Sprintf(format, args...)})
+}
+
+// unread records a step that could not be checked, and why.
+func (w *walk) unread(step, format string, args ...any) {
+	w.Steps = append(w.Steps, Step{Name: step, Unread: true, Detail: fmt.Sprintf(format, args...)})
+	w.Unread = append(w.Unread, step)
 }
 
 func (w *walk) cause(step string, c Cause, format string, args ...any) {
@@ -134,6 +153,16 @@ func Explain(f Facts) Explanation {
 	w := &walk{Explanation{Namespace: pod.Namespace, Name: pod.Name, Node: pod.Spec.NodeName, Steps: []Step{}, Causes: []Cause{}}}
 	if pod.Spec.HostNetwork {
 		w.cause("selection", CauseHostNetwork, "the pod uses the node's network: no policy applies to its sockets")
+		return w.Explanation
+	}
+	if f.NodeStateError != "" {
+		// Without the node state, whether the pod is selected, by which
+		// rule and over which paths is unknown; the pod's own gate and
+		// what its agent reports still say much.
+		w.unread("selection", "node %s's MPTCPNodeState not read (%s): the pod's selection, its node's agent, its rule's limits and paths are not checked",
+			pod.Spec.NodeName, f.NodeStateError)
+		w.gate(pod)
+		w.agentData(f, nil)
 		return w.Explanation
 	}
 	entry := selected(f)
@@ -157,14 +186,7 @@ func Explain(f Facts) Explanation {
 		return w.Explanation
 	}
 	w.ok("agent", "node %s's agent applied generation %d", pod.Spec.NodeName, state.Status.ObservedGeneration)
-
-	if gate := podGate(pod); gate == nil {
-		w.cause("gate", CauseGateNotReady, "the pod has no %s condition yet: its agent has not configured it", mptcpv1alpha1.PodReadyCondition)
-	} else if gate.Status != corev1.ConditionTrue {
-		w.cause("gate", CauseGateNotReady, "%s is %s: %s: %s", mptcpv1alpha1.PodReadyCondition, gate.Status, gate.Reason, gate.Message)
-	} else {
-		w.ok("gate", "%s is True: %s", mptcpv1alpha1.PodReadyCondition, gate.Message)
-	}
+	w.gate(pod)
 
 	if rule == nil {
 		// The agent reports a pod whose rules are missing as skipped;
@@ -175,6 +197,17 @@ func Explain(f Facts) Explanation {
 	w.paths(state, rule)
 	w.agentData(f, rule)
 	return w.Explanation
+}
+
+// gate: the pod's mptcp.io/ready condition.
+func (w *walk) gate(pod *corev1.Pod) {
+	if gate := podGate(pod); gate == nil {
+		w.cause("gate", CauseGateNotReady, "the pod has no %s condition yet: its agent has not configured it", mptcpv1alpha1.PodReadyCondition)
+	} else if gate.Status != corev1.ConditionTrue {
+		w.cause("gate", CauseGateNotReady, "%s is %s: %s: %s", mptcpv1alpha1.PodReadyCondition, gate.Status, gate.Reason, gate.Message)
+	} else {
+		w.ok("gate", "%s is True: %s", mptcpv1alpha1.PodReadyCondition, gate.Message)
+	}
 }
 
 // limits: what the rule allows a connection.
@@ -191,6 +224,8 @@ func (w *walk) limits(f Facts, rule *mptcpv1alpha1.CompiledRule) {
 		detail := fmt.Sprintf("policy %s allows one subflow per connection (maxSubflows: 1)", rule.Policy)
 		if e := lastEvent(f.Events, "CappedByNamespacePolicy", "mptcp-nodestate"); e != "" {
 			detail += "; " + e
+		} else if f.EventsError != "" {
+			detail += fmt.Sprintf("; the pod's events not read (%s)", f.EventsError)
 		}
 		w.cause("maxSubflows", CauseCappedToOne, "%s", detail)
 		return
@@ -255,18 +290,21 @@ var (
 	checksumCounters = []string{"DataCsumErr", "MPFailTx", "MPFailRx"}
 )
 
-// agentData: what the node's agent and the pod's kernel report.
+// agentData: what the node's agent and the pod's kernel report. rule is
+// nil when the node state was not read.
 func (w *walk) agentData(f Facts, rule *mptcpv1alpha1.CompiledRule) {
 	a := f.Agent
 	if a == nil {
-		w.ok("agent data", "not read (%s): connections, fallbacks, checksum errors and refused joins are not checked", f.AgentError)
+		w.unread("agent data", "not read (%s): connections, fallbacks, checksum errors and refused joins are not checked", f.AgentError)
 		return
 	}
 	if !a.Configured {
 		w.ok("agent data", "the node's agent does not configure the pod yet")
 		return
 	}
-	if rule.SubflowCreation == mptcpv1alpha1.SubflowCreationUserspace && a.PathManager != nil && !a.PathManager.Up {
+	// The agent reports a path manager only where the pod's joins are its
+	// to open (userspace mode).
+	if (rule == nil || rule.SubflowCreation == mptcpv1alpha1.SubflowCreationUserspace) && a.PathManager != nil && !a.PathManager.Up {
 		w.cause("path manager", CausePathManagerDown, "the agent's path manager of the pod is not running (restarted %d times): no join is opened until it is back", a.PathManager.Restarts)
 	}
 	one := 0
@@ -277,7 +315,7 @@ func (w *walk) agentData(f Facts, rule *mptcpv1alpha1.CompiledRule) {
 	}
 	w.ok("connections", "%d in the node's tables, %d of them with one subflow", len(a.Connections), one)
 	if a.CountersError != "" {
-		w.ok("kernel counters", "not read: %s", a.CountersError)
+		w.unread("kernel counters", "not read: %s", a.CountersError)
 		return
 	}
 	if n, list := sum(a.Counters, handshakeFallbacks); n > 0 {
@@ -289,11 +327,11 @@ func (w *walk) agentData(f Facts, rule *mptcpv1alpha1.CompiledRule) {
 	if n, list := sum(a.Counters, checksumCounters); n > 0 {
 		w.cause("data", CauseChecksumErrors, "data changed on its way (%s): DSS checksums caught it; each failure resets a subflow, or makes a lone subflow fall back", list)
 	}
-	if a.NodeJoinsRefused > 0 && len(rule.BlockedPaths) > 0 {
+	if a.NodeJoinsRefused > 0 && rule != nil && len(rule.BlockedPaths) > 0 {
 		w.cause("joins", CauseJoinsRefused, "rule %s blocks %v: the node answers a peer's join arriving there with a reset; node %s refused %d joins (the datapath counts them for the node, not per pod)",
 			rule.Name, rule.BlockedPaths, f.Pod.Spec.NodeName, a.NodeJoinsRefused)
 	}
-	if len(w.Causes) == 0 {
+	if len(w.Causes) == 0 && len(w.Unread) == 0 {
 		w.ok("verdict", "nothing found that limits the pod's subflows: a connection with one subflow is its program's (it asked for TCP: docs/transparent.md) or its peer's choice")
 	}
 }
@@ -338,6 +376,17 @@ func notSelected(f Facts) string {
 	var nsLabels labels.Set
 	if f.Namespace != nil {
 		nsLabels = f.Namespace.Labels
+	}
+	var unread []string
+	if f.NamespaceError != "" {
+		unread = append(unread, fmt.Sprintf("namespace %s not read (%s)", pod.Namespace, f.NamespaceError))
+	}
+	if f.PoliciesError != "" {
+		unread = append(unread, fmt.Sprintf("MPTCPPolicies not read (%s)", f.PoliciesError))
+	}
+	if len(unread) > 0 {
+		// Which policy nearly selects the pod cannot be told.
+		return fmt.Sprintf("node %s's state does not list the pod; %s", pod.Spec.NodeName, strings.Join(unread, "; "))
 	}
 	var near []string
 	for _, p := range f.Policies {

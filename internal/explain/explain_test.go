@@ -130,3 +130,72 @@ func TestHintsNameThePolicies(t *testing.T) {
 		t.Errorf("capped pod's steps %+v, want the cap's event in the maxSubflows step", e.Steps)
 	}
 }
+
+// A user who may not read node states (a tenant: a node state lists every
+// pod of its node) or exec into the agent still gets every step the other
+// facts answer: the steps that need what was not read say so and why, the
+// walk goes on, and no cause is made up from what was not read.
+func TestUnreadFactsAreNamedAndTheWalkGoesOn(t *testing.T) {
+	const forbidden = `mptcpnodestates.mptcp.io "n1" is forbidden: User "alice" cannot get resource "mptcpnodestates"`
+	noState := func(f *Facts) { f.NodeState, f.NodeStateError = nil, forbidden }
+	for _, tc := range []struct {
+		name       string
+		change     func(*Facts)
+		causes     []Cause
+		unread     []string
+		wantSteps  []string
+		detailHas  string
+		detailStep string
+	}{
+		{"node state forbidden", noState, nil, []string{"selection"}, []string{"selection", "gate", "connections"}, "forbidden", "selection"},
+		{"node state forbidden, gate false", func(f *Facts) {
+			noState(f)
+			f.Pod.Status.Conditions[0].Status = corev1.ConditionFalse
+		}, []Cause{CauseGateNotReady}, []string{"selection"}, []string{"gate"}, "", ""},
+		{"node state forbidden, a fallback counted", func(f *Facts) {
+			noState(f)
+			f.Agent.Counters["MPCapableFallbackACK"] = 1
+		}, []Cause{CauseFallback}, []string{"selection"}, []string{"fallback"}, "", ""},
+		{"node state forbidden, path manager down", func(f *Facts) {
+			noState(f)
+			f.Agent.PathManager.Up = false
+		}, []Cause{CausePathManagerDown}, []string{"selection"}, nil, "", ""},
+		{"node state and exec forbidden", func(f *Facts) {
+			noState(f)
+			f.Agent, f.AgentError = nil, `pods "mptcp-agent-x" is forbidden: User "alice" cannot create resource "pods/exec"`
+		}, nil, []string{"selection", "agent data"}, []string{"gate"}, "pods/exec", "agent data"},
+		{"exec forbidden", func(f *Facts) { f.Agent, f.AgentError = nil, "forbidden" }, nil, []string{"agent data"}, []string{"path state"}, "", ""},
+		{"policies forbidden for an unselected pod", func(f *Facts) {
+			f.NodeState.Spec.Pods = nil
+			f.Policies, f.PoliciesError = nil, `mptcppolicies.mptcp.io is forbidden`
+		}, []Cause{CauseNotSelected}, nil, nil, "MPTCPPolicies not read (mptcppolicies.mptcp.io is forbidden)", "selection"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := healthy()
+			tc.change(&f)
+			e := Explain(f)
+			if !slices.Equal(e.Causes, tc.causes) && (len(e.Causes) != 0 || len(tc.causes) != 0) {
+				t.Errorf("causes %v, want %v; steps %+v", e.Causes, tc.causes, e.Steps)
+			}
+			if !slices.Equal(e.Unread, tc.unread) {
+				t.Errorf("unread %v, want %v; steps %+v", e.Unread, tc.unread, e.Steps)
+			}
+			for _, name := range tc.wantSteps {
+				if !slices.ContainsFunc(e.Steps, func(s Step) bool { return s.Name == name }) {
+					t.Errorf("no step %q: the walk stopped at what it could not read; steps %+v", name, e.Steps)
+				}
+			}
+			for _, s := range e.Steps {
+				if s.Unread != slices.Contains(tc.unread, s.Name) {
+					t.Errorf("step %s marked unread %v", s.Name, s.Unread)
+				}
+				if s.Name == "verdict" && len(tc.unread) > 0 {
+					t.Errorf("a verdict of nothing found while %v was not read: %s", tc.unread, s.Detail)
+				}
+				if s.Name == tc.detailStep && !strings.Contains(s.Detail, tc.detailHas) {
+					t.Errorf("step %s says %q, want it to say why (%q)", s.Name, s.Detail, tc.detailHas)
+				}
+			}
+		})
+	}
+}

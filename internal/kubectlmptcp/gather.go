@@ -86,6 +86,8 @@ func (k *Cluster) Facts(ctx context.Context, namespace, name string) (explain.Fa
 	ns := &corev1.Namespace{}
 	if err := k.c.Get(ctx, types.NamespacedName{Name: namespace}, ns); err == nil {
 		f.Namespace = ns
+	} else {
+		f.NamespaceError = err.Error()
 	}
 	if pod.Spec.NodeName != "" {
 		state := &mptcpv1alpha1.MPTCPNodeState{}
@@ -93,13 +95,19 @@ func (k *Cluster) Facts(ctx context.Context, namespace, name string) (explain.Fa
 		switch {
 		case err == nil:
 			f.NodeState = state
+		case ctx.Err() != nil:
+			return f, err
 		case !apierrors.IsNotFound(err):
-			return f, fmt.Errorf("reading node %s's MPTCPNodeState: %w", pod.Spec.NodeName, err)
+			// A tenant may not read node states (they list every pod of
+			// the node): explain walks what it can without.
+			f.NodeStateError = err.Error()
 		}
 	}
 	var policies mptcpv1alpha1.MPTCPPolicyList
 	if err := k.c.List(ctx, &policies); err == nil {
 		f.Policies = policies.Items
+	} else {
+		f.PoliciesError = err.Error()
 	}
 	var events eventsv1.EventList
 	if err := k.c.List(ctx, &events, client.InNamespace(namespace),
@@ -109,6 +117,8 @@ func (k *Cluster) Facts(ctx context.Context, namespace, name string) (explain.Fa
 				f.Events = append(f.Events, e)
 			}
 		}
+	} else {
+		f.EventsError = err.Error()
 	}
 	if pod.Spec.NodeName != "" && !pod.Spec.HostNetwork {
 		report, err := k.AgentReport(ctx, pod.Spec.NodeName, namespace, name)

@@ -73,16 +73,28 @@ func WriteExplanation(w io.Writer, e explain.Explanation) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, s := range e.Steps {
 		mark := "ok"
-		if s.Cause != "" {
+		switch {
+		case s.Cause != "":
 			mark = string(s.Cause)
+		case s.Unread:
+			mark = "not read"
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.Name, mark, printable(s.Detail))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if len(e.Unread) > 0 {
+		// A cause may hide in what could not be read: never a bare "No
+		// cause found" then.
+		fmt.Fprintf(w, "Not checked: %s (the rights to read them are missing, or the agent could not be reached: see each step)\n", printable(strings.Join(e.Unread, ", ")))
+	}
 	if len(e.Causes) == 0 {
-		_, err := fmt.Fprintln(w, "No cause found.")
+		msg := "No cause found."
+		if len(e.Unread) > 0 {
+			msg = "No cause found in the steps checked."
+		}
+		_, err := fmt.Fprintln(w, msg)
 		return err
 	}
 	var names []string

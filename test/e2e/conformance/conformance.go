@@ -11,22 +11,37 @@
 // What it asserts: a pod's MPTCP connections to a pod on another node
 // arrive whole (the hashes the two ends report agree), and the sending
 // node's agent steered them over at least two paths, each carrying at least
-// a fifth of the bytes (its per-path counters, read through the API
-// server's proxy to the agent pod). RunVM does the same with a KubeVirt VM
-// as the server (vm.go).
+// a fifth of the bytes (its per-path counters: scraped at the agent's
+// address over HTTPS with a token allowed to get /metrics when the agents'
+// metrics need one, through the API server's proxy to the agent pod when
+// they do not). RunVM does the same with a KubeVirt VM as the server
+// (vm.go).
+//
+// Run by an admin (go test with a kubeconfig), it makes a namespace of its
+// own; run by the chart's helm test, whose ServiceAccount may create
+// nothing cluster-wide, it works in the namespace the chart made for it
+// (TestNamespace) and creates only pods there.
 package conformance
 
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -50,6 +65,23 @@ type Env struct {
 	// namespace); AgentMetricsPort is the chart's agent.metricsPort.
 	AgentNamespace   string
 	AgentMetricsPort int
+	// TestNamespace, when set, is where the check runs its pods (the
+	// chart's helm test makes it, with the roles its pods need); empty: the
+	// check makes a namespace of its own, which needs an admin's rights.
+	TestNamespace string
+	// MetricsAuth says the agents serve /metrics over HTTPS to authorized
+	// tokens only (the chart's agent.metricsAuth.enabled): the check then
+	// scrapes the agent's address itself with a token allowed to get
+	// /metrics, which the API server's proxy would not forward.
+	MetricsAuth bool
+	// MetricsCA is a file holding the CA of the agents' certificate and
+	// MetricsServerName the name it carries (agent.metricsAuth.certSecret);
+	// without a CA the check does not verify the agent (the agents'
+	// self-signed certificates cannot be).
+	MetricsCA, MetricsServerName string
+	// metricsToken is a token allowed to get /metrics when Config carries
+	// none (an admin's client certificate); set by Run.
+	metricsToken string
 	// Duration of the transfer.
 	Duration time.Duration
 }
@@ -78,17 +110,35 @@ func Run(t *testing.T, env Env) {
 	sender, receiver, agent := pickNodes(t, ctx, cs, env)
 	t.Logf("sending from node %s (agent %s) to node %s", sender, agent, receiver)
 
-	ns := "mptcp-conformance-" + randomSuffix()
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
-		Labels: map[string]string{"mptcp.io/tenant": "enabled"}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	ns := env.TestNamespace
+	var pods []*corev1.Pod
+	if ns == "" {
+		ns = "mptcp-conformance-" + randomSuffix()
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+			Labels: map[string]string{"mptcp.io/tenant": "enabled"}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// Gone before Run returns: the caller may check that the nodes are
+		// as they were (the chart install test does, after uninstalling).
+		defer deleteNamespace(t, cs, ns)
+		if err := nodes.AllowAwait(ctx, c, ns); err != nil {
+			t.Fatal(err)
+		}
+		if env.MetricsAuth {
+			env.metricsToken = metricsReaderToken(t, ctx, cs, env, ns)
+		}
+	} else {
+		// The chart's namespace outlives the check until helm deletes it:
+		// the check's pods go before Run returns, for the same reason.
+		defer deletePods(t, cs, &pods)
 	}
-	// Gone before Run returns: the caller may check that the nodes are
-	// as they were (the chart install test does, after uninstalling).
-	defer deleteNamespace(t, cs, ns)
-	if err := nodes.AllowAwait(ctx, c, ns); err != nil {
-		t.Fatal(err)
-	}
+	// A failed run says what its pods went through in its own output, which
+	// is all `helm test --logs` shows once helm has deleted them.
+	defer func() {
+		if t.Failed() {
+			describePods(t, cs, pods)
+		}
+	}()
 
 	server := nodes.TrafficPod(ns, "server", receiver, env.TrafficImage, map[string]string{"app": "server"}, []corev1.EnvVar{nodes.PodIPEnv},
 		"serve", "-listen", fmt.Sprintf("$(POD_IP):%d", serverPort), "-mptcp", "-warmup", "0s", "-window", "2s")
@@ -96,6 +146,7 @@ func Run(t *testing.T, env Env) {
 	if err := c.Create(ctx, server); err != nil {
 		t.Fatal(err)
 	}
+	pods = append(pods, server)
 	if err := nodes.WaitStarted(ctx, c, server, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -109,6 +160,7 @@ func Run(t *testing.T, env Env) {
 	if err := c.Create(ctx, client); err != nil {
 		t.Fatal(err)
 	}
+	pods = append(pods, client)
 	waitSucceeded(t, c, client, 2*time.Minute+env.Duration)
 	sent := nodes.JSONLines[testbed.SenderReport](podLog(t, cs, client))
 	var got []testbed.ServerReport
@@ -182,13 +234,23 @@ func setPullPolicy(pod *corev1.Pod, p corev1.PullPolicy) {
 	}
 }
 
-// pathTxBytes reads the agent's per-path byte counters through the API
-// server's proxy to its pod.
+// pathTxBytes reads the agent's per-path byte counters: at its address
+// with a token when its metrics need one, else through the API server's
+// proxy to its pod.
 func pathTxBytes(t *testing.T, cs kubernetes.Interface, env Env, agent string) map[string]float64 {
 	t.Helper()
-	body, err := cs.CoreV1().Pods(env.AgentNamespace).ProxyGet("http", agent, fmt.Sprint(env.AgentMetricsPort), "/metrics", nil).DoRaw(context.Background())
+	var body []byte
+	var err error
+	if env.MetricsAuth {
+		body, err = scrapeAgent(t, context.Background(), cs, env, agent)
+	} else {
+		body, err = cs.CoreV1().Pods(env.AgentNamespace).ProxyGet("http", agent, fmt.Sprint(env.AgentMetricsPort), "/metrics", nil).DoRaw(context.Background())
+		if err != nil {
+			err = fmt.Errorf("through the API server's proxy: %w", err)
+		}
+	}
 	if err != nil {
-		t.Fatalf("agent %s's /metrics through the API server: %v", agent, err)
+		t.Fatalf("agent %s's /metrics: %v", agent, err)
 	}
 	s, err := framework.ParseScrape(body)
 	if err != nil {
@@ -266,6 +328,165 @@ func deleteNamespace(t *testing.T, cs kubernetes.Interface, ns string) {
 		if time.Now().After(deadline) {
 			t.Errorf("namespace %s still there 2 minutes after its deletion (%v)", ns, err)
 			return
+		}
+	}
+}
+
+// scrapeAgent gets agent's /metrics over HTTPS at its pod's address (the
+// node's: the agent runs on the host's network), as Prometheus does, with
+// a token allowed to get /metrics. The agent's certificate is verified
+// against env.MetricsCA when there is one (agent.metricsAuth.certSecret
+// with a ca.crt). The self-signed certificates agents make without
+// certSecret cannot be verified, so for them this one read skips
+// verification: whoever answered on the agent's address would get the
+// check's token, which may only get /metrics, list nodes, read the
+// release's pods and run baseline pods in the test's namespace until helm
+// deletes its ServiceAccount (an admin's run sends a reader's token made
+// for it, never the admin's credentials).
+func scrapeAgent(t *testing.T, ctx context.Context, cs kubernetes.Interface, env Env, agent string) ([]byte, error) {
+	t.Helper()
+	pod, err := cs.CoreV1().Pods(env.AgentNamespace).Get(ctx, agent, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if pod.Status.PodIP == "" {
+		return nil, fmt.Errorf("agent pod %s has no address yet", agent)
+	}
+	token, err := env.token()
+	if err != nil {
+		return nil, err
+	}
+	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12}
+	pem, err := os.ReadFile(env.MetricsCA)
+	switch {
+	case env.MetricsCA != "" && err == nil && len(pem) > 0:
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s holds no PEM certificate", env.MetricsCA)
+		}
+		tlsConfig.RootCAs, tlsConfig.ServerName = roots, env.MetricsServerName
+	case env.MetricsCA != "" && err != nil && !os.IsNotExist(err):
+		return nil, err
+	default:
+		t.Logf("not verifying agent %s's certificate: no CA given, or the certificate's Secret holds no ca.crt", agent)
+		tlsConfig.InsecureSkipVerify = true
+	}
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig}}
+	url := "https://" + net.JoinHostPort(pod.Status.PodIP, fmt.Sprint(env.AgentMetricsPort)) + "/metrics"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s (agent.metricsAddress loopback serves no other host): %w", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s: %.200s", url, resp.Status, body)
+	}
+	return body, nil
+}
+
+// token is the bearer token the check scrapes agents with: the one made
+// for it, else its own (the pod's ServiceAccount under helm test, read
+// again for each scrape since the kubelet rotates it).
+func (env Env) token() (string, error) {
+	if env.metricsToken != "" {
+		return env.metricsToken, nil
+	}
+	if f := env.Config.BearerTokenFile; f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	if env.Config.BearerToken != "" {
+		return env.Config.BearerToken, nil
+	}
+	return "", fmt.Errorf("no bearer token to scrape the agents with")
+}
+
+// metricsReaderToken makes a ServiceAccount in ns, binds it to the chart's
+// ClusterRole mptcp-metrics-reader and returns a token of it: an admin's
+// run scrapes the agents with that, never with the admin's own
+// credentials. The binding is deleted when the test ends, the
+// ServiceAccount with ns.
+func metricsReaderToken(t *testing.T, ctx context.Context, cs kubernetes.Interface, env Env, ns string) string {
+	t.Helper()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "metrics-reader", Namespace: ns}}
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: ns + "-metrics-reader"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "mptcp-metrics-reader"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: ns}},
+	}
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cs.RbacV1().ClusterRoleBindings().Delete(context.Background(), crb.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting ClusterRoleBinding %s: %v", crb.Name, err)
+		}
+	})
+	expiry := int64(time.Hour / time.Second)
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa.Name,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.Status.Token
+}
+
+// deletePods deletes the check's pods and waits until they, and so their
+// sandboxes, are gone.
+func deletePods(t *testing.T, cs kubernetes.Interface, pods *[]*corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	for _, p := range *pods {
+		if err := cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting pod %s/%s: %v", p.Namespace, p.Name, err)
+		}
+	}
+	for _, p := range *pods {
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+			_, err := cs.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("pod %s/%s still there 2 minutes after its deletion (%v)", p.Namespace, p.Name, err)
+				break
+			}
+		}
+	}
+}
+
+// describePods logs what the pods' status and every container's log say,
+// for a failed run.
+func describePods(t *testing.T, cs kubernetes.Interface, pods []*corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	limit := int64(64 << 10)
+	for _, p := range pods {
+		cur, err := cs.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Logf("pod %s: %v", p.Name, err)
+			continue
+		}
+		t.Logf("pod %s on node %s: phase %s, conditions %+v, init containers %+v, containers %+v", cur.Name, cur.Spec.NodeName,
+			cur.Status.Phase, cur.Status.Conditions, cur.Status.InitContainerStatuses, cur.Status.ContainerStatuses)
+		for _, c := range append(slices.Clone(cur.Spec.InitContainers), cur.Spec.Containers...) {
+			raw, err := cs.CoreV1().Pods(cur.Namespace).GetLogs(cur.Name, &corev1.PodLogOptions{Container: c.Name, LimitBytes: &limit}).DoRaw(ctx)
+			t.Logf("pod %s, container %s, log (%v):\n%s", cur.Name, c.Name, err, raw)
 		}
 	}
 }

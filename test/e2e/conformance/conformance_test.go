@@ -17,7 +17,11 @@ var (
 	trafficImage = flag.String("conformance.traffic-image", "", "reference of the traffic image (make images) on the cluster's nodes")
 	pullPolicy   = flag.String("conformance.pull-policy", string(corev1.PullNever), "pull policy of the traffic image")
 	namespace    = flag.String("conformance.namespace", "mptcp-system", "the chart's release namespace")
+	testNS       = flag.String("conformance.test-namespace", "", "the namespace to run the check's pods in, made with the roles they need (the chart's helm test makes one); empty: the check makes one of its own, which needs an admin's rights")
 	metricsPort  = flag.Int("conformance.metrics-port", 9402, "the chart's agent.metricsPort")
+	metricsAuth  = flag.Bool("conformance.metrics-auth", true, "the chart's agent.metricsAuth.enabled: the agents serve /metrics over HTTPS to authorized tokens only")
+	metricsCA    = flag.String("conformance.metrics-ca", "", "a file with the CA of the agents' metrics certificate (agent.metricsAuth.certSecret); empty or missing: the agent's certificate is not verified")
+	metricsName  = flag.String("conformance.metrics-server-name", "", "the name the agents' metrics certificate carries, verified with -conformance.metrics-ca")
 	duration     = flag.Duration("conformance.duration", 10*time.Second, "length of the transfer")
 	vm           = flag.Bool("conformance.vm", false, "run the VM case too (TestInstalledOperatorServesVMs): the cluster runs KubeVirt")
 	vmImage      = flag.String("conformance.vm-image", "quay.io/containerdisks/fedora:41", "containerDisk of the VM case's VM: cloud-init, Python 3, Linux 5.16 or later")
@@ -39,7 +43,8 @@ func env() Env {
 		panic(err)
 	}
 	return Env{Config: cfg, TrafficImage: *trafficImage, PullPolicy: corev1.PullPolicy(*pullPolicy),
-		AgentNamespace: *namespace, AgentMetricsPort: *metricsPort, Duration: *duration}
+		AgentNamespace: *namespace, AgentMetricsPort: *metricsPort, TestNamespace: *testNS,
+		MetricsAuth: *metricsAuth, MetricsCA: *metricsCA, MetricsServerName: *metricsName, Duration: *duration}
 }
 
 func requireCluster(t *testing.T) {

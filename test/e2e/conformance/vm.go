@@ -221,6 +221,9 @@ func RunVM(t *testing.T, env VMEnv) {
 	if err := nodes.AllowAwait(ctx, c, ns); err != nil {
 		t.Fatal(err)
 	}
+	if env.MetricsAuth {
+		env.metricsToken = metricsReaderToken(t, ctx, cs, env.Env, ns)
+	}
 	for _, obj := range []client.Object{o.UserData, o.VMI} {
 		if err := c.Create(ctx, obj); err != nil {
 			t.Fatal(err)
