@@ -3,6 +3,7 @@ package charts
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -232,11 +233,20 @@ func TestAgentMetricsAddressAndAuthentication(t *testing.T) {
 	c := agentOf(def)
 	addr, _ := flagValue(c.Args, "-metrics-addr")
 	must(t, addr == ":9402", "by default -metrics-addr=%s, want every address (:9402)", addr)
-	must(t, !slices.Contains(c.Args, "-metrics-auth"), "-metrics-auth on by default")
+	must(t, slices.Contains(c.Args, "-metrics-auth"), "-metrics-auth off by default: args %v", c.Args)
 	for _, p := range probes(c) {
-		must(t, p.Scheme == "" || p.Scheme == corev1.URISchemeHTTP, "probe %s over %s by default", p.Path, p.Scheme)
+		must(t, p.Scheme == corev1.URISchemeHTTPS, "probe %s over %s by default, the agent serves HTTPS", p.Path, p.Scheme)
 	}
-	must(t, !def.has("ClusterRoleBinding", "mptcp-agent-metrics-auth") && !def.has("ClusterRole", "mptcp-metrics-reader"),
+	must(t, def.has("ClusterRoleBinding", "mptcp-agent-metrics-auth") && def.has("ClusterRole", "mptcp-metrics-reader"),
+		"by default the agent may not review tokens, or nobody can be allowed to read its metrics")
+
+	off := render(t, "--set", "agent.metricsAuth.enabled=false", "--set", "controller.metricsAuth.enabled=false")
+	c = agentOf(off)
+	must(t, !slices.Contains(c.Args, "-metrics-auth"), "agent.metricsAuth.enabled=false: args %v have -metrics-auth", c.Args)
+	for _, p := range probes(c) {
+		must(t, p.Scheme == "" || p.Scheme == corev1.URISchemeHTTP, "agent.metricsAuth.enabled=false: probe %s over %s", p.Path, p.Scheme)
+	}
+	must(t, !off.has("ClusterRoleBinding", "mptcp-agent-metrics-auth") && !off.has("ClusterRole", "mptcp-metrics-reader"),
 		"the agent may review tokens without metricsAuth")
 
 	hostIP := agentOf(render(t, "--set", "agent.metricsAddress=hostIP"))
@@ -254,7 +264,7 @@ func TestAgentMetricsAddressAndAuthentication(t *testing.T) {
 	}
 
 	auth := render(t, "--set", "agent.metricsAuth.enabled=true", "--set", "agent.metricsAuth.certSecret=agent-metrics-tls",
-		"--set", "metrics.serviceMonitor.enabled=true")
+		"--set", "metrics.serviceMonitor.enabled=true", "--set", "controller.metricsAuth.enabled=false")
 	c = agentOf(auth)
 	must(t, slices.Contains(c.Args, "-metrics-auth"), "metricsAuth: args %v lack -metrics-auth", c.Args)
 	dir, _ := flagValue(c.Args, "-metrics-cert-dir")
@@ -301,7 +311,9 @@ func TestServiceMonitorVerifiesTheAgentsCertificates(t *testing.T) {
 		t.Fatalf("no endpoint for the agents' https-metrics port in %v", endpoints)
 		return nil
 	}
-	on := []string{"--set", "agent.metricsAuth.enabled=true", "--set", "metrics.serviceMonitor.enabled=true"}
+	// The controller's endpoint has its own test.
+	on := []string{"--set", "agent.metricsAuth.enabled=true", "--set", "metrics.serviceMonitor.enabled=true",
+		"--set", "controller.metricsAuth.enabled=false"}
 
 	// Self-signed certificates, which nothing can verify, and no word
 	// from the admin: refused, saying what to set.
@@ -336,6 +348,92 @@ func TestServiceMonitorVerifiesTheAgentsCertificates(t *testing.T) {
 	// Only the admin's explicit choice skips verification.
 	tls = agentEndpoint(render(t, append(on, "--set", "metrics.serviceMonitor.agentTLS.insecureSkipVerify=true")...))
 	must(t, tls["insecureSkipVerify"] == true, "insecureSkipVerify set by the admin is not rendered: %v", tls)
+}
+
+// The controller's /metrics needs a token the API server authorizes, by
+// default: the chart lets the controller review tokens, serves the
+// certificate Secret it is given, names the Service's port for the
+// ServiceMonitor's HTTPS endpoint, and the ServiceMonitor scrapes both
+// components whether either has authentication or not.
+func TestControllerMetricsNeedAuthorizedTokensByDefault(t *testing.T) {
+	controllerOf := func(r *rendered) corev1.Container {
+		return container(t, get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller").Spec.Template.Spec, "controller")
+	}
+	endpoints := func(r *rendered) map[string]map[string]any {
+		sm := get[*unstructured.Unstructured](t, r, "ServiceMonitor", "mptcp-operator")
+		list, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+		out := map[string]map[string]any{}
+		for _, e := range list {
+			m, _ := e.(map[string]any)
+			out[m["port"].(string)] = m
+		}
+		return out
+	}
+
+	def := render(t)
+	c := controllerOf(def)
+	must(t, !slices.Contains(c.Args, "--metrics-auth=false"), "the controller's metrics are open by default: %v", c.Args)
+	b := get[*rbacv1.ClusterRoleBinding](t, def, "ClusterRoleBinding", "mptcp-controller-metrics-auth")
+	must(t, b.RoleRef.Name == "system:auth-delegator" && len(b.Subjects) == 1 && b.Subjects[0].Name == "mptcp-controller",
+		"the controller may not review tokens: %+v", b)
+	must(t, def.has("ClusterRole", "mptcp-metrics-reader"), "no role to let a scraper read the controller's metrics")
+	svc := get[*corev1.Service](t, def, "Service", "mptcp-controller-metrics")
+	must(t, len(svc.Spec.Ports) == 1 && svc.Spec.Ports[0].Name == "https-ctrl", "Service ports %+v", svc.Spec.Ports)
+
+	withCert := render(t, "--set", "controller.metricsAuth.certSecret=controller-metrics-tls")
+	c = controllerOf(withCert)
+	dir, _ := flagValue(c.Args, "--metrics-cert-dir")
+	m, ok := mount(c, "metrics-tls")
+	must(t, ok && dir != "" && m.MountPath == dir && m.ReadOnly, "the certificate is mounted at %+v, the controller reads %q", m, dir)
+	v, ok := volume(get[*appsv1.Deployment](t, withCert, "Deployment", "mptcp-controller").Spec.Template.Spec, "metrics-tls")
+	must(t, ok && v.Secret != nil && v.Secret.SecretName == "controller-metrics-tls", "volume %+v is not the Secret", v)
+
+	off := render(t, "--set", "controller.metricsAuth.enabled=false", "--set", "agent.metricsAuth.enabled=false")
+	must(t, slices.Contains(controllerOf(off).Args, "--metrics-auth=false"), "controller.metricsAuth.enabled=false: args %v", controllerOf(off).Args)
+	must(t, !off.has("ClusterRoleBinding", "mptcp-controller-metrics-auth"), "the controller may review tokens without metricsAuth")
+	svc = get[*corev1.Service](t, off, "Service", "mptcp-controller-metrics")
+	must(t, svc.Spec.Ports[0].Name == "metrics", "controller.metricsAuth.enabled=false: Service ports %+v", svc.Spec.Ports)
+
+	// The ServiceMonitor, each component with authentication or not.
+	monitor := []string{"--set", "metrics.serviceMonitor.enabled=true",
+		"--set", "agent.metricsAuth.certSecret=agent-metrics-tls", "--set", "controller.metricsAuth.certSecret=controller-metrics-tls"}
+	for name, c := range map[string]struct {
+		set  []string
+		want []string // ports scraped
+	}{
+		"both authenticated":  {want: []string{"https-ctrl", "https-metrics"}},
+		"neither":             {set: []string{"agent.metricsAuth.enabled=false", "controller.metricsAuth.enabled=false"}, want: []string{"metrics"}},
+		"the agents only":     {set: []string{"controller.metricsAuth.enabled=false"}, want: []string{"https-metrics", "metrics"}},
+		"the controller only": {set: []string{"agent.metricsAuth.enabled=false"}, want: []string{"https-ctrl", "metrics"}},
+	} {
+		args := slices.Clone(monitor)
+		for _, s := range c.set {
+			args = append(args, "--set", s)
+		}
+		got := endpoints(render(t, args...))
+		must(t, slices.Equal(slices.Sorted(maps.Keys(got)), c.want), "%s: the ServiceMonitor scrapes ports %v, want %v", name, slices.Sorted(maps.Keys(got)), c.want)
+		if e, ok := got["https-ctrl"]; ok {
+			tls, _ := e["tlsConfig"].(map[string]any)
+			_, skip := tls["insecureSkipVerify"]
+			must(t, e["scheme"] == "https" && e["bearerTokenFile"] != nil && !skip &&
+				tls["serverName"] == "mptcp-controller-metrics.mptcp-system.svc",
+				"%s: the controller's endpoint %v, want HTTPS with a token, verifying the controller's Service name", name, e)
+		}
+	}
+
+	// A self-signed certificate and no word from the admin: refused,
+	// saying what to set; the admin's explicit choice skips verification.
+	selfSigned := []string{"--set", "metrics.serviceMonitor.enabled=true", "--set", "agent.metricsAuth.enabled=false"}
+	if _, stderr, err := helmTemplate(t, selfSigned...); err == nil {
+		t.Error("a self-signed controller certificate with a ServiceMonitor: rendered")
+	} else {
+		for _, w := range []string{"controller.metricsAuth.certSecret", "metrics.serviceMonitor.controllerTLS.insecureSkipVerify"} {
+			must(t, strings.Contains(stderr, w), "the refusal does not name %s:\n%s", w, stderr)
+		}
+	}
+	e := endpoints(render(t, append(selfSigned, "--set", "metrics.serviceMonitor.controllerTLS.insecureSkipVerify=true")...))["https-ctrl"]
+	tls, _ := e["tlsConfig"].(map[string]any)
+	must(t, tls["insecureSkipVerify"] == true, "insecureSkipVerify set by the admin is not rendered: %v", e)
 }
 
 func TestControllerIsANonRootLeaderElectedDeploymentWithABudget(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent/metricsauth"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
+	"github.com/mptcp-operator/mptcp-operator/internal/metricsauth"
 )
 
 // metricsServing is how /metrics is served, from the -metrics-auth and

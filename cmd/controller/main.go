@@ -11,12 +11,12 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/buildinfo"
@@ -29,6 +29,8 @@ import (
 func main() {
 	var (
 		metricsAddr = flag.String("metrics-bind-address", ":8080", "address the Prometheus metrics endpoint binds to; 0 disables it")
+		metricsAuth = flag.Bool("metrics-auth", true, "serve /metrics over HTTPS, only to callers the API server authenticates and allows to get /metrics")
+		metricsCert = flag.String("metrics-cert-dir", "", "with -metrics-auth: directory of tls.crt and tls.key to serve, read again when they change; empty: a self-signed certificate")
 		probeAddr   = flag.String("health-probe-bind-address", ":8081", "address the health and readiness probes bind to")
 		leaderElect = flag.Bool("leader-elect", false, "elect a leader, so that only one replica writes")
 		leaderNS    = flag.String("leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
@@ -54,7 +56,7 @@ func main() {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
 	log.Info("mptcp-operator controller", "version", buildinfo.Version(), "revision", buildinfo.Revision())
-	metrics.Registry.MustRegister(buildinfo.Collector("mptcp_controller"))
+	metrics.Registry.MustRegister(buildinfo.Collector("mptcp_controller"), controllermetrics.CompileDuration)
 
 	scheme, err := controller.Scheme()
 	if err != nil {
@@ -85,26 +87,23 @@ func main() {
 	}
 	cfg := ctrl.GetConfigOrDie()
 	cfg.QPS, cfg.Burst = float32(*apiQPS), *apiBurst
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	mgr, err := newManager(cfg, ctrl.Options{
 		WebhookServer:           webhookServer,
 		Scheme:                  scheme,
-		Cache:                   controller.CacheOptions(),
-		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
 		HealthProbeBindAddress:  *probeAddr,
 		LeaderElection:          *leaderElect,
-		LeaderElectionID:        "mptcp-controller.mptcp.io",
 		LeaderElectionNamespace: *leaderNS,
 		// The process exits as soon as the manager stops, so giving the
 		// lease up then is safe, and spares a rolled-out controller the
 		// lease's duration (15 s) of waiting: agents may be waiting on
 		// it (an upgrade that changed the node state's format).
 		LeaderElectionReleaseOnCancel: true,
-	})
+	}, controllermetrics.Serving{BindAddress: *metricsAddr, Auth: *metricsAuth, CertDir: *metricsCert,
+		Log: slog.New(logr.ToSlogHandler(ctrl.Log.WithName("metrics")))})
 	if err != nil {
 		log.Error(err, "manager")
 		os.Exit(1)
 	}
-	metrics.Registry.MustRegister(controllermetrics.CompileDuration, controllermetrics.NewObjects(mgr.GetCache(), mgr.Elected()))
 	ctx := ctrl.SetupSignalHandler()
 	if err := controller.Setup(ctx, mgr); err != nil {
 		log.Error(err, "controllers")
@@ -129,4 +128,28 @@ func main() {
 		log.Error(err, "manager stopped")
 		os.Exit(1)
 	}
+}
+
+// leaderElectionID names the lease the replicas elect a leader by.
+const leaderElectionID = "mptcp-controller.mptcp.io"
+
+// newManager is the manager with o, the controller's cache, and its metrics
+// served as serving says with the controller's collectors registered: what
+// main runs, and what the scrape flood test runs.
+func newManager(cfg *rest.Config, o ctrl.Options, serving controllermetrics.Serving) (ctrl.Manager, error) {
+	var err error
+	if o.Metrics, err = controllermetrics.ServerOptions(serving); err != nil {
+		return nil, err
+	}
+	o.Cache = controller.CacheOptions()
+	o.LeaderElectionID = leaderElectionID
+	mgr, err := ctrl.NewManager(cfg, o)
+	if err != nil {
+		return nil, err
+	}
+	objects := controllermetrics.NewObjects(mgr.GetCache(), mgr.Elected()).ReuseFor(controllermetrics.ScrapeTTL)
+	if err := metrics.Registry.Register(objects); err != nil {
+		return nil, err
+	}
+	return mgr, nil
 }

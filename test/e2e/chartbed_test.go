@@ -10,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
@@ -35,6 +38,8 @@ type chartBed struct {
 	nodes  *nodes.Cluster
 	images nodes.Images
 	helm   release.Helm
+	// readerToken: metricsReaderToken's, once made.
+	readerToken string
 }
 
 // startChartBed brings up a bed, a control plane with the cluster's
@@ -149,6 +154,35 @@ func (cb *chartBed) agents() []*framework.Agent {
 		out = append(out, framework.ChartAgent(cb.bed, n, filepath.Join(cb.nodes.Nodes[i].Dir, "run", "mptcp-operator")))
 	}
 	return out
+}
+
+// metricsReaderToken is a token of a service account the chart's
+// mptcp-metrics-reader is bound to, made the first time it is asked for: the
+// chart's agents and controller serve /metrics only to such tokens by
+// default, as Prometheus would scrape them.
+func (cb *chartBed) metricsReaderToken(t *testing.T) string {
+	t.Helper()
+	if cb.readerToken != "" {
+		return cb.readerToken
+	}
+	ctx := context.Background()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "metrics-reader"}}
+	if err := cb.c.Create(ctx, sa); err != nil {
+		t.Fatal(err)
+	}
+	if err := cb.c.Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "test-metrics-reader"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "mptcp-metrics-reader"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: sa.Namespace, Name: sa.Name}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(6 * 3600))}}
+	if err := cb.c.SubResource("token").Create(ctx, sa, tr); err != nil || tr.Status.Token == "" {
+		t.Fatalf("a token of %s/%s: %v", sa.Namespace, sa.Name, err)
+	}
+	cb.readerToken = tr.Status.Token
+	return cb.readerToken
 }
 
 // agentPod is the running agent pod of bed node n.

@@ -262,8 +262,9 @@ func testExplainAndAlertsNameWhatLimitsSubflows(t *testing.T) {
 
 // startPrometheus starts a real Prometheus in node 1's network namespace,
 // scraping both agents and the controller as the chart's ServiceMonitor
-// would (jobs named by their Services) every second, with the chart's
-// alerts.
+// would (jobs named by their Services; over HTTPS with a token bound to
+// mptcp-metrics-reader, as both serve their metrics by default) every
+// second, with the chart's alerts.
 func startPrometheus(t *testing.T, kb *kubeBed) *framework.Prometheus {
 	t.Helper()
 	bin := testutil.BuiltTool(t, "PROMETHEUS", "prometheus")
@@ -285,6 +286,8 @@ func startPrometheus(t *testing.T, kb *kubeBed) *framework.Prometheus {
 		},
 		RuleFiles: []string{filepath.Join(release.Chart(), "files", "alerts.yaml")},
 		Interval:  time.Second,
+		Token:     kb.metricsReaderToken(t),
+		HTTPS:     []string{"mptcp-agent-metrics", "mptcp-controller-metrics"},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -75,6 +75,10 @@ func startKubeBed(t *testing.T, cfg testbed.Config, opts ...podOption) *kubeBed 
 	cb.install(t, release.Chart(), cb.images, kubeBedValues...)
 	applyFile(t, cb.c, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))
 	kb := &kubeBed{chartBed: cb, env: cb.cp.Env, agents: cb.agents()}
+	// The chart's agents serve /metrics to authorized tokens only.
+	for _, a := range kb.agents {
+		a.MetricsToken = cb.metricsReaderToken(t)
+	}
 	// The agents run already: wait until every node's state has the
 	// examples' paths (fabric-a on nic1, fabric-b on nic2), so that what
 	// the test sees next is about them.

@@ -171,6 +171,10 @@ type Agent struct {
 	// MetricsAddr is where the running agent serves /metrics, /healthz and
 	// /readyz, inside the node namespace (a port the agent picked).
 	MetricsAddr string
+	// MetricsToken is the bearer token Get sends over TLS, for an agent
+	// that serves its metrics with -metrics-auth (the chart's default);
+	// empty: plain HTTP.
+	MetricsToken string
 	// Capabilities, when set, are the only ones the agent runs with
 	// (setpriv; capability names as in capabilities(7), without "CAP_").
 	Capabilities []string

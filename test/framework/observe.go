@@ -3,6 +3,7 @@ package framework
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -98,7 +99,9 @@ func (a *Agent) Reload() error { return a.Proc.Signal(syscall.SIGHUP) }
 // Get sends GET path to the agent's metrics address from inside the node
 // namespace, where the agent listens on loopback. The connection is opened
 // on a thread switched into the namespace; the request itself then runs on
-// that connection from anywhere.
+// that connection from anywhere. With MetricsToken it goes over TLS with the
+// token, as a scraper of an agent with -metrics-auth does; the agent's
+// certificate is not verified (a bed's agents make self-signed ones).
 func (a *Agent) Get(path string) (status int, body []byte, err error) {
 	if a.MetricsAddr == "" {
 		return 0, nil, fmt.Errorf("agent on node %d serves no metrics", a.Node.Index)
@@ -113,9 +116,17 @@ func (a *Agent) Get(path string) (status int, body []byte, err error) {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	req, err := http.NewRequest(http.MethodGet, "http://"+a.MetricsAddr+path, http.NoBody)
+	scheme := "http"
+	if a.MetricsToken != "" {
+		scheme = "https"
+		conn = tls.Client(conn, &tls.Config{InsecureSkipVerify: true})
+	}
+	req, err := http.NewRequest(http.MethodGet, scheme+"://"+a.MetricsAddr+path, http.NoBody)
 	if err != nil {
 		return 0, nil, err
+	}
+	if a.MetricsToken != "" {
+		req.Header.Set("Authorization", "Bearer "+a.MetricsToken)
 	}
 	req.Close = true
 	if err := req.Write(conn); err != nil {

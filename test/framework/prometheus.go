@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -39,6 +40,11 @@ type PrometheusOptions struct {
 	RuleFiles []string
 	// Interval is the scrape and evaluation interval.
 	Interval time.Duration
+	// Token, when set, is sent as a bearer token over HTTPS to the jobs
+	// named in HTTPS (the chart's metricsAuth), whose certificates are not
+	// verified: a bed's components make self-signed ones.
+	Token string
+	HTTPS []string
 }
 
 // StartPrometheus starts bin in node's network namespace with opts, and
@@ -59,11 +65,21 @@ func StartPrometheus(ctx context.Context, bed *testbed.Bed, node *testbed.Node, 
 		names = append(names, name)
 	}
 	sort.Strings(names)
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(opts.Token), 0o600); err != nil {
+		return nil, err
+	}
 	for _, name := range names {
 		// honor_labels: a pod's series carry its namespace and pod, as
 		// the chart's ServiceMonitor keeps them.
-		jobs = append(jobs, map[string]any{"job_name": name, "honor_labels": true,
-			"static_configs": []map[string]any{{"targets": opts.Jobs[name]}}})
+		job := map[string]any{"job_name": name, "honor_labels": true,
+			"static_configs": []map[string]any{{"targets": opts.Jobs[name]}}}
+		if slices.Contains(opts.HTTPS, name) {
+			job["scheme"] = "https"
+			job["authorization"] = map[string]any{"type": "Bearer", "credentials_file": tokenFile}
+			job["tls_config"] = map[string]any{"insecure_skip_verify": true}
+		}
+		jobs = append(jobs, job)
 	}
 	config["scrape_configs"] = jobs
 	b, err := yaml.Marshal(config)

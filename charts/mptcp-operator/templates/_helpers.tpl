@@ -91,3 +91,7 @@ then keeps the previous chart's values, without the new chart's defaults
 {{- define "mptcp-operator.metricsAuthEnabled" -}}
 {{- dig "metricsAuth" "enabled" false .Values.agent -}}
 {{- end }}
+
+{{- define "mptcp-operator.controllerMetricsAuthEnabled" -}}
+{{- dig "metricsAuth" "enabled" false .Values.controller -}}
+{{- end }}

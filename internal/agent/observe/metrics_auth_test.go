@@ -16,7 +16,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/mptcp-operator/mptcp-operator/internal/agent/metricsauth"
+	"github.com/mptcp-operator/mptcp-operator/internal/metricsauth"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 

@@ -6,6 +6,7 @@ package metrics
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,18 +35,36 @@ var CompileDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 // a scrape sends nothing to the API server). A replica reports only once
 // elected is closed, so that an alert on these counts sees the leader's
 // alone.
+//
+// A collection walks every policy and node state, so it is shared: scrapes
+// that arrive while one runs wait for it and get its result, and with
+// ReuseFor, so do those that arrive within a while after it ended. Scrapes
+// sent together then cost one walk, and scrapes in a loop at most one walk
+// per period plus its length, whoever sends them.
 type Objects struct {
 	reader  client.Reader
 	elected <-chan struct{}
+	ttl     time.Duration
+	now     func() time.Time
 
 	policies, nodeStates, degraded *prometheus.Desc
+
+	mu    sync.Mutex // held for a collection, so that others wait for it
+	ended time.Time  // when the last collection ended; zero before the first
+	last  []prometheus.Metric
+	walks int // collections made, for tests
 }
 
+// ScrapeTTL is how long the controller reuses a collection: Prometheus
+// scrapes every 15 to 60 s, so a second changes nothing for it.
+const ScrapeTTL = time.Second
+
 // NewObjects is the collector of reader's objects, reported once elected
-// is closed.
+// is closed. It shares a collection only between the scrapes that wait
+// for it; ReuseFor lets later ones reuse it too.
 func NewObjects(reader client.Reader, elected <-chan struct{}) *Objects {
 	return &Objects{
-		reader: reader, elected: elected,
+		reader: reader, elected: elected, now: time.Now,
 		policies: prometheus.NewDesc(prometheus.BuildFQName(namespace, "", "policies"),
 			"MPTCPPolicies by the status of their condition (Ready, Degraded).", []string{"condition", "status"}, nil),
 		nodeStates: prometheus.NewDesc(prometheus.BuildFQName(namespace, "", "node_states"),
@@ -53,6 +72,20 @@ func NewObjects(reader client.Reader, elected <-chan struct{}) *Objects {
 		degraded: prometheus.NewDesc(prometheus.BuildFQName(namespace, "", "node_state_degraded"),
 			"1 for each node whose MPTCPNodeState is Degraded, with the condition's reason; no series for the others.", []string{"node", "reason"}, nil),
 	}
+}
+
+// ReuseFor makes a collection answer the scrapes that arrive up to ttl
+// after it ended, and returns o.
+func (o *Objects) ReuseFor(ttl time.Duration) *Objects {
+	o.ttl = ttl
+	return o
+}
+
+// Walks is how many collections o has made.
+func (o *Objects) Walks() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.walks
 }
 
 func (o *Objects) Describe(ch chan<- *prometheus.Desc) {
@@ -74,27 +107,55 @@ func (o *Objects) Collect(ch chan<- prometheus.Metric) {
 	default:
 		return
 	}
+	arrived := o.now()
+	o.mu.Lock()
+	// A collection that ended after this scrape arrived ran while it
+	// waited: its result is as fresh as one of its own.
+	if !o.ended.IsZero() && (!o.ended.Before(arrived) || arrived.Sub(o.ended) < o.ttl) {
+		ms := o.last
+		o.mu.Unlock()
+		for _, m := range ms {
+			ch <- m
+		}
+		return
+	}
+	ms := o.collect()
+	o.last, o.ended = ms, o.now()
+	o.walks++
+	o.mu.Unlock()
+	// Const metrics are immutable: every scrape may send the same ones.
+	for _, m := range ms {
+		ch <- m
+	}
+}
+
+// collect walks the cache's policies and node states. It reads them in
+// place (no deep copy: the cache's objects are only read here), so a walk
+// costs no copy of the cluster's objects.
+func (o *Objects) collect() []prometheus.Metric {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	var out []prometheus.Metric
 	var policies mptcpv1alpha1.MPTCPPolicyList
-	if err := o.reader.List(ctx, &policies); err == nil {
+	if err := o.reader.List(ctx, &policies, client.UnsafeDisableDeepCopy); err == nil {
 		conds := make([][]metav1.Condition, 0, len(policies.Items))
 		for _, p := range policies.Items {
 			conds = append(conds, p.Status.Conditions)
 		}
-		o.count(ch, o.policies, conds)
+		out = o.count(out, o.policies, conds)
 	}
 	var states mptcpv1alpha1.MPTCPNodeStateList
-	if err := o.reader.List(ctx, &states); err == nil {
+	if err := o.reader.List(ctx, &states, client.UnsafeDisableDeepCopy); err == nil {
 		conds := make([][]metav1.Condition, 0, len(states.Items))
 		for _, s := range states.Items {
 			conds = append(conds, s.Status.Conditions)
 			if d := meta.FindStatusCondition(s.Status.Conditions, mptcpv1alpha1.ConditionDegraded); d != nil && d.Status == metav1.ConditionTrue {
-				ch <- prometheus.MustNewConstMetric(o.degraded, prometheus.GaugeValue, 1, s.Name, degradedReason(d.Reason))
+				out = append(out, prometheus.MustNewConstMetric(o.degraded, prometheus.GaugeValue, 1, s.Name, degradedReason(d.Reason)))
 			}
 		}
-		o.count(ch, o.nodeStates, conds)
+		out = o.count(out, o.nodeStates, conds)
 	}
+	return out
 }
 
 // degradedReasons are the reasons an agent gives Degraded=True
@@ -110,9 +171,9 @@ func degradedReason(r string) string {
 	return "Other"
 }
 
-// count sends, for each counted condition and status, how many of the
+// count appends, for each counted condition and status, how many of the
 // objects' condition lists have it; a missing condition counts as Unknown.
-func (o *Objects) count(ch chan<- prometheus.Metric, desc *prometheus.Desc, objects [][]metav1.Condition) {
+func (o *Objects) count(out []prometheus.Metric, desc *prometheus.Desc, objects [][]metav1.Condition) []prometheus.Metric {
 	for _, t := range counted {
 		n := map[metav1.ConditionStatus]int{}
 		for _, conds := range objects {
@@ -123,7 +184,8 @@ func (o *Objects) count(ch chan<- prometheus.Metric, desc *prometheus.Desc, obje
 			n[status]++
 		}
 		for _, s := range statuses {
-			ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, float64(n[s]), t, string(s))
+			out = append(out, prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, float64(n[s]), t, string(s)))
 		}
 	}
+	return out
 }

@@ -1,15 +1,18 @@
-// Package metricsauth puts the agent's /metrics behind the API server's
+// Package metricsauth puts a component's /metrics behind the API server's
 // authentication and authorization, as kube-rbac-proxy does in front of
-// other exporters, without a sidecar: the agent asks the API server who a
+// other exporters, without a sidecar: it asks the API server who a
 // scraper's bearer token belongs to (TokenReview) and whether that user may
 // get the non-resource URL /metrics (SubjectAccessReview), and serves over
 // TLS so that the tokens scrapers send do not cross the network in clear.
+// The agent serves it itself; the controller puts it in controller-runtime's
+// metrics server as a filter.
 //
 // The API server makes both decisions; this package only asks and obeys.
-// It uses client-go's typed clients, which the agent links anyway, rather
+// It uses client-go's typed clients, which both binaries link anyway, rather
 // than controller-runtime's metrics filter: that filter's k8s.io/apiserver
-// authenticators pull gRPC, OpenTelemetry and CEL into the binary (the agent
-// grew from 49 to 79 MB with it; docs/security.md).
+// authenticators pull gRPC, OpenTelemetry and CEL into the binary, and
+// bound neither the reviews a flood of new tokens asks for nor who spends
+// them (docs/security.md).
 //
 // The probes (/healthz, /readyz) stay open: the kubelet probes without
 // credentials, and they say nothing about anyone's traffic.
@@ -64,9 +67,9 @@ const (
 	reviewTimeout = 10 * time.Second
 )
 
-// How many reviews of tokens not in the cache the agent asks for. A client
+// How many reviews of tokens not in the cache a guard asks for. A client
 // that sends a new token on every request (nothing but an attacker does)
-// gets 429 beyond these rates, so the agent cannot be used to flood the API
+// gets 429 beyond these rates, so a guard cannot be used to flood the API
 // server with reviews, and one address cannot use up the reviews that other
 // scrapers need:
 //
@@ -117,11 +120,11 @@ type verdict struct {
 	expires time.Time
 }
 
-// NewGuard makes the reviews with cfg: the agent's own credentials, which
-// need create on tokenreviews and subjectaccessreviews.
+// NewGuard makes the reviews with cfg: the component's own credentials,
+// which need create on tokenreviews and subjectaccessreviews.
 func NewGuard(cfg *rest.Config, log *slog.Logger) (*Guard, error) {
 	if cfg == nil {
-		return nil, errors.New("metrics authentication needs the API server (kube mode)")
+		return nil, errors.New("metrics authentication needs the API server")
 	}
 	tokens, err := authenticationclient.NewForConfig(cfg)
 	if err != nil {
@@ -144,7 +147,16 @@ func NewGuard(cfg *rest.Config, log *slog.Logger) (*Guard, error) {
 // authenticates and authorizes; h's other paths are served to anyone.
 func (g *Guard) Handler(h http.Handler) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(MetricsPath, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle(MetricsPath, g.Require(h))
+	mux.Handle("/", h)
+	return mux
+}
+
+// Require returns h served only to callers the API server authenticates and
+// allows to get MetricsPath, whatever the path asked for: the filter of a
+// server that serves nothing else.
+func (g *Guard) Require(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet {
 			w.Header().Set("Allow", http.MethodGet)
 			http.Error(w, "only GET", http.StatusMethodNotAllowed)
@@ -152,7 +164,7 @@ func (g *Guard) Handler(h http.Handler) http.Handler {
 		}
 		token, ok := bearer(r)
 		if !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="mptcp-agent"`)
+			w.Header().Set("WWW-Authenticate", realm)
 			http.Error(w, "a bearer token is needed", http.StatusUnauthorized)
 			return
 		}
@@ -171,15 +183,16 @@ func (g *Guard) Handler(h http.Handler) http.Handler {
 		case http.StatusOK:
 			h.ServeHTTP(w, r)
 		case http.StatusUnauthorized:
-			w.Header().Set("WWW-Authenticate", `Bearer realm="mptcp-agent"`)
+			w.Header().Set("WWW-Authenticate", realm)
 			http.Error(w, "the token is not valid", http.StatusUnauthorized)
 		default:
 			http.Error(w, fmt.Sprintf("%s may not get %s", v.user, MetricsPath), http.StatusForbidden)
 		}
-	}))
-	mux.Handle("/", h)
-	return mux
+	})
 }
+
+// realm is the WWW-Authenticate challenge of a refusal.
+const realm = `Bearer realm="mptcp-operator"`
 
 // bearer returns the token of an "Authorization: Bearer" header.
 func bearer(r *http.Request) (string, bool) {
@@ -365,7 +378,7 @@ func (g *Guard) ask(ctx context.Context, token string) (verdict, error) {
 // they change (a renewed Secret), until ctx ends; with certDir empty, a
 // self-signed certificate for host made now, which scrapers cannot verify:
 // they must be told to skip verification, and then send their token to
-// whoever answers on the agent's address.
+// whoever answers on the server's address.
 func TLSConfig(ctx context.Context, certDir, host string, log *slog.Logger) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if certDir == "" {
