@@ -13,6 +13,8 @@
  *                                   connection uses yet
  *   pod_ingress (TC egress of a pod's host-side veth: what the pod receives)
  *       known subflow            -> rate: police what the pod receives
+ *       a peer's join that came by no path's NIC -> refused when its rule
+ *                                   limits joins (nic_ingress never saw it)
  *   nic_egress  (TC egress of a path's NIC)
  *       a selected pod's packet  -> shape: the HTB class of its pod or path
  *   nic_ingress (TC ingress of a path's NIC)
@@ -2090,6 +2092,75 @@ __noinline int backup_act_arrival(struct __sk_buff *skb, const struct packet *pk
 	return 1;
 }
 
+/* on_path_nic says whether skb entered the node by a path's NIC, where
+ * nic_ingress ran on it (skb->ingress_ifindex is kept through forwarding).
+ * A packet that came by another interface (a management NIC, an overlay's
+ * tunnel, another pod's veth) or from the node itself did not. */
+static __always_inline bool on_path_nic(const struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ingress_ifindex;
+
+	return bpf_map_lookup_elem(&nics, &ifindex) != NULL;
+}
+
+/* What pathless_join decided about a peer's join SYN going into a pod. */
+enum pathless_join {
+	PATHLESS_PASS = 0,    /* judged at its NIC, or no rule limits its joins */
+	PATHLESS_REFUSED = 1, /* the caller answers it with a reset */
+	PATHLESS_DROPPED = 2, /* refused on a 4-tuple with an entry: dropped */
+};
+
+/* pathless_join judges a peer's join SYN (MP_JOIN, RFC 8684 3.2) going into
+ * the selected pod it is addressed to. One that entered the node by a
+ * path's NIC was judged there (nic_ingress: staged or refused). One that
+ * came by any other interface is on no path: nic_ingress never saw it, so it
+ * would be neither counted against its rule's maxSubflows (no arrival, no
+ * entry, no count at its third ACK) nor checked against its blocked paths.
+ * Counting it at its SYN would let anyone fill a connection's count with
+ * SYNs, and it has no path to be mirrored on; so when its rule (its
+ * connection's, or the pod's selector chain's for a connection not known)
+ * limits joins at all (a maximum or a blocked path), it is refused whatever
+ * the connection's count: answered with a reset, or dropped on a 4-tuple
+ * that still has an entry (live: the reset would carry a live subflow's
+ * 4-tuple). A join no rule limits passes as before. Returns an enum
+ * pathless_join. A global function: run only on join SYNs. */
+__noinline int pathless_join(struct __sk_buff *skb, const struct packet *pkt, __u32 live)
+{
+	__u32 token, canonical = 0, rule_id;
+	struct endpoint *ep;
+	struct conn *c;
+	struct rule *r;
+
+	if (!skb || !pkt || on_path_nic(skb))
+		return PATHLESS_PASS;
+	ep = lookup_endpoint(pkt->family, pkt->daddr);
+	if (!ep || load_join_token(skb, pkt, &token))
+		return PATHLESS_PASS;
+	c = lookup_conn(pkt->family, pkt->daddr, token, &canonical);
+	rule_id = c ? c->rule : select_rule(ep, pkt, 0, MATCH_JOIN);
+	r = bpf_map_lookup_elem(&rules, &rule_id);
+	if (!r || (!r->max_subflows && !r->blocked))
+		return PATHLESS_PASS;
+	return live ? PATHLESS_DROPPED : PATHLESS_REFUSED;
+}
+
+/* pathless_join_ack says whether a join's third ACK going into the pod
+ * (key fk, as the pod sends), which came by no path's NIC, continues a
+ * handshake that a path's NIC staged and the pod answered (it waits in the
+ * pod's answered joins): nic_ingress never sees this ACK, so the join would
+ * complete uncounted. The caller drops it; the handshake completes by the
+ * path its SYN came by, or not at all. A global function: run only on join
+ * ACKs, and its frame is not pod_ingress's. */
+__noinline int pathless_join_ack(struct __sk_buff *skb, const struct flow_key *fk)
+{
+	void *answers;
+
+	if (!skb || !fk || on_path_nic(skb))
+		return 0;
+	answers = pod_answers(true, fk->family, fk->saddr);
+	return answers && bpf_map_lookup_elem(answers, fk);
+}
+
 /* What pod_egress_unknown did, besides counting: placed and stored a new
  * subflow, or refused a join (the caller answers it), or nothing. */
 enum unknown_flow {
@@ -2171,7 +2242,7 @@ int pod_egress(struct __sk_buff *skb)
 		 * that opens joins itself. It hears why at once, as a peer
 		 * would (block.h), and no subflow is placed. */
 		if (ret == UNKNOWN_REFUSED)
-			return answer_refused_join(skb, &pkt);
+			return answer_refused_join(skb, &pkt, 0);
 		if (ret != UNKNOWN_PLACED)
 			return TCX_NEXT;
 		sf = subflow_lookup(&fk);
@@ -2244,11 +2315,30 @@ int pod_ingress(struct __sk_buff *skb)
 	if (drop_ambiguous(&pkt))
 		return TC_ACT_SHOT;
 	flow_key_from(&fk, &pkt, true);
+	/* A join's third ACK that came by no path's NIC, for a join whose
+	 * SYN did and which the pod answered (a rare packet). */
+	if (is_join_ack(&pkt) && pathless_join_ack(skb, &fk)) {
+		if (!observed_instead()) {
+			count(STAT_JOIN_ACK_DROPPED);
+			return TC_ACT_SHOT;
+		}
+	}
 	sf = subflow_lookup(&fk);
-	/* A peer's join SYN waits in arrivals (nic_ingress): the backup
-	 * actor marks the arrival, not a live entry of its 4-tuple. */
-	if (is_opening_syn(&pkt) && has_mptcp(&pkt, MPTCP_SUB_JOIN) && backup_act_arrival(skb, &pkt, &fk))
-		return sf ? TCX_NEXT : pod_ingress_unknown(skb, &pkt, false);
+	if (is_opening_syn(&pkt) && has_mptcp(&pkt, MPTCP_SUB_JOIN)) {
+		/* A peer's join that came by no path's NIC (a rare packet). */
+		ret = pathless_join(skb, &pkt, sf != NULL);
+		if (ret == PATHLESS_REFUSED)
+			return answer_refused_join(skb, &pkt, BPF_F_INGRESS);
+		if (ret == PATHLESS_DROPPED && !observed_instead()) {
+			count(STAT_JOIN_REFUSED);
+			return TC_ACT_SHOT;
+		}
+		/* A peer's join SYN waits in arrivals (nic_ingress): the
+		 * backup actor marks the arrival, not a live entry of its
+		 * 4-tuple. */
+		if (backup_act_arrival(skb, &pkt, &fk))
+			return sf ? TCX_NEXT : pod_ingress_unknown(skb, &pkt, false);
+	}
 	if (!sf)
 		return pod_ingress_unknown(skb, &pkt, rate_has_payload(&pkt));
 	count_subflow_pod(sf, pkt.family, pkt.daddr, pkt.len, false);
@@ -2411,7 +2501,7 @@ int nic_ingress(struct __sk_buff *skb)
 		}
 		flow_key_from(&fk, &pkt, true);
 		if (stage_syn(skb, &pkt, &fk, ep, rule) == SYN_REFUSED)
-			return answer_refused_join(skb, &pkt);
+			return answer_refused_join(skb, &pkt, 0);
 		return TCX_NEXT;
 	}
 	flow_key_from(&fk, &pkt, true);
@@ -2464,24 +2554,43 @@ static __always_inline int nic_egress_pod(struct __sk_buff *skb, const struct pa
 	return TCX_NEXT;
 }
 
+/* shape_ifindex is the node's shaping device (settings), 0: none. */
+static __always_inline __u32 shape_ifindex(void)
+{
+	__u32 zero = 0;
+	struct settings_value *s = bpf_map_lookup_elem(&settings, &zero);
+
+	return s ? s->shape_ifindex : 0;
+}
+
 /* nic_egress runs on the TC egress of each path's NIC: the shape actor
- * classifies a selected pod's packets into the agent's HTB class there,
+ * classifies a selected pod's packets into the agent's HTB classes there,
  * because forwarding from the pod's veth resets skb->priority; and a pod's
  * packets that no subflow entry names are capped there, by the NIC's path
- * (rate_actor.h). */
+ * (rate_actor.h). It also runs on the node's shaping device, where it
+ * gives each packet the pod class its NIC chose. */
 SEC("tc")
 int nic_egress(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
-	__u32 ifindex = skb->ifindex;
+	__u32 ifindex = skb->ifindex, shaper = shape_ifindex();
 	struct flow_key fk = {};
 	struct subflow *sf;
+	bool returned;
 	struct nic *n;
 
+	if (shaper && ifindex == shaper) {
+		if (skb->tc_index)
+			skb->priority = (SHAPE_MAJOR << 16) | skb->tc_index;
+		return TCX_NEXT;
+	}
 	/* The node's own packets (locally sent: no interface received them)
 	 * are no pod's. */
 	if (!skb->ingress_ifindex)
 		return TCX_NEXT;
+	/* Given back by the shaping device: its pod's class and caps are
+	 * behind it, its rule's path class is ahead. */
+	returned = shaper && skb->ingress_ifindex == shaper;
 	n = bpf_map_lookup_elem(&nics, &ifindex);
 	if (!n)
 		return TCX_NEXT;
@@ -2493,7 +2602,7 @@ int nic_egress(struct __sk_buff *skb)
 		flow_key_from(&fk, &pkt, false);
 		sf = subflow_lookup(&fk);
 		if (sf) {
-			rate_classify(skb, &pkt, sf->rule, n->path);
+			rate_classify(skb, &pkt, sf->rule, n->path, returned);
 			return TCX_NEXT;
 		}
 		/* Plain TCP: only segments with data are charged, as on a
@@ -2503,6 +2612,8 @@ int nic_egress(struct __sk_buff *skb)
 	} else if (!pkt.family) {
 		return TCX_NEXT; /* not IP (the addresses as in pod_ingress) */
 	}
+	if (returned)
+		return TCX_NEXT;
 	return nic_egress_pod(skb, &pkt, n->path);
 }
 

@@ -74,6 +74,8 @@ type CompiledRateLimits struct {
 	// +optional
 	PerPod *resource.Quantity `json:"perPod,omitempty"`
 	// +optional
+	PerNamespace *resource.Quantity `json:"perNamespace,omitempty"`
+	// +optional
 	// +listType=atomic
 	PerPath []CompiledPathRate `json:"perPath,omitempty"`
 	// direction police caps; unset: both.

@@ -52,6 +52,7 @@ type MPTCPPathSpec struct {
 	// caps at the capacity, and shaping on the path's NIC (HTB) never
 	// lets more than the capacity through its classes together.
 	// +required
+	// +kubebuilder:validation:XValidation:rule="!string(self).endsWith('i')",message="capacity is in bits per second: write a decimal SI quantity (e.g. 5G, 100M), not a binary one (5Gi, 100Mi)"
 	// +kubebuilder:validation:XValidation:rule="quantity(self).isInteger() && quantity(self).isGreaterThan(quantity('0'))",message="capacity must be a positive whole number of bits per second, e.g. 10G"
 	Capacity resource.Quantity `json:"capacity"`
 

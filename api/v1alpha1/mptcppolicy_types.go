@@ -143,15 +143,16 @@ type PathRate struct {
 
 	// rate in bits per second.
 	// +required
+	// +kubebuilder:validation:XValidation:rule="!string(self).endsWith('i')",message="rate is in bits per second: write a decimal SI quantity (e.g. 5G, 100M), not a binary one (5Gi, 100Mi)"
 	// +kubebuilder:validation:XValidation:rule="quantity(self).isInteger() && quantity(self).isGreaterThan(quantity('0'))",message="rate must be a positive whole number of bits per second, e.g. 50M"
 	Rate resource.Quantity `json:"rate"`
 }
 
 // RateLimits are the rate actor's caps, all in bits per second.
-// +kubebuilder:validation:XValidation:rule="!(self.mode == 'window' && (has(self.perPod) || has(self.perPath)))",message="mode window caps connections only (perConnection): a receive window belongs to one connection (RFC 8684 3.3.4); perPod and perPath need police or shape"
-// +kubebuilder:validation:XValidation:rule="!(self.mode == 'shape' && has(self.perConnection))",message="mode shape queues per pod and per path in HTB on the NIC; perConnection needs police or window"
+// +kubebuilder:validation:XValidation:rule="!(self.mode == 'window' && (has(self.perPod) || has(self.perPath) || has(self.perNamespace)))",message="mode window caps connections only (perConnection): a receive window belongs to one connection (RFC 8684 3.3.4); perPod, perNamespace and perPath need police or shape"
+// +kubebuilder:validation:XValidation:rule="!(self.mode == 'shape' && has(self.perConnection))",message="mode shape queues per pod, per namespace and per path in HTB; perConnection needs police or window"
 // +kubebuilder:validation:XValidation:rule="!has(self.direction) || self.mode == 'police'",message="direction is for mode police only: window caps what the pod receives, shape what it sends"
-// +kubebuilder:validation:XValidation:rule="has(self.perConnection) || has(self.perPod) || has(self.perPath)",message="rateLimits must set at least one of perConnection, perPod or perPath"
+// +kubebuilder:validation:XValidation:rule="has(self.perConnection) || has(self.perPod) || has(self.perNamespace) || has(self.perPath)",message="rateLimits must set at least one of perConnection, perPod, perNamespace or perPath"
 type RateLimits struct {
 	// mode of enforcement. window lowers the receive window the pods
 	// advertise (perConnection only; needs headerRewriting: Allowed);
@@ -166,13 +167,26 @@ type RateLimits struct {
 
 	// perConnection caps each MPTCP connection (all its subflows).
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="!string(self).endsWith('i')",message="perConnection is in bits per second: write a decimal SI quantity (e.g. 5G, 100M), not a binary one (5Gi, 100Mi)"
 	// +kubebuilder:validation:XValidation:rule="quantity(self).isInteger() && quantity(self).isGreaterThan(quantity('0'))",message="perConnection must be a positive whole number of bits per second, e.g. 500M"
 	PerConnection *resource.Quantity `json:"perConnection,omitempty"`
 
-	// perPod caps each selected pod.
+	// perPod caps each selected pod: all its traffic on the rule's paths
+	// together, whatever the protocol.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="!string(self).endsWith('i')",message="perPod is in bits per second: write a decimal SI quantity (e.g. 5G, 100M), not a binary one (5Gi, 100Mi)"
 	// +kubebuilder:validation:XValidation:rule="quantity(self).isInteger() && quantity(self).isGreaterThan(quantity('0'))",message="perPod must be a positive whole number of bits per second, e.g. 2G"
 	PerPod *resource.Quantity `json:"perPod,omitempty"`
+
+	// perNamespace caps the selected pods of each namespace on a node
+	// together (police: one bucket; shape: one HTB class above the pods'),
+	// so that running more pods brings a tenant no more. When the pods of
+	// a namespace on a node have several rules with perNamespace in one
+	// mode, the smallest holds for them all.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="!string(self).endsWith('i')",message="perNamespace is in bits per second: write a decimal SI quantity (e.g. 5G, 100M), not a binary one (5Gi, 100Mi)"
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isInteger() && quantity(self).isGreaterThan(quantity('0'))",message="perNamespace must be a positive whole number of bits per second, e.g. 1G"
+	PerNamespace *resource.Quantity `json:"perNamespace,omitempty"`
 
 	// perPath caps the policy's traffic on a path, per node.
 	// +optional

@@ -303,7 +303,7 @@ kind: MPTCPPolicy
 metadata: {name: p}
 spec:` + validPolicySpec + `
   rateLimits: {mode: shape, perConnection: 100M}`,
-			field: "spec.rateLimits", message: "mode shape queues per pod and per path",
+			field: "spec.rateLimits", message: "mode shape queues per pod, per namespace and per path",
 		},
 		"policy with a direction outside police": {
 			manifest: `
@@ -374,7 +374,65 @@ kind: MPTCPPolicy
 metadata: {name: p}
 spec:` + validPolicySpec + `
   rateLimits: {mode: police}`,
-			field: "spec.rateLimits", message: "at least one of perConnection, perPod or perPath",
+			field: "spec.rateLimits", message: "at least one of perConnection, perPod, perNamespace or perPath",
+		},
+		// Rates are bits per second, written in decimal SI: 5Gi would
+		// be 5.37e9 bit/s, a binary prefix that reads as bytes.
+		"policy with a binary per-pod rate": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: police, perPod: 5Gi}`,
+			field: "spec.rateLimits.perPod", message: "write a decimal SI quantity (e.g. 5G, 100M), not a binary one",
+		},
+		"policy with a binary per-connection rate": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: police, perConnection: 100Mi}`,
+			field: "spec.rateLimits.perConnection", message: "perConnection is in bits per second",
+		},
+		"policy with a binary per-namespace rate": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: shape, perNamespace: 1Gi}`,
+			field: "spec.rateLimits.perNamespace", message: "perNamespace is in bits per second",
+		},
+		"policy with a binary path rate": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: police, perPath: [{path: fabric-a, rate: 50Mi}]}`,
+			field: "spec.rateLimits.perPath[0].rate", message: "rate is in bits per second",
+		},
+		"path with a binary capacity": {
+			manifest: `
+kind: MPTCPPath
+metadata: {name: p}
+spec: {interface: {name: nic1}, capacity: 10Gi}`,
+			field: "spec.capacity", message: "capacity is in bits per second",
+		},
+		"policy with a zero per-namespace rate": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  rateLimits: {mode: police, perNamespace: "0"}`,
+			field: "spec.rateLimits.perNamespace", message: "perNamespace must be a positive whole number",
+		},
+		"policy capping a namespace with the receive window": {
+			manifest: `
+kind: MPTCPPolicy
+metadata: {name: p}
+spec:` + validPolicySpec + `
+  headerRewriting: Allowed
+  rateLimits: {mode: window, perConnection: 100M, perNamespace: 1G}`,
+			field: "spec.rateLimits", message: "mode window caps connections only",
 		},
 		"policy in signal mode without ports": {
 			manifest: `

@@ -73,6 +73,11 @@ func (in *CompiledRateLimits) DeepCopyInto(out *CompiledRateLimits) {
 		x := (*in).DeepCopy()
 		*out = &x
 	}
+	if in.PerNamespace != nil {
+		in, out := &in.PerNamespace, &out.PerNamespace
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.PerPath != nil {
 		in, out := &in.PerPath, &out.PerPath
 		*out = make([]CompiledPathRate, len(*in))
@@ -807,6 +812,11 @@ func (in *RateLimits) DeepCopyInto(out *RateLimits) {
 	}
 	if in.PerPod != nil {
 		in, out := &in.PerPod, &out.PerPod
+		x := (*in).DeepCopy()
+		*out = &x
+	}
+	if in.PerNamespace != nil {
+		in, out := &in.PerNamespace, &out.PerNamespace
 		x := (*in).DeepCopy()
 		*out = &x
 	}

@@ -199,13 +199,18 @@ __noinline int refuse_join(struct __sk_buff *skb, const struct packet *pkt)
 	return ret;
 }
 
-/* answer_refused_join sends the reset that refuses the join in skb back out
- * of the interface it came in on (a peer's join: its NIC; the pod's own: its
- * veth, into the pod) and returns that verdict. It returns TCX_NEXT, and
- * the caller lets the join pass, in observe-only mode or when the reset
- * cannot be built (see refuse_join); TC_ACT_SHOT when the packet was cut and
- * could not be finished. */
-static __always_inline int answer_refused_join(struct __sk_buff *skb, const struct packet *pkt)
+/* answer_refused_join sends the reset that refuses the join in skb back
+ * towards its sender and returns that verdict: out of the interface it came
+ * in on (redirect 0: a peer's join at its NIC; the pod's own at its veth,
+ * into the pod), or, from a pod's veth on its way into the pod
+ * (BPF_F_INGRESS), into the node as if the pod had sent it: the frame's MACs
+ * are then the veth's and the pod's, which swapped are right for a frame
+ * from the pod, and the node routes the reset to the peer as it routes the
+ * pod's own packets. It returns TCX_NEXT, and the caller lets the join pass,
+ * in observe-only mode or when the reset cannot be built (see refuse_join);
+ * TC_ACT_SHOT when the packet was cut and could not be finished. */
+static __always_inline int answer_refused_join(struct __sk_buff *skb, const struct packet *pkt,
+					       __u64 redirect)
 {
 	int ret;
 
@@ -223,5 +228,5 @@ static __always_inline int answer_refused_join(struct __sk_buff *skb, const stru
 	if (ret)
 		return TCX_NEXT;
 	count(STAT_JOIN_REFUSED);
-	return bpf_redirect(skb->ifindex, 0);
+	return bpf_redirect(skb->ifindex, redirect);
 }

@@ -181,7 +181,10 @@ struct settings_value {
 	 * packets, so that strict reverse-path filtering accepts them. */
 	__u16 liveness_port;
 	__u16 pad;
-	__u32 reserved[14];
+	/* The node's shaping device (an ifb holding the pods' and namespaces'
+	 * HTB classes, rate.h), 0: none. */
+	__u32 shape_ifindex;
+	__u32 reserved[13];
 };
 
 /* A subflow's 4-tuple as the local pod sends it: saddr/sport are the pod's.

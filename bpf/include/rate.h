@@ -45,6 +45,12 @@ enum rate_mode {
  * in that mode, whatever its caps, so that the policy's path cap is one. Without
  * the flag, a rule written before the fields existed, its own. */
 #define RATE_BUDGET (1U << 4)
+/* The rule caps each namespace's pods on the node together (perNamespace):
+ * police charges the pod's namespace bucket (pod_namespaces says which and
+ * at what rate: the smallest of the namespace's rules, so one rate per
+ * namespace), after its pod bucket; shape needs no flag of its own beyond
+ * pod_cap_rule's (the namespace's HTB class is the parent of its pods'). */
+#define RATE_NAMESPACE (1U << 5)
 
 /* A police bucket's GCRA constants, derived by user space from its rate and
  * the rule's burst so that charging a packet needs no division: a byte costs
@@ -72,6 +78,7 @@ struct rate_cfg {
 	struct rate_gcra path_gcra[MAX_PATHS + 1];
 	__u32 budget;	   /* a rule id, with RATE_BUDGET */
 	__u32 path_budget; /* a rule id, with RATE_BUDGET */
+	__u64 ns_bps; /* per namespace, as written (RATE_NAMESPACE); the bucket's rate is pod_namespaces' */
 };
 
 /* rate_budget is the rule id a rule's pod caps and shape classes are kept
@@ -95,6 +102,7 @@ enum rate_key_kind {
 	RATE_KEY_FLOW = 2, /* id: ports of a subflow whose connection is not known */
 	RATE_KEY_POD = 3,  /* addr: the pod */
 	RATE_KEY_PATH = 4, /* id: the path index; addr zero */
+	RATE_KEY_NS = 5,   /* id: the namespace's id (pod_namespaces); addr zero, rule zero */
 };
 
 #define RATE_DIR_EGRESS	 1 /* what the pod sends */
@@ -195,9 +203,44 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } rate_windows SEC(".maps");
 
+/* police: the namespace of a selected pod whose rules cap namespaces, and
+ * its namespace's bucket: the id keys the bucket (RATE_KEY_NS), shared by
+ * every pod of the namespace on the node, and the rate and depth are the
+ * namespace's (the smallest perNamespace of its pods' police rules, with
+ * that rule's burst). Written by the agent, keyed by each of the pod's
+ * addresses (the first words of a struct rate_key, rate_ns_allow). */
+struct rate_ns {
+	__u32 id;
+	__u32 pad;
+	__u64 bps;
+	__u64 burst_bytes;
+	struct rate_gcra gcra;
+};
+
+struct pod_ns_key {
+	__u8 addr[16];
+	__u32 family;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LIMIT_PODS);
+	__type(key, struct pod_ns_key);
+	__type(value, struct rate_ns);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pod_namespaces SEC(".maps");
+
 /* shape: the HTB class (TC_H_MAKE(major, minor)) for a pod's traffic on a
  * path (RATE_KEY_POD, id = path) or a rule's traffic on a path
- * (RATE_KEY_PATH); written by the agent, which owns the qdiscs. */
+ * (RATE_KEY_PATH); written by the agent, which owns the qdiscs. A rule's
+ * path classes are on the path's NIC. A pod's class is on the node's
+ * shaping device (an ifb, settings' shape_ifindex), one queue for all its
+ * paths, under its namespace's class: nic_egress sends the packet there
+ * through the NIC's class SHAPE_MINOR_VIA_IFB, whose filter redirects it,
+ * with the pod's minor in skb->tc_index; the ifb gives it back to the NIC,
+ * where its rule's path class, if any, takes it. */
+#define SHAPE_MAJOR	    0x6d70
+#define SHAPE_MINOR_VIA_IFB 0x2
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);

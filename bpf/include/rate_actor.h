@@ -198,8 +198,37 @@ static __always_inline __u64 rate_clock(const struct rate_cfg *cfg)
 	return cfg->flags & RATE_COARSE_CLOCK ? bpf_ktime_get_coarse_ns() : bpf_ktime_get_ns();
 }
 
+/* rate_ns_allow charges len bytes, going in k->dir, to the namespace bucket
+ * of the pod at k->addr (pod_namespaces: every pod of the namespace on the
+ * node shares it, at the namespace's rate); true when they fit, or when the
+ * pod has no namespace cap. k becomes the namespace bucket's key (its
+ * callers are done with the pod's), and is the lookup's key on the way. A
+ * global function with next to no frame: pod_egress's chain of calls has no
+ * stack to spare, and inlined here the check would grow its callers'. */
+__noinline int rate_ns_allow(struct rate_key *k, __u32 len, __u64 now)
+{
+	struct rate_ns *ns;
+
+	if (!k)
+		return 1;
+	_Static_assert(__builtin_offsetof(struct rate_key, id) ==
+			   __builtin_offsetof(struct pod_ns_key, family),
+		       "pod_ns_key: a prefix of rate_key");
+	k->id = k->family;
+	ns = bpf_map_lookup_elem(&pod_namespaces, k);
+	if (!ns)
+		return 1;
+	__builtin_memset(k->addr, 0, 16);
+	k->family = 0;
+	k->rule = 0;
+	k->kind = RATE_KEY_NS;
+	k->id = ns->id;
+	return rate_gcra_allow(k, ns->bps, &ns->gcra, ns->burst_bytes, len, now);
+}
+
 /* rate_police returns TC_ACT_SHOT when a bucket of the packet's connection,
- * pod or path is out of tokens, counting which. */
+ * pod, pod's namespace or path is out of tokens, counting which (a
+ * namespace's drop as its pod's). */
 static __always_inline int rate_police(const struct packet *pkt, const struct rate_cfg *cfg,
 				       struct rate_key *k, __u32 path, __u64 now)
 {
@@ -214,6 +243,10 @@ static __always_inline int rate_police(const struct packet *pkt, const struct ra
 	k->kind = RATE_KEY_POD;
 	k->id = 0;
 	if (!rate_gcra_allow(k, cfg->pod_bps, &cfg->pod_gcra, cfg->burst_bytes, len, now)) {
+		reason = STAT_RATE_DROP_POD;
+		goto drop;
+	}
+	if ((cfg->flags & RATE_NAMESPACE) && !rate_ns_allow(k, len, now)) {
 		reason = STAT_RATE_DROP_POD;
 		goto drop;
 	}
@@ -350,24 +383,28 @@ __noinline int rate_window_act(struct __sk_buff *skb, const struct packet *pkt, 
 	return 0;
 }
 
+/* rate_act's answer when police is due: k names the packet's connection. */
+#define RATE_POLICE_DUE 1
+
 /* rate_act runs the rate actor on a packet of the known subflow sf (its rule,
- * path and MP_JOIN token; fk its key, as the pod sends) going in direction dir
- * (RATE_DIR_*). Returns TC_ACT_SHOT to drop, TCX_NEXT otherwise. A global
- * function: verified once, and its stack is its own. The caller's flow key is
- * passed rather than rebuilt: pod_egress's frame, this one and the
- * window-scale walk under it must fit the 512-byte stack together. */
+ * path and MP_JOIN token; fk its key, as the pod sends) going in direction
+ * k->dir (RATE_DIR_*; the rest of k zero), but for police itself: it returns
+ * RATE_POLICE_DUE with the connection's key in k when police is due,
+ * TCX_NEXT otherwise. A global function: verified once, and its stack is its own.
+ * The caller's flow key is passed rather than rebuilt, and the caller
+ * polices in its own frame: pod_egress's frame, this one and the calls
+ * under each must fit the 512-byte stack together. */
 __noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk,
-			const struct subflow *sf, __u32 dir)
+			const struct subflow *sf, struct rate_key *k)
 {
-	struct rate_key k = {};
 	struct rate_subflow *rs = NULL;
 	struct rate_cfg *cfg;
-	__u32 rule, path;
+	__u32 rule, dir;
 
-	if (!skb || !pkt || !fk || !sf)
+	if (!skb || !pkt || !fk || !sf || !k)
 		return TCX_NEXT;
 	rule = sf->rule;
-	path = subflow_path(sf);
+	dir = k->dir;
 	cfg = bpf_map_lookup_elem(&rate_rules, &rule);
 	if (!cfg || (cfg->mode != RATE_MODE_WINDOW && cfg->mode != RATE_MODE_POLICE))
 		return TCX_NEXT;
@@ -387,38 +424,42 @@ __noinline int rate_act(struct __sk_buff *skb, const struct packet *pkt, const s
 			rate_learn_token(skb, pkt, rs);
 	}
 
-	k.rule = rule;
-	k.dir = dir;
-	rate_conn_key(&k, fk, sf->conn, rs, sf->token);
+	k->rule = rule;
+	rate_conn_key(k, fk, sf->conn, rs, sf->token);
 	if (cfg->mode == RATE_MODE_WINDOW) {
 		if (dir == RATE_DIR_EGRESS)
-			rate_window_act(skb, pkt, cfg, rs, &k);
+			rate_window_act(skb, pkt, cfg, rs, k);
 		return TCX_NEXT;
 	}
 	if (!rate_police_due(cfg, pkt, dir))
 		return TCX_NEXT;
-	return rate_police(pkt, cfg, &k, path, rate_clock(cfg));
+	return RATE_POLICE_DUE;
 }
 
 /* rate_packet runs the rate actor on a packet of the known subflow sf (see
- * rate_act). Policing the data of a learnt connection, nearly every packet a
- * police rule sees, is done here, inline; handshakes, the window mode and
- * connections not learnt yet go to rate_act. */
+ * rate_act) and returns TC_ACT_SHOT to drop, TCX_NEXT otherwise. Policing
+ * the data of a learnt connection, nearly every packet a police rule sees,
+ * is done here, inline; handshakes, the window mode and connections not
+ * learnt yet go to rate_act first. */
 static __always_inline int rate_packet(struct __sk_buff *skb, const struct packet *pkt,
 				       const struct flow_key *fk, const struct subflow *sf, __u32 dir)
 {
 	__u32 rule = sf->rule;
 	struct rate_cfg *cfg = bpf_map_lookup_elem(&rate_rules, &rule);
-	struct rate_key k;
+	struct rate_key k = {};
 
 	if (!cfg || (cfg->mode != RATE_MODE_WINDOW && cfg->mode != RATE_MODE_POLICE))
 		return TCX_NEXT; /* most subflows: no key built */
-	if (cfg->mode != RATE_MODE_POLICE || !sf->conn || (pkt->tcp_flags & TCP_FLAG_SYN))
-		return rate_act(skb, pkt, fk, sf, dir);
-	if (!rate_police_due(cfg, pkt, dir))
-		return TCX_NEXT;
-	k = (struct rate_key){.rule = rule, .dir = dir};
-	rate_conn_key(&k, fk, sf->conn, NULL, 0);
+	k.dir = dir;
+	if (cfg->mode != RATE_MODE_POLICE || !sf->conn || (pkt->tcp_flags & TCP_FLAG_SYN)) {
+		if (rate_act(skb, pkt, fk, sf, &k) != RATE_POLICE_DUE)
+			return TCX_NEXT;
+	} else {
+		if (!rate_police_due(cfg, pkt, dir))
+			return TCX_NEXT;
+		k.rule = rule;
+		rate_conn_key(&k, fk, sf->conn, NULL, 0);
+	}
 	return rate_police(pkt, cfg, &k, subflow_path(sf), rate_clock(cfg));
 }
 
@@ -436,7 +477,8 @@ static __always_inline int rate_packet(struct __sk_buff *skb, const struct packe
 __noinline int rule_has_path(__u32 rule_id, __u32 path);
 
 /* pod_cap_rule returns the id of the pod's cap rule on path (see above) for
- * mode: police in the direction of flag, or shape; -1 when none caps it. */
+ * mode: police in the direction of flag, or shape, capping the pod or its
+ * namespace; -1 when none caps it. */
 static __always_inline int pod_cap_rule(const struct endpoint *ep, __u32 path, __u32 mode, __u32 flag,
 					struct rate_cfg **out)
 {
@@ -448,7 +490,8 @@ static __always_inline int pod_cap_rule(const struct endpoint *ep, __u32 path, _
 			break;
 		id = ep->rules[i];
 		cfg = bpf_map_lookup_elem(&rate_rules, &id);
-		if (!cfg || cfg->mode != mode || !cfg->pod_bps || (flag && !(cfg->flags & flag)))
+		if (!cfg || cfg->mode != mode || (!cfg->pod_bps && !(cfg->flags & RATE_NAMESPACE)) ||
+		    (flag && !(cfg->flags & flag)))
 			continue;
 		if (!rule_has_path(id, path))
 			continue;
@@ -467,6 +510,7 @@ __noinline int rate_pod_police(const struct endpoint *ep, struct rate_key *k, __
 {
 	struct rate_cfg *cfg = NULL;
 	__u32 flag;
+	__u64 now;
 	int id;
 
 	if (!ep || !k)
@@ -478,7 +522,9 @@ __noinline int rate_pod_police(const struct endpoint *ep, struct rate_key *k, __
 	k->rule = rate_budget(cfg, id);
 	k->kind = RATE_KEY_POD;
 	k->id = 0;
-	if (rate_gcra_allow(k, cfg->pod_bps, &cfg->pod_gcra, cfg->burst_bytes, len, rate_clock(cfg)))
+	now = rate_clock(cfg);
+	if (rate_gcra_allow(k, cfg->pod_bps, &cfg->pod_gcra, cfg->burst_bytes, len, now) &&
+	    (!(cfg->flags & RATE_NAMESPACE) || rate_ns_allow(k, len, now)))
 		return TCX_NEXT;
 	if (observe_only()) {
 		count(STAT_OBSERVED);
@@ -509,6 +555,21 @@ static __always_inline void set_class(struct __sk_buff *skb, __u32 classid)
 	count(STAT_RATE_SHAPED);
 }
 
+/* set_pod_class sends a packet leaving a path's NIC to its pod's HTB class
+ * on the shaping device (rate_classes): through the NIC's class that
+ * redirects there, the pod's minor in tc_index, which nic_egress on the
+ * shaping device turns into its class. */
+static __always_inline void set_pod_class(struct __sk_buff *skb, __u32 classid)
+{
+	if (observe_only()) {
+		count(STAT_OBSERVED);
+		return;
+	}
+	skb->tc_index = classid & 0xffff;
+	skb->priority = (SHAPE_MAJOR << 16) | SHAPE_MINOR_VIA_IFB;
+	count(STAT_RATE_SHAPED);
+}
+
 /* rate_pod_classify gives a packet the pod at addr sends on path, one no
  * subflow entry names, the HTB class of its shape cap rule's pod class. */
 static __always_inline void rate_pod_classify(struct __sk_buff *skb, const struct endpoint *ep,
@@ -526,14 +587,15 @@ static __always_inline void rate_pod_classify(struct __sk_buff *skb, const struc
 	__builtin_memcpy(k.addr, addr, 16);
 	classid = bpf_map_lookup_elem(&rate_classes, &k);
 	if (classid)
-		set_class(skb, *classid);
+		set_pod_class(skb, *classid);
 }
 
 /* rate_classify gives a packet leaving a path's NIC the HTB class the agent
- * made for its pod on that path, or for its rule on that path: its rule's
- * budget's. */
+ * made for its pod (on the shaping device), or else for its rule on that
+ * path: its rule's budget's. A packet the shaping device gave back
+ * (returned) passed its pod's class: it takes its rule's path class. */
 static __always_inline void rate_classify(struct __sk_buff *skb, const struct packet *pkt, __u32 rule,
-					  __u32 path)
+					  __u32 path, bool returned)
 {
 	struct rate_key k = {.family = pkt->family, .kind = RATE_KEY_POD, .id = path};
 	struct rate_cfg *cfg = bpf_map_lookup_elem(&rate_rules, &rule);
@@ -543,13 +605,17 @@ static __always_inline void rate_classify(struct __sk_buff *skb, const struct pa
 		return;
 	k.rule = rate_budget(cfg, rule);
 	__builtin_memcpy(k.addr, pkt->saddr, 16);
-	classid = bpf_map_lookup_elem(&rate_classes, &k);
-	if (!classid) {
-		__builtin_memset(k.addr, 0, 16);
-		k.family = 0;
-		k.kind = RATE_KEY_PATH;
+	if (!returned) {
 		classid = bpf_map_lookup_elem(&rate_classes, &k);
+		if (classid) {
+			set_pod_class(skb, *classid);
+			return;
+		}
 	}
+	__builtin_memset(k.addr, 0, 16);
+	k.family = 0;
+	k.kind = RATE_KEY_PATH;
+	classid = bpf_map_lookup_elem(&rate_classes, &k);
 	if (classid)
 		set_class(skb, *classid);
 }

@@ -60,6 +60,9 @@ type Agent struct {
 	// podIDs maps pods to the ids their shaping classes are numbered by
 	// (podids.go).
 	podIDs *idTable
+	// nsIDs maps namespaces to the ids of their perNamespace caps'
+	// police buckets and HTB classes (shape.go).
+	nsIDs *idTable
 	// recounted is when (Unix nanoseconds) the subflow entries of each pod
 	// were last counted again from the table (recountPodSubflows), by a
 	// reconcile or a sweep.
@@ -280,76 +283,6 @@ func (a *Agent) syncRouting(plan *Plan) error {
 		paths = append(paths, p.Path)
 	}
 	return routing.Sync(a.ranges(), plan.PodCIDRs, paths, a.dp.Mark)
-}
-
-// syncShaping keeps the HTB classes of the shaping rules on their paths'
-// NICs (shaping), and asks for nic_egress where they are.
-func (a *Agent) syncShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]datapath.RateBudget, hooks map[datapath.Attachment]bool) error {
-	shaping, err := shaping.Sync(a.dp, planShaping(plan, ids, podIDs, budgets))
-	for _, iface := range shaping {
-		hooks[datapath.Attachment{Interface: iface, Hook: datapath.HookNICEgress}] = true
-	}
-	return err
-}
-
-// planShaping lists the classes plan wants on each path NIC: for each
-// shaping rule, a class per capped path on that path's NIC, and a class per
-// selected pod on each of the rule's paths' NICs (perPod caps a pod per
-// path: its sending over two paths can reach twice the cap;
-// docs/datapath.md), each at most the path's capacity. Classes are their
-// rules' budgets' (rateBudgets, by rule id): the variants of a policy share
-// its classes. A pod's classes are numbered by its id (podIDs, podids.go),
-// so that other pods coming and going move none of them; a pod without an
-// id gets none.
-func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]datapath.RateBudget) []shaping.NIC {
-	byIndex := plan.pathsByIndex()
-	classes := map[uint32][]shaping.Class{} // path index -> its NIC's classes
-	pathClassOf := map[[2]uint32]bool{}     // budget and path index with a class
-	for _, r := range plan.Rules {
-		id, ok := ids[r.Name]
-		if r.Rate == nil || r.Rate.Mode != datapath.RateShape || !ok {
-			continue
-		}
-		b, ok := budgets[id]
-		if !ok {
-			b = datapath.OwnBudget(id)
-		}
-		// An HTB class has one rate: a shaping rule's path classes
-		// are its pod budget's, not its policy's.
-		budget := b.Pod
-		for index, bps := range r.Rate.PerPath {
-			if pathClassOf[[2]uint32{budget, index}] {
-				continue
-			}
-			pathClassOf[[2]uint32{budget, index}] = true
-			classes[index] = append(classes[index], shaping.Class{Minor: shaping.MinorRule + uint16(budget), Bps: bps,
-				Entry: datapath.ShapeClass{Rule: budget, Path: index}})
-		}
-		if r.Rate.PerPod == 0 {
-			continue
-		}
-		for _, pod := range plan.Pods {
-			k := slices.Index(pod.Rules, r.Name)
-			j, ok := podIDs[podKey(pod)]
-			if k < 0 || !ok || k >= datapath.MaxPodRules {
-				continue
-			}
-			// One class per pod and rule: a pod may have several
-			// shaping rules (at most datapath.MaxPodRules).
-			minor := shaping.MinorPod + uint16(j*datapath.MaxPodRules+uint32(k))
-			for _, index := range append(slices.Clone(r.Datapath.Paths), r.Datapath.Backup...) {
-				for _, ip := range pod.IPs {
-					classes[index] = append(classes[index], shaping.Class{Minor: minor, Bps: capped(r.Rate.PerPod, byIndex[index].Capacity),
-						Entry: datapath.ShapeClass{Rule: budget, Path: index, Pod: ip}})
-				}
-			}
-		}
-	}
-	nics := make([]shaping.NIC, 0, len(plan.Paths))
-	for _, p := range plan.Paths {
-		nics = append(nics, shaping.NIC{Path: p.Name, Interface: p.Interface, Capacity: p.Capacity, Classes: classes[p.Index]})
-	}
-	return nics
 }
 
 // syncPods sets each selected pod's MPTCP up as its first rule asks and runs
@@ -603,6 +536,9 @@ func (a *Agent) Uninstall() error {
 		if err := shaping.RemoveFrom(p.Interface); err != nil {
 			errs = append(errs, fmt.Errorf("path %q: %w", p.Name, err))
 		}
+	}
+	if err := shaping.RemoveDevice(); err != nil {
+		errs = append(errs, err)
 	}
 	for _, pod := range last.Pods {
 		if _, err := os.Stat(pod.NetNS); err != nil {

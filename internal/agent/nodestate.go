@@ -534,7 +534,8 @@ func selectorFromCompiled(d *datapath.Rule, ct *mptcpv1alpha1.TrafficMatch) erro
 // dropped (nil when no cap is left), one above its path's capacity caps at
 // the capacity.
 func rateFromCompiled(rl *mptcpv1alpha1.CompiledRateLimits, rewriting bool, paths map[string]PlanPath) (*datapath.RateConfig, error) {
-	c := datapath.RateConfig{PerConnection: bps(rl.PerConnection), PerPod: bps(rl.PerPod), HeadersMayBeRewritten: rewriting}
+	c := datapath.RateConfig{PerConnection: bps(rl.PerConnection), PerPod: bps(rl.PerPod), PerNamespace: bps(rl.PerNamespace),
+		HeadersMayBeRewritten: rewriting}
 	switch rl.Mode {
 	case mptcpv1alpha1.RateModeWindow:
 		c.Mode = datapath.RateWindow
@@ -579,12 +580,12 @@ func rateFromCompiled(rl *mptcpv1alpha1.CompiledRateLimits, rewriting bool, path
 		}
 		c.PerPath[p.Index] = capped(uint64(pr.Rate.Value()), p.Capacity)
 	}
-	for _, q := range []*resource.Quantity{rl.PerConnection, rl.PerPod} {
+	for _, q := range []*resource.Quantity{rl.PerConnection, rl.PerPod, rl.PerNamespace} {
 		if q != nil && q.Sign() <= 0 {
 			return nil, fmt.Errorf("rates must be positive, got %s", q.String())
 		}
 	}
-	if c.PerConnection == 0 && c.PerPod == 0 && len(c.PerPath) == 0 {
+	if c.PerConnection == 0 && c.PerPod == 0 && c.PerNamespace == 0 && len(c.PerPath) == 0 {
 		// Every cap was on paths this node lacks.
 		return nil, nil
 	}

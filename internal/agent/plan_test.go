@@ -13,9 +13,11 @@ import (
 )
 
 // A path's capacity bounds each class of the shaping on its NIC: the rule's
-// per-path cap and every pod's cap, though both ask for more, are at most
-// the capacity. (That the classes together stay within it is the shaping
-// package's: TestShapingStaysWithinThePathsCapacity.)
+// per-path cap, though it asks for more, is at most the capacity, and so is
+// the class a pod's traffic takes on its way to the shaping device and back.
+// The pod's own class is on the device, for all its paths: the capacity of
+// one does not bound it. (That the classes together stay within it is the
+// shaping package's: TestShapingStaysWithinThePathsCapacity.)
 func TestShapingPlanBoundsEveryClassByThePathsCapacity(t *testing.T) {
 	paths := twoPaths()[:1]
 	paths[0].Capacity = resource.MustParse("20M")
@@ -28,14 +30,15 @@ func TestShapingPlanBoundsEveryClassByThePathsCapacity(t *testing.T) {
 	if len(tr.Errors) != 0 {
 		t.Fatal(tr.Errors)
 	}
-	nics := planShaping(tr.Plan, map[string]uint32{nameOf(shaped): 3}, podIDsOf(t, tr.Plan), map[uint32]datapath.RateBudget{3: datapath.OwnBudget(3)})
-	if len(nics) != 1 || nics[0].Interface != "nic1" || nics[0].Capacity != 20_000_000 || len(nics[0].Classes) != 2 {
-		t.Fatalf("plan %+v, want nic1 at 20 Mbit/s with a class for the rule's path cap and one for the pod", nics)
+	nics, dev := planShaping(tr.Plan, map[string]uint32{nameOf(shaped): 3}, podIDsOf(t, tr.Plan), map[uint32]datapath.RateBudget{3: datapath.OwnBudget(3)}, nil)
+	if len(nics) != 1 || nics[0].Interface != "nic1" || nics[0].Capacity != 20_000_000 || len(nics[0].Classes) != 1 || !nics[0].ViaDevice {
+		t.Fatalf("plan %+v, want nic1 at 20 Mbit/s with a class for the rule's path cap, sending pods to the device", nics)
 	}
-	for _, c := range nics[0].Classes {
-		if c.Bps != 20_000_000 {
-			t.Errorf("class %#x at %d bit/s, want the path's 20 Mbit/s capacity", c.Minor, c.Bps)
-		}
+	if c := nics[0].Classes[0]; c.Bps != 20_000_000 {
+		t.Errorf("class %#x at %d bit/s, want the path's 20 Mbit/s capacity", c.Minor, c.Bps)
+	}
+	if len(dev.Classes) != 1 || dev.Classes[0].Bps != 150_000_000 || dev.Classes[0].Parent != 0 {
+		t.Errorf("device classes %+v, want the pod's at 150 Mbit/s under the root", dev.Classes)
 	}
 }
 
@@ -83,17 +86,20 @@ func TestVariantsOfAPolicyShareOneBudget(t *testing.T) {
 	delete(ids, "spread@dd")
 	plan.Rules = plan.Rules[:len(plan.Rules)-1]
 
-	nics := planShaping(plan, ids, podIDsOf(t, plan), budgets)
+	nics, dev := planShaping(plan, ids, podIDsOf(t, plan), budgets, nil)
 	if len(nics) != 1 {
 		t.Fatalf("plan %+v, want one NIC", nics)
 	}
 	pathClasses := map[uint32]int{}
 	podClasses := map[netip.Addr]uint32{}
 	for _, c := range nics[0].Classes {
-		if c.Entry.Pod.IsValid() {
-			podClasses[c.Entry.Pod] = c.Entry.Rule
-		} else {
-			pathClasses[c.Entry.Rule]++
+		for _, e := range c.Entries {
+			pathClasses[e.Rule]++
+		}
+	}
+	for _, c := range dev.Classes {
+		for _, e := range c.Entries {
+			podClasses[e.Pod] = e.Rule
 		}
 	}
 	if len(pathClasses) != 3 || pathClasses[5] != 1 || pathClasses[6] != 1 || pathClasses[2] != 1 {
@@ -106,14 +112,93 @@ func TestVariantsOfAPolicyShareOneBudget(t *testing.T) {
 	}
 }
 
+// A pod's shape cap holds for all its paths together: one class on the
+// shaping device, which every path's NIC sends the pod's packets through.
+// A namespace's cap holds for all its pods together: their classes are
+// children of the namespace's class, each assured an equal share of it and
+// borrowing up to its own cap, so that together they never pass it. With
+// several rules capping one namespace, the smallest cap holds, for police
+// (one bucket per namespace, PodNamespace) as for shape.
+func TestShapingPlanHoldsAPodAcrossItsPathsAndANamespaceAcrossItsPods(t *testing.T) {
+	shape := datapath.RateConfig{Mode: datapath.RateShape, PerPod: 30_000_000, PerNamespace: 40_000_000}
+	tighter := shape
+	tighter.PerNamespace = 36_000_000
+	police := datapath.RateConfig{Mode: datapath.RatePolice, PerNamespace: 50_000_000, Directions: datapath.Egress, BurstBytes: 1 << 20}
+	policeTighter := police
+	policeTighter.PerNamespace, policeTighter.BurstBytes = 20_000_000, 0
+	rule := func(name string, c datapath.RateConfig) PlanRule {
+		return PlanRule{Name: name, Policy: name, Rate: &c, Datapath: datapath.Rule{Paths: []uint32{1, 2}}}
+	}
+	pod := func(ns, name, ip string, rules ...string) PlanPod {
+		return PlanPod{Name: ns + "." + name, Ref: PodRef{Namespace: ns, Name: name, UID: name}, IPs: []netip.Addr{netip.MustParseAddr(ip)}, Rules: rules}
+	}
+	plan := &Plan{
+		Paths: []PlanPath{{Path: routing.Path{Name: "fabric-a", Index: 1, Interface: "nic1"}}, {Path: routing.Path{Name: "fabric-b", Index: 2, Interface: "nic2"}}},
+		Rules: []PlanRule{rule("shape", shape), rule("tighter", tighter), rule("police", police), rule("police-tighter", policeTighter)},
+		Pods: []PlanPod{
+			pod("t1", "a", "10.244.1.10", "shape", "police"), pod("t1", "b", "10.244.1.11", "tighter", "police-tighter"),
+			pod("t2", "c", "10.244.1.12", "shape", "police"),
+		},
+	}
+	ids := map[string]uint32{"shape": 1, "tighter": 2, "police": 3, "police-tighter": 4}
+	budgets := map[uint32]datapath.RateBudget{1: datapath.OwnBudget(1), 2: datapath.OwnBudget(2)}
+	nsIDs := map[string]uint32{"t1": 0, "t2": 1}
+	nics, dev := planShaping(plan, ids, podIDsOf(t, plan), budgets, nsIDs)
+	for _, n := range nics {
+		if !n.ViaDevice || len(n.Classes) != 0 {
+			t.Errorf("NIC %s: %+v, want no class of its own and its pods sent to the device", n.Interface, n)
+		}
+	}
+	byMinor := map[uint16]shapingClassView{}
+	for _, c := range dev.Classes {
+		paths := map[uint32]bool{}
+		for _, e := range c.Entries {
+			paths[e.Path] = true
+		}
+		byMinor[c.Minor] = shapingClassView{parent: c.Parent, bps: c.Bps, ceil: c.Ceil, paths: len(paths)}
+	}
+	const ns1, ns2 = 0x200, 0x201
+	want := map[uint16]shapingClassView{
+		ns1: {bps: 36_000_000}, ns2: {bps: 40_000_000},
+		// t1's two pods: 36/2 assured each, up to their own 30 M.
+		0x1000 + 0*8 + 0: {parent: ns1, bps: 18_000_000, ceil: 30_000_000, paths: 2},
+		0x1000 + 1*8 + 0: {parent: ns1, bps: 18_000_000, ceil: 30_000_000, paths: 2},
+		// t2's one pod: all of its namespace's 40 M assured, up to 30 M.
+		0x1000 + 2*8 + 0: {parent: ns2, bps: 30_000_000, ceil: 30_000_000, paths: 2},
+	}
+	if !maps.Equal(byMinor, want) {
+		t.Errorf("device classes %+v,\nwant %+v", byMinor, want)
+	}
+	got := map[netip.Addr]datapath.PodNamespace{}
+	for _, p := range planPodNamespaces(plan, nsIDs) {
+		got[p.Pod] = p
+	}
+	wantNS := map[netip.Addr]datapath.PodNamespace{
+		netip.MustParseAddr("10.244.1.10"): {Pod: netip.MustParseAddr("10.244.1.10"), ID: 1, Bps: 20_000_000},
+		netip.MustParseAddr("10.244.1.11"): {Pod: netip.MustParseAddr("10.244.1.11"), ID: 1, Bps: 20_000_000},
+		netip.MustParseAddr("10.244.1.12"): {Pod: netip.MustParseAddr("10.244.1.12"), ID: 2, Bps: 50_000_000, BurstBytes: 1 << 20},
+	}
+	if !maps.Equal(got, wantNS) {
+		t.Errorf("police namespaces %+v,\nwant %+v", got, wantNS)
+	}
+}
+
+type shapingClassView struct {
+	parent    uint16
+	bps, ceil uint64
+	paths     int
+}
+
 // nic_egress runs on the NICs of every rule that polices what its pods send
-// per pod, spread and backup paths alike, and nowhere else.
+// per pod or per namespace, spread and backup paths alike, and nowhere else.
 func TestPoliceHooksAreOnThePathsOfPerPodEgressCaps(t *testing.T) {
 	paths := []PlanPath{
 		{Path: routing.Path{Name: "fabric-a", Index: 1, Interface: "nic1"}},
 		{Path: routing.Path{Name: "fabric-b", Index: 2, Interface: "nic2"}},
 		{Path: routing.Path{Name: "lte", Index: 3, Interface: "nic3"}},
 		{Path: routing.Path{Name: "other", Index: 4, Interface: "nic4"}},
+		{Path: routing.Path{Name: "ns", Index: 5, Interface: "nic5"}},
+		{Path: routing.Path{Name: "ns-backup", Index: 6, Interface: "nic6"}},
 	}
 	rule := func(name string, c datapath.RateConfig, paths ...uint32) PlanRule {
 		return PlanRule{Name: name, Rate: &c, Datapath: datapath.Rule{Paths: paths[:len(paths)-1], Backup: paths[len(paths)-1:]}}
@@ -122,12 +207,15 @@ func TestPoliceHooksAreOnThePathsOfPerPodEgressCaps(t *testing.T) {
 		rule("capped", datapath.RateConfig{Mode: datapath.RatePolice, PerPod: 1e6, Directions: datapath.Egress | datapath.Ingress}, 1, 3),
 		rule("ingress only", datapath.RateConfig{Mode: datapath.RatePolice, PerPod: 1e6, Directions: datapath.Ingress}, 2, 4),
 		rule("per connection", datapath.RateConfig{Mode: datapath.RatePolice, PerConnection: 1e6, Directions: datapath.Egress}, 2, 4),
+		rule("per namespace", datapath.RateConfig{Mode: datapath.RatePolice, PerNamespace: 1e6, Directions: datapath.Egress}, 5, 6),
 	}}
 	hooks := map[datapath.Attachment]bool{}
 	policeHooks(plan, hooks)
 	want := map[datapath.Attachment]bool{
 		{Interface: "nic1", Hook: datapath.HookNICEgress}: true,
 		{Interface: "nic3", Hook: datapath.HookNICEgress}: true,
+		{Interface: "nic5", Hook: datapath.HookNICEgress}: true,
+		{Interface: "nic6", Hook: datapath.HookNICEgress}: true,
 	}
 	if !maps.Equal(hooks, want) {
 		t.Errorf("hooks %v, want %v", hooks, want)

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/shaping"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
@@ -41,7 +42,6 @@ func TestAPodAddedFirstMovesNoOtherPodsShapingClass(t *testing.T) {
 		}
 		return LocatedPod{}, fmt.Errorf("no pod at %v", ips)
 	}
-	nic := node.NICs[0].Name
 	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
 		a, err := New(settings, slog.New(slog.DiscardHandler))
 		if err != nil {
@@ -74,7 +74,9 @@ func TestAPodAddedFirstMovesNoOtherPodsShapingClass(t *testing.T) {
 					byPod[e.Pod] = e.ClassID
 				}
 			}
-			link, err := netlink.LinkByName(nic)
+			// A pod's classes are on the shaping device, for all its
+			// paths.
+			link, err := netlink.LinkByName(shaping.DeviceName)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -90,7 +92,7 @@ func TestAPodAddedFirstMovesNoOtherPodsShapingClass(t *testing.T) {
 			}
 			for addr, class := range byPod {
 				if _, ok := rates[class]; !ok {
-					t.Errorf("%s: pod %v's entry sends to class %s, which %s lacks", step, addr, netlink.HandleStr(class), nic)
+					t.Errorf("%s: pod %v's entry sends to class %s, which %s lacks", step, addr, netlink.HandleStr(class), shaping.DeviceName)
 				}
 			}
 			if len(byPod) != len(pods) {

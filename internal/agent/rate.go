@@ -170,13 +170,13 @@ func policyOfRule(name string) string {
 }
 
 // policeHooks asks for nic_egress on the NICs of the paths of every rule
-// that polices what its pods send per pod: a pod's packets that no subflow
+// that polices what its pods send per pod or per namespace: a pod's packets that no subflow
 // entry names (plain TCP, UDP, a connection that fell back) are policed
 // there, where their path is known (docs/datapath.md, "Every protocol").
 func policeHooks(plan *Plan, hooks map[datapath.Attachment]bool) {
 	byIndex := plan.pathsByIndex()
 	for _, r := range plan.Rules {
-		if c := r.Rate; c == nil || c.Mode != datapath.RatePolice || c.PerPod == 0 || c.Directions&datapath.Egress == 0 {
+		if c := r.Rate; c == nil || c.Mode != datapath.RatePolice || (c.PerPod == 0 && c.PerNamespace == 0) || c.Directions&datapath.Egress == 0 {
 			continue
 		}
 		for _, index := range append(slices.Clone(r.Datapath.Paths), r.Datapath.Backup...) {

@@ -263,6 +263,22 @@ func (d *Datapath) SetLivenessPort(port uint16) error {
 	return nil
 }
 
+// SetShapeDevice tells nic_egress the node's shaping device (an ifb holding
+// the pods' and namespaces' HTB classes, 0: none): on it, nic_egress gives
+// each packet its pod's class; on a path NIC, a packet that device gave back
+// takes its rule's path class only (docs/datapath.md, "shape scope").
+func (d *Datapath) SetShapeDevice(ifindex int) error {
+	var v datapathSettingsValue
+	if err := d.objs.Settings.Lookup(uint32(0), &v); err != nil {
+		return fmt.Errorf("reading settings: %w", err)
+	}
+	v.ShapeIfindex = uint32(ifindex)
+	if err := d.objs.Settings.Put(uint32(0), &v); err != nil {
+		return fmt.Errorf("writing settings: %w", err)
+	}
+	return nil
+}
+
 // ObserveOnly says whether the datapath is in observe-only mode.
 func (d *Datapath) ObserveOnly() (bool, error) {
 	var v datapathSettingsValue

@@ -173,6 +173,12 @@ type datapathPodIfKey struct {
 	Family  uint32
 }
 
+type datapathPodNsKey struct {
+	_      structs.HostLayout
+	Addr   [16]uint8
+	Family uint32
+}
+
 type datapathPodRecord struct {
 	_     structs.HostLayout
 	Owner datapathEndpointKey
@@ -224,6 +230,7 @@ type datapathRateCfg struct {
 	PathGcra   [16]datapathRateGcra
 	Budget     uint32
 	PathBudget uint32
+	NsBps      uint64
 }
 
 type datapathRateGcra struct {
@@ -253,6 +260,7 @@ const (
 	datapathRateKeyKindRATE_KEY_FLOW datapathRateKeyKind = 2
 	datapathRateKeyKindRATE_KEY_POD  datapathRateKeyKind = 3
 	datapathRateKeyKindRATE_KEY_PATH datapathRateKeyKind = 4
+	datapathRateKeyKindRATE_KEY_NS   datapathRateKeyKind = 5
 )
 
 type datapathRateMode uint32
@@ -263,6 +271,15 @@ const (
 	datapathRateModeRATE_MODE_POLICE datapathRateMode = 2
 	datapathRateModeRATE_MODE_SHAPE  datapathRateMode = 3
 )
+
+type datapathRateNs struct {
+	_          structs.HostLayout
+	Id         uint32
+	Pad        uint32
+	Bps        uint64
+	BurstBytes uint64
+	Gcra       datapathRateGcra
+}
 
 type datapathRateSubflow struct {
 	_         structs.HostLayout
@@ -303,7 +320,8 @@ type datapathSettingsValue struct {
 	Flags        uint32
 	LivenessPort uint16
 	Pad          uint16
-	Reserved     [14]uint32
+	ShapeIfindex uint32
+	Reserved     [13]uint32
 }
 
 type datapathSpreadMode uint32
@@ -479,6 +497,7 @@ const (
 	datapathMapPeersDown          = "peers_down"
 	datapathMapPeersDownUsed      = "peers_down_used"
 	datapathMapPodInterfaces      = "pod_interfaces"
+	datapathMapPodNamespaces      = "pod_namespaces"
 	datapathMapPodRecords         = "pod_records"
 	datapathMapPodSubflows        = "pod_subflows"
 	datapathMapRateBuckets        = "rate_buckets"
@@ -584,6 +603,7 @@ type datapathMapSpecs struct {
 	PeersDown      *ebpf.MapSpec `ebpf:"peers_down"`
 	PeersDownUsed  *ebpf.MapSpec `ebpf:"peers_down_used"`
 	PodInterfaces  *ebpf.MapSpec `ebpf:"pod_interfaces"`
+	PodNamespaces  *ebpf.MapSpec `ebpf:"pod_namespaces"`
 	PodRecords     *ebpf.MapSpec `ebpf:"pod_records"`
 	PodSubflows    *ebpf.MapSpec `ebpf:"pod_subflows"`
 	RateBuckets    *ebpf.MapSpec `ebpf:"rate_buckets"`
@@ -657,6 +677,7 @@ type datapathMaps struct {
 	PeersDown      *ebpf.Map `ebpf:"peers_down"`
 	PeersDownUsed  *ebpf.Map `ebpf:"peers_down_used"`
 	PodInterfaces  *ebpf.Map `ebpf:"pod_interfaces"`
+	PodNamespaces  *ebpf.Map `ebpf:"pod_namespaces"`
 	PodRecords     *ebpf.Map `ebpf:"pod_records"`
 	PodSubflows    *ebpf.Map `ebpf:"pod_subflows"`
 	RateBuckets    *ebpf.Map `ebpf:"rate_buckets"`
@@ -693,6 +714,7 @@ func (m *datapathMaps) Close() error {
 		m.PeersDown,
 		m.PeersDownUsed,
 		m.PodInterfaces,
+		m.PodNamespaces,
 		m.PodRecords,
 		m.PodSubflows,
 		m.RateBuckets,

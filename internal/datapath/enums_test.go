@@ -158,6 +158,7 @@ var pinnedEnums = map[string]map[string]uint64{
 		"RATE_KEY_FLOW": 2,
 		"RATE_KEY_POD":  3,
 		"RATE_KEY_PATH": 4,
+		"RATE_KEY_NS":   5,
 	},
 }
 

@@ -55,6 +55,7 @@ const (
 	rateHeadersMayBeRewritten = 1 << 0 // RATE_HEADERS_MAY_BE_REWRITTEN
 	rateCoarseClock           = 1 << 3 // RATE_COARSE_CLOCK
 	rateBudget                = 1 << 4 // RATE_BUDGET
+	rateNamespace             = 1 << 5 // RATE_NAMESPACE
 )
 
 // coarseClockMinDepth is the shallowest police bucket, in time at its rate,
@@ -73,7 +74,7 @@ func coarseClockFits(c RateConfig, burst uint64) bool {
 	fits := func(bps uint64) bool {
 		return bps == 0 || float64(burst)*8/float64(bps) >= coarseClockMinDepth.Seconds()
 	}
-	if !fits(c.PerConnection) || !fits(c.PerPod) {
+	if !fits(c.PerConnection) || !fits(c.PerPod) || !fits(c.PerNamespace) {
 		return false
 	}
 	for _, r := range c.PerPath {
@@ -98,6 +99,10 @@ type RateConfig struct {
 	Mode          RateMode
 	PerConnection uint64
 	PerPod        uint64
+	// PerNamespace caps the pods of each namespace on this node together
+	// (police: the bucket SyncPodNamespaces names; shape: the namespace's
+	// HTB class, the agent's).
+	PerNamespace uint64
 	// PerPath caps the rule's traffic on a path index, on this node.
 	PerPath map[uint32]uint64
 	// Directions police caps; at least one for police.
@@ -118,7 +123,7 @@ type RateConfig struct {
 // because a window that ran out waits for the peer's delayed ACK (40 ms)
 // and the grant accrued meanwhile must fit (20 ms held 0.38 of the cap).
 func DefaultBurst(c RateConfig) uint64 {
-	largest := max(c.PerConnection, c.PerPod)
+	largest := max(c.PerConnection, c.PerPod, c.PerNamespace)
 	for _, r := range c.PerPath {
 		largest = max(largest, r)
 	}
@@ -132,8 +137,8 @@ func (c RateConfig) Validate() error {
 	default:
 		return fmt.Errorf("unknown rate mode %d", uint32(c.Mode))
 	}
-	if c.PerConnection == 0 && c.PerPod == 0 && len(c.PerPath) == 0 {
-		return fmt.Errorf("%v: no cap set: want perConnection, perPod or perPath", c.Mode)
+	if c.PerConnection == 0 && c.PerPod == 0 && c.PerNamespace == 0 && len(c.PerPath) == 0 {
+		return fmt.Errorf("%v: no cap set: want perConnection, perPod, perNamespace or perPath", c.Mode)
 	}
 	for p, r := range c.PerPath {
 		if !ValidPath(p) {
@@ -154,7 +159,7 @@ func (c RateConfig) Validate() error {
 		if !c.HeadersMayBeRewritten {
 			return errors.New("window: rewrites the TCP window, needs headers may be rewritten (admin opt-in)")
 		}
-		if c.PerConnection == 0 || c.PerPod != 0 || len(c.PerPath) != 0 {
+		if c.PerConnection == 0 || c.PerPod != 0 || c.PerNamespace != 0 || len(c.PerPath) != 0 {
 			return errors.New("window: caps connections only (perConnection); a window is per connection, not per pod or path")
 		}
 	case RatePolice:
@@ -191,7 +196,10 @@ func (d *Datapath) SetRateRule(id uint32, b RateBudget, c RateConfig) error {
 		return fmt.Errorf("rule %d: budget %+v is not a rule id", id, b)
 	}
 	v := datapathRateCfg{Mode: uint32(c.Mode), ConnBps: c.PerConnection, PodBps: c.PerPod, BurstBytes: c.BurstBytes,
-		Flags: rateBudget, Budget: b.Pod, PathBudget: b.Path}
+		Flags: rateBudget, Budget: b.Pod, PathBudget: b.Path, NsBps: c.PerNamespace}
+	if c.PerNamespace != 0 {
+		v.Flags |= rateNamespace
+	}
 	if v.BurstBytes == 0 {
 		v.BurstBytes = DefaultBurst(c)
 	}
@@ -282,7 +290,7 @@ func (d *Datapath) RateRuleAt(id uint32) (c RateConfig, ok bool, err error) {
 	if v.Mode == uint32(datapathRateModeRATE_MODE_NONE) {
 		return c, false, nil
 	}
-	c = RateConfig{Mode: RateMode(v.Mode), PerConnection: v.ConnBps, PerPod: v.PodBps, BurstBytes: v.BurstBytes,
+	c = RateConfig{Mode: RateMode(v.Mode), PerConnection: v.ConnBps, PerPod: v.PodBps, PerNamespace: v.NsBps, BurstBytes: v.BurstBytes,
 		Directions: Direction(v.Flags) & (Egress | Ingress), HeadersMayBeRewritten: v.Flags&rateHeadersMayBeRewritten != 0}
 	for p, bps := range v.PathBps {
 		if bps != 0 {
@@ -386,4 +394,42 @@ func (d *Datapath) SyncShapeClasses(want []ShapeClass) error {
 		keep[k] = true
 	}
 	return deleteUnwanted[datapathRateKey, uint32](d.objs.RateClasses, keep)
+}
+
+// PodNamespace puts a pod's address in its namespace's police bucket: ID
+// names the bucket (every address of every pod of the namespace on this
+// node with the same ID shares it), Bps and BurstBytes are its rate and
+// depth (0: DefaultBurst at Bps), the same for all of them.
+type PodNamespace struct {
+	Pod        netip.Addr
+	ID         uint32
+	Bps        uint64
+	BurstBytes uint64
+}
+
+// SyncPodNamespaces makes pod_namespaces hold exactly want: entries are
+// written first, then those not wanted are deleted. A pod without an entry
+// is charged to no namespace bucket, whatever its rules say.
+func (d *Datapath) SyncPodNamespaces(want []PodNamespace) error {
+	keep := map[datapathPodNsKey]bool{}
+	for _, p := range want {
+		if p.ID == 0 || p.Bps == 0 {
+			return fmt.Errorf("namespace of %v: id %d, rate %d: want both positive", p.Pod, p.ID, p.Bps)
+		}
+		burst := p.BurstBytes
+		if burst == 0 {
+			burst = DefaultBurst(RateConfig{PerNamespace: p.Bps})
+		}
+		if burst < uint64(MinBurstBytes) || burst > uint64(MaxBurstBytes) {
+			return fmt.Errorf("namespace of %v: burst %d bytes out of %d..%d", p.Pod, burst, MinBurstBytes, MaxBurstBytes)
+		}
+		ek := endpointKey(p.Pod)
+		k := datapathPodNsKey{Addr: ek.Addr, Family: uint32(ek.Family)}
+		v := datapathRateNs{Id: p.ID, Bps: p.Bps, BurstBytes: burst, Gcra: gcra(p.Bps, burst)}
+		if err := d.objs.PodNamespaces.Put(&k, &v); err != nil {
+			return fmt.Errorf("namespace of %v: %w", p.Pod, err)
+		}
+		keep[k] = true
+	}
+	return deleteUnwanted[datapathPodNsKey, datapathRateNs](d.objs.PodNamespaces, keep)
 }

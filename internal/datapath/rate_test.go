@@ -690,10 +690,11 @@ func TestRatePoliceCapsAPodsTrafficWhateverItsProtocol(t *testing.T) {
 	}
 }
 
-// A pod's packets that no subflow entry names leave a path's NIC in the
-// pod's class of its shaping rule on that path.
+// A pod's packets that no subflow entry names leave a path's NIC for the
+// pod's class of its shaping rule: through the NIC's class that redirects
+// to the shaping device, where the pod's class is.
 func TestRateShapeClassifiesAPodsTrafficWhateverItsProtocol(t *testing.T) {
-	const lo, class = 1, 0x6d701005
+	const lo, class, viaIFB = 1, 0x6d701005, 0x6d700002
 	dp := rateBed(t, clientPod, RateConfig{Mode: RateShape, PerPod: 5_000_000})
 	if err := dp.SetNIC(lo, 1); err != nil {
 		t.Fatal(err)
@@ -709,8 +710,8 @@ func TestRateShapeClassifiesAPodsTrafficWhateverItsProtocol(t *testing.T) {
 		"UDP":       testpkt.Frame{Src: clientPod, Dst: serverPod, Protocol: 17, Payload: make([]byte, 100)}.Bytes(),
 		"plain TCP": testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Seq: 2, Ack: 8, Flags: testpkt.ACK, Payload: make([]byte, 100)}}.Bytes(),
 	} {
-		if ret, out := runIn(t, dp.Program(HookNICEgress), frame, skbContext{IngressIfindex: podIf}); ret != tcxNext || out.Priority != class {
-			t.Errorf("%s: verdict %d, priority %#x, want %#x", name, int32(ret), out.Priority, class)
+		if ret, out := runIn(t, dp.Program(HookNICEgress), frame, skbContext{IngressIfindex: podIf}); ret != tcxNext || out.Priority != viaIFB {
+			t.Errorf("%s: verdict %d, priority %#x, want %#x", name, int32(ret), out.Priority, viaIFB)
 		}
 	}
 }
@@ -858,6 +859,113 @@ func TestRateWindowScaleIsLearntOnceFromTheHandshake(t *testing.T) {
 			got := uint(out[tcpOffset(out)+14])<<8 | uint(out[tcpOffset(out)+15])
 			if want := (uint(burst) + 1<<c.want - 1) >> c.want; got != want {
 				t.Errorf("window field %d, want burst %d >> the handshake's scale %d = %d", got, burst, c.want, want)
+			}
+		})
+	}
+}
+
+// A pod's shape class is on the node's shaping device, one queue for all
+// its paths: on the NIC a subflow's packet goes to the class that redirects
+// there (the pod's class in tc_index, which a test run does not report).
+// The device gives the packet back to the NIC, where nic_egress gives it its
+// rule's path class and never sends it round again; on the device itself
+// nic_egress leaves the NIC's choice alone (tc_index zero here: no class).
+func TestRateShapeSendsAPodThroughTheShapingDeviceThenItsPathClass(t *testing.T) {
+	const lo, shaper = 1, 4545
+	const podClass, pathClass, viaIFB, untouched = 0x6d701005, 0x6d700010, 0x6d700002, 7
+	dp := rateBed(t, clientPod, RateConfig{Mode: RateShape, PerPod: 5_000_000, PerPath: map[uint32]uint64{1: 20_000_000}})
+	if err := dp.SetNIC(lo, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetShapeDevice(shaper); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SyncShapeClasses([]ShapeClass{{Rule: 0, Path: 1, Pod: clientPod, ClassID: podClass}, {Rule: 0, Path: 1, ClassID: pathClass}}); err != nil {
+		t.Fatal(err)
+	}
+	run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+	data := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8,
+		Flags: testpkt.ACK, Payload: make([]byte, 1400)}}.Bytes()
+	const podIf = 4242
+	for _, c := range []struct {
+		name string
+		in   skbContext
+		want uint32
+	}{
+		{"leaving the NIC", skbContext{IngressIfindex: podIf, Priority: untouched}, viaIFB},
+		{"given back by the shaping device", skbContext{IngressIfindex: shaper, Priority: viaIFB}, pathClass},
+	} {
+		c.in.Ifindex = lo
+		if ret, out := runIn(t, dp.Program(HookNICEgress), data, c.in); ret != tcxNext || out.Priority != c.want {
+			t.Errorf("%s: verdict %d, priority %#x, want %#x", c.name, int32(ret), out.Priority, c.want)
+		}
+	}
+	// A test run's device must exist: loopback plays the shaping device.
+	if err := dp.SetShapeDevice(lo); err != nil {
+		t.Fatal(err)
+	}
+	if ret, out := runIn(t, dp.Program(HookNICEgress), data, skbContext{IngressIfindex: podIf, Ifindex: lo, Priority: viaIFB}); ret != tcxNext || out.Priority != viaIFB {
+		t.Errorf("on the shaping device: verdict %d, priority %#x, want %#x left", int32(ret), out.Priority, viaIFB)
+	}
+}
+
+// A namespace's police bucket is one for all its pods on the node: what
+// one pod sends (UDP, policed where it leaves the NIC) empties it for the
+// other's subflow, under a rule that caps namespaces and not pods. Pods of
+// two namespaces have a bucket each.
+func TestRatePoliceNamespaceBucketIsSharedByItsPods(t *testing.T) {
+	// 80 kbit/s: a packet's worth of tokens takes 145 ms to come back.
+	const rateBps, burst = 80_000, 64 << 10
+	const lo, podIf = 1, 4242
+	other := netip.MustParseAddr("10.244.1.12")
+	for _, tc := range []struct {
+		name      string
+		otherNS   uint32
+		wantDrop2 bool
+	}{
+		{"one namespace", 1, true},
+		{"two namespaces", 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dp := rateBed(t, clientPod, RateConfig{Mode: RatePolice, PerNamespace: 10 * rateBps, Directions: Egress})
+			if err := dp.SetEndpoint(other, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := dp.SetNIC(lo, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: podIf, Addr: clientPod}}); err != nil {
+				t.Fatal(err)
+			}
+			// The namespace's rate, not the rule's, is the bucket's.
+			if err := dp.SyncPodNamespaces([]PodNamespace{{Pod: clientPod, ID: 1, Bps: rateBps, BurstBytes: burst},
+				{Pod: other, ID: tc.otherNS, Bps: rateBps, BurstBytes: burst}}); err != nil {
+				t.Fatal(err)
+			}
+			udp := testpkt.Frame{Src: clientPod, Dst: serverPod, Protocol: 17, Payload: make([]byte, 1400)}.Bytes()
+			dropped := false
+			for i := 0; i < 2*burst/1400 && !dropped; i++ {
+				ret, _ := runIn(t, dp.Program(HookNICEgress), udp, skbContext{IngressIfindex: podIf, Ifindex: lo})
+				dropped = ret == tcActShot
+			}
+			if !dropped {
+				t.Fatal("the first pod's UDP was never policed by its namespace's bucket")
+			}
+			egress := dp.Program(HookPodEgress)
+			run(t, egress, syn(other, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+			data := testpkt.Frame{Src: other, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8,
+				Flags: testpkt.ACK, Payload: make([]byte, 1400)}}.Bytes()
+			ret, _ := runOut(t, egress, data)
+			if dropped2 := ret == tcActShot; dropped2 != tc.wantDrop2 {
+				t.Errorf("the second pod's first packet dropped: %v, want %v", dropped2, tc.wantDrop2)
+			}
+			// Without its namespace entry a pod is charged to no
+			// namespace bucket.
+			if err := dp.SyncPodNamespaces(nil); err != nil {
+				t.Fatal(err)
+			}
+			if ret, _ := runOut(t, egress, data); ret == tcActShot {
+				t.Error("a pod with no namespace entry was policed")
 			}
 		})
 	}

@@ -149,9 +149,10 @@ func (kb *kubeBed) setPaths(t *testing.T, edit func(*mptcpv1alpha1.MPTCPPathSpec
 }
 
 // A path's capacity bounds the shaping on its NIC: a policy shaping each
-// pod at 150 Mbit/s per path, over two paths of 20 Mbit/s capacity on
-// 200 Mbit/s links, holds a pod's connection to the 40 Mbit/s the two
-// paths carry. (On a933a17 capacity was copied and never read: the pod sent
+// pod at 150 Mbit/s (its class on the shaping device, for both paths), over
+// two paths of 20 Mbit/s capacity on 200 Mbit/s links, holds a pod's
+// connection to the 40 Mbit/s the two paths carry: what the device gives
+// back to each NIC passes under the path's capacity. (On a933a17 capacity was copied and never read: the pod sent
 // at the links' rate.)
 func testPathCapacityBoundsShapingOnItsNIC(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
@@ -171,7 +172,7 @@ func testPathCapacityBoundsShapingOnItsNIC(t *testing.T) {
 	}
 	const capacity = 2 * 20_000_000
 	r := transfer(t, bed, 5311, "cubic")
-	t.Logf("goodput %.1f Mbit/s; the two paths' capacity %d Mbit/s, the policy's cap 2 x 150 Mbit/s", r.goodput/1e6, capacity/1_000_000)
+	t.Logf("goodput %.1f Mbit/s; the two paths' capacity %d Mbit/s, the policy's cap 150 Mbit/s", r.goodput/1e6, capacity/1_000_000)
 	if r.goodput > 1.1*capacity || r.goodput < 0.6*capacity {
 		t.Errorf("the pod sent at %.1f Mbit/s, want within the paths' %d Mbit/s", r.goodput/1e6, capacity/1_000_000)
 	}

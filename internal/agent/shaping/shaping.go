@@ -1,9 +1,13 @@
-// Package shaping keeps the HTB qdiscs the rate actor's shape mode needs on
-// the paths' NICs: the agent's own root (handle 6d70:), one class at each
-// path's capacity, and under it the classes of the rules' and pods' caps;
-// the datapath's nic_egress sends each packet to its class. Only the
-// kernel's default root qdisc is ever replaced, and only the agent's own is
-// ever deleted.
+// Package shaping keeps the HTB qdiscs the rate actor's shape mode needs:
+// on the paths' NICs the agent's own root (handle 6d70:), one class at each
+// path's capacity, and under it the classes of the rules' path caps; on the
+// node's shaping device (an ifb, Device) the classes of the namespaces' and
+// pods' caps, one queue for all of a pod's paths. A NIC that carries pods'
+// shaped traffic has a class (MinorViaDevice) whose filter redirects it to
+// the device, which gives it back to the NIC when its class lets it go. The
+// datapath's nic_egress sends each packet to its class. Only the kernel's
+// default root qdisc is ever replaced, and only the agent's own is ever
+// deleted.
 package shaping
 
 import (
@@ -13,6 +17,7 @@ import (
 	"slices"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
@@ -24,24 +29,41 @@ import (
 // replaced, and comes back by itself when ours is deleted.
 const shapeMajor = 0x6d70
 
-// Class minors: the path's own class (its capacity, the parent of the
-// others), one per shaping rule on a path, one per pod and path.
+// Class minors. On a NIC: the path's own class (its capacity, the parent of
+// the others), the class that redirects to the shaping device and its one
+// child (where what the device gives back goes), one per shaping rule on a
+// path. On the shaping device: one per namespace, one per pod and rule.
+// (SHAPE_MINOR_VIA_IFB of bpf/include/rate.h is MinorViaDevice.)
 const (
-	shapeMinorPath = 0x1
-	MinorRule      = 0x10
-	MinorPod       = 0x1000
+	shapeMinorPath         = 0x1
+	MinorViaDevice         = 0x2
+	minorFromDevice        = 0x3
+	MinorRule              = 0x10
+	MinorNamespace         = 0x200
+	MinorPod               = 0x1000
+	MaxNamespaces          = MinorPod - MinorNamespace
+	DeviceName             = "mptcp-shape"
+	deviceQueue            = 1000     // packets: the ifb's default, 32, drops a GSO burst
+	unboundedBps    uint64 = 100e9    // the via-device classes of a path without a capacity
+	MinClassBps     uint64 = 8 * 1000 // HTB's smallest useful rate
 )
 
-// Class is one HTB class on a path's NIC and the classification entry that
-// sends packets to it (nic_egress reads the entry).
+// Class is one HTB class and the classification entries that send packets
+// to it (nic_egress reads them).
 type Class struct {
 	// Minor is the class's minor handle: MinorRule+rule id for a rule's
-	// cap on the path, MinorPod+n for a pod's (n from the pod's id, which
-	// does not move while the pod is there, and its rule).
+	// cap on a path, MinorNamespace+n for a namespace's, MinorPod+n for a
+	// pod's (n from the pod's id, which does not move while the pod is
+	// there, and its rule).
 	Minor uint16
-	// Bps is the class's rate and ceiling, in bits per second.
-	Bps   uint64
-	Entry datapath.ShapeClass
+	// Parent is the minor of the class's parent, 0 for the default (the
+	// path's capacity class on a NIC, the root on the device).
+	Parent uint16
+	// Bps is the class's rate (what it is assured), Ceil its ceiling
+	// (what it may borrow up to from its parent; 0: Bps), in bits per
+	// second.
+	Bps, Ceil uint64
+	Entries   []datapath.ShapeClass
 }
 
 // NIC is a path NIC and the classes it shapes.
@@ -52,35 +74,176 @@ type NIC struct {
 	// the capacity (0: of the root).
 	Capacity uint64
 	Classes  []Class
+	// ViaDevice: pods' traffic leaves this NIC through the shaping
+	// device, which holds their classes.
+	ViaDevice bool
 }
 
-// Sync makes each NIC's HTB classes and the datapath's classification
-// table match nics, and returns the NICs that shape (nic_egress must run on
-// them). A NIC without classes loses the agent's qdisc.
-func Sync(dp *datapath.Datapath, nics []NIC) (shaping []string, err error) {
+// Device is what the node's shaping device holds: the namespaces' and
+// pods' classes. Without classes there is no device.
+type Device struct {
+	Classes []Class
+}
+
+// Sync makes the shaping device's and each NIC's HTB classes, and the
+// datapath's classification table, match dev and nics. It returns the
+// interfaces nic_egress must run on (the NICs that shape, and the device)
+// and the device's ifindex (0: none). A NIC without classes loses the
+// agent's qdisc, and a plan without device classes the device.
+func Sync(dp *datapath.Datapath, nics []NIC, dev Device) (shaping []string, device int, err error) {
 	var errs []error
 	var entries []datapath.ShapeClass
+	add := func(cs []Class) {
+		for _, c := range cs {
+			for _, e := range c.Entries {
+				e.ClassID = netlink.MakeHandle(shapeMajor, c.Minor)
+				entries = append(entries, e)
+			}
+		}
+	}
+	if len(dev.Classes) > 0 {
+		link, err := ensureDevice()
+		if err == nil {
+			err = syncHTB(DeviceName, 0, dev.Classes)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("shaping device: %w", err))
+		} else {
+			device = link.Attrs().Index
+			add(dev.Classes)
+			shaping = append(shaping, DeviceName)
+		}
+	}
 	for _, n := range nics {
-		if len(n.Classes) == 0 {
+		if len(n.Classes) == 0 && !(n.ViaDevice && device != 0) {
 			if err := RemoveFrom(n.Interface); err != nil {
 				errs = append(errs, err)
 			}
 			continue
 		}
-		if err := syncHTB(n.Interface, n.Capacity, n.Classes); err != nil {
+		classes := n.Classes
+		via := n.ViaDevice && device != 0
+		if !via {
+			// Before its classes go: HTB keeps a class a filter
+			// is bound to.
+			if err := syncRedirect(n.Interface, false, 0); err != nil {
+				errs = append(errs, fmt.Errorf("path %q: shape: %w", n.Path, err))
+				continue
+			}
+		}
+		if via {
+			bps := n.Capacity
+			if bps == 0 {
+				bps = unboundedBps
+			}
+			classes = append([]Class{{Minor: MinorViaDevice, Bps: bps}, {Minor: minorFromDevice, Parent: MinorViaDevice, Bps: bps}}, classes...)
+		}
+		if err := syncHTB(n.Interface, n.Capacity, classes); err != nil {
 			errs = append(errs, fmt.Errorf("path %q: shape: %w", n.Path, err))
 			continue
 		}
-		for _, c := range n.Classes {
-			c.Entry.ClassID = netlink.MakeHandle(shapeMajor, c.Minor)
-			entries = append(entries, c.Entry)
+		if err := syncRedirect(n.Interface, via, device); via && err != nil {
+			errs = append(errs, fmt.Errorf("path %q: shape: %w", n.Path, err))
+			continue
 		}
+		add(n.Classes)
 		shaping = append(shaping, n.Interface)
+	}
+	if device == 0 {
+		if err := RemoveDevice(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := dp.SyncShapeClasses(entries); err != nil {
 		errs = append(errs, err)
 	}
-	return shaping, errors.Join(errs...)
+	return shaping, device, errors.Join(errs...)
+}
+
+// ensureDevice creates the shaping device (an ifb: what is sent to it is
+// queued by its root qdisc, then given back to the interface it came from)
+// unless it is there, and sets it up.
+func ensureDevice() (netlink.Link, error) {
+	link, err := netlink.LinkByName(DeviceName)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if !errors.As(err, &nf) {
+			return nil, err
+		}
+		ifb := &netlink.Ifb{LinkAttrs: netlink.LinkAttrs{Name: DeviceName, TxQLen: deviceQueue}}
+		if err := netlink.LinkAdd(ifb); err != nil {
+			return nil, fmt.Errorf("adding %s: %w", DeviceName, err)
+		}
+		if link, err = netlink.LinkByName(DeviceName); err != nil {
+			return nil, err
+		}
+	}
+	if link.Type() != "ifb" {
+		return nil, fmt.Errorf("%s is a %s the agent did not create", DeviceName, link.Type())
+	}
+	if link.Attrs().Flags&unix.IFF_UP == 0 {
+		if err := netlink.LinkSetUp(link); err != nil {
+			return nil, err
+		}
+	}
+	return link, nil
+}
+
+// RemoveDevice deletes the shaping device, if there is one.
+func RemoveDevice() error {
+	link, err := netlink.LinkByName(DeviceName)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return err
+	}
+	if link.Type() != "ifb" {
+		return nil
+	}
+	return netlink.LinkDel(link)
+}
+
+// syncRedirect keeps the filter of iface's MinorViaDevice class: every
+// packet nic_egress sends to that class goes to the shaping device (mirred
+// redirect), and comes back to the class's child (the filter does not act
+// on what the device gives back). Without via, there is none.
+func syncRedirect(iface string, via bool, device int) error {
+	link, err := netlink.LinkByName(iface)
+	if err != nil {
+		return err
+	}
+	parent := netlink.MakeHandle(shapeMajor, MinorViaDevice)
+	filters, err := netlink.FilterList(link, parent)
+	if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+		return err
+	}
+	ok := false
+	for _, f := range filters {
+		if u, isU32 := f.(*netlink.U32); via && isU32 && !ok && len(u.Actions) == 1 {
+			if m, isMirred := u.Actions[0].(*netlink.MirredAction); isMirred && m.Ifindex == device && u.ClassId == netlink.MakeHandle(shapeMajor, minorFromDevice) {
+				ok = true
+				continue
+			}
+		}
+		if err := netlink.FilterDel(f); err != nil {
+			return fmt.Errorf("removing a filter of %s: %w", iface, err)
+		}
+	}
+	if !via || ok {
+		return nil
+	}
+	f := &netlink.U32{
+		FilterAttrs: netlink.FilterAttrs{LinkIndex: link.Attrs().Index, Parent: parent, Priority: 1, Protocol: unix.ETH_P_ALL},
+		ClassId:     netlink.MakeHandle(shapeMajor, minorFromDevice),
+		Sel:         &netlink.TcU32Sel{Flags: netlink.TC_U32_TERMINAL, Nkeys: 1, Keys: []netlink.TcU32Key{{}}},
+		Actions:     []netlink.Action{netlink.NewMirredAction(device)},
+	}
+	if err := netlink.FilterAdd(f); err != nil {
+		return fmt.Errorf("redirecting %s's pods to %s: %w", iface, DeviceName, err)
+	}
+	return nil
 }
 
 // rootQdisc returns the root qdisc of link, if any.
@@ -136,7 +299,7 @@ func syncHTB(iface string, capacity uint64, classes []Class) error {
 	}
 	// put creates or changes a class; HTB cannot move a class to another
 	// parent, so one under the wrong parent is deleted first.
-	put := func(handle, parent uint32, bps uint64) error {
+	put := func(handle, parent uint32, bps, ceil uint64) error {
 		if old, ok := parentOf[handle]; ok && old != parent {
 			if err := netlink.ClassDel(netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: old, Handle: handle}, netlink.HtbClassAttrs{})); err != nil {
 				return fmt.Errorf("moving HTB class %s on %s: %w", netlink.HandleStr(handle), iface, err)
@@ -144,7 +307,7 @@ func syncHTB(iface string, capacity uint64, classes []Class) error {
 		}
 		parentOf[handle] = parent
 		cls := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: parent, Handle: handle},
-			netlink.HtbClassAttrs{Rate: bps, Ceil: bps})
+			netlink.HtbClassAttrs{Rate: bps, Ceil: ceil})
 		if err := netlink.ClassReplace(cls); err != nil {
 			return fmt.Errorf("HTB class %s on %s: %w", netlink.HandleStr(handle), iface, err)
 		}
@@ -155,7 +318,7 @@ func syncHTB(iface string, capacity uint64, classes []Class) error {
 	if capacity > 0 {
 		parent = netlink.MakeHandle(shapeMajor, shapeMinorPath)
 		want[parent] = true
-		if err := put(parent, top, capacity); err != nil {
+		if err := put(parent, top, capacity, capacity); err != nil {
 			return err
 		}
 	}
@@ -165,12 +328,20 @@ func syncHTB(iface string, capacity uint64, classes []Class) error {
 			continue // a pod's second address: same class
 		}
 		want[handle] = true
-		if err := put(handle, parent, c.Bps); err != nil {
+		p := parent
+		if c.Parent != 0 {
+			p = netlink.MakeHandle(shapeMajor, c.Parent)
+		}
+		ceil := c.Ceil
+		if ceil == 0 {
+			ceil = c.Bps
+		}
+		if err := put(handle, p, c.Bps, ceil); err != nil {
 			return err
 		}
 	}
 	// Children before their parent: HTB refuses to delete a class that
-	// still has some.
+	// still has some. (Minors grow from parents to children.)
 	slices.SortFunc(existing, func(a, b netlink.Class) int {
 		return cmp.Compare(b.Attrs().Handle&0xffff, a.Attrs().Handle&0xffff)
 	})

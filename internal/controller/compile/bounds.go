@@ -204,6 +204,7 @@ func tighterRates(own, bound *mptcpv1alpha1.CompiledRateLimits) *mptcpv1alpha1.C
 	out := own.DeepCopy()
 	out.PerConnection = lowerQuantity(out.PerConnection, bound.PerConnection)
 	out.PerPod = lowerQuantity(out.PerPod, bound.PerPod)
+	out.PerNamespace = lowerQuantity(out.PerNamespace, bound.PerNamespace)
 	for _, b := range bound.PerPath {
 		i := slices.IndexFunc(out.PerPath, func(p mptcpv1alpha1.CompiledPathRate) bool { return p.Path == b.Path })
 		if i < 0 {

@@ -76,6 +76,9 @@ func describe(rules []mptcpv1alpha1.CompiledRule) string {
 				return x.String()
 			}
 			s += fmt.Sprintf("|%s %s/%s", rl.Mode, q(rl.PerConnection), q(rl.PerPod))
+			if rl.PerNamespace != nil {
+				s += " ns=" + rl.PerNamespace.String()
+			}
 			for _, pp := range rl.PerPath {
 				s += " " + pp.Path + "=" + pp.Rate.String()
 			}
@@ -132,6 +135,30 @@ func TestLabelsCannotLiftANamespaceCap(t *testing.T) {
 				}, "b", "c"),
 			},
 			want:    "fast(b,c|max=4|police 100M/1G b=200M c=2G) cap(a|max=4|police -/1G b=300M)",
+			notices: []string{"fast"},
+		},
+		"a namespace's cap holds for a relabelled pod: the lower perNamespace": {
+			labels: fast,
+			policies: []mptcpv1alpha1.MPTCPPolicy{
+				pol("cap", 0, nil, func(s *mptcpv1alpha1.MPTCPPolicySpec) {
+					s.RateLimits = &mptcpv1alpha1.RateLimits{Mode: mptcpv1alpha1.RateModeShape, PerNamespace: qty("1G")}
+				}, "a"),
+				pol("fast", 100, fast, func(s *mptcpv1alpha1.MPTCPPolicySpec) {
+					s.RateLimits = &mptcpv1alpha1.RateLimits{Mode: mptcpv1alpha1.RateModeShape, PerPod: qty("300M"), PerNamespace: qty("5G")}
+				}, "b"),
+			},
+			want:    "fast(b|max=4|shape -/300M ns=1G) cap(a|max=4|shape -/- ns=1G)",
+			notices: []string{"fast"},
+		},
+		"a namespace's cap reaches a relabelled pod whose policy has none": {
+			labels: fast,
+			policies: []mptcpv1alpha1.MPTCPPolicy{
+				pol("cap", 0, nil, func(s *mptcpv1alpha1.MPTCPPolicySpec) {
+					s.RateLimits = &mptcpv1alpha1.RateLimits{Mode: mptcpv1alpha1.RateModePolice, PerNamespace: qty("1G")}
+				}, "a"),
+				pol("fast", 100, fast, police("2G"), "b"),
+			},
+			want:    "fast(b|max=4|police -/2G ns=1G) cap(a|max=4|police -/- ns=1G)",
 			notices: []string{"fast"},
 		},
 		"a rate in another mode gives way to the cap's": {

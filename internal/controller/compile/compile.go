@@ -687,6 +687,10 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 			q := rl.PerPod.DeepCopy()
 			c.PerPod = &q
 		}
+		if rl.PerNamespace != nil {
+			q := rl.PerNamespace.DeepCopy()
+			c.PerNamespace = &q
+		}
 		for _, pr := range rl.PerPath {
 			if _, ok := nodePaths[pr.Path]; ok {
 				c.PerPath = append(c.PerPath, mptcpv1alpha1.CompiledPathRate{Path: pr.Path, Rate: pr.Rate.DeepCopy()})

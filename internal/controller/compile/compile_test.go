@@ -622,3 +622,29 @@ func TestJoinThresholdAndSharedRiskGroupReachTheNodeState(t *testing.T) {
 		})
 	}
 }
+
+// Every rate limit of a policy reaches its compiled rule, perNamespace
+// included: the agent enforces what the node state says, nothing else.
+func TestRateLimitsReachTheNodeState(t *testing.T) {
+	in := testInput()
+	in.Pods = in.Pods[:1]
+	in.Policies = in.Policies[:1]
+	in.Pods[0].Labels = nil
+	path := in.Paths[0].Name
+	in.Policies[0].Spec.RateLimits = &mptcpv1alpha1.RateLimits{Mode: mptcpv1alpha1.RateModeShape,
+		PerPod: ptrQty("300M"), PerNamespace: ptrQty("1G"), PerPath: []mptcpv1alpha1.PathRate{{Path: path, Rate: resource.MustParse("2G")}}}
+	res := Node(in)
+	if len(res.Spec.Rules) != 1 || res.Spec.Rules[0].RateLimits == nil {
+		t.Fatalf("rules %+v", res.Spec.Rules)
+	}
+	rl := res.Spec.Rules[0].RateLimits
+	if rl.Mode != mptcpv1alpha1.RateModeShape || rl.PerPod.String() != "300M" || rl.PerNamespace == nil ||
+		rl.PerNamespace.String() != "1G" || len(rl.PerPath) != 1 || rl.PerPath[0].Rate.String() != "2G" {
+		t.Errorf("compiled rate limits %+v, want shape, perPod 300M, perNamespace 1G, perPath %s 2G", rl, path)
+	}
+}
+
+func ptrQty(s string) *resource.Quantity {
+	q := resource.MustParse(s)
+	return &q
+}
