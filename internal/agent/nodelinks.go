@@ -1,12 +1,9 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -68,67 +65,3 @@ func Links() ([]NodeLink, error) {
 }
 
 func isDefault(n *net.IPNet) bool { ones, _ := n.Mask.Size(); return ones == 0 }
-
-// NetNSDir is where named network namespaces live (ip netns; CNI plugins
-// and the test bed put pods' namespaces there).
-var NetNSDir = "/var/run/netns"
-
-// LocatePod finds a local pod from its addresses: the route to the first
-// address (main table) leads to the pod's host-side interface, a veth; the
-// veth's peer lives in the pod's network namespace, which the kernel names to
-// this namespace by a netnsid. The namespace is found by comparing that id
-// with the ids of the named namespaces under NetNSDir, then of the processes'
-// /proc/<pid>/ns/net (a pod whose runtime does not name namespaces).
-func LocatePod(ips []netip.Addr) (LocatedPod, error) {
-	if len(ips) == 0 {
-		return LocatedPod{}, errors.New("no address")
-	}
-	routes, err := netlink.RouteGet(ips[0].AsSlice())
-	if err != nil {
-		return LocatedPod{}, fmt.Errorf("route to the pod's address %s: %w", ips[0], err)
-	}
-	if len(routes) == 0 {
-		return LocatedPod{}, fmt.Errorf("no route to the pod's address %s", ips[0])
-	}
-	link, err := netlink.LinkByIndex(routes[0].LinkIndex)
-	if err != nil {
-		return LocatedPod{}, fmt.Errorf("interface of the route to %s: %w", ips[0], err)
-	}
-	attrs := link.Attrs()
-	if link.Type() != "veth" {
-		return LocatedPod{}, fmt.Errorf("the route to %s leaves through %s, a %s and not a pod's veth", ips[0], attrs.Name, link.Type())
-	}
-	if attrs.NetNsID < 0 {
-		return LocatedPod{}, fmt.Errorf("the peer of %s (route to %s) is in this namespace, not a pod's", attrs.Name, ips[0])
-	}
-	ns, err := namespaceByID(attrs.NetNsID)
-	if err != nil {
-		return LocatedPod{}, fmt.Errorf("namespace of %s's peer (route to %s): %w", attrs.Name, ips[0], err)
-	}
-	return LocatedPod{HostInterface: attrs.Name, NetNS: ns}, nil
-}
-
-func namespaceByID(id int) (string, error) {
-	named, _ := filepath.Glob(filepath.Join(NetNSDir, "*"))
-	procs, _ := filepath.Glob("/proc/[0-9]*/ns/net")
-	for _, p := range append(named, procs...) {
-		if nsid(p) == id {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("no namespace under %s or /proc has netnsid %d", NetNSDir, id)
-}
-
-// nsid is the id this namespace gives the namespace at path, or -1.
-func nsid(path string) int {
-	f, err := os.Open(path)
-	if err != nil {
-		return -1
-	}
-	defer f.Close()
-	id, err := netlink.GetNetNsIdByFd(int(f.Fd()))
-	if err != nil {
-		return -1
-	}
-	return id
-}

@@ -115,7 +115,7 @@ func Sync(dp *datapath.Datapath, nics []NIC, dev Device) (shaping []string, devi
 		}
 	}
 	for _, n := range nics {
-		if len(n.Classes) == 0 && !(n.ViaDevice && device != 0) {
+		if len(n.Classes) == 0 && (!n.ViaDevice || device == 0) {
 			if err := RemoveFrom(n.Interface); err != nil {
 				errs = append(errs, err)
 			}

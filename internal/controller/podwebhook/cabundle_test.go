@@ -59,15 +59,16 @@ func setBundle(t *testing.T, c client.Client, bundle []byte) {
 	}
 }
 
-func secretCert(t *testing.T, c client.Client, key string) *x509.Certificate {
+// secretCert is the Secret's serving certificate.
+func secretCert(t *testing.T, c client.Client) *x509.Certificate {
 	t.Helper()
 	var sec corev1.Secret
 	if err := c.Get(context.Background(), certSecret, &sec); err != nil {
 		t.Fatal(err)
 	}
-	block, _ := pem.Decode(sec.Data[key])
+	block, _ := pem.Decode(sec.Data[corev1.TLSCertKey])
 	if block == nil {
-		t.Fatalf("Secret's %s holds no certificate", key)
+		t.Fatal("the Secret's tls.crt holds no certificate")
 	}
 	cert, err := x509.ParseCertificate(block.Bytes)
 	if err != nil {
@@ -94,7 +95,7 @@ func TestAPlantedCAIsGoneAfterOneSync(t *testing.T) {
 	if err := certs.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	own := secretCert(t, c, corev1.TLSCertKey)
+	own := secretCert(t, c)
 	var planted []byte
 	for _, name := range []string{"planted-1", "planted-2", "planted-3"} {
 		planted = append(planted, plantedCA(t, name)...)
@@ -130,7 +131,7 @@ func TestAReplicaThatReadTheSecretBeforeARenewalKeepsTheNewCertificate(t *testin
 	if err := renewer.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	first := secretCert(t, c, corev1.TLSCertKey)
+	first := secretCert(t, c)
 	setBundle(t, c, plantedCA(t, "planted")) // so that the late replica has a bundle to write
 	renewer.Now = func() time.Time { return time.Now().Add(250 * 24 * time.Hour) }
 
@@ -156,7 +157,7 @@ func TestAReplicaThatReadTheSecretBeforeARenewalKeepsTheNewCertificate(t *testin
 	if err := late.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	renewed := secretCert(t, c, corev1.TLSCertKey)
+	renewed := secretCert(t, c)
 	if renewed.Equal(first) {
 		t.Fatal("the other replica did not renew")
 	}
@@ -179,7 +180,7 @@ func TestWithCertManagerTheControllerLeavesTheCABundleAlone(t *testing.T) {
 	if err := issuingManager(c).Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	issued := secretCert(t, c, corev1.TLSCertKey)
+	issued := secretCert(t, c)
 	planted := plantedCA(t, "planted")
 	setBundle(t, c, planted)
 

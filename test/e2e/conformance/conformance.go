@@ -125,7 +125,7 @@ func Run(t *testing.T, env Env) {
 			t.Fatal(err)
 		}
 		if env.MetricsAuth {
-			env.metricsToken = metricsReaderToken(t, ctx, cs, env, ns)
+			env.metricsToken = metricsReaderToken(t, ctx, cs, ns)
 		}
 	} else {
 		// The chart's namespace outlives the check until helm deletes it:
@@ -418,7 +418,7 @@ func (env Env) token() (string, error) {
 // run scrapes the agents with that, never with the admin's own
 // credentials. The binding is deleted when the test ends, the
 // ServiceAccount with ns.
-func metricsReaderToken(t *testing.T, ctx context.Context, cs kubernetes.Interface, env Env, ns string) string {
+func metricsReaderToken(t *testing.T, ctx context.Context, cs kubernetes.Interface, ns string) string {
 	t.Helper()
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "metrics-reader", Namespace: ns}}
 	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil {

@@ -222,7 +222,7 @@ func RunVM(t *testing.T, env VMEnv) {
 		t.Fatal(err)
 	}
 	if env.MetricsAuth {
-		env.metricsToken = metricsReaderToken(t, ctx, cs, env.Env, ns)
+		env.metricsToken = metricsReaderToken(t, ctx, cs, ns)
 	}
 	for _, obj := range []client.Object{o.UserData, o.VMI} {
 		if err := c.Create(ctx, obj); err != nil {
