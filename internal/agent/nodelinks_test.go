@@ -208,9 +208,11 @@ func TestLocatePodBehindABridge(t *testing.T) {
 // Behind a bridge, a tenant can put another pod's address on its own
 // eth0: two namespaces then claim it, and neither is taken. The victim is
 // reported for itself, with the reason; the node's other pods are
-// configured. A claim the bridge itself contradicts (its neighbour entry
-// and forwarding database send the address to another port, as for a VM
-// whose guest holds the address) is refused too.
+// configured. A claim no other namespace contests is taken, even where the
+// pod's own namespace holds no address (a VM whose guest holds it); the
+// pods then found at one interface are refused together, so that neither
+// gets the other's rules. The bridge's neighbour entries and forwarding
+// database, which any pod with CAP_NET_RAW writes, decide nothing.
 func TestLocatePodRefusesAnAddressClaimedTwice(t *testing.T) {
 	node, pods := locNode(t, true, 4)
 	victim, attacker, bystander, vm := pods[0], pods[1], pods[2], pods[3]
@@ -248,8 +250,8 @@ func TestLocatePodRefusesAnAddressClaimedTwice(t *testing.T) {
 		t.Errorf("errors %q, pods %+v, pod problems %+v: want the victim NotFound for the double claim, the bystander configured", tr.Errors, tr.Plan.Pods, tr.PodProblems)
 	}
 
-	// The VM's namespace holds no address; the attacker claims it alone,
-	// but the bridge sends it to the VM's port.
+	// The VM's namespace holds no address; the attacker claims it alone
+	// and poisons the bridge's entries towards the VM's port.
 	ipIn(t, vm.ns, "addr flush dev eth0")
 	ipIn(t, attacker.ns, fmt.Sprintf("addr add %s/24 dev eth0", vm.addr))
 	const guestMAC = "02:00:00:00:00:42"
@@ -257,9 +259,28 @@ func TestLocatePodRefusesAnAddressClaimedTwice(t *testing.T) {
 	if out, err := exec.Command("ip", "netns", "exec", node, "bridge", "fdb", "add", guestMAC, "dev", vm.hostIf, "master", "static").CombinedOutput(); err != nil {
 		t.Fatalf("bridge fdb add: %v: %s", err, out)
 	}
-	_, err = locate(t, node, vm.addr)
-	if err == nil || !strings.Contains(err.Error(), "held by the namespace behind veth1, but the bridge sends it ("+guestMAC+") to another port") {
-		t.Errorf("vm: %v, want the attacker's claim refused", err)
+	if loc, err := locate(t, node, vm.addr); err != nil || loc.HostInterface != attacker.hostIf {
+		t.Errorf("vm: located at %+v, %v; want the only claim, the attacker's %s", loc, err, attacker.hostIf)
+	}
+	state.Spec.Pods = []mptcpv1alpha1.NodePod{
+		{Namespace: "tenant-b", Name: "attacker", IPs: []string{attacker.addr.String()}, Rules: []string{"p-1"}},
+		{Namespace: "tenant-c", Name: "bystander", IPs: []string{bystander.addr.String()}, Rules: []string{"p-1"}},
+		{Namespace: "tenant-d", Name: "vm", IPs: []string{vm.addr.String()}, Rules: []string{"p-1"}},
+	}
+	if err := netnsutil.Do("/var/run/netns/"+node, func() error {
+		tr = agent.FromNodeState(agent.NodeDefaults("n1"), state, nil, links, agent.LocatePod, agent.Prior{})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var refused []string
+	for _, p := range tr.PodProblems {
+		if p.Reason == mptcpv1alpha1.PodNotFound && strings.Contains(p.Message, "2 pods are found") {
+			refused = append(refused, p.Name)
+		}
+	}
+	if len(tr.Plan.Pods) != 1 || tr.Plan.Pods[0].HostInterface != bystander.hostIf || !slices.Equal(refused, []string{"attacker", "vm"}) {
+		t.Errorf("pods %+v, pod problems %+v: want the attacker and the vm refused for sharing %s, the bystander configured", tr.Plan.Pods, tr.PodProblems, attacker.hostIf)
 	}
 }
 

@@ -292,6 +292,23 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, peers
 			applied[r.Policy] = max(applied[r.Policy], r.Generation)
 		}
 	}
+	// Two pods found at one host interface: an address claimed behind a
+	// bridge by a namespace that is not the pod's (a tenant with
+	// CAP_NET_ADMIN can put any address on its own interface). Neither
+	// is configured: the interface's programs would carry one pod's rules
+	// for the other's traffic.
+	byHost := map[string]int{}
+	for _, p := range plan.Pods {
+		byHost[p.HostInterface]++
+	}
+	plan.Pods = slices.DeleteFunc(plan.Pods, func(p PlanPod) bool {
+		if byHost[p.HostInterface] < 2 {
+			return false
+		}
+		t.PodProblems = append(t.PodProblems, mptcpv1alpha1.PodProblem{Namespace: p.Ref.Namespace, Name: p.Ref.Name, Reason: mptcpv1alpha1.PodNotFound,
+			Message: fmt.Sprintf("its address leads to %s, where %d pods are found: none of them is configured there", p.HostInterface, byHost[p.HostInterface])})
+		return true
+	})
 	// Reported and enforced in namespace/name order.
 	slices.SortStableFunc(t.PodProblems, func(a, b mptcpv1alpha1.PodProblem) int {
 		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))

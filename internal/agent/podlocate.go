@@ -38,9 +38,10 @@ var NetNSDir = "/var/run/netns"
 // namespace that holds the address on the peer of one of this namespace's
 // veths, a port of that bridge when the route leads to one. A tenant can put
 // any address on its own interface, so such a claim must be the only one:
-// two namespaces holding the address, or a bridge whose neighbour entry
-// and forwarding database send the address to another port than the
-// claimant's, are refused and reported, never resolved by a guess.
+// two namespaces holding the address are refused and reported, never
+// resolved by a guess. A bridge's neighbour entries and forwarding database
+// are not asked: any pod with CAP_NET_RAW (in the runtime's default set)
+// writes them with one forged ARP reply.
 //
 // A namespace is named by a path: under NetNSDir first, else a process's
 // /proc/<pid>/ns/net (a runtime that does not name namespaces).
@@ -90,21 +91,6 @@ type claim struct {
 type claimSnapshot struct {
 	built  time.Time
 	byAddr map[netip.Addr][]claim
-	// mac is the hardware address of a bridge's neighbour entry for an
-	// address; ports, the bridge ports its forwarding database has a
-	// hardware address behind.
-	mac   map[linkAddr]string
-	ports map[linkMAC][]int
-}
-
-type linkAddr struct {
-	link int
-	addr netip.Addr
-}
-
-type linkMAC struct {
-	link int
-	mac  string
 }
 
 func (l *locator) locate(ips []netip.Addr) (LocatedPod, error) {
@@ -208,14 +194,6 @@ func (l *locator) claimed(host netns.NsHandle, addr netip.Addr, bridge int, rout
 			addr, strings.Join(names, ", "), route)
 	}
 	c := cs[0]
-	if bridge != 0 {
-		if mac := l.snap.mac[linkAddr{bridge, addr}]; mac != "" {
-			if ports := l.snap.ports[linkMAC{bridge, mac}]; len(ports) > 0 && !slices.Contains(ports, c.hostIndex) {
-				return LocatedPod{}, false, fmt.Errorf("%s is held by the namespace behind %s, but the bridge sends it (%s) to another port: the namespace is not taken for the pod (%s)",
-					addr, c.hostIf, mac, route)
-			}
-		}
-	}
 	// The snapshot may be older than the namespace's last change.
 	path, err := l.path(c.nsid)
 	if err == nil {
@@ -234,37 +212,11 @@ func (l *locator) rebuild(host netns.NsHandle) error {
 	if err != nil {
 		return fmt.Errorf("listing links: %w", err)
 	}
-	s := &claimSnapshot{built: l.now(), byAddr: map[netip.Addr][]claim{}, mac: map[linkAddr]string{}, ports: map[linkMAC][]int{}}
+	s := &claimSnapshot{built: l.now(), byAddr: map[netip.Addr][]claim{}}
 	byNS := map[int][]netlink.Link{}
-	bridges := map[int]bool{}
 	for _, link := range links {
-		switch a := link.Attrs(); {
-		case link.Type() == "veth" && a.NetNsID >= 0:
+		if a := link.Attrs(); link.Type() == "veth" && a.NetNsID >= 0 {
 			byNS[a.NetNsID] = append(byNS[a.NetNsID], link)
-		case link.Type() == "bridge":
-			bridges[a.Index] = true
-		}
-	}
-	if len(bridges) > 0 {
-		neighs, err := netlink.NeighList(0, netlink.FAMILY_ALL)
-		if err != nil {
-			return fmt.Errorf("listing neighbours: %w", err)
-		}
-		for _, n := range neighs {
-			ip, ok := netip.AddrFromSlice(n.IP)
-			if ok && bridges[n.LinkIndex] && len(n.HardwareAddr) > 0 && n.State&(unix.NUD_INCOMPLETE|unix.NUD_FAILED) == 0 {
-				s.mac[linkAddr{n.LinkIndex, ip.Unmap()}] = n.HardwareAddr.String()
-			}
-		}
-		fdb, err := netlink.NeighList(0, unix.AF_BRIDGE)
-		if err != nil {
-			return fmt.Errorf("listing bridge forwarding entries: %w", err)
-		}
-		for _, n := range fdb {
-			if bridges[n.MasterIndex] && n.Flags&netlink.NTF_SELF == 0 && len(n.HardwareAddr) > 0 {
-				k := linkMAC{n.MasterIndex, n.HardwareAddr.String()}
-				s.ports[k] = append(s.ports[k], n.LinkIndex)
-			}
 		}
 	}
 	for _, nsid := range slices.Sorted(maps.Keys(byNS)) {
