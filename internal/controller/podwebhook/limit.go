@@ -13,18 +13,24 @@ const (
 	// the source with the fewest reviews in flight first. A review costs
 	// little, so this only bounds what a flood costs.
 	MaxInFlight = 32
-	// PerSourceInFlight is how many of those one source address (an IPv6
-	// /64) holds: whoever floods the port from one address leaves the
-	// other half to the API server, which is never kept waiting behind
-	// that address's queue.
+	// PerSourceInFlight is how many of those one source address holds:
+	// whoever floods the port from one address leaves the other half to
+	// the API server, which is never kept waiting behind that address's
+	// queue.
 	PerSourceInFlight = MaxInFlight / 2
-	// PerSourceWaiting is how many more requests of one address wait for
-	// a slot; beyond, the answer is 429 at once, before the body is read.
-	// The API server is one address or a few, each sending as many reviews
-	// at once as pods are being created in opted-in namespaces: reviews
-	// take about a millisecond, so 80 at once is a burst it does not reach
-	// while the webhook keeps up.
-	PerSourceWaiting = 64
+	// MaxWaiting is how many more requests wait for a slot, all sources
+	// together: each holds a connection and its headers, so this bounds
+	// what waiting costs however many addresses send. When all places are
+	// taken, a request from a source with fewer waiting than the source
+	// with the most takes the place of that source's latest request, which
+	// gets 429; any other request gets 429 at once, before its body is
+	// read. So one address alone may fill the queue, yet never keeps the
+	// API server out of it; many addresses leave it a fair share. The API
+	// server is one address or a few, each sending as many reviews at once
+	// as pods are being created in opted-in namespaces: reviews take about
+	// a millisecond, so 80 at once is a burst it does not reach while the
+	// webhook keeps up.
+	MaxWaiting = 64
 	// MaxReviewBytes bounds a review's body: the API server takes request
 	// bodies of at most 3 MiB, so none of its reviews is larger.
 	MaxReviewBytes = 4 << 20
@@ -39,55 +45,64 @@ const (
 )
 
 // limiter bounds the reviews worked on at once, per source address and in
-// all, in front of the webhook's handler.
+// all, and those waiting, in front of the webhook's handler. A source is
+// kept only while it has a request in flight or waiting, so there are at
+// most slots+maxWaiting of them: that bounds the table and the scans
+// grant and acquire make under the lock.
 type limiter struct {
 	next                  http.Handler
-	perSource, perWaiting int
+	perSource, maxWaiting int
 
 	mu      sync.Mutex
 	free    int
+	waiting int
 	seq     uint64
 	sources map[netip.Addr]*source
 }
 
 type source struct {
+	addr     netip.Addr
 	inFlight int
 	waiting  []*waiter
 }
 
 type waiter struct {
-	seq   uint64
-	ready chan struct{}
+	seq uint64
+	// granted is set before ready is closed: true, a slot; false, the
+	// request's place was taken (429).
+	granted bool
+	ready   chan struct{}
 }
 
 // limitSources puts the webhook's bounds in front of next.
 func limitSources(next http.Handler) http.Handler {
-	return newLimiter(next, MaxInFlight, PerSourceInFlight, PerSourceWaiting)
+	return newLimiter(next, MaxInFlight, PerSourceInFlight, MaxWaiting)
 }
 
-func newLimiter(next http.Handler, slots, perSource, perWaiting int) *limiter {
-	return &limiter{next: next, perSource: perSource, perWaiting: perWaiting, free: slots, sources: map[netip.Addr]*source{}}
+func newLimiter(next http.Handler, slots, perSource, maxWaiting int) *limiter {
+	return &limiter{next: next, perSource: perSource, maxWaiting: maxWaiting, free: slots, sources: map[netip.Addr]*source{}}
 }
 
-// sourceOf is the address a request comes from, an IPv6 one as its /64
-// (one host may hold all of it).
+// sourceOf is the address a request comes from, the whole address for
+// IPv6 too: a prefix (a /64) can hold the API server's address with
+// tenants' pods (EKS puts control-plane interfaces and pods' prefixes in
+// one subnet, kubeadm's nodes may share a /64 with the API server), and
+// a flood from that prefix would then queue the API server's reviews
+// behind its own. A pod has an address of its own; one that holds many
+// gets a fair share each, within the bounds in all.
 func sourceOf(remote string) netip.Addr {
 	ap, err := netip.ParseAddrPort(remote)
 	if err != nil {
 		return netip.Addr{}
 	}
-	a := ap.Addr().Unmap()
-	if a.Is6() {
-		a = netip.PrefixFrom(a, 64).Masked().Addr()
-	}
-	return a
+	return ap.Addr().Unmap()
 }
 
 func (l *limiter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	src := sourceOf(r.RemoteAddr)
 	ok, wait := l.acquire(src)
 	if !ok {
-		http.Error(w, "too many reviews from this address", http.StatusTooManyRequests)
+		http.Error(w, "too many reviews waiting", http.StatusTooManyRequests)
 		return
 	}
 	if wait != nil {
@@ -95,6 +110,10 @@ func (l *limiter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-wait.ready:
 			timer.Stop()
+			if !wait.granted {
+				http.Error(w, "too many reviews waiting", http.StatusTooManyRequests)
+				return
+			}
 		case <-r.Context().Done():
 			timer.Stop()
 			l.abandon(src, wait)
@@ -112,47 +131,69 @@ func (l *limiter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	l.next.ServeHTTP(w, r)
 }
 
-// acquire takes a slot for src (wait nil), or a place in src's queue, or
+// acquire takes a slot for src (wait nil), or a place in the queue, or
 // says no.
 func (l *limiter) acquire(src netip.Addr) (ok bool, wait *waiter) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.sources[src]
 	if s == nil {
-		s = &source{}
-		l.sources[src] = s
+		s = &source{addr: src}
 	}
 	// A free slot while others wait means those wait on their own
 	// source's bound: this request passes none of them.
 	if l.free > 0 && s.inFlight < l.perSource && len(s.waiting) == 0 {
 		l.free--
 		s.inFlight++
+		l.sources[src] = s
 		return true, nil
 	}
-	if len(s.waiting) >= l.perWaiting {
-		l.forget(src, s)
+	if l.waiting >= l.maxWaiting && !l.pushOut(len(s.waiting)) {
 		return false, nil
 	}
 	l.seq++
 	wait = &waiter{seq: l.seq, ready: make(chan struct{})}
 	s.waiting = append(s.waiting, wait)
+	l.waiting++
+	l.sources[src] = s
 	return true, wait
 }
 
-// abandon takes a waiter that gave up out of its queue, or gives its slot
+// pushOut refuses the latest request of the source with the most waiting,
+// if it has more than has (ties: the latest request of them), and says
+// whether it did.
+func (l *limiter) pushOut(has int) bool {
+	var most *source
+	for _, s := range l.sources {
+		n := len(s.waiting)
+		if n <= has {
+			continue
+		}
+		if most == nil || n > len(most.waiting) || (n == len(most.waiting) && s.waiting[n-1].seq > most.waiting[n-1].seq) {
+			most = s
+		}
+	}
+	if most == nil {
+		return false
+	}
+	w := most.waiting[len(most.waiting)-1]
+	most.waiting = most.waiting[:len(most.waiting)-1]
+	l.waiting--
+	close(w.ready)
+	l.forget(most)
+	return true
+}
+
+// abandon takes a waiter that gave up out of the queue, or gives its slot
 // back where it was granted meanwhile.
 func (l *limiter) abandon(src netip.Addr, wait *waiter) {
-	select {
-	case <-wait.ready:
-		l.release(src)
-		return
-	default:
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	select {
-	case <-wait.ready: // granted between the two looks
-		l.releaseLocked(src)
+	case <-wait.ready: // granted, or pushed out, meanwhile
+		if wait.granted {
+			l.releaseLocked(src)
+		}
 		return
 	default:
 	}
@@ -160,10 +201,11 @@ func (l *limiter) abandon(src netip.Addr, wait *waiter) {
 	for i, w := range s.waiting {
 		if w == wait {
 			s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
+			l.waiting--
 			break
 		}
 	}
-	l.forget(src, s)
+	l.forget(s)
 }
 
 func (l *limiter) release(src netip.Addr) {
@@ -176,7 +218,7 @@ func (l *limiter) releaseLocked(src netip.Addr) {
 	s := l.sources[src]
 	s.inFlight--
 	l.free++
-	l.forget(src, s)
+	l.forget(s)
 	l.grant()
 }
 
@@ -184,7 +226,7 @@ func (l *limiter) releaseLocked(src netip.Addr) {
 // fewest in flight (below its bound), its longest-waiting request; ties to
 // the request that waited longest.
 func (l *limiter) grant() {
-	for l.free > 0 {
+	for l.free > 0 && l.waiting > 0 {
 		var best *source
 		for _, s := range l.sources {
 			if len(s.waiting) == 0 || s.inFlight >= l.perSource {
@@ -201,13 +243,15 @@ func (l *limiter) grant() {
 		best.waiting = best.waiting[1:]
 		best.inFlight++
 		l.free--
+		l.waiting--
+		w.granted = true
 		close(w.ready)
 	}
 }
 
 // forget drops a source that has nothing in flight or waiting.
-func (l *limiter) forget(src netip.Addr, s *source) {
+func (l *limiter) forget(s *source) {
 	if s.inFlight == 0 && len(s.waiting) == 0 {
-		delete(l.sources, src)
+		delete(l.sources, s.addr)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -126,12 +128,14 @@ func TestAFloodFromOneSourceDoesNotDelayAnothersReviews(t *testing.T) {
 	}
 }
 
-// The bounds in numbers: one source holds PerSourceInFlight slots and
-// PerSourceWaiting places in the queue, and no more; another source takes
-// the slots left; a freed slot goes to the source with fewer in flight,
-// whoever waited longer; a waiter that gives up leaves no trace.
+// The bounds in numbers: one source holds perSource slots, and waits
+// for more while places are left in the queue; another source takes the
+// slots left, and a place in a full queue from the source with the most
+// waiting, whose latest request is refused; a freed slot goes to the
+// source with fewer in flight, whoever waited longer; a waiter that gives
+// up leaves no trace.
 func TestTheLimiterSharesSlotsBySource(t *testing.T) {
-	l := newLimiter(nil, 4, 2, 2)
+	l := newLimiter(nil, 4, 2, 3)
 	a, b := sourceOf("10.0.0.1:1000"), sourceOf("10.0.0.2:1000")
 	take := func(src string, want string) *waiter {
 		t.Helper()
@@ -148,38 +152,120 @@ func TestTheLimiterSharesSlotsBySource(t *testing.T) {
 	take("10.0.0.1:1", "slot")
 	take("10.0.0.1:2", "slot")
 	a1 := take("10.0.0.1:3", "queued") // its bound of 2 in flight, with slots free
-	take("10.0.0.1:4", "queued")
-	take("10.0.0.1:5", "refused")
+	a2 := take("10.0.0.1:4", "queued")
+	a3 := take("10.0.0.1:5", "queued")
+	take("10.0.0.1:6", "refused") // the queue is full, of a's own
 	take("10.0.0.2:1", "slot")
 	take("10.0.0.2:2", "slot")
-	b1 := take("10.0.0.2:3", "queued") // no slot left
-	l.release(a)                       // a has 1 in flight, b 2: a's oldest waiter gets it
+	b1 := take("10.0.0.2:3", "queued") // no slot left: a's latest makes room
+	select {
+	case <-a3.ready:
+		if a3.granted {
+			t.Fatal("the request pushed out of the queue was granted a slot")
+		}
+	default:
+		t.Fatal("a full queue refused a source with fewer waiting instead of the one with the most")
+	}
+	b2 := take("10.0.0.2:4", "queued") // a has 2 waiting, b 1: a's latest again
+	select {
+	case <-a2.ready:
+	default:
+		t.Fatal("a full queue refused a source with fewer waiting instead of the one with the most")
+	}
+	take("10.0.0.2:5", "refused") // a 1 waiting, b 2: b has the most
+	l.release(a)                  // a has 1 in flight, b 2: a's oldest waiter gets it
 	select {
 	case <-a1.ready:
+		if !a1.granted {
+			t.Fatal("a slot's waiter was told to go")
+		}
 	default:
 		t.Fatal("a freed slot did not go to the waiting source with fewer in flight")
 	}
-	l.release(b) // b has 1, a 2 with one waiting: b's
+	l.release(b) // b has 1, a 2: b's
 	select {
 	case <-b1.ready:
 	default:
 		t.Fatal("a freed slot did not go to the waiting source with fewer in flight")
 	}
-	// IPv6 addresses of one /64 are one source.
-	if sourceOf("[2001:db8::1]:1") != sourceOf("[2001:db8::ffff:1]:2") || sourceOf("[2001:db8:0:1::1]:1") == sourceOf("[2001:db8::1]:1") {
-		t.Error("IPv6 sources are not counted by /64")
-	}
-	// a's remaining waiter gives up; every slot given back leaves nothing.
-	l.mu.Lock()
-	w := l.sources[a].waiting[0]
-	l.mu.Unlock()
-	l.abandon(a, w)
+	// b's remaining waiter gives up; every slot given back leaves nothing.
+	l.abandon(b, b2)
 	for range 2 {
 		l.release(a)
 		l.release(b)
 	}
-	if l.free != 4 || len(l.sources) != 0 {
-		t.Errorf("after every slot was given back: %d free, %d sources kept", l.free, len(l.sources))
+	if l.free != 4 || l.waiting != 0 || len(l.sources) != 0 {
+		t.Errorf("after every slot was given back: %d free, %d waiting, %d sources kept", l.free, l.waiting, len(l.sources))
+	}
+}
+
+// IPv6 sources are whole addresses: a /64 may hold the API server's
+// address with a tenant's pods.
+func TestIPv6SourcesAreWholeAddresses(t *testing.T) {
+	if sourceOf("[2001:db8::1]:1") == sourceOf("[2001:db8::2]:1") {
+		t.Error("two addresses of one /64 are one source")
+	}
+	if sourceOf("[2001:db8::1]:1") != sourceOf("[2001:db8::1]:2") || sourceOf("[::ffff:10.0.0.1]:1") != sourceOf("10.0.0.1:2") {
+		t.Error("one address is more than one source")
+	}
+	// A flood from a neighbour in the API server's /64 leaves it its own
+	// share of the slots.
+	l := newLimiter(nil, 4, 2, 64)
+	for i := range 10 {
+		l.acquire(sourceOf("[2001:db8::bad]:" + strconv.Itoa(i+1)))
+	}
+	if ok, w := l.acquire(sourceOf("[2001:db8::a]:443")); !ok || w != nil {
+		t.Errorf("the API server's review next to a flood in its /64: granted %v, queued %v", ok, w != nil)
+	}
+}
+
+// Many addresses each sending what one may leave at most MaxWaiting
+// requests waiting in all and the sources kept bounded, each pushed-out
+// or refused request answered at once; a source that has none waiting
+// still gets a place in the full queue.
+func TestWaitingIsBoundedAcrossSources(t *testing.T) {
+	l := newLimiter(nil, MaxInFlight, PerSourceInFlight, MaxWaiting)
+	var queued []*waiter
+	refused := 0
+	for i := range 1000 {
+		src := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
+		for range 3 {
+			ok, w := l.acquire(src)
+			switch {
+			case !ok:
+				refused++
+			case w != nil:
+				queued = append(queued, w)
+			}
+		}
+		l.mu.Lock()
+		waiting, sources := l.waiting, len(l.sources)
+		n := 0
+		for _, s := range l.sources {
+			n += len(s.waiting)
+		}
+		l.mu.Unlock()
+		if waiting > MaxWaiting || n != waiting || sources > MaxInFlight+MaxWaiting {
+			t.Fatalf("after %d sources: %d waiting (%d in the queues), %d sources kept; want at most %d and %d",
+				i+1, waiting, n, sources, MaxWaiting, MaxInFlight+MaxWaiting)
+		}
+	}
+	pushedOut := 0
+	for _, w := range queued {
+		select {
+		case <-w.ready:
+			if w.granted {
+				t.Fatal("a waiter was granted a slot no one gave back")
+			}
+			pushedOut++
+		default:
+		}
+	}
+	if want := 3000 - MaxInFlight - MaxWaiting; refused+pushedOut != want {
+		t.Errorf("%d refused and %d pushed out, want %d in all", refused, pushedOut, want)
+	}
+	if ok, w := l.acquire(netip.MustParseAddr("10.0.0.1")); !ok || w == nil {
+		t.Errorf("a new source at a full queue: granted %v, queued %v; want queued", ok, w != nil)
 	}
 }
 

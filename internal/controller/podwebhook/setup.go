@@ -62,14 +62,14 @@ func Server(opts Options, log *slog.Logger) (webhook.Server, *webhookcert.Manage
 		Every:   10 * time.Minute,
 		Log:     log,
 	}
-	srv := webhook.NewServer(webhook.Options{Port: opts.Port, TLSOpts: []func(*tls.Config){func(c *tls.Config) {
+	srv := newServer("", opts.Port, func(c *tls.Config) {
 		c.GetCertificate = certs.GetCertificate
 		c.MinVersion = tls.VersionTLS12
 		// HTTP/1.1 only: HTTP/2's stream handling has been a way to
 		// exhaust servers (CVE-2023-44487), and the API server needs
 		// no more.
 		c.NextProtos = []string{"http/1.1"}
-	}}})
+	})
 	return srv, certs
 }
 
@@ -87,7 +87,9 @@ func Setup(mgr ctrl.Manager, opts Options, certs *webhookcert.Manager) error {
 		return err
 	}
 	// The port answers whoever reaches it: the bounds per source address
-	// keep a flood from one address from delaying the API server's reviews.
+	// keep a flood from one address from delaying the API server's
+	// reviews, those in all (and the server's on headers) what a flood
+	// from many costs.
 	mgr.GetWebhookServer().Register(Path, limitSources(&webhook.Admission{Handler: NewMutator(mgr.GetClient(), admission.NewDecoder(mgr.GetScheme()),
 		transparent.Injector{Image: opts.PreloadImage, ImagePullPolicy: opts.PreloadPullPolicy,
 			Command: []string{"/usr/local/bin/agent", "-install-preload"}})}))
