@@ -2589,8 +2589,14 @@ int nic_egress(struct __sk_buff *skb)
 	if (!skb->ingress_ifindex)
 		return TCX_NEXT;
 	/* Given back by the shaping device: its pod's class and caps are
-	 * behind it, its rule's path class is ahead. */
+	 * behind it, its rule's path class is ahead. Without one it goes to
+	 * the NIC's class for what the device gives back: the device left
+	 * its pod's class in skb->priority, which no class on the NIC has,
+	 * and HTB would send it unclassified, ahead of every class and
+	 * outside the path's capacity. */
 	returned = shaper && skb->ingress_ifindex == shaper;
+	if (returned)
+		skb->priority = (SHAPE_MAJOR << 16) | SHAPE_MINOR_FROM_IFB;
 	n = bpf_map_lookup_elem(&nics, &ifindex);
 	if (!n)
 		return TCX_NEXT;

@@ -238,9 +238,11 @@ struct {
  * paths, under its namespace's class: nic_egress sends the packet there
  * through the NIC's class SHAPE_MINOR_VIA_IFB, whose filter redirects it,
  * with the pod's minor in skb->tc_index; the ifb gives it back to the NIC,
- * where its rule's path class, if any, takes it. */
-#define SHAPE_MAJOR	    0x6d70
-#define SHAPE_MINOR_VIA_IFB 0x2
+ * where its rule's path class, if any, takes it, else SHAPE_MINOR_FROM_IFB
+ * (the via class's child, under the path's capacity). */
+#define SHAPE_MAJOR	     0x6d70
+#define SHAPE_MINOR_VIA_IFB  0x2
+#define SHAPE_MINOR_FROM_IFB 0x3
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);

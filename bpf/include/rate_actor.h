@@ -593,7 +593,8 @@ static __always_inline void rate_pod_classify(struct __sk_buff *skb, const struc
 /* rate_classify gives a packet leaving a path's NIC the HTB class the agent
  * made for its pod (on the shaping device), or else for its rule on that
  * path: its rule's budget's. A packet the shaping device gave back
- * (returned) passed its pod's class: it takes its rule's path class. */
+ * (returned) passed its pod's class: it takes its rule's path class, if
+ * any (else it keeps SHAPE_MINOR_FROM_IFB, which nic_egress gave it). */
 static __always_inline void rate_classify(struct __sk_buff *skb, const struct packet *pkt, __u32 rule,
 					  __u32 path, bool returned)
 {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"maps"
 	"net/netip"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/shaping"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
@@ -180,6 +182,80 @@ func TestShapingPlanHoldsAPodAcrossItsPathsAndANamespaceAcrossItsPods(t *testing
 	}
 	if !maps.Equal(got, wantNS) {
 		t.Errorf("police namespaces %+v,\nwant %+v", got, wantNS)
+	}
+}
+
+// A namespace's pods together are never assured more than its rate (HTB
+// lets a class send its own rate whatever its parent has left): each pod's
+// share is the rate over their number, however small, down to the least
+// rate an HTB class takes. A namespace too small to give each of its pods
+// that much, and a cap below it, are shaped at that least rate rather than
+// left unshaped, and fail nothing: a tenant runs as many pods as it likes.
+func TestShapingPlanNeverAssuresANamespacesPodsMoreThanItsRate(t *testing.T) {
+	rule := func(name string, c datapath.RateConfig) PlanRule {
+		return PlanRule{Name: name, Policy: name, Rate: &c, Datapath: datapath.Rule{Paths: []uint32{1}}}
+	}
+	plan := &Plan{
+		Paths: []PlanPath{{Path: routing.Path{Name: "fabric-a", Index: 1, Interface: "nic1"}}},
+		Rules: []PlanRule{
+			rule("many", datapath.RateConfig{Mode: datapath.RateShape, PerNamespace: 100_000}),
+			rule("tiny", datapath.RateConfig{Mode: datapath.RateShape, PerNamespace: 100}),
+			rule("tiny-pod", datapath.RateConfig{Mode: datapath.RateShape, PerPod: 10}),
+			rule("sliver", datapath.RateConfig{Mode: datapath.RateShape, PerNamespace: 10}),
+		},
+	}
+	ips := netip.MustParseAddr("10.244.1.10")
+	add := func(ns string, n int, rule string) {
+		for i := range n {
+			name := fmt.Sprintf("p%02d", i)
+			plan.Pods = append(plan.Pods, PlanPod{Name: ns + "." + name, Ref: PodRef{Namespace: ns, Name: name, UID: ns + name},
+				IPs: []netip.Addr{ips}, Rules: []string{rule}})
+			ips = ips.Next()
+		}
+	}
+	// 20 pods under 100 kbit/s: 5 kbit/s each. 3 pods under 100 bit/s:
+	// 33 bit/s each, below HTB's least. Caps below it: a pod's, and a
+	// namespace's with one pod.
+	add("many", 20, "many")
+	add("tiny", 3, "tiny")
+	add("alone", 1, "tiny-pod")
+	add("sliver", 1, "sliver")
+	ids := map[string]uint32{"many": 1, "tiny": 2, "tiny-pod": 3, "sliver": 4}
+	budgets := map[uint32]datapath.RateBudget{}
+	for _, id := range ids {
+		budgets[id] = datapath.OwnBudget(id)
+	}
+	nsIDs := map[string]uint32{"many": 0, "tiny": 1, "sliver": 2}
+	_, dev := planShaping(plan, ids, podIDsOf(t, plan), budgets, nsIDs)
+	parents := map[uint16]uint64{}
+	assured := map[uint16]uint64{}
+	var unparented []shaping.Class
+	for _, c := range dev.Classes {
+		switch {
+		case c.Minor < shaping.MinorPod:
+			parents[c.Minor] = c.Bps
+		case c.Parent != 0:
+			assured[c.Parent] += c.Bps
+			if c.Bps > c.Ceil {
+				t.Errorf("class %#x: assured %d bit/s above its ceiling %d", c.Minor, c.Bps, c.Ceil)
+			}
+		default:
+			unparented = append(unparented, c)
+		}
+	}
+	many, tiny, sliver := shaping.MinorNamespace+uint16(nsIDs["many"]), shaping.MinorNamespace+uint16(nsIDs["tiny"]), shaping.MinorNamespace+uint16(nsIDs["sliver"])
+	if parents[many] != 100_000 || assured[many] != 100_000 {
+		t.Errorf("namespace many: %d bit/s, its pods assured %d in all, want 100000 each way (5 kbit/s a pod)", parents[many], assured[many])
+	}
+	if parents[tiny] != 100 || assured[tiny] != 3*shaping.MinClassBps {
+		t.Errorf("namespace tiny: %d bit/s, its pods assured %d in all, want 100 and HTB's least (%d) for each of its 3 pods",
+			parents[tiny], assured[tiny], shaping.MinClassBps)
+	}
+	if parents[sliver] != shaping.MinClassBps || assured[sliver] != shaping.MinClassBps {
+		t.Errorf("namespace sliver: %d bit/s, its pod assured %d, want HTB's least (%d) both", parents[sliver], assured[sliver], shaping.MinClassBps)
+	}
+	if len(unparented) != 1 || unparented[0].Bps != shaping.MinClassBps || unparented[0].Ceil != 0 {
+		t.Errorf("classes under the root %+v, want the lone pod's at %d bit/s", unparented, shaping.MinClassBps)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -124,6 +125,71 @@ func TestAPodAddedFirstMovesNoOtherPodsShapingClass(t *testing.T) {
 		keep("that pod gone", before, beforeRates, after, afterRates)
 		if !maps.Equal(afterRates, beforeRates) {
 			t.Errorf("classes after the new pod went %v, want those before it came %v", afterRates, beforeRates)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNoShapingDeviceIsReported: without the node's shaping device (an ifb
+// the kernel cannot make when its module is missing; here a link of another
+// kind holds its name, which the agent never takes over) no pod's class is
+// anywhere. The reconcile says so, for the node's Degraded condition, rather
+// than leaving every pod's shape cap off unsaid; the pods are still
+// configured, and the link is left alone.
+func TestNoShapingDeviceIsReported(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 1, PodsPerNode: 1})
+	node := bed.Node(1)
+	perPod := resource.MustParse("10M")
+	rule := mptcpv1alpha1.CompiledRule{Name: "r", Policy: "p", SpreadMode: mptcpv1alpha1.SpreadRoundRobin,
+		SubflowCreation: mptcpv1alpha1.SubflowCreationSignal, MaxSubflows: 2,
+		RateLimits: &mptcpv1alpha1.CompiledRateLimits{Mode: mptcpv1alpha1.RateModeShape, PerPod: &perPod}}
+	web := node.Pods[0]
+	settings, state, links := bedNodeState(t, bed, node, rule)
+	state.Spec.Pods = []mptcpv1alpha1.NodePod{{Namespace: "tenant", Name: "web", UID: "u-web", IPs: []string{web.Addr.String()}, Rules: []string{"r"}}}
+	locate := func(ips []netip.Addr) (LocatedPod, error) {
+		if ips[0] != web.Addr {
+			return LocatedPod{}, fmt.Errorf("no pod at %v", ips)
+		}
+		return LocatedPod{HostInterface: web.HostIf, NetNS: "/var/run/netns/" + web.NetNS}, nil
+	}
+	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: shaping.DeviceName}, PeerName: "not-shaping"}); err != nil {
+			return err
+		}
+		a, err := New(settings, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := a.Uninstall(); err != nil {
+				t.Errorf("uninstall: %v", err)
+			}
+		}()
+		tr := FromNodeState(settings, state, nil, links, locate, Prior{})
+		if len(tr.Errors) > 0 || len(tr.Plan.Pods) != 1 {
+			t.Fatalf("translation: %v, %d pods", tr.Errors, len(tr.Plan.Pods))
+		}
+		failed, err := a.Reconcile(context.Background(), tr.Plan)
+		if len(failed) > 0 {
+			t.Errorf("pods failed %+v, want the pod configured", failed)
+		}
+		if err == nil || !strings.Contains(err.Error(), "shaping device") || !strings.Contains(err.Error(), "perPod and perNamespace shape caps do not hold") {
+			t.Errorf("reconcile error %v, want the missing shaping device and the caps it leaves off reported", err)
+		}
+		entries, err := a.dp.ShapeClasses()
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if e.Pod.IsValid() {
+				t.Errorf("entry %+v sends a pod to a class on no device", e)
+			}
+		}
+		if link, err := netlink.LinkByName(shaping.DeviceName); err != nil || link.Type() != "veth" {
+			t.Errorf("the link named %s: %v, %v, want the veth left in place", shaping.DeviceName, link, err)
 		}
 		return nil
 	})

@@ -125,8 +125,14 @@ func planPodNamespaces(plan *Plan, nsIDs map[string]uint32) []datapath.PodNamesp
 // Classes are their rules' budgets' (rateBudgets, by rule id): the variants
 // of a policy share its classes. A pod's classes are numbered by its id
 // (podIDs, podids.go), so that other pods coming and going move none of
-// them; a pod without an id gets none.
+// them; a pod without an id gets none. No class gets less than
+// shaping.MinClassBps (atLeast), and that is no error: a rate HTB refuses
+// (under a byte a second) would fail the whole device (every pod's cap) or
+// the NIC, where one class a few bits a second above its cap fails nothing
+// else; and an error here would fail the node's reconcile, which a tenant
+// could then do by running more pods under its namespace's cap.
 func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]datapath.RateBudget, nsIDs map[string]uint32) ([]shaping.NIC, shaping.Device) {
+	atLeast := func(bps uint64) uint64 { return max(bps, shaping.MinClassBps) }
 	classes := map[uint32][]shaping.Class{} // path index -> its NIC's classes
 	via := map[uint32]bool{}                // path indexes whose NIC sends pods to the device
 	pathClassOf := map[[2]uint32]bool{}     // budget and path index with a class
@@ -180,6 +186,9 @@ func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]d
 				return
 			}
 			c := podClass{Class: shaping.Class{Minor: shaping.MinorPod + uint16(j*datapath.MaxPodRules+uint32(k)), Bps: r.Rate.PerPod}}
+			if c.Bps > 0 {
+				c.Bps = atLeast(c.Bps)
+			}
 			if nid, ok := nsIDs[pod.Ref.Namespace]; ok && capsNamespace(r) {
 				c.ns, c.Parent = pod.Ref.Namespace, shaping.MinorNamespace+uint16(nid)
 				under[c.ns]++
@@ -204,8 +213,8 @@ func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]d
 			}
 		}
 	}) {
-		rate := nsRate[ns]
-		dev.Classes = append(dev.Classes, shaping.Class{Minor: shaping.MinorNamespace + uint16(nsIDs[ns]), Bps: rate})
+		nsRate[ns] = atLeast(nsRate[ns])
+		dev.Classes = append(dev.Classes, shaping.Class{Minor: shaping.MinorNamespace + uint16(nsIDs[ns]), Bps: nsRate[ns]})
 	}
 	for _, c := range pods {
 		if c.ns != "" {
@@ -214,6 +223,13 @@ func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]d
 			if c.Bps > 0 {
 				c.Ceil = min(c.Bps, rate)
 			}
+			// HTB lets a class send at its own rate whatever its
+			// parent has left, so the pods' rates sum to at most
+			// the namespace's: none is raised above its share. A
+			// share below MinClassBps cannot be given: the pods get
+			// MinClassBps, and the namespace may pass its rate
+			// by at most MinClassBps a pod, which holds it far
+			// closer than leaving its pods unshaped.
 			c.Bps = min(max(rate/uint64(under[c.ns]), shaping.MinClassBps), c.Ceil)
 		}
 		dev.Classes = append(dev.Classes, c.Class)
@@ -221,7 +237,8 @@ func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]d
 	nics := make([]shaping.NIC, 0, len(plan.Paths))
 	for _, p := range plan.Paths {
 		for i := range classes[p.Index] {
-			classes[p.Index][i].Bps = capped(classes[p.Index][i].Bps, p.Capacity)
+			c := &classes[p.Index][i]
+			c.Bps = atLeast(capped(c.Bps, p.Capacity))
 		}
 		nics = append(nics, shaping.NIC{Path: p.Name, Interface: p.Interface, Capacity: p.Capacity, Classes: classes[p.Index], ViaDevice: via[p.Index]})
 	}

@@ -868,11 +868,14 @@ func TestRateWindowScaleIsLearntOnceFromTheHandshake(t *testing.T) {
 // its paths: on the NIC a subflow's packet goes to the class that redirects
 // there (the pod's class in tc_index, which a test run does not report).
 // The device gives the packet back to the NIC, where nic_egress gives it its
-// rule's path class and never sends it round again; on the device itself
+// rule's path class and never sends it round again; without one, the NIC's
+// class for what the device gives back (under the path's capacity), never
+// the pod's class the device left, which the NIC lacks (HTB would send the
+// packet unclassified, ahead of every class). On the device itself
 // nic_egress leaves the NIC's choice alone (tc_index zero here: no class).
 func TestRateShapeSendsAPodThroughTheShapingDeviceThenItsPathClass(t *testing.T) {
 	const lo, shaper = 1, 4545
-	const podClass, pathClass, viaIFB, untouched = 0x6d701005, 0x6d700010, 0x6d700002, 7
+	const podClass, pathClass, viaIFB, fromIFB, untouched = 0x6d701005, 0x6d700010, 0x6d700002, 0x6d700003, 7
 	dp := rateBed(t, clientPod, RateConfig{Mode: RateShape, PerPod: 5_000_000, PerPath: map[uint32]uint64{1: 20_000_000}})
 	if err := dp.SetNIC(lo, 1); err != nil {
 		t.Fatal(err)
@@ -893,11 +896,22 @@ func TestRateShapeSendsAPodThroughTheShapingDeviceThenItsPathClass(t *testing.T)
 		want uint32
 	}{
 		{"leaving the NIC", skbContext{IngressIfindex: podIf, Priority: untouched}, viaIFB},
-		{"given back by the shaping device", skbContext{IngressIfindex: shaper, Priority: viaIFB}, pathClass},
+		{"given back by the shaping device", skbContext{IngressIfindex: shaper, Priority: podClass}, pathClass},
 	} {
 		c.in.Ifindex = lo
 		if ret, out := runIn(t, dp.Program(HookNICEgress), data, c.in); ret != tcxNext || out.Priority != c.want {
 			t.Errorf("%s: verdict %d, priority %#x, want %#x", c.name, int32(ret), out.Priority, c.want)
+		}
+	}
+	// No path class for the rule: a subflow's packet and one no subflow
+	// entry names (UDP) go to the class for what the device gives back.
+	if err := dp.SyncShapeClasses([]ShapeClass{{Rule: 0, Path: 1, Pod: clientPod, ClassID: podClass}}); err != nil {
+		t.Fatal(err)
+	}
+	udp := testpkt.Frame{Src: clientPod, Dst: serverPod, Protocol: 17, Payload: make([]byte, 100)}.Bytes()
+	for name, frame := range map[string][]byte{"subflow": data, "UDP": udp} {
+		if ret, out := runIn(t, dp.Program(HookNICEgress), frame, skbContext{IngressIfindex: shaper, Ifindex: lo, Priority: podClass}); ret != tcxNext || out.Priority != fromIFB {
+			t.Errorf("%s given back without a path class: verdict %d, priority %#x, want %#x", name, int32(ret), out.Priority, fromIFB)
 		}
 	}
 	// A test run's device must exist: loopback plays the shaping device.

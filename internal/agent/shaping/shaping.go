@@ -33,7 +33,8 @@ const shapeMajor = 0x6d70
 // the others), the class that redirects to the shaping device and its one
 // child (where what the device gives back goes), one per shaping rule on a
 // path. On the shaping device: one per namespace, one per pod and rule.
-// (SHAPE_MINOR_VIA_IFB of bpf/include/rate.h is MinorViaDevice.)
+// (SHAPE_MINOR_VIA_IFB and SHAPE_MINOR_FROM_IFB of bpf/include/rate.h are
+// MinorViaDevice and minorFromDevice.)
 const (
 	shapeMinorPath         = 0x1
 	MinorViaDevice         = 0x2
@@ -43,9 +44,12 @@ const (
 	MinorPod               = 0x1000
 	MaxNamespaces          = MinorPod - MinorNamespace
 	DeviceName             = "mptcp-shape"
-	deviceQueue            = 1000     // packets: the ifb's default, 32, drops a GSO burst
-	unboundedBps    uint64 = 100e9    // the via-device classes of a path without a capacity
-	MinClassBps     uint64 = 8 * 1000 // HTB's smallest useful rate
+	deviceQueue            = 1000  // packets: the ifb's default, 32, drops a GSO burst
+	unboundedBps    uint64 = 100e9 // the via-device classes of a path without a capacity
+	// MinClassBps is the least rate a class is given: HTB counts whole
+	// bytes a second, and below about 6 of them a class's burst (an MTU's
+	// time at its rate, in 32 bits of scheduler ticks) wraps around.
+	MinClassBps uint64 = 8 * 8
 )
 
 // Class is one HTB class and the classification entries that send packets
@@ -89,7 +93,9 @@ type Device struct {
 // datapath's classification table, match dev and nics. It returns the
 // interfaces nic_egress must run on (the NICs that shape, and the device)
 // and the device's ifindex (0: none). A NIC without classes loses the
-// agent's qdisc, and a plan without device classes the device.
+// agent's qdisc, and a plan without device classes the device. A device
+// that cannot be made (no ifb module, another link by its name) is an error
+// (the node reports it), and the NICs keep only their path classes.
 func Sync(dp *datapath.Datapath, nics []NIC, dev Device) (shaping []string, device int, err error) {
 	var errs []error
 	var entries []datapath.ShapeClass
@@ -107,7 +113,9 @@ func Sync(dp *datapath.Datapath, nics []NIC, dev Device) (shaping []string, devi
 			err = syncHTB(DeviceName, 0, dev.Classes)
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("shaping device: %w", err))
+			// Without the device no pod's class is anywhere: say
+			// what that leaves unenforced, not only what failed.
+			errs = append(errs, fmt.Errorf("shaping device: %w: the pods' perPod and perNamespace shape caps do not hold on this node (perPath ones do)", err))
 		} else {
 			device = link.Attrs().Index
 			add(dev.Classes)
@@ -207,8 +215,10 @@ func RemoveDevice() error {
 
 // syncRedirect keeps the filter of iface's MinorViaDevice class: every
 // packet nic_egress sends to that class goes to the shaping device (mirred
-// redirect), and comes back to the class's child (the filter does not act
-// on what the device gives back). Without via, there is none.
+// redirect), and comes back to the class's child, where nic_egress sends
+// what the device gives back unless its rule's path class takes it (the
+// device leaves its pod's class in skb->priority, which the NIC lacks).
+// Without via, there is none.
 func syncRedirect(iface string, via bool, device int) error {
 	link, err := netlink.LinkByName(iface)
 	if err != nil {
