@@ -252,9 +252,14 @@ func TestRolesForPeopleAggregateAndCoverThePlugin(t *testing.T) {
 	for _, rule := range view.Rules {
 		must(t, onlyVerbs(rule, readVerbs), "the view role may %v %v", rule.Verbs, rule.Resources)
 	}
+	// Writing paths and policies changes every selected node's network:
+	// it joins edit and admin only when the admin says so.
 	edit := get[*rbacv1.ClusterRole](t, r, "ClusterRole", "mptcp-operator:edit")
-	must(t, edit.Labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true" && edit.Labels["rbac.authorization.k8s.io/aggregate-to-admin"] == "true",
-		"edit role labels %v", edit.Labels)
+	must(t, edit.Labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "" && edit.Labels["rbac.authorization.k8s.io/aggregate-to-admin"] == "",
+		"by default the edit role joins edit or admin: labels %v", edit.Labels)
+	aggregated := get[*rbacv1.ClusterRole](t, render(t, "--set", "rbac.aggregateToEdit=true"), "ClusterRole", "mptcp-operator:edit")
+	must(t, aggregated.Labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true" && aggregated.Labels["rbac.authorization.k8s.io/aggregate-to-admin"] == "true",
+		"with rbac.aggregateToEdit the edit role's labels are %v", aggregated.Labels)
 	for _, verb := range []string{"create", "update", "patch", "delete"} {
 		must(t, slices.Equal(covered(edit.Rules, verb), writable), "the edit role may %s %v, want %v only", verb, covered(edit.Rules, verb), writable)
 	}
@@ -290,8 +295,10 @@ func TestRolesForPeopleAggregateAndCoverThePlugin(t *testing.T) {
 	}
 	must(t, listsPods(readerNS.Rules) && listsPods(debugger.Rules), "the plugin's Roles cannot find the agent pods")
 
-	off := render(t, "--set", "rbac.aggregateToDefaultRoles=false", "--set", "rbac.pluginRoles=false")
-	for _, k := range []string{"ClusterRole/mptcp-operator:view", "ClusterRole/mptcp-operator:edit", "ClusterRole/mptcp-operator:plugin-reader",
+	off := render(t, "--set", "rbac.aggregateToView=false", "--set", "rbac.pluginRoles=false")
+	must(t, get[*rbacv1.ClusterRole](t, off, "ClusterRole", "mptcp-operator:view").Labels["rbac.authorization.k8s.io/aggregate-to-view"] == "",
+		"with rbac.aggregateToView=false the view role still joins view")
+	for _, k := range []string{"ClusterRole/mptcp-operator:plugin-reader",
 		"Role/mptcp-operator:plugin-reader", "Role/mptcp-operator:debugger"} {
 		kind, name, _ := strings.Cut(k, "/")
 		must(t, !off.has(kind, name), "%s is rendered with the roles off", k)

@@ -34,12 +34,15 @@ func TestHelmUpgradeReuseValuesFromThePreviousRelease(t *testing.T) {
 	env := testenv.Start(t)
 	kubeconfig := env.Kubeconfig(t)
 	home := t.TempDir()
-	run := func(args ...string) string {
-		t.Helper()
+	command := func(args ...string) *exec.Cmd {
 		cmd := exec.Command(helm, append(args, "--kubeconfig", kubeconfig, "--namespace", chartrelease.Namespace)...)
 		cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
 			"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
-		out, err := cmd.CombinedOutput()
+		return cmd
+	}
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := command(args...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("helm %s: %v\n%s", strings.Join(args[:2], " "), err, out)
 		}
@@ -81,5 +84,13 @@ func TestHelmUpgradeReuseValuesFromThePreviousRelease(t *testing.T) {
 	}
 	if manifest := run("get", "manifest", chartrelease.Name); !strings.Contains(manifest, "kind: MutatingWebhookConfiguration") {
 		t.Error("after --reset-then-reuse-values the chart renders no webhook, on by default")
+	}
+
+	// helm deletes a test hook's namespace by name, whoever made it: a
+	// namespace of the test's name that is not the release's refuses the
+	// upgrade that would make helm test take it.
+	testNS := env.Namespace(t, chartrelease.Namespace+"-conformance", map[string]string{"team": "payments"})
+	if out, err := command("upgrade", chartrelease.Name, chartDir(), "--reuse-values").CombinedOutput(); err == nil || !strings.Contains(string(out), "namespace "+testNS+" exists and is not this release's helm test namespace") {
+		t.Errorf("helm upgrade with a foreign namespace %s where helm test makes its own: %v\n%s", testNS, err, out)
 	}
 }
