@@ -53,9 +53,12 @@ func testShapePerPodCapHoldsAcrossPaths(t *testing.T) {
 // namespace, each sending over one MPTCP connection at once, carry no more
 // than the namespace's cap between them, however many pods the tenant
 // runs. Police: one bucket for the namespace (cubic senders; bound
-// 0.85..policeHi of the cap, as a connection's). Shape: the pods' classes
-// under the namespace's on the shaping device (bound 0.85..1.0). Three
-// rounds each, judged on the median.
+// 0.85..policeHi of the cap, as a connection's). Three rounds, judged on
+// the median. Shape's namespace class is its pods' classes' parent on the
+// shaping device that ShapePerPodCapHoldsAcrossPaths runs traffic through;
+// how the agent splits the namespace's rate among them is
+// TestShapingPlanNeverAssuresANamespacesPodsMoreThanItsRate's (a row of its
+// own here would cost the suite half a minute for what HTB itself does).
 func testNamespaceCapHoldsForItsPodsTogether(t *testing.T) {
 	for _, c := range []struct {
 		mode   mptcpv1alpha1.RateMode
@@ -64,7 +67,6 @@ func testNamespaceCapHoldsForItsPodsTogether(t *testing.T) {
 		dropOf datapath.Stat
 	}{
 		{mptcpv1alpha1.RateModePolice, "cubic", policeHi, datapath.StatRateDropPod},
-		{mptcpv1alpha1.RateModeShape, "", 1.0, datapath.StatRateShaped},
 	} {
 		t.Run(string(c.mode), func(t *testing.T) {
 			bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "200mbit"})
