@@ -666,6 +666,62 @@ func TestWebhookRendersForOptedInNamespacesAndFailsOpen(t *testing.T) {
 	must(t, !strings.Contains(strings.Join(container(t, d.Spec.Template.Spec, "controller").Args, " "), "--webhook"), "webhook.enabled=false still passes webhook flags")
 }
 
+// webhook.clientAuth.caSecret mounts that Secret's ca.crt (alone, read
+// only) where -webhook-client-ca reads it, with -webhook-client-names when
+// names are given; off (the default, or without the webhook), neither the
+// flags nor the volume appear. Names without a CA are refused, saying so.
+func TestWebhookClientAuthMountsTheCAOnlyWhenSet(t *testing.T) {
+	controllerOf := func(r *rendered) (corev1.PodSpec, corev1.Container) {
+		spec := get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller").Spec.Template.Spec
+		return spec, container(t, spec, "controller")
+	}
+	off := func(name string, r *rendered) {
+		spec, c := controllerOf(r)
+		_, ca := flagValue(c.Args, "--webhook-client-ca")
+		_, names := flagValue(c.Args, "--webhook-client-names")
+		_, mounted := mount(c, "webhook-client-ca")
+		_, vol := volume(spec, "webhook-client-ca")
+		must(t, !ca && !names && !mounted && !vol, "%s: client CA flags %v, mounted %v, volume %v; want none", name, c.Args, mounted, vol)
+	}
+	off("by default", render(t))
+	off("without the webhook", render(t, "--set", "webhook.enabled=false", "--set", "webhook.clientAuth.caSecret=apiserver-webhook-ca"))
+
+	for name, c := range map[string]struct {
+		set   []string
+		names string // -webhook-client-names; empty: absent
+	}{
+		"any name":               {},
+		"allowed names":          {set: []string{"webhook.clientAuth.allowedNames={kube-apiserver-webhook-client,system:apiserver}"}, names: "kube-apiserver-webhook-client,system:apiserver"},
+		"with the metrics' cert": {set: []string{"controller.metricsAuth.certSecret=controller-metrics-tls"}},
+	} {
+		args := []string{"--set", "webhook.clientAuth.caSecret=apiserver-webhook-ca"}
+		for _, s := range c.set {
+			args = append(args, "--set", s)
+		}
+		spec, ctr := controllerOf(render(t, args...))
+		file, _ := flagValue(ctr.Args, "--webhook-client-ca")
+		m, ok := mount(ctr, "webhook-client-ca")
+		must(t, ok && m.ReadOnly && file == m.MountPath+"/ca.crt", "%s: the CA is mounted at %+v, the controller reads %q", name, m, file)
+		v, ok := volume(spec, "webhook-client-ca")
+		must(t, ok && v.Secret != nil && v.Secret.SecretName == "apiserver-webhook-ca" &&
+			len(v.Secret.Items) == 1 && v.Secret.Items[0].Key == "ca.crt" && v.Secret.Items[0].Path == "ca.crt",
+			"%s: volume %+v is not the Secret's ca.crt alone", name, v)
+		got, ok := flagValue(ctr.Args, "--webhook-client-names")
+		must(t, got == c.names && ok == (c.names != ""), "%s: -webhook-client-names %q (given %v), want %q", name, got, ok, c.names)
+		if slices.Contains(c.set, "controller.metricsAuth.certSecret=controller-metrics-tls") {
+			_, ok := mount(ctr, "metrics-tls")
+			_, vok := volume(spec, "metrics-tls")
+			must(t, ok && vok, "%s: the metrics certificate is no longer mounted", name)
+		}
+	}
+
+	if _, stderr, err := helmTemplate(t, "--set", "webhook.clientAuth.allowedNames={kube-apiserver-webhook-client}"); err == nil {
+		t.Error("webhook.clientAuth.allowedNames without caSecret: rendered")
+	} else {
+		must(t, strings.Contains(stderr, "webhook.clientAuth.caSecret"), "the refusal does not name webhook.clientAuth.caSecret:\n%s", stderr)
+	}
+}
+
 // Extra flags come after the chart's (the binaries' flag parsing lets the
 // later win) and extra variables beside the chart's, in both containers;
 // the controller's replicas spread over nodes by default, softly, and take

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -44,6 +45,8 @@ func main() {
 		webhookConfig  = flag.String("webhook-configuration", "", "with -webhook-port: name of the MutatingWebhookConfiguration")
 		preloadImage   = flag.String("preload-image", "", "with -webhook-port: image of the init container that installs the preload library (the agent's)")
 		preloadPull    = flag.String("preload-image-pull-policy", string(corev1.PullIfNotPresent), "pull policy of -preload-image")
+		clientCA       = flag.String("webhook-client-ca", "", "with -webhook-port: PEM file of the CA whose client certificates (the API server's, from its admission configuration) the webhook requires, refusing other callers at TLS; read at start; empty: no client certificate asked for")
+		clientNames    = flag.String("webhook-client-names", "", "with -webhook-client-ca: comma-separated names a client certificate must carry one of, as its CommonName or a DNS name; empty: any certificate of that CA")
 	)
 	showVersion := flag.Bool("version", false, "print the build (version, source revision, Go version) and exit")
 	opts := zap.Options{}
@@ -75,9 +78,22 @@ func main() {
 		if err == nil && (hook.Configuration == "" || hook.PreloadImage == "") {
 			err = errors.New("-webhook-port needs -webhook-configuration and -preload-image")
 		}
+		for n := range strings.SplitSeq(*clientNames, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				hook.ClientNames = append(hook.ClientNames, n)
+			}
+		}
+		if err == nil && *clientCA != "" {
+			hook.ClientCAs, err = podwebhook.LoadClientCAs(*clientCA)
+		} else if err == nil && len(hook.ClientNames) > 0 {
+			err = errors.New("-webhook-client-names needs -webhook-client-ca")
+		}
 		if err != nil {
 			log.Error(err, "webhook flags")
 			os.Exit(2)
+		}
+		if hook.ClientCAs != nil {
+			log.Info("the webhook requires client certificates", "ca", *clientCA, "names", hook.ClientNames)
 		}
 		webhookServer, certs = podwebhook.Server(hook, slog.New(logr.ToSlogHandler(ctrl.Log.WithName("webhook-certificate"))))
 	}

@@ -99,7 +99,9 @@ func (s *server) Start(ctx context.Context) error {
 }
 
 // StartedChecker is healthy once Start serves and the port accepts a TLS
-// connection (DefaultServer's would never see this Start).
+// connection (DefaultServer's would never see this Start). With client
+// certificates required, the server's alert refusing the checker's
+// handshake is an answer too.
 func (s *server) StartedChecker() healthz.Checker {
 	return func(*http.Request) error {
 		if !s.started.Load() {
@@ -108,9 +110,19 @@ func (s *server) StartedChecker() healthz.Checker {
 		d := &net.Dialer{Timeout: 10 * time.Second}
 		//nolint:gosec // only whether the port answers TLS is checked
 		conn, err := tls.DialWithDialer(d, "tcp", net.JoinHostPort(s.host, strconv.Itoa(s.port)), &tls.Config{InsecureSkipVerify: true})
+		if refusedAtTLS(err) {
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("webhook server is not reachable: %w", err)
 		}
 		return conn.Close()
 	}
+}
+
+// refusedAtTLS tells whether err is the TLS alert of a peer that refused
+// the handshake (crypto/tls reports a received alert as a "remote error").
+func refusedAtTLS(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "remote error"
 }

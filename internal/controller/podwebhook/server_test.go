@@ -36,28 +36,24 @@ func testCertificate(t *testing.T) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
-// The webhook's server, as Server builds it, refuses headers larger than
-// maxHeaderBytes (431) and closes a connection that has not sent its
-// headers within headerTimeout; the API server's requests, small and sent
-// at once, are served. controller-runtime's own server takes 1 MiB of
-// headers over 32 s.
-func TestTheServerBoundsHeadersInSizeAndTime(t *testing.T) {
+// startServer starts the webhook server as Server builds it for opts (on
+// a free port, serving testCertificate) with handler at Path, until the
+// test ends; it returns the server's address once it serves.
+func startServer(t *testing.T, opts Options, handler http.Handler) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
+	opts.Port = l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	hook, _ := Server(Options{Port: port}, slog.New(slog.DiscardHandler))
+	hook, _ := Server(opts, slog.New(slog.DiscardHandler))
 	srv := hook.(*server)
 	cert := testCertificate(t)
 	srv.tlsOpts = append(srv.tlsOpts, func(c *tls.Config) {
 		c.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil }
 	})
-	srv.Register(Path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		_, _ = io.WriteString(w, "reviewed")
-	}))
+	srv.Register(Path, handler)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Start(ctx) }()
@@ -73,7 +69,19 @@ func TestTheServerBoundsHeadersInSizeAndTime(t *testing.T) {
 			t.Fatalf("the server did not start: %v", started(nil))
 		}
 	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(opts.Port))
+}
+
+// The webhook's server, as Server builds it, refuses headers larger than
+// maxHeaderBytes (431) and closes a connection that has not sent its
+// headers within headerTimeout; the API server's requests, small and sent
+// at once, are served. controller-runtime's own server takes 1 MiB of
+// headers over 32 s.
+func TestTheServerBoundsHeadersInSizeAndTime(t *testing.T) {
+	addr := startServer(t, Options{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, "reviewed")
+	}))
 	//nolint:gosec // the test's own certificate
 	tlsConf := &tls.Config{InsecureSkipVerify: true}
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConf}}

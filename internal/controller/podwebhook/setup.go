@@ -2,9 +2,13 @@ package podwebhook
 
 import (
 	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,6 +40,47 @@ type Options struct {
 	// PreloadImage holds the preload library (the agent's image).
 	PreloadImage      string
 	PreloadPullPolicy corev1.PullPolicy
+	// ClientCAs, when set, turns mutual TLS on: a caller must present a
+	// client certificate these CAs signed (the API server's, which its
+	// admission configuration gives it), or the TLS handshake fails;
+	// nil: no client certificate is asked for.
+	ClientCAs *x509.CertPool
+	// ClientNames, with ClientCAs: a client certificate must carry one
+	// of them as its CommonName or one of its DNS names; empty: any
+	// certificate ClientCAs signed.
+	ClientNames []string
+}
+
+// LoadClientCAs reads the PEM certificates of file (-webhook-client-ca)
+// into a pool for Options.ClientCAs. It is read once: a changed CA takes
+// a restart of the controller.
+func LoadClientCAs(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no PEM certificate", file)
+	}
+	return pool, nil
+}
+
+// verifyClientName refuses a connection whose client certificate carries
+// none of names as its CommonName or a DNS name, for a CA that signs other
+// clients' certificates besides the API server's. It runs after the chain
+// was verified against ClientCAs, on resumed sessions too.
+func verifyClientName(names []string) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("no client certificate")
+		}
+		leaf := cs.PeerCertificates[0]
+		if slices.Contains(names, leaf.Subject.CommonName) || slices.ContainsFunc(leaf.DNSNames, func(n string) bool { return slices.Contains(names, n) }) {
+			return nil
+		}
+		return fmt.Errorf("client certificate %q (DNS names %v) is not one of the webhook's allowed names", leaf.Subject.CommonName, leaf.DNSNames)
+	}
 }
 
 // ParseNamespacedName reads NAMESPACE/NAME.
@@ -69,6 +114,13 @@ func Server(opts Options, log *slog.Logger) (webhook.Server, *webhookcert.Manage
 		// exhaust servers (CVE-2023-44487), and the API server needs
 		// no more.
 		c.NextProtos = []string{"http/1.1"}
+		if opts.ClientCAs != nil {
+			c.ClientAuth = tls.RequireAndVerifyClientCert
+			c.ClientCAs = opts.ClientCAs
+			if len(opts.ClientNames) > 0 {
+				c.VerifyConnection = verifyClientName(opts.ClientNames)
+			}
+		}
 	})
 	return srv, certs
 }
@@ -86,7 +138,8 @@ func Setup(mgr ctrl.Manager, opts Options, certs *webhookcert.Manager) error {
 	if err := mgr.Add(certs); err != nil {
 		return err
 	}
-	// The port answers whoever reaches it: the bounds per source address
+	// Without ClientCAs the port answers whoever reaches it (with them,
+	// whoever holds a certificate they signed): the bounds per source address
 	// keep a flood from one address from delaying the API server's
 	// reviews, those in all (and the server's on headers) what a flood
 	// from many costs.
