@@ -54,7 +54,7 @@ func testShapePerPodCapHoldsAcrossPaths(t *testing.T) {
 // than the namespace's cap between them, however many pods the tenant
 // runs. Police: one bucket for the namespace (cubic senders; bound
 // 0.85..policeHi of the cap, as a connection's). Three rounds, judged on
-// the median. Shape's namespace class is its pods' classes' parent on the
+// the median (the third only when one of the first two is out of bounds). Shape's namespace class is its pods' classes' parent on the
 // shaping device that ShapePerPodCapHoldsAcrossPaths runs traffic through;
 // how the agent splits the namespace's rate among them is
 // TestShapingPlanNeverAssuresANamespacesPodsMoreThanItsRate's (a row of its
@@ -83,8 +83,12 @@ func testNamespaceCapHoldsForItsPodsTogether(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Three rounds judged on the median, stopping once two
+			// are within the bounds (the median then is too, as in
+			// capHoldsOver).
 			var sums []float64
-			for round := 0; round < 3; round++ {
+			inside := 0
+			for round := 0; round < 3 && inside < 2; round++ {
 				each := transferFromEveryPod(t, bed, 5500+10*round, c.cc)
 				sum := 0.0
 				for _, g := range each {
@@ -92,6 +96,9 @@ func testNamespaceCapHoldsForItsPodsTogether(t *testing.T) {
 				}
 				t.Logf("round %d: pods %.1f and %.1f Mbit/s, together %.1f Mbit/s (%.3f of the namespace's cap)", round+1, each[0]/1e6, each[1]/1e6, sum/1e6, sum/rateCap)
 				sums = append(sums, sum)
+				if m := sum / rateCap; m >= 0.85 && m <= c.hi && inside == round {
+					inside++
+				}
 				for i, g := range each {
 					if g < 0.1*rateCap {
 						t.Errorf("round %d: pod %d carried %.1f Mbit/s: the namespace's cap is starving one pod", round+1, i+1, g/1e6)
@@ -99,7 +106,7 @@ func testNamespaceCapHoldsForItsPodsTogether(t *testing.T) {
 				}
 			}
 			slices.Sort(sums)
-			if m := sums[1] / rateCap; m < 0.85 || m > c.hi {
+			if m := sums[len(sums)/2] / rateCap; m < 0.85 || m > c.hi {
 				t.Errorf("the namespace's two pods together: median %.3f of the cap, want 0.85..%.2f", m, c.hi)
 			}
 			if s := events(t, agents[0], c.dropOf); s[observe.EventName(c.dropOf)] == 0 {
