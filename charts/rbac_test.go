@@ -275,6 +275,9 @@ func TestRolesForPeopleAggregateAndCoverThePlugin(t *testing.T) {
 	must(t, slices.ContainsFunc(reader.Rules, func(rule rbacv1.PolicyRule) bool {
 		return slices.Equal(rule.Resources, []string{"clusterrolebindings"}) && slices.Equal(rule.ResourceNames, []string{"mptcp-agent"}) && onlyVerbs(rule, readVerbs)
 	}), "the plugin reader cannot read the ClusterRoleBinding mptcp-agent alone: %+v", reader.Rules)
+	must(t, slices.ContainsFunc(reader.Rules, func(rule rbacv1.PolicyRule) bool {
+		return slices.Equal(rule.APIGroups, []string{""}) && slices.Equal(rule.Resources, []string{"nodes"})
+	}), "the plugin reader cannot read the nodes preflight checks: %+v", reader.Rules)
 	for _, rule := range reader.Rules {
 		must(t, onlyVerbs(rule, readVerbs), "the plugin reader may %v %v", rule.Verbs, rule.Resources)
 	}

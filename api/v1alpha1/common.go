@@ -22,6 +22,18 @@ const (
 	ReasonUnsupported          = "Unsupported"
 )
 
+// ConditionNodeSupported, on an MPTCPNodeState, sums up status.checks:
+// True when none failed (reason Passed, or Warnings when some warn), False
+// with the reason of the first that failed. An agent that finds its marks
+// clash with the CNI's enforces nothing (reason MarkClash).
+const (
+	ConditionNodeSupported = "NodeSupported"
+	ReasonChecksPassed     = "Passed"
+	ReasonChecksWarned     = "Warnings"
+	ReasonMarkClash        = "MarkClash"
+	ReasonNoPodCIDRs       = "NoPodCIDRs"
+)
+
 // PathRole says whether a path carries subflows from the start (active) or only
 // when no active path is alive (backup, the MP_JOIN/MP_PRIO B bit).
 // +kubebuilder:validation:Enum=active;backup

@@ -387,6 +387,39 @@ type PodProblem struct {
 	Message string `json:"message,omitempty"`
 }
 
+// CheckResult is the outcome of one of the agent's checks of its node.
+// +kubebuilder:validation:Enum=Passed;Warning;Failed
+type CheckResult string
+
+const (
+	CheckPassed CheckResult = "Passed"
+	// CheckWarning: the node works, in a way the project has not proven
+	// (an untested CNI) or with a feature off.
+	CheckWarning CheckResult = "Warning"
+	// CheckFailed: something the product needs is missing or clashes;
+	// docs/troubleshooting.md has an entry per reason.
+	CheckFailed CheckResult = "Failed"
+)
+
+// NodeCheck is one of the agent's checks of its node (kubectl mptcp
+// preflight): the kernel, BTF, bpffs, the CNI and its marks, the node's
+// pod CIDRs.
+type NodeCheck struct {
+	// name of the check: Kernel, BTF, BPFFS, CNI, Marks or PodCIDRs.
+	// +kubebuilder:validation:MaxLength=32
+	Name   string      `json:"name"`
+	Result CheckResult `json:"result"`
+	// reason names what failed (MarkClash, NoPodCIDRs, ...), the anchor
+	// of its entry in docs/troubleshooting.md.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason,omitempty"`
+	// message says what was found and what to change.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+}
+
 // MPTCPNodeStateStatus is written by the node's agent only.
 type MPTCPNodeStateStatus struct {
 	// observedGeneration is the spec generation the agent last acted on.
@@ -431,7 +464,15 @@ type MPTCPNodeStateStatus struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	SkippedPods int32 `json:"skippedPods,omitempty"`
-	// conditions: Ready, Progressing, Degraded.
+	// checks: the agent's checks of its node, made when it starts (the
+	// pod CIDRs' at every reconcile); kubectl mptcp preflight shows them.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=16
+	Checks []NodeCheck `json:"checks,omitempty"`
+	// conditions: Ready, Progressing, Degraded, NodeSupported (whether
+	// every check passed: False with the first failed check's reason).
 	// +optional
 	// +listType=map
 	// +listMapKey=type

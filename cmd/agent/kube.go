@@ -57,6 +57,9 @@ func runKube(log *slog.Logger, o kubeOptions) error {
 	defer lock.Unlock()
 	a, err := agent.New(settings, log)
 	if err != nil {
+		if !o.uninstall {
+			reportFailedStart(log, o, settings, err)
+		}
 		return err
 	}
 	if o.uninstall {
@@ -146,4 +149,19 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return rest.InClusterConfig()
 	}
 	return clientcmd.BuildConfigFromFlags("", kubeconfig)
+}
+
+// reportFailedStart writes the node checks of an agent that cannot start to
+// its node's state, for kubectl mptcp preflight, as far as the API can be
+// reached within removalTimeout.
+func reportFailedStart(log *slog.Logger, o kubeOptions, settings agent.Settings, startErr error) {
+	restCfg, err := restConfig(o.kubeconfig)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), removalTimeout)
+		defer cancel()
+		err = kube.ReportFailedStart(ctx, restCfg, o.node, agent.CheckNode(settings), startErr)
+	}
+	if err != nil {
+		log.Error("reporting the failed start to the node's state", "err", err)
+	}
 }

@@ -33,18 +33,22 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/cni"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/buildinfo"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/preload"
 )
 
-// flapDamping, joinHoldoff and liveness are the -flap-damping,
-// -join-holdoff and -liveness flags, when given.
+// flapDamping, joinHoldoff, liveness, markMask, cniMarks and cniConfDir
+// are the flags of those names, when given.
 var (
 	flapDamping *agent.FlapDamping
 	joinHoldoff *metav1.Duration
 	liveness    *agent.Liveness
+	markMask    *uint32
+	cniMarks    *uint32
+	cniConfDir  string
 )
 
 // withFlags applies the flags that override a settings file.
@@ -57,6 +61,15 @@ func withFlags(s agent.Settings) agent.Settings {
 	}
 	if liveness != nil {
 		s.Liveness = *liveness
+	}
+	if markMask != nil {
+		s.MarkMask = *markMask
+	}
+	if cniMarks != nil {
+		s.CNIMarks = cniMarks
+	}
+	if cniConfDir != "" {
+		s.CNIConfDir = cniConfDir
 	}
 	return s
 }
@@ -93,6 +106,17 @@ func main() {
 		liveness = &l
 		return err
 	})
+	flag.Func("mark-mask", "the skb->mark bits that carry the path: 4 or more contiguous bits the CNI and kube-proxy leave free (default 0x00f00000); overrides the settings file", func(v string) error {
+		m, err := cni.ParseMarks(v)
+		markMask = &m
+		return err
+	})
+	flag.Func("cni-marks", "the skb->mark bits the node's CNI uses, when not the defaults the agent knows for it (e.g. Calico's FELIX_IPTABLESMARKMASK); the agent enforces nothing while they share a bit with the mark mask; overrides the settings file", func(v string) error {
+		m, err := cni.ParseMarks(v)
+		cniMarks = &m
+		return err
+	})
+	flag.StringVar(&cniConfDir, "cni-conf-dir", "", "where the node's container runtime reads its CNI configuration (default /etc/cni/net.d); overrides the settings file")
 	flag.StringVar(&netnsutil.ProcSys, "proc-sys", netnsutil.ProcSys, "directory whose net/ is a writable /proc/sys/net (in a container: a mount of the host's, e.g. /host/proc/sys)")
 	installPreload := flag.String("install-preload", "", "write the preload library ("+preload.Library+") into this directory and exit: the init container that podMPTCP.transparent inject adds to a pod")
 	localAPIGet := flag.String("local-api-get", "", "send GET PATH to the running agent's local API (e.g. /v1/pods/NAMESPACE/NAME), print the answer and exit; with -node, or -config, naming the agent's node: what `kubectl mptcp` runs in the agent's container")

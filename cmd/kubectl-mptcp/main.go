@@ -28,6 +28,8 @@ Usage:
   kubectl mptcp status                 paths per node (up or down, and why), node states, agents missing, policies
   kubectl mptcp explain POD [-n NS]    walk what decides POD's subflows and name each step that limits them
   kubectl mptcp subflows POD [-n NS]   POD's live connections and their subflows: path, role, bytes
+  kubectl mptcp preflight              per node: kernel, BTF, bpffs, the CNI and its marks, pod CIDRs, paths and peers,
+                                       as each node's agent and the API report them (exit 3 when a check failed)
   kubectl mptcp version                the plugin's build
 
 Flags:
@@ -37,8 +39,9 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// Exit codes: 0 done (explain: no cause found), 1 error, 2 bad usage,
-// 3 explain found a cause.
+// Exit codes: 0 done (explain: no cause found; preflight: no check
+// failed), 1 error, 2 bad usage, 3 explain found a cause or a preflight
+// check failed.
 const (
 	exitError      = 1
 	exitUsage      = 2
@@ -53,6 +56,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("kubectl-mptcp", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	output := fs.StringP("output", "o", "text", "text or json")
+	selector := fs.StringP("selector", "l", kubectlmptcp.DefaultPreflightSelector, "preflight: the nodes to check besides those with an MPTCPNodeState (the chart's agent.nodeSelector)")
 	agentNS := fs.String("agent-namespace", "", "namespace of the agent pods (the release's); default: the one the ClusterRoleBinding mptcp-agent names")
 	loading := clientcmd.NewDefaultClientConfigLoadingRules()
 	fs.StringVar(&loading.ExplicitPath, "kubeconfig", "", "path to the kubeconfig file")
@@ -146,6 +150,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return exitError
 		}
 		return write(s, func() error { return kubectlmptcp.WriteSubflows(stdout, s) })
+	case cmd == "preflight" && len(rest) == 1:
+		p, err := cluster.Preflight(ctx, *selector)
+		if err != nil {
+			fmt.Fprintf(stderr, "kubectl mptcp preflight: %v\n", err)
+			return exitError
+		}
+		if code := write(p, func() error { return kubectlmptcp.WritePreflight(stdout, p) }); code != 0 {
+			return code
+		}
+		if p.Failed > 0 {
+			return exitCauseFound
+		}
+		return 0
 	default:
 		fs.Usage()
 		return exitUsage

@@ -82,6 +82,10 @@ type Agent struct {
 	unlistedLog unlistedLog
 	// The socket program of podMPTCP.transparent kernel (socketmptcp.go).
 	socketMPTCP socketMPTCPState
+	// checks are the node checks made at start (checks.go); refused, a
+	// mark clash they found, keeps every reconcile from enforcing.
+	checks  []mptcpv1alpha1.NodeCheck
+	refused error
 }
 
 // The agent is what its metrics and local API read.
@@ -118,6 +122,10 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir), sweepSpacing: closedSweepSpacing}
+	a.checks = CheckNode(settings)
+	if a.refused = refusal(a.checks); a.refused != nil {
+		log.Error("the CNI's marks share bits with the agent's mark mask: nothing is enforced until they differ", "err", a.refused)
+	}
 	// A subflow a managed pod's kernel closed gives its path back before
 	// the path manager opens a join to replace it (and says which path,
 	// for the join to wait for while it is down).
@@ -217,6 +225,9 @@ func (a *Agent) Attachments() ([]datapath.Attachment, error) { return a.dp.Attac
 // namespace and name) and left out of plan.Pods, which then holds the pods
 // enforced; the error is only for what fails the node as a whole.
 func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodProblem, error) {
+	if a.refused != nil {
+		return nil, a.refused
+	}
 	// The switch first: a node set up in observe-only mode never marks a
 	// packet, not even between the first attach and the end of this
 	// reconcile. Switching it off marks again at once, with the programs

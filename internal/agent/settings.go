@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/cni"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/linkwatch"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
@@ -38,6 +39,15 @@ type Settings struct {
 	StateDir string `json:"stateDir,omitempty"`
 	// MarkMask is the part of skb->mark that carries the path (default 0x00f00000).
 	MarkMask uint32 `json:"markMask,omitempty"`
+	// CNIConfDir is where the node's container runtime reads its CNI
+	// configuration (default /etc/cni/net.d): the agent names the CNI
+	// from it, and the marks it uses.
+	CNIConfDir string `json:"cniConfDir,omitempty"`
+	// CNIMarks are the skb->mark bits the node's CNI uses, when not the
+	// defaults the agent knows for it (Calico's FELIX_IPTABLESMARKMASK,
+	// say). The agent enforces nothing while they share a bit with
+	// MarkMask.
+	CNIMarks *uint32 `json:"cniMarks,omitempty"`
 	// TableBase is the routing tables' base: path i uses TableBase+i.
 	TableBase int `json:"tableBase,omitempty"`
 	// RulePriority is the ip rule priorities' base: path i's fwmark rule has
@@ -277,6 +287,9 @@ func (s *Settings) setDefaults() {
 	}
 	if s.MarkMask == 0 {
 		s.MarkMask = datapath.DefaultMarkMask
+	}
+	if s.CNIConfDir == "" {
+		s.CNIConfDir = cni.DefaultConfDir
 	}
 	if s.FlapDamping.Transitions == 0 {
 		s.FlapDamping.Transitions = DefaultFlapTransitions

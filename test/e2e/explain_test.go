@@ -258,6 +258,7 @@ func testExplainAndAlertsNameWhatLimitsSubflows(t *testing.T) {
 	applyObject(t, c, &mptcpv1alpha1.MPTCPPath{}, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPath","metadata":{"name":"fabric-x"},
 		"spec":{"nodeSelector":{"matchLabels":{"mptcp.io/multipath":"true"}},"interface":{"name":"nic9"},"capacity":"10G"}}`)
 	requireAlertsAndPanels(t, ctx, prom, framework.NodeName(bed.Node(1)))
+	requirePreflight(t, kb, plugin)
 }
 
 // startPrometheus starts a real Prometheus in node 1's network namespace,

@@ -6,6 +6,7 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -33,6 +34,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/nodecheck"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/internal/limits"
@@ -47,6 +49,8 @@ const (
 	// ConditionPeersProbed: whether the node's liveness probes every
 	// peer, present while the node has pods under a policy.
 	ConditionPeersProbed = "PeersProbed"
+	// ConditionNodeSupported sums up status.checks (nodecheck.Summary).
+	ConditionNodeSupported = mptcpv1alpha1.ConditionNodeSupported
 	// PodReadyCondition is set on each local pod the agent configured.
 	PodReadyCondition corev1.PodConditionType = mptcpv1alpha1.PodReadyCondition
 )
@@ -59,6 +63,8 @@ const (
 	ReasonInterfaceMissing = "InterfaceMissing"              // a path's interface is absent or ambiguous on the node: the path is left out, the rest enforced; fix the MPTCPPath's interface selector
 	ReasonInvalidSpec      = "InvalidSpec"                   // the spec cannot be enforced (bad index, rule without usable path...): see status.errors
 	ReasonApplyFailed      = "ApplyFailed"                   // the kernel refused part of the configuration: see status.errors and the agent's log
+	ReasonStartFailed      = "StartFailed"                   // the agent could not start, for no reason a check names: see the agent's log
+	ReasonMarkClash        = mptcpv1alpha1.ReasonMarkClash   // the CNI uses bits of the agent's mark mask: nothing is enforced; set the chart's agent.markMask (the NodeSupported condition says which bits are free)
 	ReasonWaitingForPods   = "WaitingForPods"                // some pods have no address yet or cannot be found on the node
 	ReasonSettled          = "Settled"                       // nothing pending
 	ReasonPodsSkipped      = "PodsSkipped"                   // not degraded: the node is enforced, some pods are skipped for problems of their own (status.pods)
@@ -109,6 +115,10 @@ type Reconciler struct {
 	// Resync re-reads the node's links this often, so that a link that
 	// appears, goes down or comes back shows in status without a spec change.
 	Resync time.Duration
+	// Checks are the agent's checks of the node made at start
+	// (agent.CheckNode); the reconciler adds the pod CIDRs' and reports
+	// them all.
+	Checks []mptcpv1alpha1.NodeCheck
 	// Links and Locate read the node (agent.Links and agent.LocatePod).
 	Links  func() ([]agent.NodeLink, error)
 	Locate func([]netip.Addr) (agent.LocatedPod, error)
@@ -275,6 +285,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		if err != nil {
 			degradedReason = ReasonApplyFailed
+			if errors.Is(err, agent.ErrMarkClash) {
+				degradedReason = ReasonMarkClash
+			}
 			tr.Errors = append(slices.Clone(tr.PathProblems), err.Error())
 			r.status.Error = err.Error()
 			r.Log.Error("reconcile failed; the last good configuration stays in force", "err", err)
@@ -314,6 +327,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	st.Errors = capErrors(tr.Errors)
 	gen := state.Generation
+	st.Checks = append(slices.Clone(r.Checks), nodecheck.NodePodCIDRs(state.Spec.PodCIDRs))
+	supported, reason, msg := nodecheck.Summary(st.Checks)
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionNodeSupported, Status: conditionStatus(supported), Reason: reason,
+		Message: msg, ObservedGeneration: gen})
 	if degradedReason != "" {
 		// One warning per distinct problem, not one per resync.
 		if prev := meta.FindStatusCondition(state.Status.Conditions, ConditionDegraded); prev == nil || prev.Status != metav1.ConditionTrue ||
@@ -721,4 +738,11 @@ func (r *Reconciler) attached() ([]mptcpv1alpha1.AttachedProgram, error) {
 		}
 	}
 	return out, nil
+}
+
+func conditionStatus(ok bool) metav1.ConditionStatus {
+	if ok {
+		return metav1.ConditionTrue
+	}
+	return metav1.ConditionFalse
 }

@@ -1,0 +1,222 @@
+// Package cni finds the node's CNI as the container runtime does (the first
+// configuration file of its configuration directory), the mode it runs in
+// (from the interfaces it makes on the node) and the skb->mark bits it
+// uses, so that the agent can refuse to share them (docs/install.md, "CNIs").
+package cni
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// DefaultConfDir is where kubelets' container runtimes read the CNI
+// configuration.
+const DefaultConfDir = "/etc/cni/net.d"
+
+// KubeProxyMarks are the bits kube-proxy marks packets with by default
+// (0x4000 to masquerade, 0x8000 to drop): no CNI's, but on most nodes
+// beside it, so a mark mask the agent suggests leaves them free.
+const KubeProxyMarks uint32 = 0x0000c000
+
+// Support is how far the project has proven a CNI and mode.
+type Support string
+
+const (
+	// Tested: an end-to-end test runs it (docs/install.md's matrix).
+	Tested Support = "tested"
+	// Untested: the agent runs beside it, but no test proves steering
+	// through it; the note says what is known.
+	Untested Support = "untested"
+	// Unknown: no configuration, or a plugin the agent does not know.
+	Unknown Support = "unknown"
+)
+
+// Network is the CNI found on a node.
+type Network struct {
+	// Name is the CNI (calico, cilium, flannel, ptp, bridge,
+	// ovn-kubernetes), or the first plugin's type when the agent does
+	// not know it, or "" when no configuration was found.
+	Name string `json:"name"`
+	// Mode is how it carries pods' packets between nodes, as far as the
+	// node's interfaces tell (routed, vxlan, ipip, geneve, host-gw,
+	// native, ebpf).
+	Mode string `json:"mode,omitempty"`
+	// File is the configuration the runtime uses.
+	File string `json:"file,omitempty"`
+	// Marks are the skb->mark bits the CNI uses: its documented default,
+	// or what the agent's settings declare for it.
+	Marks   uint32  `json:"marks"`
+	Support Support `json:"support"`
+	// Note says what is known of the agent beside it.
+	Note string `json:"note,omitempty"`
+}
+
+// String is the CNI and its mode, as a check's message names them.
+func (n Network) String() string {
+	switch {
+	case n.Name == "":
+		return "no CNI configuration"
+	case n.Mode == "":
+		return n.Name
+	}
+	return n.Name + " (" + n.Mode + ")"
+}
+
+// known are the CNIs the agent recognises by their plugin's type: their
+// default marks and what a node's interfaces say of their mode.
+var known = map[string]struct {
+	name  string
+	marks uint32
+	mode  func(links []string) string
+}{
+	// Calico's felix allocates its marks from IptablesMarkMask,
+	// 0xffff0000 unless configured. Its eBPF data plane makes bpfout.cali.
+	"calico": {"calico", 0xffff0000, func(l []string) string {
+		switch {
+		case has(l, "bpfout.cali"):
+			return "ebpf"
+		case has(l, "vxlan.calico"):
+			return "vxlan"
+		}
+		return "routed"
+	}},
+	// Cilium keeps a security identity in the upper 16 bits, its magic
+	// values in 0x0f00 and a cluster id in the low 8 bits; it leaves
+	// 0xf000 to kube-proxy's bits and others.
+	"cilium-cni": {"cilium", 0xffff0fff, func(l []string) string {
+		switch {
+		case has(l, "cilium_vxlan"):
+			return "vxlan"
+		case has(l, "cilium_geneve"):
+			return "geneve"
+		}
+		return "native"
+	}},
+	"flannel": {"flannel", 0, func(l []string) string {
+		if has(l, "flannel.1") {
+			return "vxlan"
+		}
+		return "host-gw"
+	}},
+	"ovn-k8s-cni-overlay": {"ovn-kubernetes", 0, func([]string) string { return "geneve" }},
+	"ptp":                 {"ptp", 0, func([]string) string { return "routed" }},
+	"bridge":              {"bridge", 0, func([]string) string { return "bridge" }},
+}
+
+// support is the project's matrix (docs/install.md, "CNIs"): what is
+// proven, and what is known of the rest.
+func support(name, mode string) (Support, string) {
+	switch name {
+	case "ptp":
+		return Tested, "routed veths: the test bed's CNI"
+	case "calico":
+		if mode == "ebpf" {
+			return Untested, "Calico's eBPF data plane redirects pods' packets past the policy routing the agent steers with"
+		}
+		return Untested, "routed veths: pods are found and steered by policy routing; no test bed runs Calico"
+	case "cilium":
+		return Untested, "with eBPF host routing (Cilium's default on recent kernels) pods' packets are redirected past the policy routing the agent steers with; legacy host routing is untested"
+	case "flannel", "bridge":
+		if mode == "vxlan" {
+			return Untested, "pods are found at their bridge ports; a subflow inside the VXLAN tunnel leaves on the NIC the tunnel's underlay route picks, unless the fabric routes pod CIDRs"
+		}
+		return Untested, "pods are found at their bridge ports; steering through the bridge is proven on no bed"
+	case "ovn-kubernetes":
+		return Untested, "an OVS data path: the agent's hooks on pods' host-side veths see no OVS port"
+	case "":
+		return Unknown, "the runtime would run no pod with a network"
+	}
+	return Unknown, "not a CNI the agent knows: its marks are unknown, so a clash cannot be found (set the agent's cni.marks)"
+}
+
+// Find reads the CNI configuration in dir as the container runtime does
+// (libcni: the first of its .conf, .conflist and .json files by name that
+// parses) and names the CNI, with the mode that links, the node's
+// interface names, show. An empty or missing directory is no error: it is
+// a Network without a name.
+func Find(dir string, links []string) (Network, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		err = nil
+	}
+	if err != nil {
+		return Network{}, err
+	}
+	for _, e := range entries { // sorted by name
+		switch filepath.Ext(e.Name()) {
+		case ".conf", ".conflist", ".json":
+		default:
+			continue
+		}
+		file := filepath.Join(dir, e.Name())
+		plugin, ok := mainPlugin(file)
+		if !ok {
+			continue
+		}
+		n := Network{Name: plugin, File: file}
+		if k, ok := known[plugin]; ok {
+			n.Name, n.Marks, n.Mode = k.name, k.marks, k.mode(links)
+		}
+		n.Support, n.Note = support(n.Name, n.Mode)
+		return n, nil
+	}
+	n := Network{}
+	n.Support, n.Note = support("", "")
+	return n, nil
+}
+
+// mainPlugin is the type of a configuration's first plugin (a .conflist's
+// plugins[0], a .conf's own type), which makes the pod's interface; later
+// ones (portmap, bandwidth, tuning) only adjust it.
+func mainPlugin(file string) (string, bool) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", false
+	}
+	var conf struct {
+		Type    string `json:"type"`
+		Plugins []struct {
+			Type string `json:"type"`
+		} `json:"plugins"`
+	}
+	if json.Unmarshal(b, &conf) != nil {
+		return "", false
+	}
+	if len(conf.Plugins) > 0 {
+		return conf.Plugins[0].Type, conf.Plugins[0].Type != ""
+	}
+	return conf.Type, conf.Type != ""
+}
+
+func has(links []string, name string) bool { return slices.Contains(links, name) }
+
+// FreeMask suggests a mark mask of four bits that used leaves free, the
+// highest such nibble, and kube-proxy's bits too when withKubeProxy; 0
+// when there is none.
+func FreeMask(used uint32, withKubeProxy bool) uint32 {
+	if withKubeProxy {
+		used |= KubeProxyMarks
+	}
+	for shift := 28; shift >= 0; shift -= 4 {
+		if m := uint32(0xf) << shift; used&m == 0 {
+			return m
+		}
+	}
+	return 0
+}
+
+// ParseMarks reads a mark mask written as hexadecimal (0x00f00000) or
+// decimal.
+func ParseMarks(v string) (uint32, error) {
+	m, err := strconv.ParseUint(strings.TrimSpace(v), 0, 32)
+	if err != nil {
+		return 0, fmt.Errorf("marks %q: want a 32-bit mask such as 0x00f00000", v)
+	}
+	return uint32(m), nil
+}

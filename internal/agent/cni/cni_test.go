@@ -1,0 +1,135 @@
+package cni
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func writeConf(t *testing.T, dir, name, body string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The CNI is the first configuration by name that parses, as the runtime
+// picks it; its mode comes from the node's interfaces and its marks from
+// what the CNI is known to use.
+func TestFindNamesTheCNIItsModeAndMarks(t *testing.T) {
+	for name, tc := range map[string]struct {
+		files map[string]string
+		links []string
+		want  Network
+	}{
+		"calico over VXLAN": {
+			files: map[string]string{"10-calico.conflist": `{"name":"k8s-pod-network","plugins":[{"type":"calico"},{"type":"bandwidth"},{"type":"portmap"}]}`},
+			links: []string{"lo", "eth0", "vxlan.calico", "cali1234"},
+			want:  Network{Name: "calico", Mode: "vxlan", Marks: 0xffff0000, Support: Untested},
+		},
+		"calico with the eBPF data plane": {
+			files: map[string]string{"10-calico.conflist": `{"plugins":[{"type":"calico"}]}`},
+			links: []string{"bpfout.cali", "bpfin.cali"},
+			want:  Network{Name: "calico", Mode: "ebpf", Marks: 0xffff0000, Support: Untested},
+		},
+		"cilium in geneve tunnel mode": {
+			files: map[string]string{"05-cilium.conflist": `{"plugins":[{"type":"cilium-cni"}]}`},
+			links: []string{"cilium_host", "cilium_net", "cilium_geneve"},
+			want:  Network{Name: "cilium", Mode: "geneve", Marks: 0xffff0fff, Support: Untested},
+		},
+		"flannel vxlan": {
+			files: map[string]string{"10-flannel.conflist": `{"plugins":[{"type":"flannel","delegate":{"isDefaultGateway":true}},{"type":"portmap"}]}`},
+			links: []string{"cni0", "flannel.1"},
+			want:  Network{Name: "flannel", Mode: "vxlan", Support: Untested},
+		},
+		"flannel host-gw": {
+			files: map[string]string{"10-flannel.conflist": `{"plugins":[{"type":"flannel"}]}`},
+			links: []string{"cni0"},
+			want:  Network{Name: "flannel", Mode: "host-gw", Support: Untested},
+		},
+		"ptp as a single .conf": {
+			files: map[string]string{"10-ptp.conf": `{"type":"ptp","ipam":{"type":"host-local"}}`},
+			want:  Network{Name: "ptp", Mode: "routed", Support: Tested},
+		},
+		"the first that parses, by name": {
+			files: map[string]string{
+				"00-notes.txt":         `{"plugins":[{"type":"calico"}]}`,
+				"05-broken.conflist":   `{"plugins":[`,
+				"06-empty.conflist":    `{"plugins":[]}`,
+				"10-testbed.conflist":  `{"plugins":[{"type":"ptp"}]}`,
+				"20-calico.conflist":   `{"plugins":[{"type":"calico"}]}`,
+				"99-flannel.conflist/": ``,
+			},
+			want: Network{Name: "ptp", Mode: "routed", Support: Tested},
+		},
+		"a plugin the agent does not know": {
+			files: map[string]string{"10-x.conflist": `{"plugins":[{"type":"weave-net"}]}`},
+			want:  Network{Name: "weave-net", Support: Unknown},
+		},
+		"no configuration": {
+			want: Network{Support: Unknown},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			for f, body := range tc.files {
+				if f[len(f)-1] == '/' {
+					if err := os.Mkdir(filepath.Join(dir, f), 0o755); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				writeConf(t, dir, f, body)
+			}
+			got, err := Find(dir, tc.links)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Name != tc.want.Name || got.Mode != tc.want.Mode || got.Marks != tc.want.Marks || got.Support != tc.want.Support {
+				t.Errorf("found %+v, want %+v", got, tc.want)
+			}
+			if got.Note == "" {
+				t.Errorf("found %+v without a note saying what is known", got)
+			}
+			if tc.want.Name != "" && filepath.Dir(got.File) != dir {
+				t.Errorf("found in %q, want a file of %s", got.File, dir)
+			}
+		})
+	}
+	if n, err := Find(filepath.Join(t.TempDir(), "missing"), nil); err != nil || n.Name != "" {
+		t.Errorf("a missing directory: %+v, %v; want no CNI and no error", n, err)
+	}
+}
+
+// The suggested mask is four bits that neither the CNI nor, where it runs,
+// kube-proxy use.
+func TestFreeMaskLeavesTheCNIsAndKubeProxysBits(t *testing.T) {
+	for _, tc := range []struct {
+		used          uint32
+		withKubeProxy bool
+		want          uint32
+	}{
+		{0, true, 0xf0000000},
+		{0xffff0000, true, 0x00000f00},
+		{0xffff0fff, true, 0},
+		{0xffff0fff, false, 0x0000f000},
+		{0xffffffff, false, 0},
+	} {
+		if got := FreeMask(tc.used, tc.withKubeProxy); got != tc.want {
+			t.Errorf("FreeMask(%#x, %v) = %#x, want %#x", tc.used, tc.withKubeProxy, got, tc.want)
+		}
+	}
+}
+
+func TestParseMarks(t *testing.T) {
+	for in, want := range map[string]uint32{"0x00f00000": 0x00f00000, "0xFFFF0000": 0xffff0000, "3840": 0xf00, " 0xf00 ": 0xf00} {
+		if got, err := ParseMarks(in); err != nil || got != want {
+			t.Errorf("ParseMarks(%q) = %#x, %v; want %#x", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0x", "0x1ffffffff", "0x12zz", "-1", "f00"} {
+		if got, err := ParseMarks(in); err == nil {
+			t.Errorf("ParseMarks(%q) = %#x, want an error", in, got)
+		}
+	}
+}

@@ -1,0 +1,61 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/nodecheck"
+)
+
+// ReportFailedStart writes, to the node's MPTCPNodeState, the checks of an
+// agent that could not start (no BTF, no bpffs, a kernel without MPTCP) and
+// why, so that kubectl mptcp preflight shows them while the agent's pod
+// restarts. Nothing is written when the node has no state yet.
+func ReportFailedStart(ctx context.Context, cfg *rest.Config, node string, checks []mptcpv1alpha1.NodeCheck, startErr error) error {
+	scheme := runtime.NewScheme()
+	if err := mptcpv1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	var state mptcpv1alpha1.MPTCPNodeState
+	if err := c.Get(ctx, types.NamespacedName{Name: node}, &state); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	// The failed check that explains it, if one does.
+	passed, reason, failed := nodecheck.Summary(checks)
+	msg := fmt.Sprintf("the agent cannot start: %v", startErr)
+	if passed {
+		reason = ReasonStartFailed
+	} else {
+		msg += " (" + failed + ")"
+	}
+	cond := metav1.Condition{Type: ConditionNodeSupported, Status: metav1.ConditionFalse, Reason: reason, Message: msg,
+		ObservedGeneration: state.Generation, LastTransitionTime: metav1.Now()}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"checks": checks, "conditions": mergedConditions(state.Status.Conditions, cond)}})
+	if err != nil {
+		return err
+	}
+	return c.Status().Patch(ctx, &state, client.RawPatch(types.MergePatchType, patch))
+}
+
+// mergedConditions is conds with cond in place of its type's.
+func mergedConditions(conds []metav1.Condition, cond metav1.Condition) []metav1.Condition {
+	out := make([]metav1.Condition, 0, len(conds)+1)
+	for _, c := range conds {
+		if c.Type != cond.Type {
+			out = append(out, c)
+		}
+	}
+	return append(out, cond)
+}
