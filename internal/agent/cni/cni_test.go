@@ -122,7 +122,7 @@ func TestFreeMaskLeavesTheCNIsAndKubeProxysBits(t *testing.T) {
 }
 
 func TestParseMarks(t *testing.T) {
-	for in, want := range map[string]uint32{"0x00f00000": 0x00f00000, "0xFFFF0000": 0xffff0000, "3840": 0xf00, " 0xf00 ": 0xf00} {
+	for in, want := range map[string]uint32{"0x00f00000": 0x00f00000, "0xFFFF0000": 0xffff0000, "3840": 0xf00, "0x0f00": 0xf00} {
 		if got, err := ParseMarks(in); err != nil || got != want {
 			t.Errorf("ParseMarks(%q) = %#x, %v; want %#x", in, got, err, want)
 		}
