@@ -36,6 +36,7 @@ var hostDirs = []string{
 	"/var/log/pods",       // container logs, which tests read (Node.ContainerLog)
 	"/var/log/containers", // the kubelet's links to them
 	"/etc/cni/net.d",      // the node's CNI configuration (ptp + host-local)
+	"/run/flannel",        // flanneld's subnet.env, with Options.Flannel
 }
 
 // kernelTunables are the machine-wide sysctls the kubelet sets to values of

@@ -66,6 +66,9 @@ type Options struct {
 	// Labels are added to every Node (the kubelet's --node-labels), besides
 	// LabelMultipath=true.
 	Labels map[string]string
+	// Flannel, when set, runs flanneld on every node and attaches pods to
+	// its bridge instead of the bed's ptp network (flannel.go).
+	Flannel *Flannel
 }
 
 // Cluster is the real nodes of a bed. Stop it with Stop.
@@ -85,8 +88,9 @@ type Node struct {
 	Dir string
 	// Cgroup is the kubelet's cgroup root, in every hierarchy.
 	Cgroup string
-	// Containerd and Kubelet are the node's processes.
-	Containerd, Kubelet *testbed.Process
+	// Containerd and Kubelet are the node's processes; Flanneld too with
+	// Options.Flannel.
+	Containerd, Kubelet, Flanneld *testbed.Process
 
 	layout  layout
 	mountNS string // the node's mount namespace, as readlink /proc/PID/ns/mnt shows it
@@ -146,6 +150,11 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			return c, fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}
+	if o.Flannel != nil {
+		if err := c.startFlannel(ctx); err != nil {
+			return c, err
+		}
+	}
 	return c, c.WaitReady(ctx)
 }
 
@@ -193,12 +202,20 @@ func (c *Cluster) prepare(ctx context.Context, n *Node) error {
 	if err != nil {
 		return err
 	}
-	err = writeFiles(map[string][]byte{
-		n.layout.config("containerd.toml"):                     []byte(containerdConfig(n.layout, c.opts.SandboxImage)),
-		n.layout.private("/etc/cni/net.d/10-testbed.conflist"): cni,
-		n.layout.config("kubelet.yaml"):                        kubelet,
-	})
-	if err != nil {
+	files := map[string][]byte{
+		n.layout.config("containerd.toml"): []byte(containerdConfig(n.layout, c.opts.SandboxImage)),
+		n.layout.config("kubelet.yaml"):    kubelet,
+	}
+	if c.opts.Flannel == nil {
+		files[n.layout.private("/etc/cni/net.d/10-testbed.conflist")] = cni
+	} else {
+		fl, err := flannelFiles(n.layout, c.opts.Flannel)
+		if err != nil {
+			return err
+		}
+		maps.Copy(files, fl)
+	}
+	if err := writeFiles(files); err != nil {
 		return err
 	}
 	if err := cp.WriteNodeKubeconfig(n.layout.config("kubelet.kubeconfig"), n.Name); err != nil {
@@ -384,6 +401,9 @@ func (c *Cluster) Stop() error {
 
 func (c *Cluster) stopNode(n *Node) error {
 	var errs []error
+	if n.Flanneld != nil {
+		errs = append(errs, n.Flanneld.Stop(5*time.Second))
+	}
 	if n.Kubelet != nil {
 		errs = append(errs, n.Kubelet.Stop(5*time.Second))
 	}

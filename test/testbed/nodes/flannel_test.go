@@ -1,0 +1,242 @@
+package nodes_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed/controlplane"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed/nodes"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+)
+
+// Research (wip/flannel): a real flanneld on the bed's real nodes, with
+// flannel's Kubernetes subnet manager, and pods on flannel's bridge (the
+// configuration flannel's CNI plugin delegates to: nodes.Flannel). Skipped
+// unless FLANNELD names a flanneld binary (`make flanneld`, then
+// FLANNELD=$(make -s print-flanneld)).
+func TestFlannel(t *testing.T) {
+	testbed.RequireRoot(t)
+	nodes.RequireTools(t)
+	flanneld := os.Getenv("FLANNELD")
+	if flanneld == "" {
+		t.Skip("FLANNELD is not set: `make flanneld`, then FLANNELD=$(make -s print-flanneld)")
+	}
+	images := testImages(t)
+
+	// vxlan: flannel.1 on every node, the VTEP on nic1's address (the node
+	// IP), which fabric 1 routes between the nodes. An MPTCP stream from a
+	// pod on node 1 to a pod on node 2 crosses flannel.1 and leaves node 1's
+	// nic1 encapsulated (UDP 8472, flannel's VXLAN port), none of it plain.
+	t.Run("vxlan", func(t *testing.T) {
+		bed, cp, c := flannelCluster(t, images, flanneld, "vxlan")
+		for _, n := range c.Nodes {
+			out := nsOut(t, n.Bed.NetNS, "ip", "-d", "link", "show", "flannel.1")
+			if !strings.Contains(out, "vxlan id 1") {
+				t.Fatalf("node %s: flannel.1 is not flannel's vxlan device:\n%s", n.Name, out)
+			}
+			node := &corev1.Node{}
+			if err := cp.Client.Get(context.Background(), client.ObjectKey{Name: n.Name}, node); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("node %s: flannel annotations backend-type=%s public-ip=%s backend-data=%s", n.Name,
+				node.Annotations["flannel.alpha.coreos.com/backend-type"], node.Annotations["flannel.alpha.coreos.com/public-ip"],
+				node.Annotations["flannel.alpha.coreos.com/backend-data"])
+			if node.Annotations["flannel.alpha.coreos.com/backend-type"] != "vxlan" {
+				t.Fatalf("node %s has no vxlan lease in its annotations: %v", n.Name, node.Annotations)
+			}
+		}
+		const size = 4 << 20
+		n1 := c.Node(1).Bed.NetNS
+		d := flannelTransfer(t, bed, cp, c, size, func(server string) func() map[string]uint64 {
+			if got := nsOut(t, n1, "ip", "route", "get", server); !strings.Contains(got, "dev flannel.1") {
+				t.Fatalf("node 1's route to the server pod %s: %s, want it through flannel.1", server, got)
+			}
+			return outCounters(t, n1, map[string]string{
+				"nic1 vxlan": "-o nic1 -p udp --dport 8472", "nic1 plain": "-o nic1 -d " + nodes.FlannelNetwork.String(),
+				"nic2 vxlan": "-o nic2 -p udp --dport 8472", "flannel.1": "-o flannel.1 -d " + server,
+			})
+		})
+		if d["flannel.1"] < size || d["nic1 vxlan"] < size || d["nic1 plain"] != 0 || d["nic2 vxlan"] != 0 {
+			t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer: want it all through flannel.1 and out of nic1 in VXLAN", d, size)
+		}
+	})
+
+	// host-gw: flanneld routes each peer's pod subnet via the peer's public
+	// IP on its interface, which must be on the same L2 segment. The bed's
+	// nic1 addresses are each on a /24 of their own towards a router
+	// (fabric 1): no peer is on link, and the kernel refuses the route.
+	// Pods still reach each other, through the node's default route and
+	// the fabric, which routes every pod CIDR: not flannel's doing.
+	t.Run("host-gw", func(t *testing.T) {
+		bed, cp, c := flannelCluster(t, images, flanneld, "host-gw")
+		for _, n := range c.Nodes {
+			peer := c.Node(3 - n.Bed.Index)
+			want := fmt.Sprintf("Dst: %s Src: <nil> Gw: %s Flags: [] Table: 0 Realm: 0}: network is unreachable", peer.Bed.PodCIDR, peer.Bed.NIC(1).Addr.Addr())
+			deadline := time.Now().Add(10 * time.Second)
+			for !strings.Contains(n.Flanneld.ErrOutput(), want) {
+				if time.Now().After(deadline) {
+					t.Fatalf("node %s: flanneld did not fail to route %s via %s; its log:\n%s", n.Name, peer.Bed.PodCIDR, peer.Bed.NIC(1).Addr.Addr(), tail(n.Flanneld.ErrOutput(), 3000))
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if routes := nsOut(t, n.Bed.NetNS, "ip", "route", "show", peer.Bed.PodCIDR.String()); routes != "" {
+				t.Fatalf("node %s routes %s: %s", n.Name, peer.Bed.PodCIDR, routes)
+			}
+			t.Logf("node %s: flanneld: Error adding route to {... %s", n.Name, want)
+		}
+		const size = 1 << 20
+		n1 := c.Node(1).Bed.NetNS
+		d := flannelTransfer(t, bed, cp, c, size, func(server string) func() map[string]uint64 {
+			if got := nsOut(t, n1, "ip", "route", "get", server); !strings.Contains(got, "via 10.101.1.1 dev nic1") {
+				t.Fatalf("node 1's route to the server pod %s: %s, want the default route to fabric 1", server, got)
+			}
+			return outCounters(t, n1, map[string]string{"nic1 plain": "-o nic1 -d " + server})
+		})
+		if d["nic1 plain"] < size {
+			t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer: want it out of nic1 unencapsulated", d, size)
+		}
+	})
+}
+
+// flannelCluster brings up a bed of two nodes with two NICs each, the
+// control plane, and real nodes running flanneld with backend.
+func flannelCluster(t *testing.T, images nodes.Images, flanneld, backend string) (*testbed.Bed, *controlplane.ControlPlane, *nodes.Cluster) {
+	t.Helper()
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2})
+	cp := startCluster(t)
+	start := time.Now()
+	c, err := nodes.Start(context.Background(), nodes.Options{
+		Bed: bed, ControlPlane: cp, Assets: testenv.Assets(t),
+		Images: images.All(), SandboxImage: images[nodes.PauseImage].Ref,
+		Flannel: &nodes.Flannel{Flanneld: flanneld, Backend: backend},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Errorf("stop the real nodes: %v", err)
+		}
+	})
+	t.Logf("2 real nodes with flanneld (%s) Ready in %s", backend, time.Since(start).Round(100*time.Millisecond))
+	for _, n := range c.Nodes {
+		env, err := n.ReadFlannelEnv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("node %s: subnet.env %+v", n.Name, env)
+		if env.Subnet.Masked() != n.Bed.PodCIDR {
+			t.Fatalf("node %s: flannel's subnet %s is not the Node's podCIDR %s", n.Name, env.Subnet, n.Bed.PodCIDR)
+		}
+	}
+	return bed, cp, c
+}
+
+// flannelTransfer runs a server pod on node 2 and a client pod on node 1
+// that sends size bytes over MPTCP, and checks both ends' reports. setup,
+// given the server pod's address, returns a probe of byte counters; the
+// counters' growth during the transfer is returned.
+func flannelTransfer(t *testing.T, bed *testbed.Bed, cp *controlplane.ControlPlane, c *nodes.Cluster, size int,
+	setup func(serverAddr string) func() map[string]uint64) map[string]uint64 {
+	t.Helper()
+	ctx := context.Background()
+	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "traffic"}}); err != nil {
+		t.Fatal(err)
+	}
+	server := trafficPod("server", c.Node(2).Name, "serve", "-listen", "0.0.0.0:5201", "-mptcp")
+	if err := cp.Client.Create(ctx, server); err != nil {
+		t.Fatal(err)
+	}
+	server = waitPod(t, cp, c, server, corev1.PodRunning)
+	serverPod, err := c.AttachPod(ctx, server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("server pod %s on %s, host interface %s", serverPod.Addr, c.Node(2).Name, serverPod.HostIf)
+	if !c.Node(2).Bed.PodCIDR.Contains(serverPod.Addr) || serverPod.HostIf != "cni0" {
+		t.Fatalf("server pod %s behind %q: want an address of %s behind flannel's bridge cni0", serverPod.Addr, serverPod.HostIf, c.Node(2).Bed.PodCIDR)
+	}
+	probe := setup(serverPod.Addr.String())
+	before := probe()
+	client1 := trafficPod("client", c.Node(1).Name, "send", "-to", serverPod.Addr.String()+":5201", "-mptcp",
+		"-conns", "1", "-bytes", fmt.Sprint(size), "-seed", "14", "-json")
+	if err := cp.Client.Create(ctx, client1); err != nil {
+		t.Fatal(err)
+	}
+	client1 = waitPod(t, cp, c, client1, corev1.PodSucceeded)
+	after := probe()
+	sent := decodeLines[testbed.SenderReport](t, c.Node(1), client1)
+	var got []testbed.ServerReport
+	deadline := time.Now().Add(20 * time.Second)
+	for len(got) == 0 && time.Now().Before(deadline) {
+		got = decodeLines[testbed.ServerReport](t, c.Node(2), server)
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(sent) != 1 || len(got) != 1 {
+		t.Fatalf("want one report from each end, got %d sent and %d received", len(sent), len(got))
+	}
+	if !sent[0].MPTCP || !got[0].MPTCP || got[0].Bytes != int64(size) || got[0].SHA256 != sent[0].SHA256 {
+		t.Fatalf("want %d bytes over MPTCP at both ends, same hash: sent %+v, received %+v", size, sent[0], got[0])
+	}
+	delta := map[string]uint64{}
+	for k, v := range after {
+		delta[k] = v - before[k]
+	}
+	t.Logf("%d bytes from %s to %s over MPTCP, sha256 %.12s; node 1 sent (bytes) %v", size, sent[0].Local, got[0].Local, got[0].SHA256, delta)
+	return delta
+}
+
+// outCounters counts, in ns's mangle POSTROUTING, the bytes of the packets
+// each rule (iptables match arguments) matches, and returns a probe of
+// them. The rules go with the namespace.
+func outCounters(t *testing.T, ns string, rules map[string]string) func() map[string]uint64 {
+	t.Helper()
+	for name, match := range rules {
+		nsOut(t, ns, append(append([]string{"iptables", "-t", "mangle", "-A", "POSTROUTING"}, strings.Fields(match)...),
+			"-m", "comment", "--comment", "fltest:"+name)...)
+	}
+	return func() map[string]uint64 {
+		out := nsOut(t, ns, "iptables", "-t", "mangle", "-L", "POSTROUTING", "-v", "-x", "-n")
+		got := map[string]uint64{}
+		for _, line := range strings.Split(out, "\n") {
+			i := strings.Index(line, "/* fltest:")
+			if i < 0 {
+				continue
+			}
+			name := strings.TrimSuffix(strings.TrimSpace(line[i+len("/* fltest:"):]), "*/")
+			var pkts, bytes uint64
+			fmt.Sscan(line, &pkts, &bytes)
+			got[strings.TrimSpace(name)] = bytes
+		}
+		if len(got) != len(rules) {
+			t.Fatalf("counters in %s: %v, want %d:\n%s", ns, got, len(rules), out)
+		}
+		return got
+	}
+}
+
+func nsOut(t *testing.T, ns string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("in %s: %s: %v: %s", ns, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
