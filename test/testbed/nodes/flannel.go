@@ -18,6 +18,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
 // Flannel makes Start run a real flanneld on every node, with flannel's
@@ -43,6 +45,10 @@ type Flannel struct {
 	Backend string
 	// Iface is the interface flanneld sends over (--iface), "nic1" when empty.
 	Iface string
+	// PublicIP, when set, gives a node's flanneld its --public-ip: the
+	// address peers send to (vxlan: the VTEP's address, the outer packets'
+	// source), instead of Iface's.
+	PublicIP func(*testbed.Node) netip.Addr
 }
 
 // FlannelNetwork is flannel's cluster network: every bed node's pod CIDR,
@@ -155,6 +161,9 @@ func (c *Cluster) startFlannel(ctx context.Context) error {
 			"--iface", iface,
 			"--ip-masq",
 			"--v=2",
+		}
+		if f.PublicIP != nil {
+			args = append(args, "--public-ip", f.PublicIP(n.Bed).String())
 		}
 		cmd := exec.Command("nsenter", append([]string{"--mount=" + n.MountNS(), "--net=/var/run/netns/" + n.Bed.NetNS, "--"}, args...)...)
 		cmd.Env = append(os.Environ(), "NODE_NAME="+n.Name)

@@ -3,6 +3,7 @@ package nodes_test
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -71,6 +72,48 @@ func TestFlannel(t *testing.T) {
 		}
 	})
 
+	// vxlan, steered by a mark: what the agent would need to place a pod's
+	// subflows on distinct NICs under flannel. The kernel's outer route
+	// lookup for a VXLAN packet (udp_tunnel_dst_lookup, from vxlan_xmit_one)
+	// takes the inner packet's skb->mark as its flowi4_mark, and flannel's
+	// FDB entries do not pin the outer packets to --iface (no NDA_IFINDEX),
+	// so a fwmark rule picks the outer packets' NIC. What the bed needs for
+	// it: a VTEP address that every fabric routes (10.100.0.i/32 on each
+	// node's lo, flanneld's --public-ip), and loose reverse-path filtering
+	// on the nodes (the outer source is the VTEP address whatever the NIC).
+	// Here iptables marks what node 1's pods send (the agent's TC program's
+	// part), and path 2's table routes only the VTEP addresses, so that the
+	// inner packet still takes flannel.1 from the main table.
+	t.Run("vxlan-mark-steers-outer", func(t *testing.T) {
+		vtep := func(n *testbed.Node) netip.Addr { return netip.AddrFrom4([4]byte{10, 100, 0, byte(n.Index)}) }
+		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2})
+		for _, n := range bed.Nodes {
+			nsOut(t, n.NetNS, "ip", "addr", "add", vtep(n).String()+"/32", "dev", "lo")
+			nsOut(t, n.NetNS, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=2")
+			for _, nic := range n.NICs {
+				nsOut(t, nic.FabricNS, "ip", "route", "add", vtep(n).String()+"/32", "via", nic.Addr.Addr().String(), "dev", nic.FabricIf)
+			}
+		}
+		cp, c := flannelNodes(t, bed, images, &nodes.Flannel{Flanneld: flanneld, Backend: "vxlan", PublicIP: vtep})
+		n1 := c.Node(1).Bed
+		nsOut(t, n1.NetNS, "ip", "route", "add", "10.100.0.0/24", "via", n1.NIC(2).Gateway.String(), "dev", "nic2", "table", "102")
+		nsOut(t, n1.NetNS, "ip", "rule", "add", "fwmark", "0x100000/0xf00000", "lookup", "102", "pref", "100")
+		nsOut(t, n1.NetNS, "iptables", "-t", "mangle", "-A", "PREROUTING", "-i", "cni0", "-j", "MARK", "--set-xmark", "0x100000/0xf00000")
+		const size = 4 << 20
+		d := flannelTransfer(t, bed, cp, c, size, func(server string) func() map[string]uint64 {
+			if got := nsOut(t, n1.NetNS, "ip", "route", "get", server, "mark", "0x100000"); !strings.Contains(got, "dev flannel.1") {
+				t.Fatalf("node 1's route to the server pod %s for a marked packet: %s, want it through flannel.1", server, got)
+			}
+			return outCounters(t, n1.NetNS, map[string]string{
+				"nic1 vxlan": "-o nic1 -p udp --dport 8472", "nic2 vxlan": "-o nic2 -p udp --dport 8472",
+				"nic2 plain": "-o nic2 -d " + nodes.FlannelNetwork.String(), "flannel.1": "-o flannel.1 -d " + server,
+			})
+		})
+		if d["flannel.1"] < size || d["nic2 vxlan"] < size || d["nic1 vxlan"] != 0 || d["nic2 plain"] != 0 {
+			t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer: want it all through flannel.1 and out of nic2 in VXLAN", d, size)
+		}
+	})
+
 	// host-gw: flanneld routes each peer's pod subnet via the peer's public
 	// IP on its interface, which must be on the same L2 segment. The bed's
 	// nic1 addresses are each on a /24 of their own towards a router
@@ -113,12 +156,19 @@ func TestFlannel(t *testing.T) {
 func flannelCluster(t *testing.T, images nodes.Images, flanneld, backend string) (*testbed.Bed, *controlplane.ControlPlane, *nodes.Cluster) {
 	t.Helper()
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2})
+	cp, c := flannelNodes(t, bed, images, &nodes.Flannel{Flanneld: flanneld, Backend: backend})
+	return bed, cp, c
+}
+
+// flannelNodes starts the control plane and the bed's nodes with flannel.
+func flannelNodes(t *testing.T, bed *testbed.Bed, images nodes.Images, f *nodes.Flannel) (*controlplane.ControlPlane, *nodes.Cluster) {
+	t.Helper()
 	cp := startCluster(t)
 	start := time.Now()
 	c, err := nodes.Start(context.Background(), nodes.Options{
 		Bed: bed, ControlPlane: cp, Assets: testenv.Assets(t),
 		Images: images.All(), SandboxImage: images[nodes.PauseImage].Ref,
-		Flannel: &nodes.Flannel{Flanneld: flanneld, Backend: backend},
+		Flannel: f,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +178,7 @@ func flannelCluster(t *testing.T, images nodes.Images, flanneld, backend string)
 			t.Errorf("stop the real nodes: %v", err)
 		}
 	})
-	t.Logf("2 real nodes with flanneld (%s) Ready in %s", backend, time.Since(start).Round(100*time.Millisecond))
+	t.Logf("2 real nodes with flanneld (%s) Ready in %s", f.Backend, time.Since(start).Round(100*time.Millisecond))
 	for _, n := range c.Nodes {
 		env, err := n.ReadFlannelEnv()
 		if err != nil {
@@ -139,7 +189,7 @@ func flannelCluster(t *testing.T, images nodes.Images, flanneld, backend string)
 			t.Fatalf("node %s: flannel's subnet %s is not the Node's podCIDR %s", n.Name, env.Subnet, n.Bed.PodCIDR)
 		}
 	}
-	return bed, cp, c
+	return cp, c
 }
 
 // flannelTransfer runs a server pod on node 2 and a client pod on node 1
