@@ -149,6 +149,61 @@ func TestFlannel(t *testing.T) {
 			t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer: want it out of nic1 unencapsulated", d, size)
 		}
 	})
+	// host-gw on what it needs: one L2 segment joining the nodes, here a
+	// bridge in a namespace of the bed's (<bed>-lan, removed with the bed)
+	// and a NIC "lan" on every node, 10.100.0.i/24, flanneld's --iface.
+	// flanneld routes each peer's pod subnet via the peer's lan address,
+	// and the pods' traffic leaves by lan, none of it by the fabrics.
+	t.Run("host-gw-on-a-shared-lan", func(t *testing.T) {
+		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2})
+		addLAN(t, bed)
+		cp, c := flannelNodes(t, bed, images, &nodes.Flannel{Flanneld: flanneld, Backend: "host-gw", Iface: "lan"})
+		for _, n := range c.Nodes {
+			peer := c.Node(3 - n.Bed.Index)
+			want := fmt.Sprintf("%s via %s dev lan", peer.Bed.PodCIDR, lanAddr(peer.Bed))
+			deadline := time.Now().Add(10 * time.Second)
+			for !strings.Contains(nsOut(t, n.Bed.NetNS, "ip", "route", "show", peer.Bed.PodCIDR.String()), want) {
+				if time.Now().After(deadline) {
+					t.Fatalf("node %s: no route %q; its flanneld log:\n%s", n.Name, want, tail(n.Flanneld.ErrOutput(), 3000))
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			t.Logf("node %s: %s", n.Name, want)
+		}
+		const size = 4 << 20
+		n1 := c.Node(1).Bed.NetNS
+		d := flannelTransfer(t, bed, cp, c, size, func(server string) func() map[string]uint64 {
+			return outCounters(t, n1, map[string]string{
+				"lan": "-o lan -d " + server, "nic1": "-o nic1 -d " + server, "nic2": "-o nic2 -d " + server,
+			})
+		})
+		if d["lan"] < size || d["nic1"] != 0 || d["nic2"] != 0 {
+			t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer: want it all out of lan", d, size)
+		}
+	})
+}
+
+// lanAddr is node n's address on the shared segment addLAN makes.
+func lanAddr(n *testbed.Node) netip.Addr { return netip.AddrFrom4([4]byte{10, 100, 0, byte(n.Index)}) }
+
+// addLAN joins the bed's nodes on one L2 segment: a bridge in namespace
+// <bed>-lan (the bed's prefix: Down removes it) and a veth "lan" on every
+// node, addressed lanAddr/24.
+func addLAN(t *testing.T, bed *testbed.Bed) {
+	t.Helper()
+	lan := bed.Name + "-lan"
+	if out, err := exec.Command("ip", "netns", "add", lan).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", lan, err, out)
+	}
+	nsOut(t, lan, "ip", "link", "add", "br0", "type", "bridge")
+	nsOut(t, lan, "ip", "link", "set", "br0", "up")
+	for _, n := range bed.Nodes {
+		port := fmt.Sprintf("n%d", n.Index)
+		nsOut(t, n.NetNS, "ip", "link", "add", "lan", "type", "veth", "peer", "name", port, "netns", lan)
+		nsOut(t, lan, "ip", "link", "set", port, "master", "br0", "up")
+		nsOut(t, n.NetNS, "ip", "addr", "add", lanAddr(n).String()+"/24", "dev", "lan")
+		nsOut(t, n.NetNS, "ip", "link", "set", "lan", "up")
+	}
 }
 
 // flannelCluster brings up a bed of two nodes with two NICs each, the
