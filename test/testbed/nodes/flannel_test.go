@@ -55,6 +55,13 @@ func TestFlannel(t *testing.T) {
 			if node.Annotations["flannel.alpha.coreos.com/backend-type"] != "vxlan" {
 				t.Fatalf("node %s has no vxlan lease in its annotations: %v", n.Name, node.Annotations)
 			}
+			// flanneld's FDB entry for the peer names no device (no "via"):
+			// the outer packets' route is not bound to --iface.
+			fdb := nsOut(t, n.Bed.NetNS, "bridge", "fdb", "show", "dev", "flannel.1")
+			t.Logf("node %s: bridge fdb show dev flannel.1:\n%s", n.Name, fdb)
+			if !strings.Contains(fdb, "dst "+c.Node(3-n.Bed.Index).Bed.NIC(1).Addr.Addr().String()) || strings.Contains(fdb, " via ") {
+				t.Fatalf("node %s: want an FDB entry to the peer's VTEP without a device", n.Name)
+			}
 		}
 		const size = 4 << 20
 		n1 := c.Node(1).Bed.NetNS
