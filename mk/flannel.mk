@@ -18,7 +18,7 @@ FLANNEL_VERSION := v0.28.10
 FLANNEL_KEY := $(shell cat hack/flannel/go.sum hack/flannel/tencentvpc-stub/v20170312/*.go 2>/dev/null | sha256sum | cut -c1-8)
 FLANNELD := $(CACHE_DIR)/tools/flanneld-$(FLANNEL_VERSION)-$(FLANNEL_KEY)
 
-##@ Test bed nodes
+##@ Flannel (research)
 
 $(FLANNELD):
 	@mkdir -p $(dir $@)
@@ -30,8 +30,8 @@ $(FLANNELD):
 	mv $@.tmp $@
 
 .PHONY: flanneld
-flanneld: $(FLANNELD) ## Build flanneld $(FLANNEL_VERSION) from its module into the cache (the flannel research bed).
+flanneld: $(FLANNELD) ## Build flanneld $(FLANNEL_VERSION) (hack/flannel) into the cache, for TestFlannel (test/testbed/nodes).
 
 .PHONY: print-flanneld
-print-flanneld: ## Print the flanneld binary's path (FLANNELD for the flannel bed test).
+print-flanneld: ## Print the flanneld binary's path, for FLANNELD= when running TestFlannel by hand.
 	@echo $(FLANNELD)
