@@ -48,6 +48,13 @@ type chartBed struct {
 // (an earlier release's); everything stops when the test ends.
 func startChartBed(t *testing.T, cfg testbed.Config, other ...nodes.Image) *chartBed {
 	t.Helper()
+	return startChartBedWith(t, cfg, nil, other...)
+}
+
+// startChartBedWith is startChartBed with mod changing the nodes' options
+// (nil: none).
+func startChartBedWith(t *testing.T, cfg testbed.Config, mod func(*nodes.Options), other ...nodes.Image) *chartBed {
+	t.Helper()
 	testbed.RequireTools(t, testbed.CaptureTools...)
 	nodes.RequireTools(t)
 	helm := testutil.BuiltTool(t, "HELM", "helm")
@@ -73,7 +80,11 @@ func startChartBed(t *testing.T, cfg testbed.Config, other ...nodes.Image) *char
 	for i, im := range other {
 		imports[fmt.Sprintf("other-%d", i)] = im
 	}
-	cl := nodes.StartForTest(t, bed, cp, imports)
+	var mods []func(*nodes.Options)
+	if mod != nil {
+		mods = append(mods, mod)
+	}
+	cl := nodes.StartForTest(t, bed, cp, imports, mods...)
 	return &chartBed{bed: bed, cp: cp, c: cp.Client, nodes: cl, images: images,
 		helm: release.Helm{Binary: helm, Kubeconfig: cp.Kubeconfig, Timeout: 3 * time.Minute}}
 }

@@ -23,14 +23,19 @@ func RequireTools(t testing.TB) {
 
 // StartForTest brings the bed's nodes up as real nodes against cp (started
 // with Options.Cluster), with every image imported and the pause image as
-// the sandbox, and stops them when the test ends, passed or failed.
-func StartForTest(t testing.TB, bed *testbed.Bed, cp *controlplane.ControlPlane, images Images) *Cluster {
+// the sandbox, and stops them when the test ends, passed or failed. Each of
+// mods, if any, changes the options first (Options.Flannel).
+func StartForTest(t testing.TB, bed *testbed.Bed, cp *controlplane.ControlPlane, images Images, mods ...func(*Options)) *Cluster {
 	t.Helper()
 	RequireTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	start := time.Now()
-	c, err := Start(ctx, Options{Bed: bed, ControlPlane: cp, Assets: testenv.Assets(t), Images: images.All(), SandboxImage: images[PauseImage].Ref})
+	o := Options{Bed: bed, ControlPlane: cp, Assets: testenv.Assets(t), Images: images.All(), SandboxImage: images[PauseImage].Ref}
+	for _, mod := range mods {
+		mod(&o)
+	}
+	c, err := Start(ctx, o)
 	if err != nil {
 		t.Fatalf("real nodes: %v", err)
 	}
