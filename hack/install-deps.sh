@@ -4,7 +4,8 @@
 # diffed), the control plane's etcd, the test bed nodes' container runtime
 # (containerd, runc, the CNI plugins ptp, host-local and loopback), and the
 # tools the test bed drives (QEMU runs its VM guests, iptables their masquerade
-# binding; binutils' strings reads the guest kernel's module dependencies).
+# binding; binutils' strings reads the guest kernel's module dependencies;
+# gcc and libc6-dev link flanneld statically, as flannel's own build does).
 # `make test` and `make demo` call it, so the two README commands work on a
 # new machine; it does nothing when everything is already there.
 set -euo pipefail
@@ -28,6 +29,8 @@ packages=(
 	binutils=2.40-2
 	iptables=1.8.9-2
 	python3=3.11.2-1+b1
+	gcc=4:12.2.0-3
+	libc6-dev=2.36-9+deb12u14
 )
 
 missing=()

@@ -1,4 +1,4 @@
-# flannel on the test bed's real nodes (research, wip/flannel). flanneld is
+# flannel on the test bed's real nodes (TestCNI/flannel-*, TestFlannel). flanneld is
 # built at a pinned version from hack/flannel, a module of its own as
 # hack/tools is, as flannel's own Makefile builds it on amd64: with cgo (its
 # udp backend is C there), linked statically, stamped with its version. `go install github.com/flannel-io/flannel@$(FLANNEL_VERSION)`
@@ -18,9 +18,9 @@ FLANNEL_VERSION := v0.28.10
 FLANNEL_KEY := $(shell cat hack/flannel/go.sum hack/flannel/tencentvpc-stub/v20170312/*.go 2>/dev/null | sha256sum | cut -c1-8)
 FLANNELD := $(CACHE_DIR)/tools/flanneld-$(FLANNEL_VERSION)-$(FLANNEL_KEY)
 
-##@ Flannel (research)
+##@ Flannel (the test bed's CNI for TestCNI)
 
-$(FLANNELD):
+$(FLANNELD): | deps
 	@mkdir -p $(dir $@)
 	@v=$$(cd hack/flannel && $(GO) list -m -f '{{.Version}}' github.com/flannel-io/flannel); \
 		[[ $$v == $(FLANNEL_VERSION) ]] || { echo "hack/flannel/go.mod pins flannel $$v, not $(FLANNEL_VERSION)" >&2; exit 1; }
@@ -30,8 +30,11 @@ $(FLANNELD):
 	mv $@.tmp $@
 
 .PHONY: flanneld
-flanneld: $(FLANNELD) ## Build flanneld $(FLANNEL_VERSION) (hack/flannel) into the cache, for TestFlannel (test/testbed/nodes).
+flanneld: $(FLANNELD) ## Build flanneld $(FLANNEL_VERSION) (hack/flannel) into the cache, for TestCNI (test/e2e) and TestFlannel (test/testbed/nodes).
 
 .PHONY: print-flanneld
-print-flanneld: ## Print the flanneld binary's path, for FLANNELD= when running TestFlannel by hand.
+print-flanneld: ## Print the flanneld binary's path, for FLANNELD= when running TestCNI or TestFlannel by hand.
 	@echo $(FLANNELD)
+
+test: $(FLANNELD)
+test: export FLANNELD := $(FLANNELD)

@@ -1,4 +1,4 @@
-// Flannel module: pins flanneld for the flannel research bed
+// Flannel module: pins flanneld for the test bed's flannel nodes (mk/flannel.mk)
 // (mk/flannel.mk) without making the product's or hack/tools' go.mod depend
 // on it. `go install github.com/flannel-io/flannel@v0.28.10` fails: the
 // proxy does not serve the Tencent Cloud VPC SDK that its tencent-vpc backend

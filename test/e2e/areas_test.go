@@ -72,6 +72,13 @@ func TestSteering(t *testing.T) {
 	t.Run("ShortConnectionsStayOnOnePathLongOnesGetJoinsAfterTheThreshold", sideBySide(testShortConnectionsStayOnOnePathLongOnesGetJoinsAfterTheThreshold))
 }
 
+// CNI: the operator on real nodes whose network is another CNI than the
+// test bed's ptp, built from its own module and run as its installer runs it
+// (docs/install.md, "CNIs", has the matrix). Functional: run side by side.
+func TestCNI(t *testing.T) {
+	t.Run("flannel-vxlan/SubflowsSpreadOverDistinctNICsAndStreamsArriveWhole", sideBySide(testFlannelVXLAN))
+}
+
 // Guest: VM guests in pods, attached as KubeVirt attaches them, whose
 // kernels the operator does not configure. Functional: run side by side
 // (a guest under software emulation keeps a core busy, which would starve

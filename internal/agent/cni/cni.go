@@ -123,8 +123,8 @@ func support(name, mode string) (Support, string) {
 	case "cilium":
 		return Untested, "with eBPF host routing (Cilium's default on recent kernels) pods' packets are redirected past the policy routing the agent steers with; legacy host routing is untested"
 	case "flannel", "bridge":
-		if mode == "vxlan" {
-			return Untested, "pods are found at their bridge ports; a subflow inside the VXLAN tunnel leaves on the NIC the tunnel's underlay route picks, unless the fabric routes pod CIDRs"
+		if name == "flannel" && mode == "vxlan" {
+			return Tested, "pods are found at their bridge ports; selected pods' subflows leave the path NICs unencapsulated, so the fabrics must route pod CIDRs (over an underlay that routes node addresses only they are lost)"
 		}
 		return Untested, "pods are found at their bridge ports; steering through the bridge is proven on no bed"
 	case "ovn-kubernetes":
@@ -160,6 +160,12 @@ func Find(dir string, links []string) (Network, error) {
 			continue
 		}
 		n := Network{Name: plugin, File: file}
+		// flannel's own plugin only delegates to bridge: a node whose
+		// configuration names that delegate directly, beside flannel's
+		// VXLAN device, runs flannel all the same.
+		if plugin == "bridge" && has(links, "flannel.1") {
+			plugin = "flannel"
+		}
 		if k, ok := known[plugin]; ok {
 			n.Name, n.Marks, n.Mode = k.name, k.marks, k.mode(links)
 		}

@@ -40,7 +40,17 @@ func TestFindNamesTheCNIItsModeAndMarks(t *testing.T) {
 		"flannel vxlan": {
 			files: map[string]string{"10-flannel.conflist": `{"plugins":[{"type":"flannel","delegate":{"isDefaultGateway":true}},{"type":"portmap"}]}`},
 			links: []string{"cni0", "flannel.1"},
-			want:  Network{Name: "flannel", Mode: "vxlan", Support: Untested},
+			want:  Network{Name: "flannel", Mode: "vxlan", Support: Tested},
+		},
+		"flannel's bridge delegate written directly, beside flannel.1": {
+			files: map[string]string{"10-flannel.conflist": `{"name":"cbr0","plugins":[{"type":"bridge","bridge":"cni0"}]}`},
+			links: []string{"cni0", "flannel.1"},
+			want:  Network{Name: "flannel", Mode: "vxlan", Support: Tested},
+		},
+		"a bridge without flannel": {
+			files: map[string]string{"10-bridge.conflist": `{"plugins":[{"type":"bridge"}]}`},
+			links: []string{"cni0"},
+			want:  Network{Name: "bridge", Mode: "bridge", Support: Untested},
 		},
 		"flannel host-gw": {
 			files: map[string]string{"10-flannel.conflist": `{"plugins":[{"type":"flannel"}]}`},

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,10 +22,9 @@ import (
 )
 
 // Flannel makes Start run a real flanneld on every node, with flannel's
-// Kubernetes subnet manager, instead of the bed's ptp network (research,
-// wip/flannel: docs/install.md, "CNIs", lists bridge CNIs and flannel as
-// untested). Each node's flanneld reads its Node's spec.podCIDR (which Start
-// assigns as the node IPAM controller would, before flanneld starts: it
+// Kubernetes subnet manager, instead of the bed's ptp network (TestCNI's
+// flannel rows). Each node's flanneld reads its Node's spec.podCIDR (which
+// Start assigns as the node IPAM controller would, before flanneld starts: it
 // exits on a Node without one), writes its lease into the Node's
 // annotations, programs its backend (flannel.1 and FDB and neighbour entries
 // for vxlan, routes for host-gw) and writes /run/flannel/subnet.env.
@@ -234,34 +232,6 @@ func (c *Cluster) flannelRBAC(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// assignPodCIDR waits until the kubelet has registered the Node and gives it
-// the bed's pod CIDR, as WaitReady does.
-func (c *Cluster) assignPodCIDR(ctx context.Context, n *Node) error {
-	cl := c.opts.ControlPlane.Client
-	for {
-		node := &corev1.Node{}
-		err := cl.Get(ctx, client.ObjectKey{Name: n.Name}, node)
-		if err == nil && node.Spec.PodCIDR != "" {
-			return nil
-		}
-		if err == nil {
-			orig := node.DeepCopy()
-			node.Spec.PodCIDR, node.Spec.PodCIDRs = n.Bed.PodCIDR.String(), []string{n.Bed.PodCIDR.String()}
-			err = cl.Patch(ctx, node, client.MergeFrom(orig))
-		}
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return fmt.Errorf("node %s: %w", n.Name, err)
-		}
-		select {
-		case <-n.Kubelet.Done():
-			return fmt.Errorf("kubelet of %s exited: %s", n.Name, tailOf(n.Kubelet.ErrOutput()))
-		case <-ctx.Done():
-			return fmt.Errorf("node %s not registered: %w", n.Name, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // flannelFiles are the node's flannel configuration files, by path.

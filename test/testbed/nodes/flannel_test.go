@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -18,20 +17,17 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/testbed/controlplane"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed/nodes"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
-// Research (wip/flannel): a real flanneld on the bed's real nodes, with
-// flannel's Kubernetes subnet manager, and pods on flannel's bridge (the
-// configuration flannel's CNI plugin delegates to: nodes.Flannel). Skipped
-// unless FLANNELD names a flanneld binary (`make flanneld`, then
-// FLANNELD=$(make -s print-flanneld)).
+// A real flanneld on the bed's real nodes, with flannel's Kubernetes subnet
+// manager, and pods on flannel's bridge (the configuration flannel's CNI
+// plugin delegates to: nodes.Flannel): the bed TestCNI's flannel rows run
+// on, and the kernel behaviour steering an overlay by marks rests on.
 func TestFlannel(t *testing.T) {
 	testbed.RequireRoot(t)
 	nodes.RequireTools(t)
-	flanneld := os.Getenv("FLANNELD")
-	if flanneld == "" {
-		t.Skip("FLANNELD is not set: `make flanneld`, then FLANNELD=$(make -s print-flanneld)")
-	}
+	flanneld := testutil.BuiltTool(t, "FLANNELD", "flanneld")
 	images := testImages(t)
 
 	// vxlan: flannel.1 on every node, the VTEP on nic1's address (the node
@@ -120,97 +116,6 @@ func TestFlannel(t *testing.T) {
 			t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer: want it all through flannel.1 and out of nic2 in VXLAN", d, size)
 		}
 	})
-
-	// host-gw: flanneld routes each peer's pod subnet via the peer's public
-	// IP on its interface, which must be on the same L2 segment. The bed's
-	// nic1 addresses are each on a /24 of their own towards a router
-	// (fabric 1): no peer is on link, and the kernel refuses the route.
-	// Pods still reach each other, through the node's default route and
-	// the fabric, which routes every pod CIDR: not flannel's doing.
-	t.Run("host-gw", func(t *testing.T) {
-		bed, cp, c := flannelCluster(t, images, flanneld, "host-gw")
-		for _, n := range c.Nodes {
-			peer := c.Node(3 - n.Bed.Index)
-			want := fmt.Sprintf("Dst: %s Src: <nil> Gw: %s Flags: [] Table: 0 Realm: 0}: network is unreachable", peer.Bed.PodCIDR, peer.Bed.NIC(1).Addr.Addr())
-			deadline := time.Now().Add(10 * time.Second)
-			for !strings.Contains(n.Flanneld.ErrOutput(), want) {
-				if time.Now().After(deadline) {
-					t.Fatalf("node %s: flanneld did not fail to route %s via %s; its log:\n%s", n.Name, peer.Bed.PodCIDR, peer.Bed.NIC(1).Addr.Addr(), tail(n.Flanneld.ErrOutput(), 3000))
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			if routes := nsOut(t, n.Bed.NetNS, "ip", "route", "show", peer.Bed.PodCIDR.String()); routes != "" {
-				t.Fatalf("node %s routes %s: %s", n.Name, peer.Bed.PodCIDR, routes)
-			}
-			t.Logf("node %s: flanneld: Error adding route to {... %s", n.Name, want)
-		}
-		const size = 1 << 20
-		n1 := c.Node(1).Bed.NetNS
-		d := flannelTransfer(t, bed, cp, c, size, func(server string) func() map[string]uint64 {
-			if got := nsOut(t, n1, "ip", "route", "get", server); !strings.Contains(got, "via 10.101.1.1 dev nic1") {
-				t.Fatalf("node 1's route to the server pod %s: %s, want the default route to fabric 1", server, got)
-			}
-			return outCounters(t, n1, map[string]string{"nic1 plain": "-o nic1 -d " + server})
-		})
-		if d["nic1 plain"] < size {
-			t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer: want it out of nic1 unencapsulated", d, size)
-		}
-	})
-	// host-gw on what it needs: one L2 segment joining the nodes, here a
-	// bridge in a namespace of the bed's (<bed>-lan, removed with the bed)
-	// and a NIC "lan" on every node, 10.100.0.i/24, flanneld's --iface.
-	// flanneld routes each peer's pod subnet via the peer's lan address,
-	// and the pods' traffic leaves by lan, none of it by the fabrics.
-	t.Run("host-gw-on-a-shared-lan", func(t *testing.T) {
-		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2})
-		addLAN(t, bed)
-		cp, c := flannelNodes(t, bed, images, &nodes.Flannel{Flanneld: flanneld, Backend: "host-gw", Iface: "lan"})
-		for _, n := range c.Nodes {
-			peer := c.Node(3 - n.Bed.Index)
-			want := fmt.Sprintf("%s via %s dev lan", peer.Bed.PodCIDR, lanAddr(peer.Bed))
-			deadline := time.Now().Add(10 * time.Second)
-			for !strings.Contains(nsOut(t, n.Bed.NetNS, "ip", "route", "show", peer.Bed.PodCIDR.String()), want) {
-				if time.Now().After(deadline) {
-					t.Fatalf("node %s: no route %q; its flanneld log:\n%s", n.Name, want, tail(n.Flanneld.ErrOutput(), 3000))
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			t.Logf("node %s: %s", n.Name, want)
-		}
-		const size = 4 << 20
-		n1 := c.Node(1).Bed.NetNS
-		d := flannelTransfer(t, bed, cp, c, size, func(server string) func() map[string]uint64 {
-			return outCounters(t, n1, map[string]string{
-				"lan": "-o lan -d " + server, "nic1": "-o nic1 -d " + server, "nic2": "-o nic2 -d " + server,
-			})
-		})
-		if d["lan"] < size || d["nic1"] != 0 || d["nic2"] != 0 {
-			t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer: want it all out of lan", d, size)
-		}
-	})
-}
-
-// lanAddr is node n's address on the shared segment addLAN makes.
-func lanAddr(n *testbed.Node) netip.Addr { return netip.AddrFrom4([4]byte{10, 100, 0, byte(n.Index)}) }
-
-// addLAN joins the bed's nodes on one L2 segment: a bridge in namespace
-// <bed>-lan (the bed's prefix: Down removes it) and a veth "lan" on every
-// node, addressed lanAddr/24.
-func addLAN(t *testing.T, bed *testbed.Bed) {
-	t.Helper()
-	lan := bed.Name + "-lan"
-	if out, err := exec.Command("ip", "netns", "add", lan).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", lan, err, out)
-	}
-	nsOut(t, lan, "ip", "link", "add", "br0", "type", "bridge")
-	nsOut(t, lan, "ip", "link", "set", "br0", "up")
-	for _, n := range bed.Nodes {
-		port := fmt.Sprintf("n%d", n.Index)
-		nsOut(t, n.NetNS, "ip", "link", "add", "lan", "type", "veth", "peer", "name", port, "netns", lan)
-		nsOut(t, lan, "ip", "link", "set", port, "master", "br0", "up")
-		nsOut(t, n.NetNS, "ip", "addr", "add", lanAddr(n).String()+"/24", "dev", "lan")
-		nsOut(t, n.NetNS, "ip", "link", "set", "lan", "up")
-	}
 }
 
 // flannelCluster brings up a bed of two nodes with two NICs each, the

@@ -338,26 +338,22 @@ func (c *Cluster) startKubelet(n *Node) error {
 }
 
 // WaitReady waits until every Node is registered and Ready, and gives each
-// its pod CIDR (spec.podCIDR(s), which the operator's controller reads) as
-// the node IPAM controller would, but the bed's: the CIDR that the node's CNI
-// configuration and the fabrics' routes use.
+// its pod CIDR (assignPodCIDR).
 func (c *Cluster) WaitReady(ctx context.Context) error {
 	cl := c.opts.ControlPlane.Client
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	for _, n := range c.Nodes {
+		if err := c.assignPodCIDR(ctx, n); err != nil {
+			return err
+		}
 		for {
 			node := &corev1.Node{}
 			err := cl.Get(ctx, client.ObjectKey{Name: n.Name}, node)
-			if err == nil && node.Spec.PodCIDR == "" {
-				orig := node.DeepCopy()
-				node.Spec.PodCIDR, node.Spec.PodCIDRs = n.Bed.PodCIDR.String(), []string{n.Bed.PodCIDR.String()}
-				err = cl.Patch(ctx, node, client.MergeFrom(orig))
-			}
 			if err == nil && nodeReady(node) {
 				break
 			}
-			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			if err != nil {
 				return fmt.Errorf("node %s: %w", n.Name, err)
 			}
 			select {
@@ -370,6 +366,36 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// assignPodCIDR waits until the kubelet has registered the Node and gives it
+// its pod CIDR (spec.podCIDR(s), which the operator's controller and
+// flanneld read) as the node IPAM controller would, but the bed's: the CIDR
+// that the node's CNI configuration and the fabrics' routes use.
+func (c *Cluster) assignPodCIDR(ctx context.Context, n *Node) error {
+	cl := c.opts.ControlPlane.Client
+	for {
+		node := &corev1.Node{}
+		err := cl.Get(ctx, client.ObjectKey{Name: n.Name}, node)
+		if err == nil && node.Spec.PodCIDR != "" {
+			return nil
+		}
+		if err == nil {
+			orig := node.DeepCopy()
+			node.Spec.PodCIDR, node.Spec.PodCIDRs = n.Bed.PodCIDR.String(), []string{n.Bed.PodCIDR.String()}
+			err = cl.Patch(ctx, node, client.MergeFrom(orig))
+		}
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		select {
+		case <-n.Kubelet.Done():
+			return fmt.Errorf("kubelet of %s exited: %s", n.Name, tailOf(n.Kubelet.ErrOutput()))
+		case <-ctx.Done():
+			return fmt.Errorf("node %s not registered: %w", n.Name, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 func nodeReady(n *corev1.Node) bool {

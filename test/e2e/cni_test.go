@@ -1,0 +1,126 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/test/framework"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed/nodes"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed/release"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
+)
+
+// testFlannelVXLAN: real nodes whose CNI is a real flanneld with its VXLAN
+// backend (pods on flannel's bridge cni0, flannel.1 between the nodes), on
+// fabrics that route every pod CIDR (the agent's prerequisite: install.md).
+// With the chart installed as an admin installs it and examples/ applied, every
+// agent names its CNI "flannel (vxlan)" in its node checks, and MPTCP
+// between tenant pods of the two nodes spreads each connection's subflows
+// over both NICs, every stream whole. Selected pods' subflows leave the path
+// NICs unencapsulated: the agent's path tables route them before flannel's
+// flannel.1 route (an overlay-only underlay is unsupported: install.md).
+func testFlannelVXLAN(t *testing.T) {
+	flanneld := testutil.BuiltTool(t, "FLANNELD", "flanneld")
+	cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit"}, func(o *nodes.Options) {
+		o.Flannel = &nodes.Flannel{Flanneld: flanneld, Backend: "vxlan"}
+	})
+	ctx := background(t)
+	cb.namespace(t, tenantNS, tenantLabels)
+	if err := nodes.AllowAwait(ctx, cb.c, tenantNS); err != nil {
+		t.Fatal(err)
+	}
+	servers := map[int]*corev1.Pod{}
+	for _, n := range cb.bed.Nodes {
+		servers[n.Index] = cb.serverPod(n)
+		if err := cb.c.Create(ctx, servers[n.Index]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range cb.bed.Nodes {
+		if p := cb.attach(t, servers[n.Index]); !n.PodCIDR.Contains(p.Addr) || p.HostIf != "cni0" {
+			t.Fatalf("server pod %s behind %q: want an address of %s behind flannel's bridge cni0", p.Addr, p.HostIf, n.PodCIDR)
+		}
+	}
+	cb.install(t, release.Chart(), cb.images)
+	examples := filepath.Join(testenv.RepoRoot(), "examples")
+	if err := cb.cp.ApplyFiles(ctx, filepath.Join(examples, "paths.yaml"), filepath.Join(examples, "policy-spread.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range servers {
+		if err := nodes.WaitStarted(ctx, cb.c, s, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := cb.nodes.WaitListening(ctx, s, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range cb.bed.Nodes {
+		requireNodeCheck(t, cb, n, "CNI", func(c mptcpv1alpha1.NodeCheck) bool {
+			return c.Result == mptcpv1alpha1.CheckPassed && strings.HasPrefix(c.Message, "flannel (vxlan) from /etc/cni/net.d/10-flannel.conflist")
+		})
+	}
+	w := cb.bed.Watch(t, framework.DatapathEvidence(cb.bed))
+	const conns = 2
+	var clients []*corev1.Pod
+	for _, n := range cb.bed.Nodes {
+		peer := servers[3-n.Index]
+		cl := nodes.TrafficPod(tenantNS, fmt.Sprintf("client%d", n.Index), framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
+			map[string]string{"app": "client"}, []corev1.EnvVar{{Name: "SERVER", Value: fmt.Sprintf("%s:%d", peer.Status.PodIP, tenantPort)}},
+			"send", "-to", "$(SERVER)", "-mptcp", "-json", "-conns", fmt.Sprint(conns), "-duration", capturedTransfer.String(), "-seed", fmt.Sprint(n.Index))
+		if err := cb.c.Create(ctx, cl); err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, cl)
+	}
+	var sent []testbed.SenderReport
+	var got []testbed.ServerReport
+	for _, cl := range clients {
+		if err := cb.nodes.WaitEnded(ctx, cb.c, cl); err != nil {
+			w.Fail(err)
+		}
+		reps, err := cb.nodes.SenderReports(cl)
+		if err != nil {
+			w.Fail(err)
+		}
+		sent = append(sent, reps...)
+	}
+	for _, s := range servers {
+		reps, err := cb.nodes.ServerReports(ctx, s, conns, 30*time.Second)
+		if err != nil {
+			w.Fail(err)
+		}
+		got = append(got, reps...)
+	}
+	w.Match(sent, got)
+	requireSpread(t, analyzeWatched(t, w), len(sent), "flannel vxlan")
+}
+
+// requireNodeCheck waits until node n's agent reports its check name as ok
+// wants, in its MPTCPNodeState's status.checks.
+func requireNodeCheck(t *testing.T, cb *chartBed, n *testbed.Node, name string, ok func(mptcpv1alpha1.NodeCheck) bool) {
+	t.Helper()
+	var last []mptcpv1alpha1.NodeCheck
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		var s mptcpv1alpha1.MPTCPNodeState
+		if err := cb.c.Get(context.Background(), client.ObjectKey{Name: framework.NodeName(n)}, &s); err != nil {
+			continue
+		}
+		last = s.Status.Checks
+		if i := slices.IndexFunc(last, func(c mptcpv1alpha1.NodeCheck) bool { return c.Name == name }); i >= 0 && ok(last[i]) {
+			t.Logf("node %d: %s check %s: %s", n.Index, name, last[i].Result, last[i].Message)
+			return
+		}
+	}
+	t.Fatalf("node %d: checks %+v, want %s as the test says", n.Index, last, name)
+}
