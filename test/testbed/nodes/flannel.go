@@ -182,7 +182,7 @@ func (c *Cluster) startFlannel(ctx context.Context) error {
 			case <-n.Flanneld.Done():
 				return fmt.Errorf("node %s: flanneld exited: %s", n.Name, tailOf(n.Flanneld.ErrOutput()))
 			case <-ctx.Done():
-				return fmt.Errorf("node %s: no %s from flanneld: %v; its log:\n%s", n.Name, flannelSubnetFile, err, tailOf(n.Flanneld.ErrOutput()))
+				return fmt.Errorf("node %s: no %s from flanneld: %w; its log:\n%s", n.Name, flannelSubnetFile, err, tailOf(n.Flanneld.ErrOutput()))
 			case <-time.After(200 * time.Millisecond):
 			}
 		}

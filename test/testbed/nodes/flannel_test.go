@@ -35,7 +35,7 @@ func TestFlannel(t *testing.T) {
 	// pod on node 1 to a pod on node 2 crosses flannel.1 and leaves node 1's
 	// nic1 encapsulated (UDP 8472, flannel's VXLAN port), none of it plain.
 	t.Run("vxlan", func(t *testing.T) {
-		bed, cp, c := flannelCluster(t, images, flanneld, "vxlan")
+		cp, c := flannelNodes(t, testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2}), images, &nodes.Flannel{Flanneld: flanneld, Backend: "vxlan"})
 		for _, n := range c.Nodes {
 			out := nsOut(t, n.Bed.NetNS, "ip", "-d", "link", "show", "flannel.1")
 			if !strings.Contains(out, "vxlan id 1") {
@@ -61,7 +61,7 @@ func TestFlannel(t *testing.T) {
 		}
 		const size = 4 << 20
 		n1 := c.Node(1).Bed.NetNS
-		d := flannelTransfer(t, bed, cp, c, size, func(server string) func() map[string]uint64 {
+		d := flannelTransfer(t, cp, c, size, func(server string) func() map[string]uint64 {
 			if got := nsOut(t, n1, "ip", "route", "get", server); !strings.Contains(got, "dev flannel.1") {
 				t.Fatalf("node 1's route to the server pod %s: %s, want it through flannel.1", server, got)
 			}
@@ -103,7 +103,7 @@ func TestFlannel(t *testing.T) {
 		nsOut(t, n1.NetNS, "ip", "rule", "add", "fwmark", "0x100000/0xf00000", "lookup", "102", "pref", "100")
 		nsOut(t, n1.NetNS, "iptables", "-t", "mangle", "-A", "PREROUTING", "-i", "cni0", "-j", "MARK", "--set-xmark", "0x100000/0xf00000")
 		const size = 4 << 20
-		d := flannelTransfer(t, bed, cp, c, size, func(server string) func() map[string]uint64 {
+		d := flannelTransfer(t, cp, c, size, func(server string) func() map[string]uint64 {
 			if got := nsOut(t, n1.NetNS, "ip", "route", "get", server, "mark", "0x100000"); !strings.Contains(got, "dev flannel.1") {
 				t.Fatalf("node 1's route to the server pod %s for a marked packet: %s, want it through flannel.1", server, got)
 			}
@@ -116,15 +116,6 @@ func TestFlannel(t *testing.T) {
 			t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer: want it all through flannel.1 and out of nic2 in VXLAN", d, size)
 		}
 	})
-}
-
-// flannelCluster brings up a bed of two nodes with two NICs each, the
-// control plane, and real nodes running flanneld with backend.
-func flannelCluster(t *testing.T, images nodes.Images, flanneld, backend string) (*testbed.Bed, *controlplane.ControlPlane, *nodes.Cluster) {
-	t.Helper()
-	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2})
-	cp, c := flannelNodes(t, bed, images, &nodes.Flannel{Flanneld: flanneld, Backend: backend})
-	return bed, cp, c
 }
 
 // flannelNodes starts the control plane and the bed's nodes with flannel.
@@ -163,7 +154,7 @@ func flannelNodes(t *testing.T, bed *testbed.Bed, images nodes.Images, f *nodes.
 // that sends size bytes over MPTCP, and checks both ends' reports. setup,
 // given the server pod's address, returns a probe of byte counters; the
 // counters' growth during the transfer is returned.
-func flannelTransfer(t *testing.T, bed *testbed.Bed, cp *controlplane.ControlPlane, c *nodes.Cluster, size int,
+func flannelTransfer(t *testing.T, cp *controlplane.ControlPlane, c *nodes.Cluster, size int,
 	setup func(serverAddr string) func() map[string]uint64) map[string]uint64 {
 	t.Helper()
 	ctx := context.Background()
@@ -249,11 +240,4 @@ func nsOut(t *testing.T, ns string, args ...string) string {
 		t.Fatalf("in %s: %s: %v: %s", ns, strings.Join(args, " "), err, out)
 	}
 	return string(out)
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
 }
