@@ -2,14 +2,11 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -17,7 +14,6 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed/nodes"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed/release"
-	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
@@ -35,75 +31,21 @@ func testFlannelVXLAN(t *testing.T) {
 	cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit"}, func(o *nodes.Options) {
 		o.Flannel = &nodes.Flannel{Flanneld: flanneld, Backend: "vxlan"}
 	})
-	ctx := background(t)
-	cb.namespace(t, tenantNS, tenantLabels)
-	if err := nodes.AllowAwait(ctx, cb.c, tenantNS); err != nil {
-		t.Fatal(err)
-	}
-	servers := map[int]*corev1.Pod{}
-	for _, n := range cb.bed.Nodes {
-		servers[n.Index] = cb.serverPod(n)
-		if err := cb.c.Create(ctx, servers[n.Index]); err != nil {
-			t.Fatal(err)
-		}
-	}
+	servers := cb.tenantServers(t)
 	for _, n := range cb.bed.Nodes {
 		if p := cb.attach(t, servers[n.Index]); !n.PodCIDR.Contains(p.Addr) || p.HostIf != "cni0" {
 			t.Fatalf("server pod %s behind %q: want an address of %s behind flannel's bridge cni0", p.Addr, p.HostIf, n.PodCIDR)
 		}
 	}
 	cb.install(t, release.Chart(), cb.images)
-	examples := filepath.Join(testenv.RepoRoot(), "examples")
-	if err := cb.cp.ApplyFiles(ctx, filepath.Join(examples, "paths.yaml"), filepath.Join(examples, "policy-spread.yaml")); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range servers {
-		if err := nodes.WaitStarted(ctx, cb.c, s, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		if err := cb.nodes.WaitListening(ctx, s, 10*time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cb.applyExamples(t, servers)
 	for _, n := range cb.bed.Nodes {
 		requireNodeCheck(t, cb, n, "CNI", func(c mptcpv1alpha1.NodeCheck) bool {
 			return c.Result == mptcpv1alpha1.CheckPassed && strings.HasPrefix(c.Message, "flannel (vxlan) from /etc/cni/net.d/10-flannel.conflist")
 		})
 	}
-	w := cb.bed.Watch(t, framework.DatapathEvidence(cb.bed))
-	const conns = 2
-	var clients []*corev1.Pod
-	for _, n := range cb.bed.Nodes {
-		peer := servers[3-n.Index]
-		cl := nodes.TrafficPod(tenantNS, fmt.Sprintf("client%d", n.Index), framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
-			map[string]string{"app": "client"}, []corev1.EnvVar{{Name: "SERVER", Value: fmt.Sprintf("%s:%d", peer.Status.PodIP, tenantPort)}},
-			"send", "-to", "$(SERVER)", "-mptcp", "-json", "-conns", fmt.Sprint(conns), "-duration", capturedTransfer.String(), "-seed", fmt.Sprint(n.Index))
-		if err := cb.c.Create(ctx, cl); err != nil {
-			t.Fatal(err)
-		}
-		clients = append(clients, cl)
-	}
-	var sent []testbed.SenderReport
-	var got []testbed.ServerReport
-	for _, cl := range clients {
-		if err := cb.nodes.WaitEnded(ctx, cb.c, cl); err != nil {
-			w.Fail(err)
-		}
-		reps, err := cb.nodes.SenderReports(cl)
-		if err != nil {
-			w.Fail(err)
-		}
-		sent = append(sent, reps...)
-	}
-	for _, s := range servers {
-		reps, err := cb.nodes.ServerReports(ctx, s, conns, 30*time.Second)
-		if err != nil {
-			w.Fail(err)
-		}
-		got = append(got, reps...)
-	}
-	w.Match(sent, got)
-	requireSpread(t, analyzeWatched(t, w), len(sent), "flannel vxlan")
+	analysis, sent := cb.crossTransfer(t, servers)
+	requireSpread(t, analysis, sent, "flannel vxlan")
 }
 
 // requireNodeCheck waits until node n's agent reports its check name as ok

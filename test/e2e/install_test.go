@@ -195,17 +195,7 @@ func ownSettings(t *testing.T, bed *testbed.Bed, p *testbed.Pod) {
 func testChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing.T) {
 	cb := startChartBed(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit"}, testImages(t)[nodes.ConformanceImage])
 	ctx := background(t)
-	cb.namespace(t, tenantNS, tenantLabels)
-	if err := nodes.AllowAwait(ctx, cb.c, tenantNS); err != nil {
-		t.Fatal(err)
-	}
-	servers := map[int]*corev1.Pod{}
-	for _, n := range cb.bed.Nodes {
-		servers[n.Index] = cb.serverPod(n)
-		if err := cb.c.Create(ctx, servers[n.Index]); err != nil {
-			t.Fatal(err)
-		}
-	}
+	servers := cb.tenantServers(t)
 	for _, n := range cb.bed.Nodes {
 		cb.attach(t, servers[n.Index])
 	}
@@ -222,55 +212,10 @@ func testChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace(t *testing
 
 	cb.install(t, release.Chart(), cb.images)
 	requireChartPrivileges(t, cb)
-	examples := filepath.Join(testenv.RepoRoot(), "examples")
-	if err := cb.cp.ApplyFiles(ctx, filepath.Join(examples, "paths.yaml"), filepath.Join(examples, "policy-spread.yaml")); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range servers {
-		if err := nodes.WaitStarted(ctx, cb.c, s, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		if err := cb.nodes.WaitListening(ctx, s, 10*time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
-
+	cb.applyExamples(t, servers)
 	// Each node's client pod sends to the other node's server.
-	w := cb.bed.Watch(t, framework.DatapathEvidence(cb.bed))
-	const conns = 2
-	var clients []*corev1.Pod
-	for _, n := range cb.bed.Nodes {
-		peer := servers[3-n.Index]
-		cl := nodes.TrafficPod(tenantNS, fmt.Sprintf("client%d", n.Index), framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
-			map[string]string{"app": "client"}, []corev1.EnvVar{{Name: "SERVER", Value: fmt.Sprintf("%s:%d", peer.Status.PodIP, tenantPort)}},
-			"send", "-to", "$(SERVER)", "-mptcp", "-json", "-conns", fmt.Sprint(conns), "-duration", capturedTransfer.String(), "-seed", fmt.Sprint(n.Index))
-		if err := cb.c.Create(ctx, cl); err != nil {
-			t.Fatal(err)
-		}
-		clients = append(clients, cl)
-	}
-	var sent []testbed.SenderReport
-	var got []testbed.ServerReport
-	for _, cl := range clients {
-		if err := cb.nodes.WaitEnded(ctx, cb.c, cl); err != nil {
-			w.Fail(err)
-		}
-		reps, err := cb.nodes.SenderReports(cl)
-		if err != nil {
-			w.Fail(err)
-		}
-		sent = append(sent, reps...)
-	}
-	for _, s := range servers {
-		reps, err := cb.nodes.ServerReports(ctx, s, conns, 30*time.Second)
-		if err != nil {
-			w.Fail(err)
-		}
-		got = append(got, reps...)
-	}
-	w.Match(sent, got)
-	analysis := analyzeWatched(t, w)
-	requireSpread(t, analysis, len(sent), "installed with the chart")
+	analysis, sent := cb.crossTransfer(t, servers)
+	requireSpread(t, analysis, sent, "installed with the chart")
 	requireNodeStatesOfExamples(t, cb, servers)
 	requireTransparentClientsGetMPTCP(t, cb, servers[2])
 	// The checks hack/kind.sh runs on kind, through the API server alone,
@@ -711,4 +656,86 @@ func requireNodeStatesOfExamples(t *testing.T, cb *chartBed, servers map[int]*co
 			t.Errorf("node %d's state does not hold its server pod %s at %s: %+v", n.Index, server.Name, server.Status.PodIP, st.Spec.Pods)
 		}
 	}
+}
+
+// tenantServers makes the tenant namespace (labelled as the examples'
+// policy selects it, its pods allowed to await the agent's gate) and a
+// server pod on every node, by node index.
+func (cb *chartBed) tenantServers(t *testing.T) map[int]*corev1.Pod {
+	t.Helper()
+	ctx := background(t)
+	cb.namespace(t, tenantNS, tenantLabels)
+	if err := nodes.AllowAwait(ctx, cb.c, tenantNS); err != nil {
+		t.Fatal(err)
+	}
+	servers := map[int]*corev1.Pod{}
+	for _, n := range cb.bed.Nodes {
+		servers[n.Index] = cb.serverPod(n)
+		if err := cb.c.Create(ctx, servers[n.Index]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return servers
+}
+
+// applyExamples applies examples/paths.yaml and policy-spread.yaml and waits
+// until every server's workload listens (past the agent's gate).
+func (cb *chartBed) applyExamples(t *testing.T, servers map[int]*corev1.Pod) {
+	t.Helper()
+	ctx := background(t)
+	examples := filepath.Join(testenv.RepoRoot(), "examples")
+	if err := cb.cp.ApplyFiles(ctx, filepath.Join(examples, "paths.yaml"), filepath.Join(examples, "policy-spread.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range servers {
+		if err := nodes.WaitStarted(ctx, cb.c, s, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := cb.nodes.WaitListening(ctx, s, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// crossTransfer has a client pod on every node send MPTCP to the other
+// node's server for capturedTransfer, captured, and fails the test unless
+// every stream arrives whole; it returns what the captures show and how
+// many connections were sent.
+func (cb *chartBed) crossTransfer(t *testing.T, servers map[int]*corev1.Pod) (*testbed.Analysis, int) {
+	t.Helper()
+	ctx := background(t)
+	w := cb.bed.Watch(t, framework.DatapathEvidence(cb.bed))
+	const conns = 2
+	var clients []*corev1.Pod
+	for _, n := range cb.bed.Nodes {
+		peer := servers[3-n.Index]
+		cl := nodes.TrafficPod(tenantNS, fmt.Sprintf("client%d", n.Index), framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
+			map[string]string{"app": "client"}, []corev1.EnvVar{{Name: "SERVER", Value: fmt.Sprintf("%s:%d", peer.Status.PodIP, tenantPort)}},
+			"send", "-to", "$(SERVER)", "-mptcp", "-json", "-conns", fmt.Sprint(conns), "-duration", capturedTransfer.String(), "-seed", fmt.Sprint(n.Index))
+		if err := cb.c.Create(ctx, cl); err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, cl)
+	}
+	var sent []testbed.SenderReport
+	var got []testbed.ServerReport
+	for _, cl := range clients {
+		if err := cb.nodes.WaitEnded(ctx, cb.c, cl); err != nil {
+			w.Fail(err)
+		}
+		reps, err := cb.nodes.SenderReports(cl)
+		if err != nil {
+			w.Fail(err)
+		}
+		sent = append(sent, reps...)
+	}
+	for _, s := range servers {
+		reps, err := cb.nodes.ServerReports(ctx, s, conns, 30*time.Second)
+		if err != nil {
+			w.Fail(err)
+		}
+		got = append(got, reps...)
+	}
+	w.Match(sent, got)
+	return analyzeWatched(t, w), len(sent)
 }
