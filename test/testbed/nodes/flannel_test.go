@@ -10,7 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
@@ -158,18 +157,7 @@ func flannelTransfer(t *testing.T, cp *controlplane.ControlPlane, c *nodes.Clust
 	setup func(serverAddr string) func() map[string]uint64) map[string]uint64 {
 	t.Helper()
 	ctx := context.Background()
-	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "traffic"}}); err != nil {
-		t.Fatal(err)
-	}
-	server := trafficPod("server", c.Node(2).Name, "serve", "-listen", "0.0.0.0:5201", "-mptcp")
-	if err := cp.Client.Create(ctx, server); err != nil {
-		t.Fatal(err)
-	}
-	server = waitPod(t, cp, c, server, corev1.PodRunning)
-	serverPod, err := c.AttachPod(ctx, server)
-	if err != nil {
-		t.Fatal(err)
-	}
+	server, serverPod := startServerOnNode2(t, cp, c)
 	t.Logf("server pod %s on %s, host interface %s", serverPod.Addr, c.Node(2).Name, serverPod.HostIf)
 	if !c.Node(2).Bed.PodCIDR.Contains(serverPod.Addr) || serverPod.HostIf != "cni0" {
 		t.Fatalf("server pod %s behind %q: want an address of %s behind flannel's bridge cni0", serverPod.Addr, serverPod.HostIf, c.Node(2).Bed.PodCIDR)

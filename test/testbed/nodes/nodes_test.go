@@ -77,19 +77,7 @@ func TestRealNodesRunPodsThatTalkMPTCP(t *testing.T) {
 		}
 	}
 
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "traffic"}}
-	if err := cp.Client.Create(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	server := trafficPod("server", c.Node(2).Name, "serve", "-listen", "0.0.0.0:5201", "-mptcp")
-	if err := cp.Client.Create(ctx, server); err != nil {
-		t.Fatal(err)
-	}
-	server = waitPod(t, cp, c, server, corev1.PodRunning)
-	serverPod, err := c.AttachPod(ctx, server)
-	if err != nil {
-		t.Fatal(err)
-	}
+	server, serverPod := startServerOnNode2(t, cp, c)
 	if !c.Node(2).Bed.PodCIDR.Contains(serverPod.Addr) || !strings.HasPrefix(serverPod.HostIf, "veth") {
 		t.Fatalf("server pod %s: want an address of %s routed over a ptp veth, got host interface %q", serverPod.Addr, c.Node(2).Bed.PodCIDR, serverPod.HostIf)
 	}
@@ -359,4 +347,24 @@ func assertLogsThroughAPIServer(t *testing.T, cp *controlplane.ControlPlane, n *
 	if string(raw) != file {
 		t.Fatalf("logs of pod %s through the API server:\n%s\nin the kubelet's file:\n%s", pod.Name, raw, file)
 	}
+}
+
+// startServerOnNode2 runs an MPTCP traffic server pod on node 2, in
+// namespace traffic, and attaches the bed to it.
+func startServerOnNode2(t *testing.T, cp *controlplane.ControlPlane, c *nodes.Cluster) (*corev1.Pod, *testbed.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "traffic"}}); err != nil {
+		t.Fatal(err)
+	}
+	server := trafficPod("server", c.Node(2).Name, "serve", "-listen", "0.0.0.0:5201", "-mptcp")
+	if err := cp.Client.Create(ctx, server); err != nil {
+		t.Fatal(err)
+	}
+	server = waitPod(t, cp, c, server, corev1.PodRunning)
+	serverPod, err := c.AttachPod(ctx, server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return server, serverPod
 }
