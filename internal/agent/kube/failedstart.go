@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -28,10 +29,16 @@ func ReportFailedStart(ctx context.Context, cfg *rest.Config, node string, check
 	if err != nil {
 		return err
 	}
-	var state mptcpv1alpha1.MPTCPNodeState
-	if err := c.Get(ctx, types.NamespacedName{Name: node}, &state); err != nil {
-		return client.IgnoreNotFound(err)
+	// Listed by name, as the agent's cache reads it: its role may list and
+	// watch its node state, not get it.
+	var states mptcpv1alpha1.MPTCPNodeStateList
+	if err := c.List(ctx, &states, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", node)}); err != nil {
+		return err
 	}
+	if len(states.Items) == 0 {
+		return nil
+	}
+	state := states.Items[0]
 	// The failed check that explains it, if one does.
 	passed, reason, failed := nodecheck.Summary(checks)
 	msg := fmt.Sprintf("the agent cannot start: %v", startErr)
