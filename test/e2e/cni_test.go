@@ -37,7 +37,9 @@ func testFlannelVXLAN(t *testing.T) {
 			t.Fatalf("server pod %s behind %q: want an address of %s behind flannel's bridge cni0", p.Addr, p.HostIf, n.PodCIDR)
 		}
 	}
-	cb.install(t, release.Chart(), cb.images)
+	// As a kube bed's: liveness slow enough for clusters side by side,
+	// one controller replica.
+	cb.install(t, release.Chart(), cb.images, kubeBedValues...)
 	cb.applyExamples(t, servers)
 	for _, n := range cb.bed.Nodes {
 		requireNodeCheck(t, cb, n, "CNI", func(c mptcpv1alpha1.NodeCheck) bool {

@@ -29,92 +29,71 @@ func TestFlannel(t *testing.T) {
 	flanneld := testutil.BuiltTool(t, "FLANNELD", "flanneld")
 	images := testImages(t)
 
-	// vxlan: flannel.1 on every node, the VTEP on nic1's address (the node
-	// IP), which fabric 1 routes between the nodes. An MPTCP stream from a
-	// pod on node 1 to a pod on node 2 crosses flannel.1 and leaves node 1's
-	// nic1 encapsulated (UDP 8472, flannel's VXLAN port), none of it plain.
-	t.Run("vxlan", func(t *testing.T) {
-		cp, c := flannelNodes(t, testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2}), images, &nodes.Flannel{Flanneld: flanneld, Backend: "vxlan"})
-		for _, n := range c.Nodes {
-			out := nsOut(t, n.Bed.NetNS, "ip", "-d", "link", "show", "flannel.1")
-			if !strings.Contains(out, "vxlan id 1") {
-				t.Fatalf("node %s: flannel.1 is not flannel's vxlan device:\n%s", n.Name, out)
-			}
-			node := &corev1.Node{}
-			if err := cp.Client.Get(context.Background(), client.ObjectKey{Name: n.Name}, node); err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("node %s: flannel annotations backend-type=%s public-ip=%s backend-data=%s", n.Name,
-				node.Annotations["flannel.alpha.coreos.com/backend-type"], node.Annotations["flannel.alpha.coreos.com/public-ip"],
-				node.Annotations["flannel.alpha.coreos.com/backend-data"])
-			if node.Annotations["flannel.alpha.coreos.com/backend-type"] != "vxlan" {
-				t.Fatalf("node %s has no vxlan lease in its annotations: %v", n.Name, node.Annotations)
-			}
-			// flanneld's FDB entry for the peer names no device (no "via"):
-			// the outer packets' route is not bound to --iface.
-			fdb := nsOut(t, n.Bed.NetNS, "bridge", "fdb", "show", "dev", "flannel.1")
-			t.Logf("node %s: bridge fdb show dev flannel.1:\n%s", n.Name, fdb)
-			if !strings.Contains(fdb, "dst "+c.Node(3-n.Bed.Index).Bed.NIC(1).Addr.Addr().String()) || strings.Contains(fdb, " via ") {
-				t.Fatalf("node %s: want an FDB entry to the peer's VTEP without a device", n.Name)
-			}
+	// VXLAN, steered by a mark: what steering an overlay's subflows rests
+	// on. flannel.1 is flannel's VXLAN device on every node, its lease in
+	// the Node's annotations, and its FDB entries to the peers' VTEPs name
+	// no device, so the outer packets' route is not bound to --iface. The
+	// kernel's outer route lookup (udp_tunnel_dst_lookup, from
+	// vxlan_xmit_one) takes the inner packet's skb->mark, so a fwmark rule
+	// picks the outer packets' NIC; decapsulation keeps the outer packet's
+	// mark on the inner one. The bed gives each node a VTEP address every
+	// fabric routes (10.100.0.i/32 on lo, flanneld's --public-ip) and loose
+	// reverse-path filtering (the outer source is the VTEP whatever the
+	// NIC). iptables stands in for the agent's programs: it marks what
+	// node 1's pods send, path 2's table routes only the VTEP addresses (the
+	// inner packet keeps flannel.1 from the main table), and node 2 marks
+	// the outer packets arriving on nic2.
+	vtep := func(n *testbed.Node) netip.Addr { return netip.AddrFrom4([4]byte{10, 100, 0, byte(n.Index)}) }
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2})
+	for _, n := range bed.Nodes {
+		nsOut(t, n.NetNS, "ip", "addr", "add", vtep(n).String()+"/32", "dev", "lo")
+		nsOut(t, n.NetNS, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=2")
+		for _, nic := range n.NICs {
+			nsOut(t, nic.FabricNS, "ip", "route", "add", vtep(n).String()+"/32", "via", nic.Addr.Addr().String(), "dev", nic.FabricIf)
 		}
-		const size = 4 << 20
-		n1 := c.Node(1).Bed.NetNS
-		d := flannelTransfer(t, cp, c, size, func(server string) func() map[string]uint64 {
-			if got := nsOut(t, n1, "ip", "route", "get", server); !strings.Contains(got, "dev flannel.1") {
-				t.Fatalf("node 1's route to the server pod %s: %s, want it through flannel.1", server, got)
-			}
-			return outCounters(t, n1, map[string]string{
-				"nic1 vxlan": "-o nic1 -p udp --dport 8472", "nic1 plain": "-o nic1 -d " + nodes.FlannelNetwork.String(),
-				"nic2 vxlan": "-o nic2 -p udp --dport 8472", "flannel.1": "-o flannel.1 -d " + server,
-			})
+	}
+	cp, c := flannelNodes(t, bed, images, &nodes.Flannel{Flanneld: flanneld, Backend: "vxlan", PublicIP: vtep})
+	for _, n := range c.Nodes {
+		if out := nsOut(t, n.Bed.NetNS, "ip", "-d", "link", "show", "flannel.1"); !strings.Contains(out, "vxlan id 1") {
+			t.Fatalf("node %s: flannel.1 is not flannel's vxlan device:\n%s", n.Name, out)
+		}
+		node := &corev1.Node{}
+		if err := cp.Client.Get(context.Background(), client.ObjectKey{Name: n.Name}, node); err != nil {
+			t.Fatal(err)
+		}
+		if node.Annotations["flannel.alpha.coreos.com/backend-type"] != "vxlan" {
+			t.Fatalf("node %s has no vxlan lease in its annotations: %v", n.Name, node.Annotations)
+		}
+		fdb := nsOut(t, n.Bed.NetNS, "bridge", "fdb", "show", "dev", "flannel.1")
+		if !strings.Contains(fdb, "dst "+vtep(c.Node(3-n.Bed.Index).Bed).String()) || strings.Contains(fdb, " via ") {
+			t.Fatalf("node %s: FDB %s, want an entry to the peer's VTEP without a device", n.Name, fdb)
+		}
+	}
+	n1, n2 := c.Node(1).Bed, c.Node(2).Bed
+	nsOut(t, n1.NetNS, "ip", "route", "add", "10.100.0.0/24", "via", n1.NIC(2).Gateway.String(), "dev", "nic2", "table", "102")
+	nsOut(t, n1.NetNS, "ip", "rule", "add", "fwmark", "0x100000/0xf00000", "lookup", "102", "pref", "100")
+	nsOut(t, n1.NetNS, "iptables", "-t", "mangle", "-A", "PREROUTING", "-i", "cni0", "-j", "MARK", "--set-xmark", "0x100000/0xf00000")
+	nsOut(t, n2.NetNS, "iptables", "-t", "mangle", "-A", "PREROUTING", "-i", "nic2", "-p", "udp", "--dport", "8472", "-j", "MARK", "--set-xmark", "0x200000/0xf00000")
+	const size = 4 << 20
+	var inner func() map[string]uint64
+	d := flannelTransfer(t, cp, c, size, func(server string) func() map[string]uint64 {
+		if got := nsOut(t, n1.NetNS, "ip", "route", "get", server, "mark", "0x100000"); !strings.Contains(got, "dev flannel.1") {
+			t.Fatalf("node 1's route to the server pod %s for a marked packet: %s, want it through flannel.1", server, got)
+		}
+		inner = chainCounters(t, n2.NetNS, "PREROUTING", map[string]string{
+			"inner": "-i flannel.1 -d " + server, "inner marked": "-i flannel.1 -d " + server + " -m mark --mark 0x200000/0xf00000",
 		})
-		if d["flannel.1"] < size || d["nic1 vxlan"] < size || d["nic1 plain"] != 0 || d["nic2 vxlan"] != 0 {
-			t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer: want it all through flannel.1 and out of nic1 in VXLAN", d, size)
-		}
-	})
-
-	// vxlan, steered by a mark: what the agent would need to place a pod's
-	// subflows on distinct NICs under flannel. The kernel's outer route
-	// lookup for a VXLAN packet (udp_tunnel_dst_lookup, from vxlan_xmit_one)
-	// takes the inner packet's skb->mark as its flowi4_mark, and flannel's
-	// FDB entries do not pin the outer packets to --iface (no NDA_IFINDEX),
-	// so a fwmark rule picks the outer packets' NIC. What the bed needs for
-	// it: a VTEP address that every fabric routes (10.100.0.i/32 on each
-	// node's lo, flanneld's --public-ip), and loose reverse-path filtering
-	// on the nodes (the outer source is the VTEP address whatever the NIC).
-	// Here iptables marks what node 1's pods send (the agent's TC program's
-	// part), and path 2's table routes only the VTEP addresses, so that the
-	// inner packet still takes flannel.1 from the main table.
-	t.Run("vxlan-mark-steers-outer", func(t *testing.T) {
-		vtep := func(n *testbed.Node) netip.Addr { return netip.AddrFrom4([4]byte{10, 100, 0, byte(n.Index)}) }
-		bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2})
-		for _, n := range bed.Nodes {
-			nsOut(t, n.NetNS, "ip", "addr", "add", vtep(n).String()+"/32", "dev", "lo")
-			nsOut(t, n.NetNS, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=2")
-			for _, nic := range n.NICs {
-				nsOut(t, nic.FabricNS, "ip", "route", "add", vtep(n).String()+"/32", "via", nic.Addr.Addr().String(), "dev", nic.FabricIf)
-			}
-		}
-		cp, c := flannelNodes(t, bed, images, &nodes.Flannel{Flanneld: flanneld, Backend: "vxlan", PublicIP: vtep})
-		n1 := c.Node(1).Bed
-		nsOut(t, n1.NetNS, "ip", "route", "add", "10.100.0.0/24", "via", n1.NIC(2).Gateway.String(), "dev", "nic2", "table", "102")
-		nsOut(t, n1.NetNS, "ip", "rule", "add", "fwmark", "0x100000/0xf00000", "lookup", "102", "pref", "100")
-		nsOut(t, n1.NetNS, "iptables", "-t", "mangle", "-A", "PREROUTING", "-i", "cni0", "-j", "MARK", "--set-xmark", "0x100000/0xf00000")
-		const size = 4 << 20
-		d := flannelTransfer(t, cp, c, size, func(server string) func() map[string]uint64 {
-			if got := nsOut(t, n1.NetNS, "ip", "route", "get", server, "mark", "0x100000"); !strings.Contains(got, "dev flannel.1") {
-				t.Fatalf("node 1's route to the server pod %s for a marked packet: %s, want it through flannel.1", server, got)
-			}
-			return outCounters(t, n1.NetNS, map[string]string{
-				"nic1 vxlan": "-o nic1 -p udp --dport 8472", "nic2 vxlan": "-o nic2 -p udp --dport 8472",
-				"nic2 plain": "-o nic2 -d " + nodes.FlannelNetwork.String(), "flannel.1": "-o flannel.1 -d " + server,
-			})
+		return outCounters(t, n1.NetNS, map[string]string{
+			"nic1 vxlan": "-o nic1 -p udp --dport 8472", "nic2 vxlan": "-o nic2 -p udp --dport 8472",
+			"nic2 plain": "-o nic2 -d " + nodes.FlannelNetwork.String(), "flannel.1": "-o flannel.1 -d " + server,
 		})
-		if d["flannel.1"] < size || d["nic2 vxlan"] < size || d["nic1 vxlan"] != 0 || d["nic2 plain"] != 0 {
-			t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer: want it all through flannel.1 and out of nic2 in VXLAN", d, size)
-		}
 	})
+	if d["flannel.1"] < size || d["nic2 vxlan"] < size || d["nic1 vxlan"] != 0 || d["nic2 plain"] != 0 {
+		t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer: want it all through flannel.1 and out of nic2 in VXLAN", d, size)
+	}
+	if got := inner(); got["inner"] < size || got["inner marked"] != got["inner"] {
+		t.Fatalf("node 2 received (bytes) %v from flannel.1: want every inner packet with the mark its outer packet got on nic2", got)
+	}
 }
 
 // flannelNodes starts the control plane and the bed's nodes with flannel.
@@ -197,12 +176,18 @@ func flannelTransfer(t *testing.T, cp *controlplane.ControlPlane, c *nodes.Clust
 // them. The rules go with the namespace.
 func outCounters(t *testing.T, ns string, rules map[string]string) func() map[string]uint64 {
 	t.Helper()
+	return chainCounters(t, ns, "POSTROUTING", rules)
+}
+
+// chainCounters is outCounters in chain of ns's mangle table.
+func chainCounters(t *testing.T, ns, chain string, rules map[string]string) func() map[string]uint64 {
+	t.Helper()
 	for name, match := range rules {
-		nsOut(t, ns, append(append([]string{"iptables", "-t", "mangle", "-A", "POSTROUTING"}, strings.Fields(match)...),
+		nsOut(t, ns, append(append([]string{"iptables", "-t", "mangle", "-A", chain}, strings.Fields(match)...),
 			"-m", "comment", "--comment", "fltest:"+name)...)
 	}
 	return func() map[string]uint64 {
-		out := nsOut(t, ns, "iptables", "-t", "mangle", "-L", "POSTROUTING", "-v", "-x", "-n")
+		out := nsOut(t, ns, "iptables", "-t", "mangle", "-L", chain, "-v", "-x", "-n")
 		got := map[string]uint64{}
 		for _, line := range strings.Split(out, "\n") {
 			i := strings.Index(line, "/* fltest:")

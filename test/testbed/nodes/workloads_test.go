@@ -188,13 +188,19 @@ func waitRunning(t *testing.T, c client.Client, selector string, want int) []cor
 // containerPID is a process of the pod's container (not its sandbox's).
 func containerPID(t *testing.T, n *nodes.Node, pod *corev1.Pod) int {
 	t.Helper()
-	for _, pid := range n.PodPIDs(pod) {
-		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) == "traffic" {
-			return pid
+	// The API may say Running a moment before the process is in the
+	// container's cgroup, on a loaded machine.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		for _, pid := range n.PodPIDs(pod) {
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) == "traffic" {
+				return pid
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no traffic process in pod %s", pod.Name)
+			return 0
 		}
 	}
-	t.Fatalf("no traffic process in pod %s", pod.Name)
-	return 0
 }
 
 // sameNetNS says whether two namespace files (a /proc/PID/ns/net link or a
