@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -47,22 +48,12 @@ func ReportFailedStart(ctx context.Context, cfg *rest.Config, node string, check
 	} else {
 		msg += " (" + failed + ")"
 	}
-	cond := metav1.Condition{Type: ConditionNodeSupported, Status: metav1.ConditionFalse, Reason: reason, Message: msg,
-		ObservedGeneration: state.Generation, LastTransitionTime: metav1.Now()}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"checks": checks, "conditions": mergedConditions(state.Status.Conditions, cond)}})
+	conds := state.Status.Conditions
+	meta.SetStatusCondition(&conds, metav1.Condition{Type: ConditionNodeSupported, Status: metav1.ConditionFalse, Reason: reason,
+		Message: msg, ObservedGeneration: state.Generation})
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"checks": checks, "conditions": conds}})
 	if err != nil {
 		return err
 	}
 	return c.Status().Patch(ctx, &state, client.RawPatch(types.MergePatchType, patch))
-}
-
-// mergedConditions is conds with cond in place of its type's.
-func mergedConditions(conds []metav1.Condition, cond metav1.Condition) []metav1.Condition {
-	out := make([]metav1.Condition, 0, len(conds)+1)
-	for _, c := range conds {
-		if c.Type != cond.Type {
-			out = append(out, c)
-		}
-	}
-	return append(out, cond)
 }
