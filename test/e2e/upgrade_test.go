@@ -173,6 +173,9 @@ func testUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	const conns = 2
+	// previousRelease's agent does not hold its joins (see the rollback
+	// test below): the senders wait for theirs.
+	bed.AwaitJoins(bed.Pod(1, 1), 1)
 	old := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: conns}}, 8*time.Second)
 	client := bed.Pod(1, 1).Addr
 	waitPlaced(t, bed, a1, bed.Pod(1, 1), 2*conns)
@@ -343,6 +346,10 @@ func testUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	const conns = 2
+	// previousRelease's agent opens joins without holding them, which
+	// exposes its transfer to the receiving kernel placing data at the
+	// wrong offset: the senders wait for their join instead.
+	bed.AwaitJoins(bed.Pod(1, 1), 1)
 	wait := startFlows(t, bed, []flow{{client: bed.Pod(1, 1), server: bed.Pod(2, 1), port: 5201, conns: conns}}, 6*time.Second)
 	deadline := time.Now().Add(5 * time.Second)
 	var before []datapath.Subflow
