@@ -616,6 +616,42 @@ func TestDefaultImagesAreWhatMakeImagesBuilds(t *testing.T) {
 	}
 }
 
+// global.imageRegistry moves every image the chart names to one registry:
+// the controller's, the agent's (also the preload image the controller
+// is told), the conformance pod's and its traffic image, whether the
+// repository names a registry or not; tags and digests stay. A value that
+// is not a registry is refused by the schema.
+func TestOneRegistryValueMovesEveryImage(t *testing.T) {
+	const mirror = "mirror.example.com:5000/cache"
+	digest := "sha256:" + strings.Repeat("a", 64)
+	r := render(t, "--set", "global.imageRegistry="+mirror, "--set", "agent.image.repository=mptcp/agent",
+		"--set", "controller.image.digest="+digest, "--set", "tests.image.repository=localhost/conformance")
+	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
+	d := get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller")
+	pod := get[*corev1.Pod](t, r, "Pod", "mptcp-conformance")
+	controller := container(t, d.Spec.Template.Spec, "controller")
+	preload, _ := flagValue(controller.Args, "--preload-image")
+	traffic, _ := flagValue(pod.Spec.Containers[0].Args, "-conformance.traffic-image")
+	for what, got := range map[string]string{
+		"agent":         container(t, ds.Spec.Template.Spec, "agent").Image,
+		"preload":       preload,
+		"controller":    controller.Image,
+		"conformance":   pod.Spec.Containers[0].Image,
+		"traffic image": traffic,
+	} {
+		want := map[string]string{
+			"agent": mirror + "/mptcp/agent:", "preload": mirror + "/mptcp/agent:",
+			"controller": mirror + "/mptcp-operator/controller:", "conformance": mirror + "/conformance:",
+			"traffic image": mirror + "/mptcp-operator/traffic:",
+		}[what]
+		must(t, strings.HasPrefix(got, want), "%s image %q, want it from %q", what, got, want)
+	}
+	must(t, strings.HasSuffix(controller.Image, "@"+digest), "controller image %q lost its digest", controller.Image)
+	_, stderr, err := helmTemplate(t, "--set", "global.imageRegistry=https://mirror.example.com")
+	must(t, err != nil && strings.Contains(stderr, "imageRegistry"),
+		"a registry with a scheme was not refused by the schema naming imageRegistry: %v\n%s", err, stderr)
+}
+
 // The pod webhook (podMPTCP.transparent): by default the controller serves
 // it with a certificate it issues into the chart's empty Secret, for pods
 // of namespaces that opt in only (never the release's or kube-system),

@@ -45,13 +45,26 @@ app.kubernetes.io/component: {{ index . 1 }}
 
 {{/*
 An image reference from {repository, tag, digest}; call with (list $ .Values.agent.image).
-The tag defaults to the chart's appVersion, which `make images` tags its images with;
-a digest, when given, pins the image whatever the tag says.
+global.imageRegistry, when set, takes the place of the repository's registry (its first
+component when that has a dot or a port or is localhost, as the container runtimes read
+it), so that one value moves every image to a mirror. The tag defaults to the chart's
+appVersion, which `make images` tags its images with; a digest, when given, pins the
+image whatever the tag says.
 */}}
 {{- define "mptcp-operator.image" -}}
 {{- $root := index . 0 -}}
 {{- $image := index . 1 -}}
-{{- $ref := printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) -}}
+{{- $repository := $image.repository -}}
+{{- $registry := (($root.Values.global | default dict).imageRegistry) | default "" -}}
+{{- if $registry -}}
+{{- $parts := splitList "/" $repository -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repository = join "/" (rest $parts) -}}
+{{- end -}}
+{{- $repository = printf "%s/%s" $registry $repository -}}
+{{- end -}}
+{{- $ref := printf "%s:%s" $repository (default $root.Chart.AppVersion $image.tag) -}}
 {{- if $image.digest -}}
 {{- $ref = printf "%s@%s" $ref $image.digest -}}
 {{- end -}}
