@@ -5,10 +5,7 @@
 package charts
 
 import (
-	"bufio"
 	"bytes"
-	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +20,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -134,15 +130,7 @@ func render(t *testing.T, args ...string) *rendered {
 		t.Fatalf("helm template %s: %v\n%s", strings.Join(args, " "), err, stderr)
 	}
 	r := &rendered{objects: map[string]any{}, raw: map[string][]byte{}}
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(strings.NewReader(out)))
-	for {
-		doc, err := reader.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, doc := range testutil.YAMLDocuments(t, []byte(out)) {
 		var meta struct {
 			Kind     string `json:"kind"`
 			Metadata struct {

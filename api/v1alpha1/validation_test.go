@@ -1,11 +1,7 @@
 package v1alpha1_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,10 +9,10 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // validPolicy is the base most policy cases change in one place.
@@ -551,19 +547,8 @@ func TestExamplesAreAccepted(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := utilyaml.NewYAMLReader(bufioReader(data))
 			n := 0
-			for {
-				doc, err := r.Read()
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				if strings.TrimSpace(stripComments(string(doc))) == "" {
-					continue
-				}
+			for _, doc := range testutil.YAMLDocuments(t, data) {
 				obj := decode(t, string(doc))
 				if err := env.Client.Create(context.Background(), obj); err != nil {
 					t.Errorf("%s %s rejected: %v", obj.GetKind(), obj.GetName(), err)
@@ -585,16 +570,3 @@ func decode(t *testing.T, manifest string) *unstructured.Unstructured {
 	}
 	return obj
 }
-
-func stripComments(s string) string {
-	var b strings.Builder
-	for _, l := range strings.Split(s, "\n") {
-		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
-			b.WriteString(l)
-			b.WriteByte('\n')
-		}
-	}
-	return b.String()
-}
-
-func bufioReader(b []byte) *bufio.Reader { return bufio.NewReader(bytes.NewReader(b)) }

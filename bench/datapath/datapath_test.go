@@ -513,12 +513,3 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(code)
 }
-
-func minMedian(v []float64) (lo, med float64) {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[0], s[len(s)/2]
-	}
-	return s[0], (s[len(s)/2-1] + s[len(s)/2]) / 2
-}

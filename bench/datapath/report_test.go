@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 const section = "## Datapath: nanoseconds per packet"
@@ -45,8 +46,8 @@ func writeReport(path string) error {
 		if len(v) == 0 {
 			continue
 		}
-		lo, med := minMedian(v)
-		_, base := minMedian(results.ns[baselineOf(c.name)])
+		lo, med := testutil.MinMedian(v)
+		_, base := testutil.MinMedian(results.ns[baselineOf(c.name)])
 		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.2f |\n", c.name, len(v), lo, med, med/base)
 	}
 	b.WriteString("\nOne run per syscall adds the kernel's per-run timing and a cold start to every packet, so placements " +

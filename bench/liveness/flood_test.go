@@ -49,11 +49,11 @@ type floodRun struct {
 func BenchmarkAFloodForgedWithAPeersAddress(b *testing.B) {
 	testutil.RequireRoot(b, "ip")
 	a, p := testutil.NetNS(b, "lfa"), testutil.NetNS(b, "lfp")
-	run(b, "ip", "-n", a, "link", "add", "nic1", "type", "veth", "peer", "name", "nic1", "netns", p)
-	run(b, "ip", "-n", a, "addr", "add", "10.211.1.1/24", "dev", "nic1")
-	run(b, "ip", "-n", p, "addr", "add", "10.211.1.2/24", "dev", "nic1")
-	run(b, "ip", "-n", a, "link", "set", "nic1", "up")
-	run(b, "ip", "-n", p, "link", "set", "nic1", "up")
+	testutil.Run(b, "ip", "-n", a, "link", "add", "nic1", "type", "veth", "peer", "name", "nic1", "netns", p)
+	testutil.Run(b, "ip", "-n", a, "addr", "add", "10.211.1.1/24", "dev", "nic1")
+	testutil.Run(b, "ip", "-n", p, "addr", "add", "10.211.1.2/24", "dev", "nic1")
+	testutil.Run(b, "ip", "-n", a, "link", "set", "nic1", "up")
+	testutil.Run(b, "ip", "-n", p, "link", "set", "nic1", "up")
 	time.Sleep(200 * time.Millisecond)
 
 	defaults := agent.NodeDefaults("bench").Liveness

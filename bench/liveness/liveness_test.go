@@ -36,13 +36,6 @@ const (
 	rounds = 3
 )
 
-func run(b *testing.B, args ...string) {
-	b.Helper()
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		b.Fatalf("%v: %v: %s", args, err, out)
-	}
-}
-
 // cpu is the process's user and system time.
 func cpu() time.Duration {
 	var ru syscall.Rusage
@@ -108,9 +101,9 @@ func measure(b *testing.B, c probeCase) probeFigures {
 	b.Helper()
 	testutil.RequireRoot(b, "ip")
 	a, p := testutil.NetNS(b, "lba"), testutil.NetNS(b, "lbp")
-	run(b, "ip", "-n", a, "link", "add", "nic1", "type", "veth", "peer", "name", "nic1", "netns", p)
+	testutil.Run(b, "ip", "-n", a, "link", "add", "nic1", "type", "veth", "peer", "name", "nic1", "netns", p)
 	for k := 1; k <= paths; k++ {
-		run(b, "ip", "-n", a, "addr", "add", fmt.Sprintf("10.210.%d.1/16", k), "dev", "nic1")
+		testutil.Run(b, "ip", "-n", a, "addr", "add", fmt.Sprintf("10.210.%d.1/16", k), "dev", "nic1")
 	}
 	var batch strings.Builder
 	for i := range c.peers {
@@ -121,8 +114,8 @@ func measure(b *testing.B, c probeCase) probeFigures {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("adding the peers' addresses: %v: %s", err, out)
 	}
-	run(b, "ip", "-n", a, "link", "set", "nic1", "up")
-	run(b, "ip", "-n", p, "link", "set", "nic1", "up")
+	testutil.Run(b, "ip", "-n", a, "link", "set", "nic1", "up")
+	testutil.Run(b, "ip", "-n", p, "link", "set", "nic1", "up")
 	// The peers' neighbour entries, permanent: a thousand resolved on
 	// demand overflow the neighbour table's collection thresholds (global,
 	// not the bed's to change), and a probe that waits for an answer to

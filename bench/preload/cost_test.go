@@ -113,10 +113,10 @@ func BenchmarkPreloadCost(b *testing.B) {
 		time.Now().UTC().Format("2006-01-02"), benchdoc.CPUModel(), runtime.NumCPU(), benchdoc.KernelRelease())
 	s.WriteString("| operation | variant | ns min / median | against MPTCP asked |\n|---|---|---|---|\n")
 	for _, op := range operations {
-		base := median(ns[op.name+"|"+variants[2].name])
+		base := testutil.Median(ns[op.name+"|"+variants[2].name])
 		for _, v := range variants {
 			xs := ns[op.name+"|"+v.name]
-			fmt.Fprintf(&s, "| %s | %s | %.0f / %.0f | %.3f |\n", op.name, v.name, slices.Min(xs), median(xs), median(xs)/base)
+			fmt.Fprintf(&s, "| %s | %s | %.0f / %.0f | %.3f |\n", op.name, v.name, slices.Min(xs), testutil.Median(xs), testutil.Median(xs)/base)
 		}
 	}
 	b.Log("\n" + s.String())
@@ -125,10 +125,4 @@ func BenchmarkPreloadCost(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // The flows BenchmarkSmallFlows times: the sizes the research this
@@ -146,7 +147,7 @@ func runSmallFlows(b *testing.B, bins framework.Binaries, pc pathCase) smallFlow
 				use(m)
 				port++
 				secs, stalled := flows(b, bed, bins, port, m.mptcp, flowsPerSize[size], size)
-				r.fct[m.name][size] = append(r.fct[m.name][size], median(secs))
+				r.fct[m.name][size] = append(r.fct[m.name][size], testutil.Median(secs))
 				r.stalled[m.name] += stalled
 			}
 		}
@@ -212,12 +213,6 @@ func flows(b *testing.B, bed *testbed.Bed, bins framework.Binaries, port int, mp
 	return out, len(stalled)
 }
 
-func median[T time.Duration | float64](v []T) T {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
 const smallFlowsSection = "## Small flows"
 
 func smallFlowsReport(results []smallFlowResult) string {
@@ -245,7 +240,7 @@ func smallFlowsReport(results []smallFlowResult) string {
 			meds := map[string]float64{}
 			for _, m := range flowModes {
 				v := r.fct[m.name][size]
-				meds[m.name] = ms(median(v))
+				meds[m.name] = ms(testutil.Median(v))
 				fmt.Fprintf(&s, " %.2f / %.2f |", ms(slices.Min(v)), meds[m.name])
 			}
 			th := meds[flowModes[2].name]
@@ -255,7 +250,7 @@ func smallFlowsReport(results []smallFlowResult) string {
 		meds := map[string]float64{}
 		for _, m := range flowModes {
 			v := r.goodput[m.name]
-			meds[m.name] = median(v)
+			meds[m.name] = testutil.Median(v)
 			fmt.Fprintf(&s, " %.0f / %.0f |", slices.Min(v)/1e6, meds[m.name]/1e6)
 		}
 		th := meds[flowModes[2].name]

@@ -75,7 +75,7 @@ func BenchmarkWatchCost(b *testing.B) {
 				r.one = append(r.one, lookup(1))
 				r.lookupMax = append(r.lookupMax, lookup(maxLookups))
 			}
-			b.ReportMetric(float64(median(r.per).Microseconds()), "µs/listing")
+			b.ReportMetric(float64(testutil.Median(r.per).Microseconds()), "µs/listing")
 			results = append(results, r)
 		})
 	}
@@ -164,9 +164,9 @@ func watchReport(results []watchResult) string {
 	fmt.Fprintf(&s, "| connections in the pod | listing min / median | share of a core, listing every 20 ms | 1 lookup min / median | %d lookups min / median | share of a core, %d lookups every 20 ms |\n|---|---|---|---|---|---|\n", maxLookups, maxLookups)
 	us := func(d time.Duration) string { return d.Round(time.Microsecond).String() }
 	for _, r := range results {
-		fmt.Fprintf(&s, "| %d | %s / %s | %.1f %% | %s / %s | %s / %s | %.1f %% |\n", r.conns, us(minOf(r.per)), us(median(r.per)),
-			100*median(r.per).Seconds()/0.02, us(minOf(r.one)), us(median(r.one)), us(minOf(r.lookupMax)), us(median(r.lookupMax)),
-			100*median(r.lookupMax).Seconds()/0.02)
+		fmt.Fprintf(&s, "| %d | %s / %s | %.1f %% | %s / %s | %s / %s | %.1f %% |\n", r.conns, us(minOf(r.per)), us(testutil.Median(r.per)),
+			100*testutil.Median(r.per).Seconds()/0.02, us(minOf(r.one)), us(testutil.Median(r.one)), us(minOf(r.lookupMax)), us(testutil.Median(r.lookupMax)),
+			100*testutil.Median(r.lookupMax).Seconds()/0.02)
 	}
 	return strings.TrimRight(s.String(), "\n") + "\n"
 }

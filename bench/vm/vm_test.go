@@ -27,6 +27,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed/guest"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 const (
@@ -255,12 +256,6 @@ func BenchmarkVMToVM(b *testing.B) {
 	}
 }
 
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
 func report(results [][]measurement, accel guest.Accel) string {
 	var s strings.Builder
 	rounds := len(results[0])
@@ -290,16 +285,16 @@ func report(results [][]measurement, accel guest.Accel) string {
 	for i, c := range cells {
 		g := goodputs(results[i])
 		lo, hi := slices.Min(g), slices.Max(g)
-		med := median(g)
-		kernel := median(goodputs(byCell[cell{rate: c.rate, routing: kernelRouting, background: c.background}]))
-		hand := median(goodputs(byCell[cell{rate: c.rate, routing: handRouting, background: c.background}]))
+		med := testutil.Median(g)
+		kernel := testutil.Median(goodputs(byCell[cell{rate: c.rate, routing: kernelRouting, background: c.background}]))
+		hand := testutil.Median(goodputs(byCell[cell{rate: c.rate, routing: handRouting, background: c.background}]))
 		var cc, sc []float64
 		for _, m := range results[i] {
 			cc, sc = append(cc, m.clientCPU), append(sc, m.serverCPU)
 		}
 		fmt.Fprintf(&s, "| 2 x %s | %s | %s | %d | %.1f / %.1f / %.1f | %.2f | %.2f | %.0f %% / %.0f %% |\n",
 			c.rate, map[bool]string{false: "idle", true: "loaded"}[c.background], c.routing, len(g), lo/1e6, med/1e6, hi/1e6,
-			med/kernel, med/hand, 100*median(cc), 100*median(sc))
+			med/kernel, med/hand, 100*testutil.Median(cc), 100*testutil.Median(sc))
 	}
 	return s.String()
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -34,14 +33,6 @@ const (
 	macPeer, macNode = "02:00:00:00:00:01", "02:00:00:00:00:02"
 )
 
-// sh runs a command, failing the test with its output.
-func sh(tb testing.TB, args ...string) {
-	tb.Helper()
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		tb.Fatalf("%v: %v: %s", args, err, out)
-	}
-}
-
 // newBed builds the namespaces (deleted when the test ends, the veth with
 // them). The node forwards, as a node does for its pods, and routes the
 // pods' network to a blackhole: a flood packet that no program drops goes up
@@ -54,16 +45,16 @@ func newBed(tb testing.TB) *bed {
 	testutil.RequireRoot(tb, "ip", "sysctl")
 	prefix := fmt.Sprintf("xdpb-%d-", os.Getpid())
 	w := &bed{peer: testutil.NetNS(tb, prefix+"a-"), node: testutil.NetNS(tb, prefix+"b-")}
-	sh(tb, "ip", "-n", w.peer, "link", "add", veth, "address", macPeer, "type", "veth", "peer", "name", veth, "address", macNode, "netns", w.node)
-	sh(tb, "ip", "-n", w.peer, "addr", "add", peerAddr.String()+"/24", "dev", veth)
-	sh(tb, "ip", "-n", w.node, "addr", "add", "10.99.0.2/24", "dev", veth)
+	testutil.Run(tb, "ip", "-n", w.peer, "link", "add", veth, "address", macPeer, "type", "veth", "peer", "name", veth, "address", macNode, "netns", w.node)
+	testutil.Run(tb, "ip", "-n", w.peer, "addr", "add", peerAddr.String()+"/24", "dev", veth)
+	testutil.Run(tb, "ip", "-n", w.node, "addr", "add", "10.99.0.2/24", "dev", veth)
 	for _, ns := range []string{w.peer, w.node} {
 		// No router solicitations or DAD on the veth while measuring.
-		sh(tb, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
-		sh(tb, "ip", "-n", ns, "link", "set", veth, "up")
+		testutil.Run(tb, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+		testutil.Run(tb, "ip", "-n", ns, "link", "set", veth, "up")
 	}
-	sh(tb, "ip", "netns", "exec", w.node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-	sh(tb, "ip", "-n", w.node, "route", "add", "blackhole", podNet.String())
+	testutil.Run(tb, "ip", "netns", "exec", w.node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	testutil.Run(tb, "ip", "-n", w.node, "route", "add", "blackhole", podNet.String())
 	testutil.InNetNS(tb, w.peer, func() { w.peerIf = vethIndex(tb) })
 	testutil.InNetNS(tb, w.node, func() {
 		w.nodeIf = vethIndex(tb)

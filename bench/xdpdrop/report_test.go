@@ -5,12 +5,12 @@ import (
 	"math"
 	"os"
 	"runtime"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
 	"github.com/mptcp-operator/mptcp-operator/internal/limits"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 const section = "## XDP or TC for dropping a flood"
@@ -25,14 +25,6 @@ func loadAverage() string {
 	return strings.Fields(string(b))[0]
 }
 
-func minMedian(v []float64) (lo, med float64) {
-	s := slices.Sorted(slices.Values(v))
-	if len(s) == 0 {
-		return 0, 0
-	}
-	return s[0], s[len(s)/2]
-}
-
 // wireBits is what one flood frame of frameLen bytes takes on an Ethernet
 // wire: the frame, its FCS, preamble and inter-frame gap.
 func wireBits(frameLen int) float64 { return float64(frameLen+4+8+12) * 8 }
@@ -42,7 +34,7 @@ func wireBits(frameLen int) float64 { return float64(frameLen+4+8+12) * 8 }
 func writeReport(path string, results map[string][]float64, load1 string, frameLen int) error {
 	med := map[string]float64{}
 	for _, c := range cases {
-		_, med[c.key] = minMedian(results[c.key])
+		_, med[c.key] = testutil.MinMedian(results[c.key])
 	}
 	node := func(key string) float64 { return med[key] - med["sender"] }
 	var b strings.Builder
@@ -93,7 +85,7 @@ func writeReport(path string, results map[string][]float64, load1 string, frameL
 		if len(v) == 0 {
 			continue
 		}
-		lo, m := minMedian(v)
+		lo, m := testutil.MinMedian(v)
 		share := fmt.Sprintf("%.0f", node(c.key))
 		if c.key == "sender" {
 			share = "—"

@@ -150,7 +150,7 @@ func BenchmarkJoinSYNFlood(b *testing.B) {
 		}
 	}
 	for _, c := range cases {
-		_, med := minMedian(results[c.key])
+		_, med := testutil.MinMedian(results[c.key])
 		b.ReportMetric(med, "ns/pkt-"+c.key)
 	}
 	if path := os.Getenv("BENCH_REPORT"); path != "" {

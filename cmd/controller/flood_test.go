@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -34,6 +33,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/controller"
 	controllermetrics "github.com/mptcp-operator/mptcp-operator/internal/controller/metrics"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // What the flood test sets up and sends. The fillers make the cache hold
@@ -107,7 +107,7 @@ func TestAScrapeFloodLeavesTheLeaseAndReconcilesAlone(t *testing.T) {
 	}
 	t.Logf("%d policies made", fillerPolicies)
 
-	addr := "127.0.0.1:" + strconv.Itoa(freeTCPPort(t))
+	addr := "127.0.0.1:" + strconv.Itoa(testutil.FreePort(t))
 	w := io.Discard // controller logs only when asked: they drown test output
 	if os.Getenv("MPTCP_TEST_LOG") != "" {
 		w = os.Stderr
@@ -149,7 +149,7 @@ func TestAScrapeFloodLeavesTheLeaseAndReconcilesAlone(t *testing.T) {
 
 	// Who may read: the reader's token only.
 	url := "https://" + addr + "/metrics"
-	retry(t, "the reader's scrape", func() error {
+	testutil.Eventually(t, 20*time.Second, 100*time.Millisecond, "the reader's scrape", func() error {
 		code, body, err := scrapeOnce(http.DefaultClient, url, token)
 		if err == nil && (code != http.StatusOK || !strings.Contains(body, "mptcp_controller_policies")) {
 			err = fmt.Errorf("%d: %.200s", code, body)
@@ -376,30 +376,5 @@ func waitGeneration(t *testing.T, c client.Client, gen int64, within time.Durati
 			t.Fatalf("policy at generation %d, its status at %d, after %s; want %d", p.Generation, p.Status.ObservedGeneration, within, gen)
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func retry(t *testing.T, what string, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -3,11 +3,11 @@ package main_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -17,6 +17,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // TestBinary builds and runs the real controller binary against a real API
@@ -29,7 +30,7 @@ func TestBinary(t *testing.T) {
 	if err := build.Run(); err != nil {
 		t.Fatalf("build: %v", err)
 	}
-	probe := freePort(t)
+	probe := "127.0.0.1:" + strconv.Itoa(testutil.FreePort(t))
 	cmd := exec.Command(bin, "--kubeconfig", env.Kubeconfig(t), "--metrics-bind-address", "0",
 		"--health-probe-bind-address", probe)
 	logs, err := os.Create(filepath.Join(t.TempDir(), "controller.log"))
@@ -49,7 +50,7 @@ func TestBinary(t *testing.T) {
 		}
 	})
 
-	eventually(t, "readyz", func() error {
+	testutil.Eventually(t, 30*time.Second, 100*time.Millisecond, "readyz", func() error {
 		resp, err := http.Get("http://" + probe + "/readyz")
 		if err != nil {
 			return err
@@ -65,7 +66,7 @@ func TestBinary(t *testing.T) {
 		Spec: corev1.NodeSpec{PodCIDRs: []string{"10.1.1.0/24"}}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "node state", func() error {
+	testutil.Eventually(t, 30*time.Second, 100*time.Millisecond, "node state", func() error {
 		var s mptcpv1alpha1.MPTCPNodeState
 		if err := env.Client.Get(ctx, types.NamespacedName{Name: "node-1"}, &s); err != nil {
 			return err
@@ -75,26 +76,4 @@ func TestBinary(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-func freePort(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-func eventually(t *testing.T, what string, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = check(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: %v", what, err)
 }

@@ -2,11 +2,8 @@ package controller_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -17,9 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -340,26 +335,6 @@ func applyDir(t *testing.T, c client.Client, dir string) {
 		if filepath.Base(f) == "kustomization.yaml" {
 			continue
 		}
-		fh, err := os.Open(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(fh, 4096)
-		for {
-			obj := &unstructured.Unstructured{}
-			if err := dec.Decode(&obj.Object); err != nil {
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				t.Fatalf("%s: %v", f, err)
-			}
-			if len(obj.Object) == 0 {
-				continue
-			}
-			if err := c.Create(context.Background(), obj); err != nil {
-				t.Fatalf("%s: create %s %s: %v", f, obj.GetKind(), obj.GetName(), err)
-			}
-		}
-		_ = fh.Close()
+		testenv.CreateObjects(t, c, f)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/kube"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // TestAgentCredentialsCoverWhatTheAgentDoesOnItsNode runs, with the pod-bound
@@ -160,7 +161,7 @@ func TestAgentCredentialsCoverWhatTheAgentDoesOnItsNode(t *testing.T) {
 		}
 		// The recorder the agent uses, as it uses it.
 		mgr.GetEventRecorder("mptcp-agent").Eventf(&own, nil, corev1.EventTypeNormal, kube.ReasonApplied, "Apply", "generation %d", own.Generation)
-		eventually(t, "the agent's event on its node state", func() error {
+		testutil.Eventually(t, 15*time.Second, 100*time.Millisecond, "the agent's event on its node state", func() error {
 			var evs eventsv1.EventList
 			if err := env.Client.List(ctx, &evs); err != nil {
 				return err
@@ -225,17 +226,4 @@ func TestAgentCredentialsCoverWhatTheAgentDoesOnItsNode(t *testing.T) {
 			t.Fatalf("an unfiltered node state list: %d items, %v", len(states.Items), err)
 		}
 	})
-}
-
-func eventually(t *testing.T, what string, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = check(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: %v", what, err)
 }

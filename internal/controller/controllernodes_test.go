@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -16,6 +17,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // TestControllerCannotChangeNodes acts with a token bound to a controller
@@ -126,7 +128,7 @@ func TestControllerCannotChangeNodes(t *testing.T) {
 
 	t.Run("the controller compiles the Node's state with these credentials", func(t *testing.T) {
 		testenv.StartManagerWith(t, env, env.AsToken(token))
-		eventually(t, "node state", func() error {
+		testutil.Eventually(t, 15*time.Second, 100*time.Millisecond, "node state", func() error {
 			return env.Client.Get(ctx, types.NamespacedName{Name: "n1"}, &mptcpv1alpha1.MPTCPNodeState{})
 		})
 		var n corev1.Node

@@ -20,6 +20,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // fixture builds one test case's cluster objects. Every cluster-scoped name
@@ -165,7 +166,7 @@ func (f *fixture) deletePod(ns, name string) {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: f.n(ns), Name: name}}
 	// Without a kubelet, a graceful delete never finishes.
 	f.must(f.c.Delete(f.ctx, p, client.GracePeriodSeconds(0)), "delete pod "+name)
-	f.eventually("pod "+name+" gone", func() error {
+	testutil.Eventually(f.t, 15*time.Second, 50*time.Millisecond, "pod "+name+" gone", func() error {
 		err := f.c.Get(f.ctx, client.ObjectKeyFromObject(p), p)
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -215,7 +216,7 @@ func (f *fixture) applyAll(node string) {
 // policies are always those of the current spec.
 func (f *fixture) agentStatus(node string, edit func(*mptcpv1alpha1.MPTCPNodeStateStatus)) {
 	f.t.Helper()
-	f.eventually("agent status on "+node, func() error {
+	testutil.Eventually(f.t, 15*time.Second, 50*time.Millisecond, "agent status on "+node, func() error {
 		var s mptcpv1alpha1.MPTCPNodeState
 		if err := f.c.Get(f.ctx, types.NamespacedName{Name: f.n(node)}, &s); err != nil {
 			return err
@@ -239,7 +240,7 @@ func (f *fixture) agentStatus(node string, edit func(*mptcpv1alpha1.MPTCPNodeSta
 // paths of each, by the node's short name.
 func (f *fixture) expectPeers(want map[string][]mptcpv1alpha1.PeerPath) {
 	f.t.Helper()
-	f.eventually("peers", func() error {
+	testutil.Eventually(f.t, 15*time.Second, 50*time.Millisecond, "peers", func() error {
 		got, err := f.peers()
 		if err != nil {
 			return err
@@ -333,7 +334,7 @@ func (f *fixture) shorts(names []string) []string {
 // pod summaries); a node mapped to nil must have no node state at all.
 func (f *fixture) expectNodes(want map[string][]string) {
 	f.t.Helper()
-	f.eventually("node states", func() error {
+	testutil.Eventually(f.t, 15*time.Second, 50*time.Millisecond, "node states", func() error {
 		var problems []string
 		for node, pods := range want {
 			var s mptcpv1alpha1.MPTCPNodeState
@@ -363,7 +364,7 @@ func (f *fixture) expectNodes(want map[string][]string) {
 // expectEvent waits for a Warning event with reason on a pod.
 func (f *fixture) expectEvent(ns, pod, reason string) {
 	f.t.Helper()
-	f.eventually("event "+reason+" on "+pod, func() error {
+	testutil.Eventually(f.t, 15*time.Second, 50*time.Millisecond, "event "+reason+" on "+pod, func() error {
 		var evs eventsv1.EventList
 		if err := f.c.List(f.ctx, &evs, client.InNamespace(f.n(ns))); err != nil {
 			return err
@@ -390,7 +391,7 @@ func (f *fixture) expectObjectEvent(kind, name, reason string) {
 // cluster-scoped object of kind.
 func (f *fixture) expectObjectEventOfType(kind, name, reason, eventType string) {
 	f.t.Helper()
-	f.eventually("event "+reason+" on "+kind+" "+name, func() error {
+	testutil.Eventually(f.t, 15*time.Second, 50*time.Millisecond, "event "+reason+" on "+kind+" "+name, func() error {
 		var evs eventsv1.EventList
 		if err := f.c.List(f.ctx, &evs); err != nil {
 			return err
@@ -420,7 +421,7 @@ func (f *fixture) expectNoEvent(ns, pod string) {
 // message containing text.
 func (f *fixture) condition(obj client.Object, conds func() []metav1.Condition, typ string, status metav1.ConditionStatus, text string) {
 	f.t.Helper()
-	f.eventually(fmt.Sprintf("%s %s=%s", obj.GetName(), typ, status), func() error {
+	testutil.Eventually(f.t, 15*time.Second, 50*time.Millisecond, fmt.Sprintf("%s %s=%s", obj.GetName(), typ, status), func() error {
 		if err := f.c.Get(f.ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 			return err
 		}
@@ -435,17 +436,4 @@ func (f *fixture) condition(obj client.Object, conds func() []metav1.Condition, 
 		}
 		return fmt.Errorf("no condition %s in %v", typ, conds())
 	})
-}
-
-func (f *fixture) eventually(what string, check func() error) {
-	f.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = check(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	f.t.Fatalf("%s: %v", what, err)
 }

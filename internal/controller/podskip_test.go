@@ -26,6 +26,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // recordingEnforcer stands in for the datapath: it keeps the plans the
@@ -190,13 +191,13 @@ func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 		return err
 	}
 
-	eventually(t, "tenant-a's pod enforced and gated", func() error {
+	testutil.Eventually(t, 15*time.Second, 100*time.Millisecond, "tenant-a's pod enforced and gated", func() error {
 		if got := enforcer.enforcedPods(); !slices.Equal(got, []string{"tenant-a/web"}) {
 			return fmt.Errorf("enforced pods %v", got)
 		}
 		return gatedTrue("tenant-a", "web")
 	})
-	eventually(t, "tenant-b's pod reported in status, the node Ready and not Degraded", func() error {
+	testutil.Eventually(t, 15*time.Second, 100*time.Millisecond, "tenant-b's pod reported in status, the node Ready and not Degraded", func() error {
 		var s mptcpv1alpha1.MPTCPNodeState
 		if err := env.Client.Get(ctx, types.NamespacedName{Name: "n1"}, &s); err != nil {
 			return err
@@ -223,7 +224,7 @@ func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, "tenant-b's pod gate False with the reason", func() error {
+	testutil.Eventually(t, 15*time.Second, 100*time.Millisecond, "tenant-b's pod gate False with the reason", func() error {
 		c, err := gate("tenant-b", "bad")
 		if err != nil {
 			return err
@@ -234,7 +235,7 @@ func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 		return nil
 	})
 
-	eventually(t, "tenant-c's pod gate False with ConfigureFailed", func() error {
+	testutil.Eventually(t, 15*time.Second, 100*time.Millisecond, "tenant-c's pod gate False with ConfigureFailed", func() error {
 		c, err := gate("tenant-c", "flaky")
 		if err != nil {
 			return err
@@ -256,7 +257,7 @@ func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 	if err := env.Client.Update(ctx, state); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "tenant-a's new pod enforced and gated", func() error {
+	testutil.Eventually(t, 15*time.Second, 100*time.Millisecond, "tenant-a's new pod enforced and gated", func() error {
 		if got := enforcer.enforcedPods(); !slices.Equal(got, []string{"tenant-a/web", "tenant-a/web2"}) {
 			return fmt.Errorf("enforced pods %v", got)
 		}

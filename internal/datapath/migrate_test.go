@@ -19,6 +19,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/test/testpkt"
 	"github.com/mptcp-operator/mptcp-operator/test/testutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil/bpfutil"
 )
 
 var (
@@ -355,21 +356,6 @@ func loadOldLayout(t *testing.T, dir string, edit func(*btf.Member)) (oldMapID e
 	return oldMapID, oldProgID
 }
 
-func pinnedMapID(t *testing.T, path string) ebpf.MapID {
-	t.Helper()
-	m, err := ebpf.LoadPinnedMap(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	info, err := m.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, _ := info.ID()
-	return id
-}
-
 func linkProgram(t *testing.T, pin string) ebpf.ProgramID {
 	t.Helper()
 	l, err := link.LoadPinnedLink(pin, nil)
@@ -426,7 +412,7 @@ func TestMigrationRollsBackThenCommits(t *testing.T) {
 		if p := linkProgram(t, linkPin); p != newProg {
 			t.Errorf("pinned link runs program %d after the load, want the new one %d", p, newProg)
 		}
-		if id := pinnedMapID(t, filepath.Join(dir, "subflows")); id != oldMap {
+		if id := bpfutil.PinnedMapID(t, filepath.Join(dir, "subflows")); id != oldMap {
 			t.Errorf("subflows pin replaced before the commit: map %d, want the old %d", id, oldMap)
 		}
 		sfs, err := dp.Subflows()
@@ -445,7 +431,7 @@ func TestMigrationRollsBackThenCommits(t *testing.T) {
 		if p := linkProgram(t, linkPin); p != oldProg {
 			t.Errorf("pinned link runs program %d after the rollback, want the old one %d", p, oldProg)
 		}
-		if id := pinnedMapID(t, filepath.Join(dir, "subflows")); id != oldMap {
+		if id := bpfutil.PinnedMapID(t, filepath.Join(dir, "subflows")); id != oldMap {
 			t.Errorf("subflows pin is map %d after the rollback, want the old %d", id, oldMap)
 		}
 		if m, _ := LayoutMarker(dir); m != "" {
@@ -466,7 +452,7 @@ func TestMigrationRollsBackThenCommits(t *testing.T) {
 		if err := dp.CommitMigration(); err != nil {
 			return err
 		}
-		if id := pinnedMapID(t, filepath.Join(dir, "subflows")); id == oldMap {
+		if id := bpfutil.PinnedMapID(t, filepath.Join(dir, "subflows")); id == oldMap {
 			t.Error("subflows pin still the old map after the commit")
 		}
 		want, _ := LayoutHash()
@@ -657,7 +643,7 @@ func TestFailedConversionChangesNothing(t *testing.T) {
 		if p := linkProgram(t, linkPin); p != oldProg {
 			t.Errorf("pinned link runs program %d after the failed load, want the old %d", p, oldProg)
 		}
-		if id := pinnedMapID(t, filepath.Join(dir, "subflows")); id != oldMap {
+		if id := bpfutil.PinnedMapID(t, filepath.Join(dir, "subflows")); id != oldMap {
 			t.Errorf("subflows pin is map %d after the failed load, want the old %d", id, oldMap)
 		}
 		if m, _ := LayoutMarker(dir); m != "" {

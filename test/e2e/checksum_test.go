@@ -30,7 +30,7 @@ import (
 func testDataChecksumsCatchWhatAWireChanged(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
 	bed, c := kb.bed, kb.env.Client
-	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	testenv.CreateObjects(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	pol := kb.policy(t)
 	for _, n := range bed.Nodes {
 		kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: pol.Name, Generation: pol.Generation}))

@@ -237,7 +237,7 @@ func testTenantPreferenceActsInEverySpreadMode(t *testing.T) {
 	if err := c.Update(ctx, &pod); err != nil {
 		t.Fatal(err)
 	}
-	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	testenv.CreateObjects(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	flows := []flow{
 		{client: preferring, server: bed.Pod(2, 1), port: 5331, conns: 3},
 		{client: plain, server: bed.Pod(2, 2), port: 5332, conns: 3},

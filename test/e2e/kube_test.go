@@ -2,10 +2,7 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -19,7 +16,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/util/retry"
@@ -73,7 +69,7 @@ func startKubeBed(t *testing.T, cfg testbed.Config, opts ...podOption) *kubeBed 
 	cb := startChartBed(t, cfg)
 	cb.workloadPods(t, appsNS, tenantLabels, perNode, opts...)
 	cb.install(t, release.Chart(), cb.images, kubeBedValues...)
-	applyFile(t, cb.c, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))
+	testenv.CreateObjects(t, cb.c, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))
 	kb := &kubeBed{chartBed: cb, env: cb.cp.Env, agents: cb.agents()}
 	// The chart's agents serve /metrics to authorized tokens only.
 	for _, a := range kb.agents {
@@ -91,32 +87,6 @@ func startKubeBed(t *testing.T, cfg testbed.Config, opts ...podOption) *kubeBed 
 		})
 	}
 	return kb
-}
-
-// applyFile creates every object of a YAML file.
-func applyFile(t *testing.T, c client.Client, path string) {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
-	for {
-		obj := &unstructured.Unstructured{}
-		if err := dec.Decode(&obj.Object); err != nil {
-			if errors.Is(err, io.EOF) {
-				return
-			}
-			t.Fatalf("%s: %v", path, err)
-		}
-		if len(obj.Object) == 0 {
-			continue
-		}
-		if err := c.Create(context.Background(), obj); err != nil {
-			t.Fatalf("%s: create %s %s: %v", path, obj.GetKind(), obj.GetName(), err)
-		}
-	}
 }
 
 // waitState waits until node's MPTCPNodeState satisfies ok.
@@ -234,7 +204,7 @@ func testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 		}
 	}
 
-	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	testenv.CreateObjects(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	gen := kb.policy(t).Generation
 	for _, n := range bed.Nodes {
 		s := kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
@@ -374,7 +344,7 @@ func testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 	// A policy withdrawn while node 1's agent is down (frozen, then
 	// killed, then restarted by the kubelet): the next agent clears the
 	// gates its predecessor set.
-	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	testenv.CreateObjects(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	gen = kb.policy(t).Generation
 	n1 := bed.Node(1)
 	kb.waitState(t, n1, "re-applied", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
@@ -399,7 +369,7 @@ func testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 	// helm uninstall with the policy in force: the agents stopping
 	// because their DaemonSet is gone remove everything and give the
 	// pods the path manager they had.
-	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	testenv.CreateObjects(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	gen = kb.policy(t).Generation
 	for _, n := range bed.Nodes {
 		kb.waitState(t, n, "re-applied", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
@@ -440,7 +410,7 @@ func applyObject(t *testing.T, c client.Client, into client.Object, manifest str
 func testAgentsKilledWhileThePolicyChangesResumeUndisturbed(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "100mbit"})
 	bed, c := kb.bed, kb.env.Client
-	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	testenv.CreateObjects(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	gen := kb.policy(t).Generation
 	for _, n := range bed.Nodes {
 		kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: gen}))
@@ -560,7 +530,7 @@ func drainFor(d time.Duration) podOption {
 func testPodDeletedFromTheAPILeavesNothingBehind(t *testing.T) {
 	kb := startKubeBed(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 2, LinkRate: "100mbit"}, drainFor(6*time.Second))
 	bed, c, ctx := kb.bed, kb.env.Client, background(t)
-	applyFile(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
+	testenv.CreateObjects(t, c, filepath.Join(testenv.RepoRoot(), "examples", "policy-spread.yaml"))
 	applied := mptcpv1alpha1.AppliedPolicy{Name: "spread-fabrics", Generation: kb.policy(t).Generation}
 	for _, n := range bed.Nodes {
 		kb.waitState(t, n, "applying the policy", settled(metav1.ConditionFalse, applied))

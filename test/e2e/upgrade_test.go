@@ -27,6 +27,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil/bpfutil"
 )
 
 // previousRelease is the last release before map migration existed: its
@@ -82,22 +83,6 @@ func releaseFormat(node *testbed.Node) framework.AgentOption {
 		}
 		return yaml.Marshal(c)
 	})
-}
-
-// pinnedMapID is the kernel id of the map pinned at path.
-func pinnedMapID(t *testing.T, path string) ebpf.MapID {
-	t.Helper()
-	m, err := ebpf.LoadPinnedMap(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	info, err := m.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, _ := info.ID()
-	return id
 }
 
 // localAPI sends GET path to the agent's local API socket, as root.
@@ -165,7 +150,7 @@ func testUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 		if m, err := datapath.LayoutMarker(a.Config.PinDir); err != nil || m != "" {
 			t.Fatalf("node %d: the %s agent left a layout marker %q (%v): it predates markers", a.Node.Index, previousRelease, m, err)
 		}
-		oldMaps[a] = pinnedMapID(t, filepath.Join(a.Config.PinDir, "subflows"))
+		oldMaps[a] = bpfutil.PinnedMapID(t, filepath.Join(a.Config.PinDir, "subflows"))
 	}
 
 	caps, err := bed.StartCaptures("tcp")
@@ -221,7 +206,7 @@ func testUpgradeFromPreviousReleaseMigratesMapsUnderTraffic(t *testing.T) {
 		if m, err := datapath.LayoutMarker(a.Config.PinDir); err != nil || m != newLayout {
 			t.Errorf("node %d: layout marker %q (%v) after the upgrade, want this binary's %q", a.Node.Index, m, err, newLayout)
 		}
-		if id := pinnedMapID(t, filepath.Join(a.Config.PinDir, "subflows")); id == oldMaps[a] {
+		if id := bpfutil.PinnedMapID(t, filepath.Join(a.Config.PinDir, "subflows")); id == oldMaps[a] {
 			t.Errorf("node %d: the subflow table was not migrated (same map %d behind the pin): did the layouts of %s and this binary become equal? Then this test proves nothing and must get a release with a different layout", a.Node.Index, id, previousRelease)
 		}
 		logs := a.Proc.ErrOutput()
@@ -363,7 +348,7 @@ func testUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	oldLinks := linkPrograms(t, a1.Config.PinDir)
-	oldMap := pinnedMapID(t, filepath.Join(a1.Config.PinDir, "subflows"))
+	oldMap := bpfutil.PinnedMapID(t, filepath.Join(a1.Config.PinDir, "subflows"))
 
 	// A path index the datapath has no room for: the first reconcile
 	// fails for the node (a pod's problem would skip that pod only).
@@ -390,7 +375,7 @@ func testUpgradeWhoseFirstReconcileFailsRollsBack(t *testing.T) {
 	if got := linkPrograms(t, a1.Config.PinDir); !maps.Equal(got, oldLinks) {
 		t.Errorf("pinned links and their programs after the rollback %v, want the previous release's %v", got, oldLinks)
 	}
-	if id := pinnedMapID(t, filepath.Join(a1.Config.PinDir, "subflows")); id != oldMap {
+	if id := bpfutil.PinnedMapID(t, filepath.Join(a1.Config.PinDir, "subflows")); id != oldMap {
 		t.Errorf("subflows pin is map %d after the rollback, want the previous release's %d", id, oldMap)
 	}
 	if m, err := datapath.LayoutMarker(a1.Config.PinDir); err != nil || m != "" {

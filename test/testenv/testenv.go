@@ -373,24 +373,40 @@ func (e *Env) WriteUserKubeconfig(path, user string, groups ...string) error {
 // as the cluster's admin.
 func (e *Env) ApplyFile(tb testing.TB, path string) {
 	tb.Helper()
+	CreateObjects(tb, e.Client, path)
+}
+
+// CreateObjects creates every object of a YAML file (several documents
+// allowed) with c, in the file's order.
+func CreateObjects(tb testing.TB, c client.Client, path string) {
+	tb.Helper()
+	for _, obj := range Objects(tb, path) {
+		if err := c.Create(context.Background(), obj); err != nil {
+			tb.Fatalf("%s: create %s %s: %v", path, obj.GetKind(), obj.GetName(), err)
+		}
+	}
+}
+
+// Objects decodes every object of a YAML (or JSON) file, several documents
+// allowed, leaving out empty documents.
+func Objects(tb testing.TB, path string) []*unstructured.Unstructured {
+	tb.Helper()
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	var out []*unstructured.Unstructured
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
 	for {
 		obj := &unstructured.Unstructured{}
 		if err := dec.Decode(&obj.Object); err != nil {
 			if errors.Is(err, io.EOF) {
-				return
+				return out
 			}
 			tb.Fatalf("%s: %v", path, err)
 		}
-		if len(obj.Object) == 0 {
-			continue
-		}
-		if err := e.Client.Create(context.Background(), obj); err != nil {
-			tb.Fatalf("%s: create %s %s: %v", path, obj.GetKind(), obj.GetName(), err)
+		if len(obj.Object) > 0 {
+			out = append(out, obj)
 		}
 	}
 }

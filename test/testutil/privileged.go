@@ -1,6 +1,3 @@
-// Package testutil holds the checks that tests needing root, BPF or outside
-// tools share: under CI (CI=true) a missing prerequisite fails the test
-// loudly; elsewhere the test is skipped with the reason printed.
 package testutil
 
 import (

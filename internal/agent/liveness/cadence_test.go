@@ -130,13 +130,13 @@ func TestProbesFollowThePodsTraffic(t *testing.T) {
 	}
 
 	// Path 2 drops everything both ways, its carrier up.
-	run(t, "ip", "-n", a, "neigh", "replace", "10.201.2.2", "lladdr", "02:00:00:00:00:99", "dev", "nic2", "nud", "permanent")
-	run(t, "ip", "-n", b, "neigh", "replace", "10.201.2.1", "lladdr", "02:00:00:00:00:98", "dev", "nic2", "nud", "permanent")
+	testutil.Run(t, "ip", "-n", a, "neigh", "replace", "10.201.2.2", "lladdr", "02:00:00:00:00:99", "dev", "nic2", "nud", "permanent")
+	testutil.Run(t, "ip", "-n", b, "neigh", "replace", "10.201.2.1", "lladdr", "02:00:00:00:00:98", "dev", "nic2", "nud", "permanent")
 	detect := time.Duration(testMult) * testInterval
 	took := waitFor(t, "node a: path2 down, busy", detect+testIdle, func() bool { return pa.Silent(2) })
 	t.Logf("busy peer: path2 down after %v (detect time %v)", took, detect)
-	run(t, "ip", "-n", a, "neigh", "del", "10.201.2.2", "dev", "nic2")
-	run(t, "ip", "-n", b, "neigh", "del", "10.201.2.1", "dev", "nic2")
+	testutil.Run(t, "ip", "-n", a, "neigh", "del", "10.201.2.2", "dev", "nic2")
+	testutil.Run(t, "ip", "-n", b, "neigh", "del", "10.201.2.1", "dev", "nic2")
 	waitFor(t, "node a: path2 up", 2*time.Second, func() bool { return !pa.Silent(2) })
 
 	close(stop)
@@ -150,8 +150,8 @@ func TestProbesFollowThePodsTraffic(t *testing.T) {
 
 	// Path 1 fails towards the idle peer: down within the multiplier of
 	// idle intervals.
-	run(t, "ip", "-n", a, "neigh", "replace", "10.201.1.2", "lladdr", "02:00:00:00:00:99", "dev", "nic1", "nud", "permanent")
-	run(t, "ip", "-n", b, "neigh", "replace", "10.201.1.1", "lladdr", "02:00:00:00:00:98", "dev", "nic1", "nud", "permanent")
+	testutil.Run(t, "ip", "-n", a, "neigh", "replace", "10.201.1.2", "lladdr", "02:00:00:00:00:99", "dev", "nic1", "nud", "permanent")
+	testutil.Run(t, "ip", "-n", b, "neigh", "replace", "10.201.1.1", "lladdr", "02:00:00:00:00:98", "dev", "nic1", "nud", "permanent")
 	idleDetect := time.Duration(testMult) * testIdle
 	took = waitFor(t, "node a: path1 down, idle", idleDetect+2*testIdle, func() bool { return pa.Silent(1) })
 	t.Logf("idle peer: path1 down after %v (detect time %v)", took, idleDetect)
@@ -164,8 +164,8 @@ func TestProbesFollowThePodsTraffic(t *testing.T) {
 		t.Fatalf("recovering peer: %.0f probes a second, want about %.0f (the Down path alone every interval)", rate, one)
 	}
 
-	run(t, "ip", "-n", a, "neigh", "del", "10.201.1.2", "dev", "nic1")
-	run(t, "ip", "-n", b, "neigh", "del", "10.201.1.1", "dev", "nic1")
+	testutil.Run(t, "ip", "-n", a, "neigh", "del", "10.201.1.2", "dev", "nic1")
+	testutil.Run(t, "ip", "-n", b, "neigh", "del", "10.201.1.1", "dev", "nic1")
 	back := waitFor(t, "node a: path1 up, idle", testBusy, func() bool { return !pa.Silent(1) })
 	t.Logf("idle peer: path1 up %v after the repair", back)
 }

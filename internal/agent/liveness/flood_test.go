@@ -37,7 +37,7 @@ func testAFloodFromNoPeerNeverReachesTheProber(t *testing.T) {
 	a, b, pa, _, _ := probingPair(t)
 	dp := filterLivenessIn(t, a, pa)
 
-	run(t, "ip", "-n", b, "addr", "add", "10.201.1.9/24", "dev", "nic1")
+	testutil.Run(t, "ip", "-n", b, "addr", "add", "10.201.1.9/24", "dev", "nic1")
 	ignored := pa.Counters().Ignored
 	refused0 := refused(t, dp)
 	var sent int

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os/exec"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,23 +21,16 @@ const (
 	testMult     = 5
 )
 
-func run(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		t.Fatalf("%v: %v: %s", args, err, out)
-	}
-}
-
 // twoNodes joins two namespaces by two veth pairs, nic1 and nic2, with
 // 10.201.k.1 on a's side and 10.201.k.2 on b's.
 func twoNodes(t *testing.T) (a, b string) {
 	a, b = testutil.NetNS(t, "lva"), testutil.NetNS(t, "lvb")
 	for _, k := range []string{"1", "2"} {
-		run(t, "ip", "-n", a, "link", "add", "nic"+k, "type", "veth", "peer", "name", "nic"+k, "netns", b)
-		run(t, "ip", "-n", a, "addr", "add", "10.201."+k+".1/24", "dev", "nic"+k)
-		run(t, "ip", "-n", b, "addr", "add", "10.201."+k+".2/24", "dev", "nic"+k)
-		run(t, "ip", "-n", a, "link", "set", "nic"+k, "up")
-		run(t, "ip", "-n", b, "link", "set", "nic"+k, "up")
+		testutil.Run(t, "ip", "-n", a, "link", "add", "nic"+k, "type", "veth", "peer", "name", "nic"+k, "netns", b)
+		testutil.Run(t, "ip", "-n", a, "addr", "add", "10.201."+k+".1/24", "dev", "nic"+k)
+		testutil.Run(t, "ip", "-n", b, "addr", "add", "10.201."+k+".2/24", "dev", "nic"+k)
+		testutil.Run(t, "ip", "-n", a, "link", "set", "nic"+k, "up")
+		testutil.Run(t, "ip", "-n", b, "link", "set", "nic"+k, "up")
 	}
 	return a, b
 }
@@ -146,7 +138,7 @@ func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
 	// b's frames to a MAC address no one has, so b's veth drops them.
 	// b's probes still reach a (and are answered into the void), a's
 	// never reach b.
-	run(t, "ip", "-n", a, "neigh", "replace", "10.201.1.2", "lladdr", "02:00:00:00:00:99", "dev", "nic1", "nud", "permanent")
+	testutil.Run(t, "ip", "-n", a, "neigh", "replace", "10.201.1.2", "lladdr", "02:00:00:00:00:99", "dev", "nic1", "nud", "permanent")
 	before := changesA.Load()
 	detect := time.Duration(testMult) * testInterval
 	took := waitFor(t, "node a: path1 down", detect+time.Second, func() bool { return pa.Silent(1) })
@@ -212,7 +204,7 @@ func TestAPathThatStopsCarryingGoesDownOnBothNodesAndComesBack(t *testing.T) {
 		}
 	})
 
-	run(t, "ip", "-n", a, "neigh", "del", "10.201.1.2", "dev", "nic1")
+	testutil.Run(t, "ip", "-n", a, "neigh", "del", "10.201.1.2", "dev", "nic1")
 	back := waitFor(t, "node a: path1 up", 2*time.Second, func() bool { return !pa.Silent(1) })
 	waitFor(t, "node b: path1 up", 2*time.Second, func() bool { return !pb.Silent(1) })
 	t.Logf("node a saw path1 up %v after the repair (at least %d intervals of echoes)", back, UpAfter)
@@ -246,7 +238,7 @@ func TestAPeerSilentOnEveryPathAtOnceIsUnknownNotDown(t *testing.T) {
 
 	// Path 1 fails alone: Down, found by path 2's echoes. Then the peer
 	// stops: path 2 is Unknown, path 1 stays Down.
-	run(t, "ip", "-n", a, "neigh", "replace", "10.201.1.2", "lladdr", "02:00:00:00:00:99", "dev", "nic1", "nud", "permanent")
+	testutil.Run(t, "ip", "-n", a, "neigh", "replace", "10.201.1.2", "lladdr", "02:00:00:00:00:99", "dev", "nic1", "nud", "permanent")
 	waitFor(t, "node a: path1 down", detect+time.Second, func() bool { return pa.Silent(1) })
 	pb.Close()
 	waitFor(t, "node a: the silent peer Unknown on path2", detect+time.Second, func() bool { return stateOf(pa, 2) == Unknown })
@@ -341,7 +333,7 @@ func TestProbesFromAnAddressThatIsNoPeersGetNoAnswer(t *testing.T) {
 	a, b := twoNodes(t)
 	var changes atomic.Int64
 	pa := startProber(t, a, pathsOf("1", "2"), &changes)
-	run(t, "ip", "-n", b, "addr", "add", "10.201.1.9/24", "dev", "nic1")
+	testutil.Run(t, "ip", "-n", b, "addr", "add", "10.201.1.9/24", "dev", "nic1")
 	var answered bool
 	testutil.InNetNS(t, b, func() {
 		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP("10.201.1.9"), Port: testPort})

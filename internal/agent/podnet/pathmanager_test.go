@@ -43,7 +43,7 @@ func newPMBed(t *testing.T) *pmBed {
 		_ = exec.Command("ip", "netns", "del", "mptpm-c-"+bed.id).Run()
 		_ = exec.Command("ip", "netns", "del", server).Run()
 	})
-	ip(t, "netns", "add", server)
+	testutil.Run(t, "ip", "netns", "add", server)
 	bed.addClient(t)
 
 	var ln net.Listener
@@ -72,24 +72,17 @@ func newPMBed(t *testing.T) *pmBed {
 	return bed
 }
 
-func ip(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %v: %v: %s", args, err, out)
-	}
-}
-
 // addClient creates the client pod's namespace under its name, with its
 // veth to the server, and sets MPTCP up in it as a userspace-mode rule does.
 func (b *pmBed) addClient(t *testing.T) {
 	t.Helper()
 	client, server := "mptpm-c-"+b.id, "mptpm-s-"+b.id
-	ip(t, "netns", "add", client)
-	ip(t, "-n", client, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", server)
-	ip(t, "-n", client, "addr", "add", clientAddr+"/24", "dev", "eth0")
-	ip(t, "-n", server, "addr", "add", serverAddr+"/24", "dev", "eth0")
-	ip(t, "-n", client, "link", "set", "eth0", "up")
-	ip(t, "-n", server, "link", "set", "eth0", "up")
+	testutil.Run(t, "ip", "netns", "add", client)
+	testutil.Run(t, "ip", "-n", client, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", server)
+	testutil.Run(t, "ip", "-n", client, "addr", "add", clientAddr+"/24", "dev", "eth0")
+	testutil.Run(t, "ip", "-n", server, "addr", "add", serverAddr+"/24", "dev", "eth0")
+	testutil.Run(t, "ip", "-n", client, "link", "set", "eth0", "up")
+	testutil.Run(t, "ip", "-n", server, "link", "set", "eth0", "up")
 	if err := Configure(b.client, MPTCP{Subflows: Userspace, Joins: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -101,8 +94,8 @@ func (b *pmBed) addClient(t *testing.T) {
 // of it is open.
 func (b *pmBed) recreateClient(t *testing.T) {
 	t.Helper()
-	ip(t, "-n", "mptpm-c-"+b.id, "link", "del", "eth0")
-	ip(t, "netns", "del", "mptpm-c-"+b.id)
+	testutil.Run(t, "ip", "-n", "mptpm-c-"+b.id, "link", "del", "eth0")
+	testutil.Run(t, "ip", "netns", "del", "mptpm-c-"+b.id)
 	b.addClient(t)
 }
 

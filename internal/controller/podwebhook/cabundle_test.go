@@ -23,6 +23,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/podwebhook"
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/webhookcert"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 var certSecret = types.NamespacedName{Namespace: "mptcp-system", Name: "webhook-cert"}
@@ -90,7 +91,7 @@ func issuingManager(c client.Client) *webhookcert.Manager {
 func TestAPlantedCAIsGoneAfterOneSync(t *testing.T) {
 	env := testenv.Start(t)
 	c, ctx := env.Client, context.Background()
-	installWebhook(t, c, freePort(t))
+	installWebhook(t, c, testutil.FreePort(t))
 	certs := issuingManager(c)
 	if err := certs.Sync(ctx); err != nil {
 		t.Fatal(err)
@@ -126,7 +127,7 @@ func TestAPlantedCAIsGoneAfterOneSync(t *testing.T) {
 func TestAReplicaThatReadTheSecretBeforeARenewalKeepsTheNewCertificate(t *testing.T) {
 	env := testenv.Start(t)
 	c, ctx := env.Client, context.Background()
-	installWebhook(t, c, freePort(t))
+	installWebhook(t, c, testutil.FreePort(t))
 	renewer := issuingManager(c)
 	if err := renewer.Sync(ctx); err != nil {
 		t.Fatal(err)
@@ -174,7 +175,7 @@ func TestAReplicaThatReadTheSecretBeforeARenewalKeepsTheNewCertificate(t *testin
 func TestWithCertManagerTheControllerLeavesTheCABundleAlone(t *testing.T) {
 	env := testenv.Start(t)
 	c, ctx := env.Client, context.Background()
-	installWebhook(t, c, freePort(t))
+	installWebhook(t, c, testutil.FreePort(t))
 	// The Secret as cert-manager writes it: issued once by a controller
 	// that issues, then served by one that does not.
 	if err := issuingManager(c).Sync(ctx); err != nil {

@@ -1,16 +1,11 @@
 package podwebhook_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/pem"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,9 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -36,22 +29,13 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/controller/webhookcert"
 	"github.com/mptcp-operator/mptcp-operator/internal/transparent"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 const (
 	hookConfig = "mptcp-transparent"
 	optInLabel = "mptcp.io/transparent"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // startWebhook runs the controller's webhook against env on port, as
 // cmd/controller does, until the returned stop.
@@ -155,7 +139,7 @@ func godebug(pod *corev1.Pod) string {
 func TestPodsAreChangedAsTheirPolicySaysThroughTheAPIServer(t *testing.T) {
 	env := testenv.Start(t)
 	c, ctx := env.Client, context.Background()
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	installWebhook(t, c, port)
 	stop := startWebhook(t, env, port)
 
@@ -243,7 +227,7 @@ func TestPodsAreChangedAsTheirPolicySaysThroughTheAPIServer(t *testing.T) {
 func TestTheCertificateIsRenewedAndBothAreTrustedMeanwhile(t *testing.T) {
 	env := testenv.Start(t)
 	c, ctx := env.Client, context.Background()
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	installWebhook(t, c, port)
 	opts := podwebhook.Options{Port: port, IssueCert: true, Configuration: hookConfig,
 		CertSecret: types.NamespacedName{Namespace: "mptcp-system", Name: "webhook-cert"}}
@@ -328,7 +312,7 @@ func TestTheControllerMayChangeOnlyTheCABundle(t *testing.T) {
 	env := testenv.Start(t)
 	c, ctx := env.Client, context.Background()
 	env.Namespace(t, "mptcp-system", nil)
-	for _, obj := range decodeFile(t, filepath.Join(testenv.RepoRoot(), "config", "webhook", "webhook.yaml")) {
+	for _, obj := range testenv.Objects(t, filepath.Join(testenv.RepoRoot(), "config", "webhook", "webhook.yaml")) {
 		if err := c.Create(ctx, obj); err != nil {
 			t.Fatalf("create %s %s: %v", obj.GetKind(), obj.GetName(), err)
 		}
@@ -412,27 +396,5 @@ func TestTheControllerMayChangeOnlyTheCABundle(t *testing.T) {
 	other.Webhooks = nil
 	if err := asController.Update(ctx, other); !apierrors.IsForbidden(err) {
 		t.Errorf("the controller updating another webhook configuration: %v, want forbidden", err)
-	}
-}
-
-func decodeFile(t *testing.T, path string) []*unstructured.Unstructured {
-	t.Helper()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []*unstructured.Unstructured
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-	for {
-		obj := &unstructured.Unstructured{}
-		if err := dec.Decode(&obj.Object); err != nil {
-			if errors.Is(err, io.EOF) {
-				return out
-			}
-			t.Fatal(err)
-		}
-		if len(obj.Object) > 0 {
-			out = append(out, obj)
-		}
 	}
 }

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 func testCertificate(t *testing.T) tls.Certificate {
@@ -41,12 +43,7 @@ func testCertificate(t *testing.T) tls.Certificate {
 // test ends; it returns the server's address once it serves.
 func startServer(t *testing.T, opts Options, handler http.Handler) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.Port = l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	opts.Port = testutil.FreePort(t)
 	hook, _ := Server(opts, slog.New(slog.DiscardHandler))
 	srv := hook.(*server)
 	cert := testCertificate(t)
