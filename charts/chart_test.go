@@ -27,6 +27,48 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
+// TestChart is the chart's package of checks, one subtest each: rendered
+// with helm (schema, capabilities, mounts, RBAC, optional parts, images),
+// applied to a real API server, upgraded, and its versions against what
+// they record. It is the e2e area of the same name's counterpart without
+// nodes, and `make test` runs it with that area, alone (mk/dev.mk).
+func TestChart(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		check func(*testing.T)
+	}{
+		{"ARealAPIServerAcceptsTheChart", aRealAPIServerAcceptsTheChart},
+		{"AgentGetsExactlyTheCapabilitiesItDeclares", agentGetsExactlyTheCapabilitiesItDeclares},
+		{"AgentMountsWhatTheAgentUses", agentMountsWhatTheAgentUses},
+		{"AgentRunsOnTheHostNetworkOfTheSelectedNodes", agentRunsOnTheHostNetworkOfTheSelectedNodes},
+		{"AgentWatchesItsOwnDaemonSetAndNothingElse", agentWatchesItsOwnDaemonSetAndNothingElse},
+		{"AgentMetricsAddressAndAuthentication", agentMetricsAddressAndAuthentication},
+		{"ServiceMonitorVerifiesTheAgentsCertificates", serviceMonitorVerifiesTheAgentsCertificates},
+		{"ControllerMetricsNeedAuthorizedTokensByDefault", controllerMetricsNeedAuthorizedTokensByDefault},
+		{"ControllerIsANonRootLeaderElectedDeploymentWithABudget", controllerIsANonRootLeaderElectedDeploymentWithABudget},
+		{"CRDsAndControllerRulesAreControllerGensOutput", crdsAndControllerRulesAreControllerGensOutput},
+		{"AgentIdentityFollowsNamespaceAndServiceAccount", agentIdentityFollowsNamespaceAndServiceAccount},
+		{"PodsTakePullSecretsLabelsAndAnnotations", podsTakePullSecretsLabelsAndAnnotations},
+		{"OptionalPartsRenderOnlyWhenAsked", optionalPartsRenderOnlyWhenAsked},
+		{"DefaultImagesAreWhatMakeImagesBuilds", defaultImagesAreWhatMakeImagesBuilds},
+		{"WebhookRendersForOptedInNamespacesAndFailsOpen", webhookRendersForOptedInNamespacesAndFailsOpen},
+		{"WebhookClientAuthMountsTheCAOnlyWhenSet", webhookClientAuthMountsTheCAOnlyWhenSet},
+		{"ExtraArgsEnvAndSpreadReachThePods", extraArgsEnvAndSpreadReachThePods},
+		{"HelmTestRunsTheConformanceCheck", helmTestRunsTheConformanceCheck},
+		{"HelmTestHoldsNoClusterWideWriteAndEveryHookGoes", helmTestHoldsNoClusterWideWriteAndEveryHookGoes},
+		{"RolesForPeopleAggregateAndCoverThePlugin", rolesForPeopleAggregateAndCoverThePlugin},
+		{"WebhookNetworkPolicyAdmitsOnlyTheGivenPeers", webhookNetworkPolicyAdmitsOnlyTheGivenPeers},
+		{"BadValuesAreRefusedWithAClearMessage", badValuesAreRefusedWithAClearMessage},
+		{"JoinHoldoffSchemaAgreesWithTheAgent", joinHoldoffSchemaAgreesWithTheAgent},
+		{"LivenessSchemaAgreesWithTheAgent", livenessSchemaAgreesWithTheAgent},
+		{"HelmUpgradeReuseValuesFromThePreviousRelease", helmUpgradeReuseValuesFromThePreviousRelease},
+		{"ChartVersionMovesWithTheChart", chartVersionMovesWithTheChart},
+		{"AppVersionMovesWithTheBinaries", appVersionMovesWithTheBinaries},
+	} {
+		t.Run(c.name, c.check)
+	}
+}
+
 // declaredCapabilities are the agent's capabilities as Kubernetes names them.
 func declaredCapabilities() []corev1.Capability {
 	var caps []corev1.Capability
@@ -36,7 +78,7 @@ func declaredCapabilities() []corev1.Capability {
 	return caps
 }
 
-func TestAgentGetsExactlyTheCapabilitiesItDeclares(t *testing.T) {
+func agentGetsExactlyTheCapabilitiesItDeclares(t *testing.T) {
 	r := render(t)
 	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
 	c := container(t, ds.Spec.Template.Spec, "agent")
@@ -80,7 +122,7 @@ func TestAgentGetsExactlyTheCapabilitiesItDeclares(t *testing.T) {
 // The agent finds its pins, state and pods' namespaces at its own defaults;
 // the chart mounts the host's directories exactly there, and a writable
 // /proc/sys/net where -proc-sys says.
-func TestAgentMountsWhatTheAgentUses(t *testing.T) {
+func agentMountsWhatTheAgentUses(t *testing.T) {
 	r := render(t)
 	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
 	spec := ds.Spec.Template.Spec
@@ -138,7 +180,7 @@ func TestAgentMountsWhatTheAgentUses(t *testing.T) {
 	}
 }
 
-func TestAgentRunsOnTheHostNetworkOfTheSelectedNodes(t *testing.T) {
+func agentRunsOnTheHostNetworkOfTheSelectedNodes(t *testing.T) {
 	r := render(t)
 	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
 	spec := ds.Spec.Template.Spec
@@ -202,7 +244,7 @@ func TestAgentRunsOnTheHostNetworkOfTheSelectedNodes(t *testing.T) {
 // A stopping agent uninstalls only when its DaemonSet is deleted: it is
 // told which DaemonSet it runs under (this one, in the release's namespace),
 // and may read that one and nothing else of its namespace.
-func TestAgentWatchesItsOwnDaemonSetAndNothingElse(t *testing.T) {
+func agentWatchesItsOwnDaemonSetAndNothingElse(t *testing.T) {
 	r := render(t, "--namespace", "net-ops")
 	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
 	c := container(t, ds.Spec.Template.Spec, "agent")
@@ -221,7 +263,7 @@ func TestAgentWatchesItsOwnDaemonSetAndNothingElse(t *testing.T) {
 // Where the agents serve metrics, and whether /metrics needs credentials
 // (internal/agent/metricsauth): each value renders the flags, probes, RBAC,
 // Service port and ServiceMonitor endpoint that go with it.
-func TestAgentMetricsAddressAndAuthentication(t *testing.T) {
+func agentMetricsAddressAndAuthentication(t *testing.T) {
 	agentOf := func(r *rendered) corev1.Container {
 		return container(t, get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent").Spec.Template.Spec, "agent")
 	}
@@ -295,7 +337,7 @@ func TestAgentMetricsAddressAndAuthentication(t *testing.T) {
 // each agent it scrapes: it must check that the agent is one, or whoever
 // answers on a node's address gets the token. The ServiceMonitor verifies
 // the agents' certificates unless the admin says otherwise in so many words.
-func TestServiceMonitorVerifiesTheAgentsCertificates(t *testing.T) {
+func serviceMonitorVerifiesTheAgentsCertificates(t *testing.T) {
 	// agentEndpoint is the ServiceMonitor's endpoint of the agents' HTTPS
 	// port, and its tlsConfig.
 	agentEndpoint := func(r *rendered) map[string]any {
@@ -355,7 +397,7 @@ func TestServiceMonitorVerifiesTheAgentsCertificates(t *testing.T) {
 // certificate Secret it is given, names the Service's port for the
 // ServiceMonitor's HTTPS endpoint, and the ServiceMonitor scrapes both
 // components whether either has authentication or not.
-func TestControllerMetricsNeedAuthorizedTokensByDefault(t *testing.T) {
+func controllerMetricsNeedAuthorizedTokensByDefault(t *testing.T) {
 	controllerOf := func(r *rendered) corev1.Container {
 		return container(t, get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller").Spec.Template.Spec, "controller")
 	}
@@ -436,7 +478,7 @@ func TestControllerMetricsNeedAuthorizedTokensByDefault(t *testing.T) {
 	must(t, tls["insecureSkipVerify"] == true, "insecureSkipVerify set by the admin is not rendered: %v", e)
 }
 
-func TestControllerIsANonRootLeaderElectedDeploymentWithABudget(t *testing.T) {
+func controllerIsANonRootLeaderElectedDeploymentWithABudget(t *testing.T) {
 	r := render(t)
 	d := get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller")
 	spec := d.Spec.Template.Spec
@@ -465,7 +507,7 @@ func TestControllerIsANonRootLeaderElectedDeploymentWithABudget(t *testing.T) {
 // The ClusterRole's rules are controller-gen's, from the reconcilers' RBAC
 // markers; the chart's CRDs are controller-gen's too. `make manifests`
 // copies both, and they must not drift.
-func TestCRDsAndControllerRulesAreControllerGensOutput(t *testing.T) {
+func crdsAndControllerRulesAreControllerGensOutput(t *testing.T) {
 	bases := filepath.Join(testenv.RepoRoot(), "config", "crd", "bases")
 	want, err := filepath.Glob(filepath.Join(bases, "*.yaml"))
 	if err != nil || len(want) == 0 {
@@ -500,7 +542,7 @@ func TestCRDsAndControllerRulesAreControllerGensOutput(t *testing.T) {
 
 // The admission policies match the agent's user name, which follows the
 // release's namespace and the service account's name.
-func TestAgentIdentityFollowsNamespaceAndServiceAccount(t *testing.T) {
+func agentIdentityFollowsNamespaceAndServiceAccount(t *testing.T) {
 	// helmTemplate's --namespace comes first; the later one wins.
 	r := render(t, "--namespace", "net-ops", "--set", "agent.serviceAccount.name=multipath-agent",
 		"--set", "controller.serviceAccount.name=multipath-controller")
@@ -526,7 +568,7 @@ func TestAgentIdentityFollowsNamespaceAndServiceAccount(t *testing.T) {
 // Pull secrets, pod labels and pod annotations reach the controller's and
 // the agents' pods; a pod label cannot replace the chart's own, which the
 // selectors need.
-func TestPodsTakePullSecretsLabelsAndAnnotations(t *testing.T) {
+func podsTakePullSecretsLabelsAndAnnotations(t *testing.T) {
 	r := render(t, "--set", "imagePullSecrets[0].name=regcred",
 		"--set", "controller.podLabels.team=net", "--set", "agent.podLabels.team=net",
 		"--set", "controller.podLabels.app\\.kubernetes\\.io/component=other",
@@ -547,7 +589,7 @@ func TestPodsTakePullSecretsLabelsAndAnnotations(t *testing.T) {
 	must(t, dep.Spec.Selector.MatchLabels["app.kubernetes.io/component"] == "controller", "the controller's selector %v", dep.Spec.Selector.MatchLabels)
 }
 
-func TestOptionalPartsRenderOnlyWhenAsked(t *testing.T) {
+func optionalPartsRenderOnlyWhenAsked(t *testing.T) {
 	defaults := render(t)
 	for _, k := range []string{"ServiceMonitor/mptcp-operator", "PrometheusRule/mptcp-operator", "ConfigMap/mptcp-operator-dashboard",
 		"MPTCPPath/fabric-a", "MPTCPPolicy/spread-fabrics"} {
@@ -597,7 +639,7 @@ func TestOptionalPartsRenderOnlyWhenAsked(t *testing.T) {
 
 // The chart's default images are the ones `make images` builds and tags
 // with the chart's appVersion.
-func TestDefaultImagesAreWhatMakeImagesBuilds(t *testing.T) {
+func defaultImagesAreWhatMakeImagesBuilds(t *testing.T) {
 	var chart struct {
 		AppVersion string `json:"appVersion"`
 	}
@@ -658,7 +700,7 @@ func TestOneRegistryValueMovesEveryImage(t *testing.T) {
 // failing open; its init container runs the agent's image. With
 // cert-manager, cert-manager issues the certificate and injects the CA,
 // and the controller only reads the Secret. Off, nothing of it renders.
-func TestWebhookRendersForOptedInNamespacesAndFailsOpen(t *testing.T) {
+func webhookRendersForOptedInNamespacesAndFailsOpen(t *testing.T) {
 	r := render(t)
 	hook := get[*admissionregistrationv1.MutatingWebhookConfiguration](t, r, "MutatingWebhookConfiguration", "mptcp-transparent")
 	must(t, len(hook.Webhooks) == 1, "%d webhooks", len(hook.Webhooks))
@@ -706,7 +748,7 @@ func TestWebhookRendersForOptedInNamespacesAndFailsOpen(t *testing.T) {
 // only) where -webhook-client-ca reads it, with -webhook-client-names when
 // names are given; off (the default, or without the webhook), neither the
 // flags nor the volume appear. Names without a CA are refused, saying so.
-func TestWebhookClientAuthMountsTheCAOnlyWhenSet(t *testing.T) {
+func webhookClientAuthMountsTheCAOnlyWhenSet(t *testing.T) {
 	controllerOf := func(r *rendered) (corev1.PodSpec, corev1.Container) {
 		spec := get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller").Spec.Template.Spec
 		return spec, container(t, spec, "controller")
@@ -762,7 +804,7 @@ func TestWebhookClientAuthMountsTheCAOnlyWhenSet(t *testing.T) {
 // later win) and extra variables beside the chart's, in both containers;
 // the controller's replicas spread over nodes by default, softly, and take
 // the constraints given besides.
-func TestExtraArgsEnvAndSpreadReachThePods(t *testing.T) {
+func extraArgsEnvAndSpreadReachThePods(t *testing.T) {
 	r := render(t, "--set", "controller.extraArgs[0]=--zap-log-level=debug", "--set", "agent.extraArgs[0]=-log-level=debug",
 		"--set", "controller.extraEnv[0].name=GODEBUG", "--set", "controller.extraEnv[0].value=x=1",
 		"--set", "agent.extraEnv[0].name=GODEBUG", "--set", "agent.extraEnv[0].value=x=1")
@@ -797,7 +839,7 @@ func TestExtraArgsEnvAndSpreadReachThePods(t *testing.T) {
 // The helm test is the conformance check as a pod, run only by `helm test`
 // (a test hook, deleted when the test ends), with the traffic image and
 // the release's namespace and agent port; tests.enabled=false leaves it out.
-func TestHelmTestRunsTheConformanceCheck(t *testing.T) {
+func helmTestRunsTheConformanceCheck(t *testing.T) {
 	r := render(t, "--set", "tests.trafficImage.repository=registry.example.com/traffic", "--set", "agent.metricsPort=9500")
 	pod := get[*corev1.Pod](t, r, "Pod", "mptcp-conformance")
 	must(t, pod.Annotations["helm.sh/hook"] == "test" && strings.Contains(pod.Annotations["helm.sh/hook-delete-policy"], "hook-succeeded"),

