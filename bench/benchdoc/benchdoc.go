@@ -5,6 +5,7 @@ package benchdoc
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -14,8 +15,12 @@ import (
 
 // ReplaceSection replaces the section that starts with the line heading
 // (e.g. "## Controller convergence") with body, which must start with that
-// heading; a missing section is appended and a missing file created.
+// heading; a missing section is appended and a missing file created. The
+// body's prose is wrapped to MaxLineChars (Wrap); a line still longer (a
+// table row) is written, so that a run's figures are not lost, and
+// returned as an error, as the docs' test would refuse it.
 func ReplaceSection(path, heading, body string) error {
+	body = Wrap(body)
 	old, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
@@ -35,7 +40,14 @@ func ReplaceSection(path, heading, body string) error {
 	} else {
 		text = strings.TrimRight(text, "\n") + "\n\n" + body
 	}
-	return os.WriteFile(path, []byte(text), 0o644)
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		return err
+	}
+	if long := LongLines(body); len(long) > 0 {
+		return fmt.Errorf("%s, section %q: lines over %d characters (narrow the table): %s",
+			path, heading, MaxLineChars, strings.Join(long, "; "))
+	}
+	return nil
 }
 
 // CPUModel is the machine's CPU as /proc/cpuinfo names it.

@@ -42,6 +42,24 @@ func (c failoverCase) String() string {
 	return fmt.Sprintf("K=%d, %s, %s", c.nics, c.fail.Name, side)
 }
 
+// label is the case as the report's table names it, short enough for a
+// row of the docs' width: K, the failure, the node.
+func (c failoverCase) label() string {
+	short := map[string]string{
+		framework.CarrierLoss.Name: "carrier", framework.TotalLoss.Name: "100 % loss",
+		framework.OneWayLoss.Name: "100 % loss out", framework.PartialLoss.Name: "30 % loss",
+		framework.NICRemoved.Name: "NIC removed",
+	}[c.fail.Name]
+	if short == "" {
+		short = c.fail.Name
+	}
+	side := "near"
+	if c.node == 2 {
+		side = "far"
+	}
+	return fmt.Sprintf("K=%d, %s, %s", c.nics, short, side)
+}
+
 // cases are the e2e tests' failures with two and three paths, on the
 // sender's node; with two, the failures that the far end must notice by
 // itself also on the receiver's.
@@ -149,7 +167,7 @@ func minMedianMax(v []float64, format string) string {
 			s[i] = "never"
 		}
 	}
-	return strings.Join(s, " / ")
+	return strings.Join(s, "/")
 }
 
 func report(results []result) string {
@@ -162,7 +180,8 @@ func report(results []result) string {
 		"starts nic1 of one node fails, and is repaired %v later (test/framework/failover.go). Each case has two beds: the agents "+
 		"(userspace subflows, liveness probes) and the kernel alone (hand-routed, a subflow per NIC, no agent, no BPF); every round "+
 		"runs one transfer on each, so that both share whatever else loads the machine. Every stream is checked byte by byte. "+
-		"Figures are min / median / max over the rounds:\n\n",
+		"A case is K, the failure, and the node that fails: near, the sender's; far, the receiver's. "+
+		"Figures are min/median/max over the rounds:\n\n",
 		framework.FailoverLinkBps/1e6, framework.FailoverLength, framework.FailoverAt, framework.FailoverOutage)
 	s.WriteString("- **stall**: the longest stretch of whole 50 ms samples, from the failure on, in which the receiver got less than 10 % of the goodput before the failure;\n")
 	s.WriteString("- **during**: goodput while nic1 was failed, over the live paths' capacity (K-1 links);\n")
@@ -180,7 +199,7 @@ func report(results []result) string {
 			fs     []framework.FailoverFigures
 			missed int
 			agents bool // the row's agents log when they find the failure
-		}{{"agent", r.agent, r.agentProblems, true}, {"kernel alone", r.kernel, r.kernelProblems, false}} {
+		}{{"agent", r.agent, r.agentProblems, true}, {"kernel", r.kernel, r.kernelProblems, false}} {
 			resets := 0
 			for _, f := range row.fs {
 				resets += len(f.Resets)
@@ -202,7 +221,7 @@ func report(results []result) string {
 				}))
 			}
 			reopened := figures(row.fs, func(f framework.FailoverFigures) float64 { return float64(f.Reopened) })
-			fmt.Fprintf(&s, "| %v | %s | %s | %s | %s | %s | %s | %d of %d | %d |\n", r.c, row.who, mmm(stalls(row.fs)), mmm(during),
+			fmt.Fprintf(&s, "| %s | %s | %s | %s | %s | %s | %s | %d/%d | %d |\n", r.c.label(), row.who, mmm(stalls(row.fs)), mmm(during),
 				detected, mmm(back), mmmInt(reopened), row.missed, len(row.fs), resets)
 		}
 	}
