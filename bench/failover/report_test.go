@@ -1,7 +1,6 @@
 package failover
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -23,8 +22,5 @@ func TestTheReportFitsTheDocsOnAWideRun(t *testing.T) {
 	for _, c := range cases {
 		results = append(results, result{c: c, agent: wide, kernel: wide, agentProblems: 10, kernelProblems: 10})
 	}
-	body := benchdoc.Wrap(report(results))
-	if long := benchdoc.LongLines(body); len(long) > 0 {
-		t.Errorf("lines over %d characters:\n%s\n\n%s", benchdoc.MaxLineChars, strings.Join(long, "\n"), body)
-	}
+	benchdoc.AssertFits(t, report(results))
 }

@@ -235,12 +235,7 @@ func BenchmarkProbes(b *testing.B) {
 			"the CPU is the node's process alone. Beside it, the same process idle over the same %v window; %d rounds each.\n\n",
 			time.Now().Format("2006-01-02"), benchdoc.CPUModel(), runtime.NumCPU(), runtime.Version(), paths,
 			cfg().Interval, liveness.IdleInterval, cfg().Port, liveness.BusyFor, window, rounds)
-		fmt.Fprintf(&body, "| case | probes sent a second | echoes received a second | one node's share of a core, min | median |\n|---|---|---|---|---|\n")
-		for _, c := range cases {
-			f := figures[c]
-			fmt.Fprintf(&body, "| %v | %.0f | %.0f | %.2f %% | %.2f %% |\n", c, f.sent, f.received, f.busy[0]*100, f.busy[rounds/2]*100)
-		}
-		fmt.Fprintf(&body, "| the process idle | | | %.2f %% | %.2f %% |\n", idle[0]*100, idle[rounds/2]*100)
+		body.WriteString(probesTable(cases, figures, idle))
 		fmt.Fprintf(&body, "\nThe cost grows with the busy peers' paths at the interval and the idle peers' paths at the idle interval. "+
 			"1,000 peers all busy (133,000 probes a second each way) are not run: the two cores cannot carry both sides. "+
 			"`interval`, `detectMultiplier` and `idleInterval` trade the cost against detection time ([agent](agent.md#liveness)).\n\n")
@@ -260,6 +255,20 @@ func BenchmarkProbes(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// probesTable is the report's table: each case's probes and one node's
+// CPU, min and median of the rounds, then the process idle.
+func probesTable(cases []probeCase, figures map[probeCase]probeFigures, idle []float64) string {
+	var body strings.Builder
+	body.WriteString("| case | probes sent a second | echoes received a second | one node's share of a core, min | median |\n" +
+		"|---|---|---|---|---|\n")
+	for _, c := range cases {
+		f := figures[c]
+		fmt.Fprintf(&body, "| %v | %.0f | %.0f | %.2f %% | %.2f %% |\n", c, f.sent, f.received, f.busy[0]*100, f.busy[rounds/2]*100)
+	}
+	fmt.Fprintf(&body, "| the process idle | | | %.2f %% | %.2f %% |\n", idle[0]*100, idle[rounds/2]*100)
+	return body.String()
 }
 
 // cfg is the prober's configuration at the defaults.

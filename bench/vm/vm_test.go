@@ -268,9 +268,11 @@ func report(results [][]measurement, accel guest.Accel) string {
 		"at the server over %v after %v. Kernel routing: nothing steers, every subflow leaves on nic1; hand-written host routing: the "+
 		"nodes route the announced port over nic2; the agent: guest mode on both nodes. \"nic1 loaded\": another tenant's bulk TCP "+
 		"transfer from node 1 to node 2 over nic1 for the whole measurement. The cells of a round run one after another, rounds "+
-		"interleaved. VM CPU: the share of the client's and the server's vCPU busy over the transfer, medians.\n\n",
+		"interleaved. Goodput is min/median/max; /kernel and /hand divide its median by kernel routing's and hand-written "+
+		"routing's. VM CPU: the share of the client's and the server's vCPU busy over the transfer, medians.\n\n",
 		accel, transfer, window, warmup)
-	s.WriteString("| links | nic1 | placed by | rounds | goodput min / median / max (Mbit/s) | median / kernel routing | median / hand-written | VM CPU client / server |\n|---|---|---|---|---|---|---|---|\n")
+	s.WriteString("| links | nic1 | placed by | rounds | goodput (Mbit/s) | /kernel | /hand | VM CPU client/server |\n" +
+		"|---|---|---|---|---|---|---|---|\n")
 	byCell := map[cell][]measurement{}
 	for i, c := range cells {
 		byCell[c] = results[i]
@@ -292,7 +294,7 @@ func report(results [][]measurement, accel guest.Accel) string {
 		for _, m := range results[i] {
 			cc, sc = append(cc, m.clientCPU), append(sc, m.serverCPU)
 		}
-		fmt.Fprintf(&s, "| 2 x %s | %s | %s | %d | %.1f / %.1f / %.1f | %.2f | %.2f | %.0f %% / %.0f %% |\n",
+		fmt.Fprintf(&s, "| 2 x %s | %s | %s | %d | %.1f/%.1f/%.1f | %.2f | %.2f | %.0f %%/%.0f %% |\n",
 			c.rate, map[bool]string{false: "idle", true: "loaded"}[c.background], c.routing, len(g), lo/1e6, med/1e6, hi/1e6,
 			med/kernel, med/hand, 100*testutil.Median(cc), 100*testutil.Median(sc))
 	}
