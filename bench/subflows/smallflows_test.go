@@ -68,6 +68,15 @@ var flowModes = []flowMode{
 	{name: "threshold 1 MiB", mptcp: true, joinAfter: 1 << 20},
 }
 
+// label is the mode as the report's columns name it: TCP, at once, or
+// the threshold.
+func (m flowMode) label() string {
+	if m.name == "joins at once" {
+		return "at once"
+	}
+	return strings.TrimPrefix(m.name, "threshold ")
+}
+
 // smallFlowResult is one path case's rounds: by mode, then size, each
 // round's median completion time; by mode, every bulk flow's goodput.
 type smallFlowResult struct {
@@ -225,15 +234,15 @@ func smallFlowsReport(results []smallFlowResult) string {
 		"then nic2, so every first subflow and every TCP connection takes nic1 and the join nic2. Each round sends, in each mode, "+
 		"%s, one after another, from the pod on node 1 to the pod on node 2; a flow's completion time runs from connect to the server's close "+
 		"after the last byte, every byte checked. The modes share the bed (the agents' rule changes between them) and take turns within each size of each round; the MPTCP "+
-		"modes hold joins for the agents' default holdoff (20 ms). Completion times are min / median of the rounds' medians; goodputs min / median of every bulk flow; "+
-		"the ratios compare medians.\n\n", roundFlows())
+		"modes hold joins for the agents' default holdoff (20 ms). Completion times are min/median of the rounds' medians; goodputs min/median of every bulk flow, "+
+		"in the last row; the columns name the modes by their join threshold; the ratios compare medians.\n\n", roundFlows())
 	for _, r := range results {
 		fmt.Fprintf(&s, "Paths %s, flow completion time (ms):\n\n", r.paths.name)
 		s.WriteString("| flow |")
 		for _, m := range flowModes {
-			fmt.Fprintf(&s, " %s |", m.name)
+			fmt.Fprintf(&s, " %s |", m.label())
 		}
-		s.WriteString(" default / TCP | default / at once |\n|---|")
+		s.WriteString(" default/TCP | default/at once |\n|---|")
 		s.WriteString(strings.Repeat("---|", len(flowModes)+2) + "\n")
 		for _, size := range smallSizes {
 			fmt.Fprintf(&s, "| %s |", sizeName(size))
@@ -241,17 +250,17 @@ func smallFlowsReport(results []smallFlowResult) string {
 			for _, m := range flowModes {
 				v := r.fct[m.name][size]
 				meds[m.name] = ms(testutil.Median(v))
-				fmt.Fprintf(&s, " %.2f / %.2f |", ms(slices.Min(v)), meds[m.name])
+				fmt.Fprintf(&s, " %.2f/%.2f |", ms(slices.Min(v)), meds[m.name])
 			}
 			th := meds[flowModes[2].name]
 			fmt.Fprintf(&s, " %.2f | %.2f |\n", th/meds[flowModes[0].name], th/meds[flowModes[1].name])
 		}
-		fmt.Fprintf(&s, "| %s goodput (Mbit/s) |", sizeName(bulkSize))
+		fmt.Fprintf(&s, "| %s (Mbit/s) |", sizeName(bulkSize))
 		meds := map[string]float64{}
 		for _, m := range flowModes {
 			v := r.goodput[m.name]
 			meds[m.name] = testutil.Median(v)
-			fmt.Fprintf(&s, " %.0f / %.0f |", slices.Min(v)/1e6, meds[m.name]/1e6)
+			fmt.Fprintf(&s, " %.0f/%.0f |", slices.Min(v)/1e6, meds[m.name]/1e6)
 		}
 		th := meds[flowModes[2].name]
 		fmt.Fprintf(&s, " %.2f | %.2f |\n\n", th/meds[flowModes[0].name], th/meds[flowModes[1].name])

@@ -160,11 +160,13 @@ func watchReport(results []watchResult) string {
 		"(sock_diag, docs/subflows.md, \"Small flows\"); here a namespace holds n MPTCP connections, each with a few bytes carried, and "+
 		"one reading at a time. Up to %d waiting connections a reading looks each one's first subflow up (one request each); past "+
 		"that it lists all the pod's subflows (a dump, which walks the kernel's whole table of connections). The share of a core follows "+
-		"from the pace: a reading every 20 ms while a connection younger than 200 ms waits.\n\n", len(results[0].per), machineLine(), maxLookups)
-	fmt.Fprintf(&s, "| connections in the pod | listing min / median | share of a core, listing every 20 ms | 1 lookup min / median | %d lookups min / median | share of a core, %d lookups every 20 ms |\n|---|---|---|---|---|---|\n", maxLookups, maxLookups)
+		"from the pace: a reading every 20 ms while a connection younger than 200 ms waits. Times are min/median; "+
+		"\"core\" is the share of a core at a reading every 20 ms.\n\n", len(results[0].per), machineLine(), maxLookups)
+	fmt.Fprintf(&s, "| connections | listing | core, listing /20 ms | 1 lookup | %d lookups | core, %d lookups /20 ms |\n"+
+		"|---|---|---|---|---|---|\n", maxLookups, maxLookups)
 	us := func(d time.Duration) string { return d.Round(time.Microsecond).String() }
 	for _, r := range results {
-		fmt.Fprintf(&s, "| %d | %s / %s | %.1f %% | %s / %s | %s / %s | %.1f %% |\n", r.conns, us(minOf(r.per)), us(testutil.Median(r.per)),
+		fmt.Fprintf(&s, "| %d | %s/%s | %.1f %% | %s/%s | %s/%s | %.1f %% |\n", r.conns, us(minOf(r.per)), us(testutil.Median(r.per)),
 			100*testutil.Median(r.per).Seconds()/0.02, us(minOf(r.one)), us(testutil.Median(r.one)), us(minOf(r.lookupMax)), us(testutil.Median(r.lookupMax)),
 			100*testutil.Median(r.lookupMax).Seconds()/0.02)
 	}
