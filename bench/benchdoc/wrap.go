@@ -76,10 +76,12 @@ func wrapLine(line string) []string {
 }
 
 // breakAt is the byte offset of the last space outside a code span whose
-// line up to it fits, past the indent; -1 if there is none.
+// line up to it fits, past the indent; failing that, the last such space
+// inside one (a code span too long for a line, such as a command, renders
+// its line break as the space it was); -1 if there is none.
 func breakAt(line string) int {
 	lead := len(line) - len(strings.TrimLeft(line, " "))
-	best, inCode, chars := -1, false, 0
+	outside, inside, inCode, chars := -1, -1, false, 0
 	for i, r := range line {
 		if chars > MaxLineChars {
 			break
@@ -87,12 +89,17 @@ func breakAt(line string) int {
 		switch {
 		case r == '`':
 			inCode = !inCode
-		case r == ' ' && !inCode && i > lead:
-			best = i
+		case r == ' ' && i > lead && inCode:
+			inside = i
+		case r == ' ' && i > lead:
+			outside = i
 		}
 		chars++
 	}
-	return best
+	if outside < 0 {
+		return inside
+	}
+	return outside
 }
 
 // continuationIndent is where the text of a line starts: after its

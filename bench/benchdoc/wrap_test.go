@@ -9,14 +9,16 @@ import (
 )
 
 // A section as the generators write it, one long line a paragraph: every
-// prose line comes out within MaxLineChars, no word or code span broken,
-// the words in their order; tables, headings and code are as they were.
+// prose line comes out within MaxLineChars, no word broken nor code span
+// but one longer than a line, the words in their order; a narrow table
+// and fenced code are as they were, a wide table loses its cells' spaces.
 func TestWrapKeepsProseWithinTheDocsWidth(t *testing.T) {
 	long := strings.Repeat("a word and `a code span` of figures, ", 12)
 	item := "- " + strings.Repeat("listed ", 30)
 	table := "|" + strings.Repeat(" wide column |", 9)
 	code := "```\n" + strings.Repeat("x", 130) + "\n```"
-	body := "## B\n\n" + long + "\n\n" + item + "\n\n" + table + "\n" + code + "\n\n| a | b |\n|---|---|\n"
+	command := "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench BenchmarkSomethingLong -benchtime 10x ./bench/x/`"
+	body := "## B\n\n" + command + ", on a machine. " + long + "\n\n" + item + "\n\n" + table + "\n" + code + "\n\n| a | b |\n|---|---|\n"
 	got := Wrap(body)
 	for i, line := range strings.Split(got, "\n") {
 		if strings.HasPrefix(line, "|") || strings.HasPrefix(line, "x") || line == "```" {
@@ -25,7 +27,9 @@ func TestWrapKeepsProseWithinTheDocsWidth(t *testing.T) {
 		if n := utf8.RuneCountInString(line); n > MaxLineChars {
 			t.Errorf("line %d: %d characters: %q", i+1, n, line)
 		}
-		if strings.Count(line, "`")%2 != 0 {
+		// Only the command, longer than a line, may be broken.
+		inCommand := strings.Contains(line, "BENCH_REPORT") || strings.Contains(line, "./bench/x/`")
+		if strings.Count(line, "`")%2 != 0 && !inCommand {
 			t.Errorf("line %d breaks a code span: %q", i+1, line)
 		}
 	}

@@ -111,18 +111,27 @@ func BenchmarkPreloadCost(b *testing.B) {
 		"over the rounds; the ratio is the medians' against the program that asks for MPTCP itself, which is what the library "+
 		"makes of a program that asks for TCP.\n\n", section, len(ns[operations[0].name+"|"+variants[0].name]),
 		time.Now().UTC().Format("2006-01-02"), benchdoc.CPUModel(), runtime.NumCPU(), benchdoc.KernelRelease())
-	s.WriteString("| operation | variant | ns min / median | against MPTCP asked |\n|---|---|---|---|\n")
-	for _, op := range operations {
-		base := testutil.Median(ns[op.name+"|"+variants[2].name])
-		for _, v := range variants {
-			xs := ns[op.name+"|"+v.name]
-			fmt.Fprintf(&s, "| %s | %s | %.0f / %.0f | %.3f |\n", op.name, v.name, slices.Min(xs), testutil.Median(xs), testutil.Median(xs)/base)
-		}
-	}
+	s.WriteString(costTable(ns))
 	b.Log("\n" + s.String())
 	if path := os.Getenv("BENCH_REPORT"); path != "" {
 		if err := benchdoc.ReplaceSection(path, section, s.String()); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// costTable is the report's table: ns, by operation and variant, each
+// "operation|variant".
+func costTable(ns map[string][]float64) string {
+	var s strings.Builder
+	s.WriteString("| operation | variant | ns min / median | against MPTCP asked |\n|---|---|---|---|\n")
+	for _, op := range operations {
+		base := testutil.Median(ns[op.name+"|"+variants[2].name])
+		for _, v := range variants {
+			xs := ns[op.name+"|"+v.name]
+			fmt.Fprintf(&s, "| %s | %s | %.0f / %.0f | %.3f |\n", op.name, v.name, slices.Min(xs), testutil.Median(xs),
+				testutil.Median(xs)/base)
+		}
+	}
+	return s.String()
 }

@@ -149,13 +149,13 @@ func steadyReport(results []steadyResult) string {
 		"its subflows placed by the agent (the chart's defaults) or by hand routing and the kernel's path manager, with DSS checksums on "+
 		"or off in both pods and the sender's congestion control named; the server samples what it receives every %v, and a stall is "+
 		"the longest stretch after the first second below a tenth of the connection's mean rate. The cells of a round run one after "+
-		"another, rounds interleaved.\n\n", steadyTransfer, steadySample)
-	s.WriteString("| subflows | checksums | links | congestion control | rounds | longest stall min / median / max | goodput min / median / max (Mbit/s) |\n|---|---|---|---|---|---|---|\n")
+		"another, rounds interleaved; cc is the sender's congestion control.\n\n", steadyTransfer, steadySample)
+	s.WriteString("| subflows | checksums | links | cc | rounds | longest stall | goodput (Mbit/s) |\n|---|---|---|---|---|---|---|\n")
 	for i, c := range steadyCells {
 		r := results[i]
 		slo, smed, shi := minMedMax(r.stalls)
 		glo, gmed, ghi := minMedMax(r.goodput)
-		fmt.Fprintf(&s, "| %s | %s | 2 x %s | %s | %d | %v / %v / %v | %.1f / %.1f / %.1f |\n",
+		fmt.Fprintf(&s, "| %s | %s | 2 x %s | %s | %d | %v/%v/%v | %.1f/%.1f/%.1f |\n",
 			map[bool]string{true: "agent", false: "hand-routed"}[c.agent], map[bool]string{true: "on", false: "off"}[c.checksums],
 			c.rate, c.cc, len(r.stalls), slo, smed, shi, glo/1e6, gmed/1e6, ghi/1e6)
 	}

@@ -228,7 +228,8 @@ func machine() string {
 // wrote it (rounds per case) on this machine.
 func reportHead(s *strings.Builder, section, bench string, rounds int) {
 	fmt.Fprintf(s, "%s\n\n", section)
-	fmt.Fprintf(s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench %s -benchtime %dx ./bench/transfer/`, %s. ", bench, rounds, machine())
+	fmt.Fprintf(s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench %s -benchtime %dx ./bench/transfer/`, %s. "+
+		"Figures are min/median/max over the rounds. ", bench, rounds, machine())
 }
 
 func stallReport() string {
@@ -238,11 +239,12 @@ func stallReport() string {
 		"the server samples what it receives every %v, and a stall is the longest stretch after the first second in which the connection "+
 		"received less than 10 %% of its cap. The cases run one after another in one process; other jobs may share the machine.\n\n",
 		linkRate, transfer, sample)
-	s.WriteString("| mode | cap | rounds | longest stall min / median / max | goodput min / median / max (Mbit/s) |\n|---|---|---|---|---|\n")
+	s.WriteString("| mode | cap | rounds | longest stall | goodput (Mbit/s) |\n|---|---|---|---|---|\n")
 	for _, r := range stallResults {
 		slo, smed, shi := minMedMax(r.stalls)
 		glo, gmed, ghi := minMedMax(r.goodput)
-		fmt.Fprintf(&s, "| %s | %.0f Mbit/s | %d | %v / %v / %v | %.1f / %.1f / %.1f |\n", r.name, r.cap/1e6, len(r.stalls), slo, smed, shi, glo/1e6, gmed/1e6, ghi/1e6)
+		fmt.Fprintf(&s, "| %s | %.0f Mbit/s | %d | %v/%v/%v | %.1f/%.1f/%.1f |\n", r.name, r.cap/1e6, len(r.stalls), slo, smed, shi,
+			glo/1e6, gmed/1e6, ghi/1e6)
 	}
 	return s.String()
 }
@@ -255,9 +257,9 @@ func checksumReport(off, on []float64) string {
 		"loads both alike; on these shared 2-core machines single rounds vary by a third, so only medians over many rounds say something.\n\n", transfer)
 	olo, omed, ohi := minMedMax(off)
 	nlo, nmed, nhi := minMedMax(on)
-	s.WriteString("| checksums | rounds | goodput min / median / max (Mbit/s) |\n|---|---|---|\n")
-	fmt.Fprintf(&s, "| off | %d | %.0f / %.0f / %.0f |\n", len(off), olo/1e6, omed/1e6, ohi/1e6)
-	fmt.Fprintf(&s, "| on | %d | %.0f / %.0f / %.0f |\n", len(on), nlo/1e6, nmed/1e6, nhi/1e6)
+	s.WriteString("| checksums | rounds | goodput (Mbit/s) |\n|---|---|---|\n")
+	fmt.Fprintf(&s, "| off | %d | %.0f/%.0f/%.0f |\n", len(off), olo/1e6, omed/1e6, ohi/1e6)
+	fmt.Fprintf(&s, "| on | %d | %.0f/%.0f/%.0f |\n", len(on), nlo/1e6, nmed/1e6, nhi/1e6)
 	fmt.Fprintf(&s, "\nMedian with checksums / median without: %.2f.\n", nmed/omed)
 	return s.String()
 }
@@ -313,12 +315,13 @@ func holdoffReport(results []holdoffResult) string {
 		"established (0: opened active, the baseline); one MPTCP connection at a time from a pod on node 1 to a pod on node 2 sends a fixed "+
 		"number of bytes, timed from connect to close. The holdoffs run one after another in one process, each on a fresh bed.\n\n",
 		linkRate)
-	s.WriteString("| holdoff | transfer | rounds | seconds min / median / max | median / baseline median |\n|---|---|---|---|---|\n")
+	s.WriteString("| holdoff | transfer | rounds | seconds | median/baseline median |\n|---|---|---|---|---|\n")
 	for _, r := range results {
 		for _, size := range holdoffSizes {
 			lo, med, hi := minMedMax(r.seconds[size])
 			_, base, _ := minMedMax(results[0].seconds[size])
-			fmt.Fprintf(&s, "| %v | %d MiB | %d | %.3f / %.3f / %.3f | %.2f |\n", r.holdoff, size>>20, len(r.seconds[size]), lo, med, hi, med/base)
+			fmt.Fprintf(&s, "| %v | %d MiB | %d | %.3f/%.3f/%.3f | %.2f |\n", r.holdoff, size>>20, len(r.seconds[size]), lo, med, hi,
+				med/base)
 		}
 	}
 	return s.String()
