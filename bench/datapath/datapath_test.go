@@ -248,10 +248,21 @@ func single(b *testing.B, prog *ebpf.Program, f []byte, reset func() error) floa
 
 // benchCase is one measured packet.
 type benchCase struct {
-	name    string
+	name string
+	// label names the case in the report's table where name is too long
+	// for a row of the docs' width.
+	label   string
 	measure func(b *testing.B, dp *datapath.Datapath, empty *ebpf.Program) float64
 	// check says whether the last run took the intended path.
 	check func(dp *datapath.Datapath) error
+}
+
+// row is the case as the report's table names it.
+func (c benchCase) row() string {
+	if c.label != "" {
+		return c.label
+	}
+	return c.name
 }
 
 var cases = []benchCase{
@@ -322,7 +333,7 @@ var cases = []benchCase{
 		}
 		return nil
 	}},
-	{name: "MP_CAPABLE SYN through a 4-rule selector chain, weighted spread, one run per syscall", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
+	{name: "MP_CAPABLE SYN through a 4-rule selector chain, weighted spread, one run per syscall", label: "MP_CAPABLE SYN, 4-rule chain, weighted, one run per syscall", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
 		setupChain(b, dp)
 		// Each run inserts the subflow: forget it (unmeasured) so every
 		// measured run selects and places anew.
@@ -339,12 +350,12 @@ var cases = []benchCase{
 		}
 		return chainPlaced(dp)
 	}},
-	{name: "full chain: MPTCP data (DSS) of a subflow the chain placed (spread + police + backup + record)", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
+	{name: "full chain: MPTCP data (DSS) of a subflow the chain placed (spread + police + backup + record)", label: "full chain out: DSS of a placed subflow (spread, police, backup, record)", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
 		return repeated(b, openChainConnection(b, dp), chainDSS)
 	}, check: func(dp *datapath.Datapath) error {
 		return chainCounted(dp, func(p datapath.TrafficCounters) uint64 { return p.TxPackets })
 	}},
-	{name: "full chain into the pod: MPTCP data (DSS) on the same subflow (police + backup + block + record)", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
+	{name: "full chain into the pod: MPTCP data (DSS) on the same subflow (police + backup + block + record)", label: "full chain in: DSS on the same subflow (police, backup, block, record)", measure: func(b *testing.B, dp *datapath.Datapath, _ *ebpf.Program) float64 {
 		openChainConnection(b, dp)
 		return repeated(b, dp.Program(datapath.HookPodIngress), chainDSSIn)
 	}, check: func(dp *datapath.Datapath) error {

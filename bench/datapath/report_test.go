@@ -48,7 +48,7 @@ func writeReport(path string) error {
 		}
 		lo, med := testutil.MinMedian(v)
 		_, base := testutil.MinMedian(results.ns[baselineOf(c.name)])
-		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.2f |\n", c.name, len(v), lo, med, med/base)
+		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.2f |\n", c.row(), len(v), lo, med, med/base)
 	}
 	b.WriteString("\nOne run per syscall adds the kernel's per-run timing and a cold start to every packet, so placements " +
 		"are compared with the empty program measured that way, not with the repeated one.\n")
