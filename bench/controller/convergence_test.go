@@ -350,10 +350,14 @@ func writeReport(path string, sc scale, results []result) error {
 		"`compile.Node` makes of the cluster.\n\n",
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), kubeVersion(), sc.nodes, sc.podsPerNode,
 		sc.nodes*sc.podsPerNode, sc.policies, sc.namespaces)
-	b.WriteString("| phase | time to converge | writes | writes by resource | largest node state |\n|---|---|---|---|---|\n")
+	b.WriteString("| phase | time to converge | writes | largest node state |\n|---|---|---|---|\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %s | %s | %.0f | %s | %d bytes (%s) |\n", r.phase, r.duration.Round(time.Millisecond),
-			r.writes.Total(writeResources...), byResource(r.writes, writeResources), r.largestState, r.largestName)
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %d bytes (%s) |\n", r.phase, r.duration.Round(time.Millisecond),
+			r.writes.Total(writeResources...), r.largestState, r.largestName)
+	}
+	b.WriteString("\nWrites by resource:\n\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "- %s: %s\n", r.phase, byResource(r.writes, writeResources))
 	}
 	b.WriteString("\nA node state holds only its own node's paths and pods, so its size depends on pods per node and rules " +
 		"per pod, not on the number of nodes; the other nodes' addresses are the MPTCPPeers (\"Scale\" below). The benchmark's " +
@@ -362,13 +366,23 @@ func writeReport(path string, sc scale, results []result) error {
 	return benchdoc.ReplaceSection(path, section, b.String())
 }
 
+// shortResource names a resource of writeResources or scaleWrites for a
+// report: its resource (and subresource) without group or "mptcp".
+func shortResource(r string) string {
+	_, name, ok := strings.Cut(r, "/")
+	if !ok {
+		return r
+	}
+	return strings.TrimPrefix(name, "mptcp")
+}
+
 // byResource lists w's counts of resources, in their order, the zeroes
 // left out.
 func byResource(w testenv.Writes, resources []string) string {
 	var parts []string
 	for _, r := range resources {
 		if v := w[r]; v != 0 {
-			parts = append(parts, fmt.Sprintf("%s %.0f", strings.TrimPrefix(r, "mptcp.io/"), v))
+			parts = append(parts, fmt.Sprintf("%s %.0f", shortResource(r), v))
 		}
 	}
 	if len(parts) == 0 {

@@ -411,21 +411,28 @@ func writeScaleReport(path string, runs []scaleRun) error {
 		"server, CPU and memory are the API server's own (`process_cpu_seconds_total`, `process_resident_memory_bytes`, etcd "+
 		"not included). A phase ends when its condition holds; its writes are counted until the controllers are idle.\n\n",
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), kubeVersion(), controllers.DefaultAPIQPS, controllers.DefaultAPIBurst)
-	b.WriteString("| nodes | phase | time | writes | writes by resource | API server CPU | API server RSS | to each node enforced, p50 / p99 |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| nodes | phase | time | writes | API server CPU | API server RSS | to each node enforced, p50/p99 |\n")
+	b.WriteString("|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		for _, p := range r.phases {
 			lat := "-"
 			if p.p99 > 0 {
-				lat = fmt.Sprintf("%v / %v", p.p50, p.p99)
+				lat = fmt.Sprintf("%v/%v", p.p50, p.p99)
 			}
-			fmt.Fprintf(&b, "| %d | %s | %s | %.0f | %s | %s | %.0f MB | %s |\n", r.nodes, p.name, p.duration.Round(time.Millisecond),
-				p.writes.Total(scaleWrites...), byResource(p.writes, scaleWrites), p.apiCPU.Round(10*time.Millisecond), p.apiRSS/1e6, lat)
+			fmt.Fprintf(&b, "| %d | %s | %s | %.0f | %s | %.0f MB | %s |\n", r.nodes, p.name, p.duration.Round(time.Millisecond),
+				p.writes.Total(scaleWrites...), p.apiCPU.Round(10*time.Millisecond), p.apiRSS/1e6, lat)
+		}
+	}
+	b.WriteString("\nWrites by resource:\n\n")
+	for _, r := range runs {
+		for _, p := range r.phases {
+			fmt.Fprintf(&b, "- %d nodes, %s: %s\n", r.nodes, p.name, byResource(p.writes, scaleWrites))
 		}
 	}
 	b.WriteString("\n| nodes | pods | populating the API server | largest node state | peers | largest peer |\n|---|---|---|---|---|---|\n")
 	for _, r := range runs {
-		fmt.Fprintf(&b, "| %d | %d | %s | %d bytes | %d | %d bytes |\n", r.nodes, r.nodes*20, r.populate.Round(time.Second), r.largestState, r.peers, r.largestPeer)
+		fmt.Fprintf(&b, "| %d | %d | %s | %d bytes | %d | %d bytes |\n", r.nodes, r.nodes*20, r.populate.Round(time.Second),
+			r.largestState, r.peers, r.largestPeer)
 	}
 	return benchdoc.ReplaceSection(path, scaleSection, b.String())
 }
