@@ -27,12 +27,12 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
-// TestChart is the chart's package of checks, one subtest each: rendered
+// TestHelmChart is the chart's package of checks, one subtest each: rendered
 // with helm (schema, capabilities, mounts, RBAC, optional parts, images),
 // applied to a real API server, upgraded, and its versions against what
-// they record. It is the e2e area of the same name's counterpart without
-// nodes, and `make test` runs it with that area, alone (mk/dev.mk).
-func TestChart(t *testing.T) {
+// they record. It is the e2e area TestChart's counterpart without nodes,
+// named apart so that `make test` runs it in its first, parallel phase.
+func TestHelmChart(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		check func(*testing.T)
@@ -51,6 +51,7 @@ func TestChart(t *testing.T) {
 		{"PodsTakePullSecretsLabelsAndAnnotations", podsTakePullSecretsLabelsAndAnnotations},
 		{"OptionalPartsRenderOnlyWhenAsked", optionalPartsRenderOnlyWhenAsked},
 		{"DefaultImagesAreWhatMakeImagesBuilds", defaultImagesAreWhatMakeImagesBuilds},
+		{"OneRegistryValueMovesEveryImage", oneRegistryValueMovesEveryImage},
 		{"WebhookRendersForOptedInNamespacesAndFailsOpen", webhookRendersForOptedInNamespacesAndFailsOpen},
 		{"WebhookClientAuthMountsTheCAOnlyWhenSet", webhookClientAuthMountsTheCAOnlyWhenSet},
 		{"ExtraArgsEnvAndSpreadReachThePods", extraArgsEnvAndSpreadReachThePods},
@@ -663,7 +664,7 @@ func defaultImagesAreWhatMakeImagesBuilds(t *testing.T) {
 // is told), the conformance pod's and its traffic image, whether the
 // repository names a registry or not; tags and digests stay. A value that
 // is not a registry is refused by the schema.
-func TestOneRegistryValueMovesEveryImage(t *testing.T) {
+func oneRegistryValueMovesEveryImage(t *testing.T) {
 	const mirror = "mirror.example.com:5000/cache"
 	digest := "sha256:" + strings.Repeat("a", 64)
 	r := render(t, "--set", "global.imageRegistry="+mirror, "--set", "agent.image.repository=mptcp/agent",

@@ -74,7 +74,7 @@ chart-manifests: $(HELM) $(VALUESDOC) ## Copy CRDs and controller RBAC into the 
 
 .PHONY: chart-digest
 chart-digest: ## Record the chart's content under its version and the binaries' sources under its appVersion (charts/mptcp-operator.digest, .appversion-digest), after bumping them: tests fail when either changes under a recorded version.
-	CHART_DIGEST_RECORD=1 $(GO) test -count=1 -run '^TestChart$$/^(ChartVersionMovesWithTheChart|AppVersionMovesWithTheBinaries)$$' ./charts/
+	CHART_DIGEST_RECORD=1 $(GO) test -count=1 -run '^TestHelmChart$$/^(ChartVersionMovesWithTheChart|AppVersionMovesWithTheBinaries)$$' ./charts/
 
 .PHONY: helm-lint
 helm-lint: $(HELM) ## helm lint --strict the chart with its defaults and with every optional part on.

@@ -76,9 +76,8 @@ BENCH_OUTPUT := $(CURDIR)/_output/bench
 # to themselves, the areas TEST_ALONE_NAMES of any package: they measure
 # rates and stalls (TestRate, TestFailover), load both cores on purpose
 # (TestIntegrity), or run the chart's agents at its default 30 ms liveness
-# probes (TestChart), which a busy machine starves into false path-downs;
-# the charts package's TestChart (no nodes, about 20 s) runs in that phase
-# too, as a name of TEST_ALONE_NAMES does in any package.
+# probes (TestChart), which a busy machine starves into false path-downs.
+# The charts package's checks (no nodes) are TestHelmChart, outside that set.
 # The first phase starts the longest packages first (TEST_FIRST after the
 # e2e package, the longest): go test starts packages in the order it is
 # given them, and a long package started last would run alone at the end.

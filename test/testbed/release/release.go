@@ -28,7 +28,7 @@ import (
 // later commit of main (one whose chart installs and whose agents come up
 // Ready on the bed; the upgrade test builds it from source) and run
 // TestChart/HelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime and the
-// charts package's TestChart/HelmUpgradeReuseValuesFromThePreviousRelease.
+// charts package's TestHelmChart/HelmUpgradeReuseValuesFromThePreviousRelease.
 const PreviousChart = "88bc912"
 
 // Names the chart is installed under, as docs/install.md says.
