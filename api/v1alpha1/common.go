@@ -34,6 +34,14 @@ const (
 	ReasonNoPodCIDRs       = "NoPodCIDRs"
 )
 
+// Reasons of an MPTCPNodeState's Degraded condition besides MarkClash: what
+// keeps the agent from enforcing the spec, whole or in part.
+const (
+	ReasonInvalidSpec      = "InvalidSpec"
+	ReasonInterfaceMissing = "InterfaceMissing"
+	ReasonApplyFailed      = "ApplyFailed"
+)
+
 // PathRole says whether a path carries subflows from the start (active) or only
 // when no active path is alive (backup, the MP_JOIN/MP_PRIO B bit).
 // +kubebuilder:validation:Enum=active;backup

@@ -5,10 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -17,7 +14,6 @@ import (
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/kube"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/removal"
 )
 
@@ -50,22 +46,19 @@ func runKube(log *slog.Logger, o kubeOptions) error {
 	}
 	settings = withFlags(settings)
 	log = log.With("node", o.node)
-	lock, err := agent.LockNode(settings.StateDir, log)
-	if err != nil {
-		return err
-	}
-	defer lock.Unlock()
-	a, err := agent.New(settings, log)
-	if err != nil {
+	a, unlock, err := openAgent(log, settings, func(err error) {
 		if !o.uninstall {
 			reportFailedStart(log, o, settings, err)
 		}
+	})
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	if o.uninstall {
 		// What the last run applied is in the state directory; uninstall
 		// needs no API.
-		return uninstall(a, log)
+		return uninstallAgent(a, log)
 	}
 	restCfg, err := restConfig(o.kubeconfig)
 	if err != nil {
@@ -103,38 +96,23 @@ func runKube(log *slog.Logger, o kubeOptions) error {
 		return joinClose(err, a)
 	}
 	log.Info("the agent is being removed from the node: uninstalling", "why", why)
-	return errors.Join(err, uninstall(a, log))
+	return errors.Join(err, uninstallAgent(a, log))
 }
 
 // enforce runs the agent until SIGTERM or SIGINT (stopped) or an error that
 // ends it. It serves the metrics, probes and local API meanwhile, and stops
 // serving before it returns, so that the datapath may be closed or removed.
 func enforce(log *slog.Logger, a *agent.Agent, restCfg *rest.Config, settings agent.Settings, o kubeOptions) (stopped bool, err error) {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	status := agent.Status{PID: os.Getpid()}
-	metrics := observe.NewMetrics(a, log)
-	wait, err := serveEndpoints(ctx, a, metrics, o.metricsAddr, restCfg, &status, log)
-	defer wait()
-	defer stop()
+	s, done, err := serve(log, a, o.metricsAddr, restCfg)
+	defer done()
 	if err != nil {
 		return false, err
 	}
-	if err := a.WriteStatus(status); err != nil {
+	if err := a.WriteStatus(s.status); err != nil {
 		log.Error("writing status", "err", err)
 	}
-	err = kube.Run(ctx, restCfg, kube.Options{Node: o.node, Settings: settings, Agent: a, Metrics: metrics, Log: log, Status: status})
-	return ctx.Err() != nil, err
-}
-
-// uninstall removes everything the agent created on the node (the same code
-// as -uninstall).
-func uninstall(a *agent.Agent, log *slog.Logger) error {
-	if err := a.Uninstall(); err != nil {
-		return fmt.Errorf("uninstall: %w", err)
-	}
-	log.Info("uninstalled")
-	return nil
+	err = kube.Run(s.ctx, restCfg, kube.Options{Node: o.node, Settings: settings, Agent: a, Metrics: s.metrics, Log: log, Status: s.status})
+	return s.ctx.Err() != nil, err
 }
 
 func joinClose(err error, a *agent.Agent) error {

@@ -208,99 +208,100 @@ func run(log *slog.Logger, configPath, nodeStatePath, peersPath, metricsAddr str
 	}
 	settings = withFlags(settings)
 	log = log.With("node", settings.Node)
-	lock, err := agent.LockNode(settings.StateDir, log)
+	a, unlock, err := openAgent(log, settings, nil)
 	if err != nil {
 		return err
 	}
-	defer lock.Unlock()
-	a, err := agent.New(settings, log)
-	if err != nil {
-		return err
-	}
+	defer unlock()
 	if uninstall {
-		if err := a.Uninstall(); err != nil {
-			return fmt.Errorf("uninstall: %w", err)
-		}
-		log.Info("uninstalled")
-		return nil
+		return uninstallAgent(a, log)
 	}
 	defer a.Close()
 	if nodeStatePath == "" {
 		return errors.New("-node-state is required (the node's MPTCPNodeState, as YAML)")
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-
-	status := agent.Status{PID: os.Getpid()}
-	metrics := observe.NewMetrics(a, log)
-	wait, err := serveEndpoints(ctx, a, metrics, metricsAddr, nil, &status, log)
+	s, done, err := serve(log, a, metricsAddr, nil)
 	// Stop serving before the datapath is closed (deferred earlier).
-	defer wait()
-	defer stop()
+	defer done()
 	if err != nil {
 		return err
 	}
-	// reconcile reads both files again and enforces the plan they make; a
-	// node state that cannot be enforced as a whole is refused and the
-	// last good plan stays in force. settle, when set, runs after the
-	// reconcile and before the status is written, so that a status showing
-	// the reconcile shows its outcome.
-	reconcile := func(settle func(error) error) error {
-		status.Reconciles++
-		var plan *agent.Plan
-		var problems []string
-		prior, err := a.Prior()
-		if err == nil {
-			plan, problems, err = agent.PlanFromFiles(configPath, nodeStatePath, peersPath, prior)
-		}
-		if err == nil {
-			metrics.ObservePeers(plan.ProbedPeers, len(plan.UnprobedPeers))
-			start := time.Now()
-			var failed []mptcpv1alpha1.PodProblem
-			failed, err = a.Reconcile(ctx, plan)
-			metrics.ObserveReconcile(start, err)
-			// Pods the agent could not configure are skipped and
-			// reported as the translation's are.
-			for _, p := range failed {
-				problems = append(problems, agent.DescribePodProblem(p))
-			}
-		} else {
-			metrics.ObserveRejected()
-		}
-		if settle != nil {
-			if serr := settle(err); serr != nil {
-				err = serr
-			}
-		}
-		switch {
-		case err != nil:
-			status.Error = err.Error()
-			log.Error("node state not enforced; the last good one stays in force", "err", err)
-		default:
-			// Paths this node cannot carry are left out and reported;
-			// the rest is enforced.
-			status.Error = strings.Join(problems, "; ")
-			status.Applied = plan
-			log.Info("reconciled", "paths", len(plan.Paths), "pods", len(plan.Pods), "problems", problems)
-		}
-		if err := a.WriteStatus(status); err != nil {
-			log.Error("writing status", "err", err)
-		}
-		return err
-	}
+	f := &fileMode{serving: s, a: a, log: log, configPath: configPath, nodeStatePath: nodeStatePath, peersPath: peersPath}
 	// A map migration started by New is committed only once the new
 	// programs run a whole reconciled node; otherwise it is rolled back.
 	var fatal error
-	_ = reconcile(func(err error) error {
+	_ = f.reconcile(func(err error) error {
 		fatal = a.FinishMigration(err)
 		return fatal
 	})
 	if fatal != nil {
 		return fatal
 	}
+	return f.loop(hup)
+}
+
+// fileMode enforces the node state of files, read again at each reconcile.
+type fileMode struct {
+	*serving
+	a                                    *agent.Agent
+	log                                  *slog.Logger
+	configPath, nodeStatePath, peersPath string
+}
+
+// reconcile reads both files again and enforces the plan they make; a
+// node state that cannot be enforced as a whole is refused and the
+// last good plan stays in force. settle, when set, runs after the
+// reconcile and before the status is written, so that a status showing
+// the reconcile shows its outcome.
+func (f *fileMode) reconcile(settle func(error) error) error {
+	f.status.Reconciles++
+	var plan *agent.Plan
+	var problems []string
+	prior, err := f.a.Prior()
+	if err == nil {
+		plan, problems, err = agent.PlanFromFiles(f.configPath, f.nodeStatePath, f.peersPath, prior)
+	}
+	if err == nil {
+		f.metrics.ObservePeers(plan.ProbedPeers, len(plan.UnprobedPeers))
+		start := time.Now()
+		var failed []mptcpv1alpha1.PodProblem
+		failed, err = f.a.Reconcile(f.ctx, plan)
+		f.metrics.ObserveReconcile(start, err)
+		// Pods the agent could not configure are skipped and
+		// reported as the translation's are.
+		for _, p := range failed {
+			problems = append(problems, agent.DescribePodProblem(p))
+		}
+	} else {
+		f.metrics.ObserveRejected()
+	}
+	if settle != nil {
+		if serr := settle(err); serr != nil {
+			err = serr
+		}
+	}
+	switch {
+	case err != nil:
+		f.status.Error = err.Error()
+		f.log.Error("node state not enforced; the last good one stays in force", "err", err)
+	default:
+		// Paths this node cannot carry are left out and reported;
+		// the rest is enforced.
+		f.status.Error = strings.Join(problems, "; ")
+		f.status.Applied = plan
+		f.log.Info("reconciled", "paths", len(plan.Paths), "pods", len(plan.Pods), "problems", problems)
+	}
+	if err := f.a.WriteStatus(f.status); err != nil {
+		f.log.Error("writing status", "err", err)
+	}
+	return err
+}
+
+// loop reconciles again on SIGHUP and after a link or liveness change, and
+// sweeps closed subflows' records, until SIGTERM or SIGINT.
+func (f *fileMode) loop(hup <-chan os.Signal) error {
 	// Subflows close at any time, not only when the node state
 	// changes: sweep their records (released pods', and selected pods'
 	// closed ones) as often as kube mode resyncs.
@@ -315,24 +316,24 @@ func run(log *slog.Logger, configPath, nodeStatePath, peersPath, metricsAddr str
 		default:
 		}
 	}
-	go a.WatchLinks(ctx, reconcileSoon)
+	go f.a.WatchLinks(f.ctx, reconcileSoon)
 	// A path's liveness changed: the datapath has it already; the
 	// reconcile that follows brings the rest of the node in line, as
 	// after a link event.
-	a.OnLivenessChange(reconcileSoon)
+	f.a.OnLivenessChange(reconcileSoon)
 	for {
 		select {
-		case <-ctx.Done():
-			log.Info("stopping; the datapath stays pinned and keeps steering")
+		case <-f.ctx.Done():
+			f.log.Info("stopping; the datapath stays pinned and keeps steering")
 			return nil
 		case <-sweep.C:
-			if err := a.Sweep(); err != nil {
-				log.Error("sweeping closed subflows' records", "err", err)
+			if err := f.a.Sweep(); err != nil {
+				f.log.Error("sweeping closed subflows' records", "err", err)
 			}
 		case <-hup:
-			_ = reconcile(nil)
+			_ = f.reconcile(nil)
 		case <-relink:
-			_ = reconcile(nil)
+			_ = f.reconcile(nil)
 		}
 	}
 }

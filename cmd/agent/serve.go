@@ -3,7 +3,11 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
 
 	"k8s.io/client-go/rest"
 
@@ -20,6 +24,55 @@ var metricsServing struct {
 	auth bool
 	// certDir holds tls.crt and tls.key; empty: a self-signed certificate.
 	certDir string
+}
+
+// openAgent takes the node's lock and loads the datapath with settings, as
+// both modes start; unlock releases the lock once the agent is closed or
+// removed. failed, when set, is told why the agent could not be loaded,
+// while the lock is held.
+func openAgent(log *slog.Logger, settings agent.Settings, failed func(error)) (a *agent.Agent, unlock func(), err error) {
+	lock, err := agent.LockNode(settings.StateDir, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	a, err = agent.New(settings, log)
+	if err != nil {
+		if failed != nil {
+			failed(err)
+		}
+		lock.Unlock()
+		return nil, nil, err
+	}
+	return a, lock.Unlock, nil
+}
+
+// uninstallAgent removes everything the agent created on the node (the
+// same code as -uninstall).
+func uninstallAgent(a *agent.Agent, log *slog.Logger) error {
+	if err := a.Uninstall(); err != nil {
+		return fmt.Errorf("uninstall: %w", err)
+	}
+	log.Info("uninstalled")
+	return nil
+}
+
+// serving is what both modes enforce under: a context that SIGTERM or
+// SIGINT ends, what the status file says, and the metrics.
+type serving struct {
+	ctx     context.Context
+	status  agent.Status
+	metrics *observe.Metrics
+}
+
+// serve starts serving the agent's endpoints (serveEndpoints) under a
+// context that SIGTERM or SIGINT ends. done, deferred by the caller even on
+// error, ends the context and returns once nothing is served, before the
+// datapath is closed.
+func serve(log *slog.Logger, a *agent.Agent, metricsAddr string, restCfg *rest.Config) (s *serving, done func(), err error) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	s = &serving{ctx: ctx, status: agent.Status{PID: os.Getpid()}, metrics: observe.NewMetrics(a, log)}
+	wait, err := serveEndpoints(ctx, a, s.metrics, metricsAddr, restCfg, &s.status, log)
+	return s, func() { stop(); wait() }, err
 }
 
 // serveEndpoints starts what both modes serve: Prometheus metrics, /healthz

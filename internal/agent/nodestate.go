@@ -43,11 +43,12 @@ type LocatedPod struct {
 
 // Translation is an MPTCPNodeState turned into the Plan the node enforces,
 // with what the agent found (or failed to find) for each path and pod.
-// Errors are the problems that keep the spec from being enforced as a
-// whole (the node's own: its pod CIDRs, a path's index or next hop): with
-// any, the caller keeps the last good plan in force. PathProblems are paths
-// the node cannot carry (no interface, an ambiguous one, one another path
-// has): each is left out and reported on its path, the rest is enforced.
+// Errors (InvalidSpec) are the problems that keep the spec from being
+// enforced as a whole (the node's own: its pod CIDRs, a path's index or next
+// hop): with any, the caller keeps the last good plan in force. PathProblems
+// (InterfaceMissing) are paths the node cannot carry (no interface, an
+// ambiguous one, one another path has): each is left out and reported on its
+// path, the rest is enforced.
 // PodProblems are pods skipped for a problem of their own (their rules,
 // their address, no room left for their rules), sorted by namespace and
 // name: a tenant's pod never freezes the node's other pods.
@@ -55,8 +56,8 @@ type Translation struct {
 	Plan         *Plan
 	Paths        []mptcpv1alpha1.PathState
 	Applied      []mptcpv1alpha1.AppliedPolicy
-	Errors       []string
-	PathProblems []string
+	Errors       []Problem
+	PathProblems []Problem
 	PodProblems  []mptcpv1alpha1.PodProblem
 }
 
@@ -97,7 +98,9 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, peers
 	settings.setDefaults()
 	plan := &Plan{Settings: settings}
 	t := &Translation{Plan: plan}
-	fail := func(format string, args ...any) { t.Errors = append(t.Errors, fmt.Sprintf(format, args...)) }
+	fail := func(format string, args ...any) {
+		t.Errors = append(t.Errors, Problem{mptcpv1alpha1.ReasonInvalidSpec, fmt.Sprintf(format, args...)})
+	}
 
 	if state.Spec.Outdated() {
 		// What its pods' rules were is not this release's to read; the
@@ -118,7 +121,9 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, peers
 	resolved := map[string]PlanPath{}
 	awayPaths := map[string]bool{}
 	owners := map[string]string{} // interface -> the path that has it
-	leaveOut := func(name, msg string) { t.PathProblems = append(t.PathProblems, fmt.Sprintf("path %s: %s", name, msg)) }
+	leaveOut := func(name, msg string) {
+		t.PathProblems = append(t.PathProblems, Problem{mptcpv1alpha1.ReasonInterfaceMissing, fmt.Sprintf("path %s: %s", name, msg)})
+	}
 	// Lower indexes first: the older path keeps an interface two paths'
 	// selectors find (the controller gives the lowest free index to the
 	// oldest path).

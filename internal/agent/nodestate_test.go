@@ -193,7 +193,12 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 	}
 	// A path the node cannot carry is left out and reported, and does not
 	// keep the rest of the spec from being enforced.
-	problems := strings.Join(tr.PathProblems, "\n")
+	problems := strings.Join(Messages(tr.PathProblems), "\n")
+	for _, p := range tr.PathProblems {
+		if p.Reason != mptcpv1alpha1.ReasonInterfaceMissing {
+			t.Errorf("path problem %q: reason %s, want InterfaceMissing", p.Message, p.Reason)
+		}
+	}
 	for _, want := range []string{
 		"path missing: no interface eth9 on this node",
 		"path ambiguous: 3 interfaces match (nic1, nic2, nic3)",
@@ -212,7 +217,12 @@ func TestNodeStateProblemsAreReportedPerPath(t *testing.T) {
 	if want := []string{"missing", "ambiguous"}; !slices.Equal(awaiting, want) {
 		t.Errorf("paths awaiting a link %v, want %v", awaiting, want)
 	}
-	errs := strings.Join(tr.Errors, "\n")
+	errs := strings.Join(Messages(tr.Errors), "\n")
+	for _, p := range tr.Errors {
+		if p.Reason != mptcpv1alpha1.ReasonInvalidSpec {
+			t.Errorf("error %q: reason %s, want InvalidSpec", p.Message, p.Reason)
+		}
+	}
 	for _, want := range []string{
 		"path far: index 40 is beyond the 15 paths",
 	} {
@@ -565,7 +575,7 @@ func TestOutdatedNodeStateIsNotEnforced(t *testing.T) {
 	state := nodeState(twoPaths(), podWith("web", "10.244.1.10", spread(1)))
 	state.Spec.Pods[0].Rules = mptcpv1alpha1.RuleNames{mptcpv1alpha1.OutdatedRule}
 	tr := FromNodeState(NodeDefaults("n1"), state, nil, testLinks, locateAll, Prior{})
-	if len(tr.Errors) != 1 || !strings.Contains(tr.Errors[0], "earlier release's format") {
+	if len(tr.Errors) != 1 || !strings.Contains(tr.Errors[0].Message, "earlier release's format") {
 		t.Errorf("errors %q, want the one saying the spec is of an earlier release", tr.Errors)
 	}
 	if len(tr.Plan.Paths) != 0 || len(tr.Plan.Pods) != 0 || len(tr.Plan.Rules) != 0 {

@@ -417,9 +417,9 @@ func PlanFromFiles(settingsPath, nodeStatePath, peersPath string, prior Prior) (
 	}
 	tr := FromNodeState(settings, state, peers, links, LocatePod, prior)
 	if len(tr.Errors) > 0 {
-		return nil, nil, fmt.Errorf("%s: %s", nodeStatePath, strings.Join(append(tr.PathProblems, tr.Errors...), "; "))
+		return nil, nil, fmt.Errorf("%s: %s", nodeStatePath, strings.Join(Messages(append(tr.PathProblems, tr.Errors...)), "; "))
 	}
-	problems := tr.PathProblems
+	problems := Messages(tr.PathProblems)
 	for _, p := range tr.PodProblems {
 		problems = append(problems, DescribePodProblem(p))
 	}

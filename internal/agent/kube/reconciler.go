@@ -6,7 +6,6 @@ package kube
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -57,24 +56,24 @@ const (
 
 // Reasons of the conditions: each says what a user can do about it.
 const (
-	ReasonApplied          = "Applied"                       // the spec is enforced
-	ReasonNotYetApplied    = "NotYetApplied"                 // nothing was enforced yet
-	ReasonAsExpected       = "AsExpected"                    // not degraded
-	ReasonInterfaceMissing = "InterfaceMissing"              // a path's interface is absent or ambiguous on the node: the path is left out, the rest enforced; fix the MPTCPPath's interface selector
-	ReasonInvalidSpec      = "InvalidSpec"                   // the spec cannot be enforced (bad index, rule without usable path...): see status.errors
-	ReasonApplyFailed      = "ApplyFailed"                   // the kernel refused part of the configuration: see status.errors and the agent's log
-	ReasonStartFailed      = "StartFailed"                   // the agent could not start, for no reason a check names: see the agent's log
-	ReasonMarkClash        = mptcpv1alpha1.ReasonMarkClash   // the CNI uses bits of the agent's mark mask: nothing is enforced; set the chart's agent.markMask (the NodeSupported condition says which bits are free)
-	ReasonWaitingForPods   = "WaitingForPods"                // some pods have no address yet or cannot be found on the node
-	ReasonSettled          = "Settled"                       // nothing pending
-	ReasonPodsSkipped      = "PodsSkipped"                   // not degraded: the node is enforced, some pods are skipped for problems of their own (status.pods)
-	ReasonAttached         = "Attached"                      // the socket program of transparent kernel covers every pod that wants it
-	ReasonNotCovered       = "NotCovered"                    // the socket program runs, but some pods' namespaces could not be listed (named in the message)
-	ReasonObserveOnly      = "ObserveOnly"                   // the node is observe-only: the socket program lists no namespace
-	ReasonLoadFailed       = "LoadFailed"                    // loading the socket program failed for a reason that may pass (memory, a busy trampoline): the agent tries again
-	ReasonUnsupported      = mptcpv1alpha1.ReasonUnsupported // the kernel refuses the socket program (lockdown, or older than 6.6): use transparent inject
-	ReasonAllPeersProbed   = "AllPeersProbed"                // liveness probes every peer on the paths it shares with the node
-	ReasonPeersBeyondLimit = "PeersBeyondLimit"              // more peers share a path with the node than it probes (limits.ProbedPeers): it leaves out a draw of its own, which other nodes probe
+	ReasonApplied          = "Applied"                            // the spec is enforced
+	ReasonNotYetApplied    = "NotYetApplied"                      // nothing was enforced yet
+	ReasonAsExpected       = "AsExpected"                         // not degraded
+	ReasonInterfaceMissing = mptcpv1alpha1.ReasonInterfaceMissing // a path's interface is absent or ambiguous on the node: the path is left out, the rest enforced; fix the MPTCPPath's interface selector
+	ReasonInvalidSpec      = mptcpv1alpha1.ReasonInvalidSpec      // the spec cannot be enforced (bad index, rule without usable path...): see status.errors
+	ReasonApplyFailed      = mptcpv1alpha1.ReasonApplyFailed      // the kernel refused part of the configuration: see status.errors and the agent's log
+	ReasonStartFailed      = "StartFailed"                        // the agent could not start, for no reason a check names: see the agent's log
+	ReasonMarkClash        = mptcpv1alpha1.ReasonMarkClash        // the CNI uses bits of the agent's mark mask: nothing is enforced; set the chart's agent.markMask (the NodeSupported condition says which bits are free)
+	ReasonWaitingForPods   = "WaitingForPods"                     // some pods have no address yet or cannot be found on the node
+	ReasonSettled          = "Settled"                            // nothing pending
+	ReasonPodsSkipped      = "PodsSkipped"                        // not degraded: the node is enforced, some pods are skipped for problems of their own (status.pods)
+	ReasonAttached         = "Attached"                           // the socket program of transparent kernel covers every pod that wants it
+	ReasonNotCovered       = "NotCovered"                         // the socket program runs, but some pods' namespaces could not be listed (named in the message)
+	ReasonObserveOnly      = "ObserveOnly"                        // the node is observe-only: the socket program lists no namespace
+	ReasonLoadFailed       = "LoadFailed"                         // loading the socket program failed for a reason that may pass (memory, a busy trampoline): the agent tries again
+	ReasonUnsupported      = mptcpv1alpha1.ReasonUnsupported      // the kernel refuses the socket program (lockdown, or older than 6.6): use transparent inject
+	ReasonAllPeersProbed   = "AllPeersProbed"                     // liveness probes every peer on the paths it shares with the node
+	ReasonPeersBeyondLimit = "PeersBeyondLimit"                   // more peers share a path with the node than it probes (limits.ProbedPeers): it leaves out a draw of its own, which other nodes probe
 )
 
 // Enforcer is what the reconciler asks of the node's datapath
@@ -196,20 +195,46 @@ func (r *Reconciler) ownNode(context.Context, client.Object) []reconcile.Request
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: r.Node}}}
 }
 
-// Reconcile enforces the state and reports.
+// Reconcile enforces the state and reports: it reads the state and what its
+// translation needs, enforces the plan, computes the status, records the
+// events and writes the status.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	if req.Name != r.Node {
 		return ctrl.Result{}, nil
 	}
+	state, tr, err := r.read(ctx, req.NamespacedName)
+	if err != nil || state == nil {
+		return ctrl.Result{}, err
+	}
+	out, stop := r.enforce(ctx, state, tr)
+	if stop {
+		return ctrl.Result{}, nil
+	}
+	next := r.nextStatus(state, out)
+	r.recordEvents(state, next.Status.Conditions, out)
+	r.observePeers(tr.Plan)
+	if !reflect.DeepEqual(state.Status, next.Status) {
+		if err := r.Client.Status().Patch(ctx, next, client.MergeFrom(state)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("status of %s: %w", state.Name, err)
+		}
+	}
+	return ctrl.Result{RequeueAfter: r.Resync}, nil
+}
+
+// read gets the node's state and translates it with what the node has (its
+// links, what it holds, the peers), each path's liveness read into the
+// translation's paths. A nil state: there is none, and whatever is in force
+// stays.
+func (r *Reconciler) read(ctx context.Context, name types.NamespacedName) (*mptcpv1alpha1.MPTCPNodeState, *agent.Translation, error) {
 	var state mptcpv1alpha1.MPTCPNodeState
-	if err := r.Client.Get(ctx, req.NamespacedName, &state); err != nil {
+	if err := r.Client.Get(ctx, name, &state); err != nil {
 		if apierrors.IsNotFound(err) {
 			// No state (yet, or deleted): whatever is in force stays,
 			// as when the API is unreachable.
 			r.Log.Info("no MPTCPNodeState for this node; the configuration in force stays")
-			return ctrl.Result{}, nil
+			return nil, nil, nil
 		}
-		return ctrl.Result{}, err
+		return nil, nil, err
 	}
 	if !r.seeded {
 		// A restarted agent: the datapath pinned by its predecessor
@@ -220,11 +245,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	links, err := r.Links()
 	if err != nil {
-		return ctrl.Result{}, err
+		return nil, nil, err
 	}
 	prior, err := r.Agent.Prior()
 	if err != nil {
-		return ctrl.Result{}, err
+		return nil, nil, err
 	}
 	// Read only, and only while the node has pods (without them it
 	// probes nobody): a copy of every peer per reconcile is what would
@@ -232,92 +257,106 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	var peers mptcpv1alpha1.MPTCPPeerList
 	if len(state.Spec.Pods) > 0 {
 		if err := r.Client.List(ctx, &peers, client.UnsafeDisableDeepCopy); err != nil {
-			return ctrl.Result{}, err
+			return nil, nil, err
 		}
 	}
 	tr := agent.FromNodeState(r.Settings, &state, peers.Items, links, r.Locate, prior)
-	next := state.DeepCopy()
-	st := &next.Status
-	st.Paths = tr.Paths
-	for i := range st.Paths {
-		if index, ok := tr.PathIndex(st.Paths[i].Name); ok {
-			st.Paths[i].Liveness = r.Agent.PathLiveness(index)
+	for i := range tr.Paths {
+		if index, ok := tr.PathIndex(tr.Paths[i].Name); ok {
+			tr.Paths[i].Liveness = r.Agent.PathLiveness(index)
 		}
 	}
-	r.status.Reconciles++
+	return &state, tr, nil
+}
 
-	var degradedReason string
-	switch {
-	case len(tr.Errors) > 0:
-		tr.Errors = append(slices.Clone(tr.PathProblems), tr.Errors...)
-		degradedReason = ReasonInvalidSpec
-		for _, p := range tr.Paths {
-			if p.Link == mptcpv1alpha1.LinkNotFound || p.Link == mptcpv1alpha1.LinkAmbiguous {
-				degradedReason = ReasonInterfaceMissing
-			}
-		}
+// outcome is what one reconcile found and did: what its status reports.
+type outcome struct {
+	tr *agent.Translation
+	// problems are the node's, in the order status.errors lists them:
+	// the paths left out, then the spec's errors or the enforcing's.
+	problems []agent.Problem
+	// changed: a plan other than the last was enforced.
+	changed bool
+}
+
+// enforce enforces the translation's plan unless the translation has errors
+// (the last good plan stays in force), gates the pods of a plan enforced,
+// and writes the status file. stop: a map migration was rolled back and the
+// manager is being stopped.
+func (r *Reconciler) enforce(ctx context.Context, state *mptcpv1alpha1.MPTCPNodeState, tr *agent.Translation) (out outcome, stop bool) {
+	r.status.Reconciles++
+	out.tr = tr
+	if len(tr.Errors) > 0 {
+		out.problems = append(slices.Clone(tr.PathProblems), tr.Errors...)
 		r.Metrics.ObserveRejected()
-		r.status.Error = strings.Join(tr.Errors, "; ")
-		r.Log.Error("node state rejected; the last good configuration stays in force", "generation", state.Generation, "errors", tr.Errors)
-	default:
-		start := time.Now()
-		failed, err := r.Agent.Reconcile(ctx, tr.Plan)
-		r.Metrics.ObserveReconcile(start, err)
-		if len(failed) > 0 {
-			// Pods the agent could not configure are skipped and
-			// reported as the translation's are: gated False, listed
-			// in status.pods.
-			tr.PodProblems = append(tr.PodProblems, failed...)
-			slices.SortStableFunc(tr.PodProblems, func(a, b mptcpv1alpha1.PodProblem) int {
-				return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
-			})
-		}
-		if !r.migrationSettled {
-			// A map migration started at load is committed once the
-			// new programs enforce a whole node, else rolled back and
-			// the agent stops (docs/agent.md, "Upgrade").
-			r.migrationSettled = true
-			if ferr := r.Agent.FinishMigration(err); ferr != nil {
-				r.Log.Error("map migration rolled back; stopping", "err", ferr)
-				r.fatal(ferr)
-				return ctrl.Result{}, nil
-			}
-		}
-		if err != nil {
-			degradedReason = ReasonApplyFailed
-			if errors.Is(err, agent.ErrMarkClash) {
-				degradedReason = ReasonMarkClash
-			}
-			tr.Errors = append(slices.Clone(tr.PathProblems), err.Error())
-			r.status.Error = err.Error()
-			r.Log.Error("reconcile failed; the last good configuration stays in force", "err", err)
-			break
-		}
-		if len(tr.PathProblems) > 0 {
-			// Enforced without the paths this node cannot carry: each
-			// is reported on its path, and aggregated by the controller.
-			degradedReason = ReasonInterfaceMissing
-			tr.Errors = tr.PathProblems
-			r.Log.Warn("paths left out", "problems", tr.PathProblems)
-		}
-		changed := !reflect.DeepEqual(r.applied, tr.Plan)
-		r.applied, r.appliedPolicies = tr.Plan, tr.Applied
-		r.status.Error, r.status.Applied = "", tr.Plan
-		if changed {
-			r.Recorder.Eventf(&state, nil, corev1.EventTypeNormal, ReasonApplied, "Apply",
-				"generation %d: %d paths, %d rules, %d pods enforced", state.Generation, len(tr.Plan.Paths), len(tr.Plan.Rules), len(tr.Plan.Pods))
-			r.Log.Info("reconciled", "generation", state.Generation, "paths", len(tr.Plan.Paths), "pods", len(tr.Plan.Pods))
-		}
-		r.gatePods(ctx, &state, tr)
+		r.status.Error = strings.Join(agent.Messages(out.problems), "; ")
+		r.Log.Error("node state rejected; the last good configuration stays in force", "generation", state.Generation,
+			"errors", agent.Messages(out.problems))
+		r.writeStatusFile()
+		return out, false
 	}
+	start := time.Now()
+	failed, err := r.Agent.Reconcile(ctx, tr.Plan)
+	r.Metrics.ObserveReconcile(start, err)
+	if len(failed) > 0 {
+		// Pods the agent could not configure are skipped and
+		// reported as the translation's are: gated False, listed
+		// in status.pods.
+		tr.PodProblems = append(tr.PodProblems, failed...)
+		slices.SortStableFunc(tr.PodProblems, func(a, b mptcpv1alpha1.PodProblem) int {
+			return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+		})
+	}
+	if !r.migrationSettled {
+		// A map migration started at load is committed once the
+		// new programs enforce a whole node, else rolled back and
+		// the agent stops (docs/agent.md, "Upgrade").
+		r.migrationSettled = true
+		if ferr := r.Agent.FinishMigration(err); ferr != nil {
+			r.Log.Error("map migration rolled back; stopping", "err", ferr)
+			r.fatal(ferr)
+			return out, true
+		}
+	}
+	if err != nil {
+		out.problems = append(slices.Clone(tr.PathProblems), agent.ApplyProblem(err))
+		r.status.Error = err.Error()
+		r.Log.Error("reconcile failed; the last good configuration stays in force", "err", err)
+		r.writeStatusFile()
+		return out, false
+	}
+	if out.problems = tr.PathProblems; len(out.problems) > 0 {
+		// Enforced without the paths this node cannot carry: each
+		// is reported on its path, and aggregated by the controller.
+		r.Log.Warn("paths left out", "problems", agent.Messages(tr.PathProblems))
+	}
+	out.changed = !reflect.DeepEqual(r.applied, tr.Plan)
+	r.applied, r.appliedPolicies = tr.Plan, tr.Applied
+	r.status.Error, r.status.Applied = "", tr.Plan
+	if out.changed {
+		r.Log.Info("reconciled", "generation", state.Generation, "paths", len(tr.Plan.Paths), "pods", len(tr.Plan.Pods))
+	}
+	r.gatePods(ctx, state, tr)
+	r.writeStatusFile()
+	return out, false
+}
+
+func (r *Reconciler) writeStatusFile() {
 	if err := r.Agent.WriteStatus(r.status); err != nil {
 		r.Log.Error("writing status file", "err", err)
 	}
+}
+
+// nextStatus is the state with the status the outcome makes.
+func (r *Reconciler) nextStatus(state *mptcpv1alpha1.MPTCPNodeState, out outcome) *mptcpv1alpha1.MPTCPNodeState {
+	tr := out.tr
+	next := state.DeepCopy()
+	st := &next.Status
+	st.Paths = tr.Paths
 	st.Pods, st.SkippedPods = capPodProblems(tr.PodProblems)
 	if len(tr.PodProblems) > 0 {
 		r.Log.Warn("pods skipped for problems of their own", "count", len(tr.PodProblems), "first", st.Pods[0])
 	}
-
 	st.ObservedGeneration = state.Generation
 	st.AppliedPolicies = r.appliedPolicies
 	if attached, err := r.attached(); err != nil {
@@ -325,130 +364,58 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	} else {
 		st.Attached = attached
 	}
-	st.Errors = capErrors(tr.Errors)
-	gen := state.Generation
+	st.Errors = capErrors(agent.Messages(out.problems))
 	st.Checks = append(slices.Clone(r.Checks), nodecheck.NodePodCIDRs(state.Spec.PodCIDRs))
-	supported, reason, msg := nodecheck.Summary(st.Checks)
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionNodeSupported, Status: conditionStatus(supported), Reason: reason,
-		Message: msg, ObservedGeneration: gen})
-	if degradedReason != "" {
-		// One warning per distinct problem, not one per resync.
-		if prev := meta.FindStatusCondition(state.Status.Conditions, ConditionDegraded); prev == nil || prev.Status != metav1.ConditionTrue ||
-			!strings.HasPrefix(prev.Message, conditionMessage(tr.Errors)) {
-			r.Recorder.Eventf(&state, nil, corev1.EventTypeWarning, degradedReason, "Apply", "%s", conditionMessage(tr.Errors))
-		}
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionTrue, Reason: degradedReason,
-			Message: conditionMessage(tr.Errors) + "; the last good configuration stays in force", ObservedGeneration: gen})
-	} else if n := len(tr.PodProblems); n > 0 {
-		// A tenant's pod is not the node's problem: the node enforces
-		// everything else, and each skipped pod is reported on itself.
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonPodsSkipped,
-			Message: fmt.Sprintf("the spec is enforced but for %d pods skipped for problems of their own: see status.pods", n), ObservedGeneration: gen})
-	} else {
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected,
-			Message: "the spec is enforced", ObservedGeneration: gen})
+	st.Conditions = nodeConditions(state.Status.Conditions, conditionInputs{
+		Generation:    state.Generation,
+		Now:           metav1.Now(),
+		Problems:      out.problems,
+		SkippedPods:   len(tr.PodProblems),
+		Applied:       r.applied,
+		Inherited:     r.inherited,
+		Waiting:       waitingPods(state),
+		Checks:        st.Checks,
+		Socket:        r.Agent.SocketMPTCP(),
+		HasPods:       len(state.Spec.Pods) > 0,
+		UnprobedPeers: len(tr.Plan.UnprobedPeers),
+	})
+	return next
+}
+
+// recordEvents records what changed: a new plan enforced; a Degraded
+// condition that is new or says a problem it did not (one warning per
+// distinct problem, not one per resync); a TransparentKernel condition
+// False for a reason not warned of yet in this process.
+func (r *Reconciler) recordEvents(state *mptcpv1alpha1.MPTCPNodeState, conds []metav1.Condition, out outcome) {
+	if plan := out.tr.Plan; out.changed {
+		r.Recorder.Eventf(state, nil, corev1.EventTypeNormal, ReasonApplied, "Apply",
+			"generation %d: %d paths, %d rules, %d pods enforced", state.Generation, len(plan.Paths), len(plan.Rules), len(plan.Pods))
 	}
-	if r.applied != nil || r.inherited {
-		msg := "the configuration a previous agent applied stays enforced (pinned datapath)"
-		if r.applied != nil {
-			msg = fmt.Sprintf("%d paths, %d pods enforced", len(r.applied.Paths), len(r.applied.Pods))
-			if n := len(tr.PodProblems); n > 0 && degradedReason == "" {
-				msg += fmt.Sprintf(", %d skipped (status.pods)", n)
-			}
+	if d := meta.FindStatusCondition(conds, ConditionDegraded); d != nil && d.Status == metav1.ConditionTrue {
+		msg := conditionMessage(agent.Messages(out.problems))
+		if prev := meta.FindStatusCondition(state.Status.Conditions, ConditionDegraded); prev == nil ||
+			prev.Status != metav1.ConditionTrue || !strings.HasPrefix(prev.Message, msg) {
+			r.Recorder.Eventf(state, nil, corev1.EventTypeWarning, d.Reason, "Apply", "%s", msg)
 		}
-		if degradedReason != "" {
-			msg += " (an earlier generation: this one was not applied)"
-		}
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonApplied, Message: msg, ObservedGeneration: gen})
-	} else {
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonNotYetApplied,
-			Message: "no configuration could be enforced yet: see the Degraded condition", ObservedGeneration: gen})
 	}
-	if waiting := waitingPods(&state); len(waiting) > 0 {
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionProgressing, Status: metav1.ConditionTrue, Reason: ReasonWaitingForPods,
-			Message: "pods without an address yet: " + strings.Join(waiting, ", "), ObservedGeneration: gen})
-	} else {
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionProgressing, Status: metav1.ConditionFalse, Reason: ReasonSettled,
-			Message: "nothing pending", ObservedGeneration: gen})
+	if tk := meta.FindStatusCondition(conds, ConditionTransparentKernel); tk != nil && tk.Status == metav1.ConditionFalse &&
+		!r.warnedSocket[tk.Reason] {
+		r.warnedSocket[tk.Reason] = true
+		r.Recorder.Eventf(state, nil, corev1.EventTypeWarning, tk.Reason, "LoadSocketProgram", "%s", tk.Message)
 	}
-	r.setTransparentKernel(&state, &st.Conditions)
-	setPeersProbed(&state, tr.Plan, &st.Conditions)
-	r.Metrics.ObservePeers(tr.Plan.ProbedPeers, len(tr.Plan.UnprobedPeers))
-	if left := strings.Join(tr.Plan.UnprobedPeers, ","); left != r.unprobed {
+}
+
+// observePeers counts the peers the plan probes and logs a change of those
+// it leaves out beyond the limit.
+func (r *Reconciler) observePeers(plan *agent.Plan) {
+	r.Metrics.ObservePeers(plan.ProbedPeers, len(plan.UnprobedPeers))
+	if left := strings.Join(plan.UnprobedPeers, ","); left != r.unprobed {
 		r.unprobed = left
 		if left != "" {
 			r.Log.Info("peers beyond the most a node probes are left out", "limit", limits.ProbedPeers,
-				"count", len(tr.Plan.UnprobedPeers), "peers", tr.Plan.UnprobedPeers)
+				"count", len(plan.UnprobedPeers), "peers", plan.UnprobedPeers)
 		}
 	}
-	if !reflect.DeepEqual(state.Status, next.Status) {
-		if err := r.Client.Status().Patch(ctx, next, client.MergeFrom(&state)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("status of %s: %w", state.Name, err)
-		}
-	}
-	return ctrl.Result{RequeueAfter: r.Resync}, nil
-}
-
-// setPeersProbed sets the PeersProbed condition: absent while the node has
-// no pods (it probes nobody), True while its liveness probes every peer
-// that shares a path with it, False while it leaves some out beyond the
-// limit. The messages name no count: a node that joins or leaves must not
-// change every node state's status (the count is a metric, the names are
-// in the log).
-func setPeersProbed(state *mptcpv1alpha1.MPTCPNodeState, plan *agent.Plan, conds *[]metav1.Condition) {
-	if len(state.Spec.Pods) == 0 {
-		meta.RemoveStatusCondition(conds, ConditionPeersProbed)
-		return
-	}
-	cond := metav1.Condition{Type: ConditionPeersProbed, Status: metav1.ConditionTrue, Reason: ReasonAllPeersProbed,
-		Message: "liveness probes every peer on the paths it shares with this node", ObservedGeneration: state.Generation}
-	if len(plan.UnprobedPeers) > 0 {
-		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonPeersBeyondLimit
-		cond.Message = fmt.Sprintf("more peers share a path with this node than a node probes (%d): it leaves out a draw of its own, "+
-			"which other nodes probe, and a path failing towards those is found by their connections' retransmissions only; "+
-			"mptcp_agent_liveness_peers{probed=\"false\"} counts them and the agent's log names them", limits.ProbedPeers)
-	}
-	meta.SetStatusCondition(conds, cond)
-}
-
-// setTransparentKernel sets the TransparentKernel condition from what the
-// socket program did: absent while no pod wants it; True (Attached) while
-// it covers every pod that wants it; False with the reason otherwise, and
-// where the kernel refuses it one warning per agent process.
-func (r *Reconciler) setTransparentKernel(state *mptcpv1alpha1.MPTCPNodeState, conds *[]metav1.Condition) {
-	sm := r.Agent.SocketMPTCP()
-	cond := metav1.Condition{Type: ConditionTransparentKernel, Status: metav1.ConditionFalse, ObservedGeneration: state.Generation}
-	switch {
-	case sm.Wanted == 0:
-		meta.RemoveStatusCondition(conds, ConditionTransparentKernel)
-		return
-	case sm.ObserveOnly:
-		cond.Reason = ReasonObserveOnly
-		cond.Message = "the node is observe-only: no socket is made MPTCP"
-	case sm.Unsupported != "" && sm.Retrying:
-		cond.Reason = ReasonLoadFailed
-		cond.Message = conditionMessage([]string{fmt.Sprintf("%s; the agent tries again every %s; meanwhile the pods whose policy says "+
-			"podMPTCP.transparent kernel (%d here) keep the sockets their programs ask for", sm.Unsupported, agent.SocketRetry, sm.Wanted)})
-	case sm.Unsupported != "":
-		cond.Reason = ReasonUnsupported
-		cond.Message = conditionMessage([]string{fmt.Sprintf("%s; the pods whose policy says podMPTCP.transparent kernel (%d here) keep "+
-			"the sockets their programs ask for: use transparent inject (docs/transparent.md)", sm.Unsupported, sm.Wanted)})
-	case sm.Covered < sm.Wanted:
-		cond.Reason, cond.Message = ReasonNotCovered, conditionMessage([]string{sm.String()})
-	default:
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, ReasonAttached, sm.String()
-	}
-	if cond.Status == metav1.ConditionFalse && !r.warnedSocket[cond.Reason] {
-		r.warnedSocket[cond.Reason] = true
-		r.Recorder.Eventf(state, nil, corev1.EventTypeWarning, cond.Reason, "LoadSocketProgram", "%s", cond.Message)
-	}
-	meta.SetStatusCondition(conds, cond)
-}
-
-// conditionMessage joins errs into at most 1024 bytes, the most an event's
-// note holds, cut at a character's start.
-func conditionMessage(errs []string) string {
-	return truncate(strings.Join(errs, "; "), 1024)
 }
 
 // capErrors keeps the first errors the API accepts (status.errors holds 32).
@@ -738,11 +705,4 @@ func (r *Reconciler) attached() ([]mptcpv1alpha1.AttachedProgram, error) {
 		}
 	}
 	return out, nil
-}
-
-func conditionStatus(ok bool) metav1.ConditionStatus {
-	if ok {
-		return metav1.ConditionTrue
-	}
-	return metav1.ConditionFalse
 }

@@ -445,7 +445,19 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		return fmt.Sprintf("index-%d", index)
 	}
+	c.collectPaths(ch, dp, names)
+	c.collectLiveness(ch, pathLabel)
+	c.collectTables(ch, dp, names, pathLabel)
+	c.collectPathManagers(ch)
+	if on, err := dp.ObserveOnly(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.observeOnly, fmt.Errorf("reading the observe-only switch: %w", err))
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.observeOnly, prometheus.GaugeValue, boolValue(on))
+	}
+}
 
+// collectPaths: the configured paths' counters and whether they are down.
+func (c *datapathCollector) collectPaths(ch chan<- prometheus.Metric, dp *datapath.Datapath, names map[uint32]string) {
 	if ps, err := dp.PathStats(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.txBytes, fmt.Errorf("reading path counters: %w", err))
 	} else {
@@ -473,7 +485,10 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.pathDown, prometheus.GaugeValue, boolValue(down), name)
 		ch <- prometheus.MustNewConstMetric(c.pathDownTransitions, prometheus.CounterValue, float64(downs[index]), name)
 	}
+}
 
+// collectLiveness: each peer on each path, and the probes' counters.
+func (c *datapathCollector) collectLiveness(ch chan<- prometheus.Metric, pathLabel func(uint32) string) {
 	peers, counts := c.src.Liveness()
 	busy, over := map[string]bool{}, map[string]bool{}
 	for _, p := range peers {
@@ -498,7 +513,11 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.livenessSocketDrops, prometheus.CounterValue, float64(counts.SocketDrops))
 	ch <- prometheus.MustNewConstMetric(c.livenessBusyPeers, prometheus.GaugeValue, float64(len(busy)))
 	ch <- prometheus.MustNewConstMetric(c.livenessOverBusyLimit, prometheus.GaugeValue, float64(len(over)))
+}
 
+// collectTables: the datapath's counters and what its tables hold.
+func (c *datapathCollector) collectTables(ch chan<- prometheus.Metric, dp *datapath.Datapath, names map[uint32]string,
+	pathLabel func(uint32) string) {
 	if stats, err := dp.Stats(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.events, fmt.Errorf("reading datapath counters: %w", err))
 	} else {
@@ -506,7 +525,37 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.events, prometheus.CounterValue, float64(v), EventName(s))
 		}
 	}
+	c.collectSubflows(ch, dp, names, pathLabel)
+	if conns, err := dp.Connections(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.connections, fmt.Errorf("reading the connection table: %w", err))
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.connections, prometheus.GaugeValue, float64(len(conns)))
+	}
+	if eps, err := dp.Endpoints(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.endpoints, fmt.Errorf("reading endpoints: %w", err))
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.endpoints, prometheus.GaugeValue, float64(len(eps)))
+	}
+	if atts, err := dp.Attachments(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.attachments, fmt.Errorf("reading attachments: %w", err))
+	} else {
+		byHook := map[datapath.Hook]int{}
+		for _, h := range datapath.Hooks {
+			byHook[h] = 0
+		}
+		for _, att := range atts {
+			byHook[att.Hook]++
+		}
+		for h, n := range byHook {
+			ch <- prometheus.MustNewConstMetric(c.attachments, prometheus.GaugeValue, float64(n), string(h))
+		}
+	}
+}
 
+// collectSubflows: the subflow table's entries by path and role, and the
+// subflows the last sweep found open.
+func (c *datapathCollector) collectSubflows(ch chan<- prometheus.Metric, dp *datapath.Datapath, names map[uint32]string,
+	pathLabel func(uint32) string) {
 	if sfs, err := dp.Subflows(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.subflows, fmt.Errorf("reading the subflow table: %w", err))
 	} else {
@@ -534,34 +583,10 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	for index := range names {
 		ch <- prometheus.MustNewConstMetric(c.liveSubflows, prometheus.GaugeValue, float64(live[index]), pathLabel(index))
 	}
+}
 
-	if conns, err := dp.Connections(); err != nil {
-		ch <- prometheus.NewInvalidMetric(c.connections, fmt.Errorf("reading the connection table: %w", err))
-	} else {
-		ch <- prometheus.MustNewConstMetric(c.connections, prometheus.GaugeValue, float64(len(conns)))
-	}
-
-	if eps, err := dp.Endpoints(); err != nil {
-		ch <- prometheus.NewInvalidMetric(c.endpoints, fmt.Errorf("reading endpoints: %w", err))
-	} else {
-		ch <- prometheus.MustNewConstMetric(c.endpoints, prometheus.GaugeValue, float64(len(eps)))
-	}
-
-	if atts, err := dp.Attachments(); err != nil {
-		ch <- prometheus.NewInvalidMetric(c.attachments, fmt.Errorf("reading attachments: %w", err))
-	} else {
-		byHook := map[datapath.Hook]int{}
-		for _, h := range datapath.Hooks {
-			byHook[h] = 0
-		}
-		for _, att := range atts {
-			byHook[att.Hook]++
-		}
-		for h, n := range byHook {
-			ch <- prometheus.MustNewConstMetric(c.attachments, prometheus.GaugeValue, float64(n), string(h))
-		}
-	}
-
+// collectPathManagers: each pod's userspace path manager, and how many run.
+func (c *datapathCollector) collectPathManagers(ch chan<- prometheus.Metric) {
 	up := 0
 	for _, pm := range c.src.PathManagers() {
 		v := 0.0
@@ -576,12 +601,6 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.pathMgrSubflowsLeft, prometheus.CounterValue, float64(pm.LeftSubflows), ns, pod)
 	}
 	ch <- prometheus.MustNewConstMetric(c.pathMgrs, prometheus.GaugeValue, float64(up))
-
-	if on, err := dp.ObserveOnly(); err != nil {
-		ch <- prometheus.NewInvalidMetric(c.observeOnly, fmt.Errorf("reading the observe-only switch: %w", err))
-	} else {
-		ch <- prometheus.MustNewConstMetric(c.observeOnly, prometheus.GaugeValue, boolValue(on))
-	}
 }
 
 // boolValue is a gauge's value for a yes or no: 1 or 0.
