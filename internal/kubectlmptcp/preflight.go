@@ -33,7 +33,6 @@ const (
 const (
 	ReasonNoNodeState      = "NoNodeState"
 	ReasonNoAgentReport    = "NoAgentReport"
-	ReasonInterfaceMissing = "InterfaceMissing"
 	ReasonPathDown         = "PathDown"
 	ReasonPeersUnreachable = "PeersUnreachable"
 )
@@ -148,7 +147,7 @@ func pathChecks(paths []mptcpv1alpha1.PathState) []mptcpv1alpha1.NodeCheck {
 			up = append(up, fmt.Sprintf("%s on %s", p.Name, p.Interface))
 		case mptcpv1alpha1.LinkNotFound, mptcpv1alpha1.LinkAmbiguous:
 			down = append(down, fmt.Sprintf("%s: interface %s", p.Name, p.Link))
-			links.Result, links.Reason = mptcpv1alpha1.CheckFailed, ReasonInterfaceMissing
+			links.Result, links.Reason = mptcpv1alpha1.CheckFailed, mptcpv1alpha1.ReasonInterfaceMissing
 		default:
 			down = append(down, fmt.Sprintf("%s on %s: link %s", p.Name, p.Interface, p.Link))
 			if links.Reason == "" {

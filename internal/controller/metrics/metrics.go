@@ -162,7 +162,12 @@ func (o *Objects) collect() []prometheus.Metric {
 // (internal/agent/kube). A node's agent writes its node state, so a
 // compromised node could write any reason: a label takes only these, and
 // Other for the rest, so that it cannot grow the series without bound.
-var degradedReasons = map[string]bool{"InterfaceMissing": true, "InvalidSpec": true, "ApplyFailed": true}
+var degradedReasons = map[string]bool{
+	mptcpv1alpha1.ReasonInterfaceMissing: true,
+	mptcpv1alpha1.ReasonInvalidSpec:      true,
+	mptcpv1alpha1.ReasonApplyFailed:      true,
+	mptcpv1alpha1.ReasonMarkClash:        true,
+}
 
 func degradedReason(r string) string {
 	if degradedReasons[r] {

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 )
 
 // slowReader answers every List with nothing after a while, and counts them.
@@ -91,5 +93,23 @@ func TestScrapesBeyondTheBoundAreRefused(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if rec.Code != http.StatusOK {
 		t.Errorf("once they ended, a scrape got %d, want 200", rec.Code)
+	}
+}
+
+// The degraded gauge's reason label takes every reason an agent gives
+// Degraded=True, and Other for anything else a node state says: a
+// compromised node cannot grow the series.
+func TestDegradedReasonLabelIsBounded(t *testing.T) {
+	for in, want := range map[string]string{
+		mptcpv1alpha1.ReasonInterfaceMissing: mptcpv1alpha1.ReasonInterfaceMissing,
+		mptcpv1alpha1.ReasonInvalidSpec:      mptcpv1alpha1.ReasonInvalidSpec,
+		mptcpv1alpha1.ReasonApplyFailed:      mptcpv1alpha1.ReasonApplyFailed,
+		mptcpv1alpha1.ReasonMarkClash:        mptcpv1alpha1.ReasonMarkClash,
+		"Anything":                           "Other",
+		"":                                   "Other",
+	} {
+		if got := degradedReason(in); got != want {
+			t.Errorf("reason %q is labelled %q, want %q", in, got, want)
+		}
 	}
 }
