@@ -178,10 +178,6 @@ func sameEndpoint(a, b mptcpnl.Endpoint) bool {
 	return a.Addr.Unmap() == b.Addr.Unmap() && a.Port == b.Port && a.Flags == b.Flags && a.IfIndex == b.IfIndex
 }
 
-// ErrCongestionControl is what a congestion control the node cannot give a
-// pod's namespace returns, wrapped with the reason and what to change.
-var ErrCongestionControl = errors.New("congestion control refused")
-
 // setCongestionControl makes name the pod namespace's TCP congestion
 // control; "" leaves it. The kernel gives a namespace other than the
 // node's own only an algorithm it has (tcp_available_congestion_control,
@@ -202,15 +198,15 @@ func setCongestionControl(pod Pod, name string) error {
 		return err
 	}
 	if !slices.Contains(strings.Fields(avail), name) {
-		return fmt.Errorf("%w: congestion control %q is not on the node (net.ipv4.tcp_available_congestion_control: %s); "+
-			"load its module on the node or set podMPTCP.congestionControl to one of those", ErrCongestionControl, name, avail)
+		return fmt.Errorf("congestion control %q is not on the node (net.ipv4.tcp_available_congestion_control: %s); "+
+			"load its module on the node or set podMPTCP.congestionControl to one of those", name, avail)
 	}
 	err = netnsutil.WriteSysctl(pod.NetNS, key, name)
 	if errors.Is(err, unix.EPERM) {
 		allowed, _ := netnsutil.ReadSysctl(pod.NetNS, "net.ipv4.tcp_allowed_congestion_control")
-		return fmt.Errorf("%w: congestion control %q is on the node but not allowed in pods' namespaces "+
+		return fmt.Errorf("congestion control %q is on the node but not allowed in pods' namespaces "+
 			"(net.ipv4.tcp_allowed_congestion_control: %s); add it there on the node or set podMPTCP.congestionControl to one of those",
-			ErrCongestionControl, name, allowed)
+			name, allowed)
 	}
 	return err
 }
