@@ -226,7 +226,17 @@ func testPoliceCapsWhatThePodSends(t *testing.T) {
 // longest stall"; the kernel's scheduler, docs/testing.md, "Stalls"); two
 // in one transfer would be a chance of under 1 % if they were that.
 func testSteadyTransferHasNoPeriodicStall(t *testing.T) {
-	allowCongestionControl(t, mptcpv1alpha1.DefaultCongestionControl)
+	// Bed namespaces take only what the machine allows them (reno and
+	// the kernel's built-in default: bbr here), as a node's pods do.
+	release, err := testbed.AllowCongestionControl(mptcpv1alpha1.DefaultCongestionControl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := release(); err != nil {
+			t.Error(err)
+		}
+	})
 	for _, inherited := range []string{"cubic", "bbr"} {
 		t.Run(inherited, func(t *testing.T) { steadyTransferFrom(t, inherited, 25*time.Second) })
 	}
@@ -268,32 +278,6 @@ func steadyTransferFrom(t *testing.T, inherited string, length time.Duration) {
 	if r.goodput < 0.9*2*200e6*0.94 {
 		t.Errorf("goodput %.1f Mbit/s, want at least 0.9 of the two paths' payload rate", r.goodput/1e6)
 	}
-}
-
-// allowCongestionControl lets name be a network namespace's default for the
-// test (the kernel allows a namespace other than the machine's own only
-// what net.ipv4.tcp_allowed_congestion_control lists: reno and the
-// kernel's built-in default, bbr on this machine), and puts the machine's
-// list back after. A machine whose list has it is left alone.
-func allowCongestionControl(t *testing.T, name string) {
-	t.Helper()
-	const key = "net.ipv4.tcp_allowed_congestion_control"
-	was, err := netnsutil.ReadSysctl("", key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if slices.Contains(strings.Fields(was), name) {
-		return
-	}
-	t.Logf("%s is %q: adding %s for the test", key, was, name)
-	if err := netnsutil.WriteSysctl("", key, was+" "+name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := netnsutil.WriteSysctl("", key, was); err != nil {
-			t.Errorf("putting %s back to %q: %v", key, was, err)
-		}
-	})
 }
 
 // police on the receiving pod's node caps what the pod receives (pod_ingress,
