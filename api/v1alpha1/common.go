@@ -107,3 +107,14 @@ const (
 	// ("Small flows").
 	DefaultJoinAfterBytes = 128 << 10
 )
+
+// A pod's TCP congestion control (podMPTCP.congestionControl).
+const (
+	// DefaultCongestionControl is the one a policy that names none sets:
+	// cubic, whose subflows do not pause together as bbr's do
+	// (docs/benchmarks.md, "Steady state: longest stall").
+	DefaultCongestionControl = "cubic"
+	// MaxCongestionControlName is the kernel's longest name
+	// (TCP_CA_NAME_MAX, its terminating NUL left out).
+	MaxCongestionControlName = 15
+)

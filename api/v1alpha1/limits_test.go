@@ -118,6 +118,9 @@ func TestSchemaLimitsAreTheDatapaths(t *testing.T) {
 		{policies, "spec.maxSubflows", "maximum", mptcpv1alpha1.MaxSubflows},
 		{policies, "spec.podMPTCP.signalPorts", "maxItems", mptcpv1alpha1.MaxSignalPorts},
 		{states, "spec.rules.[].joinAfterBytes", "maximum", mptcpv1alpha1.MaxJoinAfterBytes},
+		{policies, "spec.podMPTCP.congestionControl", "maxLength", mptcpv1alpha1.MaxCongestionControlName},
+		{states, "spec.rules.[].congestionControl", "maxLength", mptcpv1alpha1.MaxCongestionControlName},
+		{states, "status.congestionControls.[].name", "maxLength", mptcpv1alpha1.MaxCongestionControlName},
 	}
 	for _, c := range cases {
 		got, ok := schemaAt(t, c.schema, c.field)[c.key].(float64)
@@ -138,6 +141,11 @@ func TestSchemaLimitsAreTheDatapaths(t *testing.T) {
 		if len(burst) != 1 || !strings.Contains(burst[0], "quantity('"+q+"')") {
 			t.Errorf("spec.rateLimits.burst: rules %q do not bound it by %s (%d bytes)", burst, q, want)
 		}
+	}
+	// The congestion control a policy that names none gets is the one the
+	// controller compiles for it.
+	if got := schemaAt(t, policies, "spec.podMPTCP.congestionControl")["default"]; got != mptcpv1alpha1.DefaultCongestionControl {
+		t.Errorf("spec.podMPTCP.congestionControl: default %v in the CRD, want %s", got, mptcpv1alpha1.DefaultCongestionControl)
 	}
 	// CEL: the join threshold's bound, as a quantity.
 	threshold := celRules(schemaAt(t, policies, "spec.podMPTCP.joinAfterBytes"))

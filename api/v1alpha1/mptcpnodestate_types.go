@@ -152,6 +152,13 @@ type CompiledRule struct {
 	JoinAfterBytes int64 `json:"joinAfterBytes,omitempty"`
 	// dataChecksums keeps DSS checksums on in the pod (podMPTCP.dataChecksums).
 	DataChecksums bool `json:"dataChecksums"`
+	// congestionControl the agent sets in the pod's network namespace
+	// (podMPTCP.congestionControl, its default applied); unset: the pod's
+	// is left alone.
+	// +optional
+	// +kubebuilder:validation:MaxLength=15
+	// +kubebuilder:validation:Pattern=`^[a-z0-9_]+$`
+	CongestionControl string `json:"congestionControl,omitempty"`
 	// headerRewriting is true only when the admin opted in.
 	HeaderRewriting bool `json:"headerRewriting"`
 	// preferredPaths are the paths the pod's mptcp.io/preferred-paths
@@ -387,6 +394,15 @@ type PodProblem struct {
 	Message string `json:"message,omitempty"`
 }
 
+// PodCongestionControl is a congestion control the agent set in pods.
+type PodCongestionControl struct {
+	// +kubebuilder:validation:MaxLength=15
+	Name string `json:"name"`
+	// pods configured with it.
+	// +kubebuilder:validation:Minimum=0
+	Pods int32 `json:"pods"`
+}
+
 // CheckResult is the outcome of one of the agent's checks of its node.
 // +kubebuilder:validation:Enum=Passed;Warning;Failed
 type CheckResult string
@@ -464,6 +480,13 @@ type MPTCPNodeStateStatus struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	SkippedPods int32 `json:"skippedPods,omitempty"`
+	// congestionControls: the TCP congestion controls the agent set in the
+	// node's configured pods, each with how many pods run it.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=16
+	CongestionControls []PodCongestionControl `json:"congestionControls,omitempty"`
 	// checks: the agent's checks of its node, made when it starts (the
 	// pod CIDRs' at every reconcile); kubectl mptcp preflight shows them.
 	// +optional

@@ -317,6 +317,22 @@ type PodMPTCP struct {
 	// +optional
 	// +kubebuilder:default=true
 	DataChecksums *bool `json:"dataChecksums,omitempty"`
+	// congestionControl is the TCP congestion control the agent sets in the
+	// selected pods' network namespaces (their net.ipv4.tcp_congestion_control),
+	// which their connections' subflows run unless a program picks its own.
+	// cubic, the default, keeps transfers steady: under bbr every subflow of
+	// a connection drains its queue for PROBE_RTT together about every 10 s,
+	// and the connection stops 150-250 ms each time (docs/benchmarks.md,
+	// "Steady state: longest stall"). Name another to keep it: the node must
+	// have it (net.ipv4.tcp_available_congestion_control) and allow it in
+	// pods' namespaces (net.ipv4.tcp_allowed_congestion_control), or the
+	// agent skips the pod and says why in its node state. Not applied with
+	// subflowCreation guest.
+	// +optional
+	// +kubebuilder:default=cubic
+	// +kubebuilder:validation:MaxLength=15
+	// +kubebuilder:validation:Pattern=`^[a-z0-9_]+$`
+	CongestionControl string `json:"congestionControl,omitempty"`
 	// transparent gives the selected pods' programs that do not open MPTCP
 	// sockets themselves MPTCP, by changing each pod's containers when it
 	// is created (inject, a mutating webhook) or with the node's socket

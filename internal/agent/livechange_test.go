@@ -25,11 +25,11 @@ import (
 // the next reconcile, without a restart: the datapath rule its new
 // connections take (read back from the maps through the pod's selector
 // chain), its caps, and what the agent set up inside the pod's namespace
-// (path manager, limits, signal endpoints, DSS checksums, and the joins its
-// running path manager opens per connection). Each step changes one field
-// under the same rule name, as the controller keeps a changed policy's
-// name: the agent rewrites the rule in place, under the datapath id it
-// already had.
+// (path manager, limits, signal endpoints, DSS checksums, congestion
+// control, and the joins its running path manager opens per connection).
+// Each step changes one field under the same rule name, as the controller
+// keeps a changed policy's name: the agent rewrites the rule in place,
+// under the datapath id it already had.
 func TestEveryRuleFieldReachesRunningPods(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 3, PodsPerNode: 1})
 	node, pod := bed.Node(1), bed.Node(1).Pods[0]
@@ -82,6 +82,9 @@ func TestEveryRuleFieldReachesRunningPods(t *testing.T) {
 		}},
 		{"dataChecksums", func(r *mptcpv1alpha1.CompiledRule) { r.DataChecksums = true }, func(t *testing.T, a *Agent) {
 			wantSysctl(t, podNS, "net.mptcp.checksum_enabled", "1")
+		}},
+		{"congestionControl", func(r *mptcpv1alpha1.CompiledRule) { r.CongestionControl = "reno" }, func(t *testing.T, a *Agent) {
+			wantSysctl(t, podNS, "net.ipv4.tcp_congestion_control", "reno")
 		}},
 		{"subflowCreation signal", func(r *mptcpv1alpha1.CompiledRule) {
 			r.SubflowCreation, r.SignalPorts = mptcpv1alpha1.SubflowCreationSignal, []int32{6001}

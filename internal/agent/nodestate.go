@@ -498,6 +498,12 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath, 
 	}
 	r.Joins = n - 1
 	r.DataChecksums = cr.DataChecksums
+	if cc := cr.CongestionControl; len(cc) > mptcpv1alpha1.MaxCongestionControlName || strings.Trim(cc, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
+		return r, fmt.Errorf("congestionControl %q is not a congestion control's name", cc)
+	}
+	if r.Subflows != podnet.None {
+		r.CongestionControl = cr.CongestionControl
+	}
 	if cr.JoinAfterBytes < 0 || cr.JoinAfterBytes > mptcpv1alpha1.MaxJoinAfterBytes {
 		return r, fmt.Errorf("joinAfterBytes %d is out of range [0, %d]", cr.JoinAfterBytes, mptcpv1alpha1.MaxJoinAfterBytes)
 	}

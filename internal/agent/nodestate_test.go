@@ -290,6 +290,25 @@ func TestCompiledRuleMapping(t *testing.T) {
 	if r, err := RuleFromCompiled(threshold, usable, nil); err != nil || r.JoinAfterBytes != 0 {
 		t.Errorf("signal rule with a threshold: %+v, %v; want none (the kernel opens the joins)", r.MPTCP, err)
 	}
+	// The congestion control reaches the pods where the agent configures
+	// them; a guest's stack keeps its own; a name no algorithm can have
+	// (the kernel's TCP_CA_NAME_MAX, its characters) is refused.
+	cc := spread(1)
+	cc.CongestionControl = "cubic"
+	if r, err := RuleFromCompiled(cc, usable, nil); err != nil || r.CongestionControl != "cubic" {
+		t.Errorf("a rule with cubic: %+v, %v", r.MPTCP, err)
+	}
+	cc.SubflowCreation = mptcpv1alpha1.SubflowCreationGuest
+	if r, err := RuleFromCompiled(cc, usable, nil); err != nil || r.CongestionControl != "" {
+		t.Errorf("a guest rule with cubic: %+v, %v; want none set", r.MPTCP, err)
+	}
+	for _, name := range []string{"a_name_too_long1", "bbr/../x", "Cubic"} {
+		cc = spread(1)
+		cc.CongestionControl = name
+		if _, err := RuleFromCompiled(cc, usable, nil); err == nil || !strings.Contains(err.Error(), "congestionControl") {
+			t.Errorf("congestionControl %q: %v, want refused", name, err)
+		}
+	}
 	bad = spread(1)
 	bad.JoinAfterBytes = mptcpv1alpha1.MaxJoinAfterBytes + 1
 	if _, err := RuleFromCompiled(bad, usable, nil); err == nil || !strings.Contains(err.Error(), "joinAfterBytes") {

@@ -1,7 +1,11 @@
 package agent
 
 import (
+	"maps"
 	"net/netip"
+	"slices"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/liveness"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/podnet"
@@ -135,6 +139,23 @@ func (p *Plan) firstRule(pod PlanPod) *PlanRule {
 		return nil
 	}
 	return p.rule(pod.Rules[0])
+}
+
+// CongestionControls counts the plan's pods by the congestion control the
+// agent set in them (their first rule's), by name; pods it leaves theirs
+// are not counted.
+func (p *Plan) CongestionControls() []mptcpv1alpha1.PodCongestionControl {
+	n := map[string]int32{}
+	for _, pod := range p.Pods {
+		if r := p.firstRule(pod); r != nil && r.CongestionControl != "" {
+			n[r.CongestionControl]++
+		}
+	}
+	out := make([]mptcpv1alpha1.PodCongestionControl, 0, len(n))
+	for _, name := range slices.Sorted(maps.Keys(n)) {
+		out = append(out, mptcpv1alpha1.PodCongestionControl{Name: name, Pods: n[name]})
+	}
+	return out[:min(len(out), 16)] // status.congestionControls' bound
 }
 
 // podOf is pod as the pod networking knows it.

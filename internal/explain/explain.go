@@ -220,6 +220,13 @@ func (w *walk) limits(f Facts, rule *mptcpv1alpha1.CompiledRule) {
 	default:
 		w.ok("subflow creation", "userspace: the node's agent opens the joins from the pod")
 	}
+	if cc := rule.CongestionControl; cc != "" {
+		note := ""
+		if cc == "bbr" {
+			note = "; its subflows' PROBE_RTTs fall together: a connection pauses 150-250 ms about every 10 s (docs/install.md)"
+		}
+		w.ok("congestion control", "%s, set in the pod's network namespace by its agent (podMPTCP.congestionControl)%s", cc, note)
+	}
 	if rule.MaxSubflows == 1 {
 		detail := fmt.Sprintf("policy %s allows one subflow per connection (maxSubflows: 1)", rule.Policy)
 		if e := lastEvent(f.Events, "CappedByNamespacePolicy", "mptcp-nodestate"); e != "" {

@@ -133,6 +133,23 @@ func TestHintsNameThePolicies(t *testing.T) {
 
 // A user who may not read node states (a tenant: a node state lists every
 // pod of its node) or exec into the agent still gets every step the other
+// The congestion control the agent sets in the pod is a step of its own,
+// and bbr's periodic pause is named there.
+func TestTheCongestionControlIsAStep(t *testing.T) {
+	for cc, want := range map[string]string{"cubic": "cubic, set in the pod's network namespace", "bbr": "pauses 150-250 ms about every 10 s", "": ""} {
+		f := healthy()
+		f.NodeState.Spec.Rules[0].CongestionControl = cc
+		e := Explain(f)
+		i := slices.IndexFunc(e.Steps, func(s Step) bool { return s.Name == "congestion control" })
+		switch {
+		case cc == "" && i >= 0:
+			t.Errorf("a rule that leaves the pod's congestion control has a step for it: %+v", e.Steps[i])
+		case cc != "" && (i < 0 || !strings.Contains(e.Steps[i].Detail, want) || e.Steps[i].Cause != ""):
+			t.Errorf("%s: steps %+v, want a congestion control step saying %q, no cause", cc, e.Steps, want)
+		}
+	}
+}
+
 // facts answer: the steps that need what was not read say so and why, the
 // walk goes on, and no cause is made up from what was not read.
 func TestUnreadFactsAreNamedAndTheWalkGoesOn(t *testing.T) {

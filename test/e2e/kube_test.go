@@ -229,6 +229,14 @@ func testPolicyFromTheAPIIsEnforcedReportedAndWithdrawnCleanly(t *testing.T) {
 			if g := kb.podGate(t, p); g != corev1.ConditionTrue {
 				t.Errorf("pod %s: gate %q, want True", p.Name, g)
 			}
+			// The policy names no congestion control: its default.
+			out, err := bed.Command(p.NetNS, "cat", "/proc/sys/net/ipv4/tcp_congestion_control").Output()
+			if got := strings.TrimSpace(string(out)); err != nil || got != mptcpv1alpha1.DefaultCongestionControl {
+				t.Errorf("pod %s runs %q (%v), want %s", p.Name, got, err, mptcpv1alpha1.DefaultCongestionControl)
+			}
+		}
+		if want := []mptcpv1alpha1.PodCongestionControl{{Name: mptcpv1alpha1.DefaultCongestionControl, Pods: int32(len(n.Pods))}}; !slices.Equal(s.Status.CongestionControls, want) {
+			t.Errorf("node %d: status congestionControls %+v, want %+v", n.Index, s.Status.CongestionControls, want)
 		}
 	}
 	// With pods under the policy on both nodes, each is the other's peer

@@ -138,7 +138,7 @@ func SweepStale() error {
 			stale[d.Name()] = true
 		}
 	}
-	var errs []error
+	errs := []error{narrowStaleCC()}
 	for prefix := range stale {
 		errs = append(errs, Sweep(prefix))
 	}

@@ -359,6 +359,10 @@ func (r *Reconciler) nextStatus(state *mptcpv1alpha1.MPTCPNodeState, out outcome
 	}
 	st.ObservedGeneration = state.Generation
 	st.AppliedPolicies = r.appliedPolicies
+	st.CongestionControls = nil
+	if r.applied != nil {
+		st.CongestionControls = r.applied.CongestionControls()
+	}
 	if attached, err := r.attached(); err != nil {
 		r.Log.Error("listing the datapath's attachments", "err", err)
 	} else {

@@ -16,7 +16,7 @@ import (
 
 // podMPTCPSysctls are the sysctls of a pod's namespace that Configure
 // writes.
-var podMPTCPSysctls = []string{"net.mptcp.enabled", "net.mptcp.path_manager", "net.mptcp.checksum_enabled"}
+var podMPTCPSysctls = []string{"net.mptcp.enabled", "net.mptcp.path_manager", "net.mptcp.checksum_enabled", "net.ipv4.tcp_congestion_control"}
 
 // podBaseline is what a pod's network namespace held before the agent first
 // changed it: the MPTCP sysctls, the path manager's limits and endpoints.

@@ -1,7 +1,7 @@
 // Package podnet sets MPTCP up inside selected pods' network namespaces (the
-// path manager, its limits and endpoints, DSS checksums) and runs the
-// userspace path managers that open a pod's joins. It reads and writes
-// nothing but the pods' namespaces.
+// path manager, its limits and endpoints, DSS checksums, the TCP congestion
+// control) and runs the userspace path managers that open a pod's joins. It
+// reads and writes nothing but the pods' namespaces.
 package podnet
 
 import (
@@ -13,6 +13,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +68,9 @@ type MPTCP struct {
 	// carries, both ways, before the path manager opens its joins; 0: at
 	// once.
 	JoinAfterBytes uint64 `json:"joinAfterBytes,omitempty"`
+	// CongestionControl is the TCP congestion control of the pods'
+	// namespaces (net.ipv4.tcp_congestion_control); empty leaves theirs.
+	CongestionControl string `json:"congestionControl,omitempty"`
 }
 
 // maxKernelSubflows is the kernel's cap on subflows_max and add_addr_accepted.
@@ -82,6 +86,10 @@ const maxKernelSubflows = 8
 func Configure(pod Pod, m MPTCP) error {
 	if m.Subflows == None {
 		return nil
+	}
+	// First: a congestion control refused leaves the pod as it was.
+	if err := setCongestionControl(pod, m.CongestionControl); err != nil {
+		return err
 	}
 	pm := "kernel"
 	if m.Subflows == Userspace {
@@ -168,6 +176,39 @@ func syncEndpoints(c *mptcpnl.Conn, want []mptcpnl.Endpoint) error {
 // sameEndpoint says whether a and b are one endpoint, whatever their ids.
 func sameEndpoint(a, b mptcpnl.Endpoint) bool {
 	return a.Addr.Unmap() == b.Addr.Unmap() && a.Port == b.Port && a.Flags == b.Flags && a.IfIndex == b.IfIndex
+}
+
+// setCongestionControl makes name the pod namespace's TCP congestion
+// control; "" leaves it. The kernel gives a namespace other than the
+// node's own only an algorithm it has (tcp_available_congestion_control,
+// read first so that the agent never makes the kernel load a module) and
+// allows unprivileged (tcp_allowed_congestion_control: reno, the kernel's
+// built-in default and what the node's admin adds); one it lacks or does
+// not allow is refused with what to change on the node.
+func setCongestionControl(pod Pod, name string) error {
+	const key = "net.ipv4.tcp_congestion_control"
+	if name == "" {
+		return nil
+	}
+	if cur, err := netnsutil.ReadSysctl(pod.NetNS, key); err == nil && cur == name {
+		return nil
+	}
+	avail, err := netnsutil.ReadSysctl(pod.NetNS, "net.ipv4.tcp_available_congestion_control")
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(strings.Fields(avail), name) {
+		return fmt.Errorf("congestion control %q is not on the node (net.ipv4.tcp_available_congestion_control: %s); "+
+			"load its module on the node or set podMPTCP.congestionControl to one of those", name, avail)
+	}
+	err = netnsutil.WriteSysctl(pod.NetNS, key, name)
+	if errors.Is(err, unix.EPERM) {
+		allowed, _ := netnsutil.ReadSysctl(pod.NetNS, "net.ipv4.tcp_allowed_congestion_control")
+		return fmt.Errorf("congestion control %q is on the node but not allowed in pods' namespaces "+
+			"(net.ipv4.tcp_allowed_congestion_control: %s); add it there on the node or set podMPTCP.congestionControl to one of those",
+			name, allowed)
+	}
+	return err
 }
 
 func boolSysctl(on bool) string {

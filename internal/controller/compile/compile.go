@@ -95,6 +95,7 @@ func guestForVM(pod *corev1.Pod, rule *mptcpv1alpha1.CompiledRule) *Refusal {
 	}
 	was := rule.SubflowCreation
 	rule.SubflowCreation, rule.SignalPorts, rule.JoinAfterBytes = mptcpv1alpha1.SubflowCreationGuest, nil, 0
+	rule.CongestionControl = "" // the VM's kernel's own
 	return &Refusal{Pod: pod, Policy: rule.Policy, Reason: ReasonVMGuestMode, Message: fmt.Sprintf(
 		"the pod runs a VM (%s: %s): policy %s's subflowCreation %s cannot act inside it, so guest applies: the VM's own kernel opens its subflows "+
 			"and the host places them on distinct paths (docs/vms.md)", LabelVirtLauncher, LabelVirtLauncherValue, rule.Policy, was)}
@@ -635,10 +636,16 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 		SubflowCreation:  cmp.Or(s.PodMPTCP.SubflowCreation, mptcpv1alpha1.SubflowCreationUserspace),
 		SignalPorts:      slices.Clone(s.PodMPTCP.SignalPorts),
 		DataChecksums:    s.PodMPTCP.DataChecksums == nil || *s.PodMPTCP.DataChecksums,
-		HeaderRewriting:  s.HeaderRewriting == mptcpv1alpha1.Allowed,
+		// An object stored before the field existed has no default
+		// applied: it gets the one the schema would have given.
+		CongestionControl: cmp.Or(s.PodMPTCP.CongestionControl, mptcpv1alpha1.DefaultCongestionControl),
+		HeaderRewriting:   s.HeaderRewriting == mptcpv1alpha1.Allowed,
 	}
 	rule.Traffic = s.Traffic.DeepCopy()
 	rule.JoinAfterBytes = joinAfterBytes(&s.PodMPTCP, rule.SubflowCreation)
+	if rule.SubflowCreation == mptcpv1alpha1.SubflowCreationGuest {
+		rule.CongestionControl = "" // the guest's stack decides
+	}
 	var backupByRole []string
 	for _, wp := range s.Spread.Paths {
 		if !keep(wp.Name) {

@@ -623,6 +623,42 @@ func TestJoinThresholdAndSharedRiskGroupReachTheNodeState(t *testing.T) {
 	}
 }
 
+// A rule carries its policy's congestion control, cubic where the policy
+// sets none (an object stored before the field had no default applied),
+// and none where the agent leaves the pod's stack alone (guest, or a pod
+// that runs a VM).
+func TestCongestionControlReachesTheNodeState(t *testing.T) {
+	in := testInput()
+	in.Pods = in.Pods[:1]
+	for name, c := range map[string]struct {
+		podMPTCP mptcpv1alpha1.PodMPTCP
+		vm       bool
+		want     string
+	}{
+		"unset":           {want: "cubic"},
+		"set":             {podMPTCP: mptcpv1alpha1.PodMPTCP{CongestionControl: "bbr"}, want: "bbr"},
+		"signal":          {podMPTCP: mptcpv1alpha1.PodMPTCP{SubflowCreation: mptcpv1alpha1.SubflowCreationSignal, CongestionControl: "reno"}, want: "reno"},
+		"guest":           {podMPTCP: mptcpv1alpha1.PodMPTCP{SubflowCreation: mptcpv1alpha1.SubflowCreationGuest, CongestionControl: "bbr"}},
+		"a pod with a VM": {podMPTCP: mptcpv1alpha1.PodMPTCP{CongestionControl: "bbr"}, vm: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			in.Policies = in.Policies[:1]
+			in.Policies[0].Spec.PodMPTCP = c.podMPTCP
+			in.Pods[0].Labels = nil
+			if c.vm {
+				in.Pods[0].Labels = map[string]string{LabelVirtLauncher: LabelVirtLauncherValue}
+			}
+			res := Node(in)
+			if len(res.Spec.Rules) != 1 {
+				t.Fatalf("rules %+v", res.Spec.Rules)
+			}
+			if got := res.Spec.Rules[0].CongestionControl; got != c.want {
+				t.Errorf("congestionControl %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
 // Every rate limit of a policy reaches its compiled rule, perNamespace
 // included: the agent enforces what the node state says, nothing else.
 func TestRateLimitsReachTheNodeState(t *testing.T) {

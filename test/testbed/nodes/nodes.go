@@ -75,6 +75,9 @@ type Options struct {
 type Cluster struct {
 	opts  Options
 	Nodes []*Node
+	// narrowCC lets go of the congestion control the cluster's pods are
+	// allowed (testbed.AllowCongestionControl); nil once let go.
+	narrowCC func() error
 }
 
 // Node is one real node.
@@ -127,6 +130,11 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			c = nil
 		}
 	}()
+	// The product's agent gives pods cubic (podMPTCP.congestionControl's
+	// default), which a node must allow in namespaces.
+	if c.narrowCC, err = testbed.AllowCongestionControl("cubic"); err != nil {
+		return c, err
+	}
 	for _, bn := range o.Bed.Nodes {
 		n := &Node{
 			Bed: bn, Name: bn.NetNS, Dir: o.Bed.NodeStateDir(bn), Cgroup: o.Bed.NodeCgroup(bn),
@@ -421,6 +429,10 @@ func (c *Cluster) Stop() error {
 	var errs []error
 	for _, n := range c.Nodes {
 		errs = append(errs, c.stopNode(n))
+	}
+	if c.narrowCC != nil {
+		errs = append(errs, c.narrowCC())
+		c.narrowCC = nil
 	}
 	return errors.Join(errs...)
 }
