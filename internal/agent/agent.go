@@ -35,7 +35,7 @@ type Agent struct {
 	// tunnelNICs are the ifindexes the last reconcile declared as tunnel
 	// devices (syncTunnels).
 	tunnelNICs map[int]bool
-	pms      *podnet.PathManagers
+	pms        *podnet.PathManagers
 	// closedSeen are the entries the last sweep found without a socket
 	// (closed.go): the next one forgets those it finds so again.
 	closedSeen map[socketKey]closedSighting
