@@ -49,6 +49,7 @@ func testFlannelVXLAN(t *testing.T) {
 	}
 	analysis, sent := cb.crossTransfer(t, servers)
 	requireSpread(t, analysis, sent, "flannel vxlan")
+	t.Logf("captures: %d connections, %d subflows, %d segments inside VXLAN, %d outside", len(analysis.Connections), len(analysis.Subflows), analysis.Tunneled, analysis.Plain)
 	if analysis.Plain != 0 || analysis.Tunneled == 0 {
 		t.Fatalf("captures on the path NICs read %d segments of the pods inside VXLAN and %d outside: want all inside", analysis.Tunneled, analysis.Plain)
 	}

@@ -58,6 +58,9 @@ func (b *Bed) startCaptures(filter string, snap int) (*Captures, error) {
 	if b.Config.Underlay && snap != 0 {
 		snap += 50
 	}
+	if b.Config.Underlay && filter != "" {
+		filter = fmt.Sprintf("(%s) or udp port %d", filter, tunnelPort)
+	}
 	c := &Captures{}
 	seq := b.nextSeq()
 	for _, n := range b.Nodes {
