@@ -804,7 +804,8 @@ static __always_inline bool liveness_admitted(struct __sk_buff *skb, __u32 off, 
 }
 
 /* liveness_datagram takes a packet arriving on a path NIC that is not TCP
- * (pkt, its addresses read). A datagram to the liveness port of a filtered
+ * (pkt, its addresses read). One to the overlay's tunnel port takes the
+ * NIC's path mark. A datagram to the liveness port of a filtered
  * node address from no peer's prober there is dropped (in observe-only
  * mode counted and passed). A liveness probe or echo, UDP from and to the
  * agents' port between two nodes' addresses on the path (never to a
@@ -824,7 +825,7 @@ __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u3
 	__u8 proto = 0;
 	int ret;
 
-	if (!skb || !pkt || !s || !s->liveness_port)
+	if (!skb || !pkt || !s || (!s->liveness_port && !s->tunnel_port))
 		return TCX_NEXT;
 	ret = parse_l3(skb, pkt, &off, &proto);
 	if (!pkt->family)
@@ -841,8 +842,15 @@ __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u3
 	if (proto != IPPROTO_UDP || (ret != PARSE_OK && ret != PARSE_NOT_TCP))
 		return TCX_NEXT;
 	ports = header_at(skb, off, sizeof(buf), buf);
+	/* An overlay's outer packet: its inner packet keeps the mark through
+	 * decapsulation, and the tunnel device's nic_ingress judges it on
+	 * this path. */
+	if (ports && s->tunnel_port && ports[1] == bpf_htons(s->tunnel_port)) {
+		set_path_mark(skb, path);
+		return TCX_NEXT;
+	}
 	port = bpf_htons(s->liveness_port);
-	if (!ports || ports[1] != port)
+	if (!s->liveness_port || !ports || ports[1] != port)
 		return TCX_NEXT;
 	if (own) {
 		__builtin_memcpy(k.peer, pkt->saddr, 16);
@@ -2092,15 +2100,29 @@ __noinline int backup_act_arrival(struct __sk_buff *skb, const struct packet *pk
 	return 1;
 }
 
-/* on_path_nic says whether skb entered the node by a path's NIC, where
- * nic_ingress ran on it (skb->ingress_ifindex is kept through forwarding).
- * A packet that came by another interface (a management NIC, an overlay's
- * tunnel, another pod's veth) or from the node itself did not. */
+/* ingress_path is the path of the NIC skb entered the node by, where
+ * nic_ingress ran on it (skb->ingress_ifindex is kept through forwarding),
+ * or, decapsulated by an overlay's tunnel device, the path of the NIC its
+ * outer packet came by (nic_ingress marked it there); 0: none. A packet
+ * that came by another interface (a management NIC, another pod's veth) or
+ * from the node itself came by no path. */
+static __always_inline __u32 ingress_path(const struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ingress_ifindex, path;
+	struct nic *n = bpf_map_lookup_elem(&nics, &ifindex);
+
+	if (!n)
+		return 0;
+	if (!(n->flags & NIC_TUNNEL))
+		return n->path;
+	path = arrival_path(skb);
+	return path <= MAX_PATHS ? path : 0;
+}
+
+/* on_path_nic says whether skb entered the node by a path (ingress_path). */
 static __always_inline bool on_path_nic(const struct __sk_buff *skb)
 {
-	__u32 ifindex = skb->ingress_ifindex;
-
-	return bpf_map_lookup_elem(&nics, &ifindex) != NULL;
+	return ingress_path(skb) != 0;
 }
 
 /* What pathless_join decided about a peer's join SYN going into a pod. */
@@ -2274,18 +2296,17 @@ int pod_egress(struct __sk_buff *skb)
 static __always_inline int pod_ingress_unknown(struct __sk_buff *skb, const struct packet *pkt, bool charged)
 {
 	struct endpoint *ep = lookup_endpoint(pkt->family, pkt->daddr);
-	__u32 ifindex = skb->ingress_ifindex;
 	struct rate_key k = {};
-	struct nic *n;
+	__u32 path;
 
 	if (!ep)
 		return TCX_NEXT;
 	count_pod(ep->pod_slot, pkt->family, pkt->daddr, pkt->len, false);
-	n = bpf_map_lookup_elem(&nics, &ifindex);
-	if (!charged || !n)
+	path = ingress_path(skb);
+	if (!charged || !path)
 		return TCX_NEXT;
 	pod_rate_key(&k, pkt->daddr, pkt->family, RATE_DIR_INGRESS);
-	return rate_pod_police(ep, &k, pkt->len, n->path);
+	return rate_pod_police(ep, &k, pkt->len, path);
 }
 
 /* pod_ingress sees what a selected pod receives, after routing chose the pod
@@ -2397,18 +2418,16 @@ enum syn_staged {
 __noinline int stage_syn(struct __sk_buff *skb, const struct packet *pkt, const struct flow_key *fk,
 			 const struct endpoint *ep, __u32 rule)
 {
-	__u32 token, canonical = 0, ifindex;
+	__u32 token, canonical = 0, path;
 	struct arrival a = {};
 	struct subflow *prev;
 	void *staged;
-	struct nic *n;
 	struct conn *c;
 
 	if (!skb || !pkt || !fk || !ep)
 		return SYN_STAGED;
-	ifindex = skb->ingress_ifindex;
-	n = bpf_map_lookup_elem(&nics, &ifindex);
-	if (!n)
+	path = ingress_path(skb);
+	if (!path)
 		return SYN_STAGED;
 	prev = subflow_lookup(fk);
 	a.sf.rule = rule;
@@ -2424,12 +2443,12 @@ __noinline int stage_syn(struct __sk_buff *skb, const struct packet *pkt, const 
 			count(STAT_POD_SUBFLOWS_FULL);
 			return SYN_REFUSED;
 		}
-		if (!prev && join_refused(rule, c, n->path))
+		if (!prev && join_refused(rule, c, path))
 			return SYN_REFUSED;
 		if (c)
 			a.sf.conn = canonical;
 	}
-	a.sf.path_index = n->path;
+	a.sf.path_index = path;
 	a.sf.pod_slot = ep->pod_slot;
 	a.sf.role = ROLE_RESPONDER;
 	a.sf.created_ns = bpf_ktime_get_ns();
@@ -2457,22 +2476,31 @@ int nic_ingress(struct __sk_buff *skb)
 	struct flow_key fk = {};
 	__u32 ifindex = skb->ingress_ifindex;
 	struct endpoint *ep;
+	struct nic tunneled = {};
 	struct subflow *sf;
 	struct nic *n;
 
 	n = bpf_map_lookup_elem(&nics, &ifindex);
 	if (!n)
 		return TCX_NEXT;
+	if (n->flags & NIC_TUNNEL) {
+		/* Decapsulated: judged as if it had arrived by the path NIC
+		 * its outer packet came by, whose mark it keeps. */
+		tunneled.path = arrival_path(skb);
+		if (!tunneled.path || tunneled.path > MAX_PATHS)
+			return TCX_NEXT;
+		n = &tunneled;
+	}
 	switch (parse_counted(skb, &pkt)) {
 	case PARSE_OK:
 		break;
 	case PARSE_NOT_TCP:
-		return liveness_datagram(skb, &pkt, n->path);
+		return tunneled.path ? TCX_NEXT : liveness_datagram(skb, &pkt, n->path);
 	case PARSE_UNREADABLE_TCP:
 	case PARSE_UNREADABLE:
 		if (unreadable_tcp_verdict(&pkt, pkt.daddr) == TC_ACT_SHOT)
 			return TC_ACT_SHOT;
-		return liveness_datagram(skb, &pkt, n->path);
+		return tunneled.path ? TCX_NEXT : liveness_datagram(skb, &pkt, n->path);
 	default:
 		return TCX_NEXT;
 	}

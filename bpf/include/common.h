@@ -180,7 +180,10 @@ struct settings_value {
 	 * nic_ingress marks them with their NIC's path, as it marks pods'
 	 * packets, so that strict reverse-path filtering accepts them. */
 	__u16 liveness_port;
-	__u16 pad;
+	/* UDP port of the overlay's tunnel (VXLAN, Geneve; host order), 0:
+	 * none. nic_ingress marks what arrives to it on a path NIC with the
+	 * NIC's path: decapsulation keeps the mark on the inner packet. */
+	__u16 tunnel_port;
 	/* The node's shaping device (an ifb holding the pods' and namespaces'
 	 * HTB classes, rate.h), 0: none. */
 	__u32 shape_ifindex;
@@ -438,8 +441,12 @@ struct pod_record {
 /* A NIC of this node, keyed by ifindex in nic_paths. */
 struct nic {
 	__u32 path;
-	__u32 flags;
+	__u32 flags; /* NIC_* */
 };
+
+/* The overlay's tunnel device, on no path itself (path 0): what it
+ * decapsulates came by the path its outer packet's mark names, or by none. */
+#define NIC_TUNNEL (1U << 0)
 
 /* Record actor: per MPTCP option subtype (RFC 8684 section 3), indexed by
  * the subtype. */

@@ -32,7 +32,10 @@ type Agent struct {
 	log      *slog.Logger
 	settings Settings
 	dp       *datapath.Datapath
-	pms      *podnet.PathManagers
+	// tunnelNICs are the ifindexes the last reconcile declared as tunnel
+	// devices (syncTunnels).
+	tunnelNICs map[int]bool
+	pms        *podnet.PathManagers
 	// closedSeen are the entries the last sweep found without a socket
 	// (closed.go): the next one forgets those it finds so again.
 	closedSeen map[socketKey]closedSighting
@@ -245,14 +248,22 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 		}
 	}
 	hooks := map[datapath.Attachment]bool{}
+	// An overlay's tunnel devices, as the main table routes through them.
+	var tunnels []routing.Tunnel
+	if len(plan.Paths) > 0 {
+		var err error
+		tunnels, err = routing.Tunnels()
+		keep(err)
+	}
 	// Routing first: a mark without its rule would send packets nowhere.
-	keep(a.syncRouting(plan))
+	keep(a.syncRouting(plan, tunnels))
 	keep(a.syncReversePathFilter(plan))
 	// Probing before the NICs: a path the last agent left down for
 	// its probes stays down while syncNICs writes the paths' states.
 	a.syncLiveness(plan)
 	a.awaitingLinks.Store(len(plan.Awaiting) > 0)
 	keep(a.syncNICs(plan, hooks))
+	keep(a.syncTunnels(tunnels, hooks))
 	ids, err := a.assignRuleIDs(plan)
 	keep(err)
 	podIDs, err := a.assignPodIDs(plan)
@@ -287,13 +298,56 @@ func (a *Agent) ranges() routing.Ranges {
 	return routing.Ranges{TableBase: a.settings.TableBase, RulePriority: a.settings.RulePriority, MarkMask: a.settings.MarkMask}
 }
 
-// syncRouting gives each path its table and fwmark rule (routing).
-func (a *Agent) syncRouting(plan *Plan) error {
+// syncRouting gives each path its table and fwmark rule (routing), the
+// table holding the tunnels' routes too.
+func (a *Agent) syncRouting(plan *Plan, tunnels []routing.Tunnel) error {
 	paths := make([]routing.Path, 0, len(plan.Paths))
 	for _, p := range plan.Paths {
 		paths = append(paths, p.Path)
 	}
-	return routing.Sync(a.ranges(), plan.PodCIDRs, paths, a.dp.Mark)
+	return routing.Sync(a.ranges(), plan.PodCIDRs, paths, tunnels, a.dp.Mark)
+}
+
+// syncTunnels steers an overlay's arrivals: nic_ingress marks the outer
+// packets to the tunnels' port with their path NIC's path, and runs on each
+// tunnel device too, where it judges the decapsulated packets on that path
+// (docs/datapath.md, "Overlays"). The datapath knows one tunnel port: the
+// first tunnel's (flannel has one device).
+func (a *Agent) syncTunnels(tunnels []routing.Tunnel, hooks map[datapath.Attachment]bool) error {
+	var errs []error
+	var port uint16
+	now := map[int]bool{}
+	for _, tn := range tunnels {
+		if port == 0 {
+			port = tn.Port
+		}
+		if err := a.dp.SetTunnelNIC(tn.Index); err != nil {
+			errs = append(errs, fmt.Errorf("tunnel %s: %w", tn.Name, err))
+			continue
+		}
+		now[tn.Index] = true
+		hooks[datapath.Attachment{Interface: tn.Name, Hook: datapath.HookNICIngress}] = true
+	}
+	if err := a.dp.SetTunnelPort(port); err != nil {
+		errs = append(errs, fmt.Errorf("tunnel port: %w", err))
+	}
+	paths := map[int]bool{}
+	if nics := a.nics.Load(); nics != nil {
+		for _, n := range *nics {
+			paths[n.index] = true
+		}
+	}
+	for index := range a.tunnelNICs {
+		// Gone, or its index reused by a path NIC syncNICs declared.
+		if !now[index] && !paths[index] {
+			if err := a.dp.DeleteNIC(index); err != nil {
+				errs = append(errs, err)
+				now[index] = true // tried again next time
+			}
+		}
+	}
+	a.tunnelNICs = now
+	return errors.Join(errs...)
 }
 
 // syncPods sets each selected pod's MPTCP up as its first rule asks and runs

@@ -263,6 +263,21 @@ func (d *Datapath) SetLivenessPort(port uint16) error {
 	return nil
 }
 
+// SetTunnelPort tells nic_ingress the UDP port of the overlay's tunnel (0:
+// none): it marks the outer packets arriving to it on a path NIC with the
+// NIC's path, which decapsulation leaves on the inner packet.
+func (d *Datapath) SetTunnelPort(port uint16) error {
+	var v datapathSettingsValue
+	if err := d.objs.Settings.Lookup(uint32(0), &v); err != nil {
+		return fmt.Errorf("reading settings: %w", err)
+	}
+	v.TunnelPort = port
+	if err := d.objs.Settings.Put(uint32(0), &v); err != nil {
+		return fmt.Errorf("writing settings: %w", err)
+	}
+	return nil
+}
+
 // SetShapeDevice tells nic_egress the node's shaping device (an ifb holding
 // the pods' and namespaces' HTB classes, 0: none): on it, nic_egress gives
 // each packet its pod's class; on a path NIC, a packet that device gave back
@@ -301,6 +316,16 @@ func (d *Datapath) SetNIC(ifindex int, path uint32) error {
 		return fmt.Errorf("path index %d out of range 1..%d", path, MaxPaths)
 	}
 	return d.objs.Nics.Put(uint32(ifindex), &datapathNic{Path: path})
+}
+
+// nicTunnel is NIC_TUNNEL (bpf/include/common.h).
+const nicTunnel = 1 << 0
+
+// SetTunnelNIC declares the interface with ifindex as an overlay's tunnel
+// device: what it decapsulates is on the path its outer packet's mark names
+// (SetTunnelPort), and nic_ingress on it judges that as on a path's NIC.
+func (d *Datapath) SetTunnelNIC(ifindex int) error {
+	return d.objs.Nics.Put(uint32(ifindex), &datapathNic{Flags: nicTunnel})
 }
 
 // DeleteNIC forgets the interface with ifindex.

@@ -319,7 +319,7 @@ type datapathSettingsValue struct {
 	_            structs.HostLayout
 	Flags        uint32
 	LivenessPort uint16
-	Pad          uint16
+	TunnelPort   uint16
 	ShapeIfindex uint32
 	Reserved     [13]uint32
 }

@@ -19,16 +19,17 @@ import (
 
 // testFlannelVXLAN: real nodes whose CNI is a real flanneld with its VXLAN
 // backend (pods on flannel's bridge cni0, flannel.1 between the nodes), on
-// fabrics that route every pod CIDR (the agent's prerequisite: install.md).
-// With the chart installed as an admin installs it and examples/ applied, every
-// agent names its CNI "flannel (vxlan)" in its node checks, and MPTCP
-// between tenant pods of the two nodes spreads each connection's subflows
-// over both NICs, every stream whole. Selected pods' subflows leave the path
-// NICs unencapsulated: the agent's path tables route them before flannel's
-// flannel.1 route (an overlay-only underlay is unsupported: install.md).
+// fabrics that are an underlay: they route the nodes' VTEP addresses and no
+// pod CIDR (testbed.Config.Underlay), as an overlay cluster's do. With the
+// chart installed as an admin installs it and examples/ applied, every agent
+// names its CNI "flannel (vxlan)" in its node checks, and MPTCP between
+// tenant pods of the two nodes spreads each connection's subflows over both
+// NICs, every stream whole: the captures on the path NICs read each
+// subflow's segments inside VXLAN only, on one NIC both ways (the peer's
+// replies follow the path its join arrived by, judged after decapsulation).
 func testFlannelVXLAN(t *testing.T) {
 	flanneld := testutil.BuiltTool(t, "FLANNELD", "flanneld")
-	cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit"}, func(o *nodes.Options) {
+	cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit", Underlay: true}, func(o *nodes.Options) {
 		o.Flannel = &nodes.Flannel{Flanneld: flanneld, Backend: "vxlan"}
 	})
 	servers := cb.tenantServers(t)
@@ -48,6 +49,10 @@ func testFlannelVXLAN(t *testing.T) {
 	}
 	analysis, sent := cb.crossTransfer(t, servers)
 	requireSpread(t, analysis, sent, "flannel vxlan")
+	t.Logf("captures: %d connections, %d subflows, %d segments inside VXLAN, %d outside", len(analysis.Connections), len(analysis.Subflows), analysis.Tunneled, analysis.Plain)
+	if analysis.Plain != 0 || analysis.Tunneled == 0 {
+		t.Fatalf("captures on the path NICs read %d segments of the pods inside VXLAN and %d outside: want all inside", analysis.Tunneled, analysis.Plain)
+	}
 }
 
 // requireNodeCheck waits until node n's agent reports its check name as ok

@@ -37,6 +37,9 @@ type Config struct {
 	// LinkQueue is how long a packet may wait in a shaped link's queue before the link drops it (tail drop);
 	// DefaultLinkQueue when 0.
 	LinkQueue time.Duration
+	// Underlay makes the fabrics an overlay's underlay: they route each node's Loopback address (on its lo) and no
+	// pod CIDR, so pods of different nodes reach each other only through a tunnel between those addresses.
+	Underlay bool
 }
 
 // Bed is a running test bed. Its exported fields describe the topology; it is torn down by Down.
@@ -76,6 +79,9 @@ type Node struct {
 	NICs    []NIC
 	Pods    []*Pod
 	PodCIDR netip.Prefix
+	// Loopback is 10.100.0.i, on the node's lo and routed by every fabric when Config.Underlay is set (an
+	// overlay's tunnel endpoint).
+	Loopback netip.Addr
 }
 
 // NIC is one of a node's uplinks: nic<k> in the node namespace, cabled through WireNS to fabric k.
@@ -189,7 +195,7 @@ func (b *Bed) describe() {
 		b.Fabrics = append(b.Fabrics, FabricNS(p, k))
 	}
 	for i := 1; i <= b.Config.Nodes; i++ {
-		n := &Node{Index: i, NetNS: NodeNS(p, i), PodCIDR: podCIDR(i)}
+		n := &Node{Index: i, NetNS: NodeNS(p, i), PodCIDR: podCIDR(i), Loopback: netip.AddrFrom4([4]byte{10, 100, 0, byte(i)})}
 		for k := 1; k <= b.Config.NICs; k++ {
 			n.NICs = append(n.NICs, NIC{
 				Index: k, Name: fmt.Sprintf("nic%d", k), Addr: nicPrefix(i, k), Gateway: fabricAddr(i, k),
@@ -305,8 +311,12 @@ func (b *Bed) build(ctx context.Context) error {
 			cmds = append(cmds,
 				fmt.Sprintf("addr add %s/24 dev %s", c.Gateway, c.FabricIf),
 				fmt.Sprintf("link set dev %s up", c.FabricIf),
-				fmt.Sprintf("route add %s via %s dev %s", n.PodCIDR, c.Addr.Addr(), c.FabricIf),
 			)
+			routed := n.PodCIDR.String()
+			if b.Config.Underlay {
+				routed = n.Loopback.String() + "/32"
+			}
+			cmds = append(cmds, fmt.Sprintf("route add %s via %s dev %s", routed, c.Addr.Addr(), c.FabricIf))
 		}
 		if err := ipBatch(ctx, f, cmds...); err != nil {
 			return err
@@ -317,6 +327,9 @@ func (b *Bed) build(ctx context.Context) error {
 
 func (b *Bed) setupNode(ctx context.Context, n *Node) error {
 	cmds := []string{"link set lo up"}
+	if b.Config.Underlay {
+		cmds = append(cmds, fmt.Sprintf("addr add %s/32 dev lo", n.Loopback))
+	}
 	for _, c := range n.NICs {
 		cmds = append(cmds, fmt.Sprintf("addr add %s dev %s", c.Addr, c.Name), fmt.Sprintf("link set dev %s up", c.Name))
 	}

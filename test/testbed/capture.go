@@ -50,7 +50,17 @@ func (b *Bed) StartPayloadCaptures(filter string) (*Captures, error) {
 // worst case; IPv4 options are rare on the bed).
 const headerSnap = 128
 
+// tunnelPort is the UDP port of flannel's VXLAN (Linux's default, not IANA's 4789): on an underlay bed
+// (Config.Underlay) the captures read the pods' segments inside it, behind its 50 bytes of outer headers.
+const tunnelPort = 8472
+
 func (b *Bed) startCaptures(filter string, snap int) (*Captures, error) {
+	if b.Config.Underlay && snap != 0 {
+		snap += 50
+	}
+	if b.Config.Underlay && filter != "" {
+		filter = fmt.Sprintf("(%s) or udp port %d", filter, tunnelPort)
+	}
 	c := &Captures{}
 	seq := b.nextSeq()
 	for _, n := range b.Nodes {
@@ -205,6 +215,8 @@ type Connection struct {
 type Analysis struct {
 	Subflows    []*Subflow
 	Connections []*Connection
+	// Tunneled and Plain count the TCP segments read inside VXLAN and not (captures cut to their flows' heads).
+	Tunneled, Plain int
 }
 
 // Analyze stops the captures if they still run and decodes them with Analyze.
@@ -257,14 +269,15 @@ type subflowAcc struct {
 }
 
 type analyzer struct {
-	subflows map[[2]netip.AddrPort]*subflowAcc
+	subflows        map[[2]netip.AddrPort]*subflowAcc
+	tunneled, plain int
 }
 
 // tsharkFields are the fields Analyze reads, in order.
 var tsharkFields = []string{
 	"frame.interface_id", "eth.src", "ip.src", "tcp.srcport", "ip.dst", "tcp.dstport",
 	"tcp.flags.syn", "tcp.flags.ack", "mptcp.stream", "tcp.options.mptcp.subtype",
-	"tcp.options.mptcp.recvtok", "mptcp.expected_token", "frame.time_epoch",
+	"tcp.options.mptcp.recvtok", "mptcp.expected_token", "frame.time_epoch", "vxlan.vni",
 }
 
 // mergeNode merges one node's captures, sorted by NIC, into one file whose frame.interface_id is the index of the
@@ -312,7 +325,7 @@ func tsharkRows(input, filter string, all bool, fields []string, prefs ...string
 	for _, p := range prefs {
 		args = append(args, "-o", p)
 	}
-	args = append(args, "-Y", filter, "-T", "fields", "-E", "separator=|")
+	args = append(args, "-d", fmt.Sprintf("udp.port==%d,vxlan", tunnelPort), "-Y", filter, "-T", "fields", "-E", "separator=|")
 	if all {
 		args = append(args, "-E", "occurrence=a", "-E", "aggregator=,")
 	} else {
@@ -366,8 +379,12 @@ func (a *analyzer) node(node int, files []CaptureFile, out []byte) error {
 		if err != nil || iface >= len(files) {
 			return fmt.Errorf("tshark: bad interface id %q", f[0])
 		}
-		src, err1 := addrPort(f[2], f[3])
-		dst, err2 := addrPort(f[4], f[5])
+		// Inside VXLAN the outer frame's fields come first: the wire's
+		// Ethernet source, the inner packet's addresses.
+		last := func(s string) string { return s[strings.LastIndexByte(s, ',')+1:] }
+		f[1], _, _ = strings.Cut(f[1], ",")
+		src, err1 := addrPort(last(f[2]), f[3])
+		dst, err2 := addrPort(last(f[4]), f[5])
 		if err1 != nil || err2 != nil {
 			continue
 		}
@@ -384,6 +401,11 @@ func (a *analyzer) node(node int, files []CaptureFile, out []byte) error {
 			streamToken[p.stream] = p.exptok
 		}
 		pkts = append(pkts, p)
+		if f[13] != "" {
+			a.tunneled++
+		} else {
+			a.plain++
+		}
 	}
 	for _, p := range pkts {
 		// The key is (initiator, responder); a SYN/ACK travels from the responder.
@@ -426,7 +448,7 @@ func (a *analyzer) node(node int, files []CaptureFile, out []byte) error {
 }
 
 func (a *analyzer) result() *Analysis {
-	res := &Analysis{}
+	res := &Analysis{Tunneled: a.tunneled, Plain: a.plain}
 	conns := map[uint32]*Connection{}
 	for _, acc := range a.subflows {
 		sf := acc.sf

@@ -232,7 +232,7 @@ type segment struct {
 func (s segment) control() bool { return s.flags&tcpFlagsSynFinRstMask != 0 }
 
 // tcpSegment reads the TCP segment of an Ethernet frame (IPv4, or IPv6 without extension headers, as the bed sends
-// them, behind any VLAN tags); false when the frame holds none, or a fragment but the first.
+// them, behind any VLAN tags, or inside VXLAN); false when the frame holds none, or a fragment but the first.
 func tcpSegment(frame []byte) (segment, bool) {
 	if len(frame) < 14 {
 		return segment{}, false
@@ -244,11 +244,18 @@ func tcpSegment(frame []byte) (segment, bool) {
 	var addrs, tcp []byte
 	switch etherType {
 	case 0x0800:
-		if len(ip) < 20 || ip[9] != 6 || binary.BigEndian.Uint16(ip[6:])&0x1fff != 0 {
+		if len(ip) < 20 || binary.BigEndian.Uint16(ip[6:])&0x1fff != 0 {
 			return segment{}, false
 		}
 		ihl := int(ip[0]&0x0f) * 4
 		if ihl < 20 || len(ip) < ihl {
+			return segment{}, false
+		}
+		// VXLAN (an underlay bed's): the segment of the inner frame, behind the UDP and VXLAN headers.
+		if udp := ip[ihl:]; ip[9] == 17 && len(udp) >= 16 && binary.BigEndian.Uint16(udp[2:]) == tunnelPort {
+			return tcpSegment(udp[16:])
+		}
+		if ip[9] != 6 {
 			return segment{}, false
 		}
 		addrs, tcp = ip[12:20], ip[ihl:]

@@ -124,7 +124,7 @@ func support(name, mode string) (Support, string) {
 		return Untested, "with eBPF host routing (Cilium's default on recent kernels) pods' packets are redirected past the policy routing the agent steers with; legacy host routing is untested"
 	case "flannel", "bridge":
 		if name == "flannel" && mode == "vxlan" {
-			return Tested, "pods are found at their bridge ports; selected pods' subflows leave the path NICs unencapsulated, so the fabrics must route pod CIDRs (over an underlay that routes node addresses only they are lost)"
+			return Tested, "pods are found at their bridge ports; selected pods' subflows are encapsulated by flannel.1 and their outer packets leave by their paths' NICs, so every path must route the nodes' VTEP addresses"
 		}
 		return Untested, "pods are found at their bridge ports; steering through the bridge is proven on no bed"
 	case "ovn-kubernetes":

@@ -1,6 +1,7 @@
 // Package routing keeps a node's policy routing as the datapath's marks
-// need it: one table per path holding a default route out of the path's NIC,
-// one fwmark rule per path, and a rule that keeps traffic for the node's own
+// need it: one table per path holding a default route out of the path's NIC
+// (and the main table's routes through an overlay's tunnel devices), one
+// fwmark rule per path, and a rule that keeps traffic for the node's own
 // pods in the main table. It owns a range of tables and rule priorities and
 // touches nothing outside them.
 package routing
@@ -39,18 +40,84 @@ type Path struct {
 // Sync makes the node's rules and tables in r's ranges route each path's
 // mark (mark gives it) out of the path's NIC, and keep podCIDRs in the main
 // table; anything else in the ranges is removed, in an order that keeps
-// every mark routed (apply).
-func Sync(r Ranges, podCIDRs []netip.Prefix, paths []Path, mark func(uint32) uint32) error {
+// every mark routed (apply). Each path's table also holds tunnels' routes:
+// a marked packet to a peer's pods on an overlay is encapsulated, and its
+// outer packet, which keeps the mark, leaves by the path's NIC.
+func Sync(r Ranges, podCIDRs []netip.Prefix, paths []Path, tunnels []Tunnel, mark func(uint32) uint32) error {
 	p, err := plan(r, podCIDRs, paths, mark)
 	if err != nil {
 		return err
 	}
+	for table, routes := range p.tables {
+		for _, tn := range tunnels {
+			for _, tr := range tn.Routes {
+				tr.Table, tr.Protocol = table, routeProtocol
+				routes = append(routes, tr)
+			}
+		}
+		p.tables[table] = routes
+	}
 	return p.apply()
+}
+
+// Tunnel is an overlay's tunnel device (a VXLAN or Geneve link) that routes
+// of the main table go through, as flannel's flannel.1 to the peers' pods.
+type Tunnel struct {
+	Name  string
+	Index int
+	// Port is the UDP port its encapsulated packets are sent to.
+	Port   uint16
+	Routes []netlink.Route
+}
+
+// Tunnels finds the tunnel devices the main table routes through, with
+// those routes, found by their links' kind rather than by a CNI's name.
+func Tunnels() ([]Tunnel, error) {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: mainTable}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("listing the main table: %w", err)
+	}
+	var tunnels []Tunnel
+	found := map[int]int{}
+	for _, r := range routes {
+		// A default route through a tunnel would hide the path's own; an
+		// IPv6 link-local one is the device's own.
+		if r.LinkIndex == 0 || r.Dst == nil || r.Type != syscall.RTN_UNICAST || r.Dst.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		i, ok := found[r.LinkIndex]
+		if !ok {
+			link, err := netlink.LinkByIndex(r.LinkIndex)
+			if err != nil {
+				continue // gone since the listing
+			}
+			var port uint16
+			switch l := link.(type) {
+			case *netlink.Vxlan:
+				port = uint16(l.Port)
+			case *netlink.Geneve:
+				port = l.Dport
+			default:
+				found[r.LinkIndex] = -1
+				continue
+			}
+			i = len(tunnels)
+			found[r.LinkIndex] = i
+			tunnels = append(tunnels, Tunnel{Name: link.Attrs().Name, Index: r.LinkIndex, Port: port})
+		}
+		if i < 0 {
+			continue
+		}
+		tunnels[i].Routes = append(tunnels[i].Routes, netlink.Route{
+			LinkIndex: r.LinkIndex, Dst: r.Dst, Gw: r.Gw, Src: r.Src, Flags: r.Flags, Scope: r.Scope, Family: r.Family,
+		})
+	}
+	return tunnels, nil
 }
 
 // Remove removes every rule and table in r's ranges.
 func Remove(r Ranges) error {
-	empty := &routingPlan{tables: map[int]netlink.Route{}, minPrio: r.RulePriority - 1, maxPrio: r.RulePriority + datapath.MaxPaths,
+	empty := &routingPlan{tables: map[int][]netlink.Route{}, minPrio: r.RulePriority - 1, maxPrio: r.RulePriority + datapath.MaxPaths,
 		minTable: r.TableBase, maxTable: r.TableBase + datapath.MaxPaths}
 	return empty.apply()
 }
@@ -66,7 +133,7 @@ const mainTable = 254
 // rules that keep traffic for local pods in the main table (a mark set at a
 // NIC's ingress must not send the packet back out).
 type routingPlan struct {
-	tables   map[int]netlink.Route // table -> its default route
+	tables   map[int][]netlink.Route // table -> its routes, the default route first
 	rules    []*netlink.Rule
 	minPrio  int
 	maxPrio  int
@@ -85,7 +152,7 @@ func (p *routingPlan) note() {
 
 func plan(c Ranges, podCIDRs []netip.Prefix, paths []Path, mark func(uint32) uint32) (*routingPlan, error) {
 	p := &routingPlan{
-		tables:   map[int]netlink.Route{},
+		tables:   map[int][]netlink.Route{},
 		minPrio:  c.RulePriority - 1,
 		maxPrio:  c.RulePriority + datapath.MaxPaths,
 		minTable: c.TableBase,
@@ -121,7 +188,7 @@ func plan(c Ranges, podCIDRs []netip.Prefix, paths []Path, mark func(uint32) uin
 		} else {
 			route.Scope = netlink.SCOPE_LINK
 		}
-		p.tables[table] = route
+		p.tables[table] = []netlink.Route{route}
 
 		r := netlink.NewRule()
 		r.Priority = c.RulePriority + int(path.Index)
@@ -242,15 +309,17 @@ func (p *routingPlan) apply() error {
 	}
 	for table := p.maxTable; table >= p.minTable; table-- {
 		remove(func(r *netlink.Rule) bool { return r.Table == table })
-		want, ok := p.tables[table]
-		if ok {
-			if err := netlink.RouteReplace(&want); err != nil {
-				errs = append(errs, fmt.Errorf("route in table %d: %w", table, err))
+		wants := p.tables[table]
+		for i := range wants {
+			if err := netlink.RouteReplace(&wants[i]); err != nil {
+				errs = append(errs, fmt.Errorf("route %v in table %d: %w", wants[i].Dst, table, err))
 			}
 			p.note()
 		}
 		if err := p.flushTable(table, func(r netlink.Route) bool {
-			return ok && r.Dst != nil && want.Dst != nil && r.Dst.String() == want.Dst.String() && r.LinkIndex == want.LinkIndex && r.Gw.Equal(want.Gw)
+			return slices.ContainsFunc(wants, func(want netlink.Route) bool {
+				return r.Dst != nil && want.Dst != nil && r.Dst.String() == want.Dst.String() && r.LinkIndex == want.LinkIndex && r.Gw.Equal(want.Gw)
+			})
 		}); err != nil {
 			errs = append(errs, err)
 		}

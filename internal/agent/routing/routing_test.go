@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -86,6 +87,80 @@ func TestRoutingMovesToTheAPIsNumberingWithoutLosingAPath(t *testing.T) {
 		}
 		if routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: cfg.TableBase}, netlink.RT_FILTER_TABLE); err != nil || len(routes) != 0 {
 			t.Errorf("table %d (no path's since) still holds %v (%v)", cfg.TableBase, routes, err)
+		}
+		return Remove(cfg)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// On an overlay (a VXLAN device the main table routes the peers' pods
+// through, as flannel's), a marked packet to a peer's pod takes the tunnel
+// from its path's table, and the outer packet, with the same mark, leaves by
+// the path's NIC towards the peer's VTEP; an unmarked one keeps the main
+// table. Tunnels finds the device by its kind and port, not by its name.
+func TestPathTablesCarryTheOverlaysTunnelRoutes(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 2})
+	node := bed.Node(1)
+	cfg := Ranges{TableBase: 3200, RulePriority: 3200, MarkMask: datapath.DefaultMarkMask}
+	var paths []Path
+	for _, nic := range node.NICs {
+		paths = append(paths, Path{Name: nic.Name, Index: uint32(nic.Index), Interface: nic.Name, Gateway: nic.Gateway})
+	}
+	mark := func(i uint32) uint32 { return i << 20 }
+	peerPod, vtep := net.ParseIP("10.244.9.9"), net.ParseIP("10.100.0.9")
+	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
+		vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "ovl0"}, VxlanId: 1, Port: 8472}
+		if err := netlink.LinkAdd(vx); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(vx); err != nil {
+			return err
+		}
+		_, peerCIDR, _ := net.ParseCIDR("10.244.9.0/24")
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: vx.Index, Dst: peerCIDR, Gw: net.ParseIP("10.244.9.0"), Flags: int(netlink.FLAG_ONLINK)}); err != nil {
+			return err
+		}
+		tunnels, err := Tunnels()
+		if err != nil {
+			return err
+		}
+		if len(tunnels) != 1 || tunnels[0].Name != "ovl0" || tunnels[0].Port != 8472 || len(tunnels[0].Routes) != 1 {
+			return fmt.Errorf("tunnels %+v: want ovl0, port 8472, its route to 10.244.9.0/24", tunnels)
+		}
+		if err := Sync(cfg, []netip.Prefix{node.PodCIDR}, paths, tunnels, mark); err != nil {
+			return err
+		}
+		via := func(dst net.IP, m uint32) string {
+			routes, err := netlink.RouteGetWithOptions(dst, &netlink.RouteGetOptions{Mark: m})
+			if err != nil || len(routes) != 1 {
+				return fmt.Sprintf("%v %v", routes, err)
+			}
+			l, _ := netlink.LinkByIndex(routes[0].LinkIndex)
+			return l.Attrs().Name
+		}
+		for _, nic := range node.NICs {
+			m := mark(uint32(nic.Index))
+			if got := via(peerPod, m); got != "ovl0" {
+				t.Errorf("a packet of path %d to a peer's pod goes by %s, want the tunnel ovl0", nic.Index, got)
+			}
+			if got := via(vtep, m); got != nic.Name {
+				t.Errorf("an outer packet of path %d goes by %s, want %s", nic.Index, got, nic.Name)
+			}
+		}
+		if got := via(peerPod, 0); got != "ovl0" {
+			t.Errorf("an unmarked packet to a peer's pod goes by %s, want ovl0 from the main table", got)
+		}
+		// The tunnel gone, its routes leave the path tables.
+		if err := netlink.LinkDel(vx); err != nil {
+			return err
+		}
+		if err := Sync(cfg, []netip.Prefix{node.PodCIDR}, paths, nil, mark); err != nil {
+			return err
+		}
+		if routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: cfg.TableBase + 1}, netlink.RT_FILTER_TABLE); err != nil || len(routes) != 1 {
+			t.Errorf("table %d holds %v (%v), want the path's default route only", cfg.TableBase+1, routes, err)
 		}
 		return Remove(cfg)
 	})

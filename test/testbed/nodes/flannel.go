@@ -44,8 +44,9 @@ type Flannel struct {
 	// Iface is the interface flanneld sends over (--iface), "nic1" when empty.
 	Iface string
 	// PublicIP, when set, gives a node's flanneld its --public-ip: the
-	// address peers send to (vxlan: the VTEP's address, the outer packets'
-	// source), instead of Iface's.
+	// address peers send to (vxlan: the VTEP's address), instead of
+	// Iface's. On a bed whose fabrics are an underlay (Config.Underlay) it
+	// is the node's Loopback, which every fabric routes, when unset.
 	PublicIP func(*testbed.Node) netip.Addr
 }
 
@@ -162,6 +163,8 @@ func (c *Cluster) startFlannel(ctx context.Context) error {
 		}
 		if f.PublicIP != nil {
 			args = append(args, "--public-ip", f.PublicIP(n.Bed).String())
+		} else if c.opts.Bed.Config.Underlay {
+			args = append(args, "--public-ip", n.Bed.Loopback.String())
 		}
 		cmd := exec.Command("nsenter", append([]string{"--mount=" + n.MountNS(), "--net=/var/run/netns/" + n.Bed.NetNS, "--"}, args...)...)
 		cmd.Env = append(os.Environ(), "NODE_NAME="+n.Name)

@@ -36,23 +36,19 @@ func TestFlannel(t *testing.T) {
 	// kernel's outer route lookup (udp_tunnel_dst_lookup, from
 	// vxlan_xmit_one) takes the inner packet's skb->mark, so a fwmark rule
 	// picks the outer packets' NIC; decapsulation keeps the outer packet's
-	// mark on the inner one. The bed gives each node a VTEP address every
-	// fabric routes (10.100.0.i/32 on lo, flanneld's --public-ip) and loose
-	// reverse-path filtering (the outer source is the VTEP whatever the
-	// NIC). iptables stands in for the agent's programs: it marks what
-	// node 1's pods send, path 2's table routes only the VTEP addresses (the
+	// mark on the inner one. The bed's fabrics are an underlay: they route
+	// each node's VTEP address (its Loopback, flanneld's --public-ip) and
+	// no pod CIDR; the nodes filter reverse paths loosely here (the outer
+	// source is the same whatever the NIC). iptables stands in for the
+	// agent's programs: it marks what node 1's pods send, path 2's table routes only the VTEP addresses (the
 	// inner packet keeps flannel.1 from the main table), and node 2 marks
 	// the outer packets arriving on nic2.
-	vtep := func(n *testbed.Node) netip.Addr { return netip.AddrFrom4([4]byte{10, 100, 0, byte(n.Index)}) }
-	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2})
+	vtep := func(n *testbed.Node) netip.Addr { return n.Loopback }
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, Underlay: true})
 	for _, n := range bed.Nodes {
-		nsOut(t, n.NetNS, "ip", "addr", "add", vtep(n).String()+"/32", "dev", "lo")
 		nsOut(t, n.NetNS, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=2")
-		for _, nic := range n.NICs {
-			nsOut(t, nic.FabricNS, "ip", "route", "add", vtep(n).String()+"/32", "via", nic.Addr.Addr().String(), "dev", nic.FabricIf)
-		}
 	}
-	cp, c := flannelNodes(t, bed, images, &nodes.Flannel{Flanneld: flanneld, Backend: "vxlan", PublicIP: vtep})
+	cp, c := flannelNodes(t, bed, images, &nodes.Flannel{Flanneld: flanneld, Backend: "vxlan"})
 	for _, n := range c.Nodes {
 		if out := nsOut(t, n.Bed.NetNS, "ip", "-d", "link", "show", "flannel.1"); !strings.Contains(out, "vxlan id 1") {
 			t.Fatalf("node %s: flannel.1 is not flannel's vxlan device:\n%s", n.Name, out)
