@@ -645,6 +645,12 @@ static __always_inline void set_path_mark(struct __sk_buff *skb, __u32 path)
 	count(STAT_MARKED);
 }
 
+/* clear_path_mark takes the path mark off skb. */
+static __always_inline void clear_path_mark(struct __sk_buff *skb)
+{
+	skb->mark &= ~mark_mask;
+}
+
 static __always_inline struct endpoint *lookup_endpoint(__u8 family, const __u8 addr[16])
 {
 	struct endpoint_key k = {.family = family};
@@ -814,6 +820,19 @@ static __always_inline bool liveness_admitted(struct __sk_buff *skb, __u32 off, 
  * path's table, as for the pods' subflows, and accepts it on a NIC that is
  * not the main table's way to that sender. Returns the verdict. A global
  * function: its frame (the key) is not nic_ingress's. */
+/* to_tunnel_local says whether pkt is addressed to the node's own tunnel
+ * address: only those outer packets are decapsulated here. */
+static __always_inline bool to_tunnel_local(const struct settings_value *s, const struct packet *pkt)
+{
+	__u32 local[4], dst[4];
+
+	if (!s->tunnel_family || s->tunnel_family != pkt->family)
+		return false;
+	__builtin_memcpy(local, s->tunnel_local, sizeof(local));
+	__builtin_memcpy(dst, pkt->daddr, sizeof(dst));
+	return local[0] == dst[0] && local[1] == dst[1] && local[2] == dst[2] && local[3] == dst[3];
+}
+
 __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u32 path)
 {
 	__u32 zero = 0, off = 0;
@@ -846,7 +865,8 @@ __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u3
 	 * decapsulation, and the tunnel device's nic_ingress judges it on
 	 * this path. */
 	if (ports && s->tunnel_port && ports[1] == bpf_htons(s->tunnel_port)) {
-		set_path_mark(skb, path);
+		if (to_tunnel_local(s, pkt))
+			set_path_mark(skb, path);
 		return TCX_NEXT;
 	}
 	port = bpf_htons(s->liveness_port);
@@ -2485,9 +2505,15 @@ int nic_ingress(struct __sk_buff *skb)
 		return TCX_NEXT;
 	if (n->flags & NIC_TUNNEL) {
 		/* Decapsulated: judged as if it had arrived by the path NIC
-		 * its outer packet came by, whose mark it keeps. */
+		 * its outer packet came by, whose mark it keeps. The mark is
+		 * taken off first: only what is for a selected pod or a
+		 * released subflow gets it back below, so that nothing else
+		 * decapsulated here is routed by a path's table. */
 		tunneled.path = arrival_path(skb);
-		if (!tunneled.path || tunneled.path > MAX_PATHS)
+		if (!tunneled.path)
+			return TCX_NEXT;
+		clear_path_mark(skb);
+		if (tunneled.path > MAX_PATHS)
 			return TCX_NEXT;
 		n = &tunneled;
 	}

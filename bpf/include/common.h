@@ -181,13 +181,19 @@ struct settings_value {
 	 * packets, so that strict reverse-path filtering accepts them. */
 	__u16 liveness_port;
 	/* UDP port of the overlay's tunnel (VXLAN, Geneve; host order), 0:
-	 * none. nic_ingress marks what arrives to it on a path NIC with the
-	 * NIC's path: decapsulation keeps the mark on the inner packet. */
+	 * none. nic_ingress marks what arrives to it and to tunnel_local on a
+	 * path NIC with the NIC's path: decapsulation keeps the mark on the
+	 * inner packet. */
 	__u16 tunnel_port;
 	/* The node's shaping device (an ifb holding the pods' and namespaces'
 	 * HTB classes, rate.h), 0: none. */
 	__u32 shape_ifindex;
-	__u32 reserved[13];
+	/* The tunnel's own address (its VTEP; IPv4 in the first 4 bytes) and
+	 * its family (AF_INET, AF_INET6; 0: none, nothing is marked): outer
+	 * packets to any other address, forwarded ones, keep no path. */
+	__u8 tunnel_local[16];
+	__u32 tunnel_family;
+	__u32 reserved[8];
 };
 
 /* A subflow's 4-tuple as the local pod sends it: saddr/sport are the pod's.

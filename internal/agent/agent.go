@@ -263,7 +263,8 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	a.syncLiveness(plan)
 	a.awaitingLinks.Store(len(plan.Awaiting) > 0)
 	keep(a.syncNICs(plan, hooks))
-	keep(a.syncTunnels(tunnels, hooks))
+	tunnels = a.steerableTunnels(tunnels)
+	tunnelHooks(tunnels, hooks)
 	ids, err := a.assignRuleIDs(plan)
 	keep(err)
 	podIDs, err := a.assignPodIDs(plan)
@@ -278,6 +279,9 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	keep(a.syncSocketMPTCP(plan))
 	keep(a.syncPodInterfaces(plan))
 	keep(a.syncHooks(hooks))
+	// The tunnels once their hooks are on: a tunnel declared with none
+	// would pass decapsulated joins as on a path, never staged.
+	keep(a.syncTunnels(tunnels))
 	// The sweeps read the subflow table and the pods' sockets once.
 	view := newSweepView(a.dp)
 	_, err = a.sweepClosedSubflows(plan, time.Now().Add(-closedSubflowGrace), view)
@@ -308,35 +312,77 @@ func (a *Agent) syncRouting(plan *Plan, tunnels []routing.Tunnel) error {
 	return routing.Sync(a.ranges(), plan.PodCIDRs, paths, tunnels, a.dp.Mark)
 }
 
-// syncTunnels steers an overlay's arrivals: nic_ingress marks the outer
-// packets to the tunnels' port with their path NIC's path, and runs on each
-// tunnel device too, where it judges the decapsulated packets on that path
-// (docs/datapath.md, "Overlays"). The datapath knows one tunnel port: the
-// first tunnel's (flannel has one device).
-func (a *Agent) syncTunnels(tunnels []routing.Tunnel, hooks map[datapath.Attachment]bool) error {
-	var errs []error
-	var port uint16
-	now := map[int]bool{}
+// steerableTunnels are the tunnels whose arrivals the datapath can judge:
+// those on the first tunnel's port (the datapath knows one port; flannel
+// has one device) with an address of their own, and none that is a path's
+// NIC (syncNICs declared it as one).
+func (a *Agent) steerableTunnels(tunnels []routing.Tunnel) []routing.Tunnel {
+	paths := a.pathNICIndexes()
+	var out []routing.Tunnel
 	for _, tn := range tunnels {
-		if port == 0 {
-			port = tn.Port
-		}
-		if err := a.dp.SetTunnelNIC(tn.Index); err != nil {
-			errs = append(errs, fmt.Errorf("tunnel %s: %w", tn.Name, err))
+		if paths[tn.Index] || !tn.Local.IsValid() || (len(out) > 0 && tn.Port != out[0].Port) {
 			continue
 		}
-		now[tn.Index] = true
-		hooks[datapath.Attachment{Interface: tn.Name, Hook: datapath.HookNICIngress}] = true
+		out = append(out, tn)
 	}
-	if err := a.dp.SetTunnelPort(port); err != nil {
-		errs = append(errs, fmt.Errorf("tunnel port: %w", err))
-	}
+	return out
+}
+
+// pathNICIndexes are the ifindexes syncNICs declared as paths' NICs.
+func (a *Agent) pathNICIndexes() map[int]bool {
 	paths := map[int]bool{}
 	if nics := a.nics.Load(); nics != nil {
 		for _, n := range *nics {
 			paths[n.index] = true
 		}
 	}
+	return paths
+}
+
+// tunnelHooks asks for nic_ingress on each tunnel device.
+func tunnelHooks(tunnels []routing.Tunnel, hooks map[datapath.Attachment]bool) {
+	for _, tn := range tunnels {
+		hooks[datapath.Attachment{Interface: tn.Name, Hook: datapath.HookNICIngress}] = true
+	}
+}
+
+// syncTunnels steers an overlay's arrivals: nic_ingress marks the outer
+// packets to the tunnel's port and address with their path NIC's path, and
+// runs on each tunnel device too, where it judges the decapsulated packets
+// on that path (docs/datapath.md, "Overlays"). A tunnel is declared only
+// once nic_ingress runs on it, and the port only once a tunnel is.
+func (a *Agent) syncTunnels(tunnels []routing.Tunnel) error {
+	var errs []error
+	attached := map[string]bool{}
+	atts, err := a.dp.Attachments()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, att := range atts {
+		if att.Hook == datapath.HookNICIngress {
+			attached[att.Interface] = true
+		}
+	}
+	var port uint16
+	var local netip.Addr
+	now := map[int]bool{}
+	for _, tn := range tunnels {
+		if !attached[tn.Name] {
+			continue // its attach failed: reported by syncHooks
+		}
+		if err := a.dp.SetTunnelNIC(tn.Index); err != nil {
+			errs = append(errs, fmt.Errorf("tunnel %s: %w", tn.Name, err))
+			continue
+		}
+		now[tn.Index] = true
+		if port == 0 {
+			port, local = tn.Port, tn.Local
+		}
+	}
+	if err := a.dp.SetTunnel(port, local); err != nil {
+		errs = append(errs, fmt.Errorf("tunnel port: %w", err))
+	}
+	paths := a.pathNICIndexes()
 	for index := range a.tunnelNICs {
 		// Gone, or its index reused by a path NIC syncNICs declared.
 		if !now[index] && !paths[index] {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/limits"
 )
@@ -263,15 +264,26 @@ func (d *Datapath) SetLivenessPort(port uint16) error {
 	return nil
 }
 
-// SetTunnelPort tells nic_ingress the UDP port of the overlay's tunnel (0:
-// none): it marks the outer packets arriving to it on a path NIC with the
-// NIC's path, which decapsulation leaves on the inner packet.
-func (d *Datapath) SetTunnelPort(port uint16) error {
+// SetTunnel tells nic_ingress the UDP port of the overlay's tunnel and the
+// node's own address on it (port 0 or an invalid local: none): it marks
+// the outer packets arriving to that port and address on a path NIC with
+// the NIC's path, which decapsulation leaves on the inner packet. Outer
+// packets to another address, which the node would forward, keep none.
+func (d *Datapath) SetTunnel(port uint16, local netip.Addr) error {
 	var v datapathSettingsValue
 	if err := d.objs.Settings.Lookup(uint32(0), &v); err != nil {
 		return fmt.Errorf("reading settings: %w", err)
 	}
-	v.TunnelPort = port
+	v.TunnelPort, v.TunnelFamily, v.TunnelLocal = port, 0, [16]uint8{}
+	switch {
+	case port == 0 || !local.IsValid():
+	case local.Is4() || local.Is4In6():
+		a := local.Unmap().As4()
+		copy(v.TunnelLocal[:], a[:])
+		v.TunnelFamily = unix.AF_INET
+	default:
+		v.TunnelLocal, v.TunnelFamily = local.As16(), unix.AF_INET6
+	}
 	if err := d.objs.Settings.Put(uint32(0), &v); err != nil {
 		return fmt.Errorf("writing settings: %w", err)
 	}

@@ -321,7 +321,9 @@ type datapathSettingsValue struct {
 	LivenessPort uint16
 	TunnelPort   uint16
 	ShapeIfindex uint32
-	Reserved     [13]uint32
+	TunnelLocal  [16]uint8
+	TunnelFamily uint32
+	Reserved     [8]uint32
 }
 
 type datapathSpreadMode uint32

@@ -12,23 +12,34 @@ import (
 // itself, nic_ingress on it.
 const nicTunnel1 = 10
 
+// localVTEP is the node's own tunnel address in these tests; vxlanFrame's
+// outer packets are sent to it.
+var localVTEP = netip.MustParseAddr("10.100.0.2")
+
 // vxlanFrame is what a path NIC receives on an overlay: inner, encapsulated
 // in VXLAN (UDP to dport) between two nodes' VTEP addresses.
 func vxlanFrame(dport uint16, inner []byte) []byte {
+	return vxlanFrameTo(localVTEP, dport, inner)
+}
+
+// vxlanFrameTo is vxlanFrame sent to dst.
+func vxlanFrameTo(dst netip.Addr, dport uint16, inner []byte) []byte {
 	udp := make([]byte, 16, 16+len(inner))
 	binary.BigEndian.PutUint16(udp[0:], 40000)
 	binary.BigEndian.PutUint16(udp[2:], dport)
 	binary.BigEndian.PutUint16(udp[4:], uint16(16+len(inner)))
 	udp[8] = 0x08 // VNI valid
 	udp[14] = 1   // VNI 1
-	return testpkt.Frame{Src: netip.MustParseAddr("10.100.0.1"), Dst: netip.MustParseAddr("10.100.0.2"), Protocol: 17,
+	return testpkt.Frame{Src: netip.MustParseAddr("10.100.0.1"), Dst: dst, Protocol: 17,
 		Payload: append(udp, inner...)}.Bytes()
 }
 
 // On an overlay, nic_ingress on a path's NIC gives an outer packet to the
-// tunnel's port its NIC's path mark (decapsulation keeps it on the inner
-// packet), and leaves other UDP, and everything once the agent names no
-// tunnel port, unmarked. On the tunnel device it judges the decapsulated
+// tunnel's port and the node's tunnel address its NIC's path mark
+// (decapsulation keeps it on the inner packet), and leaves other UDP, an
+// outer packet the node would forward, and everything once the agent names
+// no tunnel, unmarked. What the tunnel decapsulates for no selected pod
+// loses the mark. On the tunnel device it judges the decapsulated
 // join on the path the mark names, as on that path's NIC: staged within
 // the rule's maximum (and then passed at the pod's veth), refused with a
 // reset beyond it. A decapsulated join whose outer packet came by no path
@@ -40,7 +51,7 @@ func TestAnOverlaysArrivalsAreJudgedOnThePathTheirOuterPacketCameBy(t *testing.T
 	}
 	tunnelBed := func(t *testing.T, r Rule) *Datapath {
 		dp := peerJoinBed(t, r, 0)
-		if err := dp.SetTunnelPort(8472); err != nil {
+		if err := dp.SetTunnel(8472, localVTEP); err != nil {
 			t.Fatal(err)
 		}
 		if err := dp.SetTunnelNIC(nicTunnel1); err != nil {
@@ -58,7 +69,10 @@ func TestAnOverlaysArrivalsAreJudgedOnThePathTheirOuterPacketCameBy(t *testing.T
 		if m := run(t, dp.objs.NicIngress, vxlanFrame(4789, join(40001)), on2); m != 0 {
 			t.Errorf("UDP to another port on path 2's NIC: mark %#x, want none", m)
 		}
-		if err := dp.SetTunnelPort(0); err != nil {
+		if m := run(t, dp.objs.NicIngress, vxlanFrameTo(netip.MustParseAddr("10.100.0.9"), 8472, join(40001)), on2); m != 0 {
+			t.Errorf("an outer packet to another node's tunnel address (forwarded): mark %#x, want none", m)
+		}
+		if err := dp.SetTunnel(0, localVTEP); err != nil {
 			t.Fatal(err)
 		}
 		if m := run(t, dp.objs.NicIngress, vxlanFrame(8472, join(40001)), on2); m != 0 {
@@ -86,6 +100,20 @@ func TestAnOverlaysArrivalsAreJudgedOnThePathTheirOuterPacketCameBy(t *testing.T
 		}
 		if ret, _ := runVerdict(t, dp.objs.PodIngress, join(40002), none); ret != tcActRedirect {
 			t.Errorf("a join decapsulated without a path at the pod's veth: verdict %d, want TC_ACT_REDIRECT (refused)", int32(ret))
+		}
+	})
+
+	t.Run("what is decapsulated for no selected pod loses the mark", func(t *testing.T) {
+		dp := tunnelBed(t, Rule{Paths: []uint32{1, 2}})
+		via2 := skbContext{IngressIfindex: nicTunnel1, Mark: dp.Mark(2) | 0x1}
+		other := testpkt.Frame{Src: netip.MustParseAddr("10.244.9.9"), Dst: netip.MustParseAddr("10.244.9.10"),
+			TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 80, Flags: testpkt.ACK, Window: 512}}.Bytes()
+		if m := run(t, dp.objs.NicIngress, other, via2); m != 0x1 {
+			t.Errorf("TCP to an address no pod is selected for, from the tunnel: mark %#x, want the path's bits off (0x1)", m)
+		}
+		udp := vxlanFrameTo(netip.MustParseAddr("10.244.9.10"), 53, nil)
+		if m := run(t, dp.objs.NicIngress, udp, via2); m != 0x1 {
+			t.Errorf("UDP from the tunnel: mark %#x, want the path's bits off (0x1)", m)
 		}
 	})
 

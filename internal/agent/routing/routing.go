@@ -65,8 +65,11 @@ func Sync(r Ranges, podCIDRs []netip.Prefix, paths []Path, tunnels []Tunnel, mar
 type Tunnel struct {
 	Name  string
 	Index int
-	// Port is the UDP port its encapsulated packets are sent to.
+	// Port is the UDP port its encapsulated packets are sent to, Local
+	// the node's own address they are sent from and to (VXLAN's local;
+	// invalid where the device names none).
 	Port   uint16
+	Local  netip.Addr
 	Routes []netlink.Route
 }
 
@@ -85,6 +88,9 @@ func Tunnels() ([]Tunnel, error) {
 		if r.LinkIndex == 0 || r.Dst == nil || r.Type != syscall.RTN_UNICAST || r.Dst.IP.IsLinkLocalUnicast() {
 			continue
 		}
+		if ones, _ := r.Dst.Mask.Size(); ones == 0 {
+			continue // netlink gives a default route as 0.0.0.0/0 or ::/0
+		}
 		i, ok := found[r.LinkIndex]
 		if !ok {
 			link, err := netlink.LinkByIndex(r.LinkIndex)
@@ -92,9 +98,12 @@ func Tunnels() ([]Tunnel, error) {
 				continue // gone since the listing
 			}
 			var port uint16
+			var local netip.Addr
 			switch l := link.(type) {
 			case *netlink.Vxlan:
 				port = uint16(l.Port)
+				local, _ = netip.AddrFromSlice(l.SrcAddr)
+				local = local.Unmap()
 			case *netlink.Geneve:
 				port = l.Dport
 			default:
@@ -103,13 +112,15 @@ func Tunnels() ([]Tunnel, error) {
 			}
 			i = len(tunnels)
 			found[r.LinkIndex] = i
-			tunnels = append(tunnels, Tunnel{Name: link.Attrs().Name, Index: r.LinkIndex, Port: port})
+			tunnels = append(tunnels, Tunnel{Name: link.Attrs().Name, Index: r.LinkIndex, Port: port, Local: local})
 		}
 		if i < 0 {
 			continue
 		}
 		tunnels[i].Routes = append(tunnels[i].Routes, netlink.Route{
-			LinkIndex: r.LinkIndex, Dst: r.Dst, Gw: r.Gw, Src: r.Src, Flags: r.Flags, Scope: r.Scope, Family: r.Family,
+			// Of the flags only onlink: a copied linkdown would be refused.
+			LinkIndex: r.LinkIndex, Dst: r.Dst, Gw: r.Gw, Src: r.Src, Flags: r.Flags & int(netlink.FLAG_ONLINK),
+			Scope: r.Scope, Family: r.Family,
 		})
 	}
 	return tunnels, nil

@@ -111,7 +111,7 @@ func TestPathTablesCarryTheOverlaysTunnelRoutes(t *testing.T) {
 	mark := func(i uint32) uint32 { return i << 20 }
 	peerPod, vtep := net.ParseIP("10.244.9.9"), net.ParseIP("10.100.0.9")
 	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
-		vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "ovl0"}, VxlanId: 1, Port: 8472}
+		vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "ovl0"}, VxlanId: 1, Port: 8472, SrcAddr: net.ParseIP("10.100.0.1")}
 		if err := netlink.LinkAdd(vx); err != nil {
 			return err
 		}
@@ -122,12 +122,19 @@ func TestPathTablesCarryTheOverlaysTunnelRoutes(t *testing.T) {
 		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: vx.Index, Dst: peerCIDR, Gw: net.ParseIP("10.244.9.0"), Flags: int(netlink.FLAG_ONLINK)}); err != nil {
 			return err
 		}
+		// A default route through the tunnel (behind the node's own) is
+		// not copied: it would take the place of each path's.
+		_, anywhere, _ := net.ParseCIDR("0.0.0.0/0")
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: vx.Index, Dst: anywhere, Priority: 5000}); err != nil {
+			return err
+		}
 		tunnels, err := Tunnels()
 		if err != nil {
 			return err
 		}
-		if len(tunnels) != 1 || tunnels[0].Name != "ovl0" || tunnels[0].Port != 8472 || len(tunnels[0].Routes) != 1 {
-			return fmt.Errorf("tunnels %+v: want ovl0, port 8472, its route to 10.244.9.0/24", tunnels)
+		if len(tunnels) != 1 || tunnels[0].Name != "ovl0" || tunnels[0].Port != 8472 || len(tunnels[0].Routes) != 1 ||
+			tunnels[0].Local != netip.MustParseAddr("10.100.0.1") {
+			return fmt.Errorf("tunnels %+v: want ovl0, port 8472, local 10.100.0.1, its route to 10.244.9.0/24 alone", tunnels)
 		}
 		if err := Sync(cfg, []netip.Prefix{node.PodCIDR}, paths, tunnels, mark); err != nil {
 			return err
