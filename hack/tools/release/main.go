@@ -142,7 +142,7 @@ func release(repo, out, version, imagebuild, helm, cyclonedx string) error {
 	if err := writeKrewManifest(out, chart, plugins); err != nil {
 		return err
 	}
-	if err := writeSBOMs(cyclonedx, bins, plugins, out, chart.AppVersion); err != nil {
+	if err := writeSBOMs(repo, cyclonedx, bins, plugins, out, chart.AppVersion); err != nil {
 		return err
 	}
 	return writeSums(out)
