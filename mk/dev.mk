@@ -22,13 +22,6 @@ build: ## Build the agent, the traffic tool and the demo into bin/.
 	$(GO) build -o $(BIN)/traffic ./hack/traffic
 	$(GO) build -o $(BIN)/demo ./test/demo
 
-# The chart's appVersion: the version the plugin and images are stamped with.
-APP_VERSION = $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' charts/mptcp-operator/Chart.yaml)
-
-.PHONY: kubectl-mptcp
-kubectl-mptcp: ## Build the kubectl mptcp plugin into bin/, and its krew archive and manifest into _output/krew/ (docs/troubleshooting.md).
-	hack/krew/build.sh $(BIN) _output/krew $(APP_VERSION)
-
 .PHONY: generate-bpf
 generate-bpf: ## Regenerate the BPF objects and Go bindings (bpf2go; needs clang).
 	$(GO) generate ./internal/datapath/... ./internal/socketmptcp/... ./bench/xdpdrop/... ./test/testbed/

@@ -37,9 +37,11 @@ type built struct {
 	// report after `crane push` or `ctr images import`.
 	Digest string `json:"digest"`
 	// ImageID is the config's digest (what `docker images` shows).
-	ImageID  string `json:"imageID"`
+	ImageID  string `json:"imageID,omitempty"`
 	User     string `json:"user"`
 	Platform string `json:"platform"`
+	// Manifests are, for an image index, each platform's manifest digest.
+	Manifests map[string]string `json:"manifests,omitempty"`
 }
 
 // buildRecord is images.json.
@@ -56,7 +58,11 @@ func main() {
 	registry := flag.String("registry", "ghcr.io/mptcp-operator", "registry and path the image names go under")
 	chart := flag.String("chart", "charts/mptcp-operator", "chart (relative to -repo) whose appVersion tags the images")
 	tag := flag.String("tag", "", "tag of every image (default: the chart's appVersion)")
-	arch := flag.String("arch", runtime.GOARCH, "GOARCH of the binaries and the images' platform")
+	arch := flag.String("arch", runtime.GOARCH, "GOARCH of the binaries and the images' platform; several, "+
+		"comma-separated, make each archive an OCI image index with one image per architecture (Go images only)")
+	keep := flag.String("bins", "", "also copy every image's binary to <bins>/<name>_linux_<arch> (for SBOMs)")
+	printSource := flag.Bool("print-source", false, "print the revision and SOURCE_DATE_EPOCH the images "+
+		"would carry, as JSON, and build nothing")
 	only := flag.String("images", "", "comma-separated names of the images to build (default: all); "+
 		"an older tree lacks the sources of images added since")
 	flag.Parse()
@@ -65,13 +71,18 @@ func main() {
 		fmt.Fprintln(os.Stderr, "imagebuild:", err)
 		os.Exit(2)
 	}
-	if err := run(*repo, *out, *registry, *chart, *tag, *arch, selected); err != nil {
+	if *printSource {
+		err = printSourceJSON(*repo)
+	} else {
+		err = run(*repo, *out, *registry, *chart, *tag, *arch, *keep, selected)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "imagebuild:", err)
 		os.Exit(1)
 	}
 }
 
-func run(repo, out, registry, chart, tag, arch string, images []image) error {
+func run(repo, out, registry, chart, tag, arch, keep string, images []image) error {
 	repo, err := filepath.Abs(repo)
 	if err != nil {
 		return err
@@ -102,7 +113,18 @@ func run(repo, out, registry, chart, tag, arch string, images []image) error {
 	}
 	defer os.RemoveAll(bins)
 
+	if keep != "" {
+		if err := os.MkdirAll(keep, 0o755); err != nil {
+			return err
+		}
+	}
 	record := buildRecord{GoVersion: strings.TrimSpace(string(goVersion)), Revision: src.revision, SourceDateEpoch: src.epoch.Unix()}
+	if arches := strings.Split(arch, ","); len(arches) > 1 {
+		if err := buildIndexes(&record, repo, out, registry, tag, keep, sourceURL, bins, src, arches, images); err != nil {
+			return err
+		}
+		return writeRecord(out, record)
+	}
 	for _, img := range images {
 		ref, err := name.NewTag(registry+"/"+img.name+":"+tag, name.StrictValidation)
 		if err != nil {
@@ -115,6 +137,9 @@ func run(repo, out, registry, chart, tag, arch string, images []image) error {
 		}
 		binary, shared, err := img.build(repo, arch, bins, tag, src.revision)
 		if err != nil {
+			return err
+		}
+		if err := keepBinary(keep, binary, img.name, arch); err != nil {
 			return err
 		}
 		image, err := buildImage(img, binary, shared, arch, tag, sourceURL, src)
@@ -139,6 +164,11 @@ func run(repo, out, registry, chart, tag, arch string, images []image) error {
 		})
 		fmt.Printf("%-12s %s@%s  %s\n", img.name, ref, digest, filepath.Join(out, archive))
 	}
+	return writeRecord(out, record)
+}
+
+// writeRecord writes images.json.
+func writeRecord(out string, record buildRecord) error {
 	b, err := json.MarshalIndent(record, "", "  ")
 	if err != nil {
 		return err

@@ -88,6 +88,11 @@ func btf(path string) mptcpv1alpha1.NodeCheck {
 	return passed(BTF, "%s", path)
 }
 
+// bpfFSMagic is Linux's BPF_FS_MAGIC, spelled here because x/sys/unix defines
+// it on Linux only and the kubectl plugin, which imports this package, is
+// also built for darwin.
+const bpfFSMagic = 0xcafe4a11
+
 // bpffs checks the filesystem of the pin directory, or of its nearest
 // existing parent before the agent made it.
 func bpffs(pinDir string) mptcpv1alpha1.NodeCheck {
@@ -96,7 +101,7 @@ func bpffs(pinDir string) mptcpv1alpha1.NodeCheck {
 		var st unix.Statfs_t
 		err := unix.Statfs(dir, &st)
 		if err == nil {
-			if st.Type != unix.BPF_FS_MAGIC {
+			if st.Type != bpfFSMagic {
 				return failed(BPFFS, ReasonNoBPFFS, "%s is not on a bpffs: pinned programs would not outlive the agent (mount bpffs at /sys/fs/bpf on the host)", dir)
 			}
 			return passed(BPFFS, "%s is on bpffs", dir)

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// platformImage is one architecture's image of a multi-architecture build.
+type platformImage struct {
+	arch  string
+	image v1.Image
+}
+
+// buildIndex puts one image per architecture, in the order given, into an OCI
+// image index whose entries carry each image's platform: what a registry
+// serves for a multi-architecture reference.
+func buildIndex(images []platformImage) (v1.ImageIndex, error) {
+	var adds []mutate.IndexAddendum
+	for _, p := range images {
+		adds = append(adds, mutate.IndexAddendum{
+			Add: p.image,
+			Descriptor: v1.Descriptor{
+				MediaType: types.OCIManifestSchema1,
+				Platform:  &v1.Platform{OS: "linux", Architecture: p.arch},
+			},
+		})
+	}
+	base := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	return mutate.AppendManifests(base, adds...), nil
+}
+
+// writeIndexArchive writes idx, named ref, as an OCI image layout in one tar
+// (oci-layout, index.json naming the image index, blobs/sha256/...): `skopeo
+// copy --all oci-archive:...` and `crane push --index` (on the unpacked
+// layout) push it with the digests images.json records. Entries are sorted,
+// owned by 0:0 and stamped with epoch, as writeArchive's.
+func writeIndexArchive(path string, ref name.Tag, idx v1.ImageIndex, images []platformImage, epoch time.Time) error {
+	raw, err := idx.RawManifest()
+	if err != nil {
+		return err
+	}
+	digest, err := idx.Digest()
+	if err != nil {
+		return err
+	}
+	entries := []fileEntry{
+		{name: "blobs/", mode: 0o755, dir: true},
+		{name: "blobs/sha256/", mode: 0o755, dir: true},
+		blob(digest, raw),
+	}
+	seen := map[v1.Hash]bool{digest: true}
+	add := func(h v1.Hash, b []byte) {
+		if !seen[h] {
+			seen[h] = true
+			entries = append(entries, blob(h, b))
+		}
+	}
+	for _, p := range images {
+		manifest, err := p.image.RawManifest()
+		if err != nil {
+			return err
+		}
+		md, err := p.image.Digest()
+		if err != nil {
+			return err
+		}
+		add(md, manifest)
+		config, err := p.image.RawConfigFile()
+		if err != nil {
+			return err
+		}
+		cd, err := p.image.ConfigName()
+		if err != nil {
+			return err
+		}
+		add(cd, config)
+		layers, err := p.image.Layers()
+		if err != nil {
+			return err
+		}
+		for _, l := range layers {
+			d, err := l.Digest()
+			if err != nil {
+				return err
+			}
+			rc, err := l.Compressed()
+			if err != nil {
+				return err
+			}
+			b, err := io.ReadAll(rc)
+			rc.Close()
+			if err != nil {
+				return err
+			}
+			add(d, b)
+		}
+	}
+	layout := v1.IndexManifest{
+		SchemaVersion: 2,
+		MediaType:     types.OCIImageIndex,
+		Manifests: []v1.Descriptor{{
+			MediaType: types.OCIImageIndex,
+			Size:      int64(len(raw)),
+			Digest:    digest,
+			Annotations: map[string]string{
+				annotationContainerdName: ref.String(),
+				annotationRefName:        ref.TagStr(),
+			},
+		}},
+	}
+	for _, f := range []struct {
+		name string
+		v    any
+	}{
+		{"index.json", layout},
+		{"oci-layout", map[string]string{"imageLayoutVersion": "1.0.0"}},
+	} {
+		b, err := json.Marshal(f.v)
+		if err != nil {
+			return err
+		}
+		entries = append(entries, fileEntry{name: f.name, mode: 0o644, data: b})
+	}
+	b, err := tarEntries(entries, epoch)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, b)
+}
