@@ -81,13 +81,17 @@ TEST_ALONE := ^($(TEST_ALONE_NAMES))$$
 TEST_PACKAGES_AT_ONCE ?= 3
 TEST_FIRST := ./internal/datapath ./internal/controller ./test/testbed ./test/testbed/nodes ./bench/controller
 TEST_PARALLEL ?= 2
+# Packages a target of their own runs, not make test: the release, built
+# twice for two architectures and four plugin platforms, takes minutes
+# (make test-release).
+TEST_ELSEWHERE := ./hack/release
 
 .PHONY: test
 test: deps envtest-assets node-assets guest-assets ## Run every test (needs root: network namespaces, BPF, a real API server); then the slowest tests, time per package, retries and kept evidence.
 	@rm -rf $(TEST_OUTPUT) && mkdir -p $(TEST_OUTPUT)
 	$(GO) build -o $(BIN)/testtimes ./hack/testtimes
 	SOURCE_DATE_EPOCH= $(IMAGEBUILD) -repo $(CURDIR) -out $(TEST_OUTPUT)/images >/dev/null
-	all=$$($(GO) list ./...); e2e=$$($(GO) list ./test/e2e); first=$$($(GO) list $(TEST_FIRST)); \
+	all=$$($(GO) list ./... | grep -vxF "$$($(GO) list $(TEST_ELSEWHERE))"); e2e=$$($(GO) list ./test/e2e); first=$$($(GO) list $(TEST_FIRST)); \
 	rest=$$(echo "$$all" | grep -vxF "$$(printf '%s\n' $$e2e $$first)"); \
 	alone=$$($(GO) list -f '{{.ImportPath}} {{.Dir}}' ./... | while read -r pkg dir; do \
 		! grep -qsE 'func ($(TEST_ALONE_NAMES))\(' $$dir/*_test.go || echo $$pkg; done); \

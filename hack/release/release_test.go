@@ -245,8 +245,8 @@ func checkPlugins(t *testing.T, files map[string][]byte) {
 	var manifest struct {
 		Spec struct {
 			Platforms []struct {
-				Selector struct{ MatchLabels map[string]string }
-				URI, SHA256                 string
+				Selector    struct{ MatchLabels map[string]string }
+				URI, SHA256 string
 			}
 		}
 	}
