@@ -16,6 +16,7 @@ import (
 	"debug/macho"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -225,7 +226,7 @@ func untar(t *testing.T, name string, data []byte) map[string][]byte {
 	tr := tar.NewReader(bytes.NewReader(data))
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return m
 		}
 		if err != nil {
