@@ -21,7 +21,7 @@ type platformImage struct {
 // buildIndex puts one image per architecture, in the order given, into an OCI
 // image index whose entries carry each image's platform: what a registry
 // serves for a multi-architecture reference.
-func buildIndex(images []platformImage) (v1.ImageIndex, error) {
+func buildIndex(images []platformImage) v1.ImageIndex {
 	var adds []mutate.IndexAddendum
 	for _, p := range images {
 		adds = append(adds, mutate.IndexAddendum{
@@ -33,7 +33,7 @@ func buildIndex(images []platformImage) (v1.ImageIndex, error) {
 		})
 	}
 	base := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
-	return mutate.AppendManifests(base, adds...), nil
+	return mutate.AppendManifests(base, adds...)
 }
 
 // writeIndexArchive writes idx, named ref, as an OCI image layout in one tar

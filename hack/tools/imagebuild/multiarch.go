@@ -49,10 +49,7 @@ func buildIndexes(record *buildRecord, repo, out, registry, tag, keep, sourceURL
 			manifests["linux/"+arch] = d.String()
 			per = append(per, platformImage{arch: arch, image: image})
 		}
-		idx, err := buildIndex(per)
-		if err != nil {
-			return err
-		}
+		idx := buildIndex(per)
 		archive := img.name + ".tar"
 		if err := writeIndexArchive(filepath.Join(out, archive), ref, idx, per, src.epoch); err != nil {
 			return fmt.Errorf("image %s: %w", img.name, err)
