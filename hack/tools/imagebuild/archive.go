@@ -3,8 +3,10 @@ package main
 import (
 	"encoding/json"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -83,33 +85,37 @@ func writeArchive(path string, ref name.Tag, img v1.Image, epoch time.Time) erro
 		entries = append(entries, blob(d, b))
 		docker.Layers = append(docker.Layers, blobPath(d))
 	}
-	index := v1.IndexManifest{
-		SchemaVersion: 2,
-		MediaType:     types.OCIImageIndex,
-		Manifests: []v1.Descriptor{{
-			MediaType: types.OCIManifestSchema1,
-			Size:      int64(len(manifest)),
-			Digest:    manifestDigest,
-			Platform:  &v1.Platform{OS: cfg.OS, Architecture: cfg.Architecture},
-			Annotations: map[string]string{
-				annotationContainerdName: ref.String(),
-				annotationRefName:        ref.TagStr(),
-			},
-		}},
+	top := v1.Descriptor{
+		MediaType: types.OCIManifestSchema1,
+		Size:      int64(len(manifest)),
+		Digest:    manifestDigest,
+		Platform:  &v1.Platform{OS: cfg.OS, Architecture: cfg.Architecture},
 	}
-	for _, f := range []struct {
-		name string
-		v    any
-	}{
-		{"index.json", index},
-		{"manifest.json", []dockerManifest{docker}},
-		{"oci-layout", map[string]string{"imageLayoutVersion": "1.0.0"}},
-	} {
-		b, err := json.Marshal(f.v)
+	return writeLayout(path, ref, top, entries, map[string]any{"manifest.json": []dockerManifest{docker}}, epoch)
+}
+
+// writeLayout finishes an OCI image layout archive holding entries: an
+// index.json whose one entry is top, named ref for containerd's importer
+// and the layout, an oci-layout, and the JSON files of extra (by name); one
+// tar, entries sorted, owned by 0:0 and stamped with epoch, written
+// atomically.
+func writeLayout(path string, ref name.Tag, top v1.Descriptor, entries []fileEntry, extra map[string]any,
+	epoch time.Time) error {
+	top.Annotations = map[string]string{
+		annotationContainerdName: ref.String(),
+		annotationRefName:        ref.TagStr(),
+	}
+	files := map[string]any{
+		"index.json": v1.IndexManifest{SchemaVersion: 2, MediaType: types.OCIImageIndex, Manifests: []v1.Descriptor{top}},
+		"oci-layout": map[string]string{"imageLayoutVersion": "1.0.0"},
+	}
+	maps.Copy(files, extra)
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		b, err := json.Marshal(files[name])
 		if err != nil {
 			return err
 		}
-		entries = append(entries, fileEntry{name: f.name, mode: 0o644, data: b})
+		entries = append(entries, fileEntry{name: name, mode: 0o644, data: b})
 	}
 	b, err := tarEntries(entries, epoch)
 	if err != nil {

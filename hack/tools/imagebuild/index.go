@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"io"
 	"time"
 
@@ -102,35 +101,6 @@ func writeIndexArchive(path string, ref name.Tag, idx v1.ImageIndex, images []pl
 			add(d, b)
 		}
 	}
-	layout := v1.IndexManifest{
-		SchemaVersion: 2,
-		MediaType:     types.OCIImageIndex,
-		Manifests: []v1.Descriptor{{
-			MediaType: types.OCIImageIndex,
-			Size:      int64(len(raw)),
-			Digest:    digest,
-			Annotations: map[string]string{
-				annotationContainerdName: ref.String(),
-				annotationRefName:        ref.TagStr(),
-			},
-		}},
-	}
-	for _, f := range []struct {
-		name string
-		v    any
-	}{
-		{"index.json", layout},
-		{"oci-layout", map[string]string{"imageLayoutVersion": "1.0.0"}},
-	} {
-		b, err := json.Marshal(f.v)
-		if err != nil {
-			return err
-		}
-		entries = append(entries, fileEntry{name: f.name, mode: 0o644, data: b})
-	}
-	b, err := tarEntries(entries, epoch)
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(path, b)
+	top := v1.Descriptor{MediaType: types.OCIImageIndex, Size: int64(len(raw)), Digest: digest}
+	return writeLayout(path, ref, top, entries, nil, epoch)
 }
