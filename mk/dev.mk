@@ -69,14 +69,16 @@ BENCH_OUTPUT := $(CURDIR)/_output/bench
 # to themselves, the areas TEST_ALONE_NAMES of any package: they measure
 # rates and stalls (TestRate, TestFailover), load both cores on purpose
 # (TestIntegrity), or run the chart's agents at its default 30 ms liveness
-# probes (TestChart), which a busy machine starves into false path-downs.
+# probes (TestChart), which a busy machine starves into false path-downs,
+# or change what every bed shares (TestMachineWide: the machine's list of
+# allowed congestion controls, which beds hold widened while they run).
 # The charts package's checks (no nodes) are TestHelmChart, outside that set.
 # The first phase starts the longest packages first (TEST_FIRST after the
 # e2e package, the longest): go test starts packages in the order it is
 # given them, and a long package started last would run alone at the end.
 # This tree's images are built once for the run (MPTCP_TEST_IMAGES) rather than
 # by every package that imports them into real nodes.
-TEST_ALONE_NAMES := TestRate|TestFailover|TestIntegrity|TestChart
+TEST_ALONE_NAMES := TestRate|TestFailover|TestIntegrity|TestChart|TestMachineWide
 TEST_ALONE := ^($(TEST_ALONE_NAMES))$$
 TEST_PACKAGES_AT_ONCE ?= 3
 TEST_FIRST := ./internal/datapath ./internal/controller ./test/testbed ./test/testbed/nodes ./bench/controller

@@ -20,7 +20,9 @@ import (
 // congestion control the node lacks (not in
 // tcp_available_congestion_control), or has but does not allow in a
 // namespace other than its own (not in tcp_allowed_congestion_control: the
-// kernel refuses it with EPERM), is that pod's problem: ConfigureFailed
+// kernel refuses it with EPERM) and the agent cannot add to that list (its
+// namespace is the bed node's, not the machine's: TestMachineWide in
+// podnet has one that can), is that pod's problem: ConfigureFailed
 // with what to change, and nothing of the pod's namespace changed. The
 // algorithms come from this machine's lists; the one the pod gets differs
 // from what its namespace inherited; the EPERM case needs one available and

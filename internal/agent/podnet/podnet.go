@@ -1,7 +1,8 @@
 // Package podnet sets MPTCP up inside selected pods' network namespaces (the
 // path manager, its limits and endpoints, DSS checksums, the TCP congestion
 // control) and runs the userspace path managers that open a pod's joins. It
-// reads and writes nothing but the pods' namespaces.
+// reads and writes nothing but the pods' namespaces, and the node's list of
+// the congestion controls namespaces may take (allowNodeWide).
 package podnet
 
 import (
@@ -182,9 +183,10 @@ func sameEndpoint(a, b mptcpnl.Endpoint) bool {
 // control; "" leaves it. The kernel gives a namespace other than the
 // node's own only an algorithm it has (tcp_available_congestion_control,
 // read first so that the agent never makes the kernel load a module) and
-// allows unprivileged (tcp_allowed_congestion_control: reno, the kernel's
-// built-in default and what the node's admin adds); one it lacks or does
-// not allow is refused with what to change on the node.
+// allows unprivileged (tcp_allowed_congestion_control: reno and the
+// kernel's built-in default, at first): one it has and does not allow, the
+// agent adds to that list (allowNodeWide). One it lacks, or cannot allow,
+// is refused with what to change on the node.
 func setCongestionControl(pod Pod, name string) error {
 	const key = "net.ipv4.tcp_congestion_control"
 	if name == "" {
@@ -202,13 +204,43 @@ func setCongestionControl(pod Pod, name string) error {
 			"load its module on the node or set podMPTCP.congestionControl to one of those", name, avail)
 	}
 	err = netnsutil.WriteSysctl(pod.NetNS, key, name)
-	if errors.Is(err, unix.EPERM) {
-		allowed, _ := netnsutil.ReadSysctl(pod.NetNS, "net.ipv4.tcp_allowed_congestion_control")
-		return fmt.Errorf("congestion control %q is on the node but not allowed in pods' namespaces "+
-			"(net.ipv4.tcp_allowed_congestion_control: %s); add it there on the node or set podMPTCP.congestionControl to one of those",
-			name, allowed)
+	if !errors.Is(err, unix.EPERM) {
+		return err
 	}
-	return err
+	if aerr := allowNodeWide(name); aerr != nil {
+		allowed, _ := netnsutil.ReadSysctl(pod.NetNS, allowedCongestionControls)
+		return fmt.Errorf("congestion control %q is on the node but not allowed in pods' namespaces "+
+			"(net.ipv4.tcp_allowed_congestion_control: %s) and the agent cannot add it (%w); "+
+			"run the agent in the node's network namespace (hostNetwork), add it there on the node, "+
+			"or set podMPTCP.congestionControl to one of those", name, allowed, aerr)
+	}
+	return netnsutil.WriteSysctl(pod.NetNS, key, name)
+}
+
+// allowedCongestionControls is the node's one list of the congestion
+// controls that namespaces other than its own may take: a global sysctl,
+// which only a process in the node's own namespace may write.
+const allowedCongestionControls = "net.ipv4.tcp_allowed_congestion_control"
+
+// allowListMu makes reading and extending the node's list one step.
+var allowListMu sync.Mutex
+
+// allowNodeWide adds name to the node's list, as an admin would to let pods
+// take it, from the agent's own network namespace: the node's with
+// hostNetwork; any other refuses the write. The list keeps it after the
+// agent goes, as it keeps anything an admin adds: another pod may be using
+// it by then.
+func allowNodeWide(name string) error {
+	allowListMu.Lock()
+	defer allowListMu.Unlock()
+	list, err := netnsutil.ReadSysctl("", allowedCongestionControls)
+	if err != nil {
+		return err
+	}
+	if slices.Contains(strings.Fields(list), name) {
+		return nil
+	}
+	return netnsutil.WriteSysctl("", allowedCongestionControls, strings.TrimSpace(list)+" "+name)
 }
 
 func boolSysctl(on bool) string {

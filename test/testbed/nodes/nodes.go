@@ -131,7 +131,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		}
 	}()
 	// The product's agent gives pods cubic (podMPTCP.congestionControl's
-	// default), which a node must allow in namespaces.
+	// default) and adds it to the node's allowed list from the node's
+	// namespace; a bed's agents run in namespaces of their own, which
+	// cannot, so the bed adds it for them.
 	if c.narrowCC, err = testbed.AllowCongestionControl("cubic"); err != nil {
 		return c, err
 	}
