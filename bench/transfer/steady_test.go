@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/bench/benchdoc"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
@@ -27,7 +29,10 @@ const (
 	steadySignalPort = 5990
 )
 
-// steadyCell is one way of running the connection.
+// steadyCell is one way of running the connection. The nodes' and pods'
+// default congestion control is bbr (this machine's, and many cloud
+// images'); cc is the one the agent sets in the pods
+// (podMPTCP.congestionControl), "" to leave theirs.
 type steadyCell struct {
 	agent     bool // the agent places the subflows; else hand routing and the kernel's path manager
 	checksums bool
@@ -40,53 +45,76 @@ func (c steadyCell) String() string {
 	if c.agent {
 		routing = "agent"
 	}
-	return fmt.Sprintf("%s, checksums %s, %s, %s", routing, map[bool]string{true: "on", false: "off"}[c.checksums], c.rate, c.cc)
+	return fmt.Sprintf("%s, checksums %s, %s, %s", routing, map[bool]string{true: "on", false: "off"}[c.checksums], c.rate, c.ccColumn())
 }
 
-// steadyCells are the product's choices (agent, checksums on and off) and
-// the kernel's alone at two rates with BBR, whose PROBE_RTT the stalls
-// are, and the same with CUBIC at one rate.
-var steadyCells = func() []steadyCell {
-	var cells []steadyCell
-	for _, rate := range []string{"100mbit", "200mbit"} {
-		for _, agent := range []bool{true, false} {
-			for _, checksums := range []bool{true, false} {
-				cells = append(cells, steadyCell{agent: agent, checksums: checksums, rate: rate, cc: "bbr"})
-			}
-		}
+// ccColumn says which congestion control the pods run, and who chose it.
+func (c steadyCell) ccColumn() string {
+	if c.cc == "" {
+		return "node's (bbr)"
 	}
-	for _, checksums := range []bool{true, false} {
-		cells = append(cells, steadyCell{agent: true, checksums: checksums, rate: "200mbit", cc: "cubic"})
-	}
-	return cells
-}()
+	return c.cc + " (agent)"
+}
 
-// steadyBeds holds a bed per way of routing, checksums (the agent's, set
-// by its rule) and rate: the agent's checksums come from its rule, the
-// hand-routed pods' from a sysctl set before each transfer.
-type steadyBeds map[string]*testbed.Bed
+// steadyCells are the chart's defaults (the agent, checksums on, cubic in
+// the pods), the same leaving the pods the node's bbr, whose subflows'
+// PROBE_RTTs the stalls are, with checksums on and off, and the kernel's
+// path manager alone under bbr.
+var steadyCells = []steadyCell{
+	{agent: true, checksums: true, rate: "200mbit", cc: mptcpv1alpha1.DefaultCongestionControl},
+	{agent: true, checksums: true, rate: "200mbit"},
+	{agent: true, checksums: false, rate: "200mbit"},
+	{agent: false, checksums: true, rate: "200mbit"},
+}
+
+// steadyBeds holds a bed per cell: the agent's checksums and congestion
+// control come from its rule, the hand-routed pods' checksums from a
+// sysctl set before each transfer.
+type steadyBeds map[steadyCell]*testbed.Bed
 
 func (beds steadyBeds) bedFor(b *testing.B, c steadyCell) *testbed.Bed {
 	b.Helper()
-	key := fmt.Sprintf("%v/%v/%s", c.agent, c.agent && c.checksums, c.rate)
-	if bed, ok := beds[key]; ok {
+	if bed, ok := beds[c]; ok {
 		return bed
 	}
 	bed := testbed.NewForTest(b, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: c.rate})
+	// A node whose default is bbr, whatever the machine's.
+	for _, n := range bed.Nodes {
+		testbed.Must(b, bed.Sysctl(n.NetNS, "net.ipv4.tcp_congestion_control", "bbr"))
+		for _, p := range n.Pods {
+			testbed.Must(b, bed.Sysctl(p.NetNS, "net.ipv4.tcp_congestion_control", "bbr"))
+		}
+	}
 	if c.agent {
-		var opts []framework.AgentOption
+		opts := []framework.AgentOption{}
 		if !c.checksums {
 			opts = append(opts, framework.WithoutDataChecksums())
 		}
-		if _, err := framework.StartAgents(b.Context(), bed, bins.Agent, mptcpv1alpha1.CompiledRule{}, opts...); err != nil {
+		if c.cc != "" {
+			// The product's agent adds it to the node's allowed list from the
+			// node's namespace; a bed's agents cannot, so the bed does.
+			release, err := testbed.AllowCongestionControl(c.cc)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { testbed.Must(b, release()) })
+		}
+		rule := mptcpv1alpha1.CompiledRule{CongestionControl: c.cc}
+		if _, err := framework.StartAgents(b.Context(), bed, bins.Agent, rule, opts...); err != nil {
 			b.Fatal(err)
+		}
+		for _, p := range []*testbed.Pod{bed.Pod(1, 1), bed.Pod(2, 1)} {
+			want := cmp.Or(c.cc, "bbr")
+			if got, err := netnsutil.ReadSysctl("/var/run/netns/"+p.NetNS, "net.ipv4.tcp_congestion_control"); err != nil || got != want {
+				b.Fatalf("pod %s runs %q (%v), want %s", p.NetNS, got, err, want)
+			}
 		}
 	} else {
 		testbed.Must(b, bed.HandRoute([]int{steadySignalPort}))
 		testbed.Must(b, bed.ConfigureSignalPorts(bed.Pod(2, 1), []int{steadySignalPort}))
 		testbed.Must(b, bed.ConfigureClientLimits(bed.Pod(1, 1), 2, 1))
 	}
-	beds[key] = bed
+	beds[c] = bed
 	return bed
 }
 
@@ -112,7 +140,7 @@ func BenchmarkSteadyStateStalls(b *testing.B) {
 				}
 			}
 			port++
-			rep := steadyTransferOnce(b, bed, port, c.cc)
+			rep := steadyTransferOnce(b, bed, port)
 			mean := float64(rep.Bytes) * 8 / rep.DurationSeconds
 			stall := testbed.LongestStall(rep, steadyStall*mean, time.Second)
 			results[i].stalls = append(results[i].stalls, stall)
@@ -132,13 +160,14 @@ func BenchmarkSteadyStateStalls(b *testing.B) {
 }
 
 // steadyTransferOnce sends one connection of steadyTransfer from pod (1,1)
-// to pod (2,1) with congestion control cc and returns the server's report;
-// a transfer that does not arrive whole ends the benchmark.
-func steadyTransferOnce(b *testing.B, bed *testbed.Bed, port int, cc string) testbed.ServerReport {
+// to pod (2,1), its subflows on the pods' congestion control, and returns
+// the server's report; a transfer that does not arrive whole ends the
+// benchmark.
+func steadyTransferOnce(b *testing.B, bed *testbed.Bed, port int) testbed.ServerReport {
 	b.Helper()
 	_, got := transferOnce(b, bed, port, steadyTransfer+time.Minute,
 		[]string{"-warmup", "2s", "-window", (steadyTransfer - 4*time.Second).String(), "-sample", steadySample.String()},
-		"-duration", steadyTransfer.String(), "-cc", cc)
+		"-duration", steadyTransfer.String())
 	return got
 }
 
@@ -147,9 +176,9 @@ func steadyReport(results []steadyResult) string {
 	reportHead(&s, steadySection, "BenchmarkSteadyStateStalls", len(results[0].stalls))
 	fmt.Fprintf(&s, "Two nodes, two equal links, nothing failing; one MPTCP connection of %v from a pod on node 1 to a pod on node 2, "+
 		"its subflows placed by the agent (the chart's defaults) or by hand routing and the kernel's path manager, with DSS checksums on "+
-		"or off in both pods and the sender's congestion control named; the server samples what it receives every %v, and a stall is "+
+		"or off in both pods, and the pods' congestion control the node's default (bbr) or the agent's; the server samples what it receives every %v, and a stall is "+
 		"the longest stretch after the first second below a tenth of the connection's mean rate. The cells of a round run one after "+
-		"another, rounds interleaved; cc is the sender's congestion control.\n\n", steadyTransfer, steadySample)
+		"another, rounds interleaved.\n\n", steadyTransfer, steadySample)
 	s.WriteString("| subflows | checksums | links | cc | rounds | longest stall | goodput (Mbit/s) |\n|---|---|---|---|---|---|---|\n")
 	for i, c := range steadyCells {
 		r := results[i]
@@ -157,7 +186,7 @@ func steadyReport(results []steadyResult) string {
 		glo, gmed, ghi := minMedMax(r.goodput)
 		fmt.Fprintf(&s, "| %s | %s | 2 x %s | %s | %d | %v/%v/%v | %.1f/%.1f/%.1f |\n",
 			map[bool]string{true: "agent", false: "hand-routed"}[c.agent], map[bool]string{true: "on", false: "off"}[c.checksums],
-			c.rate, c.cc, len(r.stalls), slo, smed, shi, glo/1e6, gmed/1e6, ghi/1e6)
+			c.rate, c.ccColumn(), len(r.stalls), slo, smed, shi, glo/1e6, gmed/1e6, ghi/1e6)
 	}
 	return s.String()
 }
