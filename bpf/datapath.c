@@ -72,6 +72,13 @@ const enum rate_mode *unused_rate_mode __attribute__((unused));
  * values from C and a test checks that none moves. */
 const enum subflow_role *unused_subflow_role __attribute__((unused));
 const enum rate_key_kind *unused_rate_key_kind __attribute__((unused));
+/* The flags the agent writes into pinned maps: Go takes them from C too. */
+const enum setting_flag *unused_setting_flag __attribute__((unused));
+const enum rule_match *unused_rule_match __attribute__((unused));
+const enum rule_flag *unused_rule_flag __attribute__((unused));
+const enum path_flag *unused_path_flag __attribute__((unused));
+const enum nic_flag *unused_nic_flag __attribute__((unused));
+const enum rate_flag *unused_rate_flag __attribute__((unused));
 /* The tables table_ctl changes (struct table_op's table): between the agent
  * and this object's table_ctl only, never stored. */
 enum table_id {

@@ -172,10 +172,12 @@ _Static_assert(STAT_MAX <= STATS_CAPACITY, "enum stat_id outgrew the stats map")
  * the entry; programs read it when they are about to act on a packet. The
  * value keeps spare room: a pinned map whose value size differs cannot be
  * reused, so a switch added later takes a bit or a reserved word. */
-#define SETTING_OBSERVE_ONLY (1U << 0) /* record everything, write no mark */
+enum setting_flag {
+	SETTING_OBSERVE_ONLY = 1U << 0, /* record everything, write no mark */
+};
 
 struct settings_value {
-	__u32 flags; /* SETTING_* */
+	__u32 flags; /* enum setting_flag */
 	/* UDP port of the agents' liveness probes (host order), 0: none.
 	 * nic_ingress marks them with their NIC's path, as it marks pods'
 	 * packets, so that strict reverse-path filtering accepts them. */
@@ -340,13 +342,17 @@ struct port_range {
 
 /* rule.match: which opening SYNs the rule selects. Joins of a connection the
  * datapath knows never reach selection: they follow their connection. */
-#define MATCH_INITIAL (1U << 0) /* MP_CAPABLE SYN: a new connection */
-#define MATCH_JOIN    (1U << 1) /* MP_JOIN SYN of a connection not (yet) known */
+enum rule_match {
+	MATCH_INITIAL = 1U << 0, /* MP_CAPABLE SYN: a new connection */
+	MATCH_JOIN = 1U << 1,	 /* MP_JOIN SYN of a connection not (yet) known */
+};
 
 /* rule.flags */
-#define RULE_CIDRS	     (1U << 0) /* remote address must be in rule_cidrs under this rule id */
-#define RULE_REWRITE_HEADERS (1U << 1) /* the admin allowed rewriting the pods' headers (backup) */
-#define RULE_SHARED_RISK     (1U << 2) /* some of its paths share a risk group: risk says which */
+enum rule_flag {
+	RULE_CIDRS = 1U << 0,		/* remote address must be in rule_cidrs under this rule id */
+	RULE_REWRITE_HEADERS = 1U << 1, /* the admin allowed rewriting the pods' headers (backup) */
+	RULE_SHARED_RISK = 1U << 2,	/* some of its paths share a risk group: risk says which */
+};
 
 /* Stored in struct rule (the pinned rules map): append-only (see enum
  * stat_id). */
@@ -360,13 +366,13 @@ enum spread_mode {
  * its spread actor's data (an ordered path list, weights, the mode). */
 struct rule {
 	__u32 npaths;
-	__u32 flags;   /* RULE_* */
+	__u32 flags;   /* enum rule_flag */
 	__u32 rr;      /* cursor for initial subflows; atomic */
 	__u32 nbackup; /* the last nbackup of paths are backup paths (backup actor) */
 	__u8 paths[MAX_PATHS + 1];
 	/* Selector. */
 	__u8 family; /* AF_INET, AF_INET6, or 0 for both */
-	__u8 match;  /* MATCH_*; 0 means MATCH_INITIAL | MATCH_JOIN */
+	__u8 match;  /* enum rule_match; 0 means MATCH_INITIAL | MATCH_JOIN */
 	__u8 spread; /* enum spread_mode */
 	__u8 nports;
 	__u32 max_subflows; /* block: a connection's subflows, the first included; 0: no limit */
@@ -396,7 +402,9 @@ struct cidr_key {
 };
 
 /* path_state: per path index, set by the agent. */
-#define PATH_DOWN (1U << 0) /* link down: never place a subflow here */
+enum path_flag {
+	PATH_DOWN = 1U << 0, /* link down: never place a subflow here */
+};
 
 struct path_state {
 	__u32 flags;
@@ -447,12 +455,14 @@ struct pod_record {
 /* A NIC of this node, keyed by ifindex in nic_paths. */
 struct nic {
 	__u32 path;
-	__u32 flags; /* NIC_* */
+	__u32 flags; /* enum nic_flag */
 };
 
 /* The overlay's tunnel device, on no path itself (path 0): what it
  * decapsulates came by the path its outer packet's mark names, or by none. */
-#define NIC_TUNNEL (1U << 0)
+enum nic_flag {
+	NIC_TUNNEL = 1U << 0,
+};
 
 /* Record actor: per MPTCP option subtype (RFC 8684 section 3), indexed by
  * the subtype. */

@@ -29,28 +29,30 @@ enum rate_mode {
 };
 
 /* struct rate_cfg flags. */
-#define RATE_HEADERS_MAY_BE_REWRITTEN (1U << 0) /* admin opt-in: window may rewrite */
-#define RATE_POLICE_EGRESS	      (1U << 1) /* police what the pod sends */
-#define RATE_POLICE_INGRESS	      (1U << 2) /* police what the pod receives */
-/* Every police bucket of the rule is deep enough (coarseClockMinDepth in
- * internal/datapath/rate.go) that the coarse clock, one scheduler tick behind
- * at most, is as good as the precise one and cheaper to read. Set by user
- * space. */
-#define RATE_COARSE_CLOCK (1U << 3)
-/* budget names the rule whose pod buckets (police) and HTB classes (shape)
- * this rule's traffic is charged to: the variants of one policy with the
- * same caps (a tenant's preferred paths) share one budget, so that a
- * preference never brings a budget of its own. path_budget names the rule
- * whose path buckets (police) it is charged to: every variant of the policy
- * in that mode, whatever its caps, so that the policy's path cap is one. Without
- * the flag, a rule written before the fields existed, its own. */
-#define RATE_BUDGET (1U << 4)
-/* The rule caps each namespace's pods on the node together (perNamespace):
- * police charges the pod's namespace bucket (pod_namespaces says which and
- * at what rate: the smallest of the namespace's rules, so one rate per
- * namespace), after its pod bucket; shape needs no flag of its own beyond
- * pod_cap_rule's (the namespace's HTB class is the parent of its pods'). */
-#define RATE_NAMESPACE (1U << 5)
+enum rate_flag {
+	RATE_HEADERS_MAY_BE_REWRITTEN = 1U << 0, /* admin opt-in: window may rewrite */
+	RATE_POLICE_EGRESS = 1U << 1,		 /* police what the pod sends */
+	RATE_POLICE_INGRESS = 1U << 2,		 /* police what the pod receives */
+	/* Every police bucket of the rule is deep enough (coarseClockMinDepth in
+	 * internal/datapath/rate.go) that the coarse clock, one scheduler tick behind
+	 * at most, is as good as the precise one and cheaper to read. Set by user
+	 * space. */
+	RATE_COARSE_CLOCK = 1U << 3,
+	/* budget names the rule whose pod buckets (police) and HTB classes (shape)
+	 * this rule's traffic is charged to: the variants of one policy with the
+	 * same caps (a tenant's preferred paths) share one budget, so that a
+	 * preference never brings a budget of its own. path_budget names the rule
+	 * whose path buckets (police) it is charged to: every variant of the policy
+	 * in that mode, whatever its caps, so that the policy's path cap is one. Without
+	 * the flag, a rule written before the fields existed, its own. */
+	RATE_BUDGET = 1U << 4,
+	/* The rule caps each namespace's pods on the node together (perNamespace):
+	 * police charges the pod's namespace bucket (pod_namespaces says which and
+	 * at what rate: the smallest of the namespace's rules, so one rate per
+	 * namespace), after its pod bucket; shape needs no flag of its own beyond
+	 * pod_cap_rule's (the namespace's HTB class is the parent of its pods'). */
+	RATE_NAMESPACE = 1U << 5,
+};
 
 /* A police bucket's GCRA constants, derived by user space from its rate and
  * the rule's burst so that charging a packet needs no division: a byte costs
@@ -67,7 +69,7 @@ struct rate_gcra {
 
 struct rate_cfg {
 	__u32 mode;		       /* enum rate_mode */
-	__u32 flags;		       /* RATE_* */
+	__u32 flags;		       /* enum rate_flag */
 	__u64 conn_bps;		       /* bits per second per connection, 0: no cap */
 	__u64 pod_bps;		       /* per pod of the rule */
 	__u64 burst_bytes;	       /* police: bucket depth; window: largest window granted at once */

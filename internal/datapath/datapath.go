@@ -223,8 +223,8 @@ func (d *Datapath) Unpin() error {
 	return os.RemoveAll(filepath.Join(d.pinDir, linkPinSubdir))
 }
 
-// settingObserveOnly is SETTING_OBSERVE_ONLY of bpf/include/common.h.
-const settingObserveOnly = 1 << 0
+// settingObserveOnly is SETTING_OBSERVE_ONLY of enum setting_flag.
+const settingObserveOnly = uint32(datapathSettingFlagSETTING_OBSERVE_ONLY)
 
 // SetObserveOnly switches observe-only mode on or off at run time, without a
 // reload or a re-attach: the programs read the switch on every packet they
@@ -330,8 +330,8 @@ func (d *Datapath) SetNIC(ifindex int, path uint32) error {
 	return d.objs.Nics.Put(uint32(ifindex), &datapathNic{Path: path})
 }
 
-// nicTunnel is NIC_TUNNEL (bpf/include/common.h).
-const nicTunnel = 1 << 0
+// nicTunnel is NIC_TUNNEL of enum nic_flag.
+const nicTunnel = uint32(datapathNicFlagNIC_TUNNEL)
 
 // SetTunnelNIC declares the interface with ifindex as an overlay's tunnel
 // device: what it decapsulates is on the path its outer packet's mark names

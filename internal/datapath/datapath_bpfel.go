@@ -139,6 +139,18 @@ type datapathNic struct {
 	Flags uint32
 }
 
+type datapathNicFlag uint32
+
+const (
+	datapathNicFlagNIC_TUNNEL datapathNicFlag = 1
+)
+
+type datapathPathFlag uint32
+
+const (
+	datapathPathFlagPATH_DOWN datapathPathFlag = 1
+)
+
 type datapathPathState struct {
 	_     structs.HostLayout
 	Flags uint32
@@ -233,6 +245,17 @@ type datapathRateCfg struct {
 	NsBps      uint64
 }
 
+type datapathRateFlag uint32
+
+const (
+	datapathRateFlagRATE_HEADERS_MAY_BE_REWRITTEN datapathRateFlag = 1
+	datapathRateFlagRATE_POLICE_EGRESS            datapathRateFlag = 2
+	datapathRateFlagRATE_POLICE_INGRESS           datapathRateFlag = 4
+	datapathRateFlagRATE_COARSE_CLOCK             datapathRateFlag = 8
+	datapathRateFlagRATE_BUDGET                   datapathRateFlag = 16
+	datapathRateFlagRATE_NAMESPACE                datapathRateFlag = 32
+)
+
 type datapathRateGcra struct {
 	_        structs.HostLayout
 	ByteCost uint64
@@ -314,6 +337,27 @@ type datapathRule struct {
 	Npreferred  uint32
 	Risk        [16]uint32
 }
+
+type datapathRuleFlag uint32
+
+const (
+	datapathRuleFlagRULE_CIDRS           datapathRuleFlag = 1
+	datapathRuleFlagRULE_REWRITE_HEADERS datapathRuleFlag = 2
+	datapathRuleFlagRULE_SHARED_RISK     datapathRuleFlag = 4
+)
+
+type datapathRuleMatch uint32
+
+const (
+	datapathRuleMatchMATCH_INITIAL datapathRuleMatch = 1
+	datapathRuleMatchMATCH_JOIN    datapathRuleMatch = 2
+)
+
+type datapathSettingFlag uint32
+
+const (
+	datapathSettingFlagSETTING_OBSERVE_ONLY datapathSettingFlag = 1
+)
 
 type datapathSettingsValue struct {
 	_            structs.HostLayout
@@ -523,8 +567,14 @@ const (
 	datapathVarTableSeed          = "table_seed"
 	datapathVarUnusedLimit        = "unused_limit"
 	datapathVarUnusedMptcpSubtype = "unused_mptcp_subtype"
+	datapathVarUnusedNicFlag      = "unused_nic_flag"
+	datapathVarUnusedPathFlag     = "unused_path_flag"
+	datapathVarUnusedRateFlag     = "unused_rate_flag"
 	datapathVarUnusedRateKeyKind  = "unused_rate_key_kind"
 	datapathVarUnusedRateMode     = "unused_rate_mode"
+	datapathVarUnusedRuleFlag     = "unused_rule_flag"
+	datapathVarUnusedRuleMatch    = "unused_rule_match"
+	datapathVarUnusedSettingFlag  = "unused_setting_flag"
 	datapathVarUnusedSpreadMode   = "unused_spread_mode"
 	datapathVarUnusedStatId       = "unused_stat_id"
 	datapathVarUnusedSubflowRole  = "unused_subflow_role"
@@ -630,8 +680,14 @@ type datapathVariableSpecs struct {
 	TableSeed          *ebpf.VariableSpec `ebpf:"table_seed"`
 	UnusedLimit        *ebpf.VariableSpec `ebpf:"unused_limit"`
 	UnusedMptcpSubtype *ebpf.VariableSpec `ebpf:"unused_mptcp_subtype"`
+	UnusedNicFlag      *ebpf.VariableSpec `ebpf:"unused_nic_flag"`
+	UnusedPathFlag     *ebpf.VariableSpec `ebpf:"unused_path_flag"`
+	UnusedRateFlag     *ebpf.VariableSpec `ebpf:"unused_rate_flag"`
 	UnusedRateKeyKind  *ebpf.VariableSpec `ebpf:"unused_rate_key_kind"`
 	UnusedRateMode     *ebpf.VariableSpec `ebpf:"unused_rate_mode"`
+	UnusedRuleFlag     *ebpf.VariableSpec `ebpf:"unused_rule_flag"`
+	UnusedRuleMatch    *ebpf.VariableSpec `ebpf:"unused_rule_match"`
+	UnusedSettingFlag  *ebpf.VariableSpec `ebpf:"unused_setting_flag"`
 	UnusedSpreadMode   *ebpf.VariableSpec `ebpf:"unused_spread_mode"`
 	UnusedStatId       *ebpf.VariableSpec `ebpf:"unused_stat_id"`
 	UnusedSubflowRole  *ebpf.VariableSpec `ebpf:"unused_subflow_role"`
@@ -742,8 +798,14 @@ type datapathVariables struct {
 	TableSeed          *ebpf.Variable `ebpf:"table_seed"`
 	UnusedLimit        *ebpf.Variable `ebpf:"unused_limit"`
 	UnusedMptcpSubtype *ebpf.Variable `ebpf:"unused_mptcp_subtype"`
+	UnusedNicFlag      *ebpf.Variable `ebpf:"unused_nic_flag"`
+	UnusedPathFlag     *ebpf.Variable `ebpf:"unused_path_flag"`
+	UnusedRateFlag     *ebpf.Variable `ebpf:"unused_rate_flag"`
 	UnusedRateKeyKind  *ebpf.Variable `ebpf:"unused_rate_key_kind"`
 	UnusedRateMode     *ebpf.Variable `ebpf:"unused_rate_mode"`
+	UnusedRuleFlag     *ebpf.Variable `ebpf:"unused_rule_flag"`
+	UnusedRuleMatch    *ebpf.Variable `ebpf:"unused_rule_match"`
+	UnusedSettingFlag  *ebpf.Variable `ebpf:"unused_setting_flag"`
 	UnusedSpreadMode   *ebpf.Variable `ebpf:"unused_spread_mode"`
 	UnusedStatId       *ebpf.Variable `ebpf:"unused_stat_id"`
 	UnusedSubflowRole  *ebpf.Variable `ebpf:"unused_subflow_role"`

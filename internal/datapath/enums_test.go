@@ -153,6 +153,20 @@ var pinnedEnums = map[string]map[string]uint64{
 		"RATE_MODE_POLICE": 2,
 		"RATE_MODE_SHAPE":  3,
 	},
+	// The flags of the pinned maps' entries, bits that never move either.
+	"setting_flag": {"SETTING_OBSERVE_ONLY": 1 << 0},
+	"rule_match":   {"MATCH_INITIAL": 1 << 0, "MATCH_JOIN": 1 << 1},
+	"rule_flag":    {"RULE_CIDRS": 1 << 0, "RULE_REWRITE_HEADERS": 1 << 1, "RULE_SHARED_RISK": 1 << 2},
+	"path_flag":    {"PATH_DOWN": 1 << 0},
+	"nic_flag":     {"NIC_TUNNEL": 1 << 0},
+	"rate_flag": {
+		"RATE_HEADERS_MAY_BE_REWRITTEN": 1 << 0,
+		"RATE_POLICE_EGRESS":            1 << 1,
+		"RATE_POLICE_INGRESS":           1 << 2,
+		"RATE_COARSE_CLOCK":             1 << 3,
+		"RATE_BUDGET":                   1 << 4,
+		"RATE_NAMESPACE":                1 << 5,
+	},
 	"rate_key_kind": {
 		"RATE_KEY_CONN": 1,
 		"RATE_KEY_FLOW": 2,

@@ -45,17 +45,17 @@ type Direction uint32
 // Directions, as the flags of struct rate_cfg.
 const (
 	// Egress is what the pod sends (pod_egress).
-	Egress Direction = 1 << 1
+	Egress = Direction(datapathRateFlagRATE_POLICE_EGRESS)
 	// Ingress is what the pod receives (pod_ingress).
-	Ingress Direction = 1 << 2
+	Ingress = Direction(datapathRateFlagRATE_POLICE_INGRESS)
 )
 
-// Flags of struct rate_cfg besides the directions (rate.h).
+// Flags of struct rate_cfg besides the directions (enum rate_flag).
 const (
-	rateHeadersMayBeRewritten = 1 << 0 // RATE_HEADERS_MAY_BE_REWRITTEN
-	rateCoarseClock           = 1 << 3 // RATE_COARSE_CLOCK
-	rateBudget                = 1 << 4 // RATE_BUDGET
-	rateNamespace             = 1 << 5 // RATE_NAMESPACE
+	rateHeadersMayBeRewritten = uint32(datapathRateFlagRATE_HEADERS_MAY_BE_REWRITTEN)
+	rateCoarseClock           = uint32(datapathRateFlagRATE_COARSE_CLOCK)
+	rateBudget                = uint32(datapathRateFlagRATE_BUDGET)
+	rateNamespace             = uint32(datapathRateFlagRATE_NAMESPACE)
 )
 
 // coarseClockMinDepth is the shallowest police bucket, in time at its rate,

@@ -84,10 +84,10 @@ type Match uint8
 
 const (
 	// MatchInitial selects the MP_CAPABLE SYN that opens a connection.
-	MatchInitial Match = 1 << 0
+	MatchInitial = Match(datapathRuleMatchMATCH_INITIAL)
 	// MatchJoin selects an MP_JOIN SYN whose connection is not known (its
 	// handshake was not seen, e.g. it started before the agent).
-	MatchJoin Match = 1 << 1
+	MatchJoin = Match(datapathRuleMatchMATCH_JOIN)
 	// MatchAll is the default (the zero value means the same).
 	MatchAll = MatchInitial | MatchJoin
 )
@@ -385,12 +385,11 @@ func riskGroups(paths []uint8, risk []uint32) [][]uint32 {
 	return groups
 }
 
-// ruleCIDRs, ruleRewriteHeaders and ruleSharedRisk are RULE_CIDRS,
-// RULE_REWRITE_HEADERS and RULE_SHARED_RISK.
+// Flags of struct rule (enum rule_flag).
 const (
-	ruleCIDRs          = 1 << 0
-	ruleRewriteHeaders = 1 << 1
-	ruleSharedRisk     = 1 << 2
+	ruleCIDRs          = uint32(datapathRuleFlagRULE_CIDRS)
+	ruleRewriteHeaders = uint32(datapathRuleFlagRULE_REWRITE_HEADERS)
+	ruleSharedRisk     = uint32(datapathRuleFlagRULE_SHARED_RISK)
 )
 
 // pruneCIDRs deletes rule id's CIDRs that are not in keep.
@@ -641,8 +640,8 @@ func (d *Datapath) Endpoints() (map[netip.Addr]uint32, error) {
 	return out, err
 }
 
-// pathDown is PATH_DOWN.
-const pathDown = 1 << 0
+// pathDown is PATH_DOWN of enum path_flag.
+const pathDown = uint32(datapathPathFlagPATH_DOWN)
 
 // SetPathDown marks path down (no new subflow is placed on it, joins move
 // to other paths) or up again. Subflows already on it keep it: moving them
