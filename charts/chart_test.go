@@ -62,7 +62,7 @@ func TestHelmChart(t *testing.T) {
 		{"BadValuesAreRefusedWithAClearMessage", badValuesAreRefusedWithAClearMessage},
 		{"JoinHoldoffSchemaAgreesWithTheAgent", joinHoldoffSchemaAgreesWithTheAgent},
 		{"LivenessSchemaAgreesWithTheAgent", livenessSchemaAgreesWithTheAgent},
-		{"HelmUpgradeReuseValuesFromThePreviousRelease", helmUpgradeReuseValuesFromThePreviousRelease},
+		{"HelmUpgradeReuseValuesFromTheOldestChart", helmUpgradeReuseValuesFromTheOldestChart},
 		{"ChartVersionMovesWithTheChart", chartVersionMovesWithTheChart},
 		{"AppVersionMovesWithTheBinaries", appVersionMovesWithTheBinaries},
 	} {

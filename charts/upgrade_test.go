@@ -13,23 +13,23 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
-// `helm upgrade --reuse-values` from the previous release works. Helm then
+// `helm upgrade --reuse-values` from the oldest chart works. Helm then
 // renders the new chart with the release's values, the previous chart's
 // defaults included and the new chart's left out, so every key added since
 // must be optional in the schema and defaulted by the templates. A real helm
-// installs the previous release's chart (chartrelease.PreviousChart, from git)
+// installs the oldest chart (chartrelease.OldestChart, from git)
 // into a real API server and upgrades it to this chart with --reuse-values,
 // which keeps the release's values as they were; then with
 // --reset-then-reuse-values, which brings the new chart's defaults. The
 // API server accepts every object of each (no node runs them: the upgrade
 // under traffic is the e2e's, TestChart).
-func helmUpgradeReuseValuesFromThePreviousRelease(t *testing.T) {
+func helmUpgradeReuseValuesFromTheOldestChart(t *testing.T) {
 	helm := testutil.BuiltTool(t, "HELM", "helm")
 	old := t.TempDir()
-	archive := exec.Command("sh", "-c", "git archive "+chartrelease.PreviousChart+" charts/mptcp-operator | tar -x -C "+old)
+	archive := exec.Command("sh", "-c", "git archive "+chartrelease.OldestChart+" charts/mptcp-operator | tar -x -C "+old)
 	archive.Dir = testenv.RepoRoot()
 	if out, err := archive.CombinedOutput(); err != nil {
-		testutil.Unavailable(t, "the previous release's chart (git archive %s): %v: %s", chartrelease.PreviousChart, err, out)
+		testutil.Unavailable(t, "the oldest chart (git archive %s): %v: %s", chartrelease.OldestChart, err, out)
 	}
 	env := testenv.Start(t)
 	kubeconfig := env.Kubeconfig(t)
@@ -60,7 +60,7 @@ func helmUpgradeReuseValuesFromThePreviousRelease(t *testing.T) {
 	// the previous release's objects too).
 	run("install", chartrelease.Name, filepath.Join(old, "charts", "mptcp-operator"), "--create-namespace", "--skip-crds")
 	if _, ok := values()["webhook"]; ok {
-		t.Fatalf("the previous release's values have a webhook key: %s is not the release before the webhook", chartrelease.PreviousChart)
+		t.Fatalf("the oldest chart's values have a webhook key: %s is not the chart before the webhook", chartrelease.OldestChart)
 	}
 
 	run("upgrade", chartrelease.Name, chartDir(), "--reuse-values")

@@ -81,7 +81,8 @@ BENCH_OUTPUT := $(CURDIR)/_output/bench
 TEST_ALONE_NAMES := TestRate|TestFailover|TestIntegrity|TestChart|TestMachineWide
 TEST_ALONE := ^($(TEST_ALONE_NAMES))$$
 TEST_PACKAGES_AT_ONCE ?= 3
-TEST_FIRST := ./internal/datapath ./internal/controller ./test/testbed ./test/testbed/nodes ./bench/controller
+TEST_FIRST := ./internal/datapath ./internal/controller ./test/testbed ./test/testbed/nodes ./internal/agent/liveness \
+	./bench/controller ./internal/controller/podwebhook
 TEST_PARALLEL ?= 2
 # Packages a target of their own runs, not make test: the release, built
 # twice for two architectures and four plugin platforms, takes minutes

@@ -262,12 +262,13 @@ func testHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime(t *testing.T) {
 	links := tcxLinks(t, bed)
 
 	// The transfer outlasts the upgrade (from the previous release, with
-	// readiness probed every 2 s: agents replaced in 25 s, 2026-11-26; a
-	// later end fails the test below rather than watching too little);
+	// readiness probed every 2 s: agents replaced in 9 s, 2026-11-28; an
+	// end after the captures' fails the test below rather than watching too
+	// little);
 	// the captures end while the senders still send, as a connection's
 	// teardown may end with a bare RST answering a late segment, which is
 	// no reset of a running one.
-	const transfer, captured = 50 * time.Second, 47 * time.Second
+	const transfer, captured = 30 * time.Second, 27 * time.Second
 	const conns = 2
 	client, server := bed.Pod(1, 1), bed.Pod(2, 1)
 	w := bed.Watch(t, framework.DatapathEvidence(bed))

@@ -21,15 +21,19 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
-// PreviousChart is the release a chart upgrade starts from: a commit of main
-// whose chart and images ran on the test bed's real nodes (88bc912: main when
-// the chart was first installed there, before its agents knew their
-// DaemonSet). No earlier revision has a chart. To move it on, set it to a
-// later commit of main (one whose chart installs and whose agents come up
-// Ready on the bed; the upgrade test builds it from source) and run
-// TestChart/HelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime and the
-// charts package's TestHelmChart/HelmUpgradeReuseValuesFromThePreviousRelease.
-const PreviousChart = "88bc912"
+// PreviousChart is the release a chart upgrade starts from: the commit of
+// main that is the last release (chart 0.8.0, images 0.6.0). The upgrade
+// test builds its chart and images from source. With each release, set it
+// to the commit that release was cut from and run
+// TestChart/HelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime.
+const PreviousChart = "79e7022"
+
+// OldestChart is the first chart that ran on the test bed's real nodes
+// (88bc912: before the pod webhook, join holdoff and agents that know their
+// DaemonSet); no earlier revision has a chart. `helm upgrade --reuse-values`
+// from it proves every values key added since is optional
+// (TestHelmChart/HelmUpgradeReuseValuesFromTheOldestChart).
+const OldestChart = "88bc912"
 
 // Names the chart is installed under, as docs/install.md says.
 const (
