@@ -95,12 +95,24 @@ func readStamp(repo, imagebuild string) (stamp, error) {
 	return s, json.Unmarshal(b, &s)
 }
 
-func release(repo, out, version, imagebuild, helm, cyclonedx string) error {
-	repo, err := filepath.Abs(repo)
-	if err != nil {
-		return err
+// openSource reads what both kinds of release start from: the repository's
+// absolute root, its chart and the stamp of its sources.
+func openSource(repo, imagebuild string) (root string, chart chartMeta, st stamp, err error) {
+	if root, err = filepath.Abs(repo); err != nil {
+		return "", chart, st, err
 	}
-	chart, err := readChart(repo)
+	if chart, err = readChart(root); err != nil {
+		return "", chart, st, err
+	}
+	st, err = readStamp(root, imagebuild)
+	return root, chart, st, err
+}
+
+func release(repo, out, version, imagebuild, helm, cyclonedx string) error {
+	if imagebuild == "" || helm == "" || cyclonedx == "" {
+		return fmt.Errorf("-imagebuild, -helm and -cyclonedx are required")
+	}
+	repo, chart, st, err := openSource(repo, imagebuild)
 	if err != nil {
 		return err
 	}
@@ -108,13 +120,6 @@ func release(repo, out, version, imagebuild, helm, cyclonedx string) error {
 		return fmt.Errorf("VERSION=%q is not the chart's version %s (%s/Chart.yaml): a release is the chart's "+
 			"version; run make release VERSION=%s, or bump the chart's version and digest first",
 			version, chart.Version, chartDir, chart.Version)
-	}
-	if imagebuild == "" || helm == "" || cyclonedx == "" {
-		return fmt.Errorf("-imagebuild, -helm and -cyclonedx are required")
-	}
-	st, err := readStamp(repo, imagebuild)
-	if err != nil {
-		return err
 	}
 	if err := os.RemoveAll(out); err != nil {
 		return err
@@ -150,15 +155,7 @@ func release(repo, out, version, imagebuild, helm, cyclonedx string) error {
 
 // krewOnly builds the plugin for this machine (`make kubectl-mptcp`).
 func krewOnly(repo, out, bin, imagebuild string) error {
-	repo, err := filepath.Abs(repo)
-	if err != nil {
-		return err
-	}
-	chart, err := readChart(repo)
-	if err != nil {
-		return err
-	}
-	st, err := readStamp(repo, imagebuild)
+	repo, chart, st, err := openSource(repo, imagebuild)
 	if err != nil {
 		return err
 	}
