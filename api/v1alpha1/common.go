@@ -40,6 +40,9 @@ const (
 	ReasonInvalidSpec      = "InvalidSpec"
 	ReasonInterfaceMissing = "InterfaceMissing"
 	ReasonApplyFailed      = "ApplyFailed"
+	// ReasonCapsNotEnforced: the node is enforced, but some rules' caps
+	// miss part of their traffic on this node's CNI (an overlay).
+	ReasonCapsNotEnforced = "CapsNotEnforced"
 )
 
 // PathRole says whether a path carries subflows from the start (active) or only

@@ -35,6 +35,9 @@ type Agent struct {
 	// tunnelNICs are the ifindexes the last reconcile declared as tunnel
 	// devices (syncTunnels).
 	tunnelNICs map[int]bool
+	// unenforced are the last reconcile's caps that miss part of the
+	// traffic (capsPastOverlay).
+	unenforced []Problem
 	pms        *podnet.PathManagers
 	// closedSeen are the entries the last sweep found without a socket
 	// (closed.go): the next one forgets those it finds so again.
@@ -265,6 +268,7 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	keep(a.syncNICs(plan, hooks))
 	tunnels = a.steerableTunnels(tunnels)
 	tunnelHooks(tunnels, hooks)
+	a.noteUnenforced(capsPastOverlay(plan.Rules, tunnels))
 	ids, err := a.assignRuleIDs(plan)
 	keep(err)
 	podIDs, err := a.assignPodIDs(plan)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -27,6 +28,7 @@ import (
 // NICs, every stream whole: the captures on the path NICs read each
 // subflow's segments inside VXLAN only, on one NIC both ways (the peer's
 // replies follow the path its join arrived by, judged after decapsulation).
+// A policy that shapes then makes each node Degraded (CapsNotEnforced).
 func testFlannelVXLAN(t *testing.T) {
 	flanneld := testutil.BuiltTool(t, "FLANNELD", "flanneld")
 	cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit", Underlay: true}, func(o *nodes.Options) {
@@ -53,6 +55,39 @@ func testFlannelVXLAN(t *testing.T) {
 	if analysis.Plain != 0 || analysis.Tunneled == 0 {
 		t.Fatalf("captures on the path NICs read %d segments of the pods inside VXLAN and %d outside: want all inside", analysis.Tunneled, analysis.Plain)
 	}
+
+	// Shape caps nothing that the tunnel encapsulates: a policy that
+	// shapes makes every node Degraded for it, naming the rule and the
+	// tunnel, and the rest stays enforced.
+	applyObject(t, cb.c, &mptcpv1alpha1.MPTCPPolicy{}, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPolicy","metadata":{"name":"shaped"},
+		"spec":{"namespaceSelector":{"matchLabels":{"mptcp.io/tenant":"enabled"}},
+		"spread":{"paths":[{"name":"fabric-a"},{"name":"fabric-b"}]},"rateLimits":{"mode":"shape","perPod":"50M"}}}`)
+	for _, n := range cb.bed.Nodes {
+		requireNodeCondition(t, cb, n, func(c metav1.Condition) bool {
+			return c.Type == mptcpv1alpha1.ConditionDegraded && c.Status == metav1.ConditionTrue &&
+				c.Reason == mptcpv1alpha1.ReasonCapsNotEnforced && strings.Contains(c.Message, "flannel.1") &&
+				strings.Contains(c.Message, "the rest of the spec is enforced")
+		}, "Degraded for the shaping policy's caps")
+	}
+}
+
+// requireNodeCondition waits until one of node n's MPTCPNodeState
+// conditions is as ok wants.
+func requireNodeCondition(t *testing.T, cb *chartBed, n *testbed.Node, ok func(metav1.Condition) bool, what string) {
+	t.Helper()
+	var last []metav1.Condition
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		var s mptcpv1alpha1.MPTCPNodeState
+		if err := cb.c.Get(context.Background(), client.ObjectKey{Name: framework.NodeName(n)}, &s); err != nil {
+			continue
+		}
+		last = s.Status.Conditions
+		if i := slices.IndexFunc(last, ok); i >= 0 {
+			t.Logf("node %d: %s %s %s: %s", n.Index, last[i].Type, last[i].Status, last[i].Reason, last[i].Message)
+			return
+		}
+	}
+	t.Fatalf("node %d: conditions %+v, want %s", n.Index, last, what)
 }
 
 // requireNodeCheck waits until node n's agent reports its check name as ok

@@ -54,7 +54,13 @@ func nodeConditions(prev []metav1.Condition, in conditionInputs) []metav1.Condit
 	supported, reason, msg := nodecheck.Summary(in.Checks)
 	set(metav1.Condition{Type: ConditionNodeSupported, Status: conditionStatus(supported), Reason: reason, Message: msg})
 	degraded := degradedReason(in.Problems)
+	// Caps that miss part of the traffic are the only problems of a spec
+	// enforced whole: the lowest reason, present alone.
+	enforced := degraded == ReasonCapsNotEnforced
 	switch {
+	case enforced:
+		set(metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionTrue, Reason: degraded,
+			Message: conditionMessage(agent.Messages(in.Problems)) + "; the rest of the spec is enforced"})
 	case degraded != "":
 		set(metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionTrue, Reason: degraded,
 			Message: conditionMessage(agent.Messages(in.Problems)) + "; the last good configuration stays in force"})
@@ -66,7 +72,7 @@ func nodeConditions(prev []metav1.Condition, in conditionInputs) []metav1.Condit
 	default:
 		set(metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected, Message: "the spec is enforced"})
 	}
-	set(readyCondition(in, degraded != ""))
+	set(readyCondition(in, degraded != "" && !enforced))
 	if len(in.Waiting) > 0 {
 		set(metav1.Condition{Type: ConditionProgressing, Status: metav1.ConditionTrue, Reason: ReasonWaitingForPods,
 			Message: "pods without an address yet: " + strings.Join(in.Waiting, ", ")})
@@ -89,8 +95,10 @@ func nodeConditions(prev []metav1.Condition, in conditionInputs) []metav1.Condit
 // degradedRank orders the reasons of a node's problems: the Degraded
 // condition says the highest present. A failed reconcile is why nothing
 // new is enforced, whatever else the spec has; a path left out is what a
-// user fixes first in a spec also rejected for other errors.
+// user fixes first in a spec also rejected for other errors; caps that miss
+// part of the traffic come last, in a spec enforced otherwise.
 var degradedRank = map[string]int{
+	ReasonCapsNotEnforced:  0,
 	ReasonInvalidSpec:      1,
 	ReasonInterfaceMissing: 2,
 	ReasonApplyFailed:      3,

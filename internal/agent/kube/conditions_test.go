@@ -22,6 +22,7 @@ func TestNodeConditionsGiveEveryReason(t *testing.T) {
 	plan := &agent.Plan{Paths: make([]agent.PlanPath, 2), Pods: make([]agent.PlanPod, 3)}
 	pathLeftOut := agent.Problem{Reason: ReasonInterfaceMissing, Message: "path fabric-z: no interface nic9 on this node"}
 	badCIDR := agent.Problem{Reason: ReasonInvalidSpec, Message: `podCIDRs: "x" is not a prefix`}
+	capsMissed := agent.Problem{Reason: ReasonCapsNotEnforced, Message: "rule r: its shape caps miss the tunnel"}
 	base := func() conditionInputs {
 		return conditionInputs{Generation: 7, Applied: plan, HasPods: true,
 			Checks: []mptcpv1alpha1.NodeCheck{{Name: "Kernel", Result: mptcpv1alpha1.CheckPassed}}}
@@ -66,6 +67,13 @@ func TestNodeConditionsGiveEveryReason(t *testing.T) {
 		{"marks clash", func(in *conditionInputs) {
 			in.Problems = []agent.Problem{agent.ApplyProblem(fmt.Errorf("calico: %w", agent.ErrMarkClash))}
 		}, map[string]want{ConditionDegraded: {"True", ReasonMarkClash, "calico: mark clash; the last good configuration stays in force"}}},
+		{"caps miss an overlay", func(in *conditionInputs) { in.Problems = []agent.Problem{capsMissed} }, map[string]want{
+			ConditionDegraded: {"True", ReasonCapsNotEnforced, "rule r: its shape caps miss the tunnel; the rest of the spec is enforced"},
+			ConditionReady:    {"True", ReasonApplied, "2 paths, 3 pods enforced"},
+		}},
+		{"caps miss an overlay and a path is left out", func(in *conditionInputs) { in.Problems = []agent.Problem{capsMissed, pathLeftOut} },
+			map[string]want{ConditionDegraded: {"True", ReasonInterfaceMissing,
+				"rule r: its shape caps miss the tunnel; path fabric-z: no interface nic9 on this node; the last good configuration stays in force"}}},
 		{"pods skipped", func(in *conditionInputs) { in.SkippedPods = 2 }, map[string]want{
 			ConditionDegraded: {"False", ReasonPodsSkipped, "the spec is enforced but for 2 pods skipped for problems of their own: see status.pods"},
 			ConditionReady:    {"True", ReasonApplied, "2 paths, 3 pods enforced, 2 skipped (status.pods)"},

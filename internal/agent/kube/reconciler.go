@@ -62,6 +62,7 @@ const (
 	ReasonInterfaceMissing = mptcpv1alpha1.ReasonInterfaceMissing // a path's interface is absent or ambiguous on the node: the path is left out, the rest enforced; fix the MPTCPPath's interface selector
 	ReasonInvalidSpec      = mptcpv1alpha1.ReasonInvalidSpec      // the spec cannot be enforced (bad index, rule without usable path...): see status.errors
 	ReasonApplyFailed      = mptcpv1alpha1.ReasonApplyFailed      // the kernel refused part of the configuration: see status.errors and the agent's log
+	ReasonCapsNotEnforced  = mptcpv1alpha1.ReasonCapsNotEnforced  // enforced, but some rules' caps miss traffic an overlay encapsulates: see status.errors
 	ReasonStartFailed      = "StartFailed"                        // the agent could not start, for no reason a check names: see the agent's log
 	ReasonMarkClash        = mptcpv1alpha1.ReasonMarkClash        // the CNI uses bits of the agent's mark mask: nothing is enforced; set the chart's agent.markMask (the NodeSupported condition says which bits are free)
 	ReasonWaitingForPods   = "WaitingForPods"                     // some pods have no address yet or cannot be found on the node
@@ -97,6 +98,9 @@ type Enforcer interface {
 	// TCPListeners are a pod's listeners that take TCP only
 	// (agent.Agent.TCPListeners).
 	TCPListeners(agent.PlanPod) ([]netip.AddrPort, error)
+	// Unenforced are the last reconcile's caps that miss part of the
+	// traffic (agent.Agent.Unenforced).
+	Unenforced() []agent.Problem
 }
 
 // Reconciler enforces one node's MPTCPNodeState.
@@ -319,13 +323,13 @@ func (r *Reconciler) enforce(ctx context.Context, state *mptcpv1alpha1.MPTCPNode
 		}
 	}
 	if err != nil {
-		out.problems = append(slices.Clone(tr.PathProblems), agent.ApplyProblem(err))
+		out.problems = append(slices.Concat(tr.PathProblems, r.Agent.Unenforced()), agent.ApplyProblem(err))
 		r.status.Error = err.Error()
 		r.Log.Error("reconcile failed; the last good configuration stays in force", "err", err)
 		r.writeStatusFile()
 		return out, false
 	}
-	if out.problems = tr.PathProblems; len(out.problems) > 0 {
+	if out.problems = slices.Concat(tr.PathProblems, r.Agent.Unenforced()); len(tr.PathProblems) > 0 {
 		// Enforced without the paths this node cannot carry: each
 		// is reported on its path, and aggregated by the controller.
 		r.Log.Warn("paths left out", "problems", agent.Messages(tr.PathProblems))

@@ -167,6 +167,7 @@ var degradedReasons = map[string]bool{
 	mptcpv1alpha1.ReasonInvalidSpec:      true,
 	mptcpv1alpha1.ReasonApplyFailed:      true,
 	mptcpv1alpha1.ReasonMarkClash:        true,
+	mptcpv1alpha1.ReasonCapsNotEnforced:  true,
 }
 
 func degradedReason(r string) string {

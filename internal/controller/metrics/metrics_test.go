@@ -105,6 +105,7 @@ func TestDegradedReasonLabelIsBounded(t *testing.T) {
 		mptcpv1alpha1.ReasonInvalidSpec:      mptcpv1alpha1.ReasonInvalidSpec,
 		mptcpv1alpha1.ReasonApplyFailed:      mptcpv1alpha1.ReasonApplyFailed,
 		mptcpv1alpha1.ReasonMarkClash:        mptcpv1alpha1.ReasonMarkClash,
+		mptcpv1alpha1.ReasonCapsNotEnforced:  mptcpv1alpha1.ReasonCapsNotEnforced,
 		"Anything":                           "Other",
 		"":                                   "Other",
 	} {

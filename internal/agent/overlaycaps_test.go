@@ -1,0 +1,45 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+
+	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
+)
+
+// Through an overlay's tunnel, shape caps nothing and police of what pods
+// send caps only their subflows: each rule whose caps so miss traffic is a
+// problem of its own, naming the rule and the tunnel; rules whose caps hold
+// there (police of what pods receive, per-connection police, window) and
+// nodes without a tunnel have none.
+func TestCapsThatMissAnOverlaysTrafficAreProblems(t *testing.T) {
+	rate := func(c datapath.RateConfig) *datapath.RateConfig { return &c }
+	rules := []PlanRule{
+		{Name: "none"},
+		{Name: "shape", Rate: rate(datapath.RateConfig{Mode: datapath.RateShape, PerPod: 1e8})},
+		{Name: "police-out", Rate: rate(datapath.RateConfig{Mode: datapath.RatePolice, PerPod: 1e8, Directions: datapath.Egress})},
+		{Name: "police-ns", Rate: rate(datapath.RateConfig{Mode: datapath.RatePolice, PerNamespace: 1e8,
+			Directions: datapath.Egress | datapath.Ingress})},
+		{Name: "police-path", Rate: rate(datapath.RateConfig{Mode: datapath.RatePolice, PerPath: map[uint32]uint64{1: 1e8},
+			Directions: datapath.Egress})},
+		{Name: "police-in", Rate: rate(datapath.RateConfig{Mode: datapath.RatePolice, PerPod: 1e8, Directions: datapath.Ingress})},
+		{Name: "police-conn", Rate: rate(datapath.RateConfig{Mode: datapath.RatePolice, PerConnection: 1e8, Directions: datapath.Egress})},
+		{Name: "window", Rate: rate(datapath.RateConfig{Mode: datapath.RateWindow, PerPod: 1e8, HeadersMayBeRewritten: true})},
+	}
+	if got := capsPastOverlay(rules, nil); len(got) != 0 {
+		t.Errorf("a node without a tunnel has problems %v", got)
+	}
+	got := capsPastOverlay(rules, []routing.Tunnel{{Name: "flannel.1"}})
+	want := []string{"shape", "police-out", "police-ns", "police-path"}
+	if len(got) != len(want) {
+		t.Fatalf("problems %v, want one for each of %v", Messages(got), want)
+	}
+	for i, p := range got {
+		if p.Reason != mptcpv1alpha1.ReasonCapsNotEnforced || !strings.HasPrefix(p.Message, "rule "+want[i]+":") ||
+			!strings.Contains(p.Message, "flannel.1") {
+			t.Errorf("problem %d: %s %q; want CapsNotEnforced for rule %s naming flannel.1", i, p.Reason, p.Message, want[i])
+		}
+	}
+}
