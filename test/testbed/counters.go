@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // NICCounters returns the bytes received and sent by nic<k> of node, as the node namespace counts them (tx is
@@ -148,16 +151,27 @@ func (s *Sampler) WriteCSV(w io.Writer) error {
 
 // KernelCounter reads one of the kernel's SNMP counters (as nstat names
 // them: TcpRetransSegs, MPTcpExtDataCsumErr, TcpExtIPReversePathFilter) in
-// namespace ns.
+// namespace ns, from the namespace's own /proc/net files, read by a thread
+// inside it (no command to start, none to fail under load).
 func (b *Bed) KernelCounter(ns, name string) (float64, error) {
-	out, err := b.Command(ns, "nstat", "-asz", name).Output()
+	var texts []string
+	err := netnsutil.Do("/var/run/netns/"+ns, func() error {
+		for _, file := range []string{"netstat", "snmp"} {
+			raw, err := os.ReadFile("/proc/thread-self/net/" + file)
+			if err != nil {
+				return err
+			}
+			texts = append(texts, string(raw))
+		}
+		return nil
+	})
 	if err != nil {
-		return 0, fmt.Errorf("nstat %s in %s: %w", name, ns, err)
+		return 0, fmt.Errorf("counter %s in %s: %w", name, ns, err)
 	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == name {
-			return strconv.ParseFloat(f[1], 64)
+	for _, text := range texts {
+		if v, ok := testutil.SNMPCounter(text, name); ok {
+			return v, nil
 		}
 	}
-	return 0, fmt.Errorf("nstat in %s printed no %s:\n%s", ns, name, out)
+	return 0, fmt.Errorf("namespace %s has no counter %s", ns, name)
 }

@@ -8,13 +8,13 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // Accel is how QEMU runs the guest's CPU.
@@ -323,31 +323,11 @@ func (vm *VM) Counter(ctx context.Context, name string) (float64, error) {
 		if err != nil {
 			return 0, err
 		}
-		if v, ok := snmpCounter(text, name); ok {
+		if v, ok := testutil.SNMPCounter(text, name); ok {
 			return v, nil
 		}
 	}
 	return 0, fmt.Errorf("the guest has no counter %s", name)
-}
-
-// snmpCounter finds name in the pairs of lines of /proc/net/netstat or
-// snmp ("Section: Field1 Field2" then "Section: value1 value2").
-func snmpCounter(text, name string) (float64, bool) {
-	lines := strings.Split(text, "\n")
-	for i := 0; i+1 < len(lines); i += 2 {
-		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
-		if len(names) == 0 || len(names) != len(values) {
-			continue
-		}
-		section := strings.TrimSuffix(names[0], ":")
-		for j, f := range names[1:] {
-			if section+f == name {
-				v, err := strconv.ParseFloat(values[j+1], 64)
-				return v, err == nil
-			}
-		}
-	}
-	return 0, false
 }
 
 // WriteFile writes a file of the guest (a sysctl).
