@@ -31,6 +31,9 @@ packages=(
 	python3=3.11.2-1+b1
 	gcc=4:12.2.0-3
 	libc6-dev=2.36-9+deb12u14
+	libpcap-dev=1.10.3-1
+	libpcap0.8=1.10.3-1
+	ipset=7.17-1
 )
 
 missing=()
