@@ -77,6 +77,8 @@ func TestSteering(t *testing.T) {
 // (docs/install.md, "CNIs", has the matrix). Functional: run side by side.
 func TestCNI(t *testing.T) {
 	t.Run("flannel-vxlan/SubflowsSpreadOverDistinctNICsAndStreamsArriveWhole", sideBySide(testFlannelVXLAN))
+	t.Run("calico-routed/SubflowsSpreadAndNetworkPolicyHolds", sideBySide(testCalico("routed")))
+	t.Run("calico-vxlan/SubflowsSpreadAndNetworkPolicyHolds", sideBySide(testCalico("vxlan")))
 }
 
 // Guest: VM guests in pods, attached as KubeVirt attaches them, whose

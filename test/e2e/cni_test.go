@@ -2,15 +2,19 @@ package e2e
 
 import (
 	"context"
+	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed/nodes"
@@ -107,4 +111,94 @@ func requireNodeCheck(t *testing.T, cb *chartBed, n *testbed.Node, name string, 
 		}
 	}
 	t.Fatalf("node %d: checks %+v, want %s as the test says", n.Index, last, name)
+}
+
+// testCalico(mode): real nodes whose CNI is Calico, felix on iptables-nft
+// and its CNI plugin (pods on cali<hash> veths with /32 routes), "routed"
+// (the bed's fabrics route every pod CIDR, as fabrics that peer with the
+// nodes would) or "vxlan" (fabrics that route the nodes' VTEP addresses
+// only). felix marks with 0xffff0000, so the chart is installed with a mark
+// mask outside it, as docs/install.md tells. Every agent names its CNI
+// "calico (<mode>)"; with a Kubernetes NetworkPolicy that admits the
+// servers' ingress from the client pods only, MPTCP from the clients of
+// each node to the other's server spreads each connection's subflows over
+// both NICs (inside VXLAN or not, as the mode says), streams whole; a
+// connection from a server pod, which the policy denies, stays denied while
+// the agent steers its subflows, and opens once the policy is gone.
+func testCalico(mode string) func(*testing.T) {
+	return func(t *testing.T) {
+		dir := testutil.BuiltTool(t, "CALICO", "calico")
+		cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit", Underlay: mode == "vxlan"}, func(o *nodes.Options) {
+			o.Calico = &nodes.Calico{Dir: dir, Mode: mode}
+		})
+		servers := cb.tenantServers(t)
+		attached := map[int]*testbed.Pod{}
+		for _, n := range cb.bed.Nodes {
+			p := cb.attach(t, servers[n.Index])
+			if !n.PodCIDR.Contains(p.Addr) || !strings.HasPrefix(p.HostIf, "cali") {
+				t.Fatalf("server pod %s behind %q: want an address of %s behind a Calico veth cali*", p.Addr, p.HostIf, n.PodCIDR)
+			}
+			attached[n.Index] = p
+		}
+		cb.install(t, release.Chart(), cb.images, append([]string{"--set", "agent.markMask=0x00000f00"}, kubeBedValues...)...)
+		cb.applyExamples(t, servers)
+		for _, n := range cb.bed.Nodes {
+			requireNodeCheck(t, cb, n, "CNI", func(c mptcpv1alpha1.NodeCheck) bool {
+				return c.Result == mptcpv1alpha1.CheckPassed && strings.HasPrefix(c.Message, "calico ("+mode+") from /etc/cni/net.d/10-calico.conflist")
+			})
+		}
+		policy := &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "servers-from-clients", Namespace: tenantNS},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}},
+				}},
+			},
+		}
+		if err := cb.c.Create(background(t), policy); err != nil {
+			t.Fatal(err)
+		}
+		analysis, sent := cb.crossTransfer(t, servers)
+		requireSpread(t, analysis, sent, "calico "+mode)
+		t.Logf("captures: %d connections, %d subflows, %d segments inside VXLAN, %d outside", len(analysis.Connections), len(analysis.Subflows), analysis.Tunneled, analysis.Plain)
+		if inside := mode == "vxlan"; (analysis.Tunneled == 0) == inside || (analysis.Plain == 0) != inside {
+			t.Fatalf("captures on the path NICs read %d segments of the pods inside VXLAN and %d outside: want all %s", analysis.Tunneled, analysis.Plain, map[bool]string{true: "inside", false: "outside"}[inside])
+		}
+
+		// felix has had the policy for the whole transfer: server 1 is no
+		// client, so its connection to server 2 is dropped, its SYNs steered.
+		to := netip.AddrPortFrom(attached[2].Addr, tenantPort)
+		if err := dialMPTCP(attached[1], to, 3*time.Second); err == nil {
+			t.Fatalf("%s reached %s through a NetworkPolicy that admits the clients only", attached[1], to)
+		} else {
+			t.Logf("denied by the NetworkPolicy: %v", err)
+		}
+		if err := cb.c.Delete(background(t), policy); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+			if err = dialMPTCP(attached[1], to, 2*time.Second); err == nil {
+				return
+			}
+		}
+		t.Fatalf("%s still cannot reach %s with the NetworkPolicy gone: %v", attached[1], to, err)
+	}
+}
+
+// dialMPTCP opens an MPTCP connection from pod from to to, and closes it.
+func dialMPTCP(from *testbed.Pod, to netip.AddrPort, timeout time.Duration) error {
+	var c net.Conn
+	err := netnsutil.Do("/var/run/netns/"+from.NetNS, func() (err error) {
+		d := net.Dialer{Timeout: timeout}
+		d.SetMultipathTCP(true)
+		c, err = d.Dial("tcp", to.String())
+		return err
+	})
+	if err == nil {
+		c.Close()
+	}
+	return err
 }

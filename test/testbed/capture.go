@@ -50,16 +50,19 @@ func (b *Bed) StartPayloadCaptures(filter string) (*Captures, error) {
 // worst case; IPv4 options are rare on the bed).
 const headerSnap = 128
 
-// tunnelPort is the UDP port of flannel's VXLAN (Linux's default, not IANA's 4789): on an underlay bed
-// (Config.Underlay) the captures read the pods' segments inside it, behind its 50 bytes of outer headers.
-const tunnelPort = 8472
+// tunnelPorts are the UDP ports of the overlays' VXLAN: flannel's (Linux's default) and Calico's (IANA's). On an
+// underlay bed (Config.Underlay) the captures read the pods' segments inside it, behind its 50 bytes of outer headers.
+var tunnelPorts = []uint16{8472, 4789}
+
+// isTunnelPort tells whether a UDP destination port is one of tunnelPorts.
+func isTunnelPort(port uint16) bool { return slices.Contains(tunnelPorts, port) }
 
 func (b *Bed) startCaptures(filter string, snap int) (*Captures, error) {
 	if b.Config.Underlay && snap != 0 {
 		snap += 50
 	}
 	if b.Config.Underlay && filter != "" {
-		filter = fmt.Sprintf("(%s) or udp port %d", filter, tunnelPort)
+		filter = fmt.Sprintf("(%s) or udp port %d or udp port %d", filter, tunnelPorts[0], tunnelPorts[1])
 	}
 	c := &Captures{}
 	seq := b.nextSeq()
@@ -325,7 +328,10 @@ func tsharkRows(input, filter string, all bool, fields []string, prefs ...string
 	for _, p := range prefs {
 		args = append(args, "-o", p)
 	}
-	args = append(args, "-d", fmt.Sprintf("udp.port==%d,vxlan", tunnelPort), "-Y", filter, "-T", "fields", "-E", "separator=|")
+	for _, port := range tunnelPorts {
+		args = append(args, "-d", fmt.Sprintf("udp.port==%d,vxlan", port))
+	}
+	args = append(args, "-Y", filter, "-T", "fields", "-E", "separator=|")
 	if all {
 		args = append(args, "-E", "occurrence=a", "-E", "aggregator=,")
 	} else {

@@ -252,7 +252,7 @@ func tcpSegment(frame []byte) (segment, bool) {
 			return segment{}, false
 		}
 		// VXLAN (an underlay bed's): the segment of the inner frame, behind the UDP and VXLAN headers.
-		if udp := ip[ihl:]; ip[9] == 17 && len(udp) >= 16 && binary.BigEndian.Uint16(udp[2:]) == tunnelPort {
+		if udp := ip[ihl:]; ip[9] == 17 && len(udp) >= 16 && isTunnelPort(binary.BigEndian.Uint16(udp[2:])) {
 			return tcpSegment(udp[16:])
 		}
 		if ip[9] != 6 {

@@ -119,7 +119,10 @@ func support(name, mode string) (Support, string) {
 		if mode == "ebpf" {
 			return Untested, "Calico's eBPF data plane redirects pods' packets past the policy routing the agent steers with"
 		}
-		return Untested, "routed veths: pods are found and steered by policy routing; no test bed runs Calico"
+		if mode == "routed" {
+			return Tested, "routed veths cali*: pods are found by their routes and steered by policy routing beside felix's iptables rules and NetworkPolicy; the agent's mark mask must stay outside felix's"
+		}
+		return Tested, "routed veths cali*: selected pods' subflows are encapsulated by vxlan.calico and their outer packets leave by their paths' NICs, so every path must route the nodes' VTEP addresses; the agent's mark mask must stay outside felix's"
 	case "cilium":
 		return Untested, "with eBPF host routing (Cilium's default on recent kernels) pods' packets are redirected past the policy routing the agent steers with; legacy host routing is untested"
 	case "flannel", "bridge":

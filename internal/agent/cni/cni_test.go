@@ -25,7 +25,12 @@ func TestFindNamesTheCNIItsModeAndMarks(t *testing.T) {
 		"calico over VXLAN": {
 			files: map[string]string{"10-calico.conflist": `{"name":"k8s-pod-network","plugins":[{"type":"calico"},{"type":"bandwidth"},{"type":"portmap"}]}`},
 			links: []string{"lo", "eth0", "vxlan.calico", "cali1234"},
-			want:  Network{Name: "calico", Mode: "vxlan", Marks: 0xffff0000, Support: Untested},
+			want:  Network{Name: "calico", Mode: "vxlan", Marks: 0xffff0000, Support: Tested},
+		},
+		"calico routed": {
+			files: map[string]string{"10-calico.conflist": `{"name":"k8s-pod-network","plugins":[{"type":"calico"}]}`},
+			links: []string{"lo", "nic1", "cali1234"},
+			want:  Network{Name: "calico", Mode: "routed", Marks: 0xffff0000, Support: Tested},
 		},
 		"calico with the eBPF data plane": {
 			files: map[string]string{"10-calico.conflist": `{"plugins":[{"type":"calico"}]}`},

@@ -29,7 +29,7 @@ const cniBinDir = "/usr/lib/cni"
 //
 // The opt plugin's directory is moved into the node's state: its default,
 // /opt/containerd, is the machine's.
-func containerdConfig(l layout, sandboxImage string) string {
+func containerdConfig(l layout, sandboxImage, binDir string) string {
 	return fmt.Sprintf(`version = 2
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -64,7 +64,7 @@ disabled_plugins = [
     bin_dir = %q
     conf_dir = "/etc/cni/net.d"
     max_conf_num = 1
-`, l.private("/opt"), sandboxImage, cniBinDir)
+`, l.private("/opt"), sandboxImage, binDir)
 }
 
 // cniConfig is the node's network: ptp gives each pod a veth pair, the pod's

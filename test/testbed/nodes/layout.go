@@ -37,6 +37,9 @@ var hostDirs = []string{
 	"/var/log/containers", // the kubelet's links to them
 	"/etc/cni/net.d",      // the node's CNI configuration (ptp + host-local)
 	"/run/flannel",        // flanneld's subnet.env, with Options.Flannel
+	"/var/lib/calico",     // calico-node's nodename and felix's MTU file, with Options.Calico
+	"/var/log/calico",     // calico-node's start-up creates it
+	"/run/calico",         // the Calico CNI plugin's IPAM lock
 }
 
 // kernelTunables are the machine-wide sysctls the kubelet sets to values of
@@ -66,6 +69,10 @@ type layout struct {
 
 // private is the machine's path of the node's private copy of a standard path.
 func (l layout) private(path string) string { return filepath.Join(l.dir, path) }
+
+// cniBin is the node's own CNI plugin directory, when its CNI's plugins
+// are not the distribution's (Options.Calico).
+func (l layout) cniBin() string { return filepath.Join(l.dir, "cni-bin") }
 
 // config is the machine's path of a configuration file of the node.
 func (l layout) config(name string) string { return filepath.Join(l.dir, "config", name) }

@@ -69,6 +69,9 @@ type Options struct {
 	// Flannel, when set, runs flanneld on every node and attaches pods to
 	// its bridge instead of the bed's ptp network (flannel.go).
 	Flannel *Flannel
+	// Calico, when set, runs calico-node and felix on every node and
+	// attaches pods with Calico's CNI plugin instead (calico.go).
+	Calico *Calico
 }
 
 // Cluster is the real nodes of a bed. Stop it with Stop.
@@ -92,8 +95,8 @@ type Node struct {
 	// Cgroup is the kubelet's cgroup root, in every hierarchy.
 	Cgroup string
 	// Containerd and Kubelet are the node's processes; Flanneld too with
-	// Options.Flannel.
-	Containerd, Kubelet, Flanneld *testbed.Process
+	// Options.Flannel, Felix with Options.Calico.
+	Containerd, Kubelet, Flanneld, Felix *testbed.Process
 
 	layout  layout
 	mountNS string // the node's mount namespace, as readlink /proc/PID/ns/mnt shows it
@@ -165,6 +168,11 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			return c, err
 		}
 	}
+	if o.Calico != nil {
+		if err := c.startCalico(ctx); err != nil {
+			return c, err
+		}
+	}
 	return c, c.WaitReady(ctx)
 }
 
@@ -213,17 +221,22 @@ func (c *Cluster) prepare(ctx context.Context, n *Node) error {
 		return err
 	}
 	files := map[string][]byte{
-		n.layout.config("containerd.toml"): []byte(containerdConfig(n.layout, c.opts.SandboxImage)),
+		n.layout.config("containerd.toml"): []byte(containerdConfig(n.layout, c.opts.SandboxImage, c.cniBinDir(n))),
 		n.layout.config("kubelet.yaml"):    kubelet,
 	}
-	if c.opts.Flannel == nil {
-		files[n.layout.private("/etc/cni/net.d/10-testbed.conflist")] = cni
-	} else {
+	switch {
+	case c.opts.Flannel != nil:
 		fl, err := flannelFiles(n.layout, c.opts.Flannel)
 		if err != nil {
 			return err
 		}
 		maps.Copy(files, fl)
+	case c.opts.Calico != nil:
+		if err := calicoFiles(n.layout, c.opts.Calico); err != nil {
+			return err
+		}
+	default:
+		files[n.layout.private("/etc/cni/net.d/10-testbed.conflist")] = cni
 	}
 	if err := writeFiles(files); err != nil {
 		return err
@@ -441,8 +454,10 @@ func (c *Cluster) Stop() error {
 
 func (c *Cluster) stopNode(n *Node) error {
 	var errs []error
-	if n.Flanneld != nil {
-		errs = append(errs, n.Flanneld.Stop(5*time.Second))
+	for _, p := range []*testbed.Process{n.Flanneld, n.Felix} {
+		if p != nil {
+			errs = append(errs, p.Stop(5*time.Second))
+		}
 	}
 	if n.Kubelet != nil {
 		errs = append(errs, n.Kubelet.Stop(5*time.Second))
