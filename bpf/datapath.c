@@ -588,9 +588,14 @@ __noinline int record_mptcp_options(__u32 seen, __u32 invalid)
 		struct mptcp_subtype_stats *st;
 		__u32 bit = 1U << i;
 
+		/* The key is a copy: a counter whose address a helper takes
+		 * lives on the stack, untracked, and kernels before 6.13 then
+		 * see the loop's states repeat ("infinite loop detected"). */
+		__u32 key = i;
+
 		if (!(bits & bit))
 			continue;
-		st = bpf_map_lookup_elem(&mptcp_options, &i);
+		st = bpf_map_lookup_elem(&mptcp_options, &key);
 		if (!st)
 			continue;
 		if (seen & bit)

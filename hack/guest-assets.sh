@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Puts the test bed guests' kernel into one directory: a Debian cloud kernel
+# Puts a guest kernel into one directory: a Debian cloud kernel
 # (apt-get download, unpacked with dpkg-deb, never installed) and the modules
 # its virtio network driver needs, with the order to load them in. The
 # directory lives outside the clone and is keyed by package and version, so a
@@ -34,10 +34,21 @@ cp "root/boot/vmlinuz-$release" out/vmlinuz
 # load them on demand.
 loaded=" "
 for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci failover net_failover virtio_net inet_diag tcp_diag; do
-	f=$(find "root/lib/modules/$release" -name "$m.ko")
+	# A module a newer kernel has built in needs no loading.
+	if grep -q "/$m.ko$" "root/lib/modules/$release/modules.builtin"; then
+		loaded+="$m "
+		continue
+	fi
+	f=$(find "root/lib/modules/$release" -name "$m.ko" -o -name "$m.ko.xz")
 	if [[ -z "$f" ]]; then
 		echo "$pkg $version has no module $m.ko" >&2
 		exit 1
+	fi
+	# Newer kernels ship their modules compressed: the guest's init loads
+	# them as they are, so they are decompressed here.
+	if [[ "$f" == *.xz ]]; then
+		xz -dc "$f" >"${f%.xz}"
+		f=${f%.xz}
 	fi
 	for dep in $(strings "$f" | sed -n 's/^depends=//p' | tr , ' '); do
 		if [[ "$loaded" != *" $dep "* ]]; then

@@ -34,6 +34,7 @@ packages=(
 	libpcap-dev=1.10.3-1
 	libpcap0.8=1.10.3-1
 	ipset=7.17-1
+	xz-utils=5.4.1-1
 )
 
 missing=()

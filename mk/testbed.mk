@@ -26,6 +26,22 @@ guest-assets: $(GUEST_ASSETS)/vmlinuz ## Fetch the VM guests' kernel and its net
 $(GUEST_ASSETS)/vmlinuz:
 	hack/guest-assets.sh $(GUEST_KERNEL_PACKAGE) $(GUEST_KERNEL_VERSION) $(GUEST_ASSETS)
 
+# The node kernels of the compatibility matrix (docs/install.md): Debian cloud
+# kernels fetched as the guests' is, each booted in a guest that runs what the
+# agent asks of a node's kernel (test/kernels). Not in `make test`: .ci/run
+# runs `make test-kernels` after it.
+KERNEL_MATRIX := linux-image-6.12.117+deb12-cloud-amd64=6.12.117-1~deb12u1 $(GUEST_KERNEL_PACKAGE)=$(GUEST_KERNEL_VERSION)
+KERNEL_ASSETS := $(foreach k,$(KERNEL_MATRIX),$(CACHE_DIR)/guest/$(subst =,_,$(k))-$(GUEST_ASSETS_KEY))
+
+.PHONY: kernel-assets
+kernel-assets: ## Fetch the matrix's node kernels into the cache (once each).
+	@for k in $(KERNEL_MATRIX); do \
+		hack/guest-assets.sh "$${k%%=*}" "$${k#*=}" "$(CACHE_DIR)/guest/$${k%%=*}_$${k#*=}-$(GUEST_ASSETS_KEY)" || exit 1; done
+
+.PHONY: test-kernels
+test-kernels: deps kernel-assets ## Boot each kernel of the matrix in a QEMU guest and check the datapath there (verifier, TCX links, socket program).
+	MPTCP_KERNEL_ASSETS="$(KERNEL_ASSETS)" $(GO) test -count=1 -v -timeout 20m -run '^TestKernels$$' ./test/kernels/
+
 .PHONY: print-guest-assets
 print-guest-assets: ## Print the directory to export as MPTCP_GUEST_ASSETS.
 	@echo $(GUEST_ASSETS)

@@ -309,6 +309,9 @@ __noinline int block_add_addr(struct __sk_buff *skb, const struct packet *pkt, c
 	start = pkt->mptcp.off[MPTCP_SUB_ADD_ADDR] - 20; /* within the option block */
 	if (start >= TCP_MAX_OPTIONS_LEN - 1)
 		return 0;
+	/* The index from the checked register: clang would recompute it from
+	 * the unchecked offset, which verifiers before 6.13 do not link. */
+	asm volatile("" : "+r"(start));
 	len = old[start + 1];
 	if (observe_only()) {
 		count(STAT_OBSERVED);

@@ -121,6 +121,10 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	if err := ensureBPFFS(); err != nil {
 		return nil, err
 	}
+	checks := CheckNode(settings)
+	if err := kernelRefusal(checks); err != nil {
+		return nil, err
+	}
 	// Migrate: pinned maps an earlier release laid out differently are
 	// converted now and settled by FinishMigration after the first reconcile.
 	dp, err := datapath.Load(datapath.Options{PinDir: settings.PinDir, MarkMask: settings.MarkMask, Migrate: true, Log: log})
@@ -128,7 +132,7 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir), sweepSpacing: closedSweepSpacing}
-	a.checks = CheckNode(settings)
+	a.checks = checks
 	if a.refused = refusal(a.checks); a.refused != nil {
 		log.Error("the CNI's marks share bits with the agent's mark mask: nothing is enforced until they differ", "err", a.refused)
 	}

@@ -44,6 +44,19 @@ func CheckNode(s Settings) []mptcpv1alpha1.NodeCheck {
 // Checks are the node checks the agent made when it started.
 func (a *Agent) Checks() []mptcpv1alpha1.NodeCheck { return a.checks }
 
+// kernelRefusal is the error of a failed kernel check (a kernel below the
+// floor, or without MPTCP): the agent does not load its datapath there, so
+// that its start fails with what the kernel lacks rather than with what a
+// verifier of another kernel line says of its programs.
+func kernelRefusal(checks []mptcpv1alpha1.NodeCheck) error {
+	for _, c := range checks {
+		if c.Name == nodecheck.Kernel && c.Result == mptcpv1alpha1.CheckFailed {
+			return fmt.Errorf("%s: %s", c.Reason, c.Message)
+		}
+	}
+	return nil
+}
+
 // refusal is the error of a failed check that keeps the agent from
 // enforcing anything: a mark clash.
 func refusal(checks []mptcpv1alpha1.NodeCheck) error {

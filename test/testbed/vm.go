@@ -89,7 +89,7 @@ func GuestImage(assets, dir string) (guest.Image, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return guest.Image{}, err
 	}
-	img, err := guest.BuildImage(assets, dir)
+	img, err := guest.BuildImage(assets, dir, nil)
 	if err != nil {
 		return img, err
 	}
@@ -270,6 +270,12 @@ func (b *Bed) BootGuestForTest(t testing.TB, pod *Pod, binding Binding, dir stri
 	if err != nil {
 		t.Fatal(err)
 	}
+	return b.BootImageForTest(t, pod, binding, img, accel)
+}
+
+// BootImageForTest is BootGuestForTest with an image of the test's own.
+func (b *Bed) BootImageForTest(t testing.TB, pod *Pod, binding Binding, img guest.Image, accel guest.Accel) *Guest {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	g, err := b.BootGuest(ctx, pod, binding, img, accel)

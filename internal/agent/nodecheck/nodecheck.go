@@ -31,6 +31,7 @@ const (
 // Reasons of failed checks; each is an entry of docs/troubleshooting.md.
 const (
 	ReasonNoMPTCP     = "NoMPTCP"
+	ReasonKernelOld   = "KernelTooOld"
 	ReasonNoBTF       = "NoBTF"
 	ReasonNoBPFFS     = "NoBPFFS"
 	ReasonCNIUntested = "CNIUntested"
@@ -69,11 +70,28 @@ func failed(name, reason, format string, args ...any) mptcpv1alpha1.NodeCheck {
 	return mptcpv1alpha1.NodeCheck{Name: name, Result: mptcpv1alpha1.CheckFailed, Reason: reason, Message: fmt.Sprintf(format, args...)}
 }
 
+// MinKernel is the oldest kernel line the datapath runs on: TCX links
+// came with 6.6, and 6.1's verifier refuses its programs (a map key in
+// memory a global function was given). docs/install.md's matrix says which
+// kernels ran.
+var MinKernel = [2]int{6, 6}
+
 func kernel(procSys string) mptcpv1alpha1.NodeCheck {
 	var u unix.Utsname
-	release := "Linux"
-	if unix.Uname(&u) == nil {
-		release = "Linux " + unix.ByteSliceToString(u.Release[:])
+	if unix.Uname(&u) != nil {
+		return kernelRelease("", procSys)
+	}
+	return kernelRelease(unix.ByteSliceToString(u.Release[:]), procSys)
+}
+
+// kernelRelease checks the kernel of a release (uname -r; "" when unknown)
+// whose /proc/sys is procSys.
+func kernelRelease(r, procSys string) mptcpv1alpha1.NodeCheck {
+	release := strings.TrimSpace("Linux " + r)
+	var major, minor int
+	if n, _ := fmt.Sscanf(r, "%d.%d", &major, &minor); n == 2 && (major < MinKernel[0] || major == MinKernel[0] && minor < MinKernel[1]) {
+		return failed(Kernel, ReasonKernelOld, "%s is older than %d.%d, the oldest kernel the datapath runs on (TCX links; a verifier that accepts its programs)",
+			release, MinKernel[0], MinKernel[1])
 	}
 	if _, err := os.Stat(filepath.Join(procSys, "net", "mptcp", "enabled")); err != nil {
 		return failed(Kernel, ReasonNoMPTCP, "%s has no MPTCP (%s/net/mptcp/enabled: %v): the node needs a kernel built with CONFIG_MPTCP", release, procSys, err)

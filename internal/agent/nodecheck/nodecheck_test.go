@@ -101,3 +101,32 @@ func TestPodCIDRsAndTheSummary(t *testing.T) {
 		t.Errorf("summary with a warning: %v %s %q", ok, reason, msg)
 	}
 }
+
+// A kernel older than the floor fails the kernel check, naming itself and
+// the floor; a newer one, or one whose release cannot be read, passes on to
+// the MPTCP check.
+func TestAKernelBelowTheFloorIsNamed(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "net", "mptcp"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "net", "mptcp", "enabled"), []byte("1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for release, want := range map[string]string{
+		"6.1.0-56-cloud-amd64":       ReasonKernelOld,
+		"5.15.0-119-generic":         ReasonKernelOld,
+		"6.6.45":                     "",
+		"6.12.117+deb12-cloud-amd64": "",
+		"7.0.1":                      "",
+		"":                           "",
+	} {
+		c := kernelRelease(release, dir)
+		if c.Reason != want || (want == "") != (c.Result == mptcpv1alpha1.CheckPassed) {
+			t.Errorf("%q: %+v, want reason %q", release, c, want)
+		}
+		if want != "" && (!strings.Contains(c.Message, "Linux "+release) || !strings.Contains(c.Message, "older than 6.6")) {
+			t.Errorf("%q: message %q names neither the kernel nor the floor", release, c.Message)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,12 +45,15 @@ var programs = map[string]string{
 	"bin/traffic": "github.com/mptcp-operator/mptcp-operator/hack/traffic",
 }
 
-// BuildImage writes into dir an initramfs holding programs and the modules
-// of assets, and returns it with the kernel of assets.
-func BuildImage(assets, dir string) (Image, error) {
+// BuildImage writes into dir an initramfs holding programs, and extra ones
+// (path in the image to Go package), and the modules of assets, and returns
+// it with the kernel of assets.
+func BuildImage(assets, dir string, extra map[string]string) (Image, error) {
 	img := Image{Kernel: filepath.Join(assets, "vmlinuz"), Initramfs: filepath.Join(dir, "initramfs.cpio.gz")}
 	files := map[string]string{"lib/modules/order": filepath.Join(assets, "modules", "order")}
-	for name, pkg := range programs {
+	all := maps.Clone(programs)
+	maps.Copy(all, extra)
+	for name, pkg := range all {
 		bin := filepath.Join(dir, filepath.Base(name))
 		build := exec.Command("go", "build", "-trimpath", "-o", bin, pkg)
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
