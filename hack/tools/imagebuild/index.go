@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -62,43 +61,12 @@ func writeIndexArchive(path string, ref name.Tag, idx v1.ImageIndex, images []pl
 		}
 	}
 	for _, p := range images {
-		manifest, err := p.image.RawManifest()
+		blobs, err := readImageBlobs(p.image)
 		if err != nil {
 			return err
 		}
-		md, err := p.image.Digest()
-		if err != nil {
-			return err
-		}
-		add(md, manifest)
-		config, err := p.image.RawConfigFile()
-		if err != nil {
-			return err
-		}
-		cd, err := p.image.ConfigName()
-		if err != nil {
-			return err
-		}
-		add(cd, config)
-		layers, err := p.image.Layers()
-		if err != nil {
-			return err
-		}
-		for _, l := range layers {
-			d, err := l.Digest()
-			if err != nil {
-				return err
-			}
-			rc, err := l.Compressed()
-			if err != nil {
-				return err
-			}
-			b, err := io.ReadAll(rc)
-			rc.Close()
-			if err != nil {
-				return err
-			}
-			add(d, b)
+		for _, b := range blobs.all() {
+			add(b.digest, b.data)
 		}
 	}
 	top := v1.Descriptor{MediaType: types.OCIImageIndex, Size: int64(len(raw)), Digest: digest}
