@@ -45,10 +45,7 @@ func writeArchive(path string, ref name.Tag, img v1.Image, epoch time.Time) erro
 	if err != nil {
 		return err
 	}
-	entries := []fileEntry{
-		{name: "blobs/", mode: 0o755, dir: true},
-		{name: "blobs/sha256/", mode: 0o755, dir: true},
-	}
+	var entries []fileEntry
 	for _, b := range blobs.all() {
 		entries = append(entries, blob(b.digest, b.data))
 	}
@@ -130,11 +127,11 @@ func (b imageBlobs) all() []digestedBlob {
 	return append([]digestedBlob{b.manifest, b.config}, b.layers...)
 }
 
-// writeLayout finishes an OCI image layout archive holding entries: an
-// index.json whose one entry is top, named ref for containerd's importer
-// and the layout, an oci-layout, and the JSON files of extra (by name); one
-// tar, entries sorted, owned by 0:0 and stamped with epoch, written
-// atomically.
+// writeLayout finishes an OCI image layout archive holding entries (the
+// blobs): the directories of blobs, an index.json whose one entry is top,
+// named ref for containerd's importer and the layout, an oci-layout, and the
+// JSON files of extra (by name); one tar, entries sorted, owned by 0:0 and
+// stamped with epoch, written atomically.
 func writeLayout(path string, ref name.Tag, top v1.Descriptor, entries []fileEntry, extra map[string]any,
 	epoch time.Time) error {
 	top.Annotations = map[string]string{
@@ -146,6 +143,9 @@ func writeLayout(path string, ref name.Tag, top v1.Descriptor, entries []fileEnt
 		"oci-layout": map[string]string{"imageLayoutVersion": "1.0.0"},
 	}
 	maps.Copy(files, extra)
+	entries = append(entries,
+		fileEntry{name: "blobs/", mode: 0o755, dir: true},
+		fileEntry{name: "blobs/sha256/", mode: 0o755, dir: true})
 	for _, name := range slices.Sorted(maps.Keys(files)) {
 		b, err := json.Marshal(files[name])
 		if err != nil {

@@ -48,11 +48,7 @@ func writeIndexArchive(path string, ref name.Tag, idx v1.ImageIndex, images []pl
 	if err != nil {
 		return err
 	}
-	entries := []fileEntry{
-		{name: "blobs/", mode: 0o755, dir: true},
-		{name: "blobs/sha256/", mode: 0o755, dir: true},
-		blob(digest, raw),
-	}
+	entries := []fileEntry{blob(digest, raw)}
 	seen := map[v1.Hash]bool{digest: true}
 	add := func(h v1.Hash, b []byte) {
 		if !seen[h] {
