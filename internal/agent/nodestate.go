@@ -98,41 +98,92 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, peers
 	settings.setDefaults()
 	plan := &Plan{Settings: settings}
 	t := &Translation{Plan: plan}
-	fail := func(format string, args ...any) {
-		t.Errors = append(t.Errors, Problem{mptcpv1alpha1.ReasonInvalidSpec, fmt.Sprintf(format, args...)})
-	}
-
 	if state.Spec.Outdated() {
 		// What its pods' rules were is not this release's to read; the
 		// last good plan stays in force until the controller rewrites
 		// the spec (within seconds of its upgrade).
-		fail("the spec is in an earlier release's format (rules inline in pods): waiting for the controller to rewrite it")
+		t.invalid("the spec is in an earlier release's format (rules inline in pods): waiting for the controller to rewrite it")
 		return t
 	}
-	for _, s := range state.Spec.PodCIDRs {
+	t.podCIDRs(state.Spec.PodCIDRs)
+	resolved, away := t.resolvePaths(state.Spec.Paths, links, prior)
+	if len(state.Spec.Pods) > 0 {
+		// Peers only while the node has pods: a node without them sends
+		// nothing a probe would protect.
+		peers, plan.UnprobedPeers = probedPeers(state.Name, sharingPaths(peers, plan.Paths))
+		plan.ProbedPeers = len(peers)
+		plan.Liveness = livenessPaths(plan.Paths, peers, links)
+		plan.PeerCIDRs = peerCIDRs(peers)
+	}
+	placed := &podPlacement{locate: locate, heldIDs: prior.HeldIDs, taken: map[string]bool{},
+		used: map[string]bool{}, applied: map[string]int64{}}
+	placed.rules, placed.ruleErrs = compileRules(state.Spec, resolved, away)
+	for _, name := range prior.HeldRules {
+		placed.taken[name] = true
+	}
+	for _, pod := range podsInPlacementOrder(state.Spec.Pods, prior) {
+		t.placePod(pod, placed)
+	}
+	t.dropPodsSharingAHostInterface()
+	// Reported and enforced in namespace/name order.
+	slices.SortStableFunc(t.PodProblems, func(a, b mptcpv1alpha1.PodProblem) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	slices.SortStableFunc(plan.Pods, func(a, b PlanPod) int {
+		return cmp.Or(strings.Compare(a.Ref.Namespace, b.Ref.Namespace), strings.Compare(a.Ref.Name, b.Ref.Name))
+	})
+	// Only the rules some configured pod uses reach the datapath.
+	for _, name := range slices.Sorted(maps.Keys(placed.used)) {
+		plan.Rules = append(plan.Rules, placed.rules[name])
+	}
+	for _, name := range slices.Sorted(maps.Keys(placed.applied)) {
+		t.Applied = append(t.Applied, mptcpv1alpha1.AppliedPolicy{Name: name, Generation: placed.applied[name]})
+	}
+	return t
+}
+
+// invalid records a problem that keeps the spec from being enforced as a
+// whole (Translation.Errors).
+func (t *Translation) invalid(format string, args ...any) {
+	t.Errors = append(t.Errors, Problem{mptcpv1alpha1.ReasonInvalidSpec, fmt.Sprintf(format, args...)})
+}
+
+// leaveOut records a path the node cannot carry: it is left out, the rest
+// is enforced (Translation.PathProblems).
+func (t *Translation) leaveOut(path, msg string) {
+	t.PathProblems = append(t.PathProblems, Problem{mptcpv1alpha1.ReasonInterfaceMissing, fmt.Sprintf("path %s: %s", path, msg)})
+}
+
+// podCIDRs puts the node's pod CIDRs into the plan; one that is not a
+// prefix is the spec's error.
+func (t *Translation) podCIDRs(cidrs []string) {
+	for _, s := range cidrs {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			fail("podCIDRs: %q is not a prefix", s)
+			t.invalid("podCIDRs: %q is not a prefix", s)
 			continue
 		}
-		plan.PodCIDRs = append(plan.PodCIDRs, p.Masked())
+		t.Plan.PodCIDRs = append(t.Plan.PodCIDRs, p.Masked())
 	}
+}
 
-	resolved := map[string]PlanPath{}
-	awayPaths := map[string]bool{}
+// resolvePaths finds each path's interface among links and puts the paths
+// the node can carry into the plan, reporting every path's state. resolved
+// are the plan's paths by name; away are the paths without a link now that
+// the last plan had in force (prior.Paths), which rules keep counting
+// (RuleFromCompiled).
+func (t *Translation) resolvePaths(paths []mptcpv1alpha1.NodePath, links []NodeLink, prior Prior) (resolved map[string]PlanPath, away map[string]bool) {
+	resolved, away = map[string]PlanPath{}, map[string]bool{}
 	owners := map[string]string{} // interface -> the path that has it
-	leaveOut := func(name, msg string) {
-		t.PathProblems = append(t.PathProblems, Problem{mptcpv1alpha1.ReasonInterfaceMissing, fmt.Sprintf("path %s: %s", name, msg)})
-	}
 	// Lower indexes first: the older path keeps an interface two paths'
 	// selectors find (the controller gives the lowest free index to the
 	// oldest path).
-	nodePaths := slices.Clone(state.Spec.Paths)
+	nodePaths := slices.Clone(paths)
 	slices.SortStableFunc(nodePaths, func(a, b mptcpv1alpha1.NodePath) int { return int(a.Index) - int(b.Index) })
 	for _, np := range nodePaths {
 		ps := mptcpv1alpha1.PathState{Name: np.Name}
-		link, state, msg := resolveInterface(np.Interface, links)
-		ps.Link, ps.Message = state, msg
+		link, linkState, msg := resolveInterface(np.Interface, links)
+		ps.Link, ps.Message = linkState, msg
 		if link != nil {
 			ps.Interface = link.Name
 			for _, a := range link.Addresses {
@@ -144,83 +195,92 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, peers
 		switch {
 		case np.Index < 1 || !datapath.ValidPath(uint32(np.Index)):
 			ps.Message = fmt.Sprintf("index %d is beyond the %d paths the datapath supports", np.Index, datapath.MaxPaths)
-			fail("path %s: %s", np.Name, ps.Message)
+			t.invalid("path %s: %s", np.Name, ps.Message)
 		case link == nil:
-			leaveOut(np.Name, msg)
-			away := prior.Paths[np.Name]
-			plan.Awaiting = append(plan.Awaiting, AwaitingPath{Name: np.Name, Index: uint32(np.Index), Away: away})
-			if away {
-				awayPaths[np.Name] = true
+			t.leaveOut(np.Name, msg)
+			wasInForce := prior.Paths[np.Name]
+			t.Plan.Awaiting = append(t.Plan.Awaiting, AwaitingPath{Name: np.Name, Index: uint32(np.Index), Away: wasInForce})
+			if wasInForce {
+				away[np.Name] = true
 			}
 		case owners[link.Name] != "":
 			ps.Link = mptcpv1alpha1.LinkAmbiguous
 			ps.Message = fmt.Sprintf("interface %s is also path %s's: a NIC carries one path", link.Name, owners[link.Name])
-			leaveOut(np.Name, ps.Message)
+			t.leaveOut(np.Name, ps.Message)
 		case !link.Gateway.IsValid():
 			ps.Message = fmt.Sprintf("no next hop found on %s: neither a default route through it nor an IPv4 subnet on it", link.Name)
-			fail("path %s: %s", np.Name, ps.Message)
+			t.invalid("path %s: %s", np.Name, ps.Message)
 		default:
 			owners[link.Name] = np.Name
 			p := PlanPath{Path: routing.Path{Name: np.Name, Index: uint32(np.Index), Interface: link.Name, Gateway: link.Gateway},
 				Capacity: uint64(max(np.Capacity.Value(), 0)), SharedRiskGroup: np.SharedRiskGroup}
-			plan.Paths = append(plan.Paths, p)
+			t.Plan.Paths = append(t.Plan.Paths, p)
 			resolved[np.Name] = p
 		}
 		t.Paths = append(t.Paths, ps)
 	}
 	slices.SortFunc(t.Paths, func(a, b mptcpv1alpha1.PathState) int { return strings.Compare(a.Name, b.Name) })
-	if len(state.Spec.Pods) > 0 {
-		// Peers only while the node has pods: a node without them sends
-		// nothing a probe would protect.
-		peers, plan.UnprobedPeers = probedPeers(state.Name, sharingPaths(peers, plan.Paths))
-		plan.ProbedPeers = len(peers)
-		plan.Liveness = livenessPaths(plan.Paths, peers, links)
-		plan.PeerCIDRs = peerCIDRs(peers)
-	}
+	return resolved, away
+}
 
-	// Each rule once, under its name: pods refer to it.
-	rules := map[string]PlanRule{}
-	ruleErrs := map[string]error{}
+// compileRules makes each of the spec's rules the datapath's once, under its
+// name (pods refer to it); a rule that cannot be is in ruleErrs, and what it
+// makes of its pods is theirs (podRulesProblem).
+func compileRules(spec mptcpv1alpha1.MPTCPNodeStateSpec, resolved map[string]PlanPath, away map[string]bool) (rules map[string]PlanRule, ruleErrs map[string]error) {
+	rules, ruleErrs = map[string]PlanRule{}, map[string]error{}
 	known := map[string]bool{}
-	for _, np := range state.Spec.Paths {
+	for _, np := range spec.Paths {
 		known[np.Name] = true
 	}
-	for _, cr := range state.Spec.Rules {
+	for _, cr := range spec.Rules {
 		// The controller names only the node's paths in its rules; a
 		// hand-written node state may not.
 		if unknown := unknownPaths(cr, known); len(unknown) > 0 {
 			ruleErrs[cr.Name] = fmt.Errorf("policy %s: rule %s names paths %v that are not the node state's", cr.Policy, cr.Name, unknown)
 			continue
 		}
-		rule, err := RuleFromCompiled(cr, resolved, awayPaths)
+		rule, err := RuleFromCompiled(cr, resolved, away)
 		if err != nil {
 			ruleErrs[cr.Name] = fmt.Errorf("policy %s: %w", cr.Policy, err)
 			continue
 		}
 		rules[cr.Name] = rule
 	}
-	applied := map[string]int64{}
-	used := map[string]bool{}
+	return rules, ruleErrs
+}
+
+// podPlacement is what placing the pods one after the other carries from
+// each to the next.
+type podPlacement struct {
+	rules    map[string]PlanRule
+	ruleErrs map[string]error
+	locate   func([]netip.Addr) (LocatedPod, error)
+	// heldIDs are the ids live connections use that no name holds
+	// (Prior.HeldIDs).
+	heldIDs int
 	// taken are the names that hold an id once the plan is assigned:
 	// those held now and the configured pods' (ruleIDs.assign).
-	taken := map[string]bool{}
-	for _, name := range prior.HeldRules {
-		taken[name] = true
-	}
-	// A pod's problem is the pod's: it is skipped and reported, and every
-	// other pod is enforced. The pods the node enforces already first (the
-	// same UID), then namespace/name order, whatever the spec's: a full
-	// rule table leaves out a newcomer, never a running pod of a tenant
-	// whose namespace sorts later, and which newcomers does not depend on
-	// how the spec was written.
+	taken map[string]bool
+	// used are the rules of the pods configured, and applied the highest
+	// generation of each of their policies.
+	used    map[string]bool
+	applied map[string]int64
+}
+
+// podsInPlacementOrder are pods in the order they get room in the rule
+// table: the pods the node enforces already first (the same UID), then
+// namespace/name order, whatever the spec's. A full rule table leaves out a
+// newcomer, never a running pod of a tenant whose namespace sorts later,
+// and which newcomers does not depend on how the spec was written.
+func podsInPlacementOrder(pods []mptcpv1alpha1.NodePod, prior Prior) []mptcpv1alpha1.NodePod {
 	byName := func(a, b mptcpv1alpha1.NodePod) int {
 		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
 	}
 	enforced := func(p mptcpv1alpha1.NodePod) bool {
 		return prior.Pods[PodRef{Namespace: p.Namespace, Name: p.Name, UID: p.UID}]
 	}
-	pods := slices.Clone(state.Spec.Pods)
-	slices.SortStableFunc(pods, func(a, b mptcpv1alpha1.NodePod) int {
+	out := slices.Clone(pods)
+	slices.SortStableFunc(out, func(a, b mptcpv1alpha1.NodePod) int {
 		if ea, eb := enforced(a), enforced(b); ea != eb {
 			if ea {
 				return -1
@@ -229,84 +289,96 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, peers
 		}
 		return byName(a, b)
 	})
-	for _, pod := range pods {
-		if len(pod.Rules) == 0 {
-			continue
-		}
-		skip := func(reason mptcpv1alpha1.PodProblemReason, format string, args ...any) {
-			t.PodProblems = append(t.PodProblems, mptcpv1alpha1.PodProblem{Namespace: pod.Namespace, Name: pod.Name, Reason: reason,
-				Message: fmt.Sprintf(format, args...)})
-		}
-		reason, msg := podRulesProblem(pod, rules, ruleErrs)
-		if reason != "" {
-			skip(reason, "%s", msg)
-			continue
-		}
-		var ips []netip.Addr
-		var bad []string
-		for _, s := range pod.IPs {
-			a, err := netip.ParseAddr(s)
-			if err != nil {
-				bad = append(bad, strconv.Quote(s))
-				continue
-			}
-			ips = append(ips, a.Unmap())
-		}
-		if len(bad) > 0 {
-			skip(mptcpv1alpha1.PodInvalidAddress, "ips %s are not addresses", strings.Join(bad, ", "))
-			continue
-		}
-		if len(ips) == 0 {
-			// Not a problem: the pod has no address yet; it is
-			// configured once the controller copies one.
-			continue
-		}
-		// The datapath holds MaxNodeRules rules, and an id stays taken
-		// while a live connection uses it: a pod that needs one more id
-		// than is left is skipped, the pods before it keep theirs. The
-		// message stays the same while the table is full, so that the
-		// pod's gate and events do not change with every other pod.
-		added := map[string]bool{}
-		for _, name := range pod.Rules {
-			if !taken[name] {
-				added[name] = true
-			}
-		}
-		if len(taken)+len(added)+prior.HeldIDs > mptcpv1alpha1.MaxNodeRules {
-			skip(mptcpv1alpha1.PodRuleTableFull, "the node's rule table (%d rules) is full: its other pods' rules, and retired rules that live connections still use, hold every id; the pod is configured once one is free",
-				mptcpv1alpha1.MaxNodeRules)
-			continue
-		}
-		loc, err := locate(ips)
-		if err != nil {
-			skip(mptcpv1alpha1.PodNotFound, "%v", err)
-			continue
-		}
-		// A veth NIC (the test bed's, a VM's) has a peer namespace too:
-		// an address that leads out of a path is no local pod's.
-		if i := slices.IndexFunc(plan.Paths, func(p PlanPath) bool { return p.Interface == loc.HostInterface }); i >= 0 {
-			skip(mptcpv1alpha1.PodAddressOnPath, "its address %s leads out of path %s (%s), not to a local pod", ips[0], plan.Paths[i].Name, loc.HostInterface)
-			continue
-		}
-		plan.Pods = append(plan.Pods, PlanPod{Name: pod.Namespace + "." + pod.Name, Ref: PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
-			NetNS: loc.NetNS, HostInterface: loc.HostInterface, IPs: ips, Rules: slices.Clone(pod.Rules),
-			Transparent: Transparency(pod.Transparent)})
-		for _, name := range pod.Rules {
-			used[name], taken[name] = true, true
-			r := rules[name]
-			applied[r.Policy] = max(applied[r.Policy], r.Generation)
+	return out
+}
+
+// placePod puts pod into the plan, or skips it with its problem: a pod's
+// problem is the pod's, and every other pod is enforced. A pod without rules
+// or without an address yet is neither.
+func (t *Translation) placePod(pod mptcpv1alpha1.NodePod, placed *podPlacement) {
+	if len(pod.Rules) == 0 {
+		return
+	}
+	skip := func(reason mptcpv1alpha1.PodProblemReason, format string, args ...any) {
+		t.PodProblems = append(t.PodProblems, mptcpv1alpha1.PodProblem{Namespace: pod.Namespace, Name: pod.Name, Reason: reason,
+			Message: fmt.Sprintf(format, args...)})
+	}
+	if reason, msg := podRulesProblem(pod, placed.rules, placed.ruleErrs); reason != "" {
+		skip(reason, "%s", msg)
+		return
+	}
+	ips, bad := podAddresses(pod.IPs)
+	if len(bad) > 0 {
+		skip(mptcpv1alpha1.PodInvalidAddress, "ips %s are not addresses", strings.Join(bad, ", "))
+		return
+	}
+	if len(ips) == 0 {
+		// Not a problem: the pod has no address yet; it is
+		// configured once the controller copies one.
+		return
+	}
+	// The datapath holds MaxNodeRules rules, and an id stays taken
+	// while a live connection uses it: a pod that needs one more id
+	// than is left is skipped, the pods before it keep theirs. The
+	// message stays the same while the table is full, so that the
+	// pod's gate and events do not change with every other pod.
+	added := map[string]bool{}
+	for _, name := range pod.Rules {
+		if !placed.taken[name] {
+			added[name] = true
 		}
 	}
-	// Two pods found at one host interface: an address claimed behind a
-	// bridge by a namespace that is not the pod's (a tenant with
-	// CAP_NET_ADMIN can put any address on its own interface). Neither
-	// is configured: the interface's programs would carry one pod's rules
-	// for the other's traffic.
+	if len(placed.taken)+len(added)+placed.heldIDs > mptcpv1alpha1.MaxNodeRules {
+		skip(mptcpv1alpha1.PodRuleTableFull, "the node's rule table (%d rules) is full: its other pods' rules, and retired rules that live connections still use, hold every id; the pod is configured once one is free",
+			mptcpv1alpha1.MaxNodeRules)
+		return
+	}
+	loc, err := placed.locate(ips)
+	if err != nil {
+		skip(mptcpv1alpha1.PodNotFound, "%v", err)
+		return
+	}
+	// A veth NIC (the test bed's, a VM's) has a peer namespace too:
+	// an address that leads out of a path is no local pod's.
+	if i := slices.IndexFunc(t.Plan.Paths, func(p PlanPath) bool { return p.Interface == loc.HostInterface }); i >= 0 {
+		skip(mptcpv1alpha1.PodAddressOnPath, "its address %s leads out of path %s (%s), not to a local pod", ips[0], t.Plan.Paths[i].Name, loc.HostInterface)
+		return
+	}
+	t.Plan.Pods = append(t.Plan.Pods, PlanPod{Name: pod.Namespace + "." + pod.Name, Ref: PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
+		NetNS: loc.NetNS, HostInterface: loc.HostInterface, IPs: ips, Rules: slices.Clone(pod.Rules),
+		Transparent: Transparency(pod.Transparent)})
+	for _, name := range pod.Rules {
+		placed.used[name], placed.taken[name] = true, true
+		r := placed.rules[name]
+		placed.applied[r.Policy] = max(placed.applied[r.Policy], r.Generation)
+	}
+}
+
+// podAddresses parses a pod's addresses (IPv4-mapped ones unmapped); bad are
+// those that are not addresses, quoted.
+func podAddresses(ips []string) (addrs []netip.Addr, bad []string) {
+	for _, s := range ips {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			bad = append(bad, strconv.Quote(s))
+			continue
+		}
+		addrs = append(addrs, a.Unmap())
+	}
+	return addrs, bad
+}
+
+// dropPodsSharingAHostInterface skips the pods of the plan found at one host
+// interface with another: an address claimed behind a bridge by a namespace
+// that is not the pod's (a tenant with CAP_NET_ADMIN can put any address on
+// its own interface). Neither is configured: the interface's programs would
+// carry one pod's rules for the other's traffic.
+func (t *Translation) dropPodsSharingAHostInterface() {
 	byHost := map[string]int{}
-	for _, p := range plan.Pods {
+	for _, p := range t.Plan.Pods {
 		byHost[p.HostInterface]++
 	}
-	plan.Pods = slices.DeleteFunc(plan.Pods, func(p PlanPod) bool {
+	t.Plan.Pods = slices.DeleteFunc(t.Plan.Pods, func(p PlanPod) bool {
 		if byHost[p.HostInterface] < 2 {
 			return false
 		}
@@ -314,21 +386,6 @@ func FromNodeState(settings Settings, state *mptcpv1alpha1.MPTCPNodeState, peers
 			Message: fmt.Sprintf("its address leads to %s, where %d pods are found: none of them is configured there", p.HostInterface, byHost[p.HostInterface])})
 		return true
 	})
-	// Reported and enforced in namespace/name order.
-	slices.SortStableFunc(t.PodProblems, func(a, b mptcpv1alpha1.PodProblem) int {
-		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
-	})
-	slices.SortStableFunc(plan.Pods, func(a, b PlanPod) int {
-		return cmp.Or(strings.Compare(a.Ref.Namespace, b.Ref.Namespace), strings.Compare(a.Ref.Name, b.Ref.Name))
-	})
-	// Only the rules some configured pod uses reach the datapath.
-	for _, name := range slices.Sorted(maps.Keys(used)) {
-		plan.Rules = append(plan.Rules, rules[name])
-	}
-	for _, name := range slices.Sorted(maps.Keys(applied)) {
-		t.Applied = append(t.Applied, mptcpv1alpha1.AppliedPolicy{Name: name, Generation: applied[name]})
-	}
-	return t
 }
 
 // podRulesProblem is why pod's rules keep it from being configured: more

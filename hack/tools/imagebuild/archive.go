@@ -37,19 +37,7 @@ type dockerManifest struct {
 // manifest.json, which `docker load` reads. Entries are sorted, owned by 0:0
 // and stamped with epoch.
 func writeArchive(path string, ref name.Tag, img v1.Image, epoch time.Time) error {
-	manifest, err := img.RawManifest()
-	if err != nil {
-		return err
-	}
-	manifestDigest, err := img.Digest()
-	if err != nil {
-		return err
-	}
-	config, err := img.RawConfigFile()
-	if err != nil {
-		return err
-	}
-	configDigest, err := img.ConfigName()
+	blobs, err := readImageBlobs(img)
 	if err != nil {
 		return err
 	}
@@ -57,48 +45,93 @@ func writeArchive(path string, ref name.Tag, img v1.Image, epoch time.Time) erro
 	if err != nil {
 		return err
 	}
-	entries := []fileEntry{
-		{name: "blobs/", mode: 0o755, dir: true},
-		{name: "blobs/sha256/", mode: 0o755, dir: true},
-		blob(manifestDigest, manifest),
-		blob(configDigest, config),
+	var entries []fileEntry
+	for _, b := range blobs.all() {
+		entries = append(entries, blob(b.digest, b.data))
 	}
-	docker := dockerManifest{Config: blobPath(configDigest), RepoTags: []string{ref.String()}}
-	layers, err := img.Layers()
-	if err != nil {
-		return err
-	}
-	for _, l := range layers {
-		d, err := l.Digest()
-		if err != nil {
-			return err
-		}
-		rc, err := l.Compressed()
-		if err != nil {
-			return err
-		}
-		b, err := io.ReadAll(rc)
-		rc.Close()
-		if err != nil {
-			return err
-		}
-		entries = append(entries, blob(d, b))
-		docker.Layers = append(docker.Layers, blobPath(d))
+	docker := dockerManifest{Config: blobPath(blobs.config.digest), RepoTags: []string{ref.String()}}
+	for _, l := range blobs.layers {
+		docker.Layers = append(docker.Layers, blobPath(l.digest))
 	}
 	top := v1.Descriptor{
 		MediaType: types.OCIManifestSchema1,
-		Size:      int64(len(manifest)),
-		Digest:    manifestDigest,
+		Size:      int64(len(blobs.manifest.data)),
+		Digest:    blobs.manifest.digest,
 		Platform:  &v1.Platform{OS: cfg.OS, Architecture: cfg.Architecture},
 	}
 	return writeLayout(path, ref, top, entries, map[string]any{"manifest.json": []dockerManifest{docker}}, epoch)
 }
 
-// writeLayout finishes an OCI image layout archive holding entries: an
-// index.json whose one entry is top, named ref for containerd's importer
-// and the layout, an oci-layout, and the JSON files of extra (by name); one
-// tar, entries sorted, owned by 0:0 and stamped with epoch, written
-// atomically.
+// digestedBlob is one blob of an image: its bytes and their digest.
+type digestedBlob struct {
+	digest v1.Hash
+	data   []byte
+}
+
+// imageBlobs are what an image layout holds of one image: its manifest, its
+// config and its layers (compressed, as a registry serves them).
+type imageBlobs struct {
+	manifest, config digestedBlob
+	layers           []digestedBlob
+}
+
+// readImageBlobs reads img's blobs. writeArchive and writeIndexArchive both
+// read an image through it, so that a single-architecture archive and each
+// image of a multi-architecture one lay out the same bytes in the same order.
+func readImageBlobs(img v1.Image) (imageBlobs, error) {
+	var out imageBlobs
+	var err error
+	if out.manifest.data, err = img.RawManifest(); err != nil {
+		return out, err
+	}
+	if out.manifest.digest, err = img.Digest(); err != nil {
+		return out, err
+	}
+	if out.config.data, err = img.RawConfigFile(); err != nil {
+		return out, err
+	}
+	if out.config.digest, err = img.ConfigName(); err != nil {
+		return out, err
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		return out, err
+	}
+	for _, l := range layers {
+		d, err := l.Digest()
+		if err != nil {
+			return out, err
+		}
+		b, err := readLayer(l)
+		if err != nil {
+			return out, err
+		}
+		out.layers = append(out.layers, digestedBlob{digest: d, data: b})
+	}
+	return out, nil
+}
+
+// readLayer is the layer's compressed bytes.
+func readLayer(l v1.Layer) ([]byte, error) {
+	rc, err := l.Compressed()
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	return io.ReadAll(rc)
+}
+
+// all are the blobs in the order an archive lists them: manifest, config,
+// layers.
+func (b imageBlobs) all() []digestedBlob {
+	return append([]digestedBlob{b.manifest, b.config}, b.layers...)
+}
+
+// writeLayout finishes an OCI image layout archive holding entries (the
+// blobs): the directories of blobs, an index.json whose one entry is top,
+// named ref for containerd's importer and the layout, an oci-layout, and the
+// JSON files of extra (by name); one tar, entries sorted, owned by 0:0 and
+// stamped with epoch, written atomically.
 func writeLayout(path string, ref name.Tag, top v1.Descriptor, entries []fileEntry, extra map[string]any,
 	epoch time.Time) error {
 	top.Annotations = map[string]string{
@@ -110,6 +143,9 @@ func writeLayout(path string, ref name.Tag, top v1.Descriptor, entries []fileEnt
 		"oci-layout": map[string]string{"imageLayoutVersion": "1.0.0"},
 	}
 	maps.Copy(files, extra)
+	entries = append(entries,
+		fileEntry{name: "blobs/", mode: 0o755, dir: true},
+		fileEntry{name: "blobs/sha256/", mode: 0o755, dir: true})
 	for _, name := range slices.Sorted(maps.Keys(files)) {
 		b, err := json.Marshal(files[name])
 		if err != nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -49,11 +48,7 @@ func writeIndexArchive(path string, ref name.Tag, idx v1.ImageIndex, images []pl
 	if err != nil {
 		return err
 	}
-	entries := []fileEntry{
-		{name: "blobs/", mode: 0o755, dir: true},
-		{name: "blobs/sha256/", mode: 0o755, dir: true},
-		blob(digest, raw),
-	}
+	entries := []fileEntry{blob(digest, raw)}
 	seen := map[v1.Hash]bool{digest: true}
 	add := func(h v1.Hash, b []byte) {
 		if !seen[h] {
@@ -62,43 +57,12 @@ func writeIndexArchive(path string, ref name.Tag, idx v1.ImageIndex, images []pl
 		}
 	}
 	for _, p := range images {
-		manifest, err := p.image.RawManifest()
+		blobs, err := readImageBlobs(p.image)
 		if err != nil {
 			return err
 		}
-		md, err := p.image.Digest()
-		if err != nil {
-			return err
-		}
-		add(md, manifest)
-		config, err := p.image.RawConfigFile()
-		if err != nil {
-			return err
-		}
-		cd, err := p.image.ConfigName()
-		if err != nil {
-			return err
-		}
-		add(cd, config)
-		layers, err := p.image.Layers()
-		if err != nil {
-			return err
-		}
-		for _, l := range layers {
-			d, err := l.Digest()
-			if err != nil {
-				return err
-			}
-			rc, err := l.Compressed()
-			if err != nil {
-				return err
-			}
-			b, err := io.ReadAll(rc)
-			rc.Close()
-			if err != nil {
-				return err
-			}
-			add(d, b)
+		for _, b := range blobs.all() {
+			add(b.digest, b.data)
 		}
 	}
 	top := v1.Descriptor{MediaType: types.OCIImageIndex, Size: int64(len(raw)), Digest: digest}
