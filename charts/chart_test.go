@@ -49,6 +49,7 @@ func TestHelmChart(t *testing.T) {
 		{"CRDsAndControllerRulesAreControllerGensOutput", crdsAndControllerRulesAreControllerGensOutput},
 		{"AgentIdentityFollowsNamespaceAndServiceAccount", agentIdentityFollowsNamespaceAndServiceAccount},
 		{"PodsTakePullSecretsLabelsAndAnnotations", podsTakePullSecretsLabelsAndAnnotations},
+		{"CommonLabelsAccountAnnotationsAndSecurityContexts", commonLabelsAccountAnnotationsAndSecurityContexts},
 		{"OptionalPartsRenderOnlyWhenAsked", optionalPartsRenderOnlyWhenAsked},
 		{"DefaultImagesAreWhatMakeImagesBuilds", defaultImagesAreWhatMakeImagesBuilds},
 		{"OneRegistryValueMovesEveryImage", oneRegistryValueMovesEveryImage},
@@ -588,6 +589,58 @@ func podsTakePullSecretsLabelsAndAnnotations(t *testing.T) {
 		}
 	}
 	must(t, dep.Spec.Selector.MatchLabels["app.kubernetes.io/component"] == "controller", "the controller's selector %v", dep.Spec.Selector.MatchLabels)
+}
+
+// What admins set on any chart: labels on every object, annotations on the
+// service accounts (a cloud's workload identity), and the controller's
+// security contexts as their platform wants them (OpenShift's restricted
+// profile assigns a UID of its own range).
+func commonLabelsAccountAnnotationsAndSecurityContexts(t *testing.T) {
+	r := render(t, "-f", everythingValues(), "--set", "commonLabels.team=net",
+		"--set", "controller.serviceAccount.annotations.example\\.com/role=controller",
+		"--set", "agent.serviceAccount.annotations.example\\.com/role=agent",
+		"--set", "controller.podSecurityContext.runAsNonRoot=true", "--set", "controller.podSecurityContext.runAsUser=1000700000",
+		"--set", "controller.securityContext.capabilities=null", "--set", "controller.securityContext.runAsGroup=1000700000")
+	for _, k := range r.order {
+		if strings.HasPrefix(k, "CustomResourceDefinition/") {
+			continue // crds/ is not templated: Helm installs it as it is
+		}
+		var meta struct {
+			Metadata metav1.ObjectMeta `json:"metadata"`
+		}
+		must(t, yaml.Unmarshal(r.raw[k], &meta) == nil, "%s", k)
+		must(t, meta.Metadata.Labels["team"] == "net", "%s is labelled %v, without commonLabels' team=net", k, meta.Metadata.Labels)
+	}
+	dep := get[*appsv1.Deployment](t, r, "Deployment", "mptcp-controller")
+	ds := get[*appsv1.DaemonSet](t, r, "DaemonSet", "mptcp-agent")
+	for name, w := range map[string]struct {
+		pod      corev1.PodTemplateSpec
+		selector map[string]string
+	}{"controller": {dep.Spec.Template, dep.Spec.Selector.MatchLabels}, "agent": {ds.Spec.Template, ds.Spec.Selector.MatchLabels}} {
+		must(t, w.pod.Labels["team"] == "net", "%s pods are labelled %v", name, w.pod.Labels)
+		_, selects := w.selector["team"]
+		must(t, !selects, "the %s's selector %v takes commonLabels: changing them would orphan its pods", name, w.selector)
+		sa := get[*corev1.ServiceAccount](t, r, "ServiceAccount", "mptcp-"+name)
+		must(t, sa.Annotations["example.com/role"] == name, "the %s's ServiceAccount is annotated %v", name, sa.Annotations)
+	}
+	psc := dep.Spec.Template.Spec.SecurityContext
+	must(t, psc != nil && psc.RunAsUser != nil && *psc.RunAsUser == 1000700000 && psc.SeccompProfile != nil,
+		"the controller pod's security context %+v is not the chart's with the values' merged in", psc)
+	csc := container(t, dep.Spec.Template.Spec, "controller").SecurityContext
+	must(t, csc != nil && csc.RunAsGroup != nil && *csc.RunAsGroup == 1000700000 && csc.Capabilities == nil && csc.ReadOnlyRootFilesystem != nil,
+		"the controller container's security context %+v is not the chart's with the values' merged in, capabilities dropped", csc)
+
+	// Without them (values of a release older than these keys, or null),
+	// the chart's own; a key the chart sets itself is refused.
+	dep = get[*appsv1.Deployment](t, render(t, "--set", "controller.podSecurityContext=null", "--set", "controller.securityContext=null"),
+		"Deployment", "mptcp-controller")
+	psc, csc = dep.Spec.Template.Spec.SecurityContext, container(t, dep.Spec.Template.Spec, "controller").SecurityContext
+	must(t, psc != nil && psc.RunAsNonRoot != nil && *psc.RunAsNonRoot && psc.SeccompProfile != nil, "default pod security context %+v", psc)
+	must(t, csc != nil && csc.ReadOnlyRootFilesystem != nil && *csc.ReadOnlyRootFilesystem && csc.Capabilities != nil,
+		"default container security context %+v", csc)
+	_, stderr, err := helmTemplate(t, "--set", "commonLabels.app\\.kubernetes\\.io/name=mine")
+	must(t, err != nil && strings.Contains(stderr, "commonLabels: app.kubernetes.io/name is a label the chart sets itself"),
+		"a commonLabels key of the chart's own: %v %s", err, stderr)
 }
 
 func optionalPartsRenderOnlyWhenAsked(t *testing.T) {

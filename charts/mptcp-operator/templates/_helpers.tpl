@@ -11,6 +11,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: mptcp-operator
+{{- range $key, $_ := .Values.commonLabels }}
+{{- if regexMatch "^(app\\.kubernetes\\.io|helm\\.sh)/" $key }}
+{{- fail (printf "commonLabels: %s is a label the chart sets itself; choose another key" $key) }}
+{{- end }}
+{{- end }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* Labels that select one component's pods; call with (list $ "agent"). */}}
