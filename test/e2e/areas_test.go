@@ -123,6 +123,7 @@ func TestKube(t *testing.T) {
 	t.Run("TenantPreferenceActsInEverySpreadMode", sideBySide(testTenantPreferenceActsInEverySpreadMode))
 	t.Run("RaisedMaxSubflowsReachesRunningPods", sideBySide(testRaisedMaxSubflowsReachesRunningPods))
 	t.Run("ExplainAndAlertsNameWhatLimitsSubflows", sideBySide(testExplainAndAlertsNameWhatLimitsSubflows))
+	t.Run("InstalledFromARegistryAsAnAdminWould", sideBySide(testInstalledFromARegistryAsAnAdminWould))
 }
 
 // Chart: what an admin does with helm: install, spread, uninstall without a

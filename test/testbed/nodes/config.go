@@ -64,7 +64,15 @@ disabled_plugins = [
     bin_dir = %q
     conf_dir = "/etc/cni/net.d"
     max_conf_num = 1
-`, l.private("/opt"), sandboxImage, binDir)
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = %q
+`, l.private("/opt"), sandboxImage, binDir, l.config("certs.d"))
+}
+
+// registryHosts is containerd's hosts.toml for a registry at host:port
+// served over plain HTTP (Options.Registry).
+func registryHosts(registry string) string {
+	return fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+registry, "http://"+registry)
 }
 
 // cniConfig is the node's network: ptp gives each pod a veth pair, the pod's

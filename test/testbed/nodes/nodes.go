@@ -72,6 +72,9 @@ type Options struct {
 	// Calico, when set, runs calico-node and felix on every node and
 	// attaches pods with Calico's CNI plugin instead (calico.go).
 	Calico *Calico
+	// Registry, when set (host:port), is a registry each node's containerd
+	// pulls from over plain HTTP, as from a mirror inside the cluster.
+	Registry string
 }
 
 // Cluster is the real nodes of a bed. Stop it with Stop.
@@ -237,6 +240,13 @@ func (c *Cluster) prepare(ctx context.Context, n *Node) error {
 		}
 	default:
 		files[n.layout.private("/etc/cni/net.d/10-testbed.conflist")] = cni
+	}
+	if c.opts.Registry != "" {
+		hosts := filepath.Join(n.layout.config("certs.d"), c.opts.Registry)
+		if err := os.MkdirAll(hosts, 0o755); err != nil {
+			return err
+		}
+		files[filepath.Join(hosts, "hosts.toml")] = []byte(registryHosts(c.opts.Registry))
 	}
 	if err := writeFiles(files); err != nil {
 		return err
