@@ -68,6 +68,9 @@ const calicoHealthPort = "9099"
 // the distribution's plugins and Calico's, side by side as containerd wants
 // them (one directory).
 func calicoFiles(l layout, ca *Calico) error {
+	if ca.Mode != "" && ca.Mode != "routed" && ca.Mode != "vxlan" {
+		return fmt.Errorf("nodes: Calico's mode %q: want routed or vxlan", ca.Mode)
+	}
 	for _, f := range []string{"calico-node", "calico", "calico.yaml", "crds"} {
 		if _, err := os.Stat(filepath.Join(ca.Dir, f)); err != nil {
 			return fmt.Errorf("nodes: Calico: %w: run `make calico`", err)
