@@ -40,6 +40,7 @@ var hostDirs = []string{
 	"/var/lib/calico",     // calico-node's nodename and felix's MTU file, with Options.Calico
 	"/var/log/calico",     // calico-node's start-up creates it
 	"/run/calico",         // the Calico CNI plugin's IPAM lock
+	"/run/cilium",         // cilium-agent's state, API socket and cgroup root, with Options.Cilium
 }
 
 // kernelTunables are the machine-wide sysctls the kubelet sets to values of
@@ -56,6 +57,10 @@ var kernelTunables = map[string]string{
 	"kernel/panic_on_oops":      "1",
 	"kernel/keys/root_maxkeys":  "1000000",
 	"kernel/keys/root_maxbytes": "25000000",
+	// cilium-agent's (Options.Cilium): it writes them unless they have
+	// these values; 1 locks unprivileged BPF off until a reboot.
+	"kernel/unprivileged_bpf_disabled": "1",
+	"kernel/timer_migration":           "0",
 }
 
 // layout is where one node keeps its state on the machine.
