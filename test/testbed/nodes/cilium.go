@@ -157,6 +157,12 @@ func (c *Cluster) ciliumArgs(n *Node, kubeconfig string) []string {
 		"--ipam=kubernetes", "--k8s-require-ipv4-pod-cidr=true",
 		"--enable-ipv4=true", "--enable-ipv6=false",
 		"--kube-proxy-replacement=false", "--bpf-lb-sock=false",
+		// Even without kube-proxy replacement the agent translates
+		// ClusterIPs in its pods' programs: 10.0.0.1:443 would go to the
+		// kubernetes Endpoints' address, which no node reaches, and not to
+		// the bed's relay on the node's loopback. It handles only services
+		// labelled with this proxy name: none.
+		"--k8s-service-proxy-name=testbed-none",
 		"--enable-ipv4-masquerade=false", "--enable-bpf-masquerade=false",
 		"--enable-host-legacy-routing=true",
 		"--identity-allocation-mode=crd",

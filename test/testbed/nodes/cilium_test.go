@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed/nodes"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
@@ -16,7 +19,8 @@ import (
 
 // cilium-agent on the bed's real nodes (nodes.Cilium), native routing and
 // VXLAN: pods get addresses of their Node's podCIDR (routed to cilium_host; each behind an lxc* veth) and
-// carry an MPTCP stream between nodes whole; the machine's kernel settings
+// carry an MPTCP stream between nodes whole, and reach the API server at
+// the kubernetes Service's address, the bed's relay; the machine's kernel settings
 // that the agent writes stay as they were.
 func TestCilium(t *testing.T) {
 	testbed.RequireRoot(t)
@@ -70,6 +74,14 @@ func TestCilium(t *testing.T) {
 			if mode == "vxlan" && (d["vxlan"] < size || d["plain"] != 0) || mode == "native" && (d["plain"] < size || d["vxlan"] != 0) {
 				t.Fatalf("node 1 sent (bytes) %v during a %d-byte transfer in %s mode", d, size, mode)
 			}
+			// The server pod is an in-cluster client too: the kubernetes
+			// Service's address is on the node's loopback.
+			server := &corev1.Pod{}
+			if err := cp.Client.Get(context.Background(), client.ObjectKey{Namespace: "traffic", Name: "server"}, server); err != nil {
+				t.Fatal(err)
+			}
+			// podTransfer attached it (nodes.Cluster.AttachPod).
+			assertPodReachesAPIServer(t, c.Node(2), server, &testbed.Pod{NetNS: bed.Name + "-pod-traffic-server"})
 			// The agent compiled its datapath (with clang >= 18) and
 			// attached it with tcx: the links are pinned in the node's
 			// bpffs, the NICs' and the server pod's.
