@@ -166,6 +166,12 @@ func (c *Cluster) ciliumArgs(n *Node, kubeconfig string) []string {
 		"--enable-ipv4-masquerade=false", "--enable-bpf-masquerade=false",
 		"--enable-host-legacy-routing=true",
 		"--identity-allocation-mode=crd",
+		// The agent otherwise writes its pods' identity over the whole of
+		// skb->mark when it passes their packets to the stack, clearing the
+		// bits a program before it set (the product's mark mask, outside
+		// Cilium's 0xffff0fff): the policy routing that steers subflows
+		// then sees none. Each node finds a pod's identity by its address.
+		"--enable-identity-mark=false",
 		"--enable-l7-proxy=false", "--enable-hubble=false",
 		"--enable-health-checking=false", "--enable-endpoint-health-checking=false",
 		"--agent-health-port=" + ciliumHealthPort,
