@@ -77,6 +77,9 @@ func unescapePinName(s string) string {
 // pins the link. A link pinned by an earlier agent is adopted and switched to
 // this datapath's program atomically, so traffic never runs unsteered. TCX
 // links sit beside other tools' programs; nothing else on the hook is touched.
+// A new link goes first on its hook: a CNI's program that hands packets to the
+// stack ends the hook's chain (Cilium's on its pods' veths returns TC_ACT_OK),
+// and a program after it would never run, leaving the pod's subflows unmarked.
 func (d *Datapath) Attach(a Attachment) error {
 	iface, err := net.InterfaceByName(a.Interface)
 	if err != nil {
@@ -100,7 +103,7 @@ func (d *Datapath) Attach(a Attachment) error {
 		}
 	}
 
-	l, err := link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: attachType})
+	l, err := link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: attachType, Anchor: link.Head()})
 	if err != nil {
 		return fmt.Errorf("attaching %s to %s: %w", a.Hook, a.Interface, err)
 	}

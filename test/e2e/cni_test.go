@@ -188,6 +188,43 @@ func testCalico(mode string) func(*testing.T) {
 	}
 }
 
+// testCilium(mode): real nodes whose CNI is cilium-agent with host legacy
+// routing, "native" (the bed's fabrics route every pod CIDR) or "vxlan"
+// (cilium_vxlan between the nodes' addresses), its BPF datapath on the
+// pods' lxc* veths and the nodes' NICs (tcx), pods' addresses routed to
+// cilium_host. Cilium keeps its identity in the marks' upper 16 bits and
+// its magic values in 0x0f00, so the chart is installed with a mark mask
+// outside them. Every agent names its CNI "cilium (<mode>)" (untested in
+// its matrix); MPTCP from the clients of each node to the other's server
+// spreads each connection's subflows over both NICs, streams whole.
+func testCilium(mode string) func(*testing.T) {
+	return func(t *testing.T) {
+		dir := testutil.OptInTool(t, "CILIUM", "cilium")
+		cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit"}, func(o *nodes.Options) {
+			o.Cilium = &nodes.Cilium{Dir: dir, Mode: mode}
+		})
+		servers := cb.tenantServers(t)
+		for _, n := range cb.bed.Nodes {
+			if p := cb.attach(t, servers[n.Index]); !n.PodCIDR.Contains(p.Addr) || p.HostIf != "cilium_host" {
+				t.Fatalf("server pod %s behind %q: want an address of %s routed to cilium_host", p.Addr, p.HostIf, n.PodCIDR)
+			}
+		}
+		cb.install(t, release.Chart(), cb.images, append([]string{"--set", "agent.markMask=0x0000f000"}, kubeBedValues...)...)
+		cb.applyExamples(t, servers)
+		for _, n := range cb.bed.Nodes {
+			requireNodeCheck(t, cb, n, "CNI", func(c mptcpv1alpha1.NodeCheck) bool {
+				return strings.HasPrefix(c.Message, "cilium ("+mode+") from /etc/cni/net.d/05-cilium.conflist")
+			})
+		}
+		analysis, sent := cb.crossTransfer(t, servers)
+		t.Logf("captures: %d connections, %d subflows, %d segments inside VXLAN, %d outside", len(analysis.Connections), len(analysis.Subflows), analysis.Tunneled, analysis.Plain)
+		requireSpread(t, analysis, sent, "cilium "+mode)
+		if inside := mode == "vxlan"; (analysis.Tunneled == 0) == inside || (analysis.Plain == 0) != inside {
+			t.Fatalf("captures on the path NICs read %d segments of the pods inside VXLAN and %d outside: want all %s", analysis.Tunneled, analysis.Plain, map[bool]string{true: "inside", false: "outside"}[inside])
+		}
+	}
+}
+
 // dialMPTCP opens an MPTCP connection from pod from to to, and closes it.
 func dialMPTCP(from *testbed.Pod, to netip.AddrPort, timeout time.Duration) error {
 	var c net.Conn

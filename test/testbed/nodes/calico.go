@@ -76,6 +76,13 @@ func calicoFiles(l layout, ca *Calico) error {
 			return fmt.Errorf("nodes: Calico: %w: run `make calico`", err)
 		}
 	}
+	return linkCNIBin(l, map[string]string{"calico": filepath.Join(ca.Dir, "calico"), "calico-ipam": filepath.Join(ca.Dir, "calico")})
+}
+
+// linkCNIBin makes the node's own CNI binary directory: the distribution's
+// plugins and the CNI's (name to binary), side by side as containerd wants
+// them (one directory).
+func linkCNIBin(l layout, links map[string]string) error {
 	dir := l.cniBin()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -84,7 +91,6 @@ func calicoFiles(l layout, ca *Calico) error {
 	if err != nil {
 		return err
 	}
-	links := map[string]string{"calico": filepath.Join(ca.Dir, "calico"), "calico-ipam": filepath.Join(ca.Dir, "calico")}
 	for _, p := range plugins {
 		links[p.Name()] = filepath.Join(cniBinDir, p.Name())
 	}
@@ -219,7 +225,7 @@ func (c *Cluster) inNode(ctx context.Context, n *Node, env []string, args ...str
 func waitFelixReady(ctx context.Context, n *Node) error {
 	var last error
 	for {
-		if last = felixReady(n); last == nil {
+		if last = healthOK(n, calicoHealthPort, "/readiness"); last == nil {
 			return nil
 		}
 		select {
@@ -232,10 +238,12 @@ func waitFelixReady(ctx context.Context, n *Node) error {
 	}
 }
 
-func felixReady(n *Node) error {
+// healthOK asks a health endpoint on the node's loopback (port, path) and
+// wants 200.
+func healthOK(n *Node, port, path string) error {
 	var conn net.Conn
 	err := netnsutil.Do("/var/run/netns/"+n.Bed.NetNS, func() (err error) {
-		conn, err = net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", calicoHealthPort), time.Second)
+		conn, err = net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", port), time.Second)
 		return err
 	})
 	if err != nil {
@@ -243,7 +251,7 @@ func felixReady(n *Node) error {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := io.WriteString(conn, "GET /readiness HTTP/1.0\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(conn, "GET "+path+" HTTP/1.0\r\n\r\n"); err != nil {
 		return err
 	}
 	status, err := bufio.NewReader(conn).ReadString('\n')
@@ -251,7 +259,7 @@ func felixReady(n *Node) error {
 		return err
 	}
 	if !strings.Contains(status, " 200 ") {
-		return fmt.Errorf("readiness: %s", strings.TrimSpace(status))
+		return fmt.Errorf("%s: %s", path, strings.TrimSpace(status))
 	}
 	return nil
 }
@@ -365,7 +373,7 @@ func readObjects(path string) ([]*unstructured.Unstructured, error) {
 
 // cniBinDir is the directory the node's containerd runs CNI plugins from.
 func (c *Cluster) cniBinDir(n *Node) string {
-	if c.opts.Calico != nil {
+	if c.opts.Calico != nil || c.opts.Cilium != nil {
 		return n.layout.cniBin()
 	}
 	return cniBinDir

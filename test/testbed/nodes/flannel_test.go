@@ -72,7 +72,7 @@ func TestFlannel(t *testing.T) {
 	nsOut(t, n2.NetNS, "iptables", "-t", "mangle", "-A", "PREROUTING", "-i", "nic2", "-p", "udp", "--dport", "8472", "-j", "MARK", "--set-xmark", "0x200000/0xf00000")
 	const size = 4 << 20
 	var inner func() map[string]uint64
-	d := flannelTransfer(t, cp, c, size, func(server string) func() map[string]uint64 {
+	d := podTransfer(t, cp, c, size, "cni0", func(server string) func() map[string]uint64 {
 		if got := nsOut(t, n1.NetNS, "ip", "route", "get", server, "mark", "0x100000"); !strings.Contains(got, "dev flannel.1") {
 			t.Fatalf("node 1's route to the server pod %s for a marked packet: %s, want it through flannel.1", server, got)
 		}
@@ -124,18 +124,19 @@ func flannelNodes(t *testing.T, bed *testbed.Bed, images nodes.Images, f *nodes.
 	return cp, c
 }
 
-// flannelTransfer runs a server pod on node 2 and a client pod on node 1
-// that sends size bytes over MPTCP, and checks both ends' reports. setup,
+// podTransfer runs a server pod on node 2 and a client pod on node 1
+// that sends size bytes over MPTCP, and checks both ends' reports. The
+// server pod's host interface must start with hostIf (the CNI's). setup,
 // given the server pod's address, returns a probe of byte counters; the
 // counters' growth during the transfer is returned.
-func flannelTransfer(t *testing.T, cp *controlplane.ControlPlane, c *nodes.Cluster, size int,
+func podTransfer(t *testing.T, cp *controlplane.ControlPlane, c *nodes.Cluster, size int, hostIf string,
 	setup func(serverAddr string) func() map[string]uint64) map[string]uint64 {
 	t.Helper()
 	ctx := context.Background()
 	server, serverPod := startServerOnNode2(t, cp, c)
 	t.Logf("server pod %s on %s, host interface %s", serverPod.Addr, c.Node(2).Name, serverPod.HostIf)
-	if !c.Node(2).Bed.PodCIDR.Contains(serverPod.Addr) || serverPod.HostIf != "cni0" {
-		t.Fatalf("server pod %s behind %q: want an address of %s behind flannel's bridge cni0", serverPod.Addr, serverPod.HostIf, c.Node(2).Bed.PodCIDR)
+	if !c.Node(2).Bed.PodCIDR.Contains(serverPod.Addr) || !strings.HasPrefix(serverPod.HostIf, hostIf) {
+		t.Fatalf("server pod %s behind %q: want an address of %s behind %s*", serverPod.Addr, serverPod.HostIf, c.Node(2).Bed.PodCIDR, hostIf)
 	}
 	probe := setup(serverPod.Addr.String())
 	before := probe()

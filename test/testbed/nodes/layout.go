@@ -40,15 +40,17 @@ var hostDirs = []string{
 	"/var/lib/calico",     // calico-node's nodename and felix's MTU file, with Options.Calico
 	"/var/log/calico",     // calico-node's start-up creates it
 	"/run/calico",         // the Calico CNI plugin's IPAM lock
+	"/run/cilium",         // cilium-agent's state, API socket and cgroup root, with Options.Cilium
 }
 
 // kernelTunables are the machine-wide sysctls the kubelet sets to values of
 // its own at start (pkg/kubelet/cm setupKernelTunables) unless they already
-// have them, or refuses to start with protectKernelDefaults. A test must not
-// change the machine's kernel settings, so inside a node's mount namespace
-// each is shadowed by a file holding the value the kubelet wants: the
-// kubelet finds them set and writes nothing. Nothing in the tests depends on
-// them (overcommit, and what the kernel does on panic and oops).
+// have them, or refuses to start with protectKernelDefaults, and the two
+// cilium-agent writes the same way (Options.Cilium). A test must not change
+// the machine's kernel settings, so inside a node's mount namespace each is
+// shadowed by a file holding the value they want: they find them set and
+// write nothing. Nothing in the tests depends on them (overcommit, what the
+// kernel does on panic and oops, unprivileged BPF, timer migration).
 var kernelTunables = map[string]string{
 	"vm/overcommit_memory":      "1",
 	"vm/panic_on_oom":           "0",
@@ -56,6 +58,10 @@ var kernelTunables = map[string]string{
 	"kernel/panic_on_oops":      "1",
 	"kernel/keys/root_maxkeys":  "1000000",
 	"kernel/keys/root_maxbytes": "25000000",
+	// cilium-agent's (Options.Cilium): it writes them unless they have
+	// these values; 1 locks unprivileged BPF off until a reboot.
+	"kernel/unprivileged_bpf_disabled": "1",
+	"kernel/timer_migration":           "0",
 }
 
 // layout is where one node keeps its state on the machine.
@@ -138,8 +144,11 @@ func (l layout) mountScript() string {
 	// group of this namespace only.
 	b.WriteString("mount --make-shared /sys/fs/bpf\n")
 	bind(l.pins, "/sys/fs/bpf", true)
+	// A kernel may lack one (timer_migration needs NO_HZ_COMMON): then
+	// there is nothing to write and nothing to shadow.
 	for k := range kernelTunables {
-		bind(l.tunable(k), "/proc/sys/"+k, false)
+		fmt.Fprintf(&b, "if [ -e %s ]; then mount --bind %s %s; fi\n",
+			shellQuote("/proc/sys/"+k), shellQuote(l.tunable(k)), shellQuote("/proc/sys/"+k))
 	}
 	b.WriteString(`exec "$@"` + "\n")
 	return b.String()

@@ -72,6 +72,9 @@ type Options struct {
 	// Calico, when set, runs calico-node and felix on every node and
 	// attaches pods with Calico's CNI plugin instead (calico.go).
 	Calico *Calico
+	// Cilium, when set, runs cilium-agent on every node and attaches pods
+	// with Cilium's CNI plugin instead (cilium.go).
+	Cilium *Cilium
 	// Registry, when set (host:port), is a registry each node's containerd
 	// pulls from over plain HTTP, as from a mirror inside the cluster.
 	Registry string
@@ -98,8 +101,9 @@ type Node struct {
 	// Cgroup is the kubelet's cgroup root, in every hierarchy.
 	Cgroup string
 	// Containerd and Kubelet are the node's processes; Flanneld too with
-	// Options.Flannel, Felix with Options.Calico.
-	Containerd, Kubelet, Flanneld, Felix *testbed.Process
+	// Options.Flannel, Felix with Options.Calico, CiliumAgent with
+	// Options.Cilium.
+	Containerd, Kubelet, Flanneld, Felix, CiliumAgent *testbed.Process
 
 	layout  layout
 	mountNS string // the node's mount namespace, as readlink /proc/PID/ns/mnt shows it
@@ -176,6 +180,11 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			return c, err
 		}
 	}
+	if o.Cilium != nil {
+		if err := c.startCilium(ctx); err != nil {
+			return c, err
+		}
+	}
 	return c, c.WaitReady(ctx)
 }
 
@@ -236,6 +245,10 @@ func (c *Cluster) prepare(ctx context.Context, n *Node) error {
 		maps.Copy(files, fl)
 	case c.opts.Calico != nil:
 		if err := calicoFiles(n.layout, c.opts.Calico); err != nil {
+			return err
+		}
+	case c.opts.Cilium != nil:
+		if err := ciliumFiles(n.layout, c.opts.Cilium); err != nil {
 			return err
 		}
 	default:
@@ -464,7 +477,7 @@ func (c *Cluster) Stop() error {
 
 func (c *Cluster) stopNode(n *Node) error {
 	var errs []error
-	for _, p := range []*testbed.Process{n.Flanneld, n.Felix} {
+	for _, p := range []*testbed.Process{n.Flanneld, n.Felix, n.CiliumAgent} {
 		if p != nil {
 			errs = append(errs, p.Stop(5*time.Second))
 		}
