@@ -35,6 +35,7 @@ packages=(
 	libpcap0.8=1.10.3-1
 	ipset=7.17-1
 	xz-utils=5.4.1-1
+	clang-19=1:19.1.7-3~deb12u1
 )
 
 missing=()

@@ -3,7 +3,7 @@
 # hack/cilium/README.md). Both are pure Go (CGO_ENABLED=0). Beside them:
 # Cilium's CRDs and the sources of its BPF datapath (bpf/), from the same
 # module: the agent compiles them at run time with clang >= 18 (Debian's
-# clang-19). Not in `make test` yet.
+# clang-19, hack/install-deps.sh).
 
 # Must agree with hack/cilium/go.mod (the recipe checks).
 CILIUM_VERSION := v1.20.2
@@ -36,6 +36,9 @@ $(CILIUM_DIR)/bpf/bpf_lxc.c: | deps
 
 .PHONY: cilium
 cilium: $(CILIUM_DIR)/cilium-agent $(CILIUM_DIR)/cilium-cni $(CILIUM_DIR)/bpf/bpf_lxc.c ## Build cilium-agent and Cilium's CNI plugin (hack/cilium), with Cilium's CRDs and BPF sources, into the cache.
+
+test: cilium
+test: export CILIUM := $(CILIUM_DIR)
 
 .PHONY: print-cilium
 print-cilium: ## Print the directory holding the Cilium binaries, for CILIUM= when running by hand.

@@ -199,7 +199,7 @@ func testCalico(mode string) func(*testing.T) {
 // spreads each connection's subflows over both NICs, streams whole.
 func testCilium(mode string) func(*testing.T) {
 	return func(t *testing.T) {
-		dir := testutil.OptInTool(t, "CILIUM", "cilium")
+		dir := testutil.BuiltTool(t, "CILIUM", "cilium")
 		cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit"}, func(o *nodes.Options) {
 			o.Cilium = &nodes.Cilium{Dir: dir, Mode: mode}
 		})

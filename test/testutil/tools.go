@@ -23,18 +23,6 @@ func BuiltTool(t testing.TB, env, target string) string {
 	return path
 }
 
-// OptInTool is BuiltTool for a tool `make test` does not build (yet): with
-// env unset the test is skipped, under CI too, saying how to run it; set, the
-// tool must be there.
-func OptInTool(t testing.TB, env, target string) string {
-	t.Helper()
-	if os.Getenv(env) == "" {
-		t.Skipf("%s is not set: `make test` does not build it; `make %s` does, and %s=$(make -s print-%s) runs this test",
-			env, target, env, target)
-	}
-	return BuiltTool(t, env, target)
-}
-
 // CompileC builds the C source src with clang into out (-O2 -Wall and
 // flags), for tests of what the preload library serves. Without clang the
 // test is skipped, or fails under CI.

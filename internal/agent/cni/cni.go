@@ -124,7 +124,7 @@ func support(name, mode string) (Support, string) {
 		}
 		return Tested, "routed veths cali*: selected pods' subflows are encapsulated by vxlan.calico and their outer packets leave by their paths' NICs, so every path must route the nodes' VTEP addresses; the agent's mark mask must stay outside felix's"
 	case "cilium":
-		return Untested, "with eBPF host routing (Cilium's default on recent kernels) pods' packets are redirected past the policy routing the agent steers with; legacy host routing is untested"
+		return Untested, "steering is proven only in native routing with legacy host routing and enable-identity-mark=false (the identity mark overwrites the agent's bits); eBPF host routing, Cilium's default, redirects pods' packets past the policy routing the agent steers with"
 	case "flannel", "bridge":
 		if name == "flannel" && mode == "vxlan" {
 			return Tested, "pods are found at their bridge ports; selected pods' subflows are encapsulated by flannel.1 and their outer packets leave by their paths' NICs, so every path must route the nodes' VTEP addresses"

@@ -26,7 +26,7 @@ import (
 func TestCilium(t *testing.T) {
 	testbed.RequireRoot(t)
 	nodes.RequireTools(t)
-	dir := testutil.OptInTool(t, "CILIUM", "cilium")
+	dir := testutil.BuiltTool(t, "CILIUM", "cilium")
 	images := testImages(t)
 	for _, mode := range []string{"native", "vxlan"} {
 		t.Run(mode, func(t *testing.T) {
