@@ -25,6 +25,7 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // TestHelmChart is the chart's package of checks, one subtest each: rendered
@@ -197,8 +198,8 @@ func agentRunsOnTheHostNetworkOfTheSelectedNodes(t *testing.T) {
 
 	// The nodes the examples' MPTCPPaths select get an agent.
 	var path mptcpv1alpha1.MPTCPPath
-	firstDoc := strings.SplitN(string(readFile(t, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml"))), "\n---", 2)[0]
-	if err := yaml.Unmarshal([]byte(firstDoc), &path); err != nil {
+	firstDoc := testutil.YAMLDocuments(t, readFile(t, filepath.Join(testenv.RepoRoot(), "examples", "paths.yaml")))[0]
+	if err := yaml.Unmarshal(firstDoc, &path); err != nil {
 		t.Fatal(err)
 	}
 	for k, v := range path.Spec.NodeSelector.MatchLabels {

@@ -2,7 +2,6 @@ package v1alpha1_test
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,7 +11,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
-	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
 // validPolicy is the base most policy cases change in one place.
@@ -543,19 +541,13 @@ func TestExamplesAreAccepted(t *testing.T) {
 	}
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			n := 0
-			for _, doc := range testutil.YAMLDocuments(t, data) {
-				obj := decode(t, string(doc))
+			objs := testenv.Objects(t, f)
+			for _, obj := range objs {
 				if err := env.Client.Create(context.Background(), obj); err != nil {
 					t.Errorf("%s %s rejected: %v", obj.GetKind(), obj.GetName(), err)
 				}
-				n++
 			}
-			if n == 0 {
+			if len(objs) == 0 {
 				t.Fatalf("%s holds no object", f)
 			}
 		})

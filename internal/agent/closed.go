@@ -48,31 +48,7 @@ const closedSubflowGrace = time.Minute
 func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time, view *sweepView) (int, error) {
 	a.sweepMu.Lock()
 	defer a.sweepMu.Unlock()
-	netnsOf := map[netip.Addr]string{}
-	claimed := map[netip.Addr]int{}
-	for _, pod := range plan.Pods {
-		ips := map[netip.Addr]bool{}
-		for _, ip := range pod.IPs {
-			ips[ip.Unmap()] = true
-		}
-		for ip := range ips {
-			claimed[ip]++
-		}
-		if r := plan.firstRule(pod); r == nil || r.Subflows == podnet.None {
-			continue
-		}
-		if _, err := os.Stat(pod.NetNS); err != nil {
-			continue
-		}
-		for _, ip := range pod.IPs {
-			netnsOf[ip.Unmap()] = pod.NetNS
-		}
-	}
-	for ip, n := range claimed {
-		if n > 1 {
-			delete(netnsOf, ip)
-		}
-	}
+	netnsOf := sweepableNetNS(plan)
 	seen := a.closedSeen
 	a.closedSeen = map[socketKey]closedSighting{}
 	now := time.Now()
@@ -104,31 +80,11 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time, view *sw
 		if err != nil {
 			continue // the pod's problem (sweepView), not the node's
 		}
-		k := socketKey{sf.Local, sf.Remote}
-		if socks[k] {
+		if socks[socketKey{sf.Local, sf.Remote}] {
 			live[sf.Path]++
 			continue
 		}
-		if datapath.KtimeToTime(sf.CreatedNs).After(placedBefore) {
-			continue
-		}
-		last, ok := seen[k]
-		if !ok || last.createdNs != sf.CreatedNs {
-			// The first look: later sweeps decide.
-			a.closedSeen[k] = closedSighting{createdNs: sf.CreatedNs, sent: sf.Counters.TxPackets, first: now, looks: 1}
-			continue
-		}
-		if now.Sub(last.first) < a.sweepSpacing*time.Duration(last.looks) {
-			a.closedSeen[k] = last // too soon after the last look to count
-			continue
-		}
-		// What the pod sent: a forger can make it receive, and what
-		// its kernel answers a forged packet on a closed 4-tuple is a
-		// reset each time, so after closedSweepLooks looks the entry
-		// goes whatever it counted.
-		quiet := sf.Counters.TxPackets == last.sent
-		if !quiet && last.looks+1 < closedSweepLooks {
-			a.closedSeen[k] = closedSighting{createdNs: sf.CreatedNs, sent: sf.Counters.TxPackets, first: last.first, looks: last.looks + 1}
+		if !a.closedLongEnough(sf, placedBefore, seen, now) {
 			continue
 		}
 		// Named by its placement time: a subflow placed on the
@@ -142,6 +98,70 @@ func (a *Agent) sweepClosedSubflows(plan *Plan, placedBefore time.Time, view *sw
 		}
 	}
 	return closed, errors.Join(errs...)
+}
+
+// sweepableNetNS maps each address of plan's pods whose sockets the agent
+// can list (a rule that is not mode none, a namespace that still exists)
+// to the pod's network namespace; an address more than one pod claims is
+// left out, as its subflows cannot be told apart.
+func sweepableNetNS(plan *Plan) map[netip.Addr]string {
+	netnsOf := map[netip.Addr]string{}
+	claimed := map[netip.Addr]int{}
+	for _, pod := range plan.Pods {
+		ips := map[netip.Addr]bool{}
+		for _, ip := range pod.IPs {
+			ips[ip.Unmap()] = true
+		}
+		for ip := range ips {
+			claimed[ip]++
+		}
+		if r := plan.firstRule(pod); r == nil || r.Subflows == podnet.None {
+			continue
+		}
+		if _, err := os.Stat(pod.NetNS); err != nil {
+			continue
+		}
+		for _, ip := range pod.IPs {
+			netnsOf[ip.Unmap()] = pod.NetNS
+		}
+	}
+	for ip, n := range claimed {
+		if n > 1 {
+			delete(netnsOf, ip)
+		}
+	}
+	return netnsOf
+}
+
+// closedLongEnough says whether sf, an entry with no socket in its pod, has
+// been seen so by enough sweeps, far enough apart, to be given back; it
+// records in a.closedSeen this sweep's sighting of an entry not yet due.
+// seen holds the last sweep's sightings.
+func (a *Agent) closedLongEnough(sf datapath.Subflow, placedBefore time.Time, seen map[socketKey]closedSighting, now time.Time) bool {
+	if datapath.KtimeToTime(sf.CreatedNs).After(placedBefore) {
+		return false
+	}
+	k := socketKey{sf.Local, sf.Remote}
+	last, ok := seen[k]
+	if !ok || last.createdNs != sf.CreatedNs {
+		// The first look: later sweeps decide.
+		a.closedSeen[k] = closedSighting{createdNs: sf.CreatedNs, sent: sf.Counters.TxPackets, first: now, looks: 1}
+		return false
+	}
+	if now.Sub(last.first) < a.sweepSpacing*time.Duration(last.looks) {
+		a.closedSeen[k] = last // too soon after the last look to count
+		return false
+	}
+	// What the pod sent: a forger can make it receive, and what
+	// its kernel answers a forged packet on a closed 4-tuple is a
+	// reset each time, so after closedSweepLooks looks the entry
+	// goes whatever it counted.
+	quiet := sf.Counters.TxPackets == last.sent
+	if !quiet && last.looks+1 < closedSweepLooks {
+		a.closedSeen[k] = closedSighting{createdNs: sf.CreatedNs, sent: sf.Counters.TxPackets, first: last.first, looks: last.looks + 1}
+		return false
+	}
+	return true
 }
 
 // LiveSubflows counts, by path index, the subflow table's entries whose

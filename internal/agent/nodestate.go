@@ -473,16 +473,48 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath, 
 	d := &r.Datapath
 	d.RewriteHeaders = cr.HeaderRewriting
 	d.MaxSubflows = uint32(max(cr.MaxSubflows, 0))
-	switch cr.SpreadMode {
-	case mptcpv1alpha1.SpreadRoundRobin, "":
-		d.Spread = datapath.SpreadRoundRobin
-	case mptcpv1alpha1.SpreadWeighted:
-		d.Spread = datapath.SpreadWeighted
-	case mptcpv1alpha1.SpreadPreferredFirst:
-		d.Spread = datapath.SpreadPreferred
-	default:
-		return r, fmt.Errorf("spreadMode %q is not one this agent knows", cr.SpreadMode)
+	spread, err := spreadFromCompiled(cr.SpreadMode)
+	if err != nil {
+		return r, err
 	}
+	d.Spread = spread
+	if err := pathsFromCompiled(d, cr, paths); err != nil {
+		return r, err
+	}
+	if err := selectorFromCompiled(d, cr.Traffic); err != nil {
+		return r, err
+	}
+	if err := d.Validate(); err != nil {
+		return r, err
+	}
+	if rl := cr.RateLimits; rl != nil {
+		c, err := rateFromCompiled(rl, cr.HeaderRewriting, paths)
+		if err != nil {
+			return r, fmt.Errorf("rateLimits: %w", err)
+		}
+		r.Rate = c
+	}
+	return r, mptcpFromCompiled(&r, cr, away)
+}
+
+// spreadFromCompiled is the datapath's spread mode for a compiled rule's;
+// unset is round robin.
+func spreadFromCompiled(mode mptcpv1alpha1.SpreadMode) (datapath.SpreadMode, error) {
+	switch mode {
+	case mptcpv1alpha1.SpreadRoundRobin, "":
+		return datapath.SpreadRoundRobin, nil
+	case mptcpv1alpha1.SpreadWeighted:
+		return datapath.SpreadWeighted, nil
+	case mptcpv1alpha1.SpreadPreferredFirst:
+		return datapath.SpreadPreferred, nil
+	}
+	return 0, fmt.Errorf("spreadMode %q is not one this agent knows", mode)
+}
+
+// pathsFromCompiled sets d's active, preferred, backup, blocked and
+// shared-risk paths by index from the compiled rule's path names, dropping
+// the names paths does not resolve; a rule with no active path left fails.
+func pathsFromCompiled(d *datapath.Rule, cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath) error {
 	var names []string
 	for _, p := range cr.Paths {
 		path, ok := paths[p.Name]
@@ -496,7 +528,7 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath, 
 		}
 	}
 	if len(d.Paths) == 0 {
-		return r, errors.New("none of its paths is usable on this node")
+		return errors.New("none of its paths is usable on this node")
 	}
 	// The preferred paths lead the list (the controller put them there).
 	for d.Preferred < len(names) && slices.Contains(cr.PreferredPaths, names[d.Preferred]) {
@@ -513,20 +545,13 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath, 
 		}
 	}
 	d.SharedRisk = sharedRisk(append(slices.Clone(d.Paths), d.Backup...), paths)
-	if err := selectorFromCompiled(d, cr.Traffic); err != nil {
-		return r, err
-	}
-	if err := d.Validate(); err != nil {
-		return r, err
-	}
-	if rl := cr.RateLimits; rl != nil {
-		c, err := rateFromCompiled(rl, cr.HeaderRewriting, paths)
-		if err != nil {
-			return r, fmt.Errorf("rateLimits: %w", err)
-		}
-		r.Rate = c
-	}
+	return nil
+}
 
+// mptcpFromCompiled sets r's pods' MPTCP set-up (who opens the subflows,
+// how many joins, checksums, congestion control, join threshold, signal
+// ports) from the compiled rule, r's datapath paths already set.
+func mptcpFromCompiled(r *PlanRule, cr mptcpv1alpha1.CompiledRule, away map[string]bool) error {
 	switch cr.SubflowCreation {
 	case mptcpv1alpha1.SubflowCreationUserspace, "":
 		r.Subflows = podnet.Userspace
@@ -537,8 +562,39 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath, 
 		// the pod's MPTCP settings alone.
 		r.Subflows = podnet.None
 	default:
-		return r, fmt.Errorf("subflowCreation %q is not one this agent knows", cr.SubflowCreation)
+		return fmt.Errorf("subflowCreation %q is not one this agent knows", cr.SubflowCreation)
 	}
+	r.Joins = subflowsFor(&r.Datapath, cr, away) - 1
+	r.DataChecksums = cr.DataChecksums
+	if cc := cr.CongestionControl; len(cc) > mptcpv1alpha1.MaxCongestionControlName || strings.Trim(cc, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
+		return fmt.Errorf("congestionControl %q is not a congestion control's name", cc)
+	}
+	if r.Subflows != podnet.None {
+		r.CongestionControl = cr.CongestionControl
+	}
+	if cr.JoinAfterBytes < 0 || cr.JoinAfterBytes > mptcpv1alpha1.MaxJoinAfterBytes {
+		return fmt.Errorf("joinAfterBytes %d is out of range [0, %d]", cr.JoinAfterBytes, mptcpv1alpha1.MaxJoinAfterBytes)
+	}
+	if r.Subflows == podnet.Userspace {
+		r.JoinAfterBytes = uint64(cr.JoinAfterBytes)
+	}
+	for _, p := range cr.SignalPorts {
+		if p < 1 || p > 65535 {
+			return fmt.Errorf("signal port %d is out of range", p)
+		}
+		r.SignalPorts = append(r.SignalPorts, uint16(p))
+	}
+	if r.Subflows == podnet.Signal && len(r.SignalPorts) != 0 && len(r.SignalPorts) < r.Joins {
+		return fmt.Errorf("signalPorts: %d ports announce too few paths: a server needs %d, one per extra subflow", len(r.SignalPorts), r.Joins)
+	}
+	return nil
+}
+
+// subflowsFor is how many subflows a pod of the rule opens: one per usable
+// active and backup path, plus one per path that is away (so that a NIC
+// going away changes no pod's MPTCP limits), at most the rule's
+// maxSubflows.
+func subflowsFor(d *datapath.Rule, cr mptcpv1alpha1.CompiledRule, away map[string]bool) int {
 	n := len(d.Paths) + len(d.Backup)
 	for _, p := range cr.Paths {
 		if away[p.Name] {
@@ -553,30 +609,7 @@ func RuleFromCompiled(cr mptcpv1alpha1.CompiledRule, paths map[string]PlanPath, 
 	if d.MaxSubflows > 0 && int(d.MaxSubflows) < n {
 		n = int(d.MaxSubflows)
 	}
-	r.Joins = n - 1
-	r.DataChecksums = cr.DataChecksums
-	if cc := cr.CongestionControl; len(cc) > mptcpv1alpha1.MaxCongestionControlName || strings.Trim(cc, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
-		return r, fmt.Errorf("congestionControl %q is not a congestion control's name", cc)
-	}
-	if r.Subflows != podnet.None {
-		r.CongestionControl = cr.CongestionControl
-	}
-	if cr.JoinAfterBytes < 0 || cr.JoinAfterBytes > mptcpv1alpha1.MaxJoinAfterBytes {
-		return r, fmt.Errorf("joinAfterBytes %d is out of range [0, %d]", cr.JoinAfterBytes, mptcpv1alpha1.MaxJoinAfterBytes)
-	}
-	if r.Subflows == podnet.Userspace {
-		r.JoinAfterBytes = uint64(cr.JoinAfterBytes)
-	}
-	for _, p := range cr.SignalPorts {
-		if p < 1 || p > 65535 {
-			return r, fmt.Errorf("signal port %d is out of range", p)
-		}
-		r.SignalPorts = append(r.SignalPorts, uint16(p))
-	}
-	if r.Subflows == podnet.Signal && len(r.SignalPorts) != 0 && len(r.SignalPorts) < r.Joins {
-		return r, fmt.Errorf("signalPorts: %d ports announce too few paths: a server needs %d, one per extra subflow", len(r.SignalPorts), r.Joins)
-	}
-	return r, nil
+	return n
 }
 
 // selectorFromCompiled sets d's selector from a compiled traffic selector;

@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/shaping"
@@ -132,16 +133,32 @@ func planPodNamespaces(plan *Plan, nsIDs map[string]uint32) []datapath.PodNamesp
 // else; and an error here would fail the node's reconcile, which a tenant
 // could then do by running more pods under its namespace's cap.
 func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]datapath.RateBudget, nsIDs map[string]uint32) ([]shaping.NIC, shaping.Device) {
-	atLeast := func(bps uint64) uint64 { return max(bps, shaping.MinClassBps) }
-	classes := map[uint32][]shaping.Class{} // path index -> its NIC's classes
-	via := map[uint32]bool{}                // path indexes whose NIC sends pods to the device
-	pathClassOf := map[[2]uint32]bool{}     // budget and path index with a class
-	budgetOf := func(id uint32) uint32 {
-		if b, ok := budgets[id]; ok {
-			return b.Pod
-		}
-		return id
+	budgetOf := func(id uint32) uint32 { return budgetID(budgets, id) }
+	classes := nicRuleClasses(plan, ids, budgetOf)
+	pods, via := podShapeClasses(plan, ids, podIDs, nsIDs, budgetOf)
+	dev := deviceClasses(pods, namespaceShapeRates(plan), nsIDs)
+	return pathNICs(plan, classes, via), dev
+}
+
+// atLeast raises a class's rate to shaping.MinClassBps: planShaping's
+// comment says why a rate below it is no error.
+func atLeast(bps uint64) uint64 { return max(bps, shaping.MinClassBps) }
+
+// budgetID is the id of the rate budget rule id draws from (rateBudgets):
+// its pod budget's when it has one, else its own.
+func budgetID(budgets map[uint32]datapath.RateBudget, id uint32) uint32 {
+	if b, ok := budgets[id]; ok {
+		return b.Pod
 	}
+	return id
+}
+
+// nicRuleClasses gives, by path index, the classes of the shaping rules on
+// that path's NIC: one per budget and path, whichever of the budget's
+// rules comes first naming its rate.
+func nicRuleClasses(plan *Plan, ids map[string]uint32, budgetOf func(uint32) uint32) map[uint32][]shaping.Class {
+	classes := map[uint32][]shaping.Class{} // path index -> its NIC's classes
+	pathClassOf := map[[2]uint32]bool{}     // budget and path index with a class
 	for _, r := range plan.Rules {
 		id, ok := ids[r.Name]
 		if r.Rate == nil || r.Rate.Mode != datapath.RateShape || !ok {
@@ -159,6 +176,12 @@ func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]d
 				Entries: []datapath.ShapeClass{{Rule: budget, Path: index}}})
 		}
 	}
+	return classes
+}
+
+// namespaceShapeRates gives each namespace whose pods' shaping rules cap
+// it the smallest of those rules' perNamespace rates.
+func namespaceShapeRates(plan *Plan) map[string]uint64 {
 	nsRate := map[string]uint64{}
 	for _, pod := range plan.Pods {
 		podRules(plan, pod, func(_ int, _ string, r *PlanRule) {
@@ -169,12 +192,22 @@ func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]d
 			}
 		})
 	}
-	type podClass struct {
-		shaping.Class
-		ns string // its namespace's class is its parent
-	}
-	var pods []podClass
-	under := map[string]int{} // pod classes under each namespace's
+	return nsRate
+}
+
+// podShapeClass is a pod's class on the shaping device for one of its
+// rules, before deviceClasses shares its namespace's rate out.
+type podShapeClass struct {
+	shaping.Class
+	ns string // its namespace's class is its parent
+}
+
+// podShapeClasses lists the device classes of each pod with an id and of
+// each of its shaping rules that caps it per pod or per namespace, and the
+// path indexes whose NICs must send those pods to the device.
+func podShapeClasses(plan *Plan, ids, podIDs, nsIDs map[string]uint32, budgetOf func(uint32) uint32) ([]podShapeClass, map[uint32]bool) {
+	var pods []podShapeClass
+	via := map[uint32]bool{} // path indexes whose NIC sends pods to the device
 	for _, pod := range plan.Pods {
 		j, ok := podIDs[podKey(pod)]
 		if !ok {
@@ -185,13 +218,12 @@ func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]d
 			if !ok || r.Rate == nil || r.Rate.Mode != datapath.RateShape {
 				return
 			}
-			c := podClass{Class: shaping.Class{Minor: shaping.MinorPod + uint16(j*datapath.MaxPodRules+uint32(k)), Bps: r.Rate.PerPod}}
+			c := podShapeClass{Class: shaping.Class{Minor: shaping.MinorPod + uint16(j*datapath.MaxPodRules+uint32(k)), Bps: r.Rate.PerPod}}
 			if c.Bps > 0 {
 				c.Bps = atLeast(c.Bps)
 			}
 			if nid, ok := nsIDs[pod.Ref.Namespace]; ok && capsNamespace(r) {
 				c.ns, c.Parent = pod.Ref.Namespace, shaping.MinorNamespace+uint16(nid)
-				under[c.ns]++
 			}
 			if c.Bps == 0 && c.ns == "" {
 				return // a namespace cap without an id for the namespace: reported by assignNamespaceIDs
@@ -205,14 +237,22 @@ func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]d
 			pods = append(pods, c)
 		})
 	}
-	var dev shaping.Device
-	for _, ns := range slices.Sorted(func(yield func(string) bool) {
-		for ns := range under {
-			if !yield(ns) {
-				return
-			}
+	return pods, via
+}
+
+// deviceClasses lays out the shaping device: a class per namespace with
+// pod classes under it (in name order, so that the plan is stable), then
+// the pods' classes, those under a namespace given an equal share of its
+// rate.
+func deviceClasses(pods []podShapeClass, nsRate map[string]uint64, nsIDs map[string]uint32) shaping.Device {
+	under := map[string]int{} // pod classes under each namespace's
+	for _, c := range pods {
+		if c.ns != "" {
+			under[c.ns]++
 		}
-	}) {
+	}
+	var dev shaping.Device
+	for _, ns := range slices.Sorted(maps.Keys(under)) {
 		nsRate[ns] = atLeast(nsRate[ns])
 		dev.Classes = append(dev.Classes, shaping.Class{Minor: shaping.MinorNamespace + uint16(nsIDs[ns]), Bps: nsRate[ns]})
 	}
@@ -234,6 +274,12 @@ func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]d
 		}
 		dev.Classes = append(dev.Classes, c.Class)
 	}
+	return dev
+}
+
+// pathNICs gives each of plan's paths its NIC's classes, each at most the
+// path's capacity, and whether the NIC sends pods to the shaping device.
+func pathNICs(plan *Plan, classes map[uint32][]shaping.Class, via map[uint32]bool) []shaping.NIC {
 	nics := make([]shaping.NIC, 0, len(plan.Paths))
 	for _, p := range plan.Paths {
 		for i := range classes[p.Index] {
@@ -242,5 +288,5 @@ func planShaping(plan *Plan, ids, podIDs map[string]uint32, budgets map[uint32]d
 		}
 		nics = append(nics, shaping.NIC{Path: p.Name, Interface: p.Interface, Capacity: p.Capacity, Classes: classes[p.Index], ViaDevice: via[p.Index]})
 	}
-	return nics, dev
+	return nics
 }

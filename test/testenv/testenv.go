@@ -388,22 +388,45 @@ func CreateObjects(tb testing.TB, c client.Client, path string) {
 }
 
 // Objects decodes every object of a YAML (or JSON) file, several documents
-// allowed, leaving out empty documents.
+// allowed, leaving out empty documents; an unreadable file fails tb.
 func Objects(tb testing.TB, path string) []*unstructured.Unstructured {
 	tb.Helper()
-	raw, err := os.ReadFile(path)
+	objs, err := ReadObjects(path)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return objs
+}
+
+// ReadObjects is DecodeObjects of a file, its errors naming the file. It
+// is the one reader of manifest files for tests and test beds alike (which
+// cannot fail a testing.TB), so that all read "---", comments and JSON the
+// same way.
+func ReadObjects(path string) ([]*unstructured.Unstructured, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	objs, err := DecodeObjects(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return objs, nil
+}
+
+// DecodeObjects decodes every object of YAML (or JSON) data, several
+// documents allowed, in order, leaving out empty documents (only comments,
+// or nothing between two "---").
+func DecodeObjects(data []byte) ([]*unstructured.Unstructured, error) {
 	var out []*unstructured.Unstructured
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for {
 		obj := &unstructured.Unstructured{}
 		if err := dec.Decode(&obj.Object); err != nil {
 			if errors.Is(err, io.EOF) {
-				return out
+				return out, nil
 			}
-			tb.Fatalf("%s: %v", path, err)
+			return nil, err
 		}
 		if len(obj.Object) > 0 {
 			out = append(out, obj)

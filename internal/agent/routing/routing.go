@@ -252,99 +252,133 @@ func sameRule(a, b *netlink.Rule) bool {
 // table is higher, so already right) is added first, then the stale rule,
 // at a lower priority number and so consulted first until then, goes.
 func (p *routingPlan) apply() error {
-	var errs []error
-	existing := map[int][]netlink.Rule{}
+	s, err := p.listRules()
+	if err != nil {
+		return err
+	}
+	for _, w := range p.rules {
+		if w.Mark == 0 {
+			s.add(w) // the pod CIDR rules: the main table, which never changes
+		}
+	}
+	for table := p.maxTable; table >= p.minTable; table-- {
+		s.remove(func(r *netlink.Rule) bool { return r.Table == table })
+		s.errs = append(s.errs, p.rewriteTable(table)...)
+		for _, w := range p.rules {
+			if w.Table == table {
+				s.add(w)
+			}
+		}
+	}
+	for _, w := range p.rules {
+		s.add(w)
+	}
+	s.remove(func(*netlink.Rule) bool { return true })
+	return errors.Join(s.errs...)
+}
+
+// ruleSync is apply's view of the node's rules as it changes them: what it
+// listed, less what it removed, plus what it added, so that each step sees
+// the steps before without listing again; and the errors so far, since one
+// rule that fails must not keep the others from their place.
+type ruleSync struct {
+	p        *routingPlan
+	existing map[int][]netlink.Rule // by family
+	errs     []error
+}
+
+// listRules reads the node's IPv4 and IPv6 rules for apply.
+func (p *routingPlan) listRules() (*ruleSync, error) {
+	s := &ruleSync{p: p, existing: map[int][]netlink.Rule{}}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		rules, err := netlink.RuleList(fam)
 		if err != nil {
-			return fmt.Errorf("listing rules: %w", err)
+			return nil, fmt.Errorf("listing rules: %w", err)
 		}
 		for i := range rules {
 			rules[i].Family = fam
 		}
-		existing[fam] = rules
+		s.existing[fam] = rules
 	}
-	has := func(w *netlink.Rule) bool {
-		for i := range existing[w.Family] {
-			if sameRule(&existing[w.Family][i], w) {
-				return true
+	return s, nil
+}
+
+func (s *ruleSync) has(w *netlink.Rule) bool {
+	for i := range s.existing[w.Family] {
+		if sameRule(&s.existing[w.Family][i], w) {
+			return true
+		}
+	}
+	return false
+}
+
+// add adds wanted rule w unless the node has it already.
+func (s *ruleSync) add(w *netlink.Rule) {
+	if s.has(w) {
+		return
+	}
+	if err := netlink.RuleAdd(w); err != nil && !errors.Is(err, syscall.EEXIST) {
+		s.errs = append(s.errs, fmt.Errorf("adding rule %v: %w", w, err))
+		return
+	}
+	s.p.note()
+	s.existing[w.Family] = append(s.existing[w.Family], *w)
+}
+
+// ours says whether r is in the plan's priority range, so apply's to manage.
+func (s *ruleSync) ours(r *netlink.Rule) bool {
+	return r.Priority >= s.p.minPrio && r.Priority <= s.p.maxPrio
+}
+
+func (s *ruleSync) wanted(r *netlink.Rule) bool {
+	return slices.ContainsFunc(s.p.rules, func(w *netlink.Rule) bool { return w.Family == r.Family && sameRule(r, w) })
+}
+
+// remove deletes the stale rules of ours that match, once the wanted
+// rules of their marks are in place.
+func (s *ruleSync) remove(match func(*netlink.Rule) bool) {
+	for fam, rules := range s.existing {
+		kept := rules[:0]
+		for i := range rules {
+			r := rules[i]
+			if !s.ours(&r) || s.wanted(&r) || !match(&r) {
+				kept = append(kept, r)
+				continue
 			}
+			for _, w := range s.p.rules {
+				if w.Family == fam && w.Mark == r.Mark && maskOf(w.Mask) == maskOf(r.Mask) && w.Mark != 0 {
+					s.add(w)
+				}
+			}
+			if err := netlink.RuleDel(&r); err != nil && !errors.Is(err, syscall.ENOENT) {
+				s.errs = append(s.errs, fmt.Errorf("removing stale rule %v: %w", &r, err))
+				kept = append(kept, r)
+			}
+			s.p.note()
 		}
-		return false
+		s.existing[fam] = kept
 	}
-	add := func(w *netlink.Rule) {
-		if has(w) {
-			return
-		}
-		if err := netlink.RuleAdd(w); err != nil && !errors.Is(err, syscall.EEXIST) {
-			errs = append(errs, fmt.Errorf("adding rule %v: %w", w, err))
-			return
+}
+
+// rewriteTable gives table the plan's routes and flushes the others
+// from it.
+func (p *routingPlan) rewriteTable(table int) []error {
+	var errs []error
+	wants := p.tables[table]
+	for i := range wants {
+		if err := netlink.RouteReplace(&wants[i]); err != nil {
+			errs = append(errs, fmt.Errorf("route %v in table %d: %w", wants[i].Dst, table, err))
 		}
 		p.note()
-		existing[w.Family] = append(existing[w.Family], *w)
 	}
-	ours := func(r *netlink.Rule) bool { return r.Priority >= p.minPrio && r.Priority <= p.maxPrio }
-	wanted := func(r *netlink.Rule) bool {
-		return slices.ContainsFunc(p.rules, func(w *netlink.Rule) bool { return w.Family == r.Family && sameRule(r, w) })
+	if err := p.flushTable(table, func(r netlink.Route) bool {
+		return slices.ContainsFunc(wants, func(want netlink.Route) bool {
+			return r.Dst != nil && want.Dst != nil && r.Dst.String() == want.Dst.String() && r.LinkIndex == want.LinkIndex && r.Gw.Equal(want.Gw)
+		})
+	}); err != nil {
+		errs = append(errs, err)
 	}
-	// remove deletes the stale rules of ours that match, once the wanted
-	// rules of their marks are in place.
-	remove := func(match func(*netlink.Rule) bool) {
-		for fam, rules := range existing {
-			kept := rules[:0]
-			for i := range rules {
-				r := rules[i]
-				if !ours(&r) || wanted(&r) || !match(&r) {
-					kept = append(kept, r)
-					continue
-				}
-				for _, w := range p.rules {
-					if w.Family == fam && w.Mark == r.Mark && maskOf(w.Mask) == maskOf(r.Mask) && w.Mark != 0 {
-						add(w)
-					}
-				}
-				if err := netlink.RuleDel(&r); err != nil && !errors.Is(err, syscall.ENOENT) {
-					errs = append(errs, fmt.Errorf("removing stale rule %v: %w", &r, err))
-					kept = append(kept, r)
-				}
-				p.note()
-			}
-			existing[fam] = kept
-		}
-	}
-
-	for _, w := range p.rules {
-		if w.Mark == 0 {
-			add(w) // the pod CIDR rules: the main table, which never changes
-		}
-	}
-	for table := p.maxTable; table >= p.minTable; table-- {
-		remove(func(r *netlink.Rule) bool { return r.Table == table })
-		wants := p.tables[table]
-		for i := range wants {
-			if err := netlink.RouteReplace(&wants[i]); err != nil {
-				errs = append(errs, fmt.Errorf("route %v in table %d: %w", wants[i].Dst, table, err))
-			}
-			p.note()
-		}
-		if err := p.flushTable(table, func(r netlink.Route) bool {
-			return slices.ContainsFunc(wants, func(want netlink.Route) bool {
-				return r.Dst != nil && want.Dst != nil && r.Dst.String() == want.Dst.String() && r.LinkIndex == want.LinkIndex && r.Gw.Equal(want.Gw)
-			})
-		}); err != nil {
-			errs = append(errs, err)
-		}
-		for _, w := range p.rules {
-			if w.Table == table {
-				add(w)
-			}
-		}
-	}
-	for _, w := range p.rules {
-		add(w)
-	}
-	remove(func(*netlink.Rule) bool { return true })
-	return errors.Join(errs...)
+	return errs
 }
 
 func maskOf(m *uint32) uint32 {

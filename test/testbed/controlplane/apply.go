@@ -1,21 +1,19 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
-)
 
-var docSep = regexp.MustCompile(`(?m)^---\s*$`)
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
+)
 
 // ApplyFiles creates the objects of multi-document YAML files, in order, and
 // updates those that exist (what `kubectl apply` does for a fresh cluster).
@@ -41,20 +39,13 @@ func (cp *ControlPlane) ServerSideApply(ctx context.Context, force bool, files .
 // order.
 func eachObject(files []string, fn func(*unstructured.Unstructured) error) error {
 	for _, f := range files {
-		raw, err := os.ReadFile(f)
+		objs, err := testenv.ReadObjects(f)
 		if err != nil {
 			return err
 		}
-		for i, doc := range docSep.Split(string(raw), -1) {
-			if len(bytes.TrimSpace(stripComments([]byte(doc)))) == 0 {
-				continue
-			}
-			u := &unstructured.Unstructured{}
-			if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
-				return fmt.Errorf("%s, document %d: %w", f, i+1, err)
-			}
+		for i, u := range objs {
 			if err := fn(u); err != nil {
-				return fmt.Errorf("%s, document %d (%s %s): %w", f, i+1, u.GetKind(), u.GetName(), err)
+				return fmt.Errorf("%s, object %d (%s %s): %w", f, i+1, u.GetKind(), u.GetName(), err)
 			}
 		}
 	}
@@ -73,16 +64,6 @@ func (cp *ControlPlane) apply(ctx context.Context, u *unstructured.Unstructured)
 	}
 	u.SetResourceVersion(cur.GetResourceVersion())
 	return cp.Client.Update(ctx, u)
-}
-
-func stripComments(doc []byte) []byte {
-	var out [][]byte
-	for _, line := range bytes.Split(doc, []byte("\n")) {
-		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
-			out = append(out, line)
-		}
-	}
-	return bytes.Join(out, []byte("\n"))
 }
 
 // ApplyKustomization applies the resources a kustomization.yaml in dir lists

@@ -2,7 +2,6 @@ package nodes
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,10 +18,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 // Calico makes Start run Calico on every node instead of the bed's ptp
@@ -277,7 +276,7 @@ func (c *Cluster) calicoObjects(ctx context.Context, ca *Calico) error {
 	}
 	var objs []client.Object
 	for _, f := range crds {
-		o, err := readObjects(f)
+		o, err := testenv.ReadObjects(f)
 		if err != nil {
 			return err
 		}
@@ -285,7 +284,7 @@ func (c *Cluster) calicoObjects(ctx context.Context, ca *Calico) error {
 			objs = append(objs, u)
 		}
 	}
-	manifest, err := readObjects(filepath.Join(ca.Dir, "calico.yaml"))
+	manifest, err := testenv.ReadObjects(filepath.Join(ca.Dir, "calico.yaml"))
 	if err != nil {
 		return err
 	}
@@ -347,27 +346,6 @@ func calicoBinding(role string) *rbacv1.ClusterRoleBinding {
 		ObjectMeta: metav1.ObjectMeta{Name: "testbed-" + role},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: CalicoGroup}},
-	}
-}
-
-// readObjects reads every object of a YAML file of several documents.
-func readObjects(path string) ([]*unstructured.Unstructured, error) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var objs []*unstructured.Unstructured
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-	for {
-		var o map[string]any
-		if err := dec.Decode(&o); errors.Is(err, io.EOF) {
-			return objs, nil
-		} else if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		if len(o) > 0 {
-			objs = append(objs, &unstructured.Unstructured{Object: o})
-		}
 	}
 }
 

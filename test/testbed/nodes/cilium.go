@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
+	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 // Cilium makes Start run cilium-agent on every node instead of the bed's ptp
@@ -236,7 +237,7 @@ func (c *Cluster) ciliumObjects(ctx context.Context, ci *Cilium) error {
 	}
 	var objs []client.Object
 	for _, f := range crds {
-		o, err := readObjects(f)
+		o, err := testenv.ReadObjects(f)
 		if err != nil {
 			return err
 		}
