@@ -267,22 +267,9 @@ func healthOK(n *Node, port, path string) error {
 // CalicoGroup to Calico's ClusterRoles.
 func (c *Cluster) calicoObjects(ctx context.Context, ca *Calico) error {
 	cl := c.opts.ControlPlane.Client
-	crds, err := filepath.Glob(filepath.Join(ca.Dir, "crds", "*.yaml"))
+	objs, err := readCRDs(ca.Dir, "calico")
 	if err != nil {
 		return err
-	}
-	if len(crds) == 0 {
-		return fmt.Errorf("nodes: no Calico CRDs in %s: run `make calico`", ca.Dir)
-	}
-	var objs []client.Object
-	for _, f := range crds {
-		o, err := testenv.ReadObjects(f)
-		if err != nil {
-			return err
-		}
-		for _, u := range o {
-			objs = append(objs, u)
-		}
 	}
 	manifest, err := testenv.ReadObjects(filepath.Join(ca.Dir, "calico.yaml"))
 	if err != nil {
@@ -355,4 +342,27 @@ func (c *Cluster) cniBinDir(n *Node) string {
 		return n.layout.cniBin()
 	}
 	return cniBinDir
+}
+
+// readCRDs reads the CRDs a CNI's make target copied into dir/crds (`make
+// <target>`).
+func readCRDs(dir, target string) ([]client.Object, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "crds", "*.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("nodes: no CRDs in %s: run `make %s`", dir, target)
+	}
+	var objs []client.Object
+	for _, f := range files {
+		read, err := testenv.ReadObjects(f)
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range read {
+			objs = append(objs, o)
+		}
+	}
+	return objs, nil
 }

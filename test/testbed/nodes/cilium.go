@@ -12,10 +12,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
-	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
 // Cilium makes Start run cilium-agent on every node instead of the bed's ptp
@@ -228,22 +226,9 @@ func waitCiliumReady(ctx context.Context, n *Node) error {
 // bound to CiliumGroup.
 func (c *Cluster) ciliumObjects(ctx context.Context, ci *Cilium) error {
 	cl := c.opts.ControlPlane.Client
-	crds, err := filepath.Glob(filepath.Join(ci.Dir, "crds", "*.yaml"))
+	objs, err := readCRDs(ci.Dir, "cilium")
 	if err != nil {
 		return err
-	}
-	if len(crds) == 0 {
-		return fmt.Errorf("nodes: no Cilium CRDs in %s: run `make cilium`", ci.Dir)
-	}
-	var objs []client.Object
-	for _, f := range crds {
-		o, err := testenv.ReadObjects(f)
-		if err != nil {
-			return err
-		}
-		for _, u := range o {
-			objs = append(objs, u)
-		}
 	}
 	read := []string{"get", "list", "watch"}
 	role := &rbacv1.ClusterRole{
