@@ -18,11 +18,12 @@ import (
 )
 
 // cilium-agent on the bed's real nodes (nodes.Cilium) in VXLAN mode (native
-// routing runs with the operator's agents in TestCNI): pods get addresses of their Node's podCIDR (routed to cilium_host,
-// each behind an lxc* veth with the agent's programs), carry an MPTCP
-// stream between nodes whole by each mode's path, and reach the API server at
-// the kubernetes Service's address, the bed's relay; the machine's kernel
-// settings that the agent writes stay as they were.
+// routing runs with the operator's agents in TestCNI): pods get addresses of
+// their Node's podCIDR (routed to cilium_host, each behind an lxc* veth with
+// Cilium's programs), carry an MPTCP stream between nodes whole inside
+// cilium_vxlan, and reach the API server at the kubernetes Service's
+// address, the bed's relay; the machine's kernel settings that cilium-agent
+// writes stay as they were.
 func TestCilium(t *testing.T) {
 	testbed.RequireRoot(t)
 	nodes.RequireTools(t)
