@@ -75,7 +75,9 @@ func unescapePinName(s string) string {
 
 // Attach attaches the hook's program to the interface with a TCX link and
 // pins the link. A link pinned by an earlier agent is adopted and switched to
-// this datapath's program atomically, so traffic never runs unsteered. TCX
+// this datapath's program atomically, or replaced by a new link at the head
+// before it goes when other programs run before it (readopt), so traffic
+// never runs unsteered. TCX
 // links sit beside other tools' programs; nothing else on the hook is touched.
 // A new link goes first on its hook: a CNI's program that hands packets to the
 // stack ends the hook's chain (Cilium's on its pods' veths returns TC_ACT_OK),
@@ -93,12 +95,13 @@ func (d *Datapath) Attach(a Attachment) error {
 			defer l.Close()
 			info, ierr := l.Info()
 			if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == iface.Index {
-				if err := l.Update(prog); err != nil {
-					return fmt.Errorf("updating pinned link %s: %w", pin, err)
+				done, err := d.readopt(l, info, prog, attachType, iface.Index)
+				if done || err != nil {
+					return err
 				}
-				return nil
 			}
-			// The interface was re-created since: the old link is dead.
+			// The interface was re-created since, or the link is not
+			// first: the old link goes when this function closes it.
 			_ = l.Unpin()
 		}
 	}
@@ -118,6 +121,36 @@ func (d *Datapath) Attach(a Attachment) error {
 		return fmt.Errorf("pinning link %s: %w", pin, err)
 	}
 	return nil
+}
+
+// readopt switches a pinned link of the hook to prog when it runs first on
+// its hook (done). One that other programs run before (an earlier agent
+// attached links last; another tool may have gone to the head since) would
+// see only what they hand on, so it is not done: a new link goes first, and
+// this one is detached once the new one runs. Only when the old link holds
+// prog itself, which the kernel allows on a hook once, is it detached first.
+func (d *Datapath) readopt(old link.Link, info *link.Info, prog *ebpf.Program, at ebpf.AttachType, ifindex int) (done bool, err error) {
+	res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: at})
+	if err != nil {
+		return false, fmt.Errorf("listing the programs on interface %d: %w", ifindex, err)
+	}
+	if len(res.Programs) > 0 {
+		if first, _ := res.Programs[0].LinkID(); first == info.ID {
+			if err := old.Update(prog); err != nil {
+				return false, fmt.Errorf("updating pinned link: %w", err)
+			}
+			return true, nil
+		}
+	}
+	if progInfo, err := prog.Info(); err == nil {
+		if id, ok := progInfo.ID(); ok && id == info.Program {
+			if err := old.Unpin(); err != nil {
+				return false, err
+			}
+			return false, old.Close()
+		}
+	}
+	return false, nil
 }
 
 // Detach removes the hook's program from the interface, if attached by us.

@@ -108,3 +108,81 @@ func attachedCount(t *testing.T, ns, iface string, at ebpf.AttachType) int {
 	}
 	return n
 }
+
+// A pinned link that another program runs before (an earlier agent attached
+// its links last, or another tool went to the head since) goes back to the
+// head: when the same agent attaches again, and when a later agent adopts
+// it. The other program stays, one link of the agent's is left, and it is
+// the pinned one.
+func TestAReadoptedLinkGoesBackToTheHead(t *testing.T) {
+	ns := throwawayNetns(t)
+	pin := bpffsPinDir(t)
+	att := Attachment{Interface: "veth-a", Hook: HookPodEgress}
+	err := netnsutil.Do(ns, func() error {
+		dp, err := Load(Options{PinDir: pin})
+		if err != nil {
+			return err
+		}
+		defer dp.Close()
+		other, err := Load(Options{})
+		if err != nil {
+			return err
+		}
+		defer other.Close()
+		ifc, err := net.InterfaceByName(att.Interface)
+		if err != nil {
+			return err
+		}
+		// otherFirst puts another tool's program at the head.
+		otherFirst := func() (link.Link, error) {
+			return link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: other.objs.NicIngress, Attach: ebpf.AttachTCXIngress, Anchor: link.Head()})
+		}
+		if err := dp.Attach(att); err != nil {
+			return err
+		}
+		for _, again := range []struct {
+			name string
+			dp   *Datapath
+		}{{"the same agent", dp}, {"a later agent", nil}} {
+			ol, err := otherFirst()
+			if err != nil {
+				return err
+			}
+			a := again.dp
+			if a == nil {
+				if a, err = Load(Options{PinDir: pin}); err != nil {
+					return err
+				}
+			}
+			err = a.Attach(att)
+			if a != dp {
+				a.Close()
+			}
+			if err != nil {
+				return err
+			}
+			pinned, err := link.LoadPinnedLink(dp.linkPin(att), nil)
+			if err != nil {
+				return err
+			}
+			info, err := pinned.Info()
+			pinned.Close()
+			if err != nil {
+				return err
+			}
+			res, err := link.QueryPrograms(link.QueryOptions{Target: ifc.Index, Attach: ebpf.AttachTCXIngress})
+			if err != nil {
+				return err
+			}
+			first, _ := res.Programs[0].LinkID()
+			if len(res.Programs) != 2 || first != info.ID {
+				t.Errorf("after %s attached again: %d programs, the first by link %d; want 2, the first the pinned link %d", again.name, len(res.Programs), first, info.ID)
+			}
+			ol.Close()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
