@@ -83,6 +83,10 @@ func (cp *ControlPlane) configureCluster(dir string) func(*envtest.Environment) 
 		if err != nil {
 			return err
 		}
+		// Told to stop, the API server drains the requests in flight for up
+		// to its 60 s request timeout; envtest's 20 s would kill it and fail
+		// a test whose checks all passed.
+		e.ControlPlaneStopTimeout = 65 * time.Second
 		api := e.ControlPlane.GetAPIServer()
 		// envtest keeps a serving certificate it finds in its directory, and
 		// then trusts the CA it is told.

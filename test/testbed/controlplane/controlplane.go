@@ -163,11 +163,14 @@ func (cp *ControlPlane) Stop() error {
 		cp.components[i].stop(5 * time.Second)
 	}
 	cp.components = nil
+	// The egress proxy before the API server: a stream the API server
+	// proxies to a kubelet that is gone (logs, exec) would otherwise hold
+	// its drain of requests in flight when it is told to stop.
+	cp.egress.close()
+	cp.egress = nil
 	if cp.Env != nil {
 		errs = append(errs, cp.Env.Stop())
 		cp.Env = nil
 	}
-	cp.egress.close()
-	cp.egress = nil
 	return errors.Join(errs...)
 }
