@@ -2289,6 +2289,13 @@ int pod_egress(struct __sk_buff *skb)
 		if ((ret == ARRIVAL_REFUSED || ret == ARRIVAL_UNEXPECTED) && !observed_instead())
 			return TC_ACT_SHOT;
 	}
+	/* A pod that writes a neighbour's 4-tuple is not the neighbour: its
+	 * packet is neither counted nor policed as the neighbour's, takes no
+	 * path of its subflow and teaches its connection nothing. It passes
+	 * as a packet of no subflow that no pod answers for, to the CNI's
+	 * own checks. */
+	if (sf && !from_its_pod(skb, &pkt))
+		return TCX_NEXT;
 	if (!sf) {
 		ret = pod_egress_unknown(skb, &pkt, &fk);
 		/* A join of the pod's beyond its rule's maximum: the pod's

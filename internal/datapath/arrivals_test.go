@@ -82,7 +82,7 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	// A SYN-ACK carries MP_CAPABLE (the pod's answer to an MP_CAPABLE
 	// SYN, not a fallback to TCP), a later segment a DSS.
 	dataACK := uint64(1)
-	replyPath := func(sport uint16, flags uint8, ack uint32) uint32 {
+	replyMark := func(sport uint16, flags uint8, ack uint32) uint32 {
 		t.Helper()
 		// The pod's answers have sequence number 7, its next segments 8.
 		opts, seq := testpkt.DSS{DataACK: &dataACK}.Bytes(), uint32(8)
@@ -90,7 +90,11 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 			opts, seq = testpkt.MPCapableSYNACK(serverKey), 7
 		}
 		frame := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: sport, Seq: seq, Ack: ack, Flags: flags, Options: opts}}.Bytes()
-		return dp.pathOfMark(t, run(t, dp.objs.PodEgress, frame, skbContext{}))
+		return run(t, dp.objs.PodEgress, frame, skbContext{})
+	}
+	replyPath := func(sport uint16, flags uint8, ack uint32) uint32 {
+		t.Helper()
+		return dp.pathOfMark(t, replyMark(sport, flags, ack))
 	}
 
 	// joinReplyPath is the path the pod's answer to a join SYN leaves by.
@@ -141,16 +145,17 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 		t.Errorf("a SYN-ACK for no waiting SYN left by path %d, want 1", p)
 	}
 	// A neighbour pod that writes this pod's address and acknowledges
-	// the waiting SYN is no answer from this pod: the packet came in by
-	// the neighbour's interface (the test run's device, loopback), and
-	// a neighbour of the other family is none either.
+	// the waiting SYN is no answer from this pod, nor a packet of its
+	// live subflow: the packet came in by the neighbour's interface (the
+	// test run's device, loopback), and takes no path. A neighbour of the
+	// other family only is none either.
 	const lo = 1
 	for _, neighbour := range []netip.Addr{netip.MustParseAddr("10.244.2.12"), netip.MustParseAddr("fd00:244:2::12")} {
 		if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: lo, Addr: neighbour}}); err != nil {
 			t.Fatal(err)
 		}
-		if p := replyPath(initialPort, testpkt.SYN|testpkt.ACK, 1000); p != 1 {
-			t.Errorf("neighbour %v's SYN-ACK with this pod's address left by path %d, want 1", neighbour, p)
+		if mark := replyMark(initialPort, testpkt.SYN|testpkt.ACK, 1000); mark&dp.markMask != 0 {
+			t.Errorf("neighbour %v's SYN-ACK with this pod's address left with path mark %#x, want none", neighbour, mark)
 		}
 	}
 	if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: lo, Addr: serverPod}}); err != nil {

@@ -829,6 +829,75 @@ func TestAPodThatWritesAnotherPodsAddressPlacesNothingAsIt(t *testing.T) {
 	}
 }
 
+// A pod that writes the 4-tuple of a neighbour's live subflow is not the
+// neighbour either: its packets take no path, count nothing as the
+// neighbour's and teach the neighbour's connection nothing (its third ACK's
+// keys). The neighbour's own packets, from its own interface, do all three.
+func TestAPodThatWritesANeighboursSubflowIsNotCountedAsIt(t *testing.T) {
+	const lo = 1 // the test run's device: the packets enter the node there
+	neighbour := netip.MustParseAddr("10.244.1.12")
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []netip.Addr{clientPod, neighbour} {
+		if err := dp.SetEndpoint(a, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	podOfLo := func(a netip.Addr) {
+		t.Helper()
+		if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: lo, Addr: a}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	egress := dp.Program(HookPodEgress)
+	podOfLo(neighbour)
+	run(t, egress, syn(neighbour, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
+	run(t, dp.Program(HookPodIngress), synAck(serverPod, 5201, neighbour, 40000, testpkt.MPCapableSYNACK(0x77)), skbContext{})
+	thirdACK := testpkt.Frame{Src: neighbour, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8,
+		Flags: testpkt.ACK, Options: testpkt.MPCapableACK(0x66, 0x77)}}.Bytes()
+	sent := func() uint64 {
+		t.Helper()
+		sfs, err := dp.Subflows()
+		if err != nil || len(sfs) != 1 {
+			t.Fatalf("subflows %+v (%v), want the neighbour's one", sfs, err)
+		}
+		return sfs[0].Counters.TxPackets
+	}
+	learnt := func() int {
+		t.Helper()
+		conns, err := dp.Connections()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(conns)
+	}
+
+	podOfLo(clientPod)
+	before := sent()
+	if mark := run(t, egress, thirdACK, skbContext{}); mark&dp.markMask != 0 {
+		t.Errorf("the other pod's packet on the neighbour's 4-tuple left with path mark %#x, want none", mark)
+	}
+	if after := sent(); after != before {
+		t.Errorf("the neighbour's subflow counts %d packets sent after the other pod's, want %d", after, before)
+	}
+	if n := learnt(); n != 0 {
+		t.Errorf("the other pod's third ACK taught %d connections, want none", n)
+	}
+
+	podOfLo(neighbour)
+	if mark := run(t, egress, thirdACK, skbContext{}); mark&dp.markMask == 0 {
+		t.Error("the neighbour's own third ACK left with no path mark")
+	}
+	if after := sent(); after != before+1 {
+		t.Errorf("the neighbour's subflow counts %d packets sent after its own, want %d", after, before+1)
+	}
+	if n := learnt(); n != 1 {
+		t.Errorf("the neighbour's own third ACK taught %d connections, want 1", n)
+	}
+}
+
 // The window scale the window cap writes with is learnt once per subflow,
 // from its handshake: a SYN or SYN-ACK the pod sends later on the live
 // 4-tuple (forged for its own subflow, or for a neighbour's) changes nothing,
