@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 
@@ -25,13 +26,7 @@ const kernelBTF = "/sys/kernel/btf/vmlinux"
 // settings' configuration directory with the marks the settings declare
 // for it, or its defaults.
 func CheckNode(s Settings) []mptcpv1alpha1.NodeCheck {
-	var names []string
-	if links, err := netlink.LinkList(); err == nil {
-		for _, l := range links {
-			names = append(names, l.Attrs().Name)
-		}
-	}
-	n, err := cni.Find(s.CNIConfDir, names)
+	n, err := cni.Find(s.CNIConfDir, cniHost())
 	if err != nil {
 		n = cni.Network{Support: cni.Unknown, Note: "reading the CNI configuration: " + err.Error()}
 	}
@@ -39,6 +34,35 @@ func CheckNode(s Settings) []mptcpv1alpha1.NodeCheck {
 		n.Marks = *s.CNIMarks
 	}
 	return nodecheck.Run(nodecheck.Node{ProcSys: netnsutil.ProcSys, BTF: kernelBTF, PinDir: s.PinDir, Network: n, MarkMask: s.MarkMask})
+}
+
+// cniHost reads what the node's network shows of its CNI: its interfaces,
+// which of them hold an address, and whether an xfrm policy matches
+// packets by their marks, as Cilium's IPsec does. What cannot be read is
+// left out: the CNI's mode is then the plainer one.
+func cniHost() cni.Host {
+	var h cni.Host
+	links, err := netlink.LinkList()
+	if err != nil {
+		return h
+	}
+	names := make(map[int]string, len(links))
+	for _, l := range links {
+		h.Links = append(h.Links, l.Attrs().Name)
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	if addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL); err == nil {
+		for _, a := range addrs {
+			if name, ok := names[a.LinkIndex]; ok && !slices.Contains(h.Addressed, name) {
+				h.Addressed = append(h.Addressed, name)
+			}
+		}
+	}
+	policies, err := netlink.XfrmPolicyList(netlink.FAMILY_ALL)
+	h.IPsec = err == nil && slices.ContainsFunc(policies, func(p netlink.XfrmPolicy) bool {
+		return p.Mark != nil && p.Mark.Mask&cni.IPsecMarkBits != 0
+	})
+	return h
 }
 
 // Checks are the node checks the agent made when it started.

@@ -68,46 +68,78 @@ func (n Network) String() string {
 	return n.Name + " (" + n.Mode + ")"
 }
 
+// Host is what the node's own network shows of the CNI's mode and marks.
+type Host struct {
+	// Links are the node's interface names.
+	Links []string
+	// Addressed are the names of those that hold an address: a device
+	// that a loaded module makes in every namespace (tunl0) is the
+	// CNI's only once the CNI gives it one.
+	Addressed []string
+	// IPsec says an xfrm policy of the node matches packets by their
+	// IPsecMarkBits: Cilium's IPsec, which keeps its key index in the
+	// marks' 0xf000 bits.
+	IPsec bool
+}
+
+// IPsecMarkBits are where Cilium's xfrm policies match its encrypt and
+// decrypt magic values.
+const IPsecMarkBits uint32 = 0x00000f00
+
 // known are the CNIs the agent recognises by their plugin's type: their
-// default marks and what a node's interfaces say of their mode.
+// default marks and what the node's network says of their mode and of
+// the marks a feature it enables adds.
 var known = map[string]struct {
 	name  string
-	marks uint32
-	mode  func(links []string) string
+	marks func(h Host) uint32
+	mode  func(h Host) string
 }{
 	// Calico's felix allocates its marks from IptablesMarkMask,
-	// 0xffff0000 unless configured. Its eBPF data plane makes bpfout.cali.
-	"calico": {"calico", 0xffff0000, func(l []string) string {
+	// 0xffff0000 unless configured. Its eBPF data plane makes
+	// bpfout.cali; with IPIP on, felix gives tunl0 an address.
+	"calico": {"calico", fixedMarks(0xffff0000), func(h Host) string {
 		switch {
-		case has(l, "bpfout.cali"):
+		case has(h.Links, "bpfout.cali"):
 			return "ebpf"
-		case has(l, "vxlan.calico"):
+		case has(h.Links, "vxlan.calico"):
 			return "vxlan"
+		case has(h.Addressed, "tunl0"):
+			return "ipip"
 		}
 		return "routed"
 	}},
 	// Cilium keeps a security identity in the upper 16 bits, its magic
 	// values in 0x0f00 and a cluster id in the low 8 bits; it leaves
-	// 0xf000 to kube-proxy's bits and others.
-	"cilium-cni": {"cilium", 0xffff0fff, func(l []string) string {
+	// 0xf000 to kube-proxy's bits and others unless it encrypts: IPsec
+	// keeps its key index there, and WireGuard (cilium_wg0) a magic
+	// value's high bit.
+	"cilium-cni": {"cilium", func(h Host) uint32 {
+		if h.IPsec || has(h.Links, "cilium_wg0") {
+			return 0xffffffff
+		}
+		return 0xffff0fff
+	}, func(h Host) string {
 		switch {
-		case has(l, "cilium_vxlan"):
+		case has(h.Links, "cilium_vxlan"):
 			return "vxlan"
-		case has(l, "cilium_geneve"):
+		case has(h.Links, "cilium_geneve"):
 			return "geneve"
 		}
 		return "native"
 	}},
-	"flannel": {"flannel", 0, func(l []string) string {
-		if has(l, "flannel.1") {
+	"flannel": {"flannel", fixedMarks(0), func(h Host) string {
+		if has(h.Links, "flannel.1") {
 			return "vxlan"
 		}
 		return "host-gw"
 	}},
-	"ovn-k8s-cni-overlay": {"ovn-kubernetes", 0, func([]string) string { return "geneve" }},
-	"ptp":                 {"ptp", 0, func([]string) string { return "routed" }},
-	"bridge":              {"bridge", 0, func([]string) string { return "bridge" }},
+	"ovn-k8s-cni-overlay": {"ovn-kubernetes", fixedMarks(0), fixedMode("geneve")},
+	"ptp":                 {"ptp", fixedMarks(0), fixedMode("routed")},
+	"bridge":              {"bridge", fixedMarks(0), fixedMode("bridge")},
 }
+
+func fixedMarks(m uint32) func(Host) uint32 { return func(Host) uint32 { return m } }
+func fixedMode(m string) func(Host) string  { return func(Host) string { return m } }
 
 // support is the project's matrix (docs/install.md, "CNIs"): what is
 // proven, and what is known of the rest.
@@ -119,12 +151,15 @@ func support(name, mode string) (Support, string) {
 		if mode == "ebpf" {
 			return Untested, "Calico's eBPF data plane redirects pods' packets past the policy routing the agent steers with"
 		}
+		if mode == "ipip" {
+			return Untested, "a tunnel device takes its outer packets' route by its own fwmark, never the inner packet's, so every subflow inside IPIP leaves by one NIC; an IPPool with VXLAN, or none, spreads them"
+		}
 		if mode == "routed" {
 			return Tested, "routed veths cali*: pods are found by their routes and steered by policy routing beside felix's iptables rules and NetworkPolicy; the agent's mark mask must stay outside felix's"
 		}
 		return Tested, "routed veths cali*: selected pods' subflows are encapsulated by vxlan.calico and their outer packets leave by their paths' NICs, so every path must route the nodes' VTEP addresses; the agent's mark mask must stay outside felix's"
 	case "cilium":
-		return Untested, "steering is proven only in native routing with legacy host routing and enable-identity-mark=false (the identity mark overwrites the agent's bits); eBPF host routing, Cilium's default, redirects pods' packets past the policy routing the agent steers with"
+		return Untested, "with encryption (IPsec or WireGuard) on, Cilium uses every mark bit and leaves the agent none; steering is proven only in native routing with legacy host routing and enable-identity-mark=false (the identity mark overwrites the agent's bits); eBPF host routing, Cilium's default, redirects pods' packets past the policy routing the agent steers with"
 	case "flannel", "bridge":
 		if name == "flannel" && mode == "vxlan" {
 			return Tested, "pods are found at their bridge ports; selected pods' subflows are encapsulated by flannel.1 and their outer packets leave by their paths' NICs, so every path must route the nodes' VTEP addresses"
@@ -140,10 +175,10 @@ func support(name, mode string) (Support, string) {
 
 // Find reads the CNI configuration in dir as the container runtime does
 // (libcni: the first of its .conf, .conflist and .json files by name that
-// parses) and names the CNI, with the mode that links, the node's
-// interface names, show. An empty or missing directory is no error: it is
-// a Network without a name.
-func Find(dir string, links []string) (Network, error) {
+// parses) and names the CNI, with the mode and marks that the node's
+// network shows. An empty or missing directory is no error: it is a
+// Network without a name.
+func Find(dir string, h Host) (Network, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		err = nil
@@ -166,11 +201,11 @@ func Find(dir string, links []string) (Network, error) {
 		// flannel's own plugin only delegates to bridge: a node whose
 		// configuration names that delegate directly, beside flannel's
 		// VXLAN device, runs flannel all the same.
-		if plugin == "bridge" && has(links, "flannel.1") {
+		if plugin == "bridge" && has(h.Links, "flannel.1") {
 			plugin = "flannel"
 		}
 		if k, ok := known[plugin]; ok {
-			n.Name, n.Marks, n.Mode = k.name, k.marks, k.mode(links)
+			n.Name, n.Marks, n.Mode = k.name, k.marks(h), k.mode(h)
 		}
 		n.Support, n.Note = support(n.Name, n.Mode)
 		return n, nil

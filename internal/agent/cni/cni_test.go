@@ -19,47 +19,67 @@ func writeConf(t *testing.T, dir, name, body string) {
 func TestFindNamesTheCNIItsModeAndMarks(t *testing.T) {
 	for name, tc := range map[string]struct {
 		files map[string]string
-		links []string
+		host  Host
 		want  Network
 	}{
 		"calico over VXLAN": {
 			files: map[string]string{"10-calico.conflist": `{"name":"k8s-pod-network","plugins":[{"type":"calico"},{"type":"bandwidth"},{"type":"portmap"}]}`},
-			links: []string{"lo", "eth0", "vxlan.calico", "cali1234"},
+			host:  Host{Links: []string{"lo", "eth0", "vxlan.calico", "cali1234"}},
 			want:  Network{Name: "calico", Mode: "vxlan", Marks: 0xffff0000, Support: Tested},
 		},
 		"calico routed": {
 			files: map[string]string{"10-calico.conflist": `{"name":"k8s-pod-network","plugins":[{"type":"calico"}]}`},
-			links: []string{"lo", "nic1", "cali1234"},
+			host:  Host{Links: []string{"lo", "nic1", "cali1234"}},
+			want:  Network{Name: "calico", Mode: "routed", Marks: 0xffff0000, Support: Tested},
+		},
+		"calico over IPIP: felix gave tunl0 an address": {
+			files: map[string]string{"10-calico.conflist": `{"plugins":[{"type":"calico"}]}`},
+			host:  Host{Links: []string{"lo", "tunl0", "cali1234"}, Addressed: []string{"lo", "tunl0"}},
+			want:  Network{Name: "calico", Mode: "ipip", Marks: 0xffff0000, Support: Untested},
+		},
+		"calico routed beside the ipip module's tunl0": {
+			files: map[string]string{"10-calico.conflist": `{"plugins":[{"type":"calico"}]}`},
+			host:  Host{Links: []string{"lo", "tunl0", "cali1234"}, Addressed: []string{"lo"}},
 			want:  Network{Name: "calico", Mode: "routed", Marks: 0xffff0000, Support: Tested},
 		},
 		"calico with the eBPF data plane": {
 			files: map[string]string{"10-calico.conflist": `{"plugins":[{"type":"calico"}]}`},
-			links: []string{"bpfout.cali", "bpfin.cali"},
+			host:  Host{Links: []string{"bpfout.cali", "bpfin.cali"}},
 			want:  Network{Name: "calico", Mode: "ebpf", Marks: 0xffff0000, Support: Untested},
 		},
 		"cilium in geneve tunnel mode": {
 			files: map[string]string{"05-cilium.conflist": `{"plugins":[{"type":"cilium-cni"}]}`},
-			links: []string{"cilium_host", "cilium_net", "cilium_geneve"},
+			host:  Host{Links: []string{"cilium_host", "cilium_net", "cilium_geneve"}},
 			want:  Network{Name: "cilium", Mode: "geneve", Marks: 0xffff0fff, Support: Untested},
+		},
+		"cilium with WireGuard": {
+			files: map[string]string{"05-cilium.conflist": `{"plugins":[{"type":"cilium-cni"}]}`},
+			host:  Host{Links: []string{"cilium_host", "cilium_net", "cilium_wg0"}},
+			want:  Network{Name: "cilium", Mode: "native", Marks: 0xffffffff, Support: Untested},
+		},
+		"cilium with IPsec": {
+			files: map[string]string{"05-cilium.conflist": `{"plugins":[{"type":"cilium-cni"}]}`},
+			host:  Host{Links: []string{"cilium_host", "cilium_net", "cilium_vxlan"}, IPsec: true},
+			want:  Network{Name: "cilium", Mode: "vxlan", Marks: 0xffffffff, Support: Untested},
 		},
 		"flannel vxlan": {
 			files: map[string]string{"10-flannel.conflist": `{"plugins":[{"type":"flannel","delegate":{"isDefaultGateway":true}},{"type":"portmap"}]}`},
-			links: []string{"cni0", "flannel.1"},
+			host:  Host{Links: []string{"cni0", "flannel.1"}},
 			want:  Network{Name: "flannel", Mode: "vxlan", Support: Tested},
 		},
 		"flannel's bridge delegate written directly, beside flannel.1": {
 			files: map[string]string{"10-flannel.conflist": `{"name":"cbr0","plugins":[{"type":"bridge","bridge":"cni0"}]}`},
-			links: []string{"cni0", "flannel.1"},
+			host:  Host{Links: []string{"cni0", "flannel.1"}},
 			want:  Network{Name: "flannel", Mode: "vxlan", Support: Tested},
 		},
 		"a bridge without flannel": {
 			files: map[string]string{"10-bridge.conflist": `{"plugins":[{"type":"bridge"}]}`},
-			links: []string{"cni0"},
+			host:  Host{Links: []string{"cni0"}},
 			want:  Network{Name: "bridge", Mode: "bridge", Support: Untested},
 		},
 		"flannel host-gw": {
 			files: map[string]string{"10-flannel.conflist": `{"plugins":[{"type":"flannel"}]}`},
-			links: []string{"cni0"},
+			host:  Host{Links: []string{"cni0"}},
 			want:  Network{Name: "flannel", Mode: "host-gw", Support: Untested},
 		},
 		"ptp as a single .conf": {
@@ -96,7 +116,7 @@ func TestFindNamesTheCNIItsModeAndMarks(t *testing.T) {
 				}
 				writeConf(t, dir, f, body)
 			}
-			got, err := Find(dir, tc.links)
+			got, err := Find(dir, tc.host)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -111,7 +131,7 @@ func TestFindNamesTheCNIItsModeAndMarks(t *testing.T) {
 			}
 		})
 	}
-	if n, err := Find(filepath.Join(t.TempDir(), "missing"), nil); err != nil || n.Name != "" {
+	if n, err := Find(filepath.Join(t.TempDir(), "missing"), Host{}); err != nil || n.Name != "" {
 		t.Errorf("a missing directory: %+v, %v; want no CNI and no error", n, err)
 	}
 }
