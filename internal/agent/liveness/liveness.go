@@ -368,7 +368,31 @@ func New(cfg Config, log *slog.Logger, changed func()) (*Prober, error) {
 // thread's network namespace. Calls must not overlap; after Close, Sync
 // does nothing.
 func (p *Prober) Sync(paths []Path) error {
+	paths, want := uniquePaths(paths)
+	if !p.closeProbesNotIn(want) {
+		return nil
+	}
 	var errs []error
+	nodes := map[string]bool{}
+	for _, path := range paths {
+		pp, err := p.probeOf(path)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("path %s: %w", path.Name, err))
+			continue
+		}
+		p.mu.Lock()
+		p.syncTargets(pp, path, nodes)
+		p.mu.Unlock()
+	}
+	p.mu.Lock()
+	p.indexNodes(nodes)
+	p.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// uniquePaths keeps the first of paths with one index, and maps each index
+// to its path.
+func uniquePaths(paths []Path) ([]Path, map[uint32]Path) {
 	want := map[uint32]Path{}
 	var unique []Path
 	for _, path := range paths {
@@ -377,11 +401,16 @@ func (p *Prober) Sync(paths []Path) error {
 			unique = append(unique, path)
 		}
 	}
-	paths = unique
+	return unique, want
+}
+
+// closeProbesNotIn closes the probes of paths that want lacks or whose
+// socket it changes; false when the prober is closed.
+func (p *Prober) closeProbesNotIn(want map[uint32]Path) bool {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil
+		return false
 	}
 	var closing []*pathProbe
 	for index, pp := range p.paths {
@@ -394,61 +423,74 @@ func (p *Prober) Sync(paths []Path) error {
 	for _, pp := range closing {
 		pp.close()
 	}
-	nodes := map[string]bool{}
-	for _, path := range paths {
-		p.mu.Lock()
-		pp := p.paths[path.Index]
-		p.mu.Unlock()
-		if pp == nil {
-			conn, err := p.open(path)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("path %s: %w", path.Name, err))
-				continue
-			}
-			pp = &pathProbe{spec: path, conn: conn, targets: map[netip.Addr]*target{}, closed: make(chan struct{})}
-			p.mu.Lock()
-			p.paths[path.Index] = pp
-			p.mu.Unlock()
-			go p.read(pp, path.Name)
-		}
-		p.mu.Lock()
-		pp.spec = path
-		peers := map[netip.Addr]bool{}
-		for _, peer := range path.Peers {
-			peers[peer.Addr] = true
-			nodes[peer.Node] = true
-			node := p.nodes[peer.Node]
-			if node == nil {
-				// A keyed hash of its name spreads the idle
-				// peers' probes over the idle interval.
-				node = &peerNode{name: peer.Node, busy: true, phase: maphash.String(p.seed, peer.Node) % p.idleEvery}
-				p.nodes[peer.Node] = node
-			}
-			node.slot = peer.Slot
-			if t := pp.targets[peer.Addr]; t != nil && t.node == peer.Node {
-				continue
-			}
-			// New, or its address now another node's: a target of its
-			// own, with its own nonce.
-			t := newTarget(peer.Node, p.Nonce(path.Local, peer), p.cfg.Multiplier)
-			t.peer, t.every = node, 1
-			if path.AssumeDown {
-				// Silent since before its first probe: the
-				// outage its predecessor saw, recovering.
-				t.state, t.assumedUntil = Down, time.Now().Add(AssumedDownFor)
-				t.silence(t.first)
-				node.downAt = time.Now()
-			}
-			pp.targets[peer.Addr] = t
-		}
-		for addr := range pp.targets {
-			if !peers[addr] {
-				delete(pp.targets, addr)
-			}
-		}
-		p.mu.Unlock()
-	}
+	return true
+}
+
+// probeOf is path's probe, its socket opened and its reader started if it
+// had none.
+func (p *Prober) probeOf(path Path) (*pathProbe, error) {
 	p.mu.Lock()
+	pp := p.paths[path.Index]
+	p.mu.Unlock()
+	if pp != nil {
+		return pp, nil
+	}
+	conn, err := p.open(path)
+	if err != nil {
+		return nil, err
+	}
+	pp = &pathProbe{spec: path, conn: conn, targets: map[netip.Addr]*target{}, closed: make(chan struct{})}
+	p.mu.Lock()
+	p.paths[path.Index] = pp
+	p.mu.Unlock()
+	go p.read(pp, path.Name)
+	return pp, nil
+}
+
+// syncTargets makes pp's targets path's peers, and marks their nodes in
+// nodes. A peer already probed at its address keeps its target. Called
+// with p.mu held.
+func (p *Prober) syncTargets(pp *pathProbe, path Path, nodes map[string]bool) {
+	pp.spec = path
+	peers := map[netip.Addr]bool{}
+	for _, peer := range path.Peers {
+		peers[peer.Addr] = true
+		nodes[peer.Node] = true
+		node := p.nodes[peer.Node]
+		if node == nil {
+			// A keyed hash of its name spreads the idle peers'
+			// probes over the idle interval.
+			node = &peerNode{name: peer.Node, busy: true, phase: maphash.String(p.seed, peer.Node) % p.idleEvery}
+			p.nodes[peer.Node] = node
+		}
+		node.slot = peer.Slot
+		if t := pp.targets[peer.Addr]; t != nil && t.node == peer.Node {
+			continue
+		}
+		// New, or its address now another node's: a target of its
+		// own, with its own nonce.
+		t := newTarget(peer.Node, p.Nonce(path.Local, peer), p.cfg.Multiplier)
+		t.peer, t.every = node, 1
+		if path.AssumeDown {
+			// Silent since before its first probe: the outage its
+			// predecessor saw, recovering.
+			t.state, t.assumedUntil = Down, time.Now().Add(AssumedDownFor)
+			t.silence(t.first)
+			node.downAt = time.Now()
+		}
+		pp.targets[peer.Addr] = t
+	}
+	for addr := range pp.targets {
+		if !peers[addr] {
+			delete(pp.targets, addr)
+		}
+	}
+}
+
+// indexNodes drops the peer nodes that nodes lacks and lists every
+// node's targets over all paths, in the order the prober walks. Called
+// with p.mu held.
+func (p *Prober) indexNodes(nodes map[string]bool) {
 	p.order = p.order[:0]
 	for name, node := range p.nodes {
 		if !nodes[name] {
@@ -463,8 +505,6 @@ func (p *Prober) Sync(paths []Path) error {
 			t.peer.targets = append(t.peer.targets, nodeTarget{pp, addr, t})
 		}
 	}
-	p.mu.Unlock()
-	return errors.Join(errs...)
 }
 
 // open binds the path's socket: its address and port, its NIC, its mark,
@@ -897,60 +937,7 @@ func (p *Prober) run(ctx context.Context) {
 		// would take healthy paths down; the next tick decides.
 		late := time.Since(last) > 2*p.cfg.Interval
 		last = time.Now()
-		type send struct {
-			conn *net.UDPConn
-			to   netip.AddrPort
-			msg  []byte
-		}
-		var sends []send
-		changed := false
-		now := time.Now()
-		p.mu.Lock()
-		p.tick++
-		p.judgeTraffic(now)
-		for _, node := range p.order {
-			idleDue := (p.tick+node.phase)%p.idleEvery == 0
-			if !node.busy && !node.recovering && !idleDue {
-				continue
-			}
-			// The peer's view over all its paths, before judging
-			// any of them.
-			view := p.viewOf(node, now)
-			for _, nt := range node.targets {
-				t, addr, pp := nt.t, nt.addr, nt.pp
-				every := p.idleEvery
-				if node.busy || (node.recovering && t.state == Down) {
-					every = 1
-				}
-				if every != 1 && !idleDue {
-					continue
-				}
-				t.setCadence(every, now, p.cfg.BusyFor)
-				t.seq++
-				interval := t.interval(p.cfg.Interval)
-				if !late {
-					was := t.state
-					// Both, always: tally also clears the slot of
-					// the probe sent now.
-					expired := t.expire(now, interval, p.cfg.Multiplier, t.seq, view)
-					if t.tally(t.seq, p.cfg.Multiplier) || expired {
-						p.logChange(pp.spec.Name, addr, t, was)
-						changed = true
-					}
-				} else {
-					t.echoed[t.seq%uint64(len(t.echoed))] = false
-				}
-				// A peer silent for the detect time may have gone
-				// back to version 1 (a rollback): every other probe
-				// is then one every agent reads, and its echo says
-				// which version the peer speaks.
-				v2 := t.peerV2 && (t.seq%2 == 0 || now.Sub(t.lastEcho) <= time.Duration(p.cfg.Multiplier)*interval)
-				sends = append(sends, send{pp.conn, netip.AddrPortFrom(addr, uint16(p.cfg.Port)),
-					message{kind: kindProbe, nonce: t.nonce, seq: t.seq, v2: v2, key: t.key}.marshal()})
-			}
-		}
-		p.counters.ProbesSent += uint64(len(sends))
-		p.mu.Unlock()
+		sends, changed := p.probeDue(last, late)
 		if changed {
 			p.notify()
 		}
@@ -960,6 +947,65 @@ func (p *Prober) run(ctx context.Context) {
 			_, _ = s.conn.WriteToUDPAddrPort(s.msg, s.to)
 		}
 	}
+}
+
+// probeSend is a probe to send once the prober's lock is released.
+type probeSend struct {
+	conn *net.UDPConn
+	to   netip.AddrPort
+	msg  []byte
+}
+
+// probeDue judges every target due at this tick (unless late: then none
+// expires) and returns the probes to send, and whether a state changed.
+func (p *Prober) probeDue(now time.Time, late bool) (sends []probeSend, changed bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.tick++
+	p.judgeTraffic(now)
+	for _, node := range p.order {
+		idleDue := (p.tick+node.phase)%p.idleEvery == 0
+		if !node.busy && !node.recovering && !idleDue {
+			continue
+		}
+		// The peer's view over all its paths, before judging any of
+		// them.
+		view := p.viewOf(node, now)
+		for _, nt := range node.targets {
+			t, addr, pp := nt.t, nt.addr, nt.pp
+			every := p.idleEvery
+			if node.busy || (node.recovering && t.state == Down) {
+				every = 1
+			}
+			if every != 1 && !idleDue {
+				continue
+			}
+			t.setCadence(every, now, p.cfg.BusyFor)
+			t.seq++
+			interval := t.interval(p.cfg.Interval)
+			if !late {
+				was := t.state
+				// Both, always: tally also clears the slot of the
+				// probe sent now.
+				expired := t.expire(now, interval, p.cfg.Multiplier, t.seq, view)
+				if t.tally(t.seq, p.cfg.Multiplier) || expired {
+					p.logChange(pp.spec.Name, addr, t, was)
+					changed = true
+				}
+			} else {
+				t.echoed[t.seq%uint64(len(t.echoed))] = false
+			}
+			// A peer silent for the detect time may have gone back to
+			// version 1 (a rollback): every other probe is then one
+			// every agent reads, and its echo says which version the
+			// peer speaks.
+			v2 := t.peerV2 && (t.seq%2 == 0 || now.Sub(t.lastEcho) <= time.Duration(p.cfg.Multiplier)*interval)
+			sends = append(sends, probeSend{pp.conn, netip.AddrPortFrom(addr, uint16(p.cfg.Port)),
+				message{kind: kindProbe, nonce: t.nonce, seq: t.seq, v2: v2, key: t.key}.marshal()})
+		}
+	}
+	p.counters.ProbesSent += uint64(len(sends))
+	return sends, changed
 }
 
 // judgeTraffic decides, at now, which peer nodes are busy: without a

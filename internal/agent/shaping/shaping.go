@@ -284,52 +284,60 @@ func syncHTB(iface string, capacity uint64, classes []Class) error {
 	if err != nil {
 		return err
 	}
-	root, err := rootQdisc(link)
+	if err := ensureHTBRoot(link); err != nil {
+		return err
+	}
+	existing, err := netlink.ClassList(link, netlink.MakeHandle(shapeMajor, 0))
 	if err != nil {
 		return err
 	}
-	if !ours(root) {
-		if root != nil && root.Attrs().Handle != 0 {
-			return fmt.Errorf("%s has a root qdisc %s %s the agent did not create: not replacing it",
-				iface, root.Type(), netlink.HandleStr(root.Attrs().Handle))
-		}
-		htb := netlink.NewHtb(netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: netlink.MakeHandle(shapeMajor, 0), Parent: netlink.HANDLE_ROOT})
-		if err := netlink.QdiscReplace(htb); err != nil {
-			return fmt.Errorf("adding HTB to %s: %w", iface, err)
-		}
-	}
-	top := netlink.MakeHandle(shapeMajor, 0)
-	existing, err := netlink.ClassList(link, top)
-	if err != nil {
-		return err
-	}
-	parentOf := map[uint32]uint32{}
+	tree := htbTree{link: link, parentOf: map[uint32]uint32{}}
 	for _, cls := range existing {
-		parentOf[cls.Attrs().Handle] = classParent(cls)
+		tree.parentOf[cls.Attrs().Handle] = classParent(cls)
 	}
-	// put creates or changes a class; HTB cannot move a class to another
-	// parent, so one under the wrong parent is deleted first.
-	put := func(handle, parent uint32, bps, ceil uint64) error {
-		if old, ok := parentOf[handle]; ok && old != parent {
-			if err := netlink.ClassDel(netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: old, Handle: handle}, netlink.HtbClassAttrs{})); err != nil {
-				return fmt.Errorf("moving HTB class %s on %s: %w", netlink.HandleStr(handle), iface, err)
-			}
-		}
-		parentOf[handle] = parent
-		cls := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: parent, Handle: handle},
-			netlink.HtbClassAttrs{Rate: bps, Ceil: ceil})
-		if err := netlink.ClassReplace(cls); err != nil {
-			return fmt.Errorf("HTB class %s on %s: %w", netlink.HandleStr(handle), iface, err)
-		}
-		return nil
+	want, err := tree.putAll(capacity, classes)
+	if err != nil {
+		return err
 	}
+	return removeClassesNotIn(link, existing, want)
+}
+
+// ensureHTBRoot puts the agent's HTB root on link unless it is there; it
+// never replaces a root qdisc another tool made.
+func ensureHTBRoot(link netlink.Link) error {
+	root, err := rootQdisc(link)
+	if err != nil || ours(root) {
+		return err
+	}
+	iface := link.Attrs().Name
+	if root != nil && root.Attrs().Handle != 0 {
+		return fmt.Errorf("%s has a root qdisc %s %s the agent did not create: not replacing it",
+			iface, root.Type(), netlink.HandleStr(root.Attrs().Handle))
+	}
+	htb := netlink.NewHtb(netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: netlink.MakeHandle(shapeMajor, 0), Parent: netlink.HANDLE_ROOT})
+	if err := netlink.QdiscReplace(htb); err != nil {
+		return fmt.Errorf("adding HTB to %s: %w", iface, err)
+	}
+	return nil
+}
+
+// htbTree is the agent's HTB classes on a link, by the parent each has.
+type htbTree struct {
+	link     netlink.Link
+	parentOf map[uint32]uint32
+}
+
+// putAll puts the path's class at capacity (when it has one) and classes
+// under it, and returns the handles it put.
+func (tree htbTree) putAll(capacity uint64, classes []Class) (map[uint32]bool, error) {
+	top := netlink.MakeHandle(shapeMajor, 0)
 	want := map[uint32]bool{}
 	parent := top
 	if capacity > 0 {
 		parent = netlink.MakeHandle(shapeMajor, shapeMinorPath)
 		want[parent] = true
-		if err := put(parent, top, capacity, capacity); err != nil {
-			return err
+		if err := tree.put(parent, top, capacity, capacity); err != nil {
+			return nil, err
 		}
 	}
 	for _, c := range classes {
@@ -346,19 +354,42 @@ func syncHTB(iface string, capacity uint64, classes []Class) error {
 		if ceil == 0 {
 			ceil = c.Bps
 		}
-		if err := put(handle, p, c.Bps, ceil); err != nil {
-			return err
+		if err := tree.put(handle, p, c.Bps, ceil); err != nil {
+			return nil, err
 		}
 	}
-	// Children before their parent: HTB refuses to delete a class that
-	// still has some. (Minors grow from parents to children.)
+	return want, nil
+}
+
+// put creates or changes a class; HTB cannot move a class to another
+// parent, so one under the wrong parent is deleted first.
+func (tree htbTree) put(handle, parent uint32, bps, ceil uint64) error {
+	index, iface := tree.link.Attrs().Index, tree.link.Attrs().Name
+	if old, ok := tree.parentOf[handle]; ok && old != parent {
+		if err := netlink.ClassDel(netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: index, Parent: old, Handle: handle}, netlink.HtbClassAttrs{})); err != nil {
+			return fmt.Errorf("moving HTB class %s on %s: %w", netlink.HandleStr(handle), iface, err)
+		}
+	}
+	tree.parentOf[handle] = parent
+	cls := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: index, Parent: parent, Handle: handle},
+		netlink.HtbClassAttrs{Rate: bps, Ceil: ceil})
+	if err := netlink.ClassReplace(cls); err != nil {
+		return fmt.Errorf("HTB class %s on %s: %w", netlink.HandleStr(handle), iface, err)
+	}
+	return nil
+}
+
+// removeClassesNotIn deletes the agent's classes of existing that want
+// lacks, children before their parent: HTB refuses to delete a class that
+// still has some. (Minors grow from parents to children.)
+func removeClassesNotIn(link netlink.Link, existing []netlink.Class, want map[uint32]bool) error {
 	slices.SortFunc(existing, func(a, b netlink.Class) int {
 		return cmp.Compare(b.Attrs().Handle&0xffff, a.Attrs().Handle&0xffff)
 	})
 	for _, cls := range existing {
 		if h := cls.Attrs().Handle; !want[h] && h>>16 == shapeMajor {
 			if err := netlink.ClassDel(cls); err != nil {
-				return fmt.Errorf("removing HTB class %s from %s: %w", netlink.HandleStr(h), iface, err)
+				return fmt.Errorf("removing HTB class %s from %s: %w", netlink.HandleStr(h), link.Attrs().Name, err)
 			}
 		}
 	}
