@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -253,10 +254,17 @@ func requireNetworkPolicyHolds(t *testing.T, cb *chartBed, attached map[int]*tes
 	var err error
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
 		if err = dialMPTCP(attached[1], to, 2*time.Second); err == nil {
-			return
+			break
 		}
 	}
-	t.Fatalf("%s still cannot reach %s with the NetworkPolicy gone: %v", attached[1], to, err)
+	if err != nil {
+		t.Fatalf("%s still cannot reach %s with the NetworkPolicy gone: %v", attached[1], to, err)
+	}
+	// What timed out before the transfer was the policy: without it the
+	// closed port is refused.
+	if err := dialMPTCP(attached[1], closed, 2*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("%s to %s with the NetworkPolicy gone: %v, want refused", attached[1], closed, err)
+	}
 }
 
 // requireTunneled fails the test unless the captures on the path NICs read
