@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,10 +57,7 @@ func testFlannelVXLAN(t *testing.T) {
 	}
 	analysis, sent := cb.crossTransfer(t, servers)
 	requireSpread(t, analysis, sent, "flannel vxlan")
-	t.Logf("captures: %d connections, %d subflows, %d segments inside VXLAN, %d outside", len(analysis.Connections), len(analysis.Subflows), analysis.Tunneled, analysis.Plain)
-	if analysis.Plain != 0 || analysis.Tunneled == 0 {
-		t.Fatalf("captures on the path NICs read %d segments of the pods inside VXLAN and %d outside: want all inside", analysis.Tunneled, analysis.Plain)
-	}
+	requireTunneled(t, analysis, true)
 
 	// Shape caps nothing that the tunnel encapsulates: a policy that
 	// shapes makes every node Degraded for it, naming the rule and the
@@ -147,44 +146,12 @@ func testCalico(mode string) func(*testing.T) {
 				return c.Result == mptcpv1alpha1.CheckPassed && strings.HasPrefix(c.Message, "calico ("+mode+") from /etc/cni/net.d/10-calico.conflist")
 			})
 		}
-		policy := &networkingv1.NetworkPolicy{
-			ObjectMeta: metav1.ObjectMeta{Name: "servers-from-clients", Namespace: tenantNS},
-			Spec: networkingv1.NetworkPolicySpec{
-				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
-				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-				Ingress: []networkingv1.NetworkPolicyIngressRule{{
-					From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}},
-				}},
-			},
-		}
-		if err := cb.c.Create(background(t), policy); err != nil {
-			t.Fatal(err)
-		}
-		analysis, sent := cb.crossTransfer(t, servers)
-		requireSpread(t, analysis, sent, "calico "+mode)
-		t.Logf("captures: %d connections, %d subflows, %d segments inside VXLAN, %d outside", len(analysis.Connections), len(analysis.Subflows), analysis.Tunneled, analysis.Plain)
-		if inside := mode == "vxlan"; (analysis.Tunneled == 0) == inside || (analysis.Plain == 0) != inside {
-			t.Fatalf("captures on the path NICs read %d segments of the pods inside VXLAN and %d outside: want all %s", analysis.Tunneled, analysis.Plain, map[bool]string{true: "inside", false: "outside"}[inside])
-		}
-
-		// felix has had the policy for the whole transfer: server 1 is no
-		// client, so its connection to server 2 is dropped, its SYNs steered.
-		to := netip.AddrPortFrom(attached[2].Addr, tenantPort)
-		if err := dialMPTCP(attached[1], to, 3*time.Second); err == nil {
-			t.Fatalf("%s reached %s through a NetworkPolicy that admits the clients only", attached[1], to)
-		} else {
-			t.Logf("denied by the NetworkPolicy: %v", err)
-		}
-		if err := cb.c.Delete(background(t), policy); err != nil {
-			t.Fatal(err)
-		}
-		var err error
-		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
-			if err = dialMPTCP(attached[1], to, 2*time.Second); err == nil {
-				return
-			}
-		}
-		t.Fatalf("%s still cannot reach %s with the NetworkPolicy gone: %v", attached[1], to, err)
+		requireNetworkPolicyHolds(t, cb, attached, func() {
+			analysis, sent := cb.crossTransfer(t, servers)
+			t.Logf("captures: %d connections, %d subflows, %d segments inside VXLAN, %d outside", len(analysis.Connections), len(analysis.Subflows), analysis.Tunneled, analysis.Plain)
+			requireSpread(t, analysis, sent, "calico "+mode)
+			requireTunneled(t, analysis, mode == "vxlan")
+		})
 	}
 }
 
@@ -195,8 +162,12 @@ func testCalico(mode string) func(*testing.T) {
 // cilium_host. Cilium keeps its identity in the marks' upper 16 bits and
 // its magic values in 0x0f00, so the chart is installed with a mark mask
 // outside them. Every agent names its CNI "cilium (<mode>)" (untested in
-// its matrix); MPTCP from the clients of each node to the other's server
-// spreads each connection's subflows over both NICs, streams whole.
+// its matrix); with a Kubernetes NetworkPolicy that admits the servers'
+// ingress from the client pods only, MPTCP from the clients of each node to
+// the other's server spreads each connection's subflows over both NICs,
+// streams whole; a connection from a server pod, which the policy denies,
+// stays denied while the agent steers its subflows, and opens once the
+// policy is gone.
 func testCilium(mode string) func(*testing.T) {
 	return func(t *testing.T) {
 		dir := testutil.BuiltTool(t, "CILIUM", "cilium")
@@ -204,10 +175,13 @@ func testCilium(mode string) func(*testing.T) {
 			o.Cilium = &nodes.Cilium{Dir: dir, Mode: mode}
 		})
 		servers := cb.tenantServers(t)
+		attached := map[int]*testbed.Pod{}
 		for _, n := range cb.bed.Nodes {
-			if p := cb.attach(t, servers[n.Index]); !n.PodCIDR.Contains(p.Addr) || p.HostIf != "cilium_host" {
+			p := cb.attach(t, servers[n.Index])
+			if !n.PodCIDR.Contains(p.Addr) || p.HostIf != "cilium_host" {
 				t.Fatalf("server pod %s behind %q: want an address of %s routed to cilium_host", p.Addr, p.HostIf, n.PodCIDR)
 			}
+			attached[n.Index] = p
 		}
 		cb.install(t, release.Chart(), cb.images, append([]string{"--set", "agent.markMask=0x0000f000"}, kubeBedValues...)...)
 		cb.applyExamples(t, servers)
@@ -216,12 +190,89 @@ func testCilium(mode string) func(*testing.T) {
 				return strings.HasPrefix(c.Message, "cilium ("+mode+") from /etc/cni/net.d/05-cilium.conflist")
 			})
 		}
-		analysis, sent := cb.crossTransfer(t, servers)
-		t.Logf("captures: %d connections, %d subflows, %d segments inside VXLAN, %d outside", len(analysis.Connections), len(analysis.Subflows), analysis.Tunneled, analysis.Plain)
-		requireSpread(t, analysis, sent, "cilium "+mode)
-		if inside := mode == "vxlan"; (analysis.Tunneled == 0) == inside || (analysis.Plain == 0) != inside {
-			t.Fatalf("captures on the path NICs read %d segments of the pods inside VXLAN and %d outside: want all %s", analysis.Tunneled, analysis.Plain, map[bool]string{true: "inside", false: "outside"}[inside])
+		requireNetworkPolicyHolds(t, cb, attached, func() {
+			analysis, sent := cb.crossTransfer(t, servers)
+			t.Logf("captures: %d connections, %d subflows, %d segments inside VXLAN, %d outside", len(analysis.Connections), len(analysis.Subflows), analysis.Tunneled, analysis.Plain)
+			requireSpread(t, analysis, sent, "cilium "+mode)
+			requireTunneled(t, analysis, mode == "vxlan")
+		})
+	}
+}
+
+// requireNetworkPolicyHolds applies a Kubernetes NetworkPolicy that admits
+// the tenant servers' ingress from the client pods only, waits until the CNI
+// enforces it, runs transfer (which the policy admits) and then dials from
+// the server pod of node 1, no client, to node 2's: the connection, its SYNs
+// steered, must time out; once the policy is deleted it must open within
+// 20 s.
+func requireNetworkPolicyHolds(t *testing.T, cb *chartBed, attached map[int]*testbed.Pod, transfer func()) {
+	t.Helper()
+	policy := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "servers-from-clients", Namespace: tenantNS},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}},
+			}},
+		},
+	}
+	if err := cb.c.Create(background(t), policy); err != nil {
+		t.Fatal(err)
+	}
+	// In force before the transfer: the policy admits no port from server
+	// 1, so a port that nothing on server 2 listens on is refused (RST)
+	// until the CNI enforces it, and times out from then on. Server 2's
+	// workload sees no connection but the clients'.
+	closed := netip.AddrPortFrom(attached[2].Addr, tenantPort+1)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		err := dialMPTCP(attached[1], closed, 2*time.Second)
+		if err == nil {
+			t.Fatalf("%s: something listens on %s", attached[1], closed)
 		}
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			t.Logf("NetworkPolicy enforced: %v", err)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s to %s: %v 30 s after the NetworkPolicy was made: want it dropped", attached[1], closed, err)
+		}
+	}
+	transfer()
+
+	// The CNI has had the policy for the whole transfer: server 1 is no
+	// client, so its connection to server 2 is dropped, its SYNs steered.
+	to := netip.AddrPortFrom(attached[2].Addr, tenantPort)
+	if err := dialMPTCP(attached[1], to, 3*time.Second); err == nil {
+		t.Fatalf("%s reached %s through a NetworkPolicy that admits the clients only", attached[1], to)
+	} else {
+		t.Logf("denied by the NetworkPolicy: %v", err)
+	}
+	if err := cb.c.Delete(background(t), policy); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+		if err = dialMPTCP(attached[1], to, 2*time.Second); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("%s still cannot reach %s with the NetworkPolicy gone: %v", attached[1], to, err)
+	}
+	// What timed out before the transfer was the policy: without it the
+	// closed port is refused.
+	if err := dialMPTCP(attached[1], closed, 2*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("%s to %s with the NetworkPolicy gone: %v, want refused", attached[1], closed, err)
+	}
+}
+
+// requireTunneled fails the test unless the captures on the path NICs read
+// the pods' segments all inside VXLAN (inside) or all outside it.
+func requireTunneled(t *testing.T, analysis *testbed.Analysis, inside bool) {
+	t.Helper()
+	if (analysis.Tunneled == 0) == inside || (analysis.Plain == 0) != inside {
+		t.Fatalf("captures on the path NICs read %d segments of the pods inside VXLAN and %d outside: want all %s", analysis.Tunneled, analysis.Plain, map[bool]string{true: "inside", false: "outside"}[inside])
 	}
 }
 

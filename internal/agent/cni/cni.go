@@ -159,6 +159,9 @@ func support(name, mode string) (Support, string) {
 		}
 		return Tested, "routed veths cali*: selected pods' subflows are encapsulated by vxlan.calico and their outer packets leave by their paths' NICs, so every path must route the nodes' VTEP addresses; the agent's mark mask must stay outside felix's"
 	case "cilium":
+		if mode == "vxlan" || mode == "geneve" {
+			return Untested, "Cilium's program on its tunnel device writes the whole mark before the outer packet's route is chosen, so every subflow inside the tunnel leaves by one NIC; native routing with legacy host routing spreads them"
+		}
 		return Untested, "with encryption (IPsec or WireGuard) on, Cilium uses every mark bit and leaves the agent none; steering is proven only in native routing with legacy host routing and enable-identity-mark=false (the identity mark overwrites the agent's bits); eBPF host routing, Cilium's default, redirects pods' packets past the policy routing the agent steers with"
 	case "flannel", "bridge":
 		if name == "flannel" && mode == "vxlan" {
