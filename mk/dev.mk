@@ -138,6 +138,10 @@ bench-failover: deps ## Fail a NIC mid-transfer in every failover case, agent an
 bench-steady: deps ## One MPTCP connection of 60 s over two equal paths, nothing failing: longest stall and goodput, agent and hand-routed, checksums on and off, BBR and CUBIC, 5 rounds (about 55 min; root); rewrite the "Steady state: longest stall" section of docs/benchmarks.md.
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkSteadyStateStalls -benchtime=5x -timeout 90m ./bench/transfer/
 
+.PHONY: bench-cpu
+bench-cpu: deps ## Unshaped links, where the CPU sets the pace: 1 and 4 connections through single-path TCP, kernel routing, hand-written rules, the agent and the agent without DSS checksums, goodput and CPU per gigabyte, 5 rounds (about 15 min; root); rewrite the "Unshaped links" section of docs/benchmarks.md.
+	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkCPUBound -benchtime=5x -timeout 60m ./bench/transfer/
+
 .PHONY: bench-vm
 bench-vm: deps guest-assets ## VM to VM across two nodes (real guests under QEMU): goodput with kernel routing, hand-written host routing and the agent, nic1 idle and loaded, at 50 and 200 Mbit/s, 3 rounds (about 13 min; root); rewrite the "VM to VM" section of docs/benchmarks.md.
 	MPTCP_GUEST_ASSETS=$(GUEST_ASSETS) BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkVMToVM -benchtime=3x -timeout 90m ./bench/vm/

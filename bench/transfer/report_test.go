@@ -38,6 +38,15 @@ func TestTheReportsFitTheDocsOnAWideRun(t *testing.T) {
 	}
 	benchdoc.AssertFits(t, holdoffReport(holdoffs))
 
+	cpu := map[int]map[string]*cpuResult{}
+	for _, n := range cpuConns {
+		cpu[n] = map[string]*cpuResult{}
+		for _, sc := range cpuScenarios {
+			cpu[n][sc] = &cpuResult{goodput: goodput, cpuPerGB: []float64{99.99, 99.99}}
+		}
+	}
+	benchdoc.AssertFits(t, cpuReport(cpu))
+
 	variants := make([][]float64, len(preloadVariants))
 	for i := range variants {
 		variants[i] = goodput

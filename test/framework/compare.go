@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +33,10 @@ type Measurement struct {
 	// NICMbps[k-1] is the client node's transmit rate on nic<k> over the
 	// same window: where the data left.
 	NICMbps []float64
+	// CPUSeconds is the machine's busy CPU time over the same window, every
+	// CPU and every kind (user, system, interrupts, softirq): the bed's
+	// nodes share the machine's CPUs, so sender and receiver are both in it.
+	CPUSeconds float64
 	// Start and End bound the whole transfer.
 	Start, End time.Time
 }
@@ -164,9 +171,16 @@ func Transfer(ctx context.Context, bed *testbed.Bed, o CompareOptions, client, s
 	defer func() { _ = srv.Stop() }()
 
 	node := client.Node
-	type snapshot struct{ tx []uint64 }
+	type snapshot struct {
+		tx  []uint64
+		cpu float64
+	}
 	take := func() (snapshot, error) {
 		s := snapshot{tx: make([]uint64, len(node.NICs))}
+		var err error
+		if s.cpu, err = busyCPUSeconds(); err != nil {
+			return s, err
+		}
 		for _, nic := range node.NICs {
 			_, tx, err := bed.NICCounters(node, nic.Index)
 			if err != nil {
@@ -219,9 +233,41 @@ func Transfer(ctx context.Context, bed *testbed.Bed, o CompareOptions, client, s
 	if r.err != nil {
 		return m, r.err
 	}
+	m.CPUSeconds = r.b.cpu - r.a.cpu
 	m.NICMbps = make([]float64, len(node.NICs))
 	for i := range m.NICMbps {
 		m.NICMbps[i] = float64(r.b.tx[i]-r.a.tx[i]) * 8 / window.Seconds() / 1e6
 	}
 	return m, nil
 }
+
+// busyCPUSeconds is the CPU time the machine has spent busy since it
+// booted, over all CPUs (/proc/stat's first line: every field but idle and
+// iowait; guest time is already in user).
+func busyCPUSeconds() (float64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 9 || fields[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat begins %q: want the cpu line", line)
+	}
+	var busy uint64
+	// user nice system idle iowait irq softirq steal
+	for i, f := range fields[1:9] {
+		v, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat cpu field %d: %w", i+1, err)
+		}
+		if i != 3 && i != 4 {
+			busy += v
+		}
+	}
+	return float64(busy) / clockTicks, nil
+}
+
+// clockTicks is USER_HZ, the unit of /proc/stat: 100 on every Linux
+// architecture the project builds for.
+const clockTicks = 100
