@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 )
 
@@ -174,11 +175,7 @@ func (c *Cluster) startCalico(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		path := n.layout.private("/etc/cni/net.d/10-calico.conflist")
-		if err := os.WriteFile(path+".tmp", conf, 0o600); err != nil {
-			return err
-		}
-		if err := os.Rename(path+".tmp", path); err != nil {
+		if err := writeCNIConfig(n, "10-calico.conflist", conf); err != nil {
 			return err
 		}
 	}
@@ -222,19 +219,35 @@ func (c *Cluster) inNode(ctx context.Context, n *Node, env []string, args ...str
 // waitFelixReady waits until felix's readiness endpoint answers 200: it has
 // read the datastore and programmed its data plane once.
 func waitFelixReady(ctx context.Context, n *Node) error {
-	var last error
+	return waitReady(ctx, n, n.Felix, "felix", func() error { return healthOK(n, calicoHealthPort, "/readiness") })
+}
+
+// waitReady polls ready every 200 ms until it returns nil; p, the node's
+// process named what, exiting first, or ctx ending, fails with p's log.
+func waitReady(ctx context.Context, n *Node, p *testbed.Process, what string, ready func() error) error {
 	for {
-		if last = healthOK(n, calicoHealthPort, "/readiness"); last == nil {
+		last := ready()
+		if last == nil {
 			return nil
 		}
 		select {
-		case <-n.Felix.Done():
-			return fmt.Errorf("node %s: felix exited: %s", n.Name, tailOf(n.Felix.ErrOutput()))
+		case <-p.Done():
+			return fmt.Errorf("node %s: %s exited: %s", n.Name, what, tailOf(p.Output()+p.ErrOutput()))
 		case <-ctx.Done():
-			return fmt.Errorf("node %s: felix not ready: %w; its log:\n%s", n.Name, last, tailOf(n.Felix.ErrOutput()))
+			return fmt.Errorf("node %s: %s not ready: %w; its log:\n%s", n.Name, what, last, tailOf(p.Output()+p.ErrOutput()))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// writeCNIConfig puts conf in the node's CNI configuration directory as
+// name, whole: the runtime never reads half of it.
+func writeCNIConfig(n *Node, name string, conf []byte) error {
+	path := n.layout.private("/etc/cni/net.d/" + name)
+	if err := os.WriteFile(path+".tmp", conf, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
 }
 
 // healthOK asks a health endpoint on the node's loopback (port, path) and

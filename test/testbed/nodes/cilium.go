@@ -204,22 +204,13 @@ func cgroup2Root() (string, error) {
 // has compiled and loaded its datapath) and it has written the node's CNI
 // configuration, which it does early, before its datapath is up.
 func waitCiliumReady(ctx context.Context, n *Node) error {
-	path := n.layout.private(ciliumConflist)
-	var last error
-	for {
-		if last = healthOK(n, ciliumHealthPort, "/healthz"); last == nil {
-			if _, last = os.Stat(path); last == nil {
-				return nil
-			}
+	return waitReady(ctx, n, n.CiliumAgent, "cilium-agent", func() error {
+		if err := healthOK(n, ciliumHealthPort, "/healthz"); err != nil {
+			return err
 		}
-		select {
-		case <-n.CiliumAgent.Done():
-			return fmt.Errorf("node %s: cilium-agent exited: %s", n.Name, tailOf(n.CiliumAgent.Output()+n.CiliumAgent.ErrOutput()))
-		case <-ctx.Done():
-			return fmt.Errorf("node %s: cilium-agent not ready: %w; its log:\n%s", n.Name, last, tailOf(n.CiliumAgent.Output()))
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+		_, err := os.Stat(n.layout.private(ciliumConflist))
+		return err
+	})
 }
 
 // ciliumObjects applies Cilium's CRDs and a ClusterRole for the agents,

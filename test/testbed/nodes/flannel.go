@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -166,8 +165,7 @@ func (c *Cluster) startFlannel(ctx context.Context) error {
 		} else if c.opts.Bed.Config.Underlay {
 			args = append(args, "--public-ip", n.Bed.Loopback.String())
 		}
-		cmd := exec.Command("nsenter", append([]string{"--mount=" + n.MountNS(), "--net=/var/run/netns/" + n.Bed.NetNS, "--"}, args...)...)
-		cmd.Env = append(os.Environ(), "NODE_NAME="+n.Name)
+		cmd := c.inNode(context.Background(), n, append(os.Environ(), "NODE_NAME="+n.Name), args...)
 		p, err := c.opts.Bed.StartCommand(n.Bed.NetNS, args, cmd)
 		if err != nil {
 			return fmt.Errorf("node %s: flanneld: %w", n.Name, err)
@@ -176,28 +174,17 @@ func (c *Cluster) startFlannel(ctx context.Context) error {
 	}
 	for _, n := range c.Nodes {
 		var env FlannelEnv
-		for {
-			var err error
-			if env, err = n.ReadFlannelEnv(); err == nil {
-				break
-			}
-			select {
-			case <-n.Flanneld.Done():
-				return fmt.Errorf("node %s: flanneld exited: %s", n.Name, tailOf(n.Flanneld.ErrOutput()))
-			case <-ctx.Done():
-				return fmt.Errorf("node %s: no %s from flanneld: %w; its log:\n%s", n.Name, flannelSubnetFile, err, tailOf(n.Flanneld.ErrOutput()))
-			case <-time.After(200 * time.Millisecond):
-			}
+		if err := waitReady(ctx, n, n.Flanneld, "flanneld", func() (err error) {
+			env, err = n.ReadFlannelEnv()
+			return err
+		}); err != nil {
+			return err
 		}
 		conf, err := flannelCNIConfig(env)
 		if err != nil {
 			return err
 		}
-		path := n.layout.private("/etc/cni/net.d/10-flannel.conflist")
-		if err := os.WriteFile(path+".tmp", conf, 0o600); err != nil {
-			return err
-		}
-		if err := os.Rename(path+".tmp", path); err != nil {
+		if err := writeCNIConfig(n, "10-flannel.conflist", conf); err != nil {
 			return err
 		}
 	}
