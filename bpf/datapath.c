@@ -499,6 +499,14 @@ struct {
 } nics SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_PATHS + 1);
+	__type(key, __u32); /* path index */
+	__type(value, struct path_nic);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} path_nics SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, STATS_CAPACITY);
 	__type(key, __u32);
@@ -1692,22 +1700,29 @@ static __always_inline __u32 syn_seq(struct __sk_buff *skb, const struct packet 
 	return bpf_ntohl(seq);
 }
 
-/* from_its_pod says whether a packet a pod sends (it entered the node at
- * skb->ifindex, the pod's host-side interface) carries the address of that
+/* sent_by_its_pod says whether a packet a pod sends, which entered the node
+ * at ifindex, the pod's host-side interface, carries the address of that
  * interface's pod, or comes by an interface the agent named no pod of
  * (pod_interfaces): a selected pod that writes a neighbour's address is not
  * the neighbour, and opens no subflow under its rules, counts as it nor
  * answers for it. A pod with no address of the packet's family is no pod
  * of that family's either. */
-static __always_inline bool from_its_pod(const struct __sk_buff *skb, const struct packet *pkt)
+static __always_inline bool sent_by_its_pod(__u32 ifindex, const struct packet *pkt)
 {
-	struct pod_if_key ik = {.ifindex = skb->ifindex, .family = pkt->family};
+	struct pod_if_key ik = {.ifindex = ifindex, .family = pkt->family};
 	struct endpoint_key *owner = bpf_map_lookup_elem(&pod_interfaces, &ik);
 
 	if (owner)
 		return same_addr(owner->addr, pkt->saddr);
 	ik.family = pkt->family == AF_INET ? AF_INET6 : AF_INET;
 	return !bpf_map_lookup_elem(&pod_interfaces, &ik);
+}
+
+/* from_its_pod is sent_by_its_pod where the pod's packet enters the node
+ * (TC ingress of its host-side interface). */
+static __always_inline bool from_its_pod(const struct __sk_buff *skb, const struct packet *pkt)
+{
+	return sent_by_its_pod(skb->ifindex, pkt);
 }
 
 /* How long an answered arrival keeps its place against the answer to a
@@ -2627,6 +2642,42 @@ static __always_inline int nic_egress_pod(struct __sk_buff *skb, const struct pa
 	return TCX_NEXT;
 }
 
+/* steered_path is the path pod_egress last sent sf's packets by: its
+ * detour while it has one, else its own (travel_path). */
+static __always_inline __u32 steered_path(const struct subflow *sf)
+{
+	__u32 detour = subflow_detour(sf);
+
+	return detour ? detour : sf->path_index & MAX_PATHS;
+}
+
+/* steer_at_edge sends on to path's NIC, and the path's next hop, a
+ * subflow's packet that is leaving by another NIC: a CNI that routes its
+ * pods' packets itself (eBPF host routing redirects them from the pod's
+ * interface to the NIC it picked) skipped the policy routing that the
+ * path's mark selects, and rewrote the mark. Whatever the CNI does on the
+ * way out of the pod (its policy) it has done. True when redirected; not
+ * in observe-only mode, for a path whose NIC the agent has not named, nor
+ * for a packet whose pod is not the subflow's. A global function: its
+ * frame is not nic_egress's. */
+__noinline int steer_at_edge(struct __sk_buff *skb, const struct packet *pkt, __u32 path)
+{
+	struct bpf_redir_neigh nh = {};
+	struct path_nic *pn;
+
+	if (!skb || !pkt || observe_only())
+		return 0;
+	pn = bpf_map_lookup_elem(&path_nics, &path);
+	if (!pn || !pn->ifindex || pn->ifindex == skb->ifindex || !sent_by_its_pod(skb->ingress_ifindex, pkt))
+		return 0;
+	count(STAT_EDGE_STEERED);
+	if (!pn->nh_family)
+		return bpf_redirect_neigh(pn->ifindex, NULL, 0, 0) == TC_ACT_REDIRECT;
+	nh.nh_family = pn->nh_family;
+	__builtin_memcpy(nh.ipv6_nh, pn->nh, sizeof(nh.ipv6_nh));
+	return bpf_redirect_neigh(pn->ifindex, &nh, sizeof(nh), 0) == TC_ACT_REDIRECT;
+}
+
 /* shape_ifindex is the node's shaping device (settings), 0: none. */
 static __always_inline __u32 shape_ifindex(void)
 {
@@ -2681,6 +2732,9 @@ int nic_egress(struct __sk_buff *skb)
 		flow_key_from(&fk, &pkt, false);
 		sf = subflow_lookup(&fk);
 		if (sf) {
+			if (!(n->flags & NIC_TUNNEL) && steered_path(sf) != n->path &&
+			    steer_at_edge(skb, &pkt, steered_path(sf)))
+				return TC_ACT_REDIRECT;
 			rate_classify(skb, &pkt, sf->rule, n->path, returned);
 			return TCX_NEXT;
 		}

@@ -158,6 +158,8 @@ enum stat_id {
 					     from no peer's prober there: dropped */
 	STAT_UNREADABLE_TCP_DROPPED = 48, /* a fragment of TCP, or IPv6 past the header bound, to or
 					   from a selected pod: dropped */
+	STAT_EDGE_STEERED = 49,		  /* a subflow's packet that a CNI sent out of another NIC than
+					     its path's: redirected to its path's NIC */
 	/* Not an identity: one past the highest, however many there are. */
 	STAT_MAX,
 };
@@ -456,6 +458,16 @@ struct pod_record {
 struct nic {
 	__u32 path;
 	__u32 flags; /* enum nic_flag */
+};
+
+/* A path's NIC on this node and the next hop beyond it, indexed by the
+ * path in path_nics: where a subflow's packet that left by another NIC goes
+ * (nic_egress). ifindex 0: no NIC known; nh_family 0: the NIC's link, the
+ * packet's own destination the next hop. */
+struct path_nic {
+	__u32 ifindex;
+	__u32 nh_family; /* AF_INET, AF_INET6 or 0 */
+	__u8 nh[16];	 /* IPv4 in the first 4 bytes */
 };
 
 /* The overlay's tunnel device, on no path itself (path 0): what it

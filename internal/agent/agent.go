@@ -35,6 +35,10 @@ type Agent struct {
 	// tunnelNICs are the ifindexes the last reconcile declared as tunnel
 	// devices (syncTunnels).
 	tunnelNICs map[int]bool
+	// steerAtEdge: the node's CNI may route its pods' packets in BPF, past
+	// the policy routing the marks select, so nic_egress runs on every
+	// path's NIC to send a subflow's packet on to its own (syncNICs).
+	steerAtEdge bool
 	// unenforced are the last reconcile's caps that miss part of the
 	// traffic (capsPastOverlay).
 	unenforced []Problem
@@ -121,7 +125,7 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	if err := ensureBPFFS(); err != nil {
 		return nil, err
 	}
-	checks := CheckNode(settings)
+	network, checks := checkNode(settings)
 	if err := kernelRefusal(checks); err != nil {
 		return nil, err
 	}
@@ -132,7 +136,7 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir), sweepSpacing: closedSweepSpacing}
-	a.checks = checks
+	a.checks, a.steerAtEdge = checks, network.MayRouteInBPF()
 	if a.refused = refusal(a.checks); a.refused != nil {
 		log.Error("the CNI's marks share bits with the agent's mark mask: nothing is enforced until they differ", "err", a.refused)
 	}

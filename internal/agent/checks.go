@@ -26,6 +26,12 @@ const kernelBTF = "/sys/kernel/btf/vmlinux"
 // settings' configuration directory with the marks the settings declare
 // for it, or its defaults.
 func CheckNode(s Settings) []mptcpv1alpha1.NodeCheck {
+	_, checks := checkNode(s)
+	return checks
+}
+
+// checkNode is CheckNode, with the CNI it found.
+func checkNode(s Settings) (cni.Network, []mptcpv1alpha1.NodeCheck) {
 	n, err := cni.Find(s.CNIConfDir, cniHost())
 	if err != nil {
 		n = cni.Network{Support: cni.Unknown, Note: "reading the CNI configuration: " + err.Error()}
@@ -33,7 +39,7 @@ func CheckNode(s Settings) []mptcpv1alpha1.NodeCheck {
 	if s.CNIMarks != nil {
 		n.Marks = *s.CNIMarks
 	}
-	return nodecheck.Run(nodecheck.Node{ProcSys: netnsutil.ProcSys, BTF: kernelBTF, PinDir: s.PinDir, Network: n, MarkMask: s.MarkMask})
+	return n, nodecheck.Run(nodecheck.Node{ProcSys: netnsutil.ProcSys, BTF: kernelBTF, PinDir: s.PinDir, Network: n, MarkMask: s.MarkMask})
 }
 
 // cniHost reads what the node's network shows of its CNI: its interfaces,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
@@ -16,14 +17,15 @@ import (
 // syncNICs declares each path's NIC to the datapath and marks a path down
 // when its NIC is missing or has no carrier (at this reconcile; between
 // reconciles link events do it, linkChanged) or flaps (held down by the
-// damper), and asks for nic_ingress on each NIC. A path away from its link
-// is down.
+// damper), and asks for nic_ingress on each NIC, and nic_egress where the
+// CNI may route in BPF (steerAtEdge). A path away from its link is down.
 func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 	var errs []error
 	a.linkMu.Lock()
 	defer a.linkMu.Unlock()
 	nics := map[string]nicInForce{}
 	defer func() { a.nics.Store(&nics) }()
+	named := map[uint32]bool{}
 	for _, p := range plan.Paths {
 		iface, err := net.InterfaceByName(p.Interface)
 		if err != nil {
@@ -41,6 +43,13 @@ func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 		}
 		if err := a.dp.SetNIC(iface.Index, p.Index); err != nil {
 			errs = append(errs, err)
+		}
+		named[p.Index] = true
+		if err := a.dp.SetPathNIC(p.Index, iface.Index, p.Gateway); err != nil {
+			errs = append(errs, err)
+		}
+		if a.steerAtEdge {
+			hooks[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICEgress}] = true
 		}
 		down := !a.usable(p.Interface, iface.Flags&net.FlagRunning != 0)
 		n := nics[p.Interface]
@@ -60,6 +69,14 @@ func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 		}
 		if err := a.setPathDown(p.Index, true); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	// Paths without a NIC here are sent nowhere at the edge.
+	for path := uint32(1); path <= datapath.MaxPaths; path++ {
+		if !named[path] {
+			if err := a.dp.SetPathNIC(path, 0, netip.Addr{}); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	a.forgetPathsLeft(plan)

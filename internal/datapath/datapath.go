@@ -330,6 +330,26 @@ func (d *Datapath) SetNIC(ifindex int, path uint32) error {
 	return d.objs.Nics.Put(uint32(ifindex), &datapathNic{Path: path})
 }
 
+// SetPathNIC names path's NIC on this node (ifindex; 0: none) and the next
+// hop beyond it (invalid: the NIC's link, each packet's own destination):
+// nic_egress sends there a subflow's packet of path that a CNI sent out of
+// another NIC.
+func (d *Datapath) SetPathNIC(path uint32, ifindex int, nextHop netip.Addr) error {
+	if !ValidPath(path) {
+		return fmt.Errorf("path index %d out of range 1..%d", path, MaxPaths)
+	}
+	v := datapathPathNic{Ifindex: uint32(ifindex)}
+	if nextHop.IsValid() {
+		v.NhFamily = unix.AF_INET6
+		if nextHop.Unmap().Is4() {
+			v.NhFamily = unix.AF_INET
+			nextHop = nextHop.Unmap()
+		}
+		copy(v.Nh[:], nextHop.AsSlice())
+	}
+	return d.objs.PathNics.Put(path, &v)
+}
+
 // nicTunnel is NIC_TUNNEL of enum nic_flag.
 const nicTunnel = uint32(datapathNicFlagNIC_TUNNEL)
 

@@ -151,6 +151,13 @@ const (
 	datapathPathFlagPATH_DOWN datapathPathFlag = 1
 )
 
+type datapathPathNic struct {
+	_        structs.HostLayout
+	Ifindex  uint32
+	NhFamily uint32
+	Nh       [16]uint8
+}
+
 type datapathPathState struct {
 	_     structs.HostLayout
 	Flags uint32
@@ -430,7 +437,8 @@ const (
 	datapathStatIdSTAT_MPTCP_OPTS_AMBIGUOUS   datapathStatId = 46
 	datapathStatIdSTAT_LIVENESS_REFUSED       datapathStatId = 47
 	datapathStatIdSTAT_UNREADABLE_TCP_DROPPED datapathStatId = 48
-	datapathStatIdSTAT_MAX                    datapathStatId = 49
+	datapathStatIdSTAT_EDGE_STEERED           datapathStatId = 49
+	datapathStatIdSTAT_MAX                    datapathStatId = 50
 )
 
 type datapathSubflow struct {
@@ -536,6 +544,7 @@ const (
 	datapathMapMptcpOptions       = "mptcp_options"
 	datapathMapNics               = "nics"
 	datapathMapPathCounters       = "path_counters"
+	datapathMapPathNics           = "path_nics"
 	datapathMapPathStates         = "path_states"
 	datapathMapPeerSlots          = "peer_slots"
 	datapathMapPeerSlotsUsed      = "peer_slots_used"
@@ -648,6 +657,7 @@ type datapathMapSpecs struct {
 	MptcpOptions   *ebpf.MapSpec `ebpf:"mptcp_options"`
 	Nics           *ebpf.MapSpec `ebpf:"nics"`
 	PathCounters   *ebpf.MapSpec `ebpf:"path_counters"`
+	PathNics       *ebpf.MapSpec `ebpf:"path_nics"`
 	PathStates     *ebpf.MapSpec `ebpf:"path_states"`
 	PeerSlots      *ebpf.MapSpec `ebpf:"peer_slots"`
 	PeerSlotsUsed  *ebpf.MapSpec `ebpf:"peer_slots_used"`
@@ -728,6 +738,7 @@ type datapathMaps struct {
 	MptcpOptions   *ebpf.Map `ebpf:"mptcp_options"`
 	Nics           *ebpf.Map `ebpf:"nics"`
 	PathCounters   *ebpf.Map `ebpf:"path_counters"`
+	PathNics       *ebpf.Map `ebpf:"path_nics"`
 	PathStates     *ebpf.Map `ebpf:"path_states"`
 	PeerSlots      *ebpf.Map `ebpf:"peer_slots"`
 	PeerSlotsUsed  *ebpf.Map `ebpf:"peer_slots_used"`
@@ -765,6 +776,7 @@ func (m *datapathMaps) Close() error {
 		m.MptcpOptions,
 		m.Nics,
 		m.PathCounters,
+		m.PathNics,
 		m.PathStates,
 		m.PeerSlots,
 		m.PeerSlotsUsed,

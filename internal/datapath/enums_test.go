@@ -125,6 +125,7 @@ var pinnedEnums = map[string]map[string]uint64{
 		"STAT_MPTCP_OPTS_AMBIGUOUS":   46,
 		"STAT_LIVENESS_REFUSED":       47,
 		"STAT_UNREADABLE_TCP_DROPPED": 48,
+		"STAT_EDGE_STEERED":           49,
 	},
 	"subflow_role": {
 		"ROLE_INITIATOR": 1,

@@ -33,7 +33,7 @@ func TestGoStructsMatchCLayout(t *testing.T) {
 	goTypes := map[string]any{
 		"flow_key": datapathFlowKey{}, "subflow": datapathSubflow{}, "conn_key": datapathConnKey{},
 		"conn_alias": datapathConnAlias{}, "conn": datapathConn{}, "endpoint_key": datapathEndpointKey{},
-		"endpoint": datapathEndpoint{}, "rule": datapathRule{}, "nic": datapathNic{},
+		"endpoint": datapathEndpoint{}, "rule": datapathRule{}, "nic": datapathNic{}, "path_nic": datapathPathNic{},
 		"path_stats": datapathPathStats{}, "mptcp_subtype_stats": datapathMptcpSubtypeStats{},
 		"settings_value": datapathSettingsValue{}, "cidr_key": datapathCidrKey{},
 		"path_state": datapathPathState{}, "pod_stats": datapathPodStats{}, "pod_record": datapathPodRecord{}, "port_range": datapathPortRange{},

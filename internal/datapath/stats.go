@@ -128,7 +128,11 @@ const (
 	// the parser's bound, whose options the datapath cannot read and the
 	// pod's kernel would obey, dropped (in observe-only mode: passed).
 	StatUnreadableTCPDropped = datapathStatIdSTAT_UNREADABLE_TCP_DROPPED
-	numStats                 = int(datapathStatIdSTAT_MAX)
+	// StatEdgeSteered: a subflow's packet that a CNI sent out of another
+	// NIC than its path's, past the policy routing its mark selects,
+	// redirected to its path's NIC (SetPathNIC).
+	StatEdgeSteered = datapathStatIdSTAT_EDGE_STEERED
+	numStats        = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.

@@ -86,6 +86,14 @@ type Host struct {
 // decrypt magic values.
 const IPsecMarkBits uint32 = 0x00000f00
 
+// MayRouteInBPF says whether the CNI may send its pods' packets to a NIC
+// itself, from a BPF program on the pod's interface, past the policy
+// routing the agent steers with: Cilium, whose host-routing mode the node's
+// interfaces do not tell, and Calico's eBPF data plane.
+func (n Network) MayRouteInBPF() bool {
+	return n.Name == "cilium" || (n.Name == "calico" && n.Mode == "ebpf")
+}
+
 // known are the CNIs the agent recognises by their plugin's type: their
 // default marks and what the node's network says of their mode and of
 // the marks a feature it enables adds.

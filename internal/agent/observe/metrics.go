@@ -125,6 +125,7 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatMPTCPOptsAmbiguous:   "mptcp_options_ambiguous",
 	datapath.StatLivenessRefused:      "liveness_refused",
 	datapath.StatUnreadableTCPDropped: "unreadable_tcp_dropped",
+	datapath.StatEdgeSteered:          "edge_steered",
 }
 
 // EventName is the label value of a datapath counter in
