@@ -2651,6 +2651,21 @@ static __always_inline __u32 steered_path(const struct subflow *sf)
 	return detour ? detour : sf->path_index & MAX_PATHS;
 }
 
+/* answered_path is the path of the arrival a pod's SYN-ACK answers (key
+ * fk, as the pod sends), which has no subflow entry until its third ACK
+ * (answer_arrival); 0 for any other packet. */
+static __always_inline __u32 answered_path(const struct packet *pkt, const struct flow_key *fk)
+{
+	struct arrival *a;
+	void *answers;
+
+	if ((pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != (TCP_FLAG_SYN | TCP_FLAG_ACK))
+		return 0;
+	answers = pod_answers(has_mptcp(pkt, MPTCP_SUB_JOIN), fk->family, fk->saddr);
+	a = answers ? bpf_map_lookup_elem(answers, fk) : NULL;
+	return a ? a->sf.path_index & MAX_PATHS : 0;
+}
+
 /* steer_at_edge sends on to path's NIC, and the path's next hop, a
  * subflow's packet that is leaving by another NIC: a CNI that routes its
  * pods' packets itself (eBPF host routing redirects them from the pod's
@@ -2697,7 +2712,7 @@ SEC("tc")
 int nic_egress(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
-	__u32 ifindex = skb->ifindex, shaper = shape_ifindex();
+	__u32 ifindex = skb->ifindex, shaper = shape_ifindex(), path;
 	struct flow_key fk = {};
 	struct subflow *sf;
 	bool returned;
@@ -2731,10 +2746,12 @@ int nic_egress(struct __sk_buff *skb)
 		 * pod_egress policed it already. */
 		flow_key_from(&fk, &pkt, false);
 		sf = subflow_lookup(&fk);
-		if (sf) {
-			if (!(n->flags & NIC_TUNNEL) && steered_path(sf) != n->path &&
-			    steer_at_edge(skb, &pkt, steered_path(sf)))
+		if (!(n->flags & NIC_TUNNEL)) {
+			path = sf ? steered_path(sf) : answered_path(&pkt, &fk);
+			if (path && path != n->path && steer_at_edge(skb, &pkt, path))
 				return TC_ACT_REDIRECT;
+		}
+		if (sf) {
 			rate_classify(skb, &pkt, sf->rule, n->path, returned);
 			return TCX_NEXT;
 		}

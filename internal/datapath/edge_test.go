@@ -79,3 +79,38 @@ func TestASubflowsPacketOnAnotherNICIsSentOnToItsPathsNIC(t *testing.T) {
 		})
 	}
 }
+
+// A pod's answer to a peer's join, which has no subflow entry until the
+// third ACK, goes on at the edge to the path the join arrived by.
+func TestAnAnswerOnAnotherNICIsSentOnToThePathItsSYNCameBy(t *testing.T) {
+	const lo, podIf = 1, 4242
+	dp := loadForTest(t)
+	if err := dp.SetRule(0, Rule{Paths: []uint32{1, 2}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []struct {
+		ifindex int
+		path    uint32
+	}{{lo, 1}, {nic2Ifindex, 2}} {
+		if err := dp.SetNIC(n.ifindex, n.path); err != nil {
+			t.Fatal(err)
+		}
+		if err := dp.SetPathNIC(n.path, n.ifindex, netip.Addr{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	joiner := netip.AddrPortFrom(serverPod, 50001)
+	run(t, dp.objs.NicIngress, syn(joiner.Addr(), joiner.Port(), clientPod, 80, testpkt.MPJoinSYN(tokenOf(0x2222), 5, 1, false)),
+		skbContext{IngressIfindex: nic2Ifindex})
+	answer := testpkt.Frame{Src: clientPod, Dst: joiner.Addr(), TCP: &testpkt.TCP{SrcPort: 80, DstPort: joiner.Port(), Seq: 7, Ack: 2,
+		Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPJoinSYNACK(1, 2, 1, false)}}.Bytes()
+	if p := dp.pathOfMark(t, run(t, dp.objs.PodEgress, answer, skbContext{})); p != 2 {
+		t.Fatalf("the answer left the pod marked for path %d, want 2", p)
+	}
+	if got := verdict(t, dp.Program(HookNICEgress), answer, skbContext{IngressIfindex: podIf}); got != tcActRedirect {
+		t.Errorf("nic_egress of path 1's NIC returned %d for the answer, want a redirect to path 2's", int32(got))
+	}
+}

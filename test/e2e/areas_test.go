@@ -79,7 +79,8 @@ func TestCNI(t *testing.T) {
 	t.Run("flannel-vxlan/SubflowsSpreadOverDistinctNICsAndStreamsArriveWhole", sideBySide(testFlannelVXLAN))
 	t.Run("calico-routed/SubflowsSpreadAndNetworkPolicyHolds", sideBySide(testCalico("routed")))
 	t.Run("calico-vxlan/SubflowsSpreadAndNetworkPolicyHolds", sideBySide(testCalico("vxlan")))
-	t.Run("cilium-native/SubflowsSpreadAndNetworkPolicyHolds", sideBySide(testCilium("native")))
+	t.Run("cilium-native/SubflowsSpreadAndNetworkPolicyHolds", sideBySide(testCilium("native", false)))
+	t.Run("cilium-native-bpf-host-routing/SubflowsSteeredAtTheEdgeAndNetworkPolicyHolds", sideBySide(testCilium("native", true)))
 }
 
 // Guest: VM guests in pods, attached as KubeVirt attaches them, whose

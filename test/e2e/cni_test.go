@@ -16,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
+	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/test/framework"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
@@ -168,11 +170,11 @@ func testCalico(mode string) func(*testing.T) {
 // streams whole; a connection from a server pod, which the policy denies,
 // stays denied while the agent steers its subflows, and opens once the
 // policy is gone.
-func testCilium(mode string) func(*testing.T) {
+func testCilium(mode string, bpfHostRouting bool) func(*testing.T) {
 	return func(t *testing.T) {
 		dir := testutil.BuiltTool(t, "CILIUM", "cilium")
 		cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit"}, func(o *nodes.Options) {
-			o.Cilium = &nodes.Cilium{Dir: dir, Mode: mode}
+			o.Cilium = &nodes.Cilium{Dir: dir, Mode: mode, BPFHostRouting: bpfHostRouting}
 		})
 		servers := cb.tenantServers(t)
 		attached := map[int]*testbed.Pod{}
@@ -190,12 +192,26 @@ func testCilium(mode string) func(*testing.T) {
 				return strings.HasPrefix(c.Message, "cilium ("+mode+") from /etc/cni/net.d/05-cilium.conflist")
 			})
 		}
+		agents := cb.agents()
+		for _, a := range agents {
+			a.MetricsToken = cb.metricsReaderToken(t)
+		}
 		requireNetworkPolicyHolds(t, cb, attached, func() {
 			analysis, sent := cb.crossTransfer(t, servers)
 			t.Logf("captures: %d connections, %d subflows, %d segments inside VXLAN, %d outside", len(analysis.Connections), len(analysis.Subflows), analysis.Tunneled, analysis.Plain)
 			requireSpread(t, analysis, sent, "cilium "+mode)
 			requireTunneled(t, analysis, mode == "vxlan")
 		})
+		// Legacy host routing takes the policy routing the marks select;
+		// eBPF host routing sends the pods' packets to the NIC Cilium's
+		// FIB lookup picks, and the agent's nic_egress sends those of
+		// subflows of the other path on.
+		for _, a := range agents {
+			steered, _ := scrape(t, a).Value("mptcp_agent_datapath_events_total", "event", observe.EventName(datapath.StatEdgeSteered))
+			if (steered > 0) != bpfHostRouting {
+				t.Errorf("node %d's agent redirected %v packets at the edge; eBPF host routing %v", a.Node.Index, steered, bpfHostRouting)
+			}
+		}
 	}
 }
 

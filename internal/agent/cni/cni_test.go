@@ -55,7 +55,7 @@ func TestFindNamesTheCNIItsModeAndMarks(t *testing.T) {
 		"cilium with WireGuard": {
 			files: map[string]string{"05-cilium.conflist": `{"plugins":[{"type":"cilium-cni"}]}`},
 			host:  Host{Links: []string{"cilium_host", "cilium_net", "cilium_wg0"}},
-			want:  Network{Name: "cilium", Mode: "native", Marks: 0xffffffff, Support: Untested},
+			want:  Network{Name: "cilium", Mode: "native", Marks: 0xffffffff, Support: Tested},
 		},
 		"cilium with IPsec": {
 			files: map[string]string{"05-cilium.conflist": `{"plugins":[{"type":"cilium-cni"}]}`},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,6 +46,11 @@ type Cilium struct {
 	Dir string
 	// Mode is "native" (the default) or "vxlan".
 	Mode string
+	// BPFHostRouting turns Cilium's eBPF host routing on (its default on a
+	// kernel that has it): its programs on the pods' interfaces send their
+	// packets to the NIC their FIB lookup picks, past the node's policy
+	// routing. Off, the bed runs legacy host routing through the stack.
+	BPFHostRouting bool
 	// Clang is a clang of LLVM 18 or later; "/usr/bin/clang-19" (Debian's
 	// clang-19) if empty.
 	Clang string
@@ -155,7 +161,9 @@ func (c *Cluster) ciliumArgs(n *Node, kubeconfig string) []string {
 		"--k8s-kubeconfig-path=" + kubeconfig,
 		"--ipam=kubernetes", "--k8s-require-ipv4-pod-cidr=true",
 		"--enable-ipv4=true", "--enable-ipv6=false",
-		"--kube-proxy-replacement=false", "--bpf-lb-sock=false",
+		// eBPF host routing needs kube-proxy replacement, or the agent
+		// falls back to legacy host routing.
+		"--kube-proxy-replacement=" + strconv.FormatBool(ci.BPFHostRouting), "--bpf-lb-sock=false",
 		// Even without kube-proxy replacement the agent translates
 		// ClusterIPs in its pods' programs: 10.0.0.1:443 would go to the
 		// kubernetes Endpoints' address, which no node reaches, and not to
@@ -163,7 +171,7 @@ func (c *Cluster) ciliumArgs(n *Node, kubeconfig string) []string {
 		// labelled with this proxy name: none.
 		"--k8s-service-proxy-name=testbed-none",
 		"--enable-ipv4-masquerade=false", "--enable-bpf-masquerade=false",
-		"--enable-host-legacy-routing=true",
+		"--enable-host-legacy-routing=" + strconv.FormatBool(!ci.BPFHostRouting),
 		"--identity-allocation-mode=crd",
 		// The agent otherwise writes its pods' identity over the whole of
 		// skb->mark when it passes their packets to the stack, clearing the
