@@ -157,19 +157,21 @@ func testCalico(mode string) func(*testing.T) {
 	}
 }
 
-// testCilium(mode): real nodes whose CNI is cilium-agent with host legacy
-// routing, "native" (the bed's fabrics route every pod CIDR) or "vxlan"
-// (cilium_vxlan between the nodes' addresses), its BPF datapath on the
-// pods' lxc* veths and the nodes' NICs (tcx), pods' addresses routed to
-// cilium_host. Cilium keeps its identity in the marks' upper 16 bits and
-// its magic values in 0x0f00, so the chart is installed with a mark mask
-// outside them. Every agent names its CNI "cilium (<mode>)" (untested in
-// its matrix); with a Kubernetes NetworkPolicy that admits the servers'
-// ingress from the client pods only, MPTCP from the clients of each node to
-// the other's server spreads each connection's subflows over both NICs,
-// streams whole; a connection from a server pod, which the policy denies,
-// stays denied while the agent steers its subflows, and opens once the
-// policy is gone.
+// testCilium(mode, bpfHostRouting): real nodes whose CNI is cilium-agent,
+// "native" (the bed's fabrics route every pod CIDR) or "vxlan"
+// (cilium_vxlan between the nodes' addresses), with legacy host routing or
+// eBPF host routing (and the kube-proxy replacement it needs), its BPF
+// datapath on the pods' lxc* veths and the nodes' NICs (tcx), pods'
+// addresses routed to cilium_host. Cilium keeps its identity in the marks'
+// upper 16 bits and its magic values in 0x0f00, so the chart is installed
+// with a mark mask outside them. Every agent names its CNI
+// "cilium (<mode>)"; with a Kubernetes NetworkPolicy that admits the
+// servers' ingress from the client pods only, MPTCP from the clients of
+// each node to the other's server spreads each connection's subflows over
+// both NICs, streams whole; a connection from a server pod, which the
+// policy denies, stays denied while the agent steers its subflows, and
+// opens once the policy is gone. Under eBPF host routing, and only there,
+// each agent counts packets it redirected at the edge.
 func testCilium(mode string, bpfHostRouting bool) func(*testing.T) {
 	return func(t *testing.T) {
 		dir := testutil.BuiltTool(t, "CILIUM", "cilium")
