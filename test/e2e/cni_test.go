@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -175,8 +176,15 @@ func testCalico(mode string) func(*testing.T) {
 func testCilium(mode string, bpfHostRouting bool) func(*testing.T) {
 	return func(t *testing.T) {
 		dir := testutil.BuiltTool(t, "CILIUM", "cilium")
+		before := machineSysctls(t)
 		cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit"}, func(o *nodes.Options) {
 			o.Cilium = &nodes.Cilium{Dir: dir, Mode: mode, BPFHostRouting: bpfHostRouting}
+		})
+		// cilium-agent writes these; the bed's nodes shadow them.
+		t.Cleanup(func() {
+			if after := machineSysctls(t); after != before {
+				t.Errorf("the machine's kernel settings changed: before\n%s\nafter\n%s", before, after)
+			}
 		})
 		servers := cb.tenantServers(t)
 		attached := map[int]*testbed.Pod{}
@@ -292,6 +300,20 @@ func requireTunneled(t *testing.T, analysis *testbed.Analysis, inside bool) {
 	if (analysis.Tunneled == 0) == inside || (analysis.Plain == 0) != inside {
 		t.Fatalf("captures on the path NICs read %d segments of the pods inside VXLAN and %d outside: want all %s", analysis.Tunneled, analysis.Plain, map[bool]string{true: "inside", false: "outside"}[inside])
 	}
+}
+
+// machineSysctls reads the machine-wide settings cilium-agent writes.
+func machineSysctls(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	for _, k := range []string{"kernel/unprivileged_bpf_disabled", "kernel/timer_migration", "net/core/bpf_jit_enable"} {
+		v, err := os.ReadFile("/proc/sys/" + k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString(k + "=" + string(v))
+	}
+	return b.String()
 }
 
 // dialMPTCP opens an MPTCP connection from pod from to to, and closes it.
