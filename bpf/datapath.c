@@ -1718,6 +1718,18 @@ static __always_inline bool sent_by_its_pod(__u32 ifindex, const struct packet *
 	return !bpf_map_lookup_elem(&pod_interfaces, &ik);
 }
 
+/* sent_by_selected_pod says whether a packet that entered the node at
+ * ifindex came from the selected pod whose address it carries: the
+ * interface is one the agent named that pod's (no fallback: a packet that
+ * came by any other interface, a bridge's included, is no pod's). */
+static __always_inline bool sent_by_selected_pod(__u32 ifindex, const struct packet *pkt)
+{
+	struct pod_if_key ik = {.ifindex = ifindex, .family = pkt->family};
+	struct endpoint_key *owner = bpf_map_lookup_elem(&pod_interfaces, &ik);
+
+	return owner && same_addr(owner->addr, pkt->saddr);
+}
+
 /* from_its_pod is sent_by_its_pod where the pod's packet enters the node
  * (TC ingress of its host-side interface). */
 static __always_inline bool from_its_pod(const struct __sk_buff *skb, const struct packet *pkt)
@@ -2304,13 +2316,15 @@ int pod_egress(struct __sk_buff *skb)
 		if ((ret == ARRIVAL_REFUSED || ret == ARRIVAL_UNEXPECTED) && !observed_instead())
 			return TC_ACT_SHOT;
 	}
-	/* A pod that writes a neighbour's 4-tuple is not the neighbour: its
-	 * packet is neither counted nor policed as the neighbour's, takes no
-	 * path of its subflow and teaches its connection nothing. It passes
-	 * as a packet of no subflow that no pod answers for, to the CNI's
-	 * own checks. */
-	if (sf && !from_its_pod(skb, &pkt))
-		return TCX_NEXT;
+	/* A pod that writes a neighbour's live 4-tuple is not the neighbour:
+	 * charged as it, its packet would drain the neighbour's caps; charged
+	 * as itself, the neighbour's subflow would carry it past its own. No
+	 * pod sends on another's 4-tuple (one address per family), so it is
+	 * dropped (counted only, in observe-only mode). */
+	if (sf && !from_its_pod(skb, &pkt)) {
+		count(STAT_FOREIGN_4TUPLE_DROPPED);
+		return observed_instead() ? TCX_NEXT : TC_ACT_SHOT;
+	}
 	if (!sf) {
 		ret = pod_egress_unknown(skb, &pkt, &fk);
 		/* A join of the pod's beyond its rule's maximum: the pod's
@@ -2672,18 +2686,32 @@ static __always_inline __u32 answered_path(const struct packet *pkt, const struc
  * interface to the NIC it picked) skipped the policy routing that the
  * path's mark selects, and rewrote the mark. Whatever the CNI does on the
  * way out of the pod (its policy) it has done. True when redirected; not
- * in observe-only mode, for a path whose NIC the agent has not named, nor
- * for a packet whose pod is not the subflow's. A global function: its
- * frame is not nic_egress's. */
+ * in observe-only mode, to a path that is down, whose NIC the agent has not
+ * named or whose next hop is of another family, for a packet that did not
+ * come from the subflow's pod's own interface (forwarded transit included),
+ * nor for one the path's NIC cannot carry. A global function: its frame is
+ * not nic_egress's. */
 __noinline int steer_at_edge(struct __sk_buff *skb, const struct packet *pkt, __u32 path)
 {
 	struct bpf_redir_neigh nh = {};
 	struct path_nic *pn;
+	__u32 mtu_len = 0;
+	struct nic *n;
 
-	if (!skb || !pkt || observe_only())
+	if (!skb || !pkt || observe_only() || !path_usable(path))
 		return 0;
 	pn = bpf_map_lookup_elem(&path_nics, &path);
-	if (!pn || !pn->ifindex || pn->ifindex == skb->ifindex || !sent_by_its_pod(skb->ingress_ifindex, pkt))
+	if (!pn || !pn->ifindex || pn->ifindex == skb->ifindex)
+		return 0;
+	/* Still the path's NIC, not an index the kernel gave a device since. */
+	n = bpf_map_lookup_elem(&nics, &pn->ifindex);
+	if (!n || n->path != path || (pn->nh_family && pn->nh_family != pkt->family))
+		return 0;
+	if (!sent_by_selected_pod(skb->ingress_ifindex, pkt))
+		return 0;
+	/* The pod's MSS follows the NIC the CNI picked: a segment the path's
+	 * NIC cannot carry is left to that NIC, not dropped there unseen. */
+	if (bpf_check_mtu(skb, pn->ifindex, &mtu_len, 0, BPF_MTU_CHK_SEGS))
 		return 0;
 	count(STAT_EDGE_STEERED);
 	if (!pn->nh_family)

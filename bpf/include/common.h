@@ -160,6 +160,8 @@ enum stat_id {
 					   from a selected pod: dropped */
 	STAT_EDGE_STEERED = 49,		  /* a subflow's packet that a CNI sent out of another NIC than
 					     its path's: redirected to its path's NIC */
+	STAT_FOREIGN_4TUPLE_DROPPED = 50, /* a packet on a live subflow's 4-tuple from another pod's
+					     interface: dropped */
 	/* Not an identity: one past the highest, however many there are. */
 	STAT_MAX,
 };

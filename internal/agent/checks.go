@@ -37,14 +37,16 @@ func checkNode(s Settings) (cni.Network, []mptcpv1alpha1.NodeCheck) {
 		n = cni.Network{Support: cni.Unknown, Note: "reading the CNI configuration: " + err.Error()}
 	}
 	if s.CNIMarks != nil {
-		n.Marks = *s.CNIMarks
+		// Declared marks are the CNI's configuration; what its
+		// encryption takes on top, it takes whatever they say.
+		n.Marks = *s.CNIMarks | n.EncryptionMarks
 	}
 	return n, nodecheck.Run(nodecheck.Node{ProcSys: netnsutil.ProcSys, BTF: kernelBTF, PinDir: s.PinDir, Network: n, MarkMask: s.MarkMask})
 }
 
 // cniHost reads what the node's network shows of its CNI: its interfaces,
 // which of them hold an address, and whether an xfrm policy matches
-// packets by their marks, as Cilium's IPsec does. What cannot be read is
+// packets by Cilium's IPsec marks. What cannot be read is
 // left out: the CNI's mode is then the plainer one.
 func cniHost() cni.Host {
 	var h cni.Host
@@ -66,7 +68,7 @@ func cniHost() cni.Host {
 	}
 	policies, err := netlink.XfrmPolicyList(netlink.FAMILY_ALL)
 	h.IPsec = err == nil && slices.ContainsFunc(policies, func(p netlink.XfrmPolicy) bool {
-		return p.Mark != nil && p.Mark.Mask&cni.IPsecMarkBits != 0
+		return p.Mark != nil && cni.CiliumIPsecMark(p.Mark.Value, p.Mark.Mask)
 	})
 	return h
 }

@@ -33,6 +33,8 @@ func TestTheCNICheckReadsLinksAddressesAndXfrmPolicies(t *testing.T) {
 	before := readHost(t, ns)
 	ip("xfrm", "policy", "add", "src", "10.0.0.0/8", "dst", "10.0.0.0/8", "dir", "out", "tmpl", "src", "192.0.2.1", "dst", "192.0.2.2",
 		"proto", "esp", "reqid", "1", "mode", "tunnel")
+	ip("xfrm", "policy", "add", "src", "10.0.0.0/8", "dst", "10.0.0.0/8", "dir", "fwd", "mark", "0x2a", "mask", "0xffffffff",
+		"tmpl", "src", "192.0.2.1", "dst", "192.0.2.2", "proto", "esp", "reqid", "7", "mode", "tunnel")
 	unmarked := readHost(t, ns)
 	ip("xfrm", "policy", "add", "src", "10.0.0.0/8", "dst", "10.0.0.0/8", "dir", "in", "mark", "0x3d00", "mask", "0xff00",
 		"tmpl", "src", "192.0.2.2", "dst", "192.0.2.1", "proto", "esp", "reqid", "1", "mode", "tunnel")
@@ -45,7 +47,7 @@ func TestTheCNICheckReadsLinksAddressesAndXfrmPolicies(t *testing.T) {
 		t.Errorf("addressed %v, want used0 and not bare0", before.Addressed)
 	}
 	if before.IPsec || unmarked.IPsec || !after.IPsec {
-		t.Errorf("IPsec %v with no xfrm policy, %v with one that matches no mark, %v with one that matches Cilium's: want false, false, true",
+		t.Errorf("IPsec %v with no xfrm policy, %v with one that matches no mark and one another tunnel's, %v with one that matches Cilium's: want false, false, true",
 			before.IPsec, unmarked.IPsec, after.IPsec)
 	}
 }

@@ -147,15 +147,17 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	// A neighbour pod that writes this pod's address and acknowledges
 	// the waiting SYN is no answer from this pod, nor a packet of its
 	// live subflow: the packet came in by the neighbour's interface (the
-	// test run's device, loopback), and takes no path. A neighbour of the
+	// test run's device, loopback), and is dropped. A neighbour of the
 	// other family only is none either.
 	const lo = 1
 	for _, neighbour := range []netip.Addr{netip.MustParseAddr("10.244.2.12"), netip.MustParseAddr("fd00:244:2::12")} {
 		if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: lo, Addr: neighbour}}); err != nil {
 			t.Fatal(err)
 		}
-		if mark := replyMark(initialPort, testpkt.SYN|testpkt.ACK, 1000); mark&dp.markMask != 0 {
-			t.Errorf("neighbour %v's SYN-ACK with this pod's address left with path mark %#x, want none", neighbour, mark)
+		frame := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: initialPort, Seq: 7, Ack: 1000,
+			Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPCapableSYNACK(serverKey)}}.Bytes()
+		if v := verdict(t, dp.objs.PodEgress, frame, skbContext{}); v != tcActShot {
+			t.Errorf("neighbour %v's SYN-ACK with this pod's address on its live subflow: verdict %d, want dropped", neighbour, int32(v))
 		}
 	}
 	if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: lo, Addr: serverPod}}); err != nil {

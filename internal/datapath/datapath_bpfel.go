@@ -438,7 +438,8 @@ const (
 	datapathStatIdSTAT_LIVENESS_REFUSED       datapathStatId = 47
 	datapathStatIdSTAT_UNREADABLE_TCP_DROPPED datapathStatId = 48
 	datapathStatIdSTAT_EDGE_STEERED           datapathStatId = 49
-	datapathStatIdSTAT_MAX                    datapathStatId = 50
+	datapathStatIdSTAT_FOREIGN_4TUPLE_DROPPED datapathStatId = 50
+	datapathStatIdSTAT_MAX                    datapathStatId = 51
 )
 
 type datapathSubflow struct {

@@ -126,6 +126,7 @@ var pinnedEnums = map[string]map[string]uint64{
 		"STAT_LIVENESS_REFUSED":       47,
 		"STAT_UNREADABLE_TCP_DROPPED": 48,
 		"STAT_EDGE_STEERED":           49,
+		"STAT_FOREIGN_4TUPLE_DROPPED": 50,
 	},
 	"subflow_role": {
 		"ROLE_INITIATOR": 1,

@@ -830,10 +830,11 @@ func TestAPodThatWritesAnotherPodsAddressPlacesNothingAsIt(t *testing.T) {
 }
 
 // A pod that writes the 4-tuple of a neighbour's live subflow is not the
-// neighbour either: its packets take no path, count nothing as the
-// neighbour's and teach the neighbour's connection nothing (its third ACK's
-// keys). The neighbour's own packets, from its own interface, do all three.
-func TestAPodThatWritesANeighboursSubflowIsNotCountedAsIt(t *testing.T) {
+// neighbour: its packets are dropped, counted, and count nothing as the
+// neighbour's nor teach the neighbour's connection anything (its third
+// ACK's keys); in observe-only mode they pass, unmarked. The neighbour's own
+// packets, from its own interface, take the path, count and teach.
+func TestAPodThatWritesANeighboursSubflowIsDropped(t *testing.T) {
 	const lo = 1 // the test run's device: the packets enter the node there
 	neighbour := netip.MustParseAddr("10.244.1.12")
 	dp := loadForTest(t)
@@ -875,9 +876,21 @@ func TestAPodThatWritesANeighboursSubflowIsNotCountedAsIt(t *testing.T) {
 	}
 
 	podOfLo(clientPod)
-	before := sent()
+	before, dropped := sent(), stat(t, dp, StatForeign4TupleDropped)
+	if v := verdict(t, egress, thirdACK, skbContext{}); v != tcActShot {
+		t.Errorf("the other pod's packet on the neighbour's 4-tuple: verdict %d, want dropped", int32(v))
+	}
+	if err := dp.SetObserveOnly(true); err != nil {
+		t.Fatal(err)
+	}
 	if mark := run(t, egress, thirdACK, skbContext{}); mark&dp.markMask != 0 {
-		t.Errorf("the other pod's packet on the neighbour's 4-tuple left with path mark %#x, want none", mark)
+		t.Errorf("in observe-only mode the other pod's packet left with path mark %#x, want none", mark)
+	}
+	if err := dp.SetObserveOnly(false); err != nil {
+		t.Fatal(err)
+	}
+	if n := stat(t, dp, StatForeign4TupleDropped) - dropped; n != 2 {
+		t.Errorf("foreign_4tuple_dropped counted %d, want 2", n)
 	}
 	if after := sent(); after != before {
 		t.Errorf("the neighbour's subflow counts %d packets sent after the other pod's, want %d", after, before)

@@ -132,7 +132,11 @@ const (
 	// NIC than its path's, past the policy routing its mark selects,
 	// redirected to its path's NIC (SetPathNIC).
 	StatEdgeSteered = datapathStatIdSTAT_EDGE_STEERED
-	numStats        = int(datapathStatIdSTAT_MAX)
+	// StatForeign4TupleDropped: a packet on a live subflow's 4-tuple that
+	// entered the node by another pod's interface, dropped (in
+	// observe-only mode: passed).
+	StatForeign4TupleDropped = datapathStatIdSTAT_FOREIGN_4TUPLE_DROPPED
+	numStats                 = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.

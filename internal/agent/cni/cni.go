@@ -50,9 +50,12 @@ type Network struct {
 	// File is the configuration the runtime uses.
 	File string `json:"file,omitempty"`
 	// Marks are the skb->mark bits the CNI uses: its documented default,
-	// or what the agent's settings declare for it.
-	Marks   uint32  `json:"marks"`
-	Support Support `json:"support"`
+	// or what the agent's settings declare for it, and EncryptionMarks.
+	Marks uint32 `json:"marks"`
+	// EncryptionMarks are the bits the CNI's encryption, found on, takes
+	// besides its configured marks (Cilium's IPsec or WireGuard: all).
+	EncryptionMarks uint32  `json:"encryptionMarks,omitempty"`
+	Support         Support `json:"support"`
 	// Note says what is known of the agent beside it.
 	Note string `json:"note,omitempty"`
 }
@@ -76,15 +79,21 @@ type Host struct {
 	// that a loaded module makes in every namespace (tunl0) is the
 	// CNI's only once the CNI gives it one.
 	Addressed []string
-	// IPsec says an xfrm policy of the node matches packets by their
-	// IPsecMarkBits: Cilium's IPsec, which keeps its key index in the
-	// marks' 0xf000 bits.
+	// IPsec says an xfrm policy of the node matches packets by Cilium's
+	// IPsec marks (CiliumIPsecMark): its IPsec is on, and keeps its key
+	// index in the marks' 0xf000 bits.
 	IPsec bool
 }
 
-// IPsecMarkBits are where Cilium's xfrm policies match its encrypt and
-// decrypt magic values.
-const IPsecMarkBits uint32 = 0x00000f00
+// CiliumIPsecMark says whether an xfrm policy's mark (value, mask) is one of
+// Cilium's: its encrypt (0x0e00) or decrypt (0x0d00) magic value in the
+// 0x0f00 bits, which the mask covers. Other IPsec on the node (a
+// route-based tunnel's marks) is no clash.
+func CiliumIPsecMark(value, mask uint32) bool {
+	const magic = 0x00000f00
+	v := value & magic
+	return mask&magic == magic && (v == 0x00000e00 || v == 0x00000d00)
+}
 
 // MayRouteInBPF says whether the CNI may send its pods' packets to a NIC
 // itself, from a BPF program on the pod's interface, past the policy
@@ -95,17 +104,16 @@ func (n Network) MayRouteInBPF() bool {
 }
 
 // known are the CNIs the agent recognises by their plugin's type: their
-// default marks and what the node's network says of their mode and of
-// the marks a feature it enables adds.
+// default marks and what the node's network says of their mode.
 var known = map[string]struct {
 	name  string
-	marks func(h Host) uint32
+	marks uint32
 	mode  func(h Host) string
 }{
 	// Calico's felix allocates its marks from IptablesMarkMask,
 	// 0xffff0000 unless configured. Its eBPF data plane makes
 	// bpfout.cali; with IPIP on, felix gives tunl0 an address.
-	"calico": {"calico", fixedMarks(0xffff0000), func(h Host) string {
+	"calico": {"calico", 0xffff0000, func(h Host) string {
 		switch {
 		case has(h.Links, "bpfout.cali"):
 			return "ebpf"
@@ -121,12 +129,7 @@ var known = map[string]struct {
 	// 0xf000 to kube-proxy's bits and others unless it encrypts: IPsec
 	// keeps its key index there, and WireGuard (cilium_wg0) a magic
 	// value's high bit.
-	"cilium-cni": {"cilium", func(h Host) uint32 {
-		if h.IPsec || has(h.Links, "cilium_wg0") {
-			return 0xffffffff
-		}
-		return 0xffff0fff
-	}, func(h Host) string {
+	"cilium-cni": {"cilium", 0xffff0fff, func(h Host) string {
 		switch {
 		case has(h.Links, "cilium_vxlan"):
 			return "vxlan"
@@ -135,19 +138,18 @@ var known = map[string]struct {
 		}
 		return "native"
 	}},
-	"flannel": {"flannel", fixedMarks(0), func(h Host) string {
+	"flannel": {"flannel", 0, func(h Host) string {
 		if has(h.Links, "flannel.1") {
 			return "vxlan"
 		}
 		return "host-gw"
 	}},
-	"ovn-k8s-cni-overlay": {"ovn-kubernetes", fixedMarks(0), fixedMode("geneve")},
-	"ptp":                 {"ptp", fixedMarks(0), fixedMode("routed")},
-	"bridge":              {"bridge", fixedMarks(0), fixedMode("bridge")},
+	"ovn-k8s-cni-overlay": {"ovn-kubernetes", 0, fixedMode("geneve")},
+	"ptp":                 {"ptp", 0, fixedMode("routed")},
+	"bridge":              {"bridge", 0, fixedMode("bridge")},
 }
 
-func fixedMarks(m uint32) func(Host) uint32 { return func(Host) uint32 { return m } }
-func fixedMode(m string) func(Host) string  { return func(Host) string { return m } }
+func fixedMode(m string) func(Host) string { return func(Host) string { return m } }
 
 // support is the project's matrix (docs/install.md, "CNIs"): what is
 // proven, and what is known of the rest.
@@ -216,7 +218,11 @@ func Find(dir string, h Host) (Network, error) {
 			plugin = "flannel"
 		}
 		if k, ok := known[plugin]; ok {
-			n.Name, n.Marks, n.Mode = k.name, k.marks(h), k.mode(h)
+			n.Name, n.Marks, n.Mode = k.name, k.marks, k.mode(h)
+			if k.name == "cilium" && (h.IPsec || has(h.Links, "cilium_wg0")) {
+				n.EncryptionMarks = 0xffffffff
+				n.Marks |= n.EncryptionMarks
+			}
 		}
 		n.Support, n.Note = support(n.Name, n.Mode)
 		return n, nil

@@ -168,3 +168,23 @@ func TestParseMarks(t *testing.T) {
 		}
 	}
 }
+
+// Cilium's xfrm policies match its encrypt and decrypt magic values in the
+// 0x0f00 bits (its key index above them); another tunnel's marks do not.
+func TestCiliumIPsecMarks(t *testing.T) {
+	for _, c := range []struct {
+		value, mask uint32
+		want        bool
+	}{
+		{0x00000e00, 0x0000ff00, true},
+		{0x00003d00, 0x0000ff00, true},
+		{0x00000e00, 0xffffff00, true},
+		{0x00000e00, 0x00000e00, false},
+		{0x0000002a, 0xffffffff, false},
+		{0x00000400, 0x00000f00, false},
+	} {
+		if got := CiliumIPsecMark(c.value, c.mask); got != c.want {
+			t.Errorf("CiliumIPsecMark(%#x, %#x) = %v, want %v", c.value, c.mask, got, c.want)
+		}
+	}
+}
