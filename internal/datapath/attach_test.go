@@ -43,14 +43,15 @@ func bpffsPinDir(t *testing.T) string {
 	return dir
 }
 
-// Links are pinned, survive the loader closing its file descriptors, are
-// re-adopted by a second load, and go away on Detach.
-func TestAttachPinsAndReadoptsLinks(t *testing.T) {
-	ns := throwawayNetns(t)
-	pin := bpffsPinDir(t)
-	att := Attachment{Interface: "veth-a", Hook: HookPodEgress}
-
-	err := netnsutil.Do(ns, func() error {
+// pinnedAttach is a throwaway namespace, a pin directory and pod_egress's
+// attachment to its veth-a: what the tests of pinned links share. attached
+// runs in the namespace with a datapath loaded with those pins that has
+// attached it.
+func pinnedAttach(t *testing.T, attached func(dp *Datapath, pin string, att Attachment) error) (ns, pin string, att Attachment) {
+	t.Helper()
+	ns, pin = throwawayNetns(t), bpffsPinDir(t)
+	att = Attachment{Interface: "veth-a", Hook: HookPodEgress}
+	if err := netnsutil.Do(ns, func() error {
 		dp, err := Load(Options{PinDir: pin})
 		if err != nil {
 			return err
@@ -59,6 +60,17 @@ func TestAttachPinsAndReadoptsLinks(t *testing.T) {
 		if err := dp.Attach(att); err != nil {
 			return err
 		}
+		return attached(dp, pin, att)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ns, pin, att
+}
+
+// Links are pinned, survive the loader closing its file descriptors, are
+// re-adopted by a second load, and go away on Detach.
+func TestAttachPinsAndReadoptsLinks(t *testing.T) {
+	ns, pin, att := pinnedAttach(t, func(_ *Datapath, pin string, att Attachment) error {
 		// A second agent run adopts the link instead of adding another.
 		dp2, err := Load(Options{PinDir: pin})
 		if err != nil {
@@ -67,9 +79,6 @@ func TestAttachPinsAndReadoptsLinks(t *testing.T) {
 		defer dp2.Close()
 		return dp2.Attach(att)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if n := attachedCount(t, ns, "veth-a", ebpf.AttachTCXIngress); n != 1 {
 		t.Fatalf("%d programs on veth-a's TCX ingress, want exactly 1", n)
 	}
@@ -115,15 +124,7 @@ func attachedCount(t *testing.T, ns, iface string, at ebpf.AttachType) int {
 // it. The other program stays, one link of the agent's is left, and it is
 // the pinned one.
 func TestAReadoptedLinkGoesBackToTheHead(t *testing.T) {
-	ns := throwawayNetns(t)
-	pin := bpffsPinDir(t)
-	att := Attachment{Interface: "veth-a", Hook: HookPodEgress}
-	err := netnsutil.Do(ns, func() error {
-		dp, err := Load(Options{PinDir: pin})
-		if err != nil {
-			return err
-		}
-		defer dp.Close()
+	pinnedAttach(t, func(dp *Datapath, pin string, att Attachment) error {
 		other, err := Load(Options{})
 		if err != nil {
 			return err
@@ -136,9 +137,6 @@ func TestAReadoptedLinkGoesBackToTheHead(t *testing.T) {
 		// otherFirst puts another tool's program at the head.
 		otherFirst := func() (link.Link, error) {
 			return link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: other.objs.NicIngress, Attach: ebpf.AttachTCXIngress, Anchor: link.Head()})
-		}
-		if err := dp.Attach(att); err != nil {
-			return err
 		}
 		for _, again := range []struct {
 			name string
@@ -182,7 +180,4 @@ func TestAReadoptedLinkGoesBackToTheHead(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
