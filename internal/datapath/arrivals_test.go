@@ -82,19 +82,18 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 	// A SYN-ACK carries MP_CAPABLE (the pod's answer to an MP_CAPABLE
 	// SYN, not a fallback to TCP), a later segment a DSS.
 	dataACK := uint64(1)
-	replyMark := func(sport uint16, flags uint8, ack uint32) uint32 {
-		t.Helper()
-		// The pod's answers have sequence number 7, its next segments 8.
+	// reply is what the pod sends on sport: its answers have sequence
+	// number 7, its next segments 8.
+	reply := func(sport uint16, flags uint8, ack uint32) []byte {
 		opts, seq := testpkt.DSS{DataACK: &dataACK}.Bytes(), uint32(8)
 		if flags&testpkt.SYN != 0 {
 			opts, seq = testpkt.MPCapableSYNACK(serverKey), 7
 		}
-		frame := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: sport, Seq: seq, Ack: ack, Flags: flags, Options: opts}}.Bytes()
-		return run(t, dp.objs.PodEgress, frame, skbContext{})
+		return testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: sport, Seq: seq, Ack: ack, Flags: flags, Options: opts}}.Bytes()
 	}
 	replyPath := func(sport uint16, flags uint8, ack uint32) uint32 {
 		t.Helper()
-		return dp.pathOfMark(t, replyMark(sport, flags, ack))
+		return dp.pathOfMark(t, run(t, dp.objs.PodEgress, reply(sport, flags, ack), skbContext{}))
 	}
 
 	// joinReplyPath is the path the pod's answer to a join SYN leaves by.
@@ -154,9 +153,7 @@ func TestASYNForALiveSubflowChangesNothingUntilThePodAnswers(t *testing.T) {
 		if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: lo, Addr: neighbour}}); err != nil {
 			t.Fatal(err)
 		}
-		frame := testpkt.Frame{Src: serverPod, Dst: clientPod, TCP: &testpkt.TCP{SrcPort: 80, DstPort: initialPort, Seq: 7, Ack: 1000,
-			Flags: testpkt.SYN | testpkt.ACK, Options: testpkt.MPCapableSYNACK(serverKey)}}.Bytes()
-		if v := verdict(t, dp.objs.PodEgress, frame, skbContext{}); v != tcActShot {
+		if v := verdict(t, dp.objs.PodEgress, reply(initialPort, testpkt.SYN|testpkt.ACK, 1000), skbContext{}); v != tcActShot {
 			t.Errorf("neighbour %v's SYN-ACK with this pod's address on its live subflow: verdict %d, want dropped", neighbour, int32(v))
 		}
 	}
