@@ -1700,16 +1700,16 @@ static __always_inline __u32 syn_seq(struct __sk_buff *skb, const struct packet 
 	return bpf_ntohl(seq);
 }
 
-/* sent_by_its_pod says whether a packet a pod sends, which entered the node
- * at ifindex, the pod's host-side interface, carries the address of that
- * interface's pod, or comes by an interface the agent named no pod of
+/* from_its_pod says whether a packet a pod sends, where it enters the node
+ * (TC ingress of the pod's host-side interface), carries the address of
+ * that interface's pod, or comes by an interface the agent named no pod of
  * (pod_interfaces): a selected pod that writes a neighbour's address is not
  * the neighbour, and opens no subflow under its rules, counts as it nor
  * answers for it. A pod with no address of the packet's family is no pod
  * of that family's either. */
-static __always_inline bool sent_by_its_pod(__u32 ifindex, const struct packet *pkt)
+static __always_inline bool from_its_pod(const struct __sk_buff *skb, const struct packet *pkt)
 {
-	struct pod_if_key ik = {.ifindex = ifindex, .family = pkt->family};
+	struct pod_if_key ik = {.ifindex = skb->ifindex, .family = pkt->family};
 	struct endpoint_key *owner = bpf_map_lookup_elem(&pod_interfaces, &ik);
 
 	if (owner)
@@ -1728,13 +1728,6 @@ static __always_inline bool sent_by_selected_pod(__u32 ifindex, const struct pac
 	struct endpoint_key *owner = bpf_map_lookup_elem(&pod_interfaces, &ik);
 
 	return owner && same_addr(owner->addr, pkt->saddr);
-}
-
-/* from_its_pod is sent_by_its_pod where the pod's packet enters the node
- * (TC ingress of its host-side interface). */
-static __always_inline bool from_its_pod(const struct __sk_buff *skb, const struct packet *pkt)
-{
-	return sent_by_its_pod(skb->ifindex, pkt);
 }
 
 /* How long an answered arrival keeps its place against the answer to a
@@ -2697,6 +2690,7 @@ __noinline int steer_at_edge(struct __sk_buff *skb, const struct packet *pkt, __
 	struct path_nic *pn;
 	__u32 mtu_len = 0;
 	struct nic *n;
+	long ret;
 
 	if (!skb || !pkt || observe_only() || !path_usable(path))
 		return 0;
@@ -2713,12 +2707,17 @@ __noinline int steer_at_edge(struct __sk_buff *skb, const struct packet *pkt, __
 	 * NIC cannot carry is left to that NIC, not dropped there unseen. */
 	if (bpf_check_mtu(skb, pn->ifindex, &mtu_len, 0, BPF_MTU_CHK_SEGS))
 		return 0;
+	if (pn->nh_family) {
+		nh.nh_family = pn->nh_family;
+		__builtin_memcpy(nh.ipv6_nh, pn->nh, sizeof(nh.ipv6_nh));
+		ret = bpf_redirect_neigh(pn->ifindex, &nh, sizeof(nh), 0);
+	} else {
+		ret = bpf_redirect_neigh(pn->ifindex, NULL, 0, 0);
+	}
+	if (ret != TC_ACT_REDIRECT)
+		return 0;
 	count(STAT_EDGE_STEERED);
-	if (!pn->nh_family)
-		return bpf_redirect_neigh(pn->ifindex, NULL, 0, 0) == TC_ACT_REDIRECT;
-	nh.nh_family = pn->nh_family;
-	__builtin_memcpy(nh.ipv6_nh, pn->nh, sizeof(nh.ipv6_nh));
-	return bpf_redirect_neigh(pn->ifindex, &nh, sizeof(nh), 0) == TC_ACT_REDIRECT;
+	return 1;
 }
 
 /* shape_ifindex is the node's shaping device (settings), 0: none. */
@@ -2779,7 +2778,12 @@ int nic_egress(struct __sk_buff *skb)
 			if (path && path != n->path && steer_at_edge(skb, &pkt, path))
 				return TC_ACT_REDIRECT;
 		}
-		if (sf) {
+		/* Only the subflow's own pod (or the shaping device, which
+		 * it went through first) takes its class: a packet that
+		 * merely carries the subflow's 4-tuple, from an unselected
+		 * pod or forwarded transit, would fill the pod's queue. It
+		 * is charged as what its sender sends outside subflows. */
+		if (sf && (returned || sent_by_selected_pod(skb->ingress_ifindex, &pkt))) {
 			rate_classify(skb, &pkt, sf->rule, n->path, returned);
 			return TCX_NEXT;
 		}

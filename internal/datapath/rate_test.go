@@ -947,8 +947,10 @@ func TestRateWindowScaleIsLearntOnceFromTheHandshake(t *testing.T) {
 }
 
 // A pod's shape class is on the node's shaping device, one queue for all
-// its paths: on the NIC a subflow's packet goes to the class that redirects
-// there (the pod's class in tc_index, which a test run does not report).
+// its paths: on the NIC a subflow's packet from the pod's own interface
+// goes to the class that redirects there (the pod's class in tc_index,
+// which a test run does not report); the same 4-tuple from any other
+// interface takes no class of the pod's.
 // The device gives the packet back to the NIC, where nic_egress gives it its
 // rule's path class and never sends it round again; without one, the NIC's
 // class for what the device gives back (under the path's capacity), never
@@ -971,7 +973,10 @@ func TestRateShapeSendsAPodThroughTheShapingDeviceThenItsPathClass(t *testing.T)
 	run(t, dp.Program(HookPodEgress), syn(clientPod, 40000, serverPod, 5201, testpkt.MPCapableSYN()), skbContext{})
 	data := testpkt.Frame{Src: clientPod, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8,
 		Flags: testpkt.ACK, Payload: make([]byte, 1400)}}.Bytes()
-	const podIf = 4242
+	const podIf, otherIf = 4242, 4343
+	if err := dp.SyncPodInterfaces([]PodInterface{{Ifindex: podIf, Addr: clientPod}}); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name string
 		in   skbContext
@@ -979,6 +984,9 @@ func TestRateShapeSendsAPodThroughTheShapingDeviceThenItsPathClass(t *testing.T)
 	}{
 		{"leaving the NIC", skbContext{IngressIfindex: podIf, Priority: untouched}, viaIFB},
 		{"given back by the shaping device", skbContext{IngressIfindex: shaper, Priority: podClass}, pathClass},
+		// An unselected pod (or transit) that writes the subflow's
+		// 4-tuple never takes a place in the pod's queue.
+		{"the subflow's 4-tuple from another interface", skbContext{IngressIfindex: otherIf, Priority: untouched}, untouched},
 	} {
 		c.in.Ifindex = lo
 		if ret, out := runIn(t, dp.Program(HookNICEgress), data, c.in); ret != tcxNext || out.Priority != c.want {
