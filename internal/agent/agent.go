@@ -35,10 +35,6 @@ type Agent struct {
 	// tunnelNICs are the ifindexes the last reconcile declared as tunnel
 	// devices (syncTunnels).
 	tunnelNICs map[int]bool
-	// steerAtEdge: the node's CNI may route its pods' packets in BPF, past
-	// the policy routing the marks select, so nic_egress runs on every
-	// path's NIC to send a subflow's packet on to its own (syncNICs).
-	steerAtEdge bool
 	// unenforced are the last reconcile's caps that miss part of the
 	// traffic (capsPastOverlay).
 	unenforced []Problem
@@ -92,10 +88,10 @@ type Agent struct {
 	unlistedLog unlistedLog
 	// The socket program of podMPTCP.transparent kernel (socketmptcp.go).
 	socketMPTCP socketMPTCPState
-	// checks are the node checks made at start (checks.go); refused, a
-	// mark clash they found, keeps every reconcile from enforcing.
-	checks  []mptcpv1alpha1.NodeCheck
-	refused error
+	// node is what the last check of the node found (checks.go): made at
+	// start and again at every reconcile, since a CNI can start, change
+	// its mode or turn encryption on while the agent runs.
+	node atomic.Pointer[nodeChecked]
 }
 
 // The agent is what its metrics and local API read.
@@ -125,8 +121,8 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	if err := ensureBPFFS(); err != nil {
 		return nil, err
 	}
-	network, checks := checkNode(settings)
-	if err := kernelRefusal(checks); err != nil {
+	node := checkNodeNow(settings)
+	if err := kernelRefusal(node.checks); err != nil {
 		return nil, err
 	}
 	// Migrate: pinned maps an earlier release laid out differently are
@@ -136,10 +132,7 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir), sweepSpacing: closedSweepSpacing}
-	a.checks, a.steerAtEdge = checks, network.MayRouteInBPF()
-	if a.refused = refusal(a.checks); a.refused != nil {
-		log.Error("the CNI's marks share bits with the agent's mark mask: nothing is enforced until they differ", "err", a.refused)
-	}
+	a.noteNode(node)
 	// A subflow a managed pod's kernel closed gives its path back before
 	// the path manager opens a join to replace it (and says which path,
 	// for the join to wait for while it is down).
@@ -239,8 +232,9 @@ func (a *Agent) Attachments() ([]datapath.Attachment, error) { return a.dp.Attac
 // namespace and name) and left out of plan.Pods, which then holds the pods
 // enforced; the error is only for what fails the node as a whole.
 func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodProblem, error) {
-	if a.refused != nil {
-		return nil, a.refused
+	node := a.recheckNode()
+	if node.refused != nil {
+		return nil, node.refused
 	}
 	// The switch first: a node set up in observe-only mode never marks a
 	// packet, not even between the first attach and the end of this
@@ -273,7 +267,7 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	// its probes stays down while syncNICs writes the paths' states.
 	a.syncLiveness(plan)
 	a.awaitingLinks.Store(len(plan.Awaiting) > 0)
-	keep(a.syncNICs(plan, hooks))
+	keep(a.syncNICs(plan, hooks, node.network.MayRouteInBPF()))
 	tunnels = a.steerableTunnels(tunnels)
 	tunnelHooks(tunnels, hooks)
 	a.noteUnenforced(capsPastOverlay(plan.Rules, tunnels))

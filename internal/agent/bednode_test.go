@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"fmt"
+	"net/netip"
 	"path/filepath"
 	"testing"
 
@@ -31,4 +33,16 @@ func bedNodeState(t *testing.T, bed *testbed.Bed, node *testbed.Node, rule mptcp
 	state.Spec.Rules = []mptcpv1alpha1.CompiledRule{rule}
 	state.Spec.Pods = pods
 	return settings, state, links
+}
+
+// bedLocate finds node's pods of the bed by address, as LocatePod would.
+func bedLocate(node *testbed.Node) func([]netip.Addr) (LocatedPod, error) {
+	return func(ips []netip.Addr) (LocatedPod, error) {
+		for _, p := range node.Pods {
+			if ips[0] == p.Addr {
+				return LocatedPod{HostInterface: p.HostIf, NetNS: "/var/run/netns/" + p.NetNS}, nil
+			}
+		}
+		return LocatedPod{}, fmt.Errorf("no pod at %v", ips)
+	}
 }

@@ -73,8 +73,55 @@ func cniHost() cni.Host {
 	return h
 }
 
-// Checks are the node checks the agent made when it started.
-func (a *Agent) Checks() []mptcpv1alpha1.NodeCheck { return a.checks }
+// nodeChecked is what one check of the node found: the checks, the CNI, and
+// refused, a mark clash among them, which keeps a reconcile from enforcing.
+type nodeChecked struct {
+	checks  []mptcpv1alpha1.NodeCheck
+	network cni.Network
+	refused error
+}
+
+func checkNodeNow(s Settings) *nodeChecked {
+	n, checks := checkNode(s)
+	return &nodeChecked{checks: checks, network: n, refused: refusal(checks)}
+}
+
+// Checks are the node checks of the last reconcile (at start, the agent's
+// first).
+func (a *Agent) Checks() []mptcpv1alpha1.NodeCheck { return slices.Clone(a.node.Load().checks) }
+
+// recheckNode checks the node again, as each reconcile does: a CNI that
+// starts after the agent, changes its mode (eBPF host routing, which asks
+// for steering at the edge) or turns encryption on (every mark bit) is
+// seen at the next reconcile, not the next restart. While a mark clash
+// holds, the datapath stops marking (observe-only): programs that are
+// attached, a previous release's included, would rewrite the CNI's bits.
+func (a *Agent) recheckNode() *nodeChecked {
+	node := checkNodeNow(a.settings)
+	a.noteNode(node)
+	if node.refused != nil {
+		if err := a.dp.SetObserveOnly(true); err != nil {
+			a.log.Error("stopping the datapath's marks while the CNI's marks clash", "err", err)
+		}
+	}
+	return node
+}
+
+// noteNode keeps node as the last check, and logs what changed in it.
+func (a *Agent) noteNode(node *nodeChecked) {
+	prev := a.node.Swap(node)
+	if prev != nil && prev.network == node.network && (prev.refused == nil) == (node.refused == nil) {
+		return
+	}
+	n := node.network
+	if node.refused != nil {
+		a.log.Error("the CNI's marks share bits with the agent's mark mask: nothing is enforced until they differ",
+			"cni", n.Name, "mode", n.Mode, "err", node.refused)
+		return
+	}
+	a.log.Info("node's CNI", "cni", n.Name, "mode", n.Mode, "support", n.Support, "steerAtEdge", n.MayRouteInBPF(),
+		"changed", prev != nil)
+}
 
 // kernelRefusal is the error of a failed kernel check (a kernel below the
 // floor, or without MPTCP): the agent does not load its datapath there, so

@@ -35,14 +35,7 @@ func TestAPodAddedFirstMovesNoOtherPodsShapingClass(t *testing.T) {
 	}
 	web, db, first := node.Pods[0], node.Pods[1], node.Pods[2]
 	settings, state, links := bedNodeState(t, bed, node, rule)
-	locate := func(ips []netip.Addr) (LocatedPod, error) {
-		for _, p := range node.Pods {
-			if ips[0] == p.Addr {
-				return LocatedPod{HostInterface: p.HostIf, NetNS: "/var/run/netns/" + p.NetNS}, nil
-			}
-		}
-		return LocatedPod{}, fmt.Errorf("no pod at %v", ips)
-	}
+	locate := bedLocate(node)
 	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
 		a, err := New(settings, slog.New(slog.DiscardHandler))
 		if err != nil {

@@ -18,8 +18,10 @@ import (
 // when its NIC is missing or has no carrier (at this reconcile; between
 // reconciles link events do it, linkChanged) or flaps (held down by the
 // damper), and asks for nic_ingress on each NIC, and nic_egress where the
-// CNI may route in BPF (steerAtEdge). A path away from its link is down.
-func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
+// CNI may route its pods' packets in BPF, past the policy routing the marks
+// select (steerAtEdge: nic_egress sends a subflow's packet on to its path's
+// NIC). A path away from its link is down.
+func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool, steerAtEdge bool) error {
 	var errs []error
 	a.linkMu.Lock()
 	defer a.linkMu.Unlock()
@@ -48,7 +50,7 @@ func (a *Agent) syncNICs(plan *Plan, hooks map[datapath.Attachment]bool) error {
 		if err := a.dp.SetPathNIC(p.Index, iface.Index, p.Gateway); err != nil {
 			errs = append(errs, err)
 		}
-		if a.steerAtEdge {
+		if steerAtEdge {
 			hooks[datapath.Attachment{Interface: p.Interface, Hook: datapath.HookNICEgress}] = true
 		}
 		down := !a.usable(p.Interface, iface.Flags&net.FlagRunning != 0)

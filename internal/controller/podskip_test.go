@@ -61,7 +61,8 @@ func (e *recordingEnforcer) SocketMPTCP() agent.SocketMPTCP              { retur
 func (e *recordingEnforcer) TCPListeners(agent.PlanPod) ([]netip.AddrPort, error) {
 	return nil, nil
 }
-func (e *recordingEnforcer) Unenforced() []agent.Problem { return nil }
+func (e *recordingEnforcer) Unenforced() []agent.Problem       { return nil }
+func (e *recordingEnforcer) Checks() []mptcpv1alpha1.NodeCheck { return nil }
 
 func (e *recordingEnforcer) PathLiveness(uint32) mptcpv1alpha1.Liveness {
 	return mptcpv1alpha1.LivenessUnknown

@@ -95,7 +95,6 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		Log:       o.Log,
 		Metrics:   o.Metrics,
 		Resync:    o.Resync,
-		Checks:    o.Agent.Checks(),
 		Links:     agent.Links,
 		Locate:    agent.LocatePod,
 		status:    o.Status,

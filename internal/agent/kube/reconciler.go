@@ -101,6 +101,10 @@ type Enforcer interface {
 	// Unenforced are the last reconcile's caps that miss part of the
 	// traffic (agent.Agent.Unenforced).
 	Unenforced() []agent.Problem
+	// Checks are the agent's checks of the node at the last reconcile
+	// (agent.Agent.Checks); the reconciler adds the pod CIDRs' and
+	// reports them all.
+	Checks() []mptcpv1alpha1.NodeCheck
 }
 
 // Reconciler enforces one node's MPTCPNodeState.
@@ -118,10 +122,6 @@ type Reconciler struct {
 	// Resync re-reads the node's links this often, so that a link that
 	// appears, goes down or comes back shows in status without a spec change.
 	Resync time.Duration
-	// Checks are the agent's checks of the node made at start
-	// (agent.CheckNode); the reconciler adds the pod CIDRs' and reports
-	// them all.
-	Checks []mptcpv1alpha1.NodeCheck
 	// Links and Locate read the node (agent.Links and agent.LocatePod).
 	Links  func() ([]agent.NodeLink, error)
 	Locate func([]netip.Addr) (agent.LocatedPod, error)
@@ -373,7 +373,7 @@ func (r *Reconciler) nextStatus(state *mptcpv1alpha1.MPTCPNodeState, out outcome
 		st.Attached = attached
 	}
 	st.Errors = capErrors(agent.Messages(out.problems))
-	st.Checks = append(slices.Clone(r.Checks), nodecheck.NodePodCIDRs(state.Spec.PodCIDRs))
+	st.Checks = append(r.Agent.Checks(), nodecheck.NodePodCIDRs(state.Spec.PodCIDRs))
 	st.Conditions = nodeConditions(state.Status.Conditions, conditionInputs{
 		Generation:    state.Generation,
 		Now:           metav1.Now(),
