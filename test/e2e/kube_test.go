@@ -42,17 +42,17 @@ type kubeBed struct {
 const appsNS = "apps"
 
 // kubeBedValues are what a kube bed changes in the chart's defaults. Its
-// agents probe liveness every 100 ms, a peer down after a second of
-// silence: the kube tests check the contract from the API to the datapath,
-// not how fast a path is found dead (TestFailover does, alone on the
-// machine), and they run side by side, where at the chart's default (30
-// ms, down after 150 ms) two clusters on two cores starve the probes into
-// false path-downs whose detours the placement checks would see. One
+// agents probe liveness every 100 ms, a peer down after 3 s of silence:
+// the kube tests check the contract from the API to the datapath, not how
+// fast a path is found dead (TestFailover does, alone on the machine), and
+// they run side by side, where at the chart's default (30 ms, down after
+// 150 ms), and even after 1 s, clusters on two cores starve the probes
+// into false path-downs whose detours the placement checks would see. One
 // controller replica (so no disruption budget): none of them is about
 // leader election or drains (TestChart installs the defaults), and the
 // second replica costs CPU every test shares.
 var kubeBedValues = []string{
-	"--set", "agent.liveness.interval=100ms", "--set", "agent.liveness.detectMultiplier=10",
+	"--set", "agent.liveness.interval=100ms", "--set", "agent.liveness.detectMultiplier=30",
 	"--set", "controller.replicas=1", "--set", "controller.podDisruptionBudget.enabled=false",
 }
 
