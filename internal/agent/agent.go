@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -36,7 +37,7 @@ type Agent struct {
 	// devices (syncTunnels).
 	tunnelNICs map[int]bool
 	// unenforced are the last reconcile's caps that miss part of the
-	// traffic (capsPastOverlay).
+	// traffic (capsPastOverlay, capsBehindBridge).
 	unenforced []Problem
 	pms        *podnet.PathManagers
 	// closedSeen are the entries the last sweep found without a socket
@@ -92,6 +93,9 @@ type Agent struct {
 	// start and again at every reconcile, since a CNI can start, change
 	// its mode or turn encryption on while the agent runs.
 	node atomic.Pointer[nodeChecked]
+	// cleanChecks counts the checks in a row that found no mark clash
+	// (recheckNode).
+	cleanChecks int
 }
 
 // The agent is what its metrics and local API read.
@@ -121,7 +125,7 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	if err := ensureBPFFS(); err != nil {
 		return nil, err
 	}
-	node := checkNodeNow(settings)
+	node := checkNode(settings)
 	if err := kernelRefusal(node.checks); err != nil {
 		return nil, err
 	}
@@ -133,6 +137,11 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	}
 	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir), sweepSpacing: closedSweepSpacing}
 	a.noteNode(node)
+	if node.refused != nil {
+		if err := a.stopForClash(); err != nil {
+			return nil, errors.Join(err, dp.Close())
+		}
+	}
 	// A subflow a managed pod's kernel closed gives its path back before
 	// the path manager opens a join to replace it (and says which path,
 	// for the join to wait for while it is down).
@@ -234,7 +243,7 @@ func (a *Agent) Attachments() ([]datapath.Attachment, error) { return a.dp.Attac
 func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodProblem, error) {
 	node := a.recheckNode()
 	if node.refused != nil {
-		return nil, node.refused
+		return nil, errors.Join(node.refused, a.stopForClash())
 	}
 	// The switch first: a node set up in observe-only mode never marks a
 	// packet, not even between the first attach and the end of this
@@ -270,7 +279,6 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	keep(a.syncNICs(plan, hooks, node.network.MayRouteInBPF()))
 	tunnels = a.steerableTunnels(tunnels)
 	tunnelHooks(tunnels, hooks)
-	a.noteUnenforced(capsPastOverlay(plan.Rules, tunnels))
 	ids, err := a.assignRuleIDs(plan)
 	keep(err)
 	podIDs, err := a.assignPodIDs(plan)
@@ -282,6 +290,7 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	policeHooks(plan, hooks)
 	problems, err := a.syncPods(ctx, plan, ids, hooks)
 	keep(err)
+	a.noteUnenforced(append(capsPastOverlay(plan.Rules, tunnels), capsBehindBridge(plan.Rules, plan.Pods, bridgePort)...))
 	keep(a.syncSocketMPTCP(plan))
 	keep(a.syncPodInterfaces(plan))
 	keep(a.syncHooks(hooks))
@@ -302,6 +311,12 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	a.previous = plan
 	a.publish(plan)
 	return problems, errors.Join(errs...)
+}
+
+// bridgePort says whether the interface named is a port of a bridge.
+func bridgePort(name string) bool {
+	l, err := netlink.LinkByName(name)
+	return err == nil && l.Attrs().MasterIndex != 0
 }
 
 func (a *Agent) ranges() routing.Ranges {

@@ -10,6 +10,7 @@ import (
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/cni"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/nodecheck"
+	"github.com/mptcp-operator/mptcp-operator/internal/agent/routing"
 	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
@@ -26,65 +27,93 @@ const kernelBTF = "/sys/kernel/btf/vmlinux"
 // settings' configuration directory with the marks the settings declare
 // for it, or its defaults.
 func CheckNode(s Settings) []mptcpv1alpha1.NodeCheck {
-	_, checks := checkNode(s)
-	return checks
+	return checkNode(s).checks
 }
 
-// checkNode is CheckNode, with the CNI it found.
-func checkNode(s Settings) (cni.Network, []mptcpv1alpha1.NodeCheck) {
-	n, err := cni.Find(s.CNIConfDir, cniHost())
+// nodeChecked is what one check of the node found: the checks, the CNI, and
+// refused, a mark clash among them, which keeps a reconcile from enforcing.
+// unread says why the CNI's configuration or the node's links could not be
+// read whole: the CNI then looks plainer than it may be.
+type nodeChecked struct {
+	checks  []mptcpv1alpha1.NodeCheck
+	network cni.Network
+	refused error
+	unread  error
+}
+
+// checkNode checks the node (CheckNode), with the CNI it found.
+func checkNode(s Settings) *nodeChecked {
+	h, unread := cniHost()
+	n, err := cni.Find(s.CNIConfDir, h)
 	if err != nil {
 		n = cni.Network{Support: cni.Unknown, Note: "reading the CNI configuration: " + err.Error()}
+		unread = errors.Join(unread, err)
 	}
 	if s.CNIMarks != nil {
 		// Declared marks are the CNI's configuration; what its
 		// encryption takes on top, it takes whatever they say.
 		n.Marks = *s.CNIMarks | n.EncryptionMarks
 	}
-	return n, nodecheck.Run(nodecheck.Node{ProcSys: netnsutil.ProcSys, BTF: kernelBTF, PinDir: s.PinDir, Network: n, MarkMask: s.MarkMask})
+	checks := nodecheck.Run(nodecheck.Node{ProcSys: netnsutil.ProcSys, BTF: kernelBTF, PinDir: s.PinDir, Network: n, MarkMask: s.MarkMask})
+	return &nodeChecked{checks: checks, network: n, refused: refusal(checks), unread: unread}
 }
 
 // cniHost reads what the node's network shows of its CNI: its interfaces,
 // which of them hold an address, and whether an xfrm policy matches
-// packets by Cilium's IPsec marks. What cannot be read is
-// left out: the CNI's mode is then the plainer one.
-func cniHost() cni.Host {
+// packets by Cilium's IPsec marks. What cannot be read is left out (the
+// CNI's mode is then the plainer one) and said in the error. A kernel
+// without xfrm has no IPsec to read.
+func cniHost() (cni.Host, error) {
 	var h cni.Host
-	links, err := netlink.LinkList()
+	links, err := dump(netlink.LinkList)
 	if err != nil {
-		return h
+		return h, fmt.Errorf("listing links: %w", err)
 	}
 	names := make(map[int]string, len(links))
 	for _, l := range links {
 		h.Links = append(h.Links, l.Attrs().Name)
 		names[l.Attrs().Index] = l.Attrs().Name
 	}
-	if addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL); err == nil {
-		for _, a := range addrs {
-			if name, ok := names[a.LinkIndex]; ok && !slices.Contains(h.Addressed, name) {
-				h.Addressed = append(h.Addressed, name)
-			}
+	addrs, err := dump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_ALL) })
+	if err != nil {
+		return h, fmt.Errorf("listing addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if name, ok := names[a.LinkIndex]; ok && !slices.Contains(h.Addressed, name) {
+			h.Addressed = append(h.Addressed, name)
 		}
 	}
-	policies, err := netlink.XfrmPolicyList(netlink.FAMILY_ALL)
+	policies, err := dump(func() ([]netlink.XfrmPolicy, error) { return netlink.XfrmPolicyList(netlink.FAMILY_ALL) })
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		return h, fmt.Errorf("listing xfrm policies: %w", err)
+	}
 	h.IPsec = err == nil && slices.ContainsFunc(policies, func(p netlink.XfrmPolicy) bool {
 		return p.Mark != nil && cni.CiliumIPsecMark(p.Mark.Value, p.Mark.Mask)
 	})
-	return h
+	return h, nil
 }
 
-// nodeChecked is what one check of the node found: the checks, the CNI, and
-// refused, a mark clash among them, which keeps a reconcile from enforcing.
-type nodeChecked struct {
-	checks  []mptcpv1alpha1.NodeCheck
-	network cni.Network
-	refused error
+// dump runs a netlink dump again while the kernel interrupts it: the list
+// changed as it was read (pods come and go), and what came back is partial.
+func dump[T any](list func() ([]T, error)) ([]T, error) {
+	const tries = 5
+	var (
+		out []T
+		err error
+	)
+	for range tries {
+		if out, err = list(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	return out, err
 }
 
-func checkNodeNow(s Settings) *nodeChecked {
-	n, checks := checkNode(s)
-	return &nodeChecked{checks: checks, network: n, refused: refusal(checks)}
-}
+// clashClearChecks is how many checks in a row must find no mark clash
+// before a clash found earlier is over: one check that misses the CNI's
+// encryption (a configuration being rewritten) must not let the agent
+// write bits the CNI uses until the next resync.
+const clashClearChecks = 2
 
 // Checks are the node checks of the last reconcile (at start, the agent's
 // first).
@@ -93,24 +122,30 @@ func (a *Agent) Checks() []mptcpv1alpha1.NodeCheck { return slices.Clone(a.node.
 // recheckNode checks the node again, as each reconcile does: a CNI that
 // starts after the agent, changes its mode (eBPF host routing, which asks
 // for steering at the edge) or turns encryption on (every mark bit) is
-// seen at the next reconcile, not the next restart. While a mark clash
-// holds, the datapath stops marking (observe-only): programs that are
-// attached, a previous release's included, would rewrite the CNI's bits.
+// seen at the next reconcile, not the next restart. A check that could not
+// read the node whole leaves the last one standing; a clash is over only
+// after clashClearChecks checks without one.
 func (a *Agent) recheckNode() *nodeChecked {
-	node := checkNodeNow(a.settings)
-	a.noteNode(node)
-	if node.refused != nil {
-		if err := a.dp.SetObserveOnly(true); err != nil {
-			a.log.Error("stopping the datapath's marks while the CNI's marks clash", "err", err)
+	prev, node := a.node.Load(), checkNode(a.settings)
+	switch {
+	case node.unread != nil:
+		a.log.Warn("the node's CNI could not be read whole: the last check stands", "err", node.unread)
+		node = prev
+	case node.refused != nil:
+		a.cleanChecks = 0
+	case prev.refused != nil:
+		if a.cleanChecks++; a.cleanChecks < clashClearChecks {
+			node = prev
 		}
 	}
+	a.noteNode(node)
 	return node
 }
 
 // noteNode keeps node as the last check, and logs what changed in it.
 func (a *Agent) noteNode(node *nodeChecked) {
 	prev := a.node.Swap(node)
-	if prev != nil && prev.network == node.network && (prev.refused == nil) == (node.refused == nil) {
+	if prev == node || prev != nil && prev.network == node.network && (prev.refused == nil) == (node.refused == nil) {
 		return
 	}
 	n := node.network
@@ -121,6 +156,15 @@ func (a *Agent) noteNode(node *nodeChecked) {
 	}
 	a.log.Info("node's CNI", "cni", n.Name, "mode", n.Mode, "support", n.Support, "steerAtEdge", n.MayRouteInBPF(),
 		"changed", prev != nil)
+}
+
+// stopForClash keeps the node from acting on marks while its CNI's share
+// the agent's bits: the datapath stops marking (observe-only: programs
+// already attached, a previous agent's included, would rewrite the CNI's
+// bits) and the paths' fwmark rules go (they would route packets by the
+// CNI's bits). The first reconcile after the clash puts both back.
+func (a *Agent) stopForClash() error {
+	return errors.Join(a.dp.SetObserveOnly(true), routing.Sync(a.ranges(), nil, nil, nil, a.dp.Mark))
 }
 
 // kernelRefusal is the error of a failed kernel check (a kernel below the

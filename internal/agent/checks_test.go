@@ -12,7 +12,11 @@ import (
 // readHost is cniHost in the named namespace.
 func readHost(t *testing.T, ns string) (h cni.Host) {
 	t.Helper()
-	testutil.InNetNS(t, ns, func() { h = cniHost() })
+	var err error
+	testutil.InNetNS(t, ns, func() { h, err = cniHost() })
+	if err != nil {
+		t.Fatalf("reading the node's network: %v", err)
+	}
 	return h
 }
 

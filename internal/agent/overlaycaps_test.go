@@ -9,12 +9,12 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
 )
 
-// Through an overlay's tunnel, shape caps nothing and police of what pods
-// send caps only their subflows: each rule whose caps so miss traffic is a
+// Through an overlay's tunnel, or from behind a bridge, shape caps nothing
+// and police of what pods send caps only their subflows: each rule whose caps so miss traffic is a
 // problem of its own, naming the rule and the tunnel; rules whose caps hold
 // there (police of what pods receive, per-connection police, window) and
 // nodes without a tunnel have none.
-func TestCapsThatMissAnOverlaysTrafficAreProblems(t *testing.T) {
+func TestCapsThatMissAnOverlaysOrABridgesTrafficAreProblems(t *testing.T) {
 	rate := func(c datapath.RateConfig) *datapath.RateConfig { return &c }
 	rules := []PlanRule{
 		{Name: "none"},
@@ -40,6 +40,28 @@ func TestCapsThatMissAnOverlaysTrafficAreProblems(t *testing.T) {
 		if p.Reason != mptcpv1alpha1.ReasonCapsNotEnforced || !strings.HasPrefix(p.Message, "rule "+want[i]+":") ||
 			!strings.Contains(p.Message, "flannel.1") {
 			t.Errorf("problem %d: %s %q; want CapsNotEnforced for rule %s naming flannel.1", i, p.Reason, p.Message, want[i])
+		}
+	}
+
+	// A pod behind a bridge: the same caps miss it, one problem per rule
+	// naming the first such pod; a routed pod under them, none.
+	pods := []PlanPod{
+		{Name: "a.routed", HostInterface: "veth-routed", Rules: []string{"shape", "police-out", "window"}},
+		{Name: "a.web", HostInterface: "veth-web", Rules: []string{"shape", "police-out", "police-in", "window"}},
+	}
+	bridged := func(hostIf string) bool { return hostIf == "veth-web" }
+	if got := capsBehindBridge(rules, pods[:1], bridged); len(got) != 0 {
+		t.Errorf("a routed pod has problems %v", Messages(got))
+	}
+	got = capsBehindBridge(rules, pods, bridged)
+	want = []string{"shape", "police-out"}
+	if len(got) != len(want) {
+		t.Fatalf("bridged: problems %v, want one for each of %v", Messages(got), want)
+	}
+	for i, p := range got {
+		if p.Reason != mptcpv1alpha1.ReasonCapsNotEnforced || !strings.HasPrefix(p.Message, "rule "+want[i]+":") ||
+			!strings.Contains(p.Message, "1 pod(s) behind a bridge, a.web first") {
+			t.Errorf("bridged problem %d: %s %q; want CapsNotEnforced for rule %s naming a.web", i, p.Reason, p.Message, want[i])
 		}
 	}
 }

@@ -190,8 +190,20 @@ func support(name, mode string) (Support, string) {
 // (libcni: the first of its .conf, .conflist and .json files by name that
 // parses) and names the CNI, with the mode and marks that the node's
 // network shows. An empty or missing directory is no error: it is a
-// Network without a name.
+// Network without a name. Cilium's encryption found on the node takes
+// every mark bit whatever the configuration names: a meta plugin (Multus)
+// first in the directory, or a file the CNI is rewriting, must not hide it.
 func Find(dir string, h Host) (Network, error) {
+	n, err := configured(dir, h)
+	if err == nil && (h.IPsec || has(h.Links, "cilium_wg0")) {
+		n.EncryptionMarks = 0xffffffff
+		n.Marks |= n.EncryptionMarks
+	}
+	return n, err
+}
+
+// configured is Find's CNI, as its configuration names it.
+func configured(dir string, h Host) (Network, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		err = nil
@@ -219,10 +231,6 @@ func Find(dir string, h Host) (Network, error) {
 		}
 		if k, ok := known[plugin]; ok {
 			n.Name, n.Marks, n.Mode = k.name, k.marks, k.mode(h)
-			if k.name == "cilium" && (h.IPsec || has(h.Links, "cilium_wg0")) {
-				n.EncryptionMarks = 0xffffffff
-				n.Marks |= n.EncryptionMarks
-			}
 		}
 		n.Support, n.Note = support(n.Name, n.Mode)
 		return n, nil

@@ -104,6 +104,16 @@ func TestFindNamesTheCNIItsModeAndMarks(t *testing.T) {
 		"no configuration": {
 			want: Network{Support: Unknown},
 		},
+		// Encryption is the node's, whatever the configuration names.
+		"a meta plugin first, beside Cilium's WireGuard": {
+			files: map[string]string{"00-multus.conf": `{"type":"multus"}`, "05-cilium.conflist": `{"plugins":[{"type":"cilium-cni"}]}`},
+			host:  Host{Links: []string{"cilium_host", "cilium_wg0"}},
+			want:  Network{Name: "multus", Marks: 0xffffffff, Support: Unknown},
+		},
+		"no configuration yet, beside Cilium's IPsec": {
+			host: Host{IPsec: true},
+			want: Network{Marks: 0xffffffff, Support: Unknown},
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
