@@ -179,7 +179,9 @@ func support(name, mode string) (Support, string) {
 		}
 		return Untested, "pods are found at their bridge ports; steering through the bridge is proven on no bed"
 	case "ovn-kubernetes":
-		return Untested, "an OVS data path: the agent's hooks on pods' host-side veths see no OVS port"
+		return Untested, "pods' host-side veths are ports of OVS's br-int, where the agent's hooks run, but OVS, not the " +
+			"node's routing, sends pods' packets into its Geneve tunnel, whose outer packets follow the mark only where OVN's " +
+			"flows leave it: proven on no bed"
 	case "":
 		return Unknown, "the runtime would run no pod with a network"
 	}
