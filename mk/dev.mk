@@ -139,7 +139,7 @@ bench-steady: deps ## One MPTCP connection of 60 s over two equal paths, nothing
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkSteadyStateStalls -benchtime=5x -timeout 90m ./bench/transfer/
 
 .PHONY: bench-cpu
-bench-cpu: deps ## Unshaped links, where the CPU sets the pace: 1 and 4 connections through single-path TCP, kernel routing, hand-written rules, the agent and the agent without DSS checksums, goodput and CPU per gigabyte, 5 rounds (about 15 min; root); rewrite the "Unshaped links" section of docs/benchmarks.md.
+bench-cpu: deps ## Unshaped links, where the CPU sets the pace: 1, 4 and 16 connections through single-path TCP, kernel routing, hand-written rules (checksums off and on), the agent and the agent without DSS checksums, goodput and CPU per gigabyte, 5 rounds (about 20 min; root); rewrite the "Unshaped links" section of docs/benchmarks.md.
 	BENCH_REPORT=$(CURDIR)/docs/benchmarks.md $(GO) test -count=1 -run '^$$' -bench BenchmarkCPUBound -benchtime=5x -timeout 60m ./bench/transfer/
 
 .PHONY: bench-vm

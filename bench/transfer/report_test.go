@@ -42,10 +42,10 @@ func TestTheReportsFitTheDocsOnAWideRun(t *testing.T) {
 	for _, n := range cpuConns {
 		cpu[n] = map[string]*cpuResult{}
 		for _, sc := range cpuScenarios {
-			cpu[n][sc] = &cpuResult{goodput: goodput, cpuPerGB: []float64{99.99, 99.99}}
+			cpu[n][sc] = &cpuResult{goodput: goodput, cpuPerGB: []float64{99.99, 99.99}, stalls: 5}
 		}
 	}
-	benchdoc.AssertFits(t, cpuReport(cpu))
+	benchdoc.AssertFits(t, cpuReport(cpu, 99))
 
 	variants := make([][]float64, len(preloadVariants))
 	for i := range variants {

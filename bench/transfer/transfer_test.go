@@ -228,8 +228,8 @@ func machine() string {
 // wrote it (rounds per case) on this machine.
 func reportHead(s *strings.Builder, section, bench string, rounds int) {
 	fmt.Fprintf(s, "%s\n\n", section)
-	fmt.Fprintf(s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench %s -benchtime %dx ./bench/transfer/`, %s. "+
-		"Figures are min/median/max over the rounds. ", bench, rounds, machine())
+	fmt.Fprintf(s, "`BENCH_REPORT=$PWD/docs/benchmarks.md go test -run '^$' -bench %s -benchtime %dx ./bench/transfer/`, %s. ",
+		bench, rounds, machine())
 }
 
 func stallReport() string {

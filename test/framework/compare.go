@@ -12,6 +12,7 @@ import (
 	"time"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
@@ -21,7 +22,11 @@ const (
 	ScenarioSinglePath  = "TCP, single path"
 	ScenarioKernelMPTCP = "MPTCP, kernel routing"
 	ScenarioHandRouted  = "MPTCP, hand-written ip rules"
-	ScenarioAgent       = "MPTCP, mptcp-operator agent"
+	// ScenarioHandRoutedChecksums is the hand-written rules with DSS
+	// checksums on in both pods, as the agent's defaults set them
+	// (CompareOptions.HandRoutedChecksums).
+	ScenarioHandRoutedChecksums = "MPTCP, hand-written, checksums on"
+	ScenarioAgent               = "MPTCP, mptcp-operator agent"
 )
 
 // Measurement is one scenario's transfer.
@@ -39,6 +44,9 @@ type Measurement struct {
 	CPUSeconds float64
 	// Start and End bound the whole transfer.
 	Start, End time.Time
+	// Stalled: a connection made no progress for 5 s, every byte that
+	// arrived as sent (CompareOptions.KeepStalls); nothing else is set.
+	Stalled bool
 }
 
 // CompareOptions size the comparison.
@@ -61,6 +69,14 @@ type CompareOptions struct {
 	// measured it once and repeats only the multipath scenarios (its
 	// rounds differ by less than 1 %).
 	SkipSinglePath bool
+	// HandRoutedChecksums adds the hand-written rules with DSS checksums
+	// on (ScenarioHandRoutedChecksums): the agent's defaults against the
+	// same socket options without the agent.
+	HandRoutedChecksums bool
+	// KeepStalls records a transfer whose connections only stalled as a
+	// Measurement that says so, and goes on: a benchmark counts stalls
+	// as an outcome. A changed or broken stream is still an error.
+	KeepStalls bool
 }
 
 // compareRuns counts the comparisons this process has run, so that each
@@ -96,6 +112,11 @@ func Compare(ctx context.Context, bed *testbed.Bed, o CompareOptions) ([]Measure
 	run := func(name string, mptcp bool, port int) error {
 		o.Log("running %q for %v", name, o.Duration)
 		m, err := Transfer(ctx, bed, o, client, server, port, mptcp)
+		var terr *testbed.TrafficError
+		if o.KeepStalls && errors.As(err, &terr) && terr.OnlyStalled() {
+			o.Log("%s: %v", name, err)
+			m, err = Measurement{Stalled: true}, nil
+		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -130,6 +151,11 @@ func Compare(ctx context.Context, bed *testbed.Bed, o CompareOptions) ([]Measure
 	}
 	if err := run(ScenarioHandRouted, true, 5203); err != nil {
 		return out, err
+	}
+	if o.HandRoutedChecksums {
+		if err := withChecksums(func() error { return run(ScenarioHandRoutedChecksums, true, 5204) }, client, server); err != nil {
+			return out, err
+		}
 	}
 	if err := bed.RemoveHandRoute(); err != nil {
 		return out, err
@@ -271,3 +297,21 @@ func busyCPUSeconds() (float64, error) {
 // clockTicks is USER_HZ, the unit of /proc/stat: 100 on every Linux
 // architecture the project builds for.
 const clockTicks = 100
+
+// withChecksums runs f with DSS checksums on in pods' namespaces, and puts
+// back what each had.
+func withChecksums(f func() error, pods ...*testbed.Pod) (err error) {
+	const key = "net.mptcp.checksum_enabled"
+	for _, p := range pods {
+		ns := "/var/run/netns/" + p.NetNS
+		was, rerr := netnsutil.ReadSysctl(ns, key)
+		if rerr != nil {
+			return rerr
+		}
+		if werr := netnsutil.WriteSysctl(ns, key, "1"); werr != nil {
+			return werr
+		}
+		defer func() { err = errors.Join(err, netnsutil.WriteSysctl(ns, key, was)) }()
+	}
+	return f()
+}
