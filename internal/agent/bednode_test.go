@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
@@ -45,4 +47,22 @@ func bedLocate(node *testbed.Node) func([]netip.Addr) (LocatedPod, error) {
 		}
 		return LocatedPod{}, fmt.Errorf("no pod at %v", ips)
 	}
+}
+
+// inAgent runs f in node's namespace with an agent of settings started
+// there, uninstalled after (an error of that fails the test).
+func inAgent(t *testing.T, node *testbed.Node, settings Settings, f func(a *Agent) error) error {
+	t.Helper()
+	return netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
+		a, err := New(settings, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := a.Uninstall(); err != nil {
+				t.Errorf("uninstall: %v", err)
+			}
+		}()
+		return f(a)
+	})
 }

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,7 +13,6 @@ import (
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/nodecheck"
 	"github.com/mptcp-operator/mptcp-operator/internal/datapath"
-	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
@@ -33,16 +31,7 @@ func TestACNIThatChangesWhileTheAgentRunsIsSeenAtTheNextReconcile(t *testing.T) 
 		mptcpv1alpha1.NodePod{Namespace: "tenant-a", Name: "web", UID: "u-web", IPs: []string{node.Pods[0].Addr.String()}, Rules: []string{"r"}})
 	settings.CNIConfDir, settings.MarkMask = t.TempDir(), 0x0000f000 // Cilium's bits left to the agent
 	locate := bedLocate(node)
-	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
-		a, err := New(settings, slog.New(slog.DiscardHandler))
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if err := a.Uninstall(); err != nil {
-				t.Errorf("uninstall: %v", err)
-			}
-		}()
+	err := inAgent(t, node, settings, func(a *Agent) error {
 		reconcile := func(step string) error {
 			tr := FromNodeState(settings, state, nil, links, locate, Prior{})
 			if len(tr.Errors) > 0 || len(tr.PodProblems) > 0 {

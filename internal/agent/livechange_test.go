@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"reflect"
@@ -108,16 +107,7 @@ func TestEveryRuleFieldReachesRunningPods(t *testing.T) {
 			}
 		}},
 	}
-	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
-		a, err := New(settings, slog.New(slog.DiscardHandler))
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if err := a.Uninstall(); err != nil {
-				t.Errorf("uninstall: %v", err)
-			}
-		}()
+	err := inAgent(t, node, settings, func(a *Agent) error {
 		rule := mptcpv1alpha1.CompiledRule{Policy: "p", Paths: []mptcpv1alpha1.RulePath{{Name: "nic1"}, {Name: "nic2"}, {Name: "nic3"}},
 			SpreadMode: mptcpv1alpha1.SpreadRoundRobin, SubflowCreation: mptcpv1alpha1.SubflowCreationUserspace, MaxSubflows: 2}
 		rule.Name = "p"

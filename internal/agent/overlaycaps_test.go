@@ -32,16 +32,7 @@ func TestCapsThatMissAnOverlaysOrABridgesTrafficAreProblems(t *testing.T) {
 		t.Errorf("a node without a tunnel has problems %v", got)
 	}
 	got := capsPastOverlay(rules, []routing.Tunnel{{Name: "flannel.1"}})
-	want := []string{"shape", "police-out", "police-ns", "police-path"}
-	if len(got) != len(want) {
-		t.Fatalf("problems %v, want one for each of %v", Messages(got), want)
-	}
-	for i, p := range got {
-		if p.Reason != mptcpv1alpha1.ReasonCapsNotEnforced || !strings.HasPrefix(p.Message, "rule "+want[i]+":") ||
-			!strings.Contains(p.Message, "flannel.1") {
-			t.Errorf("problem %d: %s %q; want CapsNotEnforced for rule %s naming flannel.1", i, p.Reason, p.Message, want[i])
-		}
-	}
+	requireCapsProblems(t, got, "flannel.1", "shape", "police-out", "police-ns", "police-path")
 
 	// A pod behind a bridge: the same caps miss it, one problem per rule
 	// naming the first such pod; a routed pod under them, none.
@@ -53,15 +44,20 @@ func TestCapsThatMissAnOverlaysOrABridgesTrafficAreProblems(t *testing.T) {
 	if got := capsBehindBridge(rules, pods[:1], bridged); len(got) != 0 {
 		t.Errorf("a routed pod has problems %v", Messages(got))
 	}
-	got = capsBehindBridge(rules, pods, bridged)
-	want = []string{"shape", "police-out"}
-	if len(got) != len(want) {
-		t.Fatalf("bridged: problems %v, want one for each of %v", Messages(got), want)
+	requireCapsProblems(t, capsBehindBridge(rules, pods, bridged), "1 pod(s) behind a bridge, a.web first", "shape", "police-out")
+}
+
+// requireCapsProblems fails t unless problems are CapsNotEnforced, one for
+// each rule of rules in order, each message naming what.
+func requireCapsProblems(t *testing.T, problems []Problem, what string, rules ...string) {
+	t.Helper()
+	if len(problems) != len(rules) {
+		t.Fatalf("problems %v, want one for each of %v", Messages(problems), rules)
 	}
-	for i, p := range got {
-		if p.Reason != mptcpv1alpha1.ReasonCapsNotEnforced || !strings.HasPrefix(p.Message, "rule "+want[i]+":") ||
-			!strings.Contains(p.Message, "1 pod(s) behind a bridge, a.web first") {
-			t.Errorf("bridged problem %d: %s %q; want CapsNotEnforced for rule %s naming a.web", i, p.Reason, p.Message, want[i])
+	for i, p := range problems {
+		if p.Reason != mptcpv1alpha1.ReasonCapsNotEnforced || !strings.HasPrefix(p.Message, "rule "+rules[i]+":") ||
+			!strings.Contains(p.Message, what) {
+			t.Errorf("problem %d: %s %q; want CapsNotEnforced for rule %s naming %q", i, p.Reason, p.Message, rules[i], what)
 		}
 	}
 }

@@ -36,16 +36,7 @@ func TestAPodAddedFirstMovesNoOtherPodsShapingClass(t *testing.T) {
 	web, db, first := node.Pods[0], node.Pods[1], node.Pods[2]
 	settings, state, links := bedNodeState(t, bed, node, rule)
 	locate := bedLocate(node)
-	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
-		a, err := New(settings, slog.New(slog.DiscardHandler))
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if err := a.Uninstall(); err != nil {
-				t.Errorf("uninstall: %v", err)
-			}
-		}()
+	err := inAgent(t, node, settings, func(a *Agent) error {
 		// classes maps each pod to its entry's class, and each class of
 		// the NIC to its rate.
 		classes := func(step string, pods ...mptcpv1alpha1.NodePod) (map[netip.Addr]uint32, map[uint32]uint64) {

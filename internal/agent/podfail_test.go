@@ -3,14 +3,12 @@ package agent
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
-	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/test/testbed"
 )
 
@@ -38,16 +36,7 @@ func TestAPodThatCannotBeConfiguredIsSkippedNotTheNode(t *testing.T) {
 		}
 		return LocatedPod{}, fmt.Errorf("no pod at %v", ips)
 	}
-	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
-		a, err := New(settings, slog.New(slog.DiscardHandler))
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if err := a.Uninstall(); err != nil {
-				t.Errorf("uninstall: %v", err)
-			}
-		}()
+	err := inAgent(t, node, settings, func(a *Agent) error {
 		tr := FromNodeState(settings, state, nil, links, locate, Prior{})
 		if len(tr.Errors) > 0 || len(tr.PodProblems) > 0 || len(tr.Plan.Pods) != 2 {
 			t.Fatalf("translation: %v, %+v, %d pods", tr.Errors, tr.PodProblems, len(tr.Plan.Pods))
@@ -116,16 +105,7 @@ func TestAPodWhoseSocketsCannotBeListedIsNotTheNodesProblem(t *testing.T) {
 		}
 		return LocatedPod{}, fmt.Errorf("no pod at %v", ips)
 	}
-	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
-		a, err := New(settings, slog.New(slog.DiscardHandler))
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if err := a.Uninstall(); err != nil {
-				t.Errorf("uninstall: %v", err)
-			}
-		}()
+	err := inAgent(t, node, settings, func(a *Agent) error {
 		reconcile := func(step string, pods ...mptcpv1alpha1.NodePod) *Plan {
 			t.Helper()
 			state.Spec.Pods = pods
