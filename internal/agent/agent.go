@@ -96,6 +96,9 @@ type Agent struct {
 	// cleanChecks counts the checks in a row that found no mark clash
 	// (recheckNode).
 	cleanChecks int
+	// lastUnread is the last error of a check that could not read the
+	// node whole, logged once.
+	lastUnread string
 }
 
 // The agent is what its metrics and local API read.
@@ -313,10 +316,15 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	return problems, errors.Join(errs...)
 }
 
-// bridgePort says whether the interface named is a port of a bridge.
+// bridgePort says whether the interface named is a port of a bridge (a
+// Linux bridge or OVS; not a bond's or a VRF's member).
 func bridgePort(name string) bool {
 	l, err := netlink.LinkByName(name)
-	return err == nil && l.Attrs().MasterIndex != 0
+	if err != nil || l.Attrs().MasterIndex == 0 {
+		return false
+	}
+	m, err := netlink.LinkByIndex(l.Attrs().MasterIndex)
+	return err == nil && (m.Type() == "bridge" || m.Type() == "openvswitch")
 }
 
 func (a *Agent) ranges() routing.Ranges {

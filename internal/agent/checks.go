@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent/cni"
@@ -46,7 +47,8 @@ func checkNode(s Settings) *nodeChecked {
 	h, unread := cniHost()
 	n, err := cni.Find(s.CNIConfDir, h)
 	if err != nil {
-		n = cni.Network{Support: cni.Unknown, Note: "reading the CNI configuration: " + err.Error()}
+		n = cni.Network{Support: cni.Unknown, Note: "reading the CNI configuration: " + err.Error(),
+			Marks: n.EncryptionMarks, EncryptionMarks: n.EncryptionMarks}
 		unread = errors.Join(unread, err)
 	}
 	if s.CNIMarks != nil {
@@ -84,7 +86,7 @@ func cniHost() (cni.Host, error) {
 		}
 	}
 	policies, err := dump(func() ([]netlink.XfrmPolicy, error) { return netlink.XfrmPolicyList(netlink.FAMILY_ALL) })
-	if errors.Is(err, netlink.ErrDumpInterrupted) {
+	if err != nil && !errors.Is(err, unix.EPROTONOSUPPORT) && !errors.Is(err, unix.EOPNOTSUPP) {
 		return h, fmt.Errorf("listing xfrm policies: %w", err)
 	}
 	h.IPsec = err == nil && slices.ContainsFunc(policies, func(p netlink.XfrmPolicy) bool {
@@ -128,8 +130,13 @@ func (a *Agent) Checks() []mptcpv1alpha1.NodeCheck { return slices.Clone(a.node.
 func (a *Agent) recheckNode() *nodeChecked {
 	prev, node := a.node.Load(), checkNode(a.settings)
 	switch {
-	case node.unread != nil:
-		a.log.Warn("the node's CNI could not be read whole: the last check stands", "err", node.unread)
+	case node.unread != nil && node.refused == nil:
+		// A partial read can miss mark bits, never add them: a clash
+		// it finds stands, the absence of one does not.
+		if msg := node.unread.Error(); msg != a.lastUnread {
+			a.log.Warn("the node's CNI could not be read whole: the last check stands", "err", node.unread)
+			a.lastUnread = msg
+		}
 		node = prev
 	case node.refused != nil:
 		a.cleanChecks = 0

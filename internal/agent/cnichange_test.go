@@ -107,8 +107,9 @@ func TestACNIThatChangesWhileTheAgentRunsIsSeenAtTheNextReconcile(t *testing.T) 
 		}
 		// One check without the clash is not yet its end (a check can
 		// miss what the CNI is rewriting); the second is.
-		if err := reconcile("WireGuard off, first check"); !errors.Is(err, ErrMarkClash) {
-			t.Errorf("WireGuard off, first check: reconcile %v, want the clash held", err)
+		if err := reconcile("WireGuard off, first check"); !errors.Is(err, ErrMarkClash) || markRules(t) != 0 || !observeOnly() {
+			t.Errorf("WireGuard off, first check: reconcile %v, %d fwmark rules, observe-only %v; want the clash held",
+				err, markRules(t), observeOnly())
 		}
 		if err := reconcile("WireGuard off"); err != nil {
 			t.Errorf("WireGuard off: %v", err)

@@ -194,10 +194,12 @@ func support(name, mode string) (Support, string) {
 // network shows. An empty or missing directory is no error: it is a
 // Network without a name. Cilium's encryption found on the node takes
 // every mark bit whatever the configuration names: a meta plugin (Multus)
-// first in the directory, or a file the CNI is rewriting, must not hide it.
+// first in the directory, or a file the CNI is rewriting, must not hide it;
+// nor does a directory that cannot be read (the Network returned with the
+// error still carries them).
 func Find(dir string, h Host) (Network, error) {
 	n, err := configured(dir, h)
-	if err == nil && (h.IPsec || has(h.Links, "cilium_wg0")) {
+	if h.IPsec || has(h.Links, "cilium_wg0") {
 		n.EncryptionMarks = 0xffffffff
 		n.Marks |= n.EncryptionMarks
 	}

@@ -198,3 +198,14 @@ func TestCiliumIPsecMarks(t *testing.T) {
 		}
 	}
 }
+
+// A configuration directory that cannot be read is an error, and Cilium's
+// encryption found on the node still takes every mark bit.
+func TestEncryptionCountsWhenTheConfigurationCannotBeRead(t *testing.T) {
+	notADir := filepath.Join(t.TempDir(), "file")
+	writeConf(t, filepath.Dir(notADir), "file", "{}")
+	n, err := Find(notADir, Host{Links: []string{"cilium_wg0"}})
+	if err == nil || n.Marks != 0xffffffff || n.EncryptionMarks != 0xffffffff {
+		t.Errorf("Find of a file: %+v, %v; want an error and every mark bit", n, err)
+	}
+}
