@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"maps"
 	"net/netip"
 	"strings"
@@ -139,19 +138,10 @@ func TestNoShapingDeviceIsReported(t *testing.T) {
 		}
 		return LocatedPod{HostInterface: web.HostIf, NetNS: "/var/run/netns/" + web.NetNS}, nil
 	}
-	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: shaping.DeviceName}, PeerName: "not-shaping"}); err != nil {
-			return err
-		}
-		a, err := New(settings, slog.New(slog.DiscardHandler))
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if err := a.Uninstall(); err != nil {
-				t.Errorf("uninstall: %v", err)
-			}
-		}()
+	testbed.Must(t, netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: shaping.DeviceName}, PeerName: "not-shaping"})
+	}))
+	err := inAgent(t, node, settings, func(a *Agent) error {
 		tr := FromNodeState(settings, state, nil, links, locate, Prior{})
 		if len(tr.Errors) > 0 || len(tr.Plan.Pods) != 1 {
 			t.Fatalf("translation: %v, %d pods", tr.Errors, len(tr.Plan.Pods))
