@@ -229,15 +229,8 @@ func run(log *slog.Logger, configPath, nodeStatePath, peersPath, metricsAddr str
 		return err
 	}
 	f := &fileMode{serving: s, a: a, log: log, configPath: configPath, nodeStatePath: nodeStatePath, peersPath: peersPath}
-	// A map migration started by New is committed only once the new
-	// programs run a whole reconciled node; otherwise it is rolled back.
-	var fatal error
-	_ = f.reconcile(func(err error) error {
-		fatal = a.FinishMigration(err)
-		return fatal
-	})
-	if fatal != nil {
-		return fatal
+	if err := f.reconcile(); err != nil {
+		return err
 	}
 	return f.loop(hup)
 }
@@ -252,10 +245,12 @@ type fileMode struct {
 
 // reconcile reads both files again and enforces the plan they make; a
 // node state that cannot be enforced as a whole is refused and the
-// last good plan stays in force. settle, when set, runs after the
-// reconcile and before the status is written, so that a status showing
-// the reconcile shows its outcome.
-func (f *fileMode) reconcile(settle func(error) error) error {
+// last good plan stays in force. A map migration New started is settled
+// by the outcome (Agent.FinishMigration) before the status is written,
+// so that a status showing the reconcile shows its outcome; a rolled back
+// migration is returned, the agent's end; other errors are reported and
+// the loop goes on.
+func (f *fileMode) reconcile() (fatal error) {
 	f.status.Reconciles++
 	var plan *agent.Plan
 	var problems []string
@@ -277,10 +272,8 @@ func (f *fileMode) reconcile(settle func(error) error) error {
 	} else {
 		f.metrics.ObserveRejected()
 	}
-	if settle != nil {
-		if serr := settle(err); serr != nil {
-			err = serr
-		}
+	if fatal = f.a.FinishMigration(err); fatal != nil {
+		err = fatal
 	}
 	switch {
 	case err != nil:
@@ -296,7 +289,7 @@ func (f *fileMode) reconcile(settle func(error) error) error {
 	if err := f.a.WriteStatus(f.status); err != nil {
 		f.log.Error("writing status", "err", err)
 	}
-	return err
+	return fatal
 }
 
 // loop reconciles again on SIGHUP and after a link or liveness change, and
@@ -331,9 +324,13 @@ func (f *fileMode) loop(hup <-chan os.Signal) error {
 				f.log.Error("sweeping closed subflows' records", "err", err)
 			}
 		case <-hup:
-			_ = f.reconcile(nil)
+			if err := f.reconcile(); err != nil {
+				return err
+			}
 		case <-relink:
-			_ = f.reconcile(nil)
+			if err := f.reconcile(); err != nil {
+				return err
+			}
 		}
 	}
 }

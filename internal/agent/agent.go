@@ -93,9 +93,16 @@ type Agent struct {
 	// start and again at every reconcile, since a CNI can start, change
 	// its mode or turn encryption on while the agent runs.
 	node atomic.Pointer[nodeChecked]
-	// cleanChecks counts the checks in a row that found no mark clash
-	// (recheckNode).
-	cleanChecks int
+	// pending is a check that relaxes the last, not yet confirmed, and
+	// confirmSpan the time its confirmation takes at least (recheckNode).
+	pending     pendingCheck
+	confirmSpan time.Duration
+	// heldForClash says the datapath was stopped for a mark clash
+	// (stopForClash): it marks again once the paths' rules are back.
+	heldForClash bool
+	// migrationHeld says a map migration waits for a clash to end
+	// (FinishMigration), logged once.
+	migrationHeld bool
 	// lastUnread is the last error of a check that could not read the
 	// node whole, logged once.
 	lastUnread string
@@ -138,7 +145,8 @@ func New(settings Settings, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir), sweepSpacing: closedSweepSpacing}
+	a := &Agent{log: log, settings: settings, dp: dp, baselines: podnet.NewBaselines(settings.StateDir), sweepSpacing: closedSweepSpacing,
+		confirmSpan: confirmSpan}
 	a.noteNode(node)
 	if node.refused != nil {
 		if err := a.stopForClash(); err != nil {
@@ -251,8 +259,9 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	// The switch first: a node set up in observe-only mode never marks a
 	// packet, not even between the first attach and the end of this
 	// reconcile. Switching it off marks again at once, with the programs
-	// in place.
-	if err := a.dp.SetObserveOnly(plan.Settings.ObserveOnly); err != nil {
+	// in place; after a clash, only once routing has put the paths' rules
+	// back.
+	if err := a.dp.SetObserveOnly(plan.Settings.ObserveOnly || a.heldForClash); err != nil {
 		return nil, fmt.Errorf("observe-only: %w", err)
 	}
 	if err := a.dp.SetLivenessPort(a.livenessPort()); err != nil {
@@ -274,6 +283,12 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	}
 	// Routing first: a mark without its rule would send packets nowhere.
 	keep(a.syncRouting(plan, tunnels))
+	if a.heldForClash && len(errs) == 0 {
+		if err := a.dp.SetObserveOnly(plan.Settings.ObserveOnly); err != nil {
+			return nil, fmt.Errorf("observe-only: %w", err)
+		}
+		a.heldForClash = false
+	}
 	keep(a.syncReversePathFilter(plan))
 	// Probing before the NICs: a path the last agent left down for
 	// its probes stays down while syncNICs writes the paths' states.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -111,11 +112,24 @@ func dump[T any](list func() ([]T, error)) ([]T, error) {
 	return out, err
 }
 
-// clashClearChecks is how many checks in a row must find no mark clash
-// before a clash found earlier is over: one check that misses the CNI's
-// encryption (a configuration being rewritten) must not let the agent
-// write bits the CNI uses until the next resync.
-const clashClearChecks = 2
+// A check that relaxes the one in force (a clash over, or the CNI or its
+// mode changed) stands only once confirmChecks checks in a row have found
+// it over at least confirmSpan: one check that misses what a CNI is
+// rewriting (its configuration, its encryption device) must not let the
+// agent write bits the CNI uses, or take nic_egress off the NICs, until
+// the next resync. Reconciles can come milliseconds apart (link events),
+// hence the span as well as the count. A clash found stands at once.
+const (
+	confirmChecks = 2
+	confirmSpan   = 10 * time.Second
+)
+
+// pendingCheck is a relaxing check seen but not yet confirmed.
+type pendingCheck struct {
+	network cni.Network
+	checks  int
+	since   time.Time
+}
 
 // Checks are the node checks of the last reconcile (at start, the agent's
 // first).
@@ -124,9 +138,9 @@ func (a *Agent) Checks() []mptcpv1alpha1.NodeCheck { return slices.Clone(a.node.
 // recheckNode checks the node again, as each reconcile does: a CNI that
 // starts after the agent, changes its mode (eBPF host routing, which asks
 // for steering at the edge) or turns encryption on (every mark bit) is
-// seen at the next reconcile, not the next restart. A check that could not
-// read the node whole leaves the last one standing; a clash is over only
-// after clashClearChecks checks without one.
+// seen within a resync, not at the next restart. A check that could not
+// read the node whole leaves the last one standing; one that relaxes the
+// last stands once confirmed (confirmChecks).
 func (a *Agent) recheckNode() *nodeChecked {
 	prev, node := a.node.Load(), checkNode(a.settings)
 	switch {
@@ -138,15 +152,28 @@ func (a *Agent) recheckNode() *nodeChecked {
 			a.lastUnread = msg
 		}
 		node = prev
-	case node.refused != nil:
-		a.cleanChecks = 0
-	case prev.refused != nil:
-		if a.cleanChecks++; a.cleanChecks < clashClearChecks {
-			node = prev
-		}
+	case node.refused != nil || prev.refused == nil && prev.network == node.network:
+		a.pending = pendingCheck{}
+	case !a.confirmed(node.network, time.Now()):
+		node = prev
 	}
 	a.noteNode(node)
 	return node
+}
+
+// confirmed counts a check that found network, relaxing the last, and says
+// whether it is confirmed: confirmChecks in a row found it, over at least
+// the agent's confirmSpan.
+func (a *Agent) confirmed(network cni.Network, now time.Time) bool {
+	if a.pending.checks == 0 || a.pending.network != network {
+		a.pending = pendingCheck{network: network, since: now}
+	}
+	a.pending.checks++
+	if a.pending.checks < confirmChecks || now.Sub(a.pending.since) < a.confirmSpan {
+		return false
+	}
+	a.pending = pendingCheck{}
+	return true
 }
 
 // noteNode keeps node as the last check, and logs what changed in it.
@@ -169,8 +196,10 @@ func (a *Agent) noteNode(node *nodeChecked) {
 // the agent's bits: the datapath stops marking (observe-only: programs
 // already attached, a previous agent's included, would rewrite the CNI's
 // bits) and the paths' fwmark rules go (they would route packets by the
-// CNI's bits). The first reconcile after the clash puts both back.
+// CNI's bits). The first reconcile after the clash puts the rules back,
+// then the marks (heldForClash).
 func (a *Agent) stopForClash() error {
+	a.heldForClash = true
 	return errors.Join(a.dp.SetObserveOnly(true), routing.Sync(a.ranges(), nil, nil, nil, a.dp.Mark))
 }
 

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -18,12 +19,14 @@ import (
 
 // A CNI is checked at every reconcile, not only when the agent starts: one
 // installed after the agent (Cilium here, which may route pods' packets in
-// BPF) gets nic_egress on every path NIC at the next reconcile; encryption
+// BPF) gets nic_egress on every path NIC; encryption
 // turned on later (Cilium's WireGuard device, every mark bit) stops the
 // datapath's marks (observe-only), withdraws the paths' fwmark rules and
 // refuses the reconcile with ErrMarkClash, the Marks check failed; turned
-// off, the second reconcile after enforces again.
-func TestACNIThatChangesWhileTheAgentRunsIsSeenAtTheNextReconcile(t *testing.T) {
+// off, enforced again once confirmed. What relaxes the last check (the CNI
+// found, the clash over) waits for a second check the confirmation span
+// after the first.
+func TestACNIThatChangesWhileTheAgentRunsIsSeenWithoutARestart(t *testing.T) {
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 2, PodsPerNode: 1})
 	node := bed.Node(1)
 	settings, state, links := bedNodeState(t, bed, node, mptcpv1alpha1.CompiledRule{Name: "r", Policy: "p",
@@ -32,6 +35,7 @@ func TestACNIThatChangesWhileTheAgentRunsIsSeenAtTheNextReconcile(t *testing.T) 
 	settings.CNIConfDir, settings.MarkMask = t.TempDir(), 0x0000f000 // Cilium's bits left to the agent
 	locate := bedLocate(node)
 	err := inAgent(t, node, settings, func(a *Agent) error {
+		a.confirmSpan = 300 * time.Millisecond
 		reconcile := func(step string) error {
 			tr := FromNodeState(settings, state, nil, links, locate, Prior{})
 			if len(tr.Errors) > 0 || len(tr.PodProblems) > 0 {
@@ -73,6 +77,17 @@ func TestACNIThatChangesWhileTheAgentRunsIsSeenAtTheNextReconcile(t *testing.T) 
 		if err := os.WriteFile(filepath.Join(settings.CNIConfDir, "05-cilium.conflist"), []byte(conf), 0o644); err != nil {
 			t.Fatal(err)
 		}
+		// A change that relaxes the last check stands once confirmed:
+		// two checks at least the confirmation span apart.
+		for _, step := range []string{"Cilium installed, first check", "Cilium installed, second check at once"} {
+			if err := reconcile(step); err != nil {
+				t.Fatalf("%s: %v", step, err)
+			}
+			if n := edgeHooks(); n != 0 {
+				t.Errorf("%s: nic_egress on %d NICs, want none yet", step, n)
+			}
+		}
+		time.Sleep(a.confirmSpan)
 		if err := reconcile("Cilium installed"); err != nil {
 			t.Fatalf("Cilium installed: %v", err)
 		}
@@ -106,11 +121,15 @@ func TestACNIThatChangesWhileTheAgentRunsIsSeenAtTheNextReconcile(t *testing.T) 
 			return err
 		}
 		// One check without the clash is not yet its end (a check can
-		// miss what the CNI is rewriting); the second is.
-		if err := reconcile("WireGuard off, first check"); !errors.Is(err, ErrMarkClash) || markRules(t) != 0 || !observeOnly() {
-			t.Errorf("WireGuard off, first check: reconcile %v, %d fwmark rules, observe-only %v; want the clash held",
-				err, markRules(t), observeOnly())
+		// miss what the CNI is rewriting), nor a second at once; one
+		// after the confirmation span is.
+		for _, step := range []string{"WireGuard off, first check", "WireGuard off, second check at once"} {
+			if err := reconcile(step); !errors.Is(err, ErrMarkClash) || markRules(t) != 0 || !observeOnly() {
+				t.Errorf("%s: reconcile %v, %d fwmark rules, observe-only %v; want the clash held",
+					step, err, markRules(t), observeOnly())
+			}
 		}
+		time.Sleep(a.confirmSpan)
 		if err := reconcile("WireGuard off"); err != nil {
 			t.Errorf("WireGuard off: %v", err)
 		}

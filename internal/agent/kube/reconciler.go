@@ -137,12 +137,9 @@ type Reconciler struct {
 	// True, and listErrors the last listing error logged per pod.
 	noteAt     map[agent.PodRef]time.Time
 	listErrors map[agent.PodRef]string
-	// migrationSettled is set once the first reconcile that reached the
-	// datapath has committed or rolled back a pending map migration;
 	// fatal stops the manager with an error.
-	migrationSettled bool
-	fatal            func(error)
-	applied          *agent.Plan
+	fatal   func(error)
+	applied *agent.Plan
 	// appliedPolicies are the policies of the configuration in force.
 	appliedPolicies []mptcpv1alpha1.AppliedPolicy
 	// gated are the pods whose gate condition is True: those this process
@@ -311,16 +308,13 @@ func (r *Reconciler) enforce(ctx context.Context, state *mptcpv1alpha1.MPTCPNode
 			return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 		})
 	}
-	if !r.migrationSettled {
-		// A map migration started at load is committed once the
-		// new programs enforce a whole node, else rolled back and
-		// the agent stops (docs/agent.md, "Upgrade").
-		r.migrationSettled = true
-		if ferr := r.Agent.FinishMigration(err); ferr != nil {
-			r.Log.Error("map migration rolled back; stopping", "err", ferr)
-			r.fatal(ferr)
-			return out, true
-		}
+	// A map migration started at load is committed once the new programs
+	// enforce a whole node, else rolled back and the agent stops
+	// (docs/agent.md, "Upgrade"); a mark clash defers it.
+	if ferr := r.Agent.FinishMigration(err); ferr != nil {
+		r.Log.Error("map migration rolled back; stopping", "err", ferr)
+		r.fatal(ferr)
+		return out, true
 	}
 	if err != nil {
 		out.problems = append(slices.Concat(tr.PathProblems, r.Agent.Unenforced()), agent.ApplyProblem(err))
