@@ -73,9 +73,15 @@ func capsAtNIC(r PlanRule) nicCaps {
 // classifies none of them, and police charges only their subflows (at their
 // veths). One problem per rule, naming its first such pod.
 func capsBehindBridge(rules []PlanRule, pods []PlanPod, bridged func(hostIf string) bool) []Problem {
+	// Only pods under a rule with caps at the NIC are looked up (a
+	// netlink request each).
+	capped := map[string]bool{}
+	for _, r := range rules {
+		capped[r.Name] = capsAtNIC(r) != noCapsAtNIC
+	}
 	missed := map[string][]string{}
 	for _, p := range pods {
-		if !bridged(p.HostInterface) {
+		if !slices.ContainsFunc(p.Rules, func(r string) bool { return capped[r] }) || !bridged(p.HostInterface) {
 			continue
 		}
 		for _, r := range p.Rules {

@@ -45,6 +45,12 @@ func TestCapsThatMissAnOverlaysOrABridgesTrafficAreProblems(t *testing.T) {
 		t.Errorf("a routed pod has problems %v", Messages(got))
 	}
 	requireCapsProblems(t, capsBehindBridge(rules, pods, bridged), "1 pod(s) behind a bridge, a.web first", "shape", "police-out")
+	// A pod whose rules cap nothing at the NIC is not looked up.
+	looked := false
+	lookup := func(string) bool { looked = true; return true }
+	if got := capsBehindBridge(rules, []PlanPod{{Name: "a.free", HostInterface: "veth-free", Rules: []string{"police-in", "window"}}}, lookup); len(got) != 0 || looked {
+		t.Errorf("a pod with no caps at the NIC: problems %v, looked up %v; want none, not looked up", Messages(got), looked)
+	}
 }
 
 // requireCapsProblems fails t unless problems are CapsNotEnforced, one for
