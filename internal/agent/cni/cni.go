@@ -215,16 +215,19 @@ func configured(dir string, h Host) (Network, error) {
 	if err != nil {
 		return Network{}, err
 	}
-	for _, e := range entries { // sorted by name
-		switch filepath.Ext(e.Name()) {
-		case ".conf", ".conflist", ".json":
-		default:
-			continue
-		}
-		file := filepath.Join(dir, e.Name())
-		plugin, ok := mainPlugin(file)
+	for _, file := range confFiles(dir, entries) {
+		conf, ok := readConf(file)
 		if !ok {
 			continue
+		}
+		plugin, via := conf.mainPlugin(), ""
+		if metaPlugins[plugin] {
+			// The pod's interface is the delegate's, and so are the
+			// marks; a delegate not found leaves the meta plugin's
+			// name, unknown.
+			if d := delegate(conf, dir, file, entries); d != "" {
+				plugin, via = d, plugin
+			}
 		}
 		n := Network{Name: plugin, File: file}
 		// flannel's own plugin only delegates to bridge: a node whose
@@ -237,6 +240,9 @@ func configured(dir string, h Host) (Network, error) {
 			n.Name, n.Marks, n.Mode = k.name, k.marks, k.mode(h)
 		}
 		n.Support, n.Note = support(n.Name, n.Mode)
+		if via != "" {
+			n.Note = "through " + via + ": " + n.Note
+		}
 		return n, nil
 	}
 	n := Network{}
@@ -244,27 +250,89 @@ func configured(dir string, h Host) (Network, error) {
 	return n, nil
 }
 
+// confFiles are the configuration files of dir's entries, by name.
+func confFiles(dir string, entries []os.DirEntry) []string {
+	var out []string
+	for _, e := range entries { // sorted by name
+		switch filepath.Ext(e.Name()) {
+		case ".conf", ".conflist", ".json":
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	return out
+}
+
+// metaPlugins make no interface of their own: each hands the pod's
+// default network to a delegate CNI (Multus: its delegates, its
+// clusterNetwork, or, unnamed, the next configuration of the directory).
+var metaPlugins = map[string]bool{"multus": true, "multus-shim": true}
+
+// conf is what the agent reads of a CNI configuration.
+type conf struct {
+	Name    string `json:"name"`
+	Type    string `json:"type"`
+	Plugins []struct {
+		Type string `json:"type"`
+	} `json:"plugins"`
+	// A meta plugin's delegates, the first the default network.
+	Delegates      []conf `json:"delegates"`
+	ClusterNetwork string `json:"clusterNetwork"`
+}
+
+// readConf reads and parses a configuration file.
+func readConf(file string) (conf, bool) {
+	var c conf
+	b, err := os.ReadFile(file)
+	if err != nil || json.Unmarshal(b, &c) != nil {
+		return c, false
+	}
+	return c, c.mainPlugin() != ""
+}
+
 // mainPlugin is the type of a configuration's first plugin (a .conflist's
 // plugins[0], a .conf's own type), which makes the pod's interface; later
 // ones (portmap, bandwidth, tuning) only adjust it.
-func mainPlugin(file string) (string, bool) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return "", false
+func (c conf) mainPlugin() string {
+	if len(c.Plugins) > 0 {
+		return c.Plugins[0].Type
 	}
-	var conf struct {
-		Type    string `json:"type"`
-		Plugins []struct {
-			Type string `json:"type"`
-		} `json:"plugins"`
+	return c.Type
+}
+
+// delegate is the main plugin of the CNI a meta plugin's configuration
+// (file, in dir) hands the default network to: its first delegate; its
+// clusterNetwork, a file or the name of a configuration in dir; or the
+// first other configuration of dir after file that parses. "" when none
+// is found.
+func delegate(c conf, dir, file string, entries []os.DirEntry) string {
+	if len(c.Delegates) > 0 {
+		return c.Delegates[0].mainPlugin()
 	}
-	if json.Unmarshal(b, &conf) != nil {
-		return "", false
+	others := slices.DeleteFunc(confFiles(dir, entries), func(f string) bool { return f == file })
+	if cn := c.ClusterNetwork; cn != "" {
+		if filepath.IsAbs(cn) {
+			// A path as Multus's container mounts the host's
+			// directory (/host/etc/cni/net.d) may not be the
+			// agent's: the file of that name in dir then.
+			d, ok := readConf(cn)
+			if !ok {
+				d, _ = readConf(filepath.Join(dir, filepath.Base(cn)))
+			}
+			return d.mainPlugin()
+		}
+		for _, f := range others {
+			if d, ok := readConf(f); ok && d.Name == cn {
+				return d.mainPlugin()
+			}
+		}
+		return ""
 	}
-	if len(conf.Plugins) > 0 {
-		return conf.Plugins[0].Type, conf.Plugins[0].Type != ""
+	for _, f := range others {
+		if d, ok := readConf(f); ok && f > file && !metaPlugins[d.mainPlugin()] {
+			return d.mainPlugin()
+		}
 	}
-	return conf.Type, conf.Type != ""
+	return ""
 }
 
 func has(links []string, name string) bool { return slices.Contains(links, name) }

@@ -105,10 +105,36 @@ func TestFindNamesTheCNIItsModeAndMarks(t *testing.T) {
 			want: Network{Support: Unknown},
 		},
 		// Encryption is the node's, whatever the configuration names.
-		"a meta plugin first, beside Cilium's WireGuard": {
-			files: map[string]string{"00-multus.conf": `{"type":"multus"}`, "05-cilium.conflist": `{"plugins":[{"type":"cilium-cni"}]}`},
+		"a meta plugin that names no delegate, beside Cilium's WireGuard": {
+			files: map[string]string{"00-multus.conf": `{"type":"multus"}`},
 			host:  Host{Links: []string{"cilium_host", "cilium_wg0"}},
 			want:  Network{Name: "multus", Marks: 0xffffffff, Support: Unknown},
+		},
+		// Multus hands the default network to a delegate, whose marks count.
+		"Multus with Calico as its delegate": {
+			files: map[string]string{"00-multus.conf": `{"type":"multus","delegates":[{"name":"k8s-pod-network","plugins":[{"type":"calico"}]}]}`},
+			host:  Host{Links: []string{"vxlan.calico"}},
+			want:  Network{Name: "calico", Mode: "vxlan", Marks: 0xffff0000, Support: Tested},
+		},
+		"Multus naming its cluster network, beside another configuration": {
+			files: map[string]string{
+				"00-multus.conf":     `{"type":"multus","clusterNetwork":"k8s-pod-network"}`,
+				"05-ptp.conflist":    `{"name":"other","plugins":[{"type":"ptp"}]}`,
+				"10-calico.conflist": `{"name":"k8s-pod-network","plugins":[{"type":"calico"}]}`,
+			},
+			want: Network{Name: "calico", Mode: "routed", Marks: 0xffff0000, Support: Tested},
+		},
+		"Multus's cluster network as a path in its own container": {
+			files: map[string]string{
+				"00-multus.conf":     `{"type":"multus","clusterNetwork":"/host/etc/cni/net.d/10-calico.conflist"}`,
+				"10-calico.conflist": `{"plugins":[{"type":"calico"}]}`,
+			},
+			want: Network{Name: "calico", Mode: "routed", Marks: 0xffff0000, Support: Tested},
+		},
+		"thick Multus, the next configuration its delegate, beside Cilium's WireGuard": {
+			files: map[string]string{"00-multus.conf": `{"type":"multus-shim"}`, "05-cilium.conflist": `{"plugins":[{"type":"cilium-cni"}]}`},
+			host:  Host{Links: []string{"cilium_host", "cilium_wg0"}},
+			want:  Network{Name: "cilium", Mode: "native", Marks: 0xffffffff, Support: Tested},
 		},
 		"no configuration yet, beside Cilium's IPsec": {
 			host: Host{IPsec: true},
