@@ -73,35 +73,13 @@ func Load(opts Options) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	spec, err := loadDatapath()
-	if err != nil {
-		return nil, fmt.Errorf("reading BPF objects: %w", err)
-	}
-	seed, err := tableSeed(opts.PinDir)
+	spec, seed, err := datapathSpec(opts.PinDir, mask, shift)
 	if err != nil {
 		return nil, err
 	}
-	if err := spec.Variables["table_seed"].Set(seed.Seed); err != nil {
-		return nil, fmt.Errorf("setting table_seed: %w", err)
-	}
-	if err := spec.Variables["mark_mask"].Set(mask); err != nil {
-		return nil, fmt.Errorf("setting mark_mask: %w", err)
-	}
-	if err := spec.Variables["mark_shift"].Set(shift); err != nil {
-		return nil, fmt.Errorf("setting mark_shift: %w", err)
-	}
-
-	var copts ebpf.CollectionOptions
-	if opts.PinDir != "" {
-		if err := os.MkdirAll(opts.PinDir, 0o700); err != nil {
-			return nil, fmt.Errorf("creating pin directory: %w", err)
-		}
-		copts.Maps.PinPath = opts.PinDir
-	} else {
-		// Without a pin directory (tests, benchmarks) every map is private.
-		for _, m := range spec.Maps {
-			m.Pinning = ebpf.PinNone
-		}
+	copts, err := collectionOptions(spec, opts.PinDir)
+	if err != nil {
+		return nil, err
 	}
 	dp := &Datapath{pinDir: opts.PinDir, markMask: mask, markShift: shift, mapNames: pinnedMapNames(spec),
 		podMapSpecs: map[string]*ebpf.MapSpec{}}
@@ -131,25 +109,64 @@ func Load(opts Options) (*Datapath, error) {
 		}
 		return nil, fmt.Errorf("loading BPF objects: %w", err)
 	}
-	if err := dp.objs.TableSeeds.Put(uint32(0), &seed); err != nil {
-		_ = dp.objs.Close()
-		return nil, fmt.Errorf("keeping the table seed: %w", err)
-	}
-	// Before a migration switches the links: the new programs stage
-	// every selected pod's SYNs and answered joins from their first packet.
-	if err := dp.restorePodMaps(); err != nil {
-		_ = dp.objs.Close()
-		return nil, err
-	}
-	if err := dp.startMigration(); err != nil {
-		_ = dp.objs.Close()
-		return nil, err
-	}
-	if err := dp.RecountPodSubflows(); err != nil {
+	if err := dp.start(&seed); err != nil {
 		_ = dp.objs.Close()
 		return nil, err
 	}
 	return dp, nil
+}
+
+// datapathSpec is the datapath's collection with the node's table seed
+// (kept with the pins, or new) and mark mask set.
+func datapathSpec(pinDir string, mask, shift uint32) (*ebpf.CollectionSpec, datapathTableSeedValue, error) {
+	spec, err := loadDatapath()
+	if err != nil {
+		return nil, datapathTableSeedValue{}, fmt.Errorf("reading BPF objects: %w", err)
+	}
+	seed, err := tableSeed(pinDir)
+	if err != nil {
+		return nil, seed, err
+	}
+	for name, v := range map[string]any{"table_seed": seed.Seed, "mark_mask": mask, "mark_shift": shift} {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return nil, seed, fmt.Errorf("setting %s: %w", name, err)
+		}
+	}
+	return spec, seed, nil
+}
+
+// collectionOptions pins the maps under pinDir, or, without one (tests,
+// benchmarks), makes every map private.
+func collectionOptions(spec *ebpf.CollectionSpec, pinDir string) (ebpf.CollectionOptions, error) {
+	var copts ebpf.CollectionOptions
+	if pinDir == "" {
+		for _, m := range spec.Maps {
+			m.Pinning = ebpf.PinNone
+		}
+		return copts, nil
+	}
+	if err := os.MkdirAll(pinDir, 0o700); err != nil {
+		return copts, fmt.Errorf("creating pin directory: %w", err)
+	}
+	copts.Maps.PinPath = pinDir
+	return copts, nil
+}
+
+// start readies the datapath just loaded: the table seed kept, the pods'
+// maps restored, a migration started, the pods' subflows counted.
+func (d *Datapath) start(seed *datapathTableSeedValue) error {
+	if err := d.objs.TableSeeds.Put(uint32(0), seed); err != nil {
+		return fmt.Errorf("keeping the table seed: %w", err)
+	}
+	// Before a migration switches the links: the new programs stage
+	// every selected pod's SYNs and answered joins from their first packet.
+	if err := d.restorePodMaps(); err != nil {
+		return err
+	}
+	if err := d.startMigration(); err != nil {
+		return err
+	}
+	return d.RecountPodSubflows()
 }
 
 // startMigration switches the pinned links to the programs just loaded and

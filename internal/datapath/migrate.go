@@ -175,67 +175,71 @@ func prepareMigration(spec *ebpf.CollectionSpec, pinDir string, log *slog.Logger
 		log.Info("pinned maps number paths from 0: every path index is renumbered from 1, as the API numbers paths")
 	}
 	for _, name := range pinnedMapNames(spec) {
-		old, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), nil)
-		if errors.Is(err, os.ErrNotExist) {
-			continue // new map: the load creates and pins it
-		}
-		if err != nil {
+		if err := mig.prepareMap(spec, name, log); err != nil {
 			mig.closeMaps()
-			return nil, fmt.Errorf("pinned map %s: %w", name, err)
+			return nil, err
 		}
-		mm := &migratedMap{name: name, old: old, newLayout: specLayout(spec.Maps[name]), renumber: mig.renumber}
-		if mm.oldLayout, err = kernelLayout(old); err != nil {
-			_ = old.Close()
-			mig.closeMaps()
-			return nil, fmt.Errorf("pinned map %s: %w", name, err)
-		}
-		renumbered := mig.renumber && renumberedMaps[name]
-		if mm.oldLayout.String() == mm.newLayout.String() && !renumbered {
-			_ = old.Close()
-			continue
-		}
-		if mm.oldLayout.Key == nil && mm.oldLayout.Value == nil && spec.Maps[name].Compatible(old) == nil {
-			// Created without BTF: nothing to convert by; the sizes
-			// match, so it is reused as releases before migration did.
-			log.Warn("pinned map has no BTF; reused as it is", "map", name)
-			_ = old.Close()
-			continue
-		}
-		ms := spec.Maps[name].Copy()
-		ms.Pinning = ebpf.PinNone
-		if mm.new, err = ebpf.NewMap(ms); err != nil {
-			_ = old.Close()
-			mig.closeMaps()
-			return nil, fmt.Errorf("creating map %s for migration: %w", name, err)
-		}
-		mig.maps = append(mig.maps, mm)
-		if _, mm.table, err = tableShapeOf(mm.newLayout.Value); err != nil {
-			mig.closeMaps()
-			return nil, fmt.Errorf("map %s: %w", name, err)
-		}
-		if mm.table {
-			// Converted now, so a field that cannot be carried fails
-			// the load before anything changed; stored once the
-			// programs load (Datapath.fillTables).
-			if mm.tableEntries, err = mm.readForTable(); err != nil {
-				mig.closeMaps()
-				return nil, fmt.Errorf("migrating map %s (%s -> %s): %w", name, mm.oldLayout, mm.newLayout, err)
-			}
-			log.Info("map to be migrated into a table", "map", name, "entries", len(mm.tableEntries),
-				"from", mm.oldLayout.String(), "to", mm.newLayout.String())
-			continue
-		}
-		if err := mm.copyEntries(); err != nil {
-			mig.closeMaps()
-			return nil, fmt.Errorf("migrating map %s (%s -> %s): %w", name, mm.oldLayout, mm.newLayout, err)
-		}
-		log.Info("map migrated to a new layout", "map", name, "entries", mm.copied, "dropped", mm.dropped,
-			"from", mm.oldLayout.String(), "to", mm.newLayout.String())
 	}
 	if len(mig.maps) == 0 {
 		log.Info("pinned map layout unchanged", "layout", mig.hash, "previousMarker", marker)
 	}
 	return mig, nil
+}
+
+// prepareMap converts the pinned map name where its layout differs from
+// spec's, adding it to mig's maps; on error the caller closes them.
+func (mig *migration) prepareMap(spec *ebpf.CollectionSpec, name string, log *slog.Logger) error {
+	old, err := ebpf.LoadPinnedMap(filepath.Join(mig.pinDir, name), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // new map: the load creates and pins it
+	}
+	if err != nil {
+		return fmt.Errorf("pinned map %s: %w", name, err)
+	}
+	mm := &migratedMap{name: name, old: old, newLayout: specLayout(spec.Maps[name]), renumber: mig.renumber}
+	if mm.oldLayout, err = kernelLayout(old); err != nil {
+		_ = old.Close()
+		return fmt.Errorf("pinned map %s: %w", name, err)
+	}
+	renumbered := mig.renumber && renumberedMaps[name]
+	if mm.oldLayout.String() == mm.newLayout.String() && !renumbered {
+		_ = old.Close()
+		return nil
+	}
+	if mm.oldLayout.Key == nil && mm.oldLayout.Value == nil && spec.Maps[name].Compatible(old) == nil {
+		// Created without BTF: nothing to convert by; the sizes
+		// match, so it is reused as releases before migration did.
+		log.Warn("pinned map has no BTF; reused as it is", "map", name)
+		_ = old.Close()
+		return nil
+	}
+	ms := spec.Maps[name].Copy()
+	ms.Pinning = ebpf.PinNone
+	if mm.new, err = ebpf.NewMap(ms); err != nil {
+		_ = old.Close()
+		return fmt.Errorf("creating map %s for migration: %w", name, err)
+	}
+	mig.maps = append(mig.maps, mm)
+	if _, mm.table, err = tableShapeOf(mm.newLayout.Value); err != nil {
+		return fmt.Errorf("map %s: %w", name, err)
+	}
+	if mm.table {
+		// Converted now, so a field that cannot be carried fails
+		// the load before anything changed; stored once the
+		// programs load (Datapath.fillTables).
+		if mm.tableEntries, err = mm.readForTable(); err != nil {
+			return fmt.Errorf("migrating map %s (%s -> %s): %w", name, mm.oldLayout, mm.newLayout, err)
+		}
+		log.Info("map to be migrated into a table", "map", name, "entries", len(mm.tableEntries),
+			"from", mm.oldLayout.String(), "to", mm.newLayout.String())
+		return nil
+	}
+	if err := mm.copyEntries(); err != nil {
+		return fmt.Errorf("migrating map %s (%s -> %s): %w", name, mm.oldLayout, mm.newLayout, err)
+	}
+	log.Info("map migrated to a new layout", "map", name, "entries", mm.copied, "dropped", mm.dropped,
+		"from", mm.oldLayout.String(), "to", mm.newLayout.String())
+	return nil
 }
 
 func perCPU(t ebpf.MapType) bool {

@@ -144,6 +144,18 @@ type Rule struct {
 
 // Validate says what is wrong with r, if anything.
 func (r Rule) Validate() error {
+	if err := r.validatePaths(); err != nil {
+		return err
+	}
+	if err := r.validatePlacement(); err != nil {
+		return err
+	}
+	return r.validateSelector()
+}
+
+// validatePaths checks the rule's paths, backup, blocked and shared-risk
+// path indexes.
+func (r Rule) validatePaths() error {
 	if len(r.Paths) == 0 || len(r.Paths) > MaxPaths {
 		return fmt.Errorf("%d paths, want 1 to %d", len(r.Paths), MaxPaths)
 	}
@@ -182,6 +194,12 @@ func (r Rule) Validate() error {
 			grouped[p] = true
 		}
 	}
+	return nil
+}
+
+// validatePlacement checks how the rule places subflows: preferred paths,
+// the subflow cap, backup's opt-in, the spread mode and its weights.
+func (r Rule) validatePlacement() error {
 	if r.Preferred < 0 || r.Preferred > len(r.Paths) {
 		return fmt.Errorf("%d preferred paths of %d", r.Preferred, len(r.Paths))
 	}
@@ -208,6 +226,12 @@ func (r Rule) Validate() error {
 	default:
 		return fmt.Errorf("unknown spread mode %d", r.Spread)
 	}
+	return nil
+}
+
+// validateSelector checks what the rule selects: family, match bits, port
+// ranges and CIDRs.
+func (r Rule) validateSelector() error {
 	switch r.Family {
 	case FamilyAny, FamilyIPv4, FamilyIPv6:
 	default:
