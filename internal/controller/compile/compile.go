@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -138,30 +139,7 @@ func Node(in Input) Result {
 			continue
 		}
 		nsLabels := labels.Set(in.NamespaceLabels[pod.Namespace])
-		var rules []mptcpv1alpha1.CompiledRule
-		// vmNotices are the policies whose mode guestForVM changed for
-		// this pod, with the event that says so: given for the rules the
-		// pod keeps, after the bounds below.
-		vmNotices := map[string]Refusal{}
-		for j := range policies {
-			pol := &policies[j]
-			if !selects(pol, nsLabels, pod) {
-				continue
-			}
-			rule, missing := compileRule(pol, byName)
-			if len(missing) > 0 {
-				res.MissingPaths[pol.Name] = mergeSorted(res.MissingPaths[pol.Name], missing)
-			}
-			if r := applyPreferences(pod, pol, &rule); r != nil {
-				res.Refusals = append(res.Refusals, *r)
-			}
-			if RunsVM(pod) {
-				if r := guestForVM(pod, &rule); r != nil {
-					vmNotices[pol.Name] = *r
-				}
-			}
-			rules = append(rules, rule)
-		}
+		rules, vmNotices := res.podRules(pod, policies, nsLabels, byName)
 		if len(rules) == 0 {
 			continue
 		}
@@ -169,16 +147,7 @@ func Node(in Input) Result {
 		// then the chain's bound: what is cut is the lowest precedence.
 		rules, cappedBy, notices := boundByNamespace(pod, rules, policies)
 		res.Refusals = append(res.Refusals, notices...)
-		if n := len(rules); n > mptcpv1alpha1.MaxPodPolicies {
-			var left []string
-			for _, r := range rules[mptcpv1alpha1.MaxPodPolicies:] {
-				left = append(left, r.Policy)
-			}
-			rules = rules[:mptcpv1alpha1.MaxPodPolicies]
-			res.Refusals = append(res.Refusals, Refusal{Pod: pod, Policy: left[0], Reason: ReasonTooManyPolicies,
-				Message: fmt.Sprintf("%d policies select the pod, a pod takes at most %d: %s (lowest precedence) not applied to it",
-					n, mptcpv1alpha1.MaxPodPolicies, strings.Join(left, ", "))})
-		}
+		rules = res.boundPolicies(pod, rules)
 		names := make([]string, len(rules))
 		for j := range rules {
 			notice, forVM := vmNotices[rules[j].Policy]
@@ -206,6 +175,53 @@ func Node(in Input) Result {
 		res.Spec.Rules = append(res.Spec.Rules, rulesByName[name])
 	}
 	return res
+}
+
+// podRules compiles the rules of the policies that select pod, in order,
+// noting paths they name that the node lacks and refused preferences in
+// res. vmNotices are the policies whose mode guestForVM changed for a pod
+// that runs a VM, with the event that says so: given for the rules the pod
+// keeps, once they are bounded.
+func (res *Result) podRules(pod *corev1.Pod, policies []mptcpv1alpha1.MPTCPPolicy, nsLabels labels.Set,
+	byName map[string]*mptcpv1alpha1.MPTCPPath) (rules []mptcpv1alpha1.CompiledRule, vmNotices map[string]Refusal) {
+	vmNotices = map[string]Refusal{}
+	for j := range policies {
+		pol := &policies[j]
+		if !selects(pol, nsLabels, pod) {
+			continue
+		}
+		rule, missing := compileRule(pol, byName)
+		if len(missing) > 0 {
+			res.MissingPaths[pol.Name] = mergeSorted(res.MissingPaths[pol.Name], missing)
+		}
+		if r := applyPreferences(pod, pol, &rule); r != nil {
+			res.Refusals = append(res.Refusals, *r)
+		}
+		if RunsVM(pod) {
+			if r := guestForVM(pod, &rule); r != nil {
+				vmNotices[pol.Name] = *r
+			}
+		}
+		rules = append(rules, rule)
+	}
+	return rules, vmNotices
+}
+
+// boundPolicies keeps the pod's first MaxPodPolicies rules and refuses
+// the rest (the lowest precedence) in res.
+func (res *Result) boundPolicies(pod *corev1.Pod, rules []mptcpv1alpha1.CompiledRule) []mptcpv1alpha1.CompiledRule {
+	n := len(rules)
+	if n <= mptcpv1alpha1.MaxPodPolicies {
+		return rules
+	}
+	var left []string
+	for _, r := range rules[mptcpv1alpha1.MaxPodPolicies:] {
+		left = append(left, r.Policy)
+	}
+	res.Refusals = append(res.Refusals, Refusal{Pod: pod, Policy: left[0], Reason: ReasonTooManyPolicies,
+		Message: fmt.Sprintf("%d policies select the pod, a pod takes at most %d: %s (lowest precedence) not applied to it",
+			n, mptcpv1alpha1.MaxPodPolicies, strings.Join(left, ", "))})
+	return rules[:mptcpv1alpha1.MaxPodPolicies]
 }
 
 // peerAddress parses one of a peer's addresses as its agent reported it
@@ -680,33 +696,34 @@ func compileRule(pol *mptcpv1alpha1.MPTCPPolicy, nodePaths map[string]*mptcpv1al
 			rule.BlockedPaths = append(rule.BlockedPaths, name)
 		}
 	}
-	if rl := s.RateLimits; rl != nil {
-		c := &mptcpv1alpha1.CompiledRateLimits{Mode: rl.Mode, Direction: rl.Direction}
-		if rl.Burst != nil {
-			q := rl.Burst.DeepCopy()
-			c.Burst = &q
-		}
-		if rl.PerConnection != nil {
-			q := rl.PerConnection.DeepCopy()
-			c.PerConnection = &q
-		}
-		if rl.PerPod != nil {
-			q := rl.PerPod.DeepCopy()
-			c.PerPod = &q
-		}
-		if rl.PerNamespace != nil {
-			q := rl.PerNamespace.DeepCopy()
-			c.PerNamespace = &q
-		}
-		for _, pr := range rl.PerPath {
-			if _, ok := nodePaths[pr.Path]; ok {
-				c.PerPath = append(c.PerPath, mptcpv1alpha1.CompiledPathRate{Path: pr.Path, Rate: pr.Rate.DeepCopy()})
-			}
-		}
-		rule.RateLimits = c
-	}
+	rule.RateLimits = compileRateLimits(s.RateLimits, nodePaths)
 	slices.Sort(missing)
 	return rule, slices.Compact(missing)
+}
+
+// compileRateLimits copies a policy's rate limits (nil: none), the per-path
+// ones only for paths this node has.
+func compileRateLimits(rl *mptcpv1alpha1.RateLimits, nodePaths map[string]*mptcpv1alpha1.MPTCPPath) *mptcpv1alpha1.CompiledRateLimits {
+	if rl == nil {
+		return nil
+	}
+	c := &mptcpv1alpha1.CompiledRateLimits{Mode: rl.Mode, Direction: rl.Direction, Burst: copyQuantity(rl.Burst),
+		PerConnection: copyQuantity(rl.PerConnection), PerPod: copyQuantity(rl.PerPod), PerNamespace: copyQuantity(rl.PerNamespace)}
+	for _, pr := range rl.PerPath {
+		if _, ok := nodePaths[pr.Path]; ok {
+			c.PerPath = append(c.PerPath, mptcpv1alpha1.CompiledPathRate{Path: pr.Path, Rate: pr.Rate.DeepCopy()})
+		}
+	}
+	return c
+}
+
+// copyQuantity is a deep copy of q, nil for nil.
+func copyQuantity(q *resource.Quantity) *resource.Quantity {
+	if q == nil {
+		return nil
+	}
+	v := q.DeepCopy()
+	return &v
 }
 
 // joinAfterBytes is the join threshold of a rule in mode: the policy's, or
