@@ -6,6 +6,7 @@ package policystatus
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -111,7 +112,28 @@ func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeS
 	st := *pol.Status.DeepCopy()
 	st.ObservedGeneration = pol.Generation
 	st.MatchedPods, st.Nodes, st.NodesReady = 0, 0, 0
+	t := tallyNodes(pol, states, &st)
+	ready, progressing := rolloutConditions(&st, pol.Generation, t.pending)
+	meta.SetStatusCondition(&st.Conditions, ready)
+	meta.SetStatusCondition(&st.Conditions, progressing)
+	meta.SetStatusCondition(&st.Conditions, t.degraded(pol.Generation))
+	return st
+}
 
+// nodeTally is what the nodes that carry a policy's pods say of it, node
+// names sorted.
+type nodeTally struct {
+	// pending have not applied the policy's generation; missingOn lack
+	// some of its paths (missingPaths); noIface are node/path pairs whose
+	// interface is not found or ambiguous; unsupportedOn refuse its
+	// transparent kernel.
+	pending, missingOn, noIface, unsupportedOn []string
+	missingPaths                               map[string]bool
+}
+
+// tallyNodes counts in st the pods and nodes the policy governs and the
+// nodes that applied it, and tallies what the nodes lack.
+func tallyNodes(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeState, st *mptcpv1alpha1.MPTCPPolicyStatus) nodeTally {
 	wanted := map[string]bool{}
 	for _, wp := range pol.Spec.Spread.Paths {
 		wanted[wp.Name] = true
@@ -119,20 +141,11 @@ func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeS
 	for _, b := range pol.Spec.BackupPaths {
 		wanted[b] = true
 	}
-
-	var pending, missingOn, noIface, unsupportedOn []string
-	missingPaths := map[string]bool{}
+	t := nodeTally{missingPaths: map[string]bool{}}
 	slices.SortFunc(states, func(a, b mptcpv1alpha1.MPTCPNodeState) int { return strings.Compare(a.Name, b.Name) })
 	for i := range states {
 		s := &states[i]
-		pods := 0
-		for _, p := range s.Spec.Pods {
-			if len(p.Rules) > 0 {
-				if r := s.Spec.Rule(p.Rules[0]); r != nil && r.Policy == pol.Name {
-					pods++
-				}
-			}
-		}
+		pods := governedPods(s, pol)
 		if pods == 0 {
 			continue
 		}
@@ -141,35 +154,48 @@ func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeS
 		if applied(s, pol) {
 			st.NodesReady++
 		} else {
-			pending = append(pending, s.Name)
-		}
-		have := map[string]bool{}
-		for _, p := range s.Spec.Paths {
-			have[p.Name] = true
+			t.pending = append(t.pending, s.Name)
 		}
 		lacks := false
 		for name := range wanted {
-			if !have[name] {
-				missingPaths[name] = true
+			if !slices.ContainsFunc(s.Spec.Paths, func(p mptcpv1alpha1.NodePath) bool { return p.Name == name }) {
+				t.missingPaths[name] = true
 				lacks = true
 			}
 		}
 		if lacks {
-			missingOn = append(missingOn, s.Name)
+			t.missingOn = append(t.missingOn, s.Name)
 		}
 		if kernelRefused(s, pol) {
-			unsupportedOn = append(unsupportedOn, s.Name)
+			t.unsupportedOn = append(t.unsupportedOn, s.Name)
 		}
 		for _, ps := range s.Status.Paths {
 			if wanted[ps.Name] && (ps.Link == mptcpv1alpha1.LinkNotFound || ps.Link == mptcpv1alpha1.LinkAmbiguous) {
-				noIface = append(noIface, s.Name+"/"+ps.Name)
+				t.noIface = append(t.noIface, s.Name+"/"+ps.Name)
 			}
 		}
 	}
+	return t
+}
 
-	gen := pol.Generation
-	ready := metav1.Condition{Type: mptcpv1alpha1.ConditionReady, ObservedGeneration: gen}
-	progressing := metav1.Condition{Type: mptcpv1alpha1.ConditionProgressing, ObservedGeneration: gen}
+// governedPods counts the pods of node state s whose first rule is pol's.
+func governedPods(s *mptcpv1alpha1.MPTCPNodeState, pol *mptcpv1alpha1.MPTCPPolicy) int {
+	pods := 0
+	for _, p := range s.Spec.Pods {
+		if len(p.Rules) > 0 {
+			if r := s.Spec.Rule(p.Rules[0]); r != nil && r.Policy == pol.Name {
+				pods++
+			}
+		}
+	}
+	return pods
+}
+
+// rolloutConditions are Ready and Progressing of generation gen, from the
+// counts in st and the nodes still pending.
+func rolloutConditions(st *mptcpv1alpha1.MPTCPPolicyStatus, gen int64, pending []string) (ready, progressing metav1.Condition) {
+	ready = metav1.Condition{Type: mptcpv1alpha1.ConditionReady, ObservedGeneration: gen}
+	progressing = metav1.Condition{Type: mptcpv1alpha1.ConditionProgressing, ObservedGeneration: gen}
 	switch {
 	case st.Nodes == 0:
 		ready.Status, ready.Reason, ready.Message = metav1.ConditionTrue, "NoPods", "the policy governs no pod"
@@ -184,38 +210,36 @@ func Aggregate(pol *mptcpv1alpha1.MPTCPPolicy, states []mptcpv1alpha1.MPTCPNodeS
 		progressing.Status, progressing.Reason = metav1.ConditionTrue, "RollingOut"
 		progressing.Message = "waiting for " + list(pending)
 	}
+	return ready, progressing
+}
 
+// degraded is the Degraded condition of generation gen: what the nodes
+// lack, the last problem's reason.
+func (t nodeTally) degraded(gen int64) metav1.Condition {
 	degraded := metav1.Condition{Type: mptcpv1alpha1.ConditionDegraded, ObservedGeneration: gen,
 		Status: metav1.ConditionFalse, Reason: "AsExpected", Message: "every node has every path of the policy"}
 	var problems []string
-	if len(missingOn) > 0 {
-		names := make([]string, 0, len(missingPaths))
-		for n := range missingPaths {
-			names = append(names, n)
-		}
-		slices.Sort(names)
-		problems = append(problems, fmt.Sprintf("paths %s do not exist on nodes %s", list(names), list(missingOn)))
+	if len(t.missingOn) > 0 {
+		names := slices.Sorted(maps.Keys(t.missingPaths))
+		problems = append(problems, fmt.Sprintf("paths %s do not exist on nodes %s", list(names), list(t.missingOn)))
 		degraded.Reason = "PathNotOnNode"
 	}
-	if len(noIface) > 0 {
-		problems = append(problems, "no matching interface for "+list(noIface))
+	if len(t.noIface) > 0 {
+		problems = append(problems, "no matching interface for "+list(t.noIface))
 		degraded.Reason = "InterfaceNotFound"
 	}
-	if len(unsupportedOn) > 0 {
+	if len(t.unsupportedOn) > 0 {
 		// The node's own words stay on the node: a node's agent writes
 		// them, and no node may write into a policy.
 		problems = append(problems, fmt.Sprintf("podMPTCP.transparent kernel is unsupported on nodes %s "+
-			"(their TransparentKernel condition says why)", list(unsupportedOn)))
+			"(their TransparentKernel condition says why)", list(t.unsupportedOn)))
 		degraded.Reason = mptcpv1alpha1.ReasonUnsupported
 	}
 	if len(problems) > 0 {
 		degraded.Status = metav1.ConditionTrue
 		degraded.Message = strings.Join(problems, "; ")
 	}
-	meta.SetStatusCondition(&st.Conditions, ready)
-	meta.SetStatusCondition(&st.Conditions, progressing)
-	meta.SetStatusCondition(&st.Conditions, degraded)
-	return st
+	return degraded
 }
 
 // kernelRefused says whether pol says transparent kernel and node state s
