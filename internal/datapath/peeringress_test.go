@@ -63,7 +63,7 @@ func TestAPacketHandedPastTheHostVethIsJudgedOnThePodsOwnEnd(t *testing.T) {
 // NIC's arrival: judged as one by no path, it is refused where its rule
 // limits joins (the reset sent back out of the pod's interface). The same
 // join from a remote peer, marked by nic_ingress, was judged there: passed.
-func TestALocalPodsJoinOnThePodsOwnEndIsJudgedAsOneByNoPath(t *testing.T) {
+func TestALocalPodsJoinIsJudgedAsOneByNoPath(t *testing.T) {
 	dp := peerJoinBed(t, Rule{Paths: []uint32{1, 2}, MaxSubflows: 3}, 0)
 	join := peerJoinSYN(40001, testpkt.MPJoinSYN(tokenOf(serverKey), 7, 1, false))
 	if ret, _ := runVerdict(t, dp.objs.PodPeerIngress, join, dp.arrivedOn(2)); ret != tcxNext {
