@@ -14,13 +14,7 @@ import (
 // the host-side veth, where pod_ingress judged it: passed, not counted
 // twice.
 func TestAPacketHandedPastTheHostVethIsJudgedOnThePodsOwnEnd(t *testing.T) {
-	dp := loadForTest(t)
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}}})
-	if err := dp.SetEndpoint(clientPod, 0); err != nil {
-		t.Fatal(err)
-	}
-	home := uint32(placeSYN(t, dp, clientPod, 40001, serverPod, 5201))
-	other := 3 - home
+	dp, home, other := oneSubflowOfTwoPaths(t)
 	in := dataFrame(serverPod, 5201, clientPod, 40001)
 	rx := func() uint64 {
 		t.Helper()
