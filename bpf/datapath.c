@@ -2171,6 +2171,12 @@ static __always_inline __u32 ingress_path(const struct __sk_buff *skb)
 	return path <= MAX_PATHS ? path : 0;
 }
 
+/* on_path_nic says whether skb entered the node by a path (ingress_path). */
+static __always_inline bool on_path_nic(const struct __sk_buff *skb)
+{
+	return ingress_path(skb) != 0;
+}
+
 /* What pathless_join decided about a peer's join SYN going into a pod. */
 enum pathless_join {
 	PATHLESS_PASS = 0,    /* judged at its NIC, or no rule limits its joins */
@@ -2190,17 +2196,16 @@ enum pathless_join {
  * limits joins at all (a maximum or a blocked path), it is refused whatever
  * the connection's count: answered with a reset, or dropped on a 4-tuple
  * that still has an entry (live: the reset would carry a live subflow's
- * 4-tuple). A join no rule limits passes as before. path is the path it
- * arrived on (pod_ingress_arrival). Returns an enum pathless_join. A global
- * function: run only on join SYNs. */
-__noinline int pathless_join(struct __sk_buff *skb, const struct packet *pkt, __u32 live, __u32 path)
+ * 4-tuple). A join no rule limits passes as before. Returns an enum
+ * pathless_join. A global function: run only on join SYNs. */
+__noinline int pathless_join(struct __sk_buff *skb, const struct packet *pkt, __u32 live)
 {
 	__u32 token, canonical = 0, rule_id;
 	struct endpoint *ep;
 	struct conn *c;
 	struct rule *r;
 
-	if (!skb || !pkt || path)
+	if (!skb || !pkt || on_path_nic(skb))
 		return PATHLESS_PASS;
 	ep = lookup_endpoint(pkt->family, pkt->daddr);
 	if (!ep || load_join_token(skb, pkt, &token))
@@ -2218,14 +2223,13 @@ __noinline int pathless_join(struct __sk_buff *skb, const struct packet *pkt, __
  * handshake that a path's NIC staged and the pod answered (it waits in the
  * pod's answered joins): nic_ingress never sees this ACK, so the join would
  * complete uncounted. The caller drops it; the handshake completes by the
- * path its SYN came by, or not at all. path is the path it arrived on
- * (pod_ingress_arrival). A global function: run only on join ACKs, and its
- * frame is not pod_ingress's. */
-__noinline int pathless_join_ack(struct __sk_buff *skb, const struct flow_key *fk, __u32 path)
+ * path its SYN came by, or not at all. A global function: run only on join
+ * ACKs, and its frame is not pod_ingress's. */
+__noinline int pathless_join_ack(struct __sk_buff *skb, const struct flow_key *fk)
 {
 	void *answers;
 
-	if (!skb || !fk || path)
+	if (!skb || !fk || on_path_nic(skb))
 		return 0;
 	answers = pod_answers(true, fk->family, fk->saddr);
 	return answers && bpf_map_lookup_elem(answers, fk);
@@ -2349,28 +2353,29 @@ int pod_egress(struct __sk_buff *skb)
 
 /* pod_ingress_unknown counts a packet for a selected pod that no subflow
  * entry names and caps it, when charged (not a bare TCP ACK), by the path
- * it arrived on (rate_actor.h). */
-static __always_inline int pod_ingress_unknown(struct __sk_buff *skb, const struct packet *pkt, bool charged,
-					       __u32 path)
+ * it arrived on: the path of the NIC it came in by (rate_actor.h). */
+static __always_inline int pod_ingress_unknown(struct __sk_buff *skb, const struct packet *pkt, bool charged)
 {
 	struct endpoint *ep = lookup_endpoint(pkt->family, pkt->daddr);
 	struct rate_key k = {};
+	__u32 path;
 
 	if (!ep)
 		return TCX_NEXT;
 	count_pod(ep->pod_slot, pkt->family, pkt->daddr, pkt->len, false);
+	path = ingress_path(skb);
 	if (!charged || !path)
 		return TCX_NEXT;
 	pod_rate_key(&k, pkt->daddr, pkt->family, RATE_DIR_INGRESS);
 	return rate_pod_police(ep, &k, pkt->len, path);
 }
 
-/* pod_ingress_arrival is what a selected pod receives, arrived on path (0:
- * by no path's NIC): actors that act on the way into the pod hook in here,
- * finding the subflow (keyed as the pod sends it) and its rule. peer: on the
- * pod's own end of its veth (pod_peer_ingress), where a reset answering a
- * refused join goes back out of the interface rather than in. */
-static __always_inline int pod_ingress_arrival(struct __sk_buff *skb, __u32 path, bool peer)
+/* pod_ingress sees what a selected pod receives, after routing chose the pod
+ * (TC egress of its host-side veth). Actors that act on the way into the pod
+ * hook in here: they find the subflow (keyed as the pod sends it) and its
+ * rule. */
+SEC("tc")
+int pod_ingress(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
 	struct flow_key fk = {};
@@ -2387,19 +2392,14 @@ static __always_inline int pod_ingress_arrival(struct __sk_buff *skb, __u32 path
 		if ((ret == PARSE_UNREADABLE_TCP || ret == PARSE_UNREADABLE) &&
 		    unreadable_tcp_verdict(&pkt, pkt.daddr) == TC_ACT_SHOT)
 			return TC_ACT_SHOT;
-		return pod_ingress_unknown(skb, &pkt, true, path);
+		return pod_ingress_unknown(skb, &pkt, true);
 	}
 	if (drop_ambiguous(&pkt))
 		return TC_ACT_SHOT;
-	/* On the pod's own end the path is the mark's, which a selected pod
-	 * of this node writes too (pod_egress) when the CNI hands its packet
-	 * over in BPF: no NIC's arrival, so judged as one by no path. */
-	if (peer && lookup_endpoint(pkt.family, pkt.saddr))
-		path = 0;
 	flow_key_from(&fk, &pkt, true);
 	/* A join's third ACK that came by no path's NIC, for a join whose
 	 * SYN did and which the pod answered (a rare packet). */
-	if (is_join_ack(&pkt) && pathless_join_ack(skb, &fk, path)) {
+	if (is_join_ack(&pkt) && pathless_join_ack(skb, &fk)) {
 		if (!observed_instead()) {
 			count(STAT_JOIN_ACK_DROPPED);
 			return TC_ACT_SHOT;
@@ -2408,9 +2408,9 @@ static __always_inline int pod_ingress_arrival(struct __sk_buff *skb, __u32 path
 	sf = subflow_lookup(&fk);
 	if (is_opening_syn(&pkt) && has_mptcp(&pkt, MPTCP_SUB_JOIN)) {
 		/* A peer's join that came by no path's NIC (a rare packet). */
-		ret = pathless_join(skb, &pkt, sf != NULL, path);
+		ret = pathless_join(skb, &pkt, sf != NULL);
 		if (ret == PATHLESS_REFUSED)
-			return answer_refused_join(skb, &pkt, peer ? 0 : BPF_F_INGRESS);
+			return answer_refused_join(skb, &pkt, BPF_F_INGRESS);
 		if (ret == PATHLESS_DROPPED && !observed_instead()) {
 			count(STAT_JOIN_REFUSED);
 			return TC_ACT_SHOT;
@@ -2419,10 +2419,10 @@ static __always_inline int pod_ingress_arrival(struct __sk_buff *skb, __u32 path
 		 * backup actor marks the arrival, not a live entry of its
 		 * 4-tuple. */
 		if (backup_act_arrival(skb, &pkt, &fk))
-			return sf ? TCX_NEXT : pod_ingress_unknown(skb, &pkt, false, path);
+			return sf ? TCX_NEXT : pod_ingress_unknown(skb, &pkt, false);
 	}
 	if (!sf)
-		return pod_ingress_unknown(skb, &pkt, rate_has_payload(&pkt), path);
+		return pod_ingress_unknown(skb, &pkt, rate_has_payload(&pkt));
 	count_subflow_pod(sf, pkt.family, pkt.daddr, pkt.len, false);
 	count_subflow(sf, pkt.len, false);
 	/* A SYN is never a moved subflow's packet, and anyone can send
@@ -2440,39 +2440,6 @@ static __always_inline int pod_ingress_arrival(struct __sk_buff *skb, __u32 path
 	if (has_mptcp(&pkt, MPTCP_SUB_ADD_ADDR))
 		block_add_addr(skb, &pkt, sf);
 	return rate_packet(skb, &pkt, &fk, sf, RATE_DIR_INGRESS);
-}
-
-/* pod_ingress sees what a selected pod receives, after routing chose the pod
- * (TC egress of its host-side veth), arrived on the path of the NIC it came
- * in by (ingress_path). */
-SEC("tc")
-int pod_ingress(struct __sk_buff *skb)
-{
-	return pod_ingress_arrival(skb, ingress_path(skb), false);
-}
-
-/* pod_peer_ingress is pod_ingress where a packet reaches a pod without
- * crossing its host-side veth (TC ingress of the pod's own end, in its
- * namespace): a CNI that routes in BPF (Cilium's eBPF host routing) hands a
- * NIC's arrivals to it with bpf_redirect_peer, which skips the host-side
- * veth's egress and keeps skb->mark, where nic_ingress wrote the arrival's
- * path. A packet that crossed the veth met pod_ingress on the way and lost
- * the mark between namespaces (no path: passed). ingress_ifindex names the
- * pod's device here, not the NIC, so the path is the mark's. The mark's path
- * bits go before the pod sees the packet, as they do crossing the veth.
- * Packets between two pods of the node that the CNI hands over unmarked
- * are not judged. */
-SEC("tc")
-int pod_peer_ingress(struct __sk_buff *skb)
-{
-	__u32 path = arrival_path(skb);
-	int ret;
-
-	if (!path || path > MAX_PATHS)
-		return TCX_NEXT;
-	ret = pod_ingress_arrival(skb, path, true);
-	clear_path_mark(skb);
-	return ret;
 }
 
 /* mark_released_subflow lets a packet of a known subflow of a pod that no

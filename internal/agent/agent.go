@@ -308,11 +308,10 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	policeHooks(plan, hooks)
 	problems, err := a.syncPods(ctx, plan, ids, hooks)
 	keep(err)
-	peerHooks(plan, node.network.MayRouteInBPF(), hooks)
 	a.noteUnenforced(append(capsPastOverlay(plan.Rules, tunnels), capsBehindBridge(plan.Rules, plan.Pods, bridgePort)...))
 	keep(a.syncSocketMPTCP(plan))
 	keep(a.syncPodInterfaces(plan))
-	keep(a.syncHooks(hooks, podNetns(plan)))
+	keep(a.syncHooks(hooks))
 	// The tunnels once their hooks are on: a tunnel declared with none
 	// would pass decapsulated joins as on a path, never staged.
 	keep(a.syncTunnels(tunnels))
@@ -330,28 +329,6 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	a.previous = plan
 	a.publish(plan)
 	return problems, errors.Join(errs...)
-}
-
-// peerHooks adds pod_peer_ingress on each pod's own end of its veth where
-// the CNI may route in BPF: its bpf_redirect_peer hands a NIC's arrivals to
-// that end past the host-side veth, where pod_ingress would judge them.
-// Elsewhere every packet for a pod crosses the host-side veth.
-func peerHooks(plan *Plan, routeInBPF bool, hooks map[datapath.Attachment]bool) {
-	if !routeInBPF {
-		return
-	}
-	for _, pod := range plan.Pods {
-		hooks[datapath.Attachment{Interface: pod.HostInterface, Hook: datapath.HookPodPeerIngress}] = true
-	}
-}
-
-// podNetns maps the plan's pods' host-side veths to their namespaces.
-func podNetns(plan *Plan) map[string]string {
-	out := make(map[string]string, len(plan.Pods))
-	for _, pod := range plan.Pods {
-		out[pod.HostInterface] = pod.NetNS
-	}
-	return out
 }
 
 // bridgePort says whether the interface named is a port of a bridge (a

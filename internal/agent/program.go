@@ -102,16 +102,11 @@ func (a *Agent) syncRules(plan *Plan, ids map[string]uint32) error {
 }
 
 // syncHooks attaches the programs hooks wants and detaches the agent's
-// others (a pod released, a NIC that no longer shapes). A pod's own end of
-// its veth is in the pod's namespace, netns by host-side veth.
-func (a *Agent) syncHooks(hooks map[datapath.Attachment]bool, netns map[string]string) error {
+// others (a pod released, a NIC that no longer shapes).
+func (a *Agent) syncHooks(hooks map[datapath.Attachment]bool) error {
 	var errs []error
 	for att := range hooks {
-		attach := a.dp.Attach
-		if att.Hook == datapath.HookPodPeerIngress {
-			attach = func(att datapath.Attachment) error { return a.dp.AttachToPeer(att, netns[att.Interface]) }
-		}
-		if err := attach(att); err != nil {
+		if err := a.dp.Attach(att); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -11,9 +11,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
-
-	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
 const linkPinSubdir = "links"
@@ -33,19 +30,12 @@ const (
 	// HookNICEgress is the TC egress of a path's NIC, where the shape actor
 	// classifies packets into the agent's HTB classes.
 	HookNICEgress Hook = "nic-egress"
-	// HookPodPeerIngress is the TC ingress of a pod's own end of its veth,
-	// in the pod's namespace: what the pod receives past its host-side
-	// veth, handed over by a CNI that routes in BPF (bpf_redirect_peer).
-	// Its attachment names the host-side veth (AttachToPeer).
-	HookPodPeerIngress Hook = "pod-peer-ingress"
 )
 
 // Hooks lists every hook, in the order the agent attaches them.
-var Hooks = []Hook{HookPodEgress, HookPodIngress, HookPodPeerIngress, HookNICIngress, HookNICEgress}
+var Hooks = []Hook{HookPodEgress, HookPodIngress, HookNICIngress, HookNICEgress}
 
 // Attachment is one program attached to one interface through a TCX link.
-// Interface is a name in the agent's namespace: for HookPodPeerIngress the
-// host-side end of the veth whose other end holds the program.
 type Attachment struct {
 	Interface string
 	Hook      Hook
@@ -60,8 +50,6 @@ func (d *Datapath) hookProgram(h Hook) (*ebpf.Program, ebpf.AttachType) {
 		return d.objs.PodIngress, ebpf.AttachTCXEgress
 	case HookNICEgress:
 		return d.objs.NicEgress, ebpf.AttachTCXEgress
-	case HookPodPeerIngress:
-		return d.objs.PodPeerIngress, ebpf.AttachTCXIngress
 	default:
 		return d.objs.NicIngress, ebpf.AttachTCXIngress
 	}
@@ -99,31 +87,6 @@ func (d *Datapath) Attach(a Attachment) error {
 	if err != nil {
 		return fmt.Errorf("interface %q: %w", a.Interface, err)
 	}
-	return d.attach(a, iface.Index)
-}
-
-// AttachToPeer is Attach on the other end of the veth a.Interface, which
-// lives in the network namespace at netns (a pod's): the link is made
-// there, on that namespace's index of the device, and pinned as a's.
-func (d *Datapath) AttachToPeer(a Attachment, netns string) error {
-	l, err := netlink.LinkByName(a.Interface)
-	if err != nil {
-		return fmt.Errorf("interface %q: %w", a.Interface, err)
-	}
-	veth, ok := l.(*netlink.Veth)
-	if !ok {
-		return fmt.Errorf("interface %q is a %s, not a veth: it has no peer to attach %s to", a.Interface, l.Type(), a.Hook)
-	}
-	peer, err := netlink.VethPeerIndex(veth)
-	if err != nil {
-		return fmt.Errorf("the peer of veth %q: %w", a.Interface, err)
-	}
-	return netnsutil.Do(netns, func() error { return d.attach(a, peer) })
-}
-
-// attach is Attach on the interface of index ifindex in the calling
-// thread's namespace.
-func (d *Datapath) attach(a Attachment, ifindex int) error {
 	prog, attachType := d.hookProgram(a.Hook)
 	pin := d.linkPin(a)
 
@@ -131,8 +94,8 @@ func (d *Datapath) attach(a Attachment, ifindex int) error {
 		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 			defer l.Close()
 			info, ierr := l.Info()
-			if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
-				done, err := d.readopt(l, info, prog, attachType, ifindex)
+			if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == iface.Index {
+				done, err := d.readopt(l, info, prog, attachType, iface.Index)
 				if done || err != nil {
 					return err
 				}
@@ -143,7 +106,7 @@ func (d *Datapath) attach(a Attachment, ifindex int) error {
 		}
 	}
 
-	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: attachType, Anchor: link.Head()})
+	l, err := link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: attachType, Anchor: link.Head()})
 	if err != nil {
 		return fmt.Errorf("attaching %s to %s: %w", a.Hook, a.Interface, err)
 	}

@@ -571,7 +571,6 @@ const (
 	datapathProgNicIngress        = "nic_ingress"
 	datapathProgPodEgress         = "pod_egress"
 	datapathProgPodIngress        = "pod_ingress"
-	datapathProgPodPeerIngress    = "pod_peer_ingress"
 	datapathProgTableCtl          = "table_ctl"
 	datapathVarMarkMask           = "mark_mask"
 	datapathVarMarkShift          = "mark_shift"
@@ -636,12 +635,11 @@ type datapathSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathProgramSpecs struct {
-	NicEgress      *ebpf.ProgramSpec `ebpf:"nic_egress"`
-	NicIngress     *ebpf.ProgramSpec `ebpf:"nic_ingress"`
-	PodEgress      *ebpf.ProgramSpec `ebpf:"pod_egress"`
-	PodIngress     *ebpf.ProgramSpec `ebpf:"pod_ingress"`
-	PodPeerIngress *ebpf.ProgramSpec `ebpf:"pod_peer_ingress"`
-	TableCtl       *ebpf.ProgramSpec `ebpf:"table_ctl"`
+	NicEgress  *ebpf.ProgramSpec `ebpf:"nic_egress"`
+	NicIngress *ebpf.ProgramSpec `ebpf:"nic_ingress"`
+	PodEgress  *ebpf.ProgramSpec `ebpf:"pod_egress"`
+	PodIngress *ebpf.ProgramSpec `ebpf:"pod_ingress"`
+	TableCtl   *ebpf.ProgramSpec `ebpf:"table_ctl"`
 }
 
 // datapathMapSpecs contains maps before they are loaded into the kernel.
@@ -833,12 +831,11 @@ type datapathVariables struct {
 //
 // It can be passed to loadDatapathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathPrograms struct {
-	NicEgress      *ebpf.Program `ebpf:"nic_egress"`
-	NicIngress     *ebpf.Program `ebpf:"nic_ingress"`
-	PodEgress      *ebpf.Program `ebpf:"pod_egress"`
-	PodIngress     *ebpf.Program `ebpf:"pod_ingress"`
-	PodPeerIngress *ebpf.Program `ebpf:"pod_peer_ingress"`
-	TableCtl       *ebpf.Program `ebpf:"table_ctl"`
+	NicEgress  *ebpf.Program `ebpf:"nic_egress"`
+	NicIngress *ebpf.Program `ebpf:"nic_ingress"`
+	PodEgress  *ebpf.Program `ebpf:"pod_egress"`
+	PodIngress *ebpf.Program `ebpf:"pod_ingress"`
+	TableCtl   *ebpf.Program `ebpf:"table_ctl"`
 }
 
 func (p *datapathPrograms) Close() error {
@@ -847,7 +844,6 @@ func (p *datapathPrograms) Close() error {
 		p.NicIngress,
 		p.PodEgress,
 		p.PodIngress,
-		p.PodPeerIngress,
 		p.TableCtl,
 	)
 }

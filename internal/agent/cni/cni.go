@@ -172,7 +172,7 @@ func support(name, mode string) (Support, string) {
 		if mode == "vxlan" || mode == "geneve" {
 			return Untested, "Cilium's program on its tunnel device writes the whole mark before the outer packet's route is chosen, so every subflow inside the tunnel leaves by one NIC; native routing spreads them"
 		}
-		return Tested, "native routing with enable-identity-mark=false (the identity mark overwrites the agent's bits), legacy or eBPF host routing: eBPF host routing sends pods' packets to a NIC past the policy routing the agent steers with, so nic_egress sends subflows' on to their paths' NICs, and what arrives into pods skips their host-side veths, so pod_peer_ingress judges it on the pods' own ends; with encryption (IPsec or WireGuard) on, Cilium uses every mark bit and leaves the agent none"
+		return Tested, "native routing with enable-identity-mark=false (the identity mark overwrites the agent's bits), legacy or eBPF host routing: eBPF host routing sends pods' packets to a NIC past the policy routing the agent steers with, so nic_egress sends subflows' on to their paths' NICs, and what arrives into pods skips their host-side veths (backup flags, ADD_ADDR blocking and ingress caps do not act); with encryption (IPsec or WireGuard) on, Cilium uses every mark bit and leaves the agent none"
 	case "flannel", "bridge":
 		if name == "flannel" && mode == "vxlan" {
 			return Tested, "pods are found at their bridge ports; selected pods' subflows are encapsulated by flannel.1 and their outer packets leave by their paths' NICs, so every path must route the nodes' VTEP addresses"

@@ -38,7 +38,7 @@ func newRecordCollector(src Source) *recordCollector {
 		src:            src,
 		podTxBytes:     d("pod_tx_bytes_total", "Bytes of TCP a selected pod address sent, counted at its host-side veth (Ethernet header included).", podAddressLabels...),
 		podTxPackets:   d("pod_tx_packets_total", "TCP packets a selected pod address sent (GSO super-packets count once).", podAddressLabels...),
-		podRxBytes:     d("pod_rx_bytes_total", "Bytes of TCP a selected pod address received, counted at its host-side veth (or its own end, past which a CNI routing in BPF delivers).", podAddressLabels...),
+		podRxBytes:     d("pod_rx_bytes_total", "Bytes of TCP a selected pod address received, counted at its host-side veth.", podAddressLabels...),
 		podRxPkt:       d("pod_rx_packets_total", "TCP packets a selected pod address received.", podAddressLabels...),
 		tableEntries:   d("table_entries", "Live entries of a datapath table (subflows, connections, police_buckets).", "table"),
 		tableCapacity:  d("table_capacity", "Capacity of a datapath table.", "table"),
