@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
@@ -72,7 +73,11 @@ func (m *Manager) Stop() {
 	}
 	m.cancel()
 	if err := <-m.done; err != nil {
-		m.tb.Errorf("manager stopped with an error: %v", err)
+		// A runnable that outlived the grace period is still running
+		// now: its stack names it.
+		var stacks strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 2)
+		m.tb.Errorf("manager stopped with an error: %v\ngoroutines at that moment:\n%s", err, stacks.String())
 	}
 	m.cancel = nil
 }
