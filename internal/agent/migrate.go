@@ -28,7 +28,7 @@ func (a *Agent) FinishMigration(reconcileErr error) error {
 		}
 		return nil
 	case migrationRollsBack:
-		err := fmt.Errorf("first reconcile after migrating maps %v failed, migration rolled back: %w", maps, reconcileErr)
+		err := fmt.Errorf("the reconcile that settles the migration of maps %v failed, migration rolled back: %w", maps, reconcileErr)
 		return errors.Join(err, a.dp.RollbackMigration())
 	}
 	if err := a.dp.CommitMigration(); err != nil {

@@ -37,20 +37,6 @@ func detourOf(t *testing.T, dp *Datapath) uint32 {
 	return sfs[0].Detour
 }
 
-// oneSubflowOfTwoPaths is a datapath whose client pod, under a rule of
-// paths 1 and 2, placed one subflow (port 40001 to the server's 5201) on
-// home; other is the rule's other path.
-func oneSubflowOfTwoPaths(t *testing.T) (dp *Datapath, home, other uint32) {
-	t.Helper()
-	dp = loadForTest(t)
-	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}}})
-	if err := dp.SetEndpoint(clientPod, 0); err != nil {
-		t.Fatal(err)
-	}
-	home = uint32(placeSYN(t, dp, clientPod, 40001, serverPod, 5201))
-	return dp, home, 3 - home
-}
-
 // settle outlasts DETOUR_SETTLE_MS (bpf/include/detour.h), and with it
 // DETOUR_SILENT_MS; followMax outlasts DETOUR_FOLLOW_MAX_MS.
 const (
@@ -64,7 +50,13 @@ const (
 // the subflow stays home. Once its own path has gone quiet, a move of the
 // peer's is followed, and a followed detour ends after a while.
 func TestSubflowDetoursWhileItsPathIsDownAndComesHome(t *testing.T) {
-	dp, home, other := oneSubflowOfTwoPaths(t)
+	dp := loadForTest(t)
+	setRules(t, dp, map[uint32]Rule{0: {Paths: []uint32{1, 2}}})
+	if err := dp.SetEndpoint(clientPod, 0); err != nil {
+		t.Fatal(err)
+	}
+	home := uint32(placeSYN(t, dp, clientPod, 40001, serverPod, 5201))
+	other := 3 - home
 	out := dataFrame(clientPod, 40001, serverPod, 5201)
 	in := dataFrame(serverPod, 5201, clientPod, 40001)
 
