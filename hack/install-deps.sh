@@ -15,7 +15,6 @@ packages=(
 	llvm=1:14.0-55.7~deb12u1
 	clang-format=1:14.0-55.7~deb12u1
 	libbpf-dev=1:1.1.2-0+deb12u1
-	bpftool=7.1.0+6.1.192-2
 	etcd-server=3.4.23-4+b4
 	containerd=1.6.20~ds1-1+deb12u3
 	runc=1.1.5+ds1-1+deb12u1
@@ -54,6 +53,16 @@ fi
 echo "installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
+# A pin apt no longer offers (Debian's security pocket replaces versions) is
+# named with what apt offers instead, so that the pin is updated knowingly.
+for p in "${missing[@]}"; do
+	name=${p%%=*} want=${p#*=}
+	offered=$(apt-cache madison "$name" | awk -F'|' '{gsub(/ /, "", $2); print $2}')
+	if ! grep -qxF -- "$want" <<<"$offered"; then
+		echo "hack/install-deps.sh pins $name $want, which apt does not offer (it offers: $(echo $offered))" >&2
+		exit 1
+	fi
+done
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # The Debian etcd and containerd packages may start system services; tests
 # start their own, one containerd per bed node with its own socket and root,

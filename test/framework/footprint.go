@@ -97,7 +97,7 @@ func sysctls(out string) string {
 }
 
 // tcxPrograms names the programs on the TCX ingress and egress of ifname,
-// from the kernel's list (bpftool 7.1, as packaged here, lists no TCX).
+// from the kernel's list (Debian 12's bpftool 7.1 lists no TCX).
 func tcxPrograms(node *testbed.Node, ifname string) (string, error) {
 	var out []string
 	for _, hook := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {

@@ -344,7 +344,7 @@ func UnexpectedResets(t testing.TB, files []testbed.CaptureFile) ([]string, erro
 // TCXIngressPrograms names the programs attached through TCX to the TC
 // ingress of ifname in node's namespace, whoever attached them and whether
 // pinned or not: the kernel's own list (BPF_PROG_QUERY), not the agent's
-// pins. (bpftool 7.1, as packaged here, does not list TCX yet.)
+// pins. (Debian 12's bpftool 7.1 does not list TCX.)
 func TCXIngressPrograms(node *testbed.Node, ifname string) ([]string, error) {
 	return tcxProgramNames(node, ifname, ebpf.AttachTCXIngress)
 }

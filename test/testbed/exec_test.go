@@ -4,18 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/csv"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestCommandRunsInNamespaceAndSeesPins checks that a command in a node namespace sees that namespace's interfaces
-// in /sys (as "ip netns exec" gives) and the machine's bpffs at /sys/fs/bpf, so that an object it pins in PinDir is
+// in /sys (as "ip netns exec" gives) and the machine's bpffs at /sys/fs/bpf, so that what it makes in PinDir is
 // visible to the test, and survives the command.
 func TestCommandRunsInNamespaceAndSeesPins(t *testing.T) {
-	RequireTools(t, "bpftool")
 	b := NewForTest(t, Config{Nodes: 1, NICs: 2})
 	node := b.Node(1)
 	out, err := b.Command(node.NetNS, "ls", "/sys/class/net").CombinedOutput()
@@ -23,14 +23,19 @@ func TestCommandRunsInNamespaceAndSeesPins(t *testing.T) {
 	if got := strings.Fields(string(out)); !strings.Contains(string(out), "nic2") || len(got) != 3 {
 		t.Errorf("/sys/class/net in %s lists %v, want lo nic1 nic2", node.NetNS, got)
 	}
-	pin := filepath.Join(b.PinDir(node), "probe_map")
-	out, err = b.Command(node.NetNS, "bpftool", "map", "create", pin, "type", "array", "key", "4", "value", "4",
-		"entries", "1", "name", "probe_map").CombinedOutput()
+	// bpffs takes directories as it takes pins: one made inside the node's
+	// namespace is made on the machine's bpffs, where the agent's pins go.
+	pin := filepath.Join(b.PinDir(node), "probe_dir")
+	out, err = b.Command(node.NetNS, "mkdir", pin).CombinedOutput()
 	if err != nil {
-		t.Fatalf("pinning from inside %s: %v\n%s", node.NetNS, err, out)
+		t.Fatalf("mkdir in bpffs from inside %s: %v\n%s", node.NetNS, err, out)
 	}
-	if _, err := os.Stat(pin); err != nil {
-		t.Fatalf("pin made inside the node namespace is not visible outside: %v", err)
+	var fs unix.Statfs_t
+	if err := unix.Statfs(pin, &fs); err != nil {
+		t.Fatalf("directory made in bpffs inside the node namespace is not visible outside: %v", err)
+	}
+	if fs.Type != unix.BPF_FS_MAGIC {
+		t.Fatalf("%s is on a filesystem of type %#x, want bpffs (%#x)", pin, fs.Type, unix.BPF_FS_MAGIC)
 	}
 }
 
