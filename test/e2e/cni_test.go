@@ -237,8 +237,8 @@ func testCilium(mode string, bpfHostRouting bool) func(*testing.T) {
 // the tenant servers' ingress from the client pods only, waits until the CNI
 // enforces it, runs transfer (which the policy admits) and then dials from
 // the server pod of node 1, no client, to node 2's: the connection, its SYNs
-// steered, must time out; once the policy is deleted it must open within
-// 20 s.
+// steered, must time out; once the policy is deleted it must open (each
+// within cniConvergence of the policy's change).
 func requireNetworkPolicyHolds(t *testing.T, cb *chartBed, attached map[int]*testbed.Pod, transfer func()) {
 	t.Helper()
 	policy := &networkingv1.NetworkPolicy{
@@ -258,18 +258,22 @@ func requireNetworkPolicyHolds(t *testing.T, cb *chartBed, attached map[int]*tes
 	// 1, so a port that nothing on server 2 listens on is refused (RST)
 	// until the CNI enforces it, and times out from then on. Server 2's
 	// workload sees no connection but the clients'.
+	// How soon the CNI enforces a policy, or forgets a deleted one, is the
+	// CNI's: on a loaded machine its agent takes seconds, so both waits
+	// are long and their measure is logged.
 	closed := netip.AddrPortFrom(attached[2].Addr, tenantPort+1)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+	made := time.Now()
+	for deadline := made.Add(cniConvergence); ; time.Sleep(200 * time.Millisecond) {
 		err := dialMPTCP(attached[1], closed, 2*time.Second)
 		if err == nil {
 			t.Fatalf("%s: something listens on %s", attached[1], closed)
 		}
 		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
-			t.Logf("NetworkPolicy enforced: %v", err)
+			t.Logf("NetworkPolicy enforced within %v of its creation: %v", time.Since(made).Round(time.Millisecond), err)
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s to %s: %v 30 s after the NetworkPolicy was made: want it dropped", attached[1], closed, err)
+			t.Fatalf("%s to %s: %v %v after the NetworkPolicy was made: want it dropped", attached[1], closed, err, time.Since(made).Round(time.Millisecond))
 		}
 	}
 	transfer()
@@ -286,20 +290,26 @@ func requireNetworkPolicyHolds(t *testing.T, cb *chartBed, attached map[int]*tes
 		t.Fatal(err)
 	}
 	var err error
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+	deleted := time.Now()
+	for deadline := deleted.Add(cniConvergence); time.Now().Before(deadline); {
 		if err = dialMPTCP(attached[1], to, 2*time.Second); err == nil {
 			break
 		}
 	}
 	if err != nil {
-		t.Fatalf("%s still cannot reach %s with the NetworkPolicy gone: %v", attached[1], to, err)
+		t.Fatalf("%s still cannot reach %s %v after the NetworkPolicy was deleted: %v", attached[1], to, time.Since(deleted).Round(time.Millisecond), err)
 	}
+	t.Logf("reached %s %v after the NetworkPolicy was deleted", to, time.Since(deleted).Round(time.Millisecond))
 	// What timed out before the transfer was the policy: without it the
 	// closed port is refused.
 	if err := dialMPTCP(attached[1], closed, 2*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("%s to %s with the NetworkPolicy gone: %v, want refused", attached[1], closed, err)
 	}
 }
+
+// cniConvergence bounds how long a CNI takes to enforce a NetworkPolicy,
+// or to lift a deleted one, in requireNetworkPolicyHolds.
+const cniConvergence = time.Minute
 
 // requireTunneled fails the test unless the captures on the path NICs read
 // the pods' segments all inside VXLAN (inside) or all outside it.
