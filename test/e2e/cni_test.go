@@ -291,7 +291,7 @@ func requireNetworkPolicyHolds(t *testing.T, cb *chartBed, attached map[int]*tes
 	}
 	var err error
 	deleted := time.Now()
-	for deadline := deleted.Add(cniConvergence); time.Now().Before(deadline); {
+	for deadline := deleted.Add(cniConvergence); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		if err = dialMPTCP(attached[1], to, 2*time.Second); err == nil {
 			break
 		}
