@@ -332,7 +332,8 @@ func send(args []string) error {
 	stall := fs.Duration("stall", 5*time.Second, "a write that makes no progress for this long ends the connection as stalled")
 	cc := fs.String("cc", "", "TCP congestion control of the connections (with MPTCP: of every subflow); default: the namespace's")
 	rate := fs.Float64("rate-mbit", 0, "pace each connection's writes to this many Mbit/s (0: as fast as the connection takes them)")
-	awaitJoins := fs.Int("await-joins", 0, "with -mptcp: write nothing until the connection has this many joins (or -await-timeout passed), then "+
+	awaitJoins := fs.Int("await-joins", 0, "with -mptcp: write nothing until the connection has this many joins whose receiver answered their handshake "+
+		"(or -await-timeout passed), then "+
 		"hold "+joinSettle.String()+" more; keeps data off joins the receiver has not taken in yet (docs/testing.md, \"Data integrity\")")
 	awaitTimeout := fs.Duration("await-timeout", 2*time.Second, "how long -await-joins waits for the joins")
 	_ = fs.Parse(args)

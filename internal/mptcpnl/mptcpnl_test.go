@@ -401,3 +401,45 @@ func TestAListerLooksASubflowUpByItsFourTuple(t *testing.T) {
 		t.Errorf("a listing after the lookups: %+v, %v", again, err)
 	}
 }
+
+// MPTCP_INFO counts a join from its SYN on; MPTCP_TCPINFO tells a join whose
+// acceptor has answered its handshake (established, a segment received
+// after the SYN-ACK) from one still waiting for its SYN-ACK. Senders that
+// hold their data until the acceptor has taken the joins in rely on it.
+func TestSubflowTCPInfoTellsAnsweredJoinsFromUnansweredOnes(t *testing.T) {
+	u := dialUserspace(t)
+	tok, local := u.established.Token, u.established.Local.Addr()
+	// No host has 192.0.2.3: this join's SYN is never answered.
+	if err := u.cmds.CreateSubflow(tok, local, 1, netip.MustParseAddrPort("192.0.2.3:5201"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := u.joins(t, 1); n != 1 {
+		t.Fatalf("MPTCP_INFO counts %d joins after one SYN, want 1", n)
+	}
+	sfs, err := SubflowTCPInfo(u.conn.(*net.TCPConn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sfs) != 2 || !sfs[0].Established || sfs[0].SegmentsIn < 2 || sfs[1].Established {
+		t.Fatalf("subflows %+v, want the first established with its handshake answered, then one not established", sfs)
+	}
+	if err := u.cmds.CreateSubflow(tok, local, 1, u.established.Remote, 0); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if sfs, err = SubflowTCPInfo(u.conn.(*net.TCPConn)); err != nil {
+			t.Fatal(err)
+		}
+		if len(sfs) == 3 && sfs[2].Established && sfs[2].SegmentsIn >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("subflows %+v 5 s after a join to the server, want it established with its handshake answered", sfs)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if sfs[1].Established {
+		t.Errorf("the unanswered join is established: %+v", sfs)
+	}
+}
