@@ -24,7 +24,7 @@ build: ## Build the agent, the traffic tool and the demo into bin/.
 
 .PHONY: generate-bpf
 generate-bpf: ## Regenerate the BPF objects and Go bindings (bpf2go; needs clang).
-	$(GO) generate ./internal/datapath/... ./internal/socketmptcp/... ./bench/xdpdrop/... ./test/testbed/
+	$(GO) generate ./internal/datapath/... ./internal/socketmptcp/... ./bench/xdpdrop/... ./test/testbed/ ./test/testutil/bpfutil/
 
 .PHONY: generate-preload
 generate-preload: ## Rebuild the preload library (preload/libmptcp-socket.so, committed; needs clang).

@@ -35,6 +35,11 @@ const (
 	// SubflowBackupLocal: this end asks the peer to treat the subflow as a
 	// backup (the B bit of its MP_JOIN or its last MP_PRIO).
 	SubflowBackupLocal SubflowFlags = 1 << 5
+	// SubflowFullyEstablished: the peer has answered the subflow's
+	// handshake at the MPTCP level (for a join this end opened: the
+	// acceptor's kernel acknowledged the third ACK), and this end may send
+	// data on it.
+	SubflowFullyEstablished SubflowFlags = 1 << 6
 )
 
 // Subflow is an established MPTCP subflow of a namespace.

@@ -22,7 +22,14 @@ import (
 // every join of a connection the pod opened as a backup subflow (the B bit
 // of its MP_JOIN), on which neither end sends while the connection has an
 // active subflow, and makes it active with an MP_PRIO once it has been
-// established for the holdoff, long after the peer has taken it in.
+// established for the holdoff and the peer has answered its handshake at
+// least half a holdoff before. Established is this end's view (the SYN-ACK
+// arrived); the peer's kernel answers the third ACK as it arrives, which a
+// loaded host can delay past the holdoff, and takes the join into the
+// connection as soon as its application lets go of the socket. A join not
+// answered at half the holdoff is left to the sweeps, which release it a
+// holdoff after they first see it answered. (Before the answer the kernel
+// sends nothing on the join, and refuses to make it active.)
 // A connection that loses its active subflows meanwhile still has the
 // held joins to send on: backup subflows carry data when nothing else can.
 
@@ -53,16 +60,45 @@ func (s *pathManager) releaseLater(sess *session, ev mptcpnl.Event) bool {
 	}
 	key := unmapped(ev)
 	sess.sweeps.schedule(key)
-	sess.later(s.holdoff, func() {
-		err := s.release(sess, ev.Token, ev.Local, ev.Remote)
-		sess.sweeps.done(key)
-		if err != nil {
-			// Closed meanwhile, or refused for now: a sweep
-			// releases the join if it is still held.
-			s.sweepLater(sess)
+	sess.later(s.holdoff/2, func() {
+		if answered, ok, err := s.answered(ev.Token, ev.Local, ev.Remote); err == nil && (!ok || !answered) {
+			// Gone (nothing to release), or not answered yet: a
+			// sweep releases it once it is.
+			sess.sweeps.done(key)
+			if ok {
+				s.sweepLater(sess)
+			}
+			return
 		}
+		// Answered, or not known (the lookup failed): released at the
+		// holdoff's end, as a join whose state cannot be read is not
+		// held for ever.
+		sess.later(s.holdoff-s.holdoff/2, func() {
+			err := s.release(sess, ev.Token, ev.Local, ev.Remote)
+			sess.sweeps.done(key)
+			if err != nil {
+				// Closed meanwhile, or refused for now: a sweep
+				// releases the join if it is still held.
+				s.sweepLater(sess)
+			}
+		})
 	})
 	return true
+}
+
+// answered says whether the pod's kernel lists the join local->remote of
+// connection token as fully established (SubflowFullyEstablished); ok is
+// false when it lists no such join (closed meanwhile, or the path manager
+// stopped).
+func (s *pathManager) answered(token uint32, local, remote netip.AddrPort) (answered, ok bool, err error) {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.stopped {
+		return false, false, nil
+	}
+	sf, ok, err := s.joinLister.Subflow(local, remote)
+	ok = ok && sf.Token == token
+	return ok && sf.Flags&mptcpnl.SubflowFullyEstablished != 0, ok, err
 }
 
 // release makes a held join active. An error means the join is not known
@@ -136,6 +172,14 @@ func (s *pathManager) sweep(sess *session) {
 			continue // its own release is on the way
 		}
 		held[k] = true
+		if sf.Flags&mptcpnl.SubflowFullyEstablished == 0 {
+			// Its peer has not answered the handshake: the
+			// holdoff counts from the first sweep that sees it
+			// answered.
+			delete(sw.seen, k)
+			again = true
+			continue
+		}
 		first, ok := sw.seen[k]
 		switch {
 		case !ok:

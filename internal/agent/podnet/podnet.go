@@ -347,9 +347,10 @@ type PathManagerOptions struct {
 	// DefaultClosedEntryGrace.
 	ClosedEntryGrace time.Duration
 	// JoinHoldoff, when positive, opens every join as a backup subflow
-	// and makes it active that long after it is established: the peer
-	// has by then taken the join into its connection, so no data reaches
-	// it before (holdoff.go). 0 opens joins active.
+	// and makes it active that long after it is established, or later
+	// when the peer has not answered its handshake by half that: so that
+	// the peer has taken the join into its connection before data reaches
+	// it (holdoff.go). 0 opens joins active.
 	JoinHoldoff time.Duration
 }
 
@@ -548,6 +549,10 @@ type pathManager struct {
 	// socket for the frequent listings (listing.go).
 	listings chan struct{}
 	lister   *mptcpnl.Lister
+	// joinLister looks held joins up one at a time (holdoff.go): a
+	// lookup is one request, not a listing, so it takes no listing slot,
+	// and its own socket does not wait for the pod's listings.
+	joinLister *mptcpnl.Lister
 	// life guards nsFD against its close when the path manager stops:
 	// leave, on the agent's goroutine, lists the pod's subflows with it.
 	life    sync.RWMutex
@@ -679,7 +684,7 @@ func start(ctx context.Context, w Want, key podKey, b backoff, log *slog.Logger,
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	s := &pathManager{pod: pod, nsFD: nsFD, backoff: b, log: log.With("pod", pod.Name, "uid", pod.UID), cancel: cancel, done: make(chan struct{}),
-		closed: opts.SubflowClosed, holdoff: opts.JoinHoldoff, opened: openedConns{}, listings: listings, lister: mptcpnl.NewLister(nsFD),
+		closed: opts.SubflowClosed, holdoff: opts.JoinHoldoff, opened: openedConns{}, listings: listings, lister: mptcpnl.NewLister(nsFD), joinLister: mptcpnl.NewLister(nsFD),
 		closedGrace: cmp.Or(opts.ClosedEntryGrace, DefaultClosedEntryGrace)}
 	s.joins.Store(int32(w.Joins))
 	s.joinAfter.Store(w.JoinAfterBytes)
@@ -695,6 +700,7 @@ func (s *pathManager) run(ctx context.Context, sess *session) {
 		s.life.Lock()
 		s.stopped = true
 		_ = s.lister.Close()
+		_ = s.joinLister.Close()
 		_ = unix.Close(s.nsFD)
 		s.life.Unlock()
 	}()

@@ -12,7 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
+	"github.com/mptcp-operator/mptcp-operator/test/testutil/bpfutil"
 )
 
 // A join the pod's kernel closes while its connection lives (here killed
@@ -254,6 +258,97 @@ func TestJoinsAreHeldAsBackupForTheHoldoff(t *testing.T) {
 				t.Errorf("path manager states %+v after the hold, want %d join released", st, released)
 			}
 		})
+	}
+}
+
+// A held join whose acceptor has not answered its handshake (its answer to
+// the third ACK is dropped on the way) stays held past the holdoff: the
+// acceptor may not have taken it in, and data on it could land in the wrong
+// place (the kernel refuses to make it active meanwhile, but would take the
+// MP_PRIO as soon as the answer arrives). Once the answers get through it is
+// released a holdoff after a sweep first sees it answered.
+func TestAHeldJoinIsReleasedOnlyOnceItsAcceptorAnswered(t *testing.T) {
+	const holdoff = 300 * time.Millisecond
+	bed := newPMBed(t)
+	filter := bpfutil.DropJoinAnswers(t, bed.client.NetNS, "eth0", 5201)
+	p := NewPathManagers(slog.New(slog.DiscardHandler), PathManagerOptions{JoinHoldoff: holdoff})
+	t.Cleanup(p.Stop)
+	if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
+		t.Fatal(errs)
+	}
+	var conn net.Conn
+	if err := netnsutil.Do(bed.client.NetNS, func() error {
+		d := net.Dialer{Timeout: 5 * time.Second}
+		d.SetMultipathTCP(true)
+		var err error
+		conn, err = d.Dial("tcp", serverAddr+":5201")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	initial := netip.MustParseAddrPort(conn.LocalAddr().String()).Port()
+	filter.Keep(t, initial)
+	// The first data makes the connection fully established: then the
+	// path manager opens the join.
+	if _, err := conn.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	join := bed.waitForJoin(t, initial)
+	flags := func() mptcpnl.SubflowFlags {
+		t.Helper()
+		fd, err := netnsutil.Open(bed.client.NetNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		sfs, err := mptcpnl.ListSubflows(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sf := range sfs {
+			if sf.Local.Port() == join {
+				return sf.Flags
+			}
+		}
+		t.Fatalf("the join from port %d is not listed: %+v", join, sfs)
+		return 0
+	}
+
+	time.Sleep(3 * holdoff)
+	f := flags()
+	if f&mptcpnl.SubflowFullyEstablished != 0 || filter.Dropped(t) == 0 {
+		t.Fatalf("join flags %#x, %d segments dropped: the filter did not keep the acceptor's answer away",
+			f, filter.Dropped(t))
+	}
+	if f&mptcpnl.SubflowBackupLocal == 0 {
+		t.Errorf("three holdoffs after it was established, the unanswered join is active (flags %#x), want it held", f)
+	}
+	if st := p.States(); len(st) != 1 || st[0].ReleasedJoins != 0 {
+		t.Errorf("path manager states %+v, want no join released while its acceptor has not answered", st)
+	}
+
+	// The answers get through from now on: the join may be released a
+	// holdoff after a sweep first sees it answered, not before.
+	answerable := time.Now()
+	filter.Remove()
+	deadline := time.Now().Add(10 * time.Second)
+	for flags()&mptcpnl.SubflowBackupLocal != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the join is still held 10 s after its acceptor's answers got through (flags %#x):\n%s",
+				flags(), bed.clientSS(t, "-tniMH"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if after := time.Since(answerable); after < holdoff {
+		t.Errorf("the join was released %v after its acceptor could answer, want a holdoff (%v) after it was seen answered",
+			after, holdoff)
+	}
+	if f := flags(); f&mptcpnl.SubflowFullyEstablished == 0 {
+		t.Errorf("the join was released before its acceptor answered (flags %#x)", f)
+	}
+	if st := p.States(); len(st) != 1 || st[0].ReleasedJoins != 1 {
+		t.Errorf("path manager states %+v, want the join released", st)
 	}
 }
 
