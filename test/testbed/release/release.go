@@ -26,7 +26,7 @@ import (
 // test builds its chart and images from source. With each release, set it
 // to the commit that release was cut from and run
 // TestChart/HelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime.
-const PreviousChart = "d3587e9"
+const PreviousChart = "a8b59a2"
 
 // OldestChart is the first chart that ran on the test bed's real nodes
 // (88bc912: before the pod webhook, join holdoff and agents that know their
