@@ -26,25 +26,9 @@ type Info struct {
 
 // SocketInfo reads MPTCP_INFO from an MPTCP socket.
 func SocketInfo(c syscall.Conn) (Info, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return Info{}, err
-	}
 	var buf [256]byte
-	size := uint32(len(buf))
-	var serr error
-	err = raw.Control(func(fd uintptr) {
-		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, solMPTCP, mptcpInfo,
-			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
-		if errno != 0 {
-			serr = errno
-		}
-	})
-	if err != nil {
-		return Info{}, err
-	}
-	if serr != nil {
-		return Info{}, fmt.Errorf("getsockopt MPTCP_INFO: %w", serr)
+	if err := getsockopt(c, mptcpInfo, buf[:]); err != nil {
+		return Info{}, fmt.Errorf("getsockopt MPTCP_INFO: %w", err)
 	}
 	return Info{Subflows: buf[0], AddAddrSignal: buf[1], AddAddrAccepted: buf[2], SubflowsMax: buf[3]}, nil
 }
@@ -67,30 +51,14 @@ const (
 // SubflowTCPInfo reads the tcp_info of each of an MPTCP socket's subflows
 // (MPTCP_TCPINFO, Linux 5.16 and later), at most 8 of them.
 func SubflowTCPInfo(c syscall.Conn) ([]SubflowTCP, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
 	const maxSubflows, headLen = 8, 16
 	// struct mptcp_subflow_data, then one tcp_info of size_user bytes per
 	// subflow.
 	buf := make([]byte, headLen+maxSubflows*tcpInfoLen)
 	binary.NativeEndian.PutUint32(buf[0:4], headLen)
 	binary.NativeEndian.PutUint32(buf[12:16], tcpInfoLen)
-	size := uint32(len(buf))
-	var serr error
-	err = raw.Control(func(fd uintptr) {
-		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, solMPTCP, mptcpTCPInfo,
-			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
-		if errno != 0 {
-			serr = errno
-		}
-	})
-	if err != nil {
-		return nil, err
-	}
-	if serr != nil {
-		return nil, fmt.Errorf("getsockopt MPTCP_TCPINFO: %w", serr)
+	if err := getsockopt(c, mptcpTCPInfo, buf); err != nil {
+		return nil, fmt.Errorf("getsockopt MPTCP_TCPINFO: %w", err)
 	}
 	// The kernel fills num_subflows with them all and copies as many as
 	// fit, each in size_user bytes (the smaller of ours and its own).
@@ -108,4 +76,25 @@ func SubflowTCPInfo(c syscall.Conn) ([]SubflowTCP, error) {
 		})
 	}
 	return out, nil
+}
+
+// getsockopt reads the SOL_MPTCP option opt of c's socket into buf, which
+// also carries what the option reads from the caller.
+func getsockopt(c syscall.Conn, opt uintptr, buf []byte) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	size := uint32(len(buf))
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, solMPTCP, opt,
+			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
+		if errno != 0 {
+			serr = errno
+		}
+	}); err != nil {
+		return err
+	}
+	return serr
 }

@@ -104,6 +104,19 @@ func (b *pmBed) recreateClient(t *testing.T) {
 // ESTABLISHED event sent, once the server has acknowledged data.
 func (b *pmBed) dial(t *testing.T) net.Conn {
 	t.Helper()
+	conn := b.connect(t)
+	if _, err := conn.Write([]byte("hello")); err != nil {
+		conn.Close()
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// connect opens an MPTCP connection from the client pod to the server,
+// closed at the end of the test, and sends nothing: the path manager opens
+// no join before the first data (dial).
+func (b *pmBed) connect(t *testing.T) net.Conn {
+	t.Helper()
 	var conn net.Conn
 	if err := netnsutil.Do(b.client.NetNS, func() error {
 		d := net.Dialer{Timeout: 5 * time.Second}
@@ -114,10 +127,7 @@ func (b *pmBed) dial(t *testing.T) net.Conn {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Write([]byte("hello")); err != nil {
-		conn.Close()
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { conn.Close() })
 	return conn
 }
 

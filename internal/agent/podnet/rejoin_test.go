@@ -12,10 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/mptcp-operator/mptcp-operator/internal/mptcpnl"
-	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 	"github.com/mptcp-operator/mptcp-operator/test/testutil/bpfutil"
 )
 
@@ -276,17 +273,7 @@ func TestAHeldJoinIsReleasedOnlyOnceItsAcceptorAnswered(t *testing.T) {
 	if errs := p.Sync(context.Background(), []Want{{Pod: bed.client, Joins: 1}}); errs != nil {
 		t.Fatal(errs)
 	}
-	var conn net.Conn
-	if err := netnsutil.Do(bed.client.NetNS, func() error {
-		d := net.Dialer{Timeout: 5 * time.Second}
-		d.SetMultipathTCP(true)
-		var err error
-		conn, err = d.Dial("tcp", serverAddr+":5201")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := bed.connect(t)
 	initial := netip.MustParseAddrPort(conn.LocalAddr().String()).Port()
 	filter.Keep(t, initial)
 	// The first data makes the connection fully established: then the
@@ -297,15 +284,7 @@ func TestAHeldJoinIsReleasedOnlyOnceItsAcceptorAnswered(t *testing.T) {
 	join := bed.waitForJoin(t, initial)
 	flags := func() mptcpnl.SubflowFlags {
 		t.Helper()
-		fd, err := netnsutil.Open(bed.client.NetNS)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(fd)
-		sfs, err := mptcpnl.ListSubflows(fd)
-		if err != nil {
-			t.Fatal(err)
-		}
+		sfs := bed.subflows(t)
 		for _, sf := range sfs {
 			if sf.Local.Port() == join {
 				return sf.Flags
