@@ -12,17 +12,19 @@ import (
 // "Held joins"), long after the receiver has taken the joins in.
 const joinSettle = 20 * time.Millisecond
 
-// joinWait keeps a sender's first byte back until the kernel's path
+// joinWait keeps a sender's data after its preamble back until the path
 // manager has opened the connection's joins and their acceptor has taken
-// each in. On Linux 6.15 to 6.18 (6.4 to 6.14 when the receive buffer is
-// also full), a join that receives data while the receiving application
-// holds the connection's lock can have that data placed at the wrong offset
+// each in. The preamble, a few bytes the receiver reads at once, makes the
+// connection fully established: no path manager opens joins before. On
+// Linux 6.15 to 6.18 (6.4 to 6.14 when the receive buffer is also full), a
+// join that receives data while the receiving application holds the
+// connection's lock can have that data placed at the wrong offset
 // (docs/testing.md, "Root cause"); from 6.19 such a join can be reset
-// instead. A connection that sends nothing until its acceptor has taken its
-// joins in never meets that window: a receiver with nothing to read does not
-// hold the lock. The agent, as path manager, holds its joins itself; this is
-// the same defence for connections whose joins the kernel's path manager
-// opens, where nothing else can hold them.
+// instead. A connection that sends nothing more until its acceptor has
+// taken its joins in never meets that window: a receiver with nothing to
+// read does not hold the lock. The agent, as path manager, holds its joins
+// itself; this is the same defence where nothing else holds them: joins the
+// kernel's path manager opens, or an agent that does not hold its own.
 type joinWait struct {
 	want    int // joins to wait for
 	timeout time.Duration

@@ -332,8 +332,8 @@ func send(args []string) error {
 	stall := fs.Duration("stall", 5*time.Second, "a write that makes no progress for this long ends the connection as stalled")
 	cc := fs.String("cc", "", "TCP congestion control of the connections (with MPTCP: of every subflow); default: the namespace's")
 	rate := fs.Float64("rate-mbit", 0, "pace each connection's writes to this many Mbit/s (0: as fast as the connection takes them)")
-	awaitJoins := fs.Int("await-joins", 0, "with -mptcp: write nothing until the connection has this many joins whose receiver answered their handshake "+
-		"(or -await-timeout passed), then "+
+	awaitJoins := fs.Int("await-joins", 0, "with -mptcp: write the stream's preamble, then nothing until the connection has this many joins whose "+
+		"receiver answered their handshake (or -await-timeout passed), then "+
 		"hold "+joinSettle.String()+" more; keeps data off joins the receiver has not taken in yet (docs/testing.md, \"Data integrity\")")
 	awaitTimeout := fs.Duration("await-timeout", 2*time.Second, "how long -await-joins waits for the joins")
 	_ = fs.Parse(args)
@@ -450,12 +450,26 @@ func sendOne(to string, dial dialMode, cc string, seed uint64, i int, duration, 
 			return r
 		}
 	}
-	if r.MPTCP && joins.want > 0 {
-		r.JoinsAwaited, r.JoinWaitTimedOut = joins.await(tc)
-		start = time.Now() // the stream, and its duration, start now
-	}
 	h := newBlockHasher()
 	src := stream.Whole(seed, i)
+	if r.MPTCP && joins.want > 0 {
+		// The preamble first, and nothing more until the joins are
+		// up: a connection is fully established, and a path manager
+		// opens its joins, once the peer has acknowledged data.
+		preamble := make([]byte, stream.PreambleLen)
+		_, _ = io.ReadFull(src, preamble)
+		w, err := c.Write(preamble)
+		h.Write(preamble[:w])
+		r.Bytes += int64(w)
+		if err != nil {
+			r.Error = err.Error()
+			_ = c.Close()
+			r.SHA256, r.Blocks = h.sums()
+			return r
+		}
+		r.JoinsAwaited, r.JoinWaitTimedOut = joins.await(tc)
+		start = time.Now() // the stream's bulk, and its duration, start now
+	}
 	buf := make([]byte, 128<<10)
 	if pace > 0 {
 		// Smaller writes keep a paced connection smooth: 16 KiB is

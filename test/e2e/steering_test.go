@@ -156,6 +156,13 @@ func launchFlowsReporting(t *testing.T, bed *testbed.Bed, flows []flow, d time.D
 			}
 			got = append(got, reps...)
 		}
+		for _, r := range sent {
+			if r.JoinWaitTimedOut {
+				// Said, not failed: the transfer is still checked byte
+				// for byte, and a changed stream then has this reason.
+				t.Logf("connection %d from %s sent on with %d answered joins after the join wait timed out", r.Conn, r.Local, r.JoinsAwaited)
+			}
+		}
 		if _, err := testbed.MatchReports(sent, got); err != nil {
 			failed = append(failed, err)
 		}
