@@ -37,8 +37,8 @@ type joinWait struct {
 // MPTCP_INFO counts a join from its SYN on, and a loaded host can take
 // longer than joinSettle to finish the handshake, so a join is counted here
 // only once its acceptor has answered the third ACK: the join's second
-// received segment after its SYN-ACK (MPTCP_TCPINFO's tcpi_segs_in), the
-// acknowledgement that also lets the kernel send on the join. A kernel
+// received segment, its SYN-ACK being the first (MPTCP_TCPINFO's
+// tcpi_segs_in), the acknowledgement that also lets the kernel send on it. A kernel
 // without MPTCP_TCPINFO (before 5.16) is left with MPTCP_INFO's count.
 func (w joinWait) await(c *net.TCPConn) (joins int, timedOut bool) {
 	deadline := time.Now().Add(w.timeout)
