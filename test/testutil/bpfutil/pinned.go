@@ -1,4 +1,4 @@
-// Package bpfutil holds the helpers of tests that read BPF objects. It is
+// Package bpfutil holds the helpers of tests that read or attach BPF objects. It is
 // apart from testutil so that tests which load no BPF do not link
 // cilium/ebpf through it.
 package bpfutil
