@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -119,12 +120,24 @@ const ringFlush = 1200 * time.Millisecond
 
 // Stop stops every dumpcap (SIGINT, so each finishes its file) and returns the files. Stopping again returns
 // the same.
-func (c *Captures) Stop() ([]CaptureFile, error) {
+func (c *Captures) Stop() ([]CaptureFile, error) { return c.stop(ringFlush) }
+
+// Discard stops every dumpcap at once, without waiting for the ring to
+// flush, and removes the files: for captures nobody will read (a transfer
+// that passed), where the wait would be a second lost per transfer.
+func (c *Captures) Discard() {
+	files, _ := c.stop(0)
+	for _, f := range files {
+		_ = os.Remove(f.Path)
+	}
+}
+
+func (c *Captures) stop(flush time.Duration) ([]CaptureFile, error) {
 	if c.stopped {
 		return c.Files, c.stopErr
 	}
 	c.stopped = true
-	time.Sleep(ringFlush)
+	time.Sleep(flush)
 	for _, p := range c.procs {
 		_ = p.Signal(syscall.SIGINT)
 	}

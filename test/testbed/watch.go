@@ -72,10 +72,7 @@ func (w *Watch) Close() {
 		return
 	}
 	w.closed = true
-	files, _ := w.caps.Stop()
-	for _, f := range files {
-		_ = os.Remove(f.Path)
-	}
+	w.caps.Discard()
 }
 
 // Fail saves the evidence of err and fails the test, naming where the
