@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -312,19 +313,25 @@ func WithReleaseFormat(render func(*NodeConfig) ([]byte, error)) AgentOption {
 // StartAgent writes cfg and starts bin in node's namespace, then waits until
 // the agent reports its first reconcile.
 func StartAgent(ctx context.Context, b *testbed.Bed, bin string, node *testbed.Node, cfg *NodeConfig, opts ...AgentOption) (*Agent, error) {
-	a := &Agent{Node: node, Config: cfg, bin: bin, bed: b, ConfigPath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d.yaml", node.Index)),
-		StatePath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d-state.yaml", node.Index)),
-		PeersPath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d-peers.yaml", node.Index))}
-	for _, o := range opts {
-		o(a)
-	}
-	if err := a.WriteConfig(cfg); err != nil {
+	a, err := newAgent(b, bin, node, cfg, opts...)
+	if err != nil {
 		return nil, err
 	}
 	if err := a.Start(ctx); err != nil {
 		return nil, err
 	}
 	return a, nil
+}
+
+// newAgent is StartAgent up to the start: its files written.
+func newAgent(b *testbed.Bed, bin string, node *testbed.Node, cfg *NodeConfig, opts ...AgentOption) (*Agent, error) {
+	a := &Agent{Node: node, Config: cfg, bin: bin, bed: b, ConfigPath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d.yaml", node.Index)),
+		StatePath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d-state.yaml", node.Index)),
+		PeersPath: filepath.Join(b.Dir, fmt.Sprintf("agent-node%d-peers.yaml", node.Index))}
+	for _, o := range opts {
+		o(a)
+	}
+	return a, a.WriteConfig(cfg)
 }
 
 // WriteConfig replaces the agent's settings and node state files (SIGHUP
@@ -465,15 +472,26 @@ func StartAgents(ctx context.Context, b *testbed.Bed, bin string, rule mptcpv1al
 // StartAgentsWith starts one agent per node, each node's pods selected by
 // the rule ruleFor gives.
 func StartAgentsWith(ctx context.Context, b *testbed.Bed, bin string, ruleFor func(*testbed.Node) mptcpv1alpha1.CompiledRule, opts ...AgentOption) ([]*Agent, error) {
-	var agents []*Agent
-	var errs []error
-	for _, n := range b.Nodes {
-		a, err := StartAgent(ctx, b, bin, n, AgentConfig(b, n, ruleFor(n)), opts...)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+	prepared := make([]*Agent, len(b.Nodes))
+	errs := make([]error, len(b.Nodes))
+	for k, n := range b.Nodes {
+		prepared[k], errs[k] = newAgent(b, bin, n, AgentConfig(b, n, ruleFor(n)), opts...)
+	}
+	// Side by side: an agent's start is mostly the verifier's work on its
+	// programs, about a second of a core, and a node's agent waits for no
+	// other node's.
+	var wg sync.WaitGroup
+	for k, a := range prepared {
+		if errs[k] == nil {
+			wg.Go(func() { errs[k] = a.Start(ctx) })
 		}
-		agents = append(agents, a)
+	}
+	wg.Wait()
+	var agents []*Agent
+	for k, a := range prepared {
+		if errs[k] == nil {
+			agents = append(agents, a)
+		}
 	}
 	return agents, errors.Join(errs...)
 }
