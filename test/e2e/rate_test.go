@@ -522,10 +522,11 @@ const guestRateCap = 20_000_000
 
 // police on a VM pod's node caps what its guest sends, whichever stack
 // and congestion control the guest runs (its own kernel's: Debian 6.1,
-// cubic): per connection, both subflows in one bucket. Three rounds, the
-// median within 0.75..policeHi of the cap: the upper bound is the point,
-// the lower one says the guest is not starved by it. Measured 0.906, 0.957
-// and 0.968 of the cap on an idle machine (2026-11-26).
+// cubic): per connection, both subflows in one bucket. Three rounds (two
+// when both are within the bounds), the median within 0.75..policeHi of
+// the cap: the upper bound is the point, the lower one says the guest is
+// not starved by it. Measured 0.906, 0.957 and 0.968 of the cap on an idle
+// machine (2026-11-26).
 func testPoliceCapsWhatAGuestSends(t *testing.T) {
 	bed, agents := rateBed(t, func(node int) mptcpv1alpha1.CompiledRule {
 		if node == 2 {
@@ -539,7 +540,10 @@ func testPoliceCapsWhatAGuestSends(t *testing.T) {
 	ctx := background(t)
 	const rounds = 3
 	var goodput []float64
-	for i := range rounds {
+	within := func(g float64) bool { return g >= 0.75*guestRateCap && g <= policeHi*guestRateCap }
+	// As capHoldsOver: once the first rounds/2+1 are within the bounds,
+	// so is the median of all.
+	for i, inside := 0, 0; i < rounds && inside < rounds/2+1; i++ {
 		port := 5320 + i
 		w := bed.Watch(t, framework.DatapathEvidence(bed))
 		srv, err := bed.StartTrafficServer(ctx, bins.Traffic, bed.Pod(2, 1), port, true, "-warmup", "1500ms", "-window", "6s", "-sample", "50ms")
@@ -551,9 +555,12 @@ func testPoliceCapsWhatAGuestSends(t *testing.T) {
 		w.Close()
 		t.Logf("round %d: goodput %.1f Mbit/s (%.3f of the cap)", i+1, rep.GoodputBps/1e6, rep.GoodputBps/guestRateCap)
 		goodput = append(goodput, rep.GoodputBps)
+		if within(rep.GoodputBps) && inside == i {
+			inside++
+		}
 	}
 	slices.Sort(goodput)
-	if g := goodput[rounds/2]; g < 0.75*guestRateCap || g > policeHi*guestRateCap {
+	if g := goodput[len(goodput)/2]; !within(g) {
 		t.Errorf("median goodput %.1f Mbit/s is %.3f of the cap, want 0.75..%.2f", g/1e6, g/guestRateCap, policeHi)
 	}
 	if s := stats(t, agents[0]); s["rate_police_drop_connection"] == 0 {
