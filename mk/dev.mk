@@ -69,8 +69,8 @@ BENCH_OUTPUT := $(CURDIR)/_output/bench
 # to themselves, the areas TEST_ALONE_NAMES of any package: they measure
 # rates and stalls (TestRate, TestFailover), load both cores on purpose
 # (TestIntegrity), or run the chart's agents at its default 30 ms liveness
-# probes (TestChart), which a busy machine starves into false path-downs,
-# or change what every bed shares (TestMachineWide: the machine's list of
+# probes (TestChart, two clusters side by side), which other packages' load
+# starves into false path-downs, or change what every bed shares (TestMachineWide: the machine's list of
 # allowed congestion controls, which beds hold widened while they run).
 # The charts package's checks (no nodes) are TestHelmChart, outside that set.
 # The first phase starts the longest packages first (TEST_FIRST after the

@@ -4,13 +4,14 @@ import "testing"
 
 // The end-to-end tests, by area: `go test -run TestFailover ./test/e2e/` runs
 // one area, `-run TestFailover/GrayFailure` the tests of it whose names
-// begin so. Areas that measure rates and stalls, load the machine, or run
-// the chart's defaults (TestFailover, TestRate, TestIntegrity, TestChart)
-// run their tests one at a time; the functional areas run theirs side by
-// side (go test -parallel), each on a bed of its own. Go runs the areas one
-// after another, so that each area's tests share the machine only with
-// their own kind (TestKube's agents probe liveness slowly enough for two
-// clusters, not for other areas' transfers beside them).
+// begin so. Areas that measure rates and stalls or load the machine
+// (TestFailover, TestRate, TestIntegrity) run their tests one at a time;
+// the functional areas run theirs side by side (go test -parallel), each on
+// a bed of its own, and so does TestChart, whose two clusters at the
+// chart's default liveness probes need the machine to themselves. Go runs
+// the areas one after another, so that each area's tests share the machine
+// only with their own kind (TestKube's agents probe liveness slowly enough
+// for two clusters, not for other areas' transfers beside them).
 // `make test` runs the functional ones beside other packages and the
 // others alone on the machine afterwards (docs/testing.md).
 
@@ -130,10 +131,11 @@ func TestKube(t *testing.T) {
 
 // Chart: what an admin does with helm: install, spread, uninstall without a
 // trace; upgrade from the previous release under traffic. Each from
-// nothing, on beds of their own.
+// nothing, on beds of their own, side by side: the chart's default probes
+// (30 ms) hold with two clusters on the machine, not beside other areas.
 func TestChart(t *testing.T) {
-	t.Run("ChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace", testChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace)
-	t.Run("HelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime", testHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime)
+	t.Run("ChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace", sideBySide(testChartInstalledAsAnAdminDoesSpreadsAndUninstallsWithoutATrace))
+	t.Run("HelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime", sideBySide(testHelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime))
 }
 
 // sideBySide runs test in parallel with the other parallel tests of its
