@@ -215,12 +215,27 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	r.recordEvents(state, next.Status.Conditions, out)
 	r.observePeers(tr.Plan)
 	if !reflect.DeepEqual(state.Status, next.Status) {
-		if err := r.Client.Status().Patch(ctx, next, client.MergeFrom(state)); err != nil {
+		// Locked to the state read: a cache that has not seen this
+		// agent's last status write yet gives a base the patch would
+		// leave out what that write changed (equal in the base and the
+		// new status, not on the server), and status changes trigger
+		// no reconcile, so nothing would correct it before the resync.
+		// The API server refuses such a patch; the reconcile runs again
+		// on the cache's next copy.
+		lock := client.MergeFromWithOptions(state, client.MergeFromWithOptimisticLock{})
+		if err := r.Client.Status().Patch(ctx, next, lock); apierrors.IsConflict(err) {
+			r.Log.Debug("status written from a stale copy of the node state; again", "generation", state.Generation)
+			return ctrl.Result{RequeueAfter: staleStatusRetry}, nil
+		} else if err != nil {
 			return ctrl.Result{}, fmt.Errorf("status of %s: %w", state.Name, err)
 		}
 	}
 	return ctrl.Result{RequeueAfter: r.Resync}, nil
 }
+
+// staleStatusRetry is how soon a status refused for a stale base is
+// written again: the cache has the newer copy within milliseconds.
+const staleStatusRetry = 100 * time.Millisecond
 
 // read gets the node's state and translates it with what the node has (its
 // links, what it holds, the peers), each path's liveness read into the
