@@ -609,9 +609,8 @@ func withdrawUnderTraffic(t *testing.T, kb *kubeBed) {
 	// another NIC), which is no reset of a running connection.
 	w := bed.Watch(t, framework.DatapathEvidence(bed))
 	// Long enough for a release that a busy machine slows to seconds (3.9 s
-	// seen with other suites running, 10 s with the images' builds beside
-	// them) to leave a stretch to watch.
-	const transfer, captured = 15 * time.Second, 13500 * time.Millisecond
+	// seen with other suites running) to leave a stretch to watch.
+	const transfer, captured = 10 * time.Second, 8500 * time.Millisecond
 	rpDrops := map[int]float64{}
 	for _, n := range bed.Nodes {
 		rpDrops[n.Index] = nstatValue(t, bed, n.NetNS, "TcpExtIPReversePathFilter")
