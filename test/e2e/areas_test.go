@@ -84,6 +84,19 @@ func TestCNI(t *testing.T) {
 	t.Run("cilium-native-bpf-host-routing/SubflowsSteeredAtTheEdgeAndNetworkPolicyHolds", sideBySide(testCilium("native", true)))
 }
 
+// Guest: VM guests in pods, attached as KubeVirt attaches them, whose
+// kernels the operator does not configure. Functional: run side by side
+// (a guest under software emulation keeps a core busy, which would starve
+// other areas' transfers: the areas run one after another).
+func TestGuest(t *testing.T) {
+	t.Run("GuestClientSubflowsSpreadOverDistinctNICs", sideBySide(testGuestClientSubflowsSpreadOverDistinctNICs))
+	t.Run("GuestServerSubflowsSpreadOverDistinctNICs", sideBySide(testGuestServerSubflowsSpreadOverDistinctNICs))
+	t.Run("GuestHoldsTheJoinOnABackupPathAsBackup", sideBySide(testGuestHoldsTheJoinOnABackupPathAsBackup))
+	t.Run("GuestIsToldOfAPathMadeBackupWithMPPrio", sideBySide(testGuestIsToldOfAPathMadeBackupWithMPPrio))
+	t.Run("GuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST", sideBySide(testGuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST))
+	t.Run("GuestConnectionGoesOnThroughAFailedPath", sideBySide(testGuestConnectionGoesOnThroughAFailedPath))
+}
+
 // Agent: its life on a node (kill, restart, upgrade, bad configuration,
 // observe-only, capabilities, pods leaving) in file mode. Functional: run
 // side by side.
@@ -114,22 +127,6 @@ func TestKube(t *testing.T) {
 	t.Run("RaisedMaxSubflowsReachesRunningPods", sideBySide(testRaisedMaxSubflowsReachesRunningPods))
 	t.Run("ExplainAndAlertsNameWhatLimitsSubflows", sideBySide(testExplainAndAlertsNameWhatLimitsSubflows))
 	t.Run("InstalledFromARegistryAsAnAdminWould", sideBySide(testInstalledFromARegistryAsAnAdminWould))
-}
-
-// Guest: VM guests in pods, attached as KubeVirt attaches them, whose
-// kernels the operator does not configure. Functional: run side by side
-// (a guest under software emulation keeps a core busy, which would starve
-// other areas' transfers: the areas run one after another), and the last
-// of the functional areas: make test's other packages have mostly ended
-// by then, and the guests' emulation keeps both cores busy where a
-// lighter area would leave one idle.
-func TestGuest(t *testing.T) {
-	t.Run("GuestClientSubflowsSpreadOverDistinctNICs", sideBySide(testGuestClientSubflowsSpreadOverDistinctNICs))
-	t.Run("GuestServerSubflowsSpreadOverDistinctNICs", sideBySide(testGuestServerSubflowsSpreadOverDistinctNICs))
-	t.Run("GuestHoldsTheJoinOnABackupPathAsBackup", sideBySide(testGuestHoldsTheJoinOnABackupPathAsBackup))
-	t.Run("GuestIsToldOfAPathMadeBackupWithMPPrio", sideBySide(testGuestIsToldOfAPathMadeBackupWithMPPrio))
-	t.Run("GuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST", sideBySide(testGuestJoinBeyondTheMaximumIsRefusedWithMPTCPRST))
-	t.Run("GuestConnectionGoesOnThroughAFailedPath", sideBySide(testGuestConnectionGoesOnThroughAFailedPath))
 }
 
 // Chart: what an admin does with helm: install, spread, uninstall without a
