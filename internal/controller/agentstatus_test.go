@@ -3,8 +3,6 @@ package controller_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"net/netip"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -13,16 +11,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
 	"github.com/mptcp-operator/mptcp-operator/internal/agent"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent/kube"
-	"github.com/mptcp-operator/mptcp-operator/internal/agent/observe"
 	"github.com/mptcp-operator/mptcp-operator/test/testenv"
 	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
@@ -38,7 +30,10 @@ type heldEnforcer struct {
 func (e *heldEnforcer) Reconcile(ctx context.Context, p *agent.Plan) ([]mptcpv1alpha1.PodProblem, error) {
 	e.once.Do(func() {
 		close(e.entered)
-		<-e.release
+		select {
+		case <-e.release:
+		case <-ctx.Done(): // the manager stops: the test failed first
+		}
 	})
 	return e.recordingEnforcer.Reconcile(ctx, p)
 }
@@ -107,45 +102,14 @@ func TestAgentStatusIsWholeAfterAReadFromALaggingCache(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	token := env.PodToken(t, createAgentPod(t, env, "n1"))
-	mgr, err := ctrl.NewManager(env.AsToken(token), ctrl.Options{
-		Scheme: env.Scheme, Cache: kube.CacheOptions("n1"),
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		// The package's other tests start an agent's controller of the
-		// same name in this process.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.DiscardHandler)
 	enforcer := &heldEnforcer{recordingEnforcer: &recordingEnforcer{}, entered: make(chan struct{}), release: make(chan struct{})}
-	cache := &laggingCache{Client: mgr.GetClient()}
-	r := &kube.Reconciler{
-		Client: cache, APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("mptcp-agent"),
-		Agent: enforcer, Settings: agent.NodeDefaults("n1"), Node: "n1", Log: log, Metrics: observe.NewMetrics(nil, log),
-		// Longer than the test: only the agent's own handling of the
-		// stale read can end it well.
-		Resync: time.Hour,
-		Links: func() ([]agent.NodeLink, error) {
-			return []agent.NodeLink{{Name: "nic1", Up: true, Addresses: []netip.Prefix{netip.MustParsePrefix("10.101.1.2/24")},
-				Gateway: netip.MustParseAddr("10.101.1.1")}}, nil
-		},
-		Locate: func(ips []netip.Addr) (agent.LocatedPod, error) {
-			return agent.LocatedPod{HostInterface: "veth-" + ips[0].String(), NetNS: "/var/run/netns/" + ips[0].String()}, nil
-		},
-	}
-	if err := r.SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	}()
+	var cache *laggingCache
+	// A resync longer than the test: only the agent's own handling of
+	// the stale read can end it well.
+	runAgentReconciler(t, env, enforcer, time.Hour, func(c client.Client) client.Client {
+		cache = &laggingCache{Client: c}
+		return cache
+	})
 
 	// Generation 1 is being enforced; the controller takes the pod away.
 	select {

@@ -17,7 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	mptcpv1alpha1 "github.com/mptcp-operator/mptcp-operator/api/v1alpha1"
@@ -82,6 +85,57 @@ func (e *recordingEnforcer) enforcedPods() []string {
 	return out
 }
 
+// runAgentReconciler runs the agent's kube reconciler for node n1 until the
+// test ends, as kube.Run builds it: with n1's pod-bound token (the agent's
+// pod is created; config/agent's RBAC and admission policies must be
+// applied), its cache holding n1's node state only. enforcer stands in for
+// the datapath; the node has one link, nic1, and a pod is the veth named
+// for its address. wrap, unless nil, wraps the manager's client as the
+// reconciler's.
+func runAgentReconciler(t *testing.T, env *testenv.Env, enforcer kube.Enforcer, resync time.Duration, wrap func(client.Client) client.Client) {
+	t.Helper()
+	token := env.PodToken(t, createAgentPod(t, env, "n1"))
+	mgr, err := ctrl.NewManager(env.AsToken(token), ctrl.Options{
+		Scheme: env.Scheme, Cache: kube.CacheOptions("n1"),
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		// Tests of this package start agents' controllers of the same
+		// name in one process.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mgr.GetClient()
+	if wrap != nil {
+		c = wrap(c)
+	}
+	log := slog.New(slog.DiscardHandler)
+	r := &kube.Reconciler{
+		Client: c, APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("mptcp-agent"),
+		Agent: enforcer, Settings: agent.NodeDefaults("n1"), Node: "n1", Log: log, Metrics: observe.NewMetrics(nil, log),
+		Resync: resync,
+		Links: func() ([]agent.NodeLink, error) {
+			return []agent.NodeLink{{Name: "nic1", Up: true, Addresses: []netip.Prefix{netip.MustParsePrefix("10.101.1.2/24")},
+				Gateway: netip.MustParseAddr("10.101.1.1")}}, nil
+		},
+		Locate: func(ips []netip.Addr) (agent.LocatedPod, error) {
+			return agent.LocatedPod{HostInterface: "veth-" + ips[0].String(), NetNS: "/var/run/netns/" + ips[0].String()}, nil
+		},
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+}
+
 // TestAgentSkipsAndReportsABadPodAndEnforcesTheRest runs the agent's kube
 // reconciler (its datapath stood in for) with node n1's pod-bound token and
 // config/agent's RBAC and admission policies against a real API server. Its
@@ -139,39 +193,8 @@ func TestAgentSkipsAndReportsABadPodAndEnforcesTheRest(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	token := env.PodToken(t, createAgentPod(t, env, "n1"))
-	mgr, err := ctrl.NewManager(env.AsToken(token), ctrl.Options{
-		Scheme: env.Scheme, Cache: kube.CacheOptions("n1"),
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.DiscardHandler)
 	enforcer := &recordingEnforcer{fail: map[string]bool{"tenant-c/flaky": true}}
-	r := &kube.Reconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("mptcp-agent"),
-		Agent: enforcer, Settings: agent.NodeDefaults("n1"), Node: "n1", Log: log, Metrics: observe.NewMetrics(nil, log),
-		Resync: time.Second,
-		Links: func() ([]agent.NodeLink, error) {
-			return []agent.NodeLink{{Name: "nic1", Up: true, Addresses: []netip.Prefix{netip.MustParsePrefix("10.101.1.2/24")},
-				Gateway: netip.MustParseAddr("10.101.1.1")}}, nil
-		},
-		Locate: func(ips []netip.Addr) (agent.LocatedPod, error) {
-			return agent.LocatedPod{HostInterface: "veth-" + ips[0].String(), NetNS: "/var/run/netns/" + ips[0].String()}, nil
-		},
-	}
-	if err := r.SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	}()
+	runAgentReconciler(t, env, enforcer, time.Second, nil)
 
 	gate := func(ns, name string) (corev1.PodCondition, error) {
 		var p corev1.Pod
