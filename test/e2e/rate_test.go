@@ -238,13 +238,9 @@ func testSteadyTransferHasNoPeriodicStall(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	steadyTransferFrom(t, "bbr", 25*time.Second)
-}
-
-// steadyTransferFrom is testSteadyTransferHasNoPeriodicStall's transfer:
-// the bed's node and pod namespaces start with inherited, as on a node
-// whose default it is.
-func steadyTransferFrom(t *testing.T, inherited string, length time.Duration) {
+	// The bed's node and pod namespaces start with bbr, as on a node whose
+	// default it is.
+	const inherited, length = "bbr", 25 * time.Second
 	bed := testbed.NewForTest(t, testbed.Config{Nodes: 2, NICs: 2, PodsPerNode: 1, LinkRate: "200mbit"})
 	for _, n := range bed.Nodes {
 		testbed.Must(t, bed.Sysctl(n.NetNS, "net.ipv4.tcp_congestion_control", inherited))
