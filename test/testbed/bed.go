@@ -40,6 +40,11 @@ type Config struct {
 	// Underlay makes the fabrics an overlay's underlay: they route each node's Loopback address (on its lo) and no
 	// pod CIDR, so pods of different nodes reach each other only through a tunnel between those addresses.
 	Underlay bool
+	// SharedLAN makes each fabric one layer-2 segment, as a rack's switch: every node's NIC k holds its address in
+	// 10.(100+k).0.0/16 and reaches the other nodes' NIC k directly; the fabric's addresses on it stay each node's
+	// gateway, and the fabric routes nothing beyond the segment (no pod CIDR, no Loopback), as a host-gw
+	// cluster's fabrics do not. It excludes Underlay.
+	SharedLAN bool
 }
 
 // Bed is a running test bed. Its exported fields describe the topology; it is torn down by Down.
@@ -124,7 +129,12 @@ func podGateway(i int) netip.Addr      { return netip.AddrFrom4([4]byte{10, 244,
 func podCIDR(i int) netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)
 }
-func nicPrefix(i, k int) netip.Prefix { return netip.PrefixFrom(nicAddr(i, k), 24) }
+func nicPrefix(i, k int, sharedLAN bool) netip.Prefix {
+	if sharedLAN {
+		return netip.PrefixFrom(nicAddr(i, k), 16)
+	}
+	return netip.PrefixFrom(nicAddr(i, k), 24)
+}
 
 // NewName returns a fresh bed prefix, "mpt" and 6 random hex digits.
 func NewName() string {
@@ -162,6 +172,9 @@ func Up(ctx context.Context, cfg Config) (*Bed, error) {
 	if strings.ContainsAny(cfg.Name, "/ \t") || len(cfg.Name) > 20 {
 		return nil, fmt.Errorf("bad bed name %q", cfg.Name)
 	}
+	if cfg.SharedLAN && cfg.Underlay {
+		return nil, errors.New("a bed's fabrics are a shared LAN or an underlay, not both")
+	}
 	if cfg.Nodes < 1 || cfg.Nodes > 200 || cfg.NICs < 1 || cfg.NICs > 100 || cfg.PodsPerNode < 0 || cfg.PodsPerNode > 200 {
 		return nil, fmt.Errorf("bed size out of range: %d nodes, %d NICs, %d pods per node", cfg.Nodes, cfg.NICs, cfg.PodsPerNode)
 	}
@@ -198,7 +211,7 @@ func (b *Bed) describe() {
 		n := &Node{Index: i, NetNS: NodeNS(p, i), PodCIDR: podCIDR(i), Loopback: netip.AddrFrom4([4]byte{10, 100, 0, byte(i)})}
 		for k := 1; k <= b.Config.NICs; k++ {
 			n.NICs = append(n.NICs, NIC{
-				Index: k, Name: fmt.Sprintf("nic%d", k), Addr: nicPrefix(i, k), Gateway: fabricAddr(i, k),
+				Index: k, Name: fmt.Sprintf("nic%d", k), Addr: nicPrefix(i, k, b.Config.SharedLAN), Gateway: fabricAddr(i, k),
 				WireNS: WireNS(p, i, k), WireNodeSide: "n", WireFabricSide: "f",
 				FabricNS: FabricNS(p, k), FabricIf: fmt.Sprintf("n%d", i),
 			})
@@ -306,8 +319,20 @@ func (b *Bed) build(ctx context.Context) error {
 	}
 	for k, f := range b.Fabrics {
 		cmds := []string{"link set lo up"}
+		if b.Config.SharedLAN {
+			cmds = append(cmds, "link add lan type bridge", "link set lan up")
+		}
 		for _, n := range b.Nodes {
 			c := n.NICs[k]
+			if b.Config.SharedLAN {
+				// The nodes' cables are the bridge's ports; the gateways are the bridge's addresses.
+				cmds = append(cmds,
+					fmt.Sprintf("link set dev %s master lan", c.FabricIf),
+					fmt.Sprintf("link set dev %s up", c.FabricIf),
+					fmt.Sprintf("addr add %s/16 dev lan", c.Gateway),
+				)
+				continue
+			}
 			cmds = append(cmds,
 				fmt.Sprintf("addr add %s/24 dev %s", c.Gateway, c.FabricIf),
 				fmt.Sprintf("link set dev %s up", c.FabricIf),

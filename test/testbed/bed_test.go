@@ -3,12 +3,15 @@ package testbed
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mptcp-operator/mptcp-operator/internal/netnsutil"
 )
 
 // leftovers lists what a bed with this prefix could leave behind: namespaces, processes inside them, its pin
@@ -78,6 +81,48 @@ func TestUpDownLeavesNothing(t *testing.T) {
 				t.Fatalf("left behind after Down: %v", left)
 			}
 		})
+	}
+}
+
+// On a bed whose fabrics are shared LANs, each node reaches the others' NIC k directly on fabric k (no router
+// between, as flannel's host-gw needs), and the fabrics route no pod CIDR.
+func TestSharedLANFabricsAreOneSegmentEach(t *testing.T) {
+	RequireRoot(t)
+	RequireTools(t, BedTools...)
+	b := NewForTest(t, Config{Nodes: 2, NICs: 2, SharedLAN: true})
+	n1, n2 := b.Node(1), b.Node(2)
+	for _, k := range []int{1, 2} {
+		peer := n2.NIC(k).Addr.Addr().String()
+		if out, err := b.Command(n1.NetNS, "ip", "route", "get", peer).CombinedOutput(); err != nil ||
+			!strings.Contains(string(out), "dev nic"+fmt.Sprint(k)) || strings.Contains(string(out), " via ") {
+			t.Errorf("node 1's route to node 2's NIC %d (%s): %s (%v), want it on nic%d's link", k, peer, out, err, k)
+		}
+		// And a connection from node 1 to node 2 crosses it.
+		var ln net.Listener
+		if err := netnsutil.Do("/var/run/netns/"+n2.NetNS, func() (err error) {
+			ln, err = net.Listen("tcp", net.JoinHostPort(peer, "0"))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				c.Close()
+			}
+		}()
+		if err := netnsutil.Do("/var/run/netns/"+n1.NetNS, func() error {
+			c, err := net.DialTimeout("tcp", ln.Addr().String(), 2*time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}); err != nil {
+			t.Errorf("node 1 cannot connect to node 2 over nic%d: %v", k, err)
+		}
+		ln.Close()
+		if out, err := b.Command(b.Fabrics[k-1], "ip", "route", "get", n2.PodCIDR.Addr().Next().String()).CombinedOutput(); err == nil {
+			t.Errorf("fabric %d routes node 2's pod CIDR: %s", k, out)
+		}
 	}
 }
 
