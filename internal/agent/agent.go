@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -347,13 +348,24 @@ func (a *Agent) ranges() routing.Ranges {
 }
 
 // syncRouting gives each path its table and fwmark rule (routing), the
-// table holding the tunnels' routes too.
+// table holding the tunnels' routes and the direct routes to the peers' pod
+// CIDRs, by the addresses liveness probes them at on each path.
 func (a *Agent) syncRouting(plan *Plan, tunnels []routing.Tunnel) error {
 	paths := make([]routing.Path, 0, len(plan.Paths))
 	for _, p := range plan.Paths {
 		paths = append(paths, p.Path)
 	}
-	return routing.Sync(a.ranges(), plan.PodCIDRs, paths, tunnels, a.dp.Mark)
+	byNode := map[string]routing.Peer{}
+	for _, lp := range plan.Liveness {
+		for _, peer := range lp.Peers {
+			if _, ok := byNode[peer.Node]; !ok {
+				byNode[peer.Node] = routing.Peer{Addresses: map[uint32]netip.Addr{}, PodCIDRs: plan.PeerCIDRs[peer.Node]}
+			}
+			byNode[peer.Node].Addresses[lp.Index] = peer.Addr
+		}
+	}
+	return routing.Sync(a.ranges(), routing.Want{PodCIDRs: plan.PodCIDRs, Paths: paths, Tunnels: tunnels,
+		Peers: slices.Collect(maps.Values(byNode))}, a.dp.Mark)
 }
 
 // steerableTunnels are the tunnels whose arrivals the datapath can judge:

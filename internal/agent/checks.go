@@ -200,7 +200,7 @@ func (a *Agent) noteNode(node *nodeChecked) {
 // then the marks (heldForClash).
 func (a *Agent) stopForClash() error {
 	a.heldForClash = true
-	return errors.Join(a.dp.SetObserveOnly(true), routing.Sync(a.ranges(), nil, nil, nil, a.dp.Mark))
+	return errors.Join(a.dp.SetObserveOnly(true), routing.Sync(a.ranges(), routing.Want{}, a.dp.Mark))
 }
 
 // kernelRefusal is the error of a failed kernel check (a kernel below the

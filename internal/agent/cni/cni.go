@@ -177,7 +177,7 @@ func support(name, mode string) (Support, string) {
 		if name == "flannel" && mode == "vxlan" {
 			return Tested, "pods are found at their bridge ports; selected pods' subflows are encapsulated by flannel.1 and their outer packets leave by their paths' NICs, so every path must route the nodes' VTEP addresses"
 		}
-		return Untested, "pods are found at their bridge ports; steering through the bridge is proven on no bed"
+		return Tested, "pods are found at their bridge ports; where the node routes a peer's pods to the peer's address (flannel's host-gw), each path's table routes them to the peer's address on that path if the path's link holds it, else by the path's gateway (which must then route pod CIDRs); a node without selected pods is no peer, and its pods are reached only by the CNI's NIC where the gateways route no pod CIDR"
 	case "ovn-kubernetes":
 		return Untested, "pods' host-side veths are ports of OVS's br-int, where the agent's hooks run, but OVS, not the " +
 			"node's routing, sends pods' packets into its Geneve tunnel, whose outer packets follow the mark only where OVN's " +

@@ -75,12 +75,12 @@ func TestFindNamesTheCNIItsModeAndMarks(t *testing.T) {
 		"a bridge without flannel": {
 			files: map[string]string{"10-bridge.conflist": `{"plugins":[{"type":"bridge"}]}`},
 			host:  Host{Links: []string{"cni0"}},
-			want:  Network{Name: "bridge", Mode: "bridge", Support: Untested},
+			want:  Network{Name: "bridge", Mode: "bridge", Support: Tested},
 		},
 		"flannel host-gw": {
 			files: map[string]string{"10-flannel.conflist": `{"plugins":[{"type":"flannel"}]}`},
 			host:  Host{Links: []string{"cni0"}},
-			want:  Network{Name: "flannel", Mode: "host-gw", Support: Untested},
+			want:  Network{Name: "flannel", Mode: "host-gw", Support: Tested},
 		},
 		"ptp as a single .conf": {
 			files: map[string]string{"10-ptp.conf": `{"type":"ptp","ipam":{"type":"host-local"}}`},

@@ -1,9 +1,10 @@
 // Package routing keeps a node's policy routing as the datapath's marks
-// need it: one table per path holding a default route out of the path's NIC
-// (and the main table's routes through an overlay's tunnel devices), one
-// fwmark rule per path, and a rule that keeps traffic for the node's own
-// pods in the main table. It owns a range of tables and rule priorities and
-// touches nothing outside them.
+// need it: one table per path holding a default route out of the path's NIC,
+// the NIC's own subnets, and the main table's routes that the path must take
+// its own way (through an overlay's tunnel devices, or straight to a peer
+// node, as host-gw routes), one fwmark rule per path, and a rule that keeps
+// traffic for the node's own pods in the main table. It owns a range of
+// tables and rule priorities and touches nothing outside them.
 package routing
 
 import (
@@ -37,27 +38,223 @@ type Path struct {
 	Gateway   netip.Addr `json:"gateway"`
 }
 
+// Want is the routing a node's plan needs.
+type Want struct {
+	// PodCIDRs are the node's own pods' ranges, kept in the main table.
+	PodCIDRs []netip.Prefix
+	Paths    []Path
+	// Tunnels are the overlay devices the main table routes through
+	// (Tunnels), Peers the other nodes the paths reach.
+	Tunnels []Tunnel
+	Peers   []Peer
+}
+
+// Peer is another node as this node's paths reach it: its address on each
+// path they share, by the path's index, and its pod CIDRs.
+type Peer struct {
+	Addresses map[uint32]netip.Addr
+	PodCIDRs  []netip.Prefix
+}
+
+// routesPods says whether dst lies in one of the peer's pod CIDRs.
+func (p *Peer) routesPods(dst netip.Prefix) bool {
+	return slices.ContainsFunc(p.PodCIDRs, func(c netip.Prefix) bool { return c.Bits() <= dst.Bits() && c.Contains(dst.Addr()) })
+}
+
 // Sync makes the node's rules and tables in r's ranges route each path's
-// mark (mark gives it) out of the path's NIC, and keep podCIDRs in the main
-// table; anything else in the ranges is removed, in an order that keeps
-// every mark routed (apply). Each path's table also holds tunnels' routes:
-// a marked packet to a peer's pods on an overlay is encapsulated, and its
-// outer packet, which keeps the mark, leaves by the path's NIC.
-func Sync(r Ranges, podCIDRs []netip.Prefix, paths []Path, tunnels []Tunnel, mark func(uint32) uint32) error {
-	p, err := plan(r, podCIDRs, paths, mark)
+// mark (mark gives it) out of the path's NIC, and keep w's pod CIDRs in the
+// main table; anything else in the ranges is removed, in an order that
+// keeps every mark routed (apply). Besides its default route, each path's
+// table holds:
+//   - its NIC's own subnets, so that a neighbour on the path's link (a
+//     peer node's address, as liveness probes it) is reached directly
+//     whatever the gateway;
+//   - the tunnels' routes: a marked packet to a peer's pods on an overlay
+//     is encapsulated, and its outer packet, which keeps the mark, leaves
+//     by the path's NIC;
+//   - direct routes (neighbourRoutes): what the main table routes to a
+//     neighbour on a path's link, as host-gw routes a peer's pods to the
+//     peer.
+func Sync(r Ranges, w Want, mark func(uint32) uint32) error {
+	p, err := plan(r, w.PodCIDRs, w.Paths, mark)
 	if err != nil {
 		return err
 	}
-	for table, routes := range p.tables {
-		for _, tn := range tunnels {
-			for _, tr := range tn.Routes {
-				tr.Table, tr.Protocol = table, routeProtocol
-				routes = append(routes, tr)
-			}
+	links := make([]netlink.Link, len(w.Paths))
+	pathOf := map[int]uint32{} // link index -> path index
+	for i, path := range w.Paths {
+		if links[i], err = netlink.LinkByName(path.Interface); err != nil {
+			return fmt.Errorf("path %q: interface %q: %w", path.Name, path.Interface, err)
+		}
+		pathOf[links[i].Attrs().Index] = path.Index
+	}
+	main, err := mainRoutes()
+	if err != nil {
+		return err
+	}
+	neighbours := neighbourRoutes(main, w.Peers, pathOf, w.Paths)
+	for i, path := range w.Paths {
+		table := r.TableBase + int(path.Index)
+		routes := p.tables[table]
+		for _, tn := range w.Tunnels {
+			routes = append(routes, tn.Routes...)
+		}
+		own, err := linkRoutes(path, links[i], neighbours)
+		if err != nil {
+			return err
+		}
+		routes = append(routes, own...)
+		for i := range routes {
+			routes[i].Table, routes[i].Protocol = table, routeProtocol
 		}
 		p.tables[table] = routes
 	}
 	return p.apply()
+}
+
+// mainRoutes lists the main table, again when a change to it interrupted
+// the dump (its result may then be incomplete).
+func mainRoutes() ([]netlink.Route, error) {
+	var err error
+	for range 3 {
+		var routes []netlink.Route
+		routes, err = netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: mainTable}, netlink.RT_FILTER_TABLE)
+		if err == nil {
+			return routes, nil
+		}
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	return nil, fmt.Errorf("listing the main table: %w", err)
+}
+
+// neighbourRoute is a route of the main table to a destination through a
+// next hop on a path NIC's link (the path's index), and the peer whose
+// address that next hop is, and whose pods the destination is (nil: none
+// the agent knows).
+type neighbourRoute struct {
+	route netlink.Route
+	path  uint32
+	peer  *Peer
+}
+
+// neighbourRoutes are the main table's routes (not default ones: each path
+// has its own) through a next hop on the link of a path's NIC (pathOf, by
+// link index), found by their next hop rather than by the CNI: flannel's
+// host-gw routes each peer's pod CIDR so, Calico's BGP on one segment its
+// blocks, Cilium's direct node routes its CIDRs. Each path's table takes a
+// route to a peer's pods through the peer's address on the path where the
+// path's link holds it, so that the path's subflows reach the peer by its
+// NIC although the fabric routes no pod CIDR; where it does not, by the
+// path's gateway, as any destination. A route through a next hop that is
+// no peer's (a router, or a node the agent has no MPTCPPeer of) is taken as
+// the main table takes it by the path whose NIC it leaves by, and by the
+// path's gateway on every other path: the gateways of routed fabrics keep
+// their subflows (and their arrivals' reverse path) on their NICs.
+//
+// Addresses are what nodes report: a next hop is a peer's only where it is
+// the peer's address on the path of the route's NIC, none of this node's
+// gateways, and only for a destination in the peer's pod CIDRs, so that a
+// node that claimed a router's address draws nothing but its own pods'
+// subflows. Of the main table's routes to one destination only the one
+// the main table prefers (the lowest metric) counts.
+func neighbourRoutes(main []netlink.Route, peers []Peer, pathOf map[int]uint32, paths []Path) []neighbourRoute {
+	gateways := map[netip.Addr]bool{}
+	for _, p := range paths {
+		gateways[p.Gateway] = true
+	}
+	best := map[string]int{} // destination -> the lowest metric of its routes
+	for _, r := range main {
+		if isDefault(r) {
+			if gw, ok := netip.AddrFromSlice(r.Gw); ok {
+				gateways[gw.Unmap()] = true
+			}
+			continue
+		}
+		if m, ok := best[r.Dst.String()]; r.Type == syscall.RTN_UNICAST && (!ok || r.Priority < m) {
+			best[r.Dst.String()] = r.Priority
+		}
+	}
+	var out []neighbourRoute
+	for _, r := range main {
+		path, onPath := pathOf[r.LinkIndex]
+		if r.Gw == nil || isDefault(r) || r.Type != syscall.RTN_UNICAST || !onPath || len(r.MultiPath) > 0 ||
+			best[r.Dst.String()] != r.Priority {
+			continue
+		}
+		out = append(out, neighbourRoute{
+			// Of the flags only onlink: a copied linkdown would be refused.
+			route: netlink.Route{LinkIndex: r.LinkIndex, Dst: r.Dst, Gw: r.Gw, Flags: r.Flags & int(netlink.FLAG_ONLINK), Family: r.Family},
+			path:  path,
+		})
+	}
+	for i := range out {
+		gw, _ := netip.AddrFromSlice(out[i].route.Gw)
+		dst, _ := netip.AddrFromSlice(out[i].route.Dst.IP)
+		ones, _ := out[i].route.Dst.Mask.Size()
+		if gateways[gw.Unmap()] {
+			continue
+		}
+		for j := range peers {
+			if peers[j].Addresses[out[i].path] == gw.Unmap() && peers[j].routesPods(netip.PrefixFrom(dst.Unmap(), ones)) {
+				out[i].peer = &peers[j]
+				break
+			}
+		}
+	}
+	return out
+}
+
+// isDefault says whether r is a default route (netlink gives one with no
+// destination, or as 0.0.0.0/0 or ::/0).
+func isDefault(r netlink.Route) bool {
+	if r.Dst == nil {
+		return true
+	}
+	ones, _ := r.Dst.Mask.Size()
+	return ones == 0
+}
+
+// linkRoutes are the routes of path's table that its NIC's addresses
+// decide: the NIC's subnets, and the neighbour routes as those subnets
+// place them (neighbourRoutes).
+func linkRoutes(path Path, link netlink.Link, neighbours []neighbourRoute) ([]netlink.Route, error) {
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("path %q: addresses of %q: %w", path.Name, path.Interface, err)
+	}
+	var subnets []netip.Prefix
+	var out []netlink.Route
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || a.IPNet == nil || ip.IsLinkLocalUnicast() {
+			continue
+		}
+		ones, _ := a.Mask.Size()
+		subnet := netip.PrefixFrom(ip.Unmap(), ones).Masked()
+		if slices.Contains(subnets, subnet) {
+			continue
+		}
+		subnets = append(subnets, subnet)
+		out = append(out, netlink.Route{LinkIndex: link.Attrs().Index, Dst: prefixToIPNet(subnet), Scope: netlink.SCOPE_LINK,
+			Family: family(subnet.Addr())})
+	}
+	onLink := func(a netip.Addr) bool {
+		return slices.ContainsFunc(subnets, func(s netip.Prefix) bool { return s.Contains(a) })
+	}
+	for _, n := range neighbours {
+		if n.peer != nil {
+			if via, ok := n.peer.Addresses[path.Index]; ok && via.Is4() == (n.route.Dst.IP.To4() != nil) && onLink(via) {
+				out = append(out, netlink.Route{LinkIndex: link.Attrs().Index, Dst: n.route.Dst, Gw: via.AsSlice(), Family: family(via)})
+				continue
+			}
+		}
+		if n.path == path.Index {
+			out = append(out, n.route)
+		}
+	}
+	return out, nil
 }
 
 // Tunnel is an overlay's tunnel device (a VXLAN or Geneve link) that routes
@@ -76,20 +273,17 @@ type Tunnel struct {
 // Tunnels finds the tunnel devices the main table routes through, with
 // those routes, found by their links' kind rather than by a CNI's name.
 func Tunnels() ([]Tunnel, error) {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: mainTable}, netlink.RT_FILTER_TABLE)
+	routes, err := mainRoutes()
 	if err != nil {
-		return nil, fmt.Errorf("listing the main table: %w", err)
+		return nil, err
 	}
 	var tunnels []Tunnel
 	found := map[int]int{}
 	for _, r := range routes {
 		// A default route through a tunnel would hide the path's own; an
 		// IPv6 link-local one is the device's own.
-		if r.LinkIndex == 0 || r.Dst == nil || r.Type != syscall.RTN_UNICAST || r.Dst.IP.IsLinkLocalUnicast() {
+		if r.LinkIndex == 0 || isDefault(r) || r.Type != syscall.RTN_UNICAST || r.Dst.IP.IsLinkLocalUnicast() {
 			continue
-		}
-		if ones, _ := r.Dst.Mask.Size(); ones == 0 {
-			continue // netlink gives a default route as 0.0.0.0/0 or ::/0
 		}
 		i, ok := found[r.LinkIndex]
 		if !ok {
@@ -361,24 +555,39 @@ func (s *ruleSync) remove(match func(*netlink.Rule) bool) {
 }
 
 // rewriteTable gives table the plan's routes and flushes the others
-// from it.
+// from it. A route the table holds already is left as it is: a table may
+// hold many (direct routes), and each write is a notification to every
+// routing daemon of the node.
 func (p *routingPlan) rewriteTable(table int) []error {
 	var errs []error
 	wants := p.tables[table]
+	held, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		held = nil // write them all
+	}
 	for i := range wants {
+		if slices.ContainsFunc(held, func(r netlink.Route) bool { return sameRoute(r, wants[i]) && r.Scope == wants[i].Scope }) {
+			continue
+		}
 		if err := netlink.RouteReplace(&wants[i]); err != nil {
 			errs = append(errs, fmt.Errorf("route %v in table %d: %w", wants[i].Dst, table, err))
 		}
 		p.note()
 	}
 	if err := p.flushTable(table, func(r netlink.Route) bool {
-		return slices.ContainsFunc(wants, func(want netlink.Route) bool {
-			return r.Dst != nil && want.Dst != nil && r.Dst.String() == want.Dst.String() && r.LinkIndex == want.LinkIndex && r.Gw.Equal(want.Gw)
-		})
+		return slices.ContainsFunc(wants, func(want netlink.Route) bool { return sameRoute(r, want) })
 	}); err != nil {
 		errs = append(errs, err)
 	}
 	return errs
+}
+
+// sameRoute says whether a route of a table is want: the same destination
+// through the same device and next hop, onlink or not.
+func sameRoute(r, want netlink.Route) bool {
+	const onlink = int(netlink.FLAG_ONLINK)
+	return r.Dst != nil && want.Dst != nil && r.Dst.String() == want.Dst.String() && r.LinkIndex == want.LinkIndex &&
+		r.Gw.Equal(want.Gw) && r.Flags&onlink == want.Flags&onlink
 }
 
 func maskOf(m *uint32) uint32 {

@@ -136,7 +136,7 @@ func TestPathTablesCarryTheOverlaysTunnelRoutes(t *testing.T) {
 			tunnels[0].Local != netip.MustParseAddr("10.100.0.1") {
 			return fmt.Errorf("tunnels %+v: want ovl0, port 8472, local 10.100.0.1, its route to 10.244.9.0/24 alone", tunnels)
 		}
-		if err := Sync(cfg, []netip.Prefix{node.PodCIDR}, paths, tunnels, mark); err != nil {
+		if err := Sync(cfg, Want{PodCIDRs: []netip.Prefix{node.PodCIDR}, Paths: paths, Tunnels: tunnels}, mark); err != nil {
 			return err
 		}
 		via := func(dst net.IP, m uint32) string {
@@ -163,11 +163,124 @@ func TestPathTablesCarryTheOverlaysTunnelRoutes(t *testing.T) {
 		if err := netlink.LinkDel(vx); err != nil {
 			return err
 		}
-		if err := Sync(cfg, []netip.Prefix{node.PodCIDR}, paths, nil, mark); err != nil {
+		if err := Sync(cfg, Want{PodCIDRs: []netip.Prefix{node.PodCIDR}, Paths: paths}, mark); err != nil {
 			return err
 		}
-		if routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: cfg.TableBase + 1}, netlink.RT_FILTER_TABLE); err != nil || len(routes) != 1 {
-			t.Errorf("table %d holds %v (%v), want the path's default route only", cfg.TableBase+1, routes, err)
+		if routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: cfg.TableBase + 1}, netlink.RT_FILTER_TABLE); err != nil || len(routes) != 2 {
+			t.Errorf("table %d holds %v (%v), want the path's default route and its NIC's subnet only", cfg.TableBase+1, routes, err)
+		}
+		return Remove(cfg)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Where the CNI routes a peer's pods straight to the peer (flannel's
+// host-gw: "10.244.9.0/24 via <the peer's address> dev nic1"), each path's
+// table routes them to the peer's address on that path, when the path's
+// link holds it: on fabrics that route no pod CIDR, the path's gateway
+// would drop them. A peer whose address on a path is beyond the path's link
+// keeps the path's default route there. A next hop that is no peer's (a
+// node without an MPTCPPeer, a router), a peer's next hop to anything but
+// its pods, or one of this node's gateways that a peer claims, keeps the
+// main table's route on the path of its own NIC, and each other path's
+// gateway. A neighbour on the link is reached directly, not through the
+// gateway; and the direct routes leave with the CNI's.
+func TestPathTablesRouteAPeersPodsStraightToItOnEachPathsLink(t *testing.T) {
+	bed := testbed.NewForTest(t, testbed.Config{Nodes: 1, NICs: 2})
+	node := bed.Node(1)
+	cfg := Ranges{TableBase: 3300, RulePriority: 3300, MarkMask: datapath.DefaultMarkMask}
+	var paths []Path
+	for _, nic := range node.NICs {
+		paths = append(paths, Path{Name: nic.Name, Index: uint32(nic.Index), Interface: nic.Name, Gateway: nic.Gateway})
+	}
+	mark := func(i uint32) uint32 { return i << 20 }
+	// Both peers' addresses are the 9th and 7th hosts of each NIC's /24,
+	// but peer B's on path 2 is in another subnet, beyond nic2's link.
+	near := func(nic testbed.NIC, host byte) netip.Addr {
+		a := nic.Addr.Addr().As4()
+		a[3] = host
+		return netip.AddrFrom4(a)
+	}
+	nic1, nic2 := node.NICs[0], node.NICs[1]
+	cidrs := func(s string) []netip.Prefix { return []netip.Prefix{netip.MustParsePrefix(s)} }
+	peerA := Peer{Addresses: map[uint32]netip.Addr{1: near(nic1, 9), 2: near(nic2, 9)}, PodCIDRs: cidrs("10.244.9.0/24")}
+	peerB := Peer{Addresses: map[uint32]netip.Addr{1: near(nic1, 7), 2: netip.MustParseAddr("10.102.77.7")}, PodCIDRs: cidrs("10.244.7.0/24")}
+	podA, podB, podC := net.ParseIP("10.244.9.9"), net.ParseIP("10.244.7.7"), net.ParseIP("10.244.5.5")
+	nodeC := Peer{Addresses: map[uint32]netip.Addr{1: near(nic1, 5)}} // no MPTCPPeer: not in Want.Peers
+	// Peer D reports a router's address on path 1 as its own: the
+	// router's route to another network is no route to D's pods. Peer E
+	// reports this node's gateway on path 1 as its own, and a network
+	// the gateway routes as its pods.
+	router := Peer{Addresses: map[uint32]netip.Addr{1: near(nic1, 254)}}
+	gateway := Peer{Addresses: map[uint32]netip.Addr{1: nic1.Gateway}}
+	peerD := Peer{Addresses: map[uint32]netip.Addr{1: near(nic1, 254), 2: near(nic2, 4)}, PodCIDRs: cidrs("10.244.4.0/24")}
+	peerE := Peer{Addresses: map[uint32]netip.Addr{1: nic1.Gateway, 2: near(nic2, 3)}, PodCIDRs: cidrs("10.60.0.0/16")}
+	beyond, behindGateway := net.ParseIP("10.50.0.1"), net.ParseIP("10.60.0.1")
+	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
+		link, err := netlink.LinkByName(nic1.Name)
+		if err != nil {
+			return err
+		}
+		hostGW := func(cidr string, peer Peer) *netlink.Route {
+			_, dst, _ := net.ParseCIDR(cidr)
+			return &netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst, Gw: peer.Addresses[1].AsSlice()}
+		}
+		cniRoutes := []*netlink.Route{hostGW("10.244.9.0/24", peerA), hostGW("10.244.7.0/24", peerB), hostGW("10.244.5.0/24", nodeC),
+			hostGW("10.50.0.0/16", router), hostGW("10.60.0.0/16", gateway)}
+		for _, r := range cniRoutes {
+			if err := netlink.RouteAdd(r); err != nil {
+				return err
+			}
+		}
+		want := Want{PodCIDRs: []netip.Prefix{node.PodCIDR}, Paths: paths, Peers: []Peer{peerA, peerB, peerD, peerE}}
+		if err := Sync(cfg, want, mark); err != nil {
+			return err
+		}
+		via := func(dst net.IP, m uint32) string {
+			routes, err := netlink.RouteGetWithOptions(dst, &netlink.RouteGetOptions{Mark: m})
+			if err != nil || len(routes) != 1 {
+				return fmt.Sprintf("%v %v", routes, err)
+			}
+			l, _ := netlink.LinkByIndex(routes[0].LinkIndex)
+			return fmt.Sprintf("%s via %v", l.Attrs().Name, routes[0].Gw)
+		}
+		for _, c := range []struct {
+			dst     net.IP
+			path    uint32
+			want    string
+			because string
+		}{
+			{podA, 1, "nic1 via " + near(nic1, 9).String(), "the CNI's own route, on path 1's table"},
+			{podA, 2, "nic2 via " + near(nic2, 9).String(), "peer A's address on path 2"},
+			{podB, 1, "nic1 via " + near(nic1, 7).String(), "the CNI's own route, on path 1's table"},
+			{podB, 2, "nic2 via " + nic2.Gateway.String(), "the path's gateway: peer B's address on path 2 is beyond nic2's link"},
+			{podC, 1, "nic1 via " + near(nic1, 5).String(), "the main table's route, by its own NIC's path: node C is no known peer"},
+			{podC, 2, "nic2 via " + nic2.Gateway.String(), "the path's gateway: node C is no known peer"},
+			{beyond, 1, "nic1 via " + near(nic1, 254).String(), "the main table's route: not to peer D's pods"},
+			{beyond, 2, "nic2 via " + nic2.Gateway.String(), "the path's gateway: not to peer D's pods"},
+			{behindGateway, 2, "nic2 via " + nic2.Gateway.String(), "the path's gateway: this node's gateway is no peer's"},
+			{near(nic2, 9).AsSlice(), 2, "nic2 via <nil>", "a neighbour on the path's link"},
+		} {
+			if got := via(c.dst, mark(c.path)); got != c.want {
+				t.Errorf("a packet of path %d to %s goes by %s, want %s (%s)", c.path, c.dst, got, c.want, c.because)
+			}
+		}
+		if got := via(podA, 0); got != "nic1 via "+near(nic1, 9).String() {
+			t.Errorf("an unmarked packet to peer A's pod goes by %s, want the main table's route", got)
+		}
+		// The CNI's routes gone, the paths' direct routes go with them.
+		for _, r := range cniRoutes {
+			if err := netlink.RouteDel(r); err != nil {
+				return err
+			}
+		}
+		if err := Sync(cfg, want, mark); err != nil {
+			return err
+		}
+		if got := via(podA, mark(2)); got != "nic2 via "+nic2.Gateway.String() {
+			t.Errorf("with the CNI's route gone, a packet of path 2 to peer A's pod goes by %s, want the path's gateway", got)
 		}
 		return Remove(cfg)
 	})
