@@ -77,7 +77,8 @@ func TestSteering(t *testing.T) {
 // test bed's ptp, built from its own module and run as its installer runs it
 // (docs/install.md, "CNIs", has the matrix). Functional: run side by side.
 func TestCNI(t *testing.T) {
-	t.Run("flannel-vxlan/SubflowsSpreadOverDistinctNICsAndStreamsArriveWhole", sideBySide(testFlannelVXLAN))
+	t.Run("flannel-vxlan/SubflowsSpreadOverDistinctNICsAndStreamsArriveWhole", sideBySide(testFlannel("vxlan")))
+	t.Run("flannel-host-gw/SubflowsSpreadOverDistinctNICsAndStreamsArriveWhole", sideBySide(testFlannel("host-gw")))
 	t.Run("calico-routed/SubflowsSpreadAndNetworkPolicyHolds", sideBySide(testCalico("routed")))
 	t.Run("calico-vxlan/SubflowsSpreadAndNetworkPolicyHolds", sideBySide(testCalico("vxlan")))
 	t.Run("cilium-native/SubflowsSpreadAndNetworkPolicyHolds", sideBySide(testCilium("native", false)))

@@ -27,53 +27,74 @@ import (
 	"github.com/mptcp-operator/mptcp-operator/test/testutil"
 )
 
-// testFlannelVXLAN: real nodes whose CNI is a real flanneld with its VXLAN
-// backend (pods on flannel's bridge cni0, flannel.1 between the nodes), on
-// fabrics that are an underlay: they route the nodes' VTEP addresses and no
-// pod CIDR (testbed.Config.Underlay), as an overlay cluster's do. With the
-// chart installed as an admin installs it and examples/ applied, every agent
-// names its CNI "flannel (vxlan)" in its node checks, and MPTCP between
-// tenant pods of the two nodes spreads each connection's subflows over both
-// NICs, every stream whole: the captures on the path NICs read each
-// subflow's segments inside VXLAN only, on one NIC both ways (the peer's
-// replies follow the path its join arrived by, judged after decapsulation).
-// A policy that shapes then makes each node Degraded (CapsNotEnforced).
-func testFlannelVXLAN(t *testing.T) {
-	flanneld := testutil.BuiltTool(t, "FLANNELD", "flanneld")
-	cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit", Underlay: true}, func(o *nodes.Options) {
-		o.Flannel = &nodes.Flannel{Flanneld: flanneld, Backend: "vxlan"}
-	})
-	servers := cb.tenantServers(t)
-	for _, n := range cb.bed.Nodes {
-		if p := cb.attach(t, servers[n.Index]); !n.PodCIDR.Contains(p.Addr) || p.HostIf != "cni0" {
-			t.Fatalf("server pod %s behind %q: want an address of %s behind flannel's bridge cni0", p.Addr, p.HostIf, n.PodCIDR)
+// testFlannel(backend): real nodes whose CNI is a real flanneld (pods on
+// flannel's bridge cni0), with its VXLAN backend (flannel.1 between the
+// nodes) on fabrics that are an underlay: they route the nodes' VTEP
+// addresses and no pod CIDR (testbed.Config.Underlay), as an overlay
+// cluster's do; or with host-gw (each node routes the others' pod CIDRs
+// to their addresses on nic1) on fabrics that are shared LANs and route
+// nothing (testbed.Config.SharedLAN), as a host-gw cluster's do, where
+// only the agent's direct routes take a subflow to a peer over nic2. With
+// the chart installed as an admin installs it and examples/ applied, every
+// agent's node checks pass the CNI it finds, and MPTCP
+// between tenant pods of the two nodes spreads each connection's subflows
+// over both NICs, every stream whole: the captures on the path NICs read
+// each subflow's segments on one NIC both ways, inside VXLAN only or
+// outside it only, as the backend says (the peer's replies follow the path
+// its join arrived by, judged after decapsulation). A policy that shapes
+// then makes each node Degraded (CapsNotEnforced): the tunnel, or the
+// bridge, hides which pod sent a packet from the NIC's classifier.
+func testFlannel(backend string) func(*testing.T) {
+	return func(t *testing.T) {
+		flanneld := testutil.BuiltTool(t, "FLANNELD", "flanneld")
+		vxlan := backend == "vxlan"
+		cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit", Underlay: vxlan, SharedLAN: !vxlan},
+			func(o *nodes.Options) {
+				o.Flannel = &nodes.Flannel{Flanneld: flanneld, Backend: backend}
+			})
+		servers := cb.tenantServers(t)
+		for _, n := range cb.bed.Nodes {
+			if p := cb.attach(t, servers[n.Index]); !n.PodCIDR.Contains(p.Addr) || p.HostIf != "cni0" {
+				t.Fatalf("server pod %s behind %q: want an address of %s behind flannel's bridge cni0", p.Addr, p.HostIf, n.PodCIDR)
+			}
 		}
-	}
-	// As a kube bed's: liveness slow enough for clusters side by side,
-	// one controller replica.
-	cb.install(t, release.Chart(), cb.images, kubeBedValues...)
-	cb.applyExamples(t, servers)
-	for _, n := range cb.bed.Nodes {
-		requireNodeCheck(t, cb, n, "CNI", func(c mptcpv1alpha1.NodeCheck) bool {
-			return c.Result == mptcpv1alpha1.CheckPassed && strings.HasPrefix(c.Message, "flannel (vxlan) from /etc/cni/net.d/10-flannel.conflist")
-		})
-	}
-	analysis, sent := cb.crossTransfer(t, servers)
-	requireSpread(t, analysis, sent, "flannel vxlan")
-	requireTunneled(t, analysis, true)
+		// As a kube bed's: liveness slow enough for clusters side by side,
+		// one controller replica.
+		cb.install(t, release.Chart(), cb.images, kubeBedValues...)
+		cb.applyExamples(t, servers)
+		// The bed writes the configuration flannel's own plugin delegates
+		// to (nodes.Flannel): the agent names it as the bridge plugin's
+		// unless flannel's VXLAN device shows.
+		found := "bridge (bridge)"
+		if vxlan {
+			found = "flannel (vxlan)"
+		}
+		for _, n := range cb.bed.Nodes {
+			requireNodeCheck(t, cb, n, "CNI", func(c mptcpv1alpha1.NodeCheck) bool {
+				return c.Result == mptcpv1alpha1.CheckPassed && strings.HasPrefix(c.Message, found+" from /etc/cni/net.d/10-flannel.conflist")
+			})
+		}
+		analysis, sent := cb.crossTransfer(t, servers)
+		requireSpread(t, analysis, sent, "flannel "+backend)
+		requireTunneled(t, analysis, vxlan)
 
-	// Shape caps nothing that the tunnel encapsulates: a policy that
-	// shapes makes every node Degraded for it, naming the rule and the
-	// tunnel, and the rest stays enforced.
-	applyObject(t, cb.c, &mptcpv1alpha1.MPTCPPolicy{}, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPolicy","metadata":{"name":"shaped"},
-		"spec":{"namespaceSelector":{"matchLabels":{"mptcp.io/tenant":"enabled"}},
-		"spread":{"paths":[{"name":"fabric-a"},{"name":"fabric-b"}]},"rateLimits":{"mode":"shape","perPod":"50M"}}}`)
-	for _, n := range cb.bed.Nodes {
-		requireNodeCondition(t, cb, n, func(c metav1.Condition) bool {
-			return c.Type == mptcpv1alpha1.ConditionDegraded && c.Status == metav1.ConditionTrue &&
-				c.Reason == mptcpv1alpha1.ReasonCapsNotEnforced && strings.Contains(c.Message, "flannel.1") &&
-				strings.Contains(c.Message, "the rest of the spec is enforced")
-		}, "Degraded for the shaping policy's caps")
+		// Shape caps nothing that the tunnel encapsulates, or that the
+		// bridge forwards: a policy that shapes makes every node Degraded
+		// for it, naming the rule and why, and the rest stays enforced.
+		hides := "behind a bridge"
+		if vxlan {
+			hides = "flannel.1"
+		}
+		applyObject(t, cb.c, &mptcpv1alpha1.MPTCPPolicy{}, `{"apiVersion":"mptcp.io/v1alpha1","kind":"MPTCPPolicy","metadata":{"name":"shaped"},
+			"spec":{"namespaceSelector":{"matchLabels":{"mptcp.io/tenant":"enabled"}},
+			"spread":{"paths":[{"name":"fabric-a"},{"name":"fabric-b"}]},"rateLimits":{"mode":"shape","perPod":"50M"}}}`)
+		for _, n := range cb.bed.Nodes {
+			requireNodeCondition(t, cb, n, func(c metav1.Condition) bool {
+				return c.Type == mptcpv1alpha1.ConditionDegraded && c.Status == metav1.ConditionTrue &&
+					c.Reason == mptcpv1alpha1.ReasonCapsNotEnforced && strings.Contains(c.Message, hides) &&
+					strings.Contains(c.Message, "the rest of the spec is enforced")
+			}, "Degraded for the shaping policy's caps")
+		}
 	}
 }
 
