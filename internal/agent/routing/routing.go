@@ -104,8 +104,8 @@ func Sync(r Ranges, w Want, mark func(uint32) uint32) error {
 			return err
 		}
 		routes = append(routes, own...)
-		for i := range routes {
-			routes[i].Table, routes[i].Protocol = table, routeProtocol
+		for j := range routes {
+			routes[j].Table, routes[j].Protocol = table, routeProtocol
 		}
 		p.tables[table] = routes
 	}
