@@ -33,17 +33,6 @@ var (
 	serverPod = netip.MustParseAddr("10.244.2.11")
 )
 
-func loadForTest(t testing.TB) *Datapath {
-	t.Helper()
-	testutil.RequireRoot(t)
-	dp, err := Load(Options{})
-	if err != nil {
-		t.Fatalf("Load: %v", err)
-	}
-	t.Cleanup(func() { dp.Close() })
-	return dp
-}
-
 // run runs prog on frame and returns the mark it leaves; it also checks the
 // program let the packet continue and did not change a byte of it.
 func run(t *testing.T, prog *ebpf.Program, frame []byte, in skbContext) uint32 {
