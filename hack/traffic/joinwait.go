@@ -28,6 +28,7 @@ const joinSettle = 20 * time.Millisecond
 type joinWait struct {
 	want    int // joins to wait for
 	timeout time.Duration
+	after   int // bytes written before the wait: the preamble, or more
 }
 
 // await polls the connection until w.want joins can carry data or

@@ -332,10 +332,12 @@ func send(args []string) error {
 	stall := fs.Duration("stall", 5*time.Second, "a write that makes no progress for this long ends the connection as stalled")
 	cc := fs.String("cc", "", "TCP congestion control of the connections (with MPTCP: of every subflow); default: the namespace's")
 	rate := fs.Float64("rate-mbit", 0, "pace each connection's writes to this many Mbit/s (0: as fast as the connection takes them)")
-	awaitJoins := fs.Int("await-joins", 0, "with -mptcp: write the stream's preamble, then nothing until the connection has this many joins whose "+
+	awaitJoins := fs.Int("await-joins", 0, "with -mptcp: write the stream's preamble (or -await-after bytes), then nothing until the connection has this many joins whose "+
 		"receiver answered their handshake (or -await-timeout passed), then "+
 		"hold "+joinSettle.String()+" more; keeps data off joins the receiver has not taken in yet (docs/testing.md, \"Data integrity\")")
 	awaitTimeout := fs.Duration("await-timeout", 2*time.Second, "how long -await-joins waits for the joins")
+	awaitAfter := fs.Int("await-after", 0, "with -await-joins: write this many bytes of the stream (at least its preamble) before "+
+		"waiting, for a path manager that opens joins only once a connection has carried as much (a policy's joinAfterBytes)")
 	_ = fs.Parse(args)
 	if *to == "" {
 		return errors.New("-to is required")
@@ -349,7 +351,10 @@ func send(args []string) error {
 	if *awaitJoins < 0 || *awaitJoins > 255 {
 		return errors.New("-await-joins must be in [0, 255]")
 	}
-	joins := joinWait{want: *awaitJoins, timeout: *awaitTimeout}
+	if *awaitAfter < 0 {
+		return errors.New("-await-after must not be negative")
+	}
+	joins := joinWait{want: *awaitJoins, timeout: *awaitTimeout, after: max(*awaitAfter, stream.PreambleLen)}
 
 	reports := make([]SenderReport, *conns)
 	var wg sync.WaitGroup
@@ -453,13 +458,14 @@ func sendOne(to string, dial dialMode, cc string, seed uint64, i int, duration, 
 	h := newBlockHasher()
 	src := stream.Whole(seed, i)
 	if r.MPTCP && joins.want > 0 {
-		// The preamble first, and nothing more until the joins are
-		// up: a connection is fully established, and a path manager
-		// opens its joins, once the peer has acknowledged data.
-		preamble := make([]byte, stream.PreambleLen)
-		_, _ = io.ReadFull(src, preamble)
-		w, err := c.Write(preamble)
-		h.Write(preamble[:w])
+		// The preamble first (or the bytes the path manager waits
+		// for), and nothing more until the joins are up: a connection
+		// is fully established, and a path manager opens its joins,
+		// once the peer has acknowledged data.
+		first := make([]byte, max(joins.after, stream.PreambleLen))
+		_, _ = io.ReadFull(src, first)
+		w, err := c.Write(first)
+		h.Write(first[:w])
 		r.Bytes += int64(w)
 		if err != nil {
 			r.Error = err.Error()

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -157,5 +158,51 @@ func TestGoDefaultsAreMPTCPListenersAndTCPDialers(t *testing.T) {
 		}
 		conn.Close()
 		accepted.Close()
+	}
+}
+
+// With -await-after, a sender waiting for joins writes that much of its
+// stream first (a path manager that opens joins only once a connection has
+// carried as much would never open them on the preamble alone), nothing
+// more while it waits, then the rest. Loopback has no path manager to open
+// joins, so the wait runs to its timeout: halfway through it, the receiver
+// has exactly the first bytes.
+func TestAwaitAfterSendsTheStreamsFirstBytesBeforeWaiting(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // MPTCP where the kernel has it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var received atomic.Int64
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			received.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}()
+	const after, total, wait = 300_000, 400_000, 600 * time.Millisecond
+	done := make(chan SenderReport)
+	go func() {
+		done <- sendOne(ln.Addr().String(), dialMode{mptcp: true}, "", 7, 0, 0, 5*time.Second, total, 0,
+			joinWait{want: 1, timeout: wait, after: after})
+	}()
+	time.Sleep(wait / 2)
+	during := received.Load()
+	r := <-done
+	if r.Error != "" || !r.MPTCP {
+		t.Fatalf("sender %+v: want an MPTCP connection (net.mptcp.enabled)", r)
+	}
+	if during != after || !r.JoinWaitTimedOut || r.Bytes != total {
+		t.Fatalf("the receiver had %d bytes halfway through the wait, the sender %+v: want %d, the wait timed out, %d sent",
+			during, r, after, total)
 	}
 }

@@ -711,13 +711,16 @@ func (cb *chartBed) crossTransfer(t *testing.T, servers map[int]*corev1.Pod) (*t
 		peer := servers[3-n.Index]
 		cl := nodes.TrafficPod(tenantNS, fmt.Sprintf("client%d", n.Index), framework.NodeName(n), cb.images[nodes.TrafficImage].Ref,
 			map[string]string{"app": "client"}, []corev1.EnvVar{{Name: "SERVER", Value: fmt.Sprintf("%s:%d", peer.Status.PodIP, tenantPort)}},
-			// No -await-joins: the examples' policy opens a connection's
-			// join once it has carried 128 KiB (joinAfterBytes), which a
-			// client waiting for the join before its data never reaches.
-			// Sent at once, a connection passes it within milliseconds,
-			// while its path manager watches it every few, and its join
-			// has the whole transfer to show in the captures.
-			"send", "-to", "$(SERVER)", "-mptcp", "-json", "-conns", fmt.Sprint(conns), "-duration", capturedTransfer.String(), "-seed", fmt.Sprint(n.Index))
+			"send", "-to", "$(SERVER)", "-mptcp", "-json", "-conns", fmt.Sprint(conns), "-duration", capturedTransfer.String(), "-seed", fmt.Sprint(n.Index),
+			// Each connection's join before the bulk of its data: the
+			// examples' policy opens it once the connection has carried
+			// 128 KiB (joinAfterBytes), so the client sends twice that
+			// first. A loaded node's path manager, which spaces its
+			// readings of a pod by ten times what the last one took, may
+			// take a second or more to see it: the join is not missed
+			// for a 2-s transfer over, and the captures still fail one
+			// that never comes.
+			"-await-joins", "1", "-await-after", fmt.Sprint(256<<10), "-await-timeout", "5s")
 		if err := cb.c.Create(ctx, cl); err != nil {
 			t.Fatal(err)
 		}
