@@ -287,3 +287,35 @@ func routeOf(dst net.IP, mark uint32) string {
 	}
 	return fmt.Sprintf("%s via %v", l.Attrs().Name, routes[0].Gw)
 }
+
+// A table that already holds what the plan wants is not written again:
+// every route write is a notification to each routing daemon of the node,
+// and a reconcile comes at least every 30 s.
+func TestAnUnchangedPlanWritesNothing(t *testing.T) {
+	node, cfg, paths, mark := twoPathNode(t, 3400)
+	err := netnsutil.Do("/var/run/netns/"+node.NetNS, func() error {
+		first, err := plan(cfg, []netip.Prefix{node.PodCIDR}, paths, mark)
+		if err != nil {
+			return err
+		}
+		if err := first.apply(); err != nil {
+			return err
+		}
+		again, err := plan(cfg, []netip.Prefix{node.PodCIDR}, paths, mark)
+		if err != nil {
+			return err
+		}
+		writes := 0
+		again.changed = func() { writes++ }
+		if err := again.apply(); err != nil {
+			return err
+		}
+		if writes != 0 {
+			t.Errorf("applying the plan the node holds made %d changes, want none", writes)
+		}
+		return Remove(cfg)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
