@@ -506,6 +506,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } path_nics SEC(".maps");
 
+/* Where an overlay's outer packet carrying another path's subflow goes
+ * instead (struct tunnel_hop_key). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LIMIT_TUNNEL_HOPS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct tunnel_hop_key);
+	__type(value, struct tunnel_hop);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tunnel_hops SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, STATS_CAPACITY);
@@ -853,6 +864,29 @@ static __always_inline bool to_tunnel_local(const struct settings_value *s, cons
 	return local[0] == dst[0] && local[1] == dst[1] && local[2] == dst[2] && local[3] == dst[3];
 }
 
+/* same_addr compares two addresses word by word: every address the
+ * programs hold (struct packet, map keys and values) is 4-byte aligned. */
+static __always_inline bool same_addr(const __u8 a[16], const __u8 b[16])
+{
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
+
+	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
+}
+
+/* from_tunnel_peer says whether pkt comes from a peer's address on a path
+ * to the node's own there (tunnel_hops, path 0): where a tunnel names no
+ * address of its own (Cilium's), its peers' steer_tunneled sends each outer
+ * packet between the nodes' addresses on the subflow's path. */
+static __always_inline bool from_tunnel_peer(const struct packet *pkt)
+{
+	struct tunnel_hop_key k = {.family = pkt->family};
+	struct tunnel_hop *h;
+
+	__builtin_memcpy(k.addr, pkt->saddr, 16);
+	h = bpf_map_lookup_elem(&tunnel_hops, &k);
+	return h && same_addr(h->local, pkt->daddr);
+}
+
 __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u32 path)
 {
 	__u32 zero = 0, off = 0;
@@ -885,7 +919,7 @@ __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u3
 	 * decapsulation, and the tunnel device's nic_ingress judges it on
 	 * this path. */
 	if (ports && s->tunnel_port && ports[1] == bpf_htons(s->tunnel_port)) {
-		if (to_tunnel_local(s, pkt))
+		if (to_tunnel_local(s, pkt) || from_tunnel_peer(pkt))
 			set_path_mark(skb, path);
 		return TCX_NEXT;
 	}
@@ -912,15 +946,6 @@ __noinline int liveness_datagram(struct __sk_buff *skb, struct packet *pkt, __u3
 refuse:
 	count(STAT_LIVENESS_REFUSED);
 	return observed_instead() ? TCX_NEXT : TC_ACT_SHOT;
-}
-
-/* same_addr compares two addresses word by word: every address the
- * programs hold (struct packet, map keys and values) is 4-byte aligned. */
-static __always_inline bool same_addr(const __u8 a[16], const __u8 b[16])
-{
-	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
-
-	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
 }
 
 /* note_traffic records in peer_traffic that a selected pod sent a
@@ -2720,6 +2745,262 @@ __noinline int steer_at_edge(struct __sk_buff *skb, const struct packet *pkt, __
 	return 1;
 }
 
+/* VXLAN's header (RFC 7348): 8 bytes, the I flag set when the VNI is
+ * valid, the inner Ethernet frame after it. */
+#define VXLAN_HLEN     8
+#define VXLAN_FLAG_VNI 0x08
+
+/* read_tunneled_tcp reads into fk (as the pod sends) and flags what an
+ * overlay's outer packet carries after its UDP header at off: VXLAN,
+ * Ethernet, then IPv4 that is no fragment or IPv6 without extension
+ * headers, then TCP's ports and flags. True when that is TCP. Geneve's
+ * packets are not read (its options make the inner offset variable): they
+ * leave by the NIC the tunnel picked. */
+static __always_inline bool read_tunneled_tcp(struct __sk_buff *skb, __u32 off, struct flow_key *fk,
+					      __u8 *flags)
+{
+	const struct tcp_hdr *tcp;
+	struct tcp_hdr tcp_buf;
+	const __be16 *proto;
+	const __u8 *vxlan;
+	__u8 vxlan_buf[VXLAN_HLEN];
+	__be16 proto_buf;
+	__u32 o = off + sizeof(struct udphdr);
+
+	vxlan = header_at(skb, o, sizeof(vxlan_buf), vxlan_buf);
+	if (!vxlan || !(vxlan[0] & VXLAN_FLAG_VNI))
+		return false;
+	o += VXLAN_HLEN;
+	proto = header_at(skb, o + 12, sizeof(proto_buf), &proto_buf);
+	if (!proto)
+		return false;
+	o += ETH_HLEN;
+	if (*proto == bpf_htons(ETH_P_IP)) {
+		const struct ipv4_hdr *ip;
+		struct ipv4_hdr ip_buf;
+		__u32 ihl;
+
+		ip = header_at(skb, o, sizeof(*ip), &ip_buf);
+		if (!ip || (ip->ver_ihl >> 4) != 4 || ip->protocol != IPPROTO_TCP ||
+		    (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+			return false;
+		ihl = (ip->ver_ihl & 0x0f) * 4;
+		if (ihl < sizeof(*ip))
+			return false;
+		fk->family = AF_INET;
+		__builtin_memcpy(fk->saddr, &ip->saddr, 4);
+		__builtin_memcpy(fk->daddr, &ip->daddr, 4);
+		o += ihl;
+	} else if (*proto == bpf_htons(ETH_P_IPV6)) {
+		const struct ipv6_hdr *ip6;
+		struct ipv6_hdr ip6_buf;
+
+		ip6 = header_at(skb, o, sizeof(*ip6), &ip6_buf);
+		if (!ip6 || (bpf_ntohl(ip6->ver_tc_flow) >> 28) != 6 || ip6->nexthdr != IPPROTO_TCP)
+			return false;
+		fk->family = AF_INET6;
+		__builtin_memcpy(fk->saddr, ip6->saddr, 16);
+		__builtin_memcpy(fk->daddr, ip6->daddr, 16);
+		o += sizeof(*ip6);
+	} else {
+		return false;
+	}
+	tcp = header_at(skb, o, sizeof(*tcp), &tcp_buf);
+	if (!tcp)
+		return false;
+	fk->sport = tcp->source;
+	fk->dport = tcp->dest;
+	*flags = tcp->flags;
+	return true;
+}
+
+/* answer_path is the path of the arrival a pod's SYN-ACK (fk, flags)
+ * answers, read inside a tunnel, whose options are not read: its joins'
+ * answers first, then its initial subflows'; 0 for any other packet. */
+static __always_inline __u32 answer_path(const struct flow_key *fk, __u8 flags)
+{
+	struct arrival *a = NULL;
+	void *answers;
+
+	if ((flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != (TCP_FLAG_SYN | TCP_FLAG_ACK))
+		return 0;
+	answers = pod_answers(true, fk->family, fk->saddr);
+	if (answers)
+		a = bpf_map_lookup_elem(answers, fk);
+	if (!a) {
+		answers = pod_answers(false, fk->family, fk->saddr);
+		if (answers)
+			a = bpf_map_lookup_elem(answers, fk);
+	}
+	return a ? a->sf.path_index & MAX_PATHS : 0;
+}
+
+/* An overlay's outer packet as steer_tunneled reads it: Ethernet without a
+ * VLAN tag (the tunnel's own device sends it), then IPv4 that is no
+ * fragment or IPv6 without extension headers, then UDP. */
+struct outer_packet {
+	__u8 saddr[16];
+	__u32 udp_off;
+	__u8 family;
+};
+
+/* read_outer reads skb's outer headers into o and k (its family and
+ * destination); false for anything else. */
+static __always_inline bool read_outer(struct __sk_buff *skb, struct outer_packet *o,
+				       struct tunnel_hop_key *k)
+{
+	const __be16 *proto;
+	__be16 proto_buf;
+
+	proto = header_at(skb, 12, sizeof(proto_buf), &proto_buf);
+	if (!proto)
+		return false;
+	if (*proto == bpf_htons(ETH_P_IP)) {
+		const struct ipv4_hdr *ip;
+		struct ipv4_hdr ip_buf;
+		__u32 ihl;
+
+		ip = header_at(skb, ETH_HLEN, sizeof(*ip), &ip_buf);
+		if (!ip || (ip->ver_ihl >> 4) != 4 || ip->protocol != IPPROTO_UDP ||
+		    (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+			return false;
+		ihl = (ip->ver_ihl & 0x0f) * 4;
+		if (ihl < sizeof(*ip))
+			return false;
+		o->family = k->family = AF_INET;
+		__builtin_memcpy(o->saddr, &ip->saddr, 4);
+		__builtin_memcpy(k->addr, &ip->daddr, 4);
+		o->udp_off = ETH_HLEN + ihl;
+		return true;
+	}
+	if (*proto == bpf_htons(ETH_P_IPV6)) {
+		const struct ipv6_hdr *ip6;
+		struct ipv6_hdr ip6_buf;
+
+		ip6 = header_at(skb, ETH_HLEN, sizeof(*ip6), &ip6_buf);
+		if (!ip6 || (bpf_ntohl(ip6->ver_tc_flow) >> 28) != 6 || ip6->nexthdr != IPPROTO_UDP)
+			return false;
+		o->family = k->family = AF_INET6;
+		__builtin_memcpy(o->saddr, ip6->saddr, 16);
+		__builtin_memcpy(k->addr, ip6->daddr, 16);
+		o->udp_off = ETH_HLEN + sizeof(*ip6);
+		return true;
+	}
+	return false;
+}
+
+/* to_peer_pods says whether the inner destination (fk's) is in the pod
+ * CIDRs of the peer in slot: a node that claimed another's address as its
+ * own on a path draws nothing but what goes to its own pods. */
+static __always_inline bool to_peer_pods(const struct flow_key *fk, __u32 slot)
+{
+	struct peer_cidr_key k = {.prefixlen = PEER_KEY_FIXED_BITS + 128, .family = fk->family};
+	__u32 *found;
+
+	__builtin_memcpy(k.addr, fk->daddr, 16);
+	found = bpf_map_lookup_elem(&peer_slots, &k);
+	return slot && found && *found == slot;
+}
+
+/* readdress_outer writes the outer packet's addresses (o's source and k's
+ * destination) as hop's, and amends the IPv4 header's checksum and the UDP
+ * checksum (a zero one, which says there is none, stays zero). Nonzero
+ * when a write failed. */
+static __always_inline int readdress_outer(struct __sk_buff *skb, const struct outer_packet *o,
+					   const struct tunnel_hop_key *k, struct tunnel_hop *hop)
+{
+	__u32 udp_csum = o->udp_off + offsetof(struct udphdr, check), addrs;
+	__s64 diff;
+
+	if (o->family == AF_INET) {
+		addrs = ETH_HLEN + offsetof(struct ipv4_hdr, saddr);
+		diff = bpf_csum_diff((__be32 *)o->saddr, 4, (__be32 *)hop->local, 4, 0);
+		diff = bpf_csum_diff((__be32 *)k->addr, 4, (__be32 *)hop->remote, 4, diff);
+		if (diff < 0 ||
+		    bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct ipv4_hdr, check), 0, diff, 0) ||
+		    bpf_l4_csum_replace(skb, udp_csum, 0, diff, BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0))
+			return -1;
+		return bpf_skb_store_bytes(skb, addrs, hop->local, 4, 0) ||
+		       bpf_skb_store_bytes(skb, addrs + 4, hop->remote, 4, 0);
+	}
+	addrs = ETH_HLEN + offsetof(struct ipv6_hdr, saddr);
+	diff = bpf_csum_diff((__be32 *)o->saddr, 16, (__be32 *)hop->local, 16, 0);
+	diff = bpf_csum_diff((__be32 *)k->addr, 16, (__be32 *)hop->remote, 16, diff);
+	if (diff < 0 || bpf_l4_csum_replace(skb, udp_csum, 0, diff, BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0))
+		return -1;
+	return bpf_skb_store_bytes(skb, addrs, hop->local, 16, 0) ||
+	       bpf_skb_store_bytes(skb, addrs + 16, hop->remote, 16, 0);
+}
+
+/* steer_tunneled sends an overlay's outer packet that carries a subflow of
+ * another path than nic_path's on to that path: a tunnel that picks its
+ * outer packets' route itself (Cilium's writes the whole mark first) sends
+ * every subflow to the peer by one NIC. The outer packet is readdressed from
+ * the node's address on the subflow's path to the peer's there
+ * (tunnel_hops), marked with the path so that the redirect's route lookup
+ * takes the path's table, and redirected to the path's NIC; the peer's
+ * nic_ingress marks its arrival with that path (liveness_datagram), and its
+ * tunnel device decapsulates it whatever outer addresses it bears. Only a
+ * packet the node itself sends (an overlay's encapsulation), to the
+ * tunnel's port, carrying a selected pod's subflow (or its answer to an
+ * arrival), to an address of a peer the agent named, on a path that is up
+ * whose NIC is still the path's and carries it. Returns the verdict: a
+ * packet whose rewrite failed half-way is dropped. Not in observe-only
+ * mode. A global function: its frame is not nic_egress's. */
+__noinline int steer_tunneled(struct __sk_buff *skb, __u32 nic_path)
+{
+	__u32 zero = 0, path, mtu_len = 0;
+	struct settings_value *s = bpf_map_lookup_elem(&settings, &zero);
+	struct tunnel_hop_key hk = {};
+	struct outer_packet o = {};
+	const struct udphdr *udp;
+	struct udphdr udp_buf;
+	struct flow_key fk = {};
+	struct tunnel_hop *hop;
+	struct path_nic *pn;
+	struct subflow *sf;
+	struct nic *n;
+	__u8 flags = 0;
+
+	if (!skb || !s || !s->tunnel_port || (s->flags & SETTING_OBSERVE_ONLY))
+		return TCX_NEXT;
+	if (!read_outer(skb, &o, &hk))
+		return TCX_NEXT;
+	/* A nonzero UDP checksum of a packet not segmented later may be whole
+	 * while the skb's partial checksum is the inner TCP's (local checksum
+	 * offload): amended as a pseudo-header seed it would be wrong. Such
+	 * packets keep the tunnel's NIC; Cilium's and Linux's VXLAN over IPv4
+	 * send none. */
+	udp = header_at(skb, o.udp_off, sizeof(*udp), &udp_buf);
+	if (!udp || udp->dest != bpf_htons(s->tunnel_port) || (udp->check && !skb->gso_size))
+		return TCX_NEXT;
+	if (!read_tunneled_tcp(skb, o.udp_off, &fk, &flags) || !lookup_endpoint(fk.family, fk.saddr))
+		return TCX_NEXT;
+	sf = subflow_lookup(&fk);
+	path = sf ? steered_path(sf) : answer_path(&fk, flags);
+	if (!path || path == nic_path || !path_usable(path))
+		return TCX_NEXT;
+	hk.path = path;
+	hop = bpf_map_lookup_elem(&tunnel_hops, &hk);
+	if (!hop || !to_peer_pods(&fk, hop->slot))
+		return TCX_NEXT;
+	pn = bpf_map_lookup_elem(&path_nics, &path);
+	if (!pn || !pn->ifindex || pn->ifindex == skb->ifindex)
+		return TCX_NEXT;
+	n = bpf_map_lookup_elem(&nics, &pn->ifindex);
+	if (!n || n->path != path)
+		return TCX_NEXT;
+	if (bpf_check_mtu(skb, pn->ifindex, &mtu_len, 0, BPF_MTU_CHK_SEGS))
+		return TCX_NEXT;
+	if (readdress_outer(skb, &o, &hk, hop))
+		return TC_ACT_SHOT;
+	set_path_mark(skb, path);
+	if (bpf_redirect_neigh(pn->ifindex, NULL, 0, 0) != TC_ACT_REDIRECT)
+		return TC_ACT_SHOT;
+	count(STAT_TUNNEL_STEERED);
+	return TC_ACT_REDIRECT;
+}
+
 /* shape_ifindex is the node's shaping device (settings), 0: none. */
 static __always_inline __u32 shape_ifindex(void)
 {
@@ -2751,9 +3032,11 @@ int nic_egress(struct __sk_buff *skb)
 		return TCX_NEXT;
 	}
 	/* The node's own packets (locally sent: no interface received them)
-	 * are no pod's. */
-	if (!skb->ingress_ifindex)
-		return TCX_NEXT;
+	 * are no pod's, but an overlay's outer packets carry pods' subflows. */
+	if (!skb->ingress_ifindex) {
+		n = bpf_map_lookup_elem(&nics, &ifindex);
+		return n && !(n->flags & NIC_TUNNEL) ? steer_tunneled(skb, n->path) : TCX_NEXT;
+	}
 	/* Given back by the shaping device: its pod's class and caps are
 	 * behind it, its rule's path class is ahead. Without one it goes to
 	 * the NIC's class for what the device gives back: the device left

@@ -67,6 +67,11 @@ enum limit {
 	/* Pod CIDRs of the node's peers whose paths the probes find down
 	 * towards them: 1000 peers of two CIDRs (one per family). */
 	LIMIT_PEER_CIDRS = 2048,
+	/* Entries of tunnel_hops: for each address a peer has on a path, the
+	 * peer's address on each other path and the node's own on the
+	 * address's path: 1000 peers (LIMIT_PROBED_PEERS) of one address on
+	 * each of 15 paths, 15 x 15 entries each. */
+	LIMIT_TUNNEL_HOPS = 262144,
 	/* Peers whose liveness the node probes: slots 1..1000 of
 	 * peer_traffic (0 unused). */
 	LIMIT_PROBED_PEERS = 1000,
@@ -162,6 +167,8 @@ enum stat_id {
 					     its path's: redirected to its path's NIC */
 	STAT_FOREIGN_4TUPLE_DROPPED = 50, /* a packet on a live subflow's 4-tuple from another pod's
 					     interface: dropped */
+	STAT_TUNNEL_STEERED = 51,	  /* an overlay's outer packet carrying a subflow of another
+					     path than its NIC's: readdressed to the peer there */
 	/* Not an identity: one past the highest, however many there are. */
 	STAT_MAX,
 };
@@ -470,6 +477,28 @@ struct path_nic {
 	__u32 ifindex;
 	__u32 nh_family; /* AF_INET, AF_INET6 or 0 */
 	__u8 nh[16];	 /* IPv4 in the first 4 bytes */
+};
+
+/* An overlay's outer packet, UDP to the tunnel's port, by its destination
+ * (a peer node's address the tunnel sends to) and the path of the subflow
+ * it carries: tunnel_hops holds where it goes instead. Path 0 keys a peer's
+ * address as the source of an arrival: one from it to the node's address on
+ * the same path takes its NIC's path. */
+struct tunnel_hop_key {
+	__u8 family; /* AF_INET or AF_INET6 */
+	__u8 path;
+	__u8 pad[2];
+	__u8 addr[16]; /* IPv4 in the first 4 bytes */
+};
+
+/* The outer packet's new addresses: the node's own on the path and the
+ * peer's there; slot is the peer's in peer_slots, whose pod CIDRs the
+ * inner destination must be in. For path 0, local is the node's address an
+ * arrival from the peer's must be to. */
+struct tunnel_hop {
+	__u8 local[16];
+	__u8 remote[16];
+	__u32 slot;
 };
 
 /* The overlay's tunnel device, on no path itself (path 0): what it

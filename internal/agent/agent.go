@@ -296,7 +296,7 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	a.syncLiveness(plan)
 	a.awaitingLinks.Store(len(plan.Awaiting) > 0)
 	keep(a.syncNICs(plan, hooks, node.network.MayRouteInBPF()))
-	tunnels = a.steerableTunnels(tunnels)
+	tunnels = a.steerableTunnels(tunnels, node.network.Name == "cilium")
 	tunnelHooks(tunnels, hooks)
 	ids, err := a.assignRuleIDs(plan)
 	keep(err)
@@ -315,7 +315,7 @@ func (a *Agent) Reconcile(ctx context.Context, plan *Plan) ([]mptcpv1alpha1.PodP
 	keep(a.syncHooks(hooks))
 	// The tunnels once their hooks are on: a tunnel declared with none
 	// would pass decapsulated joins as on a path, never staged.
-	keep(a.syncTunnels(tunnels))
+	keep(a.syncTunnels(plan, tunnels))
 	// The sweeps read the subflow table and the pods' sockets once.
 	view := newSweepView(a.dp)
 	_, err = a.sweepClosedSubflows(plan, time.Now().Add(-closedSubflowGrace), view)
@@ -370,13 +370,16 @@ func (a *Agent) syncRouting(plan *Plan, tunnels []routing.Tunnel) error {
 
 // steerableTunnels are the tunnels whose arrivals the datapath can judge:
 // those on the first tunnel's port (the datapath knows one port; flannel
-// has one device) with an address of their own, and none that is a path's
-// NIC (syncNICs declared it as one).
-func (a *Agent) steerableTunnels(tunnels []routing.Tunnel) []routing.Tunnel {
+// has one device) with an address of their own, or flow-based where the
+// CNI is Cilium (its cilium_vxlan: what arrives between the nodes' path
+// addresses is its), and none that is a path's NIC (syncNICs declared it as
+// one).
+func (a *Agent) steerableTunnels(tunnels []routing.Tunnel, cilium bool) []routing.Tunnel {
 	paths := a.pathNICIndexes()
 	var out []routing.Tunnel
 	for _, tn := range tunnels {
-		if paths[tn.Index] || !tn.Local.IsValid() || (len(out) > 0 && tn.Port != out[0].Port) {
+		ok := tn.Local.IsValid() || (tn.FlowBased && cilium)
+		if paths[tn.Index] || !ok || (len(out) > 0 && tn.Port != out[0].Port) {
 			continue
 		}
 		out = append(out, tn)
@@ -405,9 +408,11 @@ func tunnelHooks(tunnels []routing.Tunnel, hooks map[datapath.Attachment]bool) {
 // syncTunnels steers an overlay's arrivals: nic_ingress marks the outer
 // packets to the tunnel's port and address with their path NIC's path, and
 // runs on each tunnel device too, where it judges the decapsulated packets
-// on that path (docs/datapath.md, "Overlays"). A tunnel is declared only
-// once nic_ingress runs on it, and the port only once a tunnel is.
-func (a *Agent) syncTunnels(tunnels []routing.Tunnel) error {
+// on that path (docs/datapath.md, "Overlays"); nic_egress readdresses an
+// outer packet carrying another path's subflow to the peer's address on that
+// path (tunnelHops). A tunnel is declared only once nic_ingress runs on it,
+// and the port only once a tunnel is.
+func (a *Agent) syncTunnels(plan *Plan, tunnels []routing.Tunnel) error {
 	var errs []error
 	attached := map[string]bool{}
 	atts, err := a.dp.Attachments()
@@ -437,6 +442,14 @@ func (a *Agent) syncTunnels(tunnels []routing.Tunnel) error {
 	}
 	if err := a.dp.SetTunnel(port, local); err != nil {
 		errs = append(errs, fmt.Errorf("tunnel port: %w", err))
+	}
+	var arrivals []datapath.TunnelArrival
+	var hops []datapath.TunnelHop
+	if port != 0 {
+		arrivals, hops = tunnelHops(plan.Liveness, a.peerSlots.byNode)
+	}
+	if err := a.dp.SyncTunnelHops(arrivals, hops); err != nil {
+		errs = append(errs, fmt.Errorf("tunnel hops: %w", err))
 	}
 	paths := a.pathNICIndexes()
 	for index := range a.tunnelNICs {

@@ -439,7 +439,8 @@ const (
 	datapathStatIdSTAT_UNREADABLE_TCP_DROPPED datapathStatId = 48
 	datapathStatIdSTAT_EDGE_STEERED           datapathStatId = 49
 	datapathStatIdSTAT_FOREIGN_4TUPLE_DROPPED datapathStatId = 50
-	datapathStatIdSTAT_MAX                    datapathStatId = 51
+	datapathStatIdSTAT_TUNNEL_STEERED         datapathStatId = 51
+	datapathStatIdSTAT_MAX                    datapathStatId = 52
 )
 
 type datapathSubflow struct {
@@ -529,6 +530,21 @@ type datapathTableSeedValue struct {
 	Seed [6]uint64
 }
 
+type datapathTunnelHop struct {
+	_      structs.HostLayout
+	Local  [16]uint8
+	Remote [16]uint8
+	Slot   uint32
+}
+
+type datapathTunnelHopKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Path   uint8
+	Pad    [2]uint8
+	Addr   [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -567,6 +583,7 @@ const (
 	datapathMapStats              = "stats"
 	datapathMapSubflows           = "subflows"
 	datapathMapTableSeeds         = "table_seeds"
+	datapathMapTunnelHops         = "tunnel_hops"
 	datapathProgNicEgress         = "nic_egress"
 	datapathProgNicIngress        = "nic_ingress"
 	datapathProgPodEgress         = "pod_egress"
@@ -680,6 +697,7 @@ type datapathMapSpecs struct {
 	Stats          *ebpf.MapSpec `ebpf:"stats"`
 	Subflows       *ebpf.MapSpec `ebpf:"subflows"`
 	TableSeeds     *ebpf.MapSpec `ebpf:"table_seeds"`
+	TunnelHops     *ebpf.MapSpec `ebpf:"tunnel_hops"`
 }
 
 // datapathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -761,6 +779,7 @@ type datapathMaps struct {
 	Stats          *ebpf.Map `ebpf:"stats"`
 	Subflows       *ebpf.Map `ebpf:"subflows"`
 	TableSeeds     *ebpf.Map `ebpf:"table_seeds"`
+	TunnelHops     *ebpf.Map `ebpf:"tunnel_hops"`
 }
 
 func (m *datapathMaps) Close() error {
@@ -799,6 +818,7 @@ func (m *datapathMaps) Close() error {
 		m.Stats,
 		m.Subflows,
 		m.TableSeeds,
+		m.TunnelHops,
 	)
 }
 

@@ -23,7 +23,9 @@ import (
 type skbContext struct {
 	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto uint32
 	Priority, IngressIfindex, Ifindex                                           uint32
-	_                                                                           [192 - 11*4]byte
+	_                                                                           [176 - 11*4]byte
+	GSOSize                                                                     uint32 // at 176, as in struct __sk_buff
+	_                                                                           [192 - 180]byte
 }
 
 const tcxNext = ^uint32(0) // TCX_NEXT (-1)

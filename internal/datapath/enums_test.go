@@ -44,6 +44,7 @@ func TestLimitsAreTheCEnum(t *testing.T) {
 		"LIMIT_POD_ANSWERED_JOINS": limits.PodAnsweredJoins,
 		"LIMIT_LIVENESS_PAIRS":     limits.LivenessPairs,
 		"LIMIT_PEER_CIDRS":         limits.PeerCIDRs,
+		"LIMIT_TUNNEL_HOPS":        limits.TunnelHops,
 		"LIMIT_PROBED_PEERS":       limits.ProbedPeers,
 		"LIMIT_BURST_MIN_BYTES":    limits.MinBurstBytes,
 		"LIMIT_BURST_MAX_BYTES":    limits.MaxBurstBytes,
@@ -127,6 +128,7 @@ var pinnedEnums = map[string]map[string]uint64{
 		"STAT_UNREADABLE_TCP_DROPPED": 48,
 		"STAT_EDGE_STEERED":           49,
 		"STAT_FOREIGN_4TUPLE_DROPPED": 50,
+		"STAT_TUNNEL_STEERED":         51,
 	},
 	"subflow_role": {
 		"ROLE_INITIATOR": 1,

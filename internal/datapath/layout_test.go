@@ -38,7 +38,7 @@ func TestGoStructsMatchCLayout(t *testing.T) {
 		"settings_value": datapathSettingsValue{}, "cidr_key": datapathCidrKey{},
 		"path_state": datapathPathState{}, "pod_stats": datapathPodStats{}, "pod_record": datapathPodRecord{}, "port_range": datapathPortRange{},
 		"table_head": datapathTableHead{}, "subflow_entry": datapathSubflowEntry{}, "subflow_bucket": datapathSubflowBucket{},
-		"police_entry": datapathPoliceEntry{}, "police_bucket": datapathPoliceBucket{}, "table_op": datapathTableOp{}, "table_seed_value": datapathTableSeedValue{}, "closed_report": datapathClosedReport{}, "liveness_pair": datapathLivenessPair{}, "liveness_peer": datapathLivenessPeer{}, "peer_cidr_key": datapathPeerCidrKey{}, "peer_paths": datapathPeerPaths{},
+		"police_entry": datapathPoliceEntry{}, "police_bucket": datapathPoliceBucket{}, "table_op": datapathTableOp{}, "table_seed_value": datapathTableSeedValue{}, "closed_report": datapathClosedReport{}, "liveness_pair": datapathLivenessPair{}, "liveness_peer": datapathLivenessPeer{}, "peer_cidr_key": datapathPeerCidrKey{}, "peer_paths": datapathPeerPaths{}, "tunnel_hop_key": datapathTunnelHopKey{}, "tunnel_hop": datapathTunnelHop{},
 		"rate_cfg": datapathRateCfg{}, "rate_gcra": datapathRateGcra{}, "rate_key": datapathRateKey{}, "rate_bucket": datapathRateBucket{},
 		"rate_window": datapathRateWindow{}, "rate_subflow": datapathRateSubflow{}, "rate_ns": datapathRateNs{}, "pod_ns_key": datapathPodNsKey{},
 	}

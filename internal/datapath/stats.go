@@ -136,7 +136,11 @@ const (
 	// entered the node by another pod's interface, dropped (in
 	// observe-only mode: passed).
 	StatForeign4TupleDropped = datapathStatIdSTAT_FOREIGN_4TUPLE_DROPPED
-	numStats                 = int(datapathStatIdSTAT_MAX)
+	// StatTunnelSteered: an overlay's outer packet carrying a subflow of
+	// another path than its NIC's, readdressed to the peer's address on
+	// that path and redirected to its NIC (SyncTunnelHops).
+	StatTunnelSteered = datapathStatIdSTAT_TUNNEL_STEERED
+	numStats          = int(datapathStatIdSTAT_MAX)
 )
 
 // Stats returns every counter summed over CPUs.

@@ -35,7 +35,8 @@ func vxlanFrameTo(dst netip.Addr, dport uint16, inner []byte) []byte {
 }
 
 // On an overlay, nic_ingress on a path's NIC gives an outer packet to the
-// tunnel's port and the node's tunnel address its NIC's path mark
+// tunnel's port and the node's tunnel address (or, where the tunnel has
+// none, from a peer's path address to the node's) its NIC's path mark
 // (decapsulation keeps it on the inner packet), and leaves other UDP, an
 // outer packet the node would forward, and everything once the agent names
 // no tunnel, unmarked. What the tunnel decapsulates for no selected pod
@@ -77,6 +78,26 @@ func TestAnOverlaysArrivalsAreJudgedOnThePathTheirOuterPacketCameBy(t *testing.T
 		}
 		if m := run(t, dp.objs.NicIngress, vxlanFrame(8472, join(40001)), on2); m != 0 {
 			t.Errorf("an outer packet with no tunnel port set: mark %#x, want none", m)
+		}
+	})
+
+	t.Run("outer packets between a peer's and the node's path addresses take their NIC's path where the tunnel has no address", func(t *testing.T) {
+		dp := tunnelBed(t, Rule{Paths: []uint32{1, 2}})
+		if err := dp.SetTunnel(8472, netip.Addr{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := dp.SyncTunnelHops([]TunnelArrival{{From: peerOn2, To: nodeOn2}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		on2 := skbContext{IngressIfindex: nicPath2}
+		if m := run(t, dp.objs.NicIngress, outerVXLAN(peerOn2, nodeOn2, 8472, join(40001), false), on2); m != dp.Mark(2) {
+			t.Errorf("an outer packet from the peer's address on path 2 to the node's: mark %#x, want %#x", m, dp.Mark(2))
+		}
+		if m := run(t, dp.objs.NicIngress, outerVXLAN(netip.MustParseAddr("10.102.9.2"), nodeOn2, 8472, join(40001), false), on2); m != 0 {
+			t.Errorf("an outer packet from no peer's address to the node's: mark %#x, want none", m)
+		}
+		if m := run(t, dp.objs.NicIngress, outerVXLAN(peerOn2, peerOn1, 8472, join(40001), false), on2); m != 0 {
+			t.Errorf("an outer packet to another node's address (forwarded): mark %#x, want none", m)
 		}
 	})
 

@@ -64,6 +64,12 @@ const (
 	// PeerCIDRs is how many pod CIDRs of peers the datapath holds paths
 	// down for (LIMIT_PEER_CIDRS): 1000 peers of two (one per family).
 	PeerCIDRs = 2048
+	// TunnelHops is how many entries the datapath holds to readdress an
+	// overlay's outer packets (LIMIT_TUNNEL_HOPS): for each address a peer
+	// has on a path, the peer's address on each other path and the node's
+	// own on the address's path; 1000 peers of one address on each of 15
+	// paths, 15 x 15 entries each.
+	TunnelHops = 262144
 	// MinBurstBytes and MaxBurstBytes bound a rate bucket's depth (police)
 	// and the window granted at once (window): LIMIT_BURST_MIN_BYTES and
 	// LIMIT_BURST_MAX_BYTES.

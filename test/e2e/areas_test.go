@@ -83,6 +83,7 @@ func TestCNI(t *testing.T) {
 	t.Run("calico-vxlan/SubflowsSpreadAndNetworkPolicyHolds", sideBySide(testCalico("vxlan")))
 	t.Run("cilium-native/SubflowsSpreadAndNetworkPolicyHolds", sideBySide(testCilium("native", false)))
 	t.Run("cilium-native-bpf-host-routing/SubflowsSteeredAtTheEdgeAndNetworkPolicyHolds", sideBySide(testCilium("native", true)))
+	t.Run("cilium-vxlan/OuterPacketsFollowTheirSubflowsAndNetworkPolicyHolds", sideBySide(testCilium("vxlan", false)))
 }
 
 // Guest: VM guests in pods, attached as KubeVirt attaches them, whose

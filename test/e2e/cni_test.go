@@ -181,7 +181,8 @@ func testCalico(mode string) func(*testing.T) {
 
 // testCilium(mode, bpfHostRouting): real nodes whose CNI is cilium-agent,
 // "native" (the bed's fabrics route every pod CIDR) or "vxlan"
-// (cilium_vxlan between the nodes' addresses), with legacy host routing or
+// (cilium_vxlan between the nodes' addresses; the fabrics route no pod
+// CIDR), with legacy host routing or
 // eBPF host routing (and the kube-proxy replacement it needs), its BPF
 // datapath on the pods' lxc* veths and the nodes' NICs (tcx), pods'
 // addresses routed to cilium_host. Cilium keeps its identity in the marks'
@@ -193,12 +194,13 @@ func testCalico(mode string) func(*testing.T) {
 // both NICs, streams whole; a connection from a server pod, which the
 // policy denies, stays denied while the agent steers its subflows, and
 // opens once the policy is gone. Under eBPF host routing, and only there,
-// each agent counts packets it redirected at the edge.
+// each agent counts packets it redirected at the edge; in VXLAN mode, and
+// only there, outer packets it readdressed to another path.
 func testCilium(mode string, bpfHostRouting bool) func(*testing.T) {
 	return func(t *testing.T) {
 		dir := testutil.BuiltTool(t, "CILIUM", "cilium")
 		before := machineSysctls(t)
-		cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit"}, func(o *nodes.Options) {
+		cb := startChartBedWith(t, testbed.Config{Nodes: 2, NICs: 2, LinkRate: "100mbit", Underlay: mode == "vxlan"}, func(o *nodes.Options) {
 			o.Cilium = &nodes.Cilium{Dir: dir, Mode: mode, BPFHostRouting: bpfHostRouting}
 		})
 		// cilium-agent writes these; the bed's nodes shadow them.
@@ -245,6 +247,10 @@ func testCilium(mode string, bpfHostRouting bool) func(*testing.T) {
 			steered, _ := m.Value("mptcp_agent_datapath_events_total", "event", observe.EventName(datapath.StatEdgeSteered))
 			if (steered > 0) != bpfHostRouting {
 				t.Errorf("node %d's agent redirected %v packets at the edge; eBPF host routing %v", a.Node.Index, steered, bpfHostRouting)
+			}
+			readdressed, _ := m.Value("mptcp_agent_datapath_events_total", "event", observe.EventName(datapath.StatTunnelSteered))
+			if (readdressed > 0) != (mode == "vxlan") {
+				t.Errorf("node %d's agent readdressed %v outer packets; mode %s", a.Node.Index, readdressed, mode)
 			}
 			srv := servers[a.Node.Index]
 			if rx, _ := m.Value("mptcp_agent_pod_rx_bytes_total", "namespace", srv.Namespace, "pod", srv.Name); !bpfHostRouting && rx < 1<<20 {

@@ -169,8 +169,11 @@ func support(name, mode string) (Support, string) {
 		}
 		return Tested, "routed veths cali*: selected pods' subflows are encapsulated by vxlan.calico and their outer packets leave by their paths' NICs, so every path must route the nodes' VTEP addresses; the agent's mark mask must stay outside felix's"
 	case "cilium":
-		if mode == "vxlan" || mode == "geneve" {
-			return Untested, "Cilium's program on its tunnel device writes the whole mark before the outer packet's route is chosen, so every subflow inside the tunnel leaves by one NIC; native routing spreads them"
+		if mode == "vxlan" {
+			return Tested, "VXLAN tunnel mode with enable-identity-mark=false: Cilium's tunnel device routes its outer packets by a mark of its own, so nic_egress readdresses the outer packet of a subflow of another path from this node's address on that path to the peer's there and sends it by that path's NIC; the peers' addresses are those of their MPTCPPeers, and the nodes' tunnel endpoints must be among them"
+		}
+		if mode == "geneve" {
+			return Untested, "Cilium's tunnel device routes its outer packets by a mark of its own, and the datapath reads no Geneve header, so every subflow inside Geneve leaves by one NIC; VXLAN or native routing spreads them"
 		}
 		return Tested, "native routing with enable-identity-mark=false (the identity mark overwrites the agent's bits), legacy or eBPF host routing: eBPF host routing sends pods' packets to a NIC past the policy routing the agent steers with, so nic_egress sends subflows' on to their paths' NICs, and what arrives into pods skips their host-side veths (backup flags, ADD_ADDR blocking and ingress caps do not act); with encryption (IPsec or WireGuard) on, Cilium uses every mark bit and leaves the agent none"
 	case "flannel", "bridge":

@@ -60,7 +60,7 @@ func TestFindNamesTheCNIItsModeAndMarks(t *testing.T) {
 		"cilium with IPsec": {
 			files: map[string]string{"05-cilium.conflist": `{"plugins":[{"type":"cilium-cni"}]}`},
 			host:  Host{Links: []string{"cilium_host", "cilium_net", "cilium_vxlan"}, IPsec: true},
-			want:  Network{Name: "cilium", Mode: "vxlan", Marks: 0xffffffff, Support: Untested},
+			want:  Network{Name: "cilium", Mode: "vxlan", Marks: 0xffffffff, Support: Tested},
 		},
 		"flannel vxlan": {
 			files: map[string]string{"10-flannel.conflist": `{"plugins":[{"type":"flannel","delegate":{"isDefaultGateway":true}},{"type":"portmap"}]}`},

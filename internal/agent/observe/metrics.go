@@ -126,6 +126,7 @@ var eventNames = map[datapath.Stat]string{
 	datapath.StatLivenessRefused:      "liveness_refused",
 	datapath.StatUnreadableTCPDropped: "unreadable_tcp_dropped",
 	datapath.StatEdgeSteered:          "edge_steered",
+	datapath.StatTunnelSteered:        "tunnel_steered",
 	datapath.StatForeign4TupleDropped: "foreign_4tuple_dropped",
 }
 

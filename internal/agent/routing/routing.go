@@ -265,13 +265,20 @@ type Tunnel struct {
 	// Port is the UDP port its encapsulated packets are sent to, Local
 	// the node's own address they are sent from and to (VXLAN's local;
 	// invalid where the device names none).
-	Port   uint16
-	Local  netip.Addr
-	Routes []netlink.Route
+	Port  uint16
+	Local netip.Addr
+	// FlowBased: a VXLAN device that takes each packet's outer addresses
+	// from whoever sends into it (collect_md, "external": Cilium's), so it
+	// has no local address and the main table may route nothing through
+	// it.
+	FlowBased bool
+	Routes    []netlink.Route
 }
 
 // Tunnels finds the tunnel devices the main table routes through, with
-// those routes, found by their links' kind rather than by a CNI's name.
+// those routes, and the flow-based VXLAN ones whatever routes through them
+// (the datapath reads VXLAN's header, not Geneve's), found by their links'
+// kind rather than by a CNI's name.
 func Tunnels() ([]Tunnel, error) {
 	routes, err := mainRoutes()
 	if err != nil {
@@ -316,6 +323,18 @@ func Tunnels() ([]Tunnel, error) {
 			LinkIndex: r.LinkIndex, Dst: r.Dst, Gw: r.Gw, Src: r.Src, Flags: r.Flags & int(netlink.FLAG_ONLINK),
 			Scope: r.Scope, Family: r.Family,
 		})
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, err
+	}
+	for _, link := range links {
+		if _, ok := found[link.Attrs().Index]; ok {
+			continue
+		}
+		if l, ok := link.(*netlink.Vxlan); ok && l.FlowBased {
+			tunnels = append(tunnels, Tunnel{Name: l.Name, Index: l.Index, Port: uint16(l.Port), FlowBased: true})
+		}
 	}
 	return tunnels, nil
 }

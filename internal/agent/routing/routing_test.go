@@ -100,7 +100,8 @@ func TestRoutingMovesToTheAPIsNumberingWithoutLosingAPath(t *testing.T) {
 // through, as flannel's), a marked packet to a peer's pod takes the tunnel
 // from its path's table, and the outer packet, with the same mark, leaves by
 // the path's NIC towards the peer's VTEP; an unmarked one keeps the main
-// table. Tunnels finds the device by its kind and port, not by its name.
+// table. Tunnels finds the device by its kind and port, not by its name, and
+// a flow-based one whatever routes through it.
 func TestPathTablesCarryTheOverlaysTunnelRoutes(t *testing.T) {
 	node, cfg, paths, mark := twoPathNode(t, 3200)
 	peerPod, vtep := net.ParseIP("10.244.9.9"), net.ParseIP("10.100.0.9")
@@ -154,6 +155,16 @@ func TestPathTablesCarryTheOverlaysTunnelRoutes(t *testing.T) {
 		}
 		if routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: cfg.TableBase + 1}, netlink.RT_FILTER_TABLE); err != nil || len(routes) != 2 {
 			t.Errorf("table %d holds %v (%v), want the path's default route and its NIC's subnet only", cfg.TableBase+1, routes, err)
+		}
+		// A flow-based device (Cilium's cilium_vxlan) is found though
+		// nothing routes through it.
+		ext := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "ext0"}, FlowBased: true, Port: 8473}
+		if err := netlink.LinkAdd(ext); err != nil {
+			return err
+		}
+		if tunnels, err := Tunnels(); err != nil || len(tunnels) != 1 || tunnels[0].Name != "ext0" || !tunnels[0].FlowBased ||
+			tunnels[0].Port != 8473 || tunnels[0].Local.IsValid() || len(tunnels[0].Routes) != 0 {
+			t.Errorf("tunnels %+v (%v): want ext0, flow-based, port 8473, no address, no routes", tunnels, err)
 		}
 		return Remove(cfg)
 	})
