@@ -62,20 +62,28 @@ func fold16(s uint32) uint16 {
 	return uint16(s)
 }
 
-// outerOf reads an IPv4 outer frame's addresses and whether its IP and UDP
-// checksums hold (a zero UDP checksum: none, which holds).
+// outerOf reads an outer frame's addresses and whether its IPv4 header's
+// and its UDP checksums hold (a zero UDP checksum: none, which holds).
 func outerOf(t *testing.T, frame []byte) (src, dst netip.Addr, udpSum uint16, ok bool) {
 	t.Helper()
 	ip := frame[14:]
-	ihl := int(ip[0]&0x0f) * 4
-	var ipSum uint32
-	for i := 0; i < ihl; i += 2 {
-		ipSum += uint32(binary.BigEndian.Uint16(ip[i:]))
+	var udp []byte
+	ipOK := true
+	if binary.BigEndian.Uint16(frame[12:]) == 0x86dd {
+		src, dst = netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
+		udp = ip[40 : 40+binary.BigEndian.Uint16(ip[4:])]
+	} else {
+		ihl := int(ip[0]&0x0f) * 4
+		var ipSum uint32
+		for i := 0; i < ihl; i += 2 {
+			ipSum += uint32(binary.BigEndian.Uint16(ip[i:]))
+		}
+		ipOK = fold16(ipSum) == 0xffff
+		src, dst = netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+		udp = ip[ihl:binary.BigEndian.Uint16(ip[2:])]
 	}
-	src, dst = netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
-	udp := ip[ihl:binary.BigEndian.Uint16(ip[2:])]
 	udpSum = binary.BigEndian.Uint16(udp[6:])
-	ok = fold16(ipSum) == 0xffff && (udpSum == 0 || fold16(pseudoSum(src, dst, udp)) == 0xffff)
+	ok = ipOK && (udpSum == 0 || fold16(pseudoSum(src, dst, udp)) == 0xffff)
 	return src, dst, udpSum, ok
 }
 
@@ -90,7 +98,10 @@ func outerOf(t *testing.T, frame []byte) (src, dst netip.Addr, udpSum uint16, ok
 // segmentation's seed, to a path that is down, nor in observe-only mode:
 // those leave as they are.
 func TestAnOverlaysOuterPacketFollowsTheSubflowItCarries(t *testing.T) {
-	hops := []TunnelHop{{To: peerOn1, Path: 2, Local: nodeOn2, Remote: peerOn2, Slot: 7}}
+	node6On1, peer6On1 := netip.MustParseAddr("fd00:101::1:2"), netip.MustParseAddr("fd00:101::2:2")
+	node6On2, peer6On2 := netip.MustParseAddr("fd00:102::1:2"), netip.MustParseAddr("fd00:102::2:2")
+	hops := []TunnelHop{{To: peerOn1, Path: 2, Local: nodeOn2, Remote: peerOn2, Slot: 7},
+		{To: peer6On1, Path: 2, Local: node6On2, Remote: peer6On2, Slot: 7}}
 	peerPods := netip.MustParsePrefix("10.244.2.0/24") // serverPod's
 	data := func(src netip.Addr) []byte {
 		return testpkt.Frame{Src: src, Dst: serverPod, TCP: &testpkt.TCP{SrcPort: 40000, DstPort: 5201, Seq: 2, Ack: 8,
@@ -102,12 +113,15 @@ func TestAnOverlaysOuterPacketFollowsTheSubflowItCarries(t *testing.T) {
 		outer      []byte
 		ingress    uint32
 		gso        uint32
+		want       [2]netip.Addr // the new outer addresses; zero: path 2's IPv4 ones
 		setup      func(t *testing.T, b edgeBed)
 		redirected bool
 	}{
 		{name: "a subflow of path 2", rulePath: 2, outer: outerVXLAN(nodeOn1, peerOn1, 8472, data(clientPod), false), redirected: true},
 		{name: "a subflow of path 2, segmented later, with a UDP checksum", rulePath: 2, gso: 1400,
 			outer: outerVXLAN(nodeOn1, peerOn1, 8472, data(clientPod), true), redirected: true},
+		{name: "over IPv6, segmented later", rulePath: 2, gso: 1400,
+			outer: outerVXLAN(node6On1, peer6On1, 8472, data(clientPod), true), want: [2]netip.Addr{node6On2, peer6On2}, redirected: true},
 		// Its checksum may be whole while the skb's partial one is the
 		// inner TCP's: not amended, it keeps the tunnel's NIC.
 		{name: "not segmented, with a UDP checksum", rulePath: 2, outer: outerVXLAN(nodeOn1, peerOn1, 8472, data(clientPod), true)},
@@ -177,8 +191,12 @@ func TestAnOverlaysOuterPacketFollowsTheSubflowItCarries(t *testing.T) {
 			if ret != tcActRedirect {
 				t.Fatalf("nic_egress returned %d, want TC_ACT_REDIRECT", int32(ret))
 			}
-			if src != nodeOn2 || dst != peerOn2 {
-				t.Errorf("the outer packet goes from %v to %v, want from %v to %v", src, dst, nodeOn2, peerOn2)
+			want := c.want
+			if !want[0].IsValid() {
+				want = [2]netip.Addr{nodeOn2, peerOn2}
+			}
+			if src != want[0] || dst != want[1] {
+				t.Errorf("the outer packet goes from %v to %v, want from %v to %v", src, dst, want[0], want[1])
 			}
 			if !ok || (sumBefore == 0) != (sum == 0) {
 				t.Errorf("checksums wrong after the rewrite (UDP checksum %#x, was %#x)", sum, sumBefore)
@@ -186,7 +204,7 @@ func TestAnOverlaysOuterPacketFollowsTheSubflowItCarries(t *testing.T) {
 			if p := b.dp.pathOfMark(t, out.Mark); p != 2 {
 				t.Errorf("the outer packet is marked for path %d, want 2 (the redirect's route lookup)", p)
 			}
-			if string(frame[14+20+16:]) != string(c.outer[14+20+16:]) {
+			if inner := len(c.outer) - len(data(clientPod)); string(frame[inner:]) != string(c.outer[inner:]) {
 				t.Errorf("the inner packet changed")
 			}
 			if n := stat(t, b.dp, StatTunnelSteered) - before; n != 1 {
