@@ -2750,12 +2750,52 @@ __noinline int steer_at_edge(struct __sk_buff *skb, const struct packet *pkt, __
 #define VXLAN_HLEN     8
 #define VXLAN_FLAG_VNI 0x08
 
+/* read_ip_at reads the IP header at off of a frame whose Ethernet type is
+ * eth_proto: IPv4 that is no fragment or IPv6 without extension headers,
+ * carrying proto. Its family and addresses go to family, saddr and daddr,
+ * where its payload starts to *next; false for anything else. */
+static __always_inline bool read_ip_at(struct __sk_buff *skb, __be16 eth_proto, __u32 off, __u8 proto,
+				       __u8 *family, __u8 saddr[16], __u8 daddr[16], __u32 *next)
+{
+	if (eth_proto == bpf_htons(ETH_P_IP)) {
+		const struct ipv4_hdr *ip;
+		struct ipv4_hdr ip_buf;
+		__u32 ihl;
+
+		ip = header_at(skb, off, sizeof(*ip), &ip_buf);
+		if (!ip || (ip->ver_ihl >> 4) != 4 || ip->protocol != proto ||
+		    (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+			return false;
+		ihl = (ip->ver_ihl & 0x0f) * 4;
+		if (ihl < sizeof(*ip))
+			return false;
+		*family = AF_INET;
+		__builtin_memcpy(saddr, &ip->saddr, 4);
+		__builtin_memcpy(daddr, &ip->daddr, 4);
+		*next = off + ihl;
+		return true;
+	}
+	if (eth_proto == bpf_htons(ETH_P_IPV6)) {
+		const struct ipv6_hdr *ip6;
+		struct ipv6_hdr ip6_buf;
+
+		ip6 = header_at(skb, off, sizeof(*ip6), &ip6_buf);
+		if (!ip6 || (bpf_ntohl(ip6->ver_tc_flow) >> 28) != 6 || ip6->nexthdr != proto)
+			return false;
+		*family = AF_INET6;
+		__builtin_memcpy(saddr, ip6->saddr, 16);
+		__builtin_memcpy(daddr, ip6->daddr, 16);
+		*next = off + sizeof(*ip6);
+		return true;
+	}
+	return false;
+}
+
 /* read_tunneled_tcp reads into fk (as the pod sends) and flags what an
  * overlay's outer packet carries after its UDP header at off: VXLAN,
- * Ethernet, then IPv4 that is no fragment or IPv6 without extension
- * headers, then TCP's ports and flags. True when that is TCP. Geneve's
- * packets are not read (its options make the inner offset variable): they
- * leave by the NIC the tunnel picked. */
+ * Ethernet, IP (read_ip_at), then TCP's ports and flags. True when that is
+ * TCP. Geneve's packets are not read (its options make the inner offset
+ * variable): they leave by the NIC the tunnel picked. */
 static __always_inline bool read_tunneled_tcp(struct __sk_buff *skb, __u32 off, struct flow_key *fk,
 					      __u8 *flags)
 {
@@ -2772,39 +2812,9 @@ static __always_inline bool read_tunneled_tcp(struct __sk_buff *skb, __u32 off, 
 		return false;
 	o += VXLAN_HLEN;
 	proto = header_at(skb, o + 12, sizeof(proto_buf), &proto_buf);
-	if (!proto)
+	if (!proto ||
+	    !read_ip_at(skb, *proto, o + ETH_HLEN, IPPROTO_TCP, &fk->family, fk->saddr, fk->daddr, &o))
 		return false;
-	o += ETH_HLEN;
-	if (*proto == bpf_htons(ETH_P_IP)) {
-		const struct ipv4_hdr *ip;
-		struct ipv4_hdr ip_buf;
-		__u32 ihl;
-
-		ip = header_at(skb, o, sizeof(*ip), &ip_buf);
-		if (!ip || (ip->ver_ihl >> 4) != 4 || ip->protocol != IPPROTO_TCP ||
-		    (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
-			return false;
-		ihl = (ip->ver_ihl & 0x0f) * 4;
-		if (ihl < sizeof(*ip))
-			return false;
-		fk->family = AF_INET;
-		__builtin_memcpy(fk->saddr, &ip->saddr, 4);
-		__builtin_memcpy(fk->daddr, &ip->daddr, 4);
-		o += ihl;
-	} else if (*proto == bpf_htons(ETH_P_IPV6)) {
-		const struct ipv6_hdr *ip6;
-		struct ipv6_hdr ip6_buf;
-
-		ip6 = header_at(skb, o, sizeof(*ip6), &ip6_buf);
-		if (!ip6 || (bpf_ntohl(ip6->ver_tc_flow) >> 28) != 6 || ip6->nexthdr != IPPROTO_TCP)
-			return false;
-		fk->family = AF_INET6;
-		__builtin_memcpy(fk->saddr, ip6->saddr, 16);
-		__builtin_memcpy(fk->daddr, ip6->daddr, 16);
-		o += sizeof(*ip6);
-	} else {
-		return false;
-	}
 	tcp = header_at(skb, o, sizeof(*tcp), &tcp_buf);
 	if (!tcp)
 		return false;
@@ -2853,40 +2863,11 @@ static __always_inline bool read_outer(struct __sk_buff *skb, struct outer_packe
 	__be16 proto_buf;
 
 	proto = header_at(skb, 12, sizeof(proto_buf), &proto_buf);
-	if (!proto)
+	if (!proto ||
+	    !read_ip_at(skb, *proto, ETH_HLEN, IPPROTO_UDP, &o->family, o->saddr, k->addr, &o->udp_off))
 		return false;
-	if (*proto == bpf_htons(ETH_P_IP)) {
-		const struct ipv4_hdr *ip;
-		struct ipv4_hdr ip_buf;
-		__u32 ihl;
-
-		ip = header_at(skb, ETH_HLEN, sizeof(*ip), &ip_buf);
-		if (!ip || (ip->ver_ihl >> 4) != 4 || ip->protocol != IPPROTO_UDP ||
-		    (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
-			return false;
-		ihl = (ip->ver_ihl & 0x0f) * 4;
-		if (ihl < sizeof(*ip))
-			return false;
-		o->family = k->family = AF_INET;
-		__builtin_memcpy(o->saddr, &ip->saddr, 4);
-		__builtin_memcpy(k->addr, &ip->daddr, 4);
-		o->udp_off = ETH_HLEN + ihl;
-		return true;
-	}
-	if (*proto == bpf_htons(ETH_P_IPV6)) {
-		const struct ipv6_hdr *ip6;
-		struct ipv6_hdr ip6_buf;
-
-		ip6 = header_at(skb, ETH_HLEN, sizeof(*ip6), &ip6_buf);
-		if (!ip6 || (bpf_ntohl(ip6->ver_tc_flow) >> 28) != 6 || ip6->nexthdr != IPPROTO_UDP)
-			return false;
-		o->family = k->family = AF_INET6;
-		__builtin_memcpy(o->saddr, ip6->saddr, 16);
-		__builtin_memcpy(k->addr, ip6->daddr, 16);
-		o->udp_off = ETH_HLEN + sizeof(*ip6);
-		return true;
-	}
-	return false;
+	k->family = o->family;
+	return true;
 }
 
 /* to_peer_pods says whether the inner destination (fk's) is in the pod
