@@ -9,13 +9,13 @@ import (
 )
 
 // tunnelHops are where an overlay's outer packets go by each path, from the
-// liveness plan (the peers the node probes on each path and their
-// addresses) and the peers' slots (syncPeerSlots): for each address a peer has on a path, which its tunnel may
-// send to, the peer's address on every other path with the node's own
-// there, of the same family; and each peer address with the node's own on
-// its path, between which arrivals take their NIC's path. A peer without a
-// slot (no pod CIDRs known) gets no hop: the datapath could not check that
-// the inner packet goes to its pods.
+// liveness plan (the peers the node probes on each path and their addresses)
+// and the peers' slots (syncPeerSlots): for each address a peer has on a
+// path, which its tunnel may send to, the peer's address on every other path
+// with the node's own there, of the same family; and each peer address with
+// the node's own on its path, between which arrivals take their NIC's path.
+// A peer without a slot (no pod CIDRs known) gets no hop: the datapath could
+// not check that the inner packet goes to its pods.
 func tunnelHops(paths []liveness.Path, slots map[string]uint32) ([]datapath.TunnelArrival, []datapath.TunnelHop) {
 	type peerAddrs struct {
 		slot   uint32
