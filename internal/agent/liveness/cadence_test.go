@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -275,5 +276,86 @@ func TestTheBusyGraceIsGivenOncePerBusyFor(t *testing.T) {
 	tg.setCadence(1, later, testBusy)
 	if !tg.lastEcho.Equal(later) {
 		t.Fatalf("busy again after graceEvery: last echo %v, want the grace from %v", tg.lastEcho, later)
+	}
+}
+
+// A peer that never echoed is probed at the next tick, and again at gaps
+// that double, not first at its idle phase: two idle nodes whose agents
+// start a tenth of a second apart have each other Up within a fraction of
+// the idle interval (10 s here, half of which a phase waits on average),
+// and once the peer echoes it is probed at the idle pace.
+func TestANewPeerIsProbedAtOnceNotAtItsIdlePhase(t *testing.T) {
+	a, b := twoNodes(t)
+	const idle = 10 * time.Second
+	start := func(ns string, paths []Path) *Prober {
+		p, err := New(Config{Port: testPort, Interval: testInterval, Multiplier: testMult, Traffic: &podTraffic{}, IdleInterval: idle},
+			slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		for i := range paths {
+			paths[i].Peers[0].Slot = 1
+		}
+		testutil.InNetNS(t, ns, func() {
+			if err := p.Sync(paths); err != nil {
+				t.Errorf("sync: %v", err)
+			}
+		})
+		return p
+	}
+	pa := start(a, pathsOf("1", "2"))
+	time.Sleep(100 * time.Millisecond)
+	pb := start(b, pathsOf("2", "1"))
+	for _, p := range []*Prober{pa, pb} {
+		for _, path := range []uint32{1, 2} {
+			took := waitFor(t, "the new peer Up", time.Second, func() bool { return stateOf(p, path) == Up })
+			t.Logf("path %d Up %v after the second prober started", path, took)
+		}
+	}
+	checkBusy(t, pa, false)
+	if rate := probesPerSecond(pa, time.Second); rate > 2 {
+		t.Fatalf("the peer Up and idle: %.0f probes a second, want the idle pace (2 paths every %v)", rate, idle)
+	}
+}
+
+// The probes a tick sends off their cadence to peers that never echoed
+// are at most MaxEarlyProbes, and go round: every new target has its first
+// probe before any has its next, so 150 new idle peers all have theirs
+// within three ticks.
+func TestEarlyProbesAreBoundedPerTickAndGoRound(t *testing.T) {
+	const peers = 150
+	p, err := New(Config{Port: testPort, Interval: time.Hour, Multiplier: testMult, Traffic: &podTraffic{}, IdleInterval: 1000 * time.Hour},
+		slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// No tick comes in an hour: the test's calls are the ticks.
+	p.mu.Lock()
+	pp := &pathProbe{spec: Path{Name: "path1"}}
+	var targets []*target
+	for i := range peers {
+		tg := newTarget(fmt.Sprint("peer", i), uint64(i), testMult)
+		tg.earlyAt, tg.earlyGap = 1, 1
+		// Idle (a slot the pods never sent to), at phase 0: its idle
+		// probe is a thousand ticks away.
+		n := &peerNode{name: tg.node, slot: uint32(i + 1), targets: []nodeTarget{{pp: pp, addr: netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)}), t: tg}}}
+		tg.peer = n
+		p.nodes[n.name] = n
+		p.order = append(p.order, n)
+		targets = append(targets, tg)
+	}
+	p.mu.Unlock()
+	for tick := 1; tick <= 3; tick++ {
+		sends, _ := p.probeDue(time.Now(), false)
+		if len(sends) > MaxEarlyProbes {
+			t.Fatalf("tick %d sent %d probes, want at most %d", tick, len(sends), MaxEarlyProbes)
+		}
+	}
+	for i, tg := range targets {
+		if tg.seq == 0 {
+			t.Fatalf("peer %d never probed in three ticks", i)
+		}
 	}
 }

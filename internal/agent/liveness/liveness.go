@@ -92,6 +92,13 @@ const (
 // every idle interval (PeerState.OverBusyLimit).
 const MaxBusyPaths = 400
 
+// MaxEarlyProbes bounds the probes one tick sends off their cadence to
+// targets that never echoed (target.earlyAt): an agent that starts beside
+// 1,000 peers over 4 paths has probed them all within 63 ticks (1.9 s at
+// the default interval), as the idle cadence would have, and one beside a
+// few peers within a tick.
+const MaxEarlyProbes = 64
+
 // UpAfter is how many intervals in a row a Down peer must echo in before
 // it is Up again: one lucky echo through a path that loses most packets
 // does not bring it back.
@@ -221,8 +228,12 @@ type Prober struct {
 	// nodes: each peer node's traffic, shared by its targets on every
 	// path; tick counts the intervals, which idle targets are probed in
 	// one of every idleEvery (at their phase).
-	nodes     map[string]*peerNode
-	order     []*peerNode
+	nodes map[string]*peerNode
+	order []*peerNode
+	// earlyFrom is where in order the last tick's budget of early probes
+	// ran out: the next tick walks order from there, so that every new
+	// target gets its first probe before any gets its next.
+	earlyFrom int
 	wanting   []wantingPeer
 	seed      maphash.Seed
 	tick      uint64
@@ -308,6 +319,14 @@ type target struct {
 	// assumedUntil: the peer was assumed Down (Path.AssumeDown) and
 	// becomes Unknown then if it never echoed.
 	assumedUntil time.Time
+	// earlyAt is the tick of the next probe before the target's first
+	// echo, whatever its cadence (0: none), and earlyGap the ticks since
+	// the last: a new target is probed at the next tick, then at gaps
+	// that double until it echoes or the gap reaches the idle cadence. A
+	// peer whose agent starts with this one is Up within about twice the
+	// time between the two starts, not at its idle phase, up to an idle
+	// interval later.
+	earlyAt, earlyGap uint64
 	// echoed[s % len] tells whether the probe of sequence number s was
 	// answered, for the last LossWindow+Multiplier+1 probes; first is the
 	// first sequence number sent to the peer, upSince the first sent
@@ -471,6 +490,7 @@ func (p *Prober) syncTargets(pp *pathProbe, path Path, nodes map[string]bool) {
 		// own, with its own nonce.
 		t := newTarget(peer.Node, p.Nonce(path.Local, peer), p.cfg.Multiplier)
 		t.peer, t.every = node, 1
+		t.earlyAt, t.earlyGap = p.tick+1, 1
 		if path.AssumeDown {
 			// Silent since before its first probe: the outage its
 			// predecessor saw, recovering.
@@ -676,7 +696,7 @@ func (t *target) echo(now time.Time, interval time.Duration, seq uint64) bool {
 	} else {
 		t.streak = 1
 	}
-	t.lastEcho = now
+	t.lastEcho, t.earlyAt = now, 0
 	switch {
 	case t.state == Unknown:
 		t.up(seq)
@@ -963,9 +983,11 @@ func (p *Prober) probeDue(now time.Time, late bool) (sends []probeSend, changed 
 	defer p.mu.Unlock()
 	p.tick++
 	p.judgeTraffic(now)
-	for _, node := range p.order {
+	early, from, resume := MaxEarlyProbes, p.earlyFrom, -1
+	for i := range p.order {
+		node := p.order[(from+i)%len(p.order)]
 		idleDue := (p.tick+node.phase)%p.idleEvery == 0
-		if !node.busy && !node.recovering && !idleDue {
+		if !node.busy && !node.recovering && !idleDue && !node.earlyDue(p.tick) {
 			continue
 		}
 		// The peer's view over all its paths, before judging any of
@@ -978,7 +1000,17 @@ func (p *Prober) probeDue(now time.Time, late bool) (sends []probeSend, changed 
 				every = 1
 			}
 			if every != 1 && !idleDue {
-				continue
+				if !t.earlyDue(p.tick) {
+					continue
+				}
+				if early == 0 {
+					if resume < 0 {
+						resume = (from + i) % len(p.order)
+					}
+					continue
+				}
+				early--
+				t.nextEarly(p.tick, p.idleEvery)
 			}
 			t.setCadence(every, now, p.cfg.BusyFor)
 			t.seq++
@@ -1003,6 +1035,9 @@ func (p *Prober) probeDue(now time.Time, late bool) (sends []probeSend, changed 
 			sends = append(sends, probeSend{pp.conn, netip.AddrPortFrom(addr, uint16(p.cfg.Port)),
 				message{kind: kindProbe, nonce: t.nonce, seq: t.seq, v2: v2, key: t.key}.marshal()})
 		}
+	}
+	if resume >= 0 {
+		p.earlyFrom = resume
 	}
 	p.counters.ProbesSent += uint64(len(sends))
 	return sends, changed
@@ -1053,6 +1088,29 @@ func (p *Prober) judgeTraffic(now time.Time) {
 	}
 	clear(wanting)
 	p.wanting = wanting[:0]
+}
+
+// earlyDue tells whether one of the node's targets is due for a probe
+// before its first echo at tick.
+func (node *peerNode) earlyDue(tick uint64) bool {
+	return slices.ContainsFunc(node.targets, func(nt nodeTarget) bool { return nt.t.earlyDue(tick) })
+}
+
+// earlyDue tells whether the target, which never echoed, is due for a
+// probe off its cadence at tick.
+func (t *target) earlyDue(tick uint64) bool {
+	return t.earlyAt != 0 && t.earlyAt <= tick
+}
+
+// nextEarly schedules the target's next early probe after the one at
+// tick: twice as far as the last, none once that reaches the idle
+// cadence.
+func (t *target) nextEarly(tick, idleEvery uint64) {
+	t.earlyGap *= 2
+	t.earlyAt = tick + t.earlyGap
+	if t.earlyGap >= idleEvery {
+		t.earlyAt = 0
+	}
 }
 
 // downTargets counts the node's targets that are Down.

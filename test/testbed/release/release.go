@@ -22,11 +22,11 @@ import (
 )
 
 // PreviousChart is the release a chart upgrade starts from: the commit of
-// main that is the last release (chart 0.16.0, images 0.14.0). The upgrade
+// main that is the last release (chart 0.17.0, images 0.15.0). The upgrade
 // test builds its chart and images from source. With each release, set it
 // to the commit that release was cut from and run
 // TestChart/HelmUpgradeUnderTrafficReplacesAgentsOneNodeAtATime.
-const PreviousChart = "6283936"
+const PreviousChart = "23f81d6"
 
 // OldestChart is the first chart that ran on the test bed's real nodes
 // (88bc912: before the pod webhook, join holdoff and agents that know their
