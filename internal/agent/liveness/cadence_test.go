@@ -279,14 +279,16 @@ func TestTheBusyGraceIsGivenOncePerBusyFor(t *testing.T) {
 	}
 }
 
-// A peer that never echoed is probed at the next tick, and again at gaps
-// that double, not first at its idle phase: two idle nodes whose agents
-// start a tenth of a second apart have each other Up within a fraction of
-// the idle interval (10 s here, half of which a phase waits on average),
-// and once the peer echoes it is probed at the idle pace.
+// A peer new to the prober is probed at the next tick, and again at gaps
+// that double until it echoes, not first at its idle phase: two idle
+// nodes whose agents start a tenth of a second apart have each other Up
+// within a tenth of the idle interval (20 s here, half of which a phase
+// waits on average), and once the peer echoes it is probed at the idle
+// pace. A node that leaves the peers and comes back within an idle
+// interval waits for its phase.
 func TestANewPeerIsProbedAtOnceNotAtItsIdlePhase(t *testing.T) {
 	a, b := twoNodes(t)
-	const idle = 10 * time.Second
+	const idle = 20 * time.Second
 	start := func(ns string, paths []Path) *Prober {
 		p, err := New(Config{Port: testPort, Interval: testInterval, Multiplier: testMult, Traffic: &podTraffic{}, IdleInterval: idle},
 			slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
@@ -309,13 +311,39 @@ func TestANewPeerIsProbedAtOnceNotAtItsIdlePhase(t *testing.T) {
 	pb := start(b, pathsOf("2", "1"))
 	for _, p := range []*Prober{pa, pb} {
 		for _, path := range []uint32{1, 2} {
-			took := waitFor(t, "the new peer Up", time.Second, func() bool { return stateOf(p, path) == Up })
+			took := waitFor(t, "the new peer Up", 2*time.Second, func() bool { return stateOf(p, path) == Up })
 			t.Logf("path %d Up %v after the second prober started", path, took)
 		}
 	}
 	checkBusy(t, pa, false)
 	if rate := probesPerSecond(pa, time.Second); rate > 2 {
 		t.Fatalf("the peer Up and idle: %.0f probes a second, want the idle pace (2 paths every %v)", rate, idle)
+	}
+
+	gone := pathsOf("1", "2")
+	for i := range gone {
+		gone[i].Peers = nil
+	}
+	testutil.InNetNS(t, a, func() {
+		if err := pa.Sync(gone); err != nil {
+			t.Fatal(err)
+		}
+		back := pathsOf("1", "2")
+		for i := range back {
+			back[i].Peers[0].Slot = 1
+		}
+		if err := pa.Sync(back); err != nil {
+			t.Fatal(err)
+		}
+	})
+	pa.mu.Lock()
+	defer pa.mu.Unlock()
+	for _, pp := range pa.paths {
+		for addr, tg := range pp.targets {
+			if tg.earlyAt != 0 {
+				t.Errorf("path %s, peer %s back within an idle interval: an early probe at tick %d, want its phase", pp.spec.Name, addr, tg.earlyAt)
+			}
+		}
 	}
 }
 

@@ -234,14 +234,19 @@ type Prober struct {
 	// ran out: the next tick walks order from there, so that every new
 	// target gets its first probe before any gets its next.
 	earlyFrom int
-	wanting   []wantingPeer
-	seed      maphash.Seed
-	tick      uint64
-	idleEvery uint64
-	counters  Counters
-	closed    bool
-	cancel    context.CancelFunc
-	done      chan struct{}
+	// earlyStarted: when each node last started an early schedule, kept
+	// for an idle interval: a node that leaves the peers and comes back
+	// again and again (a compromised node withdrawing its addresses and
+	// claiming them again) starts one at most once an idle interval.
+	earlyStarted map[string]time.Time
+	wanting      []wantingPeer
+	seed         maphash.Seed
+	tick         uint64
+	idleEvery    uint64
+	counters     Counters
+	closed       bool
+	cancel       context.CancelFunc
+	done         chan struct{}
 }
 
 type pathProbe struct {
@@ -375,7 +380,8 @@ func New(cfg Config, log *slog.Logger, changed func()) (*Prober, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Prober{cfg: cfg, log: log, changed: changed, paths: map[uint32]*pathProbe{}, nodes: map[string]*peerNode{}, seed: maphash.MakeSeed(),
-		idleEvery: max(1, uint64(cfg.IdleInterval/cfg.Interval)), cancel: cancel, done: make(chan struct{})}
+		earlyStarted: map[string]time.Time{},
+		idleEvery:    max(1, uint64(cfg.IdleInterval/cfg.Interval)), cancel: cancel, done: make(chan struct{})}
 	_, _ = rand.Read(p.secret[:]) // never fails (crypto/rand)
 	go p.run(ctx)
 	return p, nil
@@ -405,6 +411,11 @@ func (p *Prober) Sync(paths []Path) error {
 	}
 	p.mu.Lock()
 	p.indexNodes(nodes)
+	for name, at := range p.earlyStarted {
+		if time.Since(at) >= p.cfg.IdleInterval {
+			delete(p.earlyStarted, name)
+		}
+	}
 	p.mu.Unlock()
 	return errors.Join(errs...)
 }
@@ -467,20 +478,22 @@ func (p *Prober) probeOf(path Path) (*pathProbe, error) {
 }
 
 // syncTargets makes pp's targets path's peers, and marks their nodes in
-// nodes. A peer already probed at its address keeps its target. Called
-// with p.mu held.
+// nodes, true for a node the prober did not know before this Sync. A peer
+// already probed at its address keeps its target. Called with p.mu held.
 func (p *Prober) syncTargets(pp *pathProbe, path Path, nodes map[string]bool) {
 	pp.spec = path
 	peers := map[netip.Addr]bool{}
 	for _, peer := range path.Peers {
 		peers[peer.Addr] = true
-		nodes[peer.Node] = true
 		node := p.nodes[peer.Node]
 		if node == nil {
 			// A keyed hash of its name spreads the idle peers'
 			// probes over the idle interval.
 			node = &peerNode{name: peer.Node, busy: true, phase: maphash.String(p.seed, peer.Node) % p.idleEvery}
 			p.nodes[peer.Node] = node
+			nodes[peer.Node] = p.startEarly(peer.Node)
+		} else if _, ok := nodes[peer.Node]; !ok {
+			nodes[peer.Node] = false
 		}
 		node.slot = peer.Slot
 		if t := pp.targets[peer.Addr]; t != nil && t.node == peer.Node {
@@ -490,7 +503,12 @@ func (p *Prober) syncTargets(pp *pathProbe, path Path, nodes map[string]bool) {
 		// own, with its own nonce.
 		t := newTarget(peer.Node, p.Nonce(path.Local, peer), p.cfg.Multiplier)
 		t.peer, t.every = node, 1
-		t.earlyAt, t.earlyGap = p.tick+1, 1
+		if nodes[peer.Node] {
+			// A node new to the prober only (startEarly): one whose
+			// address changes (its own claims, which a compromised
+			// node could change at will) waits for its phase.
+			t.earlyAt, t.earlyGap = p.tick+1, 1
+		}
 		if path.AssumeDown {
 			// Silent since before its first probe: the outage its
 			// predecessor saw, recovering.
@@ -507,19 +525,33 @@ func (p *Prober) syncTargets(pp *pathProbe, path Path, nodes map[string]bool) {
 	}
 }
 
+// startEarly tells whether a node new to the prober has its targets
+// probed early (target.earlyAt): unless it started that within the last
+// idle interval. Called with p.mu held.
+func (p *Prober) startEarly(node string) bool {
+	now := time.Now()
+	if at, ok := p.earlyStarted[node]; ok && now.Sub(at) < p.cfg.IdleInterval {
+		return false
+	}
+	p.earlyStarted[node] = now
+	return true
+}
+
 // indexNodes drops the peer nodes that nodes lacks and lists every
 // node's targets over all paths, in the order the prober walks. Called
 // with p.mu held.
 func (p *Prober) indexNodes(nodes map[string]bool) {
 	p.order = p.order[:0]
 	for name, node := range p.nodes {
-		if !nodes[name] {
+		if _, ok := nodes[name]; !ok {
 			delete(p.nodes, name)
 			continue
 		}
 		node.targets = node.targets[:0]
 		p.order = append(p.order, node)
 	}
+	// By name: earlyFrom keeps its place across Syncs.
+	slices.SortFunc(p.order, func(a, b *peerNode) int { return strings.Compare(a.name, b.name) })
 	for _, pp := range p.paths {
 		for addr, t := range pp.targets {
 			t.peer.targets = append(t.peer.targets, nodeTarget{pp, addr, t})
