@@ -86,9 +86,10 @@ TEST_FIRST := ./internal/datapath ./internal/controller ./test/testbed ./test/te
 TEST_PARALLEL ?= 2
 # Packages a target of their own runs, not make test: the release, built
 # twice for two architectures and four plugin platforms, takes minutes
-# (make test-release); the kernel matrix, each kernel in a guest (make
-# test-kernels, which .ci/run runs after make test).
-TEST_ELSEWHERE := ./hack/release ./test/kernels
+# (make test-release); the kernel matrix, each kernel in a guest, and the
+# images built twice and compared (make test-kernels and make test-images,
+# which .ci/run runs after make test; make test builds the images once).
+TEST_ELSEWHERE := ./hack/release ./test/kernels ./hack/images
 
 .PHONY: test
 test: deps envtest-assets node-assets guest-assets ## Run every test (needs root: network namespaces, BPF, a real API server); then the slowest tests, time per package, retries and kept evidence.
