@@ -44,8 +44,15 @@ const (
 // startCadencedProber is startProber with traffic: the peer in slot 1.
 func startCadencedProber(t *testing.T, ns string, paths []Path, traffic *podTraffic, changes *atomic.Int64) *Prober {
 	t.Helper()
-	p, err := New(Config{Port: testPort, Interval: testInterval, Multiplier: testMult, Traffic: traffic, IdleInterval: testIdle, BusyFor: testBusy},
-		slog.New(slog.NewTextHandler(io.Discard, nil)), func() { changes.Add(1) })
+	return startProberWith(t, ns, paths, Config{Traffic: traffic, IdleInterval: testIdle, BusyFor: testBusy}, changes)
+}
+
+// startProberWith starts a prober of cfg (its port, interval and
+// multiplier the tests') on paths in ns, the peer in slot 1.
+func startProberWith(t *testing.T, ns string, paths []Path, cfg Config, changes *atomic.Int64) *Prober {
+	t.Helper()
+	cfg.Port, cfg.Interval, cfg.Multiplier = testPort, testInterval, testMult
+	p, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func() { changes.Add(1) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,21 +297,7 @@ func TestANewPeerIsProbedAtOnceNotAtItsIdlePhase(t *testing.T) {
 	a, b := twoNodes(t)
 	const idle = 20 * time.Second
 	start := func(ns string, paths []Path) *Prober {
-		p, err := New(Config{Port: testPort, Interval: testInterval, Multiplier: testMult, Traffic: &podTraffic{}, IdleInterval: idle},
-			slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
-		for i := range paths {
-			paths[i].Peers[0].Slot = 1
-		}
-		testutil.InNetNS(t, ns, func() {
-			if err := p.Sync(paths); err != nil {
-				t.Errorf("sync: %v", err)
-			}
-		})
-		return p
+		return startProberWith(t, ns, paths, Config{Traffic: &podTraffic{}, IdleInterval: idle}, new(atomic.Int64))
 	}
 	pa := start(a, pathsOf("1", "2"))
 	time.Sleep(100 * time.Millisecond)
